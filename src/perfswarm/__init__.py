@@ -1,0 +1,3 @@
+"""perfswarm: record, ingest, analyze, model, optimize and report ML workload performance."""
+
+__version__ = "0.1.0"

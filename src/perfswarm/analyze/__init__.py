@@ -1,0 +1,1 @@
+"""Pure analyses over a Run's tables, returning frozen dataclasses."""

@@ -1,0 +1,1 @@
+"""Command-line interface: one module per command, no logic of its own."""

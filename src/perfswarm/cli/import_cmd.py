@@ -1,0 +1,47 @@
+"""`perfswarm import TRACE... [--out RUN] [--et ET.json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, err_console
+from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces
+
+
+@app.command("import")
+def import_command(
+    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz), one per rank.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
+    et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON (one per rank, in rank order).")] = None,
+    rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo, else file order).")] = None,
+    drop_bad_events: Annotated[bool, typer.Option("--drop-bad-events", help="Drop events with negative or absurd times (counted in warnings) instead of failing.")] = False,
+    streaming: Annotated[str, typer.Option("--streaming", help="auto | always | never: bounded-memory path for traces over a quarter of RAM.")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Import Kineto (torch.profiler) traces and execution traces into a Run."""
+    if streaming not in ("auto", "always", "never"):
+        raise typer.BadParameter("must be auto, always or never", param_hint="--streaming")
+    target = out or Path(traces[0].name.split(".")[0] + ".run")
+    mode: Streaming = streaming  # type: ignore[assignment]
+    options = ImportOptions(ranks=tuple(rank or ()), execution_traces=tuple(et or ()),
+                            drop_bad_events=drop_bad_events, streaming=mode, force=force)
+    command = ["perfswarm", "import", *map(str, traces)]
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=quiet) as bar:
+        task = bar.add_task("import", total=len(traces))
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        run = import_traces(traces, target, options, command, progress)
+    if not quiet:
+        manifest = run.manifest()
+        events = sum(int(s.get("events", 0)) for s in manifest["sources"])
+        console.print(f"imported {events:,} events from {len(traces)} file(s) into {run.path}"
+                      f" ({len(manifest['warnings'])} warning(s))")

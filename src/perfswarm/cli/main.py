@@ -1,0 +1,39 @@
+"""Entry point: `main(argv) -> int`, turning PerfswarmError into one line and an exit code."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer.main
+
+from perfswarm.cli import commands  # noqa: F401  (registers every command on `app`)
+from perfswarm.cli.app import app
+from perfswarm.cli.output import err_console
+from perfswarm.errors import PerfswarmError
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="perfswarm", standalone_mode=False)
+    except PerfswarmError as exc:
+        err_console.print(f"perfswarm: error: {exc}", markup=False, soft_wrap=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err_console.print("perfswarm: aborted", markup=False)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return result if isinstance(result, int) else 0
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,23 @@
+"""Shared terminal output: one rich console for results, one for errors and progress."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    """Stable JSON (sorted keys, 2-space indent) on stdout."""
+    text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+                        | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    sys.stdout.write(text.decode() + "\n")
+
+
+def ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms"

@@ -1,0 +1,1 @@
+"""Performance models: hardware specs, op cost, kernel models, simulation."""

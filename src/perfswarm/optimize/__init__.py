@@ -1,0 +1,1 @@
+"""Advice rules, what-if projection, sharding and tuning."""

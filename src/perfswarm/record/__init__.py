@@ -1,0 +1,1 @@
+"""Recording: the session runner and one module per collector."""

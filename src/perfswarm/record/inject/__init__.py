@@ -1,0 +1,1 @@
+"""Code injected into the user's Python process (sitecustomize)."""

@@ -1,0 +1,1 @@
+"""Report data as plain dicts, and its renderers."""

@@ -1,0 +1,1 @@
+"""The Run store, its Arrow schemas and one reader per raw format."""

@@ -1,0 +1,158 @@
+"""Reader for PyTorch execution traces (ExecutionTraceObserver / Chakra JSON).
+
+Nodes become `graph_nodes` (the op tree, with inputs/outputs as JSON text);
+edges are the tree's parent->child links plus tensor producer->consumer links.
+Nodes join to events by `rf_id` (the Record function id Kineto writes); traces
+too old to write it carry the same number as `External id`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from perfswarm.errors import TraceFormatError
+from perfswarm.trace.kineto import read_bytes
+from perfswarm.trace.schema import GRAPH_EDGES, GRAPH_NODES, NONE
+
+
+class ETNode(msgspec.Struct):
+    name: str
+    id: int
+    parent: int = NONE
+    rf_id: int | None = None
+    tid: int = NONE
+    op_schema: str = ""
+    # schema 1.0.x: parallel lists; 1.1 (Chakra): {"values": [...], "shapes": ..., "types": ...}
+    inputs: Any = []
+    outputs: Any = []
+    input_shapes: Any = None
+    input_types: Any = None
+    output_shapes: Any = None
+    output_types: Any = None
+    attrs: Any = None
+
+
+class ETrace(msgspec.Struct):
+    nodes: list[ETNode]
+    schema: str = ""
+    pid: int | None = None
+
+
+def _io(values: Any, shapes: Any, types: Any) -> dict[str, Any]:
+    if isinstance(values, dict):
+        return {k: values.get(k) for k in ("values", "shapes", "types")}
+    return {"values": values, "shapes": shapes, "types": types}
+
+
+def _tensors(io: dict[str, Any]) -> list[str]:
+    """Tensor keys 'id:storage' among values whose type says Tensor (lists of tensors too)."""
+    keys: list[str] = []
+    types = io.get("types") or []
+    for value, typ in zip(io.get("values") or [], types, strict=False):
+        if not isinstance(typ, str) or "Tensor" not in typ:
+            continue
+        items = value if typ.startswith(("GenericList", "TensorList")) else [value]
+        for t in items:
+            if isinstance(t, list) and len(t) >= 2 and all(isinstance(x, int) for x in t[:2]):
+                keys.append(f"{t[0]}:{t[1]}")
+    return keys
+
+
+def read(path: Path, rank: int, events: pa.Table) -> tuple[pa.Table, pa.Table, Counter[str]]:
+    """graph_nodes and graph_edges of one execution trace, and warnings about the join."""
+    try:
+        trace = msgspec.json.decode(read_bytes(path), type=ETrace)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(path, "json", f"not an execution trace: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+    nodes = sorted(trace.nodes, key=lambda n: n.id)
+    parents = {n.id: n.parent for n in nodes}
+    ios = [(_io(n.inputs, n.input_shapes, n.input_types),
+            _io(n.outputs, n.output_shapes, n.output_types)) for n in nodes]
+
+    src: list[int] = []
+    dst: list[int] = []
+    kind: list[str] = []
+    tensor: list[str | None] = []
+    for n in nodes:
+        if n.parent in parents:
+            src.append(n.parent)
+            dst.append(n.id)
+            kind.append("parent")
+            tensor.append(None)
+    producer: dict[str, int] = {}
+    for n, (ins, outs) in zip(nodes, ios, strict=True):
+        ancestors = _ancestors(n.id, parents)
+        for key in dict.fromkeys(_tensors(ins)):
+            p = producer.get(key)
+            if p is not None and p not in ancestors and p != n.id:
+                src.append(p)
+                dst.append(n.id)
+                kind.append("data")
+                tensor.append(key)
+        for key in _tensors(outs):
+            producer[key] = n.id
+
+    node_table = pa.table(
+        {
+            "rank": pa.array(np.full(len(nodes), rank, np.int32)),
+            "node_id": pa.array([n.id for n in nodes], pa.int64()),
+            "parent": pa.array([n.parent for n in nodes], pa.int64()),
+            "name": pa.array([n.name for n in nodes]).dictionary_encode(),
+            "op_schema": pa.array([n.op_schema for n in nodes], pa.string()),
+            "rf_id": pa.array([NONE if n.rf_id is None else n.rf_id for n in nodes], pa.int64()),
+            "tid": pa.array([n.tid for n in nodes], pa.int64()),
+            "inputs": pa.array([orjson.dumps(i).decode() for i, _ in ios], pa.string()),
+            "outputs": pa.array([orjson.dumps(o).decode() for _, o in ios], pa.string()),
+            "attrs": pa.array([orjson.dumps(n.attrs).decode() for n in nodes], pa.string()),
+        }
+    ).cast(GRAPH_NODES)
+    edge_table = pa.table(
+        {
+            "rank": pa.array(np.full(len(src), rank, np.int32)),
+            "src": pa.array(src, pa.int64()),
+            "dst": pa.array(dst, pa.int64()),
+            "kind": pa.array(kind, pa.string()).dictionary_encode(),
+            "tensor": pa.array(tensor, pa.string()),
+        }
+    ).cast(GRAPH_EDGES)
+    return node_table, edge_table, _join_warnings(node_table, events, rank)
+
+
+def _ancestors(node: int, parents: dict[int, int]) -> set[int]:
+    seen: set[int] = set()
+    while node in parents and node not in seen:
+        seen.add(node)
+        node = parents[node]
+    return seen
+
+
+def join_key(events: pa.Table) -> str:
+    """The events column that carries ET rf_ids: `rf_id`, or `external_id` for old traces."""
+    rf = events.column("rf_id").to_numpy()
+    return "rf_id" if (rf != NONE).any() else "external_id"
+
+
+def _join_warnings(nodes: pa.Table, events: pa.Table, rank: int) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    if events.num_rows == 0:
+        counts["execution trace without a Kineto trace to join"] += 1
+        return counts
+    mine = events.filter(pa.compute.equal(events.column("rank"), rank))
+    key = join_key(mine)
+    if key == "external_id":
+        counts["no Record function id in the trace: ET joined by External id"] += 1
+    have = set(mine.column(key).to_numpy().tolist())
+    rf = nodes.column("rf_id").to_numpy()
+    unmatched = int(sum(1 for r in rf.tolist() if r != NONE and r not in have))
+    if unmatched:
+        counts["execution-trace nodes with no matching event"] += unmatched
+    return counts

@@ -1,0 +1,216 @@
+"""Import raw traces into a Run: read each file, merge ranks, mark steps, write tables."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.trace import execution_trace
+from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, read_trace
+from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, NONE, STEPS
+from perfswarm.trace.store import Manifest, Run, Warning_, creating, new_manifest
+
+Streaming = Literal["auto", "always", "never"]
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    ranks: tuple[int, ...] = ()
+    execution_traces: tuple[Path, ...] = ()
+    drop_bad_events: bool = False
+    streaming: Streaming = "auto"
+    force: bool = False
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def uncompressed_size(path: Path) -> int:
+    """Size of the JSON text: the gzip trailer's ISIZE (mod 4 GiB, so bounded below by the file)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return size
+        f.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(f.read(4), "little")
+    # ISIZE wraps at 4 GiB; compressed traces shrink about 10x, so never trust less than that.
+    return max(isize, size * 10) if size > (1 << 31) // 10 else isize
+
+
+def wants_streaming(path: Path, mode: Streaming) -> bool:
+    """Stream files whose JSON exceeds a quarter of RAM (decoded, a trace takes ~3x its text)."""
+    if mode != "auto":
+        return mode == "always"
+    return uncompressed_size(path) > _memory_bytes() // 4
+
+
+def assign_steps(events: pa.Table, steps: pa.Table) -> pa.Table:
+    """Set `step` on every event: host events by time, device events by their launch's step."""
+    if steps.num_rows == 0 or events.num_rows == 0:
+        return events
+    rank = events.column("rank").to_numpy()
+    ts = events.column("ts").to_numpy()
+    step = np.full(events.num_rows, NONE, np.int32)
+    s_rank = steps.column("rank").to_numpy()
+    s_start = steps.column("start").to_numpy()
+    s_end = steps.column("end").to_numpy()
+    s_num = steps.column("step").to_numpy()
+    for r in np.unique(s_rank):
+        mine = np.flatnonzero(s_rank == r)
+        mine = mine[np.argsort(s_start[mine], kind="stable")]
+        rows = np.flatnonzero(rank == r)
+        idx = np.searchsorted(s_start[mine], ts[rows], side="right") - 1
+        inside = idx >= 0
+        inside[inside] = ts[rows][inside] < s_end[mine][idx[inside]]
+        step[rows[inside]] = s_num[mine][idx[inside]]
+
+    kinds = events.column("kind").combine_chunks()
+    assert isinstance(kinds, pa.DictionaryArray)
+    kind_names = kinds.dictionary.to_pylist()
+    kind_idx = kinds.indices.to_numpy(zero_copy_only=False)
+    launch_codes = [i for i, k in enumerate(kind_names) if k in ("runtime", "driver")]
+    device_codes = [i for i, k in enumerate(kind_names) if k in DEVICE_KINDS]
+    corr = events.column("correlation").to_numpy()
+    is_launch = np.isin(kind_idx, launch_codes) & (corr != NONE)
+    is_device = np.isin(kind_idx, device_codes) & (corr != NONE)
+    for r in np.unique(rank[is_device]):
+        launches = np.flatnonzero(is_launch & (rank == r))
+        devices = np.flatnonzero(is_device & (rank == r))
+        order = launches[np.argsort(corr[launches], kind="stable")]
+        keys = corr[order]
+        pos = np.clip(np.searchsorted(keys, corr[devices]), 0, max(len(keys) - 1, 0))
+        if not len(keys):
+            continue
+        found = keys[pos] == corr[devices]
+        step[devices[found]] = step[order[pos[found]]]
+    return events.set_column(
+        events.schema.get_field_index("step"), "step", pa.array(step, pa.int32())
+    )
+
+
+def sort_events(events: pa.Table) -> pa.Table:
+    """Order by rank then time, stable: the same input always gives the same table."""
+    order = np.lexsort((events.column("ts").to_numpy(), events.column("rank").to_numpy()))
+    return events.take(pa.array(order))
+
+
+def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
+    parts = [t.cast(schema) for t in tables if t.num_rows]
+    if not parts:
+        return schema.empty_table()
+    return pa.concat_tables(parts, promote_options="permissive").unify_dictionaries().cast(schema)
+
+
+def _warnings(source: str, counts: Counter[str]) -> list[Warning_]:
+    return [Warning_(source=source, what=w, count=n) for w, n in sorted(counts.items()) if n]
+
+
+def _read(path: Path, rank_hint: int, options: ImportOptions,
+          scratch: Path) -> tuple[TraceMeta, TraceTables]:
+    opts = ReadOptions(drop_bad_events=options.drop_bad_events)
+    if wants_streaming(path, options.streaming):
+        from perfswarm.trace.stream import read_trace_streaming
+
+        return read_trace_streaming(path, rank_hint, opts, scratch)
+    return read_trace(path, rank_hint, opts)
+
+
+def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
+                  command: list[str], progress: Progress | None = None) -> Run:
+    """Create the Run `out` from Kineto trace files (one per rank) and execution traces."""
+    if not paths:
+        raise PerfswarmError("no trace files given")
+    if options.ranks and len(options.ranks) != len(paths):
+        raise PerfswarmError(f"--rank given {len(options.ranks)} times for {len(paths)} files")
+    for p in (*paths, *options.execution_traces):
+        if not p.is_file():
+            raise PerfswarmError(f"{p}: no such file")
+    manifest = new_manifest(command, complete=True)
+    manifest["exit_status"] = 0
+    with creating(out, force=options.force) as run:
+        parts: list[TraceTables] = []
+        for i, path in enumerate(paths):
+            if progress:
+                progress(f"reading {path.name}", i, len(paths))
+            hint = options.ranks[i] if options.ranks else i
+            meta, tables = _read(path, hint, options, run.path)
+            rank = options.ranks[i] if options.ranks else (meta.rank if meta.rank is not None else i)
+            if options.ranks and meta.rank not in (None, rank):
+                meta.warnings[f"--rank {rank} overrides distributedInfo rank {meta.rank}"] += 1
+            tables = _with_rank(tables, rank)
+            raw = run.add_raw(path)
+            parts.append(tables)
+            _describe(manifest, path, raw, rank, meta, tables)
+        if progress:
+            progress("writing tables", len(paths), len(paths))
+        steps = _concat([p.steps for p in parts], STEPS)
+        events = assign_steps(sort_events(_concat([p.events for p in parts], EVENTS)), steps)
+        run.write_table("events", events)
+        run.write_table("steps", steps)
+        run.write_table("flows", _concat([p.flows for p in parts], FLOWS))
+        run.write_table("counters", _concat([p.counters for p in parts], COUNTERS))
+        _ranks_seen(manifest)
+        for j, et_path in enumerate(options.execution_traces):
+            et_rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
+            nodes, edges, counts = execution_trace.read(et_path, et_rank, events)
+            run.add_raw(et_path)
+            run.write_table("graph_nodes", nodes)
+            run.write_table("graph_edges", edges)
+            manifest["warnings"] += _warnings(str(et_path), counts)
+            manifest["sources"].append({"file": et_path.name, "format": "execution_trace",
+                                        "rank": et_rank, "nodes": nodes.num_rows})
+        run.write_manifest(manifest)
+    if progress:
+        progress("done", len(paths), len(paths))
+    return Run(out)
+
+
+def _with_rank(tables: TraceTables, rank: int) -> TraceTables:
+    def set_rank(t: pa.Table) -> pa.Table:
+        col = pa.array(np.full(t.num_rows, rank, np.int32))
+        return t.set_column(t.schema.get_field_index("rank"), "rank", col)
+
+    return TraceTables(set_rank(tables.events), set_rank(tables.flows),
+                       set_rank(tables.counters), set_rank(tables.steps))
+
+
+def _describe(manifest: Manifest, path: Path, raw: Path, rank: int, meta: TraceMeta,
+              tables: TraceTables) -> None:
+    manifest["sources"].append(
+        {
+            "file": raw.name,
+            "format": "kineto",
+            "rank": rank,
+            "base_time_ns": meta.base_ns,
+            "events": tables.events.num_rows,
+            "distributed": meta.distributed,
+            "info": meta.info,
+        }
+    )
+    manifest["clock_offsets"][f"kineto:{raw.name}"] = meta.base_ns
+    for dev in meta.devices:
+        manifest["devices"].append({"rank": rank, **dev})
+    for pid, name in meta.processes.items():
+        manifest["processes"][f"{rank}:{pid}"] = name
+    for key, name in meta.threads.items():
+        manifest["threads"][f"{rank}:{key}"] = name
+    manifest["warnings"] += _warnings(raw.name, meta.warnings)
+
+
+def _ranks_seen(manifest: Manifest) -> None:
+    ranks = [int(s["rank"]) for s in manifest["sources"]]
+    dupes = sorted({r for r in ranks if ranks.count(r) > 1})
+    for r in dupes:
+        manifest["warnings"].append(Warning_(source="import", count=ranks.count(r),
+                                             what=f"several files claim rank {r}"))
+    manifest["ranks"] = sorted(set(ranks))

@@ -1,0 +1,473 @@
+"""Reader for Kineto / Chrome-trace JSON (`.json`, `.json.gz`), as written by torch.profiler.
+
+Decoding is typed (msgspec): the event fields we index are decoded straight into
+a struct and `args` is kept as raw JSON text, which is stored as is. The fields
+of `args` that become columns (correlation, external id, ...) come from a second
+typed decode over all args at once. Both passes run in C; the Python side only
+works on whole columns.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.errors import TraceFormatError
+from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, KINDS, NONE, STEPS
+from perfswarm.trace.timebase import MAX_ABS_US, us_to_ns
+
+_EMPTY_ARGS = msgspec.Raw(b"{}")
+
+# Seven days: no single profiled event lasts longer; a longer one is corrupt.
+MAX_DUR_US = 7 * 24 * 3600 * 1e6
+
+
+class KEvent(msgspec.Struct):
+    """One Chrome-trace event; unknown keys (s, bp, ...) are skipped by the decoder."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    id: int | str | None = None
+    args: msgspec.Raw = _EMPTY_ARGS
+
+
+class KArgs(msgspec.Struct):
+    """The `args` fields that become columns. Old traces spell `external id` in lower case."""
+
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    external_id_old: int | None = msgspec.field(default=None, name="external id")
+    correlation: int | None = None
+    device: int | None = None
+    stream: int | str | None = None
+    rf_id: int | None = msgspec.field(default=None, name="Record function id")
+    name: Any = None  # process_name / thread_name metadata
+
+
+class KTrace(msgspec.Struct):
+    traceEvents: list[KEvent]
+    baseTimeNanoseconds: int | None = None
+    deviceProperties: list[dict[str, Any]] = []
+    distributedInfo: dict[str, Any] = {}
+    schemaVersion: Any = None
+    traceName: Any = None
+    displayTimeUnit: Any = None
+    record_shapes: Any = None
+    cupti_version: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+
+
+# Kineto's activity categories across versions and vendors -> our kinds.
+CAT_KIND: dict[str, str] = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "python_function": "python_function",
+    "cuda_runtime": "runtime",
+    "runtime": "runtime",
+    "mtia_runtime": "runtime",
+    "xpu_runtime": "runtime",
+    "glow_runtime": "runtime",
+    "privateuse1_runtime": "runtime",
+    "cuda_driver": "driver",
+    "driver": "driver",
+    "privateuse1_driver": "driver",
+    "kernel": "kernel",
+    "mtia_ccp_events": "kernel",
+    "hpu_op": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "cuda_sync": "sync",
+    "cpu_instant_event": "instant",
+    "cuda_profiler_range": "profiler_range",
+    "overhead": "overhead",
+    "trace": "trace_span",
+    "collective_comm": "collective",
+    "syscall": "syscall",
+}
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+COLLECTIVE_KERNEL = re.compile(r"^(void )?(nccl|rccl)|nccl(Dev)?Kernel_", re.IGNORECASE)
+PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass
+class TraceMeta:
+    """Everything in a trace file besides its events."""
+
+    rank: int | None
+    base_ns: int
+    devices: list[dict[str, Any]]
+    distributed: dict[str, Any]
+    info: dict[str, Any]
+    processes: dict[str, str] = field(default_factory=dict)
+    threads: dict[str, str] = field(default_factory=dict)
+    warnings: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class TraceTables:
+    """One file's (or one batch's) rows, before ranks are merged and steps assigned."""
+
+    events: pa.Table
+    flows: pa.Table
+    counters: pa.Table
+    steps: pa.Table
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    drop_bad_events: bool = False
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON text, gunzipped when it is gzip (by magic, not by name)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            data = f.read()
+    except OSError as exc:
+        raise TraceFormatError(path, "", f"cannot read ({exc.strerror or exc})") from None
+    if head == b"\x1f\x8b":
+        try:
+            return gzip.decompress(data)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})") from None
+    return data
+
+
+def decode(path: Path, data: bytes) -> KTrace:
+    """Typed decode of a whole trace; a bare top-level array is the Chrome 'array' format."""
+    try:
+        if data.lstrip()[:1] == b"[":
+            return KTrace(traceEvents=msgspec.json.decode(data, type=list[KEvent]))
+        return msgspec.json.decode(data, type=KTrace)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(path, "json", f"wrong structure: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+
+
+def _int_or_none(values: Sequence[object]) -> npt.NDArray[np.int64]:
+    return np.fromiter((NONE if v is None else v for v in values), np.int64, len(values))
+
+
+def _ids(values: Sequence[int | str]) -> npt.NDArray[np.int64]:
+    """pid/tid/flow-id columns: ints as they are; strings ('Spans', '0x1f') parsed or -1."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError):
+        return np.fromiter((_one_id(v) for v in values), np.int64, len(values))
+
+
+def _one_id(value: object) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value, 0)
+        except ValueError:
+            return NONE
+    return NONE
+
+
+def _string_array(raws: Sequence[msgspec.Raw]) -> pa.Array:
+    """Arrow strings built from the raw args buffers in one join, no per-row objects."""
+    lengths = np.fromiter(map(len, raws), np.int64, len(raws))
+    offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = b"".join(raws)  # type: ignore[arg-type]
+    return pa.LargeStringArray.from_buffers(
+        len(raws), pa.py_buffer(offsets), pa.py_buffer(data)
+    ).cast(pa.string())
+
+
+def _decode_args(path: Path, raws: Sequence[msgspec.Raw]) -> list[KArgs]:
+    if not raws:
+        return []
+    joined = b"[" + b",".join(raws) + b"]"  # type: ignore[arg-type]
+    try:
+        return msgspec.json.decode(joined, type=list[KArgs])
+    except msgspec.ValidationError as exc:
+        where = str(exc).replace("$[", "args of event [", 1)
+        raise TraceFormatError(path, "json", f"wrong field type: {where}") from None
+
+
+def _kinds(cats: pa.Array, names: pa.DictionaryArray, meta: TraceMeta) -> pa.Array:
+    """Kind codes per event from its category, with communication kernels made `collective`."""
+    cat_dict = pc.utf8_lower(cats).dictionary_encode()
+    cat_idx = cat_dict.indices.to_numpy(zero_copy_only=False)
+    cat_codes = np.empty(len(cat_dict.dictionary), dtype=np.int8)
+    for i, cat in enumerate(cat_dict.dictionary.to_pylist()):
+        kind = CAT_KIND.get(cat, "other") if cat else "instant"
+        cat_codes[i] = _KIND_CODE[kind]
+        if kind == "other":
+            count = int(np.count_nonzero(cat_idx == i))
+            meta.warnings[f"unknown category '{cat}' (kept as kind 'other')"] += count
+    codes = cat_codes[cat_idx]
+    name_values = names.dictionary.to_pylist()
+    is_comm = np.fromiter(
+        (bool(COLLECTIVE_KERNEL.search(n)) for n in name_values), bool, len(name_values)
+    )
+    comm_rows = is_comm[names.indices.to_numpy(zero_copy_only=False)] & (
+        codes == _KIND_CODE["kernel"]
+    )
+    codes[comm_rows] = _KIND_CODE["collective"]
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), pa.array(KINDS))
+
+
+def _check_times(path: Path, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
+                 index: npt.NDArray[np.int64], opts: ReadOptions,
+                 meta: TraceMeta) -> npt.NDArray[np.bool_]:
+    """Rows to keep. Bad rows are an error, or dropped and counted with --drop-bad-events."""
+    checks = (
+        (~np.isfinite(ts) | (np.abs(ts) > MAX_ABS_US), "timestamp out of range"),
+        (~np.isfinite(dur) | (dur > MAX_DUR_US), "absurd duration (over 7 days)"),
+        (dur < 0, "negative duration"),
+    )
+    keep = np.ones(len(ts), dtype=bool)
+    for bad, what in checks:
+        if not bad.any():
+            continue
+        if not opts.drop_bad_events:
+            first = int(np.flatnonzero(bad)[0])
+            raise TraceFormatError(
+                path,
+                f"traceEvents[{int(index[first])}]",
+                f"{what}: ts={ts[first]!r} dur={dur[first]!r} us"
+                f" ({int(bad.sum())} such events; --drop-bad-events drops them)",
+            )
+        meta.warnings[f"dropped events with {what}"] += int(bad.sum())
+        keep &= ~bad
+    return keep
+
+
+def _metadata(events: Sequence[KEvent], args: list[KArgs], meta: TraceMeta) -> None:
+    for ev, a in zip(events, args, strict=True):
+        if a.name is None:
+            continue
+        if ev.name == "process_name":
+            meta.processes[str(ev.pid)] = str(a.name)
+        elif ev.name == "thread_name":
+            meta.threads[f"{ev.pid}:{ev.tid}"] = str(a.name).strip()
+
+
+def _pair_begin_end(events: list[KEvent], meta: TraceMeta) -> list[KEvent]:
+    """Turn B/E pairs (per pid/tid, properly nested) into complete X events."""
+    stacks: dict[tuple[object, object], list[KEvent]] = {}
+    out: list[KEvent] = []
+    for ev in sorted(events, key=lambda e: e.ts):
+        key = (ev.pid, ev.tid)
+        if ev.ph == "B":
+            stacks.setdefault(key, []).append(ev)
+        elif stacks.get(key):
+            begin = stacks[key].pop()
+            out.append(msgspec.structs.replace(begin, ph="X", dur=ev.ts - begin.ts))
+        else:
+            meta.warnings["'E' event without a matching 'B' (dropped)"] += 1
+    unmatched = sum(len(s) for s in stacks.values())
+    if unmatched:
+        meta.warnings["'B' event without a matching 'E' (dropped)"] += unmatched
+    return out
+
+
+def _counters(events: Sequence[KEvent], ts_ns: npt.NDArray[np.int64], rank: int) -> pa.Table:
+    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "name": [], "device": [], "value": []}
+    for ev, t in zip(events, ts_ns.tolist(), strict=True):
+        for key, value in msgspec.json.decode(ev.args).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                rows["rank"].append(rank)
+                rows["ts"].append(t)
+                rows["name"].append(f"{ev.name}.{key}" if ev.name else key)
+                rows["device"].append(NONE)
+                rows["value"].append(float(value))
+    return pa.table(rows).cast(COUNTERS) if rows["ts"] else COUNTERS.empty_table()
+
+
+def tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank: int,
+                       opts: ReadOptions, first_index: int = 0) -> TraceTables:
+    """Columns from decoded events: events, flows, counters and ProfilerStep markers."""
+    if not events:
+        return TraceTables(EVENTS.empty_table(), FLOWS.empty_table(),
+                           COUNTERS.empty_table(), STEPS.empty_table())
+    ph = pa.array([e.ph for e in events], pa.string())
+    ph_codes = ph.dictionary_encode()
+    ph_values = ph_codes.dictionary.to_pylist()
+    ph_idx = ph_codes.indices.to_numpy(zero_copy_only=False)
+
+    def rows_with(*phases: str) -> npt.NDArray[np.int64]:
+        wanted = [i for i, p in enumerate(ph_values) if p in phases]
+        return np.flatnonzero(np.isin(ph_idx, wanted))
+
+    meta_rows = rows_with("M")
+    if len(meta_rows):
+        chosen = [events[i] for i in meta_rows.tolist()]
+        _metadata(chosen, _decode_args(path, [e.args for e in chosen]), meta)
+    known = {"X", "i", "I", "s", "f", "t", "M", "C", "B", "E"}
+    for p in ph_values:
+        if p not in known:
+            n = int(np.count_nonzero(ph_idx == ph_values.index(p)))
+            meta.warnings[f"unsupported event phase '{p}' (skipped)"] += n
+
+    spans = [events[i] for i in rows_with("X", "i", "I").tolist()]
+    span_index = rows_with("X", "i", "I") + first_index
+    begin_end = [events[i] for i in rows_with("B", "E").tolist()]
+    if begin_end:
+        paired = _pair_begin_end(begin_end, meta)
+        spans += paired
+        span_index = np.concatenate([span_index, np.full(len(paired), NONE, np.int64)])
+
+    flows = _flow_table(path, [events[i] for i in rows_with("s", "f", "t").tolist()],
+                        meta, rank, opts)
+    counter_events = [events[i] for i in rows_with("C").tolist()]
+    counters = COUNTERS.empty_table()
+    if counter_events:
+        cts = np.array([e.ts for e in counter_events], np.float64)
+        counters = _counters(counter_events, us_to_ns(cts) + meta.base_ns, rank)
+
+    events_table, steps = _span_table(path, spans, span_index, meta, rank, opts)
+    return TraceTables(events_table, flows, counters, steps)
+
+
+def _flow_table(path: Path, flows: list[KEvent], meta: TraceMeta, rank: int,
+                opts: ReadOptions) -> pa.Table:
+    if not flows:
+        return FLOWS.empty_table()
+    ts = np.array([e.ts for e in flows], np.float64)
+    keep = _check_times(path, ts, np.zeros(len(ts)), np.zeros(len(ts), np.int64), opts, meta)
+    n = len(flows)
+    table = pa.table(
+        {
+            "rank": pa.array(np.full(n, rank, np.int32)),
+            "id": pa.array(_ids([NONE if e.id is None else e.id for e in flows])),
+            "cat": pa.array([e.cat for e in flows]).dictionary_encode(),
+            "phase": pa.array([e.ph for e in flows]).dictionary_encode(),
+            "pid": pa.array(_ids([e.pid for e in flows])),
+            "tid": pa.array(_ids([e.tid for e in flows])),
+            "ts": pa.array(us_to_ns(ts) + meta.base_ns),
+        }
+    )
+    return table.filter(pa.array(keep)).cast(FLOWS)
+
+
+def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
+                meta: TraceMeta, rank: int, opts: ReadOptions) -> tuple[pa.Table, pa.Table]:
+    if not spans:
+        return EVENTS.empty_table(), STEPS.empty_table()
+    ph, cat, name, pid, tid, ts, dur, _id, raws = zip(
+        *map(msgspec.structs.astuple, spans), strict=True
+    )
+    ts_us = np.array(ts, np.float64)
+    dur_us = np.array(dur, np.float64)
+    dur_us[np.isin(np.array(ph, object), ["i", "I"])] = 0.0
+    keep = _check_times(path, ts_us, dur_us, index, opts, meta)
+
+    args = _decode_args(path, raws)
+    ext, ext_old, corr, device, stream, rf_id, _name = zip(
+        *map(msgspec.structs.astuple, args), strict=True
+    )
+    names = pa.array(name, pa.string()).dictionary_encode()
+    kinds = _kinds(pa.array(cat, pa.string()), names, meta)
+    kind_idx = kinds.indices.to_numpy(zero_copy_only=False)
+    on_device = np.isin(kind_idx, [_KIND_CODE[k] for k in DEVICE_KINDS])
+
+    pid_a = _ids(pid)
+    tid_a = _ids(tid)
+    device_a = np.where(on_device, np.where(_int_or_none(device) >= 0, _int_or_none(device),
+                                            pid_a), NONE).astype(np.int32)
+    stream_int = np.fromiter((s if isinstance(s, int) else NONE for s in stream),
+                             np.int64, len(stream))
+    stream_a = np.where(on_device, np.where(stream_int >= 0, stream_int, tid_a), NONE)
+    ext_a = _int_or_none(ext)
+    ext_old_a = _int_or_none(ext_old)
+    ext_a = np.where(ext_a == NONE, ext_old_a, ext_a)
+    n = len(spans)
+    table = pa.table(
+        {
+            "rank": pa.array(np.full(n, rank, np.int32)),
+            "ts": pa.array(us_to_ns(ts_us) + meta.base_ns),
+            "dur": pa.array(us_to_ns(dur_us)),
+            "kind": kinds,
+            "name": names,
+            "pid": pa.array(pid_a),
+            "tid": pa.array(tid_a),
+            "device": pa.array(device_a),
+            "stream": pa.array(stream_a),
+            "correlation": pa.array(_int_or_none(corr)),
+            "external_id": pa.array(ext_a),
+            "rf_id": pa.array(_int_or_none(rf_id)),
+            "step": pa.array(np.full(n, NONE, np.int32)),
+            "args": _string_array(raws),
+        }
+    )
+    if not keep.all():
+        table = table.filter(pa.array(keep))
+    return table, _steps(table, rank)
+
+
+def _steps(events: pa.Table, rank: int) -> pa.Table:
+    """ProfilerStep#N annotations as step markers (one row per step and rank)."""
+    names = events.column("name").combine_chunks()
+    assert isinstance(names, pa.DictionaryArray)
+    values = names.dictionary.to_pylist()
+    step_of_code = {i: int(m.group(1)) for i, v in enumerate(values)
+                    if v and (m := PROFILER_STEP.match(v))}
+    if not step_of_code:
+        return STEPS.empty_table()
+    rows = np.flatnonzero(np.isin(names.indices.to_numpy(zero_copy_only=False),
+                                  list(step_of_code)))
+    codes = names.indices.to_numpy(zero_copy_only=False)[rows]
+    ts = events.column("ts").to_numpy()[rows]
+    dur = events.column("dur").to_numpy()[rows]
+    order = np.argsort(ts, kind="stable")
+    return pa.table(
+        {
+            "rank": pa.array(np.full(len(rows), rank, np.int32)),
+            "step": pa.array(np.array([step_of_code[int(c)] for c in codes[order]], np.int32)),
+            "start": pa.array(ts[order]),
+            "end": pa.array(ts[order] + dur[order]),
+            "source": pa.array(["marker"] * len(rows)).dictionary_encode(),
+        }
+    ).cast(STEPS)
+
+
+def trace_meta(path: Path, trace: KTrace) -> TraceMeta:
+    rank = trace.distributedInfo.get("rank")
+    info = {k: v for k, v in msgspec.structs.asdict(trace).items()
+            if k not in ("traceEvents", "deviceProperties", "distributedInfo") and v is not None}
+    return TraceMeta(
+        rank=rank if isinstance(rank, int) else None,
+        base_ns=trace.baseTimeNanoseconds or 0,
+        devices=list(trace.deviceProperties),
+        distributed=dict(trace.distributedInfo),
+        info=info,
+    )
+
+
+def read_trace(path: Path, rank_hint: int, opts: ReadOptions) -> tuple[TraceMeta, TraceTables]:
+    """Read one trace file fully into memory."""
+    trace = decode(path, read_bytes(path))
+    meta = trace_meta(path, trace)
+    rank = meta.rank if meta.rank is not None else rank_hint
+    tables = tables_from_events(path, trace.traceEvents, meta, rank, opts)
+    return meta, tables

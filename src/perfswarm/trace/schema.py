@@ -1,0 +1,153 @@
+"""Arrow schemas of the Run's tables and the closed set of event kinds.
+
+Names and kinds are dictionary-encoded: a 200k-event trace typically has a few
+thousand distinct names, so interning keeps tables and memory small.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+# Event kinds, normalized across Kineto versions and vendors (see trace/kineto.py).
+KINDS: Final = (
+    "cpu_op",
+    "user_annotation",
+    "gpu_annotation",
+    "python_function",
+    "runtime",
+    "driver",
+    "kernel",
+    "memcpy",
+    "memset",
+    "sync",
+    "collective",
+    "instant",
+    "profiler_range",
+    "overhead",
+    "trace_span",
+    "syscall",
+    "other",
+)
+DEVICE_KINDS: Final = frozenset({"kernel", "memcpy", "memset", "collective", "gpu_annotation"})
+HOST = -1  # `device` value of host-side events
+NONE = -1  # `stream`, `correlation`, `external_id`, `rf_id`, `step` when absent
+
+EVENTS: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("ts", pa.int64()),
+        ("dur", pa.int64()),
+        ("kind", pa.dictionary(pa.int8(), pa.string())),
+        ("name", pa.dictionary(pa.int32(), pa.string())),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("device", pa.int32()),
+        ("stream", pa.int64()),
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("rf_id", pa.int64()),
+        ("step", pa.int32()),
+        ("args", pa.string()),
+    ]
+)
+
+COUNTERS: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("ts", pa.int64()),
+        ("name", pa.dictionary(pa.int32(), pa.string())),
+        ("device", pa.int32()),
+        ("value", pa.float64()),
+    ]
+)
+
+# Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
+# links a forward op to its backward op. Kept raw; analyses resolve them.
+FLOWS: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("id", pa.int64()),
+        ("cat", pa.dictionary(pa.int8(), pa.string())),
+        ("phase", pa.dictionary(pa.int8(), pa.string())),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("ts", pa.int64()),
+    ]
+)
+
+STEPS: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+        ("source", pa.dictionary(pa.int8(), pa.string())),
+    ]
+)
+
+SAMPLES: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("ts", pa.int64()),
+        ("source", pa.dictionary(pa.int8(), pa.string())),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("stack_id", pa.int64()),
+        ("weight", pa.int64()),
+    ]
+)
+
+# One row per frame: stack_id, depth 0 = leaf.
+STACKS: Final = pa.schema(
+    [
+        ("stack_id", pa.int64()),
+        ("depth", pa.int32()),
+        ("function", pa.dictionary(pa.int32(), pa.string())),
+        ("module", pa.dictionary(pa.int32(), pa.string())),
+        ("address", pa.int64()),
+    ]
+)
+
+GRAPH_NODES: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("node_id", pa.int64()),
+        ("parent", pa.int64()),
+        ("name", pa.dictionary(pa.int32(), pa.string())),
+        ("op_schema", pa.string()),
+        ("rf_id", pa.int64()),
+        ("tid", pa.int64()),
+        ("inputs", pa.string()),
+        ("outputs", pa.string()),
+        ("attrs", pa.string()),
+    ]
+)
+
+# Tensor producer -> consumer edges, and parent -> child edges of the op tree.
+GRAPH_EDGES: Final = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("src", pa.int64()),
+        ("dst", pa.int64()),
+        ("kind", pa.dictionary(pa.int8(), pa.string())),
+        ("tensor", pa.string()),
+    ]
+)
+
+TABLES: Final[dict[str, pa.Schema]] = {
+    "events": EVENTS,
+    "counters": COUNTERS,
+    "flows": FLOWS,
+    "steps": STEPS,
+    "samples": SAMPLES,
+    "stacks": STACKS,
+    "graph_nodes": GRAPH_NODES,
+    "graph_edges": GRAPH_EDGES,
+}
+
+
+def empty(name: str) -> pa.Table:
+    """An empty table with the schema of `name`."""
+    return TABLES[name].empty_table()

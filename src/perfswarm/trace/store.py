@@ -1,0 +1,249 @@
+"""The Run: one directory holding manifest.json, raw/ and tables/*.parquet.
+
+Every write goes to a temporary path and is renamed into place, so a reader (or
+a crash) never sees a half-written manifest or table. A new Run is built in a
+hidden sibling directory and renamed to its final name only when complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from perfswarm import __version__
+from perfswarm.errors import PerfswarmError, RunError
+from perfswarm.trace.schema import TABLES, empty
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CollectorStatus(TypedDict):
+    status: str  # "ok" | "unavailable: <reason>" | "failed: <reason>"
+    files: list[str]
+
+
+class Warning_(TypedDict):
+    source: str
+    what: str
+    count: int
+
+
+class Manifest(TypedDict):
+    schema_version: int
+    perfswarm_version: str
+    command: list[str]
+    cwd: str
+    complete: bool
+    exit_status: int | None
+    signal: str | None
+    host: dict[str, Any]
+    devices: list[dict[str, Any]]
+    collectors: dict[str, CollectorStatus]
+    clock_offsets: dict[str, int]
+    ranks: list[int]
+    sources: list[dict[str, Any]]
+    warnings: list[Warning_]
+    processes: dict[str, str]
+    threads: dict[str, str]
+    extra: NotRequired[dict[str, Any]]
+
+
+def host_info() -> dict[str, Any]:
+    """What this machine is: enough to tell runs apart and to pick a CPU model."""
+    cpu_model = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu_model,
+        "cores": os.cpu_count() or 1,
+    }
+
+
+def new_manifest(command: list[str], *, complete: bool = False) -> Manifest:
+    return Manifest(
+        schema_version=SCHEMA_VERSION,
+        perfswarm_version=__version__,
+        command=command,
+        cwd=os.getcwd(),
+        complete=complete,
+        exit_status=None,
+        signal=None,
+        host=host_info(),
+        devices=[],
+        collectors={},
+        clock_offsets={},
+        ranks=[],
+        sources=[],
+        warnings=[],
+        processes={},
+        threads={},
+    )
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a mix."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _disk_error(path: Path, exc: OSError) -> PerfswarmError:
+    return PerfswarmError(f"{path}: cannot write ({exc.strerror or exc})")
+
+
+class Run:
+    """A Run directory. Cheap to construct; tables are read on demand."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    # -- layout --------------------------------------------------------------
+    @property
+    def raw_dir(self) -> Path:
+        return self.path / "raw"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.path / "tables"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def table_path(self, name: str) -> Path:
+        return self.tables_dir / f"{name}.parquet"
+
+    # -- opening -------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> Run:
+        run = cls(path)
+        if not run.path.is_dir():
+            raise RunError(f"{run.path}: not a directory (expected a perfswarm Run)")
+        if not run.manifest_path.is_file():
+            raise RunError(f"{run.path}: no {MANIFEST} (not a perfswarm Run)")
+        run.manifest()  # validates
+        return run
+
+    def manifest(self) -> Manifest:
+        try:
+            data = orjson.loads(self.manifest_path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise RunError(f"{self.manifest_path}: unreadable manifest ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+            raise RunError(f"{self.manifest_path}: not a schema {SCHEMA_VERSION} manifest")
+        return data  # type: ignore[return-value]
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        data = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        try:
+            atomic_write_bytes(self.manifest_path, data + b"\n")
+        except OSError as exc:
+            raise _disk_error(self.manifest_path, exc) from None
+
+    # -- tables --------------------------------------------------------------
+    def has_table(self, name: str) -> bool:
+        return self.table_path(name).is_file()
+
+    def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """The table `name`, or an empty one of its schema when the Run has none."""
+        path = self.table_path(name)
+        if not path.is_file():
+            table = empty(name)
+            return table.select(columns) if columns else table
+        try:
+            return pq.read_table(path, columns=columns)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise RunError(f"{path}: unreadable table ({exc})") from None
+
+    def write_table(self, name: str, table: pa.Table) -> None:
+        """Write `table` atomically, cast to the table's schema."""
+        schema = TABLES.get(name)
+        if schema is not None:
+            table = table.select(schema.names).cast(schema)
+        self.tables_dir.mkdir(parents=True, exist_ok=True)
+        path = self.table_path(name)
+        fd, tmp = tempfile.mkstemp(dir=self.tables_dir, prefix=f".{name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise _disk_error(path, exc) from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def table_names(self) -> list[str]:
+        if not self.tables_dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.tables_dir.glob("*.parquet"))
+
+    def add_raw(self, source: Path, name: str | None = None) -> Path:
+        """Put an original input into raw/ (hard link when possible; never modified)."""
+        self.raw_dir.mkdir(parents=True, exist_ok=True)
+        target = self.raw_dir / (name or source.name)
+        if target.exists():
+            stem, n = target.name, 1
+            while target.exists():
+                target = self.raw_dir / f"{n}-{stem}"
+                n += 1
+        try:
+            os.link(source, target)
+        except OSError:
+            try:
+                shutil.copyfile(source, target)
+            except OSError as exc:
+                raise _disk_error(target, exc) from None
+        return target
+
+
+@contextlib.contextmanager
+def creating(path: str | Path, *, force: bool = False) -> Iterator[Run]:
+    """Build a new Run in a hidden sibling directory; rename it to `path` on success.
+
+    On any error the partial directory is removed, so no half-built Run is left.
+    """
+    final = Path(path)
+    if final.exists() and not force:
+        raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
+    try:
+        (tmp / "raw").mkdir()
+        (tmp / "tables").mkdir()
+        yield Run(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,1 @@
+"""Bundled CPU PyTorch workloads for the demo, tests and benchmarks."""
