@@ -7,7 +7,7 @@ import sys
 import click
 import typer.main
 
-from perfswarm.cli import commands  # noqa: F401  (registers every command on `app`)
+from perfswarm.cli import commands  # noqa: F401  (registers every *_cmd module on `app`)
 from perfswarm.cli.app import app
 from perfswarm.cli.output import err_console
 from perfswarm.errors import PerfswarmError

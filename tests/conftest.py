@@ -1,0 +1,47 @@
+"""Shared fixtures: the corpus of real traces, and Runs imported from it once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = (REPO.parent / "shared" / "corpus" / "hta").resolve()
+
+# name -> corpus file, for the traces tests refer to by short name
+TRACES = {
+    "nccl": "nccl_parser_config/nccl_data.json.gz",
+    "simple_add": "critical_path/simple_add/benchmark_result_493459_1694039959_trace.json.gz",
+    "event_sync": "critical_path/cuda_event_sync/event_sync_trace.json.gz",
+    "event_sync_multi": "critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",
+    "et_trace": "execution_trace/benchmark_simple_add_trace.json.gz",
+    "amd": "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "cpu_only": "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "compare_base": "trace_compare/base/base.json.gz",
+    "compare_test": "trace_compare/test/test.json.gz",
+    "triton": "triton_example/triton_example.json.gz",
+    "cupti": "cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz",
+    "non_gpu": "mixed_files/rank_non_gpu.json.gz",
+    "old_format": "trace_file_list/inference_rank_1.json.gz",
+}
+ET = "execution_trace/benchmark_simple_add_et.json.gz"
+
+
+def corpus(name: str) -> Path:
+    return CORPUS / TRACES.get(name, name)
+
+
+@pytest.fixture(scope="session")
+def corpus_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """Every corpus trace imported once (ET joined for et_trace); read-only for tests."""
+    root = tmp_path_factory.mktemp("corpus-runs")
+    runs: dict[str, Run] = {}
+    for name in TRACES:
+        ets = (CORPUS / ET,) if name == "et_trace" else ()
+        runs[name] = import_traces([corpus(name)], root / f"{name}.run",
+                                   ImportOptions(execution_traces=ets), ["test"])
+    return runs
