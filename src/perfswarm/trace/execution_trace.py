@@ -83,7 +83,7 @@ def read(path: Path, rank: int, events: pa.Table) -> tuple[pa.Table, pa.Table, C
     kind: list[str] = []
     tensor: list[str | None] = []
     for n in nodes:
-        if n.parent in parents:
+        if n.parent in parents and n.parent != n.id:  # the root is its own parent
             src.append(n.parent)
             dst.append(n.id)
             kind.append("parent")

@@ -54,7 +54,7 @@ def run_info(run: Run) -> RunInfo:
                  duration_ns=r["end"] - r["start"], source=r["source"])
         for r in steps.to_pylist()
     ]
-    devices = [
+    devices: list[dict[str, object]] = [
         {k: d.get(k) for k in ("rank", "id", "name", "totalGlobalMem", "numSms") if k in d}
         for d in manifest["devices"]
     ]

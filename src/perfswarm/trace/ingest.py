@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -115,14 +116,60 @@ def _warnings(source: str, counts: Counter[str]) -> list[Warning_]:
     return [Warning_(source=source, what=w, count=n) for w, n in sorted(counts.items()) if n]
 
 
-def _read(path: Path, rank_hint: int, options: ImportOptions,
-          scratch: Path) -> tuple[TraceMeta, TraceTables]:
-    opts = ReadOptions(drop_bad_events=options.drop_bad_events)
-    if wants_streaming(path, options.streaming):
-        from perfswarm.trace.stream import read_trace_streaming
+def _rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
+    if options.ranks:
+        if meta.rank not in (None, options.ranks[i]):
+            meta.warnings[f"--rank {options.ranks[i]} overrides distributedInfo rank "
+                          f"{meta.rank}"] += 1
+        return options.ranks[i]
+    return meta.rank if meta.rank is not None else i
 
-        return read_trace_streaming(path, rank_hint, opts, scratch)
-    return read_trace(path, rank_hint, opts)
+
+def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
+              progress: Progress | None) -> pa.Table:
+    """In memory: read every file, then sort and mark steps with numpy. Returns events."""
+    opts = ReadOptions(drop_bad_events=options.drop_bad_events)
+    parts: list[TraceTables] = []
+    for i, path in enumerate(paths):
+        if progress:
+            progress(f"reading {path.name}", i, len(paths))
+        meta, tables = read_trace(path, i, opts)
+        tables = _with_rank(tables, _rank(options, i, meta))
+        parts.append(tables)
+        _describe(manifest, run.add_raw(path), _rank(options, i, meta), meta,
+                  tables.events.num_rows)
+    if progress:
+        progress("writing tables", len(paths), len(paths))
+    steps = _concat([p.steps for p in parts], STEPS)
+    events = assign_steps(sort_events(_concat([p.events for p in parts], EVENTS)), steps)
+    run.write_table("events", events)
+    run.write_table("steps", steps)
+    run.write_table("flows", _concat([p.flows for p in parts], FLOWS))
+    run.write_table("counters", _concat([p.counters for p in parts], COUNTERS))
+    return events
+
+
+def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
+                progress: Progress | None) -> pa.Table:
+    """Bounded memory: spill each file's tables in batches, then merge out of core."""
+    from perfswarm.trace import merge, stream
+
+    opts = ReadOptions(drop_bad_events=options.drop_bad_events)
+    scratch = run.path / ".scratch"
+    spills = []
+    for i, path in enumerate(paths):
+        if progress:
+            progress(f"streaming {path.name}", i, len(paths))
+        override = options.ranks[i] if options.ranks else None
+        meta, spill, rows = stream.spill_trace(path, i, opts, scratch / str(i), override)
+        spills.append(spill)
+        _describe(manifest, run.add_raw(path), _rank(options, i, meta), meta, rows)
+    if progress:
+        progress("merging (out of core)", len(paths), len(paths))
+    limit = f"{max(256, _memory_bytes() // 8 >> 20)}MB"
+    merge.merge(run, spills, scratch, limit)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return run.table("events", ["rank", "rf_id", "external_id"])
 
 
 def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
@@ -137,28 +184,10 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             raise PerfswarmError(f"{p}: no such file")
     manifest = new_manifest(command, complete=True)
     manifest["exit_status"] = 0
+    streamed = any(wants_streaming(p, options.streaming) for p in paths)
     with creating(out, force=options.force) as run:
-        parts: list[TraceTables] = []
-        for i, path in enumerate(paths):
-            if progress:
-                progress(f"reading {path.name}", i, len(paths))
-            hint = options.ranks[i] if options.ranks else i
-            meta, tables = _read(path, hint, options, run.path)
-            rank = options.ranks[i] if options.ranks else (meta.rank if meta.rank is not None else i)
-            if options.ranks and meta.rank not in (None, rank):
-                meta.warnings[f"--rank {rank} overrides distributedInfo rank {meta.rank}"] += 1
-            tables = _with_rank(tables, rank)
-            raw = run.add_raw(path)
-            parts.append(tables)
-            _describe(manifest, path, raw, rank, meta, tables)
-        if progress:
-            progress("writing tables", len(paths), len(paths))
-        steps = _concat([p.steps for p in parts], STEPS)
-        events = assign_steps(sort_events(_concat([p.events for p in parts], EVENTS)), steps)
-        run.write_table("events", events)
-        run.write_table("steps", steps)
-        run.write_table("flows", _concat([p.flows for p in parts], FLOWS))
-        run.write_table("counters", _concat([p.counters for p in parts], COUNTERS))
+        read = _stream_all if streamed else _read_all
+        events = read(run, paths, options, manifest, progress)
         _ranks_seen(manifest)
         for j, et_path in enumerate(options.execution_traces):
             et_rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
@@ -166,7 +195,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             run.add_raw(et_path)
             run.write_table("graph_nodes", nodes)
             run.write_table("graph_edges", edges)
-            manifest["warnings"] += _warnings(str(et_path), counts)
+            manifest["warnings"] += _warnings(et_path.name, counts)
             manifest["sources"].append({"file": et_path.name, "format": "execution_trace",
                                         "rank": et_rank, "nodes": nodes.num_rows})
         run.write_manifest(manifest)
@@ -184,15 +213,14 @@ def _with_rank(tables: TraceTables, rank: int) -> TraceTables:
                        set_rank(tables.counters), set_rank(tables.steps))
 
 
-def _describe(manifest: Manifest, path: Path, raw: Path, rank: int, meta: TraceMeta,
-              tables: TraceTables) -> None:
+def _describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: int) -> None:
     manifest["sources"].append(
         {
             "file": raw.name,
             "format": "kineto",
             "rank": rank,
             "base_time_ns": meta.base_ns,
-            "events": tables.events.num_rows,
+            "events": events,
             "distributed": meta.distributed,
             "info": meta.info,
         }

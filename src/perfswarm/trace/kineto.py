@@ -196,7 +196,7 @@ def _string_array(raws: Sequence[msgspec.Raw]) -> pa.Array:
     lengths = np.fromiter(map(len, raws), np.int64, len(raws))
     offsets = np.zeros(len(raws) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = b"".join(raws)  # type: ignore[arg-type]
+    data = b"".join(raws)
     return pa.LargeStringArray.from_buffers(
         len(raws), pa.py_buffer(offsets), pa.py_buffer(data)
     ).cast(pa.string())
@@ -205,7 +205,7 @@ def _string_array(raws: Sequence[msgspec.Raw]) -> pa.Array:
 def _decode_args(path: Path, raws: Sequence[msgspec.Raw]) -> list[KArgs]:
     if not raws:
         return []
-    joined = b"[" + b",".join(raws) + b"]"  # type: ignore[arg-type]
+    joined = b"[" + b",".join(raws) + b"]"
     try:
         return msgspec.json.decode(joined, type=list[KArgs])
     except msgspec.ValidationError as exc:

@@ -3,9 +3,9 @@
 A Kineto `ts` such as 4458676522690.655 has 16 significant digits; multiplying
 the float by 1000 loses the last one. Splitting off the integer part first is
 exact (Sterbenz), and the fractional part then carries only the parse error,
-which is below half a nanosecond for any timestamp under 2**42 us (~50 days of
-relative time) and for every absolute epoch timestamp written with at most
-three decimals.
+which is below half a nanosecond for any timestamp under 2**43 us (~100 days of
+time relative to baseTimeNanoseconds, where the float's spacing is 2**-10 us).
+Integer microseconds (older traces write epoch us) are exact up to 2**53.
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""Out-of-core merge of spilled per-file tables into a Run's final tables (DuckDB).
+
+The same result as ingest.sort_events + ingest.assign_steps (the in-memory
+reference, tested against this), with memory bounded by DuckDB's limit: sorts
+and joins spill to a temporary directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+
+from perfswarm.trace.schema import DEVICE_KINDS, TABLES
+from perfswarm.trace.store import Run
+
+
+def _files(paths: list[Path]) -> str:
+    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+
+
+def _union(paths: list[Path]) -> str:
+    """Rows of every file with its position, so ties in (rank, ts) keep file order."""
+    parts = [f"SELECT *, {i} AS _file, file_row_number AS _row FROM "
+             f"read_parquet({_files([p])}, file_row_number = true)" for i, p in enumerate(paths)]
+    return " UNION ALL ".join(parts)
+
+
+def merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> None:
+    """Write events (sorted, steps assigned), steps, flows and counters from the spills."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute(f"SET temp_directory = '{scratch}'")
+        con.execute("SET preserve_insertion_order = true")
+        con.execute("SET threads = 2")
+        steps = [s["steps"] for s in spills]
+        con.execute(f"CREATE VIEW st AS SELECT * FROM ({_union(steps)})")
+        con.execute(f"CREATE VIEW ev AS SELECT * FROM ({_union([s['events'] for s in spills])})")
+        device = ", ".join(f"'{k}'" for k in sorted(DEVICE_KINDS))
+        con.execute("""
+            CREATE VIEW host AS
+            SELECT e.* EXCLUDE (step),
+                   CASE WHEN s.step IS NOT NULL AND e.ts < s."end" THEN s.step ELSE -1 END
+                     AS hstep
+            FROM ev e ASOF LEFT JOIN st s ON e.rank = s.rank AND e.ts >= s.start
+        """)
+        con.execute("""
+            CREATE VIEW launch AS
+            SELECT rank, correlation, arg_min(hstep, (ts, _file, _row)) AS lstep FROM host
+            WHERE kind IN ('runtime', 'driver') AND correlation <> -1
+            GROUP BY rank, correlation
+        """)
+        columns = ", ".join(f'h."{c}"' for c in TABLES["events"].names if c != "step")
+        ordered = scratch / "events-sorted.parquet"
+        con.execute(f"""
+            COPY (
+              SELECT {columns.replace('h."args"', '')}
+                     CAST(CASE WHEN h.kind IN ({device}) AND h.correlation <> -1
+                                    AND l.lstep IS NOT NULL
+                               THEN l.lstep ELSE h.hstep END AS INTEGER) AS step,
+                     h.args
+              FROM host h LEFT JOIN launch l
+                ON h.rank = l.rank AND h.correlation = l.correlation
+              ORDER BY h.rank, h.ts, h._file, h._row
+            ) TO '{ordered}' (FORMAT parquet, ROW_GROUP_SIZE 262144)
+        """)
+        for name in ("steps", "flows", "counters"):
+            out = scratch / f"{name}-merged.parquet"
+            order = "rank, start, _file, _row" if name == "steps" else "_file, _row"
+            cols = ", ".join(f'"{c}"' for c in TABLES[name].names)
+            con.execute(f"COPY (SELECT {cols} FROM ({_union([s[name] for s in spills])}) "
+                        f"ORDER BY {order}) TO '{out}' (FORMAT parquet)")
+            run.write_table(name, pq.read_table(out))
+            out.unlink()
+    finally:
+        con.close()
+    _rewrite_typed(run, ordered)
+    ordered.unlink()
+
+
+def _rewrite_typed(run: Run, source: Path) -> None:
+    """Re-encode DuckDB's plain-string columns to the Run's schema, one row group at a time."""
+    schema = TABLES["events"]
+    target = run.table_path("events")
+    tmp = target.with_name(".events.merging.tmp")
+    reader = pq.ParquetFile(source)
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for i in range(reader.num_row_groups):
+            group = reader.read_row_group(i)
+            writer.write_table(group.select(schema.names).cast(schema))
+    tmp.replace(target)

@@ -1,0 +1,130 @@
+"""Bounded-memory ingest for traces too large to decode at once.
+
+ijson (C backend) walks the file and hands over `traceEvents` items in batches;
+each batch goes through the same typed decoder and column builder as the
+in-memory path and is spilled to Parquet. The top-level metadata
+(baseTimeNanoseconds often comes *after* the events) is read first by C-level
+passes that build no events. trace/merge.py then sorts and marks steps out of
+core with DuckDB.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, cast
+
+import ijson
+import msgspec
+import orjson
+import pyarrow.parquet as pq
+
+from perfswarm.errors import TraceFormatError
+from perfswarm.trace.kineto import (
+    KEvent,
+    KTrace,
+    ReadOptions,
+    TraceMeta,
+    tables_from_events,
+    trace_meta,
+)
+from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
+
+BATCH = 100_000
+_META_KEYS = ("baseTimeNanoseconds", "deviceProperties", "distributedInfo", "schemaVersion",
+              "traceName", "displayTimeUnit", "record_shapes")
+
+
+def _open(path: Path) -> IO[bytes]:
+    with path.open("rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return cast(IO[bytes], gzip.GzipFile(path, "rb") if gz else path.open("rb"))
+
+
+def _errors(path: Path, exc: Exception) -> TraceFormatError:
+    if isinstance(exc, EOFError | gzip.BadGzipFile | zlib.error):
+        return TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})")
+    if isinstance(exc, msgspec.ValidationError):
+        return TraceFormatError(path, "json", f"wrong structure: {exc}")
+    return TraceFormatError(path, "json", f"invalid JSON: {exc}")
+
+
+def _metadata(path: Path) -> KTrace:
+    """Top-level keys other than traceEvents, one C-level pass per key, no events built.
+
+    Kineto writes deviceProperties and distributedInfo before the events (those
+    passes stop early) and baseTimeNanoseconds after them.
+    """
+    found: dict[str, Any] = {}
+    try:
+        for key in _META_KEYS:
+            with _open(path) as f:
+                for value in ijson.items(f, key, use_float=True):
+                    found[key] = value
+                    break
+    except (ijson.JSONError, EOFError, OSError, zlib.error) as exc:
+        raise _errors(path, exc) from None
+    try:
+        return msgspec.convert({"traceEvents": [], **found}, KTrace)
+    except msgspec.ValidationError as exc:
+        raise _errors(path, exc) from None
+
+
+def _batches(path: Path) -> Iterator[list[KEvent]]:
+    saw_events = False
+    try:
+        with _open(path) as f:
+            items = ijson.items(f, "traceEvents.item", use_float=True)
+            while batch := list(itertools.islice(items, BATCH)):
+                saw_events = True
+                raw = orjson.dumps(batch)
+                yield msgspec.json.decode(raw, type=list[KEvent])
+    except (ijson.JSONError, EOFError, OSError, zlib.error, msgspec.ValidationError) as exc:
+        raise _errors(path, exc) from None
+    except orjson.JSONEncodeError as exc:
+        raise TraceFormatError(path, "json", f"unsupported value: {exc}") from None
+    if not saw_events:
+        with _open(path) as f:
+            try:
+                has_key = any(True for _ in ijson.items(f, "traceEvents"))
+            except ijson.JSONError as exc:
+                raise _errors(path, exc) from None
+        if not has_key:
+            raise TraceFormatError(path, "json",
+                                   "wrong structure: Object missing required field `traceEvents`")
+
+
+SPILLED = ("events", "flows", "counters", "steps")
+_SCHEMAS = {"events": EVENTS, "flows": FLOWS, "counters": COUNTERS, "steps": STEPS}
+
+
+def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
+                rank_override: int | None = None) -> tuple[TraceMeta, dict[str, Path], int]:
+    """Decode `path` in batches and write its tables to Parquet files under `scratch`.
+
+    Returns the metadata, the spilled file per table, and the number of events.
+    """
+    meta = trace_meta(path, _metadata(path))
+    rank = rank_override if rank_override is not None else (
+        meta.rank if meta.rank is not None else rank_hint)
+    scratch.mkdir(parents=True, exist_ok=True)
+    spill = {name: scratch / f"{name}.parquet" for name in SPILLED}
+    writers = {name: pq.ParquetWriter(spill[name], _SCHEMAS[name]) for name in SPILLED}
+    rows = 0
+    try:
+        first = 0
+        for batch in _batches(path):
+            part = tables_from_events(path, batch, meta, rank, opts, first_index=first)
+            first += len(batch)
+            rows += part.events.num_rows
+            for name, table in zip(SPILLED, (part.events, part.flows, part.counters,
+                                             part.steps), strict=True):
+                if table.num_rows:
+                    writers[name].write_table(table.cast(_SCHEMAS[name]))
+    finally:
+        for w in writers.values():
+            w.close()
+    return meta, spill, rows

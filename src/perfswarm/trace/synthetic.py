@@ -1,0 +1,138 @@
+"""Synthetic Kineto traces shaped like real torch.profiler output, for benchmarks and tests.
+
+Each step is a forward/backward/optimizer pass: nested cpu_ops with shapes,
+runtime launches with ac2g flows, kernels on two streams, copies and an NCCL
+all-reduce. Everything derives from a seed, so the same arguments give the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from perfswarm.trace.timebase import ns_to_us_text
+
+BASE_TIME_NS = 1_711_964_646_000_000_000
+_OPS = ("aten::linear", "aten::addmm", "aten::relu", "aten::conv2d", "aten::add", "aten::mul",
+        "aten::softmax", "aten::layer_norm", "aten::embedding_bag", "aten::copy_")
+_KERNELS = (
+    "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>",
+    "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>",
+    "ampere_sgemm_128x64_nn",
+)
+_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _us(ns: int) -> orjson.Fragment:
+    return orjson.Fragment(ns_to_us_text(ns).encode())
+
+
+class _Writer:
+    def __init__(self, seed: int, pid: int, tid: int) -> None:
+        self.rng = random.Random(seed)
+        self.pid, self.tid = pid, tid
+        self.external = 0
+        self.correlation = 0
+        self.last_end = 0
+
+    def ops(self, t: int, count: int, step: int) -> Iterator[dict[str, Any]]:
+        """`count` cpu_ops from time t, each launching one kernel; yields events."""
+        rng = self.rng
+        for _ in range(count):
+            self.external += 1
+            self.correlation += 1
+            name = _OPS[rng.randrange(len(_OPS))]
+            dur = rng.randrange(8_000, 40_000)
+            dims = [[rng.choice((32, 64, 128, 256)), rng.choice((256, 512, 1024))],
+                    [rng.choice((256, 512, 1024)), 1024]]
+            yield {"ph": "X", "cat": "cpu_op", "name": name, "pid": self.pid, "tid": self.tid,
+                   "ts": _us(t), "dur": _us(dur),
+                   "args": {"External id": self.external, "Record function id": self.external,
+                            "Sequence number": step, "Input Dims": dims,
+                            "Input type": ["float", "float"], "Ev Idx": self.external}}
+            launch_ts = t + dur // 3
+            launch_dur = rng.randrange(3_000, 9_000)
+            yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                   "pid": self.pid, "tid": self.tid, "ts": _us(launch_ts), "dur": _us(launch_dur),
+                   "args": {"External id": self.external, "cbid": 211,
+                            "correlation": self.correlation}}
+            yield {"ph": "s", "id": self.correlation, "pid": self.pid, "tid": self.tid,
+                   "ts": _us(launch_ts), "cat": "ac2g", "name": "ac2g"}
+            k_ts = launch_ts + launch_dur + rng.randrange(2_000, 30_000)
+            stream = 7 if rng.random() < 0.8 else 20
+            kernel = _KERNELS[rng.randrange(len(_KERNELS))]
+            yield {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": stream,
+                   "ts": _us(k_ts), "dur": _us(rng.randrange(2_000, 60_000)),
+                   "args": {"External id": self.external, "queued": 0, "device": 0,
+                            "context": 1, "stream": stream, "correlation": self.correlation,
+                            "registers per thread": 64, "shared memory": 0,
+                            "grid": [rng.randrange(1, 512), 1, 1], "block": [256, 1, 1],
+                            "est. achieved occupancy %": rng.randrange(10, 100)}}
+            yield {"ph": "f", "id": self.correlation, "pid": 0, "tid": stream, "ts": _us(k_ts),
+                   "cat": "ac2g", "name": "ac2g", "bp": "e"}
+            t += dur + rng.randrange(1_000, 5_000)
+            self.last_end = max(self.last_end, t, k_ts + 60_000)
+
+    def step(self, t: int, step: int, ops: int) -> tuple[list[dict[str, Any]], int]:
+        events = list(self.ops(t + 5_000, ops, step))
+        end = self.last_end + 250_000
+        self.correlation += 1
+        events.append({"ph": "X", "cat": "kernel", "name": _ALLREDUCE, "pid": 0, "tid": 20,
+                       "ts": _us(end - 200_000), "dur": _us(150_000),
+                       "args": {"External id": self.external, "device": 0, "stream": 20,
+                                "correlation": self.correlation}})
+        events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)",
+                       "pid": 0, "tid": 7, "ts": _us(t + 1_000), "dur": _us(3_000),
+                       "args": {"device": 0, "stream": 7, "correlation": self.correlation + 1,
+                                "bytes": 4_194_304, "memory bandwidth (GB/s)": 1.4}})
+        self.correlation += 1
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                       "pid": self.pid, "tid": self.tid, "ts": _us(t), "dur": _us(end - t),
+                       "args": {"External id": 0, "Record function id": 0}})
+        return events, end
+
+
+def trace(events: int = 200_000, seed: int = 0, rank: int = 0) -> dict[str, Any]:
+    """A Kineto-shaped trace with about `events` events (each op adds five, flows included)."""
+    ops_per_step = 200
+    steps = max(1, events // (ops_per_step * 5 + 3))
+    writer = _Writer(seed, pid=4242 + rank, tid=4242 + rank)
+    out: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "ts": _us(0), "pid": writer.pid, "tid": 0,
+         "args": {"name": "python3"}},
+        {"name": "thread_name", "ph": "M", "ts": _us(0), "pid": 0, "tid": 7,
+         "args": {"name": "stream 7"}},
+    ]
+    t = 1_000_000_000
+    for s in range(steps):
+        step_events, t = writer.step(t, s, ops_per_step)
+        out += step_events
+        t += 50_000
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem":
+                              85_899_345_920, "computeMajor": 8, "computeMinor": 0,
+                              "numSms": 108}],
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 1},
+        "traceEvents": out,
+        "traceName": "synthetic",
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": BASE_TIME_NS,
+    }
+
+
+def write(path: Path, events: int = 200_000, seed: int = 0, rank: int = 0) -> Path:
+    """Write a synthetic trace as `.json` or `.json.gz` (by suffix); returns the path."""
+    data = orjson.dumps(trace(events, seed, rank), option=orjson.OPT_INDENT_2)
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=3, mtime=0)
+    path.write_bytes(data)
+    return path

@@ -1,0 +1,188 @@
+"""Import of the real corpus traces: exact counts, clocks, steps, flows and the ET join."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from conftest import CORPUS, ET, corpus
+
+from perfswarm.trace.info import run_info
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+# Counted independently from the raw JSON (ph X/i events by category; _raw_counts checks totals).
+EXPECTED_KINDS = {
+    "nccl": {"collective": 21, "cpu_op": 14346, "gpu_annotation": 30, "instant": 2,
+             "kernel": 2679, "memcpy": 960, "memset": 114, "runtime": 8740, "trace_span": 1,
+             "user_annotation": 42},
+    "simple_add": {"cpu_op": 359, "instant": 2, "kernel": 79, "memcpy": 16, "memset": 3,
+                   "runtime": 331, "sync": 41, "trace_span": 1, "user_annotation": 8},
+    "event_sync": {"cpu_op": 10, "instant": 2, "kernel": 4, "memcpy": 1, "runtime": 12,
+                   "sync": 4, "trace_span": 1, "user_annotation": 1},
+    "event_sync_multi": {"cpu_op": 6, "instant": 2, "kernel": 3, "memset": 3, "runtime": 39,
+                         "sync": 5, "trace_span": 1},
+    "amd": {"cpu_op": 70, "gpu_annotation": 2, "instant": 2, "kernel": 14, "memcpy": 2,
+            "runtime": 21, "trace_span": 1, "user_annotation": 3},
+    "cupti": {"cpu_op": 375, "instant": 3, "profiler_range": 77, "runtime": 1862,
+              "trace_span": 2, "user_annotation": 8},
+    "cpu_only": {"cpu_op": 4, "instant": 2, "trace_span": 1, "user_annotation": 11},
+    "triton": {"cpu_op": 3, "driver": 1, "instant": 2, "kernel": 1, "runtime": 1,
+               "trace_span": 1, "user_annotation": 1},
+    "non_gpu": {"cpu_op": 2424, "user_annotation": 43},
+    "old_format": {"instant": 1, "kernel": 4, "runtime": 8, "trace_span": 1},
+    "compare_base": {"cpu_op": 6, "kernel": 6, "memcpy": 6, "memset": 6, "runtime": 5,
+                     "user_annotation": 4},
+    "compare_test": {"cpu_op": 9, "kernel": 5, "memcpy": 6, "memset": 6, "runtime": 5,
+                     "user_annotation": 3},
+    "et_trace": {"cpu_op": 28, "instant": 2, "kernel": 4, "runtime": 15, "trace_span": 1,
+                 "user_annotation": 8},
+}
+EXPECTED_FLOWS = {"nccl": 13600, "simple_add": 470, "event_sync": 21, "old_format": 8,
+                  "amd": 45, "cupti": 1862, "compare_base": 0}
+
+
+def _raw_counts(path: Path) -> dict[str, int]:
+    """Independent count with the stdlib json module: X/i events per category."""
+    import gzip
+
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    counts: dict[str, int] = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") in ("X", "i"):
+            counts[e.get("cat", "")] = counts.get(e.get("cat", ""), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_KINDS))
+def test_event_counts_per_kind(corpus_runs: dict[str, Run], name: str) -> None:
+    info = run_info(corpus_runs[name])
+    assert info["events_per_kind"] == EXPECTED_KINDS[name]
+    assert info["events"] == sum(_raw_counts(corpus(name)).values())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FLOWS))
+def test_flow_counts(corpus_runs: dict[str, Run], name: str) -> None:
+    assert corpus_runs[name].table("flows").num_rows == EXPECTED_FLOWS[name]
+
+
+def test_nccl_steps_and_step_assignment(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    steps = run.table("steps").to_pylist()
+    assert [s["step"] for s in steps] == [4, 5, 6]
+    events = run.table("events")
+    per_step = {}
+    for kind in ("cpu_op", "kernel", "collective", "memcpy"):
+        rows = events.filter(pc.equal(events.column("kind").cast("string"), kind))
+        per_step[kind] = sorted(pc.value_counts(rows.column("step")).to_pylist(),
+                                key=lambda r: r["values"])
+    assert per_step["cpu_op"] == [{"values": s, "counts": 4782} for s in (4, 5, 6)]
+    assert per_step["kernel"] == [{"values": s, "counts": 893} for s in (4, 5, 6)]
+    assert per_step["collective"] == [{"values": s, "counts": 7} for s in (4, 5, 6)]
+    assert per_step["memcpy"] == [{"values": s, "counts": 320} for s in (4, 5, 6)]
+
+
+def test_step_durations_are_the_markers(corpus_runs: dict[str, Run]) -> None:
+    steps = corpus_runs["nccl"].table("steps").to_pylist()
+    raw = json.loads(__import__("gzip").decompress(corpus("nccl").read_bytes()))
+    marks = sorted((e for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    assert [s["end"] - s["start"] for s in steps] == [round(e["dur"] * 1000) for e in marks]
+
+
+def test_clock_uses_base_time_exactly(corpus_runs: dict[str, Run]) -> None:
+    # First event in the file: ts 4458676522690.655 us after base 1711964646000000000 ns.
+    events = corpus_runs["nccl"].table("events")
+    row = events.filter(pc.equal(events.column("name").cast("string"),
+                                 "autograd::engine::evaluate_function: DivBackward1"))
+    assert 1_711_964_646_000_000_000 + 4_458_676_522_690_655 in row.column("ts").to_pylist()
+    assert corpus_runs["nccl"].manifest()["clock_offsets"] == {
+        "kineto:nccl_data.json.gz": 1_711_964_646_000_000_000}
+
+
+def test_old_format_keeps_epoch_microseconds(corpus_runs: dict[str, Run]) -> None:
+    events = corpus_runs["old_format"].table("events")
+    launches = events.filter(pc.equal(events.column("kind").cast("string"), "runtime"))
+    assert 1_665_536_373_729_065_000 in launches.column("ts").to_pylist()
+    assert corpus_runs["old_format"].manifest()["ranks"] == [1]
+
+
+def test_device_columns(corpus_runs: dict[str, Run]) -> None:
+    events = corpus_runs["nccl"].table("events")
+    kernels = events.filter(pc.equal(events.column("kind").cast("string"), "kernel"))
+    assert set(kernels.column("stream").to_pylist()) == {7}
+    comms = events.filter(pc.equal(events.column("kind").cast("string"), "collective"))
+    assert set(comms.column("stream").to_pylist()) == {40}
+    assert set(kernels.column("device").to_pylist()) == {0}
+    host = events.filter(pc.equal(events.column("kind").cast("string"), "cpu_op"))
+    assert set(host.column("device").to_pylist()) == {-1}
+    # AMD: device events carry pid 2 and args.device 2
+    amd = corpus_runs["amd"].table("events")
+    amd_k = amd.filter(pc.equal(amd.column("kind").cast("string"), "kernel"))
+    assert set(amd_k.column("device").to_pylist()) == {2}
+
+
+def test_every_kernel_finds_its_launch(corpus_runs: dict[str, Run]) -> None:
+    events = corpus_runs["simple_add"].table("events").to_pylist()
+    launches = {e["correlation"] for e in events if e["kind"] in ("runtime", "driver")}
+    kernels = [e for e in events if e["kind"] in ("kernel", "memcpy", "memset")]
+    assert len(kernels) == 98
+    assert all(k["correlation"] in launches for k in kernels)
+
+
+def test_execution_trace_joins_by_rf_id(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["et_trace"]
+    nodes = run.table("graph_nodes")
+    assert nodes.num_rows == 38
+    edges = run.table("graph_edges").to_pylist()
+    assert sum(e["kind"] == "parent" for e in edges) == 37
+    data = [e for e in edges if e["kind"] == "data"]
+    assert data and all(e["tensor"] for e in data)
+    events = run.table("events").to_pylist()
+    by_ext = {(e["external_id"], e["name"]) for e in events if e["kind"] == "cpu_op"}
+    matched = [n for n in nodes.to_pylist() if (n["rf_id"], n["name"]) in by_ext]
+    assert len(matched) == 28  # every cpu_op of the trace
+    warnings = {w["what"] for w in run.manifest()["warnings"]}
+    assert "no Record function id in the trace: ET joined by External id" in warnings
+
+
+def test_ranks_from_distributed_info_and_flag(tmp_path: Path) -> None:
+    files = [corpus("compare_base"), corpus("compare_test")]
+    run = import_traces(files, tmp_path / "two.run", ImportOptions(ranks=(3, 5)), ["t"])
+    assert run.manifest()["ranks"] == [3, 5]
+    assert set(run.table("events").column("rank").to_pylist()) == {3, 5}
+    ranks = run.table("events").column("rank").to_pylist()
+    assert ranks == sorted(ranks)
+
+
+def test_streaming_path_equals_in_memory(tmp_path: Path) -> None:
+    """The out-of-core path (ijson + DuckDB) against the in-memory reference."""
+    src = [corpus("nccl")]
+    a = import_traces(src, tmp_path / "mem.run", ImportOptions(streaming="never"), ["t"])
+    b = import_traces(src, tmp_path / "stream.run", ImportOptions(streaming="always"), ["t"])
+    for name in ("steps", "flows", "counters"):
+        assert a.table(name).equals(b.table(name)), name
+    ea, eb = a.table("events"), b.table("events")
+    for col in ea.column_names:
+        if col == "args":
+            assert [json.loads(x) for x in ea.column(col).to_pylist()] == [
+                json.loads(x) for x in eb.column(col).to_pylist()]
+        else:
+            assert ea.column(col).to_pylist() == eb.column(col).to_pylist(), col
+
+
+def test_import_is_deterministic(tmp_path: Path) -> None:
+    src = [corpus("simple_add")]
+    a = import_traces(src, tmp_path / "a.run", ImportOptions(), ["t"])
+    b = import_traces(src, tmp_path / "b.run", ImportOptions(), ["t"])
+    for name in a.table_names():
+        assert a.table_path(name).read_bytes() == b.table_path(name).read_bytes(), name
+
+
+def test_raw_files_are_kept(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["et_trace"]
+    raw = sorted(p.name for p in run.raw_dir.iterdir())
+    assert raw == sorted([corpus("et_trace").name, (CORPUS / ET).name])
+    assert (run.raw_dir / corpus("et_trace").name).read_bytes() == corpus("et_trace").read_bytes()
