@@ -1,0 +1,152 @@
+"""Concurrency breakdown: what the device and host were doing at every instant of a rank's span.
+
+Each instant falls in exactly one state, by priority: compute and communication
+overlapped, compute only, communication only, memory (memcpy/memset with no compute
+or communication), host busy with the device idle, and fully idle. The states
+partition the span, so their nanoseconds sum to it exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.intervals import I64, covered
+from perfswarm.analyze.iterations import StepWindow
+
+STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
+                 "idle")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Nanoseconds per state over [start, end)."""
+
+    start: int
+    end: int
+    ns: Mapping[str, int]
+
+    @property
+    def span_ns(self) -> int:
+        return self.end - self.start
+
+    def share(self, state: str) -> float:
+        return self.ns[state] / self.span_ns if self.span_ns else 0.0
+
+    @property
+    def comm_overlap_pct(self) -> float:
+        """Share of communication time hidden under compute, in percent."""
+        comm = self.ns["overlapped"] + self.ns["comm_only"]
+        return 100.0 * self.ns["overlapped"] / comm if comm else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "span_ns": self.span_ns,
+                "ns": dict(self.ns), "share": {s: self.share(s) for s in STATES},
+                "comm_overlap_pct": self.comm_overlap_pct}
+
+
+@dataclass(frozen=True)
+class IterationBreakdown:
+    step: int
+    breakdown: Breakdown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, **self.breakdown.to_dict()}
+
+
+@dataclass(frozen=True)
+class RankConcurrency:
+    rank: int
+    total: Breakdown
+    iterations: tuple[IterationBreakdown, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "total": self.total.to_dict(),
+                "iterations": [i.to_dict() for i in self.iterations]}
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    ranks: tuple[RankConcurrency, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"states": list(STATES), "ranks": [r.to_dict() for r in self.ranks]}
+
+
+@dataclass(frozen=True)
+class Activity:
+    """The four interval sets the states are made of, for one rank."""
+
+    compute: tuple[I64, I64]
+    comm: tuple[I64, I64]
+    memory: tuple[I64, I64]
+    host: tuple[I64, I64]
+
+    @classmethod
+    def of_rank(cls, ev: Events, rank: int) -> Activity:
+        rows = ev.rank_slice(rank)
+
+        def spans(mask: np.ndarray[Any, np.dtype[np.bool_]]) -> tuple[I64, I64]:
+            sel = mask[rows]
+            return ev.ts[rows][sel], ev.end[rows][sel]
+
+        return cls(compute=spans(ev.of_kind("kernel")), comm=spans(ev.of_kind("collective")),
+                   memory=spans(ev.of_kind("memcpy", "memset")), host=spans(ev.host_busy))
+
+    def span(self) -> tuple[int, int]:
+        starts = np.concatenate([s for s, _ in self.sets()])
+        ends = np.concatenate([e for _, e in self.sets()])
+        if len(starts) == 0:
+            return 0, 0
+        return int(starts.min()), int(ends.max())
+
+    def sets(self) -> tuple[tuple[I64, I64], ...]:
+        return (self.compute, self.comm, self.memory, self.host)
+
+
+def state_codes(activity: Activity, points: I64) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Index into STATES of each segment [points[i], points[i+1])."""
+    compute, comm, memory, host = (covered(s, e, points) for s, e in activity.sets())
+    return np.select(
+        [compute & comm, compute, comm, memory, host],
+        [0, 1, 2, 3, 4],
+        default=5,
+    ).astype(np.int64)
+
+
+def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[Breakdown]:
+    """One Breakdown per window, from a single sweep over the rank's boundaries."""
+    bounds = [np.asarray([lo, hi], np.int64) for lo, hi in windows]
+    points = np.unique(np.concatenate([*(x for pair in activity.sets() for x in pair), *bounds]))
+    if len(points) < 2:
+        return [Breakdown(lo, hi, dict.fromkeys(STATES, 0)) for lo, hi in windows]
+    codes = state_codes(activity, points)
+    lengths = np.diff(points)
+    # cum[s][i] = ns of state s in [points[0], points[i])
+    cum = np.zeros((len(STATES), len(points)), np.int64)
+    for s in range(len(STATES)):
+        np.cumsum(np.where(codes == s, lengths, 0), out=cum[s, 1:])
+    out = []
+    for lo, hi in windows:
+        i, j = np.searchsorted(points, [lo, hi])
+        out.append(Breakdown(lo, hi, {state: int(cum[s, j] - cum[s, i])
+                                      for s, state in enumerate(STATES)}))
+    return out
+
+
+def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:
+    """Breakdown per rank over its whole span and over each iteration in `steps`."""
+    ranks = []
+    for rank in ev.ranks:
+        activity = Activity.of_rank(ev, rank)
+        windows = list(steps.get(rank, ()))
+        total, *per_step = breakdowns(activity, [activity.span(),
+                                                 *((w.start, w.end) for w in windows)])
+        ranks.append(RankConcurrency(
+            rank, total,
+            tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True))))
+    return Concurrency(tuple(ranks))

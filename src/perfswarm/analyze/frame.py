@@ -1,0 +1,107 @@
+"""A Run's events as numpy columns: the one loaded form every analysis works on.
+
+Kinds and names stay interned (small int codes); the name dictionary is kept so
+results can speak names without materializing a string per event.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from perfswarm.trace.schema import KINDS
+from perfswarm.trace.store import Run
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+Mask = npt.NDArray[np.bool_]
+
+KIND = {k: i for i, k in enumerate(KINDS)}
+STEP_MARKER = re.compile(r"^ProfilerStep#\d+$")
+# Host work: what keeps a CPU thread busy on behalf of the workload.
+HOST_BUSY_KINDS = ("cpu_op", "user_annotation", "python_function", "runtime", "driver", "syscall")
+EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation",
+                 "step"]
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int64], list[str]]:
+    """Dictionary indices and values of a (possibly multi-chunk) dictionary column."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not isinstance(array, pa.DictionaryArray):
+        array = array.dictionary_encode()
+    assert isinstance(array, pa.DictionaryArray)
+    idx = array.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return idx, [str(v) if v is not None else "" for v in array.dictionary.to_pylist()]
+
+
+@dataclass(frozen=True, eq=False)
+class Events:
+    """Columns of the events table, sorted by (rank, ts) as the store keeps them."""
+
+    rank: I64
+    ts: I64
+    dur: I64
+    kind: I64  # index into schema.KINDS
+    name: I64  # index into `names`
+    names: tuple[str, ...]
+    tid: I64
+    device: I64
+    stream: I64
+    correlation: I64
+    step: I64
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> Events:
+        kind_idx, kind_values = _codes(table.column("kind"))
+        remap = np.array([KIND.get(k, KIND["other"]) for k in kind_values] or [0], np.int64)
+        name_idx, name_values = _codes(table.column("name"))
+
+        def col(name: str) -> I64:
+            return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+        return cls(rank=col("rank"), ts=col("ts"), dur=col("dur"), kind=remap[kind_idx],
+                   name=name_idx, names=tuple(name_values), tid=col("tid"),
+                   device=col("device"), stream=col("stream"),
+                   correlation=col("correlation"), step=col("step"))
+
+    @classmethod
+    def load(cls, run: Run) -> Events:
+        return cls.from_table(run.table("events", columns=EVENT_COLUMNS))
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @cached_property
+    def end(self) -> I64:
+        return self.ts + self.dur
+
+    def of_kind(self, *kinds: str) -> Mask:
+        return np.isin(self.kind, [KIND[k] for k in kinds])
+
+    @cached_property
+    def is_step_marker(self) -> Mask:
+        marker_codes = [i for i, n in enumerate(self.names) if STEP_MARKER.match(n)]
+        return np.isin(self.name, marker_codes)
+
+    @cached_property
+    def host_busy(self) -> Mask:
+        """Host spans that count as the CPU working (step markers only bracket work)."""
+        return self.of_kind(*HOST_BUSY_KINDS) & ~self.is_step_marker & (self.dur > 0)
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        return [int(r) for r in np.unique(self.rank)]
+
+    def rank_slice(self, rank: int) -> slice:
+        """Rows of one rank (rows are sorted by rank first)."""
+        lo = int(np.searchsorted(self.rank, rank, side="left"))
+        hi = int(np.searchsorted(self.rank, rank, side="right"))
+        return slice(lo, hi)
+
+    def name_of(self, row: int) -> str:
+        return self.names[int(self.name[row])]

@@ -1,0 +1,215 @@
+"""Iterations: from ProfilerStep markers, or detected from the repeating structure of the ops.
+
+Detection works on one host thread's sequence of top-level op names (interned to
+ints; kernels when there are no host ops). The period is the lag at which the
+sequence best matches a shifted copy of itself, tried at the lags between
+repeated occurrences of each name. An iteration then starts at each occurrence of
+an anchor: a name that occurs once per period, at steady spacing, and earliest in
+the sequence. The last iteration counts only when it holds a whole period of ops.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from perfswarm.analyze.frame import I64, Events
+from perfswarm.trace.store import Run
+
+Source = Literal["marker", "detected"]
+MIN_MATCH = 0.8  # a training loop repeats closely; weaker agreement is chance
+MAX_LAGS = 64  # candidate periods tried (the most frequent inter-occurrence lags)
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    step: int
+    start: int
+    end: int
+    source: Source
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "start": self.start, "end": self.end, "dur_ns": self.dur,
+                "source": self.source}
+
+
+def marker_steps(steps: pa.Table) -> dict[int, list[StepWindow]]:
+    """The steps table as windows per rank, one per (rank, step), in time order."""
+    by_rank: dict[int, dict[int, StepWindow]] = {}
+    for row in steps.to_pylist():
+        seen = by_rank.setdefault(int(row["rank"]), {})
+        prev = seen.get(row["step"])
+        # A step marked on both host and device keeps the host (first, earlier) window.
+        if prev is None:
+            seen[row["step"]] = StepWindow(int(row["step"]), int(row["start"]), int(row["end"]),
+                                           "marker")
+    return {r: sorted(s.values(), key=lambda w: w.start) for r, s in sorted(by_rank.items())}
+
+
+def top_level(starts: I64, ends: I64) -> I64:
+    """Rows (of time-sorted spans on one thread) not nested inside an earlier span."""
+    if len(starts) == 0:
+        return np.zeros(0, np.int64)
+    reach = np.maximum.accumulate(ends)
+    keep = np.ones(len(starts), dtype=bool)
+    keep[1:] = starts[1:] >= reach[:-1]
+    return np.flatnonzero(keep)
+
+
+def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64]:
+    """(names, starts, ends) of the op sequence that detection looks at, for one rank."""
+    rows = np.arange(len(ev))[ev.rank_slice(rank)]
+    ops = rows[(ev.of_kind("cpu_op", "user_annotation")[rows]) & ~ev.is_step_marker[rows]
+               & (ev.dur[rows] > 0)]
+    if len(ops) == 0:
+        dev = rows[ev.of_kind("kernel", "collective", "memcpy", "memset")[rows]]
+        dev = dev[np.argsort(ev.ts[dev], kind="stable")]
+        return ev.name[dev], ev.ts[dev], ev.end[dev]
+    # The thread whose work spans the longest stretch drives the loop (the main thread).
+    best: I64 = ops[:0]
+    best_key = (-1, -1)
+    for tid in np.unique(ev.tid[ops]):
+        mine = ops[ev.tid[ops] == tid]
+        mine = mine[np.lexsort((-ev.dur[mine], ev.ts[mine]))]
+        top = mine[top_level(ev.ts[mine], ev.end[mine])]
+        key = (int(ev.end[top].max() - ev.ts[top].min()), len(top))
+        if key > best_key:
+            best, best_key = top, key
+    return ev.name[best], ev.ts[best], ev.end[best]
+
+
+def period(names: I64) -> int:
+    """Lag (in ops) at which the sequence repeats best; 0 when it does not repeat."""
+    n = len(names)
+    order = np.lexsort((np.arange(n), names))
+    same = names[order][1:] == names[order][:-1]
+    lags = (order[1:] - order[:-1])[same]
+    lags = lags[(lags > 0) & (lags <= n // 2)]
+    if len(lags) == 0:
+        return 0
+    values, counts = np.unique(lags, return_counts=True)
+    candidates = values[np.argsort(-counts, kind="stable")[:MAX_LAGS]]
+    match = np.array([np.mean(names[:-p] == names[p:]) for p in candidates])
+    best = float(match.max())
+    if best < MIN_MATCH:
+        return 0
+    # Multiples of the true period match as well; take the shortest lag that is nearly as good.
+    good = candidates[match >= best - 0.02]
+    return int(good.min())
+
+
+def anchor_positions(names: I64, lag: int) -> I64:
+    """Positions where iterations start: occurrences of the earliest once-per-period name."""
+    n = len(names)
+    order = np.argsort(names, kind="stable")
+    sorted_names = names[order]
+    cuts = np.flatnonzero(np.diff(sorted_names)) + 1
+    best: I64 = np.zeros(0, np.int64)
+    for pos in np.split(order, cuts):
+        if len(pos) < 2 or len(pos) > n // lag + 1:
+            continue
+        spacing = np.diff(pos)
+        if spacing.min() < lag // 2 or spacing.max() > lag + lag // 2:
+            continue
+        if len(pos) > len(best) or (len(pos) == len(best) and pos[0] < best[0]):
+            best = pos
+    return best
+
+
+def detect(names: I64, starts: I64, ends: I64) -> list[tuple[int, int]]:
+    """(start, end) ns of each whole iteration found in an op sequence."""
+    lag = period(names)
+    if lag == 0:
+        return []
+    anchors = anchor_positions(names, lag)
+    if len(anchors) < 2:
+        return []
+    spacing = int(np.median(np.diff(anchors)))
+    windows = [(int(starts[a]), int(starts[b])) for a, b in itertools.pairwise(anchors)]
+    tail = len(names) - int(anchors[-1])
+    if tail >= spacing:
+        last = int(anchors[-1])
+        windows.append((int(starts[last]), int(ends[last:last + spacing].max())))
+    return windows
+
+
+def detected_steps(ev: Events) -> dict[int, list[StepWindow]]:
+    out = {}
+    for rank in ev.ranks:
+        windows = detect(*sequence(ev, rank))
+        if windows:
+            out[rank] = [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(windows)]
+    return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How detected iterations line up with the markers of the same rank."""
+
+    rank: int
+    marker_count: int
+    detected_count: int
+    max_boundary_error_ns: int
+    mean_step_ns: float
+
+    @property
+    def count_matches(self) -> bool:
+        return self.marker_count == self.detected_count
+
+    @property
+    def max_error_pct(self) -> float:
+        return 100.0 * self.max_boundary_error_ns / self.mean_step_ns if self.mean_step_ns else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "marker_count": self.marker_count,
+                "detected_count": self.detected_count, "count_matches": self.count_matches,
+                "max_boundary_error_ns": self.max_boundary_error_ns,
+                "max_error_pct_of_mean_step": self.max_error_pct}
+
+
+def agreement(rank: int, markers: Sequence[StepWindow],
+              detected: Sequence[StepWindow]) -> Agreement:
+    mean = float(np.mean([w.dur for w in markers])) if markers else 0.0
+    err = 0
+    if markers and len(markers) == len(detected):
+        err = max(max(abs(m.start - d.start), abs(m.end - d.end))
+                  for m, d in zip(markers, detected, strict=True))
+    elif markers and detected:
+        err = max(abs(m.start - d.start) for m, d in zip(markers, detected, strict=False))
+    return Agreement(rank, len(markers), len(detected), err, mean)
+
+
+@dataclass(frozen=True)
+class Iterations:
+    """The iterations analyses use (markers unless ignored), and both views when both exist."""
+
+    used: Source | None
+    steps: Mapping[int, Sequence[StepWindow]]
+    markers: Mapping[int, Sequence[StepWindow]]
+    detected: Mapping[int, Sequence[StepWindow]]
+    agreement: tuple[Agreement, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        def dump(m: Mapping[int, Sequence[StepWindow]]) -> dict[str, Any]:
+            return {str(r): [w.to_dict() for w in ws] for r, ws in m.items()}
+
+        return {"used": self.used, "steps": dump(self.steps), "markers": dump(self.markers),
+                "detected": dump(self.detected),
+                "agreement": [a.to_dict() for a in self.agreement]}
+
+
+def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterations:
+    markers = {} if ignore_markers else marker_steps(run.table("steps"))
+    detected = detected_steps(ev)
+    agree = tuple(agreement(r, markers[r], detected.get(r, [])) for r in markers)
+    used: Source | None = "marker" if markers else ("detected" if detected else None)
+    return Iterations(used, markers if markers else detected, markers, detected, agree)

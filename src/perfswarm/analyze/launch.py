@@ -1,0 +1,138 @@
+"""Launch statistics: how device work waits on the host that launches it.
+
+A device op (kernel, copy, set, collective) is joined to the runtime call that
+launched it by (rank, correlation id). From the pairs: the launch-to-start delay,
+the ops that ran shorter than their own launch call, how many launched ops were
+queued but unfinished over time, and what each stretch of device idle time waited
+on: the host had not launched the next op yet (host wait), or it had and the
+device still did not start it (kernel wait: dependencies, syncs, launch latency).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.intervals import gaps
+
+DEVICE_OPS = ("kernel", "collective", "memcpy", "memset")
+CORRELATION_BITS = 40
+
+
+@dataclass(frozen=True)
+class Distribution:
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    max: int
+
+    @classmethod
+    def of(cls, values: I64) -> Distribution:
+        if len(values) == 0:
+            return cls(0, 0.0, 0.0, 0.0, 0)
+        return cls(len(values), float(values.mean()), float(np.percentile(values, 50)),
+                   float(np.percentile(values, 90)), int(values.max()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean, "p50": self.p50, "p90": self.p90,
+                "max": self.max}
+
+
+@dataclass(frozen=True)
+class IdleSplit:
+    host_wait_ns: int
+    kernel_wait_ns: int
+    other_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.host_wait_ns + self.kernel_wait_ns + self.other_ns
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host_wait_ns": self.host_wait_ns, "kernel_wait_ns": self.kernel_wait_ns,
+                "other_ns": self.other_ns, "total_ns": self.total_ns}
+
+
+@dataclass(frozen=True)
+class LaunchStats:
+    rank: int
+    device_ops: int
+    launched: int  # device ops whose launch call is in the trace
+    delay_ns: Distribution  # device op start - launch call start
+    shorter_than_launch: int
+    queue_max: int
+    queue_mean: float  # time-weighted, over first launch .. last launched op end
+    idle: IdleSplit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "device_ops": self.device_ops, "launched": self.launched,
+                "delay_ns": self.delay_ns.to_dict(),
+                "shorter_than_launch": self.shorter_than_launch, "queue_max": self.queue_max,
+                "queue_mean": self.queue_mean, "idle": self.idle.to_dict()}
+
+
+def launch_pairs(ev: Events, rows: I64) -> tuple[I64, I64]:
+    """(device rows, launch rows) for the device ops among `rows` that have a launch call."""
+    dev = rows[ev.of_kind(*DEVICE_OPS)[rows] & (ev.correlation[rows] >= 0)]
+    calls = rows[ev.of_kind("runtime", "driver")[rows] & (ev.correlation[rows] >= 0)]
+    key = (ev.rank << CORRELATION_BITS) | (ev.correlation & ((1 << CORRELATION_BITS) - 1))
+    call_keys = key[calls]
+    order = np.argsort(call_keys, kind="stable")
+    sorted_keys = call_keys[order]
+    at = np.clip(np.searchsorted(sorted_keys, key[dev]), 0, max(len(calls) - 1, 0))
+    found = (sorted_keys[at] == key[dev]) if len(calls) else np.zeros(len(dev), bool)
+    return dev[found], calls[order[at[found]]]
+
+
+def queue_length(launch_ts: I64, done_ts: I64) -> tuple[int, float]:
+    """Max and time-weighted mean of ops launched and not yet finished."""
+    if len(launch_ts) == 0:
+        return 0, 0.0
+    times = np.concatenate([launch_ts, done_ts])
+    steps = np.concatenate([np.ones(len(launch_ts), np.int64), -np.ones(len(done_ts), np.int64)])
+    order = np.lexsort((steps, times))  # at equal times, finish before launch
+    times, level = times[order], np.cumsum(steps[order])
+    span = int(times[-1] - times[0])
+    mean = float((level[:-1] * np.diff(times)).sum() / span) if span else 0.0
+    return int(level.max()), mean
+
+
+def idle_split(ev: Events, dev_rows: I64, launch_of: dict[int, int]) -> IdleSplit:
+    """Split device idle gaps (per device) by whether the next op had been launched."""
+    host = kernel = other = 0
+    for device in np.unique(ev.device[dev_rows]):
+        mine = dev_rows[ev.device[dev_rows] == device]
+        mine = mine[np.argsort(ev.ts[mine], kind="stable")]
+        starts, ends = ev.ts[mine], ev.end[mine]
+        g_s, g_e = gaps(starts, ends, int(starts.min()), int(ends.max()))
+        nxt = mine[np.searchsorted(starts, g_e, side="left")]
+        for lo, hi, row in zip(g_s.tolist(), g_e.tolist(), nxt.tolist(), strict=True):
+            call = launch_of.get(row)
+            if call is None:
+                other += hi - lo
+                continue
+            wait = min(max(int(ev.ts[call]) - lo, 0), hi - lo)
+            host += wait
+            kernel += hi - lo - wait
+    return IdleSplit(host, kernel, other)
+
+
+def launch_stats(ev: Events) -> tuple[LaunchStats, ...]:
+    out = []
+    for rank in ev.ranks:
+        rows = np.arange(len(ev))[ev.rank_slice(rank)]
+        dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
+        dev, calls = launch_pairs(ev, rows)
+        qmax, qmean = queue_length(ev.ts[calls], ev.end[dev])
+        launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
+        idle = idle_split(ev, dev_all, launch_of) if len(dev_all) else IdleSplit(0, 0, 0)
+        out.append(LaunchStats(
+            rank=rank, device_ops=len(dev_all), launched=len(dev),
+            delay_ns=Distribution.of(ev.ts[dev] - ev.ts[calls]),
+            shorter_than_launch=int(np.count_nonzero(ev.dur[dev] < ev.dur[calls])),
+            queue_max=qmax, queue_mean=qmean, idle=idle))
+    return tuple(out)
