@@ -1,0 +1,169 @@
+"""Concurrency breakdown, iteration detection, op/kernel breakdown and launch statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.intervals import gaps, union
+from perfswarm.analyze.iterations import detected_steps, iterations, marker_steps
+from perfswarm.analyze.launch import launch_stats, queue_length
+from perfswarm.analyze.ops import kernel_category, op_breakdown
+from perfswarm.trace.store import Run
+
+US = 1000
+
+
+def reference_states(activity: Activity, lo: int, hi: int) -> dict[str, int]:
+    """Brute force: the state of every single nanosecond, by the documented priority."""
+    def mask(sets: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        m = np.zeros(hi - lo, bool)
+        for s, e in zip(*sets, strict=True):
+            m[max(s, lo) - lo:max(min(e, hi), lo) - lo] = True
+        return m
+
+    c, m, x, h = (mask(s) for s in activity.sets())
+    states = [c & m, c & ~m, m & ~c, x & ~c & ~m, h & ~c & ~m & ~x, ~(c | m | x | h)]
+    return {name: int(s.sum()) for name, s in zip(STATES, states, strict=True)}
+
+
+intervals = st.lists(st.tuples(st.integers(0, 300), st.integers(0, 60)), max_size=12).map(
+    lambda xs: (np.array([s for s, _ in xs], np.int64), np.array([s + d for s, d in xs],
+                                                                   np.int64)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals, intervals, intervals, intervals,
+       st.lists(st.tuples(st.integers(0, 360), st.integers(0, 200)), max_size=4))
+def test_breakdown_partitions_the_span_like_the_reference(compute, comm, memory, host, windows):
+    activity = Activity(compute, comm, memory, host)
+    lo, hi = activity.span()
+    spans = [(lo, hi), *((a, a + d) for a, d in windows)]
+    for (a, b), got in zip(spans, breakdowns(activity, spans), strict=True):
+        assert sum(got.ns.values()) == b - a == got.span_ns
+        assert dict(got.ns) == reference_states(activity, a, b)
+
+
+def test_concurrency_event_sync_exact(corpus_runs: dict[str, Run]) -> None:
+    ev = Events.load(corpus_runs["event_sync"])
+    total = concurrency(ev, {}).ranks[0].total
+    # kernels 1+11+1+36 us, one 2 us DtoH copy; the rest checked against the per-ns reference
+    assert dict(total.ns) == {"overlapped": 0, "compute_only": 49 * US, "comm_only": 0,
+                              "memory": 2 * US, "host_busy_device_idle": 2391 * US,
+                              "idle": 135 * US}
+    activity = Activity.of_rank(ev, 0)
+    assert dict(total.ns) == reference_states(activity, total.start, total.end)
+
+
+def test_concurrency_per_iteration_nccl(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    result = concurrency(ev, iterations(run, ev).steps).ranks[0]
+    assert [i.step for i in result.iterations] == [4, 5, 6]
+    for it in result.iterations:
+        assert sum(it.breakdown.ns.values()) == it.breakdown.span_ns
+    comm = pc.sum(pc.filter(run.table("events").column("dur"),
+                            pc.equal(run.table("events").column("kind").cast(pa.string()),
+                                     "collective"))).as_py()
+    # all 21 all-reduces are disjoint and inside the span: comm time equals their sum
+    assert result.total.ns["overlapped"] + result.total.ns["comm_only"] == comm == 46_876_493
+    assert result.total.ns["overlapped"] == 7_317_025
+    assert round(result.total.comm_overlap_pct, 3) == 15.609
+
+
+def _without_markers(run: Run) -> Events:
+    table = run.table("events")
+    names = table.column("name").cast(pa.string())
+    keep = pc.invert(pc.match_substring_regex(names, r"^ProfilerStep#\d+$"))
+    return Events.from_table(table.filter(keep))
+
+
+@pytest.mark.parametrize("name", ["nccl"])  # the corpus traces with >= 3 ProfilerSteps
+def test_detection_matches_markers_when_they_are_removed(corpus_runs: dict[str, Run],
+                                                         name: str) -> None:
+    run = corpus_runs[name]
+    markers = marker_steps(run.table("steps"))[0]
+    detected = detected_steps(_without_markers(run))[0]
+    assert len(detected) == len(markers) == 3
+    mean = np.mean([m.dur for m in markers])
+    errors = [max(abs(m.start - d.start), abs(m.end - d.end))
+              for m, d in zip(markers, detected, strict=True)]
+    assert max(errors) <= 0.01 * mean
+    # the first op after each marker start: Optimizer.zero_grad, 94/86/87 us in
+    assert [d.start - m.start for m, d in zip(markers, detected, strict=True)] == [
+        94_076, 86_202, 86_586]
+
+
+def test_iterations_report_agreement(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    it = iterations(run, Events.load(run))
+    assert it.used == "marker"
+    (agree,) = it.agreement
+    assert agree.count_matches and agree.max_boundary_error_ns == 147_296
+    ignored = iterations(run, Events.load(run), ignore_markers=True)
+    assert ignored.used == "detected" and len(ignored.steps[0]) == 3 and not ignored.markers
+
+
+def test_no_repetition_no_iterations(corpus_runs: dict[str, Run]) -> None:
+    # one ProfilerStep holding a sequence of distinct phase annotations: nothing repeats
+    assert detected_steps(Events.load(corpus_runs["non_gpu"])) == {}
+
+
+def test_kernel_categories() -> None:
+    assert kernel_category("ampere_sgemm_32x32_sliced1x4_tn") == "gemm"
+    assert kernel_category("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32") == "conv"
+    assert kernel_category("void at::native::vectorized_elementwise_kernel<4>") == "elementwise"
+    assert kernel_category("void at::native::reduce_kernel<512, 1>") == "reduction"
+    assert kernel_category("void cudnn::bn_bw_1C11_kernel_new<float>") == "reduction"
+    assert kernel_category("flash_fwd_kernel") == "attention"
+    assert kernel_category("spin_kernel") == "other"
+
+
+def test_op_breakdown_event_sync(corpus_runs: dict[str, Run]) -> None:
+    ops = op_breakdown(Events.load(corpus_runs["event_sync"]), {})
+    assert {c.category: (c.count, c.total_ns) for c in ops.categories} == {
+        "memory": (1, 2 * US), "reduction": (1, 11 * US), "elementwise": (2, 2 * US),
+        "other": (1, 36 * US)}
+    assert ops.kernels[0].name.startswith("at::cuda::(anonymous namespace)::spin_kernel")
+    assert sum(c.share for c in ops.categories) == pytest.approx(1.0)
+
+
+def test_op_breakdown_per_iteration_nccl(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    ops = op_breakdown(ev, iterations(run, ev).steps)
+    comm = {c.category: c for c in ops.categories}["communication"]
+    assert (comm.count, comm.total_ns) == (21, 46_876_493)
+    assert sorted(ops.per_iteration[0]) == [4, 5, 6]
+    assert ops.cpu_ops[0].total_ns >= ops.cpu_ops[1].total_ns
+
+
+def test_launch_stats_event_sync(corpus_runs: dict[str, Run]) -> None:
+    (stats,) = launch_stats(Events.load(corpus_runs["event_sync"]))
+    # launch start -> op start, by hand from the trace: 35, 12, 14, 18 (copy), 10 us
+    assert (stats.device_ops, stats.launched) == (5, 5)
+    assert stats.delay_ns.mean == 17_800 and stats.delay_ns.p50 == 14_000
+    assert stats.delay_ns.max == 35_000
+    assert stats.shorter_than_launch == 3
+    # gaps 48, 30, 34, 100 us; next launch 36, 16, 16, 90 us after each gap opened
+    assert (stats.idle.host_wait_ns, stats.idle.kernel_wait_ns, stats.idle.other_ns) == (
+        158 * US, 54 * US, 0)
+    assert stats.queue_max == 1
+
+
+def test_queue_length() -> None:
+    qmax, qmean = queue_length(np.array([0, 0, 10], np.int64), np.array([20, 10, 20], np.int64))
+    assert qmax == 2 and qmean == pytest.approx((2 * 10 + 2 * 10) / 20)
+
+
+def test_union_and_gaps() -> None:
+    s, e = union(np.array([5, 0, 12, 3], np.int64), np.array([8, 4, 15, 6], np.int64))
+    assert s.tolist() == [0, 12] and e.tolist() == [8, 15]
+    g_s, g_e = gaps(np.array([2, 6], np.int64), np.array([4, 8], np.int64), 0, 10)
+    assert list(zip(g_s.tolist(), g_e.tolist(), strict=True)) == [(0, 2), (4, 6), (8, 10)]
