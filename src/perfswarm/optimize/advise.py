@@ -1,0 +1,54 @@
+"""`advise`: run every rule over a Run and rank what they found by estimated gain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+from perfswarm.optimize.rules import device, distributed, host, optimizer
+from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
+from perfswarm.optimize.rules.facts import Facts
+from perfswarm.trace.store import Run
+
+RULES: tuple[Rule, ...] = (
+    host.data_loading,
+    host.pageable_h2d,
+    device.launch_bound,
+    host.host_syncs,
+    device.low_utilization,
+    device.fp32_gemm,
+    optimizer.single_tensor_optimizer,
+    optimizer.zero_grad_fill,
+    host.thread_oversubscription,
+    distributed.communication_bound,
+    distributed.stragglers,
+    distributed.ring_order,
+    device.memory_capacity,
+)
+
+
+class ReportDict(TypedDict):
+    path: str
+    measured_ns: int
+    ranks: list[int]
+    advice: list[AdviceDict]
+
+
+@dataclass(frozen=True)
+class AdviceReport:
+    path: str
+    measured_ns: int  # steps (else event span) summed over ranks: what gains are shares of
+    ranks: tuple[int, ...]
+    advice: tuple[Advice, ...]
+
+    def to_dict(self) -> ReportDict:
+        return ReportDict(path=self.path, measured_ns=self.measured_ns, ranks=list(self.ranks),
+                          advice=[a.to_dict() for a in self.advice])
+
+
+def advise(run: Run, rules: tuple[Rule, ...] = RULES) -> AdviceReport:
+    """Every rule's advice for `run`, largest estimated gain first (ties by rule name)."""
+    facts = Facts.of(run)
+    found = [a for rule in rules if (a := rule(facts)) is not None]
+    found.sort(key=lambda a: (-(a.gain_ns if a.gain_ns is not None else -1), a.rule))
+    return AdviceReport(str(run.path), facts.wall_ns, tuple(facts.ranks), tuple(found))

@@ -1,0 +1,1 @@
+"""Advice rules, one module per family; each rule is `Facts -> Advice | None`."""

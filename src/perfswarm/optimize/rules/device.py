@@ -1,0 +1,137 @@
+"""Rules about the accelerator: idle time, launch overhead, FP32 GEMMs, memory headroom."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import polars as pl
+
+from perfswarm.optimize.rules.base import Advice, advice, pct
+from perfswarm.optimize.rules.facts import Facts
+
+_LAUNCH = (r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|"
+           r"hipLaunchKernel|hipExtLaunchKernel)$")
+_SMALL_KERNEL_NS = 10_000
+_GRAPH_LAUNCH_NS = 1_000  # per kernel, replayed from a captured CUDA graph
+_GEMM = r"(?i)gemm"
+_TENSOR_CORE = (r"(?i)(tf32|tfloat32|bf16|fp16|f16|h884|h1688|h16816|s1688|s16816|i8816|hmma|"
+                r"tensorop|wmma|tensor16x8|_16x8x)")
+# TF32 tensor cores peak 8x FP32 on A100; GEMMs typically reach a quarter of that.
+_TF32_SPEEDUP = 2.0
+_NEAR_CAPACITY = 0.9
+
+
+def _utilization(facts: Facts) -> dict[tuple[Any, ...], float]:
+    busy = facts.busy_ns(facts.device_events, ("rank", "device"))
+    return {key: ns / (facts.window(int(key[0]))[2] or 1) for key, ns in busy.items()}
+
+
+def low_utilization(facts: Facts) -> Advice | None:
+    """The device is idle for most of the measured time."""
+    if facts.device_events.height < 10:
+        return None
+    util = _utilization(facts)
+    idle = {k: (1 - u) * facts.window(int(k[0]))[2] for k, u in util.items() if u < 0.5}
+    if not idle:
+        return None
+    evidence = {"devices": [{"rank": int(k[0]), "device": int(k[1]),
+                             "busy_pct": round(100 * util[k], 2), "idle_ns": round(v)}
+                            for k, v in idle.items()]}
+    return advice(facts, "low_utilization", "the device is idle most of the time", evidence,
+                  sum(idle.values()) / 2,
+                  "half the idle time, an upper-bound guess; the other rules name the causes",
+                  "overlap host work with the device: larger batch, DataLoader workers, no host "
+                  "syncs inside the step, CUDA graphs for small kernels")
+
+
+def launch_bound(facts: Facts) -> Advice | None:
+    """Kernels finish faster than the host can launch them: the device waits on launches."""
+    kernels = facts.in_window(facts.kind("kernel"))
+    launches = facts.in_window(facts.named(_LAUNCH, "runtime"))
+    if kernels.height < 100 or launches.height == 0:
+        return None
+    small = kernels.filter(pl.col("dur") < _SMALL_KERNEL_NS)
+    mean_launch = facts.total_ns(launches) / launches.height
+    mean_small = facts.total_ns(small) / max(1, small.height)
+    util = _utilization(facts)
+    busy = min(util.values()) if util else 0.0
+    if small.height < kernels.height / 2 or mean_launch < mean_small or busy >= 0.7:
+        return None
+    idle = sum((1 - u) * facts.window(int(k[0]))[2] for k, u in util.items())
+    saved = launches.height * max(0.0, mean_launch - _GRAPH_LAUNCH_NS)
+    evidence = {"kernels": kernels.height, "small_kernels": small.height,
+                "small_kernel_mean_ns": round(mean_small), "launches": launches.height,
+                "launch_mean_ns": round(mean_launch), "device_busy_pct": round(100 * busy, 2)}
+    return advice(facts, "launch_bound", "many small kernels: launch overhead dominates",
+                  evidence, min(idle, saved),
+                  f"each launch costs about {_GRAPH_LAUNCH_NS} ns when replayed from a graph, "
+                  "bounded by the device's idle time",
+                  "capture the step in a CUDA graph (torch.cuda.graphs / "
+                  "torch.compile(mode='reduce-overhead')) or fuse ops with torch.compile")
+
+
+def _tensor_core_devices(facts: Facts) -> list[str]:
+    return sorted({str(d.get("name")) for d in facts.manifest["devices"]
+                   if "NVIDIA" in str(d.get("name", "")) and int(d.get("computeMajor", 0)) >= 8})
+
+
+def fp32_gemm(facts: Facts) -> Advice | None:
+    """GEMMs run on the FP32 (SIMT) path of a device whose tensor cores take TF32/BF16."""
+    devices = _tensor_core_devices(facts)
+    gemms = facts.in_window(facts.named(_GEMM, "kernel"))
+    if not devices or gemms.height == 0:
+        return None
+    fp32 = gemms.filter(~pl.col("name").str.contains(_TENSOR_CORE))
+    fp32_ns, gemm_ns = facts.total_ns(fp32), facts.total_ns(gemms)
+    if fp32.height == 0 or fp32_ns < gemm_ns / 10:
+        return None
+    top = (fp32.group_by("name").agg(pl.col("dur").sum())
+           .sort(["dur", "name"], descending=[True, False]))
+    evidence = {"devices": devices, "fp32_gemms": fp32.height, "gemms": gemms.height,
+                "fp32_gemm_ns": fp32_ns, "fp32_share_of_gemm_pct": pct(fp32_ns, gemm_ns),
+                "top_kernels": top["name"].head(3).to_list()}
+    return advice(facts, "fp32_gemm", "FP32 GEMMs on a tensor-core device", evidence,
+                  fp32_ns * (1 - 1 / _TF32_SPEEDUP),
+                  f"TF32 tensor-core GEMMs run about {_TF32_SPEEDUP:g}x faster than FP32 ones",
+                  "torch.backends.cuda.matmul.allow_tf32 = True and torch.backends.cudnn."
+                  "allow_tf32 = True (or torch.set_float32_matmul_precision('high')); or run the "
+                  "forward pass under torch.autocast('cuda', dtype=torch.bfloat16)")
+
+
+def _peak_memory(facts: Facts) -> dict[tuple[int, int], tuple[float, str]]:
+    """Peak bytes per (rank, device): the allocator's reserved bytes, else sampled usage."""
+    peaks: dict[tuple[int, int], tuple[float, str]] = {}
+    marks = facts.kind("instant").filter(pl.col("name") == "[memory]")
+    for rank, args in marks.select("rank", "args").iter_rows():
+        a = orjson.loads(args)
+        if a.get("Device Type") != 1:  # 1 = CUDA in Kineto's memory events
+            continue
+        key = (int(rank), int(a.get("Device Id", 0)))
+        value = float(a.get("Total Reserved", a.get("Total Allocated", 0)))
+        if value > peaks.get(key, (0.0, ""))[0]:
+            peaks[key] = (value, "allocator")
+    sampled = facts.counters.filter(pl.col("name").str.contains(r"^gpu\d+\.mem_used$"))
+    for (rank, name), group in sampled.group_by(["rank", "name"]):
+        key = (int(rank), int(str(name)[3:].split(".")[0]))
+        value = float(group["value"].max())  # type: ignore[arg-type]
+        if value > peaks.get(key, (0.0, ""))[0]:
+            peaks[key] = (value, "sampler")
+    return dict(sorted(peaks.items()))
+
+
+def memory_capacity(facts: Facts) -> Advice | None:
+    """Peak device memory within 10% of capacity: the next larger batch or fragmentation OOMs."""
+    capacity = {(int(d.get("rank", 0)), int(d.get("id", 0))): int(d["totalGlobalMem"])
+                for d in facts.manifest["devices"] if d.get("totalGlobalMem")}
+    near = [{"rank": r, "device": dev, "peak_bytes": round(peak),
+             "capacity_bytes": capacity[r, dev],
+             "used_pct": pct(peak, capacity[r, dev]), "source": source}
+            for (r, dev), (peak, source) in _peak_memory(facts).items()
+            if (r, dev) in capacity and peak >= _NEAR_CAPACITY * capacity[r, dev]]
+    if not near:
+        return None
+    return advice(facts, "memory_capacity", "device memory is nearly full", {"devices": near},
+                  None, "no time saved: headroom against out-of-memory and allocator retries",
+                  "activation checkpointing, a smaller micro-batch with gradient accumulation, "
+                  "bf16 autocast, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")

@@ -1,0 +1,129 @@
+"""Rules about several ranks: exposed communication, stragglers, ring order over NVLink."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import statistics
+
+import polars as pl
+
+from perfswarm.optimize.rules.base import Advice, advice, pct
+from perfswarm.optimize.rules.facts import Facts, union_ns
+
+_EXPOSED_SHARE = 20.0  # % of device busy time spent in communication that no compute overlaps
+_STRAGGLER_RATIO = 1.1
+# Relative bandwidth of one hop, by `nvidia-smi topo -m` link type (NV<k>: k NVLinks).
+_LINK_GBPS = {"PIX": 16.0, "PXB": 12.0, "PHB": 10.0, "NODE": 8.0, "SYS": 5.0}
+_NVLINK_GBPS = 25.0  # per link
+_MAX_RING_SEARCH = 8  # GPUs; beyond this the permutations are too many to try
+
+
+def _compute(facts: Facts) -> pl.DataFrame:
+    return facts.device_events.filter(pl.col("kind") != "collective")
+
+
+def communication_bound(facts: Facts) -> Advice | None:
+    """Collectives take a large share of the step and compute does not hide them."""
+    comm = facts.device_events.filter(pl.col("kind") == "collective")
+    if comm.height == 0:
+        return None
+    comm_ns = sum(facts.busy_ns(comm).values())
+    both = sum(facts.busy_ns(pl.concat([comm, _compute(facts)])).values())
+    compute_ns = sum(facts.busy_ns(_compute(facts)).values())
+    exposed = both - compute_ns  # collective time with no compute running beside it
+    share = pct(exposed, both)
+    if share < _EXPOSED_SHARE:
+        return None
+    by_op = {str(k): int(v) for k, v in comm.with_columns(
+        pl.col("name").str.extract(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|"
+                                   r"SendRecv|AllToAll|Send|Recv)", 1).fill_null("other"))
+        .group_by("name").agg(pl.col("dur").sum()).sort("name").iter_rows()}
+    evidence = {"collectives": comm.height, "comm_ns": comm_ns, "by_op_ns": by_op,
+                "overlapped_pct": pct(comm_ns - exposed, comm_ns), "exposed_ns": exposed,
+                "device_busy_ns": both,
+                "comm_share_of_busy_pct": pct(comm_ns, both), "exposed_share_of_busy_pct": share}
+    return advice(facts, "communication_bound", "communication is exposed on the critical path",
+                  evidence, exposed / 2,
+                  "half the exposed collective time hidden behind backward compute",
+                  "DDP(bucket_cap_mb=100, gradient_as_bucket_view=True, static_graph=True) so "
+                  "all-reduce overlaps backward; register_comm_hook(None, "
+                  "default_hooks.bf16_compress_hook) to halve the bytes; avoid "
+                  "find_unused_parameters=True")
+
+
+def stragglers(facts: Facts) -> Advice | None:
+    """One rank computes longer than the others; every collective waits for it."""
+    if len(facts.ranks) < 2:
+        return None
+    device = _compute(facts)
+    frame = device if device.height else facts.in_window(facts.kind("cpu_op"))
+    busy = {int(k[0]): v for k, v in facts.busy_ns(frame).items()}
+    if len(busy) < 2:
+        return None
+    median = statistics.median(busy.values())
+    slow = max(busy, key=lambda r: (busy[r], -r))
+    if median <= 0 or busy[slow] < _STRAGGLER_RATIO * median:
+        return None
+    evidence = {"busy_ns_by_rank": {str(r): v for r, v in busy.items()}, "slowest_rank": slow,
+                "ratio_to_median": round(busy[slow] / median, 3)}
+    return advice(facts, "stragglers", f"rank {slow} is a straggler", evidence,
+                  (busy[slow] - median) * len(busy),
+                  "every rank stops waiting for the slowest one at the collectives",
+                  f"check rank {slow}'s host (thermal throttling, other jobs, a slower GPU or "
+                  "link) and its data shard (uneven sequence lengths: bucket or pad to balance)")
+
+
+def parse_topology(text: str) -> dict[tuple[int, int], float]:
+    """`nvidia-smi topo -m` → relative bandwidth of each GPU pair."""
+    rows = [line.split() for line in text.splitlines() if re.match(r"^\s*GPU\d+\s", line)]
+    header = next((line.split() for line in text.splitlines()
+                   if re.match(r"^\s*GPU0\s+GPU1", line)), None)
+    if not rows or header is None:
+        return {}
+    gpus = [int(h[3:]) for h in header if re.fullmatch(r"GPU\d+", h)]
+    links: dict[tuple[int, int], float] = {}
+    for row in rows:
+        src = int(row[0][3:])
+        for dst, cell in zip(gpus, row[1:1 + len(gpus)], strict=False):
+            nv = re.fullmatch(r"NV(\d+)", cell)
+            if dst != src:
+                links[src, dst] = int(nv[1]) * _NVLINK_GBPS if nv else _LINK_GBPS.get(cell, 1.0)
+    return links
+
+
+def _bottleneck(order: tuple[int, ...], links: dict[tuple[int, int], float]) -> float:
+    return min(links.get((a, b), 0.0) for a, b in zip(order, order[1:] + order[:1], strict=True))
+
+
+def _topology(facts: Facts) -> str:
+    extra = facts.manifest.get("extra", {}).get("nvidia_smi_topo")
+    return str(extra) if extra else next(iter(facts.raw_files.values()), "")
+
+
+def ring_order(facts: Facts) -> Advice | None:
+    """Ranks in device order form a ring through a slow link; another order stays on NVLink."""
+    links = parse_topology(_topology(facts))
+    gpus = sorted({a for a, _ in links})
+    if len(gpus) < 3 or len(gpus) > _MAX_RING_SEARCH:
+        return None
+    current = tuple(gpus)
+    # Rings are cyclic and undirected: fixing the first GPU loses no candidates.
+    best = max((current[:1] + p for p in itertools.permutations(current[1:])),
+               key=lambda o: (_bottleneck(o, links), tuple(-g for g in o)))
+    cur_bw, best_bw = _bottleneck(current, links), _bottleneck(best, links)
+    if best_bw <= cur_bw * 1.2:
+        return None
+    comm = facts.device_events.filter(pl.col("kind") == "collective")
+    comm_ns = union_ns(comm["ts"].to_numpy(), (comm["ts"] + comm["dur"]).to_numpy()) \
+        if comm.height else 0
+    evidence = {"gpus": len(gpus), "current_order": list(current),
+                "current_bottleneck_gbps": cur_bw,
+                "best_order": list(best), "best_bottleneck_gbps": best_bw, "comm_ns": comm_ns}
+    visible = ",".join(map(str, best))
+    return advice(facts, "ring_order", "the rank ring crosses a slow link", evidence,
+                  comm_ns * (1 - cur_bw / best_bw) if comm_ns else None,
+                  "ring collectives run at the bottleneck link's bandwidth",
+                  f"CUDA_VISIBLE_DEVICES={visible} so that consecutive ranks sit on NVLink "
+                  "neighbours (NCCL_ALGO=Ring keeps the order)")
+

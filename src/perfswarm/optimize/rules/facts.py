@@ -1,0 +1,153 @@
+"""What the advice rules read from a Run: its events as one frame, plus measured time windows.
+
+Rules only see this object, so each table is decoded once however many rules run, and the
+small interval algebra they share (unions, containment) lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from perfswarm.trace.schema import DEVICE_KINDS
+from perfswarm.trace.store import Manifest, Run
+
+I64 = npt.NDArray[np.int64]
+_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "args"]
+
+
+def union_ns(starts: I64, ends: I64) -> int:
+    """Total length of the union of the intervals [start, end)."""
+    if starts.size == 0:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    # A new run of overlapping intervals starts where an interval begins after all earlier ends.
+    fresh = np.ones(s.size, bool)
+    fresh[1:] = s[1:] > e[:-1]
+    run_id = np.cumsum(fresh) - 1
+    run_start = s[fresh]
+    run_end = np.zeros(run_start.size, np.int64)
+    np.maximum.at(run_end, run_id, e)
+    return int((run_end - run_start).sum())
+
+
+def contained(outer: pl.DataFrame, inner: pl.DataFrame) -> npt.NDArray[np.bool_]:
+    """For each row of `inner`: lies within some row of `outer` on the same rank and thread.
+
+    Outer rows of one rank and thread must not overlap each other (true of one op name,
+    e.g. every `Optimizer.step#...`), so the last outer starting before an event decides.
+    """
+    hit = np.zeros(inner.height, bool)
+    if outer.height == 0 or inner.height == 0:
+        return hit
+    inner = inner.with_row_index("_row")
+    for (rank, tid), group in inner.group_by(["rank", "tid"]):
+        mine = outer.filter((pl.col("rank") == rank) & (pl.col("tid") == tid)).sort("ts")
+        if mine.height == 0:
+            continue
+        o_start = mine["ts"].to_numpy()
+        o_end = o_start + mine["dur"].to_numpy()
+        ts = group["ts"].to_numpy()
+        end = ts + group["dur"].to_numpy()
+        i = np.searchsorted(o_start, ts, side="right") - 1
+        ok = (i >= 0) & (end <= o_end[np.maximum(i, 0)])
+        hit[group["_row"].to_numpy()[ok]] = True
+    return hit
+
+
+@dataclass
+class Facts:
+    """A Run's tables as the rules need them; every number a rule reports comes from here."""
+
+    events: pl.DataFrame
+    steps: pl.DataFrame
+    counters: pl.DataFrame
+    manifest: Manifest
+    raw_files: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, run: Run) -> Facts:
+        events = pl.from_arrow(run.table("events", _COLUMNS))
+        steps = pl.from_arrow(run.table("steps"))
+        counters = pl.from_arrow(run.table("counters"))
+        assert isinstance(events, pl.DataFrame)
+        assert isinstance(steps, pl.DataFrame)
+        assert isinstance(counters, pl.DataFrame)
+        cast = {"kind": pl.String, "name": pl.String}
+        raw: dict[str, str] = {}
+        if run.raw_dir.is_dir():
+            for p in sorted(run.raw_dir.iterdir()):
+                # Only small text side files (topology dumps); traces are read from tables.
+                if "topo" in p.name and p.is_file() and p.stat().st_size < 1 << 20:
+                    raw[p.name] = p.read_text(errors="replace")
+        return cls(events.with_columns(**{k: pl.col(k).cast(v) for k, v in cast.items()}),
+                   steps.with_columns(pl.col("source").cast(pl.String)),
+                   counters.with_columns(pl.col("name").cast(pl.String)),
+                   run.manifest(), raw)
+
+    # -- selections ----------------------------------------------------------
+    def kind(self, *kinds: str) -> pl.DataFrame:
+        return self.events.filter(pl.col("kind").is_in(kinds))
+
+    def named(self, pattern: str, *kinds: str) -> pl.DataFrame:
+        """Events whose name matches the regex `pattern` (optionally of the given kinds)."""
+        frame = self.kind(*kinds) if kinds else self.events
+        return frame.filter(pl.col("name").str.contains(pattern))
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.events["rank"].unique())
+
+    # -- time windows --------------------------------------------------------
+    def window(self, rank: int) -> tuple[int, int, int]:
+        """(start, end, measured ns) of one rank: the union of its steps, else its event span."""
+        steps = self.steps.filter(pl.col("rank") == rank)
+        if steps.height:
+            s, e = steps["start"].to_numpy(), steps["end"].to_numpy()
+            return int(s.min()), int(e.max()), union_ns(s, e)
+        ev = self.events.filter((pl.col("rank") == rank) & (pl.col("kind") != "trace_span"))
+        if ev.height == 0:
+            return 0, 0, 0
+        start = int(ev["ts"].min())  # type: ignore[arg-type]
+        end = int((ev["ts"] + ev["dur"]).max())  # type: ignore[arg-type]
+        return start, end, end - start
+
+    @cached_property
+    def wall_ns(self) -> int:
+        """Measured time summed over ranks: the denominator of every share and gain."""
+        return sum(self.window(r)[2] for r in self.ranks)
+
+    def in_window(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Rows of `frame` that start inside their rank's window."""
+        parts = []
+        for r in self.ranks:
+            start, end, _ = self.window(r)
+            parts.append(frame.filter((pl.col("rank") == r) & (pl.col("ts") >= start)
+                                      & (pl.col("ts") < end)))
+        return pl.concat(parts) if parts else frame.clear()
+
+    def busy_ns(self, frame: pl.DataFrame,
+                by: tuple[str, ...] = ("rank",)) -> dict[tuple[Any, ...], int]:
+        """Union of the intervals of `frame` per group (e.g. per rank and device)."""
+        out: dict[tuple[Any, ...], int] = {}
+        for key, group in frame.group_by(list(by)):
+            ts = group["ts"].to_numpy()
+            out[tuple(key)] = union_ns(ts, ts + group["dur"].to_numpy())
+        return dict(sorted(out.items()))
+
+    @cached_property
+    def device_events(self) -> pl.DataFrame:
+        return self.in_window(self.kind(*sorted(DEVICE_KINDS - {"gpu_annotation"})))
+
+    def step_count(self) -> int:
+        """Steps measured (over ranks); a run without step markers counts as one step per rank."""
+        return self.steps.height or len(self.ranks)
+
+    def total_ns(self, frame: pl.DataFrame) -> int:
+        return int(frame["dur"].sum()) if frame.height else 0

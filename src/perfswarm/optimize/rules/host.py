@@ -1,0 +1,123 @@
+"""Rules about the host side: input pipeline, copies from pageable memory, syncs, CPU threads."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from perfswarm.optimize.rules.base import Advice, advice, pct
+from perfswarm.optimize.rules.facts import Facts
+
+_HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
+_SYNC_API = r"^(cuda|hip)(Stream|Device|Event)Synchronize$"
+# Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
+_SCALAR_READ = r"^aten::_local_scalar_dense$"
+_PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
+# Pinned host memory roughly doubles HtoD bandwidth and lets the copy run asynchronously.
+_PINNED_SPEEDUP = 2.0
+
+
+def _cores(facts: Facts) -> int:
+    return int(facts.manifest["host"].get("cores") or 1)
+
+
+def pageable_copies(facts: Facts) -> pl.DataFrame:
+    return facts.in_window(facts.named(_PAGEABLE_H2D, "memcpy"))
+
+
+def data_loading(facts: Facts) -> Advice | None:
+    """Steps wait on `enumerate(DataLoader)`: the input pipeline runs serially with compute."""
+    loads = facts.in_window(facts.named(r"enumerate\(DataLoader\)", *_HOST_KINDS))
+    if loads.height == 0:
+        return None
+    load_ns = sum(facts.busy_ns(loads).values())
+    share = pct(load_ns, facts.wall_ns)
+    if share < 10:
+        return None
+    single = bool(loads["name"].str.contains("SingleProcess").any())
+    workers = min(8, _cores(facts))
+    compute_ns = facts.wall_ns - load_ns
+    if single:
+        # W workers produce batches W at a time in the background: a step takes
+        # max(compute, load / W) instead of compute + load.
+        gain = facts.wall_ns - max(compute_ns, load_ns / workers)
+        basis = f"step = max(compute, load / {workers} workers) instead of compute + load"
+        change = (f"DataLoader(num_workers={workers}, pin_memory=True, prefetch_factor=4, "
+                  "persistent_workers=True)")
+    else:
+        gain = load_ns / 2
+        basis = "doubling the workers halves the remaining wait for batches"
+        change = ("raise DataLoader num_workers (2x) and prefetch_factor (4); "
+                  "pin_memory=True; move per-sample decoding out of the training process")
+    evidence = {"loader_calls": loads.height, "loader_ns": load_ns, "loader_share_pct": share,
+                "single_process": single, "pageable_h2d_copies": pageable_copies(facts).height,
+                "cores": _cores(facts)}
+    return advice(facts, "data_loading", "training waits for the DataLoader", evidence, gain,
+                  basis, change)
+
+
+def pageable_h2d(facts: Facts) -> Advice | None:
+    """Host-to-device copies from pageable memory: staged through a bounce buffer, synchronous."""
+    copies = pageable_copies(facts)
+    if copies.height == 0:
+        return None
+    sizes = copies["args"].str.json_path_match("$.bytes").cast(pl.Int64, strict=False)
+    copy_ns = facts.total_ns(copies)
+    nbytes = int(sizes.fill_null(0).sum())
+    evidence = {"copies": copies.height, "bytes": nbytes, "copy_ns": copy_ns,
+                "bandwidth_gbps": round(nbytes / copy_ns, 3) if copy_ns else 0.0}
+    return advice(facts, "pageable_h2d", "host-to-device copies from pageable memory", evidence,
+                  copy_ns * (1 - 1 / _PINNED_SPEEDUP),
+                  f"pinned copies run about {_PINNED_SPEEDUP:g}x faster",
+                  "pin the host tensors (tensor.pin_memory() or DataLoader(pin_memory=True)) and "
+                  "copy with .to(device, non_blocking=True)")
+
+
+def host_syncs(facts: Facts) -> Advice | None:
+    """The host blocks on the device (.item(), .cpu(), synchronize) several times per step."""
+    apis = facts.in_window(facts.named(_SYNC_API, "runtime"))
+    items = facts.in_window(facts.named(_SCALAR_READ, "cpu_op"))
+    d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
+    points = apis.height + items.height
+    per_step = points / facts.step_count()
+    if per_step < 3:
+        return None
+    blocked = sum(facts.busy_ns(pl.concat([apis, items])).values())
+    by_name = {str(k): int(v) for k, v in
+               apis.group_by("name").len().sort("name").iter_rows()}
+    evidence = {"sync_calls": apis.height, "by_api": by_name, "scalar_reads": items.height,
+                "dtoh_copies": d2h.height, "per_step": round(per_step, 2), "blocked_ns": blocked}
+    return advice(facts, "host_syncs", "the host waits for the device inside steps", evidence,
+                  blocked, "the host stops blocking; it queues the next work instead",
+                  "keep values on the device (no .item()/.cpu()/print of tensors per step; "
+                  "accumulate metrics as tensors and read them every N steps); drop explicit "
+                  "torch.cuda.synchronize() calls outside timing code")
+
+
+def thread_oversubscription(facts: Facts) -> Advice | None:
+    """More compute threads than cores: ranks on one host each start a full OpenMP/MKL pool."""
+    env = facts.manifest.get("extra", {}).get("env", {})
+    procs = max(1, len(facts.manifest["ranks"]))
+    cores = _cores(facts)
+    declared = [int(env[k]) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                if str(env.get(k, "")).isdigit()]
+    counted = facts.counters.filter(pl.col("name").str.ends_with(".num_threads"))
+    if declared:
+        per_proc, source = max(declared), "environment"
+    elif counted.height:
+        per_proc, source = int(counted["value"].max()), "counters"  # type: ignore[arg-type]
+    elif facts.manifest["collectors"] and procs > 1:
+        per_proc, source = cores, "torch default (one thread per core in each process)"
+    else:
+        return None  # an imported trace says nothing about the threads it ran with
+    threads = per_proc * procs
+    if threads <= cores:
+        return None
+    host_ns = sum(facts.busy_ns(facts.in_window(facts.kind("cpu_op"))).values())
+    evidence = {"cores": cores, "processes": procs, "threads_per_process": per_proc,
+                "threads": threads, "source": source}
+    best = max(1, cores // procs)
+    return advice(facts, "thread_oversubscription", "more CPU threads than cores", evidence,
+                  host_ns * (1 - cores / threads),
+                  "CPU ops stop sharing cores: their time shrinks by cores / threads",
+                  f"OMP_NUM_THREADS={best} MKL_NUM_THREADS={best} (cores / processes), or "
+                  f"torch.set_num_threads({best}) in each process")
