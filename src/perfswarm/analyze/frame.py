@@ -73,6 +73,16 @@ class Events:
     def load(cls, run: Run) -> Events:
         return cls.from_table(run.table("events", columns=EVENT_COLUMNS))
 
+    def select(self, rows: Mask | I64) -> Events:
+        """The events at `rows` (a mask or sorted row numbers), sharing the name dictionary."""
+        return Events(rank=self.rank[rows], ts=self.ts[rows], dur=self.dur[rows],
+                      kind=self.kind[rows], name=self.name[rows], names=self.names,
+                      tid=self.tid[rows], device=self.device[rows], stream=self.stream[rows],
+                      correlation=self.correlation[rows], step=self.step[rows])
+
+    def of_rank(self, rank: int) -> Events:
+        return self.select(np.arange(len(self))[self.rank_slice(rank)])
+
     def __len__(self) -> int:
         return len(self.ts)
 

@@ -20,8 +20,7 @@ from perfswarm.analyze.iterations import StepWindow
 # First match wins; order matters (a cuDNN implicit-GEMM conv is a conv, not a GEMM).
 KERNEL_CATEGORIES: Final = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa|mha_", re.I)),
-    ("conv", re.compile(r"conv|scudnn|winograd|implicit_?gemm|fprop|dgrad|wgrad"
-                        r"|cudnn::.*nchw", re.I)),
+    ("conv", re.compile(r"conv|scudnn|winograd|implicit_?gemm|fprop|dgrad|wgrad", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|matmul|mma|cublas|sm\d+_xmma|Cijk_|_nn_|_nt_|_tn_", re.I)),
     ("reduction", re.compile(r"reduce|softmax|norm|bn_[fb]w|argmax|argmin|topk|sum_|mean"
                              r"|scan|sort", re.I)),

@@ -1,0 +1,102 @@
+"""Stragglers: how far apart ranks enter the same collective, and who arrives last.
+
+The n-th occurrence of a collective kernel name on one rank is matched with the
+n-th occurrence of that name on every other rank (collectives run in the same
+order everywhere, or the job would hang). The rank that starts an instance last
+holds everyone else back for the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfswarm.analyze.frame import I64, Events
+
+TOP = 20
+
+
+@dataclass(frozen=True)
+class CollectiveSkew:
+    name: str
+    occurrence: int  # n-th of this name, from 0
+    starts: dict[int, int]  # rank -> start ns
+    last_rank: int
+    skew_ns: int  # last start - first start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "occurrence": self.occurrence,
+                "starts": {str(r): t for r, t in self.starts.items()},
+                "last_rank": self.last_rank, "skew_ns": self.skew_ns}
+
+
+@dataclass(frozen=True)
+class RankLateness:
+    rank: int
+    last_count: int  # instances this rank started last (with skew > 0)
+    held_back_ns: int  # sum over those instances of the others' wait for it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "last_count": self.last_count,
+                "held_back_ns": self.held_back_ns}
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    instances: int  # collective instances seen on every rank
+    total_skew_ns: int
+    max_skew_ns: int
+    worst: tuple[CollectiveSkew, ...]  # largest skew first
+    ranks: tuple[RankLateness, ...]
+
+    @property
+    def straggler(self) -> int | None:
+        """The rank that holds the others back the most, if any does."""
+        late = [r for r in self.ranks if r.held_back_ns > 0]
+        return max(late, key=lambda r: (r.held_back_ns, -r.rank)).rank if late else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instances": self.instances, "total_skew_ns": self.total_skew_ns,
+                "max_skew_ns": self.max_skew_ns, "straggler": self.straggler,
+                "worst": [w.to_dict() for w in self.worst],
+                "ranks": [r.to_dict() for r in self.ranks]}
+
+
+def occurrences(ev: Events, rows: I64) -> I64:
+    """For time-sorted `rows`, the index of each row among the rows with its name."""
+    names = ev.name[rows]
+    order = np.argsort(names, kind="stable")
+    sorted_names = names[order]
+    first = np.searchsorted(sorted_names, sorted_names, side="left")
+    occ = np.empty(len(rows), np.int64)
+    occ[order] = np.arange(len(rows)) - first
+    return occ
+
+
+def stragglers(ev: Events, top: int = TOP) -> Stragglers:
+    coll = np.flatnonzero(ev.of_kind("collective"))
+    per_rank: dict[int, dict[tuple[int, int], int]] = {}
+    for rank in ev.ranks:
+        rows = coll[ev.rank[coll] == rank]
+        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+        keys = zip(ev.name[rows].tolist(), occurrences(ev, rows).tolist(), strict=True)
+        per_rank[rank] = dict(zip(keys, ev.ts[rows].tolist(), strict=True))
+    ranks = sorted(per_rank)
+    common = sorted(set.intersection(*(set(k) for k in per_rank.values()))) if ranks else []
+    skews = []
+    held = dict.fromkeys(ranks, 0)
+    last = dict.fromkeys(ranks, 0)
+    for key in common if len(ranks) > 1 else []:
+        starts = {r: per_rank[r][key] for r in ranks}
+        latest = max(ranks, key=lambda r: (starts[r], -r))
+        skew = starts[latest] - min(starts.values())
+        skews.append(CollectiveSkew(ev.names[key[0]], key[1], starts, latest, skew))
+        if skew > 0:
+            last[latest] += 1
+            held[latest] += sum(starts[latest] - t for t in starts.values())
+    worst = sorted(skews, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
+    return Stragglers(len(skews), sum(s.skew_ns for s in skews),
+                      max((s.skew_ns for s in skews), default=0), tuple(worst),
+                      tuple(RankLateness(r, last[r], held[r]) for r in ranks))

@@ -1,0 +1,66 @@
+"""`analyze`: every analysis of a Run, from one load of its events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfswarm.analyze.concurrency import Concurrency, concurrency
+from perfswarm.analyze.diff import RunDiff, diff
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.iterations import Iterations, iterations
+from perfswarm.analyze.launch import LaunchStats, launch_stats
+from perfswarm.analyze.ops import OpBreakdown, op_breakdown
+from perfswarm.analyze.stragglers import Stragglers, stragglers
+from perfswarm.errors import PerfswarmError
+from perfswarm.trace.store import Run
+
+
+@dataclass(frozen=True)
+class Analysis:
+    path: str
+    events: int
+    ranks: tuple[int, ...]
+    iterations: Iterations
+    concurrency: Concurrency
+    ops: OpBreakdown
+    launch: tuple[LaunchStats, ...]
+    stragglers: Stragglers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
+                "iterations": self.iterations.to_dict(),
+                "concurrency": self.concurrency.to_dict(), "ops": self.ops.to_dict(),
+                "launch": [s.to_dict() for s in self.launch],
+                "stragglers": self.stragglers.to_dict()}
+
+
+def load(run: Run) -> Events:
+    ev = Events.load(run)
+    if len(ev) == 0:
+        raise PerfswarmError(f"{run.path}: the Run has no events to analyze")
+    return ev
+
+
+def analyze(run: Run, *, ignore_markers: bool = False) -> Analysis:
+    ev = load(run)
+    its = iterations(run, ev, ignore_markers=ignore_markers)
+    return Analysis(
+        path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
+        concurrency=concurrency(ev, its.steps), ops=op_breakdown(ev, its.steps),
+        launch=launch_stats(ev), stragglers=stragglers(ev))
+
+
+def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,
+              ignore_markers: bool = False) -> RunDiff:
+    """Diff one rank of b against one rank of a (each Run's lowest rank unless given)."""
+    sides = []
+    for run, rank in ((a, rank_a), (b, rank_b)):
+        ev = load(run)
+        chosen = ev.ranks[0] if rank is None else rank
+        if chosen not in ev.ranks:
+            raise PerfswarmError(f"{run.path}: no rank {chosen} (ranks: {ev.ranks})")
+        steps = iterations(run, ev, ignore_markers=ignore_markers).steps.get(chosen, [])
+        sides.append((ev.of_rank(chosen), list(steps)))
+    (ea, sa), (eb, sb) = sides
+    return diff(ea, sa, eb, sb)

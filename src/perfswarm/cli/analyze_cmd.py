@@ -1,0 +1,80 @@
+"""`perfswarm analyze RUN [--json] [--ignore-markers]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from perfswarm.analyze.concurrency import STATES
+from perfswarm.analyze.summary import Analysis, analyze
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, ms, print_json
+from perfswarm.trace.store import Run
+
+SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",
+         "memory": "memory", "host_busy_device_idle": "host only", "idle": "idle"}
+
+
+def _concurrency_table(result: Analysis) -> Table:
+    table = Table("rank", "step", "span", *(SHORT[s] for s in STATES), "comm hidden",
+                  title="concurrency (share of span)", title_justify="left")
+    for rank in result.concurrency.ranks:
+        for label, b in (("all", rank.total), *((str(i.step), i.breakdown)
+                                                for i in rank.iterations)):
+            table.add_row(str(rank.rank), label, ms(b.span_ns),
+                          *(f"{100 * b.share(s):.1f}%" for s in STATES),
+                          f"{b.comm_overlap_pct:.1f}%")
+    return table
+
+
+def _print(result: Analysis) -> None:
+    console.print(f"[bold]{result.path}[/]: {result.events:,} events, ranks {list(result.ranks)}")
+    its = result.iterations
+    counts = {r: len(s) for r, s in its.steps.items()}
+    console.print(f"iterations ({its.used or 'none found'}): {counts}")
+    for a in its.agreement:
+        console.print(f"  rank {a.rank}: {a.marker_count} marked, {a.detected_count} detected, "
+                      f"max boundary error {ms(a.max_boundary_error_ns)} "
+                      f"({a.max_error_pct:.2f}% of mean step)")
+    console.print(_concurrency_table(result))
+    cats = Table("category", "ops", "time", "share", title="device time by category",
+                 title_justify="left")
+    for c in result.ops.categories:
+        cats.add_row(c.category, f"{c.count:,}", ms(c.total_ns), f"{100 * c.share:.1f}%")
+    console.print(cats)
+    kernels = Table("kernel", "category", "count", "total", "mean", title="top device ops",
+                    title_justify="left")
+    for k in result.ops.kernels[:10]:
+        kernels.add_row(k.name[:70], k.category, f"{k.count:,}", ms(k.total_ns), ms(k.mean_ns))
+    console.print(kernels)
+    launch = Table("rank", "launched", "delay p50", "delay p90", "shorter than launch",
+                   "queue max", "idle host-wait", "idle kernel-wait", "idle other",
+                   title="launches", title_justify="left")
+    for s in result.launch:
+        launch.add_row(str(s.rank), f"{s.launched:,}/{s.device_ops:,}", ms(s.delay_ns.p50),
+                       ms(s.delay_ns.p90), f"{s.shorter_than_launch:,}", str(s.queue_max),
+                       ms(s.idle.host_wait_ns), ms(s.idle.kernel_wait_ns), ms(s.idle.other_ns))
+    console.print(launch)
+    st = result.stragglers
+    if st.instances:
+        console.print(f"collectives across ranks: {st.instances} instances, max skew "
+                      f"{ms(st.max_skew_ns)}, straggler rank {st.straggler}")
+
+
+@app.command("analyze")
+def analyze_command(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+    ignore_markers: Annotated[bool, typer.Option(
+        "--ignore-markers", help="Detect iterations from the op sequence, ignoring ProfilerStep "
+                                 "markers.")] = False,
+) -> None:
+    """Concurrency, iterations, op/kernel and launch statistics, stragglers of a Run."""
+    result = analyze(Run.open(run_dir), ignore_markers=ignore_markers)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _print(result)

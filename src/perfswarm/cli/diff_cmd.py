@@ -1,0 +1,48 @@
+"""`perfswarm diff A B [--json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from perfswarm.analyze.summary import diff_runs
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, ms, print_json
+from perfswarm.trace.store import Run
+
+
+@app.command("diff")
+def diff_command(
+    a: Annotated[Path, typer.Argument(metavar="A", help="Baseline Run.")],
+    b: Annotated[Path, typer.Argument(metavar="B", help="Run compared against A.")],
+    rank_a: Annotated[int | None, typer.Option("--rank-a", help="Rank of A (default lowest).")]
+    = None,
+    rank_b: Annotated[int | None, typer.Option("--rank-b", help="Rank of B (default lowest).")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+) -> None:
+    """Ops and kernels of B against A, aligned by name and iteration; regressions first."""
+    result = diff_runs(Run.open(a), Run.open(b), rank_a=rank_a, rank_b=rank_b)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
+                  f"({ms(result.b_span_ns - result.a_span_ns)}); {result.only_a} names only in A, "
+                  f"{result.only_b} only in B")
+    if result.steps:
+        steps = Table("#", "A step", "B step", "A", "B", "delta", title="steps",
+                      title_justify="left")
+        for s in result.steps:
+            steps.add_row(str(s.index), str(s.a_step), str(s.b_step), ms(s.a_ns), ms(s.b_ns),
+                          ms(s.b_ns - s.a_ns))
+        console.print(steps)
+    ops = Table("kind", "name", "A count", "B count", "A", "B", "delta", "delta/iteration",
+                title="largest regressions first", title_justify="left")
+    for o in result.ops:
+        per_it = "" if o.per_iteration_delta_ns is None else ms(o.per_iteration_delta_ns)
+        ops.add_row(o.kind, o.name[:60], str(o.a_count), str(o.b_count), ms(o.a_ns), ms(o.b_ns),
+                    ms(o.delta_ns), per_it)
+    console.print(ops)
