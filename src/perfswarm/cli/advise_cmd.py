@@ -1,0 +1,41 @@
+"""`perfswarm advise RUN [--json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, ms, print_json
+from perfswarm.optimize.advise import advise
+from perfswarm.trace.store import Run
+
+_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
+
+
+@app.command("advise")
+def advise_command(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+) -> None:
+    """What to change, with the evidence from the run and the estimated gain, largest first."""
+    report = advise(Run.open(run_dir))
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console.print(f"[bold]{report.path}[/]: {len(report.advice)} finding(s) over "
+                  f"{ms(report.measured_ns)} measured on rank(s) {list(report.ranks)}")
+    for a in report.advice:
+        gain = ("no time gain" if a.gain_ns is None
+                else f"~{ms(a.gain_ns)} ({a.gain_pct:.2f}% of measured time)")
+        console.print(f"\n[{_STYLE[a.severity]}]{a.severity.upper()}[/] [bold]{a.title}[/] "
+                      f"({a.rule}): {gain}")
+        evidence = Table("evidence", "value", show_header=False, box=None, padding=(0, 2))
+        for key, value in a.evidence.items():
+            evidence.add_row(key, str(value))
+        console.print(evidence)
+        console.print(f"  gain: {a.gain_basis}")
+        console.print(f"  change: {a.change}", soft_wrap=True)

@@ -1,0 +1,60 @@
+"""`perfswarm tune --space SPACE.yaml [--trials N] [--storage URL] -- CMD...`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.optimize.tune import STEP_PATTERN, TuneOptions, load_space, tune
+
+
+@app.command("tune", context_settings={"allow_interspersed_args": False})
+def tune_command(
+    command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="The command to tune; it prints one line per step (`step N TIME ms`).")],
+    space: Annotated[Path, typer.Option("--space", help="YAML search space: params with name, type (int|float|categorical|bool), low/high or choices, env or flag.")],
+    trials: Annotated[int, typer.Option("--trials", "-n", help="Trials to run (this worker).")] = 20,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL shared by workers (default: sqlite file in --out).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for tune.json, trials.json, importance.json.")] = Path("tune-out"),
+    study: Annotated[str, typer.Option("--study", help="Study name in the storage.")] = "perfswarm-tune",
+    step_pattern: Annotated[str, typer.Option("--step-pattern", help="Regex with groups (step)(time)[(unit)] for the step lines.")] = STEP_PATTERN,
+    warmup: Annotated[int, typer.Option("--warmup", help="Leading steps left out of the throughput.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before a trial is killed (counts as failed).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (keys in docs/cli.md).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Search environment variables and command flags for the highest throughput (Optuna)."""
+    options = TuneOptions(out=out, trials=trials, storage=storage, study=study,
+                          step_pattern=step_pattern, warmup=warmup, seed=seed, timeout_s=timeout)
+
+    def progress(msg: str) -> None:
+        if not quiet:
+            err_console.print(msg, markup=False)
+
+    result = tune(command, load_space(space), options, progress)
+    summary = result.to_dict()
+    if as_json:
+        print_json(summary)
+        return
+    table = Table("trial", "state", "steps/s", "params", title="trials", title_justify="left")
+    for t in result.trials:
+        rate = "" if t["throughput"] is None else f"{t['throughput']:.3f}"
+        table.add_row(str(t["number"]), t["state"], rate, str(t["params"]))
+    console.print(table)
+    console.print(f"baseline: {result.baseline.throughput:.3f} steps/s")
+    best = result.best
+    if best is None:
+        console.print("no trial completed")
+        return
+    console.print(f"best: trial {best['number']} {best['params']}: {best['throughput']:.3f} "
+                  f"steps/s, [bold]{summary['speedup']:.2f}x[/] the baseline")
+    if summary["importance"]:
+        console.print("importance: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                 sorted(summary["importance"].items(),
+                                                        key=lambda kv: -kv[1])))
+    console.print(f"wrote {out / 'tune.json'}, {out / 'trials.json'}, {out / 'importance.json'}")
