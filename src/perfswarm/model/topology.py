@@ -1,0 +1,109 @@
+"""Interconnects (from interconnects.yaml) and the cluster topologies the collective models run on.
+
+A topology is two levels: devices inside a node share the intra-node link (NVLink, NVSwitch, PCIe),
+nodes talk over the inter-node fabric (InfiniBand, Ethernet fat tree) with one NIC per device, the
+rail-optimized layout of DGX-class machines. One node means a flat topology on the intra link.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+
+from perfswarm.errors import PerfswarmError
+
+Fabric = Literal["switch", "p2p", "bus"]
+_FABRIC_NAMES: dict[str, Fabric] = {"switch": "switch", "p2p": "p2p", "bus": "bus"}
+
+
+@dataclass(frozen=True)
+class Link:
+    """One interconnect as a latency-bandwidth (alpha-beta) pair."""
+
+    name: str
+    alpha_s: float            # one point-to-point step
+    beta_s_per_byte: float    # inverse of the achieved bandwidth
+    fabric: Fabric = "switch"
+    source: str = ""
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return 1e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
+
+    def with_bandwidth(self, gbps: float) -> Link:
+        """The same link at another achieved bandwidth (the CLI's --bandwidth)."""
+        if not gbps > 0:
+            raise PerfswarmError(f"--bandwidth: must be positive, got {gbps}")
+        return replace(self, name=f"{self.name}@{gbps:g}GB/s", beta_s_per_byte=1e-9 / gbps,
+                       source=f"{self.source}; bandwidth overridden to {gbps:g} GB/s")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "latency_us": self.alpha_s * 1e6,
+                "bandwidth_gbps": self.bandwidth_gbps, "fabric": self.fabric,
+                "source": self.source}
+
+
+def _link(name: str, spec: object) -> Link:
+    if not isinstance(spec, dict):
+        raise PerfswarmError(f"interconnects.yaml: {name}: expected a mapping")
+    try:
+        bandwidth = float(spec["bandwidth_gbps"]) * float(spec.get("efficiency", 1.0))
+        latency = float(spec["latency_us"])
+        fabric = _FABRIC_NAMES.get(str(spec.get("fabric", "switch")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PerfswarmError(f"interconnects.yaml: {name}: bad or missing field {exc}") from None
+    if fabric is None or bandwidth <= 0 or latency < 0:
+        raise PerfswarmError(f"interconnects.yaml: {name}: bad fabric, bandwidth or latency")
+    return Link(name, latency * 1e-6, 1e-9 / bandwidth, fabric,
+                str(spec.get("source", "")))
+
+
+@cache
+def interconnects() -> dict[str, Link]:
+    """Every interconnect of the bundled YAML, by name, in file order."""
+    text = resources.files("perfswarm.model").joinpath("interconnects.yaml").read_text()
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise PerfswarmError("interconnects.yaml: expected a mapping of names")
+    return {str(name): _link(str(name), spec) for name, spec in data.items()}
+
+
+def interconnect(name: str) -> Link:
+    links = interconnects()
+    if name not in links:
+        raise PerfswarmError(f"interconnect {name!r}: unknown; known: {', '.join(links)}")
+    return links[name]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`devices` devices, `per_node` to a node on `intra`, nodes joined by `inter`."""
+
+    devices: int
+    per_node: int
+    intra: Link
+    inter: Link
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.per_node < 1:
+            raise PerfswarmError(f"topology: devices ({self.devices}) and devices per node "
+                                 f"({self.per_node}) must be at least 1")
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.devices / self.per_node)
+
+    @property
+    def local(self) -> int:
+        """Devices in each node (a single partial node holds all of them)."""
+        return min(self.devices, self.per_node)
+
+    def describe(self) -> str:
+        if self.nodes == 1:
+            return f"{self.devices} x {self.intra.name}"
+        return f"{self.nodes} nodes x {self.local} ({self.intra.name}) over {self.inter.name}"
