@@ -9,7 +9,7 @@ import statistics
 import polars as pl
 
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts, union_ns
+from perfswarm.optimize.rules.facts import Facts
 
 _EXPOSED_SHARE = 20.0  # % of device busy time spent in communication that no compute overlaps
 _STRAGGLER_RATIO = 1.1
@@ -115,8 +115,7 @@ def ring_order(facts: Facts) -> Advice | None:
     if best_bw <= cur_bw * 1.2:
         return None
     comm = facts.device_events.filter(pl.col("kind") == "collective")
-    comm_ns = union_ns(comm["ts"].to_numpy(), (comm["ts"] + comm["dur"]).to_numpy()) \
-        if comm.height else 0
+    comm_ns = sum(facts.busy_ns(comm).values())
     evidence = {"gpus": len(gpus), "current_order": list(current),
                 "current_bottleneck_gbps": cur_bw,
                 "best_order": list(best), "best_bottleneck_gbps": best_bw, "comm_ns": comm_ns}

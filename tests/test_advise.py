@@ -1,0 +1,387 @@
+"""Advice rules: each on a run that shows it (exact evidence) and on one that does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perfswarm.cli.main import main
+from perfswarm.optimize.advise import advise
+from perfswarm.optimize.rules import device, distributed, host, optimizer
+from perfswarm.optimize.rules.base import Advice, Rule
+from perfswarm.optimize.rules.facts import Facts, union_ns
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+A100 = {"id": 0, "name": "NVIDIA A100-SXM4-40GB", "computeMajor": 8, "computeMinor": 0,
+        "totalGlobalMem": 42_297_524_224, "numSms": 108}
+
+
+def ev(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1,
+       **args: Any) -> dict[str, Any]:
+    """One complete ('X') Kineto event; ts and dur in µs as torch.profiler writes them."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def kernel(name: str, ts: float, dur: float, stream: int = 7) -> dict[str, Any]:
+    return {**ev(name, ts, dur, "kernel", tid=stream, device=0, stream=stream), "pid": 0}
+
+
+def make_run(tmp: Path, name: str, events: list[dict[str, Any]], *, rank: int | None = None,
+             devices: tuple[dict[str, Any], ...] = ()) -> Path:
+    trace: dict[str, Any] = {"traceEvents": events, "deviceProperties": list(devices)}
+    if rank is not None:
+        trace["distributedInfo"] = {"rank": rank}
+    path = tmp / f"{name}.json"
+    path.write_bytes(orjson.dumps(trace))
+    return path
+
+
+def imported(tmp: Path, name: str, events: list[dict[str, Any]], **kw: Any) -> Run:
+    trace = make_run(tmp, name, events, **kw)
+    return import_traces([trace], tmp / f"{name}.run", ImportOptions(), ["test"])
+
+
+def with_manifest(run: Run, **changes: Any) -> Run:
+    m = run.manifest()
+    for key, value in changes.items():
+        if key == "cores":
+            m["host"]["cores"] = value
+        else:
+            m[key] = value  # type: ignore[literal-required]
+    run.write_manifest(m)
+    return run
+
+
+def found(rule: Rule, run: Run) -> Advice | None:
+    return rule(Facts.of(run))
+
+
+def shows(rule: Rule, run: Run) -> Advice:
+    a = found(rule, run)
+    assert a is not None
+    return a
+
+
+# -- data loading -----------------------------------------------------------------------------
+def _loader_steps(loader_us: float, compute_us: float, steps: int = 3) -> list[dict[str, Any]]:
+    events, step_us = [], loader_us + compute_us
+    for i in range(steps):
+        t = i * step_us
+        events += [ev(f"ProfilerStep#{i}", t, step_us, "user_annotation"),
+                   ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, loader_us),
+                   ev("aten::conv2d", t + loader_us, compute_us)]
+    return events
+
+
+def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
+    run = with_manifest(imported(tmp_path, "loader", _loader_steps(6000, 4000)), cores=4)
+    a = shows(host.data_loading, run)
+    assert dict(a.evidence) == {"loader_calls": 3, "loader_ns": 18_000_000,
+                                "loader_share_pct": 60.0, "single_process": True,
+                                "pageable_h2d_copies": 0, "cores": 4}
+    # 4 workers: a step takes max(4 ms compute, 6 ms / 4) = 4 ms instead of 10 ms.
+    assert a.gain_ns == 18_000_000 and a.gain_pct == 60.0 and a.severity == "high"
+    assert a.change.startswith("DataLoader(num_workers=4, pin_memory=True")
+
+
+def test_data_loading_absent_when_loading_is_cheap(corpus_runs: dict[str, Run],
+                                                   tmp_path: Path) -> None:
+    # non_gpu has one enumerate(DataLoader) of 71 µs in a 75 ms step.
+    assert found(host.data_loading, corpus_runs["non_gpu"]) is None
+    assert found(host.data_loading, imported(tmp_path, "fast", _loader_steps(500, 9500))) is None
+
+
+# -- pageable copies ----------------------------------------------------------------------------
+def test_pageable_h2d_on_simple_add(corpus_runs: dict[str, Run]) -> None:
+    a = shows(host.pageable_h2d, corpus_runs["simple_add"])
+    assert dict(a.evidence) == {"copies": 16, "bytes": 244_403_360, "copy_ns": 39_080_000,
+                                "bandwidth_gbps": 6.254}
+    assert a.gain_ns == 19_540_000
+    assert "pin_memory" in a.change and "non_blocking=True" in a.change
+
+
+def test_pinned_copies_get_no_pageable_advice(corpus_runs: dict[str, Run]) -> None:
+    assert found(host.pageable_h2d, corpus_runs["compare_base"]) is None  # Pinned -> Device
+
+
+# -- host syncs ----------------------------------------------------------------------------------
+def test_host_syncs_on_simple_add(corpus_runs: dict[str, Run]) -> None:
+    a = shows(host.host_syncs, corpus_runs["simple_add"])
+    assert a.evidence["by_api"] == {"cudaDeviceSynchronize": 5, "cudaStreamSynchronize": 16}
+    assert a.evidence["per_step"] == 21.0 and a.evidence["blocked_ns"] == 713_000
+
+
+def test_scalar_reads_count_as_syncs(corpus_runs: dict[str, Run]) -> None:
+    a = shows(host.host_syncs, corpus_runs["non_gpu"])
+    assert a.evidence["scalar_reads"] == 5 and a.evidence["blocked_ns"] == 4_819_000
+
+
+def test_one_final_synchronize_is_fine(corpus_runs: dict[str, Run]) -> None:
+    assert found(host.host_syncs, corpus_runs["triton"]) is None
+
+
+# -- threads --------------------------------------------------------------------------------------
+def test_oversubscribed_threads_from_the_environment(tmp_path: Path) -> None:
+    run = with_manifest(imported(tmp_path, "threads", _loader_steps(100, 9900)), cores=4,
+                        ranks=[0, 1], extra={"env": {"OMP_NUM_THREADS": "8"}})
+    a = shows(host.thread_oversubscription, run)
+    assert dict(a.evidence) == {"cores": 4, "processes": 2, "threads_per_process": 8,
+                                "threads": 16, "source": "environment"}
+    assert a.change.startswith("OMP_NUM_THREADS=2 MKL_NUM_THREADS=2")
+    # cpu_ops are busy 3 x 10 ms; a quarter of the threads fit the cores.
+    assert a.gain_ns == 22_500_000
+
+
+def test_threads_within_cores_or_unknown(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    run = with_manifest(imported(tmp_path, "fit", _loader_steps(100, 9900)), cores=4,
+                        ranks=[0, 1], extra={"env": {"OMP_NUM_THREADS": "2"}})
+    assert found(host.thread_oversubscription, run) is None
+    assert found(host.thread_oversubscription, corpus_runs["nccl"]) is None  # imported: unknown
+
+
+# -- launch-bound ---------------------------------------------------------------------------------
+def _small_kernels(n: int, kernel_us: float, launch_us: float) -> list[dict[str, Any]]:
+    events = [ev("ProfilerStep#0", 0, n * launch_us + 10, "user_annotation")]
+    for i in range(n):
+        t = i * launch_us
+        events += [ev("cudaLaunchKernel", t, launch_us, "cuda_runtime", correlation=i),
+                   kernel("void at::native::vectorized_elementwise_kernel<4>", t + launch_us,
+                          kernel_us)]
+    return events
+
+
+def test_launch_bound_small_kernels(tmp_path: Path) -> None:
+    run = imported(tmp_path, "launch", _small_kernels(150, 3, 10), devices=(A100,))
+    a = shows(device.launch_bound, run)
+    assert dict(a.evidence) == {"kernels": 150, "small_kernels": 150,
+                                "small_kernel_mean_ns": 3000, "launches": 150,
+                                "launch_mean_ns": 10_000, "device_busy_pct": 29.8}
+    # Graph replays would save 150 x 9 µs; the device is idle only 1510 - 450 µs of that.
+    assert a.gain_ns == 1_060_000
+    assert "CUDA graph" in a.change
+
+
+def test_launch_bound_absent(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    assert found(device.launch_bound, corpus_runs["nccl"]) is None
+    big = imported(tmp_path, "big", _small_kernels(150, 30, 10), devices=(A100,))
+    assert found(device.launch_bound, big) is None
+
+
+# -- utilization and GEMM precision -------------------------------------------------------------
+TF32_GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(Params)"
+
+
+def _busy_gemms(tmp: Path, name: str, gemm: str) -> Run:
+    events = [ev("ProfilerStep#0", 0, 1000, "user_annotation")]
+    events += [kernel(gemm, 10 + 95 * i, 90) for i in range(10)]
+    return imported(tmp, name, events, devices=(A100,))
+
+
+def test_low_utilization_on_nccl(corpus_runs: dict[str, Run]) -> None:
+    a = shows(device.low_utilization, corpus_runs["nccl"])
+    assert a.evidence["devices"] == [{"rank": 0, "device": 0, "busy_pct": 23.61,
+                                      "idle_ns": 509_605_325}]
+
+
+def test_busy_device_is_not_low_utilization(tmp_path: Path) -> None:
+    assert found(device.low_utilization, _busy_gemms(tmp_path, "busy", TF32_GEMM)) is None
+
+
+def test_fp32_gemms_on_an_a100(corpus_runs: dict[str, Run]) -> None:
+    a = shows(device.fp32_gemm, corpus_runs["simple_add"])
+    assert a.evidence["fp32_gemms"] == 8 and a.evidence["gemms"] == 14
+    assert a.evidence["fp32_gemm_ns"] == 3_319_000 and a.gain_ns == 1_659_500
+    assert a.evidence["top_kernels"][0] == "ampere_sgemm_32x32_sliced1x4_tn"
+    assert "allow_tf32" in a.change and "bfloat16" in a.change
+
+
+def test_tensor_core_gemms_and_non_nvidia(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    assert found(device.fp32_gemm, _busy_gemms(tmp_path, "tf32", TF32_GEMM)) is None
+    assert found(device.fp32_gemm, corpus_runs["amd"]) is None
+
+
+# -- optimizer ------------------------------------------------------------------------------------
+def _optimizer(step: str, ops: tuple[str, ...], zero: int) -> list[dict[str, Any]]:
+    events = []
+    for i in range(2):
+        t = i * 1000
+        events += [ev(f"ProfilerStep#{i}", t, 1000, "user_annotation"),
+                   ev("Optimizer.zero_grad#SGD.zero_grad", t, 100, "user_annotation")]
+        events += [ev("aten::zero_", t + 1 + 10 * j, 5) for j in range(zero)]
+        events += [ev(step, t + 200, 600, "user_annotation")]
+        events += [ev(op, t + 201 + 10 * j, 5) for j, op in enumerate(ops)]
+    return events
+
+
+SINGLE_TENSOR = ("aten::add_", "aten::mul_", "aten::addcdiv_") * 10
+
+
+def test_single_tensor_optimizer(tmp_path: Path) -> None:
+    run = imported(tmp_path, "adam", _optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0))
+    a = shows(optimizer.single_tensor_optimizer, run)
+    assert dict(a.evidence) == {"optimizer": "AdamW", "steps": 2, "ops_per_step": 30.0,
+                                "distinct_ops": 3, "optimizer_ns": 1_200_000}
+    assert a.gain_ns == 1_080_000  # 3 multi-tensor ops instead of 30
+    assert a.change.startswith("torch.optim.AdamW(..., foreach=True)")
+
+
+def test_foreach_and_fused_optimizers(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    assert found(optimizer.single_tensor_optimizer, corpus_runs["nccl"]) is None  # _foreach_
+    assert found(optimizer.single_tensor_optimizer, corpus_runs["non_gpu"]) is None  # FusedAdam
+    foreach = ("aten::_foreach_add_",) * 30
+    run = imported(tmp_path, "fe", _optimizer("Optimizer.step#AdamW.step", foreach, 0))
+    assert found(optimizer.single_tensor_optimizer, run) is None
+
+
+def test_zero_grad_filling_zeros(tmp_path: Path) -> None:
+    run = imported(tmp_path, "zero", _optimizer("Optimizer.step#SGD.step", (), 4))
+    a = shows(optimizer.zero_grad_fill, run)
+    assert dict(a.evidence) == {"zero_grad_calls": 2, "zero_ops": 8, "zero_ns": 40_000}
+    assert "set_to_none=True" in a.change
+
+
+def test_zero_grad_set_to_none(corpus_runs: dict[str, Run]) -> None:
+    assert found(optimizer.zero_grad_fill, corpus_runs["nccl"]) is None
+    assert found(optimizer.zero_grad_fill, corpus_runs["non_gpu"]) is None
+
+
+# -- communication, stragglers, ring order ---------------------------------------------------
+def test_communication_bound_on_nccl(corpus_runs: dict[str, Run]) -> None:
+    a = shows(distributed.communication_bound, corpus_runs["nccl"])
+    assert a.evidence["collectives"] == 21 and a.evidence["comm_ns"] == 46_876_493
+    assert a.evidence["exposed_ns"] == 39_190_669
+    assert a.evidence["by_op_ns"] == {"AllReduce": 46_762_159, "Broadcast": 114_334}
+    assert a.evidence["overlapped_pct"] == 16.4
+    assert "bucket_cap_mb" in a.change
+
+
+def test_no_collectives_no_communication_advice(corpus_runs: dict[str, Run]) -> None:
+    assert found(distributed.communication_bound, corpus_runs["simple_add"]) is None
+
+
+ALLREDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _ranks(tmp: Path, name: str, compute_us: tuple[float, ...]) -> Run:
+    paths = []
+    for rank, us in enumerate(compute_us):
+        events = [ev("ProfilerStep#0", 0, 4000, "user_annotation"),
+                  kernel("void at::native::vectorized_elementwise_kernel<4>", 0, us),
+                  kernel(ALLREDUCE, us, 3000 - us, stream=20)]
+        paths.append(make_run(tmp, f"{name}{rank}", events, rank=rank, devices=(A100,)))
+    return import_traces(paths, tmp / f"{name}.run", ImportOptions(), ["test"])
+
+
+def test_straggler_rank(tmp_path: Path) -> None:
+    a = shows(distributed.stragglers, _ranks(tmp_path, "slow", (1000, 1500)))
+    assert dict(a.evidence) == {"busy_ns_by_rank": {"0": 1_000_000, "1": 1_500_000},
+                                "slowest_rank": 1, "ratio_to_median": 1.2}
+    assert a.gain_ns == 500_000 and "rank 1" in a.title
+
+
+def test_balanced_ranks_and_single_rank(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    assert found(distributed.stragglers, _ranks(tmp_path, "even", (1000, 1020))) is None
+    assert found(distributed.stragglers, corpus_runs["nccl"]) is None
+
+
+CROSSED = """\
+\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tNV4\tNV4\tSYS\t0-23\t0
+GPU1\tNV4\t X \tSYS\tNV4\t0-23\t0
+GPU2\tNV4\tSYS\t X \tNV4\t24-47\t1
+GPU3\tSYS\tNV4\tNV4\t X \t24-47\t1
+
+Legend:
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes
+"""
+
+
+def _with_topology(tmp: Path, name: str, text: str) -> Run:
+    run = _ranks(tmp, name, (1000, 1000))
+    (tmp / "topo.txt").write_text(text)
+    run.add_raw(tmp / "topo.txt", "nvidia-smi-topo.txt")
+    return run
+
+
+def test_ring_order_avoids_the_slow_links(tmp_path: Path) -> None:
+    assert distributed.parse_topology(CROSSED)[1, 2] == 5.0
+    a = shows(distributed.ring_order, _with_topology(tmp_path, "ring", CROSSED))
+    assert a.evidence["current_order"] == [0, 1, 2, 3] and a.evidence["best_order"] == [0, 1, 3, 2]
+    assert a.evidence["current_bottleneck_gbps"] == 5.0
+    assert a.evidence["best_bottleneck_gbps"] == 100.0
+    assert a.evidence["comm_ns"] == 4_000_000  # 2 ranks x 2 ms all-reduce
+    assert a.gain_ns == 3_800_000
+    assert a.change.startswith("CUDA_VISIBLE_DEVICES=0,1,3,2")
+
+
+def test_ring_order_already_on_nvlink(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    all_nv = CROSSED.replace("\tSYS\t", "\tNV4\t")
+    assert "SYS\t" not in all_nv.split("Legend")[0]
+    assert found(distributed.ring_order, _with_topology(tmp_path, "nv", all_nv)) is None
+    assert found(distributed.ring_order, corpus_runs["nccl"]) is None  # no topology recorded
+
+
+# -- memory ------------------------------------------------------------------------------------
+def _memory(tmp: Path, name: str, reserved: int) -> Run:
+    mark = {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1,
+            "ts": 50, "s": "t", "args": {"Device Type": 1, "Device Id": 0,
+                                         "Total Reserved": reserved, "Total Allocated": reserved}}
+    return imported(tmp, name, [ev("ProfilerStep#0", 0, 100, "user_annotation"), mark],
+                    devices=(A100,))
+
+
+def test_memory_near_capacity(tmp_path: Path) -> None:
+    a = shows(device.memory_capacity, _memory(tmp_path, "full", 40_000_000_000))
+    assert a.evidence["devices"] == [{"rank": 0, "device": 0, "peak_bytes": 40_000_000_000,
+                                      "capacity_bytes": 42_297_524_224, "used_pct": 94.57,
+                                      "source": "allocator"}]
+    assert a.gain_ns is None and a.severity == "medium"
+
+
+def test_memory_with_headroom(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
+    assert found(device.memory_capacity, _memory(tmp_path, "roomy", 20_000_000_000)) is None
+    assert found(device.memory_capacity, corpus_runs["simple_add"]) is None
+
+
+# -- the whole report ------------------------------------------------------------------------
+def test_advise_ranks_by_gain_and_is_deterministic(corpus_runs: dict[str, Run]) -> None:
+    report = advise(corpus_runs["nccl"])
+    assert [a.rule for a in report.advice] == ["low_utilization", "communication_bound",
+                                               "host_syncs"]
+    assert report.to_dict() == advise(corpus_runs["nccl"]).to_dict()
+    assert advise(corpus_runs["cpu_only"]).advice == ()
+
+
+def test_advise_cli_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", str(corpus_runs["simple_add"].path), "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert set(out) == {"path", "measured_ns", "ranks", "advice"}
+    assert [a["rule"] for a in out["advice"]] == ["low_utilization", "pageable_h2d",
+                                                  "fp32_gemm", "host_syncs"]
+    assert set(out["advice"][0]) == {"rule", "title", "severity", "evidence", "gain_ns",
+                                     "gain_pct", "gain_basis", "change"}
+
+
+def test_advise_cli_text_and_bad_run(corpus_runs: dict[str, Run], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", str(corpus_runs["nccl"].path)]) == 0
+    assert "communication is exposed" in capsys.readouterr().out
+    assert main(["advise", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50)), max_size=30))
+def test_union_matches_a_per_ns_reference(spans: list[tuple[int, int]]) -> None:
+    starts = np.array([s for s, _ in spans], np.int64)
+    ends = np.array([s + d for s, d in spans], np.int64)
+    covered = {t for s, d in spans for t in range(s, s + d)}
+    assert union_ns(starts, ends) == len(covered)
