@@ -26,6 +26,7 @@ CHILD = """import json, sys, time
 from perfswarm.analyze import summary
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.concurrency import concurrency
+from perfswarm.analyze.critical_path import critical_path, sync_events
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.launch import launch_stats
 from perfswarm.analyze.ops import op_breakdown
@@ -40,7 +41,8 @@ t = time.perf_counter(); ev = Events.load(run); parts['load'] = time.perf_counte
 t = time.perf_counter(); its = iterations(run, ev); parts['iterations'] = time.perf_counter() - t
 for name, f in (('concurrency', lambda: concurrency(ev, its.steps)),
                 ('ops', lambda: op_breakdown(ev, its.steps)), ('launch', lambda: launch_stats(ev)),
-                ('stragglers', lambda: stragglers(ev))):
+                ('stragglers', lambda: stragglers(ev)),
+                ('critical_path', lambda: critical_path(ev, sync_events(run, ev)))):
     t = time.perf_counter(); f(); parts[name] = time.perf_counter() - t
 print(json.dumps({'total': total, 'parts': parts, 'events': len(ev)}))
 """

@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.intervals import I64, covered
+from perfswarm.analyze.intervals import I64, StateSums, covered, sorted_unique
 from perfswarm.analyze.iterations import StepWindow
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -120,21 +120,18 @@ def state_codes(activity: Activity, points: I64) -> np.ndarray[Any, np.dtype[np.
 
 def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[Breakdown]:
     """One Breakdown per window, from a single sweep over the rank's boundaries."""
-    bounds = [np.asarray([lo, hi], np.int64) for lo, hi in windows]
-    points = np.unique(np.concatenate([*(x for pair in activity.sets() for x in pair), *bounds]))
+    points = sorted_unique(np.concatenate([x for pair in activity.sets() for x in pair]))
+    idle = STATES.index("idle")
     if len(points) < 2:
-        return [Breakdown(lo, hi, dict.fromkeys(STATES, 0)) for lo, hi in windows]
-    codes = state_codes(activity, points)
-    lengths = np.diff(points)
-    # cum[s][i] = ns of state s in [points[0], points[i])
-    cum = np.zeros((len(STATES), len(points)), np.int64)
-    for s in range(len(STATES)):
-        np.cumsum(np.where(codes == s, lengths, 0), out=cum[s, 1:])
+        sums = StateSums(np.zeros(0, np.int64), np.zeros(0, np.int64), len(STATES), idle)
+    else:
+        sums = StateSums(points, state_codes(activity, points), len(STATES), idle)
     out = []
     for lo, hi in windows:
-        i, j = np.searchsorted(points, [lo, hi])
-        out.append(Breakdown(lo, hi, {state: int(cum[s, j] - cum[s, i])
-                                      for s, state in enumerate(STATES)}))
+        ns = sums.between(lo, hi)
+        if len(sums.points) == 0:
+            ns[idle] = hi - lo
+        out.append(Breakdown(lo, hi, dict(zip(STATES, ns.tolist(), strict=True))))
     return out
 
 

@@ -115,3 +115,22 @@ class Events:
 
     def name_of(self, row: int) -> str:
         return self.names[int(self.name[row])]
+
+
+LANE_BITS = 40
+
+
+def lane_key(rank: I64 | int, lane: I64 | int) -> I64:
+    """One int64 per (rank, thread or stream) pair: a timeline's identity."""
+    return np.asarray((np.asarray(rank, np.int64) << LANE_BITS)
+                      | (np.asarray(lane, np.int64) & ((1 << LANE_BITS) - 1)), np.int64)
+
+
+def group_rows(keys: I64, rows: I64) -> dict[int, I64]:
+    """key -> the rows with that key, keeping their order."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    cuts = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    return {int(sorted_keys[s]): rows[part] for s, part in
+            zip(starts.tolist(), np.split(order, cuts), strict=True)} if len(keys) else {}

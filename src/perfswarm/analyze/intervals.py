@@ -50,3 +50,52 @@ def gaps(starts: I64, ends: I64, lo: int, hi: int) -> tuple[I64, I64]:
     gap_e = np.concatenate([s, [hi]]).astype(np.int64)
     keep = gap_e > gap_s
     return gap_s[keep], gap_e[keep]
+
+
+class StateSums:
+    """Nanoseconds per state over any [lo, hi), for a timeline cut into labelled segments.
+
+    Segment i is [points[i], points[i+1]) in state codes[i]; time outside the points
+    is in state `outside`. Built once (O(n)); each query is two binary searches.
+    """
+
+    def __init__(self, points: I64, codes: I64, states: int, outside: int) -> None:
+        self.points = points
+        self.codes = codes
+        self.states = states
+        self.outside = outside
+        self.cum = np.zeros((states, len(points)), np.int64)
+        lengths = np.diff(points)
+        for s in range(states):
+            np.cumsum(np.where(codes == s, lengths, 0), out=self.cum[s, 1:])
+
+    def upto(self, x: int) -> I64:
+        """ns per state in [points[0], x), with time before points[0] counted as outside."""
+        out = np.zeros(self.states, np.int64)
+        if len(self.points) == 0:
+            return out
+        first, last = int(self.points[0]), int(self.points[-1])
+        if x <= first:
+            out[self.outside] -= first - x
+            return out
+        if x >= last:
+            out += self.cum[:, -1]
+            out[self.outside] += x - last
+            return out
+        i = int(np.searchsorted(self.points, x, side="right")) - 1
+        out += self.cum[:, i]
+        out[int(self.codes[i])] += x - int(self.points[i])
+        return out
+
+    def between(self, lo: int, hi: int) -> I64:
+        return self.upto(hi) - self.upto(lo)
+
+
+def sorted_unique(values: I64) -> I64:
+    """np.unique for int64 columns by sorting (numpy's hash path is slower on big columns)."""
+    x = np.sort(values)
+    if len(x) == 0:
+        return x
+    keep = np.ones(len(x), dtype=bool)
+    keep[1:] = x[1:] != x[:-1]
+    return x[keep]

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfswarm.analyze.concurrency import Concurrency, concurrency
+from perfswarm.analyze.critical_path import CriticalPath, critical_path, sync_events
 from perfswarm.analyze.diff import RunDiff, diff
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import Iterations, iterations
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.ops import OpBreakdown, op_breakdown
 from perfswarm.analyze.stragglers import Stragglers, stragglers
+from perfswarm.analyze.swarms import Swarms, swarms
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.store import Run
 
@@ -26,13 +28,17 @@ class Analysis:
     ops: OpBreakdown
     launch: tuple[LaunchStats, ...]
     stragglers: Stragglers
+    critical_path: CriticalPath | None
+    swarms: Swarms
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
                 "iterations": self.iterations.to_dict(),
                 "concurrency": self.concurrency.to_dict(), "ops": self.ops.to_dict(),
                 "launch": [s.to_dict() for s in self.launch],
-                "stragglers": self.stragglers.to_dict()}
+                "stragglers": self.stragglers.to_dict(),
+                "critical_path": self.critical_path.to_dict() if self.critical_path else None,
+                "swarms": self.swarms.to_dict()}
 
 
 def load(run: Run) -> Events:
@@ -48,7 +54,9 @@ def analyze(run: Run, *, ignore_markers: bool = False) -> Analysis:
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
         concurrency=concurrency(ev, its.steps), ops=op_breakdown(ev, its.steps),
-        launch=launch_stats(ev), stragglers=stragglers(ev))
+        launch=launch_stats(ev), stragglers=stragglers(ev),
+        critical_path=critical_path(ev, sync_events(run, ev)),
+        swarms=swarms(run.table("samples"), run.table("stacks"), its.steps))
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,

@@ -58,6 +58,14 @@ def _print(result: Analysis) -> None:
                        ms(s.delay_ns.p90), f"{s.shorter_than_launch:,}", str(s.queue_max),
                        ms(s.idle.host_wait_ns), ms(s.idle.kernel_wait_ns), ms(s.idle.other_ns))
     console.print(launch)
+    cp = result.critical_path
+    if cp is not None:
+        parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
+                          if v and cp.length_ns)
+        console.print(f"critical path {ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, "
+                      f"{cp.rank_switches} rank switches")
+    for sw in result.swarms.swarms[:10]:
+        console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
     st = result.stragglers
     if st.instances:
         console.print(f"collectives across ranks: {st.instances} instances, max skew "

@@ -1,0 +1,178 @@
+"""Function swarms: groups of sampled call stacks that spend time in the same code.
+
+Each distinct stack becomes a feature vector: its frames (functions, weighted
+towards the leaf: that is where the time goes), the leaf's module, and the leaf's
+address relative to its module's span (nearby code lands nearby). After a small
+SVD, k-means runs for each k in a range and the k with the best silhouette wins;
+samples are weighted by their `weight`. A swarm is captioned by its heaviest leaf
+functions and reports its time share and the iterations it lives in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import scipy.sparse as sp
+from sklearn.cluster import KMeans
+from sklearn.decomposition import TruncatedSVD
+from sklearn.metrics import silhouette_score
+
+from perfswarm.analyze.frame import I64
+from perfswarm.analyze.iterations import StepWindow
+
+MAX_K = 12
+SVD_DIMS = 16
+SILHOUETTE_SAMPLE = 2_000  # stacks the silhouette is scored on (it is quadratic)
+ADDRESS_WEIGHT = 0.5
+MODULE_WEIGHT = 1.0
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Swarm:
+    caption: str
+    functions: tuple[str, ...]  # heaviest leaf functions, first = caption's
+    modules: tuple[str, ...]
+    samples: int
+    weight: int
+    share: float
+    steps: Mapping[int, float]  # step -> share of this swarm's weight in it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"caption": self.caption, "functions": list(self.functions),
+                "modules": list(self.modules), "samples": self.samples, "weight": self.weight,
+                "share": self.share, "steps": {str(k): v for k, v in self.steps.items()}}
+
+
+@dataclass(frozen=True)
+class Swarms:
+    k: int
+    silhouette: float | None  # None when k was not chosen (too few distinct stacks)
+    swarms: tuple[Swarm, ...]  # heaviest first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "silhouette": self.silhouette,
+                "swarms": [s.to_dict() for s in self.swarms]}
+
+
+def _dict_codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
+    col = table.column(name).combine_chunks()
+    if not isinstance(col, pa.DictionaryArray):
+        col = col.dictionary_encode()
+    assert isinstance(col, pa.DictionaryArray)
+    return (np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int64),
+            [str(v) for v in col.dictionary.to_pylist()])
+
+
+def features(stacks: pa.Table, stack_ids: I64) -> sp.csr_matrix:
+    """One row per stack in `stack_ids`: frames, leaf module, leaf address position."""
+    sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
+    depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
+    func, _ = _dict_codes(stacks, "function")
+    module, _ = _dict_codes(stacks, "module")
+    address = np.asarray(stacks.column("address").to_numpy(), np.float64)
+    row_of = {int(s): i for i, s in enumerate(stack_ids)}
+    rows = np.array([row_of.get(int(s), -1) for s in sid], np.int64)
+    keep = rows >= 0
+    rows, depth, func, module, address = rows[keep], depth[keep], func[keep], module[keep], \
+        address[keep]
+    n = len(stack_ids)
+    frames = sp.csr_matrix((1.0 / (1.0 + depth), (rows, func)),
+                           shape=(n, int(func.max(initial=0)) + 1))
+    frames = sp.csr_matrix(frames.multiply(1.0 / np.sqrt(frames.multiply(frames).sum(axis=1)
+                                                         + 1e-12)))
+    leaf = depth == 0
+    mods = sp.csr_matrix((np.full(int(leaf.sum()), MODULE_WEIGHT), (rows[leaf], module[leaf])),
+                         shape=(n, int(module.max(initial=0)) + 1))
+    # The leaf's address as a position inside its module's sampled range, 0..1.
+    pos = np.zeros(n)
+    for m in np.unique(module[leaf]):
+        sel = leaf & (module == m)
+        lo, hi = address[sel].min(), address[sel].max()
+        pos[rows[sel]] = (address[sel] - lo) / (hi - lo) if hi > lo else 0.0
+    addr = sp.csr_matrix(ADDRESS_WEIGHT * pos[:, None])
+    return sp.csr_matrix(sp.hstack([frames, mods, addr]))
+
+
+def choose_k(x: np.ndarray[Any, Any], weights: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any],
+                                                                             int, float | None]:
+    """Labels for the k (2..MAX_K) with the best silhouette; one cluster if too few points."""
+    n = len(x)
+    distinct = len(np.unique(np.round(x, 9), axis=0))
+    if distinct < 3:
+        return np.zeros(n, np.int64), 1, None
+    rng = np.random.default_rng(SEED)
+    probe = rng.choice(n, SILHOUETTE_SAMPLE, replace=False) if n > SILHOUETTE_SAMPLE else None
+    best: tuple[float, int, np.ndarray[Any, Any]] | None = None
+    for k in range(2, min(MAX_K, distinct - 1) + 1):
+        labels = KMeans(k, n_init=4, random_state=SEED).fit_predict(x, sample_weight=weights)
+        if len(np.unique(labels)) < 2:
+            continue
+        idx = probe if probe is not None else slice(None)
+        score = float(silhouette_score(x[idx], labels[idx])) if len(
+            np.unique(labels[idx])) > 1 else -1.0
+        if best is None or score > best[0] + 1e-9:
+            best = (score, k, labels)
+    if best is None:
+        return np.zeros(n, np.int64), 1, None
+    return best[2], best[1], best[0]
+
+
+def swarms(samples: pa.Table, stacks: pa.Table,
+           steps: Mapping[int, Sequence[StepWindow]] | None = None) -> Swarms:
+    if samples.num_rows == 0 or stacks.num_rows == 0:
+        return Swarms(0, None, ())
+    stack_of = np.asarray(samples.column("stack_id").to_numpy(), np.int64)
+    weight = np.asarray(samples.column("weight").to_numpy(), np.int64)
+    uniq, inv = np.unique(stack_of, return_inverse=True)
+    stack_weight = np.bincount(inv, weights=weight).astype(np.float64)
+    x = features(stacks, uniq)
+    dims = min(SVD_DIMS, x.shape[1] - 1, len(uniq) - 1)
+    dense = (TruncatedSVD(dims, random_state=SEED).fit_transform(x) if dims >= 2
+             else x.toarray())
+    labels, k, score = choose_k(dense, stack_weight)
+    return Swarms(k, score, _describe(samples, stacks, uniq, inv, labels, weight, steps or {}))
+
+
+def _describe(samples: pa.Table, stacks: pa.Table, uniq: I64, inv: I64,
+              labels: np.ndarray[Any, Any], weight: I64,
+              steps: Mapping[int, Sequence[StepWindow]]) -> tuple[Swarm, ...]:
+    sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
+    depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
+    func, func_names = _dict_codes(stacks, "function")
+    module, module_names = _dict_codes(stacks, "module")
+    leaf = depth == 0
+    leaf_of = dict(zip(sid[leaf].tolist(), zip(func[leaf].tolist(), module[leaf].tolist(),
+                                                 strict=True), strict=True))
+    sample_label = labels[inv]
+    ts = np.asarray(samples.column("ts").to_numpy(), np.int64)
+    rank = np.asarray(samples.column("rank").to_numpy(), np.int64)
+    step_of = np.full(len(ts), -1, np.int64)
+    for r, windows in steps.items():
+        for w in windows:
+            step_of[(rank == r) & (ts >= w.start) & (ts < w.end)] = w.step
+    total = int(weight.sum())
+    out = []
+    for label in np.unique(labels):
+        mine = sample_label == label
+        w = weight[mine]
+        by_func: dict[int, int] = {}
+        by_mod: dict[int, int] = {}
+        for s, sw in zip(uniq[inv[mine]].tolist(), w.tolist(), strict=True):
+            f, m = leaf_of.get(s, (-1, -1))
+            by_func[f] = by_func.get(f, 0) + sw
+            by_mod[m] = by_mod.get(m, 0) + sw
+        funcs = [func_names[f] if f >= 0 else "?" for f, _ in
+                 sorted(by_func.items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
+        mods = [module_names[m] if m >= 0 else "?" for m, _ in
+                sorted(by_mod.items(), key=lambda kv: (-kv[1], kv[0]))[:3]]
+        in_steps = step_of[mine]
+        step_share = {int(s): float(w[in_steps == s].sum() / w.sum())
+                      for s in np.unique(in_steps) if s >= 0}
+        out.append(Swarm(f"{mods[0]}: {funcs[0]}", tuple(funcs), tuple(mods), int(mine.sum()),
+                         int(w.sum()), float(w.sum() / total) if total else 0.0, step_share))
+    return tuple(sorted(out, key=lambda s: (-s.weight, s.caption)))
