@@ -343,7 +343,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
     baseline = run_command(argv, base_env, pattern, options.warmup, timeout_s=options.timeout_s)
     say(f"baseline: {baseline.throughput:.3f} steps/s")
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures: `say`
     try:
         study = optuna.create_study(
             study_name=options.study, storage=storage, direction="maximize", load_if_exists=True,
@@ -370,6 +370,10 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         except Stopped:
             say(f"trial {trial.number}: pruned {values}")
             raise optuna.TrialPruned from None
+        except CommandFailed as exc:
+            trial.set_user_attr("error", str(exc))
+            say(f"trial {trial.number}: failed {values}: {exc}")
+            raise
         trial.set_user_attr("step_s", list(m.step_s))
         say(f"trial {trial.number}: {m.throughput:.3f} steps/s {values}")
         return m.throughput
