@@ -21,9 +21,10 @@ class TraceFormatError(PerfswarmError):
     def __init__(self, path: str | Path, where: str, why: str) -> None:
         self.path = str(path)
         self.where = where
-        self.why = why
+        # Parsers' messages may span lines (yajl draws a caret); the first one says it.
+        self.why = why.strip().splitlines()[0] if why.strip() else "unreadable"
         location = f" ({where})" if where else ""
-        super().__init__(f"{self.path}{location}: {why}")
+        super().__init__(f"{self.path}{location}: {self.why}")
 
 
 class RunError(PerfswarmError):

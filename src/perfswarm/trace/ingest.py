@@ -5,17 +5,18 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace import execution_trace
-from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, read_trace
+from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, concat, read_trace
 from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, NONE, STEPS
 from perfswarm.trace.store import Manifest, Run, Warning_, creating, new_manifest
 
@@ -59,6 +60,12 @@ def assign_steps(events: pa.Table, steps: pa.Table) -> pa.Table:
     """Set `step` on every event: host events by time, device events by their launch's step."""
     if steps.num_rows == 0 or events.num_rows == 0:
         return events
+    return events.set_column(events.schema.get_field_index("step"), "step",
+                             pa.array(step_column(events, steps), pa.int32()))
+
+
+def step_column(events: pa.Table, steps: pa.Table) -> npt.NDArray[np.int32]:
+    """The step of each row of `events` (sorted by rank, ts; needs rank, ts, kind, correlation)."""
     rank = events.column("rank").to_numpy()
     ts = events.column("ts").to_numpy()
     step = np.full(events.num_rows, NONE, np.int32)
@@ -94,22 +101,37 @@ def assign_steps(events: pa.Table, steps: pa.Table) -> pa.Table:
             continue
         found = keys[pos] == corr[devices]
         step[devices[found]] = step[order[pos[found]]]
-    return events.set_column(
-        events.schema.get_field_index("step"), "step", pa.array(step, pa.int32())
-    )
+    return step
+
+
+def event_order(events: pa.Table) -> npt.NDArray[np.int64]:
+    """Order by rank then time, stable: the same input always gives the same table."""
+    return np.lexsort((events.column("ts").to_numpy(), events.column("rank").to_numpy()))
 
 
 def sort_events(events: pa.Table) -> pa.Table:
-    """Order by rank then time, stable: the same input always gives the same table."""
-    order = np.lexsort((events.column("ts").to_numpy(), events.column("rank").to_numpy()))
-    return events.take(pa.array(order))
+    return events.take(pa.array(event_order(events)))
 
 
-def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
-    parts = [t.cast(schema) for t in tables if t.num_rows]
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts, promote_options="permissive").unify_dictionaries().cast(schema)
+SLICE = 16_384
+
+
+def write_events_sorted(run: Run, events: pa.Table, steps: pa.Table) -> None:
+    """Sort, mark steps and write in slices: memory holds the table plus one slice."""
+    events = events.combine_chunks() if events.num_rows else events
+    order = event_order(events)
+    keys = events.select(["rank", "ts", "kind", "correlation"]).take(pa.array(order))
+    step = (step_column(keys, steps) if steps.num_rows and events.num_rows
+            else np.full(events.num_rows, NONE, np.int32))
+    del keys
+    at = events.schema.get_field_index("step")
+
+    def slices() -> Iterator[pa.Table]:
+        for i in range(0, len(order), SLICE):
+            part = events.take(pa.array(order[i:i + SLICE]))
+            yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
+
+    run.write_batches("events", slices())
 
 
 def _warnings(source: str, counts: Counter[str]) -> list[Warning_]:
@@ -129,24 +151,30 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
               progress: Progress | None) -> pa.Table:
     """In memory: read every file, then sort and mark steps with numpy. Returns events."""
     opts = ReadOptions(drop_bad_events=options.drop_bad_events)
-    parts: list[TraceTables] = []
+    events_parts: list[pa.Table] = []
+    others: list[TraceTables] = []
     for i, path in enumerate(paths):
         if progress:
             progress(f"reading {path.name}", i, len(paths))
-        meta, tables = read_trace(path, i, opts)
-        tables = _with_rank(tables, _rank(options, i, meta))
-        parts.append(tables)
-        _describe(manifest, run.add_raw(path), _rank(options, i, meta), meta,
-                  tables.events.num_rows)
+        meta, tables = read_trace(path, i, opts, spill_dir=run.path)
+        rank = _rank(options, i, meta)
+        tables = _with_rank(tables, rank)
+        events_parts.append(tables.events)
+        others.append(TraceTables(EVENTS.empty_table(), tables.flows, tables.counters,
+                                  tables.steps))
+        del tables
+        _describe(manifest, run.add_raw(path), rank, meta, events_parts[-1].num_rows)
     if progress:
         progress("writing tables", len(paths), len(paths))
-    steps = _concat([p.steps for p in parts], STEPS)
-    events = assign_steps(sort_events(_concat([p.events for p in parts], EVENTS)), steps)
-    run.write_table("events", events)
+    steps = concat([p.steps for p in others], STEPS)
     run.write_table("steps", steps)
-    run.write_table("flows", _concat([p.flows for p in parts], FLOWS))
-    run.write_table("counters", _concat([p.counters for p in parts], COUNTERS))
-    return events
+    run.write_table("flows", concat([p.flows for p in others], FLOWS))
+    run.write_table("counters", concat([p.counters for p in others], COUNTERS))
+    del others
+    unsorted = concat(events_parts, EVENTS)
+    del events_parts
+    write_events_sorted(run, unsorted, steps)
+    return unsorted.select(["rank", "rf_id", "external_id"])
 
 
 def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,

@@ -61,7 +61,9 @@ class KArgs(msgspec.Struct):
 
 
 class KTrace(msgspec.Struct):
-    traceEvents: list[KEvent]
+    """A whole trace file; events stay raw text until decoded chunk by chunk."""
+
+    traceEvents: list[msgspec.Raw]
     baseTimeNanoseconds: int | None = None
     deviceProperties: list[dict[str, Any]] = []
     distributedInfo: dict[str, Any] = {}
@@ -122,6 +124,7 @@ class TraceMeta:
     processes: dict[str, str] = field(default_factory=dict)
     threads: dict[str, str] = field(default_factory=dict)
     warnings: Counter[str] = field(default_factory=Counter)
+    begin_end: list[KEvent] = field(default_factory=list)
 
 
 @dataclass
@@ -150,22 +153,49 @@ def read_bytes(path: Path) -> bytes:
         raise TraceFormatError(path, "", f"cannot read ({exc.strerror or exc})") from None
     if head == b"\x1f\x8b":
         try:
-            return gzip.decompress(data)
+            return _gunzip(data)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})") from None
     return data
 
 
+def _gunzip(data: bytes) -> bytes:
+    """gzip.decompress without its growing buffer (which peaks at twice the output).
+
+    The trailer's ISIZE (size mod 4 GiB) sizes the output buffer once. zlib stops
+    after the first member, so the result is trusted only when it matches the
+    trailer's size and CRC; otherwise (multi-member files) the standard path runs.
+    """
+    crc = int.from_bytes(data[-8:-4], "little")
+    isize = int.from_bytes(data[-4:], "little")
+    out = zlib.decompress(data, wbits=31, bufsize=max(isize, 1))
+    if len(out) % 2**32 == isize and zlib.crc32(out) == crc:
+        return out
+    return gzip.decompress(data)
+
+
 def decode(path: Path, data: bytes) -> KTrace:
-    """Typed decode of a whole trace; a bare top-level array is the Chrome 'array' format."""
+    """Split a trace into metadata and raw events; a bare array is the Chrome 'array' format."""
     try:
         if data.lstrip()[:1] == b"[":
-            return KTrace(traceEvents=msgspec.json.decode(data, type=list[KEvent]))
+            return KTrace(traceEvents=msgspec.json.decode(data, type=list[msgspec.Raw]))
         return msgspec.json.decode(data, type=KTrace)
     except msgspec.ValidationError as exc:
         raise TraceFormatError(path, "json", f"wrong structure: {exc}") from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+
+
+_AT_INDEX = re.compile(r"\$\[(\d+)\]")
+
+
+def decode_events(path: Path, raws: Sequence[msgspec.Raw], first: int) -> list[KEvent]:
+    """Typed decode of a slice of traceEvents; errors name the index in the whole file."""
+    try:
+        return msgspec.json.decode(b"[" + b",".join(raws) + b"]", type=list[KEvent])
+    except msgspec.ValidationError as exc:
+        where = _AT_INDEX.sub(lambda m: f"$.traceEvents[{int(m.group(1)) + first}]", str(exc))
+        raise TraceFormatError(path, "json", f"wrong structure: {where}") from None
 
 
 def _int_or_none(values: Sequence[object]) -> npt.NDArray[np.int64]:
@@ -197,6 +227,9 @@ def _string_array(raws: Sequence[msgspec.Raw]) -> pa.Array:
     offsets = np.zeros(len(raws) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     data = b"".join(raws)
+    if offsets[-1] < 2**31:
+        return pa.StringArray.from_buffers(len(raws), pa.py_buffer(offsets.astype(np.int32)),
+                                           pa.py_buffer(data))
     return pa.LargeStringArray.from_buffers(
         len(raws), pa.py_buffer(offsets), pa.py_buffer(data)
     ).cast(pa.string())
@@ -254,7 +287,7 @@ def _check_times(path: Path, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.fl
             raise TraceFormatError(
                 path,
                 f"traceEvents[{int(index[first])}]",
-                f"{what}: ts={ts[first]!r} dur={dur[first]!r} us"
+                f"{what}: ts={float(ts[first])} dur={float(dur[first])} us"
                 f" ({int(bad.sum())} such events; --drop-bad-events drops them)",
             )
         meta.warnings[f"dropped events with {what}"] += int(bad.sum())
@@ -331,11 +364,8 @@ def tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank: 
 
     spans = [events[i] for i in rows_with("X", "i", "I").tolist()]
     span_index = rows_with("X", "i", "I") + first_index
-    begin_end = [events[i] for i in rows_with("B", "E").tolist()]
-    if begin_end:
-        paired = _pair_begin_end(begin_end, meta)
-        spans += paired
-        span_index = np.concatenate([span_index, np.full(len(paired), NONE, np.int64)])
+    # B/E pairs may straddle chunks: they are paired once, in finish().
+    meta.begin_end += [events[i] for i in rows_with("B", "E").tolist()]
 
     flows = _flow_table(path, [events[i] for i in rows_with("s", "f", "t").tolist()],
                         meta, rank, opts)
@@ -464,10 +494,107 @@ def trace_meta(path: Path, trace: KTrace) -> TraceMeta:
     )
 
 
-def read_trace(path: Path, rank_hint: int, opts: ReadOptions) -> tuple[TraceMeta, TraceTables]:
-    """Read one trace file fully into memory."""
+CHUNK = 5_000
+
+
+def finish(path: Path, meta: TraceMeta, rank: int, opts: ReadOptions) -> TraceTables:
+    """The rows that need the whole file: B/E events paired into complete events."""
+    paired = _pair_begin_end(meta.begin_end, meta) if meta.begin_end else []
+    meta.begin_end = []
+    index = np.full(len(paired), NONE, np.int64)
+    events, steps = _span_table(path, paired, index, meta, rank, opts)
+    return TraceTables(events, FLOWS.empty_table(), COUNTERS.empty_table(), steps)
+
+
+def concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Concatenate same-schema tables (zero-copy), merging their dictionaries."""
+    parts = [t.cast(schema) for t in tables if t.num_rows]
+    if not parts:
+        return schema.empty_table()
+    return pa.concat_tables(parts).unify_dictionaries().cast(schema)
+
+
+def concat_parts(parts: Sequence[TraceTables]) -> TraceTables:
+    return TraceTables(
+        concat([p.events for p in parts], EVENTS), concat([p.flows for p in parts], FLOWS),
+        concat([p.counters for p in parts], COUNTERS), concat([p.steps for p in parts], STEPS))
+
+
+def read_trace(path: Path, rank_hint: int, opts: ReadOptions,
+               spill_dir: Path | None = None) -> tuple[TraceMeta, TraceTables]:
+    """Read one trace file in memory, decoding events a chunk at a time.
+
+    Only one chunk of event structs exists at once; the rest stay as raw views
+    into the JSON text. With `spill_dir`, finished event rows wait in an
+    uncompressed Arrow file until the text is freed, so text and table never
+    coexist in memory: the peak is about the text plus one chunk.
+    """
     trace = decode(path, read_bytes(path))
     meta = trace_meta(path, trace)
     rank = meta.rank if meta.rank is not None else rank_hint
-    tables = tables_from_events(path, trace.traceEvents, meta, rank, opts)
+    raws, trace.traceEvents = trace.traceEvents, []
+    parts = []
+    spill = _EventSpill(spill_dir / f".{path.name}.events.arrow") if spill_dir else None
+    try:
+        for first in range(0, len(raws), CHUNK):
+            events = decode_events(path, raws[first:first + CHUNK], first)
+            part = tables_from_events(path, events, meta, rank, opts, first_index=first)
+            del events
+            parts.append(spill.add(part) if spill else part)
+        del raws
+        parts.append(finish(path, meta, rank, opts))
+        tables = concat_parts(parts)
+        if spill:
+            tables.events = concat([spill.read(), tables.events], EVENTS)
+    finally:
+        if spill:
+            spill.close()
     return meta, tables
+
+
+class _EventSpill:
+    """Event rows parked in an uncompressed Arrow IPC file (fast to write and read back).
+
+    The dictionary columns (kind, name) are small and differ per chunk, which IPC
+    files cannot hold, so they stay in memory.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.kept: list[pa.Table] = []
+
+    def add(self, part: TraceTables) -> TraceTables:
+        if part.events.num_rows:
+            if self.writer is None:
+                self.writer = pa.ipc.new_file(self.path, _SPILLED)
+            self.writer.write_table(part.events.select(_SPILLED.names))
+            self.kept.append(part.events.select(_KEPT))
+        return TraceTables(EVENTS.empty_table(), part.flows, part.counters, part.steps)
+
+    def read(self) -> pa.Table:
+        if self.writer is None:
+            return EVENTS.empty_table()
+        self.writer.close()
+        self.writer = None
+        kept = pa.concat_tables(self.kept).unify_dictionaries().combine_chunks()
+        self.kept = []
+        # Column by column, each made contiguous (later sorts take from it without copying
+        # the whole column again), so only one column exists twice at any moment.
+        columns: dict[str, pa.Array] = {name: kept.column(name) for name in _KEPT}
+        for i, name in enumerate(_SPILLED.names):
+            options = pa.ipc.IpcReadOptions(included_fields=[i])
+            with pa.OSFile(str(self.path), "rb") as f:
+                column = pa.ipc.open_file(f, options=options).read_all().column(0)
+            columns[name] = column.combine_chunks()
+            del column
+        return pa.table({name: columns[name] for name in EVENTS.names}).cast(EVENTS)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.path.unlink(missing_ok=True)
+
+
+_KEPT = [f.name for f in EVENTS if pa.types.is_dictionary(f.type)]
+_SPILLED = pa.schema([f for f in EVENTS if f.name not in _KEPT])

@@ -82,12 +82,5 @@ def merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: 
 
 def _rewrite_typed(run: Run, source: Path) -> None:
     """Re-encode DuckDB's plain-string columns to the Run's schema, one row group at a time."""
-    schema = TABLES["events"]
-    target = run.table_path("events")
-    tmp = target.with_name(".events.merging.tmp")
     reader = pq.ParquetFile(source)
-    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-        for i in range(reader.num_row_groups):
-            group = reader.read_row_group(i)
-            writer.write_table(group.select(schema.names).cast(schema))
-    tmp.replace(target)
+    run.write_batches("events", (reader.read_row_group(i) for i in range(reader.num_row_groups)))

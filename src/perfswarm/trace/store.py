@@ -13,7 +13,7 @@ import platform
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
@@ -117,6 +117,12 @@ def _disk_error(path: Path, exc: OSError) -> PerfswarmError:
     return PerfswarmError(f"{path}: cannot write ({exc.strerror or exc})")
 
 
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Parquet dictionary pages only where Arrow has dictionaries: for unique text (args)
+    they cost a hash table of every value and save nothing."""
+    return [f.name for f in schema if pa.types.is_dictionary(f.type)]
+
+
 class Run:
     """A Run directory. Cheap to construct; tables are read on demand."""
 
@@ -191,7 +197,31 @@ class Run:
         fd, tmp = tempfile.mkstemp(dir=self.tables_dir, prefix=f".{name}.", suffix=".tmp")
         os.close(fd)
         try:
-            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20,
+                           use_dictionary=_dictionary_columns(table.schema))
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise _disk_error(path, exc) from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def write_batches(self, name: str, parts: Iterable[pa.Table]) -> None:
+        """Write a table from consecutive parts (bounded memory), atomically."""
+        schema = TABLES[name]
+        self.tables_dir.mkdir(parents=True, exist_ok=True)
+        path = self.table_path(name)
+        fd, tmp = tempfile.mkstemp(dir=self.tables_dir, prefix=f".{name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            with pq.ParquetWriter(tmp, schema, compression="zstd",
+                                  use_dictionary=_dictionary_columns(schema)) as writer:
+                for part in parts:
+                    writer.write_table(part.select(schema.names).cast(schema),
+                                       row_group_size=1 << 20)
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):

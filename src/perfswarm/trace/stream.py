@@ -28,6 +28,8 @@ from perfswarm.trace.kineto import (
     KTrace,
     ReadOptions,
     TraceMeta,
+    TraceTables,
+    finish,
     tables_from_events,
     trace_meta,
 )
@@ -98,6 +100,13 @@ def _batches(path: Path) -> Iterator[list[KEvent]]:
 
 
 SPILLED = ("events", "flows", "counters", "steps")
+
+
+def _write(writers: dict[str, pq.ParquetWriter], part: TraceTables) -> None:
+    for name, table in zip(SPILLED, (part.events, part.flows, part.counters, part.steps),
+                           strict=True):
+        if table.num_rows:
+            writers[name].write_table(table.cast(_SCHEMAS[name]))
 _SCHEMAS = {"events": EVENTS, "flows": FLOWS, "counters": COUNTERS, "steps": STEPS}
 
 
@@ -120,10 +129,8 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
             part = tables_from_events(path, batch, meta, rank, opts, first_index=first)
             first += len(batch)
             rows += part.events.num_rows
-            for name, table in zip(SPILLED, (part.events, part.flows, part.counters,
-                                             part.steps), strict=True):
-                if table.num_rows:
-                    writers[name].write_table(table.cast(_SCHEMAS[name]))
+            _write(writers, part)
+        _write(writers, finish(path, meta, rank, opts))
     finally:
         for w in writers.values():
             w.close()

@@ -57,7 +57,11 @@ class _Writer:
                    "ts": _us(t), "dur": _us(dur),
                    "args": {"External id": self.external, "Record function id": self.external,
                             "Sequence number": step, "Input Dims": dims,
-                            "Input type": ["float", "float"], "Ev Idx": self.external}}
+                            "Input type": ["float", "float"],
+                            "Input Strides": [[dims[0][1], 1], [dims[1][1], 1]],
+                            "Concrete Inputs": ["", ""], "Fwd thread id": 0,
+                            "Module Hierarchy": "model.encoder.layers.3.mlp.fc1",
+                            "Ev Idx": self.external}}
             launch_ts = t + dur // 3
             launch_dur = rng.randrange(3_000, 9_000)
             yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
@@ -74,6 +78,8 @@ class _Writer:
                    "args": {"External id": self.external, "queued": 0, "device": 0,
                             "context": 1, "stream": stream, "correlation": self.correlation,
                             "registers per thread": 64, "shared memory": 0,
+                            "blocks per SM": round(rng.random() * 4, 6),
+                            "warps per SM": round(rng.random() * 64, 6),
                             "grid": [rng.randrange(1, 512), 1, 1], "block": [256, 1, 1],
                             "est. achieved occupancy %": rng.randrange(10, 100)}}
             yield {"ph": "f", "id": self.correlation, "pid": 0, "tid": stream, "ts": _us(k_ts),
@@ -129,9 +135,18 @@ def trace(events: int = 200_000, seed: int = 0, rank: int = 0) -> dict[str, Any]
     }
 
 
+def dumps(data: dict[str, Any]) -> bytes:
+    """Kineto's layout: one event per line inside `traceEvents`, metadata around it."""
+    head = {k: v for k, v in data.items() if k not in ("traceEvents", "baseTimeNanoseconds")}
+    lines = b",\n".join(orjson.dumps(e) for e in data["traceEvents"])
+    tail = orjson.dumps(data.get("baseTimeNanoseconds"))
+    return (orjson.dumps(head)[:-1] + b', "traceEvents": [\n' + lines
+            + b'\n], "baseTimeNanoseconds": ' + tail + b"}\n")
+
+
 def write(path: Path, events: int = 200_000, seed: int = 0, rank: int = 0) -> Path:
     """Write a synthetic trace as `.json` or `.json.gz` (by suffix); returns the path."""
-    data = orjson.dumps(trace(events, seed, rank), option=orjson.OPT_INDENT_2)
+    data = dumps(trace(events, seed, rank))
     if path.suffix == ".gz":
         data = gzip.compress(data, compresslevel=3, mtime=0)
     path.write_bytes(data)

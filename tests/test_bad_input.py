@@ -1,0 +1,115 @@
+"""Bad input: one line naming the file and the problem, exit 2, nothing half-written."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from conftest import corpus
+
+from perfswarm.cli.main import main
+
+
+def _event(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
+                               "tid": 1, "ts": 10.0, "dur": 5.0, "args": {"External id": 1}}
+    base.update(over)
+    return base
+
+
+def _write(tmp: Path, name: str, data: bytes) -> Path:
+    path = tmp / name
+    path.write_bytes(data)
+    return path
+
+
+def _trace(*events: dict[str, object]) -> bytes:
+    return json.dumps({"traceEvents": list(events)}).encode()
+
+
+CASES = {
+    "truncated gzip": ("t.json.gz", gzip.compress(_trace(_event()) * 50)[:-20],
+                       "corrupt or truncated gzip"),
+    "invalid json": ("t.json", b'{"traceEvents": [{"ph": "X",, }]}', "invalid JSON"),
+    "truncated json": ("t.json", _trace(_event())[:-5], "invalid JSON"),
+    "no traceEvents": ("t.json", b'{"schemaVersion": 1}', "missing required field `traceEvents`"),
+    "ts is a string": ("t.json", _trace(_event(), _event(ts="soon")),
+                       "Expected `float`, got `str` - at `$.traceEvents[1].ts`"),
+    "correlation is a list": ("t.json", _trace(_event(args={"correlation": [1]})),
+                              "wrong field type"),
+    "negative duration": ("t.json", _trace(_event(), _event(dur=-3.0)),
+                          "(traceEvents[1]): negative duration: ts=10.0 dur=-3.0 us"),
+    "absurd duration": ("t.json", _trace(_event(dur=1e15)), "absurd duration"),
+    "not an object": ("t.json", b'"hello"', "wrong structure"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_bad_trace_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         case: str, streaming: str) -> None:
+    name, data, message = CASES[case]
+    path = _write(tmp_path, name, data)
+    out = tmp_path / "out.run"
+    code = main(["import", str(path), "-o", str(out), "-q", "--streaming", streaming])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert str(path) in err
+    if streaming == "never" or case not in ("ts is a string",):
+        assert message.split(" - at")[0] in err or message in err
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [path]  # no partial run directory left
+
+
+def test_drop_bad_events_keeps_the_rest_and_warns(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.json", _trace(_event(), _event(dur=-3.0), _event(ts=20.0)))
+    out = tmp_path / "out.run"
+    assert main(["import", str(path), "-o", str(out), "-q", "--drop-bad-events"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {"source": "t.json", "what": "dropped events with negative duration",
+            "count": 1} in manifest["warnings"]
+    assert main(["sql", str(out), "select count(*) from events"]) == 0
+
+
+def test_suspicious_data_is_kept_and_counted(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.json", _trace(_event(cat="brand_new_cat"), _event(ph="Q"),
+                                             _event(ph="B", ts=1.0), _event(ph="E", ts=4.0)))
+    out = tmp_path / "out.run"
+    assert main(["import", str(path), "-o", str(out), "-q"]) == 0
+    warnings = {w["what"]: w["count"] for w in
+                json.loads((out / "manifest.json").read_text())["warnings"]}
+    assert warnings == {"unknown category 'brand_new_cat' (kept as kind 'other')": 1,
+                        "unsupported event phase 'Q' (skipped)": 1}
+
+
+def test_missing_file_and_existing_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["import", str(tmp_path / "nope.json"), "-o", str(tmp_path / "r")]) == 2
+    assert "nope.json: no such file" in capsys.readouterr().err
+    out = tmp_path / "r.run"
+    assert main(["import", str(corpus("compare_base")), "-o", str(out), "-q"]) == 0
+    before = (out / "manifest.json").read_bytes()
+    assert main(["import", str(corpus("compare_test")), "-o", str(out), "-q"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (out / "manifest.json").read_bytes() == before
+
+
+def test_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(tmp_path)]) == 2
+    assert "not a perfswarm Run" in capsys.readouterr().err
+
+
+def test_sql_is_read_only(corpus_runs: dict[str, object], capsys: pytest.CaptureFixture[str]
+                          ) -> None:
+    run = corpus_runs["compare_base"]
+    path = str(run.path)  # type: ignore[attr-defined]
+    for sql in ("DELETE FROM events", "CREATE TABLE x AS SELECT 1",
+                "COPY (SELECT 1) TO 'x.csv'", "SELECT 1; DROP VIEW events",
+                "SELECT * FROM read_csv('/etc/passwd')", "SET enable_external_access = true"):
+        assert main(["sql", path, sql]) == 2, sql
+        err = capsys.readouterr().err
+        assert err.startswith("perfswarm: error: sql:"), err
+    assert main(["sql", path, "SELECT count(*) AS n FROM events", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 33}]
