@@ -1,0 +1,208 @@
+"""Critical path, stragglers, run diff and function swarms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import TRACES, corpus
+from perfswarm.analyze.critical_path import _build, critical_path, sync_events
+from perfswarm.analyze.diff import diff
+from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.analyze.stragglers import stragglers
+from perfswarm.analyze.summary import diff_runs
+from perfswarm.analyze.swarms import swarms
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.schema import EVENTS, SAMPLES, STACKS
+from perfswarm.trace.store import Run
+
+US = 1000
+COLUMNS = ("rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation")
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+
+def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Events:
+    """An events table from (rank, ts, dur, kind, name, tid, device, stream, correlation)."""
+    cols = {c: [r[i] for r in rows] for i, c in enumerate(COLUMNS)}
+    n = len(rows)
+    table = pa.table({**cols, "pid": [1] * n, "external_id": [-1] * n, "rf_id": [-1] * n,
+                      "step": [-1] * n, "args": ["{}"] * n})
+    table = table.select(EVENTS.names).cast(EVENTS)
+    return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))
+
+
+def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["event_sync"]
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev))
+    assert path is not None
+    # ends with cudaDeviceSynchronize (512482 us); cudaEventSynchronize waited for the 36 us
+    # spin kernel (ended 512408, call returned 512416), launched at 512362..512371
+    assert path.end % 10**9 == 512_482_000 and path.length_ns == 2577 * US
+    assert sum(path.ns.values()) == path.length_ns
+    assert (path.ns["sync"], path.ns["kernel"], path.ns["launch_latency"]) == (8 * US, 36 * US,
+                                                                             1 * US)
+    # the rest is the launching thread, per ns: in a runtime call, in another op, or neither
+    host = ev.host_busy & (ev.tid == 948300)
+    base = path.end - 512_482_000
+    t = np.arange(path.start, path.end, US)  # the trace's times are whole microseconds
+    on_host = (t < base + 512_371_000) | (t >= base + 512_416_000)
+    in_call = np.zeros(len(t), bool)
+    busy = np.zeros(len(t), bool)
+    for s, e, k in zip(ev.ts[host], ev.end[host], ev.kind[host], strict=True):
+        cover = (t >= s) & (t < e)
+        busy |= cover
+        if k == KIND["runtime"]:
+            in_call |= cover
+    assert path.ns["runtime"] == int((on_host & in_call).sum()) * US == 120 * US
+    assert path.ns["cpu"] == int((on_host & busy & ~in_call).sum()) * US == 2271 * US
+    assert path.ns["host_idle"] == int((on_host & ~busy).sum()) * US == 141 * US
+
+
+def test_stream_wait_event_links_streams(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["event_sync_multi"]
+    ev = Events.load(run)
+    g = _build(ev, sync_events(run, ev))
+    # cudaStreamWaitEvent (corr 1389): stream 24 waits for the event recorded (corr 1385)
+    # after the sgemm launched on stream 20 (corr 27); stream 24's next op is memset 1411
+    ((waiter, recorded),) = g.waits_for.items()
+    assert (ev.stream[waiter], ev.correlation[waiter]) == (24, 1411)
+    assert (ev.stream[recorded], ev.correlation[recorded]) == (20, 27)
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_critical_path_partitions_its_span(corpus_runs: dict[str, Run], name: str) -> None:
+    run = corpus_runs[name]
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev))
+    assert path is not None
+    assert sum(path.ns.values()) == path.length_ns > 0
+    assert all(v >= 0 for v in path.ns.values())
+
+
+def _two_ranks() -> Events:
+    return events([
+        (0, 0, 100, "cpu_op", "step", 1, -1, -1, -1),
+        (0, 10, 10, "runtime", "cudaLaunchKernel", 1, -1, -1, 1),
+        (0, 30, 170, "collective", ALLREDUCE, 0, 0, 7, 1),
+        (1, 0, 150, "cpu_op", "step", 1, -1, -1, -1),
+        (1, 120, 10, "runtime", "cudaLaunchKernel", 1, -1, -1, 1),
+        (1, 140, 50, "collective", ALLREDUCE, 0, 0, 7, 1),
+    ])
+
+
+def test_critical_path_follows_the_late_rank() -> None:
+    path = critical_path(_two_ranks(), [])
+    assert path is not None
+    # rank 0's all-reduce ends at 200 but could only finish after rank 1 entered it (140);
+    # rank 1 launched it at 120..130 after 120 ns of its own op
+    assert (path.start, path.end, path.rank_switches) == (0, 200, 1)
+    assert {k: v for k, v in path.ns.items() if v} == {
+        "collective": 60, "launch_latency": 10, "runtime": 10, "cpu": 120}
+
+
+def test_stragglers_hand_made() -> None:
+    result = stragglers(_two_ranks())
+    assert (result.instances, result.max_skew_ns, result.straggler) == (1, 110, 1)
+    assert result.worst[0].starts == {0: 30, 1: 140}
+
+
+def test_stragglers_two_ranks_of_one_trace(tmp_path: Path) -> None:
+    path = corpus("nccl")
+    run = import_traces([path, path], tmp_path / "two.run", ImportOptions(ranks=(0, 1)),
+                        ["test"])
+    table = run.table("events")
+    ev = Events.from_table(table)
+    assert stragglers(ev).max_skew_ns == 0  # the same trace twice: every rank in lockstep
+    coll = np.flatnonzero((ev.rank == 1) & ev.of_kind("collective"))
+    third = coll[np.argsort(ev.ts[coll], kind="stable")][2]
+    ts = table.column("ts").to_numpy().copy()
+    ts[third] += 500 * US
+    shifted = Events.from_table(table.set_column(1, "ts", pa.array(ts)))
+    result = stragglers(shifted)
+    assert result.instances == 21
+    assert (result.max_skew_ns, result.total_skew_ns, result.straggler) == (500 * US,
+                                                                          500 * US, 1)
+    assert [(r.rank, r.last_count, r.held_back_ns) for r in result.ranks] == [
+        (0, 0, 0), (1, 1, 500 * US)]
+
+
+def test_diff_trace_compare(corpus_runs: dict[str, Run]) -> None:
+    result = diff_runs(corpus_runs["compare_base"], corpus_runs["compare_test"])
+    top = [(o.kind, o.name, o.a_count, o.b_count, o.delta_ns, o.per_iteration_delta_ns)
+           for o in result.ops[:3]]
+    # test adds three cpu ops inside step 1010 (2 steps each side)
+    assert top == [("cpu_op", "All2All_Pooled_Req", 0, 1, 311 * US, 155.5 * US),
+                   ("cpu_op", "AddmmBackward0", 0, 1, 207 * US, 103.5 * US),
+                   ("cpu_op", "CatBackward0", 0, 1, 11 * US, 5.5 * US)]
+    last = result.ops[-1]
+    assert (last.kind, last.name, last.a_count, last.b_count, last.delta_ns) == (
+        "user_annotation", "nccl:all_reduce", 2, 1, -67 * US)
+    assert (result.only_a, result.only_b) == (0, 3)
+    assert [(s.a_step, s.b_step, s.a_ns - s.b_ns) for s in result.steps] == [
+        (1009, 1009, 0), (1010, 1010, 0)]
+
+
+def test_diff_of_a_run_with_itself_is_zero(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    steps = iterations(run, ev).steps[0]
+    result = diff(ev, steps, ev, steps, top=None)
+    assert all(o.delta_ns == 0 for o in result.ops) and result.only_a == result.only_b == 0
+
+
+def _samples(groups: int = 3, variants: int = 8, n: int = 600) -> tuple[pa.Table, pa.Table,
+                                                                        np.ndarray]:
+    """Stacks in `groups` code regions (distinct leaf module, function, address range)."""
+    regions = [("libtorch_cuda.so", 0x10000, ["at::native::conv2d", "at::native::convolution",
+                                              "torch::autograd::Engine::execute"]),
+               ("python3.11", 0x900000, ["PyEval_EvalFrame", "dataloader.__next__", "collate"]),
+               ("libc.so.6", 0x50000, ["__memmove_avx", "aten::copy_", "train_step"])][:groups]
+    stacks: dict[str, list[object]] = {k: [] for k in STACKS.names}
+    group_of = []
+    for g, (module, base, frames) in enumerate(regions):
+        for v in range(variants):
+            sid = len(group_of)
+            for depth, function in enumerate([*frames, f"caller_{v % 2}"]):
+                stacks["stack_id"].append(sid)
+                stacks["depth"].append(depth)
+                stacks["function"].append(function)
+                stacks["module"].append(module if depth == 0 else "libpython3.11.so")
+                stacks["address"].append(base + 16 * v + 4096 * depth)
+            group_of.append(g)
+    rng = np.random.default_rng(7)
+    chosen = rng.integers(0, len(group_of), n)
+    samples = pa.table({"rank": [0] * n, "ts": [1000 * i for i in range(n)],
+                        "source": ["perf"] * n, "pid": [1] * n, "tid": [1] * n,
+                        "stack_id": chosen.tolist(), "weight": [1] * n}).cast(SAMPLES)
+    return samples, pa.table(stacks).cast(STACKS), np.array(group_of)[chosen]
+
+
+def test_swarms_find_the_code_regions() -> None:
+    samples, stacks, truth = _samples()
+    result = swarms(samples, stacks)
+    assert result.k == 3 and result.silhouette is not None and result.silhouette > 0.5
+    expected = sorted((int((truth == g).sum()) for g in range(3)), reverse=True)
+    assert [s.samples for s in result.swarms] == expected
+    assert {s.caption for s in result.swarms} == {
+        "libtorch_cuda.so: at::native::conv2d", "python3.11: PyEval_EvalFrame",
+        "libc.so.6: __memmove_avx"}
+    assert sum(s.share for s in result.swarms) == pytest.approx(1.0)
+
+
+def test_swarms_by_iteration() -> None:
+    samples, stacks, _ = _samples(groups=2)
+    steps = {0: [StepWindow(0, 0, 300_000, "marker"), StepWindow(1, 300_000, 600_000, "marker")]}
+    result = swarms(samples, stacks, steps)
+    assert result.k == 2
+    for s in result.swarms:
+        assert set(s.steps) == {0, 1} and sum(s.steps.values()) == pytest.approx(1.0)
+
+
+def test_swarms_without_samples() -> None:
+    empty = swarms(SAMPLES.empty_table(), STACKS.empty_table())
+    assert (empty.k, empty.swarms) == (0, ())
