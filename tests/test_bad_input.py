@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import corpus
 
+from conftest import corpus
 from perfswarm.cli.main import main
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from conftest import CORPUS, ET, corpus
 
+from conftest import CORPUS, ET, corpus
 from perfswarm.trace.info import run_info
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run

@@ -481,16 +481,30 @@ def _steps(events: pa.Table, rank: int) -> pa.Table:
     ).cast(STEPS)
 
 
+def json_safe(value: Any) -> Any:
+    """Metadata as the manifest can hold it: integers beyond 64 bits become text."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return str(value)
+    return value
+
+
 def trace_meta(path: Path, trace: KTrace) -> TraceMeta:
+    base = trace.baseTimeNanoseconds or 0
+    if not 0 <= base < 2**62:
+        raise TraceFormatError(path, "baseTimeNanoseconds", f"out of range: {base}")
     rank = trace.distributedInfo.get("rank")
     info = {k: v for k, v in msgspec.structs.asdict(trace).items()
             if k not in ("traceEvents", "deviceProperties", "distributedInfo") and v is not None}
     return TraceMeta(
-        rank=rank if isinstance(rank, int) else None,
-        base_ns=trace.baseTimeNanoseconds or 0,
-        devices=list(trace.deviceProperties),
-        distributed=dict(trace.distributedInfo),
-        info=info,
+        rank=rank if isinstance(rank, int) and 0 <= rank < 2**31 else None,
+        base_ns=base,
+        devices=json_safe([d for d in trace.deviceProperties if isinstance(d, dict)]),
+        distributed=json_safe(dict(trace.distributedInfo)),
+        info=json_safe(info),
     )
 
 
