@@ -39,10 +39,13 @@ def diff_command(
             steps.add_row(str(s.index), str(s.a_step), str(s.b_step), ms(s.a_ns), ms(s.b_ns),
                           ms(s.b_ns - s.a_ns))
         console.print(steps)
-    ops = Table("kind", "name", "A count", "B count", "A", "B", "delta", "delta/iteration",
-                title="largest regressions first", title_justify="left")
+    ops = Table(title="largest regressions first", title_justify="left")
+    ops.add_column("kind")
+    ops.add_column("name", min_width=10, overflow="fold")
+    for header in ("count A→B", "ms A→B", "delta ms", "per iter"):
+        ops.add_column(header, justify="right")
     for o in result.ops:
-        per_it = "" if o.per_iteration_delta_ns is None else ms(o.per_iteration_delta_ns)
-        ops.add_row(o.kind, o.name[:60], str(o.a_count), str(o.b_count), ms(o.a_ns), ms(o.b_ns),
-                    ms(o.delta_ns), per_it)
+        per_it = "" if o.per_iteration_delta_ns is None else f"{o.per_iteration_delta_ns / 1e6:.3f}"
+        ops.add_row(o.kind, o.name[:60], f"{o.a_count}→{o.b_count}",
+                    f"{o.a_ns / 1e6:.3f}→{o.b_ns / 1e6:.3f}", f"{o.delta_ns / 1e6:+.3f}", per_it)
     console.print(ops)

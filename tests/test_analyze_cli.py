@@ -1,0 +1,74 @@
+"""`perfswarm analyze` and `perfswarm diff`: JSON keys, summaries, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfswarm.cli.main import main
+from perfswarm.trace.store import Run
+
+
+def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_analyze_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, ["analyze", str(corpus_runs["nccl"].path), "--json"])
+    assert set(data) == {"path", "events", "ranks", "iterations", "concurrency", "ops", "launch",
+                         "stragglers", "critical_path", "swarms"}
+    assert data["events"] == 26_935 and data["ranks"] == [0]
+    assert data["iterations"]["used"] == "marker"
+    assert [s["step"] for s in data["iterations"]["steps"]["0"]] == [4, 5, 6]
+    assert data["iterations"]["agreement"][0]["count_matches"] is True
+    total = data["concurrency"]["ranks"][0]["total"]
+    assert sum(total["ns"].values()) == total["span_ns"]
+    assert data["ops"]["categories"][0] == {"category": "communication", "count": 21,
+                                           "total_ns": 46_876_493,
+                                           "share": pytest.approx(0.28378, abs=1e-5)}
+
+
+def test_analyze_ignore_markers(corpus_runs: dict[str, Run],
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, ["analyze", str(corpus_runs["nccl"].path), "--json",
+                             "--ignore-markers"])
+    its = data["iterations"]
+    assert its["used"] == "detected" and its["markers"] == {} and len(its["steps"]["0"]) == 3
+    assert len(data["concurrency"]["ranks"][0]["iterations"]) == 3
+
+
+def test_analyze_is_deterministic(corpus_runs: dict[str, Run],
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["analyze", str(corpus_runs["simple_add"].path), "--json"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_analyze_summary(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(corpus_runs["event_sync"].path)]) == 0
+    out = capsys.readouterr().out
+    assert "concurrency" in out and "critical path 2.577 ms" in out and "launches" in out
+
+
+def test_diff_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, ["diff", str(corpus_runs["compare_base"].path),
+                             str(corpus_runs["compare_test"].path), "--json"])
+    assert data["ops"][0]["name"] == "All2All_Pooled_Req"
+    assert data["ops"][0]["delta_ns"] == 311_000 and data["only_b"] == 3
+    assert main(["diff", str(corpus_runs["compare_base"].path),
+                 str(corpus_runs["compare_test"].path)]) == 0
+    assert "+0.311" in capsys.readouterr().out  # the first row: All2All_Pooled_Req
+
+
+def test_bad_input(tmp_path: Path, corpus_runs: dict[str, Run],
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    base = str(corpus_runs["compare_base"].path)
+    assert main(["diff", base, base, "--rank-a", "5"]) == 2
+    assert "no rank 5" in capsys.readouterr().err
