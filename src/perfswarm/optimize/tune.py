@@ -2,9 +2,10 @@
 
 Each trial runs the user's command with one configuration and reads the per-step
 times it prints (`step N TIME ms`, as the bundled workloads do; the pattern is an
-option). Throughput is steps per second after the warm-up steps. Every measured
-step is reported to the pruner, so a configuration already slower than the median
-of earlier trials at the same step is stopped there instead of run to the end.
+option). Throughput is steps per second from the median step after the warm-up
+steps. Every measured step is reported to the pruner, so a configuration already
+slower than the median of earlier trials at the same step is stopped there instead
+of run to the end.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import os
 import re
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -147,9 +149,12 @@ class Measurement:
 
     @property
     def throughput(self) -> float:
-        """Steps per second over the steps after warm-up."""
-        total = sum(self.measured)
-        return len(self.measured) / total if total > 0 else 0.0
+        """Steps per second from the median step after warm-up: one step slowed by another
+        process on a shared machine should not decide between two configurations."""
+        if not self.measured:
+            return 0.0
+        median = statistics.median(self.measured)
+        return 1 / median if median > 0 else 0.0
 
 
 class Stopped(Exception):
@@ -348,7 +353,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         study = optuna.create_study(
             study_name=options.study, storage=storage, direction="maximize", load_if_exists=True,
             sampler=optuna.samplers.TPESampler(seed=options.seed),
-            pruner=optuna.pruners.MedianPruner(n_startup_trials=2,
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=3,
                                                n_warmup_steps=options.warmup + 1))
     except (ImportError, ValueError) as exc:  # unknown dialect, bad URL
         raise PerfswarmError(f"--storage {storage}: {exc}") from None
