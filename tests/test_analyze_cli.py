@@ -19,7 +19,7 @@ def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
 def test_analyze_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, ["analyze", str(corpus_runs["nccl"].path), "--json"])
     assert set(data) == {"path", "events", "ranks", "iterations", "concurrency", "ops", "launch",
-                         "stragglers", "critical_path", "swarms"}
+                         "stragglers", "critical_path", "swarms", "system"}
     assert data["events"] == 26_935 and data["ranks"] == [0]
     assert data["iterations"]["used"] == "marker"
     assert [s["step"] for s in data["iterations"]["steps"]["0"]] == [4, 5, 6]

@@ -16,8 +16,9 @@ from perfswarm.analyze.iterations import StepWindow, iterations
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarms import swarms
+from perfswarm.analyze.system import system_load
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.schema import EVENTS, SAMPLES, STACKS
+from perfswarm.trace.schema import COUNTERS, EVENTS, SAMPLES, STACKS
 from perfswarm.trace.store import Run
 
 US = 1000
@@ -206,3 +207,27 @@ def test_swarms_by_iteration() -> None:
 def test_swarms_without_samples() -> None:
     empty = swarms(SAMPLES.empty_table(), STACKS.empty_table())
     assert (empty.k, empty.swarms) == (0, ())
+
+
+def test_system_load_dominators_and_correlation() -> None:
+    t = np.arange(0, 2000, 10, dtype=np.int64)  # 200 samples, 10 ns apart
+    wave = (np.sin(t / 50.0) + 1) / 2
+    series = {
+        "cpu.core0.usr": np.where(t < 1000, 90.0, 10.0),  # percent
+        "cpu.core0.sys": np.full(len(t), 5.0),
+        "cpu.core0.iowait": np.where(t < 1000, 0.0, 60.0),
+        "gpu0.sm_util": 30.0 * wave,
+        "net.rx_bytes": np.cumsum(1 + 9 * wave),  # cumulative: its rate follows the wave
+    }
+    n = len(t)
+    table = pa.table({"rank": [0] * (n * len(series)), "ts": np.tile(t, len(series)),
+                      "name": [k for k in series for _ in range(n)],
+                      "device": [-1] * (n * len(series)),
+                      "value": np.concatenate(list(series.values()))}).cast(COUNTERS)
+    steps = {0: [StepWindow(0, 0, 1000, "marker"), StepWindow(1, 1000, 2000, "marker")]}
+    (load,) = system_load(table, steps)
+    assert [w.dominator for w in load.windows] == ["usr", "iowait"]
+    assert load.windows[0].mean["usr"] == pytest.approx(0.9)
+    assert load.windows[1].mean["iowait"] == pytest.approx(0.6)
+    assert load.gpu_correlation["net"] > 0.99
+    assert set(load.gpu_correlation) == {"cpu", "net"}

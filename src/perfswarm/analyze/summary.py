@@ -14,6 +14,7 @@ from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.ops import OpBreakdown, op_breakdown
 from perfswarm.analyze.stragglers import Stragglers, stragglers
 from perfswarm.analyze.swarms import Swarms, swarms
+from perfswarm.analyze.system import SystemLoad, system_load
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.store import Run
 
@@ -30,6 +31,7 @@ class Analysis:
     stragglers: Stragglers
     critical_path: CriticalPath | None
     swarms: Swarms
+    system: tuple[SystemLoad, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
@@ -38,7 +40,8 @@ class Analysis:
                 "launch": [s.to_dict() for s in self.launch],
                 "stragglers": self.stragglers.to_dict(),
                 "critical_path": self.critical_path.to_dict() if self.critical_path else None,
-                "swarms": self.swarms.to_dict()}
+                "swarms": self.swarms.to_dict(),
+                "system": [s.to_dict() for s in self.system]}
 
 
 def load(run: Run) -> Events:
@@ -56,7 +59,8 @@ def analyze(run: Run, *, ignore_markers: bool = False) -> Analysis:
         concurrency=concurrency(ev, its.steps), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev)),
-        swarms=swarms(run.table("samples"), run.table("stacks"), its.steps))
+        swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
+        system=system_load(run.table("counters"), its.steps))
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,

@@ -66,6 +66,11 @@ def _print(result: Analysis) -> None:
                       f"{cp.rank_switches} rank switches")
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
+    for load in result.system:
+        dominators = [f"{w.step}:{w.dominator}" for w in load.windows if w.dominator]
+        corr = ", ".join(f"{k} r={v:+.2f}" for k, v in load.gpu_correlation.items())
+        console.print(f"rank {load.rank} system: dominators {' '.join(dominators) or '-'}; "
+                      f"device utilization vs {corr or '-'}")
     st = result.stragglers
     if st.instances:
         console.print(f"collectives across ranks: {st.instances} instances, max skew "
