@@ -235,7 +235,7 @@ class TrialDict(TypedDict):
     state: str
     params: dict[str, Value]
     throughput: float | None
-    mean_step_s: float | None
+    median_step_s: float | None
     steps: int
 
 
@@ -275,10 +275,10 @@ class TuneResult:
 
     def to_dict(self) -> TuneDict:
         states = collections.Counter(t["state"] for t in self.trials)
-        mean = sum(self.baseline.measured) / len(self.baseline.measured)
+        median = statistics.median(self.baseline.measured)
         return TuneDict(command=list(self.command), study=self.study, storage=self.storage,
                         baseline={"throughput": round(self.baseline.throughput, 6),
-                                  "mean_step_s": round(mean, 9),
+                                  "median_step_s": round(median, 9),
                                   "steps": len(self.baseline.step_s)},
                         best=self.best, speedup=self.speedup, trials=len(self.trials),
                         pruned=states["PRUNED"], failed=states["FAIL"],
@@ -301,7 +301,7 @@ def _trial_row(t: optuna.trial.FrozenTrial) -> TrialDict:
     complete = t.state == optuna.trial.TrialState.COMPLETE
     return TrialDict(number=t.number, state=t.state.name, params=dict(sorted(t.params.items())),
                      throughput=round(float(t.value), 6) if complete and t.value else None,
-                     mean_step_s=round(sum(measured) / len(measured), 9) if measured else None,
+                     median_step_s=round(statistics.median(measured), 9) if measured else None,
                      steps=len(step_s))
 
 
