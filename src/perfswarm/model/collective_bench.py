@@ -175,7 +175,7 @@ def fit_link(measurements: tuple[Measurement, ...], world_size: int,
     design = np.column_stack([np.full_like(t, a) / t, b * n / t])
     (alpha, beta), _ = nnls(design, np.ones_like(t))
     return Link(f"{name}:{op}", float(alpha), float(beta), "switch",
-                f"fitted to {len(measurements)} sizes of {op} among {world_size} ranks")
+                f"fitted to {len(measurements)} measurements of {op} among {world_size} ranks")
 
 
 def fit(result: Sweep, config: CollectiveConfig = RING) -> dict[Op, Link]:

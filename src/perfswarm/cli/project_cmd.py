@@ -1,0 +1,64 @@
+"""`perfswarm project RUN --devices 1,2,4,... [--interconnect NAME|--bandwidth GB/s] [--scheme ...] [--json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, print_json
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.collectives import Scheme
+from perfswarm.optimize.project import project
+from perfswarm.trace.store import Run
+
+
+def _devices(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PerfswarmError(f"--devices: expected comma-separated integers, got {text!r}") from None
+
+
+@app.command("project")
+def project_command(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
+    devices: Annotated[str, typer.Option("--devices", help="Device counts, comma-separated.")] = "1,2,4,8,16,32,64,128,256",
+    interconnect: Annotated[str, typer.Option("--interconnect", help="Inter-node network (see model/interconnects.yaml).")] = "ib-ndr",
+    bandwidth: Annotated[float | None, typer.Option("--bandwidth", help="Override the network's achieved bandwidth, GB/s.")] = None,
+    scheme: Annotated[Scheme, typer.Option("--scheme", help="ring, tree or ps (parameter server).")] = "ring",
+    intra: Annotated[str | None, typer.Option("--intra", help="Intra-node link (default: NVSwitch of the Run's GPUs, else pcie4).")] = None,
+    per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
+    servers: Annotated[int, typer.Option("--servers", help="Parameter servers (scheme ps).")] = 1,
+    grad_bytes: Annotated[int | None, typer.Option("--grad-bytes", help="Gradient bytes per step when the Run has no all-reduce kernels.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+) -> None:
+    """Throughput and scaling efficiency on more devices, other interconnects and schemes."""
+    result = project(Run.open(run_dir), _devices(devices), interconnect_name=interconnect,
+                     bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
+                     servers=servers, grad_bytes=grad_bytes)
+    data = result.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    prof = data["profile"]
+    console.print(f"[bold]{run_dir}[/]: {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
+                  f"compute {prof['compute_ms']:.3f} ms/step, gradients {prof['grad_bytes'] / 1e6:,.1f} MB "
+                  f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped")
+    console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {result.per_node} per node, scheme {result.scheme}")
+    table = Table("devices", "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",
+                  title="projection (weak scaling: per-device batch fixed)")
+    for p in data["points"]:
+        table.add_row(str(p["devices"]), f"{p['step_ms']:.3f}", f"{p['comm_ms']:.3f}", f"{p['exposed_comm_ms']:.3f}",
+                      f"{p['efficiency']:.1%}", f"{p['throughput_per_s']:,.1f}")
+    console.print(table)
+    largest = data["points"][-1]["devices"]
+    options = Table("interconnect", "scheme", f"efficiency at {largest}", title_justify="left", title="alternatives")
+    for c in data["options"]:
+        options.add_row(c["interconnect"], c["scheme"], f"{c['efficiency']:.1%}")
+    console.print(options)
+    rec = data["recommended"]
+    console.print(f"[bold]choose[/] {rec['interconnect']} with {rec['scheme']}: {rec['efficiency']:.1%} efficiency at {largest} devices")

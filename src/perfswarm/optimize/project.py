@@ -1,0 +1,324 @@
+"""What-if projection of a training Run onto more devices, other interconnects and schemes.
+
+From the Run: per step and rank, the device-busy compute time (union of kernel, memcpy and memset
+intervals; collectives excluded), each collective's op and bytes (from its kernel's args), and the
+compute done before each collective was launched, which is when its gradients were ready. The
+projection replays every step on a compressed timeline: compute runs back to back, collectives run
+in order on their own stream, each starting at the latest arrival among the ranks (or when the
+previous one ends) and lasting as the alpha-beta model says for the target topology; the compute
+after the step's last collective (the optimizer) waits for it. Runs with several ranks keep each
+rank's own arrivals, so their skew shows up as collective waits; targets larger than the Run reuse
+the measured ranks cyclically.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.analyze.intervals import I64, union
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.collective_bench import Measurement, fit_link
+from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
+from perfswarm.model.topology import Link, Topology, interconnect
+from perfswarm.trace.store import Run
+
+COMPUTE_KINDS: Final = ("kernel", "memcpy", "memset")
+NETWORKS: Final = ("eth-100g", "ib-hdr", "eth-400g", "ib-ndr")
+GOOD_EFFICIENCY: Final = 0.9
+# Kineto's "Collective name" values -> model ops; barriers and point-to-point are not modelled.
+_OPS: Final[dict[str, Op]] = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "broadcast": "broadcast", "allgather": "all_gather", "all_gather": "all_gather",
+    "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all": "all_to_all",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
+}
+_DTYPE_BYTES: Final = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4,
+                       "short": 2, "char": 1, "byte": 1, "bool": 1, "float8_e4m3fn": 1,
+                       "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective of one step on one rank."""
+
+    op: Op
+    nbytes: int
+    ready_ns: int     # compute busy time of the step before the call was launched
+    dur_ns: int       # measured kernel time (includes any wait for other ranks)
+    world: int        # group size in the Run
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    rank: int
+    step: int
+    wall_ns: int
+    compute_ns: int
+    tail_ns: int      # compute after the last collective ended (waits for it)
+    overlapped_ns: int
+    calls: tuple[Call, ...]
+
+    @property
+    def collective_ns(self) -> int:
+        return sum(c.dur_ns for c in self.calls)
+
+
+@dataclass(frozen=True)
+class Profile:
+    ranks: tuple[int, ...]
+    steps: tuple[StepProfile, ...]
+    world: int
+    grad_bytes: int
+    grad_bytes_source: str
+
+    def per_step(self) -> dict[int, list[StepProfile]]:
+        out: dict[int, list[StepProfile]] = {}
+        for s in self.steps:
+            out.setdefault(s.step, []).append(s)
+        return out
+
+    @property
+    def overlap_fraction(self) -> float:
+        total = sum(s.collective_ns for s in self.steps)
+        return sum(s.overlapped_ns for s in self.steps) / total if total else 0.0
+
+    def measured_link(self) -> Link | None:
+        """Alpha-beta fitted to the Run's own all-reduce kernels (waits included)."""
+        ms = tuple(Measurement("all_reduce", c.nbytes, c.dur_ns * 1e-9) for s in self.steps
+                   for c in s.calls if c.op == "all_reduce" and c.dur_ns > 0)
+        if len({m.nbytes for m in ms}) < 2 or self.world < 2:
+            return None
+        return fit_link(ms, self.world, name="measured")
+
+    def to_dict(self) -> dict[str, Any]:
+        med = statistics.median
+        return {"ranks": list(self.ranks), "steps": len(self.per_step()), "world": self.world,
+                "grad_bytes": self.grad_bytes, "grad_bytes_source": self.grad_bytes_source,
+                "compute_ms": med(s.compute_ns for s in self.steps) / 1e6,
+                "step_wall_ms": med(s.wall_ns for s in self.steps) / 1e6,
+                "collective_ms": med(s.collective_ns for s in self.steps) / 1e6,
+                "collectives_per_step": med(len(s.calls) for s in self.steps),
+                "overlap_fraction": self.overlap_fraction}
+
+
+def _call(args_text: str, ready: int, dur: int) -> Call | None:
+    args = orjson.loads(args_text) if args_text else {}
+    op = _OPS.get(str(args.get("Collective name", "")).lower())
+    if op is None:
+        return None
+    dtype = str(args.get("dtype", "float")).lower()
+    elems = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
+    return Call(op, elems * _DTYPE_BYTES.get(dtype, 4), ready, dur,
+                int(args.get("Group size", 0) or 0))
+
+
+def _busy_before(starts: I64, ends: I64, t: int) -> int:
+    """Length of the (disjoint, sorted) intervals' part before t."""
+    return int(np.clip(np.minimum(ends, t) - starts, 0, None).sum())
+
+
+def _overlap(starts: I64, ends: I64, lo: int, hi: int) -> int:
+    return int(np.clip(np.minimum(ends, hi) - np.maximum(starts, lo), 0, None).sum())
+
+
+def _column(table: pa.Table, name: str) -> I64:
+    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+
+def profile(run: Run, grad_bytes: int | None = None) -> Profile:
+    """Per-step compute, collectives and overlap of every rank of the Run."""
+    table = run.table("events", columns=["rank", "ts", "dur", "kind", "step", "args"])
+    kinds = pc.cast(table.column("kind"), pa.string())
+    table = table.filter(pc.and_(pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"])),
+                                 pc.greater_equal(table.column("step"), 0)))
+    is_coll = pc.equal(pc.cast(table.column("kind"), pa.string()), "collective")
+    rank, step, ts, dur = (_column(table, c) for c in ("rank", "step", "ts", "dur"))
+    coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
+    args = table.column("args").to_pylist()
+    steps: list[StepProfile] = []
+    for r, s in sorted({(int(a), int(b)) for a, b in zip(rank, step, strict=True)}):
+        rows = (rank == r) & (step == s)
+        cs, ce = union(ts[rows & ~coll], ts[rows & ~coll] + dur[rows & ~coll])
+        if len(cs) == 0:
+            continue
+        calls: list[Call] = []
+        overlapped, last_end = 0, int(cs[0])
+        for i in np.flatnonzero(rows & coll):
+            start, end = int(ts[i]), int(ts[i] + dur[i])
+            call = _call(args[i] or "", _busy_before(cs, ce, start), int(dur[i]))
+            if call is not None:
+                calls.append(call)
+                overlapped += _overlap(cs, ce, start, end)
+                last_end = max(last_end, end)
+        compute = int((ce - cs).sum())
+        tail = compute - _busy_before(cs, ce, last_end) if calls else 0
+        lo = int(min(cs[0], ts[rows].min()))
+        hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
+        steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls)))
+    if not steps:
+        raise PerfswarmError(f"{run.path}: no device kernels inside steps; nothing to project")
+    world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
+    measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
+    if grad_bytes is not None:
+        if grad_bytes <= 0:
+            raise PerfswarmError(f"--grad-bytes: must be positive, got {grad_bytes}")
+        source = "--grad-bytes"
+        if not any(measured):
+            # No collectives to learn from: one all-reduce of the gradients after the backward.
+            steps = [StepProfile(st.rank, st.step, st.wall_ns, st.compute_ns, 0, 0,
+                                 (Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
+                     for st in steps]
+    elif any(measured):
+        grad_bytes, source = int(statistics.median(measured)), "collective kernels"
+    else:
+        raise PerfswarmError(f"{run.path}: no all-reduce kernels with sizes in the Run; "
+                             "give the gradient size with --grad-bytes")
+    return Profile(tuple(sorted({st.rank for st in steps})), tuple(steps), world, grad_bytes,
+                   source)
+
+
+def simulate_step(ranks: Sequence[StepProfile], topology: Topology,
+                  config: CollectiveConfig) -> tuple[float, float]:
+    """(step seconds, modelled collective seconds) of one step on `topology.devices` devices."""
+    p = topology.devices
+    compute = max(st.compute_ns for st in ranks) * 1e-9
+    if p == 1:
+        return compute, 0.0
+    ready_at = [[c.ready_ns * 1e-9 for c in st.calls] for st in ranks]
+    calls = ranks[0].calls
+    if any(len(st.calls) != len(calls) for st in ranks):
+        raise PerfswarmError(f"step {ranks[0].step}: ranks launched different numbers of "
+                             "collectives; cannot pair them")
+    members = [ready_at[i % len(ranks)] for i in range(min(p, len(ranks)))]
+    end, modelled = 0.0, 0.0
+    for k, call in enumerate(calls):
+        t = collective_time(call.op, call.nbytes, topology, config)
+        end = max(*(r[k] for r in members), end) + t
+        modelled += t
+    step = max(max((st.compute_ns - st.tail_ns) * 1e-9, end) + st.tail_ns * 1e-9 for st in ranks)
+    return max(step, compute), modelled
+
+
+@dataclass(frozen=True)
+class Point:
+    devices: int
+    step_s: float
+    compute_s: float    # the same steps on one device
+    comm_s: float       # modelled collective time, hidden or not
+
+    @property
+    def efficiency(self) -> float:
+        return self.compute_s / self.step_s
+
+    @property
+    def throughput(self) -> float:
+        """Per-device batches per second (weak scaling)."""
+        return self.devices / self.step_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": self.devices, "step_ms": self.step_s * 1e3,
+                "compute_ms": self.compute_s * 1e3, "comm_ms": self.comm_s * 1e3,
+                "exposed_comm_ms": (self.step_s - self.compute_s) * 1e3,
+                "efficiency": self.efficiency, "throughput_per_s": self.throughput}
+
+
+def curve(prof: Profile, devices: Sequence[int], intra: Link, inter: Link, per_node: int,
+          config: CollectiveConfig) -> list[Point]:
+    """Median over steps of the simulated step, for each device count."""
+    groups = list(prof.per_step().values())
+    single = statistics.median(simulate_step(g, Topology(1, per_node, intra, inter), config)[0]
+                               for g in groups)
+    points = []
+    for n in devices:
+        top = Topology(n, per_node, intra, inter)
+        sims = [simulate_step(g, top, config) for g in groups]
+        step = statistics.median(s for s, _ in sims)
+        comm = statistics.median(c for _, c in sims)
+        points.append(Point(n, step, single, comm))
+    return points
+
+
+@dataclass(frozen=True)
+class Choice:
+    interconnect: str
+    scheme: Scheme
+    efficiency: float     # at the largest device count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interconnect": self.interconnect, "scheme": self.scheme,
+                "efficiency": self.efficiency}
+
+
+@dataclass(frozen=True)
+class Projection:
+    profile: Profile
+    intra: Link
+    inter: Link
+    per_node: int
+    scheme: Scheme
+    points: tuple[Point, ...]
+    options: tuple[Choice, ...]     # every network x scheme at the largest device count
+    recommended: Choice
+
+    def to_dict(self) -> dict[str, Any]:
+        measured = self.profile.measured_link()
+        return {"profile": self.profile.to_dict(),
+                "measured_link": measured.to_dict() if measured else None,
+                "intra": self.intra.to_dict(), "inter": self.inter.to_dict(),
+                "devices_per_node": self.per_node, "scheme": self.scheme,
+                "points": [p.to_dict() for p in self.points],
+                "options": [c.to_dict() for c in self.options],
+                "recommended": self.recommended.to_dict()}
+
+
+def default_intra(run: Run) -> str:
+    """NVSwitch of the Run's GPU generation, else PCIe 4."""
+    names = " ".join(str(d.get("name", "")) for d in run.manifest().get("devices", []))
+    if "H100" in names or "H200" in names or "H800" in names:
+        return "nvswitch-h100"
+    return "nvswitch-a100" if "A100" in names or "A800" in names else "pcie4"
+
+
+def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-ndr",
+            bandwidth_gbps: float | None = None, scheme: Scheme = "ring",
+            intra_name: str | None = None, per_node: int = 8, servers: int = 1,
+            grad_bytes: int | None = None) -> Projection:
+    if not devices or min(devices) < 1:
+        raise PerfswarmError("--devices: give positive device counts, e.g. 1,2,4,8")
+    devices = sorted(set(devices))
+    prof = profile(run, grad_bytes)
+    intra = interconnect(intra_name or default_intra(run))
+    inter = interconnect(interconnect_name)
+    if bandwidth_gbps is not None:
+        inter = inter.with_bandwidth(bandwidth_gbps)
+    config = CollectiveConfig(scheme, servers)
+    points = curve(prof, devices, intra, inter, per_node, config)
+    largest = devices[-1:]
+    networks = [inter] + [interconnect(n) for n in NETWORKS if n != inter.name]
+    # Slowest first, so the recommendation is the least network that scales well enough.
+    networks.sort(key=lambda link: (link.bandwidth_gbps, -link.alpha_s))
+    options = tuple(Choice(net.name, s, curve(prof, largest, intra, net, per_node,
+                                              CollectiveConfig(s, servers))[0].efficiency)
+                    for net in networks for s in SCHEMES)
+    return Projection(prof, intra, inter, per_node, scheme, tuple(points), options,
+                      recommend(options))
+
+
+def recommend(options: Sequence[Choice]) -> Choice:
+    """The first network of `options` (slowest first) whose best scheme reaches 90% scaling
+    efficiency at the largest device count; if none does, the most efficient option."""
+    for name in dict.fromkeys(c.interconnect for c in options):
+        best = max((c for c in options if c.interconnect == name), key=lambda c: c.efficiency)
+        if best.efficiency >= GOOD_EFFICIENCY:
+            return best
+    return max(options, key=lambda c: c.efficiency)
