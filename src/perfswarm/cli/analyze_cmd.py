@@ -36,6 +36,9 @@ def _print(result: Analysis) -> None:
     counts = {r: len(s) for r, s in its.steps.items()}
     console.print(f"iterations ({its.used or 'none found'}): {counts}")
     for a in its.agreement:
+        if not a.detected_count:
+            console.print(f"  rank {a.rank}: {a.marker_count} marked, no repetition detected")
+            continue
         console.print(f"  rank {a.rank}: {a.marker_count} marked, {a.detected_count} detected, "
                       f"max boundary error {ms(a.max_boundary_error_ns)} "
                       f"({a.max_error_pct:.2f}% of mean step)")
