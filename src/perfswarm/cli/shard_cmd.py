@@ -1,0 +1,42 @@
+"""`perfswarm shard --tables TABLES.yaml --devices N [--json]`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, print_json
+from perfswarm.optimize.shard import EmbeddingCost, calibrate, load_workload, shard
+
+
+@app.command("shard")
+def shard_command(
+    tables: Annotated[Path, typer.Option("--tables", help="TABLES.yaml: batch_size and tables (name, rows, dim, pooling, distribution).")],
+    devices: Annotated[int, typer.Option("--devices", help="Number of devices to shard over.")],
+    batch: Annotated[int | None, typer.Option("--batch", help="Override the file's batch_size.")] = None,
+    memory_gb: Annotated[float | None, typer.Option("--memory-gb", help="Embedding memory per device, GB.")] = None,
+    measure_cost: Annotated[bool, typer.Option("--calibrate", help="Fit the cost model to EmbeddingBag timings of these tables here (torch).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+) -> None:
+    """Size-greedy, lookup-greedy and predicted-time-balanced embedding placements."""
+    work = load_workload(tables, batch)
+    cost = calibrate(work.tables, work.batch) if measure_cost else EmbeddingCost()
+    result = shard(work, devices, cost, memory_gb * 1e9 if memory_gb else math.inf)
+    data = result.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    console.print(f"[bold]{tables}[/]: {len(work.tables)} tables, batch {work.batch}, {devices} devices")
+    for p in data["plans"]:
+        t = Table("device", "tables", "MB", "lookups", "predicted ms", title_justify="left",
+                  title=f"{p['strategy']}: max {p['max_ms']:.3f} ms, imbalance {p['imbalance']:.3f}")
+        for d in p["devices"]:
+            t.add_row(str(d["device"]), ", ".join(d["tables"]), f"{d['bytes'] / 1e6:,.1f}",
+                      f"{d['lookups']:,.0f}", f"{d['predicted_ms']:.3f}")
+        console.print(t)
+    console.print(f"[bold]choose[/] {data['best']}")

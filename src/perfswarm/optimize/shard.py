@@ -1,0 +1,334 @@
+"""Embedding-table sharding: a per-table cost model and three placement plans.
+
+Cost of one table's pooled lookup per iteration (forward, one device):
+    t = overhead + L * (per_lookup + row_bytes * (h * hit_s_per_byte + (1 - h) * miss_s_per_byte))
+with L = batch * pooling lookups and h the share of lookups that land on rows held in cache:
+the `cache_bytes / row_bytes` hottest rows under the table's access distribution (uniform, or
+Zipf with exponent s). A device's time is the sum over its tables; a plan's time is its slowest
+device, and its imbalance is slowest / mean.
+
+Plans: size-greedy (largest table to the device with the fewest bytes), lookup-greedy (most
+lookups to the device with the fewest), and predicted-time-balanced (longest predicted table to
+the least-loaded device, then single-table moves off the slowest device while they lower the
+maximum). `calibrate()` fits the constants to torch.nn.EmbeddingBag timings; `measure_plan()`
+times a plan with one local process per device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+import yaml
+from scipy.optimize import nnls
+
+from perfswarm.errors import PerfswarmError
+
+Strategy = Literal["size_greedy", "lookup_greedy", "time_balanced"]
+STRATEGIES: tuple[Strategy, ...] = ("size_greedy", "lookup_greedy", "time_balanced")
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    rows: int
+    dim: int
+    pooling: float            # lookups per sample
+    zipf: float = 0.0         # access-distribution exponent; 0 = uniform
+    dtype_bytes: int = 4
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * self.dtype_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+def _harmonic(n: int, s: float) -> float:
+    """Generalized harmonic number H(n, s): exact to 10 000 terms, Euler-Maclaurin beyond."""
+    head = min(n, 10_000)
+    total = float(np.sum(np.arange(1, head + 1, dtype=np.float64) ** -s))
+    if n > head:
+        a, b = head + 0.5, n + 0.5
+        total += math.log(b / a) if s == 1 else (b ** (1 - s) - a ** (1 - s)) / (1 - s)
+    return total
+
+
+def hit_fraction(table: Table, cache_bytes: float) -> float:
+    """Share of lookups that go to the rows the cache can hold (the hottest ones)."""
+    cached = min(table.rows, int(cache_bytes // table.row_bytes))
+    if cached >= table.rows:
+        return 1.0
+    if table.zipf == 0:
+        return cached / table.rows
+    return _harmonic(cached, table.zipf) / _harmonic(table.rows, table.zipf)
+
+
+@dataclass(frozen=True)
+class EmbeddingCost:
+    # Defaults: calibrate() over 16 tables (rows 1e3/2e5, dim 16/128, pooling 2/30, uniform and
+    # Zipf 1.1, batch 256) on a 2-core AMD EPYC VM, torch 2.13 CPU, float32 sum-pooled bags.
+    overhead_s: float = 41e-6
+    per_lookup_s: float = 3.5e-9
+    hit_s_per_byte: float = 0.015e-9
+    miss_s_per_byte: float = 0.060e-9
+    cache_bytes: float = 1 << 20
+
+    def features(self, table: Table, batch: int) -> tuple[float, float, float, float]:
+        lookups = batch * table.pooling
+        h = hit_fraction(table, self.cache_bytes)
+        moved = lookups * table.row_bytes
+        return 1.0, lookups, moved * h, moved * (1 - h)
+
+    def table_time(self, table: Table, batch: int) -> float:
+        f = self.features(table, batch)
+        return (f[0] * self.overhead_s + f[1] * self.per_lookup_s + f[2] * self.hit_s_per_byte
+                + f[3] * self.miss_s_per_byte)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"overhead_us": self.overhead_s * 1e6, "per_lookup_ns": self.per_lookup_s * 1e9,
+                "hit_ns_per_byte": self.hit_s_per_byte * 1e9,
+                "miss_ns_per_byte": self.miss_s_per_byte * 1e9, "cache_bytes": self.cache_bytes}
+
+
+@dataclass(frozen=True)
+class Workload:
+    tables: tuple[Table, ...]
+    batch: int
+
+
+def _table(i: int, spec: object) -> Table:
+    if not isinstance(spec, dict):
+        raise PerfswarmError(f"tables[{i}]: expected a mapping")
+    dist = str(spec.get("distribution", "uniform"))
+    try:
+        zipf = 0.0 if dist == "uniform" else float(dist.removeprefix("zipf:"))
+        table = Table(str(spec.get("name", f"table{i}")), int(spec["rows"]), int(spec["dim"]),
+                      float(spec.get("pooling", 1)), zipf, int(spec.get("dtype_bytes", 4)))
+    except KeyError as exc:
+        raise PerfswarmError(f"tables[{i}]: missing {exc}") from None
+    except (TypeError, ValueError):
+        raise PerfswarmError(f"tables[{i}]: rows, dim, pooling, dtype_bytes must be numbers and "
+                             f"distribution 'uniform' or 'zipf:S', got {spec}") from None
+    if min(table.rows, table.dim, table.dtype_bytes) < 1 or table.pooling <= 0 or zipf < 0:
+        raise PerfswarmError(f"tables[{i}] ({table.name}): rows, dim, pooling, dtype_bytes "
+                             "must be positive")
+    return table
+
+
+def load_workload(path: Path, batch: int | None = None) -> Workload:
+    """TABLES.yaml: `batch_size` and `tables` (name, rows, dim, pooling, distribution)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PerfswarmError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise PerfswarmError(f"{path}: not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tables"), list) \
+            or not data["tables"]:
+        raise PerfswarmError(f"{path}: expected a mapping with a non-empty 'tables' list")
+    tables = tuple(_table(i, t) for i, t in enumerate(data["tables"]))
+    if len({t.name for t in tables}) != len(tables):
+        raise PerfswarmError(f"{path}: table names must be unique")
+    size = batch if batch is not None else data.get("batch_size", 512)
+    if not isinstance(size, int) or size < 1:
+        raise PerfswarmError(f"{path}: batch_size must be a positive integer, got {size!r}")
+    return Workload(tables, size)
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: Strategy
+    device_of: tuple[int, ...]        # per table, in workload order
+    device_s: tuple[float, ...]       # predicted time per device
+
+    @property
+    def max_s(self) -> float:
+        return max(self.device_s)
+
+    @property
+    def imbalance(self) -> float:
+        mean = sum(self.device_s) / len(self.device_s)
+        return self.max_s / mean if mean > 0 else 1.0
+
+    def to_dict(self, work: Workload) -> dict[str, Any]:
+        devices = []
+        for d, t in enumerate(self.device_s):
+            mine = [tb for tb, dev in zip(work.tables, self.device_of, strict=True) if dev == d]
+            devices.append({"device": d, "tables": [tb.name for tb in mine],
+                            "bytes": sum(tb.nbytes for tb in mine),
+                            "lookups": sum(work.batch * tb.pooling for tb in mine),
+                            "predicted_ms": t * 1e3})
+        return {"strategy": self.strategy, "devices": devices, "max_ms": self.max_s * 1e3,
+                "imbalance": self.imbalance}
+
+
+def _greedy(weights: Sequence[float], load: Sequence[float], devices: int,
+            capacity: float, sizes: Sequence[int]) -> list[int]:
+    """Heaviest first onto the device with the least `load` so far that still has room."""
+    totals, used = [0.0] * devices, [0] * devices
+    device_of = [0] * len(weights)
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        fits = [d for d in range(devices) if used[d] + sizes[i] <= capacity]
+        if not fits:
+            raise PerfswarmError(f"table {i}: {sizes[i]:,} bytes fit on no device "
+                                 f"(--memory-gb {capacity / 1e9:g})")
+        d = min(fits, key=lambda d: (totals[d], d))
+        device_of[i] = d
+        totals[d] += load[i]
+        used[d] += sizes[i]
+    return device_of
+
+
+def _refine(device_of: list[int], times: Sequence[float], devices: int, capacity: float,
+            sizes: Sequence[int]) -> list[int]:
+    """Move single tables off the slowest device while that lowers the maximum."""
+    def loads() -> list[float]:
+        out = [0.0] * devices
+        for i, d in enumerate(device_of):
+            out[d] += times[i]
+        return out
+
+    while True:
+        load = loads()
+        worst = max(range(devices), key=lambda d: (load[d], -d))
+        used = [sum(s for s, d in zip(sizes, device_of, strict=True) if d == k)
+                for k in range(devices)]
+        best: tuple[float, int, int] | None = None
+        for i in (i for i, d in enumerate(device_of) if d == worst):
+            for d in range(devices):
+                if d == worst or used[d] + sizes[i] > capacity:
+                    continue
+                peak = max(load[worst] - times[i], load[d] + times[i],
+                           *(load[k] for k in range(devices) if k not in (worst, d)))
+                if peak < load[worst] - 1e-15 and (best is None or peak < best[0]):
+                    best = (peak, i, d)
+        if best is None:
+            return device_of
+        device_of[best[1]] = best[2]
+
+
+def plan(work: Workload, devices: int, strategy: Strategy, cost: EmbeddingCost,
+         memory_bytes: float = math.inf) -> Plan:
+    if devices < 1:
+        raise PerfswarmError(f"--devices: must be at least 1, got {devices}")
+    times = [cost.table_time(t, work.batch) for t in work.tables]
+    sizes = [t.nbytes for t in work.tables]
+    weight: dict[Strategy, Callable[[Table, float], float]] = {
+        "size_greedy": lambda t, _: float(t.nbytes),
+        "lookup_greedy": lambda t, _: work.batch * t.pooling,
+        "time_balanced": lambda _, s: s}
+    w = [weight[strategy](t, s) for t, s in zip(work.tables, times, strict=True)]
+    device_of = _greedy(w, w, devices, memory_bytes, sizes)
+    if strategy == "time_balanced":
+        device_of = _refine(device_of, times, devices, memory_bytes, sizes)
+    device_s = [0.0] * devices
+    for i, d in enumerate(device_of):
+        device_s[d] += times[i]
+    return Plan(strategy, tuple(device_of), tuple(device_s))
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    work: Workload
+    devices: int
+    cost: EmbeddingCost
+    plans: tuple[Plan, ...]
+
+    @property
+    def best(self) -> Plan:
+        return min(self.plans, key=lambda p: (p.max_s, STRATEGIES.index(p.strategy)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": self.devices, "batch_size": self.work.batch,
+                "tables": [{"name": t.name, "rows": t.rows, "dim": t.dim, "pooling": t.pooling,
+                            "zipf": t.zipf, "bytes": t.nbytes,
+                            "predicted_ms": self.cost.table_time(t, self.work.batch) * 1e3,
+                            "hit_fraction": hit_fraction(t, self.cost.cache_bytes)}
+                           for t in self.work.tables],
+                "cost_model": self.cost.to_dict(),
+                "plans": [p.to_dict(self.work) for p in self.plans],
+                "best": self.best.strategy}
+
+
+def shard(work: Workload, devices: int, cost: EmbeddingCost = EmbeddingCost(),
+          memory_bytes: float = math.inf) -> ShardResult:
+    return ShardResult(work, devices, cost,
+                       tuple(plan(work, devices, s, cost, memory_bytes) for s in STRATEGIES))
+
+
+# --- measurement with torch.nn.EmbeddingBag -------------------------------------------------
+
+def _indices(table: Table, lookups: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    if table.zipf == 0:
+        return rng.integers(0, table.rows, lookups)
+    ranks = np.arange(1, table.rows + 1, dtype=np.float64) ** -table.zipf
+    return rng.choice(table.rows, size=lookups, p=ranks / ranks.sum())
+
+
+def time_tables(tables: Sequence[Table], batch: int, iters: int = 10, seed: int = 0) -> float:
+    """Seconds per iteration of sum-pooled EmbeddingBag forwards over `tables`, in this process
+    (fastest of `iters`, after one warm-up)."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        raise PerfswarmError("shard measurement: needs torch (pip install 'perfswarm[torch]')") \
+            from None
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(seed)
+    bags = []
+    for t in tables:
+        lookups = max(batch, round(batch * t.pooling))
+        bag = torch.nn.EmbeddingBag(t.rows, t.dim, mode="sum")
+        idx = torch.from_numpy(_indices(t, lookups, rng))
+        offsets = torch.from_numpy(np.linspace(0, lookups, batch, endpoint=False).astype(np.int64))
+        bags.append((bag, idx, offsets))
+    best = math.inf
+    with torch.no_grad():
+        for i in range(iters + 1):
+            t0 = time.perf_counter()
+            for bag, idx, offsets in bags:
+                bag(idx, offsets)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def calibrate(tables: Sequence[Table], batch: int, cache_bytes: float = 1 << 20,
+              iters: int = 10) -> EmbeddingCost:
+    """Fit the cost constants to each table timed alone (least relative error, non-negative)."""
+    if len(tables) < 4:
+        raise PerfswarmError("calibrate: needs at least 4 tables of different shapes")
+    probe = EmbeddingCost(cache_bytes=cache_bytes)
+    measured = np.array([time_tables([t], batch, iters) for t in tables])
+    design = np.array([probe.features(t, batch) for t in tables]) / measured[:, None]
+    (overhead, per_lookup, hit, miss), _ = nnls(design, np.ones(len(tables)))
+    return replace(probe, overhead_s=float(overhead), per_lookup_s=float(per_lookup),
+                   hit_s_per_byte=float(hit), miss_s_per_byte=float(miss))
+
+
+def _device_worker(rank: int, work: Workload, device_of: tuple[int, ...], iters: int,
+                   out: str) -> None:
+    mine = [t for t, d in zip(work.tables, device_of, strict=True) if d == rank]
+    seconds = time_tables(mine, work.batch, iters, seed=rank) if mine else 0.0
+    Path(out, f"{rank}.json").write_bytes(orjson.dumps(seconds))
+
+
+def measure_plan(work: Workload, p: Plan, iters: int = 10) -> tuple[float, ...]:
+    """Measured seconds per iteration of each device's tables, one local process per device."""
+    mp = importlib.import_module("torch.multiprocessing")
+    devices = len(p.device_s)
+    with tempfile.TemporaryDirectory(prefix="perfswarm-shard-") as tmp:
+        mp.spawn(_device_worker, args=(work, p.device_of, iters, tmp), nprocs=devices, join=True)
+        return tuple(float(orjson.loads(Path(tmp, f"{d}.json").read_bytes()))
+                     for d in range(devices))
