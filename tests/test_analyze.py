@@ -167,3 +167,20 @@ def test_union_and_gaps() -> None:
     assert s.tolist() == [0, 12] and e.tolist() == [8, 15]
     g_s, g_e = gaps(np.array([2, 6], np.int64), np.array([4, 8], np.int64), 0, 10)
     assert list(zip(g_s.tolist(), g_e.tolist(), strict=True)) == [(0, 2), (4, 6), (8, 10)]
+
+
+@pytest.mark.parametrize("name", ["nccl", "simple_add", "event_sync_multi", "amd"])
+def test_idle_split_covers_device_idle(corpus_runs: dict[str, Run], name: str) -> None:
+    ev = Events.load(corpus_runs[name])
+    (stats,) = launch_stats(ev)
+    dev = ev.of_kind("kernel", "collective", "memcpy", "memset")
+    idle = 0
+    for device in np.unique(ev.device[dev]):  # merge each device's busy spans by hand
+        spans = sorted(zip(ev.ts[dev & (ev.device == device)].tolist(),
+                           ev.end[dev & (ev.device == device)].tolist(), strict=True))
+        reach = spans[0][1]
+        for s, e in spans[1:]:
+            idle += max(0, s - reach)
+            reach = max(reach, e)
+    assert stats.idle.total_ns == idle
+    assert min(stats.idle.host_wait_ns, stats.idle.kernel_wait_ns, stats.idle.other_ns) >= 0
