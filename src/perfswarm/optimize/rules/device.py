@@ -40,7 +40,7 @@ def low_utilization(facts: Facts) -> Advice | None:
                             for k, v in idle.items()]}
     return advice(facts, "low_utilization", "the device is idle most of the time", evidence,
                   sum(idle.values()) / 2,
-                  "half the idle time, an upper-bound guess; the other rules name the causes",
+                  "half the device's idle time, a rough guess; the other findings name the causes",
                   "overlap host work with the device: larger batch, DataLoader workers, no host "
                   "syncs inside the step, CUDA graphs for small kernels")
 

@@ -107,6 +107,13 @@ class Facts:
     # -- time windows --------------------------------------------------------
     def window(self, rank: int) -> tuple[int, int, int]:
         """(start, end, measured ns) of one rank: the union of its steps, else its event span."""
+        return self._windows[rank]
+
+    @cached_property
+    def _windows(self) -> dict[int, tuple[int, int, int]]:
+        return {r: self._measure(r) for r in self.ranks}
+
+    def _measure(self, rank: int) -> tuple[int, int, int]:
         steps = self.steps.filter(pl.col("rank") == rank)
         if steps.height:
             s, e = steps["start"].to_numpy(), steps["end"].to_numpy()
