@@ -154,12 +154,15 @@ def test_launch_stats_event_sync(corpus_runs: dict[str, Run]) -> None:
     # gaps 48, 30, 34, 100 us; next launch 36, 16, 16, 90 us after each gap opened
     assert (stats.idle.host_wait_ns, stats.idle.kernel_wait_ns, stats.idle.other_ns) == (
         158 * US, 54 * US, 0)
-    assert stats.queue_max == 1
+    assert stats.queue.max == 1 and len(stats.queue.bins) == 100
 
 
 def test_queue_length() -> None:
-    qmax, qmean = queue_length(np.array([0, 0, 10], np.int64), np.array([20, 10, 20], np.int64))
-    assert qmax == 2 and qmean == pytest.approx((2 * 10 + 2 * 10) / 20)
+    # two launched at 0; one finishes at 10 as a third is launched; both left end at 20, 30
+    queue = queue_length(np.array([0, 0, 10], np.int64), np.array([30, 10, 20], np.int64),
+                         bins=3)
+    assert queue.max == 2 and queue.mean == pytest.approx((2 * 10 + 2 * 10 + 1 * 10) / 30)
+    assert (queue.start, queue.bin_ns, queue.bins) == (0, 10, (2.0, 2.0, 1.0))
 
 
 def test_union_and_gaps() -> None:

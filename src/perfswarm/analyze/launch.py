@@ -20,6 +20,7 @@ from perfswarm.analyze.intervals import gaps
 
 DEVICE_OPS = ("kernel", "collective", "memcpy", "memset")
 CORRELATION_BITS = 40
+QUEUE_BINS = 100
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,14 @@ class LaunchStats:
     launched: int  # device ops whose launch call is in the trace
     delay_ns: Distribution  # device op start - launch call start
     shorter_than_launch: int
-    queue_max: int
-    queue_mean: float  # time-weighted, over first launch .. last launched op end
+    queue: Queue
     idle: IdleSplit
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "device_ops": self.device_ops, "launched": self.launched,
                 "delay_ns": self.delay_ns.to_dict(),
-                "shorter_than_launch": self.shorter_than_launch, "queue_max": self.queue_max,
-                "queue_mean": self.queue_mean, "idle": self.idle.to_dict()}
+                "shorter_than_launch": self.shorter_than_launch, "queue": self.queue.to_dict(),
+                "idle": self.idle.to_dict()}
 
 
 def launch_pairs(ev: Events, rows: I64) -> tuple[I64, I64]:
@@ -88,17 +88,38 @@ def launch_pairs(ev: Events, rows: I64) -> tuple[I64, I64]:
     return dev[found], calls[order[at[found]]]
 
 
-def queue_length(launch_ts: I64, done_ts: I64) -> tuple[int, float]:
-    """Max and time-weighted mean of ops launched and not yet finished."""
+@dataclass(frozen=True)
+class Queue:
+    """Launched, unfinished device ops over time: max, time-weighted mean, and per time bin."""
+
+    max: int
+    mean: float  # over first launch .. last launched op end
+    start: int
+    bin_ns: int
+    bins: tuple[float, ...]  # time-weighted mean length in each of QUEUE_BINS equal bins
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max": self.max, "mean": self.mean, "start": self.start, "bin_ns": self.bin_ns,
+                "bins": list(self.bins)}
+
+
+def queue_length(launch_ts: I64, done_ts: I64, bins: int = QUEUE_BINS) -> Queue:
     if len(launch_ts) == 0:
-        return 0, 0.0
+        return Queue(0, 0.0, 0, 0, ())
     times = np.concatenate([launch_ts, done_ts])
     steps = np.concatenate([np.ones(len(launch_ts), np.int64), -np.ones(len(done_ts), np.int64)])
     order = np.lexsort((steps, times))  # at equal times, finish before launch
     times, level = times[order], np.cumsum(steps[order])
-    span = int(times[-1] - times[0])
-    mean = float((level[:-1] * np.diff(times)).sum() / span) if span else 0.0
-    return int(level.max()), mean
+    start, span = int(times[0]), int(times[-1] - times[0])
+    if span == 0:
+        return Queue(int(level.max()), 0.0, start, 0, ())
+    # The integral of the queue length is piecewise linear in time: exact at any bin edge.
+    area = np.concatenate([[0], np.cumsum(level[:-1] * np.diff(times))]).astype(np.float64)
+    bin_ns = -(-span // bins)
+    edges = start + bin_ns * np.arange(bins + 1)
+    at_edges = np.interp(edges, times, area)
+    return Queue(int(level.max()), float(area[-1] / span), start, bin_ns,
+                 tuple(float(x) for x in np.diff(at_edges) / bin_ns))
 
 
 def idle_split(ev: Events, dev_rows: I64, launch_of: dict[int, int]) -> IdleSplit:
@@ -127,12 +148,11 @@ def launch_stats(ev: Events) -> tuple[LaunchStats, ...]:
         rows = np.arange(len(ev))[ev.rank_slice(rank)]
         dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
         dev, calls = launch_pairs(ev, rows)
-        qmax, qmean = queue_length(ev.ts[calls], ev.end[dev])
         launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
         idle = idle_split(ev, dev_all, launch_of) if len(dev_all) else IdleSplit(0, 0, 0)
         out.append(LaunchStats(
             rank=rank, device_ops=len(dev_all), launched=len(dev),
             delay_ns=Distribution.of(ev.ts[dev] - ev.ts[calls]),
             shorter_than_launch=int(np.count_nonzero(ev.dur[dev] < ev.dur[calls])),
-            queue_max=qmax, queue_mean=qmean, idle=idle))
+            queue=queue_length(ev.ts[calls], ev.end[dev]), idle=idle))
     return tuple(out)

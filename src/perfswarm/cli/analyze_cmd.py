@@ -58,7 +58,7 @@ def _print(result: Analysis) -> None:
                    title="launches", title_justify="left")
     for s in result.launch:
         launch.add_row(str(s.rank), f"{s.launched:,}/{s.device_ops:,}", ms(s.delay_ns.p50),
-                       ms(s.delay_ns.p90), f"{s.shorter_than_launch:,}", str(s.queue_max),
+                       ms(s.delay_ns.p90), f"{s.shorter_than_launch:,}", str(s.queue.max),
                        ms(s.idle.host_wait_ns), ms(s.idle.kernel_wait_ns), ms(s.idle.other_ns))
     console.print(launch)
     cp = result.critical_path
