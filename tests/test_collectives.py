@@ -16,6 +16,7 @@ from perfswarm.model.collective_bench import (
     evaluate,
     fit,
     fit_link,
+    fit_op,
     gmae,
     predict,
     sweep,
@@ -121,8 +122,23 @@ def test_fit_recovers_alpha_and_beta() -> None:
     got = fit_link(ms, 4)
     assert got.alpha_s == pytest.approx(20e-6, rel=1e-6)
     assert got.bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
-    assert evaluate({"all_reduce": got}, Sweep("gloo", 4, 1, ms))["all_reduce"] == \
+    model = fit_op(ms, 4)
+    assert len(model.regimes) == 1   # no knee in a straight line
+    assert evaluate({"all_reduce": model}, Sweep("gloo", 4, 1, ms))["all_reduce"] == \
         pytest.approx(0.0, abs=1e-9)
+
+
+def test_fit_finds_the_knee() -> None:
+    # in cache up to 1 MB at 10 GB/s, then 2 GB/s: two regimes, split at 1 MB
+    fast, slow = Link("f", 5e-6, 1 / 10e9), Link("s", 5e-6, 1 / 2e9)
+    ms = tuple(Measurement("all_gather", n, predict(fast if n <= 1 << 20 else slow,
+                                                    "all_gather", n, 2))
+               for n in default_sizes(1 << 10, 64 << 20))
+    model = fit_op(ms, 2)
+    assert [bound for bound, _ in model.regimes] == [1 << 20, math.inf]
+    assert model.regimes[1][1].bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
+    assert model.time(4 << 20) == pytest.approx(predict(slow, "all_gather", 4 << 20, 2))
+    assert model.to_dict()["regimes"][0]["up_to_bytes"] == 1 << 20
 
 
 def test_gmae() -> None:
@@ -143,10 +159,11 @@ def test_real_gloo_sweep_world_2() -> None:
     assert [(m.op, m.nbytes) for m in result.measurements] == [
         ("all_reduce", 1024), ("all_reduce", 65536), ("broadcast", 1024), ("broadcast", 65536)]
     assert all(m.seconds > 0 for m in result.measurements)
-    links = fit(result)
-    assert set(links) == {"all_reduce", "broadcast"}
+    models = fit(result)
+    assert set(models) == {"all_reduce", "broadcast"}
+    assert all(model.time(1024) > 0 for model in models.values())
     assert result.to_dict()["measurements"][0]["busbw_gbps"] > 0
-    assert set(OPS) >= set(links)
+    assert set(OPS) >= set(models)
 
 
 def test_sweep_rejects_bad_arguments() -> None:

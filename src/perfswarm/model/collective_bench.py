@@ -1,11 +1,11 @@
 """Measure collectives with real torch.distributed across local processes, and fit alpha-beta links.
 
 `sweep()` spawns `world_size` processes (gloo on CPU, NCCL when every rank has its own GPU), times
-each (op, size) a few times after warm-up, and keeps, per size, the fastest iteration's time of
-its slowest rank: a collective ends when its last rank does, and on a shared machine other load only
-ever adds time, so the minimum is the reproducible figure. `fit()` turns a sweep into one
-fitted Link per op by non-negative least squares on relative error through the op's model
-coefficients, so the fitted model plugs into perfswarm.model.collectives unchanged.
+each (op, size) after warm-up at least `iters` times and until 50 ms of timed work, and keeps, per
+size, the fastest iteration's time of its slowest rank: a collective ends when its last rank does,
+and on a shared machine other load only ever adds time, so the minimum is the reproducible figure.
+`fit()` turns a sweep into one fitted Link per op by non-negative least squares on relative error
+through the op's model coefficients, so the fitted model plugs into perfswarm.model.collectives.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import importlib
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,6 +31,8 @@ Backend = Literal["auto", "gloo", "nccl"]
 SWEEP_OPS: tuple[Op, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                              "broadcast")
 ELEMENT_BYTES = 4  # float32
+MIN_BUSY_S = 0.05  # keep repeating a size until this much timed work ...
+MAX_ITERS = 200    # ... or this many iterations
 
 
 def default_sizes(low: int = 1 << 10, high: int = 64 << 20) -> tuple[int, ...]:
@@ -112,8 +114,12 @@ def _worker(rank: int, world_size: int, backend: str, init: str, ops: tuple[Op, 
                 "all_to_all": partial(dist.all_to_all_single, spare, full),
                 "broadcast": partial(dist.broadcast, full, 0)}
             step = calls[op]
-            times = []
-            for i in range(warmup + iters):
+            times: list[float] = []
+            i = 0
+            # Small messages are cheap: repeat them until MIN_BUSY_S of timed work (the same
+            # decision on every rank, since all see the same reduced times).
+            while i < warmup + iters or (sum(times) < MIN_BUSY_S and i < MAX_ITERS):
+                i += 1
                 dist.barrier()
                 sync()
                 t0 = time.perf_counter()
@@ -121,7 +127,7 @@ def _worker(rank: int, world_size: int, backend: str, init: str, ops: tuple[Op, 
                 sync()
                 elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                if i >= warmup:
+                if i > warmup:
                     times.append(float(elapsed.item()))
             results.append({"op": op, "nbytes": n * ELEMENT_BYTES,
                             "seconds": min(times)})
@@ -178,16 +184,69 @@ def fit_link(measurements: tuple[Measurement, ...], world_size: int,
                 f"fitted to {len(measurements)} measurements of {op} among {world_size} ranks")
 
 
-def fit(result: Sweep, config: CollectiveConfig = RING) -> dict[Op, Link]:
-    """One fitted Link per measured op."""
-    return {op: fit_link(result.of(op), result.world_size, config, result.backend)
-            for op in OPS if len(result.of(op)) >= 2}
-
-
 def predict(link: Link, op: Op, nbytes: float, world_size: int,
             config: CollectiveConfig = RING) -> float:
     a, b = coefficients(op, world_size, config)
     return a * link.alpha_s + b * nbytes * link.beta_s_per_byte
+
+
+@dataclass(frozen=True)
+class FittedOp:
+    """An op's fitted model: one alpha-beta Link per size regime.
+
+    Real collectives change regime with size: NCCL switches protocol (LL, LL128, Simple) and a
+    CPU backend falls out of cache, so one alpha-beta pair bends at a knee; `fit_op` finds it.
+    """
+
+    op: Op
+    world_size: int
+    regimes: tuple[tuple[float, Link], ...]   # (largest nbytes of the regime, its link)
+    config: CollectiveConfig = RING
+
+    def link_for(self, nbytes: float) -> Link:
+        return next(link for bound, link in self.regimes if nbytes <= bound)
+
+    def time(self, nbytes: float) -> float:
+        return predict(self.link_for(nbytes), self.op, nbytes, self.world_size, self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "world_size": self.world_size,
+                "regimes": [{"up_to_bytes": None if math.isinf(bound) else int(bound),
+                             **link.to_dict()} for bound, link in self.regimes]}
+
+
+MIN_REGIME = 4      # sizes per regime
+SPLIT_GAIN = 0.5    # a knee must halve the squared log error to be believed
+
+
+def _log_error(link: Link, ms: Sequence[Measurement], world_size: int,
+               config: CollectiveConfig) -> float:
+    return sum(math.log(max(predict(link, m.op, m.nbytes, world_size, config), 1e-12)
+                        / m.seconds) ** 2 for m in ms)
+
+
+def fit_op(measurements: Sequence[Measurement], world_size: int,
+           config: CollectiveConfig = RING, name: str = "fitted") -> FittedOp:
+    """One alpha-beta regime, or two split at the knee that best explains the sizes."""
+    ms = sorted(measurements, key=lambda m: m.nbytes)
+    whole = fit_link(tuple(ms), world_size, config, name)
+    regimes: tuple[tuple[float, Link], ...] = ((math.inf, whole),)
+    # (minus a hair: a split of an exact line must not win on rounding)
+    best = _log_error(whole, ms, world_size, config) * SPLIT_GAIN - 1e-12
+    for k in range(MIN_REGIME, len(ms) - MIN_REGIME + 1):
+        low = fit_link(tuple(ms[:k]), world_size, config, name)
+        high = fit_link(tuple(ms[k:]), world_size, config, name)
+        error = (_log_error(low, ms[:k], world_size, config)
+                 + _log_error(high, ms[k:], world_size, config))
+        if error < best:
+            best, regimes = error, ((float(ms[k - 1].nbytes), low), (math.inf, high))
+    return FittedOp(ms[0].op, world_size, regimes, config)
+
+
+def fit(result: Sweep, config: CollectiveConfig = RING) -> dict[Op, FittedOp]:
+    """The fitted model of every op the sweep measured at two sizes or more."""
+    return {op: fit_op(result.of(op), result.world_size, config, result.backend)
+            for op in OPS if len(result.of(op)) >= 2}
 
 
 def gmae(predicted: list[float], measured: list[float]) -> float:
@@ -200,9 +259,8 @@ def gmae(predicted: list[float], measured: list[float]) -> float:
     return math.expm1(sum(logs) / len(logs))
 
 
-def evaluate(links: dict[Op, Link], result: Sweep,
-             config: CollectiveConfig = RING) -> dict[Op, float]:
-    """GMAE per op of the links' predictions against another sweep's measurements."""
-    return {op: gmae([predict(link, op, m.nbytes, result.world_size, config)
-                      for m in result.of(op)], [m.seconds for m in result.of(op)])
-            for op, link in links.items() if result.of(op)}
+def evaluate(models: dict[Op, FittedOp], result: Sweep) -> dict[Op, float]:
+    """GMAE per op of the fitted models against another sweep's measurements."""
+    return {op: gmae([model.time(m.nbytes) for m in result.of(op)],
+                     [m.seconds for m in result.of(op)])
+            for op, model in models.items() if result.of(op)}
