@@ -89,7 +89,7 @@ def train(args: LoopArgs, model: nn.Module, dataset: Dataset[Any],
         batch = next(batches)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, batch)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         ms = (time.perf_counter() - start) * 1000.0
         times.append(ms)

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         b = ids.shape[0]
         indices = ids.permute(1, 0, 2).reshape(ns.tables, b * ns.pooling)
         offsets = torch.arange(0, b * ns.pooling, ns.pooling).expand(ns.tables, b)
-        return bce(m(dense, indices, offsets), labels)
+        out: torch.Tensor = bce(m(dense, indices, offsets), labels)
+        return out
 
     train(args, model, data, loss)
     return 0

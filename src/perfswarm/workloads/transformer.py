@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         (tokens,) = batch
         masked = tokens.masked_fill(torch.rand(tokens.shape) < 0.15, 0)
         logits = m(masked)
-        return ce(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+        out: torch.Tensor = ce(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+        return out
 
     train(args, model, TensorDataset(ids), loss)
     return 0
