@@ -12,6 +12,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.collective_bench import (
     Measurement,
     Sweep,
+    calibration,
     default_sizes,
     evaluate,
     fit,
@@ -164,6 +165,9 @@ def test_real_gloo_sweep_world_2() -> None:
     assert all(model.time(1024) > 0 for model in models.values())
     assert result.to_dict()["measurements"][0]["busbw_gbps"] > 0
     assert set(OPS) >= set(models)
+    report = calibration(result)
+    assert set(report) == {"sweep", "models", "gmae_in_sample"}
+    assert set(report["models"]) == {"all_reduce", "broadcast"}
 
 
 def test_sweep_rejects_bad_arguments() -> None:

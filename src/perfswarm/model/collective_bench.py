@@ -264,3 +264,12 @@ def evaluate(models: dict[Op, FittedOp], result: Sweep) -> dict[Op, float]:
     return {op: gmae([model.time(m.nbytes) for m in result.of(op)],
                      [m.seconds for m in result.of(op)])
             for op, model in models.items() if result.of(op)}
+
+
+def calibration(result: Sweep) -> dict[str, Any]:
+    """JSON-ready calibration from one sweep: the measurements, each op's fitted regimes, and
+    each fit's in-sample GMAE (what `calibrate --collectives` reports and stores)."""
+    models = fit(result)
+    return {"sweep": result.to_dict(),
+            "models": {op: model.to_dict() for op, model in models.items()},
+            "gmae_in_sample": evaluate(models, result)}
