@@ -111,3 +111,13 @@ def test_cli_json_and_errors(nccl: Run, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["project", str(nccl.path), "--devices", "0"]) == 2
     assert main(["project", str(nccl.path), "--bandwidth", "-1"]) == 2
     assert main(["project", str(nccl.path), "--devices", "1,x"]) == 2
+
+
+def test_run_without_step_markers_is_one_iteration(tmp_path: Path) -> None:
+    run = import_traces([corpus("old_format")], tmp_path / "o.run", ImportOptions(), ["t"])
+    prof = profile(run, grad_bytes=1000)
+    assert (prof.whole_run, prof.ranks) == (True, (1,))
+    assert [(s.step, s.compute_ns) for s in prof.steps] == [(-1, 30000)]
+    cpu = import_traces([corpus("cpu_only")], tmp_path / "c.run", ImportOptions(), ["t"])
+    with pytest.raises(PerfswarmError, match="no device kernels"):
+        profile(cpu, grad_bytes=1000)

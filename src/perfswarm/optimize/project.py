@@ -80,6 +80,7 @@ class Profile:
     world: int
     grad_bytes: int
     grad_bytes_source: str
+    whole_run: bool = False    # no step markers: the Run is one iteration
 
     def per_step(self) -> dict[int, list[StepProfile]]:
         out: dict[int, list[StepProfile]] = {}
@@ -104,6 +105,7 @@ class Profile:
         med = statistics.median
         return {"ranks": list(self.ranks), "steps": len(self.per_step()), "world": self.world,
                 "grad_bytes": self.grad_bytes, "grad_bytes_source": self.grad_bytes_source,
+                "whole_run": self.whole_run,
                 "compute_ms": med(s.compute_ns for s in self.steps) / 1e6,
                 "step_wall_ms": med(s.wall_ns for s in self.steps) / 1e6,
                 "collective_ms": med(s.collective_ns for s in self.steps) / 1e6,
@@ -139,8 +141,11 @@ def profile(run: Run, grad_bytes: int | None = None) -> Profile:
     """Per-step compute, collectives and overlap of every rank of the Run."""
     table = run.table("events", columns=["rank", "ts", "dur", "kind", "step", "args"])
     kinds = pc.cast(table.column("kind"), pa.string())
-    table = table.filter(pc.and_(pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"])),
-                                 pc.greater_equal(table.column("step"), 0)))
+    table = table.filter(pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"])))
+    in_steps = pc.greater_equal(table.column("step"), 0)
+    whole_run = not pc.any(in_steps).as_py()
+    if not whole_run:   # without step markers the whole Run counts as one iteration
+        table = table.filter(in_steps)
     is_coll = pc.equal(pc.cast(table.column("kind"), pa.string()), "collective")
     rank, step, ts, dur = (_column(table, c) for c in ("rank", "step", "ts", "dur"))
     coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
@@ -166,7 +171,7 @@ def profile(run: Run, grad_bytes: int | None = None) -> Profile:
         hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
         steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls)))
     if not steps:
-        raise PerfswarmError(f"{run.path}: no device kernels inside steps; nothing to project")
+        raise PerfswarmError(f"{run.path}: no device kernels; nothing to project")
     world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
     measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
     if grad_bytes is not None:
@@ -184,7 +189,7 @@ def profile(run: Run, grad_bytes: int | None = None) -> Profile:
         raise PerfswarmError(f"{run.path}: no all-reduce kernels with sizes in the Run; "
                              "give the gradient size with --grad-bytes")
     return Profile(tuple(sorted({st.rank for st in steps})), tuple(steps), world, grad_bytes,
-                   source)
+                   source, whole_run)
 
 
 def simulate_step(ranks: Sequence[StepProfile], topology: Topology,
