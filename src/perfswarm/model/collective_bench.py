@@ -2,10 +2,11 @@
 
 `sweep()` spawns `world_size` processes (gloo on CPU, NCCL when every rank has its own GPU), times
 each (op, size) after warm-up at least `iters` times and until 50 ms of timed work, and keeps, per
-size, the fastest iteration's time of its slowest rank: a collective ends when its last rank does,
-and on a shared machine other load only ever adds time, so the minimum is the reproducible figure.
-`fit()` turns a sweep into one fitted Link per op by non-negative least squares on relative error
-through the op's model coefficients, so the fitted model plugs into perfswarm.model.collectives.
+size, the fastest sample's per-call time on its slowest rank: a collective ends when its last rank
+does, and on a shared machine other load only ever adds time, so the minimum is the reproducible
+figure. `fit()` turns a sweep into one fitted Link per op (per size regime) by non-negative least
+squares on relative error through the op's model coefficients, so it plugs into
+perfswarm.model.collectives.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ SWEEP_OPS: tuple[Op, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_
 ELEMENT_BYTES = 4  # float32
 MIN_BUSY_S = 0.05  # keep repeating a size until this much timed work ...
 MAX_ITERS = 200    # ... or this many iterations
+BATCH_S = 2e-3     # one timed sample of a small message: this long ...
+MAX_REPS = 32      # ... or this many back-to-back calls
 
 
 def default_sizes(low: int = 1 << 10, high: int = 64 << 20) -> tuple[int, ...]:
@@ -114,23 +117,28 @@ def _worker(rank: int, world_size: int, backend: str, init: str, ops: tuple[Op, 
                 "all_to_all": partial(dist.all_to_all_single, spare, full),
                 "broadcast": partial(dist.broadcast, full, 0)}
             step = calls[op]
-            times: list[float] = []
-            i = 0
-            # Small messages are cheap: repeat them until MIN_BUSY_S of timed work (the same
-            # decision on every rank, since all see the same reduced times).
-            while i < warmup + iters or (sum(times) < MIN_BUSY_S and i < MAX_ITERS):
+            times: list[float] = []   # per call
+            i, reps, busy = 0, 1, 0.0
+            # Small messages are cheap: time `reps` back to back (nccl-tests style, so barrier
+            # skew is spread over them) and repeat until MIN_BUSY_S of timed work. Every rank
+            # takes the same decisions, since all see the same reduced times.
+            while i < warmup + iters or (busy < MIN_BUSY_S and i < MAX_ITERS):
                 i += 1
                 dist.barrier()
                 sync()
                 t0 = time.perf_counter()
-                step()
+                for _ in range(reps):
+                    step()
                 sync()
                 elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                per_op = float(elapsed.item()) / reps
+                if i == warmup:
+                    reps = max(1, min(MAX_REPS, int(BATCH_S / per_op)))
                 if i > warmup:
-                    times.append(float(elapsed.item()))
-            results.append({"op": op, "nbytes": n * ELEMENT_BYTES,
-                            "seconds": min(times)})
+                    times.append(per_op)
+                    busy += per_op * reps
+            results.append({"op": op, "nbytes": n * ELEMENT_BYTES, "seconds": min(times)})
     if rank == 0:
         Path(out).write_bytes(orjson.dumps(results))
     dist.destroy_process_group()
