@@ -1,0 +1,67 @@
+"""`perfswarm record [--out RUN] [--collectors LIST] [--hz N] [--steps SKIP:COUNT] -- CMD...`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, err_console
+from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions, Status, parse_steps, record
+
+
+def _line(s: Status) -> Text:
+    return Text(f"recording {s.elapsed_s:6.1f}s | {', '.join(s.active) or 'no collectors'}"
+                f" | {s.samples:,} samples | {s.raw_bytes / 1e6:,.1f} MB", style="dim")
+
+
+@app.command("record", context_settings={"allow_interspersed_args": False})
+def record_command(
+    command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
+    collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks.")] = ",".join(DEFAULT_COLLECTORS),
+    hz: Annotated[float, typer.Option("--hz", help="System and GPU sampling rate.")] = 20.0,
+    steps: Annotated[str, typer.Option("--steps", help="Profiling window SKIP:COUNT in optimizer steps.")] = "5:10",
+    perf_hz: Annotated[int, typer.Option("--perf-hz", help="perf sampling frequency.")] = 499,
+    pystacks_hz: Annotated[int, typer.Option("--pystacks-hz", help="py-spy sampling rate.")] = 100,
+    no_et: Annotated[bool, typer.Option("--no-et", help="Skip the execution trace of the first profiled step.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No status line or summary.")] = False,
+) -> int:
+    """Run an unmodified command under every collector and leave an ingested Run."""
+    if hz <= 0 or perf_hz < 1 or pystacks_hz < 1:
+        raise typer.BadParameter("sampling rates must be positive")
+    skip, count = parse_steps(steps)
+    options = RecordOptions(
+        collectors=tuple(c.strip() for c in collectors.split(",") if c.strip()), hz=hz,
+        perf_hz=perf_hz, pystacks_hz=pystacks_hz, skip=skip, steps=count,
+        execution_trace=not no_et, force=force)
+    target = out or Path(Path(command[0]).name + ".run")
+    live = not quiet and sys.stderr.isatty()
+    with Live(Text(""), console=err_console, transient=True, auto_refresh=False,
+              redirect_stdout=False, redirect_stderr=False) if live else _Null() as status:
+        result = record(command, target, options,
+                        (lambda s: status.update(_line(s), refresh=True)) if live else None)
+    if not quiet:
+        m = result.run.manifest()
+        states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(m["collectors"].items()))
+        how = "complete" if m["complete"] else "incomplete"
+        console.print(f"recorded {result.run.path} ({how}, exit {result.exit_code}); {states}",
+                      markup=False, soft_wrap=True)
+    return result.exit_code
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def update(self, *_: object, **__: object) -> None:
+        return None

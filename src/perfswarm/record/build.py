@@ -1,0 +1,193 @@
+"""Build the Run from a recording directory: every collector's raw files become tables."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from perfswarm.record import perf, pystacks
+from perfswarm.record.base import read_jsonl
+from perfswarm.trace import execution_trace
+from perfswarm.trace.ingest import _describe, assign_steps, sort_events
+from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
+from perfswarm.trace.schema import (
+    COUNTERS,
+    EVENTS,
+    FLOWS,
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    NONE,
+    SAMPLES,
+    STACKS,
+    STEPS,
+)
+from perfswarm.trace.store import Manifest, Run, creating
+
+_PER_PROCESS = re.compile(r"^(?:torch|et|steps)-rank(\d+)-pid(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What the session hands over: where the raw files are and how the child ended."""
+
+    raw: Path
+    manifest: Manifest
+    perf_exe: str | None
+    start_ns: int  # when the collectors started (py-spy's aggregated samples get this time)
+
+
+def _rank_pid(path: Path) -> tuple[int, int]:
+    m = _PER_PROCESS.match(path.name)
+    assert m, path
+    return int(m.group(1)), int(m.group(2))
+
+
+def hook_steps(paths: Iterable[Path], marked: set[tuple[int, int]]) -> pa.Table:
+    """Steps outside the profiling window, from the optimizer.step() hook times (source
+    `detected`): step i runs from hook i-1 to hook i."""
+    rows: dict[str, list[object]] = {"rank": [], "step": [], "start": [], "end": [], "source": []}
+    for path in paths:
+        data = orjson.loads(path.read_bytes())
+        hooks = data["hook_ns"]
+        for i in range(1, len(hooks)):
+            if (data["rank"], i) not in marked:
+                for key, value in zip(rows, (data["rank"], i, hooks[i - 1], hooks[i],
+                                             "detected"), strict=True):
+                    rows[key].append(value)
+    return pa.table(rows).cast(STEPS) if rows["step"] else STEPS.empty_table()
+
+
+class _Stacks:
+    """Interns stacks (tuples of frames) to ids; rows for the `stacks` table."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[tuple[str, str, int], ...], int] = {}
+
+    def id(self, frames: tuple[tuple[str, str, int], ...]) -> int:
+        return self.ids.setdefault(frames, len(self.ids))
+
+    def table(self) -> pa.Table:
+        rows: dict[str, list[object]] = {"stack_id": [], "depth": [], "function": [],
+                                         "module": [], "address": []}
+        for frames, sid in self.ids.items():
+            for depth, (fn, module, address) in enumerate(frames):
+                for key, value in zip(rows, (sid, depth, fn, module, address), strict=True):
+                    rows[key].append(value)
+        return pa.table(rows).cast(STACKS) if rows["depth"] else STACKS.empty_table()
+
+
+def _samples(rows: dict[str, list[int]], source: str) -> pa.Table:
+    if not rows["ts"]:
+        return SAMPLES.empty_table()
+    table = pa.table({**rows, "source": pa.array([source] * len(rows["ts"]))})
+    return table.select(SAMPLES.names).cast(SAMPLES)
+
+
+def perf_samples(samples: Sequence[perf.Sample], offset_ns: int, rank_of: dict[int, int],
+                 stacks: _Stacks) -> pa.Table:
+    rows: dict[str, list[int]] = {k: [] for k in ("rank", "ts", "pid", "tid", "stack_id",
+                                                  "weight")}
+    for s in samples:
+        for key, value in zip(rows, (rank_of.get(s.pid, NONE), s.mono_ns + offset_ns, s.pid,
+                                     s.tid, stacks.id(tuple(s.frames)), 1), strict=True):
+            rows[key].append(value)
+    return _samples(rows, "perf")
+
+
+def pyspy_samples(folded: Sequence[pystacks.Folded], start_ns: int, rank_of: dict[int, int],
+                  stacks: _Stacks) -> pa.Table:
+    rows: dict[str, list[int]] = {k: [] for k in ("rank", "ts", "pid", "tid", "stack_id",
+                                                  "weight")}
+    for f in folded:
+        for key, value in zip(rows, (rank_of.get(f.pid, NONE), start_ns, f.pid, f.tid,
+                                     stacks.id(f.frames), f.count), strict=True):
+            rows[key].append(value)
+    return _samples(rows, "py-spy")
+
+
+def counters(paths: Iterable[Path]) -> pa.Table:
+    rows = [r for p in paths for r in read_jsonl(p)]
+    if not rows:
+        return COUNTERS.empty_table()
+    ts, name, device, value = zip(*sorted(rows), strict=True)
+    return pa.table({"rank": pa.array(np.full(len(ts), NONE, np.int32)), "ts": ts,
+                     "name": name, "device": device, "value": value}).cast(COUNTERS)
+
+
+def build_run(rec: Recording, out: Path, force: bool) -> Run:
+    """Ingest the recording into a new Run at `out` (atomic: all or nothing)."""
+    manifest = rec.manifest
+    raw = rec.raw
+    traces = sorted(raw.glob("torch-rank*-pid*.pt.trace.json"))
+    with creating(out, force=force) as run:
+        for path in sorted(p for p in raw.iterdir() if p.is_file()):
+            run.add_raw(path)
+        parts: list[TraceTables] = []
+        rank_of: dict[int, int] = {}
+        for path in traces:
+            rank, pid = _rank_pid(path)
+            rank_of[pid] = rank
+            meta, tables = read_trace(path, rank, ReadOptions(drop_bad_events=True))
+            parts.append(tables)
+            _describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
+                      tables.events.num_rows)
+        for path in raw.glob("steps-rank*-pid*.json"):
+            rank, pid = _rank_pid(path)
+            rank_of.setdefault(pid, rank)
+        marker_steps = concat([p.steps for p in parts], STEPS)
+        marked = set(zip(marker_steps.column("rank").to_pylist(),
+                         marker_steps.column("step").to_pylist(), strict=True))
+        steps = concat([marker_steps, hook_steps(sorted(raw.glob("steps-*.json")), marked)],
+                       STEPS)
+        steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
+                                                steps.column("rank").to_numpy()))))
+        events = assign_steps(sort_events(concat([p.events for p in parts], EVENTS)), steps)
+        run.write_table("events", events)
+        run.write_table("steps", steps)
+        run.write_table("flows", concat([p.flows for p in parts], FLOWS))
+        run.write_table("counters", concat(
+            [*(p.counters for p in parts), counters(sorted(raw.glob("*.jsonl")))], COUNTERS))
+        _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
+        _stack_samples(run, rec, rank_of)
+        manifest["ranks"] = sorted(set(rank_of.values()))
+        run.write_manifest(manifest)
+    return Run(out)
+
+
+def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table) -> None:
+    nodes, edges = [], []
+    for path in paths:
+        rank, _pid = _rank_pid(path)
+        n, e, counts = execution_trace.read(path, rank, events)
+        nodes.append(n)
+        edges.append(e)
+        manifest["warnings"] += [{"source": path.name, "what": w, "count": c}
+                                 for w, c in sorted(counts.items())]
+        manifest["sources"].append({"file": path.name, "format": "execution_trace",
+                                    "rank": rank, "nodes": n.num_rows})
+    run.write_table("graph_nodes", concat(nodes, GRAPH_NODES))
+    run.write_table("graph_edges", concat(edges, GRAPH_EDGES))
+
+
+def _stack_samples(run: Run, rec: Recording, rank_of: dict[int, int]) -> None:
+    stacks = _Stacks()
+    parts = []
+    data = rec.raw / "perf.data"
+    if rec.perf_exe and data.is_file() and data.stat().st_size:
+        offset = rec.manifest["clock_offsets"]["perf"]
+        parts.append(perf_samples(perf.read_perf_data(rec.perf_exe, data), offset, rank_of,
+                                  stacks))
+    spy = rec.raw / "pystacks.txt"
+    if spy.is_file():
+        parts.append(pyspy_samples(pystacks.parse_raw(spy.read_text(errors="replace")),
+                                   rec.start_ns, rank_of, stacks))
+    samples = concat(parts, SAMPLES)
+    order = np.lexsort((samples.column("ts").to_numpy(), samples.column("rank").to_numpy()))
+    run.write_table("samples", samples.take(pa.array(order)))
+    run.write_table("stacks", stacks.table())

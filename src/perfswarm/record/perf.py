@@ -1,0 +1,67 @@
+"""Linux perf: `perf record -e cpu-clock -g` on the process tree, parsed with `perf script`.
+
+perf stamps samples with CLOCK_MONOTONIC (`-k CLOCK_MONOTONIC`); the measured
+monotonic->epoch offset maps them onto the run clock.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfswarm.record.tools import ToolCollector
+
+SCRIPT_FIELDS = "pid,tid,time,ip,sym,dso"
+_HEADER = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+)\.(\d{9}):")
+_FRAME = re.compile(r"^\s*([0-9a-fA-F]+)\s+(.*?)\s+\((.*)\)\s*$")
+
+Frame = tuple[str, str, int]  # function, module (dso), address
+
+
+class PerfCollector(ToolCollector):
+    name = "perf"
+    tool = "perf"
+    output = "perf.data"
+
+    def __init__(self, raw: Path, hz: int) -> None:
+        super().__init__(raw)
+        self.hz = hz
+
+    def argv(self, pid: int) -> list[str]:
+        assert self.exe is not None
+        return [self.exe, "record", "-e", "cpu-clock", "-g", "-k", "CLOCK_MONOTONIC",
+                "-F", str(self.hz), "-p", str(pid), "-o", str(self.raw / self.output)]
+
+
+@dataclass
+class Sample:
+    pid: int
+    tid: int
+    mono_ns: int
+    frames: list[Frame] = field(default_factory=list)  # leaf first
+
+
+def parse_script(text: str) -> list[Sample]:
+    """Samples from `perf script -F pid,tid,time,ip,sym,dso --ns` text (stacks leaf first)."""
+    samples: list[Sample] = []
+    for line in text.splitlines():
+        head = _HEADER.match(line)
+        if head:
+            pid, tid, sec, nsec = head.groups()
+            samples.append(Sample(int(pid), int(tid), int(sec) * 1_000_000_000 + int(nsec)))
+            continue
+        frame = _FRAME.match(line)
+        if frame and samples:
+            addr, sym, dso = frame.groups()
+            address = int(addr, 16)
+            # kernel addresses (0xffff...) do not fit int64: keep their two's-complement bits
+            samples[-1].frames.append((sym, dso, address - (1 << 64) if address >> 63 else address))
+    return samples
+
+
+def read_perf_data(exe: str, data: Path) -> list[Sample]:
+    out = subprocess.run([exe, "script", "-i", str(data), "-F", SCRIPT_FIELDS, "--ns"],
+                         capture_output=True, text=True, check=False, timeout=600)
+    return parse_script(out.stdout)

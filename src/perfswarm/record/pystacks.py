@@ -1,0 +1,57 @@
+"""py-spy on the process tree (`--subprocesses`), raw (folded) format with thread ids.
+
+Raw output is aggregated: one line per distinct (process, thread, stack) with a
+sample count. It carries no times, so each becomes one `samples` row at the
+moment sampling began, weighted by its count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfswarm.record.tools import ToolCollector
+
+_LINE = re.compile(r'^process (\d+):".*";thread \((\w+)\);(.*) (\d+)$')
+_FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
+
+
+class PyStacksCollector(ToolCollector):
+    name = "pystacks"
+    tool = "py-spy"
+    output = "pystacks.txt"
+
+    def __init__(self, raw: Path, hz: int) -> None:
+        super().__init__(raw)
+        self.hz = hz
+
+    def argv(self, pid: int) -> list[str]:
+        assert self.exe is not None
+        return [self.exe, "record", "--pid", str(pid), "--subprocesses", "--threads",
+                "--nonblocking", "--format", "raw", "--rate", str(self.hz),
+                "--output", str(self.raw / self.output)]
+
+
+@dataclass(frozen=True)
+class Folded:
+    pid: int
+    tid: int
+    frames: tuple[tuple[str, str, int], ...]  # leaf first: function, file, line
+    count: int
+
+
+def parse_raw(text: str) -> list[Folded]:
+    out: list[Folded] = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        pid, tid, stack, count = m.groups()
+        frames = []
+        for item in reversed(stack.split(";")):
+            f = _FRAME.match(item)
+            frames.append((f.group(1), f.group(2), int(f.group(3) or -1)) if f
+                          else (item, "", -1))
+        out.append(Folded(int(pid), int(tid, 0), tuple(frames), int(count)))
+    return out

@@ -1,0 +1,171 @@
+"""The recording session: start collectors, run the child, forward signals, build the Run.
+
+The child runs in its own process group so that Ctrl-C reaches it once, from
+us; perf and py-spy run in their own sessions so they survive the Ctrl-C and
+flush. However the child ends (exit, crash, SIGKILL) the collectors are
+stopped and a valid Run is written, `complete` only when it exited with 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.record.base import Collector, Sampler
+from perfswarm.record.build import Recording, build_run
+from perfswarm.record.clock import monotonic_offset_ns
+from perfswarm.record.gpu import GpuSampler
+from perfswarm.record.perf import PerfCollector
+from perfswarm.record.pystacks import PyStacksCollector
+from perfswarm.record.system import SystemSampler
+from perfswarm.record.torch_profiler import TorchCollector
+from perfswarm.trace.store import Run, new_manifest
+
+COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
+DEFAULT_COLLECTORS = COLLECTORS
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    collectors: tuple[str, ...] = DEFAULT_COLLECTORS
+    hz: float = 20.0  # system and GPU samplers
+    perf_hz: int = 499
+    pystacks_hz: int = 100
+    skip: int = 5
+    steps: int = 10
+    execution_trace: bool = True
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Status:
+    """One tick of the live status line."""
+
+    elapsed_s: float
+    active: tuple[str, ...]
+    samples: int
+    raw_bytes: int
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    run: Run
+    exit_code: int  # the child's code; 128+N when it died of signal N
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """`SKIP:COUNT` (e.g. `5:10`) -> (5, 10)."""
+    skip, sep, count = text.partition(":")
+    try:
+        s, c = int(skip), int(count)
+    except ValueError:
+        s, c = -1, -1
+    if not sep or s < 0 or c < 1:
+        raise PerfswarmError(f"--steps {text}: expected SKIP:COUNT, e.g. 5:10 (COUNT >= 1)")
+    return s, c
+
+
+def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> list[Collector]:
+    unknown = [n for n in names if n not in COLLECTORS]
+    if unknown:
+        raise PerfswarmError(f"--collectors: unknown {', '.join(unknown)}"
+                             f" (choose from {', '.join(COLLECTORS)})")
+    make: dict[str, Callable[[], Collector]] = {
+        "torch": lambda: TorchCollector(raw, options.skip, options.steps,
+                                        options.execution_trace),
+        "system": lambda: SystemSampler(raw, options.hz),
+        "gpu": lambda: GpuSampler(raw, options.hz),
+        "perf": lambda: PerfCollector(raw, options.perf_hz),
+        "pystacks": lambda: PyStacksCollector(raw, options.pystacks_hz),
+    }
+    return [make[n]() for n in dict.fromkeys(names)]
+
+
+def _raw_bytes(raw: Path) -> int:
+    return sum(p.stat().st_size for p in raw.iterdir() if p.is_file())
+
+
+def record(command: Sequence[str], out: Path, options: RecordOptions,
+           on_status: Callable[[Status], None] | None = None) -> RecordResult:
+    """Run `command` under every collector and leave an ingested Run at `out`."""
+    if not command:
+        raise PerfswarmError("record: no command given (usage: perfswarm record -- CMD ...)")
+    if out.exists() and not options.force:
+        raise PerfswarmError(f"{out}: already exists (use --force to replace it)")
+    exe = shutil.which(command[0])
+    if exe is None:
+        raise PerfswarmError(f"{command[0]}: command not found")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    raw = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".recording"))
+    try:
+        return _record(list(command), out, raw, options, on_status)
+    finally:
+        shutil.rmtree(raw, ignore_errors=True)
+
+
+def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
+            on_status: Callable[[Status], None] | None) -> RecordResult:
+    collectors = make_collectors(options.collectors, raw, options)
+    manifest = new_manifest(command)
+    env = dict(os.environ)
+    for c in collectors:
+        env.update(c.env())
+    offset_start = monotonic_offset_ns()
+    start_ns = time.time_ns()
+    child = subprocess.Popen(command, env=env, process_group=0)
+    previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED}
+    try:
+        for c in collectors:
+            c.start(child.pid)
+        t0 = time.monotonic()
+        while child.poll() is None:
+            if on_status is not None:
+                active = tuple(c.name for c in collectors if c.state == "ok")
+                on_status(Status(time.monotonic() - t0, active,
+                                 sum(c.count() for c in collectors), _raw_bytes(raw)))
+            try:
+                child.wait(timeout=0.25)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        code = child.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for c in collectors:
+            c.stop()
+    offset_end = monotonic_offset_ns()
+    manifest["exit_status"] = code if code >= 0 else None
+    manifest["signal"] = signal.Signals(-code).name if code < 0 else None
+    manifest["complete"] = code == 0
+    manifest["collectors"] = {c.name: c.status() for c in collectors}
+    manifest["clock_offsets"] = {"psutil": 0, "nvml": 0, "perf": offset_start}
+    if abs(offset_end - offset_start) > 1_000_000:
+        manifest["warnings"].append({"source": "clock", "count": 1, "what": (
+            f"monotonic->epoch offset moved {(offset_end - offset_start) / 1e6:.3f} ms"
+            " during the recording (clock stepped)")})
+    manifest["extra"] = {"record": {
+        "start_ns": start_ns, "end_ns": time.time_ns(), "pid": child.pid,
+        "steps_window": [options.skip, options.steps], "hz": options.hz,
+        "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},
+    }}
+    perf_exe = next((c.exe for c in collectors if isinstance(c, PerfCollector)), None)
+    run = build_run(Recording(raw, manifest, perf_exe, start_ns), out, options.force)
+    return RecordResult(run, code if code >= 0 else 128 - code)
+
+
+def _forward(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    return handler

@@ -1,0 +1,72 @@
+"""External profilers (perf, py-spy) run as helper processes attached to the child's pid."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from perfswarm.record.base import Collector
+
+
+class ToolCollector(Collector):
+    """Runs `argv(pid)` in its own session (so Ctrl-C reaches only the child) and stops it with
+    SIGINT, which makes perf and py-spy write their output."""
+
+    tool = ""
+    output = ""
+
+    def __init__(self, raw: Path) -> None:
+        super().__init__(raw)
+        self.proc: subprocess.Popen[bytes] | None = None
+        # py-spy installs into the environment's bin/, which need not be on PATH
+        beside = Path(sys.executable).parent / self.tool
+        self.exe = shutil.which(self.tool) or (str(beside) if beside.is_file() else None)
+        self.log = raw / f"{self.name}.log"
+        if self.exe is None:
+            self.unavailable(f"{self.tool} not found")
+
+    def argv(self, pid: int) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, pid: int) -> None:
+        if self.exe is None:
+            return
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(self.argv(pid), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        time.sleep(0.05)
+        if self.proc.poll() is not None and self.proc.returncode != 0:
+            self.unavailable(self._reason())
+            self.proc = None
+
+    def _reason(self) -> str:
+        lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
+                 if ln.strip()]
+        return lines[-1] if lines else f"{self.tool} exited at once"
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        out = self.raw / self.output
+        if not out.exists() or out.stat().st_size == 0:
+            self.failed(f"{self.tool} wrote no output ({self._reason()})")
+
+    def files(self) -> list[str]:
+        return [p.name for p in (self.raw / self.output, self.log) if p.exists()]
+
+    def count(self) -> int:
+        out = self.raw / self.output
+        return out.stat().st_size if out.exists() else 0
