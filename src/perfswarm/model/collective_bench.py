@@ -104,8 +104,10 @@ def _worker(rank: int, world_size: int, backend: str, init: str, ops: tuple[Op, 
             torch.cuda.synchronize(device)
 
     results: list[dict[str, Any]] = []
-    for op in ops:
-        for nbytes in sizes:
+    # Sizes outside, ops inside: a burst of load from elsewhere then spreads over every op
+    # instead of spoiling one op's whole curve.
+    for nbytes in sizes:
+        for op in ops:
             n = max(world_size, nbytes // ELEMENT_BYTES) // world_size * world_size
             full = torch.ones(n, device=device)
             part = torch.ones(n // world_size, device=device)
@@ -140,6 +142,7 @@ def _worker(rank: int, world_size: int, backend: str, init: str, ops: tuple[Op, 
                     busy += per_op * reps
             results.append({"op": op, "nbytes": n * ELEMENT_BYTES, "seconds": min(times)})
     if rank == 0:
+        results.sort(key=lambda r: (ops.index(r["op"]), r["nbytes"]))
         Path(out).write_bytes(orjson.dumps(results))
     dist.destroy_process_group()
 
