@@ -196,6 +196,8 @@ def decode_events(path: Path, raws: Sequence[msgspec.Raw], first: int) -> list[K
     except msgspec.ValidationError as exc:
         where = _AT_INDEX.sub(lambda m: f"$.traceEvents[{int(m.group(1)) + first}]", str(exc))
         raise TraceFormatError(path, "json", f"wrong structure: {where}") from None
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
 
 
 def _int_or_none(values: Sequence[object]) -> npt.NDArray[np.int64]:
@@ -340,6 +342,18 @@ def _counters(events: Sequence[KEvent], ts_ns: npt.NDArray[np.int64], rank: int)
 def tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank: int,
                        opts: ReadOptions, first_index: int = 0) -> TraceTables:
     """Columns from decoded events: events, flows, counters and ProfilerStep markers."""
+    try:
+        return _tables_from_events(path, events, meta, rank, opts, first_index)
+    except OverflowError:
+        raise TraceFormatError(path, f"traceEvents[{first_index}:{first_index + len(events)}]",
+                               "an integer field (pid, tid, id, correlation, ...) is out of "
+                               "the 64-bit range") from None
+    except msgspec.DecodeError as exc:  # args of counter events
+        raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+
+
+def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank: int,
+                        opts: ReadOptions, first_index: int) -> TraceTables:
     if not events:
         return TraceTables(EVENTS.empty_table(), FLOWS.empty_table(),
                            COUNTERS.empty_table(), STEPS.empty_table())

@@ -84,7 +84,8 @@ def _batches(path: Path) -> Iterator[list[KEvent]]:
                 saw_events = True
                 raw = orjson.dumps(batch)
                 yield msgspec.json.decode(raw, type=list[KEvent])
-    except (ijson.JSONError, EOFError, OSError, zlib.error, msgspec.ValidationError) as exc:
+    except (ijson.JSONError, EOFError, OSError, zlib.error, msgspec.ValidationError,
+            UnicodeDecodeError) as exc:
         raise _errors(path, exc) from None
     except orjson.JSONEncodeError as exc:
         raise TraceFormatError(path, "json", f"unsupported value: {exc}") from None
