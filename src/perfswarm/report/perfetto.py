@@ -1,0 +1,218 @@
+"""A Run as Chrome trace JSON in Kineto's shape: opens in Perfetto and chrome://tracing,
+and imports back into the same tables (the round trip is tested).
+
+Times are written relative to `baseTimeNanoseconds` as exact decimal microseconds
+built from the integer nanoseconds (never through a float), so a re-import gets
+every nanosecond back.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+import pyarrow.compute as pc
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.trace.kineto import COLLECTIVE_KERNEL
+from perfswarm.trace.schema import NONE
+from perfswarm.trace.store import Run, atomic_write_bytes
+from perfswarm.trace.timebase import ns_to_us_text
+
+# Our kinds back to Kineto's categories (the inverse of kineto.CAT_KIND).
+KIND_CATEGORY: Final[dict[str, str]] = {
+    "cpu_op": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+    "runtime": "cuda_runtime",
+    "driver": "cuda_driver",
+    "kernel": "kernel",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "sync": "cuda_sync",
+    "collective": "collective_comm",
+    "instant": "cpu_instant_event",
+    "profiler_range": "cuda_profiler_range",
+    "overhead": "overhead",
+    "trace_span": "trace",
+    "syscall": "syscall",
+    "other": "other",
+}
+
+# Event columns written into `args` under Kineto's key names.
+_ARG_COLUMNS: Final = (
+    ("external_id", "External id"),
+    ("correlation", "correlation"),
+    ("device", "device"),
+    ("stream", "stream"),
+    ("rf_id", "Record function id"),
+)
+EXPORTED_ARG_KEYS: Final = frozenset(key for _, key in _ARG_COLUMNS)
+
+_EVENT_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid",
+                         *(column for column, _ in _ARG_COLUMNS), "args"]
+
+
+def _us(ns: int) -> orjson.Fragment:
+    return orjson.Fragment(ns_to_us_text(ns).encode())
+
+
+def _category(kind: str, name: str) -> str:
+    # Communication kernels are `kernel` in Kineto; the reader turns them back by name.
+    if kind == "collective" and COLLECTIVE_KERNEL.search(name):
+        return "kernel"
+    return KIND_CATEGORY.get(kind, "other")
+
+
+def _args(raw: str | None, extra: dict[str, int]) -> orjson.Fragment | dict[str, Any]:
+    if not extra:
+        return orjson.Fragment((raw or "{}").encode())
+    try:
+        parsed = orjson.loads(raw or "{}")
+    except orjson.JSONDecodeError:  # integers beyond 64 bits: the stdlib reads any
+        parsed = json.loads(raw or "{}")
+    if not isinstance(parsed, dict):
+        parsed = {"args": parsed}
+    parsed.update(extra)
+    return orjson.Fragment(json.dumps(parsed, ensure_ascii=False).encode())
+
+
+class _Pids:
+    """pids of a one-rank run as they are; with several ranks, one number per (rank, pid)
+    so that ranks do not share tracks."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.several = len(ranks) > 1
+        self.ids: dict[tuple[int, int], int] = {}
+
+    def __call__(self, rank: int, pid: int) -> int:
+        if not self.several:
+            return pid
+        return self.ids.setdefault((rank, pid), len(self.ids) + 1)
+
+
+def _base_ns(run: Run) -> int:
+    starts = [pc.min(run.table(name, ["ts"]).column("ts")).as_py()
+              for name in ("events", "counters", "flows") if run.has_table(name)]
+    known = [s for s in starts if s is not None]
+    return min(known) if known else 0
+
+
+def _span_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+    table = run.table("events", _EVENT_COLUMNS)
+    cols = {name: table.column(name).to_pylist() for name in _EVENT_COLUMNS}
+    for i in range(table.num_rows):
+        kind, name = cols["kind"][i], cols["name"][i] or ""
+        extra = {key: cols[column][i] for column, key in _ARG_COLUMNS if cols[column][i] != NONE}
+        event: dict[str, Any] = {
+            "ph": "X", "cat": _category(kind, name), "name": name,
+            "pid": pids(cols["rank"][i], cols["pid"][i]), "tid": cols["tid"][i],
+            "ts": _us(cols["ts"][i] - base), "dur": _us(cols["dur"][i]),
+            "args": _args(cols["args"][i], extra),
+        }
+        if kind == "instant" and cols["dur"][i] == 0:
+            event["ph"] = "i"
+            event["s"] = "t"
+            del event["dur"]
+        yield event
+
+
+def _host_pid(run: Run) -> dict[int, int]:
+    """Each rank's most common host pid: where its host counters are drawn."""
+    table = run.table("events", ["rank", "pid", "device"])
+    host = table.filter(pc.equal(table.column("device"), NONE))
+    counts = host.group_by(["rank", "pid"]).aggregate([("pid", "count")]).to_pylist()
+    best: dict[int, tuple[int, int]] = {}
+    for row in counts:
+        key = (row["pid_count"], -row["pid"])
+        if row["rank"] not in best or key > best[row["rank"]]:
+            best[row["rank"]] = key
+    return {rank: -key[1] for rank, key in best.items()}
+
+
+def _counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+    if not run.has_table("counters"):
+        return
+    rows = run.table("counters").to_pylist()
+    host_pid = _host_pid(run) if rows else {}
+    for row in rows:
+        # The reader names a counter `<event name>.<arg key>`; split it back the same way.
+        group, _, key = str(row["name"]).rpartition(".")
+        pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], 0)
+        yield {"ph": "C", "name": group, "pid": pids(row["rank"], pid), "tid": 0,
+               "ts": _us(row["ts"] - base), "args": {key: row["value"]}}
+
+
+def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+    if not run.has_table("flows"):
+        return
+    for row in run.table("flows").to_pylist():
+        event = {"ph": row["phase"], "id": row["id"], "pid": pids(row["rank"], row["pid"]),
+                 "tid": row["tid"], "ts": _us(row["ts"] - base), "cat": row["cat"],
+                 "name": row["cat"]}
+        if row["phase"] == "f":
+            event["bp"] = "e"
+        yield event
+
+
+def _metadata_events(run: Run, pids: _Pids) -> Iterator[dict[str, Any]]:
+    manifest = run.manifest()
+    several = pids.several
+    for key, name in sorted(manifest["processes"].items()):
+        rank, _, pid = key.partition(":")
+        label = f"rank {rank}: {name}" if several else name
+        yield {"ph": "M", "name": "process_name", "pid": pids(int(rank), int(pid)), "tid": 0,
+               "args": {"name": label}}
+    for key, name in sorted(manifest["threads"].items()):
+        rank, pid, tid = key.split(":", 2)
+        yield {"ph": "M", "name": "thread_name", "pid": pids(int(rank), int(pid)),
+               "tid": int(tid), "args": {"name": name}}
+
+
+def export_chrome_trace(run: Run) -> dict[str, Any]:
+    """The whole Run (every rank, counters, flows, step markers) as one Chrome trace.
+
+    `ts`, `dur` and span `args` are `orjson.Fragment`s (exact JSON text, args as stored):
+    serialize with `dumps`, not the stdlib's json.
+    """
+    manifest = run.manifest()
+    pids = _Pids(manifest["ranks"])
+    base = _base_ns(run)
+    events: list[dict[str, Any]] = list(_metadata_events(run, pids))
+    events += _span_events(run, base, pids)
+    events += _flow_events(run, base, pids)
+    events += _counter_events(run, base, pids)
+    trace: dict[str, Any] = {
+        "schemaVersion": 1,
+        "baseTimeNanoseconds": base,
+        "displayTimeUnit": "ms",
+        "deviceProperties": manifest["devices"],
+        "traceEvents": events,
+    }
+    if len(manifest["ranks"]) == 1:
+        trace["distributedInfo"] = {"rank": manifest["ranks"][0]}
+    return trace
+
+
+def dumps(trace: dict[str, Any]) -> bytes:
+    """The JSON bytes of a trace from `export_chrome_trace`."""
+    return orjson.dumps(trace)
+
+
+def write(run: Run, path: str | Path) -> Path:
+    """Write the Run's Chrome trace to `path` (`.json`, or gzipped `.json.gz`), atomically."""
+    out = Path(path)
+    if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
+        raise PerfswarmError(f"{out}: a Chrome trace is written as .json or .json.gz")
+    if not out.parent.is_dir():
+        raise PerfswarmError(f"{out.parent}: no such directory")
+    data = dumps(export_chrome_trace(run))
+    if out.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+    atomic_write_bytes(out, data)
+    return out

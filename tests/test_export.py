@@ -1,0 +1,75 @@
+"""Chrome trace export: Kineto's shape, exact times, every source, the export command."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from perfswarm.cli.main import main
+from perfswarm.report import perfetto
+from perfswarm.trace.store import Run
+from perfswarm.trace.timebase import ns_to_us_text
+
+
+def test_events_keep_kineto_categories_and_exact_times(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["simple_add"]
+    trace = perfetto.export_chrome_trace(run)
+    base = trace["baseTimeNanoseconds"]
+    text = perfetto.dumps(trace).decode()
+    spans = [e for e in json.loads(text)["traceEvents"] if e["ph"] in ("X", "i")]
+    rows = run.table("events").to_pylist()
+    assert len(spans) == len(rows) == 840
+    cats = Counter(e["cat"] for e in spans)
+    kinds = Counter(r["kind"] for r in rows)
+    assert cats == {perfetto.KIND_CATEGORY[k]: n for k, n in kinds.items()}
+    for row in rows:  # every time written as the exact 3-decimal text of its ns
+        ts = f'"ts":{ns_to_us_text(row["ts"] - base)}'
+        assert ts + (f',"dur":{ns_to_us_text(row["dur"])}' if row["kind"] != "instant" else "") \
+            in text
+
+
+def test_written_file_has_three_decimal_times_and_every_source(
+        corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    run = corpus_runs["nccl"]
+    out = perfetto.write(run, tmp_path / "t.json.gz")
+    data = json.loads(gzip.decompress(out.read_bytes()))
+    phases = Counter(e["ph"] for e in data["traceEvents"])
+    assert phases["X"] + phases["i"] == run.table("events").num_rows
+    assert phases["C"] == run.table("counters").num_rows
+    assert phases["s"] + phases["f"] + phases["t"] == run.table("flows").num_rows
+    steps = [e["name"] for e in data["traceEvents"]
+             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
+    text = gzip.decompress(out.read_bytes()).decode()
+    kernel = next(e for e in data["traceEvents"] if e.get("cat") == "kernel")
+    assert {"device", "stream", "correlation", "External id"} <= set(kernel["args"])
+    assert kernel["pid"] == kernel["args"]["device"] and kernel["tid"] == kernel["args"]["stream"]
+    for event in data["traceEvents"][:200]:
+        if "ts" in event:
+            assert f'"ts":{ns_to_us_text(round(event["ts"] * 1000))}' in text
+
+
+def test_deterministic_bytes(corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    a = perfetto.write(corpus_runs["event_sync"], tmp_path / "a.json.gz")
+    b = perfetto.write(corpus_runs["event_sync"], tmp_path / "b.json.gz")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_bad_output_name(corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    with pytest.raises(perfetto.PerfswarmError, match=r"\.json or \.json\.gz"):
+        perfetto.write(corpus_runs["simple_add"], tmp_path / "t.txt")
+
+
+def test_export_command(corpus_runs: dict[str, Run], tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "trace.json"
+    assert main(["export", str(corpus_runs["simple_add"].path), "--format", "perfetto",
+                 "-o", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == {"format": "perfetto", "path": str(out), "bytes": out.stat().st_size}
+    assert len(json.loads(out.read_text())["traceEvents"]) > 840
+    assert main(["export", str(tmp_path / "missing"), "-o", str(out)]) == 2
