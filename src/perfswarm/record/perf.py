@@ -14,7 +14,7 @@ from pathlib import Path
 from perfswarm.record.tools import ToolCollector
 
 SCRIPT_FIELDS = "pid,tid,time,ip,sym,dso"
-_HEADER = re.compile(r"^\s*(\d+)/(\d+)\s+(\d+)\.(\d{9}):")
+_HEADER = re.compile(r"(\d+)/(\d+)\s+(\d+)\.(\d{9}):\s*$")  # [comm] pid/tid sec.nsec:
 _FRAME = re.compile(r"^\s*([0-9a-fA-F]+)\s+(.*?)\s+\((.*)\)\s*$")
 
 Frame = tuple[str, str, int]  # function, module (dso), address
@@ -47,7 +47,7 @@ def parse_script(text: str) -> list[Sample]:
     """Samples from `perf script -F pid,tid,time,ip,sym,dso --ns` text (stacks leaf first)."""
     samples: list[Sample] = []
     for line in text.splitlines():
-        head = _HEADER.match(line)
+        head = None if line.startswith("\t") else _HEADER.search(line)
         if head:
             pid, tid, sec, nsec = head.groups()
             samples.append(Sample(int(pid), int(tid), int(sec) * 1_000_000_000 + int(nsec)))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from perfswarm.record.tools import ToolCollector
 
-_LINE = re.compile(r'^process (\d+):".*";thread \((\w+)\);(.*) (\d+)$')
+_LINE = re.compile(r'^process (\d+):".*";thread \((\w+)\)(?:: [^;]*)?;(.*) (\d+)$')
 _FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
 
 
@@ -29,7 +29,7 @@ class PyStacksCollector(ToolCollector):
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
         return [self.exe, "record", "--pid", str(pid), "--subprocesses", "--threads",
-                "--nonblocking", "--format", "raw", "--rate", str(self.hz),
+                "--format", "raw", "--rate", str(self.hz),
                 "--output", str(self.raw / self.output)]
 
 
