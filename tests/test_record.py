@@ -204,7 +204,7 @@ def test_parse_pyspy_raw() -> None:
 
 
 def test_cpu_fractions() -> None:
-    from psutil._pslinux import scputimes  # type: ignore[attr-defined]
+    from psutil._pslinux import scputimes
 
     zero = [0.0] * len(scputimes._fields)
     a = scputimes(*zero)
