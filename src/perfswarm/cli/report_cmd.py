@@ -1,0 +1,39 @@
+"""`perfswarm report RUN [-o report.html] [--json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.report import html
+from perfswarm.report.data import report_data
+from perfswarm.trace.store import Run
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="HTML file (default RUN/report.html).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report data as JSON instead of writing HTML (keys in docs/cli.md).")] = False,
+) -> None:
+    """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
+    run = Run.open(run_dir)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("analyzing", total=2)
+        data = report_data(run)
+        progress.update(task, advance=1, description="rendering")
+        if as_json:
+            progress.update(task, advance=1)
+        else:
+            path = html.write(data, output or run.path / "report.html")
+            progress.update(task, advance=1)
+    if as_json:
+        print_json(data)
+        return
+    console.print(f"wrote {path} ({path.stat().st_size:,} bytes)")

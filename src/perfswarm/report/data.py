@@ -1,0 +1,161 @@
+"""Report data: everything a report shows, as one plain JSON-ready dict built from a Run.
+
+Renderers (report/html.py) only lay this out; tests assert on the dict. Times are ns
+(ints) except the timeline, which is in ms from the run's first event, ready to plot.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Final, TypedDict
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.analyze.summary import analyze
+from perfswarm.trace.schema import DEVICE_KINDS, NONE
+from perfswarm.trace.store import Run
+
+# Above these sizes the timeline keeps the longest spans / every n-th counter sample: a
+# browser draws a few thousand SVG bars smoothly, not a million.
+MAX_SPANS: Final = 4000
+MAX_COUNTER_POINTS: Final = 1000
+TOP_OPS: Final = 25
+
+
+class Card(TypedDict):
+    label: str
+    value: str
+    detail: str
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms"
+
+
+def _track(rank: int, device: int, pid: int, tid: int, several: bool) -> str:
+    where = f"device {device} stream {tid}" if device != NONE else f"cpu {pid}:{tid}"
+    return f"rank {rank} {where}" if several else where
+
+
+def timeline(run: Run, origin: int, max_spans: int = MAX_SPANS,
+             max_points: int = MAX_COUNTER_POINTS) -> dict[str, Any]:
+    """CPU threads and device streams as bars, counters as lines, steps as bands."""
+    ranks = run.manifest()["ranks"]
+    several = len(ranks) > 1
+    events = run.table("events", ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device",
+                                  "stream"])
+    total = events.num_rows
+    spans = events.filter(pc.greater(events.column("dur"), 0))
+    drawable = spans.num_rows
+    if drawable > max_spans:
+        # Keep the longest spans; ties by time so the choice is deterministic.
+        order = pc.sort_indices(spans, [("dur", "descending"), ("ts", "ascending")])
+        spans = spans.take(order[:max_spans])
+        spans = spans.take(pc.sort_indices(spans, [("rank", "ascending"), ("ts", "ascending")]))
+    rows = spans.to_pylist()
+    device_rows = [r["kind"] in DEVICE_KINDS for r in rows]
+    tracks = [_track(r["rank"], r["device"] if dev else NONE, r["pid"],
+                     r["stream"] if dev else r["tid"], several)
+              for r, dev in zip(rows, device_rows, strict=True)]
+    track_order = sorted(set(tracks), key=lambda t: ("device " in t, t))  # cpu threads first
+    counters: list[dict[str, Any]] = []
+    counter_rows = 0
+    if run.has_table("counters"):
+        table = run.table("counters")
+        counter_rows = table.num_rows
+        for name in sorted(set(table.column("name").to_pylist())):
+            series = table.filter(pc.equal(table.column("name").cast(pa.string()), name))
+            series = series.take(pc.sort_indices(series, [("rank", "ascending"),
+                                                          ("ts", "ascending")]))
+            step = max(1, -(-series.num_rows // max_points))
+            ts = series.column("ts").to_pylist()[::step]
+            counters.append({"name": name, "t_ms": [(t - origin) / 1e6 for t in ts],
+                             "value": series.column("value").to_pylist()[::step],
+                             "points": series.num_rows})
+    steps = [{"rank": s["rank"], "step": s["step"], "start_ms": (s["start"] - origin) / 1e6,
+              "end_ms": (s["end"] - origin) / 1e6}
+             for s in run.table("steps").to_pylist()] if run.has_table("steps") else []
+    shown_points = sum(len(c["t_ms"]) for c in counters)
+    notes = []
+    if len(rows) < drawable:
+        notes.append(f"showing the {len(rows):,} longest of {drawable:,} spans "
+                     f"(the limit is {max_spans:,})")
+    if shown_points < counter_rows:
+        notes.append(f"counters downsampled to {shown_points:,} of {counter_rows:,} samples")
+    return {
+        "tracks": track_order,
+        "spans": {
+            "track": tracks,
+            "start_ms": [(r["ts"] - origin) / 1e6 for r in rows],
+            "dur_ms": [r["dur"] / 1e6 for r in rows],
+            "name": [r["name"] or "" for r in rows],
+            "kind": [r["kind"] for r in rows],
+        },
+        "counters": counters,
+        "steps": steps,
+        "events": total,
+        "spans_total": drawable,  # events with a duration; instants are not drawn
+        "shown": len(rows),
+        "downsampled": bool(notes),
+        "note": "; ".join(notes),
+    }
+
+
+def _cards(analysis: dict[str, Any]) -> list[Card]:
+    cards: list[Card] = []
+    steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
+    if steps:
+        median = statistics.median(steps)
+        used = analysis["iterations"]["used"]
+        cards.append(Card(label="step time", value=_ms(median),
+                          detail=f"median of {len(steps)} steps ({used})"))
+        cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
+                          detail="from the median step"))
+    for rank in analysis["concurrency"]["ranks"]:
+        share = rank["total"]["share"]
+        busy = 1.0 - share["host_busy_device_idle"] - share["idle"]
+        cards.append(Card(label=f"device utilization (rank {rank['rank']})",
+                          value=f"{100 * busy:.1f}%",
+                          detail=f"communication hidden {rank['total']['comm_overlap_pct']:.1f}%"))
+    cards.append(Card(label="events", value=f"{analysis['events']:,}",
+                      detail=f"ranks {analysis['ranks']}"))
+    return cards
+
+
+def _iteration_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
+    per_iteration = analysis["ops"]["per_iteration"]
+    shares = {(r["rank"], i["step"]): i["share"] for r in analysis["concurrency"]["ranks"]
+              for i in r["iterations"]}
+    rows = []
+    for rank, windows in sorted(analysis["iterations"]["steps"].items(), key=lambda kv: int(kv[0])):
+        for s in windows:
+            rows.append({"rank": int(rank), "step": s["step"], "dur_ns": s["dur_ns"],
+                         "source": s["source"],
+                         "device_ns": per_iteration.get(rank, {}).get(str(s["step"]), {}),
+                         "share": shares.get((int(rank), s["step"]), {})})
+    return rows
+
+
+def report_data(run: Run, *, max_spans: int = MAX_SPANS) -> dict[str, Any]:
+    """The report of one Run as a plain dict (stable keys; see docs/cli.md)."""
+    manifest = run.manifest()
+    analysis = analyze(run).to_dict()
+    ts = run.table("events", ["ts"]).column("ts")
+    origin = pc.min(ts).as_py() if len(ts) else 0
+    return {
+        "title": f"perfswarm report: {run.path.name}",
+        "run": {"path": str(run.path), "command": manifest["command"],
+                "complete": manifest["complete"], "ranks": manifest["ranks"],
+                "devices": manifest["devices"], "warnings": manifest["warnings"],
+                "origin_ns": origin},
+        "cards": _cards(analysis),
+        "timeline": timeline(run, origin, max_spans),
+        "concurrency": analysis["concurrency"],
+        "iterations": _iteration_rows(analysis),
+        "kernels": analysis["ops"]["kernels"][:TOP_OPS],
+        "cpu_ops": analysis["ops"]["cpu_ops"][:TOP_OPS],
+        "categories": analysis["ops"]["categories"],
+        "critical_path": analysis["critical_path"],
+        "swarms": analysis["swarms"],
+    }

@@ -1,0 +1,118 @@
+"""Report data -> one self-contained HTML file (plotly.js inlined: it works offline).
+
+Every string from a trace reaches the page either through Jinja's autoescaping (tables,
+cards) or inside a JSON block whose `<`, `>` and `&` are `\\u` escapes, read with
+JSON.parse; chart labels are HTML-escaped as well, because plotly reads a few tags in
+hover text. So a kernel named `</script><img src=x onerror=...>` is shown, never run.
+"""
+
+from __future__ import annotations
+
+import html
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+import jinja2
+import orjson
+from plotly.offline import get_plotlyjs
+
+from perfswarm.trace.store import atomic_write_bytes
+
+STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
+                 "idle")
+_JSON_ESCAPES: Final = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
+                        0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def safe_json(value: Any) -> str:
+    """JSON text that can sit inside a <script> element: no `</script>`, no `<!--`."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode().translate(_JSON_ESCAPES)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms"
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("perfswarm.report", "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+    )
+
+
+def timeline_figure(timeline: dict[str, Any]) -> dict[str, Any]:
+    spans = timeline["spans"]
+    by_kind: dict[str, list[int]] = {}
+    for i, kind in enumerate(spans["kind"]):
+        by_kind.setdefault(kind, []).append(i)
+    data = [{"type": "bar", "orientation": "h", "name": kind,
+             "y": [spans["track"][i] for i in rows], "base": [spans["start_ms"][i] for i in rows],
+             "x": [spans["dur_ms"][i] for i in rows],
+             "hovertext": [f"{html.escape(spans['name'][i])}<br>{spans['dur_ms'][i]:.3f} ms"
+                           for i in rows],
+             "hoverinfo": "text"}
+            for kind, rows in sorted(by_kind.items())]
+    shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": s["start_ms"],
+               "x1": s["end_ms"], "y0": 0, "y1": 1, "fillcolor": "rgba(80,120,200,0.08)",
+               "line": {"width": 0}, "layer": "below"} for s in timeline["steps"]]
+    annotations = [{"x": s["start_ms"], "y": 1, "xref": "x", "yref": "paper",
+                    "text": f"step {s['step']}", "showarrow": False, "xanchor": "left",
+                    "yanchor": "bottom", "font": {"size": 10}} for s in timeline["steps"]]
+    height = 120 + 28 * max(1, len(timeline["tracks"]))
+    return {"data": data, "layout": {
+        "barmode": "overlay", "height": height, "shapes": shapes, "annotations": annotations,
+        "xaxis": {"title": {"text": "ms from the first event"}},
+        "yaxis": {"categoryorder": "array", "categoryarray": timeline["tracks"][::-1],
+                  "automargin": True},
+        "margin": {"t": 30}, "legend": {"orientation": "h"}}}
+
+
+def counters_figure(timeline: dict[str, Any]) -> dict[str, Any]:
+    data = [{"type": "scatter", "mode": "lines", "name": html.escape(c["name"]),
+             "x": c["t_ms"], "y": c["value"]} for c in timeline["counters"]]
+    return {"data": data, "layout": {"height": 320, "margin": {"t": 30},
+                                     "xaxis": {"title": {"text": "ms from the first event"}}}}
+
+
+def concurrency_figure(concurrency: dict[str, Any]) -> dict[str, Any]:
+    labels: list[str] = []
+    shares: list[dict[str, float]] = []
+    for rank in concurrency["ranks"]:
+        labels.append(f"rank {rank['rank']} all")
+        shares.append(rank["total"]["share"])
+        for it in rank["iterations"]:
+            labels.append(f"rank {rank['rank']} step {it['step']}")
+            shares.append(it["share"])
+    data = [{"type": "bar", "name": state, "x": labels,
+             "y": [100 * s.get(state, 0.0) for s in shares]} for state in STATES]
+    return {"data": data, "layout": {"barmode": "stack", "height": 360, "margin": {"t": 30},
+                                     "yaxis": {"title": {"text": "% of span"}}}}
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as one HTML page."""
+    timeline = report["timeline"]
+    figures = {"chart-timeline": timeline_figure(timeline),
+               "chart-concurrency": concurrency_figure(report["concurrency"])}
+    if timeline["counters"]:
+        figures["chart-counters"] = counters_figure(timeline)
+    swarms = report["swarms"]["swarms"]
+    return _environment().get_template("report.html.j2").render(
+        **report, plotly_js=get_plotlyjs(), figures_json=safe_json(figures),
+        has_counters=bool(timeline["counters"]), states=STATES, ms=_ms, pct=_pct,
+        op_tables=[("Top device kernels", report["kernels"], "kernels"),
+                   ("Top CPU ops", report["cpu_ops"], "cpu-ops")],
+        swarm_keys=sorted(swarms[0]) if swarms else [],
+    )
+
+
+def write(report: dict[str, Any], path: str | Path) -> Path:
+    out = Path(path)
+    atomic_write_bytes(out, render(report).encode())
+    return out

@@ -1,0 +1,74 @@
+"""Report data (a plain dict, exact numbers from corpus traces) and its HTML rendering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfswarm.cli.main import main
+from perfswarm.report import html
+from perfswarm.report.data import report_data, timeline
+from perfswarm.trace.store import Run
+
+
+def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
+    data = report_data(corpus_runs["nccl"])
+    assert set(data) == {"title", "run", "cards", "timeline", "concurrency", "iterations",
+                         "kernels", "cpu_ops", "categories", "critical_path", "swarms"}
+    assert [c["label"] for c in data["cards"]] == [
+        "step time", "throughput", "device utilization (rank 0)", "events"]
+    assert data["cards"][0]["value"] == "222.442 ms"
+    assert [(i["rank"], i["step"]) for i in data["iterations"]] == [(0, 4), (0, 5), (0, 6)]
+    assert data["iterations"][0]["dur_ns"] == 222_442_191
+    tl = data["timeline"]
+    assert tl["events"] == 26_935 and tl["shown"] == 4000 and tl["downsampled"]
+    assert tl["note"] == (f"showing the 4,000 longest of {tl['spans_total']:,} spans"
+                          " (the limit is 4,000)")
+    assert "device 0 stream 7" in tl["tracks"]
+    assert [s["step"] for s in tl["steps"]] == [4, 5, 6]
+    assert data["kernels"][0]["name"].startswith("ncclKernel_AllReduce_RING_LL_Sum_float")
+    assert data["kernels"][0]["count"] == 15
+
+
+def test_timeline_keeps_everything_below_the_limit(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["simple_add"]
+    tl = timeline(run, 0, max_spans=10**6)
+    spans = run.table("events").to_pylist()
+    assert tl["shown"] == tl["spans_total"] == sum(1 for e in spans if e["dur"] > 0)
+    assert not tl["downsampled"] and tl["note"] == ""
+    assert sorted(tl["spans"]["dur_ms"], reverse=True)[0] == max(e["dur"] for e in spans) / 1e6
+
+
+def test_longest_spans_kept_when_downsampled(corpus_runs: dict[str, Run]) -> None:
+    tl = timeline(corpus_runs["simple_add"], 0, max_spans=10)
+    durs = sorted((e["dur"] for e in corpus_runs["simple_add"].table("events").to_pylist()),
+                  reverse=True)[:10]
+    assert sorted(tl["spans"]["dur_ms"], reverse=True) == [d / 1e6 for d in durs]
+
+
+def test_safe_json_escapes_markup() -> None:
+    text = html.safe_json({"name": "</script><img src=x onerror=alert(1)>&"})
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"name": "</script><img src=x onerror=alert(1)>&"}
+
+
+def test_html_is_self_contained_and_deterministic(corpus_runs: dict[str, Run]) -> None:
+    data = report_data(corpus_runs["simple_add"])
+    page = html.render(data)
+    assert page == html.render(report_data(corpus_runs["simple_add"]))
+    assert "<script src=" not in page and "<link " not in page  # nothing fetched
+    assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.js inlined
+
+
+def test_report_command(corpus_runs: dict[str, Run], tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.html"
+    assert main(["report", str(corpus_runs["event_sync"].path), "-o", str(out)]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    capsys.readouterr()
+    assert main(["report", str(corpus_runs["event_sync"].path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["timeline"]["events"] == corpus_runs["event_sync"].table("events").num_rows
+    assert main(["report", str(tmp_path / "missing")]) == 2
