@@ -116,19 +116,36 @@ def sort_events(events: pa.Table) -> pa.Table:
 SLICE = 16_384
 
 
+def take_rows(batches: Sequence[pa.RecordBatch], starts: npt.NDArray[np.int64],
+              rows: npt.NDArray[np.int64]) -> pa.Table:
+    """table.take(rows) for a chunked table without concatenating its chunks first
+    (pyarrow's take on chunked columns copies each whole column)."""
+    chunk = np.searchsorted(starts, rows, side="right") - 1
+    grouped = np.argsort(chunk, kind="stable")
+    parts = []
+    for c in np.unique(chunk):
+        mine = grouped[chunk[grouped] == c]
+        parts.append(pa.Table.from_batches([batches[c].take(pa.array(rows[mine] - starts[c]))]))
+    table = pa.concat_tables(parts).combine_chunks()
+    back = np.empty(len(rows), np.int64)
+    back[grouped] = np.arange(len(rows))
+    return table.take(pa.array(back))
+
+
 def write_events_sorted(run: Run, events: pa.Table, steps: pa.Table) -> None:
     """Sort, mark steps and write in slices: memory holds the table plus one slice."""
-    events = events.combine_chunks() if events.num_rows else events
     order = event_order(events)
     keys = events.select(["rank", "ts", "kind", "correlation"]).take(pa.array(order))
     step = (step_column(keys, steps) if steps.num_rows and events.num_rows
             else np.full(events.num_rows, NONE, np.int32))
     del keys
     at = events.schema.get_field_index("step")
+    batches = events.to_batches()
+    starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]], dtype=np.int64)
 
     def slices() -> Iterator[pa.Table]:
         for i in range(0, len(order), SLICE):
-            part = events.take(pa.array(order[i:i + SLICE]))
+            part = take_rows(batches, starts, order[i:i + SLICE])
             yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
 
     run.write_batches("events", slices())

@@ -605,17 +605,13 @@ class _EventSpill:
             return EVENTS.empty_table()
         self.writer.close()
         self.writer = None
-        kept = pa.concat_tables(self.kept).unify_dictionaries().combine_chunks()
+        # Both halves keep one chunk per decoded chunk, so their columns line up.
+        kept = pa.concat_tables(self.kept).unify_dictionaries()
         self.kept = []
-        # Column by column, each made contiguous (later sorts take from it without copying
-        # the whole column again), so only one column exists twice at any moment.
-        columns: dict[str, pa.Array] = {name: kept.column(name) for name in _KEPT}
-        for i, name in enumerate(_SPILLED.names):
-            options = pa.ipc.IpcReadOptions(included_fields=[i])
-            with pa.OSFile(str(self.path), "rb") as f:
-                column = pa.ipc.open_file(f, options=options).read_all().column(0)
-            columns[name] = column.combine_chunks()
-            del column
+        with pa.OSFile(str(self.path), "rb") as f:
+            spilled = pa.ipc.open_file(f).read_all()
+        columns = {name: kept.column(name) for name in _KEPT}
+        columns.update({name: spilled.column(name) for name in _SPILLED.names})
         return pa.table({name: columns[name] for name in EVENTS.names}).cast(EVENTS)
 
     def close(self) -> None:

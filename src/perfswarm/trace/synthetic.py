@@ -61,13 +61,14 @@ class _Writer:
                             "Input Strides": [[dims[0][1], 1], [dims[1][1], 1]],
                             "Concrete Inputs": ["", ""], "Fwd thread id": 0,
                             "Module Hierarchy": "model.encoder.layers.3.mlp.fc1",
+                            "Call stack": "torch/nn/modules/linear.py(116): forward",
                             "Ev Idx": self.external}}
             launch_ts = t + dur // 3
             launch_dur = rng.randrange(3_000, 9_000)
             yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
                    "pid": self.pid, "tid": self.tid, "ts": _us(launch_ts), "dur": _us(launch_dur),
                    "args": {"External id": self.external, "cbid": 211,
-                            "correlation": self.correlation}}
+                            "correlation": self.correlation, "Ev Idx": self.external}}
             yield {"ph": "s", "id": self.correlation, "pid": self.pid, "tid": self.tid,
                    "ts": _us(launch_ts), "cat": "ac2g", "name": "ac2g"}
             k_ts = launch_ts + launch_dur + rng.randrange(2_000, 30_000)
