@@ -189,25 +189,7 @@ class Run:
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """Write `table` atomically, cast to the table's schema."""
-        schema = TABLES.get(name)
-        if schema is not None:
-            table = table.select(schema.names).cast(schema)
-        self.tables_dir.mkdir(parents=True, exist_ok=True)
-        path = self.table_path(name)
-        fd, tmp = tempfile.mkstemp(dir=self.tables_dir, prefix=f".{name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20,
-                           use_dictionary=_dictionary_columns(table.schema))
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise _disk_error(path, exc) from None
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        self.write_batches(name, [table])
 
     def write_batches(self, name: str, parts: Iterable[pa.Table]) -> None:
         """Write a table from consecutive parts (bounded memory), atomically."""
