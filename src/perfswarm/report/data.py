@@ -12,7 +12,7 @@ from typing import Any, Final, TypedDict
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.summary import analyze
+from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.trace.schema import DEVICE_KINDS, NONE
 from perfswarm.trace.store import Run
 
@@ -158,4 +158,23 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS) -> dict[str, Any]:
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "swarms": analysis["swarms"],
+    }
+
+
+def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
+    """Two Runs side by side: span, per-step times and the ops that changed most."""
+    result = diff_runs(a, b).to_dict()
+    ops = sorted(result["ops"], key=lambda o: (-abs(o["delta_ns"]), o["kind"], o["name"]))
+    return {
+        "title": f"perfswarm compare: {a_label} vs {b_label}",
+        "a": a_label, "b": b_label,
+        "cards": [
+            Card(label=f"span {a_label}", value=_ms(result["a_span_ns"]), detail="first rank"),
+            Card(label=f"span {b_label}", value=_ms(result["b_span_ns"]), detail="first rank"),
+            Card(label="change", value=_ms(result["span_delta_ns"]),
+                 detail=f"{result['only_a']} ops only in {a_label}, "
+                        f"{result['only_b']} only in {b_label}"),
+        ],
+        "steps": result["steps"],
+        "ops": ops[:TOP_OPS],
     }

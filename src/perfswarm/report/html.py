@@ -103,13 +103,37 @@ def render(report: dict[str, Any]) -> str:
     if timeline["counters"]:
         figures["chart-counters"] = counters_figure(timeline)
     swarms = report["swarms"]["swarms"]
-    return _environment().get_template("report.html.j2").render(
-        **report, plotly_js=get_plotlyjs(), figures_json=safe_json(figures),
-        has_counters=bool(timeline["counters"]), states=STATES, ms=_ms, pct=_pct,
+    return _page("report.html.j2", report, figures,
+        has_counters=bool(timeline["counters"]), states=STATES, pct=_pct,
         op_tables=[("Top device kernels", report["kernels"], "kernels"),
                    ("Top CPU ops", report["cpu_ops"], "cpu-ops")],
         swarm_keys=sorted(swarms[0]) if swarms else [],
     )
+
+
+def steps_figure(compare: dict[str, Any]) -> dict[str, Any]:
+    steps = compare["steps"]
+    x = [f"#{s['index']}" for s in steps]
+    data = [{"type": "bar", "name": html.escape(compare[side]), "x": x,
+             "y": [s[f"{side}_ns"] / 1e6 for s in steps]} for side in ("a", "b")]
+    return {"data": data, "layout": {"barmode": "group", "height": 320, "margin": {"t": 30},
+                                     "yaxis": {"title": {"text": "ms"}}}}
+
+
+def render_compare(compare: dict[str, Any]) -> str:
+    """Two runs compared (data.compare_data) as one HTML page."""
+    return _page("compare.html.j2", compare, {"chart-steps": steps_figure(compare)})
+
+
+def render_board(root: str, runs: list[dict[str, Any]]) -> str:
+    """The board's run list, with links to reports and a compare form."""
+    return _environment().get_template("board.html.j2").render(
+        title=f"perfswarm board: {root}", root=root, runs=runs, plotly_js="", figures_json="")
+
+
+def _page(template: str, data: dict[str, Any], figures: dict[str, Any], **extra: Any) -> str:
+    return _environment().get_template(template).render(
+        **data, plotly_js=get_plotlyjs(), figures_json=safe_json(figures), ms=_ms, **extra)
 
 
 def write(report: dict[str, Any], path: str | Path) -> Path:

@@ -1,0 +1,30 @@
+"""`perfswarm board [DIR] [--host 127.0.0.1] [--port N]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console
+from perfswarm.report.board import BoardServer, list_runs
+
+
+@app.command("board")
+def board_command(
+    root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding Run directories.")] = Path("."),
+    host: Annotated[str, typer.Option("--host", help="Address to bind (local only by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
+) -> None:
+    """A read-only local web app: lists the runs in DIR, opens their reports, compares two."""
+    server = BoardServer(root, host, port)
+    console.print(f"perfswarm board: {len(list_runs(server.root))} runs in {server.root} "
+                  f"at {server.url} (Ctrl-C stops it)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        console.print("stopped")
+    finally:
+        server.server_close()
