@@ -1,0 +1,88 @@
+"""Recording overhead: bare vs recorded runs of a bundled workload, interleaved, in one process.
+
+Prints the ratio of median step time (recorded / bare) outside the profiling
+window (goal <= 1.02) and inside it, and the samplers' CPU use as a share of
+one core (goal <= 1% at 20 Hz). Step times are what the workload itself prints.
+
+    python benchmarks/overhead.py [--repeats 3] [--steps 40] [--collectors torch,system]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions, RecordResult, record
+
+STEP = re.compile(rb"^step (\d+) ([\d.]+) ms", re.MULTILINE)
+
+
+def step_times(stdout: bytes) -> dict[int, float]:
+    return {int(m.group(1)): float(m.group(2)) for m in STEP.finditer(stdout)}
+
+
+def _recorded(cmd: list[str], out: Path, options: RecordOptions, fd: int) -> RecordResult:
+    """record() with the child's stdout (inherited from ours) sent to `fd`."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(fd, 1)
+    try:
+        return record(cmd, out, options)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--skip", type=int, default=10)
+    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--collectors", default=",".join(DEFAULT_COLLECTORS))
+    p.add_argument("--hz", type=float, default=20.0)
+    ns = p.parse_args()
+    cmd = [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(ns.steps),
+           "--batch-size", "32"]
+    window = range(ns.skip, ns.skip + ns.window)
+    outside = [s for s in range(2, ns.steps) if s not in window and s != ns.skip + ns.window]
+    bare: dict[int, list[float]] = {}
+    rec: dict[int, list[float]] = {}
+    cpu_share: list[float] = []
+    options = RecordOptions(collectors=tuple(ns.collectors.split(",")), hz=ns.hz,
+                            skip=ns.skip, steps=ns.window, execution_trace=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(ns.repeats):  # interleaved, so drift in machine load hits both alike
+            out = subprocess.run(cmd, capture_output=True, check=True).stdout
+            for s, t in step_times(out).items():
+                bare.setdefault(s, []).append(t)
+            log = Path(tmp) / f"child-{i}.txt"
+            with log.open("wb") as f:
+                result = _recorded(cmd, Path(tmp) / f"r{i}.run", options, f.fileno())
+            for s, t in step_times(log.read_bytes()).items():
+                rec.setdefault(s, []).append(t)
+            extra = result.run.manifest()["extra"]["record"]
+            span = extra["end_ns"] - extra["start_ns"]
+            cpu_share.append(sum(extra["sampler_cpu_ns"].values()) / span)
+
+    def median_of(times: dict[int, list[float]], steps: list[int] | range) -> float:
+        return statistics.median(t for s in steps for t in times.get(s, []))
+
+    out_ratio = median_of(rec, outside) / median_of(bare, outside)
+    in_ratio = median_of(rec, window) / median_of(bare, window)
+    print(f"collectors: {ns.collectors}; {ns.repeats} interleaved repeats of {ns.steps} steps")
+    print(f"median step, outside the window: recorded/bare = {out_ratio:.3f} (goal <= 1.02)")
+    print(f"median step, inside the window:  recorded/bare = {in_ratio:.3f}")
+    print(f"samplers' CPU: {100 * statistics.median(cpu_share):.2f}% of one core at {ns.hz:g} Hz"
+          " (goal <= 1%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
