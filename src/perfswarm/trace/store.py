@@ -98,10 +98,22 @@ def new_manifest(command: list[str], *, complete: bool = False) -> Manifest:
     )
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _readable(fd: int) -> None:
+    """mkstemp makes 0600 files; a Run's files get the usual mode (0666 less umask)."""
+    os.fchmod(fd, 0o666 & ~_umask())
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file or the new one, never a mix."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        _readable(fd)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -197,6 +209,7 @@ class Run:
         self.tables_dir.mkdir(parents=True, exist_ok=True)
         path = self.table_path(name)
         fd, tmp = tempfile.mkstemp(dir=self.tables_dir, prefix=f".{name}.", suffix=".tmp")
+        _readable(fd)
         os.close(fd)
         try:
             with pq.ParquetWriter(tmp, schema, compression="zstd",

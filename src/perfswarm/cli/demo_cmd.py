@@ -1,0 +1,52 @@
+"""`perfswarm demo`: record the bundled CNN trainer, analyze it, advise, write the report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from perfswarm.analyze.summary import analyze
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, err_console, ms
+from perfswarm.optimize.advise import advise
+from perfswarm.record.session import RecordOptions, record
+from perfswarm.report import html
+from perfswarm.report.data import report_data
+
+
+@app.command("demo")
+def demo_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory (replaced if it exists).")] = Path("demo.run"),
+    report: Annotated[Path, typer.Option("--report", help="HTML report to write.")] = Path("demo-report.html"),
+    steps: Annotated[int, typer.Option("--steps", help="Training steps of the workload.")] = 24,
+    loader_delay_ms: Annotated[float, typer.Option("--loader-delay-ms", help="Per-batch DataLoader delay: makes the run input-bound.")] = 20.0,
+) -> int:
+    """Record the bundled CNN trainer (slow DataLoader), analyze it, advise, and write the report."""
+    command = [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(steps),
+               "--batch-size", "32", "--loader-delay-ms", str(loader_delay_ms),
+               "--num-workers", "0"]
+    options = RecordOptions(skip=min(5, steps // 3), steps=min(10, steps // 2), force=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("recording " + " ".join(command[1:4]))
+        result = record(command, out, options)
+        bar.update(task, description="analyzing")
+        analysis = analyze(result.run)
+        advice = advise(result.run)
+        bar.update(task, description="writing the report")
+        html.write(report_data(result.run), report)
+    manifest = result.run.manifest()
+    states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(manifest["collectors"].items()))
+    console.print(f"recorded {result.run.path} (exit {result.exit_code}); {states}",
+                  markup=False, soft_wrap=True)
+    steps_found = {r: len(s) for r, s in analysis.iterations.steps.items()}
+    console.print(f"iterations: {steps_found} ({analysis.iterations.used or 'none found'})")
+    for item in advice.advice[:5]:
+        gain = "" if item.gain_ns is None else f": gain {ms(item.gain_ns)} ({item.gain_pct:.1f}%)"
+        console.print(f"  advice [{item.severity}] {item.title}{gain}", markup=False)
+    console.print(f"report: {report}")
+    return result.exit_code
