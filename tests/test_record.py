@@ -231,3 +231,18 @@ def test_sampler_with_fake_clock(tmp_path: Path) -> None:
     assert read_jsonl(s.path) == [(1000, "gpu1.x", 1, 2.5), (1000, "y", -1, 1.0),
                                   (2000, "gpu1.x", 1, 2.5), (2000, "y", -1, 1.0)]
     assert s.count() == 2
+
+
+def test_tree_pids_walks_descendants() -> None:
+    from perfswarm.record.system import tree_pids
+
+    child = subprocess.Popen([PY, "-c", "import subprocess, sys; subprocess.run(['sleep', '5'])"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(tree_pids(child.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = tree_pids(child.pid)
+        assert pids[0] == child.pid and len(pids) == 2
+    finally:
+        child.kill()
+        child.wait()
