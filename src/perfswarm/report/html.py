@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import jinja2
 import orjson
+from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from perfswarm.trace.store import atomic_write_bytes
@@ -132,8 +133,10 @@ def render_board(root: str, runs: list[dict[str, Any]]) -> str:
 
 
 def _page(template: str, data: dict[str, Any], figures: dict[str, Any], **extra: Any) -> str:
+    # Both are script text, already safe there: HTML-escaping would break them.
     return _environment().get_template(template).render(
-        **data, plotly_js=get_plotlyjs(), figures_json=safe_json(figures), ms=_ms, **extra)
+        **data, plotly_js=Markup(get_plotlyjs()), figures_json=Markup(safe_json(figures)),
+        ms=_ms, **extra)
 
 
 def write(report: dict[str, Any], path: str | Path) -> Path:

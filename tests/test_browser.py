@@ -1,0 +1,135 @@
+"""The report and the board in Debian's chromium (Playwright): no console errors, charts
+drawn, and trace strings with HTML/JS in them shown as text, never run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfswarm.report import html
+from perfswarm.report.board import BoardServer
+from perfswarm.report.data import report_data
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed (make test)"),
+]
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+XSS_NAMES = ('<img src=x onerror="window.__pwned=1">',
+             '</script><script>window.__pwned=2</script>',
+             '"><svg onload="window.__pwned=3">')
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url, wait_until="load")
+    return page, errors
+
+
+def assert_charts_drawn(page: Any, ids: list[str]) -> None:
+    for chart in ids:
+        page.wait_for_selector(f"#{chart} svg.main-svg", timeout=30_000)
+        assert page.locator(f"#{chart} .plot-container").count() == 1
+
+
+@pytest.fixture(scope="module")
+def xss_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp("xss")
+    events: list[dict[str, Any]] = []
+    for step in range(2):
+        t0 = step * 1000.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                       "pid": 1, "tid": 1, "ts": t0, "dur": 900.0, "args": {}})
+        for i, name in enumerate(XSS_NAMES):
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1,
+                           "ts": t0 + 10 + 100 * i, "dur": 50.0, "args": {"External id": i}})
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                           "pid": 1, "tid": 1, "ts": t0 + 20 + 100 * i, "dur": 5.0,
+                           "args": {"correlation": 100 * step + i}})
+            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7,
+                           "ts": t0 + 30 + 100 * i, "dur": 60.0,
+                           "args": {"correlation": 100 * step + i, "device": 0, "stream": 7}})
+        events.append({"ph": "C", "name": XSS_NAMES[1], "pid": 1, "tid": 1, "ts": t0,
+                       "args": {XSS_NAMES[0]: step + 1.5}})
+    src = tmp / "xss.json"
+    src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))
+    return import_traces([src], tmp / "xss.run", ImportOptions(), ["test"])
+
+
+def test_report_renders_without_errors(browser: Any, corpus_runs: dict[str, Run],
+                                       tmp_path: Path) -> None:
+    data = report_data(corpus_runs["nccl"])
+    out = html.write(data, tmp_path / "report.html")
+    page, errors = open_page(browser, out.as_uri())
+    assert_charts_drawn(page, ["chart-timeline", "chart-concurrency"])
+    assert page.locator("#chart-timeline g.trace.bars").count() > 0
+    assert "longest" in page.locator("#timeline-note").inner_text()
+    assert page.locator("#kernels td.name").all_inner_texts() == [
+        k["name"] for k in data["kernels"]]
+    assert errors == []
+    page.close()
+
+
+def test_trace_strings_are_text(browser: Any, xss_run: Run, tmp_path: Path) -> None:
+    out = html.write(report_data(xss_run), tmp_path / "xss.html")
+    page, errors = open_page(browser, out.as_uri())
+    assert_charts_drawn(page, ["chart-timeline", "chart-concurrency", "chart-counters"])
+    page.hover("#chart-timeline g.trace.bars path", force=True)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img").count() == 0
+    kernels = page.locator("#kernels td.name").all_inner_texts()
+    cpu_ops = page.locator("#cpu-ops td.name").all_inner_texts()
+    assert sorted(kernels) == sorted(XSS_NAMES) and sorted(cpu_ops) == sorted(XSS_NAMES)
+    assert errors == []
+    page.close()
+
+
+def test_board_in_the_browser(browser: Any, corpus_runs: dict[str, Run], xss_run: Run,
+                              tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    shutil.copytree(corpus_runs["simple_add"].path, root / "simple_add")
+    shutil.copytree(xss_run.path, root / "xss")
+    server = BoardServer(root, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page, errors = open_page(browser, server.url)
+        assert page.locator("#runs a").all_inner_texts() == ["simple_add", "xss"]
+        page.click("text=xss")
+        assert_charts_drawn(page, ["chart-timeline", "chart-concurrency"])
+        assert page.evaluate("window.__pwned") is None
+        page.goto(server.url)
+        page.select_option("select[name=a]", "simple_add")
+        page.select_option("select[name=b]", "xss")
+        page.click("#compare button")
+        assert_charts_drawn(page, ["chart-steps"])
+        assert page.evaluate("window.__pwned") is None
+        names = page.locator("#ops td.name").all_inner_texts()
+        assert set(XSS_NAMES) <= set(names)
+        assert errors == []
+        page.close()
+    finally:
+        server.shutdown()
+        server.server_close()
