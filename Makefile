@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# torch is an optional extra; the CPU build 2.13.0 when none is installed.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev,torch]'
+	# Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium).
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	touch $(STAMP)
 
 lint: $(STAMP)
