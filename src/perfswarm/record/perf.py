@@ -25,10 +25,6 @@ class PerfCollector(ToolCollector):
     tool = "perf"
     output = "perf.data"
 
-    def __init__(self, raw: Path, hz: int) -> None:
-        super().__init__(raw)
-        self.hz = hz
-
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
         return [self.exe, "record", "-e", "cpu-clock", "-g", "-k", "CLOCK_MONOTONIC",

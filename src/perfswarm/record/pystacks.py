@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from perfswarm.record.tools import ToolCollector
 
@@ -21,10 +20,6 @@ class PyStacksCollector(ToolCollector):
     name = "pystacks"
     tool = "py-spy"
     output = "pystacks.txt"
-
-    def __init__(self, raw: Path, hz: int) -> None:
-        super().__init__(raw)
-        self.hz = hz
 
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None

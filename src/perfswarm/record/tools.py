@@ -20,8 +20,9 @@ class ToolCollector(Collector):
     tool = ""
     output = ""
 
-    def __init__(self, raw: Path) -> None:
+    def __init__(self, raw: Path, hz: int) -> None:
         super().__init__(raw)
+        self.hz = hz  # sampling frequency passed to the tool
         self.proc: subprocess.Popen[bytes] | None = None
         # py-spy installs into the environment's bin/, which need not be on PATH
         beside = Path(sys.executable).parent / self.tool
