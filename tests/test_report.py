@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import markupsafe
 import pytest
 
 from perfswarm.cli.main import main
+from perfswarm.optimize.advise import advise
 from perfswarm.report import html
 from perfswarm.report.data import report_data, timeline
 from perfswarm.trace.store import Run
@@ -16,7 +18,9 @@ from perfswarm.trace.store import Run
 def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     data = report_data(corpus_runs["nccl"])
     assert set(data) == {"title", "run", "cards", "timeline", "concurrency", "iterations",
-                         "kernels", "cpu_ops", "categories", "critical_path", "swarms"}
+                         "kernels", "cpu_ops", "categories", "critical_path", "swarms",
+                         "advice"}
+    assert data["advice"] == []
     assert [c["label"] for c in data["cards"]] == [
         "step time", "throughput", "device utilization (rank 0)", "events"]
     assert data["cards"][0]["value"] == "222.442 ms"
@@ -72,3 +76,18 @@ def test_report_command(corpus_runs: dict[str, Run], tmp_path: Path,
     data = json.loads(capsys.readouterr().out)
     assert data["timeline"]["events"] == corpus_runs["event_sync"].table("events").num_rows
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_report_carries_advice(corpus_runs: dict[str, Run], tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = corpus_runs["nccl"]
+    expected = advise(run).to_dict()["advice"]
+    assert expected  # the nccl trace is host-bound: there is something to say
+    out = tmp_path / "r.html"
+    assert main(["report", str(run.path), "-o", str(out)]) == 0
+    page = out.read_text()
+    for a in expected:
+        assert str(markupsafe.escape(a["title"])) in page
+    capsys.readouterr()
+    assert main(["report", str(run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["advice"] == json.loads(json.dumps(expected))

@@ -9,6 +9,7 @@ spelling of `..` can reach anything else.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -106,8 +107,8 @@ class BoardHandler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, body, "application/json")
             elif len(parts) == 2 and parts[0] == "report" and parts[1] in runs:
                 listed = runs[parts[1]]
-                body = self.server.cache.get(("report", _stamp(listed)), lambda: html.render(
-                    report_data(Run.open(listed.path))).encode())
+                body = self.server.cache.get(("report", _stamp(listed)),
+                                             lambda: self.server.report_page(listed.path))
                 self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
             elif parts == ["compare"]:
                 self._compare(runs, parse_qs(url.query))
@@ -136,15 +137,23 @@ class BoardHandler(BaseHTTPRequestHandler):
 class BoardServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0,
+                 advice: Callable[[Run], Sequence[Mapping[str, Any]]] | None = None) -> None:
+        """`advice` (optimize.advise, given by the CLI) adds advice cards to reports."""
         if not root.is_dir():
             raise PerfswarmError(f"{root}: not a directory")
         self.root = root.resolve()
         self.cache = _ReportCache()
+        self.advice = advice
         try:
             super().__init__((host, port), BoardHandler)
         except OSError as exc:
             raise PerfswarmError(f"{host}:{port}: cannot listen ({exc.strerror or exc})") from None
+
+    def report_page(self, path: Path) -> bytes:
+        run = Run.open(path)
+        advice = self.advice(run) if self.advice else ()
+        return html.render(report_data(run, advice=advice)).encode()
 
     @property
     def url(self) -> str:

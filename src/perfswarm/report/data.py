@@ -7,6 +7,7 @@ Renderers (report/html.py) only lay this out; tests assert on the dict. Times ar
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypedDict
 
 import pyarrow as pa
@@ -137,8 +138,13 @@ def _iteration_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def report_data(run: Run, *, max_spans: int = MAX_SPANS) -> dict[str, Any]:
-    """The report of one Run as a plain dict (stable keys; see docs/cli.md)."""
+def report_data(run: Run, *, max_spans: int = MAX_SPANS,
+                advice: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The report of one Run as a plain dict (stable keys; see docs/cli.md).
+
+    `advice` is optimize.advise's list, passed in by the caller: report sits beside
+    optimize in the import order, not above it.
+    """
     manifest = run.manifest()
     analysis = analyze(run).to_dict()
     ts = run.table("events", ["ts"]).column("ts")
@@ -158,6 +164,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS) -> dict[str, Any]:
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "swarms": analysis["swarms"],
+        "advice": [dict(a) for a in advice],
     }
 
 
