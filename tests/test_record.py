@@ -246,3 +246,31 @@ def test_tree_pids_walks_descendants() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_strace_syscalls_become_events(tmp_path: Path) -> None:
+    child = "import os, time\ntime.sleep(1.0)\nfor _ in range(5):\n    os.write(1, b'.')\n"
+    result = record([PY, "-c", child], tmp_path / "s.run", RecordOptions(collectors=("strace",)))
+    status = result.run.manifest()["collectors"]["strace"]["status"]
+    if status != "ok":
+        pytest.skip(f"strace {status}")
+    rec = result.run.manifest()["extra"]["record"]
+    ev = result.run.table("events").to_pydict()
+    writes = [(ts, a) for ts, n, k, a in zip(ev["ts"], ev["name"], ev["kind"], ev["args"],
+                                              strict=True) if n == "write" and k == "syscall"]
+    assert [orjson.loads(a) for _, a in writes] == [{"args": '1, ".", 1', "result": "1"}] * 5
+    assert all(rec["start_ns"] < ts < rec["end_ns"] for ts, _ in writes)
+
+
+def test_parse_strace_pairs_unfinished_calls() -> None:
+    from perfswarm.record.strace import parse
+
+    text = ('101 1700000000.000100 read(3, "ab", 4096) = 2 <0.000012>\n'
+            "102 1700000000.000200 futex(0x1, FUTEX_WAIT, 0, NULL <unfinished ...>\n"
+            "102 1700000000.000900 <... futex resumed>) = 0 <0.000700>\n"
+            "101 1700000000.001000 +++ exited with 0 +++\n")
+    read, futex = parse(text)
+    assert (read.tid, read.ts_ns, read.dur_ns, read.name) == (101, 1700000000000100000, 12000,
+                                                              "read")
+    assert (futex.tid, futex.ts_ns, futex.dur_ns) == (102, 1700000000000200000, 700000)
+    assert orjson.loads(futex.args) == {"args": "0x1, FUTEX_WAIT, 0, NULL", "result": "0"}

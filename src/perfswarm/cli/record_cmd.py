@@ -24,7 +24,7 @@ def _line(s: Status) -> Text:
 def record_command(
     command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
-    collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks.")] = ",".join(DEFAULT_COLLECTORS),
+    collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace is opt-in.")] = ",".join(DEFAULT_COLLECTORS),
     hz: Annotated[float, typer.Option("--hz", help="System and GPU sampling rate.")] = 20.0,
     steps: Annotated[str, typer.Option("--steps", help="Profiling window SKIP:COUNT in optimizer steps.")] = "5:10",
     perf_hz: Annotated[int, typer.Option("--perf-hz", help="perf sampling frequency.")] = 499,

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.record import perf, pystacks
+from perfswarm.record import perf, pystacks, strace
 from perfswarm.record.base import read_jsonl
 from perfswarm.trace import execution_trace
 from perfswarm.trace.ingest import _describe, assign_steps, sort_events
@@ -111,6 +111,27 @@ def pyspy_samples(folded: Sequence[pystacks.Folded], start_ns: int, rank_of: dic
     return _samples(rows, "py-spy")
 
 
+def syscall_events(path: Path, rank_of: dict[int, int]) -> pa.Table:
+    """strace's syscalls as events; strace -f names threads only, so pid = tid."""
+    calls = strace.parse(path.read_text(errors="replace")) if path.is_file() else []
+    if not calls:
+        return EVENTS.empty_table()
+    n = len(calls)
+    none = pa.array(np.full(n, NONE, np.int64))
+    tids = pa.array([c.tid for c in calls], pa.int64())
+    return pa.table({
+        "rank": pa.array([rank_of.get(c.tid, NONE) for c in calls], pa.int32()),
+        "ts": pa.array([c.ts_ns for c in calls], pa.int64()),
+        "dur": pa.array([c.dur_ns for c in calls], pa.int64()),
+        "kind": pa.array(["syscall"] * n).dictionary_encode(),
+        "name": pa.array([c.name for c in calls]).dictionary_encode(),
+        "pid": tids, "tid": tids,
+        "device": pa.array(np.full(n, NONE, np.int32)), "stream": none, "correlation": none,
+        "external_id": none, "rf_id": none, "step": pa.array(np.full(n, NONE, np.int32)),
+        "args": pa.array([c.args for c in calls], pa.string()),
+    }).cast(EVENTS)
+
+
 def counters(paths: Iterable[Path]) -> pa.Table:
     rows = [r for p in paths for r in read_jsonl(p)]
     if not rows:
@@ -147,7 +168,9 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
                        STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
-        events = assign_steps(sort_events(concat([p.events for p in parts], EVENTS)), steps)
+        events = concat([*(p.events for p in parts), syscall_events(raw / "strace.txt", rank_of)],
+                        EVENTS)
+        events = assign_steps(sort_events(events), steps)
         run.write_table("events", events)
         run.write_table("steps", steps)
         run.write_table("flows", concat([p.flows for p in parts], FLOWS))

@@ -26,12 +26,13 @@ from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.gpu import GpuSampler
 from perfswarm.record.perf import PerfCollector
 from perfswarm.record.pystacks import PyStacksCollector
+from perfswarm.record.strace import StraceCollector
 from perfswarm.record.system import SystemSampler
 from perfswarm.record.torch_profiler import TorchCollector
 from perfswarm.trace.store import Run, new_manifest
 
-COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
-DEFAULT_COLLECTORS = COLLECTORS
+DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
+COLLECTORS = (*DEFAULT_COLLECTORS, "strace")  # strace is opt-in: it slows every syscall
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -87,6 +88,7 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
         "gpu": lambda: GpuSampler(raw, options.hz),
         "perf": lambda: PerfCollector(raw, options.perf_hz),
         "pystacks": lambda: PyStacksCollector(raw, options.pystacks_hz),
+        "strace": lambda: StraceCollector(raw, 0),
     }
     return [make[n]() for n in dict.fromkeys(names)]
 
