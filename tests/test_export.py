@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import corpus
 from perfswarm.cli.main import main
 from perfswarm.report import perfetto
+from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 from perfswarm.trace.timebase import ns_to_us_text
 
@@ -45,6 +47,14 @@ def test_written_file_has_three_decimal_times_and_every_source(
              if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     assert steps == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
     text = gzip.decompress(out.read_bytes()).decode()
+    manifest = run.manifest()
+    assert [e for e in data["traceEvents"] if e["ph"] == "M"] == [
+        *({"ph": "M", "name": "process_name", "pid": int(k.split(":")[1]), "tid": 0,
+           "args": {"name": v}} for k, v in sorted(manifest["processes"].items())),
+        *({"ph": "M", "name": "thread_name", "pid": int(k.split(":")[1]),
+           "tid": int(k.split(":")[2]), "args": {"name": v}}
+          for k, v in sorted(manifest["threads"].items()))]
+    assert manifest["processes"]
     kernel = next(e for e in data["traceEvents"] if e.get("cat") == "kernel")
     assert {"device", "stream", "correlation", "External id"} <= set(kernel["args"])
     assert kernel["pid"] == kernel["args"]["device"] and kernel["tid"] == kernel["args"]["stream"]
@@ -73,3 +83,17 @@ def test_export_command(corpus_runs: dict[str, Run], tmp_path: Path,
     assert result == {"format": "perfetto", "path": str(out), "bytes": out.stat().st_size}
     assert len(json.loads(out.read_text())["traceEvents"]) > 840
     assert main(["export", str(tmp_path / "missing"), "-o", str(out)]) == 2
+
+
+def test_two_ranks_get_their_own_pids(tmp_path: Path) -> None:
+    run = import_traces([corpus("compare_base"), corpus("compare_test")], tmp_path / "two.run",
+                        ImportOptions(ranks=(0, 1)), ["t"])
+    trace = json.loads(perfetto.dumps(perfetto.export_chrome_trace(run)))
+    assert "distributedInfo" not in trace
+    spans = [e for e in trace["traceEvents"] if e["ph"] in ("X", "i")]
+    events = run.table("events").to_pylist()
+    assert len(spans) == len(events)
+    pids_of_rank: dict[int, set[int]] = {0: set(), 1: set()}
+    for span, row in zip(spans, events, strict=True):
+        pids_of_rank[row["rank"]].add(span["pid"])
+    assert pids_of_rank[0] and pids_of_rank[1] and not pids_of_rank[0] & pids_of_rank[1]
