@@ -80,7 +80,8 @@ def hta_python() -> Path | None:
         subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "holistictraceanalysis"],
                        check=True)
-    ok = subprocess.run([str(python), "-c", "import hta.trace_analysis"], capture_output=True)
+    ok = subprocess.run([str(python), "-c", "import hta.trace_analysis"], check=False,
+                        capture_output=True)
     return python if ok.returncode == 0 else None
 
 
