@@ -217,6 +217,9 @@ class Run:
                 for part in parts:
                     writer.write_table(part.select(schema.names).cast(schema),
                                        row_group_size=1 << 20)
+                    del part
+                    # Hand freed slices back to the OS, so writing costs one slice, not many.
+                    pa.default_memory_pool().release_unused()
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
