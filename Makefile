@@ -30,9 +30,9 @@ test: lint typecheck unit
 demo: $(STAMP)
 	$(VENV)/bin/perfswarm demo
 
+# Every benchmark script, one after the other (each prints its own ratios; see docs/benchmarks.md).
 bench: $(STAMP)
-	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) benchmarks/ingest.py
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
