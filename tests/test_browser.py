@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -44,6 +45,11 @@ def open_page(browser: Any, url: str) -> tuple[Any, list[str]]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
+    # Works offline: any request besides the page's own origin is an error.
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc}/" if parts.netloc else "file:"
+    page.on("request", lambda r: None if r.url.startswith((origin, "data:"))
+            else errors.append(f"fetched {r.url}"))
     page.goto(url, wait_until="load")
     return page, errors
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import markupsafe
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from perfswarm.cli.main import main
 from perfswarm.optimize.advise import advise
@@ -50,6 +52,20 @@ def test_longest_spans_kept_when_downsampled(corpus_runs: dict[str, Run]) -> Non
     durs = sorted((e["dur"] for e in corpus_runs["simple_add"].table("events").to_pylist()),
                   reverse=True)[:10]
     assert sorted(tl["spans"]["dur_ms"], reverse=True) == [d / 1e6 for d in durs]
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limit=st.integers(1, 1200))
+def test_downsampling_keeps_the_longest(corpus_runs: dict[str, Run], limit: int) -> None:
+    run = corpus_runs["simple_add"]
+    tl = timeline(run, 0, max_spans=limit)
+    durs = sorted((e for e in run.table("events").column("dur").to_pylist() if e > 0),
+                  reverse=True)
+    assert tl["shown"] == min(limit, len(durs)) and tl["downsampled"] == (limit < len(durs))
+    assert sorted(tl["spans"]["dur_ms"], reverse=True) == [d / 1e6 for d in durs[:limit]]
+    starts = tl["spans"]["start_ms"]
+    assert starts == sorted(starts)  # one rank: drawn in time order
 
 
 def test_safe_json_escapes_markup() -> None:
