@@ -74,12 +74,14 @@ def _args(raw: str | None, extra: dict[str, int]) -> orjson.Fragment | dict[str,
         return orjson.Fragment((raw or "{}").encode())
     try:
         parsed = orjson.loads(raw or "{}")
-    except orjson.JSONDecodeError:  # integers beyond 64 bits: the stdlib reads any
-        parsed = json.loads(raw or "{}")
+    except orjson.JSONDecodeError:  # integers beyond 64 bits: the stdlib reads and writes any
+        wide = json.loads(raw or "{}")
+        wide = wide if isinstance(wide, dict) else {"args": wide}
+        return orjson.Fragment(json.dumps({**wide, **extra}, ensure_ascii=False).encode())
     if not isinstance(parsed, dict):
         parsed = {"args": parsed}
     parsed.update(extra)
-    return orjson.Fragment(json.dumps(parsed, ensure_ascii=False).encode())
+    return parsed
 
 
 class _Pids:
