@@ -35,6 +35,7 @@ class _Window:
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.stem = f"rank{self.rank}-pid{self.pid}"
         self.hook_ns: list[int] = []
+        self.step_done_ns: dict[int, int] = {}
         self.prof: Any = None
         self.et: Any = None
 
@@ -46,12 +47,14 @@ class _Window:
         if done == self.skip:
             self._start()
         elif self.prof is not None:
-            if self.et is not None:
-                self._stop_et()
             if done == self.skip + self.count:
                 self._stop()
             else:
                 self.prof.step()
+                # when step() returned: ProfilerStep#N ended between this and hook_ns[-1]
+                self.step_done_ns[done - 1] = time.time_ns()
+            if self.et is not None:  # after the marker, so the ET's file write is not in it
+                self._stop_et()
 
     def _start(self) -> None:
         import torch
@@ -94,7 +97,8 @@ class _Window:
             self._stop()
         path = os.path.join(self.out, f"steps-{self.stem}.json")
         with open(path + ".tmp", "w") as f:
-            json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns}, f)
+            json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
+                       "step_done_ns": self.step_done_ns}, f)
         os.replace(path + ".tmp", path)
 
 
