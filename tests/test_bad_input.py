@@ -113,3 +113,12 @@ def test_sql_is_read_only(corpus_runs: dict[str, object], capsys: pytest.Capture
         assert err.startswith("perfswarm: error: sql:"), err
     assert main(["sql", path, "SELECT count(*) AS n FROM events", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"n": 33}]
+
+
+@pytest.mark.parametrize("argv", [["info"], ["nosuch"], ["import"], ["sql", "x"],
+                                  ["import", "a.json", "--streaming", "sometimes"]])
+def test_usage_errors_exit_2_without_traceback(argv: list[str],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Error" in err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import click
+import typer
 import typer.main
 
 from perfswarm.cli import commands  # noqa: F401  (registers every *_cmd module on `app`)
@@ -20,14 +20,18 @@ def main(argv: list[str] | None = None) -> int:
     except PerfswarmError as exc:
         err_console.print(f"perfswarm: error: {exc}", markup=False, soft_wrap=True)
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("perfswarm: aborted", markup=False)
         return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.TyperException as exc:  # typer's click: usage errors, bad parameters
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            err_console.print(f"perfswarm: error: {exc}", markup=False)
+        return int(getattr(exc, "exit_code", 2))
     return result if isinstance(result, int) else 0
 
 
