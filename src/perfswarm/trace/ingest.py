@@ -211,7 +211,9 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
         _describe(manifest, run.add_raw(path), _rank(options, i, meta), meta, rows)
     if progress:
         progress("merging (out of core)", len(paths), len(paths))
-    limit = f"{max(256, _memory_bytes() // 8 >> 20)}MB"
+    # A fixed budget, not a share of RAM: this path exists for inputs that do not fit,
+    # and DuckDB spills its sort and joins to disk past it.
+    limit = "512MB"
     merge.merge(run, spills, scratch, limit)
     shutil.rmtree(scratch, ignore_errors=True)
     return run.table("events", ["rank", "rf_id", "external_id"])

@@ -35,7 +35,7 @@ from perfswarm.trace.kineto import (
 )
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
 
-BATCH = 100_000
+BATCH = 50_000
 _META_KEYS = ("baseTimeNanoseconds", "deviceProperties", "distributedInfo", "schemaVersion",
               "traceName", "displayTimeUnit", "record_shapes")
 
