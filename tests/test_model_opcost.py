@@ -1,0 +1,95 @@
+"""Hardware specs, op cost from recorded shapes, roofline."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.opcost import op_cost, op_cost_from_args, roofline
+from perfswarm.model.specs import device_specs, load_spec
+
+DEVICES = ["V100", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "MI250",
+           "MI300X"]
+
+
+def test_every_issue_device_has_a_cited_spec() -> None:
+    assert list(device_specs()) == DEVICES
+    for spec in device_specs().values():
+        assert spec.source and spec.peak_flops["fp32"] > 0 and spec.memory_bandwidth > 0
+
+
+def test_spec_values_and_lookup() -> None:
+    h200 = load_spec("h200")
+    assert h200.memory_bandwidth == 4.8e12
+    assert h200.peak_for("bf16") == pytest.approx(989.4e12)
+    assert h200.ridge_point("bf16") == pytest.approx(206.125)
+    assert load_spec("V100").peak_for("fp8") == pytest.approx(15.7e12)  # no fp8: fp32 rate
+    assert load_spec("A100-80GB").to_dict()["memory_bandwidth_gbps"] == 2039.0
+    with pytest.raises(PerfswarmError, match="unknown device"):
+        load_spec("B200")
+
+
+def test_gemm_costs() -> None:
+    mm = op_cost("aten::mm", [[64, 128], [128, 32]], ["float", "float"])
+    assert mm is not None and mm.family == "gemm"
+    assert mm.flops == 2 * 64 * 128 * 32
+    assert mm.bytes == 4 * (64 * 128 + 128 * 32 + 64 * 32)
+    addmm = op_cost("aten::addmm", [[32], [64, 128], [128, 32], [], []],
+                    ["c10::Half", "c10::Half", "c10::Half", "Scalar", "Scalar"])
+    assert addmm is not None and addmm.dtype == "fp16"
+    assert addmm.flops == mm.flops and addmm.bytes == 2 * (64 * 128 + 128 * 32 + 64 * 32 + 32)
+    bmm = op_cost("aten::bmm", [[8, 64, 128], [8, 128, 32]], ["float", "float"])
+    assert bmm is not None and bmm.flops == 8 * mm.flops
+    linear = op_cost("aten::linear", [[4, 16, 128], [32, 128], [32]], ["float"] * 3)
+    assert linear is not None and linear.flops == mm.flops
+    assert op_cost("aten::mm", [[64, 128], [127, 32]], ["float", "float"]) is None
+
+
+def test_conv_embedding_sdpa_and_memory_ops() -> None:
+    conv = op_cost("aten::conv2d", [[2, 3, 8, 8], [16, 3, 3, 3], [16]], ["float"] * 3)
+    assert conv is not None and conv.flops == 2 * 2 * 16 * 64 * 3 * 9
+    bag = op_cost("aten::embedding_bag", [[1000, 64], [512], [32]],
+                  ["float", "long int", "long int"])
+    assert bag is not None and bag.flops == 512 * 64
+    sdpa = op_cost("aten::scaled_dot_product_attention",
+                   [[2, 4, 128, 64], [2, 4, 128, 64], [2, 4, 128, 64]], ["c10::BFloat16"] * 3)
+    assert sdpa is not None and sdpa.flops == 4 * 2 * 4 * 128 * 128 * 64 + 5 * 2 * 4 * 128 * 128
+    add = op_cost("aten::add", [[1024, 1024], [1024, 1024], []], ["float", "float", "Scalar"])
+    assert add is not None and add.bytes == 3 * 4 * 1024 * 1024 and add.flops == 1024 * 1024
+    total = op_cost("aten::sum", [[256, 256]], ["float"])
+    assert total is not None and total.bytes == 4 * (256 * 256 + 1)
+    copy = op_cost("aten::copy_", [[100], [100], []], ["float", "float", "Scalar"])
+    assert copy is not None and copy.flops == 0 and copy.bytes == 800
+    assert op_cost("aten::empty", [[], [], []], ["", "", ""]) is None
+
+
+def test_roofline_bounds() -> None:
+    h100 = load_spec("H100-SXM")
+    big = op_cost("aten::mm", [[8192, 8192], [8192, 8192]], ["c10::BFloat16"] * 2)
+    add = op_cost("aten::add", [[1 << 20], [1 << 20], []], ["float", "float", "Scalar"])
+    assert big is not None and add is not None
+    assert roofline(big, h100).bound == "compute"
+    assert roofline(big, h100).time_s == pytest.approx(2 * 8192**3 / 989.4e12)
+    assert roofline(add, h100).bound == "memory"
+    assert roofline(add, h100).time_s == pytest.approx(12 * (1 << 20) / 3.35e12)
+
+
+def test_op_cost_from_events_args() -> None:
+    args = orjson.dumps({"Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}).decode()
+    cost = op_cost_from_args("aten::mm", args)
+    assert cost is not None and cost.flops == 128
+    assert op_cost_from_args("aten::mm", "{}") is None
+    assert op_cost_from_args("aten::mm", "not json") is None
+
+
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 64), st.integers(1, 8))
+def test_bmm_scales_linearly_in_batch(m: int, k: int, n: int, b: int) -> None:
+    one = op_cost("aten::mm", [[m, k], [k, n]], ["float", "float"])
+    many = op_cost("aten::bmm", [[b, m, k], [b, k, n]], ["float", "float"])
+    assert one is not None and many is not None
+    assert many.flops == b * one.flops and many.bytes == b * one.bytes
+    spec = load_spec("A100-80GB")
+    assert roofline(many, spec).time_s >= roofline(one, spec).time_s
