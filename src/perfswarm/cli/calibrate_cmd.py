@@ -1,9 +1,9 @@
-"""`perfswarm calibrate --collectives`: sweep collectives across local processes, fit models."""
+"""`perfswarm calibrate`: fit kernel models on the local CPU, or collective models (--collectives)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -13,22 +13,26 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, print_json
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.calibrate import calibrate as kernel_calibration
 from perfswarm.model.collective_bench import calibration, sweep
 from perfswarm.trace.store import atomic_write_bytes
 
 
 @app.command("calibrate")
 def calibrate_command(
+    device: Annotated[str, typer.Option("--device", help="Device to calibrate kernel models on (cpu; CUDA is not built yet).")] = "cpu",
+    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, elementwise, reduction, copy).")] = 0.5,
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", help="Local processes in the sweep.")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")] = Path("collectives-profile.json"),
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json or collectives-profile.json).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
-    """Calibrate models on this machine (today: the collective models, with --collectives)."""
+    """Calibrate kernel models on this CPU, or collective models with --collectives."""
     if not collectives:
-        raise PerfswarmError("calibrate: only --collectives is available so far "
-                             "(kernel-model calibration is not built yet)")
+        _kernels(device, budget, out or Path("cpu-profile.json"), as_json)
+        return
+    out = out or Path("collectives-profile.json")
     if backend not in ("auto", "gloo", "nccl"):
         raise typer.BadParameter("must be auto, gloo or nccl", param_hint="--backend")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -36,8 +40,7 @@ def calibrate_command(
         bar.add_task(f"sweeping collectives across {world_size} processes")
         result = sweep(world_size=world_size, backend=backend)  # type: ignore[arg-type]
     profile = calibration(result)
-    atomic_write_bytes(out, orjson.dumps(profile, option=orjson.OPT_INDENT_2
-                                         | orjson.OPT_SORT_KEYS) + b"\n")
+    _save(out, profile)
     if as_json:
         print_json(profile)
         return
@@ -47,5 +50,33 @@ def calibrate_command(
         regimes = "; ".join(f"{r['latency_us']:.1f} us, {r['bandwidth_gbps']:.2f} GB/s"
                             for r in model["regimes"])
         table.add_row(op, regimes, f"{100 * profile['gmae_in_sample'][op]:.1f}%")
+    console.print(table)
+    console.print(f"profile: {out}")
+
+
+def _save(out: Path, profile: dict[str, Any]) -> None:
+    atomic_write_bytes(out, orjson.dumps(profile, option=orjson.OPT_INDENT_2
+                                         | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def _kernels(device: str, budget_min: float, out: Path, as_json: bool) -> None:
+    if device != "cpu":
+        raise PerfswarmError(f"calibrate: --device {device}: only cpu is built so far")
+    if budget_min <= 0:
+        raise PerfswarmError("calibrate: --budget must be positive (minutes)")
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        bar.add_task(f"kernel sweeps on the cpu ({budget_min:g} min budget)")
+        profile = kernel_calibration(budget_min * 60.0)
+    _save(out, profile)
+    if as_json:
+        print_json(profile)
+        return
+    families = profile["families"]
+    assert isinstance(families, dict)
+    table = Table("op type", "points", "GMAE (held out)", title="kernel models, cpu",
+                  title_justify="left")
+    for family, fitted in sorted(families.items()):
+        table.add_row(family, str(fitted["points"]), f"{100 * fitted['gmae_held_out']:.1f}%")
     console.print(table)
     console.print(f"profile: {out}")
