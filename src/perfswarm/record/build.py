@@ -70,7 +70,8 @@ class _Stacks:
         self.ids: dict[tuple[tuple[str, str, int], ...], int] = {}
 
     def id(self, frames: tuple[tuple[str, str, int], ...]) -> int:
-        return self.ids.setdefault(frames, len(self.ids))
+        # A sample the unwinder found no frames for still needs a stack row to join to.
+        return self.ids.setdefault(frames or (("[unknown]", "", NONE),), len(self.ids))
 
     def table(self) -> pa.Table:
         rows: dict[str, list[object]] = {"stack_id": [], "depth": [], "function": [],
