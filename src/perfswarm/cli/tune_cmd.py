@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from perfswarm.cli.app import app
@@ -32,11 +33,19 @@ def tune_command(
     options = TuneOptions(out=out, trials=trials, storage=storage, study=study,
                           step_pattern=step_pattern, warmup=warmup, seed=seed, timeout_s=timeout)
 
-    def progress(msg: str) -> None:
-        if not quiet:
-            err_console.print(msg, markup=False)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True,
+                  disable=quiet) as bar:
+        task = bar.add_task("tuning (baseline + trials)", total=trials + 1)
 
-    result = tune(command, load_space(space), options, progress)
+        def progress(msg: str) -> None:
+            if not quiet:
+                bar.console.print(msg, markup=False)
+            # One closing line per finished run: the baseline's rate, then each trial's outcome.
+            if msg.startswith("trial ") or (msg.startswith("baseline:") and "steps/s" in msg):
+                bar.advance(task)
+
+        result = tune(command, load_space(space), options, progress)
     summary = result.to_dict()
     if as_json:
         print_json(summary)
