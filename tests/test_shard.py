@@ -107,7 +107,7 @@ def test_memory_capacity() -> None:
     ("tables: []", "non-empty"), ("tables: [{rows: 1}]", "missing 'dim'"),
     ("tables: [{rows: 1, dim: 0}]", "positive"),
     ("tables: [{rows: 1, dim: 4, distribution: pareto}]", "zipf:S"),
-    ("[", "not YAML"), ("batch_size: 0\ntables: [{rows: 1, dim: 4}]", "batch_size"),
+    ("[", "invalid YAML"), ("batch_size: 0\ntables: [{rows: 1, dim: 4}]", "batch_size"),
 ])
 def test_bad_tables_yaml(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "t.yaml"

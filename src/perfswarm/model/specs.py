@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
-
-import yaml
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.yamlfile import bundled_mapping
 
 
 @dataclass(frozen=True)
@@ -61,10 +59,7 @@ def _spec(name: str, raw: object) -> DeviceSpec:
 @cache
 def device_specs() -> dict[str, DeviceSpec]:
     """Every device of the bundled YAML, by name, in file order."""
-    text = resources.files("perfswarm.model").joinpath("devices.yaml").read_text()
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise PerfswarmError("devices.yaml: expected a mapping of names")
+    data = bundled_mapping("perfswarm.model", "devices.yaml")
     return {str(name): _spec(str(name), raw) for name, raw in data.items()}
 
 

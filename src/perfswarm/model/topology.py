@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cache
-from importlib import resources
 from typing import Literal
 
-import yaml
-
 from perfswarm.errors import PerfswarmError
+from perfswarm.yamlfile import bundled_mapping
 
 Fabric = Literal["switch", "p2p", "bus"]
 _FABRIC_NAMES: dict[str, Fabric] = {"switch": "switch", "p2p": "p2p", "bus": "bus"}
@@ -66,10 +64,7 @@ def _link(name: str, spec: object) -> Link:
 @cache
 def interconnects() -> dict[str, Link]:
     """Every interconnect of the bundled YAML, by name, in file order."""
-    text = resources.files("perfswarm.model").joinpath("interconnects.yaml").read_text()
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise PerfswarmError("interconnects.yaml: expected a mapping of names")
+    data = bundled_mapping("perfswarm.model", "interconnects.yaml")
     return {str(name): _link(str(name), spec) for name, spec in data.items()}
 
 

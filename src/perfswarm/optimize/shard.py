@@ -27,10 +27,10 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-import yaml
 from scipy.optimize import nnls
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.yamlfile import read_yaml
 
 Strategy = Literal["size_greedy", "lookup_greedy", "time_balanced"]
 STRATEGIES: tuple[Strategy, ...] = ("size_greedy", "lookup_greedy", "time_balanced")
@@ -128,12 +128,7 @@ def _table(i: int, spec: object) -> Table:
 
 def load_workload(path: Path, batch: int | None = None) -> Workload:
     """TABLES.yaml: `batch_size` and `tables` (name, rows, dim, pooling, distribution)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PerfswarmError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise PerfswarmError(f"{path}: not YAML: {str(exc).splitlines()[0]}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("tables"), list) \
             or not data["tables"]:
         raise PerfswarmError(f"{path}: expected a mapping with a non-empty 'tables' list")

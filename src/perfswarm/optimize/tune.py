@@ -26,10 +26,10 @@ from typing import Any, Literal, TypedDict
 
 import optuna
 import orjson
-import yaml
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.store import atomic_write_bytes
+from perfswarm.yamlfile import read_yaml
 
 ParamKind = Literal["int", "float", "categorical", "bool"]
 Value = int | float | str | bool
@@ -113,12 +113,7 @@ def _param(path: Path, i: int, raw: object) -> Param:
 
 def load_space(path: Path) -> tuple[Param, ...]:
     """The search space of a YAML file: `params: [{name, type, low/high/choices, env|flag}]`."""
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PerfswarmError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise PerfswarmError(f"{path}: invalid YAML ({exc})") from None
+    doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("params"), list) or not doc["params"]:
         raise PerfswarmError(f"{path}: expected a mapping with a non-empty `params` list")
     params = tuple(_param(path, i, p) for i, p in enumerate(doc["params"]))
