@@ -52,11 +52,12 @@ def merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: 
             WHERE kind IN ('runtime', 'driver') AND correlation <> -1
             GROUP BY rank, correlation
         """)
-        columns = ", ".join(f'h."{c}"' for c in TABLES["events"].names if c != "step")
+        columns = ", ".join(f'h."{c}"' for c in TABLES["events"].names
+                            if c not in ("step", "args"))
         ordered = scratch / "events-sorted.parquet"
         con.execute(f"""
             COPY (
-              SELECT {columns.replace('h."args"', '')}
+              SELECT {columns},
                      CAST(CASE WHEN h.kind IN ({device}) AND h.correlation <> -1
                                     AND l.lstep IS NOT NULL
                                THEN l.lstep ELSE h.hstep END AS INTEGER) AS step,

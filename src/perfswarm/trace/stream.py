@@ -36,8 +36,9 @@ from perfswarm.trace.kineto import (
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
 
 BATCH = 50_000
-_META_KEYS = ("baseTimeNanoseconds", "deviceProperties", "distributedInfo", "schemaVersion",
-              "traceName", "displayTimeUnit", "record_shapes")
+# Only what the import needs: each key costs a pass over the file (the ones written before the
+# events stop early), so informational keys (traceName, schemaVersion, ...) are not read here.
+_META_KEYS = ("deviceProperties", "distributedInfo", "baseTimeNanoseconds")
 
 
 def _open(path: Path) -> IO[bytes]:
