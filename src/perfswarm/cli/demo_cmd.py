@@ -22,7 +22,7 @@ from perfswarm.report.data import report_data
 def demo_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory (replaced if it exists).")] = Path("demo.run"),
     report: Annotated[Path, typer.Option("--report", help="HTML report to write.")] = Path("demo-report.html"),
-    steps: Annotated[int, typer.Option("--steps", help="Training steps of the workload.")] = 24,
+    steps: Annotated[int, typer.Option("--steps", min=4, help="Training steps of the workload (at least 4).")] = 24,
     loader_delay_ms: Annotated[float, typer.Option("--loader-delay-ms", help="Per-batch DataLoader delay: makes the run input-bound.")] = 20.0,
 ) -> int:
     """Record the bundled CNN trainer (slow DataLoader), analyze it, advise, and write the report."""
