@@ -26,7 +26,8 @@ CHILD = """import json, sys, time
 from perfswarm.analyze import summary
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.concurrency import concurrency
-from perfswarm.analyze.critical_path import critical_path, sync_events
+from perfswarm.analyze.critical_path import critical_path
+from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.launch import launch_stats
 from perfswarm.analyze.ops import op_breakdown

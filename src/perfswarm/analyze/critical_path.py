@@ -16,52 +16,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgspec
 import numpy as np
 
+from perfswarm.analyze.dependencies import Dependencies, SyncEvent, dependencies
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
-from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
-from perfswarm.analyze.stragglers import occurrences
-from perfswarm.trace.store import Run
+from perfswarm.analyze.launch import DEVICE_OPS
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "launch_latency", "kernel",
                      "collective", "memcpy", "memset")
 HOST_STATES: Final = ("cpu", "runtime", "host_idle")
-SYNC_CALLS: Final = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
-                               "cudaEventSynchronize", "cudaMemcpy", "hipDeviceSynchronize",
-                               "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"})
 TOP = 20
-
-
-class SyncArgs(msgspec.Struct):
-    cuda_sync_kind: str = ""
-    stream: int = -1
-    wait_on_stream: int = -1
-    wait_on_cuda_event_record_corr_id: int = -1
-
-
-@dataclass(frozen=True)
-class SyncEvent:
-    row: int
-    kind: str  # "Stream Wait Event", "Event Sync", "Stream Sync", "Context Sync"
-    stream: int
-    wait_on_stream: int
-    record_correlation: int
-
-
-def sync_events(run: Run, ev: Events) -> list[SyncEvent]:
-    """The `sync` rows with the fields of their args that say what they waited on."""
-    rows = np.flatnonzero(ev.of_kind("sync"))
-    if len(rows) == 0:
-        return []
-    args = run.table("events", columns=["args"]).column("args").take(rows).to_pylist()
-    out = []
-    for row, text in zip(rows.tolist(), args, strict=True):
-        a = msgspec.json.decode(text or "{}", type=SyncArgs)
-        out.append(SyncEvent(row, a.cuda_sync_kind, a.stream, a.wait_on_stream,
-                             a.wait_on_cuda_event_record_corr_id))
-    return out
 
 
 @dataclass(frozen=True)
@@ -87,111 +52,20 @@ class CriticalPath:
 
 @dataclass
 class _Graph:
-    """Dependencies of every device op and host sync call, resolved once."""
+    """Dependencies of every device op and host sync call, and each host thread's states."""
 
     ev: Events
-    prev_on_stream: dict[int, int] = field(default_factory=dict)
-    launch_of: dict[int, int] = field(default_factory=dict)
-    waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
-    sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
-    peers: dict[int, list[int]] = field(default_factory=dict)  # collective -> same on others
+    deps: Dependencies
     # keyed by lane_key(rank, tid)
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     thread_start: dict[int, int] = field(default_factory=dict)
 
 
-def _last_launched_before(ev: Events, ops: I64, launch_ts: I64, t: int) -> int | None:
-    """Of `ops` (sorted by launch time), the last launched before t."""
-    i = int(np.searchsorted(launch_ts, t, side="left")) - 1
-    return int(ops[i]) if i >= 0 else None
-
-
 def _build(ev: Events, syncs: list[SyncEvent]) -> _Graph:
-    g = _Graph(ev)
-    dev_all = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
-    dev, calls = launch_pairs(ev, np.arange(len(ev)))
-    g.launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
-    launch_ts = ev.ts.copy()
-    launch_ts[dev] = ev.ts[calls]
-    by_stream: dict[int, I64] = {}
-    for key, lane in group_rows(lane_key(ev.rank[dev_all], ev.stream[dev_all]), dev_all).items():
-        rows = lane[np.argsort(ev.ts[lane], kind="stable")]
-        by_stream[key] = rows[np.argsort(launch_ts[rows], kind="stable")]
-        g.prev_on_stream.update(zip(rows[1:].tolist(), rows[:-1].tolist(), strict=True))
-    all_calls = np.flatnonzero(ev.of_kind("runtime", "driver") & (ev.correlation >= 0))
-    call_keys = lane_key(ev.rank[all_calls], ev.correlation[all_calls])
-    order = np.argsort(call_keys, kind="stable")
-    call_keys, all_calls = call_keys[order], all_calls[order]
-
-    def call_of_corr(rank: int, correlation: int) -> int | None:
-        key = int(lane_key(rank, correlation))
-        i = int(np.searchsorted(call_keys, key))
-        return int(all_calls[i]) if i < len(call_keys) and call_keys[i] == key else None
-
-    def recorded(rank: int, stream: int, record_corr: int) -> int | None:
-        call = call_of_corr(rank, record_corr)
-        ops = by_stream.get(int(lane_key(rank, stream)))
-        if call is None or ops is None:
-            return None
-        return _last_launched_before(ev, ops, launch_ts[ops], int(ev.ts[call]))
-
-    rank_dev = {r: dev_all[ev.rank[dev_all] == r] for r in ev.ranks}
-    for s in syncs:
-        rank = int(ev.rank[s.row])
-        call = call_of_corr(rank, int(ev.correlation[s.row]))
-        if s.kind == "Stream Wait Event":
-            target = recorded(rank, s.wait_on_stream, s.record_correlation)
-            waiting = by_stream.get(int(lane_key(rank, s.stream)))
-            if target is None or waiting is None or call is None:
-                continue
-            after = waiting[launch_ts[waiting] > ev.ts[call]]
-            if len(after):
-                g.waits_for[int(after[0])] = target
-            continue
-        if call is None:
-            continue
-        if s.kind == "Event Sync":
-            target = recorded(rank, s.wait_on_stream, s.record_correlation)
-        else:
-            pool = (by_stream.get(int(lane_key(rank, s.stream))) if s.kind == "Stream Sync"
-                    else rank_dev[rank])
-            target = _latest_end_launched_before(ev, pool, launch_ts, int(ev.end[call]))
-        if target is not None:
-            g.sync_target[call] = target
-    # Old traces have no sync events: a synchronizing call waits for everything launched.
-    sync_names = [i for i, n in enumerate(ev.names) if n in SYNC_CALLS]
-    for call in np.flatnonzero(ev.of_kind("runtime") & np.isin(ev.name, sync_names)).tolist():
-        if call not in g.sync_target:
-            target = _latest_end_launched_before(ev, rank_dev[int(ev.rank[call])], launch_ts,
-                                                 int(ev.end[call]))
-            if target is not None:
-                g.sync_target[call] = target
-    _collective_peers(g, dev_all)
+    g = _Graph(ev, dependencies(ev, syncs))
     _threads(g)
     return g
-
-
-def _latest_end_launched_before(ev: Events, pool: I64 | None, launch_ts: I64,
-                                t: int) -> int | None:
-    if pool is None or len(pool) == 0:
-        return None
-    cand = pool[(launch_ts[pool] < t) & (ev.ts[pool] < t)]
-    return int(cand[np.argmax(ev.end[cand])]) if len(cand) else None
-
-
-def _collective_peers(g: _Graph, dev_all: I64) -> None:
-    ev = g.ev
-    coll = dev_all[ev.kind[dev_all] == KIND["collective"]]
-    instances: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for rank in ev.ranks:
-        rows = coll[ev.rank[coll] == rank]
-        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-        for row, occ in zip(rows.tolist(), occurrences(ev, rows).tolist(), strict=True):
-            instances[(int(ev.name[row]), occ)].append(row)
-    for rows in instances.values():
-        for row in rows:
-            g.peers[row] = [r for r in rows if r != row]
 
 
 def _threads(g: _Graph) -> None:
@@ -208,8 +82,9 @@ def _threads(g: _Graph) -> None:
         codes = np.where(in_call, 1, np.where(busy, 0, 2)).astype(np.int64)
         g.thread_sums[key] = StateSums(points, codes, len(HOST_STATES), 2)
         g.thread_start[key] = int(starts.min())
-        waited = [c for c in rows[calls].tolist() if c in g.sync_target
-                  and ev.end[g.sync_target[c]] > ev.ts[c] and ev.ts[g.sync_target[c]] < ev.end[c]]
+        target = g.deps.sync_target
+        waited = [c for c in rows[calls].tolist() if c in target
+                  and ev.end[target[c]] > ev.ts[c] and ev.ts[target[c]] < ev.end[c]]
         waited.sort(key=lambda c: int(ev.end[c]))
         g.thread_syncs[key] = (np.array(waited, np.int64),
                                np.array([ev.end[c] for c in waited], np.int64))
@@ -234,7 +109,7 @@ class _Walk:
         """Account device op `row` up to t; return the next state."""
         ev, g = self.g.ev, self.g
         start = int(ev.ts[row])
-        peers = [p for p in g.peers.get(row, []) if ev.ts[p] > start]
+        peers = [p for p in g.deps.peers.get(row, []) if ev.ts[p] > start]
         if peers:
             late = max(peers, key=lambda p: (int(ev.ts[p]), -p))
             self.add("collective", int(ev.ts[late]), t, row)
@@ -244,10 +119,10 @@ class _Walk:
         self.add(_device_category(ev, row), start, t, row)
         self.device_ops += int(t > start)
         preds: list[tuple[int, int, str]] = []  # (ready, row, where)
-        for dep in (g.prev_on_stream.get(row), g.waits_for.get(row)):
+        for dep in (g.deps.prev_on_stream.get(row), g.deps.waits_for.get(row)):
             if dep is not None and ev.ts[dep] <= start:
                 preds.append((min(int(ev.end[dep]), start), dep, "dev"))
-        call = g.launch_of.get(row)
+        call = g.deps.launch_of.get(row)
         if call is not None and ev.ts[call] <= start:
             preds.append((min(int(ev.end[call]), start), call, "host"))
         if not preds:
@@ -274,7 +149,7 @@ class _Walk:
         for state, ns in zip(HOST_STATES, sums.between(int(ev.end[call]), t).tolist(),
                              strict=True):
             self.ns[state] += ns
-        target = g.sync_target[call]
+        target = g.deps.sync_target[call]
         done = min(int(ev.end[target]), int(ev.end[call]))
         self.add("sync", done, int(ev.end[call]), call)
         return ("dev", target, done)
@@ -290,7 +165,7 @@ def critical_path(ev: Events, syncs: list[SyncEvent], top: int = TOP) -> Critica
     # The path ends with the last device op or the last host work of a thread that
     # launches device work; helper threads that outlive both are not what the run waited for.
     g = _build(ev, syncs)
-    calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
+    calls = np.fromiter(g.deps.launch_of.values(), np.int64, len(g.deps.launch_of))
     host = np.flatnonzero(ev.host_busy)
     if len(calls):
         host = host[np.isin(lane_key(ev.rank[host], ev.tid[host]),

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfswarm.analyze.concurrency import Concurrency, concurrency
-from perfswarm.analyze.critical_path import CriticalPath, critical_path, sync_events
+from perfswarm.analyze.critical_path import CriticalPath, critical_path
+from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, diff
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import Iterations, iterations

@@ -1,0 +1,160 @@
+"""What each device op and host sync call waited for, resolved once from a Run's events.
+
+A device op waits for the previous op on its stream, for the runtime call that
+launched it (joined by rank and correlation id), and for the op recorded by a CUDA
+event its stream was told to wait on (cudaStreamWaitEvent). A synchronizing host
+call (device, stream or event sync, synchronous memcpy) waits for the device op it
+synchronized with. A collective waits for the same collective on every other rank
+(the n-th occurrence of a name matches the n-th elsewhere). The critical path walks
+these backwards; the simulator (model/graph.py) replays them forwards.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+import numpy as np
+
+from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
+from perfswarm.analyze.stragglers import occurrences
+from perfswarm.trace.store import Run
+
+SYNC_CALLS: Final = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
+                               "cudaEventSynchronize", "cudaMemcpy", "hipDeviceSynchronize",
+                               "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"})
+
+
+class SyncArgs(msgspec.Struct):
+    cuda_sync_kind: str = ""
+    stream: int = -1
+    wait_on_stream: int = -1
+    wait_on_cuda_event_record_corr_id: int = -1
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    row: int
+    kind: str  # "Stream Wait Event", "Event Sync", "Stream Sync", "Context Sync"
+    stream: int
+    wait_on_stream: int
+    record_correlation: int
+
+
+def sync_events(run: Run, ev: Events) -> list[SyncEvent]:
+    """The `sync` rows with the fields of their args that say what they waited on."""
+    rows = np.flatnonzero(ev.of_kind("sync"))
+    if len(rows) == 0:
+        return []
+    args = run.table("events", columns=["args"]).column("args").take(rows).to_pylist()
+    out = []
+    for row, text in zip(rows.tolist(), args, strict=True):
+        a = msgspec.json.decode(text or "{}", type=SyncArgs)
+        out.append(SyncEvent(row, a.cuda_sync_kind, a.stream, a.wait_on_stream,
+                             a.wait_on_cuda_event_record_corr_id))
+    return out
+
+
+@dataclass
+class Dependencies:
+    """Event rows -> the rows they waited for (see the module docstring)."""
+
+    prev_on_stream: dict[int, int] = field(default_factory=dict)
+    launch_of: dict[int, int] = field(default_factory=dict)  # device op -> launch call
+    waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
+    sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
+    peers: dict[int, list[int]] = field(default_factory=dict)  # collective -> same on others
+
+
+def _last_launched_before(ops: I64, launch_ts: I64, t: int) -> int | None:
+    """Of `ops` (sorted by launch time), the last launched before t."""
+    i = int(np.searchsorted(launch_ts, t, side="left")) - 1
+    return int(ops[i]) if i >= 0 else None
+
+
+def _latest_end_launched_before(ev: Events, pool: I64 | None, launch_ts: I64,
+                                t: int) -> int | None:
+    if pool is None or len(pool) == 0:
+        return None
+    cand = pool[(launch_ts[pool] < t) & (ev.ts[pool] < t)]
+    return int(cand[np.argmax(ev.end[cand])]) if len(cand) else None
+
+
+def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
+    d = Dependencies()
+    dev_all = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
+    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    d.launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
+    launch_ts = ev.ts.copy()
+    launch_ts[dev] = ev.ts[calls]
+    by_stream: dict[int, I64] = {}
+    for key, lane in group_rows(lane_key(ev.rank[dev_all], ev.stream[dev_all]), dev_all).items():
+        rows = lane[np.argsort(ev.ts[lane], kind="stable")]
+        by_stream[key] = rows[np.argsort(launch_ts[rows], kind="stable")]
+        d.prev_on_stream.update(zip(rows[1:].tolist(), rows[:-1].tolist(), strict=True))
+    all_calls = np.flatnonzero(ev.of_kind("runtime", "driver") & (ev.correlation >= 0))
+    call_keys = lane_key(ev.rank[all_calls], ev.correlation[all_calls])
+    order = np.argsort(call_keys, kind="stable")
+    call_keys, all_calls = call_keys[order], all_calls[order]
+
+    def call_of_corr(rank: int, correlation: int) -> int | None:
+        key = int(lane_key(rank, correlation))
+        i = int(np.searchsorted(call_keys, key))
+        return int(all_calls[i]) if i < len(call_keys) and call_keys[i] == key else None
+
+    def recorded(rank: int, stream: int, record_corr: int) -> int | None:
+        call = call_of_corr(rank, record_corr)
+        ops = by_stream.get(int(lane_key(rank, stream)))
+        if call is None or ops is None:
+            return None
+        return _last_launched_before(ops, launch_ts[ops], int(ev.ts[call]))
+
+    rank_dev = {r: dev_all[ev.rank[dev_all] == r] for r in ev.ranks}
+    for s in syncs:
+        rank = int(ev.rank[s.row])
+        call = call_of_corr(rank, int(ev.correlation[s.row]))
+        if s.kind == "Stream Wait Event":
+            target = recorded(rank, s.wait_on_stream, s.record_correlation)
+            waiting = by_stream.get(int(lane_key(rank, s.stream)))
+            if target is None or waiting is None or call is None:
+                continue
+            after = waiting[launch_ts[waiting] > ev.ts[call]]
+            if len(after):
+                d.waits_for[int(after[0])] = target
+            continue
+        if call is None:
+            continue
+        if s.kind == "Event Sync":
+            target = recorded(rank, s.wait_on_stream, s.record_correlation)
+        else:
+            pool = (by_stream.get(int(lane_key(rank, s.stream))) if s.kind == "Stream Sync"
+                    else rank_dev[rank])
+            target = _latest_end_launched_before(ev, pool, launch_ts, int(ev.end[call]))
+        if target is not None:
+            d.sync_target[call] = target
+    # Old traces have no sync events: a synchronizing call waits for everything launched.
+    sync_names = [i for i, n in enumerate(ev.names) if n in SYNC_CALLS]
+    for call in np.flatnonzero(ev.of_kind("runtime") & np.isin(ev.name, sync_names)).tolist():
+        if call not in d.sync_target:
+            target = _latest_end_launched_before(ev, rank_dev[int(ev.rank[call])], launch_ts,
+                                                 int(ev.end[call]))
+            if target is not None:
+                d.sync_target[call] = target
+    _collective_peers(ev, d, dev_all)
+    return d
+
+
+def _collective_peers(ev: Events, d: Dependencies, dev_all: I64) -> None:
+    coll = dev_all[ev.kind[dev_all] == KIND["collective"]]
+    instances: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for rank in ev.ranks:
+        rows = coll[ev.rank[coll] == rank]
+        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+        for row, occ in zip(rows.tolist(), occurrences(ev, rows).tolist(), strict=True):
+            instances[(int(ev.name[row]), occ)].append(row)
+    for rows in instances.values():
+        for row in rows:
+            d.peers[row] = [r for r in rows if r != row]
