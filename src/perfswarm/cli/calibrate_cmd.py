@@ -20,17 +20,19 @@ from perfswarm.trace.store import atomic_write_bytes
 
 @app.command("calibrate")
 def calibrate_command(
-    device: Annotated[str, typer.Option("--device", help="Device to calibrate kernel models on (cpu; CUDA is not built yet).")] = "cpu",
-    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, elementwise, reduction, copy).")] = 0.5,
+    device: Annotated[str, typer.Option("--device", help="Device to calibrate kernel models on: cpu or cuda:N.")] = "cpu",
+    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d, embedding_bag, elementwise, reduction, copy).")] = 0.5,
+    threads: Annotated[int, typer.Option("--threads", help="Intra-op threads on the CPU (record the workload with the same count).")] = 1,
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", help="Local processes in the sweep.")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json or collectives-profile.json).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Calibrate kernel models on this CPU, or collective models with --collectives."""
     if not collectives:
-        _kernels(device, budget, out or Path("cpu-profile.json"), as_json)
+        default = "cpu-profile.json" if device == "cpu" else f"{device.replace(':', '')}-profile.json"
+        _kernels(device, budget, threads, out or Path(default), as_json)
         return
     out = out or Path("collectives-profile.json")
     if backend not in ("auto", "gloo", "nccl"):
@@ -59,24 +61,28 @@ def _save(out: Path, profile: dict[str, Any]) -> None:
                                          | orjson.OPT_SORT_KEYS) + b"\n")
 
 
-def _kernels(device: str, budget_min: float, out: Path, as_json: bool) -> None:
-    if device != "cpu":
-        raise PerfswarmError(f"calibrate: --device {device}: only cpu is built so far")
+def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: bool) -> None:
     if budget_min <= 0:
         raise PerfswarmError("calibrate: --budget must be positive (minutes)")
+    if threads < 1:
+        raise PerfswarmError("calibrate: --threads must be at least 1")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
-        bar.add_task(f"kernel sweeps on the cpu ({budget_min:g} min budget)")
-        profile = kernel_calibration(budget_min * 60.0)
+        task = bar.add_task(f"kernel sweeps on {device} ({budget_min:g} min budget)")
+        profile = kernel_calibration(
+            budget_min * 60.0, threads, device,
+            lambda family: bar.update(task, description=f"kernel sweeps on {device}: {family}"))
     _save(out, profile)
     if as_json:
         print_json(profile)
         return
     families = profile["families"]
-    assert isinstance(families, dict)
-    table = Table("op type", "points", "GMAE (held out)", title="kernel models, cpu",
-                  title_justify="left")
-    for family, fitted in sorted(families.items()):
-        table.add_row(family, str(fitted["points"]), f"{100 * fitted['gmae_held_out']:.1f}%")
+    table = Table("op type", "points", "roofline", "learned", "chosen (held out)",
+                  title=f"kernel models, {profile['device_name']}", title_justify="left")
+    for family, fitted in families.items():
+        table.add_row(family, str(fitted["points"]),
+                      f"{100 * fitted['gmae_roofline_held_out']:.1f}%",
+                      f"{100 * fitted['gmae_learned_held_out']:.1f}%",
+                      f"{fitted['chosen']} {100 * fitted['gmae_held_out']:.1f}%")
     console.print(table)
     console.print(f"profile: {out}")

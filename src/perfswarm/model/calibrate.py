@@ -1,58 +1,115 @@
-"""Kernel-model calibration: time ops on the local device over a shape sweep, fit a per-family
-power-law roofline (log time linear in log FLOPs and log bytes: an efficiency curve that varies with
-size), and score it by GMAE on held-out sweep points."""
+"""Kernel-model calibration: time ops on a local device over a shape sweep per op type, fit two
+models per type and keep the one that predicts held-out sweep points better.
+
+- roofline: t = a + b * bytes + c * FLOPs, non-negative, fitted on relative error: a fixed
+  cost plus traffic at an effective bandwidth plus work at an effective FLOP rate, so the
+  achieved rate rises with size and saturates (the efficiency curve), and the model stays
+  monotone and linear beyond the sweep, where predictions at other shapes land;
+- learned: that roofline times a correction learned by Gaussian-process regression on
+  log-shape features (every input dimension, FLOPs and bytes, in log space): smooth between
+  sweep points (a cache cliff bends the curve instead of stepping it) and back to no
+  correction far from them, where the roofline's trend is all there is to go on.
+
+Every fourth sweep point is held out; GMAE (geometric-mean absolute error) on those picks the
+model. The profile keeps the sweep itself, so a reader refits the chosen model exactly.
+"""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
 
 import numpy as np
 
+from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import OpCost, op_cost
 
 Case = tuple[str, list[list[int]], list[str]]  # aten op, input dims, input types
+Choice = Literal["roofline", "learned"]
+FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy")
+SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
+_F = ["float", "float"]
 
 
-def _sweep(family: str) -> Iterator[Case]:
-    """A deterministic shape grid per family, small to a few MB, so a sweep fits in seconds."""
-    f = ["float", "float"]
+def _sweep(family: str, scale: int) -> Iterator[Case]:
+    """A deterministic shape grid per family, from tiny to a few MB (times `scale` on GPUs), so a
+    sweep fits in seconds. Orders vary the sizes early, so a cut budget still spans them."""
     sizes = [16, 32, 48, 64, 96, 128, 192, 256]
     if family == "gemm":
         for m in sizes:
             for n in sizes[::3]:
-                yield "aten::mm", [[m, 2 * n], [2 * n, m]], f
-    elif family in ("elementwise", "reduction", "copy"):
+                yield "aten::mm", [[m * scale, 2 * n], [2 * n, m * scale]], _F
+    elif family == "conv":
+        for hw in (8, 16, 32):
+            for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64)):
+                for batch in (4, 16):
+                    yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], [c_out, c_in, 3, 3],
+                                            [c_out]], ["float"] * 3)
+    elif family == "embedding_bag":
+        for rows in (1000, 100_000):
+            for dim in (16, 64, 128):
+                for bags in (32, 128, 512):
+                    yield ("aten::embedding_bag", [[rows, dim], [bags * 8 * scale],
+                                                   [bags * scale]],
+                           ["float", "long int", "long int"])
+    else:
         op = {"elementwise": "aten::add", "reduction": "aten::sum", "copy": "aten::clone"}[family]
         for rows in sizes:
             for cols in (64, 256, 1024):
-                dims = [[rows, cols], [rows, cols]] if family == "elementwise" else [[rows, cols]]
-                yield op, dims, f[: len(dims)]
+                dims = ([[rows * scale, cols], [rows * scale, cols]] if family == "elementwise"
+                        else [[rows * scale, cols]])
+                yield op, dims, _F[: len(dims)]
 
 
-FAMILIES = ("gemm", "elementwise", "reduction", "copy")
+ROTATE_BYTES = 16 << 20  # inputs cycle through copies this large in all: past the L2 cache
 
 
-def _runner(op: str, dims: list[list[int]]) -> Callable[[], object]:
+def _runner(op: str, dims: list[list[int]], device: str) -> Callable[[], object]:
+    """A call of the op on fresh inputs each time: it cycles through enough copies that they
+    no longer fit a per-core cache, as in a training step, where an op's inputs were written
+    by other ops in between (timing one tensor over and over measures a hot cache)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    tensors = [torch.rand(*d, generator=gen) for d in dims]
-    ops: dict[str, Callable[..., object]] = {
+    if op == "aten::embedding_bag":
+        (rows, dim), (lookups,), (bags,) = dims
+        table = torch.rand(rows, dim, generator=gen).to(device)
+        indices = torch.randint(0, rows, (lookups,), generator=gen).to(device)
+        offsets = torch.arange(0, lookups, lookups // bags).to(device)
+        return lambda: torch.nn.functional.embedding_bag(indices, table, offsets, mode="sum")
+    size = 4 * sum(math.prod(d) for d in dims)
+    copies = max(1, min(16, ROTATE_BYTES // max(size, 1)))
+    sets = [[torch.rand(*d, generator=gen).to(device) for d in dims] for _ in range(copies)]
+    fns: dict[str, Callable[..., object]] = {
         "aten::mm": torch.mm, "aten::add": torch.add, "aten::sum": torch.sum,
-        "aten::clone": torch.clone}
-    fn = ops[op]
-    return lambda: fn(*tensors)
+        "aten::clone": torch.clone,
+        # 'same' padding: the output size op_cost assumes
+        "aten::conv2d": functools.partial(torch.nn.functional.conv2d, padding=1)}
+    calls = [functools.partial(fns[op], *tensors) for tensors in sets]
+    turn = itertools.cycle(calls)
+
+    def call() -> object:
+        return next(turn)()
+
+    return call
 
 
-def time_op(run: Callable[[], object], min_s: float = 2e-3) -> float:
+def time_op(run: Callable[[], object], min_s: float = 2e-3,
+            sync: Callable[[], None] = lambda: None) -> float:
     """Fastest of five timings, each of enough repetitions to last ``min_s`` (the minimum: load
-    from other processes only ever adds time)."""
+    from other processes only ever adds time). `sync` waits for an asynchronous device."""
     run()
-    reps, start = 1, time.perf_counter()
+    sync()
+    start = time.perf_counter()
     run()
+    sync()
     once = max(time.perf_counter() - start, 1e-7)
     reps = max(1, math.ceil(min_s / once))
     samples = []
@@ -60,6 +117,7 @@ def time_op(run: Callable[[], object], min_s: float = 2e-3) -> float:
         start = time.perf_counter()
         for _ in range(reps):
             run()
+        sync()
         samples.append((time.perf_counter() - start) / reps)
     return min(samples)
 
@@ -68,67 +126,190 @@ def time_op(run: Callable[[], object], min_s: float = 2e-3) -> float:
 class Point:
     cost: OpCost
     seconds: float
+    dims: tuple[tuple[int, ...], ...] = ()
+
+
+def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
+    flat = [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES]
+    return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
+                                                          math.log(cost.bytes)]
 
 
 @dataclass(frozen=True)
 class FamilyModel:
-    """log t = c . (1, b, b^2, f - b) with b = log bytes and f = log FLOPs: a roofline whose
-    efficiency curve rises and saturates with size (the quadratic) and with arithmetic intensity."""
+    """The roofline with fitted efficiencies: t = coef . (1, bytes, FLOPs), coef >= 0."""
 
     coef: tuple[float, ...]
 
-    def predict(self, cost: OpCost) -> float:
-        return math.exp(float(np.dot(self.coef, _features(cost))))
+    def predict(self, cost: OpCost, dims: Sequence[Sequence[int]] = ()) -> float:
+        return float(np.dot(self.coef, (1.0, cost.bytes, cost.flops)))
 
 
-def _features(cost: OpCost) -> list[float]:
-    b = math.log(cost.bytes)
-    return [1.0, b, b * b, math.log(max(cost.flops, 1.0)) - b]
+def fit(points: Sequence[Point]) -> FamilyModel:
+    """Non-negative least squares on relative error (each row divided by its time), so tiny and
+    huge ops weigh alike; a family whose ops all move as many bytes per FLOP gets its work
+    split between the two terms, which predicts the same."""
+    from scipy.optimize import nnls
+
+    t = np.array([p.seconds for p in points])
+    design = np.array([(1.0, p.cost.bytes, p.cost.flops) for p in points]) / t[:, None]
+    scale = np.maximum(design.max(axis=0), 1e-300)  # columns of similar size for the solver
+    coef, _ = nnls(design / scale, np.ones_like(t))
+    return FamilyModel(tuple(float(c) for c in coef / scale))
 
 
-def fit(points: list[Point]) -> FamilyModel:
-    """Least squares in log space (minimum-norm where a family's intensity is constant)."""
-    coef, *_ = np.linalg.lstsq(np.array([_features(p.cost) for p in points]),
-                               np.log([p.seconds for p in points]), rcond=None)
-    return FamilyModel(tuple(float(c) for c in coef))
+@dataclass(frozen=True, eq=False)
+class LearnedModel:
+    """The roofline times exp(gp(log-shape features)), the GP fitted to its log residual."""
+
+    roofline: FamilyModel
+    points: tuple[Point, ...]
+
+    @cached_property
+    def _gp(self) -> Any:
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+        x = np.array([shape_features(p.cost, p.dims) for p in self.points])
+        residual = np.log([p.seconds / self.roofline.predict(p.cost) for p in self.points])
+        kernel = (ConstantKernel(0.1, (1e-4, 10.0)) * RBF(np.full(x.shape[1], 2.0), (0.3, 1e3))
+                  + WhiteKernel(0.01, (1e-5, 1.0)))
+        gp = GaussianProcessRegressor(kernel, n_restarts_optimizer=2, random_state=0)
+        with warnings.catch_warnings():  # a length scale at its bound: that feature is unused
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return gp.fit(x, residual)
+
+    def predict(self, cost: OpCost, dims: Sequence[Sequence[int]] = ()) -> float:
+        correction = float(self._gp.predict(np.array([shape_features(cost, dims)]))[0])
+        return self.roofline.predict(cost) * math.exp(correction)
 
 
-def gmae(model: FamilyModel, points: list[Point]) -> float:
+KernelModel = FamilyModel | LearnedModel
+
+
+def gmae(model: KernelModel, points: Sequence[Point]) -> float:
     """Geometric-mean absolute error: exp(mean |log(predicted / measured)|) - 1."""
-    logs = [abs(math.log(model.predict(p.cost) / p.seconds)) for p in points]
+    logs = [abs(math.log(model.predict(p.cost, p.dims) / p.seconds)) for p in points]
     return math.expm1(sum(logs) / len(logs))
 
 
-def measure(family: str, budget_s: float) -> list[Point]:
+def measure(family: str, budget_s: float, device: str = "cpu") -> list[Point]:
     """Time the family's sweep until the budget runs out (at least eight points)."""
+    sync: Callable[[], None] = lambda: None  # noqa: E731
+    scale = 1
+    if device.startswith("cuda"):
+        import torch
+
+        def sync() -> None:
+            torch.cuda.synchronize(device)
+
+        scale = 8  # GPU kernels need more work before launch overhead stops dominating
     points: list[Point] = []
     deadline = time.perf_counter() + budget_s
-    for op, dims, types in _sweep(family):
+    for op, dims, types in _sweep(family, scale):
         if len(points) >= 8 and time.perf_counter() > deadline:
             break
         cost = op_cost(op, dims, types)
         assert cost is not None  # the sweep only holds modelled ops
-        points.append(Point(cost, time_op(_runner(op, dims))))
+        seconds = time_op(_runner(op, dims, device), sync=sync)
+        points.append(Point(cost, seconds, tuple(tuple(d) for d in dims)))
     return points
 
 
-def calibrate(budget_s: float, threads: int = 1) -> dict[str, object]:
-    """The device profile: per family, the fitted model and its GMAE on every fourth (held-out)
-    point, fitted on the rest. Timed with ``threads`` intra-op threads: on a shared machine torch's
-    parallel-for above its grain size waits on busy cores (a fixed ~8 ms step), not on the op."""
+def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
+    """(fit, held out): every fourth point is held out."""
+    return ([p for i, p in enumerate(points) if i % 4 != 3], list(points[3::4]))
+
+
+def fit_family(points: Sequence[Point]) -> dict[str, Any]:
+    """Both models on the fit points, scored on the held-out ones; the better one is chosen."""
+    train, held = split(points)
+    roofline = fit(train)
+    learned = LearnedModel(roofline, tuple(train))
+    scores = {"roofline": gmae(roofline, held), "learned": gmae(learned, held)}
+    chosen: Choice = "learned" if scores["learned"] < scores["roofline"] else "roofline"
+    return {"coef": list(roofline.coef), "points": len(points),
+            "gmae_held_out": scores[chosen], "gmae_roofline_held_out": scores["roofline"],
+            "gmae_learned_held_out": scores["learned"], "chosen": chosen,
+            "sweep": [{"op": p.cost.op, "dims": [list(d) for d in p.dims], "seconds": p.seconds}
+                      for p in points]}
+
+
+def _device(device: str) -> tuple[str, str]:
+    """(torch device, its name) after checking it exists."""
     import torch
 
-    families: dict[str, object] = {}
+    if device == "cpu":
+        return "cpu", "cpu"
+    if device.startswith("cuda"):
+        index = device.partition(":")[2] or "0"
+        if not index.isdigit():
+            raise PerfswarmError(f"calibrate: --device {device}: expected cpu or cuda:N")
+        if not torch.cuda.is_available() or int(index) >= torch.cuda.device_count():
+            raise PerfswarmError(f"calibrate: --device {device}: no such CUDA device here "
+                                 f"({torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+                                 " found)")
+        return f"cuda:{index}", str(torch.cuda.get_device_name(int(index)))
+    raise PerfswarmError(f"calibrate: --device {device}: expected cpu or cuda:N")
+
+
+def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
+              on_family: Callable[[str], None] = lambda _f: None) -> dict[str, Any]:
+    """The device profile: per family, the fitted models, their held-out GMAE and the sweep.
+    On the CPU, timed with ``threads`` intra-op threads: on a shared machine torch's
+    parallel-for above its grain size waits on busy cores (a fixed ~8 ms step), not on the op;
+    record the workload with the same count (the bundled workloads' --threads)."""
+    import torch
+
+    where, name = _device(device)
+    families: dict[str, Any] = {}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        measured = {family: measure(family, budget_s / len(FAMILIES)) for family in FAMILIES}
+        for family in FAMILIES:
+            on_family(family)
+            families[family] = fit_family(measure(family, budget_s / len(FAMILIES), where))
     finally:
         torch.set_num_threads(saved)
-    for family, points in measured.items():
-        held = points[3::4]
-        train = [p for i, p in enumerate(points) if i % 4 != 3]
-        model = fit(train)
-        families[family] = {"coef": list(model.coef), "points": len(points),
-                            "gmae_held_out": gmae(model, held)}
-    return {"device": "cpu", "threads": threads, "families": families}
+    return {"device": where, "device_name": name, "threads": threads, "families": families}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A calibrated device profile, read back: the chosen model of each family."""
+
+    device: str
+    threads: int
+    models: Mapping[str, KernelModel]
+    gmae: Mapping[str, float]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:
+        try:
+            models: dict[str, KernelModel] = {}
+            errors: dict[str, float] = {}
+            for family, entry in dict(data["families"]).items():
+                points = [_sweep_point(p) for p in entry["sweep"]]
+                roofline = FamilyModel(tuple(float(c) for c in entry["coef"]))
+                if len(roofline.coef) != 3 or min(roofline.coef) < 0:
+                    raise ValueError("coef needs 3 non-negative values")
+                models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]))
+                                       if entry["chosen"] == "learned" else roofline)
+                errors[str(family)] = float(entry["gmae_held_out"])
+            return cls(str(data["device"]), int(data.get("threads", 1)), models, errors)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
+
+
+def _sweep_point(entry: Mapping[str, Any]) -> Point:
+    dims = [[int(x) for x in d] for d in entry["dims"]]
+    op = str(entry["op"])
+    types = ["float"] * len(dims)
+    if op == "embedding_bag":
+        types = ["float", "long int", "long int"]
+    cost = op_cost(op, dims, types)
+    seconds = float(entry["seconds"])
+    if cost is None or not seconds > 0:
+        raise ValueError(f"sweep point {op} {dims} has no cost or time")
+    return Point(cost, seconds, tuple(tuple(d) for d in dims))

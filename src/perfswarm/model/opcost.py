@@ -4,8 +4,8 @@ and the roofline time and bound of an op on a device spec."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import orjson
@@ -25,23 +25,47 @@ _DTYPES: dict[str, tuple[int, str]] = {
 _ELEMENTWISE = frozenset({
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "relu", "relu_", "gelu", "silu",
     "silu_", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "pow", "neg", "abs", "clamp",
-    "clamp_", "where", "threshold_backward", "gelu_backward", "sigmoid_backward", "dropout",
-    "native_dropout", "fill_", "zero_", "addcmul_", "addcdiv_", "lerp_", "maximum", "minimum",
+    "clamp_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "where", "threshold_backward",
+    "gelu_backward", "sigmoid_backward", "tanh_backward", "silu_backward", "dropout",
+    "native_dropout", "native_dropout_backward", "bernoulli_", "uniform_", "normal_", "fill_",
+    "zero_", "addcmul_", "addcdiv_", "lerp_", "maximum", "minimum", "lt", "le", "gt", "ge", "eq",
+    "ne", "masked_fill", "masked_fill_", "isneginf", "isinf", "isnan", "logical_not",
+    "logical_and", "logical_or", "log_sigmoid_forward", "log_sigmoid_backward", "index",
+    "index_select", "index_add_", "_index_put_impl_", "index_put_", "gather", "scatter",
+    "scatter_", "scatter_add_",
 })
 _REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "var",
-                         "std", "argmax", "argmin", "linalg_vector_norm"})
+                         "std", "argmax", "argmin", "linalg_vector_norm", "all", "any", "cumsum",
+                         "sort", "topk", "nll_loss", "nll_loss_forward", "nll_loss_nd",
+                         "nll_loss_backward", "nll_loss2d_forward", "mse_loss",
+                         "binary_cross_entropy_with_logits", "cross_entropy_loss"})
+_POOLS = frozenset({"max_pool2d", "max_pool2d_with_indices", "max_pool2d_with_indices_backward",
+                    "avg_pool2d", "avg_pool2d_backward", "adaptive_avg_pool2d",
+                    "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
+                    "adaptive_max_pool2d", "max_pool1d", "avg_pool1d"})
+_CONVS = frozenset({"conv2d", "conv1d", "conv3d", "convolution", "_convolution",
+                    "cudnn_convolution", "mkldnn_convolution", "miopen_convolution",
+                    "_slow_conv2d_forward", "thnn_conv2d", "slow_conv3d"})
+_CONV_BACKWARDS = frozenset({"convolution_backward", "mkldnn_convolution_backward",
+                             "cudnn_convolution_backward", "miopen_convolution_backward",
+                             "_slow_conv2d_backward"})
+_EMBEDDINGS = frozenset({"embedding_bag", "_embedding_bag", "_embedding_bag_forward_only",
+                         "embedding", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+                         "_embedding_bag_sparse_backward", "embedding_backward",
+                         "embedding_dense_backward"})
 _NORMS = frozenset({"layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm",
                     "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm",
                     "cudnn_batch_norm", "native_layer_norm_backward", "native_batch_norm_backward"})
-_SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax",
+_SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax",
                       "_softmax_backward_data", "_log_softmax_backward_data"})
 _COPIES = frozenset({"copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack"})
 _SDPA = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                    "_scaled_dot_product_efficient_attention", "_flash_attention_forward",
-                   "_scaled_dot_product_cudnn_attention"})
+                   "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+                   "_scaled_dot_product_flash_attention_for_cpu"})
 # Per-element FLOPs of the families whose cost is a multiple of the largest tensor.
 _FLOPS_PER_ELEMENT = {"elementwise": 1.0, "reduction": 1.0, "norm": 5.0, "softmax": 5.0,
-                      "copy": 0.0}
+                      "pool": 1.0, "copy": 0.0}
 
 
 @dataclass(frozen=True)
@@ -49,10 +73,12 @@ class OpCost:
     """Work of one op: what a roofline needs."""
 
     op: str          # aten name without the ``aten::`` prefix
-    family: str      # gemm, conv, embedding_bag, elementwise, reduction, norm, softmax, sdpa, copy
+    family: str      # one of FAMILIES
     flops: float
     bytes: float     # minimum traffic: every input read once, every output written once
     dtype: str       # spec peak key (fp32, fp16, bf16, ...)
+    fixed_bytes: float = 0.0  # of `bytes`, what parameters move (no batch dimension)
+    batched: bool = True      # some input has a batch dimension (not all are parameters)
 
     @property
     def intensity(self) -> float:
@@ -82,17 +108,18 @@ def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
+FAMILIES = ("gemm", "conv", "conv_backward", "embedding_bag", "sdpa", "elementwise",
+            "reduction", "norm", "softmax", "pool", "copy")
+
+
 def _family(op: str) -> str | None:
     if op in {"mm", "matmul", "addmm", "bmm", "baddbmm", "linear"}:
         return "gemm"
-    if op in {"conv2d", "conv1d", "conv3d", "convolution", "_convolution", "cudnn_convolution"}:
-        return "conv"
-    if op in {"embedding_bag", "_embedding_bag", "embedding"}:
-        return "embedding_bag"
-    if op in _SDPA:
-        return "sdpa"
-    for family, names in (("elementwise", _ELEMENTWISE), ("reduction", _REDUCTIONS),
-                          ("norm", _NORMS), ("softmax", _SOFTMAX), ("copy", _COPIES)):
+    for family, names in (("conv", _CONVS), ("conv_backward", _CONV_BACKWARDS),
+                          ("embedding_bag", _EMBEDDINGS), ("sdpa", _SDPA),
+                          ("elementwise", _ELEMENTWISE), ("reduction", _REDUCTIONS),
+                          ("norm", _NORMS), ("softmax", _SOFTMAX), ("pool", _POOLS),
+                          ("copy", _COPIES)):
         if op in names:
             return family
     return None
@@ -134,9 +161,23 @@ def _conv(dims: Dims) -> tuple[float, float] | None:
     return flops, float(_numel(x) + _numel(w) + out)
 
 
-def op_cost(name: str, input_dims: Dims, input_types: Sequence[str]) -> OpCost | None:
+def _conv_backward(dims: Dims) -> tuple[float, float] | None:
+    """Gradients of input and weight from (grad_output, input, weight): two convolutions of the
+    forward's work; the output gradient's shape gives the output size exactly."""
+    if len(dims) < 3:
+        return None
+    grad, x, w = dims[0], dims[1], dims[2]
+    if len(x) < 3 or len(w) != len(x) or len(grad) != len(x):
+        return None
+    flops = 2.0 * 2.0 * _numel(grad) * w[1] * _numel(w[2:])
+    return flops, float(_numel(grad) + 2 * _numel(x) + 2 * _numel(w))
+
+
+def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
+            fixed: Sequence[bool] = ()) -> OpCost | None:
     """FLOPs and bytes of an aten op from its recorded input shapes and dtypes; None when the op is
-    not modelled or its shapes are missing or inconsistent."""
+    not modelled or its shapes are missing or inconsistent. `fixed` marks the inputs that are
+    parameters (they keep their size when the batch grows)."""
     op = name.removeprefix("aten::")
     family = _family(op)
     shaped = [d for d in input_dims if d]
@@ -150,6 +191,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str]) -> OpCost |
         work = _gemm(op, input_dims) if len(input_dims) >= 2 else None
     elif family == "conv":
         work = _conv(input_dims) if len(input_dims) >= 2 else None
+    elif family == "conv_backward":
+        work = _conv_backward(input_dims)
     elif family == "embedding_bag":
         work = _embedding(op, input_dims)
     elif family == "sdpa":
@@ -164,7 +207,24 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str]) -> OpCost |
     if work is None:
         return None
     flops, elements = work
-    return OpCost(op, family, flops, elements * size, dtype)
+    marks = [bool(f) for f in fixed] + [False] * (len(input_dims) - len(fixed))
+    # An embedding table is looked up, not streamed: it moves no bytes of its own.
+    streamed = [i for i, d in enumerate(input_dims) if d and not (family == "embedding_bag"
+                                                                  and i == 0)]
+    fixed_elements = sum(_numel(input_dims[i]) for i in streamed if marks[i])
+    batched = any(not marks[i] for i, d in enumerate(input_dims) if d)
+    return OpCost(op, family, flops, elements * size, dtype,
+                  min(float(fixed_elements), elements) * size, batched)
+
+
+def scale_batch(cost: OpCost, factor: float) -> OpCost:
+    """The cost at `factor` times the batch: batch-dependent bytes and FLOPs scale, parameters'
+    bytes do not (every FLOP of a batched op touches one sample, so all of them scale)."""
+    if not cost.batched:
+        return cost
+    return replace(cost, flops=cost.flops * factor,
+                   bytes=cost.fixed_bytes + (cost.bytes - cost.fixed_bytes) * factor,
+                   fixed_bytes=cost.fixed_bytes)
 
 
 def _embedding(op: str, dims: Dims) -> tuple[float, float] | None:
@@ -196,8 +256,24 @@ def roofline(cost: OpCost, spec: DeviceSpec) -> Roofline:
     return Roofline(max(compute, memory), compute, memory, bound)
 
 
-def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
-    """op_cost of an events-table row: its ``args`` JSON carries Kineto's record_shapes fields."""
+@dataclass(frozen=True)
+class Shapes:
+    """An op's recorded inputs: one dimension list per input ([] for scalars) and dtype names."""
+
+    dims: tuple[tuple[int, ...], ...]
+    types: tuple[str, ...]
+
+    def substitute(self, dims: Mapping[int, int], keep: Sequence[bool] = ()) -> Shapes:
+        """Every dimension equal to a key replaced by its value, except in inputs marked `keep`."""
+        marks = list(keep) + [False] * (len(self.dims) - len(keep))
+        return Shapes(tuple(d if marks[i] else tuple(dims.get(x, x) for x in d)
+                            for i, d in enumerate(self.dims)), self.types)
+
+
+def shapes_from_args(args_json: str) -> Shapes | None:
+    """The ``Input Dims`` and ``Input type`` of an events-table row's args (Kineto's
+    record_shapes), or None when absent or malformed. Tensor lists (recorded as nested lists by
+    some versions) are not shapes of one input and make the row unshaped."""
     try:
         args = orjson.loads(args_json) if args_json else {}
     except orjson.JSONDecodeError:
@@ -207,7 +283,48 @@ def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
     dims, types = args.get("Input Dims"), args.get("Input type")
     if not isinstance(dims, list) or not all(isinstance(d, list) for d in dims):
         return None
-    if not all(isinstance(x, int) for d in dims for x in d):
+    if not all(isinstance(x, int) and not isinstance(x, bool) for d in dims for x in d):
         return None
-    type_list = [str(t) for t in types] if isinstance(types, list) else []
-    return op_cost(name, dims, type_list)
+    type_list = tuple(str(t) for t in types) if isinstance(types, list) else ()
+    return Shapes(tuple(tuple(d) for d in dims), type_list)
+
+
+def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
+    """op_cost of an events-table row: its ``args`` JSON carries Kineto's record_shapes fields."""
+    shapes = shapes_from_args(args_json)
+    return None if shapes is None else op_cost(name, shapes.dims, shapes.types)
+
+
+# Ops that only make views, allocate or read metadata: their time does not grow with the data.
+METADATA_OPS = frozenset({
+    "view", "as_strided", "as_strided_", "empty", "empty_strided", "empty_like", "new_empty",
+    "new_empty_strided", "resize_", "detach", "detach_", "t", "transpose", "transpose_",
+    "expand", "expand_as", "select", "slice", "unsqueeze", "unsqueeze_", "squeeze", "squeeze_",
+    "reshape", "_reshape_alias", "_unsafe_view", "resolve_conj", "resolve_neg", "alias",
+    "permute", "result_type", "lift_fresh", "narrow", "split", "split_with_sizes", "chunk",
+    "unbind", "flatten", "unflatten", "item", "_local_scalar_dense", "view_as", "numpy_T",
+    "set_", "is_nonzero", "size", "stride", "contiguous", "to", "_to_copy", "type_as",
+    "scalar_tensor", "arange", "zeros", "ones", "zeros_like", "ones_like", "full", "full_like",
+    "new_zeros", "new_ones", "rand", "randn", "randint", "randperm", "tril_indices",
+    "triu_indices",
+})
+
+
+def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost | None:
+    """op_cost where there is one; else, for an op that moves data (not a view, allocation or
+    metadata read) with shaped inputs, a memory-bound cost: each input read once, the largest
+    written once."""
+    cost = op_cost(name, shapes.dims, shapes.types, fixed)
+    op = name.removeprefix("aten::")
+    if cost is not None or op in METADATA_OPS or not name.startswith("aten::"):
+        return cost
+    shaped = [d for d in shapes.dims if d]
+    if not shaped:
+        return None
+    size, dtype = next((_DTYPES[t] for t, d in zip(shapes.types, shapes.dims, strict=False)
+                        if d and t in _DTYPES), _DTYPES["float"])
+    marks = list(fixed) + [False] * (len(shapes.dims) - len(fixed))
+    elements = sum(_numel(d) for d in shaped) + max(_numel(d) for d in shaped)
+    fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
+    return OpCost(op, "copy", 0.0, float(elements * size), dtype, float(fixed_elements * size),
+                  any(not marks[i] for i, d in enumerate(shapes.dims) if d))

@@ -70,3 +70,24 @@ def load_spec(name: str) -> DeviceSpec:
     if spec is None:
         raise PerfswarmError(f"--device {name}: unknown device; known: {', '.join(device_specs())}")
     return spec
+
+
+def match_device(name: str, memory_bytes: float = 0.0) -> DeviceSpec | None:
+    """The spec of a device as a trace names it (deviceProperties' name and totalGlobalMem):
+    e.g. 'NVIDIA A100-SXM4-80GB' -> A100-80GB; AMD parts by their memory (a trace's
+    'AMD Radeon Graphics' with 64 GB is one die of an MI250)."""
+    specs = device_specs()
+    upper = name.upper()
+    gb = memory_bytes / 1e9
+    if "H200" in upper:
+        return specs["H200"]
+    if "H100" in upper or "H800" in upper:
+        return specs["H100-PCIe" if "PCIE" in upper else "H100-SXM"]
+    if "A100" in upper or "A800" in upper:
+        return specs["A100-80GB" if "80GB" in upper or gb > 60 else "A100-40GB"]
+    for key in ("V100", "L4", "MI300X", "MI250"):
+        if key in upper:
+            return specs[key]
+    if "AMD" in upper and gb:
+        return specs["MI300X" if gb > 150 else "MI250"]
+    return None

@@ -1,0 +1,113 @@
+"""`perfswarm predict RUN [--device NAME] [--batch-size N] [--dim OLD=NEW]... [--json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.table import Table
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console, ms, print_json
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.calibrate import Profile
+from perfswarm.model.overheads import OverheadModel
+from perfswarm.model.predict import Change, Prediction, predict
+from perfswarm.trace.store import Run, atomic_write_bytes
+
+
+def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for pair in pairs:
+        old, sep, new = pair.partition("=")
+        if not (sep and old.strip().isdigit() and new.strip().isdigit()) or int(new) < 1:
+            raise PerfswarmError(f"--dim {pair}: expected OLD=NEW with positive integers, "
+                                 "e.g. 512=1024")
+        out.append((int(old), int(new)))
+    return tuple(out)
+
+
+def _profile(path: Path) -> Profile:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise PerfswarmError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise PerfswarmError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise PerfswarmError(f"{path}: not a kernel-model profile (expected an object)")
+    return Profile.from_dict(data, str(path))
+
+
+def _print(result: Prediction) -> None:
+    data = result.to_dict()
+    console.print(f"[bold]{data['path']}[/]: {data['platform']} run, "
+                  f"{len(data['steps'])} iteration(s); device {data['source_device']}"
+                  + (f" -> {data['target_device']}"
+                     if data["target_device"] != data["source_device"] else ""))
+    change = [f"batch {data['batch']['recorded']} -> {data['batch']['predicted']}"
+              if data["batch"] else "",
+              *(f"dim {a} -> {b}" for a, b in data["change"]["dims"].items())]
+    if any(change):
+        console.print("change: " + ", ".join(c for c in change if c))
+    table = Table("", "iteration", "device active", title="iteration time (median)",
+                  title_justify="left")
+    active = data["device_active_ns"]
+    table.add_row("measured", ms(data["measured_ns"]), ms(active["measured"]))
+    table.add_row("replayed", ms(data["replayed_ns"]), ms(active["replayed"]))
+    table.add_row("predicted", ms(data["predicted_ns"]), ms(active["predicted"]))
+    if data["compare"]:
+        table.add_row(f"measured ({data['compare']['path']})",
+                      ms(data["compare"]["measured_ns"]),
+                      ms(data["compare"]["device_active_ns"]))
+    console.print(table)
+    console.print(f"replay error {100 * data['replay_error']:.2f}% (GMAE over iterations)")
+    if data["predicted_error"] is not None:
+        console.print(f"prediction error {100 * data['predicted_error']:.2f}%")
+    parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
+    console.print(f"predicted breakdown: {parts}")
+    kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))
+    console.print(f"kernel times: {kernels or 'as measured'}")
+    for note in data["notes"]:
+        console.print(f"note: {note}")
+
+
+@app.command("predict")
+def predict_command(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
+    device: Annotated[str | None, typer.Option("--device", help="Predict on this GPU (a name from the bundled device specs, e.g. H100-SXM).")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Predict at this batch size.")] = None,
+    recorded_batch_size: Annotated[int | None, typer.Option("--recorded-batch-size", help="The Run's batch size, when its command line does not say.")] = None,
+    dim: Annotated[list[str] | None, typer.Option("--dim", help="OLD=NEW: every recorded tensor dimension OLD becomes NEW (layer widths); repeatable.")] = None,
+    profile: Annotated[Path | None, typer.Option("--profile", help="Kernel-model profile from `perfswarm calibrate` (needed for shape changes on CPU runs).")] = None,
+    overheads: Annotated[Path | None, typer.Option("--overheads", help="CPU-overhead model to use (JSON from --save-overheads), instead of this Run's.")] = None,
+    save_overheads: Annotated[Path | None, typer.Option("--save-overheads", help="Write this prediction's CPU-overhead model as JSON.")] = None,
+    compare: Annotated[Path | None, typer.Option("--compare", help="A Run recorded at the target configuration: its measured iteration is shown beside the prediction.")] = None,
+    source_device: Annotated[str | None, typer.Option("--source-device", help="The GPU the Run was recorded on, when its trace does not tell.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+) -> None:
+    """Measured, replayed and predicted iteration time of a Run, at its configuration or another."""
+    if batch_size is not None and batch_size < 1:
+        raise PerfswarmError("--batch-size: must be at least 1")
+    if recorded_batch_size is not None and recorded_batch_size < 1:
+        raise PerfswarmError("--recorded-batch-size: must be at least 1")
+    change = Change(batch_size, recorded_batch_size, _dims(dim or []), device)
+    result = predict(Run.open(run_dir), change,
+                     profile=_profile(profile) if profile else None,
+                     overheads=OverheadModel.load(overheads) if overheads else None,
+                     compare=Run.open(compare) if compare else None,
+                     source_device=source_device)
+    if save_overheads is not None:
+        try:
+            atomic_write_bytes(save_overheads, orjson.dumps(
+                result.overheads.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+                + b"\n")
+        except OSError as exc:
+            raise PerfswarmError(f"{save_overheads}: cannot write ({exc.strerror or exc})") \
+                from None
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _print(result)

@@ -1,0 +1,196 @@
+"""The CPU-overhead model: how long the host spends around each op it calls, per op type.
+
+Following the overhead breakdown of Lin et al. (performance models of DLRM training on
+GPUs), every op a thread calls (its outermost event) is cut at its kernel points:
+launches and other runtime calls on GPUs, the pieces of compute ops (kernels) on CPUs:
+- T1: the thread's own time before the op (Python, outside any op);
+- T2: op start to its first kernel point; T5: between kernel points (per interval);
+  T4: last kernel point to op end; an op without kernel points is all overhead (T0);
+- T3: a runtime call's own duration, per call name.
+Means per op type (the op's name), so a model from one run prices the host side of
+another run, or of the same run at another batch size, whose ops are the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from perfswarm.analyze.frame import I64, KIND, Events
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.graph import HOST, Graph
+
+PARTS: Final = ("t0", "t1", "t2", "t4", "t5")
+TRIM: Final = 0.1  # each tail trimmed off before averaging: one-off stalls are not overhead
+
+
+def trimmed_mean(values: Iterable[float]) -> float:
+    arr = np.sort(np.fromiter(values, np.float64))
+    if len(arr) == 0:
+        return 0.0
+    cut = int(len(arr) * TRIM)
+    return float(arr[cut:len(arr) - cut].mean()) if len(arr) > 2 * cut else float(arr.mean())
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One op a thread called, cut at its kernel points (node ids of the graph)."""
+
+    kind: str  # the op type
+    first: int  # its first node (T1 is that node's gap)
+    groups: tuple[tuple[str, tuple[int, ...]], ...]  # (t0 | t2 | t5 | t4, overhead nodes)
+    kernel_points: tuple[int, ...]
+
+
+def instances(g: Graph, ev: Events, kernel_point: np.ndarray[Any, np.dtype[np.bool_]]
+              ) -> list[Instance]:
+    """Every op instance of every host lane, in lane order."""
+    out: list[Instance] = []
+    host = np.flatnonzero(g.role == HOST)
+    order = host[np.lexsort((g.ts[host], g.lane[host]))]
+    if len(order) == 0:
+        return out
+    cuts = np.flatnonzero((g.top[order][1:] != g.top[order][:-1])
+                          | (g.lane[order][1:] != g.lane[order][:-1])) + 1
+    for nodes in np.split(order, cuts):
+        out.append(_instance(ev.name_of(int(g.top[nodes[0]])), nodes, kernel_point))
+    return out
+
+
+def _instance(kind: str, nodes: I64, kernel_point: np.ndarray[Any, np.dtype[np.bool_]]
+              ) -> Instance:
+    points = [int(n) for n in nodes if kernel_point[n]]
+    if not points:
+        return Instance(kind, int(nodes[0]), (("t0", tuple(int(n) for n in nodes)),), ())
+    groups: list[tuple[str, tuple[int, ...]]] = []
+    current: list[int] = []
+    seen = 0
+    for n in nodes.tolist():
+        if kernel_point[n]:
+            groups.append(("t2" if seen == 0 else "t5", tuple(current)))
+            current = []
+            seen += 1
+        else:
+            current.append(n)
+    groups.append(("t4", tuple(current)))
+    return Instance(kind, int(nodes[0]), tuple(groups), tuple(points))
+
+
+@dataclass(frozen=True)
+class OverheadModel:
+    """Mean overheads (ns) per op type and part, and mean runtime-call durations per name."""
+
+    ops: Mapping[str, Mapping[str, float]]  # op type -> part -> mean ns
+    counts: Mapping[str, int]  # op type -> instances seen
+    calls: Mapping[str, float]  # runtime call name -> mean duration (T3)
+    overall: Mapping[str, float] = field(default_factory=dict)  # part -> mean over all types
+
+    def part(self, kind: str, part: str) -> float | None:
+        by_type = self.ops.get(kind)
+        if by_type is not None and part in by_type:
+            return by_type[part]
+        return self.overall.get(part)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ops": {k: dict(v) for k, v in sorted(self.ops.items())},
+                "counts": dict(sorted(self.counts.items())),
+                "calls": dict(sorted(self.calls.items())), "overall": dict(self.overall)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "overheads") -> OverheadModel:
+        try:
+            ops = {str(k): {p: float(x) for p, x in dict(v).items() if p in PARTS}
+                   for k, v in dict(data["ops"]).items()}
+            counts = {str(k): int(v) for k, v in dict(data.get("counts", {})).items()}
+            calls = {str(k): float(v) for k, v in dict(data["calls"]).items()}
+            overall = {p: float(x) for p, x in dict(data.get("overall", {})).items()
+                       if p in PARTS}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PerfswarmError(f"{where}: not an overhead model ({exc})") from None
+        if any(not math.isfinite(x) or x < 0 for v in ops.values() for x in v.values()):
+            raise PerfswarmError(f"{where}: overheads must be finite and non-negative")
+        return cls(ops, counts, calls, overall)
+
+    @classmethod
+    def load(cls, path: Path) -> OverheadModel:
+        try:
+            data = orjson.loads(path.read_bytes())
+        except OSError as exc:
+            raise PerfswarmError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except orjson.JSONDecodeError as exc:
+            raise PerfswarmError(f"{path}: invalid JSON ({exc})") from None
+        return cls.from_dict(data.get("overheads", data) if isinstance(data, dict) else data,
+                             str(path))
+
+
+def measured_parts(g: Graph, dur: I64, gap: I64, inst: Instance) -> dict[str, float]:
+    """An instance's T1 and overhead parts (ns) under these durations and gaps."""
+    parts: dict[str, float] = {"t1": float(max(gap[inst.first], 0))}
+    for name, nodes in inst.groups:
+        # the gaps inside an op (clock jitter between its pieces) count with its pieces
+        total = sum(int(dur[n]) + (int(gap[n]) if n != inst.first else 0) for n in nodes)
+        parts.setdefault(name, 0.0)
+        parts[name] += total
+    return parts
+
+
+def fit_overheads(g: Graph, ev: Events, insts: list[Instance]) -> OverheadModel:
+    """Trimmed means of every part over the run's op instances, per op type."""
+    samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    counts: dict[str, int] = defaultdict(int)
+    for inst in insts:
+        counts[inst.kind] += 1
+        parts = measured_parts(g, g.dur, g.gap, inst)
+        five = sum(1 for name, _ in inst.groups if name == "t5")
+        for name, value in parts.items():
+            if name == "t5":  # per interval
+                samples[inst.kind][name] += [value / five] * five
+            else:
+                samples[inst.kind][name].append(value)
+    calls: dict[str, list[float]] = defaultdict(list)
+    runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0))
+    for n in runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]:
+        calls[ev.name_of(int(g.row[n]))].append(float(g.dur[n]))
+    ops = {k: {p: trimmed_mean(v) for p, v in by_part.items()}
+           for k, by_part in samples.items()}
+    overall: dict[str, list[float]] = defaultdict(list)
+    for by_part in samples.values():
+        for p, v in by_part.items():
+            overall[p] += v
+    return OverheadModel(ops, dict(counts), {k: trimmed_mean(v) for k, v in calls.items()},
+                         {p: trimmed_mean(v) for p, v in overall.items()})
+
+
+def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Instance],
+                    dur: I64, gap: I64, keep: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
+    """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
+    means, in place. Nodes marked `keep` (sync calls: their time is waiting) are left alone."""
+    is_call = ev.of_kind("runtime", "driver")
+    for inst in insts:
+        have = measured_parts(g, dur, gap, inst)
+        t1 = model.part(inst.kind, "t1")
+        if t1 is not None and gap[inst.first] > 0:
+            gap[inst.first] = round(t1)
+        for name, nodes in inst.groups:
+            want = model.part(inst.kind, name)
+            free = [n for n in nodes if not keep[n]]
+            if want is None or not free:
+                continue
+            total = have[name] / max(1, sum(1 for k, _ in inst.groups if k == name))
+            factor = want / total if total > 0 else 0.0
+            for n in free:
+                dur[n] = round(dur[n] * factor)
+                if n != inst.first:
+                    gap[n] = round(gap[n] * factor)
+        for n in inst.kernel_points:
+            row = int(g.row[n])
+            mean = model.calls.get(ev.name_of(row)) if is_call[row] else None
+            if mean is not None and not keep[n]:
+                dur[n] = round(mean)

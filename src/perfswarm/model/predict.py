@@ -1,0 +1,498 @@
+"""Replay and predict a Run's iterations by simulating its dependency graph (model/graph.py).
+
+- replay: the measured durations and gaps, with typical (per-rank) latencies between
+  lanes. How close it lands to the measured iteration tests the graph.
+- predict: kernel models and the CPU-overhead model instead of measurements, at the
+  recorded configuration or a changed one:
+  - kernel times: measured times scaled by a kernel model's ratio between the new and
+    the recorded case (model/kernels.py): a calibrated profile on the CPU, device specs
+    on GPUs (a GPU kernel's op is the CPU op that launched it, by External id);
+  - host time: every op's overheads (T1..T5) at its type's mean (model/overheads.py);
+  - batch size: batch-dependent bytes and FLOPs of every modelled op scale by the
+    batch ratio (parameters do not: their shapes are read off the optimizer and the
+    gradient accumulation); per-sample work (a DataLoader fetch that runs once per sample)
+    scales by the batch ratio in count;
+  - dimensions (`dims`, OLD -> NEW): every recorded dimension equal to OLD becomes NEW,
+    parameters included: how layer widths change;
+  - device: GPU kernels move to another device's roofline at the efficiency they reached
+    on the recorded one; the host is the same.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import numpy as np
+
+from perfswarm.analyze.dependencies import Dependencies, dependencies, sync_events
+from perfswarm.analyze.frame import I64, KIND, Events, Mask, lane_key
+from perfswarm.analyze.intervals import union
+from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.calibrate import Profile
+from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
+from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler, per_device
+from perfswarm.model.opcost import OpCost, Shapes, data_cost, scale_batch, shapes_from_args
+from perfswarm.model.overheads import (
+    OverheadModel,
+    apply_overheads,
+    fit_overheads,
+    instances,
+)
+from perfswarm.model.simulate import Schedule, Timeline, simulate
+from perfswarm.model.specs import DeviceSpec, load_spec, match_device
+from perfswarm.trace.store import Run
+
+Platform = Literal["gpu", "cpu"]
+LOADER: Final = "enumerate(DataLoader)#"
+PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
+                           "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
+_BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Change:
+    """What differs from the recorded run; the default changes nothing."""
+
+    batch_size: int | None = None
+    recorded_batch_size: int | None = None  # when the Run does not tell
+    dims: tuple[tuple[int, int], ...] = ()  # (OLD, NEW) dimension substitutions
+    device: str | None = None  # a devices.yaml name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "dims": {str(a): b for a, b in self.dims},
+                "device": self.device}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    rank: int
+    step: int
+    measured_ns: int
+    replayed_ns: int
+    predicted_ns: int
+    device_active_ns: Mapping[str, int]  # measured, replayed, predicted
+    breakdown_ns: Mapping[str, int]  # the predicted iteration, see `categories`
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "step": self.step, "measured_ns": self.measured_ns,
+                "replayed_ns": self.replayed_ns, "predicted_ns": self.predicted_ns,
+                "device_active_ns": dict(self.device_active_ns),
+                "breakdown_ns": dict(self.breakdown_ns)}
+
+
+def gmae(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """exp(mean |log(predicted / measured)|) - 1; 0 for no pairs."""
+    logs = [abs(math.log(p / m)) for p, m in zip(predicted, measured, strict=True)
+            if p > 0 and m > 0]
+    return math.expm1(sum(logs) / len(logs)) if logs else 0.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    path: str
+    platform: Platform
+    source_device: str
+    target_device: str
+    change: Change
+    batch: tuple[int, int] | None  # (recorded, predicted) batch size
+    steps: tuple[StepResult, ...]
+    kernels: Mapping[str, int]  # how the kernel times were obtained: node counts
+    lags: Mapping[int, Mapping[str, int]]
+    overheads: OverheadModel
+    compare: tuple[str, int, int] | None = None  # (path, median step, median device active)
+    notes: tuple[str, ...] = field(default=())
+
+    def median(self, what: str) -> int:
+        values = [getattr(s, f"{what}_ns") for s in self.steps]
+        return int(statistics.median(values)) if values else 0
+
+    def median_active(self, what: str) -> int:
+        values = [s.device_active_ns[what] for s in self.steps]
+        return int(statistics.median(values)) if values else 0
+
+    @property
+    def replay_error(self) -> float:
+        return gmae([s.replayed_ns for s in self.steps], [s.measured_ns for s in self.steps])
+
+    @property
+    def predicted_error(self) -> float | None:
+        """Against the measured steps when nothing changed, else against the compared Run."""
+        if self.compare is not None:
+            return gmae([self.median("predicted")], [self.compare[1]])
+        if self.batch is None and not self.change.dims and self.change.device is None:
+            return gmae([s.predicted_ns for s in self.steps],
+                        [s.measured_ns for s in self.steps])
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        categories = sorted({k for s in self.steps for k in s.breakdown_ns})
+        return {
+            "path": self.path, "platform": self.platform, "source_device": self.source_device,
+            "target_device": self.target_device, "change": self.change.to_dict(),
+            "batch": ({"recorded": self.batch[0], "predicted": self.batch[1]}
+                      if self.batch else None),
+            "measured_ns": self.median("measured"), "replayed_ns": self.median("replayed"),
+            "predicted_ns": self.median("predicted"), "replay_error": self.replay_error,
+            "predicted_error": self.predicted_error,
+            "device_active_ns": {k: self.median_active(k)
+                                 for k in ("measured", "replayed", "predicted")},
+            "breakdown_ns": {c: int(statistics.median(s.breakdown_ns.get(c, 0)
+                                                      for s in self.steps))
+                             for c in categories} if self.steps else {},
+            "compare": ({"path": self.compare[0], "measured_ns": self.compare[1],
+                         "device_active_ns": self.compare[2]} if self.compare else None),
+            "steps": [s.to_dict() for s in self.steps], "kernels": dict(self.kernels),
+            "lags": {str(r): dict(v) for r, v in self.lags.items()},
+            "overheads": self.overheads.to_dict(), "notes": list(self.notes)}
+
+
+@dataclass
+class _Model:
+    """A Run loaded for simulation: events, graph, schedule, and what the nodes stand for."""
+
+    run: Run
+    ev: Events
+    deps: Dependencies
+    graph: Graph
+    schedule: Schedule
+    platform: Platform
+    args: list[str | None]
+    compute: Mask  # host nodes that are kernel work (CPU runs)
+
+    def shapes(self, row: int) -> Shapes | None:
+        return shapes_from_args(self.args[row] or "")
+
+
+def profiled_steps(ev: Events, steps: Mapping[int, Sequence[StepWindow]]
+                   ) -> dict[int, list[StepWindow]]:
+    """The steps inside the traced span of their rank (a recording also knows the steps
+    before and after its profiling window, from the optimizer hook, with no events)."""
+    out: dict[int, list[StepWindow]] = {}
+    for rank, windows in steps.items():
+        rows = ev.rank_slice(rank)
+        if rows.stop == rows.start:
+            continue
+        lo, hi = int(ev.ts[rows].min()), int(ev.end[rows].max())
+        inside = [w for w in windows if w.start >= lo and w.end <= hi]
+        if inside:
+            out[rank] = inside
+    return out
+
+
+def load_model(run: Run) -> _Model:
+    ev = Events.load(run)
+    if len(ev) == 0:
+        raise PerfswarmError(f"{run.path}: the Run has no events to simulate")
+    deps = dependencies(ev, sync_events(run, ev))
+    steps = profiled_steps(ev, iterations(run, ev).steps)
+    if not steps:
+        raise PerfswarmError(f"{run.path}: no iterations found (no ProfilerStep markers and no "
+                             "repeating op sequence); nothing to replay")
+    graph = build_graph(ev, deps, steps)
+    args = run.table("events", columns=["args"]).column("args").to_pylist()
+    platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
+    model = _Model(run, ev, deps, graph, Schedule.of(graph), platform, args,
+                   np.zeros(len(graph), bool))
+    if platform == "cpu":
+        model.compute = _compute_nodes(model)
+    return model
+
+
+def _compute_nodes(m: _Model) -> Mask:
+    """Host pieces of CPU ops that do the work: shaped ops that move data (an op that only
+    dispatches to one that computes, as conv2d to mkldnn_convolution, has little time of its
+    own, so scaling it with the work costs little; missing work costs much)."""
+    g, ev = m.graph, m.ev
+    host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
+    self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
+    candidates = np.flatnonzero((self_ns > 0) & ev.of_kind("cpu_op"))
+    working = np.zeros(len(ev), bool)
+    for row in candidates.tolist():
+        shapes = m.shapes(row)
+        working[row] = shapes is not None and data_cost(ev.name_of(row), shapes) is not None
+    out = np.zeros(len(g), bool)
+    out[host] = working[g.row[host]]
+    return out
+
+
+def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
+    """Shapes of the tensors the optimizer updates and gradients accumulate into."""
+    ev, g = m.ev, m.graph
+    scoped = [i for i, n in enumerate(ev.names) if n.startswith(PARAMETER_SCOPES)]
+    rows = set(np.flatnonzero(np.isin(ev.name, scoped)).tolist())
+    host = np.flatnonzero((g.role == HOST) & (g.row >= 0) & (g.top >= 0))
+    rows |= {int(g.row[n]) for n in host if int(g.top[n]) in rows}
+    shapes: set[tuple[int, ...]] = set()
+    for row in sorted(rows):
+        found = m.shapes(row)
+        if found is not None:
+            shapes |= {d for d in found.dims if d}
+    return shapes
+
+
+def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> int | None:
+    """The batch size of the recorded command's --batch-size flag, else the most common
+    leading dimension of the compute ops' non-parameter inputs."""
+    command = m.run.manifest()["command"]
+    for i, word in enumerate(command):
+        match = _BATCH_FLAG.match(word)
+        if match:
+            value = match.group(1) or (command[i + 1] if i + 1 < len(command) else "")
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+    leading: Counter[int] = Counter()
+    for row in _op_rows(m):
+        shapes = m.shapes(row)
+        if shapes is not None:
+            leading.update(d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed
+                           and d[0] > 1)
+    return leading.most_common(1)[0][0] if leading else None
+
+
+def _op_rows(m: _Model) -> list[int]:
+    """Rows whose shapes price kernels: compute pieces' ops (CPU), launching ops (GPU)."""
+    if m.platform == "cpu":
+        return sorted(set(m.graph.row[m.compute].tolist()))
+    return sorted(set(_launching_ops(m).values()))
+
+
+def _launching_ops(m: _Model) -> dict[int, int]:
+    """Device op row -> the CPU op that launched it (same rank and External id)."""
+    ev = m.ev
+    ext = m.run.table("events", columns=["external_id"]).column("external_id").to_numpy()
+    ops = np.flatnonzero(ev.of_kind("cpu_op") & (ext >= 0))
+    keys = lane_key(ev.rank[ops], ext[ops])
+    order = np.argsort(keys, kind="stable")
+    keys, ops = keys[order], ops[order]
+    dev = m.graph.row[m.graph.role == DEVICE]
+    dev = dev[ext[dev] >= 0]
+    want = lane_key(ev.rank[dev], ext[dev])
+    at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
+    found = (keys[at] == want) if len(keys) else np.zeros(len(dev), bool)
+    return dict(zip(dev[found].tolist(), ops[at[found]].tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class _Transform:
+    """A Change made concrete: the op cost at the new shapes."""
+
+    factor: float  # batch ratio
+    dims: Mapping[int, int]
+    fixed: set[tuple[int, ...]]
+
+    def costs(self, name: str, shapes: Shapes) -> tuple[OpCost, OpCost, Shapes] | None:
+        marks = [d in self.fixed for d in shapes.dims]
+        old = data_cost(name, shapes, marks)
+        if old is None:
+            return None
+        new_shapes = shapes.substitute(self.dims) if self.dims else shapes
+        new = data_cost(name, new_shapes, marks) if self.dims else old
+        if new is None:
+            return None
+        return old, scale_batch(new, self.factor), new_shapes
+
+
+def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
+    if override:
+        return load_spec(override)
+    for device in m.run.manifest()["devices"]:
+        spec = match_device(str(device.get("name", "")), float(device.get("totalGlobalMem", 0)))
+        if spec is not None:
+            units = device.get("numSms")
+            return per_device(spec, int(units) if isinstance(units, int) else None)
+    return None
+
+
+def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
+                   unmodelled: RooflineScaler | None, dur: I64) -> Counter[str]:
+    """Kernel times at the new shapes or device, in place; counts of how each was priced."""
+    g, ev = m.graph, m.ev
+    counts: Counter[str] = Counter()
+    if m.platform == "cpu":
+        host = np.flatnonzero(m.compute)
+        self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
+        by_row: dict[int, list[int]] = {}
+        for n in host.tolist():
+            by_row.setdefault(int(g.row[n]), []).append(n)
+        pairs = [(row, nodes, int(self_ns[row])) for row, nodes in by_row.items()]
+    else:
+        op_of = _launching_ops(m)
+        device = np.flatnonzero(g.role == DEVICE)
+        pairs = []
+        for n in device.tolist():
+            row = op_of.get(int(g.row[n]))
+            if row is None:
+                counts["unmodelled"] += 1
+                if unmodelled is not None and ev.kind[g.row[n]] in (KIND["kernel"],
+                                                                    KIND["memset"]):
+                    dur[n] = unmodelled.unmodelled(int(dur[n]))
+                continue
+            pairs.append((row, [n], int(dur[n])))
+    for row, nodes, measured in pairs:
+        shapes = m.shapes(row)
+        found = t.costs(ev.name_of(row), shapes) if shapes is not None else None
+        if found is None or scaler is None or measured <= 0:
+            counts["unmodelled"] += len(nodes)
+            if unmodelled is not None:
+                for n in nodes:
+                    dur[n] = unmodelled.unmodelled(int(dur[n]))
+            continue
+        old, new, new_shapes = found
+        after = scaler.scaled(measured, old, new, shapes.dims if shapes else (), new_shapes.dims)
+        counts["modelled"] += len(nodes)
+        for n in nodes:
+            dur[n] = round(int(dur[n]) * after / measured)
+    return counts
+
+
+def _per_sample(m: _Model, insts: list[Any], batch: int, factor: float, dur: I64,
+                gap: I64) -> int:
+    """DataLoader fetches that run an op once per sample take `factor` times as long."""
+    scaled = 0
+    for inst in insts:
+        if not inst.kind.startswith(LOADER):
+            continue
+        nodes = [n for _name, group in inst.groups for n in group] + list(inst.kernel_points)
+        names = Counter(int(m.ev.name[m.graph.row[n]]) for n in nodes)
+        if any(c >= batch and c % batch == 0 for c in names.values()):
+            for n in nodes:
+                dur[n] = round(dur[n] * factor)
+                if n != inst.first:
+                    gap[n] = round(gap[n] * factor)
+            scaled += len(nodes)
+    return scaled
+
+
+def _active(m: _Model, tl: Timeline, rank: int, lo: int, hi: int, durations: I64) -> int:
+    """Device-busy time in [lo, hi): union of device ops (GPU), compute pieces (CPU)."""
+    g = m.graph
+    if m.platform == "gpu":
+        mine = (g.role == DEVICE) & (g.rank == rank)
+        s, e = union(np.clip(tl.start[mine], lo, hi), np.clip(tl.end[mine], lo, hi))
+        return int((e - s).sum())
+    mine = m.compute & (g.rank == rank) & (tl.start >= lo) & (tl.start < hi)
+    return int(durations[mine].sum())
+
+
+def _breakdown(m: _Model, tl: Timeline, rank: int, lo: int, hi: int,
+               durations: I64) -> dict[str, int]:
+    g, ev = m.graph, m.ev
+    if m.platform == "gpu":
+        out = {}
+        for kind in ("kernel", "collective", "memcpy", "memset"):
+            mine = (g.role == DEVICE) & (g.rank == rank) & (g.row >= 0)
+            mine[mine] = ev.kind[g.row[mine]] == KIND[kind]
+            s, e = union(np.clip(tl.start[mine], lo, hi), np.clip(tl.end[mine], lo, hi))
+            out[kind] = int((e - s).sum())
+        return out
+    inside = (g.role == HOST) & (g.rank == rank) & (tl.start >= lo) & (tl.start < hi)
+    compute = int(durations[inside & m.compute].sum())
+    framework = int(durations[inside & ~m.compute].sum())
+    return {"compute": compute, "framework": framework,
+            "python": max(0, hi - lo - compute - framework)}
+
+
+def predict(run: Run, change: Change = Change(), *, profile: Profile | None = None,
+            overheads: OverheadModel | None = None, compare: Run | None = None,
+            source_device: str | None = None) -> Prediction:
+    m = load_model(run)
+    g = m.graph
+    notes: list[str] = []
+    replayed = simulate(m.schedule)
+    dur, gap = g.dur.copy(), g.gap.copy()
+    is_call = np.zeros(len(g), bool)
+    host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
+    is_call[host] = m.ev.of_kind("runtime", "driver")[g.row[host]]
+    kernel_point = m.compute if m.platform == "cpu" else is_call
+    insts = instances(g, m.ev, kernel_point)
+    model = overheads or fit_overheads(g, m.ev, insts)
+    keep = np.zeros(len(g), bool)
+    node_of = g.node_of_row()
+    keep[[node_of[c] for c in m.deps.sync_target if c in node_of]] = True
+    apply_overheads(model, g, m.ev, insts, dur, gap, keep)
+
+    fixed = parameter_shapes(m)
+    batch: tuple[int, int] | None = None
+    factor = 1.0
+    if change.batch_size is not None:
+        recorded = change.recorded_batch_size or recorded_batch_size(m, fixed)
+        if recorded is None:
+            raise PerfswarmError(f"{run.path}: cannot tell the recorded batch size; give it "
+                                 "with --recorded-batch-size")
+        batch, factor = (recorded, change.batch_size), change.batch_size / recorded
+    source = _source_spec(m, source_device) if m.platform == "gpu" else None
+    target_name = change.device
+    scaler: KernelScaler | None
+    unmodelled: RooflineScaler | None = None
+    if m.platform == "cpu":
+        if change.device is not None:
+            raise PerfswarmError(f"{run.path}: recorded on the CPU; --device projects GPU runs "
+                                 "to other GPUs")
+        needs_model = batch is not None or bool(change.dims)
+        if needs_model and profile is None:
+            raise PerfswarmError("predict: a changed batch size or dimension on a CPU run needs "
+                                 "a kernel profile: run `perfswarm calibrate` and pass "
+                                 "--profile cpu-profile.json")
+        scaler = ProfileScaler(profile) if profile is not None else None
+        source_name = target_name = "cpu"
+    else:
+        if source is None and (change.device or batch or change.dims):
+            raise PerfswarmError(f"{run.path}: cannot tell which GPU recorded this run; give "
+                                 "--source-device")
+        target = load_spec(change.device) if change.device else source
+        if source is not None and target is not None:
+            scaler = RooflineScaler(source, target)
+            unmodelled = scaler if change.device else None
+        else:
+            scaler = None
+        source_name = source.name if source else "unknown GPU"
+        target_name = target.name if target else source_name
+    counts = _scale_kernels(m, _Transform(factor, dict(change.dims), fixed), scaler,
+                            unmodelled, dur)
+    if batch is not None:
+        counts["per_sample"] = _per_sample(m, insts, batch[0], factor, dur, gap)
+        if counts["per_sample"] == 0:
+            notes.append("no per-sample DataLoader work found; input pipeline time kept")
+    predicted = simulate(m.schedule, dur, gap)
+    compared = _compare(compare) if compare is not None else None
+    steps = []
+    for rank, anchors in g.steps.items():
+        for step, a, b in anchors:
+            lo, hi = int(g.ts[a]), int(g.ts[b])
+            times = {"measured": (lo, hi), "replayed": (int(replayed.start[a]),
+                                                        int(replayed.start[b])),
+                     "predicted": (int(predicted.start[a]), int(predicted.start[b]))}
+            measured_tl = Timeline(g.ts, g.end)
+            active = {
+                "measured": _active(m, measured_tl, rank, lo, hi, g.end - g.ts),
+                "replayed": _active(m, replayed, rank, *times["replayed"], g.dur),
+                "predicted": _active(m, predicted, rank, *times["predicted"], dur)}
+            steps.append(StepResult(rank, step, hi - lo, times["replayed"][1] - times[
+                "replayed"][0], times["predicted"][1] - times["predicted"][0], active,
+                _breakdown(m, predicted, rank, *times["predicted"], dur)))
+    return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
+                      change, batch, tuple(steps), dict(counts),
+                      {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
+                      tuple(notes))
+
+
+def _compare(run: Run) -> tuple[str, int, int]:
+    """The median profiled step of another Run (the target configuration, measured) and its
+    median device-active time."""
+    m = load_model(run)
+    g = m.graph
+    measured = Timeline(g.ts, g.end)
+    spans, active = [], []
+    for rank, anchors in g.steps.items():
+        for _step, a, b in anchors:
+            lo, hi = int(g.ts[a]), int(g.ts[b])
+            spans.append(hi - lo)
+            active.append(_active(m, measured, rank, lo, hi, g.end - g.ts))
+    return str(run.path), int(statistics.median(spans)), int(statistics.median(active))
