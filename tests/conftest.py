@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from perfswarm.analyze.frame import Events
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,3 +48,16 @@ def corpus_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
         runs[name] = import_traces([corpus(name)], root / f"{name}.run",
                                    ImportOptions(execution_traces=ets), ["test"])
     return runs
+
+
+COLUMNS = ("rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation")
+
+
+def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Events:
+    """An events table from (rank, ts, dur, kind, name, tid, device, stream, correlation)."""
+    cols = {c: [r[i] for r in rows] for i, c in enumerate(COLUMNS)}
+    n = len(rows)
+    table = pa.table({**cols, "pid": [1] * n, "external_id": [-1] * n, "rf_id": [-1] * n,
+                      "step": [-1] * n, "args": ["{}"] * n})
+    table = table.select(EVENTS.names).cast(EVENTS)
+    return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))

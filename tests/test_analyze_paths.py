@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import TRACES, corpus
+from conftest import TRACES, corpus, events
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
@@ -19,22 +19,11 @@ from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarms import swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.schema import COUNTERS, EVENTS, SAMPLES, STACKS
+from perfswarm.trace.schema import COUNTERS, SAMPLES, STACKS
 from perfswarm.trace.store import Run
 
 US = 1000
-COLUMNS = ("rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation")
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-
-
-def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Events:
-    """An events table from (rank, ts, dur, kind, name, tid, device, stream, correlation)."""
-    cols = {c: [r[i] for r in rows] for i, c in enumerate(COLUMNS)}
-    n = len(rows)
-    table = pa.table({**cols, "pid": [1] * n, "external_id": [-1] * n, "rf_id": [-1] * n,
-                      "step": [-1] * n, "args": ["{}"] * n})
-    table = table.select(EVENTS.names).cast(EVENTS)
-    return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))
 
 
 def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:

@@ -15,12 +15,17 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["calibrate", "--budget", "0.01", "-o", str(out), "--json"]) == 0
     profile = json.loads(out.read_text())
     assert profile == json.loads(capsys.readouterr().out)
-    assert set(profile["families"]) == {"gemm", "elementwise", "reduction", "copy"}
+    assert set(profile["families"]) == {"gemm", "conv", "embedding_bag", "elementwise",
+                                        "reduction", "copy"}
 
 
-def test_calibrate_refuses_unbuilt_devices(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--device", "cuda:0"]) == 2
-    assert "only cpu is built" in capsys.readouterr().err
+@pytest.mark.parametrize(("device", "message"), [("cuda:0", "no such CUDA device here"),
+                                                 ("tpu", "expected cpu or cuda:N"),
+                                                 ("cuda:x", "expected cpu or cuda:N")])
+def test_calibrate_refuses_missing_devices(capsys: pytest.CaptureFixture[str], device: str,
+                                           message: str) -> None:
+    assert main(["calibrate", "--device", device]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_calibrate_rejects_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""Kernel-model calibration on this CPU with a tiny budget."""
+"""Kernel-model calibration: the two model forms, the profile's round trip, a real tiny sweep."""
 
 from __future__ import annotations
 
@@ -6,28 +6,70 @@ import math
 
 import pytest
 
-from perfswarm.model.calibrate import FAMILIES, FamilyModel, Point, calibrate, fit, gmae
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.calibrate import (
+    FAMILIES,
+    FamilyModel,
+    LearnedModel,
+    Point,
+    Profile,
+    calibrate,
+    fit,
+    gmae,
+)
 from perfswarm.model.opcost import op_cost
 
 
-def _add(n: int) -> Point:
-    cost = op_cost("aten::add", [[n], [n]], ["float", "float"])
+def _mm(m: int, k: int, seconds: float | None = None) -> Point:
+    dims = ((m, k), (k, m))
+    cost = op_cost("aten::mm", [list(d) for d in dims], ["float", "float"])
     assert cost is not None
-    b = math.log(cost.bytes)
-    return Point(cost, math.exp(-2.0 - 1.1 * b + 0.06 * b * b))
+    t = 2e-6 + cost.bytes * 1e-10 + cost.flops * 5e-12 if seconds is None else seconds
+    return Point(cost, t, dims)
 
 
-def test_fit_recovers_a_curve_of_its_own_form() -> None:
-    points = [_add(1 << k) for k in range(8, 20)]
-    assert gmae(fit(points), points) == pytest.approx(0.0, abs=1e-9)
-    exact = FamilyModel((math.log(2e-6), 0.0, 0.0, 0.0))
-    assert gmae(exact, [Point(p.cost, 2e-6) for p in points]) == pytest.approx(0.0, abs=1e-12)
+def test_fit_recovers_the_roofline_of_its_own_form() -> None:
+    points = [_mm(m, k) for m in (16, 64, 256, 1024) for k in (8, 128, 512)]
+    model = fit(points)
+    assert gmae(model, points) == pytest.approx(0.0, abs=1e-9)
+    assert model.coef == pytest.approx((2e-6, 1e-10, 5e-12), rel=1e-6)
 
 
-def test_calibrate_tiny_budget_profile_shape() -> None:
-    profile = calibrate(0.5)
-    families = profile["families"]
-    assert isinstance(families, dict) and list(families) == list(FAMILIES)
+def test_learned_correction_fits_what_the_roofline_cannot() -> None:
+    # 30% slower whenever k is small: a shape effect, not a size one
+    points = [_mm(m, k) for m in (16, 32, 64, 128, 256, 512, 1024) for k in (8, 16, 256, 512)]
+    points = [Point(p.cost, p.seconds * (1.3 if p.dims[0][1] < 64 else 1.0), p.dims)
+              for p in points]
+    roofline = fit(points)
+    learned = LearnedModel(roofline, tuple(points))
+    assert gmae(learned, points) < 0.5 * gmae(roofline, points)
+    # far outside the sweep the correction fades and the roofline's trend remains
+    huge = _mm(1 << 16, 512)
+    assert learned.predict(huge.cost, huge.dims) == pytest.approx(roofline.predict(huge.cost),
+                                                                  rel=0.35)
+
+
+def test_calibrate_tiny_budget_profile_round_trip() -> None:
+    data = calibrate(0.5)
+    families = data["families"]
+    assert list(families) == list(FAMILIES) and data["device"] == "cpu"
     for entry in families.values():
-        assert entry["points"] >= 8 and len(entry["coef"]) == 4
-        assert math.isfinite(entry["gmae_held_out"]) and entry["gmae_held_out"] >= 0
+        assert entry["points"] >= 8 and len(entry["coef"]) == 3 and min(entry["coef"]) >= 0
+        assert entry["chosen"] in ("roofline", "learned")
+        chosen = entry[f"gmae_{entry['chosen']}_held_out"]
+        assert math.isfinite(chosen) and chosen == entry["gmae_held_out"]
+        assert chosen == min(entry["gmae_roofline_held_out"], entry["gmae_learned_held_out"])
+    profile = Profile.from_dict(data)
+    assert set(profile.models) == set(FAMILIES)
+    gemm = op_cost("aten::mm", [[64, 64], [64, 64]], ["float", "float"])
+    assert gemm is not None and profile.models["gemm"].predict(gemm, ((64, 64), (64, 64))) > 0
+    assert isinstance(profile.models["gemm"], FamilyModel | LearnedModel)
+
+
+@pytest.mark.parametrize("broken", [{}, {"device": "cpu", "families": {"gemm": {}}},
+                                    {"device": "cpu", "families": {"gemm": {
+                                        "coef": [1, 2], "chosen": "roofline", "sweep": [],
+                                        "gmae_held_out": 0.1}}}])
+def test_profile_rejects_what_is_not_one(broken: dict[str, object]) -> None:
+    with pytest.raises(PerfswarmError, match="not a kernel-model profile"):
+        Profile.from_dict(broken)

@@ -42,6 +42,7 @@ WAKE_MAX_LAG_SHARE: Final = 0.05  # or this share of the idle stretch
 DEFAULT_LAUNCH_LAG_NS: Final = 5_000
 DEFAULT_STREAM_GAP_NS: Final = 1_000
 DEFAULT_SYNC_LAG_NS: Final = 2_000
+DEFAULT_SYNC_SELF_NS: Final = 5_000  # a sync call's own time when every one seen waited
 
 # Node roles.
 HOST, DEVICE, ANCHOR = 0, 1, 2
@@ -304,7 +305,7 @@ def _sync_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, 
         by_name.setdefault((int(ev.rank[c]), int(ev.name[c])), []).append(c)
     for group in by_name.values():
         free = [int(ev.dur[c]) for c in group if c not in waited]
-        self_ns = _median(free, min(int(ev.dur[c]) for c in group))
+        self_ns = _median(free, DEFAULT_SYNC_SELF_NS)
         for c in group:
             dur[node_of[c]] = min(self_ns, int(ev.dur[c]))
             target = deps.sync_target[c]

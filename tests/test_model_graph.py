@@ -1,0 +1,176 @@
+"""The dependency graph and its simulator: structure, replay of real traces, fast vs reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import events
+from perfswarm.analyze.dependencies import dependencies, sync_events
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, host_segments
+from perfswarm.model.simulate import Schedule, simulate, simulate_reference
+from perfswarm.trace.store import Run
+
+LAUNCH = "cudaLaunchKernel"
+US = 1000
+
+
+def _graph(ev: Events, steps: dict[int, list[StepWindow]] | None = None) -> tuple[Graph, Schedule]:
+    g = build_graph(ev, dependencies(ev, []), steps or {})
+    return g, Schedule.of(g)
+
+
+def test_host_segments_cut_threads_where_each_event_is_innermost() -> None:
+    ev = events([
+        (0, 0, 100, "cpu_op", "A", 1, -1, -1, -1),
+        (0, 10, 20, "cpu_op", "B", 1, -1, -1, -1),
+        (0, 40, 0, "runtime", LAUNCH, 1, -1, -1, 7),
+        (0, 50, 40, "cpu_op", "D", 1, -1, -1, -1),
+        (0, 60, 10, "cpu_op", "E", 1, -1, -1, -1),
+        (0, 95, 10, "cpu_op", "F", 1, -1, -1, -1),  # sticks out of A: cut at A's end
+        (0, 120, 5, "cpu_op", "G", 1, -1, -1, -1),
+    ])
+    rows = np.lexsort((-ev.dur, ev.ts))
+    pieces = [(ev.name_of(r), lo, hi, ev.name_of(top)) for r, lo, hi, top in
+              host_segments(ev, rows)]
+    assert pieces == [("A", 0, 10, "A"), ("B", 10, 30, "A"), ("A", 30, 40, "A"),
+                      (LAUNCH, 40, 40, "A"), ("A", 40, 50, "A"), ("D", 50, 60, "A"),
+                      ("E", 60, 70, "A"), ("D", 70, 90, "A"), ("A", 90, 95, "A"),
+                      ("F", 95, 100, "A"), ("G", 120, 125, "G")]
+
+
+def _launch_and_sync(kernel_us: int) -> Events:
+    """A thread launches a kernel and synchronizes; the sync waits for the kernel."""
+    return events([(0, ts * US, dur * US, *rest) for ts, dur, *rest in (  # type: ignore[misc]
+        (0, 1000, "cpu_op", "step", 1, -1, -1, -1),
+        (10, 5, "runtime", LAUNCH, 1, -1, -1, 1),
+        (20, 0, "cpu_op", "aten::view", 1, -1, -1, -1),
+        (30, kernel_us - 13, "runtime", "cudaDeviceSynchronize", 1, -1, -1, 2),
+        (15, kernel_us, "kernel", "k", 7, 0, 7, 1),
+        (40 + kernel_us, 10, "cpu_op", "after", 1, -1, -1, -1))])
+
+
+def test_a_sync_waits_for_the_kernel_when_it_grows() -> None:
+    ev = _launch_and_sync(500)
+    g, s = _graph(ev)
+    replay = simulate(s)
+    assert np.array_equal(replay.start, g.ts) and np.array_equal(replay.end, g.end)
+    kernel = int(np.flatnonzero(g.role == DEVICE)[0])
+    dur = g.dur.copy()
+    dur[kernel] += 300 * US
+    longer = simulate(s, dur)
+    after = int(np.flatnonzero(g.row == np.flatnonzero(ev.name == ev.names.index("after"))[0])[0])
+    assert longer.start[after] - replay.start[after] == 300 * US
+    dur[kernel] -= 790 * US
+    # the 10 us kernel ends at 25 us, before the call (at 30 us) has spent its own 5 us: it
+    # returns at 35 us, and `after` follows its measured 23 us later
+    assert simulate(s, dur).start[after] == 58 * US
+
+
+def test_a_thread_that_waited_for_another_follows_it() -> None:
+    # thread 2 idles from 100 to 5000 us while thread 1 works until 4990 us, then resumes
+    ev = events([
+        (0, 0, 100 * US, "cpu_op", "forward", 2, -1, -1, -1),
+        (0, 200 * US, 2000 * US, "cpu_op", "backward.a", 1, -1, -1, -1),
+        (0, 2300 * US, 2690 * US, "cpu_op", "backward.b", 1, -1, -1, -1),
+        (0, 5000 * US, 100 * US, "cpu_op", "optimizer", 2, -1, -1, -1),
+    ])
+    g, s = _graph(ev)
+    b = int(np.flatnonzero(g.row == 2)[0])
+    opt = int(np.flatnonzero(g.row == 3)[0])
+    assert list(zip(g.src.tolist(), g.dst.tolist(), g.lag.tolist(), strict=True)) == \
+        [(b, opt, 10 * US)] and g.gap[opt] == 0
+    dur = g.dur.copy()
+    dur[b] += 1000 * US
+    assert simulate(s, dur).start[opt] == 6000 * US
+    # a thread that idled while the other did one thing only (a watchdog's poll) did not wait
+    lone = events([(0, 0, 100 * US, "cpu_op", "main", 2, -1, -1, -1),
+                   (0, 4000 * US, 10 * US, "cpu_op", "poll", 1, -1, -1, -1),
+                   (0, 4020 * US, 100 * US, "cpu_op", "main", 2, -1, -1, -1)])
+    assert len(_graph(lone)[0].src) == 0
+
+
+def test_anchors_bracket_each_step_on_the_main_thread() -> None:
+    ev = _launch_and_sync(500)
+    g, s = _graph(ev, {0: [StepWindow(3, 0, 1000 * US, "marker")]})
+    ((step, a, b),) = g.steps[0]
+    assert step == 3 and g.role[a] == g.role[b] == ANCHOR and (g.ts[a], g.ts[b]) == (0, 1000 * US)
+    timeline = simulate(s)
+    assert timeline.start[b] - timeline.start[a] == 1000 * US
+
+
+@pytest.mark.parametrize("name", ["nccl", "amd", "compare_base", "compare_test"])
+def test_replay_of_multi_step_gpu_traces(corpus_runs: dict[str, Run], name: str) -> None:
+    run = corpus_runs[name]
+    ev = Events.load(run)
+    g = build_graph(ev, dependencies(ev, sync_events(run, ev)), iterations(run, ev).steps)
+    s = Schedule.of(g)
+    replay = simulate(s)
+    errors = [abs((replay.start[b] - replay.start[a]) / (g.ts[b] - g.ts[a]) - 1)
+              for anchors in g.steps.values() for _step, a, b in anchors]
+    assert len(errors) >= 2 and max(errors) < 1e-4
+    if len(g) < 2000:
+        ref = simulate_reference(s)
+        assert np.array_equal(ref.start, replay.start) and np.array_equal(ref.end, replay.end)
+
+
+def test_nccl_graph_shape(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    g = build_graph(ev, dependencies(ev, sync_events(run, ev)), iterations(run, ev).steps)
+    # every kernel, copy, set and collective is a device node; each hangs on its launch
+    assert int(np.sum(g.role == DEVICE)) == 2679 + 960 + 114 + 21
+    assert int(np.sum(g.role == ANCHOR)) == 6
+    launched = np.isin(np.flatnonzero(g.role == DEVICE), g.dst)
+    assert launched.all()
+    assert g.lags[0].launch_ns == 11584 and g.lags[0].stream_gap_ns == 1183
+
+
+@st.composite
+def _traces(draw: st.DrawFn) -> list[tuple[int, int, int, str, str, int, int, int, int]]:
+    """Two host threads launching kernels onto two streams, with nested ops and syncs."""
+    rows = []
+    corr = 0
+    for tid in (1, 2):
+        t = draw(st.integers(0, 50))
+        for _ in range(draw(st.integers(1, 12))):
+            dur = draw(st.integers(1, 200))
+            rows.append((0, t, dur, "cpu_op", f"op{draw(st.integers(0, 3))}", tid, -1, -1, -1))
+            if draw(st.booleans()):
+                corr += 1
+                start = t + draw(st.integers(0, dur))
+                rows.append((0, start, 0, "runtime", LAUNCH, tid, -1, -1, corr))
+                stream = draw(st.sampled_from([7, 8]))
+                rows.append((0, start + draw(st.integers(1, 30)), draw(st.integers(1, 300)),
+                             "kernel", "k", stream, 0, stream, corr))
+            t += dur + draw(st.integers(0, 100))
+        if draw(st.booleans()):
+            corr += 1
+            rows.append((0, t, draw(st.integers(1, 500)), "runtime", "cudaDeviceSynchronize",
+                         tid, -1, -1, corr))
+    return rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(_traces(), st.lists(st.floats(0.0, 3.0), min_size=1, max_size=8),
+       st.lists(st.integers(-50, 400), min_size=1, max_size=8))
+def test_fast_simulator_equals_reference(rows: list[tuple[int, int, int, str, str, int, int,
+                                                               int, int]],
+                                         scales: list[float], shifts: list[int]) -> None:
+    ev = events(rows)
+    g, s = _graph(ev)
+    n = len(g)
+    dur = np.array([round(d * scales[i % len(scales)]) for i, d in enumerate(g.dur)], np.int64)
+    gap = g.gap + np.array([shifts[i % len(shifts)] for i in range(n)], np.int64)
+    for args in ((None, None), (dur, gap)):
+        fast, ref = simulate(s, *args), simulate_reference(s, *args)
+        assert np.array_equal(fast.start, ref.start) and np.array_equal(fast.end, ref.end)
+        assert np.all(fast.end >= fast.start + (g.dur if args[0] is None else dur))
+    # measured durations and gaps: a thread with no sync call replays exactly as traced
+    replay = simulate(s)
+    calm = (g.role == HOST) & ~np.isin(g.lane, g.lane[np.isin(np.arange(n), g.dst)])
+    assert np.array_equal(replay.start[calm], g.ts[calm])

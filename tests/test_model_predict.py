@@ -1,0 +1,164 @@
+"""Replay and prediction: a synthetic CPU trace with exact expectations, the corpus, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from perfswarm.cli.main import main
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.calibrate import FamilyModel, Profile
+from perfswarm.model.overheads import OverheadModel
+from perfswarm.model.predict import Change, predict
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+US = 1000
+BATCH = 4
+LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+# time proportional to FLOPs for GEMMs, constant for everything else: exact ratios
+PROFILE = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 1e-9)),
+                             "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
+
+
+def _op(name: str, ts: int, dur: int, dims: list[list[int]] | None = None,
+        cat: str = "cpu_op") -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    if dims is not None:
+        args = {"Input Dims": dims, "Input type": ["float" if d else "Scalar" for d in dims]}
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def _step(i: int) -> list[dict[str, Any]]:
+    """One 1000 us training step (times in us): a per-sample DataLoader fetch, a linear layer
+    (its addmm takes 270 us), and an SGD step over the layer's two parameters."""
+    t = 1000 * i
+    return [
+        _op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
+        _op(LOADER, t + 10, 40, cat="user_annotation"),
+        *(_op("aten::select", t + 12 + 10 * k, 5, [[16, 64], [], []]) for k in range(BATCH)),
+        _op("aten::linear", t + 100, 300, [[BATCH, 64], [10, 64], [10]]),
+        _op("aten::t", t + 105, 5, [[10, 64]]),
+        _op("aten::addmm", t + 120, 270, [[10], [BATCH, 64], [64, 10], [], []]),
+        _op("Optimizer.step#SGD.step", t + 500, 100, cat="user_annotation"),
+        _op("aten::add_", t + 510, 20, [[64, 10], [64, 10], []]),
+        _op("aten::add_", t + 540, 10, [[10], [10], []]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp("predict")
+    trace = root / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": [e for i in range(3) for e in _step(i)]}))
+    return import_traces([trace], root / "cpu.run", ImportOptions(),
+                         ["python", "train.py", "--batch-size", str(BATCH)])
+
+
+def test_replay_and_prediction_at_the_recorded_configuration(cpu_run: Run) -> None:
+    p = predict(cpu_run, profile=PROFILE)
+    assert [s.measured_ns for s in p.steps] == [1000 * US] * 3
+    assert [s.replayed_ns for s in p.steps] == [1000 * US] * 3
+    assert [s.predicted_ns for s in p.steps] == [1000 * US] * 3
+    assert p.replay_error == 0 and p.predicted_error == 0
+    # compute: addmm (and linear's own time around it) and the parameter updates; views
+    # (select, t) and annotations' own time are framework; the rest is Python
+    assert p.steps[0].device_active_ns["measured"] == (270 + 25 + 20 + 10) * US
+    assert p.steps[0].breakdown_ns == {"compute": 325 * US, "framework": (20 + 5 + 20 + 70) * US,
+                                       "python": 560 * US}
+    parts = p.overheads.ops
+    assert parts["Optimizer.step#SGD.step"]["t1"] == 100 * US
+    assert parts["aten::linear"]["t1"] == 50 * US
+
+
+def test_batch_size_scales_batched_work_and_per_sample_fetches(cpu_run: Run) -> None:
+    p = predict(cpu_run, Change(batch_size=2 * BATCH), profile=PROFILE)
+    assert p.batch == (BATCH, 2 * BATCH)
+    # addmm's FLOPs double (270 -> 540 us) and so does linear's own 25 us; the fetch of one
+    # sample per select doubles (40 us); the optimizer's parameter updates do not change
+    assert [s.predicted_ns for s in p.steps] == [(1000 + 270 + 25 + 40) * US] * 3
+    assert p.kernels["per_sample"] == 3 * 9 and p.predicted_error is None
+
+
+def test_dimensions_change_parameters_too(cpu_run: Run) -> None:
+    p = predict(cpu_run, Change(dims=((64, 128),)), profile=PROFILE)
+    # the GEMM's inner dimension doubles; elementwise ops cost the same at any size here
+    assert [s.predicted_ns for s in p.steps] == [(1000 + 270 + 25) * US] * 3
+
+
+def test_recorded_batch_size_from_shapes(cpu_run: Run, tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": [e for i in range(2) for e in _step(i)]}))
+    bare = import_traces([trace], tmp_path / "bare.run", ImportOptions(), ["train.py"])
+    assert predict(bare, Change(batch_size=8), profile=PROFILE).batch == (BATCH, 8)
+
+
+def test_cpu_runs_need_a_profile_for_shape_changes(cpu_run: Run) -> None:
+    with pytest.raises(PerfswarmError, match="needs a kernel profile"):
+        predict(cpu_run, Change(batch_size=8))
+    with pytest.raises(PerfswarmError, match="recorded on the CPU"):
+        predict(cpu_run, Change(device="H100-SXM"), profile=PROFILE)
+
+
+def test_nccl_on_another_gpu(corpus_runs: dict[str, Run]) -> None:
+    run = corpus_runs["nccl"]
+    same = predict(run)
+    assert same.source_device == "A100-40GB" and same.replay_error < 1e-4
+    assert same.predicted_error is not None and same.predicted_error < 0.02
+    h100 = predict(run, Change(device="H100-SXM"))
+    # the trace has no shapes: kernels move to the H100's bandwidth (3350 vs 1555 GB/s)
+    assert h100.kernels == {"unmodelled": 2679 + 960 + 114 + 21}
+    active = h100.median_active("predicted") / same.median_active("predicted")
+    assert 0.4 < active < 0.6
+    # the host sets the pace of this run: a faster GPU leaves the iteration as it was
+    assert abs(h100.median("predicted") / same.median("predicted") - 1) < 0.01
+
+
+def test_overhead_model_round_trip(corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    run = corpus_runs["nccl"]
+    first = predict(run)
+    path = tmp_path / "overheads.json"
+    path.write_bytes(orjson.dumps(first.overheads.to_dict()))
+    again = predict(run, overheads=OverheadModel.load(path))
+    assert again.to_dict()["steps"] == first.to_dict()["steps"]
+    assert first.overheads.calls["cudaLaunchKernel"] > 0
+
+
+def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "o.json"
+    assert main(["predict", str(corpus_runs["nccl"].path), "--json", "--save-overheads",
+                 str(saved)]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert set(data) == {"path", "platform", "source_device", "target_device", "change",
+                         "batch", "measured_ns", "replayed_ns", "predicted_ns", "replay_error",
+                         "predicted_error", "device_active_ns", "breakdown_ns", "compare",
+                         "steps", "kernels", "lags", "overheads", "notes"}
+    assert OverheadModel.load(saved).to_dict() == data["overheads"]
+    assert main(["predict", str(corpus_runs["nccl"].path), "--device", "H100-SXM"]) == 0
+    assert "predicted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--dim", "64"], "expected OLD=NEW"),
+    (["--batch-size", "0"], "at least 1"),
+    (["--device", "B300"], "unknown device"),
+    (["--overheads", "missing.json"], "cannot read"),
+])
+def test_cli_bad_input(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str],
+                       args: list[str], message: str) -> None:
+    assert main(["predict", str(corpus_runs["nccl"].path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_cli_bad_overheads_file(corpus_runs: dict[str, Run], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"ops": {"x": {"t1": -5}}, "calls": {}}')
+    assert main(["predict", str(corpus_runs["nccl"].path), "--overheads", str(bad)]) == 2
+    assert "non-negative" in capsys.readouterr().err
