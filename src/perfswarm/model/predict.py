@@ -34,6 +34,7 @@ from perfswarm.analyze.dependencies import Dependencies, dependencies, sync_even
 from perfswarm.analyze.frame import I64, KIND, Events, Mask, lane_key
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.analyze.ops import kernel_category
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
@@ -53,6 +54,7 @@ Platform = Literal["gpu", "cpu"]
 LOADER: Final = "enumerate(DataLoader)#"
 PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
                            "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
+COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 _BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
 
 
@@ -315,6 +317,14 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     """Kernel times at the new shapes or device, in place; counts of how each was priced."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
+
+    def unknown(node: int) -> None:
+        counts["unmodelled"] += 1
+        row = int(g.row[node])
+        if unmodelled is not None and ev.kind[row] in (KIND["kernel"], KIND["memset"]):
+            compute_bound = kernel_category(ev.name_of(row)) in COMPUTE_CATEGORIES
+            dur[node] = unmodelled.unmodelled(int(dur[node]), compute_bound)
+
     if m.platform == "cpu":
         host = np.flatnonzero(m.compute)
         self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
@@ -329,20 +339,15 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         for n in device.tolist():
             row = op_of.get(int(g.row[n]))
             if row is None:
-                counts["unmodelled"] += 1
-                if unmodelled is not None and ev.kind[g.row[n]] in (KIND["kernel"],
-                                                                    KIND["memset"]):
-                    dur[n] = unmodelled.unmodelled(int(dur[n]))
-                continue
-            pairs.append((row, [n], int(dur[n])))
+                unknown(n)
+            else:
+                pairs.append((row, [n], int(dur[n])))
     for row, nodes, measured in pairs:
         shapes = m.shapes(row)
         found = t.costs(ev.name_of(row), shapes) if shapes is not None else None
         if found is None or scaler is None or measured <= 0:
-            counts["unmodelled"] += len(nodes)
-            if unmodelled is not None:
-                for n in nodes:
-                    dur[n] = unmodelled.unmodelled(int(dur[n]))
+            for n in nodes:
+                unknown(n)
             continue
         old, new, new_shapes = found
         after = scaler.scaled(measured, old, new, shapes.dims if shapes else (), new_shapes.dims)

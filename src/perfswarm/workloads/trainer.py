@@ -16,19 +16,23 @@ from torch.utils.data import TensorDataset
 from perfswarm.workloads._loop import loop_args, parser, train
 
 
-def cnn(classes: int) -> nn.Module:
+def cnn(classes: int, width: int = 16) -> nn.Module:
+    """Three 3x3 convolutions of width, 2 x width and 4 x width channels."""
+    w1, w2, w3 = width, 2 * width, 4 * width
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(64, classes),
+        nn.Conv2d(3, w1, 3, padding=1), nn.BatchNorm2d(w1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(w1, w2, 3, padding=1), nn.BatchNorm2d(w2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(w2, w3, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(w3, classes),
     )
 
 
-def mlp(classes: int, size: int) -> nn.Module:
+def mlp(classes: int, size: int, width: int = 16) -> nn.Module:
+    """Hidden layers of 32 x width and 16 x width units (512 and 256 by default)."""
+    h1, h2 = 32 * width, 16 * width
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(3 * size * size, 512), nn.ReLU(),
-        nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, classes),
+        nn.Flatten(), nn.Linear(3 * size * size, h1), nn.ReLU(),
+        nn.Linear(h1, h2), nn.ReLU(), nn.Linear(h2, classes),
     )
 
 
@@ -38,12 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--samples", type=int, default=1024, help="size of the synthetic dataset")
+    p.add_argument("--width", type=int, default=16,
+                   help="layer width: CNN channels width/2x/4x, MLP hidden units 32x/16x")
     ns = p.parse_args(argv)
+    if ns.width < 1:
+        raise SystemExit("--width must be >= 1")
     args = loop_args(ns)
     torch.manual_seed(args.seed)
     images = torch.randn(ns.samples, 3, ns.image_size, ns.image_size)
     labels = torch.randint(0, ns.classes, (ns.samples,))
-    model = cnn(ns.classes) if ns.arch == "cnn" else mlp(ns.classes, ns.image_size)
+    model = cnn(ns.classes, ns.width) if ns.arch == "cnn" else mlp(ns.classes, ns.image_size,
+                                                                    ns.width)
     loss = nn.CrossEntropyLoss()
     train(args, model, TensorDataset(images, labels), lambda m, b: loss(m(b[0]), b[1]))
     return 0

@@ -1,0 +1,181 @@
+"""Accuracy of the performance model: replay on the corpus, prediction on this CPU.
+
+    .venv/bin/python benchmarks/accuracy.py [--repeats 2] [--budget 1.0] [--only replay|cpu]
+                                            [--workloads trainer-cnn,trainer-mlp,dlrm,transformer]
+
+1. Replay: every multi-step GPU trace of ../shared/corpus is imported, its dependency graph
+   simulated with the measured durations, and each iteration's replayed time compared with
+   the measured one (goal: geomean of |error| <= 2%). The prediction at the recorded
+   configuration (kernel times as measured, host time from the overhead model) is shown too.
+2. Prediction on this CPU: calibrate the kernel models, record each bundled workload at one
+   configuration and at others (batch size over a 4x range, layer widths), predict each of
+   the others from the first and compare with its measured iteration (median of the profiled
+   steps; goal: geomean <= 5%, max <= 15%). Recordings are interleaved round by round, and
+   with one intra-op thread (as calibrated), so load from elsewhere on the machine falls on
+   every configuration alike. Errors are of the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.calibrate import Profile, calibrate
+from perfswarm.model.predict import Change, predict
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "corpus" / "hta"
+REPLAY_GOAL, MEAN_GOAL, MAX_GOAL = 0.02, 0.05, 0.15
+STEPS = "3:8"  # skip 3 optimizer steps, profile 8
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    flags: tuple[str, ...]  # the workload's flags at this configuration
+    change: Change
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    module: str
+    base: tuple[str, ...]
+    targets: tuple[Target, ...]
+
+
+def _batch(label: str, flags: tuple[str, ...], size: int) -> Target:
+    return Target(label, (*flags, "--batch-size", str(size)), Change(batch_size=size))
+
+
+WORKLOADS = (
+    # image 28 and batch 24 keep the CNN's channel counts (16, 32, 64) apart from other dims
+    Workload("trainer-cnn", "perfswarm.workloads.trainer",
+             ("--arch", "cnn", "--image-size", "28", "--batch-size", "24"),
+             (_batch("batch 12", ("--arch", "cnn", "--image-size", "28"), 12),
+              _batch("batch 48", ("--arch", "cnn", "--image-size", "28"), 48),
+              Target("width 2x", ("--arch", "cnn", "--image-size", "28", "--batch-size", "24",
+                                  "--width", "32"),
+                     Change(dims=((16, 32), (32, 64), (64, 128)))))),
+    Workload("trainer-mlp", "perfswarm.workloads.trainer",
+             ("--arch", "mlp", "--batch-size", "32"),
+             (_batch("batch 16", ("--arch", "mlp"), 16), _batch("batch 64", ("--arch", "mlp"), 64),
+              Target("width 2x", ("--arch", "mlp", "--batch-size", "32", "--width", "32"),
+                     Change(dims=((512, 1024), (256, 512)))))),
+    Workload("dlrm", "perfswarm.workloads.dlrm", ("--rows", "20000", "--batch-size", "64"),
+             (_batch("batch 32", ("--rows", "20000"), 32),
+              _batch("batch 128", ("--rows", "20000"), 128))),
+    # batch 16: 16 x 4 heads, 16 x 64 tokens stay apart from the widths changed
+    Workload("transformer", "perfswarm.workloads.transformer", ("--batch-size", "16"),
+             (_batch("batch 8", (), 8), _batch("batch 32", (), 32),
+              Target("width 2x", ("--batch-size", "16", "--d-model", "256"),
+                     Change(dims=((128, 256), (512, 1024), (384, 768), (32, 64)))))),
+)
+
+
+def gmae(errors: list[float]) -> float:
+    return math.expm1(statistics.fmean(abs(math.log1p(e)) for e in errors)) if errors else 0.0
+
+
+def replay(tmp: Path) -> list[float]:
+    print("== replay: multi-step GPU traces of the corpus")
+    print(f"{'trace':58s} {'steps':>5s} {'replay err (per step)':>30s} {'predicted err':>13s}")
+    errors: list[float] = []
+    for i, path in enumerate(sorted(CORPUS.rglob("*.json.gz"))):
+        if path.name.endswith("_et.json.gz"):
+            continue
+        run = import_traces([path], tmp / f"corpus{i}.run", ImportOptions(), [path.name])
+        try:
+            p = predict(run)
+        except PerfswarmError:  # no iterations: not a multi-step trace
+            continue
+        if p.platform != "gpu" or len(p.steps) < 2:
+            continue
+        errs = [s.replayed_ns / s.measured_ns - 1 for s in p.steps]
+        errors += errs
+        shown = " ".join(f"{100 * e:+.3f}%" for e in errs)
+        print(f"{path.relative_to(CORPUS)!s:58s} {len(errs):5d} {shown:>30s} "
+              f"{100 * (p.predicted_error or 0):12.2f}%")
+    print(f"replay error, geomean over {len(errors)} iterations: {100 * gmae(errors):.3f}% "
+          f"(goal <= {100 * REPLAY_GOAL:.0f}%)")
+    return errors
+
+
+def _record(w: Workload, flags: tuple[str, ...], out: Path) -> Run:
+    cmd = [sys.executable, "-m", "perfswarm.cli.main", "record", "--quiet", "--out", str(out),
+           "--collectors", "torch", "--steps", STEPS, "--no-et", "--", sys.executable, "-W",
+           "ignore", "-m", w.module, "--steps", "12", "--threads", "1", *flags]
+    done = subprocess.run(cmd, check=False, capture_output=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr.decode(errors="replace"))
+        raise SystemExit(f"recording {w.name} {' '.join(flags)} failed ({done.returncode})")
+    return Run(out)
+
+
+def cpu(tmp: Path, repeats: int, budget_min: float, names: list[str]) -> list[float]:
+    print(f"== prediction on this CPU (calibration budget {budget_min:g} min, one thread)")
+    data = calibrate(budget_min * 60.0, threads=1)
+    for family, entry in data["families"].items():
+        print(f"  kernel model {family:14s} {entry['chosen']:9s} held-out GMAE "
+              f"{100 * entry['gmae_held_out']:5.1f}%")
+    profile = Profile.from_dict(data)
+    chosen = [w for w in WORKLOADS if w.name in names]
+    measured: dict[tuple[str, str], list[int]] = {}
+    predicted: dict[tuple[str, str], list[int]] = {}
+    for r in range(repeats):
+        for w in chosen:
+            base = _record(w, w.base, tmp / f"{w.name}-base-{r}.run")
+            same = predict(base, profile=profile)
+            measured.setdefault((w.name, "recorded"), []).append(same.median("measured"))
+            predicted.setdefault((w.name, "recorded"), []).append(same.median("predicted"))
+            for t in w.targets:
+                run = _record(w, t.flags, tmp / f"{w.name}-{t.label.replace(' ', '')}-{r}.run")
+                measured.setdefault((w.name, t.label), []).append(
+                    predict(run).median("measured"))
+                predicted.setdefault((w.name, t.label), []).append(
+                    predict(base, t.change, profile=profile).median("predicted"))
+    print(f"{'workload':12s} {'configuration':14s} {'measured ms':>12s} {'predicted ms':>13s} "
+          f"{'error':>8s}")
+    errors = []
+    for (name, label), values in measured.items():
+        meas = statistics.median(values)
+        pred = statistics.median(predicted[(name, label)])
+        err = pred / meas - 1
+        if label != "recorded":
+            errors.append(err)
+        print(f"{name:12s} {label:14s} {meas / 1e6:12.3f} {pred / 1e6:13.3f} {100 * err:+7.1f}%")
+    worst = max((abs(e) for e in errors), default=0.0)
+    print(f"prediction error at other configurations: geomean {100 * gmae(errors):.1f}% "
+          f"(goal <= {100 * MEAN_GOAL:.0f}%), max {100 * worst:.1f}% "
+          f"(goal <= {100 * MAX_GOAL:.0f}%), {len(errors)} configurations")
+    return errors
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--budget", type=float, default=1.0, help="calibration minutes")
+    p.add_argument("--only", choices=("replay", "cpu"), default=None)
+    p.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
+    ns = p.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="perfswarm-accuracy-") as tmp:
+        if ns.only in (None, "replay"):
+            ok &= gmae(replay(Path(tmp))) <= REPLAY_GOAL
+        if ns.only in (None, "cpu"):
+            errors = cpu(Path(tmp), ns.repeats, ns.budget, ns.workloads.split(","))
+            ok &= gmae(errors) <= MEAN_GOAL and max(map(abs, errors), default=0) <= MAX_GOAL
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
