@@ -19,7 +19,9 @@ def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
 def test_analyze_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, ["analyze", str(corpus_runs["nccl"].path), "--json"])
     assert set(data) == {"path", "events", "ranks", "iterations", "concurrency", "ops", "launch",
-                         "stragglers", "critical_path", "swarms", "system"}
+                         "stragglers", "critical_path", "swarms", "system", "op_cost"}
+    # the nccl trace was recorded without shapes: no op has a cost, the device is still known
+    assert data["op_cost"]["device"] == "A100-40GB" and data["op_cost"]["ops"] == []
     assert data["events"] == 26_935 and data["ranks"] == [0]
     assert data["iterations"]["used"] == "marker"
     assert [s["step"] for s in data["iterations"]["steps"]["0"]] == [4, 5, 6]
@@ -72,3 +74,18 @@ def test_bad_input(tmp_path: Path, corpus_runs: dict[str, Run],
     base = str(corpus_runs["compare_base"].path)
     assert main(["diff", base, base, "--rank-a", "5"]) == 2
     assert "no rank 5" in capsys.readouterr().err
+
+
+def test_analyze_op_cost(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, ["analyze", str(corpus_runs["amd"].path), "--json"])["op_cost"]
+    # one die of an MI250 (104 of its 208 CUs): half its peaks
+    assert data["device"] == "MI250 (104 of 208 units)"
+    addmm = next(o for o in data["ops"] if o["name"] == "aten::addmm")
+    assert addmm["shapes"] == "128, 5x128, 128x128" and addmm["count"] == 1
+    assert addmm["flops"] == 2 * 5 * 128 * 128 and addmm["bound"] == "memory"
+    # its kernels (joined by External id) took 24.48 us: 0.18% of the roofline
+    assert addmm["time_ns"] == 24_480
+    assert addmm["efficiency"] == pytest.approx(addmm["roofline_ns"] / 24_480)
+    assert [f["ops"] for f in data["fusion"]][:1] == [["clamp_min", "normal_", "copy_", "mean"]]
+    assert main(["analyze", str(corpus_runs["amd"].path)]) == 0
+    assert "op cost (roofline on MI250" in capsys.readouterr().out

@@ -89,7 +89,8 @@ def test_report_renders_without_errors(browser: Any, corpus_runs: dict[str, Run]
     data = report_data(corpus_runs["nccl"])
     out = html.write(data, tmp_path / "report.html")
     page, errors = open_page(browser, out.as_uri())
-    assert_charts_drawn(page, ["chart-timeline", "chart-concurrency"])
+    assert_charts_drawn(page, ["chart-timeline", "chart-concurrency", "chart-prediction"])
+    assert page.locator("#prediction tr").count() == 4
     assert page.locator("#chart-timeline g.trace.bars").count() > 0
     assert "longest" in page.locator("#timeline-note").inner_text()
     assert page.locator("#kernels td.name").all_inner_texts() == [

@@ -21,8 +21,12 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     data = report_data(corpus_runs["nccl"])
     assert set(data) == {"title", "run", "cards", "timeline", "concurrency", "iterations",
                          "kernels", "cpu_ops", "categories", "critical_path", "swarms",
-                         "advice"}
+                         "op_cost", "prediction", "advice"}
     assert data["advice"] == []
+    prediction = data["prediction"]
+    assert [s["step"] for s in prediction["steps"]] == [4, 5, 6]
+    assert prediction["measured_ns"] == 222_442_191 and prediction["replay_error"] < 1e-4
+    assert "overheads" not in prediction and data["op_cost"]["device"] == "A100-40GB"
     assert [c["label"] for c in data["cards"]] == [
         "step time", "throughput", "device utilization (rank 0)", "events"]
     assert data["cards"][0]["value"] == "222.442 ms"

@@ -52,8 +52,9 @@ def load(run: Run) -> Events:
     return ev
 
 
-def analyze(run: Run, *, ignore_markers: bool = False) -> Analysis:
-    ev = load(run)
+def analyze(run: Run, *, ignore_markers: bool = False, events: Events | None = None) -> Analysis:
+    """Every analysis of `run` (its events loaded here unless given)."""
+    ev = load(run) if events is None else events
     its = iterations(run, ev, ignore_markers=ignore_markers)
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,

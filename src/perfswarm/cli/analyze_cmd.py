@@ -9,9 +9,10 @@ import typer
 from rich.table import Table
 
 from perfswarm.analyze.concurrency import STATES
-from perfswarm.analyze.summary import Analysis, analyze
+from perfswarm.analyze.summary import Analysis, analyze, load
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
+from perfswarm.model.opstats import OpCosts, op_costs
 from perfswarm.trace.store import Run
 
 SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",
@@ -30,7 +31,21 @@ def _concurrency_table(result: Analysis) -> Table:
     return table
 
 
-def _print(result: Analysis) -> None:
+def _op_cost_table(costs: OpCosts) -> Table:
+    where = f"roofline on {costs.device}" if costs.device else "no device spec: rates only"
+    share = 100 * costs.modelled_ns / costs.op_ns if costs.op_ns else 0.0
+    table = Table("op", "shapes", "count", "time", "FLOP/B", "GFLOP/s", "GB/s", "bound", "of roofline",
+                  title=f"op cost ({where}; ops with a cost model: {share:.0f}% of op time)",
+                  title_justify="left")
+    for o in costs.to_dict()["ops"][:12]:
+        table.add_row(o["name"][:40], o["shapes"][:36], f"{o['count']:,}", ms(o["time_ns"]),
+                      f"{o['intensity']:.2f}", f"{o['achieved_gflops']:,.1f}",
+                      f"{o['achieved_gbps']:,.1f}", o["bound"] or "-",
+                      f"{100 * o['efficiency']:.1f}%" if o["efficiency"] is not None else "-")
+    return table
+
+
+def _print(result: Analysis, costs: OpCosts) -> None:
     console.print(f"[bold]{result.path}[/]: {result.events:,} events, ranks {list(result.ranks)}")
     its = result.iterations
     counts = {r: len(s) for r, s in its.steps.items()}
@@ -61,6 +76,11 @@ def _print(result: Analysis) -> None:
                        ms(s.delay_ns.p90), f"{s.shorter_than_launch:,}", str(s.queue.max),
                        ms(s.idle.host_wait_ns), ms(s.idle.kernel_wait_ns), ms(s.idle.other_ns))
     console.print(launch)
+    if costs.ops:
+        console.print(_op_cost_table(costs))
+    for f in costs.fusion[:3]:
+        console.print(f"  fusion candidate: {' + '.join(f.ops)} saves "
+                      f"{f.saving_s * 1e6:,.3f} us per step on the roofline")
     cp = result.critical_path
     if cp is not None:
         parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
@@ -69,10 +89,10 @@ def _print(result: Analysis) -> None:
                       f"{cp.rank_switches} rank switches")
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
-    for load in result.system:
-        dominators = [f"{w.step}:{w.dominator}" for w in load.windows if w.dominator]
-        corr = ", ".join(f"{k} r={v:+.2f}" for k, v in load.gpu_correlation.items())
-        console.print(f"rank {load.rank} system: dominators {' '.join(dominators) or '-'}; "
+    for system in result.system:
+        dominators = [f"{w.step}:{w.dominator}" for w in system.windows if w.dominator]
+        corr = ", ".join(f"{k} r={v:+.2f}" for k, v in system.gpu_correlation.items())
+        console.print(f"rank {system.rank} system: dominators {' '.join(dominators) or '-'}; "
                       f"device utilization vs {corr or '-'}")
     st = result.stragglers
     if st.instances:
@@ -88,9 +108,12 @@ def analyze_command(
         "--ignore-markers", help="Detect iterations from the op sequence, ignoring ProfilerStep "
                                  "markers.")] = False,
 ) -> None:
-    """Concurrency, iterations, op/kernel and launch statistics, stragglers of a Run."""
-    result = analyze(Run.open(run_dir), ignore_markers=ignore_markers)
+    """Concurrency, iterations, op/kernel and launch statistics, op cost, stragglers of a Run."""
+    run = Run.open(run_dir)
+    events = load(run)
+    result = analyze(run, ignore_markers=ignore_markers, events=events)
+    costs = op_costs(run, events)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "op_cost": costs.to_dict()})
     else:
-        _print(result)
+        _print(result, costs)

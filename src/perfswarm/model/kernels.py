@@ -12,7 +12,7 @@ model's error for that kernel cancels and only its trend with shape (or device) 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from perfswarm.model.calibrate import KernelModel, LearnedModel, Profile
@@ -88,15 +88,3 @@ class RooflineScaler:
         ratio = (self.source.peak_for("fp32") / self.target.peak_for("fp32") if compute_bound
                  else self.source.memory_bandwidth / self.target.memory_bandwidth)
         return self.floor_ns + round(work * ratio)
-
-
-def per_device(spec: DeviceSpec, compute_units: int | None) -> DeviceSpec:
-    """The spec of what the trace calls one device: an MI250 shows each of its two dies, a
-    MIG slice a share of the SMs; peaks and bandwidth scale with the units it has."""
-    if not compute_units or compute_units >= spec.compute_units:
-        return spec
-    share = compute_units / spec.compute_units
-    return replace(spec, name=f"{spec.name} ({compute_units} of {spec.compute_units} units)",
-                   peak_flops={k: v * share for k, v in spec.peak_flops.items()},
-                   memory_bandwidth=spec.memory_bandwidth * share,
-                   memory_bytes=spec.memory_bytes * share, compute_units=compute_units)

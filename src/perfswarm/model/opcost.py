@@ -125,6 +125,11 @@ def _family(op: str) -> str | None:
     return None
 
 
+def has_cost_model(name: str) -> bool:
+    """Whether op_cost models ops of this name (given consistent shapes)."""
+    return _family(name.removeprefix("aten::")) is not None
+
+
 def _gemm(op: str, dims: Dims) -> tuple[float, float] | None:
     """(flops, elements moved) of a matmul-like op; None when the shapes do not fit."""
     if op == "linear":

@@ -38,7 +38,7 @@ from perfswarm.analyze.ops import kernel_category
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
-from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler, per_device
+from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler
 from perfswarm.model.opcost import OpCost, Shapes, data_cost, scale_batch, shapes_from_args
 from perfswarm.model.overheads import (
     OverheadModel,
@@ -47,7 +47,7 @@ from perfswarm.model.overheads import (
     instances,
 )
 from perfswarm.model.simulate import Schedule, Timeline, simulate
-from perfswarm.model.specs import DeviceSpec, load_spec, match_device
+from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
 from perfswarm.trace.store import Run
 
 Platform = Literal["gpu", "cpu"]
@@ -302,14 +302,7 @@ class _Transform:
 
 
 def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
-    if override:
-        return load_spec(override)
-    for device in m.run.manifest()["devices"]:
-        spec = match_device(str(device.get("name", "")), float(device.get("totalGlobalMem", 0)))
-        if spec is not None:
-            units = device.get("numSms")
-            return per_device(spec, int(units) if isinstance(units, int) else None)
-    return None
+    return load_spec(override) if override else spec_of_devices(m.run.manifest()["devices"])
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,

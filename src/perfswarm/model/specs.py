@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cache
+from typing import Any
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.yamlfile import bundled_mapping
@@ -90,4 +92,27 @@ def match_device(name: str, memory_bytes: float = 0.0) -> DeviceSpec | None:
             return specs[key]
     if "AMD" in upper and gb:
         return specs["MI300X" if gb > 150 else "MI250"]
+    return None
+
+
+def per_device(spec: DeviceSpec, compute_units: int | None) -> DeviceSpec:
+    """The spec of what the trace calls one device: an MI250 shows each of its two dies, a
+    MIG slice a share of the SMs; peaks and bandwidth scale with the units it has."""
+    if not compute_units or compute_units >= spec.compute_units:
+        return spec
+    share = compute_units / spec.compute_units
+    return replace(spec, name=f"{spec.name} ({compute_units} of {spec.compute_units} units)",
+                   peak_flops={k: v * share for k, v in spec.peak_flops.items()},
+                   memory_bandwidth=spec.memory_bandwidth * share,
+                   memory_bytes=spec.memory_bytes * share, compute_units=compute_units)
+
+
+def spec_of_devices(devices: Sequence[Mapping[str, Any]]) -> DeviceSpec | None:
+    """The spec of the first recognized device of a manifest's `devices`, scaled to the units
+    the trace shows of it."""
+    for device in devices:
+        spec = match_device(str(device.get("name", "")), float(device.get("totalGlobalMem", 0)))
+        if spec is not None:
+            units = device.get("numSms")
+            return per_device(spec, int(units) if isinstance(units, int) else None)
     return None

@@ -13,7 +13,10 @@ from typing import Any, Final, TypedDict
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.summary import analyze, diff_runs
+from perfswarm.analyze.summary import analyze, diff_runs, load
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.opstats import op_costs
+from perfswarm.model.predict import predict
 from perfswarm.trace.schema import DEVICE_KINDS, NONE
 from perfswarm.trace.store import Run
 
@@ -146,7 +149,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     optimize in the import order, not above it.
     """
     manifest = run.manifest()
-    analysis = analyze(run).to_dict()
+    events = load(run)
+    analysis = analyze(run, events=events).to_dict()
     ts = run.table("events", ["ts"]).column("ts")
     origin = pc.min(ts).as_py() if len(ts) else 0
     return {
@@ -164,8 +168,20 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "swarms": analysis["swarms"],
+        "op_cost": op_costs(run, events).to_dict(),
+        "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
     }
+
+
+def _prediction(run: Run) -> dict[str, Any] | None:
+    """Replay and model prediction at the recorded configuration; None without iterations."""
+    try:
+        result = predict(run).to_dict()
+    except PerfswarmError:
+        return None
+    del result["overheads"]  # per op type: for `perfswarm predict --json`, not a page
+    return result
 
 
 def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:

@@ -96,11 +96,22 @@ def concurrency_figure(concurrency: dict[str, Any]) -> dict[str, Any]:
                                      "yaxis": {"title": {"text": "% of span"}}}}
 
 
+def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
+    steps = prediction["steps"]
+    x = [f"rank {s['rank']} step {s['step']}" for s in steps]
+    data = [{"type": "bar", "name": what, "x": x, "y": [s[f"{what}_ns"] / 1e6 for s in steps]}
+            for what in ("measured", "replayed", "predicted")]
+    return {"data": data, "layout": {"barmode": "group", "height": 320, "margin": {"t": 30},
+                                     "yaxis": {"title": {"text": "iteration ms"}}}}
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
     figures = {"chart-timeline": timeline_figure(timeline),
                "chart-concurrency": concurrency_figure(report["concurrency"])}
+    if report["prediction"]:
+        figures["chart-prediction"] = prediction_figure(report["prediction"])
     if timeline["counters"]:
         figures["chart-counters"] = counters_figure(timeline)
     swarms = report["swarms"]["swarms"]

@@ -1,0 +1,158 @@
+"""Per-op cost of a Run: FLOPs, bytes and arithmetic intensity from the recorded shapes, the time
+the op took, what rate that achieved, and (with a device spec) its roofline time, bound and
+efficiency; plus fusion candidates among consecutive memory-bound ops.
+
+An op is counted at the innermost level that has a cost model (mkldnn_convolution, not the
+conv2d that dispatched to it), so no work is counted twice. Its time is its own duration on
+CPU runs, the duration of the device ops it launched (joined by External id) on GPU runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from perfswarm.analyze.frame import Events, group_rows
+from perfswarm.analyze.intervals import total
+from perfswarm.analyze.launch import DEVICE_OPS
+from perfswarm.model.fusion import FusionCandidate, fusion_candidates
+from perfswarm.model.opcost import (
+    OpCost,
+    Shapes,
+    has_cost_model,
+    op_cost,
+    roofline,
+    shapes_from_args,
+)
+from perfswarm.model.specs import spec_of_devices
+from perfswarm.trace.store import Run
+
+TOP: Final = 25
+
+
+@dataclass(frozen=True)
+class OpStat:
+    name: str
+    shapes: str  # e.g. "32x64, 64x10"
+    family: str
+    dtype: str
+    count: int
+    time_ns: int  # total
+    flops: float  # per call
+    bytes: float  # per call
+    roofline_ns: float | None  # per call, on the spec
+    bound: str | None
+
+    @property
+    def mean_ns(self) -> float:
+        return self.time_ns / self.count
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        seconds = self.mean_ns * 1e-9
+        return {"name": self.name, "shapes": self.shapes, "family": self.family,
+                "dtype": self.dtype, "count": self.count, "time_ns": self.time_ns,
+                "flops": self.flops, "bytes": self.bytes, "intensity": self.intensity,
+                "achieved_gflops": self.flops / seconds / 1e9 if seconds else 0.0,
+                "achieved_gbps": self.bytes / seconds / 1e9 if seconds else 0.0,
+                "roofline_ns": self.roofline_ns, "bound": self.bound,
+                "efficiency": (self.roofline_ns / self.mean_ns
+                               if self.roofline_ns is not None and self.mean_ns else None)}
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    device: str | None  # the spec rooflines are on, if the Run's device has one
+    ops: tuple[OpStat, ...]  # largest total time first
+    modelled_ns: int  # time of ops with a cost model
+    op_ns: int  # time of all ops at the level counted
+    fusion: tuple[FusionCandidate, ...]  # largest saving first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "ops": [o.to_dict() for o in self.ops],
+                "modelled_ns": self.modelled_ns, "op_ns": self.op_ns,
+                "coverage": self.modelled_ns / self.op_ns if self.op_ns else 0.0,
+                "fusion": [f.to_dict() for f in self.fusion]}
+
+
+def _innermost_costed(ev: Events, costs: dict[int, OpCost]) -> list[int]:
+    """Costed rows with no costed op inside them, per thread."""
+    rows = np.flatnonzero(ev.of_kind("cpu_op"))
+    order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))]
+    stack: list[tuple[int, int, tuple[int, int]]] = []  # (row, end, thread)
+    inner: dict[int, bool] = {}
+    for row in order.tolist():
+        thread = (int(ev.rank[row]), int(ev.tid[row]))
+        while stack and (stack[-1][2] != thread or stack[-1][1] <= ev.ts[row]):
+            stack.pop()
+        if row in costs:
+            for above, _end, _thread in stack:
+                if above in costs:
+                    inner[above] = False
+            inner.setdefault(row, True)
+        stack.append((row, int(ev.end[row]), thread))
+    return sorted(row for row, yes in inner.items() if yes)
+
+
+def _shape_text(shapes: Shapes) -> str:
+    return ", ".join("x".join(map(str, d)) for d in shapes.dims if d)
+
+
+def op_costs(run: Run, ev: Events, top: int = TOP) -> OpCosts:
+    args = run.table("events", columns=["args"]).column("args")
+    cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
+    # only ops of a modelled name have their args parsed (most of a big trace's ops are not)
+    named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
+    candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
+    costs: dict[int, OpCost] = {}
+    shapes: dict[int, Shapes] = {}
+    for row, text in zip(candidates.tolist(), args.take(candidates).to_pylist(), strict=True):
+        found = shapes_from_args(text or "")
+        cost = op_cost(ev.name_of(row), found.dims, found.types) if found else None
+        if cost is not None and found is not None:
+            costs[row], shapes[row] = cost, found
+    counted = _innermost_costed(ev, costs)
+    device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
+    gpu = len(device) > 0
+    time = {row: int(ev.dur[row]) for row in counted}
+    if gpu:
+        ext = run.table("events", columns=["external_id"]).column("external_id").to_numpy()
+        launched: dict[tuple[int, int], int] = defaultdict(int)
+        for r in device.tolist():
+            launched[(int(ev.rank[r]), int(ext[r]))] += int(ev.dur[r])
+        time = {row: launched.get((int(ev.rank[row]), int(ext[row])), 0) for row in counted}
+    spec = spec_of_devices(run.manifest()["devices"]) if gpu else None
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for row in counted:
+        groups[(ev.name_of(row), _shape_text(shapes[row]))].append(row)
+    stats = []
+    for (name, text), rows in groups.items():
+        cost = costs[rows[0]]
+        roof = roofline(cost, spec) if spec is not None else None
+        stats.append(OpStat(name, text, cost.family, cost.dtype, len(rows),
+                             sum(time[r] for r in rows), cost.flops, cost.bytes,
+                             roof.time_s * 1e9 if roof else None, roof.bound if roof else None))
+    stats.sort(key=lambda s: (-s.time_ns, s.name, s.shapes))
+    fusion: list[FusionCandidate] = []
+    if spec is not None and counted:
+        first = min(counted, key=lambda r: int(ev.ts[r]))
+        step = ev.step[first]
+        sequence = [r for r in counted if ev.step[r] == step and ev.tid[r] == ev.tid[first]]
+        sequence.sort(key=lambda r: int(ev.ts[r]))
+        fusion = sorted(fusion_candidates([costs[r] for r in sequence], spec),
+                        key=lambda f: -f.saving_s)
+    if gpu:
+        all_ns = int(ev.dur[device].sum())
+    else:  # the threads' busy time in ops (nested ops counted once)
+        keys = ev.rank[cpu_ops] * (1 << 32) + (ev.tid[cpu_ops] & 0xFFFFFFFF)
+        all_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
+                     group_rows(keys, cpu_ops).values())
+    modelled = sum(time.values())
+    return OpCosts(spec.name if spec else None, tuple(stats[:top]), modelled,
+                   max(all_ns, modelled), tuple(fusion[:10]))
