@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import events
-from perfswarm.analyze.dependencies import dependencies, sync_events
+from perfswarm.analyze.dependencies import dependencies, sync_events, tensor_handoffs
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepWindow, iterations
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, host_segments
@@ -174,3 +174,17 @@ def test_fast_simulator_equals_reference(rows: list[tuple[int, int, int, str, st
     replay = simulate(s)
     calm = (g.role == HOST) & ~np.isin(g.lane, g.lane[np.isin(np.arange(n), g.dst)])
     assert np.array_equal(replay.start[calm], g.ts[calm])
+
+
+def test_tensor_handoffs_join_threads(corpus_runs: dict[str, Run]) -> None:
+    # the corpus's execution trace runs on one thread: every data edge stays within it
+    run = corpus_runs["et_trace"]
+    assert tensor_handoffs(run, Events.load(run)) == []
+    # an op that consumes what another thread produced starts after it, at the measured lag
+    ev = events([(0, 0, 100 * US, "cpu_op", "producer", 1, -1, -1, -1),
+                 (0, 150 * US, 10 * US, "cpu_op", "consumer", 2, -1, -1, -1)])
+    g = build_graph(ev, dependencies(ev, []), {}, handoffs=[(0, 1)])
+    s = Schedule.of(g)
+    dur = g.dur.copy()
+    dur[0] += 500 * US
+    assert simulate(s).start[1] == 150 * US and simulate(s, dur).start[1] == 650 * US

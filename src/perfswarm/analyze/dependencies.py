@@ -147,6 +147,28 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
     return d
 
 
+def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
+    """(producer row, consumer row) of the execution trace's tensor edges that cross threads:
+    an op on one thread consumed a tensor an op on another thread produced (ET nodes join
+    events by rank and rf_id). Edges within a thread are implied by its order."""
+    edges = run.table("graph_edges")
+    if edges.num_rows == 0:
+        return []
+    nodes = run.table("graph_nodes", columns=["rank", "node_id", "rf_id"]).to_pydict()
+    rf = run.table("events", columns=["rf_id"]).column("rf_id").to_numpy()
+    ops = np.flatnonzero(ev.of_kind("cpu_op") & (rf >= 0))
+    row_of_rf = {(int(ev.rank[i]), int(rf[i])): int(i) for i in ops}
+    row_of_node = {(r, n): row_of_rf.get((r, f)) for r, n, f in
+                   zip(nodes["rank"], nodes["node_id"], nodes["rf_id"], strict=True)}
+    out = []
+    for rank, src, dst, kind in zip(*(edges.column(c).to_pylist() for c in
+                                      ("rank", "src", "dst", "kind")), strict=True):
+        a, b = row_of_node.get((rank, src)), row_of_node.get((rank, dst))
+        if kind == "data" and a is not None and b is not None and ev.tid[a] != ev.tid[b]:
+            out.append((a, b))
+    return sorted(set(out))
+
+
 def _collective_peers(ev: Events, d: Dependencies, dev_all: I64) -> None:
     coll = dev_all[ev.kind[dev_all] == KIND["collective"]]
     instances: dict[tuple[int, int], list[int]] = defaultdict(list)

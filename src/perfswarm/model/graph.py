@@ -15,7 +15,9 @@ after its launch call starts and a stream gap after an event it waits on; a
 synchronizing call ends a sync latency after the device op it waited for; a collective
 ends no earlier than its transfer time after the last rank entered it; a thread that sat
 idle and resumed right after another thread of its rank finished resumes no earlier
-than that (the main thread waiting for the autograd thread, or for a DataLoader worker).
+than that (the main thread waiting for the autograd thread, or for a DataLoader worker); an
+op that consumes a tensor another thread's op produced (execution-trace data edges) starts
+after it.
 
 Latencies are per rank and typical (medians over the events where they can be seen
 alone), never per event: replaying measured durations through the graph tests the graph,
@@ -196,10 +198,12 @@ def _main_thread(ev: Events, host: I64, rank: int) -> int:
     return int(tids[int(np.argmax(busy))])
 
 
-def build_graph(ev: Events, deps: Dependencies,
-                steps: Mapping[int, Sequence[StepWindow]]) -> Graph:
-    """The graph of every rank of `ev`; `steps` become anchors on each rank's main thread."""
+def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[StepWindow]],
+                handoffs: Sequence[tuple[int, int]] = ()) -> Graph:
+    """The graph of every rank of `ev`; `steps` become anchors on each rank's main thread;
+    `handoffs` (producer, consumer) rows, from the execution trace, join threads."""
     b = _Builder(ev)
+    last_of: dict[int, int] = {}
     host = np.flatnonzero(ev.of_kind(*HOST_NODE_KINDS) & ~ev.is_step_marker
                           & ((ev.dur > 0) | ev.of_kind("runtime", "driver")))
     node_of: dict[int, int] = {}
@@ -221,6 +225,7 @@ def build_graph(ev: Events, deps: Dependencies,
                 row, lo, hi, top = pieces[what]
                 node = b.add(row, HOST, lane, lo, hi - lo, top)
                 node_of.setdefault(row, node)
+                last_of[row] = node
             else:
                 node = b.add(-1, ANCHOR, lane, t, 0, -1)
                 step = -1 - what
@@ -260,6 +265,10 @@ def build_graph(ev: Events, deps: Dependencies,
             gap[arr[1:]] = np.minimum(gap[arr[1:]], lags[rank].stream_gap_ns)
     _device_edges(b, ev, deps, node_of, lags, dur)
     _wake_edges(b, lane_nodes, ts, dur, gap)
+    for producer, consumer in handoffs:
+        if producer in last_of and consumer in node_of:
+            b.edge(last_of[producer], END, node_of[consumer], START,
+                   max(0, int(ev.ts[consumer] - ev.end[producer])))
     src, src_point, dst, dst_point, lag = (np.array(c, np.int64).reshape(-1) for c in
                                            zip(*b.edges, strict=True)) if b.edges else (
         np.zeros(0, np.int64) for _ in range(5))

@@ -30,7 +30,12 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import Dependencies, dependencies, sync_events
+from perfswarm.analyze.dependencies import (
+    Dependencies,
+    dependencies,
+    sync_events,
+    tensor_handoffs,
+)
 from perfswarm.analyze.frame import I64, KIND, Events, Mask, lane_key
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import StepWindow, iterations
@@ -197,7 +202,7 @@ def load_model(run: Run) -> _Model:
     if not steps:
         raise PerfswarmError(f"{run.path}: no iterations found (no ProfilerStep markers and no "
                              "repeating op sequence); nothing to replay")
-    graph = build_graph(ev, deps, steps)
+    graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
     args = run.table("events", columns=["args"]).column("args").to_pylist()
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
     model = _Model(run, ev, deps, graph, Schedule.of(graph), platform, args,
@@ -307,44 +312,46 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                    unmodelled: RooflineScaler | None, dur: I64) -> Counter[str]:
-    """Kernel times at the new shapes or device, in place; counts of how each was priced."""
+    """Kernel times at the new shapes or device, in place; counts of how each was priced.
+
+    A kernel's base is its typical time, the median over the kernels of its name and op shapes
+    in the window (iterations repeat them; a one-off stall of the machine is not the kernel's)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
-
-    def unknown(node: int) -> None:
-        counts["unmodelled"] += 1
-        row = int(g.row[node])
-        if unmodelled is not None and ev.kind[row] in (KIND["kernel"], KIND["memset"]):
-            compute_bound = kernel_category(ev.name_of(row)) in COMPUTE_CATEGORIES
-            dur[node] = unmodelled.unmodelled(int(dur[node]), compute_bound)
-
+    args = m.args
+    pairs: list[tuple[int, int | None, list[int], int]] = []  # (node row, op row, nodes, ns)
     if m.platform == "cpu":
         host = np.flatnonzero(m.compute)
         self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
         by_row: dict[int, list[int]] = {}
         for n in host.tolist():
             by_row.setdefault(int(g.row[n]), []).append(n)
-        pairs = [(row, nodes, int(self_ns[row])) for row, nodes in by_row.items()]
+        pairs = [(row, row, nodes, int(self_ns[row])) for row, nodes in by_row.items()]
     else:
         op_of = _launching_ops(m)
-        device = np.flatnonzero(g.role == DEVICE)
-        pairs = []
-        for n in device.tolist():
-            row = op_of.get(int(g.row[n]))
-            if row is None:
-                unknown(n)
-            else:
-                pairs.append((row, [n], int(dur[n])))
-    for row, nodes, measured in pairs:
-        shapes = m.shapes(row)
-        found = t.costs(ev.name_of(row), shapes) if shapes is not None else None
-        if found is None or scaler is None or measured <= 0:
-            for n in nodes:
-                unknown(n)
+        pairs = [(int(g.row[n]), op_of.get(int(g.row[n])), [n], int(dur[n]))
+                 for n in np.flatnonzero(g.role == DEVICE).tolist()]
+    keys = [(int(ev.name[row]), args[op] if op is not None else None) for row, op, _, _ in pairs]
+    samples: dict[tuple[int, str | None], list[int]] = {}
+    for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
+        samples.setdefault(key, []).append(ns)
+    typical = {key: statistics.median(values) for key, values in samples.items()}
+    for key, (row, op, nodes, measured) in zip(keys, pairs, strict=True):
+        if measured <= 0:
             continue
-        old, new, new_shapes = found
-        after = scaler.scaled(measured, old, new, shapes.dims if shapes else (), new_shapes.dims)
-        counts["modelled"] += len(nodes)
+        base = round(typical[key])
+        shapes = m.shapes(op) if op is not None else None
+        found = t.costs(ev.name_of(op), shapes) if op is not None and shapes else None
+        if found is not None and scaler is not None:
+            old, new, new_shapes = found
+            after = scaler.scaled(base, old, new, shapes.dims if shapes else (), new_shapes.dims)
+            counts["modelled"] += len(nodes)
+        else:
+            counts["unmodelled"] += len(nodes)
+            after = base
+            if unmodelled is not None and ev.kind[row] in (KIND["kernel"], KIND["memset"]):
+                compute_bound = kernel_category(ev.name_of(row)) in COMPUTE_CATEGORIES
+                after = unmodelled.unmodelled(base, compute_bound)
         for n in nodes:
             dur[n] = round(int(dur[n]) * after / measured)
     return counts
