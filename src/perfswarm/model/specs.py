@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -70,3 +71,19 @@ def load_spec(name: str) -> DeviceSpec:
     if spec is None:
         raise PerfswarmError(f"--device {name}: unknown device; known: {', '.join(device_specs())}")
     return spec
+
+
+def spec_for_device(name: str, memory_bytes: float | None = None) -> DeviceSpec | None:
+    """The bundled spec of a device as a trace or the driver names it (e.g. ``NVIDIA
+    A100-SXM4-80GB``, ``NVIDIA H100 PCIe``); None when no family (A100, H100, L4, ...) is in
+    the name. Within a family, a variant named in the name wins (80GB, PCIe), else the one
+    whose memory is closest to `memory_bytes`, else the first listed."""
+    upper = name.upper()
+    family = [s for key, s in device_specs().items()
+              if re.search(rf"(?<![A-Z0-9]){re.escape(key.split('-')[0])}(?![A-Z0-9])", upper)]
+    named = [s for s in family if "-" in s.name and s.name.split("-", 1)[1].upper() in upper]
+    if named or not family:
+        return named[0] if named else None
+    if memory_bytes is None:
+        return family[0]
+    return min(family, key=lambda s: abs(s.memory_bytes - memory_bytes))
