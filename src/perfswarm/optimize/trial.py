@@ -146,9 +146,10 @@ def measure_recorded(argv: Sequence[str], env: Mapping[str, str], run: Path, pla
     if result.exit_code != 0:
         raise CommandFailed(f"{' '.join(argv)}: exited with {result.exit_code} ({tail})")
     steady = steady_state(result.run.table("steps"), plan.warmup)
-    if steady is None or not (kept := [(s, d) for s, d in zip(steady.steps, steady.dur_ns,
-                                                              strict=True)
-                                       if plan.steady(s, "record")]):
+    kept = [] if steady is None else [(s, d) for s, d in zip(steady.steps, steady.dur_ns,
+                                                             strict=True)
+                                      if plan.steady(s, "record")]
+    if not kept:
         torch = result.run.manifest()["collectors"]["torch"]["status"]
         if torch.startswith("unavailable"):
             raise CommandFailed(f"{' '.join(argv)}: no optimizer steps seen (torch collector: "
