@@ -116,8 +116,9 @@ def trials_figure(tune: dict[str, Any]) -> dict[str, Any]:
                      "hovertext": [html.escape(str(t["params"])) for t in rows]})
     base = tune["baseline"]["throughput"]
     return {"data": data, "layout": {
-        "height": 320, "margin": {"t": 30}, "xaxis": {"title": {"text": "trial"}},
-        "yaxis": {"title": {"text": "steps/s"}},
+        "height": 320, "margin": {"t": 30},
+        "xaxis": {"title": {"text": "trial"}, "zeroline": False},
+        "yaxis": {"title": {"text": "steps/s"}, "rangemode": "tozero"},
         "shapes": [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": base, "y1": base,
                     "line": {"dash": "dash", "width": 1}}],
         "annotations": [{"xref": "paper", "x": 1, "y": base, "text": "baseline",
