@@ -11,6 +11,7 @@ from perfswarm.analyze.frame import Events
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
+from tune_cases import printed_search
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = (REPO.parent / "shared" / "corpus" / "hta").resolve()
@@ -48,6 +49,14 @@ def corpus_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
         runs[name] = import_traces([corpus(name)], root / f"{name}.run",
                                    ImportOptions(execution_traces=ets), ["test"])
     return runs
+
+
+@pytest.fixture(scope="session")
+def tune_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tune output directory (tune_cases.printed_search); read-only for tests."""
+    out = tmp_path_factory.mktemp("tune") / "out"
+    printed_search(out)
+    return out
 
 
 COLUMNS = ("rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,16 @@ def ev(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1,
             "args": args}
 
 
-def kernel(name: str, ts: float, dur: float, stream: int = 7) -> dict[str, Any]:
-    return {**ev(name, ts, dur, "kernel", tid=stream, device=0, stream=stream), "pid": 0}
+def kernel(name: str, ts: float, dur: float, stream: int = 7, **args: Any) -> dict[str, Any]:
+    return {**ev(name, ts, dur, "kernel", tid=stream, device=0, stream=stream, **args), "pid": 0}
+
+
+def launched(op: str, dims: list[list[int]], ts: float, dur: float, corr: int,
+             name: str, kernel_us: float) -> list[dict[str, Any]]:
+    """An aten op with recorded shapes whose launch call (at +1 µs) runs `name` (at +5 µs)."""
+    return [ev(op, ts, dur, **{"Input Dims": dims, "Input type": ["float"] * len(dims)}),
+            ev("cudaLaunchKernel", ts + 1, 2, "cuda_runtime", correlation=corr),
+            kernel(name, ts + 5, kernel_us, correlation=corr)]
 
 
 def make_run(tmp: Path, name: str, events: list[dict[str, Any]], *, rank: int | None = None,
@@ -102,10 +111,21 @@ def test_data_loading_absent_when_loading_is_cheap(corpus_runs: dict[str, Run],
 # -- pageable copies ----------------------------------------------------------------------------
 def test_pageable_h2d_on_simple_add(corpus_runs: dict[str, Run]) -> None:
     a = shows(host.pageable_h2d, corpus_runs["simple_add"])
+    # On the A100's PCIe 4 (31.5 GB/s x 0.8 achieved, 1 µs per copy): 16 µs + 9,698,546 ns.
     assert dict(a.evidence) == {"copies": 16, "bytes": 244_403_360, "copy_ns": 39_080_000,
-                                "bandwidth_gbps": 6.254}
-    assert a.gain_ns == 19_540_000
+                                "bandwidth_gbps": 6.254, "pinned_estimate_ns": 9_714_546}
+    assert a.gain_ns == 39_080_000 - 9_714_546
+    assert a.gain_basis.startswith("link model (model/interconnects.yaml)")
+    assert "pcie4's achieved 25.2 GB/s" in a.gain_basis and "A100-40GB" in a.gain_basis
     assert "pin_memory" in a.change and "non_blocking=True" in a.change
+
+
+def test_pageable_h2d_without_a_device_spec(tmp_path: Path) -> None:
+    copy = {**ev("Memcpy HtoD (Pageable -> Device)", 10, 400, "gpu_memcpy", tid=7, device=0,
+                 stream=7, bytes=1_000_000), "pid": 0}
+    run = imported(tmp_path, "pageable", [ev("ProfilerStep#0", 0, 1000, "user_annotation"), copy])
+    a = shows(host.pageable_h2d, run)
+    assert a.gain_ns == 200_000 and a.gain_basis.startswith("fixed factor, no model")
 
 
 def test_pinned_copies_get_no_pageable_advice(corpus_runs: dict[str, Run]) -> None:
@@ -164,8 +184,11 @@ def test_launch_bound_small_kernels(tmp_path: Path) -> None:
     assert dict(a.evidence) == {"kernels": 150, "small_kernels": 150,
                                 "small_kernel_mean_ns": 3000, "launches": 150,
                                 "launch_mean_ns": 10_000, "device_busy_pct": 29.8}
-    # Graph replays would save 150 x 9 µs; the device is idle only 1510 - 450 µs of that.
-    assert a.gain_ns == 1_060_000
+    # The host without its 150 x 10 µs of launches needs 10 µs; the device 450 µs busy plus
+    # 150 x 1 µs between replayed kernels: a 600 µs step instead of 1510.
+    assert a.gain_ns == 910_000
+    assert a.gain_basis.startswith("launch model from this run's times")
+    assert "(measured 10,000 ns each)" in a.gain_basis
     assert "CUDA graph" in a.change
 
 
@@ -200,7 +223,72 @@ def test_fp32_gemms_on_an_a100(corpus_runs: dict[str, Run]) -> None:
     assert a.evidence["fp32_gemms"] == 8 and a.evidence["gemms"] == 14
     assert a.evidence["fp32_gemm_ns"] == 3_319_000 and a.gain_ns == 1_659_500
     assert a.evidence["top_kernels"][0] == "ampere_sgemm_32x32_sliced1x4_tn"
+    assert a.evidence["modelled_gemms"] == 0  # the trace has no recorded shapes
+    assert a.gain_basis == ("fixed factor, no model (no recorded shapes (record_shapes=True) for "
+                            "these GEMMs): TF32 tensor-core GEMMs run about 2x faster than FP32 "
+                            "ones")
     assert "allow_tf32" in a.change and "bfloat16" in a.change
+
+
+def test_fp32_gemm_gain_from_the_roofline_of_recorded_shapes(tmp_path: Path) -> None:
+    square = [[4096, 4096], [4096, 4096]]  # compute-bound: TF32 peak / FP32 peak = 8x
+    skinny = [[8192, 16], [16, 8192]]  # memory-bound either way: no faster in TF32
+    events = [ev("ProfilerStep#0", 0, 20_000, "user_annotation"),
+              *launched("aten::mm", square, 0, 12_000, 1, "ampere_sgemm_128x128_nn", 10_000),
+              *launched("aten::mm", skinny, 12_100, 1500, 2, "ampere_sgemm_64x64_nn", 1000),
+              # launched outside any op with shapes: the fixed 2x
+              ev("cudaLaunchKernel", 13_700, 2, "cuda_runtime", correlation=3),
+              kernel("ampere_sgemm_64x64_nn", 13_800, 2000, correlation=3)]
+    a = shows(device.fp32_gemm, imported(tmp_path, "shapes", events, devices=(A100,)))
+    assert a.evidence["fp32_gemm_ns"] == 13_000_000 and a.evidence["modelled_gemms"] == 2
+    assert a.gain_ns == 10_000_000 * 7 // 8 + 1_000_000  # + 0 for the skinny one
+    assert a.evidence["tf32_estimate_ns"] == 13_000_000 - a.gain_ns
+    assert a.gain_basis.startswith("roofline model (model/opcost.py) of 2 kernels' recorded "
+                                   "shapes on A100-40GB (19.5 FP32 vs 156 TF32 TFLOP/s")
+    assert a.gain_basis.endswith("; the 1 without recorded shapes: TF32 tensor-core GEMMs run "
+                                 "about 2x faster than FP32 ones")
+
+
+# -- fusion --------------------------------------------------------------------------------------
+EW = "void at::native::vectorized_elementwise_kernel<4>"
+BIG = [4096, 4096]
+
+
+def _chain(tmp: Path, name: str, between: bool) -> Run:
+    ops = [("aten::add", [BIG, BIG], 200), ("aten::mul", [BIG, BIG], 200),
+           ("aten::relu", [BIG], 150)]
+    events, t, corr = [ev("ProfilerStep#0", 0, 2000, "user_annotation")], 0.0, 0
+    for op, dims, us in ops:
+        events += launched(op, dims, t, us + 10, corr, EW, us)
+        t, corr = t + us + 20, corr + 1
+        if between:  # a compute-bound GEMM breaks every chain
+            events += launched("aten::mm", [BIG, BIG], t, 60, corr, "ampere_sgemm", 50)
+            t, corr = t + 80, corr + 1
+    return imported(tmp, name, events, devices=(A100,))
+
+
+def test_fusion_of_a_memory_bound_chain(tmp_path: Path) -> None:
+    a = shows(device.fusion, _chain(tmp_path, "chain", between=False))
+    # Unfused the three move 3 + 3 + 2 tensors of 64 MiB; fused, 3: the 550 µs shrink to 3/8.
+    assert a.evidence["candidates"] == 1 and a.evidence["kernel_ns"] == 550_000
+    assert a.evidence["top_chains"] == [{"ops": "add -> mul -> relu", "count": 1}]
+    assert a.evidence["roofline_fused_ns"] * 8 == pytest.approx(
+        a.evidence["roofline_unfused_ns"] * 3, abs=8)
+    assert a.gain_ns == 550_000 * 5 // 8
+    assert a.gain_basis.startswith("roofline model (model/fusion.py) on A100-40GB")
+    assert "torch.compile" in a.change
+
+
+def test_no_fusion_when_chains_are_broken_or_unmodelled(tmp_path: Path,
+                                                        corpus_runs: dict[str, Run]) -> None:
+    assert found(device.fusion, _chain(tmp_path, "broken", between=True)) is None
+    assert found(device.fusion, corpus_runs["simple_add"]) is None  # no recorded shapes
+    no_spec = imported(tmp_path, "nospec", [ev("ProfilerStep#0", 0, 2000, "user_annotation"),
+                                            *launched("aten::add", [BIG, BIG], 0, 210, 0, EW,
+                                                      200),
+                                            *launched("aten::mul", [BIG, BIG], 220, 210, 1, EW,
+                                                      200)])
+    assert found(device.fusion, no_spec) is None
 
 
 def test_tensor_core_gemms_and_non_nvidia(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
@@ -377,6 +465,20 @@ def test_advise_cli_text_and_bad_run(corpus_runs: dict[str, Run], tmp_path: Path
     assert "communication is exposed" in capsys.readouterr().out
     assert main(["advise", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+BASIS = re.compile(r"^([a-z-]+ model[ (:]|measured, no model: |rule of thumb, no model: |"
+                   r"fixed factor, no model \(|no time saved: )")
+
+
+def test_every_gain_basis_names_its_model(corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    runs = [*corpus_runs.values(), _chain(tmp_path, "chain", between=False),
+            with_manifest(imported(tmp_path, "loader", _loader_steps(6000, 4000)), cores=4),
+            _memory(tmp_path, "full", 40_000_000_000)]
+    seen = {a.rule: a.gain_basis for run in runs for a in advise(run).advice}
+    assert {"fusion", "data_loading", "memory_capacity", "pageable_h2d"} <= set(seen)
+    for rule, basis in seen.items():
+        assert BASIS.match(basis), (rule, basis)
 
 
 @given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50)), max_size=30))

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import gaps, union
-from perfswarm.analyze.iterations import detected_steps, iterations, marker_steps
+from perfswarm.analyze.iterations import detected_steps, iterations, marker_steps, steady_state
 from perfswarm.analyze.launch import launch_stats, queue_length
 from perfswarm.analyze.ops import kernel_category, op_breakdown
+from perfswarm.trace.schema import STEPS
 from perfswarm.trace.store import Run
 
 US = 1000
@@ -187,3 +188,28 @@ def test_idle_split_covers_device_idle(corpus_runs: dict[str, Run], name: str) -
             reach = max(reach, e)
     assert stats.idle.total_ns == idle
     assert min(stats.idle.host_wait_ns, stats.idle.kernel_wait_ns, stats.idle.other_ns) >= 0
+
+
+def _steps(rows: list[tuple[int, int, int, int, str]]) -> pa.Table:
+    names = ("rank", "step", "start", "end", "source")
+    return pa.table({k: [r[i] for r in rows] for i, k in enumerate(names)}).cast(STEPS)
+
+
+def test_steady_state_skips_warmup_and_the_profiled_window() -> None:
+    # rank 0: step 1 warm-up (slow), steps 2-3 profiled (slow markers), 4-6 hook-timed.
+    rank0 = [(0, 1, 0, 90, "detected"), (0, 2, 90, 150, "marker"), (0, 3, 150, 210, "marker"),
+             (0, 4, 210, 230, "detected"), (0, 5, 230, 252, "detected"),
+             (0, 6, 252, 300, "detected")]
+    s = steady_state(_steps(rank0), warmup=2)
+    assert s is not None and s.rank == 0
+    assert s.steps == (4, 5, 6) and s.dur_ns == (20, 22, 48)
+    assert s.median_ns == 22 and s.throughput == pytest.approx(1e9 / 22)
+    # Only the window past the warm-up: its markers (host and device marks: the host's).
+    window = [(0, 2, 90, 150, "marker"), (0, 2, 95, 149, "marker"), (0, 3, 150, 200, "marker")]
+    only = steady_state(_steps(window), warmup=2)
+    assert only is not None and only.dur_ns == (60, 50)
+    # Two ranks: the slower sets the pace.
+    two = steady_state(_steps([*rank0, (1, 4, 0, 30, "detected"), (1, 5, 30, 60, "detected")]),
+                       warmup=2)
+    assert two is not None and two.rank == 1 and two.median_ns == 30
+    assert steady_state(_steps(rank0), warmup=7) is None

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.board import BoardServer
 from perfswarm.report.data import report_data
@@ -95,6 +96,21 @@ def test_report_renders_without_errors(browser: Any, corpus_runs: dict[str, Run]
     assert "longest" in page.locator("#timeline-note").inner_text()
     assert page.locator("#kernels td.name").all_inner_texts() == [
         k["name"] for k in data["kernels"]]
+    assert errors == []
+    page.close()
+
+
+def test_report_with_tuning_draws_importance_and_trials(browser: Any, corpus_runs: dict[str, Run],
+                                                        tune_out: Path, tmp_path: Path) -> None:
+    data = report_data(corpus_runs["simple_add"], tune=load_results(tune_out))
+    out = html.write(data, tmp_path / "tuned.html")
+    page, errors = open_page(browser, out.as_uri())
+    assert_charts_drawn(page, ["chart-importance", "chart-trials"])
+    # One bar per parameter, one marker per trial that ran steady steps (7 of 8: one failed).
+    assert page.locator("#chart-importance g.trace.bars path").count() == 2
+    assert page.locator("#chart-trials g.trace.scatter path.point").count() == 7
+    rows = page.locator("#trials tr").all_inner_texts()
+    assert len(rows) == 1 + 8 and rows[2].split("\t")[:4] == ["1", "COMPLETE", "800.000", "8.00x"]
     assert errors == []
     page.close()
 

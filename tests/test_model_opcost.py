@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import op_cost, op_cost_from_args, roofline
-from perfswarm.model.specs import device_specs, load_spec
+from perfswarm.model.specs import device_specs, load_spec, spec_for_device
 
 DEVICES = ["V100", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "MI250",
            "MI300X"]
@@ -93,3 +93,25 @@ def test_bmm_scales_linearly_in_batch(m: int, k: int, n: int, b: int) -> None:
     assert many.flops == b * one.flops and many.bytes == b * one.bytes
     spec = load_spec("A100-80GB")
     assert roofline(many, spec).time_s >= roofline(one, spec).time_s
+
+
+@pytest.mark.parametrize(("name", "memory", "spec"), [
+    ("NVIDIA A100-PG509-200", 42_297_524_224, "A100-40GB"),  # the corpus traces' A100s
+    ("NVIDIA A100-SXM4-80GB", None, "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", 85_000_000_000, "A100-40GB"),  # the name's variant wins
+    ("NVIDIA H100 PCIe", 85_000_000_000, "H100-PCIe"),
+    ("NVIDIA H100 80GB HBM3", 85_000_000_000, "H100-SXM"),  # tie on memory: the first listed
+    ("NVIDIA H200", None, "H200"),
+    ("NVIDIA L4", 24_000_000_000, "L4"),
+    ("Tesla V100-SXM2-32GB", None, "V100"),
+    ("AMD Instinct MI250", None, "MI250"),
+    ("AMD Instinct MI300X", None, "MI300X"),
+    ("AMD Instinct MI250X", None, None),  # another part, not in the specs
+    ("NVIDIA L40S", None, None),  # not an L4
+    ("AMD Radeon Graphics", 68_702_699_520, "MI250"),  # ROCm's name for a die of the corpus's
+    ("AMD Radeon Graphics", None, None),  # without memory: no telling
+    ("NVIDIA GeForce RTX 4090", None, None),
+])
+def test_spec_for_a_device_name(name: str, memory: int | None, spec: str | None) -> None:
+    found = spec_for_device(name, memory)
+    assert (found.name if found else None) == spec

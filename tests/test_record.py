@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -18,8 +19,9 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.record import perf, pystacks
 from perfswarm.record.base import Sampler, read_jsonl
 from perfswarm.record.clock import monotonic_offset_ns
-from perfswarm.record.session import RecordOptions, parse_steps, record
+from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, record
 from perfswarm.record.system import cpu_fractions
+from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -276,3 +278,50 @@ def test_parse_strace_pairs_unfinished_calls() -> None:
                                                               "read")
     assert (futex.tid, futex.ts_ns, futex.dur_ns) == (102, 1700000000000200000, 700000)
     assert orjson.loads(futex.args) == {"args": "0x1, FUTEX_WAIT, 0, NULL", "result": "0"}
+
+
+STEPPER = textwrap.dedent("""\
+    import os, time, torch
+    print("tag", os.environ["TAG"], flush=True)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    for _ in range(3000):
+        opt.step()
+        time.sleep(0.01)
+""")
+
+
+def test_a_watcher_sees_steps_live_and_stops_the_child(tmp_path: Path) -> None:
+    """Hook times stream to the live file; stopping kills the child, whose steps survive."""
+    seen: list[int] = []
+
+    def stop(status: Status) -> str | None:
+        seen.append(len(status.step_ns))
+        return "enough steps" if len(status.step_ns) >= 5 else None
+
+    log = tmp_path / "child.log"
+    with log.open("wb") as output:
+        result = record([PY, "-c", STEPPER], tmp_path / "w.run",
+                        RecordOptions(collectors=("torch",), skip=1000, steps=1),
+                        child=Child(env={**os.environ, "TAG": "trial-7"}, output=output,
+                                    stop=stop))
+    assert log.read_text().startswith("tag trial-7\n")
+    assert seen == sorted(seen) and seen[-1] >= 5
+    m = result.run.manifest()
+    assert m["signal"] == "SIGKILL" and m["complete"] is False
+    assert {"source": "record", "count": 1, "what": "stopped by the caller: enough steps"} in (
+        m["warnings"])
+    assert m["collectors"]["torch"]["status"].startswith("failed: no profiling window")
+    (live,) = m["collectors"]["torch"]["files"]
+    assert live.startswith("steps-rank0-pid") and live.endswith(".live")
+    steps = result.run.table("steps").to_pylist()
+    hooks = read_live((result.run.raw_dir / live).read_bytes())
+    assert len(hooks) >= seen[-1]  # it kept stepping until the kill landed
+    assert [s["step"] for s in steps] == list(range(1, len(hooks)))
+    assert all(s["source"] == "detected" for s in steps)
+    assert [(s["start"], s["end"]) for s in steps] == list(itertools.pairwise(hooks))
+
+
+def test_live_file_reader_leaves_a_torn_line() -> None:
+    assert read_live(b"10\n20\n3") == [10, 20]
+    assert read_live(b"") == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import markupsafe
@@ -11,7 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perfswarm.cli.main import main
+from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
+from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import report_data, timeline
 from perfswarm.trace.store import Run
@@ -21,8 +24,8 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     data = report_data(corpus_runs["nccl"])
     assert set(data) == {"title", "run", "cards", "timeline", "concurrency", "iterations",
                          "kernels", "cpu_ops", "categories", "critical_path", "swarms",
-                         "op_cost", "prediction", "advice"}
-    assert data["advice"] == []
+                         "op_cost", "prediction", "advice", "tune"}
+    assert data["advice"] == [] and data["tune"] is None
     prediction = data["prediction"]
     assert [s["step"] for s in prediction["steps"]] == [4, 5, 6]
     assert prediction["measured_ns"] == 222_442_191 and prediction["replay_error"] < 1e-4
@@ -111,3 +114,37 @@ def test_report_carries_advice(corpus_runs: dict[str, Run], tmp_path: Path,
     capsys.readouterr()
     assert main(["report", str(run.path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["advice"] == json.loads(json.dumps(expected))
+
+
+def test_report_with_a_tune_output(corpus_runs: dict[str, Run], tune_out: Path, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run = corpus_runs["simple_add"]
+    tune = report_data(run, tune=load_results(tune_out))["tune"]
+    assert set(tune) == {"dir", "command", "study", "measure", "baseline", "best", "speedup",
+                         "pruned", "failed", "trials", "importance", "this_run"}
+    assert tune["measure"] == "stdout" and tune["this_run"] is None  # printed: no Runs
+    assert tune["baseline"]["throughput"] == 100.0 and tune["speedup"] == 8.0
+    assert [(t["number"], t["state"], t["speedup"]) for t in tune["trials"]] == [
+        (0, "COMPLETE", 2.0), (1, "COMPLETE", 8.0), (2, "PRUNED", None), (3, "COMPLETE", 8.0),
+        (4, "PRUNED", None), (5, "FAIL", None), (6, "PRUNED", None), (7, "PRUNED", None)]
+    assert [i["param"] for i in tune["importance"]] == ["workers", "fast"]  # largest first
+    page = html.render(report_data(run, tune=load_results(tune_out)))
+    assert 'id="chart-importance"' in page and 'id="chart-trials"' in page
+    assert '<table id="trials">' in page
+    assert main(["report", str(run.path), "--tune", str(tune_out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tune"]["best"]["number"] == 1
+
+
+def test_report_tune_dir_errors(corpus_runs: dict[str, Run], tune_out: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(corpus_runs["simple_add"].path)
+    assert main(["report", run, "--tune", str(tmp_path / "none"), "--json"]) == 2
+    assert "not a directory (give the --out of perfswarm tune)" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    shutil.copytree(tune_out, bad)
+    (bad / "trials.json").write_text("[{}]")
+    assert main(["report", run, "--tune", str(bad), "--json"]) == 2
+    assert f"{bad / 'trials.json'}: not written by perfswarm tune" in capsys.readouterr().err
+    (bad / "tune.json").write_text("{")
+    with pytest.raises(PerfswarmError, match=r"tune\.json: invalid JSON"):
+        load_results(bad)

@@ -1,9 +1,11 @@
-"""The tuner: space files, step-time parsing, trials of a tiny command, pruning, storage, CLI."""
+"""The tuner: space files, step-time parsing, recorded and printed trials, pruning, storage, CLI."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -13,55 +15,60 @@ from hypothesis import strategies as st
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
-from perfswarm.optimize.tune import (
+from perfswarm.optimize.space import Param, configure, load_space
+from perfswarm.optimize.trial import (
     STEP_PATTERN,
     CommandFailed,
-    Param,
-    TuneOptions,
-    configure,
-    load_space,
+    Plan,
+    Stopped,
+    measure_recorded,
     step_time_s,
-    tune,
 )
+from perfswarm.optimize.tune import TuneOptions, load_results, tune
+from perfswarm.report.data import report_data
+from perfswarm.trace.store import Run
+from tune_cases import COMMAND, printed_search, write_space
 
-# Step time 10 ms / (1 + WORKERS), halved by --fast; WORKERS=2 crashes (a bad configuration).
-SCRIPT = """\
-import os, sys
-w = int(os.environ.get("WORKERS", "0"))
-if w == 2:
-    sys.exit("bad config")
-for i in range(5):
-    print(f"step {i} {10 / (1 + w) * (0.5 if '--fast' in sys.argv else 1):.3f} ms loss 0.1")
-"""
-COMMAND = [sys.executable, "-c", SCRIPT]
-SPACE = """\
-params:
-  - {name: workers, type: categorical, choices: [0, 1, 2, 3], env: WORKERS}
-  - {name: fast, type: bool, flag: --fast}
+# A torch.optim loop whose steps sleep 40 ms, or 5 ms with --fast.
+STEPPER = """\
+import sys, time, torch
+p = torch.nn.Parameter(torch.zeros(1))
+opt = torch.optim.SGD([p], lr=0.1)
+for _ in range(int(sys.argv[1])):
+    time.sleep(0.005 if "--fast" in sys.argv else 0.04)
+    opt.step()
 """
 
 
 @pytest.fixture
 def space(tmp_path: Path) -> Path:
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return path
+    return write_space(tmp_path)
 
 
-def test_a_short_search_finds_the_best_configuration(space: Path, tmp_path: Path) -> None:
+def test_a_short_search_finds_the_best_configuration(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = tune(COMMAND, load_space(space), TuneOptions(out=out, trials=8, seed=1))
+    result = printed_search(out)
     assert result.baseline.throughput == pytest.approx(100.0)
+    assert result.baseline.steps == tuple(range(1, 8))  # step 0 is the warm-up
     assert result.best is not None and result.best["params"] == {"fast": True, "workers": 3}
     assert result.speedup == 8.0
     states = {t["state"] for t in result.trials}
     assert "FAIL" in states  # workers=2 exits 1: the trial fails, the search goes on
+    # Printed times are exact, so pruning is too: a trial stops at its fifth steady step
+    # (the first the bound can decide) when all five were slower than the best so far.
     pruned = [t for t in result.trials if t["state"] == "PRUNED"]
-    assert pruned and all(t["steps"] < 5 for t in pruned)  # stopped early
+    assert pruned and all(t["steps"] == 5 for t in pruned)
+    best_before = {t["number"]: max([100.0, *(u["throughput"] or 0.0 for u in result.trials
+                                              if u["number"] < t["number"])])
+                   for t in pruned}
+    assert all(1 / t["median_step_s"] < best_before[t["number"]] for t in pruned)
+    complete = [t for t in result.trials if t["state"] == "COMPLETE"]
+    assert all(t["steps"] == 7 and t["run"] is None for t in complete)
     summary = orjson.loads((out / "tune.json").read_bytes())
     assert summary == orjson.loads(orjson.dumps(result.to_dict()))
-    assert set(summary) == {"command", "study", "storage", "baseline", "best", "speedup",
-                            "trials", "pruned", "failed", "importance"}
+    assert set(summary) == {"command", "study", "storage", "measure", "baseline", "best",
+                            "speedup", "trials", "pruned", "failed", "importance"}
+    assert summary["measure"] == "stdout" and summary["baseline"]["run"] is None
     assert summary["storage"] == f"sqlite:///{(out / 'tune.db').resolve()}"
     trials = orjson.loads((out / "trials.json").read_bytes())
     assert [t["number"] for t in trials] == list(range(8))
@@ -73,22 +80,28 @@ def test_a_short_search_finds_the_best_configuration(space: Path, tmp_path: Path
 def test_workers_sharing_a_storage_share_one_study(space: Path, tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     params = load_space(space)
-    tune(COMMAND, params, TuneOptions(out=tmp_path / "a", trials=2, storage=storage))
+    tune(COMMAND, params,
+         TuneOptions(out=tmp_path / "a", trials=2, storage=storage, measure="stdout"))
     second = tune(COMMAND, params, TuneOptions(out=tmp_path / "b", trials=2, storage=storage,
-                                               seed=1))
+                                               seed=1, measure="stdout"))
     assert [t["number"] for t in second.trials] == [0, 1, 2, 3]
 
 
 def test_a_failing_baseline_is_an_error(space: Path, tmp_path: Path) -> None:
     with pytest.raises(CommandFailed, match="exited with 1"):
         tune([sys.executable, "-c", "raise SystemExit(1)"], load_space(space),
-             TuneOptions(out=tmp_path, trials=1))
-    with pytest.raises(CommandFailed, match="printed 1 step time"):
+             TuneOptions(out=tmp_path, trials=1, measure="stdout"))
+    with pytest.raises(CommandFailed, match=r"1 step\(s\) timed, none past the 1 warm-up"):
         tune([sys.executable, "-c", "print('step 0 1 ms')"], load_space(space),
-             TuneOptions(out=tmp_path, trials=1))
+             TuneOptions(out=tmp_path, trials=1, measure="stdout"))
     with pytest.raises(CommandFailed, match="exited with -9"):
         tune([sys.executable, "-c", "import time; time.sleep(30)"], load_space(space),
-             TuneOptions(out=tmp_path, trials=1, timeout_s=0.5))
+             TuneOptions(out=tmp_path, trials=1, timeout_s=0.5, measure="stdout"))
+    with pytest.raises(CommandFailed, match=r"no optimizer steps seen .* needs --measure stdout"):
+        tune([sys.executable, "-c", "print('step 0 1 ms')"], load_space(space),
+             TuneOptions(out=tmp_path / "rec", trials=1))
+    with pytest.raises(PerfswarmError, match="--window at least 1"):
+        tune(COMMAND, load_space(space), TuneOptions(out=tmp_path, window=0))
 
 
 @pytest.mark.parametrize(("text", "problem"), [
@@ -140,10 +153,56 @@ def test_bundled_workload_lines_parse_back(step: int, ms: float) -> None:
 
 def test_tune_cli(space: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
-    code = main(["tune", "--space", str(space), "-n", "3", "-o", str(out), "-q", "--json", "--",
-                 *COMMAND])
+    code = main(["tune", "--space", str(space), "-n", "3", "-o", str(out), "-q", "--json",
+                 "--measure", "stdout", "--", *COMMAND])
     assert code == 0
     summary = orjson.loads(capsys.readouterr().out)
     assert summary["trials"] == 3 and summary["command"] == COMMAND
     assert main(["tune", "--space", str(tmp_path / "none.yaml"), "--", "true"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_recorded_trials_are_measured_from_their_runs(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("params: [{name: fast, type: bool, flag: --fast}]\n")
+    out = tmp_path / "rec"
+    result = tune([sys.executable, "-c", STEPPER, "12"], load_space(space),
+                  TuneOptions(out=out, trials=3, seed=0))
+    # Iteration 0 is the warm-up (no hook before it either); 1-2 are profiled and 3 carries
+    # the trace's export.
+    assert result.baseline.steps == tuple(range(4, 12))
+    assert result.baseline.run == out / "runs" / "baseline.run"
+    baseline = Run.open(result.baseline.run)
+    assert baseline.manifest()["complete"] is True
+    assert set(baseline.manifest()["collectors"]) == {"torch", "system"}
+    steps = {(s["step"], s["source"]) for s in baseline.table("steps").to_pylist()}
+    assert {(1, "marker"), (2, "marker"), (3, "detected")} <= steps
+    assert result.baseline.median_s >= 0.04  # each step sleeps 40 ms
+    best = result.best
+    assert best is not None and best["params"] == {"fast": True}
+    assert best["run"] == str(out / "runs" / f"trial-{best['number']:04d}.run")
+    assert Run.open(Path(best["run"])).manifest()["complete"] is True
+    assert result.speedup is not None and result.speedup > 2  # 40 ms steps vs 5 ms
+    assert (out / "runs" / f"trial-{best['number']:04d}.log").is_file()
+    # The report of the best trial's Run, with the tune output, knows which trial it shows.
+    section = report_data(Run.open(Path(best["run"])), tune=load_results(out))["tune"]
+    assert section["this_run"] == best["number"] and section["measure"] == "record"
+    assert [t["number"] for t in section["trials"] if t["this_run"]] == [best["number"]]
+
+
+def test_a_recorded_trial_is_stopped_when_its_watcher_says_so(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def watch(steps: Sequence[tuple[int, float]]) -> bool:
+        seen.append(len(steps))
+        return len(steps) < 3
+
+    run = tmp_path / "t.run"
+    with pytest.raises(Stopped):
+        measure_recorded([sys.executable, "-c", STEPPER, "200"], dict(os.environ), run,
+                         Plan(warmup=1, window=2), watch)
+    assert seen[-1] >= 3  # stopped at the first look that saw three steady steps
+    m = Run.open(run).manifest()
+    assert m["signal"] == "SIGKILL" and {"source": "record", "count": 1,
+                                         "what": "stopped by the caller: pruned by the tuner"} in (
+        m["warnings"])

@@ -147,6 +147,20 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
     return d
 
 
+def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, int]:
+    """Device op row -> the CPU op that launched it: Kineto gives both the External id of the
+    innermost op around the launch call (per rank)."""
+    ops = np.flatnonzero(ev.of_kind("cpu_op") & (external_id >= 0))
+    keys = lane_key(ev.rank[ops], external_id[ops])
+    order = np.argsort(keys, kind="stable")
+    keys, ops = keys[order], ops[order]
+    dev = device_rows[external_id[device_rows] >= 0]
+    want = lane_key(ev.rank[dev], external_id[dev])
+    at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
+    found = (keys[at] == want) if len(keys) else np.zeros(len(dev), bool)
+    return dict(zip(dev[found].tolist(), ops[at[found]].tolist(), strict=True))
+
+
 def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
     """(producer row, consumer row) of the execution trace's tensor edges that cross threads:
     an op on one thread consumed a tensor an op on another thread produced (ET nodes join

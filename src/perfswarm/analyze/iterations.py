@@ -213,3 +213,46 @@ def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterati
     agree = tuple(agreement(r, markers[r], detected.get(r, [])) for r in markers)
     used: Source | None = "marker" if markers else ("detected" if detected else None)
     return Iterations(used, markers if markers else detected, markers, detected, agree)
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """The steps a throughput rests on, of one rank."""
+
+    rank: int
+    steps: tuple[int, ...]
+    dur_ns: tuple[int, ...]
+
+    @property
+    def median_ns(self) -> float:
+        return float(np.median(self.dur_ns))
+
+    @property
+    def throughput(self) -> float:
+        """Steps per second from the median step: one step slowed by another process on a
+        shared machine does not move it."""
+        return 1e9 / self.median_ns if self.median_ns > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "steps": list(self.steps), "dur_ns": list(self.dur_ns),
+                "median_ns": self.median_ns, "throughput": self.throughput}
+
+
+def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
+    """The steady-state steps of a Run's steps table: numbered `warmup` or later and timed by
+    the optimizer hooks (source `detected`), i.e. outside the profiling window, whose steps the
+    profiler slows; the window's marker steps only when a rank has no others. With several
+    ranks, the slowest rank's (the others wait for it at every collective). None when no rank
+    has a step past the warm-up."""
+    found: list[SteadyState] = []
+    rows = [r for r in steps.to_pylist() if r["step"] >= warmup]
+    for rank in sorted({int(r["rank"]) for r in rows}):
+        mine = [r for r in rows if r["rank"] == rank]
+        hooked = [r for r in mine if r["source"] == "detected"]
+        by_step: dict[int, dict[str, Any]] = {}
+        for r in sorted(hooked or mine, key=lambda r: (r["step"], r["start"])):
+            by_step.setdefault(r["step"], r)  # a step marked on host and device: the host's
+        use = list(by_step.values())
+        found.append(SteadyState(rank, tuple(int(r["step"]) for r in use),
+                                 tuple(int(r["end"] - r["start"]) for r in use)))
+    return max(found, key=lambda s: (s.median_ns, -s.rank), default=None)

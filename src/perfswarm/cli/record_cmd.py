@@ -17,7 +17,7 @@ from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions, Status, 
 
 def _line(s: Status) -> Text:
     return Text(f"recording {s.elapsed_s:6.1f}s | {', '.join(s.active) or 'no collectors'}"
-                f" | {s.samples:,} samples | {s.raw_bytes / 1e6:,.1f} MB", style="dim")
+                f" | {len(s.step_ns):,} steps | {s.samples:,} samples | {s.raw_bytes / 1e6:,.1f} MB", style="dim")
 
 
 @app.command("record", context_settings={"allow_interspersed_args": False})

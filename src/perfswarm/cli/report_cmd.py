@@ -1,4 +1,4 @@
-"""`perfswarm report RUN [-o report.html] [--json]`."""
+"""`perfswarm report RUN [-o report.html] [--tune DIR] [--json]`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, print_json
 from perfswarm.optimize.advise import advise
+from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import report_data
 from perfswarm.trace.store import Run
@@ -20,14 +21,16 @@ from perfswarm.trace.store import Run
 def report_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="HTML file (default RUN/report.html).")] = None,
+    tune_dir: Annotated[Path | None, typer.Option("--tune", help="A perfswarm tune --out directory: adds its trials table, throughput per trial and parameter importance.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report data as JSON instead of writing HTML (keys in docs/cli.md).")] = False,
 ) -> None:
     """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
     run = Run.open(run_dir)
+    tune = load_results(tune_dir) if tune_dir is not None else None
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("analyzing", total=2)
-        data = report_data(run, advice=advise(run).to_dict()["advice"])
+        data = report_data(run, advice=advise(run).to_dict()["advice"], tune=tune)
         progress.update(task, advance=1, description="rendering")
         if as_json:
             progress.update(task, advance=1)

@@ -11,27 +11,32 @@ from rich.table import Table
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, print_json
-from perfswarm.optimize.tune import STEP_PATTERN, TuneOptions, load_space, tune
+from perfswarm.optimize.space import load_space
+from perfswarm.optimize.trial import STEP_PATTERN, Measure
+from perfswarm.optimize.tune import TuneOptions, tune
 
 
 @app.command("tune", context_settings={"allow_interspersed_args": False})
 def tune_command(
-    command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="The command to tune; it prints one line per step (`step N TIME ms`).")],
+    command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="The command to tune: a torch.optim training loop (--measure record), or any command that prints one line per step (--measure stdout).")],
     space: Annotated[Path, typer.Option("--space", help="YAML search space: params with name, type (int|float|categorical|bool), low/high or choices, env or flag.")],
     trials: Annotated[int, typer.Option("--trials", "-n", help="Trials to run (this worker).")] = 20,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL shared by workers (default: sqlite file in --out).")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for tune.json, trials.json, importance.json.")] = Path("tune-out"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for tune.json, trials.json, importance.json and the runs/.")] = Path("tune-out"),
     study: Annotated[str, typer.Option("--study", help="Study name in the storage.")] = "perfswarm-tune",
-    step_pattern: Annotated[str, typer.Option("--step-pattern", help="Regex with groups (step)(time)[(unit)] for the step lines.")] = STEP_PATTERN,
+    measure: Annotated[Measure, typer.Option("--measure", help="record: each run is a light recorded run (torch + system collectors) timed by its optimizer steps; stdout: step times the command prints, for commands without a torch.optim loop.")] = "record",
+    step_pattern: Annotated[str, typer.Option("--step-pattern", help="--measure stdout: regex with groups (step)(time)[(unit)] for the step lines.")] = STEP_PATTERN,
     warmup: Annotated[int, typer.Option("--warmup", help="Leading steps left out of the throughput.")] = 1,
+    window: Annotated[int, typer.Option("--window", help="--measure record: profiled steps per run, right after the warm-up (left out of the throughput).")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before a trial is killed (counts as failed).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (keys in docs/cli.md).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Search environment variables and command flags for the highest throughput (Optuna)."""
-    options = TuneOptions(out=out, trials=trials, storage=storage, study=study,
-                          step_pattern=step_pattern, warmup=warmup, seed=seed, timeout_s=timeout)
+    options = TuneOptions(out=out, trials=trials, storage=storage, study=study, measure=measure,
+                          step_pattern=step_pattern, warmup=warmup, window=window, seed=seed,
+                          timeout_s=timeout)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True,
@@ -67,3 +72,6 @@ def tune_command(
                                                  sorted(summary["importance"].items(),
                                                         key=lambda kv: -kv[1])))
     console.print(f"wrote {out / 'tune.json'}, {out / 'trials.json'}, {out / 'importance.json'}")
+    if best["run"]:
+        console.print(f"report of the best run: perfswarm report {best['run']} --tune {out}",
+                      markup=False, soft_wrap=True)

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from perfswarm.analyze.dependencies import launching_ops
 from perfswarm.analyze.frame import Events, group_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
@@ -123,10 +124,10 @@ def op_costs(run: Run, ev: Events, top: int = TOP) -> OpCosts:
     time = {row: int(ev.dur[row]) for row in counted}
     if gpu:
         ext = run.table("events", columns=["external_id"]).column("external_id").to_numpy()
-        launched: dict[tuple[int, int], int] = defaultdict(int)
-        for r in device.tolist():
-            launched[(int(ev.rank[r]), int(ext[r]))] += int(ev.dur[r])
-        time = {row: launched.get((int(ev.rank[row]), int(ext[row])), 0) for row in counted}
+        launched: dict[int, int] = defaultdict(int)
+        for dev_row, op_row in launching_ops(ev, ext, device).items():
+            launched[op_row] += int(ev.dur[dev_row])
+        time = {row: launched.get(row, 0) for row in counted}
     spec = spec_of_devices(run.manifest()["devices"]) if gpu else None
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for row in counted:

@@ -33,10 +33,11 @@ import numpy as np
 from perfswarm.analyze.dependencies import (
     Dependencies,
     dependencies,
+    launching_ops,
     sync_events,
     tensor_handoffs,
 )
-from perfswarm.analyze.frame import I64, KIND, Events, Mask, lane_key
+from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import StepWindow, iterations
 from perfswarm.analyze.ops import kernel_category
@@ -271,19 +272,9 @@ def _op_rows(m: _Model) -> list[int]:
 
 
 def _launching_ops(m: _Model) -> dict[int, int]:
-    """Device op row -> the CPU op that launched it (same rank and External id)."""
-    ev = m.ev
+    """Device op row -> the CPU op that launched it."""
     ext = m.run.table("events", columns=["external_id"]).column("external_id").to_numpy()
-    ops = np.flatnonzero(ev.of_kind("cpu_op") & (ext >= 0))
-    keys = lane_key(ev.rank[ops], ext[ops])
-    order = np.argsort(keys, kind="stable")
-    keys, ops = keys[order], ops[order]
-    dev = m.graph.row[m.graph.role == DEVICE]
-    dev = dev[ext[dev] >= 0]
-    want = lane_key(ev.rank[dev], ext[dev])
-    at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
-    found = (keys[at] == want) if len(keys) else np.zeros(len(dev), bool)
-    return dict(zip(dev[found].tolist(), ops[at[found]].tolist(), strict=True))
+    return launching_ops(m.ev, ext, m.graph.row[m.graph.role == DEVICE])
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -74,25 +75,25 @@ def load_spec(name: str) -> DeviceSpec:
     return spec
 
 
-def match_device(name: str, memory_bytes: float = 0.0) -> DeviceSpec | None:
-    """The spec of a device as a trace names it (deviceProperties' name and totalGlobalMem):
-    e.g. 'NVIDIA A100-SXM4-80GB' -> A100-80GB; AMD parts by their memory (a trace's
-    'AMD Radeon Graphics' with 64 GB is one die of an MI250)."""
-    specs = device_specs()
+def spec_for_device(name: str, memory_bytes: float | None = None) -> DeviceSpec | None:
+    """The bundled spec of a device as a trace or the driver names it (e.g. ``NVIDIA
+    A100-SXM4-80GB``, ``NVIDIA H100 PCIe``); None when no family (A100, H100, L4, ...) is in
+    the name (AMD Instinct parts by memory). Within a family, a variant named in the name wins
+    (80GB, PCIe), else the one whose memory is closest to `memory_bytes`, else the first
+    listed."""
     upper = name.upper()
-    gb = memory_bytes / 1e9
-    if "H200" in upper:
-        return specs["H200"]
-    if "H100" in upper or "H800" in upper:
-        return specs["H100-PCIe" if "PCIE" in upper else "H100-SXM"]
-    if "A100" in upper or "A800" in upper:
-        return specs["A100-80GB" if "80GB" in upper or gb > 60 else "A100-40GB"]
-    for key in ("V100", "L4", "MI300X", "MI250"):
-        if key in upper:
-            return specs[key]
-    if "AMD" in upper and gb:
-        return specs["MI300X" if gb > 150 else "MI250"]
-    return None
+    family = [s for key, s in device_specs().items()
+              if re.search(rf"(?<![A-Z0-9]){re.escape(key.split('-')[0])}(?![A-Z0-9])", upper)]
+    if not family and "AMD" in upper and memory_bytes:
+        # ROCm names Instinct parts 'AMD Radeon Graphics': tell them by memory (an MI250 die
+        # shows 64 of its 128 GB)
+        family = [s for key, s in device_specs().items() if key.startswith("MI")]
+    named = [s for s in family if "-" in s.name and s.name.split("-", 1)[1].upper() in upper]
+    if named or not family:
+        return named[0] if named else None
+    if memory_bytes is None:
+        return family[0]
+    return min(family, key=lambda s: abs(s.memory_bytes - memory_bytes))
 
 
 def per_device(spec: DeviceSpec, compute_units: int | None) -> DeviceSpec:
@@ -111,7 +112,9 @@ def spec_of_devices(devices: Sequence[Mapping[str, Any]]) -> DeviceSpec | None:
     """The spec of the first recognized device of a manifest's `devices`, scaled to the units
     the trace shows of it."""
     for device in devices:
-        spec = match_device(str(device.get("name", "")), float(device.get("totalGlobalMem", 0)))
+        memory = device.get("totalGlobalMem")
+        spec = spec_for_device(str(device.get("name", "")),
+                               float(memory) if isinstance(memory, int | float) else None)
         if spec is not None:
             units = device.get("numSms")
             return per_device(spec, int(units) if isinstance(units, int) else None)

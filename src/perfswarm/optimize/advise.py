@@ -17,6 +17,7 @@ RULES: tuple[Rule, ...] = (
     host.host_syncs,
     device.low_utilization,
     device.fp32_gemm,
+    device.fusion,
     optimizer.single_tensor_optimizer,
     optimizer.zero_grad_fill,
     host.thread_oversubscription,

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from perfswarm.record import perf, pystacks, strace
 from perfswarm.record.base import read_jsonl
+from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace import execution_trace
 from perfswarm.trace.ingest import _describe, assign_steps, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
@@ -48,17 +49,31 @@ def _rank_pid(path: Path) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def step_files(raw: Path) -> list[Path]:
+    """Each stepping process's hook times: its `.json` (written at exit), else its `.live`
+    file (the process was killed, or died before its exit handlers ran)."""
+    done = {p.stem for p in raw.glob("steps-rank*-pid*.json")}
+    return sorted([*raw.glob("steps-rank*-pid*.json"),
+                   *(p for p in raw.glob("steps-rank*-pid*.live") if p.stem not in done)])
+
+
+def _hooks(path: Path) -> tuple[int, list[int]]:
+    if path.suffix == ".live":
+        return _rank_pid(path)[0], read_live(path.read_bytes())
+    data = orjson.loads(path.read_bytes())
+    return int(data["rank"]), data["hook_ns"]
+
+
 def hook_steps(paths: Iterable[Path], marked: set[tuple[int, int]]) -> pa.Table:
     """Steps outside the profiling window, from the optimizer.step() hook times (source
     `detected`): step i runs from hook i-1 to hook i."""
     rows: dict[str, list[object]] = {"rank": [], "step": [], "start": [], "end": [], "source": []}
     for path in paths:
-        data = orjson.loads(path.read_bytes())
-        hooks = data["hook_ns"]
+        rank, hooks = _hooks(path)
         for i in range(1, len(hooks)):
-            if (data["rank"], i) not in marked:
-                for key, value in zip(rows, (data["rank"], i, hooks[i - 1], hooks[i],
-                                             "detected"), strict=True):
+            if (rank, i) not in marked:
+                for key, value in zip(rows, (rank, i, hooks[i - 1], hooks[i], "detected"),
+                                      strict=True):
                     rows[key].append(value)
     return pa.table(rows).cast(STEPS) if rows["step"] else STEPS.empty_table()
 
@@ -159,14 +174,14 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
             parts.append(tables)
             _describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
                       tables.events.num_rows)
-        for path in raw.glob("steps-rank*-pid*.json"):
+        stepping = step_files(raw)
+        for path in stepping:
             rank, pid = _rank_pid(path)
             rank_of.setdefault(pid, rank)
         marker_steps = concat([p.steps for p in parts], STEPS)
         marked = set(zip(marker_steps.column("rank").to_pylist(),
                          marker_steps.column("step").to_pylist(), strict=True))
-        steps = concat([marker_steps, hook_steps(sorted(raw.glob("steps-*.json")), marked)],
-                       STEPS)
+        steps = concat([marker_steps, hook_steps(stepping, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
         events = concat([*(p.events for p in parts), syscall_events(raw / "strace.txt", rank_of)],

@@ -4,20 +4,24 @@ The child runs in its own process group so that Ctrl-C reaches it once, from
 us; perf and py-spy run in their own sessions so they survive the Ctrl-C and
 flush. However the child ends (exit, crash, SIGKILL) the collectors are
 stopped and a valid Run is written, `complete` only when it exited with 0.
+A caller that watches the run (the tuner) can stop it early: its whole
+process group is killed and the Run says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.record.base import Collector, Sampler
@@ -56,6 +60,7 @@ class Status:
     active: tuple[str, ...]
     samples: int
     raw_bytes: int
+    step_ns: tuple[int, ...] = ()  # optimizer-step hook times so far (first stepping process)
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,23 @@ def _raw_bytes(raw: Path) -> int:
     return sum(p.stat().st_size for p in raw.iterdir() if p.is_file())
 
 
+@dataclass(frozen=True)
+class Child:
+    """How the recorded command runs, for callers other than the CLI (the tuner).
+
+    `env` replaces our environment (collectors add theirs on top); `output` receives the
+    child's stdout and stderr; `stop(status)` is asked at every tick and returning a reason
+    kills the child's process group (the reason goes into the manifest).
+    """
+
+    env: Mapping[str, str] | None = None
+    output: IO[bytes] | None = None
+    stop: Callable[[Status], str | None] | None = None
+
+
 def record(command: Sequence[str], out: Path, options: RecordOptions,
-           on_status: Callable[[Status], None] | None = None) -> RecordResult:
+           on_status: Callable[[Status], None] | None = None,
+           child: Child | None = None) -> RecordResult:
     """Run `command` under every collector and leave an ingested Run at `out`."""
     if not command:
         raise PerfswarmError("record: no command given (usage: perfswarm record -- CMD ...)")
@@ -110,33 +130,47 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".recording"))
     try:
-        return _record(list(command), out, raw, options, on_status)
+        return _record(list(command), out, raw, options, on_status, child or Child())
     finally:
         shutil.rmtree(raw, ignore_errors=True)
 
 
+def _status(collectors: Sequence[Collector], raw: Path, elapsed_s: float) -> Status:
+    torch = next((c for c in collectors if isinstance(c, TorchCollector)), None)
+    return Status(elapsed_s, tuple(c.name for c in collectors if c.state == "ok"),
+                  sum(c.count() for c in collectors), _raw_bytes(raw),
+                  torch.step_ns() if torch is not None else ())
+
+
 def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
-            on_status: Callable[[Status], None] | None) -> RecordResult:
+            on_status: Callable[[Status], None] | None, how: Child) -> RecordResult:
     collectors = make_collectors(options.collectors, raw, options)
     manifest = new_manifest(command)
-    env = dict(os.environ)
+    env = dict(os.environ if how.env is None else how.env)
     for c in collectors:
         env.update(c.env())
     offset_start = monotonic_offset_ns()
     start_ns = time.time_ns()
-    child = subprocess.Popen(command, env=env, process_group=0)
+    child = subprocess.Popen(command, env=env, process_group=0, stdout=how.output,
+                             stderr=subprocess.STDOUT if how.output is not None else None)
     previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED}
+    stopped: str | None = None
     try:
         for c in collectors:
             c.start(child.pid)
         t0 = time.monotonic()
         while child.poll() is None:
-            if on_status is not None:
-                active = tuple(c.name for c in collectors if c.state == "ok")
-                on_status(Status(time.monotonic() - t0, active,
-                                 sum(c.count() for c in collectors), _raw_bytes(raw)))
+            if on_status is not None or how.stop is not None:
+                status = _status(collectors, raw, time.monotonic() - t0)
+                if on_status is not None:
+                    on_status(status)
+                if how.stop is not None and stopped is None:
+                    stopped = how.stop(status)
+                    if stopped is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(child.pid, signal.SIGKILL)  # DataLoader workers too
             try:
-                child.wait(timeout=0.25)
+                child.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
                 continue
     finally:
@@ -146,6 +180,9 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         for c in collectors:
             c.stop()
     offset_end = monotonic_offset_ns()
+    if stopped is not None:
+        manifest["warnings"].append({"source": "record", "count": 1,
+                                     "what": f"stopped by the caller: {stopped}"})
     manifest["exit_status"] = code if code >= 0 else None
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
     manifest["complete"] = code == 0

@@ -4,11 +4,19 @@ the training loop (see inject/sitecustomize.py). Files appear per process and ra
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from perfswarm.record.base import Collector
 
 INJECT = Path(__file__).resolve().parent / "inject"
+_LIVE = re.compile(r"^steps-rank(\d+)-pid(\d+)\.live$")
+
+
+def read_live(data: bytes) -> list[int]:
+    """Hook times of a `steps-….live` file: one decimal ns per line; a torn last line (the
+    process is writing it, or was killed mid-write) is left for the next read."""
+    return [int(line) for line in data[:data.rfind(b"\n") + 1].split()]
 
 
 class TorchCollector(Collector):
@@ -18,6 +26,9 @@ class TorchCollector(Collector):
         super().__init__(raw)
         self.skip, self.window = skip, count
         self.execution_trace = execution_trace
+        self._live: Path | None = None
+        self._live_pos = 0
+        self._live_ns: list[int] = []
 
     def env(self) -> dict[str, str]:
         path = os.environ.get("PYTHONPATH", "")
@@ -30,10 +41,31 @@ class TorchCollector(Collector):
 
     def files(self) -> list[str]:
         return [p.name for p in self.raw.iterdir()
-                if p.name.startswith(("torch-", "et-", "steps-")) and p.suffix == ".json"]
+                if p.name.startswith(("torch-", "et-", "steps-"))
+                and p.suffix in (".json", ".live")]
 
     def count(self) -> int:
         return sum(1 for f in self.files() if f.startswith("torch-"))
+
+    def step_ns(self) -> tuple[int, ...]:
+        """Optimizer-step hook times so far of the first process that steps (lowest rank, then
+        pid), read from its live file while it runs; only the new bytes are read each call."""
+        if self._live is None:
+            found = sorted((int(m[1]), int(m[2]), p) for p in self.raw.iterdir()
+                           if (m := _LIVE.match(p.name)))
+            if not found:
+                return ()
+            self._live = found[0][2]
+        try:
+            with self._live.open("rb") as f:
+                f.seek(self._live_pos)
+                data = f.read()
+        except FileNotFoundError:  # it exited: the .json replaced the live file
+            return tuple(self._live_ns)
+        whole = data[:data.rfind(b"\n") + 1]
+        self._live_pos += len(whole)
+        self._live_ns += read_live(whole)
+        return tuple(self._live_ns)
 
     def stop(self) -> None:
         if not any(f.startswith("steps-") for f in self.files()):

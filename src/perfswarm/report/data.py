@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, TypedDict
 
 import pyarrow as pa
@@ -141,12 +142,37 @@ def _iteration_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def tune_section(files: Mapping[str, Any], run: Run) -> dict[str, Any]:
+    """A tune output (optimize.tune.load_results) as the report shows it: each trial's speedup
+    over the baseline, importances largest first, and which run this report is of."""
+    summary = files["summary"]
+    base = summary["baseline"]["throughput"] or 0.0
+    here = run.path.resolve()
+
+    def is_here(path: str | None) -> bool:
+        return path is not None and Path(path).resolve() == here
+
+    trials = [{**t, "speedup": round(t["throughput"] / base, 4) if t["throughput"] and base
+               else None, "this_run": is_here(t["run"])} for t in files["trials"]]
+    this = next((t["number"] for t in trials if t["this_run"]),
+                "baseline" if is_here(summary["baseline"]["run"]) else None)
+    importance = sorted(summary["importance"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"dir": files["dir"], "command": summary["command"], "study": summary["study"],
+            "measure": summary["measure"], "baseline": summary["baseline"],
+            "best": summary["best"], "speedup": summary["speedup"],
+            "pruned": summary["pruned"], "failed": summary["failed"], "trials": trials,
+            "importance": [{"param": k, "importance": v} for k, v in importance],
+            "this_run": this}
+
+
 def report_data(run: Run, *, max_spans: int = MAX_SPANS,
-                advice: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                advice: Sequence[Mapping[str, Any]] = (),
+                tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The report of one Run as a plain dict (stable keys; see docs/cli.md).
 
-    `advice` is optimize.advise's list, passed in by the caller: report sits beside
-    optimize in the import order, not above it.
+    `advice` is optimize.advise's list and `tune` a tune output directory as
+    optimize.tune.load_results reads it, both passed in by the caller: report sits
+    beside optimize in the import order, not above it.
     """
     manifest = run.manifest()
     events = load(run)
@@ -171,6 +197,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "op_cost": op_costs(run, events).to_dict(),
         "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
+        "tune": tune_section(tune, run) if tune is not None else None,
     }
 
 

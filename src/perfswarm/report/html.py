@@ -105,6 +105,35 @@ def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
                                      "yaxis": {"title": {"text": "iteration ms"}}}}
 
 
+def importance_figure(tune: dict[str, Any]) -> dict[str, Any]:
+    rows = tune["importance"][::-1]  # plotly draws the first bar at the bottom
+    data = [{"type": "bar", "orientation": "h", "name": "importance",
+             "y": [html.escape(r["param"]) for r in rows], "x": [r["importance"] for r in rows]}]
+    return {"data": data, "layout": {"height": 120 + 30 * len(rows), "margin": {"t": 30},
+                                     "xaxis": {"title": {"text": "fANOVA importance"}},
+                                     "yaxis": {"automargin": True}}}
+
+
+def trials_figure(tune: dict[str, Any]) -> dict[str, Any]:
+    """Throughput of each trial (pruned ones at their estimate so far), the baseline as a line."""
+    data = []
+    for state in ("COMPLETE", "PRUNED"):
+        rows = [t for t in tune["trials"] if t["state"] == state and t["median_step_s"]]
+        data.append({"type": "scatter", "mode": "markers", "name": state.lower(),
+                     "x": [t["number"] for t in rows],
+                     "y": [t["throughput"] or 1 / t["median_step_s"] for t in rows],
+                     "hovertext": [html.escape(str(t["params"])) for t in rows]})
+    base = tune["baseline"]["throughput"]
+    return {"data": data, "layout": {
+        "height": 320, "margin": {"t": 30},
+        "xaxis": {"title": {"text": "trial"}, "zeroline": False},
+        "yaxis": {"title": {"text": "steps/s"}, "rangemode": "tozero"},
+        "shapes": [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": base, "y1": base,
+                    "line": {"dash": "dash", "width": 1}}],
+        "annotations": [{"xref": "paper", "x": 1, "y": base, "text": "baseline",
+                         "showarrow": False, "xanchor": "right", "yanchor": "bottom"}]}}
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
@@ -114,6 +143,11 @@ def render(report: dict[str, Any]) -> str:
         figures["chart-prediction"] = prediction_figure(report["prediction"])
     if timeline["counters"]:
         figures["chart-counters"] = counters_figure(timeline)
+    tune = report["tune"]
+    if tune is not None:
+        figures["chart-trials"] = trials_figure(tune)
+        if tune["importance"]:
+            figures["chart-importance"] = importance_figure(tune)
     swarms = report["swarms"]["swarms"]
     return _page("report.html.j2", report, figures,
         has_counters=bool(timeline["counters"]), states=STATES, pct=_pct,

@@ -1,14 +1,18 @@
-"""Rules about the accelerator: idle time, launch overhead, FP32 GEMMs, memory headroom."""
+"""Rules about the accelerator: idle time, launch overhead, FP32 GEMMs, fusion, memory headroom."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import polars as pl
 
+from perfswarm.model.fusion import fusion_candidates
+from perfswarm.model.opcost import OpCost, roofline
+from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, LaunchingOp
 
 _LAUNCH = (r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|"
            r"hipLaunchKernel|hipExtLaunchKernel)$")
@@ -17,9 +21,11 @@ _GRAPH_LAUNCH_NS = 1_000  # per kernel, replayed from a captured CUDA graph
 _GEMM = r"(?i)gemm"
 _TENSOR_CORE = (r"(?i)(tf32|tfloat32|bf16|fp16|f16|h884|h1688|h16816|s1688|s16816|i8816|hmma|"
                 r"tensorop|wmma|tensor16x8|_16x8x)")
-# TF32 tensor cores peak 8x FP32 on A100; GEMMs typically reach a quarter of that.
+# Without recorded shapes: TF32 tensor cores peak 8x FP32 on A100; GEMMs typically reach a
+# quarter of that.
 _TF32_SPEEDUP = 2.0
 _NEAR_CAPACITY = 0.9
+_MIN_FUSION_PCT = 1.0  # modelled saving, % of the measured time, below which fusion is noise
 
 
 def _utilization(facts: Facts) -> dict[tuple[Any, ...], float]:
@@ -40,7 +46,8 @@ def low_utilization(facts: Facts) -> Advice | None:
                             for k, v in idle.items()]}
     return advice(facts, "low_utilization", "the device is idle most of the time", evidence,
                   sum(idle.values()) / 2,
-                  "half the device's idle time, a rough guess; the other findings name the causes",
+                  "rule of thumb, no model: half the device's idle time; the other findings "
+                  "name the causes",
                   "overlap host work with the device: larger batch, DataLoader workers, no host "
                   "syncs inside the step, CUDA graphs for small kernels")
 
@@ -58,15 +65,27 @@ def launch_bound(facts: Facts) -> Advice | None:
     busy = min(util.values()) if util else 0.0
     if small.height < kernels.height / 2 or mean_launch < mean_small or busy >= 0.7:
         return None
-    idle = sum((1 - u) * facts.window(int(k[0]))[2] for k, u in util.items())
-    saved = launches.height * max(0.0, mean_launch - _GRAPH_LAUNCH_NS)
+    # Replayed from a CUDA graph, the host pays one launch per step instead of one per kernel,
+    # and the device still starts each kernel about a microsecond after the previous one.
+    busy_by_rank = facts.busy_ns(facts.device_events)
+    launch_by_rank = {k[0]: int(g["dur"].sum()) for k, g in launches.group_by(["rank"])}
+    kernels_by_rank = {k[0]: g.height for k, g in kernels.group_by(["rank"])}
+    gain = 0
+    for rank in facts.ranks:
+        window = facts.window(rank)[2]
+        host_after = window - launch_by_rank.get(rank, 0)
+        device_after = (busy_by_rank.get((rank,), 0)
+                        + kernels_by_rank.get(rank, 0) * _GRAPH_LAUNCH_NS)
+        gain += max(0, window - max(host_after, device_after))
     evidence = {"kernels": kernels.height, "small_kernels": small.height,
                 "small_kernel_mean_ns": round(mean_small), "launches": launches.height,
                 "launch_mean_ns": round(mean_launch), "device_busy_pct": round(100 * busy, 2)}
     return advice(facts, "launch_bound", "many small kernels: launch overhead dominates",
-                  evidence, min(idle, saved),
-                  f"each launch costs about {_GRAPH_LAUNCH_NS} ns when replayed from a graph, "
-                  "bounded by the device's idle time",
+                  evidence, gain,
+                  "launch model from this run's times: a step becomes the slower of the host "
+                  f"without its launch calls (measured {round(mean_launch):,} ns each) and the "
+                  f"device's busy time plus {_GRAPH_LAUNCH_NS:,} ns per kernel replayed from a "
+                  "CUDA graph",
                   "capture the step in a CUDA graph (torch.cuda.graphs / "
                   "torch.compile(mode='reduce-overhead')) or fuse ops with torch.compile")
 
@@ -74,6 +93,15 @@ def launch_bound(facts: Facts) -> Advice | None:
 def _tensor_core_devices(facts: Facts) -> list[str]:
     return sorted({str(d.get("name")) for d in facts.manifest["devices"]
                    if "NVIDIA" in str(d.get("name", "")) and int(d.get("computeMajor", 0)) >= 8})
+
+
+def _tf32_time_ratio(cost: OpCost | None, spec: DeviceSpec | None) -> float | None:
+    """Roofline time at the TF32 peak over the roofline time at the FP32 peak of the GEMM or
+    convolution that launched a kernel; None without recorded shapes or a device spec."""
+    if spec is None or cost is None or cost.family not in ("gemm", "conv") or cost.dtype != "fp32":
+        return None
+    fp32 = roofline(cost, spec).time_s
+    return roofline(replace(cost, dtype="tf32"), spec).time_s / fp32 if fp32 > 0 else None
 
 
 def fp32_gemm(facts: Facts) -> Advice | None:
@@ -88,15 +116,84 @@ def fp32_gemm(facts: Facts) -> Advice | None:
         return None
     top = (fp32.group_by("name").agg(pl.col("dur").sum())
            .sort(["dur", "name"], descending=[True, False]))
+    spec = facts.spec
+    ratios = [_tf32_time_ratio(op.cost if op else None, spec) for op in facts.launching_ops(fp32)]
+    durs = fp32["dur"].to_list()
+    modelled = [(d, r) for d, r in zip(durs, ratios, strict=True) if r is not None]
+    rest_ns = sum(d for d, r in zip(durs, ratios, strict=True) if r is None)
+    tf32_ns = sum(d * r for d, r in modelled) + rest_ns / _TF32_SPEEDUP
     evidence = {"devices": devices, "fp32_gemms": fp32.height, "gemms": gemms.height,
                 "fp32_gemm_ns": fp32_ns, "fp32_share_of_gemm_pct": pct(fp32_ns, gemm_ns),
-                "top_kernels": top["name"].head(3).to_list()}
+                "top_kernels": top["name"].head(3).to_list(),
+                "modelled_gemms": len(modelled), "tf32_estimate_ns": round(tf32_ns)}
+    fixed = f"TF32 tensor-core GEMMs run about {_TF32_SPEEDUP:g}x faster than FP32 ones"
+    if modelled and spec is not None:
+        basis = (f"roofline model (model/opcost.py) of {len(modelled)} kernels' recorded shapes on "
+                 f"{spec.name} ({spec.peak_for('fp32') / 1e12:g} FP32 vs "
+                 f"{spec.peak_for('tf32') / 1e12:g} TF32 TFLOP/s, "
+                 f"{spec.memory_bandwidth / 1e9:g} GB/s), each kernel keeping the share of its "
+                 "roof it reached in FP32")
+        if rest_ns:
+            basis += f"; the {fp32.height - len(modelled)} without recorded shapes: {fixed}"
+    else:
+        why = "no device spec for " + ", ".join(devices) if spec is None else (
+            "no recorded shapes (record_shapes=True) for these GEMMs")
+        basis = f"fixed factor, no model ({why}): {fixed}"
     return advice(facts, "fp32_gemm", "FP32 GEMMs on a tensor-core device", evidence,
-                  fp32_ns * (1 - 1 / _TF32_SPEEDUP),
-                  f"TF32 tensor-core GEMMs run about {_TF32_SPEEDUP:g}x faster than FP32 ones",
+                  fp32_ns - tf32_ns, basis,
                   "torch.backends.cuda.matmul.allow_tf32 = True and torch.backends.cudnn."
                   "allow_tf32 = True (or torch.set_float32_matmul_precision('high')); or run the "
                   "forward pass under torch.autocast('cuda', dtype=torch.bfloat16)")
+
+
+def _op_sequence(facts: Facts, kernels: pl.DataFrame) -> list[tuple[LaunchingOp | None, int]]:
+    """Kernels in time order as (launching op, measured ns): one entry per op, its kernels'
+    time summed; a kernel without a modelled op is an entry of its own."""
+    seq: list[tuple[LaunchingOp | None, int]] = []
+    ordered = kernels.sort(["ts", "correlation"])
+    for op, dur in zip(facts.launching_ops(ordered), ordered["dur"].to_list(), strict=True):
+        if op is not None and seq and seq[-1][0] == op:
+            seq[-1] = (op, seq[-1][1] + dur)
+        else:
+            seq.append((op, dur))
+    return seq
+
+
+def fusion(facts: Facts) -> Advice | None:
+    """Runs of memory-bound pointwise and row-wise ops, each its own kernel: a fused kernel would
+    read the inputs and write the result once (model/fusion.py)."""
+    spec = facts.spec
+    if spec is None:
+        return None
+    saved = unfused_roof = fused_roof = measured = 0.0
+    chains: dict[str, int] = {}
+    for _, kernels in facts.in_window(facts.kind("kernel")).group_by(["rank"]):
+        seq = _op_sequence(facts, kernels)
+        costs = [op.cost if op else None for op, _ in seq]
+        for c in fusion_candidates(costs, spec):
+            ns = sum(dur for _, dur in seq[c.start:c.end])
+            measured += ns
+            saved += ns * (1 - c.fused_s / c.unfused_s) if c.unfused_s > 0 else 0.0
+            unfused_roof += c.unfused_s * 1e9
+            fused_roof += c.fused_s * 1e9
+            chain = " -> ".join(c.ops)
+            chains[chain] = chains.get(chain, 0) + 1
+    if not chains or pct(saved, facts.wall_ns) < _MIN_FUSION_PCT:
+        return None
+    top = sorted(chains.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    evidence = {"candidates": sum(chains.values()), "kernel_ns": round(measured),
+                "roofline_unfused_ns": round(unfused_roof),
+                "roofline_fused_ns": round(fused_roof),
+                "top_chains": [{"ops": k, "count": v} for k, v in top]}
+    return advice(facts, "fusion", "chains of memory-bound ops could be one kernel each",
+                  evidence, saved,
+                  f"roofline model (model/fusion.py) on {spec.name} "
+                  f"({spec.memory_bandwidth / 1e9:g} GB/s): a fused chain moves its largest "
+                  "tensor once; each chain's measured kernel time shrinks by its fused / unfused "
+                  "roofline time",
+                  "torch.compile the model (inductor fuses pointwise and reduction chains into "
+                  "one kernel), or use fused ops (F.scaled_dot_product_attention, fused "
+                  "LayerNorm/GELU, fused optimizers)")
 
 
 def _peak_memory(facts: Facts) -> dict[tuple[int, int], tuple[float, str]]:

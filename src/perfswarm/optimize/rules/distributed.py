@@ -45,7 +45,8 @@ def communication_bound(facts: Facts) -> Advice | None:
                 "comm_share_of_busy_pct": pct(comm_ns, both), "exposed_share_of_busy_pct": share}
     return advice(facts, "communication_bound", "communication is exposed on the critical path",
                   evidence, exposed / 2,
-                  "half the exposed collective time hidden behind backward compute",
+                  "rule of thumb, no model: half the exposed collective time hidden behind "
+                  "backward compute",
                   "DDP(bucket_cap_mb=100, gradient_as_bucket_view=True, static_graph=True) so "
                   "all-reduce overlaps backward; register_comm_hook(None, "
                   "default_hooks.bf16_compress_hook) to halve the bytes; avoid "
@@ -69,7 +70,8 @@ def stragglers(facts: Facts) -> Advice | None:
                 "ratio_to_median": round(busy[slow] / median, 3)}
     return advice(facts, "stragglers", f"rank {slow} is a straggler", evidence,
                   (busy[slow] - median) * len(busy),
-                  "every rank stops waiting for the slowest one at the collectives",
+                  "measured, no model: every rank stops waiting for the slowest one at the "
+                  "collectives",
                   f"check rank {slow}'s host (thermal throttling, other jobs, a slower GPU or "
                   "link) and its data shard (uneven sequence lengths: bucket or pad to balance)")
 
@@ -122,7 +124,8 @@ def ring_order(facts: Facts) -> Advice | None:
     visible = ",".join(map(str, best))
     return advice(facts, "ring_order", "the rank ring crosses a slow link", evidence,
                   comm_ns * (1 - cur_bw / best_bw) if comm_ns else None,
-                  "ring collectives run at the bottleneck link's bandwidth",
+                  "link model (nvidia-smi topo link classes): ring collectives run at the "
+                  "bottleneck link's bandwidth",
                   f"CUDA_VISIBLE_DEVICES={visible} so that consecutive ranks sit on NVLink "
                   "neighbours (NCCL_ALGO=Ring keeps the order)")
 

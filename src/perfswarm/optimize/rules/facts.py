@@ -14,11 +14,13 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from perfswarm.model.opcost import OpCost, op_cost_from_args
+from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Manifest, Run
 
 I64 = npt.NDArray[np.int64]
-_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "args"]
+_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation", "args"]
 
 
 def union_ns(starts: I64, ends: I64) -> int:
@@ -158,3 +160,56 @@ class Facts:
 
     def total_ns(self, frame: pl.DataFrame) -> int:
         return int(frame["dur"].sum()) if frame.height else 0
+
+    # -- the model's view ----------------------------------------------------
+    @cached_property
+    def spec(self) -> DeviceSpec | None:
+        """The bundled spec (model/devices.yaml) of the run's first device it knows, if any."""
+        return spec_of_devices(self.manifest["devices"])
+
+    def launching_ops(self, device: pl.DataFrame) -> list[LaunchingOp | None]:
+        """For each row of `device`: the innermost CPU op with a cost model (model.opcost, from
+        the recorded shapes) around its launch call; None when the shapes were not recorded,
+        the op is not modelled, or the launch call is not in the trace."""
+        return [self._launching.get((int(r), int(c)))
+                for r, c in device.select("rank", "correlation").iter_rows()]
+
+    @cached_property
+    def _launching(self) -> dict[tuple[int, int], LaunchingOp]:
+        shaped = self.kind("cpu_op").filter(pl.col("args").str.contains("Input Dims",
+                                                                          literal=True))
+        ops: dict[tuple[int, int], list[tuple[int, LaunchingOp]]] = {}
+        outer_first = shaped.sort(["ts", "dur"], descending=[False, True])
+        for rank, tid, ts, dur, name, args in outer_first.select(
+                "rank", "tid", "ts", "dur", "name", "args").iter_rows():
+            cost = op_cost_from_args(name, args)
+            if cost is not None:
+                ops.setdefault((rank, tid), []).append((ts + dur, LaunchingOp(rank, tid, ts, cost)))
+        calls = self.kind("runtime", "driver").filter(pl.col("correlation") >= 0).sort("ts")
+        found: dict[tuple[int, int], LaunchingOp] = {}
+        stacks: dict[tuple[int, int], list[tuple[int, LaunchingOp]]] = {}
+        pushed: dict[tuple[int, int], int] = {}
+        for rank, tid, ts, corr in calls.select("rank", "tid", "ts", "correlation").iter_rows():
+            spans, stack = ops.get((rank, tid), []), stacks.setdefault((rank, tid), [])
+            i = pushed.get((rank, tid), 0)
+            while i < len(spans) and spans[i][1].ts <= ts:  # ops nest: a stack of open ones
+                while stack and stack[-1][0] <= spans[i][1].ts:
+                    stack.pop()
+                stack.append(spans[i])
+                i += 1
+            pushed[(rank, tid)] = i
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            if stack:
+                found[(int(rank), int(corr))] = stack[-1][1]
+        return found
+
+
+@dataclass(frozen=True)
+class LaunchingOp:
+    """A CPU op that launched device work, with its modelled cost; (rank, tid, ts) is unique."""
+
+    rank: int
+    tid: int
+    ts: int
+    cost: OpCost

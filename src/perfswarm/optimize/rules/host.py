@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from perfswarm.model.topology import interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
 
@@ -12,7 +13,8 @@ _SYNC_API = r"^(cuda|hip)(Stream|Device|Event)Synchronize$"
 # Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
 _SCALAR_READ = r"^aten::_local_scalar_dense$"
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
-# Pinned host memory roughly doubles HtoD bandwidth and lets the copy run asynchronously.
+# Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
+# run asynchronously.
 _PINNED_SPEEDUP = 2.0
 
 
@@ -40,12 +42,13 @@ def data_loading(facts: Facts) -> Advice | None:
         # W workers produce batches W at a time in the background: a step takes
         # max(compute, load / W) instead of compute + load.
         gain = facts.wall_ns - max(compute_ns, load_ns / workers)
-        basis = f"step = max(compute, load / {workers} workers) instead of compute + load"
+        basis = (f"pipeline model: step = max(compute, load / {workers} workers) instead of "
+                 "compute + load")
         change = (f"DataLoader(num_workers={workers}, pin_memory=True, prefetch_factor=4, "
                   "persistent_workers=True)")
     else:
         gain = load_ns / 2
-        basis = "doubling the workers halves the remaining wait for batches"
+        basis = "rule of thumb, no model: doubling the workers halves the remaining wait"
         change = ("raise DataLoader num_workers (2x) and prefetch_factor (4); "
                   "pin_memory=True; move per-sample decoding out of the training process")
     evidence = {"loader_calls": loads.height, "loader_ns": load_ns, "loader_share_pct": share,
@@ -65,9 +68,21 @@ def pageable_h2d(facts: Facts) -> Advice | None:
     nbytes = int(sizes.fill_null(0).sum())
     evidence = {"copies": copies.height, "bytes": nbytes, "copy_ns": copy_ns,
                 "bandwidth_gbps": round(nbytes / copy_ns, 3) if copy_ns else 0.0}
+    spec = facts.spec
+    if spec is not None and nbytes:
+        link = interconnect(f"pcie{spec.pcie_gen}")
+        pinned_ns = 1e9 * (copies.height * link.alpha_s + nbytes * link.beta_s_per_byte)
+        evidence["pinned_estimate_ns"] = round(pinned_ns)
+        gain = copy_ns - pinned_ns
+        basis = (f"link model (model/interconnects.yaml): the same {copies.height} copies at "
+                 f"{link.name}'s achieved {link.bandwidth_gbps:g} GB/s and "
+                 f"{link.alpha_s * 1e6:g} µs each, the PCIe generation of {spec.name}")
+    else:
+        gain = copy_ns * (1 - 1 / _PINNED_SPEEDUP)
+        basis = ("fixed factor, no model (no device spec or byte counts for the link model): "
+                 f"pinned copies run about {_PINNED_SPEEDUP:g}x faster")
     return advice(facts, "pageable_h2d", "host-to-device copies from pageable memory", evidence,
-                  copy_ns * (1 - 1 / _PINNED_SPEEDUP),
-                  f"pinned copies run about {_PINNED_SPEEDUP:g}x faster",
+                  gain, basis,
                   "pin the host tensors (tensor.pin_memory() or DataLoader(pin_memory=True)) and "
                   "copy with .to(device, non_blocking=True)")
 
@@ -87,7 +102,8 @@ def host_syncs(facts: Facts) -> Advice | None:
     evidence = {"sync_calls": apis.height, "by_api": by_name, "scalar_reads": items.height,
                 "dtoh_copies": d2h.height, "per_step": round(per_step, 2), "blocked_ns": blocked}
     return advice(facts, "host_syncs", "the host waits for the device inside steps", evidence,
-                  blocked, "the host stops blocking; it queues the next work instead",
+                  blocked, "measured, no model: the host's blocked time goes; it queues the "
+                  "next work instead",
                   "keep values on the device (no .item()/.cpu()/print of tensors per step; "
                   "accumulate metrics as tensors and read them every N steps); drop explicit "
                   "torch.cuda.synchronize() calls outside timing code")
@@ -118,6 +134,7 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
     best = max(1, cores // procs)
     return advice(facts, "thread_oversubscription", "more CPU threads than cores", evidence,
                   host_ns * (1 - cores / threads),
-                  "CPU ops stop sharing cores: their time shrinks by cores / threads",
+                  "core-sharing model: CPU ops stop sharing cores, so their time shrinks by "
+                  "cores / threads",
                   f"OMP_NUM_THREADS={best} MKL_NUM_THREADS={best} (cores / processes), or "
                   f"torch.set_num_threads({best}) in each process")

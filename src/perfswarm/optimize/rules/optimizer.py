@@ -38,7 +38,8 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     # A multi-tensor optimizer issues one op per distinct elementwise op, not one per parameter.
     return advice(facts, "single_tensor_optimizer", "optimizer runs one op per parameter",
                   evidence, step_ns * (1 - kinds / per_step),
-                  "one multi-tensor op per distinct op replaces one op per parameter",
+                  "op-count model: one multi-tensor op per distinct op replaces one op per "
+                  "parameter, time scaling with the op count",
                   f"torch.optim.{optimizer}(..., foreach=True), or fused=True on CUDA "
                   "(Adam, AdamW, SGD)")
 
@@ -51,5 +52,6 @@ def zero_grad_fill(facts: Facts) -> Advice | None:
     fill_ns = sum(facts.busy_ns(fills).values())
     evidence = {"zero_grad_calls": calls.height, "zero_ops": fills.height, "zero_ns": fill_ns}
     return advice(facts, "zero_grad_set_to_none", "zero_grad() writes zeros into every gradient",
-                  evidence, fill_ns, "the fills disappear; backward writes fresh gradients",
+                  evidence, fill_ns, "measured, no model: the fills' time goes; backward "
+                  "writes fresh gradients",
                   "optimizer.zero_grad(set_to_none=True) (the default since torch 2.0)")

@@ -5,8 +5,11 @@ optimizer-step hook counts iterations. After SKIP steps torch.profiler starts
 (shapes recorded, one ProfilerStep#N marker per iteration, N = the iteration
 index), an ExecutionTraceObserver covers the first profiled step, and after
 COUNT steps the trace is exported. Every hook time is kept, so the steps
-outside the window are known too. Files are per process: RANK and pid in the
-name. Configuration comes from PERFSWARM_* variables set by `perfswarm record`.
+outside the window are known too: appended to `steps-….live` as it happens (one
+decimal ns per line, unbuffered, so a watcher such as `perfswarm tune` sees the
+steps live and a killed process keeps them), then written whole to
+`steps-….json` at exit. Files are per process: RANK and pid in the name.
+Configuration comes from PERFSWARM_* variables set by `perfswarm record`.
 """
 
 from __future__ import annotations
@@ -38,11 +41,17 @@ class _Window:
         self.step_done_ns: dict[int, int] = {}
         self.prof: Any = None
         self.et: Any = None
+        self.live = os.path.join(out, f"steps-{self.stem}.live")
+        self.live_fd = -1  # opened at the first step: most Python processes never step
 
     def on_step(self, *_: object) -> None:
         if os.getpid() != self.pid:  # a forked child (DataLoader worker) stepping on its own
             return
-        self.hook_ns.append(time.time_ns())
+        now = time.time_ns()
+        self.hook_ns.append(now)
+        if self.live_fd < 0:
+            self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self.live_fd, b"%d\n" % now)
         done = len(self.hook_ns)
         if done == self.skip:
             self._start()
@@ -100,6 +109,9 @@ class _Window:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "step_done_ns": self.step_done_ns}, f)
         os.replace(path + ".tmp", path)
+        if self.live_fd >= 0:  # the .json holds every hook time now
+            os.close(self.live_fd)
+            os.unlink(self.live)
 
 
 def _install(window: _Window) -> None:
