@@ -16,10 +16,9 @@ import pytest
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.record import perf, pystacks
-from perfswarm.record.base import Sampler, read_jsonl
+from perfswarm.record.base import Sampler, read_jsonl, value_rows
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.session import RecordOptions, parse_steps, record
-from perfswarm.record.system import cpu_fractions
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -44,7 +43,9 @@ def test_manifest_statuses(trainer_run: Run) -> None:
     assert status["perf"] == "ok" or status["perf"].startswith("unavailable: ")
     if not Path("/dev/nvidia0").exists():
         assert status["gpu"] == "unavailable: no NVIDIA GPU"
-    assert set(m["clock_offsets"]) >= {"psutil", "perf"}
+    offsets = m["clock_offsets"]
+    assert offsets["system"] == offsets["gpu"] == 0 and "pystacks" not in offsets
+    assert abs(offsets["perf"] - monotonic_offset_ns()) < 1_000_000  # monotonic -> epoch
     assert m["ranks"] == [0]
     files = m["collectors"]["torch"]["files"]
     assert [f.split("-")[0] for f in files] == ["et", "steps", "torch"]
@@ -205,17 +206,6 @@ def test_parse_pyspy_raw() -> None:
     assert f.frames == (("f", "pkg/m.py", 10), ("<module>", "t.py", 3))
 
 
-def test_cpu_fractions() -> None:
-    from psutil._pslinux import scputimes
-
-    zero = [0.0] * len(scputimes._fields)
-    a = scputimes(*zero)
-    b = scputimes(*[{"user": 3.0, "system": 1.0, "idle": 4.0, "iowait": 2.0}.get(f, 0.0)
-                    for f in scputimes._fields])
-    assert cpu_fractions([a], [b]) == {"cpu.core0.usr": 0.3, "cpu.core0.sys": 0.1,
-                                       "cpu.core0.iowait": 0.2}
-
-
 class _Counting(Sampler):
     name = "fake"
 
@@ -230,8 +220,8 @@ def test_sampler_with_fake_clock(tmp_path: Path) -> None:
         s.sample_once(out)
         s.sample_once(out)
         out.write(b'{"ts": 3000, "val')  # a torn last line, as after a crash
-    assert read_jsonl(s.path) == [(1000, "gpu1.x", 1, 2.5), (1000, "y", -1, 1.0),
-                                  (2000, "gpu1.x", 1, 2.5), (2000, "y", -1, 1.0)]
+    assert value_rows(read_jsonl(s.path)) == [(1000, "gpu1.x", 1, 2.5), (1000, "y", -1, 1.0),
+                                              (2000, "gpu1.x", 1, 2.5), (2000, "y", -1, 1.0)]
     assert s.count() == 2
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.record import perf, pystacks, strace
-from perfswarm.record.base import read_jsonl
+from perfswarm.record import perf, pystacks, strace, system
+from perfswarm.record.base import read_jsonl, value_rows
 from perfswarm.trace import execution_trace
 from perfswarm.trace.ingest import _describe, assign_steps, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
@@ -134,7 +134,10 @@ def syscall_events(path: Path, rank_of: dict[int, int]) -> pa.Table:
 
 
 def counters(paths: Iterable[Path]) -> pa.Table:
-    rows = [r for p in paths for r in read_jsonl(p)]
+    rows = []
+    for path in paths:
+        items = read_jsonl(path)
+        rows += value_rows(items) + system.cpu_rows(items)
     if not rows:
         return COUNTERS.empty_table()
     ts, name, device, value = zip(*sorted(rows), strict=True)

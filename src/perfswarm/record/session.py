@@ -150,7 +150,8 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
     manifest["complete"] = code == 0
     manifest["collectors"] = {c.name: c.status() for c in collectors}
-    manifest["clock_offsets"] = {"psutil": 0, "nvml": 0, "perf": offset_start}
+    manifest["clock_offsets"] = {c.name: offset for c in collectors
+                                 if (offset := c.clock_offset(offset_start)) is not None}
     if abs(offset_end - offset_start) > 1_000_000:
         manifest["warnings"].append({"source": "clock", "count": 1, "what": (
             f"monotonic->epoch offset moved {(offset_end - offset_start) / 1e6:.3f} ms"
