@@ -209,7 +209,8 @@ def test_swarms_without_samples() -> None:
     assert (empty.k, empty.swarms) == (0, ())
 
 
-def test_system_load_dominators_and_correlation() -> None:
+@pytest.mark.parametrize("rank", [0, -1])  # -1: a recorder's host-wide samplers
+def test_system_load_dominators_and_correlation(rank: int) -> None:
     t = np.arange(0, 2000, 10, dtype=np.int64)  # 200 samples, 10 ns apart
     wave = (np.sin(t / 50.0) + 1) / 2
     series = {
@@ -218,14 +219,17 @@ def test_system_load_dominators_and_correlation() -> None:
         "cpu.core0.iowait": np.where(t < 1000, 0.0, 60.0),
         "gpu0.sm_util": 30.0 * wave,
         "net.rx_bytes": np.cumsum(1 + 9 * wave),  # cumulative: its rate follows the wave
+        # one flow's bytes, against the wave: not part of the host's network total
+        "net.flow.tcp.10.0.0.1:1->10.0.0.2:2.bytes": np.cumsum(10 - 9 * wave),
     }
     n = len(t)
-    table = pa.table({"rank": [0] * (n * len(series)), "ts": np.tile(t, len(series)),
+    table = pa.table({"rank": [rank] * (n * len(series)), "ts": np.tile(t, len(series)),
                       "name": [k for k in series for _ in range(n)],
                       "device": [-1] * (n * len(series)),
                       "value": np.concatenate(list(series.values()))}).cast(COUNTERS)
     steps = {0: [StepWindow(0, 0, 1000, "marker"), StepWindow(1, 1000, 2000, "marker")]}
     (load,) = system_load(table, steps)
+    assert load.rank == 0  # host counters are read against rank 0's iterations
     assert [w.dominator for w in load.windows] == ["usr", "iowait"]
     assert load.windows[0].mean["usr"] == pytest.approx(0.9)
     assert load.windows[1].mean["iowait"] == pytest.approx(0.6)

@@ -33,6 +33,9 @@ class Collector:
         """Variables the child needs (only the torch collector sets any)."""
         return {}
 
+    def before_child(self) -> None:
+        """Called before the child starts: for collectors that watch the whole host."""
+
     def start(self, pid: int) -> None:
         """Begin collecting on the process tree rooted at `pid`."""
 

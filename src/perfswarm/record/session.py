@@ -24,6 +24,7 @@ from perfswarm.record.base import Collector, Sampler
 from perfswarm.record.build import Recording, build_run
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.gpu import GpuSampler
+from perfswarm.record.net import NetCollector
 from perfswarm.record.perf import PerfCollector
 from perfswarm.record.pystacks import PyStacksCollector
 from perfswarm.record.strace import StraceCollector
@@ -32,7 +33,8 @@ from perfswarm.record.torch_profiler import TorchCollector
 from perfswarm.trace.store import Run, new_manifest
 
 DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
-COLLECTORS = (*DEFAULT_COLLECTORS, "strace")  # strace is opt-in: it slows every syscall
+# opt-in: strace slows every syscall; net captures the whole host's traffic headers
+COLLECTORS = (*DEFAULT_COLLECTORS, "strace", "net")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -89,6 +91,7 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
         "perf": lambda: PerfCollector(raw, options.perf_hz),
         "pystacks": lambda: PyStacksCollector(raw, options.pystacks_hz),
         "strace": lambda: StraceCollector(raw, 0),
+        "net": lambda: NetCollector(raw, 0),
     }
     return [make[n]() for n in dict.fromkeys(names)]
 
@@ -124,6 +127,8 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         env.update(c.env())
     offset_start = monotonic_offset_ns()
     start_ns = time.time_ns()
+    for c in collectors:
+        c.before_child()
     child = subprocess.Popen(command, env=env, process_group=0)
     previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED}
     try:
@@ -150,6 +155,10 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
     manifest["complete"] = code == 0
     manifest["collectors"] = {c.name: c.status() for c in collectors}
+    for c in collectors:
+        if isinstance(c, NetCollector) and c.dropped():
+            manifest["warnings"].append({"source": "net", "count": c.dropped(), "what": (
+                "packets dropped by the kernel during capture: flow counts are short")})
     manifest["clock_offsets"] = {c.name: offset for c in collectors
                                  if (offset := c.clock_offset(offset_start)) is not None}
     if abs(offset_end - offset_start) > 1_000_000:
