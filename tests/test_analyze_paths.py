@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from conftest import TRACES, corpus
 from perfswarm.analyze.critical_path import _build, critical_path, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
-from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarms import swarms
@@ -34,6 +35,24 @@ def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Ev
                       "step": [-1] * n, "args": ["{}"] * n})
     table = table.select(EVENTS.names).cast(EVENTS)
     return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))
+
+
+def test_detection_follows_the_marker_thread() -> None:
+    """A DataLoader worker profiled over the same window (tid 2) outlasts the main thread; its
+    ops repeat too, at another period. Detection reads the thread holding the step markers."""
+    rows = []
+    for i in range(4):
+        t = 100 * US + i * 1000 * US
+        rows.append((0, t, 1000 * US, "user_annotation", f"ProfilerStep#{i}", 1, -1, -1, -1))
+        rows += [(0, t + k * 200 * US, 150 * US, "cpu_op", name, 1, -1, -1, -1)
+                 for k, name in enumerate(("zero_grad", "forward", "backward", "step"))]
+    rows += [(0, k * 300 * US, 100 * US, "cpu_op", ("stack", "cat")[k % 2], 2, -1, -1, -1)
+             for k in range(15)]  # 0 .. 4.3 ms: a longer stretch than the main thread's
+    detected = detected_steps(events(sorted(rows, key=lambda r: r[1])))
+    starts = [100 * US + i * 1000 * US for i in range(4)]
+    # each iteration runs to the next one's first op; the last to its own last op's end
+    assert [(w.start, w.end) for w in detected[0]] == [
+        *itertools.pairwise(starts), (starts[3], starts[3] + 750 * US)]
 
 
 def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:

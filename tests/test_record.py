@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
+from perfswarm.analyze.summary import analyze
 from perfswarm.errors import PerfswarmError
 from perfswarm.record import perf, pystacks
 from perfswarm.record.base import Sampler, read_jsonl, value_rows
@@ -29,7 +30,7 @@ STEPS = 8
 def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out = tmp_path_factory.mktemp("rec") / "trainer.run"
     result = record([PY, "-m", "perfswarm.workloads.trainer", "--steps", str(STEPS),
-                     "--batch-size", "8", "--num-workers", "1", "--loader-delay-ms", "5"],
+                     "--batch-size", "8", "--num-workers", "2", "--loader-delay-ms", "5"],
                     out, RecordOptions(skip=2, steps=3))
     assert result.exit_code == 0
     return result.run
@@ -48,7 +49,8 @@ def test_manifest_statuses(trainer_run: Run) -> None:
     assert abs(offsets["perf"] - monotonic_offset_ns()) < 1_000_000  # monotonic -> epoch
     assert m["ranks"] == [0]
     files = m["collectors"]["torch"]["files"]
-    assert [f.split("-")[0] for f in files] == ["et", "steps", "torch"]
+    # the main process's three files, and a trace from each of the two DataLoader workers
+    assert [f.split("-")[0] for f in files] == ["et", "steps", "torch", "torch", "torch"]
     assert all((trainer_run.raw_dir / f).is_file() for f in files)
 
 
@@ -58,9 +60,36 @@ def test_steps_marker_window_and_hooks(trainer_run: Run) -> None:
         (1, "detected"), (2, "marker"), (3, "marker"), (4, "marker"),
         (5, "detected"), (6, "detected"), (7, "detected")]
     events = trainer_run.table("events")
-    assert {2, 3, 4} <= set(events.column("step").to_pylist()) <= {-1, 2, 3, 4, 5}
+    main = trainer_run.manifest()["extra"]["record"]["pid"]
+    steps_of_main = {s for s, p in zip(events.column("step").to_pylist(),
+                                       events.column("pid").to_pylist(), strict=True)
+                     if p == main}
+    assert {2, 3, 4} <= steps_of_main <= {-1, 2, 3, 4, 5}
     assert events.num_rows > 300
     assert trainer_run.table("graph_nodes").num_rows > 50  # one step's execution trace
+
+
+def test_dataloader_workers_traced_in_the_window(trainer_run: Run) -> None:
+    """Each worker profiles the batches it began fetching while the main process's window was
+    open: its own pid, the main process's rank, every op inside one of its fetch spans."""
+    main = trainer_run.manifest()["extra"]["record"]["pid"]
+    ev = trainer_run.table("events").to_pydict()
+    host = [i for i, p in enumerate(ev["pid"]) if p != -1]  # -1: Kineto's own markers
+    pids = {ev["pid"][i] for i in host}
+    assert main in pids and len(pids) == 3 and {ev["rank"][i] for i in host} == {0}
+    marked = [s for s in trainer_run.table("steps").to_pylist() if s["source"] == "marker"]
+    start, end = marked[0]["start"], marked[-1]["end"]
+    for worker in pids - {main}:
+        mine = [i for i in host if ev["pid"][i] == worker]
+        fetches = [(ev["ts"][i], ev["ts"][i] + ev["dur"][i]) for i in mine
+                   if ev["name"][i] == "DataLoader worker fetch"]
+        assert fetches and all(start <= a <= end for a, _ in fetches)
+        assert all(any(a <= ev["ts"][i] <= b for a, b in fetches) for i in mine)
+        assert any(ev["name"][i] == "aten::stack" for i in mine)  # the collate
+    # detection (what --ignore-markers uses) reads the main thread: one iteration per marker
+    detected = analyze(trainer_run).iterations.detected[0]
+    assert len(detected) == len(marked)
+    assert all(m["start"] <= d.start < m["end"] for m, d in zip(marked, detected, strict=True))
 
 
 def test_torch_markers_align_with_hook_times(trainer_run: Run) -> None:

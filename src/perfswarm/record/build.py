@@ -152,7 +152,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
     raw = rec.raw
     traces = sorted(raw.glob("torch-rank*-pid*.pt.trace.json"))
     with creating(out, force=force) as run:
-        for path in sorted(p for p in raw.iterdir() if p.is_file()):
+        # dot files are scratch (a window flag, a half-written export) left by a killed child
+        for path in sorted(p for p in raw.iterdir() if p.is_file() and p.name[0] != "."):
             run.add_raw(path)
         parts: list[TraceTables] = []
         rank_of: dict[int, int] = {}

@@ -7,11 +7,19 @@ index), an ExecutionTraceObserver covers the first profiled step, and after
 COUNT steps the trace is exported. Every hook time is kept, so the steps
 outside the window are known too. Files are per process: RANK and pid in the
 name. Configuration comes from PERFSWARM_* variables set by `perfswarm record`.
+
+DataLoader workers never step an optimizer, so they follow their parent's
+window instead: while it is open the parent keeps a flag file, and each worker
+(its `_worker_loop` wrapped, forked or spawned) looks for it before fetching a
+batch, profiling (CPU, shapes, no step markers) from the first batch it sees
+the flag to the first it does not, or to its exit; each profiled batch is a
+`DataLoader worker fetch` span.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -19,10 +27,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 _DIR = os.environ.get("PERFSWARM_RECORD_DIR", "")
+FETCH = "DataLoader worker fetch"  # a worker's span around each batch it profiles
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -56,6 +66,10 @@ class _Window:
             if self.et is not None:  # after the marker, so the ET's file write is not in it
                 self._stop_et()
 
+    def flag(self) -> str:
+        """Exists while this process's profiling window is open (DataLoader workers look)."""
+        return _flag(self.out, self.pid)
+
     def _start(self) -> None:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
@@ -74,6 +88,8 @@ class _Window:
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
             self.et.start()
         self.prof.start()
+        with open(self.flag(), "w"):
+            pass
 
     def _stop_et(self) -> None:
         self.et.stop()
@@ -82,10 +98,10 @@ class _Window:
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
+        with contextlib.suppress(OSError):
+            os.remove(self.flag())
         prof.stop()
-        tmp = os.path.join(self.out, f".torch-{self.stem}.tmp")
-        prof.export_chrome_trace(tmp)
-        os.replace(tmp, os.path.join(self.out, f"torch-{self.stem}.pt.trace.json"))
+        _export(prof, self.out, self.stem)
 
     def flush(self) -> None:
         """At exit (also after Ctrl-C): close an open window, then write the step times."""
@@ -102,6 +118,89 @@ class _Window:
         os.replace(path + ".tmp", path)
 
 
+def _flag(out: str, pid: int) -> str:
+    return os.path.join(out, f".window-pid{pid}")
+
+
+def _export(prof: Any, out: str, stem: str) -> None:
+    tmp = os.path.join(out, f".torch-{stem}.tmp")
+    prof.export_chrome_trace(tmp)
+    os.replace(tmp, os.path.join(out, f"torch-{stem}.pt.trace.json"))
+
+
+class _WorkerWindow:
+    """A DataLoader worker's profiling, following its parent's window flag batch by batch."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.flag = _flag(out, os.getppid())
+        rank = int(os.environ.get("RANK", "0") or 0)
+        self.stem = f"rank{rank}-pid{os.getpid()}"
+        self.prof: Any = None
+        self.done = False
+
+    def before_fetch(self) -> bool:
+        """Start or stop with the parent's window; whether this batch is profiled."""
+        if self.done:
+            return False
+        if self.prof is None:
+            if os.path.exists(self.flag):
+                from torch.profiler import ProfilerActivity, profile
+
+                self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+                self.prof.start()
+        elif not os.path.exists(self.flag):
+            self.stop()
+        return self.prof is not None
+
+    def stop(self) -> None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            self.done = True
+            prof.stop()
+            _export(prof, self.out, self.stem)
+
+
+def _wrap_worker_loop(module: ModuleType, out: str) -> None:
+    """Make `_worker_loop` (what DataLoader starts its workers with) profile the worker.
+
+    functools.wraps keeps its module and name, so a spawned worker, which unpickles the
+    target by name, gets this wrapper too (its own sitecustomize wrapped it on import).
+    """
+    import functools
+
+    loop: Callable[..., Any] = vars(module)["_worker_loop"]
+
+    @functools.wraps(loop)
+    def worker_loop(*args: Any, **kwargs: Any) -> Any:
+        from torch.profiler import record_function
+        from torch.utils.data import _DatasetKind  # torch.utils.data is whole by now
+
+        window = _WorkerWindow(out)
+        create: Callable[..., Any] = _DatasetKind.create_fetcher  # patched in this worker only
+
+        def create_fetcher(*a: Any, **kw: Any) -> Any:
+            fetcher = create(*a, **kw)
+            fetch = fetcher.fetch
+
+            def fetch_in_window(index: Any) -> Any:
+                if window.before_fetch():
+                    with record_function(FETCH):  # each profiled batch as one span
+                        return fetch(index)
+                return fetch(index)
+
+            fetcher.fetch = fetch_in_window
+            return fetcher
+
+        _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            window.stop()  # workers leave by os._exit: no atexit
+
+    vars(module)["_worker_loop"] = worker_loop
+
+
 def _install(window: _Window) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -110,27 +209,28 @@ def _install(window: _Window) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `_install` right after torch.optim.optimizer has been executed."""
+    """Runs a hook right after a module has been executed (once per module name)."""
 
-    def __init__(self, window: _Window) -> None:
-        self.window = window
+    def __init__(self, hooks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.hooks = hooks
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch.optim.optimizer":
+        hook = self.hooks.pop(name, None)
+        if hook is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.hooks:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
-        window = self.window
 
-        def exec_then_install(module: ModuleType) -> None:
+        def exec_then_hook(module: ModuleType) -> None:
             exec_module(module)
-            _install(window)
+            hook(module)
 
-        loader.exec_module = exec_then_install  # type: ignore[method-assign]
+        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
         return spec
 
 
@@ -147,7 +247,10 @@ def _main() -> None:
     if _DIR:
         skip, _, count = os.environ.get("PERFSWARM_STEPS", "5:10").partition(":")
         window = _Window(_DIR, int(skip), int(count), os.environ.get("PERFSWARM_ET") == "1")
-        sys.meta_path.insert(0, _AfterImport(window))
+        sys.meta_path.insert(0, _AfterImport({
+            "torch.optim.optimizer": lambda _module: _install(window),
+            "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
+        }))
     _chain()
 
 
