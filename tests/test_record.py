@@ -92,6 +92,78 @@ def test_dataloader_workers_traced_in_the_window(trainer_run: Run) -> None:
     assert all(m["start"] <= d.start < m["end"] for m, d in zip(marked, detected, strict=True))
 
 
+SPAWNED = textwrap.dedent("""
+    import time
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    if __name__ == "__main__":
+        data = TensorDataset(torch.randn(256, 16), torch.randint(0, 2, (256,)))
+        batches = iter(DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True,
+                                  multiprocessing_context="spawn"))
+        model = nn.Linear(16, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            x, y = next(batches)  # asks a worker for a batch the window will see it fetch
+            opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+            time.sleep(0.2)  # steps long enough for the workers to take their requests
+""")
+
+
+def test_spawned_dataloader_workers_traced(tmp_path: Path) -> None:
+    """Spawned workers unpickle their target by name and run the sitecustomize themselves."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    result = record([PY, str(script)], tmp_path / "sp.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=2))
+    m = result.run.manifest()
+    main = m["extra"]["record"]["pid"]
+    traces = [f for f in m["collectors"]["torch"]["files"] if f.startswith("torch-")]
+    assert len(traces) == 3 and f"torch-rank0-pid{main}.pt.trace.json" in traces
+    # one steps file: the workers never stepped
+    assert [f for f in m["collectors"]["torch"]["files"] if f.startswith("steps-")] == [
+        f"steps-rank0-pid{main}.json"]
+    ev = result.run.table("events").to_pydict()
+    fetches = {p for p, n in zip(ev["pid"], ev["name"], strict=True)
+               if n == "DataLoader worker fetch"}
+    assert len(fetches) == 2 and main not in fetches
+
+
+DDP = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch import nn
+    dist.init_process_group("gloo")
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        opt.zero_grad(); model(torch.randn(8, 16)).sum().backward(); opt.step()
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_ranks_from_rank(tmp_path: Path) -> None:
+    """Under torchrun each rank's files carry its RANK; the agent (which imports torch.optim
+    but never steps) leaves none."""
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    result = record([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     str(script)], tmp_path / "ddp.run",
+                    RecordOptions(collectors=("torch",), skip=1, steps=2))
+    assert result.exit_code == 0
+    m = result.run.manifest()
+    assert m["ranks"] == [0, 1]
+    files = m["collectors"]["torch"]["files"]
+    assert sorted(f.split("-")[0] + "-" + f.split("-")[1] for f in files) == [
+        "et-rank0", "et-rank1", "steps-rank0", "steps-rank1", "torch-rank0", "torch-rank1"]
+    steps = [(s["rank"], s["step"], s["source"]) for s in result.run.table("steps").to_pylist()]
+    assert [s for s in steps if s[2] == "marker"] == [(0, 1, "marker"), (0, 2, "marker"),
+                                                      (1, 1, "marker"), (1, 2, "marker")]
+    ev = result.run.table("events").to_pydict()
+    by_rank = {r: {p for p, rr in zip(ev["pid"], ev["rank"], strict=True) if rr == r and p > 0}
+               for r in (0, 1)}
+    assert len(by_rank[0]) == len(by_rank[1]) == 1 and by_rank[0] != by_rank[1]
+
+
 def test_torch_markers_align_with_hook_times(trainer_run: Run) -> None:
     """ProfilerStep#k (Kineto clock) ends inside the optimizer hook of iteration k (time.time_ns:
     the hook's start, and the moment prof.step() returned), to within 1 ms."""

@@ -37,7 +37,7 @@ class TorchCollector(Collector):
 
     def stop(self) -> None:
         if not any(f.startswith("steps-") for f in self.files()):
-            self.unavailable("no training loop seen (torch.optim never imported, or the"
+            self.unavailable("no optimizer step seen (no torch.optim optimizer stepped, or the"
                              " process was killed)")
         elif not any(f.startswith("torch-") for f in self.files()):
             self.failed(f"no profiling window completed (fewer than {self.skip} steps, or the"

@@ -39,6 +39,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 class _Window:
     """The per-process profiling state machine, driven by optimizer.step() post-hooks."""
 
+    in_worker = False  # set in DataLoader workers (spawned ones run this file too): no files
+
     def __init__(self, out: str, skip: int, count: int, with_et: bool) -> None:
         self.out, self.skip, self.count, self.with_et = out, skip, count, with_et
         self.pid = os.getpid()
@@ -104,8 +106,9 @@ class _Window:
         _export(prof, self.out, self.stem)
 
     def flush(self) -> None:
-        """At exit (also after Ctrl-C): close an open window, then write the step times."""
-        if os.getpid() != self.pid:
+        """At exit (also after Ctrl-C): close an open window, then write the step times (none
+        from a process that never stepped, e.g. torchrun's agent, which imports torch.optim)."""
+        if os.getpid() != self.pid or self.in_worker or not self.hook_ns:
             return
         if self.et is not None:
             self._stop_et()
@@ -129,14 +132,19 @@ def _export(prof: Any, out: str, stem: str) -> None:
 
 
 class _WorkerWindow:
-    """A DataLoader worker's profiling, following its parent's window flag batch by batch."""
+    """A DataLoader worker's profiling, following its parent's window flag batch by batch.
+
+    It uses the autograd profiler (Kineto, as torch.profiler does underneath) directly:
+    torch.profiler's start imports torch._inductor, a second of CPU in a fresh worker, which
+    the training loop would wait for inside its profiled steps.
+    """
 
     def __init__(self, out: str) -> None:
         self.out = out
         self.flag = _flag(out, os.getppid())
         rank = int(os.environ.get("RANK", "0") or 0)
         self.stem = f"rank{rank}-pid{os.getpid()}"
-        self.prof: Any = None
+        self.prof: Any = None  # set while tracing
         self.done = False
 
     def before_fetch(self) -> bool:
@@ -145,10 +153,12 @@ class _WorkerWindow:
             return False
         if self.prof is None:
             if os.path.exists(self.flag):
-                from torch.profiler import ProfilerActivity, profile
+                from torch.autograd import profiler
 
-                self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
-                self.prof.start()
+                prof: Any = profiler.profile(use_cpu=True, record_shapes=True, use_kineto=True)
+                prof.__enter__()
+                self.prof = prof
+                _stop_on_sigterm(self)
         elif not os.path.exists(self.flag):
             self.stop()
         return self.prof is not None
@@ -157,8 +167,30 @@ class _WorkerWindow:
         if self.prof is not None:
             prof, self.prof = self.prof, None
             self.done = True
-            prof.stop()
+            prof.__exit__(None, None, None)
             _export(prof, self.out, self.stem)
+
+
+def _stop_on_sigterm(window: _WorkerWindow) -> None:
+    """Write the trace when the worker is terminated. At exit multiprocessing terminates its
+    daemonic children, DataLoader workers among them, when the loader was not shut down first
+    (a module-level iterator outlives the atexit hooks); torch's own handler (C, any thread)
+    would `_exit` at once. Installed once tracing, after torch installed its handlers."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        window.stop()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous is None:  # torch's C handler: exit quietly, as it does for its parent
+            os._exit(0)
+        else:
+            signal.signal(signum, previous)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _wrap_worker_loop(module: ModuleType, out: str) -> None:
@@ -176,6 +208,7 @@ def _wrap_worker_loop(module: ModuleType, out: str) -> None:
         from torch.profiler import record_function
         from torch.utils.data import _DatasetKind  # torch.utils.data is whole by now
 
+        _Window.in_worker = True
         window = _WorkerWindow(out)
         create: Callable[..., Any] = _DatasetKind.create_fetcher  # patched in this worker only
 
