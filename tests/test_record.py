@@ -15,11 +15,12 @@ import orjson
 import pytest
 
 from perfswarm.analyze.summary import analyze
+from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
 from perfswarm.record import perf, pystacks
 from perfswarm.record.base import Sampler, read_jsonl, value_rows
 from perfswarm.record.clock import monotonic_offset_ns
-from perfswarm.record.session import RecordOptions, parse_steps, record
+from perfswarm.record.session import RecordOptions, Status, parse_steps, record
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -104,9 +105,9 @@ SPAWNED = textwrap.dedent("""
         model = nn.Linear(16, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(6):
-            x, y = next(batches)  # asks a worker for a batch the window will see it fetch
+            x, y = next(batches)  # asks a worker for a batch: in the window from step 2 on
+            time.sleep(0.3)  # time for the worker to take the request before the step ends
             opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
-            time.sleep(0.2)  # steps long enough for the workers to take their requests
 """)
 
 
@@ -300,8 +301,13 @@ def test_parse_perf_script() -> None:
 def test_parse_pyspy_raw() -> None:
     text = ('process 7:"python -c x;y";thread (0x1F);<module> (t.py:3);f (pkg/m.py:10) 12\n'
             'process 7:"python";thread (8): MainThread;g (a.py:1) 2\n'
-            "garbage\n")
-    f, g = pystacks.parse_raw(text)
+            "garbage\n"
+            'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9) 4\n'
+            'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9);'
+            "<module> (<string>:3) 5\n")
+    f, g, idle, spin = pystacks.parse_raw(text)
+    assert (idle.pid, idle.frames, idle.count) == (9, (), 4)
+    assert (spin.tid, spin.frames, spin.count) == (9, (("<module>", "<string>", 3),), 5)
     assert (g.tid, g.frames, g.count) == (8, (("g", "a.py", 1),), 2)
     assert (f.pid, f.tid, f.count) == (7, 0x1F, 12)
     assert f.frames == (("f", "pkg/m.py", 10), ("<module>", "t.py", 3))
@@ -341,18 +347,69 @@ def test_tree_pids_walks_descendants() -> None:
         child.wait()
 
 
-def test_strace_syscalls_become_events(tmp_path: Path) -> None:
-    child = "import os, time\ntime.sleep(1.0)\nfor _ in range(5):\n    os.write(1, b'.')\n"
-    result = record([PY, "-c", child], tmp_path / "s.run", RecordOptions(collectors=("strace",)))
+STRACED = textwrap.dedent("""
+    import json, os, sys, time
+    time.sleep(1.0)  # strace attaches after the child has started
+    marks = []
+    for _ in range(5):
+        before = time.time_ns()
+        os.write(1, b".")
+        marks.append((before, time.time_ns()))
+        time.sleep(0.05)
+    open(sys.argv[1], "w").write(json.dumps(marks))
+""")
+
+
+def test_strace_syscalls_on_the_run_clock(tmp_path: Path) -> None:
+    """Each write(2) lies between the child's own clock reads around it, to 1 ms."""
+    marks_path = tmp_path / "marks.json"
+    result = record([PY, "-c", STRACED, str(marks_path)], tmp_path / "s.run",
+                    RecordOptions(collectors=("strace",)))
     status = result.run.manifest()["collectors"]["strace"]["status"]
     if status != "ok":
         pytest.skip(f"strace {status}")
-    rec = result.run.manifest()["extra"]["record"]
     ev = result.run.table("events").to_pydict()
     writes = [(ts, a) for ts, n, k, a in zip(ev["ts"], ev["name"], ev["kind"], ev["args"],
-                                              strict=True) if n == "write" and k == "syscall"]
+                                              strict=True)
+              if n == "write" and k == "syscall" and a.startswith('{"args":"1, \\".\\"')]
     assert [orjson.loads(a) for _, a in writes] == [{"args": '1, ".", 1', "result": "1"}] * 5
-    assert all(rec["start_ns"] < ts < rec["end_ns"] for ts, _ in writes)
+    ms = 1_000_000
+    for (ts, _), (before, after) in zip(writes, orjson.loads(marks_path.read_bytes()),
+                                        strict=True):
+        assert before - ms <= ts <= after + ms
+
+
+def test_samplers_stamp_the_run_clock(tmp_path: Path) -> None:
+    """A reading is stamped with time.time_ns() as it is taken (no offset to apply)."""
+    s = _Counting(tmp_path, 10.0)
+    with s.path.open("wb") as out:
+        before = time.time_ns()
+        s.sample_once(out)
+        after = time.time_ns()
+    (item,) = read_jsonl(s.path)
+    assert before <= item["ts"] <= after
+
+
+def test_status_line_and_quiet(tmp_path: Path) -> None:
+    statuses: list[Status] = []
+    record([PY, "-c", "import time; time.sleep(1.2)"], tmp_path / "q.run",
+           RecordOptions(collectors=("system", "pystacks")), on_status=statuses.append)
+    last = statuses[-1]
+    assert last.active in (("system", "pystacks"), ("system",))  # py-spy may lack ptrace
+    (unit, readings), = last.counts
+    assert unit == "readings" and readings >= 1 and last.raw_bytes > 0
+    line = status_line(Status(12.34, ("torch", "system"), (("readings", 1234), ("traces", 1)),
+                              3_400_000)).plain
+    assert line == ("recording   12.3s | torch, system | 1,234 readings | 1 traces"
+                    " | 3.4 MB raw")
+    child = [PY, "-c", "print('hello')"]
+    for quiet, expected in ((True, b"hello\n"), (False, b"hello\nrecorded ")):
+        out = subprocess.run([PY, "-m", "perfswarm.cli.main", "record", "--out",
+                              str(tmp_path / f"{quiet}.run"), "--collectors", "system",
+                              *(["--quiet"] if quiet else []), "--", *child],
+                             capture_output=True, check=True)
+        assert out.stdout == expected if quiet else out.stdout.startswith(expected)
+        assert out.stderr == b""
 
 
 def test_parse_strace_pairs_unfinished_calls() -> None:

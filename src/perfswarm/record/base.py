@@ -24,6 +24,7 @@ class Collector:
     """
 
     name = ""
+    unit = ""  # what count() counts, for the live status line ("" : nothing to count live)
 
     def __init__(self, raw: Path) -> None:
         self.raw = raw
@@ -46,7 +47,7 @@ class Collector:
         return []
 
     def count(self) -> int:
-        """Samples or events so far, for the live status line."""
+        """How many `unit`s so far, for the live status line."""
         return 0
 
     def clock_offset(self, monotonic_offset: int) -> int | None:
@@ -67,8 +68,10 @@ class Collector:
 class Sampler(Collector):
     """A thread that reads named values at a fixed rate into `<name>.jsonl` (one object per line).
 
-    `clock` and the sleep are injectable so tests can drive it with a fake clock.
+    `clock` is injectable so tests can drive it with a fake clock.
     """
+
+    unit = "readings"
 
     def __init__(self, raw: Path, hz: float, clock: Clock = time.time_ns) -> None:
         super().__init__(raw)

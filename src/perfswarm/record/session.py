@@ -8,6 +8,7 @@ stopped and a valid Run is written, `complete` only when it exited with 0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -56,7 +57,7 @@ class Status:
 
     elapsed_s: float
     active: tuple[str, ...]
-    samples: int
+    counts: tuple[tuple[str, int], ...]  # (unit, how many so far): readings, traces
     raw_bytes: int
 
 
@@ -96,8 +97,17 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
     return [make[n]() for n in dict.fromkeys(names)]
 
 
-def _raw_bytes(raw: Path) -> int:
-    return sum(p.stat().st_size for p in raw.iterdir() if p.is_file())
+def _status(collectors: Sequence[Collector], elapsed_s: float, raw: Path) -> Status:
+    counts: dict[str, int] = {}
+    for c in collectors:
+        if c.unit:
+            counts[c.unit] = counts.get(c.unit, 0) + c.count()
+    raw_bytes = 0
+    for p in raw.iterdir():
+        with contextlib.suppress(OSError):  # a file renamed or removed meanwhile
+            raw_bytes += p.stat().st_size
+    return Status(elapsed_s, tuple(c.name for c in collectors if c.state == "ok"),
+                  tuple(counts.items()), raw_bytes)
 
 
 def record(command: Sequence[str], out: Path, options: RecordOptions,
@@ -137,9 +147,7 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         t0 = time.monotonic()
         while child.poll() is None:
             if on_status is not None:
-                active = tuple(c.name for c in collectors if c.state == "ok")
-                on_status(Status(time.monotonic() - t0, active,
-                                 sum(c.count() for c in collectors), _raw_bytes(raw)))
+                on_status(_status(collectors, time.monotonic() - t0, raw))
             try:
                 child.wait(timeout=0.25)
             except subprocess.TimeoutExpired:

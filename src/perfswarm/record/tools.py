@@ -71,7 +71,3 @@ class ToolCollector(Collector):
 
     def files(self) -> list[str]:
         return [p.name for p in (self.raw / self.output, self.log) if p.exists()]
-
-    def count(self) -> int:
-        out = self.raw / self.output
-        return out.stat().st_size if out.exists() else 0

@@ -13,6 +13,7 @@ INJECT = Path(__file__).resolve().parent / "inject"
 
 class TorchCollector(Collector):
     name = "torch"
+    unit = "traces"
 
     def __init__(self, raw: Path, skip: int, count: int, execution_trace: bool = True) -> None:
         super().__init__(raw)
