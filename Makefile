@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,torch]'
 	# Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium).
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
+	# Debian's tcpdump for the opt-in net collector (its test captures a loopback transfer).
+	command -v tcpdump >/dev/null || (apt-get update && apt-get install -y --no-install-recommends tcpdump)
 	touch $(STAMP)
 
 lint: $(STAMP)

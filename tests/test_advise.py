@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -433,6 +434,20 @@ def test_memory_near_capacity(tmp_path: Path) -> None:
                                       "capacity_bytes": 42_297_524_224, "used_pct": 94.57,
                                       "source": "allocator"}]
     assert a.gain_ns is None and a.severity == "medium"
+
+
+def test_memory_near_capacity_from_the_gpu_sampler(tmp_path: Path) -> None:
+    """`perfswarm record`'s GPU sampler writes host-wide (rank -1) `gpuN.mem_used_bytes`."""
+    run = imported(tmp_path, "sampled", [ev("ProfilerStep#0", 0, 100, "user_annotation")],
+                   devices=(A100,))
+    run.write_table("counters", pa.table({
+        "rank": [-1, -1, -1], "ts": [10, 20, 30], "device": [0, 0, 1],
+        "name": ["gpu0.mem_used_bytes", "gpu0.mem_used_bytes", "gpu1.mem_used_bytes"],
+        "value": [1e9, 41e9, 42e9]}))
+    a = shows(device.memory_capacity, run)
+    assert a.evidence["devices"] == [{"rank": 0, "device": 0, "peak_bytes": 41_000_000_000,
+                                      "capacity_bytes": 42_297_524_224, "used_pct": 96.93,
+                                      "source": "sampler"}]
 
 
 def test_memory_with_headroom(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
-from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarms import swarms
@@ -24,6 +25,24 @@ from perfswarm.trace.store import Run
 
 US = 1000
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+
+def test_detection_follows_the_marker_thread() -> None:
+    """A DataLoader worker profiled over the same window (tid 2) outlasts the main thread; its
+    ops repeat too, at another period. Detection reads the thread holding the step markers."""
+    rows = []
+    for i in range(4):
+        t = 100 * US + i * 1000 * US
+        rows.append((0, t, 1000 * US, "user_annotation", f"ProfilerStep#{i}", 1, -1, -1, -1))
+        rows += [(0, t + k * 200 * US, 150 * US, "cpu_op", name, 1, -1, -1, -1)
+                 for k, name in enumerate(("zero_grad", "forward", "backward", "step"))]
+    rows += [(0, k * 300 * US, 100 * US, "cpu_op", ("stack", "cat")[k % 2], 2, -1, -1, -1)
+             for k in range(15)]  # 0 .. 4.3 ms: a longer stretch than the main thread's
+    detected = detected_steps(events(sorted(rows, key=lambda r: r[1])))
+    starts = [100 * US + i * 1000 * US for i in range(4)]
+    # each iteration runs to the next one's first op; the last to its own last op's end
+    assert [(w.start, w.end) for w in detected[0]] == [
+        *itertools.pairwise(starts), (starts[3], starts[3] + 750 * US)]
 
 
 def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:
@@ -199,7 +218,8 @@ def test_swarms_without_samples() -> None:
     assert (empty.k, empty.swarms) == (0, ())
 
 
-def test_system_load_dominators_and_correlation() -> None:
+@pytest.mark.parametrize("rank", [0, -1])  # -1: a recorder's host-wide samplers
+def test_system_load_dominators_and_correlation(rank: int) -> None:
     t = np.arange(0, 2000, 10, dtype=np.int64)  # 200 samples, 10 ns apart
     wave = (np.sin(t / 50.0) + 1) / 2
     series = {
@@ -208,14 +228,17 @@ def test_system_load_dominators_and_correlation() -> None:
         "cpu.core0.iowait": np.where(t < 1000, 0.0, 60.0),
         "gpu0.sm_util": 30.0 * wave,
         "net.rx_bytes": np.cumsum(1 + 9 * wave),  # cumulative: its rate follows the wave
+        # one flow's bytes, against the wave: not part of the host's network total
+        "net.flow.tcp.10.0.0.1:1->10.0.0.2:2.bytes": np.cumsum(10 - 9 * wave),
     }
     n = len(t)
-    table = pa.table({"rank": [0] * (n * len(series)), "ts": np.tile(t, len(series)),
+    table = pa.table({"rank": [rank] * (n * len(series)), "ts": np.tile(t, len(series)),
                       "name": [k for k in series for _ in range(n)],
                       "device": [-1] * (n * len(series)),
                       "value": np.concatenate(list(series.values()))}).cast(COUNTERS)
     steps = {0: [StepWindow(0, 0, 1000, "marker"), StepWindow(1, 1000, 2000, "marker")]}
     (load,) = system_load(table, steps)
+    assert load.rank == 0  # host counters are read against rank 0's iterations
     assert [w.dominator for w in load.windows] == ["usr", "iowait"]
     assert load.windows[0].mean["usr"] == pytest.approx(0.9)
     assert load.windows[1].mean["iowait"] == pytest.approx(0.6)

@@ -15,12 +15,13 @@ import numpy as np
 import orjson
 import pytest
 
+from perfswarm.analyze.summary import analyze
+from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
 from perfswarm.record import perf, pystacks
-from perfswarm.record.base import Sampler, read_jsonl
+from perfswarm.record.base import Sampler, read_jsonl, value_rows
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, record
-from perfswarm.record.system import cpu_fractions
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace.store import Run
 
@@ -32,7 +33,7 @@ STEPS = 8
 def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out = tmp_path_factory.mktemp("rec") / "trainer.run"
     result = record([PY, "-m", "perfswarm.workloads.trainer", "--steps", str(STEPS),
-                     "--batch-size", "8", "--num-workers", "1", "--loader-delay-ms", "5"],
+                     "--batch-size", "8", "--num-workers", "2", "--loader-delay-ms", "5"],
                     out, RecordOptions(skip=2, steps=3))
     assert result.exit_code == 0
     return result.run
@@ -46,10 +47,13 @@ def test_manifest_statuses(trainer_run: Run) -> None:
     assert status["perf"] == "ok" or status["perf"].startswith("unavailable: ")
     if not Path("/dev/nvidia0").exists():
         assert status["gpu"] == "unavailable: no NVIDIA GPU"
-    assert set(m["clock_offsets"]) >= {"psutil", "perf"}
+    offsets = m["clock_offsets"]
+    assert offsets["system"] == offsets["gpu"] == 0 and "pystacks" not in offsets
+    assert abs(offsets["perf"] - monotonic_offset_ns()) < 1_000_000  # monotonic -> epoch
     assert m["ranks"] == [0]
     files = m["collectors"]["torch"]["files"]
-    assert [f.split("-")[0] for f in files] == ["et", "steps", "torch"]
+    # the main process's three files, and a trace from each of the two DataLoader workers
+    assert [f.split("-")[0] for f in files] == ["et", "steps", "torch", "torch", "torch"]
     assert all((trainer_run.raw_dir / f).is_file() for f in files)
 
 
@@ -59,9 +63,108 @@ def test_steps_marker_window_and_hooks(trainer_run: Run) -> None:
         (1, "detected"), (2, "marker"), (3, "marker"), (4, "marker"),
         (5, "detected"), (6, "detected"), (7, "detected")]
     events = trainer_run.table("events")
-    assert {2, 3, 4} <= set(events.column("step").to_pylist()) <= {-1, 2, 3, 4, 5}
+    main = trainer_run.manifest()["extra"]["record"]["pid"]
+    steps_of_main = {s for s, p in zip(events.column("step").to_pylist(),
+                                       events.column("pid").to_pylist(), strict=True)
+                     if p == main}
+    assert {2, 3, 4} <= steps_of_main <= {-1, 2, 3, 4, 5}
     assert events.num_rows > 300
     assert trainer_run.table("graph_nodes").num_rows > 50  # one step's execution trace
+
+
+def test_dataloader_workers_traced_in_the_window(trainer_run: Run) -> None:
+    """Each worker profiles the batches it began fetching while the main process's window was
+    open: its own pid, the main process's rank, every op inside one of its fetch spans."""
+    main = trainer_run.manifest()["extra"]["record"]["pid"]
+    ev = trainer_run.table("events").to_pydict()
+    host = [i for i, p in enumerate(ev["pid"]) if p != -1]  # -1: Kineto's own markers
+    pids = {ev["pid"][i] for i in host}
+    assert main in pids and len(pids) == 3 and {ev["rank"][i] for i in host} == {0}
+    marked = [s for s in trainer_run.table("steps").to_pylist() if s["source"] == "marker"]
+    start, end = marked[0]["start"], marked[-1]["end"]
+    for worker in pids - {main}:
+        mine = [i for i in host if ev["pid"][i] == worker]
+        fetches = [(ev["ts"][i], ev["ts"][i] + ev["dur"][i]) for i in mine
+                   if ev["name"][i] == "DataLoader worker fetch"]
+        assert fetches and all(start <= a <= end for a, _ in fetches)
+        assert all(any(a <= ev["ts"][i] <= b for a, b in fetches) for i in mine)
+        assert any(ev["name"][i] == "aten::stack" for i in mine)  # the collate
+    # detection (what --ignore-markers uses) reads the main thread: one iteration per marker
+    detected = analyze(trainer_run).iterations.detected[0]
+    assert len(detected) == len(marked)
+    assert all(m["start"] <= d.start < m["end"] for m, d in zip(marked, detected, strict=True))
+
+
+SPAWNED = textwrap.dedent("""
+    import time
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    if __name__ == "__main__":
+        data = TensorDataset(torch.randn(256, 16), torch.randint(0, 2, (256,)))
+        batches = iter(DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True,
+                                  multiprocessing_context="spawn"))
+        model = nn.Linear(16, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            x, y = next(batches)  # asks a worker for a batch: in the window from step 2 on
+            time.sleep(0.3)  # time for the worker to take the request before the step ends
+            opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+""")
+
+
+def test_spawned_dataloader_workers_traced(tmp_path: Path) -> None:
+    """Spawned workers unpickle their target by name and run the sitecustomize themselves."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    result = record([PY, str(script)], tmp_path / "sp.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=2))
+    m = result.run.manifest()
+    main = m["extra"]["record"]["pid"]
+    traces = [f for f in m["collectors"]["torch"]["files"] if f.startswith("torch-")]
+    assert len(traces) == 3 and f"torch-rank0-pid{main}.pt.trace.json" in traces
+    # one steps file: the workers never stepped
+    assert [f for f in m["collectors"]["torch"]["files"] if f.startswith("steps-")] == [
+        f"steps-rank0-pid{main}.json"]
+    ev = result.run.table("events").to_pydict()
+    fetches = {p for p, n in zip(ev["pid"], ev["name"], strict=True)
+               if n == "DataLoader worker fetch"}
+    assert len(fetches) == 2 and main not in fetches
+
+
+DDP = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch import nn
+    dist.init_process_group("gloo")
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        opt.zero_grad(); model(torch.randn(8, 16)).sum().backward(); opt.step()
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_ranks_from_rank(tmp_path: Path) -> None:
+    """Under torchrun each rank's files carry its RANK; the agent (which imports torch.optim
+    but never steps) leaves none."""
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    result = record([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     str(script)], tmp_path / "ddp.run",
+                    RecordOptions(collectors=("torch",), skip=1, steps=2))
+    assert result.exit_code == 0
+    m = result.run.manifest()
+    assert m["ranks"] == [0, 1]
+    files = m["collectors"]["torch"]["files"]
+    assert sorted(f.split("-")[0] + "-" + f.split("-")[1] for f in files) == [
+        "et-rank0", "et-rank1", "steps-rank0", "steps-rank1", "torch-rank0", "torch-rank1"]
+    steps = [(s["rank"], s["step"], s["source"]) for s in result.run.table("steps").to_pylist()]
+    assert [s for s in steps if s[2] == "marker"] == [(0, 1, "marker"), (0, 2, "marker"),
+                                                      (1, 1, "marker"), (1, 2, "marker")]
+    ev = result.run.table("events").to_pydict()
+    by_rank = {r: {p for p, rr in zip(ev["pid"], ev["rank"], strict=True) if rr == r and p > 0}
+               for r in (0, 1)}
+    assert len(by_rank[0]) == len(by_rank[1]) == 1 and by_rank[0] != by_rank[1]
 
 
 def test_torch_markers_align_with_hook_times(trainer_run: Run) -> None:
@@ -200,22 +303,16 @@ def test_parse_perf_script() -> None:
 def test_parse_pyspy_raw() -> None:
     text = ('process 7:"python -c x;y";thread (0x1F);<module> (t.py:3);f (pkg/m.py:10) 12\n'
             'process 7:"python";thread (8): MainThread;g (a.py:1) 2\n'
-            "garbage\n")
-    f, g = pystacks.parse_raw(text)
+            "garbage\n"
+            'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9) 4\n'
+            'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9);'
+            "<module> (<string>:3) 5\n")
+    f, g, idle, spin = pystacks.parse_raw(text)
+    assert (idle.pid, idle.frames, idle.count) == (9, (), 4)
+    assert (spin.tid, spin.frames, spin.count) == (9, (("<module>", "<string>", 3),), 5)
     assert (g.tid, g.frames, g.count) == (8, (("g", "a.py", 1),), 2)
     assert (f.pid, f.tid, f.count) == (7, 0x1F, 12)
     assert f.frames == (("f", "pkg/m.py", 10), ("<module>", "t.py", 3))
-
-
-def test_cpu_fractions() -> None:
-    from psutil._pslinux import scputimes
-
-    zero = [0.0] * len(scputimes._fields)
-    a = scputimes(*zero)
-    b = scputimes(*[{"user": 3.0, "system": 1.0, "idle": 4.0, "iowait": 2.0}.get(f, 0.0)
-                    for f in scputimes._fields])
-    assert cpu_fractions([a], [b]) == {"cpu.core0.usr": 0.3, "cpu.core0.sys": 0.1,
-                                       "cpu.core0.iowait": 0.2}
 
 
 class _Counting(Sampler):
@@ -232,8 +329,8 @@ def test_sampler_with_fake_clock(tmp_path: Path) -> None:
         s.sample_once(out)
         s.sample_once(out)
         out.write(b'{"ts": 3000, "val')  # a torn last line, as after a crash
-    assert read_jsonl(s.path) == [(1000, "gpu1.x", 1, 2.5), (1000, "y", -1, 1.0),
-                                  (2000, "gpu1.x", 1, 2.5), (2000, "y", -1, 1.0)]
+    assert value_rows(read_jsonl(s.path)) == [(1000, "gpu1.x", 1, 2.5), (1000, "y", -1, 1.0),
+                                              (2000, "gpu1.x", 1, 2.5), (2000, "y", -1, 1.0)]
     assert s.count() == 2
 
 
@@ -252,18 +349,71 @@ def test_tree_pids_walks_descendants() -> None:
         child.wait()
 
 
-def test_strace_syscalls_become_events(tmp_path: Path) -> None:
-    child = "import os, time\ntime.sleep(1.0)\nfor _ in range(5):\n    os.write(1, b'.')\n"
-    result = record([PY, "-c", child], tmp_path / "s.run", RecordOptions(collectors=("strace",)))
+STRACED = textwrap.dedent("""
+    import json, os, sys, time
+    time.sleep(1.0)  # strace attaches after the child has started
+    marks = []
+    for _ in range(5):
+        before = time.time_ns()
+        os.write(1, b".")
+        marks.append((before, time.time_ns()))
+        time.sleep(0.05)
+    open(sys.argv[1], "w").write(json.dumps(marks))
+""")
+
+
+def test_strace_syscalls_on_the_run_clock(tmp_path: Path) -> None:
+    """Each write(2) lies between the child's own clock reads around it, to 1 ms."""
+    marks_path = tmp_path / "marks.json"
+    result = record([PY, "-c", STRACED, str(marks_path)], tmp_path / "s.run",
+                    RecordOptions(collectors=("strace",)))
     status = result.run.manifest()["collectors"]["strace"]["status"]
     if status != "ok":
         pytest.skip(f"strace {status}")
-    rec = result.run.manifest()["extra"]["record"]
     ev = result.run.table("events").to_pydict()
     writes = [(ts, a) for ts, n, k, a in zip(ev["ts"], ev["name"], ev["kind"], ev["args"],
-                                              strict=True) if n == "write" and k == "syscall"]
+                                              strict=True)
+              if n == "write" and k == "syscall" and a.startswith('{"args":"1, \\".\\"')]
     assert [orjson.loads(a) for _, a in writes] == [{"args": '1, ".", 1', "result": "1"}] * 5
-    assert all(rec["start_ns"] < ts < rec["end_ns"] for ts, _ in writes)
+    ms = 1_000_000
+    for (ts, _), (before, after) in zip(writes, orjson.loads(marks_path.read_bytes()),
+                                        strict=True):
+        assert before - ms <= ts <= after + ms
+
+
+def test_samplers_stamp_the_run_clock(tmp_path: Path) -> None:
+    """A reading is stamped with time.time_ns() as it is taken (no offset to apply)."""
+    s = _Counting(tmp_path, 10.0)
+    with s.path.open("wb") as out:
+        before = time.time_ns()
+        s.sample_once(out)
+        after = time.time_ns()
+    (item,) = read_jsonl(s.path)
+    assert before <= item["ts"] <= after
+
+
+def test_status_line_and_quiet(tmp_path: Path) -> None:
+    statuses: list[Status] = []
+    record([PY, "-c", "import time; time.sleep(1.2)"], tmp_path / "q.run",
+           RecordOptions(collectors=("system", "pystacks")), on_status=statuses.append)
+    last = statuses[-1]
+    assert last.active in (("system", "pystacks"), ("system",))  # py-spy may lack ptrace
+    (unit, readings), = last.counts
+    assert unit == "readings" and readings >= 1 and last.raw_bytes > 0
+    line = status_line(Status(12.34, ("torch", "system"), (("readings", 1234), ("traces", 1)),
+                              3_400_000)).plain
+    assert line == ("recording   12.3s | torch, system | 1,234 readings | 1 traces"
+                    " | 3.4 MB raw")
+    stepping = status_line(Status(1.0, ("torch",), (("traces", 0),), 0, (5, 6, 7))).plain
+    assert stepping == "recording    1.0s | torch | 3 steps | 0 traces | 0.0 MB raw"
+    child = [PY, "-c", "print('hello')"]
+    for quiet, expected in ((True, b"hello\n"), (False, b"hello\nrecorded ")):
+        out = subprocess.run([PY, "-m", "perfswarm.cli.main", "record", "--out",
+                              str(tmp_path / f"{quiet}.run"), "--collectors", "system",
+                              *(["--quiet"] if quiet else []), "--", *child],
+                             capture_output=True, check=True)
+        assert out.stdout == expected if quiet else out.stdout.startswith(expected)
+        assert out.stderr == b""
 
 
 def test_parse_strace_pairs_unfinished_calls() -> None:

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import markupsafe
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,3 +149,20 @@ def test_report_tune_dir_errors(corpus_runs: dict[str, Run], tune_out: Path, tmp
     (bad / "tune.json").write_text("{")
     with pytest.raises(PerfswarmError, match=r"tune\.json: invalid JSON"):
         load_results(bad)
+
+
+def test_timeline_draws_the_largest_network_flows(corpus_runs: dict[str, Run],
+                                                  tmp_path: Path) -> None:
+    """A capture can hold thousands of flows: the timeline keeps the largest byte lines."""
+    run = Run(shutil.copytree(corpus_runs["simple_add"].path, tmp_path / "flows.run"))
+    names = [f"net.flow.tcp.10.0.0.1:{port}->10.0.0.2:80.{m}"
+             for port in range(1, 12) for m in ("bytes", "packets")]
+    run.write_table("counters", pa.table({
+        "rank": [-1] * (len(names) + 1), "ts": [5] * (len(names) + 1),
+        "name": [*names, "net.rx_bytes"], "device": [-1] * (len(names) + 1),
+        "value": [float(int(n.split(":")[1].split("-")[0]) * 1000) for n in names] + [7.0]}))
+    tl = timeline(run, 0)
+    assert [c["name"] for c in tl["counters"]] == sorted(
+        [f"net.flow.tcp.10.0.0.1:{port}->10.0.0.2:80.bytes" for port in range(4, 12)]
+        + ["net.rx_bytes"])
+    assert "showing the 8 largest of 11 network flows" in tl["note"]

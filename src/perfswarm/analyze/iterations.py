@@ -1,7 +1,8 @@
 """Iterations: from ProfilerStep markers, or detected from the repeating structure of the ops.
 
 Detection works on one host thread's sequence of top-level op names (interned to
-ints; kernels when there are no host ops). The period is the lag at which the
+ints; kernels when there are no host ops): the thread holding the step markers,
+else the one whose work spans longest. The period is the lag at which the
 sequence best matches a shifted copy of itself, tried at the lags between
 repeated occurrences of each name. An iteration then starts at each occurrence of
 an anchor: a name that occurs once per period, at steady spacing, and earliest in
@@ -74,10 +75,15 @@ def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64]:
         dev = rows[ev.of_kind("kernel", "collective", "memcpy", "memset")[rows]]
         dev = dev[np.argsort(ev.ts[dev], kind="stable")]
         return ev.name[dev], ev.ts[dev], ev.end[dev]
-    # The thread whose work spans the longest stretch drives the loop (the main thread).
+    # The thread that holds the step markers drives the loop; without markers, the thread whose
+    # work spans the longest stretch (a DataLoader worker profiled over the same window can
+    # outlast the main thread by a batch, so markers decide when there are any).
+    threads = np.unique(ev.tid[ops])
+    marked = np.intersect1d(threads, ev.tid[rows[ev.is_step_marker[rows]
+                                                 & ev.of_kind("user_annotation")[rows]]])
     best: I64 = ops[:0]
     best_key = (-1, -1)
-    for tid in np.unique(ev.tid[ops]):
+    for tid in marked if len(marked) else threads:
         mine = ops[ev.tid[ops] == tid]
         mine = mine[np.lexsort((-ev.dur[mine], ev.ts[mine]))]
         top = mine[top_level(ev.ts[mine], ev.end[mine])]

@@ -1,9 +1,11 @@
 """System counters against the device: what dominates each window, and what tracks utilization.
 
 Counter names follow the Run store's convention: `cpu.<core>.usr|sys|iowait`,
-`gpu<N>.sm_util` (or `.util`), `disk.<...>`, `net.<...>`. Utilizations are fractions
-or percents (a series whose values exceed 1.5 is read as percent). Disk and network
-series that never decrease are cumulative counters and are turned into rates.
+`gpu<N>.sm_util` (or `.util`), `disk.<...>`, `net.<...>` (not the per-flow `net.flow.`).
+Utilizations are fractions or percents (a series whose values exceed 1.5 is read as
+percent). Disk and network series that never decrease are cumulative counters and are
+turned into rates. Host-wide counters (rank -1, as a recorder's samplers write them) count
+for every rank.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow as pa
 
 from perfswarm.analyze.frame import I64
 from perfswarm.analyze.iterations import StepWindow
+from perfswarm.trace.schema import NONE
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
 GROUPS: Final = ("usr", "sys", "iowait", "gpu")
@@ -27,7 +30,7 @@ PATTERNS: Final = {
     "iowait": re.compile(r"^cpu\.[^.]+\.iowait$"),
     "gpu": re.compile(r"^gpu\d+\.(sm_)?util$"),
     "disk": re.compile(r"^disk\."),
-    "net": re.compile(r"^net\."),
+    "net": re.compile(r"^net\.(?!flow\.)"),  # host totals; per-flow counters would count twice
 }
 
 
@@ -104,10 +107,18 @@ def _pearson(a: F64, b: F64) -> float | None:
 
 def system_load(counters: pa.Table,
                 steps: Mapping[int, Sequence[StepWindow]]) -> tuple[SystemLoad, ...]:
-    ranks = sorted({int(r) for r in counters.column("rank").to_pylist()})
+    """Per rank: its own counters and the host's (rank -1: a recorder's system and GPU
+    samplers), against that rank's iterations."""
+    ranks = {int(r) for r in counters.column("rank").to_pylist()}
+    host = _groups(counters, NONE) if NONE in ranks else None
+    ranks.discard(NONE)
+    if host is not None:
+        ranks |= set(steps) or {NONE}  # host counters alone: analyzed as the host
     out = []
-    for rank in ranks:
-        groups = _groups(counters, rank)
+    for rank in sorted(ranks):
+        groups = _groups(counters, rank) if rank != NONE else {g: [] for g in PATTERNS}
+        if host is not None:
+            groups = {g: groups[g] + host[g] for g in PATTERNS}
         windows = []
         for w in steps.get(rank, ()):
             mean = {}

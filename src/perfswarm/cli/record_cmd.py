@@ -15,16 +15,18 @@ from perfswarm.cli.output import console, err_console
 from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions, Status, parse_steps, record
 
 
-def _line(s: Status) -> Text:
+def status_line(s: Status) -> Text:
+    steps = ((("steps", len(s.step_ns)),) if s.step_ns else ())  # only once a loop steps
+    counts = "".join(f" | {n:,} {unit}" for unit, n in (*steps, *s.counts))
     return Text(f"recording {s.elapsed_s:6.1f}s | {', '.join(s.active) or 'no collectors'}"
-                f" | {len(s.step_ns):,} steps | {s.samples:,} samples | {s.raw_bytes / 1e6:,.1f} MB", style="dim")
+                f"{counts} | {s.raw_bytes / 1e6:,.1f} MB raw", style="dim")
 
 
 @app.command("record", context_settings={"allow_interspersed_args": False})
 def record_command(
     command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
-    collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace is opt-in.")] = ",".join(DEFAULT_COLLECTORS),
+    collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace and net (tcpdump) are opt-in.")] = ",".join(DEFAULT_COLLECTORS),
     hz: Annotated[float, typer.Option("--hz", help="System and GPU sampling rate.")] = 20.0,
     steps: Annotated[str, typer.Option("--steps", help="Profiling window SKIP:COUNT in optimizer steps.")] = "5:10",
     perf_hz: Annotated[int, typer.Option("--perf-hz", help="perf sampling frequency.")] = 499,
@@ -46,7 +48,7 @@ def record_command(
     with Live(Text(""), console=err_console, transient=True, auto_refresh=False,
               redirect_stdout=False, redirect_stderr=False) if live else _Null() as status:
         result = record(command, target, options,
-                        (lambda s: status.update(_line(s), refresh=True)) if live else None)
+                        (lambda s: status.update(status_line(s), refresh=True)) if live else None)
     if not quiet:
         m = result.run.manifest()
         states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(m["collectors"].items()))

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -23,6 +24,7 @@ class Collector:
     """
 
     name = ""
+    unit = ""  # what count() counts, for the live status line ("" : nothing to count live)
 
     def __init__(self, raw: Path) -> None:
         self.raw = raw
@@ -31,6 +33,9 @@ class Collector:
     def env(self) -> dict[str, str]:
         """Variables the child needs (only the torch collector sets any)."""
         return {}
+
+    def before_child(self) -> None:
+        """Called before the child starts: for collectors that watch the whole host."""
 
     def start(self, pid: int) -> None:
         """Begin collecting on the process tree rooted at `pid`."""
@@ -42,8 +47,13 @@ class Collector:
         return []
 
     def count(self) -> int:
-        """Samples or events so far, for the live status line."""
+        """How many `unit`s so far, for the live status line."""
         return 0
+
+    def clock_offset(self, monotonic_offset: int) -> int | None:
+        """ns added to this collector's own timestamps to put them on the run clock (epoch);
+        None when it writes no times of its own (torch's files carry theirs)."""
+        return None
 
     def status(self) -> CollectorStatus:
         return CollectorStatus(status=self.state, files=sorted(self.files()))
@@ -58,8 +68,10 @@ class Collector:
 class Sampler(Collector):
     """A thread that reads named values at a fixed rate into `<name>.jsonl` (one object per line).
 
-    `clock` and the sleep are injectable so tests can drive it with a fake clock.
+    `clock` is injectable so tests can drive it with a fake clock.
     """
+
+    unit = "readings"
 
     def __init__(self, raw: Path, hz: float, clock: Clock = time.time_ns) -> None:
         super().__init__(raw)
@@ -68,40 +80,52 @@ class Sampler(Collector):
         self.path = raw / f"{self.name}.jsonl"
         self.samples = 0
         self.cpu_ns = 0  # the sampler thread's own CPU time
-        self._stop = threading.Event()
+        self._running = threading.Lock()  # held while sampling; stop() releases it
         self._thread: threading.Thread | None = None
 
     def read(self) -> dict[str, float]:
         """One reading: counter name -> value. Subclasses implement it."""
         raise NotImplementedError
 
+    def read_text(self) -> dict[str, str]:
+        """Raw text kept beside the values, for counters derived when the Run is built
+        (deriving them while recording would cost the sampler more CPU)."""
+        return {}
+
     def start(self, pid: int) -> None:
         self.pid = pid
+        self._running.acquire()
         self._thread = threading.Thread(target=self._loop, name=f"perfswarm-{self.name}",
                                         daemon=True)
         self._thread.start()
 
     def sample_once(self, out: object) -> None:
+        ts = self.clock()
         values = self.read()
-        if values:
-            line = orjson.dumps({"ts": self.clock(), "values": values})
+        text = self.read_text()
+        if values or text:
+            line = orjson.dumps({"ts": ts, "values": values, **text})
             out.write(line + b"\n")  # type: ignore[attr-defined]
             self.samples += 1
 
     def _loop(self) -> None:
         with self.path.open("ab", buffering=0) as out:
             next_at = time.monotonic()
-            while not self._stop.is_set():
+            while True:
                 self.sample_once(out)
-                next_at += self.interval
-                self._stop.wait(max(0.0, next_at - time.monotonic()))
+                now = time.monotonic()
+                next_at = max(next_at + self.interval, now)  # late: no burst to catch up
+                # A lock wait is one C call; Event.wait builds a lock and a Condition each time.
+                if self._running.acquire(timeout=next_at - now):
+                    break
             self.sample_once(out)  # the state at the end
         self.cpu_ns = time.thread_time_ns()
 
     def stop(self) -> None:
-        self._stop.set()
         if self._thread is not None:
+            self._running.release()
             self._thread.join()
+            self._thread = None
 
     def files(self) -> list[str]:
         return [self.path.name] if self.path.exists() else []
@@ -109,18 +133,30 @@ class Sampler(Collector):
     def count(self) -> int:
         return self.samples
 
+    def clock_offset(self, monotonic_offset: int) -> int | None:
+        return 0  # stamped with time.time_ns()
+
 
 _DEVICE = re.compile(r"^gpu(\d+)\.")
 
+Row = tuple[int, str, int, float]  # ts, name, device, value
 
-def read_jsonl(path: Path) -> list[tuple[int, str, int, float]]:
-    """(ts, name, device, value) rows of a sampler file; a torn last line (crash) is skipped."""
-    rows: list[tuple[int, str, int, float]] = []
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The readings of a sampler file; a torn last line (crash) is skipped."""
+    items = []
     for line in path.read_bytes().splitlines():
         try:
-            item = orjson.loads(line)
+            items.append(orjson.loads(line))
         except orjson.JSONDecodeError:
             continue
+    return items
+
+
+def value_rows(items: list[dict[str, Any]]) -> list[Row]:
+    """(ts, name, device, value) rows of the readings' values; device from a `gpuN.` prefix."""
+    rows: list[Row] = []
+    for item in items:
         for name, value in item["values"].items():
             m = _DEVICE.match(name)
             rows.append((int(item["ts"]), name, int(m.group(1)) if m else -1, float(value)))

@@ -11,8 +11,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.record import perf, pystacks, strace
-from perfswarm.record.base import read_jsonl
+from perfswarm.errors import TraceFormatError
+from perfswarm.record import net, perf, pystacks, strace, system
+from perfswarm.record.base import Row, read_jsonl, value_rows
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace import execution_trace
 from perfswarm.trace.ingest import _describe, assign_steps, sort_events
@@ -148,8 +149,11 @@ def syscall_events(path: Path, rank_of: dict[int, int]) -> pa.Table:
     }).cast(EVENTS)
 
 
-def counters(paths: Iterable[Path]) -> pa.Table:
-    rows = [r for p in paths for r in read_jsonl(p)]
+def counters(paths: Iterable[Path], flows: Sequence[Row] = ()) -> pa.Table:
+    rows = list(flows)
+    for path in paths:
+        items = read_jsonl(path)
+        rows += value_rows(items) + system.cpu_rows(items)
     if not rows:
         return COUNTERS.empty_table()
     ts, name, device, value = zip(*sorted(rows), strict=True)
@@ -163,7 +167,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
     raw = rec.raw
     traces = sorted(raw.glob("torch-rank*-pid*.pt.trace.json"))
     with creating(out, force=force) as run:
-        for path in sorted(p for p in raw.iterdir() if p.is_file()):
+        # dot files are scratch (a window flag, a half-written export) left by a killed child
+        for path in sorted(p for p in raw.iterdir() if p.is_file() and p.name[0] != "."):
             run.add_raw(path)
         parts: list[TraceTables] = []
         rank_of: dict[int, int] = {}
@@ -191,12 +196,25 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         run.write_table("steps", steps)
         run.write_table("flows", concat([p.flows for p in parts], FLOWS))
         run.write_table("counters", concat(
-            [*(p.counters for p in parts), counters(sorted(raw.glob("*.jsonl")))], COUNTERS))
+            [*(p.counters for p in parts),
+             counters(sorted(raw.glob("*.jsonl")), _flows(raw / "net.pcap", manifest))],
+            COUNTERS))
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of)
         manifest["ranks"] = sorted(set(rank_of.values()))
         run.write_manifest(manifest)
     return Run(out)
+
+
+def _flows(path: Path, manifest: Manifest) -> list[Row]:
+    """The capture's flow counters, one point per sampling interval; a capture that cannot be
+    read is a warning, not a lost Run."""
+    interval_ns = round(1e9 / manifest["extra"]["record"]["hz"])
+    try:
+        return net.read_flows(path, interval_ns)
+    except TraceFormatError as e:
+        manifest["warnings"].append({"source": path.name, "what": e.why, "count": 1})
+        return []
 
 
 def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table) -> None:

@@ -25,6 +25,9 @@ class PerfCollector(ToolCollector):
     tool = "perf"
     output = "perf.data"
 
+    def clock_offset(self, monotonic_offset: int) -> int | None:
+        return monotonic_offset
+
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
         return [self.exe, "record", "-e", "cpu-clock", "-g", "-k", "CLOCK_MONOTONIC",

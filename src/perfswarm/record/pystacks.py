@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from perfswarm.record.tools import ToolCollector
 
-_LINE = re.compile(r'^process (\d+):".*";thread \((\w+)\)(?:: [^;]*)?;(.*) (\d+)$')
+# One record per stack; the quoted command line may span lines (python -c scripts).
+_LINE = re.compile(r'^process (\d+):".*?";thread \((\w+)\)(?:: [^;\n]*)?(?:;([^\n]*))? (\d+)$',
+                   re.MULTILINE | re.DOTALL)
 _FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
 
 
@@ -38,13 +40,10 @@ class Folded:
 
 def parse_raw(text: str) -> list[Folded]:
     out: list[Folded] = []
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if not m:
-            continue
+    for m in _LINE.finditer(text):
         pid, tid, stack, count = m.groups()
         frames = []
-        for item in reversed(stack.split(";")):
+        for item in reversed(stack.split(";") if stack else []):
             f = _FRAME.match(item)
             frames.append((f.group(1), f.group(2), int(f.group(3) or -1)) if f
                           else (item, "", -1))

@@ -28,6 +28,7 @@ from perfswarm.record.base import Collector, Sampler
 from perfswarm.record.build import Recording, build_run
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.gpu import GpuSampler
+from perfswarm.record.net import NetCollector
 from perfswarm.record.perf import PerfCollector
 from perfswarm.record.pystacks import PyStacksCollector
 from perfswarm.record.strace import StraceCollector
@@ -36,7 +37,8 @@ from perfswarm.record.torch_profiler import TorchCollector
 from perfswarm.trace.store import Run, new_manifest
 
 DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
-COLLECTORS = (*DEFAULT_COLLECTORS, "strace")  # strace is opt-in: it slows every syscall
+# opt-in: strace slows every syscall; net captures the whole host's traffic headers
+COLLECTORS = (*DEFAULT_COLLECTORS, "strace", "net")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -58,7 +60,7 @@ class Status:
 
     elapsed_s: float
     active: tuple[str, ...]
-    samples: int
+    counts: tuple[tuple[str, int], ...]  # (unit, how many so far): readings, traces
     raw_bytes: int
     step_ns: tuple[int, ...] = ()  # optimizer-step hook times so far (first stepping process)
 
@@ -94,12 +96,24 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
         "perf": lambda: PerfCollector(raw, options.perf_hz),
         "pystacks": lambda: PyStacksCollector(raw, options.pystacks_hz),
         "strace": lambda: StraceCollector(raw, 0),
+        "net": lambda: NetCollector(raw, 0),
     }
     return [make[n]() for n in dict.fromkeys(names)]
 
 
-def _raw_bytes(raw: Path) -> int:
-    return sum(p.stat().st_size for p in raw.iterdir() if p.is_file())
+def _status(collectors: Sequence[Collector], elapsed_s: float, raw: Path) -> Status:
+    counts: dict[str, int] = {}
+    for c in collectors:
+        if c.unit:
+            counts[c.unit] = counts.get(c.unit, 0) + c.count()
+    raw_bytes = 0
+    for p in raw.iterdir():
+        with contextlib.suppress(OSError):  # a file renamed or removed meanwhile
+            raw_bytes += p.stat().st_size
+    torch = next((c for c in collectors if isinstance(c, TorchCollector)), None)
+    return Status(elapsed_s, tuple(c.name for c in collectors if c.state == "ok"),
+                  tuple(counts.items()), raw_bytes,
+                  torch.step_ns() if torch is not None else ())
 
 
 @dataclass(frozen=True)
@@ -135,13 +149,6 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
         shutil.rmtree(raw, ignore_errors=True)
 
 
-def _status(collectors: Sequence[Collector], raw: Path, elapsed_s: float) -> Status:
-    torch = next((c for c in collectors if isinstance(c, TorchCollector)), None)
-    return Status(elapsed_s, tuple(c.name for c in collectors if c.state == "ok"),
-                  sum(c.count() for c in collectors), _raw_bytes(raw),
-                  torch.step_ns() if torch is not None else ())
-
-
 def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
             on_status: Callable[[Status], None] | None, how: Child) -> RecordResult:
     collectors = make_collectors(options.collectors, raw, options)
@@ -151,6 +158,8 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         env.update(c.env())
     offset_start = monotonic_offset_ns()
     start_ns = time.time_ns()
+    for c in collectors:
+        c.before_child()
     child = subprocess.Popen(command, env=env, process_group=0, stdout=how.output,
                              stderr=subprocess.STDOUT if how.output is not None else None)
     previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED}
@@ -161,7 +170,7 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         t0 = time.monotonic()
         while child.poll() is None:
             if on_status is not None or how.stop is not None:
-                status = _status(collectors, raw, time.monotonic() - t0)
+                status = _status(collectors, time.monotonic() - t0, raw)
                 if on_status is not None:
                     on_status(status)
                 if how.stop is not None and stopped is None:
@@ -187,7 +196,12 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
     manifest["complete"] = code == 0
     manifest["collectors"] = {c.name: c.status() for c in collectors}
-    manifest["clock_offsets"] = {"psutil": 0, "nvml": 0, "perf": offset_start}
+    for c in collectors:
+        if isinstance(c, NetCollector) and c.dropped():
+            manifest["warnings"].append({"source": "net", "count": c.dropped(), "what": (
+                "packets dropped by the kernel during capture: flow counts are short")})
+    manifest["clock_offsets"] = {c.name: offset for c in collectors
+                                 if (offset := c.clock_offset(offset_start)) is not None}
     if abs(offset_end - offset_start) > 1_000_000:
         manifest["warnings"].append({"source": "clock", "count": 1, "what": (
             f"monotonic->epoch offset moved {(offset_end - offset_start) / 1e6:.3f} ms"

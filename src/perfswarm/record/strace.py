@@ -26,6 +26,9 @@ class StraceCollector(ToolCollector):
     tool = "strace"
     output = "strace.txt"
 
+    def clock_offset(self, monotonic_offset: int) -> int | None:
+        return 0  # -ttt: epoch seconds
+
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
         return [self.exe, "-f", "-ttt", "-T", "-qq", "-s", "64", "-p", str(pid),

@@ -37,13 +37,17 @@ class ToolCollector(Collector):
     def start(self, pid: int) -> None:
         if self.exe is None:
             return
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(self.argv(pid), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        proc = self.launch(self.argv(pid))
         time.sleep(0.05)
-        if self.proc.poll() is not None and self.proc.returncode != 0:
+        if proc.poll() is not None and proc.returncode != 0:
             self.unavailable(self._reason())
             self.proc = None
+
+    def launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        return self.proc
 
     def _reason(self) -> str:
         lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
@@ -67,7 +71,3 @@ class ToolCollector(Collector):
 
     def files(self) -> list[str]:
         return [p.name for p in (self.raw / self.output, self.log) if p.exists()]
-
-    def count(self) -> int:
-        out = self.raw / self.output
-        return out.stat().st_size if out.exists() else 0

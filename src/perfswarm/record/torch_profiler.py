@@ -21,6 +21,7 @@ def read_live(data: bytes) -> list[int]:
 
 class TorchCollector(Collector):
     name = "torch"
+    unit = "traces"
 
     def __init__(self, raw: Path, skip: int, count: int, execution_trace: bool = True) -> None:
         super().__init__(raw)
@@ -69,7 +70,7 @@ class TorchCollector(Collector):
 
     def stop(self) -> None:
         if not any(f.startswith("steps-") for f in self.files()):
-            self.unavailable("no training loop seen (torch.optim never imported, or the"
+            self.unavailable("no optimizer step seen (no torch.optim optimizer stepped, or the"
                              " process was killed)")
         elif not any(f.startswith("torch-") for f in self.files()):
             self.failed(f"no profiling window completed (fewer than {self.skip} steps, or the"

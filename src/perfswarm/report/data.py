@@ -25,6 +25,7 @@ from perfswarm.trace.store import Run
 # browser draws a few thousand SVG bars smoothly, not a million.
 MAX_SPANS: Final = 4000
 MAX_COUNTER_POINTS: Final = 1000
+MAX_FLOWS: Final = 8  # network flows drawn (the largest by bytes): a capture can hold thousands
 TOP_OPS: Final = 25
 
 
@@ -41,6 +42,19 @@ def _ms(ns: float) -> str:
 def _track(rank: int, device: int, pid: int, tid: int, several: bool) -> str:
     where = f"device {device} stream {tid}" if device != NONE else f"cpu {pid}:{tid}"
     return f"rank {rank} {where}" if several else where
+
+
+def _drawn_counters(table: pa.Table) -> tuple[list[str], int]:
+    """Counter names to draw, and how many network flows there were: of the flows only the
+    largest (by final bytes) are kept, as their byte lines."""
+    names = sorted(set(table.column("name").to_pylist()))
+    flow_bytes = table.filter(pc.and_(
+        pc.starts_with(table.column("name").cast(pa.string()), "net.flow."),
+        pc.ends_with(table.column("name").cast(pa.string()), ".bytes")))
+    totals = flow_bytes.group_by("name").aggregate([("value", "max")]).to_pylist()
+    top = {t["name"] for t in sorted(totals, key=lambda t: (-t["value_max"], t["name"]))
+           [:MAX_FLOWS]}
+    return [n for n in names if not n.startswith("net.flow.") or n in top], len(totals)
 
 
 def timeline(run: Run, origin: int, max_spans: int = MAX_SPANS,
@@ -66,10 +80,14 @@ def timeline(run: Run, origin: int, max_spans: int = MAX_SPANS,
     track_order = sorted(set(tracks), key=lambda t: ("device " in t, t))  # cpu threads first
     counters: list[dict[str, Any]] = []
     counter_rows = 0
+    notes = []
     if run.has_table("counters"):
         table = run.table("counters")
         counter_rows = table.num_rows
-        for name in sorted(set(table.column("name").to_pylist())):
+        names, flows = _drawn_counters(table)
+        if flows > MAX_FLOWS:
+            notes.append(f"showing the {MAX_FLOWS} largest of {flows:,} network flows")
+        for name in names:
             series = table.filter(pc.equal(table.column("name").cast(pa.string()), name))
             series = series.take(pc.sort_indices(series, [("rank", "ascending"),
                                                           ("ts", "ascending")]))
@@ -82,7 +100,6 @@ def timeline(run: Run, origin: int, max_spans: int = MAX_SPANS,
               "end_ms": (s["end"] - origin) / 1e6}
              for s in run.table("steps").to_pylist()] if run.has_table("steps") else []
     shown_points = sum(len(c["t_ms"]) for c in counters)
-    notes = []
     if len(rows) < drawable:
         notes.append(f"showing the {len(rows):,} longest of {drawable:,} spans "
                      f"(the limit is {max_spans:,})")

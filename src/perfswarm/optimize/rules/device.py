@@ -13,6 +13,7 @@ from perfswarm.model.opcost import OpCost, roofline
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, LaunchingOp
+from perfswarm.trace.schema import NONE
 
 _LAUNCH = (r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|"
            r"hipLaunchKernel|hipExtLaunchKernel)$")
@@ -196,8 +197,10 @@ def fusion(facts: Facts) -> Advice | None:
                   "LayerNorm/GELU, fused optimizers)")
 
 
-def _peak_memory(facts: Facts) -> dict[tuple[int, int], tuple[float, str]]:
-    """Peak bytes per (rank, device): the allocator's reserved bytes, else sampled usage."""
+def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[float, str]]:
+    """Peak bytes per (rank, device): the allocator's reserved bytes, else sampled usage. The
+    recorder's GPU sampler is host-wide (rank -1): its devices count for every rank in `ranks`
+    that has them."""
     peaks: dict[tuple[int, int], tuple[float, str]] = {}
     marks = facts.kind("instant").filter(pl.col("name") == "[memory]")
     for rank, args in marks.select("rank", "args").iter_rows():
@@ -208,12 +211,14 @@ def _peak_memory(facts: Facts) -> dict[tuple[int, int], tuple[float, str]]:
         value = float(a.get("Total Reserved", a.get("Total Allocated", 0)))
         if value > peaks.get(key, (0.0, ""))[0]:
             peaks[key] = (value, "allocator")
-    sampled = facts.counters.filter(pl.col("name").str.contains(r"^gpu\d+\.mem_used$"))
+    sampled = facts.counters.filter(pl.col("name").str.contains(r"^gpu\d+\.mem_used_bytes$"))
     for (rank, name), group in sampled.group_by(["rank", "name"]):
-        key = (int(rank), int(str(name)[3:].split(".")[0]))
+        device = int(str(name)[3:].split(".")[0])
         value = float(group["value"].max())  # type: ignore[arg-type]
-        if value > peaks.get(key, (0.0, ""))[0]:
-            peaks[key] = (value, "sampler")
+        for key in ([(r, device) for r in sorted(ranks)] if rank == NONE
+                    else [(int(rank), device)]):
+            if value > peaks.get(key, (0.0, ""))[0]:
+                peaks[key] = (value, "sampler")
     return dict(sorted(peaks.items()))
 
 
@@ -224,7 +229,7 @@ def memory_capacity(facts: Facts) -> Advice | None:
     near = [{"rank": r, "device": dev, "peak_bytes": round(peak),
              "capacity_bytes": capacity[r, dev],
              "used_pct": pct(peak, capacity[r, dev]), "source": source}
-            for (r, dev), (peak, source) in _peak_memory(facts).items()
+            for (r, dev), (peak, source) in _peak_memory(facts, {r for r, _ in capacity}).items()
             if (r, dev) in capacity and peak >= _NEAR_CAPACITY * capacity[r, dev]]
     if not near:
         return None

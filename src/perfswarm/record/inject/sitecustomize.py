@@ -10,11 +10,19 @@ decimal ns per line, unbuffered, so a watcher such as `perfswarm tune` sees the
 steps live and a killed process keeps them), then written whole to
 `steps-….json` at exit. Files are per process: RANK and pid in the name.
 Configuration comes from PERFSWARM_* variables set by `perfswarm record`.
+
+DataLoader workers never step an optimizer, so they follow their parent's
+window instead: while it is open the parent keeps a flag file, and each worker
+(its `_worker_loop` wrapped, forked or spawned) looks for it before fetching a
+batch, profiling (CPU, shapes, no step markers) from the first batch it sees
+the flag to the first it does not, or to its exit; each profiled batch is a
+`DataLoader worker fetch` span.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -22,15 +30,19 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 _DIR = os.environ.get("PERFSWARM_RECORD_DIR", "")
+FETCH = "DataLoader worker fetch"  # a worker's span around each batch it profiles
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _Window:
     """The per-process profiling state machine, driven by optimizer.step() post-hooks."""
+
+    in_worker = False  # set in DataLoader workers (spawned ones run this file too): no files
 
     def __init__(self, out: str, skip: int, count: int, with_et: bool) -> None:
         self.out, self.skip, self.count, self.with_et = out, skip, count, with_et
@@ -65,6 +77,10 @@ class _Window:
             if self.et is not None:  # after the marker, so the ET's file write is not in it
                 self._stop_et()
 
+    def flag(self) -> str:
+        """Exists while this process's profiling window is open (DataLoader workers look)."""
+        return _flag(self.out, self.pid)
+
     def _start(self) -> None:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
@@ -83,6 +99,8 @@ class _Window:
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
             self.et.start()
         self.prof.start()
+        with open(self.flag(), "w"):
+            pass
 
     def _stop_et(self) -> None:
         self.et.stop()
@@ -91,14 +109,15 @@ class _Window:
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
+        with contextlib.suppress(OSError):
+            os.remove(self.flag())
         prof.stop()
-        tmp = os.path.join(self.out, f".torch-{self.stem}.tmp")
-        prof.export_chrome_trace(tmp)
-        os.replace(tmp, os.path.join(self.out, f"torch-{self.stem}.pt.trace.json"))
+        _export(prof, self.out, self.stem)
 
     def flush(self) -> None:
-        """At exit (also after Ctrl-C): close an open window, then write the step times."""
-        if os.getpid() != self.pid:
+        """At exit (also after Ctrl-C): close an open window, then write the step times (none
+        from a process that never stepped, e.g. torchrun's agent, which imports torch.optim)."""
+        if os.getpid() != self.pid or self.in_worker or not self.hook_ns:
             return
         if self.et is not None:
             self._stop_et()
@@ -114,6 +133,119 @@ class _Window:
             os.unlink(self.live)
 
 
+def _flag(out: str, pid: int) -> str:
+    return os.path.join(out, f".window-pid{pid}")
+
+
+def _export(prof: Any, out: str, stem: str) -> None:
+    tmp = os.path.join(out, f".torch-{stem}.tmp")
+    prof.export_chrome_trace(tmp)
+    os.replace(tmp, os.path.join(out, f"torch-{stem}.pt.trace.json"))
+
+
+class _WorkerWindow:
+    """A DataLoader worker's profiling, following its parent's window flag batch by batch.
+
+    It uses the autograd profiler (Kineto, as torch.profiler does underneath) directly:
+    torch.profiler's start imports torch._inductor, a second of CPU in a fresh worker, which
+    the training loop would wait for inside its profiled steps.
+    """
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.flag = _flag(out, os.getppid())
+        rank = int(os.environ.get("RANK", "0") or 0)
+        self.stem = f"rank{rank}-pid{os.getpid()}"
+        self.prof: Any = None  # set while tracing
+        self.done = False
+
+    def before_fetch(self) -> bool:
+        """Start or stop with the parent's window; whether this batch is profiled."""
+        if self.done:
+            return False
+        if self.prof is None:
+            if os.path.exists(self.flag):
+                from torch.autograd import profiler
+
+                prof: Any = profiler.profile(use_cpu=True, record_shapes=True, use_kineto=True)
+                prof.__enter__()
+                self.prof = prof
+                _stop_on_sigterm(self)
+        elif not os.path.exists(self.flag):
+            self.stop()
+        return self.prof is not None
+
+    def stop(self) -> None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            self.done = True
+            prof.__exit__(None, None, None)
+            _export(prof, self.out, self.stem)
+
+
+def _stop_on_sigterm(window: _WorkerWindow) -> None:
+    """Write the trace when the worker is terminated. At exit multiprocessing terminates its
+    daemonic children, DataLoader workers among them, when the loader was not shut down first
+    (a module-level iterator outlives the atexit hooks); torch's own handler (C, any thread)
+    would `_exit` at once. Installed once tracing, after torch installed its handlers."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        window.stop()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous is None:  # torch's C handler: exit quietly, as it does for its parent
+            os._exit(0)
+        else:
+            signal.signal(signum, previous)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _wrap_worker_loop(module: ModuleType, out: str) -> None:
+    """Make `_worker_loop` (what DataLoader starts its workers with) profile the worker.
+
+    functools.wraps keeps its module and name, so a spawned worker, which unpickles the
+    target by name, gets this wrapper too (its own sitecustomize wrapped it on import).
+    """
+    import functools
+
+    loop: Callable[..., Any] = vars(module)["_worker_loop"]
+
+    @functools.wraps(loop)
+    def worker_loop(*args: Any, **kwargs: Any) -> Any:
+        from torch.profiler import record_function
+        from torch.utils.data import _DatasetKind  # torch.utils.data is whole by now
+
+        _Window.in_worker = True
+        window = _WorkerWindow(out)
+        create: Callable[..., Any] = _DatasetKind.create_fetcher  # patched in this worker only
+
+        def create_fetcher(*a: Any, **kw: Any) -> Any:
+            fetcher = create(*a, **kw)
+            fetch = fetcher.fetch
+
+            def fetch_in_window(index: Any) -> Any:
+                if window.before_fetch():
+                    with record_function(FETCH):  # each profiled batch as one span
+                        return fetch(index)
+                return fetch(index)
+
+            fetcher.fetch = fetch_in_window
+            return fetcher
+
+        _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            window.stop()  # workers leave by os._exit: no atexit
+
+    vars(module)["_worker_loop"] = worker_loop
+
+
 def _install(window: _Window) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -122,27 +254,28 @@ def _install(window: _Window) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `_install` right after torch.optim.optimizer has been executed."""
+    """Runs a hook right after a module has been executed (once per module name)."""
 
-    def __init__(self, window: _Window) -> None:
-        self.window = window
+    def __init__(self, hooks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.hooks = hooks
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch.optim.optimizer":
+        hook = self.hooks.pop(name, None)
+        if hook is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.hooks:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
-        window = self.window
 
-        def exec_then_install(module: ModuleType) -> None:
+        def exec_then_hook(module: ModuleType) -> None:
             exec_module(module)
-            _install(window)
+            hook(module)
 
-        loader.exec_module = exec_then_install  # type: ignore[method-assign]
+        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
         return spec
 
 
@@ -159,7 +292,10 @@ def _main() -> None:
     if _DIR:
         skip, _, count = os.environ.get("PERFSWARM_STEPS", "5:10").partition(":")
         window = _Window(_DIR, int(skip), int(count), os.environ.get("PERFSWARM_ET") == "1")
-        sys.meta_path.insert(0, _AfterImport(window))
+        sys.meta_path.insert(0, _AfterImport({
+            "torch.optim.optimizer": lambda _module: _install(window),
+            "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
+        }))
     _chain()
 
 
