@@ -139,10 +139,13 @@ def _iteration_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def report_data(run: Run, *, max_spans: int = MAX_SPANS,
-                advice: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                advice: Sequence[Mapping[str, Any]] = (),
+                projection: tuple[Mapping[str, Any] | None, str] = (None, "not computed"),
+                ) -> dict[str, Any]:
     """The report of one Run as a plain dict (stable keys; see docs/cli.md).
 
-    `advice` is optimize.advise's list, passed in by the caller: report sits beside
+    `advice` is optimize.advise's list and `projection` optimize.project's report_projection
+    (the projection's dict, or None and why not), passed in by the caller: report sits beside
     optimize in the import order, not above it.
     """
     manifest = run.manifest()
@@ -165,6 +168,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "critical_path": analysis["critical_path"],
         "swarms": analysis["swarms"],
         "advice": [dict(a) for a in advice],
+        "projection": dict(projection[0]) if projection[0] is not None else None,
+        "projection_note": projection[1],
     }
 
 
