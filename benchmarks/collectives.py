@@ -4,8 +4,9 @@ Several independent sweeps, one after another, with real torch.distributed among
 (gloo on CPU, NCCL when there are enough GPUs). The models are fitted on sweep i and judged on
 sweep i+1, so every figure is held out and includes run-to-run noise, as a prediction for a new
 run would; the spread over the pairs shows how reproducible that is on this machine. Beside it:
-the noise floor (sweep i's own times taken as the prediction of sweep i+1), and the model form
-alone (fitted on every other size of a sweep, judged on the other sizes of the same sweep).
+the noise floor (sweep i's own times taken as the prediction of sweep i+1), and the sizes left out
+(fitted on every other size of a sweep, judged on the other sizes of the same sweep: interpolation
+at twice the spacing, which cannot place a knee that falls between two fitted sizes).
 
     .venv/bin/python benchmarks/collectives.py [--sweeps 3] [--world 2] [--passes 12] [--json OUT]
 """
@@ -77,23 +78,24 @@ def main() -> int:
     print(f"backend {sweeps[0].backend}, world {args.world}, {len(sizes)} sizes "
           f"{sizes[0]} B..{sizes[-1] >> 20} MB, {args.passes} passes a sweep")
     print(f"held out: fit on sweep i, judged on sweep i+1 (goal <= {GOAL:.0%}); noise floor: "
-          "sweep i's times as the prediction; model form: every other size of one sweep")
+          "sweep i's times as the prediction; sizes left out: every other size of one sweep")
     header = "".join(f"{f'{i + 1}->{i + 2}':>9}" for i in range(len(later)))
-    print(f"{'op':<16}{header}{'worst':>9}{'':3}{'noise floor':>12}{'model form':>12}")
+    print(f"{'op':<16}{header}{'worst':>9}{'':3}{'noise floor':>12}{'sizes left out':>16}")
     worst = {}
     for key in keys:
         errs = [p[key] for p in later]
         worst[key] = max(errs)
         print(f"{key:<16}" + "".join(f"{e:>9.1%}" for e in errs) + f"{worst[key]:>9.1%}"
               f"{'' if worst[key] <= GOAL else ' !':3}{max(f[key] for f in floor):>12.1%}"
-              f"{max(f[key] for f in form):>12.1%}")
+              f"{max(f[key] for f in form):>16.1%}")
     last = fit(sweeps[-2])
     print("\nthe last fit: latency, then bandwidth per size regime (up to bytes: GB/s); "
           "measured / predicted on the last sweep")
     for op, model in last.items():
         d = model.to_dict()
-        regimes = "; ".join(f"{r['up_to_bytes'] or 'above'}: {r['bandwidth_gbps']:.2f}"
-                            for r in d["regimes"])
+        regimes = "; ".join(f"{r['up_to_bytes'] or 'above'}: "
+                            + ("flat" if r["bandwidth_gbps"] is None
+                               else f"{r['bandwidth_gbps']:.2f}") for r in d["regimes"])
         print(f"  {op:<16}{d['latency_us']:7.1f} us   {regimes}")
     print(f"{'size':>10}" + "".join(f"{op[:12]:>14}" for op in last))
     for n in sizes:

@@ -158,6 +158,12 @@ def test_fit_finds_the_knees() -> None:
     assert model.time(1 << 26) == pytest.approx(faster.time(1 << 26), rel=1e-6)
 
 
+def test_a_flat_regime_has_no_bandwidth() -> None:
+    flat = FittedOp("broadcast", 2, 50e-6, (1 << 16,), (0.0, 1e-9))
+    assert flat.time(1 << 10) == flat.time(1 << 16) == pytest.approx(50e-6)
+    assert [r["bandwidth_gbps"] for r in flat.to_dict()["regimes"]] == [None, 1.0]
+
+
 def test_knees_must_cut_the_error() -> None:
     truth = _truth("broadcast", (), (4.0,))
     noisy = [Measurement("broadcast", n, truth.time(n) * (1.03 if i % 2 else 0.97))

@@ -48,9 +48,10 @@ def calibrate_command(
                   title=f"collective models, {result.backend}, world size {world_size}",
                   title_justify="left")
     for op, model in sorted(profile["models"].items()):
-        regimes = "; ".join(f"{r['bandwidth_gbps']:.2f} to {r['up_to_bytes']:,} B"
-                            if r["up_to_bytes"] else f"{r['bandwidth_gbps']:.2f} above"
-                            for r in model["regimes"])
+        regimes = "; ".join(
+            ("flat" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:.2f}")
+            + (f" to {r['up_to_bytes']:,} B" if r["up_to_bytes"] else " above")
+            for r in model["regimes"])
         table.add_row(op, f"{model['latency_us']:.1f}", regimes,
                       f"{100 * profile['gmae_held_out'][op]:.1f}%",
                       f"{100 * profile['gmae_in_sample'][op]:.1f}%")

@@ -246,7 +246,7 @@ class FittedOp:
         bounds = [*self.knees, math.inf]
         return {"op": self.op, "world_size": self.world_size, "latency_us": self.alpha_s * 1e6,
                 "regimes": [{"up_to_bytes": None if math.isinf(bound) else int(bound),
-                             "bandwidth_gbps": 1e-9 / beta if beta > 0 else math.inf}
+                             "bandwidth_gbps": 1e-9 / beta if beta > 0 else None}
                             for bound, beta in zip(bounds, self.betas, strict=True)]}
 
 
