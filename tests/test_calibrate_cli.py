@@ -10,6 +10,12 @@ import pytest
 from perfswarm.cli.main import main
 
 
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cpu.json"
     assert main(["calibrate", "--budget", "0.01", "-o", str(out), "--json"]) == 0
@@ -31,3 +37,17 @@ def test_calibrate_refuses_missing_devices(capsys: pytest.CaptureFixture[str], d
 def test_calibrate_rejects_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--collectives", "--backend", "mpi"]) == 2
     assert "auto, gloo or nccl" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(_gpus() >= 2, reason="this machine can run the NCCL sweep")
+def test_calibrate_nccl_without_gpus_is_a_one_line_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--collectives", "--backend", "nccl"]) == 2
+    err = capsys.readouterr().err
+    assert f"--backend nccl: needs 2 GPUs, found {_gpus()}" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_collectives_needs_two_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--collectives", "--world-size", "1"]) == 2
+    assert "world_size >= 2" in capsys.readouterr().err

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.collective_bench import (
+    FittedOp,
     Measurement,
     Sweep,
     calibration,
@@ -19,7 +22,7 @@ from perfswarm.model.collective_bench import (
     fit_link,
     fit_op,
     gmae,
-    predict,
+    split_sizes,
     sweep,
 )
 from perfswarm.model.collectives import (
@@ -118,28 +121,81 @@ def test_all_to_allv_takes_the_busiest_rank() -> None:
 
 def test_fit_recovers_alpha_and_beta() -> None:
     true = Link("t", 20e-6, 1 / 2e9)
-    ms = tuple(Measurement("all_reduce", n, predict(true, "all_reduce", n, 4))
+    ms = tuple(Measurement("all_reduce", n, link_time("all_reduce", n, 4, true))
                for n in default_sizes(1 << 10, 1 << 24))
     got = fit_link(ms, 4)
     assert got.alpha_s == pytest.approx(20e-6, rel=1e-6)
     assert got.bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
     model = fit_op(ms, 4)
-    assert len(model.regimes) == 1   # no knee in a straight line
+    assert model.knees == ()   # no knee in a straight line
+    assert model.alpha_s == pytest.approx(20e-6, rel=1e-6)
+    assert model.betas == pytest.approx((1 / 2e9,), rel=1e-6)
     assert evaluate({"all_reduce": model}, Sweep("gloo", 4, 1, ms))["all_reduce"] == \
         pytest.approx(0.0, abs=1e-9)
 
 
-def test_fit_finds_the_knee() -> None:
-    # in cache up to 1 MB at 10 GB/s, then 2 GB/s: two regimes, split at 1 MB
-    fast, slow = Link("f", 5e-6, 1 / 10e9), Link("s", 5e-6, 1 / 2e9)
-    ms = tuple(Measurement("all_gather", n, predict(fast if n <= 1 << 20 else slow,
-                                                    "all_gather", n, 2))
-               for n in default_sizes(1 << 10, 64 << 20))
+def _truth(op: Op, knees: tuple[float, ...], gbps: tuple[float, ...],
+           p: int = 2) -> FittedOp:
+    return FittedOp(op, p, 50e-6, knees, tuple(1e-9 / g for g in gbps))
+
+
+def test_fit_finds_the_knees() -> None:
+    # in cache at 3 GB/s up to 2 MB, then 1.5 GB/s, then page-faulting at 0.4 GB/s above 16 MB
+    truth = _truth("all_gather", (2 << 20, 16 << 20), (3.0, 1.5, 0.4))
+    ms = [Measurement("all_gather", n, truth.time(n)) for n in default_sizes()]
     model = fit_op(ms, 2)
-    assert [bound for bound, _ in model.regimes] == [1 << 20, math.inf]
-    assert model.regimes[1][1].bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
-    assert model.time(4 << 20) == pytest.approx(predict(slow, "all_gather", 4 << 20, 2))
-    assert model.to_dict()["regimes"][0]["up_to_bytes"] == 1 << 20
+    assert model.knees == (2 << 20, 16 << 20)
+    assert model.alpha_s == pytest.approx(50e-6, rel=1e-6)
+    assert [1e-9 / b for b in model.betas] == pytest.approx([3.0, 1.5, 0.4], rel=1e-6)
+    assert model.to_dict()["regimes"] == [
+        {"up_to_bytes": 2 << 20, "bandwidth_gbps": pytest.approx(3.0)},
+        {"up_to_bytes": 16 << 20, "bandwidth_gbps": pytest.approx(1.5)},
+        {"up_to_bytes": None, "bandwidth_gbps": pytest.approx(0.4)}]
+    # a protocol switch that raises the bandwidth (NCCL's LL to Simple) bends the other way
+    faster = _truth("all_reduce", (256 << 10,), (0.5, 20.0), p=8)
+    model = fit_op([Measurement("all_reduce", n, faster.time(n)) for n in default_sizes()], 8)
+    assert model.knees == (256 << 10,)
+    assert model.time(1 << 26) == pytest.approx(faster.time(1 << 26), rel=1e-6)
+
+
+def test_a_flat_regime_has_no_bandwidth() -> None:
+    flat = FittedOp("broadcast", 2, 50e-6, (1 << 16,), (0.0, 1e-9))
+    assert flat.time(1 << 10) == flat.time(1 << 16) == pytest.approx(50e-6)
+    assert [r["bandwidth_gbps"] for r in flat.to_dict()["regimes"]] == [None, 1.0]
+
+
+def test_knees_must_cut_the_error() -> None:
+    truth = _truth("broadcast", (), (4.0,))
+    noisy = [Measurement("broadcast", n, truth.time(n) * (1.03 if i % 2 else 0.97))
+             for i, n in enumerate(default_sizes())]
+    assert fit_op(noisy, 2).knees == ()   # +-3% noise is no knee
+    with pytest.raises(PerfswarmError, match="two sizes"):
+        fit_op(noisy[:1], 2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=17, max_size=17))
+def test_fitted_time_is_continuous_and_never_falls(noise: list[float]) -> None:
+    truth = _truth("all_to_all", (1 << 20,), (2.0, 1.0))
+    sizes = default_sizes()
+    model = fit_op([Measurement("all_to_all", n, truth.time(n) * f)
+                    for n, f in zip(sizes, noise, strict=True)], 2)
+    grid = np.geomspace(1, 1 << 27, 400)
+    times = [model.time(n) for n in grid]
+    assert all(b >= a for a, b in itertools.pairwise(times))
+    for knee in model.knees:   # no jump at a knee
+        assert model.time(knee * (1 + 1e-9)) == pytest.approx(model.time(knee), rel=1e-6)
+
+
+def test_split_sizes_holds_out_every_other_size() -> None:
+    sizes = default_sizes()
+    result = Sweep("gloo", 2, 1, tuple(Measurement(op, n, 1e-4) for op in ("all_reduce",
+                                                                             "broadcast")
+                                       for n in sizes))
+    train, test = split_sizes(result)
+    assert sorted({m.nbytes for m in train.measurements}) == list(sizes[::2])
+    assert sorted({m.nbytes for m in test.measurements}) == list(sizes[1::2])
+    assert len(train.measurements) + len(test.measurements) == len(result.measurements)
 
 
 def test_gmae() -> None:
@@ -154,11 +210,11 @@ def test_default_sizes_cover_1k_to_64m() -> None:
 
 
 def test_real_gloo_sweep_world_2() -> None:
-    result = sweep(ops=("all_reduce", "broadcast"), sizes=(1024, 65536), world_size=2,
-                   backend="gloo", iters=2, warmup=1)
+    result = sweep(ops=("all_reduce", "broadcast"), sizes=(1024, 4096, 16384, 65536),
+                   world_size=2, backend="gloo", iters=2, warmup=1, passes=2)
     assert (result.backend, result.world_size) == ("gloo", 2)
     assert [(m.op, m.nbytes) for m in result.measurements] == [
-        ("all_reduce", 1024), ("all_reduce", 65536), ("broadcast", 1024), ("broadcast", 65536)]
+        (op, n) for op in ("all_reduce", "broadcast") for n in (1024, 4096, 16384, 65536)]
     assert all(m.seconds > 0 for m in result.measurements)
     models = fit(result)
     assert set(models) == {"all_reduce", "broadcast"}
@@ -166,7 +222,7 @@ def test_real_gloo_sweep_world_2() -> None:
     assert result.to_dict()["measurements"][0]["busbw_gbps"] > 0
     assert set(OPS) >= set(models)
     report = calibration(result)
-    assert set(report) == {"sweep", "models", "gmae_in_sample"}
+    assert set(report) == {"sweep", "models", "gmae_in_sample", "gmae_held_out"}
     assert set(report["models"]) == {"all_reduce", "broadcast"}
 
 
@@ -175,3 +231,5 @@ def test_sweep_rejects_bad_arguments() -> None:
         sweep(world_size=1)
     with pytest.raises(PerfswarmError, match="cannot measure"):
         sweep(ops=("push_pull",))
+    with pytest.raises(PerfswarmError, match="passes"):
+        sweep(passes=0)

@@ -106,8 +106,13 @@ def test_cli_json_and_errors(nccl: Run, capsys: pytest.CaptureFixture[str]) -> N
     assert set(data) == {"profile", "measured_link", "intra", "inter", "devices_per_node",
                          "scheme", "points", "options", "recommended"}
     assert data["scheme"] == "tree" and [p["devices"] for p in data["points"]] == [1, 4]
-    assert main(["project", str(nccl.path), "--devices", "1,8"]) == 0
-    assert "choose" in capsys.readouterr().out
+    page = nccl.path.parent / "projection.html"
+    assert main(["project", str(nccl.path), "--devices", "1,8", "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "choose" in out and f"plots: {page}" in out
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and 'id="chart-scaling"' in text
+    assert "<tr><td>8</td>" in text and "<strong>choose</strong>" in text
     assert main(["project", str(nccl.path), "--devices", "0"]) == 2
     assert main(["project", str(nccl.path), "--bandwidth", "-1"]) == 2
     assert main(["project", str(nccl.path), "--devices", "1,x"]) == 2

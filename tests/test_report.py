@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
+from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projection
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import report_data, timeline
@@ -25,8 +26,10 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     data = report_data(corpus_runs["nccl"])
     assert set(data) == {"title", "run", "cards", "timeline", "concurrency", "iterations",
                          "kernels", "cpu_ops", "categories", "critical_path", "swarms",
-                         "op_cost", "prediction", "advice", "tune"}
+                         "op_cost", "prediction", "advice", "tune", "projection",
+                         "projection_note"}
     assert data["advice"] == [] and data["tune"] is None
+    assert (data["projection"], data["projection_note"]) == (None, "not computed")
     prediction = data["prediction"]
     assert [s["step"] for s in prediction["steps"]] == [4, 5, 6]
     assert prediction["measured_ns"] == 222_442_191 and prediction["replay_error"] < 1e-4
@@ -166,3 +169,35 @@ def test_timeline_draws_the_largest_network_flows(corpus_runs: dict[str, Run],
         [f"net.flow.tcp.10.0.0.1:{port}->10.0.0.2:80.bytes" for port in range(4, 12)]
         + ["net.rx_bytes"])
     assert "showing the 8 largest of 11 network flows" in tl["note"]
+
+
+def test_report_carries_the_scaling_projection(corpus_runs: dict[str, Run], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = corpus_runs["nccl"]
+    out = tmp_path / "r.html"
+    assert main(["report", str(run.path), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert 'id="chart-scaling"' in page and 'id="chart-options"' in page
+    assert '<table id="projection">' in page and page.count("<tr><td>256</td>") == 1
+    assert "<strong>choose</strong> eth-100g with tree" in page
+    capsys.readouterr()
+    assert main(["report", str(run.path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    expected = json.loads(json.dumps(project(run, DEFAULT_DEVICES).to_dict()))
+    assert (data["projection"], data["projection_note"]) == (expected, "")
+    figures = html.projection_figures(data["projection"])
+    throughput, ideal, efficiency = figures["chart-scaling"]["data"]
+    assert throughput["x"] == list(DEFAULT_DEVICES) and efficiency["yaxis"] == "y2"
+    assert efficiency["y"] == [100 * p["efficiency"] for p in data["projection"]["points"]]
+    assert ideal["y"][-1] == pytest.approx(256 / 0.039391994)
+    assert [t["name"] for t in figures["chart-options"]["data"]] == ["ring", "tree", "ps"]
+
+
+def test_runs_without_collectives_say_why_there_is_no_projection(
+        corpus_runs: dict[str, Run]) -> None:
+    projection, note = report_projection(corpus_runs["simple_add"])
+    assert projection is None and "--grad-bytes" in note
+    page = html.render(report_data(corpus_runs["simple_add"],
+                                   projection=(projection, note)))
+    assert 'id="projection-note"' in page and 'id="chart-scaling"' not in page
+    assert html.projection_figures(None) == {}

@@ -10,6 +10,7 @@ import typer
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console
 from perfswarm.optimize.advise import advise
+from perfswarm.optimize.project import report_projection
 from perfswarm.report.board import BoardServer, list_runs
 
 
@@ -20,7 +21,8 @@ def board_command(
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
 ) -> None:
     """A read-only local web app: lists the runs in DIR, opens their reports, compares two."""
-    server = BoardServer(root, host, port, advice=lambda run: advise(run).to_dict()["advice"])
+    server = BoardServer(root, host, port, advice=lambda run: advise(run).to_dict()["advice"],
+                         projection=report_projection)
     console.print(f"perfswarm board: {len(list_runs(server.root))} runs in {server.root} "
                   f"at {server.url} (Ctrl-C stops it)")
     try:

@@ -7,14 +7,13 @@ from typing import Annotated, Any
 
 import orjson
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import calibrate as kernel_calibration
-from perfswarm.model.collective_bench import calibration, sweep
+from perfswarm.model.collective_bench import PASSES, calibration, sweep
 from perfswarm.trace.store import atomic_write_bytes
 
 
@@ -26,6 +25,7 @@ def calibrate_command(
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", help="Local processes in the sweep.")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
+    passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = PASSES,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
@@ -37,21 +37,26 @@ def calibrate_command(
     out = out or Path("collectives-profile.json")
     if backend not in ("auto", "gloo", "nccl"):
         raise typer.BadParameter("must be auto, gloo or nccl", param_hint="--backend")
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+    with spinner() as bar:
         bar.add_task(f"sweeping collectives across {world_size} processes")
-        result = sweep(world_size=world_size, backend=backend)  # type: ignore[arg-type]
+        result = sweep(world_size=world_size, backend=backend,  # type: ignore[arg-type]
+                       passes=passes)
     profile = calibration(result)
     _save(out, profile)
     if as_json:
         print_json(profile)
         return
-    table = Table("op", "regimes (latency us, bandwidth GB/s)", "GMAE (in sample)",
-                  title=f"collective models, world size {world_size}", title_justify="left")
+    table = Table("op", "latency us", "bandwidth GB/s by size", "GMAE held out", "in sample",
+                  title=f"collective models, {result.backend}, world size {world_size}",
+                  title_justify="left")
     for op, model in sorted(profile["models"].items()):
-        regimes = "; ".join(f"{r['latency_us']:.1f} us, {r['bandwidth_gbps']:.2f} GB/s"
-                            for r in model["regimes"])
-        table.add_row(op, regimes, f"{100 * profile['gmae_in_sample'][op]:.1f}%")
+        regimes = "; ".join(
+            ("flat" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:.2f}")
+            + (f" to {r['up_to_bytes']:,} B" if r["up_to_bytes"] else " above")
+            for r in model["regimes"])
+        table.add_row(op, f"{model['latency_us']:.1f}", regimes,
+                      f"{100 * profile['gmae_held_out'][op]:.1f}%",
+                      f"{100 * profile['gmae_in_sample'][op]:.1f}%")
     console.print(table)
     console.print(f"profile: {out}")
 
@@ -66,8 +71,7 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
         raise PerfswarmError("calibrate: --budget must be positive (minutes)")
     if threads < 1:
         raise PerfswarmError("calibrate: --threads must be at least 1")
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+    with spinner() as bar:
         task = bar.add_task(f"kernel sweeps on {device} ({budget_min:g} min budget)")
         profile = kernel_calibration(
             budget_min * 60.0, threads, device,

@@ -13,6 +13,7 @@ from perfswarm.analyze.summary import analyze
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, ms
 from perfswarm.optimize.advise import advise
+from perfswarm.optimize.project import report_projection
 from perfswarm.record.session import RecordOptions, record
 from perfswarm.report import html
 from perfswarm.report.data import report_data
@@ -38,7 +39,8 @@ def demo_command(
         analysis = analyze(result.run)
         advice = advise(result.run)
         bar.update(task, description="writing the report")
-        html.write(report_data(result.run, advice=advice.to_dict()["advice"]), report)
+        html.write(report_data(result.run, advice=advice.to_dict()["advice"],
+                               projection=report_projection(result.run)), report)
     manifest = result.run.manifest()
     states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(manifest["collectors"].items()))
     console.print(f"recorded {result.run.path} (exit {result.exit_code}); {states}",

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -17,6 +18,12 @@ def print_json(data: Any) -> None:
     text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
                         | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
     sys.stdout.write(text.decode() + "\n")
+
+
+def spinner() -> Progress:
+    """A transient spinner with elapsed time on stderr, for work that shows no count."""
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                    console=err_console, transient=True)
 
 
 def ms(ns: float) -> str:

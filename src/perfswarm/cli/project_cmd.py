@@ -12,8 +12,9 @@ from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.collectives import Scheme
-from perfswarm.optimize.project import project
-from perfswarm.trace.store import Run
+from perfswarm.optimize.project import DEFAULT_DEVICES, project
+from perfswarm.report import html
+from perfswarm.trace.store import Run, atomic_write_bytes
 
 
 def _devices(text: str) -> list[int]:
@@ -26,7 +27,7 @@ def _devices(text: str) -> list[int]:
 @app.command("project")
 def project_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
-    devices: Annotated[str, typer.Option("--devices", help="Device counts, comma-separated.")] = "1,2,4,8,16,32,64,128,256",
+    devices: Annotated[str, typer.Option("--devices", help="Device counts, comma-separated.")] = ",".join(map(str, DEFAULT_DEVICES)),
     interconnect: Annotated[str, typer.Option("--interconnect", help="Inter-node network (see model/interconnects.yaml).")] = "ib-ndr",
     bandwidth: Annotated[float | None, typer.Option("--bandwidth", help="Override the network's achieved bandwidth, GB/s.")] = None,
     scheme: Annotated[Scheme, typer.Option("--scheme", help="ring, tree or ps (parameter server).")] = "ring",
@@ -34,6 +35,7 @@ def project_command(
     per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
     servers: Annotated[int, typer.Option("--servers", help="Parameter servers (scheme ps).")] = 1,
     grad_bytes: Annotated[int | None, typer.Option("--grad-bytes", help="Gradient bytes per step when the Run has no all-reduce kernels.")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="Also write the table and the throughput and efficiency plots as an HTML page.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Throughput and scaling efficiency on more devices, other interconnects and schemes."""
@@ -41,6 +43,9 @@ def project_command(
                      bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
                      servers=servers, grad_bytes=grad_bytes)
     data = result.to_dict()
+    if html_out is not None:
+        page = html.render_projection(f"perfswarm projection: {run_dir.name}", data)
+        atomic_write_bytes(html_out, page.encode())
     if as_json:
         print_json(data)
         return
@@ -62,3 +67,5 @@ def project_command(
     console.print(options)
     rec = data["recommended"]
     console.print(f"[bold]choose[/] {rec['interconnect']} with {rec['scheme']}: {rec['efficiency']:.1%} efficiency at {largest} devices")
+    if html_out is not None:
+        console.print(f"plots: {html_out}")

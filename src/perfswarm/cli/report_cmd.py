@@ -11,6 +11,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, print_json
 from perfswarm.optimize.advise import advise
+from perfswarm.optimize.project import report_projection
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import report_data
@@ -30,7 +31,8 @@ def report_command(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("analyzing", total=2)
-        data = report_data(run, advice=advise(run).to_dict()["advice"], tune=tune)
+        data = report_data(run, advice=advise(run).to_dict()["advice"], tune=tune,
+                           projection=report_projection(run))
         progress.update(task, advance=1, description="rendering")
         if as_json:
             progress.update(task, advance=1)

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json
+from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.optimize.shard import EmbeddingCost, calibrate, load_workload, shard
 
 
@@ -20,12 +20,17 @@ def shard_command(
     devices: Annotated[int, typer.Option("--devices", help="Number of devices to shard over.")],
     batch: Annotated[int | None, typer.Option("--batch", help="Override the file's batch_size.")] = None,
     memory_gb: Annotated[float | None, typer.Option("--memory-gb", help="Embedding memory per device, GB.")] = None,
-    measure_cost: Annotated[bool, typer.Option("--calibrate", help="Fit the cost model to EmbeddingBag timings of these tables here (torch).")] = False,
+    measure_cost: Annotated[bool, typer.Option("--calibrate", help="Fit the cost model to EmbeddingBag timings of probe tables on this machine first (torch, about a minute).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Size-greedy, lookup-greedy and predicted-time-balanced embedding placements."""
     work = load_workload(tables, batch)
-    cost = calibrate(work.tables, work.batch) if measure_cost else EmbeddingCost()
+    if measure_cost:
+        with spinner() as bar:
+            bar.add_task("timing EmbeddingBag probe tables")
+            cost = calibrate()
+    else:
+        cost = EmbeddingCost()
     result = shard(work, devices, cost, memory_gb * 1e9 if memory_gb else math.inf)
     data = result.to_dict()
     if as_json:

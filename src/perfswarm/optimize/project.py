@@ -31,6 +31,7 @@ from perfswarm.model.topology import Link, Topology, interconnect
 from perfswarm.trace.store import Run
 
 COMPUTE_KINDS: Final = ("kernel", "memcpy", "memset")
+DEFAULT_DEVICES: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NETWORKS: Final = ("eth-100g", "ib-hdr", "eth-400g", "ib-ndr")
 GOOD_EFFICIENCY: Final = 0.9
 # Kineto's "Collective name" values -> model ops; barriers and point-to-point are not modelled.
@@ -327,3 +328,12 @@ def recommend(options: Sequence[Choice]) -> Choice:
         if best.efficiency >= GOOD_EFFICIENCY:
             return best
     return max(options, key=lambda c: c.efficiency)
+
+
+def report_projection(run: Run) -> tuple[dict[str, Any] | None, str]:
+    """The report's projection of a Run onto DEFAULT_DEVICES with the defaults of `project`,
+    or None and why not (a Run without collectives needs `project --grad-bytes`)."""
+    try:
+        return project(run, DEFAULT_DEVICES).to_dict(), ""
+    except PerfswarmError as exc:
+        return None, str(exc)

@@ -1,29 +1,32 @@
 """Embedding-table sharding: a per-table cost model and three placement plans.
 
 Cost of one table's pooled lookup per iteration (forward, one device):
-    t = overhead + L * (per_lookup + row_bytes * (h * hit_s_per_byte + (1 - h) * miss_s_per_byte))
-with L = batch * pooling lookups and h the share of lookups that land on rows held in cache:
-the `cache_bytes / row_bytes` hottest rows under the table's access distribution (uniform, or
-Zipf with exponent s). A device's time is the sum over its tables; a plan's time is its slowest
-device, and its imbalance is slowest / mean.
+    t = overhead + B * per_bag + L * (per_lookup + row_bytes * (per_byte + m ** (1 - e) * miss))
+with B = batch bags, L = batch * pooling lookups and m the share of lookups that miss the cache,
+which holds the `cache_bytes / row_bytes` hottest rows under the table's access distribution
+(uniform, or Zipf with exponent s); e > 0 makes sparse misses dearer each (see fit_cost). A
+device's time is the sum over its tables; a plan's time is its slowest device, and its
+imbalance is slowest / mean.
 
 Plans: size-greedy (largest table to the device with the fewest bytes), lookup-greedy (most
 lookups to the device with the fewest), and predicted-time-balanced (longest predicted table to
 the least-loaded device, then single-table moves off the slowest device while they lower the
-maximum). `calibrate()` fits the constants to torch.nn.EmbeddingBag timings; `measure_plan()`
-times a plan with one local process per device.
+maximum). `calibrate()` fits the constants, cache size included, to torch.nn.EmbeddingBag timings
+of a probe set of tables on this machine; `measure_plan()` times a plan with one local process
+per device.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import orjson
@@ -74,31 +77,42 @@ def hit_fraction(table: Table, cache_bytes: float) -> float:
     return _harmonic(cached, table.zipf) / _harmonic(table.rows, table.zipf)
 
 
+def lookups(table: Table, batch: int) -> int:
+    """Ids looked up in one iteration: `pooling` a bag, at least one in all."""
+    return max(1, round(batch * table.pooling))
+
+
+# EmbeddingCost's fitted constants, in the order of its features
+COEFFICIENTS: Final = ("overhead_s", "per_bag_s", "per_lookup_s", "per_byte_s", "miss_s_per_byte")
+
+
 @dataclass(frozen=True)
 class EmbeddingCost:
-    # Defaults: calibrate() over 16 tables (rows 1e3/2e5, dim 16/128, pooling 2/30, uniform and
-    # Zipf 1.1, batch 256) on a 2-core AMD EPYC VM, torch 2.13 CPU, float32 sum-pooled bags.
-    overhead_s: float = 41e-6
-    per_lookup_s: float = 3.5e-9
-    hit_s_per_byte: float = 0.015e-9
-    miss_s_per_byte: float = 0.060e-9
-    cache_bytes: float = 1 << 20
+    # Defaults: calibrate() (the probe tables, batches 64 and 512) on a 2-core Intel Xeon VM
+    # (2 MB L2 a core), torch 2.13 CPU, float32 sum-pooled bags, one thread.
+    overhead_s: float = 7.9e-6
+    per_bag_s: float = 3.3e-9
+    per_lookup_s: float = 0.97e-9
+    per_byte_s: float = 0.0064e-9
+    miss_s_per_byte: float = 0.136e-9
+    miss_exponent: float = 0.5
+    cache_bytes: float = 8 << 20
 
-    def features(self, table: Table, batch: int) -> tuple[float, float, float, float]:
-        lookups = batch * table.pooling
-        h = hit_fraction(table, self.cache_bytes)
-        moved = lookups * table.row_bytes
-        return 1.0, lookups, moved * h, moved * (1 - h)
+    def features(self, table: Table, batch: int) -> tuple[float, float, float, float, float]:
+        n = lookups(table, batch)
+        moved = n * table.row_bytes
+        miss = 1 - hit_fraction(table, self.cache_bytes)
+        return 1.0, float(batch), float(n), float(moved), moved * miss ** (1 - self.miss_exponent)
 
     def table_time(self, table: Table, batch: int) -> float:
-        f = self.features(table, batch)
-        return (f[0] * self.overhead_s + f[1] * self.per_lookup_s + f[2] * self.hit_s_per_byte
-                + f[3] * self.miss_s_per_byte)
+        coef = [getattr(self, name) for name in COEFFICIENTS]
+        return float(np.dot(coef, self.features(table, batch)))
 
     def to_dict(self) -> dict[str, float]:
-        return {"overhead_us": self.overhead_s * 1e6, "per_lookup_ns": self.per_lookup_s * 1e9,
-                "hit_ns_per_byte": self.hit_s_per_byte * 1e9,
-                "miss_ns_per_byte": self.miss_s_per_byte * 1e9, "cache_bytes": self.cache_bytes}
+        return {"overhead_us": self.overhead_s * 1e6, "per_bag_ns": self.per_bag_s * 1e9,
+                "per_lookup_ns": self.per_lookup_s * 1e9, "ns_per_byte": self.per_byte_s * 1e9,
+                "miss_ns_per_byte": self.miss_s_per_byte * 1e9,
+                "miss_exponent": self.miss_exponent, "cache_bytes": self.cache_bytes}
 
 
 @dataclass(frozen=True)
@@ -162,7 +176,7 @@ class Plan:
             mine = [tb for tb, dev in zip(work.tables, self.device_of, strict=True) if dev == d]
             devices.append({"device": d, "tables": [tb.name for tb in mine],
                             "bytes": sum(tb.nbytes for tb in mine),
-                            "lookups": sum(work.batch * tb.pooling for tb in mine),
+                            "lookups": sum(lookups(tb, work.batch) for tb in mine),
                             "predicted_ms": t * 1e3})
         return {"strategy": self.strategy, "devices": devices, "max_ms": self.max_s * 1e3,
                 "imbalance": self.imbalance}
@@ -221,7 +235,7 @@ def plan(work: Workload, devices: int, strategy: Strategy, cost: EmbeddingCost,
     sizes = [t.nbytes for t in work.tables]
     weight: dict[Strategy, Callable[[Table, float], float]] = {
         "size_greedy": lambda t, _: float(t.nbytes),
-        "lookup_greedy": lambda t, _: work.batch * t.pooling,
+        "lookup_greedy": lambda t, _: float(lookups(t, work.batch)),
         "time_balanced": lambda _, s: s}
     w = [weight[strategy](t, s) for t, s in zip(work.tables, times, strict=True)]
     device_of = _greedy(w, w, devices, memory_bytes, sizes)
@@ -272,58 +286,107 @@ def _indices(table: Table, lookups: int, rng: np.random.Generator) -> np.ndarray
 
 
 def time_tables(tables: Sequence[Table], batch: int, iters: int = 10, seed: int = 0) -> float:
-    """Seconds per iteration of sum-pooled EmbeddingBag forwards over `tables`, in this process
-    (fastest of `iters`, after one warm-up)."""
+    """Seconds per iteration of sum-pooled EmbeddingBag forwards over `tables`, in this process:
+    the fastest of `iters` iterations after one warm-up, each on fresh indices (a training step
+    looks up new ids; the same ids again would find their rows in cache)."""
     try:
         torch = importlib.import_module("torch")
     except ImportError:
         raise PerfswarmError("shard measurement: needs torch (pip install 'perfswarm[torch]')") \
             from None
+    dtypes = {2: torch.float16, 4: torch.float32, 8: torch.float64}
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)
-    bags = []
+    bags, inputs = [], []
     for t in tables:
-        lookups = max(batch, round(batch * t.pooling))
-        bag = torch.nn.EmbeddingBag(t.rows, t.dim, mode="sum")
-        idx = torch.from_numpy(_indices(t, lookups, rng))
-        offsets = torch.from_numpy(np.linspace(0, lookups, batch, endpoint=False).astype(np.int64))
-        bags.append((bag, idx, offsets))
+        if t.dtype_bytes not in dtypes:
+            raise PerfswarmError(f"shard measurement: table {t.name}: dtype_bytes "
+                                 f"{t.dtype_bytes} has no EmbeddingBag dtype (2, 4 or 8)")
+        weight = torch.empty(t.rows, t.dim, dtype=dtypes[t.dtype_bytes])
+        weight.uniform_(-0.1, 0.1)   # every page touched, as a trained table's are
+        bags.append(torch.nn.EmbeddingBag.from_pretrained(weight, mode="sum"))
+        n = lookups(t, batch)
+        # empty bags where pooling < 1 (an optional feature)
+        offsets = torch.from_numpy((np.arange(batch) * n) // batch)
+        inputs.append([(torch.from_numpy(_indices(t, n, rng)), offsets)
+                       for _ in range(iters + 1)])
     best = math.inf
     with torch.no_grad():
         for i in range(iters + 1):
             t0 = time.perf_counter()
-            for bag, idx, offsets in bags:
-                bag(idx, offsets)
+            for bag, per_iter in zip(bags, inputs, strict=True):
+                bag(*per_iter[i])
             if i:
                 best = min(best, time.perf_counter() - t0)
     return best
 
 
-def calibrate(tables: Sequence[Table], batch: int, cache_bytes: float = 1 << 20,
+# The calibration probe: tables from 64 kB (in L2) to 256 MB (in memory), one to 32 lookups a
+# bag, uniform and Zipf access, two batch sizes (so call and bag costs are told apart).
+PROBE_SHAPES: Final = ((1_000, 16), (2_000, 128), (16_000, 64), (40_000, 64), (200_000, 32),
+                       (100_000, 128), (250_000, 128), (500_000, 128))
+PROBE_POOLING: Final = (1.0, 8.0, 32.0)
+PROBE_BATCHES: Final = (64, 512)
+CACHE_CANDIDATES: Final = tuple(float(1 << k) for k in range(14, 29))   # 16 kB..256 MB
+MISS_EXPONENTS: Final = (0.0, 0.25, 0.5, 0.75)
+
+
+def probe_tables() -> tuple[Table, ...]:
+    return tuple(Table(f"probe{i}", rows, dim, pooling, zipf)
+                 for i, ((rows, dim), pooling, zipf) in enumerate(
+                     itertools.product(PROBE_SHAPES, PROBE_POOLING, (0.0, 1.1))))
+
+
+def fit_cost(samples: Sequence[tuple[Table, int, float]]) -> EmbeddingCost:
+    """Constants minimizing the squared relative error (non-negative) over (table, batch,
+    seconds) samples, at the cache size (a power of two) and miss exponent that fit best.
+
+    The miss exponent: a lookup that misses costs a memory latency, of which the core overlaps
+    more the more misses there are in flight; sparse misses (a skewed table's tail) overlap
+    less and cost more each, so missed bytes count as miss_rate ** (1 - exponent).
+    """
+    if len({(t.rows, t.dim, t.pooling, t.zipf, b) for t, b, _ in samples}) < 6:
+        raise PerfswarmError("shard calibration: needs at least 6 distinct tables or batches")
+    measured = np.array([s for _, _, s in samples])
+    best: tuple[float, EmbeddingCost] | None = None
+    for cache, exponent in itertools.product(CACHE_CANDIDATES, MISS_EXPONENTS):
+        probe = EmbeddingCost(cache_bytes=cache, miss_exponent=exponent)
+        design = np.array([probe.features(t, b) for t, b, _ in samples])
+        coef, _ = nnls(design / measured[:, None], np.ones(len(samples)))
+        error = float(np.sum(np.log(np.maximum(design @ coef, 1e-300) / measured) ** 2))
+        if best is None or error < best[0]:
+            best = (error, replace(probe, **{name: float(c) for name, c in
+                                             zip(COEFFICIENTS, coef, strict=True)}))
+    assert best is not None
+    return best[1]
+
+
+def calibrate(tables: Sequence[Table] | None = None, batches: Sequence[int] = PROBE_BATCHES,
               iters: int = 10) -> EmbeddingCost:
-    """Fit the cost constants to each table timed alone (least relative error, non-negative)."""
-    if len(tables) < 4:
-        raise PerfswarmError("calibrate: needs at least 4 tables of different shapes")
-    probe = EmbeddingCost(cache_bytes=cache_bytes)
-    measured = np.array([time_tables([t], batch, iters) for t in tables])
-    design = np.array([probe.features(t, batch) for t in tables]) / measured[:, None]
-    (overhead, per_lookup, hit, miss), _ = nnls(design, np.ones(len(tables)))
-    return replace(probe, overhead_s=float(overhead), per_lookup_s=float(per_lookup),
-                   hit_s_per_byte=float(hit), miss_s_per_byte=float(miss))
+    """Fit the cost constants to EmbeddingBag timings on this machine: each table (the probe
+    set unless given) timed alone at each batch size."""
+    tables = probe_tables() if tables is None else tables
+    return fit_cost([(t, b, time_tables([t], b, iters)) for t in tables for b in batches])
 
 
-def _device_worker(rank: int, work: Workload, device_of: tuple[int, ...], iters: int,
+def _device_worker(_: int, tables: tuple[Table, ...], batch: int, iters: int, seed: int,
                    out: str) -> None:
-    mine = [t for t, d in zip(work.tables, device_of, strict=True) if d == rank]
-    seconds = time_tables(mine, work.batch, iters, seed=rank) if mine else 0.0
-    Path(out, f"{rank}.json").write_bytes(orjson.dumps(seconds))
+    seconds = time_tables(tables, batch, iters, seed) if tables else 0.0
+    Path(out).write_bytes(orjson.dumps(seconds))
 
 
 def measure_plan(work: Workload, p: Plan, iters: int = 10) -> tuple[float, ...]:
-    """Measured seconds per iteration of each device's tables, one local process per device."""
+    """Measured seconds per iteration of each device's tables: one local process per device,
+    holding only its tables, run one after another (concurrent processes would measure how
+    they share this machine's cores and memory, which separate devices do not)."""
     mp = importlib.import_module("torch.multiprocessing")
     devices = len(p.device_s)
+    seconds = []
     with tempfile.TemporaryDirectory(prefix="perfswarm-shard-") as tmp:
-        mp.spawn(_device_worker, args=(work, p.device_of, iters, tmp), nprocs=devices, join=True)
-        return tuple(float(orjson.loads(Path(tmp, f"{d}.json").read_bytes()))
-                     for d in range(devices))
+        for d in range(devices):
+            mine = tuple(t for t, k in zip(work.tables, p.device_of, strict=True) if k == d)
+            out = Path(tmp, f"{d}.json")
+            mp.spawn(_device_worker, args=(mine, work.batch, iters, d, str(out)), nprocs=1,
+                     join=True)
+            seconds.append(float(orjson.loads(out.read_bytes())))
+    return tuple(seconds)

@@ -138,13 +138,17 @@ class BoardServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0,
-                 advice: Callable[[Run], Sequence[Mapping[str, Any]]] | None = None) -> None:
-        """`advice` (optimize.advise, given by the CLI) adds advice cards to reports."""
+                 advice: Callable[[Run], Sequence[Mapping[str, Any]]] | None = None,
+                 projection: Callable[[Run], tuple[Mapping[str, Any] | None, str]] | None
+                 = None) -> None:
+        """`advice` (optimize.advise, given by the CLI) adds advice cards to reports, and
+        `projection` (optimize.project.report_projection) the scaling projection."""
         if not root.is_dir():
             raise PerfswarmError(f"{root}: not a directory")
         self.root = root.resolve()
         self.cache = _ReportCache()
         self.advice = advice
+        self.projection = projection
         try:
             super().__init__((host, port), BoardHandler)
         except OSError as exc:
@@ -153,7 +157,10 @@ class BoardServer(ThreadingHTTPServer):
     def report_page(self, path: Path) -> bytes:
         run = Run.open(path)
         advice = self.advice(run) if self.advice else ()
-        return html.render(report_data(run, advice=advice)).encode()
+        if self.projection is None:
+            return html.render(report_data(run, advice=advice)).encode()
+        return html.render(report_data(run, advice=advice,
+                                       projection=self.projection(run))).encode()
 
     @property
     def url(self) -> str:

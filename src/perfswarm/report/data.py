@@ -184,12 +184,15 @@ def tune_section(files: Mapping[str, Any], run: Run) -> dict[str, Any]:
 
 def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 advice: Sequence[Mapping[str, Any]] = (),
-                tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                tune: Mapping[str, Any] | None = None,
+                projection: tuple[Mapping[str, Any] | None, str] = (None, "not computed"),
+                ) -> dict[str, Any]:
     """The report of one Run as a plain dict (stable keys; see docs/cli.md).
 
-    `advice` is optimize.advise's list and `tune` a tune output directory as
-    optimize.tune.load_results reads it, both passed in by the caller: report sits
-    beside optimize in the import order, not above it.
+    `advice` is optimize.advise's list, `tune` a tune output directory as
+    optimize.tune.load_results reads it, and `projection` optimize.project's
+    report_projection (the projection's dict, or None and why not), all passed in by the
+    caller: report sits beside optimize in the import order, not above it.
     """
     manifest = run.manifest()
     events = load(run)
@@ -215,6 +218,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
         "tune": tune_section(tune, run) if tune is not None else None,
+        "projection": dict(projection[0]) if projection[0] is not None else None,
+        "projection_note": projection[1],
     }
 
 

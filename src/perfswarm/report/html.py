@@ -134,11 +134,52 @@ def trials_figure(tune: dict[str, Any]) -> dict[str, Any]:
                          "showarrow": False, "xanchor": "right", "yanchor": "bottom"}]}}
 
 
+def scaling_figure(projection: dict[str, Any]) -> dict[str, Any]:
+    """Projected throughput (with the ideal line) and scaling efficiency per device count."""
+    points = projection["points"]
+    x = [p["devices"] for p in points]
+    line = {"type": "scatter", "mode": "lines+markers", "x": x}
+    data = [{**line, "name": "throughput", "y": [p["throughput_per_s"] for p in points]},
+            {**line, "mode": "lines", "name": "ideal (no communication)",
+             "y": [p["devices"] * 1e3 / p["compute_ms"] for p in points],
+             "line": {"dash": "dot"}},
+            {**line, "name": "scaling efficiency", "yaxis": "y2",
+             "y": [100 * p["efficiency"] for p in points]}]
+    return {"data": data, "layout": {
+        "height": 380, "margin": {"t": 40}, "legend": {"orientation": "h", "y": 1.12},
+        "xaxis": {"type": "log", "tickvals": x, "title": {"text": "devices"}},
+        "yaxis": {"type": "log", "title": {"text": "batches/s, all devices"}},
+        "yaxis2": {"overlaying": "y", "side": "right", "range": [0, 105],
+                   "tickvals": [0, 20, 40, 60, 80, 100], "showgrid": False,
+                   "title": {"text": "efficiency %"}}}}
+
+
+def options_figure(projection: dict[str, Any]) -> dict[str, Any]:
+    """Scaling efficiency at the largest device count, per network and scheme."""
+    options = projection["options"]
+    networks = list(dict.fromkeys(html.escape(o["interconnect"]) for o in options))
+    data = [{"type": "bar", "name": scheme, "x": networks,
+             "y": [100 * o["efficiency"] for o in options if o["scheme"] == scheme]}
+            for scheme in dict.fromkeys(o["scheme"] for o in options)]
+    largest = projection["points"][-1]["devices"]
+    return {"data": data, "layout": {
+        "barmode": "group", "height": 320, "margin": {"t": 30},
+        "yaxis": {"title": {"text": f"efficiency % at {largest} devices"}, "range": [0, 105]}}}
+
+
+def projection_figures(projection: dict[str, Any] | None) -> dict[str, Any]:
+    if projection is None:
+        return {}
+    return {"chart-scaling": scaling_figure(projection),
+            "chart-options": options_figure(projection)}
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
     figures = {"chart-timeline": timeline_figure(timeline),
-               "chart-concurrency": concurrency_figure(report["concurrency"])}
+               "chart-concurrency": concurrency_figure(report["concurrency"]),
+               **projection_figures(report["projection"])}
     if report["prediction"]:
         figures["chart-prediction"] = prediction_figure(report["prediction"])
     if timeline["counters"]:
@@ -169,6 +210,13 @@ def steps_figure(compare: dict[str, Any]) -> dict[str, Any]:
 def render_compare(compare: dict[str, Any]) -> str:
     """Two runs compared (data.compare_data) as one HTML page."""
     return _page("compare.html.j2", compare, {"chart-steps": steps_figure(compare)})
+
+
+def render_projection(title: str, projection: dict[str, Any]) -> str:
+    """`project --html`: the projection alone as one HTML page."""
+    return _page("projection.html.j2", {"title": title, "projection": projection,
+                                        "projection_note": ""},
+                 projection_figures(projection))
 
 
 def render_board(root: str, runs: list[dict[str, Any]]) -> str:
