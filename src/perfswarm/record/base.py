@@ -8,11 +8,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import orjson
 
+from perfswarm.errors import TraceFormatError
 from perfswarm.trace.store import CollectorStatus
 
 Clock = Callable[[], int]
+# Tools' clock readings and durations beyond this (146 years of ns) are not a clock; the bound
+# leaves room to add an epoch offset, or a duration to a time, within int64.
+MAX_CLOCK_NS = 1 << 62
+
+
+def int64_field(text: str, path: Path, line: int, what: str, limit: int = 1 << 63) -> int:
+    """A decimal (or 0x-hex) integer field of a tool's text output, checked to fit `limit`
+    (an int64 column by default): anything larger means the file is not what the tool writes."""
+    if len(text) <= 20:  # longer cannot fit, and int() of thousands of digits is refused
+        value = int(text, 16) if text[:2] in ("0x", "0X") else int(text)
+        if -limit <= value < limit:
+            return value
+    raise TraceFormatError(path, f"line {line}", f"{what} out of range: {text[:24]}")
 
 
 class Collector:
@@ -110,18 +125,34 @@ class Sampler(Collector):
         return self.samples
 
 
-_DEVICE = re.compile(r"^gpu(\d+)\.")
+_DEVICE = re.compile(r"^gpu(\d{1,9})\.", re.ASCII)
+
+
+class Reading(msgspec.Struct):
+    """One line of a sampler file."""
+
+    ts: int
+    values: dict[str, float | None]  # orjson writes NaN as null
+
+
+_READING = msgspec.json.Decoder(Reading)
 
 
 def read_jsonl(path: Path) -> list[tuple[int, str, int, float]]:
     """(ts, name, device, value) rows of a sampler file; a torn last line (crash) is skipped."""
     rows: list[tuple[int, str, int, float]] = []
-    for line in path.read_bytes().splitlines():
+    lines = path.read_bytes().splitlines()
+    for n, line in enumerate(lines, 1):
         try:
-            item = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        for name, value in item["values"].items():
-            m = _DEVICE.match(name)
-            rows.append((int(item["ts"]), name, int(m.group(1)) if m else -1, float(value)))
+            item = _READING.decode(line)
+        except msgspec.DecodeError as exc:
+            if n == len(lines):  # the write a crash cut short
+                continue
+            raise TraceFormatError(path, f"line {n}", f"not a sampler reading: {exc}") from None
+        if not 0 <= item.ts < MAX_CLOCK_NS:
+            raise TraceFormatError(path, f"line {n}", f"time out of range: {item.ts}")
+        for name, value in item.values.items():
+            if value is not None:
+                m = _DEVICE.match(name)
+                rows.append((item.ts, name, int(m.group(1)) if m else -1, value))
     return rows

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+import msgspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -169,12 +170,18 @@ class Run:
         return run
 
     def manifest(self) -> Manifest:
+        """The manifest, checked against `Manifest` (every field, every type), so readers
+        never meet a missing key or a wrong type; unknown keys are kept."""
         try:
             data = orjson.loads(self.manifest_path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
             raise RunError(f"{self.manifest_path}: unreadable manifest ({exc})") from None
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
             raise RunError(f"{self.manifest_path}: not a schema {SCHEMA_VERSION} manifest")
+        try:
+            msgspec.convert(data, Manifest)
+        except msgspec.ValidationError as exc:
+            raise RunError(f"{self.manifest_path}: malformed manifest ({exc})") from None
         return data  # type: ignore[return-value]
 
     def write_manifest(self, manifest: Manifest) -> None:
