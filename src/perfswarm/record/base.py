@@ -104,13 +104,16 @@ class Sampler(Collector):
             self.samples += 1
 
     def _loop(self) -> None:
-        with self.path.open("ab", buffering=0) as out:
-            next_at = time.monotonic()
-            while not self._stop.is_set():
-                self.sample_once(out)
-                next_at += self.interval
-                self._stop.wait(max(0.0, next_at - time.monotonic()))
-            self.sample_once(out)  # the state at the end
+        try:
+            with self.path.open("ab", buffering=0) as out:
+                next_at = time.monotonic()
+                while not self._stop.is_set():
+                    self.sample_once(out)
+                    next_at += self.interval
+                    self._stop.wait(max(0.0, next_at - time.monotonic()))
+                self.sample_once(out)  # the state at the end
+        except OSError as exc:  # a full disk: the readings so far stay, the recording goes on
+            self.failed(f"cannot write {self.path.name} ({exc.strerror or exc})")
         self.cpu_ns = time.thread_time_ns()
 
     def stop(self) -> None:

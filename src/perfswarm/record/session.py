@@ -110,13 +110,22 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".recording"))
     try:
-        return _record(list(command), out, raw, options, on_status)
-    finally:
+        recording, code = _record(list(command), raw, options, on_status)
+    except BaseException:
         shutil.rmtree(raw, ignore_errors=True)
+        raise
+    try:
+        run = build_run(recording, out, options.force)
+    except PerfswarmError as exc:
+        # Nothing recorded is lost: the collectors' files stay where they were written.
+        raise PerfswarmError(f"{exc}; the recording's raw files are kept in {raw}") from None
+    shutil.rmtree(raw, ignore_errors=True)
+    return RecordResult(run, code if code >= 0 else 128 - code)
 
 
-def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
-            on_status: Callable[[Status], None] | None) -> RecordResult:
+def _record(command: list[str], raw: Path, options: RecordOptions,
+            on_status: Callable[[Status], None] | None) -> tuple[Recording, int]:
+    """Run the child under the collectors; the recording and the child's return code."""
     collectors = make_collectors(options.collectors, raw, options)
     manifest = new_manifest(command)
     env = dict(os.environ)
@@ -161,8 +170,7 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},
     }}
     perf_exe = next((c.exe for c in collectors if isinstance(c, PerfCollector)), None)
-    run = build_run(Recording(raw, manifest, perf_exe, start_ns), out, options.force)
-    return RecordResult(run, code if code >= 0 else 128 - code)
+    return Recording(raw, manifest, perf_exe, start_ns), code
 
 
 def _forward(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:
