@@ -142,6 +142,38 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if pa.types.is_dictionary(f.type)]
 
 
+ROW_GROUP = 65_536  # rows per Parquet row group: the unit a reader of one rank skips by
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """One chunk per column; each dictionary holds the values used, in order of appearance."""
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        array = column.combine_chunks()
+        if isinstance(array, pa.DictionaryArray):
+            array = array.dictionary_decode().dictionary_encode().cast(field.type)
+        columns.append(array)
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def row_groups(parts: Iterable[pa.Table], schema: pa.Schema) -> Iterator[pa.Table]:
+    """`parts` (cast to `schema`) re-cut into row groups of exactly ROW_GROUP rows (the last
+    fewer), each canonical: the same rows give the same bytes however the parts were cut,
+    whichever path (in memory, out of core, parallel) built them."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for part in parts:
+        pending.append(part.select(schema.names).cast(schema))
+        rows += pending[-1].num_rows
+        while rows >= ROW_GROUP:
+            table = pa.concat_tables(pending)
+            yield _canonical(table.slice(0, ROW_GROUP))
+            pending = [table.slice(ROW_GROUP)]
+            rows -= ROW_GROUP
+    if rows:
+        yield _canonical(pa.concat_tables(pending))
+
+
 class Run:
     """A Run directory. Cheap to construct; tables are read on demand."""
 
@@ -235,10 +267,9 @@ class Run:
             with pa.OSFile(tmp, "wb") as sink, pq.ParquetWriter(
                     sink, schema, compression="zstd",
                     use_dictionary=_dictionary_columns(schema)) as writer:
-                for part in parts:
-                    writer.write_table(part.select(schema.names).cast(schema),
-                                       row_group_size=1 << 20)
-                    del part
+                for group in row_groups(parts, schema):
+                    writer.write_table(group, row_group_size=ROW_GROUP)
+                    del group
                     # Hand freed slices back to the OS, so writing costs one slice, not many.
                     pa.default_memory_pool().release_unused()
             os.replace(tmp, path)
