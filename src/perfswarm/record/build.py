@@ -17,7 +17,7 @@ from perfswarm.errors import TraceFormatError
 from perfswarm.record import perf, pystacks, strace
 from perfswarm.record.base import read_jsonl
 from perfswarm.trace import execution_trace
-from perfswarm.trace.ingest import _describe, assign_steps, sort_events
+from perfswarm.trace.ingest import assign_steps, describe, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
 from perfswarm.trace.schema import (
     COUNTERS,
@@ -177,7 +177,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
                 continue
             meta, tables = read
             parts.append(tables)
-            _describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
+            describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
                       tables.events.num_rows)
         for path in raw.glob("steps-rank*-pid*.json"):
             rank, pid = _rank_pid(path)

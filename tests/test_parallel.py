@@ -1,0 +1,128 @@
+"""Scale-out on Dask: the parallel import and analyze against the single-process paths, byte for
+byte and key for key, on a synthetic multi-rank run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import CORPUS, ET
+from perfswarm.cli.main import main
+from perfswarm.errors import PerfswarmError
+from perfswarm.trace import synthetic
+from perfswarm.trace.cluster import ClusterOptions
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+RANKS = 8
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Iterator[str]:
+    """A running two-worker cluster, used through --scheduler ADDRESS."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture(scope="module")
+def rank_traces(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("ranks")
+    return [synthetic.write(root / f"rank{r}.json", 6_000, seed=r, rank=r) for r in range(RANKS)]
+
+
+def _tables(run: Run) -> dict[str, bytes]:
+    return {name: run.table_path(name).read_bytes() for name in run.table_names()}
+
+
+def _manifest(run: Run) -> dict[str, object]:
+    m = dict(run.manifest())
+    m.pop("command")
+    return m
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory, rank_traces: list[Path]) -> Run:
+    return import_traces(rank_traces, tmp_path_factory.mktemp("single") / "r.run",
+                         ImportOptions(cluster=ClusterOptions(workers=0)), ["t"])
+
+
+def test_parallel_import_is_byte_identical(tmp_path: Path, rank_traces: list[Path], single: Run,
+                                           scheduler: str) -> None:
+    parallel = import_traces(rank_traces, tmp_path / "p.run",
+                             ImportOptions(cluster=ClusterOptions(scheduler=scheduler)), ["t"])
+    assert single.table_names() == parallel.table_names()
+    assert _tables(single) == _tables(parallel)
+    assert _manifest(single) == _manifest(parallel)
+    assert single.manifest()["ranks"] == list(range(RANKS))
+    events = single.table("events", ["rank"]).column("rank").to_pylist()
+    assert events == sorted(events) and len(set(events)) == RANKS
+    assert not list(tmp_path.glob(".*"))  # no scratch or partial directory left
+
+
+def test_shared_ranks_and_execution_trace(tmp_path: Path, rank_traces: list[Path],
+                                          scheduler: str) -> None:
+    """Two files claiming one rank are merged by time; the ET joins the same way."""
+    files = [*rank_traces[:3], CORPUS / "execution_trace/benchmark_simple_add_trace.json.gz"]
+    ranks = (0, 1, 0, 2)
+    runs = [import_traces(files, tmp_path / f"{name}.run",
+                          ImportOptions(ranks=ranks, execution_traces=(CORPUS / ET,),
+                                        cluster=cluster), ["t"])
+            for name, cluster in (("single", ClusterOptions(workers=0)),
+                                  ("parallel", ClusterOptions(scheduler=scheduler)))]
+    assert _tables(runs[0]) == _tables(runs[1])
+    assert _manifest(runs[0]) == _manifest(runs[1])
+    warnings = [w["what"] for w in runs[0].manifest()["warnings"]]
+    assert "several files claim rank 0" in warnings
+    assert runs[0].table("graph_nodes").num_rows > 0
+
+
+def test_local_cluster_from_the_cli(tmp_path: Path, rank_traces: list[Path], single: Run,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.run"
+    assert main(["import", *map(str, rank_traces), "-o", str(out), "--workers", "2",
+                 "--worker-memory", "1GB"]) == 0
+    assert "8 file(s)" in capsys.readouterr().out
+    assert _tables(Run(out)) == _tables(single)
+
+
+def test_cluster_errors_are_one_line(tmp_path: Path, rank_traces: list[Path],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": "soon"}]}')
+    with pytest.raises(PerfswarmError, match=r"bad\.json \(json\)"):
+        import_traces([*rank_traces[:2], bad], tmp_path / "b.run",
+                      ImportOptions(cluster=ClusterOptions(workers=1)), ["t"])
+    assert not (tmp_path / "b.run").exists() and not list(tmp_path.glob(".b.run*"))
+    assert main(["import", str(rank_traces[0]), "-o", str(tmp_path / "c.run"),
+                 "--scheduler", "tcp://127.0.0.1:9"]) == 2
+    assert "--scheduler tcp://127.0.0.1:9: cannot connect" in capsys.readouterr().err
+    assert main(["import", str(rank_traces[0]), "-o", str(tmp_path / "d.run"), "--workers", "1",
+                 "--worker-memory", "lots"]) == 2
+    assert "--worker-memory lots" in capsys.readouterr().err
+
+
+def test_when_to_go_parallel() -> None:
+    auto = ClusterOptions()
+    assert not auto.parallel(7) and auto.parallel(8)
+    assert not ClusterOptions(workers=0).parallel(64)
+    assert ClusterOptions(workers=2).parallel(1)
+    assert ClusterOptions(workers=0, scheduler="tcp://h:8786").parallel(1)
+
+
+def test_analysis_json_is_identical(single: Run, scheduler: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    outs = []
+    for flags in (["--workers", "0"], ["--scheduler", scheduler]):
+        assert main(["analyze", str(single.path), "--json", *flags]) == 0
+        outs.append(orjson.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+    assert outs[0]["ranks"] == list(range(RANKS))
+    assert outs[0]["critical_path"]["rank_switches"] > 0
+    assert outs[0]["stragglers"]["instances"] > 0
