@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import TRACES, corpus
-from perfswarm.analyze.critical_path import _build, critical_path, sync_events
+from perfswarm.analyze.critical_path import build, critical_path, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
 from perfswarm.analyze.iterations import StepWindow, iterations
@@ -67,7 +67,7 @@ def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:
 def test_stream_wait_event_links_streams(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["event_sync_multi"]
     ev = Events.load(run)
-    g = _build(ev, sync_events(run, ev))
+    g = build(ev, sync_events(run, ev), {})
     # cudaStreamWaitEvent (corr 1389): stream 24 waits for the event recorded (corr 1385)
     # after the sgemm launched on stream 20 (corr 27); stream 24's next op is memset 1411
     ((waiter, recorded),) = g.waits_for.items()

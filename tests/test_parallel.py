@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import CORPUS, ET
@@ -16,6 +18,8 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.trace import synthetic
 from perfswarm.trace.cluster import ClusterOptions
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.analyze.critical_path import Segment, State, path_of
+from perfswarm.trace import store
 from perfswarm.trace.store import Run
 
 RANKS = 8
@@ -29,6 +33,14 @@ def scheduler() -> Iterator[str]:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
         yield cluster.scheduler_address
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_row_groups() -> Iterator[None]:
+    """Row groups of 4,096 rows, so the events span several and a rank's read skips some."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(store, "ROW_GROUP", 4_096)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +138,35 @@ def test_analysis_json_is_identical(single: Run, scheduler: str,
     assert outs[0]["ranks"] == list(range(RANKS))
     assert outs[0]["critical_path"]["rank_switches"] > 0
     assert outs[0]["stragglers"]["instances"] > 0
+
+
+def test_one_rank_reads_its_row_groups(single: Run) -> None:
+    full = single.table("events")
+    groups = pq.ParquetFile(single.table_path("events")).num_row_groups
+    assert groups == -(-full.num_rows // 4_096) == 6
+    for rank in (0, 3, 7):
+        mine = single.table("events", ["ts", "name", "args"], rank=rank)
+        expected = full.filter(pc.equal(full.column("rank"), rank)).select(["ts", "name", "args"])
+        assert mine.to_pylist() == expected.to_pylist()
+    assert single.table("events", rank=99).num_rows == 0
+
+
+def test_path_across_segments_stops_at_the_first_repeat() -> None:
+    """The walk goes graph to graph; a state met again, in the same segment or an earlier one,
+    ends the path before it, as one walk over every rank would end it."""
+    order: list[State] = [(0, "dev", 5, 90), (0, "host", 4, 80), (1, "dev", 9, 85),
+                          (1, "host", 8, 70), (0, "host", 4, 80), (0, "dev", 2, 60)]
+
+    def walk_from(state: State, stop: int | None) -> Segment:
+        i = order.index(state)
+        visited: list[State] = []
+        while (i < len(order) and order[i][0] == state[0] and order[i] not in visited
+               and (stop is None or len(visited) < stop)):
+            visited.append(order[i])
+            i += 1
+        ns = dict.fromkeys(["cpu"], len(visited))
+        return Segment(ns, {}, 0, 0, visited, order[i] if i < len(order) else None)
+
+    segments = path_of(order[0], walk_from)
+    assert [s.visited for s in segments] == [order[:2], order[2:4]]
+    assert segments[-1].next == order[4]  # seen before: the path ends here

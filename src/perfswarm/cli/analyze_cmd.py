@@ -11,6 +11,7 @@ from rich.table import Table
 from perfswarm.analyze.concurrency import STATES
 from perfswarm.analyze.summary import Analysis, analyze
 from perfswarm.cli.app import app
+from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.trace.store import Run
 
@@ -87,9 +88,16 @@ def analyze_command(
     ignore_markers: Annotated[bool, typer.Option(
         "--ignore-markers", help="Detect iterations from the op sequence, ignoring ProfilerStep "
                                  "markers.")] = False,
+    workers: Workers = None,
+    scheduler: Scheduler = None,
+    worker_memory: WorkerMemory = "auto",
 ) -> None:
-    """Concurrency, iterations, op/kernel and launch statistics, stragglers of a Run."""
-    result = analyze(Run.open(run_dir), ignore_markers=ignore_markers)
+    """Concurrency, iterations, op/kernel and launch statistics, stragglers of a Run.
+
+    From 8 ranks up (or with --workers/--scheduler) each rank is analyzed on a Dask worker
+    that reads only its rows; the result is the same."""
+    result = analyze(Run.open(run_dir), ignore_markers=ignore_markers,
+                     cluster=cluster_options(workers, scheduler, worker_memory))
     if as_json:
         print_json(result.to_dict())
     else:

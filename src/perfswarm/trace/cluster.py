@@ -61,22 +61,28 @@ def connect(options: ClusterOptions, ranks: int) -> Iterator[Any]:
         yield client
 
 
-def run_all(client: Any, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]],
-            progress: Callable[[int], None] | None = None) -> list[T]:
-    """fn(*args) for each args on the cluster; the results in order. A worker that died
-    (past its memory limit) is one PerfswarmError; errors raised by fn come back as raised."""
+def results(futures: Sequence[Any], progress: Callable[[int], None] | None = None) -> list[Any]:
+    """The futures' results in order. A worker that died (past its memory limit) is one
+    PerfswarmError; errors raised by a task come back as raised."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
-    futures = [client.submit(fn, *args, pure=False) for args in calls]
     try:
         for done, _ in enumerate(as_completed(futures), 1):
             if progress:
                 progress(done)
         return [f.result() for f in futures]
     except KilledWorker as exc:
-        raise PerfswarmError(f"a Dask worker died running {fn.__name__} ({exc}); "
-                             "raise --worker-memory or use fewer --workers") from None
+        raise PerfswarmError(f"a Dask worker died ({exc}); raise --worker-memory or use fewer "
+                             "--workers") from None
+
+
+def run_all(client: Any, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]],
+            progress: Callable[[int], None] | None = None) -> list[T]:
+    """fn(*args) for each args on the cluster; the results in order (see `results`)."""
+    futures = [client.submit(fn, *args, pure=False) for args in calls]
+    try:
+        return results(futures, progress)
     finally:
         for f in futures:
             f.release()

@@ -24,6 +24,7 @@ from typing import Any, NotRequired, TypedDict
 import msgspec
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from perfswarm import __version__
@@ -174,6 +175,19 @@ def row_groups(parts: Iterable[pa.Table], schema: pa.Schema) -> Iterator[pa.Tabl
         yield _canonical(pa.concat_tables(pending))
 
 
+def _rank_rows(file: pq.ParquetFile, columns: list[str] | None, rank: int) -> pa.Table:
+    """The rows of `rank`, reading only the row groups that can hold them, in file order."""
+    at = file.schema_arrow.get_field_index("rank")
+    groups = []
+    for i in range(file.num_row_groups):
+        stats = file.metadata.row_group(i).column(at).statistics
+        if stats is None or not stats.has_min_max or stats.min <= rank <= stats.max:
+            groups.append(i)
+    wanted = columns or file.schema_arrow.names
+    table = file.read_row_groups(groups, columns=list(dict.fromkeys([*wanted, "rank"])))
+    return table.filter(pc.equal(table.column("rank"), rank)).select(wanted)
+
+
 class Run:
     """A Run directory. Cheap to construct; tables are read on demand."""
 
@@ -238,16 +252,24 @@ class Run:
     def has_table(self, name: str) -> bool:
         return self.table_path(name).is_file()
 
-    def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        """The table `name`, or an empty one of its schema when the Run has none."""
+    def table(self, name: str, columns: list[str] | None = None, *,
+              rank: int | None = None) -> pa.Table:
+        """The table `name`, or an empty one of its schema when the Run has none.
+
+        With `rank`, only that rank's rows: tables are sorted by rank, so only the row
+        groups whose rank statistics include it are read.
+        """
         path = self.table_path(name)
         if not path.is_file():
             table = empty(name)
-            return table.select(columns) if columns else table
-        try:
-            return pq.read_table(path, columns=columns)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise RunError(f"{path}: unreadable table ({exc})") from None
+            table = table.select(columns) if columns else table
+        else:
+            try:
+                table = pq.read_table(path, columns=columns) if rank is None else \
+                    _rank_rows(pq.ParquetFile(path), columns, rank)
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise RunError(f"{path}: unreadable table ({exc})") from None
+        return table
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """Write `table` atomically, cast to the table's schema."""
