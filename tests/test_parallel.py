@@ -13,13 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import CORPUS, ET
+from perfswarm.analyze.critical_path import Segment, State, path_of
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace import synthetic
+from perfswarm.trace import store, synthetic
 from perfswarm.trace.cluster import ClusterOptions
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.analyze.critical_path import Segment, State, path_of
-from perfswarm.trace import store
 from perfswarm.trace.store import Run
 
 RANKS = 8
