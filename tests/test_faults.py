@@ -28,8 +28,10 @@ import pytest
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
+from perfswarm.record import session
 from perfswarm.record.build import Recording, build_run
 from perfswarm.record.session import RecordOptions, record
+from perfswarm.record.tools import ToolCollector
 from perfswarm.trace import synthetic
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run, new_manifest, sweep_partials
@@ -155,6 +157,55 @@ def test_workload_killed_more_points(tmp_path: Path, capsys: pytest.CaptureFixtu
     out, code = _record_killed(tmp_path, phase, delay)
     assert code == 128 + signal.SIGKILL
     _check_killed_recording(out, capsys)
+
+
+HOLD = """
+import ctypes, pathlib, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+# PTRACE_SEIZE with PTRACE_O_TRACEEXIT: the tracee stops at its exit until the tracer lets go
+if libc.ptrace(0x4206, int(sys.argv[1]), None, ctypes.c_void_p(0x40)) != 0:
+    sys.exit(f"cannot trace: errno {ctypes.get_errno()}")
+signal.signal(signal.SIGINT, lambda *_: (pathlib.Path(sys.argv[2]).write_text("x"), sys.exit(0)))
+while True:
+    time.sleep(1)
+"""
+
+
+class _HoldingTracer(ToolCollector):
+    """A ptrace collector that never lets the child finish exiting (as py-spy can, when the
+    SIGKILL lands while it has the child paused for a sample)."""
+
+    name = "holder"
+    tool = "python3"
+    output = "holder.txt"
+    ptrace = True
+
+    def argv(self, pid: int) -> list[str]:
+        return [PY, "-c", HOLD, str(pid), str(self.raw / self.output)]
+
+
+def test_killed_child_held_by_a_tracer_is_freed(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    holders: list[_HoldingTracer] = []
+    monkeypatch.setattr(session, "make_collectors", lambda names, raw, options: holders.append(
+        _HoldingTracer(raw, 0)) or holders)
+    child = "import os, signal, time\ntime.sleep(1.0)\nos.kill(os.getpid(), signal.SIGKILL)"
+    done = threading.Event()
+
+    def watchdog() -> None:  # without the fix record would wait forever: fail instead
+        if not done.wait(60) and holders[0].proc is not None:
+            holders[0].proc.kill()
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    start = time.monotonic()
+    result = record([PY, "-c", child], tmp_path / "h.run", RecordOptions(collectors=()))
+    done.set()
+    status = result.run.manifest()["collectors"]["holder"]["status"]
+    if status.startswith("unavailable"):
+        pytest.skip(f"no ptrace here: {status}")
+    assert result.exit_code == 128 + signal.SIGKILL
+    assert status == "ok"  # stopped with SIGINT: it wrote its output
+    assert time.monotonic() - start < 30
 
 
 def test_torn_collector_files_fail_only_their_collector(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ class PyStacksCollector(ToolCollector):
     name = "pystacks"
     tool = "py-spy"
     output = "pystacks.txt"
+    ptrace = True
 
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None

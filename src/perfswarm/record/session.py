@@ -28,6 +28,7 @@ from perfswarm.record.perf import PerfCollector
 from perfswarm.record.pystacks import PyStacksCollector
 from perfswarm.record.strace import StraceCollector
 from perfswarm.record.system import SystemSampler
+from perfswarm.record.tools import ToolCollector
 from perfswarm.record.torch_profiler import TorchCollector
 from perfswarm.trace.store import Run, new_manifest
 
@@ -93,6 +94,20 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
     return [make[n]() for n in dict.fromkeys(names)]
 
 
+EXIT_GRACE_S = 1.0  # a SIGKILLed child still alive after this is held by a tracer
+
+
+def sigkill_pending(pid: int) -> bool:
+    """Whether `pid` has been sent SIGKILL (it is on its way out)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGKILL - 1)
+    return any(int(line.split()[1], 16) & bit for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:")))
+
+
 def _raw_bytes(raw: Path) -> int:
     return sum(p.stat().st_size for p in raw.iterdir() if p.is_file())
 
@@ -139,11 +154,20 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
         for c in collectors:
             c.start(child.pid)
         t0 = time.monotonic()
+        killed_at: float | None = None
         while child.poll() is None:
             if on_status is not None:
                 active = tuple(c.name for c in collectors if c.state == "ok")
                 on_status(Status(time.monotonic() - t0, active,
                                  sum(c.count() for c in collectors), _raw_bytes(raw)))
+            if killed_at is None and sigkill_pending(child.pid):
+                killed_at = time.monotonic()
+            elif killed_at is not None and time.monotonic() - killed_at > EXIT_GRACE_S:
+                # SIGKILLed but still here: a ptrace collector (py-spy pausing it for a
+                # sample) holds it at its exit stop, forever. Stopping the tracer frees it.
+                for c in collectors:
+                    if isinstance(c, ToolCollector) and c.ptrace:
+                        c.stop()
             try:
                 child.wait(timeout=0.25)
             except subprocess.TimeoutExpired:

@@ -28,6 +28,7 @@ class StraceCollector(ToolCollector):
     name = "strace"
     tool = "strace"
     output = "strace.txt"
+    ptrace = True
 
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
