@@ -143,7 +143,7 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if pa.types.is_dictionary(f.type)]
 
 
-ROW_GROUP = 65_536  # rows per Parquet row group: the unit a reader of one rank skips by
+ROW_GROUP = 16_384  # rows per Parquet row group: the unit a reader of one rank skips by
 
 
 def _canonical(table: pa.Table) -> pa.Table:
