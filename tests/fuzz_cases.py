@@ -43,7 +43,7 @@ def _mutate_structure(rng: random.Random, trace: dict[str, Any]) -> dict[str, An
     return out
 
 
-def _mutate_bytes(rng: random.Random, data: bytes) -> bytes:
+def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
     choice = rng.random()
     if choice < 0.4:
         return data[: rng.randrange(len(data))]
@@ -62,11 +62,11 @@ def cases(sources: list[Path], count: int, seed: int = 0) -> Iterator[tuple[str,
         if rng.random() < 0.6:
             data = json.dumps(_mutate_structure(rng, trace)).encode()
         else:
-            data = _mutate_bytes(rng, json.dumps(trace).encode())
+            data = mutate_bytes(rng, json.dumps(trace).encode())
         if rng.random() < 0.3:
             data = gzip.compress(data, mtime=0)
             if rng.random() < 0.3:
-                data = _mutate_bytes(rng, data)
+                data = mutate_bytes(rng, data)
             yield f"case{n}.json.gz", data
         else:
             yield f"case{n}.json", data

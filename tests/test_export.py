@@ -97,3 +97,21 @@ def test_two_ranks_get_their_own_pids(tmp_path: Path) -> None:
     for span, row in zip(spans, events, strict=True):
         pids_of_rank[row["rank"]].add(span["pid"])
     assert pids_of_rank[0] and pids_of_rank[1] and not pids_of_rank[0] & pids_of_rank[1]
+
+
+def test_string_process_ids_export(tmp_path: Path) -> None:
+    """Traces may name a pid or tid with a string ('Spans'): the events table holds -1 for it,
+    the manifest keys its names the same way, and the export places them there."""
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": "Spans", "tid": 0, "args": {"name": "spans"}},
+        {"ph": "M", "name": "thread_name", "pid": "Spans", "tid": "t1", "args": {"name": "t"}},
+        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": "Spans", "tid": "t1", "ts": 1.0,
+         "dur": 2.0}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(trace))
+    run = import_traces([path], tmp_path / "s.run", ImportOptions(), ["test"])
+    m = run.manifest()
+    assert (m["processes"], m["threads"]) == ({"0:-1": "spans"}, {"0:-1:-1": "t"})
+    meta = [e for e in perfetto.export_chrome_trace(run)["traceEvents"] if e["ph"] == "M"]
+    assert [(e["name"], e["pid"], e["tid"], e["args"]["name"]) for e in meta] == [
+        ("process_name", -1, 0, "spans"), ("thread_name", -1, -1, "t")]

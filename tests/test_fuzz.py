@@ -1,19 +1,32 @@
-"""Fuzzing the trace readers: any input gives a Run or the typed error (exit 2), nothing else."""
+"""Fuzzing every reader: any input gives a Run (or tables) or the typed error (exit 2), nothing
+else. Kineto and execution traces through both import paths; perf script, py-spy raw, strace,
+sampler lines and the manifest from mutations of real samples (tests/data/) and from
+hypothesis grammars of each format."""
 
 from __future__ import annotations
 
+import math
 import tempfile
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import corpus
+from conftest import CORPUS, ET, corpus
 from fuzz_cases import cases
-from perfswarm.errors import PerfswarmError
+from fuzz_readers import READERS, SAMPLES, outcome, text_cases
+from perfswarm.errors import PerfswarmError, TraceFormatError
+from perfswarm.record import perf, pystacks, strace
+from perfswarm.record.base import read_jsonl, value_rows
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Manifest
 
+T = TypeVar("T")
 SMALL = [corpus(n) for n in ("event_sync", "compare_base", "old_format", "triton", "amd")]
 
 
@@ -42,3 +55,175 @@ def test_arbitrary_bytes(data: bytes) -> None:
         path = Path(tmp) / "t.json"
         path.write_bytes(data)
         _import(path)
+
+
+# -- the record side's readers and the manifest ---------------------------------------------
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, bytes]]:
+    """Per reader: the directory its file goes in, and the real sample the cases mutate."""
+    root = tmp_path_factory.mktemp("fuzz-readers")
+    run = import_traces([corpus("et_trace")], root / "t.run",
+                        ImportOptions(execution_traces=(CORPUS / ET,)), ["fuzz"])
+    out = {name: (root, path.read_bytes()) for name, path in SAMPLES.items()}
+    out["manifest"] = (run.path, run.manifest_path.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_mutated_samples(samples: dict[str, tuple[Path, bytes]], name: str) -> None:
+    reader = READERS[name]
+    where, sample = samples[name]
+    path = where / reader.file_name
+    seen = Counter()
+    for data in text_cases(reader, sample, 150, seed=11):
+        path.write_bytes(data)
+        seen[outcome(reader, path)] += 1
+    assert seen["ok"] and seen["typed"], seen  # the cases reach both sides
+    path.write_bytes(sample)
+    assert outcome(reader, path) == "ok"
+
+
+def test_samples_parse_to_exact_counts() -> None:
+    """The real samples themselves: counts the tools reported, or grep finds."""
+    perf_samples = perf.parse_script(SAMPLES["perf"].read_text(), SAMPLES["perf"])
+    assert len(perf_samples) == 64  # perf record: "64 samples"
+    assert sum(len(s.frames) for s in perf_samples) == 274  # lines starting with a tab
+    folded = pystacks.read(SAMPLES["pystacks"])
+    assert [f.count for f in folded] == [6, 2, 1, 7, 6, 1, 2]  # py-spy: "Samples: 25"
+    calls = strace.parse(SAMPLES["strace"].read_text(), SAMPLES["strace"])
+    # lines ending in <duration>; 13 unfinished calls resume in the sample, exit_group never
+    assert len(calls) == 282 and {c.tid for c in calls} == {9021, 9022, 9023}
+    assert len(value_rows(read_jsonl(SAMPLES["sampler"]))) == 86  # values in its 6 lines
+
+
+def _parsed_unless_too_big(parse: Callable[[str, Path], list[T]], lines: list[str], path: Path,
+                           too_big: bool) -> list[T] | None:
+    """parse(text, path), which must refuse with the typed error exactly when a number in
+    the text cannot be what the tool writes (then None)."""
+    text = "\n".join(lines)
+    if too_big:
+        with pytest.raises(TraceFormatError, match=r"out of range|beyond 64 bits"):
+            parse(text, path)
+        return None
+    return parse(text, path)
+
+
+WORD = st.text(st.characters(whitelist_categories=("Lu", "Ll", "Nd"), max_codepoint=127),
+               min_size=1, max_size=12)
+NUMBER = st.integers(0, 10**6) | st.integers(0, 2**70)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(NUMBER, NUMBER, NUMBER, st.integers(0, 10**9 - 1),
+                          st.lists(st.tuples(st.integers(0, 2**68), WORD, WORD), max_size=4)),
+                max_size=6))
+def test_perf_script_grammar(samples_: list[tuple[int, int, int, int,
+                                                  list[tuple[int, str, str]]]]) -> None:
+    """Well-formed perf script text parses to exactly its samples, unless a number cannot
+    be what perf writes: then (only then) the typed error."""
+    lines = []
+    for pid, tid, sec, nsec, frames in samples_:
+        lines.append(f"python {pid}/{tid} {sec}.{nsec:09d}:")
+        lines += [f"\t{addr:x} {sym} ({dso})" for addr, sym, dso in frames]
+        lines.append("")
+    too_big = any(pid >= 2**63 or tid >= 2**63 or sec >= 2**62 // 10**9
+                  or any(a >= 2**64 for a, _, _ in frames)
+                  for pid, tid, sec, _, frames in samples_)
+    parsed = _parsed_unless_too_big(perf.parse_script, lines, Path("perf.data"), too_big)
+    if parsed is None:
+        return
+    assert [(s.pid, s.tid, s.mono_ns) for s in parsed] == [
+        (pid, tid, sec * 10**9 + nsec) for pid, tid, sec, nsec, _ in samples_]
+    assert [[(sym, dso) for sym, dso, _ in s.frames] for s in parsed] == [
+        [(sym, dso) for _, sym, dso in frames] for *_, frames in samples_]
+    assert all(-(2**63) <= a < 2**63 for s in parsed for _, _, a in s.frames)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(NUMBER, NUMBER, st.booleans(),
+                          st.lists(st.tuples(WORD, WORD, NUMBER), min_size=1, max_size=4),
+                          NUMBER), max_size=6))
+def test_pyspy_raw_grammar(lines_: list[tuple[int, int, bool, list[tuple[str, str, int]],
+                                               int]]) -> None:
+    lines = []
+    for pid, tid, hex_tid, frames, count in lines_:
+        stack = ";".join(f"{fn} ({file}:{line})" for fn, file, line in frames)
+        lines.append(f'process {pid}:"python x.py";thread ({hex(tid) if hex_tid else tid});'
+                     f"{stack} {count}")
+    too_big = any(max(pid, tid, count, *(ln for *_, ln in frames)) >= 2**63
+                  for pid, tid, _, frames, count in lines_)
+    parsed = _parsed_unless_too_big(pystacks.parse_raw, lines, Path("pystacks.txt"), too_big)
+    if parsed is None:
+        return
+    assert [(f.pid, f.tid, f.count, f.frames) for f in parsed] == [
+        (pid, tid, count, tuple(reversed(frames))) for pid, tid, _, frames, count in lines_]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(NUMBER, NUMBER, st.integers(0, 999_999), WORD, NUMBER,
+                          st.booleans()), max_size=6))
+def test_strace_grammar(calls: list[tuple[int, int, int, str, int, bool]]) -> None:
+    """Each call written whole or as an unfinished/resumed pair gives one syscall."""
+    lines = []
+    for tid, sec, usec, name, dur, split in calls:
+        ts = f"{sec}.{usec:06d}"
+        if split:
+            lines += [f"{tid} {ts} {name}(1,  <unfinished ...>",
+                      f"{tid} {ts} <... {name} resumed>2) = 0 <{dur}.000001>"]
+        else:
+            lines.append(f"{tid} {ts} {name}(1, 2) = 0 <{dur}.000001>")
+    too_big = any(tid >= 2**63 or sec >= 2**62 // 10**9 or dur >= 2**62 // 10**9
+                  for tid, sec, _, _, dur, _ in calls)
+    parsed = _parsed_unless_too_big(strace.parse, lines, Path("strace.txt"), too_big)
+    if parsed is None:
+        return
+    expected = [(tid, sec * 10**9 + usec * 1000, dur * 10**9 + 1000, name)
+                for tid, sec, usec, name, dur, split in calls]
+    got = [(c.tid, c.ts_ns, c.dur_ns, c.name) for c in parsed]
+    assert sorted(got) == sorted(expected)  # a split call is emitted when it resumes
+    assert all(orjson.loads(c.args)["args"] == "1, 2" for c in parsed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-(2**64), 2**64),
+                          st.dictionaries(WORD, st.floats() | st.none() | st.integers(0, 9),
+                                          max_size=4)), min_size=1, max_size=5),
+       st.integers(0, 30))
+def test_sampler_lines(readings: list[tuple[int, dict[str, float | None]]], torn: int) -> None:
+    """Sampler lines give one row per (time, non-null value); a torn last line is skipped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "system.jsonl"
+        text = b"".join(orjson.dumps({"ts": ts, "values": v}, option=orjson.OPT_NON_STR_KEYS)
+                        + b"\n" for ts, v in readings if abs(ts) < 2**63)
+        path.write_bytes(text + b'{"ts": 1, "val'[:torn])
+        if any(not 0 <= ts < 2**62 for ts, _ in readings if abs(ts) < 2**63):
+            with pytest.raises(TraceFormatError, match="time out of range"):
+                read_jsonl(path)
+            return
+        rows = value_rows(read_jsonl(path))  # orjson writes NaN and infinities as null: none
+        assert len(rows) == sum(1 for ts, v in readings if abs(ts) < 2**63
+                                for x in v.values() if x is not None and math.isfinite(x))
+
+
+def _nested(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    return st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats()
+                    | st.text(max_size=10), _nested, max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(Manifest.__annotations__)), JSON)
+def test_manifest_fields(samples: dict[str, tuple[Path, bytes]], key: str, value: object) -> None:
+    """Any value in any manifest field: the Run opens and reads, or the typed error."""
+    where, sample = samples["manifest"]
+    manifest = orjson.loads(sample)
+    manifest[key] = value
+    path = where / "manifest.json"
+    path.write_bytes(orjson.dumps(manifest))
+    try:
+        assert outcome(READERS["manifest"], path) in ("ok", "typed")
+    finally:
+        path.write_bytes(sample)

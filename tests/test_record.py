@@ -293,7 +293,7 @@ python  4242/4242  3836.875358000:
 
 
 def test_parse_perf_script() -> None:
-    a, b = perf.parse_script(PERF_SCRIPT)
+    a, b = perf.parse_script(PERF_SCRIPT, Path("perf.data"))
     assert (a.pid, a.tid, a.mono_ns) == (4242, 4243, 3836874878123)
     assert a.frames == [("io_schedule", "[kernel.kallsyms]", 0xffffffff8226633f - (1 << 64)),
                         ("PyEval_EvalFrame", "/usr/lib/libpython3.11.so", 0x7f7e7eaf2ad7)]
@@ -307,7 +307,7 @@ def test_parse_pyspy_raw() -> None:
             'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9) 4\n'
             'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9);'
             "<module> (<string>:3) 5\n")
-    f, g, idle, spin = pystacks.parse_raw(text)
+    f, g, idle, spin = pystacks.parse_raw(text, Path("pystacks.txt"))
     assert (idle.pid, idle.frames, idle.count) == (9, (), 4)
     assert (spin.tid, spin.frames, spin.count) == (9, (("<module>", "<string>", 3),), 5)
     assert (g.tid, g.frames, g.count) == (8, (("g", "a.py", 1),), 2)
@@ -423,7 +423,7 @@ def test_parse_strace_pairs_unfinished_calls() -> None:
             "102 1700000000.000200 futex(0x1, FUTEX_WAIT, 0, NULL <unfinished ...>\n"
             "102 1700000000.000900 <... futex resumed>) = 0 <0.000700>\n"
             "101 1700000000.001000 +++ exited with 0 +++\n")
-    read, futex = parse(text)
+    read, futex = parse(text, Path("strace.txt"))
     assert (read.tid, read.ts_ns, read.dur_ns, read.name) == (101, 1700000000000100000, 12000,
                                                               "read")
     assert (futex.tid, futex.ts_ns, futex.dur_ns) == (102, 1700000000000200000, 700000)

@@ -135,15 +135,17 @@ def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[B
     return out
 
 
+def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> RankConcurrency:
+    """One rank's breakdown over its whole span and over each of its iterations."""
+    activity = Activity.of_rank(ev, rank)
+    total, *per_step = breakdowns(activity, [activity.span(),
+                                             *((w.start, w.end) for w in windows)])
+    return RankConcurrency(
+        rank, total,
+        tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True)))
+
+
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:
     """Breakdown per rank over its whole span and over each iteration in `steps`."""
-    ranks = []
-    for rank in ev.ranks:
-        activity = Activity.of_rank(ev, rank)
-        windows = list(steps.get(rank, ()))
-        total, *per_step = breakdowns(activity, [activity.span(),
-                                                 *((w.start, w.end) for w in windows)])
-        ranks.append(RankConcurrency(
-            rank, total,
-            tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True))))
-    return Concurrency(tuple(ranks))
+    return Concurrency(tuple(rank_concurrency(ev, rank, list(steps.get(rank, ())))
+                             for rank in ev.ranks))

@@ -13,15 +13,17 @@ category, so the composition sums to the path length exactly.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import Dependencies, SyncEvent, dependencies
+from perfswarm.analyze.dependencies import SyncEvent, dependencies
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
 from perfswarm.analyze.launch import DEVICE_OPS
+from perfswarm.analyze.stragglers import Instance, collective_starts
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "launch_latency", "kernel",
                      "collective", "memcpy", "memset")
@@ -50,25 +52,46 @@ class CriticalPath:
                 "top": [{"category": c, "name": n, "ns": v} for c, n, v in self.top]}
 
 
+Peer = tuple[int, int, int]  # rank, row (in the graph holding that rank), start ns
+# Where the walk is: rank, "dev" or "host", row (in the graph holding the rank), time
+State = tuple[int, str, int, int]
+
+
 @dataclass
-class _Graph:
-    """Dependencies of every device op and host sync call, and each host thread's states."""
+class Graph:
+    """Dependencies of every device op and host sync call of some ranks, resolved once."""
 
     ev: Events
-    deps: Dependencies
+    prev_on_stream: dict[int, int] = field(default_factory=dict)
+    launch_of: dict[int, int] = field(default_factory=dict)
+    waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
+    sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
+    peers: dict[int, list[Peer]] = field(default_factory=dict)  # collective -> on others
     # keyed by lane_key(rank, tid)
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     thread_start: dict[int, int] = field(default_factory=dict)
 
 
-def _build(ev: Events, syncs: list[SyncEvent]) -> _Graph:
-    g = _Graph(ev, dependencies(ev, syncs))
+def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int, list[Peer]]]:
+    """rank -> collective row -> the same collective on the other ranks, from the ranks'
+    instances (each: where every rank that ran it ran it)."""
+    out: dict[int, dict[int, list[Peer]]] = defaultdict(dict)
+    for peers in instances:
+        for rank, row, _ in peers:
+            out[rank][row] = [p for p in peers if p[0] != rank]
+    return out
+
+
+def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]]) -> Graph:
+    """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers."""
+    d = dependencies(ev, syncs)
+    g = Graph(ev, d.prev_on_stream, d.launch_of, d.waits_for, d.sync_target, peers)
     _threads(g)
     return g
 
 
-def _threads(g: _Graph) -> None:
+def _threads(g: Graph) -> None:
     """Per host thread: its busy-state timeline and its sync calls that really waited."""
     ev = g.ev
     host = np.flatnonzero(ev.host_busy)
@@ -82,16 +105,15 @@ def _threads(g: _Graph) -> None:
         codes = np.where(in_call, 1, np.where(busy, 0, 2)).astype(np.int64)
         g.thread_sums[key] = StateSums(points, codes, len(HOST_STATES), 2)
         g.thread_start[key] = int(starts.min())
-        target = g.deps.sync_target
-        waited = [c for c in rows[calls].tolist() if c in target
-                  and ev.end[target[c]] > ev.ts[c] and ev.ts[target[c]] < ev.end[c]]
+        waited = [c for c in rows[calls].tolist() if c in g.sync_target
+                  and ev.end[g.sync_target[c]] > ev.ts[c] and ev.ts[g.sync_target[c]] < ev.end[c]]
         waited.sort(key=lambda c: int(ev.end[c]))
         g.thread_syncs[key] = (np.array(waited, np.int64),
                                np.array([ev.end[c] for c in waited], np.int64))
 
 
 class _Walk:
-    def __init__(self, g: _Graph) -> None:
+    def __init__(self, g: Graph) -> None:
         self.g = g
         self.ns = dict.fromkeys(CATEGORIES, 0)
         self.by_name: dict[tuple[str, int], int] = defaultdict(int)
@@ -105,35 +127,34 @@ class _Walk:
         if row >= 0:
             self.by_name[(category, int(self.g.ev.name[row]))] += hi - lo
 
-    def device(self, row: int, t: int) -> tuple[str, int, int] | None:
+    def device(self, row: int, t: int) -> State | None:
         """Account device op `row` up to t; return the next state."""
         ev, g = self.g.ev, self.g
         start = int(ev.ts[row])
-        peers = [p for p in g.deps.peers.get(row, []) if ev.ts[p] > start]
+        rank = int(ev.rank[row])
+        peers = [p for p in g.peers.get(row, []) if p[2] > start]
         if peers:
-            late = max(peers, key=lambda p: (int(ev.ts[p]), -p))
-            self.add("collective", int(ev.ts[late]), t, row)
+            late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
+            self.add("collective", late_ts, t, row)
             self.device_ops += 1
             self.switches += 1
-            return ("dev", late, int(ev.ts[late]))
+            return (late_rank, "dev", late, late_ts)
         self.add(_device_category(ev, row), start, t, row)
         self.device_ops += int(t > start)
         preds: list[tuple[int, int, str]] = []  # (ready, row, where)
-        for dep in (g.deps.prev_on_stream.get(row), g.deps.waits_for.get(row)):
+        for dep in (g.prev_on_stream.get(row), g.waits_for.get(row)):
             if dep is not None and ev.ts[dep] <= start:
                 preds.append((min(int(ev.end[dep]), start), dep, "dev"))
-        call = g.deps.launch_of.get(row)
+        call = g.launch_of.get(row)
         if call is not None and ev.ts[call] <= start:
             preds.append((min(int(ev.end[call]), start), call, "host"))
         if not preds:
             return None
         ready, dep, where = max(preds)
         self.add("launch_latency", ready, start)
-        if where == "host":
-            return ("host", dep, ready)
-        return ("dev", dep, ready)
+        return (rank, where, dep, ready)
 
-    def host(self, row: int, t: int) -> tuple[str, int, int] | None:
+    def host(self, row: int, t: int) -> State | None:
         """Walk host thread of `row` back from t; return the device op a sync waited on."""
         ev, g = self.g.ev, self.g
         key = int(lane_key(int(ev.rank[row]), int(ev.tid[row])))
@@ -149,10 +170,10 @@ class _Walk:
         for state, ns in zip(HOST_STATES, sums.between(int(ev.end[call]), t).tolist(),
                              strict=True):
             self.ns[state] += ns
-        target = g.deps.sync_target[call]
+        target = g.sync_target[call]
         done = min(int(ev.end[target]), int(ev.end[call]))
         self.add("sync", done, int(ev.end[call]), call)
-        return ("dev", target, done)
+        return (int(ev.rank[row]), "dev", target, done)
 
 
 def _device_category(ev: Events, row: int) -> str:
@@ -160,34 +181,128 @@ def _device_category(ev: Events, row: int) -> str:
     return next(k for k in ("collective", "memcpy", "memset", "kernel") if KIND[k] == kind)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the path walked in one graph."""
+
+    ns: dict[str, int]
+    by_name: dict[tuple[str, str], int]  # (category, name) -> ns
+    device_ops: int
+    switches: int
+    visited: list[State]
+    next: State | None  # where it goes on: another graph's rank, a repeat, or None at its start
+
+
+def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None) -> Segment:
+    """Walk back from `state` while it is on one of `ranks` (the graph's), no state repeats
+    and (with `stop`) fewer than `stop` states were walked."""
+    w = _Walk(g)
+    visited: list[State] = []
+    seen: set[State] = set()
+    current: State | None = state
+    while (current is not None and current[0] in ranks and current not in seen
+           and (stop is None or len(visited) < stop)):
+        seen.add(current)
+        visited.append(current)
+        _, where, row, t = current
+        current = w.device(row, t) if where == "dev" else w.host(row, t)
+    by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
+    return Segment(w.ns, by_name, w.device_ops, w.switches, visited, current)
+
+
+def path_of(start: State, walk_from: Callable[[State, int | None], Segment]) -> list[Segment]:
+    """The whole path from `start`, segment by segment: `walk_from(state, stop)` walks the graph
+    that holds the state's rank. A state seen in an earlier segment ends the path there, as
+    a repeat inside one walk does."""
+    segments: list[Segment] = []
+    seen: set[State] = set()
+    state: State | None = start
+    while state is not None and state not in seen:
+        segment = walk_from(state, None)
+        cut = next((i for i, s in enumerate(segment.visited) if s in seen), None)
+        if cut is not None:
+            segment = walk_from(state, cut)
+        seen.update(segment.visited)
+        segments.append(segment)
+        state = segment.next
+    return segments
+
+
+@dataclass(frozen=True)
+class Ends:
+    """Where the path can end in some events: the last device op, the last host work of a
+    thread that launches device work, the last host work of any thread: (end, rank, row)."""
+
+    device: tuple[int, int, int] | None
+    launching_host: tuple[int, int, int] | None
+    any_host: tuple[int, int, int] | None
+    launches: bool  # any device op has its launch call
+
+
+def _latest(ev: Events, rows: I64) -> tuple[int, int, int] | None:
+    if len(rows) == 0:
+        return None
+    row = int(rows[np.argmax(ev.end[rows])])
+    return int(ev.end[row]), int(ev.rank[row]), row
+
+
+def ends(g: Graph) -> Ends:
+    ev = g.ev
+    calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
+    host = np.flatnonzero(ev.host_busy)
+    launching = host[np.isin(lane_key(ev.rank[host], ev.tid[host]),
+                             lane_key(ev.rank[calls], ev.tid[calls]))]
+    return Ends(_latest(ev, np.flatnonzero(ev.of_kind(*DEVICE_OPS))), _latest(ev, launching),
+                _latest(ev, host), len(calls) > 0)
+
+
+def last_work(parts: Sequence[Ends]) -> State | None:
+    """The event that ends last, from each graph's Ends (in rank order). The path ends with
+    the last device op or the last host work of a thread that launches device work; helper
+    threads that outlive both are not what the run waited for (unless no thread launches)."""
+    launches = any(p.launches for p in parts)
+    devices = [p.device for p in parts if p.device]
+    hosts = [h for p in parts if (h := p.launching_host if launches else p.any_host)]
+    latest = max((e for e, _, _ in [*devices, *hosts]), default=None)
+    if latest is None:
+        return None
+    # ties: device ops before host work, then the lowest rank (the first row of the table)
+    for where, found in (("dev", devices), ("host", hosts)):
+        for end, rank, row in found:
+            if end == latest:
+                return (rank, where, row, end)
+    return None
+
+
+def path(end: int, segments: Sequence[Segment], top: int = TOP) -> CriticalPath:
+    ns = dict.fromkeys(CATEGORIES, 0)
+    by_name: dict[tuple[str, str], int] = defaultdict(int)
+    for segment in segments:
+        for category, v in segment.ns.items():
+            ns[category] += v
+        for key, v in segment.by_name.items():
+            by_name[key] += v
+    ranked = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))
+    return CriticalPath(end - sum(ns.values()), end, ns,
+                        sum(s.device_ops for s in segments), sum(s.switches for s in segments),
+                        tuple((c, n, v) for (c, n), v in ranked[:top]))
+
+
+def collective_instances(ev: Events) -> dict[Instance, list[Peer]]:
+    """Each collective instance of `ev`: where every rank ran it."""
+    instances: dict[Instance, list[Peer]] = defaultdict(list)
+    for rank in ev.ranks:
+        for key, (row, ts) in collective_starts(ev, rank).items():
+            instances[key].append((rank, row, ts))
+    return instances
+
+
 def critical_path(ev: Events, syncs: list[SyncEvent], top: int = TOP) -> CriticalPath | None:
     """The critical path over all ranks, or None when the Run has no host or device work."""
-    # The path ends with the last device op or the last host work of a thread that
-    # launches device work; helper threads that outlive both are not what the run waited for.
-    g = _build(ev, syncs)
-    calls = np.fromiter(g.deps.launch_of.values(), np.int64, len(g.deps.launch_of))
-    host = np.flatnonzero(ev.host_busy)
-    if len(calls):
-        host = host[np.isin(lane_key(ev.rank[host], ev.tid[host]),
-                            lane_key(ev.rank[calls], ev.tid[calls]))]
-    work = np.concatenate([np.flatnonzero(ev.of_kind(*DEVICE_OPS)), host])
-    if len(work) == 0:
+    peers = collective_peers(collective_instances(ev).values())
+    g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()})
+    start = last_work([ends(g)])
+    if start is None:
         return None
-    last = int(work[np.argmax(ev.end[work])])
-    end = int(ev.end[last])
-    walk = _Walk(g)
-    state: tuple[str, int, int] | None = (
-        ("dev", last, end) if ev.kind[last] in [KIND[k] for k in DEVICE_OPS]
-        else ("host", last, end))
-    start = end
-    seen: set[tuple[str, int, int]] = set()
-    while state is not None and state not in seen:
-        seen.add(state)
-        where, row, t = state
-        start = t
-        state = walk.device(row, t) if where == "dev" else walk.host(row, t)
-    if state is None or state in seen:
-        start = end - sum(walk.ns.values())
-    ranked = sorted(walk.by_name.items(), key=lambda kv: (-kv[1], kv[0][0], ev.names[kv[0][1]]))
-    return CriticalPath(start, end, walk.ns, walk.device_ops, walk.switches,
-                        tuple((c, ev.names[n], v) for (c, n), v in ranked[:top]))
+    ranks = frozenset(ev.ranks)
+    return path(start[3], path_of(start, lambda s, stop: walk(g, s, ranks, stop)), top)

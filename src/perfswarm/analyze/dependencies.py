@@ -44,12 +44,13 @@ class SyncEvent:
     record_correlation: int
 
 
-def sync_events(run: Run, ev: Events) -> list[SyncEvent]:
-    """The `sync` rows with the fields of their args that say what they waited on."""
+def sync_events(run: Run, ev: Events, rank: int | None = None) -> list[SyncEvent]:
+    """The `sync` rows with the fields of their args that say what they waited on (`ev` is
+    the Run's events, or those of `rank`)."""
     rows = np.flatnonzero(ev.of_kind("sync"))
     if len(rows) == 0:
         return []
-    args = run.table("events", columns=["args"]).column("args").take(rows).to_pylist()
+    args = run.table("events", ["args"], rank=rank).column("args").take(rows).to_pylist()
     out = []
     for row, text in zip(rows.tolist(), args, strict=True):
         a = msgspec.json.decode(text or "{}", type=SyncArgs)

@@ -148,13 +148,13 @@ def detect(names: I64, starts: I64, ends: I64) -> list[tuple[int, int]]:
     return windows
 
 
+def detected_windows(ev: Events, rank: int) -> list[StepWindow]:
+    return [StepWindow(i, lo, hi, "detected")
+            for i, (lo, hi) in enumerate(detect(*sequence(ev, rank)))]
+
+
 def detected_steps(ev: Events) -> dict[int, list[StepWindow]]:
-    out = {}
-    for rank in ev.ranks:
-        windows = detect(*sequence(ev, rank))
-        if windows:
-            out[rank] = [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(windows)]
-    return out
+    return {rank: windows for rank in ev.ranks if (windows := detected_windows(ev, rank))}
 
 
 @dataclass(frozen=True)
@@ -213,9 +213,13 @@ class Iterations:
                 "agreement": [a.to_dict() for a in self.agreement]}
 
 
-def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterations:
-    markers = {} if ignore_markers else marker_steps(run.table("steps"))
-    detected = detected_steps(ev)
+def run_markers(run: Run, *, ignore_markers: bool = False) -> dict[int, list[StepWindow]]:
+    return {} if ignore_markers else marker_steps(run.table("steps"))
+
+
+def combine(markers: Mapping[int, Sequence[StepWindow]],
+            detected: Mapping[int, Sequence[StepWindow]]) -> Iterations:
+    """Markers are used where the Run has any; detected iterations otherwise."""
     agree = tuple(agreement(r, markers[r], detected.get(r, [])) for r in markers)
     used: Source | None = "marker" if markers else ("detected" if detected else None)
     return Iterations(used, markers if markers else detected, markers, detected, agree)
@@ -262,3 +266,7 @@ def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
         found.append(SteadyState(rank, tuple(int(r["step"]) for r in use),
                                  tuple(int(r["end"] - r["start"]) for r in use)))
     return max(found, key=lambda s: (s.median_ns, -s.rank), default=None)
+
+
+def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterations:
+    return combine(run_markers(run, ignore_markers=ignore_markers), detected_steps(ev))

@@ -142,17 +142,18 @@ def idle_split(ev: Events, dev_rows: I64, launch_of: dict[int, int]) -> IdleSpli
     return IdleSplit(host, kernel, other)
 
 
+def rank_launch_stats(ev: Events, rank: int) -> LaunchStats:
+    rows = np.arange(len(ev))[ev.rank_slice(rank)]
+    dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
+    dev, calls = launch_pairs(ev, rows)
+    launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
+    idle = idle_split(ev, dev_all, launch_of) if len(dev_all) else IdleSplit(0, 0, 0)
+    return LaunchStats(
+        rank=rank, device_ops=len(dev_all), launched=len(dev),
+        delay_ns=Distribution.of(ev.ts[dev] - ev.ts[calls]),
+        shorter_than_launch=int(np.count_nonzero(ev.dur[dev] < ev.dur[calls])),
+        queue=queue_length(ev.ts[calls], ev.end[dev]), idle=idle)
+
+
 def launch_stats(ev: Events) -> tuple[LaunchStats, ...]:
-    out = []
-    for rank in ev.ranks:
-        rows = np.arange(len(ev))[ev.rank_slice(rank)]
-        dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
-        dev, calls = launch_pairs(ev, rows)
-        launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
-        idle = idle_split(ev, dev_all, launch_of) if len(dev_all) else IdleSplit(0, 0, 0)
-        out.append(LaunchStats(
-            rank=rank, device_ops=len(dev_all), launched=len(dev),
-            delay_ns=Distribution.of(ev.ts[dev] - ev.ts[calls]),
-            shorter_than_launch=int(np.count_nonzero(ev.dur[dev] < ev.dur[calls])),
-            queue=queue_length(ev.ts[calls], ev.end[dev]), idle=idle))
-    return tuple(out)
+    return tuple(rank_launch_stats(ev, rank) for rank in ev.ranks)

@@ -90,53 +90,104 @@ class OpBreakdown:
                                   for r, steps in self.per_iteration.items()}}
 
 
-def name_stats(ev: Events, rows: np.ndarray[Any, np.dtype[np.int64]],
-               category: Sequence[str] | None, limit: int | None = TOP) -> tuple[NameStat, ...]:
-    """Per-name totals over `rows`, largest total first (ties by name), at most `limit`."""
+@dataclass(frozen=True)
+class NameTotal:
+    count: int
+    total_ns: int
+    min_ns: int
+    max_ns: int
+
+    def plus(self, other: NameTotal) -> NameTotal:
+        return NameTotal(self.count + other.count, self.total_ns + other.total_ns,
+                         min(self.min_ns, other.min_ns), max(self.max_ns, other.max_ns))
+
+
+def name_totals(ev: Events, rows: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, NameTotal]:
     if len(rows) == 0:
-        return ()
-    names = ev.name[rows]
+        return {}
     dur = ev.dur[rows]
-    uniq, inv = np.unique(names, return_inverse=True)
+    uniq, inv = np.unique(ev.name[rows], return_inverse=True)
     count = np.bincount(inv)
     total = np.bincount(inv, weights=dur).astype(np.int64)
     lo = np.full(len(uniq), np.iinfo(np.int64).max)
     hi = np.zeros(len(uniq), np.int64)
     np.minimum.at(lo, inv, dur)
     np.maximum.at(hi, inv, dur)
-    order = sorted(range(len(uniq)), key=lambda i: (-int(total[i]), ev.names[int(uniq[i])]))
-    out = []
-    for i in order[:limit]:
-        name = ev.names[int(uniq[i])]
-        out.append(NameStat(name, category[i] if category else "cpu", int(count[i]),
-                            int(total[i]), float(total[i] / count[i]), int(lo[i]), int(hi[i])))
-    return tuple(out)
+    return {ev.names[int(u)]: NameTotal(int(count[i]), int(total[i]), int(lo[i]), int(hi[i]))
+            for i, u in enumerate(uniq.tolist())}
+
+
+def name_stats(totals: Mapping[str, NameTotal], category: Mapping[str, str] | None,
+               limit: int | None = TOP) -> tuple[NameStat, ...]:
+    """Per-name totals, largest total first (ties by name), at most `limit`."""
+    order = sorted(totals, key=lambda name: (-totals[name].total_ns, name))
+    return tuple(NameStat(name, category[name] if category else "cpu", t.count, t.total_ns,
+                          t.total_ns / t.count, t.min_ns, t.max_ns)
+                 for name in order[:limit] for t in (totals[name],))
+
+
+def _merged(parts: Sequence[Mapping[str, NameTotal]]) -> dict[str, NameTotal]:
+    out: dict[str, NameTotal] = {}
+    for part in parts:
+        for name, total in part.items():
+            out[name] = out[name].plus(total) if name in out else total
+    return out
+
+
+@dataclass(frozen=True)
+class OpTotals:
+    """What the breakdown is made of, as sums that add up across ranks."""
+
+    kernels: Mapping[str, NameTotal]
+    kernel_category: Mapping[str, str]
+    cpu_ops: Mapping[str, NameTotal]
+    category_count: tuple[int, ...]  # per CATEGORIES
+    category_ns: tuple[int, ...]
+    per_iteration: Mapping[int, Mapping[int, Mapping[str, int]]]  # rank -> step -> category -> ns
+
+    @classmethod
+    def of(cls, ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> OpTotals:
+        device = np.flatnonzero(ev.of_kind("kernel", "collective", "memcpy", "memset"))
+        cat = categories(ev)
+        # a name seen as two kinds (a collective and a kernel) takes its last row's category
+        kernel_category = {ev.names[n]: CATEGORIES[c] for n, c in
+                           zip(ev.name[device].tolist(), cat[device].tolist(), strict=True)}
+        count = np.bincount(cat[device], minlength=len(CATEGORIES))
+        ns = np.bincount(cat[device], weights=ev.dur[device], minlength=len(CATEGORIES))
+        per_iteration: dict[int, dict[int, dict[str, int]]] = {}
+        for rank, windows in steps.items():
+            rows = device[ev.rank[device] == rank]
+            for w in windows:
+                # Device ops belong to the iteration they start in.
+                inside = rows[(ev.ts[rows] >= w.start) & (ev.ts[rows] < w.end)]
+                step_ns = np.bincount(cat[inside], weights=ev.dur[inside],
+                                      minlength=len(CATEGORIES))
+                per_iteration.setdefault(rank, {})[w.step] = {
+                    c: int(step_ns[i]) for i, c in enumerate(CATEGORIES) if step_ns[i]}
+        return cls(name_totals(ev, device), kernel_category,
+                   name_totals(ev, np.flatnonzero(ev.of_kind("cpu_op"))),
+                   tuple(int(x) for x in count), tuple(int(x) for x in ns), per_iteration)
+
+    @classmethod
+    def merge(cls, parts: Sequence[OpTotals]) -> OpTotals:
+        """Parts of disjoint ranks, in rank order."""
+        return cls(_merged([p.kernels for p in parts]),
+                   {k: v for p in parts for k, v in p.kernel_category.items()},
+                   _merged([p.cpu_ops for p in parts]),
+                   tuple(int(sum(x)) for x in zip(*(p.category_count for p in parts),
+                                                   strict=True)),
+                   tuple(int(sum(x)) for x in zip(*(p.category_ns for p in parts), strict=True)),
+                   {r: s for p in parts for r, s in p.per_iteration.items()})
+
+    def breakdown(self, limit: int | None = TOP) -> OpBreakdown:
+        total = sum(self.category_ns)
+        cats = tuple(CategoryStat(c, self.category_count[i], self.category_ns[i],
+                                  self.category_ns[i] / total if total else 0.0)
+                     for i, c in enumerate(CATEGORIES) if self.category_count[i])
+        return OpBreakdown(name_stats(self.kernels, self.kernel_category, limit),
+                           name_stats(self.cpu_ops, None, limit), cats, self.per_iteration)
 
 
 def op_breakdown(ev: Events, steps: Mapping[int, Sequence[StepWindow]],
                  limit: int | None = TOP) -> OpBreakdown:
-    device = np.flatnonzero(ev.of_kind("kernel", "collective", "memcpy", "memset"))
-    cat = categories(ev)
-    names_dev = np.unique(ev.name[device])
-    cat_of_name = {int(n): CATEGORIES[int(c)] for n, c in
-                   zip(ev.name[device], cat[device], strict=True)}
-    kernels = name_stats(ev, device, [cat_of_name[int(n)] for n in names_dev], limit)
-    host = np.flatnonzero(ev.of_kind("cpu_op"))
-    cpu_ops = name_stats(ev, host, None, limit)
-
-    dev_total = int(ev.dur[device].sum())
-    cat_count = np.bincount(cat[device], minlength=len(CATEGORIES))
-    cat_ns = np.bincount(cat[device], weights=ev.dur[device], minlength=len(CATEGORIES))
-    cats = tuple(CategoryStat(c, int(cat_count[i]), int(cat_ns[i]),
-                              float(cat_ns[i] / dev_total) if dev_total else 0.0)
-                 for i, c in enumerate(CATEGORIES) if cat_count[i])
-    per_iteration: dict[int, dict[int, dict[str, int]]] = {}
-    for rank, windows in steps.items():
-        rows = device[ev.rank[device] == rank]
-        for w in windows:
-            # Device ops belong to the iteration they start in.
-            inside = rows[(ev.ts[rows] >= w.start) & (ev.ts[rows] < w.end)]
-            ns = np.bincount(cat[inside], weights=ev.dur[inside], minlength=len(CATEGORIES))
-            per_iteration.setdefault(rank, {})[w.step] = {
-                c: int(ns[i]) for i, c in enumerate(CATEGORIES) if ns[i]}
-    return OpBreakdown(kernels, cpu_ops, cats, per_iteration)
+    return OpTotals.of(ev, steps).breakdown(limit)

@@ -8,6 +8,7 @@ holds everyone else back for the difference.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,28 +76,40 @@ def occurrences(ev: Events, rows: I64) -> I64:
     return occ
 
 
-def stragglers(ev: Events, top: int = TOP) -> Stragglers:
-    coll = np.flatnonzero(ev.of_kind("collective"))
-    per_rank: dict[int, dict[tuple[int, int], int]] = {}
-    for rank in ev.ranks:
-        rows = coll[ev.rank[coll] == rank]
-        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-        keys = zip(ev.name[rows].tolist(), occurrences(ev, rows).tolist(), strict=True)
-        per_rank[rank] = dict(zip(keys, ev.ts[rows].tolist(), strict=True))
+Instance = tuple[str, int]  # a collective: its kernel name, and which occurrence of it
+
+
+def collective_starts(ev: Events, rank: int) -> dict[Instance, tuple[int, int]]:
+    """Each collective instance of one rank: (row, start ns)."""
+    rows = np.arange(len(ev))[ev.rank_slice(rank)]
+    rows = rows[ev.of_kind("collective")[rows]]
+    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+    names = [ev.names[n] for n in ev.name[rows].tolist()]
+    return {(name, occ): (row, ts) for name, occ, row, ts in zip(
+        names, occurrences(ev, rows).tolist(), rows.tolist(), ev.ts[rows].tolist(), strict=True)}
+
+
+def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Stragglers:
+    """Stragglers from each rank's collective start times (every rank of the Run present)."""
     ranks = sorted(per_rank)
     common = sorted(set.intersection(*(set(k) for k in per_rank.values()))) if ranks else []
-    skews = []
+    found = []
     held = dict.fromkeys(ranks, 0)
     last = dict.fromkeys(ranks, 0)
     for key in common if len(ranks) > 1 else []:
         starts = {r: per_rank[r][key] for r in ranks}
         latest = max(ranks, key=lambda r: (starts[r], -r))
         skew = starts[latest] - min(starts.values())
-        skews.append(CollectiveSkew(ev.names[key[0]], key[1], starts, latest, skew))
+        found.append(CollectiveSkew(key[0], key[1], starts, latest, skew))
         if skew > 0:
             last[latest] += 1
             held[latest] += sum(starts[latest] - t for t in starts.values())
-    worst = sorted(skews, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
-    return Stragglers(len(skews), sum(s.skew_ns for s in skews),
-                      max((s.skew_ns for s in skews), default=0), tuple(worst),
+    worst = sorted(found, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
+    return Stragglers(len(found), sum(s.skew_ns for s in found),
+                      max((s.skew_ns for s in found), default=0), tuple(worst),
                       tuple(RankLateness(r, last[r], held[r]) for r in ranks))
+
+
+def stragglers(ev: Events, top: int = TOP) -> Stragglers:
+    return skews({rank: {key: ts for key, (_, ts) in collective_starts(ev, rank).items()}
+                  for rank in ev.ranks}, top)

@@ -17,6 +17,7 @@ from perfswarm.analyze.stragglers import Stragglers, stragglers
 from perfswarm.analyze.swarms import Swarms, swarms
 from perfswarm.analyze.system import SystemLoad, system_load
 from perfswarm.errors import PerfswarmError
+from perfswarm.trace.cluster import ClusterOptions, connect
 from perfswarm.trace.store import Run
 
 
@@ -52,9 +53,18 @@ def load(run: Run) -> Events:
     return ev
 
 
-def analyze(run: Run, *, ignore_markers: bool = False, events: Events | None = None) -> Analysis:
-    """Every analysis of `run` (its events loaded here unless given)."""
-    ev = load(run) if events is None else events
+def analyze(run: Run, *, ignore_markers: bool = False,
+            cluster: ClusterOptions | None = None) -> Analysis:
+    """Every analysis of `run`; with `cluster`, per rank on Dask when it says to go parallel
+    (analyze.parallel: the same result)."""
+    if cluster is not None:
+        from perfswarm.analyze.parallel import analyze_parallel, event_ranks
+
+        ranks = event_ranks(run)
+        if ranks and cluster.parallel(len(ranks)):
+            with connect(cluster, len(ranks)) as client:
+                return analyze_parallel(run, client, ranks, ignore_markers=ignore_markers)
+    ev = load(run)
     its = iterations(run, ev, ignore_markers=ignore_markers)
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,

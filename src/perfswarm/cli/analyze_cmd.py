@@ -1,4 +1,4 @@
-"""`perfswarm analyze RUN [--json] [--ignore-markers]`."""
+"""`perfswarm analyze RUN [--json] [--ignore-markers] [--workers N] [--scheduler ADDRESS]`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import typer
 from rich.table import Table
 
 from perfswarm.analyze.concurrency import STATES
-from perfswarm.analyze.summary import Analysis, analyze, load
+from perfswarm.analyze.summary import Analysis, analyze
 from perfswarm.cli.app import app
+from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
 from perfswarm.trace.store import Run
@@ -107,12 +108,19 @@ def analyze_command(
     ignore_markers: Annotated[bool, typer.Option(
         "--ignore-markers", help="Detect iterations from the op sequence, ignoring ProfilerStep "
                                  "markers.")] = False,
+    workers: Workers = None,
+    scheduler: Scheduler = None,
+    worker_memory: WorkerMemory = "auto",
 ) -> None:
-    """Concurrency, iterations, op/kernel and launch statistics, op cost, stragglers of a Run."""
+    """Concurrency, iterations, op/kernel and launch statistics, op cost, stragglers of a Run.
+
+    From 8 ranks up (or with --workers/--scheduler) each rank is analyzed on a Dask worker
+    that reads only its rows; the result is the same. The op-cost table reads one rank at a
+    time."""
     run = Run.open(run_dir)
-    events = load(run)
-    result = analyze(run, ignore_markers=ignore_markers, events=events)
-    costs = op_costs(run, events)
+    result = analyze(run, ignore_markers=ignore_markers,
+                     cluster=cluster_options(workers, scheduler, worker_memory))
+    costs = op_costs(run, result.ranks)
     if as_json:
         print_json({**result.to_dict(), "op_cost": costs.to_dict()})
     else:

@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perfswarm.cli.app import app
+from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, err_console
 from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces
 
@@ -23,14 +24,21 @@ def import_command(
     streaming: Annotated[str, typer.Option("--streaming", help="auto | always | never: bounded-memory path for traces over a quarter of RAM.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    workers: Workers = None,
+    scheduler: Scheduler = None,
+    worker_memory: WorkerMemory = "auto",
 ) -> None:
-    """Import Kineto (torch.profiler) traces and execution traces into a Run."""
+    """Import Kineto (torch.profiler) traces and execution traces into a Run.
+
+    From 8 files up (or with --workers/--scheduler) each file is read on a Dask worker; files
+    that need the streaming path are read by it instead, in this process."""
     if streaming not in ("auto", "always", "never"):
         raise typer.BadParameter("must be auto, always or never", param_hint="--streaming")
     target = out or Path(traces[0].name.split(".")[0] + ".run")
     mode: Streaming = streaming  # type: ignore[assignment]
     options = ImportOptions(ranks=tuple(rank or ()), execution_traces=tuple(et or ()),
-                            drop_bad_events=drop_bad_events, streaming=mode, force=force)
+                            drop_bad_events=drop_bad_events, streaming=mode, force=force,
+                            cluster=cluster_options(workers, scheduler, worker_memory))
     command = ["perfswarm", "import", *map(str, traces)]
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=quiet) as bar:

@@ -139,6 +139,8 @@ def _gemm(op: str, dims: Dims) -> tuple[float, float] | None:
         m, k, n = _numel(x[:-1]), x[-1], w[0]
         bias = n if len(dims) > 2 and dims[2] else 0
         return 2.0 * m * k * n, float(m * k + k * n + m * n + bias)
+    if op in {"addmm", "baddbmm"} and len(dims) < 3:
+        return None
     a, b = (dims[1], dims[2]) if op in {"addmm", "baddbmm"} else (dims[0], dims[1])
     if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
         if op == "matmul" and len(a) >= 1 and len(b) == 1 and a[-1] == b[0]:

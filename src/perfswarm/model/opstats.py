@@ -10,13 +10,14 @@ CPU runs, the duration of the device ops it launched (joined by External id) on 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import Events, group_rows
+from perfswarm.analyze.frame import EVENT_COLUMNS, Events, group_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.model.fusion import FusionCandidate, fusion_candidates
@@ -105,55 +106,79 @@ def _shape_text(shapes: Shapes) -> str:
     return ", ".join("x".join(map(str, d)) for d in shapes.dims if d)
 
 
-def op_costs(run: Run, ev: Events, top: int = TOP) -> OpCosts:
-    args = run.table("events", columns=["args"]).column("args")
+@dataclass
+class _RankOps:
+    """One rank's costed ops, before merging: (name, shapes) -> (cost, count, time)."""
+
+    groups: dict[tuple[str, str], tuple[OpCost, int, int]]
+    modelled_ns: int
+    op_ns: int
+    gpu: bool  # the rank ran device ops
+    sequence: list[OpCost]  # the first iteration's costed ops on its first thread, in order
+
+
+def _rank_ops(run: Run, rank: int) -> _RankOps:
+    """The costed ops of one rank, read alone (memory stays one rank's, however many)."""
+    table = run.table("events", [*EVENT_COLUMNS, "args", "external_id"], rank=rank)
+    ev = Events.from_table(table)
     cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
     # only ops of a modelled name have their args parsed (most of a big trace's ops are not)
     named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
     costs: dict[int, OpCost] = {}
     shapes: dict[int, Shapes] = {}
-    for row, text in zip(candidates.tolist(), args.take(candidates).to_pylist(), strict=True):
+    args = table.column("args").take(candidates).to_pylist()
+    for row, text in zip(candidates.tolist(), args, strict=True):
         found = shapes_from_args(text or "")
         cost = op_cost(ev.name_of(row), found.dims, found.types) if found else None
         if cost is not None and found is not None:
             costs[row], shapes[row] = cost, found
     counted = _innermost_costed(ev, costs)
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
-    gpu = len(device) > 0
     time = {row: int(ev.dur[row]) for row in counted}
-    if gpu:
-        ext = run.table("events", columns=["external_id"]).column("external_id").to_numpy()
+    if len(device):
+        ext = np.asarray(table.column("external_id").to_numpy(), np.int64)
         launched: dict[int, int] = defaultdict(int)
         for dev_row, op_row in launching_ops(ev, ext, device).items():
             launched[op_row] += int(ev.dur[dev_row])
         time = {row: launched.get(row, 0) for row in counted}
-    spec = spec_of_devices(run.manifest()["devices"]) if gpu else None
-    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        op_ns = int(ev.dur[device].sum())
+    else:  # the threads' busy time in ops (nested ops counted once)
+        op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
+                    group_rows(ev.tid[cpu_ops], cpu_ops).values())
+    groups: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
     for row in counted:
-        groups[(ev.name_of(row), _shape_text(shapes[row]))].append(row)
+        key = (ev.name_of(row), _shape_text(shapes[row]))
+        _cost, count, ns = groups.get(key, (costs[row], 0, 0))
+        groups[key] = (costs[row], count + 1, ns + time[row])
+    sequence: list[OpCost] = []
+    if counted:
+        first = min(counted, key=lambda r: int(ev.ts[r]))
+        rows = [r for r in counted if ev.step[r] == ev.step[first] and ev.tid[r] == ev.tid[first]]
+        sequence = [costs[r] for r in sorted(rows, key=lambda r: int(ev.ts[r]))]
+    return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0, sequence)
+
+
+def op_costs(run: Run, ranks: Sequence[int], top: int = TOP) -> OpCosts:
+    """The op-cost table of `ranks` of the Run (its fusion candidates from the first rank)."""
+    parts = [_rank_ops(run, rank) for rank in ranks]
+    gpu = any(p.gpu for p in parts)
+    spec = spec_of_devices(run.manifest()["devices"]) if gpu else None
+    merged: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
+    for part in parts:
+        for key, (cost, count, ns) in part.groups.items():
+            _cost, c0, n0 = merged.get(key, (cost, 0, 0))
+            merged[key] = (cost, c0 + count, n0 + ns)
     stats = []
-    for (name, text), rows in groups.items():
-        cost = costs[rows[0]]
+    for (name, text), (cost, count, ns) in merged.items():
         roof = roofline(cost, spec) if spec is not None else None
-        stats.append(OpStat(name, text, cost.family, cost.dtype, len(rows),
-                             sum(time[r] for r in rows), cost.flops, cost.bytes,
-                             roof.time_s * 1e9 if roof else None, roof.bound if roof else None))
+        stats.append(OpStat(name, text, cost.family, cost.dtype, count, ns, cost.flops,
+                            cost.bytes, roof.time_s * 1e9 if roof else None,
+                            roof.bound if roof else None))
     stats.sort(key=lambda s: (-s.time_ns, s.name, s.shapes))
     fusion: list[FusionCandidate] = []
-    if spec is not None and counted:
-        first = min(counted, key=lambda r: int(ev.ts[r]))
-        step = ev.step[first]
-        sequence = [r for r in counted if ev.step[r] == step and ev.tid[r] == ev.tid[first]]
-        sequence.sort(key=lambda r: int(ev.ts[r]))
-        fusion = sorted(fusion_candidates([costs[r] for r in sequence], spec),
-                        key=lambda f: -f.saving_s)
-    if gpu:
-        all_ns = int(ev.dur[device].sum())
-    else:  # the threads' busy time in ops (nested ops counted once)
-        keys = ev.rank[cpu_ops] * (1 << 32) + (ev.tid[cpu_ops] & 0xFFFFFFFF)
-        all_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
-                     group_rows(keys, cpu_ops).values())
-    modelled = sum(time.values())
+    if spec is not None and parts:
+        fusion = sorted(fusion_candidates(parts[0].sequence, spec), key=lambda f: -f.saving_s)
+    modelled = sum(p.modelled_ns for p in parts)
     return OpCosts(spec.name if spec else None, tuple(stats[:top]), modelled,
-                   max(all_ns, modelled), tuple(fusion[:10]))
+                   max(sum(p.op_ns for p in parts), modelled), tuple(fusion[:10]))

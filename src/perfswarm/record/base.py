@@ -9,11 +9,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
+from perfswarm.errors import TraceFormatError
 from perfswarm.trace.store import CollectorStatus
 
 Clock = Callable[[], int]
+# Tools' clock readings and durations beyond this (146 years of ns) are not a clock; the bound
+# leaves room to add an epoch offset, or a duration to a time, within int64.
+MAX_CLOCK_NS = 1 << 62
+
+
+def int64_field(text: str, path: Path, line: int, what: str, limit: int = 1 << 63) -> int:
+    """A decimal (or 0x-hex) integer field of a tool's text output, checked to fit `limit`
+    (an int64 column by default): anything larger means the file is not what the tool writes."""
+    if len(text) <= 20:  # longer cannot fit, and int() of thousands of digits is refused
+        value = int(text, 16) if text[:2] in ("0x", "0X") else int(text)
+        if -limit <= value < limit:
+            return value
+    raise TraceFormatError(path, f"line {line}", f"{what} out of range: {text[:24]}")
 
 
 class Collector:
@@ -109,16 +124,19 @@ class Sampler(Collector):
             self.samples += 1
 
     def _loop(self) -> None:
-        with self.path.open("ab", buffering=0) as out:
-            next_at = time.monotonic()
-            while True:
-                self.sample_once(out)
-                now = time.monotonic()
-                next_at = max(next_at + self.interval, now)  # late: no burst to catch up
-                # A lock wait is one C call; Event.wait builds a lock and a Condition each time.
-                if self._running.acquire(timeout=next_at - now):
-                    break
-            self.sample_once(out)  # the state at the end
+        try:
+            with self.path.open("ab", buffering=0) as out:
+                next_at = time.monotonic()
+                while True:
+                    self.sample_once(out)
+                    now = time.monotonic()
+                    next_at = max(next_at + self.interval, now)  # late: no burst to catch up
+                    # A lock wait is one C call; Event.wait builds a lock and a Condition.
+                    if self._running.acquire(timeout=next_at - now):
+                        break
+                self.sample_once(out)  # the state at the end
+        except OSError as exc:  # a full disk: the readings so far stay, the recording goes on
+            self.failed(f"cannot write {self.path.name} ({exc.strerror or exc})")
         self.cpu_ns = time.thread_time_ns()
 
     def stop(self) -> None:
@@ -137,27 +155,50 @@ class Sampler(Collector):
         return 0  # stamped with time.time_ns()
 
 
-_DEVICE = re.compile(r"^gpu(\d+)\.")
+_DEVICE = re.compile(r"^gpu(\d{1,9})\.", re.ASCII)
+
+
+class Reading(msgspec.Struct):
+    """One line of a sampler file."""
+
+    ts: int
+    values: dict[str, float | None]  # orjson writes NaN as null
+    stat: str | None = None  # the system sampler's raw per-core /proc/stat lines
+
+
+_READING = msgspec.json.Decoder(Reading)
 
 Row = tuple[int, str, int, float]  # ts, name, device, value
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The readings of a sampler file; a torn last line (crash) is skipped."""
-    items = []
-    for line in path.read_bytes().splitlines():
+    """The readings of a sampler file (`ts`, `values`, and `stat` where the system sampler kept
+    raw lines); a torn last line (crash) is skipped, anything else malformed is an error."""
+    items: list[dict[str, Any]] = []
+    lines = path.read_bytes().splitlines()
+    for n, line in enumerate(lines, 1):
         try:
-            items.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
+            item = _READING.decode(line)
+        except msgspec.DecodeError as exc:
+            if n == len(lines):  # the write a crash cut short
+                continue
+            raise TraceFormatError(path, f"line {n}", f"not a sampler reading: {exc}") from None
+        if not 0 <= item.ts < MAX_CLOCK_NS:
+            raise TraceFormatError(path, f"line {n}", f"time out of range: {item.ts}")
+        reading: dict[str, Any] = {"ts": item.ts, "values": item.values}
+        if item.stat is not None:
+            reading["stat"] = item.stat
+        items.append(reading)
     return items
 
 
 def value_rows(items: list[dict[str, Any]]) -> list[Row]:
-    """(ts, name, device, value) rows of the readings' values; device from a `gpuN.` prefix."""
+    """(ts, name, device, value) rows of the readings' values (orjson writes NaN as null: no
+    value); device from a `gpuN.` prefix."""
     rows: list[Row] = []
     for item in items:
         for name, value in item["values"].items():
-            m = _DEVICE.match(name)
-            rows.append((int(item["ts"]), name, int(m.group(1)) if m else -1, float(value)))
+            if value is not None:
+                m = _DEVICE.match(name)
+                rows.append((int(item["ts"]), name, int(m.group(1)) if m else -1, float(value)))
     return rows

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import orjson
@@ -16,7 +18,7 @@ from perfswarm.record import net, perf, pystacks, strace, system
 from perfswarm.record.base import Row, read_jsonl, value_rows
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace import execution_trace
-from perfswarm.trace.ingest import _describe, assign_steps, sort_events
+from perfswarm.trace.ingest import assign_steps, describe, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
 from perfswarm.trace.schema import (
     COUNTERS,
@@ -32,6 +34,7 @@ from perfswarm.trace.schema import (
 from perfswarm.trace.store import Manifest, Run, creating
 
 _PER_PROCESS = re.compile(r"^(?:torch|et|steps)-rank(\d+)-pid(\d+)\.")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def hook_steps(paths: Iterable[Path], marked: set[tuple[int, int]]) -> pa.Table:
     return pa.table(rows).cast(STEPS) if rows["step"] else STEPS.empty_table()
 
 
-class _Stacks:
+class Stacks:
     """Interns stacks (tuples of frames) to ids; rows for the `stacks` table."""
 
     def __init__(self) -> None:
@@ -107,7 +110,7 @@ def _samples(rows: dict[str, list[int]], source: str) -> pa.Table:
 
 
 def perf_samples(samples: Sequence[perf.Sample], offset_ns: int, rank_of: dict[int, int],
-                 stacks: _Stacks) -> pa.Table:
+                 stacks: Stacks) -> pa.Table:
     rows: dict[str, list[int]] = {k: [] for k in ("rank", "ts", "pid", "tid", "stack_id",
                                                   "weight")}
     for s in samples:
@@ -118,7 +121,7 @@ def perf_samples(samples: Sequence[perf.Sample], offset_ns: int, rank_of: dict[i
 
 
 def pyspy_samples(folded: Sequence[pystacks.Folded], start_ns: int, rank_of: dict[int, int],
-                  stacks: _Stacks) -> pa.Table:
+                  stacks: Stacks) -> pa.Table:
     rows: dict[str, list[int]] = {k: [] for k in ("rank", "ts", "pid", "tid", "stack_id",
                                                   "weight")}
     for f in folded:
@@ -130,7 +133,7 @@ def pyspy_samples(folded: Sequence[pystacks.Folded], start_ns: int, rank_of: dic
 
 def syscall_events(path: Path, rank_of: dict[int, int]) -> pa.Table:
     """strace's syscalls as events; strace -f names threads only, so pid = tid."""
-    calls = strace.parse(path.read_text(errors="replace")) if path.is_file() else []
+    calls = strace.parse(path.read_text(errors="replace"), path) if path.is_file() else []
     if not calls:
         return EVENTS.empty_table()
     n = len(calls)
@@ -161,6 +164,18 @@ def counters(paths: Iterable[Path], flows: Sequence[Row] = ()) -> pa.Table:
                      "name": name, "device": device, "value": value}).cast(COUNTERS)
 
 
+def readable(manifest: Manifest, collector: str, read: Callable[[], T], instead: T) -> T:
+    """`read()`, or `instead` when the collector's file cannot be read (a child killed while
+    it was written, a tool's odd output): the collector is marked failed with the reason
+    and the rest of the Run is built. raw/ keeps the file either way."""
+    try:
+        return read()
+    except TraceFormatError as exc:
+        status = manifest["collectors"].setdefault(collector, {"status": "ok", "files": []})
+        status["status"] = f"failed: {exc}"
+        return instead
+
+
 def build_run(rec: Recording, out: Path, force: bool) -> Run:
     """Ingest the recording into a new Run at `out` (atomic: all or nothing)."""
     manifest = rec.manifest
@@ -175,9 +190,13 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         for path in traces:
             rank, pid = _rank_pid(path)
             rank_of[pid] = rank
-            meta, tables = read_trace(path, rank, ReadOptions(drop_bad_events=True))
+            read = readable(manifest, "torch", partial(read_trace, path, rank,
+                                                       ReadOptions(drop_bad_events=True)), None)
+            if read is None:
+                continue
+            meta, tables = read
             parts.append(tables)
-            _describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
+            describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
                       tables.events.num_rows)
         stepping = step_files(raw)
         for path in stepping:
@@ -189,16 +208,18 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         steps = concat([marker_steps, hook_steps(stepping, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
-        events = concat([*(p.events for p in parts), syscall_events(raw / "strace.txt", rank_of)],
-                        EVENTS)
+        syscalls = readable(manifest, "strace", partial(syscall_events, raw / "strace.txt",
+                                                        rank_of), EVENTS.empty_table())
+        events = concat([*(p.events for p in parts), syscalls], EVENTS)
         events = assign_steps(sort_events(events), steps)
         run.write_table("events", events)
         run.write_table("steps", steps)
         run.write_table("flows", concat([p.flows for p in parts], FLOWS))
-        run.write_table("counters", concat(
-            [*(p.counters for p in parts),
-             counters(sorted(raw.glob("*.jsonl")), _flows(raw / "net.pcap", manifest))],
-            COUNTERS))
+        sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
+                   for p in sorted(raw.glob("*.jsonl"))]
+        flows = counters([], _flows(raw / "net.pcap", manifest))
+        run.write_table("counters", concat([*(p.counters for p in parts), *sampled, flows],
+                                           COUNTERS))
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of)
         manifest["ranks"] = sorted(set(rank_of.values()))
@@ -209,6 +230,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
 def _flows(path: Path, manifest: Manifest) -> list[Row]:
     """The capture's flow counters, one point per sampling interval; a capture that cannot be
     read is a warning, not a lost Run."""
+    if not path.is_file():
+        return []
     interval_ns = round(1e9 / manifest["extra"]["record"]["hz"])
     try:
         return net.read_flows(path, interval_ns)
@@ -221,7 +244,11 @@ def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table
     nodes, edges = [], []
     for path in paths:
         rank, _pid = _rank_pid(path)
-        n, e, counts = execution_trace.read(path, rank, events)
+        read = readable(manifest, "torch", partial(execution_trace.read, path, rank, events),
+                        None)
+        if read is None:
+            continue
+        n, e, counts = read
         nodes.append(n)
         edges.append(e)
         manifest["warnings"] += [{"source": path.name, "what": w, "count": c}
@@ -233,16 +260,19 @@ def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table
 
 
 def _stack_samples(run: Run, rec: Recording, rank_of: dict[int, int]) -> None:
-    stacks = _Stacks()
+    stacks = Stacks()
     parts = []
     data = rec.raw / "perf.data"
-    if rec.perf_exe and data.is_file() and data.stat().st_size:
+    exe = rec.perf_exe
+    if exe and data.is_file() and data.stat().st_size:
         offset = rec.manifest["clock_offsets"]["perf"]
-        parts.append(perf_samples(perf.read_perf_data(rec.perf_exe, data), offset, rank_of,
-                                  stacks))
+        parts.append(perf_samples(readable(rec.manifest, "perf",
+                                           partial(perf.read_perf_data, exe, data), []),
+                                  offset, rank_of, stacks))
     spy = rec.raw / "pystacks.txt"
     if spy.is_file():
-        parts.append(pyspy_samples(pystacks.parse_raw(spy.read_text(errors="replace")),
+        parts.append(pyspy_samples(readable(rec.manifest, "pystacks",
+                                            partial(pystacks.read, spy), []),
                                    rec.start_ns, rank_of, stacks))
     samples = concat(parts, SAMPLES)
     order = np.lexsort((samples.column("ts").to_numpy(), samples.column("rank").to_numpy()))

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+from perfswarm.record.base import int64_field
 from perfswarm.record.tools import ToolCollector
 
-# One record per stack; the quoted command line may span lines (python -c scripts).
-_LINE = re.compile(r'^process (\d+):".*?";thread \((\w+)\)(?:: [^;\n]*)?(?:;([^\n]*))? (\d+)$',
-                   re.MULTILINE | re.DOTALL)
-_FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
+# process PID:"CMDLINE";thread (TID)[: NAME][;frame;frame;...] COUNT   (TID decimal or 0x-hex);
+# one record per stack, and the quoted command line may span lines (python -c scripts)
+_LINE = re.compile(r'^process (\d+):".*?";thread \((0x[0-9a-fA-F]+|\d+)\)(?:: [^;\n]*)?'
+                   r'(?:;([^\n]*))? (\d+)$', re.MULTILINE | re.DOTALL | re.ASCII)
+_FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$", re.ASCII)
 
 
 class PyStacksCollector(ToolCollector):
     name = "pystacks"
     tool = "py-spy"
     output = "pystacks.txt"
+    ptrace = True
 
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
@@ -38,14 +42,29 @@ class Folded:
     count: int
 
 
-def parse_raw(text: str) -> list[Folded]:
+def _frame(item: str, source: Path, line: int) -> tuple[str, str, int]:
+    f = _FRAME.match(item)
+    if not f:
+        return item, "", -1
+    number = int64_field(f.group(3), source, line, "line number") if f.group(3) else -1
+    return f.group(1), f.group(2), number
+
+
+def parse_raw(text: str, source: Path) -> list[Folded]:
+    """Stacks of py-spy's raw output; other lines are skipped, numbers that cannot be what
+    py-spy writes are a TraceFormatError naming `source` and the line."""
     out: list[Folded] = []
+    n, counted = 1, 0  # the line a record starts on, and up to where newlines are counted
     for m in _LINE.finditer(text):
+        n += text.count("\n", counted, m.start())
+        counted = m.start()
         pid, tid, stack, count = m.groups()
-        frames = []
-        for item in reversed(stack.split(";") if stack else []):
-            f = _FRAME.match(item)
-            frames.append((f.group(1), f.group(2), int(f.group(3) or -1)) if f
-                          else (item, "", -1))
-        out.append(Folded(int(pid), int(tid, 0), tuple(frames), int(count)))
+        frames = tuple(_frame(item, source, n) for item in reversed(stack.split(";"))
+                       ) if stack else ()
+        out.append(Folded(int64_field(pid, source, n, "pid"), int64_field(tid, source, n, "tid"),
+                          frames, int64_field(count, source, n, "count")))
     return out
+
+
+def read(path: Path) -> list[Folded]:
+    return parse_raw(path.read_text(errors="replace"), path)

@@ -33,6 +33,7 @@ from perfswarm.record.perf import PerfCollector
 from perfswarm.record.pystacks import PyStacksCollector
 from perfswarm.record.strace import StraceCollector
 from perfswarm.record.system import SystemSampler
+from perfswarm.record.tools import ToolCollector
 from perfswarm.record.torch_profiler import TorchCollector
 from perfswarm.trace.store import Run, new_manifest
 
@@ -130,6 +131,20 @@ class Child:
     stop: Callable[[Status], str | None] | None = None
 
 
+EXIT_GRACE_S = 1.0  # a SIGKILLed child still alive after this is held by a tracer
+
+
+def sigkill_pending(pid: int) -> bool:
+    """Whether `pid` has been sent SIGKILL (it is on its way out)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGKILL - 1)
+    return any(int(line.split()[1], 16) & bit for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:")))
+
+
 def record(command: Sequence[str], out: Path, options: RecordOptions,
            on_status: Callable[[Status], None] | None = None,
            child: Child | None = None) -> RecordResult:
@@ -144,13 +159,22 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".recording"))
     try:
-        return _record(list(command), out, raw, options, on_status, child or Child())
-    finally:
+        recording, code = _record(list(command), raw, options, on_status, child or Child())
+    except BaseException:
         shutil.rmtree(raw, ignore_errors=True)
+        raise
+    try:
+        run = build_run(recording, out, options.force)
+    except PerfswarmError as exc:
+        # Nothing recorded is lost: the collectors' files stay where they were written.
+        raise PerfswarmError(f"{exc}; the recording's raw files are kept in {raw}") from None
+    shutil.rmtree(raw, ignore_errors=True)
+    return RecordResult(run, code if code >= 0 else 128 - code)
 
 
-def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
-            on_status: Callable[[Status], None] | None, how: Child) -> RecordResult:
+def _record(command: list[str], raw: Path, options: RecordOptions,
+            on_status: Callable[[Status], None] | None, how: Child) -> tuple[Recording, int]:
+    """Run the child under the collectors; the recording and the child's return code."""
     collectors = make_collectors(options.collectors, raw, options)
     manifest = new_manifest(command)
     env = dict(os.environ if how.env is None else how.env)
@@ -168,6 +192,7 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         for c in collectors:
             c.start(child.pid)
         t0 = time.monotonic()
+        killed_at: float | None = None
         while child.poll() is None:
             if on_status is not None or how.stop is not None:
                 status = _status(collectors, time.monotonic() - t0, raw)
@@ -178,6 +203,14 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
                     if stopped is not None:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(child.pid, signal.SIGKILL)  # DataLoader workers too
+            if killed_at is None and sigkill_pending(child.pid):
+                killed_at = time.monotonic()
+            elif killed_at is not None and time.monotonic() - killed_at > EXIT_GRACE_S:
+                # SIGKILLed but still here: a ptrace collector (py-spy pausing it for a
+                # sample) holds it at its exit stop, forever. Stopping the tracer frees it.
+                for c in collectors:
+                    if isinstance(c, ToolCollector) and c.ptrace:
+                        c.stop()
             try:
                 child.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
@@ -212,8 +245,7 @@ def _record(command: list[str], out: Path, raw: Path, options: RecordOptions,
         "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},
     }}
     perf_exe = next((c.exe for c in collectors if isinstance(c, PerfCollector)), None)
-    run = build_run(Recording(raw, manifest, perf_exe, start_ns), out, options.force)
-    return RecordResult(run, code if code >= 0 else 128 - code)
+    return Recording(raw, manifest, perf_exe, start_ns), code
 
 
 def _forward(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
+from perfswarm.record.base import MAX_CLOCK_NS, int64_field
 from perfswarm.record.tools import ToolCollector
 
-_CALL = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) (\w+)\((.*)$")
-_RESUMED = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) <\.\.\. (\w+) resumed>(.*)$")
-_RESULT = re.compile(r"\)\s+=\s+(.*?)\s+<(\d+)\.(\d{6})>$")
+_CALL = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) (\w+)\((.*)$", re.ASCII)
+_RESUMED = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) <\.\.\. (\w+) resumed>(.*)$", re.ASCII)
+_RESULT = re.compile(r"\)\s+=\s+(.*?)\s+<(\d+)\.(\d{6})>$", re.ASCII)
+_MAX_SECONDS = MAX_CLOCK_NS // 1_000_000_000
 
 
 class StraceCollector(ToolCollector):
     name = "strace"
     tool = "strace"
     output = "strace.txt"
+    ptrace = True
 
     def clock_offset(self, monotonic_offset: int) -> int | None:
         return 0  # -ttt: epoch seconds
@@ -44,26 +48,32 @@ class Syscall:
     args: str  # JSON: {"args": text, "result": text}
 
 
-def _ns(sec: str, frac: str) -> int:
-    return int(sec) * 1_000_000_000 + int(frac) * 1000
+def _ns(sec: str, frac: str, source: Path, line: int, what: str) -> int:
+    return int64_field(sec, source, line, what, _MAX_SECONDS) * 1_000_000_000 + int(frac) * 1000
 
 
-def parse(text: str) -> list[Syscall]:
+def parse(text: str, source: Path) -> list[Syscall]:
+    """Syscalls of `strace -f -ttt -T` text; other lines (signals, exits) are skipped, numbers
+    that cannot be what strace writes are a TraceFormatError naming `source` and the line."""
     out: list[Syscall] = []
     pending: dict[tuple[int, str], tuple[int, str]] = {}
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         if m := _RESUMED.match(line):
-            tid, sec, frac, name, rest = m.groups()
-            start = pending.pop((int(tid), name), None)
+            tid_text, sec, frac, name, rest = m.groups()
+            tid = int64_field(tid_text, source, n, "tid")
+            start = pending.pop((tid, name), None)
             if start is None:
                 continue
             ts, head = start
             call_args = head + rest
         elif m := _CALL.match(line):
-            tid, sec, frac, name, call_args = m.groups()
-            ts = _ns(sec, frac)
+            tid_text, sec, frac, name, call_args = m.groups()
+            tid = int64_field(tid_text, source, n, "tid")
+            ts = _ns(sec, frac, source, n, "time")
             if call_args.endswith("<unfinished ...>"):
-                pending[(int(tid), name)] = (ts, call_args[: -len("<unfinished ...>")].rstrip())
+                # strace writes the arguments so far, one space, the marker
+                head = call_args[: -len("<unfinished ...>")]
+                pending[(tid, name)] = (ts, head.removesuffix(" "))
                 continue
         else:
             continue
@@ -71,6 +81,6 @@ def parse(text: str) -> list[Syscall]:
         if result is None:  # exit_group, or a call cut off by the end of the trace
             continue
         value, dsec, dfrac = result.groups()
-        out.append(Syscall(int(tid), ts, _ns(dsec, dfrac), name, orjson.dumps(
+        out.append(Syscall(tid, ts, _ns(dsec, dfrac, source, n, "duration"), name, orjson.dumps(
             {"args": call_args[: result.start()], "result": value}).decode()))
     return out

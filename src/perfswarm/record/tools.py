@@ -19,6 +19,7 @@ class ToolCollector(Collector):
 
     tool = ""
     output = ""
+    ptrace = False  # attaches with ptrace: can hold the child at its exit stop
 
     def __init__(self, raw: Path, hz: int) -> None:
         super().__init__(raw)
@@ -55,6 +56,7 @@ class ToolCollector(Collector):
         return lines[-1] if lines else f"{self.tool} exited at once"
 
     def stop(self) -> None:
+        """Stop the tool (SIGINT: it writes its output) and check it wrote some (idempotent)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:

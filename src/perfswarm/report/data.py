@@ -14,7 +14,7 @@ from typing import Any, Final, TypedDict
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.summary import analyze, diff_runs, load
+from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
@@ -195,8 +195,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     caller: report sits beside optimize in the import order, not above it.
     """
     manifest = run.manifest()
-    events = load(run)
-    analysis = analyze(run, events=events).to_dict()
+    analysis = analyze(run).to_dict()
     ts = run.table("events", ["ts"]).column("ts")
     origin = pc.min(ts).as_py() if len(ts) else 0
     return {
@@ -214,7 +213,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "swarms": analysis["swarms"],
-        "op_cost": op_costs(run, events).to_dict(),
+        "op_cost": op_costs(run, analysis["ranks"]).to_dict(),
         "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
         "tune": tune_section(tune, run) if tune is not None else None,

@@ -162,18 +162,31 @@ def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
         yield event
 
 
+def _key_ids(key: str, count: int) -> list[int] | None:
+    """The ints of a manifest key 'RANK:PID[:TID]'; None for keys of older Runs that kept
+    a trace's string ids ('0:Spans'), which no events row carries."""
+    fields = key.split(":")
+    if len(fields) != count or not all(f.lstrip("-").isdigit() for f in fields):
+        return None
+    return [int(f) for f in fields]
+
+
 def _metadata_events(run: Run, pids: _Pids) -> Iterator[dict[str, Any]]:
     manifest = run.manifest()
     several = pids.several
     for key, name in sorted(manifest["processes"].items()):
-        rank, _, pid = key.partition(":")
-        label = f"rank {rank}: {name}" if several else name
-        yield {"ph": "M", "name": "process_name", "pid": pids(int(rank), int(pid)), "tid": 0,
-               "args": {"name": label}}
+        ids = _key_ids(key, 2)
+        if ids is not None:
+            rank, pid = ids
+            label = f"rank {rank}: {name}" if several else name
+            yield {"ph": "M", "name": "process_name", "pid": pids(rank, pid), "tid": 0,
+                   "args": {"name": label}}
     for key, name in sorted(manifest["threads"].items()):
-        rank, pid, tid = key.split(":", 2)
-        yield {"ph": "M", "name": "thread_name", "pid": pids(int(rank), int(pid)),
-               "tid": int(tid), "args": {"name": name}}
+        ids = _key_ids(key, 3)
+        if ids is not None:
+            rank, pid, tid = ids
+            yield {"ph": "M", "name": "thread_name", "pid": pids(rank, pid), "tid": tid,
+                   "args": {"name": name}}
 
 
 def export_chrome_trace(run: Run) -> dict[str, Any]:

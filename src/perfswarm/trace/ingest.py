@@ -6,7 +6,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace import execution_trace
+from perfswarm.trace.cluster import ClusterOptions, connect
 from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, concat, read_trace
 from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, NONE, STEPS
 from perfswarm.trace.store import Manifest, Run, Warning_, creating, new_manifest
@@ -31,6 +32,7 @@ class ImportOptions:
     drop_bad_events: bool = False
     streaming: Streaming = "auto"
     force: bool = False
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)  # not when streaming
 
 
 def _memory_bytes() -> int:
@@ -132,8 +134,9 @@ def take_rows(batches: Sequence[pa.RecordBatch], starts: npt.NDArray[np.int64],
     return table.take(pa.array(back))
 
 
-def write_events_sorted(run: Run, events: pa.Table, steps: pa.Table) -> None:
-    """Sort, mark steps and write in slices: memory holds the table plus one slice."""
+def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
+    """`events` sorted by (rank, ts) with steps marked, in slices: memory holds the table
+    plus one slice."""
     order = event_order(events)
     keys = events.select(["rank", "ts", "kind", "correlation"]).take(pa.array(order))
     step = (step_column(keys, steps) if steps.num_rows and events.num_rows
@@ -142,20 +145,16 @@ def write_events_sorted(run: Run, events: pa.Table, steps: pa.Table) -> None:
     at = events.schema.get_field_index("step")
     batches = events.to_batches()
     starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]], dtype=np.int64)
-
-    def slices() -> Iterator[pa.Table]:
-        for i in range(0, len(order), SLICE):
-            part = take_rows(batches, starts, order[i:i + SLICE])
-            yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
-
-    run.write_batches("events", slices())
+    for i in range(0, len(order), SLICE):
+        part = take_rows(batches, starts, order[i:i + SLICE])
+        yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
 
 
 def _warnings(source: str, counts: Counter[str]) -> list[Warning_]:
     return [Warning_(source=source, what=w, count=n) for w, n in sorted(counts.items()) if n]
 
 
-def _rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
+def file_rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
     if options.ranks:
         if meta.rank not in (None, options.ranks[i]):
             meta.warnings[f"--rank {options.ranks[i]} overrides distributedInfo rank "
@@ -174,13 +173,13 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
         if progress:
             progress(f"reading {path.name}", i, len(paths))
         meta, tables = read_trace(path, i, opts, spill_dir=run.path)
-        rank = _rank(options, i, meta)
-        tables = _with_rank(tables, rank)
+        rank = file_rank(options, i, meta)
+        tables = with_rank(tables, rank)
         events_parts.append(tables.events)
         others.append(TraceTables(EVENTS.empty_table(), tables.flows, tables.counters,
                                   tables.steps))
         del tables
-        _describe(manifest, run.add_raw(path), rank, meta, events_parts[-1].num_rows)
+        describe(manifest, run.add_raw(path), rank, meta, events_parts[-1].num_rows)
     if progress:
         progress("writing tables", len(paths), len(paths))
     steps = concat([p.steps for p in others], STEPS)
@@ -190,7 +189,7 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
     del others
     unsorted = concat(events_parts, EVENTS)
     del events_parts
-    write_events_sorted(run, unsorted, steps)
+    run.write_batches("events", sorted_slices(unsorted, steps))
     return unsorted.select(["rank", "rf_id", "external_id"])
 
 
@@ -208,7 +207,7 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
         override = options.ranks[i] if options.ranks else None
         meta, spill, rows = stream.spill_trace(path, i, opts, scratch / str(i), override)
         spills.append(spill)
-        _describe(manifest, run.add_raw(path), _rank(options, i, meta), meta, rows)
+        describe(manifest, run.add_raw(path), file_rank(options, i, meta), meta, rows)
     if progress:
         progress("merging (out of core)", len(paths), len(paths))
     # A fixed budget, not a share of RAM: this path exists for inputs that do not fit,
@@ -233,9 +232,15 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     manifest["exit_status"] = 0
     streamed = any(wants_streaming(p, options.streaming) for p in paths)
     with creating(out, force=options.force) as run:
-        read = _stream_all if streamed else _read_all
-        events = read(run, paths, options, manifest, progress)
-        _ranks_seen(manifest)
+        if not streamed and options.cluster.parallel(len(paths)):
+            from perfswarm.trace.parallel import import_parallel
+
+            with connect(options.cluster, len(paths)) as client:
+                events = import_parallel(run, paths, options, manifest, progress, client)
+        else:
+            read = _stream_all if streamed else _read_all
+            events = read(run, paths, options, manifest, progress)
+        ranks_seen(manifest)
         for j, et_path in enumerate(options.execution_traces):
             et_rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
             nodes, edges, counts = execution_trace.read(et_path, et_rank, events)
@@ -251,7 +256,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     return Run(out)
 
 
-def _with_rank(tables: TraceTables, rank: int) -> TraceTables:
+def with_rank(tables: TraceTables, rank: int) -> TraceTables:
     def set_rank(t: pa.Table) -> pa.Table:
         col = pa.array(np.full(t.num_rows, rank, np.int32))
         return t.set_column(t.schema.get_field_index("rank"), "rank", col)
@@ -260,7 +265,7 @@ def _with_rank(tables: TraceTables, rank: int) -> TraceTables:
                        set_rank(tables.counters), set_rank(tables.steps))
 
 
-def _describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: int) -> None:
+def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: int) -> None:
     manifest["sources"].append(
         {
             "file": raw.name,
@@ -282,7 +287,7 @@ def _describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events:
     manifest["warnings"] += _warnings(raw.name, meta.warnings)
 
 
-def _ranks_seen(manifest: Manifest) -> None:
+def ranks_seen(manifest: Manifest) -> None:
     ranks = [int(s["rank"]) for s in manifest["sources"]]
     dupes = sorted({r for r in ranks if ranks.count(r) > 1})
     for r in dupes:

@@ -301,10 +301,11 @@ def _metadata(events: Sequence[KEvent], args: list[KArgs], meta: TraceMeta) -> N
     for ev, a in zip(events, args, strict=True):
         if a.name is None:
             continue
+        # Keyed by the ids the events table holds ('Spans' -> -1), so names join to rows.
         if ev.name == "process_name":
-            meta.processes[str(ev.pid)] = str(a.name)
+            meta.processes[str(_one_id(ev.pid))] = str(a.name)
         elif ev.name == "thread_name":
-            meta.threads[f"{ev.pid}:{ev.tid}"] = str(a.name).strip()
+            meta.threads[f"{_one_id(ev.pid)}:{_one_id(ev.tid)}"] = str(a.name).strip()
 
 
 def _pair_begin_end(events: list[KEvent], meta: TraceMeta) -> list[KEvent]:

@@ -7,13 +7,26 @@ and joins spill to a temporary directory.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
 
+from perfswarm.errors import PerfswarmError
 from perfswarm.trace.schema import DEVICE_KINDS, TABLES
 from perfswarm.trace.store import Run
+
+_ERRNO = re.compile(r'"errno":\s*"?(\d+)')
+
+
+def _io_error(run: Run, exc: duckdb.IOException) -> PerfswarmError:
+    """DuckDB's I/O errors (a full disk while it spills or writes) as one line naming the Run."""
+    text = str(exc)
+    m = _ERRNO.search(text)
+    why = os.strerror(int(m.group(1))) if m else text.strip().splitlines()[0]
+    return PerfswarmError(f"{run.shown(run.path)}: cannot write ({why})")
 
 
 def _files(paths: list[Path]) -> str:
@@ -29,6 +42,16 @@ def _union(paths: list[Path]) -> str:
 
 def merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> None:
     """Write events (sorted, steps assigned), steps, flows and counters from the spills."""
+    try:
+        ordered = _merge(run, spills, scratch, memory_limit)
+    except duckdb.IOException as exc:
+        raise _io_error(run, exc) from None
+    _rewrite_typed(run, ordered)
+    ordered.unlink()
+
+
+def _merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> Path:
+    """The DuckDB part: the small tables written, the events sorted into a scratch file."""
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"SET memory_limit = '{memory_limit}'")
@@ -77,8 +100,7 @@ def merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: 
             out.unlink()
     finally:
         con.close()
-    _rewrite_typed(run, ordered)
-    ordered.unlink()
+    return ordered
 
 
 def _rewrite_typed(run: Run, source: Path) -> None:

@@ -8,6 +8,10 @@ hidden sibling directory and renamed to its final name only when complete.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
+import glob
 import os
 import platform
 import shutil
@@ -17,8 +21,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+import msgspec
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from perfswarm import __version__
@@ -126,7 +132,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _disk_error(path: Path, exc: OSError) -> PerfswarmError:
-    return PerfswarmError(f"{path}: cannot write ({exc.strerror or exc})")
+    # Arrow's messages wrap the system's ("Error writing bytes ... [errno 28] ..."): say it plainly
+    why = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+    return PerfswarmError(f"{path}: cannot write ({why})")
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
@@ -135,11 +143,61 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if pa.types.is_dictionary(f.type)]
 
 
+ROW_GROUP = 16_384  # rows per Parquet row group: the unit a reader of one rank skips by
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """One chunk per column; each dictionary holds the values used, in order of appearance."""
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        array = column.combine_chunks()
+        if isinstance(array, pa.DictionaryArray):
+            array = array.dictionary_decode().dictionary_encode().cast(field.type)
+        columns.append(array)
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def row_groups(parts: Iterable[pa.Table], schema: pa.Schema) -> Iterator[pa.Table]:
+    """`parts` (cast to `schema`) re-cut into row groups of exactly ROW_GROUP rows (the last
+    fewer), each canonical: the same rows give the same bytes however the parts were cut,
+    whichever path (in memory, out of core, parallel) built them."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for part in parts:
+        pending.append(part.select(schema.names).cast(schema))
+        rows += pending[-1].num_rows
+        while rows >= ROW_GROUP:
+            table = pa.concat_tables(pending)
+            yield _canonical(table.slice(0, ROW_GROUP))
+            pending = [table.slice(ROW_GROUP)]
+            rows -= ROW_GROUP
+    if rows:
+        yield _canonical(pa.concat_tables(pending))
+
+
+def _rank_rows(file: pq.ParquetFile, columns: list[str] | None, rank: int) -> pa.Table:
+    """The rows of `rank`, reading only the row groups that can hold them, in file order."""
+    at = file.schema_arrow.get_field_index("rank")
+    groups = []
+    for i in range(file.num_row_groups):
+        stats = file.metadata.row_group(i).column(at).statistics
+        if stats is None or not stats.has_min_max or stats.min <= rank <= stats.max:
+            groups.append(i)
+    wanted = columns or file.schema_arrow.names
+    table = file.read_row_groups(groups, columns=list(dict.fromkeys([*wanted, "rank"])))
+    return table.filter(pc.equal(table.column("rank"), rank)).select(wanted)
+
+
 class Run:
     """A Run directory. Cheap to construct; tables are read on demand."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, building: Path | None = None) -> None:
         self.path = Path(path)
+        self.building = building  # the final path, while this is its hidden partial directory
+
+    def shown(self, path: Path) -> Path:
+        """`path` as messages name it: under the final Run path while building."""
+        return self.building / path.relative_to(self.path) if self.building else path
 
     # -- layout --------------------------------------------------------------
     @property
@@ -169,12 +227,18 @@ class Run:
         return run
 
     def manifest(self) -> Manifest:
+        """The manifest, checked against `Manifest` (every field, every type), so readers
+        never meet a missing key or a wrong type; unknown keys are kept."""
         try:
             data = orjson.loads(self.manifest_path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
             raise RunError(f"{self.manifest_path}: unreadable manifest ({exc})") from None
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
             raise RunError(f"{self.manifest_path}: not a schema {SCHEMA_VERSION} manifest")
+        try:
+            msgspec.convert(data, Manifest)
+        except msgspec.ValidationError as exc:
+            raise RunError(f"{self.manifest_path}: malformed manifest ({exc})") from None
         return data  # type: ignore[return-value]
 
     def write_manifest(self, manifest: Manifest) -> None:
@@ -182,22 +246,30 @@ class Run:
         try:
             atomic_write_bytes(self.manifest_path, data + b"\n")
         except OSError as exc:
-            raise _disk_error(self.manifest_path, exc) from None
+            raise _disk_error(self.shown(self.manifest_path), exc) from None
 
     # -- tables --------------------------------------------------------------
     def has_table(self, name: str) -> bool:
         return self.table_path(name).is_file()
 
-    def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        """The table `name`, or an empty one of its schema when the Run has none."""
+    def table(self, name: str, columns: list[str] | None = None, *,
+              rank: int | None = None) -> pa.Table:
+        """The table `name`, or an empty one of its schema when the Run has none.
+
+        With `rank`, only that rank's rows: tables are sorted by rank, so only the row
+        groups whose rank statistics include it are read.
+        """
         path = self.table_path(name)
         if not path.is_file():
             table = empty(name)
-            return table.select(columns) if columns else table
-        try:
-            return pq.read_table(path, columns=columns)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise RunError(f"{path}: unreadable table ({exc})") from None
+            table = table.select(columns) if columns else table
+        else:
+            try:
+                table = pq.read_table(path, columns=columns) if rank is None else \
+                    _rank_rows(pq.ParquetFile(path), columns, rank)
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise RunError(f"{path}: unreadable table ({exc})") from None
+        return table
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """Write `table` atomically, cast to the table's schema."""
@@ -212,19 +284,21 @@ class Run:
         _readable(fd)
         os.close(fd)
         try:
-            with pq.ParquetWriter(tmp, schema, compression="zstd",
-                                  use_dictionary=_dictionary_columns(schema)) as writer:
-                for part in parts:
-                    writer.write_table(part.select(schema.names).cast(schema),
-                                       row_group_size=1 << 20)
-                    del part
+            # The sink closes even when the writer's own close fails (a full disk): no open
+            # handle keeps the deleted temporary file's space.
+            with pa.OSFile(tmp, "wb") as sink, pq.ParquetWriter(
+                    sink, schema, compression="zstd",
+                    use_dictionary=_dictionary_columns(schema)) as writer:
+                for group in row_groups(parts, schema):
+                    writer.write_table(group, row_group_size=ROW_GROUP)
+                    del group
                     # Hand freed slices back to the OS, so writing costs one slice, not many.
                     pa.default_memory_pool().release_unused()
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise _disk_error(path, exc) from None
+            raise _disk_error(self.shown(path), exc) from None
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -250,28 +324,108 @@ class Run:
             try:
                 shutil.copyfile(source, target)
             except OSError as exc:
-                raise _disk_error(target, exc) from None
+                raise _disk_error(self.shown(target), exc) from None
         return target
+
+
+# Errors that mean the disk (or the quota, or RLIMIT_FSIZE) is full, wherever a write hits them.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically (renameat2 RENAME_EXCHANGE); False where the C library
+    or the filesystem cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Put `new` at `final`, which exists: at every instant `final` is the old Run or the new
+    one, whole. The old one ends in `new`'s hidden place and is removed."""
+    if not _exchange(new, final):
+        # No atomic swap here: move the old Run aside under a name no sweep removes, so a
+        # crash between the two renames leaves it recoverable by hand.
+        aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+        os.replace(final, aside)
+        os.replace(new, final)
+        new = aside
+    shutil.rmtree(new, ignore_errors=True)
+
+
+def _partial_dir(final: Path) -> tuple[Path, int]:
+    """A new hidden `.NAME.XXXX.partial` sibling of `final`, and an fd holding its flock.
+
+    The lock says "an import is building this"; a partial directory nobody holds is what
+    a killed process left behind. It is taken before the directory gets the name a sweep
+    looks for, so a sweep never sees a live one unlocked.
+    """
+    init = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".init"))
+    fd = os.open(init, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    partial = init.with_name(init.name.removesuffix(".init") + ".partial")
+    os.replace(init, partial)
+    return partial, fd
+
+
+def sweep_partials(final: Path) -> list[Path]:
+    """Remove the partial directories of `final` that no live process holds (left by a
+    process killed while it built the Run); returns them."""
+    swept = []
+    for partial in sorted(final.parent.glob(f".{glob.escape(final.name)}.*.partial")):
+        try:
+            fd = os.open(partial, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # being built right now
+        else:
+            shutil.rmtree(partial, ignore_errors=True)
+            swept.append(partial)
+        finally:
+            os.close(fd)
+    return swept
 
 
 @contextlib.contextmanager
 def creating(path: str | Path, *, force: bool = False) -> Iterator[Run]:
     """Build a new Run in a hidden sibling directory; rename it to `path` on success.
 
-    On any error the partial directory is removed, so no half-built Run is left.
+    On any error the partial directory is removed, so no half-built Run is left; if the
+    process is killed, the next `creating` of the same path removes it. With `force`, an
+    existing Run is swapped for the new one atomically: it stays whole until then.
+    A full disk is one PerfswarmError naming the Run.
     """
     final = Path(path)
     if final.exists() and not force:
         raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
+    sweep_partials(final)
+    tmp, lock = _partial_dir(final)
     try:
         (tmp / "raw").mkdir()
         (tmp / "tables").mkdir()
-        yield Run(tmp)
+        yield Run(tmp, building=final)
         if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            _replace_dir(tmp, final)
+        else:
+            os.replace(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in DISK_FULL:
+            raise PerfswarmError(f"{final}: cannot write ({os.strerror(exc.errno)})") from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)

@@ -1,0 +1,128 @@
+"""Parallel analyze: each rank's analyses on a Dask worker, combined as analyze() combines them.
+
+Most analyses are per rank already (iterations, concurrency, launches) or sums over ranks
+(op and kernel totals). Stragglers need each rank's collective start times: a few numbers
+per step. The critical path crosses ranks only at collectives, so each worker keeps its
+rank's events and dependency graph, and the walk goes from worker to worker, one segment per
+stretch on a rank (critical_path.path_of). Samples and counters are small and stay here.
+A worker reads only its rank's rows. The result equals analyze()'s, key for key (tested).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfswarm.analyze.concurrency import Concurrency, RankConcurrency, rank_concurrency
+from perfswarm.analyze.critical_path import (
+    Graph,
+    Peer,
+    Segment,
+    State,
+    build,
+    collective_peers,
+    ends,
+    last_work,
+    path,
+    path_of,
+    walk,
+)
+from perfswarm.analyze.dependencies import sync_events
+from perfswarm.analyze.frame import EVENT_COLUMNS, Events
+from perfswarm.analyze.iterations import StepWindow, combine, detected_windows, run_markers
+from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
+from perfswarm.analyze.ops import OpTotals
+from perfswarm.analyze.stragglers import Instance, collective_starts, skews
+from perfswarm.analyze.summary import Analysis
+from perfswarm.analyze.swarms import swarms
+from perfswarm.analyze.system import system_load
+from perfswarm.trace.cluster import results
+from perfswarm.trace.schema import empty
+from perfswarm.trace.store import Run
+
+
+def event_ranks(run: Run) -> list[int]:
+    return [int(r) for r in np.unique(run.table("events", ["rank"]).column("rank").to_numpy())]
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """One rank's share of the analysis."""
+
+    rank: int
+    events: int
+    detected: list[StepWindow]
+    concurrency: RankConcurrency
+    launch: LaunchStats
+    ops: OpTotals
+    collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
+
+
+def load_rank(path: str, rank: int) -> Events:
+    return Events.load(Run(path), rank)
+
+
+def rank_part(ev: Events, rank: int, use_markers: bool,
+              markers: Sequence[StepWindow] | None) -> RankPart:
+    """The per-rank analyses of one rank. Its iterations are its markers when the Run has
+    markers (none if it has none of its own), else the ones detected on it."""
+    detected = detected_windows(ev, rank)
+    windows = markers if use_markers else (detected or None)
+    steps = {rank: list(windows)} if windows else {}
+    return RankPart(rank, len(ev), detected, rank_concurrency(ev, rank, steps.get(rank, [])),
+                    rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
+                    collective_starts(ev, rank))
+
+
+def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]]) -> Graph:
+    return build(ev, sync_events(Run(run_path), ev, rank), peers)
+
+
+def walk_segment(g: Graph, state: State, stop: int | None) -> Segment:
+    return walk(g, state, frozenset(g.ev.ranks), stop)
+
+
+def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
+                     ignore_markers: bool = False) -> Analysis:
+    """analyze() with the per-rank work on `client`'s workers (`ranks`: the events' ranks)."""
+    markers = run_markers(run, ignore_markers=ignore_markers)
+    where = str(run.path)
+    loaded = {r: client.submit(load_rank, where, r, pure=False) for r in ranks}
+    parts: list[RankPart] = results([client.submit(rank_part, loaded[r], r, bool(markers),
+                                                   markers.get(r), pure=False) for r in ranks])
+    its = combine(markers, {p.rank: p.detected for p in parts if p.detected})
+    instances: dict[Instance, list[Peer]] = defaultdict(list)
+    for p in parts:
+        for key, (row, ts) in p.collectives.items():
+            instances[key].append((p.rank, row, ts))
+    peers = collective_peers(instances.values())
+    graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}), pure=False)
+              for r in ranks}
+    del loaded  # the graphs hold the events now
+    try:
+        start = last_work(results([client.submit(ends, graphs[r], pure=False) for r in ranks]))
+        critical = None if start is None else path(start[3], path_of(
+            start, lambda s, stop: results([client.submit(walk_segment, graphs[s[0]], s, stop,
+                                                          pure=False)])[0]))
+    finally:
+        for f in graphs.values():
+            f.release()
+    # ranks with markers but no events still get their (empty) iterations in the op breakdown
+    missing = {r: w for r, w in its.steps.items() if r not in ranks}
+    ops = [p.ops for p in parts] + (
+        [OpTotals.of(Events.from_table(empty("events").select(EVENT_COLUMNS)), missing)]
+        if missing else [])
+    return Analysis(
+        path=where, events=sum(p.events for p in parts), ranks=tuple(ranks), iterations=its,
+        concurrency=Concurrency(tuple(p.concurrency for p in parts)),
+        ops=OpTotals.merge(ops).breakdown(), launch=tuple(p.launch for p in parts),
+        stragglers=skews({p.rank: {k: ts for k, (_, ts) in p.collectives.items()}
+                          for p in parts}),
+        critical_path=critical,
+        swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
+        system=system_load(run.table("counters"), its.steps))
+

@@ -1,0 +1,171 @@
+"""Scale-out on Dask: the parallel import and analyze against the single-process paths, byte for
+byte and key for key, on a synthetic multi-rank run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import CORPUS, ET
+from perfswarm.analyze.critical_path import Segment, State, path_of
+from perfswarm.cli.main import main
+from perfswarm.errors import PerfswarmError
+from perfswarm.trace import store, synthetic
+from perfswarm.trace.cluster import ClusterOptions
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+RANKS = 8
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Iterator[str]:
+    """A running two-worker cluster, used through --scheduler ADDRESS."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_row_groups() -> Iterator[None]:
+    """Row groups of 4,096 rows, so the events span several and a rank's read skips some."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(store, "ROW_GROUP", 4_096)
+        yield
+
+
+@pytest.fixture(scope="module")
+def rank_traces(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("ranks")
+    return [synthetic.write(root / f"rank{r}.json", 6_000, seed=r, rank=r) for r in range(RANKS)]
+
+
+def _tables(run: Run) -> dict[str, bytes]:
+    return {name: run.table_path(name).read_bytes() for name in run.table_names()}
+
+
+def _manifest(run: Run) -> dict[str, object]:
+    m = dict(run.manifest())
+    m.pop("command")
+    return m
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory, rank_traces: list[Path]) -> Run:
+    return import_traces(rank_traces, tmp_path_factory.mktemp("single") / "r.run",
+                         ImportOptions(cluster=ClusterOptions(workers=0)), ["t"])
+
+
+def test_parallel_import_is_byte_identical(tmp_path: Path, rank_traces: list[Path], single: Run,
+                                           scheduler: str) -> None:
+    parallel = import_traces(rank_traces, tmp_path / "p.run",
+                             ImportOptions(cluster=ClusterOptions(scheduler=scheduler)), ["t"])
+    assert single.table_names() == parallel.table_names()
+    assert _tables(single) == _tables(parallel)
+    assert _manifest(single) == _manifest(parallel)
+    assert single.manifest()["ranks"] == list(range(RANKS))
+    events = single.table("events", ["rank"]).column("rank").to_pylist()
+    assert events == sorted(events) and len(set(events)) == RANKS
+    assert not list(tmp_path.glob(".*"))  # no scratch or partial directory left
+
+
+def test_shared_ranks_and_execution_trace(tmp_path: Path, rank_traces: list[Path],
+                                          scheduler: str) -> None:
+    """Two files claiming one rank are merged by time; the ET joins the same way."""
+    files = [*rank_traces[:3], CORPUS / "execution_trace/benchmark_simple_add_trace.json.gz"]
+    ranks = (0, 1, 0, 2)
+    runs = [import_traces(files, tmp_path / f"{name}.run",
+                          ImportOptions(ranks=ranks, execution_traces=(CORPUS / ET,),
+                                        cluster=cluster), ["t"])
+            for name, cluster in (("single", ClusterOptions(workers=0)),
+                                  ("parallel", ClusterOptions(scheduler=scheduler)))]
+    assert _tables(runs[0]) == _tables(runs[1])
+    assert _manifest(runs[0]) == _manifest(runs[1])
+    warnings = [w["what"] for w in runs[0].manifest()["warnings"]]
+    assert "several files claim rank 0" in warnings
+    assert runs[0].table("graph_nodes").num_rows > 0
+
+
+def test_local_cluster_from_the_cli(tmp_path: Path, rank_traces: list[Path], single: Run,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.run"
+    assert main(["import", *map(str, rank_traces), "-o", str(out), "--workers", "2",
+                 "--worker-memory", "1GB"]) == 0
+    assert "8 file(s)" in capsys.readouterr().out
+    assert _tables(Run(out)) == _tables(single)
+
+
+def test_cluster_errors_are_one_line(tmp_path: Path, rank_traces: list[Path],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": "soon"}]}')
+    with pytest.raises(PerfswarmError, match=r"bad\.json \(json\)"):
+        import_traces([*rank_traces[:2], bad], tmp_path / "b.run",
+                      ImportOptions(cluster=ClusterOptions(workers=1)), ["t"])
+    assert not (tmp_path / "b.run").exists() and not list(tmp_path.glob(".b.run*"))
+    assert main(["import", str(rank_traces[0]), "-o", str(tmp_path / "c.run"),
+                 "--scheduler", "tcp://127.0.0.1:9"]) == 2
+    assert "--scheduler tcp://127.0.0.1:9: cannot connect" in capsys.readouterr().err
+    assert main(["import", str(rank_traces[0]), "-o", str(tmp_path / "d.run"), "--workers", "1",
+                 "--worker-memory", "lots"]) == 2
+    assert "--worker-memory lots" in capsys.readouterr().err
+
+
+def test_when_to_go_parallel() -> None:
+    auto = ClusterOptions()
+    assert not auto.parallel(7) and auto.parallel(8)
+    assert not ClusterOptions(workers=0).parallel(64)
+    assert ClusterOptions(workers=2).parallel(1)
+    assert ClusterOptions(workers=0, scheduler="tcp://h:8786").parallel(1)
+
+
+def test_analysis_json_is_identical(single: Run, scheduler: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    outs = []
+    for flags in (["--workers", "0"], ["--scheduler", scheduler]):
+        assert main(["analyze", str(single.path), "--json", *flags]) == 0
+        outs.append(orjson.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+    assert outs[0]["ranks"] == list(range(RANKS))
+    assert outs[0]["critical_path"]["rank_switches"] > 0
+    assert outs[0]["stragglers"]["instances"] > 0
+
+
+def test_one_rank_reads_its_row_groups(single: Run) -> None:
+    full = single.table("events")
+    groups = pq.ParquetFile(single.table_path("events")).num_row_groups
+    assert groups == -(-full.num_rows // 4_096) == 6
+    for rank in (0, 3, 7):
+        mine = single.table("events", ["ts", "name", "args"], rank=rank)
+        expected = full.filter(pc.equal(full.column("rank"), rank)).select(["ts", "name", "args"])
+        assert mine.to_pylist() == expected.to_pylist()
+    assert single.table("events", rank=99).num_rows == 0
+
+
+def test_path_across_segments_stops_at_the_first_repeat() -> None:
+    """The walk goes graph to graph; a state met again, in the same segment or an earlier one,
+    ends the path before it, as one walk over every rank would end it."""
+    order: list[State] = [(0, "dev", 5, 90), (0, "host", 4, 80), (1, "dev", 9, 85),
+                          (1, "host", 8, 70), (0, "host", 4, 80), (0, "dev", 2, 60)]
+
+    def walk_from(state: State, stop: int | None) -> Segment:
+        i = order.index(state)
+        visited: list[State] = []
+        while (i < len(order) and order[i][0] == state[0] and order[i] not in visited
+               and (stop is None or len(visited) < stop)):
+            visited.append(order[i])
+            i += 1
+        ns = dict.fromkeys(["cpu"], len(visited))
+        return Segment(ns, {}, 0, 0, visited, order[i] if i < len(order) else None)
+
+    segments = path_of(order[0], walk_from)
+    assert [s.visited for s in segments] == [order[:2], order[2:4]]
+    assert segments[-1].next == order[4]  # seen before: the path ends here
