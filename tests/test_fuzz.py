@@ -23,6 +23,7 @@ from fuzz_readers import READERS, SAMPLES, outcome, text_cases
 from perfswarm.errors import PerfswarmError, TraceFormatError
 from perfswarm.record import perf, pystacks, strace
 from perfswarm.record.base import read_jsonl, value_rows
+from perfswarm.record.build import counters
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Manifest
 
@@ -227,3 +228,13 @@ def test_manifest_fields(samples: dict[str, tuple[Path, bytes]], key: str, value
         assert outcome(READERS["manifest"], path) in ("ok", "typed")
     finally:
         path.write_bytes(sample)
+
+
+@pytest.mark.parametrize("stat", ["cpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 2", "garbage", "cpu0 1 2"])
+def test_system_sampler_stat_lines(tmp_path: Path, stat: str) -> None:
+    """The raw per-core lines the system sampler keeps: a mangled one is the typed error."""
+    path = tmp_path / "system.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"ts": ts, "values": {}, "stat": stat}) + b"\n"
+                              for ts in (1, 2)))
+    with pytest.raises(TraceFormatError, match="per-core lines"):
+        counters([path])

@@ -156,7 +156,10 @@ def counters(paths: Iterable[Path], flows: Sequence[Row] = ()) -> pa.Table:
     rows = list(flows)
     for path in paths:
         items = read_jsonl(path)
-        rows += value_rows(items) + system.cpu_rows(items)
+        try:
+            rows += value_rows(items) + system.cpu_rows(items)
+        except ValueError as exc:  # the kept /proc/stat lines
+            raise TraceFormatError(path, "per-core lines", str(exc)) from None
     if not rows:
         return COUNTERS.empty_table()
     ts, name, device, value = zip(*sorted(rows), strict=True)

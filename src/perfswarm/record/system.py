@@ -45,6 +45,8 @@ def parse_cpu_lines(text: str) -> I64:
     """Per-core lines as rows of ticks: core, user, nice, system, idle, iowait, irq, softirq,
     steal (then guest, guest_nice on newer kernels). One numpy call for all cores."""
     width = len(text.split("\n", 1)[0].split())  # "cpuN" and its fields: a row is N and them
+    if width < 9:
+        raise ValueError(f"a per-core line has {width} fields, not 9 or more")
     return np.fromstring(text.replace("cpu", ""), dtype=np.int64, sep=" ").reshape(-1, width)
 
 
