@@ -11,6 +11,8 @@ import pytest
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import FamilyModel, Profile
+from perfswarm.model.kernels import ProfileScaler
+from perfswarm.model.opcost import op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, predict
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -19,8 +21,9 @@ from perfswarm.trace.store import Run
 US = 1000
 BATCH = 4
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
-# time proportional to FLOPs for GEMMs, constant for everything else: exact ratios
-PROFILE = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 1e-9)),
+# time proportional to FLOPs for GEMMs (the trace's 270 us addmm of 5,120 FLOPs exactly: no
+# fixed cost beyond the model), constant for everything else: exact ratios
+PROFILE = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 270e-6 / 5120)),
                              "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
 
 
@@ -162,3 +165,18 @@ def test_cli_bad_overheads_file(corpus_runs: dict[str, Run], tmp_path: Path,
     bad.write_text('{"ops": {"x": {"t1": -5}}, "calls": {}}')
     assert main(["predict", str(corpus_runs["nccl"].path), "--overheads", str(bad)]) == 2
     assert "non-negative" in capsys.readouterr().err
+
+
+def test_fixed_cost_read_off_the_runs_small_ops() -> None:
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 1e-9))}, {}))
+    small = op_cost("aten::mm", [[4, 4], [4, 4]], ["float", "float"])
+    big = op_cost("aten::mm", [[256, 256], [256, 256]], ["float", "float"])
+    assert small is not None and big is not None
+    dims = ((4, 4), (4, 4))
+    fitted = scaler.with_offsets([(small, dims, 9e-6), (small, dims, 11e-6), (big, dims, 1.0)])
+    # the 128-FLOP GEMMs took 10 us where the sweep says 0.128 us: 9.872 us is fixed cost; the
+    # big one is no evidence of it (the model prices it at 33 ms)
+    assert fitted.offsets == {"gemm": pytest.approx(10e-6 - 128e-9)}
+    doubled = scale_batch(small, 2.0)
+    assert fitted.scaled(10_000, small, doubled, dims, dims) == 10_128
+    assert scaler.scaled(10_000, small, doubled, dims, dims) == 20_000

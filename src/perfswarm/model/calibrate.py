@@ -42,10 +42,11 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
     """A deterministic shape grid per family, from tiny to a few MB (times `scale` on GPUs), so a
     sweep fits in seconds. Orders vary the sizes early, so a cut budget still spans them."""
     sizes = [16, 32, 48, 64, 96, 128, 192, 256]
-    if family == "gemm":
-        for m in sizes:
-            for n in sizes[::3]:
-                yield "aten::mm", [[m * scale, 2 * n], [2 * n, m * scale]], _F
+    if family == "gemm":  # skinny (a small batch through a wide layer) to square
+        for k in (64, 1024, 256, 4096):
+            for m in (8, 64, 16, 128, 32, 256):
+                for n in (64, 1024, 256):
+                    yield "aten::mm", [[m * scale, k], [k, n * scale]], _F
     elif family == "conv":
         for hw in (8, 16, 32):
             for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64)):

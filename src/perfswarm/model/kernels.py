@@ -11,8 +11,9 @@ model's error for that kernel cancels and only its trend with shape (or device) 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from perfswarm.model.calibrate import KernelModel, LearnedModel, Profile
@@ -25,6 +26,7 @@ FALLBACK: Final[Mapping[str, str]] = {
     "pool": "reduction", "conv": "gemm", "embedding_bag": "copy",
 }
 GPU_FLOOR_NS: Final = 2_000  # a GPU kernel's launch-to-retire floor, whatever its work
+SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed cost
 Dims = Sequence[Sequence[int]]
 
 
@@ -37,7 +39,12 @@ class KernelScaler(Protocol):
 
 @dataclass(frozen=True)
 class ProfileScaler:
+    """A calibrated profile, plus what an op costs in the recorded run beyond what the sweep
+    saw: a fixed time per op type (`offsets`, seconds), read off the run's small ops, where
+    work is no part of it (ops run between other ops: caches, dispatch, the profiler)."""
+
     profile: Profile
+    offsets: Mapping[str, float] = field(default_factory=dict)
 
     def _model(self, family: str) -> tuple[KernelModel, bool] | None:
         """The family's model and whether it is the family's own: a stand-in family's learned
@@ -52,15 +59,32 @@ class ProfileScaler:
                 return (model.roofline if isinstance(model, LearnedModel) else model), False
         return None
 
+    def model_time(self, cost: OpCost, dims: Dims) -> float | None:
+        """The profile's time (s) of `cost`, with no offset; None without a model for it."""
+        found = self._model(cost.family)
+        if found is None:
+            return None
+        model, own = found
+        return model.predict(cost, dims if own else ())
+
+    def with_offsets(self, samples: Sequence[tuple[OpCost, Dims, float]]) -> ProfileScaler:
+        """Offsets from (cost, dims, typical measured seconds) of a run's ops: per op type,
+        the median excess over the model of the ops the model gives under SMALL_OP_S."""
+        excess: dict[str, list[float]] = {}
+        for cost, dims, seconds in samples:
+            model = self.model_time(cost, dims)
+            if model is not None and model < SMALL_OP_S:
+                excess.setdefault(cost.family, []).append(seconds - model)
+        return replace(self, offsets={f: max(0.0, statistics.median(v))
+                                      for f, v in excess.items()})
+
     def scaled(self, measured_ns: int, old: OpCost, new: OpCost, old_dims: Dims,
                new_dims: Dims) -> int:
-        found = self._model(old.family)
-        if found is None:
+        before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
+        if before is None or after is None:
             return measured_ns
-        model, own = found
-        before = model.predict(old, old_dims if own else ())
-        after = model.predict(new, new_dims if own else ())
-        return round(measured_ns * after / before)
+        offset = self.offsets.get(old.family, 0.0)
+        return round(measured_ns * (after + offset) / (before + offset))
 
 
 @dataclass(frozen=True)

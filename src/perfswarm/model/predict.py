@@ -327,6 +327,12 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
         samples.setdefault(key, []).append(ns)
     typical = {key: statistics.median(values) for key, values in samples.items()}
+    if isinstance(scaler, ProfileScaler):
+        scaler = scaler.with_offsets([
+            (found[0], shapes.dims, typical[key] * 1e-9)
+            for key, (_row, op, _nodes, _ns) in zip(keys, pairs, strict=True)
+            if op is not None and (shapes := m.shapes(op)) is not None
+            and (found := t.costs(ev.name_of(op), shapes)) is not None])
     for key, (row, op, nodes, measured) in zip(keys, pairs, strict=True):
         if measured <= 0:
             continue
