@@ -50,7 +50,7 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
     elif family == "conv":
         for hw in (8, 16, 32):
             for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64)):
-                for batch in (4, 16):
+                for batch in (4, 16, 64):
                     yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], [c_out, c_in, 3, 3],
                                             [c_out]], ["float"] * 3)
     elif family == "embedding_bag":
@@ -60,9 +60,9 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                     yield ("aten::embedding_bag", [[rows, dim], [bags * 8 * scale],
                                                    [bags * scale]],
                            ["float", "long int", "long int"])
-    else:
+    else:  # up to 16 MB a tensor: activations of a batch are that large
         op = {"elementwise": "aten::add", "reduction": "aten::sum", "copy": "aten::clone"}[family]
-        for rows in sizes:
+        for rows in (*sizes, 512, 1024, 2048, 4096):
             for cols in (64, 256, 1024):
                 dims = ([[rows * scale, cols], [rows * scale, cols]] if family == "elementwise"
                         else [[rows * scale, cols]])

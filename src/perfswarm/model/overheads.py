@@ -32,10 +32,13 @@ TRIM: Final = 0.1  # each tail trimmed off before averaging: one-off stalls are 
 
 
 def trimmed_mean(values: Iterable[float]) -> float:
+    """The mean without the tails: a tenth of each, and at least one value each from five on
+    (an op seen once per iteration of a short window has one stall too many to keep: the
+    profiler's own export runs inside the last optimizer step it saw)."""
     arr = np.sort(np.fromiter(values, np.float64))
     if len(arr) == 0:
         return 0.0
-    cut = int(len(arr) * TRIM)
+    cut = max(int(len(arr) * TRIM), 1 if len(arr) >= 5 else 0)
     return float(arr[cut:len(arr) - cut].mean()) if len(arr) > 2 * cut else float(arr.mean())
 
 
@@ -134,8 +137,10 @@ def measured_parts(g: Graph, dur: I64, gap: I64, inst: Instance) -> dict[str, fl
     """An instance's T1 and overhead parts (ns) under these durations and gaps."""
     parts: dict[str, float] = {"t1": float(max(gap[inst.first], 0))}
     for name, nodes in inst.groups:
-        # the gaps inside an op (clock jitter between its pieces) count with its pieces
-        total = sum(int(dur[n]) + (int(gap[n]) if n != inst.first else 0) for n in nodes)
+        # the gaps inside an op count with its pieces (clock jitter can make one negative: an
+        # overlap, no time of the op's)
+        total = sum(int(dur[n]) + (max(int(gap[n]), 0) if n != inst.first else 0)
+                    for n in nodes)
         parts.setdefault(name, 0.0)
         parts[name] += total
     return parts
@@ -184,10 +189,12 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Inst
             if want is None or not free:
                 continue
             total = have[name] / max(1, sum(1 for k, _ in inst.groups if k == name))
-            factor = want / total if total > 0 else 0.0
+            if total <= 0:  # nothing measured to stretch
+                continue
+            factor = want / total
             for n in free:
                 dur[n] = round(dur[n] * factor)
-                if n != inst.first:
+                if n != inst.first and gap[n] > 0:
                     gap[n] = round(gap[n] * factor)
         for n in inst.kernel_points:
             row = int(g.row[n])

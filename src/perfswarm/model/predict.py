@@ -10,7 +10,8 @@
   - host time: every op's overheads (T1..T5) at its type's mean (model/overheads.py);
   - batch size: batch-dependent bytes and FLOPs of every modelled op scale by the
     batch ratio (parameters do not: their shapes are read off the optimizer and the
-    gradient accumulation); per-sample work (a DataLoader fetch that runs once per sample)
+    gradient accumulation; embedding tables with sparse gradients do, their updates touch
+    the rows looked up); per-sample work (a DataLoader fetch that runs once per sample)
     scales by the batch ratio in count;
   - dimensions (`dims`, OLD -> NEW): every recorded dimension equal to OLD becomes NEW,
     parameters included: how layer widths change;
@@ -51,6 +52,7 @@ from perfswarm.model.overheads import (
     apply_overheads,
     fit_overheads,
     instances,
+    trimmed_mean,
 )
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
@@ -245,6 +247,22 @@ def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
     return shapes
 
 
+def sparse_tables(m: _Model) -> set[tuple[int, ...]]:
+    """Shapes of embedding tables whose gradients are sparse (the run builds sparse gradients
+    in its embedding backward): their updates touch the rows a batch looked up, so they scale
+    with the batch, unlike a dense parameter's."""
+    if not any("sparse" in n for n in m.ev.names if n.startswith("aten::")):
+        return set()
+    tables: set[tuple[int, ...]] = set()
+    names = [i for i, n in enumerate(m.ev.names)
+             if n in ("aten::embedding_bag", "aten::_embedding_bag", "aten::embedding")]
+    for row in np.flatnonzero(np.isin(m.ev.name, names)).tolist():
+        shapes = m.shapes(row)
+        if shapes is not None and shapes.dims and len(shapes.dims[0]) == 2:
+            tables.add(shapes.dims[0])
+    return tables
+
+
 def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> int | None:
     """The batch size of the recorded command's --batch-size flag, else the most common
     leading dimension of the compute ops' non-parameter inputs."""
@@ -301,15 +319,19 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
     return load_spec(override) if override else spec_of_devices(m.run.manifest()["devices"])
 
 
+def _signature(shapes: Shapes | None) -> tuple[object, ...] | None:
+    return None if shapes is None else (shapes.dims, shapes.types)
+
+
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                    unmodelled: RooflineScaler | None, dur: I64) -> Counter[str]:
     """Kernel times at the new shapes or device, in place; counts of how each was priced.
 
-    A kernel's base is its typical time, the median over the kernels of its name and op shapes
-    in the window (iterations repeat them; a one-off stall of the machine is not the kernel's)."""
+    A kernel's base is its typical time, the trimmed mean over the kernels of its name and op
+    shapes in the window (iterations repeat them; a one-off stall of the machine is not the
+    kernel's, and the mean keeps an iteration's total)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
-    args = m.args
     pairs: list[tuple[int, int | None, list[int], int]] = []  # (node row, op row, nodes, ns)
     if m.platform == "cpu":
         host = np.flatnonzero(m.compute)
@@ -322,11 +344,12 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         op_of = _launching_ops(m)
         pairs = [(int(g.row[n]), op_of.get(int(g.row[n])), [n], int(dur[n]))
                  for n in np.flatnonzero(g.role == DEVICE).tolist()]
-    keys = [(int(ev.name[row]), args[op] if op is not None else None) for row, op, _, _ in pairs]
-    samples: dict[tuple[int, str | None], list[int]] = {}
+    keys = [(int(ev.name[row]), _signature(m.shapes(op)) if op is not None else None)
+            for row, op, _, _ in pairs]
+    samples: dict[tuple[int, tuple[object, ...] | None], list[int]] = {}
     for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
         samples.setdefault(key, []).append(ns)
-    typical = {key: statistics.median(values) for key, values in samples.items()}
+    typical = {key: trimmed_mean(values) for key, values in samples.items()}
     if isinstance(scaler, ProfileScaler):
         scaler = scaler.with_offsets([
             (found[0], shapes.dims, typical[key] * 1e-9)
@@ -420,7 +443,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     keep[[node_of[c] for c in m.deps.sync_target if c in node_of]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep)
 
-    fixed = parameter_shapes(m)
+    fixed = parameter_shapes(m) - sparse_tables(m)
     batch: tuple[int, int] | None = None
     factor = 1.0
     if change.batch_size is not None:

@@ -24,10 +24,12 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
-    def __init__(self, dense: int, tables: int, rows: int, dim: int) -> None:
+    def __init__(self, dense: int, tables: int, rows: int, dim: int, sparse: bool = True) -> None:
         super().__init__()
+        # sparse gradients, as recommenders train: a dense one zero-fills the whole table
+        # every step (and the OS must hand out its pages afresh)
         self.embeddings = nn.ModuleList(
-            nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+            nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse) for _ in range(tables))
         self.bottom = _mlp([dense, 256, 128, dim])
         pairs = (tables + 1) * tables // 2
         self.top = _mlp([dim + pairs, 256, 128, 1])
@@ -70,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--pooling", type=int, default=20, help="ids per sample and table")
     p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--dense-grads", action="store_true",
+                   help="dense embedding gradients (each step writes every table row)")
     ns = p.parse_args(argv)
     args = loop_args(ns)
     torch.manual_seed(args.seed)
-    model = DLRM(ns.dense, ns.tables, ns.rows, ns.dim)
+    model = DLRM(ns.dense, ns.tables, ns.rows, ns.dim, sparse=not ns.dense_grads)
     data = ClickLog(ns.samples, ns.dense, ns.tables, ns.rows, ns.pooling, args.seed)
     bce = nn.BCEWithLogitsLoss()
 
