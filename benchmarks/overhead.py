@@ -47,15 +47,23 @@ def main() -> int:
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--collectors", default=",".join(DEFAULT_COLLECTORS))
     p.add_argument("--hz", type=float, default=20.0)
+    p.add_argument("--perf-hz", type=int, default=RecordOptions.perf_hz)
+    p.add_argument("--pystacks-hz", type=int, default=RecordOptions.pystacks_hz)
+    p.add_argument("--threads", type=int, default=1,
+                   help="the workload's intra-op threads (0: torch's default, every core). One "
+                        "leaves a core to the collectors' own processes: a workload on every "
+                        "core of a small machine pays for any profiler's CPU, which is core "
+                        "contention rather than recording overhead")
     ns = p.parse_args()
     cmd = [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(ns.steps),
-           "--batch-size", "32"]
+           "--batch-size", "32", "--threads", str(ns.threads)]
     window = range(ns.skip, ns.skip + ns.window)
     outside = [s for s in range(2, ns.steps) if s not in window and s != ns.skip + ns.window]
     bare: dict[int, list[float]] = {}
     rec: dict[int, list[float]] = {}
     cpu_share: list[float] = []
     options = RecordOptions(collectors=tuple(ns.collectors.split(",")), hz=ns.hz,
+                            perf_hz=ns.perf_hz, pystacks_hz=ns.pystacks_hz,
                             skip=ns.skip, steps=ns.window, execution_trace=False)
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(ns.repeats):  # interleaved, so drift in machine load hits both alike
@@ -76,7 +84,8 @@ def main() -> int:
 
     out_ratio = median_of(rec, outside) / median_of(bare, outside)
     in_ratio = median_of(rec, window) / median_of(bare, window)
-    print(f"collectors: {ns.collectors}; {ns.repeats} interleaved repeats of {ns.steps} steps")
+    print(f"collectors: {ns.collectors}; {ns.repeats} interleaved repeats of {ns.steps} steps, "
+          f"workload threads {ns.threads or 'default'}")
     print(f"median step, outside the window: recorded/bare = {out_ratio:.3f} (goal <= 1.02)")
     print(f"median step, inside the window:  recorded/bare = {in_ratio:.3f}")
     print(f"samplers' CPU: {100 * statistics.median(cpu_share):.2f}% of one core at {ns.hz:g} Hz"

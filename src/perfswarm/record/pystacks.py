@@ -29,8 +29,10 @@ class PyStacksCollector(ToolCollector):
 
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None
+        # --nonblocking: read the stacks without stopping the process for each sample (a
+        # stop per sample slowed a training step by a third at 100 Hz)
         return [self.exe, "record", "--pid", str(pid), "--subprocesses", "--threads",
-                "--format", "raw", "--rate", str(self.hz),
+                "--nonblocking", "--format", "raw", "--rate", str(self.hz),
                 "--output", str(self.raw / self.output)]
 
 
