@@ -126,3 +126,22 @@ def test_run_without_step_markers_is_one_iteration(tmp_path: Path) -> None:
     cpu = import_traces([corpus("cpu_only")], tmp_path / "c.run", ImportOptions(), ["t"])
     with pytest.raises(PerfswarmError, match="no device kernels"):
         profile(cpu, grad_bytes=1000)
+
+
+def test_intra_link_from_a_collectives_profile(nccl: Run, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    profile = {"sweep": {"backend": "gloo", "world_size": 2},
+               "models": {"all_reduce": {"latency_us": 40.0, "regimes": [
+                   {"up_to_bytes": 1 << 20, "bandwidth_gbps": 6.0},
+                   {"up_to_bytes": None, "bandwidth_gbps": 2.5}]}}}
+    path = tmp_path / "collectives.json"
+    path.write_bytes(orjson.dumps(profile))
+    assert main(["project", str(nccl.path), "--devices", "1,2,8", "--intra-profile", str(path),
+                 "--json"]) == 0
+    intra = orjson.loads(capsys.readouterr().out)["intra"]
+    # the largest messages' bandwidth: gradient buckets are megabytes
+    assert intra["name"] == "measured gloo x2" and intra["latency_us"] == pytest.approx(40.0)
+    assert intra["bandwidth_gbps"] == pytest.approx(2.5)
+    path.write_text('{"models": {}}')
+    assert main(["project", str(nccl.path), "--intra-profile", str(path)]) == 2
+    assert "not a collectives profile" in capsys.readouterr().err

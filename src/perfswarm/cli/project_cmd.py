@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.collective_bench import link_of_profile
 from perfswarm.model.collectives import Scheme
 from perfswarm.optimize.project import DEFAULT_DEVICES, project
 from perfswarm.report import html
@@ -32,6 +34,7 @@ def project_command(
     bandwidth: Annotated[float | None, typer.Option("--bandwidth", help="Override the network's achieved bandwidth, GB/s.")] = None,
     scheme: Annotated[Scheme, typer.Option("--scheme", help="ring, tree or ps (parameter server).")] = "ring",
     intra: Annotated[str | None, typer.Option("--intra", help="Intra-node link (default: NVSwitch of the Run's GPUs, else pcie4).")] = None,
+    intra_profile: Annotated[Path | None, typer.Option("--intra-profile", help="Intra-node link measured by `perfswarm calibrate --collectives` (its profile JSON), instead of --intra.")] = None,
     per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
     servers: Annotated[int, typer.Option("--servers", help="Parameter servers (scheme ps).")] = 1,
     grad_bytes: Annotated[int | None, typer.Option("--grad-bytes", help="Gradient bytes per step when the Run has no all-reduce kernels.")] = None,
@@ -39,9 +42,18 @@ def project_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Throughput and scaling efficiency on more devices, other interconnects and schemes."""
+    measured = None
+    if intra_profile is not None:
+        try:
+            data = orjson.loads(intra_profile.read_bytes())
+        except OSError as exc:
+            raise PerfswarmError(f"{intra_profile}: cannot read ({exc.strerror or exc})") from None
+        except orjson.JSONDecodeError as exc:
+            raise PerfswarmError(f"{intra_profile}: invalid JSON ({exc})") from None
+        measured = link_of_profile(data, str(intra_profile))
     result = project(Run.open(run_dir), _devices(devices), interconnect_name=interconnect,
                      bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
-                     servers=servers, grad_bytes=grad_bytes)
+                     servers=servers, grad_bytes=grad_bytes, intra_link=measured)
     data = result.to_dict()
     if html_out is not None:
         page = html.render_projection(f"perfswarm projection: {run_dir.name}", data)

@@ -343,3 +343,21 @@ def calibration(result: Sweep) -> dict[str, Any]:
             "models": {op: model.to_dict() for op, model in models.items()},
             "gmae_in_sample": evaluate(models, result),
             "gmae_held_out": evaluate(fit(train), test)}
+
+
+def link_of_profile(data: Any, where: str) -> Link:
+    """The intra-node link a `calibrate --collectives` profile measured: its all-reduce's fitted
+    latency and the bandwidth of its largest-message regime (what gradient buckets see)."""
+    try:
+        model = data["models"]["all_reduce"]
+        sweep = data["sweep"]
+        latency = float(model["latency_us"]) * 1e-6
+        bandwidths = [float(r["bandwidth_gbps"]) for r in model["regimes"]
+                      if r["bandwidth_gbps"] is not None]
+        name = f"measured {sweep['backend']} x{int(sweep['world_size'])}"
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PerfswarmError(f"{where}: not a collectives profile ({exc})") from None
+    if not bandwidths or not bandwidths[-1] > 0 or not latency >= 0:
+        raise PerfswarmError(f"{where}: its all-reduce has no positive bandwidth to use")
+    return Link(name, latency, 1e-9 / bandwidths[-1], "switch",
+                f"fitted by perfswarm calibrate --collectives ({where})")

@@ -298,12 +298,14 @@ def default_intra(run: Run) -> str:
 def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-ndr",
             bandwidth_gbps: float | None = None, scheme: Scheme = "ring",
             intra_name: str | None = None, per_node: int = 8, servers: int = 1,
-            grad_bytes: int | None = None) -> Projection:
+            grad_bytes: int | None = None, intra_link: Link | None = None) -> Projection:
+    """`intra_link` (a measured one, see collective_bench.link_of_profile) replaces the
+    bundled intra-node link."""
     if not devices or min(devices) < 1:
         raise PerfswarmError("--devices: give positive device counts, e.g. 1,2,4,8")
     devices = sorted(set(devices))
     prof = profile(run, grad_bytes)
-    intra = interconnect(intra_name or default_intra(run))
+    intra = intra_link or interconnect(intra_name or default_intra(run))
     inter = interconnect(interconnect_name)
     if bandwidth_gbps is not None:
         inter = inter.with_bandwidth(bandwidth_gbps)
