@@ -12,6 +12,7 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.errors import PerfswarmError
+from perfswarm.jsonfile import read_json
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, Prediction, predict
@@ -30,12 +31,7 @@ def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
 
 
 def _profile(path: Path) -> Profile:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise PerfswarmError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except orjson.JSONDecodeError as exc:
-        raise PerfswarmError(f"{path}: invalid JSON ({exc})") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise PerfswarmError(f"{path}: not a kernel-model profile (expected an object)")
     return Profile.from_dict(data, str(path))

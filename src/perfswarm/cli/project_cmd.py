@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import orjson
 import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
+from perfswarm.jsonfile import read_json
 from perfswarm.model.collective_bench import link_of_profile
 from perfswarm.model.collectives import Scheme
 from perfswarm.optimize.project import DEFAULT_DEVICES, project
@@ -44,13 +44,7 @@ def project_command(
     """Throughput and scaling efficiency on more devices, other interconnects and schemes."""
     measured = None
     if intra_profile is not None:
-        try:
-            data = orjson.loads(intra_profile.read_bytes())
-        except OSError as exc:
-            raise PerfswarmError(f"{intra_profile}: cannot read ({exc.strerror or exc})") from None
-        except orjson.JSONDecodeError as exc:
-            raise PerfswarmError(f"{intra_profile}: invalid JSON ({exc})") from None
-        measured = link_of_profile(data, str(intra_profile))
+        measured = link_of_profile(read_json(intra_profile), str(intra_profile))
     result = project(Run.open(run_dir), _devices(devices), interconnect_name=interconnect,
                      bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
                      servers=servers, grad_bytes=grad_bytes, intra_link=measured)

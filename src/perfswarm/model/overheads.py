@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-import orjson
 
 from perfswarm.analyze.frame import I64, KIND, Events
 from perfswarm.errors import PerfswarmError
+from perfswarm.jsonfile import read_json
 from perfswarm.model.graph import HOST, Graph
 
 PARTS: Final = ("t0", "t1", "t2", "t4", "t5")
@@ -123,12 +123,7 @@ class OverheadModel:
 
     @classmethod
     def load(cls, path: Path) -> OverheadModel:
-        try:
-            data = orjson.loads(path.read_bytes())
-        except OSError as exc:
-            raise PerfswarmError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        except orjson.JSONDecodeError as exc:
-            raise PerfswarmError(f"{path}: invalid JSON ({exc})") from None
+        data = read_json(path)
         return cls.from_dict(data.get("overheads", data) if isinstance(data, dict) else data,
                              str(path))
 

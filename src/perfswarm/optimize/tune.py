@@ -24,6 +24,7 @@ import optuna
 import orjson
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.jsonfile import read_json
 from perfswarm.optimize.prune import BoundPruner
 from perfswarm.optimize.space import Param, Value, configure
 from perfswarm.optimize.trial import (
@@ -257,12 +258,7 @@ class TuneFiles(TypedDict):
 
 
 def _read(path: Path, kind: type, keys: frozenset[str]) -> Any:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise PerfswarmError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except orjson.JSONDecodeError as exc:
-        raise PerfswarmError(f"{path}: invalid JSON ({exc})") from None
+    data = read_json(path)
     items = data if isinstance(data, list) else [data]
     if not isinstance(data, kind) or not all(isinstance(i, dict) and keys <= i.keys()
                                              for i in items):
