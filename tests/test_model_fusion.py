@@ -32,3 +32,15 @@ def test_memory_bound_chain_between_gemms() -> None:
     assert chain.fused_s == pytest.approx(3 * 4 * N / spec.memory_bandwidth)
     assert chain.saving_s == pytest.approx(5 * 4 * N / spec.memory_bandwidth)
     assert fusion_candidates([add, relu], spec, min_length=3) == []
+
+
+def test_conv_then_depthwise_conv() -> None:
+    spec = load_spec("A100-80GB")
+    pointwise = _cost("aten::conv2d", [[8, 64, 56, 56], [128, 64, 1, 1]])
+    depthwise = _cost("aten::conv2d", [[8, 128, 56, 56], [128, 1, 3, 3]])
+    assert (pointwise.family, depthwise.family) == ("conv", "depthwise_conv")
+    ((pair,),) = [fusion_candidates([pointwise, depthwise, None], spec)]
+    assert (pair.start, pair.end, pair.ops) == (0, 2, ("conv2d", "conv2d"))
+    # fused, the 8x128x56x56 map is neither written by the first nor read by the second
+    assert pair.saving_s == pytest.approx(2 * 4 * 8 * 128 * 56 * 56 / spec.memory_bandwidth)
+    assert fusion_candidates([depthwise, pointwise], spec) == []

@@ -1,5 +1,6 @@
-"""Fusion candidates: runs of consecutive memory-bound ops whose intermediates a fused kernel would
-keep on chip, with the roofline time that saves."""
+"""Fusion candidates, with the roofline time they save: runs of consecutive memory-bound ops whose
+intermediates a fused kernel would keep on chip, and a convolution followed by a depthwise one
+(the pair of a separable block), whose fused kernel never writes the intermediate map out."""
 
 from __future__ import annotations
 
@@ -54,4 +55,20 @@ def fusion_candidates(costs: Sequence[OpCost | None], spec: DeviceSpec,
                         sum(c.flops for c in run) / spec.peak_for(run[0].dtype))
             found.append(FusionCandidate(start, end, tuple(c.op for c in run), unfused, fused))
         start = end + 1
+    found += _conv_pairs(costs, spec)
+    return sorted(found, key=lambda f: f.start)
+
+
+def _conv_pairs(costs: Sequence[OpCost | None], spec: DeviceSpec) -> list[FusionCandidate]:
+    """A convolution and the depthwise convolution that reads its output: fused, the map is
+    written once and read once less (no faster than the slower of the two alone)."""
+    found = []
+    for i in range(len(costs) - 1):
+        a, b = costs[i], costs[i + 1]
+        if a is None or b is None or a.family not in ("conv", "depthwise_conv") \
+                or b.family != "depthwise_conv":
+            continue
+        ra, rb = roofline(a, spec).time_s, roofline(b, spec).time_s
+        fused = max(ra + rb - 2 * b.input_bytes / spec.memory_bandwidth, ra, rb)
+        found.append(FusionCandidate(i, i + 2, (a.op, b.op), ra + rb, fused))
     return found

@@ -22,8 +22,8 @@ from perfswarm.model.specs import DeviceSpec
 
 # The profile family that prices each op family when the profile has no sweep of its own.
 FALLBACK: Final[Mapping[str, str]] = {
-    "conv_backward": "conv", "sdpa": "gemm", "norm": "reduction", "softmax": "reduction",
-    "pool": "reduction", "conv": "gemm", "embedding_bag": "copy",
+    "conv_backward": "conv", "depthwise_conv": "conv", "sdpa": "gemm", "norm": "reduction",
+    "softmax": "reduction", "pool": "reduction", "conv": "gemm", "embedding_bag": "copy",
 }
 GPU_FLOOR_NS: Final = 2_000  # a GPU kernel's launch-to-retire floor, whatever its work
 SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed cost

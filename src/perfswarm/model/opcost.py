@@ -79,6 +79,7 @@ class OpCost:
     dtype: str       # spec peak key (fp32, fp16, bf16, ...)
     fixed_bytes: float = 0.0  # of `bytes`, what parameters move (no batch dimension)
     batched: bool = True      # some input has a batch dimension (not all are parameters)
+    input_bytes: float = 0.0  # the first input's bytes (what a fused producer would not write)
 
     @property
     def intensity(self) -> float:
@@ -108,8 +109,8 @@ def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-FAMILIES = ("gemm", "conv", "conv_backward", "embedding_bag", "sdpa", "elementwise",
-            "reduction", "norm", "softmax", "pool", "copy")
+FAMILIES = ("gemm", "conv", "depthwise_conv", "conv_backward", "embedding_bag", "sdpa",
+            "elementwise", "reduction", "norm", "softmax", "pool", "copy")
 
 
 def _family(op: str) -> str | None:
@@ -168,6 +169,12 @@ def _conv(dims: Dims) -> tuple[float, float] | None:
     return flops, float(_numel(x) + _numel(w) + out)
 
 
+def _depthwise(dims: Dims) -> bool:
+    """One filter per channel (groups = channels): weight [C, 1, k...] on C input channels."""
+    x, w = dims[0], dims[1]
+    return len(x) >= 2 and len(w) >= 2 and w[1] == 1 and w[0] == x[1] > 1
+
+
 def _conv_backward(dims: Dims) -> tuple[float, float] | None:
     """Gradients of input and weight from (grad_output, input, weight): two convolutions of the
     forward's work; the output gradient's shape gives the output size exactly."""
@@ -198,6 +205,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
         work = _gemm(op, input_dims) if len(input_dims) >= 2 else None
     elif family == "conv":
         work = _conv(input_dims) if len(input_dims) >= 2 else None
+        if work is not None and _depthwise(input_dims):
+            family = "depthwise_conv"
     elif family == "conv_backward":
         work = _conv_backward(input_dims)
     elif family == "embedding_bag":
@@ -221,7 +230,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     fixed_elements = sum(_numel(input_dims[i]) for i in streamed if marks[i])
     batched = any(not marks[i] for i, d in enumerate(input_dims) if d)
     return OpCost(op, family, flops, elements * size, dtype,
-                  min(float(fixed_elements), elements) * size, batched)
+                  min(float(fixed_elements), elements) * size, batched,
+                  float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0)
 
 
 def scale_batch(cost: OpCost, factor: float) -> OpCost:
