@@ -12,11 +12,13 @@ from conftest import corpus
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.collectives import RING, CollectiveConfig, collective_time
+from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Topology, interconnect
 from perfswarm.optimize.project import (
     Call,
     Choice,
     StepProfile,
+    on_device,
     profile,
     project,
     recommend,
@@ -145,3 +147,17 @@ def test_intra_link_from_a_collectives_profile(nccl: Run, tmp_path: Path,
     path.write_text('{"models": {}}')
     assert main(["project", str(nccl.path), "--intra-profile", str(path)]) == 2
     assert "not a collectives profile" in capsys.readouterr().err
+
+
+def test_compute_predicted_on_another_gpu(nccl: Run) -> None:
+    measured = profile(nccl)
+    on_h100 = on_device(nccl, measured, "H100-SXM")
+    prediction = predict(nccl, Change(device="H100-SXM"))
+    ratio = prediction.median_active("predicted") / prediction.median_active("measured")
+    assert on_h100.compute_source == "predicted on H100-SXM" and 0.3 < ratio < 0.9
+    for before, after in zip(measured.steps, on_h100.steps, strict=True):
+        assert after.compute_ns == round(before.compute_ns * ratio)
+        assert [c.ready_ns for c in after.calls] == [round(c.ready_ns * ratio)
+                                                     for c in before.calls]
+    assert project(nccl, [8], device="H100-SXM").to_dict()["profile"]["compute_source"] == \
+        "predicted on H100-SXM"

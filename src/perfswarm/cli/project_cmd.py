@@ -34,6 +34,7 @@ def project_command(
     bandwidth: Annotated[float | None, typer.Option("--bandwidth", help="Override the network's achieved bandwidth, GB/s.")] = None,
     scheme: Annotated[Scheme, typer.Option("--scheme", help="ring, tree or ps (parameter server).")] = "ring",
     intra: Annotated[str | None, typer.Option("--intra", help="Intra-node link (default: NVSwitch of the Run's GPUs, else pcie4).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Predict the compute on this GPU (a bundled spec, as perfswarm predict --device) instead of using the measured one.")] = None,
     intra_profile: Annotated[Path | None, typer.Option("--intra-profile", help="Intra-node link measured by `perfswarm calibrate --collectives` (its profile JSON), instead of --intra.")] = None,
     per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
     servers: Annotated[int, typer.Option("--servers", help="Parameter servers (scheme ps).")] = 1,
@@ -47,7 +48,7 @@ def project_command(
         measured = link_of_profile(read_json(intra_profile), str(intra_profile))
     result = project(Run.open(run_dir), _devices(devices), interconnect_name=interconnect,
                      bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
-                     servers=servers, grad_bytes=grad_bytes, intra_link=measured)
+                     servers=servers, grad_bytes=grad_bytes, intra_link=measured, device=device)
     data = result.to_dict()
     if html_out is not None:
         page = html.render_projection(f"perfswarm projection: {run_dir.name}", data)
@@ -57,7 +58,7 @@ def project_command(
         return
     prof = data["profile"]
     console.print(f"[bold]{run_dir}[/]: {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
-                  f"compute {prof['compute_ms']:.3f} ms/step, gradients {prof['grad_bytes'] / 1e6:,.1f} MB "
+                  f"compute {prof['compute_ms']:.3f} ms/step ({prof['compute_source']}), gradients {prof['grad_bytes'] / 1e6:,.1f} MB "
                   f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped")
     console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {result.per_node} per node, scheme {result.scheme}")
     table = Table("devices", "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",

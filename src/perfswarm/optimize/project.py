@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -27,6 +27,7 @@ from perfswarm.analyze.intervals import I64, union
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.collective_bench import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
+from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Link, Topology, interconnect
 from perfswarm.trace.store import Run
 
@@ -82,6 +83,7 @@ class Profile:
     grad_bytes: int
     grad_bytes_source: str
     whole_run: bool = False    # no step markers: the Run is one iteration
+    compute_source: str = "measured"
 
     def per_step(self) -> dict[int, list[StepProfile]]:
         out: dict[int, list[StepProfile]] = {}
@@ -106,7 +108,7 @@ class Profile:
         med = statistics.median
         return {"ranks": list(self.ranks), "steps": len(self.per_step()), "world": self.world,
                 "grad_bytes": self.grad_bytes, "grad_bytes_source": self.grad_bytes_source,
-                "whole_run": self.whole_run,
+                "whole_run": self.whole_run, "compute_source": self.compute_source,
                 "compute_ms": med(s.compute_ns for s in self.steps) / 1e6,
                 "step_wall_ms": med(s.wall_ns for s in self.steps) / 1e6,
                 "collective_ms": med(s.collective_ns for s in self.steps) / 1e6,
@@ -298,13 +300,16 @@ def default_intra(run: Run) -> str:
 def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-ndr",
             bandwidth_gbps: float | None = None, scheme: Scheme = "ring",
             intra_name: str | None = None, per_node: int = 8, servers: int = 1,
-            grad_bytes: int | None = None, intra_link: Link | None = None) -> Projection:
+            grad_bytes: int | None = None, intra_link: Link | None = None,
+            device: str | None = None) -> Projection:
     """`intra_link` (a measured one, see collective_bench.link_of_profile) replaces the
-    bundled intra-node link."""
+    bundled intra-node link; with `device`, compute is predicted on that GPU."""
     if not devices or min(devices) < 1:
         raise PerfswarmError("--devices: give positive device counts, e.g. 1,2,4,8")
     devices = sorted(set(devices))
     prof = profile(run, grad_bytes)
+    if device is not None:
+        prof = on_device(run, prof, device)
     intra = intra_link or interconnect(intra_name or default_intra(run))
     inter = interconnect(interconnect_name)
     if bandwidth_gbps is not None:
@@ -320,6 +325,25 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
                     for net in networks for s in SCHEMES)
     return Projection(prof, intra, inter, per_node, scheme, tuple(points), options,
                       recommend(options))
+
+
+def on_device(run: Run, prof: Profile, device: str) -> Profile:
+    """The profile with its compute as `perfswarm predict --device` predicts it: each step's
+    compute (and the compute before each collective) scaled by the predicted over the
+    measured device-active time of the Run's iterations."""
+    predicted = predict(run, Change(device=device))
+    measured = predicted.median_active("measured")
+    if measured <= 0:
+        raise PerfswarmError(f"{run.path}: no device time to predict on {device}")
+    ratio = predicted.median_active("predicted") / measured
+
+    def scaled(st: StepProfile) -> StepProfile:
+        calls = tuple(replace(c, ready_ns=round(c.ready_ns * ratio)) for c in st.calls)
+        return replace(st, compute_ns=round(st.compute_ns * ratio),
+                       tail_ns=round(st.tail_ns * ratio), calls=calls)
+
+    return replace(prof, steps=tuple(scaled(st) for st in prof.steps),
+                   compute_source=f"predicted on {predicted.target_device}")
 
 
 def recommend(options: Sequence[Choice]) -> Choice:
