@@ -12,11 +12,11 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.jsonfile import read_json
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.trace.store import Run, atomic_write_bytes
+from perfswarm.userfiles import read_json
 
 
 def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:

@@ -11,12 +11,12 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.jsonfile import read_json
 from perfswarm.model.collective_bench import link_of_profile
 from perfswarm.model.collectives import Scheme
 from perfswarm.optimize.project import DEFAULT_DEVICES, project
 from perfswarm.report import html
 from perfswarm.trace.store import Run, atomic_write_bytes
+from perfswarm.userfiles import read_json
 
 
 def _devices(text: str) -> list[int]:

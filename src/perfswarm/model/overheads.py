@@ -24,8 +24,8 @@ import numpy as np
 
 from perfswarm.analyze.frame import I64, KIND, Events
 from perfswarm.errors import PerfswarmError
-from perfswarm.jsonfile import read_json
 from perfswarm.model.graph import HOST, Graph
+from perfswarm.userfiles import read_json
 
 PARTS: Final = ("t0", "t1", "t2", "t4", "t5")
 TRIM: Final = 0.1  # each tail trimmed off before averaging: one-off stalls are not overhead

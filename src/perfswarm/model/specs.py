@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.yamlfile import bundled_mapping
+from perfswarm.userfiles import bundled_mapping
 
 
 @dataclass(frozen=True)

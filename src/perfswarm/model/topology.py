@@ -13,7 +13,7 @@ from functools import cache
 from typing import Literal
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.yamlfile import bundled_mapping
+from perfswarm.userfiles import bundled_mapping
 
 Fabric = Literal["switch", "p2p", "bus"]
 _FABRIC_NAMES: dict[str, Fabric] = {"switch": "switch", "p2p": "p2p", "bus": "bus"}

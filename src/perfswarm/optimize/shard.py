@@ -33,7 +33,7 @@ import orjson
 from scipy.optimize import nnls
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.yamlfile import read_yaml
+from perfswarm.userfiles import read_yaml
 
 Strategy = Literal["size_greedy", "lookup_greedy", "time_balanced"]
 STRATEGIES: tuple[Strategy, ...] = ("size_greedy", "lookup_greedy", "time_balanced")

@@ -11,7 +11,7 @@ from typing import Literal
 import optuna
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.yamlfile import read_yaml
+from perfswarm.userfiles import read_yaml
 
 ParamKind = Literal["int", "float", "categorical", "bool"]
 Value = int | float | str | bool

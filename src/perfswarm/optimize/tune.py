@@ -24,7 +24,6 @@ import optuna
 import orjson
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.jsonfile import read_json
 from perfswarm.optimize.prune import BoundPruner
 from perfswarm.optimize.space import Param, Value, configure
 from perfswarm.optimize.trial import (
@@ -39,6 +38,7 @@ from perfswarm.optimize.trial import (
     measure_recorded,
 )
 from perfswarm.trace.store import atomic_write_bytes
+from perfswarm.userfiles import read_json
 
 Progress = Callable[[str], None]
 
