@@ -122,3 +122,21 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str],
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Error" in err
+
+
+@pytest.mark.parametrize(("command", "flag", "said"), [
+    ("report", ["-o"], "no such directory (for out.html)"),
+    ("project", ["--html"], "out.html: cannot write"),
+    ("predict", ["--save-overheads"], "out.html: cannot write"),
+    ("calibrate", ["-o"], "no such directory (for out.html)"),
+])
+def test_outputs_in_a_missing_directory(corpus_runs: dict[str, object], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str], command: str,
+                                        flag: list[str], said: str) -> None:
+    """A file a user names in a directory that is not there: one line, exit 2, nothing left."""
+    out = tmp_path / "missing" / "out.html"
+    run = [] if command == "calibrate" else [str(corpus_runs["nccl"].path)]  # type: ignore[attr-defined]
+    assert main([command, *run, *flag, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.strip().count("\n") == 0 and "Traceback" not in err
+    assert not (tmp_path / "missing").exists()

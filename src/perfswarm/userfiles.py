@@ -1,5 +1,5 @@
-"""Users' files in, one-line errors out (YAML spaces and tables, JSON profiles, overhead models,
-tune outputs), and the package's own YAML data (device specs, interconnects)."""
+"""Users' files in and out, one-line errors (YAML spaces and tables, JSON profiles, overhead
+models, tune outputs), and the package's own YAML data (device specs, interconnects)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import orjson
 import yaml
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.trace.store import write_output
 
 
 def _parsed(path: Path, parse: Callable[[bytes], Any], errors: type[Exception] | tuple[
@@ -32,6 +33,12 @@ def read_yaml(path: Path) -> Any:
 def read_json(path: Path) -> Any:
     """A user's JSON file; unreadable or malformed files raise PerfswarmError naming the file."""
     return _parsed(path, orjson.loads, orjson.JSONDecodeError, "JSON")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` as stable JSON (sorted keys, indented) at `path`, atomically; errors in one line."""
+    write_output(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+                 + b"\n")
 
 
 def bundled_mapping(package: str, name: str) -> dict[Any, Any]:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 import typer
 from rich.table import Table
 
@@ -14,7 +13,7 @@ from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import calibrate as kernel_calibration
 from perfswarm.model.collective_bench import PASSES, calibration, sweep
-from perfswarm.trace.store import atomic_write_bytes
+from perfswarm.userfiles import write_json
 
 
 @app.command("calibrate")
@@ -35,6 +34,7 @@ def calibrate_command(
         _kernels(device, budget, threads, out or Path(default), as_json)
         return
     out = out or Path("collectives-profile.json")
+    _writable(out)
     if backend not in ("auto", "gloo", "nccl"):
         raise typer.BadParameter("must be auto, gloo or nccl", param_hint="--backend")
     with spinner() as bar:
@@ -42,7 +42,7 @@ def calibrate_command(
         result = sweep(world_size=world_size, backend=backend,  # type: ignore[arg-type]
                        passes=passes)
     profile = calibration(result)
-    _save(out, profile)
+    write_json(out, profile)
     if as_json:
         print_json(profile)
         return
@@ -61,9 +61,10 @@ def calibrate_command(
     console.print(f"profile: {out}")
 
 
-def _save(out: Path, profile: dict[str, Any]) -> None:
-    atomic_write_bytes(out, orjson.dumps(profile, option=orjson.OPT_INDENT_2
-                                         | orjson.OPT_SORT_KEYS) + b"\n")
+def _writable(out: Path) -> None:
+    """Before minutes of sweeps: the profile will have somewhere to go."""
+    if not out.parent.is_dir():
+        raise PerfswarmError(f"{out.parent}: no such directory (for {out.name})")
 
 
 def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: bool) -> None:
@@ -71,12 +72,13 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
         raise PerfswarmError("calibrate: --budget must be positive (minutes)")
     if threads < 1:
         raise PerfswarmError("calibrate: --threads must be at least 1")
+    _writable(out)
     with spinner() as bar:
         task = bar.add_task(f"kernel sweeps on {device} ({budget_min:g} min budget)")
         profile = kernel_calibration(
             budget_min * 60.0, threads, device,
             lambda family: bar.update(task, description=f"kernel sweeps on {device}: {family}"))
-    _save(out, profile)
+    write_json(out, profile)
     if as_json:
         print_json(profile)
         return

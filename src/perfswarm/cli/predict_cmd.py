@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import orjson
 import typer
 from rich.table import Table
 
@@ -15,8 +14,8 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, Prediction, predict
-from perfswarm.trace.store import Run, atomic_write_bytes
-from perfswarm.userfiles import read_json
+from perfswarm.trace.store import Run
+from perfswarm.userfiles import read_json, write_json
 
 
 def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
@@ -96,13 +95,7 @@ def predict_command(
                      compare=Run.open(compare) if compare else None,
                      source_device=source_device)
     if save_overheads is not None:
-        try:
-            atomic_write_bytes(save_overheads, orjson.dumps(
-                result.overheads.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-                + b"\n")
-        except OSError as exc:
-            raise PerfswarmError(f"{save_overheads}: cannot write ({exc.strerror or exc})") \
-                from None
+        write_json(save_overheads, result.overheads.to_dict())
     if as_json:
         print_json(result.to_dict())
     else:

@@ -15,7 +15,7 @@ from perfswarm.model.collective_bench import link_of_profile
 from perfswarm.model.collectives import Scheme
 from perfswarm.optimize.project import DEFAULT_DEVICES, project
 from perfswarm.report import html
-from perfswarm.trace.store import Run, atomic_write_bytes
+from perfswarm.trace.store import Run, write_output
 from perfswarm.userfiles import read_json
 
 
@@ -52,7 +52,7 @@ def project_command(
     data = result.to_dict()
     if html_out is not None:
         page = html.render_projection(f"perfswarm projection: {run_dir.name}", data)
-        atomic_write_bytes(html_out, page.encode())
+        write_output(html_out, page.encode())
     if as_json:
         print_json(data)
         return

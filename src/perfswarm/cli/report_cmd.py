@@ -10,6 +10,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
 from perfswarm.optimize.tune import load_results
@@ -28,6 +29,9 @@ def report_command(
     """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
     run = Run.open(run_dir)
     tune = load_results(tune_dir) if tune_dir is not None else None
+    target = output or run.path / "report.html"
+    if not as_json and not target.parent.is_dir():  # said before the analysis, not after
+        raise PerfswarmError(f"{target.parent}: no such directory (for {target.name})")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("analyzing", total=2)
@@ -37,7 +41,7 @@ def report_command(
         if as_json:
             progress.update(task, advance=1)
         else:
-            path = html.write(data, output or run.path / "report.html")
+            path = html.write(data, target)
             progress.update(task, advance=1)
     if as_json:
         print_json(data)

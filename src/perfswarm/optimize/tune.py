@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import optuna
-import orjson
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.prune import BoundPruner
@@ -37,8 +36,7 @@ from perfswarm.optimize.trial import (
     measure_printed,
     measure_recorded,
 )
-from perfswarm.trace.store import atomic_write_bytes
-from perfswarm.userfiles import read_json
+from perfswarm.userfiles import read_json, write_json
 
 Progress = Callable[[str], None]
 
@@ -149,11 +147,6 @@ def _importance(study: optuna.Study, seed: int) -> dict[str, float]:
     return {k: round(float(v), 6) for k, v in sorted(found.items())}
 
 
-def _dump(path: Path, data: Any) -> None:
-    atomic_write_bytes(path, orjson.dumps(data, option=orjson.OPT_INDENT_2
-                                          | orjson.OPT_SORT_KEYS) + b"\n")
-
-
 def run_path(out: Path, name: str) -> Path:
     """Where a recorded run (`baseline`, `trial-0007`) leaves its Run."""
     return out / "runs" / f"{name}.run"
@@ -243,9 +236,9 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
     rows = tuple(_trial_row(t) for t in study.get_trials(deepcopy=False))
     result = TuneResult(tuple(argv), options.study, storage, options.measure, baseline, rows,
                         _importance(study, options.seed))
-    _dump(options.out / "trials.json", list(rows))
-    _dump(options.out / "importance.json", dict(result.importance))
-    _dump(options.out / "tune.json", result.to_dict())
+    write_json(options.out / "trials.json", list(rows))
+    write_json(options.out / "importance.json", dict(result.importance))
+    write_json(options.out / "tune.json", result.to_dict())
     return result
 
 

@@ -18,7 +18,7 @@ import orjson
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
-from perfswarm.trace.store import atomic_write_bytes
+from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
                  "idle")
@@ -234,5 +234,5 @@ def _page(template: str, data: dict[str, Any], figures: dict[str, Any], **extra:
 
 def write(report: dict[str, Any], path: str | Path) -> Path:
     out = Path(path)
-    atomic_write_bytes(out, render(report).encode())
+    write_output(out, render(report).encode())
     return out

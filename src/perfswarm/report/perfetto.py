@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL
 from perfswarm.trace.schema import NONE
-from perfswarm.trace.store import Run, atomic_write_bytes
+from perfswarm.trace.store import Run, write_output
 from perfswarm.trace.timebase import ns_to_us_text
 
 # Our kinds back to Kineto's categories (the inverse of kineto.CAT_KIND).
@@ -229,5 +229,5 @@ def write(run: Run, path: str | Path) -> Path:
     data = dumps(export_chrome_trace(run))
     if out.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)
-    atomic_write_bytes(out, data)
+    write_output(out, data)
     return out

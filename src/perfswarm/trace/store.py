@@ -131,6 +131,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def write_output(path: Path, data: bytes) -> None:
+    """atomic_write_bytes for a file a user named (a report, a profile): a missing directory,
+    a full disk or a refused permission is the one-line error naming the file."""
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        raise _disk_error(path, exc) from None
+
+
 def _disk_error(path: Path, exc: OSError) -> PerfswarmError:
     # Arrow's messages wrap the system's ("Error writing bytes ... [errno 28] ..."): say it plainly
     why = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
