@@ -48,6 +48,7 @@ from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler
 from perfswarm.model.opcost import OpCost, Shapes, data_cost, scale_batch, shapes_from_args
 from perfswarm.model.overheads import (
+    Instance,
     OverheadModel,
     apply_overheads,
     fit_overheads,
@@ -175,9 +176,25 @@ class _Model:
     platform: Platform
     args: list[str | None]
     compute: Mask  # host nodes that are kernel work (CPU runs)
+    _shapes: dict[int, Shapes | None] = field(default_factory=dict)
 
     def shapes(self, row: int) -> Shapes | None:
-        return shapes_from_args(self.args[row] or "")
+        """The row's recorded shapes (parsed once: several passes ask for the same rows)."""
+        if row not in self._shapes:
+            self._shapes[row] = shapes_from_args(self.args[row] or "")
+        return self._shapes[row]
+
+    def iterations(self, timeline: Timeline, durations: I64
+                   ) -> list[tuple[int, int, int, int, int]]:
+        """(rank, step, start, end, device-active ns) of every iteration on `timeline`."""
+        g = self.graph
+        out = []
+        for rank, anchors in g.steps.items():
+            for step, a, b in anchors:
+                lo, hi = int(timeline.start[a]), int(timeline.start[b])
+                out.append((rank, step, lo, hi, _active(self, timeline, rank, lo, hi,
+                                                        durations)))
+        return out
 
 
 def profiled_steps(ev: Events, steps: Mapping[int, Sequence[StepWindow]]
@@ -377,7 +394,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     return counts
 
 
-def _per_sample(m: _Model, insts: list[Any], batch: int, factor: float, dur: I64,
+def _per_sample(m: _Model, insts: list[Instance], batch: int, factor: float, dur: I64,
                 gap: I64) -> int:
     """DataLoader fetches that run an op once per sample take `factor` times as long."""
     scaled = 0
@@ -487,21 +504,13 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             notes.append("no per-sample DataLoader work found; input pipeline time kept")
     predicted = simulate(m.schedule, dur, gap)
     compared = _compare(compare) if compare is not None else None
-    steps = []
-    for rank, anchors in g.steps.items():
-        for step, a, b in anchors:
-            lo, hi = int(g.ts[a]), int(g.ts[b])
-            times = {"measured": (lo, hi), "replayed": (int(replayed.start[a]),
-                                                        int(replayed.start[b])),
-                     "predicted": (int(predicted.start[a]), int(predicted.start[b]))}
-            measured_tl = Timeline(g.ts, g.end)
-            active = {
-                "measured": _active(m, measured_tl, rank, lo, hi, g.end - g.ts),
-                "replayed": _active(m, replayed, rank, *times["replayed"], g.dur),
-                "predicted": _active(m, predicted, rank, *times["predicted"], dur)}
-            steps.append(StepResult(rank, step, hi - lo, times["replayed"][1] - times[
-                "replayed"][0], times["predicted"][1] - times["predicted"][0], active,
-                _breakdown(m, predicted, rank, *times["predicted"], dur)))
+    measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
+    steps = [StepResult(rank, step, hi - lo, r_hi - r_lo, p_hi - p_lo,
+                        {"measured": active, "replayed": r_active, "predicted": p_active},
+                        _breakdown(m, predicted, rank, p_lo, p_hi, dur))
+             for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active),
+             (_, _, p_lo, p_hi, p_active) in zip(measured, m.iterations(replayed, g.dur),
+                                                 m.iterations(predicted, dur), strict=True)]
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
@@ -512,12 +521,6 @@ def _compare(run: Run) -> tuple[str, int, int]:
     """The median profiled step of another Run (the target configuration, measured) and its
     median device-active time."""
     m = load_model(run)
-    g = m.graph
-    measured = Timeline(g.ts, g.end)
-    spans, active = [], []
-    for rank, anchors in g.steps.items():
-        for _step, a, b in anchors:
-            lo, hi = int(g.ts[a]), int(g.ts[b])
-            spans.append(hi - lo)
-            active.append(_active(m, measured, rank, lo, hi, g.end - g.ts))
-    return str(run.path), int(statistics.median(spans)), int(statistics.median(active))
+    steps = m.iterations(Timeline(m.graph.ts, m.graph.end), m.graph.end - m.graph.ts)
+    return (str(run.path), int(statistics.median(hi - lo for _, _, lo, hi, _ in steps)),
+            int(statistics.median(active for *_, active in steps)))
