@@ -132,6 +132,38 @@ def test_spawned_dataloader_workers_traced(tmp_path: Path) -> None:
     assert len(fetches) == 2 and main not in fetches
 
 
+FREED = textwrap.dedent("""
+    import gc, sys, torch
+    from torch import nn
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        opt.zero_grad(); model(torch.randn(32, 64)).sum().backward(); opt.step()
+    gc.disable()  # what frees the profiler must be the window's close, not a later collection
+    alive = [o for o in gc.get_objects() if isinstance(o, torch.profiler.profile)]
+    sys.stdout.write(f"alive {len(alive)}\\n")
+""")
+
+
+def test_profiler_freed_when_the_window_closes(tmp_path: Path) -> None:
+    """A stopped profiler sits in reference cycles; left to a later collection, its events
+    kept the heap from reusing tensor buffers and slowed every step after the window."""
+    script = tmp_path / "freed.py"
+    script.write_text(FREED)
+    log = tmp_path / "out.txt"
+    with log.open("wb") as f:
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            result = record([PY, str(script)], tmp_path / "f.run",
+                            RecordOptions(collectors=("torch",), skip=1, steps=2))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    assert result.exit_code == 0
+    assert log.read_text().split() == ["alive", "0"]
+
+
 DDP = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn

@@ -113,6 +113,8 @@ class _Window:
             os.remove(self.flag())
         prof.stop()
         _export(prof, self.out, self.stem)
+        del prof
+        _free_profiler()
 
     def flush(self) -> None:
         """At exit (also after Ctrl-C): close an open window, then write the step times (none
@@ -135,6 +137,16 @@ class _Window:
 
 def _flag(out: str, pid: int) -> str:
     return os.path.join(out, f".window-pid{pid}")
+
+
+def _free_profiler() -> None:
+    """Free a stopped profiler now. Its bound methods make reference cycles, so dropping it
+    leaves its events to a later full collection; meanwhile the memory they hold keeps the
+    heap from reusing freed tensor buffers, and every step after the window page-faulted
+    about 3,000 times more and ran 15-20% slower (CPU trainer)."""
+    import gc
+
+    gc.collect()
 
 
 def _export(prof: Any, out: str, stem: str) -> None:
@@ -181,6 +193,8 @@ class _WorkerWindow:
             self.done = True
             prof.__exit__(None, None, None)
             _export(prof, self.out, self.stem)
+            del prof
+            _free_profiler()
 
 
 def _stop_on_sigterm(window: _WorkerWindow) -> None:
