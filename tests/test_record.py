@@ -164,6 +164,19 @@ def test_profiler_freed_when_the_window_closes(tmp_path: Path) -> None:
     assert log.read_text().split() == ["alive", "0"]
 
 
+def test_window_from_step_0(tmp_path: Path) -> None:
+    """SKIP 0 opens the window when the optimizer is built: no step has ended before step 0."""
+    script = tmp_path / "freed.py"
+    script.write_text(FREED)
+    result = record([PY, str(script)], tmp_path / "zero.run",
+                    RecordOptions(collectors=("torch",), skip=0, steps=2))
+    assert [(s["step"], s["source"]) for s in result.run.table("steps").to_pylist()] == [
+        (0, "marker"), (1, "marker"), (2, "detected"), (3, "detected"), (4, "detected"),
+        (5, "detected")]
+    names = set(result.run.table("events", columns=["name"]).column("name").to_pylist())
+    assert {"aten::addmm", "Optimizer.step#SGD.step"} <= names
+
+
 DDP = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn

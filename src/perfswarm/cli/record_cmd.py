@@ -28,7 +28,7 @@ def record_command(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
     collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace and net (tcpdump) are opt-in.")] = ",".join(DEFAULT_COLLECTORS),
     hz: Annotated[float, typer.Option("--hz", help="System and GPU sampling rate.")] = 20.0,
-    steps: Annotated[str, typer.Option("--steps", help="Profiling window SKIP:COUNT in optimizer steps.")] = "5:10",
+    steps: Annotated[str, typer.Option("--steps", help="Profiling window SKIP:COUNT in optimizer steps (SKIP 0: it opens when the first optimizer is built).")] = "5:10",
     perf_hz: Annotated[int, typer.Option("--perf-hz", help="perf sampling frequency.")] = 499,
     pystacks_hz: Annotated[int, typer.Option("--pystacks-hz", help="py-spy sampling rate.")] = 100,
     no_et: Annotated[bool, typer.Option("--no-et", help="Skip the execution trace of the first profiled step.")] = False,

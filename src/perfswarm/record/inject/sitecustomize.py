@@ -1,13 +1,14 @@
 """Injected into the recorded command via PYTHONPATH: profiles torch without changing the script.
 
 Nothing happens until the script imports torch.optim; then a global
-optimizer-step hook counts iterations. After SKIP steps torch.profiler starts
-(shapes recorded, one ProfilerStep#N marker per iteration, N = the iteration
-index), an ExecutionTraceObserver covers the first profiled step, and after
-COUNT steps the trace is exported. Every hook time is kept, so the steps
-outside the window are known too: appended to `steps-….live` as it happens (one
-decimal ns per line, unbuffered, so a watcher such as `perfswarm tune` sees the
-steps live and a killed process keeps them), then written whole to
+optimizer-step hook counts iterations. After SKIP steps (SKIP 0: when the first
+optimizer is built) torch.profiler starts (shapes recorded, one ProfilerStep#N
+marker per iteration, N = the iteration index), an ExecutionTraceObserver
+covers the first profiled step, and after COUNT steps the trace is exported.
+Every hook time is kept, so the steps outside the window are known too:
+appended to `steps-….live` as it happens (one decimal ns per line, unbuffered,
+so a watcher such as `perfswarm tune` sees the steps live and a killed process
+keeps them), then written whole to
 `steps-….json` at exit. Files are per process: RANK and pid in the name.
 Configuration comes from PERFSWARM_* variables set by `perfswarm record`.
 
@@ -66,7 +67,7 @@ class _Window:
         os.write(self.live_fd, b"%d\n" % now)
         done = len(self.hook_ns)
         if done == self.skip:
-            self._start()
+            self.start()
         elif self.prof is not None:
             if done == self.skip + self.count:
                 self._stop()
@@ -81,7 +82,7 @@ class _Window:
         """Exists while this process's profiling window is open (DataLoader workers look)."""
         return _flag(self.out, self.pid)
 
-    def _start(self) -> None:
+    def start(self) -> None:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
@@ -118,8 +119,9 @@ class _Window:
 
     def flush(self) -> None:
         """At exit (also after Ctrl-C): close an open window, then write the step times (none
-        from a process that never stepped, e.g. torchrun's agent, which imports torch.optim)."""
-        if os.getpid() != self.pid or self.in_worker or not self.hook_ns:
+        from a process that never stepped nor opened a window, e.g. torchrun's agent, which
+        imports torch.optim)."""
+        if os.getpid() != self.pid or self.in_worker or not (self.hook_ns or self.prof):
             return
         if self.et is not None:
             self._stop_et()
@@ -260,11 +262,28 @@ def _wrap_worker_loop(module: ModuleType, out: str) -> None:
     vars(module)["_worker_loop"] = worker_loop
 
 
-def _install(window: _Window) -> None:
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    register_optimizer_step_post_hook(window.on_step)
+def _install(window: _Window, module: ModuleType) -> None:
+    vars(module)["register_optimizer_step_post_hook"](window.on_step)
     atexit.register(window.flush)
+    if window.skip == 0:
+        _open_at_first_optimizer(window, vars(module)["Optimizer"])
+
+
+def _open_at_first_optimizer(window: _Window, optimizer: type) -> None:
+    """SKIP 0: no step has ended before step 0, so its window opens when the first optimizer
+    is built (torch.optim loads with torch itself, too early to start a profiler)."""
+    import functools
+
+    init: Callable[..., None] = vars(optimizer)["__init__"]
+
+    @functools.wraps(init)
+    def init_then_open(this: Any, *args: Any, **kwargs: Any) -> None:
+        init(this, *args, **kwargs)
+        if os.getpid() == window.pid and not window.in_worker:
+            optimizer.__init__ = init  # type: ignore[misc]
+            window.start()
+
+    optimizer.__init__ = init_then_open  # type: ignore[misc]
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -307,7 +326,7 @@ def _main() -> None:
         skip, _, count = os.environ.get("PERFSWARM_STEPS", "5:10").partition(":")
         window = _Window(_DIR, int(skip), int(count), os.environ.get("PERFSWARM_ET") == "1")
         sys.meta_path.insert(0, _AfterImport({
-            "torch.optim.optimizer": lambda _module: _install(window),
+            "torch.optim.optimizer": lambda module: _install(window, module),
             "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
         }))
     _chain()
