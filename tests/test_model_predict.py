@@ -78,6 +78,26 @@ def test_replay_and_prediction_at_the_recorded_configuration(cpu_run: Run) -> No
     assert parts["aten::linear"]["t1"] == 50 * US
 
 
+def test_steps_closed_inside_the_optimizer_step(tmp_path: Path) -> None:
+    """As recorded: each marker ends inside the optimizer step whose hook closed it, and the
+    last one's call goes on through the profiler's stop (2 ms). Its prediction keeps the
+    anchor inside the call: the step's own work, not minus the stop."""
+    optimizer = ("Optimizer.step#SGD.step", "aten::add_")
+    events = []
+    for i in range(5):  # five: the stop is trimmed off the optimizer step's typical time
+        t = 1000 * i
+        events += [e for e in _step(i) if e["name"] not in optimizer]
+        events += [_op(optimizer[0], t + 900, 2100 if i == 4 else 105, cat="user_annotation"),
+                   _op("aten::add_", t + 910, 20, [[BATCH, 10], [BATCH, 10], []]),
+                   _op("aten::add_", t + 940, 10, [[10], [10], []])]
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    p = predict(import_traces([trace], tmp_path / "hook.run", ImportOptions(), ["train.py"]))
+    assert [s.measured_ns for s in p.steps] == [1000 * US] * 5
+    assert [s.replayed_ns for s in p.steps] == [1000 * US] * 5
+    assert [s.predicted_ns for s in p.steps] == [1000 * US] * 5
+
+
 def test_batch_size_scales_batched_work_and_per_sample_fetches(cpu_run: Run) -> None:
     p = predict(cpu_run, Change(batch_size=2 * BATCH), profile=PROFILE)
     assert p.batch == (BATCH, 2 * BATCH)

@@ -96,6 +96,30 @@ class Graph:
     def node_of_row(self) -> dict[int, int]:
         return {int(r): i for i, r in enumerate(self.row.tolist()) if r >= 0}
 
+    def anchor_gaps(self, dur: I64, gap: I64) -> None:
+        """Re-place, in `gap`, the anchors that sit inside a host piece for its new duration.
+
+        A step's marker ends inside the optimizer-step call whose hook closed it (the last
+        one after the profiler's stop, milliseconds long): the anchor keeps its offset from
+        the piece's start, within the piece's new duration, and the node after the anchors
+        keeps its distance from the piece's end. Measured durations leave every gap as is.
+        """
+        following = np.full(len(self), -1, np.int64)
+        has_prev = np.flatnonzero(self.prev >= 0)
+        following[self.prev[has_prev]] = has_prev
+        for a in np.flatnonzero((self.role == ANCHOR) & (self.gap < 0)).tolist():
+            piece = int(self.prev[a])
+            if piece < 0 or self.role[piece] == ANCHOR:
+                continue
+            offset = int(self.ts[a] - self.ts[piece])
+            kept = min(offset, int(dur[piece]))
+            gap[a] = kept - int(dur[piece])
+            after = int(following[a])
+            while after >= 0 and self.role[after] == ANCHOR:
+                after = int(following[after])
+            if after >= 0:
+                gap[after] += int(dur[piece]) - kept - (int(self.dur[piece]) - offset)
+
 
 def host_segments(ev: Events, rows: I64) -> list[tuple[int, int, int, int]]:
     """The time of one thread's events (sorted by start, longest first) cut where each event is
