@@ -13,9 +13,11 @@ from perfswarm.model.calibrate import (
     LearnedModel,
     Point,
     Profile,
+    _sweep,
     calibrate,
     fit,
     gmae,
+    split,
 )
 from perfswarm.model.opcost import op_cost
 
@@ -47,6 +49,29 @@ def test_learned_correction_fits_what_the_roofline_cannot() -> None:
     huge = _mm(1 << 16, 512)
     assert learned.predict(huge.cost, huge.dims) == pytest.approx(roofline.predict(huge.cost),
                                                                   rel=0.35)
+
+
+def test_gemm_layout_is_swept_and_learned() -> None:
+    """Both operand layouts are swept and held out alike, and the learned model tells them
+    apart: here a column-major B costs a pass over it (packing), which small m cannot hide."""
+    cases = list(_sweep("gemm", 1))
+    held = split(cases)[1]
+    assert sum(bool(strides) for *_, strides in cases) == len(cases) // 2
+    assert sum(bool(strides) for *_, strides in held) == len(held) // 2
+
+    def point(m: int, k: int, n: int, transposed: bool) -> Point:
+        dims, strides = ((m, k), (k, n)), ((k, 1), (1, k)) if transposed else ()
+        cost = op_cost("aten::mm", [list(d) for d in dims], ["float"] * 2, strides=strides)
+        assert cost is not None and cost.b_transposed == transposed
+        t = 2e-6 + cost.flops * 5e-12 + (k * n * 4e-10 if transposed else 0.0)
+        return Point(cost, t, dims, strides)
+
+    points = [point(m, k, n, t) for m in (8, 32, 128, 512) for k in (64, 256, 1024)
+              for n in (64, 512) for t in (False, True)]
+    learned = LearnedModel(fit(points), tuple(points))
+    packed, plain = point(16, 512, 256, True), point(16, 512, 256, False)
+    assert learned.predict(packed.cost, packed.dims) == pytest.approx(packed.seconds, rel=0.1)
+    assert learned.predict(plain.cost, plain.dims) == pytest.approx(plain.seconds, rel=0.1)
 
 
 def test_calibrate_tiny_budget_profile_round_trip() -> None:

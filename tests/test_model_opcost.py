@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.opcost import op_cost, op_cost_from_args, roofline
+from perfswarm.model.opcost import (
+    data_cost,
+    gemm_dims,
+    op_cost,
+    op_cost_from_args,
+    roofline,
+    shapes_from_args,
+)
 from perfswarm.model.specs import device_specs, load_spec, spec_for_device
 
 DEVICES = ["V100", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "MI250",
@@ -83,6 +90,32 @@ def test_op_cost_from_events_args() -> None:
     assert cost is not None and cost.flops == 128
     assert op_cost_from_args("aten::mm", "{}") is None
     assert op_cost_from_args("aten::mm", "not json") is None
+
+
+def test_gemm_layout_from_recorded_strides() -> None:
+    """nn.Linear's addmm gets its weight column-major (Kineto's Input Strides say so)."""
+    linear_addmm = shapes_from_args(orjson.dumps({
+        "Input Dims": [[512], [32, 3072], [3072, 512], [], []],
+        "Input type": ["float", "float", "float", "Scalar", "Scalar"],
+        "Input Strides": [[1], [3072, 1], [1, 3072], [], []]}).decode())
+    assert linear_addmm is not None and linear_addmm.strides[2] == (1, 3072)
+    cost = data_cost("aten::addmm", linear_addmm)
+    assert cost is not None and cost.b_transposed
+    # a batch change keeps the layout
+    wider = data_cost("aten::addmm", linear_addmm.substitute({32: 64}))
+    assert wider is not None and wider.b_transposed and wider.flops == 2 * cost.flops
+    row_major = op_cost("aten::mm", [[32, 64], [64, 16]], ["float"] * 2,
+                        strides=[[64, 1], [16, 1]])
+    assert row_major is not None and not row_major.b_transposed
+    linear = op_cost("aten::linear", [[4, 16, 128], [32, 128]], ["float"] * 2)
+    assert linear is not None and linear.b_transposed
+    malformed = shapes_from_args(orjson.dumps({"Input Dims": [[4, 8], [8, 2]],
+                                               "Input Strides": [[8, 1]]}).decode())
+    assert malformed is not None and malformed.strides == ()
+    assert gemm_dims("linear", [[4, 16, 128], [32, 128], [32]]) == (1, 64, 128, 32)
+    assert gemm_dims("addmm", [[32], [8, 64], [64, 32], [], []]) == (1, 8, 64, 32)
+    assert gemm_dims("bmm", [[8, 64, 128], [8, 128, 32]]) == (8, 64, 128, 32)
+    assert gemm_dims("matmul", [[5, 7], [7]]) == (1, 5, 7, 1)
 
 
 @given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 64), st.integers(1, 8))

@@ -29,9 +29,10 @@ from typing import Any, Literal
 import numpy as np
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.opcost import OpCost, op_cost
+from perfswarm.model.opcost import OpCost, gemm_dims, op_cost
 
-Case = tuple[str, list[list[int]], list[str]]  # aten op, input dims, input types
+# aten op, input dims, input types, input strides (empty: contiguous)
+Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...]]
 Choice = Literal["roofline", "learned"]
 FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy")
 SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
@@ -43,39 +44,46 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
     sweep fits in seconds. Orders vary the sizes early, so a cut budget still spans them."""
     sizes = [16, 32, 48, 64, 96, 128, 192, 256]
     if family == "gemm":  # skinny (a small batch through a wide layer) to square
-        for k in (64, 1024, 256, 4096):
-            for m in (8, 64, 16, 128, 32, 256):
-                for n in (64, 1024, 256):
-                    yield "aten::mm", [[m * scale, k], [k, n * scale]], _F
+        shapes = [(m, k, n) for k in (64, 1024, 256, 4096) for m in (8, 64, 16, 128, 32, 256)
+                  for n in (64, 1024, 256)]
+        for i, (m, k, n) in enumerate(shapes):
+            dims = [[m * scale, k], [k, n * scale]]
+            # row-major, and column-major as nn.Linear passes its weight; the order turns
+            # every two shapes, so every fourth point (held out) falls on either layout
+            layouts: list[tuple[tuple[int, ...], ...]] = [(), ((k, 1), (1, k))]
+            for strides in layouts if i // 2 % 2 == 0 else layouts[::-1]:
+                yield "aten::mm", dims, _F, strides
     elif family == "conv":
         for hw in (8, 16, 32):
             for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64)):
                 for batch in (4, 16, 64):
                     yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], [c_out, c_in, 3, 3],
-                                            [c_out]], ["float"] * 3)
+                                            [c_out]], ["float"] * 3, ())
     elif family == "embedding_bag":
         for rows in (1000, 100_000):
             for dim in (16, 64, 128):
                 for bags in (32, 128, 512):
                     yield ("aten::embedding_bag", [[rows, dim], [bags * 8 * scale],
                                                    [bags * scale]],
-                           ["float", "long int", "long int"])
+                           ["float", "long int", "long int"], ())
     else:  # up to 16 MB a tensor: activations of a batch are that large
         op = {"elementwise": "aten::add", "reduction": "aten::sum", "copy": "aten::clone"}[family]
         for rows in (*sizes, 512, 1024, 2048, 4096):
             for cols in (64, 256, 1024):
                 dims = ([[rows * scale, cols], [rows * scale, cols]] if family == "elementwise"
                         else [[rows * scale, cols]])
-                yield op, dims, _F[: len(dims)]
+                yield op, dims, _F[: len(dims)], ()
 
 
 ROTATE_BYTES = 16 << 20  # inputs cycle through copies this large in all: past the L2 cache
 
 
-def _runner(op: str, dims: list[list[int]], device: str) -> Callable[[], object]:
+def _runner(op: str, dims: list[list[int]], device: str,
+            strides: Sequence[Sequence[int]] = ()) -> Callable[[], object]:
     """A call of the op on fresh inputs each time: it cycles through enough copies that they
     no longer fit a per-core cache, as in a training step, where an op's inputs were written
-    by other ops in between (timing one tensor over and over measures a hot cache)."""
+    by other ops in between (timing one tensor over and over measures a hot cache). An input
+    with strides is made with them (a column-major matrix is a transposed row-major one)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
@@ -87,7 +95,14 @@ def _runner(op: str, dims: list[list[int]], device: str) -> Callable[[], object]
         return lambda: torch.nn.functional.embedding_bag(indices, table, offsets, mode="sum")
     size = 4 * sum(math.prod(d) for d in dims)
     copies = max(1, min(16, ROTATE_BYTES // max(size, 1)))
-    sets = [[torch.rand(*d, generator=gen).to(device) for d in dims] for _ in range(copies)]
+
+    def tensor(i: int) -> Any:
+        d = dims[i]
+        if i < len(strides) and len(d) == 2 and tuple(strides[i]) == (1, d[0]):
+            return torch.rand(d[1], d[0], generator=gen).to(device).t()
+        return torch.rand(*d, generator=gen).to(device)
+
+    sets = [[tensor(i) for i in range(len(dims))] for _ in range(copies)]
     fns: dict[str, Callable[..., object]] = {
         "aten::mm": torch.mm, "aten::add": torch.add, "aten::sum": torch.sum,
         "aten::clone": torch.clone,
@@ -128,10 +143,17 @@ class Point:
     cost: OpCost
     seconds: float
     dims: tuple[tuple[int, ...], ...] = ()
+    strides: tuple[tuple[int, ...], ...] = ()
 
 
 def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
-    flat = [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES]
+    """Log dimensions, log FLOPs and log bytes. A GEMM's dimensions are read as (batch, m, k,
+    n) and its operand layout, whatever op carried it (mm, addmm, linear, bmm), so the sweep's
+    mm points speak for nn.Linear's addmm."""
+    canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
+    flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed)]
+            if canonical is not None else
+            [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
     return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
                                                           math.log(cost.bytes)]
 
@@ -208,13 +230,13 @@ def measure(family: str, budget_s: float, device: str = "cpu") -> list[Point]:
         scale = 8  # GPU kernels need more work before launch overhead stops dominating
     points: list[Point] = []
     deadline = time.perf_counter() + budget_s
-    for op, dims, types in _sweep(family, scale):
+    for op, dims, types, strides in _sweep(family, scale):
         if len(points) >= 8 and time.perf_counter() > deadline:
             break
-        cost = op_cost(op, dims, types)
+        cost = op_cost(op, dims, types, strides=strides)
         assert cost is not None  # the sweep only holds modelled ops
-        seconds = time_op(_runner(op, dims, device), sync=sync)
-        points.append(Point(cost, seconds, tuple(tuple(d) for d in dims)))
+        seconds = time_op(_runner(op, dims, device, strides), sync=sync)
+        points.append(Point(cost, seconds, tuple(tuple(d) for d in dims), strides))
     return points
 
 
@@ -233,7 +255,8 @@ def fit_family(points: Sequence[Point]) -> dict[str, Any]:
     return {"coef": list(roofline.coef), "points": len(points),
             "gmae_held_out": scores[chosen], "gmae_roofline_held_out": scores["roofline"],
             "gmae_learned_held_out": scores["learned"], "chosen": chosen,
-            "sweep": [{"op": p.cost.op, "dims": [list(d) for d in p.dims], "seconds": p.seconds}
+            "sweep": [{"op": p.cost.op, "dims": [list(d) for d in p.dims], "seconds": p.seconds,
+                       **({"strides": [list(d) for d in p.strides]} if p.strides else {})}
                       for p in points]}
 
 
@@ -309,8 +332,9 @@ def _sweep_point(entry: Mapping[str, Any]) -> Point:
     types = ["float"] * len(dims)
     if op == "embedding_bag":
         types = ["float", "long int", "long int"]
-    cost = op_cost(op, dims, types)
+    strides = tuple(tuple(int(x) for x in d) for d in entry.get("strides", ()))
+    cost = op_cost(op, dims, types, strides=strides)
     seconds = float(entry["seconds"])
     if cost is None or not seconds > 0:
         raise ValueError(f"sweep point {op} {dims} has no cost or time")
-    return Point(cost, seconds, tuple(tuple(d) for d in dims))
+    return Point(cost, seconds, tuple(tuple(d) for d in dims), strides)

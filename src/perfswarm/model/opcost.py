@@ -80,6 +80,7 @@ class OpCost:
     fixed_bytes: float = 0.0  # of `bytes`, what parameters move (no batch dimension)
     batched: bool = True      # some input has a batch dimension (not all are parameters)
     input_bytes: float = 0.0  # the first input's bytes (what a fused producer would not write)
+    b_transposed: bool = False  # a GEMM's second operand column-major (nn.Linear's weight)
 
     @property
     def intensity(self) -> float:
@@ -131,28 +132,53 @@ def has_cost_model(name: str) -> bool:
     return _family(name.removeprefix("aten::")) is not None
 
 
+def _operands(op: str) -> tuple[int, int]:
+    """Which inputs a matmul-like op multiplies (addmm and baddbmm add their first)."""
+    return (1, 2) if op in {"addmm", "baddbmm"} else (0, 1)
+
+
+def gemm_dims(op: str, dims: Dims) -> tuple[int, int, int, int] | None:
+    """(batch, m, k, n) of a matmul-like op (`op` without ``aten::``); None when the shapes do
+    not fit. nn.Linear's weight is [n, k]; a matrix-vector product has n = 1."""
+    if op == "linear":
+        if len(dims) < 2 or len(dims[0]) < 1 or len(dims[1]) != 2:
+            return None
+        return 1, _numel(dims[0][:-1]), dims[0][-1], dims[1][0]
+    i, j = _operands(op)
+    if len(dims) <= j:
+        return None
+    a, b = dims[i], dims[j]
+    if op == "matmul" and len(a) >= 1 and len(b) == 1 and a[-1] == b[0]:
+        return 1, _numel(a[:-1]), b[0], 1
+    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+        return None
+    return max(_numel(a[:-2]), _numel(b[:-2])), a[-2], a[-1], b[-1]
+
+
+def b_transposed(op: str, dims: Dims, strides: Dims) -> bool:
+    """Whether a matmul-like op's second operand is column-major (its rows' elements a row
+    apart): how nn.Linear passes its weight. CPU GEMM libraries pack such an operand first, a
+    cost of its size that a small batch does not amortize."""
+    if op == "linear":
+        return True
+    j = _operands(op)[1]
+    if len(strides) <= j or len(dims) <= j or len(dims[j]) < 2 or len(strides[j]) < 2:
+        return False
+    rows, cols = dims[j][-2:]
+    return strides[j][-2] == 1 and strides[j][-1] != 1 and rows > 1 and cols > 1
+
+
 def _gemm(op: str, dims: Dims) -> tuple[float, float] | None:
     """(flops, elements moved) of a matmul-like op; None when the shapes do not fit."""
-    if op == "linear":
-        x, w = dims[0], dims[1]
-        if len(x) < 1 or len(w) != 2:
-            return None
-        m, k, n = _numel(x[:-1]), x[-1], w[0]
-        bias = n if len(dims) > 2 and dims[2] else 0
-        return 2.0 * m * k * n, float(m * k + k * n + m * n + bias)
-    if op in {"addmm", "baddbmm"} and len(dims) < 3:
+    found = gemm_dims(op, dims)
+    if found is None:
         return None
-    a, b = (dims[1], dims[2]) if op in {"addmm", "baddbmm"} else (dims[0], dims[1])
-    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
-        if op == "matmul" and len(a) >= 1 and len(b) == 1 and a[-1] == b[0]:
-            m = _numel(a[:-1])
-            return 2.0 * m * b[0], float(_numel(a) + b[0] + m)
-        return None
-    batch = max(_numel(a[:-2]), _numel(b[:-2]))
-    m, k, n = a[-2], a[-1], b[-1]
+    batch, m, k, n = found
     moved = batch * (m * k + k * n + m * n)
     if op in {"addmm", "baddbmm"}:
         moved += _numel(dims[0])
+    elif op == "linear" and len(dims) > 2 and dims[2]:
+        moved += n
     return 2.0 * batch * m * k * n, float(moved)
 
 
@@ -188,10 +214,11 @@ def _conv_backward(dims: Dims) -> tuple[float, float] | None:
 
 
 def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
-            fixed: Sequence[bool] = ()) -> OpCost | None:
+            fixed: Sequence[bool] = (), strides: Dims = ()) -> OpCost | None:
     """FLOPs and bytes of an aten op from its recorded input shapes and dtypes; None when the op is
     not modelled or its shapes are missing or inconsistent. `fixed` marks the inputs that are
-    parameters (they keep their size when the batch grows)."""
+    parameters (they keep their size when the batch grows); `strides` (where recorded) tell a
+    GEMM's operand layout."""
     op = name.removeprefix("aten::")
     family = _family(op)
     shaped = [d for d in input_dims if d]
@@ -231,7 +258,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     batched = any(not marks[i] for i, d in enumerate(input_dims) if d)
     return OpCost(op, family, flops, elements * size, dtype,
                   min(float(fixed_elements), elements) * size, batched,
-                  float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0)
+                  float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0,
+                  family == "gemm" and b_transposed(op, input_dims, strides))
 
 
 def scale_batch(cost: OpCost, factor: float) -> OpCost:
@@ -279,18 +307,21 @@ class Shapes:
 
     dims: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
+    strides: tuple[tuple[int, ...], ...] = ()  # per input, where recorded: the layout
 
     def substitute(self, dims: Mapping[int, int], keep: Sequence[bool] = ()) -> Shapes:
-        """Every dimension equal to a key replaced by its value, except in inputs marked `keep`."""
+        """Every dimension equal to a key replaced by its value, except in inputs marked `keep`
+        (strides are kept: which dimension is contiguous does not change)."""
         marks = list(keep) + [False] * (len(self.dims) - len(keep))
         return Shapes(tuple(d if marks[i] else tuple(dims.get(x, x) for x in d)
-                            for i, d in enumerate(self.dims)), self.types)
+                            for i, d in enumerate(self.dims)), self.types, self.strides)
 
 
 def shapes_from_args(args_json: str) -> Shapes | None:
-    """The ``Input Dims`` and ``Input type`` of an events-table row's args (Kineto's
-    record_shapes), or None when absent or malformed. Tensor lists (recorded as nested lists by
-    some versions) are not shapes of one input and make the row unshaped."""
+    """The ``Input Dims``, ``Input type`` and (when well formed) ``Input Strides`` of an
+    events-table row's args (Kineto's record_shapes), or None when absent or malformed. Tensor
+    lists (recorded as nested lists by some versions) are not shapes of one input and make the
+    row unshaped."""
     try:
         args = orjson.loads(args_json) if args_json else {}
     except orjson.JSONDecodeError:
@@ -303,7 +334,47 @@ def shapes_from_args(args_json: str) -> Shapes | None:
     if not all(isinstance(x, int) and not isinstance(x, bool) for d in dims for x in d):
         return None
     type_list = tuple(str(t) for t in types) if isinstance(types, list) else ()
-    return Shapes(tuple(tuple(d) for d in dims), type_list)
+    strides = args.get("Input Strides")
+    kept: tuple[tuple[int, ...], ...] = ()
+    if (isinstance(strides, list) and len(strides) == len(dims)
+            and all(isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                 for x in d) for d in strides)):
+        kept = tuple(tuple(d) for d in strides)
+    return Shapes(tuple(tuple(d) for d in dims), type_list, kept)
+
+
+def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float) -> Shapes:
+    """The shapes at `factor` times the batch, as a kernel model reads them (scale_batch scales
+    the cost; this says which dimension grew). A GEMM's batch is its m when the second operand
+    is a parameter, its n when the first is, its k when neither is (a weight's gradient sums
+    over the batch), and its leading batch when both are 3-d; any other op's non-parameter
+    inputs grow in their leading dimension."""
+    if factor == 1.0:
+        return shapes
+    dims = [list(d) for d in shapes.dims]
+    marks = [bool(f) for f in fixed] + [False] * (len(dims) - len(fixed))
+
+    def grow(i: int, axis: int) -> None:
+        if -len(dims[i]) <= axis < len(dims[i]) and not marks[i]:
+            dims[i][axis] = max(1, round(dims[i][axis] * factor))
+
+    op = name.removeprefix("aten::")
+    if _family(op) == "gemm" and op not in ("linear", "matmul") and gemm_dims(op, shapes.dims):
+        i, j = _operands(op)
+        if len(dims[i]) == 3 and len(dims[j]) == 3 and not marks[i] and not marks[j]:
+            grow(i, 0)
+            grow(j, 0)
+        elif marks[j]:
+            grow(i, -2)
+        elif marks[i]:
+            grow(j, -1)
+        else:
+            grow(i, -1)
+            grow(j, -2)
+    else:
+        for i in range(len(dims)):
+            grow(i, 0)
+    return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides)
 
 
 def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
@@ -331,7 +402,7 @@ def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost |
     """op_cost where there is one; else, for an op that moves data (not a view, allocation or
     metadata read) with shaped inputs, a memory-bound cost: each input read once, the largest
     written once."""
-    cost = op_cost(name, shapes.dims, shapes.types, fixed)
+    cost = op_cost(name, shapes.dims, shapes.types, fixed, shapes.strides)
     op = name.removeprefix("aten::")
     if cost is not None or op in METADATA_OPS or not name.startswith("aten::"):
         return cost

@@ -46,7 +46,14 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler
-from perfswarm.model.opcost import OpCost, Shapes, data_cost, scale_batch, shapes_from_args
+from perfswarm.model.opcost import (
+    OpCost,
+    Shapes,
+    batch_scaled,
+    data_cost,
+    scale_batch,
+    shapes_from_args,
+)
 from perfswarm.model.overheads import (
     Instance,
     OverheadModel,
@@ -321,7 +328,7 @@ class _Transform:
     fixed: set[tuple[int, ...]]
 
     def costs(self, name: str, shapes: Shapes) -> tuple[OpCost, OpCost, Shapes] | None:
-        marks = [d in self.fixed for d in shapes.dims]
+        marks = [self.is_parameter(shapes, i) for i in range(len(shapes.dims))]
         old = data_cost(name, shapes, marks)
         if old is None:
             return None
@@ -329,7 +336,18 @@ class _Transform:
         new = data_cost(name, new_shapes, marks) if self.dims else old
         if new is None:
             return None
-        return old, scale_batch(new, self.factor), new_shapes
+        return (old, scale_batch(new, self.factor),
+                batch_scaled(name, new_shapes, marks, self.factor))
+
+    def is_parameter(self, shapes: Shapes, i: int) -> bool:
+        """A parameter's shape, or a transposed view of one (nn.Linear's weight in its addmm:
+        column-major, its shape reversed)."""
+        d = shapes.dims[i]
+        if d in self.fixed:
+            return True
+        strides = shapes.strides[i] if i < len(shapes.strides) else ()
+        return (len(d) == 2 and (d[1], d[0]) in self.fixed and len(strides) == 2
+                and strides[0] == 1 and strides[1] == d[0])
 
 
 def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
