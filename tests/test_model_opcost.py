@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import (
+    Shapes,
+    batch_scaled,
     data_cost,
     gemm_dims,
     op_cost,
@@ -116,6 +118,27 @@ def test_gemm_layout_from_recorded_strides() -> None:
     assert gemm_dims("addmm", [[32], [8, 64], [64, 32], [], []]) == (1, 8, 64, 32)
     assert gemm_dims("bmm", [[8, 64, 128], [8, 128, 32]]) == (8, 64, 128, 32)
     assert gemm_dims("matmul", [[5, 7], [7]]) == (1, 5, 7, 1)
+
+
+def test_batch_scaled_grows_the_dimension_that_holds_the_batch() -> None:
+    def grown(name: str, dims: list[list[int]], fixed: list[bool]) -> list[tuple[int, ...]]:
+        shapes = Shapes(tuple(tuple(d) for d in dims), ("float",) * len(dims))
+        return list(batch_scaled(name, shapes, fixed, 2.0).dims)
+
+    # forward through a weight: m; input gradient: m; weight gradient: the summed k
+    assert grown("aten::addmm", [[512], [32, 3072], [3072, 512], [], []],
+                 [True, False, True]) == [(512,), (64, 3072), (3072, 512), (), ()]
+    assert grown("aten::mm", [[32, 512], [512, 3072]], [False, True]) == [(64, 512),
+                                                                         (512, 3072)]
+    assert grown("aten::mm", [[512, 32], [32, 3072]], [False, False]) == [(512, 64),
+                                                                          (64, 3072)]
+    assert grown("aten::mm", [[10, 512], [512, 32]], [True, False]) == [(10, 512), (512, 64)]
+    assert grown("aten::bmm", [[64, 8, 16], [64, 16, 8]], [False, False]) == [(128, 8, 16),
+                                                                              (128, 16, 8)]
+    # anything else: non-parameter inputs in their leading dimension
+    assert grown("aten::add", [[32, 256], [256]], [False, True]) == [(64, 256), (256,)]
+    shapes = Shapes(((32, 256),), ("float",))
+    assert batch_scaled("aten::relu", shapes, [False], 1.0) is shapes
 
 
 @given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 64), st.integers(1, 8))

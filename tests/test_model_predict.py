@@ -12,9 +12,9 @@ from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import FamilyModel, Profile
 from perfswarm.model.kernels import ProfileScaler
-from perfswarm.model.opcost import op_cost, scale_batch
+from perfswarm.model.opcost import Shapes, op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel
-from perfswarm.model.predict import Change, predict
+from perfswarm.model.predict import Change, _Transform, predict
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
@@ -96,6 +96,22 @@ def test_steps_closed_inside_the_optimizer_step(tmp_path: Path) -> None:
     assert [s.measured_ns for s in p.steps] == [1000 * US] * 5
     assert [s.replayed_ns for s in p.steps] == [1000 * US] * 5
     assert [s.predicted_ns for s in p.steps] == [1000 * US] * 5
+
+
+def test_a_transposed_parameter_view_is_a_parameter() -> None:
+    """nn.Linear hands addmm its [512, 3072] weight as a column-major [3072, 512] view: it keeps
+    its size when the batch grows, and the batch grows the input's m."""
+    t = _Transform(2.0, {}, {(512, 3072), (512,)})
+    shapes = Shapes(((512,), (32, 3072), (3072, 512), (), ()), ("float",) * 3 + ("Scalar",) * 2,
+                    ((1,), (3072, 1), (1, 3072), (), ()))
+    found = t.costs("aten::addmm", shapes)
+    assert found is not None
+    old, new, new_shapes = found
+    assert old.b_transposed and old.fixed_bytes == 4 * (512 + 3072 * 512)
+    assert new.bytes - old.bytes == 4 * (32 * 3072 + 32 * 512)  # input and output double
+    assert new_shapes.dims[1:3] == ((64, 3072), (3072, 512))
+    row_major = Shapes(shapes.dims, shapes.types, ((1,), (3072, 1), (512, 1), (), ()))
+    assert not t.is_parameter(row_major, 2)  # a [3072, 512] tensor of its own
 
 
 def test_batch_size_scales_batched_work_and_per_sample_fetches(cpu_run: Run) -> None:
