@@ -94,6 +94,15 @@ def test_op_cost_from_events_args() -> None:
     assert op_cost_from_args("aten::mm", "not json") is None
 
 
+def test_index_select_gathers_rows() -> None:
+    """index_select of a matrix reads and writes the picked rows, not the whole matrix: its
+    work grows with the indices (a batch's), whatever the matrix is."""
+    rows = op_cost("aten::index_select", [[20000, 64], [], [1280]], ["float", "Scalar", "long int"],
+                   fixed=[True, False, False])
+    assert rows is not None and rows.family == "gather"
+    assert rows.bytes == 4 * (1280 * 64 * 2 + 2 * 1280) and rows.fixed_bytes == 0.0
+
+
 def test_gemm_layout_from_recorded_strides() -> None:
     """nn.Linear's addmm gets its weight column-major (Kineto's Input Strides say so)."""
     linear_addmm = shapes_from_args(orjson.dumps({

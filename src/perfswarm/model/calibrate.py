@@ -44,8 +44,9 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
     sweep fits in seconds. Orders vary the sizes early, so a cut budget still spans them."""
     sizes = [16, 32, 48, 64, 96, 128, 192, 256]
     if family == "gemm":  # skinny (a small batch through a wide layer) to square
-        shapes = [(m, k, n) for k in (64, 1024, 256, 4096) for m in (8, 64, 16, 128, 32, 256)
-                  for n in (64, 1024, 256)]
+        # m up to 1024: a transformer's GEMMs take batch x sequence rows
+        shapes = [(m, k, n) for k in (64, 1024, 256, 4096)
+                  for m in (8, 64, 1024, 16, 128, 32, 256) for n in (64, 1024, 256)]
         for i, (m, k, n) in enumerate(shapes):
             dims = [[m * scale, k], [k, n * scale]]
             # row-major, and column-major as nn.Linear passes its weight; the order turns

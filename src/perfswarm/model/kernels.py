@@ -24,6 +24,7 @@ from perfswarm.model.specs import DeviceSpec
 FALLBACK: Final[Mapping[str, str]] = {
     "conv_backward": "conv", "depthwise_conv": "conv", "sdpa": "gemm", "norm": "reduction",
     "softmax": "reduction", "pool": "reduction", "conv": "gemm", "embedding_bag": "copy",
+    "gather": "copy",
 }
 GPU_FLOOR_NS: Final = 2_000  # a GPU kernel's launch-to-retire floor, whatever its work
 SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed cost
@@ -69,11 +70,13 @@ class ProfileScaler:
 
     def with_offsets(self, samples: Sequence[tuple[OpCost, Dims, float]]) -> ProfileScaler:
         """Offsets from (cost, dims, typical measured seconds) of a run's ops: per op type,
-        the median excess over the model of the ops the model gives under SMALL_OP_S."""
+        the median excess over the model of the ops both the model and the run put under
+        SMALL_OP_S (an op the run measured far longer is work the model underrates, which
+        grows with the op, not a fixed cost)."""
         excess: dict[str, list[float]] = {}
         for cost, dims, seconds in samples:
             model = self.model_time(cost, dims)
-            if model is not None and model < SMALL_OP_S:
+            if model is not None and model < SMALL_OP_S and seconds < SMALL_OP_S:
                 excess.setdefault(cost.family, []).append(seconds - model)
         return replace(self, offsets={f: max(0.0, statistics.median(v))
                                       for f, v in excess.items()})

@@ -50,7 +50,8 @@ _CONV_BACKWARDS = frozenset({"convolution_backward", "mkldnn_convolution_backwar
                              "cudnn_convolution_backward", "miopen_convolution_backward",
                              "_slow_conv2d_backward"})
 _EMBEDDINGS = frozenset({"embedding_bag", "_embedding_bag", "_embedding_bag_forward_only",
-                         "embedding", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+                         "embedding", "_embedding_bag_backward",
+                         "_embedding_bag_dense_backward",
                          "_embedding_bag_sparse_backward", "embedding_backward",
                          "embedding_dense_backward"})
 _NORMS = frozenset({"layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm",
@@ -59,6 +60,8 @@ _NORMS = frozenset({"layer_norm", "native_layer_norm", "batch_norm", "native_bat
 _SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax",
                       "_softmax_backward_data", "_log_softmax_backward_data"})
 _COPIES = frozenset({"copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack"})
+# Rows picked by index from a matrix: an embedding lookup without bags, priced as a copy.
+_GATHERS = frozenset({"index_select"})
 _SDPA = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                    "_scaled_dot_product_efficient_attention", "_flash_attention_forward",
                    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
@@ -110,7 +113,7 @@ def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-FAMILIES = ("gemm", "conv", "depthwise_conv", "conv_backward", "embedding_bag", "sdpa",
+FAMILIES = ("gemm", "conv", "depthwise_conv", "conv_backward", "embedding_bag", "gather", "sdpa",
             "elementwise", "reduction", "norm", "softmax", "pool", "copy")
 
 
@@ -118,7 +121,7 @@ def _family(op: str) -> str | None:
     if op in {"mm", "matmul", "addmm", "bmm", "baddbmm", "linear"}:
         return "gemm"
     for family, names in (("conv", _CONVS), ("conv_backward", _CONV_BACKWARDS),
-                          ("embedding_bag", _EMBEDDINGS), ("sdpa", _SDPA),
+                          ("embedding_bag", _EMBEDDINGS), ("gather", _GATHERS), ("sdpa", _SDPA),
                           ("elementwise", _ELEMENTWISE), ("reduction", _REDUCTIONS),
                           ("norm", _NORMS), ("softmax", _SOFTMAX), ("pool", _POOLS),
                           ("copy", _COPIES)):
@@ -236,7 +239,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
             family = "depthwise_conv"
     elif family == "conv_backward":
         work = _conv_backward(input_dims)
-    elif family == "embedding_bag":
+    elif family in ("embedding_bag", "gather"):
         work = _embedding(op, input_dims)
     elif family == "sdpa":
         work = _sdpa(input_dims)
@@ -252,8 +255,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     flops, elements = work
     marks = [bool(f) for f in fixed] + [False] * (len(input_dims) - len(fixed))
     # An embedding table is looked up, not streamed: it moves no bytes of its own.
-    streamed = [i for i, d in enumerate(input_dims) if d and not (family == "embedding_bag"
-                                                                  and i == 0)]
+    looked_up = family in ("embedding_bag", "gather")
+    streamed = [i for i, d in enumerate(input_dims) if d and not (looked_up and i == 0)]
     fixed_elements = sum(_numel(input_dims[i]) for i in streamed if marks[i])
     batched = any(not marks[i] for i, d in enumerate(input_dims) if d)
     return OpCost(op, family, flops, elements * size, dtype,
@@ -273,11 +276,15 @@ def scale_batch(cost: OpCost, factor: float) -> OpCost:
 
 
 def _embedding(op: str, dims: Dims) -> tuple[float, float] | None:
-    """Lookups read one table row per index (the table itself is not streamed); bags sum rows."""
+    """Lookups read one table row per index (the table itself is not streamed); bags sum rows.
+    index_select (self, dim, index) of a matrix gathers rows alike."""
+    if op == "index_select":
+        dims = [dims[0], dims[2] if len(dims) > 2 else []]
     if len(dims) < 2 or len(dims[0]) != 2 or not dims[1]:
         return None
     dim, lookups = dims[0][1], _numel(dims[1])
-    bags = _numel(dims[2]) if op != "embedding" and len(dims) > 2 and dims[2] else lookups
+    bagged = op not in ("embedding", "index_select") and len(dims) > 2 and dims[2]
+    bags = _numel(dims[2]) if bagged else lookups
     # Indices are int64 while rows are of the table's dtype; counted in table elements (x2 for int64
     # at fp32) so the byte count stays in one unit.
     return float(lookups * dim), float(lookups * dim + 2 * lookups + bags * dim)
