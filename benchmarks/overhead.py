@@ -49,7 +49,7 @@ def main() -> int:
     p.add_argument("--skip", type=int, default=25)
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--collectors", default=",".join(DEFAULT_COLLECTORS))
-    p.add_argument("--hz", type=float, default=20.0)
+    p.add_argument("--hz", type=float, default=RecordOptions.hz)
     p.add_argument("--perf-hz", type=int, default=RecordOptions.perf_hz)
     p.add_argument("--pystacks-hz", type=int, default=RecordOptions.pystacks_hz)
     p.add_argument("--threads", type=int, default=1,

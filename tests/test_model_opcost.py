@@ -120,6 +120,10 @@ def test_gemm_layout_from_recorded_strides() -> None:
     assert row_major is not None and not row_major.b_transposed
     linear = op_cost("aten::linear", [[4, 16, 128], [32, 128]], ["float"] * 2)
     assert linear is not None and linear.b_transposed
+    # a batch of transposed matrices (k^T in attention scores) is column-major per matrix
+    scores = op_cost("aten::bmm", [[8, 64, 16], [8, 16, 64]], ["float"] * 2,
+                     strides=[[1024, 16, 1], [1024, 1, 16]])
+    assert scores is not None and scores.b_transposed
     malformed = shapes_from_args(orjson.dumps({"Input Dims": [[4, 8], [8, 2]],
                                                "Input Strides": [[8, 1]]}).decode())
     assert malformed is not None and malformed.strides == ()

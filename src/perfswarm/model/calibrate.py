@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.opcost import OpCost, gemm_dims, op_cost
+from perfswarm.model.opcost import OpCost, column_major, gemm_dims, op_cost
 
 # aten op, input dims, input types, input strides (empty: contiguous)
 Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...]]
@@ -99,7 +99,7 @@ def _runner(op: str, dims: list[list[int]], device: str,
 
     def tensor(i: int) -> Any:
         d = dims[i]
-        if i < len(strides) and len(d) == 2 and tuple(strides[i]) == (1, d[0]):
+        if column_major(dims, strides, i):
             return torch.rand(d[1], d[0], generator=gen).to(device).t()
         return torch.rand(*d, generator=gen).to(device)
 

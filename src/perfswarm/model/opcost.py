@@ -50,8 +50,7 @@ _CONV_BACKWARDS = frozenset({"convolution_backward", "mkldnn_convolution_backwar
                              "cudnn_convolution_backward", "miopen_convolution_backward",
                              "_slow_conv2d_backward"})
 _EMBEDDINGS = frozenset({"embedding_bag", "_embedding_bag", "_embedding_bag_forward_only",
-                         "embedding", "_embedding_bag_backward",
-                         "_embedding_bag_dense_backward",
+                         "embedding", "_embedding_bag_backward", "_embedding_bag_dense_backward",
                          "_embedding_bag_sparse_backward", "embedding_backward",
                          "embedding_dense_backward"})
 _NORMS = frozenset({"layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm",
@@ -62,6 +61,7 @@ _SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "_sa
 _COPIES = frozenset({"copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack"})
 # Rows picked by index from a matrix: an embedding lookup without bags, priced as a copy.
 _GATHERS = frozenset({"index_select"})
+_LOOKUPS = ("embedding_bag", "gather")  # families whose first input is looked up, not streamed
 _SDPA = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                    "_scaled_dot_product_efficient_attention", "_flash_attention_forward",
                    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
@@ -158,17 +158,22 @@ def gemm_dims(op: str, dims: Dims) -> tuple[int, int, int, int] | None:
     return max(_numel(a[:-2]), _numel(b[:-2])), a[-2], a[-1], b[-1]
 
 
-def b_transposed(op: str, dims: Dims, strides: Dims) -> bool:
-    """Whether a matmul-like op's second operand is column-major (its rows' elements a row
-    apart): how nn.Linear passes its weight. CPU GEMM libraries pack such an operand first, a
-    cost of its size that a small batch does not amortize."""
-    if op == "linear":
-        return True
-    j = _operands(op)[1]
-    if len(strides) <= j or len(dims) <= j or len(dims[j]) < 2 or len(strides[j]) < 2:
+def column_major(dims: Dims, strides: Dims, i: int) -> bool:
+    """Whether input `i` is column-major in its last two dimensions (a transposed row-major
+    matrix, or a batch of them: its columns contiguous), as its recorded strides say; False
+    where none were recorded."""
+    if (len(strides) <= i or len(dims) <= i or len(dims[i]) < 2
+            or len(strides[i]) != len(dims[i])):
         return False
-    rows, cols = dims[j][-2:]
-    return strides[j][-2] == 1 and strides[j][-1] != 1 and rows > 1 and cols > 1
+    rows, cols = dims[i][-2:]
+    return strides[i][-2] == 1 and strides[i][-1] >= rows > 1 and cols > 1
+
+
+def b_transposed(op: str, dims: Dims, strides: Dims) -> bool:
+    """Whether a matmul-like op's second operand is column-major: how nn.Linear passes its
+    weight. CPU GEMM libraries pack such an operand first, a cost of its size that a small
+    batch does not amortize."""
+    return op == "linear" or column_major(dims, strides, _operands(op)[1])
 
 
 def _gemm(op: str, dims: Dims) -> tuple[float, float] | None:
@@ -239,7 +244,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
             family = "depthwise_conv"
     elif family == "conv_backward":
         work = _conv_backward(input_dims)
-    elif family in ("embedding_bag", "gather"):
+    elif family in _LOOKUPS:
         work = _embedding(op, input_dims)
     elif family == "sdpa":
         work = _sdpa(input_dims)
@@ -255,8 +260,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     flops, elements = work
     marks = [bool(f) for f in fixed] + [False] * (len(input_dims) - len(fixed))
     # An embedding table is looked up, not streamed: it moves no bytes of its own.
-    looked_up = family in ("embedding_bag", "gather")
-    streamed = [i for i, d in enumerate(input_dims) if d and not (looked_up and i == 0)]
+    streamed = [i for i, d in enumerate(input_dims) if d and not (family in _LOOKUPS and i == 0)]
     fixed_elements = sum(_numel(input_dims[i]) for i in streamed if marks[i])
     batched = any(not marks[i] for i, d in enumerate(input_dims) if d)
     return OpCost(op, family, flops, elements * size, dtype,
@@ -335,19 +339,22 @@ def shapes_from_args(args_json: str) -> Shapes | None:
         return None
     if not isinstance(args, dict):
         return None
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if not isinstance(dims, list) or not all(isinstance(d, list) for d in dims):
+    dims = _int_lists(args.get("Input Dims"))
+    if dims is None:
         return None
-    if not all(isinstance(x, int) and not isinstance(x, bool) for d in dims for x in d):
-        return None
+    types = args.get("Input type")
     type_list = tuple(str(t) for t in types) if isinstance(types, list) else ()
-    strides = args.get("Input Strides")
-    kept: tuple[tuple[int, ...], ...] = ()
-    if (isinstance(strides, list) and len(strides) == len(dims)
-            and all(isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool)
-                                                 for x in d) for d in strides)):
-        kept = tuple(tuple(d) for d in strides)
-    return Shapes(tuple(tuple(d) for d in dims), type_list, kept)
+    strides = _int_lists(args.get("Input Strides"))
+    return Shapes(dims, type_list, strides if strides and len(strides) == len(dims) else ())
+
+
+def _int_lists(value: object) -> tuple[tuple[int, ...], ...] | None:
+    """A list of lists of integers (one per input) as tuples; None for anything else."""
+    if not isinstance(value, list) or not all(
+            isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d)
+            for d in value):
+        return None
+    return tuple(tuple(d) for d in value)
 
 
 def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float) -> Shapes:

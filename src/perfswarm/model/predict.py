@@ -50,6 +50,7 @@ from perfswarm.model.opcost import (
     OpCost,
     Shapes,
     batch_scaled,
+    column_major,
     data_cost,
     scale_batch,
     shapes_from_args,
@@ -343,19 +344,12 @@ class _Transform:
         """A parameter's shape, or a transposed view of one (nn.Linear's weight in its addmm:
         column-major, its shape reversed)."""
         d = shapes.dims[i]
-        if d in self.fixed:
-            return True
-        strides = shapes.strides[i] if i < len(shapes.strides) else ()
-        return (len(d) == 2 and (d[1], d[0]) in self.fixed and len(strides) == 2
-                and strides[0] == 1 and strides[1] == d[0])
+        return d in self.fixed or (len(d) == 2 and (d[1], d[0]) in self.fixed
+                                   and column_major(shapes.dims, shapes.strides, i))
 
 
 def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
     return load_spec(override) if override else spec_of_devices(m.run.manifest()["devices"])
-
-
-def _signature(shapes: Shapes | None) -> tuple[object, ...] | None:
-    return None if shapes is None else (shapes.dims, shapes.types)
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
@@ -379,9 +373,10 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         op_of = _launching_ops(m)
         pairs = [(int(g.row[n]), op_of.get(int(g.row[n])), [n], int(dur[n]))
                  for n in np.flatnonzero(g.role == DEVICE).tolist()]
-    keys = [(int(ev.name[row]), _signature(m.shapes(op)) if op is not None else None)
+    # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
+    keys = [(int(ev.name[row]), m.shapes(op) if op is not None else None)
             for row, op, _, _ in pairs]
-    samples: dict[tuple[int, tuple[object, ...] | None], list[int]] = {}
+    samples: dict[tuple[int, Shapes | None], list[int]] = {}
     for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
         samples.setdefault(key, []).append(ns)
     typical = {key: trimmed_mean(values) for key, values in samples.items()}
