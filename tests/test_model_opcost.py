@@ -15,6 +15,7 @@ from perfswarm.model.opcost import (
     gemm_dims,
     op_cost,
     op_cost_from_args,
+    output_bytes,
     roofline,
     shapes_from_args,
 )
@@ -184,3 +185,27 @@ def test_bmm_scales_linearly_in_batch(m: int, k: int, n: int, b: int) -> None:
 def test_spec_for_a_device_name(name: str, memory: int | None, spec: str | None) -> None:
     found = spec_for_device(name, memory)
     assert (found.name if found else None) == spec
+
+
+@pytest.mark.parametrize(("name", "dims", "expected"), [
+    ("aten::addmm", [[1000], [1024, 128], [128, 1000], [], []], 1024 * 1000),  # m x n
+    ("aten::bmm", [[8, 64, 32], [8, 32, 64]], 8 * 64 * 64),
+    ("aten::relu", [[1024, 1024]], 1024 * 1024),
+    ("aten::add", [[16, 1, 64], [16, 32, 64]], 16 * 32 * 64),
+    ("aten::mkldnn_convolution", [[24, 16, 28, 28], [32, 16, 3, 3], [32]], 24 * 32 * 28 * 28),
+    ("aten::embedding_bag", [[1000, 16], [256], [32]], 32 * 16),  # a row per bag
+    ("aten::index_select", [[1000, 16], [], [256]], 256 * 16),  # a row per index
+    ("aten::_log_softmax_backward_data", [[64, 1000], [64, 1000]], 64 * 1000),
+    ("aten::nll_loss_backward", [[], [64, 1000], [64], [], [], [], []], 64 * 1000),
+    ("aten::sum", [[1024, 1024]], 0),  # far smaller than its input
+    ("aten::max_pool2d_with_indices", [[8, 16, 28, 28]], 0),
+    ("aten::add_", [[1024, 1024], [1024, 1024]], 0),  # in place
+    ("aten::empty_like", [[1024, 1024]], 0),  # nothing written yet
+    ("aten::view", [[1024, 1024], []], 0),
+    ("aten::_embedding_bag_backward", [[32, 16], [256]], 0),
+])
+def test_output_bytes(name: str, dims: list[list[int]], expected: int) -> None:
+    """The largest tensor an op allocates for its result, of its first shaped input's dtype
+    (float: 4 bytes an element)."""
+    shapes = Shapes(tuple(tuple(d) for d in dims), ("float",) * len(dims))
+    assert output_bytes(name, shapes) == 4 * expected

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 
 from perfswarm.cli.main import main
@@ -14,8 +15,9 @@ from perfswarm.model.calibrate import FamilyModel, Profile
 from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel
-from perfswarm.model.predict import Change, _Transform, predict
+from perfswarm.model.predict import Change, _Transform, load_model, predict, step_faults
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
 US = 1000
@@ -220,3 +222,46 @@ def test_fixed_cost_read_off_the_runs_small_ops() -> None:
     doubled = scale_batch(small, 2.0)
     assert fitted.scaled(10_000, small, doubled, dims, dims) == 10_128
     assert scaler.scaled(10_000, small, doubled, dims, dims) == 20_000
+
+
+def _faulting_run(tmp_path: Path, faults_per_step: int) -> Run:
+    """Three 1000 us steps of two relus, one on 1 MiB (256 pages, 400 us), one on 0.512 MB
+    (100 us), and the recorder's page-fault counter at each step's ends."""
+    events = []
+    for i in range(3):
+        t = 1000 * i
+        events += [_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
+                   _op("aten::relu", t + 100, 400, [[256, 1024]]),
+                   _op("aten::relu", t + 600, 100, [[128, 1000]])]
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / f"faults{faults_per_step}.run", ImportOptions(),
+                        ["train.py"])
+    steps = run.table("steps").to_pydict()
+    hooks = [steps["start"][0], *steps["end"]]
+    run.write_table("counters", pa.table({
+        "rank": [0] * 4, "ts": hooks, "name": [FAULTS] * 4, "device": [-1] * 4,
+        "value": [float(1000 + faults_per_step * k) for k in range(4)]}))
+    return run
+
+
+@pytest.mark.parametrize(("faults", "share"), [(256, 1.0), (1000, 1.0), (128, 0.5), (0, 0.0)])
+def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
+                                                   share: float) -> None:
+    """The 1 MiB relu writes fresh pages (1 us each, 256 of them), as far as the counter says
+    (its share of them, at most all). When the other relu's result grows to 2 MB it is the
+    largest: the first keeps its work alone, the second adds its 500 pages."""
+    run = _faulting_run(tmp_path, faults)
+    assert step_faults(load_model(run)) == faults
+    # bytes-proportional elementwise model: exact ratios
+    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 1e-9, 0.0))}, {}, 1e-6)
+    same = predict(run, profile=profile)
+    assert [s.predicted_ns for s in same.steps] == [1000 * US] * 3
+    wide = predict(run, Change(dims=((1000, 4000),)), profile=profile)
+    touched = 256 * share  # us, at the recorded shapes
+    first = 400 - touched
+    second = 100 * 4 + 500 * share  # 2,048,000 bytes: 500 pages
+    assert [s.predicted_ns for s in wide.steps] == [round((1000 - 500 + first + second) * US)] * 3
+    plain = predict(run, Change(dims=((1000, 4000),)),
+                    profile=Profile("cpu", 1, profile.models, {}))  # no first-touch time
+    assert [s.predicted_ns for s in plain.steps] == [(1000 - 100 + 400) * US] * 3

@@ -23,6 +23,7 @@ from perfswarm.record.base import Sampler, read_jsonl, value_rows
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, record
 from perfswarm.record.torch_profiler import read_live
+from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -223,6 +224,19 @@ def test_torch_markers_align_with_hook_times(trainer_run: Run) -> None:
               if s["source"] == "marker"}
     for k in (2, 3):
         assert hooks[k] - 1_000_000 <= marker[k]["end"] <= done[str(k)] + 1_000_000
+
+
+def test_page_faults_counted_at_every_hook(trainer_run: Run) -> None:
+    """The process's minor page faults at each optimizer hook, on the hooks' times: a counter
+    that only grows (the first steps touch the model's memory for the first time)."""
+    (hooks_file,) = trainer_run.raw_dir.glob("steps-rank0-pid*.json")
+    data = orjson.loads(hooks_file.read_bytes())
+    counters = trainer_run.table("counters").to_pylist()
+    faults = [(c["ts"], c["value"]) for c in counters if c["name"] == FAULTS]
+    assert [ts for ts, _ in faults] == data["hook_ns"]
+    assert [v for _, v in faults] == data["hook_faults"] == sorted(data["hook_faults"])
+    assert {c["rank"] for c in counters if c["name"] == FAULTS} == {0}
+    assert data["hook_faults"][0] > 1000  # torch and the model were loaded by then
 
 
 def test_system_counters_on_run_clock(trainer_run: Run) -> None:

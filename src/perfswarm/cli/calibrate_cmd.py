@@ -91,4 +91,5 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
                       f"{100 * fitted['gmae_learned_held_out']:.1f}%",
                       f"{fitted['chosen']} {100 * fitted['gmae_held_out']:.1f}%")
     console.print(table)
+    console.print(f"first write of a fresh page (host): {1e6 * profile['page_s']:.2f} µs")
     console.print(f"profile: {out}")

@@ -11,7 +11,8 @@ models per type and keep the one that predicts held-out sweep points better.
   correction far from them, where the roofline's trend is all there is to go on.
 
 Every fourth sweep point is held out; GMAE (geometric-mean absolute error) on those picks the
-model. The profile keeps the sweep itself, so a reader refits the chosen model exactly.
+model. The profile keeps the sweep itself, so a reader refits the chosen model exactly, and
+the host's first-write time of a fresh page (`first_touch_s`).
 """
 
 from __future__ import annotations
@@ -261,6 +262,36 @@ def fit_family(points: Sequence[Point]) -> dict[str, Any]:
                       for p in points]}
 
 
+PAGE_BYTES = 4096
+
+
+def first_touch_s(sizes_mb: Sequence[int] = (1, 4, 16), repeats: int = 5) -> float:
+    """Seconds the host spends on one 4 KiB page of fresh anonymous memory the first time it is
+    written (the kernel's page fault and zeroing), beyond writing it again: what an op pays per
+    page of an output the allocator takes from new memory. The median over sizes of the
+    least disturbed of `repeats` trials."""
+    import mmap
+
+    import torch
+
+    per_page = []
+    for mb in sizes_mb:
+        size = mb << 20
+        best = math.inf
+        for _ in range(repeats):
+            with mmap.mmap(-1, size) as memory:
+                tensor = torch.frombuffer(memory, dtype=torch.float32)
+                start = time.perf_counter()
+                tensor.fill_(1.0)
+                fresh = time.perf_counter()
+                tensor.fill_(2.0)
+                warm = time.perf_counter()
+                del tensor  # before the map closes
+            best = min(best, ((fresh - start) - (warm - fresh)) / (size / PAGE_BYTES))
+        per_page.append(max(best, 0.0))
+    return float(np.median(per_page))
+
+
 def _device(device: str) -> tuple[str, str]:
     """(torch device, its name) after checking it exists."""
     import torch
@@ -295,9 +326,11 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
         for family in FAMILIES:
             on_family(family)
             families[family] = fit_family(measure(family, budget_s / len(FAMILIES), where))
+        page_s = first_touch_s()
     finally:
         torch.set_num_threads(saved)
-    return {"device": where, "device_name": name, "threads": threads, "families": families}
+    return {"device": where, "device_name": name, "threads": threads, "families": families,
+            "page_s": page_s}
 
 
 @dataclass(frozen=True)
@@ -308,6 +341,7 @@ class Profile:
     threads: int
     models: Mapping[str, KernelModel]
     gmae: Mapping[str, float]
+    page_s: float = 0.0  # first_touch_s on the host; 0 when unknown (an older profile)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:
@@ -322,7 +356,10 @@ class Profile:
                 models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]))
                                        if entry["chosen"] == "learned" else roofline)
                 errors[str(family)] = float(entry["gmae_held_out"])
-            return cls(str(data["device"]), int(data.get("threads", 1)), models, errors)
+            page_s = float(data.get("page_s", 0.0))
+            if not page_s >= 0:
+                raise ValueError("page_s must be a non-negative time")
+            return cls(str(data["device"]), int(data.get("threads", 1)), models, errors, page_s)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
 

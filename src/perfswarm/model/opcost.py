@@ -117,6 +117,12 @@ FAMILIES = ("gemm", "conv", "depthwise_conv", "conv_backward", "embedding_bag", 
             "elementwise", "reduction", "norm", "softmax", "pool", "copy")
 
 
+def _element(types: Sequence[str], dims: Dims) -> tuple[int, str]:
+    """(bytes, spec peak key) of an op's data: its first shaped input's dtype, else float."""
+    return next((_DTYPES[t] for t, d in zip(types, dims, strict=False) if d and t in _DTYPES),
+                _DTYPES["float"])
+
+
 def _family(op: str) -> str | None:
     if op in {"mm", "matmul", "addmm", "bmm", "baddbmm", "linear"}:
         return "gemm"
@@ -232,9 +238,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     shaped = [d for d in input_dims if d]
     if family is None or not shaped:
         return None
-    dtype_name = next((t for t, d in zip(input_types, input_dims, strict=False)
-                       if d and t in _DTYPES), "float")
-    size, dtype = _DTYPES[dtype_name]
+    size, dtype = _element(input_types, input_dims)
     work: tuple[float, float] | None
     if family == "gemm":
         work = _gemm(op, input_dims) if len(input_dims) >= 2 else None
@@ -423,10 +427,41 @@ def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost |
     shaped = [d for d in shapes.dims if d]
     if not shaped:
         return None
-    size, dtype = next((_DTYPES[t] for t, d in zip(shapes.types, shapes.dims, strict=False)
-                        if d and t in _DTYPES), _DTYPES["float"])
+    size, dtype = _element(shapes.types, shapes.dims)
     marks = list(fixed) + [False] * (len(shapes.dims) - len(fixed))
     elements = sum(_numel(d) for d in shaped) + max(_numel(d) for d in shaped)
     fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
     return OpCost(op, "copy", 0.0, float(elements * size), dtype, float(fixed_elements * size),
                   any(not marks[i] for i, d in enumerate(shapes.dims) if d))
+
+
+def output_bytes(name: str, shapes: Shapes) -> float:
+    """Bytes of the largest tensor an op allocates for its result, from its input shapes: what
+    the allocator must find room for. 0 for an op that writes in place or allocates nothing
+    it writes (a view, an empty tensor), for results far smaller than the inputs (reductions,
+    pooling), and for embedding gradients (sparse ones are as small as the lookups). A
+    backward op's result is its largest input's size (the gradient of the forward's input)."""
+    op = name.removeprefix("aten::")
+    dims = shapes.dims
+    shaped = [d for d in dims if d]
+    if not shaped or op.endswith("_") or op in METADATA_OPS or not name.startswith("aten::"):
+        return 0.0
+    family = _family(op)
+    elements = max(_numel(d) for d in shaped)  # elementwise, norms, softmax, copies, backwards
+    if family == "gemm":
+        found = gemm_dims(op, dims)
+        elements = found[0] * found[1] * found[3] if found else 0
+    elif family == "conv":  # 'same' padding, as _conv assumes
+        ok = len(dims) >= 2 and len(dims[0]) >= 3 and bool(dims[1])
+        elements = dims[0][0] * dims[1][0] * _numel(dims[0][2:]) if ok else 0
+    elif family in _LOOKUPS:  # a row per lookup (index_select, embedding) or per bag
+        lookups = 2 if op == "index_select" else 1  # index_select(self, dim, index)
+        looked = dims[lookups] if len(dims) > lookups else ()
+        bags = dims[2] if op not in ("embedding", "index_select") and len(dims) > 2 else ()
+        ok = "backward" not in op and len(dims[0]) == 2 and bool(looked)
+        elements = dims[0][1] * _numel(bags or looked) if ok else 0
+    elif family == "sdpa":
+        elements = _numel(dims[0])
+    elif family in ("reduction", "pool") and "backward" not in op:
+        elements = 0
+    return float(elements * _element(shapes.types, dims)[0])

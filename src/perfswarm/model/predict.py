@@ -7,6 +7,8 @@
   - kernel times: measured times scaled by a kernel model's ratio between the new and
     the recorded case (model/kernels.py): a calibrated profile on the CPU, device specs
     on GPUs (a GPU kernel's op is the CPU op that launched it, by External id);
+    plus, on the CPU, the time of writing fresh pages, which a profiling window makes the
+    step's largest allocations pay (`_first_touch`);
   - host time: every op's overheads (T1..T5) at its type's mean (model/overheads.py);
   - batch size: batch-dependent bytes and FLOPs of every modelled op scale by the
     batch ratio (parameters do not: their shapes are read off the optimizer and the
@@ -43,7 +45,7 @@ from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import StepWindow, iterations
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import Profile
+from perfswarm.model.calibrate import PAGE_BYTES, Profile
 from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler
 from perfswarm.model.opcost import (
@@ -52,6 +54,7 @@ from perfswarm.model.opcost import (
     batch_scaled,
     column_major,
     data_cost,
+    output_bytes,
     scale_batch,
     shapes_from_args,
 )
@@ -65,6 +68,7 @@ from perfswarm.model.overheads import (
 )
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
+from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
 Platform = Literal["gpu", "cpu"]
@@ -72,6 +76,7 @@ LOADER: Final = "enumerate(DataLoader)#"
 PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
                            "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
+SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
 _BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
 
 
@@ -380,6 +385,12 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
         samples.setdefault(key, []).append(ns)
     typical = {key: trimmed_mean(values) for key, values in samples.items()}
+    touch: dict[tuple[int, Shapes | None], tuple[int, int]] = {}
+    if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
+        keyed: dict[tuple[int, Shapes | None], list[int]] = {}
+        for key, (row, _op, _nodes, _ns) in zip(keys, pairs, strict=True):
+            keyed.setdefault(key, []).append(row)
+        touch = _first_touch(m, t, keyed, scaler.profile.page_s)
     if isinstance(scaler, ProfileScaler):
         scaler = scaler.with_offsets([
             (found[0], shapes.dims, typical[key] * 1e-9)
@@ -394,7 +405,11 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         found = t.costs(ev.name_of(op), shapes) if op is not None and shapes else None
         if found is not None and scaler is not None:
             old, new, new_shapes = found
-            after = scaler.scaled(base, old, new, shapes.dims if shapes else (), new_shapes.dims)
+            before_ns, after_ns = touch.get(key, (0, 0))
+            work = max(base - before_ns, base // 4)  # the first-touch time taken out
+            after = after_ns + scaler.scaled(work, old, new, shapes.dims if shapes else (),
+                                             new_shapes.dims)
+            counts["first_touch"] += len(nodes) if after_ns else 0
             counts["modelled"] += len(nodes)
         else:
             counts["unmodelled"] += len(nodes)
@@ -405,6 +420,94 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         for n in nodes:
             dur[n] = round(int(dur[n]) * after / measured)
     return counts
+
+
+def step_faults(m: _Model) -> float | None:
+    """The median of the profiled steps' minor page faults (the recorder's FAULTS counter at
+    each optimizer hook: the hooks nearest a step's start and end), None without it."""
+    table = m.run.table("counters", columns=["rank", "ts", "name", "value"])
+    names = table.column("name").to_pylist()
+    rows = [i for i, n in enumerate(names) if n == FAULTS]
+    if not rows:
+        return None
+    rank = table.column("rank").to_numpy()[rows]
+    ts = table.column("ts").to_numpy()[rows]
+    value = table.column("value").to_numpy()[rows]
+    deltas = []
+    for r, _step, lo, hi, _active in m.iterations(Timeline(m.graph.ts, m.graph.end),
+                                                  m.graph.end - m.graph.ts):
+        mine = np.flatnonzero(rank == r)
+        if len(mine) < 2:
+            continue
+        order = mine[np.argsort(ts[mine])]
+        a, b = (order[np.abs(ts[order] - x).argmin()] for x in (lo, hi))
+        if ts[b] > ts[a]:
+            deltas.append(float(value[b] - value[a]))
+    return statistics.median(deltas) if deltas else None
+
+
+def _first_touch(m: _Model, t: _Transform, keyed: Mapping[tuple[int, Shapes | None], list[int]],
+                 page_s: float) -> dict[tuple[int, Shapes | None], tuple[int, int]]:
+    """Per kernel key, the time (ns) its op spends writing fresh pages, in the recorded run and
+    at the new shapes.
+
+    Inside a profiling window, glibc's heap keeps growing: the profiler's small allocations
+    take a piece of the holes freed tensors leave, so a tensor as large as a step's largest no
+    longer fits any and lands on new pages, which fault on first write (the transformer's
+    4 MB activations: about 1,000 faults each, every step, where 3 MB ones reuse holes).
+    Modelled so: ops whose result is of the step's largest size (SIZE_CLASS) write fresh
+    pages, at the profile's first-touch time per page, times the share of them the recorded
+    run's page-fault counter confirms (0 to 1). Taken out of the recorded time before scaling
+    and added back at the new shapes, where the largest allocation may be another op's."""
+    faults = step_faults(m)
+    steps = sum(len(anchors) for anchors in m.graph.steps.values())
+    if faults is None or steps == 0:
+        return {}
+    ev = m.ev
+    out_old: dict[tuple[int, Shapes | None], float] = {}
+    out_new: dict[tuple[int, Shapes | None], float] = {}
+    for key, rows in keyed.items():
+        shapes = m.shapes(rows[0])
+        name = ev.name_of(rows[0])
+        found = t.costs(name, shapes) if shapes is not None else None
+        out_old[key] = output_bytes(name, shapes) if shapes is not None else 0.0
+        out_new[key] = output_bytes(name, found[2]) if found is not None else out_old[key]
+    inner = _innermost(m, keyed, out_old)
+
+    def pages(out: Mapping[tuple[int, Shapes | None], float]) -> dict[Any, float]:
+        largest = max((out[k] for k in inner), default=0.0)
+        return {k: out[k] / PAGE_BYTES for k in inner if out[k] >= SIZE_CLASS * largest > 0}
+
+    old, new = pages(out_old), pages(out_new)
+    expected = sum(p * inner[k] for k, p in old.items()) / steps
+    share = min(1.0, faults / expected) if expected > 0 else 0.0
+    ns = share * page_s * 1e9
+    return {k: (round(ns * old.get(k, 0.0)), round(ns * new.get(k, 0.0))) for k in keyed}
+
+
+def _innermost(m: _Model, keyed: Mapping[tuple[int, Shapes | None], list[int]],
+               out: Mapping[tuple[int, Shapes | None], float]) -> dict[Any, int]:
+    """Keys with a result, and how many of their rows allocate it: a row that encloses another
+    compute row of the same result size (conv2d around mkldnn_convolution, linear around
+    addmm) only passes that one's result on."""
+    ev = m.ev
+    rows = np.array(sorted(r for k, rs in keyed.items() if out[k] > 0 for r in rs), np.int64)
+    size = {r: out[k] for k, rs in keyed.items() for r in rs}
+    if len(rows) == 0:
+        return {}
+    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+    starts = ev.ts[rows]
+    outer = set()
+    for i, r in enumerate(rows.tolist()):
+        end = int(ev.ts[r] + ev.dur[r])
+        for j in range(i + 1, int(np.searchsorted(starts, end, side="right"))):
+            c = int(rows[j])
+            if (c != r and ev.tid[c] == ev.tid[r] and ev.rank[c] == ev.rank[r]
+                    and ev.ts[c] + ev.dur[c] <= end and size[c] == size[r]):
+                outer.add(r)
+                break
+    counts = {k: sum(r not in outer for r in rs) for k, rs in keyed.items() if out[k] > 0}
+    return {k: n for k, n in counts.items() if n > 0}
 
 
 def _per_sample(m: _Model, insts: list[Instance], batch: int, factor: float, dur: I64,

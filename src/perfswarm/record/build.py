@@ -23,6 +23,7 @@ from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
 from perfswarm.trace.schema import (
     COUNTERS,
     EVENTS,
+    FAULTS,
     FLOWS,
     GRAPH_EDGES,
     GRAPH_NODES,
@@ -66,6 +67,21 @@ def _hooks(path: Path) -> tuple[int, list[int]]:
         return _rank_pid(path)[0], read_live(path.read_bytes())
     data = orjson.loads(path.read_bytes())
     return int(data["rank"]), data["hook_ns"]
+
+
+def fault_counters(paths: Iterable[Path]) -> pa.Table:
+    """Each stepping process's minor page-fault count at its optimizer.step() hooks, as the
+    per-rank counter FAULTS (absent from a `.live` file, which holds the times alone)."""
+    rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
+    for path in paths:
+        if path.suffix != ".json":
+            continue
+        data = orjson.loads(path.read_bytes())
+        for ts, faults in zip(data["hook_ns"], data.get("hook_faults", ()), strict=False):
+            for key, value in zip(rows, (int(data["rank"]), ts, FAULTS, NONE, float(faults)),
+                                  strict=True):
+                rows[key].append(value)
+    return pa.table(rows).cast(COUNTERS) if rows["ts"] else COUNTERS.empty_table()
 
 
 def hook_steps(paths: Iterable[Path], marked: set[tuple[int, int]]) -> pa.Table:
@@ -221,8 +237,9 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
                    for p in sorted(raw.glob("*.jsonl"))]
         flows = counters([], _flows(raw / "net.pcap", manifest))
-        run.write_table("counters", concat([*(p.counters for p in parts), *sampled, flows],
-                                           COUNTERS))
+        counted = concat([*(p.counters for p in parts), *sampled, flows,
+                          fault_counters(stepping)], COUNTERS)
+        run.write_table("counters", counted.sort_by("ts"))
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of)
         manifest["ranks"] = sorted(set(rank_of.values()))

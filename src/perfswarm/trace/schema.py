@@ -62,6 +62,8 @@ COUNTERS: Final = pa.schema(
         ("value", pa.float64()),
     ]
 )
+# A recorded process's minor page faults so far, at each optimizer step (per rank)
+FAULTS: Final = "minor page faults"
 
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.

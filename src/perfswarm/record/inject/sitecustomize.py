@@ -5,7 +5,9 @@ optimizer-step hook counts iterations. After SKIP steps (SKIP 0: when the first
 optimizer is built) torch.profiler starts (shapes recorded, one ProfilerStep#N
 marker per iteration, N = the iteration index), an ExecutionTraceObserver
 covers the first profiled step, and after COUNT steps the trace is exported.
-Every hook time is kept, so the steps outside the window are known too:
+Every hook time is kept, so the steps outside the window are known too
+(with the process's minor page-fault count at each hook: memory touched for
+the first time, which a profiling window makes more of, see model/predict.py):
 appended to `steps-….live` as it happens (one decimal ns per line, unbuffered,
 so a watcher such as `perfswarm tune` sees the steps live and a killed process
 keeps them), then written whole to
@@ -29,6 +31,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -51,6 +54,7 @@ class _Window:
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.stem = f"rank{self.rank}-pid{self.pid}"
         self.hook_ns: list[int] = []
+        self.hook_faults: list[int] = []  # the process's minor page faults at each hook
         self.step_done_ns: dict[int, int] = {}
         self.prof: Any = None
         self.et: Any = None
@@ -62,6 +66,7 @@ class _Window:
             return
         now = time.time_ns()
         self.hook_ns.append(now)
+        self.hook_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         if self.live_fd < 0:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
@@ -130,7 +135,7 @@ class _Window:
         path = os.path.join(self.out, f"steps-{self.stem}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
-                       "step_done_ns": self.step_done_ns}, f)
+                       "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns}, f)
         os.replace(path + ".tmp", path)
         if self.live_fd >= 0:  # the .json holds every hook time now
             os.close(self.live_fd)
