@@ -96,7 +96,9 @@ def test_calibrate_tiny_budget_profile_round_trip() -> None:
 @pytest.mark.parametrize("broken", [{}, {"device": "cpu", "families": {"gemm": {}}},
                                     {"device": "cpu", "families": {"gemm": {
                                         "coef": [1, 2], "chosen": "roofline", "sweep": [],
-                                        "gmae_held_out": 0.1}}}])
+                                        "gmae_held_out": 0.1}}},
+                                    {"device": "cpu", "families": {}, "page_s": -1e-6},
+                                    {"device": "cpu", "families": {}, "page_s": "fast"}])
 def test_profile_rejects_what_is_not_one(broken: dict[str, object]) -> None:
     with pytest.raises(PerfswarmError, match="not a kernel-model profile"):
         Profile.from_dict(broken)

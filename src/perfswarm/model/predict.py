@@ -23,15 +23,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import (
     Dependencies,
@@ -78,6 +81,8 @@ PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
 _BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
+Key = tuple[int, Shapes | None]  # a kernel's name and its op's shapes: its typical time
+Costs = Callable[[str, Shapes], tuple[OpCost, OpCost, Shapes] | None]  # _Transform.costs
 
 
 @dataclass(frozen=True)
@@ -381,28 +386,28 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
     keys = [(int(ev.name[row]), m.shapes(op) if op is not None else None)
             for row, op, _, _ in pairs]
-    samples: dict[tuple[int, Shapes | None], list[int]] = {}
+    samples: dict[Key, list[int]] = {}
     for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
         samples.setdefault(key, []).append(ns)
     typical = {key: trimmed_mean(values) for key, values in samples.items()}
-    touch: dict[tuple[int, Shapes | None], tuple[int, int]] = {}
+    costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
+    priced = [costs(ev.name_of(op), shapes) if op is not None and (shapes := m.shapes(op))
+              else None for _row, op, _nodes, _ns in pairs]
+    touch: dict[Key, tuple[int, int]] = {}
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
-        keyed: dict[tuple[int, Shapes | None], list[int]] = {}
+        keyed: dict[Key, list[int]] = {}
         for key, (row, _op, _nodes, _ns) in zip(keys, pairs, strict=True):
             keyed.setdefault(key, []).append(row)
-        touch = _first_touch(m, t, keyed, scaler.profile.page_s)
+        touch = _first_touch(m, costs, keyed, scaler.profile.page_s)
     if isinstance(scaler, ProfileScaler):
-        scaler = scaler.with_offsets([
-            (found[0], shapes.dims, typical[key] * 1e-9)
-            for key, (_row, op, _nodes, _ns) in zip(keys, pairs, strict=True)
-            if op is not None and (shapes := m.shapes(op)) is not None
-            and (found := t.costs(ev.name_of(op), shapes)) is not None])
-    for key, (row, op, nodes, measured) in zip(keys, pairs, strict=True):
+        scaler = scaler.with_offsets([(found[0], key[1].dims, typical[key] * 1e-9)
+                                      for key, found in zip(keys, priced, strict=True)
+                                      if found is not None and key[1] is not None])
+    for key, (row, _op, nodes, measured), found in zip(keys, pairs, priced, strict=True):
         if measured <= 0:
             continue
         base = round(typical[key])
-        shapes = m.shapes(op) if op is not None else None
-        found = t.costs(ev.name_of(op), shapes) if op is not None and shapes else None
+        shapes = key[1]
         if found is not None and scaler is not None:
             old, new, new_shapes = found
             before_ns, after_ns = touch.get(key, (0, 0))
@@ -426,28 +431,24 @@ def step_faults(m: _Model) -> float | None:
     """The median of the profiled steps' minor page faults (the recorder's FAULTS counter at
     each optimizer hook: the hooks nearest a step's start and end), None without it."""
     table = m.run.table("counters", columns=["rank", "ts", "name", "value"])
-    names = table.column("name").to_pylist()
-    rows = [i for i, n in enumerate(names) if n == FAULTS]
-    if not rows:
+    table = table.filter(pc.equal(table.column("name").cast(pa.string()), FAULTS))
+    if table.num_rows == 0:
         return None
-    rank = table.column("rank").to_numpy()[rows]
-    ts = table.column("ts").to_numpy()[rows]
-    value = table.column("value").to_numpy()[rows]
+    table = table.sort_by([("rank", "ascending"), ("ts", "ascending")])
+    rank, ts, value = (table.column(c).to_numpy() for c in ("rank", "ts", "value"))
     deltas = []
     for r, _step, lo, hi, _active in m.iterations(Timeline(m.graph.ts, m.graph.end),
                                                   m.graph.end - m.graph.ts):
         mine = np.flatnonzero(rank == r)
-        if len(mine) < 2:
-            continue
-        order = mine[np.argsort(ts[mine])]
-        a, b = (order[np.abs(ts[order] - x).argmin()] for x in (lo, hi))
-        if ts[b] > ts[a]:
-            deltas.append(float(value[b] - value[a]))
+        if len(mine) >= 2:
+            a, b = (mine[np.abs(ts[mine] - x).argmin()] for x in (lo, hi))
+            if ts[b] > ts[a]:
+                deltas.append(float(value[b] - value[a]))
     return statistics.median(deltas) if deltas else None
 
 
-def _first_touch(m: _Model, t: _Transform, keyed: Mapping[tuple[int, Shapes | None], list[int]],
-                 page_s: float) -> dict[tuple[int, Shapes | None], tuple[int, int]]:
+def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
+                 page_s: float) -> dict[Key, tuple[int, int]]:
     """Per kernel key, the time (ns) its op spends writing fresh pages, in the recorded run and
     at the new shapes.
 
@@ -463,49 +464,42 @@ def _first_touch(m: _Model, t: _Transform, keyed: Mapping[tuple[int, Shapes | No
     steps = sum(len(anchors) for anchors in m.graph.steps.values())
     if faults is None or steps == 0:
         return {}
-    ev = m.ev
-    out_old: dict[tuple[int, Shapes | None], float] = {}
-    out_new: dict[tuple[int, Shapes | None], float] = {}
+    out_old: dict[Key, float] = {}
+    out_new: dict[Key, float] = {}
     for key, rows in keyed.items():
-        shapes = m.shapes(rows[0])
-        name = ev.name_of(rows[0])
-        found = t.costs(name, shapes) if shapes is not None else None
+        name, shapes = m.ev.name_of(rows[0]), key[1]
+        found = costs(name, shapes) if shapes is not None else None
         out_old[key] = output_bytes(name, shapes) if shapes is not None else 0.0
         out_new[key] = output_bytes(name, found[2]) if found is not None else out_old[key]
-    inner = _innermost(m, keyed, out_old)
+    allocating = _allocating(m, keyed, out_old)
 
-    def pages(out: Mapping[tuple[int, Shapes | None], float]) -> dict[Any, float]:
-        largest = max((out[k] for k in inner), default=0.0)
-        return {k: out[k] / PAGE_BYTES for k in inner if out[k] >= SIZE_CLASS * largest > 0}
+    def pages(out: Mapping[Key, float]) -> dict[Key, float]:
+        largest = max((out[k] for k in allocating), default=0.0)
+        return {k: out[k] / PAGE_BYTES for k in allocating if out[k] >= SIZE_CLASS * largest > 0}
 
     old, new = pages(out_old), pages(out_new)
-    expected = sum(p * inner[k] for k, p in old.items()) / steps
+    expected = sum(p * allocating[k] for k, p in old.items()) / steps
     share = min(1.0, faults / expected) if expected > 0 else 0.0
     ns = share * page_s * 1e9
     return {k: (round(ns * old.get(k, 0.0)), round(ns * new.get(k, 0.0))) for k in keyed}
 
 
-def _innermost(m: _Model, keyed: Mapping[tuple[int, Shapes | None], list[int]],
-               out: Mapping[tuple[int, Shapes | None], float]) -> dict[Any, int]:
+def _allocating(m: _Model, keyed: Mapping[Key, list[int]], out: Mapping[Key, float]
+                ) -> dict[Key, int]:
     """Keys with a result, and how many of their rows allocate it: a row that encloses another
     compute row of the same result size (conv2d around mkldnn_convolution, linear around
     addmm) only passes that one's result on."""
     ev = m.ev
-    rows = np.array(sorted(r for k, rs in keyed.items() if out[k] > 0 for r in rs), np.int64)
-    size = {r: out[k] for k, rs in keyed.items() for r in rs}
-    if len(rows) == 0:
-        return {}
-    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    starts = ev.ts[rows]
+    size = {r: out[k] for k, rs in keyed.items() if out[k] > 0 for r in rs}
+    rows = np.array(sorted(size, key=lambda r: int(ev.ts[r])), np.int64)
+    starts, sizes = ev.ts[rows], np.array([size[r] for r in rows.tolist()])
     outer = set()
     for i, r in enumerate(rows.tolist()):
-        end = int(ev.ts[r] + ev.dur[r])
-        for j in range(i + 1, int(np.searchsorted(starts, end, side="right"))):
-            c = int(rows[j])
-            if (c != r and ev.tid[c] == ev.tid[r] and ev.rank[c] == ev.rank[r]
-                    and ev.ts[c] + ev.dur[c] <= end and size[c] == size[r]):
-                outer.add(r)
-                break
+        inside = slice(i + 1, int(np.searchsorted(starts, ev.end[r], side="right")))
+        within = rows[inside]
+        if np.any((ev.tid[within] == ev.tid[r]) & (ev.rank[within] == ev.rank[r])
+                  & (ev.end[within] <= ev.end[r]) & (sizes[inside] == size[r])):
+            outer.add(r)
     counts = {k: sum(r not in outer for r in rs) for k, rs in keyed.items() if out[k] > 0}
     return {k: n for k, n in counts.items() if n > 0}
 

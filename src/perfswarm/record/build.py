@@ -62,34 +62,33 @@ def step_files(raw: Path) -> list[Path]:
                    *(p for p in raw.glob("steps-rank*-pid*.live") if p.stem not in done)])
 
 
-def _hooks(path: Path) -> tuple[int, list[int]]:
+Hooks = tuple[int, list[int], list[int]]  # rank, hook times, minor page faults at each
+
+
+def _hooks(path: Path) -> Hooks:
+    """A stepping process's hooks; a `.live` file holds the times alone."""
     if path.suffix == ".live":
-        return _rank_pid(path)[0], read_live(path.read_bytes())
+        return _rank_pid(path)[0], read_live(path.read_bytes()), []
     data = orjson.loads(path.read_bytes())
-    return int(data["rank"]), data["hook_ns"]
+    return int(data["rank"]), data["hook_ns"], data.get("hook_faults", [])
 
 
-def fault_counters(paths: Iterable[Path]) -> pa.Table:
+def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its optimizer.step() hooks, as the
-    per-rank counter FAULTS (absent from a `.live` file, which holds the times alone)."""
+    per-rank counter FAULTS."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
-    for path in paths:
-        if path.suffix != ".json":
-            continue
-        data = orjson.loads(path.read_bytes())
-        for ts, faults in zip(data["hook_ns"], data.get("hook_faults", ()), strict=False):
-            for key, value in zip(rows, (int(data["rank"]), ts, FAULTS, NONE, float(faults)),
-                                  strict=True):
+    for rank, hooks, faults in hooked:
+        for ts, count in zip(hooks, faults, strict=False):
+            for key, value in zip(rows, (rank, ts, FAULTS, NONE, float(count)), strict=True):
                 rows[key].append(value)
     return pa.table(rows).cast(COUNTERS) if rows["ts"] else COUNTERS.empty_table()
 
 
-def hook_steps(paths: Iterable[Path], marked: set[tuple[int, int]]) -> pa.Table:
+def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Table:
     """Steps outside the profiling window, from the optimizer.step() hook times (source
     `detected`): step i runs from hook i-1 to hook i."""
     rows: dict[str, list[object]] = {"rank": [], "step": [], "start": [], "end": [], "source": []}
-    for path in paths:
-        rank, hooks = _hooks(path)
+    for rank, hooks, _faults in hooked:
         for i in range(1, len(hooks)):
             if (rank, i) not in marked:
                 for key, value in zip(rows, (rank, i, hooks[i - 1], hooks[i], "detected"),
@@ -224,7 +223,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         marker_steps = concat([p.steps for p in parts], STEPS)
         marked = set(zip(marker_steps.column("rank").to_pylist(),
                          marker_steps.column("step").to_pylist(), strict=True))
-        steps = concat([marker_steps, hook_steps(stepping, marked)], STEPS)
+        hooked = [_hooks(path) for path in stepping]
+        steps = concat([marker_steps, hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
         syscalls = readable(manifest, "strace", partial(syscall_events, raw / "strace.txt",
@@ -238,7 +238,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
                    for p in sorted(raw.glob("*.jsonl"))]
         flows = counters([], _flows(raw / "net.pcap", manifest))
         counted = concat([*(p.counters for p in parts), *sampled, flows,
-                          fault_counters(stepping)], COUNTERS)
+                          fault_counters(hooked)], COUNTERS)
         run.write_table("counters", counted.sort_by("ts"))
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of)
