@@ -15,15 +15,16 @@
    (as calibrated), so load from elsewhere on the machine falls on every configuration
    alike. Each figure is the least disturbed round's (the minimum over rounds, on which the
    goal is judged: other load only ever adds time); the errors of the medians over rounds are
-   printed too. Neither is clean on this kind of machine: a run's allocator state makes it
-   faster or slower, both ways (the MLP's step is 3.1 or 5.4 ms from one recording to the
-   next), so the minimum of the predictions can pick a base recording that happened to be
-   fast, and the median one that happened to be slow.
+   printed too. Recordings keep the recorder's default heap reserve: without it, the MLP's
+   profiled step was 3.1 or 5.4 ms from one recording to the next (whether the profiler's
+   allocations pushed its 6 MB weight gradient onto new heap), and on this VM late window
+   steps of the transformer ran 2-2.5x slower, on new memory its host backs lazily.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import subprocess
@@ -134,6 +135,7 @@ def cpu(tmp: Path, repeats: int, budget_min: float, names: list[str]) -> list[fl
     for family, entry in data["families"].items():
         print(f"  kernel model {family:14s} {entry['chosen']:9s} held-out GMAE "
               f"{100 * entry['gmae_held_out']:5.1f}%")
+    (tmp / "profile.json").write_text(json.dumps(data))
     profile = Profile.from_dict(data)
     chosen = [w for w in WORKLOADS if w.name in names]
     # (workload, configuration) -> per round: (measured, predicted) iteration and device active
@@ -152,6 +154,9 @@ def cpu(tmp: Path, repeats: int, budget_min: float, names: list[str]) -> list[fl
                 figures.setdefault((w.name, t.label), []).append(
                     (measured.median("measured"), predicted.median("predicted"),
                      measured.median_active("measured"), predicted.median_active("predicted")))
+    (tmp / "figures.json").write_text(json.dumps(
+        [{"workload": name, "configuration": label, "rounds": rounds}
+         for (name, label), rounds in figures.items()], indent=1))
     print(f"{'workload':12s} {'configuration':14s} {'measured ms':>12s} {'predicted ms':>13s} "
           f"{'error':>8s} {'device active error':>20s}   (least disturbed rounds)")
     errors = _errors(figures, min, show=True)
@@ -190,13 +195,17 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=1.0, help="calibration minutes")
     p.add_argument("--only", choices=("replay", "cpu"), default=None)
     p.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
+    p.add_argument("--keep", type=Path, default=None,
+                   help="keep the recordings and each round's figures (figures.json) here")
     ns = p.parse_args()
     ok = True
-    with tempfile.TemporaryDirectory(prefix="perfswarm-accuracy-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="perfswarm-accuracy-") as scratch:
+        tmp = ns.keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         if ns.only in (None, "replay"):
-            ok &= gmae(replay(Path(tmp))) <= REPLAY_GOAL
+            ok &= gmae(replay(tmp)) <= REPLAY_GOAL
         if ns.only in (None, "cpu"):
-            errors = cpu(Path(tmp), ns.repeats, ns.budget, ns.workloads.split(","))
+            errors = cpu(tmp, ns.repeats, ns.budget, ns.workloads.split(","))
             ok &= gmae(errors) <= MEAN_GOAL and max(map(abs, errors), default=0) <= MAX_GOAL
     return 0 if ok else 1
 

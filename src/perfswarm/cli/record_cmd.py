@@ -12,7 +12,14 @@ from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console
-from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions, Status, parse_steps, record
+from perfswarm.record.session import (
+    DEFAULT_COLLECTORS,
+    RESERVE_PER_STEP_MIB,
+    RecordOptions,
+    Status,
+    parse_steps,
+    record,
+)
 
 
 def status_line(s: Status) -> Text:
@@ -32,6 +39,7 @@ def record_command(
     perf_hz: Annotated[int, typer.Option("--perf-hz", help="perf sampling frequency.")] = RecordOptions.perf_hz,
     pystacks_hz: Annotated[int, typer.Option("--pystacks-hz", help="py-spy sampling rate.")] = RecordOptions.pystacks_hz,
     no_et: Annotated[bool, typer.Option("--no-et", help="Skip the execution trace of the first profiled step.")] = False,
+    heap_reserve: Annotated[int | None, typer.Option("--heap-reserve", min=0, metavar="MIB", help=f"Heap the profiled process writes and frees before the window opens, so the tensors the profiler's allocations displace do not page-fault new memory every step (default: {RESERVE_PER_STEP_MIB} MiB per profiled step; 0: none). It stays in the process's heap, as free memory, until it exits.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No status line or summary.")] = False,
 ) -> int:
@@ -42,7 +50,7 @@ def record_command(
     options = RecordOptions(
         collectors=tuple(c.strip() for c in collectors.split(",") if c.strip()), hz=hz,
         perf_hz=perf_hz, pystacks_hz=pystacks_hz, skip=skip, steps=count,
-        execution_trace=not no_et, force=force)
+        execution_trace=not no_et, force=force, heap_reserve_mib=heap_reserve)
     target = out or Path(Path(command[0]).name + ".run")
     live = not quiet and sys.stderr.isatty()
     with Live(Text(""), console=err_console, transient=True, auto_refresh=False,

@@ -23,10 +23,12 @@ class TorchCollector(Collector):
     name = "torch"
     unit = "traces"
 
-    def __init__(self, raw: Path, skip: int, count: int, execution_trace: bool = True) -> None:
+    def __init__(self, raw: Path, skip: int, count: int, execution_trace: bool = True,
+                 reserve_mib: int = 0) -> None:
         super().__init__(raw)
         self.skip, self.window = skip, count
         self.execution_trace = execution_trace
+        self.reserve_mib = reserve_mib
         self._live: Path | None = None
         self._live_pos = 0
         self._live_ns: list[int] = []
@@ -38,6 +40,7 @@ class TorchCollector(Collector):
             "PERFSWARM_RECORD_DIR": str(self.raw),
             "PERFSWARM_STEPS": f"{self.skip}:{self.window}",
             "PERFSWARM_ET": "1" if self.execution_trace else "0",
+            "PERFSWARM_HEAP_RESERVE": str(self.reserve_mib),
         }
 
     def files(self) -> list[str]:
