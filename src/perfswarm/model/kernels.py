@@ -11,6 +11,7 @@ model's error for that kernel cancels and only its trend with shape (or device) 
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -74,8 +75,9 @@ class ProfileScaler:
         SMALL_OP_S (an op the run measured far longer is work the model underrates, which
         grows with the op, not a fixed cost)."""
         excess: dict[str, list[float]] = {}
+        model_time = functools.cache(self.model_time)  # samples repeat: one per kernel
         for cost, dims, seconds in samples:
-            model = self.model_time(cost, dims)
+            model = model_time(cost, tuple(map(tuple, dims)))
             if model is not None and model < SMALL_OP_S and seconds < SMALL_OP_S:
                 excess.setdefault(cost.family, []).append(seconds - model)
         return replace(self, offsets={f: max(0.0, statistics.median(v))

@@ -403,17 +403,18 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         scaler = scaler.with_offsets([(found[0], key[1].dims, typical[key] * 1e-9)
                                       for key, found in zip(keys, priced, strict=True)
                                       if found is not None and key[1] is not None])
+    scaled = functools.cache(scaler.scaled) if scaler is not None else None  # per key, once
     for key, (row, _op, nodes, measured), found in zip(keys, pairs, priced, strict=True):
         if measured <= 0:
             continue
         base = round(typical[key])
         shapes = key[1]
-        if found is not None and scaler is not None:
+        if found is not None and scaled is not None:
             old, new, new_shapes = found
             before_ns, after_ns = touch.get(key, (0, 0))
             work = max(base - before_ns, base // 4)  # the first-touch time taken out
-            after = after_ns + scaler.scaled(work, old, new, shapes.dims if shapes else (),
-                                             new_shapes.dims)
+            after = after_ns + scaled(work, old, new, shapes.dims if shapes else (),
+                                      new_shapes.dims)
             counts["first_touch"] += len(nodes) if after_ns else 0
             counts["modelled"] += len(nodes)
         else:
