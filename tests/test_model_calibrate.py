@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import (
     FAMILIES,
+    Case,
     FamilyModel,
     LearnedModel,
     Point,
@@ -19,7 +21,7 @@ from perfswarm.model.calibrate import (
     gmae,
     split,
 )
-from perfswarm.model.opcost import op_cost
+from perfswarm.model.opcost import column_major, op_cost
 
 
 def _mm(m: int, k: int, seconds: float | None = None) -> Point:
@@ -52,12 +54,20 @@ def test_learned_correction_fits_what_the_roofline_cannot() -> None:
 
 
 def test_gemm_layout_is_swept_and_learned() -> None:
-    """Both operand layouts are swept and held out alike, and the learned model tells them
-    apart: here a column-major B costs a pass over it (packing), which small m cannot hide."""
+    """The three operand layouts (row-major, B column-major, A column-major) are swept and held
+    out alike, and the learned model tells them apart: here a column-major B costs a pass over
+    it (packing), which small m cannot hide."""
     cases = list(_sweep("gemm", 1))
     held = split(cases)[1]
-    assert sum(bool(strides) for *_, strides in cases) == len(cases) // 2
-    assert sum(bool(strides) for *_, strides in held) == len(held) // 2
+
+    def layouts(chosen: list[Case]) -> Counter[tuple[bool, bool]]:
+        return Counter((column_major(dims, strides, 0), column_major(dims, strides, 1))
+                       for _, dims, _, strides in chosen)
+
+    assert layouts(cases) == {(False, False): 84, (False, True): 84, (True, False): 84}
+    assert layouts(held) == {(False, False): 21, (False, True): 21, (True, False): 21}
+    a_col = [dims for _, dims, _, strides in cases if column_major(dims, strides, 0)]
+    assert min(dims[0][1] for dims in a_col) == 8  # a weight gradient's k: the batch
 
     def point(m: int, k: int, n: int, transposed: bool) -> Point:
         dims, strides = ((m, k), (k, n)), ((k, 1), (1, k)) if transposed else ()
@@ -72,6 +82,17 @@ def test_gemm_layout_is_swept_and_learned() -> None:
     packed, plain = point(16, 512, 256, True), point(16, 512, 256, False)
     assert learned.predict(packed.cost, packed.dims) == pytest.approx(packed.seconds, rel=0.1)
     assert learned.predict(plain.cost, plain.dims) == pytest.approx(plain.seconds, rel=0.1)
+
+
+def test_embedding_sweep_spans_cache_and_pooling() -> None:
+    """Tables from cache-resident to far past the cache, 8 and 32 ids a bag, and the held-out
+    quarter still sees every table size (per lookup, a 100,000-row table cost 5-6x a 1,000-row
+    one: a model fitted without one of them misses that)."""
+    cases = list(_sweep("embedding_bag", 1))
+    rows = {dims[0][0] for _, dims, _, _ in cases}
+    pooling = {dims[1][0] // dims[2][0] for _, dims, _, _ in cases}
+    assert len(cases) == 54 and rows == {1000, 20_000, 100_000} and pooling == {8, 32}
+    assert {dims[0][0] for _, dims, _, _ in split(cases)[1]} == rows
 
 
 def test_calibrate_tiny_budget_profile_round_trip() -> None:

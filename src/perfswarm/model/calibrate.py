@@ -49,11 +49,15 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
         shapes = [(m, k, n) for k in (64, 1024, 256, 4096)
                   for m in (8, 64, 1024, 16, 128, 32, 256) for n in (64, 1024, 256)]
         for i, (m, k, n) in enumerate(shapes):
-            dims = [[m * scale, k], [k, n * scale]]
-            # row-major, and column-major as nn.Linear passes its weight; the order turns
-            # every two shapes, so every fourth point (held out) falls on either layout
-            layouts: list[tuple[tuple[int, ...], ...]] = [(), ((k, 1), (1, k))]
-            for strides in layouts if i // 2 % 2 == 0 else layouts[::-1]:
+            # row-major; B column-major, as nn.Linear passes its weight; A column-major, as a
+            # weight gradient takes the output gradient, whose rows are the batch: the small
+            # dimension is k there. Every fourth point (held out) falls on each layout alike
+            # (four and three share no factor).
+            layouts: list[tuple[list[list[int]], tuple[tuple[int, ...], ...]]] = [
+                ([[m * scale, k], [k, n * scale]], ()),
+                ([[m * scale, k], [k, n * scale]], ((k, 1), (1, k))),
+                ([[k, m * scale], [m * scale, n * scale]], ((1, k), (n * scale, 1)))]
+            for dims, strides in layouts[i % 3:] + layouts[:i % 3]:
                 yield "aten::mm", dims, _F, strides
     elif family == "conv":
         for hw in (8, 16, 32):
@@ -61,13 +65,14 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                 for batch in (4, 16, 64):
                     yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], [c_out, c_in, 3, 3],
                                             [c_out]], ["float"] * 3, ())
-    elif family == "embedding_bag":
-        for rows in (1000, 100_000):
-            for dim in (16, 64, 128):
-                for bags in (32, 128, 512):
-                    yield ("aten::embedding_bag", [[rows, dim], [bags * 8 * scale],
-                                                   [bags * scale]],
-                           ["float", "long int", "long int"], ())
+    elif family == "embedding_bag":  # tables in cache and far past it, 8 or 32 ids a bag
+        for rows in (1000, 100_000, 20_000):
+            for dim in (16, 128, 64):
+                for bags in (32, 512, 128):
+                    for pooling in (8, 32):
+                        yield ("aten::embedding_bag", [[rows, dim], [bags * pooling * scale],
+                                                       [bags * scale]],
+                               ["float", "long int", "long int"], ())
     else:  # up to 16 MB a tensor: activations of a batch are that large
         op = {"elementwise": "aten::add", "reduction": "aten::sum", "copy": "aten::clone"}[family]
         for rows in (*sizes, 512, 1024, 2048, 4096):
@@ -89,28 +94,35 @@ def _runner(op: str, dims: list[list[int]], device: str,
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    if op == "aten::embedding_bag":
-        (rows, dim), (lookups,), (bags,) = dims
-        table = torch.rand(rows, dim, generator=gen).to(device)
-        indices = torch.randint(0, rows, (lookups,), generator=gen).to(device)
-        offsets = torch.arange(0, lookups, lookups // bags).to(device)
-        return lambda: torch.nn.functional.embedding_bag(indices, table, offsets, mode="sum")
     size = 4 * sum(math.prod(d) for d in dims)
     copies = max(1, min(16, ROTATE_BYTES // max(size, 1)))
+    calls: list[Callable[[], object]]
+    if op == "aten::embedding_bag":  # other ids each call too, as each step brings
+        (rows, dim), (lookups,), (bags,) = dims
+        offsets = torch.arange(0, lookups, lookups // bags).to(device)
+        lookup = functools.partial(torch.nn.functional.embedding_bag, mode="sum")
+        tables = [torch.rand(rows, dim, generator=gen).to(device) for _ in range(copies)]
+        calls = [functools.partial(lookup, torch.randint(0, rows, (lookups,), generator=gen)
+                                   .to(device), table, offsets)
+                 for table in tables for _ in range(4)]
+    else:
+        def tensor(i: int) -> Any:
+            d = dims[i]
+            if column_major(dims, strides, i):
+                return torch.rand(d[1], d[0], generator=gen).to(device).t()
+            return torch.rand(*d, generator=gen).to(device)
 
-    def tensor(i: int) -> Any:
-        d = dims[i]
-        if column_major(dims, strides, i):
-            return torch.rand(d[1], d[0], generator=gen).to(device).t()
-        return torch.rand(*d, generator=gen).to(device)
-
-    sets = [[tensor(i) for i in range(len(dims))] for _ in range(copies)]
-    fns: dict[str, Callable[..., object]] = {
-        "aten::mm": torch.mm, "aten::add": torch.add, "aten::sum": torch.sum,
-        "aten::clone": torch.clone,
-        # 'same' padding: the output size op_cost assumes
-        "aten::conv2d": functools.partial(torch.nn.functional.conv2d, padding=1)}
-    calls = [functools.partial(fns[op], *tensors) for tensors in sets]
+        fns: dict[str, Callable[..., object]] = {
+            "aten::mm": torch.mm, "aten::add": torch.add, "aten::sum": torch.sum,
+            "aten::clone": torch.clone,
+            # 'same' padding: the output size op_cost assumes
+            "aten::conv2d": functools.partial(torch.nn.functional.conv2d, padding=1)}
+        # a GEMM writes into an output of its own, kept: in a step, a result takes memory
+        # the allocator recycles (a new 16 MB one each call page-faulted at times, 5x slower)
+        out = ({"out": torch.empty(dims[0][0], dims[1][1], device=device)}
+               if op == "aten::mm" else {})
+        calls = [functools.partial(fns[op], *(tensor(i) for i in range(len(dims))), **out)
+                 for _ in range(copies)]
     turn = itertools.cycle(calls)
 
     def call() -> object:
@@ -153,7 +165,8 @@ def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
     n) and its operand layout, whatever op carried it (mm, addmm, linear, bmm), so the sweep's
     mm points speak for nn.Linear's addmm."""
     canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
-    flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed)]
+    flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed),
+             float(cost.a_transposed)]
             if canonical is not None else
             [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
     return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),

@@ -84,6 +84,7 @@ class OpCost:
     batched: bool = True      # some input has a batch dimension (not all are parameters)
     input_bytes: float = 0.0  # the first input's bytes (what a fused producer would not write)
     b_transposed: bool = False  # a GEMM's second operand column-major (nn.Linear's weight)
+    a_transposed: bool = False  # its first operand column-major (a weight gradient's)
 
     @property
     def intensity(self) -> float:
@@ -270,7 +271,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     return OpCost(op, family, flops, elements * size, dtype,
                   min(float(fixed_elements), elements) * size, batched,
                   float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0,
-                  family == "gemm" and b_transposed(op, input_dims, strides))
+                  family == "gemm" and b_transposed(op, input_dims, strides),
+                  family == "gemm" and column_major(input_dims, strides, _operands(op)[0]))
 
 
 def scale_batch(cost: OpCost, factor: float) -> OpCost:
