@@ -22,7 +22,7 @@ from perfswarm.record import perf, pystacks
 from perfswarm.record.base import Sampler, read_jsonl, value_rows
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, record
-from perfswarm.record.torch_profiler import INJECT, read_live
+from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
@@ -241,15 +241,13 @@ def test_page_faults_counted_at_every_hook(trainer_run: Run) -> None:
 
 
 RESERVED = """
-import ctypes, importlib.util, resource, sys
-spec = importlib.util.spec_from_file_location("injected", sys.argv[1])
-injected = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(injected)
+import ctypes, resource, sys
+from perfswarm.record.inject._perfswarm_heap import reserve_heap
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.free(libc.malloc(8 << 20))  # mmapped, and freed: glibc then keeps 8 MiB blocks on the heap
-injected._reserve_heap(int(sys.argv[2]))
+reserve_heap(int(sys.argv[1]))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 ctypes.memset(libc.malloc(4 << 20), 1, 4 << 20)  # a tensor displaced to new heap
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -260,8 +258,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def test_heap_reserve_takes_displaced_blocks(mib: int, most: int | None, least: int) -> None:
     """A 4 MiB block the heap has no hole for page-faults its 1,024 pages, unless the reserve
     written before (and freed, not trimmed) is there to take it."""
-    script = INJECT / "sitecustomize.py"
-    done = subprocess.run([PY, "-c", RESERVED, str(script), str(mib)], check=True,
+    done = subprocess.run([PY, "-c", RESERVED, str(mib)], check=True,
                           capture_output=True, text=True)
     faults = int(done.stdout)
     assert faults >= least and (most is None or faults <= most)

@@ -16,7 +16,7 @@ Configuration comes from PERFSWARM_* variables set by `perfswarm record`.
 
 Before the window opens, a heap reserve (PERFSWARM_HEAP_RESERVE MiB) is written once
 and freed, so the tensors the profiler's allocations displace land on resident memory
-instead of page-faulting new heap every step (`_reserve_heap`).
+instead of page-faulting new heap every step (`_perfswarm_heap.py`).
 
 DataLoader workers never step an optimizer, so they follow their parent's
 window instead: while it is open the parent keeps a flag file, and each worker
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -41,7 +40,12 @@ import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfswarm.record.inject._perfswarm_heap import reserve_heap
+else:  # injected, this file's folder is on the path, perfswarm maybe not
+    from _perfswarm_heap import reserve_heap
 
 _DIR = os.environ.get("PERFSWARM_RECORD_DIR", "")
 FETCH = "DataLoader worker fetch"  # a worker's span around each batch it profiles
@@ -98,7 +102,7 @@ class _Window:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-        _reserve_heap(self.reserve_mib)
+        reserve_heap(self.reserve_mib)
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -152,37 +156,6 @@ class _Window:
 
 def _flag(out: str, pid: int) -> str:
     return os.path.join(out, f".window-pid{pid}")
-
-
-RESERVE_BLOCK = 64 << 10  # under glibc's smallest mmap threshold (128 KiB): heap, not mmap
-
-
-def _reserve_heap(mib: int) -> None:
-    """Write `mib` MiB of new heap once, then free it, keeping it from being trimmed.
-
-    Inside a profiling window, the profiler's small allocations take pieces of the holes
-    freed tensors leave in glibc's heap; a tensor that no longer fits any then lands at the
-    top of the heap, on new pages that fault on first write. The heap grows every step
-    (a CPU transformer: 4,000 page faults a step, 14,000 at twice the width, none without
-    the profiler), and the window's steps pay for it: about 1 us a page on bare hardware,
-    ten times that in a VM whose host backs new memory lazily, which took steps from 125 to
-    280 ms. Freed, the reserve is one large free block below the heap's top (its last
-    block stays allocated, else the rest would be trimmed back to the system), and the
-    displaced tensors are carved from memory already resident instead."""
-    if mib <= 0:
-        return
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
-    blocks = []
-    for _ in range((mib << 20) // RESERVE_BLOCK):
-        block = libc.malloc(RESERVE_BLOCK)
-        if not block:
-            break
-        ctypes.memset(block, 0, RESERVE_BLOCK)
-        blocks.append(block)
-    for block in blocks[:-1]:  # the last, at the heap's top, stays allocated
-        libc.free(block)
 
 
 def _free_profiler() -> None:
