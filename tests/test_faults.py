@@ -235,6 +235,29 @@ def test_torn_collector_files_fail_only_their_collector(tmp_path: Path) -> None:
     assert sorted(p.name for p in run.raw_dir.iterdir()) == sorted(p.name for p in raw.iterdir())
 
 
+@pytest.mark.parametrize(("name", "text", "why"), [
+    ("steps-rank0-pid7.json", '{"rank": 0, "hook_ns": [1, 2', "JSONDecodeError"),
+    ("steps-rank0-pid7.json", '{"rank": 0, "hook_ns": ["soon"]}', "ValueError"),
+    ("steps-rank0-pid7.json", '[1, 2]', "TypeError"),
+    ("steps-rank0-pid7.live", "12\nlater\n", "ValueError"),
+])
+def test_bad_steps_file_fails_torch_only(tmp_path: Path, name: str, text: str,
+                                         why: str) -> None:
+    """A steps file that is not one (edited by hand, or not ours) fails the torch collector
+    with the file named, next to a good one whose steps are kept; the Run is built."""
+    raw = tmp_path / "rec"
+    raw.mkdir()
+    (raw / name).write_text(text)
+    (raw / "steps-rank1-pid8.json").write_text('{"rank": 1, "hook_ns": [10, 20, 30]}')
+    manifest = new_manifest(["x"])
+    manifest["collectors"] = {"torch": {"status": "ok", "files": []}}
+    run = build_run(Recording(raw, manifest, None, 0), tmp_path / "t.run", force=False)
+    status = run.manifest()["collectors"]["torch"]["status"]
+    assert status.startswith(f"failed: {raw / name} (steps): not a steps file: {why}(")
+    assert [(s["rank"], s["step"], s["end"]) for s in run.table("steps").to_pylist()] == [
+        (1, 1, 20), (1, 2, 30)]
+
+
 # -- perfswarm killed while importing ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def big_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, int]:

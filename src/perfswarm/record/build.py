@@ -67,10 +67,14 @@ Hooks = tuple[int, list[int], list[int]]  # rank, hook times, minor page faults 
 
 def _hooks(path: Path) -> Hooks:
     """A stepping process's hooks; a `.live` file holds the times alone."""
-    if path.suffix == ".live":
-        return _rank_pid(path)[0], read_live(path.read_bytes()), []
-    data = orjson.loads(path.read_bytes())
-    return int(data["rank"]), data["hook_ns"], data.get("hook_faults", [])
+    try:
+        if path.suffix == ".live":
+            return _rank_pid(path)[0], read_live(path.read_bytes()), []
+        data = orjson.loads(path.read_bytes())
+        return (int(data["rank"]), [int(t) for t in data["hook_ns"]],
+                [int(f) for f in data.get("hook_faults", [])])
+    except (KeyError, TypeError, ValueError) as exc:  # orjson's errors are ValueErrors
+        raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
 
 def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:
@@ -223,7 +227,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         marker_steps = concat([p.steps for p in parts], STEPS)
         marked = set(zip(marker_steps.column("rank").to_pylist(),
                          marker_steps.column("step").to_pylist(), strict=True))
-        hooked = [_hooks(path) for path in stepping]
+        hooked = [h for path in stepping
+                  if (h := readable(manifest, "torch", partial(_hooks, path), None))]
         steps = concat([marker_steps, hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
