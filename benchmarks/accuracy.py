@@ -196,7 +196,8 @@ def main() -> int:
     p.add_argument("--only", choices=("replay", "cpu"), default=None)
     p.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
     p.add_argument("--keep", type=Path, default=None,
-                   help="keep the recordings and each round's figures (figures.json) here")
+                   help="keep the recordings, the profile and each round's figures (figures.json) "
+                        "here (a new or empty directory: a recording does not replace a Run)")
     ns = p.parse_args()
     ok = True
     with tempfile.TemporaryDirectory(prefix="perfswarm-accuracy-") as scratch:

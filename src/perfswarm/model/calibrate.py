@@ -336,7 +336,8 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     import torch
 
     where, name = _device(device)
-    reserve_heap(RESERVE_MIB)  # each larger output would grow the heap: page faults, not the op
+    if where == "cpu":  # each larger output would grow the heap: page faults, not the op
+        reserve_heap(RESERVE_MIB)
     families: dict[str, Any] = {}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)

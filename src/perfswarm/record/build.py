@@ -228,7 +228,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         marked = set(zip(marker_steps.column("rank").to_pylist(),
                          marker_steps.column("step").to_pylist(), strict=True))
         hooked = [h for path in stepping
-                  if (h := readable(manifest, "torch", partial(_hooks, path), None))]
+                  if (h := readable(manifest, "torch", partial(_hooks, path), None)) is not None]
         steps = concat([marker_steps, hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
