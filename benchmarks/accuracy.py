@@ -132,8 +132,9 @@ def _record(w: Workload, flags: tuple[str, ...], out: Path) -> Run:
 def cpu(tmp: Path, repeats: int, budget_min: float, names: list[str]) -> list[float]:
     print(f"== prediction on this CPU (calibration budget {budget_min:g} min, one thread)")
     data = calibrate(budget_min * 60.0, threads=1)
-    for family, entry in data["families"].items():
-        print(f"  kernel model {family:14s} {entry['chosen']:9s} held-out GMAE "
+    for family, entry in [*data["families"].items(),
+                          *((f"{f} (warm)", e) for f, e in data["warm"].items())]:
+        print(f"  kernel model {family:21s} {entry['chosen']:9s} held-out GMAE "
               f"{100 * entry['gmae_held_out']:5.1f}%")
     (tmp / "profile.json").write_text(json.dumps(data))
     profile = Profile.from_dict(data)

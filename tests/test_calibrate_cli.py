@@ -23,6 +23,10 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert profile == json.loads(capsys.readouterr().out)
     assert set(profile["families"]) == {"gemm", "conv", "embedding_bag", "elementwise",
                                         "reduction", "copy"}
+    assert set(profile["warm"]) == {"elementwise", "reduction", "copy"}
+    assert main(["calibrate", "--budget", "0.01", "-o", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "copy (warm)" in table and "embedding_bag" in table and "profile:" in table
 
 
 @pytest.mark.parametrize(("device", "message"), [("cuda:0", "no such CUDA device here"),

@@ -224,6 +224,29 @@ def test_fixed_cost_read_off_the_runs_small_ops() -> None:
     assert scaler.scaled(10_000, small, doubled, dims, dims) == 20_000
 
 
+def test_warm_sweep_blends_with_the_cold_one_where_the_family_has_one() -> None:
+    cold = {"reduction": FamilyModel((0.0, 4e-10, 0.0)), "copy": FamilyModel((0.0, 1e-10, 0.0)),
+            "embedding_bag": FamilyModel((0.0, 8e-10, 0.0))}
+    warm = {"reduction": FamilyModel((0.0, 1e-10, 0.0)), "copy": FamilyModel((0.0, 4e-10, 0.0))}
+    blended = ProfileScaler(Profile("cpu", 1, cold, {}, 0.0, warm))
+    plain = ProfileScaler(Profile("cpu", 1, cold, {}))
+    total = op_cost("aten::sum", [[1024, 256]], ["float"])
+    norm = op_cost("aten::native_layer_norm", [[1024, 256], [], [256], [256], []],
+                   ["float", "", "float", "float", "Scalar"])
+    bag = op_cost("aten::embedding_bag", [[1000, 64], [4096], [128]],
+                  ["float", "long int", "long int"])
+    assert total is not None and norm is not None and bag is not None
+    # the geometric mean of 4e-10 and 1e-10 s a byte: 2e-10
+    assert blended.model_time(total, ()) == pytest.approx(total.bytes * 2e-10)
+    assert plain.model_time(total, ()) == pytest.approx(total.bytes * 4e-10)
+    # a norm is priced by the reduction family's models (a stand-in), warm one included
+    assert norm.family == "norm"
+    assert blended.model_time(norm, ()) == pytest.approx(norm.bytes * 2e-10)
+    # embedding_bag has a cold model of its own: copy's warm sweep is not its
+    assert blended.model_time(bag, ()) == plain.model_time(bag, ()) == pytest.approx(
+        bag.bytes * 8e-10)
+
+
 def _faulting_run(tmp_path: Path, faults_per_step: int) -> Run:
     """Three 1000 us steps of two relus, one on 1 MiB (256 pages, 400 us), one on 0.512 MB
     (100 us), and the recorder's page-fault counter at each step's ends."""

@@ -82,10 +82,11 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
     if as_json:
         print_json(profile)
         return
-    families = profile["families"]
     table = Table("op type", "points", "roofline", "learned", "chosen (held out)",
                   title=f"kernel models, {profile['device_name']}", title_justify="left")
-    for family, fitted in families.items():
+    rows = [*profile["families"].items(),
+            *((f"{family} (warm)", fitted) for family, fitted in profile["warm"].items())]
+    for family, fitted in rows:
         table.add_row(family, str(fitted["points"]),
                       f"{100 * fitted['gmae_roofline_held_out']:.1f}%",
                       f"{100 * fitted['gmae_learned_held_out']:.1f}%",

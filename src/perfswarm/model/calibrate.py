@@ -23,7 +23,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
@@ -37,6 +37,9 @@ from perfswarm.record.inject._perfswarm_heap import reserve_heap
 Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...]]
 Choice = Literal["roofline", "learned"]
 FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy")
+# memory-bound families, swept a second time warm: inputs reused, so they stay in cache where
+# they fit (a step's op often reads what the op before it just wrote)
+WARM_FAMILIES = ("elementwise", "reduction", "copy")
 SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
 _F = ["float", "float"]
 
@@ -76,7 +79,7 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                                ["float", "long int", "long int"], ())
     else:  # up to 16 MB a tensor: activations of a batch are that large
         op = {"elementwise": "aten::add", "reduction": "aten::sum", "copy": "aten::clone"}[family]
-        for rows in (*sizes, 512, 1024, 2048, 4096):
+        for rows in (*sizes, 384, 512, 768, 1024, 1536, 2048, 4096):
             for cols in (64, 256, 1024):
                 dims = ([[rows * scale, cols], [rows * scale, cols]] if family == "elementwise"
                         else [[rows * scale, cols]])
@@ -90,16 +93,17 @@ RESERVE_MIB = 256
 
 
 def _runner(op: str, dims: list[list[int]], device: str,
-            strides: Sequence[Sequence[int]] = ()) -> Callable[[], object]:
+            strides: Sequence[Sequence[int]] = (), warm: bool = False) -> Callable[[], object]:
     """A call of the op on fresh inputs each time: it cycles through enough copies that they
     no longer fit a per-core cache, as in a training step, where an op's inputs were written
-    by other ops in between (timing one tensor over and over measures a hot cache). An input
-    with strides is made with them (a column-major matrix is a transposed row-major one)."""
+    by other ops in between (timing one tensor over and over measures a hot cache). `warm`:
+    one copy, reused, the other extreme. An input with strides is made with them (a
+    column-major matrix is a transposed row-major one)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
     size = 4 * sum(math.prod(d) for d in dims)
-    copies = max(1, min(16, ROTATE_BYTES // max(size, 1)))
+    copies = 1 if warm else max(1, min(16, ROTATE_BYTES // max(size, 1)))
     calls: list[Callable[[], object]]
     if op == "aten::embedding_bag":  # other ids each call too, as each step brings
         (rows, dim), (lookups,), (bags,) = dims
@@ -236,8 +240,10 @@ def gmae(model: KernelModel, points: Sequence[Point]) -> float:
     return math.expm1(sum(logs) / len(logs))
 
 
-def measure(family: str, budget_s: float, device: str = "cpu") -> list[Point]:
-    """Time the family's sweep until the budget runs out (at least eight points)."""
+def measure(family: str, budget_s: float, device: str = "cpu", warm: bool = False
+            ) -> list[Point]:
+    """Time the family's sweep until the budget runs out (at least eight points); `warm`:
+    on inputs that stay in cache (_runner)."""
     sync: Callable[[], None] = lambda: None  # noqa: E731
     scale = 1
     if device.startswith("cuda"):
@@ -254,7 +260,7 @@ def measure(family: str, budget_s: float, device: str = "cpu") -> list[Point]:
             break
         cost = op_cost(op, dims, types, strides=strides)
         assert cost is not None  # the sweep only holds modelled ops
-        seconds = time_op(_runner(op, dims, device, strides), sync=sync)
+        seconds = time_op(_runner(op, dims, device, strides, warm), sync=sync)
         points.append(Point(cost, seconds, tuple(tuple(d) for d in dims), strides))
     return points
 
@@ -338,49 +344,65 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     where, name = _device(device)
     if where == "cpu":  # each larger output would grow the heap: page faults, not the op
         reserve_heap(RESERVE_MIB)
-    families: dict[str, Any] = {}
+    # the memory-bound sweeps first: what they leave of their share goes to the GEMM sweep
+    sweeps = [*((f, True) for f in WARM_FAMILIES), *((f, False) for f in reversed(FAMILIES))]
+    fitted: dict[tuple[str, bool], Any] = {}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
+    start = time.perf_counter()
     try:
-        for family in FAMILIES:
-            on_family(family)
-            families[family] = fit_family(measure(family, budget_s / len(FAMILIES), where))
+        for i, (family, warm) in enumerate(sweeps):
+            on_family(f"{family} (warm)" if warm else family)
+            share = start + budget_s * (i + 1) / len(sweeps) - time.perf_counter()
+            fitted[family, warm] = fit_family(measure(family, share, where, warm))
         page_s = first_touch_s()
     finally:
         torch.set_num_threads(saved)
-    return {"device": where, "device_name": name, "threads": threads, "families": families,
-            "page_s": page_s}
+    return {"device": where, "device_name": name, "threads": threads,
+            "families": {f: fitted[f, False] for f in FAMILIES},
+            "warm": {f: fitted[f, True] for f in WARM_FAMILIES}, "page_s": page_s}
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A calibrated device profile, read back: the chosen model of each family."""
+    """A calibrated device profile, read back: the chosen model of each family, and of each
+    memory-bound family swept warm (none in a profile from before warm sweeps)."""
 
     device: str
     threads: int
     models: Mapping[str, KernelModel]
     gmae: Mapping[str, float]
     page_s: float = 0.0  # first_touch_s on the host; 0 when unknown (an older profile)
+    warm: Mapping[str, KernelModel] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:
         try:
-            models: dict[str, KernelModel] = {}
-            errors: dict[str, float] = {}
-            for family, entry in dict(data["families"]).items():
-                points = [_sweep_point(p) for p in entry["sweep"]]
-                roofline = FamilyModel(tuple(float(c) for c in entry["coef"]))
-                if len(roofline.coef) != 3 or min(roofline.coef) < 0:
-                    raise ValueError("coef needs 3 non-negative values")
-                models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]))
-                                       if entry["chosen"] == "learned" else roofline)
-                errors[str(family)] = float(entry["gmae_held_out"])
+            models, errors = _models(data["families"])
+            warm, _ = _models(data.get("warm", {}))
             page_s = float(data.get("page_s", 0.0))
             if not page_s >= 0:
                 raise ValueError("page_s must be a non-negative time")
-            return cls(str(data["device"]), int(data.get("threads", 1)), models, errors, page_s)
+            return cls(str(data["device"]), int(data.get("threads", 1)), models, errors, page_s,
+                       warm)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
+
+
+def _models(entries: Mapping[str, Any]) -> tuple[dict[str, KernelModel], dict[str, float]]:
+    """Per family of fit_family entries: the chosen model, refitted on its sweep, and its
+    held-out GMAE."""
+    models: dict[str, KernelModel] = {}
+    errors: dict[str, float] = {}
+    for family, entry in dict(entries).items():
+        points = [_sweep_point(p) for p in entry["sweep"]]
+        roofline = FamilyModel(tuple(float(c) for c in entry["coef"]))
+        if len(roofline.coef) != 3 or min(roofline.coef) < 0:
+            raise ValueError("coef needs 3 non-negative values")
+        models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]))
+                               if entry["chosen"] == "learned" else roofline)
+        errors[str(family)] = float(entry["gmae_held_out"])
+    return models, errors
 
 
 def _sweep_point(entry: Mapping[str, Any]) -> Point:

@@ -29,6 +29,7 @@ FALLBACK: Final[Mapping[str, str]] = {
 }
 GPU_FLOOR_NS: Final = 2_000  # a GPU kernel's launch-to-retire floor, whatever its work
 SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed cost
+WARM_SHARE: Final = 0.5  # the weight of a warm sweep's time: inputs as likely cached as not
 Dims = Sequence[Sequence[int]]
 
 
@@ -48,26 +49,38 @@ class ProfileScaler:
     profile: Profile
     offsets: Mapping[str, float] = field(default_factory=dict)
 
-    def _model(self, family: str) -> tuple[KernelModel, bool] | None:
-        """The family's model and whether it is the family's own: a stand-in family's learned
-        correction reads dimensions in another layout, so only its roofline part is used."""
-        if family in self.profile.models:
-            return self.profile.models[family], True
+    def _family(self, family: str) -> tuple[str, bool] | None:
+        """The profile family that prices `family`, and whether it is the family's own: a
+        stand-in family's learned correction reads dimensions in another layout, so only its
+        roofline part is used."""
         seen = family
-        while seen in FALLBACK:
+        while seen not in self.profile.models:
+            if seen not in FALLBACK:
+                return None
             seen = FALLBACK[seen]
-            model = self.profile.models.get(seen)
-            if model is not None:
-                return (model.roofline if isinstance(model, LearnedModel) else model), False
-        return None
+        return seen, seen == family
 
     def model_time(self, cost: OpCost, dims: Dims) -> float | None:
-        """The profile's time (s) of `cost`, with no offset; None without a model for it."""
-        found = self._model(cost.family)
+        """The profile's time (s) of `cost`, with no offset; None without a model for it. A
+        family swept warm too takes the geometric mean of its cold and warm times
+        (WARM_SHARE): whether an op's inputs are still in cache depends on what ran since they
+        were written, which the trace does not tell, and the mean bends at the cache's size
+        as a step's ops do, half as far as the warm sweep."""
+        found = self._family(cost.family)
         if found is None:
             return None
-        model, own = found
-        return model.predict(cost, dims if own else ())
+        family, own = found
+
+        def time(model: KernelModel) -> float:
+            if own:
+                return model.predict(cost, dims)
+            return (model.roofline if isinstance(model, LearnedModel) else model).predict(cost)
+
+        cold = time(self.profile.models[family])
+        warm = self.profile.warm.get(family)
+        if warm is None:
+            return cold
+        return float(cold ** (1 - WARM_SHARE) * time(warm) ** WARM_SHARE)
 
     def with_offsets(self, samples: Sequence[tuple[OpCost, Dims, float]]) -> ProfileScaler:
         """Offsets from (cost, dims, typical measured seconds) of a run's ops: per op type,
