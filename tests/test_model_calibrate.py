@@ -119,6 +119,32 @@ def test_calibrate_tiny_budget_profile_round_trip() -> None:
     assert isinstance(profile.models["gemm"], FamilyModel | LearnedModel)
 
 
+def test_sweep_passes_keep_each_points_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budget left after a pass buys passes over the same points, up to PASSES: a point
+    disturbed in one pass keeps its time from another."""
+    import perfswarm.model.calibrate as calibration
+
+    calls: list[str] = []
+    order: dict[str, int] = {}
+
+    def fake_runner(op: str, dims: list[list[int]], *_args: object) -> str:
+        return repr(dims)
+
+    def fake_time(run: str, **_kwargs: object) -> float:
+        calls.append(run)
+        order.setdefault(run, len(order))
+        seen = calls.count(run)  # the pass
+        return 1e-6 * (3 if seen == 2 and order[run] % 2 else 7 - seen)
+
+    monkeypatch.setattr(calibration, "_runner", fake_runner)
+    monkeypatch.setattr(calibration, "time_op", fake_time)
+    points = calibration.measure("elementwise", 60.0)
+    assert len(points) == len(list(_sweep("elementwise", 1))) == len(order)
+    assert len(calls) == calibration.PASSES * len(points) == 3 * len(points)
+    # 6 us in the first pass, 5 us (3 us every other point) in the second, 4 us in the third
+    assert [p.seconds for p in points] == [3e-6 if i % 2 else 4e-6 for i in range(len(points))]
+
+
 def test_warm_runner_keeps_an_in_cache_input_in_cache() -> None:
     """Half a MiB a tensor fits a core's cache: reused, an add runs faster than on copies
     that cycle through 16 MiB (here 2.5x; no cache that holds both would show no gap)."""
