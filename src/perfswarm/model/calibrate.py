@@ -11,8 +11,11 @@ models per type and keep the one that predicts held-out sweep points better.
   correction far from them, where the roofline's trend is all there is to go on.
 
 Every fourth sweep point is held out; GMAE (geometric-mean absolute error) on those picks the
-model. The profile keeps the sweep itself, so a reader refits the chosen model exactly, and
-the host's first-write time of a fresh page (`first_touch_s`).
+model. The memory-bound families are swept twice: cold (inputs from a rotation of copies past
+the cache) and warm (one set of inputs, reused), the two extremes of a step's ops; predict
+prices them between the two (model/kernels.py). The profile keeps the sweeps themselves, so a
+reader refits the chosen models exactly, and the host's first-write time of a fresh page
+(`first_touch_s`).
 """
 
 from __future__ import annotations
