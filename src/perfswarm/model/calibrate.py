@@ -7,8 +7,8 @@ models per type and keep the one that predicts held-out sweep points better.
   monotone and linear beyond the sweep, where predictions at other shapes land;
 - learned: that roofline times a correction learned by Gaussian-process regression on
   log-shape features (every input dimension, FLOPs and bytes, in log space): smooth between
-  sweep points (a cache cliff bends the curve instead of stepping it) and back to no
-  correction far from them, where the roofline's trend is all there is to go on.
+  sweep points (a cache cliff bends the curve instead of stepping it) and back to the
+  sweep's mean correction far from them, where the roofline's trend is all there is to go on.
 
 Every fourth sweep point is held out; GMAE (geometric-mean absolute error) on those picks the
 model. The memory-bound families are swept twice: cold (inputs from a rotation of copies past
@@ -225,7 +225,10 @@ class LearnedModel:
         residual = np.log([p.seconds / self.roofline.predict(p.cost) for p in self.points])
         kernel = (ConstantKernel(0.1, (1e-4, 10.0)) * RBF(np.full(x.shape[1], 2.0), (0.3, 1e3))
                   + WhiteKernel(0.01, (1e-5, 1.0)))
-        gp = GaussianProcessRegressor(kernel, n_restarts_optimizer=2, random_state=0)
+        # normalize_y: far from the sweep the correction returns to its mean over the sweep, not
+        # to none (embedding_bag's roofline cannot see the table's size: 60-80% off alone)
+        gp = GaussianProcessRegressor(kernel, n_restarts_optimizer=2, random_state=0,
+                                      normalize_y=True)
         with warnings.catch_warnings():  # a length scale at its bound: that feature is unused
             warnings.simplefilter("ignore", ConvergenceWarning)
             return gp.fit(x, residual)
