@@ -166,7 +166,9 @@ def test_warm_runner_keeps_an_in_cache_input_in_cache() -> None:
                                         "coef": [1, 2], "chosen": "roofline", "sweep": [],
                                         "gmae_held_out": 0.1}}},
                                     {"device": "cpu", "families": {}, "page_s": -1e-6},
-                                    {"device": "cpu", "families": {}, "page_s": "fast"}])
+                                    {"device": "cpu", "families": {}, "page_s": "fast"},
+                                    {"device": "cpu", "families": {}, "warm": {"copy": {}}},
+                                    {"device": "cpu", "families": {}, "warm": 5}])
 def test_profile_rejects_what_is_not_one(broken: dict[str, object]) -> None:
     with pytest.raises(PerfswarmError, match="not a kernel-model profile"):
         Profile.from_dict(broken)
