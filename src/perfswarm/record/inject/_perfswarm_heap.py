@@ -14,8 +14,6 @@ back to the system), and such tensors are carved from memory already resident in
 
 from __future__ import annotations
 
-import ctypes
-
 RESERVE_BLOCK = 64 << 10  # under glibc's smallest mmap threshold (128 KiB): heap, not mmap
 
 
@@ -23,6 +21,8 @@ def reserve_heap(mib: int) -> None:
     """Write `mib` MiB of new heap in RESERVE_BLOCK blocks, then free all but the last."""
     if mib <= 0:
         return
+    import ctypes  # here: every process the recorder starts imports this module at start-up
+
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
