@@ -502,3 +502,21 @@ def test_union_matches_a_per_ns_reference(spans: list[tuple[int, int]]) -> None:
     ends = np.array([s + d for s, d in spans], np.int64)
     covered = {t for s, d in spans for t in range(s, s + d)}
     assert union_ns(starts, ends) == len(covered)
+
+
+def test_a_run_without_torch_events_is_advised_and_analyzed(tmp_path: Path) -> None:
+    """A manual-SGD loop never steps torch.optim: the Run holds counters (and samples) alone.
+    advise finds nothing to say instead of dividing by zero steps; analyze reads the counters."""
+    from perfswarm.analyze.summary import analyze
+    from perfswarm.trace.schema import EVENTS
+
+    run = imported(tmp_path, "sgd", [ev("aten::mm", 0, 100)])
+    run.write_table("events", EVENTS.empty_table())
+    run.write_table("counters", pa.table({
+        "rank": pa.array([-1, -1, -1], pa.int32()), "ts": [10, 20, 30],
+        "device": pa.array([-1, -1, -1], pa.int32()),
+        "name": ["cpu.core0.usr", "cpu.core0.usr", "cpu.core0.usr"], "value": [90.0, 95, 97]}))
+    assert advise(run).advice == ()
+    assert found(host.host_syncs, run) is None
+    result = analyze(run)
+    assert result.events == 0 and result.ranks == ()

@@ -46,10 +46,14 @@ class Analysis:
                 "system": [s.to_dict() for s in self.system]}
 
 
-def load(run: Run) -> Events:
+def load(run: Run, *, or_samples: bool = False) -> Events:
+    """The Run's events; with `or_samples`, a Run of sampled stacks or counters alone (a loop
+    the torch profiler never opened on) is analyzed for what it holds."""
     ev = Events.load(run)
-    if len(ev) == 0:
-        raise PerfswarmError(f"{run.path}: the Run has no events to analyze")
+    if len(ev) == 0 and not (or_samples and any(run.table(t).num_rows
+                                                for t in ("samples", "counters"))):
+        what = "events, samples or counters" if or_samples else "events"
+        raise PerfswarmError(f"{run.path}: the Run has no {what} to analyze")
     return ev
 
 
@@ -64,7 +68,7 @@ def analyze(run: Run, *, ignore_markers: bool = False,
         if ranks and cluster.parallel(len(ranks)):
             with connect(cluster, len(ranks)) as client:
                 return analyze_parallel(run, client, ranks, ignore_markers=ignore_markers)
-    ev = load(run)
+    ev = load(run, or_samples=True)
     its = iterations(run, ev, ignore_markers=ignore_markers)
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,

@@ -58,7 +58,35 @@ def _print(result: Analysis, costs: OpCosts) -> None:
         console.print(f"  rank {a.rank}: {a.marker_count} marked, {a.detected_count} detected, "
                       f"max boundary error {ms(a.max_boundary_error_ns)} "
                       f"({a.max_error_pct:.2f}% of mean step)")
-    console.print(_concurrency_table(result))
+    if result.concurrency.ranks:
+        console.print(_concurrency_table(result))
+    if result.ops.categories:  # a CPU-only run has no device ops: no device tables
+        _print_device(result)
+    if costs.ops:
+        console.print(_op_cost_table(costs))
+    for f in costs.fusion[:3]:
+        console.print(f"  fusion candidate: {' + '.join(f.ops)} saves "
+                      f"{f.saving_s * 1e6:,.3f} us per step on the roofline")
+    cp = result.critical_path
+    if cp is not None:
+        parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
+                          if v and cp.length_ns)
+        console.print(f"critical path {ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, "
+                      f"{cp.rank_switches} rank switches")
+    for sw in result.swarms.swarms[:10]:
+        console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
+    for system in result.system:
+        dominators = [f"{w.step}:{w.dominator}" for w in system.windows if w.dominator]
+        corr = ", ".join(f"{k} r={v:+.2f}" for k, v in system.gpu_correlation.items())
+        console.print(f"rank {system.rank} system: dominators {' '.join(dominators) or '-'}"
+                      + (f"; device utilization vs {corr}" if corr else ""))
+    st = result.stragglers
+    if st.instances:
+        console.print(f"collectives across ranks: {st.instances} instances, max skew "
+                      f"{ms(st.max_skew_ns)}, straggler rank {st.straggler}")
+
+
+def _print_device(result: Analysis) -> None:
     cats = Table("category", "ops", "time", "share", title="device time by category",
                  title_justify="left")
     for c in result.ops.categories:
@@ -77,28 +105,6 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                        ms(s.delay_ns.p90), f"{s.shorter_than_launch:,}", str(s.queue.max),
                        ms(s.idle.host_wait_ns), ms(s.idle.kernel_wait_ns), ms(s.idle.other_ns))
     console.print(launch)
-    if costs.ops:
-        console.print(_op_cost_table(costs))
-    for f in costs.fusion[:3]:
-        console.print(f"  fusion candidate: {' + '.join(f.ops)} saves "
-                      f"{f.saving_s * 1e6:,.3f} us per step on the roofline")
-    cp = result.critical_path
-    if cp is not None:
-        parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
-                          if v and cp.length_ns)
-        console.print(f"critical path {ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, "
-                      f"{cp.rank_switches} rank switches")
-    for sw in result.swarms.swarms[:10]:
-        console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
-    for system in result.system:
-        dominators = [f"{w.step}:{w.dominator}" for w in system.windows if w.dominator]
-        corr = ", ".join(f"{k} r={v:+.2f}" for k, v in system.gpu_correlation.items())
-        console.print(f"rank {system.rank} system: dominators {' '.join(dominators) or '-'}; "
-                      f"device utilization vs {corr or '-'}")
-    st = result.stragglers
-    if st.instances:
-        console.print(f"collectives across ranks: {st.instances} instances, max skew "
-                      f"{ms(st.max_skew_ns)}, straggler rank {st.straggler}")
 
 
 @app.command("analyze")

@@ -93,7 +93,8 @@ def host_syncs(facts: Facts) -> Advice | None:
     items = facts.in_window(facts.named(_SCALAR_READ, "cpu_op"))
     d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
     points = apis.height + items.height
-    per_step = points / facts.step_count()
+    steps = facts.step_count()
+    per_step = points / steps if steps else 0.0
     if per_step < 3:
         return None
     blocked = sum(facts.busy_ns(pl.concat([apis, items])).values())
