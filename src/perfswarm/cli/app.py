@@ -1,11 +1,80 @@
-"""The typer application that every command module registers itself on."""
+"""The typer application that every command module registers itself on.
+
+Start-up stays light: `perfswarm NAME ...` imports only `cli/NAME_cmd.py` (and the libraries that
+command needs), never the other commands. The command list of `perfswarm --help` reads each
+command's docstring from its module's source rather than importing every module.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import pkgutil
+from functools import cache
+from pathlib import Path
+
 import typer
+import typer.main
+from typer import _click
+from typer.core import TyperCommand, TyperGroup
+
+CLI_DIR = Path(__file__).parent
+SUFFIX = "_cmd"
+
+
+@cache
+def command_names() -> tuple[str, ...]:
+    """Every command, one per `NAME_cmd` module of this package."""
+    return tuple(sorted(m.name.removesuffix(SUFFIX) for m in pkgutil.iter_modules([str(CLI_DIR)])
+                        if m.name.endswith(SUFFIX)))
+
+
+def command_doc(name: str) -> str:
+    """The docstring of the function that `NAME_cmd.py` registers as command NAME, without importing it."""
+    source = (CLI_DIR / f"{name}{SUFFIX}.py").read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
+                and d.func.attr == "command" and d.args
+                and isinstance(d.args[0], ast.Constant) and d.args[0].value == name
+                for d in node.decorator_list):
+            return inspect.cleandoc(ast.get_docstring(node) or "")
+    raise LookupError(f"{name}{SUFFIX}.py registers no command {name!r}")
+
+
+class CommandsOnDemand(TyperGroup):
+    """A group whose commands are imported when named; its own help lists them from their source."""
+
+    listing = False
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(command_names())
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name in self.commands or cmd_name not in command_names():
+            return self.commands.get(cmd_name)
+        if self.listing:  # the top-level help needs only names and summaries
+            return TyperCommand(cmd_name, help=command_doc(cmd_name))
+        importlib.import_module(f"{__package__}.{cmd_name}{SUFFIX}")
+        info = next(i for i in app.registered_commands if i.name == cmd_name)
+        command = typer.main.get_command_from_info(
+            info, pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=app.rich_markup_mode)
+        self.commands[cmd_name] = command
+        return command
+
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
+
 
 app = typer.Typer(
     name="perfswarm",
+    cls=CommandsOnDemand,
     help="Record, ingest, analyze, model, optimize and report ML workload performance.",
     no_args_is_help=True,
     add_completion=False,

@@ -7,14 +7,13 @@ import sys
 import typer
 import typer.main
 
-from perfswarm.cli import commands  # noqa: F401  (registers every *_cmd module on `app`)
 from perfswarm.cli.app import app
 from perfswarm.cli.output import err_console
 from perfswarm.errors import PerfswarmError
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = typer.main.get_command(app)
+    command = typer.main.get_group(app)
     try:
         result = command.main(args=argv, prog_name="perfswarm", standalone_mode=False)
     except PerfswarmError as exc:

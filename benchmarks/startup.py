@@ -1,0 +1,95 @@
+"""Start-up cost of `perfswarm --help` and `perfswarm info RUN`, side by side with their peers.
+
+Each contender is a fresh process, interleaved, several rounds; figures are the median CPU seconds
+(user + system) of the whole process, which a busy shared machine disturbs less than wall time.
+Each command is compared with a peer that does the same with only the libraries it truly needs:
+
+- `--help` vs a one-command typer app printing its help: goal <= 1.5x
+- `info RUN` on a small Run vs a one-command typer app reading the Run's events table with
+  pyarrow and printing a rich table: goal <= 1.5x
+- `python -c pass` and `python -c 'import hta'` (when .venv-hta exists) are printed for scale.
+
+    python benchmarks/startup.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_TRACE = (REPO.parent / "shared" / "corpus" / "hta" / "cpu_only"
+               / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+HTA_PYTHON = REPO / ".venv-hta" / "bin" / "python"
+
+PEER_APP = """
+import sys
+from pathlib import Path
+from typing import Annotated
+import typer
+app = typer.Typer(add_completion=False)
+@app.command()
+def info(run: Annotated[Path, typer.Argument()], as_json: bool = False) -> None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from rich.console import Console
+    from rich.table import Table
+    events = pq.read_table(run / "tables" / "events.parquet", columns=["ts", "dur", "kind"])
+    counts = pc.value_counts(events.column("kind").combine_chunks().dictionary_decode())
+    table = Table("kind", "events")
+    for c in counts.to_pylist():
+        table.add_row(str(c["values"]), str(c["counts"]))
+    Console().print(table)
+app()
+"""
+
+
+def cpu_seconds(argv: list[str]) -> float:
+    """User + system CPU seconds of one child process, run to completion."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    py = sys.executable
+    cli = [py, "-m", "perfswarm.cli.main"]
+    with tempfile.TemporaryDirectory(prefix="perfswarm-startup-") as tmp:
+        run = str(Path(tmp) / "small.run")
+        subprocess.run([*cli, "import", str(SMALL_TRACE), "--out", run], check=True,
+                       capture_output=True)
+        contenders = {
+            "python -c pass": [py, "-c", "pass"],
+            "peer --help": [py, "-c", PEER_APP, "--help"],
+            "perfswarm --help": [*cli, "--help"],
+            "peer info": [py, "-c", PEER_APP, run],
+            "perfswarm info": [*cli, "info", run],
+        }
+        if HTA_PYTHON.exists():
+            contenders["python -c 'import hta'"] = [str(HTA_PYTHON), "-c", "import hta"]
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(args.rounds):
+            for name, argv in contenders.items():
+                times[name].append(cpu_seconds(argv))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, s in med.items():
+        print(f"  {name:26s} {s:6.3f} CPU s (median of {args.rounds})")
+    for cmd, peer in (("perfswarm --help", "peer --help"), ("perfswarm info", "peer info")):
+        ratio = med[cmd] / med[peer]
+        print(f"{cmd} / {peer}: {ratio:.2f}x (goal <= 1.5x) {'OK' if ratio <= 1.5 else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
