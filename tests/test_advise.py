@@ -109,6 +109,35 @@ def test_data_loading_absent_when_loading_is_cheap(corpus_runs: dict[str, Run],
     assert found(host.data_loading, imported(tmp_path, "fast", _loader_steps(500, 9500))) is None
 
 
+def test_shares_divide_by_the_profiled_steps_alone(tmp_path: Path) -> None:
+    """A recording also times the steps outside its window (optimizer hook, `detected`) and the
+    one holding the trace export: they carry no events, so no share or per-step rate counts
+    them (here they would turn the loader's 60% into 20%)."""
+    from perfswarm.analyze.summary import analyze
+    from perfswarm.record.build import hook_steps
+    from perfswarm.trace.schema import STEPS
+
+    run = with_manifest(imported(tmp_path, "window", _loader_steps(6000, 4000)), cores=4)
+    marked = run.table("steps")
+    assert marked.column("source").to_pylist() == ["marker"] * 3
+    ms = 1_000_000  # the three profiled steps lie in [0, 30 ms); hooks 10 ms apart around them
+    hooks = [-40 * ms, -30 * ms, -20 * ms, -10 * ms, 30 * ms, 40 * ms, 50 * ms, 60 * ms]
+    outside = hook_steps([(0, hooks, [0] * len(hooks))], {(0, 0), (0, 1), (0, 2)})
+    # hook i-1 to hook i is step i; 1 and 2 are marked, so the hooks time steps 3-7, and
+    # step 3, after the last marked one, holds the export
+    assert list(zip(outside.column("step").to_pylist(),
+                    outside.column("source").to_pylist(), strict=True)) == [
+        (3, "export"), (4, "detected"), (5, "detected"), (6, "detected"), (7, "detected")]
+    run.write_table("steps", pa.concat_tables([marked, outside]).cast(STEPS))
+    facts = Facts.of(run)
+    assert facts.wall_ns == 30 * ms and facts.step_count() == 3
+    a = shows(host.data_loading, run)
+    assert a.evidence["loader_share_pct"] == 60.0 and a.gain_pct == 60.0
+    result = analyze(run)
+    assert [w.step for w in result.iterations.steps[0]] == [0, 1, 2]
+    assert [i.step for i in result.concurrency.ranks[0].iterations] == [0, 1, 2]
+
+
 # -- pageable copies ----------------------------------------------------------------------------
 def test_pageable_h2d_on_simple_add(corpus_runs: dict[str, Run]) -> None:
     a = shows(host.pageable_h2d, corpus_runs["simple_add"])

@@ -196,14 +196,18 @@ def _steps(rows: list[tuple[int, int, int, int, str]]) -> pa.Table:
 
 
 def test_steady_state_skips_warmup_and_the_profiled_window() -> None:
-    # rank 0: step 1 warm-up (slow), steps 2-3 profiled (slow markers), 4-6 hook-timed.
+    # rank 0: step 1 warm-up (slow), steps 2-3 profiled (slow markers), 4 holds the trace
+    # export, 5-7 hook-timed.
     rank0 = [(0, 1, 0, 90, "detected"), (0, 2, 90, 150, "marker"), (0, 3, 150, 210, "marker"),
-             (0, 4, 210, 230, "detected"), (0, 5, 230, 252, "detected"),
-             (0, 6, 252, 300, "detected")]
+             (0, 4, 210, 330, "export"), (0, 5, 330, 350, "detected"),
+             (0, 6, 350, 372, "detected"), (0, 7, 372, 420, "detected")]
     s = steady_state(_steps(rank0), warmup=2)
     assert s is not None and s.rank == 0
-    assert s.steps == (4, 5, 6) and s.dur_ns == (20, 22, 48)
+    assert s.steps == (5, 6, 7) and s.dur_ns == (20, 22, 48)
     assert s.median_ns == 22 and s.throughput == pytest.approx(1e9 / 22)
+    # A window and its export step alone: the markers.
+    only_window = steady_state(_steps(rank0[1:4]), warmup=2)
+    assert only_window is not None and only_window.steps == (2, 3)
     # Only the window past the warm-up: its markers (host and device marks: the host's).
     window = [(0, 2, 90, 150, "marker"), (0, 2, 95, 149, "marker"), (0, 3, 150, 200, "marker")]
     only = steady_state(_steps(window), warmup=2)
@@ -212,4 +216,4 @@ def test_steady_state_skips_warmup_and_the_profiled_window() -> None:
     two = steady_state(_steps([*rank0, (1, 4, 0, 30, "detected"), (1, 5, 30, 60, "detected")]),
                        warmup=2)
     assert two is not None and two.rank == 1 and two.median_ns == 30
-    assert steady_state(_steps(rank0), warmup=7) is None
+    assert steady_state(_steps(rank0), warmup=8) is None

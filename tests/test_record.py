@@ -62,7 +62,7 @@ def test_steps_marker_window_and_hooks(trainer_run: Run) -> None:
     steps = trainer_run.table("steps").to_pylist()
     assert [(s["step"], s["source"]) for s in steps] == [
         (1, "detected"), (2, "marker"), (3, "marker"), (4, "marker"),
-        (5, "detected"), (6, "detected"), (7, "detected")]
+        (5, "export"), (6, "detected"), (7, "detected")]  # step 5 holds the trace export
     events = trainer_run.table("events")
     main = trainer_run.manifest()["extra"]["record"]["pid"]
     steps_of_main = {s for s, p in zip(events.column("step").to_pylist(),
@@ -172,7 +172,7 @@ def test_window_from_step_0(tmp_path: Path) -> None:
     result = record([PY, str(script)], tmp_path / "zero.run",
                     RecordOptions(collectors=("torch",), skip=0, steps=2))
     assert [(s["step"], s["source"]) for s in result.run.table("steps").to_pylist()] == [
-        (0, "marker"), (1, "marker"), (2, "detected"), (3, "detected"), (4, "detected"),
+        (0, "marker"), (1, "marker"), (2, "export"), (3, "detected"), (4, "detected"),
         (5, "detected")]
     names = set(result.run.table("events", columns=["name"]).column("name").to_pylist())
     assert {"aten::addmm", "Optimizer.step#SGD.step"} <= names

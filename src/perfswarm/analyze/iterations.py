@@ -18,11 +18,17 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, Events
 from perfswarm.trace.store import Run
 
 Source = Literal["marker", "detected"]
+# The steps table's source of the steps a trace covers (ProfilerStep#N). A recording also times
+# the steps outside its profiling window by the optimizer hook (`detected`), and marks the one
+# that holds the trace export (`export`): they carry no events, so every share and per-step
+# rate of the events divides by the profiled steps alone.
+PROFILED = "marker"
 MIN_MATCH = 0.8  # a training loop repeats closely; weaker agreement is chance
 MAX_LAGS = 64  # candidate periods tried (the most frequent inter-occurrence lags)
 
@@ -43,10 +49,16 @@ class StepWindow:
                 "source": self.source}
 
 
+def profiled(steps: pa.Table) -> pa.Table:
+    """The rows of a steps table that a trace covers (see PROFILED)."""
+    return steps.filter(pc.equal(steps.column("source").cast(pa.string()), PROFILED))
+
+
 def marker_steps(steps: pa.Table) -> dict[int, list[StepWindow]]:
-    """The steps table as windows per rank, one per (rank, step), in time order."""
+    """The profiled steps of a steps table as windows per rank, one per (rank, step), in time
+    order."""
     by_rank: dict[int, dict[int, StepWindow]] = {}
-    for row in steps.to_pylist():
+    for row in profiled(steps).to_pylist():
         seen = by_rank.setdefault(int(row["rank"]), {})
         prev = seen.get(row["step"])
         # A step marked on both host and device keeps the host (first, earlier) window.
@@ -251,7 +263,8 @@ class SteadyState:
 def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
     """The steady-state steps of a Run's steps table: numbered `warmup` or later and timed by
     the optimizer hooks (source `detected`), i.e. outside the profiling window, whose steps the
-    profiler slows; the window's marker steps only when a rank has no others. With several
+    profiler slows, and not the one holding the trace export; the window's marker steps only
+    when a rank has no others. With several
     ranks, the slowest rank's (the others wait for it at every collective). None when no rank
     has a step past the warm-up."""
     found: list[SteadyState] = []
@@ -259,8 +272,9 @@ def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
     for rank in sorted({int(r["rank"]) for r in rows}):
         mine = [r for r in rows if r["rank"] == rank]
         hooked = [r for r in mine if r["source"] == "detected"]
+        marked = [r for r in mine if r["source"] == PROFILED]
         by_step: dict[int, dict[str, Any]] = {}
-        for r in sorted(hooked or mine, key=lambda r: (r["step"], r["start"])):
+        for r in sorted(hooked or marked, key=lambda r: (r["step"], r["start"])):
             by_step.setdefault(r["step"], r)  # a step marked on host and device: the host's
         use = list(by_step.values())
         found.append(SteadyState(rank, tuple(int(r["step"]) for r in use),

@@ -21,14 +21,19 @@ SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm"
 
 
 def _concurrency_table(result: Analysis) -> Table:
-    table = Table("rank", "step", "span", *(SHORT[s] for s in STATES), "comm hidden",
+    # A run without device work (CPU training) has two states: the host busy or idle.
+    device = bool(result.ops.categories)
+    states = STATES if device else ("host_busy_device_idle", "idle")
+    names = SHORT if device else {**SHORT, "host_busy_device_idle": "host busy"}
+    table = Table("rank", "step", "span", *(names[s] for s in states),
+                  *(("comm hidden",) if device else ()),
                   title="concurrency (share of span)", title_justify="left")
     for rank in result.concurrency.ranks:
         for label, b in (("all", rank.total), *((str(i.step), i.breakdown)
                                                 for i in rank.iterations)):
             table.add_row(str(rank.rank), label, ms(b.span_ns),
-                          *(f"{100 * b.share(s):.1f}%" for s in STATES),
-                          f"{b.comm_overlap_pct:.1f}%")
+                          *(f"{100 * b.share(s):.1f}%" for s in states),
+                          *((f"{b.comm_overlap_pct:.1f}%",) if device else ()))
     return table
 
 
@@ -54,6 +59,10 @@ def _print(result: Analysis, costs: OpCosts) -> None:
     for a in its.agreement:
         if not a.detected_count:
             console.print(f"  rank {a.rank}: {a.marker_count} marked, no repetition detected")
+            continue
+        if not a.count_matches:  # steps paired by position would not be the same steps
+            console.print(f"  rank {a.rank}: {a.marker_count} marked, {a.detected_count} "
+                          "detected: the counts differ, boundaries not compared")
             continue
         console.print(f"  rank {a.rank}: {a.marker_count} marked, {a.detected_count} detected, "
                       f"max boundary error {ms(a.max_boundary_error_ns)} "

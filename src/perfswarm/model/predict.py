@@ -45,7 +45,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import union
-from perfswarm.analyze.iterations import StepWindow, iterations
+from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import PAGE_BYTES, Profile
@@ -215,28 +215,12 @@ class _Model:
         return out
 
 
-def profiled_steps(ev: Events, steps: Mapping[int, Sequence[StepWindow]]
-                   ) -> dict[int, list[StepWindow]]:
-    """The steps inside the traced span of their rank (a recording also knows the steps
-    before and after its profiling window, from the optimizer hook, with no events)."""
-    out: dict[int, list[StepWindow]] = {}
-    for rank, windows in steps.items():
-        rows = ev.rank_slice(rank)
-        if rows.stop == rows.start:
-            continue
-        lo, hi = int(ev.ts[rows].min()), int(ev.end[rows].max())
-        inside = [w for w in windows if w.start >= lo and w.end <= hi]
-        if inside:
-            out[rank] = inside
-    return out
-
-
 def load_model(run: Run) -> _Model:
     ev = Events.load(run)
     if len(ev) == 0:
         raise PerfswarmError(f"{run.path}: the Run has no events to simulate")
     deps = dependencies(ev, sync_events(run, ev))
-    steps = profiled_steps(ev, iterations(run, ev).steps)
+    steps = {r: list(w) for r, w in iterations(run, ev).steps.items() if w}
     if not steps:
         raise PerfswarmError(f"{run.path}: no iterations found (no ProfilerStep markers and no "
                              "repeating op sequence); nothing to replay")

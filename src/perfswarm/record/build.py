@@ -90,12 +90,16 @@ def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:
 
 def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Table:
     """Steps outside the profiling window, from the optimizer.step() hook times (source
-    `detected`): step i runs from hook i-1 to hook i."""
+    `detected`): step i runs from hook i-1 to hook i. The step after a rank's last marked one
+    holds the trace export (inject/sitecustomize.py), source `export`: it is no normal step."""
     rows: dict[str, list[object]] = {"rank": [], "step": [], "start": [], "end": [], "source": []}
     for rank, hooks, _faults in hooked:
+        mine = [s for r, s in marked if r == rank]
+        export = max(mine) + 1 if mine else -1
         for i in range(1, len(hooks)):
             if (rank, i) not in marked:
-                for key, value in zip(rows, (rank, i, hooks[i - 1], hooks[i], "detected"),
+                source = "export" if i == export else "detected"
+                for key, value in zip(rows, (rank, i, hooks[i - 1], hooks[i], source),
                                       strict=True):
                     rows[key].append(value)
     return pa.table(rows).cast(STEPS) if rows["step"] else STEPS.empty_table()

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from perfswarm.analyze.iterations import profiled
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS
@@ -76,7 +77,7 @@ class Facts:
     @classmethod
     def of(cls, run: Run) -> Facts:
         events = pl.from_arrow(run.table("events", _COLUMNS))
-        steps = pl.from_arrow(run.table("steps"))
+        steps = pl.from_arrow(profiled(run.table("steps")))
         counters = pl.from_arrow(run.table("counters"))
         assert isinstance(events, pl.DataFrame)
         assert isinstance(steps, pl.DataFrame)
@@ -155,7 +156,8 @@ class Facts:
         return self.in_window(self.kind(*sorted(DEVICE_KINDS - {"gpu_annotation"})))
 
     def step_count(self) -> int:
-        """Steps measured (over ranks); a run without step markers counts as one step per rank."""
+        """Profiled steps (over ranks); a run without step markers counts as one step per rank
+        (0 without events)."""
         return self.steps.height or len(self.ranks)
 
     def total_ns(self, frame: pl.DataFrame) -> int:
