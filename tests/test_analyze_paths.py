@@ -54,8 +54,8 @@ def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:
     # spin kernel (ended 512408, call returned 512416), launched at 512362..512371
     assert path.end % 10**9 == 512_482_000 and path.length_ns == 2577 * US
     assert sum(path.ns.values()) == path.length_ns
-    assert (path.ns["sync"], path.ns["kernel"], path.ns["launch_latency"]) == (8 * US, 36 * US,
-                                                                             1 * US)
+    assert (path.ns["sync"], path.ns["kernel"], path.ns["launch_overhead"]) == (8 * US, 36 * US,
+                                                                              1 * US)
     # the rest is the launching thread, per ns: in a runtime call, in another op, or neither
     host = ev.host_busy & (ev.tid == 948300)
     base = path.end - 512_482_000
@@ -112,7 +112,62 @@ def test_critical_path_follows_the_late_rank() -> None:
     # rank 1 launched it at 120..130 after 120 ns of its own op
     assert (path.start, path.end, path.rank_switches) == (0, 200, 1)
     assert {k: v for k, v in path.ns.items() if v} == {
-        "collective": 60, "launch_latency": 10, "runtime": 10, "cpu": 120}
+        "collective": 60, "launch_overhead": 10, "runtime": 10, "cpu": 120}
+
+
+def _backward_on_another_thread() -> Events:
+    """One iteration, 0..500 us, built so its critical path is known: the main thread (1) runs
+    forward and launches k1, then sits in `## backward ##` while the autograd thread (2) runs
+    backward: it launches k2 and k3 (queued behind k2 on stream 7), synchronizes, and works
+    on; the main thread resumes 10 us after it and runs the optimizer to the end."""
+    return events(sorted([
+        (0, 0, 100 * US, "cpu_op", "forward", 1, -1, -1, -1),
+        (0, 10 * US, 10 * US, "runtime", "cudaLaunchKernel", 1, -1, -1, 1),
+        (0, 30 * US, 50 * US, "kernel", "k1", 0, 0, 7, 1),
+        (0, 100 * US, 300 * US, "user_annotation", "## backward ##", 1, -1, -1, -1),
+        (0, 120 * US, 80 * US, "cpu_op", "evaluate_function: A", 2, -1, -1, -1),
+        (0, 130 * US, 10 * US, "runtime", "cudaLaunchKernel", 2, -1, -1, 2),
+        (0, 150 * US, 200 * US, "kernel", "k2", 0, 0, 7, 2),
+        (0, 190 * US, 5 * US, "runtime", "cudaLaunchKernel", 2, -1, -1, 3),
+        (0, 352 * US, 8 * US, "kernel", "k3", 0, 0, 7, 3),
+        (0, 210 * US, 90 * US, "cpu_op", "evaluate_function: B", 2, -1, -1, -1),
+        (0, 220 * US, 142 * US, "runtime", "cudaDeviceSynchronize", 2, -1, -1, 4),
+        (0, 365 * US, 25 * US, "cpu_op", "evaluate_function: C", 2, -1, -1, -1),
+        (0, 410 * US, 90 * US, "cpu_op", "optimizer", 1, -1, -1, -1),
+    ], key=lambda r: r[1]))
+
+
+def test_critical_path_follows_the_autograd_thread() -> None:
+    path = critical_path(_backward_on_another_thread(), [])
+    assert path is not None
+    # the iteration, 0..500 us, is on the path whole: optimizer (main) <- 10 us hand-over <-
+    # C <- sync (362 after k3's end at 360) <- k3 <- 2 us behind k2 on its stream <- k2 <-
+    # 10 us after its launch call (autograd, in A) <- 20 us hand-over <- forward (main)
+    assert (path.start, path.end, path.length_ns) == (0, 500 * US, 500 * US)
+    assert (path.thread_switches, path.device_ops, path.rank_switches) == (2, 2, 0)
+    assert {k: v // US for k, v in path.ns.items() if v} == {
+        "cpu": 90 + 25 + 10 + 10 + 80, "host_idle": 10 + 3, "runtime": 10 + 10,
+        "thread_wait": 10 + 20, "sync": 2, "kernel": 200 + 8, "stream_queue": 2,
+        "launch_overhead": 10}
+
+
+def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:
+    """On real traces whose backward runs on the autograd thread (an A100 DDP run and an
+    MI250 one), the path reaches back to the main thread's first work: its length is the
+    whole run's, crossing to the autograd thread and back in each iteration."""
+    for name, switches in (("nccl", 6), ("amd", 2)):
+        run = corpus_runs[name]
+        ev = Events.load(run)
+        path = critical_path(ev, sync_events(run, ev))
+        assert path is not None
+        host = np.flatnonzero(ev.host_busy)
+        first = host[np.argmin(ev.ts[host])]
+        main = host[ev.tid[host] == ev.tid[first]]  # (a watchdog thread outlasts it)
+        assert (path.start, path.end) == (int(ev.ts[first]), int(ev.end[main].max()))
+        assert path.thread_switches == switches
+        # hand-overs are short; the autograd thread's work is on the path as work, not idle
+        assert path.ns["thread_wait"] < 0.02 * path.length_ns
+        assert path.ns["host_idle"] < 0.07 * path.length_ns
 
 
 def test_stragglers_hand_made() -> None:

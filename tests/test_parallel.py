@@ -164,7 +164,7 @@ def test_path_across_segments_stops_at_the_first_repeat() -> None:
             visited.append(order[i])
             i += 1
         ns = dict.fromkeys(["cpu"], len(visited))
-        return Segment(ns, {}, 0, 0, visited, order[i] if i < len(order) else None)
+        return Segment(ns, {}, 0, 0, 0, visited, order[i] if i < len(order) else None)
 
     segments = path_of(order[0], walk_from)
     assert [s.visited for s in segments] == [order[:2], order[2:4]]

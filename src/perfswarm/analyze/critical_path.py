@@ -6,8 +6,24 @@ stream, its launch call, the op recorded by an event its stream waits on); a
 collective also waits for the same collective on the rank that entered it last; a
 host thread runs back to back, except where a synchronizing call (device, stream
 or event sync) waited for the device, where the path continues at the device op it
-waited for. Every nanosecond from the path's start to its end is attributed to one
-category, so the composition sums to the path length exactly.
+waited for, and where another thread handed over to it (dependencies.thread_wakes:
+the main thread blocked in backward until the autograd thread finished, the autograd
+thread until the main thread called backward), where it continues on that thread.
+Every nanosecond from the path's start to its end is attributed to one category, so
+the composition sums to the path length exactly:
+
+- cpu, runtime, host_idle: a host thread on the path in an op, in a runtime call, or
+  in neither (no work and no known hand-over);
+- sync: a synchronizing call returning after the device op it waited for ended;
+- thread_wait: a thread resuming after the thread that handed over to it finished;
+- launch_overhead: a device op starting after its launch call returned, when that call
+  was the last thing it waited for;
+- stream_queue: a device op starting after the previous op on its stream ended (it had
+  been launched earlier and queued behind it);
+- event_wait: a device op starting after the op recorded by the event its stream waited
+  on (cudaStreamWaitEvent) ended;
+- kernel, memcpy, memset, collective: device ops running (a collective from the moment
+  the last rank entered it; waiting on another rank moves the path to that rank).
 """
 
 from __future__ import annotations
@@ -19,14 +35,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import SyncEvent, dependencies
+from perfswarm.analyze.dependencies import SyncEvent, Wakes, dependencies, thread_wakes
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.stragglers import Instance, collective_starts
 
-CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "launch_latency", "kernel",
-                     "collective", "memcpy", "memset")
+CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "launch_overhead",
+                     "stream_queue", "event_wait", "kernel", "collective", "memcpy", "memset")
 HOST_STATES: Final = ("cpu", "runtime", "host_idle")
 TOP = 20
 
@@ -38,6 +54,7 @@ class CriticalPath:
     ns: dict[str, int]  # category -> ns on the path
     device_ops: int  # device ops with time on the path
     rank_switches: int
+    thread_switches: int  # hand-overs between host threads on the path
     top: tuple[tuple[str, str, int], ...]  # (category, name, ns), largest first
 
     @property
@@ -49,6 +66,7 @@ class CriticalPath:
                 "ns": dict(self.ns), "share": {c: (v / self.length_ns if self.length_ns else 0.0)
                                                for c, v in self.ns.items()},
                 "device_ops": self.device_ops, "rank_switches": self.rank_switches,
+                "thread_switches": self.thread_switches,
                 "top": [{"category": c, "name": n, "ns": v} for c, n, v in self.top]}
 
 
@@ -71,6 +89,7 @@ class Graph:
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     thread_start: dict[int, int] = field(default_factory=dict)
+    wakes: dict[int, Wakes] = field(default_factory=dict)
 
 
 def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int, list[Peer]]]:
@@ -86,7 +105,8 @@ def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int,
 def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]]) -> Graph:
     """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers."""
     d = dependencies(ev, syncs)
-    g = Graph(ev, d.prev_on_stream, d.launch_of, d.waits_for, d.sync_target, peers)
+    g = Graph(ev, d.prev_on_stream, d.launch_of, d.waits_for, d.sync_target, peers,
+              wakes=thread_wakes(ev))
     _threads(g)
     return g
 
@@ -119,6 +139,7 @@ class _Walk:
         self.by_name: dict[tuple[str, int], int] = defaultdict(int)
         self.device_ops = 0
         self.switches = 0
+        self.thread_switches = 0
 
     def add(self, category: str, lo: int, hi: int, row: int = -1) -> None:
         if hi <= lo:
@@ -141,39 +162,53 @@ class _Walk:
             return (late_rank, "dev", late, late_ts)
         self.add(_device_category(ev, row), start, t, row)
         self.device_ops += int(t > start)
-        preds: list[tuple[int, int, str]] = []  # (ready, row, where)
-        for dep in (g.prev_on_stream.get(row), g.waits_for.get(row)):
+        preds: list[tuple[int, int, str, str]] = []  # (ready, row, where, category of the wait)
+        for dep, category in ((g.prev_on_stream.get(row), "stream_queue"),
+                              (g.waits_for.get(row), "event_wait"),
+                              (g.launch_of.get(row), "launch_overhead")):
             if dep is not None and ev.ts[dep] <= start:
-                preds.append((min(int(ev.end[dep]), start), dep, "dev"))
-        call = g.launch_of.get(row)
-        if call is not None and ev.ts[call] <= start:
-            preds.append((min(int(ev.end[call]), start), call, "host"))
+                where = "host" if category == "launch_overhead" else "dev"
+                preds.append((min(int(ev.end[dep]), start), dep, where, category))
         if not preds:
             return None
-        ready, dep, where = max(preds)
-        self.add("launch_latency", ready, start)
+        ready, dep, where, category = max(preds)
+        self.add(category, ready, start)
         return (rank, where, dep, ready)
 
     def host(self, row: int, t: int) -> State | None:
-        """Walk host thread of `row` back from t; return the device op a sync waited on."""
+        """Walk host thread of `row` back from t to its last sync call that waited (return
+        the device op it waited on) or hand-over (return the thread that handed over)."""
         ev, g = self.g.ev, self.g
-        key = int(lane_key(int(ev.rank[row]), int(ev.tid[row])))
+        rank = int(ev.rank[row])
+        key = int(lane_key(rank, int(ev.tid[row])))
         calls, call_ends = g.thread_syncs[key]
         i = int(np.searchsorted(call_ends, t, side="right")) - 1
+        sync_end = int(call_ends[i]) if i >= 0 else None
+        wakes = g.wakes.get(key)
+        j = int(np.searchsorted(wakes.resume, t, side="right")) - 1 if wakes else -1
         sums = g.thread_sums[key]
-        if i < 0:
-            lo = min(g.thread_start[key], t)
+
+        def states(lo: int) -> None:
             for state, ns in zip(HOST_STATES, sums.between(lo, t).tolist(), strict=True):
                 self.ns[state] += ns
+
+        if wakes is not None and j >= 0 and (sync_end is None
+                                            or int(wakes.resume[j]) > sync_end):
+            resume, waker, waker_end = (int(wakes.resume[j]), int(wakes.waker[j]),
+                                        int(wakes.waker_end[j]))
+            states(resume)
+            self.add("thread_wait", waker_end, resume, waker)
+            self.thread_switches += 1
+            return (rank, "host", waker, waker_end)
+        if i < 0:
+            states(min(g.thread_start[key], t))
             return None
         call = int(calls[i])
-        for state, ns in zip(HOST_STATES, sums.between(int(ev.end[call]), t).tolist(),
-                             strict=True):
-            self.ns[state] += ns
+        states(int(ev.end[call]))
         target = g.sync_target[call]
         done = min(int(ev.end[target]), int(ev.end[call]))
         self.add("sync", done, int(ev.end[call]), call)
-        return (int(ev.rank[row]), "dev", target, done)
+        return (rank, "dev", target, done)
 
 
 def _device_category(ev: Events, row: int) -> str:
@@ -189,6 +224,7 @@ class Segment:
     by_name: dict[tuple[str, str], int]  # (category, name) -> ns
     device_ops: int
     switches: int
+    thread_switches: int
     visited: list[State]
     next: State | None  # where it goes on: another graph's rank, a repeat, or None at its start
 
@@ -207,7 +243,7 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None)
         _, where, row, t = current
         current = w.device(row, t) if where == "dev" else w.host(row, t)
     by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
-    return Segment(w.ns, by_name, w.device_ops, w.switches, visited, current)
+    return Segment(w.ns, by_name, w.device_ops, w.switches, w.thread_switches, visited, current)
 
 
 def path_of(start: State, walk_from: Callable[[State, int | None], Segment]) -> list[Segment]:
@@ -285,6 +321,7 @@ def path(end: int, segments: Sequence[Segment], top: int = TOP) -> CriticalPath:
     ranked = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))
     return CriticalPath(end - sum(ns.values()), end, ns,
                         sum(s.device_ops for s in segments), sum(s.switches for s in segments),
+                        sum(s.thread_switches for s in segments),
                         tuple((c, n, v) for (c, n), v in ranked[:top]))
 
 

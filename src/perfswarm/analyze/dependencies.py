@@ -5,8 +5,11 @@ launched it (joined by rank and correlation id), and for the op recorded by a CU
 event its stream was told to wait on (cudaStreamWaitEvent). A synchronizing host
 call (device, stream or event sync, synchronous memcpy) waits for the device op it
 synchronized with. A collective waits for the same collective on every other rank
-(the n-th occurrence of a name matches the n-th elsewhere). The critical path walks
-these backwards; the simulator (model/graph.py) replays them forwards.
+(the n-th occurrence of a name matches the n-th elsewhere). A host thread that sat
+blocked and resumed right after another thread of its rank finished a stretch of work
+waited for that thread (a hand-over: the main thread for the autograd thread, the
+autograd thread for the main thread's backward call, a DataLoader or comm thread). The
+critical path walks these backwards; the simulator (model/graph.py) replays them forwards.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import msgspec
 import numpy as np
 
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.intervals import sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.stragglers import occurrences
 from perfswarm.trace.store import Run
@@ -26,6 +30,16 @@ from perfswarm.trace.store import Run
 SYNC_CALLS: Final = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
                                "cudaEventSynchronize", "cudaMemcpy", "hipDeviceSynchronize",
                                "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"})
+
+# Hand-overs between threads: a thread blocked this long may have been waiting on another
+WAKE_MIN_GAP_NS: Final = 20_000
+WAKE_MAX_LAG_NS: Final = 50_000  # ... that finished at most this long before it resumed,
+WAKE_MAX_LAG_SHARE: Final = 0.05  # or this share of the blocked stretch,
+WAKE_MIN_BUSY_SHARE: Final = 0.5  # and that worked through this much of the stretch at least
+# What a thread does when it works; outside these it is blocked or idle (a user annotation or
+# Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
+# work of its own)
+WORK_KINDS: Final = ("cpu_op", "runtime", "driver", "syscall")
 
 
 class SyncArgs(msgspec.Struct):
@@ -195,3 +209,102 @@ def _collective_peers(ev: Events, d: Dependencies, dev_all: I64) -> None:
     for rows in instances.values():
         for row in rows:
             d.peers[row] = [r for r in rows if r != row]
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """One thread's hand-overs, by the time it resumed (sorted): the other thread's event it
+    waited for (its row and end)."""
+
+    resume: I64
+    waker: I64
+    waker_end: I64
+
+
+def thread_wakes(ev: Events) -> dict[int, Wakes]:
+    """lane_key(rank, tid) -> the hand-overs into that thread.
+
+    A thread is blocked between two stretches of its work (WORK_KINDS) at least
+    WAKE_MIN_GAP_NS apart, and before its first work since the rank's first host event. It
+    was handed over to when another thread of its rank ended two or more events in that
+    stretch, worked through WAKE_MIN_BUSY_SHARE of it (a watchdog polling now and then
+    hands over nothing), and the last of its events ended shortly before the blocked
+    thread's next event boundary (its resumption): at most WAKE_MAX_LAG_NS, or
+    WAKE_MAX_LAG_SHARE of the stretch or of the stretch the other thread then sat blocked
+    (one thread stops and the other starts: backward() handing its work to the autograd
+    thread). Of several such threads, the one that finished last."""
+    host = np.flatnonzero(ev.host_busy)
+    threads = group_rows(lane_key(ev.rank[host], ev.tid[host]), host)
+    out: dict[int, Wakes] = {}
+    work_kind = ev.of_kind(*WORK_KINDS)
+    by_rank: dict[int, list[int]] = defaultdict(list)
+    for key, rows in threads.items():
+        by_rank[int(ev.rank[rows[0]])].append(key)
+    ends: dict[int, tuple[I64, I64]] = {}
+    busy: dict[int, tuple[I64, I64, I64]] = {}  # union starts, ends, busy ns before each
+    works: dict[int, tuple[I64, I64]] = {}  # union of the thread's work
+    for key, rows in threads.items():
+        order = np.argsort(ev.end[rows], kind="stable")
+        ends[key] = (ev.end[rows][order], rows[order])
+        s, e = union(ev.ts[rows], ev.end[rows])
+        busy[key] = (s, e, np.concatenate([[0], np.cumsum(e - s)]).astype(np.int64))
+        work = rows[work_kind[rows]]
+        works[key] = union(ev.ts[work], ev.end[work])
+    for keys in by_rank.values():
+        if len(keys) < 2:
+            continue
+        origin = min(int(ev.ts[threads[k]].min()) for k in keys)
+        finish = max(int(ev.end[threads[k]].max()) for k in keys)
+        for key in keys:
+            rows = threads[key]
+            s, e = works[key]
+            if len(s) == 0:
+                continue
+            lo = np.concatenate([[origin], e[:-1]]).astype(np.int64)
+            keep = s - lo >= WAKE_MIN_GAP_NS
+            lo, hi = lo[keep], s[keep]
+            points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
+            best_end = np.full(len(lo), -1, np.int64)
+            best_row = np.full(len(lo), -1, np.int64)
+            for other in keys:
+                if other == key:
+                    continue
+                other_end, other_rows = ends[other]
+                last = np.searchsorted(other_end, hi, side="right") - 1
+                first = np.searchsorted(other_end, lo, side="right")
+                ok = (last - first >= 1) & (_busy_ns(busy[other], lo, hi)
+                                            >= WAKE_MIN_BUSY_SHARE * (hi - lo))
+                end = np.where(ok, other_end[np.maximum(last, 0)], -1)
+                resume = points[np.searchsorted(points, end)]
+                stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
+                ok &= resume - end <= np.maximum(WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * stretch)
+                better = ok & (end > best_end)
+                best_end[better] = end[better]
+                best_row[better] = other_rows[last[better]]
+            found = best_end >= 0
+            resume = points[np.searchsorted(points, best_end[found])]
+            out[key] = Wakes(resume, best_row[found], best_end[found])
+    return out
+
+
+def _busy_ns(busy: tuple[I64, I64, I64], lo: I64, hi: I64) -> I64:
+    """ns of [lo, hi) covered by the disjoint sorted intervals (starts, ends, cumulative)."""
+    starts, ends, cum = busy
+
+    def upto(x: I64) -> I64:
+        i = np.searchsorted(starts, x, side="right")  # intervals starting at or before x
+        inside = np.clip(x - starts[np.maximum(i - 1, 0)], 0,
+                         (ends - starts)[np.maximum(i - 1, 0)])
+        return np.asarray(cum[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0), np.int64)
+
+    return upto(hi) - upto(lo)
+
+
+def _blocked_after(work: tuple[I64, I64], t: I64, finish: int) -> I64:
+    """How long a thread sat without work from each t on: 0 inside its work (disjoint sorted
+    intervals), else until its next work starts (or `finish`)."""
+    starts, ends = work
+    i = np.searchsorted(starts, t, side="right")  # the interval starting at or before t: i - 1
+    inside = (i > 0) & (t < ends[np.maximum(i - 1, 0)]) if len(starts) else t < 0
+    nxt = np.append(starts, finish)[i]
+    return np.asarray(np.where(inside, 0, np.maximum(nxt - t, 0)), np.int64)

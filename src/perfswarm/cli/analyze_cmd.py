@@ -81,7 +81,7 @@ def _print(result: Analysis, costs: OpCosts) -> None:
         parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
                           if v and cp.length_ns)
         console.print(f"critical path {ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, "
-                      f"{cp.rank_switches} rank switches")
+                      f"{cp.rank_switches} rank switches, {cp.thread_switches} thread switches")
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
     for system in result.system:

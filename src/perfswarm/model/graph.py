@@ -32,15 +32,17 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import Dependencies
+from perfswarm.analyze.dependencies import (
+    WAKE_MAX_LAG_NS,
+    WAKE_MAX_LAG_SHARE,
+    WAKE_MIN_GAP_NS,
+    Dependencies,
+)
 from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import DEVICE_OPS
 
 HOST_NODE_KINDS: Final = ("cpu_op", "user_annotation", "runtime", "driver")
-WAKE_MIN_GAP_NS: Final = 20_000  # a thread idle this long may have been waiting on another
-WAKE_MAX_LAG_NS: Final = 50_000  # ... that finished at most this long before it resumed,
-WAKE_MAX_LAG_SHARE: Final = 0.05  # or this share of the idle stretch
 DEFAULT_LAUNCH_LAG_NS: Final = 5_000
 DEFAULT_STREAM_GAP_NS: Final = 1_000
 DEFAULT_SYNC_LAG_NS: Final = 2_000
