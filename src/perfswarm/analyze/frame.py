@@ -71,8 +71,10 @@ class Events:
 
     @classmethod
     def load(cls, run: Run, rank: int | None = None) -> Events:
-        """The Run's events, or one rank's (reading only its rows)."""
-        return cls.from_table(run.table("events", columns=EVENT_COLUMNS, rank=rank))
+        """The Run's events, or one rank's (reading only its rows); decoded once per Run."""
+        return run.memo(("events", rank),
+                        lambda: cls.from_table(run.table("events", columns=EVENT_COLUMNS,
+                                                         rank=rank)))
 
     def select(self, rows: Mask | I64) -> Events:
         """The events at `rows` (a mask or sorted row numbers), sharing the name dictionary."""

@@ -60,7 +60,8 @@ def load(run: Run, *, or_samples: bool = False) -> Events:
 def analyze(run: Run, *, ignore_markers: bool = False,
             cluster: ClusterOptions | None = None) -> Analysis:
     """Every analysis of `run`; with `cluster`, per rank on Dask when it says to go parallel
-    (analyze.parallel: the same result)."""
+    (analyze.parallel: the same result). Computed once per Run object: the report, the
+    advice and the demo share it."""
     if cluster is not None:
         from perfswarm.analyze.parallel import analyze_parallel, event_ranks
 
@@ -68,6 +69,10 @@ def analyze(run: Run, *, ignore_markers: bool = False,
         if ranks and cluster.parallel(len(ranks)):
             with connect(cluster, len(ranks)) as client:
                 return analyze_parallel(run, client, ranks, ignore_markers=ignore_markers)
+    return run.memo(("analysis", ignore_markers), lambda: _analyze(run, ignore_markers))
+
+
+def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     ev = load(run, or_samples=True)
     its = iterations(run, ev, ignore_markers=ignore_markers)
     return Analysis(

@@ -17,9 +17,9 @@ import platform
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 import msgspec
 import orjson
@@ -32,6 +32,7 @@ from perfswarm.errors import PerfswarmError, RunError
 from perfswarm.trace.schema import TABLES, empty
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
 MANIFEST = "manifest.json"
 
 
@@ -198,11 +199,14 @@ def _rank_rows(file: pq.ParquetFile, columns: list[str] | None, rank: int) -> pa
 
 
 class Run:
-    """A Run directory. Cheap to construct; tables are read on demand."""
+    """A Run directory. Cheap to construct; tables are read on demand, each column of a table
+    once per Run object: every step of one command shares what the first one read."""
 
     def __init__(self, path: str | Path, *, building: Path | None = None) -> None:
         self.path = Path(path)
         self.building = building  # the final path, while this is its hidden partial directory
+        self._columns: dict[str, dict[str, tuple[pa.Field, pa.ChunkedArray]]] = {}
+        self._memo: dict[Hashable, object] = {}
 
     def shown(self, path: Path) -> Path:
         """`path` as messages name it: under the final Run path while building."""
@@ -266,19 +270,40 @@ class Run:
         """The table `name`, or an empty one of its schema when the Run has none.
 
         With `rank`, only that rank's rows: tables are sorted by rank, so only the row
-        groups whose rank statistics include it are read.
+        groups whose rank statistics include it are read, and kept for no one (a Dask task
+        reads its rank alone); once this Run holds columns of the table, from those instead.
         """
         path = self.table_path(name)
         if not path.is_file():
             table = empty(name)
-            table = table.select(columns) if columns else table
-        else:
-            try:
-                table = pq.read_table(path, columns=columns) if rank is None else \
-                    _rank_rows(pq.ParquetFile(path), columns, rank)
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise RunError(f"{path}: unreadable table ({exc})") from None
+            return table.select(columns) if columns else table
+        cached = self._columns.setdefault(name, {})
+        wanted = columns or TABLES[name].names
+        if rank is not None and not cached:
+            return self._read(path, lambda: _rank_rows(pq.ParquetFile(path), columns, rank))
+        needed = wanted if rank is None else list(dict.fromkeys([*wanted, "rank"]))
+        missing = [c for c in needed if c not in cached]
+        if missing:
+            read = self._read(path, lambda: pq.read_table(path, columns=missing))
+            cached.update((c, (read.schema.field(c), read.column(c))) for c in missing)
+        table = pa.Table.from_arrays([cached[c][1] for c in wanted],
+                                     schema=pa.schema([cached[c][0] for c in wanted]))
+        if rank is not None:
+            table = table.filter(pc.equal(cached["rank"][1], rank))
         return table
+
+    def _read(self, path: Path, read: Callable[[], pa.Table]) -> pa.Table:
+        try:
+            return read()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise RunError(f"{path}: unreadable table ({exc})") from None
+
+    def memo(self, key: Hashable, make: Callable[[], T]) -> T:
+        """`make()` once per Run object: a frame or result that several steps of one command
+        share (the analysis the report and the advice both use). Writing a table forgets it."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return cast(T, self._memo[key])
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """Write `table` atomically, cast to the table's schema."""
@@ -287,6 +312,8 @@ class Run:
     def write_batches(self, name: str, parts: Iterable[pa.Table]) -> None:
         """Write a table from consecutive parts (bounded memory), atomically."""
         schema = TABLES[name]
+        self._columns.pop(name, None)
+        self._memo.clear()
         self.tables_dir.mkdir(parents=True, exist_ok=True)
         path = self.table_path(name)
         fd, tmp = tempfile.mkstemp(dir=self.tables_dir, prefix=f".{name}.", suffix=".tmp")

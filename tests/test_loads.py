@@ -1,0 +1,73 @@
+"""One load per command: each column of a Run's tables is read once, the analysis made once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import corpus
+from perfswarm.analyze import summary
+from perfswarm.cli.main import main
+from perfswarm.report.data import report_data
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
+    """(table, column) -> how many times Parquet was read for it."""
+    counted: Counter[tuple[str, str]] = Counter()
+    read_table, read_row_groups = pq.read_table, pq.ParquetFile.read_row_groups
+
+    def counting_read_table(source: Any, *args: Any, columns: list[str] | None = None,
+                            **kwargs: Any) -> Any:
+        table = read_table(source, *args, columns=columns, **kwargs)
+        counted.update((Path(source).stem, c) for c in table.column_names)
+        return table
+
+    def counting_row_groups(self: pq.ParquetFile, *args: Any, **kwargs: Any) -> Any:
+        table = read_row_groups(self, *args, **kwargs)
+        counted.update(("events", c) for c in table.column_names)  # only events are read by rank
+        return table
+
+    monkeypatch.setattr(pq, "read_table", counting_read_table)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counting_row_groups)
+    return counted
+
+
+@pytest.fixture(scope="module")
+def added_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("loads") / "simple_add.run"
+    return import_traces([corpus("simple_add")], out, ImportOptions(), ["test"]).path
+
+
+def test_report_reads_each_column_once(added_run: Path, reads: Counter[tuple[str, str]],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(added_run), "--json"]) == 0
+    assert '"timeline"' in capsys.readouterr().out
+    # every step read events: analysis, advice, op costs, prediction, projection, timeline
+    assert {"ts", "dur", "kind", "name", "args", "external_id"} <= {c for t, c in reads
+                                                                    if t == "events"}
+    assert {k: n for k, n in reads.items() if n > 1} == {}
+
+
+def test_demo_steps_share_one_analysis(added_run: Path, reads: Counter[tuple[str, str]],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    made = Counter[bool]()
+    make = summary._analyze
+
+    def counting(run: Run, ignore_markers: bool) -> summary.Analysis:
+        made[ignore_markers] += 1
+        return make(run, ignore_markers)
+
+    monkeypatch.setattr(summary, "_analyze", counting)
+    run = Run.open(added_run)
+    analysis = summary.analyze(run)  # as `demo` does, before it writes the report
+    data = report_data(run)
+    assert made == {False: 1}
+    assert data["concurrency"] == analysis.concurrency.to_dict()
+    assert reads[("events", "ts")] == 1
