@@ -204,7 +204,7 @@ def _small_kernels(n: int, kernel_us: float, launch_us: float) -> list[dict[str,
         t = i * launch_us
         events += [ev("cudaLaunchKernel", t, launch_us, "cuda_runtime", correlation=i),
                    kernel("void at::native::vectorized_elementwise_kernel<4>", t + launch_us,
-                          kernel_us)]
+                          kernel_us, correlation=i)]
     return events
 
 
@@ -213,7 +213,8 @@ def test_launch_bound_small_kernels(tmp_path: Path) -> None:
     a = shows(device.launch_bound, run)
     assert dict(a.evidence) == {"kernels": 150, "small_kernels": 150,
                                 "small_kernel_mean_ns": 3000, "launches": 150,
-                                "launch_mean_ns": 10_000, "device_busy_pct": 29.8}
+                                "launch_mean_ns": 10_000, "device_busy_pct": 29.8,
+                                "idle_host_wait_pct": 100.0}
     # The host without its 150 x 10 µs of launches needs 10 µs; the device 450 µs busy plus
     # 150 x 1 µs between replayed kernels: a 600 µs step instead of 1510.
     assert a.gain_ns == 910_000
@@ -226,6 +227,20 @@ def test_launch_bound_absent(tmp_path: Path, corpus_runs: dict[str, Run]) -> Non
     assert found(device.launch_bound, corpus_runs["nccl"]) is None
     big = imported(tmp_path, "big", _small_kernels(150, 30, 10), devices=(A100,))
     assert found(device.launch_bound, big) is None
+
+
+def test_launch_bound_not_when_the_device_waits_on_other_work(tmp_path: Path) -> None:
+    """Small kernels and slow launches, but every launch returned long before its kernel
+    ran: the device's idle time is kernel wait (analyze's split), not launches."""
+    events = [ev("ProfilerStep#0", 0, 5000, "user_annotation")]
+    for i in range(150):
+        events += [ev("cudaLaunchKernel", i * 10, 10, "cuda_runtime", correlation=i),
+                   kernel("void at::native::vectorized_elementwise_kernel<4>", 2000 + i * 20, 3,
+                          correlation=i)]
+    run = imported(tmp_path, "queued", events, devices=(A100,))
+    (stats,) = Facts.of(run).launch
+    assert (stats.idle.host_wait_ns, stats.idle.kernel_wait_ns) == (0, 149 * 17_000)
+    assert found(device.launch_bound, run) is None
 
 
 # -- utilization and GEMM precision -------------------------------------------------------------

@@ -152,10 +152,29 @@ def test_launch_stats_event_sync(corpus_runs: dict[str, Run]) -> None:
     assert stats.delay_ns.mean == 17_800 and stats.delay_ns.p50 == 14_000
     assert stats.delay_ns.max == 35_000
     assert stats.shorter_than_launch == 3
-    # gaps 48, 30, 34, 100 us; next launch 36, 16, 16, 90 us after each gap opened
+    # one stream (7): ops at 145-146, 194-205, 235-236, 270-272, 372-408 us (+512 ms); gaps
+    # of 48, 30, 34, 100 us; the next op's launch call returned 46, 28, 45 (past the gap's
+    # end: all of it), 99 us after each gap opened
     assert (stats.idle.host_wait_ns, stats.idle.kernel_wait_ns, stats.idle.other_ns) == (
-        158 * US, 54 * US, 0)
+        207 * US, 5 * US, 0)
     assert stats.queue.max == 1 and len(stats.queue.bins) == 100
+    (stream,) = stats.streams
+    assert (stream.stream, stream.busy_ns, stream.idle) == (7, 51 * US, stats.idle)
+    assert (stream.host_wait.count, stream.host_wait.mean, stream.host_wait.max) == (
+        4, (46 + 28 + 34 + 99) * US / 4, 99 * US)
+    assert (stream.kernel_wait.count, stream.kernel_wait.max, stream.other.count) == (
+        3, 2 * US, 0)
+
+
+def test_stream_idle_nccl(corpus_runs: dict[str, Run]) -> None:
+    """Per stream, from the raw JSON (µs read as decimals, x1000): gaps between a stream's
+    ops, host wait until the next op's launch call (joined by correlation) returned."""
+    (stats,) = launch_stats(Events.load(corpus_runs["nccl"]))
+    assert [(s.stream, s.idle.host_wait_ns, s.idle.kernel_wait_ns, s.idle.other_ns)
+            for s in stats.streams] == [(7, 536_138_845, 6_102_815, 0),
+                                        (40, 582_261_309, 1_662_947, 0)]
+    assert stats.streams[1].busy_ns == 46_876_493  # the 21 NCCL kernels
+    assert stats.streams[1].host_wait.count == 20
 
 
 def test_queue_length() -> None:

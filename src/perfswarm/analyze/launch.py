@@ -4,8 +4,11 @@ A device op (kernel, copy, set, collective) is joined to the runtime call that
 launched it by (rank, correlation id). From the pairs: the launch-to-start delay,
 the ops that ran shorter than their own launch call, how many launched ops were
 queued but unfinished over time, and what each stretch of device idle time waited
-on: the host had not launched the next op yet (host wait), or it had and the
-device still did not start it (kernel wait: dependencies, syncs, launch latency).
+on: the host had not launched the next op yet (host wait: until its launch call
+returned), or it had and the device still did not start it (kernel wait:
+dependencies, events, launch latency); an op whose launch is not in the trace leaves
+its gap unexplained (other). The split is made per device (the device idle: no op
+on any of its streams) and per stream, with the statistics of the idle intervals.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import gaps
 
 DEVICE_OPS = ("kernel", "collective", "memcpy", "memset")
@@ -67,12 +70,13 @@ class LaunchStats:
     shorter_than_launch: int
     queue: Queue
     idle: IdleSplit
+    streams: tuple[StreamIdle, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "device_ops": self.device_ops, "launched": self.launched,
                 "delay_ns": self.delay_ns.to_dict(),
                 "shorter_than_launch": self.shorter_than_launch, "queue": self.queue.to_dict(),
-                "idle": self.idle.to_dict()}
+                "idle": self.idle.to_dict(), "streams": [s.to_dict() for s in self.streams]}
 
 
 def launch_pairs(ev: Events, rows: I64) -> tuple[I64, I64]:
@@ -122,37 +126,83 @@ def queue_length(launch_ts: I64, done_ts: I64, bins: int = QUEUE_BINS) -> Queue:
                  tuple(float(x) for x in np.diff(at_edges) / bin_ns))
 
 
-def idle_split(ev: Events, dev_rows: I64, launch_of: dict[int, int]) -> IdleSplit:
-    """Split device idle gaps (per device) by whether the next op had been launched."""
+def idle_gaps(ev: Events, rows: I64, launch_end: I64) -> tuple[I64, I64, I64]:
+    """The idle gaps between device ops `rows` (one device or one stream), each split into
+    (host wait, kernel wait, other) ns; `launch_end`: for each of `rows`, the end of its
+    launch call, or -1 when the trace does not have it."""
+    order = np.argsort(ev.ts[rows], kind="stable")
+    rows, launch_end = rows[order], launch_end[order]
+    starts, ends = ev.ts[rows], ev.end[rows]
+    g_s, g_e = gaps(starts, ends, int(starts.min()), int(ends.max()))
+    called = launch_end[np.searchsorted(starts, g_e, side="left")]
+    length = g_e - g_s
+    host = np.where(called >= 0, np.clip(called - g_s, 0, length), 0)
+    kernel = np.where(called >= 0, length - host, 0)
+    return host, kernel, np.where(called >= 0, 0, length)
+
+
+def idle_split(ev: Events, dev_rows: I64, launch_end: I64) -> IdleSplit:
+    """Split device idle gaps (per device: no op on any stream) by what they waited on
+    (`launch_end` as in idle_gaps)."""
     host = kernel = other = 0
     for device in np.unique(ev.device[dev_rows]):
-        mine = dev_rows[ev.device[dev_rows] == device]
-        mine = mine[np.argsort(ev.ts[mine], kind="stable")]
-        starts, ends = ev.ts[mine], ev.end[mine]
-        g_s, g_e = gaps(starts, ends, int(starts.min()), int(ends.max()))
-        nxt = mine[np.searchsorted(starts, g_e, side="left")]
-        for lo, hi, row in zip(g_s.tolist(), g_e.tolist(), nxt.tolist(), strict=True):
-            call = launch_of.get(row)
-            if call is None:
-                other += hi - lo
-                continue
-            wait = min(max(int(ev.ts[call]) - lo, 0), hi - lo)
-            host += wait
-            kernel += hi - lo - wait
+        mine = ev.device[dev_rows] == device
+        h, k, o = idle_gaps(ev, dev_rows[mine], launch_end[mine])
+        host, kernel, other = host + int(h.sum()), kernel + int(k.sum()), other + int(o.sum())
     return IdleSplit(host, kernel, other)
+
+
+@dataclass(frozen=True)
+class StreamIdle:
+    """One stream's idle time between its first op's start and its last op's end, split as
+    the device's is, with the distribution of each kind of idle interval (intervals with
+    none of that kind left out)."""
+
+    device: int
+    stream: int
+    busy_ns: int
+    idle: IdleSplit
+    host_wait: Distribution
+    kernel_wait: Distribution
+    other: Distribution
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "stream": self.stream, "busy_ns": self.busy_ns,
+                **self.idle.to_dict(),
+                "intervals": {"host_wait": self.host_wait.to_dict(),
+                              "kernel_wait": self.kernel_wait.to_dict(),
+                              "other": self.other.to_dict()}}
+
+
+def stream_idle(ev: Events, dev_rows: I64, launch_end: I64) -> tuple[StreamIdle, ...]:
+    """Each stream's idle split (`launch_end` as in idle_gaps)."""
+    out = []
+    at = np.arange(len(dev_rows))
+    streams = group_rows(lane_key(ev.device[dev_rows], ev.stream[dev_rows]), at)
+    for _key, where in sorted(streams.items()):
+        rows = dev_rows[where]
+        h, k, o = idle_gaps(ev, rows, launch_end[where])
+        span = int(ev.end[rows].max() - ev.ts[rows].min())
+        split = IdleSplit(int(h.sum()), int(k.sum()), int(o.sum()))
+        out.append(StreamIdle(int(ev.device[rows[0]]), int(ev.stream[rows[0]]),
+                              span - split.total_ns, split, Distribution.of(h[h > 0]),
+                              Distribution.of(k[k > 0]), Distribution.of(o[o > 0])))
+    return tuple(out)
 
 
 def rank_launch_stats(ev: Events, rank: int) -> LaunchStats:
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
     dev, calls = launch_pairs(ev, rows)
-    launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
-    idle = idle_split(ev, dev_all, launch_of) if len(dev_all) else IdleSplit(0, 0, 0)
+    launch_end = np.full(len(dev_all), -1, np.int64)  # per device op: its launch call's end
+    launch_end[np.searchsorted(dev_all, dev)] = ev.end[calls]
+    idle = idle_split(ev, dev_all, launch_end) if len(dev_all) else IdleSplit(0, 0, 0)
     return LaunchStats(
         rank=rank, device_ops=len(dev_all), launched=len(dev),
         delay_ns=Distribution.of(ev.ts[dev] - ev.ts[calls]),
         shorter_than_launch=int(np.count_nonzero(ev.dur[dev] < ev.dur[calls])),
-        queue=queue_length(ev.ts[calls], ev.end[dev]), idle=idle)
+        queue=queue_length(ev.ts[calls], ev.end[dev]), idle=idle,
+        streams=stream_idle(ev, dev_all, launch_end) if len(dev_all) else ())
 
 
 def launch_stats(ev: Events) -> tuple[LaunchStats, ...]:

@@ -54,7 +54,8 @@ def low_utilization(facts: Facts) -> Advice | None:
 
 
 def launch_bound(facts: Facts) -> Advice | None:
-    """Kernels finish faster than the host can launch them: the device waits on launches."""
+    """Kernels finish faster than the host can launch them: the device waits on launches
+    (most of its idle time is analyze's host wait, and no more than that can be won)."""
     kernels = facts.in_window(facts.kind("kernel"))
     launches = facts.in_window(facts.named(_LAUNCH, "runtime"))
     if kernels.height < 100 or launches.height == 0:
@@ -64,7 +65,10 @@ def launch_bound(facts: Facts) -> Advice | None:
     mean_small = facts.total_ns(small) / max(1, small.height)
     util = _utilization(facts)
     busy = min(util.values()) if util else 0.0
-    if small.height < kernels.height / 2 or mean_launch < mean_small or busy >= 0.7:
+    idle = sum(s.idle.total_ns for s in facts.launch)
+    host_wait = sum(s.idle.host_wait_ns for s in facts.launch)
+    if (small.height < kernels.height / 2 or mean_launch < mean_small or busy >= 0.7
+            or host_wait * 2 <= idle):
         return None
     # Replayed from a CUDA graph, the host pays one launch per step instead of one per kernel,
     # and the device still starts each kernel about a microsecond after the previous one.
@@ -78,15 +82,17 @@ def launch_bound(facts: Facts) -> Advice | None:
         device_after = (busy_by_rank.get((rank,), 0)
                         + kernels_by_rank.get(rank, 0) * _GRAPH_LAUNCH_NS)
         gain += max(0, window - max(host_after, device_after))
+    gain = min(gain, host_wait)
     evidence = {"kernels": kernels.height, "small_kernels": small.height,
                 "small_kernel_mean_ns": round(mean_small), "launches": launches.height,
-                "launch_mean_ns": round(mean_launch), "device_busy_pct": round(100 * busy, 2)}
+                "launch_mean_ns": round(mean_launch), "device_busy_pct": round(100 * busy, 2),
+                "idle_host_wait_pct": round(100 * host_wait / idle, 2)}
     return advice(facts, "launch_bound", "many small kernels: launch overhead dominates",
                   evidence, gain,
                   "launch model from this run's times: a step becomes the slower of the host "
                   f"without its launch calls (measured {round(mean_launch):,} ns each) and the "
                   f"device's busy time plus {_GRAPH_LAUNCH_NS:,} ns per kernel replayed from a "
-                  "CUDA graph",
+                  "CUDA graph, at most the device's idle time waiting on launches",
                   "capture the step in a CUDA graph (torch.cuda.graphs / "
                   "torch.compile(mode='reduce-overhead')) or fuse ops with torch.compile")
 

@@ -14,7 +14,9 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import profiled
+from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS
@@ -73,10 +75,13 @@ class Facts:
     counters: pl.DataFrame
     manifest: Manifest
     raw_files: dict[str, str] = field(default_factory=dict)
+    # analyze's launch statistics (its idle split: one definition of host and kernel wait)
+    launch: tuple[LaunchStats, ...] = ()
 
     @classmethod
     def of(cls, run: Run) -> Facts:
-        events = pl.from_arrow(run.table("events", _COLUMNS))
+        table = run.table("events", [*_COLUMNS, "step"])
+        events = pl.from_arrow(table.select(_COLUMNS))
         steps = pl.from_arrow(profiled(run.table("steps")))
         counters = pl.from_arrow(run.table("counters"))
         assert isinstance(events, pl.DataFrame)
@@ -92,7 +97,7 @@ class Facts:
         return cls(events.with_columns(**{k: pl.col(k).cast(v) for k, v in cast.items()}),
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
-                   run.manifest(), raw)
+                   run.manifest(), raw, launch_stats(Events.from_table(table)))
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
