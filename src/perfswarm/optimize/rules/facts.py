@@ -80,8 +80,7 @@ class Facts:
 
     @classmethod
     def of(cls, run: Run) -> Facts:
-        table = run.table("events", [*_COLUMNS, "step"])
-        events = pl.from_arrow(table.select(_COLUMNS))
+        events = pl.from_arrow(run.table("events", _COLUMNS))
         steps = pl.from_arrow(profiled(run.table("steps")))
         counters = pl.from_arrow(run.table("counters"))
         assert isinstance(events, pl.DataFrame)
@@ -97,7 +96,7 @@ class Facts:
         return cls(events.with_columns(**{k: pl.col(k).cast(v) for k, v in cast.items()}),
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
-                   run.manifest(), raw, launch_stats(Events.from_table(table)))
+                   run.manifest(), raw, launch_stats(Events.load(run)))
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
