@@ -85,17 +85,56 @@ def xss_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return import_traces([src], tmp / "xss.run", ImportOptions(), ["test"])
 
 
+def show(page: Any, view: str) -> None:
+    page.click(f"nav#views a[data-view={view}]")
+    page.wait_for_selector(f"#view-{view}", state="visible")
+
+
+def view_range(page: Any) -> tuple[int, int]:
+    t0, t1 = page.get_attribute("#timeline", "data-view").split(",")
+    return int(t0), int(t1)
+
+
 def test_report_renders_without_errors(browser: Any, corpus_runs: dict[str, Run],
                                        tmp_path: Path) -> None:
     data = report_data(corpus_runs["nccl"])
     out = html.write(data, tmp_path / "report.html")
     page, errors = open_page(browser, out.as_uri())
-    assert_charts_drawn(page, ["chart-timeline", "chart-concurrency", "chart-prediction"])
+    assert_charts_drawn(page, ["chart-concurrency"])
+    for view, _ in html.VIEWS:
+        show(page, view)
+    assert_charts_drawn(page, ["chart-prediction"])
     assert page.locator("#prediction tr").count() == 4
-    assert page.locator("#chart-timeline g.trace.bars").count() > 0
-    assert "longest" in page.locator("#timeline-note").inner_text()
+    show(page, "trace")
+    assert int(page.get_attribute("#timeline", "data-drawn")) > 1000
+    show(page, "kernels")
     assert page.locator("#kernels td.name").all_inner_texts() == [
         k["name"] for k in data["kernels"]]
+    assert errors == []
+    page.close()
+
+
+def test_timeline_keyboard(browser: Any, corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    """w/s zoom about the middle, a/d pan by a quarter, n jumps to an iteration, 0 shows all."""
+    data = report_data(corpus_runs["nccl"])
+    out = html.write(data, tmp_path / "report.html")
+    page, errors = open_page(browser, out.as_uri() + "#trace")
+    page.focus("#timeline")
+    t0, t1 = view_range(page)
+    page.keyboard.press("w")
+    z0, z1 = view_range(page)
+    assert abs((z1 - z0) - (t1 - t0) / 2) <= 1 and abs((z0 + z1) - (t0 + t1)) <= 2
+    page.keyboard.press("d")
+    d0, d1 = view_range(page)
+    assert abs(d0 - z0 - (z1 - z0) / 4) <= 1 and d1 - d0 == z1 - z0
+    page.keyboard.press("0")
+    assert view_range(page) == (0, data["timeline"]["end_ns"])
+    page.keyboard.press("n")
+    step = data["timeline"]["steps"][0]
+    pad = (step["end"] - step["start"]) * 0.05
+    assert view_range(page) == (round(step["start"] - pad), round(step["end"] + pad))
+    page.keyboard.press("n")
+    assert view_range(page)[0] > step["end"] - pad
     assert errors == []
     page.close()
 
@@ -105,6 +144,7 @@ def test_report_with_tuning_draws_importance_and_trials(browser: Any, corpus_run
     data = report_data(corpus_runs["simple_add"], tune=load_results(tune_out))
     out = html.write(data, tmp_path / "tuned.html")
     page, errors = open_page(browser, out.as_uri())
+    show(page, "model")
     assert_charts_drawn(page, ["chart-importance", "chart-trials"])
     # One bar per parameter, one marker per trial that ran steady steps (7 of 8: one failed).
     assert page.locator("#chart-importance g.trace.bars path").count() == 2
@@ -118,8 +158,16 @@ def test_report_with_tuning_draws_importance_and_trials(browser: Any, corpus_run
 def test_trace_strings_are_text(browser: Any, xss_run: Run, tmp_path: Path) -> None:
     out = html.write(report_data(xss_run), tmp_path / "xss.html")
     page, errors = open_page(browser, out.as_uri())
-    assert_charts_drawn(page, ["chart-timeline", "chart-concurrency", "chart-counters"])
-    page.hover("#chart-timeline g.trace.bars path", force=True)
+    for view, _ in html.VIEWS:
+        show(page, view)
+        if view == "trace":
+            assert_charts_drawn(page, ["chart-counter-0"])
+            box = page.locator("#timeline canvas").bounding_box()
+            seen = set()
+            for x in range(240, int(box["width"]), 5):  # hover along the ops' row
+                page.mouse.move(box["x"] + x, box["y"] + 30 + 16 + 8)
+                seen.add(page.locator(".tl-tip").inner_text().split("\n")[0])
+            assert set(XSS_NAMES) <= seen  # shown as text in the tooltip
     assert page.evaluate("window.__pwned") is None
     assert page.locator("img").count() == 0
     kernels = page.locator("#kernels td.name").all_inner_texts()
@@ -141,7 +189,7 @@ def test_board_in_the_browser(browser: Any, corpus_runs: dict[str, Run], xss_run
         page, errors = open_page(browser, server.url)
         assert page.locator("#runs a").all_inner_texts() == ["simple_add", "xss"]
         page.click("text=xss")
-        assert_charts_drawn(page, ["chart-timeline", "chart-concurrency"])
+        assert_charts_drawn(page, ["chart-concurrency"])
         assert page.evaluate("window.__pwned") is None
         page.goto(server.url)
         page.select_option("select[name=a]", "simple_add")

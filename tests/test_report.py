@@ -5,30 +5,34 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import markupsafe
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projection
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
-from perfswarm.report.data import report_data, timeline
+from perfswarm.report.data import report_data
+from perfswarm.report.timeline import op_table, spans, timeline
 from perfswarm.trace.store import Run
 
 
 def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     data = report_data(corpus_runs["nccl"])
-    assert set(data) == {"title", "run", "cards", "timeline", "concurrency", "iterations",
-                         "kernels", "cpu_ops", "categories", "critical_path", "swarms",
-                         "op_cost", "prediction", "advice", "tune", "projection",
+    assert set(data) == {"title", "run", "has_device", "cards", "timeline", "concurrency",
+                         "iterations", "kernels", "cpu_ops", "categories", "critical_path",
+                         "swarms", "op_cost", "prediction", "advice", "tune", "projection",
                          "projection_note"}
-    assert data["advice"] == [] and data["tune"] is None
+    assert data["advice"] == [] and data["tune"] is None and data["has_device"]
     assert (data["projection"], data["projection_note"]) == (None, "not computed")
     prediction = data["prediction"]
     assert [s["step"] for s in prediction["steps"]] == [4, 5, 6]
@@ -37,32 +41,38 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     assert [c["label"] for c in data["cards"]] == [
         "step time", "throughput", "device utilization (rank 0)", "events"]
     assert data["cards"][0]["value"] == "222.442 ms"
-    assert [(i["rank"], i["step"]) for i in data["iterations"]] == [(0, 4), (0, 5), (0, 6)]
+    assert [(i["rank"], i["step"], i["source"]) for i in data["iterations"]] == [
+        (0, 4, "marker"), (0, 5, "marker"), (0, 6, "marker")]
     assert data["iterations"][0]["dur_ns"] == 222_442_191
     tl = data["timeline"]
-    assert tl["events"] == 26_935 and tl["shown"] == 4000 and tl["downsampled"]
-    assert tl["note"] == (f"showing the 4,000 longest of {tl['spans_total']:,} spans"
-                          " (the limit is 4,000)")
-    assert "device 0 stream 7" in tl["tracks"]
+    drawn = drawn_rows(corpus_runs["nccl"])
+    assert tl["events"] == 26_935 and tl["shown"] == tl["spans_total"] == len(drawn)
+    assert not tl["downsampled"] and tl["note"] == ""
+    # Threads first, then streams; no lane for the trace window (pid and tid -1).
+    assert [lane["label"] for lane in tl["lanes"]] == [
+        "thread -549452224", "thread 2910249 (pt_main_thread)",
+        "thread 2919752 (pt_autograd_0)", "GPU 0 · stream 7", "GPU 0 · stream 40"]
+    origin = data["run"]["origin_ns"]  # the run's start: here the trace window's
+    assert origin == min(corpus_runs["nccl"].table("events").column("ts").to_pylist())
+    assert min(tl["spans"]["start"]) == min(e["ts"] for e in drawn) - origin > 0
     assert [s["step"] for s in tl["steps"]] == [4, 5, 6]
     assert data["kernels"][0]["name"].startswith("ncclKernel_AllReduce_RING_LL_Sum_float")
     assert data["kernels"][0]["count"] == 15
 
 
+def drawn_rows(run: Run) -> list[dict[str, Any]]:
+    """Events the timeline draws, straight from the table: a duration, not the trace window."""
+    return [e for e in run.table("events").to_pylist()
+            if e["dur"] > 0 and e["kind"] not in ("trace_span", "instant", "profiler_range")]
+
+
 def test_timeline_keeps_everything_below_the_limit(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["simple_add"]
-    tl = timeline(run, 0, max_spans=10**6)
-    spans = run.table("events").to_pylist()
-    assert tl["shown"] == tl["spans_total"] == sum(1 for e in spans if e["dur"] > 0)
+    tl = timeline(run, spans(run), 0, max_spans=10**6)
+    drawn = drawn_rows(run)
+    assert tl["shown"] == tl["spans_total"] == len(drawn)
     assert not tl["downsampled"] and tl["note"] == ""
-    assert sorted(tl["spans"]["dur_ms"], reverse=True)[0] == max(e["dur"] for e in spans) / 1e6
-
-
-def test_longest_spans_kept_when_downsampled(corpus_runs: dict[str, Run]) -> None:
-    tl = timeline(corpus_runs["simple_add"], 0, max_spans=10)
-    durs = sorted((e["dur"] for e in corpus_runs["simple_add"].table("events").to_pylist()),
-                  reverse=True)[:10]
-    assert sorted(tl["spans"]["dur_ms"], reverse=True) == [d / 1e6 for d in durs]
+    assert sorted(tl["spans"]["dur"]) == sorted(int(e["dur"]) for e in drawn)
 
 
 @settings(max_examples=20, deadline=None,
@@ -70,13 +80,62 @@ def test_longest_spans_kept_when_downsampled(corpus_runs: dict[str, Run]) -> Non
 @given(limit=st.integers(1, 1200))
 def test_downsampling_keeps_the_longest(corpus_runs: dict[str, Run], limit: int) -> None:
     run = corpus_runs["simple_add"]
-    tl = timeline(run, 0, max_spans=limit)
-    durs = sorted((e for e in run.table("events").column("dur").to_pylist() if e > 0),
+    tl = timeline(run, spans(run), 0, max_spans=limit)
+    durs = sorted((int(e["dur"]) for e in drawn_rows(run)),
                   reverse=True)
     assert tl["shown"] == min(limit, len(durs)) and tl["downsampled"] == (limit < len(durs))
-    assert sorted(tl["spans"]["dur_ms"], reverse=True) == [d / 1e6 for d in durs[:limit]]
-    starts = tl["spans"]["start_ms"]
-    assert starts == sorted(starts)  # one rank: drawn in time order
+    assert sorted(tl["spans"]["dur"], reverse=True) == durs[:limit]
+    keys = list(zip(tl["spans"]["lane"], tl["spans"]["start"], strict=True))
+    assert keys == sorted(keys)  # per lane, in time order
+    if tl["downsampled"]:
+        assert f"showing the {limit:,} longest of {len(durs):,} spans" in tl["note"]
+
+
+@pytest.mark.parametrize("name", ["nccl", "simple_add", "event_sync_multi", "amd"])
+def test_spans_nest_and_self_times_cover_each_lane_once(corpus_runs: dict[str, Run],
+                                                         name: str) -> None:
+    """Every span at depth d > 0 starts inside a span of depth d - 1 on its lane, and the
+    self times of a lane's spans add up to the union of the lane (each ns counted once)."""
+    run = corpus_runs[name]
+    tl = timeline(run, spans(run), 0, max_spans=10**6)
+    sp = tl["spans"]
+    by_row: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for lane, depth, start, dur in zip(sp["lane"], sp["depth"], sp["start"], sp["dur"],
+                                       strict=True):
+        by_row.setdefault((lane, depth), []).append((start, start + dur))
+    for (lane, depth), intervals in by_row.items():
+        if depth:
+            parents = by_row[(lane, depth - 1)]
+            assert all(any(s0 <= s < e0 for s0, e0 in parents) for s, _ in intervals)
+    drawn = spans(run)
+    lanes = drawn.nesting.lane
+    starts = np.asarray(drawn.table.column("ts").to_numpy(), np.int64)
+    ends = starts + np.asarray(drawn.table.column("dur").to_numpy(), np.int64)
+    for lane in set(lanes.tolist()):
+        mine = lanes == lane
+        s, e = union(starts[mine], ends[mine])
+        assert int(drawn.nesting.self_ns[mine].sum()) == int((e - s).sum())
+
+
+def test_operators_have_self_and_device_time(corpus_runs: dict[str, Run]) -> None:
+    """Device time of the top-level ops is that of every kernel a host launch (a runtime
+    event with a correlation) put on the device, matched in the raw table."""
+    run = corpus_runs["simple_add"]
+    drawn = spans(run)
+    ops = op_table(drawn, 10**6)
+    rows = drawn_rows(run)
+    host_corr = {(e["rank"], e["correlation"]) for e in rows
+                 if e["kind"] == "runtime" and e["correlation"] != -1}
+    launched = sum(int(e["dur"]) for e in rows
+                   if e["kind"] in ("kernel", "memcpy", "memset")
+                   and (e["rank"], e["correlation"]) in host_corr)
+    top = drawn.nesting.depth == 0
+    assert int(drawn.nesting.device_ns[top].sum()) == launched > 0
+    cpu = [e for e in rows if e["kind"] == "cpu_op"]
+    assert sum(o["count"] for o in ops) == len(cpu)
+    assert sum(o["total_ns"] for o in ops) == sum(int(e["dur"]) for e in cpu)
+    assert all(0 <= o["self_ns"] <= o["total_ns"] for o in ops)
+    assert [o["self_ns"] for o in ops] == sorted((o["self_ns"] for o in ops), reverse=True)
 
 
 def test_safe_json_escapes_markup() -> None:
@@ -164,10 +223,10 @@ def test_timeline_draws_the_largest_network_flows(corpus_runs: dict[str, Run],
         "rank": [-1] * (len(names) + 1), "ts": [5] * (len(names) + 1),
         "name": [*names, "net.rx_bytes"], "device": [-1] * (len(names) + 1),
         "value": [float(int(n.split(":")[1].split("-")[0]) * 1000) for n in names] + [7.0]}))
-    tl = timeline(run, 0)
-    assert [c["name"] for c in tl["counters"]] == sorted(
-        [f"net.flow.tcp.10.0.0.1:{port}->10.0.0.2:80.bytes" for port in range(4, 12)]
-        + ["net.rx_bytes"])
+    tl = timeline(run, spans(run), 0)
+    assert [(g["title"], [c["name"] for c in g["series"]]) for g in tl["counters"]] == [
+        ("net (bytes)", sorted([f"net.flow.tcp.10.0.0.1:{port}->10.0.0.2:80.bytes"
+                                for port in range(4, 12)] + ["net.rx_bytes"]))]
     assert "showing the 8 largest of 11 network flows" in tl["note"]
 
 

@@ -22,6 +22,8 @@ from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
                  "idle")
+VIEWS: Final = (("overview", "Overview"), ("trace", "Trace"), ("operators", "Operators"),
+                ("kernels", "Kernels"), ("swarms", "Swarms"), ("model", "Prediction"))
 _JSON_ESCAPES: Final = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                         0x2028: "\\u2028", 0x2029: "\\u2029"}
 
@@ -47,38 +49,20 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def timeline_figure(timeline: dict[str, Any]) -> dict[str, Any]:
-    spans = timeline["spans"]
-    by_kind: dict[str, list[int]] = {}
-    for i, kind in enumerate(spans["kind"]):
-        by_kind.setdefault(kind, []).append(i)
-    data = [{"type": "bar", "orientation": "h", "name": kind,
-             "y": [spans["track"][i] for i in rows], "base": [spans["start_ms"][i] for i in rows],
-             "x": [spans["dur_ms"][i] for i in rows],
-             "hovertext": [f"{html.escape(spans['name'][i])}<br>{spans['dur_ms'][i]:.3f} ms"
-                           for i in rows],
-             "hoverinfo": "text"}
-            for kind, rows in sorted(by_kind.items())]
-    shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": s["start_ms"],
-               "x1": s["end_ms"], "y0": 0, "y1": 1, "fillcolor": "rgba(80,120,200,0.08)",
-               "line": {"width": 0}, "layer": "below"} for s in timeline["steps"]]
-    annotations = [{"x": s["start_ms"], "y": 1, "xref": "x", "yref": "paper",
-                    "text": f"step {s['step']}", "showarrow": False, "xanchor": "left",
-                    "yanchor": "bottom", "font": {"size": 10}} for s in timeline["steps"]]
-    height = 120 + 28 * max(1, len(timeline["tracks"]))
-    return {"data": data, "layout": {
-        "barmode": "overlay", "height": height, "shapes": shapes, "annotations": annotations,
-        "xaxis": {"title": {"text": "ms from the first event"}},
-        "yaxis": {"categoryorder": "array", "categoryarray": timeline["tracks"][::-1],
-                  "automargin": True},
-        "margin": {"t": 30}, "legend": {"orientation": "h"}}}
-
-
-def counters_figure(timeline: dict[str, Any]) -> dict[str, Any]:
-    data = [{"type": "scatter", "mode": "lines", "name": html.escape(c["name"]),
-             "x": c["t_ms"], "y": c["value"]} for c in timeline["counters"]]
-    return {"data": data, "layout": {"height": 320, "margin": {"t": 30},
-                                     "xaxis": {"title": {"text": "ms from the first event"}}}}
+def counter_figures(timeline: dict[str, Any]) -> dict[str, Any]:
+    """One small chart per counter group (a source and unit), on the run's time axis."""
+    end_ms = timeline["end_ns"] / 1e6
+    return {f"chart-counter-{i}": {
+        "data": [{"type": "scatter", "mode": "lines", "name": html.escape(c["name"]),
+                  "x": c["t_ms"], "y": c["value"]} for c in group["series"]],
+        "layout": {"height": 220, "margin": {"t": 28, "b": 30, "l": 60, "r": 10},
+                   "title": {"text": html.escape(group["title"]), "font": {"size": 12}},
+                   "showlegend": len(group["series"]) > 1,
+                   "legend": {"font": {"size": 9}},
+                   "xaxis": {"range": [0, end_ms], "title": {"text": "ms from the run's start"}},
+                   "yaxis": {"tickformat": ".0%"} if group["fraction"] else
+                   {"ticksuffix": "%" if group["unit"] == "%" else "", "exponentformat": "SI"}}}
+        for i, group in enumerate(timeline["counters"])}
 
 
 def concurrency_figure(concurrency: dict[str, Any]) -> dict[str, Any]:
@@ -177,25 +161,23 @@ def projection_figures(projection: dict[str, Any] | None) -> dict[str, Any]:
 def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
-    figures = {"chart-timeline": timeline_figure(timeline),
-               "chart-concurrency": concurrency_figure(report["concurrency"]),
+    figures = {"chart-concurrency": concurrency_figure(report["concurrency"]),
+               **counter_figures(timeline),
                **projection_figures(report["projection"])}
     if report["prediction"]:
         figures["chart-prediction"] = prediction_figure(report["prediction"])
-    if timeline["counters"]:
-        figures["chart-counters"] = counters_figure(timeline)
     tune = report["tune"]
     if tune is not None:
         figures["chart-trials"] = trials_figure(tune)
         if tune["importance"]:
             figures["chart-importance"] = importance_figure(tune)
-    swarms = report["swarms"]["swarms"]
-    return _page("report.html.j2", report, figures,
-        has_counters=bool(timeline["counters"]), states=STATES, pct=_pct,
-        op_tables=[("Top device kernels", report["kernels"], "kernels"),
-                   ("Top CPU ops", report["cpu_ops"], "cpu-ops")],
-        swarm_keys=sorted(swarms[0]) if swarms else [],
-    )
+    return _page("report.html.j2", report, figures, states=STATES, pct=_pct, views=VIEWS,
+                 timeline_json=Markup(safe_json(timeline)), timeline_js=Markup(_timeline_js()))
+
+
+@cache
+def _timeline_js() -> str:
+    return (Path(__file__).parent / "templates" / "timeline.js").read_text()
 
 
 def steps_figure(compare: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,291 @@
+"""The report's timeline and operator tables: spans nested per thread and stream.
+
+Every span gets a lane (a rank's CPU thread, or a device stream) and a depth (how many
+spans of its lane enclose it), found with one stack walk per lane. The same walk gives
+each op its self time (its duration less its direct children's) and the device time of
+the kernels it launched, so the operator table counts each nanosecond once.
+
+Times are integer ns from the run's start (the earliest event, counter sample or step),
+so the axis starts at 0 and nothing is lost to floats. Above `max_spans` the longest
+spans are kept: a parent is never shorter than its child, so the kept spans still nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.analyze.frame import I64
+from perfswarm.trace.schema import DEVICE_KINDS, NONE
+from perfswarm.trace.store import Run
+
+# A canvas draws tens of thousands of spans per frame; the page stays a few MB.
+MAX_SPANS: Final = 50_000
+MAX_COUNTER_POINTS: Final = 1000  # per series
+MAX_FLOWS: Final = 8  # network flows drawn (the largest by bytes): a capture can hold thousands
+# The trace window itself (Kineto's "Trace" span) and instants are not work on a lane.
+NOT_DRAWN: Final = frozenset({"trace_span", "instant", "profiler_range"})
+OP_KINDS: Final = frozenset({"cpu_op"})
+LAUNCH_KINDS: Final = frozenset({"runtime", "driver"})
+_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
+                   "correlation"]
+
+
+def run_origin(run: Run) -> int:
+    """The run's start in ns: its earliest event, counter sample or step."""
+    starts = [pc.min(run.table(name, [column]).column(column)).as_py()
+              for name, column in (("events", "ts"), ("counters", "ts"), ("steps", "start"))
+              if run.has_table(name)]
+    known = [s for s in starts if s is not None]
+    return min(known) if known else 0
+
+
+@dataclass(frozen=True)
+class Nesting:
+    """Per span (rows of the events table as loaded): lane, depth, self ns, device ns."""
+
+    lane: I64  # index into `lanes`
+    depth: I64
+    self_ns: I64
+    device_ns: I64  # device time of the kernels it launched, itself or its descendants
+    lanes: tuple[tuple[int, bool, int, int], ...]  # (rank, device?, pid or device, tid or stream)
+
+
+def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, tid: I64,
+           device: I64, stream: I64) -> tuple[I64, tuple[tuple[int, bool, int, int], ...]]:
+    a = np.where(is_device, device, pid)
+    b = np.where(is_device, stream, tid)
+    keys = np.stack([rank, is_device.astype(np.int64), a, b], axis=1)
+    if not len(keys):
+        return np.zeros(0, np.int64), ()
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    lanes = tuple((int(r), bool(d), int(x), int(y)) for r, d, x, y in unique.tolist())
+    return np.asarray(inverse, np.int64).reshape(-1), lanes
+
+
+def nest(table: pa.Table) -> Nesting:
+    """Lanes, depths, self and device time of the drawn spans of an events table."""
+    kinds = table.column("kind").cast(pa.string()).to_pylist()
+
+    def col(name: str) -> I64:
+        return np.asarray(table.column(name).to_numpy(), np.int64)
+
+    rank, ts, dur = col("rank"), col("ts"), col("dur")
+    is_device = np.array([k in DEVICE_KINDS for k in kinds], bool)
+    lane, lanes = _lanes(rank, is_device, col("pid"), col("tid"), col("device"), col("stream"))
+    n = len(ts)
+    # Device time per (rank, correlation): what a runtime launch put on the device.
+    corr = col("correlation")
+    on_device = is_device & (corr != NONE)
+    launched: dict[tuple[int, int], int] = {}
+    for r, c, d in zip(rank[on_device].tolist(), corr[on_device].tolist(),
+                       dur[on_device].tolist(), strict=True):
+        launched[(r, c)] = launched.get((r, c), 0) + d
+    depth = np.zeros(n, np.int64)
+    parent = np.full(n, -1, np.int64)
+    self_ns = dur.copy()
+    device_ns = np.zeros(n, np.int64)
+    order = np.lexsort((-dur, ts, lane))
+    ends = (ts + dur).tolist()
+    lane_l, ts_l, rank_l, corr_l = lane.tolist(), ts.tolist(), rank.tolist(), corr.tolist()
+    # A span that outlives its parent is cut at the parent's end (`bound`), so the stack's
+    # bounds never grow towards the top and a parent is popped with its children.
+    stack: list[tuple[int, int]] = []  # (row, bound)
+    current = -1
+    for i in order.tolist():
+        if lane_l[i] != current:
+            current, stack = lane_l[i], []
+        start = ts_l[i]
+        while stack and stack[-1][1] <= start:
+            stack.pop()
+        bound = ends[i]
+        if stack:
+            p, bound_p = stack[-1]
+            bound = min(bound, bound_p)
+            parent[i] = p
+            self_ns[p] -= bound - start
+        depth[i] = len(stack)
+        if kinds[i] in LAUNCH_KINDS and corr_l[i] != NONE:
+            device_ns[i] = launched.get((rank_l[i], corr_l[i]), 0)
+        stack.append((i, bound))
+    # Children come after their parents in `order`: walking it backwards sums subtrees.
+    for i in order[::-1].tolist():
+        p = int(parent[i])
+        if p >= 0:
+            device_ns[p] += device_ns[i]
+    return Nesting(lane, depth, np.maximum(self_ns, 0), device_ns, lanes)
+
+
+def _lane_label(lane: tuple[int, bool, int, int], threads: Mapping[str, str],
+                several_ranks: bool, pids_of_rank: Mapping[int, int]) -> str:
+    rank, device, a, b = lane
+    if device:
+        where = f"GPU {a} · stream {b}"
+    else:
+        where = threads.get(f"{rank}:{a}:{b}") or f"thread {b}"
+        if pids_of_rank.get(rank, 1) > 1:
+            where = f"pid {a} · {where}"
+    return f"rank {rank} · {where}" if several_ranks else where
+
+
+def _unit(name: str) -> str:
+    last = name.rsplit(".", 1)[-1].lower()
+    if "bytes" in last:
+        return "bytes"
+    if last in {"usr", "sys", "iowait", "idle"} or "util" in last or last.endswith("pct"):
+        return "%"
+    return ""
+
+
+def _drawn_counters(table: pa.Table) -> tuple[list[str], int]:
+    """Counter names to draw, and how many network flows there were: of the flows only the
+    largest (by final bytes) are kept, as their byte lines."""
+    names = sorted(set(table.column("name").cast(pa.string()).to_pylist()))
+    flow_bytes = table.filter(pc.and_(
+        pc.starts_with(table.column("name").cast(pa.string()), "net.flow."),
+        pc.ends_with(table.column("name").cast(pa.string()), ".bytes")))
+    totals = flow_bytes.group_by("name").aggregate([("value", "max")]).to_pylist()
+    top = {t["name"] for t in sorted(totals, key=lambda t: (-t["value_max"], t["name"]))
+           [:MAX_FLOWS]}
+    return [n for n in names if not n.startswith("net.flow.") or n in top], len(totals)
+
+
+def counter_groups(run: Run, origin: int, max_points: int = MAX_COUNTER_POINTS,
+                   ) -> tuple[list[dict[str, Any]], list[str], int, int]:
+    """Counters as small charts, one per source and unit (`cpu` %, `mem` bytes, ...), so
+    gigabytes of memory do not flatten CPU shares. Returns the groups, notes, and samples
+    shown and recorded."""
+    if not run.has_table("counters"):
+        return [], [], 0, 0
+    table = run.table("counters")
+    several = len(run.manifest()["ranks"]) > 1
+    names, flows = _drawn_counters(table)
+    notes = [f"showing the {MAX_FLOWS} largest of {flows:,} network flows"] \
+        if flows > MAX_FLOWS else []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    shown = 0
+    column = table.column("name").cast(pa.string())
+    for name in names:
+        series = table.filter(pc.equal(column, name))
+        for rank in sorted(set(series.column("rank").to_pylist())):
+            mine = series.filter(pc.equal(series.column("rank"), rank))
+            mine = mine.take(pc.sort_indices(mine, [("ts", "ascending")]))
+            step = max(1, -(-mine.num_rows // max_points))
+            ts = mine.column("ts").to_pylist()[::step]
+            shown += len(ts)
+            unit = _unit(name)
+            source = name.split(".", 1)[0] if "." in name else name
+            groups.setdefault((source, unit), []).append({
+                "name": f"rank {rank} · {name}" if several and rank >= 0 else name,
+                "t_ms": [(t - origin) / 1e6 for t in ts],
+                "value": mine.column("value").to_pylist()[::step]})
+    # Shares recorded as fractions (psutil's) are drawn as percentages all the same.
+    out = [{"title": f"{source} ({unit})" if unit else source, "unit": unit, "series": s,
+            "fraction": unit == "%" and max((max(c["value"], default=0) for c in s),
+                                            default=0) <= 1}
+           for (source, unit), s in sorted(groups.items())]
+    return out, notes, shown, table.num_rows
+
+
+@dataclass(frozen=True)
+class Spans:
+    """The events drawn on lanes (a duration, not the trace window) and their nesting."""
+
+    table: pa.Table
+    nesting: Nesting
+    events: int  # rows of the events table, drawn or not
+
+
+def spans(run: Run) -> Spans:
+    events = run.table("events", _COLUMNS)
+    kinds = events.column("kind").cast(pa.string())
+    drawn = events.filter(pc.and_(pc.greater(events.column("dur"), 0),
+                                  pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN))))))
+    return Spans(drawn, nest(drawn), events.num_rows)
+
+
+def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
+             max_points: int = MAX_COUNTER_POINTS) -> dict[str, Any]:
+    """Spans nested per lane (CPU threads first, then device streams), counters grouped per
+    unit, steps as bands. Span times are ns from `origin`; names and kinds are interned."""
+    manifest = run.manifest()
+    drawn, nesting, total = spans.table, spans.nesting, spans.events
+    dur = np.asarray(drawn.column("dur").to_numpy(), np.int64)
+    ts = np.asarray(drawn.column("ts").to_numpy(), np.int64)
+    keep = np.arange(len(dur))
+    if len(keep) > max_spans:  # the longest spans; ties by time, so the choice is stable
+        keep = np.lexsort((ts, -dur))[:max_spans]
+    keep = keep[np.lexsort((ts[keep], nesting.lane[keep]))]
+    lanes_used = sorted(set(nesting.lane[keep].tolist()),
+                        key=lambda i: (nesting.lanes[i][0], nesting.lanes[i][1],
+                                       nesting.lanes[i][2], nesting.lanes[i][3]))
+    lane_index = {old: new for new, old in enumerate(lanes_used)}
+    several = len(manifest["ranks"]) > 1
+    pids: dict[int, set[int]] = {}
+    for r, dev, a, _ in nesting.lanes:
+        if not dev:
+            pids.setdefault(r, set()).add(a)
+    pids_of_rank = {r: len(p) for r, p in pids.items()}
+    depth = nesting.depth[keep]
+    lane = np.array([lane_index[i] for i in nesting.lane[keep].tolist()], np.int64)
+    names_col = drawn.column("name").cast(pa.string()).to_pylist()
+    kind_col = drawn.column("kind").cast(pa.string()).to_pylist()
+    name_ids: dict[str, int] = {}
+    kind_ids: dict[str, int] = {}
+    span_name = [name_ids.setdefault(names_col[i] or "", len(name_ids)) for i in keep.tolist()]
+    span_kind = [kind_ids.setdefault(kind_col[i], len(kind_ids)) for i in keep.tolist()]
+    lanes = [{"label": _lane_label(nesting.lanes[i], manifest["threads"], several, pids_of_rank),
+              "device": nesting.lanes[i][1],
+              "rows": int(depth[lane == j].max()) + 1}
+             for j, i in enumerate(lanes_used)]
+    counters, notes, shown_points, counter_rows = counter_groups(run, origin, max_points)
+    if len(keep) < len(dur):
+        notes.append(f"showing the {len(keep):,} longest of {len(dur):,} spans "
+                     f"(the limit is {max_spans:,})")
+    if shown_points < counter_rows:
+        notes.append(f"counters downsampled to {shown_points:,} of {counter_rows:,} samples")
+    steps = run.table("steps").to_pylist() if run.has_table("steps") else []
+    end = max([int((ts + dur).max()) if len(dur) else origin]
+              + [int(s["end"]) for s in steps]) - origin
+    return {
+        "end_ns": end,
+        "lanes": lanes,
+        "names": list(name_ids),
+        "kinds": list(kind_ids),
+        "spans": {"lane": lane.tolist(), "depth": depth.tolist(),
+                  "start": (ts[keep] - origin).tolist(), "dur": dur[keep].tolist(),
+                  "name": span_name, "kind": span_kind},
+        "counters": counters,
+        "steps": [{"rank": s["rank"], "step": s["step"], "source": s["source"],
+                   "start": s["start"] - origin, "end": s["end"] - origin} for s in steps],
+        "events": total,
+        "spans_total": len(dur),  # events with a duration on a lane; instants are not drawn
+        "shown": len(keep),
+        "downsampled": bool(notes),
+        "note": "; ".join(notes),
+    }
+
+
+def op_table(spans: Spans, limit: int) -> list[dict[str, Any]]:
+    """CPU ops by name: calls, total (inclusive) and self time, and the device time of the
+    kernels they (and the ops below them) launched; the `limit` largest by self time."""
+    kinds = spans.table.column("kind").cast(pa.string()).to_pylist()
+    names = spans.table.column("name").cast(pa.string()).to_pylist()
+    dur = spans.table.column("dur").to_pylist()
+    self_ns, device_ns = spans.nesting.self_ns.tolist(), spans.nesting.device_ns.tolist()
+    rows: dict[str, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        if kind in OP_KINDS:
+            r = rows.setdefault(names[i] or "", [0, 0, 0, 0])
+            r[0] += 1
+            r[1] += dur[i]
+            r[2] += self_ns[i]
+            r[3] += device_ns[i]
+    order = sorted(rows, key=lambda n: (-rows[n][2], n))[:limit]
+    return [{"name": n, "count": rows[n][0], "total_ns": rows[n][1], "self_ns": rows[n][2],
+             "device_ns": rows[n][3], "mean_ns": rows[n][1] / rows[n][0]} for n in order]
