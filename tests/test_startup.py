@@ -7,7 +7,6 @@ import inspect
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -32,17 +31,28 @@ def modules_after(*argv: str) -> set[str]:
     return set(result["modules"])
 
 
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("startup") / "run"
+    return str(import_traces([corpus("cpu_only")], out, ImportOptions(), ["test"]).path)
+
+
 def test_help_imports_no_heavy_library() -> None:
     loaded = modules_after("--help")
     assert "typer" in loaded  # the probe sees what the CLI imported
     assert loaded.isdisjoint((*HEAVY, "polars", "pyarrow", "duckdb", "numpy"))
 
 
-def test_info_imports_only_what_it_reads_with(tmp_path: Path) -> None:
-    run = import_traces([corpus("cpu_only")], tmp_path / "run", ImportOptions(), ["test"])
-    loaded = modules_after("info", str(run.path))
-    assert "pyarrow" in loaded
-    assert loaded.isdisjoint((*HEAVY, "polars", "duckdb"))
+@pytest.mark.parametrize(("argv", "needs", "unneeded"), [
+    (["info"], "pyarrow", ("polars", "duckdb")),
+    (["analyze"], "numpy", ()),  # sklearn clusters sampled stacks: a Run without them needs none
+    (["report", "--json"], "polars", ("jinja2",)),  # the HTML renderer: not for --json
+])
+def test_command_imports_only_what_it_needs(small_run: str, argv: list[str], needs: str,
+                                            unneeded: tuple[str, ...]) -> None:
+    loaded = modules_after(argv[0], small_run, *argv[1:])
+    assert needs in loaded
+    assert loaded.isdisjoint((*HEAVY, *unneeded))
 
 
 @pytest.mark.parametrize("name", command_names())

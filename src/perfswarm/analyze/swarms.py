@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import scipy.sparse as sp
-from sklearn.cluster import KMeans
-from sklearn.decomposition import TruncatedSVD
-from sklearn.metrics import silhouette_score
 
 from perfswarm.analyze.frame import I64
 from perfswarm.analyze.iterations import StepWindow
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 MAX_K = 12
 SVD_DIMS = 16
@@ -70,6 +69,8 @@ def _dict_codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
 
 def features(stacks: pa.Table, stack_ids: I64) -> sp.csr_matrix:
     """One row per stack in `stack_ids`: frames, leaf module, leaf address position."""
+    import scipy.sparse as sp  # here, not at the top: a Run without samples never needs it
+
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
     func, _ = _dict_codes(stacks, "function")
@@ -101,6 +102,9 @@ def features(stacks: pa.Table, stack_ids: I64) -> sp.csr_matrix:
 def choose_k(x: np.ndarray[Any, Any], weights: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any],
                                                                              int, float | None]:
     """Labels for the k (2..MAX_K) with the best silhouette; one cluster if too few points."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import silhouette_score
+
     n = len(x)
     distinct = len(np.unique(np.round(x, 9), axis=0))
     if distinct < 3:
@@ -130,6 +134,8 @@ def swarms(samples: pa.Table, stacks: pa.Table,
     weight = np.asarray(samples.column("weight").to_numpy(), np.int64)
     uniq, inv = np.unique(stack_of, return_inverse=True)
     stack_weight = np.bincount(inv, weights=weight).astype(np.float64)
+    from sklearn.decomposition import TruncatedSVD
+
     x = features(stacks, uniq)
     dims = min(SVD_DIMS, x.shape[1] - 1, len(uniq) - 1)
     dense = (TruncatedSVD(dims, random_state=SEED).fit_transform(x) if dims >= 2

@@ -13,8 +13,6 @@ from perfswarm.cli.output import console, err_console, print_json
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
-from perfswarm.optimize.tune import load_results
-from perfswarm.report import html
 from perfswarm.report.data import report_data
 from perfswarm.trace.store import Run
 
@@ -28,7 +26,11 @@ def report_command(
 ) -> None:
     """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
     run = Run.open(run_dir)
-    tune = load_results(tune_dir) if tune_dir is not None else None
+    tune = None
+    if tune_dir is not None:
+        from perfswarm.optimize.tune import load_results  # optuna: only with --tune
+
+        tune = load_results(tune_dir)
     target = output or run.path / "report.html"
     if not as_json and not target.parent.is_dir():  # said before the analysis, not after
         raise PerfswarmError(f"{target.parent}: no such directory (for {target.name})")
@@ -41,6 +43,8 @@ def report_command(
         if as_json:
             progress.update(task, advance=1)
         else:
+            from perfswarm.report import html  # jinja2 and plotly: not for --json
+
             path = html.write(data, target)
             progress.update(task, advance=1)
     if as_json:

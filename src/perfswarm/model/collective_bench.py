@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from scipy.optimize import nnls
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.collectives import OPS, RING, CollectiveConfig, Op, bus_factor, coefficients
@@ -213,6 +212,8 @@ def fit_link(measurements: tuple[Measurement, ...], world_size: int,
     t = np.array([m.seconds for m in measurements])
     n = np.array([float(m.nbytes) for m in measurements])
     design = np.column_stack([np.full_like(t, a) / t, b * n / t])
+    from scipy.optimize import nnls  # fitting only: projecting with a fitted link needs none
+
     (alpha, beta), _ = nnls(design, np.ones_like(t))
     return Link(f"{name}:{op}", float(alpha), float(beta), "switch",
                 f"fitted to {len(measurements)} measurements of {op} among {world_size} ranks")
@@ -272,6 +273,8 @@ def _fit_knees(ms: Sequence[Measurement], world_size: int, config: CollectiveCon
     a, b = coefficients(op, world_size, config)
     t = np.array([m.seconds for m in ms])
     design = np.column_stack([np.full_like(t, a), b * _segments([m.nbytes for m in ms], knees)])
+    from scipy.optimize import nnls
+
     coef, _ = nnls(design / t[:, None], np.ones_like(t))
     model = FittedOp(op, world_size, float(coef[0]), knees, tuple(float(c) for c in coef[1:]),
                      config)
