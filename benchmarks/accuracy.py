@@ -15,7 +15,8 @@
    (as calibrated), so load from elsewhere on the machine falls on every configuration
    alike. Each figure is the least disturbed round's (the minimum over rounds, on which the
    goal is judged: other load only ever adds time); the errors of the medians over rounds are
-   printed too. Recordings keep the recorder's default heap reserve: without it, the MLP's
+   printed too. Recordings ask for the recorder's heap reserve (64 MiB per profiled step;
+   opt-in since it changes the program measured): without it, the MLP's
    profiled step was 3.1 or 5.4 ms from one recording to the next (whether the profiler's
    allocations pushed its 6 MB weight gradient onto new heap), and on this VM late window
    steps of the transformer ran 2-2.5x slower, on new memory its host backs lazily.
@@ -37,6 +38,7 @@ from pathlib import Path
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile, calibrate
 from perfswarm.model.predict import Change, predict
+from perfswarm.record.session import RESERVE_PER_STEP_MIB
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
@@ -120,7 +122,8 @@ def replay(tmp: Path) -> list[float]:
 
 def _record(w: Workload, flags: tuple[str, ...], out: Path) -> Run:
     cmd = [sys.executable, "-m", "perfswarm.cli.main", "record", "--quiet", "--out", str(out),
-           "--collectors", "torch", "--steps", STEPS, "--no-et", "--", sys.executable, "-W",
+           "--collectors", "torch", "--steps", STEPS, "--no-et", "--heap-reserve",
+           str(RESERVE_PER_STEP_MIB * int(STEPS.split(":")[1])), "--", sys.executable, "-W",
            "ignore", "-m", w.module, "--steps", "12", "--threads", "1", *flags]
     done = subprocess.run(cmd, check=False, capture_output=True)
     if done.returncode != 0:

@@ -99,7 +99,8 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
                                 "pageable_h2d_copies": 0, "cores": 4}
     # 4 workers: a step takes max(4 ms compute, 6 ms / 4) = 4 ms instead of 10 ms.
     assert a.gain_ns == 18_000_000 and a.gain_pct == 60.0 and a.severity == "high"
-    assert a.change.startswith("DataLoader(num_workers=4, pin_memory=True")
+    # a CPU run: pinned memory speeds copies to an accelerator only
+    assert a.change == "DataLoader(num_workers=4, prefetch_factor=4, persistent_workers=True)"
 
 
 def test_data_loading_absent_when_loading_is_cheap(corpus_runs: dict[str, Run],
@@ -357,13 +358,45 @@ def _optimizer(step: str, ops: tuple[str, ...], zero: int) -> list[dict[str, Any
 SINGLE_TENSOR = ("aten::add_", "aten::mul_", "aten::addcdiv_") * 10
 
 
-def test_single_tensor_optimizer(tmp_path: Path) -> None:
-    run = imported(tmp_path, "adam", _optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0))
-    a = shows(optimizer.single_tensor_optimizer, run)
+def test_single_tensor_optimizer_on_a_device(tmp_path: Path) -> None:
+    events = [*_optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0),
+              kernel("elementwise_kernel", 300, 50)]
+    a = shows(optimizer.single_tensor_optimizer, imported(tmp_path, "adam", events))
     assert dict(a.evidence) == {"optimizer": "AdamW", "steps": 2, "ops_per_step": 30.0,
                                 "distinct_ops": 3, "optimizer_ns": 1_200_000}
     assert a.gain_ns == 1_080_000  # 3 multi-tensor ops instead of 30
-    assert a.change.startswith("torch.optim.AdamW(..., foreach=True)")
+    assert a.change == "torch.optim.AdamW(..., foreach=True), or fused=True"
+
+
+def _cpu_adam(tmp: Path, name: str, version: str | None) -> Run:
+    """Two CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 5 µs
+    each, but one of them 3 µs."""
+    events = []
+    for i in range(2):
+        t = i * 1000
+        events += [ev(f"ProfilerStep#{i}", t, 1000, "user_annotation"),
+                   ev("Optimizer.step#AdamW.step", t + 200, 600, "user_annotation")]
+        events += [ev("aten::add_", t + 201 + 10 * j, 3 if j == 7 else 5,
+                      **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
+                   for j in range(30)]
+    run = imported(tmp, name, events)
+    return with_manifest(run, extra={"record": {"torch_version": version}} if version else {})
+
+
+def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
+    """On the CPU foreach=True gains nothing; fused=True (torch >= 2.4) streams each tensor
+    once: priced at the best rate an op of the step reached (12,288 bytes in 3 µs), the 60
+    add_ move 60 x 12,288 bytes in 180 µs, of the 1,200 µs the two steps took."""
+    a = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "new", "2.13.0+cpu"))
+    assert a.evidence["streaming_ns"] == 180_000 and a.evidence["torch_version"] == "2.13.0+cpu"
+    assert a.gain_ns == 1_200_000 - 180_000
+    assert a.change == "torch.optim.AdamW(..., fused=True)"
+    unknown = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "unknown", None))
+    assert unknown.change == "torch.optim.AdamW(..., fused=True) (on the CPU since torch 2.4)"
+    assert found(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "old", "2.3.1")) is None
+    # without shapes there is nothing to price the fused step with
+    bare = imported(tmp_path, "bare", _optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0))
+    assert found(optimizer.single_tensor_optimizer, bare) is None
 
 
 def test_foreach_and_fused_optimizers(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
@@ -515,7 +548,7 @@ def test_advise_cli_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixt
     assert [a["rule"] for a in out["advice"]] == ["low_utilization", "pageable_h2d",
                                                   "fp32_gemm", "host_syncs"]
     assert set(out["advice"][0]) == {"rule", "title", "severity", "evidence", "gain_ns",
-                                     "gain_pct", "gain_basis", "change"}
+                                     "gain_pct", "gain_of_ns", "gain_basis", "change"}
 
 
 def test_advise_cli_text_and_bad_run(corpus_runs: dict[str, Run], tmp_path: Path,
@@ -564,3 +597,64 @@ def test_a_run_without_torch_events_is_advised_and_analyzed(tmp_path: Path) -> N
     assert found(host.host_syncs, run) is None
     result = analyze(run)
     assert result.events == 0 and result.ranks == ()
+
+
+# -- the machine, the loop, the loader -------------------------------------------------------
+def _sampled(run: Run, proc: list[float], busy: float) -> Run:
+    """System-sampler counters (host, rank -1) at 1, 2, ... µs: the process tree's cores and
+    each of 2 cores `busy` (half user, half system)."""
+    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
+    for i, p in enumerate(proc):
+        for name, value in [("proc.cpu_cores", p), *((f"cpu.core{c}.{s}", busy / 2)
+                                                     for c in (0, 1) for s in ("usr", "sys"))]:
+            for key, v in zip(rows, (-1, (i + 1) * 1000, -1, name, value), strict=True):
+                rows[key].append(v)
+    run.write_table("counters", pa.table(rows).cast(pa.schema([
+        ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()), ("name", pa.string()),
+        ("value", pa.float64())])))
+    return run
+
+
+def test_cpu_contention(tmp_path: Path) -> None:
+    """Both cores 98% busy; the run got 0.3 cores on average, 0.6 at its 90th percentile (ten
+    samples 0.1 ... 1.0 in the 10 ms window): alone it would have needed half the time."""
+    run = with_manifest(imported(tmp_path, "busy", _loader_steps(500, 3500)), cores=2)
+    proc = [0.1, 0.2, 0.1, 0.2, 0.1, 0.2, 0.3, 0.6, 0.6, 0.6]  # mean 0.3; 90th percentile 0.6
+    a = shows(host.cpu_contention, _sampled(run, proc, 0.98))
+    assert dict(a.evidence) == {"cores": 2, "host_busy_cores": 1.96, "process_cores": 0.3,
+                                "process_cores_p90": 0.6, "samples": 10}
+    assert a.gain_ns == 6_000_000 and a.gain_of_ns == 12_000_000  # 3 steps of 4 ms
+    # the same process on an idle machine, or the whole machine its own: no contention
+    assert found(host.cpu_contention, _sampled(run, proc, 0.4)) is None
+    assert found(host.cpu_contention, _sampled(run, [1.9] * 10, 0.98)) is None
+
+
+def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
+    """A step of 132 ms among steps of 4 ms (a generate() in a callback), outside the window,
+    counts against every timed step; the export step is no outlier."""
+    from perfswarm.trace.schema import STEPS
+
+    run = imported(tmp_path, "gen", _loader_steps(500, 3500))
+    ms = 1_000_000
+    rows = [(0, 3, 12 * ms, 16 * ms, "export"), (0, 4, 16 * ms, 20 * ms, "detected"),
+            (0, 5, 20 * ms, 152 * ms, "detected"), (0, 6, 152 * ms, 156 * ms, "detected")]
+    hooked = pa.table({k: [r[i] for r in rows] for i, k in
+                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+    a = shows(host.outlier_steps, run)
+    # timed: 0-2 and 4-6, 4 ms each but step 5; the export step 3 is left out
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 5, "dur_ns": 132 * ms}]
+    assert a.evidence["median_step_ns"] == 4 * ms and a.gain_ns == 128 * ms
+    assert a.gain_of_ns == 152 * ms and a.gain_pct == round(100 * 128 / 152, 2)
+    assert found(host.outlier_steps, imported(tmp_path, "even", _loader_steps(500, 3500, 6))) \
+        is None
+
+
+def test_loader_workers_beyond_the_cores(tmp_path: Path) -> None:
+    fetch = [{**ev("DataLoader worker fetch", 10 * w, 5, "user_annotation"), "pid": 100 + w}
+             for w in range(4)]
+    run = with_manifest(imported(tmp_path, "w4", [*_loader_steps(500, 3500), *fetch]), cores=2)
+    a = shows(host.loader_oversubscription, run)
+    assert dict(a.evidence) == {"cores": 2, "workers": 4, "ranks": 1}
+    assert a.gain_ns is None and a.change.startswith("DataLoader(num_workers=1)")
+    assert found(host.loader_oversubscription, with_manifest(run, cores=8)) is None

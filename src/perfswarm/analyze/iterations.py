@@ -29,6 +29,7 @@ Source = Literal["marker", "detected"]
 # that holds the trace export (`export`): they carry no events, so every share and per-step
 # rate of the events divides by the profiled steps alone.
 PROFILED = "marker"
+EXPORT = "export"
 MIN_MATCH = 0.8  # a training loop repeats closely; weaker agreement is chance
 MAX_LAGS = 64  # candidate periods tried (the most frequent inter-occurrence lags)
 

@@ -29,8 +29,8 @@ def advise_command(
     console.print(f"[bold]{report.path}[/]: {len(report.advice)} finding(s) over "
                   f"{ms(report.measured_ns)} measured on rank(s) {list(report.ranks)}")
     for a in report.advice:
-        gain = ("no time gain" if a.gain_ns is None
-                else f"~{ms(a.gain_ns)} ({a.gain_pct:.2f}% of measured time)")
+        gain = ("no time gain" if a.gain_ns is None else f"~{ms(a.gain_ns)}" + (
+            "" if a.gain_pct is None else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)})"))
         console.print(f"\n[{_STYLE[a.severity]}]{a.severity.upper()}[/] [bold]{a.title}[/] "
                       f"({a.rule}): {gain}")
         evidence = Table("evidence", "value", show_header=False, box=None, padding=(0, 2))

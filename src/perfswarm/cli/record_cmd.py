@@ -39,7 +39,7 @@ def record_command(
     perf_hz: Annotated[int, typer.Option("--perf-hz", help="perf sampling frequency.")] = RecordOptions.perf_hz,
     pystacks_hz: Annotated[int, typer.Option("--pystacks-hz", help="py-spy sampling rate.")] = RecordOptions.pystacks_hz,
     no_et: Annotated[bool, typer.Option("--no-et", help="Skip the execution trace of the first profiled step.")] = False,
-    heap_reserve: Annotated[int | None, typer.Option("--heap-reserve", min=0, metavar="MIB", help=f"Heap the profiled process writes and frees before the window opens, so the tensors the profiler's allocations displace do not page-fault new memory every step (default: {RESERVE_PER_STEP_MIB} MiB per profiled step; 0: none). It stays in the process's heap, as free memory, until it exits.")] = None,
+    heap_reserve: Annotated[int, typer.Option("--heap-reserve", min=0, metavar="MIB", help=f"Opt-in: heap the profiled process writes and frees before the window opens, so the tensors the profiler's allocations displace do not page-fault new memory every step ({RESERVE_PER_STEP_MIB} MiB per profiled step took all of a CPU transformer's). It changes the program measured: it stays in the process's heap, as free memory, until it exits.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No status line or summary.")] = False,
 ) -> int:

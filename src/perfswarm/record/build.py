@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from perfswarm.analyze.iterations import EXPORT
 from perfswarm.errors import TraceFormatError
 from perfswarm.record import net, perf, pystacks, strace, system
 from perfswarm.record.base import Row, read_jsonl, value_rows
@@ -77,6 +79,17 @@ def _hooks(path: Path) -> Hooks:
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
 
+def torch_version(stepping: Iterable[Path]) -> str | None:
+    """The torch version a stepping process ran (its `.json` says; a `.live` file does not)."""
+    for path in stepping:
+        if path.suffix == ".json":
+            with contextlib.suppress(ValueError, AttributeError):
+                version = orjson.loads(path.read_bytes()).get("torch")
+                if isinstance(version, str):
+                    return version
+    return None
+
+
 def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its optimizer.step() hooks, as the
     per-rank counter FAULTS."""
@@ -98,7 +111,7 @@ def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Tabl
         export = max(mine) + 1 if mine else -1
         for i in range(1, len(hooks)):
             if (rank, i) not in marked:
-                source = "export" if i == export else "detected"
+                source = EXPORT if i == export else "detected"
                 for key, value in zip(rows, (rank, i, hooks[i - 1], hooks[i], source),
                                       strict=True):
                     rows[key].append(value)
@@ -252,6 +265,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of)
         manifest["ranks"] = sorted(set(rank_of.values()))
+        if (version := torch_version(stepping)) is not None:
+            manifest.setdefault("extra", {}).setdefault("record", {})["torch_version"] = version
         run.write_manifest(manifest)
     return Run(out)
 

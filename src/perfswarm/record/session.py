@@ -41,7 +41,8 @@ DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
 # opt-in: strace slows every syscall; net captures the whole host's traffic headers
 COLLECTORS = (*DEFAULT_COLLECTORS, "strace", "net")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# A CPU transformer's profiling window displaced 56 MiB of tensors a step at most (d_model 256)
+# A CPU transformer's profiling window displaced 56 MiB of tensors a step at most (d_model 256):
+# what --heap-reserve, opt-in, needs per profiled step to take all of them.
 RESERVE_PER_STEP_MIB = 64
 
 
@@ -55,13 +56,9 @@ class RecordOptions:
     steps: int = 10
     execution_trace: bool = True
     force: bool = False
-    heap_reserve_mib: int | None = None  # None: RESERVE_PER_STEP_MIB per profiled step
-
-    @property
-    def reserve_mib(self) -> int:
-        """The heap reserve written before the window opens (inject/sitecustomize.py)."""
-        return (RESERVE_PER_STEP_MIB * self.steps if self.heap_reserve_mib is None
-                else self.heap_reserve_mib)
+    # The heap reserve written into the profiled process before the window opens
+    # (inject/sitecustomize.py): opt-in, it changes the program measured.
+    heap_reserve_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,7 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
                              f" (choose from {', '.join(COLLECTORS)})")
     make: dict[str, Callable[[], Collector]] = {
         "torch": lambda: TorchCollector(raw, options.skip, options.steps,
-                                        options.execution_trace, options.reserve_mib),
+                                        options.execution_trace, options.heap_reserve_mib),
         "system": lambda: SystemSampler(raw, options.hz),
         "gpu": lambda: GpuSampler(raw, options.hz),
         "perf": lambda: PerfCollector(raw, options.perf_hz),
@@ -251,7 +248,7 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     manifest["extra"] = {"record": {
         "start_ns": start_ns, "end_ns": time.time_ns(), "pid": child.pid,
         "steps_window": [options.skip, options.steps], "hz": options.hz,
-        "heap_reserve_mib": options.reserve_mib if "torch" in options.collectors else 0,
+        "heap_reserve_mib": options.heap_reserve_mib if "torch" in options.collectors else 0,
         "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},
     }}
     perf_exe = next((c.exe for c in collectors if isinstance(c, PerfCollector)), None)

@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import profiled
+from perfswarm.analyze.iterations import EXPORT, profiled
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
@@ -23,7 +25,8 @@ from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Manifest, Run
 
 I64 = npt.NDArray[np.int64]
-_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation", "args"]
+_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation",
+            "args"]
 
 
 def union_ns(starts: I64, ends: I64) -> int:
@@ -77,14 +80,20 @@ class Facts:
     raw_files: dict[str, str] = field(default_factory=dict)
     # analyze's launch statistics (its idle split: one definition of host and kernel wait)
     launch: tuple[LaunchStats, ...] = ()
+    # Every step the run timed (hooks outside the window too), but the one holding the export.
+    run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @classmethod
     def of(cls, run: Run) -> Facts:
         events = pl.from_arrow(run.table("events", _COLUMNS))
-        steps = pl.from_arrow(profiled(run.table("steps")))
+        table = run.table("steps")
+        steps = pl.from_arrow(profiled(table))
+        run_steps = pl.from_arrow(table.filter(pc.not_equal(table.column("source").cast(
+            pa.string()), EXPORT)))
         counters = pl.from_arrow(run.table("counters"))
         assert isinstance(events, pl.DataFrame)
         assert isinstance(steps, pl.DataFrame)
+        assert isinstance(run_steps, pl.DataFrame)
         assert isinstance(counters, pl.DataFrame)
         cast = {"kind": pl.String, "name": pl.String}
         raw: dict[str, str] = {}
@@ -96,7 +105,8 @@ class Facts:
         return cls(events.with_columns(**{k: pl.col(k).cast(v) for k, v in cast.items()}),
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
-                   run.manifest(), raw, launch_stats(Events.load(run)))
+                   run.manifest(), raw, launch_stats(Events.load(run)),
+                   run_steps.with_columns(pl.col("source").cast(pl.String)))
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:

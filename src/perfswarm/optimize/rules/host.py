@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from perfswarm.model.topology import interconnect
@@ -38,19 +39,22 @@ def data_loading(facts: Facts) -> Advice | None:
     single = bool(loads["name"].str.contains("SingleProcess").any())
     workers = min(8, _cores(facts))
     compute_ns = facts.wall_ns - load_ns
+    # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
+    pin = ", pin_memory=True" if facts.device_events.height else ""
     if single:
         # W workers produce batches W at a time in the background: a step takes
         # max(compute, load / W) instead of compute + load.
         gain = facts.wall_ns - max(compute_ns, load_ns / workers)
         basis = (f"pipeline model: step = max(compute, load / {workers} workers) instead of "
                  "compute + load")
-        change = (f"DataLoader(num_workers={workers}, pin_memory=True, prefetch_factor=4, "
+        change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
                   "persistent_workers=True)")
     else:
         gain = load_ns / 2
         basis = "rule of thumb, no model: doubling the workers halves the remaining wait"
-        change = ("raise DataLoader num_workers (2x) and prefetch_factor (4); "
-                  "pin_memory=True; move per-sample decoding out of the training process")
+        change = (f"raise DataLoader num_workers (2x, up to {_cores(facts)} cores) and "
+                  f"prefetch_factor (4){pin.replace(',', ';')}; move per-sample decoding out of "
+                  "the training process")
     evidence = {"loader_calls": loads.height, "loader_ns": load_ns, "loader_share_pct": share,
                 "single_process": single, "pageable_h2d_copies": pageable_copies(facts).height,
                 "cores": _cores(facts)}
@@ -139,3 +143,98 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
                   "cores / threads",
                   f"OMP_NUM_THREADS={best} MKL_NUM_THREADS={best} (cores / processes), or "
                   f"torch.set_num_threads({best}) in each process")
+
+
+# A process on a busy machine that got less than this share of the busy cores shares them.
+_CONTENDED_SHARE = 0.5
+_BUSY = 0.9  # the host's cores this busy (usr + sys) count as saturated
+
+
+def _window_counters(facts: Facts, pattern: str) -> pl.DataFrame:
+    """Counters named by the regex `pattern` inside the measured windows of the ranks (host
+    counters, rank -1, in every rank's window); all of them in a Run without events."""
+    named = facts.counters.filter(pl.col("name").str.contains(pattern))
+    if not facts.ranks:
+        return named
+    parts = [named.filter((pl.col("rank").is_in([r, -1])) & (pl.col("ts") >= lo)
+                          & (pl.col("ts") < hi))
+             for r in facts.ranks for lo, hi, _ in [facts.window(r)]]
+    return pl.concat(parts) if parts else named.clear()
+
+
+def cpu_contention(facts: Facts) -> Advice | None:
+    """The cores were busy, but mostly not with the recorded processes: others took the CPU."""
+    proc = _window_counters(facts, r"^proc\.cpu_cores$")["value"].to_numpy()
+    busy = _window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$")
+    if proc.size < 3 or busy.height == 0:
+        return None
+    cores = _cores(facts)
+    host = float(busy["value"].sum()) / (busy.height / 2 / cores) if busy.height else 0.0
+    got = float(proc.mean())
+    if host < _BUSY * cores or got >= _CONTENDED_SHARE * host:
+        return None
+    # Its own CPU time at the parallelism it reached when it ran most freely (90th percentile
+    # of its sampled cores) instead of what it got on average.
+    free = float(np.percentile(proc, 90))
+    if free <= got:
+        return None
+    evidence = {"cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
+                "process_cores_p90": round(free, 2), "samples": int(proc.size)}
+    ts = _window_counters(facts, r"^proc\.cpu_cores$")["ts"].to_numpy()
+    # A Run without events (no profiling window) is measured by its sampler's span.
+    whole = facts.wall_ns or int(ts.max() - ts.min())
+    return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
+                  whole * (1 - got / free),
+                  "time-share model from the system sampler: the run's CPU time at the cores it "
+                  "used when it ran most freely (90th percentile) instead of its mean",
+                  "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
+                  "busy processes (top, or `perfswarm record -c system` counters): the step "
+                  "times measured here are inflated by them", of_ns=whole)
+
+
+_OUTLIER = 3.0  # a step this many times the median step is an outlier
+
+
+def outlier_steps(facts: Facts) -> Advice | None:
+    """A few steps take many times the median one: periodic work (evaluation, generate(),
+    checkpoints, logging) runs between optimizer steps."""
+    steps = facts.run_steps
+    if steps.height < 5:
+        return None
+    dur = (steps["end"] - steps["start"]).to_numpy()
+    median = float(np.median(dur))
+    slow = steps.filter(pl.Series(dur > _OUTLIER * median))
+    if median <= 0 or slow.height == 0:
+        return None
+    slow_dur = (slow["end"] - slow["start"]).to_numpy()
+    total = float(dur.sum())
+    excess = float((slow_dur - median).sum())
+    evidence = {"median_step_ns": round(median), "steps": steps.height,
+                "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
+                             for r, s, b, e in slow.select("rank", "step", "start", "end")
+                             .sort("rank", "step").iter_rows()][:10],
+                "outlier_ns": int(slow_dur.sum()),
+                "outlier_share_pct": pct(float(slow_dur.sum()), total)}
+    return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
+                  evidence, excess, "measured, no model: the outlier steps' time beyond the "
+                  "median step, of all the steps the run timed",
+                  "find what runs in those steps (evaluation, generate(), checkpointing or "
+                  "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
+                  "less often, asynchronously or outside the training loop", of_ns=total)
+
+
+def loader_oversubscription(facts: Facts) -> Advice | None:
+    """More DataLoader worker processes than cores: workers and training share the cores."""
+    fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
+    cores = _cores(facts)
+    workers = fetches.select("rank", "pid").unique().height
+    per_rank = workers / max(1, len(facts.ranks))
+    if per_rank <= cores - 1 or workers == 0:
+        return None
+    evidence = {"cores": cores, "workers": workers, "ranks": len(facts.ranks)}
+    best = max(1, cores - 1)
+    return advice(facts, "loader_oversubscription", "more DataLoader workers than spare cores",
+                  evidence, None, "no time model: the workers' CPU time is spread over fewer "
+                  "cores than processes, and the training process waits behind them",
+                  f"DataLoader(num_workers={best}) (cores - 1: one core for the training "
+                  "process)")

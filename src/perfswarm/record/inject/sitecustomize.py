@@ -147,7 +147,8 @@ class _Window:
         path = os.path.join(self.out, f"steps-{self.stem}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
-                       "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns}, f)
+                       "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
+                       "torch": getattr(sys.modules.get("torch"), "__version__", None)}, f)
         os.replace(path + ".tmp", path)
         if self.live_fd >= 0:  # the .json holds every hook time now
             os.close(self.live_fd)
