@@ -23,7 +23,7 @@ from perfswarm.record import system
 from perfswarm.record.base import read_jsonl, value_rows
 from perfswarm.record.gpu import NO_GPU, GpuSampler
 
-PROC_FILES = ("stat", "meminfo", "diskstats", "net/dev")
+PROC_FILES = ("stat", "meminfo", "diskstats", "net/dev", "cpuinfo")
 
 
 @pytest.fixture
@@ -49,6 +49,17 @@ def test_procfs_parsers_agree_with_psutil(frozen_proc: Path) -> None:
         disk.read_bytes, disk.write_bytes)
     net = psutil.net_io_counters()
     assert system.parse_net_dev(text["net/dev"]) == (net.bytes_recv, net.bytes_sent)
+    stats = psutil.cpu_stats()
+    assert system.parse_stat_totals(text["stat"]) == (
+        stats.ctx_switches, stats.interrupts, stats.soft_interrupts)
+    per_disk = psutil.disk_io_counters(perdisk=True)
+    for name, (ios, ms, _inflight, _weighted) in system.parse_disk_io(
+            text["diskstats"], system.whole_disks()).items():
+        d = per_disk[name]
+        assert (ios, ms) == (d.read_count + d.write_count, d.read_time + d.write_time)
+    if not Path("/sys/devices/system/cpu/cpu0/cpufreq").exists():  # psutil reads cpuinfo too
+        assert list(system.parse_cpuinfo_mhz(text["cpuinfo"]).values()) == [
+            f.current for f in psutil.cpu_freq(percpu=True)]
     rows = system.parse_cpu_lines(system.cpu_lines(text["stat"]).decode())
     tick = os.sysconf("SC_CLK_TCK")
     theirs = psutil.cpu_times(percpu=True)
@@ -80,13 +91,13 @@ def _stat(cores: dict[int, list[int]]) -> str:
 
 def test_cpu_rows_shares_of_each_interval() -> None:
     a = {0: [100, 0, 50, 800, 50, 0, 0, 0, 7, 0], 3: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}
-    b = {0: [130, 0, 60, 850, 60, 0, 0, 0, 9, 0], 3: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}
+    b = {0: [130, 0, 60, 840, 60, 0, 0, 10, 9, 0], 3: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}
     rows = system.cpu_rows([{"ts": 1, "values": {}, "stat": _stat(a)},
                             {"ts": 2, "values": {}},  # a reading without the raw lines
                             {"ts": 3, "values": {}, "stat": _stat(b)}])
     # core 0: 100 ticks (guest's 2 already inside user); core 3 had none: no shares
     assert rows == [(3, "cpu.core0.usr", -1, 0.3), (3, "cpu.core0.sys", -1, 0.1),
-                    (3, "cpu.core0.iowait", -1, 0.1)]
+                    (3, "cpu.core0.iowait", -1, 0.1), (3, "cpu.core0.steal", -1, 0.1)]
     offline = {0: b[0]}  # a core went offline: no common interval
     assert system.cpu_rows([{"ts": 1, "stat": _stat(a)}, {"ts": 2, "stat": _stat(offline)}]) == []
 
@@ -103,9 +114,9 @@ def test_cpu_shares_are_fractions(increments: list[list[int]]) -> None:
         span = sum(inc[:8])
         got = [shares.get(f"cpu.core{c}.{k}") for k in system.SHARES]
         if span == 0:
-            assert got == [None, None, None]
+            assert got == [None] * len(system.SHARES)
         else:
-            assert got == [round(inc[i] / span, 6) for i in (0, 2, 4)]
+            assert got == [round(inc[i] / span, 6) for i in (0, 2, 4, 7)]
             assert sum(g or 0.0 for g in got) <= 1.0 + 3e-6
 
 
@@ -148,6 +159,63 @@ def test_system_sampler_on_a_fake_procfs(frozen_proc: Path, tmp_path: Path) -> N
     tick = os.sysconf("SC_CLK_TCK")
     assert second["proc.cpu_cores"] * 0.05 <= 150 / tick  # 150 ticks over >= 50 ms
     assert second["disk.read_bytes"] == 0.0 and second["mem.used_bytes"] > 0
+
+
+def _diskstats(ios: int, ms: int, inflight: int, weighted: int) -> bytes:
+    """A whole disk `sdz` (reads and writes split 1:3) and a partition of it."""
+    r, w = ios // 4, ios - ios // 4
+    line = f"8 0 sdz {r} 0 {8 * r} {ms // 2} {w} 0 {8 * w} {ms - ms // 2} {inflight} 9 {weighted}"
+    return (line + " 0 0 0 0\n" + "8 1 sdz1 5 0 40 7 5 0 40 7 0 9 14 0 0 0 0\n").encode()
+
+
+def test_system_sampler_events_disk_latency_and_clocks(tmp_path: Path) -> None:
+    """Context switches, interrupts and softirqs since the first reading; per-disk await,
+    queue and requests in flight (iostat's formulas); core clocks from cpufreq."""
+    proc, block, cpus = tmp_path / "proc", tmp_path / "block", tmp_path / "cpu"
+    (proc / "net").mkdir(parents=True)
+    (block / "sdz").mkdir(parents=True)
+    for core, khz in ((0, 2_400_000), (1, 800_500)):
+        (cpus / f"cpu{core}" / "cpufreq").mkdir(parents=True)
+        (cpus / f"cpu{core}" / "cpufreq" / "scaling_cur_freq").write_text(f"{khz}\n")
+    (proc / "meminfo").write_bytes(b"MemTotal: 100 kB\nMemAvailable: 60 kB\n")
+    (proc / "net" / "dev").write_bytes(b"h\nh\n  lo: 1 0 0 0 0 0 0 0 2 0 0 0 0 0 0 0\n")
+
+    def stat(ctxt: int, intr: int, softirq: int) -> bytes:
+        return (f"cpu  1 0 1 8 0 0 0 0 0 0\ncpu0 1 0 1 8 0 0 0 0 0 0\nintr {intr} 3 4\n"
+                f"ctxt {ctxt}\nbtime 1\nsoftirq {softirq} 1 2\n").encode()
+
+    (proc / "stat").write_bytes(stat(1000, 500, 300))
+    (proc / "diskstats").write_bytes(_diskstats(100, 400, 0, 500))
+    start = time.monotonic_ns()
+    sampler = system.SystemSampler(tmp_path, 20.0, clock=iter(range(1, 9)).__next__,
+                                   procfs=str(proc), sysfs_block=str(block), sysfs_cpu=str(cpus))
+    sampler.pid = 2**22 + 1  # no such process: no tree
+    (proc / "stat").write_bytes(stat(1250, 540, 333))
+    (proc / "diskstats").write_bytes(_diskstats(140, 1400, 3, 20500))
+    with sampler.path.open("wb") as out:
+        sampler.sample_once(out)
+    elapsed_ms = (time.monotonic_ns() - start) / 1e6
+    sampler.stop()
+    (item,) = read_jsonl(sampler.path)
+    values = item["values"]
+    assert (values["sys.ctxt"], values["sys.intr"], values["sys.softirq"]) == (250, 40, 33)
+    assert values["disk.sdz.inflight"] == 3.0 and "disk.sdz1.inflight" not in values
+    assert values["disk.sdz.await_ms"] == 25.0  # 1000 ms over 40 I/Os
+    assert values["disk.sdz.queue"] >= round(20000 / elapsed_ms, 6)  # 20 s weighted / elapsed
+    assert (values["cpu.core0.mhz"], values["cpu.core1.mhz"]) == (2400.0, 800.5)
+    assert item["stat"] == "cpu0 1 0 1 8 0 0 0 0 0 0"
+
+
+def test_disk_rates_are_iostats() -> None:
+    prev = {"sdz": (100, 400, 0, 500)}
+    now = {"sdz": (140, 1400, 3, 20500), "new": (1, 1, 1, 1)}
+    assert system.disk_rates(prev, now, 2_000_000_000) == {
+        "disk.sdz.inflight": 3.0, "disk.sdz.await_ms": 25.0, "disk.sdz.queue": 10.0,
+        "disk.new.inflight": 1.0}
+    idle = {"sdz": (140, 1400, 0, 20500)}  # nothing completed: no await
+    assert system.disk_rates(idle, idle, 1_000_000) == {"disk.sdz.inflight": 0.0,
+                                                         "disk.sdz.queue": 0.0}
+    assert system.parse_disk_io(_diskstats(0, 0, 0, 0), frozenset({b"sdz"})) == {}
 
 
 def test_system_sampler_without_procfs(tmp_path: Path) -> None:

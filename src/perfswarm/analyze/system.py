@@ -1,7 +1,7 @@
 """System counters against the device: what dominates each window, and what tracks utilization.
 
 Counter names follow the Run store's convention: `cpu.<core>.usr|sys|iowait`,
-`gpu<N>.sm_util` (or `.util`), `disk.<...>`, `net.<...>` (not the per-flow `net.flow.`).
+`gpu<N>.sm_util` (or `.util`), `disk.read|write_bytes`, `net.<...>` (not the per-flow `net.flow.`).
 Utilizations are fractions or percents (a series whose values exceed 1.5 is read as
 percent). Disk and network series that never decrease are cumulative counters and are
 turned into rates. Host-wide counters (rank -1, as a recorder's samplers write them) count
@@ -29,7 +29,7 @@ PATTERNS: Final = {
     "sys": re.compile(r"^cpu\.[^.]+\.sys$"),
     "iowait": re.compile(r"^cpu\.[^.]+\.iowait$"),
     "gpu": re.compile(r"^gpu\d+\.(sm_)?util$"),
-    "disk": re.compile(r"^disk\."),
+    "disk": re.compile(r"^disk\.(read|write)_bytes$"),  # not the per-disk latency and queue
     "net": re.compile(r"^net\.(?!flow\.)"),  # host totals; per-flow counters would count twice
 }
 

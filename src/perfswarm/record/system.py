@@ -1,7 +1,15 @@
-"""System sampler: per-core usr/sys/iowait, memory, disk and network bytes, the process tree.
+"""System sampler: per-core usr/sys/iowait/steal and frequency, memory, context switches,
+interrupts and softirqs, disk and network bytes, per-disk latency and queue, the process tree.
 
 CPU values are fractions of one core over the interval since the previous
-reading; byte counters are cumulative since the recording began.
+reading; byte and event counters (`sys.ctxt`, `sys.intr`, `sys.softirq`) are
+cumulative since the recording began. Per disk (whole disks that have done any
+I/O): `disk.<name>.inflight` is the requests in flight at the reading,
+`disk.<name>.await_ms` the mean time a read or write completed in the interval
+took (iostat's r/w await: queue and service), `disk.<name>.queue` the mean
+number of requests in flight over the interval (iostat's aqu-sz).
+`cpu.core<N>.mhz` is each core's clock (cpufreq, else /proc/cpuinfo), read at
+most once a second.
 
 Readings come straight from procfs (the same files and formulas psutil uses,
 tested against it): each file is opened once and re-read with one `os.pread`
@@ -31,7 +39,9 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 I64 = np.ndarray[Any, np.dtype[np.int64]]
-SHARES = ("usr", "sys", "iowait")
+SHARES = ("usr", "sys", "iowait", "steal")
+_SHARE_COLUMNS = [0, 2, 4, 7]  # of user, nice, system, idle, iowait, irq, softirq, steal
+FREQ_NS = 1_000_000_000  # how often the core clocks are read
 
 
 def cpu_lines(text: bytes) -> bytes:
@@ -51,14 +61,14 @@ def parse_cpu_lines(text: str) -> I64:
 
 
 def cpu_fractions(prev: I64, now: I64) -> dict[str, float]:
-    """Per-core user/system/iowait shares of the ticks between two readings. The span is
+    """Per-core user/system/iowait/steal shares of the ticks between two readings. The span is
     user..steal: guest time is already inside user and nice, so adding it again (as psutil's
     sum of fields does) would count it twice."""
     if prev.shape != now.shape or not np.array_equal(prev[:, 0], now[:, 0]):
         return {}  # a core went on- or offline: no common interval
     delta = now[:, 1:9] - prev[:, 1:9]
     span = delta.sum(axis=1)
-    shares = np.round(np.maximum(delta[:, [0, 2, 4]], 0) / np.maximum(span, 1)[:, None], 6)
+    shares = np.round(np.maximum(delta[:, _SHARE_COLUMNS], 0) / np.maximum(span, 1)[:, None], 6)
     out: dict[str, float] = {}
     for core, ok, row in zip(now[:, 0].tolist(), (span > 0).tolist(), shares.tolist(),
                              strict=True):
@@ -68,7 +78,7 @@ def cpu_fractions(prev: I64, now: I64) -> dict[str, float]:
 
 
 def cpu_rows(items: list[dict[str, Any]]) -> list[Row]:
-    """`cpu.coreN.usr|sys|iowait` rows from the raw per-core lines the sampler kept: each
+    """`cpu.coreN.usr|sys|iowait|steal` rows from the raw per-core lines the sampler kept: each
     reading's shares of the interval since the one before."""
     rows: list[Row] = []
     prev = None
@@ -117,6 +127,89 @@ def parse_diskstats(text: bytes, disks: frozenset[bytes]) -> tuple[int, int]:
     read = sum(int(v) for n, v in zip(names, tokens[5::width], strict=True) if n in disks)
     written = sum(int(v) for n, v in zip(names, tokens[9::width], strict=True) if n in disks)
     return read * SECTOR, written * SECTOR
+
+
+def parse_stat_totals(text: bytes) -> tuple[int, int, int]:
+    """(context switches, interrupts, softirqs) since boot, from the `ctxt`, `intr` and
+    `softirq` lines of /proc/stat (the first number of `intr` and `softirq` is their total)."""
+    found: dict[bytes, int] = {}
+    for key in (b"\nctxt ", b"\nintr ", b"\nsoftirq "):
+        at = text.find(key)
+        if at >= 0:
+            start = at + len(key)
+            end = start
+            while end < len(text) and text[end] not in b" \n":
+                end += 1
+            found[key] = int(text[start:end])
+    return found.get(b"\nctxt ", 0), found.get(b"\nintr ", 0), found.get(b"\nsoftirq ", 0)
+
+
+DiskIO = tuple[int, int, int, int]  # I/Os completed, ms spent on them, in flight, weighted ms
+
+
+def parse_disk_io(text: bytes, disks: frozenset[bytes]) -> dict[str, DiskIO]:
+    """Per whole disk that has completed any I/O: reads + writes completed, ms reading +
+    ms writing, I/Os in flight now, and the weighted ms doing I/O (fields 1+5, 4+8, 9 and 11
+    of Documentation/admin-guide/iostats.rst)."""
+    out: dict[str, DiskIO] = {}
+    for line in text.split(b"\n"):
+        f = line.split()
+        if len(f) >= 14 and f[2] in disks:
+            ios = int(f[3]) + int(f[7])
+            if ios:
+                out[f[2].decode(errors="replace")] = (ios, int(f[6]) + int(f[10]), int(f[11]),
+                                                      int(f[13]))
+    return out
+
+
+def disk_rates(prev: dict[str, DiskIO], now: dict[str, DiskIO],
+               elapsed_ns: int) -> dict[str, float]:
+    """`disk.<name>.inflight` now; over the interval since `prev`, `disk.<name>.await_ms`
+    (ms per completed I/O; none without one) and `disk.<name>.queue` (weighted ms / ms)."""
+    out: dict[str, float] = {}
+    for name, (ios, ms, inflight, weighted) in now.items():
+        out[f"disk.{name}.inflight"] = float(inflight)
+        before = prev.get(name)
+        if before is None or elapsed_ns <= 0:
+            continue
+        done = ios - before[0]
+        if done > 0:
+            out[f"disk.{name}.await_ms"] = round((ms - before[1]) / done, 6)
+        out[f"disk.{name}.queue"] = round(max(0, weighted - before[3]) / (elapsed_ns / 1e6), 6)
+    return out
+
+
+def parse_cpuinfo_mhz(text: bytes) -> dict[int, float]:
+    """Core -> `cpu MHz` from /proc/cpuinfo (x86; other architectures print none)."""
+    out: dict[int, float] = {}
+    core = -1
+    for line in text.split(b"\n"):
+        key, _, value = line.partition(b":")
+        key = key.strip()
+        if key == b"processor":
+            core = int(value)
+        elif key == b"cpu MHz" and core >= 0:
+            out[core] = float(value)
+    return out
+
+
+def core_mhz(sysfs_cpu: str = "/sys/devices/system/cpu", procfs: str = "/proc") -> dict[int, float]:
+    """Each core's current clock in MHz: cpufreq's scaling_cur_freq (kHz) where the kernel
+    has a cpufreq driver, else /proc/cpuinfo; {} when neither tells."""
+    out: dict[int, float] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(sysfs_cpu):
+            if name.startswith("cpu") and name[3:].isdigit():
+                with contextlib.suppress(OSError, ValueError), open(
+                        f"{sysfs_cpu}/{name}/cpufreq/scaling_cur_freq", "rb") as f:
+                    out[int(name[3:])] = int(f.read()) / 1000.0
+    if out:
+        return out
+    try:
+        with open(f"{procfs}/cpuinfo", "rb") as f:
+            return parse_cpuinfo_mhz(f.read())
+    except (OSError, ValueError):
+        return {}
 
 
 def parse_net_dev(text: bytes) -> tuple[int, int]:
@@ -184,9 +277,12 @@ class SystemSampler(Sampler):
     name = "system"
 
     def __init__(self, raw: Path, hz: float, clock: Clock | None = None,
-                 procfs: str = "/proc", sysfs_block: str = "/sys/block") -> None:
+                 procfs: str = "/proc", sysfs_block: str = "/sys/block",
+                 sysfs_cpu: str = "/sys/devices/system/cpu") -> None:
         super().__init__(raw, hz, clock or time.time_ns)
         self.procfs = procfs
+        self.sysfs_cpu = sysfs_cpu
+        self._freq_at = -FREQ_NS
         self._fds: dict[str, int] = {}
         self._procs: dict[int, _Proc] = {}
         self._scanned_ns = 0
@@ -198,20 +294,29 @@ class SystemSampler(Sampler):
             self.unavailable(f"cannot read {e.filename} ({e.strerror})")
             return
         self._disks = whole_disks(sysfs_block)
-        # /proc/stat's interrupt lines can be 100s of KB; the cpu lines come first
+        # the kernel renders the whole of /proc/stat whatever is read, so it is read whole
+        # (its interrupt line can be 100s of KB: the buffer grows once and stays)
         self._stat_size = 256 * (os.cpu_count() or 1) + 4096
-        self._disk0 = parse_diskstats(self._read("diskstats"), self._disks)
+        diskstats = self._read("diskstats")
+        self._disk0 = parse_diskstats(diskstats, self._disks)
+        self._io = parse_disk_io(diskstats, self._disks)
+        self._io_at = time.monotonic_ns()
         self._net0 = parse_net_dev(self._read("net/dev"))
+        self._stat0 = parse_stat_totals(self._read("stat"))
+        self._stat = b""
 
     def _read(self, name: str) -> bytes:
         if name == "stat":
-            return os.pread(self._fds[name], self._stat_size, 0)
+            data = _pread(self._fds[name], self._stat_size)
+            self._stat_size = max(self._stat_size, len(data) + 1)
+            return data
         return _pread(self._fds[name], 1 << 16)
 
     def read_text(self) -> dict[str, str]:
-        """The per-core lines of /proc/stat, unparsed: shares are derived when the Run is
-        built (`cpu_rows`), so a reading costs the same on 2 cores as on 200."""
-        return {"stat": cpu_lines(self._read("stat")).decode()}
+        """The per-core lines of /proc/stat (read by `read`), unparsed: shares are derived
+        when the Run is built (`cpu_rows`), so a reading costs the same on 2 cores as on
+        200."""
+        return {"stat": cpu_lines(self._stat).decode()}
 
     def start(self, pid: int) -> None:
         if self._fds:
@@ -221,9 +326,21 @@ class SystemSampler(Sampler):
         used, available = parse_meminfo(self._read("meminfo"))
         values = {"mem.used_bytes": float(used)}
         values["mem.available_bytes"] = float(available)
-        read, written = parse_diskstats(self._read("diskstats"), self._disks)
+        self._stat = self._read("stat")
+        for key, total, first in zip(("sys.ctxt", "sys.intr", "sys.softirq"),
+                                     parse_stat_totals(self._stat), self._stat0, strict=True):
+            values[key] = float(total - first)
+        diskstats = self._read("diskstats")
+        read, written = parse_diskstats(diskstats, self._disks)
         values["disk.read_bytes"] = float(read - self._disk0[0])
         values["disk.write_bytes"] = float(written - self._disk0[1])
+        io, now = parse_disk_io(diskstats, self._disks), time.monotonic_ns()
+        values.update(disk_rates(self._io, io, now - self._io_at))
+        self._io, self._io_at = io, now
+        if now - self._freq_at >= FREQ_NS:
+            self._freq_at = now
+            values.update({f"cpu.core{core}.mhz": mhz
+                           for core, mhz in core_mhz(self.sysfs_cpu, self.procfs).items()})
         rx, tx = parse_net_dev(self._read("net/dev"))
         values["net.rx_bytes"] = float(rx - self._net0[0])
         values["net.tx_bytes"] = float(tx - self._net0[1])
