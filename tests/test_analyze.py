@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,7 +14,13 @@ from hypothesis import strategies as st
 from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import gaps, union
-from perfswarm.analyze.iterations import detected_steps, iterations, marker_steps, steady_state
+from perfswarm.analyze.iterations import (
+    detect,
+    detected_steps,
+    iterations,
+    marker_steps,
+    steady_state,
+)
 from perfswarm.analyze.launch import launch_stats, queue_length
 from perfswarm.analyze.ops import kernel_category, op_breakdown
 from perfswarm.trace.schema import STEPS
@@ -101,6 +109,41 @@ def test_detection_matches_markers_when_they_are_removed(corpus_runs: dict[str, 
         94_076, 86_202, 86_586]
 
 
+def _logging_loop(steps: int, truncate_last: bool) -> tuple[list[str], list[int], list[int]]:
+    """A loop whose every other step logs (three `item` calls after the optimizer step), after
+    two set-up ops: it repeats exactly only at two steps. Ops last 10 us, 2 us apart, but
+    `backward` 40 us; the last step stops before its optimizer step when `truncate_last`."""
+    names = ["setup", "load"]
+    for i in range(steps):
+        names += ["zero_grad", "forward", "loss", "backward", "step"]
+        names += ["item"] * 3 if i % 2 == 0 else []
+    if truncate_last:
+        assert names[-1] == "step"
+        names.pop()
+    starts, ends, t = [], [], 0
+    for name in names:
+        starts.append(t)
+        ends.append(t + (40 if name == "backward" else 10) * US)
+        t = ends[-1] + 2 * US
+    return names, starts, ends
+
+
+@pytest.mark.parametrize("truncate_last", [False, True])
+def test_detection_when_steps_differ_in_op_count(truncate_last: bool) -> None:
+    names, starts, ends = _logging_loop(6, truncate_last)
+    codes = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    found = detect(np.array([codes[n] for n in names], np.int64), np.array(starts, np.int64),
+                   np.array(ends, np.int64))
+    begins = [starts[i] for i, n in enumerate(names) if n == "zero_grad"]
+    last_step = [ends[i] for i, n in enumerate(names) if n == "step"][-1]
+    # each step from its zero_grad to the next; the last to its optimizer step's end, unless
+    # the trace stopped before it
+    expected = list(itertools.pairwise(begins))
+    if not truncate_last:
+        expected.append((begins[-1], last_step))
+    assert found == expected
+
+
 def test_iterations_report_agreement(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["nccl"]
     it = iterations(run, Events.load(run))
@@ -112,8 +155,11 @@ def test_iterations_report_agreement(corpus_runs: dict[str, Run]) -> None:
 
 
 def test_no_repetition_no_iterations(corpus_runs: dict[str, Run]) -> None:
-    # one ProfilerStep holding a sequence of distinct phase annotations: nothing repeats
-    assert detected_steps(Events.load(corpus_runs["non_gpu"])) == {}
+    # one ProfilerStep holding a sequence of distinct phase annotations: nothing repeats but
+    # nine detach calls in a row; four aten::empty calls 15 us apart (cpu_only); three matmuls
+    # over 20 ms (event_sync_multi): one op repeated is no loop unless it fills its stretch
+    for name in ("non_gpu", "cpu_only", "event_sync_multi"):
+        assert detected_steps(Events.load(corpus_runs[name])) == {}
 
 
 def test_kernel_categories() -> None:

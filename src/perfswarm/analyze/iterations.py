@@ -6,7 +6,13 @@ else the one whose work spans longest. The period is the lag at which the
 sequence best matches a shifted copy of itself, tried at the lags between
 repeated occurrences of each name. An iteration then starts at each occurrence of
 an anchor: a name that occurs once per period, at steady spacing, and earliest in
-the sequence. The last iteration counts only when it holds a whole period of ops.
+the sequence. When no lag matches well enough, or none has such a name (iterations
+whose op counts differ: logging every other step repeats at two steps), the anchor is the
+earliest of the names that occur the same number of times at steady spacing, that
+number being the one most names share. One op repeated back to back is a loop only
+when it fills most of its stretch. The last iteration counts when it reaches
+the op that closes every other iteration (the latest name found once in each) and
+ends with it.
 """
 
 from __future__ import annotations
@@ -126,38 +132,85 @@ def period(names: I64) -> int:
     return int(good.min())
 
 
+def _occurrences(names: I64) -> list[I64]:
+    """The positions of each name in the sequence, name by name."""
+    order = np.argsort(names, kind="stable")
+    cuts = np.flatnonzero(np.diff(names[order])) + 1
+    return np.split(order, cuts)
+
+
+def _steady(pos: I64, lag: int) -> bool:
+    """Occurrences at least two, spaced between half and one and a half `lag` ops apart."""
+    if len(pos) < 2:
+        return False
+    spacing = np.diff(pos)
+    return bool(spacing.min() >= lag // 2 and spacing.max() <= lag + lag // 2)
+
+
 def anchor_positions(names: I64, lag: int) -> I64:
     """Positions where iterations start: occurrences of the earliest once-per-period name."""
     n = len(names)
-    order = np.argsort(names, kind="stable")
-    sorted_names = names[order]
-    cuts = np.flatnonzero(np.diff(sorted_names)) + 1
     best: I64 = np.zeros(0, np.int64)
-    for pos in np.split(order, cuts):
-        if len(pos) < 2 or len(pos) > n // lag + 1:
-            continue
-        spacing = np.diff(pos)
-        if spacing.min() < lag // 2 or spacing.max() > lag + lag // 2:
+    for pos in _occurrences(names):
+        if len(pos) > n // lag + 1 or not _steady(pos, lag):
             continue
         if len(pos) > len(best) or (len(pos) == len(best) and pos[0] < best[0]):
             best = pos
     return best
 
 
+def counted_anchors(names: I64) -> I64:
+    """Iteration starts from occurrence counts alone: of the names at steady spacing (each
+    against its own mean spacing, two ops or more: a run of one repeated op is no loop),
+    the count most of them share is the iteration count (ties: the larger; two names at
+    least), and the earliest name with that count starts each iteration."""
+    steady = [pos for pos in _occurrences(names)
+              if len(pos) >= 2 and (lag := int(np.diff(pos).mean())) >= 2 and _steady(pos, lag)]
+    counts, freq = np.unique([len(p) for p in steady], return_counts=True)
+    if len(freq) == 0 or freq.max() < 2:
+        return np.zeros(0, np.int64)
+    count = int(counts[np.flatnonzero(freq == freq.max())[-1]])
+    return min((p for p in steady if len(p) == count), key=lambda p: int(p[0]))
+
+
+def closing_position(names: I64, anchors: I64) -> int | None:
+    """Where the iteration from the last anchor ends: the position, after it, of the name
+    found exactly once in every other iteration that comes latest in them; None when the
+    last iteration does not reach it (the trace stopped first)."""
+    windows = np.searchsorted(anchors, np.arange(len(names)), side="right") - 1
+    full = len(anchors) - 1
+    best: tuple[float, int] | None = None
+    for pos in _occurrences(names):
+        where = windows[pos]
+        inside = where[(where >= 0) & (where < full)]
+        if len(inside) != full or len(np.unique(inside)) != full:
+            continue
+        offset = float(np.median(pos[(where >= 0) & (where < full)] - anchors[inside]))
+        if best is None or offset > best[0]:
+            tail = pos[where == full]
+            best = (offset, int(tail[0]) if len(tail) == 1 else -1)
+    return best[1] if best is not None and best[1] >= 0 else None
+
+
+def _sparse(starts: I64, ends: I64) -> bool:
+    """Ops that repeat one by one are a loop's steps only when they fill most of their span
+    (a `train_step` annotation around each step), not a burst of small calls."""
+    return bool((ends - starts).sum() < 0.5 * (ends.max() - starts.min()))
+
+
 def detect(names: I64, starts: I64, ends: I64) -> list[tuple[int, int]]:
     """(start, end) ns of each whole iteration found in an op sequence."""
     lag = period(names)
-    if lag == 0:
-        return []
-    anchors = anchor_positions(names, lag)
+    anchors = anchor_positions(names, lag) if lag else np.zeros(0, np.int64)
     if len(anchors) < 2:
+        anchors = counted_anchors(names)
+    if len(anchors) < 2 or (lag == 1 and _sparse(starts[anchors], ends[anchors])):
         return []
-    spacing = int(np.median(np.diff(anchors)))
     windows = [(int(starts[a]), int(starts[b])) for a, b in itertools.pairwise(anchors)]
-    tail = len(names) - int(anchors[-1])
-    if tail >= spacing:
+    close = closing_position(names, anchors)
+    if close is not None:
         last = int(anchors[-1])
-        windows.append((int(starts[last]), int(ends[last:last + spacing].max())))
+        windows.append((int(starts[last]), int(ends[last:close + 1].max())))
     return windows
 
 
