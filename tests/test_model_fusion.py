@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfswarm.model.fusion import fusion_candidates
-from perfswarm.model.opcost import OpCost, op_cost
+from perfswarm.model.opcost import OpCost, op_cost, roofline
 from perfswarm.model.specs import load_spec
 
 N = 1 << 20
@@ -41,6 +41,15 @@ def test_conv_then_depthwise_conv() -> None:
     assert (pointwise.family, depthwise.family) == ("conv", "depthwise_conv")
     ((pair,),) = [fusion_candidates([pointwise, depthwise, None], spec)]
     assert (pair.start, pair.end, pair.ops) == (0, 2, ("conv2d", "conv2d"))
-    # fused, the 8x128x56x56 map is neither written by the first nor read by the second
-    assert pair.saving_s == pytest.approx(2 * 4 * 8 * 128 * 56 * 56 / spec.memory_bandwidth)
-    assert fusion_candidates([depthwise, pointwise], spec) == []
+    # fused, the 8x128x56x56 map is neither written by the first nor read by the second: the
+    # pair moves only the outer tensors, against the FLOPs of both
+    mid = 4 * 8 * 128 * 56 * 56
+    assert pair.unfused_s == pytest.approx(roofline(pointwise, spec).time_s
+                                           + roofline(depthwise, spec).time_s)
+    assert pair.fused_s == pytest.approx(max(
+        (pointwise.flops + depthwise.flops) / spec.peak_for("fp32"),
+        (pointwise.bytes + depthwise.bytes - 2 * mid) / spec.memory_bandwidth))
+    # depthwise -> pointwise (MobileNet's pair) is one too, depthwise -> depthwise is not
+    assert [c.ops for c in fusion_candidates([depthwise, pointwise], spec)] == [
+        ("conv2d", "conv2d")]
+    assert fusion_candidates([depthwise, depthwise], spec) == []

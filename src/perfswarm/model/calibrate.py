@@ -394,6 +394,8 @@ class Profile:
     gmae: Mapping[str, float]
     page_s: float = 0.0  # first_touch_s on the host; 0 when unknown (an older profile)
     warm: Mapping[str, KernelModel] = field(default_factory=dict)
+    # the best rates its sweeps reached: FLOP/s (GEMM, conv), bytes/s cold and warm (copy)
+    ceilings: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:
@@ -404,9 +406,29 @@ class Profile:
             if not page_s >= 0:
                 raise ValueError("page_s must be a non-negative time")
             return cls(str(data["device"]), int(data.get("threads", 1)), models, errors, page_s,
-                       warm)
+                       warm, _ceilings(data))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
+
+
+def _best(entries: Mapping[str, Any], families: Sequence[str], rate: Callable[[Point], float]
+          ) -> float:
+    """The highest rate of any sweep point of `families` (0 when none was swept)."""
+    return max((rate(_sweep_point(p)) for f in families if f in entries
+                for p in entries[f]["sweep"]), default=0.0)
+
+
+def _ceilings(data: Mapping[str, Any]) -> dict[str, float]:
+    """The roofline's ceilings as the profile's sweeps measured them."""
+    def flops(p: Point) -> float:
+        return p.cost.flops / p.seconds
+
+    def moved(p: Point) -> float:
+        return p.cost.bytes / p.seconds
+
+    return {"flops": _best(data["families"], ("gemm", "conv"), flops),
+            "memory_bandwidth": _best(data["families"], ("copy",), moved),
+            "cache_bandwidth": _best(data.get("warm", {}), ("copy",), moved)}
 
 
 def _models(entries: Mapping[str, Any]) -> tuple[dict[str, KernelModel], dict[str, float]]:

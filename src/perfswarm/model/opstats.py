@@ -115,6 +115,7 @@ class _RankOps:
     op_ns: int
     gpu: bool  # the rank ran device ops
     sequence: list[OpCost]  # the first iteration's costed ops on its first thread, in order
+    shapes: list[Shapes]    # their recorded shapes
 
 
 def _rank_ops(run: Run, rank: int) -> _RankOps:
@@ -151,12 +152,20 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         key = (ev.name_of(row), _shape_text(shapes[row]))
         _cost, count, ns = groups.get(key, (costs[row], 0, 0))
         groups[key] = (costs[row], count + 1, ns + time[row])
-    sequence: list[OpCost] = []
+    rows: list[int] = []
     if counted:
         first = min(counted, key=lambda r: int(ev.ts[r]))
-        rows = [r for r in counted if ev.step[r] == ev.step[first] and ev.tid[r] == ev.tid[first]]
-        sequence = [costs[r] for r in sorted(rows, key=lambda r: int(ev.ts[r]))]
-    return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0, sequence)
+        rows = sorted((r for r in counted
+                       if ev.step[r] == ev.step[first] and ev.tid[r] == ev.tid[first]),
+                      key=lambda r: int(ev.ts[r]))
+    return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0,
+                    [costs[r] for r in rows], [shapes[r] for r in rows])
+
+
+def op_sequence(run: Run, rank: int) -> list[tuple[OpCost, Shapes]]:
+    """The first iteration's costed ops of a rank's first thread, in order, with their shapes."""
+    ops = _rank_ops(run, rank)
+    return list(zip(ops.sequence, ops.shapes, strict=True))
 
 
 def op_costs(run: Run, ranks: Sequence[int], top: int = TOP) -> OpCosts:

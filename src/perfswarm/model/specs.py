@@ -26,6 +26,8 @@ class DeviceSpec:
     pcie_gen: int
     nvlink_gbps: float
     source: str
+    # bytes/s of data that stays in the last-level cache (l2_bytes); 0 = unknown, priced as memory
+    cache_bandwidth: float = 0.0
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype key (fp32, fp16, ...); fp32 when the device has no such rate."""
@@ -94,6 +96,17 @@ def spec_for_device(name: str, memory_bytes: float | None = None) -> DeviceSpec 
     if memory_bytes is None:
         return family[0]
     return min(family, key=lambda s: abs(s.memory_bytes - memory_bytes))
+
+
+def cpu_spec(name: str, flops: float, memory_bandwidth: float, cache_bandwidth: float,
+             cache_bytes: float, threads: int, source: str) -> DeviceSpec:
+    """A CPU's measured ceilings as a device spec (fp32 peak, bandwidths from memory and from its
+    last-level cache), so one roofline serves CPUs and accelerators."""
+    if not (flops > 0 and memory_bandwidth > 0 and cache_bandwidth >= 0 and cache_bytes >= 0):
+        raise PerfswarmError(f"{source}: CPU peaks must be positive (FLOP/s {flops:g}, "
+                             f"bandwidth {memory_bandwidth:g} B/s)")
+    return DeviceSpec(name, {"fp32": flops}, memory_bandwidth, 0.0, cache_bytes, threads, 0.0, 0,
+                      0.0, source, cache_bandwidth)
 
 
 def per_device(spec: DeviceSpec, compute_units: int | None) -> DeviceSpec:
