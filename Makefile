@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch is an optional extra; the CPU build 2.13.0 when none is installed.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,torch]'
+	$(PY) -m pip install -q -e '.[dev,torch,fuse]'
 	# Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium).
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	# Debian's tcpdump for the opt-in net collector (its test captures a loopback transfer).

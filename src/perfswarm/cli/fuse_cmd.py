@@ -1,0 +1,99 @@
+"""`perfswarm fuse [RUN] [--layer SPEC]... [--pairs I,J] [--trials N] [--budget MIN] [--json]`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from perfswarm.cli.app import app
+
+
+@app.command("fuse")
+def fuse_command(
+    run_dir: Annotated[Path | None, typer.Argument(metavar="[RUN]", help="Run directory whose conv pairs to fuse (or give --layer).")] = None,
+    layer: Annotated[list[str] | None, typer.Option("--layer", help="A pair's shapes, e.g. 'dw3x3:C=128,H=56,W=56 -> pw:K=128' (layers pw, dwKxK, convKxK, '/s2' for stride 2; the first takes N, C, H, W, the second K). Repeatable.")] = None,
+    pairs: Annotated[str | None, typer.Option("--pairs", help="Only these candidates, by index (e.g. 0,2).")] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size N of every --layer pair.")] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Schedules tried per kernel.")] = 24,
+    budget: Annotated[float, typer.Option("--budget", help="Tuning time for all pairs, minutes.")] = 2.0,
+    rounds: Annotated[int, typer.Option("--rounds", help="Side-by-side timing rounds per pair.")] = 15,
+    threads: Annotated[int | None, typer.Option("--threads", help="Threads for PyTorch and the kernels (default: all cores).")] = None,
+    profile: Annotated[Path | None, typer.Option("--profile", help="calibrate profile with this CPU's peaks (default: cpu-profile.json when present, else measured).")] = None,
+    cache: Annotated[Path | None, typer.Option("--cache", help="Tuned-schedule cache (default: ~/.cache/perfswarm/fuse-schedules.json).")] = None,
+    predict_only: Annotated[bool, typer.Option("--predict-only", help="List the candidates and the roofline's prediction; generate nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+) -> None:
+    """Fuse conv pairs (dw->pw, pw->dw, conv->dw, conv->conv) into one kernel tuned on this CPU, checked against PyTorch's separate ops and timed side by side with them."""
+    from perfswarm.cli.output import console, err_console, print_json
+    from perfswarm.optimize.fuse.host import cpu_device_spec, read_profile
+    from perfswarm.optimize.fuse.plan import (
+        Options,
+        candidates,
+        default_cache,
+        find_pairs,
+        fuse_all,
+        pick,
+    )
+    from perfswarm.trace.store import Run, host_info
+
+    options = Options(trials, budget * 60.0, rounds, threads or os.cpu_count() or 1)
+    if profile is None and Path("cpu-profile.json").is_file():
+        profile = Path("cpu-profile.json")
+    run = Run.open(run_dir) if run_dir is not None and not layer else None
+    found_pairs = find_pairs(layer or (), run, batch)
+    spec = cpu_device_spec(read_profile(profile) if profile else None, str(profile),
+                           options.threads)
+    found = pick(candidates(found_pairs, spec), pairs)
+    data: dict[str, Any] = {"device": spec.to_dict(), "candidates": [c.to_dict() for c in found]}
+    if not predict_only and found:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        from perfswarm.optimize.fuse.tune import ScheduleCache
+
+        store = ScheduleCache(cache or default_cache(), str(host_info()["cpu_model"]))
+        steps = len(found) * (2 * options.trials + options.rounds)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      console=err_console, transient=True) as bar:
+            task = bar.add_task("fuse", total=steps)
+            results = fuse_all(found, options, store,
+                               lambda what: bar.update(task, advance=1, description=what))
+        data["results"] = [r.to_dict() for r in results]
+    if as_json:
+        print_json(data)
+        return
+    _print(console, data)
+
+
+def _print(console: Any, data: dict[str, Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    device = data["device"]
+    console.print(f"device: {device['name']}: {device['peak_tflops']['fp32'] * 1e3:.0f} GFLOP/s, "
+                  f"{device['memory_bandwidth_gbps']:.1f} GB/s memory, "
+                  f"cache {device['l2_mb']:.1f} MB ({device['source']})", markup=False)
+    table = Table("#", "pair", "intermediate", "round-trips", "fused FLOP/B",
+                  "predicted", "gains", title="candidates (roofline)", title_justify="left")
+    for c in data["candidates"]:
+        p = c["prediction"]
+        table.add_row(str(c["index"]), Text(c["pair"]), f"{p['intermediate_bytes'] / 1e6:.2f} MB",
+                      "memory" if p["round_trips_memory"] else "cache",
+                      f"{p['fused_intensity']:.1f}",
+                      f"{p['separate_s'] * 1e3:.3f} -> {p['fused_s'] * 1e3:.3f} ms "
+                      f"(x{p['speedup']:.2f})", "yes" if p["gains"] else "no")
+    console.print(table)
+    if "results" not in data:
+        return
+    table = Table("pair", "torch separate ms", "fused ms", "own separate ms", "speedup",
+                  "vs own", "predicted", "max rel err", "recommend", title="measured (minimum "
+                  "of rounds, interleaved)", title_justify="left")
+    for r in data["results"]:
+        table.add_row(Text(r["pair"]), f"{r['torch_separate_ms']['min_ms']:.3f}",
+                      f"{r['fused_ms']['min_ms']:.3f}", f"{r['own_separate_ms']['min_ms']:.3f}",
+                      f"x{r['speedup']:.2f}", f"x{r['speedup_vs_own']:.2f}",
+                      f"x{r['prediction']['speedup']:.2f}", f"{r['max_rel_error']:.1e}",
+                      "yes" if r["recommended"] else "no")
+    console.print(table)

@@ -1,0 +1,230 @@
+"""The generated kernels (numba, fp32, NCHW): one generic fused-pair kernel whose schedule is
+given at run time, and the same stages run alone as the separately tuned baseline.
+
+A pair runs tile by tile over the second op's output (tile_rows x tile_cols pixels): the first
+op computes just the intermediate region that tile needs (its halo included) into a buffer the
+thread owns, the second op reads it from there, so the intermediate map is never written out.
+Each op is one of two stages:
+- depthwise: a per-channel stencil, its inner loop over output columns branch-free (the
+  padding is cut out of the column range), so LLVM vectorizes it;
+- dense (pointwise or k x k conv): the tile's input region unrolled into columns (im2col; a
+  pointwise conv over a whole contiguous region reads it in place) times the weight matrix,
+  either by BLAS (np.dot) or by a loop nest LLVM vectorizes ('gemm' of the schedule).
+The parallel split hands each thread its own share of the tiles: 'blocked' (contiguous runs),
+'interleaved' (round robin) or 'serial' (one thread). The kernels are compiled serial and release
+the GIL; Python threads run the shares (numba's parallel build took a minute to compile here, and
+its OpenMP layer calls BLAS inside OpenMP regions, which a pthreads OpenBLAS warns may hang).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+# stage codes of the kernel's arguments
+DEPTHWISE, DENSE = 0, 1
+
+
+@njit(fastmath=True, cache=True)
+def _depthwise(src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w: Any,
+               k: int, s: int, r0: int, r1: int, c0: int, c1: int, dst: Any) -> None:
+    """dst[c, r - r0, j - c0] for output rows [r0, r1), cols [c0, c1): src holds rows from
+    src_r0 and cols from src_c0 of a full_h x full_w map (zeros outside it)."""
+    p = k // 2
+    for ch in range(dst.shape[0]):
+        for r in range(r0, r1):
+            out = dst[ch, r - r0]
+            out[:] = 0.0
+            for dy in range(k):
+                iy = r * s + dy - p
+                if iy < 0 or iy >= full_h:
+                    continue
+                row = src[ch, iy - src_r0]
+                for dx in range(k):
+                    wv = w[ch, 0, dy, dx]
+                    off = dx - p - src_c0
+                    lo = max(c0, (p - dx + s - 1) // s)
+                    hi = min(c1, (full_w - 1 - dx + p) // s + 1)
+                    for j in range(lo, hi):
+                        out[j - c0] += wv * row[j * s + off]
+
+
+@njit(fastmath=True, cache=True)
+def _dense(src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w2: Any,
+           k: int, s: int, r0: int, r1: int, c0: int, c1: int, col: Any, dst: Any,
+           blas: bool) -> None:
+    """dst[K, (r1-r0)*(c1-c0)] = w2 [K, C*k*k] @ im2col(src region); col is scratch (src holds
+    rows from src_r0 and cols from src_c0)."""
+    p = k // 2
+    th, tw = r1 - r0, c1 - c0
+    cols = col[:src.shape[0] * k * k * th * tw].reshape(src.shape[0] * k * k, th * tw)
+    for ch in range(src.shape[0]):
+        for dy in range(k):
+            for dx in range(k):
+                row_of = (ch * k + dy) * k + dx
+                lo = max(c0, (p - dx + s - 1) // s)
+                hi = min(c1, (full_w - 1 - dx + p) // s + 1)
+                off = dx - p - src_c0
+                for r in range(r0, r1):
+                    base = (r - r0) * tw - c0
+                    iy = r * s + dy - p
+                    if iy < 0 or iy >= full_h or lo >= hi:
+                        cols[row_of, base + c0:base + c1] = 0.0
+                        continue
+                    cols[row_of, base + c0:base + lo] = 0.0
+                    cols[row_of, base + hi:base + c1] = 0.0
+                    srow = src[ch, iy - src_r0]
+                    for j in range(lo, hi):
+                        cols[row_of, base + j] = srow[j * s + off]
+    _gemm(w2, cols, dst, blas)
+
+
+@njit(fastmath=True, cache=True)
+def _gemm(w2: Any, cols: Any, dst: Any, blas: bool) -> None:
+    """dst = w2 @ cols: BLAS, or a loop nest over output rows LLVM vectorizes."""
+    if blas:
+        np.dot(w2, cols, dst)
+        return
+    for kk in range(w2.shape[0]):
+        out = dst[kk]
+        out[:] = 0.0
+        for c in range(w2.shape[1]):
+            wv = w2[kk, c]
+            for q in range(cols.shape[1]):
+                out[q] += wv * cols[c, q]
+
+
+@njit(fastmath=True, cache=True)
+def _stage(kind: int, src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w: Any,
+           k: int, s: int, r0: int, r1: int, c0: int, c1: int, col: Any, dst: Any,
+           blas: bool) -> None:
+    """One op over an output region into dst [K, r1-r0, c1-c0] (contiguous)."""
+    if kind == DEPTHWISE:
+        _depthwise(src, src_r0, src_c0, full_h, full_w, w, k, s, r0, r1, c0, c1, dst)
+    else:
+        _dense(src, src_r0, src_c0, full_h, full_w, w.reshape(w.shape[0], -1), k, s, r0, r1,
+               c0, c1, col, dst.reshape(dst.shape[0], -1), blas)
+
+
+@njit(fastmath=True, cache=True)
+def _span(lo: int, hi: int, k: int, s: int, size: int) -> tuple[int, int]:
+    """The input rows (or cols) [a, b) that outputs [lo, hi) of a k-wide, s-strided,
+    'same'-padded op read, clipped to the map."""
+    p = k // 2
+    return max(0, lo * s - p), min(size, (hi - 1) * s - p + k)
+
+
+@njit(cache=True)
+def _share(shape: Any, tile_rows: int, tile_cols: int, t: int, workers: int,
+           interleaved: bool) -> range:
+    """Worker t's tiles of an output of `shape`: every workers-th from t (interleaved), else
+    its contiguous run."""
+    tiles = (shape[0] * ((shape[2] + tile_rows - 1) // tile_rows)
+             * ((shape[3] + tile_cols - 1) // tile_cols))
+    if interleaved:
+        return range(t, tiles, workers)
+    per = (tiles + workers - 1) // workers
+    return range(t * per, min(tiles, (t + 1) * per))
+
+
+@njit(cache=True)
+def _tile(tile: int, shape: Any, tile_rows: int, tile_cols: int
+          ) -> tuple[int, int, int, int, int]:
+    """(image, row start, row end, col start, col end) of tile number `tile` of an output of
+    `shape` (N, K, H, W), tiles ordered by image, then row, then column."""
+    rows_t = (shape[2] + tile_rows - 1) // tile_rows
+    cols_t = (shape[3] + tile_cols - 1) // tile_cols
+    r0 = tile // cols_t % rows_t * tile_rows
+    c0 = tile % cols_t * tile_cols
+    return (tile // (rows_t * cols_t), r0, min(shape[2], r0 + tile_rows), c0,
+            min(shape[3], c0 + tile_cols))
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _pair_share(x: Any, w1: Any, w2: Any, out: Any, kind1: int, k1: int, s1: int, kind2: int,
+                k2: int, s2: int, tile_rows: int, tile_cols: int, t: int, workers: int,
+                interleaved: bool, blas: bool) -> None:
+    """Worker t's share of the tiles of the fused pair."""
+    c_in, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    c_mid, h_mid, w_mid = w1.shape[0], (h + 2 * (k1 // 2) - k1) // s1 + 1, \
+        (wd + 2 * (k1 // 2) - k1) // s1 + 1
+    c_out = out.shape[1]
+    # the largest intermediate region a tile needs
+    mid_rows = min(h_mid, (tile_rows - 1) * s2 + k2)
+    mid_cols = min(w_mid, (tile_cols - 1) * s2 + k2)
+    col_rows = max(c_in * k1 * k1, c_mid * k2 * k2)
+    col_cols = max(mid_rows * mid_cols, tile_rows * tile_cols)
+    mid = np.empty(c_mid * mid_rows * mid_cols, np.float32)
+    res = np.empty(c_out * tile_rows * tile_cols, np.float32)
+    col = np.empty(col_rows * col_cols, np.float32)
+    for tile in _share(out.shape, tile_rows, tile_cols, t, workers, interleaved):
+        n, r0, r1, c0, c1 = _tile(tile, out.shape, tile_rows, tile_cols)
+        m_r0, m_r1 = _span(r0, r1, k2, s2, h_mid)
+        m_c0, m_c1 = _span(c0, c1, k2, s2, w_mid)
+        region = mid[:c_mid * (m_r1 - m_r0) * (m_c1 - m_c0)].reshape(
+            c_mid, m_r1 - m_r0, m_c1 - m_c0)
+        _stage(kind1, x[n], 0, 0, h, wd, w1, k1, s1, m_r0, m_r1, m_c0, m_c1, col, region,
+               blas)
+        tile_out = res[:c_out * (r1 - r0) * (c1 - c0)].reshape(c_out, r1 - r0, c1 - c0)
+        if kind2 == DENSE and k2 == 1 and s2 == 1:  # pointwise: the region is its input
+            _gemm(w2.reshape(c_out, c_mid), region.reshape(c_mid, -1),
+                  tile_out.reshape(c_out, -1), blas)
+        else:
+            _stage(kind2, region, m_r0, m_c0, h_mid, w_mid, w2, k2, s2, r0, r1, c0, c1, col,
+                   tile_out, blas)
+        out[n, :, r0:r1, c0:c1] = tile_out
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _single_share(x: Any, w: Any, out: Any, kind: int, k: int, s: int, tile_rows: int,
+                  tile_cols: int, t: int, workers: int, interleaved: bool, blas: bool) -> None:
+    """Worker t's share of the tiles of one op alone."""
+    c_in, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    c_out = out.shape[1]
+    res = np.empty(c_out * tile_rows * tile_cols, np.float32)
+    col = np.empty(c_in * k * k * tile_rows * tile_cols, np.float32)
+    for tile in _share(out.shape, tile_rows, tile_cols, t, workers, interleaved):
+        n, r0, r1, c0, c1 = _tile(tile, out.shape, tile_rows, tile_cols)
+        tile_out = res[:c_out * (r1 - r0) * (c1 - c0)].reshape(c_out, r1 - r0, c1 - c0)
+        if kind == DENSE and k == 1 and s == 1 and r1 - r0 == h and c1 - c0 == wd:
+            # a pointwise conv over the whole image reads it in place, straight into out
+            _gemm(w.reshape(c_out, c_in), x[n].reshape(c_in, h * wd),
+                  out[n].reshape(c_out, h * wd), blas)
+            continue
+        _stage(kind, x[n], 0, 0, h, wd, w, k, s, r0, r1, c0, c1, col, tile_out, blas)
+        out[n, :, r0:r1, c0:c1] = tile_out
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by size, kept: a call must not start threads
+
+
+def _split(share: Callable[[int], None], workers: int) -> None:
+    """share(t) for t in range(workers), on as many threads (the kernels release the GIL)."""
+    if workers == 1:
+        share(0)
+        return
+    pool = _POOLS.get(workers)
+    if pool is None:
+        pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="perfswarm-fuse")
+    for done in [pool.submit(share, t) for t in range(workers)]:
+        done.result()
+
+
+def run_pair(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, out: np.ndarray, kind1: int,
+             k1: int, s1: int, kind2: int, k2: int, s2: int, tile_rows: int, tile_cols: int,
+             workers: int, interleaved: bool, blas: bool) -> None:
+    """The fused pair into out (all fp32, C-contiguous NCHW; weights OIHW)."""
+    _split(lambda t: _pair_share(x, w1, w2, out, kind1, k1, s1, kind2, k2, s2, tile_rows,
+                                 tile_cols, t, workers, interleaved, blas), workers)
+
+
+def run_single(x: np.ndarray, w: np.ndarray, out: np.ndarray, kind: int, k: int, s: int,
+               tile_rows: int, tile_cols: int, workers: int, interleaved: bool,
+               blas: bool) -> None:
+    """One op alone into out, with the same stages and split."""
+    _split(lambda t: _single_share(x, w, out, kind, k, s, tile_rows, tile_cols, t, workers,
+                                   interleaved, blas), workers)

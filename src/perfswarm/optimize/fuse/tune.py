@@ -1,0 +1,326 @@
+"""Schedule search and side-by-side measurement of a fused conv pair on this CPU.
+
+For one pair: random search over the schedule space (a sensible default first, then distinct
+random points, deterministic by seed) within a trial count and a deadline, for the fused kernel
+and for each op run alone by the same generator (our own separately tuned kernels); every
+schedule's result checked against PyTorch's two separate ops; then PyTorch separate, fused and
+our own separate kernels timed round-robin, each round one call of each, so a burst of load on
+the shared machine hits all three alike. Times are reported as the minimum and the median over
+the rounds; the speedups are ratios of minima (the least disturbed runs).
+
+Tuned schedules are kept in a JSON cache keyed by pair, threads and CPU, so a second run
+measures them again without searching.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.fusion import ConvLayer, ConvPair, PairPrediction
+from perfswarm.userfiles import read_json, write_json
+
+Split = Literal["blocked", "interleaved", "serial"]
+Gemm = Literal["blas", "loops"]
+MAX_REL_ERROR = 1e-4       # max |fused - reference| / max |reference|
+MIN_MEASURED_GAIN = 1.05   # a measured speedup below this is within the shared machine's noise
+CACHE_VERSION = 1
+Progress = Callable[[str], None]  # called once per trial or round, with what it was
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the generated kernel walks its output: tiles of tile_rows x tile_cols pixels (the
+    intermediate of one tile kept in the thread's own buffer), split over threads, the dense
+    stage by BLAS or by vectorized loops."""
+
+    tile_rows: int
+    tile_cols: int
+    split: Split
+    gemm: Gemm
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Schedule:
+        return cls(int(data["tile_rows"]), int(data["tile_cols"]),
+                   cast(Split, str(data["split"])), cast(Gemm, str(data["gemm"])))
+
+
+def schedule_space(height: int, width: int, threads: int) -> list[Schedule]:
+    """Every schedule for an output of height x width: row tiles of 1..32 rows or the whole
+    map, column tiles of 8, 16, 32 or whole rows, each split, each GEMM."""
+    rows = sorted({min(r, height) for r in (1, 2, 4, 8, 16, 32, height)})
+    cols = sorted({min(c, width) for c in (8, 16, 32, width)})
+    splits: tuple[Split, ...] = ("blocked", "interleaved", "serial") if threads > 1 \
+        else ("serial",)
+    return [Schedule(r, c, s, g) for r in rows for c in cols for s in splits
+            for g in ("blas", "loops")]
+
+
+def _default(space: list[Schedule], width: int) -> Schedule:
+    """The first trial: 4-row tiles of whole rows, BLAS, threads in blocks."""
+    return min(space, key=lambda s: (s.tile_cols != width, abs(s.tile_rows - 4),
+                                     s.split != "blocked", s.gemm != "blas"))
+
+
+def search(run: Callable[[Schedule], float | None], space: list[Schedule], first: Schedule,
+           trials: int, deadline: float, progress: Progress, seed: int = 0
+           ) -> tuple[Schedule, float]:
+    """The fastest schedule of up to `trials` (first, then random distinct ones) tried before
+    `deadline` (time.monotonic); run returns seconds, or None for a wrong result."""
+    order = [first, *random.Random(seed).sample([s for s in space if s != first],
+                                                min(len(space) - 1, max(trials - 1, 0)))]
+    best: tuple[Schedule, float] | None = None
+    for i, schedule in enumerate(order[:trials]):
+        if i and time.monotonic() > deadline:
+            break
+        seconds = run(schedule)
+        progress(f"trial {i + 1}")
+        if seconds is not None and (best is None or seconds < best[1]):
+            best = (schedule, seconds)
+    if best is None:
+        raise PerfswarmError("fuse: no schedule gave a correct result")
+    return best
+
+
+def _kind(layer: ConvLayer) -> int:
+    from perfswarm.optimize.fuse.kernels import DENSE, DEPTHWISE
+
+    return DEPTHWISE if layer.kind == "dw" else DENSE
+
+
+def _best_of(call: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _error(got: np.ndarray, want: np.ndarray) -> float:
+    scale = float(np.abs(want).max())
+    return float(np.abs(got - want).max()) / scale if scale > 0 else float(np.abs(got).max())
+
+
+class PairBench:
+    """One pair's operands (seeded normal input, weights scaled by 1/sqrt(fan-in)), PyTorch's
+    separate ops as the reference, and the generated kernels under a schedule."""
+
+    def __init__(self, pair: ConvPair, threads: int) -> None:
+        import torch
+
+        from perfswarm.optimize.fuse import kernels
+
+        self.pair, self.threads, self._kernels = pair, threads, kernels
+        torch.set_num_threads(threads)
+        gen = torch.Generator().manual_seed(0)
+
+        def weight(layer: ConvLayer) -> Any:
+            shape = layer.weight_shape()
+            return torch.randn(shape, generator=gen) / math.sqrt(math.prod(shape[1:]))
+
+        self.x = torch.randn((pair.batch, pair.first.in_channels, pair.height, pair.width),
+                             generator=gen)
+        self.w1, self.w2 = weight(pair.first), weight(pair.second)
+        self.mid_ref = self.torch_first().numpy()
+        self.ref = self.torch_separate().numpy()
+        self._np = [np.ascontiguousarray(t.numpy()) for t in (self.x, self.w1, self.w2)]
+        self.out = np.empty_like(self.ref)
+        self.mid = np.empty_like(self.mid_ref)
+
+    def _conv(self, x: Any, w: Any, layer: ConvLayer) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return torch.conv2d(x, w, None, layer.stride, layer.padding, 1, layer.groups)
+
+    def torch_first(self) -> Any:
+        return self._conv(self.x, self.w1, self.pair.first)
+
+    def torch_separate(self) -> Any:
+        return self._conv(self.torch_first(), self.w2, self.pair.second)
+
+    def _args(self, s: Schedule) -> tuple[int, int, int, bool, bool]:
+        workers = 1 if s.split == "serial" else self.threads
+        return s.tile_rows, s.tile_cols, workers, s.split == "interleaved", s.gemm == "blas"
+
+    def fused(self, s: Schedule) -> np.ndarray:
+        a, b = self.pair.first, self.pair.second
+        x, w1, w2 = self._np
+        self._kernels.run_pair(x, w1, w2, self.out, _kind(a), a.kernel, a.stride, _kind(b),
+                               b.kernel, b.stride, *self._args(s))
+        out: np.ndarray = self.out
+        return out
+
+    def single(self, which: int, s: Schedule) -> np.ndarray:
+        """Op `which` (0 first, 1 second) alone: the first reads x, the second our own
+        intermediate."""
+        layer = (self.pair.first, self.pair.second)[which]
+        src, dst = (self._np[0], self.mid) if which == 0 else (self.mid, self.out)
+        assert isinstance(dst, np.ndarray)
+        self._kernels.run_single(src, self._np[1 + which], dst, _kind(layer), layer.kernel,
+                                 layer.stride, *self._args(s))
+        return dst
+
+    def own_separate(self, first: Schedule, second: Schedule) -> np.ndarray:
+        self.single(0, first)
+        return self.single(1, second)
+
+    def timed(self, call: Callable[[Schedule], np.ndarray], want: np.ndarray, repeats: int = 3
+              ) -> Callable[[Schedule], float | None]:
+        """A search objective: seconds of call(schedule), None when its result is wrong."""
+        def run(s: Schedule) -> float | None:
+            if _error(call(s), want) > MAX_REL_ERROR:
+                return None
+            return _best_of(lambda: call(s), repeats)
+        return run
+
+
+@dataclass(frozen=True)
+class Timing:
+    min_ms: float
+    median_ms: float
+
+    @classmethod
+    def of(cls, seconds: Iterable[float]) -> Timing:
+        values = list(seconds)
+        return cls(min(values) * 1e3, statistics.median(values) * 1e3)
+
+
+@dataclass(frozen=True)
+class FuseResult:
+    """One pair measured here: PyTorch separate, fused (tuned), our own separate (tuned)."""
+
+    pair: ConvPair
+    prediction: PairPrediction
+    schedule: Schedule
+    first_schedule: Schedule
+    second_schedule: Schedule
+    torch_separate: Timing
+    fused: Timing
+    own_separate: Timing
+    max_rel_error: float
+    reused: bool  # the schedules came from the cache
+    threads: int
+
+    @property
+    def speedup(self) -> float:
+        """PyTorch's separate ops over the fused kernel (minima)."""
+        return self.torch_separate.min_ms / self.fused.min_ms
+
+    @property
+    def speedup_vs_own(self) -> float:
+        return self.own_separate.min_ms / self.fused.min_ms
+
+    @property
+    def correct(self) -> bool:
+        return self.max_rel_error <= MAX_REL_ERROR
+
+    @property
+    def recommended(self) -> bool:
+        """Fuse this pair: correct, and measured faster than PyTorch beyond the noise."""
+        return self.correct and self.speedup >= MIN_MEASURED_GAIN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pair": self.pair.label, "kind": self.pair.kind,
+                "prediction": self.prediction.to_dict(), "schedule": asdict(self.schedule),
+                "own_schedules": [asdict(self.first_schedule), asdict(self.second_schedule)],
+                "torch_separate_ms": asdict(self.torch_separate), "fused_ms": asdict(self.fused),
+                "own_separate_ms": asdict(self.own_separate), "speedup": self.speedup,
+                "speedup_vs_own": self.speedup_vs_own, "max_rel_error": self.max_rel_error,
+                "correct": self.correct, "recommended": self.recommended,
+                "reused_schedule": self.reused, "threads": self.threads}
+
+
+class ScheduleCache:
+    """Tuned schedules and last measurements per pair, threads and CPU, in one JSON file."""
+
+    def __init__(self, path: Path, cpu: str) -> None:
+        self.path, self.cpu = path, cpu
+        data = read_json(path) if path.exists() else {"version": CACHE_VERSION, "pairs": {}}
+        if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict):
+            raise PerfswarmError(f"{path}: not a fuse schedule cache")
+        self.data: dict[str, Any] = data
+
+    def key(self, pair: ConvPair, threads: int) -> str:
+        return f"{pair.label} threads={threads} cpu={self.cpu}"
+
+    def schedules(self, pair: ConvPair, threads: int
+                  ) -> tuple[Schedule, Schedule, Schedule] | None:
+        entry = self.data["pairs"].get(self.key(pair, threads))
+        try:
+            return (Schedule.from_dict(entry["fused"]), Schedule.from_dict(entry["first"]),
+                    Schedule.from_dict(entry["second"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def store(self, result: FuseResult) -> None:
+        self.data["pairs"][self.key(result.pair, result.threads)] = {
+            "fused": asdict(result.schedule), "first": asdict(result.first_schedule),
+            "second": asdict(result.second_schedule), "result": result.to_dict()}
+        write_json(self.path, self.data)
+
+    def results(self) -> list[dict[str, Any]]:
+        """Every stored measurement (for advice)."""
+        return [e["result"] for e in self.data["pairs"].values()
+                if isinstance(e, dict) and isinstance(e.get("result"), dict)]
+
+
+def fuse_pair(pair: ConvPair, prediction: PairPrediction, threads: int, trials: int,
+              deadline: float, rounds: int, cache: ScheduleCache, progress: Progress
+              ) -> FuseResult:
+    """Tune (or reuse) the fused and the separate schedules of a pair, check them, and time
+    PyTorch separate, fused and own separate round-robin over `rounds` rounds."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):  # the kernels' own threads split the work
+        return _fuse_pair(PairBench(pair, threads), prediction, trials, deadline, rounds, cache,
+                          progress)
+
+
+def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadline: float,
+               rounds: int, cache: ScheduleCache, progress: Progress) -> FuseResult:
+    pair, threads = bench.pair, bench.threads
+    found = cache.schedules(pair, threads)
+    if found is None:
+        h, w = pair.out_size
+        space = schedule_space(h, w, threads)
+        fused, _ = search(bench.timed(bench.fused, bench.ref), space, _default(space, w),
+                          trials, deadline, progress)
+        own = []
+        for which, (rows, cols) in enumerate((pair.mid_size, pair.out_size)):
+            one = schedule_space(rows, cols, threads)
+            # the second op alone reads the reference intermediate
+            bench.mid[...] = bench.mid_ref
+            own.append(search(bench.timed(partial(bench.single, which),
+                                          bench.mid_ref if which == 0 else bench.ref),
+                              one, _default(one, cols), max(2, trials // 2), deadline,
+                              progress)[0])
+        schedules = (fused, own[0], own[1])
+    else:
+        schedules = found
+    error = max(_error(bench.fused(schedules[0]), bench.ref),
+                _error(bench.own_separate(*schedules[1:]), bench.ref))
+    contenders: list[Callable[[], object]] = [
+        bench.torch_separate, partial(bench.fused, schedules[0]),
+        partial(bench.own_separate, schedules[1], schedules[2])]
+    times: list[list[float]] = [[], [], []]
+    for r in range(rounds):
+        for contender, into in zip(contenders, times, strict=True):
+            into.append(_best_of(contender, 1))
+        progress(f"round {r + 1}")
+    result = FuseResult(pair, prediction, schedules[0], schedules[1], schedules[2],
+                        Timing.of(times[0]), Timing.of(times[1]), Timing.of(times[2]), error,
+                        found is not None, threads)
+    cache.store(result)
+    return result
