@@ -562,3 +562,44 @@ def test_a_watcher_sees_steps_live_and_stops_the_child(tmp_path: Path) -> None:
 def test_live_file_reader_leaves_a_torn_line() -> None:
     assert read_live(b"10\n20\n3") == [10, 20]
     assert read_live(b"") == []
+
+
+NO_OPTIM = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with torch.no_grad():
+        model(x)  # an evaluation before training: forward alone, once
+    for i in range(8):
+        loss = ((model(x) - y) ** 2).mean()
+        if sys.argv[1] == "sgd":  # manual SGD, as pytorch/examples' word_language_model
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+""")
+
+
+@pytest.mark.parametrize(("style", "driver", "ops"), [
+    ("sgd", "backward", {"autograd::engine::evaluate_function: AddmmBackward0", "aten::sub_"}),
+    ("infer", "forward", {"aten::addmm"})])  # a forward-driven window opens a step later
+def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
+                                     ops: set[str]) -> None:
+    """No torch.optim: the window opens on what the loop does, backward (over the forward
+    it also runs) or a top-level module's forward, and the manifest says which."""
+    script = tmp_path / "loop.py"
+    script.write_text(NO_OPTIM)
+    result = record([PY, str(script), style], tmp_path / f"{style}.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    run = result.run
+    assert run.manifest()["collectors"]["torch"]["status"] == "ok"
+    assert run.manifest()["extra"]["record"]["window_on"] == driver
+    steps = [(s["step"], s["source"]) for s in run.table("steps").to_pylist()]
+    first = 2 if driver == "backward" else 3
+    assert [s for s, src in steps if src == "marker"] == [first, first + 1, first + 2]
+    assert (first + 3, "export") in steps
+    names = set(run.table("events", columns=["name"]).column("name").to_pylist())
+    assert ops <= names and not any(n.startswith("Optimizer.") for n in names)

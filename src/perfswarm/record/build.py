@@ -79,15 +79,18 @@ def _hooks(path: Path) -> Hooks:
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
 
-def torch_version(stepping: Iterable[Path]) -> str | None:
-    """The torch version a stepping process ran (its `.json` says; a `.live` file does not)."""
+def stepping_facts(stepping: Iterable[Path]) -> dict[str, str]:
+    """What the first stepping process with a `.json` says of itself (a `.live` file holds
+    times alone): `torch_version`, and `window_on`, what counted its steps (optimizer,
+    backward or forward)."""
     for path in stepping:
         if path.suffix == ".json":
             with contextlib.suppress(ValueError, AttributeError):
-                version = orjson.loads(path.read_bytes()).get("torch")
-                if isinstance(version, str):
-                    return version
-    return None
+                data = orjson.loads(path.read_bytes())
+                found = {key: data.get(field) for key, field in (("torch_version", "torch"),
+                                                                  ("window_on", "window_on"))}
+                return {k: v for k, v in found.items() if isinstance(v, str)}
+    return {}
 
 
 def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:
@@ -265,8 +268,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of)
         manifest["ranks"] = sorted(set(rank_of.values()))
-        if (version := torch_version(stepping)) is not None:
-            manifest.setdefault("extra", {}).setdefault("record", {})["torch_version"] = version
+        manifest.setdefault("extra", {}).setdefault("record", {}).update(
+            stepping_facts(stepping))
         run.write_manifest(manifest)
     return Run(out)
 

@@ -73,8 +73,8 @@ class TorchCollector(Collector):
 
     def stop(self) -> None:
         if not any(f.startswith("steps-") for f in self.files()):
-            self.unavailable("no optimizer step seen (no torch.optim optimizer stepped, or the"
-                             " process was killed)")
+            self.unavailable("no step seen (no torch.optim optimizer step, autograd backward or"
+                             " module forward, or the process was killed)")
         elif not any(f.startswith("torch-") for f in self.files()):
             self.failed(f"no profiling window completed (fewer than {self.skip} steps, or the"
                         " process died first)")

@@ -1,7 +1,11 @@
 """Injected into the recorded command via PYTHONPATH: profiles torch without changing the script.
 
-Nothing happens until the script imports torch.optim; then a global
-optimizer-step hook counts iterations. After SKIP steps (SKIP 0: when the first
+Nothing happens until the script imports torch; then a global optimizer-step
+hook counts iterations. A loop that builds no torch.optim optimizer (manual SGD,
+inference, a custom update) is counted by what it really does instead: the end
+of each autograd backward, else the start of each forward of a top-level module
+(one called from no other module's forward); the steps file says which
+(`window_on`). After SKIP steps (SKIP 0: when the first
 optimizer is built) torch.profiler starts (shapes recorded, one ProfilerStep#N
 marker per iteration, N = the iteration index), an ExecutionTraceObserver
 covers the first profiled step, and after COUNT steps the trace is exported.
@@ -49,6 +53,7 @@ else:  # injected, this file's folder is on the path, perfswarm maybe not
 
 _DIR = os.environ.get("PERFSWARM_RECORD_DIR", "")
 FETCH = "DataLoader worker fetch"  # a worker's span around each batch it profiles
+DRIVERS = ("optimizer", "backward", "forward")  # what counts the steps, best first
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -71,6 +76,31 @@ class _Window:
         self.et: Any = None
         self.live = os.path.join(out, f"steps-{self.stem}.live")
         self.live_fd = -1  # opened at the first step: most Python processes never step
+        self.driver: str | None = None  # which of DRIVERS counts the steps
+        self.opened_at = -1  # steps done when the window opened
+        self.forward_hooks: list[Any] = []
+
+    def on_event(self, kind: str) -> None:
+        """A step-like event: its kind drives the window unless a better one does (an
+        optimizer, once built, always; backward over forward until the window opens)."""
+        if os.getpid() != self.pid or self.in_worker:
+            return
+        if kind != self.driver:
+            if self.driver is not None and (self.opened_at >= 0 or DRIVERS.index(kind)
+                                            > DRIVERS.index(self.driver)):
+                return
+            self.driver = kind  # the steps counted so far were another kind's
+            self.hook_ns.clear()
+            self.hook_faults.clear()
+            if self.live_fd >= 0:
+                os.ftruncate(self.live_fd, 0)
+            if kind != "forward":
+                self.drop_forward_hooks()
+        self.on_step()
+
+    def drop_forward_hooks(self) -> None:
+        while self.forward_hooks:
+            self.forward_hooks.pop().remove()
 
     def on_step(self, *_: object) -> None:
         if os.getpid() != self.pid:  # a forked child (DataLoader worker) stepping on its own
@@ -82,10 +112,12 @@ class _Window:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
         done = len(self.hook_ns)
-        if done == self.skip:
+        # A forward-driven window waits one step more: a backward between two forwards (a
+        # training loop after an evaluation) takes over before it opens.
+        if self.opened_at < 0 and done >= self.skip + (self.driver == "forward"):
             self.start()
         elif self.prof is not None:
-            if done == self.skip + self.count:
+            if done == self.opened_at + self.count:
                 self._stop()
             else:
                 self.prof.step()
@@ -102,6 +134,7 @@ class _Window:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
+        self.opened_at = len(self.hook_ns)
         reserve_heap(self.reserve_mib)
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -109,7 +142,7 @@ class _Window:
         # A schedule (always RECORD) is what makes torch emit ProfilerStep#N markers.
         self.prof = profile(activities=activities, record_shapes=True,
                             schedule=lambda _step: ProfilerAction.RECORD)
-        self.prof.step_num = self.skip  # ProfilerStep#N names the iteration index
+        self.prof.step_num = self.opened_at  # ProfilerStep#N names the iteration index
         if self.with_et:
             from torch.profiler import ExecutionTraceObserver
 
@@ -148,7 +181,8 @@ class _Window:
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
-                       "torch": getattr(sys.modules.get("torch"), "__version__", None)}, f)
+                       "torch": getattr(sys.modules.get("torch"), "__version__", None),
+                       "window_on": self.driver}, f)
         os.replace(path + ".tmp", path)
         if self.live_fd >= 0:  # the .json holds every hook time now
             os.close(self.live_fd)
@@ -281,15 +315,15 @@ def _wrap_worker_loop(module: ModuleType, out: str) -> None:
 
 
 def _install(window: _Window, module: ModuleType) -> None:
-    vars(module)["register_optimizer_step_post_hook"](window.on_step)
+    vars(module)["register_optimizer_step_post_hook"](lambda *_: window.on_event("optimizer"))
     atexit.register(window.flush)
-    if window.skip == 0:
-        _open_at_first_optimizer(window, vars(module)["Optimizer"])
+    _watch_optimizers(window, vars(module)["Optimizer"])
 
 
-def _open_at_first_optimizer(window: _Window, optimizer: type) -> None:
-    """SKIP 0: no step has ended before step 0, so its window opens when the first optimizer
-    is built (torch.optim loads with torch itself, too early to start a profiler)."""
+def _watch_optimizers(window: _Window, optimizer: type) -> None:
+    """The first optimizer built makes the optimizer drive the window. SKIP 0: no step has
+    ended before step 0, so its window opens then (torch.optim loads with torch itself, too
+    early to start a profiler)."""
     import functools
 
     init: Callable[..., None] = vars(optimizer)["__init__"]
@@ -299,9 +333,51 @@ def _open_at_first_optimizer(window: _Window, optimizer: type) -> None:
         init(this, *args, **kwargs)
         if os.getpid() == window.pid and not window.in_worker:
             optimizer.__init__ = init  # type: ignore[misc]
-            window.start()
+            window.drop_forward_hooks()
+            if window.opened_at < 0 and window.driver != "optimizer":
+                window.driver = "optimizer"
+                window.hook_ns.clear()
+                window.hook_faults.clear()
+                if window.skip == 0:
+                    window.start()
 
     optimizer.__init__ = init_then_open  # type: ignore[misc]
+
+
+def _watch_backward(window: _Window, autograd: ModuleType) -> None:
+    """Each autograd backward's end is a step (Tensor.backward calls torch.autograd.backward)."""
+    import functools
+
+    backward: Callable[..., Any] = vars(autograd)["backward"]
+
+    @functools.wraps(backward)
+    def backward_then_step(*args: Any, **kwargs: Any) -> Any:
+        out = backward(*args, **kwargs)
+        window.on_event("backward")
+        return out
+
+    vars(autograd)["backward"] = backward_then_step
+
+
+def _watch_forward(window: _Window, module: ModuleType) -> None:
+    """Each forward of a top-level module (called from no other module's forward) starts a
+    step. Global module hooks slow every module call a little: they go when a better driver
+    (an optimizer built, a backward seen) takes over."""
+    depth = 0
+
+    def before(*_: Any) -> None:
+        nonlocal depth
+        depth += 1
+        if depth == 1:
+            window.on_event("forward")
+
+    def after(*_: Any) -> None:
+        nonlocal depth
+        depth = max(0, depth - 1)
+
+    window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before),
+                             vars(module)["register_module_forward_hook"](after,
+                                                                          always_call=True)]
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -346,6 +422,8 @@ def _main() -> None:
                          int(os.environ.get("PERFSWARM_HEAP_RESERVE", "0") or 0))
         sys.meta_path.insert(0, _AfterImport({
             "torch.optim.optimizer": lambda module: _install(window, module),
+            "torch.autograd": lambda module: _watch_backward(window, module),
+            "torch.nn.modules.module": lambda module: _watch_forward(window, module),
             "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
         }))
     _chain()
