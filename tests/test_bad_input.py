@@ -34,7 +34,16 @@ CASES = {
                        "corrupt or truncated gzip"),
     "invalid json": ("t.json", b'{"traceEvents": [{"ph": "X",, }]}', "invalid JSON"),
     "truncated json": ("t.json", _trace(_event())[:-5], "invalid JSON"),
-    "no traceEvents": ("t.json", b'{"schemaVersion": 1}', "missing required field `traceEvents`"),
+    "no traceEvents": ("t.json", b'{"schemaVersion": 1}',
+                       "not a Kineto trace (a JSON object with `traceEvents`, or an array of trace "
+                       "events); it is an object with keys `schemaVersion`"),
+    "memory timeline": ("t.json", b"[[1.0, 2.0], [[0, 1], [2, 3]]]",
+                        "not a Kineto trace (a JSON object with `traceEvents`, or an array of "
+                        "trace events); it is a top-level array of arrays, as torch.profiler's "
+                        "memory timeline export writes"),
+    "memory snapshot": ("t.json", b'{"segments": [], "device_traces": []}',
+                        "it is an object with keys `segments`, `device_traces`: a torch.cuda "
+                        "memory snapshot"),
     "ts is a string": ("t.json", _trace(_event(), _event(ts="soon")),
                        "Expected `float`, got `str` - at `$.traceEvents[1].ts`"),
     "correlation is a list": ("t.json", _trace(_event(args={"correlation": [1]})),
@@ -42,7 +51,8 @@ CASES = {
     "negative duration": ("t.json", _trace(_event(), _event(dur=-3.0)),
                           "(traceEvents[1]): negative duration: ts=10.0 dur=-3.0 us"),
     "absurd duration": ("t.json", _trace(_event(dur=1e15)), "absurd duration"),
-    "not an object": ("t.json", b'"hello"', "wrong structure"),
+    "not an object": ("t.json", b'"hello"', "not a Kineto trace (a JSON object with "
+                      "`traceEvents`, or an array of trace events); it is a JSON string"),
 }
 
 

@@ -62,14 +62,15 @@ class RunDiff:
     b_span_ns: int
     steps: tuple[StepDelta, ...]
     ops: tuple[OpDelta, ...]  # largest regression (b slower) first
-    only_a: int  # (kind, name) pairs present on one side only
-    only_b: int
+    only_a: tuple[tuple[str, str], ...]  # (kind, name) pairs present on one side only, sorted
+    only_b: tuple[tuple[str, str], ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"a_span_ns": self.a_span_ns, "b_span_ns": self.b_span_ns,
                 "span_delta_ns": self.b_span_ns - self.a_span_ns,
                 "steps": [s.to_dict() for s in self.steps], "ops": [o.to_dict() for o in self.ops],
-                "only_a": self.only_a, "only_b": self.only_b}
+                "only_a": [{"kind": k, "name": n} for k, n in self.only_a],
+                "only_b": [{"kind": k, "name": n} for k, n in self.only_b]}
 
 
 def totals(ev: Events) -> dict[tuple[str, str], tuple[int, int, int]]:
@@ -113,6 +114,6 @@ def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[
     deltas.sort(key=regression)
     steps = tuple(StepDelta(i, x.step, y.step, x.dur, y.dur)
                   for i, (x, y) in enumerate(zip(a_steps, b_steps, strict=False)))
-    return RunDiff(span(a), span(b), steps, tuple(deltas[:top]), len(set(ta) - set(tb)),
-                   len(set(tb) - set(ta)))
+    return RunDiff(span(a), span(b), steps, tuple(deltas[:top]), tuple(sorted(set(ta) - set(tb))),
+                   tuple(sorted(set(tb) - set(ta))))
 

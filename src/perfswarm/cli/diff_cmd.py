@@ -30,8 +30,8 @@ def diff_command(
         print_json(result.to_dict())
         return
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
-                  f"({ms(result.b_span_ns - result.a_span_ns)}); {result.only_a} names only in A, "
-                  f"{result.only_b} only in B")
+                  f"({ms(result.b_span_ns - result.a_span_ns)}); "
+                  f"{len(result.only_a)} names only in A, {len(result.only_b)} only in B")
     if result.steps:
         steps = Table("#", "A step", "B step", "A", "B", "delta", title="steps",
                       title_justify="left")

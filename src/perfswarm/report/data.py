@@ -184,8 +184,8 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
             Card(label=f"span {a_label}", value=_ms(result["a_span_ns"]), detail="first rank"),
             Card(label=f"span {b_label}", value=_ms(result["b_span_ns"]), detail="first rank"),
             Card(label="change", value=_ms(result["span_delta_ns"]),
-                 detail=f"{result['only_a']} ops only in {a_label}, "
-                        f"{result['only_b']} only in {b_label}"),
+                 detail=f"{len(result['only_a'])} ops only in {a_label}, "
+                        f"{len(result['only_b'])} only in {b_label}"),
         ],
         "steps": result["steps"],
         "ops": ops[:TOP_OPS],

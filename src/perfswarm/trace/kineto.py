@@ -174,13 +174,51 @@ def _gunzip(data: bytes) -> bytes:
     return gzip.decompress(data)
 
 
+NOT_A_TRACE = "not a Kineto trace (a JSON object with `traceEvents`, or an array of trace events)"
+_ITEMS = {b"{": "objects", b"[": "arrays", b'"': "strings", b"t": "booleans", b"f": "booleans",
+          b"n": "nulls"}
+_VALUE = {b'"': "string", b"t": "boolean", b"f": "boolean", b"n": "null"}
+
+
+def not_a_trace(path: Path, head: bytes, keys: Sequence[str] = ()) -> TraceFormatError:
+    """The error for a JSON file that is no trace, saying what it is from its first bytes (and
+    its top-level keys, for an object)."""
+    text = head.lstrip()
+    first = text[:1]
+    if first == b"[":
+        inner = text[1:].lstrip()[:1]
+        what = f"a top-level array of {_ITEMS.get(inner, 'numbers')}"
+        if inner == b"[":
+            what += (", as torch.profiler's memory timeline export writes ([times, bytes per "
+                     "category]); the trace is what export_chrome_trace writes")
+        elif inner == b"{":
+            what += " (Chrome's array format), which is read whole, not streamed"
+    elif first == b"{":
+        shown = ", ".join(f"`{k}`" for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+        what = f"an object with keys {shown}" if keys else "an empty object"
+        if {"segments", "device_traces"} & set(keys):
+            what += ": a torch.cuda memory snapshot"
+    else:
+        what = f"a JSON {_VALUE.get(first, 'number')}"
+    return TraceFormatError(path, "json", f"{NOT_A_TRACE}; it is {what}")
+
+
 def decode(path: Path, data: bytes) -> KTrace:
     """Split a trace into metadata and raw events; a bare array is the Chrome 'array' format."""
+    head = data[:64]
     try:
-        if data.lstrip()[:1] == b"[":
-            return KTrace(traceEvents=msgspec.json.decode(data, type=list[msgspec.Raw]))
+        if head.lstrip()[:1] == b"[":
+            raws = msgspec.json.decode(data, type=list[msgspec.Raw])
+            if raws and bytes(raws[0]).lstrip()[:1] != b"{":
+                raise not_a_trace(path, head)
+            return KTrace(traceEvents=raws)
         return msgspec.json.decode(data, type=KTrace)
     except msgspec.ValidationError as exc:
+        if head.lstrip()[:1] != b"{":
+            raise not_a_trace(path, head) from None
+        if "missing required field `traceEvents`" in str(exc):
+            keys = list(msgspec.json.decode(data, type=dict[str, msgspec.Raw]))
+            raise not_a_trace(path, head, keys) from None
         raise TraceFormatError(path, "json", f"wrong structure: {exc}") from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None

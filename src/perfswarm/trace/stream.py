@@ -30,6 +30,7 @@ from perfswarm.trace.kineto import (
     TraceMeta,
     TraceTables,
     finish,
+    not_a_trace,
     tables_from_events,
     trace_meta,
 )
@@ -97,8 +98,14 @@ def _batches(path: Path) -> Iterator[list[KEvent]]:
             except ijson.JSONError as exc:
                 raise _errors(path, exc) from None
         if not has_key:
-            raise TraceFormatError(path, "json",
-                                   "wrong structure: Object missing required field `traceEvents`")
+            with _open(path) as f:
+                head = f.read(64)
+            keys: list[str] = []
+            if head.lstrip()[:1] == b"{":
+                with _open(path) as f:
+                    keys = [value for prefix, event, value in ijson.parse(f)
+                            if prefix == "" and event == "map_key"]
+            raise not_a_trace(path, head, keys)
 
 
 SPILLED = ("events", "flows", "counters", "steps")
