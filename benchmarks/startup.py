@@ -49,14 +49,17 @@ app()
 """
 
 
-def cpu_seconds(argv: list[str]) -> float:
-    """User + system CPU seconds of one child process, run to completion."""
+def usage(argv: list[str]) -> tuple[float, int]:
+    """User + system CPU seconds and peak RSS (bytes) of one child process, run to completion.
+
+    The peak is ru_maxrss, which survives exec: it is the child's own as long as the parent
+    (this script, standard library only) is smaller."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, rusage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}")
-    return usage.ru_utime + usage.ru_stime
+    return rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss * 1024
 
 
 def main() -> int:
@@ -81,7 +84,7 @@ def main() -> int:
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.rounds):
             for name, argv in contenders.items():
-                times[name].append(cpu_seconds(argv))
+                times[name].append(usage(argv)[0])
     med = {name: statistics.median(t) for name, t in times.items()}
     for name, s in med.items():
         print(f"  {name:26s} {s:6.3f} CPU s (median of {args.rounds})")

@@ -192,14 +192,14 @@ class _Model:
     graph: Graph
     schedule: Schedule
     platform: Platform
-    args: list[str | None]
+    args: pa.Array  # the events' args JSON, read as one Arrow column: no string per event
     compute: Mask  # host nodes that are kernel work (CPU runs)
     _shapes: dict[int, Shapes | None] = field(default_factory=dict)
 
     def shapes(self, row: int) -> Shapes | None:
         """The row's recorded shapes (parsed once: several passes ask for the same rows)."""
         if row not in self._shapes:
-            self._shapes[row] = shapes_from_args(self.args[row] or "")
+            self._shapes[row] = shapes_from_args(self.args[row].as_py() or "")
         return self._shapes[row]
 
     def iterations(self, timeline: Timeline, durations: I64
@@ -225,7 +225,7 @@ def load_model(run: Run) -> _Model:
         raise PerfswarmError(f"{run.path}: no iterations found (no ProfilerStep markers and no "
                              "repeating op sequence); nothing to replay")
     graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
-    args = run.table("events", columns=["args"]).column("args").to_pylist()
+    args = run.table("events", columns=["args"]).column("args").combine_chunks()
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
     model = _Model(run, ev, deps, graph, Schedule.of(graph), platform, args,
                    np.zeros(len(graph), bool))

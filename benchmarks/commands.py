@@ -1,0 +1,83 @@
+"""Whole-process cost of import, analyze, report and predict beside a bare parse of the trace.
+
+For each trace (default: the corpus's largest, and a synthetic one of --events events), every
+contender runs as a fresh process, interleaved, several rounds; figures are median CPU seconds
+(user + system: a busy shared machine disturbs them less than wall time) and the peak RSS.
+The peer is `python -c` gunzip + orjson.loads of the same file, whole process too. Goals:
+
+- import (in memory) <= 1.5x the peer; import --streaming always is printed beside it
+- analyze <= 1x, report <= 2x, predict <= 2x the peer
+- peak RSS of each <= 4x the JSON size; the report file's size (a few MB whatever the input)
+
+    python benchmarks/commands.py [--events 200000] [--rounds 3] [TRACE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from ingest import generate
+from startup import usage
+
+REPO = Path(__file__).resolve().parents[1]
+LARGEST = REPO.parent / "shared" / "corpus" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
+BARE = ("import gzip, sys, orjson\n"
+        "orjson.loads(gzip.decompress(open(sys.argv[1], 'rb').read()))")
+GOALS = {"import": 1.5, "import --streaming": None, "analyze": 1.0, "report": 2.0,
+         "predict": 2.0}
+
+
+def bench(trace: Path, tmp: Path, rounds: int) -> None:
+    py = sys.executable
+    cli = [py, "-m", "perfswarm.cli.main"]
+    size = len(gzip.decompress(trace.read_bytes()))
+    run = tmp / f"{trace.name}.run"
+    html = tmp / f"{trace.name}.html"
+    contenders = {
+        "bare parse": [py, "-c", BARE, str(trace)],
+        "import": [*cli, "import", str(trace), "--out", str(run), "--force",
+                   "--streaming", "never"],
+        "import --streaming": [*cli, "import", str(trace), "--out", str(tmp / "s.run"),
+                               "--force", "--streaming", "always"],
+        "analyze": [*cli, "analyze", str(run)],
+        "report": [*cli, "report", str(run), "-o", str(html)],
+        "predict": [*cli, "predict", str(run)],
+    }
+    seen: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for name, argv in contenders.items():
+            seen[name].append(usage(argv))
+    cpu = {k: statistics.median(s for s, _ in v) for k, v in seen.items()}
+    rss = {k: max(r for _, r in v) for k, v in seen.items()}
+    print(f"{trace.name}: {size / 1e6:.1f} MB JSON; median of {rounds} rounds")
+    for name in contenders:
+        goal = GOALS.get(name)
+        ratio = cpu[name] / cpu["bare parse"]
+        verdict = "" if goal is None else (f" (goal <= {goal}x) "
+                                           f"{'OK' if ratio <= goal else 'MISSED'}")
+        print(f"  {name:19s} {cpu[name]:7.2f} CPU s  {ratio:5.2f}x parse{verdict:22s} "
+              f"peak RSS {rss[name] / 1e6:7.1f} MB = {rss[name] / size:5.2f}x JSON")
+    print(f"  report file: {html.stat().st_size / 1e6:.2f} MB")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="*", type=Path)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="perfswarm-commands-") as tmp_name:
+        tmp = Path(tmp_name)
+        traces = args.traces or [LARGEST, generate(tmp / "synthetic.json.gz", args.events, 0)]
+        for trace in traces:
+            bench(trace, tmp, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
