@@ -186,3 +186,29 @@ def test_raw_files_are_kept(corpus_runs: dict[str, Run]) -> None:
     raw = sorted(p.name for p in run.raw_dir.iterdir())
     assert raw == sorted([corpus("et_trace").name, (CORPUS / ET).name])
     assert (run.raw_dir / corpus("et_trace").name).read_bytes() == corpus("et_trace").read_bytes()
+
+
+def test_import_a_directory_of_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A TensorBoard log dir: each rank's *.pt.trace.json (ranks from distributedInfo, not the
+    name order) is imported; other files beside them are not; a dir without any is refused."""
+    from perfswarm.cli.main import main
+
+    log = tmp_path / "log" / "mlp"
+    log.mkdir(parents=True)
+    for rank, name in ((1, "a_host_1.1.pt.trace.json"), (0, "b_host_2.2.pt.trace.json")):
+        event = {"ph": "X", "cat": "cpu_op", "name": f"aten::mm{rank}", "pid": 1, "tid": 1,
+                 "ts": 10 + rank, "dur": 5, "args": {}}
+        (log / name).write_text(json.dumps({"traceEvents": [event],
+                                            "distributedInfo": {"rank": rank}}))
+    (log / "events.out.tfevents.1").write_text("not a trace")
+    (log / "meta.json").write_text("{}")  # a trace file name wins over any other .json
+    assert main(["import", str(log), "-o", str(tmp_path / "mlp.run"), "-q"]) == 0
+    run = Run(tmp_path / "mlp.run")
+    assert run.manifest()["ranks"] == [0, 1]
+    ev = run.table("events").to_pydict()
+    assert sorted(zip(ev["rank"], ev["name"], strict=True)) == [(0, "aten::mm0"),
+                                                                 (1, "aten::mm1")]
+    (tmp_path / "empty").mkdir()
+    assert main(["import", str(tmp_path / "empty"), "-o", str(tmp_path / "e.run")]) == 2
+    assert "a directory with no trace files" in capsys.readouterr().err
+    assert not (tmp_path / "e.run").exists()

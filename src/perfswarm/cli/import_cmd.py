@@ -11,12 +11,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, err_console
-from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces
+from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces, trace_files
 
 
 @app.command("import")
 def import_command(
-    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz), one per rank.")],
+    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz), one per rank, or a directory of them (e.g. TensorBoard's log dir: every *.pt.trace.json under it).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
     et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON (one per rank, in rank order).")] = None,
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo, else file order).")] = None,
@@ -40,6 +40,7 @@ def import_command(
                             drop_bad_events=drop_bad_events, streaming=mode, force=force,
                             cluster=cluster_options(workers, scheduler, worker_memory))
     command = ["perfswarm", "import", *map(str, traces)]
+    traces = trace_files(traces)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=quiet) as bar:
         task = bar.add_task("import", total=len(traces))

@@ -218,9 +218,31 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
     return run.table("events", ["rank", "rf_id", "external_id"])
 
 
+_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+def trace_files(paths: Sequence[Path]) -> list[Path]:
+    """`paths` with each directory replaced by the trace files under it (what TensorBoard's
+    profiler plugin writes, `*.pt.trace.json[.gz]`; else every `*.json[.gz]`), sorted."""
+    out: list[Path] = []
+    for p in paths:
+        if not p.is_dir():
+            out.append(p)
+            continue
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        found = ([f for f in files if f.name.endswith(_TRACE_SUFFIXES)]
+                 or [f for f in files if f.name.endswith((".json", ".json.gz"))])
+        if not found:
+            raise PerfswarmError(f"{p}: a directory with no trace files (*.json, *.json.gz)")
+        out += found
+    return out
+
+
 def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
                   command: list[str], progress: Progress | None = None) -> Run:
-    """Create the Run `out` from Kineto trace files (one per rank) and execution traces."""
+    """Create the Run `out` from Kineto trace files (one per rank; a directory stands for the
+    trace files under it) and execution traces."""
+    paths = trace_files(paths)
     if not paths:
         raise PerfswarmError("no trace files given")
     if options.ranks and len(options.ranks) != len(paths):
