@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pytest
 
@@ -301,3 +302,35 @@ def test_system_load_dominators_and_correlation(rank: int) -> None:
     assert load.windows[1].mean["iowait"] == pytest.approx(0.6)
     assert load.gpu_correlation["net"] > 0.99
     assert set(load.gpu_correlation) == {"cpu", "net"}
+
+
+def test_diff_lists_improvements_with_a_noise_band(tmp_path: Path) -> None:
+    """B's aten::mm is 2 ms faster a step (3 steps: 5, 6, 7 -> 3, 4, 5 ms); aten::relu moves by
+    a step-to-step wobble (1, 2, 3 -> 2, 1, 3 ms): inside its band. The noise is twice the
+    standard error of the difference of the means: 2 sqrt(var_a / 3 + var_b / 3)."""
+    from perfswarm.cli.main import main
+
+    def run(name: str, mm: list[int], relu: list[int]) -> Run:
+        events = []
+        for i, (m, r) in enumerate(zip(mm, relu, strict=True)):
+            t = i * 20_000
+            events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}",
+                        "pid": 1, "tid": 1, "ts": t, "dur": 19_000, "args": {}},
+                       {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+                        "ts": t + 10, "dur": m * 1000, "args": {}},
+                       {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1,
+                        "ts": t + 10 + m * 1000, "dur": r * 1000, "args": {}}]
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(orjson.dumps({"traceEvents": events}))
+        return import_traces([path], tmp_path / f"{name}.run", ImportOptions(), ["test"])
+
+    a, b = run("a", [5, 6, 7], [1, 2, 3]), run("b", [3, 4, 5], [2, 1, 3])
+    result = diff_runs(a, b)
+    (mm,) = [o for o in result.improvements if o.name == "aten::mm"]
+    ms = 1e6
+    assert mm.per_iteration_delta_ns == -2 * ms
+    assert mm.noise_ns == pytest.approx(2 * np.sqrt(1 / 3 + 1 / 3) * ms)  # variances 1 and 1
+    assert mm.beyond_noise
+    (relu,) = [o for o in result.ops if o.name == "aten::relu"]
+    assert relu.per_iteration_delta_ns == 0 and not relu.beyond_noise
+    assert main(["diff", str(a.path), str(b.path)]) == 0

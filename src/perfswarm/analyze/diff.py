@@ -2,7 +2,10 @@
 
 Each side's time per (kind, name) is compared in total and, when both sides have
 iterations, per iteration (total over the iterations / their count), so a run
-with more steps does not look slower just for being longer. Largest regression first.
+with more steps does not look slower just for being longer. Largest regression first, and the
+largest improvements apart (a fix that saves seconds shows however many ops got slower). Each
+per-iteration change carries a noise band: twice the standard error of the difference of the
+two sides' per-iteration means, from how much the op's time varies from step to step.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepWindow
+from perfswarm.analyze.system import F64
 from perfswarm.trace.schema import KINDS
 
 COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "collective",
@@ -31,16 +35,27 @@ class OpDelta:
     a_ns: int
     b_ns: int
     per_iteration_delta_ns: float | None
+    noise_ns: float | None = None  # the band around per_iteration_delta_ns (None: no steps)
 
     @property
     def delta_ns(self) -> int:
         return self.b_ns - self.a_ns
 
+    @property
+    def beyond_noise(self) -> bool:
+        """The change is larger than its noise band (always, without steps to measure it, and
+        for an op present on one side only)."""
+        if (self.per_iteration_delta_ns is None or self.noise_ns is None
+                or not (self.a_count and self.b_count)):
+            return self.delta_ns != 0
+        return abs(self.per_iteration_delta_ns) > self.noise_ns
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "a_count": self.a_count,
                 "b_count": self.b_count, "a_ns": self.a_ns, "b_ns": self.b_ns,
                 "delta_ns": self.delta_ns,
-                "per_iteration_delta_ns": self.per_iteration_delta_ns}
+                "per_iteration_delta_ns": self.per_iteration_delta_ns,
+                "noise_ns": self.noise_ns, "beyond_noise": self.beyond_noise}
 
 
 @dataclass(frozen=True)
@@ -64,11 +79,13 @@ class RunDiff:
     ops: tuple[OpDelta, ...]  # largest regression (b slower) first
     only_a: tuple[tuple[str, str], ...]  # (kind, name) pairs present on one side only, sorted
     only_b: tuple[tuple[str, str], ...]
+    improvements: tuple[OpDelta, ...] = ()  # b faster, largest first
 
     def to_dict(self) -> dict[str, Any]:
         return {"a_span_ns": self.a_span_ns, "b_span_ns": self.b_span_ns,
                 "span_delta_ns": self.b_span_ns - self.a_span_ns,
                 "steps": [s.to_dict() for s in self.steps], "ops": [o.to_dict() for o in self.ops],
+                "improvements": [o.to_dict() for o in self.improvements],
                 "only_a": [{"kind": k, "name": n} for k, n in self.only_a],
                 "only_b": [{"kind": k, "name": n} for k, n in self.only_b]}
 
@@ -95,25 +112,53 @@ def span(ev: Events) -> int:
     return int(ev.end[busy].max() - ev.ts[busy].min()) if busy.any() else 0
 
 
+def per_step(ev: Events, steps: Sequence[StepWindow]) -> dict[tuple[str, str], F64]:
+    """(kind, name) -> its time in each of `steps` (0 where it did not run)."""
+    index = {w.step: i for i, w in enumerate(steps)}
+    rows = np.flatnonzero(ev.of_kind(*COMPARED_KINDS) & ~ev.is_step_marker & (ev.step >= 0))
+    col = np.array([index.get(int(s), -1) for s in ev.step[rows]], np.int64)
+    rows, col = rows[col >= 0], col[col >= 0]
+    key = ev.kind[rows] * (len(ev.names) + 1) + ev.name[rows]
+    uniq, inv = np.unique(key, return_inverse=True)
+    grid = np.zeros((len(uniq), len(steps)))
+    np.add.at(grid, (inv, col), ev.dur[rows])
+    out = {}
+    for k, line in zip(uniq.tolist(), grid, strict=True):
+        kind, name = divmod(k, len(ev.names) + 1)
+        out[(KINDS[kind], ev.names[name])] = line
+    return out
+
+
+def noise(a: F64, b: F64) -> float:
+    """Twice the standard error of mean(b) - mean(a) (0 for a side of one step)."""
+    var = [float(np.var(x, ddof=1)) / len(x) if len(x) > 1 else 0.0 for x in (a, b)]
+    return 2.0 * float(np.sqrt(sum(var)))
+
+
 def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[StepWindow],
          top: int | None = TOP) -> RunDiff:
     """Compare b against a; steps are each side's iterations (one rank's), in time order."""
     ta, tb = totals(a), totals(b)
     both_steps = bool(a_steps) and bool(b_steps)
+    pa_, pb_ = (per_step(a, a_steps), per_step(b, b_steps)) if both_steps else ({}, {})
     deltas = []
     for key in sorted(set(ta) | set(tb)):
         ca, na, sa = ta.get(key, (0, 0, 0))
         cb, nb, sb = tb.get(key, (0, 0, 0))
         per_it = sb / len(b_steps) - sa / len(a_steps) if both_steps else None
-        deltas.append(OpDelta(key[0], key[1], ca, cb, na, nb, per_it))
+        band = (noise(pa_.get(key, np.zeros(len(a_steps))), pb_.get(key, np.zeros(len(b_steps))))
+                if both_steps else None)
+        deltas.append(OpDelta(key[0], key[1], ca, cb, na, nb, per_it, band))
 
     def regression(d: OpDelta) -> tuple[float, int, str, str]:
         primary = d.per_iteration_delta_ns if d.per_iteration_delta_ns is not None else 0.0
         return (-primary, -d.delta_ns, d.kind, d.name)
 
     deltas.sort(key=regression)
+    better = [d for d in reversed(deltas)
+              if (d.per_iteration_delta_ns if d.per_iteration_delta_ns is not None
+                  else d.delta_ns) < 0]
     steps = tuple(StepDelta(i, x.step, y.step, x.dur, y.dur)
                   for i, (x, y) in enumerate(zip(a_steps, b_steps, strict=False)))
     return RunDiff(span(a), span(b), steps, tuple(deltas[:top]), tuple(sorted(set(ta) - set(tb))),
-                   tuple(sorted(set(tb) - set(ta))))
-
+                   tuple(sorted(set(tb) - set(ta))), tuple(better[:top]))

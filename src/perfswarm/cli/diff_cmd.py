@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from perfswarm.analyze.diff import OpDelta
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
@@ -24,7 +25,9 @@ def diff_command(
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
-    """Ops and kernels of B against A, aligned by name and iteration; regressions first."""
+    """Ops and kernels of B against A, aligned by name and iteration: regressions and
+    improvements beyond their noise band (twice the standard error from the step-to-step
+    variation)."""
     result = diff_runs(Run.open(a), Run.open(b), rank_a=rank_a, rank_b=rank_b)
     if as_json:
         print_json(result.to_dict())
@@ -39,13 +42,27 @@ def diff_command(
             steps.add_row(str(s.index), str(s.a_step), str(s.b_step), ms(s.a_ns), ms(s.b_ns),
                           ms(s.b_ns - s.a_ns))
         console.print(steps)
-    ops = Table(title="largest regressions first", title_justify="left")
+    regressions = [o for o in result.ops if o.delta_ns > 0 or (o.per_iteration_delta_ns or 0) > 0]
+    for title, rows in (("largest regressions first", regressions),
+                        ("largest improvements first", list(result.improvements))):
+        shown = [o for o in rows if o.beyond_noise]
+        if shown:
+            console.print(_ops_table(title, shown))
+        if len(shown) < len(rows):
+            console.print(f"  {len(rows) - len(shown)} more within their noise band "
+                          "(step-to-step variation)")
+
+
+def _ops_table(title: str, rows: list[OpDelta]) -> Table:
+    ops = Table(title=title, title_justify="left")
     ops.add_column("kind")
     ops.add_column("name", min_width=10, overflow="fold")
-    for header in ("count A→B", "ms A→B", "delta ms", "per iter"):
+    for header in ("count A→B", "ms A→B", "delta ms", "per iter", "± noise"):
         ops.add_column(header, justify="right")
-    for o in result.ops:
+    for o in rows:
         per_it = "" if o.per_iteration_delta_ns is None else f"{o.per_iteration_delta_ns / 1e6:.3f}"
+        band = "" if o.noise_ns is None else f"{o.noise_ns / 1e6:.3f}"
         ops.add_row(o.kind, o.name[:60], f"{o.a_count}→{o.b_count}",
-                    f"{o.a_ns / 1e6:.3f}→{o.b_ns / 1e6:.3f}", f"{o.delta_ns / 1e6:+.3f}", per_it)
-    console.print(ops)
+                    f"{o.a_ns / 1e6:.3f}→{o.b_ns / 1e6:.3f}", f"{o.delta_ns / 1e6:+.3f}", per_it,
+                    band)
+    return ops
