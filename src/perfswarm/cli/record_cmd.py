@@ -1,4 +1,5 @@
-"""`perfswarm record [--out RUN] [--collectors LIST] [--hz N] [--steps SKIP:COUNT] -- CMD...`."""
+"""`perfswarm record [--out RUN] [--collectors LIST] [--hz N] [--steps SKIP:COUNT] -- CMD...`,
+or `perfswarm record --pid PID [--duration S]` to attach to a running process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console
+from perfswarm.errors import PerfswarmError
+from perfswarm.record.attach import attach
+from perfswarm.record.perf import parse_events
 from perfswarm.record.session import (
     DEFAULT_COLLECTORS,
     RESERVE_PER_STEP_MIB,
@@ -31,7 +35,10 @@ def status_line(s: Status) -> Text:
 
 @app.command("record", context_settings={"allow_interspersed_args": False})
 def record_command(
-    command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
+    command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
+    pid: Annotated[int | None, typer.Option("--pid", help="Attach to this running process (and its descendants) instead of running a command.")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", metavar="S", help="With --pid: stop after S seconds (default: when the process exits, or Ctrl-C).")] = None,
+    perf_events: Annotated[str, typer.Option("--perf-events", metavar="LIST", help="perf events to count beside the cpu-clock stacks, EVENT[@PERIOD],... (e.g. context-switches,page-faults,cycles); one perf refuses here is left out, the reason in the manifest.")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
     collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace and net (tcpdump) are opt-in.")] = ",".join(DEFAULT_COLLECTORS),
     hz: Annotated[float, typer.Option("--hz", help="System and GPU sampling rate.")] = RecordOptions.hz,
@@ -46,17 +53,23 @@ def record_command(
     """Run an unmodified command under every collector and leave an ingested Run."""
     if hz <= 0 or perf_hz < 1 or pystacks_hz < 1:
         raise typer.BadParameter("sampling rates must be positive")
+    if (pid is None) == (not command):
+        raise PerfswarmError("record: give either a command after -- or --pid PID, not both")
+    if duration is not None and pid is None:
+        raise PerfswarmError("--duration goes with --pid (a command runs until it exits)")
     skip, count = parse_steps(steps)
     options = RecordOptions(
         collectors=tuple(c.strip() for c in collectors.split(",") if c.strip()), hz=hz,
         perf_hz=perf_hz, pystacks_hz=pystacks_hz, skip=skip, steps=count,
-        execution_trace=not no_et, force=force, heap_reserve_mib=heap_reserve)
-    target = out or Path(Path(command[0]).name + ".run")
+        execution_trace=not no_et, force=force, heap_reserve_mib=heap_reserve,
+        perf_events=parse_events(perf_events))
+    target = out or Path(f"pid{pid}.run" if command is None else Path(command[0]).name + ".run")
     live = not quiet and sys.stderr.isatty()
     with Live(Text(""), console=err_console, transient=True, auto_refresh=False,
               redirect_stdout=False, redirect_stderr=False) if live else _Null() as status:
-        result = record(command, target, options,
-                        (lambda s: status.update(status_line(s), refresh=True)) if live else None)
+        show = (lambda s: status.update(status_line(s), refresh=True)) if live else None
+        result = (attach(pid, target, options, duration, show) if pid is not None
+                  else record(command or [], target, options, show))
     if not quiet:
         m = result.run.manifest()
         states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(m["collectors"].items()))

@@ -261,12 +261,15 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         run.write_table("flows", concat([p.flows for p in parts], FLOWS))
         sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
                    for p in sorted(raw.glob("*.jsonl"))]
-        flows = counters([], _flows(raw / "net.pcap", manifest))
+        perf_read = _perf_samples(rec)
+        interval_ns = round(1e9 / manifest["extra"]["record"]["hz"])
+        flows = counters([], [*_flows(raw / "net.pcap", manifest), *perf.event_counters(
+            perf_read, manifest["clock_offsets"].get("perf", 0), interval_ns)])
         counted = concat([*(p.counters for p in parts), *sampled, flows,
                           fault_counters(hooked)], COUNTERS)
         run.write_table("counters", counted.sort_by("ts"))
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
-        _stack_samples(run, rec, rank_of)
+        _stack_samples(run, rec, rank_of, [p for p in perf_read if p.event == perf.STACKS_EVENT])
         manifest["ranks"] = sorted(set(rank_of.values()))
         manifest.setdefault("extra", {}).setdefault("record", {}).update(
             stepping_facts(stepping))
@@ -306,16 +309,22 @@ def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table
     run.write_table("graph_edges", concat(edges, GRAPH_EDGES))
 
 
-def _stack_samples(run: Run, rec: Recording, rank_of: dict[int, int]) -> None:
-    stacks = Stacks()
-    parts = []
+def _perf_samples(rec: Recording) -> list[perf.Sample]:
+    """perf's samples, every event's (none without perf.data, or when it cannot be read)."""
     data = rec.raw / "perf.data"
     exe = rec.perf_exe
     if exe and data.is_file() and data.stat().st_size:
-        offset = rec.manifest["clock_offsets"]["perf"]
-        parts.append(perf_samples(readable(rec.manifest, "perf",
-                                           partial(perf.read_perf_data, exe, data), []),
-                                  offset, rank_of, stacks))
+        return readable(rec.manifest, "perf", partial(perf.read_perf_data, exe, data), [])
+    return []
+
+
+def _stack_samples(run: Run, rec: Recording, rank_of: dict[int, int],
+                   stacked: Sequence[perf.Sample]) -> None:
+    stacks = Stacks()
+    parts = []
+    if stacked:
+        parts.append(perf_samples(stacked, rec.manifest["clock_offsets"]["perf"], rank_of,
+                                  stacks))
     spy = rec.raw / "pystacks.txt"
     if spy.is_file():
         parts.append(pyspy_samples(readable(rec.manifest, "pystacks",

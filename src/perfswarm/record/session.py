@@ -35,7 +35,7 @@ from perfswarm.record.strace import StraceCollector
 from perfswarm.record.system import SystemSampler
 from perfswarm.record.tools import ToolCollector
 from perfswarm.record.torch_profiler import TorchCollector
-from perfswarm.trace.store import Run, new_manifest
+from perfswarm.trace.store import Manifest, Run, new_manifest
 
 DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
 # opt-in: strace slows every syscall; net captures the whole host's traffic headers
@@ -59,6 +59,7 @@ class RecordOptions:
     # The heap reserve written into the profiled process before the window opens
     # (inject/sitecustomize.py): opt-in, it changes the program measured.
     heap_reserve_mib: int = 0
+    perf_events: tuple[tuple[str, int], ...] = ()  # (event, sample period) beside cpu-clock
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> 
                                         options.execution_trace, options.heap_reserve_mib),
         "system": lambda: SystemSampler(raw, options.hz),
         "gpu": lambda: GpuSampler(raw, options.hz),
-        "perf": lambda: PerfCollector(raw, options.perf_hz),
+        "perf": lambda: PerfCollector(raw, options.perf_hz, options.perf_events),
         "pystacks": lambda: PyStacksCollector(raw, options.pystacks_hz),
         "strace": lambda: StraceCollector(raw, 0),
         "net": lambda: NetCollector(raw, 0),
@@ -162,10 +163,17 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     exe = shutil.which(command[0])
     if exe is None:
         raise PerfswarmError(f"{command[0]}: command not found")
+    return recorded(out, options, lambda raw: _record(list(command), raw, options, on_status,
+                                                      child or Child()))
+
+
+def recorded(out: Path, options: RecordOptions,
+             take: Callable[[Path], tuple[Recording, int]]) -> RecordResult:
+    """`take(raw)` records into a scratch directory beside `out`; the Run is built from it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".recording"))
     try:
-        recording, code = _record(list(command), raw, options, on_status, child or Child())
+        recording, code = take(raw)
     except BaseException:
         shutil.rmtree(raw, ignore_errors=True)
         raise
@@ -234,6 +242,16 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     manifest["exit_status"] = code if code >= 0 else None
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
     manifest["complete"] = code == 0
+    return finish(collectors, raw, manifest, options, child.pid, start_ns, (offset_start,
+                                                                          offset_end)), code
+
+
+def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
+           options: RecordOptions, pid: int, start_ns: int,
+           offsets: tuple[int, int]) -> Recording:
+    """The manifest's collector statuses, clock offsets, warnings and `extra.record` once the
+    collectors have stopped; the recording to build the Run from."""
+    offset_start, offset_end = offsets
     manifest["collectors"] = {c.name: c.status() for c in collectors}
     for c in collectors:
         if isinstance(c, NetCollector) and c.dropped():
@@ -245,14 +263,21 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
         manifest["warnings"].append({"source": "clock", "count": 1, "what": (
             f"monotonic->epoch offset moved {(offset_end - offset_start) / 1e6:.3f} ms"
             " during the recording (clock stepped)")})
+    perf_c = next((c for c in collectors if isinstance(c, PerfCollector)), None)
+    refused = perf_c.refused if perf_c is not None else {}
+    for event, why in refused.items():
+        manifest["warnings"].append({"source": "perf", "count": 1,
+                                     "what": f"event {event} not recorded: {why}"})
+    perf_events = ({"recorded": [e for e, _ in perf_c.events], "refused": refused}
+                   if perf_c is not None and options.perf_events else None)
     manifest["extra"] = {"record": {
-        "start_ns": start_ns, "end_ns": time.time_ns(), "pid": child.pid,
+        "start_ns": start_ns, "end_ns": time.time_ns(), "pid": pid,
         "steps_window": [options.skip, options.steps], "hz": options.hz,
         "heap_reserve_mib": options.heap_reserve_mib if "torch" in options.collectors else 0,
         "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},
+        **({"perf_events": perf_events} if perf_events else {}),
     }}
-    perf_exe = next((c.exe for c in collectors if isinstance(c, PerfCollector)), None)
-    return Recording(raw, manifest, perf_exe, start_ns), code
+    return Recording(raw, manifest, perf_c.exe if perf_c is not None else None, start_ns)
 
 
 def _forward(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:
