@@ -3,6 +3,7 @@ and the roofline time and bound of an op on a device spec."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -345,13 +346,27 @@ def shapes_from_args(args_json: str) -> Shapes | None:
         return None
     if not isinstance(args, dict):
         return None
-    dims = _int_lists(args.get("Input Dims"))
+    # Every iteration records the same shapes again (only the ids differ): the fields are
+    # checked and built once per distinct text, which a C-level dump makes cheap to key.
+    return _shapes(orjson.dumps([args.get("Input Dims"), args.get("Input type"),
+                                 args.get("Input Strides")]))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _shapes(fields: bytes) -> Shapes | None:
+    dims_value, types, strides_value = orjson.loads(fields)
+    dims = _int_lists(dims_value)
     if dims is None:
         return None
-    types = args.get("Input type")
     type_list = tuple(str(t) for t in types) if isinstance(types, list) else ()
-    strides = _int_lists(args.get("Input Strides"))
+    strides = _int_lists(strides_value)
     return Shapes(dims, type_list, strides if strides and len(strides) == len(dims) else ())
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def shapes_cost(name: str, shapes: Shapes) -> OpCost | None:
+    """op_cost of an op's recorded shapes, computed once per distinct (name, shapes)."""
+    return op_cost(name, shapes.dims, shapes.types)
 
 
 def _int_lists(value: object) -> tuple[tuple[int, ...], ...] | None:
@@ -400,7 +415,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
 def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
     """op_cost of an events-table row: its ``args`` JSON carries Kineto's record_shapes fields."""
     shapes = shapes_from_args(args_json)
-    return None if shapes is None else op_cost(name, shapes.dims, shapes.types)
+    return None if shapes is None else shapes_cost(name, shapes)
 
 
 # Ops that only make views, allocate or read metadata: their time does not grow with the data.

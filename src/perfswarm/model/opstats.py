@@ -25,8 +25,8 @@ from perfswarm.model.opcost import (
     OpCost,
     Shapes,
     has_cost_model,
-    op_cost,
     roofline,
+    shapes_cost,
     shapes_from_args,
 )
 from perfswarm.model.specs import spec_of_devices
@@ -131,7 +131,7 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     args = table.column("args").take(candidates).to_pylist()
     for row, text in zip(candidates.tolist(), args, strict=True):
         found = shapes_from_args(text or "")
-        cost = op_cost(ev.name_of(row), found.dims, found.types) if found else None
+        cost = shapes_cost(ev.name_of(row), found) if found else None
         if cost is not None and found is not None:
             costs[row], shapes[row] = cost, found
     counted = _innermost_costed(ev, costs)
