@@ -21,6 +21,7 @@ from perfswarm.analyze.iterations import (
     marker_steps,
     steady_state,
 )
+from perfswarm.analyze.kernels import kernel_breakdown
 from perfswarm.analyze.launch import launch_stats, queue_length
 from perfswarm.analyze.ops import kernel_category, op_breakdown
 from perfswarm.trace.schema import STEPS
@@ -221,6 +222,19 @@ def test_stream_idle_nccl(corpus_runs: dict[str, Run]) -> None:
                                         (40, 582_261_309, 1_662_947, 0)]
     assert stats.streams[1].busy_ns == 46_876_493  # the 21 NCCL kernels
     assert stats.streams[1].host_wait.count == 20
+
+
+def test_kernel_breakdown_nccl(corpus_runs: dict[str, Run]) -> None:
+    """From the raw JSON (µs read as decimals, x1000): kernels are compute unless NCCL's
+    (communication), gpu_memcpy/gpu_memset are memory; a sweep over their starts and ends
+    gives the ns each set of kinds ran together."""
+    (k,) = kernel_breakdown(Events.load(corpus_runs["nccl"]))
+    assert k.count == {"compute": 2679, "comm": 21, "memory": 1074}
+    assert k.total_ns == {"compute": 115_655_847, "comm": 46_876_493, "memory": 2_653_498}
+    assert {c: v for c, v in k.overlap_ns.items() if v} == {
+        "compute": 108_338_822, "comm": 39_190_669, "compute+comm": 7_317_025,
+        "memory": 2_284_699, "comm+memory": 368_799}
+    assert k.busy_ns == 157_500_014
 
 
 def test_queue_length() -> None:

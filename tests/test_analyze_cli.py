@@ -19,7 +19,8 @@ def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
 def test_analyze_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, ["analyze", str(corpus_runs["nccl"].path), "--json"])
     assert set(data) == {"path", "events", "ranks", "iterations", "concurrency", "ops", "launch",
-                         "stragglers", "critical_path", "swarms", "system", "op_cost"}
+                         "stragglers", "critical_path", "swarms", "system", "op_cost",
+                         "kernels"}
     # the nccl trace was recorded without shapes: no op has a cost, the device is still known
     assert data["op_cost"]["device"] == "A100-40GB" and data["op_cost"]["ops"] == []
     assert data["events"] == 26_935 and data["ranks"] == [0]

@@ -34,6 +34,7 @@ from perfswarm.analyze.critical_path import (
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.frame import EVENT_COLUMNS, Events
 from perfswarm.analyze.iterations import StepWindow, combine, detected_windows, run_markers
+from perfswarm.analyze.kernels import RankKernels, rank_kernels
 from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.ops import OpTotals
 from perfswarm.analyze.stragglers import Instance, collective_starts, skews
@@ -60,6 +61,7 @@ class RankPart:
     launch: LaunchStats
     ops: OpTotals
     collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
+    kernels: RankKernels
 
 
 def load_rank(path: str, rank: int) -> Events:
@@ -75,7 +77,7 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, rank_concurrency(ev, rank, steps.get(rank, [])),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
-                    collective_starts(ev, rank))
+                    collective_starts(ev, rank), rank_kernels(ev, rank))
 
 
 def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]]) -> Graph:
@@ -124,5 +126,6 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
                           for p in parts}),
         critical_path=critical,
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
-        system=system_load(run.table("counters"), its.steps))
+        system=system_load(run.table("counters"), its.steps),
+        kernels=tuple(p.kernels for p in parts))
 

@@ -11,6 +11,7 @@ from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, diff
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import Iterations, iterations
+from perfswarm.analyze.kernels import RankKernels, kernel_breakdown
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.ops import OpBreakdown, op_breakdown
 from perfswarm.analyze.stragglers import Stragglers, stragglers
@@ -34,6 +35,7 @@ class Analysis:
     critical_path: CriticalPath | None
     swarms: Swarms
     system: tuple[SystemLoad, ...]
+    kernels: tuple[RankKernels, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
@@ -43,7 +45,8 @@ class Analysis:
                 "stragglers": self.stragglers.to_dict(),
                 "critical_path": self.critical_path.to_dict() if self.critical_path else None,
                 "swarms": self.swarms.to_dict(),
-                "system": [s.to_dict() for s in self.system]}
+                "system": [s.to_dict() for s in self.system],
+                "kernels": [k.to_dict() for k in self.kernels]}
 
 
 def load(run: Run, *, or_samples: bool = False) -> Events:
@@ -81,7 +84,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev)),
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
-        system=system_load(run.table("counters"), its.steps))
+        system=system_load(run.table("counters"), its.steps), kernels=kernel_breakdown(ev))
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,
