@@ -222,6 +222,11 @@ def test_stream_idle_nccl(corpus_runs: dict[str, Run]) -> None:
                                         (40, 582_261_309, 1_662_947, 0)]
     assert stats.streams[1].busy_ns == 46_876_493  # the 21 NCCL kernels
     assert stats.streams[1].host_wait.count == 20
+    # launched, unfinished ops per stream (+1 at the launch call's start, -1 at the op's end,
+    # ends first at equal times), time-weighted from the first launch to the last end
+    assert [(s.queue.max, s.queue.full_ns) for s in stats.streams] == [(11, 0), (1, 0)]
+    assert [s.queue.mean for s in stats.streams] == pytest.approx(
+        [0.3866176538961812, 0.07739039884495609], rel=1e-12)
 
 
 def test_kernel_breakdown_nccl(corpus_runs: dict[str, Run]) -> None:
@@ -243,6 +248,10 @@ def test_queue_length() -> None:
                          bins=3)
     assert queue.max == 2 and queue.mean == pytest.approx((2 * 10 + 2 * 10 + 1 * 10) / 30)
     assert (queue.start, queue.bin_ns, queue.bins) == (0, 10, (2.0, 2.0, 1.0))
+    # two or more queued from 0 to 20: with a queue of two, the host would block that long
+    assert queue.full_ns == 0
+    assert queue_length(np.array([0, 0, 10], np.int64), np.array([30, 10, 20], np.int64),
+                        full=2).full_ns == 20
 
 
 def test_union_and_gaps() -> None:

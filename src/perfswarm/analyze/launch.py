@@ -24,6 +24,9 @@ from perfswarm.analyze.intervals import gaps
 DEVICE_OPS = ("kernel", "collective", "memcpy", "memset")
 CORRELATION_BITS = 40
 QUEUE_BINS = 100
+# Launched, unfinished ops past which a launch call blocks until one finishes (HTA's default
+# for CUDA's launch queue).
+FULL_QUEUE = 1024
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class LaunchStats:
     shorter_than_launch: int
     queue: Queue
     idle: IdleSplit
-    streams: tuple[StreamIdle, ...]
+    streams: tuple[StreamStats, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "device_ops": self.device_ops, "launched": self.launched,
@@ -94,36 +97,40 @@ def launch_pairs(ev: Events, rows: I64) -> tuple[I64, I64]:
 
 @dataclass(frozen=True)
 class Queue:
-    """Launched, unfinished device ops over time: max, time-weighted mean, and per time bin."""
+    """Launched, unfinished device ops over time: max, time-weighted mean, per time bin, and
+    the time it was full (the host blocked on launching)."""
 
     max: int
     mean: float  # over first launch .. last launched op end
     start: int
     bin_ns: int
     bins: tuple[float, ...]  # time-weighted mean length in each of QUEUE_BINS equal bins
+    full_ns: int  # time with FULL_QUEUE or more ops launched and unfinished
 
     def to_dict(self) -> dict[str, Any]:
         return {"max": self.max, "mean": self.mean, "start": self.start, "bin_ns": self.bin_ns,
-                "bins": list(self.bins)}
+                "bins": list(self.bins), "full_ns": self.full_ns}
 
 
-def queue_length(launch_ts: I64, done_ts: I64, bins: int = QUEUE_BINS) -> Queue:
+def queue_length(launch_ts: I64, done_ts: I64, bins: int = QUEUE_BINS,
+                 full: int = FULL_QUEUE) -> Queue:
     if len(launch_ts) == 0:
-        return Queue(0, 0.0, 0, 0, ())
+        return Queue(0, 0.0, 0, 0, (), 0)
     times = np.concatenate([launch_ts, done_ts])
     steps = np.concatenate([np.ones(len(launch_ts), np.int64), -np.ones(len(done_ts), np.int64)])
     order = np.lexsort((steps, times))  # at equal times, finish before launch
     times, level = times[order], np.cumsum(steps[order])
     start, span = int(times[0]), int(times[-1] - times[0])
     if span == 0:
-        return Queue(int(level.max()), 0.0, start, 0, ())
+        return Queue(int(level.max()), 0.0, start, 0, (), 0)
     # The integral of the queue length is piecewise linear in time: exact at any bin edge.
     area = np.concatenate([[0], np.cumsum(level[:-1] * np.diff(times))]).astype(np.float64)
     bin_ns = -(-span // bins)
     edges = start + bin_ns * np.arange(bins + 1)
     at_edges = np.interp(edges, times, area)
+    full_ns = int(np.diff(times)[level[:-1] >= full].sum())
     return Queue(int(level.max()), float(area[-1] / span), start, bin_ns,
-                 tuple(float(x) for x in np.diff(at_edges) / bin_ns))
+                 tuple(float(x) for x in np.diff(at_edges) / bin_ns), full_ns)
 
 
 def idle_gaps(ev: Events, rows: I64, launch_end: I64) -> tuple[I64, I64, I64]:
@@ -153,10 +160,10 @@ def idle_split(ev: Events, dev_rows: I64, launch_end: I64) -> IdleSplit:
 
 
 @dataclass(frozen=True)
-class StreamIdle:
+class StreamStats:
     """One stream's idle time between its first op's start and its last op's end, split as
     the device's is, with the distribution of each kind of idle interval (intervals with
-    none of that kind left out)."""
+    none of that kind left out), and its queue of launched, unfinished ops."""
 
     device: int
     stream: int
@@ -165,17 +172,21 @@ class StreamIdle:
     host_wait: Distribution
     kernel_wait: Distribution
     other: Distribution
+    queue: Queue
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "stream": self.stream, "busy_ns": self.busy_ns,
                 **self.idle.to_dict(),
                 "intervals": {"host_wait": self.host_wait.to_dict(),
                               "kernel_wait": self.kernel_wait.to_dict(),
-                              "other": self.other.to_dict()}}
+                              "other": self.other.to_dict()},
+                "queue": self.queue.to_dict()}
 
 
-def stream_idle(ev: Events, dev_rows: I64, launch_end: I64) -> tuple[StreamIdle, ...]:
-    """Each stream's idle split (`launch_end` as in idle_gaps)."""
+def stream_stats(ev: Events, dev_rows: I64, launch_ts: I64,
+                 launch_end: I64) -> tuple[StreamStats, ...]:
+    """Each stream's idle split and queue (`launch_ts`, `launch_end`: of each of `dev_rows`,
+    its launch call's start and end, -1 when the trace does not have it)."""
     out = []
     at = np.arange(len(dev_rows))
     streams = group_rows(lane_key(ev.device[dev_rows], ev.stream[dev_rows]), at)
@@ -184,9 +195,11 @@ def stream_idle(ev: Events, dev_rows: I64, launch_end: I64) -> tuple[StreamIdle,
         h, k, o = idle_gaps(ev, rows, launch_end[where])
         span = int(ev.end[rows].max() - ev.ts[rows].min())
         split = IdleSplit(int(h.sum()), int(k.sum()), int(o.sum()))
-        out.append(StreamIdle(int(ev.device[rows[0]]), int(ev.stream[rows[0]]),
-                              span - split.total_ns, split, Distribution.of(h[h > 0]),
-                              Distribution.of(k[k > 0]), Distribution.of(o[o > 0])))
+        called = launch_ts[where] >= 0
+        out.append(StreamStats(int(ev.device[rows[0]]), int(ev.stream[rows[0]]),
+                               span - split.total_ns, split, Distribution.of(h[h > 0]),
+                               Distribution.of(k[k > 0]), Distribution.of(o[o > 0]),
+                               queue_length(launch_ts[where][called], ev.end[rows][called])))
     return tuple(out)
 
 
@@ -194,7 +207,9 @@ def rank_launch_stats(ev: Events, rank: int) -> LaunchStats:
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
     dev, calls = launch_pairs(ev, rows)
-    launch_end = np.full(len(dev_all), -1, np.int64)  # per device op: its launch call's end
+    launch_ts = np.full(len(dev_all), -1, np.int64)  # per device op: its launch call's start,
+    launch_end = launch_ts.copy()  # and end
+    launch_ts[np.searchsorted(dev_all, dev)] = ev.ts[calls]
     launch_end[np.searchsorted(dev_all, dev)] = ev.end[calls]
     idle = idle_split(ev, dev_all, launch_end) if len(dev_all) else IdleSplit(0, 0, 0)
     return LaunchStats(
@@ -202,7 +217,7 @@ def rank_launch_stats(ev: Events, rank: int) -> LaunchStats:
         delay_ns=Distribution.of(ev.ts[dev] - ev.ts[calls]),
         shorter_than_launch=int(np.count_nonzero(ev.dur[dev] < ev.dur[calls])),
         queue=queue_length(ev.ts[calls], ev.end[dev]), idle=idle,
-        streams=stream_idle(ev, dev_all, launch_end) if len(dev_all) else ())
+        streams=stream_stats(ev, dev_all, launch_ts, launch_end) if len(dev_all) else ())
 
 
 def launch_stats(ev: Events) -> tuple[LaunchStats, ...]:
