@@ -15,6 +15,7 @@ per point on the longest chain) but obviously right; the tests hold the two equa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +66,22 @@ class Schedule:
         starts_free = (g.prev < 0) & (host_lane | ~constrained)
         return cls(g, kept, order, starts_free)
 
+    @cached_property
+    def incoming(self) -> list[list[tuple[int, int]]]:
+        """Per point, the kept edges into it as (source point, lag): built once, however many
+        timelines are simulated on the schedule (most points have none: one shared empty list)."""
+        g = self.graph
+        into: dict[int, list[tuple[int, int]]] = {}
+        src = (2 * g.src + g.src_point)[self.kept].tolist()
+        dst = (2 * g.dst + g.dst_point)[self.kept].tolist()
+        for a, b, lag in zip(src, dst, g.lag[self.kept].tolist(), strict=True):
+            into.setdefault(b, []).append((a, lag))
+        none: list[tuple[int, int]] = []
+        points = [none] * (2 * len(g))
+        for b, edges in into.items():
+            points[b] = edges
+        return points
+
 
 def _topological(g: Graph, kept: Mask) -> I64:
     n = len(g)
@@ -102,11 +119,7 @@ def simulate(s: Schedule, dur: I64 | None = None, gap: I64 | None = None) -> Tim
     gp = (g.gap if gap is None else gap).tolist()
     prev = g.prev.tolist()
     free = s.starts_free.tolist()
-    incoming: list[list[tuple[int, int]]] = [[] for _ in range(2 * n)]
-    src = (2 * g.src + g.src_point)[s.kept].tolist()
-    dst = (2 * g.dst + g.dst_point)[s.kept].tolist()
-    for a, b, lag in zip(src, dst, g.lag[s.kept].tolist(), strict=True):
-        incoming[b].append((a, lag))
+    incoming = s.incoming
     t = [NEG] * (2 * n)
     origin = g.origin
     for p in s.order.tolist():
