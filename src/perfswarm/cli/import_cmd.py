@@ -16,7 +16,7 @@ from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces, trac
 
 @app.command("import")
 def import_command(
-    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz), one per rank, or a directory of them (e.g. TensorBoard's log dir: every *.pt.trace.json under it).")],
+    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz) or Nsight Systems SQLite exports (nsys export --type sqlite), one per rank, or a directory of them (e.g. TensorBoard's log dir: every *.pt.trace.json under it).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
     et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON (one per rank, in rank order).")] = None,
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo, else file order).")] = None,
@@ -28,7 +28,8 @@ def import_command(
     scheduler: Scheduler = None,
     worker_memory: WorkerMemory = "auto",
 ) -> None:
-    """Import Kineto (torch.profiler) traces and execution traces into a Run.
+    """Import Kineto (torch.profiler) traces, Nsight Systems SQLite exports and execution traces
+    into a Run.
 
     From 8 files up (or with --workers/--scheduler) each file is read on a Dask worker; files
     that need the streaming path are read by it instead, in this process."""

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace import execution_trace
+from perfswarm.trace import execution_trace, nsys
 from perfswarm.trace.cluster import ClusterOptions, connect
 from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, concat, read_trace
 from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, NONE, STEPS
@@ -53,6 +53,8 @@ def uncompressed_size(path: Path) -> int:
 
 def wants_streaming(path: Path, mode: Streaming) -> bool:
     """Stream files whose JSON exceeds a quarter of RAM (decoded, a trace takes ~3x its text)."""
+    if nsys.is_nsys(path):
+        return False  # SQLite is read with queries, not decoded whole
     if mode != "auto":
         return mode == "always"
     return uncompressed_size(path) > _memory_bytes() // 4
@@ -172,7 +174,8 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
     for i, path in enumerate(paths):
         if progress:
             progress(f"reading {path.name}", i, len(paths))
-        meta, tables = read_trace(path, i, opts, spill_dir=run.path)
+        meta, tables = (nsys.read(path, i) if nsys.is_nsys(path)
+                        else read_trace(path, i, opts, spill_dir=run.path))
         rank = file_rank(options, i, meta)
         tables = with_rank(tables, rank)
         events_parts.append(tables.events)
@@ -231,17 +234,18 @@ def trace_files(paths: Sequence[Path]) -> list[Path]:
             continue
         files = sorted(f for f in p.rglob("*") if f.is_file())
         found = ([f for f in files if f.name.endswith(_TRACE_SUFFIXES)]
-                 or [f for f in files if f.name.endswith((".json", ".json.gz"))])
+                 or [f for f in files if f.name.endswith((".json", ".json.gz", ".sqlite"))])
         if not found:
-            raise PerfswarmError(f"{p}: a directory with no trace files (*.json, *.json.gz)")
+            raise PerfswarmError(f"{p}: a directory with no trace files (*.json, *.json.gz,"
+                                 " *.sqlite)")
         out += found
     return out
 
 
 def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
                   command: list[str], progress: Progress | None = None) -> Run:
-    """Create the Run `out` from Kineto trace files (one per rank; a directory stands for the
-    trace files under it) and execution traces."""
+    """Create the Run `out` from Kineto trace files or Nsight Systems SQLite exports (one per
+    rank; a directory stands for the trace files under it) and execution traces."""
     paths = trace_files(paths)
     if not paths:
         raise PerfswarmError("no trace files given")
@@ -254,7 +258,8 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     manifest["exit_status"] = 0
     streamed = any(wants_streaming(p, options.streaming) for p in paths)
     with creating(out, force=options.force) as run:
-        if not streamed and options.cluster.parallel(len(paths)):
+        if (not streamed and options.cluster.parallel(len(paths))
+                and not any(map(nsys.is_nsys, paths))):
             from perfswarm.trace.parallel import import_parallel
 
             with connect(options.cluster, len(paths)) as client:
@@ -291,7 +296,7 @@ def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: 
     manifest["sources"].append(
         {
             "file": raw.name,
-            "format": "kineto",
+            "format": meta.info.get("format", "kineto"),
             "rank": rank,
             "base_time_ns": meta.base_ns,
             "events": events,
@@ -299,7 +304,7 @@ def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: 
             "info": meta.info,
         }
     )
-    manifest["clock_offsets"][f"kineto:{raw.name}"] = meta.base_ns
+    manifest["clock_offsets"][f"{meta.info.get('format', 'kineto')}:{raw.name}"] = meta.base_ns
     for dev in meta.devices:
         manifest["devices"].append({"rank": rank, **dev})
     for pid, name in meta.processes.items():
