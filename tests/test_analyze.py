@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfswarm.analyze.bandwidth import bandwidth
 from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import gaps, union
@@ -240,6 +241,22 @@ def test_kernel_breakdown_nccl(corpus_runs: dict[str, Run]) -> None:
         "compute": 108_338_822, "comm": 39_190_669, "compute+comm": 7_317_025,
         "memory": 2_284_699, "comm+memory": 368_799}
     assert k.busy_ns == 157_500_014
+
+
+@pytest.mark.parametrize(("name", "flows"), [
+    ("nccl", {"d2d": (960, 307_323_096, 2_262_781), "memset": (114, 409_141_005, 390_717)}),
+    ("simple_add", {"h2d": (16, 244_403_360, 39_080_000), "memset": (3, 21_760, 8_000)})])
+def test_bandwidth_from_the_copies(corpus_runs: dict[str, Run], name: str,
+                                   flows: dict[str, tuple[int, int, int]]) -> None:
+    """From the raw JSON: gpu_memcpy/gpu_memset by direction in the name, their `bytes` args
+    summed, the union of their spans (µs read as decimals, x1000)."""
+    run = corpus_runs[name]
+    (rank,) = bandwidth(run, Events.load(run))
+    assert {f.direction: (f.ops, f.bytes, f.busy_ns) for f in rank.flows} == flows
+    for f in rank.flows:
+        assert f.achieved_gbps == f.bytes / f.busy_ns
+        # the bins spread each op's bytes over its time: they hold all the bytes
+        assert sum(f.bins_gbps) * rank.bin_ns == pytest.approx(f.bytes, rel=1e-9)
 
 
 def test_queue_length() -> None:

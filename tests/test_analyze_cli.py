@@ -20,7 +20,12 @@ def test_analyze_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture
     data = run_json(capsys, ["analyze", str(corpus_runs["nccl"].path), "--json"])
     assert set(data) == {"path", "events", "ranks", "iterations", "concurrency", "ops", "launch",
                          "stragglers", "critical_path", "swarms", "system", "op_cost",
-                         "kernels"}
+                         "kernels", "bandwidth"}
+    # A100 (devices.yaml): 1555 GB/s of memory for the device's own copies and sets
+    ((d2d, memset),) = [r["flows"] for r in data["bandwidth"]]
+    assert (d2d["direction"], d2d["ops"], d2d["bytes"], d2d["peak_gbps"]) == (
+        "d2d", 960, 307_323_096, pytest.approx(1555.0))
+    assert (memset["direction"], memset["bytes"]) == ("memset", 409_141_005)
     # the nccl trace was recorded without shapes: no op has a cost, the device is still known
     assert data["op_cost"]["device"] == "A100-40GB" and data["op_cost"]["ops"] == []
     assert data["events"] == 26_935 and data["ranks"] == [0]

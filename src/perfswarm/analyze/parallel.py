@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, RankConcurrency, rank_concurrency
 from perfswarm.analyze.critical_path import (
     Graph,
@@ -84,6 +85,10 @@ def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]
     return build(ev, sync_events(Run(run_path), ev, rank), peers)
 
 
+def rank_bandwidth(ev: Events, run_path: str, rank: int) -> tuple[RankBandwidth, ...]:
+    return bandwidth(Run(run_path), ev, rank)
+
+
 def walk_segment(g: Graph, state: State, stop: int | None) -> Segment:
     return walk(g, state, frozenset(g.ev.ranks), stop)
 
@@ -96,6 +101,8 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     loaded = {r: client.submit(load_rank, where, r, pure=False) for r in ranks}
     parts: list[RankPart] = results([client.submit(rank_part, loaded[r], r, bool(markers),
                                                    markers.get(r), pure=False) for r in ranks])
+    flows = results([client.submit(rank_bandwidth, loaded[r], where, r, pure=False)
+                     for r in ranks])
     its = combine(markers, {p.rank: p.detected for p in parts if p.detected})
     instances: dict[Instance, list[Peer]] = defaultdict(list)
     for p in parts:
@@ -127,5 +134,6 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         critical_path=critical,
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), its.steps),
-        kernels=tuple(p.kernels for p in parts))
+        kernels=tuple(p.kernels for p in parts),
+        bandwidth=tuple(b for rank_flows in flows for b in rank_flows))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, concurrency
 from perfswarm.analyze.critical_path import CriticalPath, critical_path
 from perfswarm.analyze.dependencies import sync_events
@@ -36,6 +37,7 @@ class Analysis:
     swarms: Swarms
     system: tuple[SystemLoad, ...]
     kernels: tuple[RankKernels, ...]
+    bandwidth: tuple[RankBandwidth, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
@@ -46,7 +48,8 @@ class Analysis:
                 "critical_path": self.critical_path.to_dict() if self.critical_path else None,
                 "swarms": self.swarms.to_dict(),
                 "system": [s.to_dict() for s in self.system],
-                "kernels": [k.to_dict() for k in self.kernels]}
+                "kernels": [k.to_dict() for k in self.kernels],
+                "bandwidth": [b.to_dict() for b in self.bandwidth]}
 
 
 def load(run: Run, *, or_samples: bool = False) -> Events:
@@ -84,7 +87,8 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev)),
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
-        system=system_load(run.table("counters"), its.steps), kernels=kernel_breakdown(ev))
+        system=system_load(run.table("counters"), its.steps), kernels=kernel_breakdown(ev),
+        bandwidth=bandwidth(run, ev))
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,

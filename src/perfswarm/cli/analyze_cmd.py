@@ -14,6 +14,8 @@ from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
+from perfswarm.model.specs import spec_of_devices
+from perfswarm.model.topology import copy_peak_gbps
 from perfswarm.trace.store import Run
 
 SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",
@@ -137,6 +139,10 @@ def analyze_command(
                      cluster=cluster_options(workers, scheduler, worker_memory))
     costs = op_costs(run, result.ranks)
     if as_json:
-        print_json({**result.to_dict(), "op_cost": costs.to_dict()})
+        out = {**result.to_dict(), "op_cost": costs.to_dict()}
+        spec = spec_of_devices(run.manifest()["devices"])
+        for flow in (f for b in out["bandwidth"] for f in b["flows"]):
+            flow["peak_gbps"] = copy_peak_gbps(spec, flow["direction"]) if spec else None
+        print_json(out)
     else:
         _print(result, costs)

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Literal
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.specs import DeviceSpec
 from perfswarm.userfiles import bundled_mapping
 
 Fabric = Literal["switch", "p2p", "bus"]
@@ -102,3 +103,14 @@ class Topology:
         if self.nodes == 1:
             return f"{self.devices} x {self.intra.name}"
         return f"{self.nodes} nodes x {self.local} ({self.intra.name}) over {self.inter.name}"
+
+
+def copy_peak_gbps(spec: DeviceSpec, direction: str) -> float:
+    """The most a copy in `direction` (analyze.bandwidth's) can move per second on `spec`'s
+    device: its PCIe link (this file's rate for its generation) between host and device, NVLink
+    between peers where it has it, its memory bandwidth on the device itself."""
+    if direction in ("h2d", "d2h") or (direction == "p2p" and spec.nvlink_gbps <= 0):
+        return interconnect(f"pcie{spec.pcie_gen}").bandwidth_gbps
+    if direction == "p2p":
+        return spec.nvlink_gbps
+    return spec.memory_bandwidth / 1e9
