@@ -33,8 +33,15 @@ DEPTHWISE, DENSE = 0, 1
 def _depthwise(src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w: Any,
                k: int, s: int, r0: int, r1: int, c0: int, c1: int, dst: Any) -> None:
     """dst[c, r - r0, j - c0] for output rows [r0, r1), cols [c0, c1): src holds rows from
-    src_r0 and cols from src_c0 of a full_h x full_w map (zeros outside it)."""
+    src_r0 and cols from src_c0 of a full_h x full_w map (zeros outside it). Each input row
+    is first copied split by phase (column q*s + phase, padding zeros included), so every tap
+    is a unit-stride pass LLVM vectorizes, whatever the stride (a strided read did not)."""
     p = k // 2
+    width = c1 - c0
+    span = width + (k - 1) // s + 1
+    phases = np.empty((s, span), np.float32)
+    # the last column src holds (a span's one spare column per phase may lie past it, unused)
+    edge = min(full_w, src_c0 + src.shape[2])
     for ch in range(dst.shape[0]):
         for r in range(r0, r1):
             out = dst[ch, r - r0]
@@ -44,13 +51,22 @@ def _depthwise(src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w: 
                 if iy < 0 or iy >= full_h:
                     continue
                 row = src[ch, iy - src_r0]
+                for ph in range(s):
+                    # q of the phase's columns in src: 0 <= (c0 + q) * s + ph - p < edge
+                    lo = max(0, (p - ph + s - 1) // s - c0)
+                    hi = min(span, (edge - 1 - ph + p) // s - c0 + 1)
+                    into = phases[ph]
+                    into[:lo] = 0.0
+                    into[max(lo, hi):] = 0.0
+                    if hi > lo:
+                        first = (c0 + lo) * s + ph - p - src_c0
+                        into[lo:hi] = row[first:first + (hi - lo - 1) * s + 1:s]
                 for dx in range(k):
                     wv = w[ch, 0, dy, dx]
-                    off = dx - p - src_c0
-                    lo = max(c0, (p - dx + s - 1) // s)
-                    hi = min(c1, (full_w - 1 - dx + p) // s + 1)
-                    for j in range(lo, hi):
-                        out[j - c0] += wv * row[j * s + off]
+                    tap = phases[dx % s]
+                    o = dx // s
+                    for j in range(width):
+                        out[j] += wv * tap[j + o]
 
 
 @njit(fastmath=True, cache=True)
