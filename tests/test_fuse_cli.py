@@ -51,7 +51,7 @@ def test_fuse_tunes_then_reuses(tmp_path: Path, capsys: pytest.CaptureFixture[st
     pytest.importorskip("numba")
     argv = ["fuse", "--layer", "dw3x3:C=16,H=12 -> pw:K=16", "--profile",
             str(_profile(tmp_path / "p.json")), "--trials", "3", "--rounds", "2",
-            "--threads", "1", "--cache", str(tmp_path / "cache.json"), "--json"]
+            "--threads", "1", "--cache", str(tmp_path / "new" / "cache.json"), "--json"]
     assert main(argv) == 0
     (first,) = orjson.loads(capsys.readouterr().out)["results"]
     assert first["correct"] and first["max_rel_error"] <= 1e-4

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from perfswarm.optimize.rules import device, distributed, host, optimizer
+from perfswarm.optimize.rules import conv_fusion, device, distributed, host, optimizer
 from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.store import Run
@@ -18,6 +18,7 @@ RULES: tuple[Rule, ...] = (
     device.low_utilization,
     device.fp32_gemm,
     device.fusion,
+    conv_fusion.conv_fusion,
     optimizer.single_tensor_optimizer,
     optimizer.zero_grad_fill,
     host.thread_oversubscription,

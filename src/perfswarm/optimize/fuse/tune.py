@@ -268,6 +268,10 @@ class ScheduleCache:
         self.data["pairs"][self.key(result.pair, result.threads)] = {
             "fused": asdict(result.schedule), "first": asdict(result.first_schedule),
             "second": asdict(result.second_schedule), "result": result.to_dict()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PerfswarmError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
         write_json(self.path, self.data)
 
     def results(self) -> list[dict[str, Any]]:

@@ -82,6 +82,8 @@ class Facts:
     launch: tuple[LaunchStats, ...] = ()
     # Every step the run timed (hooks outside the window too), but the one holding the export.
     run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # the Run itself, for a rule that reads its recorded op sequence (conv fusion)
+    run: Run | None = None
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -106,7 +108,7 @@ class Facts:
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
                    run.manifest(), raw, launch_stats(Events.load(run)),
-                   run_steps.with_columns(pl.col("source").cast(pl.String)))
+                   run_steps.with_columns(pl.col("source").cast(pl.String)), run)
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
