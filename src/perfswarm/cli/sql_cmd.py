@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import csv
+import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
+import pyarrow as pa
 import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json
-from perfswarm.trace.sql import query
+from perfswarm.cli.output import console, err_console
+from perfswarm.trace.sql import Limits, query
 from perfswarm.trace.store import Run
+
+# A terminal table shows this many rows and this many characters of a cell; --json/--csv give all.
+TABLE_ROWS = 1000
+CELL_CHARS = 200
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= CELL_CHARS else text[:CELL_CHARS - 1] + "…"
+
+
+def _json_row(row: dict[str, Any]) -> bytes:
+    return orjson.dumps(row, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+                        | orjson.OPT_SERIALIZE_NUMPY)
 
 
 @app.command("sql")
@@ -19,14 +38,50 @@ def sql_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
     sql: Annotated[str, typer.Argument(help="A read-only query over the views events, counters, "
                                             "flows, steps, samples, stacks, graph_nodes, graph_edges.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Rows as a JSON list of objects.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="All rows as a JSON list of objects.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="All rows as CSV with a header line.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, max=86400, metavar="SECONDS",
+                                           help="Stop the query after this long.")] = 60.0,
+    memory: Annotated[int, typer.Option("--memory", min=256, max=1 << 20, metavar="MIB",
+                                        help="Memory the query may use.")] = 2048,
 ) -> None:
-    """Run a read-only DuckDB query over a Run's tables."""
-    columns, rows = query(Run.open(run_dir), sql)
-    if as_json:
-        print_json([dict(zip(columns, r, strict=True)) for r in rows])
+    """Run a read-only DuckDB query over a Run's tables.
+
+    The table shows the first 1,000 rows (cells cut at 200 characters); --json and --csv give all."""
+    if as_json and as_csv:
+        raise typer.BadParameter("choose one of --json and --csv", param_hint="--csv")
+    columns, batches = query(Run.open(run_dir), sql, Limits(timeout, memory << 20))
+    if as_json or as_csv:
+        _stream(columns, batches, as_json)
         return
     table = Table(*columns)
-    for r in rows:
-        table.add_row(*("" if v is None else str(v) for v in r))
+    shown = 0
+    for batch in batches:
+        for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+            if shown == TABLE_ROWS:
+                batches.close()
+                console.print(table)
+                err_console.print(f"(first {TABLE_ROWS:,} rows shown; --json or --csv for all)")
+                return
+            table.add_row(*map(_cell, row))
+            shown += 1
     console.print(table)
+
+
+def _stream(columns: list[str], batches: Iterable[pa.RecordBatch], as_json: bool) -> None:
+    """Rows to stdout batch by batch, so memory holds one batch."""
+    out = sys.stdout
+    writer = None if as_json else csv.writer(out, lineterminator="\n")
+    if writer is not None:
+        writer.writerow(columns)
+    first = True
+    for batch in batches:
+        for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+            if writer is not None:
+                writer.writerow(row)
+                continue
+            out.write(("[\n  " if first else ",\n  ")
+                      + _json_row(dict(zip(columns, row, strict=True))).decode())
+            first = False
+    if writer is None:
+        out.write("[]\n" if first else "\n]\n")

@@ -1,17 +1,68 @@
-"""The SQL face of a Run: DuckDB views named after the tables, read-only."""
+"""The SQL face of a Run: DuckDB views named after the tables, read-only, in a sandbox.
+
+A query runs in a child process with a memory rlimit and is killed at its time limit: DuckDB's
+own memory_limit does not cover every allocation (a 2 GB `repeat()` passes it) and interrupting
+a connection does not stop a long scalar function, so only the operating system bounds both.
+The child streams Arrow record batches back, so the caller holds one batch at a time.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import re
+import resource
+import subprocess
+import sys
+import threading
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
+import orjson
+import pyarrow as pa
+from pyarrow import ipc
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.schema import TABLES
 from perfswarm.trace.store import Run
 
+# `EXPLAIN [ANALYZE | (options)] <statement>`: what it explains must itself be a query, since
+# EXPLAIN ANALYZE executes it.
+_EXPLAIN = re.compile(r"\s*explain\s+(?:analy[sz]e\s+|\([^)]*\)\s*)?", re.IGNORECASE)
 
-def connect(run: Run) -> duckdb.DuckDBPyConnection:
+
+@dataclass(frozen=True)
+class Limits:
+    """What one query may use: wall-clock seconds, and bytes of address space of its process."""
+
+    seconds: float = 60.0
+    memory_bytes: int = 2 << 30
+
+
+def check_query(sql: str) -> None:
+    """Refuse anything but one pure query (a SELECT, or EXPLAIN of one, ANALYZE included)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise PerfswarmError(f"sql: {_first_line(str(exc))}") from None
+    if len(statements) != 1:
+        raise PerfswarmError(f"sql: expected one statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind == duckdb.StatementType.EXPLAIN:
+        inner = _EXPLAIN.sub("", statements[0].query, count=1)
+        try:
+            explained = duckdb.extract_statements(inner)
+        except duckdb.Error:
+            explained = []
+        if len(explained) != 1 or explained[0].type != duckdb.StatementType.SELECT:
+            raise PerfswarmError("sql: the Run is read-only (EXPLAIN of anything but a query "
+                                 "is refused)")
+    elif kind != duckdb.StatementType.SELECT:
+        raise PerfswarmError(f"sql: the Run is read-only ({kind.name} statements are refused)")
+
+
+def connect(run: Run, limits: Limits) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per table, then locked against writes and file access."""
     tables_dir = str(run.tables_dir.resolve()).replace("'", "''")
     con = duckdb.connect(":memory:")
@@ -20,32 +71,111 @@ def connect(run: Run) -> duckdb.DuckDBPyConnection:
         if path.is_file():
             quoted = str(path.resolve()).replace("'", "''")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{quoted}')")
-    # Queries may read the Run's tables and nothing else, and may not undo that.
+    # Queries may read the Run's tables and nothing else, and may not undo that; nothing spills.
+    con.execute(f"SET memory_limit = '{limits.memory_bytes // 2 >> 20}MB'")
+    con.execute("SET temp_directory = ''")
+    con.execute("SET threads = 2")
     con.execute(f"SET allowed_directories = ['{tables_dir}/']")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
 
 
-def query(run: Run, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Column names and rows of one read-only query (a SELECT, or EXPLAIN of one)."""
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else "failed"
+
+
+def query(run: Run, sql: str, limits: Limits = Limits()
+          ) -> tuple[list[str], Generator[pa.RecordBatch, None, None]]:
+    """Column names and record batches of one read-only query, run in a bounded child process.
+
+    Iterate the batches to the end (or close the iterator) so the child is reaped."""
+    check_query(sql)
+    src = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (src, os.environ.get("PYTHONPATH", "")) if p)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from perfswarm.trace.sql import worker; worker()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    timed_out = threading.Event()
+
+    def stop() -> None:
+        timed_out.set()
+        child.kill()
+
+    timer = threading.Timer(limits.seconds, stop)
+    timer.daemon = True
+    timer.start()
+    child.stdin.write(orjson.dumps({"run": str(run.path), "sql": sql,
+                                    "seconds": limits.seconds, "memory": limits.memory_bytes}))
+    child.stdin.close()
+
+    def finish() -> None:
+        timer.cancel()
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        stdout.close()
+        stderr.close()
+
+    def failure() -> PerfswarmError:
+        child.kill()
+        child.wait()
+        message = _first_line(stderr.read().decode(errors="replace"))
+        finish()
+        if timed_out.is_set():
+            return PerfswarmError(f"sql: the query ran past its time limit ({limits.seconds:g} s)")
+        if child.returncode == -9 or "Out of Memory" in message or message == "sql: MemoryError":
+            return PerfswarmError(f"sql: the query needed more than its memory limit "
+                                  f"({limits.memory_bytes >> 20} MB)")
+        return PerfswarmError(message if message.startswith("sql:") else f"sql: {message}")
+
+    stdout, stderr = child.stdout, child.stderr
     try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise PerfswarmError(f"sql: {str(exc).splitlines()[0]}") from None
-    if len(statements) != 1:
-        raise PerfswarmError(f"sql: expected one statement, got {len(statements)}")
-    kind = statements[0].type
-    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-        raise PerfswarmError(f"sql: the Run is read-only ({kind.name} statements are refused)")
-    con = connect(run)
+        reader = ipc.open_stream(stdout)
+    except (pa.ArrowInvalid, OSError):
+        raise failure() from None
+
+    def batches() -> Generator[pa.RecordBatch, None, None]:
+        try:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (pa.ArrowInvalid, OSError):
+                    raise failure() from None
+                yield batch
+            if child.wait() != 0:
+                raise failure()
+        finally:
+            finish()
+
+    return list(reader.schema.names), batches()
+
+
+def worker() -> None:
+    """The child's side: limits, one checked query, Arrow IPC batches on stdout."""
+    request = orjson.loads(sys.stdin.buffer.read())
+    limits = Limits(request["seconds"], request["memory"])
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     try:
-        rel = con.sql(sql)
-        if rel is None:
+        check_query(request["sql"])
+        con = connect(Run.open(request["run"]), limits)
+        reader = con.sql(request["sql"])
+        if reader is None:
             raise PerfswarmError("sql: the statement returned no rows (only queries are allowed)")
-        return list(rel.columns), rel.fetchall()
-    except duckdb.Error as exc:
-        message = str(exc).splitlines()[0]
-        raise PerfswarmError(f"sql: {message}") from None
-    finally:
-        con.close()
+        stream = reader.to_arrow_reader(2048)
+        with ipc.new_stream(sys.stdout.buffer, stream.schema) as out:
+            for batch in stream:
+                out.write_batch(batch)
+    except (PerfswarmError, duckdb.Error, MemoryError) as exc:
+        message = _first_line(str(exc)) if not isinstance(exc, MemoryError) else "MemoryError"
+        sys.stderr.write((message if isinstance(exc, PerfswarmError) else f"sql: {message}") + "\n")
+        sys.stderr.flush()
+        os._exit(2)
+    except BrokenPipeError:
+        os._exit(0)
+    sys.stdout.flush()
