@@ -257,7 +257,8 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     manifest = new_manifest(command, complete=True)
     manifest["exit_status"] = 0
     streamed = any(wants_streaming(p, options.streaming) for p in paths)
-    with creating(out, force=options.force) as run:
+    with creating(out, force=options.force,
+                  inputs=(*paths, *options.execution_traces)) as run:
         if (not streamed and options.cluster.parallel(len(paths))
                 and not any(map(nsys.is_nsys, paths))):
             from perfswarm.trace.parallel import import_parallel

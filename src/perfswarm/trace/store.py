@@ -412,12 +412,13 @@ def _partial_dir(final: Path) -> tuple[Path, int]:
 
 
 def sweep_partials(final: Path) -> list[Path]:
-    """Remove the partial directories of `final` that no live process holds (left by a
-    process killed while it built the Run); returns them."""
+    """Remove the partial directories (and the claim's lock file) of `final` that no live
+    process holds (left by a process killed while it built the Run); returns them."""
     swept = []
-    for partial in sorted(final.parent.glob(f".{glob.escape(final.name)}.*.partial")):
+    lock = [_lock_path(final)] if os.path.lexists(_lock_path(final)) else []
+    for partial in [*sorted(final.parent.glob(f".{glob.escape(final.name)}.*.partial")), *lock]:
         try:
-            fd = os.open(partial, os.O_RDONLY | os.O_DIRECTORY)
+            fd = os.open(partial, os.O_RDONLY | (os.O_DIRECTORY * (partial not in lock)))
         except OSError:
             continue
         try:
@@ -425,33 +426,100 @@ def sweep_partials(final: Path) -> list[Path]:
         except OSError:
             continue  # being built right now
         else:
-            shutil.rmtree(partial, ignore_errors=True)
+            if partial in lock:
+                os.unlink(partial)  # a writer that opened it first sees it gone and retries
+            else:
+                shutil.rmtree(partial, ignore_errors=True)
             swept.append(partial)
         finally:
             os.close(fd)
     return swept
 
 
+def _claim(final: Path) -> int:
+    """An fd holding the flock of `final`'s hidden `.NAME.lock`: one writer per Run path.
+
+    A second writer fails at once rather than silently replacing the first's Run. The lock
+    file is removed by its holder; a writer that locked a file already removed retries."""
+    lock = _lock_path(final)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise PerfswarmError(f"{final}: another perfswarm is writing it") from None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _lock_path(final: Path) -> Path:
+    whole = Path(os.path.abspath(final))
+    return whole.with_name(f".{whole.name}.lock")
+
+
+def _release(final: Path, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_lock_path(final))
+    os.close(fd)
+
+
+def _check_replaceable(final: Path, inputs: Iterable[Path]) -> None:
+    """--force replaces a Run, nothing else: not a file, a link, a folder without a manifest,
+    nor a folder that holds (or is) one of the inputs being read."""
+    refused = f"{final}: exists and is not a perfswarm Run (--force replaces only a Run)"
+    if final.is_symlink() or not final.is_dir() or not (final / MANIFEST).is_file():
+        raise PerfswarmError(refused)
+    try:
+        Run(final).manifest()
+    except RunError:
+        raise PerfswarmError(refused) from None
+    here = final.resolve()
+    for path in inputs:
+        if path.resolve().is_relative_to(here):
+            raise PerfswarmError(f"{final}: holds the input {path} (--force will not replace it)")
+
+
 @contextlib.contextmanager
-def creating(path: str | Path, *, force: bool = False) -> Iterator[Run]:
+def creating(path: str | Path, *, force: bool = False,
+             inputs: Iterable[Path] = ()) -> Iterator[Run]:
     """Build a new Run in a hidden sibling directory; rename it to `path` on success.
 
     On any error the partial directory is removed, so no half-built Run is left; if the
     process is killed, the next `creating` of the same path removes it. With `force`, an
-    existing Run is swapped for the new one atomically: it stays whole until then.
+    existing Run (never anything else, nor one holding any of `inputs`) is swapped for the
+    new one atomically: it stays whole until then. The path is claimed for the whole build,
+    so a concurrent second writer fails instead of replacing the first's Run.
     A full disk is one PerfswarmError naming the Run.
     """
     final = Path(path)
-    if final.exists() and not force:
+    inputs = list(inputs)
+    if os.path.lexists(final) and not force:
         raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
     final.parent.mkdir(parents=True, exist_ok=True)
-    sweep_partials(final)
-    tmp, lock = _partial_dir(final)
+    claim = _claim(final)
+    try:
+        if os.path.lexists(final):
+            if not force:
+                raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
+            _check_replaceable(final, inputs)
+        sweep_partials(final)
+        tmp, lock = _partial_dir(final)
+    except BaseException:
+        _release(final, claim)
+        raise
     try:
         (tmp / "raw").mkdir()
         (tmp / "tables").mkdir()
         yield Run(tmp, building=final)
-        if final.exists():
+        if os.path.lexists(final):
+            if not force:  # made by something other than perfswarm while this one built
+                raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
+            _check_replaceable(final, inputs)
             _replace_dir(tmp, final)
         else:
             os.replace(tmp, final)
@@ -465,3 +533,4 @@ def creating(path: str | Path, *, force: bool = False) -> Iterator[Run]:
         raise
     finally:
         os.close(lock)
+        _release(final, claim)
