@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
@@ -26,13 +27,14 @@ def advise_command(
     if as_json:
         print_json(report.to_dict())
         return
-    console.print(f"[bold]{report.path}[/]: {len(report.advice)} finding(s) over "
-                  f"{ms(report.measured_ns)} measured on rank(s) {list(report.ranks)}")
+    console.print(Text.assemble((str(report.path), "bold"), f": {len(report.advice)} finding(s) "
+                                f"over {ms(report.measured_ns)} measured on rank(s) "
+                                f"{list(report.ranks)}"))
     for a in report.advice:
         gain = ("no time gain" if a.gain_ns is None else f"~{ms(a.gain_ns)}" + (
             "" if a.gain_pct is None else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)})"))
-        console.print(f"\n[{_STYLE[a.severity]}]{a.severity.upper()}[/] [bold]{a.title}[/] "
-                      f"({a.rule}): {gain}")
+        console.print(Text.assemble("\n", (a.severity.upper(), _STYLE[a.severity]), " ",
+                                    (a.title, "bold"), f" ({a.rule}): {gain}"))
         evidence = Table("evidence", "value", show_header=False, box=None, padding=(0, 2))
         for key, value in a.evidence.items():
             evidence.add_row(key, str(value))

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from perfswarm.analyze.concurrency import STATES
 from perfswarm.analyze.summary import Analysis, analyze
@@ -54,7 +55,8 @@ def _op_cost_table(costs: OpCosts) -> Table:
 
 
 def _print(result: Analysis, costs: OpCosts) -> None:
-    console.print(f"[bold]{result.path}[/]: {result.events:,} events, ranks {list(result.ranks)}")
+    console.print(Text.assemble((str(result.path), "bold"),
+                                f": {result.events:,} events, ranks {list(result.ranks)}"))
     its = result.iterations
     counts = {r: len(s) for r, s in its.steps.items()}
     console.print(f"iterations ({its.used or 'none found'}): {counts}")

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console, ms
+from perfswarm.cli.output import console, ms, spinner
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
 from perfswarm.record.session import RecordOptions, record
@@ -31,8 +30,7 @@ def demo_command(
                "--batch-size", "32", "--loader-delay-ms", str(loader_delay_ms),
                "--num-workers", "0"]
     options = RecordOptions(skip=min(5, steps // 3), steps=min(10, steps // 2), force=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+    with spinner() as bar:
         task = bar.add_task("recording " + " ".join(command[1:4]))
         result = record(command, out, options)
         bar.update(task, description="analyzing")
@@ -44,11 +42,11 @@ def demo_command(
     manifest = result.run.manifest()
     states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(manifest["collectors"].items()))
     console.print(f"recorded {result.run.path} (exit {result.exit_code}); {states}",
-                  markup=False, soft_wrap=True)
+                  soft_wrap=True)
     steps_found = {r: len(s) for r, s in analysis.iterations.steps.items()}
     console.print(f"iterations: {steps_found} ({analysis.iterations.used or 'none found'})")
     for item in advice.advice[:5]:
         gain = "" if item.gain_ns is None else f": gain {ms(item.gain_ns)} ({item.gain_pct:.1f}%)"
-        console.print(f"  advice [{item.severity}] {item.title}{gain}", markup=False)
+        console.print(f"  advice [{item.severity}] {item.title}{gain}")
     console.print(f"report: {report}")
     return result.exit_code

@@ -49,13 +49,14 @@ def fuse_command(
     found = pick(candidates(found_pairs, spec), pairs)
     data: dict[str, Any] = {"device": spec.to_dict(), "candidates": [c.to_dict() for c in found]}
     if not predict_only and found:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
+        from perfswarm.cli.output import description
         from perfswarm.optimize.fuse.tune import ScheduleCache
 
         store = ScheduleCache(cache or default_cache(), str(host_info()["cpu_model"]))
         steps = len(found) * (2 * options.trials + options.rounds)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        with Progress(description(), BarColumn(), MofNCompleteColumn(),
                       console=err_console, transient=True) as bar:
             task = bar.add_task("fuse", total=steps)
             results = fuse_all(found, options, store,

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
@@ -25,8 +26,8 @@ def info_command(
         print_json(info)
         return
     state = "complete" if info["complete"] else "INCOMPLETE"
-    console.print(f"[bold]{info['path']}[/] ({state}): ranks {info['ranks']}, "
-                  f"span {ms(info['span_ns'])}, {info['events']:,} events")
+    console.print(Text.assemble((str(info["path"]), "bold"), f" ({state}): ranks {info['ranks']}, "
+                                f"span {ms(info['span_ns'])}, {info['events']:,} events"))
     for d in info["devices"]:
         console.print(f"  device rank {d.get('rank')} id {d.get('id')}: {d.get('name')}")
     kinds = Table("kind", "events", title="events per kind", title_justify="left")
@@ -41,4 +42,5 @@ def info_command(
     for name, status in info["collectors"].items():
         console.print(f"  collector {name}: {status}")
     for w in info["warnings"]:
-        console.print(f"  [yellow]warning[/] {w['source']}: {w['what']} (x{w['count']})")
+        console.print(Text.assemble("  ", ("warning", "yellow"),
+                                    f" {w['source']}: {w['what']} (x{w['count']})"))

@@ -17,10 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = command.main(args=argv, prog_name="perfswarm", standalone_mode=False)
     except PerfswarmError as exc:
-        err_console.print(f"perfswarm: error: {exc}", markup=False, soft_wrap=True)
+        err_console.print(f"perfswarm: error: {exc}", soft_wrap=True)
         return exc.exit_code
     except typer.Abort:
-        err_console.print("perfswarm: aborted", markup=False)
+        err_console.print("perfswarm: aborted")
         return 130
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         if callable(show):
             show()
         else:
-            err_console.print(f"perfswarm: error: {exc}", markup=False)
+            err_console.print(f"perfswarm: error: {exc}")
         return int(getattr(exc, "exit_code", 2))
     return result if isinstance(result, int) else 0
 

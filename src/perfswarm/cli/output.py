@@ -1,4 +1,8 @@
-"""Shared terminal output: one rich console for results, one for errors and progress."""
+"""Shared terminal output: one rich console for results, one for errors and progress.
+
+Neither parses markup or emoji codes: every string printed (names from traces, paths, commands,
+advice) is text, so "[param|cuda]" or "[/x]" prints as itself. Styled parts are given as
+`rich.text.Text` (e.g. `Text.assemble((path, "bold"), ": ...")`)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ import orjson
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 def print_json(data: Any) -> None:
@@ -20,9 +24,14 @@ def print_json(data: Any) -> None:
     sys.stdout.write(text.decode() + "\n")
 
 
+def description() -> TextColumn:
+    """A progress column showing the task's description as text (it may name files)."""
+    return TextColumn("{task.description}", markup=False)
+
+
 def spinner() -> Progress:
     """A transient spinner with elapsed time on stderr, for work that shows no count."""
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+    return Progress(SpinnerColumn(), description(), TimeElapsedColumn(),
                     console=err_console, transient=True)
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
@@ -38,10 +39,10 @@ def _profile(path: Path) -> Profile:
 
 def _print(result: Prediction) -> None:
     data = result.to_dict()
-    console.print(f"[bold]{data['path']}[/]: {data['platform']} run, "
-                  f"{len(data['steps'])} iteration(s); device {data['source_device']}"
-                  + (f" -> {data['target_device']}"
-                     if data["target_device"] != data["source_device"] else ""))
+    console.print(Text.assemble(
+        (str(data["path"]), "bold"), f": {data['platform']} run, "
+        f"{len(data['steps'])} iteration(s); device {data['source_device']}"
+        + (f" -> {data['target_device']}" if data["target_device"] != data["source_device"] else "")))
     change = [f"batch {data['batch']['recorded']} -> {data['batch']['predicted']}"
               if data["batch"] else "",
               *(f"dim {a} -> {b}" for a, b in data["change"]["dims"].items())]

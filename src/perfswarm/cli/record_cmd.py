@@ -75,7 +75,7 @@ def record_command(
         states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(m["collectors"].items()))
         how = "complete" if m["complete"] else "incomplete"
         console.print(f"recorded {result.run.path} ({how}, exit {result.exit_code}); {states}",
-                      markup=False, soft_wrap=True)
+                      soft_wrap=True)
     return result.exit_code
 
 

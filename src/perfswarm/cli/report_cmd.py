@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
@@ -34,8 +33,7 @@ def report_command(
     target = output or run.path / "report.html"
     if not as_json and not target.parent.is_dir():  # said before the analysis, not after
         raise PerfswarmError(f"{target.parent}: no such directory (for {target.name})")
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+    with spinner() as progress:
         task = progress.add_task("analyzing", total=2)
         data = report_data(run, advice=advise(run).to_dict()["advice"], tune=tune,
                            projection=report_projection(run))

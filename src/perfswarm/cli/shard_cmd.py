@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
@@ -36,7 +37,8 @@ def shard_command(
     if as_json:
         print_json(data)
         return
-    console.print(f"[bold]{tables}[/]: {len(work.tables)} tables, batch {work.batch}, {devices} devices")
+    console.print(Text.assemble((str(tables), "bold"), f": {len(work.tables)} tables, batch "
+                                f"{work.batch}, {devices} devices"))
     for p in data["plans"]:
         t = Table("device", "tables", "MB", "lookups", "predicted ms", title_justify="left",
                   title=f"{p['strategy']}: max {p['max_ms']:.3f} ms, imbalance {p['imbalance']:.3f}")
@@ -44,4 +46,4 @@ def shard_command(
             t.add_row(str(d["device"]), ", ".join(d["tables"]), f"{d['bytes'] / 1e6:,.1f}",
                       f"{d['lookups']:,.0f}", f"{d['predicted_ms']:.3f}")
         console.print(t)
-    console.print(f"[bold]choose[/] {data['best']}")
+    console.print(Text.assemble(("choose", "bold"), f" {data['best']}"))

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.cli.output import console, description, err_console, print_json
 from perfswarm.optimize.space import load_space
 from perfswarm.optimize.trial import STEP_PATTERN, Measure
 from perfswarm.optimize.tune import TuneOptions, tune
@@ -38,14 +38,14 @@ def tune_command(
                           step_pattern=step_pattern, warmup=warmup, window=window, seed=seed,
                           timeout_s=timeout)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    with Progress(description(), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True,
                   disable=quiet) as bar:
         task = bar.add_task("tuning (baseline + trials)", total=trials + 1)
 
         def progress(msg: str) -> None:
             if not quiet:
-                bar.console.print(msg, markup=False)
+                bar.console.print(msg)
             # One closing line per finished run: the baseline's rate, then each trial's outcome.
             if msg.startswith("trial ") or (msg.startswith("baseline:") and "steps/s" in msg):
                 bar.advance(task)
@@ -66,7 +66,7 @@ def tune_command(
         console.print("no trial completed")
         return
     console.print(f"best: trial {best['number']} {best['params']}: {best['throughput']:.3f} "
-                  f"steps/s, [bold]{summary['speedup']:.2f}x[/] the baseline")
+                  f"steps/s, {summary['speedup']:.2f}x the baseline")
     if summary["importance"]:
         console.print("importance: " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                  sorted(summary["importance"].items(),
@@ -74,4 +74,4 @@ def tune_command(
     console.print(f"wrote {out / 'tune.json'}, {out / 'trials.json'}, {out / 'importance.json'}")
     if best["run"]:
         console.print(f"report of the best run: perfswarm report {best['run']} --tune {out}",
-                      markup=False, soft_wrap=True)
+                      soft_wrap=True)
