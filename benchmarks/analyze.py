@@ -32,6 +32,8 @@ from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.launch import launch_stats
 from perfswarm.analyze.ops import op_breakdown
 from perfswarm.analyze.stragglers import stragglers
+from perfswarm.analyze.kernels import kernel_breakdown
+from perfswarm.analyze.bandwidth import bandwidth
 from perfswarm.trace.store import Run
 run = Run.open(sys.argv[1])
 t = time.perf_counter()
@@ -43,7 +45,9 @@ t = time.perf_counter(); its = iterations(run, ev); parts['iterations'] = time.p
 for name, f in (('concurrency', lambda: concurrency(ev, its.steps)),
                 ('ops', lambda: op_breakdown(ev, its.steps)), ('launch', lambda: launch_stats(ev)),
                 ('stragglers', lambda: stragglers(ev)),
-                ('critical_path', lambda: critical_path(ev, sync_events(run, ev)))):
+                ('critical_path', lambda: critical_path(ev, sync_events(run, ev))),
+                ('kernels', lambda: kernel_breakdown(ev)),
+                ('bandwidth', lambda: bandwidth(run, ev))):
     t = time.perf_counter(); f(); parts[name] = time.perf_counter() - t
 print(json.dumps({'total': total, 'parts': parts, 'events': len(ev)}))
 """

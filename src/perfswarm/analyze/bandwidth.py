@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.frame import I64, Events, args_of
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.trace.store import Run
@@ -74,8 +74,8 @@ def copy_bytes(run: Run, rows: I64, rank: int | None = None) -> I64:
     trace has none."""
     if len(rows) == 0:
         return np.zeros(0, np.int64)
-    args = run.table("events", ["args"], rank=rank).column("args").take(rows).to_pylist()
-    return np.array([msgspec.json.decode(a or "{}", type=_Bytes).bytes for a in args], np.int64)
+    return np.array([msgspec.json.decode(a, type=_Bytes).bytes for a in args_of(run, rows, rank)],
+                    np.int64)
 
 
 def _bins(ts: I64, end: I64, nbytes: I64, start: int, bin_ns: int) -> np.ndarray[Any, Any]:

@@ -21,7 +21,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
 from perfswarm.analyze.intervals import sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.stragglers import occurrences
@@ -64,7 +64,7 @@ def sync_events(run: Run, ev: Events, rank: int | None = None) -> list[SyncEvent
     rows = np.flatnonzero(ev.of_kind("sync"))
     if len(rows) == 0:
         return []
-    args = run.table("events", ["args"], rank=rank).column("args").take(rows).to_pylist()
+    args = args_of(run, rows, rank)
     out = []
     for row, text in zip(rows.tolist(), args, strict=True):
         a = msgspec.json.decode(text or "{}", type=SyncArgs)

@@ -120,6 +120,16 @@ class Events:
         return self.names[int(self.name[row])]
 
 
+def args_of(run: Run, rows: I64, rank: int | None = None) -> list[str]:
+    """The args JSON text of the events at `rows` (sorted) of the Run (or of `rank`), read
+    with the column the other analyses share. A mask filter, not a take: taking a few rows
+    of a many-chunk string column copies it whole."""
+    column = run.table("events", ["args"], rank=rank).column("args")
+    mask = np.zeros(len(column), bool)
+    mask[rows] = True
+    return [a or "{}" for a in column.filter(pa.array(mask)).to_pylist()]
+
+
 LANE_BITS = 40
 
 
