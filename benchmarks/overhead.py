@@ -2,15 +2,18 @@
 
 Prints the ratio of median step time (recorded / bare) outside the profiling
 window (goal <= 1.02), also apart before and after it, and inside it, and the
-samplers' CPU use as a share of one core (goal <= 1% at 20 Hz). Step times are
-what the workload itself prints.
+samplers' CPU use as a share of one core (goal <= 1% at 20 Hz), and the external tools'
+(py-spy, perf) CPU against the job's own. Step times are what the workload itself prints;
+`--loop` records a loop of benchmarks/realworld_loop.py instead of the bundled trainer.
 
     python benchmarks/overhead.py [--repeats 20] [--steps 50] [--collectors torch,system]
+        [--loop sgd|infer|callbacks|workers|loader]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -25,6 +28,11 @@ STEP = re.compile(rb"^step (\d+) ([\d.]+) ms", re.MULTILINE)
 
 
 def step_times(stdout: bytes) -> dict[int, float]:
+    """Step index -> ms, as the bundled workloads print them, or from the `truth` line of
+    benchmarks/realworld_loop.py."""
+    for line in stdout.splitlines():
+        if line.startswith(b"truth "):
+            return {i: ns / 1e6 for i, ns in enumerate(json.loads(line[6:])["step_ns"])}
     return {int(m.group(1)): float(m.group(2)) for m in STEP.finditer(stdout)}
 
 
@@ -57,15 +65,21 @@ def main() -> int:
                         "leaves a core to the collectors' own processes: a workload on every "
                         "core of a small machine pays for any profiler's CPU, which is core "
                         "contention rather than recording overhead")
+    p.add_argument("--loop", choices=("sgd", "infer", "callbacks", "workers", "loader"),
+                   help="record benchmarks/realworld_loop.py STYLE (a loop written as people "
+                        "do, one thread) instead of the bundled trainer")
     ns = p.parse_args()
-    cmd = [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(ns.steps),
-           "--batch-size", "32", "--threads", str(ns.threads)]
+    cmd = ([sys.executable, str(Path(__file__).parent / "realworld_loop.py"), ns.loop,
+            "--steps", str(ns.steps)] if ns.loop else
+           [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(ns.steps),
+            "--batch-size", "32", "--threads", str(ns.threads)])
     window = range(ns.skip, ns.skip + ns.window)
     before = range(2, ns.skip)
     after = range(ns.skip + ns.window + 1, ns.steps)  # the step that exports is left out
     bare: dict[int, list[float]] = {}
     rec: dict[int, list[float]] = {}
     cpu_share: list[float] = []
+    tools: list[float] = []  # the external tools' CPU (py-spy, perf) over the job's own
     options = RecordOptions(collectors=tuple(ns.collectors.split(",")), hz=ns.hz,
                             perf_hz=ns.perf_hz, pystacks_hz=ns.pystacks_hz,
                             skip=ns.skip, steps=ns.window, execution_trace=False)
@@ -82,6 +96,8 @@ def main() -> int:
             extra = result.run.manifest()["extra"]["record"]
             span = extra["end_ns"] - extra["start_ns"]
             cpu_share.append(sum(extra["sampler_cpu_ns"].values()) / span)
+            if extra.get("job_cpu_ns"):
+                tools.append(sum(extra["tool_cpu_ns"].values()) / extra["job_cpu_ns"])
 
     def median_of(times: dict[int, list[float]], steps: list[int] | range) -> float:
         return statistics.median(t for s in steps for t in times.get(s, []))
@@ -96,6 +112,10 @@ def main() -> int:
     print(f"median step, inside the window:  recorded/bare = {ratio(window):.3f}")
     print(f"samplers' CPU: {100 * statistics.median(cpu_share):.2f}% of one core at {ns.hz:g} Hz"
           " (goal <= 1%)")
+    if tools:
+        print(f"external tools' CPU (py-spy at {ns.pystacks_hz} Hz, perf at {ns.perf_hz} Hz): "
+              f"{100 * statistics.median(tools):.1f}% of the job's own CPU (goal < 100%: the "
+              "recorder costs less than the job)")
     return 0
 
 

@@ -120,8 +120,9 @@ def check_nanogpt(iters: int, tmp: Path) -> None:
     own = {int(line.split()[1].rstrip(":")): float(line.rsplit("time ", 1)[1].split("ms")[0])
            for line in out.splitlines() if line.startswith("iter ")}
     hooked = steps_of(run, "detected")
-    # nanoGPT's iteration N ends at its optimizer step N: the hook step N + 1 of the recorder
-    pairs = [(hooked[i + 1] / 1e6, own[i]) for i in own if i + 1 in hooked and i > 0]
+    # nanoGPT times iteration N from just after optimizer step N - 1 to just after step N: the
+    # recorder's step N (optimizer hook N - 1 to hook N)
+    pairs = [(hooked[i] / 1e6, own[i]) for i in own if i in hooked]
     ratio = statistics.median(h / o for h, o in pairs)
     print(f"-- nanogpt: window on {run.manifest()['extra']['record'].get('window_on')}; "
           f"hook step / printed iteration time, median over {len(pairs)}: {ratio:.3f}")

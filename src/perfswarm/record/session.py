@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -51,7 +52,9 @@ class RecordOptions:
     collectors: tuple[str, ...] = DEFAULT_COLLECTORS
     hz: float = 20.0  # system and GPU samplers
     perf_hz: int = 99  # 499 Hz slowed a CPU training step by 2-5%, 99 Hz by nothing measurable
-    pystacks_hz: int = 100
+    # py-spy's CPU against a job of 6.3 CPU-s (realworld_loop.py workers, 3 processes): 5.0 s
+    # at 100 Hz, 1.7 s at 20 Hz (manifest extra.record.tool_cpu_ns and job_cpu_ns)
+    pystacks_hz: int = 20
     skip: int = 5
     steps: int = 10
     execution_trace: bool = True
@@ -198,6 +201,7 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     start_ns = time.time_ns()
     for c in collectors:
         c.before_child()
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     child = subprocess.Popen(command, env=env, process_group=0, stdout=how.output,
                              stderr=subprocess.STDOUT if how.output is not None else None)
     previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED}
@@ -231,6 +235,9 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
                 continue
     finally:
         code = child.wait()
+        job = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and what it reaped
+        job_cpu_ns = round(1e9 * (job.ru_utime + job.ru_stime - reaped.ru_utime
+                                  - reaped.ru_stime))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for c in collectors:
@@ -242,8 +249,10 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     manifest["exit_status"] = code if code >= 0 else None
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
     manifest["complete"] = code == 0
-    return finish(collectors, raw, manifest, options, child.pid, start_ns, (offset_start,
-                                                                          offset_end)), code
+    recording = finish(collectors, raw, manifest, options, child.pid, start_ns,
+                       (offset_start, offset_end))
+    recording.manifest["extra"]["record"]["job_cpu_ns"] = job_cpu_ns
+    return recording, code
 
 
 def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
@@ -275,6 +284,7 @@ def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
         "steps_window": [options.skip, options.steps], "hz": options.hz,
         "heap_reserve_mib": options.heap_reserve_mib if "torch" in options.collectors else 0,
         "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},
+        "tool_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, ToolCollector)},
         **({"perf_events": perf_events} if perf_events else {}),
     }}
     return Recording(raw, manifest, perf_c.exe if perf_c is not None else None, start_ns)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import resource
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ class ToolCollector(Collector):
         super().__init__(raw)
         self.hz = hz  # sampling frequency passed to the tool
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cpu_ns = 0  # the tool's own CPU time, read just before it is stopped
         # py-spy installs into the environment's bin/, which need not be on PATH
         beside = Path(sys.executable).parent / self.tool
         self.exe = shutil.which(self.tool) or (str(beside) if beside.is_file() else None)
@@ -59,6 +61,8 @@ class ToolCollector(Collector):
         """Stop the tool (SIGINT: it writes its output) and check it wrote some (idempotent)."""
         if self.proc is None:
             return
+        # The tool's CPU: what reaping it adds to this process's children's usage.
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGINT)
@@ -67,6 +71,9 @@ class ToolCollector(Collector):
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        done = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu_ns += round(1e9 * (done.ru_utime + done.ru_stime - reaped.ru_utime
+                                    - reaped.ru_stime))
         out = self.raw / self.output
         if not out.exists() or out.stat().st_size == 0:
             self.failed(f"{self.tool} wrote no output ({self._reason()})")
