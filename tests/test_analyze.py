@@ -25,6 +25,7 @@ from perfswarm.analyze.iterations import (
 from perfswarm.analyze.kernels import kernel_breakdown
 from perfswarm.analyze.launch import launch_stats, queue_length
 from perfswarm.analyze.ops import kernel_category, op_breakdown
+from perfswarm.analyze.sequences import kernel_sequences
 from perfswarm.trace.schema import STEPS
 from perfswarm.trace.store import Run
 
@@ -257,6 +258,21 @@ def test_bandwidth_from_the_copies(corpus_runs: dict[str, Run], name: str,
         assert f.achieved_gbps == f.bytes / f.busy_ns
         # the bins spread each op's bytes over its time: they hold all the bytes
         assert sum(f.bins_gbps) * rank.bin_ns == pytest.approx(f.bytes, rel=1e-9)
+
+
+def test_kernel_sequences_nccl(corpus_runs: dict[str, Run]) -> None:
+    """From the raw JSON: non-NCCL kernels per stream in start order, the runs of
+    consecutive kernels with these names counted and their durations summed."""
+    top = kernel_sequences(Events.load(corpus_runs["nccl"]))
+    assert len(top) == 20
+    (a, b), (c, d, e, f) = top[0].names, top[1].names
+    assert (top[0].count, top[0].total_ns, top[0].fusable) == (237, 12_616_974, False)
+    assert a == b and a.startswith("void cudnn::ops::nchwToNhwcKernel<float")
+    assert (top[1].count, top[1].total_ns, top[1].fusable) == (30, 11_749_759, True)
+    # threshold (ReLU backward), a multiply, batch norm backward, another elementwise kernel
+    assert all(k.startswith("void at::native::vectorized_elementwise_kernel") for k in (c, d, f))
+    assert e.startswith("void cudnn::bn_bw_1C11_kernel_new")
+    assert [s.total_ns for s in top] == sorted((s.total_ns for s in top), reverse=True)
 
 
 def test_queue_length() -> None:

@@ -38,6 +38,7 @@ from perfswarm.analyze.iterations import StepWindow, combine, detected_windows, 
 from perfswarm.analyze.kernels import RankKernels, rank_kernels
 from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.ops import OpTotals
+from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
 from perfswarm.analyze.stragglers import Instance, collective_starts, skews
 from perfswarm.analyze.summary import Analysis
 from perfswarm.analyze.swarms import swarms
@@ -63,6 +64,7 @@ class RankPart:
     ops: OpTotals
     collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
     kernels: RankKernels
+    sequences: Counts
 
 
 def load_rank(path: str, rank: int) -> Events:
@@ -78,7 +80,7 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, rank_concurrency(ev, rank, steps.get(rank, [])),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
-                    collective_starts(ev, rank), rank_kernels(ev, rank))
+                    collective_starts(ev, rank), rank_kernels(ev, rank), sequence_counts(ev))
 
 
 def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]]) -> Graph:
@@ -135,5 +137,6 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), its.steps),
         kernels=tuple(p.kernels for p in parts),
-        bandwidth=tuple(b for rank_flows in flows for b in rank_flows))
+        bandwidth=tuple(b for rank_flows in flows for b in rank_flows),
+        sequences=top_sequences(merge([p.sequences for p in parts])))
 

@@ -15,6 +15,7 @@ from perfswarm.analyze.iterations import Iterations, iterations
 from perfswarm.analyze.kernels import RankKernels, kernel_breakdown
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.ops import OpBreakdown, op_breakdown
+from perfswarm.analyze.sequences import Sequence_, kernel_sequences
 from perfswarm.analyze.stragglers import Stragglers, stragglers
 from perfswarm.analyze.swarms import Swarms, swarms
 from perfswarm.analyze.system import SystemLoad, system_load
@@ -38,6 +39,7 @@ class Analysis:
     system: tuple[SystemLoad, ...]
     kernels: tuple[RankKernels, ...]
     bandwidth: tuple[RankBandwidth, ...]
+    sequences: tuple[Sequence_, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
@@ -49,7 +51,8 @@ class Analysis:
                 "swarms": self.swarms.to_dict(),
                 "system": [s.to_dict() for s in self.system],
                 "kernels": [k.to_dict() for k in self.kernels],
-                "bandwidth": [b.to_dict() for b in self.bandwidth]}
+                "bandwidth": [b.to_dict() for b in self.bandwidth],
+                "sequences": [s.to_dict() for s in self.sequences]}
 
 
 def load(run: Run, *, or_samples: bool = False) -> Events:
@@ -88,7 +91,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         critical_path=critical_path(ev, sync_events(run, ev)),
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), its.steps), kernels=kernel_breakdown(ev),
-        bandwidth=bandwidth(run, ev))
+        bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev))
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,
