@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from perfswarm.analyze.frame import I64, Events
 from perfswarm.trace.store import Run
 
-Source = Literal["marker", "detected"]
+Source = Literal["marker", "detected", "window"]  # window: a time window (analyze.aisi)
 # The steps table's source of the steps a trace covers (ProfilerStep#N). A recording also times
 # the steps outside its profiling window by the optimizer hook (`detected`), and marks the one
 # that holds the trace export (`export`): they carry no events, so every share and per-step

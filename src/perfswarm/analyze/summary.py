@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from perfswarm.analyze.aisi import time_windows, without_iterations
 from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, concurrency
 from perfswarm.analyze.critical_path import CriticalPath, critical_path
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, diff
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import Iterations, iterations
+from perfswarm.analyze.iterations import Iterations, StepWindow, combine, iterations
 from perfswarm.analyze.kernels import RankKernels, kernel_breakdown
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.ops import OpBreakdown, op_breakdown
@@ -40,6 +42,8 @@ class Analysis:
     kernels: tuple[RankKernels, ...]
     bandwidth: tuple[RankBandwidth, ...]
     sequences: tuple[Sequence_, ...]
+    # time windows the concurrency and system load are given per when no iterations are found
+    windows: Mapping[int, Sequence[StepWindow]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
@@ -52,7 +56,8 @@ class Analysis:
                 "system": [s.to_dict() for s in self.system],
                 "kernels": [k.to_dict() for k in self.kernels],
                 "bandwidth": [b.to_dict() for b in self.bandwidth],
-                "sequences": [s.to_dict() for s in self.sequences]}
+                "sequences": [s.to_dict() for s in self.sequences],
+                "windows": {str(r): [w.to_dict() for w in ws] for r, ws in self.windows.items()}}
 
 
 def load(run: Run, *, or_samples: bool = False) -> Events:
@@ -84,14 +89,19 @@ def analyze(run: Run, *, ignore_markers: bool = False,
 def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     ev = load(run, or_samples=True)
     its = iterations(run, ev, ignore_markers=ignore_markers)
+    if not its.steps and (found := without_iterations(ev, run.table("samples"),
+                                                      run.table("stacks"))):
+        its = combine({}, found)
+    windows = {} if its.steps else time_windows(ev, run.table("counters"))
+    per = its.steps or windows
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
-        concurrency=concurrency(ev, its.steps), ops=op_breakdown(ev, its.steps),
+        concurrency=concurrency(ev, per), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev)),
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
-        system=system_load(run.table("counters"), its.steps), kernels=kernel_breakdown(ev),
-        bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev))
+        system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
+        bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), windows=windows)
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from perfswarm.analyze.concurrency import STATES
 from perfswarm.analyze.summary import Analysis, analyze
+from perfswarm.analyze.window import windowed
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, ms, print_json
@@ -127,6 +128,9 @@ def analyze_command(
     ignore_markers: Annotated[bool, typer.Option(
         "--ignore-markers", help="Detect iterations from the op sequence, ignoring ProfilerStep "
                                  "markers.")] = False,
+    window: Annotated[str | None, typer.Option(
+        "--window", metavar="START:END", help="Analyze only this time of interest: seconds "
+        "from the Run's start (events clipped to it; '2:' to the end).")] = None,
     workers: Workers = None,
     scheduler: Scheduler = None,
     worker_memory: WorkerMemory = "auto",
@@ -136,9 +140,10 @@ def analyze_command(
     From 8 ranks up (or with --workers/--scheduler) each rank is analyzed on a Dask worker
     that reads only its rows; the result is the same. The op-cost table reads one rank at a
     time."""
-    run = Run.open(run_dir)
-    result = analyze(run, ignore_markers=ignore_markers,
-                     cluster=cluster_options(workers, scheduler, worker_memory))
+    run = windowed(Run.open(run_dir), window)
+    result = analyze(run, ignore_markers=ignore_markers,  # a window reads in this process
+                     cluster=None if window else cluster_options(workers, scheduler,
+                                                                 worker_memory))
     costs = op_costs(run, result.ranks)
     if as_json:
         out = {**result.to_dict(), "op_cost": costs.to_dict()}

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from perfswarm.analyze.window import windowed
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.errors import PerfswarmError
@@ -22,9 +23,10 @@ def report_command(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="HTML file (default RUN/report.html).")] = None,
     tune_dir: Annotated[Path | None, typer.Option("--tune", help="A perfswarm tune --out directory: adds its trials table, throughput per trial and parameter importance.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report data as JSON instead of writing HTML (keys in docs/cli.md).")] = False,
+    window: Annotated[str | None, typer.Option("--window", metavar="START:END", help="Report only this time of interest: seconds from the Run's start (events clipped to it; '2:' to the end).")] = None,
 ) -> None:
     """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
-    run = Run.open(run_dir)
+    run = windowed(Run.open(run_dir), window)
     tune = None
     if tune_dir is not None:
         from perfswarm.optimize.tune import load_results  # optuna: only with --tune

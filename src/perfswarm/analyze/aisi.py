@@ -1,0 +1,166 @@
+"""Iterations of runs with no op or kernel trace, and time windows for runs with none at all.
+
+SOFA's AISI finds a program's iterations in the sequence of what it did (syscalls, in
+SOFA). Here the same detection the op sequence gets (`iterations.detect`) runs on the
+syscalls of the busiest thread (strace), else on the perf stack samples of the busiest
+thread, each sample named by the frame where the thread's samples part ways (below the
+frames nearly all of them share: `main`, the training loop). A phase spans several
+syscalls or samples in a row, so repeats of one name in a row become one run first.
+
+A run with no iterations found still gets per-window numbers: its span is cut into WINDOWS
+equal time windows (source `window`), for the concurrency breakdown and the system load
+(dominator and Pearson correlations) per window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.iterations import MAX_LAGS, StepWindow, detect
+from perfswarm.trace.schema import NONE
+
+WINDOWS = 10
+SHARED = 0.9  # a frame this share of the thread's samples pass through is common ground
+
+
+def runs(symbols: I64, ts: I64, end: I64) -> tuple[I64, I64, I64]:
+    """Consecutive repeats of one symbol merged into one (symbol, first start, last end)."""
+    if len(symbols) == 0:
+        return symbols, ts, end
+    first = np.flatnonzero(np.r_[True, symbols[1:] != symbols[:-1]])
+    last = np.r_[first[1:], len(symbols)] - 1
+    return symbols[first], ts[first], np.maximum.accumulate(end)[last]
+
+
+def repeating_stretch(symbols: I64) -> tuple[int, int]:
+    """[first, last) of the longest stretch that repeats with one period (at least twice):
+    a loop's syscalls follow the start-up's, which repeat differently (a module import
+    each), so the loop is found where it is, not matched against the whole sequence. The
+    periods tried are the most frequent gaps between repeats of a symbol; on a tie the
+    shortest (a multiple of the period covers as much)."""
+    n = len(symbols)
+    order = np.lexsort((np.arange(n), symbols))
+    same = symbols[order][1:] == symbols[order][:-1]
+    gaps = (order[1:] - order[:-1])[same]
+    gaps = gaps[(gaps > 0) & (gaps <= n // 2)]
+    best = (0, 0, 0)  # covered, -lag, first
+    values, counts = np.unique(gaps, return_counts=True)
+    for lag in values[np.argsort(-counts, kind="stable")[:MAX_LAGS]].tolist():
+        eq = np.r_[False, symbols[:-lag] == symbols[lag:], False].astype(np.int8)
+        edges = np.flatnonzero(np.diff(eq))
+        starts, ends = edges[::2], edges[1::2]
+        if len(starts) == 0:
+            continue
+        i = j = int(np.argmax(ends - starts))
+        # one call more or fewer in an iteration (a brk) misaligns `lag` comparisons: a
+        # neighbouring run across such a gap that matches a whole period itself continues it
+        while i > 0 and starts[i] - ends[i - 1] <= lag + 1 and ends[i - 1] - starts[i - 1] >= lag:
+            i -= 1
+        while (j + 1 < len(starts) and starts[j + 1] - ends[j] <= lag + 1
+               and ends[j + 1] - starts[j + 1] >= lag):
+            j += 1
+        covered = int(ends[j] - starts[i]) + lag
+        if covered >= 2 * lag and (covered, -lag) > best[:2]:
+            best = (covered, -lag, int(starts[i]))
+    return best[2], best[2] + best[0]
+
+
+def _windows(symbols: I64, ts: I64, end: I64) -> list[StepWindow]:
+    names, starts, ends = runs(symbols, ts, end)
+    lo, hi = repeating_stretch(names)
+    return [StepWindow(i, a, b, "detected") for i, (a, b) in enumerate(detect(
+        names[lo:hi], starts[lo:hi], ends[lo:hi]))]
+
+
+def _busiest(tids: I64) -> I64:
+    """Mask of the rows of the thread with the most rows (the lowest tid on a tie)."""
+    values, counts = np.unique(tids, return_counts=True)
+    return np.asarray(tids == values[np.argmax(counts)])
+
+
+def syscall_steps(ev: Events) -> dict[int, list[StepWindow]]:
+    """Iterations detected in each rank's busiest thread's syscalls."""
+    out: dict[int, list[StepWindow]] = {}
+    calls = ev.of_kind("syscall")
+    for rank in ev.ranks:
+        rows = np.arange(len(ev))[ev.rank_slice(rank)]
+        rows = rows[calls[rows]]
+        if len(rows) == 0:
+            continue
+        rows = rows[_busiest(ev.tid[rows])]
+        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+        if found := _windows(ev.name[rows], ev.ts[rows], ev.end[rows]):
+            out[rank] = found
+    return out
+
+
+def parting_frames(stacks: pa.Table, stack_ids: I64) -> I64:
+    """Per sample (its stack id), the code of the frame at the depth where the samples part
+    ways: the first depth (root first) whose most common frame fewer than SHARED of them
+    reach. Samples whose stack ends above it get -1."""
+    sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
+    depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)  # 0 = leaf
+    fn = stacks.column("function").to_pylist()
+    frames: dict[int, list[str]] = {}
+    for s, _d, f in sorted(zip(sid.tolist(), depth.tolist(), fn, strict=True),
+                          key=lambda r: (r[0], -r[1])):
+        frames.setdefault(s, []).append(f)  # root first
+    paths = [frames.get(int(s), []) for s in stack_ids]
+    level = 0
+    while True:
+        at = Counter(p[level] for p in paths if len(p) > level)
+        if not at or at.most_common(1)[0][1] < SHARED * len(paths):
+            break
+        level += 1
+    names = {n: i for i, n in enumerate(sorted({p[level] for p in paths if len(p) > level}))}
+    return np.array([names[p[level]] if len(p) > level else NONE for p in paths], np.int64)
+
+
+def sample_steps(samples: pa.Table, stacks: pa.Table) -> dict[int, list[StepWindow]]:
+    """Iterations detected in each rank's busiest thread's perf samples (py-spy's are
+    aggregated, without times)."""
+    perf = samples.filter(pc.equal(samples.column("source").cast(pa.string()), "perf"))
+    out: dict[int, list[StepWindow]] = {}
+    if perf.num_rows == 0:
+        return out
+    rank = np.asarray(perf.column("rank").to_numpy(), np.int64)
+    for r in np.unique(rank).tolist():
+        rows = np.flatnonzero(rank == r)
+        rows = rows[_busiest(np.asarray(perf.column("tid").to_numpy(), np.int64)[rows])]
+        ts = np.asarray(perf.column("ts").to_numpy(), np.int64)[rows]
+        order = np.argsort(ts, kind="stable")
+        rows, ts = rows[order], ts[order]
+        sid = np.asarray(perf.column("stack_id").to_numpy(), np.int64)[rows]
+        if found := _windows(parting_frames(stacks, sid), ts, ts):
+            out[int(r)] = found
+    return out
+
+
+def time_windows(ev: Events, counters: pa.Table,
+                 count: int = WINDOWS) -> dict[int, list[StepWindow]]:
+    """`count` equal windows over the span of the events and counter readings, for every rank
+    with events (the host, rank -1, when there are none)."""
+    read = np.asarray(counters.column("ts").to_numpy(), np.int64)
+    starts = [t.min() for t in (ev.ts, read) if len(t)]
+    # spans end where the last event ends, just past the last reading (so it falls inside)
+    ends = [t.max() + extra for t, extra in ((ev.end, 0), (read, 1)) if len(t)]
+    if not starts or max(ends) <= min(starts) + count:
+        return {}
+    lo, span = int(min(starts)), int(max(ends)) - int(min(starts))
+    edges = [lo + span * i // count for i in range(count + 1)]  # exact: epoch ns exceed floats
+    windows = [StepWindow(i, int(lo), int(hi), "window")
+               for i, (lo, hi) in enumerate(itertools.pairwise(edges))]
+    return dict.fromkeys(ev.ranks or [NONE], windows)
+
+
+def without_iterations(ev: Events, samples: pa.Table, stacks: pa.Table
+                       ) -> Mapping[int, Sequence[StepWindow]]:
+    """Iterations from syscalls, else from stack samples ({} when neither repeats)."""
+    return syscall_steps(ev) or sample_steps(samples, stacks)

@@ -1,0 +1,139 @@
+"""Iterations from syscalls and stack samples, per-window analysis of runs without
+iterations, and --window, on real recordings and corpus traces."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from conftest import corpus
+from perfswarm.analyze.summary import analyze
+from perfswarm.analyze.window import parse_window, windowed
+from perfswarm.cli.main import main
+from perfswarm.record.session import RecordOptions, record
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+LOOP = textwrap.dedent("""
+    import os, sys, time
+    path = sys.argv[1]
+    with open(path, "wb") as f:
+        f.write(b"x" * 65536)
+    marks, data = [], bytearray(65536)  # no allocation in the loop: no brk between its calls
+    for i in range(12):
+        marks.append(time.time_ns())
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(data)
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.write(fd, data)
+        os.close(fd)
+        time.sleep(0.02)
+    marks.append(time.time_ns())
+    print(*marks)
+""")
+
+
+def test_iterations_from_syscalls(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A loop after Python's start-up (hundreds of syscalls that repeat otherwise: one
+    module import each): its 8 iterations, each inside the times the child took around it."""
+    result = record([sys.executable, "-c", LOOP, str(tmp_path / "data")], tmp_path / "l.run",
+                    RecordOptions(collectors=("strace",)))
+    marks = [int(t) for t in capfd.readouterr().out.split()]
+    its = analyze(result.run).iterations
+    assert its.used == "detected"
+    (steps,) = its.steps.values()
+    # each detected iteration is one of the loop's, in order, from its first syscall (openat)
+    # to the next one's; an iteration strace saw differently (a page fault's brk) may be lost
+    # at the ends, so 10 of the 12 at least
+    k = next(k for k in range(12) if marks[k] <= steps[0].start < marks[k + 1])
+    assert len(steps) >= 10
+    for i, w in enumerate(steps):
+        assert marks[k + i] <= w.start < marks[k + i + 1] and w.end <= marks[min(k + i + 2, 12)]
+        assert w.end == (steps[i + 1].start if i + 1 < len(steps) else w.end)
+
+
+@pytest.fixture(scope="module")
+def inference(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A real inference trace: no step markers, no repeating loop."""
+    out = tmp_path_factory.mktemp("inf") / "i.run"
+    return import_traces([corpus("old_format")], out, ImportOptions(), ["test"])
+
+
+def test_windows_when_no_iterations(inference: Run) -> None:
+    a = analyze(inference)
+    assert a.iterations.used is None and list(a.windows) == [1]
+    windows = a.windows[1]
+    events = inference.table("events").to_pydict()
+    first = min(events["ts"])
+    last = max(t + d for t, d in zip(events["ts"], events["dur"], strict=True))
+    assert len(windows) == 10 and (windows[0].start, windows[-1].end) == (first, last)
+    assert all(a.end == b.start for a, b in itertools.pairwise(windows))
+    (rank,) = a.concurrency.ranks
+    assert [i.step for i in rank.iterations] == list(range(10))
+    # the windows tile the span: their busy states add up to the whole's (the whole's idle
+    # ends with the last op; the windows', with the last event: the trace's closing instant)
+    assert rank.total.ns["host_busy_device_idle"] > 0 and rank.total.ns["compute_only"] > 0
+    for state, ns in rank.total.ns.items():
+        if state != "idle":
+            assert sum(i.breakdown.ns[state] for i in rank.iterations) == ns
+    assert orjson.loads(orjson.dumps(a.to_dict()))["windows"]["1"][3]["source"] == "window"
+
+
+BUSY_THEN_IDLE = "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass\ntime.sleep(0.5)"
+
+
+def test_system_load_per_window(tmp_path: Path) -> None:
+    """No events at all: the host's counters per window (usr dominates the busy half)."""
+    run = record([sys.executable, "-c", BUSY_THEN_IDLE], tmp_path / "b.run",
+                 RecordOptions(collectors=("system",), hz=50.0)).run
+    a = analyze(run)
+    (load,) = a.system
+    windows = a.windows[-1]
+    assert load.rank == -1 and [w.step for w in load.windows] == list(range(10))
+    c = run.table("counters").to_pydict()
+    names = np.array(c["name"])
+    ts, value = np.array(c["ts"]), np.array(c["value"])
+    usr = np.char.endswith(names.astype(str), ".usr") & np.char.startswith(names.astype(str),
+                                                                           "cpu.")
+    for w, got in zip(windows, load.windows, strict=True):
+        inside = usr & (ts >= w.start) & (ts < w.end)
+        if inside.any():
+            assert got.mean["usr"] == pytest.approx(value[inside].mean(), rel=1e-12)
+    # the busy loop's clock reads are system calls on this VM: usr or sys dominates
+    busy = [g for g in load.windows[:3] if "usr" in g.mean]
+    assert busy and all(g.dominator in ("usr", "sys") and g.mean["usr"] + g.mean["sys"] > 0.3
+                        for g in busy)
+
+
+def test_window_option(inference: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    events = inference.table("events").to_pydict()
+    first = min(events["ts"])
+    lo, hi = first + 72_000_000, first + 72_800_000  # clips a launch, holds its kernel
+    inside = [(t, d) for t, d in zip(events["ts"], events["dur"], strict=True)
+              if (t < hi and t + d > lo) or (d == 0 and lo <= t < hi)]
+    w = windowed(inference, "0.072:0.0728")
+    got = w.table("events", ["ts", "dur"]).to_pydict()
+    assert len(got["ts"]) == len(inside) and min(got["ts"]) >= lo
+    assert max(t + d for t, d in zip(got["ts"], got["dur"], strict=True)) <= hi
+    assert sum(got["dur"]) == sum(min(t + d, hi) - max(t, lo) for t, d in inside)
+    assert len(inside) >= 2 and any(t < lo for t, _ in inside)
+    assert main(["analyze", str(inference.path), "--window", "0.072:0.0728", "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["events"] == len(inside)
+    (rank,) = out["concurrency"]["ranks"]
+    assert rank["total"]["start"] >= lo and rank["total"]["end"] <= hi
+
+
+@pytest.mark.parametrize("text", ["5", "3:2", "-1:2", "a:b", "nan:1", "1:1"])
+def test_bad_window(text: str, inference: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(Exception, match="--window"):
+        parse_window(text)
+    assert main(["analyze", str(inference.path), f"--window={text}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--window {text}: expected START:END" in err
