@@ -33,40 +33,49 @@ DEPTHWISE, DENSE = 0, 1
 def _depthwise(src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w: Any,
                k: int, s: int, r0: int, r1: int, c0: int, c1: int, dst: Any) -> None:
     """dst[c, r - r0, j - c0] for output rows [r0, r1), cols [c0, c1): src holds rows from
-    src_r0 and cols from src_c0 of a full_h x full_w map (zeros outside it). Each input row
-    is first copied split by phase (column q*s + phase, padding zeros included), so every tap
-    is a unit-stride pass LLVM vectorizes, whatever the stride (a strided read did not)."""
+    src_r0 and cols from src_c0 of a full_h x full_w map (zeros outside it).
+
+    Per channel, the input the tile reads is gathered once into s x s phase planes (row and
+    column phase of the stride, padding zeros included), each plane row as wide as the output
+    row plus the taps' reach. Every tap is then one unit-stride pass over the whole tile, rows
+    laid end to end (the few columns past each row's end are computed and dropped), so LLVM
+    vectorizes long loops whatever the stride and however small the map."""
     p = k // 2
-    width = c1 - c0
-    span = width + (k - 1) // s + 1
-    phases = np.empty((s, span), np.float32)
-    # the last column src holds (a span's one spare column per phase may lie past it, unused)
-    edge = min(full_w, src_c0 + src.shape[2])
+    th, tw = r1 - r0, c1 - c0
+    reach = (k - 1) // s
+    ph_h, ph_w = th + reach, tw + reach
+    planes = np.empty((s * s, ph_h * ph_w + reach), np.float32)
+    planes[:, ph_h * ph_w:] = 0.0
+    wide = np.empty(th * ph_w, np.float32)
+    edge = min(full_w, src_c0 + src.shape[2])  # columns src holds
+    last_row = min(full_h, src_r0 + src.shape[1])
     for ch in range(dst.shape[0]):
-        for r in range(r0, r1):
-            out = dst[ch, r - r0]
-            out[:] = 0.0
-            for dy in range(k):
-                iy = r * s + dy - p
-                if iy < 0 or iy >= full_h:
-                    continue
-                row = src[ch, iy - src_r0]
-                for ph in range(s):
-                    # q of the phase's columns in src: 0 <= (c0 + q) * s + ph - p < edge
-                    lo = max(0, (p - ph + s - 1) // s - c0)
-                    hi = min(span, (edge - 1 - ph + p) // s - c0 + 1)
-                    into = phases[ph]
-                    into[:lo] = 0.0
-                    into[max(lo, hi):] = 0.0
-                    if hi > lo:
-                        first = (c0 + lo) * s + ph - p - src_c0
-                        into[lo:hi] = row[first:first + (hi - lo - 1) * s + 1:s]
-                for dx in range(k):
-                    wv = w[ch, 0, dy, dx]
-                    tap = phases[dx % s]
-                    o = dx // s
-                    for j in range(width):
-                        out[j] += wv * tap[j + o]
+        for a in range(s):
+            for u in range(ph_h):
+                iy = (r0 + u) * s + a - p
+                for b in range(s):
+                    row_of = planes[a * s + b, u * ph_w:(u + 1) * ph_w]
+                    lo = max(0, (p - b + s - 1) // s - c0)
+                    hi = min(ph_w, (edge - 1 - b + p) // s - c0 + 1)
+                    if iy < src_r0 or iy >= last_row or iy < 0 or hi <= lo:
+                        row_of[:] = 0.0
+                        continue
+                    row_of[:lo] = 0.0
+                    row_of[hi:] = 0.0
+                    first = (c0 + lo) * s + b - p - src_c0
+                    row_of[lo:hi] = src[ch, iy - src_r0, first:first + (hi - lo - 1) * s + 1:s]
+        wide[:] = 0.0
+        for dy in range(k):
+            for dx in range(k):
+                wv = w[ch, 0, dy, dx]
+                off = (dy // s) * ph_w + dx // s
+                # a slice read by the loop index alone: an index numba must check for a
+                # negative (wrap-around) value keeps LLVM from vectorizing (5x slower here)
+                tap = planes[(dy % s) * s + dx % s, off:off + th * ph_w]
+                for q in range(th * ph_w):
+                    wide[q] += wv * tap[q]
+        for u in range(th):
+            dst[ch, u, :] = wide[u * ph_w:u * ph_w + tw]
 
 
 @njit(fastmath=True, cache=True)
@@ -93,9 +102,9 @@ def _dense(src: Any, src_r0: int, src_c0: int, full_h: int, full_w: int, w2: Any
                         continue
                     cols[row_of, base + c0:base + lo] = 0.0
                     cols[row_of, base + hi:base + c1] = 0.0
-                    srow = src[ch, iy - src_r0]
-                    for j in range(lo, hi):
-                        cols[row_of, base + j] = srow[j * s + off]
+                    start = lo * s + off
+                    cols[row_of, base + lo:base + hi] = \
+                        src[ch, iy - src_r0, start:start + (hi - lo - 1) * s + 1:s]
     _gemm(w2, cols, dst, blas)
 
 
