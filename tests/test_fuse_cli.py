@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from perfswarm.cli.main import main
+from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.userfiles import write_json
 
 
@@ -45,6 +46,20 @@ def test_predict_only_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     # a 3x3 conv of 256 channels is compute-bound: nothing to gain
     assert second["prediction"]["gains"] is False
     assert "results" not in data
+
+
+def test_candidates_of_a_recorded_run(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    trace = Path(__file__).parent / "data" / "cnn_cpu_trace.json"
+    run = import_traces([trace], tmp_path / "cnn.run", ImportOptions(), ["test"])
+    profile = str(_profile(tmp_path / "p.json"))
+    assert main(["fuse", str(run.path), "--profile", profile, "--predict-only", "--json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert [c["kind"] for c in data["candidates"]] == ["conv->dw", "dw->pw", "pw->dw", "dw->pw"]
+    # the intermediate of the stem conv: 2 x 8 x 16 x 16 floats
+    assert data["candidates"][0]["prediction"]["intermediate_bytes"] == 4 * 2 * 8 * 16 * 16
+    assert main(["fuse", str(run.path), "--layer", "pw:C=8,H=8,K=8 -> dw3x3"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_fuse_tunes_then_reuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

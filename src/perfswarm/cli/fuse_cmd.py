@@ -28,6 +28,7 @@ def fuse_command(
 ) -> None:
     """Fuse conv pairs (dw->pw, pw->dw, conv->dw, conv->conv) into one kernel tuned on this CPU, checked against PyTorch's separate ops and timed side by side with them."""
     from perfswarm.cli.output import console, err_console, print_json
+    from perfswarm.errors import PerfswarmError
     from perfswarm.optimize.fuse.host import cpu_device_spec, read_profile
     from perfswarm.optimize.fuse.plan import (
         Options,
@@ -42,7 +43,9 @@ def fuse_command(
     options = Options(trials, budget * 60.0, rounds, threads or os.cpu_count() or 1)
     if profile is None and Path("cpu-profile.json").is_file():
         profile = Path("cpu-profile.json")
-    run = Run.open(run_dir) if run_dir is not None and not layer else None
+    if run_dir is not None and layer:
+        raise PerfswarmError("fuse: give a RUN or --layer specs, not both")
+    run = Run.open(run_dir) if run_dir is not None else None
     found_pairs = find_pairs(layer or (), run, batch)
     spec = cpu_device_spec(read_profile(profile) if profile else None, str(profile),
                            options.threads)
@@ -76,6 +79,9 @@ def _print(console: Any, data: dict[str, Any]) -> None:
     console.print(f"device: {device['name']}: {device['peak_tflops']['fp32'] * 1e3:.0f} GFLOP/s, "
                   f"{device['memory_bandwidth_gbps']:.1f} GB/s memory, "
                   f"cache {device['l2_mb']:.1f} MB ({device['source']})", markup=False)
+    if not data["candidates"]:
+        console.print("no fusible conv pairs (dw->pw, pw->dw, conv->dw, conv->conv)")
+        return
     table = Table("#", "pair", "intermediate", "round-trips", "fused FLOP/B",
                   "predicted", "gains", title="candidates (roofline)", title_justify="left")
     for c in data["candidates"]:

@@ -3,6 +3,7 @@ Run) with the roofline's prediction on this CPU, then each one fused, tuned and 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,8 +77,6 @@ def pick(found: list[Candidate], wanted: str | None) -> list[Candidate]:
 
 def default_cache() -> Path:
     """Where tuned schedules are kept between runs: $XDG_CACHE_HOME/perfswarm (~/.cache)."""
-    import os
-
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "perfswarm" / "fuse-schedules.json"
 
