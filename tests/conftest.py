@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from perfswarm.analyze.frame import Events
+from perfswarm.record.session import RecordOptions, record
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
@@ -49,6 +51,21 @@ def corpus_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
         runs[name] = import_traces([corpus(name)], root / f"{name}.run",
                                    ImportOptions(execution_traces=ets), ["test"])
     return runs
+
+
+TRAINER_STEPS = 8
+
+
+@pytest.fixture(scope="session")
+def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The bundled CNN trainer recorded once (as `perfswarm demo` records it, shorter): shared
+    by the recorder's tests and the report's in the browser."""
+    out = tmp_path_factory.mktemp("rec") / "trainer.run"
+    result = record([sys.executable, "-m", "perfswarm.workloads.trainer", "--steps",
+                     str(TRAINER_STEPS), "--batch-size", "8", "--num-workers", "2",
+                     "--loader-delay-ms", "5"], out, RecordOptions(skip=2, steps=3))
+    assert result.exit_code == 0
+    return result.run
 
 
 @pytest.fixture(scope="session")

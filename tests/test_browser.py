@@ -118,7 +118,7 @@ def test_timeline_keyboard(browser: Any, corpus_runs: dict[str, Run], tmp_path: 
     """w/s zoom about the middle, a/d pan by a quarter, n jumps to an iteration, 0 shows all."""
     data = report_data(corpus_runs["nccl"])
     out = html.write(data, tmp_path / "report.html")
-    page, errors = open_page(browser, out.as_uri() + "#trace")
+    page, errors = open_page(browser, out.as_uri() + "#/trace")
     page.focus("#timeline")
     t0, t1 = view_range(page)
     page.keyboard.press("w")
@@ -204,3 +204,53 @@ def test_board_in_the_browser(browser: Any, corpus_runs: dict[str, Run], xss_run
     finally:
         server.shutdown()
         server.server_close()
+
+
+def overview_structure(page: Any) -> dict[str, Any]:
+    """What a person sees on the overview, top to bottom: headings, cards, the breakdown's
+    legend, in page order and each below the one before (structure, not pixels)."""
+    assert_charts_drawn(page, ["chart-breakdown"])
+    headings = page.locator("#view-overview h2")
+    tops = [headings.nth(i).bounding_box()["y"] for i in range(headings.count())]
+    assert tops == sorted(tops)
+    chart = page.locator("#chart-breakdown").bounding_box()
+    assert chart["width"] > 600 and chart["height"] > 250
+    return {"headings": headings.all_inner_texts(),
+            "cards": page.locator("#cards .label").all_inner_texts(),
+            "legend": page.locator("#chart-breakdown g.legend text.legendtext").evaluate_all(
+                "els => els.map(e => e.textContent)"),
+            "bars": page.locator("#chart-breakdown g.trace.bars path").count()}
+
+
+def test_overview_of_a_gpu_trace(browser: Any, corpus_runs: dict[str, Run],
+                                 tmp_path: Path) -> None:
+    out = html.write(report_data(corpus_runs["nccl"]), tmp_path / "gpu.html")
+    page, errors = open_page(browser, out.as_uri())
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    shape = overview_structure(page)
+    assert shape == {
+        "headings": ["Step-time breakdown", "Device and host states", "Iterations"],
+        "cards": ["step time", "throughput", "device utilization (rank 0)", "events"],
+        "legend": ["device compute", "communication", "memory copy", "host compute", "idle"],
+        "bars": 5 * 3}  # five categories over three steps
+    assert len(page.screenshot(full_page=True)) > 50_000
+    assert errors == []
+    page.close()
+
+
+def test_overview_of_the_demo_trainer(browser: Any, trainer_run: Run, tmp_path: Path) -> None:
+    """The CPU trainer: CPU words (no device utilization), data loading in the breakdown, and
+    a model FLOP/s card from op cost (the trainer records shapes)."""
+    data = report_data(trainer_run)
+    out = html.write(data, tmp_path / "demo.html")
+    page, errors = open_page(browser, out.as_uri())
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    shape = overview_structure(page)
+    assert shape["headings"] == ["Step-time breakdown", "Host states", "Iterations"]
+    assert shape["cards"] == ["step time", "throughput", "CPU busy (rank 0)",
+                              "model FLOP/s (per rank)", "events"]
+    assert "device compute" not in shape["legend"] and "data loading" in shape["legend"]
+    assert shape["bars"] == len(shape["legend"]) * len(data["breakdown"])
+    assert len(page.screenshot(full_page=True)) > 50_000
+    assert errors == []
+    page.close()

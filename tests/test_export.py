@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
 
 from conftest import corpus
@@ -115,3 +116,17 @@ def test_string_process_ids_export(tmp_path: Path) -> None:
     meta = [e for e in perfetto.export_chrome_trace(run)["traceEvents"] if e["ph"] == "M"]
     assert [(e["name"], e["pid"], e["tid"], e["args"]["name"]) for e in meta] == [
         ("process_name", -1, 0, "spans"), ("thread_name", -1, -1, "t")]
+
+
+def test_stack_samples_are_exported_as_thread_instants(trainer_run: Run) -> None:
+    """Every perf and py-spy sample, at its time, on its thread, named by its leaf frame."""
+    trace = orjson.loads(perfetto.dumps(perfetto.export_chrome_trace(trainer_run)))
+    base = trace["baseTimeNanoseconds"]
+    got = sorted((e["cat"], round(float(e["ts"]) * 1000) + base, e["tid"], e["name"])
+                 for e in trace["traceEvents"] if e.get("cat", "").endswith("_sample"))
+    leaf = {r["stack_id"]: r["function"] or "[unknown]"
+            for r in trainer_run.table("stacks").to_pylist() if r["depth"] == 0}
+    samples = trainer_run.table("samples").to_pylist()
+    assert {s["source"] for s in samples} == {"perf", "py-spy"}
+    assert got == sorted((f"{s['source']}_sample", s["ts"], s["tid"], leaf[s["stack_id"]])
+                         for s in samples)

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 import pytest
 
+from conftest import TRAINER_STEPS as STEPS
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
@@ -27,17 +28,7 @@ from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
 PY = sys.executable
-STEPS = 8
 
-
-@pytest.fixture(scope="session")
-def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    out = tmp_path_factory.mktemp("rec") / "trainer.run"
-    result = record([PY, "-m", "perfswarm.workloads.trainer", "--steps", str(STEPS),
-                     "--batch-size", "8", "--num-workers", "2", "--loader-delay-ms", "5"],
-                    out, RecordOptions(skip=2, steps=3))
-    assert result.exit_code == 0
-    return result.run
 
 
 def test_manifest_statuses(trainer_run: Run) -> None:

@@ -17,22 +17,34 @@ from hypothesis import strategies as st
 from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.specs import load_spec
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projection
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import report_data
-from perfswarm.report.timeline import op_table, spans, timeline
+from perfswarm.report.overview import model_flops
+from perfswarm.report.timeline import op_table, run_origin, spans, timeline
+from perfswarm.report.views import (
+    kernel_streams,
+    memory_view,
+    module_tree,
+    ops_by_shape,
+)
+from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
 
 def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     data = report_data(corpus_runs["nccl"])
-    assert set(data) == {"title", "run", "has_device", "cards", "timeline", "concurrency",
+    assert set(data) == {"title", "run", "has_device", "cards", "breakdown", "flops",
+                         "timeline", "concurrency", "ops_by_shape", "streams", "modules",
+                         "memory", "ranks",
                          "iterations", "kernels", "cpu_ops", "categories", "critical_path",
                          "swarms", "op_cost", "prediction", "advice", "tune", "projection",
                          "projection_note"}
     assert data["advice"] == [] and data["tune"] is None and data["has_device"]
+    assert data["flops"] is None  # no shapes recorded: no op has a cost
     assert (data["projection"], data["projection_note"]) == (None, "not computed")
     prediction = data["prediction"]
     assert [s["step"] for s in prediction["steps"]] == [4, 5, 6]
@@ -260,3 +272,124 @@ def test_runs_without_collectives_say_why_there_is_no_projection(
                                    projection=(projection, note)))
     assert 'id="projection-note"' in page and 'id="chart-scaling"' not in page
     assert html.projection_figures(None) == {}
+
+
+def _clipped_union(rows: list[dict[str, Any]], lo: int, hi: int) -> int:
+    s, e = union(np.array([max(r["ts"], lo) for r in rows], np.int64),
+                 np.array([min(r["ts"] + r["dur"], hi) for r in rows], np.int64))
+    return int((e - s).sum())
+
+
+def test_step_breakdown_partitions_each_step(corpus_runs: dict[str, Run]) -> None:
+    """Categories add up to the step; device compute is the kernels' union in the step, and
+    device compute + communication the union of kernels and collectives (from the raw table)."""
+    run = corpus_runs["nccl"]
+    data = report_data(run)
+    rows = run.table("events").to_pylist()
+    kernels = [r for r in rows if r["kind"] == "kernel" and r["dur"] > 0]
+    comm = [r for r in rows if r["kind"] == "collective" and r["dur"] > 0]
+    assert [(b["rank"], b["step"]) for b in data["breakdown"]] == [(0, 4), (0, 5), (0, 6)]
+    for b in data["breakdown"]:
+        assert sum(b["ns"].values()) == b["dur_ns"]
+        step = next(s for s in data["timeline"]["steps"] if s["step"] == b["step"])
+        lo, hi = step["start"] + data["run"]["origin_ns"], step["end"] + data["run"]["origin_ns"]
+        assert b["ns"]["device compute"] == _clipped_union(kernels, lo, hi) > 0
+        assert b["ns"]["device compute"] + b["ns"]["communication"] == _clipped_union(
+            kernels + comm, lo, hi)
+        assert b["ns"]["data loading"] == 0
+
+
+def test_model_flops_against_the_gpu_peak(corpus_runs: dict[str, Run]) -> None:
+    devices = corpus_runs["nccl"].manifest()["devices"]
+    op_cost = {"device": "A100-40GB", "ops": [
+        {"flops": 1e12, "count": 2, "dtype": "fp32"}, {"flops": 1e9, "count": 4, "dtype": "fp16"}]}
+    flops = model_flops(op_cost, devices, 2_000_000_000, 1)
+    assert flops is not None and flops["flops_per_s"] == pytest.approx((2e12 + 4e9) / 2)
+    assert flops["dtype"] == "fp32" and flops["device"] == "A100-40GB"
+    assert flops["mfu"] == pytest.approx(flops["flops_per_s"] / load_spec("A100-40GB").peak_for(
+        "fp32"))
+    assert model_flops({**op_cost, "device": None}, devices, 10**9, 1)["mfu"] is None  # type: ignore[index]
+    assert model_flops({"device": None, "ops": []}, devices, 10**9, 1) is None
+
+
+def test_streams_and_launch_geometry_of_nccl(corpus_runs: dict[str, Run]) -> None:
+    """Busy time per stream is the union of its kernels (from the raw table); a kernel's
+    launch geometry is its longest call's args."""
+    run = corpus_runs["nccl"]
+    view = kernel_streams(spans(run), 5)
+    rows = [r for r in run.table("events").to_pylist()
+            if r["kind"] in ("kernel", "collective") and r["dur"] > 0 and r["device"] >= 0]
+    assert [(s["device"], s["stream"]) for s in view["streams"]] == [(0, 7), (0, 40)]
+    for s in view["streams"]:
+        mine = [r for r in rows if r["stream"] == s["stream"]]
+        assert s["kernels"] == len(mine) and s["total_ns"] == sum(r["dur"] for r in mine)
+        assert s["busy_ns"] == _clipped_union(mine, 0, 2**62)
+    top = view["kernels"][0]
+    mine = [r for r in rows if r["name"] == top["name"]]
+    longest = json.loads(max(mine, key=lambda r: r["dur"])["args"])
+    assert top["count"] == len(mine) == 15 and top["streams"] == [40]
+    assert top["launch"]["grid"] == " x ".join(map(str, longest["grid"]))
+    assert top["launch"]["block"] == " x ".join(map(str, longest["block"]))
+    assert kernel_streams(spans(corpus_runs["cpu_only"]), 5) == {"streams": [], "kernels": []}
+
+
+def test_ops_by_input_shape(trainer_run: Run) -> None:
+    """Calls per (op, shapes) counted straight from the recorded `Input Dims` (lists of ints
+    per input; tensor lists are not one input's shape and are left out, as op cost does)."""
+    groups = ops_by_shape(spans(trainer_run), 10**6)
+    expected: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in trainer_run.table("events").to_pylist():
+        dims = json.loads(r["args"] or "{}").get("Input Dims") if r["kind"] == "cpu_op" else None
+        if r["dur"] > 0 and isinstance(dims, list) and all(
+                isinstance(d, list) and all(isinstance(x, int) for x in d) for d in dims):
+            key = (r["name"], ", ".join("x".join(map(str, d)) if d else "scalar" for d in dims))
+            count, total = expected.get(key, (0, 0))
+            expected[key] = (count + 1, total + r["dur"])
+    assert {(g["name"], g["shapes"]): (g["count"], g["total_ns"]) for g in groups} == expected
+    assert len(groups) > 10 and all(g["self_ns"] <= g["total_ns"] for g in groups)
+
+
+def _import_events(tmp_path: Path, events: list[dict[str, Any]]) -> Run:
+    src = tmp_path / "trace.json"
+    src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))
+    return import_traces([src], tmp_path / "t.run", ImportOptions(), ["test"])
+
+
+def test_module_tree_and_memory(tmp_path: Path) -> None:
+    """nn.Module spans (with_modules) become a tree with calls and time; `[memory]` instants
+    (profile_memory) give allocated and reserved bytes and their peaks."""
+    def span(name: str, ts: float, dur: float, cat: str = "python_function") -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {}}
+
+    def mem(ts: float, nbytes: int, allocated: int, reserved: int) -> dict[str, Any]:
+        return {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+                "tid": 1, "ts": ts, "args": {"Device Type": 1, "Device Id": 0, "Bytes": nbytes,
+                                             "Total Allocated": allocated,
+                                             "Total Reserved": reserved, "Addr": 7}}
+
+    events = [span("nn.Module: Net_0", 0, 100), span("nn.Module: Linear_0", 10, 30),
+              span("aten::addmm", 12, 20, "cpu_op"), span("nn.Module: ReLU_0", 50, 10),
+              span("nn.Module: Linear_0", 70, 20), span("nn.Module: Net_0", 200, 50),
+              span("nn.Module: Linear_0", 210, 5),
+              mem(11, 4096, 4096, 2 << 20), mem(60, 8192, 12288, 2 << 20),
+              mem(95, -4096, 8192, 4 << 20)]
+    run = _import_events(tmp_path, events)
+    tree = module_tree(spans(run), 100)
+    assert [(m["depth"], m["module"], m["calls"], m["total_ns"]) for m in tree] == [
+        (0, "Net_0", 2, 150_000), (1, "Linear_0", 3, 55_000), (1, "ReLU_0", 1, 10_000)]
+    origin = run_origin(run)
+    (memory,) = memory_view(run, origin, 1000)
+    assert memory["device"] == "device 0" and (memory["allocations"], memory["frees"]) == (2, 1)
+    assert memory["peak_allocated"] == 12288 and memory["peak_reserved"] == 4 << 20
+    assert memory["allocated"] == [4096, 12288, 8192] and memory["allocated_bytes"] == 12288
+    assert memory["t_ms"] == [(10**18 + 11_000 - origin) / 1e6, (10**18 + 60_000 - origin) / 1e6,
+                              (10**18 + 95_000 - origin) / 1e6]
+
+
+def test_ranks_view_of_nccl(corpus_runs: dict[str, Run]) -> None:
+    data = report_data(corpus_runs["nccl"])
+    (rank,) = data["ranks"]
+    ns = data["concurrency"]["ranks"][0]["total"]["ns"]
+    assert rank["comm_ns"] == ns["comm_only"] + ns["overlapped"] > 0
+    assert rank["median_step_ns"] == 222_442_191 and rank["steps"] == 3

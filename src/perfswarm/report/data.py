@@ -13,14 +13,31 @@ from typing import Any, Final, TypedDict
 
 import pyarrow.compute as pc
 
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
-from perfswarm.report.timeline import MAX_SPANS, op_table, run_origin, spans, timeline
+from perfswarm.report.overview import model_flops, step_breakdown
+from perfswarm.report.timeline import (
+    MAX_COUNTER_POINTS,
+    MAX_SPANS,
+    op_table,
+    run_origin,
+    spans,
+    timeline,
+)
+from perfswarm.report.views import (
+    kernel_streams,
+    memory_view,
+    module_tree,
+    ops_by_shape,
+    ranks_view,
+)
 from perfswarm.trace.store import Run
 
 TOP_OPS: Final = 25
+MAX_MODULES: Final = 200  # rows of the module tree
 
 
 class Card(TypedDict):
@@ -33,7 +50,8 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f} ms"
 
 
-def _cards(analysis: dict[str, Any], has_device: bool) -> list[Card]:
+def _cards(analysis: dict[str, Any], has_device: bool,
+           flops: dict[str, Any] | None) -> list[Card]:
     cards: list[Card] = []
     steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
     if steps:
@@ -54,6 +72,12 @@ def _cards(analysis: dict[str, Any], has_device: bool) -> list[Card]:
             cards.append(Card(label=f"CPU busy (rank {rank['rank']})",
                               value=f"{100 * share['host_busy_device_idle']:.1f}%",
                               detail="share of the span a thread ran ops"))
+    if flops is not None:
+        mfu = (f"MFU {100 * flops['mfu']:.1f}% of {flops['device']}'s {flops['dtype']} peak"
+               if flops["mfu"] is not None else "no peak known for this device")
+        cards.append(Card(label="model FLOP/s (per rank)",
+                          value=f"{flops['flops_per_s'] / 1e9:,.1f} GFLOP/s",
+                          detail=f"ops with a cost model over the steps; {mfu}"))
     cards.append(Card(label="events", value=f"{analysis['events']:,}",
                       detail=f"ranks {analysis['ranks']}"))
     return cards
@@ -120,6 +144,10 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     drawn = spans(run)
     line = timeline(run, drawn, origin, max_spans)
     has_device = any(lane["device"] for lane in line["lanes"])
+    costs = op_costs(run, analysis["ranks"], top=10**9).to_dict()
+    steps = analysis["iterations"]["steps"]
+    profiled = sum(w["dur_ns"] for w in next(iter(steps.values()), []))
+    flops = model_flops(costs, manifest["devices"], profiled, max(1, len(steps)))
     return {
         "title": f"perfswarm report: {run.path.name}",
         "run": {"path": str(run.path), "command": manifest["command"],
@@ -127,16 +155,23 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 "devices": manifest["devices"], "warnings": manifest["warnings"],
                 "origin_ns": origin},
         "has_device": has_device,
-        "cards": _cards(analysis, has_device),
+        "cards": _cards(analysis, has_device, flops),
+        "breakdown": step_breakdown(Events.load(run), steps),
+        "flops": flops,
         "timeline": line,
         "concurrency": analysis["concurrency"],
         "iterations": _iteration_rows(analysis, line["steps"]),
         "kernels": analysis["ops"]["kernels"][:TOP_OPS],
         "cpu_ops": op_table(drawn, TOP_OPS),
+        "ops_by_shape": ops_by_shape(drawn, TOP_OPS),
+        "streams": kernel_streams(drawn, TOP_OPS),
+        "modules": module_tree(drawn, MAX_MODULES),
+        "memory": memory_view(run, origin, MAX_COUNTER_POINTS),
+        "ranks": ranks_view(analysis),
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "swarms": swarm_rows(analysis["swarms"], run),
-        "op_cost": op_costs(run, analysis["ranks"]).to_dict(),
+        "op_cost": {**costs, "ops": costs["ops"][:TOP_OPS]},
         "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
         "tune": tune_section(tune, run) if tune is not None else None,

@@ -18,12 +18,14 @@ import orjson
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
+from perfswarm.report.overview import CATEGORIES
 from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
                  "idle")
 VIEWS: Final = (("overview", "Overview"), ("trace", "Trace"), ("operators", "Operators"),
-                ("kernels", "Kernels"), ("swarms", "Swarms"), ("model", "Prediction"))
+                ("kernels", "Kernels"), ("memory", "Memory"), ("modules", "Modules"),
+                ("distributed", "Distributed"), ("swarms", "Swarms"), ("model", "Prediction"))
 _JSON_ESCAPES: Final = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                         0x2028: "\\u2028", 0x2029: "\\u2029"}
 
@@ -37,8 +39,29 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f} ms"
 
 
+def _mb(value: float) -> str:
+    return f"{value / 1e6:,.1f} MB"
+
+
 def _pct(share: float) -> str:
     return f"{100 * share:.1f}%"
+
+
+def evidence_text(key: str, value: Any) -> str:
+    """An advice's evidence value as a person reads it: ns as ms, numbers with separators,
+    mappings as `key value` pairs, lists one item after another."""
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, int | float):
+        if key.endswith("_ns"):
+            return _ms(value)
+        return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {evidence_text(str(k) if str(k).endswith('_ns') else key, v)}"
+                         for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "; ".join(evidence_text(key, v) for v in value)
+    return str(value)
 
 
 @cache
@@ -78,6 +101,41 @@ def concurrency_figure(concurrency: dict[str, Any]) -> dict[str, Any]:
              "y": [100 * s.get(state, 0.0) for s in shares]} for state in STATES]
     return {"data": data, "layout": {"barmode": "stack", "height": 360, "margin": {"t": 30},
                                      "yaxis": {"title": {"text": "% of span"}}}}
+
+
+BREAKDOWN_COLORS: Final = ("#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#1f77b4", "#7f7f7f",
+                            "#d9d9d9")
+
+
+def breakdown_categories(breakdown: list[dict[str, Any]]) -> list[str]:
+    """The categories some step spent time in (a CPU run has no device compute)."""
+    return [c for c in CATEGORIES if any(b["ns"][c] for b in breakdown)]
+
+
+def breakdown_figure(breakdown: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each step's time stacked by category (overview.CATEGORIES), in ms."""
+    shown = breakdown_categories(breakdown)
+    several = len({b["rank"] for b in breakdown}) > 1
+    x = [f"rank {b['rank']} step {b['step']}" if several else f"step {b['step']}"
+         for b in breakdown]
+    data = [{"type": "bar", "name": category, "x": x, "marker": {"color": color},
+             "y": [b["ns"][category] / 1e6 for b in breakdown],
+             "hovertemplate": "%{y:.3f} ms"}
+            for category, color in zip(CATEGORIES, BREAKDOWN_COLORS, strict=True)
+            if category in shown]
+    return {"data": data, "layout": {"barmode": "stack", "height": 340, "margin": {"t": 20},
+                                     "yaxis": {"title": {"text": "step time (ms)"}},
+                                     "legend": {"traceorder": "normal"}}}
+
+
+def memory_figure(memory: list[dict[str, Any]]) -> dict[str, Any]:
+    data = [{"type": "scatter", "mode": "lines", "line": {"shape": "hv"}, "x": m["t_ms"],
+             "y": m[what], "name": f"rank {m['rank']} {html.escape(m['device'])} {what}"}
+            for m in memory for what in ("allocated", "reserved")]
+    return {"data": data, "layout": {"height": 320, "margin": {"t": 20},
+                                     "xaxis": {"title": {"text": "ms from the run's start"}},
+                                     "yaxis": {"title": {"text": "bytes"},
+                                               "exponentformat": "SI"}}}
 
 
 def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
@@ -162,8 +220,11 @@ def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
     figures = {"chart-concurrency": concurrency_figure(report["concurrency"]),
+               "chart-breakdown": breakdown_figure(report["breakdown"]),
                **counter_figures(timeline),
                **projection_figures(report["projection"])}
+    if report["memory"]:
+        figures["chart-memory"] = memory_figure(report["memory"])
     if report["prediction"]:
         figures["chart-prediction"] = prediction_figure(report["prediction"])
     tune = report["tune"]
@@ -172,6 +233,9 @@ def render(report: dict[str, Any]) -> str:
         if tune["importance"]:
             figures["chart-importance"] = importance_figure(tune)
     return _page("report.html.j2", report, figures, states=STATES, pct=_pct, views=VIEWS,
+                 categories_=breakdown_categories(report["breakdown"]),
+                 evidence=evidence_text, mb=_mb,
+                 launch={k["name"]: k for k in report["streams"]["kernels"]},
                  timeline_json=Markup(safe_json(timeline)), timeline_js=Markup(_timeline_js()))
 
 

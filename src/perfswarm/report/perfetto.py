@@ -1,5 +1,6 @@
 """A Run as Chrome trace JSON in Kineto's shape: opens in Perfetto and chrome://tracing,
-and imports back into the same tables (the round trip is tested).
+and imports back into the same tables (the round trip is tested), except stack samples:
+they are written as thread instants (Perfetto reads no JSON samples) and come back as such.
 
 Times are written relative to `baseTimeNanoseconds` as exact decimal microseconds
 built from the integer nanoseconds (never through a float), so a re-import gets
@@ -100,7 +101,7 @@ class _Pids:
 
 def _base_ns(run: Run) -> int:
     starts = [pc.min(run.table(name, ["ts"]).column("ts")).as_py()
-              for name in ("events", "counters", "flows") if run.has_table(name)]
+              for name in ("events", "counters", "flows", "samples") if run.has_table(name)]
     known = [s for s in starts if s is not None]
     return min(known) if known else 0
 
@@ -162,6 +163,33 @@ def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
         yield event
 
 
+def _stack_texts(run: Run) -> dict[int, tuple[str, str, str]]:
+    """stack_id -> (leaf function, leaf module, the frames root first joined by `;`)."""
+    frames: dict[int, list[tuple[int, str, str]]] = {}
+    for row in run.table("stacks").to_pylist():
+        frames.setdefault(row["stack_id"], []).append(
+            (row["depth"], row["function"] or "[unknown]", row["module"] or ""))
+    out = {}
+    for sid, rows in frames.items():
+        rows.sort()
+        out[sid] = (rows[0][1], rows[0][2], ";".join(f for _, f, _ in reversed(rows)))
+    return out
+
+
+def _sample_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+    """perf and py-spy samples as thread instants named by their leaf function (Perfetto's
+    JSON import has no stack samples): category `<source>_sample`, the stack in args."""
+    if not (run.has_table("samples") and run.has_table("stacks")):
+        return
+    stacks = _stack_texts(run)
+    for row in run.table("samples").to_pylist():
+        leaf, module, stack = stacks.get(row["stack_id"], ("[unknown]", "", ""))
+        yield {"ph": "i", "s": "t", "cat": f"{row['source']}_sample", "name": leaf,
+               "pid": pids(row["rank"], row["pid"]), "tid": row["tid"],
+               "ts": _us(row["ts"] - base),
+               "args": {"stack": stack, "module": module, "weight": row["weight"]}}
+
+
 def _key_ids(key: str, count: int) -> list[int] | None:
     """The ints of a manifest key 'RANK:PID[:TID]'; None for keys of older Runs that kept
     a trace's string ids ('0:Spans'), which no events row carries."""
@@ -190,7 +218,8 @@ def _metadata_events(run: Run, pids: _Pids) -> Iterator[dict[str, Any]]:
 
 
 def export_chrome_trace(run: Run) -> dict[str, Any]:
-    """The whole Run (every rank, counters, flows, step markers) as one Chrome trace.
+    """The whole Run (every rank, counters, flows, step markers, stack samples) as one Chrome
+    trace.
 
     `ts`, `dur` and span `args` are `orjson.Fragment`s (exact JSON text, args as stored):
     serialize with `dumps`, not the stdlib's json.
@@ -202,6 +231,7 @@ def export_chrome_trace(run: Run) -> dict[str, Any]:
     events += _span_events(run, base, pids)
     events += _flow_events(run, base, pids)
     events += _counter_events(run, base, pids)
+    events += _sample_events(run, base, pids)
     trace: dict[str, Any] = {
         "schemaVersion": 1,
         "baseTimeNanoseconds": base,

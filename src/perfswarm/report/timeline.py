@@ -33,7 +33,7 @@ NOT_DRAWN: Final = frozenset({"trace_span", "instant", "profiler_range"})
 OP_KINDS: Final = frozenset({"cpu_op"})
 LAUNCH_KINDS: Final = frozenset({"runtime", "driver"})
 _COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
-                   "correlation"]
+                   "correlation", "args"]
 
 
 def run_origin(run: Run) -> int:
@@ -51,6 +51,7 @@ class Nesting:
 
     lane: I64  # index into `lanes`
     depth: I64
+    parent: I64  # the row of the innermost span enclosing it, -1 at depth 0
     self_ns: I64
     device_ns: I64  # device time of the kernels it launched, itself or its descendants
     lanes: tuple[tuple[int, bool, int, int], ...]  # (rank, device?, pid or device, tid or stream)
@@ -118,7 +119,7 @@ def nest(table: pa.Table) -> Nesting:
         p = int(parent[i])
         if p >= 0:
             device_ns[p] += device_ns[i]
-    return Nesting(lane, depth, np.maximum(self_ns, 0), device_ns, lanes)
+    return Nesting(lane, depth, parent, np.maximum(self_ns, 0), device_ns, lanes)
 
 
 def _lane_label(lane: tuple[int, bool, int, int], threads: Mapping[str, str],

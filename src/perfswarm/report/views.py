@@ -1,0 +1,199 @@
+"""Report views beyond the overview and the timeline: ops by input shape, kernels per stream
+with their launch geometry, memory, and ranks side by side. Each is a plain dict or list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from perfswarm.analyze.intervals import union
+from perfswarm.model.opcost import shapes_from_args
+from perfswarm.report.timeline import OP_KINDS, Spans
+from perfswarm.trace.store import Run
+
+# Kineto's launch geometry and occupancy keys on kernel events, shown as they are.
+LAUNCH_KEYS: Final = ("grid", "block", "registers per thread", "shared memory",
+                      "est. achieved occupancy %", "blocks per SM", "warps per SM")
+MEMORY_EVENT: Final = "[memory]"  # profile_memory=True: one instant per allocation and free
+
+
+def _column(spans: Spans, name: str) -> list[str | None]:
+    values: list[str | None] = spans.table.column(name).cast(pa.string()).to_pylist()
+    return values
+
+
+def ops_by_shape(spans: Spans, limit: int) -> list[dict[str, Any]]:
+    """CPU ops grouped by name and input shapes (record_shapes): calls, total and self time;
+    the `limit` largest by total."""
+    kinds, names = _column(spans, "kind"), _column(spans, "name")
+    rows = [i for i, k in enumerate(kinds) if k in OP_KINDS]
+    if not rows:
+        return []
+    table = spans.table
+    texts = table.column("args").to_pylist()
+    dur = table.column("dur").to_pylist()
+    self_ns = spans.nesting.self_ns.tolist()
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i in rows:
+        shapes = shapes_from_args(texts[i] or "")
+        if shapes is None:
+            continue
+        key = (names[i] or "", ", ".join("x".join(map(str, d)) if d else "scalar"
+                                          for d in shapes.dims))
+        g = groups.setdefault(key, [0, 0, 0])
+        g[0] += 1
+        g[1] += dur[i]
+        g[2] += self_ns[i]
+    order = sorted(groups, key=lambda k: (-groups[k][1], k))[:limit]
+    return [{"name": n, "shapes": s, "count": groups[(n, s)][0], "total_ns": groups[(n, s)][1],
+             "self_ns": groups[(n, s)][2]} for n, s in order]
+
+
+def _launch(args_text: str | None) -> dict[str, str]:
+    try:
+        args = orjson.loads(args_text or "{}")
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(args, dict):
+        return {}
+    return {k: " x ".join(map(str, v)) if isinstance(v, list) else str(v)
+            for k, v in args.items() if k in LAUNCH_KEYS}
+
+
+def kernel_streams(spans: Spans, limit: int) -> dict[str, Any]:
+    """Per device stream: kernels, their summed and busy (union) time and the stream's busy
+    share of the traced span; the top kernels with the launch geometry of their longest call."""
+    table = spans.table
+    kinds, names = _column(spans, "kind"), _column(spans, "name")
+    ts = np.asarray(table.column("ts").to_numpy(), np.int64)
+    dur = np.asarray(table.column("dur").to_numpy(), np.int64)
+    lane = spans.nesting.lane
+    device = np.array([spans.nesting.lanes[j][1] for j in lane.tolist()], bool) \
+        if len(lane) else np.zeros(0, bool)
+    if not device.any():
+        return {"streams": [], "kernels": []}
+    traced = int((ts + dur).max() - ts.min())
+    is_kernel = np.array([k in {"kernel", "collective"} for k in kinds], bool) & device
+    streams = []
+    for j in sorted(set(lane[device].tolist())):
+        mine = is_kernel & (lane == j)
+        s, e = union(ts[mine], ts[mine] + dur[mine])
+        r, _dev, dev_id, stream = spans.nesting.lanes[j]
+        busy = int((e - s).sum())
+        streams.append({"rank": r, "device": dev_id, "stream": stream,
+                        "kernels": int(mine.sum()), "total_ns": int(dur[mine].sum()),
+                        "busy_ns": busy, "busy_share": busy / traced if traced else 0.0})
+    groups: dict[str, list[int]] = {}
+    for i in np.flatnonzero(is_kernel).tolist():
+        groups.setdefault(names[i] or "", []).append(i)
+    top = sorted(groups, key=lambda n: (-int(dur[groups[n]].sum()), n))[:limit]
+    args = table.column("args").to_pylist()
+    kernels = []
+    for name in top:
+        rows = groups[name]
+        longest = max(rows, key=lambda i: (int(dur[i]), -i))
+        kernels.append({
+            "name": name, "count": len(rows), "total_ns": int(dur[rows].sum()),
+            "mean_ns": float(dur[rows].mean()),
+            "streams": sorted({spans.nesting.lanes[int(lane[i])][3] for i in rows}),
+            "launch": _launch(args[longest])})
+    return {"streams": streams, "kernels": kernels}
+
+
+MODULE_PREFIX: Final = "nn.Module: "  # Kineto's python_function spans with with_modules=True
+
+
+def module_tree(spans: Spans, limit: int) -> list[dict[str, Any]]:
+    """nn.Module spans as a tree: each module path (outer modules first) with its calls and
+    total time, in depth-first order of the heaviest children; the first `limit` rows."""
+    kinds, names = _column(spans, "kind"), _column(spans, "name")
+    dur = spans.table.column("dur").to_pylist()
+    parent = spans.nesting.parent.tolist()
+    is_module = [k == "python_function" and (n or "").startswith(MODULE_PREFIX)
+                 for k, n in zip(kinds, names, strict=True)]
+    paths: dict[tuple[str, ...], list[int]] = {}
+    for i, yes in enumerate(is_module):
+        if not yes:
+            continue
+        path = [(names[i] or "")[len(MODULE_PREFIX):]]
+        p = parent[i]
+        while p >= 0:
+            if is_module[p]:
+                path.append((names[p] or "")[len(MODULE_PREFIX):])
+            p = parent[p]
+        g = paths.setdefault(tuple(reversed(path)), [0, 0])
+        g[0] += 1
+        g[1] += dur[i]
+    rows: list[dict[str, Any]] = []
+
+    def visit(prefix: tuple[str, ...]) -> None:
+        children = [p for p in paths if len(p) == len(prefix) + 1 and p[:-1] == prefix]
+        for path in sorted(children, key=lambda p: (-paths[p][1], p)):
+            rows.append({"module": path[-1], "depth": len(prefix), "path": list(path),
+                         "calls": paths[path][0], "total_ns": paths[path][1]})
+            visit(path)
+
+    visit(())
+    return rows[:limit]
+
+
+def memory_view(run: Run, origin: int, max_points: int) -> list[dict[str, Any]]:
+    """profile_memory's `[memory]` instants per rank and device: allocated and reserved bytes
+    over time (ms from `origin`, cut to `max_points`), their peaks, allocations and frees."""
+    table = run.table("events", ["rank", "ts", "name", "args"])
+    names = table.column("name").cast(pa.string()).to_pylist()
+    rows = [i for i, n in enumerate(names) if n == MEMORY_EVENT]
+    if not rows:
+        return []
+    ranks, ts, texts = (table.column(c).to_pylist() for c in ("rank", "ts", "args"))
+    series: dict[tuple[int, str], list[tuple[int, float, float, float]]] = {}
+    for i in rows:
+        try:
+            args = orjson.loads(texts[i] or "{}")
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(args, dict):
+            continue
+        where = ("cpu" if args.get("Device Type") == 0 else
+                 f"device {args.get('Device Id', '?')}")
+        series.setdefault((ranks[i], where), []).append(
+            (ts[i], float(args.get("Bytes", 0)), float(args.get("Total Allocated", 0)),
+             float(args.get("Total Reserved", 0))))
+    out = []
+    for (rank, where), points in sorted(series.items()):
+        points.sort()
+        step = max(1, -(-len(points) // max_points))
+        shown = points[::step]
+        out.append({"rank": rank, "device": where,
+                    "allocations": sum(1 for p in points if p[1] > 0),
+                    "frees": sum(1 for p in points if p[1] < 0),
+                    "allocated_bytes": sum(p[1] for p in points if p[1] > 0),
+                    "peak_allocated": max(p[2] for p in points),
+                    "peak_reserved": max(p[3] for p in points),
+                    "t_ms": [(p[0] - origin) / 1e6 for p in shown],
+                    "allocated": [p[2] for p in shown], "reserved": [p[3] for p in shown]})
+    return out
+
+
+def ranks_view(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Ranks side by side: median step, compute and communication time, the share of
+    communication hidden under compute, and how long the others waited for this rank."""
+    held = {r["rank"]: r["held_back_ns"] for r in analysis["stragglers"]["ranks"]}
+    straggler = analysis["stragglers"]["straggler"]
+    rows = []
+    for rank in analysis["concurrency"]["ranks"]:
+        r = rank["rank"]
+        ns = rank["total"]["ns"]
+        steps = [s["dur_ns"] for s in analysis["iterations"]["steps"].get(str(r), [])]
+        rows.append({"rank": r, "median_step_ns": float(np.median(steps)) if steps else None,
+                     "steps": len(steps),
+                     "compute_ns": ns["compute_only"] + ns["overlapped"],
+                     "comm_ns": ns["comm_only"] + ns["overlapped"],
+                     "comm_hidden_pct": rank["total"]["comm_overlap_pct"],
+                     "held_back_ns": held.get(r, 0), "straggler": r == straggler})
+    return rows
