@@ -14,6 +14,8 @@ import pytest
 from conftest import corpus
 from perfswarm.cli.main import main
 from perfswarm.cli.output import console
+from perfswarm.errors import TraceFormatError
+from perfswarm.trace.kineto import EXACT_ISIZE, read_bytes
 from perfswarm.trace.store import _claim, _release
 
 # Names real traces hold ("[param|cuda]") and names that rich would take for markup or emoji.
@@ -129,3 +131,52 @@ def test_names_print_as_text(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     if command[0] in ("sql", "analyze"):
         for name in HOSTILE:
             assert name in out, name
+
+
+def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], said: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+@pytest.mark.parametrize("where", ["args", "top", "events"])
+def test_deep_nesting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  where: str) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    text = {"args": '{"traceEvents": [{"ph": "X", "name": "a", "args": ' + deep + "}]}",
+            "top": deep, "events": '{"traceEvents": ' + deep + "}"}[where]
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    _one_line_exit_2(["import", str(path), "-o", str(tmp_path / "o.run"), "--streaming",
+                      "never"], capsys, "nested deeper than the JSON decoder allows")
+    et = ["import", str(corpus("compare_base")), "--et", str(path), "-o", str(tmp_path / "e.run")]
+    _one_line_exit_2(et, capsys, f"{path} (json): ")
+
+
+def test_gzip_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    magic = tmp_path / "m.json.gz"
+    magic.write_bytes(b"\x1f\x8b")
+    _one_line_exit_2(["import", str(magic), "-o", str(tmp_path / "o.run")], capsys,
+                     "corrupt or truncated gzip")
+    body = b'{"traceEvents": [' + b" " * (8 << 20) + b"]}"
+    small = tmp_path / "s.json.gz"  # ISIZE exact: refused before inflating
+    small.write_bytes(gzip.compress(body))
+    big = tmp_path / "b.json.gz"  # over 4 MiB compressed (ISIZE may wrap): inflated to the cap
+    big.write_bytes(gzip.compress(os.urandom(EXACT_ISIZE)) + gzip.compress(body))
+    for path in (small, big):
+        with pytest.raises(TraceFormatError, match=r"\(gzip\): expands past 1 MiB in memory"):
+            read_bytes(path, limit=1 << 20)
+    assert read_bytes(big, limit=64 << 20)[-len(body):] == body
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--rank", "99999999999"], "--rank 99999999999: out of range"),
+    (["--workers", "100000"], "--workers 100000: over 4 per core"),
+    (["--worker-memory", "1KB"], "--worker-memory 1KB: under 256 MiB"),
+    (["--scheduler", "not a url"], "--scheduler not a url: cannot connect"),
+])
+def test_numeric_flags_are_range_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         flags: list[str], said: str) -> None:
+    argv = ["import", str(corpus("compare_base")), "-o", str(tmp_path / "o.run"), *flags]
+    _one_line_exit_2(argv, capsys, said)
+    assert not (tmp_path / "o.run").exists()

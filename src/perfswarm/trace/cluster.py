@@ -44,7 +44,7 @@ def connect(options: ClusterOptions, ranks: int) -> Iterator[Any]:
     if options.scheduler:
         try:
             client = Client(options.scheduler, timeout="10s")
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             raise PerfswarmError(f"--scheduler {options.scheduler}: cannot connect ({exc})"
                                  ) from None
         with client:

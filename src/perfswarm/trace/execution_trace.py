@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.trace.kineto import read_bytes
+from perfswarm.trace.kineto import TOO_DEEP, read_bytes
 from perfswarm.trace.schema import GRAPH_EDGES, GRAPH_NODES, NONE
 
 
@@ -73,6 +73,8 @@ def read(path: Path, rank: int, events: pa.Table) -> tuple[pa.Table, pa.Table, C
         raise TraceFormatError(path, "json", f"not an execution trace: {exc}") from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise TraceFormatError(path, "json", TOO_DEEP) from None
     nodes = sorted(trace.nodes, key=lambda n: n.id)
     parents = {n.id: n.parent for n in nodes}
     ios = [(_io(n.inputs, n.input_shapes, n.input_types),

@@ -17,7 +17,14 @@ import pyarrow as pa
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace import execution_trace, nsys
 from perfswarm.trace.cluster import ClusterOptions, connect
-from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, concat, read_trace
+from perfswarm.trace.kineto import (
+    ReadOptions,
+    TraceMeta,
+    TraceTables,
+    concat,
+    memory_bytes,
+    read_trace,
+)
 from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, NONE, STEPS
 from perfswarm.trace.store import Manifest, Run, Warning_, creating, new_manifest
 
@@ -35,15 +42,11 @@ class ImportOptions:
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # not when streaming
 
 
-def _memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def uncompressed_size(path: Path) -> int:
     """Size of the JSON text: the gzip trailer's ISIZE (mod 4 GiB, so bounded below by the file)."""
     size = path.stat().st_size
     with path.open("rb") as f:
-        if f.read(2) != b"\x1f\x8b":
+        if f.read(2) != b"\x1f\x8b" or size < 18:  # 18: the smallest gzip file
             return size
         f.seek(-4, os.SEEK_END)
         isize = int.from_bytes(f.read(4), "little")
@@ -57,7 +60,7 @@ def wants_streaming(path: Path, mode: Streaming) -> bool:
         return False  # SQLite is read with queries, not decoded whole
     if mode != "auto":
         return mode == "always"
-    return uncompressed_size(path) > _memory_bytes() // 4
+    return uncompressed_size(path) > memory_bytes() // 4
 
 
 def assign_steps(events: pa.Table, steps: pa.Table) -> pa.Table:
@@ -251,6 +254,9 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
         raise PerfswarmError("no trace files given")
     if options.ranks and len(options.ranks) != len(paths):
         raise PerfswarmError(f"--rank given {len(options.ranks)} times for {len(paths)} files")
+    for r in options.ranks:
+        if not 0 <= r < 2**31:
+            raise PerfswarmError(f"--rank {r}: out of range (0 to {2**31 - 1})")
     for p in (*paths, *options.execution_traces):
         if not p.is_file():
             raise PerfswarmError(f"{p}: no such file")

@@ -10,6 +10,7 @@ works on whole columns.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from collections import Counter
@@ -142,8 +143,14 @@ class ReadOptions:
     drop_bad_events: bool = False
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by magic, not by name)."""
+def memory_bytes() -> int:
+    """This machine's RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The file's JSON text, gunzipped when it is gzip (by magic, not by name), refused when it
+    would expand past `limit` bytes (default: a quarter of RAM, what the in-memory path takes)."""
     try:
         with path.open("rb") as f:
             head = f.read(2)
@@ -153,27 +160,50 @@ def read_bytes(path: Path) -> bytes:
         raise TraceFormatError(path, "", f"cannot read ({exc.strerror or exc})") from None
     if head == b"\x1f\x8b":
         try:
-            return _gunzip(data)
+            return _gunzip(path, data, memory_bytes() // 4 if limit is None else limit)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})") from None
     return data
 
 
-def _gunzip(data: bytes) -> bytes:
-    """gzip.decompress without its growing buffer (which peaks at twice the output).
+# gzip's best ratio is about 1032:1, so a file under this many bytes expands to under 4 GiB
+# and its trailer's ISIZE (the size mod 4 GiB) is its exact size; above it ISIZE may have wrapped.
+EXACT_ISIZE = (1 << 32) // 1032
 
-    The trailer's ISIZE (size mod 4 GiB) sizes the output buffer once. zlib stops
-    after the first member, so the result is trusted only when it matches the
-    trailer's size and CRC; otherwise (multi-member files) the standard path runs.
+
+def _gunzip(path: Path, data: bytes, limit: int) -> bytes:
+    """gzip.decompress, bounded by `limit` bytes of output (a gzip bomb stops there).
+
+    Where ISIZE is exact it sizes the output buffer once (gzip.decompress's growing buffer
+    peaks at twice the output); zlib stops after the first member, so that result is trusted
+    only when it matches the trailer's size and CRC. Otherwise members are inflated in turn,
+    each at most to what is left of `limit`.
     """
     crc = int.from_bytes(data[-8:-4], "little")
     isize = int.from_bytes(data[-4:], "little")
-    out = zlib.decompress(data, wbits=31, bufsize=max(isize, 1))
-    if len(out) % 2**32 == isize and zlib.crc32(out) == crc:
-        return out
-    return gzip.decompress(data)
+    too_big = TraceFormatError(path, "gzip", f"expands past {limit >> 20:,} MiB in memory "
+                                             "(import it with --streaming always)")
+    if len(data) < EXACT_ISIZE:
+        if isize > limit:
+            raise too_big
+        out = zlib.decompress(data, wbits=31, bufsize=max(isize, 1))
+        if len(out) == isize and zlib.crc32(out) == crc:
+            return out
+    parts: list[bytes] = []
+    rest, left = data, limit
+    while rest:
+        inflate = zlib.decompressobj(wbits=31)
+        parts.append(inflate.decompress(rest, left + 1))
+        left -= len(parts[-1])
+        if left < 0:
+            raise too_big
+        if not inflate.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+        rest = inflate.unused_data.lstrip(b"\0")
+    return b"".join(parts)
 
 
+TOO_DEEP = "nested deeper than the JSON decoder allows"
 NOT_A_TRACE = "not a Kineto trace (a JSON object with `traceEvents`, or an array of trace events)"
 _ITEMS = {b"{": "objects", b"[": "arrays", b'"': "strings", b"t": "booleans", b"f": "booleans",
           b"n": "nulls"}
@@ -222,6 +252,8 @@ def decode(path: Path, data: bytes) -> KTrace:
         raise TraceFormatError(path, "json", f"wrong structure: {exc}") from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise TraceFormatError(path, "json", TOO_DEEP) from None
 
 
 _AT_INDEX = re.compile(r"\$\[(\d+)\]")
