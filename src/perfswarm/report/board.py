@@ -3,12 +3,23 @@
 No request path is ever joined onto the filesystem: the runs are listed once per
 request by scanning DIR, and a URL can only name one of those listed runs (by its
 directory name). Entries that resolve outside DIR (symlinks) are never listed, so no
-spelling of `..` can reach anything else.
+spelling of `..` can reach anything else; a run whose manifest or tables link outside its
+directory is listed as broken and never read.
+
+Against other web pages (DNS rebinding) only requests whose Host header names this machine
+(localhost, a loopback address, or the --host given) are answered. Against idle or slow
+clients each connection has a socket timeout and at most MAX_CONNECTIONS are served at once
+(more are answered 503 and closed); clients that go away end their thread quietly.
+It stays on http.server (no new dependency): the board serves one user on loopback, and
+these few limits cover what a server stack would add here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -19,10 +30,26 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import PerfswarmError, RunError
 from perfswarm.report import html
 from perfswarm.report.data import compare_data, report_data
 from perfswarm.trace.store import MANIFEST, Run
+
+MAX_CONNECTIONS = 32
+IDLE_SECONDS = 10.0
+CACHED_PAGES = 8
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+                               "style-src 'unsafe-inline'; img-src data:; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 
 
 @dataclass(frozen=True)
@@ -36,31 +63,53 @@ def list_runs(root: Path) -> dict[str, Listed]:
     base = root.resolve()
     found: dict[str, Listed] = {}
     for entry in sorted(base.iterdir()):
-        real = entry.resolve()
-        if base not in real.parents:
-            continue  # a symlink out of DIR
-        if real.is_dir() and (real / MANIFEST).is_file() and not entry.name.startswith("."):
-            found[entry.name] = Listed(entry.name, real)
+        try:
+            real = entry.resolve(strict=True)
+            if base not in real.parents or entry.name.startswith("."):
+                continue  # a symlink out of DIR
+            if real.is_dir() and (real / MANIFEST).exists():
+                found[entry.name] = Listed(entry.name, real)
+        except (OSError, RuntimeError):
+            continue  # a dangling link, a symlink loop, a file that went away
     return found
 
 
+def open_listed(listed: Listed) -> Run:
+    """The Run, refused (RunError) when its manifest or any table links outside it."""
+    for path in (listed.path / MANIFEST, *sorted((listed.path / "tables").glob("*"))):
+        try:
+            inside = listed.path in path.resolve(strict=True).parents
+        except (OSError, RuntimeError):
+            inside = False
+        if not inside:
+            raise RunError(f"{listed.name}/{path.relative_to(listed.path)}: links outside the run")
+    return Run.open(listed.path)
+
+
 def _summary(listed: Listed) -> dict[str, Any]:
-    manifest = Run.open(listed.path).manifest()
+    try:
+        manifest = open_listed(listed).manifest()
+    except RunError as exc:
+        return {"name": listed.name, "broken": str(exc).replace(str(listed.path), listed.name)}
     return {"name": listed.name, "complete": manifest["complete"], "ranks": manifest["ranks"],
             "command": manifest["command"]}
 
 
 class _ReportCache:
-    """Rendered pages by (run names, manifest mtimes): a report is built once per change."""
+    """The last CACHED_PAGES rendered pages by (run names, manifest mtimes): a report is
+    built once per change, and memory stays bounded however many runs are opened."""
 
     def __init__(self) -> None:
-        self.pages: dict[tuple[Any, ...], bytes] = {}
+        self.pages: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
         self.lock = threading.Lock()
 
     def get(self, key: tuple[Any, ...], build: Any) -> bytes:
         with self.lock:
             if key not in self.pages:
                 self.pages[key] = build()
+                while len(self.pages) > CACHED_PAGES:
+                    self.pages.popitem(last=False)
+            self.pages.move_to_end(key)
             return self.pages[key]
 
 
@@ -70,6 +119,7 @@ def _stamp(listed: Listed) -> tuple[str, int]:
 
 class BoardHandler(BaseHTTPRequestHandler):
     server: BoardServer
+    timeout = IDLE_SECONDS  # a socket timeout: an idle or slow client loses its connection
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the board prints its address once, not a line per request."""
@@ -78,10 +128,10 @@ class BoardHandler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Content-Security-Policy",
-                         "default-src 'none'; script-src 'unsafe-inline'; "
-                         "style-src 'unsafe-inline'; img-src data:; form-action 'self'")
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
+        if status == HTTPStatus.METHOD_NOT_ALLOWED or self.command == "OPTIONS":
+            self.send_header("Allow", "GET, HEAD, OPTIONS")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -93,7 +143,21 @@ class BoardHandler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def _host_allowed(self) -> bool:
+        host = self.headers.get("Host", "")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        return name.lower() in self.server.allowed_hosts
+
+    def do_OPTIONS(self) -> None:
+        if not self._host_allowed():
+            self._error(HTTPStatus.FORBIDDEN, "unknown Host (use localhost)")
+            return
+        self._send(HTTPStatus.NO_CONTENT, b"", "text/plain; charset=utf-8")
+
     def do_GET(self) -> None:
+        if not self._host_allowed():
+            self._error(HTTPStatus.FORBIDDEN, "unknown Host (use localhost)")
+            return
         url = urlsplit(self.path)
         runs = list_runs(self.server.root)
         parts = [unquote(p) for p in url.path.split("/") if p]
@@ -108,7 +172,7 @@ class BoardHandler(BaseHTTPRequestHandler):
             elif len(parts) == 2 and parts[0] == "report" and parts[1] in runs:
                 listed = runs[parts[1]]
                 body = self.server.cache.get(("report", _stamp(listed)),
-                                             lambda: self.server.report_page(listed.path))
+                                             lambda: self.server.report_page(listed))
                 self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
             elif parts == ["compare"]:
                 self._compare(runs, parse_qs(url.query))
@@ -124,18 +188,19 @@ class BoardHandler(BaseHTTPRequestHandler):
             return
         a, b = (runs[n] for n in names)
         body = self.server.cache.get(("compare", _stamp(a), _stamp(b)), lambda: (
-            html.render_compare(compare_data(Run.open(a.path), Run.open(b.path),
+            html.render_compare(compare_data(open_listed(a), open_listed(b),
                                              a.name, b.name)).encode()))
         self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
 
     def _read_only(self) -> None:
         self._error(HTTPStatus.METHOD_NOT_ALLOWED, "the board is read-only")
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_TRACE = do_CONNECT = _read_only
 
 
 class BoardServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0,
                  advice: Callable[[Run], Sequence[Mapping[str, Any]]] | None = None,
@@ -146,6 +211,8 @@ class BoardServer(ThreadingHTTPServer):
         if not root.is_dir():
             raise PerfswarmError(f"{root}: not a directory")
         self.root = root.resolve()
+        self.allowed_hosts = LOCAL_HOSTS | {host.lower(), f"[{host.lower()}]"} - {"0.0.0.0", "::"}
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.cache = _ReportCache()
         self.advice = advice
         self.projection = projection
@@ -154,8 +221,29 @@ class BoardServer(ThreadingHTTPServer):
         except OSError as exc:
             raise PerfswarmError(f"{host}:{port}: cannot listen ({exc.strerror or exc})") from None
 
-    def report_page(self, path: Path) -> bytes:
-        run = Run.open(path)
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most MAX_CONNECTIONS at once; past that, 503."""
+        if not self.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                                b"Content-Length: 0\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up or timed out is no error worth a traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+    def report_page(self, listed: Listed) -> bytes:
+        run = open_listed(listed)
         advice = self.advice(run) if self.advice else ()
         if self.projection is None:
             return html.render(report_data(run, advice=advice)).encode()
