@@ -21,8 +21,9 @@ from perfswarm.model.opcost import (
 )
 from perfswarm.model.specs import device_specs, load_spec, spec_for_device
 
-DEVICES = ["V100", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "MI250",
-           "MI300X"]
+DEVICES = ["P4", "P100-PCIe", "T4", "V100", "V100-SXM2-16GB", "V100-PCIe-32GB", "V100-PCIe-16GB",
+           "A10", "A100-40GB", "A100-PCIe-40GB", "A100-80GB", "A100-PCIe-80GB", "H100-SXM",
+           "H100-PCIe", "H100-NVL", "H200", "B200", "L4", "L40S", "MI210", "MI250", "MI300X"]
 
 
 def test_every_issue_device_has_a_cited_spec() -> None:
@@ -38,8 +39,22 @@ def test_spec_values_and_lookup() -> None:
     assert h200.ridge_point("bf16") == pytest.approx(206.125)
     assert load_spec("V100").peak_for("fp8") == pytest.approx(15.7e12)  # no fp8: fp32 rate
     assert load_spec("A100-80GB").to_dict()["memory_bandwidth_gbps"] == 2039.0
-    with pytest.raises(PerfswarmError, match="unknown device"):
-        load_spec("B200")
+    with pytest.raises(PerfswarmError, match="unknown device; closest known: H100-SXM"):
+        load_spec("H100 SXM6")
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("Tesla V100-PCIE-32GB", "V100-PCIe-32GB"), ("Tesla V100-SXM2-16GB", "V100-SXM2-16GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"), ("nvidia h100 80gb hbm3", "H100-SXM"),
+    ("NVIDIA H100 NVL", "H100-NVL"), ("Tesla T4", "T4"), ("h100", "H100-SXM"),
+    ("P100", "P100-PCIe"), ("AMD Instinct MI210", "MI210")])
+def test_driver_and_short_names(name: str, key: str) -> None:
+    """The exact strings torch.cuda.get_device_name() returns, and short names; PCIe and SXM
+    parts are different devices (the PCIe A100 80GB has 1935 GB/s, the SXM one 2039)."""
+    assert load_spec(name).name == key
+    assert spec_for_device(name) is load_spec(key)
+    assert load_spec("A100-PCIe-80GB").memory_bandwidth == 1935e9
 
 
 def test_gemm_costs() -> None:
@@ -177,7 +192,8 @@ def test_bmm_scales_linearly_in_batch(m: int, k: int, n: int, b: int) -> None:
     ("AMD Instinct MI250", None, "MI250"),
     ("AMD Instinct MI300X", None, "MI300X"),
     ("AMD Instinct MI250X", None, None),  # another part, not in the specs
-    ("NVIDIA L40S", None, None),  # not an L4
+    ("NVIDIA L40S", None, "L40S"),  # not an L4
+    ("NVIDIA L40", None, None),  # nor is this
     ("AMD Radeon Graphics", 68_702_699_520, "MI250"),  # ROCm's name for a die of the corpus's
     ("AMD Radeon Graphics", None, None),  # without memory: no telling
     ("NVIDIA GeForce RTX 4090", None, None),

@@ -73,7 +73,7 @@ def _print(result: Prediction) -> None:
 @app.command("predict")
 def predict_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
-    device: Annotated[str | None, typer.Option("--device", help="Predict on this GPU (a name from the bundled device specs, e.g. H100-SXM).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Predict on this GPU: a bundled spec's name (H100-SXM), short name (H100) or the exact name torch.cuda.get_device_name() gives it ('NVIDIA H100 80GB HBM3'); docs/cli.md lists them.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Predict at this batch size.")] = None,
     recorded_batch_size: Annotated[int | None, typer.Option("--recorded-batch-size", help="The Run's batch size, when its command line does not say.")] = None,
     dim: Annotated[list[str] | None, typer.Option("--dim", help="OLD=NEW: every recorded tensor dimension OLD becomes NEW (layer widths); repeatable.")] = None,

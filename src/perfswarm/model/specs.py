@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -28,6 +30,8 @@ class DeviceSpec:
     source: str
     # bytes/s of data that stays in the last-level cache (l2_bytes); 0 = unknown, priced as memory
     cache_bandwidth: float = 0.0
+    names: tuple[str, ...] = ()    # as torch.cuda.get_device_name() returns them
+    aliases: tuple[str, ...] = ()  # short names
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype key (fp32, fp16, ...); fp32 when the device has no such rate."""
@@ -53,7 +57,9 @@ def _spec(name: str, raw: object) -> DeviceSpec:
         spec = DeviceSpec(
             name, peaks, float(raw["memory_bandwidth_gbps"]) * 1e9, float(raw["memory_gb"]) * 1e9,
             float(raw["l2_mb"]) * 1e6, int(raw["compute_units"]), float(raw["boost_clock_mhz"]),
-            int(raw["pcie_gen"]), float(raw["nvlink_gbps"]), str(raw["source"]))
+            int(raw["pcie_gen"]), float(raw["nvlink_gbps"]), str(raw["source"]),
+            names=tuple(str(n) for n in raw.get("names", ())),
+            aliases=tuple(str(a) for a in raw.get("aliases", ())))
     except (KeyError, TypeError, ValueError) as exc:
         raise PerfswarmError(f"devices.yaml: {name}: bad or missing field {exc}") from None
     if "fp32" not in peaks or spec.memory_bandwidth <= 0 or min(peaks.values()) <= 0:
@@ -68,28 +74,52 @@ def device_specs() -> dict[str, DeviceSpec]:
     return {str(name): _spec(str(name), raw) for name, raw in data.items()}
 
 
+def _by_lower() -> dict[str, DeviceSpec]:
+    """Every spec by its key, short names and driver names, lower case (a driver name two
+    devices share, ROCm's generic one, is left to spec_for_device)."""
+    shared = {n.lower() for n, count in Counter(
+        n.lower() for s in device_specs().values() for n in s.names).items() if count > 1}
+    out: dict[str, DeviceSpec] = {}
+    for key, spec in device_specs().items():
+        for name in (key, *spec.aliases, *spec.names):
+            if name.lower() not in shared:
+                out.setdefault(name.lower(), spec)
+    return out
+
+
 def load_spec(name: str) -> DeviceSpec:
-    """The spec of a device by name, case-insensitive (e.g. ``h100-sxm``)."""
-    by_lower = {key.lower(): spec for key, spec in device_specs().items()}
-    spec = by_lower.get(name.lower())
+    """The spec of a device by name, case-insensitive: its key (``h100-sxm``), a short name
+    (``h100``) or the exact name the driver gives it (``NVIDIA H100 80GB HBM3``). An unknown
+    name raises a one-line error with the closest known names."""
+    known = _by_lower()
+    spec = known.get(name.strip().lower())
     if spec is None:
-        raise PerfswarmError(f"--device {name}: unknown device; known: {', '.join(device_specs())}")
+        close = difflib.get_close_matches(name.strip().lower(), known, n=4, cutoff=0.4)
+        shown = list(dict.fromkeys(known[c].name for c in close)) or list(device_specs())[:6]
+        raise PerfswarmError(f"--device {name}: unknown device; closest known: "
+                             f"{', '.join(shown)}")
     return spec
 
 
 def spec_for_device(name: str, memory_bytes: float | None = None) -> DeviceSpec | None:
     """The bundled spec of a device as a trace or the driver names it (e.g. ``NVIDIA
-    A100-SXM4-80GB``, ``NVIDIA H100 PCIe``); None when no family (A100, H100, L4, ...) is in
-    the name (AMD Instinct parts by memory). Within a family, a variant named in the name wins
-    (80GB, PCIe), else the one whose memory is closest to `memory_bytes`, else the first
-    listed."""
+    A100-SXM4-80GB``, ``NVIDIA H100 PCIe``). A name some spec lists exactly wins (one several
+    list, ROCm's generic 'AMD Radeon Graphics', goes to the one whose memory is closest to
+    `memory_bytes`, None without it); else the family (A100, H100, L4, ...) in the name, and
+    within it a variant named in the name (80GB, PCIe), else the one whose memory is closest,
+    else the first listed; None when no family is in the name."""
     upper = name.upper()
-    family = [s for key, s in device_specs().items()
-              if re.search(rf"(?<![A-Z0-9]){re.escape(key.split('-')[0])}(?![A-Z0-9])", upper)]
-    if not family and "AMD" in upper and memory_bytes:
+    exact = [s for s in device_specs().values() if upper.strip() in (n.upper() for n in s.names)]
+    if len(exact) == 1:
+        return exact[0]
+    if exact:
+        if memory_bytes is None:
+            return None
         # ROCm names Instinct parts 'AMD Radeon Graphics': tell them by memory (an MI250 die
         # shows 64 of its 128 GB)
-        family = [s for key, s in device_specs().items() if key.startswith("MI")]
+        return min(exact, key=lambda s: abs(s.memory_bytes - memory_bytes))
+    family = [s for key, s in device_specs().items()
+              if re.search(rf"(?<![A-Z0-9]){re.escape(key.split('-')[0])}(?![A-Z0-9])", upper)]
     named = [s for s in family if "-" in s.name and s.name.split("-", 1)[1].upper() in upper]
     if named or not family:
         return named[0] if named else None
