@@ -163,17 +163,53 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
 
 
 def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, int]:
-    """Device op row -> the CPU op that launched it: Kineto gives both the External id of the
-    innermost op around the launch call (per rank)."""
+    """Device op row -> the CPU op that launched it: the innermost CPU op on the launch call's
+    thread around the call (the call joined by correlation id); for a device op without a
+    launch call in the trace, the op of its External id (Kineto gives the External id of that
+    innermost op, except where it numbers kernels by their correlation instead, a range no CPU
+    op has)."""
+    dev, calls = launch_pairs(ev, np.concatenate(
+        [device_rows, np.flatnonzero(ev.of_kind("runtime", "driver"))]))
+    around = _enclosing_ops(ev, calls)
+    out = {d: around[c] for d, c in zip(dev.tolist(), calls.tolist(), strict=True)
+           if c in around}
+    rest = device_rows[~np.isin(device_rows, np.fromiter(out, np.int64, len(out)))]
     ops = np.flatnonzero(ev.of_kind("cpu_op") & (external_id >= 0))
     keys = lane_key(ev.rank[ops], external_id[ops])
     order = np.argsort(keys, kind="stable")
     keys, ops = keys[order], ops[order]
-    dev = device_rows[external_id[device_rows] >= 0]
-    want = lane_key(ev.rank[dev], external_id[dev])
+    rest = rest[external_id[rest] >= 0]
+    want = lane_key(ev.rank[rest], external_id[rest])
     at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
-    found = (keys[at] == want) if len(keys) else np.zeros(len(dev), bool)
-    return dict(zip(dev[found].tolist(), ops[at[found]].tolist(), strict=True))
+    found = (keys[at] == want) if len(keys) else np.zeros(len(rest), bool)
+    out.update(zip(rest[found].tolist(), ops[at[found]].tolist(), strict=True))
+    return out
+
+
+def _enclosing_ops(ev: Events, calls: I64) -> dict[int, int]:
+    """Call row -> the innermost CPU op on its rank and thread that starts no later and ends
+    no earlier than the call: one sweep per thread with a stack of open ops."""
+    ops = np.flatnonzero(ev.of_kind("cpu_op"))
+    rows = np.concatenate([ops, np.unique(calls)])
+    is_call = np.zeros(len(rows), bool)
+    is_call[len(ops):] = True
+    # by thread, then start, ops before calls at one instant, outer ops (longer) first
+    order = np.lexsort((~is_call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
+    out: dict[int, int] = {}
+    stack: list[int] = []
+    lane: tuple[int, int] | None = None
+    for i in order.tolist():
+        row = int(rows[i])
+        here = (int(ev.rank[row]), int(ev.tid[row]))
+        if here != lane:
+            stack, lane = [], here
+        while stack and ev.end[stack[-1]] <= ev.ts[row] and ev.end[stack[-1]] < ev.end[row]:
+            stack.pop()
+        if not is_call[i]:
+            stack.append(row)
+        elif stack and ev.end[stack[-1]] >= ev.end[row]:
+            out[row] = stack[-1]
+    return out
 
 
 def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:

@@ -32,6 +32,16 @@ CATEGORIES: Final = ("communication", "memory", *(c for c, _ in KERNEL_CATEGORIE
 TOP = 20  # names listed per table
 
 
+# kernels that run on tensor cores, by the names cuBLAS, CUTLASS and cuDNN give them
+TENSOR_CORE: Final = (r"(?i)(tf32|tfloat32|bf16|fp16|f16|h884|h1688|h16816|s1688|s16816|i8816|"
+                      r"hmma|tensorop|wmma|tensor16x8|_16x8x)")
+_TENSOR_CORE_RE: Final = re.compile(TENSOR_CORE)
+
+
+def is_tensor_core(name: str) -> bool:
+    return _TENSOR_CORE_RE.search(name) is not None
+
+
 def kernel_category(name: str) -> str:
     for category, pattern in KERNEL_CATEGORIES:
         if pattern.search(name):

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json, spinner
+from perfswarm.cli.output import console, print_json, progress_bar, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import calibrate as kernel_calibration
 from perfswarm.model.collective_bench import PASSES, calibration, sweep
@@ -26,9 +26,14 @@ def calibrate_command(
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
     passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = PASSES,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json).")] = None,
+    dataset: Annotated[Path | None, typer.Option("--dataset", help="Retrain the GPU kernel model from a folder of GPU measurements laid out like shared/gpu-kernels (device_configs/, train/<op>/<GPU>.csv.gz, test/); prints leave-one-GPU-out GMAE per family and writes the model (default gpu-kernel-model.npz) for `predict --gpu-model`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
-    """Calibrate kernel models on this CPU, or collective models with --collectives."""
+    """Calibrate kernel models on this CPU, collective models with --collectives, or the GPU
+    kernel model from measurements with --dataset."""
+    if dataset is not None:
+        _gpu_model(dataset, out or Path("gpu-kernel-model.npz"), as_json)
+        return
     if not collectives:
         default = "cpu-profile.json" if device == "cpu" else f"{device.replace(':', '')}-profile.json"
         _kernels(device, budget, threads, out or Path(default), as_json)
@@ -59,6 +64,35 @@ def calibrate_command(
                       f"{100 * profile['gmae_in_sample'][op]:.1f}%")
     console.print(table)
     console.print(f"profile: {out}")
+
+
+def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:
+    from perfswarm.model.gpu.dataset import load_dataset
+    from perfswarm.model.gpu.learned import steps, train
+
+    _writable(out)
+    data = load_dataset(folder)
+    with progress_bar() as bar:
+        task = bar.add_task("GPU kernel model", total=steps(data))
+        model, holdouts = train(data, lambda what: bar.update(task, description=what,
+                                                                advance=1))
+    model.save(out)
+    result = {"model": str(out), "gpus": list(model.gpus),
+              "families": sorted(model.families), "holdout": [h.to_dict() for h in holdouts]}
+    if as_json:
+        print_json(result)
+        return
+    table = Table("family", "left out", "rows", "GMAE model", "GMAE roofline",
+                  title=f"GPU kernel model, leave-one-GPU-out ({folder})", title_justify="left")
+    for h in holdouts:
+        table.add_row(h.family, h.gpu, str(h.rows), f"{100 * h.gmae:.1f}%",
+                      f"{100 * h.gmae_roofline:.1f}%")
+    console.print(table)
+    for family in model.families:
+        mine = [h.gmae for h in holdouts if h.family == family]
+        if mine:
+            console.print(f"{family}: mean leave-one-GPU-out GMAE {100 * sum(mine) / len(mine):.1f}%")
+    console.print(f"model: {out}")
 
 
 def _writable(out: Path) -> None:

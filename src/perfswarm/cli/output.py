@@ -11,7 +11,14 @@ from typing import Any
 
 import orjson
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 console = Console(highlight=False, markup=False, emoji=False)
 err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
@@ -33,6 +40,12 @@ def spinner() -> Progress:
     """A transient spinner with elapsed time on stderr, for work that shows no count."""
     return Progress(SpinnerColumn(), description(), TimeElapsedColumn(),
                     console=err_console, transient=True)
+
+
+def progress_bar() -> Progress:
+    """A transient bar with a count and elapsed time on stderr, for work of known size."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err_console, transient=True)
 
 
 def ms(ns: float) -> str:

@@ -120,13 +120,13 @@ class RooflineScaler:
         after = roofline(new, self.target).time_s
         return self.floor_ns + round(work * after / before) if before > 0 else measured_ns
 
-    def unmodelled(self, measured_ns: int, compute_bound: bool) -> int:
+    def unmodelled(self, measured_ns: int, compute_bound: bool, dtype: str = "fp32") -> int:
         """A kernel of unknown work on the target: a GEMM, convolution or attention kernel (by
-        its name) scales with the FP32 peak, anything else (elementwise, reductions, layout
-        changes) with memory bandwidth."""
+        its name) scales with the peak of its `dtype` (tf32: FP32 data on tensor cores),
+        anything else (elementwise, reductions, layout changes) with memory bandwidth."""
         work = measured_ns - self.floor_ns
         if work <= 0 or self.source is self.target:
             return measured_ns
-        ratio = (self.source.peak_for("fp32") / self.target.peak_for("fp32") if compute_bound
+        ratio = (self.source.peak_for(dtype) / self.target.peak_for(dtype) if compute_bound
                  else self.source.memory_bandwidth / self.target.memory_bandwidth)
         return self.floor_ns + round(work * ratio)

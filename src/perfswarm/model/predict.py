@@ -29,7 +29,7 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -46,11 +46,12 @@ from perfswarm.analyze.dependencies import (
 from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import iterations
-from perfswarm.analyze.ops import kernel_category
+from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import PAGE_BYTES, Profile
+from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
-from perfswarm.model.kernels import KernelScaler, ProfileScaler, RooflineScaler
+from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
     OpCost,
     Shapes,
@@ -347,7 +348,7 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
-                   unmodelled: RooflineScaler | None, dur: I64) -> Counter[str]:
+                   unmodelled: LearnedScaler | None, dur: I64) -> Counter[str]:
     """Kernel times at the new shapes or device, in place; counts of how each was priced.
 
     A kernel's base is its typical time, the trimmed mean over the kernels of its name and op
@@ -375,8 +376,9 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         samples.setdefault(key, []).append(ns)
     typical = {key: trimmed_mean(values) for key, values in samples.items()}
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
-    priced = [costs(ev.name_of(op), shapes) if op is not None and (shapes := m.shapes(op))
-              else None for _row, op, _nodes, _ns in pairs]
+    priced = [_on_tensor_cores(costs(ev.name_of(op), shapes), ev.name_of(row))
+              if op is not None and (shapes := m.shapes(op)) else None
+              for row, op, _nodes, _ns in pairs]
     touch: dict[Key, tuple[int, int]] = {}
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
         keyed: dict[Key, list[int]] = {}
@@ -406,10 +408,21 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
             after = base
             if unmodelled is not None and ev.kind[row] in (KIND["kernel"], KIND["memset"]):
                 compute_bound = kernel_category(ev.name_of(row)) in COMPUTE_CATEGORIES
-                after = unmodelled.unmodelled(base, compute_bound)
+                after = unmodelled.unmodelled(base, compute_bound,
+                                              "tf32" if is_tensor_core(ev.name_of(row))
+                                              else "fp32")
         for n in nodes:
             dur[n] = round(int(dur[n]) * after / measured)
     return counts
+
+
+def _on_tensor_cores(found: tuple[OpCost, OpCost, Shapes] | None, kernel: str
+                     ) -> tuple[OpCost, OpCost, Shapes] | None:
+    """An FP32 op whose kernel runs on tensor cores (TF32: cutlass tensorop, s1688, ...) is
+    bounded by the tensor-core peak."""
+    if found is None or found[0].dtype != "fp32" or not is_tensor_core(kernel):
+        return found
+    return replace(found[0], dtype="tf32"), replace(found[1], dtype="tf32"), found[2]
 
 
 def step_faults(m: _Model) -> float | None:
@@ -567,7 +580,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     source = _source_spec(m, source_device) if m.platform == "gpu" else None
     target_name = change.device
     scaler: KernelScaler | None
-    unmodelled: RooflineScaler | None = None
+    unmodelled: LearnedScaler | None = None
     if m.platform == "cpu":
         if change.device is not None:
             raise PerfswarmError(f"{run.path}: recorded on the CPU; --device projects GPU runs "
@@ -585,8 +598,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                                  "--source-device")
         target = load_spec(change.device) if change.device else source
         if source is not None and target is not None:
-            scaler = RooflineScaler(source, target)
-            unmodelled = scaler if change.device else None
+            learned = LearnedScaler.of(source, target)
+            scaler, unmodelled = learned, learned if change.device else None
         else:
             scaler = None
         source_name = source.name if source else "unknown GPU"

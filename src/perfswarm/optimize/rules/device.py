@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from perfswarm.analyze.ops import TENSOR_CORE
 from perfswarm.model.fusion import fusion_candidates
 from perfswarm.model.opcost import OpCost, roofline
 from perfswarm.model.specs import DeviceSpec
@@ -20,8 +21,6 @@ _LAUNCH = (r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|"
 _SMALL_KERNEL_NS = 10_000
 _GRAPH_LAUNCH_NS = 1_000  # per kernel, replayed from a captured CUDA graph
 _GEMM = r"(?i)gemm"
-_TENSOR_CORE = (r"(?i)(tf32|tfloat32|bf16|fp16|f16|h884|h1688|h16816|s1688|s16816|i8816|hmma|"
-                r"tensorop|wmma|tensor16x8|_16x8x)")
 # Without recorded shapes: TF32 tensor cores peak 8x FP32 on A100; GEMMs typically reach a
 # quarter of that.
 _TF32_SPEEDUP = 2.0
@@ -117,7 +116,7 @@ def fp32_gemm(facts: Facts) -> Advice | None:
     gemms = facts.in_window(facts.named(_GEMM, "kernel"))
     if not devices or gemms.height == 0:
         return None
-    fp32 = gemms.filter(~pl.col("name").str.contains(_TENSOR_CORE))
+    fp32 = gemms.filter(~pl.col("name").str.contains(TENSOR_CORE))
     fp32_ns, gemm_ns = facts.total_ns(fp32), facts.total_ns(gemms)
     if fp32.height == 0 or fp32_ns < gemm_ns / 10:
         return None

@@ -1,0 +1,98 @@
+"""The GPU kernels an aten op launches, as Work the learned model prices: from an op's name
+and recorded shapes (forward ops and the backward ops of a training step alike)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Final
+
+from perfswarm.model.gpu.work import Peak, Work, conv_work, gemm_work, vector_work
+from perfswarm.model.opcost import Dims, OpCost, Shapes, gemm_dims, op_cost
+
+HALF: Final = frozenset({"fp16", "bf16"})
+# elementwise ops by the measured op whose arithmetic they resemble
+_UNARY: Final = {"relu": "relu", "relu_": "relu", "threshold_backward": "relu", "gelu": "gelu",
+                 "gelu_backward": "gelu", "silu": "gelu", "silu_backward": "gelu",
+                 "tanh": "tanh", "tanh_backward": "tanh", "sigmoid": "tanh",
+                 "sigmoid_backward": "tanh", "exp": "tanh", "log": "tanh", "rsqrt": "tanh",
+                 "sqrt": "tanh", "pow": "pow", "pow_": "pow"}
+_BINARY: Final = {"add": "add", "add_": "add", "sub": "add", "sub_": "add", "rsub": "add",
+                  "mul": "mul", "mul_": "mul", "div": "div", "div_": "div", "pow": "pow",
+                  "where": "add", "masked_fill": "add", "masked_fill_": "add",
+                  "native_dropout_backward": "mul", "embedding_dense_backward": "add",
+                  "index_add_": "add", "addcmul_": "mul", "addcdiv_": "div", "lerp_": "mul"}
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _rows_cols(shape: Sequence[int]) -> tuple[int, int]:
+    cols = shape[-1] if shape else 1
+    return max(1, _numel(shape) // max(cols, 1)), max(cols, 1)
+
+
+def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False) -> list[Work] | None:
+    """The kernels `name` (aten::...) launches at `shapes`; None for an op the model cannot
+    price (no cost model, or shapes that do not fit). `tensor_core`: its GEMMs run on tensor
+    cores (TF32 for FP32 data)."""
+    cost = op_cost(name, shapes.dims, shapes.types, (), shapes.strides)
+    if cost is None:
+        return None
+    return kernels(replace(cost, dtype="tf32") if tensor_core and cost.dtype == "fp32" else cost,
+                   shapes.dims)
+
+
+def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
+    """The kernels of an op of `cost` (dtype tf32: FP32 data on tensor cores) and input
+    `dims`; None where the shapes do not fit."""
+    op = cost.op
+    element = 2 if cost.dtype in HALF else 8 if cost.dtype == "fp64" else 4
+    peak: Peak = "half" if cost.dtype in HALF else "tf32" if cost.dtype == "tf32" else "fp32"
+    family = cost.family
+    if family == "gemm":
+        found = gemm_dims(op, dims)
+        if found is None:
+            return None
+        b, m, k, n = found
+        bias = op == "addmm" or (op == "linear" and len(dims) > 2 and bool(dims[2]))
+        return [gemm_work("bmm" if b > 1 else "linear", b, m, n, k, bias, element, peak)]
+    if family == "sdpa":  # QK^T, softmax, PV
+        batch, heads, lq, d = dims[0]
+        lk = dims[1][2]
+        bh = batch * heads
+        return [gemm_work("bmm", bh, lq, lk, d, False, element, peak),
+                vector_work("softmax", "softmax", bh * lq, lk, element),
+                gemm_work("bmm", bh, lq, d, lk, False, element, peak)]
+    if family in ("conv", "depthwise_conv", "conv_backward"):
+        grad = family == "conv_backward"
+        x, w = (dims[1], dims[2]) if grad else (dims[0], dims[1])
+        if len(x) != 4 or len(w) != 4:
+            return None
+        groups = max(1, x[1] // max(1, w[1]))
+        forward = conv_work(x[0], x[1], w[0], w[2], x[2], 1, w[2] // 2, groups, element, peak)
+        return [forward, forward] if grad else [forward]  # input and weight gradients
+    shaped = [d for d in dims if d]
+    if not shaped:
+        return None
+    largest = max(shaped, key=_numel)
+    rows, cols = _rows_cols(largest)
+    if family == "norm":
+        work = vector_work("norm", "ln", rows, cols, element)
+        return [work, work] if "backward" in op else [work]
+    if family == "softmax":
+        return [vector_work("softmax", "softmax", rows, cols, element)]
+    full = [d for d in shaped if _numel(d) == _numel(largest)]
+    if op in _BINARY and len(full) >= 2:
+        kind = _BINARY[op]
+    elif op in _BINARY or op in _UNARY:
+        kind = _UNARY.get(op, _BINARY.get(op, "add")) + ("u" if op in _BINARY else "")
+        kind = kind if kind in ("relu", "gelu", "tanh") or kind.endswith("u") else kind + "u"
+    else:  # copies, reductions, lookups, the rest: one read and one write per element
+        kind = "addu"
+        if family in ("embedding_bag", "gather"):  # the rows looked up, not the table
+            rows = max(1, round(cost.bytes / element / 2 / cols))
+    return [vector_work("elementwise", kind, rows, cols, element)]
+

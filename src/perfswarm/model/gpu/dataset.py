@@ -1,0 +1,137 @@
+"""Reading a folder of GPU kernel measurements laid out like shared/gpu-kernels (NeuSight's
+data): `device_configs/<GPU>.json`, `train/<op>/<GPU>.csv.gz`, optionally `test/<set>.csv.gz`.
+Latencies in milliseconds, FP32."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import orjson
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.work import Family, Work, conv_work, gemm_work, vector_work
+
+Split = Literal["train", "test"]
+ELEMENTWISE_OPS: Final = ("add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu",
+                          "gelu", "tanh")
+COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
+    "linear": ("B", "M", "N", "K"), "bmm": ("B", "M", "N", "K"),
+    "conv": ("B", "Input_Channel", "Output_Channel", "Kernel_Szie", "Input_Size", "Stride",
+             "Padding"),
+    **dict.fromkeys((*ELEMENTWISE_OPS, "ln", "softmax"), ("B", "H")),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    work: Work
+    gpu: str       # the device config's name
+    seconds: float
+    split: Split
+
+
+@dataclass(frozen=True)
+class Dataset:
+    path: str
+    hardware: Mapping[str, Hardware]  # by the configs' device names
+    rows: tuple[Measurement, ...]
+
+    def gpus(self) -> list[str]:
+        """The GPUs with measurements, in name order."""
+        return sorted({r.gpu for r in self.rows})
+
+
+def work_of(op: str, values: Mapping[str, int]) -> Work:
+    """A measured op's work from its row's shape columns."""
+    v = values
+    if op == "linear":
+        return gemm_work("linear", 1, v["M"], v["N"], v["K"], bias=True)
+    if op == "bmm":
+        return gemm_work("bmm", v["B"], v["M"], v["N"], v["K"])
+    if op == "conv":
+        return conv_work(v["B"], v["Input_Channel"], v["Output_Channel"], v["Kernel_Szie"],
+                         v["Input_Size"], v["Stride"], v["Padding"])
+    family: Family = "norm" if op == "ln" else "softmax" if op == "softmax" else "elementwise"
+    return vector_work(family, op, v["B"], v["H"])
+
+
+def _hardware(folder: Path) -> dict[str, Hardware]:
+    configs = folder / "device_configs"
+    files = sorted(configs.glob("*.json")) if configs.is_dir() else []
+    if not files:
+        raise PerfswarmError(f"{configs}: no device configs (*.json) in the dataset")
+    out = {}
+    for path in files:
+        try:
+            hw = Hardware.of_config(orjson.loads(path.read_bytes()))
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError,
+                AttributeError) as exc:
+            raise PerfswarmError(f"{path}: not a device config ({type(exc).__name__}: "
+                                 f"{exc})") from None
+        out[hw.name] = hw
+        out[path.stem.replace("_", " ")] = hw
+    return out
+
+
+def _rows(path: Path) -> Iterator[dict[str, str]]:
+    try:
+        text = gzip.decompress(path.read_bytes()).decode()
+    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+        raise PerfswarmError(f"{path}: not a readable gzip CSV ({exc})") from None
+    yield from csv.DictReader(io.StringIO(text))
+
+
+def _read(path: Path, op_of_row: str | None, hardware: Mapping[str, Hardware], split: Split,
+          gpu: str | None) -> Iterator[Measurement]:
+    for line, row in enumerate(_rows(path), start=2):
+        op = op_of_row or row.get("OPName", "")
+        if op not in COLUMNS:
+            continue  # a test set's other families
+        try:
+            values = {c: int(float(row[c])) for c in COLUMNS[op]}
+            seconds = float(row["Latency"]) * 1e-3
+            name = gpu or row["Device"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PerfswarmError(f"{path}: line {line}: missing or malformed column "
+                                 f"({exc})") from None
+        if name not in hardware:
+            raise PerfswarmError(f"{path}: line {line}: no device config for {name!r}")
+        if seconds <= 0 or min(values.values()) < 0:
+            raise PerfswarmError(f"{path}: line {line}: latency and shapes must be positive")
+        yield Measurement(work_of(op, values), hardware[name].name, seconds, split)
+
+
+def load_dataset(folder: Path) -> Dataset:
+    """Every measurement of the folder; a missing folder, config or malformed file raises a
+    one-line PerfswarmError naming it."""
+    if not folder.is_dir():
+        raise PerfswarmError(f"--dataset {folder}: no such directory")
+    hardware = _hardware(folder)
+    train = folder / "train"
+    files = sorted(train.glob("*/*.csv.gz")) if train.is_dir() else []
+    if not files:
+        raise PerfswarmError(f"{train}: no measurements (train/<op>/<GPU>.csv.gz)")
+    rows: list[Measurement] = []
+    for path in files:
+        op = path.parent.name
+        if op in COLUMNS:
+            gpu = path.name.removesuffix(".csv.gz").replace("_", " ")
+            if gpu not in hardware:
+                raise PerfswarmError(f"{path}: no device config for {gpu!r} in "
+                                     f"{folder / 'device_configs'}")
+            rows += _read(path, op, hardware, "train", gpu)
+    tests = folder / "test"
+    for path in sorted(tests.glob("*.csv.gz")) if tests.is_dir() else []:
+        if path.name != "vec.csv.gz":  # vec repeats elem's rows, with ln and softmax's
+            rows += _read(path, None, hardware, "test", None)
+        else:
+            rows += (m for m in _read(path, None, hardware, "test", None)
+                     if m.work.family != "elementwise")
+    return Dataset(str(folder), hardware, tuple(rows))

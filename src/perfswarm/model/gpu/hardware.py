@@ -1,0 +1,46 @@
+"""What the GPU kernel model reads of a device: its published rates and sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from perfswarm.model.specs import DeviceSpec
+
+MHZ = 1e6
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU's specs as features: rates in bytes/s and FLOP/s, sizes in bytes."""
+
+    name: str
+    bandwidth: float
+    sms: int
+    cores_per_sm: int
+    clock_mhz: float
+    fp32: float           # non-tensor-core FP32 peak
+    tensor_fp32: float    # TF32 tensor-core peak (the FP32 peak on GPUs without one)
+    tensor_half: float    # FP16/BF16 peak (tensor cores where there are)
+    l2_bytes: float
+    memory_bytes: float
+
+    @classmethod
+    def of_spec(cls, spec: DeviceSpec) -> Hardware:
+        """From a devices.yaml spec; cores per SM follow from the FP32 peak (2 FLOPs per core
+        per clock, a fused multiply-add)."""
+        fp32 = spec.peak_for("fp32")
+        cores = round(fp32 / (2 * spec.compute_units * spec.boost_clock_mhz * MHZ))
+        return cls(spec.name, spec.memory_bandwidth, spec.compute_units, max(1, cores),
+                   spec.boost_clock_mhz, fp32, max(fp32, spec.peak_for("tf32")),
+                   max(fp32, spec.peak_for("fp16")), spec.l2_bytes, spec.memory_bytes)
+
+    @classmethod
+    def of_config(cls, config: Mapping[str, float | str]) -> Hardware:
+        """From a NeuSight-style device config (GB/s, GFLOP/s, MHz, MB, GB): keys Device,
+        Mem_Bw, Num_Sm, Core_Per_SM, Freq, SingleFLOPs, L2Cache, Dev_Mem. Raises KeyError or
+        ValueError on a missing or malformed field."""
+        fp32 = float(config["SingleFLOPs"]) * 1e9
+        return cls(str(config["Device"]), float(config["Mem_Bw"]) * 1e9, int(config["Num_Sm"]),
+                   int(config["Core_Per_SM"]), float(config["Freq"]), fp32, fp32, fp32,
+                   float(config["L2Cache"]) * 1e6, float(config["Dev_Mem"]) * 1e9)

@@ -1,0 +1,203 @@
+"""The GPU kernel model: per op family, gradient-boosted trees that read a kernel's work and
+its device's specs and predict the log of its time over its roofline time (one over the
+fraction of the roofline it reaches), trained on measurements of several GPUs.
+
+Why boosted trees: a few hundred thousand rows of a dozen-odd features whose effects are
+steps (a wave of thread blocks more, a tile that no longer fits, a kernel the library picks
+past some size), which trees follow and a smooth model blurs; they need no scaling of the
+features, fit in seconds on a CPU, and their output stays inside the range the training
+targets span, so a GPU none of the measurements came from gets an efficiency the measured
+GPUs reached, times its own roofline: bounded, never a wild extrapolation. They are fitted
+with scikit-learn and saved as arrays (model/gpu/trees.py).
+
+Measured op latencies include a fixed host and launch time (25 to 60 us in the dataset); the
+model learns the rest: per GPU, the latency over its 1st-percentile latency (`floor`). A
+kernel in a trace is priced without that floor: the trace times the kernel alone.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.gpu.dataset import Dataset, Measurement
+from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.trees import F64, Ensemble, fit
+from perfswarm.model.gpu.work import FAMILIES, Family, Work, features, roofline_s
+from perfswarm.trace.store import write_output
+
+MODEL_FILE: Final = "gpu_kernels.npz"
+ROWS_PER_GPU: Final = 1000  # training rows per family and GPU (evenly spaced over the sweep)
+EVAL_ROWS: Final = 1500  # held-out rows scored per family and GPU
+FLOOR_PERCENTILE: Final = 1.0
+MIN_WORK_SHARE: Final = 0.1  # a latency is at least this much kernel work, past the floor
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class FamilyModel:
+    trees: Ensemble
+    floor_s: float  # the fixed part of a measured op's latency, typical over the GPUs
+
+    def work_s(self, works: Sequence[Work], hw: Hardware) -> F64:
+        """Kernel time without the floor: roofline x the learned ratio."""
+        x = np.array([features(w, hw) for w in works], np.float64)
+        roof = np.array([roofline_s(w, hw) for w in works])
+        return roof * np.exp(self.trees.predict(x))
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    families: Mapping[Family, FamilyModel]
+    gpus: tuple[str, ...]  # trained on
+
+    def seconds(self, works: Sequence[Work], hw: Hardware) -> F64:
+        """Each kernel's predicted time on `hw` (no launch floor), grouped per family."""
+        out = np.zeros(len(works))
+        for family, model in self.families.items():
+            idx = [i for i, w in enumerate(works) if w.family == family]
+            if idx:
+                out[idx] = model.work_s([works[i] for i in idx], hw)
+        return out
+
+    def save(self, path: Path) -> None:
+        arrays: dict[str, npt.NDArray[np.generic]] = {}
+        for family, model in self.families.items():
+            arrays |= model.trees.arrays(family)
+            arrays[f"{family}.floor"] = np.array([model.floor_s])
+        arrays["gpus"] = np.array(self.gpus)
+        data = io.BytesIO()
+        np.savez_compressed(data, **arrays)  # type: ignore[arg-type]
+        write_output(path, data.getvalue())
+
+    @classmethod
+    def load(cls, source: Path | str) -> KernelModel:
+        try:
+            with np.load(source, allow_pickle=False) as data:
+                arrays = dict(data)
+            families = {f: FamilyModel(Ensemble.of_arrays(arrays, f),
+                                       float(arrays[f"{f}.floor"][0]))
+                        for f in FAMILIES if f"{f}.base" in arrays}
+            gpus = tuple(str(g) for g in arrays["gpus"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise PerfswarmError(f"{source}: not a GPU kernel model ({exc})") from None
+        return cls(families, gpus)
+
+
+@cache
+def bundled() -> KernelModel:
+    """The model shipped in the package, fitted on shared/gpu-kernels (NeuSight's measurements,
+    MIT: see GPU_KERNELS_LICENSE beside it); loaded on first use."""
+    with resources.as_file(resources.files("perfswarm.model.gpu").joinpath(MODEL_FILE)) as p:
+        return KernelModel.load(p)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Measurements of one family with their features, computed once for every fold."""
+
+    gpu: npt.NDArray[np.str_]
+    x: F64
+    roof: F64
+    seconds: F64
+
+    @classmethod
+    def of(cls, rows: Sequence[Measurement], hardware: Mapping[str, Hardware]) -> _Rows:
+        return cls(np.array([r.gpu for r in rows]),
+                   np.array([features(r.work, hardware[r.gpu]) for r in rows], np.float64),
+                   np.array([roofline_s(r.work, hardware[r.gpu]) for r in rows]),
+                   np.array([r.seconds for r in rows]))
+
+    def fit(self, keep: npt.NDArray[np.bool_]) -> FamilyModel:
+        """The family's model on the rows `keep` marks: the floor per GPU, the trees on the
+        rest of each latency."""
+        floors = {g: float(np.percentile(self.seconds[keep & (self.gpu == g)],
+                                         FLOOR_PERCENTILE)) for g in set(self.gpu[keep])}
+        floor = np.array([floors[g] for g in self.gpu[keep]])
+        seconds = self.seconds[keep]
+        work = np.maximum(seconds - floor, MIN_WORK_SHARE * seconds)
+        return FamilyModel(fit(self.x[keep], np.log(work / self.roof[keep])),
+                           float(np.median(list(floors.values()))))
+
+    def predicted(self, model: FamilyModel, keep: npt.NDArray[np.bool_]) -> F64:
+        """The latency of the rows `keep` marks: the floor plus the kernel."""
+        return model.floor_s + self.roof[keep] * np.exp(model.trees.predict(self.x[keep]))
+
+
+def _spaced(rows: Sequence[Measurement], most: int, train_only: bool) -> list[Measurement]:
+    """At most `most` rows per GPU, evenly spaced over each sweep."""
+    out = []
+    for gpu in sorted({r.gpu for r in rows}):
+        mine = [r for r in rows if r.gpu == gpu and (r.split == "train" or not train_only)]
+        out += mine[::max(1, len(mine) // most)][:most]
+    return out
+
+
+def gmae(predicted: F64, measured: F64) -> float:
+    return math.expm1(float(np.mean(np.abs(np.log(predicted / measured)))))
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """Leave-one-GPU-out: the model fitted without `gpu`, scored on `gpu`'s measurements."""
+
+    family: Family
+    gpu: str
+    rows: int
+    gmae: float
+    gmae_roofline: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"family": self.family, "gpu": self.gpu, "rows": self.rows, "gmae": self.gmae,
+                "gmae_roofline": self.gmae_roofline}
+
+
+def _families(dataset: Dataset) -> dict[Family, list[Measurement]]:
+    """Each family's measurements, of the families measured on two GPUs or more."""
+    by_family: dict[Family, list[Measurement]] = {f: [] for f in FAMILIES}
+    for r in dataset.rows:
+        by_family[r.work.family].append(r)
+    return {f: rows for f, rows in by_family.items() if len({r.gpu for r in rows}) >= 2}
+
+
+def steps(dataset: Dataset, holdout: bool = True) -> int:
+    """How many fits `train` makes: the progress bar's total."""
+    return sum(1 + (len({r.gpu for r in rows}) if holdout else 0)
+               for rows in _families(dataset).values())
+
+
+def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool = True
+          ) -> tuple[KernelModel, list[Holdout]]:
+    """The model on every GPU of the dataset, and (with `holdout`) each family's
+    leave-one-GPU-out errors (`progress` is told of each fit as it starts): fitted on the
+    other GPUs' training rows, scored on up to EVAL_ROWS of the one left out (its sweeps and
+    test shapes)."""
+    holdouts = []
+    families = {}
+    for family, rows in _families(dataset).items():
+        gpus = sorted({r.gpu for r in rows})
+        train_rows = _spaced(rows, ROWS_PER_GPU, train_only=True)
+        held_rows = _spaced(rows, EVAL_ROWS, train_only=False) if holdout else []
+        table = _Rows.of(train_rows + held_rows, dataset.hardware)
+        fitting = np.arange(len(table.gpu)) < len(train_rows)
+        for gpu in gpus if holdout else []:
+            progress(f"{family}: leaving out {gpu}")
+            model = table.fit(fitting & (table.gpu != gpu))
+            held = ~fitting & (table.gpu == gpu)
+            measured = table.seconds[held]
+            holdouts.append(Holdout(family, gpu, int(held.sum()),
+                                    gmae(table.predicted(model, held), measured),
+                                    gmae(table.roof[held], measured)))
+        progress(f"{family}: all {len(gpus)} GPUs")
+        families[family] = table.fit(fitting)
+    return KernelModel(families, tuple(dataset.gpus())), holdouts

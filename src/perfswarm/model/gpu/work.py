@@ -1,0 +1,120 @@
+"""A GPU kernel's work (FLOPs, bytes, its GEMM view) and the features the learned model reads
+of it on a device: the roofline, the wave and tile quantization over the SMs, and the specs.
+
+The model predicts the log of measured time over roofline time, that is one over the fraction
+of the roofline the kernel reaches: bounded below by the roofline, a quantity that moves
+little between GPUs of other sizes, so it carries to GPUs no measurement came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from perfswarm.model.gpu.hardware import Hardware
+
+Family = Literal["gemm", "conv", "elementwise", "norm", "softmax"]
+FAMILIES: Final[tuple[Family, ...]] = ("gemm", "conv", "elementwise", "norm", "softmax")
+# sub-kinds the families' measurements tell apart (an elementwise op's arithmetic, a scalar
+# operand's 'u' form), coded as one feature
+KINDS: Final = ("linear", "bmm", "add", "addu", "mul", "mulu", "div", "divu", "pow", "powu",
+                "relu", "gelu", "tanh", "conv", "ln", "softmax")
+ELEMENTWISE_BLOCK: Final = 512  # elements a vectorized elementwise block takes (128 threads x 4)
+TILES: Final = (128, 64)  # GEMM output tile edges the quantization features assume
+DEVICE_FEATURES: Final = 6  # the last features: the device's specs
+FEATURES: Final = ("log2 FLOPs", "log2 bytes", "log2 intensity / ridge", "log2 roofline us",
+                   "log2 batch", "log2 m", "log2 n", "log2 k", "log2 waves 128",
+                   "wave efficiency 128", "log2 waves 64", "wave efficiency 64",
+                   "log2 bytes / L2", "kind", "log2 bandwidth", "SMs", "cores per SM",
+                   "clock MHz", "log2 peak", "log2 L2")
+Peak = Literal["fp32", "tf32", "half"]
+
+
+@dataclass(frozen=True)
+class Work:
+    """One kernel's work. b, m, n, k: its GEMM view (a convolution's implicit GEMM; rows and
+    columns of a normalization, softmax or elementwise op, with k = 1)."""
+
+    family: Family
+    kind: str
+    flops: float
+    bytes: float
+    b: int
+    m: int
+    n: int
+    k: int
+    peak: Peak = "fp32"  # which of the device's peaks bounds it (tensor cores: tf32, half)
+
+    def blocks(self, tile: int) -> int:
+        """Thread blocks it launches: output tiles of a GEMM, rows of a norm or softmax,
+        vectorized chunks of an elementwise op."""
+        if self.family in ("gemm", "conv"):
+            return self.b * math.ceil(self.m / tile) * math.ceil(self.n / tile)
+        if self.family == "elementwise":
+            return math.ceil(self.b * self.m * self.n / ELEMENTWISE_BLOCK)
+        return self.b * self.m
+
+
+def peak_of(hw: Hardware, peak: Peak) -> float:
+    return {"fp32": hw.fp32, "tf32": hw.tensor_fp32, "half": hw.tensor_half}[peak]
+
+
+def roofline_s(work: Work, hw: Hardware) -> float:
+    """max(FLOPs at the peak, bytes at the bandwidth): a time the kernel cannot beat."""
+    return max(work.flops / peak_of(hw, work.peak), work.bytes / hw.bandwidth)
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(x, 1e-30))
+
+
+def features(work: Work, hw: Hardware) -> list[float]:
+    """The model's inputs, in FEATURES order."""
+    peak = peak_of(hw, work.peak)
+    ridge = peak / hw.bandwidth
+    intensity = work.flops / work.bytes if work.bytes > 0 else ridge
+    waves = []
+    for tile in TILES:
+        blocks = max(1, work.blocks(tile))
+        rounds = math.ceil(blocks / hw.sms)
+        waves += [_log2(blocks / hw.sms), blocks / (rounds * hw.sms)]
+    return [_log2(work.flops), _log2(work.bytes), _log2(intensity / ridge),
+            _log2(roofline_s(work, hw) * 1e6), _log2(work.b), _log2(work.m), _log2(work.n),
+            _log2(work.k), *waves, _log2(work.bytes / hw.l2_bytes),
+            float(KINDS.index(work.kind)), _log2(hw.bandwidth), float(hw.sms),
+            float(hw.cores_per_sm), hw.clock_mhz, _log2(peak), _log2(hw.l2_bytes)]
+
+
+FP32: Final = 4
+
+
+def gemm_work(kind: str, b: int, m: int, n: int, k: int, bias: bool = False,
+              element: int = FP32, peak: Peak = "fp32") -> Work:
+    moved = b * (m * k + k * n + m * n) + (n if bias else 0)
+    return Work("gemm", kind, 2.0 * b * m * n * k, float(moved * element), b, m, n, k, peak)
+
+
+def conv_work(batch: int, c_in: int, c_out: int, kernel: int, size: int, stride: int,
+              padding: int, groups: int = 1, element: int = FP32, peak: Peak = "fp32") -> Work:
+    """A square 2-d convolution as its implicit GEMM (output pixels x output channels x the
+    filter's inputs)."""
+    out = max(1, (size + 2 * padding - kernel) // stride + 1)
+    pixels = batch * out * out
+    reduce = c_in // groups * kernel * kernel
+    moved = batch * c_in * size * size + c_out * reduce + pixels * c_out
+    return Work("conv", "conv", 2.0 * pixels * c_out * reduce, float(moved * element), 1,
+                pixels, c_out, reduce, peak)
+
+
+def vector_work(family: Family, kind: str, rows: int, cols: int, element: int = FP32) -> Work:
+    """An elementwise op (binary: two inputs read; the 'u' forms and activations: one), a
+    layer norm or a softmax over `cols`, on rows x cols elements."""
+    elements = rows * cols
+    if family == "elementwise":
+        tensors = 3 if kind in ("add", "mul", "div", "pow") else 2
+        return Work(family, kind, float(elements), float(tensors * elements * element), 1,
+                    rows, cols, 1)
+    params = 2 * cols if family == "norm" else 0
+    return Work(family, kind, 5.0 * elements, float((2 * elements + params) * element), 1,
+                rows, cols, 1)

@@ -1,0 +1,175 @@
+"""The GPU kernel model learned from shared/gpu-kernels: its data, its trees, calibrate
+--dataset, pricing aten ops, and kernels finding their launching op."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, events
+from perfswarm.analyze.dependencies import launching_ops
+from perfswarm.cli.main import main
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.gpu.aten import op_kernels
+from perfswarm.model.gpu.dataset import load_dataset
+from perfswarm.model.gpu.forecast import LearnedScaler, op_seconds
+from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.learned import bundled
+from perfswarm.model.gpu.work import roofline_s
+from perfswarm.model.kernels import RooflineScaler
+from perfswarm.model.opcost import Shapes, op_cost
+from perfswarm.model.specs import load_spec
+
+DATA = (REPO.parent / "shared" / "gpu-kernels").resolve()
+
+
+def _first_row(path: Path) -> dict[str, str]:
+    return next(csv.DictReader(io.StringIO(gzip.decompress(path.read_bytes()).decode())))
+
+
+def _small_dataset(root: Path, rows: int) -> Path:
+    """Softmax and layer-norm sweeps of two GPUs, their first `rows` rows each."""
+    out = root / "data"
+    (out / "device_configs").mkdir(parents=True)
+    for gpu in ("Tesla_T4", "Tesla_P4"):
+        shutil.copy(DATA / "device_configs" / f"{gpu}.json", out / "device_configs")
+        for op in ("softmax", "ln"):
+            lines = gzip.decompress((DATA / "train" / op / f"{gpu}.csv.gz").read_bytes()
+                                    ).decode().splitlines()[:rows + 1]
+            (out / "train" / op).mkdir(parents=True, exist_ok=True)
+            (out / "train" / op / f"{gpu}.csv.gz").write_bytes(
+                gzip.compress(("\n".join(lines) + "\n").encode()))
+    return out
+
+
+def test_a_measured_gemm_row_becomes_its_work() -> None:
+    """The first T4 linear row (x[58,141] @ W[13,141]^T + b) read back from the raw CSV."""
+    row = _first_row(DATA / "train" / "linear" / "Tesla_T4.csv.gz")
+    m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+    data = load_dataset(DATA)
+    first = next(r for r in data.rows if r.gpu == "Tesla T4" and r.work.kind == "linear")
+    assert (first.work.m, first.work.n, first.work.k) == (m, n, k) == (58, 13, 141)
+    assert first.work.flops == 2 * m * n * k
+    assert first.work.bytes == 4 * (m * k + k * n + m * n + n)
+    assert first.seconds == pytest.approx(float(row["Latency"]) * 1e-3)
+    assert data.gpus() == ["NVIDIA A100-PCIE-40GB", "Tesla P100-PCIE-16GB", "Tesla P4",
+                           "Tesla T4", "Tesla V100-PCIE-32GB"]
+    t4 = data.hardware["Tesla T4"]
+    assert roofline_s(first.work, t4) == pytest.approx(
+        max(first.work.flops / 8141e9, first.work.bytes / 320e9))
+
+
+def test_bundled_model_prices_the_sweeps_it_learned() -> None:
+    """In sample, the shipped model lands within 25% (GMAE) of the T4's large softmaxes, where
+    a plain roofline is several times off."""
+    data = load_dataset(DATA)
+    model = bundled()
+    assert set(model.families) == {"gemm", "conv", "elementwise", "norm", "softmax"}
+    rows = [r for r in data.rows if r.gpu == "Tesla T4" and r.work.family == "softmax"
+            and r.seconds > 200e-6 and r.split == "train"]
+    fam = model.families["softmax"]
+    hw = data.hardware["Tesla T4"]
+    predicted = fam.floor_s + fam.work_s([r.work for r in rows], hw)
+    measured = np.array([r.seconds for r in rows])
+    assert len(rows) > 100
+    assert np.expm1(np.mean(np.abs(np.log(predicted / measured)))) < 0.25
+
+
+def test_calibrate_dataset_retrains_and_reports_held_out_gpus(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _small_dataset(tmp_path, 150)
+    out = tmp_path / "model.npz"
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["gpus"] == ["Tesla P4", "Tesla T4"]
+    assert result["families"] == ["norm", "softmax"]
+    assert [(h["family"], h["gpu"], h["rows"]) for h in result["holdout"]] == [
+        ("norm", "Tesla P4", 150), ("norm", "Tesla T4", 150), ("softmax", "Tesla P4", 150),
+        ("softmax", "Tesla T4", 150)]
+    assert all(0 < h["gmae"] < h["gmae_roofline"] for h in result["holdout"])
+    from perfswarm.model.gpu.learned import KernelModel
+
+    assert set(KernelModel.load(out).families) == {"norm", "softmax"}
+
+
+def test_calibrate_dataset_refuses_bad_folders(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _small_dataset(tmp_path, 5)
+    (folder / "device_configs" / "Tesla_P4.json").write_text("{\"Device\": \"Tesla P4\"}")
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Tesla_P4.json: not a device config" in err and "\n" not in err
+    assert not (tmp_path / "m.npz").exists()
+    shutil.rmtree(folder / "device_configs")
+    assert main(["calibrate", "--dataset", str(folder)]) == 2
+    assert "no device configs" in capsys.readouterr().err
+    with pytest.raises(PerfswarmError, match="no such directory"):
+        load_dataset(tmp_path / "missing")
+
+
+def test_aten_ops_become_their_kernels() -> None:
+    linear = op_kernels("aten::addmm", Shapes(((1024,), (2048, 1024), (1024, 1024)),
+                                              ("float",) * 3))
+    assert linear is not None and [(w.family, w.m, w.n, w.k) for w in linear] == [
+        ("gemm", 2048, 1024, 1024)]
+    assert op_kernels("aten::mm", Shapes(((64, 32), (32, 16)), ("float",) * 2),
+                      tensor_core=True)[0].peak == "tf32"  # type: ignore[index]
+    ln_back = op_kernels("aten::native_layer_norm_backward",
+                         Shapes(((8, 512, 1024), (8, 512, 1024)), ("float",) * 2))
+    assert ln_back is not None and [(w.family, w.m, w.n) for w in ln_back] == [
+        ("norm", 4096, 1024)] * 2
+    conv_back = op_kernels("aten::convolution_backward",
+                           Shapes(((8, 64, 56, 56), (8, 64, 56, 56), (64, 64, 3, 3)),
+                                  ("float",) * 3))
+    assert conv_back is not None and len(conv_back) == 2
+    assert conv_back[0].flops == 2 * 8 * 56 * 56 * 64 * 64 * 9
+    assert op_kernels("aten::view", Shapes(((4, 4),), ("float",))) is None
+
+
+def test_a_gemm_is_slower_on_a_smaller_gpu_and_the_ratio_scales_a_kernel() -> None:
+    """A100 -> T4 at fixed work: the model's kernel ratio, applied to a measured time."""
+    a100, t4 = load_spec("A100-PCIe-40GB"), load_spec("T4")
+    shapes = Shapes(((4096, 4096), (4096, 4096)), ("float", "float"))
+    [(on_a100, family)] = op_seconds([("aten::mm", shapes, False)], a100)  # type: ignore[misc]
+    [(on_t4, _)] = op_seconds([("aten::mm", shapes, False)], t4)  # type: ignore[misc]
+    assert family == "gemm" and 1.5 < on_t4 / on_a100 < 6
+    cost = op_cost("aten::mm", shapes.dims, shapes.types)
+    assert cost is not None
+    scaler = LearnedScaler.of(a100, t4)
+    scaled = scaler.scaled(10_000_000, cost, cost, shapes.dims, shapes.dims)
+    assert scaled == pytest.approx(2_000 + 9_998_000 * on_t4 / on_a100, rel=1e-3)
+    assert Hardware.of_spec(t4).cores_per_sm == 64
+
+
+def test_tensor_core_kernels_scale_by_tensor_core_peaks() -> None:
+    """A TF32 GEMM kernel of unknown shapes moves A100 -> V100 by the 156 TF32 vs 15.7 FP32
+    (no TF32 on a V100) peaks: slower, not faster as by FP32 peaks (19.5 vs 15.7)."""
+    scaler = RooflineScaler(load_spec("A100-40GB"), load_spec("V100"))
+    assert scaler.unmodelled(102_000, True, "tf32") == 2_000 + round(100_000 * 156 / 15.7)
+    assert scaler.unmodelled(102_000, True) == 2_000 + round(100_000 * 19.5 / 15.7)
+
+
+def test_kernels_find_their_op_through_the_launch_call() -> None:
+    """Held-out traces number kernels' External ids by correlation, a range no CPU op has: the
+    kernel's op is the innermost op around its launch call, by correlation id."""
+    ev = events([
+        (0, 0, 100, "cpu_op", "aten::linear", 1, -1, -1, -1),
+        (0, 10, 80, "cpu_op", "aten::addmm", 1, -1, -1, -1),
+        (0, 20, 5, "runtime", "cudaLaunchKernel", 1, -1, -1, 7),
+        (0, 40, 30, "kernel", "sgemm", 1, 0, 7, 7),
+        (0, 200, 50, "cpu_op", "aten::relu", 1, -1, -1, -1),
+        (0, 210, 5, "runtime", "cudaLaunchKernel", 1, -1, -1, 8),
+        (0, 230, 10, "kernel", "relu_kernel", 1, 0, 7, 8),
+    ])
+    external = np.array([1, 2, 7, 7, 3, 8, 8])  # kernels: their correlation, like no op's
+    device = np.flatnonzero(ev.of_kind("kernel"))
+    found = launching_ops(ev, external, device)
+    assert {ev.name_of(k): ev.name_of(o) for k, o in found.items()} == {
+        "sgemm": "aten::addmm", "relu_kernel": "aten::relu"}
