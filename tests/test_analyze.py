@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfswarm.analyze.annotations import scopes
 from perfswarm.analyze.bandwidth import bandwidth
 from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
 from perfswarm.analyze.frame import Events
@@ -273,6 +274,29 @@ def test_kernel_sequences_nccl(corpus_runs: dict[str, Run]) -> None:
     assert all(k.startswith("void at::native::vectorized_elementwise_kernel") for k in (c, d, f))
     assert e.startswith("void cudnn::bn_bw_1C11_kernel_new")
     assert [s.total_ns for s in top] == sorted((s.total_ns for s in top), reverse=True)
+
+
+def test_scopes_event_sync(corpus_runs: dict[str, Run]) -> None:
+    """By hand from the trace (us): aten::sum [159, 198) holds aten::sum [162, 196), which
+    holds as_strided (1) and the launch call (10) of the 11 us reduce kernel."""
+    result = scopes(Events.load(corpus_runs["event_sync"]))
+    total = {s.name: s for s in result.ops}["aten::sum"]
+    assert (total.count, total.cpu_total_ns, total.cpu_self_ns) == (2, 73 * US, 28 * US)
+    assert (total.device_self_ns, total.device_total_ns) == (11 * US, 22 * US)
+
+
+def test_scopes_nccl_annotations(corpus_runs: dict[str, Run]) -> None:
+    """The main thread's phase annotations: backward's kernels are launched by the autograd
+    thread, so they are not under `## backward ##` (device time counts what nests)."""
+    result = scopes(Events.load(corpus_runs["nccl"]))
+    by_name = {s.name: s for s in result.annotations}
+    forward, backward = by_name["## forward ##"], by_name["## backward ##"]
+    assert (forward.count, backward.count) == (3, 3)
+    # the three `## forward ##` durations in the raw JSON
+    assert forward.cpu_total_ns == 103_788_081 + 103_098_615 + 102_693_531
+    assert forward.cpu_self_ns < forward.cpu_total_ns and backward.device_total_ns < 100 * US
+    assert forward.device_total_ns == by_name["DistributedDataParallel.forward"].device_total_ns
+    assert all(s.cpu_self_ns <= s.cpu_total_ns for s in (*result.ops, *result.annotations))
 
 
 def test_queue_length() -> None:

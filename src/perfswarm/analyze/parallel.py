@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from perfswarm.analyze.annotations import Scopes, scopes
 from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, RankConcurrency, rank_concurrency
 from perfswarm.analyze.critical_path import (
@@ -65,6 +66,7 @@ class RankPart:
     collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
     kernels: RankKernels
     sequences: Counts
+    scopes: Scopes
 
 
 def load_rank(path: str, rank: int) -> Events:
@@ -80,7 +82,8 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, rank_concurrency(ev, rank, steps.get(rank, [])),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
-                    collective_starts(ev, rank), rank_kernels(ev, rank), sequence_counts(ev))
+                    collective_starts(ev, rank), rank_kernels(ev, rank), sequence_counts(ev),
+                    scopes(ev, None))
 
 
 def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]]) -> Graph:
@@ -138,5 +141,6 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         system=system_load(run.table("counters"), its.steps),
         kernels=tuple(p.kernels for p in parts),
         bandwidth=tuple(b for rank_flows in flows for b in rank_flows),
-        sequences=top_sequences(merge([p.sequences for p in parts])))
+        sequences=top_sequences(merge([p.sequences for p in parts])),
+        scopes=Scopes.merge([p.scopes for p in parts]))
 

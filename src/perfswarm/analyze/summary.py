@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfswarm.analyze.aisi import time_windows, without_iterations
+from perfswarm.analyze.annotations import Scopes, scopes
 from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, concurrency
 from perfswarm.analyze.critical_path import CriticalPath, critical_path
@@ -42,6 +43,7 @@ class Analysis:
     kernels: tuple[RankKernels, ...]
     bandwidth: tuple[RankBandwidth, ...]
     sequences: tuple[Sequence_, ...]
+    scopes: Scopes
     # time windows the concurrency and system load are given per when no iterations are found
     windows: Mapping[int, Sequence[StepWindow]] = field(default_factory=dict)
 
@@ -57,6 +59,7 @@ class Analysis:
                 "kernels": [k.to_dict() for k in self.kernels],
                 "bandwidth": [b.to_dict() for b in self.bandwidth],
                 "sequences": [s.to_dict() for s in self.sequences],
+                "scopes": self.scopes.to_dict(),
                 "windows": {str(r): [w.to_dict() for w in ws] for r, ws in self.windows.items()}}
 
 
@@ -101,7 +104,8 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         critical_path=critical_path(ev, sync_events(run, ev)),
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
-        bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), windows=windows)
+        bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),
+        windows=windows)
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,

@@ -1,0 +1,124 @@
+"""Time by aten op and by user annotation (nn.Module / record_function ranges), self and total,
+on the CPU and on the device.
+
+On each host thread the events nest: an op's parent is the innermost event around it
+(ties in start: the longer one encloses). CPU total is an op's duration; CPU self is
+what its children leave of it. A device op belongs to the runtime call that launched
+it (joined by correlation): its time is the device self time of the innermost op
+around that call and the device total time of every op and annotation around it.
+Names are summed over ranks; step markers are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.launch import launch_pairs
+
+TOP: Final = 20
+
+
+@dataclass(frozen=True)
+class Scope:
+    name: str
+    count: int
+    cpu_total_ns: int
+    cpu_self_ns: int
+    device_total_ns: int
+    device_self_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "count": self.count, "cpu_total_ns": self.cpu_total_ns,
+                "cpu_self_ns": self.cpu_self_ns, "device_total_ns": self.device_total_ns,
+                "device_self_ns": self.device_self_ns}
+
+
+@dataclass(frozen=True)
+class Scopes:
+    ops: tuple[Scope, ...]  # aten and other CPU ops, top by CPU total
+    annotations: tuple[Scope, ...]  # user annotations, top by CPU total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ops": [s.to_dict() for s in self.ops],
+                "annotations": [s.to_dict() for s in self.annotations]}
+
+    @classmethod
+    def merge(cls, parts: Sequence[Scopes], top: int | None = TOP) -> Scopes:
+        """Ranks' full (untruncated) scopes summed by name."""
+        return cls(_ranked([s for p in parts for s in p.ops], top),
+                   _ranked([s for p in parts for s in p.annotations], top))
+
+
+def _ranked(scopes: Sequence[Scope], top: int | None) -> tuple[Scope, ...]:
+    by_name: dict[str, Scope] = {}
+    for s in scopes:
+        o = by_name.get(s.name)
+        by_name[s.name] = s if o is None else Scope(
+            s.name, o.count + s.count, o.cpu_total_ns + s.cpu_total_ns,
+            o.cpu_self_ns + s.cpu_self_ns, o.device_total_ns + s.device_total_ns,
+            o.device_self_ns + s.device_self_ns)
+    return tuple(sorted(by_name.values(), key=lambda s: (-s.cpu_total_ns, s.name))[:top])
+
+
+def parents(ev: Events, rows: I64) -> I64:
+    """For each event row, the row of the innermost event of `rows` on its thread around it
+    (-1: none); rows outside `rows` get -1."""
+    parent = np.full(len(ev), -1, np.int64)
+    for _key, thread in group_rows(lane_key(ev.rank[rows], ev.tid[rows]), rows).items():
+        order = thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))]
+        stack: list[tuple[int, int]] = []  # (row, end)
+        for row, start, end in zip(order.tolist(), ev.ts[order].tolist(),
+                                   ev.end[order].tolist(), strict=True):
+            while stack and stack[-1][1] <= start:
+                stack.pop()
+            if stack:
+                parent[row] = stack[-1][0]
+            stack.append((row, end))
+    return parent
+
+
+def _scopes(ev: Events, rows: I64, cpu_self: I64, dev_self: I64, dev_total: I64,
+            top: int | None) -> tuple[Scope, ...]:
+    if len(rows) == 0:
+        return ()
+    uniq, inverse = np.unique(ev.name[rows], return_inverse=True)
+
+    def by_name(values: I64) -> list[int]:
+        return [int(x) for x in np.bincount(inverse, weights=values, minlength=len(uniq))]
+
+    count = np.bincount(inverse, minlength=len(uniq)).tolist()
+    cpu, own, dev, dev_own = (by_name(v[rows]) for v in (ev.dur, cpu_self, dev_total,
+                                                         dev_self))
+    return _ranked([Scope(ev.names[int(n)], count[i], cpu[i], own[i], dev[i], dev_own[i])
+                    for i, n in enumerate(uniq.tolist())], top)
+
+
+def scopes(ev: Events, top: int | None = TOP) -> Scopes:
+    """The ops and annotations of `ev` that took most CPU time (all with `top` None)."""
+    host = np.flatnonzero(ev.of_kind("cpu_op", "user_annotation", "python_function", "runtime",
+                                     "driver") & ~ev.is_step_marker)
+    parent = parents(ev, host)
+    children = np.zeros(len(ev), np.int64)
+    has = host[parent[host] >= 0]
+    np.add.at(children, parent[has], ev.dur[has])
+    cpu_self = np.maximum(ev.dur - children, 0)
+    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    dev_self = np.zeros(len(ev), np.int64)
+    dev_total = np.zeros(len(ev), np.int64)
+    innermost = parent[calls]
+    known = innermost >= 0
+    np.add.at(dev_self, innermost[known], ev.dur[dev][known])
+    at, dur = innermost[known], ev.dur[dev][known]
+    while len(at):  # up the chain of enclosing events, all at once per level
+        np.add.at(dev_total, at, dur)
+        up = parent[at]
+        at, dur = up[up >= 0], dur[up >= 0]
+    ops = host[ev.kind[host] == KIND["cpu_op"]]
+    annotations = host[ev.kind[host] == KIND["user_annotation"]]
+    return Scopes(_scopes(ev, ops, cpu_self, dev_self, dev_total, top),
+                  _scopes(ev, annotations, cpu_self, dev_self, dev_total, top))
