@@ -126,10 +126,19 @@ def choose_k(x: np.ndarray[Any, Any], weights: np.ndarray[Any, Any]) -> tuple[np
     return best[2], best[1], best[0]
 
 
-def swarms(samples: pa.Table, stacks: pa.Table,
-           steps: Mapping[int, Sequence[StepWindow]] | None = None) -> Swarms:
-    if samples.num_rows == 0 or stacks.num_rows == 0:
-        return Swarms(0, None, ())
+@dataclass(frozen=True)
+class Labels:
+    """Which swarm each distinct stack of the samples fell in."""
+
+    uniq: I64  # distinct stack ids
+    inv: I64  # per sample, its row in `uniq`
+    labels: np.ndarray[Any, Any]  # per distinct stack, its swarm
+    k: int
+    silhouette: float | None
+
+
+def label_stacks(samples: pa.Table, stacks: pa.Table) -> Labels:
+    """Cluster the samples' distinct stacks (samples not empty)."""
     stack_of = np.asarray(samples.column("stack_id").to_numpy(), np.int64)
     weight = np.asarray(samples.column("weight").to_numpy(), np.int64)
     uniq, inv = np.unique(stack_of, return_inverse=True)
@@ -141,12 +150,24 @@ def swarms(samples: pa.Table, stacks: pa.Table,
     dense = (TruncatedSVD(dims, random_state=SEED).fit_transform(x) if dims >= 2
              else x.toarray())
     labels, k, score = choose_k(dense, stack_weight)
-    return Swarms(k, score, _describe(samples, stacks, uniq, inv, labels, weight, steps or {}))
+    return Labels(uniq, inv, labels, k, score)
 
 
-def _describe(samples: pa.Table, stacks: pa.Table, uniq: I64, inv: I64,
-              labels: np.ndarray[Any, Any], weight: I64,
-              steps: Mapping[int, Sequence[StepWindow]]) -> tuple[Swarm, ...]:
+def swarms(samples: pa.Table, stacks: pa.Table,
+           steps: Mapping[int, Sequence[StepWindow]] | None = None) -> Swarms:
+    if samples.num_rows == 0 or stacks.num_rows == 0:
+        return Swarms(0, None, ())
+    lab = label_stacks(samples, stacks)
+    weight = np.asarray(samples.column("weight").to_numpy(), np.int64)
+    found = describe(samples, stacks, lab, weight, steps or {})
+    return Swarms(lab.k, lab.silhouette, tuple(sorted(found, key=lambda s: (-s.weight,
+                                                                            s.caption))))
+
+
+def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,
+             steps: Mapping[int, Sequence[StepWindow]]) -> tuple[Swarm, ...]:
+    """Each swarm's caption, functions, modules, samples, weight and steps, in label order."""
+    uniq, inv, labels = lab.uniq, lab.inv, lab.labels
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
     func, func_names = _dict_codes(stacks, "function")
@@ -181,4 +202,4 @@ def _describe(samples: pa.Table, stacks: pa.Table, uniq: I64, inv: I64,
                       for s in np.unique(in_steps) if s >= 0}
         out.append(Swarm(f"{mods[0]}: {funcs[0]}", tuple(funcs), tuple(mods), int(mine.sum()),
                          int(w.sum()), float(w.sum() / total) if total else 0.0, step_share))
-    return tuple(sorted(out, key=lambda s: (-s.weight, s.caption)))
+    return tuple(out)

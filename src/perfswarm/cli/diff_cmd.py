@@ -10,6 +10,7 @@ from rich.table import Table
 
 from perfswarm.analyze.diff import OpDelta
 from perfswarm.analyze.summary import diff_runs
+from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.trace.store import Run
@@ -24,13 +25,22 @@ def diff_command(
     rank_b: Annotated[int | None, typer.Option("--rank-b", help="Rank of B (default lowest).")]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+    swarms_only: Annotated[bool, typer.Option("--swarms", help="Only the swarm diff (sampled stacks), for Runs without events (perf or py-spy alone).")] = False,
 ) -> None:
     """Ops and kernels of B against A, aligned by name and iteration: regressions and
     improvements beyond their noise band (twice the standard error from the step-to-step
     variation)."""
-    result = diff_runs(Run.open(a), Run.open(b), rank_a=rank_a, rank_b=rank_b)
+    run_a, run_b = Run.open(a), Run.open(b)
+    swarms = swarm_diff(run_a, run_b)
+    if swarms_only:
+        if as_json:
+            print_json({"swarms": swarms.to_dict()})
+        else:
+            _print_swarms(swarms)
+        return
+    result = diff_runs(run_a, run_b, rank_a=rank_a, rank_b=rank_b)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "swarms": swarms.to_dict()})
         return
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
                   f"({ms(result.b_span_ns - result.a_span_ns)}); "
@@ -51,6 +61,8 @@ def diff_command(
         if len(shown) < len(rows):
             console.print(f"  {len(rows) - len(shown)} more within their noise band "
                           "(step-to-step variation)")
+    if swarms.swarms:
+        _print_swarms(swarms)
 
 
 def _ops_table(title: str, rows: list[OpDelta]) -> Table:
@@ -66,3 +78,16 @@ def _ops_table(title: str, rows: list[OpDelta]) -> Table:
                     f"{o.a_ns / 1e6:.3f}→{o.b_ns / 1e6:.3f}", f"{o.delta_ns / 1e6:+.3f}", per_it,
                     band)
     return ops
+
+
+def _print_swarms(diff: SwarmDiff) -> None:
+    if not diff.swarms:
+        console.print("no sampled stacks on either side: no swarm diff")
+        return
+    table = Table("swarm", "samples A→B", "ms A→B", "delta ms", title="function swarms (A and B "
+                  "clustered together), largest change first", title_justify="left")
+    for d in diff.swarms[:15]:
+        times = ("-", "-") if d.ns is None else (f"{d.ns[0] / 1e6:.1f}→{d.ns[1] / 1e6:.1f}",
+                                                f"{(d.delta_ns or 0) / 1e6:+.1f}")
+        table.add_row(d.caption[:70], f"{d.samples[0]}→{d.samples[1]}", *times)
+    console.print(table)

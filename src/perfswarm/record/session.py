@@ -281,6 +281,7 @@ def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
                    if perf_c is not None and options.perf_events else None)
     manifest["extra"] = {"record": {
         "start_ns": start_ns, "end_ns": time.time_ns(), "pid": pid,
+        "perf_hz": options.perf_hz, "pystacks_hz": options.pystacks_hz,
         "steps_window": [options.skip, options.steps], "hz": options.hz,
         "heap_reserve_mib": options.heap_reserve_mib if "torch" in options.collectors else 0,
         "sampler_cpu_ns": {c.name: c.cpu_ns for c in collectors if isinstance(c, Sampler)},

@@ -1,0 +1,68 @@
+"""Swarm diff on two real perf recordings of one program with its two phases swapped."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import orjson
+import pytest
+
+from perfswarm.analyze.swarm_diff import swarm_diff
+from perfswarm.cli.main import main
+from perfswarm.record.session import RecordOptions, record
+from perfswarm.trace.store import Run
+
+MIX = textwrap.dedent("""
+    import hashlib, sys, time, zlib
+    data = bytes(range(256)) * 4096
+    def busy(fn, seconds):
+        t = time.process_time()
+        while time.process_time() - t < seconds:
+            fn(data)
+    busy(lambda d: zlib.compress(d, 6), float(sys.argv[1]))
+    busy(lambda d: hashlib.sha256(d).digest(), float(sys.argv[2]))
+""")
+
+
+def _leaf_modules(run: Run) -> list[str]:
+    """Each perf sample's leaf module, from the Run's tables."""
+    stacks = run.table("stacks").to_pydict()
+    leaf = {s: m for s, d, m in zip(stacks["stack_id"], stacks["depth"], stacks["module"],
+                                    strict=True) if d == 0}
+    return [str(leaf[s]) for s in run.table("samples").to_pydict()["stack_id"]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
+    root = tmp_path_factory.mktemp("swarms")
+    return tuple(record([sys.executable, "-c", MIX, *times], root / f"{name}.run",  # type: ignore[return-value]
+                        RecordOptions(collectors=("perf",))).run
+                 for name, times in (("a", ("0.6", "0.2")), ("b", ("0.2", "0.6"))))
+
+
+@pytest.mark.skipif(not Path("/usr/bin/perf").exists(), reason="needs perf")
+def test_swarms_grow_and_shrink(runs: tuple[Run, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = runs
+    d = swarm_diff(a, b)
+    mods = [_leaf_modules(a), _leaf_modules(b)]
+    # every sample of each side is in one swarm
+    assert sum(s.samples[0] for s in d.swarms) == len(mods[0])
+    assert sum(s.samples[1] for s in d.swarms) == len(mods[1])
+    period = round(1e9 / 99)  # perf's default 99 Hz: ns per sample
+    for s in d.swarms:
+        assert s.ns == (s.weight[0] * period, s.weight[1] * period)
+    # hashing (libcrypto) grew the most, compressing (libz) shrank the most: the swarms of the
+    # two libraries hold exactly their samples
+    grew = max(d.swarms, key=lambda s: s.delta_ns or 0)
+    shrank = min(d.swarms, key=lambda s: s.delta_ns or 0)
+    for swarm, lib in ((grew, "libcrypto"), (shrank, "libz")):
+        assert lib in swarm.caption.split(":")[0]
+        same = [s for s in d.swarms if lib in s.caption.split(":")[0]]
+        for side in (0, 1):
+            assert sum(s.samples[side] for s in same) == sum(lib in m for m in mods[side])
+    assert grew.samples[1] > 2 * grew.samples[0] and shrank.samples[0] > 2 * shrank.samples[1]
+    assert main(["diff", str(a.path), str(b.path), "--swarms", "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["swarms"] == orjson.loads(orjson.dumps(d.to_dict()))
