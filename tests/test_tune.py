@@ -66,8 +66,12 @@ def test_a_short_search_finds_the_best_configuration(tmp_path: Path) -> None:
     assert all(t["steps"] == 7 and t["run"] is None for t in complete)
     summary = orjson.loads((out / "tune.json").read_bytes())
     assert summary == orjson.loads(orjson.dumps(result.to_dict()))
-    assert set(summary) == {"command", "study", "storage", "measure", "baseline", "best",
-                            "speedup", "trials", "pruned", "failed", "importance"}
+    assert set(summary) == {"command", "study", "storage", "measure", "baseline",
+                            "baseline_throughputs", "noise", "best", "speedup", "beyond_noise",
+                            "trials", "pruned", "failed", "importance"}
+    # the baseline ran three times; printed times are exact: no noise, the 8x clears it
+    assert summary["baseline_throughputs"] == [100.0] * 3
+    assert summary["noise"] == 0.0 and summary["beyond_noise"] is True
     assert summary["measure"] == "stdout" and summary["baseline"]["run"] is None
     assert summary["storage"] == f"sqlite:///{(out / 'tune.db').resolve()}"
     trials = orjson.loads((out / "trials.json").read_bytes())
@@ -167,7 +171,7 @@ def test_recorded_trials_are_measured_from_their_runs(tmp_path: Path) -> None:
     space.write_text("params: [{name: fast, type: bool, flag: --fast}]\n")
     out = tmp_path / "rec"
     result = tune([sys.executable, "-c", STEPPER, "12"], load_space(space),
-                  TuneOptions(out=out, trials=3, seed=0))
+                  TuneOptions(out=out, trials=3, seed=0, baseline_repeats=1))
     # Iteration 0 is the warm-up (no hook before it either); 1-2 are profiled and 3 carries
     # the trace's export.
     assert result.baseline.steps == tuple(range(4, 12))
@@ -176,7 +180,7 @@ def test_recorded_trials_are_measured_from_their_runs(tmp_path: Path) -> None:
     assert baseline.manifest()["complete"] is True
     assert set(baseline.manifest()["collectors"]) == {"torch", "system"}
     steps = {(s["step"], s["source"]) for s in baseline.table("steps").to_pylist()}
-    assert {(1, "marker"), (2, "marker"), (3, "detected")} <= steps
+    assert {(1, "marker"), (2, "marker"), (3, "export")} <= steps
     assert result.baseline.median_s >= 0.04  # each step sleeps 40 ms
     best = result.best
     assert best is not None and best["params"] == {"fast": True}
@@ -206,3 +210,32 @@ def test_a_recorded_trial_is_stopped_when_its_watcher_says_so(tmp_path: Path) ->
     assert m["signal"] == "SIGKILL" and {"source": "record", "count": 1,
                                          "what": "stopped by the caller: pruned by the tuner"} in (
         m["warnings"])
+
+
+def test_a_speedup_within_the_baseline_noise_is_not_called_one() -> None:
+    """Three baselines at 90, 100 and 110 steps/s: noise 110 / 90 - 1 = 22.2%; a best trial
+    at 115 steps/s is 1.15x the median baseline, inside it."""
+    from perfswarm.optimize.trial import Measurement
+    from perfswarm.optimize.tune import TrialDict, TuneResult
+
+    base = Measurement(steps=(1,), step_s=(0.01,), wall_s=1.0)  # 100 steps/s
+    trial = TrialDict(number=0, state="COMPLETE", params={}, throughput=115.0,
+                      median_step_s=1 / 115, steps=5, run=None)
+    result = TuneResult(("cmd",), "s", "sqlite://", "stdout", base, (trial,), {},
+                        (90.0, 100.0, 110.0))
+    assert result.noise == round(110 / 90 - 1, 4) and result.speedup == 1.15
+    assert not result.beyond_noise
+    faster = TuneResult(("cmd",), "s", "sqlite://", "stdout", base,
+                        ({**trial, "throughput": 130.0},), {}, (90.0, 100.0, 110.0))
+    assert faster.beyond_noise
+
+
+def test_key_equals_value_flags() -> None:
+    """nanoGPT's configurator takes `--batch_size=24`, one token: a flag ending in `=`."""
+    from perfswarm.optimize.space import Param
+
+    argv: list[str] = ["train.py"]
+    Param("batch", "int", low=8, high=32, flag="--batch_size=").apply(24, {}, argv)
+    Param("compile", "bool", flag="--compile=").apply(False, {}, argv)
+    Param("workers", "int", low=0, high=4, flag="--workers").apply(2, {}, argv)
+    assert argv == ["train.py", "--batch_size=24", "--compile=False", "--workers", "2"]

@@ -30,18 +30,19 @@ def tune_command(
     window: Annotated[int, typer.Option("--window", help="--measure record: profiled steps per run, right after the warm-up (left out of the throughput).")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before a trial is killed (counts as failed).")] = None,
+    baseline_repeats: Annotated[int, typer.Option("--baseline-repeats", help="Runs of the command as given: their spread (max / min - 1) is the noise a trial must clear to count as a speedup.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (keys in docs/cli.md).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Search environment variables and command flags for the highest throughput (Optuna)."""
     options = TuneOptions(out=out, trials=trials, storage=storage, study=study, measure=measure,
                           step_pattern=step_pattern, warmup=warmup, window=window, seed=seed,
-                          timeout_s=timeout)
+                          timeout_s=timeout, baseline_repeats=baseline_repeats)
 
     with Progress(description(), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True,
                   disable=quiet) as bar:
-        task = bar.add_task("tuning (baseline + trials)", total=trials + 1)
+        task = bar.add_task("tuning (baseline + trials)", total=trials + baseline_repeats)
 
         def progress(msg: str) -> None:
             if not quiet:
@@ -60,13 +61,16 @@ def tune_command(
         rate = "" if t["throughput"] is None else f"{t['throughput']:.3f}"
         table.add_row(str(t["number"]), t["state"], rate, str(t["params"]))
     console.print(table)
-    console.print(f"baseline: {result.baseline.throughput:.3f} steps/s")
+    console.print(f"baseline: {result.baseline.throughput:.3f} steps/s (median of "
+                  f"{len(result.baseline_throughputs)}; noise ±{100 * result.noise:.1f}%)")
     best = result.best
     if best is None:
         console.print("no trial completed")
         return
+    verdict = ("" if result.beyond_noise else
+               f": within the noise, no speedup shown (it needs over {1 + result.noise:.2f}x)")
     console.print(f"best: trial {best['number']} {best['params']}: {best['throughput']:.3f} "
-                  f"steps/s, {summary['speedup']:.2f}x the baseline")
+                  f"steps/s, {summary['speedup']:.2f}x the baseline{verdict}")
     if summary["importance"]:
         console.print("importance: " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                  sorted(summary["importance"].items(),

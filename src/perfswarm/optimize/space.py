@@ -52,7 +52,9 @@ class Param:
         text = ("1" if value else "0") if isinstance(value, bool) else str(value)
         if self.env:
             env[self.env] = text
-        if self.flag:
+        if self.flag and self.flag.endswith("="):  # one token, `--key=value` (nanoGPT)
+            argv.append(self.flag + (str(value) if isinstance(value, bool) else text))
+        elif self.flag:
             if self.kind != "bool":
                 argv += [self.flag, text]
             elif value:

@@ -1,7 +1,8 @@
 """`tune`: an Optuna search over environment variables and command flags for throughput.
 
-The command runs once as given (the baseline), then once per trial with one configuration
-of the space. Each run is measured by optimize.trial: by default a light recorded run whose
+The command runs as given (the baseline, `baseline_repeats` times: their spread is the noise
+a trial must clear to count as a speedup), then once per trial with one configuration of the
+space. Each run is measured by optimize.trial: by default a light recorded run whose
 throughput comes from its Run's optimizer-step times (steady state: past the warm-up and
 the profiling window); or, for commands the recorder cannot time, from the step times the
 command prints. Each steady step is reported to the study as it arrives, and the pruner
@@ -53,6 +54,7 @@ class TuneOptions:
     window: int = 2  # measure = record: profiled steps per trial
     seed: int = 0
     timeout_s: float | None = None  # per trial
+    baseline_repeats: int = 3  # the noise estimate: the spread of the repeated baseline
 
     @property
     def plan(self) -> Plan:
@@ -82,8 +84,11 @@ class TuneDict(TypedDict):
     storage: str
     measure: Measure
     baseline: BaselineDict
+    baseline_throughputs: list[float]  # each repeat of the baseline
+    noise: float  # their spread: max / min - 1
     best: TrialDict | None
     speedup: float | None
+    beyond_noise: bool  # the speedup exceeds 1 + noise
     trials: int
     pruned: int
     failed: int
@@ -96,9 +101,20 @@ class TuneResult:
     study: str
     storage: str
     measure: Measure
-    baseline: Measurement
+    baseline: Measurement  # the repeat of median throughput
     trials: tuple[TrialDict, ...]
     importance: Mapping[str, float] = field(default_factory=dict)
+    baseline_throughputs: tuple[float, ...] = ()
+
+    @property
+    def noise(self) -> float:
+        """How much the command as given moved between its repeats: max / min - 1."""
+        rates = [r for r in self.baseline_throughputs if r > 0]
+        return round(max(rates) / min(rates) - 1, 4) if len(rates) > 1 else 0.0
+
+    @property
+    def beyond_noise(self) -> bool:
+        return self.speedup is not None and self.speedup > 1 + self.noise
 
     @property
     def best(self) -> TrialDict | None:
@@ -121,7 +137,9 @@ class TuneResult:
                                               median_step_s=round(b.median_s, 9),
                                               steps=len(b.step_s),
                                               run=str(b.run) if b.run else None),
-                        best=self.best, speedup=self.speedup, trials=len(self.trials),
+                        baseline_throughputs=[round(r, 6) for r in self.baseline_throughputs],
+                        noise=self.noise, best=self.best, speedup=self.speedup,
+                        beyond_noise=self.beyond_noise, trials=len(self.trials),
                         pruned=states["PRUNED"], failed=states["FAIL"],
                         importance=dict(self.importance))
 
@@ -182,15 +200,21 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         raise PerfswarmError("--trials must be at least 1")
     if options.warmup < 0 or options.window < 1:
         raise PerfswarmError("--warmup must be at least 0 and --window at least 1")
+    if options.baseline_repeats < 1:
+        raise PerfswarmError("--baseline-repeats must be at least 1")
     measure = _measurer(options)
     options.out.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{(options.out / 'tune.db').resolve()}"
     base_env = dict(os.environ)
     say = progress or (lambda _msg: None)
 
-    say("baseline: the command as given")
-    baseline = measure(argv, base_env, "baseline", None)
-    say(f"baseline: {baseline.throughput:.3f} steps/s")
+    repeats = []
+    for i in range(options.baseline_repeats):
+        say(f"baseline: the command as given ({i + 1} of {options.baseline_repeats})")
+        repeats.append(measure(argv, base_env, "baseline" if i == 0 else f"baseline-{i + 1}",
+                               None))
+        say(f"baseline: {repeats[-1].throughput:.3f} steps/s")
+    baseline = sorted(repeats, key=lambda m: m.throughput)[(len(repeats) - 1) // 2]
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures: `say`
     try:
@@ -235,7 +259,8 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
     study.optimize(objective, n_trials=options.trials, catch=(CommandFailed,))
     rows = tuple(_trial_row(t) for t in study.get_trials(deepcopy=False))
     result = TuneResult(tuple(argv), options.study, storage, options.measure, baseline, rows,
-                        _importance(study, options.seed))
+                        _importance(study, options.seed),
+                        tuple(m.throughput for m in repeats))
     write_json(options.out / "trials.json", list(rows))
     write_json(options.out / "importance.json", dict(result.importance))
     write_json(options.out / "tune.json", result.to_dict())
