@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,20 @@ Clock = Callable[[], int]
 # Tools' clock readings and durations beyond this (146 years of ns) are not a clock; the bound
 # leaves room to add an epoch offset, or a duration to a time, within int64.
 MAX_CLOCK_NS = 1 << 62
+
+
+# Sets PR_SET_PDEATHSIG (1) to SIGKILL (9), which survives exec, then execs the command.
+_DIES_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
+                     "os.getppid() == int(sys.argv[1]) or os._exit(1); "
+                     "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def dies_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it is SIGKILLed when this process dies (even by SIGKILL, which
+    leaves no handler to clean up): a killed recorder orphans neither the workload nor perf or
+    py-spy. An isolated Python (no site, no PYTHON* variables) sets it and execs `argv`, so
+    the pid is the command's; no preexec_fn, which is unsafe beside the sampler threads."""
+    return [sys.executable, "-I", "-S", "-c", _DIES_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def int64_field(text: str, path: Path, line: int, what: str, limit: int = 1 << 63) -> int:

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import IO
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.base import Collector, Sampler
+from perfswarm.record.base import Collector, Sampler, dies_with_parent
 from perfswarm.record.build import Recording, build_run
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.gpu import GpuSampler
@@ -142,6 +142,7 @@ class Child:
 
 
 EXIT_GRACE_S = 1.0  # a SIGKILLed child still alive after this is held by a tracer
+STOP_GRACE_S = 3.0  # a child still alive this long after a forwarded signal is SIGKILLed
 
 
 def sigkill_pending(pid: int) -> bool:
@@ -202,9 +203,12 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     for c in collectors:
         c.before_child()
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child = subprocess.Popen(command, env=env, process_group=0, stdout=how.output,
+    child = subprocess.Popen(dies_with_parent(command), env=env, process_group=0,
+                             stdout=how.output,
                              stderr=subprocess.STDOUT if how.output is not None else None)
-    previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED}
+    forwarded: list[tuple[int, float]] = []  # (signal, when), as the handler forwards them
+    previous = {sig: signal.signal(sig, _forward(child, forwarded)) for sig in FORWARDED}
+    escalated = False
     stopped: str | None = None
     try:
         for c in collectors:
@@ -221,6 +225,12 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
                     if stopped is not None:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(child.pid, signal.SIGKILL)  # DataLoader workers too
+            if (forwarded and not escalated
+                    and (len(forwarded) > 1 or time.monotonic() - forwarded[0][1] > STOP_GRACE_S)):
+                # It ignores the signal (or the user asked twice): the whole group goes.
+                escalated = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
             if killed_at is None and sigkill_pending(child.pid):
                 killed_at = time.monotonic()
             elif killed_at is not None and time.monotonic() - killed_at > EXIT_GRACE_S:
@@ -248,7 +258,13 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
                                      "what": f"stopped by the caller: {stopped}"})
     manifest["exit_status"] = code if code >= 0 else None
     manifest["signal"] = signal.Signals(-code).name if code < 0 else None
-    manifest["complete"] = code == 0
+    if forwarded:
+        what = signal.Signals(forwarded[0][0]).name
+        manifest["warnings"].append({"source": "record", "count": len(forwarded), "what": (
+            f"interrupted by {what}" + (f"; the child did not stop within {STOP_GRACE_S:g} s "
+                                        "(or it was asked twice) and was killed"
+                                        if escalated else ""))})
+    manifest["complete"] = code == 0 and not forwarded
     recording = finish(collectors, raw, manifest, options, child.pid, start_ns,
                        (offset_start, offset_end))
     recording.manifest["extra"]["record"]["job_cpu_ns"] = job_cpu_ns
@@ -291,9 +307,11 @@ def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
     return Recording(raw, manifest, perf_c.exe if perf_c is not None else None, start_ns)
 
 
-def _forward(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:
+def _forward(child: subprocess.Popen[bytes], forwarded: list[tuple[int, float]]
+             ) -> Callable[[int, FrameType | None], None]:
     def handler(signum: int, _frame: FrameType | None) -> None:
         if child.poll() is None:
+            forwarded.append((signum, time.monotonic()))
             child.send_signal(signum)
 
     return handler

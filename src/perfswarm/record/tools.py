@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from perfswarm.record.base import Collector
+from perfswarm.record.base import Collector, dies_with_parent
 
 
 class ToolCollector(Collector):
@@ -48,8 +48,8 @@ class ToolCollector(Collector):
 
     def launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(dies_with_parent(argv), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         return self.proc
 
     def _reason(self) -> str:

@@ -1,0 +1,63 @@
+"""record against signals (issue 23): a child that ignores Ctrl-C is killed after a grace
+period and recorded incomplete; a SIGKILLed recorder takes its child with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from perfswarm.record.session import STOP_GRACE_S
+from perfswarm.trace.store import Run
+
+PY = sys.executable
+CLI = [PY, "-m", "perfswarm.cli.main", "record", "--quiet", "--collectors", "system"]
+STUBBORN = ("import os, signal, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print(os.getpid(), flush=True)\n"
+            "time.sleep(60)")
+
+
+def _gone(pid: int, within: float) -> bool:
+    """Whether `pid` has exited (or is a zombie nobody reaped yet) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_child_ignoring_ctrl_c_is_killed_and_recorded_incomplete(tmp_path: Path) -> None:
+    out = tmp_path / "s.run"
+    proc = subprocess.Popen([*CLI, "--out", str(out), "--", PY, "-c", STUBBORN],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 128 + signal.SIGKILL
+    assert _gone(child, 1)
+    m = Run.open(out).manifest()
+    assert m["complete"] is False and m["signal"] == "SIGKILL"
+    assert {"source": "record", "count": 1, "what": (
+        f"interrupted by SIGINT; the child did not stop within {STOP_GRACE_S:g} s (or it was "
+        "asked twice) and was killed")} in m["warnings"]
+
+
+def test_a_killed_recorder_takes_its_child_along(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*CLI, "--out", str(tmp_path / "k.run"), "--", PY, "-c", STUBBORN],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    assert not _gone(child, 0.2)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert _gone(child, 5)
