@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
-from perfswarm.analyze.intervals import sorted_unique, union
+from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.stragglers import occurrences
 from perfswarm.trace.store import Run
@@ -277,13 +277,12 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
     for key, rows in threads.items():
         by_rank[int(ev.rank[rows[0]])].append(key)
     ends: dict[int, tuple[I64, I64]] = {}
-    busy: dict[int, tuple[I64, I64, I64]] = {}  # union starts, ends, busy ns before each
+    busy: dict[int, Coverage] = {}
     works: dict[int, tuple[I64, I64]] = {}  # union of the thread's work
     for key, rows in threads.items():
         order = np.argsort(ev.end[rows], kind="stable")
         ends[key] = (ev.end[rows][order], rows[order])
-        s, e = union(ev.ts[rows], ev.end[rows])
-        busy[key] = (s, e, np.concatenate([[0], np.cumsum(e - s)]).astype(np.int64))
+        busy[key] = Coverage(*union(ev.ts[rows], ev.end[rows]))
         work = rows[work_kind[rows]]
         works[key] = union(ev.ts[work], ev.end[work])
     for keys in by_rank.values():
@@ -308,7 +307,7 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
                 other_end, other_rows = ends[other]
                 last = np.searchsorted(other_end, hi, side="right") - 1
                 first = np.searchsorted(other_end, lo, side="right")
-                ok = (last - first >= 1) & (_busy_ns(busy[other], lo, hi)
+                ok = (last - first >= 1) & (busy[other].between(lo, hi)
                                             >= WAKE_MIN_BUSY_SHARE * (hi - lo))
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
@@ -322,18 +321,6 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
             out[key] = Wakes(resume, best_row[found], best_end[found])
     return out
 
-
-def _busy_ns(busy: tuple[I64, I64, I64], lo: I64, hi: I64) -> I64:
-    """ns of [lo, hi) covered by the disjoint sorted intervals (starts, ends, cumulative)."""
-    starts, ends, cum = busy
-
-    def upto(x: I64) -> I64:
-        i = np.searchsorted(starts, x, side="right")  # intervals starting at or before x
-        inside = np.clip(x - starts[np.maximum(i - 1, 0)], 0,
-                         (ends - starts)[np.maximum(i - 1, 0)])
-        return np.asarray(cum[np.maximum(i - 1, 0)] + np.where(i > 0, inside, 0), np.int64)
-
-    return upto(hi) - upto(lo)
 
 
 def _blocked_after(work: tuple[I64, I64], t: I64, finish: int) -> I64:

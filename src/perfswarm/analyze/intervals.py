@@ -99,3 +99,22 @@ def sorted_unique(values: I64) -> I64:
     keep = np.ones(len(x), dtype=bool)
     keep[1:] = x[1:] != x[:-1]
     return x[keep]
+
+
+class Coverage:
+    """How much of any [lo, hi) disjoint sorted intervals cover, for many queries at once."""
+
+    def __init__(self, starts: I64, ends: I64) -> None:
+        self.starts, self.ends = starts, ends
+        self.cum = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int64)
+
+    def upto(self, x: I64) -> I64:
+        if len(self.starts) == 0:
+            return np.zeros(np.shape(x), np.int64)
+        i = np.searchsorted(self.starts, x, side="right")  # intervals starting at or before x
+        last = np.maximum(i - 1, 0)
+        inside = np.clip(x - self.starts[last], 0, (self.ends - self.starts)[last])
+        return np.asarray(self.cum[last] + np.where(i > 0, inside, 0), np.int64)
+
+    def between(self, lo: I64, hi: I64) -> I64:
+        return self.upto(hi) - self.upto(lo)

@@ -112,14 +112,20 @@ class Queue:
                 "bins": list(self.bins), "full_ns": self.full_ns}
 
 
+def queue_steps(launch_ts: I64, done_ts: I64) -> tuple[I64, I64]:
+    """The queue's length from each time on: +1 at each launch, -1 at each finish (at equal
+    times, finishes first)."""
+    times = np.concatenate([launch_ts, done_ts])
+    steps = np.concatenate([np.ones(len(launch_ts), np.int64), -np.ones(len(done_ts), np.int64)])
+    order = np.lexsort((steps, times))
+    return times[order], np.cumsum(steps[order])
+
+
 def queue_length(launch_ts: I64, done_ts: I64, bins: int = QUEUE_BINS,
                  full: int = FULL_QUEUE) -> Queue:
     if len(launch_ts) == 0:
         return Queue(0, 0.0, 0, 0, (), 0)
-    times = np.concatenate([launch_ts, done_ts])
-    steps = np.concatenate([np.ones(len(launch_ts), np.int64), -np.ones(len(done_ts), np.int64)])
-    order = np.lexsort((steps, times))  # at equal times, finish before launch
-    times, level = times[order], np.cumsum(steps[order])
+    times, level = queue_steps(launch_ts, done_ts)
     start, span = int(times[0]), int(times[-1] - times[0])
     if span == 0:
         return Queue(int(level.max()), 0.0, start, 0, (), 0)

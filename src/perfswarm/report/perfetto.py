@@ -15,11 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import orjson
 import pyarrow.compute as pc
 
+from perfswarm.analyze.bandwidth import bandwidth
+from perfswarm.analyze.frame import Events, group_rows, lane_key
+from perfswarm.analyze.intervals import Coverage, union
+from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs, queue_steps
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace.kineto import COLLECTIVE_KERNEL
+from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
 from perfswarm.trace.store import Run, write_output
 from perfswarm.trace.timebase import ns_to_us_text
@@ -54,6 +59,8 @@ _ARG_COLUMNS: Final = (
     ("rf_id", "Record function id"),
 )
 EXPORTED_ARG_KEYS: Final = frozenset(key for _, key in _ARG_COLUMNS)
+
+UTILIZATION_BINS: Final = 100
 
 _EVENT_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid",
                          *(column for column, _ in _ARG_COLUMNS), "args"]
@@ -151,6 +158,44 @@ def _counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]
                "ts": _us(row["ts"] - base), "args": {key: row["value"]}}
 
 
+def _derived_counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+    """Per device: launched, unfinished ops per stream at every change, and the share of each
+    of UTILIZATION_BINS time bins some op ran; per rank (on its host process): memory
+    bandwidth per direction in analyze.bandwidth's bins."""
+    ev = Events.load(run)
+    host_pid = _host_pid(run) if len(ev) else {}
+
+    def counter(name: str, rank: int, pid: int, ts: int, args: dict[str, Any]) -> dict[str, Any]:
+        return {"ph": "C", "cat": DERIVED_COUNTERS, "name": name, "pid": pids(rank, pid), "tid": 0,
+                "ts": _us(ts - base), "args": args}
+
+    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    for _key, at in sorted(group_rows(lane_key(ev.rank[dev], (ev.device[dev] << 20)
+                                               | (ev.stream[dev] & 0xFFFFF)),
+                                      np.arange(len(dev))).items()):
+        ops = dev[at]
+        rank, device, stream = (int(x[ops[0]]) for x in (ev.rank, ev.device, ev.stream))
+        times, level = queue_steps(ev.ts[calls[at]], ev.end[ops])
+        last = np.append(times[1:] != times[:-1], True)  # the level after all changes at a time
+        for t, n in zip(times[last].tolist(), level[last].tolist(), strict=True):
+            yield counter("queue length", rank, device, t, {f"stream {stream}": n})
+    busy = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
+    for _key, ops in sorted(group_rows(lane_key(ev.rank[busy], ev.device[busy]), busy).items()):
+        rank, device = int(ev.rank[ops[0]]), int(ev.device[ops[0]])
+        lo, hi = int(ev.ts[ops].min()), int(ev.end[ops].max())
+        width = max(-(-(hi - lo) // UTILIZATION_BINS), 1)
+        edges = lo + width * np.arange(UTILIZATION_BINS + 1)
+        share = np.diff(Coverage(*union(ev.ts[ops], ev.end[ops])).upto(edges)) / width
+        for t, u in zip(edges[:-1].tolist(), share.tolist(), strict=True):
+            yield counter("device utilization", rank, device, t, {"busy": u})
+    for rank_bw in bandwidth(run, ev):
+        pid = host_pid.get(rank_bw.rank, 0)
+        for flow in rank_bw.flows:
+            for i, gbps in enumerate(flow.bins_gbps):
+                yield counter("memory bandwidth (GB/s)", rank_bw.rank, pid,
+                              rank_bw.start + i * rank_bw.bin_ns, {flow.direction: gbps})
+
+
 def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
     if not run.has_table("flows"):
         return
@@ -231,6 +276,7 @@ def export_chrome_trace(run: Run) -> dict[str, Any]:
     events += _span_events(run, base, pids)
     events += _flow_events(run, base, pids)
     events += _counter_events(run, base, pids)
+    events += _derived_counter_events(run, base, pids)
     events += _sample_events(run, base, pids)
     trace: dict[str, Any] = {
         "schemaVersion": 1,

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -111,6 +111,9 @@ CAT_KIND: dict[str, str] = {
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 COLLECTIVE_KERNEL = re.compile(r"^(void )?(nccl|rccl)|nccl(Dev)?Kernel_", re.IGNORECASE)
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# The category of the counters perfswarm's export derives from the events (queue length,
+# bandwidth, utilization): skipped here, a re-import derives them again.
+DERIVED_COUNTERS: Final = "perfswarm_derived"
 
 
 @dataclass
@@ -454,7 +457,9 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
 
     flows = _flow_table(path, [events[i] for i in rows_with("s", "f", "t").tolist()],
                         meta, rank, opts)
-    counter_events = [events[i] for i in rows_with("C").tolist()]
+    # counters perfswarm's export derived from the events come back from the events
+    counter_events = [events[i] for i in rows_with("C").tolist()
+                      if events[i].cat != DERIVED_COUNTERS]
     counters = COUNTERS.empty_table()
     if counter_events:
         cts = np.array([e.ts for e in counter_events], np.float64)
