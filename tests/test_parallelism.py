@@ -1,0 +1,76 @@
+"""Parallel layouts: ZeRO memory against the ZeRO paper's own figures, the pipeline bubble,
+tensor-parallel traffic, and the layout search."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.parallelism import (
+    Layout,
+    Transformer,
+    best_layout,
+    estimate,
+    layouts,
+    model_state_bytes,
+)
+from perfswarm.model.topology import interconnect
+
+NVS, IB = interconnect("nvswitch-a100"), interconnect("ib-hdr")
+GPT3 = Transformer(175e9, 96, 12288, 96, 2048, 1536, 1)
+
+
+def test_zero_memory_is_the_papers() -> None:
+    """ZeRO (Rajbhandari et al., SC'20), Figure 1: a 7.5B-parameter model on 64 data-parallel
+    devices needs 120 GB per device, 31.4 with P_os, 16.6 with P_os+g, 1.9 with P_os+g+p."""
+    got = [round(model_state_bytes(7.5e9, 64, z) / 1e9, 1) for z in (0, 1, 2, 3)]
+    assert got == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_bubble_traffic_and_activations() -> None:
+    e = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
+                 peak_flops=312e12)
+    m = 1536 // 8
+    assert e.micro_batches == m and e.bubble == 15 / m  # (p - 1) / m
+    bsh = 2 * 2048 * 12288  # fp16 activations of one micro-batch
+    assert e.comm_bytes == {"dp": 2 * 175e9 / 128, "tp": 4 * bsh * 6 * m, "pp": 2 * bsh * m}
+    # Korthikanti et al. eq. 2, t = 8: sbh (10 + 24/8 + 5 a s / (h t)) = sbh x 23 per layer,
+    # 6 layers a stage, 16 micro-batches in flight on the first stage under 1F1B
+    assert e.activation_bytes == 2048 * 12288 * 23 * 6 * 16
+    assert e.state_bytes == model_state_bytes(175e9 / 128, 8, 1)
+    z3 = estimate(GPT3, Layout(8, 8, 16, 3), per_node=8, intra=NVS, inter=IB,
+                  peak_flops=312e12)
+    assert z3.comm_bytes["dp"] == 1.5 * e.comm_bytes["dp"]  # ZeRO section 7.2
+
+
+def test_best_layout_for_gpt3_on_dgx_a100() -> None:
+    """1024 A100-80GB in DGX A100 nodes over HDR InfiniBand: GPT-3 fits only with the model
+    split 8 ways inside each node (the tensor-parallel degree Megatron-LM used there)."""
+    best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, peak_flops=312e12,
+                              memory_bytes=80e9)
+    assert best is not None and best.layout.tp == 8 and best.memory_bytes <= 80e9
+    assert all(e.layout.devices == 1024 for e in every)
+    assert [e.step_s for e in every] == sorted(e.step_s for e in every)
+    faster = [e for e in every if e.step_s < best.step_s]
+    assert faster and all(e.memory_bytes > 80e9 for e in faster)
+    none, _ = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, peak_flops=312e12,
+                          memory_bytes=1e9)
+    assert none is None
+
+
+def test_small_model_stays_data_parallel() -> None:
+    small = Transformer(1.3e9, 24, 2048, 16, 2048, 512, 1)
+    best, _ = best_layout(small, 64, per_node=8, intra=NVS, inter=IB, peak_flops=312e12,
+                          memory_bytes=80e9)
+    assert best is not None and (best.layout.tp, best.layout.pp) == (1, 1)
+
+
+def test_layouts_and_bad_input() -> None:
+    lays = layouts(GPT3, 16, 8)
+    assert {(lay.dp, lay.tp, lay.pp) for lay in lays} >= {(16, 1, 1), (2, 8, 1), (1, 8, 2)}
+    assert all(lay.devices == 16 and GPT3.layers % lay.pp == 0 for lay in lays)
+    assert {lay.zero for lay in lays if lay.dp == 1} == {0}
+    with pytest.raises(PerfswarmError, match="do not divide"):
+        estimate(GPT3, Layout(7, 1, 1, 0), per_node=8, intra=NVS, inter=IB, peak_flops=1e12)
+    with pytest.raises(PerfswarmError, match="positive"):
+        Transformer(0, 1, 1, 1, 1, 1)
