@@ -8,6 +8,9 @@ The peer is `python -c` gunzip + orjson.loads of the same file, whole process to
 - import (in memory) <= 1.5x the peer; import --streaming always is printed beside it
 - analyze <= 1x, report <= 2x, predict <= 2x the peer
 - peak RSS of each <= 4x the JSON size; the report file's size (a few MB whatever the input)
+- import + analyze + report at least 5x faster than HolisticTraceAnalysis's load plus its
+  analyses of the same trace (when .venv-hta exists: `python -m venv .venv-hta &&
+  .venv-hta/bin/pip install HolisticTraceAnalysis`; its pins are not ours)
 
     python benchmarks/commands.py [--events 200000] [--rounds 3] [TRACE ...]
 """
@@ -25,9 +28,32 @@ from ingest import generate
 from startup import usage
 
 REPO = Path(__file__).resolve().parents[1]
+HTA_PYTHON = REPO / ".venv-hta" / "bin" / "python"
 LARGEST = REPO.parent / "shared" / "corpus" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 BARE = ("import gzip, sys, orjson\n"
         "orjson.loads(gzip.decompress(open(sys.argv[1], 'rb').read()))")
+# HTA's load and the analyses a trace of one rank supports, plotting off; an analysis the
+# trace lacks the data for raises and is skipped (its cost until then still counts).
+HTA = """import logging, shutil, sys, tempfile
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+with tempfile.TemporaryDirectory() as d:
+    shutil.copy(sys.argv[1], d)
+    t = TraceAnalysis(trace_dir=d)
+    for f in (lambda: t.get_temporal_breakdown(visualize=False),
+              lambda: t.get_idle_time_breakdown(visualize=False),
+              lambda: t.get_gpu_kernel_breakdown(visualize=False),
+              lambda: t.get_comm_comp_overlap(visualize=False),
+              lambda: t.get_memory_bw_summary(),
+              lambda: t.get_queue_length_summary(),
+              lambda: t.get_cuda_kernel_launch_stats(visualize=False),
+              lambda: t.get_potential_stragglers(),
+              lambda: t.get_aten_op_kernels_and_delay()):
+        try:
+            f()
+        except Exception:
+            pass
+"""
 GOALS = {"import": 1.5, "import --streaming": None, "analyze": 1.0, "report": 2.0,
          "predict": 2.0}
 
@@ -48,6 +74,8 @@ def bench(trace: Path, tmp: Path, rounds: int) -> None:
         "report": [*cli, "report", str(run), "-o", str(html)],
         "predict": [*cli, "predict", str(run)],
     }
+    if HTA_PYTHON.exists():
+        contenders["HTA load + analyses"] = [str(HTA_PYTHON), "-c", HTA, str(trace)]
     seen: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
     for _ in range(rounds):
         for name, argv in contenders.items():
@@ -63,6 +91,11 @@ def bench(trace: Path, tmp: Path, rounds: int) -> None:
         print(f"  {name:19s} {cpu[name]:7.2f} CPU s  {ratio:5.2f}x parse{verdict:22s} "
               f"peak RSS {rss[name] / 1e6:7.1f} MB = {rss[name] / size:5.2f}x JSON")
     print(f"  report file: {html.stat().st_size / 1e6:.2f} MB")
+    if "HTA load + analyses" in cpu:
+        ours = cpu["import"] + cpu["analyze"] + cpu["report"]
+        speedup = cpu["HTA load + analyses"] / ours
+        print(f"  HTA load + analyses / (import + analyze + report): {speedup:.2f}x "
+              f"(goal >= 5x) {'OK' if speedup >= 5 else 'MISSED'}")
 
 
 def main() -> int:
