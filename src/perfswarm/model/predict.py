@@ -44,7 +44,7 @@ from perfswarm.analyze.dependencies import (
     tensor_handoffs,
 )
 from perfswarm.analyze.frame import I64, KIND, Events, Mask
-from perfswarm.analyze.intervals import union
+from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.errors import PerfswarmError
@@ -207,12 +207,12 @@ class _Model:
                    ) -> list[tuple[int, int, int, int, int]]:
         """(rank, step, start, end, device-active ns) of every iteration on `timeline`."""
         g = self.graph
+        busy = _device_busy(self, timeline, durations)
         out = []
         for rank, anchors in g.steps.items():
             for step, a, b in anchors:
                 lo, hi = int(timeline.start[a]), int(timeline.start[b])
-                out.append((rank, step, lo, hi, _active(self, timeline, rank, lo, hi,
-                                                        durations)))
+                out.append((rank, step, lo, hi, busy(rank, lo, hi)))
         return out
 
 
@@ -520,33 +520,50 @@ def _per_sample(m: _Model, insts: list[Instance], batch: int, factor: float, dur
     return scaled
 
 
-def _active(m: _Model, tl: Timeline, rank: int, lo: int, hi: int, durations: I64) -> int:
-    """Device-busy time in [lo, hi): union of device ops (GPU), compute pieces (CPU)."""
+def _device_busy(m: _Model, tl: Timeline, durations: I64) -> Callable[[int, int, int], int]:
+    """Device-busy time of a rank in [lo, hi): union of device ops (GPU), compute pieces (CPU).
+    Built once per timeline and rank, each window a few binary searches (not a pass over the
+    graph per iteration, which grew with iterations x events)."""
     g = m.graph
-    if m.platform == "gpu":
-        mine = (g.role == DEVICE) & (g.rank == rank)
-        s, e = union(np.clip(tl.start[mine], lo, hi), np.clip(tl.end[mine], lo, hi))
-        return int((e - s).sum())
-    mine = m.compute & (g.rank == rank) & (tl.start >= lo) & (tl.start < hi)
-    return int(durations[mine].sum())
+
+    @functools.cache
+    def of_rank(rank: int) -> Covered | WindowSums:
+        if m.platform == "gpu":
+            mine = (g.role == DEVICE) & (g.rank == rank)
+            return Covered(tl.start[mine], tl.end[mine])
+        mine = m.compute & (g.rank == rank)
+        return WindowSums(tl.start[mine], durations[mine])
+
+    return lambda rank, lo, hi: of_rank(rank).within(lo, hi)
 
 
-def _breakdown(m: _Model, tl: Timeline, rank: int, lo: int, hi: int,
-               durations: I64) -> dict[str, int]:
+def _breakdowns(m: _Model, tl: Timeline, durations: I64
+                ) -> Callable[[int, int, int], dict[str, int]]:
+    """Per rank and [lo, hi): device time per kind (GPU), or compute, framework and python
+    time of the host (CPU); built once per timeline, like _device_busy."""
     g, ev = m.graph, m.ev
-    if m.platform == "gpu":
-        out = {}
-        for kind in ("kernel", "collective", "memcpy", "memset"):
-            mine = (g.role == DEVICE) & (g.rank == rank) & (g.row >= 0)
-            mine[mine] = ev.kind[g.row[mine]] == KIND[kind]
-            s, e = union(np.clip(tl.start[mine], lo, hi), np.clip(tl.end[mine], lo, hi))
-            out[kind] = int((e - s).sum())
+
+    @functools.cache
+    def of_rank(rank: int) -> dict[str, Covered | WindowSums]:
+        if m.platform == "gpu":
+            out: dict[str, Covered | WindowSums] = {}
+            for kind in ("kernel", "collective", "memcpy", "memset"):
+                mine = (g.role == DEVICE) & (g.rank == rank) & (g.row >= 0)
+                mine[mine] = ev.kind[g.row[mine]] == KIND[kind]
+                out[kind] = Covered(tl.start[mine], tl.end[mine])
+            return out
+        host = (g.role == HOST) & (g.rank == rank)
+        return {"compute": WindowSums(tl.start[host & m.compute], durations[host & m.compute]),
+                "framework": WindowSums(tl.start[host & ~m.compute],
+                                        durations[host & ~m.compute])}
+
+    def breakdown(rank: int, lo: int, hi: int) -> dict[str, int]:
+        out = {k: v.within(lo, hi) for k, v in of_rank(rank).items()}
+        if m.platform != "gpu":
+            out["python"] = max(0, hi - lo - out["compute"] - out["framework"])
         return out
-    inside = (g.role == HOST) & (g.rank == rank) & (tl.start >= lo) & (tl.start < hi)
-    compute = int(durations[inside & m.compute].sum())
-    framework = int(durations[inside & ~m.compute].sum())
-    return {"compute": compute, "framework": framework,
-            "python": max(0, hi - lo - compute - framework)}
+
+    return breakdown
 
 
 def predict(run: Run, change: Change = Change(), *, profile: Profile | None = None,
@@ -614,9 +631,10 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     predicted = simulate(m.schedule, dur, gap)
     compared = _compare(compare) if compare is not None else None
     measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
+    breakdown = _breakdowns(m, predicted, dur)
     steps = [StepResult(rank, step, hi - lo, r_hi - r_lo, p_hi - p_lo,
                         {"measured": active, "replayed": r_active, "predicted": p_active},
-                        _breakdown(m, predicted, rank, p_lo, p_hi, dur))
+                        breakdown(rank, p_lo, p_hi))
              for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active),
              (_, _, p_lo, p_hi, p_active) in zip(measured, m.iterations(replayed, g.dur),
                                                  m.iterations(predicted, dur), strict=True)]
