@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from perfswarm.analyze.annotations import scopes
 from perfswarm.analyze.bandwidth import bandwidth
 from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
+from perfswarm.analyze.cupti import cupti_counters, flops
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import gaps, union
 from perfswarm.analyze.iterations import (
@@ -297,6 +298,19 @@ def test_scopes_nccl_annotations(corpus_runs: dict[str, Run]) -> None:
     assert forward.cpu_self_ns < forward.cpu_total_ns and backward.device_total_ns < 100 * US
     assert forward.device_total_ns == by_name["DistributedDataParallel.forward"].device_total_ns
     assert all(s.cpu_self_ns <= s.cpu_total_ns for s in (*result.ops, *result.annotations))
+
+
+def test_cupti_range_counters(corpus_runs: dict[str, Run]) -> None:
+    """From the raw JSON: the 77 cuda_profiler_range spans' args summed; FLOPs per precision
+    as add + mul + 2 x fma of the SASS instruction counts."""
+    run = corpus_runs["cupti"]
+    counters = cupti_counters(run, Events.load(run))
+    assert counters is not None and counters.ranges == 77
+    assert flops(counters.totals) == {"fp64": 0, "fp32": 79_679_454_712, "fp16": 551_583_744}
+    gemm = counters.kernels[0]
+    assert (gemm.name, gemm.ranges) == ("ampere_sgemm_32x32_sliced1x4_tn", 6)
+    assert flops(gemm.metrics)["fp32"] == 30_160_191_488
+    assert cupti_counters(corpus_runs["nccl"], Events.load(corpus_runs["nccl"])) is None
 
 
 def test_queue_length() -> None:

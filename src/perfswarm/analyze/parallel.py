@@ -33,6 +33,7 @@ from perfswarm.analyze.critical_path import (
     path_of,
     walk,
 )
+from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.frame import EVENT_COLUMNS, Events
 from perfswarm.analyze.iterations import StepWindow, combine, detected_windows, run_markers
@@ -90,8 +91,11 @@ def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]
     return build(ev, sync_events(Run(run_path), ev, rank), peers)
 
 
-def rank_bandwidth(ev: Events, run_path: str, rank: int) -> tuple[RankBandwidth, ...]:
-    return bandwidth(Run(run_path), ev, rank)
+def rank_bandwidth(ev: Events, run_path: str,
+                   rank: int) -> tuple[tuple[RankBandwidth, ...], CuptiCounters | None]:
+    """The rank's analyses that read args: bandwidth, and its CUPTI counters (untruncated)."""
+    run = Run(run_path)
+    return bandwidth(run, ev, rank), cupti_counters(run, ev, rank, None)
 
 
 def walk_segment(g: Graph, state: State, stop: int | None) -> Segment:
@@ -140,7 +144,8 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), its.steps),
         kernels=tuple(p.kernels for p in parts),
-        bandwidth=tuple(b for rank_flows in flows for b in rank_flows),
+        bandwidth=tuple(b for rank_flows, _ in flows for b in rank_flows),
         sequences=top_sequences(merge([p.sequences for p in parts])),
-        scopes=Scopes.merge([p.scopes for p in parts]))
+        scopes=Scopes.merge([p.scopes for p in parts]),
+        cupti=CuptiCounters.merge([c for _, c in flows]))
 

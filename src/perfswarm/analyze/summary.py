@@ -11,6 +11,7 @@ from perfswarm.analyze.annotations import Scopes, scopes
 from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, concurrency
 from perfswarm.analyze.critical_path import CriticalPath, critical_path
+from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, diff
 from perfswarm.analyze.frame import Events
@@ -44,6 +45,7 @@ class Analysis:
     bandwidth: tuple[RankBandwidth, ...]
     sequences: tuple[Sequence_, ...]
     scopes: Scopes
+    cupti: CuptiCounters | None
     # time windows the concurrency and system load are given per when no iterations are found
     windows: Mapping[int, Sequence[StepWindow]] = field(default_factory=dict)
 
@@ -60,6 +62,7 @@ class Analysis:
                 "bandwidth": [b.to_dict() for b in self.bandwidth],
                 "sequences": [s.to_dict() for s in self.sequences],
                 "scopes": self.scopes.to_dict(),
+                "cupti": self.cupti.to_dict() if self.cupti else None,
                 "windows": {str(r): [w.to_dict() for w in ws] for r, ws in self.windows.items()}}
 
 
@@ -105,7 +108,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
         bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),
-        windows=windows)
+        cupti=cupti_counters(run, ev), windows=windows)
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,
