@@ -3,8 +3,10 @@ tensor-parallel traffic, and the layout search."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.parallelism import (
     Layout,
@@ -74,3 +76,19 @@ def test_layouts_and_bad_input() -> None:
         estimate(GPT3, Layout(7, 1, 1, 0), per_node=8, intra=NVS, inter=IB, peak_flops=1e12)
     with pytest.raises(PerfswarmError, match="positive"):
         Transformer(0, 1, 1, 1, 1, 1)
+
+
+def test_layouts_command(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["layouts", "--params", "175e9", "--layers", "96", "--hidden", "12288", "--heads",
+            "96", "--seq", "2048", "--batch", "1536", "--devices", "1024"]
+    assert main([*argv, "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB,
+                              peak_flops=312e12, memory_bytes=80e9)
+    assert out["device"] == "A100-80GB" and best is not None
+    assert out["best"] == orjson.loads(orjson.dumps(best.to_dict()))
+    assert len(out["layouts"]) == len(every)
+    assert main([*argv[:-1], "1000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("perfswarm: error: no layout of 1000 devices divides 96 layers and a batch "
+                   "of 1536 (micro-batch 1)")
