@@ -180,3 +180,35 @@ def test_numeric_flags_are_range_checked(tmp_path: Path, capsys: pytest.CaptureF
     argv = ["import", str(corpus("compare_base")), "-o", str(tmp_path / "o.run"), *flags]
     _one_line_exit_2(argv, capsys, said)
     assert not (tmp_path / "o.run").exists()
+
+
+BILLION_LAUGHS = """a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+tables: [{name: t, rows: *c, dim: 4}]
+"""
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    (BILLION_LAUGHS, "invalid YAML (aliases (*name) are not accepted)"),
+    ("tables: " + "[" * 20_000 + "]" * 20_000, "invalid YAML (nested too deep)"),
+    ("tables:\n - {name: a, rows: .inf, dim: 4}\n", "tables[0]: rows, dim, pooling"),
+    ("tables:\n - {name: a, rows: 9, dim: 4, pooling: .nan}\n", "pooling and distribution must"),
+    ("tables:\n - {name: a, rows: 9, dim: 4, distribution: 'zipf:inf'}\n", "must be finite"),
+    (None, "not a regular file"),
+])
+def test_shard_tables_are_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  text: str | None, said: str) -> None:
+    path = tmp_path / "tables.yaml"
+    if text is None:
+        os.mkfifo(path)  # nobody writes to it: reading it would wait for ever
+    else:
+        path.write_text(text)
+    _one_line_exit_2(["shard", "--tables", str(path), "--devices", "2"], capsys, said)
+
+
+def test_shard_devices_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("tables:\n - {name: a, rows: 9, dim: 4}\n")
+    assert main(["shard", "--tables", str(path), "--devices", "99999999999"]) == 2
+    assert "--devices" in capsys.readouterr().err

@@ -18,8 +18,8 @@ from perfswarm.optimize.shard import EmbeddingCost, calibrate, load_workload, sh
 @app.command("shard")
 def shard_command(
     tables: Annotated[Path, typer.Option("--tables", help="TABLES.yaml: batch_size and tables (name, rows, dim, pooling, distribution).")],
-    devices: Annotated[int, typer.Option("--devices", help="Number of devices to shard over.")],
-    batch: Annotated[int | None, typer.Option("--batch", help="Override the file's batch_size.")] = None,
+    devices: Annotated[int, typer.Option("--devices", min=1, max=65536, help="Number of devices to shard over.")],
+    batch: Annotated[int | None, typer.Option("--batch", min=1, max=2**31 - 1, help="Override the file's batch_size.")] = None,
     memory_gb: Annotated[float | None, typer.Option("--memory-gb", help="Embedding memory per device, GB.")] = None,
     measure_cost: Annotated[bool, typer.Option("--calibrate", help="Fit the cost model to EmbeddingBag timings of probe tables on this machine first (torch, about a minute).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,

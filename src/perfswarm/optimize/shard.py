@@ -131,9 +131,12 @@ def _table(i: int, spec: object) -> Table:
                       float(spec.get("pooling", 1)), zipf, int(spec.get("dtype_bytes", 4)))
     except KeyError as exc:
         raise PerfswarmError(f"tables[{i}]: missing {exc}") from None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise PerfswarmError(f"tables[{i}]: rows, dim, pooling, dtype_bytes must be numbers and "
                              f"distribution 'uniform' or 'zipf:S', got {spec}") from None
+    if not (math.isfinite(table.pooling) and math.isfinite(zipf)):
+        raise PerfswarmError(f"tables[{i}] ({table.name}): pooling and distribution must be "
+                             "finite")
     if min(table.rows, table.dim, table.dtype_bytes) < 1 or table.pooling <= 0 or zipf < 0:
         raise PerfswarmError(f"tables[{i}] ({table.name}): rows, dim, pooling, dtype_bytes "
                              "must be positive")
