@@ -5,6 +5,8 @@ hypothesis grammars of each format."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import tempfile
 from collections import Counter
@@ -12,18 +14,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import markupsafe
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.table import Table
+from rich.text import Text
 
 from conftest import CORPUS, ET, corpus
 from fuzz_cases import cases
 from fuzz_readers import READERS, SAMPLES, outcome, text_cases
+from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError, TraceFormatError
 from perfswarm.record import perf, pystacks, strace
 from perfswarm.record.base import read_jsonl, value_rows
 from perfswarm.record.build import counters
+from perfswarm.report import html
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Manifest
 
@@ -238,3 +245,46 @@ def test_system_sampler_stat_lines(tmp_path: Path, stat: str) -> None:
                               for ts in (1, 2)))
     with pytest.raises(TraceFormatError, match="per-core lines"):
         counters([path])
+
+
+# -- the printers: names from all of Unicode plus markup and HTML fragments are text --------
+FRAGMENTS = ["[", "]", "[/", "[bold]", "[/x]", "[param|cuda]", "[link=http://e.example]", ":smile:",
+             "<script>", "</script>", "<b>", "&amp;", '"', "'", "{{", "}}", "{%", "\\", "\x1b[31m",
+             "\n", "\t", "\u202e", "\x00", "é", "中文", "\U0001f600"]
+NAMES = (st.text(max_size=30) | st.sampled_from(FRAGMENTS)
+         | st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=5).map("".join))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(NAMES, min_size=1, max_size=4))
+def test_printers_keep_names_as_text(names: list[str]) -> None:
+    """The CLI's consoles (tables and lines), its JSON and the HTML templates: nothing raises,
+    printable names come out as themselves, and no name's markup or HTML is interpreted."""
+    width = console.width
+    console.width = 1000  # no wrapping inside a name
+    try:
+        with console.capture() as captured:
+            table = Table("name")
+            for name in names:
+                table.add_row(name)
+            console.print(table)
+            console.print(Text.assemble((names[0], "bold"), ": ", names[-1]))
+    finally:
+        console.width = width
+    text = captured.get()
+    for name in names:
+        if name.isprintable() and name.strip() == name and name:
+            assert name in text, name
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        print_json({"names": names})
+    assert orjson.loads(out.getvalue()) == {"names": names}
+    def board(shown: list[str]) -> str:
+        return html.render_board("root", [{"name": n, "complete": True, "ranks": [0],
+                                           "command": [n]} for n in shown])
+
+    page = board(names)
+    for name in names:
+        assert str(markupsafe.escape(name)) in page
+    # every tag and entity is the template's: the same count as with harmless names
+    plain = board([f"n{i}" for i in range(len(names))])
+    assert (page.count("<"), page.count(">")) == (plain.count("<"), plain.count(">"))
