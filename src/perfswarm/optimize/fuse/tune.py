@@ -287,9 +287,9 @@ def fuse_pair(pair: ConvPair, prediction: PairPrediction, threads: int, trials: 
     PyTorch separate, fused and own separate round-robin over `rounds` rounds."""
     from threadpoolctl import threadpool_limits
 
+    bench = PairBench(pair, threads)  # imports the kernels, and with them their BLAS
     with threadpool_limits(1, user_api="blas"):  # the kernels' own threads split the work
-        return _fuse_pair(PairBench(pair, threads), prediction, trials, deadline, rounds, cache,
-                          progress)
+        return _fuse_pair(bench, prediction, trials, deadline, rounds, cache, progress)
 
 
 def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadline: float,
