@@ -3,9 +3,9 @@
 SOFA's AISI finds a program's iterations in the sequence of what it did (syscalls, in
 SOFA). Here the same detection the op sequence gets (`iterations.detect`) runs on the
 syscalls of the busiest thread (strace), else on the perf stack samples of the busiest
-thread, each sample named by the frame where the thread's samples part ways (below the
-frames nearly all of them share: `main`, the training loop). A phase spans several
-syscalls or samples in a row, so repeats of one name in a row become one run first.
+thread, each sample named by its leaf's module (voted over the SMOOTH samples around it).
+A phase spans several syscalls or samples in a row, so repeats of one name in a row become
+one run first.
 
 A run with no iterations found still gets per-window numbers: its span is cut into WINDOWS
 equal time windows (source `window`), for the concurrency breakdown and the system load
@@ -15,7 +15,6 @@ equal time windows (source `window`), for the concurrency breakdown and the syst
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -27,7 +26,7 @@ from perfswarm.analyze.iterations import MAX_LAGS, StepWindow, detect
 from perfswarm.trace.schema import NONE
 
 WINDOWS = 10
-SHARED = 0.9  # a frame this share of the thread's samples pass through is common ground
+SMOOTH = 5  # samples a leaf module is voted over
 
 
 def runs(symbols: I64, ts: I64, end: I64) -> tuple[I64, I64, I64]:
@@ -101,26 +100,33 @@ def syscall_steps(ev: Events) -> dict[int, list[StepWindow]]:
     return out
 
 
-def parting_frames(stacks: pa.Table, stack_ids: I64) -> I64:
-    """Per sample (its stack id), the code of the frame at the depth where the samples part
-    ways: the first depth (root first) whose most common frame fewer than SHARED of them
-    reach. Samples whose stack ends above it get -1."""
+def leaf_modules(stacks: pa.Table, stack_ids: I64, smooth: int = SMOOTH) -> I64:
+    """Per sample (its stack id, in time order), a code for its leaf's module (the library the
+    time went to), each the most common of the `smooth` samples around it: a stray sample in
+    libc or the kernel inside a phase does not split it. Native stacks of an interpreter
+    unwind unevenly (no frame pointers), so the leaf is what every sample has."""
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
-    depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)  # 0 = leaf
-    fn = stacks.column("function").to_pylist()
-    frames: dict[int, list[str]] = {}
-    for s, _d, f in sorted(zip(sid.tolist(), depth.tolist(), fn, strict=True),
-                          key=lambda r: (r[0], -r[1])):
-        frames.setdefault(s, []).append(f)  # root first
-    paths = [frames.get(int(s), []) for s in stack_ids]
-    level = 0
-    while True:
-        at = Counter(p[level] for p in paths if len(p) > level)
-        if not at or at.most_common(1)[0][1] < SHARED * len(paths):
-            break
-        level += 1
-    names = {n: i for i, n in enumerate(sorted({p[level] for p in paths if len(p) > level}))}
-    return np.array([names[p[level]] if len(p) > level else NONE for p in paths], np.int64)
+    leaf = np.asarray(stacks.column("depth").to_numpy(), np.int64) == 0
+    module, _ = _codes(stacks, "module")
+    of = dict(zip(sid[leaf].tolist(), module[leaf].tolist(), strict=True))
+    raw = np.array([of.get(int(s), NONE) for s in stack_ids], np.int64)
+    half = smooth // 2
+    out = raw.copy()
+    for i in range(len(raw)):
+        around = raw[max(0, i - half):i + half + 1]
+        values, counts = np.unique(around, return_counts=True)
+        if counts.max() > len(around) // 2:
+            out[i] = values[np.argmax(counts)]
+    return out
+
+
+def _codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
+    col = table.column(name).combine_chunks()
+    if not isinstance(col, pa.DictionaryArray):
+        col = col.dictionary_encode()
+    assert isinstance(col, pa.DictionaryArray)
+    return (np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int64),
+            [str(v) for v in col.dictionary.to_pylist()])
 
 
 def sample_steps(samples: pa.Table, stacks: pa.Table) -> dict[int, list[StepWindow]]:
@@ -138,7 +144,7 @@ def sample_steps(samples: pa.Table, stacks: pa.Table) -> dict[int, list[StepWind
         order = np.argsort(ts, kind="stable")
         rows, ts = rows[order], ts[order]
         sid = np.asarray(perf.column("stack_id").to_numpy(), np.int64)[rows]
-        if found := _windows(parting_frames(stacks, sid), ts, ts):
+        if found := _windows(leaf_modules(stacks, sid), ts, ts):
             out[int(r)] = found
     return out
 
