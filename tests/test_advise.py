@@ -394,6 +394,18 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
     unknown = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "unknown", None))
     assert unknown.change == "torch.optim.AdamW(..., fused=True) (on the CPU since torch 2.4)"
     assert found(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "old", "2.3.1")) is None
+    # outside the window the hooks timed 500 µs steps, half the profiled 1,000 µs: the
+    # profiler's slowdown (2) is taken out of the gain
+    from perfswarm.trace.schema import STEPS
+
+    slowed = _cpu_adam(tmp_path, "slowed", "2.13.0+cpu")
+    rows = [(0, s, 10_000_000 + 500_000 * s, 10_500_000 + 500_000 * s, "detected")
+            for s in range(3, 6)]
+    hooked = pa.table({k: [r[i] for r in rows] for i, k in
+                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    slowed.write_table("steps", pa.concat_tables([slowed.table("steps"), hooked]).cast(STEPS))
+    half = shows(optimizer.single_tensor_optimizer, slowed)
+    assert half.evidence["profiler_slowdown"] == 2.0 and half.gain_ns == (1_200_000 - 180_000) / 2
     # without shapes there is nothing to price the fused step with
     bare = imported(tmp_path, "bare", _optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0))
     assert found(optimizer.single_tensor_optimizer, bare) is None

@@ -176,6 +176,17 @@ class Facts:
         (0 without events)."""
         return self.steps.height or len(self.ranks)
 
+    @cached_property
+    def profiler_slowdown(self) -> float:
+        """Median profiled step over the median step the hooks timed outside the window (at
+        least 1; 1 without both): what the profiler adds to the evidence of the window."""
+        timed = self.run_steps.filter(pl.col("source") == "detected")
+        if self.steps.height == 0 or timed.height == 0:
+            return 1.0
+        inside = float((self.steps["end"] - self.steps["start"]).median())  # type: ignore[arg-type]
+        outside = float((timed["end"] - timed["start"]).median())  # type: ignore[arg-type]
+        return max(1.0, inside / outside) if outside > 0 else 1.0
+
     def total_ns(self, frame: pl.DataFrame) -> int:
         return int(frame["dur"].sum()) if frame.height else 0
 

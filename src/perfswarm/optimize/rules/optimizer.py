@@ -63,13 +63,17 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     if streamed is None:
         return None
     evidence["streaming_ns"] = round(streamed)
+    slowdown = facts.profiler_slowdown
+    evidence["profiler_slowdown"] = round(slowdown, 3)
     if known:
         evidence["torch_version"] = version
     need = "" if known else f" (on the CPU since torch {'.'.join(map(str, _CPU_FUSED))})"
     return advice(facts, "single_tensor_optimizer", "optimizer runs one op per parameter",
-                  evidence, step_ns - streamed,
+                  evidence, (step_ns - streamed) / slowdown,
                   "streaming model from this step: the fused kernel moves the same bytes in one "
-                  "pass at the best rate an op of the step reached; per-op time beyond that goes",
+                  "pass at the best rate an op of the step reached; per-op time beyond that "
+                  "goes, over the profiler's slowdown of the step (median profiled step / "
+                  "median step outside the window)",
                   f"torch.optim.{optimizer}(..., fused=True){need}")
 
 
