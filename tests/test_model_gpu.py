@@ -15,17 +15,20 @@ import pytest
 
 from conftest import REPO, events
 from perfswarm.analyze.dependencies import launching_ops
+from perfswarm.analyze.frame import Events
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.dataset import load_dataset
 from perfswarm.model.gpu.forecast import LearnedScaler, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
-from perfswarm.model.gpu.learned import bundled
+from perfswarm.model.gpu.learned import KernelModel, bundled
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, LAUNCH_NS, host_overheads
 from perfswarm.model.gpu.work import roofline_s
 from perfswarm.model.kernels import RooflineScaler
 from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.specs import load_spec
+from perfswarm.trace.store import Run
 
 DATA = (REPO.parent / "shared" / "gpu-kernels").resolve()
 
@@ -94,8 +97,6 @@ def test_calibrate_dataset_retrains_and_reports_held_out_gpus(
         ("norm", "Tesla P4", 150), ("norm", "Tesla T4", 150), ("softmax", "Tesla P4", 150),
         ("softmax", "Tesla T4", 150)]
     assert all(0 < h["gmae"] < h["gmae_roofline"] for h in result["holdout"])
-    from perfswarm.model.gpu.learned import KernelModel
-
     assert set(KernelModel.load(out).families) == {"norm", "softmax"}
 
 
@@ -112,6 +113,9 @@ def test_calibrate_dataset_refuses_bad_folders(tmp_path: Path,
     assert "no device configs" in capsys.readouterr().err
     with pytest.raises(PerfswarmError, match="no such directory"):
         load_dataset(tmp_path / "missing")
+    (tmp_path / "bad.npz").write_text("not a model")
+    with pytest.raises(PerfswarmError, match=r"bad\.npz: not a GPU kernel model"):
+        KernelModel.load(tmp_path / "bad.npz")
 
 
 def test_aten_ops_become_their_kernels() -> None:
@@ -173,3 +177,8 @@ def test_kernels_find_their_op_through_the_launch_call() -> None:
     found = launching_ops(ev, external, device)
     assert {ev.name_of(k): ev.name_of(o) for k, o in found.items()} == {
         "sgemm": "aten::addmm", "relu_kernel": "aten::relu"}
+
+
+def test_host_overheads_are_the_corpus_gpu_traces(corpus_runs: dict[str, Run]) -> None:
+    ev = Events.load(corpus_runs["nccl"])
+    assert host_overheads(ev) == (HOST_OP_NS, LAUNCH_NS)

@@ -12,6 +12,7 @@ import pytest
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import FamilyModel, Profile
+from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel
@@ -141,8 +142,26 @@ def test_recorded_batch_size_from_shapes(cpu_run: Run, tmp_path: Path) -> None:
 def test_cpu_runs_need_a_profile_for_shape_changes(cpu_run: Run) -> None:
     with pytest.raises(PerfswarmError, match="needs a kernel profile"):
         predict(cpu_run, Change(batch_size=8))
-    with pytest.raises(PerfswarmError, match="recorded on the CPU"):
-        predict(cpu_run, Change(device="H100-SXM"), profile=PROFILE)
+    with pytest.raises(PerfswarmError, match="recorded on the CPU; --device forecasts it"):
+        predict(cpu_run, Change(batch_size=8, device="H100-SXM"), profile=PROFILE)
+
+
+def test_a_cpu_run_forecast_on_a_gpu_from_its_op_graph(cpu_run: Run) -> None:
+    """Each step's innermost shaped ops (addmm, not the linear around it; two add_; the views
+    run no kernel) launch from a GPU host at HOST_OP_NS each after the step's own Python time
+    (1000 us less its top-level ops' 350 us); the last add_'s kernel ends the step."""
+    p = predict(cpu_run, Change(device="NVIDIA H100 80GB HBM3"))
+    assert p.target_device == "H100-SXM" and p.source_device == "cpu"
+    host = 650_000 + 3 * HOST_OP_NS
+    for s in p.steps:
+        assert s.measured_ns == 1000 * US
+        assert 2_000 <= s.predicted_ns - host < 5_000
+        assert set(s.breakdown_ns) == {"gemm", "elementwise"}
+        # each kernel at least its 2 us floor
+        assert s.device_active_ns["predicted"] == pytest.approx(sum(s.breakdown_ns.values()),
+                                                                abs=3) and \
+            s.device_active_ns["predicted"] >= 3 * 2_000
+    assert p.kernels == {"priced": 3, "unpriced": 0}
 
 
 def test_nccl_on_another_gpu(corpus_runs: dict[str, Run]) -> None:

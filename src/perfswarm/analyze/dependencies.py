@@ -170,7 +170,7 @@ def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, i
     op has)."""
     dev, calls = launch_pairs(ev, np.concatenate(
         [device_rows, np.flatnonzero(ev.of_kind("runtime", "driver"))]))
-    around = _enclosing_ops(ev, calls)
+    around = enclosing_ops(ev, calls)
     out = {d: around[c] for d, c in zip(dev.tolist(), calls.tolist(), strict=True)
            if c in around}
     rest = device_rows[~np.isin(device_rows, np.fromiter(out, np.int64, len(out)))]
@@ -186,7 +186,7 @@ def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, i
     return out
 
 
-def _enclosing_ops(ev: Events, calls: I64) -> dict[int, int]:
+def enclosing_ops(ev: Events, calls: I64) -> dict[int, int]:
     """Call row -> the innermost CPU op on its rank and thread that starts no later and ends
     no earlier than the call: one sweep per thread with a stack of open ops."""
     ops = np.flatnonzero(ev.of_kind("cpu_op"))

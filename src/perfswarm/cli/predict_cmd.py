@@ -13,6 +13,7 @@ from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, print_json
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile
+from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.trace.store import Run
@@ -82,6 +83,7 @@ def predict_command(
     save_overheads: Annotated[Path | None, typer.Option("--save-overheads", help="Write this prediction's CPU-overhead model as JSON.")] = None,
     compare: Annotated[Path | None, typer.Option("--compare", help="A Run recorded at the target configuration: its measured iteration is shown beside the prediction.")] = None,
     source_device: Annotated[str | None, typer.Option("--source-device", help="The GPU the Run was recorded on, when its trace does not tell.")] = None,
+    gpu_model: Annotated[Path | None, typer.Option("--gpu-model", help="GPU kernel model from `perfswarm calibrate --dataset` (default: the bundled one).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Measured, replayed and predicted iteration time of a Run, at its configuration or another."""
@@ -94,7 +96,8 @@ def predict_command(
                      profile=_profile(profile) if profile else None,
                      overheads=OverheadModel.load(overheads) if overheads else None,
                      compare=Run.open(compare) if compare else None,
-                     source_device=source_device)
+                     source_device=source_device,
+                     gpu_model=KernelModel.load(gpu_model) if gpu_model else None)
     if save_overheads is not None:
         write_json(save_overheads, result.overheads.to_dict())
     if as_json:

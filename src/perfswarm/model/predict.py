@@ -50,6 +50,8 @@ from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import PAGE_BYTES, Profile
 from perfswarm.model.gpu.forecast import LearnedScaler
+from perfswarm.model.gpu.learned import KernelModel
+from perfswarm.model.gpu.opgraph import op_graph_steps
 from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
@@ -568,7 +570,9 @@ def _breakdowns(m: _Model, tl: Timeline, durations: I64
 
 def predict(run: Run, change: Change = Change(), *, profile: Profile | None = None,
             overheads: OverheadModel | None = None, compare: Run | None = None,
-            source_device: str | None = None) -> Prediction:
+            source_device: str | None = None, gpu_model: KernelModel | None = None
+            ) -> Prediction:
+    """`gpu_model`: the GPU kernel model to price GPU kernels with (default the bundled one)."""
     m = load_model(run)
     g = m.graph
     notes: list[str] = []
@@ -600,8 +604,10 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     unmodelled: LearnedScaler | None = None
     if m.platform == "cpu":
         if change.device is not None:
-            raise PerfswarmError(f"{run.path}: recorded on the CPU; --device projects GPU runs "
-                                 "to other GPUs")
+            if batch is not None or change.dims:
+                raise PerfswarmError(f"{run.path}: recorded on the CPU; --device forecasts it "
+                                     "at its recorded shapes (no --batch-size or --dim)")
+            return _op_graph_prediction(m, change, model, simulate(m.schedule), gpu_model)
         needs_model = batch is not None or bool(change.dims)
         if needs_model and profile is None:
             raise PerfswarmError("predict: a changed batch size or dimension on a CPU run needs "
@@ -615,7 +621,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                                  "--source-device")
         target = load_spec(change.device) if change.device else source
         if source is not None and target is not None:
-            learned = LearnedScaler.of(source, target)
+            learned = LearnedScaler.of(source, target, gpu_model)
             scaler, unmodelled = learned, learned if change.device else None
         else:
             scaler = None
@@ -642,6 +648,31 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
                       tuple(notes))
+
+
+def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
+                         replayed: Timeline, gpu_model: KernelModel | None) -> Prediction:
+    """A CPU Run's iterations forecast on a GPU from its op graph (model/gpu/opgraph.py)."""
+    target = load_spec(change.device or "")
+    g = m.graph
+    measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
+    forecasts = op_graph_steps(m.ev, m.shapes, [(lo, hi) for _, _, lo, hi, _ in measured],
+                               target, gpu_model)
+    steps = tuple(StepResult(rank, step, hi - lo, r_hi - r_lo, f.predicted_ns,
+                             {"measured": active, "replayed": r_active,
+                              "predicted": f.device_ns}, f.families_ns)
+                  for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active), f
+                  in zip(measured, m.iterations(replayed, g.dur), forecasts, strict=True))
+    if not any(f.families_ns or f.unpriced for f in forecasts):
+        raise PerfswarmError(f"{m.run.path}: no ops with recorded shapes to forecast on a GPU "
+                             "(record with shapes: torch.profiler record_shapes=True)")
+    unpriced = sum((f.unpriced for f in forecasts), Counter())
+    notes = (("ops it could not price (kept at the host's time per op): "
+              + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8)),) if unpriced else ())
+    return Prediction(str(m.run.path), m.platform, "cpu", target.name, change, None, steps,
+                      {"priced": sum(sum(f.families_ns.values()) > 0 for f in forecasts),
+                       "unpriced": sum(unpriced.values())},
+                      {r: lags.to_dict() for r, lags in g.lags.items()}, overheads, None, notes)
 
 
 def _compare(run: Run) -> tuple[str, int, int]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import io
 import math
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -89,7 +90,7 @@ class KernelModel:
                                        float(arrays[f"{f}.floor"][0]))
                         for f in FAMILIES if f"{f}.base" in arrays}
             gpus = tuple(str(g) for g in arrays["gpus"])
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             raise PerfswarmError(f"{source}: not a GPU kernel model ({exc})") from None
         return cls(families, gpus)
 
@@ -156,6 +157,7 @@ class Holdout:
     rows: int
     gmae: float
     gmae_roofline: float
+    model: FamilyModel = field(compare=False, repr=False)  # fitted without `gpu`
 
     def to_dict(self) -> dict[str, object]:
         return {"family": self.family, "gpu": self.gpu, "rows": self.rows, "gmae": self.gmae,
@@ -197,7 +199,7 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
             measured = table.seconds[held]
             holdouts.append(Holdout(family, gpu, int(held.sum()),
                                     gmae(table.predicted(model, held), measured),
-                                    gmae(table.roof[held], measured)))
+                                    gmae(table.roof[held], measured), model))
         progress(f"{family}: all {len(gpus)} GPUs")
         families[family] = table.fit(fitting)
     return KernelModel(families, tuple(dataset.gpus())), holdouts

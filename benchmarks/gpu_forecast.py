@@ -1,0 +1,264 @@
+"""GPU forecasts against real GPU measurements (../shared/gpu-kernels, NeuSight's data, MIT).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/gpu_forecast.py [--only kernels|models]
+
+1. Kernels: the GPU kernel model (model/gpu/learned.py) fitted leave-one-GPU-out over the 5
+   GPUs, per family: GMAE on the held-out GPU's measurements (up to 1,500 per family: its
+   sweeps and NeuSight's test shapes), beside a plain roofline (max of FLOPs at the FP32 peak
+   and bytes at the bandwidth). Goal: <= 10% for every family.
+2. Whole models: each label (BERT-large, GPT-2 large, GPT-3 XL / 2.7B, OPT-1.3B; inference and
+   training) is an fx graph of the embeddings, one transformer layer and the head, each node
+   with its input shapes and measured forward/backward latency. Every node becomes the aten ops
+   it runs, forward and (training) backward: Linear -> linear; its backward two GEMMs and the
+   bias-gradient reduction; LayerNorm -> native_layer_norm(_backward); softmax and its
+   backward; elementwise ops; Embedding -> embedding and embedding_dense_backward; a
+   non-contiguous `contiguous` -> a copy. The iteration is the head plus num_layer times the
+   layer (as the label's e2e is measured). Forecast for each GPU with that GPU left out of
+   training:
+   - op graph: every op's kernels priced by the model on the target (absolute times);
+   - from another GPU's run: the source GPU's measured node latencies times the model's ratio
+     between target and source (nodes the model cannot price keep their measured time);
+   against the measured e2e, beside NeuSight's, Habitat's and the roofline's published
+   forecasts of the same cases (published/<GPU>/<method>/<case>.json).
+   Goals: mean |error| <= 5% (from another GPU) and never worse than NeuSight on a GPU;
+   from the op graph alone mean <= 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import gzip
+import io
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from perfswarm.model.gpu.aten import op_kernels
+from perfswarm.model.gpu.dataset import load_dataset
+from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.learned import KernelModel, train
+from perfswarm.model.gpu.work import Work
+from perfswarm.model.kernels import GPU_FLOOR_NS
+from perfswarm.model.opcost import Shapes
+from perfswarm.model.specs import load_spec
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-kernels"
+LAYER = re.compile(r"\.(?:layer|h|layers)\.0'")  # the one transformer layer of a label graph
+SOURCES = ("Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", "Tesla T4", "Tesla P100-PCIE-16GB",
+           "Tesla P4")  # the source run: the first of these, other than the target, with the case
+METHODS = ("neusight", "habitat", "roofline")
+
+
+@dataclass
+class Node:
+    in_layer: bool
+    fw_ms: float
+    bw_ms: float  # backward and gradient accumulation
+    forward: list[Work]
+    backward: list[Work]
+    priced: bool
+
+
+def _shape(text: str) -> list[list[int]]:
+    try:
+        value = ast.literal_eval(text) if text else []
+    except (ValueError, SyntaxError):
+        return []
+    if isinstance(value, tuple):
+        value = [list(value)]
+    return [list(v) if isinstance(v, list | tuple) else [] for v in value]
+
+
+def _ops(row: dict[str, str], train_case: bool) -> tuple[list[tuple[str, Shapes]],
+                                                        list[tuple[str, Shapes]]] | None:
+    """The aten ops (forward, backward) of one fx node; None when it runs no kernel."""
+    op, target, meta = row["op"], row["target"], row["meta"]
+    ins = [d for d in _shape(row["input_shapes"]) if d]
+    out = _shape(row["output_shape"])
+    out_shape = out[0] if out else []
+    module = meta.split("<class '")[-1].split("'")[0] if op == "call_module" else ""
+
+    def s(*dims: Sequence[int]) -> Shapes:
+        return Shapes(tuple(tuple(d) for d in dims), ("float",) * len(dims))
+
+    if not ins or not out_shape:
+        return None
+    x = ins[0]
+    if module.endswith("Linear"):
+        n, k = out_shape[-1], x[-1]
+        m = math.prod(x[:-1])
+        return ([("aten::linear", s(x, [n, k], [n]))],
+                [("aten::mm", s([m, n], [n, k])), ("aten::mm", s([n, m], [m, k])),
+                 ("aten::sum", s([m, n])), ("aten::add_", s([n, k], [n, k]))])
+    if "addmm" in target and len(ins) == 3:
+        (n,), (m, k) = ins[0], ins[1]
+        return ([("aten::addmm", s(ins[0], ins[1], ins[2]))],
+                [("aten::mm", s([m, n], [n, k])), ("aten::mm", s([k, m], [m, n])),
+                 ("aten::sum", s([m, n])), ("aten::add_", s([k, n], [k, n]))])
+    if ("matmul" in target or "bmm" in target) and len(ins) == 2:
+        a, b = ins
+        return ([("aten::matmul", s(a, b))],
+                [("aten::matmul", s(out_shape, [*b[:-2], b[-1], b[-2]])),
+                 ("aten::matmul", s([*a[:-2], a[-1], a[-2]], out_shape))])
+    if module.endswith("LayerNorm"):
+        return ([("aten::native_layer_norm", s(x))],
+                [("aten::native_layer_norm_backward", s(x, x))])
+    if "softmax" in target:
+        return [("aten::_softmax", s(x))], [("aten::_softmax_backward_data", s(x, x))]
+    if module.endswith("Embedding") or "embedding" in target:
+        table = [1, out_shape[-1]]
+        return ([("aten::embedding", s(table, x))],
+                [("aten::embedding_dense_backward", s(out_shape, out_shape))])
+    if module.endswith("Dropout") or "dropout" in target:
+        return ([("aten::mul", s(x, x))], [("aten::mul", s(x, x))]) if train_case else None
+    unary = {"gelu": "aten::gelu", "tanh": "aten::tanh", "Tanh": "aten::tanh",
+             "ReLU": "aten::relu", "pow": "aten::pow"}
+    for key, name in unary.items():
+        if key in target or module.endswith(key):
+            return [(name, s(x))], [(name + "_backward" if key != "pow" else "aten::mul",
+                                     s(out_shape, x))]
+    binary = {"add": "aten::add", "sub": "aten::sub", "mul": "aten::mul",
+              "truediv": "aten::div", "where": "aten::where", "masked_fill": "aten::masked_fill"}
+    for key, name in binary.items():
+        if key in target and math.prod(out_shape) > 1:
+            shapes = s(*[d for d in ins if d] + ([out_shape] if len(ins) == 1 else []))
+            grads = [("aten::mul", s(out_shape, out_shape))] if key in ("mul", "truediv") else []
+            return [(name, shapes)], grads
+    if target == "contiguous" and row["input_contiguous"] == "[False]":
+        return [("aten::copy_", s(x, x))], []
+    return None
+
+
+def label_nodes(path: Path, train_case: bool) -> list[Node]:
+    rows = csv.DictReader(io.StringIO(gzip.decompress(path.read_bytes()).decode()))
+    nodes = []
+    for row in rows:
+        fw = float(row["fw_latency"] or 0)
+        bw = float(row["bw_latency"] or 0) + float(row["acc_latency"] or 0)
+        ops = _ops(row, train_case)
+        forward = [w for name, sh in (ops[0] if ops else []) for w in op_kernels(name, sh) or []]
+        backward = [w for name, sh in (ops[1] if ops and train_case else [])
+                    for w in op_kernels(name, sh) or []]
+        nodes.append(Node(bool(LAYER.search(row["meta"])), fw, bw, forward, backward,
+                          ops is not None))
+    return nodes
+
+
+def _node_seconds(model: KernelModel, works: list[list[Work]], hw: Hardware) -> list[float]:
+    flat = [w for ws in works for w in ws]
+    times = model.seconds(flat, hw) if flat else np.zeros(0)
+    out, i = [], 0
+    for ws in works:
+        out.append(float(times[i:i + len(ws)].sum()) + len(ws) * GPU_FLOOR_NS * 1e-9)
+        i += len(ws)
+    return out
+
+
+def _total(nodes: list[Node], per_node: list[float], layers: int) -> float:
+    return sum(t * (layers if n.in_layer else 1) for n, t in zip(nodes, per_node, strict=True))
+
+
+def kernels_table(holdouts: list) -> None:  # type: ignore[type-arg]
+    print("\n1. kernel level, leave-one-GPU-out GMAE per family (model | plain roofline)")
+    gpus = sorted({h.gpu for h in holdouts})
+    print(f"{'family':12s} " + " ".join(f"{g[-14:]:>24s}" for g in gpus) + f" {'mean':>18s}")
+    for family in dict.fromkeys(h.family for h in holdouts):
+        mine = {h.gpu: h for h in holdouts if h.family == family}
+        cells = [f"{100 * mine[g].gmae:6.1f}% | {100 * mine[g].gmae_roofline:7.1f}%"
+                 if g in mine else f"{'-':>18s}" for g in gpus]
+        mean = statistics.mean(h.gmae for h in mine.values())
+        mean_roof = statistics.mean(h.gmae_roofline for h in mine.values())
+        print(f"{family:12s} " + " ".join(f"{c:>24s}" for c in cells)
+              + f" {100 * mean:6.1f}% | {100 * mean_roof:6.1f}%")
+
+
+def models_table(holdouts: list, full: KernelModel) -> None:  # type: ignore[type-arg]
+    print("\n2. whole models, each GPU left out of training: |error| of e2e vs measured")
+    print(f"{'GPU':22s} {'case':28s} {'measured ms':>11s} {'op graph':>9s} {'from run':>9s}"
+          f" {'(source)':>10s} " + " ".join(f"{m:>9s}" for m in METHODS))
+    errors: dict[str, dict[str, list[float]]] = {}
+    for gpu_dir in sorted((DATA / "labels").iterdir()):
+        gpu = gpu_dir.name.replace("_", " ")
+        loo = KernelModel({f: next((h.model for h in holdouts
+                                    if h.family == f and h.gpu == gpu), m)
+                           for f, m in full.families.items()}, ())
+        hw = Hardware.of_spec(load_spec(gpu))
+        for case_json in sorted(gpu_dir.glob("*.json")):
+            case = case_json.stem
+            if case.endswith("-fusion") or not (gpu_dir / f"{case}.csv.gz").exists():
+                continue
+            meta = orjson.loads(case_json.read_bytes())
+            measured, layers = float(meta["e2e_latency"]), int(meta["num_layer"])
+            train_case = "-train-" in case
+            nodes = label_nodes(gpu_dir / f"{case}.csv.gz", train_case)
+            fw = _node_seconds(loo, [n.forward for n in nodes], hw)
+            bw = _node_seconds(loo, [n.backward for n in nodes], hw)
+            graph = 1e3 * _total(nodes, [a + b for a, b in zip(fw, bw, strict=True)], layers)
+            row = errors.setdefault(gpu, {})
+            row.setdefault("op graph", []).append(abs(graph / measured - 1))
+            source = next((s for s in SOURCES if s != gpu and (
+                DATA / "labels" / s.replace(" ", "_") / f"{case}.csv.gz").exists()), None)
+            from_run = "-"
+            if source is not None:
+                src_nodes = label_nodes(DATA / "labels" / source.replace(" ", "_")
+                                        / f"{case}.csv.gz", train_case)
+                src_hw = Hardware.of_spec(load_spec(source))
+                s_fw = _node_seconds(loo, [n.forward for n in src_nodes], src_hw)
+                s_bw = _node_seconds(loo, [n.backward for n in src_nodes], src_hw)
+                per_node = []
+                for n, a, b, sa, sb in zip(src_nodes, fw, bw, s_fw, s_bw, strict=True):
+                    f_ms = n.fw_ms * a / sa if n.forward and sa > 0 else n.fw_ms
+                    b_ms = n.bw_ms * b / sb if n.backward and sb > 0 else n.bw_ms
+                    per_node.append(f_ms + b_ms)
+                scaled = _total(src_nodes, per_node, layers)
+                row.setdefault("from run", []).append(abs(scaled / measured - 1))
+                from_run = f"{100 * abs(scaled / measured - 1):8.1f}%"
+            published = []
+            for method in METHODS:
+                path = DATA / "published" / gpu_dir.name / method / f"{case}.json"
+                if path.exists():
+                    value = float(orjson.loads(path.read_bytes())["e2e_latency"])
+                    row.setdefault(method, []).append(abs(value / measured - 1))
+                    published.append(f"{100 * abs(value / measured - 1):8.1f}%")
+                else:
+                    published.append(f"{'-':>9s}")
+            print(f"{gpu:22s} {case:28s} {measured:11.1f} {100 * abs(graph / measured - 1):8.1f}%"
+                  f" {from_run:>9s} {(source or '-')[-10:]:>10s} " + " ".join(published))
+    print("\nmean |error| per GPU (left out of training)")
+    cols = ("op graph", "from run", *METHODS)
+    print(f"{'GPU':22s} " + " ".join(f"{c:>9s}" for c in cols))
+    for gpu, row in errors.items():
+        print(f"{gpu:22s} " + " ".join(f"{100 * statistics.mean(row[c]):8.1f}%" if row.get(c)
+                                       else f"{'-':>9s}" for c in cols))
+    every = {c: [e for row in errors.values() for e in row.get(c, [])] for c in cols}
+    print(f"{'all cases':22s} " + " ".join(f"{100 * statistics.mean(every[c]):8.1f}%"
+                                           if every[c] else f"{'-':>9s}" for c in cols))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("kernels", "models"))
+    args = parser.parse_args(argv)
+    started = time.process_time()
+    data = load_dataset(DATA)
+    model, holdouts = train(data, lambda what: print(f"  fitting {what}", file=sys.stderr))
+    if args.only != "models":
+        kernels_table(holdouts)
+    if args.only != "kernels":
+        models_table(holdouts, model)
+    print(f"\nCPU time {time.process_time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
