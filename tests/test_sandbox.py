@@ -6,15 +6,20 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
 from collections import Counter
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import corpus
 from perfswarm.cli.main import main
 from perfswarm.cli.output import console
 from perfswarm.errors import TraceFormatError
+from perfswarm.trace import stream
 from perfswarm.trace.kineto import EXACT_ISIZE, read_bytes
 from perfswarm.trace.store import _claim, _release
 
@@ -139,16 +144,17 @@ def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], said: 
     assert len(err.strip().splitlines()) == 1 and said in err, err
 
 
+@pytest.mark.parametrize("streaming", ["never", "always"])
 @pytest.mark.parametrize("where", ["args", "top", "events"])
 def test_deep_nesting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                  where: str) -> None:
+                                  where: str, streaming: str) -> None:
     deep = "[" * 100_000 + "]" * 100_000
     text = {"args": '{"traceEvents": [{"ph": "X", "name": "a", "args": ' + deep + "}]}",
             "top": deep, "events": '{"traceEvents": ' + deep + "}"}[where]
     path = tmp_path / "t.json"
     path.write_text(text)
     _one_line_exit_2(["import", str(path), "-o", str(tmp_path / "o.run"), "--streaming",
-                      "never"], capsys, "nested deeper than the JSON decoder allows")
+                      streaming], capsys, f"{path} (json): nested deeper than ")
     et = ["import", str(corpus("compare_base")), "--et", str(path), "-o", str(tmp_path / "e.run")]
     _one_line_exit_2(et, capsys, f"{path} (json): ")
 
@@ -212,3 +218,33 @@ def test_shard_devices_range(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     path.write_text("tables:\n - {name: a, rows: 9, dim: 4}\n")
     assert main(["shard", "--tables", str(path), "--devices", "99999999999"]) == 2
     assert "--devices" in capsys.readouterr().err
+
+
+JSON = st.recursive(st.none() | st.integers() | st.text(alphabet='[]{}"\\ab', max_size=6),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(alphabet='[]{}"\\', max_size=3), inner, max_size=3),
+                    max_leaves=30)
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON, st.integers(1, 6), st.integers(1, 9))
+def test_check_depth_counts_only_real_brackets(value: object, limit: int, chunk: int) -> None:
+    """The vectorized scan against the decoded value's depth, with strings full of brackets,
+    quotes and backslashes, and chunks as small as a byte (every carry across them)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.json"
+        path.write_bytes(json.dumps(value).encode())
+        with patch.object(stream, "MAX_DEPTH", limit):
+            if _depth(value) > limit:
+                with pytest.raises(TraceFormatError, match="nested deeper than"):
+                    stream.check_depth(path, chunk)
+            else:
+                stream.check_depth(path, chunk)

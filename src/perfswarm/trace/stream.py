@@ -19,6 +19,7 @@ from typing import IO, Any, cast
 
 import ijson
 import msgspec
+import numpy as np
 import orjson
 import pyarrow.parquet as pq
 
@@ -54,6 +55,45 @@ def _errors(path: Path, exc: Exception) -> TraceFormatError:
     if isinstance(exc, msgspec.ValidationError):
         return TraceFormatError(path, "json", f"wrong structure: {exc}")
     return TraceFormatError(path, "json", f"invalid JSON: {exc}")
+
+
+# ijson's item prefixes grow with depth (its memory is quadratic in it: 200 KB of brackets took
+# 11 GB); Kineto traces nest a handful of levels.
+MAX_DEPTH = 128
+_OPEN = np.zeros(256, np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
+
+
+def check_depth(path: Path, chunk: int = 16 << 20) -> None:
+    """Refuse a file whose JSON nests deeper than MAX_DEPTH, in one vectorized pass over its
+    text a chunk at a time (brackets inside strings do not count)."""
+    depth, inside, run = 0, 0, 0  # carried across chunks: depth, in a string, trailing '\\'s
+    try:
+        with _open(path) as f:
+            while data := f.read(chunk):
+                b = np.frombuffer(data, np.uint8)
+                quotes = np.flatnonzero(b == 34)
+                if data.find(b"\\") >= 0 or run:  # drop quotes escaped by an odd '\\' run
+                    idx = np.arange(len(b))
+                    last_plain = np.maximum.accumulate(np.where(b != 92, idx, -1))
+                    before = np.where(quotes > 0, last_plain[np.maximum(quotes - 1, 0)], -1)
+                    runs = quotes - 1 - before + np.where(before < 0, run, 0)
+                    quotes = quotes[runs % 2 == 0]
+                    run = len(b) - 1 - int(last_plain[-1]) + (run if last_plain[-1] < 0 else 0)
+                steps = _OPEN[b]
+                brackets = np.flatnonzero(steps)
+                # a bracket is in a string when an odd number of real quotes precede it
+                outside = (np.searchsorted(quotes, brackets) + inside) % 2 == 0
+                level = depth + np.cumsum(steps[brackets[outside]], dtype=np.int64)
+                if len(level) and int(level.max()) > MAX_DEPTH:
+                    at = int(brackets[outside][np.argmax(level > MAX_DEPTH)])
+                    raise TraceFormatError(path, "json", f"nested deeper than {MAX_DEPTH} "
+                                           f"levels (at byte {f.tell() - len(b) + at:,})")
+                depth = int(level[-1]) if len(level) else depth
+                inside = (inside + len(quotes)) % 2
+    except (EOFError, OSError, zlib.error) as exc:
+        raise _errors(path, exc) from None
 
 
 def _metadata(path: Path) -> KTrace:
@@ -125,6 +165,7 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
 
     Returns the metadata, the spilled file per table, and the number of events.
     """
+    check_depth(path)
     meta = trace_meta(path, _metadata(path))
     rank = rank_override if rank_override is not None else (
         meta.rank if meta.rank is not None else rank_hint)
