@@ -356,8 +356,9 @@ def _import_events(tmp_path: Path, events: list[dict[str, Any]]) -> Run:
 
 
 def test_module_tree_and_memory(tmp_path: Path) -> None:
-    """nn.Module spans (with_modules) become a tree with calls and time; `[memory]` instants
-    (profile_memory) give allocated and reserved bytes and their peaks."""
+    """nn.Module spans (with_modules) become a tree with calls and time and the ops' call
+    stacks; `[memory]` instants (profile_memory) give allocated and reserved bytes and their
+    peaks."""
     def span(name: str, ts: float, dur: float, cat: str = "python_function") -> dict[str, Any]:
         return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
                 "args": {}}
@@ -375,6 +376,9 @@ def test_module_tree_and_memory(tmp_path: Path) -> None:
               mem(11, 4096, 4096, 2 << 20), mem(60, 8192, 12288, 2 << 20),
               mem(95, -4096, 8192, 4 << 20)]
     run = _import_events(tmp_path, events)
+    (addmm,) = op_table(spans(run), 10)  # its call stack: the python spans around it
+    assert addmm["name"] == "aten::addmm" and addmm["stack"] == [
+        "nn.Module: Net_0", "nn.Module: Linear_0"]
     tree = module_tree(spans(run), 100)
     assert [(m["depth"], m["module"], m["calls"], m["total_ns"]) for m in tree] == [
         (0, "Net_0", 2, 150_000), (1, "Linear_0", 3, 55_000), (1, "ReLU_0", 1, 10_000)]
