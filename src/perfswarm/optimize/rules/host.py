@@ -198,7 +198,9 @@ _OUTLIER = 3.0  # a step this many times the median step is an outlier
 def outlier_steps(facts: Facts) -> Advice | None:
     """A few steps take many times the median one: periodic work (evaluation, generate(),
     checkpoints, logging) runs between optimizer steps."""
-    steps = facts.run_steps
+    # The first profiled step of a rank also starts the profiler and its execution trace.
+    first = facts.steps.group_by("rank").agg(pl.col("step").min())
+    steps = facts.run_steps.join(first, on=["rank", "step"], how="anti")
     if steps.height < 5:
         return None
     dur = (steps["end"] - steps["start"]).to_numpy()
