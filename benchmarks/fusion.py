@@ -103,12 +103,13 @@ def main() -> int:
         again = fuse_all(found, options, cache, progress)
     rows = []
     print(f"\n{'net':13} {'pair':44} {'torch ms':>9} {'fused ms':>9} {'own ms':>9} "
-          f"{'x torch':>8} {'x own':>7} {'pred':>6} {'again':>7} {'err':>8} rec")
+          f"{'x torch':>8} {'x own':>7} {'pred':>6} {'won':>5} {'again':>7} {'err':>8} rec")
     for (net, _pair, where), a, b in zip(pairs, first, again, strict=True):
         rows.append((net, where, a, b))
         print(f"{net:13} {a.pair.label[:44]:44} {a.torch_separate.min_ms:9.3f} "
               f"{a.fused.min_ms:9.3f} {a.own_separate.min_ms:9.3f} {a.speedup:8.2f} "
-              f"{a.speedup_vs_own:7.2f} {a.prediction.speedup:6.2f} {b.speedup:7.2f} "
+              f"{a.speedup_vs_own:7.2f} {a.prediction.speedup:6.2f} "
+              f"{a.rounds_won:>2}/{a.rounds:<2} {b.speedup:7.2f} "
               f"{a.max_rel_error:8.1e} {'yes' if a.recommended else 'no'}")
     summary = _summary([a for _, _, a, _ in rows], [b for _, _, _, b in rows])
     for key, value in summary.items():

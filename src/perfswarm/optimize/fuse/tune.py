@@ -34,6 +34,7 @@ Split = Literal["blocked", "interleaved", "serial"]
 Gemm = Literal["blas", "loops"]
 MAX_REL_ERROR = 1e-4       # max |fused - reference| / max |reference|
 MIN_MEASURED_GAIN = 1.05   # a measured speedup below this is within the shared machine's noise
+MIN_ROUNDS_WON = 0.75      # share of the paired rounds the fused kernel must win to be advised
 CACHE_VERSION = 1
 Progress = Callable[[str], None]  # called once per trial or round, with what it was
 
@@ -212,6 +213,8 @@ class FuseResult:
     max_rel_error: float
     reused: bool  # the schedules came from the cache
     threads: int
+    rounds_won: int = 0  # rounds in which fused beat PyTorch's call just before it
+    rounds: int = 0
 
     @property
     def speedup(self) -> float:
@@ -228,8 +231,11 @@ class FuseResult:
 
     @property
     def recommended(self) -> bool:
-        """Fuse this pair: correct, and measured faster than PyTorch beyond the noise."""
-        return self.correct and self.speedup >= MIN_MEASURED_GAIN
+        """Fuse this pair: correct, its fastest run faster than PyTorch's beyond the noise, and
+        faster in most paired rounds (a burst of load on the shared machine falls on both calls
+        of a round alike, so a gain that holds round by round is not a lucky minimum)."""
+        return (self.correct and self.speedup >= MIN_MEASURED_GAIN
+                and self.rounds_won >= MIN_ROUNDS_WON * self.rounds)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair.label, "kind": self.pair.kind,
@@ -239,6 +245,7 @@ class FuseResult:
                 "own_separate_ms": asdict(self.own_separate), "speedup": self.speedup,
                 "speedup_vs_own": self.speedup_vs_own, "max_rel_error": self.max_rel_error,
                 "correct": self.correct, "recommended": self.recommended,
+                "rounds_won": self.rounds_won, "rounds": self.rounds,
                 "reused_schedule": self.reused, "threads": self.threads}
 
 
@@ -325,6 +332,7 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
         progress(f"round {r + 1}")
     result = FuseResult(pair, prediction, schedules[0], schedules[1], schedules[2],
                         Timing.of(times[0]), Timing.of(times[1]), Timing.of(times[2]), error,
-                        found is not None, threads)
+                        found is not None, threads,
+                        sum(f < t for t, f in zip(times[0], times[1], strict=True)), rounds)
     cache.store(result)
     return result
