@@ -148,6 +148,10 @@ def test_window_option(inference: Run, capsys: pytest.CaptureFixture[str]) -> No
     assert out["events"] == len(inside)
     (rank,) = out["concurrency"]["ranks"]
     assert rank["total"]["start"] >= lo and rank["total"]["end"] <= hi
+    # the report sees the same window: its timeline holds those events, within 0.8 ms
+    assert main(["report", str(inference.path), "--window", "0.072:0.0728", "--json"]) == 0
+    timeline = orjson.loads(capsys.readouterr().out)["timeline"]
+    assert timeline["events"] == len(inside) and timeline["end_ns"] <= hi - lo
 
 
 @pytest.mark.parametrize("text", ["5", "3:2", "-1:2", "a:b", "nan:1", "1:1"])
