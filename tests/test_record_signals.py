@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from perfswarm.cli.main import main
+from perfswarm.record.recover import leftovers
 from perfswarm.record.session import STOP_GRACE_S
 from perfswarm.trace.store import Run
 
@@ -61,3 +63,26 @@ def test_a_killed_recorder_takes_its_child_along(tmp_path: Path) -> None:
     proc.kill()
     proc.wait(timeout=10)
     assert _gone(child, 5)
+
+
+def test_what_a_killed_recorder_left_becomes_an_incomplete_run(tmp_path: Path) -> None:
+    out = tmp_path / "k.run"
+    proc = subprocess.Popen([*CLI, "--out", str(out), "--", PY, "-c", STUBBORN],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    time.sleep(0.5)  # a few sampler readings
+    assert leftovers(tmp_path) == []  # held by the live recorder
+    proc.kill()
+    proc.wait(timeout=10)
+    assert _gone(child, 5)
+    [raw] = leftovers(tmp_path)
+    assert main(["recover", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.run"]  # the recording is gone
+    run = Run.open(out)
+    m = run.manifest()
+    assert m["complete"] is False and m["exit_status"] is None and m["signal"] is None
+    assert m["command"] == [PY, "-c", STUBBORN]
+    assert m["warnings"][-1]["what"].startswith("recovered: the recorder was killed")
+    assert run.table("counters").num_rows > 0
+    assert raw.name.startswith(".k.run.")

@@ -11,6 +11,7 @@ process group is killed and the Run says why.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import resource
 import shutil
@@ -32,6 +33,7 @@ from perfswarm.record.gpu import GpuSampler
 from perfswarm.record.net import NetCollector
 from perfswarm.record.perf import PerfCollector
 from perfswarm.record.pystacks import PyStacksCollector
+from perfswarm.record.recover import hold, leftovers, recover, save_state
 from perfswarm.record.strace import StraceCollector
 from perfswarm.record.system import SystemSampler
 from perfswarm.record.tools import ToolCollector
@@ -167,6 +169,8 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     exe = shutil.which(command[0])
     if exe is None:
         raise PerfswarmError(f"{command[0]}: command not found")
+    for raw in leftovers(out.parent if out.parent != Path() else Path("."), out.name):
+        recover(raw)  # what a killed recorder of this Run left, as an incomplete Run
     return recorded(out, options, lambda raw: _record(list(command), raw, options, on_status,
                                                       child or Child()))
 
@@ -176,16 +180,20 @@ def recorded(out: Path, options: RecordOptions,
     """`take(raw)` records into a scratch directory beside `out`; the Run is built from it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".recording"))
+    held = hold(raw)
     try:
         recording, code = take(raw)
     except BaseException:
         shutil.rmtree(raw, ignore_errors=True)
+        os.close(held)
         raise
     try:
         run = build_run(recording, out, options.force)
     except PerfswarmError as exc:
         # Nothing recorded is lost: the collectors' files stay where they were written.
         raise PerfswarmError(f"{exc}; the recording's raw files are kept in {raw}") from None
+    finally:
+        os.close(held)
     shutil.rmtree(raw, ignore_errors=True)
     return RecordResult(run, code if code >= 0 else 128 - code)
 
@@ -213,6 +221,8 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     try:
         for c in collectors:
             c.start(child.pid)
+        save_state(finish(collectors, raw, copy.deepcopy(manifest), options, child.pid,
+                          start_ns, (offset_start, offset_start)))
         t0 = time.monotonic()
         killed_at: float | None = None
         while child.poll() is None:

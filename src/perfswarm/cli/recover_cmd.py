@@ -1,0 +1,23 @@
+"""`perfswarm recover [DIR]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from perfswarm.cli.app import app
+from perfswarm.cli.output import console
+
+
+@app.command("recover")
+def recover_command(
+    root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding the Runs.")] = Path("."),
+) -> None:
+    """Make incomplete Runs of the recordings a killed `record` left in DIR (.NAME.*.recording)."""
+    from perfswarm.record.recover import leftovers, recover
+
+    for raw in leftovers(root):
+        run = recover(raw)
+        console.print(f"recovered {run.path} (complete: false) from {raw.name}")
