@@ -38,12 +38,17 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
-def test_a_child_ignoring_ctrl_c_is_killed_and_recorded_incomplete(tmp_path: Path) -> None:
-    out = tmp_path / "s.run"
+def _recording(out: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """`perfswarm record` of the stubborn child, once it runs; the recorder and the child's pid."""
     proc = subprocess.Popen([*CLI, "--out", str(out), "--", PY, "-c", STUBBORN],
                             stdout=subprocess.PIPE)
     assert proc.stdout is not None
-    child = int(proc.stdout.readline())
+    return proc, int(proc.stdout.readline())
+
+
+def test_a_child_ignoring_ctrl_c_is_killed_and_recorded_incomplete(tmp_path: Path) -> None:
+    out = tmp_path / "s.run"
+    proc, child = _recording(out)
     os.kill(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 128 + signal.SIGKILL
     assert _gone(child, 1)
@@ -55,10 +60,7 @@ def test_a_child_ignoring_ctrl_c_is_killed_and_recorded_incomplete(tmp_path: Pat
 
 
 def test_a_killed_recorder_takes_its_child_along(tmp_path: Path) -> None:
-    proc = subprocess.Popen([*CLI, "--out", str(tmp_path / "k.run"), "--", PY, "-c", STUBBORN],
-                            stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    child = int(proc.stdout.readline())
+    proc, child = _recording(tmp_path / "k.run")
     assert not _gone(child, 0.2)
     proc.kill()
     proc.wait(timeout=10)
@@ -67,10 +69,7 @@ def test_a_killed_recorder_takes_its_child_along(tmp_path: Path) -> None:
 
 def test_what_a_killed_recorder_left_becomes_an_incomplete_run(tmp_path: Path) -> None:
     out = tmp_path / "k.run"
-    proc = subprocess.Popen([*CLI, "--out", str(out), "--", PY, "-c", STUBBORN],
-                            stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    child = int(proc.stdout.readline())
+    proc, child = _recording(out)
     time.sleep(0.5)  # a few sampler readings
     assert leftovers(tmp_path) == []  # held by the live recorder
     proc.kill()
