@@ -3,10 +3,12 @@ check, security headers, links out of runs, broken runs, loops, idle clients, a 
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import shutil
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from conftest import corpus
 from perfswarm.report import board as board_module
 from perfswarm.report.board import CACHED_PAGES, BoardHandler, BoardServer, _ReportCache, list_runs
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import host_info
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +43,12 @@ def hostile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "loop-a").symlink_to(root / "loop-b")
     (root / "loop-b").symlink_to(root / "loop-a")
     return root
+
+
+def raw_device(path: Path) -> str:
+    """The GPU names of a trace's deviceProperties, as the index lists them."""
+    props = json.loads(gzip.decompress(path.read_bytes())).get("deviceProperties", [])
+    return ", ".join(sorted({d["name"] for d in props}))
 
 
 @pytest.fixture
@@ -100,7 +109,13 @@ def test_links_out_and_broken_runs_are_listed_as_broken(board: BoardServer,
                                                         hostile_dir: Path) -> None:
     assert list(list_runs(hostile_dir)) == ["broken", "good", "linked-manifest", "linked-table"]
     runs = {r["name"]: r for r in json.loads(body(board, "/api/runs"))}
-    assert runs["good"]["command"] == ["t"]
+    good = runs["good"]
+    raw = json.loads(gzip.decompress(corpus("compare_base").read_bytes()))["traceEvents"]
+    steps = [e["dur"] / 1e3 for e in raw if e["name"].startswith("ProfilerStep#")]
+    assert good["command"] == ["t"] and good["directory"] == str(hostile_dir / "good")
+    assert good["step_ms"] == pytest.approx(statistics.median(steps), abs=1e-6)
+    # no deviceProperties in this trace: the machine it was imported on
+    assert good["device"] == (raw_device(corpus("compare_base")) or host_info()["cpu_model"])
     assert runs["linked-manifest"]["broken"] == ("linked-manifest/manifest.json: links outside "
                                                  "the run")
     assert runs["linked-table"]["broken"] == ("linked-table/tables/events.parquet: links outside "

@@ -280,7 +280,8 @@ def test_printers_keep_names_as_text(names: list[str]) -> None:
     assert orjson.loads(out.getvalue()) == {"names": names}
     def board(shown: list[str]) -> str:
         return html.render_board("root", [{"name": n, "complete": True, "ranks": [0],
-                                           "command": [n]} for n in shown])
+                                           "command": [n], "date": n, "device": n,
+                                           "step_ms": 1.0, "directory": n} for n in shown])
 
     page = board(names)
     for name in names:

@@ -22,12 +22,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import numpy as np
 import orjson
 
 from perfswarm.errors import PerfswarmError, RunError
@@ -87,12 +89,26 @@ def open_listed(listed: Listed) -> Run:
 
 
 def _summary(listed: Listed) -> dict[str, Any]:
+    """One index row: what ran, when, on what, how long a step took, and where it lies."""
     try:
-        manifest = open_listed(listed).manifest()
+        run = open_listed(listed)
+        manifest = run.manifest()
     except RunError as exc:
         return {"name": listed.name, "broken": str(exc).replace(str(listed.path), listed.name)}
+    start = manifest.get("extra", {}).get("record", {}).get("start_ns")
+    when = start / 1e9 if isinstance(start, int) else run.manifest_path.stat().st_mtime
+    devices = sorted({str(d.get("name")) for d in manifest["devices"] if d.get("name")})
+    step_ms = None
+    if run.has_table("steps"):
+        steps = run.table("steps", ["start", "end"])
+        if steps.num_rows:
+            step_ms = float(np.median(steps.column("end").to_numpy()
+                                      - steps.column("start").to_numpy())) / 1e6
     return {"name": listed.name, "complete": manifest["complete"], "ranks": manifest["ranks"],
-            "command": manifest["command"]}
+            "command": manifest["command"], "directory": str(listed.path),
+            "date": datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": ", ".join(devices) or str(manifest["host"].get("cpu_model", "")),
+            "step_ms": step_ms}
 
 
 class _ReportCache:
