@@ -248,3 +248,13 @@ def test_check_depth_counts_only_real_brackets(value: object, limit: int, chunk:
                     stream.check_depth(path, chunk)
             else:
                 stream.check_depth(path, chunk)
+
+
+@pytest.mark.parametrize("flag", [["--hz", "1000000000"], ["--hz", "0"], ["--perf-hz", "0"],
+                                  ["--pystacks-hz", "100000"], ["--duration", "-1"]])
+def test_record_rates_are_range_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        flag: list[str]) -> None:
+    out = tmp_path / "r.run"
+    assert main(["record", "--out", str(out), *flag, "--", "true"]) == 2
+    assert f"Invalid value for '{flag[0]}'" in capsys.readouterr().err
+    assert not out.exists()
