@@ -5,27 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from perfswarm.model.gpu.aten import kernels, op_kernels
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled
-from perfswarm.model.gpu.work import Family
 from perfswarm.model.kernels import GPU_FLOOR_NS, Dims, RooflineScaler
 from perfswarm.model.opcost import OpCost, Shapes
 from perfswarm.model.specs import DeviceSpec
-
-# Families whose recorded kernel is priced by the model's absolute time on the target rather
-# than scaled by the model's ratio between the two GPUs (benchmarks/gpu_forecast.py compares
-# both per family: the ratio is better for every family on the five measured GPUs).
-ABSOLUTE: Final[frozenset[Family]] = frozenset()
 
 
 @dataclass(frozen=True)
 class LearnedScaler:
     """Kernel times from the learned model: a recorded kernel's time times the model's ratio
-    between the new case on the target and the recorded case on the source; kernels whose op
-    the model cannot price move with the roofline (`roofline`)."""
+    between the new case on the target and the recorded case on the source (rather than the
+    model's absolute time: benchmarks/gpu_forecast.py finds the two about as good on whole
+    models, and the ratio keeps a kernel exactly as measured when nothing changes); kernels
+    whose op the model cannot price move with the roofline (`roofline`)."""
 
     source: Hardware
     target: Hardware
@@ -39,14 +34,13 @@ class LearnedScaler:
         return cls(Hardware.of_spec(source), Hardware.of_spec(target),
                    RooflineScaler(source, target), model or bundled())
 
-    def seconds(self, cost: OpCost, dims: Dims, hw: Hardware) -> tuple[float, bool] | None:
-        """The model's time of the op's kernels on `hw` (no launch floor), and whether it
-        prices them absolutely; None where it has no model for them."""
+    def seconds(self, cost: OpCost, dims: Dims, hw: Hardware) -> float | None:
+        """The model's time of the op's kernels on `hw` (no launch floor); None where it has
+        no model for them."""
         works = kernels(cost, dims)
         if not works or any(w.family not in self.model.families for w in works):
             return None
-        return (float(self.model.seconds(works, hw).sum()),
-                all(w.family in ABSOLUTE for w in works))
+        return float(self.model.seconds(works, hw).sum())
 
     def scaled(self, measured_ns: int, old: OpCost, new: OpCost, old_dims: Dims,
                new_dims: Dims) -> int:
@@ -54,12 +48,10 @@ class LearnedScaler:
         before = self.seconds(old, old_dims, self.source)
         if after is None or before is None:
             return self.roofline.scaled(measured_ns, old, new, old_dims, new_dims)
-        if after[1]:
-            return self.floor_ns + round(after[0] * 1e9)
         work = measured_ns - self.floor_ns
-        if work <= 0 or before[0] <= 0:
+        if work <= 0 or before <= 0:
             return measured_ns
-        return self.floor_ns + round(work * after[0] / before[0])
+        return self.floor_ns + round(work * after / before)
 
     def unmodelled(self, measured_ns: int, compute_bound: bool, dtype: str = "fp32") -> int:
         return self.roofline.unmodelled(measured_ns, compute_bound, dtype)
