@@ -25,11 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.TyperException as exc:  # typer's click: usage errors, bad parameters
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        else:
-            err_console.print(f"perfswarm: error: {exc}")
+        # One line like every other error, naming where to read the usage.
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see {ctx.command_path} -h)" if ctx is not None else ""
+        if message.strip():  # empty when the help was shown instead (no arguments)
+            err_console.print(f"perfswarm: error: {' '.join(message.split())}{where}",
+                              soft_wrap=True)
         return int(getattr(exc, "exit_code", 2))
     return result if isinstance(result, int) else 0
 
