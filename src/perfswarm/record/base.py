@@ -21,6 +21,7 @@ Clock = Callable[[], int]
 # Tools' clock readings and durations beyond this (146 years of ns) are not a clock; the bound
 # leaves room to add an epoch offset, or a duration to a time, within int64.
 MAX_CLOCK_NS = 1 << 62
+SAMPLER_HZ = 20.0  # the system and GPU samplers' default rate
 
 
 # Sets PR_SET_PDEATHSIG (1) to SIGKILL (9), which survives exec, then execs the command.

@@ -17,7 +17,7 @@ import pyarrow as pa
 from perfswarm.analyze.iterations import EXPORT
 from perfswarm.errors import TraceFormatError
 from perfswarm.record import net, perf, pystacks, strace, system
-from perfswarm.record.base import Row, read_jsonl, value_rows
+from perfswarm.record.base import SAMPLER_HZ, Row, read_jsonl, value_rows
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace import execution_trace
 from perfswarm.trace.ingest import assign_steps, describe, sort_events
@@ -262,9 +262,8 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
                    for p in sorted(raw.glob("*.jsonl"))]
         perf_read = _perf_samples(rec)
-        interval_ns = round(1e9 / manifest["extra"]["record"]["hz"])
         flows = counters([], [*_flows(raw / "net.pcap", manifest), *perf.event_counters(
-            perf_read, manifest["clock_offsets"].get("perf", 0), interval_ns)])
+            perf_read, manifest["clock_offsets"].get("perf", 0), _interval_ns(manifest))])
         counted = concat([*(p.counters for p in parts), *sampled, flows,
                           fault_counters(hooked)], COUNTERS)
         run.write_table("counters", counted.sort_by("ts"))
@@ -277,14 +276,20 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
     return Run(out)
 
 
+def _interval_ns(manifest: Manifest) -> int:
+    """The samplers' interval: the recorded rate, or the default one for raw files whose
+    manifest never said (a Run rebuilt from another recorder's raw/)."""
+    hz: float = manifest.get("extra", {}).get("record", {}).get("hz", SAMPLER_HZ)
+    return round(1e9 / hz)
+
+
 def _flows(path: Path, manifest: Manifest) -> list[Row]:
     """The capture's flow counters, one point per sampling interval; a capture that cannot be
     read is a warning, not a lost Run."""
     if not path.is_file():
         return []
-    interval_ns = round(1e9 / manifest["extra"]["record"]["hz"])
     try:
-        return net.read_flows(path, interval_ns)
+        return net.read_flows(path, _interval_ns(manifest))
     except TraceFormatError as e:
         manifest["warnings"].append({"source": path.name, "what": e.why, "count": 1})
         return []

@@ -26,7 +26,7 @@ from types import FrameType
 from typing import IO
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.base import Collector, Sampler, dies_with_parent
+from perfswarm.record.base import SAMPLER_HZ, Collector, Sampler, dies_with_parent
 from perfswarm.record.build import Recording, build_run
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.gpu import GpuSampler
@@ -52,7 +52,7 @@ RESERVE_PER_STEP_MIB = 64
 @dataclass(frozen=True)
 class RecordOptions:
     collectors: tuple[str, ...] = DEFAULT_COLLECTORS
-    hz: float = 20.0  # system and GPU samplers
+    hz: float = SAMPLER_HZ  # system and GPU samplers
     perf_hz: int = 99  # 499 Hz slowed a CPU training step by 2-5%, 99 Hz by nothing measurable
     # py-spy's CPU against a job of 6.3 CPU-s (realworld_loop.py workers, 3 processes): 5.0 s
     # at 100 Hz, 1.7 s at 20 Hz (manifest extra.record.tool_cpu_ns and job_cpu_ns)
