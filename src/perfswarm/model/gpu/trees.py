@@ -32,20 +32,16 @@ class Ensemble:
     value: F64
 
     def predict(self, x: F64) -> F64:
-        """The ensemble's value for each row of x."""
-        out = np.full(len(x), self.base)
-        rows = np.arange(len(x))
-        for root in self.roots.tolist():
-            node = np.full(len(x), root, np.int32)
-            while True:
-                inner = self.left[node] != LEAF
-                if not inner.any():
-                    break
-                go_left = x[rows, np.maximum(self.feature[node], 0)] <= self.threshold[node]
-                node = np.where(inner, np.where(go_left, self.left[node], self.right[node]),
-                                node)
-            out += self.value[node]
-        return out
+        """The ensemble's value for each row of x: every tree walked at once, a level per
+        pass (a per-tree loop cost predict a minute on a 120k-event run), the trees' values
+        added in tree order as one by one."""
+        rows = np.arange(len(x))[:, None]
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots)))
+        while (inner := self.left[node] != LEAF).any():
+            go_left = x[rows, np.maximum(self.feature[node], 0)] <= self.threshold[node]
+            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
+        values = np.concatenate([np.full((len(x), 1), self.base), self.value[node]], axis=1)
+        return np.cumsum(values, axis=1)[:, -1]
 
     def arrays(self, prefix: str) -> dict[str, npt.NDArray[np.generic]]:
         return {f"{prefix}.{k}": v for k, v in (
