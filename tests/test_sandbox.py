@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import tempfile
+import zlib
 from collections import Counter
 from pathlib import Path
 from unittest.mock import patch
@@ -20,7 +21,7 @@ from perfswarm.cli.main import main
 from perfswarm.cli.output import console
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace import stream
-from perfswarm.trace.kineto import EXACT_ISIZE, read_bytes
+from perfswarm.trace.kineto import read_bytes
 from perfswarm.trace.store import _claim, _release
 
 # Names real traces hold ("[param|cuda]") and names that rich would take for markup or emoji.
@@ -165,14 +166,40 @@ def test_gzip_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     _one_line_exit_2(["import", str(magic), "-o", str(tmp_path / "o.run")], capsys,
                      "corrupt or truncated gzip")
     body = b'{"traceEvents": [' + b" " * (8 << 20) + b"]}"
-    small = tmp_path / "s.json.gz"  # ISIZE exact: refused before inflating
-    small.write_bytes(gzip.compress(body))
-    big = tmp_path / "b.json.gz"  # over 4 MiB compressed (ISIZE may wrap): inflated to the cap
-    big.write_bytes(gzip.compress(os.urandom(EXACT_ISIZE)) + gzip.compress(body))
-    for path in (small, big):
-        with pytest.raises(TraceFormatError, match=r"\(gzip\): expands past 1 MiB in memory"):
-            read_bytes(path, limit=1 << 20)
-    assert read_bytes(big, limit=64 << 20)[-len(body):] == body
+    path = tmp_path / "b.json.gz"  # two members: the cap counts both
+    path.write_bytes(gzip.compress(os.urandom(1 << 20)) + gzip.compress(body))
+    with pytest.raises(TraceFormatError, match=r"\(gzip\): expands past 8 MiB in memory"):
+        read_bytes(path, limit=8 << 20)
+    assert read_bytes(path, limit=64 << 20)[-len(body):] == body
+
+
+def _spaces(mib: int, head: bytes = b"") -> bytes:
+    """One gzip member of `head` then `mib` MiB of spaces (about 1029x smaller)."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [deflate.compress(head)] + [deflate.compress(b" " * (1 << 20)) for _ in range(mib)]
+    return b"".join([*parts, deflate.flush()])
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """Past the 64 MiB floor by construction: a few hundred KB inflating to 96 MiB each."""
+    trace = gzip.decompress(corpus("compare_base").read_bytes())
+    return {"spaces": _spaces(96),
+            "padded trace": _spaces(96, trace.rstrip()[:-1] + b" "),  # before the final '}'
+            # many members, the last one small (its ISIZE says nothing of the others)
+            "members": _spaces(8) * 12 + gzip.compress(trace)}
+
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+@pytest.mark.parametrize("kind", ["spaces", "padded trace", "members"])
+def test_gzip_bombs_are_refused_early(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      bombs: dict[str, bytes], kind: str, streaming: str) -> None:
+    path = tmp_path / "bomb.json.gz"
+    path.write_bytes(bombs[kind])
+    assert gzip.decompress(bombs[kind])[:1] in (b" ", b"{")  # a valid gzip, not a broken one
+    _one_line_exit_2(["import", str(path), "-o", str(tmp_path / "o.run"), "--streaming",
+                      streaming], capsys, f"{path} (gzip): inflates over 100x its compressed size")
+    assert [p.name for p in tmp_path.iterdir()] == ["bomb.json.gz"]
 
 
 @pytest.mark.parametrize(("flags", "said"), [

@@ -9,7 +9,6 @@ works on whole columns.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import zlib
@@ -26,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.errors import TraceFormatError
+from perfswarm.trace import gunzip
 from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, KINDS, NONE, STEPS
 from perfswarm.trace.timebase import MAX_ABS_US, us_to_ns
 
@@ -153,57 +153,19 @@ def memory_bytes() -> int:
 
 def read_bytes(path: Path, limit: int | None = None) -> bytes:
     """The file's JSON text, gunzipped when it is gzip (by magic, not by name), refused when it
-    would expand past `limit` bytes (default: a quarter of RAM, what the in-memory path takes)."""
+    would expand past `limit` bytes (default: a quarter of RAM, what the in-memory path takes)
+    or is a gzip bomb (gunzip.chunks)."""
     try:
         with path.open("rb") as f:
-            head = f.read(2)
+            if f.read(2) != gunzip.MAGIC:
+                f.seek(0)
+                return f.read()
             f.seek(0)
-            data = f.read()
+            return b"".join(gunzip.chunks(path, f, memory_bytes() // 4 if limit is None else limit))
+    except (EOFError, zlib.error) as exc:
+        raise TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})") from None
     except OSError as exc:
         raise TraceFormatError(path, "", f"cannot read ({exc.strerror or exc})") from None
-    if head == b"\x1f\x8b":
-        try:
-            return _gunzip(path, data, memory_bytes() // 4 if limit is None else limit)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})") from None
-    return data
-
-
-# gzip's best ratio is about 1032:1, so a file under this many bytes expands to under 4 GiB
-# and its trailer's ISIZE (the size mod 4 GiB) is its exact size; above it ISIZE may have wrapped.
-EXACT_ISIZE = (1 << 32) // 1032
-
-
-def _gunzip(path: Path, data: bytes, limit: int) -> bytes:
-    """gzip.decompress, bounded by `limit` bytes of output (a gzip bomb stops there).
-
-    Where ISIZE is exact it sizes the output buffer once (gzip.decompress's growing buffer
-    peaks at twice the output); zlib stops after the first member, so that result is trusted
-    only when it matches the trailer's size and CRC. Otherwise members are inflated in turn,
-    each at most to what is left of `limit`.
-    """
-    crc = int.from_bytes(data[-8:-4], "little")
-    isize = int.from_bytes(data[-4:], "little")
-    too_big = TraceFormatError(path, "gzip", f"expands past {limit >> 20:,} MiB in memory "
-                                             "(import it with --streaming always)")
-    if len(data) < EXACT_ISIZE:
-        if isize > limit:
-            raise too_big
-        out = zlib.decompress(data, wbits=31, bufsize=max(isize, 1))
-        if len(out) == isize and zlib.crc32(out) == crc:
-            return out
-    parts: list[bytes] = []
-    rest, left = data, limit
-    while rest:
-        inflate = zlib.decompressobj(wbits=31)
-        parts.append(inflate.decompress(rest, left + 1))
-        left -= len(parts[-1])
-        if left < 0:
-            raise too_big
-        if not inflate.eof:
-            raise EOFError("compressed file ended before the end-of-stream marker was reached")
-        rest = inflate.unused_data.lstrip(b"\0")
-    return b"".join(parts)
 
 
 TOO_DEEP = "nested deeper than the JSON decoder allows"

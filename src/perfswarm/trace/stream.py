@@ -10,12 +10,11 @@ core with DuckDB.
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import ijson
 import msgspec
@@ -24,6 +23,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from perfswarm.errors import TraceFormatError
+from perfswarm.trace import gunzip
 from perfswarm.trace.kineto import (
     KEvent,
     KTrace,
@@ -43,14 +43,10 @@ BATCH = 50_000
 _META_KEYS = ("deviceProperties", "distributedInfo", "baseTimeNanoseconds")
 
 
-def _open(path: Path) -> IO[bytes]:
-    with path.open("rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    return cast(IO[bytes], gzip.GzipFile(path, "rb") if gz else path.open("rb"))
 
 
 def _errors(path: Path, exc: Exception) -> TraceFormatError:
-    if isinstance(exc, EOFError | gzip.BadGzipFile | zlib.error):
+    if isinstance(exc, EOFError | zlib.error):
         return TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})")
     if isinstance(exc, msgspec.ValidationError):
         return TraceFormatError(path, "json", f"wrong structure: {exc}")
@@ -70,7 +66,7 @@ def check_depth(path: Path, chunk: int = 16 << 20) -> None:
     text a chunk at a time (brackets inside strings do not count)."""
     depth, inside, run = 0, 0, 0  # carried across chunks: depth, in a string, trailing '\\'s
     try:
-        with _open(path) as f:
+        with gunzip.open_text(path) as f:
             while data := f.read(chunk):
                 b = np.frombuffer(data, np.uint8)
                 quotes = np.flatnonzero(b == 34)
@@ -105,7 +101,7 @@ def _metadata(path: Path) -> KTrace:
     found: dict[str, Any] = {}
     try:
         for key in _META_KEYS:
-            with _open(path) as f:
+            with gunzip.open_text(path) as f:
                 for value in ijson.items(f, key, use_float=True):
                     found[key] = value
                     break
@@ -120,7 +116,7 @@ def _metadata(path: Path) -> KTrace:
 def _batches(path: Path) -> Iterator[list[KEvent]]:
     saw_events = False
     try:
-        with _open(path) as f:
+        with gunzip.open_text(path) as f:
             items = ijson.items(f, "traceEvents.item", use_float=True)
             while batch := list(itertools.islice(items, BATCH)):
                 saw_events = True
@@ -132,17 +128,17 @@ def _batches(path: Path) -> Iterator[list[KEvent]]:
     except orjson.JSONEncodeError as exc:
         raise TraceFormatError(path, "json", f"unsupported value: {exc}") from None
     if not saw_events:
-        with _open(path) as f:
+        with gunzip.open_text(path) as f:
             try:
                 has_key = any(True for _ in ijson.items(f, "traceEvents"))
             except ijson.JSONError as exc:
                 raise _errors(path, exc) from None
         if not has_key:
-            with _open(path) as f:
+            with gunzip.open_text(path) as f:
                 head = f.read(64)
             keys: list[str] = []
             if head.lstrip()[:1] == b"{":
-                with _open(path) as f:
+                with gunzip.open_text(path) as f:
                     keys = [value for prefix, event, value in ijson.parse(f)
                             if prefix == "" and event == "map_key"]
             raise not_a_trace(path, head, keys)
