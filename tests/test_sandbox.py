@@ -181,7 +181,7 @@ def _spaces(mib: int, head: bytes = b"") -> bytes:
 
 
 @pytest.fixture(scope="module")
-def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+def bombs() -> dict[str, bytes]:
     """Past the 64 MiB floor by construction: a few hundred KB inflating to 96 MiB each."""
     trace = gzip.decompress(corpus("compare_base").read_bytes())
     return {"spaces": _spaces(96),

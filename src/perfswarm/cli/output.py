@@ -2,26 +2,61 @@
 
 Neither parses markup or emoji codes: every string printed (names from traces, paths, commands,
 advice) is text, so "[param|cuda]" or "[/x]" prints as itself. Styled parts are given as
-`rich.text.Text` (e.g. `Text.assemble((path, "bold"), ": ...")`)."""
+`rich.text.Text` (e.g. `Text.assemble((path, "bold"), ": ...")`).
+
+Control characters and bidirectional overrides in that text would drive the terminal (an ESC
+sequence recolours it or sets its title, U+202E reverses what follows), so both consoles show
+them as escapes (`\x1b`, `\u202e`); rich itself drops BEL, BS, VT, FF and CR from Text."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
-    TextColumn,
+    Task,
     TimeElapsedColumn,
 )
+from rich.segment import Segment
+from rich.text import Text
 
-console = Console(highlight=False, markup=False, emoji=False)
-err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
+# C0 and C1 controls but tab and newline, DEL, and the bidirectional marks, embeddings,
+# overrides and isolates
+_HIDDEN = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+           for c in [*range(0x20), *range(0x7F, 0xA0), 0x61C, 0x200E, 0x200F,
+                     *range(0x202A, 0x202F), *range(0x2066, 0x206A)] if c not in (9, 10)}
+
+
+def visible(text: str) -> str:
+    """`text` with every character that would act on the terminal written as an escape."""
+    return text.translate(_HIDDEN)
+
+
+class _TextConsole(Console):
+    """A console that prints data as text: no markup, no emoji codes, no control characters."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(highlight=False, markup=False, emoji=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(visible(text), **kwargs)  # before rich drops BEL, CR, ...
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None
+               ) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):  # Text built by callers
+            yield segment if segment.control else Segment(visible(segment.text), segment.style)
+
+
+console = _TextConsole()
+err_console = _TextConsole(stderr=True)
 
 
 def print_json(data: Any) -> None:
@@ -31,9 +66,16 @@ def print_json(data: Any) -> None:
     sys.stdout.write(text.decode() + "\n")
 
 
-def description() -> TextColumn:
+class _Description(ProgressColumn):
+    """The task's description as text (it may name files), escaped before it is measured."""
+
+    def render(self, task: Task) -> Text:
+        return Text(visible(task.description))
+
+
+def description() -> ProgressColumn:
     """A progress column showing the task's description as text (it may name files)."""
-    return TextColumn("{task.description}", markup=False)
+    return _Description()
 
 
 def spinner() -> Progress:
@@ -44,7 +86,7 @@ def spinner() -> Progress:
 
 def progress_bar() -> Progress:
     """A transient bar with a count and elapsed time on stderr, for work of known size."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    return Progress(description(), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err_console, transient=True)
 
 

@@ -51,9 +51,10 @@ class AdviceReport:
                           advice=[a.to_dict() for a in self.advice])
 
 
-def advise(run: Run, rules: tuple[Rule, ...] = RULES) -> AdviceReport:
-    """Every rule's advice for `run`, largest estimated gain first (ties by rule name)."""
+def advise(run: Run, rules: tuple[Rule, ...] | None = None) -> AdviceReport:
+    """Every rule's advice for `run` (default: RULES, as they stand at the call), largest
+    estimated gain first (ties by rule name)."""
     facts = Facts.of(run)
-    found = [a for rule in rules if (a := rule(facts)) is not None]
+    found = [a for rule in (RULES if rules is None else rules) if (a := rule(facts)) is not None]
     found.sort(key=lambda a: (-(a.gain_ns if a.gain_ns is not None else -1), a.rule))
     return AdviceReport(str(run.path), facts.wall_ns, tuple(facts.ranks), tuple(found))

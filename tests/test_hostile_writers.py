@@ -1,0 +1,137 @@
+"""Hostile values in every writer: a Run directory name, a device and host name, a command line
+and advice texts carrying rich markup, HTML, control characters, an RTL override and a long run
+of text reach the terminal (info, analyze, advise), --json and the report HTML as text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import markupsafe
+import pytest
+from rich.progress import Progress
+
+from conftest import corpus
+from perfswarm.cli.main import main
+from perfswarm.cli.output import console, err_console, progress_bar, spinner
+from perfswarm.optimize import advise as advise_module
+from perfswarm.optimize.rules.base import Advice, advice
+from perfswarm.optimize.rules.facts import Facts
+from perfswarm.report import board, html
+
+MARKUP = "[/x] [link=http://x]y[/link] [bold]b"
+SCRIPT = "<script>alert(1)</script>"
+CONTROL = "\x1b[31mred\x1b]0;title\x07 \u202eRTL\u202c"
+HOSTILE = f"{MARKUP} {SCRIPT} {CONTROL}"
+LONG = "W" * 5000
+
+
+def _shown(text: str) -> str:
+    """What the terminal shows: control characters as escapes (the bell too, but rich drops it
+    from styled Text, so it is left out of the comparison)."""
+    return (text.replace("\x07", "").replace("\x1b", "\\x1b").replace("\u202e", "\\u202e")
+            .replace("\u202c", "\\u202c"))
+
+
+SHOWN = _shown(HOSTILE)
+
+
+def _hostile_rule(facts: Facts) -> Advice:
+    return advice(facts, f"rule {HOSTILE}", f"title {HOSTILE}",
+                  {f"key {HOSTILE}": f"value {HOSTILE}"}, facts.wall_ns / 2,
+                  f"basis {HOSTILE}", f"change {HOSTILE} {LONG}")
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A real Run (a GPU trace from the corpus) at a hostile path, with a hostile host, device
+    and command in its manifest, and one rule whose every text is hostile."""
+    path = tmp_path / f"{MARKUP} {SCRIPT} {CONTROL}.run"
+    assert main(["import", str(corpus("event_sync")), "-o", str(path), "-q"]) == 0
+    manifest_path = path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["devices"], "the trace must name a device"
+    manifest["host"]["hostname"] = f"host {HOSTILE}"
+    for device in manifest["devices"]:
+        device["name"] = f"gpu {HOSTILE}"
+    manifest["command"] = ["python", f"train {HOSTILE}", LONG]
+    manifest_path.write_text(json.dumps(manifest))
+    monkeypatch.setattr(advise_module, "RULES", (*advise_module.RULES, _hostile_rule))
+    monkeypatch.setattr(console, "width", 1000)  # no wrapping inside a value
+    return path
+
+
+def test_terminal_shows_hostile_text_literally(run: Path, capsys: pytest.CaptureFixture[str]
+                                               ) -> None:
+    for command, expect in [("info", [f"gpu {SHOWN}"]), ("analyze", []),
+                            ("advise", [f"title {SHOWN}", f"basis {SHOWN}", f"value {SHOWN}"])]:
+        assert main([command, str(run)]) == 0, command
+        out = capsys.readouterr().out
+        flat = out.replace("\n", "").replace("\\x07", "")
+        assert "\x1b" not in out and "\u202e" not in out, command  # nothing reaches the tty raw
+        assert _shown(str(run)) in flat, command
+        for text in expect:
+            assert text in flat, (command, text)
+    assert main(["advise", str(run)]) == 0
+    assert LONG in capsys.readouterr().out.replace("\n", "").replace(" ", "")
+
+
+def _strings(data: object) -> Iterator[str]:
+    """Every string in decoded JSON, keys included."""
+    if isinstance(data, str):
+        yield data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield key
+            yield from _strings(value)
+    elif isinstance(data, list):
+        for value in data:
+            yield from _strings(value)
+
+
+@pytest.mark.parametrize("command", ["info", "analyze", "advise", "report"])
+def test_json_round_trips_hostile_text(run: Path, capsys: pytest.CaptureFixture[str],
+                                       command: str) -> None:
+    assert main([command, str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    strings = set(_strings(data))
+    assert str(run) in strings, command
+    if command in ("info", "report"):
+        assert f"gpu {HOSTILE}" in strings
+    if command == "report":
+        assert f"train {HOSTILE}" in strings and LONG in strings
+    if command == "advise":
+        mine = [a for a in data["advice"] if a["rule"] == f"rule {HOSTILE}"]
+        assert mine and mine[0]["title"] == f"title {HOSTILE}"
+        assert mine[0]["change"] == f"change {HOSTILE} {LONG}"
+        assert mine[0]["gain_basis"] == f"basis {HOSTILE}"
+        assert mine[0]["evidence"] == {f"key {HOSTILE}": f"value {HOSTILE}"}
+
+
+def test_report_and_board_html_escape_hostile_text(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "-o", str(out)]) == 0
+    listed = board.list_runs(run.parent)[run.name]
+    index = html.render_board(str(run.parent), [board._summary(listed)])
+    escaped = str(markupsafe.escape(HOSTILE))
+    # the report names the Run, its command and advice; the board index its device too
+    for page, texts in [(out.read_text(), [f"title {escaped}", f"change {escaped} {LONG}",
+                                           f"basis {escaped}", f"train {escaped}",
+                                           str(markupsafe.escape(run.name))]),
+                        (index, [f"gpu {escaped}", f"train {escaped}",
+                                 str(markupsafe.escape(run.name))])]:
+        assert "<script>alert" not in page and "alert(1)</script>" not in page
+        for text in texts:
+            assert text in page, text[:80]
+
+
+@pytest.mark.parametrize("make", [progress_bar, spinner])
+def test_progress_shows_file_names_as_text(make: Callable[[], Progress],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(err_console, "width", 1000)
+    bar = make()  # import puts the file it reads in the description
+    bar.add_task(f"reading {HOSTILE}.json", total=2)
+    with err_console.capture() as seen:
+        err_console.print(bar.make_tasks_table(bar.tasks))
+    assert f"reading {SHOWN}.json" in seen.get().replace("\\x07", "")
