@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,14 @@ def test_kernels_find_their_op_through_the_launch_call() -> None:
 def test_host_overheads_are_the_corpus_gpu_traces(corpus_runs: dict[str, Run]) -> None:
     ev = Events.load(corpus_runs["nccl"])
     assert host_overheads(ev) == (HOST_OP_NS, LAUNCH_NS)
+
+
+def test_a_gzip_bomb_in_the_dataset_is_refused(tmp_path: Path) -> None:
+    folder = _small_dataset(tmp_path, 5)
+    sweep = folder / "train" / "ln" / "Tesla_T4.csv.gz"
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    head = gzip.decompress(sweep.read_bytes()).splitlines(keepends=True)[0]
+    parts = [deflate.compress(head)] + [deflate.compress(b" " * (1 << 20)) for _ in range(96)]
+    sweep.write_bytes(b"".join([*parts, deflate.flush()]))  # ~100 KB inflating to 96 MiB
+    with pytest.raises(PerfswarmError, match=r"Tesla_T4\.csv\.gz \(gzip\): inflates over 100x"):
+        load_dataset(folder)

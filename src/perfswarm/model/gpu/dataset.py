@@ -5,8 +5,8 @@ Latencies in milliseconds, FP32."""
 from __future__ import annotations
 
 import csv
-import gzip
 import io
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ import orjson
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.work import Family, Work, conv_work, gemm_work, vector_work
+from perfswarm.trace import gunzip
 
 Split = Literal["train", "test"]
 ELEMENTWISE_OPS: Final = ("add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu",
@@ -81,11 +82,15 @@ def _hardware(folder: Path) -> dict[str, Hardware]:
 
 
 def _rows(path: Path) -> Iterator[dict[str, str]]:
+    """The rows of a gzipped CSV, inflated a chunk at a time (a gzip bomb is refused as a
+    trace's is)."""
     try:
-        text = gzip.decompress(path.read_bytes()).decode()
-    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+        if not gunzip.is_gzip(path):
+            raise EOFError("not gzip")
+        with io.TextIOWrapper(gunzip.open_text(path), encoding="utf-8", newline="") as f:
+            yield from csv.DictReader(f)
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise PerfswarmError(f"{path}: not a readable gzip CSV ({exc})") from None
-    yield from csv.DictReader(io.StringIO(text))
 
 
 def _read(path: Path, op_of_row: str | None, hardware: Mapping[str, Hardware], split: Split,
