@@ -152,3 +152,23 @@ def test_outputs_in_a_missing_directory(corpus_runs: dict[str, object], tmp_path
     err = capsys.readouterr().err
     assert said in err and err.strip().count("\n") == 0 and "Traceback" not in err
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["board", ".", "--port", "-1"],  # a bind() OverflowError traceback before
+    ["board", ".", "--port", "70000"],
+    ["calibrate", "--budget", "nan"],  # a sweep that never ended
+    ["calibrate", "--collectives", "--world-size", "100000"],  # 100,000 processes spawned
+    ["demo", "--loader-delay-ms", "-5"],  # recorded a failing workload, then exit 1
+    ["demo", "--loader-delay-ms", "nan"],
+    ["fuse", "--layer", "dw3x3:C=8,H=8,W=8 -> pw:K=8", "--threads", "0", "--predict-only"],
+    ["record", "--pid", "-5", "-o", "x.run"],  # a psutil ValueError traceback before
+])
+def test_numeric_flags_out_of_range_are_one_line_before_any_work(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfswarm: error: ") and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())  # nothing recorded, swept or written

@@ -18,7 +18,7 @@ from perfswarm.report.board import BoardServer, list_runs
 def board_command(
     root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding Run directories.")] = Path("."),
     host: Annotated[str, typer.Option("--host", help="Address to bind (local only by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0 picks a free one).")] = 8765,
 ) -> None:
     """A read-only local web app: lists the runs in DIR, opens their reports, compares two."""
     server = BoardServer(root, host, port, advice=lambda run: advise(run).to_dict()["advice"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,7 @@ import typer
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, ms, spinner
+from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
 from perfswarm.record.session import RecordOptions, record
@@ -26,6 +28,8 @@ def demo_command(
     loader_delay_ms: Annotated[float, typer.Option("--loader-delay-ms", help="Per-batch DataLoader delay: makes the run input-bound.")] = 20.0,
 ) -> int:
     """Record the bundled CNN trainer (slow DataLoader), analyze it, advise, and write the report."""
+    if not 0 <= loader_delay_ms < math.inf:  # the trainer would refuse it after the recording began
+        raise PerfswarmError(f"--loader-delay-ms {loader_delay_ms}: must be a finite number >= 0")
     command = [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(steps),
                "--batch-size", "32", "--loader-delay-ms", str(loader_delay_ms),
                "--num-workers", "0"]
