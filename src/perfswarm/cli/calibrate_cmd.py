@@ -23,7 +23,7 @@ def calibrate_command(
     budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d, embedding_bag, elementwise, reduction, copy; the last three also warm, on inputs reused); time left after a pass buys up to two more.")] = 0.5,
     threads: Annotated[int, typer.Option("--threads", help="Intra-op threads on the CPU (record the workload with the same count).")] = 1,
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models.")] = False,
-    world_size: Annotated[int, typer.Option("--world-size", min=2, max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,
+    world_size: Annotated[int, typer.Option("--world-size", max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
     passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = PASSES,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json).")] = None,

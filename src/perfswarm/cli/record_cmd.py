@@ -33,11 +33,19 @@ def status_line(s: Status) -> Text:
                 f"{counts} | {s.raw_bytes / 1e6:,.1f} MB raw", style="dim")
 
 
+def _seconds(value: float | None) -> float | None:
+    """--duration's range, checked while the flags are read (before --pid is paired with it)."""
+    if value is not None and not 0 < value <= 1e7:
+        raise typer.BadParameter(f"--duration {value}: must be a positive number of seconds "
+                                 "(at most 1e7)")
+    return value
+
+
 @app.command("record", context_settings={"allow_interspersed_args": False})
 def record_command(
     command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
     pid: Annotated[int | None, typer.Option("--pid", min=1, help="Attach to this running process (and its descendants) instead of running a command.")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", max=1e7, metavar="S", help="With --pid: stop after S seconds (default: when the process exits, or Ctrl-C).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", callback=_seconds, metavar="S", help="With --pid: stop after S seconds (default: when the process exits, or Ctrl-C).")] = None,
     perf_events: Annotated[str, typer.Option("--perf-events", metavar="LIST", help="perf events to count beside the cpu-clock stacks, EVENT[@PERIOD],... (e.g. context-switches,page-faults,cycles); one perf refuses here is left out, the reason in the manifest.")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
     collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace and net (tcpdump) are opt-in.")] = ",".join(DEFAULT_COLLECTORS),
