@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, Events
 from perfswarm.analyze.iterations import MAX_LAGS, StepWindow, detect
+from perfswarm.analyze.swarms import stack_codes
 from perfswarm.trace.schema import NONE
 
 WINDOWS = 10
@@ -107,7 +108,7 @@ def leaf_modules(stacks: pa.Table, stack_ids: I64, smooth: int = SMOOTH) -> I64:
     unwind unevenly (no frame pointers), so the leaf is what every sample has."""
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     leaf = np.asarray(stacks.column("depth").to_numpy(), np.int64) == 0
-    module, _ = _codes(stacks, "module")
+    module, _ = stack_codes(stacks, "module")
     of = dict(zip(sid[leaf].tolist(), module[leaf].tolist(), strict=True))
     raw = np.array([of.get(int(s), NONE) for s in stack_ids], np.int64)
     half = smooth // 2
@@ -118,15 +119,6 @@ def leaf_modules(stacks: pa.Table, stack_ids: I64, smooth: int = SMOOTH) -> I64:
         if counts.max() > len(around) // 2:
             out[i] = values[np.argmax(counts)]
     return out
-
-
-def _codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
-    col = table.column(name).combine_chunks()
-    if not isinstance(col, pa.DictionaryArray):
-        col = col.dictionary_encode()
-    assert isinstance(col, pa.DictionaryArray)
-    return (np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int64),
-            [str(v) for v in col.dictionary.to_pylist()])
 
 
 def sample_steps(samples: pa.Table, stacks: pa.Table) -> dict[int, list[StepWindow]]:

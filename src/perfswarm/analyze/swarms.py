@@ -58,7 +58,8 @@ class Swarms:
                 "swarms": [s.to_dict() for s in self.swarms]}
 
 
-def _dict_codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
+def stack_codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
+    """A stacks column as codes and the names they stand for."""
     col = table.column(name).combine_chunks()
     if not isinstance(col, pa.DictionaryArray):
         col = col.dictionary_encode()
@@ -73,8 +74,8 @@ def features(stacks: pa.Table, stack_ids: I64) -> sp.csr_matrix:
 
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
-    func, _ = _dict_codes(stacks, "function")
-    module, _ = _dict_codes(stacks, "module")
+    func, _ = stack_codes(stacks, "function")
+    module, _ = stack_codes(stacks, "module")
     address = np.asarray(stacks.column("address").to_numpy(), np.float64)
     row_of = {int(s): i for i, s in enumerate(stack_ids)}
     rows = np.array([row_of.get(int(s), -1) for s in sid], np.int64)
@@ -170,8 +171,8 @@ def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,
     uniq, inv, labels = lab.uniq, lab.inv, lab.labels
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
-    func, func_names = _dict_codes(stacks, "function")
-    module, module_names = _dict_codes(stacks, "module")
+    func, func_names = stack_codes(stacks, "function")
+    module, module_names = stack_codes(stacks, "module")
     leaf = depth == 0
     leaf_of = dict(zip(sid[leaf].tolist(), zip(func[leaf].tolist(), module[leaf].tolist(),
                                                  strict=True), strict=True))
