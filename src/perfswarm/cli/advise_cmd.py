@@ -10,8 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, ms, print_json
+from perfswarm.cli.output import console, print_json
 from perfswarm.optimize.advise import advise
+from perfswarm.report.text import evidence_text, ms
 from perfswarm.trace.store import Run
 
 _STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
@@ -37,7 +38,7 @@ def advise_command(
                                     (a.title, "bold"), f" ({a.rule}): {gain}"))
         evidence = Table("evidence", "value", show_header=False, box=None, padding=(0, 2))
         for key, value in a.evidence.items():
-            evidence.add_row(key, str(value))
+            evidence.add_row(key, evidence_text(key, value))
         console.print(evidence)
         console.print(f"  gain: {a.gain_basis}")
         console.print(f"  change: {a.change}", soft_wrap=True)

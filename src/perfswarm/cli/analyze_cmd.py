@@ -14,10 +14,11 @@ from perfswarm.analyze.summary import Analysis, analyze
 from perfswarm.analyze.window import windowed
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
-from perfswarm.cli.output import console, ms, print_json
+from perfswarm.cli.output import console, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.model.topology import copy_peak_gbps
+from perfswarm.report.text import ms
 from perfswarm.trace.store import Run
 
 SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",

@@ -11,13 +11,14 @@ import typer
 
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, ms, spinner
+from perfswarm.cli.output import console, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
 from perfswarm.record.session import RecordOptions, record
 from perfswarm.report import html
 from perfswarm.report.data import report_data
+from perfswarm.report.text import ms
 
 
 @app.command("demo")

@@ -12,7 +12,8 @@ from perfswarm.analyze.diff import OpDelta
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, ms, print_json
+from perfswarm.cli.output import console, print_json
+from perfswarm.report.text import ms
 from perfswarm.trace.store import Run
 
 

@@ -89,6 +89,3 @@ def progress_bar() -> Progress:
     return Progress(description(), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err_console, transient=True)
 
-
-def ms(ns: float) -> str:
-    return f"{ns / 1e6:,.3f} ms"

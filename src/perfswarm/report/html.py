@@ -19,6 +19,7 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from perfswarm.report.overview import CATEGORIES
+from perfswarm.report.text import evidence_text, ms
 from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -35,33 +36,12 @@ def safe_json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode().translate(_JSON_ESCAPES)
 
 
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:,.3f} ms"
-
-
 def _mb(value: float) -> str:
     return f"{value / 1e6:,.1f} MB"
 
 
 def _pct(share: float) -> str:
     return f"{100 * share:.1f}%"
-
-
-def evidence_text(key: str, value: Any) -> str:
-    """An advice's evidence value as a person reads it: ns as ms, numbers with separators,
-    mappings as `key value` pairs, lists one item after another."""
-    if isinstance(value, bool) or value is None:
-        return str(value).lower()
-    if isinstance(value, int | float):
-        if key.endswith("_ns"):
-            return _ms(value)
-        return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {evidence_text(str(k) if str(k).endswith('_ns') else key, v)}"
-                         for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return "; ".join(evidence_text(key, v) for v in value)
-    return str(value)
 
 
 @cache
@@ -275,7 +255,7 @@ def _page(template: str, data: dict[str, Any], figures: dict[str, Any], **extra:
     # Both are script text, already safe there: HTML-escaping would break them.
     return _environment().get_template(template).render(
         **data, plotly_js=Markup(get_plotlyjs()), figures_json=Markup(safe_json(figures)),
-        ms=_ms, **extra)
+        ms=ms, **extra)
 
 
 def write(report: dict[str, Any], path: str | Path) -> Path:

@@ -1,0 +1,27 @@
+"""How the report and the terminal write a number or an advice's evidence: one wording for both,
+with nothing heavy imported (the CLI prints with it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms"
+
+
+def evidence_text(key: str, value: Any) -> str:
+    """An advice's evidence value as a person reads it: ns as ms, numbers with separators,
+    mappings as `key value` pairs, lists one item after another."""
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, int | float):
+        if key.endswith("_ns"):
+            return ms(value)
+        return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {evidence_text(str(k) if str(k).endswith('_ns') else key, v)}"
+                         for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "; ".join(evidence_text(key, v) for v in value)
+    return str(value)
