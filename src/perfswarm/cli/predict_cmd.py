@@ -12,13 +12,13 @@ from rich.text import Text
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import Profile
+from perfswarm.model.calibrate import read_profile
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.report.text import ms
 from perfswarm.trace.store import Run
-from perfswarm.userfiles import read_json, write_json
+from perfswarm.userfiles import write_json
 
 
 def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
@@ -30,13 +30,6 @@ def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
                                  "e.g. 512=1024")
         out.append((int(old), int(new)))
     return tuple(out)
-
-
-def _profile(path: Path) -> Profile:
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise PerfswarmError(f"{path}: not a kernel-model profile (expected an object)")
-    return Profile.from_dict(data, str(path))
 
 
 def _print(result: Prediction) -> None:
@@ -94,7 +87,7 @@ def predict_command(
         raise PerfswarmError("--recorded-batch-size: must be at least 1")
     change = Change(batch_size, recorded_batch_size, _dims(dim or []), device)
     result = predict(Run.open(run_dir), change,
-                     profile=_profile(profile) if profile else None,
+                     profile=read_profile(profile) if profile else None,
                      overheads=OverheadModel.load(overheads) if overheads else None,
                      compare=Run.open(compare) if compare else None,
                      source_device=source_device,

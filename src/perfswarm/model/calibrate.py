@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -35,6 +36,7 @@ import numpy as np
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import OpCost, column_major, gemm_dims, op_cost
 from perfswarm.record.inject._perfswarm_heap import reserve_heap
+from perfswarm.userfiles import read_json
 
 # aten op, input dims, input types, input strides (empty: contiguous)
 Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...]]
@@ -409,6 +411,14 @@ class Profile:
                        warm, _ceilings(data))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
+
+
+def read_profile(path: Path) -> Profile:
+    """A calibrate profile from its JSON file; one-line errors naming it."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise PerfswarmError(f"{path}: not a kernel-model profile (expected an object)")
+    return Profile.from_dict(data, str(path))
 
 
 def _best(entries: Mapping[str, Any], families: Sequence[str], rate: Callable[[Point], float]

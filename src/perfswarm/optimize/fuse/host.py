@@ -11,11 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from perfswarm.errors import PerfswarmError
 from perfswarm.model.calibrate import Profile
 from perfswarm.model.specs import DeviceSpec, cpu_spec
 from perfswarm.trace.store import host_info
-from perfswarm.userfiles import read_json
 
 _SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 
@@ -34,14 +32,6 @@ def last_level_cache_bytes(root: Path = _SYSFS) -> float:
         if digits.isdigit() and (level, 0.0) > best:
             best = (level, float(int(digits) * scale))
     return best[1]
-
-
-def read_profile(path: Path) -> Profile:
-    """A calibrate profile from its JSON file; one-line errors naming it."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise PerfswarmError(f"{path}: not a kernel-model profile (expected an object)")
-    return Profile.from_dict(data, str(path))
 
 
 def _best_rate(work: float, run: Callable[[], object], repeats: int = 5) -> float:
