@@ -10,7 +10,7 @@ import pytest
 
 from conftest import corpus
 from perfswarm.cli.main import main
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collectives import RING, CollectiveConfig, collective_time
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Topology, interconnect
@@ -93,7 +93,7 @@ def test_recommend_takes_the_slowest_good_network() -> None:
 
 def test_run_without_collectives_needs_grad_bytes(tmp_path: Path) -> None:
     run = import_traces([corpus("amd")], tmp_path / "a.run", ImportOptions(), ["t"])
-    with pytest.raises(PerfswarmError, match="--grad-bytes"):
+    with pytest.raises(ParameterError, match=r"give the gradient size with grad_bytes$"):
         profile(run)
     prof = profile(run, grad_bytes=1 << 20)
     assert prof.grad_bytes_source == "--grad-bytes"

@@ -1,8 +1,17 @@
-"""The one error type that reaches the user: a message and an exit code."""
+"""The error types that reach the user: a message and an exit code.
+
+The library speaks of its own parameters, never of command-line flags: a `ParameterError`
+carries the parameter's name, its message shows Python names (`devices`), and the CLI shows
+the same error with the flag that sets that parameter (`--devices`, see cli/main.py)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
+
+# `{name}` in a ParameterError's `why`: another parameter the message points to
+_PARAM = re.compile(r"\{([a-z][a-z_]*)\}")
 
 
 class PerfswarmError(Exception):
@@ -13,6 +22,29 @@ class PerfswarmError(Exception):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class ParameterError(PerfswarmError):
+    """A bad argument: `param` is the parameter's Python name, `value` what it was given (shown
+    after the name), `subject` what the error is about (a file, a Run) and `why` the problem,
+    which may point at other parameters as `{name}` (e.g. "use {force} to replace it").
+
+    `message(name)` renders it with `name` turning each parameter name into how the reader
+    knows it: the library's message keeps the Python names, the CLI maps them to flags."""
+
+    def __init__(self, param: str | None, why: str, *, value: object = None,
+                 subject: str | Path | None = None, exit_code: int = 2) -> None:
+        self.param = param
+        self.why = why
+        self.value = value
+        self.subject = subject
+        super().__init__(self.message(lambda name: name), exit_code)
+
+    def message(self, name: Callable[[str], str]) -> str:
+        head = [] if self.subject is None else [str(self.subject)]
+        if self.param is not None:
+            head.append(name(self.param) + ("" if self.value is None else f" {self.value}"))
+        return ": ".join([*head, _PARAM.sub(lambda m: name(m.group(1)), self.why)])
 
 
 class TraceFormatError(PerfswarmError):

@@ -9,7 +9,22 @@ import typer.main
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import err_console
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
+
+# Library parameters whose flag is not `--` + the name with dashes (see flag()).
+FLAGS = {"ranks": "--rank", "execution_traces": "--et", "bandwidth_gbps": "--bandwidth",
+         "interconnect_name": "--interconnect", "intra_name": "--intra",
+         "per_node": "--gpus-per-node"}
+
+
+def flag(param: str) -> str:
+    """The command-line flag that sets the library parameter `param`."""
+    return FLAGS.get(param, "--" + param.replace("_", "-"))
+
+
+def error_text(exc: PerfswarmError) -> str:
+    """The error as the CLI says it: a library parameter named by its flag."""
+    return exc.message(flag) if isinstance(exc, ParameterError) else str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = command.main(args=argv, prog_name="perfswarm", standalone_mode=False)
     except PerfswarmError as exc:
-        err_console.print(f"perfswarm: error: {exc}", soft_wrap=True)
+        err_console.print(f"perfswarm: error: {error_text(exc)}", soft_wrap=True)
         return exc.exit_code
     except typer.Abort:
         err_console.print("perfswarm: aborted")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.intervals import I64, union
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collective_bench import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
 from perfswarm.model.predict import Change, predict
@@ -179,7 +179,7 @@ def profile(run: Run, grad_bytes: int | None = None) -> Profile:
     measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
     if grad_bytes is not None:
         if grad_bytes <= 0:
-            raise PerfswarmError(f"--grad-bytes: must be positive, got {grad_bytes}")
+            raise ParameterError("grad_bytes", f"must be positive, got {grad_bytes}")
         source = "--grad-bytes"
         if not any(measured):
             # No collectives to learn from: one all-reduce of the gradients after the backward.
@@ -189,8 +189,8 @@ def profile(run: Run, grad_bytes: int | None = None) -> Profile:
     elif any(measured):
         grad_bytes, source = int(statistics.median(measured)), "collective kernels"
     else:
-        raise PerfswarmError(f"{run.path}: no all-reduce kernels with sizes in the Run; "
-                             "give the gradient size with --grad-bytes")
+        raise ParameterError(None, "no all-reduce kernels with sizes in the Run; give the "
+                             "gradient size with {grad_bytes}", subject=run.path)
     return Profile(tuple(sorted({st.rank for st in steps})), tuple(steps), world, grad_bytes,
                    source, whole_run)
 
@@ -305,7 +305,7 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
     """`intra_link` (a measured one, see collective_bench.link_of_profile) replaces the
     bundled intra-node link; with `device`, compute is predicted on that GPU."""
     if not devices or min(devices) < 1:
-        raise PerfswarmError("--devices: give positive device counts, e.g. 1,2,4,8")
+        raise ParameterError("devices", "give positive device counts, e.g. 1,2,4,8")
     devices = sorted(set(devices))
     prof = profile(run, grad_bytes)
     if device is not None:

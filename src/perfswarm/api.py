@@ -1,0 +1,286 @@
+"""The Python API behind `import perfswarm`: a Run and what can be asked of it, for notebooks.
+
+`perfswarm.load(path)`, `perfswarm.import_traces(paths, out=...)` and `perfswarm.record(cmd)`
+give a `Run`; `run.analyze()`, `run.predict(...)`, `run.advise()` and `run.project(...)` give a
+`Result` (the library's frozen dataclass in `.value`, `.to_dict()` as the CLI's `--json`,
+`.to_polars(table)` / `.to_pandas(table)` for one of its tables); `run.report(path)` writes the
+HTML report and `run.sql(query)` gives a polars DataFrame. The functions here only translate
+Python arguments into the library's options: each stage does its own work, as the CLI has it do.
+Errors are `perfswarm.PerfswarmError` (bad arguments: `perfswarm.ParameterError`, which names
+the parameter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+
+from perfswarm.errors import ParameterError, PerfswarmError
+from perfswarm.trace import store
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from perfswarm.analyze.summary import Analysis
+    from perfswarm.model.predict import Prediction
+    from perfswarm.optimize.advise import AdviceReport
+    from perfswarm.optimize.project import Projection
+
+PathLike = str | Path
+Rows = list[dict[str, Any]]
+
+
+class _Dictable(Protocol):
+    def to_dict(self) -> Mapping[str, Any]: ...
+
+
+V_co = TypeVar("V_co", bound=_Dictable, covariant=True)
+
+
+def _at(*keys: str) -> Callable[[Mapping[str, Any]], Rows]:
+    """A table that is the list of records at `keys` in a result's dict."""
+    def rows(data: Mapping[str, Any]) -> Rows:
+        node: Any = data
+        for key in keys:
+            node = node[key]
+        return list(node)
+    return rows
+
+
+def _per_rank(*keys: str) -> Callable[[Mapping[str, Any]], Rows]:
+    """A table from a {rank: [records]} mapping at `keys`, with the rank as a column."""
+    def rows(data: Mapping[str, Any]) -> Rows:
+        node: Any = data
+        for key in keys:
+            node = node[key]
+        return [{"rank": int(rank), **r} for rank, records in node.items() for r in records]
+    return rows
+
+
+@dataclass(frozen=True)
+class Result(Generic[V_co]):
+    """One analysis, prediction, advice or projection of a Run.
+
+    `value` is the library's result (a frozen dataclass); `to_dict()` is its JSON (the keys of
+    the CLI's `--json`, docs/cli.md); `tables` names the record lists that `to_polars(name)`
+    and `to_pandas(name)` give as data frames (the first one when no name is given)."""
+
+    value: V_co
+    _tables: Mapping[str, Callable[[Mapping[str, Any]], Rows]]
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(self._tables)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.value.to_dict())
+
+    def rows(self, table: str | None = None) -> Rows:
+        """The records of `table` (default: the first of `tables`)."""
+        name = self.tables[0] if table is None else table
+        if name not in self._tables:
+            raise ParameterError("table", f"not one of {', '.join(self.tables)}", value=name)
+        return self._tables[name](self.to_dict())
+
+    def to_polars(self, table: str | None = None) -> pl.DataFrame:
+        import polars as pl
+
+        return pl.DataFrame(self.rows(table), infer_schema_length=None)
+
+    def to_pandas(self, table: str | None = None) -> Any:
+        """A pandas.DataFrame (pandas is optional: typed Any so mypy needs no stubs)."""
+        from importlib.util import find_spec
+
+        if find_spec("pandas") is None:  # polars converts; this says what is missing
+            raise PerfswarmError("to_pandas: needs pandas (pip install pandas); "
+                                 "to_polars gives the same table")
+        return self.to_polars(table).to_pandas()
+
+
+ANALYSIS_TABLES = {"steps": _per_rank("iterations", "steps"), "kernels": _at("ops", "kernels"),
+                   "cpu_ops": _at("ops", "cpu_ops"), "categories": _at("ops", "categories"),
+                   "launch": _at("launch"), "sequences": _at("sequences"),
+                   "scopes": _at("scopes", "ops"), "annotations": _at("scopes", "annotations")}
+PREDICTION_TABLES = {"steps": _at("steps")}
+ADVICE_TABLES = {"advice": _at("advice")}
+PROJECTION_TABLES = {"points": _at("points"), "options": _at("options")}
+
+
+class Run:
+    """A recorded or imported Run (a directory: manifest, raw files, Parquet tables).
+
+    Results are computed from the Run's tables when asked; the analysis is computed once per
+    Run object and shared by `advise` and `report`."""
+
+    def __init__(self, run: store.Run) -> None:
+        self.store = run
+
+    def __repr__(self) -> str:
+        return f"perfswarm.Run({str(self.path)!r})"
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    @property
+    def manifest(self) -> store.Manifest:
+        """What the Run says of itself: command, exit status, host, collectors, warnings."""
+        return self.store.manifest()
+
+    def analyze(self, *, ignore_markers: bool = False,
+                window: tuple[float | None, float | None] | None = None) -> Result[Analysis]:
+        """Iterations, concurrency, ops and kernels, launches, critical path, stragglers...
+
+        `window=(start, end)`: only that time, in seconds from the Run's start (either side
+        None: open); `ignore_markers`: detect iterations from the op sequence."""
+        from perfswarm.analyze.summary import analyze
+
+        return Result(analyze(self._windowed(window), ignore_markers=ignore_markers),
+                      ANALYSIS_TABLES)
+
+    def predict(self, *, device: str | None = None, batch_size: int | None = None,
+                recorded_batch_size: int | None = None, dims: Mapping[int, int] | None = None,
+                profile: PathLike | None = None, compare: Run | PathLike | None = None,
+                source_device: str | None = None) -> Result[Prediction]:
+        """Measured, replayed and predicted iteration time, at the recorded configuration or
+        on `device` (a bundled GPU spec), at `batch_size`, with dimensions changed (`dims`,
+        old -> new); `profile`: a CPU kernel-model profile from calibrate (shape changes on a
+        CPU run); `compare`: a Run recorded at the target configuration."""
+        from perfswarm.model.calibrate import read_profile
+        from perfswarm.model.predict import Change, predict
+
+        for name, size in (("batch_size", batch_size),
+                           ("recorded_batch_size", recorded_batch_size)):
+            if size is not None and size < 1:
+                raise ParameterError(name, "must be at least 1", value=size)
+        if any(new < 1 for new in (dims or {}).values()):
+            raise ParameterError("dims", "new dimensions must be positive integers")
+        change = Change(batch_size, recorded_batch_size, tuple((dims or {}).items()), device)
+        other = compare.store if isinstance(compare, Run) else (
+            store.Run.open(compare) if compare is not None else None)
+        return Result(predict(self.store, change,
+                              profile=read_profile(Path(profile)) if profile else None,
+                              compare=other, source_device=source_device), PREDICTION_TABLES)
+
+    def advise(self) -> Result[AdviceReport]:
+        """What to change, with the evidence and the estimated gain, largest first."""
+        from perfswarm.optimize.advise import advise
+
+        return Result(advise(self.store), ADVICE_TABLES)
+
+    def project(self, devices: Sequence[int] | None = None, *, interconnect: str = "ib-ndr",
+                bandwidth_gbps: float | None = None,
+                scheme: Literal["ring", "tree", "ps"] = "ring", intra: str | None = None,
+                per_node: int = 8, servers: int = 1, grad_bytes: int | None = None,
+                device: str | None = None) -> Result[Projection]:
+        """Throughput and scaling efficiency on `devices` (default 1 to 256), over
+        `interconnect` between nodes and `intra` inside one (see `perfswarm project`)."""
+        from perfswarm.optimize.project import DEFAULT_DEVICES, project
+
+        return Result(project(self.store, list(devices or DEFAULT_DEVICES),
+                              interconnect_name=interconnect, bandwidth_gbps=bandwidth_gbps,
+                              scheme=scheme, intra_name=intra, per_node=per_node,
+                              servers=servers, grad_bytes=grad_bytes, device=device),
+                      PROJECTION_TABLES)
+
+    def report(self, path: PathLike | None = None, *, tune: PathLike | None = None) -> Path:
+        """Write the self-contained HTML report (default RUN/report.html); its path.
+        `tune`: a `perfswarm tune` output directory, whose trials the report adds."""
+        from perfswarm.report import html
+
+        return html.write(report_data(self.store, tune=Path(tune) if tune else None),
+                          Path(path) if path is not None else self.path / "report.html")
+
+    def sql(self, query: str, *, timeout_s: float = 60.0, memory_mb: int = 2048
+            ) -> pl.DataFrame:
+        """A read-only DuckDB query over the Run's tables (events, counters, steps, samples,
+        stacks, graph_nodes, graph_edges, flows) as a polars DataFrame."""
+        import polars as pl
+        import pyarrow as pa
+
+        from perfswarm.trace.sql import Limits
+        from perfswarm.trace.sql import query as run_query
+
+        columns, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
+        got = list(batches)
+        if not got:
+            return pl.DataFrame({c: [] for c in columns})
+        frame = pl.from_arrow(pa.Table.from_batches(got))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def _windowed(self, window: tuple[float | None, float | None] | None) -> store.Run:
+        from perfswarm.analyze.window import windowed
+
+        if window is None:
+            return self.store
+        start, end = ("" if side is None else side for side in window)
+        return windowed(self.store, f"{start}:{end}")
+
+
+def report_data(run: store.Run, *, tune: Path | None = None) -> dict[str, Any]:
+    """The whole report of `run` as plain data: analysis, advice, projection (and a tune
+    directory's trials): what `perfswarm report --json` prints and the HTML shows."""
+    from perfswarm.optimize.advise import advise
+    from perfswarm.optimize.project import report_projection
+    from perfswarm.report.data import report_data as data
+
+    files = None
+    if tune is not None:
+        from perfswarm.optimize.tune import load_results  # optuna: only with a tune directory
+
+        files = load_results(tune)
+    return data(run, advice=advise(run).to_dict()["advice"], tune=files,
+                projection=report_projection(run))
+
+
+# Paths are made absolute: a notebook's working directory may change while a Run is in use.
+
+
+def load(path: PathLike) -> Run:
+    """The Run at `path` (a directory written by import or record)."""
+    return Run(store.Run.open(Path(path).absolute()))
+
+
+def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike, *,
+                  ranks: Sequence[int] = (), execution_traces: Sequence[PathLike] = (),
+                  drop_bad_events: bool = False,
+                  streaming: Literal["auto", "always", "never"] = "auto",
+                  force: bool = False) -> Run:
+    """Import Kineto traces (.json, .json.gz, or directories of *.pt.trace.json) or Nsight
+    Systems SQLite exports, one per rank, into a new Run at `out`.
+
+    `ranks`: each file's rank (default: its distributedInfo, else file order);
+    `execution_traces`: PyTorch execution traces, one per rank; `drop_bad_events`: drop
+    events with negative or absurd times instead of failing; `force`: replace `out`."""
+    from perfswarm.trace.ingest import ImportOptions, trace_files
+    from perfswarm.trace.ingest import import_traces as ingest
+
+    given = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    options = ImportOptions(ranks=tuple(ranks),
+                            execution_traces=tuple(Path(p) for p in execution_traces),
+                            drop_bad_events=drop_bad_events, streaming=streaming, force=force)
+    command = ["perfswarm.import_traces", *map(str, given)]
+    return Run(ingest(trace_files(given), Path(out).absolute(), options, command))
+
+
+def record(command: Sequence[str], out: PathLike | None = None, *,
+           collectors: Sequence[str] | None = None, skip: int = 5, steps: int = 10,
+           execution_trace: bool = True, force: bool = False) -> Run:
+    """Run `command` (an unmodified program, as a list of arguments) under the collectors
+    (default torch, system, gpu, perf, pystacks) and give the Run it leaves at `out` (default
+    PROGRAM.run); the torch profiler opens after `skip` optimizer steps for `steps` steps.
+    The program's exit status is in `run.manifest`."""
+    from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions
+    from perfswarm.record.session import record as run_recorder
+
+    if not command:
+        raise ParameterError("command", "no command given")
+    if skip < 0 or steps < 1:
+        raise ParameterError("steps", "expected skip >= 0 and steps >= 1")
+    options = RecordOptions(collectors=tuple(collectors or DEFAULT_COLLECTORS), skip=skip,
+                            steps=steps, execution_trace=execution_trace, force=force)
+    target = Path(out if out is not None else Path(command[0]).name + ".run").absolute()
+    return Run(run_recorder(list(command), target, options).run)

@@ -1,0 +1,129 @@
+"""The Python API: docs/api.md's example runs as written, its numbers are the trace's, and the
+library's errors name parameters where the CLI names flags."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import perfswarm
+from conftest import CORPUS, REPO, corpus
+from perfswarm.cli.main import main
+
+TRACE = "nccl_parser_config/nccl_data.json.gz"
+
+
+def doc_blocks() -> list[str]:
+    text = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """docs/api.md's code blocks run in order, in one namespace, as notebook cells would, in
+    a scratch directory (the page's corpus path made absolute)."""
+    blocks = doc_blocks()
+    assert f'"../shared/corpus/hta/{TRACE}"' in blocks[0]
+    here = tmp_path_factory.mktemp("notebook")
+    namespace: dict[str, Any] = {}
+    cwd = Path.cwd()
+    try:
+        import os
+
+        os.chdir(here)
+        for block in blocks:
+            exec(compile(block.replace("../shared/corpus/hta/", f"{CORPUS}/"), "api.md", "exec"),
+                 namespace)
+    finally:
+        os.chdir(cwd)
+    namespace["here"] = here
+    return namespace
+
+
+def raw_events() -> list[dict[str, Any]]:
+    with gzip.open(corpus("nccl")) as f:
+        events: list[dict[str, Any]] = orjson.loads(f.read())["traceEvents"]
+    return events
+
+
+def test_the_example_gives_the_traces_numbers(notebook: dict[str, Any]) -> None:
+    raw = raw_events()
+    marked = sorted((int(e["name"].removeprefix("ProfilerStep#")), round(e["dur"] * 1000))
+                    for e in raw if e.get("name", "").startswith("ProfilerStep#"))
+    steps = notebook["steps"]
+    assert list(zip(steps["step"], steps["dur_ns"], strict=True)) == marked
+    assert marked == [(4, 222442191), (5, 219726905), (6, 224936243)]
+    allreduce = [e for e in raw if e.get("cat") == "kernel"
+                 and e["name"] == notebook["kernels"]["name"][0]]
+    assert notebook["kernels"]["count"][0] == len(allreduce) == 15
+    assert notebook["kernels"]["total_ns"][0] == round(sum(e["dur"] for e in allreduce) * 1000)
+    kinds = dict(zip(notebook["per_kind"]["kind"], notebook["per_kind"]["n"], strict=True))
+    # NCCL kernels are the kind `collective`
+    assert kinds["kernel"] + kinds["collective"] == sum(e.get("cat") == "kernel" for e in raw)
+    assert kinds["collective"] == sum(e.get("cat") == "kernel" and "nccl" in e["name"]
+                                      for e in raw) == 21
+    assert notebook["page"] == Path("nccl-report.html")
+    assert (notebook["here"] / notebook["page"]).read_text().startswith("<!DOCTYPE html>")
+    assert notebook["refused"] == "devices"
+
+
+def test_results_are_the_clis_json(notebook: dict[str, Any],
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run: perfswarm.Run = notebook["run"]
+    assert main(["advise", str(run.path), "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == run.advise().to_dict()
+    assert notebook["advice"]["rule"].to_list() == [a["rule"] for a in
+                                                   run.advise().to_dict()["advice"]]
+    points = notebook["scaling"]
+    assert points["devices"].to_list() == [1, 8, 64] and points["efficiency"][0] == 1.0
+
+
+def test_load_and_tables(notebook: dict[str, Any]) -> None:
+    run = perfswarm.load(notebook["run"].path)
+    result = run.analyze()
+    assert result.tables[0] == "steps" and result.rows() == result.rows("steps")
+    with pytest.raises(perfswarm.ParameterError, match=r"^table nope: not one of steps, "):
+        result.rows("nope")
+    with pytest.raises(perfswarm.RunError):
+        perfswarm.load(notebook["here"])
+
+
+def test_to_pandas_needs_pandas(notebook: dict[str, Any]) -> None:
+    result = notebook["run"].advise()
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(perfswarm.PerfswarmError, match="needs pandas"):
+            result.to_pandas()
+    else:
+        assert result.to_pandas().to_dict("records") == result.rows()
+
+
+def test_library_errors_name_parameters_the_cli_flags(notebook: dict[str, Any],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run: perfswarm.Run = notebook["run"]
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        run.project([0], bandwidth_gbps=-1)
+    assert str(caught.value) == "devices: give positive device counts, e.g. 1,2,4,8"
+    assert main(["project", str(run.path), "--devices", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "perfswarm: error: --devices: give positive device counts, e.g. 1,2,4,8")
+    amd = perfswarm.import_traces(corpus("amd"), out=notebook["here"] / "amd.run")
+    with pytest.raises(perfswarm.ParameterError, match=r"gradient size with grad_bytes$"):
+        amd.project([1, 2])
+    assert main(["project", str(amd.path), "--devices", "1,2"]) == 2
+    assert capsys.readouterr().err.strip().endswith("gradient size with --grad-bytes")
+
+
+def test_import_perfswarm_stays_light() -> None:
+    out = subprocess.run([sys.executable, "-c", "import sys, perfswarm; perfswarm.ParameterError;"
+                          "print(sorted(m.split('.')[0] for m in sys.modules))"],
+                         check=True, capture_output=True, text=True).stdout
+    assert not {"pyarrow", "polars", "numpy", "duckdb"} & set(eval(out))
