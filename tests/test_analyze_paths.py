@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
+from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -89,10 +93,16 @@ def test_stream_wait_event_links_streams(corpus_runs: dict[str, Run]) -> None:
 def test_critical_path_partitions_its_span(corpus_runs: dict[str, Run], name: str) -> None:
     run = corpus_runs[name]
     ev = Events.load(run)
-    path = critical_path(ev, sync_events(run, ev))
+    steps = iterations(run, ev).steps
+    path = critical_path(ev, sync_events(run, ev), steps)
     assert path is not None
     assert sum(path.ns.values()) == path.length_ns > 0
     assert all(v >= 0 for v in path.ns.values())
+    windows = {w.step: w for ws in steps.values() for w in ws}
+    for step in path.steps:  # each inside its iteration, from its start, partitioned too
+        assert windows[step.step].start <= step.start <= step.end
+        assert sum(step.ns.values()) == step.length_ns
+        assert all(v >= 0 for v in step.ns.values())
 
 
 def _two_ranks() -> Events:
@@ -116,40 +126,116 @@ def test_critical_path_follows_the_late_rank() -> None:
         "collective": 60, "launch_overhead": 10, "runtime": 10, "cpu": 120}
 
 
-def _backward_on_another_thread() -> Events:
-    """One iteration, 0..500 us, built so its critical path is known: the main thread (1) runs
-    forward and launches k1, then sits in `## backward ##` while the autograd thread (2) runs
-    backward: it launches k2 and k3 (queued behind k2 on stream 7), synchronizes, and works
-    on; the main thread resumes 10 us after it and runs the optimizer to the end."""
-    return events(sorted([
-        (0, 0, 100 * US, "cpu_op", "forward", 1, -1, -1, -1),
-        (0, 10 * US, 10 * US, "runtime", "cudaLaunchKernel", 1, -1, -1, 1),
-        (0, 30 * US, 50 * US, "kernel", "k1", 0, 0, 7, 1),
-        (0, 100 * US, 300 * US, "user_annotation", "## backward ##", 1, -1, -1, -1),
-        (0, 120 * US, 80 * US, "cpu_op", "evaluate_function: A", 2, -1, -1, -1),
-        (0, 130 * US, 10 * US, "runtime", "cudaLaunchKernel", 2, -1, -1, 2),
-        (0, 150 * US, 200 * US, "kernel", "k2", 0, 0, 7, 2),
-        (0, 190 * US, 5 * US, "runtime", "cudaLaunchKernel", 2, -1, -1, 3),
-        (0, 352 * US, 8 * US, "kernel", "k3", 0, 0, 7, 3),
-        (0, 210 * US, 90 * US, "cpu_op", "evaluate_function: B", 2, -1, -1, -1),
-        (0, 220 * US, 142 * US, "runtime", "cudaDeviceSynchronize", 2, -1, -1, 4),
-        (0, 365 * US, 25 * US, "cpu_op", "evaluate_function: C", 2, -1, -1, -1),
-        (0, 410 * US, 90 * US, "cpu_op", "optimizer", 1, -1, -1, -1),
-    ], key=lambda r: r[1]))
+# One iteration, 0..500 us, built so its critical path is known: the main thread (1) runs
+# forward and launches k1, then sits in `## backward ##` while the autograd thread (2) runs
+# backward: it launches k2 and k3 (queued behind k2 on stream 7), synchronizes, and works on;
+# the main thread resumes 10 us after it and runs the optimizer to the end.
+ITERATION = [
+    (0, 0, 100 * US, "cpu_op", "forward", 1, -1, -1, -1),
+    (0, 10 * US, 10 * US, "runtime", "cudaLaunchKernel", 1, -1, -1, 1),
+    (0, 30 * US, 50 * US, "kernel", "k1", 0, 0, 7, 1),
+    (0, 100 * US, 300 * US, "user_annotation", "## backward ##", 1, -1, -1, -1),
+    (0, 120 * US, 80 * US, "cpu_op", "evaluate_function: A", 2, -1, -1, -1),
+    (0, 130 * US, 10 * US, "runtime", "cudaLaunchKernel", 2, -1, -1, 2),
+    (0, 150 * US, 200 * US, "kernel", "k2", 0, 0, 7, 2),
+    (0, 190 * US, 5 * US, "runtime", "cudaLaunchKernel", 2, -1, -1, 3),
+    (0, 352 * US, 8 * US, "kernel", "k3", 0, 0, 7, 3),
+    (0, 210 * US, 90 * US, "cpu_op", "evaluate_function: B", 2, -1, -1, -1),
+    (0, 220 * US, 142 * US, "runtime", "cudaDeviceSynchronize", 2, -1, -1, 4),
+    (0, 365 * US, 25 * US, "cpu_op", "evaluate_function: C", 2, -1, -1, -1),
+    (0, 410 * US, 90 * US, "cpu_op", "optimizer", 1, -1, -1, -1),
+]
+# its path, in us per category: optimizer (main) <- 10 us hand-over <- C <- sync (362 after
+# k3's end at 360) <- k3 <- 2 us behind k2 on its stream <- k2 <- 10 us after its launch call
+# (autograd, in A) <- 20 us hand-over <- forward (main)
+ITERATION_PATH = {"cpu": 90 + 25 + 10 + 10 + 80, "host_idle": 10 + 3, "runtime": 10 + 10,
+                  "thread_wait": 10 + 20, "sync": 2, "kernel": 200 + 8, "stream_queue": 2,
+                  "launch_overhead": 10}
+
+
+def _iterations(n: int) -> Events:
+    """`n` copies of ITERATION, one after the other (correlation ids renumbered)."""
+    return events(sorted([(r, ts + i * 500 * US, d, k, name, tid, dev, stream,
+                           c + 10 * i if c >= 0 else c)
+                          for i in range(n) for r, ts, d, k, name, tid, dev, stream, c
+                          in ITERATION], key=lambda r: r[1]))
 
 
 def test_critical_path_follows_the_autograd_thread() -> None:
-    path = critical_path(_backward_on_another_thread(), [])
+    path = critical_path(_iterations(1), [])
     assert path is not None
-    # the iteration, 0..500 us, is on the path whole: optimizer (main) <- 10 us hand-over <-
-    # C <- sync (362 after k3's end at 360) <- k3 <- 2 us behind k2 on its stream <- k2 <-
-    # 10 us after its launch call (autograd, in A) <- 20 us hand-over <- forward (main)
+    # the iteration, 0..500 us, is on the path whole
     assert (path.start, path.end, path.length_ns) == (0, 500 * US, 500 * US)
     assert (path.thread_switches, path.device_ops, path.rank_switches) == (2, 2, 0)
-    assert {k: v // US for k, v in path.ns.items() if v} == {
-        "cpu": 90 + 25 + 10 + 10 + 80, "host_idle": 10 + 3, "runtime": 10 + 10,
-        "thread_wait": 10 + 20, "sync": 2, "kernel": 200 + 8, "stream_queue": 2,
-        "launch_overhead": 10}
+    assert {k: v // US for k, v in path.ns.items() if v} == ITERATION_PATH
+
+
+def test_critical_path_per_step_follows_each_iteration() -> None:
+    """Two copies of the iteration above, 0..500 and 500..1000 us: each step's own path is the
+    iteration's, category by category; the Run's path runs through both."""
+    ev = _iterations(2)
+    steps = {0: [StepWindow(i, i * 500 * US, (i + 1) * 500 * US, "marker") for i in range(2)]}
+    path = critical_path(ev, [], steps)
+    assert path is not None
+    assert (path.length_ns, path.thread_switches) == (1000 * US, 4)
+    assert [s.step for s in path.steps] == [0, 1]
+    for i, step in enumerate(path.steps):
+        assert (step.start, step.end) == (i * 500 * US, (i + 1) * 500 * US)
+        assert {k: v // US for k, v in step.ns.items() if v} == ITERATION_PATH
+        # forward (main, tid 1) hands over to the autograd thread (2) 20 us before A, which
+        # hands back 10 us before the optimizer
+        assert [(h.from_tid, h.to_tid, h.at - i * 500 * US, h.wait_ns) for h in step.handovers
+                ] == [(1, 2, 120 * US, 20 * US), (2, 1, 400 * US, 10 * US)]
+    assert path.handovers == tuple(h for s in path.steps for h in s.handovers)
+
+
+def _raw_ns(name: str) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:
+    """The complete events of a corpus trace, its µs read as decimals (x1000), and its base."""
+    raw = orjson.loads(gzip.decompress(corpus(name).read_bytes()))
+    return ([e for e in raw["traceEvents"] if e.get("ph") == "X"],
+            lambda us: int(Decimal(str(us)) * 1000), raw.get("baseTimeNanoseconds", 0))
+
+
+def test_critical_path_per_step_nccl(corpus_runs: dict[str, Run]) -> None:
+    """Each ProfilerStep of the A100 DDP trace, from the raw JSON: the step's path runs from
+    the marker's start (or the main thread's first op, when later) to the end of the step's
+    last work (host events of launching threads starting in the step, device ops whose launch
+    call, joined by correlation, does), and hands over to the autograd thread when it starts
+    the step's backward and back to the main thread after its last op."""
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    x, ns, base = _raw_ns("nccl")
+    dev = [e for e in x if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    calls = {e["args"]["correlation"]: e for e in x
+             if e.get("cat") == "cuda_runtime" and "correlation" in e["args"]}
+    launchers = {calls[d["args"]["correlation"]]["tid"] for d in dev
+                 if d["args"].get("correlation") in calls}
+    host = [(e["tid"], base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"])) for e in x
+            if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime") and e["dur"] > 0
+            and not e["name"].startswith("ProfilerStep#")]
+    markers = sorted((base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]), e["tid"])
+                     for e in x if e["name"].startswith("ProfilerStep#"))
+    (autograd,) = launchers - {markers[0][2]}
+    assert [s.step for s in path.steps] == [4, 5, 6]
+    for step, (lo, hi, main) in zip(path.steps, markers, strict=True):
+        last = max([e for t, s, e in host if t in launchers and lo <= s < hi]
+                   + [base + ns(d["ts"]) + ns(d["dur"]) for d in dev
+                      if (c := calls.get(d["args"].get("correlation")))
+                      and lo <= base + ns(c["ts"]) < hi])
+        first = max(lo, min(s for t, s, _ in host if t == main))
+        assert (step.start, step.end) == (first, last)
+        assert sum(step.ns.values()) == step.length_ns
+        ours = [(s, e) for t, s, e in host if t == autograd and lo <= s < hi]
+        resume_autograd = min(s for s, _ in ours)
+        finish_autograd = max(e for _, e in ours)
+        main_bounds = sorted({b for t, s, e in host if t == main for b in (s, e)})
+        resume_main = next(b for b in main_bounds if b >= finish_autograd)
+        main_before = max(e for t, _, e in host if t == main and e <= resume_autograd)
+        assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers] == [
+            (main, autograd, resume_autograd, resume_autograd - main_before),
+            (autograd, main, resume_main, resume_main - finish_autograd)]
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

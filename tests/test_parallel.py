@@ -136,6 +136,7 @@ def test_analysis_json_is_identical(single: Run, scheduler: str,
     assert outs[0] == outs[1]
     assert outs[0]["ranks"] == list(range(RANKS))
     assert outs[0]["critical_path"]["rank_switches"] > 0
+    assert len(outs[0]["critical_path"]["steps"]) == len(outs[0]["iterations"]["steps"]["0"])
     assert outs[0]["stragglers"]["instances"] > 0
 
 
@@ -164,7 +165,7 @@ def test_path_across_segments_stops_at_the_first_repeat() -> None:
             visited.append(order[i])
             i += 1
         ns = dict.fromkeys(["cpu"], len(visited))
-        return Segment(ns, {}, 0, 0, 0, visited, order[i] if i < len(order) else None)
+        return Segment(ns, {}, 0, 0, [], visited, order[i] if i < len(order) else None)
 
     segments = path_of(order[0], walk_from)
     assert [s.visited for s in segments] == [order[:2], order[2:4]]

@@ -10,7 +10,9 @@ waited for, and where another thread handed over to it (dependencies.thread_wake
 the main thread blocked in backward until the autograd thread finished, the autograd
 thread until the main thread called backward), where it continues on that thread.
 Every nanosecond from the path's start to its end is attributed to one category, so
-the composition sums to the path length exactly:
+the composition sums to the path length exactly. Each iteration has its own path too: walked
+back from the last work of the step (its host events, the device ops launched in it) to the
+step's start, so its length is the step's time from its start to the end of its last work:
 
 - cpu, runtime, host_idle: a host thread on the path in an op, in a runtime call, or
   in neither (no work and no known hand-over);
@@ -29,7 +31,7 @@ the composition sums to the path length exactly:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -38,6 +40,7 @@ import numpy as np
 from perfswarm.analyze.dependencies import SyncEvent, Wakes, dependencies, thread_wakes
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
+from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.stragglers import Instance, collective_starts
 
@@ -45,6 +48,24 @@ CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "laun
                      "stream_queue", "event_wait", "kernel", "collective", "memcpy", "memset")
 HOST_STATES: Final = ("cpu", "runtime", "host_idle")
 TOP = 20
+STEP_TOP = 5
+NO_FLOOR: Final = -(1 << 62)
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Where the path moved from one host thread to another: `to_tid` resumed at `at`, `wait_ns`
+    after `from_tid` (of the same rank) finished the work it waited for."""
+
+    rank: int
+    from_tid: int
+    to_tid: int
+    at: int
+    wait_ns: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"rank": self.rank, "from_tid": self.from_tid, "to_tid": self.to_tid,
+                "at": self.at, "wait_ns": self.wait_ns}
 
 
 @dataclass(frozen=True)
@@ -54,20 +75,30 @@ class CriticalPath:
     ns: dict[str, int]  # category -> ns on the path
     device_ops: int  # device ops with time on the path
     rank_switches: int
-    thread_switches: int  # hand-overs between host threads on the path
+    handovers: tuple[Handover, ...]  # between host threads on the path, in time order
     top: tuple[tuple[str, str, int], ...]  # (category, name, ns), largest first
+    step: int | None = None  # the iteration of a step's path
+    steps: tuple[CriticalPath, ...] = ()  # each iteration's own path (the whole Run's only)
 
     @property
     def length_ns(self) -> int:
         return self.end - self.start
 
+    @property
+    def thread_switches(self) -> int:
+        return len(self.handovers)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "length_ns": self.length_ns,
+        return {**({"step": self.step} if self.step is not None else {}),
+                "start": self.start, "end": self.end, "length_ns": self.length_ns,
                 "ns": dict(self.ns), "share": {c: (v / self.length_ns if self.length_ns else 0.0)
                                                for c, v in self.ns.items()},
                 "device_ops": self.device_ops, "rank_switches": self.rank_switches,
                 "thread_switches": self.thread_switches,
-                "top": [{"category": c, "name": n, "ns": v} for c, n, v in self.top]}
+                "handovers": [h.to_dict() for h in self.handovers],
+                "top": [{"category": c, "name": n, "ns": v} for c, n, v in self.top],
+                **({} if self.step is not None else
+                   {"steps": [s.to_dict() for s in self.steps]})}
 
 
 Peer = tuple[int, int, int]  # rank, row (in the graph holding that rank), start ns
@@ -133,15 +164,19 @@ def _threads(g: Graph) -> None:
 
 
 class _Walk:
-    def __init__(self, g: Graph) -> None:
+    """Accounts the path from where it is back to `floor` (a step's start), no further."""
+
+    def __init__(self, g: Graph, floor: int) -> None:
         self.g = g
+        self.floor = floor
         self.ns = dict.fromkeys(CATEGORIES, 0)
         self.by_name: dict[tuple[str, int], int] = defaultdict(int)
         self.device_ops = 0
         self.switches = 0
-        self.thread_switches = 0
+        self.handovers: list[Handover] = []
 
     def add(self, category: str, lo: int, hi: int, row: int = -1) -> None:
+        lo = max(lo, self.floor)
         if hi <= lo:
             return
         self.ns[category] += hi - lo
@@ -158,10 +193,10 @@ class _Walk:
             late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
             self.add("collective", late_ts, t, row)
             self.device_ops += 1
-            self.switches += 1
+            self.switches += int(late_ts > self.floor)
             return (late_rank, "dev", late, late_ts)
         self.add(_device_category(ev, row), start, t, row)
-        self.device_ops += int(t > start)
+        self.device_ops += int(t > max(start, self.floor))
         preds: list[tuple[int, int, str, str]] = []  # (ready, row, where, category of the wait)
         for dep, category in ((g.prev_on_stream.get(row), "stream_queue"),
                               (g.waits_for.get(row), "event_wait"),
@@ -189,6 +224,7 @@ class _Walk:
         sums = g.thread_sums[key]
 
         def states(lo: int) -> None:
+            lo = max(lo, self.floor)
             for state, ns in zip(HOST_STATES, sums.between(lo, t).tolist(), strict=True):
                 self.ns[state] += ns
 
@@ -198,7 +234,9 @@ class _Walk:
                                         int(wakes.waker_end[j]))
             states(resume)
             self.add("thread_wait", waker_end, resume, waker)
-            self.thread_switches += 1
+            if resume > self.floor:
+                self.handovers.append(Handover(rank, int(ev.tid[waker]), int(ev.tid[row]),
+                                               resume, resume - waker_end))
             return (rank, "host", waker, waker_end)
         if i < 0:
             states(min(g.thread_start[key], t))
@@ -224,26 +262,28 @@ class Segment:
     by_name: dict[tuple[str, str], int]  # (category, name) -> ns
     device_ops: int
     switches: int
-    thread_switches: int
+    handovers: list[Handover]
     visited: list[State]
     next: State | None  # where it goes on: another graph's rank, a repeat, or None at its start
 
 
-def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None) -> Segment:
-    """Walk back from `state` while it is on one of `ranks` (the graph's), no state repeats
-    and (with `stop`) fewer than `stop` states were walked."""
-    w = _Walk(g)
+def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
+         floor: int = NO_FLOOR) -> Segment:
+    """Walk back from `state` while it is on one of `ranks` (the graph's), after `floor`, no
+    state repeats and (with `stop`) fewer than `stop` states were walked."""
+    w = _Walk(g, floor)
     visited: list[State] = []
     seen: set[State] = set()
     current: State | None = state
-    while (current is not None and current[0] in ranks and current not in seen
-           and (stop is None or len(visited) < stop)):
+    while (current is not None and current[0] in ranks and current[3] > floor
+           and current not in seen and (stop is None or len(visited) < stop)):
         seen.add(current)
         visited.append(current)
         _, where, row, t = current
         current = w.device(row, t) if where == "dev" else w.host(row, t)
     by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
-    return Segment(w.ns, by_name, w.device_ops, w.switches, w.thread_switches, visited, current)
+    return Segment(w.ns, by_name, w.device_ops, w.switches, w.handovers, visited,
+                   current if current is not None and current[3] > floor else None)
 
 
 def path_of(start: State, walk_from: Callable[[State, int | None], Segment]) -> list[Segment]:
@@ -275,6 +315,10 @@ class Ends:
     launches: bool  # any device op has its launch call
 
 
+# An iteration: rank -> its [start, end) there
+Window = Mapping[int, tuple[int, int]]
+
+
 def _latest(ev: Events, rows: I64) -> tuple[int, int, int] | None:
     if len(rows) == 0:
         return None
@@ -282,14 +326,38 @@ def _latest(ev: Events, rows: I64) -> tuple[int, int, int] | None:
     return int(ev.end[row]), int(ev.rank[row]), row
 
 
-def ends(g: Graph) -> Ends:
+def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
+    """The Ends of the graph's work in each window (None: all of it). A window's work is the
+    host events starting in it and the device ops launched in it (their launch call starts
+    in it; without one, they start in it)."""
     ev = g.ev
     calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
     host = np.flatnonzero(ev.host_busy)
     launching = host[np.isin(lane_key(ev.rank[host], ev.tid[host]),
                              lane_key(ev.rank[calls], ev.tid[calls]))]
-    return Ends(_latest(ev, np.flatnonzero(ev.of_kind(*DEVICE_OPS))), _latest(ev, launching),
-                _latest(ev, host), len(calls) > 0)
+    device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
+    launched = ev.ts.copy()
+    launched[np.fromiter(g.launch_of, np.int64, len(g.launch_of))] = ev.ts[calls]
+
+    def inside(rows: I64, window: Window | None) -> I64:
+        if window is None:
+            return rows
+        keep = np.zeros(len(rows), bool)
+        for rank, (lo, hi) in window.items():
+            keep |= (ev.rank[rows] == rank) & (launched[rows] >= lo) & (launched[rows] < hi)
+        return rows[keep]
+
+    return [Ends(_latest(ev, inside(device, w)), _latest(ev, inside(launching, w)),
+                 _latest(ev, inside(host, w)), len(calls) > 0) for w in windows]
+
+
+def step_windows(steps: Mapping[int, Sequence[StepWindow]]) -> list[tuple[int, Window]]:
+    """(step, its window on each rank that ran it), by step."""
+    by_step: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
+    for rank, windows in steps.items():
+        for w in windows:
+            by_step[w.step][rank] = (w.start, w.end)
+    return sorted(by_step.items())
 
 
 def last_work(parts: Sequence[Ends]) -> State | None:
@@ -310,7 +378,8 @@ def last_work(parts: Sequence[Ends]) -> State | None:
     return None
 
 
-def path(end: int, segments: Sequence[Segment], top: int = TOP) -> CriticalPath:
+def path(end: int, segments: Sequence[Segment], top: int = TOP, step: int | None = None,
+         steps: Sequence[CriticalPath] = ()) -> CriticalPath:
     ns = dict.fromkeys(CATEGORIES, 0)
     by_name: dict[tuple[str, str], int] = defaultdict(int)
     for segment in segments:
@@ -319,10 +388,31 @@ def path(end: int, segments: Sequence[Segment], top: int = TOP) -> CriticalPath:
         for key, v in segment.by_name.items():
             by_name[key] += v
     ranked = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))
+    handovers = sorted((h for s in segments for h in s.handovers), key=lambda h: h.at)
     return CriticalPath(end - sum(ns.values()), end, ns,
                         sum(s.device_ops for s in segments), sum(s.switches for s in segments),
-                        sum(s.thread_switches for s in segments),
-                        tuple((c, n, v) for (c, n), v in ranked[:top]))
+                        tuple(handovers), tuple((c, n, v) for (c, n), v in ranked[:top]),
+                        step, tuple(steps))
+
+
+def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
+          walk_from: Callable[[State, int | None, int], Segment]) -> CriticalPath | None:
+    """The Run's path and each step's, from each graph's Ends (`ends(g, [None, *windows])`,
+    in rank order) and `walk_from(state, stop, floor)`, which walks the graph holding the
+    state's rank back to `floor`."""
+    def back_to(floor: int) -> Callable[[State, int | None], Segment]:
+        return lambda state, stop: walk_from(state, stop, floor)
+
+    start = last_work([p[0] for p in parts])
+    if start is None:
+        return None
+    per_step = []
+    for i, (step, window) in enumerate(steps, 1):
+        last = last_work([p[i] for p in parts])
+        if last is not None:
+            floor = min(lo for lo, _ in window.values())
+            per_step.append(path(last[3], path_of(last, back_to(floor)), STEP_TOP, step))
+    return path(start[3], path_of(start, back_to(NO_FLOOR)), steps=per_step)
 
 
 def collective_instances(ev: Events) -> dict[Instance, list[Peer]]:
@@ -334,12 +424,13 @@ def collective_instances(ev: Events) -> dict[Instance, list[Peer]]:
     return instances
 
 
-def critical_path(ev: Events, syncs: list[SyncEvent], top: int = TOP) -> CriticalPath | None:
-    """The critical path over all ranks, or None when the Run has no host or device work."""
+def critical_path(ev: Events, syncs: list[SyncEvent],
+                  steps: Mapping[int, Sequence[StepWindow]] | None = None) -> CriticalPath | None:
+    """The critical path over all ranks, with each of `steps`' own, or None when the Run has
+    no host or device work."""
     peers = collective_peers(collective_instances(ev).values())
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()})
-    start = last_work([ends(g)])
-    if start is None:
-        return None
+    windows = step_windows(steps or {})
     ranks = frozenset(ev.ranks)
-    return path(start[3], path_of(start, lambda s, stop: walk(g, s, ranks, stop)), top)
+    return paths([ends(g, [None, *(w for _, w in windows)])], windows,
+                 lambda s, stop, floor: walk(g, s, ranks, stop, floor))

@@ -28,9 +28,8 @@ from perfswarm.analyze.critical_path import (
     build,
     collective_peers,
     ends,
-    last_work,
-    path,
-    path_of,
+    paths,
+    step_windows,
     walk,
 )
 from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
@@ -98,8 +97,8 @@ def rank_bandwidth(ev: Events, run_path: str,
     return bandwidth(run, ev, rank), cupti_counters(run, ev, rank, None)
 
 
-def walk_segment(g: Graph, state: State, stop: int | None) -> Segment:
-    return walk(g, state, frozenset(g.ev.ranks), stop)
+def walk_segment(g: Graph, state: State, stop: int | None, floor: int) -> Segment:
+    return walk(g, state, frozenset(g.ev.ranks), stop, floor)
 
 
 def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
@@ -121,11 +120,13 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}), pure=False)
               for r in ranks}
     del loaded  # the graphs hold the events now
+    windows = step_windows(its.steps)
+    within = [None, *(w for _, w in windows)]
     try:
-        start = last_work(results([client.submit(ends, graphs[r], pure=False) for r in ranks]))
-        critical = None if start is None else path(start[3], path_of(
-            start, lambda s, stop: results([client.submit(walk_segment, graphs[s[0]], s, stop,
-                                                          pure=False)])[0]))
+        critical = paths(results([client.submit(ends, graphs[r], within, pure=False)
+                                  for r in ranks]), windows,
+                         lambda s, stop, floor: results([client.submit(
+                             walk_segment, graphs[s[0]], s, stop, floor, pure=False)])[0])
     finally:
         for f in graphs.values():
             f.release()

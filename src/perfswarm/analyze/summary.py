@@ -104,7 +104,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
         concurrency=concurrency(ev, per), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
-        critical_path=critical_path(ev, sync_events(run, ev)),
+        critical_path=critical_path(ev, sync_events(run, ev), its.steps),
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
         bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfswarm.analyze.concurrency import STATES
+from perfswarm.analyze.critical_path import CriticalPath
 from perfswarm.analyze.summary import Analysis, analyze
 from perfswarm.analyze.window import windowed
 from perfswarm.cli.app import app
@@ -84,10 +85,12 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                       f"{f.saving_s * 1e6:,.3f} us per step on the roofline")
     cp = result.critical_path
     if cp is not None:
-        parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
-                          if v and cp.length_ns)
-        console.print(f"critical path {ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, "
-                      f"{cp.rank_switches} rank switches, {cp.thread_switches} thread switches")
+        console.print(f"critical path {_path_text(cp)}")
+        for step in cp.steps:
+            hands = ", ".join(f"{h.from_tid}->{h.to_tid} at +{ms(h.at - step.start)}"
+                              for h in step.handovers)
+            console.print(f"  step {step.step}: {_path_text(step)}"
+                          + (f" ({hands})" if hands else ""))
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
     for system in result.system:
@@ -99,6 +102,13 @@ def _print(result: Analysis, costs: OpCosts) -> None:
     if st.instances:
         console.print(f"collectives across ranks: {st.instances} instances, max skew "
                       f"{ms(st.max_skew_ns)}, straggler rank {st.straggler}")
+
+
+def _path_text(cp: CriticalPath) -> str:
+    parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
+                      if v and cp.length_ns)
+    return (f"{ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, {cp.rank_switches} rank "
+            f"switches, {cp.thread_switches} thread switches")
 
 
 def _print_device(result: Analysis) -> None:
