@@ -45,7 +45,7 @@ t = time.perf_counter(); its = iterations(run, ev); parts['iterations'] = time.p
 for name, f in (('concurrency', lambda: concurrency(ev, its.steps)),
                 ('ops', lambda: op_breakdown(ev, its.steps)), ('launch', lambda: launch_stats(ev)),
                 ('stragglers', lambda: stragglers(ev)),
-                ('critical_path', lambda: critical_path(ev, sync_events(run, ev))),
+                ('critical_path', lambda: critical_path(ev, sync_events(run, ev), its.steps)),
                 ('kernels', lambda: kernel_breakdown(ev)),
                 ('bandwidth', lambda: bandwidth(run, ev))):
     t = time.perf_counter(); f(); parts[name] = time.perf_counter() - t

@@ -319,11 +319,34 @@ class Ends:
 Window = Mapping[int, tuple[int, int]]
 
 
-def _latest(ev: Events, rows: I64) -> tuple[int, int, int] | None:
-    if len(rows) == 0:
-        return None
-    row = int(rows[np.argmax(ev.end[rows])])
-    return int(ev.end[row]), int(ev.rank[row]), row
+class _Latest:
+    """Of some rows, the one that ends last among those started (`since`: launched) in a
+    window, found by bisection per rank: a window costs its own rows, not all of them."""
+
+    def __init__(self, ev: Events, rows: I64, since: I64) -> None:
+        self.ev = ev
+        self.rows = rows
+        self.by_rank: dict[int, tuple[I64, I64]] = {}
+        for rank, group in group_rows(ev.rank[rows], rows).items():
+            mine = group[np.argsort(since[group], kind="stable")]
+            self.by_rank[rank] = (mine, since[mine])
+
+    def __call__(self, window: Window | None) -> tuple[int, int, int] | None:
+        ev = self.ev
+        if window is None:
+            chosen = self.rows
+        else:
+            parts = [self.rows[:0]]
+            for rank, (lo, hi) in window.items():
+                if rank in self.by_rank:
+                    mine, at = self.by_rank[rank]
+                    parts.append(mine[np.searchsorted(at, lo):np.searchsorted(at, hi)])
+            chosen = np.concatenate(parts)
+        if len(chosen) == 0:
+            return None
+        last = ev.end[chosen]
+        row = int(chosen[last == last.max()].min())  # ties: the first row
+        return int(ev.end[row]), int(ev.rank[row]), row
 
 
 def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
@@ -338,17 +361,9 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     launched = ev.ts.copy()
     launched[np.fromiter(g.launch_of, np.int64, len(g.launch_of))] = ev.ts[calls]
-
-    def inside(rows: I64, window: Window | None) -> I64:
-        if window is None:
-            return rows
-        keep = np.zeros(len(rows), bool)
-        for rank, (lo, hi) in window.items():
-            keep |= (ev.rank[rows] == rank) & (launched[rows] >= lo) & (launched[rows] < hi)
-        return rows[keep]
-
-    return [Ends(_latest(ev, inside(device, w)), _latest(ev, inside(launching, w)),
-                 _latest(ev, inside(host, w)), len(calls) > 0) for w in windows]
+    on_device, on_launching, on_host = (_Latest(ev, rows, launched)
+                                        for rows in (device, launching, host))
+    return [Ends(on_device(w), on_launching(w), on_host(w), len(calls) > 0) for w in windows]
 
 
 def step_windows(steps: Mapping[int, Sequence[StepWindow]]) -> list[tuple[int, Window]]:
