@@ -15,7 +15,7 @@ from perfswarm.model.calibrate import FamilyModel, Profile
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, op_cost, scale_batch
-from perfswarm.model.overheads import OverheadModel
+from perfswarm.model.overheads import OverheadModel, steady_steps, typical
 from perfswarm.model.predict import Change, _Transform, load_model, predict, step_faults
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import FAULTS
@@ -63,6 +63,40 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     trace.write_bytes(orjson.dumps({"traceEvents": [e for i in range(3) for e in _step(i)]}))
     return import_traces([trace], root / "cpu.run", ImportOptions(),
                          ["python", "train.py", "--batch-size", str(BATCH)])
+
+
+def test_steady_steps_and_typical_times() -> None:
+    durations = {(0, 1): 100, (0, 2): 104, (0, 3): 96, (0, 4): 300, (0, 5): 101, (0, 6): 99}
+    # median 100.5, MAD max(2.5, 2% of 100.5) = 2.5: within 7.5 of 100.5
+    assert steady_steps(durations) == {(0, 1), (0, 2), (0, 3), (0, 5), (0, 6)}
+    steps = [(0, s) for s in range(1, 7) for _ in range(2)]
+    values = [1.0, 3.0, 2.0, 2.0, 1.0, 1.0, 50.0, 50.0, 9.0, 9.0, 2.0, 2.0]
+    # steady steps' totals 4, 4, 2, 18, 4: trimmed (one each side) mean 4, over 2 a step
+    assert typical(values, steps, steady_steps(durations)) == 2.0
+    # under three steady steps: the trimmed mean of every instance (one cut each side)
+    assert typical(values, steps, {(0, 1)}) == (2 * 1 + 4 * 2 + 3 + 2 * 9 + 50) / 10
+
+
+def test_a_stretched_step_is_left_out(tmp_path: Path) -> None:
+    """A step another process's load stretched threefold (every op and gap in it) is no part
+    of the typical step: the prediction is of the other four."""
+    events = []
+    for i in range(5):
+        for original in _step(i):
+            e = dict(original, ts=original["ts"] + (2000 if i > 2 else 0))
+            if i == 2:
+                e.update(ts=2000 + 3 * (e["ts"] - 2000), dur=3 * e["dur"])
+            events.append(e)
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "cpu.run", ImportOptions(), ["python", "train.py"])
+    p = predict(run)
+    assert [s.measured_ns for s in p.steps] == [1000 * US, 1000 * US, 3000 * US, 1000 * US,
+                                                1000 * US]
+    assert p.steady == {(0, 0), (0, 1), (0, 3), (0, 4)}
+    # the Python time after the stretched step's last op is no op's: kept as measured there
+    assert [s.predicted_ns for i, s in enumerate(p.steps) if i != 2] == [1000 * US] * 4
+    assert p.predicted_error == 0 and p.steady_spread == 0
 
 
 def test_replay_and_prediction_at_the_recorded_configuration(cpu_run: Run) -> None:
@@ -198,7 +232,8 @@ def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
     data = orjson.loads(capsys.readouterr().out)
     assert set(data) == {"path", "platform", "source_device", "target_device", "change",
                          "batch", "measured_ns", "replayed_ns", "predicted_ns", "replay_error",
-                         "predicted_error", "device_active_ns", "breakdown_ns", "compare",
+                         "predicted_error", "steady", "device_active_ns", "breakdown_ns",
+                         "compare",
                          "steps", "kernels", "lags", "overheads", "notes"}
     assert OverheadModel.load(saved).to_dict() == data["overheads"]
     assert main(["predict", str(corpus_runs["nccl"].path), "--device", "H100-SXM"]) == 0

@@ -47,6 +47,10 @@ def _print(result: Prediction) -> None:
                   title_justify="left")
     active = data["device_active_ns"]
     table.add_row("measured", ms(data["measured_ns"]), ms(active["measured"]))
+    steady = data["steady"]
+    if 0 < steady["steps"] < len(data["steps"]):
+        table.add_row(f"measured, {steady['steps']} steady of {len(data['steps'])}",
+                      ms(steady["measured_ns"]), "")
     table.add_row("replayed", ms(data["replayed_ns"]), ms(active["replayed"]))
     table.add_row("predicted", ms(data["predicted_ns"]), ms(active["predicted"]))
     if data["compare"]:
@@ -56,7 +60,9 @@ def _print(result: Prediction) -> None:
     console.print(table)
     console.print(f"replay error {100 * data['replay_error']:.2f}% (GMAE over iterations)")
     if data["predicted_error"] is not None:
-        console.print(f"prediction error {100 * data['predicted_error']:.2f}%")
+        against = "the compared run" if data["compare"] else "the steady steps' median"
+        console.print(f"prediction error {100 * data['predicted_error']:.2f}% (against {against};"
+                      f" steady steps spread {100 * steady['spread']:.2f}%)")
     parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
     console.print(f"predicted breakdown: {parts}")
     kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +40,43 @@ def trimmed_mean(values: Iterable[float]) -> float:
         return 0.0
     cut = max(int(len(arr) * TRIM), 1 if len(arr) >= 5 else 0)
     return float(arr[cut:len(arr) - cut].mean()) if len(arr) > 2 * cut else float(arr.mean())
+
+
+StepKey = tuple[int, int]  # (rank, step)
+STEADY_MADS: Final = 3.0  # steps further than this many MADs from the median step are disturbed
+MAD_FLOOR: Final = 0.02  # of the median step: steps that vary less than this all count
+
+
+def steady_steps(durations: Mapping[StepKey, int]) -> set[StepKey]:
+    """The steps the machine did not disturb: within STEADY_MADS median absolute deviations of
+    the median step. The first profiled step starts the profiler and a burst of other load
+    takes the cores from whole steps, stretching every op in them alike (nanoGPT on a shared
+    machine: a 1.2 s step among 25 ms ones); an op's typical time is read off the others."""
+    if not durations:
+        return set()
+    values = np.array(list(durations.values()), np.float64)
+    mid = float(np.median(values))
+    mad = max(float(np.median(np.abs(values - mid))), MAD_FLOOR * mid)
+    return {k for k, v in durations.items() if abs(v - mid) <= STEADY_MADS * mad}
+
+
+def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepKey]) -> float:
+    """The typical value of a repeated op (or part of one): the trimmed mean over the steady
+    steps of its total in a step, over the times a step has it. The total per step keeps what
+    the op costs a step (its instances vary with the cache's state, and an op of many small
+    instances has its slow ones in every step: a trimmed mean of the instances, cutting them,
+    came 7-13% under nanoGPT's framework and Python time); trimming steps leaves out a step
+    one stall stretched (the last profiled step's optimizer call holds the profiler's stop).
+    The trimmed mean of all instances when fewer than three steady steps hold it (a Run
+    without steps)."""
+    totals: dict[StepKey, float] = defaultdict(float)
+    for v, s in zip(values, steps, strict=True):
+        if s in steady:
+            totals[s] += v
+    if len(totals) < 3:
+        return trimmed_mean(values)
+    kept = sum(1 for s in steps if s in totals)
+    return trimmed_mean(totals.values()) * len(totals) / kept
 
 
 @dataclass(frozen=True)
@@ -141,31 +178,40 @@ def measured_parts(g: Graph, dur: I64, gap: I64, inst: Instance) -> dict[str, fl
     return parts
 
 
-def fit_overheads(g: Graph, ev: Events, insts: list[Instance]) -> OverheadModel:
-    """Trimmed means of every part over the run's op instances, per op type."""
-    samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
+                  steady: Set[StepKey] = frozenset()) -> OverheadModel:
+    """Typical values (see `typical`) of every part over the run's op instances, per op type."""
+    def step(node: int) -> StepKey:
+        row = int(g.row[node])
+        return (int(ev.rank[row]), int(ev.step[row])) if row >= 0 else (-1, -1)
+
+    Samples = tuple[list[float], list[StepKey]]  # values, their steps
+    samples: dict[str, dict[str, Samples]] = defaultdict(lambda: defaultdict(lambda: ([], [])))
     counts: dict[str, int] = defaultdict(int)
     for inst in insts:
         counts[inst.kind] += 1
         parts = measured_parts(g, g.dur, g.gap, inst)
         five = sum(1 for name, _ in inst.groups if name == "t5")
         for name, value in parts.items():
-            if name == "t5":  # per interval
-                samples[inst.kind][name] += [value / five] * five
-            else:
-                samples[inst.kind][name].append(value)
-    calls: dict[str, list[float]] = defaultdict(list)
+            values, steps = samples[inst.kind][name]
+            n = five if name == "t5" else 1  # t5: per interval
+            values += [value / n] * n
+            steps += [step(inst.first)] * n
+    calls: dict[str, Samples] = defaultdict(lambda: ([], []))
     runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0))
     for n in runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]:
-        calls[ev.name_of(int(g.row[n]))].append(float(g.dur[n]))
-    ops = {k: {p: trimmed_mean(v) for p, v in by_part.items()}
+        values, steps = calls[ev.name_of(int(g.row[n]))]
+        values.append(float(g.dur[n]))
+        steps.append(step(int(n)))
+    ops = {k: {p: typical(*v, steady) for p, v in by_part.items()}
            for k, by_part in samples.items()}
-    overall: dict[str, list[float]] = defaultdict(list)
+    overall: dict[str, Samples] = defaultdict(lambda: ([], []))
     for by_part in samples.values():
-        for p, v in by_part.items():
-            overall[p] += v
-    return OverheadModel(ops, dict(counts), {k: trimmed_mean(v) for k, v in calls.items()},
-                         {p: trimmed_mean(v) for p, v in overall.items()})
+        for p, (values, steps) in by_part.items():
+            overall[p][0].extend(values)
+            overall[p][1].extend(steps)
+    return OverheadModel(ops, dict(counts), {k: typical(*v, steady) for k, v in calls.items()},
+                         {p: typical(*v, steady) for p, v in overall.items()})
 
 
 def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Instance],

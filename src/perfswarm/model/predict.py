@@ -28,7 +28,7 @@ import math
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
@@ -67,10 +67,12 @@ from perfswarm.model.opcost import (
 from perfswarm.model.overheads import (
     Instance,
     OverheadModel,
+    StepKey,
     apply_overheads,
     fit_overheads,
     instances,
-    trimmed_mean,
+    steady_steps,
+    typical,
 )
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
@@ -140,6 +142,13 @@ class Prediction:
     overheads: OverheadModel
     compare: tuple[str, int, int] | None = None  # (path, median step, median device active)
     notes: tuple[str, ...] = field(default=())
+    steady: frozenset[StepKey] = frozenset()  # the steps typical times are read off
+
+    @property
+    def measured_steady_ns(self) -> int:
+        """The median measured step of the steady steps (all, when none is marked)."""
+        values = [s.measured_ns for s in self.steps if (s.rank, s.step) in self.steady]
+        return int(statistics.median(values)) if values else self.median("measured")
 
     def median(self, what: str) -> int:
         values = [getattr(s, f"{what}_ns") for s in self.steps]
@@ -155,13 +164,21 @@ class Prediction:
 
     @property
     def predicted_error(self) -> float | None:
-        """Against the measured steps when nothing changed, else against the compared Run."""
+        """The median predicted step against the compared Run's median step, else, when
+        nothing changed, against the median of the steady steps: the prediction is of a typical
+        step, which a step the profiler's start or a burst of other load stretched is not
+        (a per-step error is never under the steps' own spread, which `steady_spread` says)."""
         if self.compare is not None:
             return gmae([self.median("predicted")], [self.compare[1]])
         if self.batch is None and not self.change.dims and self.change.device is None:
-            return gmae([s.predicted_ns for s in self.steps],
-                        [s.measured_ns for s in self.steps])
+            return gmae([self.median("predicted")], [self.measured_steady_ns])
         return None
+
+    @property
+    def steady_spread(self) -> float:
+        """GMAE of the steady steps around their median: how much alike they ran."""
+        values = [s.measured_ns for s in self.steps if (s.rank, s.step) in self.steady]
+        return gmae(values, [self.measured_steady_ns] * len(values))
 
     def to_dict(self) -> dict[str, Any]:
         categories = sorted({k for s in self.steps for k in s.breakdown_ns})
@@ -173,6 +190,8 @@ class Prediction:
             "measured_ns": self.median("measured"), "replayed_ns": self.median("replayed"),
             "predicted_ns": self.median("predicted"), "replay_error": self.replay_error,
             "predicted_error": self.predicted_error,
+            "steady": {"steps": len(self.steady), "measured_ns": self.measured_steady_ns,
+                       "spread": self.steady_spread},
             "device_active_ns": {k: self.median_active(k)
                                  for k in ("measured", "replayed", "predicted")},
             "breakdown_ns": {c: int(statistics.median(s.breakdown_ns.get(c, 0)
@@ -350,12 +369,13 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
-                   unmodelled: LearnedScaler | None, dur: I64) -> Counter[str]:
+                   unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey]
+                   ) -> Counter[str]:
     """Kernel times at the new shapes or device, in place; counts of how each was priced.
 
-    A kernel's base is its typical time, the trimmed mean over the kernels of its name and op
-    shapes in the window (iterations repeat them; a one-off stall of the machine is not the
-    kernel's, and the mean keeps an iteration's total)."""
+    A kernel's base is its typical time over the kernels of its name and op shapes in the
+    `steady` steps (model/overheads.py: iterations repeat them; a step the machine stalled
+    is not the kernel's, and the mean keeps what it costs an iteration)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
     pairs: list[tuple[int, int | None, list[int], int]] = []  # (node row, op row, nodes, ns)
@@ -373,10 +393,12 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
     keys = [(int(ev.name[row]), m.shapes(op) if op is not None else None)
             for row, op, _, _ in pairs]
-    samples: dict[Key, list[int]] = {}
-    for key, (_row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
-        samples.setdefault(key, []).append(ns)
-    typical = {key: trimmed_mean(values) for key, values in samples.items()}
+    samples: dict[Key, tuple[list[float], list[StepKey]]] = {}
+    for key, (row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
+        values, steps = samples.setdefault(key, ([], []))
+        values.append(ns)
+        steps.append((int(ev.rank[row]), int(ev.step[row])))
+    base_of = {key: typical(*found, steady) for key, found in samples.items()}
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
     priced = [_on_tensor_cores(costs(ev.name_of(op), shapes), ev.name_of(row))
               if op is not None and (shapes := m.shapes(op)) else None
@@ -388,14 +410,14 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
             keyed.setdefault(key, []).append(row)
         touch = _first_touch(m, costs, keyed, scaler.profile.page_s)
     if isinstance(scaler, ProfileScaler):
-        scaler = scaler.with_offsets([(found[0], key[1].dims, typical[key] * 1e-9)
+        scaler = scaler.with_offsets([(found[0], key[1].dims, base_of[key] * 1e-9)
                                       for key, found in zip(keys, priced, strict=True)
                                       if found is not None and key[1] is not None])
     scaled = functools.cache(scaler.scaled) if scaler is not None else None  # per key, once
     for key, (row, _op, nodes, measured), found in zip(keys, pairs, priced, strict=True):
         if measured <= 0:
             continue
-        base = round(typical[key])
+        base = round(base_of[key])
         shapes = key[1]
         if found is not None and scaled is not None:
             old, new, new_shapes = found
@@ -583,7 +605,9 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     is_call[host] = m.ev.of_kind("runtime", "driver")[g.row[host]]
     kernel_point = m.compute if m.platform == "cpu" else is_call
     insts = instances(g, m.ev, kernel_point)
-    model = overheads or fit_overheads(g, m.ev, insts)
+    measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
+    steady = steady_steps({(rank, step): hi - lo for rank, step, lo, hi, _ in measured})
+    model = overheads or fit_overheads(g, m.ev, insts, steady)
     keep = np.zeros(len(g), bool)
     node_of = g.node_of_row()
     keep[[node_of[c] for c in m.deps.sync_target if c in node_of]] = True
@@ -628,7 +652,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         source_name = source.name if source else "unknown GPU"
         target_name = target.name if target else source_name
     counts = _scale_kernels(m, _Transform(factor, dict(change.dims), fixed), scaler,
-                            unmodelled, dur)
+                            unmodelled, dur, steady)
     if batch is not None:
         counts["per_sample"] = _per_sample(m, insts, batch[0], factor, dur, gap)
         if counts["per_sample"] == 0:
@@ -636,7 +660,6 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     g.anchor_gaps(dur, gap)
     predicted = simulate(m.schedule, dur, gap)
     compared = _compare(compare) if compare is not None else None
-    measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
     breakdown = _breakdowns(m, predicted, dur)
     steps = [StepResult(rank, step, hi - lo, r_hi - r_lo, p_hi - p_lo,
                         {"measured": active, "replayed": r_active, "predicted": p_active},
@@ -647,7 +670,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
-                      tuple(notes))
+                      tuple(notes), frozenset(steady))
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
