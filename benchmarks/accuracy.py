@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import Profile, calibrate
 from perfswarm.model.predict import Change, predict
+from perfswarm.model.profile import Profile
+from perfswarm.record.bench.kernels import calibrate
 from perfswarm.record.session import RESERVE_PER_STEP_MIB
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run

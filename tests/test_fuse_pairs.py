@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import Profile
 from perfswarm.model.fusion import ConvLayer, ConvPair
 from perfswarm.model.opstats import op_sequence
+from perfswarm.model.profile import Profile
 from perfswarm.model.specs import cpu_spec
 from perfswarm.optimize.fuse.layers import parse_pair, run_pairs
 from perfswarm.trace.ingest import ImportOptions, import_traces

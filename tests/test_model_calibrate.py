@@ -1,4 +1,5 @@
-"""Kernel-model calibration: the two model forms, the profile's round trip, a real tiny sweep."""
+"""Kernel-model calibration: the two model forms (model/profile.py), the profile's round trip,
+a real tiny sweep (record/bench/kernels.py)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,19 @@ from collections import Counter
 import pytest
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import (
+from perfswarm.model.opcost import column_major, op_cost
+from perfswarm.model.profile import (
     FAMILIES,
     WARM_FAMILIES,
-    Case,
     FamilyModel,
     LearnedModel,
     Point,
     Profile,
-    _runner,
-    _sweep,
-    calibrate,
     fit,
     gmae,
     split,
 )
-from perfswarm.model.opcost import column_major, op_cost
+from perfswarm.record.bench.kernels import Case, _runner, _sweep, calibrate
 
 
 def _mm(m: int, k: int, seconds: float | None = None) -> Point:
@@ -121,7 +119,7 @@ def test_calibrate_tiny_budget_profile_round_trip() -> None:
 def test_sweep_passes_keep_each_points_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
     """Budget left after a pass buys passes over the same points, up to PASSES: a point
     disturbed in one pass keeps its time from another."""
-    import perfswarm.model.calibrate as calibration
+    import perfswarm.record.bench.kernels as calibration
 
     calls: list[str] = []
     order: dict[str, int] = {}

@@ -11,12 +11,12 @@ import pytest
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import FamilyModel, Profile
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel, steady_steps, typical
 from perfswarm.model.predict import Change, _Transform, load_model, predict, step_faults
+from perfswarm.model.profile import FamilyModel, Profile
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run

@@ -148,8 +148,8 @@ class Run:
         on `device` (a bundled GPU spec), at `batch_size`, with dimensions changed (`dims`,
         old -> new); `profile`: a CPU kernel-model profile from calibrate (shape changes on a
         CPU run); `compare`: a Run recorded at the target configuration."""
-        from perfswarm.model.calibrate import read_profile
         from perfswarm.model.predict import Change, predict
+        from perfswarm.model.profile import read_profile
 
         for name, size in (("batch_size", batch_size),
                            ("recorded_batch_size", recorded_batch_size)):

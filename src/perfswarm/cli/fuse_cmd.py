@@ -29,7 +29,7 @@ def fuse_command(
     """Fuse conv pairs (dw->pw, pw->dw, conv->dw, conv->conv) into one kernel tuned on this CPU, checked against PyTorch's separate ops and timed side by side with them."""
     from perfswarm.cli.output import console, err_console, print_json
     from perfswarm.errors import PerfswarmError
-    from perfswarm.model.calibrate import read_profile
+    from perfswarm.model.profile import read_profile
     from perfswarm.optimize.fuse.host import cpu_device_spec
     from perfswarm.optimize.fuse.plan import (
         Options,

@@ -12,10 +12,10 @@ from rich.text import Text
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import read_profile
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.overheads import OverheadModel
 from perfswarm.model.predict import Change, Prediction, predict
+from perfswarm.model.profile import read_profile
 from perfswarm.report.text import ms
 from perfswarm.trace.store import Run
 from perfswarm.userfiles import write_json

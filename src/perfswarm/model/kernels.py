@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
-from perfswarm.model.calibrate import KernelModel, LearnedModel, Profile
 from perfswarm.model.opcost import OpCost, roofline
+from perfswarm.model.profile import KernelModel, LearnedModel, Profile
 from perfswarm.model.specs import DeviceSpec
 
 # The profile family that prices each op family when the profile has no sweep of its own.

@@ -48,7 +48,6 @@ from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.calibrate import PAGE_BYTES, Profile
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.gpu.opgraph import op_graph_steps
@@ -74,6 +73,7 @@ from perfswarm.model.overheads import (
     steady_steps,
     typical,
 )
+from perfswarm.model.profile import PAGE_BYTES, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
 from perfswarm.trace.schema import FAULTS

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfswarm.model.calibrate import Profile
+from perfswarm.model.profile import Profile
 from perfswarm.model.specs import DeviceSpec, cpu_spec
 from perfswarm.trace.store import host_info
 

@@ -1,0 +1,231 @@
+"""A calibrated device profile: per op family, two fitted kernel models and the better one.
+
+- roofline: t = a + b * bytes + c * FLOPs, non-negative, fitted on relative error: a fixed
+  cost plus traffic at an effective bandwidth plus work at an effective FLOP rate, so the
+  achieved rate rises with size and saturates (the efficiency curve), and the model stays
+  monotone and linear beyond the sweep, where predictions at other shapes land;
+- learned: that roofline times a correction learned by Gaussian-process regression on
+  log-shape features (every input dimension, FLOPs and bytes, in log space): smooth between
+  sweep points (a cache cliff bends the curve instead of stepping it) and back to the
+  sweep's mean correction far from them, where the roofline's trend is all there is to go on.
+
+Every fourth sweep point is held out; GMAE (geometric-mean absolute error) on those picks the
+model. The sweeps themselves (record/bench/kernels.py, `perfswarm calibrate`) time ops on this
+machine; the profile keeps them, so a reader refits the chosen models exactly, and the host's
+first-write time of a fresh page (`first_touch_s`). Memory-bound families come swept cold and
+warm, the two extremes of a step's ops; predict prices them between the two (model/kernels.py).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from perfswarm.errors import PerfswarmError
+from perfswarm.model.opcost import OpCost, gemm_dims, op_cost
+from perfswarm.userfiles import read_json
+
+Choice = Literal["roofline", "learned"]
+FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy")
+# memory-bound families, swept a second time warm: inputs reused, so they stay in cache where
+# they fit (a step's op often reads what the op before it just wrote)
+WARM_FAMILIES = ("elementwise", "reduction", "copy")
+SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
+
+
+@dataclass(frozen=True)
+class Point:
+    cost: OpCost
+    seconds: float
+    dims: tuple[tuple[int, ...], ...] = ()
+    strides: tuple[tuple[int, ...], ...] = ()
+
+
+def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
+    """Log dimensions, log FLOPs and log bytes. A GEMM's dimensions are read as (batch, m, k,
+    n) and its operand layout, whatever op carried it (mm, addmm, linear, bmm), so the sweep's
+    mm points speak for nn.Linear's addmm."""
+    canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
+    flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed),
+             float(cost.a_transposed)]
+            if canonical is not None else
+            [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
+    return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
+                                                          math.log(cost.bytes)]
+
+
+@dataclass(frozen=True)
+class FamilyModel:
+    """The roofline with fitted efficiencies: t = coef . (1, bytes, FLOPs), coef >= 0."""
+
+    coef: tuple[float, ...]
+
+    def predict(self, cost: OpCost, dims: Sequence[Sequence[int]] = ()) -> float:
+        return float(np.dot(self.coef, (1.0, cost.bytes, cost.flops)))
+
+
+def fit(points: Sequence[Point]) -> FamilyModel:
+    """Non-negative least squares on relative error (each row divided by its time), so tiny and
+    huge ops weigh alike; a family whose ops all move as many bytes per FLOP gets its work
+    split between the two terms, which predicts the same."""
+    from scipy.optimize import nnls
+
+    t = np.array([p.seconds for p in points])
+    design = np.array([(1.0, p.cost.bytes, p.cost.flops) for p in points]) / t[:, None]
+    scale = np.maximum(design.max(axis=0), 1e-300)  # columns of similar size for the solver
+    coef, _ = nnls(design / scale, np.ones_like(t))
+    return FamilyModel(tuple(float(c) for c in coef / scale))
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedModel:
+    """The roofline times exp(gp(log-shape features)), the GP fitted to its log residual."""
+
+    roofline: FamilyModel
+    points: tuple[Point, ...]
+
+    @cached_property
+    def _gp(self) -> Any:
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+        x = np.array([shape_features(p.cost, p.dims) for p in self.points])
+        residual = np.log([p.seconds / self.roofline.predict(p.cost) for p in self.points])
+        kernel = (ConstantKernel(0.1, (1e-4, 10.0)) * RBF(np.full(x.shape[1], 2.0), (0.3, 1e3))
+                  + WhiteKernel(0.01, (1e-5, 1.0)))
+        # normalize_y: far from the sweep the correction returns to its mean over the sweep, not
+        # to none (embedding_bag's roofline cannot see the table's size: 60-80% off alone)
+        gp = GaussianProcessRegressor(kernel, n_restarts_optimizer=2, random_state=0,
+                                      normalize_y=True)
+        with warnings.catch_warnings():  # a length scale at its bound: that feature is unused
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return gp.fit(x, residual)
+
+    def predict(self, cost: OpCost, dims: Sequence[Sequence[int]] = ()) -> float:
+        correction = float(self._gp.predict(np.array([shape_features(cost, dims)]))[0])
+        return self.roofline.predict(cost) * math.exp(correction)
+
+
+KernelModel = FamilyModel | LearnedModel
+
+
+def gmae(model: KernelModel, points: Sequence[Point]) -> float:
+    """Geometric-mean absolute error: exp(mean |log(predicted / measured)|) - 1."""
+    logs = [abs(math.log(model.predict(p.cost, p.dims) / p.seconds)) for p in points]
+    return math.expm1(sum(logs) / len(logs))
+
+
+def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
+    """(fit, held out): every fourth point is held out."""
+    return ([p for i, p in enumerate(points) if i % 4 != 3], list(points[3::4]))
+
+
+def fit_family(points: Sequence[Point]) -> dict[str, Any]:
+    """Both models on the fit points, scored on the held-out ones; the better one is chosen."""
+    train, held = split(points)
+    roofline = fit(train)
+    learned = LearnedModel(roofline, tuple(train))
+    scores = {"roofline": gmae(roofline, held), "learned": gmae(learned, held)}
+    chosen: Choice = "learned" if scores["learned"] < scores["roofline"] else "roofline"
+    return {"coef": list(roofline.coef), "points": len(points),
+            "gmae_held_out": scores[chosen], "gmae_roofline_held_out": scores["roofline"],
+            "gmae_learned_held_out": scores["learned"], "chosen": chosen,
+            "sweep": [{"op": p.cost.op, "dims": [list(d) for d in p.dims], "seconds": p.seconds,
+                       **({"strides": [list(d) for d in p.strides]} if p.strides else {})}
+                      for p in points]}
+
+
+PAGE_BYTES = 4096
+
+@dataclass(frozen=True)
+class Profile:
+    """A calibrated device profile, read back: the chosen model of each family, and of each
+    memory-bound family swept warm (none in a profile from before warm sweeps)."""
+
+    device: str
+    threads: int
+    models: Mapping[str, KernelModel]
+    gmae: Mapping[str, float]
+    page_s: float = 0.0  # first_touch_s on the host; 0 when unknown (an older profile)
+    warm: Mapping[str, KernelModel] = field(default_factory=dict)
+    # the best rates its sweeps reached: FLOP/s (GEMM, conv), bytes/s cold and warm (copy)
+    ceilings: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:
+        try:
+            models, errors = _models(data["families"])
+            warm, _ = _models(data.get("warm", {}))
+            page_s = float(data.get("page_s", 0.0))
+            if not page_s >= 0:
+                raise ValueError("page_s must be a non-negative time")
+            return cls(str(data["device"]), int(data.get("threads", 1)), models, errors, page_s,
+                       warm, _ceilings(data))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
+
+
+def read_profile(path: Path) -> Profile:
+    """A calibrate profile from its JSON file; one-line errors naming it."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise PerfswarmError(f"{path}: not a kernel-model profile (expected an object)")
+    return Profile.from_dict(data, str(path))
+
+
+def _best(entries: Mapping[str, Any], families: Sequence[str], rate: Callable[[Point], float]
+          ) -> float:
+    """The highest rate of any sweep point of `families` (0 when none was swept)."""
+    return max((rate(_sweep_point(p)) for f in families if f in entries
+                for p in entries[f]["sweep"]), default=0.0)
+
+
+def _ceilings(data: Mapping[str, Any]) -> dict[str, float]:
+    """The roofline's ceilings as the profile's sweeps measured them."""
+    def flops(p: Point) -> float:
+        return p.cost.flops / p.seconds
+
+    def moved(p: Point) -> float:
+        return p.cost.bytes / p.seconds
+
+    return {"flops": _best(data["families"], ("gemm", "conv"), flops),
+            "memory_bandwidth": _best(data["families"], ("copy",), moved),
+            "cache_bandwidth": _best(data.get("warm", {}), ("copy",), moved)}
+
+
+def _models(entries: Mapping[str, Any]) -> tuple[dict[str, KernelModel], dict[str, float]]:
+    """Per family of fit_family entries: the chosen model, refitted on its sweep, and its
+    held-out GMAE."""
+    models: dict[str, KernelModel] = {}
+    errors: dict[str, float] = {}
+    for family, entry in dict(entries).items():
+        points = [_sweep_point(p) for p in entry["sweep"]]
+        roofline = FamilyModel(tuple(float(c) for c in entry["coef"]))
+        if len(roofline.coef) != 3 or min(roofline.coef) < 0:
+            raise ValueError("coef needs 3 non-negative values")
+        models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]))
+                               if entry["chosen"] == "learned" else roofline)
+        errors[str(family)] = float(entry["gmae_held_out"])
+    return models, errors
+
+
+def _sweep_point(entry: Mapping[str, Any]) -> Point:
+    dims = [[int(x) for x in d] for d in entry["dims"]]
+    op = str(entry["op"])
+    types = ["float"] * len(dims)
+    if op == "embedding_bag":
+        types = ["float", "long int", "long int"]
+    strides = tuple(tuple(int(x) for x in d) for d in entry.get("strides", ()))
+    cost = op_cost(op, dims, types, strides=strides)
+    seconds = float(entry["seconds"])
+    if cost is None or not seconds > 0:
+        raise ValueError(f"sweep point {op} {dims} has no cost or time")
+    return Point(cost, seconds, tuple(tuple(d) for d in dims), strides)

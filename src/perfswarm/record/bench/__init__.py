@@ -1,0 +1,2 @@
+"""Everything that runs work on this machine to measure it (kernel sweeps: kernels.py). The
+fitted models they feed live in model/, which runs nothing."""
