@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from conftest import corpus
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
@@ -212,6 +214,48 @@ def test_nccl_on_another_gpu(corpus_runs: dict[str, Run]) -> None:
     assert after["collective"] == pytest.approx(before["collective"], rel=0.05)
     # the host sets the pace of this run: a faster GPU leaves the iteration as it was
     assert abs(h100.median("predicted") / same.median("predicted") - 1) < 0.01
+
+
+WORK_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "runtime", "kernel",
+                       "gpu_memcpy", "gpu_memset"})
+
+
+def _raw_window_us(name: str) -> float:
+    """A corpus trace's profiled window, from its raw JSON: the first start to the last end
+    of its host ops, runtime calls and device ops."""
+    events = orjson.loads(gzip.decompress(corpus(name).read_bytes()))["traceEvents"]
+    work = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower()
+            in WORK_CATS]
+    return max(e["ts"] + e["dur"] for e in work) - min(e["ts"] for e in work)
+
+
+@pytest.mark.parametrize("name", ["simple_add", "event_sync_multi", "old_format"])
+def test_window_without_iterations_predicted_within_2pct(corpus_runs: dict[str, Run],
+                                                          name: str) -> None:
+    """No ProfilerStep markers and no repeating ops: the whole profiled window is the
+    iteration. simple_add's 41.6 s window is mostly the driver's one-off work (a 24.6 s
+    cudaDeviceGetStreamPriorityRange creating the context, a 4.2 s first cudaLaunchKernel, a
+    2.8 s cudaFree): calls that stalled stay where they were, not at their name's mean."""
+    p = predict(corpus_runs[name])
+    assert [s.step for s in p.steps] == [-1] and "whole profiled window" in p.notes[0]
+    (step,) = p.steps
+    assert step.measured_ns == round(_raw_window_us(name) * US)
+    assert abs(step.predicted_ns / step.measured_ns - 1) < 0.02
+    assert p.replay_error < 1e-3
+
+
+def test_amd_stalled_launch_kept(corpus_runs: dict[str, Run]) -> None:
+    """MI250 (ROCm): 6.5 ms of the 9.3 ms ProfilerStep#1 is one hipLaunchKernel (the first
+    launch of the gradient accumulation's add kernel); the other 11 launches take 4-13 us."""
+    events = orjson.loads(gzip.decompress(corpus("amd").read_bytes()))["traceEvents"]
+    step = next(e for e in events
+                if e["name"] == "ProfilerStep#1" and e["cat"] == "user_annotation")
+    stall = max(e["dur"] for e in events if e["name"] == "hipLaunchKernel")
+    p = predict(corpus_runs["amd"])
+    first = p.steps[0]
+    assert first.measured_ns == round(step["dur"] * US) and stall > 0.7 * step["dur"]
+    assert p.overheads.calls["hipLaunchKernel"] < 20 * US  # the stall is not a launch's cost
+    assert abs(first.predicted_ns / first.measured_ns - 1) < 0.02
 
 
 def test_overhead_model_round_trip(corpus_runs: dict[str, Run], tmp_path: Path) -> None:

@@ -3,13 +3,14 @@
 A device op waits for the previous op on its stream, for the runtime call that
 launched it (joined by rank and correlation id), and for the op recorded by a CUDA
 event its stream was told to wait on (cudaStreamWaitEvent). A synchronizing host
-call (device, stream or event sync, synchronous memcpy) waits for the device op it
-synchronized with. A collective waits for the same collective on every other rank
-(the n-th occurrence of a name matches the n-th elsewhere). A host thread that sat
-blocked and resumed right after another thread of its rank finished a stretch of work
-waited for that thread (a hand-over: the main thread for the autograd thread, the
-autograd thread for the main thread's backward call, a DataLoader or comm thread). The
-critical path walks these backwards; the simulator (model/graph.py) replays them forwards.
+call (device, stream or event sync, synchronous memcpy, a copy from or to pageable
+memory) waits for the device op it synchronized with. A collective waits for the same
+collective on every other rank (the n-th occurrence of a name matches the n-th
+elsewhere). A host thread that sat blocked and resumed right after another thread of its
+rank finished a stretch of work waited for that thread (a hand-over: the main thread for
+the autograd thread, the autograd thread for the main thread's backward call, a
+DataLoader or comm thread). The critical path walks these backwards; the simulator
+(model/graph.py) replays them forwards.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from perfswarm.trace.store import Run
 
 SYNC_CALLS: Final = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
                                "cudaEventSynchronize", "cudaMemcpy", "hipDeviceSynchronize",
-                               "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"})
+                               "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy",
+                               "hipMemcpyWithStream"})
+PAGEABLE: Final = "Pageable"  # in the name of a copy from or to pageable host memory
 
 # Hand-overs between threads: a thread blocked this long may have been waiting on another
 WAKE_MIN_GAP_NS: Final = 20_000
@@ -150,6 +153,12 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
             target = _latest_end_launched_before(ev, pool, launch_ts, int(ev.end[call]))
         if target is not None:
             d.sync_target[call] = target
+    # A copy from or to pageable memory holds its call until it is done (it is staged through
+    # a bounce buffer; CUDA's API notes on sync behaviour): the call waits for its own copy.
+    pageable = [i for i, n in enumerate(ev.names) if PAGEABLE in n]
+    copies = (ev.kind[dev] == KIND["memcpy"]) & np.isin(ev.name[dev], pageable)
+    for op, call in zip(dev[copies].tolist(), calls[copies].tolist(), strict=True):
+        d.sync_target.setdefault(call, op)
     # Old traces have no sync events: a synchronizing call waits for everything launched.
     sync_names = [i for i, n in enumerate(ev.names) if n in SYNC_CALLS]
     for call in np.flatnonzero(ev.of_kind("runtime") & np.isin(ev.name, sync_names)).tolist():

@@ -6,7 +6,10 @@ launches and other runtime calls on GPUs, the pieces of compute ops (kernels) on
 - T1: the thread's own time before the op (Python, outside any op);
 - T2: op start to its first kernel point; T5: between kernel points (per interval);
   T4: last kernel point to op end; an op without kernel points is all overhead (T0);
-- T3: a runtime call's own duration, per call name.
+- T3: a runtime call's own duration, per call name; a call that stalled (far longer than
+  its name's typical call: the driver's one-off work, such as creating the context, loading
+  a kernel's module at its first launch, handing cached memory back in cudaFree) is an event
+  of the program, not an overhead of its type: left out of the mean, kept where it happened.
 Means per op type (the op's name), so a model from one run prices the host side of
 another run, or of the same run at another batch size, whose ops are the same.
 """
@@ -29,6 +32,8 @@ from perfswarm.userfiles import read_json
 
 PARTS: Final = ("t0", "t1", "t2", "t4", "t5")
 TRIM: Final = 0.1  # each tail trimmed off before averaging: one-off stalls are not overhead
+STALL_FACTOR: Final = 20  # a runtime call this many times its name's typical one ...
+STALL_MIN_NS: Final = 1_000_000  # ... and longer by this much stalled
 
 
 def trimmed_mean(values: Iterable[float]) -> float:
@@ -165,6 +170,20 @@ class OverheadModel:
                              str(path))
 
 
+def stalled(g: Graph, ev: Events) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Per node: a runtime call that stalled, against the lower median of its name's calls."""
+    out = np.zeros(len(g), bool)
+    nodes = np.flatnonzero((g.role == HOST) & (g.row >= 0))
+    nodes = nodes[ev.of_kind("runtime", "driver")[g.row[nodes]]]
+    names = ev.name[g.row[nodes]]
+    for name in np.unique(names).tolist():
+        mine = nodes[names == name]
+        durations = g.dur[mine]
+        typical = int(np.sort(durations)[(len(mine) - 1) // 2])
+        out[mine] = (durations > STALL_FACTOR * typical) & (durations > typical + STALL_MIN_NS)
+    return out
+
+
 def measured_parts(g: Graph, dur: I64, gap: I64, inst: Instance) -> dict[str, float]:
     """An instance's T1 and overhead parts (ns) under these durations and gaps."""
     parts: dict[str, float] = {"t1": float(max(gap[inst.first], 0))}
@@ -198,7 +217,7 @@ def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
             values += [value / n] * n
             steps += [step(inst.first)] * n
     calls: dict[str, Samples] = defaultdict(lambda: ([], []))
-    runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0))
+    runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0) & ~stalled(g, ev))
     for n in runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]:
         values, steps = calls[ev.name_of(int(g.row[n]))]
         values.append(float(g.dur[n]))
@@ -217,7 +236,9 @@ def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
 def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Instance],
                     dur: I64, gap: I64, keep: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
     """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
-    means, in place. Nodes marked `keep` (sync calls: their time is waiting) are left alone."""
+    means, in place. Nodes marked `keep` (sync calls: their time is waiting) and calls that
+    stalled are left alone."""
+    keep = keep | stalled(g, ev)
     is_call = ev.of_kind("runtime", "driver")
     for inst in insts:
         have = measured_parts(g, dur, gap, inst)

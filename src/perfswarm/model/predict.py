@@ -51,7 +51,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.gpu.opgraph import op_graph_steps
-from perfswarm.model.graph import DEVICE, HOST, Graph, build_graph
+from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
     OpCost,
@@ -84,6 +84,8 @@ LOADER: Final = "enumerate(DataLoader)#"
 PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
                            "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
+WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
+                      "the whole profiled window is one iteration")
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
 _BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
 Key = tuple[int, Shapes | None]  # a kernel's name and its op's shapes: its typical time
@@ -216,6 +218,7 @@ class _Model:
     platform: Platform
     args: pa.Array  # the events' args JSON, read as one Arrow column: no string per event
     compute: Mask  # host nodes that are kernel work (CPU runs)
+    window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
     _shapes: dict[int, Shapes | None] = field(default_factory=dict)
 
     def shapes(self, row: int) -> Shapes | None:
@@ -230,6 +233,12 @@ class _Model:
         g = self.graph
         busy = _device_busy(self, timeline, durations)
         out = []
+        if self.window:  # from the first node's start to the last one's end, device ops too
+            for rank in np.unique(g.rank[g.role != ANCHOR]).tolist():
+                mine = (g.rank == rank) & (g.role != ANCHOR)
+                lo, hi = int(timeline.start[mine].min()), int(timeline.end[mine].max())
+                out.append((rank, -1, lo, hi, busy(rank, lo, hi)))
+            return out
         for rank, anchors in g.steps.items():
             for step, a, b in anchors:
                 lo, hi = int(timeline.start[a]), int(timeline.start[b])
@@ -243,14 +252,13 @@ def load_model(run: Run) -> _Model:
         raise PerfswarmError(f"{run.path}: the Run has no events to simulate")
     deps = dependencies(ev, sync_events(run, ev))
     steps = {r: list(w) for r, w in iterations(run, ev).steps.items() if w}
-    if not steps:
-        raise PerfswarmError(f"{run.path}: no iterations found (no ProfilerStep markers and no "
-                             "repeating op sequence); nothing to replay")
     graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
+    if not np.any(graph.role != ANCHOR):
+        raise PerfswarmError(f"{run.path}: the Run has no host or device work to simulate")
     args = run.table("events", columns=["args"]).column("args").combine_chunks()
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
     model = _Model(run, ev, deps, graph, Schedule.of(graph), platform, args,
-                   np.zeros(len(graph), bool))
+                   np.zeros(len(graph), bool), window=not steps)
     if platform == "cpu":
         model.compute = _compute_nodes(model)
     return model
@@ -597,7 +605,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     """`gpu_model`: the GPU kernel model to price GPU kernels with (default the bundled one)."""
     m = load_model(run)
     g = m.graph
-    notes: list[str] = []
+    notes: list[str] = [WINDOW_NOTE] if m.window else []
     replayed = simulate(m.schedule)
     dur, gap = g.dur.copy(), g.gap.copy()
     is_call = np.zeros(len(g), bool)
@@ -690,8 +698,9 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
         raise PerfswarmError(f"{m.run.path}: no ops with recorded shapes to forecast on a GPU "
                              "(record with shapes: torch.profiler record_shapes=True)")
     unpriced = sum((f.unpriced for f in forecasts), Counter())
-    notes = (("ops it could not price (kept at the host's time per op): "
-              + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8)),) if unpriced else ())
+    notes = ((WINDOW_NOTE,) if m.window else ()) + (
+        ("ops it could not price (kept at the host's time per op): "
+         + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8)),) if unpriced else ())
     return Prediction(str(m.run.path), m.platform, "cpu", target.name, change, None, steps,
                       {"priced": sum(sum(f.families_ns.values()) > 0 for f in forecasts),
                        "unpriced": sum(unpriced.values())},
