@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from perfswarm.model.collective_bench import gmae
+from perfswarm.model.collective_fit import gmae
 from perfswarm.optimize.shard import Table, Workload, calibrate, measure_plan, shard
 
 GOAL = 0.20

@@ -11,19 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.collective_bench import (
+from perfswarm.model.collective_fit import (
     FittedOp,
     Measurement,
     Sweep,
     calibration,
-    default_sizes,
     evaluate,
     fit,
     fit_link,
     fit_op,
     gmae,
     split_sizes,
-    sweep,
 )
 from perfswarm.model.collectives import (
     OPS,
@@ -37,6 +35,7 @@ from perfswarm.model.collectives import (
     link_time,
 )
 from perfswarm.model.topology import Link, Topology, interconnect, interconnects
+from perfswarm.record.bench.collectives import default_sizes, sweep
 
 NVS = interconnect("nvswitch-h100")
 IB = interconnect("ib-ndr")

@@ -12,7 +12,8 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, progress_bar, spinner
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.collective_bench import PASSES, calibration, sweep
+from perfswarm.model.collective_fit import calibration
+from perfswarm.record.bench.collectives import PASSES, sweep
 from perfswarm.record.bench.kernels import calibrate as kernel_calibration
 from perfswarm.userfiles import write_json
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.collective_bench import link_of_profile
+from perfswarm.model.collective_fit import link_of_profile
 from perfswarm.model.collectives import Scheme
 from perfswarm.optimize.project import DEFAULT_DEVICES, project
 from perfswarm.report import html

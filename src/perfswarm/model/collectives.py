@@ -3,7 +3,7 @@
 Sizes follow nccl-tests: `nbytes` is the per-rank buffer of all_reduce and broadcast, the total
 (gathered) buffer of all_gather and reduce_scatter, and the per-rank send buffer of all_to_all.
 Every model is t = a(p) * alpha + b(p) * nbytes * beta; `coefficients` gives (a, b), so one sweep of
-measured times fits a link's alpha and beta by linear least squares (see collective_bench.fit_link).
+measured times fits a link's alpha and beta by linear least squares (see collective_fit.fit_link).
 
 References: Thakur, Rabenseifner, Gropp, "Optimization of Collective Communication Operations in
 MPICH" (IJHPCA 2005) for ring, recursive doubling/halving and binomial trees; Sanders, Speck,

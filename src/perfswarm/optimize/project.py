@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.errors import ParameterError, PerfswarmError
-from perfswarm.model.collective_bench import Measurement, fit_link
+from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Link, Topology, interconnect
@@ -302,7 +302,7 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
             intra_name: str | None = None, per_node: int = 8, servers: int = 1,
             grad_bytes: int | None = None, intra_link: Link | None = None,
             device: str | None = None) -> Projection:
-    """`intra_link` (a measured one, see collective_bench.link_of_profile) replaces the
+    """`intra_link` (a measured one, see collective_fit.link_of_profile) replaces the
     bundled intra-node link; with `device`, compute is predicted on that GPU."""
     if not devices or min(devices) < 1:
         raise ParameterError("devices", "give positive device counts, e.g. 1,2,4,8")
