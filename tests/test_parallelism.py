@@ -10,16 +10,21 @@ from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.parallelism import (
     Layout,
-    Transformer,
+    Model,
     best_layout,
     estimate,
     layouts,
     model_state_bytes,
+    transformer,
 )
 from perfswarm.model.topology import interconnect
 
 NVS, IB = interconnect("nvswitch-a100"), interconnect("ib-hdr")
-GPT3 = Transformer(175e9, 96, 12288, 96, 2048, 1536, 1)
+GPT3 = transformer(175e9, 96, 12288, 96, 2048, 1536, 1)
+
+
+def work(model: Model, peak: float = 312e12) -> float:
+    return model.training_flops() / (peak * 0.5)
 
 
 def test_zero_memory_is_the_papers() -> None:
@@ -31,7 +36,7 @@ def test_zero_memory_is_the_papers() -> None:
 
 def test_bubble_traffic_and_activations() -> None:
     e = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
-                 peak_flops=312e12)
+                 work_s=work(GPT3))
     m = 1536 // 8
     assert e.micro_batches == m and e.bubble == 15 / m  # (p - 1) / m
     bsh = 2 * 2048 * 12288  # fp16 activations of one micro-batch
@@ -41,28 +46,28 @@ def test_bubble_traffic_and_activations() -> None:
     assert e.activation_bytes == 2048 * 12288 * 23 * 6 * 16
     assert e.state_bytes == model_state_bytes(175e9 / 128, 8, 1)
     z3 = estimate(GPT3, Layout(8, 8, 16, 3), per_node=8, intra=NVS, inter=IB,
-                  peak_flops=312e12)
+                  work_s=work(GPT3))
     assert z3.comm_bytes["dp"] == 1.5 * e.comm_bytes["dp"]  # ZeRO section 7.2
 
 
 def test_best_layout_for_gpt3_on_dgx_a100() -> None:
     """1024 A100-80GB in DGX A100 nodes over HDR InfiniBand: GPT-3 fits only with the model
     split 8 ways inside each node (the tensor-parallel degree Megatron-LM used there)."""
-    best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, peak_flops=312e12,
+    best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, work_s=work(GPT3),
                               memory_bytes=80e9)
     assert best is not None and best.layout.tp == 8 and best.memory_bytes <= 80e9
     assert all(e.layout.devices == 1024 for e in every)
     assert [e.step_s for e in every] == sorted(e.step_s for e in every)
     faster = [e for e in every if e.step_s < best.step_s]
     assert faster and all(e.memory_bytes > 80e9 for e in faster)
-    none, _ = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, peak_flops=312e12,
+    none, _ = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, work_s=work(GPT3),
                           memory_bytes=1e9)
     assert none is None
 
 
 def test_small_model_stays_data_parallel() -> None:
-    small = Transformer(1.3e9, 24, 2048, 16, 2048, 512, 1)
-    best, _ = best_layout(small, 64, per_node=8, intra=NVS, inter=IB, peak_flops=312e12,
+    small = transformer(1.3e9, 24, 2048, 16, 2048, 512, 1)
+    best, _ = best_layout(small, 64, per_node=8, intra=NVS, inter=IB, work_s=work(small),
                           memory_bytes=80e9)
     assert best is not None and (best.layout.tp, best.layout.pp) == (1, 1)
 
@@ -70,12 +75,23 @@ def test_small_model_stays_data_parallel() -> None:
 def test_layouts_and_bad_input() -> None:
     lays = layouts(GPT3, 16, 8)
     assert {(lay.dp, lay.tp, lay.pp) for lay in lays} >= {(16, 1, 1), (2, 8, 1), (1, 8, 2)}
-    assert all(lay.devices == 16 and GPT3.layers % lay.pp == 0 for lay in lays)
+    assert all(lay.devices == 16 and 96 % lay.pp == 0 for lay in lays)
     assert {lay.zero for lay in lays if lay.dp == 1} == {0}
     with pytest.raises(PerfswarmError, match="do not divide"):
-        estimate(GPT3, Layout(7, 1, 1, 0), per_node=8, intra=NVS, inter=IB, peak_flops=1e12)
+        estimate(GPT3, Layout(7, 1, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
     with pytest.raises(PerfswarmError, match="positive"):
-        Transformer(0, 1, 1, 1, 1, 1)
+        transformer(0, 1, 1, 1, 1, 1)
+    # without its layers a model gets data-parallel layouts only, its activations unknown
+    flat = Model(25_557_032, 8, value_bytes=4)
+    assert {(lay.dp, lay.tp, lay.pp) for lay in layouts(flat, 8, 8)} == {(8, 1, 1)}
+    e = estimate(flat, Layout(8, 1, 1, 3), per_node=8, intra=NVS, inter=IB, work_s=0.8)
+    assert e.activation_bytes is None and e.to_dict()["activation_gb"] is None
+    # fp32 Adam: 4 + 4 + 8 bytes a parameter, all three sharded under stage 3
+    assert e.memory_bytes == e.state_bytes == 16 * 25_557_032 / 8
+    assert e.comm_bytes == {"dp": 1.5 * 4 * 25_557_032, "tp": 0.0, "pp": 0.0}
+    assert e.compute_s == 0.1
+    with pytest.raises(PerfswarmError, match="do not divide"):
+        estimate(flat, Layout(4, 2, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
 
 
 def test_layouts_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,7 +100,7 @@ def test_layouts_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--json"]) == 0
     out = orjson.loads(capsys.readouterr().out)
     best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB,
-                              peak_flops=312e12, memory_bytes=80e9)
+                              work_s=work(GPT3), memory_bytes=80e9)
     assert out["device"] == "A100-80GB" and best is not None
     assert out["best"] == orjson.loads(orjson.dumps(best.to_dict()))
     assert len(out["layouts"]) == len(every)

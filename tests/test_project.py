@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
+import math
+import statistics
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -12,6 +16,7 @@ from conftest import corpus
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collectives import RING, CollectiveConfig, collective_time
+from perfswarm.model.parallelism import Blocks
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Topology, interconnect
 from perfswarm.optimize.project import (
@@ -106,7 +111,8 @@ def test_cli_json_and_errors(nccl: Run, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["project", str(nccl.path), "--devices", "1,4", "--scheme", "tree", "--json"]) == 0
     data = orjson.loads(capsys.readouterr().out)
     assert set(data) == {"profile", "measured_link", "intra", "inter", "devices_per_node",
-                         "scheme", "points", "options", "recommended"}
+                         "scheme", "points", "options", "recommended", "layouts",
+                         "layouts_note"}
     assert data["scheme"] == "tree" and [p["devices"] for p in data["points"]] == [1, 4]
     page = nccl.path.parent / "projection.html"
     assert main(["project", str(nccl.path), "--devices", "1,8", "--html", str(page)]) == 0
@@ -125,9 +131,16 @@ def test_run_without_step_markers_is_one_iteration(tmp_path: Path) -> None:
     prof = profile(run, grad_bytes=1000)
     assert (prof.whole_run, prof.ranks) == (True, (1,))
     assert [(s.step, s.compute_ns) for s in prof.steps] == [(-1, 30000)]
+    # a CPU Run: each marked step's span is its compute (ProfilerStep#551, 210,109.162 us)
     cpu = import_traces([corpus("cpu_only")], tmp_path / "c.run", ImportOptions(), ["t"])
-    with pytest.raises(PerfswarmError, match="no device kernels"):
-        profile(cpu, grad_bytes=1000)
+    prof = profile(cpu, grad_bytes=1000)
+    assert prof.compute_source == "step spans (no device work)"
+    assert [(s.rank, s.compute_ns, s.wall_ns) for s in prof.steps] == [(34, 210109162,
+                                                                        210109162)]
+    bare = import_traces([Path(__file__).parent / "data" / "cnn_cpu_trace.json"],
+                         tmp_path / "b.run", ImportOptions(), ["t"])
+    with pytest.raises(PerfswarmError, match="no device kernels or marked steps"):
+        profile(bare, grad_bytes=1000)
 
 
 def test_intra_link_from_a_collectives_profile(nccl: Run, tmp_path: Path,
@@ -161,3 +174,88 @@ def test_compute_predicted_on_another_gpu(nccl: Run) -> None:
                                                      for c in before.calls]
     assert project(nccl, [8], device="H100-SXM").to_dict()["profile"]["compute_source"] == \
         "predicted on H100-SXM"
+
+
+def _raw_events(path: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    return events
+
+
+def test_layouts_of_the_ddp_trace(nccl: Run) -> None:
+    """ResNet-50 under DDP on 2 A100s: the parameters are the elements its gradient
+    all-reduces carry in a step (read here from the raw trace), torchvision's ResNet-50 count."""
+    raw = _raw_events(corpus("nccl"))
+    buckets = [e for e in raw if e.get("cat") == "kernel"
+               and e["args"].get("Collective name") == "allreduce"]
+    per_step = len(buckets) // 3
+    elems = sum(int(e["args"]["In msg nelems"]) for e in buckets[:per_step])
+    assert elems == 25_557_032
+    result = project(nccl, [1, 8])
+    lay = result.layouts
+    assert lay is not None and result.layouts_note == ""
+    assert (lay.source.params, lay.source.params_source) == (elems, "gradient all-reduce")
+    assert lay.source.value_bytes == 4 and lay.source.blocks is None
+    assert lay.memory_bytes == 42_297_524_224   # the trace's deviceProperties
+    # no linear layers: data parallel only, each of the 8 devices doing the Run's step
+    assert {(e.layout.dp, e.layout.tp, e.layout.pp) for e in lay.every} == {(8, 1, 1)}
+    assert lay.work_s == pytest.approx(8 * 0.039391994)
+    assert lay.best is not None and lay.best.compute_s == pytest.approx(0.039391994)
+    zero0 = next(e for e in lay.every if e.layout.zero == 0)
+    assert zero0.state_bytes == 16 * elems and zero0.comm_bytes["dp"] == 4 * elems
+
+
+TRANSFORMER = Path(__file__).parent / "data" / "transformer_cpu.pt.trace.json.gz"
+_WEIGHT_OPS = {"aten::linear": (1, 2), "aten::embedding": (0, None),
+               "aten::layer_norm": (2, 3)}
+
+
+def test_layouts_of_a_recorded_cpu_transformer(tmp_path: Path) -> None:
+    """The bundled encoder (2 layers, d_model 64, 4 heads, batch 4 x 32 tokens) recorded on
+    this CPU: its model from the shapes, its compute from the step spans."""
+    raw = _raw_events(TRANSFORMER)
+    steps = sorted((e for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")),
+                   key=lambda e: float(e["ts"]))
+    first = steps[0]
+    lo, hi = float(first["ts"]), float(first["ts"]) + float(first["dur"])
+    params = 0
+    for e in raw:
+        if e.get("cat") == "cpu_op" and e["name"] in _WEIGHT_OPS and lo <= float(e["ts"]) < hi:
+            w, b = _WEIGHT_OPS[e["name"]]
+            dims = e["args"]["Input Dims"]
+            params += math.prod(dims[w]) + (math.prod(dims[b]) if b and dims[b] else 0)
+    # torch's own count of Encoder(500, 64, 4, 2, 32) is 166,516: the positional
+    # nn.Parameter (32 x 64) is used outside any layer, so the shapes miss it
+    assert params == 166_516 - 32 * 64
+    run = import_traces([TRANSFORMER], tmp_path / "t.run", ImportOptions(), ["t"])
+    result = project(run, [1, 8])
+    prof = result.profile
+    assert prof.compute_source == "step spans (no device work)"
+    assert [s.compute_ns for s in prof.steps] == [round(float(s["dur"]) * 1000) for s in steps]
+    assert (prof.grad_bytes, prof.grad_bytes_source) == (4 * params, "parameter shapes")
+    lay = result.layouts
+    assert lay is not None and lay.memory_bytes is None
+    src = lay.source
+    assert (src.params, src.params_source, src.batch) == (params, "layer shapes", 4)
+    assert src.blocks == Blocks(layers=2, hidden=64, heads=4, seq=32)
+    # tp 1/2/4/8 x pp 1/2 of 8 devices, ZeRO 0-3 where dp > 1
+    assert {(e.layout.dp, e.layout.tp, e.layout.pp) for e in lay.every} == {
+        (8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (4, 1, 2), (2, 2, 2), (1, 4, 2)}
+    compute = statistics.median(s.compute_ns for s in prof.steps) * 1e-9
+    assert lay.work_s == pytest.approx(8 * compute)
+    best = lay.best
+    assert best is not None and best.layout.tp * best.layout.pp == 1   # tiny: data parallel
+    assert best.activation_bytes == 32 * 4 * 64 * (10 + 24 + 5 * 4 * 32 / 64) * 2
+
+
+def test_cli_layouts(nccl: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["project", str(nccl.path), "--devices", "1,8", "--json",
+                 "--memory-gb", "0.1"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["layouts_note"] == "" and data["layouts"]["memory_gb"] == 0.1
+    # 25.6M fp32 parameters need 0.41 GB of state without ZeRO; only ZeRO-3 on 8 fits 0.1 GB
+    assert data["layouts"]["best"]["layout"] == "dp8 x tp1 x pp1, ZeRO-3"
+    assert main(["project", str(nccl.path), "--devices", "1,8"]) == 0
+    assert "best layout dp8 x tp1 x pp1, ZeRO-2" in " ".join(capsys.readouterr().out.split())
+    assert main(["project", str(nccl.path), "--memory-gb", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "perfswarm: error: --memory-gb: must be positive, got -1.0"

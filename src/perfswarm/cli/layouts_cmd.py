@@ -11,7 +11,7 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.parallelism import Transformer, best_layout
+from perfswarm.model.parallelism import best_layout, transformer
 from perfswarm.model.specs import load_spec
 from perfswarm.model.topology import interconnect
 
@@ -39,10 +39,11 @@ def layouts_command(
         raise PerfswarmError("--devices and --gpus-per-node must be at least 1, --efficiency "
                              "in (0, 1]")
     spec = load_spec(device)
-    model = Transformer(params, layers, hidden, heads, seq, batch, micro_batch)
+    model = transformer(params, layers, hidden, heads, seq, batch, micro_batch)
+    work = model.training_flops() / (spec.peak_for("fp16") * efficiency)
     best, every = best_layout(model, devices, per_node=per_node, intra=interconnect(intra),
-                              inter=interconnect(inter), peak_flops=spec.peak_for("fp16"),
-                              memory_bytes=spec.memory_bytes, efficiency=efficiency)
+                              inter=interconnect(inter), work_s=work,
+                              memory_bytes=spec.memory_bytes)
     if not every:
         raise PerfswarmError(f"no layout of {devices} devices divides {layers} layers and a "
                              f"batch of {batch} (micro-batch {micro_batch})")

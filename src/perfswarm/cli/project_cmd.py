@@ -1,4 +1,4 @@
-"""`perfswarm project RUN --devices 1,2,4,... [--interconnect NAME|--bandwidth GB/s] [--scheme ...] [--json]`."""
+"""`perfswarm project RUN --devices 1,2,4,... [--interconnect NAME|--bandwidth GB/s] [--scheme ...] [--memory-gb G] [--json]`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
@@ -38,7 +39,8 @@ def project_command(
     intra_profile: Annotated[Path | None, typer.Option("--intra-profile", help="Intra-node link measured by `perfswarm calibrate --collectives` (its profile JSON), instead of --intra.")] = None,
     per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
     servers: Annotated[int, typer.Option("--servers", help="Parameter servers (scheme ps).")] = 1,
-    grad_bytes: Annotated[int | None, typer.Option("--grad-bytes", help="Gradient bytes per step when the Run has no all-reduce kernels.")] = None,
+    grad_bytes: Annotated[int | None, typer.Option("--grad-bytes", help="Gradient bytes per step when the Run has no all-reduce kernels (default: its layers' shapes).")] = None,
+    memory_gb: Annotated[float | None, typer.Option("--memory-gb", help="Memory per device for the layouts, GB (default: --device's, else the Run's devices').")] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Also write the table and the throughput and efficiency plots as an HTML page.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
@@ -48,7 +50,8 @@ def project_command(
         measured = link_of_profile(read_json(intra_profile), str(intra_profile))
     result = project(Run.open(run_dir), _devices(devices), interconnect_name=interconnect,
                      bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
-                     servers=servers, grad_bytes=grad_bytes, intra_link=measured, device=device)
+                     servers=servers, grad_bytes=grad_bytes, intra_link=measured, device=device,
+                     memory_gb=memory_gb)
     data = result.to_dict()
     if html_out is not None:
         page = html.render_projection(f"perfswarm projection: {run_dir.name}", data)
@@ -57,9 +60,9 @@ def project_command(
         print_json(data)
         return
     prof = data["profile"]
-    console.print(f"[bold]{run_dir}[/]: {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
+    console.print(Text.assemble((str(run_dir), "bold"), f": {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
                   f"compute {prof['compute_ms']:.3f} ms/step ({prof['compute_source']}), gradients {prof['grad_bytes'] / 1e6:,.1f} MB "
-                  f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped")
+                  f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped"))
     console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {result.per_node} per node, scheme {result.scheme}")
     table = Table("devices", "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",
                   title="projection (weak scaling: per-device batch fixed)")
@@ -73,6 +76,23 @@ def project_command(
         options.add_row(c["interconnect"], c["scheme"], f"{c['efficiency']:.1%}")
     console.print(options)
     rec = data["recommended"]
-    console.print(f"[bold]choose[/] {rec['interconnect']} with {rec['scheme']}: {rec['efficiency']:.1%} efficiency at {largest} devices")
+    console.print(Text.assemble(("choose", "bold"), f" {rec['interconnect']} with {rec['scheme']}: {rec['efficiency']:.1%} efficiency at {largest} devices"))
+    lay = result.layouts
+    if lay is None:
+        console.print(f"layouts: {result.layouts_note}")
+    else:
+        m = lay.source
+        shape = (f"{m.blocks.layers} layers, hidden {m.blocks.hidden}, {m.blocks.heads} heads, sequence {m.blocks.seq}"
+                 if m.blocks else f"data parallel only ({m.blocks_source})")
+        batch = f"batch {m.batch} a device" if m.blocks else "the Run's batch a device"
+        memory = "unknown (--memory-gb)" if lay.memory_bytes is None else f"{lay.memory_bytes / 1e9:.1f} GB"
+        console.print(f"layouts at {lay.devices} devices: {m.params:,} parameters ({m.params_source}), {shape}, "
+                      f"{batch}; memory per device {memory}")
+        if lay.best is None:
+            console.print(Text.assemble(("no layout fits", "bold"), " the device memory"))
+        else:
+            b = lay.best
+            console.print(Text.assemble(("best layout", "bold"), f" {b.layout.describe()}: {b.step_s * 1e3:.3f} ms a step, "
+                                        f"{b.memory_bytes / 1e9:.2f} GB a device, bubble {b.bubble:.3f}"))
     if html_out is not None:
         console.print(f"plots: {html_out}")

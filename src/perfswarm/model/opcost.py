@@ -126,6 +126,11 @@ def _element(types: Sequence[str], dims: Dims) -> tuple[int, str]:
                 _DTYPES["float"])
 
 
+def element_bytes(shapes: Shapes) -> int:
+    """Bytes of one value of an op's data (its first shaped input's dtype, else float)."""
+    return _element(shapes.types, shapes.dims)[0]
+
+
 def _family(op: str) -> str | None:
     if op in {"mm", "matmul", "addmm", "bmm", "baddbmm", "linear"}:
         return "gemm"

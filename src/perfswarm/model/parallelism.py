@@ -1,4 +1,4 @@
-"""Parallel layouts of a transformer's training step: memory per device, communication per
+"""Parallel layouts of a model's training step: memory per device, communication per
 step, step time, and the best layout for a device count and topology (as Calculon and Lumos
 search them, in far fewer terms).
 
@@ -7,28 +7,31 @@ tensor parallel `tp` (Megatron-LM) x pipeline parallel `pp` (1F1B schedule), dp*
 
 Memory (ZeRO, Rajbhandari et al., SC'20, section 3.1 and 5): mixed-precision Adam keeps 2
 bytes of fp16 parameters, 2 of fp16 gradients and K = 12 of optimizer state (fp32 parameters,
-momentum, variance) per parameter; stage 1 shards the optimizer state over dp, stage 2 the
-gradients too, stage 3 the parameters too. Each device holds Psi/(tp*pp) parameters first.
+momentum, variance) per parameter (fp32 training: 4 + 4 + 8); stage 1 shards the optimizer
+state over dp, stage 2 the gradients too, stage 3 the parameters too. Each device holds
+Psi/(tp*pp) parameters first.
 Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 2022, eq. 2 with tensor parallelism, no sequence parallelism or recomputation):
 s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer and micro-batch; under 1F1B the first stage
 holds pp micro-batches in flight.
 
-Communication per step and device: data parallel all-reduces the fp16 gradients (2*Psi/(tp*pp)
-bytes), stage 3 adds an all-gather of the parameters in the forward and another in the
+Communication per step and device: data parallel all-reduces the gradients (2*Psi/(tp*pp)
+bytes in fp16), stage 3 adds an all-gather of the parameters in the forward and another in the
 backward pass (1.5x, ZeRO section 7.2); tensor parallel all-reduces the b*s*h activations
 twice in the forward and twice in the backward pass of every layer (Megatron-LM, Shoeybi et
 al., 2019, section 3), per micro-batch; pipeline parallel sends b*s*h activations forward
 and their gradients back at each stage boundary per micro-batch.
 
-Step time: compute is 6 * Psi * tokens FLOPs (forward 2, backward 4 per parameter and token;
-Kaplan et al., 2020) spread over the devices at `efficiency` of the device's peak, stretched by
+Step time: the step's compute on one device (`work_s`: measured on a Run, see
+optimize.layouts, or 6 * Psi * tokens FLOPs at a share of the device's peak; Kaplan et al.,
+2020) split evenly over the devices, stretched by
 the pipeline bubble (p-1)/m (Narayanan et al., SC'21, section 2.2: bubble time over ideal
 time); tensor-parallel and pipeline traffic is exposed (it sits between dependent ops), data-
 parallel traffic overlaps the backward pass except what exceeds it (and stage 3's forward
 gather, exposed). Collectives take the alpha-beta time of model.collectives on the topology
 their group spans: a tensor-parallel group inside one node, pipeline and data-parallel groups
-across nodes when the layout needs more than one.
+across nodes when the layout needs more than one. A model whose layers are unknown (not a
+transformer the Run's shapes describe) gets data-parallel layouts only.
 """
 
 from __future__ import annotations
@@ -43,30 +46,53 @@ from perfswarm.model.topology import Link, Topology
 
 OPTIMIZER_BYTES = 12  # K: fp32 parameters, momentum and variance (Adam, mixed precision)
 HALF = 2  # bytes of an fp16/bf16 value
+FULL = 4  # bytes of an fp32 value
 Stage = Literal[0, 1, 2, 3]
 
 
 @dataclass(frozen=True)
-class Transformer:
-    """What the layouts need of a model and its batch."""
+class Blocks:
+    """A transformer's repeated layers: what tensor and pipeline parallelism split."""
 
-    params: float  # Psi
     layers: int
     hidden: int
     heads: int
     seq: int
-    global_batch: int  # sequences per step
+
+    def activation_bytes(self, micro_batch: int, tp: int) -> float:
+        """One layer's stored activations for one micro-batch (Korthikanti et al. eq. 2)."""
+        s, b, h, a = self.seq, micro_batch, self.hidden, self.heads
+        return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the layouts need of a model and its batch. Without `blocks` (a model that is not a
+    transformer the layouts know the layers of) only data-parallel layouts are tried and the
+    activations' memory is unknown."""
+
+    params: float  # Psi
+    global_batch: int  # samples (sequences) per step
     micro_batch: int = 1
+    blocks: Blocks | None = None
+    value_bytes: int = HALF  # of a parameter, gradient or activation: 2 mixed precision, 4 fp32
 
     def __post_init__(self) -> None:
-        if min(self.params, self.layers, self.hidden, self.heads, self.seq, self.global_batch,
-               self.micro_batch) <= 0:
+        sizes = (self.params, self.global_batch, self.micro_batch, self.value_bytes,
+                 *(vars(self.blocks).values() if self.blocks else ()))
+        if min(sizes) <= 0:
             raise PerfswarmError("model: every size must be positive")
 
-    def activation_bytes(self, tp: int) -> float:
-        """One layer's stored activations for one micro-batch (Korthikanti et al. eq. 2)."""
-        s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
-        return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    def training_flops(self) -> float:
+        """6 * Psi * tokens: forward 2, backward 4 per parameter and token (Kaplan et al.)."""
+        tokens = self.global_batch * (self.blocks.seq if self.blocks else 1)
+        return 6 * self.params * tokens
+
+
+def transformer(params: float, layers: int, hidden: int, heads: int, seq: int,
+                global_batch: int, micro_batch: int = 1) -> Model:
+    """A mixed-precision transformer of these sizes."""
+    return Model(params, global_batch, micro_batch, Blocks(layers, hidden, heads, seq))
 
 
 @dataclass(frozen=True)
@@ -84,10 +110,12 @@ class Layout:
         return f"dp{self.dp} x tp{self.tp} x pp{self.pp}, ZeRO-{self.zero}"
 
 
-def model_state_bytes(params: float, dp: int, zero: Stage) -> float:
+def model_state_bytes(params: float, dp: int, zero: Stage, value_bytes: int = HALF) -> float:
     """Parameters, gradients and optimizer state per device for `params` on one model-parallel
-    rank, sharded over `dp` by ZeRO stage `zero` (ZeRO section 5.1-5.3)."""
-    p, g, o = HALF * params, HALF * params, OPTIMIZER_BYTES * params
+    rank, sharded over `dp` by ZeRO stage `zero` (ZeRO section 5.1-5.3). Adam keeps fp32
+    momentum and variance; mixed precision (2-byte values) adds an fp32 master copy."""
+    p, g = value_bytes * params, value_bytes * params
+    o = (OPTIMIZER_BYTES if value_bytes < FULL else 2 * FULL) * params
     if zero >= 1:
         o /= dp
     if zero >= 2:
@@ -100,9 +128,9 @@ def model_state_bytes(params: float, dp: int, zero: Stage) -> float:
 @dataclass(frozen=True)
 class Estimate:
     layout: Layout
-    memory_bytes: float  # per device: model state + activations
+    memory_bytes: float  # per device: model state + activations (when known)
     state_bytes: float
-    activation_bytes: float
+    activation_bytes: float | None  # None: the model's layers are unknown
     micro_batches: int  # per data-parallel rank and step
     bubble: float  # pipeline bubble over ideal compute time, (p-1)/m
     comm_bytes: dict[str, float]  # per device and step: dp, tp, pp
@@ -114,10 +142,11 @@ class Estimate:
         return self.compute_s * (1 + self.bubble) + self.exposed_comm_s
 
     def to_dict(self) -> dict[str, Any]:
+        acts = self.activation_bytes
         return {"layout": self.layout.describe(), "dp": self.layout.dp, "tp": self.layout.tp,
                 "pp": self.layout.pp, "zero": self.layout.zero,
                 "memory_gb": self.memory_bytes / 1e9, "state_gb": self.state_bytes / 1e9,
-                "activation_gb": self.activation_bytes / 1e9,
+                "activation_gb": None if acts is None else acts / 1e9,
                 "micro_batches": self.micro_batches, "bubble": self.bubble,
                 "comm_gb": {k: v / 1e9 for k, v in self.comm_bytes.items()},
                 "compute_s": self.compute_s, "exposed_comm_s": self.exposed_comm_s,
@@ -130,47 +159,61 @@ def _group(devices: int, per_node: int, spans_nodes: bool, intra: Link,
     return Topology(devices, devices if not spans_nodes else per_node, intra, inter)
 
 
-def estimate(model: Transformer, layout: Layout, *, per_node: int, intra: Link, inter: Link,
-             peak_flops: float, efficiency: float = 0.5) -> Estimate:
-    """Memory, traffic and step time of `model` under `layout`."""
+def _layers(model: Model) -> int:
+    return model.blocks.layers if model.blocks else 1
+
+
+def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter: Link,
+             work_s: float) -> Estimate:
+    """Memory, traffic and step time of `model` under `layout`; `work_s` is the step's compute
+    on one device (all of the global batch), split evenly over the layout's devices."""
     dp, tp, pp = layout.dp, layout.tp, layout.pp
-    if model.global_batch % (dp * model.micro_batch) or model.layers % pp or tp > per_node:
+    blocks = model.blocks
+    if (model.global_batch % (dp * model.micro_batch) or _layers(model) % pp or tp > per_node
+            or (blocks is None and tp * pp > 1)):
         raise PerfswarmError(f"{layout.describe()}: the batch, layers or node size do not "
                              "divide as the layout needs")
     m = model.global_batch // (dp * model.micro_batch)
     shard = model.params / (tp * pp)
-    state = model_state_bytes(shard, dp, layout.zero)
-    acts = model.activation_bytes(tp) * model.layers / pp * min(pp, m)
-    bsh = HALF * model.micro_batch * model.seq * model.hidden
-    comm = {"dp": (1.5 if layout.zero == 3 else 1.0) * HALF * shard if dp > 1 else 0.0,
-            "tp": 4 * bsh * model.layers / pp * m if tp > 1 else 0.0,
-            "pp": 2 * bsh * m if pp > 1 else 0.0}
-    tokens = model.global_batch * model.seq
-    compute = 6 * model.params * tokens / (layout.devices * peak_flops * efficiency)
+    value = model.value_bytes
+    state = model_state_bytes(shard, dp, layout.zero, value)
+    comm = {"dp": (1.5 if layout.zero == 3 else 1.0) * value * shard if dp > 1 else 0.0,
+            "tp": 0.0, "pp": 0.0}
+    compute = work_s / layout.devices
     exposed = 0.0
-    if tp > 1:
-        t = _group(tp, per_node, False, intra, inter)
-        exposed += 4 * model.layers / pp * m * collective_time("all_reduce", bsh, t)
-    model_group = tp * pp
-    if pp > 1:  # stage boundaries: inside a node while the model's ranks fit in one
-        link = intra if model_group <= per_node else inter
-        exposed += 2 * m * (pp - 1) / pp * (link.alpha_s + bsh * link.beta_s_per_byte)
+    acts = None
+    if blocks is not None:
+        acts = blocks.activation_bytes(model.micro_batch, tp) * blocks.layers / pp * min(pp, m)
+        bsh = value * model.micro_batch * blocks.seq * blocks.hidden
+        if tp > 1:
+            comm["tp"] = 4 * bsh * blocks.layers / pp * m
+            t = _group(tp, per_node, False, intra, inter)
+            exposed += 4 * blocks.layers / pp * m * collective_time("all_reduce", bsh, t)
+        if pp > 1:  # stage boundaries: inside a node while the model's ranks fit in one
+            comm["pp"] = 2 * bsh * m
+            link = intra if tp * pp <= per_node else inter
+            exposed += 2 * m * (pp - 1) / pp * (link.alpha_s + bsh * link.beta_s_per_byte)
     if dp > 1:
+        model_group = tp * pp
         d = _group(dp, max(1, per_node // model_group), model_group * dp > per_node, intra,
                    inter)
-        grads = collective_time("all_reduce", HALF * shard, d)
+        grads = collective_time("all_reduce", value * shard, d)
         if layout.zero == 3:  # the forward's parameter gather waits; the backward's overlaps
-            exposed += collective_time("all_gather", HALF * shard, d)
+            exposed += collective_time("all_gather", value * shard, d)
         exposed += max(0.0, grads - compute * 2 / 3)  # the backward is 2/3 of the compute
-    return Estimate(layout, state + acts, state, acts, m, (pp - 1) / m, comm, compute, exposed)
+    return Estimate(layout, state + (acts or 0.0), state, acts, m, (pp - 1) / m, comm, compute,
+                    exposed)
 
 
-def layouts(model: Transformer, devices: int, per_node: int) -> list[Layout]:
+def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
     """Every layout of `devices` the model divides into: tp within a node, pp dividing the
-    layers, dp dividing the batch, ZeRO 0-3 (ZeRO only with dp > 1)."""
+    layers, dp dividing the batch, ZeRO 0-3 (ZeRO only with dp > 1); data parallel only
+    without the model's layers."""
     out = []
-    for tp, pp in itertools.product(range(1, per_node + 1), range(1, model.layers + 1)):
-        if per_node % tp or model.layers % pp or devices % (tp * pp):
+    splits = (itertools.product(range(1, per_node + 1), range(1, _layers(model) + 1))
+              if model.blocks else [(1, 1)])
+    for tp, pp in splits:
+        if per_node % tp or _layers(model) % pp or devices % (tp * pp):
             continue
         dp = devices // (tp * pp)
         if model.global_batch % (dp * model.micro_batch):
@@ -179,14 +222,13 @@ def layouts(model: Transformer, devices: int, per_node: int) -> list[Layout]:
     return out
 
 
-def best_layout(model: Transformer, devices: int, *, per_node: int, intra: Link, inter: Link,
-                peak_flops: float, memory_bytes: float,
-                efficiency: float = 0.5) -> tuple[Estimate | None, list[Estimate]]:
+def best_layout(model: Model, devices: int, *, per_node: int, intra: Link, inter: Link,
+                work_s: float, memory_bytes: float) -> tuple[Estimate | None, list[Estimate]]:
     """The fastest layout that fits in `memory_bytes` per device (None when none fits), and
     every layout's estimate, fastest first (ties: less memory, then fewer model-parallel
     ranks)."""
     found = sorted((estimate(model, lay, per_node=per_node, intra=intra, inter=inter,
-                             peak_flops=peak_flops, efficiency=efficiency)
+                             work_s=work_s)
                     for lay in layouts(model, devices, per_node)),
                    key=lambda e: (round(e.step_s, 9), e.memory_bytes, e.layout.tp * e.layout.pp,
                                   e.layout.zero))

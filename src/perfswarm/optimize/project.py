@@ -28,7 +28,9 @@ from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
 from perfswarm.model.predict import Change, predict
+from perfswarm.model.specs import load_spec
 from perfswarm.model.topology import Link, Topology, interconnect
+from perfswarm.optimize.layouts import LayoutChoice, choose_layout, run_model
 from perfswarm.trace.store import Run
 
 COMPUTE_KINDS: Final = ("kernel", "memcpy", "memset")
@@ -58,6 +60,7 @@ class Call:
     ready_ns: int     # compute busy time of the step before the call was launched
     dur_ns: int       # measured kernel time (includes any wait for other ranks)
     world: int        # group size in the Run
+    elems: int = 0    # values it carries
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,12 @@ class Profile:
         total = sum(s.collective_ns for s in self.steps)
         return sum(s.overlapped_ns for s in self.steps) / total if total else 0.0
 
+    @property
+    def grad_elems(self) -> int:
+        """Values the gradient all-reduce kernels carry per step (median; 0 without them)."""
+        return int(statistics.median(sum(c.elems for c in st.calls if c.op == "all_reduce")
+                                     for st in self.steps))
+
     def measured_link(self) -> Link | None:
         """Alpha-beta fitted to the Run's own all-reduce kernels (waits included)."""
         ms = tuple(Measurement("all_reduce", c.nbytes, c.dur_ns * 1e-9) for s in self.steps
@@ -124,7 +133,7 @@ def _call(args_text: str, ready: int, dur: int) -> Call | None:
     dtype = str(args.get("dtype", "float")).lower()
     elems = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
     return Call(op, elems * _DTYPE_BYTES.get(dtype, 4), ready, dur,
-                int(args.get("Group size", 0) or 0))
+                int(args.get("Group size", 0) or 0), elems)
 
 
 def _busy_before(starts: I64, ends: I64, t: int) -> int:
@@ -140,8 +149,19 @@ def _column(table: pa.Table, name: str) -> I64:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
-def profile(run: Run, grad_bytes: int | None = None) -> Profile:
-    """Per-step compute, collectives and overlap of every rank of the Run."""
+def _host_steps(run: Run) -> list[StepProfile]:
+    """A Run without device work (a CPU Run): each marked step's span is its compute."""
+    table = run.table("steps", ["rank", "step", "start", "end"])
+    return [StepProfile(int(r), int(s), int(e - b), int(e - b), 0, 0, ())
+            for r, s, b, e in zip(*(_column(table, c) for c in ("rank", "step", "start", "end")),
+                                  strict=True) if e > b]
+
+
+def profile(run: Run, grad_bytes: int | None = None, *,
+            shaped_grad_bytes: int | None = None) -> Profile:
+    """Per-step compute, collectives and overlap of every rank of the Run. Gradient bytes:
+    `grad_bytes` (--grad-bytes), else the Run's all-reduce kernels, else `shaped_grad_bytes`
+    (the parameters its layers' shapes show)."""
     table = run.table("events", columns=["rank", "ts", "dur", "kind", "step", "args"])
     kinds = pc.cast(table.column("kind"), pa.string())
     table = table.filter(pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"])))
@@ -173,27 +193,32 @@ def profile(run: Run, grad_bytes: int | None = None) -> Profile:
         lo = int(min(cs[0], ts[rows].min()))
         hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
         steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls)))
+    compute_source = "measured"
+    if not steps and len(table) == 0:
+        steps, whole_run, compute_source = _host_steps(run), False, "step spans (no device work)"
     if not steps:
-        raise PerfswarmError(f"{run.path}: no device kernels; nothing to project")
+        raise PerfswarmError(f"{run.path}: no device kernels or marked steps; nothing to "
+                             "project")
     world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
     measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
-    if grad_bytes is not None:
-        if grad_bytes <= 0:
-            raise ParameterError("grad_bytes", f"must be positive, got {grad_bytes}")
-        source = "--grad-bytes"
+    if grad_bytes is not None and grad_bytes <= 0:
+        raise ParameterError("grad_bytes", f"must be positive, got {grad_bytes}")
+    if grad_bytes is None and any(measured):
+        grad_bytes, source = int(statistics.median(measured)), "collective kernels"
+    elif grad_bytes is not None or shaped_grad_bytes:
+        grad_bytes, source = ((grad_bytes, "--grad-bytes") if grad_bytes is not None
+                              else (shaped_grad_bytes or 0, "parameter shapes"))
         if not any(measured):
             # No collectives to learn from: one all-reduce of the gradients after the backward.
             steps = [StepProfile(st.rank, st.step, st.wall_ns, st.compute_ns, 0, 0,
                                  (Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
                      for st in steps]
-    elif any(measured):
-        grad_bytes, source = int(statistics.median(measured)), "collective kernels"
     else:
-        raise ParameterError(None, "no all-reduce kernels with sizes in the Run; give the "
-                             "gradient size with {grad_bytes}", subject=run.path)
+        raise ParameterError(None, "no all-reduce kernels with sizes and no layer shapes in "
+                             "the Run; give the gradient size with {grad_bytes}",
+                             subject=run.path)
     return Profile(tuple(sorted({st.rank for st in steps})), tuple(steps), world, grad_bytes,
-                   source, whole_run)
-
+                   source, whole_run, compute_source)
 
 def simulate_step(ranks: Sequence[StepProfile], topology: Topology,
                   config: CollectiveConfig) -> tuple[float, float]:
@@ -277,6 +302,8 @@ class Projection:
     points: tuple[Point, ...]
     options: tuple[Choice, ...]     # every network x scheme at the largest device count
     recommended: Choice
+    layouts: LayoutChoice | None    # data, tensor, pipeline parallel at the largest count
+    layouts_note: str               # why there are none
 
     def to_dict(self) -> dict[str, Any]:
         measured = self.profile.measured_link()
@@ -286,7 +313,9 @@ class Projection:
                 "devices_per_node": self.per_node, "scheme": self.scheme,
                 "points": [p.to_dict() for p in self.points],
                 "options": [c.to_dict() for c in self.options],
-                "recommended": self.recommended.to_dict()}
+                "recommended": self.recommended.to_dict(),
+                "layouts": self.layouts.to_dict() if self.layouts else None,
+                "layouts_note": self.layouts_note}
 
 
 def default_intra(run: Run) -> str:
@@ -297,17 +326,35 @@ def default_intra(run: Run) -> str:
     return "nvswitch-a100" if "A100" in names or "A800" in names else "pcie4"
 
 
+def _memory(run: Run, device: str | None, memory_gb: float | None) -> float | None:
+    """Memory per device for the layouts: --memory-gb, else the --device spec's, else the
+    Run's own devices' (None on a Run without devices)."""
+    if memory_gb is not None:
+        if not memory_gb > 0:
+            raise ParameterError("memory_gb", f"must be positive, got {memory_gb}")
+        return memory_gb * 1e9
+    if device is not None:
+        return load_spec(device).memory_bytes
+    sizes = [float(d["totalGlobalMem"]) for d in run.manifest().get("devices", [])
+             if isinstance(d.get("totalGlobalMem"), int | float)]
+    return min(sizes) if sizes else None
+
+
 def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-ndr",
             bandwidth_gbps: float | None = None, scheme: Scheme = "ring",
             intra_name: str | None = None, per_node: int = 8, servers: int = 1,
             grad_bytes: int | None = None, intra_link: Link | None = None,
-            device: str | None = None) -> Projection:
+            device: str | None = None, memory_gb: float | None = None) -> Projection:
     """`intra_link` (a measured one, see collective_fit.link_of_profile) replaces the
-    bundled intra-node link; with `device`, compute is predicted on that GPU."""
+    bundled intra-node link; with `device`, compute is predicted on that GPU. The layouts of
+    the Run's model (optimize.layouts) are chosen for the largest device count."""
     if not devices or min(devices) < 1:
         raise ParameterError("devices", "give positive device counts, e.g. 1,2,4,8")
     devices = sorted(set(devices))
-    prof = profile(run, grad_bytes)
+    memory = _memory(run, device, memory_gb)
+    shaped = run_model(run, min(run.manifest().get("ranks") or [0]))
+    prof = profile(run, grad_bytes,
+                   shaped_grad_bytes=shaped.params * shaped.value_bytes or None)
     if device is not None:
         prof = on_device(run, prof, device)
     intra = intra_link or interconnect(intra_name or default_intra(run))
@@ -323,8 +370,20 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
     options = tuple(Choice(net.name, s, curve(prof, largest, intra, net, per_node,
                                               CollectiveConfig(s, servers))[0].efficiency)
                     for net in networks for s in SCHEMES)
+    if prof.grad_elems:
+        shaped = replace(shaped, params=prof.grad_elems, params_source="gradient all-reduce",
+                         value_bytes=prof.grad_bytes // prof.grad_elems)
+    chosen, note = None, ""
+    if shaped.params:
+        compute = statistics.median(max(st.compute_ns for st in group)
+                                    for group in prof.per_step().values()) * 1e-9
+        chosen = choose_layout(shaped, compute, devices[-1], per_node=per_node, intra=intra,
+                               inter=inter, memory_bytes=memory)
+    else:
+        note = ("no parameter count: no gradient all-reduce kernels with sizes and no layer "
+                "shapes (record with shapes)")
     return Projection(prof, intra, inter, per_node, scheme, tuple(points), options,
-                      recommend(options))
+                      recommend(options), chosen, note)
 
 
 def on_device(run: Run, prof: Profile, device: str) -> Profile:
