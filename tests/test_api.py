@@ -115,10 +115,11 @@ def test_library_errors_name_parameters_the_cli_flags(notebook: dict[str, Any],
     assert main(["project", str(run.path), "--devices", "0"]) == 2
     assert capsys.readouterr().err.strip() == (
         "perfswarm: error: --devices: give positive device counts, e.g. 1,2,4,8")
-    amd = perfswarm.import_traces(corpus("amd"), out=notebook["here"] / "amd.run")
+    # no collectives and no layer shapes: nothing gives the gradients' size
+    bare = perfswarm.import_traces(corpus("simple_add"), out=notebook["here"] / "bare.run")
     with pytest.raises(perfswarm.ParameterError, match=r"gradient size with grad_bytes$"):
-        amd.project([1, 2])
-    assert main(["project", str(amd.path), "--devices", "1,2"]) == 2
+        bare.project([1, 2])
+    assert main(["project", str(bare.path), "--devices", "1,2"]) == 2
     assert capsys.readouterr().err.strip().endswith("gradient size with --grad-bytes")
 
 

@@ -420,5 +420,7 @@ def report_projection(run: Run) -> tuple[dict[str, Any] | None, str]:
     or None and why not (a Run without collectives needs `project --grad-bytes`)."""
     try:
         return project(run, DEFAULT_DEVICES).to_dict(), ""
+    except ParameterError as exc:  # the report's reader runs `perfswarm project`: its flags
+        return None, exc.message(lambda name: "--" + name.replace("_", "-"))
     except PerfswarmError as exc:
         return None, str(exc)
