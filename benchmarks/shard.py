@@ -19,7 +19,9 @@ from pathlib import Path
 import orjson
 
 from perfswarm.model.collective_fit import gmae
-from perfswarm.optimize.shard import Table, Workload, calibrate, measure_plan, shard
+from perfswarm.model.embedding import Table
+from perfswarm.optimize.shard import Workload, measure_plan, shard
+from perfswarm.record.bench.embedding import calibrate
 
 GOAL = 0.20
 SETS: dict[str, Workload] = {

@@ -11,26 +11,25 @@ from hypothesis import strategies as st
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
-from perfswarm.optimize.shard import (
-    PROBE_BATCHES,
-    STRATEGIES,
+from perfswarm.model.embedding import (
     EmbeddingCost,
-    Plan,
-    Strategy,
     Table,
-    Workload,
     _harmonic,
-    calibrate,
     fit_cost,
     hit_fraction,
-    load_workload,
     lookups,
+)
+from perfswarm.optimize.shard import (
+    STRATEGIES,
+    Plan,
+    Strategy,
+    Workload,
+    load_workload,
     measure_plan,
     plan,
-    probe_tables,
     shard,
-    time_tables,
 )
+from perfswarm.record.bench.embedding import PROBE_BATCHES, calibrate, probe_tables, time_tables
 
 YAML = """\
 batch_size: 256
@@ -154,6 +153,18 @@ def test_predictions_track_measured_embedding_bags(tables_yaml: Path) -> None:
     assert split.device_s[0] > 5 * split.device_s[1]
     measured = measure_plan(work, split, iters=10)
     assert measured[0] > measured[1] > 0
+
+
+def test_timing_leaves_torchs_thread_count_as_it_was() -> None:
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert time_tables([Table("small", 100, 8, 2.0)], 16, iters=2) > 0
+        assert torch.get_num_threads() == 2  # timed on one thread, then given back
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_measurement_needs_a_torch_dtype() -> None:

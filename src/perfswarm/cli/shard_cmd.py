@@ -12,7 +12,9 @@ from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
-from perfswarm.optimize.shard import EmbeddingCost, calibrate, load_workload, shard
+from perfswarm.model.embedding import EmbeddingCost
+from perfswarm.optimize.shard import load_workload, shard
+from perfswarm.record.bench.embedding import calibrate
 
 
 @app.command("shard")
