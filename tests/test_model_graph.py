@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import events
+from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events, tensor_handoffs
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepWindow, iterations
@@ -92,6 +93,25 @@ def test_a_thread_that_waited_for_another_follows_it() -> None:
                    (0, 4000 * US, 10 * US, "cpu_op", "poll", 1, -1, -1, -1),
                    (0, 4020 * US, 100 * US, "cpu_op", "main", 2, -1, -1, -1)])
     assert len(_graph(lone)[0].src) == 0
+
+
+def test_the_simulator_follows_the_critical_paths_hand_overs(corpus_runs: dict[str, Run]) -> None:
+    """One definition of a hand-over between threads (dependencies.thread_wakes): each one the
+    A100 DDP trace's critical path takes (main -> autograd thread at backward, and back) is an
+    edge of the graph, into the resumed thread's first node from then on."""
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    g = build_graph(ev, dependencies(ev, sync_events(run, ev)), iterations(run, ev).steps)
+    path = critical_path(ev, sync_events(run, ev))
+    assert path is not None and len(path.handovers) == 6
+    host = (g.role[g.src] == HOST) & (g.role[g.dst] == HOST)
+    tid = ev.tid[g.row]
+    edges = set(zip(tid[g.src[host]].tolist(), tid[g.dst[host]].tolist(),
+                    g.ts[g.dst[host]].tolist(), strict=True))
+    for h in path.handovers:
+        theirs = np.sort(g.ts[(g.role == HOST) & (tid == h.to_tid)])
+        first = int(theirs[np.searchsorted(theirs, h.at)])
+        assert (h.from_tid, h.to_tid, first) in edges
 
 
 def test_anchors_bracket_each_step_on_the_main_thread() -> None:

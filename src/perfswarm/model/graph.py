@@ -13,9 +13,10 @@ start dependency is met; it ends after its duration and once every end dependenc
 met. Dependencies (see analyze/dependencies.py): a device op starts a launch latency
 after its launch call starts and a stream gap after an event it waits on; a
 synchronizing call ends a sync latency after the device op it waited for; a collective
-ends no earlier than its transfer time after the last rank entered it; a thread that sat
-idle and resumed right after another thread of its rank finished resumes no earlier
-than that (the main thread waiting for the autograd thread, or for a DataLoader worker); an
+ends no earlier than its transfer time after the last rank entered it; a thread that
+another thread of its rank handed over to (dependencies.thread_wakes, as the critical path
+defines it) resumes no earlier than that thread finished (the main thread waiting for the
+autograd thread, or for a DataLoader worker); an
 op that consumes a tensor another thread's op produced (execution-trace data edges) starts
 after it.
 
@@ -32,12 +33,7 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import (
-    WAKE_MAX_LAG_NS,
-    WAKE_MAX_LAG_SHARE,
-    WAKE_MIN_GAP_NS,
-    Dependencies,
-)
+from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
 from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import DEVICE_OPS
@@ -235,10 +231,12 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
     node_of: dict[int, int] = {}
     anchors: dict[int, list[tuple[int, int, int]]] = {}
     lane_nodes: list[list[int]] = []
-    for _key, thread in sorted(group_rows(lane_key(ev.rank[host], ev.tid[host]), host).items()):
+    lane_of_thread: dict[int, int] = {}
+    for key, thread in sorted(group_rows(lane_key(ev.rank[host], ev.tid[host]), host).items()):
         pieces = host_segments(ev, thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))])
         rank, tid = int(ev.rank[thread[0]]), int(ev.tid[thread[0]])
         lane = b.new_lane(True, rank)
+        lane_of_thread[key] = lane
         # (time, order, index or step): anchors that end a step sort before what starts then
         items = [(lo, 2, i) for i, (_row, lo, _hi, _top) in enumerate(pieces)]
         if tid == _main_thread(ev, host, rank):
@@ -290,7 +288,7 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
             # than the trace shows (the gap cannot explain a later start: launches do).
             gap[arr[1:]] = np.minimum(gap[arr[1:]], lags[rank].stream_gap_ns)
     _device_edges(b, ev, deps, node_of, lags, dur)
-    _wake_edges(b, lane_nodes, ts, dur, gap)
+    _wake_edges(b, thread_wakes(ev), lane_of_thread, lane_nodes, gap)
     for producer, consumer in handoffs:
         if producer in last_of and consumer in node_of:
             b.edge(last_of[producer], END, node_of[consumer], START,
@@ -349,38 +347,30 @@ def _sync_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, 
                 b.edge(node_of[target], END, node_of[c], END, max(lag, 0))
 
 
-def _wake_edges(b: _Builder, lane_nodes: list[list[int]], ts: I64, dur: I64, gap: I64) -> None:
-    """A host node after a long idle stretch of its thread, when another thread of its rank
-    worked through that stretch and finished shortly before, waited for that thread: it
-    starts no earlier than that thread's last node ended (plus the measured hand-over), and
-    the idle stretch itself no longer holds it back."""
-    by_rank: dict[int, list[I64]] = {}
-    for lane, nodes in enumerate(lane_nodes):
-        if b.lane_is_host[lane] and nodes:
-            by_rank.setdefault(b.lane_rank[lane], []).append(np.array(nodes, np.int64))
-    for lanes in by_rank.values():
-        if len(lanes) < 2:
+def _wake_edges(b: _Builder, wakes: Mapping[int, Wakes], lane_of_thread: Mapping[int, int],
+                lane_nodes: list[list[int]], gap: I64) -> None:
+    """A thread that another thread of its rank handed over to (dependencies.thread_wakes: the
+    hand-overs the critical path follows) resumes no earlier than the node of the other thread
+    that ended the work it waited for (plus the measured hand-over), and the idle stretch
+    before its first node after that no longer holds it back."""
+    ev = b.ev
+    ts = np.array(b.ts, np.int64)
+    end = ts + np.array(b.dur, np.int64)  # as measured
+    for key, found in sorted(wakes.items()):
+        if key not in lane_of_thread:
             continue
-        ends = []
-        for ids in lanes:
-            order = np.argsort(ts[ids] + dur[ids], kind="stable")
-            ends.append((ids[order], (ts[ids] + dur[ids])[order]))
-        for i, ids in enumerate(lanes):
-            for v in ids[gap[ids] >= WAKE_MIN_GAP_NS].tolist():
-                idle_from = int(ts[v] - gap[v])
-                best: tuple[int, int] | None = None
-                for j, (other, other_end) in enumerate(ends):
-                    if j == i:
-                        continue
-                    last = int(np.searchsorted(other_end, ts[v], side="right")) - 1
-                    first = int(np.searchsorted(other_end, idle_from, side="right"))
-                    # the other thread worked (two or more nodes) while this one sat idle,
-                    # and handed over soon after its last one
-                    handed_over = ts[v] - other_end[last] <= max(
-                        WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * gap[v])
-                    if last - first >= 1 and handed_over and (
-                            best is None or other_end[last] > best[1]):
-                        best = (int(other[last]), int(other_end[last]))
-                if best is not None:
-                    b.edge(best[0], END, v, START, int(ts[v] - best[1]))
-                    gap[v] = 0
+        nodes = np.array(lane_nodes[lane_of_thread[key]], np.int64)
+        firsts = np.searchsorted(ts[nodes], found.resume, side="left")
+        for first, waker, waker_end in zip(firsts.tolist(), found.waker.tolist(),
+                                           found.waker_end.tolist(), strict=True):
+            other = lane_of_thread.get(int(lane_key(int(ev.rank[waker]), int(ev.tid[waker]))))
+            if first >= len(nodes) or other is None:
+                continue
+            theirs = np.array(lane_nodes[other], np.int64)
+            # a thread's pieces follow one another: their ends rise with their starts
+            last = int(np.searchsorted(end[theirs], waker_end, side="right")) - 1
+            if last < 0:
+                continue
+            v, w = int(nodes[first]), int(theirs[last])
+            b.edge(w, END, v, START, max(0, int(ts[v] - end[w])))
+            gap[v] = 0
