@@ -34,6 +34,17 @@ def test_zero_memory_is_the_papers() -> None:
     assert got == [120.0, 31.4, 16.6, 1.9]
 
 
+def test_training_flops_count_attention() -> None:
+    """Narayanan et al. eq. 3 without recomputation (72 B s l h^2 (1 + s/6h + V/12lh)) is 6 x
+    params x tokens plus 12 s h per token and layer, with params = 12 l h^2 + V h."""
+    layers, h, s, b, vocab = 96, 12288, 2048, 1536, 51200
+    params = 12 * layers * h * h + vocab * h
+    model = transformer(params, layers, h, 96, s, b)
+    paper = 72 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    assert model.training_flops() == pytest.approx(paper, rel=1e-12)
+    assert Model(1e6, 8).training_flops() == 6 * 1e6 * 8  # no layers known: 6 x params
+
+
 def test_bubble_traffic_and_activations() -> None:
     e = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
                  work_s=work(GPT3))

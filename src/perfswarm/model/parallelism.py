@@ -84,9 +84,12 @@ class Model:
             raise PerfswarmError("model: every size must be positive")
 
     def training_flops(self) -> float:
-        """6 * Psi * tokens: forward 2, backward 4 per parameter and token (Kaplan et al.)."""
+        """FLOPs of one step: 6 * Psi per token (forward 2, backward 4 per parameter; Kaplan et
+        al., 2020) plus, in a transformer, the attention's two s x s products: 4*s*h per token
+        and layer forward, 12*s*h with the backward (Narayanan et al., SC'21, section 5.1)."""
         tokens = self.global_batch * (self.blocks.seq if self.blocks else 1)
-        return 6 * self.params * tokens
+        b = self.blocks
+        return tokens * (6 * self.params + (12 * b.layers * b.seq * b.hidden if b else 0))
 
 
 def transformer(params: float, layers: int, hidden: int, heads: int, seq: int,
