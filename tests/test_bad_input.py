@@ -68,8 +68,7 @@ def test_bad_trace_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert str(path) in err
-    if streaming == "never" or case not in ("ts is a string",):
-        assert message.split(" - at")[0] in err or message in err
+    assert message in err
     assert not out.exists()
     assert list(tmp_path.iterdir()) == [path]  # no partial run directory left
 

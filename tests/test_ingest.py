@@ -158,7 +158,7 @@ def test_ranks_from_distributed_info_and_flag(tmp_path: Path) -> None:
 
 
 def test_streaming_path_equals_in_memory(tmp_path: Path) -> None:
-    """The out-of-core path (ijson + DuckDB) against the in-memory reference."""
+    """The out-of-core path (event splitter + DuckDB) against the in-memory reference."""
     src = [corpus("nccl")]
     a = import_traces(src, tmp_path / "mem.run", ImportOptions(streaming="never"), ["t"])
     b = import_traces(src, tmp_path / "stream.run", ImportOptions(streaming="always"), ["t"])

@@ -75,7 +75,7 @@ def chunks(path: Path, f: IO[bytes], limit: int | None = None) -> Iterator[bytes
 
 
 class _Inflated(io.RawIOBase):
-    """`chunks` as a readable file (what ijson and the depth scan read), telling its offset."""
+    """`chunks` as a readable file (what the streaming path's scans read), telling its offset."""
 
     def __init__(self, path: Path) -> None:
         self._file = path.open("rb")

@@ -186,8 +186,6 @@ def not_a_trace(path: Path, head: bytes, keys: Sequence[str] = ()) -> TraceForma
         if inner == b"[":
             what += (", as torch.profiler's memory timeline export writes ([times, bytes per "
                      "category]); the trace is what export_chrome_trace writes")
-        elif inner == b"{":
-            what += " (Chrome's array format), which is read whole, not streamed"
     elif first == b"{":
         shown = ", ".join(f"`{k}`" for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
         what = f"an object with keys {shown}" if keys else "an empty object"
@@ -226,8 +224,13 @@ _AT_INDEX = re.compile(r"\$\[(\d+)\]")
 
 def decode_events(path: Path, raws: Sequence[msgspec.Raw], first: int) -> list[KEvent]:
     """Typed decode of a slice of traceEvents; errors name the index in the whole file."""
+    return decode_event_text(path, b"[" + b",".join(raws) + b"]", first)
+
+
+def decode_event_text(path: Path, text: bytes, first: int) -> list[KEvent]:
+    """Typed decode of a JSON array of events, the `first`-th of the file's onwards."""
     try:
-        return msgspec.json.decode(b"[" + b",".join(raws) + b"]", type=list[KEvent])
+        return msgspec.json.decode(text, type=list[KEvent])
     except msgspec.ValidationError as exc:
         where = _AT_INDEX.sub(lambda m: f"$.traceEvents[{int(m.group(1)) + first}]", str(exc))
         raise TraceFormatError(path, "json", f"wrong structure: {where}") from None
