@@ -159,6 +159,14 @@ def _node_seconds(model: KernelModel, works: list[list[Work]], hw: Hardware) -> 
     return out
 
 
+def source_dir(gpu: str, case: str) -> Path | None:
+    """The labels of the run a forecast for `gpu` starts from: the first of SOURCES, other
+    than `gpu`, that measured `case`."""
+    return next((d for s in SOURCES if s != gpu
+                 and ((d := DATA / "labels" / s.replace(" ", "_")) / f"{case}.csv.gz").exists()),
+                None)
+
+
 def _total(nodes: list[Node], per_node: list[float], layers: int) -> float:
     return sum(t * (layers if n.in_layer else 1) for n, t in zip(nodes, per_node, strict=True))
 
@@ -201,11 +209,10 @@ def models_table(holdouts: list, full: KernelModel) -> None:  # type: ignore[typ
             graph = 1e3 * _total(nodes, [a + b for a, b in zip(fw, bw, strict=True)], layers)
             row = errors.setdefault(gpu, {})
             row.setdefault("op graph", []).append(abs(graph / measured - 1))
-            source = next((s for s in SOURCES if s != gpu and (
-                DATA / "labels" / s.replace(" ", "_") / f"{case}.csv.gz").exists()), None)
+            src_dir = source_dir(gpu, case)
+            source = src_dir.name.replace("_", " ") if src_dir else None
             from_run = "-"
-            if source is not None:
-                src_dir = DATA / "labels" / source.replace(" ", "_")
+            if src_dir is not None and source is not None:
                 src_nodes = label_nodes(src_dir / f"{case}.csv.gz", train_case)
                 src_hw = Hardware.of_spec(load_spec(source))
                 s_fw = _node_seconds(loo, [n.forward for n in src_nodes], src_hw)

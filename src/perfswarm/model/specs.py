@@ -92,10 +92,13 @@ def load_spec(name: str) -> DeviceSpec:
     (``h100``) or the exact name the driver gives it (``NVIDIA H100 80GB HBM3``). An unknown
     name raises a one-line error with the closest known names."""
     known = _by_lower()
-    spec = known.get(name.strip().lower())
+    query = name.strip().lower()
+    spec = known.get(query)
     if spec is None:
-        close = difflib.get_close_matches(name.strip().lower(), known, n=4, cutoff=0.4)
-        shown = list(dict.fromkeys(known[c].name for c in close)) or list(device_specs())[:6]
+        # the variants a name starts (A100: its PCIe and SXM, 40 and 80 GB), then look-alikes
+        close = [k for k in known if k.startswith(query)] if query else []
+        close += difflib.get_close_matches(query, known, n=4, cutoff=0.4)
+        shown = list(dict.fromkeys(known[c].name for c in close))[:6] or list(device_specs())[:6]
         raise PerfswarmError(f"--device {name}: unknown device; closest known: "
                              f"{', '.join(shown)}")
     return spec

@@ -1,0 +1,128 @@
+"""Op graphs written as Kineto traces (trace/opgraph.py) and forecast by `predict --device`, as
+recorded on a CPU and on a GPU; the GPU forecast's bad inputs."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+
+from perfswarm.analyze.frame import Events
+from perfswarm.cli.main import main
+from perfswarm.model.gpu.aten import op_kernels
+from perfswarm.model.gpu.forecast import op_seconds
+from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.learned import bundled
+from perfswarm.model.gpu.opgraph import HOST_OP_NS
+from perfswarm.model.kernels import GPU_FLOOR_NS
+from perfswarm.model.opcost import Shapes
+from perfswarm.model.predict import Change, predict
+from perfswarm.model.specs import load_spec
+from perfswarm.trace import opgraph
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+from test_model_gpu import _small_dataset
+
+F = "float"
+# one training iteration of a 512 -> 1024 linear layer and a GELU on 64 rows
+X, W, B, Y = (64, 512), (1024, 512), (1024,), (64, 1024)
+FORWARD = [("aten::linear", (X, W, B)), ("aten::gelu", (Y,))]
+BACKWARD = [("aten::gelu_backward", (Y, Y), "GeluBackward0"),
+            ("aten::mm", (Y, W), "AddmmBackward0"), ("aten::mm", ((1024, 64), X), "AddmmBackward0"),
+            ("aten::sum", (Y,), "AddmmBackward0")]
+OPS = [(n, Shapes(d, (F,) * len(d))) for n, d in FORWARD] + [
+    (n, Shapes(d, (F,) * len(d))) for n, d, _ in BACKWARD]
+
+
+def _ops(kernel_ns: int = 0) -> list[opgraph.TraceOp]:
+    fw = [opgraph.TraceOp(n, d, (F,) * len(d)) for n, d in FORWARD]
+    bw = [opgraph.TraceOp(n, d, (F,) * len(d), grad) for n, d, grad in BACKWARD]
+    if kernel_ns:  # a GPU run: every op one kernel of that length
+        return [opgraph.TraceOp(o.name, o.dims, o.types, o.grad_fn, (("sgemm_128x64_nn"
+                                if "mm" in o.name or "linear" in o.name else
+                                "vectorized_elementwise_kernel", kernel_ns),)) for o in fw + bw]
+    return fw + bw
+
+
+def _run(tmp: Path, ops: list[opgraph.TraceOp], device: dict[str, object] | None) -> Run:
+    path = opgraph.write(tmp / "graph.json", [ops, ops, ops], device)
+    return import_traces([path], tmp / "graph.run", ImportOptions(), ["test"])
+
+
+def test_cpu_recorded_op_graph_forecast_on_a_gpu(tmp_path: Path) -> None:
+    """Forward and backward ops with shapes, as the profiler records them on a CPU, become
+    the GPU kernels they launch: the device time per iteration is the model's price of
+    exactly those ops; the host launches them at the GPU host's time per op."""
+    run = _run(tmp_path, _ops(), None)
+    raw = orjson.loads((tmp_path / "graph.json").read_bytes())["traceEvents"]
+    assert sum(e.get("name", "").startswith("ProfilerStep#") for e in raw) == 3
+    assert [e["name"] for e in raw if e.get("cat") == "cpu_op"][:8] == [
+        "aten::linear", "aten::gelu", "autograd::engine::evaluate_function: GeluBackward0",
+        "GeluBackward0", "aten::gelu_backward",
+        "autograd::engine::evaluate_function: AddmmBackward0", "AddmmBackward0", "aten::mm"]
+    a100 = load_spec("A100-PCIE-40GB")
+    p = predict(run, Change(device=a100.name))
+    priced = op_seconds([(n, s, False) for n, s in OPS], a100)
+    device_ns = sum(round(found[0] * 1e9) for found in priced if found is not None)
+    assert all(found is not None for found in priced) and len(p.steps) == 3
+    for step in p.steps:
+        assert step.device_active_ns["predicted"] == pytest.approx(device_ns, abs=len(OPS))
+        assert step.predicted_ns >= len(OPS) * HOST_OP_NS
+    assert p.kernels == {"priced": 3, "unpriced": 0}
+
+
+def test_gpu_recorded_op_graph_reproduced_and_moved(tmp_path: Path) -> None:
+    """Recorded on an A100 (every op one 200 us kernel): predict reproduces the iterations at
+    the recorded configuration, and on a T4 every kernel is its time on the A100 scaled by the
+    model's ratio of its op's kernels (beyond the launch floor)."""
+    a100, t4 = load_spec("A100-PCIE-40GB"), load_spec("T4")
+    ns = 200_000
+    run = _run(tmp_path, _ops(ns), {"name": a100.names[0], "totalGlobalMem":
+                                    int(a100.memory_bytes), "numSms": a100.compute_units})
+    ev = Events.load(run)
+    assert int(ev.of_kind("kernel").sum()) == 3 * len(OPS)
+    same = predict(run)
+    assert same.source_device == a100.name
+    for step in same.steps:
+        assert abs(step.predicted_ns / step.measured_ns - 1) < 0.02
+    moved = predict(run, Change(device="T4"))
+    model = bundled()
+    expected = 0
+    for name, shapes in OPS:
+        works = op_kernels(name, shapes) or []
+        ratio = (model.seconds(works, Hardware.of_spec(t4)).sum()
+                 / model.seconds(works, Hardware.of_spec(a100)).sum())
+        expected += GPU_FLOOR_NS + round((ns - GPU_FLOOR_NS) * ratio)
+    for step in moved.steps:
+        assert step.device_active_ns["predicted"] == pytest.approx(expected, rel=1e-3)
+        assert step.predicted_ns > step.measured_ns  # the T4 is the slower GPU
+
+
+def test_forecast_bad_inputs(corpus_runs: dict[str, Run], tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    """One line naming the file or flag and the problem, exit 2, nothing written."""
+    run = corpus_runs["cpu_only"]  # recorded without shapes
+    assert main(["predict", str(run.path), "--device", "A100-PCIe-40GB"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(run.path) in err and "record_shapes=True" in err
+    # "A100" names four devices: the error lists them first
+    assert main(["predict", str(run.path), "--device", "a100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("--device a100: unknown device; closest known: A100-40GB, "
+                                     "A100-PCIe-40GB, A100-80GB, A100-PCIe-80GB") in err
+    folder = _small_dataset(tmp_path, 5)
+    out = tmp_path / "model.npz"
+    sweep = folder / "train" / "ln" / "Tesla_T4.csv.gz"
+    lines = gzip.decompress(sweep.read_bytes()).decode().splitlines()
+    sweep.write_bytes(gzip.compress("\n".join([lines[0], lines[1].replace(",", ",x", 1),
+                                               *lines[2:]]).encode()))
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{sweep}: line 2: missing or malformed column" in err
+    sweep.write_bytes(gzip.compress("\n".join(lines).encode())[:40])  # cut short
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{sweep}: not a readable gzip CSV" in err
+    assert not out.exists()
