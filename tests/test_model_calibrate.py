@@ -53,6 +53,35 @@ def test_learned_correction_fits_what_the_roofline_cannot() -> None:
                                                                   rel=0.35)
 
 
+def _conv(batch: int, c: int, hw: tuple[int, ...], seconds: float | None = None) -> Point:
+    dims = ((batch, c, *hw), (c, c, *(3 for _ in hw)), (c,))
+    cost = op_cost("aten::conv2d", [list(d) for d in dims], ["float"] * 3)
+    assert cost is not None
+    return Point(cost, 1e-5 + cost.flops * 1e-11 if seconds is None else seconds, dims)
+
+
+def test_learned_correction_is_held_at_the_sweep_edge() -> None:
+    """Past the sweep the correction stays what it was at the sweep's edge, so doubling the
+    channels there costs what the roofline says; a 1-D convolution (another layout) takes the
+    sweep's mean correction, not one read off its dimensions in the wrong places."""
+    # twice the roofline's time at the widest channels swept: a correction rising with them
+    points = [_conv(b, c, (hw, hw)) for b in (4, 16) for c in (16, 32, 64, 128)
+              for hw in (8, 16, 32)]
+    points = [Point(p.cost, p.seconds * (2.0 if p.dims[1][0] == 128 else 1.0), p.dims)
+              for p in points]
+    roofline = fit(points)
+    learned = LearnedModel(roofline, tuple(points))
+    wide, wider = _conv(32, 256, (64, 64)), _conv(32, 512, (64, 64))
+    ratio = learned.predict(wider.cost, wider.dims) / learned.predict(wide.cost, wide.dims)
+    assert ratio == pytest.approx(roofline.predict(wider.cost) / roofline.predict(wide.cost))
+    edge = _conv(16, 128, (32, 32))
+    assert learned.correction(wide.cost, wide.dims) == pytest.approx(
+        learned.correction(edge.cost, edge.dims))
+    audio = _conv(16, 64, (4000,))
+    mean = sum(math.log(p.seconds / roofline.predict(p.cost)) for p in points) / len(points)
+    assert learned.correction(audio.cost, audio.dims) == pytest.approx(mean)
+
+
 def test_gemm_layout_is_swept_and_learned() -> None:
     """The three operand layouts (row-major, B column-major, A column-major) are swept and held
     out alike, and the learned model tells them apart: here a column-major B costs a pass over

@@ -84,12 +84,41 @@ def fit(points: Sequence[Point]) -> FamilyModel:
     return FamilyModel(tuple(float(c) for c in coef / scale))
 
 
+def _layout(cost: OpCost, dims: Sequence[Sequence[int]]) -> tuple[int, ...] | None:
+    """The input ranks the learned features are read in: None for a GEMM (its features are its
+    canonical (batch, m, k, n), whatever op carried it), else each input's rank (a 1-D
+    convolution's [N, C, L] read as a 2-D one's [N, C, H, W] would put its channels where the
+    sweep had its heights)."""
+    if cost.family == "gemm" and gemm_dims(cost.op, dims) is not None:
+        return None
+    return tuple(len(d) for d in dims)
+
+
 @dataclass(frozen=True, eq=False)
 class LearnedModel:
-    """The roofline times exp(gp(log-shape features)), the GP fitted to its log residual."""
+    """The roofline times exp(gp(log-shape features)), the GP fitted to its log residual.
+
+    The correction is learned where the sweep was: a query past the sweep's range in some
+    feature is read at the range's edge (its correction held there, so beyond the sweep the
+    time scales as the roofline does: a correction learned on 3x3 convolutions up to 128
+    channels had doubled channels past them cost 7.2-7.6x where the roofline says 3.7x), and
+    a query in another layout than every sweep point (`_layout`) takes the sweep's mean
+    correction."""
 
     roofline: FamilyModel
     points: tuple[Point, ...]
+
+    @cached_property
+    def _features(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.array([shape_features(p.cost, p.dims) for p in self.points])
+
+    @cached_property
+    def _residual(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.log([p.seconds / self.roofline.predict(p.cost) for p in self.points])
+
+    @cached_property
+    def _layouts(self) -> frozenset[tuple[int, ...] | None]:
+        return frozenset(_layout(p.cost, p.dims) for p in self.points)
 
     @cached_property
     def _gp(self) -> Any:
@@ -97,8 +126,7 @@ class LearnedModel:
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
-        x = np.array([shape_features(p.cost, p.dims) for p in self.points])
-        residual = np.log([p.seconds / self.roofline.predict(p.cost) for p in self.points])
+        x = self._features
         kernel = (ConstantKernel(0.1, (1e-4, 10.0)) * RBF(np.full(x.shape[1], 2.0), (0.3, 1e3))
                   + WhiteKernel(0.01, (1e-5, 1.0)))
         # normalize_y: far from the sweep the correction returns to its mean over the sweep, not
@@ -107,11 +135,18 @@ class LearnedModel:
                                       normalize_y=True)
         with warnings.catch_warnings():  # a length scale at its bound: that feature is unused
             warnings.simplefilter("ignore", ConvergenceWarning)
-            return gp.fit(x, residual)
+            return gp.fit(x, self._residual)
+
+    def correction(self, cost: OpCost, dims: Sequence[Sequence[int]] = ()) -> float:
+        """The learned log correction of the roofline at this op (see the class)."""
+        if _layout(cost, dims) not in self._layouts:
+            return float(np.mean(self._residual))
+        x = np.clip(np.array(shape_features(cost, dims)), self._features.min(axis=0),
+                    self._features.max(axis=0))
+        return float(self._gp.predict(x[None, :])[0])
 
     def predict(self, cost: OpCost, dims: Sequence[Sequence[int]] = ()) -> float:
-        correction = float(self._gp.predict(np.array([shape_features(cost, dims)]))[0])
-        return self.roofline.predict(cost) * math.exp(correction)
+        return self.roofline.predict(cost) * math.exp(self.correction(cost, dims))
 
 
 KernelModel = FamilyModel | LearnedModel
