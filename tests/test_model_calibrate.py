@@ -12,6 +12,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import column_major, op_cost
 from perfswarm.model.profile import (
     FAMILIES,
+    UNUSABLE_GMAE,
     WARM_FAMILIES,
     FamilyModel,
     LearnedModel,
@@ -143,6 +144,24 @@ def test_calibrate_tiny_budget_profile_round_trip() -> None:
     gemm = op_cost("aten::mm", [[64, 64], [64, 64]], ["float", "float"])
     assert gemm is not None and profile.models["gemm"].predict(gemm, ((64, 64), (64, 64))) > 0
     assert isinstance(profile.models["gemm"], FamilyModel | LearnedModel)
+    assert data["unusable"] == sorted(
+        [f for f, e in families.items() if e["gmae_held_out"] > UNUSABLE_GMAE]
+        + [f"{f} (warm)" for f, e in data["warm"].items() if e["gmae_held_out"] > UNUSABLE_GMAE])
+    assert profile.unusable() == sorted(f for f, e in families.items()
+                                        if e["gmae_held_out"] > UNUSABLE_GMAE)
+
+
+def test_a_profile_with_held_out_errors_past_use_is_flagged() -> None:
+    """A sweep that timed other load (held-out errors in the thousands of percent, as a busy
+    machine gave) reads back flagged (predict says so beside its figures)."""
+    points = [_mm(m, k) for m in (16, 64, 256, 1024) for k in (8, 128)]
+    entry = {"coef": [2e-6, 1e-10, 5e-12], "points": len(points), "chosen": "roofline",
+             "gmae_held_out": 38.3, "sweep": [{"op": "mm", "dims": [list(d) for d in p.dims],
+                                               "seconds": p.seconds} for p in points]}
+    profile = Profile.from_dict({"device": "cpu", "families": {"gemm": entry,
+                                                               "copy": dict(entry,
+                                                                            gmae_held_out=0.1)}})
+    assert profile.unusable() == ["gemm"]
 
 
 def test_sweep_passes_keep_each_points_fastest(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -237,3 +237,26 @@ def test_ops_with_matrix_products_inside_are_not_priced_as_copies(name: str) -> 
     assert data_cost(name, Shapes(dims, ("float",) * 4)) is None
     copy = data_cost("aten::lerp", Shapes(((4,), (4,)), ("float", "float")))
     assert copy is not None and copy.bytes == 48
+
+
+def test_lstm_layer_and_attention_backward_priced_by_their_matrix_products() -> None:
+    """Shapes as torch 2.x records them on the CPU (nn.LSTM(32, 64) on [10, 4, 32]; causal SDPA
+    on [4, 2, 16, 8]): the gates' GEMMs per time step, twice that backward; attention backward
+    five matrix products of L x L x D per head. H comes from hx, so a width change reaches the
+    weights' flattened 4H."""
+    lstm = ((10, 4, 32), (256, 32), (256, 64), (256,), (256,), (4, 64), (4, 64))
+    forward = data_cost("aten::mkldnn_rnn_layer", Shapes(lstm, ("float",) * 7))
+    assert forward is not None and forward.family == "rnn"
+    assert forward.flops == 10 * 4 * 256 * (2 * (32 + 64) + 10)
+    backward = data_cost("aten::mkldnn_rnn_layer_backward",
+                         Shapes((*lstm, (10, 4, 64), (4, 64), (4, 64), (10, 4, 64), (180224,)),
+                                ("float",) * 12))
+    assert backward is not None and backward.flops == 2 * forward.flops
+    wider = data_cost("aten::mkldnn_rnn_layer",
+                      Shapes(lstm, ("float",) * 7).substitute({64: 128}))
+    assert wider is not None and wider.flops == 10 * 4 * 512 * (2 * (32 + 128) + 10)
+    q = (4, 2, 16, 8)
+    attention = data_cost("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                          Shapes((q, q, q, q, q, (4, 2, 16)), ("float",) * 6))
+    assert attention is not None and attention.family == "sdpa_backward"
+    assert attention.flops == 10 * 4 * 2 * 16 * 16 * 8 + 5 * 4 * 2 * 16 * 16

@@ -101,6 +101,14 @@ def test_a_stretched_step_is_left_out(tmp_path: Path) -> None:
     assert p.predicted_error == 0 and p.steady_spread == 0
 
 
+def test_an_unusable_profile_is_named_in_the_notes(cpu_run: Run) -> None:
+    busy = Profile("cpu", 1, PROFILE.models, {"gemm": 38.3, "elementwise": 0.04})
+    notes = predict(cpu_run, Change(batch_size=2 * BATCH), profile=busy).notes
+    assert any("above 50% for gemm:" in n for n in notes)
+    assert not any("held-out" in n
+                   for n in predict(cpu_run, Change(batch_size=2 * BATCH), profile=PROFILE).notes)
+
+
 def test_replay_and_prediction_at_the_recorded_configuration(cpu_run: Run) -> None:
     p = predict(cpu_run, profile=PROFILE)
     assert [s.measured_ns for s in p.steps] == [1000 * US] * 3

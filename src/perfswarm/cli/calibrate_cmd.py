@@ -10,9 +10,10 @@ import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json, progress_bar, spinner
+from perfswarm.cli.output import console, err_console, print_json, progress_bar, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.collective_fit import calibration
+from perfswarm.model.profile import UNUSABLE_GMAE
 from perfswarm.record.bench.collectives import PASSES, sweep
 from perfswarm.record.bench.kernels import calibrate as kernel_calibration
 from perfswarm.userfiles import write_json
@@ -130,3 +131,9 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
     console.print(table)
     console.print(f"first write of a fresh page (host): {1e6 * profile['page_s']:.2f} µs")
     console.print(f"profile: {out}")
+    if profile["unusable"]:
+        err_console.print(
+            f"warning: held-out error above {100 * UNUSABLE_GMAE:.0f}% for "
+            f"{', '.join(profile['unusable'])}: the sweep timed other load more than the ops; "
+            "predictions from this profile are not usable. Calibrate again when the machine is "
+            "quieter, or with a larger --budget")

@@ -23,7 +23,8 @@ from perfswarm.model.specs import DeviceSpec
 
 # The profile family that prices each op family when the profile has no sweep of its own.
 FALLBACK: Final[Mapping[str, str]] = {
-    "conv_backward": "conv", "depthwise_conv": "conv", "sdpa": "gemm", "norm": "reduction",
+    "conv_backward": "conv", "depthwise_conv": "conv", "sdpa": "gemm", "sdpa_backward": "gemm",
+    "rnn": "gemm", "norm": "reduction",
     "softmax": "reduction", "pool": "reduction", "conv": "gemm", "embedding_bag": "copy",
     "gather": "copy",
 }

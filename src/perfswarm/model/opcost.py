@@ -425,9 +425,44 @@ def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
 
 
 # Composite ops whose work is matrix products inside (recurrent layers, attention backward):
-# a memory-bound price would call them modelled while missing their FLOPs, so without a cost
-# model of their own they stay unmodelled (kept at their measured time, and counted so).
+# a memory-bound price would call them modelled while missing their FLOPs, so those without a
+# cost model of their own (`_composite`) stay unmodelled (kept at their measured time, and
+# counted so).
 _HIDDEN_GEMMS = re.compile(r"rnn|lstm|gru|attention.*backward|attention_backward")
+_LSTM_GATES = 4  # mkldnn_rnn_layer runs LSTM layers (torch's CPU LSTM): four gates per unit
+
+
+def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
+    """(family, FLOPs, elements moved) of the composite ops priced by the matrix products
+    inside them; None for others or shapes that do not fit.
+
+    - mkldnn_rnn_layer (input [T, B, I], w_ih [4H, I], w_hh [4H, H], b_ih, b_hh, hx [B, H],
+      cx [B, H]): per time step the gates' two GEMMs, 2 * B * 4H * (I + H) FLOPs, and a few
+      elementwise ones per gate; H is read off hx, so a changed width follows (the weights'
+      4H is a flattened dimension --dim does not see); its backward (the same inputs first)
+      twice that: the input's and the weights' gradients;
+    - attention backward (grad_out, q, k, v, out, ... with q [B, heads, L, D]): recomputing
+      QK^T and the gradients of P, V, Q and K, five matrix products of the forward's two."""
+    if op in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
+        if len(dims) < 7 or len(dims[0]) != 3 or len(dims[5]) != 2:
+            return None
+        steps, batch, inputs = dims[0]
+        hidden = dims[5][1]
+        gates = _LSTM_GATES * hidden
+        flops = steps * batch * gates * (2.0 * (inputs + hidden) + 10.0)
+        moved = (steps * batch * (inputs + hidden) + gates * (inputs + hidden + 2)
+                 + 4 * batch * hidden)
+        if op.endswith("backward"):
+            return "rnn", 2.0 * flops, 2.0 * moved
+        return "rnn", flops, float(moved)
+    if _HIDDEN_GEMMS.search(op) and "attention" in op:
+        if len(dims) < 5 or any(len(d) != 4 for d in dims[:5]):
+            return None
+        b, h, lq, d = dims[1]
+        lk = dims[2][2]
+        flops = 10.0 * b * h * lq * lk * d + 5.0 * b * h * lq * lk
+        return "sdpa_backward", flops, float(5 * b * h * lq * d + 3 * b * h * lk * d)
+    return None
 
 # Ops that only make views, allocate or read metadata: their time does not grow with the data.
 METADATA_OPS = frozenset({
@@ -445,19 +480,27 @@ METADATA_OPS = frozenset({
 
 
 def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost | None:
-    """op_cost where there is one; else, for an op that moves data (not a view, allocation or
-    metadata read) with shaped inputs, a memory-bound cost: each input read once, the largest
-    written once."""
+    """op_cost where there is one; else a composite op's by the matrix products inside it
+    (`_composite`); else, for an op that moves data (not a view, allocation or metadata read)
+    with shaped inputs, a memory-bound cost: each input read once, the largest written once."""
     cost = op_cost(name, shapes.dims, shapes.types, fixed, shapes.strides)
     op = name.removeprefix("aten::")
-    if (cost is not None or op in METADATA_OPS or not name.startswith("aten::")
-            or _HIDDEN_GEMMS.search(op)):
+    if cost is not None or op in METADATA_OPS or not name.startswith("aten::"):
         return cost
     shaped = [d for d in shapes.dims if d]
     if not shaped:
         return None
     size, dtype = _element(shapes.types, shapes.dims)
     marks = list(fixed) + [False] * (len(shapes.dims) - len(fixed))
+    if _HIDDEN_GEMMS.search(op):
+        found = _composite(op, shapes.dims)
+        if found is None:
+            return None
+        family, flops, moved = found
+        fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
+        return OpCost(op, family, flops, moved * size, dtype,
+                      min(float(fixed_elements), moved) * size,
+                      any(not marks[i] for i, d in enumerate(shapes.dims) if d))
     elements = sum(_numel(d) for d in shaped) + max(_numel(d) for d in shaped)
     fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
     return OpCost(op, "copy", 0.0, float(elements * size), dtype, float(fixed_elements * size),

@@ -73,7 +73,7 @@ from perfswarm.model.overheads import (
     steady_steps,
     typical,
 )
-from perfswarm.model.profile import PAGE_BYTES, Profile
+from perfswarm.model.profile import PAGE_BYTES, UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
 from perfswarm.trace.schema import FAULTS
@@ -647,6 +647,10 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                                  "--profile cpu-profile.json")
         scaler = ProfileScaler(profile) if profile is not None else None
         source_name = target_name = "cpu"
+        if profile is not None and profile.unusable() and needs_model:
+            notes.append("the profile's held-out error is above "
+                         f"{100 * UNUSABLE_GMAE:.0f}% for {', '.join(profile.unusable())}: "
+                         "its sweeps timed other load; recalibrate on a quieter machine")
     else:
         if source is None and (change.device or batch or change.dims):
             raise PerfswarmError(f"{run.path}: cannot tell which GPU recorded this run; give "

@@ -38,6 +38,9 @@ FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy")
 # they fit (a step's op often reads what the op before it just wrote)
 WARM_FAMILIES = ("elementwise", "reduction", "copy")
 SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
+# A held-out error past this says the sweep measured the machine's other load more than the
+# ops (a busy shared machine at a small budget: 3,832% seen): not a profile to predict with.
+UNUSABLE_GMAE = 0.5
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,10 @@ class Profile:
     warm: Mapping[str, KernelModel] = field(default_factory=dict)
     # the best rates its sweeps reached: FLOP/s (GEMM, conv), bytes/s cold and warm (copy)
     ceilings: Mapping[str, float] = field(default_factory=dict)
+
+    def unusable(self) -> list[str]:
+        """Families whose held-out error says their sweep measured other load (UNUSABLE_GMAE)."""
+        return sorted(f for f, e in self.gmae.items() if e > UNUSABLE_GMAE)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:

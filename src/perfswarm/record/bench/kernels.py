@@ -19,7 +19,14 @@ import numpy as np
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import column_major, op_cost
-from perfswarm.model.profile import FAMILIES, PAGE_BYTES, WARM_FAMILIES, Point, fit_family
+from perfswarm.model.profile import (
+    FAMILIES,
+    PAGE_BYTES,
+    UNUSABLE_GMAE,
+    WARM_FAMILIES,
+    Point,
+    fit_family,
+)
 from perfswarm.record.inject._perfswarm_heap import reserve_heap
 
 # aten op, input dims, input types, input strides (empty: contiguous)
@@ -252,6 +259,10 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
         page_s = first_touch_s()
     finally:
         torch.set_num_threads(saved)
-    return {"device": where, "device_name": name, "threads": threads,
-            "families": {f: fitted[f, False] for f in FAMILIES},
-            "warm": {f: fitted[f, True] for f in WARM_FAMILIES}, "page_s": page_s}
+    cold = {f: fitted[f, False] for f in FAMILIES}
+    reused = {f: fitted[f, True] for f in WARM_FAMILIES}
+    return {"device": where, "device_name": name, "threads": threads, "families": cold,
+            "warm": reused, "page_s": page_s,
+            "unusable": sorted([f for f, e in cold.items() if e["gmae_held_out"] > UNUSABLE_GMAE]
+                               + [f"{f} (warm)" for f, e in reused.items()
+                                  if e["gmae_held_out"] > UNUSABLE_GMAE])}
