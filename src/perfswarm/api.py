@@ -23,7 +23,7 @@ from perfswarm.trace import store
 if TYPE_CHECKING:
     import polars as pl
 
-    from perfswarm.analyze.summary import Analysis
+    from perfswarm.analyze.analysis import Analysis
     from perfswarm.model.predict import Prediction
     from perfswarm.optimize.advise import AdviceReport
     from perfswarm.optimize.project import Projection

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from perfswarm.analyze.analysis import Analysis
 from perfswarm.analyze.annotations import Scopes, scopes
 from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, RankConcurrency, rank_concurrency
@@ -41,7 +42,6 @@ from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.ops import OpTotals
 from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
 from perfswarm.analyze.stragglers import Instance, collective_starts, skews
-from perfswarm.analyze.summary import Analysis
 from perfswarm.analyze.swarms import swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.cluster import results

@@ -2,68 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
 from perfswarm.analyze.aisi import time_windows, without_iterations
-from perfswarm.analyze.annotations import Scopes, scopes
-from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
-from perfswarm.analyze.concurrency import Concurrency, concurrency
-from perfswarm.analyze.critical_path import CriticalPath, critical_path
-from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
+from perfswarm.analyze.analysis import Analysis
+from perfswarm.analyze.annotations import scopes
+from perfswarm.analyze.bandwidth import bandwidth
+from perfswarm.analyze.concurrency import concurrency
+from perfswarm.analyze.critical_path import critical_path
+from perfswarm.analyze.cupti import cupti_counters
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, diff
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import Iterations, StepWindow, combine, iterations
-from perfswarm.analyze.kernels import RankKernels, kernel_breakdown
-from perfswarm.analyze.launch import LaunchStats, launch_stats
-from perfswarm.analyze.ops import OpBreakdown, op_breakdown
-from perfswarm.analyze.sequences import Sequence_, kernel_sequences
-from perfswarm.analyze.stragglers import Stragglers, stragglers
-from perfswarm.analyze.swarms import Swarms, swarms
-from perfswarm.analyze.system import SystemLoad, system_load
+from perfswarm.analyze.iterations import combine, iterations
+from perfswarm.analyze.kernels import kernel_breakdown
+from perfswarm.analyze.launch import launch_stats
+from perfswarm.analyze.ops import op_breakdown
+from perfswarm.analyze.sequences import kernel_sequences
+from perfswarm.analyze.stragglers import stragglers
+from perfswarm.analyze.swarms import swarms
+from perfswarm.analyze.system import system_load
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.cluster import ClusterOptions, connect
 from perfswarm.trace.store import Run
-
-
-@dataclass(frozen=True)
-class Analysis:
-    path: str
-    events: int
-    ranks: tuple[int, ...]
-    iterations: Iterations
-    concurrency: Concurrency
-    ops: OpBreakdown
-    launch: tuple[LaunchStats, ...]
-    stragglers: Stragglers
-    critical_path: CriticalPath | None
-    swarms: Swarms
-    system: tuple[SystemLoad, ...]
-    kernels: tuple[RankKernels, ...]
-    bandwidth: tuple[RankBandwidth, ...]
-    sequences: tuple[Sequence_, ...]
-    scopes: Scopes
-    cupti: CuptiCounters | None
-    # time windows the concurrency and system load are given per when no iterations are found
-    windows: Mapping[int, Sequence[StepWindow]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "events": self.events, "ranks": list(self.ranks),
-                "iterations": self.iterations.to_dict(),
-                "concurrency": self.concurrency.to_dict(), "ops": self.ops.to_dict(),
-                "launch": [s.to_dict() for s in self.launch],
-                "stragglers": self.stragglers.to_dict(),
-                "critical_path": self.critical_path.to_dict() if self.critical_path else None,
-                "swarms": self.swarms.to_dict(),
-                "system": [s.to_dict() for s in self.system],
-                "kernels": [k.to_dict() for k in self.kernels],
-                "bandwidth": [b.to_dict() for b in self.bandwidth],
-                "sequences": [s.to_dict() for s in self.sequences],
-                "scopes": self.scopes.to_dict(),
-                "cupti": self.cupti.to_dict() if self.cupti else None,
-                "windows": {str(r): [w.to_dict() for w in ws] for r, ws in self.windows.items()}}
 
 
 def load(run: Run, *, or_samples: bool = False) -> Events:

@@ -9,9 +9,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from perfswarm.analyze.analysis import Analysis
 from perfswarm.analyze.concurrency import STATES
 from perfswarm.analyze.critical_path import CriticalPath
-from perfswarm.analyze.summary import Analysis, analyze
+from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.window import windowed
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options

@@ -20,7 +20,7 @@ from perfswarm.record import net, perf, pystacks, strace, system
 from perfswarm.record.base import SAMPLER_HZ, Row, read_jsonl, value_rows
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace import execution_trace
-from perfswarm.trace.ingest import assign_steps, describe, sort_events
+from perfswarm.trace.build import assign_steps, describe, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
 from perfswarm.trace.schema import (
     COUNTERS,

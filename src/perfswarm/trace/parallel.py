@@ -19,8 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from perfswarm.trace.cluster import run_all
-from perfswarm.trace.ingest import (
+from perfswarm.trace.build import (
     ImportOptions,
     Progress,
     describe,
@@ -28,6 +27,7 @@ from perfswarm.trace.ingest import (
     sorted_slices,
     with_rank,
 )
+from perfswarm.trace.cluster import run_all
 from perfswarm.trace.kineto import ReadOptions, TraceMeta, concat, read_trace
 from perfswarm.trace.schema import EVENTS, STEPS
 from perfswarm.trace.store import ROW_GROUP, Manifest, Run
