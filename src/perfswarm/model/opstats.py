@@ -3,14 +3,22 @@ the op took, what rate that achieved, and (with a device spec) its roofline time
 efficiency; plus fusion candidates among consecutive memory-bound ops.
 
 An op is counted at the innermost level that has a cost model (mkldnn_convolution, not the
-conv2d that dispatched to it), so no work is counted twice. Its time is its own duration on
-CPU runs, the duration of the device ops it launched (joined by External id) on GPU runs.
+conv2d that dispatched to it), so no work is counted twice, except that a FLOP-less op of
+another family inside it is a detail of it (the bias copy_ inside an addmm). Its time is its
+own duration on CPU runs, the duration of the device ops it and its details launched (joined
+by External id) on GPU runs.
+
+On GPU runs each kernel is priced too: an op's FLOPs, bytes and roofline time are split over
+the kernels it launched in proportion to their time, so a kernel's row says what the ops
+that launched it asked of it and how near its time came to their roofline. The FLOPs of
+every counted op, by the pass it ran in (analyze.phases), give the hardware and the model
+FLOPs behind HFU and MFU.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -20,6 +28,7 @@ from perfswarm.analyze.dependencies import launching_ops
 from perfswarm.analyze.frame import EVENT_COLUMNS, Events, group_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
+from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.fusion import FusionCandidate, fusion_candidates
 from perfswarm.model.opcost import (
     OpCost,
@@ -29,7 +38,7 @@ from perfswarm.model.opcost import (
     shapes_cost,
     shapes_from_args,
 )
-from perfswarm.model.specs import spec_of_devices
+from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.store import Run
 
 TOP: Final = 25
@@ -69,37 +78,81 @@ class OpStat:
 
 
 @dataclass(frozen=True)
+class KernelStat:
+    """One kernel name's calls launched by costed ops, with its share of their cost."""
+
+    name: str
+    count: int
+    time_ns: int  # total
+    flops: float  # total, the launching ops' FLOPs split by time
+    bytes: float  # total, likewise
+    roofline_ns: float | None  # total, on the spec
+    bound: str | None  # that of the launching op with the most of this kernel's time
+    ops: tuple[str, ...]  # the launching ops' names, most time first
+
+    def to_dict(self) -> dict[str, Any]:
+        seconds = self.time_ns * 1e-9
+        return {"name": self.name, "count": self.count, "time_ns": self.time_ns,
+                "flops": self.flops, "bytes": self.bytes,
+                "intensity": self.flops / self.bytes if self.bytes else 0.0,
+                "achieved_gflops": self.flops / seconds / 1e9 if seconds else 0.0,
+                "achieved_gbps": self.bytes / seconds / 1e9 if seconds else 0.0,
+                "roofline_ns": self.roofline_ns, "bound": self.bound,
+                "efficiency": (self.roofline_ns / self.time_ns
+                               if self.roofline_ns is not None and self.time_ns else None),
+                "ops": list(self.ops)}
+
+
+@dataclass(frozen=True)
 class OpCosts:
     device: str | None  # the spec rooflines are on, if the Run's device has one
     ops: tuple[OpStat, ...]  # largest total time first
     modelled_ns: int  # time of ops with a cost model
     op_ns: int  # time of all ops at the level counted
     fusion: tuple[FusionCandidate, ...]  # largest saving first
+    phase_flops: dict[str, float]  # FLOPs of every counted op (not only `ops`), by pass
+    kernels: tuple[KernelStat, ...] = ()  # GPU runs: largest total time first
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "ops": [o.to_dict() for o in self.ops],
                 "modelled_ns": self.modelled_ns, "op_ns": self.op_ns,
                 "coverage": self.modelled_ns / self.op_ns if self.op_ns else 0.0,
-                "fusion": [f.to_dict() for f in self.fusion]}
+                "fusion": [f.to_dict() for f in self.fusion],
+                "flops": sum(self.phase_flops.values()), "phase_flops": self.phase_flops,
+                "kernels": [k.to_dict() for k in self.kernels]}
 
 
-def _innermost_costed(ev: Events, costs: dict[int, OpCost]) -> list[int]:
-    """Costed rows with no costed op inside them, per thread."""
+def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> dict[int, int]:
+    """Costed row -> the row whose work it counts as, per thread: itself for a counted op,
+    its counted ancestor for an implementation detail. An op that has a costed op of its own
+    family, or one doing FLOPs, inside it dispatched its work there and is not counted (the
+    conv2d around mkldnn_convolution, an SDPA around its bmms); a FLOP-less op of another
+    family inside a counted op is a detail of it (the bias copy_ inside an addmm, the
+    index_select inside an embedding), its time the op's."""
     rows = np.flatnonzero(ev.of_kind("cpu_op"))
     order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))]
-    stack: list[tuple[int, int, tuple[int, int]]] = []  # (row, end, thread)
-    inner: dict[int, bool] = {}
-    for row in order.tolist():
-        thread = (int(ev.rank[row]), int(ev.tid[row]))
-        while stack and (stack[-1][2] != thread or stack[-1][1] <= ev.ts[row]):
-            stack.pop()
-        if row in costs:
-            for above, _end, _thread in stack:
-                if above in costs:
-                    inner[above] = False
-            inner.setdefault(row, True)
-        stack.append((row, int(ev.end[row]), thread))
-    return sorted(row for row, yes in inner.items() if yes)
+    order = order[np.isin(order, np.fromiter(costs, np.int64, len(costs)))]
+
+    def walk() -> Iterator[tuple[int, list[int]]]:  # each costed row and its costed ancestors
+        stack: list[tuple[int, int, tuple[int, int]]] = []  # (row, end, thread)
+        for row in order.tolist():
+            thread = (int(ev.rank[row]), int(ev.tid[row]))
+            while stack and (stack[-1][2] != thread or stack[-1][1] <= ev.ts[row]):
+                stack.pop()
+            yield row, [above for above, _end, _thread in stack]
+            stack.append((row, int(ev.end[row]), thread))
+
+    dispatched: set[int] = set()
+    for row, above in walk():
+        if costs[row].flops > 0:
+            dispatched.update(above)
+        else:
+            dispatched.update(a for a in above if costs[a].family == costs[row].family)
+    owner: dict[int, int] = {}
+    for row, above in walk():
+        if row not in dispatched:
+            owner[row] = next((a for a in reversed(above) if a not in dispatched), row)
+    return owner
 
 
 def _shape_text(shapes: Shapes) -> str:
@@ -116,6 +169,10 @@ class _RankOps:
     gpu: bool  # the rank ran device ops
     sequence: list[OpCost]  # the first iteration's costed ops on its first thread, in order
     shapes: list[Shapes]    # their recorded shapes
+    phase_flops: list[float]  # FLOPs of the counted ops by pass (analyze.phases.PHASES)
+    # (kernel, launching op, its shapes) -> (cost, the kernels' summed share of the op's
+    # device time, their time, their count)
+    kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]]
 
 
 def _rank_ops(run: Run, rank: int) -> _RankOps:
@@ -134,16 +191,26 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         cost = shapes_cost(ev.name_of(row), found) if found else None
         if cost is not None and found is not None:
             costs[row], shapes[row] = cost, found
-    counted = _innermost_costed(ev, costs)
+    owner = _counted_ops(ev, costs)
+    counted = sorted(r for r, o in owner.items() if r == o)
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     time = {row: int(ev.dur[row]) for row in counted}
+    kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]] = {}
     if len(device):
         ext = np.asarray(table.column("external_id").to_numpy(), np.int64)
         launched: dict[int, int] = defaultdict(int)
-        for dev_row, op_row in launching_ops(ev, ext, device).items():
+        launches = {d: owner.get(o, o) for d, o in launching_ops(ev, ext, device).items()}
+        for dev_row, op_row in launches.items():
             launched[op_row] += int(ev.dur[dev_row])
         time = {row: launched.get(row, 0) for row in counted}
         op_ns = int(ev.dur[device].sum())
+        for dev_row, op_row in sorted(launches.items()):
+            if op_row in time and launched[op_row] > 0:  # a counted op
+                dur = int(ev.dur[dev_row])
+                launch = (ev.name_of(dev_row), ev.name_of(op_row), _shape_text(shapes[op_row]))
+                _cost, share, ns, calls = kernels.get(launch, (costs[op_row], 0.0, 0, 0))
+                kernels[launch] = (costs[op_row], share + dur / launched[op_row], ns + dur,
+                                   calls + 1)
     else:  # the threads' busy time in ops (nested ops counted once)
         op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
@@ -158,8 +225,39 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         rows = sorted((r for r in counted
                        if ev.step[r] == ev.step[first] and ev.tid[r] == ev.tid[first]),
                       key=lambda r: int(ev.ts[r]))
+    phase_flops = [0.0] * len(PHASES)
+    for row, phase in zip(counted, phases(ev, np.asarray(counted, np.int64)).tolist(),
+                          strict=True):
+        phase_flops[phase] += costs[row].flops
     return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0,
-                    [costs[r] for r in rows], [shapes[r] for r in rows])
+                    [costs[r] for r in rows], [shapes[r] for r in rows], phase_flops, kernels)
+
+
+def _kernel_stats(parts: Sequence[_RankOps], spec: DeviceSpec | None) -> list[KernelStat]:
+    """Each kernel name's share of the cost of the ops that launched it, largest time first."""
+    totals: dict[str, list[float]] = {}  # kernel -> [calls, ns, flops, bytes, roofline ns]
+    op_ns: dict[str, dict[str, int]] = {}  # kernel -> launching op -> its kernels' ns
+    bounds: dict[str, dict[str, int]] = {}  # kernel -> bound -> ns
+    for part in parts:
+        for (kernel, op, _shapes), (cost, share, ns, calls) in sorted(part.kernels.items()):
+            roof = roofline(cost, spec) if spec is not None else None
+            t = totals.setdefault(kernel, [0, 0, 0.0, 0.0, 0.0])
+            for i, v in enumerate((calls, ns, cost.flops * share, cost.bytes * share,
+                                   roof.time_s * 1e9 * share if roof else 0.0)):
+                t[i] += v
+            ops = op_ns.setdefault(kernel, {})
+            ops[op] = ops.get(op, 0) + ns
+            if roof is not None:
+                b = bounds.setdefault(kernel, {})
+                b[roof.bound] = b.get(roof.bound, 0) + ns
+    stats = [KernelStat(kernel, int(t[0]), int(t[1]), t[2], t[3],
+                        t[4] if spec is not None else None,
+                        max(bounds[kernel], key=lambda x: (bounds[kernel][x], x))
+                        if kernel in bounds else None,
+                        tuple(sorted(op_ns[kernel], key=lambda o: (-op_ns[kernel][o], o))))
+             for kernel, t in totals.items()]
+    stats.sort(key=lambda k: (-k.time_ns, k.name))
+    return stats
 
 
 def op_sequence(run: Run, rank: int) -> list[tuple[OpCost, Shapes]]:
@@ -189,5 +287,8 @@ def op_costs(run: Run, ranks: Sequence[int], top: int = TOP) -> OpCosts:
     if spec is not None and parts:
         fusion = sorted(fusion_candidates(parts[0].sequence, spec), key=lambda f: -f.saving_s)
     modelled = sum(p.modelled_ns for p in parts)
+    phase_flops = {phase: sum(p.phase_flops[i] for p in parts)
+                   for i, phase in enumerate(PHASES)}
     return OpCosts(spec.name if spec else None, tuple(stats[:top]), modelled,
-                   max(sum(p.op_ns for p in parts), modelled), tuple(fusion[:10]))
+                   max(sum(p.op_ns for p in parts), modelled), tuple(fusion[:10]),
+                   phase_flops, tuple(_kernel_stats(parts, spec)[:top]))
