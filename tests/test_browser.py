@@ -238,6 +238,26 @@ def test_overview_of_a_gpu_trace(browser: Any, corpus_runs: dict[str, Run],
     page.close()
 
 
+def test_kernel_roofline_of_the_mi250_step(browser: Any, corpus_runs: dict[str, Run],
+                                           tmp_path: Path) -> None:
+    """MFU and HFU cards; the Kernels view's roofline: the roof and one marker per kernel with
+    FLOPs, a table row per priced kernel; no console error."""
+    data = report_data(corpus_runs["amd"])
+    out = html.write(data, tmp_path / "amd.html")
+    page, errors = open_page(browser, out.as_uri())
+    cards = page.locator("#cards .label").all_inner_texts()
+    assert "MFU (per rank)" in cards and "HFU (per rank)" in cards
+    show(page, "kernels")
+    assert_charts_drawn(page, ["chart-roofline"])
+    kernels = data["op_cost"]["kernels"]
+    priced = [k for k in kernels if k["flops"] > 0]
+    assert page.locator("#chart-roofline g.trace.scatter").nth(1).locator(
+        "path.point").count() == len(priced) > 0
+    assert page.locator("#kernel-roofline tr").count() == 1 + len(kernels)
+    assert errors == []
+    page.close()
+
+
 def test_overview_of_the_demo_trainer(browser: Any, trainer_run: Run, tmp_path: Path) -> None:
     """The CPU trainer: CPU words (no device utilization), data loading in the breakdown, and
     a model FLOP/s card from op cost (the trainer records shapes)."""
@@ -247,8 +267,9 @@ def test_overview_of_the_demo_trainer(browser: Any, trainer_run: Run, tmp_path: 
     page.set_viewport_size({"width": 1400, "height": 1000})
     shape = overview_structure(page)
     assert shape["headings"] == ["Step-time breakdown", "Host states", "Iterations"]
-    assert shape["cards"] == ["step time", "throughput", "CPU busy (rank 0)",
-                              "model FLOP/s (per rank)", "events"]
+    assert shape["cards"] == ["step time", "throughput", "samples/s (rank 0)",
+                              "CPU busy (rank 0)", "model FLOP/s (per rank)", "events"]
+    assert "conv2d 8x3x" in data["throughput"]["source"]  # the recorded --batch-size 8
     assert "device compute" not in shape["legend"] and "data loading" in shape["legend"]
     assert shape["bars"] == len(shape["legend"]) * len(data["breakdown"])
     assert len(page.screenshot(full_page=True)) > 50_000

@@ -42,9 +42,10 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
                          "memory", "ranks",
                          "iterations", "kernels", "cpu_ops", "categories", "critical_path",
                          "swarms", "op_cost", "prediction", "advice", "tune", "projection",
-                         "projection_note"}
+                         "projection_note", "throughput", "roof"}
     assert data["advice"] == [] and data["tune"] is None and data["has_device"]
     assert data["flops"] is None  # no shapes recorded: no op has a cost
+    assert data["throughput"] is None  # nor a batch: no shapes, no --batch-size
     assert (data["projection"], data["projection_note"]) == (None, "not computed")
     prediction = data["prediction"]
     assert [s["step"] for s in prediction["steps"]] == [4, 5, 6]
@@ -300,16 +301,25 @@ def test_step_breakdown_partitions_each_step(corpus_runs: dict[str, Run]) -> Non
 
 
 def test_model_flops_against_the_gpu_peak(corpus_runs: dict[str, Run]) -> None:
+    """MFU counts 3x the forward's FLOPs when a backward ran, HFU every costed op's; each per
+    rank over the profiled time, against the spec's peak for the heaviest ops' dtype."""
     devices = corpus_runs["nccl"].manifest()["devices"]
-    op_cost = {"device": "A100-40GB", "ops": [
-        {"flops": 1e12, "count": 2, "dtype": "fp32"}, {"flops": 1e9, "count": 4, "dtype": "fp16"}]}
-    flops = model_flops(op_cost, devices, 2_000_000_000, 1)
-    assert flops is not None and flops["flops_per_s"] == pytest.approx((2e12 + 4e9) / 2)
+    op_cost = {"device": "A100-40GB", "flops": 3.5e12,
+               "phase_flops": {"forward": 1e12, "backward": 2.4e12, "optimizer": 1e11},
+               "ops": [{"flops": 1e12, "count": 2, "dtype": "fp32"},
+                       {"flops": 1e9, "count": 4, "dtype": "fp16"}]}
+    flops = model_flops(op_cost, devices, 2_000_000_000, 2)
+    assert flops is not None and flops["flops_per_s"] == pytest.approx(3.5e12 / 2 / 2)
+    assert flops["model_flops"] == 3e12 and flops["model_flops_per_s"] == pytest.approx(3e12 / 4)
     assert flops["dtype"] == "fp32" and flops["device"] == "A100-40GB"
-    assert flops["mfu"] == pytest.approx(flops["flops_per_s"] / load_spec("A100-40GB").peak_for(
-        "fp32"))
+    peak = load_spec("A100-40GB").peak_for("fp32")
+    assert flops["hfu"] == pytest.approx(3.5e12 / 4 / peak)
+    assert flops["mfu"] == pytest.approx(3e12 / 4 / peak)
+    inference = {**op_cost, "flops": 1e12, "phase_flops": {"forward": 1e12, "backward": 0.0,
+                                                           "optimizer": 0.0}}
+    assert model_flops(inference, devices, 10**9, 1)["model_flops"] == 1e12  # type: ignore[index]
     assert model_flops({**op_cost, "device": None}, devices, 10**9, 1)["mfu"] is None  # type: ignore[index]
-    assert model_flops({"device": None, "ops": []}, devices, 10**9, 1) is None
+    assert model_flops({**inference, "flops": 0.0, "ops": []}, devices, 10**9, 1) is None
 
 
 def test_streams_and_launch_geometry_of_nccl(corpus_runs: dict[str, Run]) -> None:

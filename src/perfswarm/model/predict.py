@@ -312,16 +312,24 @@ def sparse_tables(m: _Model) -> set[tuple[int, ...]]:
     return tables
 
 
-def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> int | None:
-    """The batch size of the recorded command's --batch-size flag, else the most common
-    leading dimension of the compute ops' non-parameter inputs."""
-    command = m.run.manifest()["command"]
+def batch_flag(command: Sequence[str]) -> int | None:
+    """The value of a recorded command's --batch-size (--batch_size, --bs, -bs; `=N` or a
+    separate word), if it has one."""
     for i, word in enumerate(command):
         match = _BATCH_FLAG.match(word)
         if match:
             value = match.group(1) or (command[i + 1] if i + 1 < len(command) else "")
             if value.isdigit() and int(value) > 0:
                 return int(value)
+    return None
+
+
+def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> int | None:
+    """The batch size of the recorded command's --batch-size flag, else the most common
+    leading dimension of the compute ops' non-parameter inputs."""
+    flag = batch_flag(m.run.manifest()["command"])
+    if flag is not None:
+        return flag
     leading: Counter[int] = Counter()
     for row in _op_rows(m):
         shapes = m.shapes(row)

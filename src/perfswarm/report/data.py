@@ -18,7 +18,9 @@ from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
-from perfswarm.report.overview import model_flops, step_breakdown
+from perfswarm.model.specs import spec_of_devices
+from perfswarm.report.overview import model_flops, step_breakdown, throughput
+from perfswarm.report.text import ms, pct
 from perfswarm.report.timeline import (
     MAX_COUNTER_POINTS,
     MAX_SPANS,
@@ -46,21 +48,34 @@ class Card(TypedDict):
     detail: str
 
 
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:,.3f} ms"
+def _rate(flops_per_s: float) -> str:
+    for unit, scale in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:,.1f} {unit}"
+    return f"{flops_per_s:,.0f} FLOP/s"
 
 
-def _cards(analysis: dict[str, Any], has_device: bool,
-           flops: dict[str, Any] | None) -> list[Card]:
+def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | None,
+           rates: dict[str, Any] | None) -> list[Card]:
     cards: list[Card] = []
     steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
     if steps:
         median = statistics.median(steps)
         used = analysis["iterations"]["used"]
-        cards.append(Card(label="step time", value=_ms(median),
+        cards.append(Card(label="step time", value=ms(median),
                           detail=f"median of {len(steps)} steps ({used})"))
         cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
                           detail="from the median step"))
+    if rates is not None:
+        rank = rates["rank"]
+        cards.append(Card(label=f"samples/s (rank {rank})",
+                          value=f"{rates['samples_per_s']:,.1f}",
+                          detail=f"{rates['samples_per_step']:,.4g} a step, from "
+                                 f"{rates['source']}"))
+        if rates["tokens_per_s"] is not None:
+            cards.append(Card(label=f"tokens/s (rank {rank})",
+                              value=f"{rates['tokens_per_s']:,.0f}",
+                              detail=f"{rates['tokens_per_step']:,.6g} a step"))
     for rank in analysis["concurrency"]["ranks"]:
         share = rank["total"]["share"]
         if has_device:
@@ -73,11 +88,21 @@ def _cards(analysis: dict[str, Any], has_device: bool,
                               value=f"{100 * share['host_busy_device_idle']:.1f}%",
                               detail="share of the span a thread ran ops"))
     if flops is not None:
-        mfu = (f"MFU {100 * flops['mfu']:.1f}% of {flops['device']}'s {flops['dtype']} peak"
-               if flops["mfu"] is not None else "no peak known for this device")
-        cards.append(Card(label="model FLOP/s (per rank)",
-                          value=f"{flops['flops_per_s'] / 1e9:,.1f} GFLOP/s",
-                          detail=f"ops with a cost model over the steps; {mfu}"))
+        model = ("3x the forward's FLOPs (a backward ran)" if flops["phase_flops"]["backward"]
+                 else "the forward's FLOPs (no backward ran)")
+        if flops["mfu"] is not None:
+            peak = f"{flops['device']}'s {flops['dtype']} peak"
+            cards.append(Card(label="MFU (per rank)", value=pct(flops["mfu"]),
+                              detail=f"{_rate(flops['model_flops_per_s'])} of {peak}: {model}"))
+            cards.append(Card(label="HFU (per rank)", value=pct(flops["hfu"]),
+                              detail=f"{_rate(flops['flops_per_s'])} of {peak}: every costed op "
+                                     "that ran"))
+        else:
+            cards.append(Card(label="model FLOP/s (per rank)",
+                              value=_rate(flops["model_flops_per_s"]),
+                              detail=f"{model}; hardware (every costed op that ran) "
+                                     f"{_rate(flops['flops_per_s'])}; no device peak known, "
+                                     "so no MFU or HFU"))
     cards.append(Card(label="events", value=f"{analysis['events']:,}",
                       detail=f"ranks {analysis['ranks']}"))
     return cards
@@ -101,6 +126,18 @@ def _iteration_rows(analysis: dict[str, Any], steps: list[dict[str, Any]],
                          "device_ns": per_iteration.get(rank, {}).get(str(s["step"]), {}),
                          "share": shares.get((int(rank), s["step"]), {})})
     return rows
+
+
+def _roof(costs: Mapping[str, Any], devices: Sequence[Mapping[str, Any]],
+          flops: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The roofline the kernels are drawn against: the GPU spec's peak for the ops' dtype and
+    its memory bandwidth; None without a spec."""
+    spec = spec_of_devices(devices) if costs["device"] else None
+    if spec is None:
+        return None
+    dtype = flops["dtype"] if flops is not None else "fp32"
+    return {"device": spec.name, "dtype": dtype, "peak_flops_per_s": spec.peak_for(dtype),
+            "bandwidth": spec.memory_bandwidth}
 
 
 def tune_section(files: Mapping[str, Any], run: Run) -> dict[str, Any]:
@@ -144,10 +181,12 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     drawn = spans(run)
     line = timeline(run, drawn, origin, max_spans)
     has_device = any(lane["device"] for lane in line["lanes"])
-    costs = op_costs(run, analysis["ranks"], top=10**9).to_dict()
+    costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     profiled = sum(w["dur_ns"] for w in next(iter(steps.values()), []))
     flops = model_flops(costs, manifest["devices"], profiled, max(1, len(steps)))
+    events = Events.load(run)
+    rates = throughput(run, events, steps)
     return {
         "title": f"perfswarm report: {run.path.name}",
         "run": {"path": str(run.path), "command": manifest["command"],
@@ -155,9 +194,11 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 "devices": manifest["devices"], "warnings": manifest["warnings"],
                 "origin_ns": origin},
         "has_device": has_device,
-        "cards": _cards(analysis, has_device, flops),
-        "breakdown": step_breakdown(Events.load(run), steps),
+        "cards": _cards(analysis, has_device, flops, rates),
+        "breakdown": step_breakdown(events, steps),
         "flops": flops,
+        "throughput": rates,
+        "roof": _roof(costs, manifest["devices"], flops),
         "timeline": line,
         "concurrency": analysis["concurrency"],
         "iterations": _iteration_rows(analysis, line["steps"]),
@@ -171,7 +212,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "swarms": swarm_rows(analysis["swarms"], run),
-        "op_cost": {**costs, "ops": costs["ops"][:TOP_OPS]},
+        "op_cost": costs,
         "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
         "tune": tune_section(tune, run) if tune is not None else None,
@@ -216,9 +257,9 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
         "title": f"perfswarm compare: {a_label} vs {b_label}",
         "a": a_label, "b": b_label,
         "cards": [
-            Card(label=f"span {a_label}", value=_ms(result["a_span_ns"]), detail="first rank"),
-            Card(label=f"span {b_label}", value=_ms(result["b_span_ns"]), detail="first rank"),
-            Card(label="change", value=_ms(result["span_delta_ns"]),
+            Card(label=f"span {a_label}", value=ms(result["a_span_ns"]), detail="first rank"),
+            Card(label=f"span {b_label}", value=ms(result["b_span_ns"]), detail="first rank"),
+            Card(label="change", value=ms(result["span_delta_ns"]),
                  detail=f"{len(result['only_a'])} ops only in {a_label}, "
                         f"{len(result['only_b'])} only in {b_label}"),
         ],

@@ -22,7 +22,7 @@ import orjson
 from markupsafe import Markup
 
 from perfswarm.report.overview import CATEGORIES
-from perfswarm.report.text import evidence_text, ms
+from perfswarm.report.text import evidence_text, ms, pct
 from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -41,10 +41,6 @@ def safe_json(value: Any) -> str:
 
 def _mb(value: float) -> str:
     return f"{value / 1e6:,.1f} MB"
-
-
-def _pct(share: float) -> str:
-    return f"{100 * share:.1f}%"
 
 
 @cache
@@ -119,6 +115,31 @@ def memory_figure(memory: list[dict[str, Any]]) -> dict[str, Any]:
                                      "xaxis": {"title": {"text": "ms from the run's start"}},
                                      "yaxis": {"title": {"text": "bytes"},
                                                "exponentformat": "SI"}}}
+
+
+def roofline_figure(kernels: list[dict[str, Any]], roof: dict[str, Any]) -> dict[str, Any]:
+    """Each kernel at its FLOP/byte and achieved FLOP/s under the device's roof (log-log);
+    kernels without FLOPs (copies) have no place on it and stay in the table."""
+    shown = [k for k in kernels if k["flops"] > 0 and k["bytes"] > 0 and k["time_ns"] > 0]
+    ridge = roof["peak_flops_per_s"] / roof["bandwidth"]
+    xs = [k["intensity"] for k in shown] or [ridge]
+    lo, hi = min(*xs, ridge) / 4, max(*xs, ridge) * 4
+    data = [{"type": "scatter", "mode": "lines", "name": html.escape(
+                f"{roof['device']} roof ({roof['dtype']})"),
+             "x": [lo, ridge, hi],
+             "y": [roof["bandwidth"] * lo, roof["peak_flops_per_s"], roof["peak_flops_per_s"]],
+             "line": {"color": "#888"}, "hoverinfo": "skip"},
+            {"type": "scatter", "mode": "markers", "name": "kernels",
+             "x": [k["intensity"] for k in shown],
+             "y": [k["achieved_gflops"] * 1e9 for k in shown],
+             "text": [html.escape(k["name"][:120]) for k in shown],
+             "hovertemplate": "%{text}<br>%{x:.3g} FLOP/byte, %{y:.3s}FLOP/s<extra></extra>",
+             "marker": {"size": 9}}]
+    return {"data": data, "layout": {
+        "height": 380, "margin": {"t": 20}, "showlegend": True,
+        "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
+        "yaxis": {"type": "log", "title": {"text": "achieved FLOP/s"},
+                  "exponentformat": "SI"}}}
 
 
 def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +229,8 @@ def render(report: dict[str, Any]) -> str:
                **projection_figures(report["projection"])}
     if report["memory"]:
         figures["chart-memory"] = memory_figure(report["memory"])
+    if report["roof"] is not None and report["op_cost"]["kernels"]:
+        figures["chart-roofline"] = roofline_figure(report["op_cost"]["kernels"], report["roof"])
     if report["prediction"]:
         figures["chart-prediction"] = prediction_figure(report["prediction"])
     tune = report["tune"]
@@ -215,7 +238,7 @@ def render(report: dict[str, Any]) -> str:
         figures["chart-trials"] = trials_figure(tune)
         if tune["importance"]:
             figures["chart-importance"] = importance_figure(tune)
-    return _page("report.html.j2", report, figures, states=STATES, pct=_pct, views=VIEWS,
+    return _page("report.html.j2", report, figures, states=STATES, pct=pct, views=VIEWS,
                  categories_=breakdown_categories(report["breakdown"]),
                  evidence=evidence_text, mb=_mb,
                  launch={k["name"]: k for k in report["streams"]["kernels"]},

@@ -1,4 +1,5 @@
-"""The overview's step-time breakdown and model FLOP/s, as TensorBoard's profiler shows them.
+"""The overview's step-time breakdown, model FLOP/s (MFU, HFU) and throughput (samples and
+tokens a second), as TensorBoard's profiler shows them.
 
 Each instant of a step falls in one category by priority: device compute (a kernel runs),
 communication (a collective), memory copy (memcpy/memset), data loading (a DataLoader span on
@@ -14,9 +15,12 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import Events, Mask
-from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
+from perfswarm.analyze.frame import Events, Mask, args_of
+from perfswarm.analyze.intervals import I64, StateSums, covered, sorted_unique
+from perfswarm.model.opcost import Shapes, has_cost_model, shapes_cost, shapes_from_args
+from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
+from perfswarm.trace.store import Run
 
 CATEGORIES: Final = ("device compute", "communication", "memory copy", "data loading",
                      "host compute", "other", "idle")
@@ -63,16 +67,111 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
 
 def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]],
                 profiled_ns: int, ranks: int) -> dict[str, Any] | None:
-    """FLOPs of the costed ops over the profiled steps' time: achieved FLOP/s per rank and,
-    on a GPU with a spec, model FLOPs utilization against its peak for the ops' dtype."""
-    ops = op_cost["ops"]
-    flops = sum(o["flops"] * o["count"] for o in ops)
-    if not flops or profiled_ns <= 0:
+    """FLOP/s per rank over the profiled steps' time, two ways (PaLM's MFU and HFU):
+    hardware FLOPs are those of every costed op that ran (forward, backward with any
+    recomputation, optimizer); model FLOPs are the forward's, times 3 when a backward ran
+    (its two products per forward product: the input's and the weight's gradient). On a GPU
+    with a spec, each against its peak for the ops' dtype."""
+    phase = op_cost["phase_flops"]
+    hardware = float(op_cost["flops"])
+    model = phase["forward"] * (3 if phase["backward"] else 1)
+    if not hardware or profiled_ns <= 0:
         return None
-    achieved = flops / ranks / (profiled_ns / 1e9)
+    seconds = profiled_ns / 1e9
     spec = spec_of_devices(devices) if op_cost["device"] else None
-    dtype = max(ops, key=lambda o: o["flops"] * o["count"])["dtype"]
+    ops = op_cost["ops"]
+    dtype = max(ops, key=lambda o: o["flops"] * o["count"])["dtype"] if ops else "fp32"
     peak = spec.peak_for(dtype) if spec is not None else None
-    return {"flops": flops, "flops_per_s": achieved, "dtype": dtype,
-            "peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
+    hfu_rate, mfu_rate = hardware / ranks / seconds, model / ranks / seconds
+    return {"flops": hardware, "model_flops": model, "phase_flops": dict(phase),
+            "flops_per_s": hfu_rate, "model_flops_per_s": mfu_rate, "dtype": dtype,
+            "peak_flops_per_s": peak, "hfu": hfu_rate / peak if peak else None,
+            "mfu": mfu_rate / peak if peak else None,
             "device": spec.name if spec is not None else None}
+
+
+EMBEDDING: Final = "aten::embedding"
+_FIRST_FAMILIES: Final = ("gemm", "conv", "depthwise_conv")
+
+
+def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
+    starts = np.asarray([w["start"] for w in windows], np.int64)
+    ends = np.asarray([w["end"] for w in windows], np.int64)
+    i = np.searchsorted(starts, ev.ts[rows], side="right") - 1
+    return rows[(i >= 0) & (ev.ts[rows] < ends[np.maximum(i, 0)])]
+
+
+def _shaped(run: Run, ev: Events, rows: I64) -> list[tuple[int, Shapes]]:
+    """(row, recorded shapes) of the rows (ascending) that have them, in time order, an outer
+    op before the ops inside it."""
+    found = {r: shapes for r, text in zip(rows.tolist(), args_of(run, rows), strict=True)
+             if (shapes := shapes_from_args(text)) is not None}
+    order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))]
+    return [(r, found[r]) for r in order.tolist() if r in found]
+
+
+def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
+               ) -> dict[str, Any] | None:
+    """Samples (and tokens) per second of the first rank's steps, and where the batch came
+    from, best first: the token embedding's indices (batch x sequence, every forward of a
+    step counted, so gradient accumulation is too); the leading dimension of the first
+    input of the model's first matrix product or convolution (one forward a step); the
+    recorded command's --batch-size (one forward a step). None when none of them says."""
+    if not steps:
+        return None
+    rank, windows = min(steps.items(), key=lambda kv: int(kv[0]))
+    if not windows:
+        return None
+    mine = np.arange(len(ev))[ev.rank_slice(int(rank))]
+    step_ns = sum(int(w["end"] - w["start"]) for w in windows)
+    samples, tokens, source = _from_embedding(run, ev, mine, windows)
+    if samples is None:
+        samples, source = _from_first_op(run, ev, mine, windows)
+    if samples is None:
+        flag = batch_flag(run.manifest()["command"])
+        if flag is None:
+            return None
+        samples, source = flag * len(windows), f"the command's --batch-size {flag}"
+    seconds = step_ns / 1e9
+    return {"samples_per_s": samples / seconds, "samples_per_step": samples / len(windows),
+            "tokens_per_s": tokens / seconds if tokens is not None else None,
+            "tokens_per_step": tokens / len(windows) if tokens is not None else None,
+            "source": source, "rank": int(rank)}
+
+
+def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
+                    ) -> tuple[int | None, int | None, str]:
+    codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING]
+    rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
+                       windows)
+    calls = [(r, s.dims) for r, s in _shaped(run, ev, rows)
+             if len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
+    if not calls:
+        return None, None, ""
+    table = calls[0][1][0]  # the first lookup's table is the token table
+    lookups = [dims[1] for _r, dims in calls if dims[0] == table]
+    first = lookups[0]
+    return (sum(b for b, _t in lookups), sum(b * t for b, t in lookups),
+            f"{EMBEDDING}'s indices {first[0]}x{first[1]} (batch x sequence) into the "
+            f"{table[0]}x{table[1]} table, {len(lookups)} lookups in {len(windows)} steps")
+
+
+def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
+                   ) -> tuple[int | None, str]:
+    codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
+    rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
+                       windows)
+    shaped = _shaped(run, ev, rows)
+    for row, shapes in shaped:
+        cost = shapes_cost(ev.name_of(row), shapes)
+        batch = next((d for d in shapes.dims if len(d) >= 2), None)
+        if cost is None or cost.family not in _FIRST_FAMILIES or batch is None:
+            continue
+        starts = np.asarray([w["start"] for w in windows], np.int64)
+        same = np.asarray([r for r, s in shaped if ev.name[r] == ev.name[row]
+                           and s.dims == shapes.dims], np.int64)
+        forwards = len(np.unique(np.searchsorted(starts, ev.ts[same], side="right")))
+        return batch[0] * forwards, (
+            f"the first input of the model's first op, {ev.name_of(row)} "
+            f"{'x'.join(map(str, batch))}, in {forwards} of {len(windows)} steps")
+    return None, ""

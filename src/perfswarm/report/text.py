@@ -10,6 +10,11 @@ def ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f} ms"
 
 
+def pct(share: float) -> str:
+    """A share as %: two significant digits below 1% (a tiny run's share of a GPU's peak)."""
+    return f"{100 * share:.1f}%" if share >= 0.01 or share == 0 else f"{100 * share:.2g}%"
+
+
 def evidence_text(key: str, value: Any) -> str:
     """An advice's evidence value as a person reads it: ns as ms, numbers with separators,
     mappings as `key value` pairs, lists one item after another."""

@@ -1,0 +1,181 @@
+"""The overview's rates: samples and tokens a second (and where the batch came from), MFU beside
+HFU from the FLOPs of each pass, and each kernel's share of its ops' roofline; exact numbers
+from the raw JSON of the corpus's MI250 training step and of traces written here."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import corpus
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.phases import PHASES, phases
+from perfswarm.model.opcost import roofline, shapes_cost, shapes_from_args
+from perfswarm.model.opstats import op_costs
+from perfswarm.model.specs import spec_of_devices
+from perfswarm.report.data import report_data
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import Run
+
+
+def raw_events(name: str) -> list[dict[str, Any]]:
+    with gzip.open(corpus(name), "rt") as f:
+        events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+    return events
+
+
+def host_steps(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ProfilerStep spans on the host (the GPU's copies of them are not steps)."""
+    return [e for e in raw if e["name"].startswith("ProfilerStep#")
+            and e.get("cat") == "user_annotation"]
+
+
+def test_phases_of_the_mi250_step(corpus_runs: dict[str, Run]) -> None:
+    """An op inside an autograd node's span on its thread is backward, inside the optimizer's
+    step optimizer, else forward: checked against the raw spans with plain loops."""
+    raw = [e for e in raw_events("amd") if e.get("ph") == "X"]
+    scopes = {"backward": [e for e in raw if e["name"].startswith(
+                  "autograd::engine::evaluate_function: ") or e["name"].endswith("Backward0")],
+              "optimizer": [e for e in raw if e["name"].startswith("Optimizer.")]}
+
+    def phase(e: dict[str, Any]) -> str:
+        for name in ("backward", "optimizer"):
+            if any(s["tid"] == e["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]
+                   for s in scopes[name]):
+                return name
+        return "forward"
+
+    expected = Counter((e["name"], phase(e)) for e in raw if e.get("cat") == "cpu_op")
+    ev = Events.load(corpus_runs["amd"])
+    rows = np.flatnonzero(ev.of_kind("cpu_op"))
+    got = Counter((ev.name_of(r), PHASES[p]) for r, p in zip(
+        rows.tolist(), phases(ev, rows).tolist(), strict=True))
+    assert got == expected
+    assert got[("aten::addmm", "forward")] == 1 and got[("aten::mm", "backward")] == 1
+    assert got[("aten::_foreach_add_", "optimizer")] == 1
+
+
+def test_mfu_hfu_and_kernel_roofline_of_the_mi250_step(corpus_runs: dict[str, Run]) -> None:
+    """The forward's GEMM (addmm 5x128 @ 128x128) and the backward's weight gradient (mm
+    128x5 @ 5x128) price the pass FLOPs; MFU takes 3x the forward, HFU what ran. The addmm's
+    cost splits over its two kernels by their raw durations."""
+    run = corpus_runs["amd"]
+    data = report_data(run)
+    flops, phase = data["flops"], data["op_cost"]["phase_flops"]
+    gemm = 2 * 5 * 128 * 128
+    assert phase["backward"] >= gemm and phase["forward"] >= gemm
+    assert flops["flops"] == sum(phase.values())
+    assert flops["model_flops"] == 3 * phase["forward"]
+    raw = raw_events("amd")
+    step_s = sum(e["dur"] for e in host_steps(raw)) / 1e6
+    spec = spec_of_devices(run.manifest()["devices"])
+    assert spec is not None and flops["device"] == spec.name
+    assert flops["mfu"] == pytest.approx(3 * phase["forward"] / step_s / spec.peak_for("fp32"),
+                                         rel=1e-6)
+    assert flops["hfu"] == pytest.approx(flops["flops"] / step_s / spec.peak_for("fp32"),
+                                         rel=1e-6)
+    labels = [c["label"] for c in data["cards"]]
+    assert "MFU (per rank)" in labels and "HFU (per rank)" in labels
+    # The addmm (External id 13) launched a copy of its bias and the GEMM: the GEMM kernel
+    # carries its share of the addmm's FLOPs, bytes and roofline time.
+    addmm = next(e for e in raw if e["name"] == "aten::addmm")
+    launched = [e for e in raw if e.get("cat") == "kernel"
+                and e["args"].get("External id") == addmm["args"]["External id"]]
+    assert len(launched) == 2
+    gemm_kernel = next(e for e in launched if e["name"].startswith("Cijk_"))
+    share = gemm_kernel["dur"] / sum(e["dur"] for e in launched)
+    cost = shapes_cost("aten::addmm", shapes_from_args(json.dumps(addmm["args"])))  # type: ignore[arg-type]
+    assert cost is not None and cost.flops == gemm
+    (row,) = [k for k in data["op_cost"]["kernels"] if k["name"] == gemm_kernel["name"]]
+    assert row["ops"] == ["aten::addmm"] and row["count"] == 1
+    assert row["flops"] == pytest.approx(gemm * share, rel=1e-3)
+    assert row["roofline_ns"] == pytest.approx(roofline(cost, spec).time_s * 1e9 * share,
+                                               rel=1e-3)
+    assert row["efficiency"] == pytest.approx(row["roofline_ns"] / (gemm_kernel["dur"] * 1e3),
+                                              rel=1e-3)
+    # Every FLOP of an op that launched device work is on one of its kernels.
+    costs = op_costs(run, [0], top=100).to_dict()
+    on_device = sum(o["flops"] * o["count"] for o in costs["ops"] if o["time_ns"] > 0)
+    assert sum(k["flops"] for k in costs["kernels"]) == pytest.approx(on_device)
+
+
+def test_samples_per_second_from_the_first_op(corpus_runs: dict[str, Run]) -> None:
+    """No embedding and no --batch-size: the first GEMM's input (aten::linear 5x128) says 5
+    samples, in the one of the two ProfilerSteps that ran the model."""
+    rates = report_data(corpus_runs["amd"])["throughput"]
+    steps = host_steps(raw_events("amd"))
+    assert len(steps) == 2
+    assert rates["samples_per_step"] == 2.5 and rates["tokens_per_s"] is None
+    assert rates["samples_per_s"] == pytest.approx(5 / (sum(e["dur"] for e in steps) / 1e6),
+                                                   rel=1e-6)
+    assert rates["source"] == ("the first input of the model's first op, aten::linear 5x128, "
+                               "in 1 of 2 steps")
+
+
+def _trace(tmp_path: Path, events: list[dict[str, Any]], command: list[str]) -> Run:
+    src = tmp_path / "trace.json"
+    src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))
+    return import_traces([src], tmp_path / "t.run", ImportOptions(), command)
+
+
+def _op(name: str, ts: float, dur: float, dims: list[list[int]] | None = None,
+        cat: str = "cpu_op") -> dict[str, Any]:
+    args = {} if dims is None else {"Input Dims": dims, "Input type": ["float"] * len(dims)}
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def _steps(shapes: bool) -> list[dict[str, Any]]:
+    """Two ProfilerSteps (1 ms, 2 ms); the second accumulates gradients over two forwards.
+    Each forward looks 4x16 token ids up in a 1000x32 table and 16 positions in a 64x32 one,
+    then runs two layers at one shape."""
+    def forward(t: float) -> list[dict[str, Any]]:
+        return [_op("aten::embedding", t, 10, [[1000, 32], [4, 16]] if shapes else None),
+                _op("aten::embedding", t + 20, 10, [[64, 32], [16]] if shapes else None),
+                _op("aten::linear", t + 40, 10, [[4, 16, 32], [32, 32], [32]] if shapes else None),
+                _op("aten::linear", t + 60, 10, [[4, 16, 32], [32, 32], [32]] if shapes else None)]
+
+    return [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), *forward(100),
+            _op("ProfilerStep#2", 1000, 2000, cat="user_annotation"), *forward(1100),
+            *forward(2100)]
+
+
+def test_samples_and_tokens_from_the_token_embedding(tmp_path: Path) -> None:
+    """Every lookup into the first lookup's table counts (three forwards in two steps); the
+    positions' 1-d lookups do not; the command's --batch-size gives way to the shapes."""
+    rates = report_data(_trace(tmp_path, _steps(True), ["train.py", "--batch-size", "99"]))[
+        "throughput"]
+    assert rates["samples_per_step"] == 6 and rates["tokens_per_step"] == 96
+    assert rates["samples_per_s"] == pytest.approx(12 / 3e-3)
+    assert rates["tokens_per_s"] == pytest.approx(192 / 3e-3)
+    assert rates["source"] == ("aten::embedding's indices 4x16 (batch x sequence) into the "
+                               "1000x32 table, 3 lookups in 2 steps")
+
+
+def test_samples_from_the_command_when_no_shapes(tmp_path: Path) -> None:
+    data = report_data(_trace(tmp_path, _steps(False), ["train.py", "--batch-size=99"]))
+    rates = data["throughput"]
+    assert rates["samples_per_s"] == pytest.approx(2 * 99 / 3e-3)
+    assert rates["tokens_per_s"] is None and rates["source"] == "the command's --batch-size 99"
+    card = next(c for c in data["cards"] if c["label"] == "samples/s (rank 0)")
+    assert card["value"] == "66,000.0" and "the command's --batch-size 99" in card["detail"]
+
+
+def test_addmm_counts_its_flops_beside_the_bias_copy_inside_it(trainer_run: Run) -> None:
+    """On CPU an addmm copies its bias into the output (a copy_ inside it): the addmm is still
+    the op counted, every call, with the GEMM's FLOPs; the copy_ is a detail of it."""
+    table = trainer_run.table("events", ["name", "kind", "args"]).to_pylist()
+    calls = Counter(json.dumps(shapes_from_args(r["args"]).dims)  # type: ignore[union-attr]
+                    for r in table if r["name"] == "aten::addmm" and r["kind"] == "cpu_op")
+    assert calls
+    costs = op_costs(trainer_run, [0], top=1000).to_dict()
+    counted = {o["shapes"]: o for o in costs["ops"] if o["name"] == "aten::addmm"}
+    assert sum(o["count"] for o in counted.values()) == sum(calls.values())
+    for o in counted.values():
+        assert o["family"] == "gemm" and o["flops"] > 0
