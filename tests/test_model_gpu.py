@@ -67,7 +67,11 @@ def test_a_measured_gemm_row_becomes_its_work() -> None:
                            "Tesla T4", "Tesla V100-PCIE-32GB"]
     t4 = data.hardware["Tesla T4"]
     assert roofline_s(first.work, t4) == pytest.approx(
-        max(first.work.flops / 8141e9, first.work.bytes / 320e9))
+        max(first.work.flops / 8.1e12, first.work.bytes / 320e9))
+    # the specs predict reads (devices.yaml), not the configs' (which give the P4 40 SMs)
+    assert (data.hardware["Tesla P4"].sms, t4.fp32) == (20, 8.1e12)
+    assert [data.hardware[g].near_peak_memory for g in data.gpus()] == [
+        True, False, False, False, True]  # HBM on Volta and later: A100, V100
 
 
 def test_bundled_model_prices_the_sweeps_it_learned() -> None:
@@ -98,6 +102,13 @@ def test_calibrate_dataset_retrains_and_reports_held_out_gpus(
         ("norm", "Tesla P4", 150), ("norm", "Tesla T4", 150), ("softmax", "Tesla P4", 150),
         ("softmax", "Tesla T4", 150)]
     assert all(0 < h["gmae"] < h["gmae_roofline"] for h in result["holdout"])
+    # kernel time is scored on the rows of at least twice the GPU's own 1st-percentile latency
+    for h in result["holdout"]:
+        op = "ln" if h["family"] == "norm" else "softmax"
+        raw = folder / "train" / op / f"{h['gpu'].replace(' ', '_')}.csv.gz"
+        latency = np.array([float(r["Latency"]) for r in csv.DictReader(
+            io.StringIO(gzip.decompress(raw.read_bytes()).decode()))])
+        assert h["kernel_rows"] == int((latency >= 2 * np.percentile(latency, 1)).sum())
     assert set(KernelModel.load(out).families) == {"norm", "softmax"}
 
 

@@ -85,16 +85,24 @@ def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:
     if as_json:
         print_json(result)
         return
-    table = Table("family", "left out", "rows", "GMAE model", "GMAE roofline",
-                  title=f"GPU kernel model, leave-one-GPU-out ({folder})", title_justify="left")
+    table = Table("family", "left out", "rows", "GMAE model", "GMAE roofline", "kernel rows",
+                  "kernel GMAE model", "kernel GMAE roofline",
+                  title=f"GPU kernel model, leave-one-GPU-out ({folder}; latency as measured, "
+                        "and kernel time: the latency less the GPU's floor)",
+                  title_justify="left")
+    def pct(values: list[float]) -> str:  # the mean of those scored ("-": no row scored)
+        scored = [v for v in values if not math.isnan(v)]
+        return f"{100 * sum(scored) / len(scored):.1f}%" if scored else "-"
+
     for h in holdouts:
-        table.add_row(h.family, h.gpu, str(h.rows), f"{100 * h.gmae:.1f}%",
-                      f"{100 * h.gmae_roofline:.1f}%")
+        table.add_row(h.family, h.gpu, str(h.rows), pct([h.gmae]), pct([h.gmae_roofline]),
+                      str(h.kernel_rows), pct([h.gmae_kernel]), pct([h.gmae_kernel_roofline]))
     console.print(table)
     for family in model.families:
-        mine = [h.gmae for h in holdouts if h.family == family]
+        mine = [h for h in holdouts if h.family == family]
         if mine:
-            console.print(f"{family}: mean leave-one-GPU-out GMAE {100 * sum(mine) / len(mine):.1f}%")
+            console.print(f"{family}: mean leave-one-GPU-out GMAE {pct([h.gmae for h in mine])}"
+                          f", kernel time {pct([h.gmae_kernel for h in mine])}")
     console.print(f"model: {out}")
 
 

@@ -32,6 +32,8 @@ class DeviceSpec:
     cache_bandwidth: float = 0.0
     names: tuple[str, ...] = ()    # as torch.cuda.get_device_name() returns them
     aliases: tuple[str, ...] = ()  # short names
+    architecture: str = ""         # the chip's generation (Pascal, Volta, ..., CDNA3)
+    memory: str = ""               # its DRAM type (GDDR6, HBM2, ...)
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype key (fp32, fp16, ...); fp32 when the device has no such rate."""
@@ -46,7 +48,8 @@ class DeviceSpec:
                 "memory_bandwidth_gbps": self.memory_bandwidth / 1e9,
                 "memory_gb": self.memory_bytes / 1e9, "l2_mb": self.l2_bytes / 1e6,
                 "compute_units": self.compute_units, "boost_clock_mhz": self.boost_clock_mhz,
-                "pcie_gen": self.pcie_gen, "nvlink_gbps": self.nvlink_gbps, "source": self.source}
+                "pcie_gen": self.pcie_gen, "nvlink_gbps": self.nvlink_gbps,
+                "architecture": self.architecture, "memory": self.memory, "source": self.source}
 
 
 def _spec(name: str, raw: object) -> DeviceSpec:
@@ -59,7 +62,8 @@ def _spec(name: str, raw: object) -> DeviceSpec:
             float(raw["l2_mb"]) * 1e6, int(raw["compute_units"]), float(raw["boost_clock_mhz"]),
             int(raw["pcie_gen"]), float(raw["nvlink_gbps"]), str(raw["source"]),
             names=tuple(str(n) for n in raw.get("names", ())),
-            aliases=tuple(str(a) for a in raw.get("aliases", ())))
+            aliases=tuple(str(a) for a in raw.get("aliases", ())),
+            architecture=str(raw.get("architecture", "")), memory=str(raw.get("memory", "")))
     except (KeyError, TypeError, ValueError) as exc:
         raise PerfswarmError(f"devices.yaml: {name}: bad or missing field {exc}") from None
     if "fp32" not in peaks or spec.memory_bandwidth <= 0 or min(peaks.values()) <= 0:

@@ -8,7 +8,7 @@ import csv
 import io
 import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal
 
@@ -17,6 +17,7 @@ import orjson
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.work import Family, Work, conv_work, gemm_work, vector_work
+from perfswarm.model.specs import spec_for_device
 from perfswarm.trace import gunzip
 
 Split = Literal["train", "test"]
@@ -64,6 +65,10 @@ def work_of(op: str, values: Mapping[str, int]) -> Work:
 
 
 def _hardware(folder: Path) -> dict[str, Hardware]:
+    """Each config's device, by its name and its file's: the specs of devices.yaml where that
+    knows the device (the specs predict reads, so a model is fitted and used on the same
+    figures; NeuSight's configs give the P4 40 SMs of 64 cores, its die has 20 of 128), the
+    config's own figures otherwise."""
     configs = folder / "device_configs"
     files = sorted(configs.glob("*.json")) if configs.is_dir() else []
     if not files:
@@ -72,10 +77,13 @@ def _hardware(folder: Path) -> dict[str, Hardware]:
     for path in files:
         try:
             hw = Hardware.of_config(orjson.loads(path.read_bytes()))
+            spec = spec_for_device(hw.name, hw.memory_bytes)
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError,
                 AttributeError) as exc:
             raise PerfswarmError(f"{path}: not a device config ({type(exc).__name__}: "
                                  f"{exc})") from None
+        if spec is not None:
+            hw = replace(Hardware.of_spec(spec), name=hw.name)
         out[hw.name] = hw
         out[path.stem.replace("_", " ")] = hw
     return out

@@ -1,4 +1,5 @@
-"""What the GPU kernel model reads of a device: its published rates and sizes."""
+"""What the GPU kernel model reads of a device: its published rates and sizes, and the class
+of its memory system."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from dataclasses import dataclass
 from perfswarm.model.specs import DeviceSpec
 
 MHZ = 1e6
+
+
+def streams_near_peak(architecture: str, memory: str) -> bool:
+    """HBM behind a Volta-or-later memory controller: streaming kernels reach about 90% of the
+    rated bandwidth there (V100, A100 measure 0.9), about 75% on GDDR parts and on Pascal's
+    first HBM2 (P100, P4, T4 measure 0.74-0.76: shared/gpu-kernels' large elementwise ops)."""
+    return memory.upper().startswith("HBM") and architecture.lower() not in ("", "pascal")
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,7 @@ class Hardware:
     tensor_half: float    # FP16/BF16 peak (tensor cores where there are)
     l2_bytes: float
     memory_bytes: float
+    near_peak_memory: bool = False  # streams_near_peak: unknown devices count as not
 
     @classmethod
     def of_spec(cls, spec: DeviceSpec) -> Hardware:
@@ -33,7 +42,8 @@ class Hardware:
         cores = round(fp32 / (2 * spec.compute_units * spec.boost_clock_mhz * MHZ))
         return cls(spec.name, spec.memory_bandwidth, spec.compute_units, max(1, cores),
                    spec.boost_clock_mhz, fp32, max(fp32, spec.peak_for("tf32")),
-                   max(fp32, spec.peak_for("fp16")), spec.l2_bytes, spec.memory_bytes)
+                   max(fp32, spec.peak_for("fp16")), spec.l2_bytes, spec.memory_bytes,
+                   streams_near_peak(spec.architecture, spec.memory))
 
     @classmethod
     def of_config(cls, config: Mapping[str, float | str]) -> Hardware:

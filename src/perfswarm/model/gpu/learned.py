@@ -10,9 +10,13 @@ targets span, so a GPU none of the measurements came from gets an efficiency the
 GPUs reached, times its own roofline: bounded, never a wild extrapolation. They are fitted
 with scikit-learn and saved as arrays (model/gpu/trees.py).
 
-Measured op latencies include a fixed host and launch time (25 to 60 us in the dataset); the
-model learns the rest: per GPU, the latency over its 1st-percentile latency (`floor`). A
-kernel in a trace is priced without that floor: the trace times the kernel alone.
+Measured op latencies include a fixed host and launch time (25 to 60 us in the dataset, set by
+the measuring machine's CPU rather than by its GPU); the model learns the rest: per GPU, the
+latency over its 1st-percentile latency (`floor`), from the rows where that rest is at least
+half the latency (a smaller rest is mostly the host's jitter). A kernel in a trace is priced
+without that floor: the trace times the kernel alone. Held-out GPUs are scored both ways: the
+whole latency (the others' median floor added) and the kernel time alone (the latency less the
+GPU's own floor, on its rows of at least two floors).
 """
 
 from __future__ import annotations
@@ -41,7 +45,10 @@ MODEL_FILE: Final = "gpu_kernels.npz"
 ROWS_PER_GPU: Final = 1000  # training rows per family and GPU (evenly spaced over the sweep)
 EVAL_ROWS: Final = 1500  # held-out rows scored per family and GPU
 FLOOR_PERCENTILE: Final = 1.0
-MIN_WORK_SHARE: Final = 0.1  # a latency is at least this much kernel work, past the floor
+TRAINED_FLOORS: Final = 2.0  # a row trains the model when its latency is at least this many floors
+SCORED_FLOORS: Final = 2.0  # and is scored for its kernel time alone from this many
+MIN_ROWS: Final = 50  # fewer such rows: every row trains it, its rest at least MIN_WORK_SHARE
+MIN_WORK_SHARE: Final = 0.1
 Progress = Callable[[str], None]
 
 
@@ -119,20 +126,26 @@ class _Rows:
                    np.array([roofline_s(r.work, hardware[r.gpu]) for r in rows]),
                    np.array([r.seconds for r in rows]))
 
+    def floors(self, keep: npt.NDArray[np.bool_]) -> dict[str, float]:
+        """Each GPU's floor over the rows `keep` marks: its 1st-percentile latency."""
+        return {g: float(np.percentile(self.seconds[keep & (self.gpu == g)], FLOOR_PERCENTILE))
+                for g in set(self.gpu[keep])}
+
     def fit(self, keep: npt.NDArray[np.bool_]) -> FamilyModel:
         """The family's model on the rows `keep` marks: the floor per GPU, the trees on the
-        rest of each latency."""
-        floors = {g: float(np.percentile(self.seconds[keep & (self.gpu == g)],
-                                         FLOOR_PERCENTILE)) for g in set(self.gpu[keep])}
-        floor = np.array([floors[g] for g in self.gpu[keep]])
-        seconds = self.seconds[keep]
-        work = np.maximum(seconds - floor, MIN_WORK_SHARE * seconds)
-        return FamilyModel(fit(self.x[keep], np.log(work / self.roof[keep])),
+        rest of the latencies of at least TRAINED_FLOORS floors (of all, where few are)."""
+        floors = self.floors(keep)
+        floor = np.array([floors.get(g, np.inf) for g in self.gpu])
+        rows = keep & (self.seconds >= TRAINED_FLOORS * floor)
+        if rows.sum() < MIN_ROWS:  # sweeps of small kernels only: every row, the rest clamped
+            rows = keep
+        work = np.maximum(self.seconds[rows] - floor[rows], MIN_WORK_SHARE * self.seconds[rows])
+        return FamilyModel(fit(self.x[rows], np.log(work / self.roof[rows])),
                            float(np.median(list(floors.values()))))
 
-    def predicted(self, model: FamilyModel, keep: npt.NDArray[np.bool_]) -> F64:
-        """The latency of the rows `keep` marks: the floor plus the kernel."""
-        return model.floor_s + self.roof[keep] * np.exp(model.trees.predict(self.x[keep]))
+    def kernel(self, model: FamilyModel, keep: npt.NDArray[np.bool_]) -> F64:
+        """The kernel time of the rows `keep` marks, without the floor."""
+        return self.roof[keep] * np.exp(model.trees.predict(self.x[keep]))
 
 
 def _spaced(rows: Sequence[Measurement], most: int, train_only: bool) -> list[Measurement]:
@@ -145,6 +158,9 @@ def _spaced(rows: Sequence[Measurement], most: int, train_only: bool) -> list[Me
 
 
 def gmae(predicted: F64, measured: F64) -> float:
+    """Geometric mean absolute error; NaN over no rows."""
+    if not len(measured):
+        return math.nan
     return math.expm1(float(np.mean(np.abs(np.log(predicted / measured)))))
 
 
@@ -155,13 +171,18 @@ class Holdout:
     family: Family
     gpu: str
     rows: int
-    gmae: float
+    gmae: float            # of the whole latency: the others' median floor plus the kernel
     gmae_roofline: float
+    kernel_rows: int       # rows of at least SCORED_FLOORS of the GPU's own floor
+    gmae_kernel: float     # of their kernel time: the latency less that floor
+    gmae_kernel_roofline: float
     model: FamilyModel = field(compare=False, repr=False)  # fitted without `gpu`
 
     def to_dict(self) -> dict[str, object]:
         return {"family": self.family, "gpu": self.gpu, "rows": self.rows, "gmae": self.gmae,
-                "gmae_roofline": self.gmae_roofline}
+                "gmae_roofline": self.gmae_roofline, "kernel_rows": self.kernel_rows,
+                "gmae_kernel": self.gmae_kernel,
+                "gmae_kernel_roofline": self.gmae_kernel_roofline}
 
 
 def _families(dataset: Dataset) -> dict[Family, list[Measurement]]:
@@ -197,9 +218,15 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
             model = table.fit(fitting & (table.gpu != gpu))
             held = ~fitting & (table.gpu == gpu)
             measured = table.seconds[held]
-            holdouts.append(Holdout(family, gpu, int(held.sum()),
-                                    gmae(table.predicted(model, held), measured),
-                                    gmae(table.roof[held], measured), model))
+            own = table.floors(fitting & (table.gpu == gpu))[gpu]
+            kernel = held & (table.seconds >= SCORED_FLOORS * own)
+            alone = table.seconds[kernel] - own
+            holdouts.append(Holdout(
+                family, gpu, int(held.sum()),
+                gmae(model.floor_s + table.kernel(model, held), measured),
+                gmae(table.roof[held], measured), int(kernel.sum()),
+                gmae(table.kernel(model, kernel), alone), gmae(table.roof[kernel], alone),
+                model))
         progress(f"{family}: all {len(gpus)} GPUs")
         families[family] = table.fit(fitting)
     return KernelModel(families, tuple(dataset.gpus())), holdouts

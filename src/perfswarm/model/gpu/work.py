@@ -1,5 +1,6 @@
 """A GPU kernel's work (FLOPs, bytes, its GEMM view) and the features the learned model reads
-of it on a device: the roofline, the wave and tile quantization over the SMs, and the specs.
+of it on a device: the roofline, the wave and tile quantization over the SMs, the ridge point
+and the memory class.
 
 The model predicts the log of measured time over roofline time, that is one over the fraction
 of the roofline the kernel reaches: bounded below by the roofline, a quantity that moves
@@ -22,12 +23,13 @@ KINDS: Final = ("linear", "bmm", "add", "addu", "mul", "mulu", "div", "divu", "p
                 "relu", "gelu", "tanh", "conv", "ln", "softmax")
 ELEMENTWISE_BLOCK: Final = 512  # elements a vectorized elementwise block takes (128 threads x 4)
 TILES: Final = (128, 64)  # GEMM output tile edges the quantization features assume
-DEVICE_FEATURES: Final = 6  # the last features: the device's specs
+# the device enters through the roofline, the waves over its SMs, bytes over its L2, its ridge
+# point and its memory class only: no feature names one of the few measured GPUs (SMs, clock,
+# bandwidth as such), so an unseen GPU is not priced as the measured GPU nearest in some spec
 FEATURES: Final = ("log2 FLOPs", "log2 bytes", "log2 intensity / ridge", "log2 roofline us",
                    "log2 batch", "log2 m", "log2 n", "log2 k", "log2 waves 128",
                    "wave efficiency 128", "log2 waves 64", "wave efficiency 64",
-                   "log2 bytes / L2", "kind", "log2 bandwidth", "SMs", "cores per SM",
-                   "clock MHz", "log2 peak", "log2 L2")
+                   "log2 bytes / L2", "kind", "log2 ridge", "memory near peak")
 Peak = Literal["fp32", "tf32", "half"]
 
 
@@ -82,8 +84,7 @@ def features(work: Work, hw: Hardware) -> list[float]:
     return [_log2(work.flops), _log2(work.bytes), _log2(intensity / ridge),
             _log2(roofline_s(work, hw) * 1e6), _log2(work.b), _log2(work.m), _log2(work.n),
             _log2(work.k), *waves, _log2(work.bytes / hw.l2_bytes),
-            float(KINDS.index(work.kind)), _log2(hw.bandwidth), float(hw.sms),
-            float(hw.cores_per_sm), hw.clock_mhz, _log2(peak), _log2(hw.l2_bytes)]
+            float(KINDS.index(work.kind)), _log2(ridge), float(hw.near_peak_memory)]
 
 
 FP32: Final = 4
