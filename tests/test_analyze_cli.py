@@ -21,7 +21,7 @@ def test_analyze_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture
     assert set(data) == {"path", "events", "ranks", "iterations", "concurrency", "ops", "launch",
                          "stragglers", "critical_path", "swarms", "system", "op_cost",
                          "kernels", "bandwidth", "sequences", "scopes", "cupti",
-                         "windows"}
+                         "memory", "windows"}
     # A100 (devices.yaml): 1555 GB/s of memory for the device's own copies and sets
     ((d2d, memset),) = [r["flows"] for r in data["bandwidth"]]
     assert (d2d["direction"], d2d["ops"], d2d["bytes"], d2d["peak_gbps"]) == (

@@ -246,21 +246,24 @@ def load(path: PathLike) -> Run:
 
 def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike, *,
                   ranks: Sequence[int] = (), execution_traces: Sequence[PathLike] = (),
-                  drop_bad_events: bool = False,
+                  memory_timelines: Sequence[PathLike] = (), drop_bad_events: bool = False,
                   streaming: Literal["auto", "always", "never"] = "auto",
                   force: bool = False) -> Run:
     """Import Kineto traces (.json, .json.gz, or directories of *.pt.trace.json) or Nsight
     Systems SQLite exports, one per rank, into a new Run at `out`.
 
     `ranks`: each file's rank (default: its distributedInfo, else file order);
-    `execution_traces`: PyTorch execution traces, one per rank; `drop_bad_events`: drop
-    events with negative or absurd times instead of failing; `force`: replace `out`."""
+    `execution_traces`: PyTorch execution traces, one per rank; `memory_timelines`:
+    torch.profiler's memory timeline exports, one per rank (`analyze()`'s `memory`);
+    `drop_bad_events`: drop events with negative or absurd times instead of failing;
+    `force`: replace `out`."""
     from perfswarm.trace.ingest import ImportOptions, trace_files
     from perfswarm.trace.ingest import import_traces as ingest
 
     given = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     options = ImportOptions(ranks=tuple(ranks),
                             execution_traces=tuple(Path(p) for p in execution_traces),
+                            memory_timelines=tuple(Path(p) for p in memory_timelines),
                             drop_bad_events=drop_bad_events, streaming=streaming, force=force)
     command = ["perfswarm.import_traces", *map(str, given)]
     return Run(ingest(trace_files(given), Path(out).absolute(), options, command))

@@ -15,6 +15,7 @@ from perfswarm.analyze.cupti import CuptiCounters
 from perfswarm.analyze.iterations import Iterations, StepWindow
 from perfswarm.analyze.kernels import RankKernels
 from perfswarm.analyze.launch import LaunchStats
+from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.ops import OpBreakdown
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.stragglers import Stragglers
@@ -40,6 +41,7 @@ class Analysis:
     sequences: tuple[Sequence_, ...]
     scopes: Scopes
     cupti: CuptiCounters | None
+    memory: tuple[RankMemory, ...]
     # time windows the concurrency and system load are given per when no iterations are found
     windows: Mapping[int, Sequence[StepWindow]] = field(default_factory=dict)
 
@@ -57,4 +59,5 @@ class Analysis:
                 "sequences": [s.to_dict() for s in self.sequences],
                 "scopes": self.scopes.to_dict(),
                 "cupti": self.cupti.to_dict() if self.cupti else None,
+                "memory": [m.to_dict() for m in self.memory],
                 "windows": {str(r): [w.to_dict() for w in ws] for r, ws in self.windows.items()}}

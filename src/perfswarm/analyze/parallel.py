@@ -39,6 +39,7 @@ from perfswarm.analyze.frame import EVENT_COLUMNS, Events
 from perfswarm.analyze.iterations import StepWindow, combine, detected_windows, run_markers
 from perfswarm.analyze.kernels import RankKernels, rank_kernels
 from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
+from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import OpTotals
 from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
 from perfswarm.analyze.stragglers import Instance, collective_starts, skews
@@ -148,5 +149,6 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         bandwidth=tuple(b for rank_flows, _ in flows for b in rank_flows),
         sequences=top_sequences(merge([p.sequences for p in parts])),
         scopes=Scopes.merge([p.scopes for p in parts]),
-        cupti=CuptiCounters.merge([c for _, c in flows]))
+        cupti=CuptiCounters.merge([c for _, c in flows]),
+        memory=memory_timeline(run.table("counters"), its.steps))
 

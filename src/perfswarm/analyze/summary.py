@@ -15,6 +15,7 @@ from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import combine, iterations
 from perfswarm.analyze.kernels import kernel_breakdown
 from perfswarm.analyze.launch import launch_stats
+from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import op_breakdown
 from perfswarm.analyze.sequences import kernel_sequences
 from perfswarm.analyze.stragglers import stragglers
@@ -67,7 +68,8 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
         bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),
-        cupti=cupti_counters(run, ev), windows=windows)
+        cupti=cupti_counters(run, ev), memory=memory_timeline(run.table("counters"), its.steps),
+        windows=windows)
 
 
 def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,

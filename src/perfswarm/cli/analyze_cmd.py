@@ -20,7 +20,7 @@ from perfswarm.cli.output import console, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.model.topology import copy_peak_gbps
-from perfswarm.report.text import ms
+from perfswarm.report.text import mib, ms
 from perfswarm.trace.store import Run
 
 SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",
@@ -92,6 +92,13 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                               for h in step.handovers)
             console.print(f"  step {step.step}: {_path_text(step)}"
                           + (f" ({hands})" if hands else ""))
+    for m in result.memory:
+        held = ", ".join(f"{c} {mib(v)}" for c, v in sorted(m.peak.by_category.items(),
+                                                            key=lambda kv: -kv[1]) if v)
+        steps = ", ".join(f"{s}: {mib(p.total_bytes)}" for s, p in m.steps)
+        console.print(f"memory rank {m.rank}: peak {mib(m.peak.total_bytes)} at "
+                      f"+{ms(m.peak.ts - m.t[0])} ({held})"
+                      + (f"; per step {steps}" if steps else ""))
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
     for system in result.system:

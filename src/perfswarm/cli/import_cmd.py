@@ -1,4 +1,4 @@
-"""`perfswarm import TRACE... [--out RUN] [--et ET.json]`."""
+"""`perfswarm import TRACE... [--out RUN] [--et ET.json] [--memory-timeline FILE]`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def import_command(
     traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz) or Nsight Systems SQLite exports (nsys export --type sqlite), one per rank, or a directory of them (e.g. TensorBoard's log dir: every *.pt.trace.json under it).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
     et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON (one per rank, in rank order).")] = None,
+    memory_timeline: Annotated[list[Path] | None, typer.Option("--memory-timeline", help="torch.profiler's memory timeline (export_memory_timeline: .json, .json.gz, or raw.json.gz), one per rank, in rank order: bytes alive per category over time, as counters memory.<category>.")] = None,
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo, else file order).")] = None,
     drop_bad_events: Annotated[bool, typer.Option("--drop-bad-events", help="Drop events with negative or absurd times (counted in warnings) instead of failing.")] = False,
     streaming: Annotated[str, typer.Option("--streaming", help="auto | always | never: bounded-memory path for traces over a quarter of RAM.")] = "auto",
@@ -38,6 +39,7 @@ def import_command(
     target = out or Path(traces[0].name.split(".")[0] + ".run")
     mode: Streaming = streaming  # type: ignore[assignment]
     options = ImportOptions(ranks=tuple(rank or ()), execution_traces=tuple(et or ()),
+                            memory_timelines=tuple(memory_timeline or ()),
                             drop_bad_events=drop_bad_events, streaming=mode, force=force,
                             cluster=cluster_options(workers, scheduler, worker_memory))
     command = ["perfswarm", "import", *map(str, traces)]

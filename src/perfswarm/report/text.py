@@ -15,6 +15,10 @@ def pct(share: float) -> str:
     return f"{100 * share:.1f}%" if share >= 0.01 or share == 0 else f"{100 * share:.2g}%"
 
 
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.3f} MiB"
+
+
 def evidence_text(key: str, value: Any) -> str:
     """An advice's evidence value as a person reads it: ns as ms, numbers with separators,
     mappings as `key value` pairs, lists one item after another."""

@@ -27,6 +27,7 @@ Progress = Callable[[str, int, int], None]
 class ImportOptions:
     ranks: tuple[int, ...] = ()
     execution_traces: tuple[Path, ...] = ()
+    memory_timelines: tuple[Path, ...] = ()  # torch.profiler's, one per rank, in rank order
     drop_bad_events: bool = False
     streaming: Streaming = "auto"
     force: bool = False

@@ -8,10 +8,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace import execution_trace, nsys
+from perfswarm.trace import execution_trace, memory_timeline, nsys
 from perfswarm.trace.build import (
     ImportOptions,
     Progress,
@@ -140,14 +141,14 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     for r in options.ranks:
         if not 0 <= r < 2**31:
             raise PerfswarmError(f"--rank {r}: out of range (0 to {2**31 - 1})")
-    for p in (*paths, *options.execution_traces):
+    extras = (*options.execution_traces, *options.memory_timelines)
+    for p in (*paths, *extras):
         if not p.is_file():
             raise PerfswarmError(f"{p}: no such file")
     manifest = new_manifest(command, complete=True)
     manifest["exit_status"] = 0
     streamed = any(wants_streaming(p, options.streaming) for p in paths)
-    with creating(out, force=options.force,
-                  inputs=(*paths, *options.execution_traces)) as run:
+    with creating(out, force=options.force, inputs=(*paths, *extras)) as run:
         if (not streamed and options.cluster.parallel(len(paths))
                 and not any(map(nsys.is_nsys, paths))):
             from perfswarm.trace.parallel import import_parallel
@@ -167,7 +168,23 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             manifest["warnings"] += source_warnings(et_path.name, counts)
             manifest["sources"].append({"file": et_path.name, "format": "execution_trace",
                                         "rank": et_rank, "nodes": nodes.num_rows})
+        if options.memory_timelines:
+            _add_memory_timelines(run, options.memory_timelines, manifest)
         run.write_manifest(manifest)
     if progress:
         progress("done", len(paths), len(paths))
     return Run(out)
+
+
+def _add_memory_timelines(run: Run, paths: Sequence[Path], manifest: Manifest) -> None:
+    """The j-th memory timeline belongs to the j-th trace's rank: its counters join the Run's."""
+    parts = [run.table("counters")]
+    for j, path in enumerate(paths):
+        rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
+        parts.append(memory_timeline.read(path, rank))
+        run.add_raw(path)
+        manifest["sources"].append({"file": path.name, "format": "memory_timeline",
+                                    "rank": rank, "counters": parts[-1].num_rows})
+    counters = concat(parts, COUNTERS)
+    order = np.lexsort((counters.column("ts").to_numpy(), counters.column("rank").to_numpy()))
+    run.write_table("counters", counters.take(pa.array(order)))

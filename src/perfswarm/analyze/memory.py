@@ -1,0 +1,110 @@
+"""Memory by category over time: the peak, what it held, and each iteration's peak.
+
+Reads the counters `memory.<category>` that a torch.profiler memory timeline becomes
+(trace/memory_timeline.py): bytes alive in a category from each reading until the next. The
+total at a time is the sum over categories of their last reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.analyze.frame import I64
+from perfswarm.analyze.iterations import StepWindow
+
+PREFIX: Final = "memory."
+MAX_POINTS = 400  # of the timeline given back; each keeps its stretch's highest total
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    ts: int
+    total_bytes: int
+    by_category: dict[str, int]  # what was alive then
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ts": self.ts, "total_bytes": self.total_bytes,
+                "by_category": dict(self.by_category)}
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    rank: int
+    peak: MemoryPeak
+    category_peak_bytes: dict[str, int]  # each category's own highest
+    steps: tuple[tuple[int, MemoryPeak], ...]  # (step, its peak), the state it began with too
+    t: tuple[int, ...]  # the timeline, at most MAX_POINTS readings
+    bytes: dict[str, tuple[int, ...]]  # category -> bytes alive at each of `t`
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "peak": self.peak.to_dict(),
+                "category_peak_bytes": dict(self.category_peak_bytes),
+                "steps": [{"step": s, **p.to_dict()} for s, p in self.steps],
+                "t": list(self.t), "bytes": {c: list(v) for c, v in self.bytes.items()}}
+
+
+def _peak(times: I64, alive: I64, categories: Sequence[str], rows: I64, since: int) -> MemoryPeak:
+    i = int(rows[np.argmax(alive[rows].sum(axis=1))])
+    return MemoryPeak(max(int(times[i]), since), int(alive[i].sum()),
+                      {c: int(v) for c, v in zip(categories, alive[i].tolist(), strict=True)})
+
+
+def _shown(total: I64) -> I64:
+    """At most MAX_POINTS indices: of each equal stretch of readings, its highest total."""
+    if len(total) <= MAX_POINTS:
+        return np.arange(len(total))
+    return np.array([int(part[np.argmax(total[part])])
+                     for part in np.array_split(np.arange(len(total)), MAX_POINTS)], np.int64)
+
+
+def rank_memory(rank: int, ts: I64, names: Sequence[str], value: I64,
+                steps: Sequence[StepWindow]) -> RankMemory:
+    """One rank's memory from its `memory.*` readings (ts, name, bytes)."""
+    categories = sorted(set(names))
+    times = np.unique(ts)
+    alive = np.zeros((len(times), len(categories)), np.int64)
+    for j, c in enumerate(categories):
+        mine = np.flatnonzero(np.array(names) == c)
+        mine = mine[np.argsort(ts[mine], kind="stable")]
+        at = np.searchsorted(ts[mine], times, side="right") - 1
+        alive[:, j] = np.where(at >= 0, value[mine][np.maximum(at, 0)], 0)
+    short = [c[len(PREFIX):] for c in categories]
+    every = np.arange(len(times))
+    per_step = []
+    for w in steps:
+        # the state the step began with (the last reading at or before its start) and every
+        # reading inside it
+        lo = int(np.searchsorted(times, w.start, side="right")) - 1
+        rows = np.arange(max(lo, 0), int(np.searchsorted(times, w.end)))
+        if len(rows):
+            per_step.append((w.step, _peak(times, alive, short, rows, w.start)))
+    shown = _shown(alive.sum(axis=1))
+    return RankMemory(rank, _peak(times, alive, short, every, int(times[0])),
+                      {c: int(alive[:, j].max()) for j, c in enumerate(short)},
+                      tuple(per_step), tuple(times[shown].tolist()),
+                      {c: tuple(alive[shown, j].tolist()) for j, c in enumerate(short)})
+
+
+def memory_timeline(counters: pa.Table,
+                    steps: Mapping[int, Sequence[StepWindow]]) -> tuple[RankMemory, ...]:
+    """Per rank with a memory timeline: its memory by category (see the module docstring)."""
+    name = counters.column("name").cast(pa.string())
+    mine = counters.filter(pc.starts_with(name, PREFIX))
+    if mine.num_rows == 0:
+        return ()
+    rank = mine.column("rank").to_numpy()
+    ts = np.asarray(mine.column("ts").to_numpy(), np.int64)
+    names = mine.column("name").cast(pa.string()).to_pylist()
+    value = np.asarray(mine.column("value").to_numpy(), np.float64).round().astype(np.int64)
+    out = []
+    for r in np.unique(rank).tolist():
+        rows = np.flatnonzero(rank == r)
+        out.append(rank_memory(int(r), ts[rows], [names[i] for i in rows], value[rows],
+                               steps.get(int(r), ())))
+    return tuple(out)
