@@ -9,13 +9,14 @@ from pathlib import Path
 import orjson
 import pytest
 
+from conftest import events
 from perfswarm.analyze.frame import Events
 from perfswarm.cli.main import main
 from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.forecast import op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import bundled
-from perfswarm.model.gpu.opgraph import HOST_OP_NS
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, innermost_ops
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes
 from perfswarm.model.predict import Change, predict
@@ -126,3 +127,22 @@ def test_forecast_bad_inputs(corpus_runs: dict[str, Run], tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{sweep}: not a readable gzip CSV" in err
     assert not out.exists()
+
+
+def test_ops_that_zero_their_output_keep_their_own_kernel() -> None:
+    """A CPU trace's op tree: linear around addmm is one GEMM (the addmm); a max-pool backward
+    around the zero_ (around fill_) of its gradient is two kernels, the fill and its own."""
+    pool = ((8, 16, 16, 16), (8, 16, 32, 32), (8, 16, 16, 16))
+    rows = [(0, 0, 100, "cpu_op", "aten::max_pool2d_with_indices_backward", 1, -1, -1, -1),
+            (0, 10, 20, "cpu_op", "aten::zero_", 1, -1, -1, -1),
+            (0, 12, 16, "cpu_op", "aten::fill_", 1, -1, -1, -1),
+            (0, 200, 100, "cpu_op", "aten::linear", 1, -1, -1, -1),
+            (0, 205, 5, "cpu_op", "aten::t", 1, -1, -1, -1),
+            (0, 220, 70, "cpu_op", "aten::addmm", 1, -1, -1, -1)]
+    shapes = [Shapes(pool, (F,) * 3), Shapes((pool[1],), (F,)), Shapes((pool[1], ()), (F, F)),
+              Shapes((X, W, B), (F,) * 3), Shapes((W,), (F,)), Shapes((B, X, (512, 1024)),
+                                                                   (F,) * 3)]
+    ev = events(rows)
+    found = innermost_ops(ev, lambda r: shapes[r], 0, 1_000)
+    assert [ev.name_of(r) for r in found] == [
+        "aten::max_pool2d_with_indices_backward", "aten::fill_", "aten::addmm"]

@@ -11,7 +11,6 @@ the forecast carries the profiler's overhead, as the traces it compares with do.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from perfswarm.model.specs import DeviceSpec
 
 HOST_OP_NS: Final = 51_761
 LAUNCH_NS: Final = 9_713
+ZEROING: Final = frozenset({"aten::zero_", "aten::fill_"})  # an op setting up its output
 LAUNCHES: Final = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "hipLaunchKernel",
                    "hipExtLaunchKernel")
 
@@ -54,14 +54,22 @@ class StepForecast:
 def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, hi: int
                   ) -> list[int]:
     """Rows of the aten ops in [lo, hi) with shapes and a cost model that enclose no other
-    such op on their thread (aten::linear's addmm, not the linear), in start order."""
+    such op on their thread (aten::linear's addmm, not the linear), in start order; an op
+    that encloses only the zeroing of its output (ZEROING: max_pool2d_with_indices_backward,
+    nll_loss_backward) runs its own kernel after it, and counts too."""
     rows = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi))
     costed = [r for r in rows.tolist() if ev.name_of(r).startswith("aten::")
               and (s := shapes(r)) is not None and data_cost(ev.name_of(r), s) is not None]
-    lanes = sorted(costed, key=lambda r: (int(ev.rank[r]), int(ev.tid[r]), int(ev.ts[r])))
-    outer = {r for r, after in itertools.pairwise(lanes)
-             if (ev.rank[r], ev.tid[r]) == (ev.rank[after], ev.tid[after])
-             and ev.ts[after] < ev.end[r]}
+    lanes = sorted(costed, key=lambda r: (int(ev.rank[r]), int(ev.tid[r]), int(ev.ts[r]),
+                                          -int(ev.end[r])))
+    outer = set()
+    for i, r in enumerate(lanes):
+        for a in lanes[i + 1:]:
+            if (ev.rank[a], ev.tid[a]) != (ev.rank[r], ev.tid[r]) or ev.ts[a] >= ev.end[r]:
+                break  # past what r encloses
+            if ev.name_of(r) in ZEROING or ev.name_of(a) not in ZEROING:
+                outer.add(r)
+                break
     return [r for r in costed if r not in outer]
 
 
