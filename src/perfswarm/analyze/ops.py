@@ -7,6 +7,7 @@ a few ordered patterns sort nearly all of them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,10 +39,12 @@ TENSOR_CORE: Final = (r"(?i)(tf32|tfloat32|bf16|fp16|f16|h884|h1688|h16816|s1688
 _TENSOR_CORE_RE: Final = re.compile(TENSOR_CORE)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # per distinct name: callers ask per kernel event
 def is_tensor_core(name: str) -> bool:
     return _TENSOR_CORE_RE.search(name) is not None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def kernel_category(name: str) -> str:
     for category, pattern in KERNEL_CATEGORIES:
         if pattern.search(name):

@@ -260,15 +260,20 @@ def _kernel_stats(parts: Sequence[_RankOps], spec: DeviceSpec | None) -> list[Ke
     return stats
 
 
+def _rank_ops_once(run: Run, rank: int) -> _RankOps:
+    """`_rank_ops` once per Run object (a report's op table and its advice both want them)."""
+    return run.memo(("rank_ops", rank), lambda: _rank_ops(run, rank))
+
+
 def op_sequence(run: Run, rank: int) -> list[tuple[OpCost, Shapes]]:
     """The first iteration's costed ops of a rank's first thread, in order, with their shapes."""
-    ops = _rank_ops(run, rank)
+    ops = _rank_ops_once(run, rank)
     return list(zip(ops.sequence, ops.shapes, strict=True))
 
 
 def op_costs(run: Run, ranks: Sequence[int], top: int = TOP) -> OpCosts:
     """The op-cost table of `ranks` of the Run (its fusion candidates from the first rank)."""
-    parts = [_rank_ops(run, rank) for rank in ranks]
+    parts = [_rank_ops_once(run, rank) for rank in ranks]
     gpu = any(p.gpu for p in parts)
     spec = spec_of_devices(run.manifest()["devices"]) if gpu else None
     merged: dict[tuple[str, str], tuple[OpCost, int, int]] = {}

@@ -45,7 +45,9 @@ class LearnedScaler:
     def scaled(self, measured_ns: int, old: OpCost, new: OpCost, old_dims: Dims,
                new_dims: Dims) -> int:
         after = self.seconds(new, new_dims, self.target)
-        before = self.seconds(old, old_dims, self.source)
+        # at the recorded op on the recorded GPU (a replay, a report) the two are one case
+        same = (old, old_dims, self.source) == (new, new_dims, self.target)
+        before = after if same else self.seconds(old, old_dims, self.source)
         if after is None or before is None:
             return self.roofline.scaled(measured_ns, old, new, old_dims, new_dims)
         work = measured_ns - self.floor_ns
