@@ -28,6 +28,7 @@ from perfswarm.trace.schema import NONE
 
 WINDOWS = 10
 SMOOTH = 5  # samples a leaf module is voted over
+MINOR = 0.1  # a leaf module with less of the samples than this is no phase of its own
 
 
 def runs(symbols: I64, ts: I64, end: I64) -> tuple[I64, I64, I64]:
@@ -103,14 +104,23 @@ def syscall_steps(ev: Events) -> dict[int, list[StepWindow]]:
 
 def leaf_modules(stacks: pa.Table, stack_ids: I64, smooth: int = SMOOTH) -> I64:
     """Per sample (its stack id, in time order), a code for its leaf's module (the library the
-    time went to), each the most common of the `smooth` samples around it: a stray sample in
-    libc or the kernel inside a phase does not split it. Native stacks of an interpreter
-    unwind unevenly (no frame pointers), so the leaf is what every sample has."""
+    time went to). A module with under MINOR of the samples (the interpreter between two calls,
+    a libc copy, a page fault in the kernel) takes the module of the sample before it: on a
+    loaded machine such strays fall at phase boundaries and inside phases alike, and a phase
+    they split no longer repeats. Then each sample takes the most common of the `smooth`
+    samples around it, so a stray of a major module inside another's phase does not split it
+    either. Native stacks of an interpreter unwind unevenly (no frame pointers), so the leaf is
+    what every sample has."""
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     leaf = np.asarray(stacks.column("depth").to_numpy(), np.int64) == 0
     module, _ = stack_codes(stacks, "module")
     of = dict(zip(sid[leaf].tolist(), module[leaf].tolist(), strict=True))
     raw = np.array([of.get(int(s), NONE) for s in stack_ids], np.int64)
+    values, counts = np.unique(raw, return_counts=True)
+    major = np.isin(raw, values[counts >= MINOR * len(raw)])
+    if major.any():  # each minor sample takes the last major one's module (the first's, first)
+        last = np.maximum.accumulate(np.where(major, np.arange(len(raw)), -1))
+        raw = raw[np.where(last >= 0, last, np.flatnonzero(major)[0])]
     half = smooth // 2
     out = raw.copy()
     for i in range(len(raw)):
