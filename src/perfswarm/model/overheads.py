@@ -111,14 +111,15 @@ def instances(g: Graph, ev: Events, kernel_point: np.ndarray[Any, np.dtype[np.bo
 
 def _instance(kind: str, nodes: I64, kernel_point: np.ndarray[Any, np.dtype[np.bool_]]
               ) -> Instance:
-    points = [int(n) for n in nodes if kernel_point[n]]
+    at_point = kernel_point[nodes]
+    points = nodes[at_point].tolist()
     if not points:
-        return Instance(kind, int(nodes[0]), (("t0", tuple(int(n) for n in nodes)),), ())
+        return Instance(kind, int(nodes[0]), (("t0", tuple(nodes.tolist())),), ())
     groups: list[tuple[str, tuple[int, ...]]] = []
     current: list[int] = []
     seen = 0
-    for n in nodes.tolist():
-        if kernel_point[n]:
+    for n, is_point in zip(nodes.tolist(), at_point.tolist(), strict=True):
+        if is_point:
             groups.append(("t2" if seen == 0 else "t5", tuple(current)))
             current = []
             seen += 1
@@ -184,14 +185,14 @@ def stalled(g: Graph, ev: Events) -> np.ndarray[Any, np.dtype[np.bool_]]:
     return out
 
 
-def measured_parts(g: Graph, dur: I64, gap: I64, inst: Instance) -> dict[str, float]:
-    """An instance's T1 and overhead parts (ns) under these durations and gaps."""
+def measured_parts(dur: Sequence[int], gap: Sequence[int], inst: Instance) -> dict[str, float]:
+    """An instance's T1 and overhead parts (ns) under these durations and gaps (lists: the
+    callers walk every node of every instance, and a list reads an int without a numpy scalar)."""
     parts: dict[str, float] = {"t1": float(max(gap[inst.first], 0))}
     for name, nodes in inst.groups:
         # the gaps inside an op count with its pieces (clock jitter can make one negative: an
         # overlap, no time of the op's)
-        total = sum(int(dur[n]) + (max(int(gap[n]), 0) if n != inst.first else 0)
-                    for n in nodes)
+        total = sum(dur[n] + (max(gap[n], 0) if n != inst.first else 0) for n in nodes)
         parts.setdefault(name, 0.0)
         parts[name] += total
     return parts
@@ -200,16 +201,19 @@ def measured_parts(g: Graph, dur: I64, gap: I64, inst: Instance) -> dict[str, fl
 def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
                   steady: Set[StepKey] = frozenset()) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type."""
+    rows, ranks, steps_of = g.row.tolist(), ev.rank.tolist(), ev.step.tolist()
+
     def step(node: int) -> StepKey:
-        row = int(g.row[node])
-        return (int(ev.rank[row]), int(ev.step[row])) if row >= 0 else (-1, -1)
+        row = rows[node]
+        return (ranks[row], steps_of[row]) if row >= 0 else (-1, -1)
 
     Samples = tuple[list[float], list[StepKey]]  # values, their steps
     samples: dict[str, dict[str, Samples]] = defaultdict(lambda: defaultdict(lambda: ([], [])))
     counts: dict[str, int] = defaultdict(int)
+    dur, gap = g.dur.tolist(), g.gap.tolist()
     for inst in insts:
         counts[inst.kind] += 1
-        parts = measured_parts(g, g.dur, g.gap, inst)
+        parts = measured_parts(dur, gap, inst)
         five = sum(1 for name, _ in inst.groups if name == "t5")
         for name, value in parts.items():
             values, steps = samples[inst.kind][name]
@@ -238,16 +242,18 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Inst
     """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
     means, in place. Nodes marked `keep` (sync calls: their time is waiting) and calls that
     stalled are left alone."""
-    keep = keep | stalled(g, ev)
-    is_call = ev.of_kind("runtime", "driver")
+    left = (keep | stalled(g, ev)).tolist()
+    is_call = ev.of_kind("runtime", "driver").tolist()
+    rows = g.row.tolist()
+    d, gp = dur.tolist(), gap.tolist()  # set as lists (ints without numpy scalars), then copied
     for inst in insts:
-        have = measured_parts(g, dur, gap, inst)
+        have = measured_parts(d, gp, inst)
         t1 = model.part(inst.kind, "t1")
-        if t1 is not None and gap[inst.first] > 0:
-            gap[inst.first] = round(t1)
+        if t1 is not None and gp[inst.first] > 0:
+            gp[inst.first] = round(t1)
         for name, nodes in inst.groups:
             want = model.part(inst.kind, name)
-            free = [n for n in nodes if not keep[n]]
+            free = [n for n in nodes if not left[n]]
             if want is None or not free:
                 continue
             total = have[name] / max(1, sum(1 for k, _ in inst.groups if k == name))
@@ -255,11 +261,13 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Inst
                 continue
             factor = want / total
             for n in free:
-                dur[n] = round(dur[n] * factor)
-                if n != inst.first and gap[n] > 0:
-                    gap[n] = round(gap[n] * factor)
+                d[n] = round(d[n] * factor)
+                if n != inst.first and gp[n] > 0:
+                    gp[n] = round(gp[n] * factor)
         for n in inst.kernel_points:
-            row = int(g.row[n])
+            row = rows[n]
             mean = model.calls.get(ev.name_of(row)) if is_call[row] else None
-            if mean is not None and not keep[n]:
-                dur[n] = round(mean)
+            if mean is not None and not left[n]:
+                d[n] = round(mean)
+    dur[:] = d
+    gap[:] = gp
