@@ -19,6 +19,7 @@ from perfswarm.report.board import BoardServer
 from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
+from test_report_overview import memory_run
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = Path("/usr/bin/chromium")
@@ -254,6 +255,19 @@ def test_kernel_roofline_of_the_mi250_step(browser: Any, corpus_runs: dict[str, 
     assert page.locator("#chart-roofline g.trace.scatter").nth(1).locator(
         "path.point").count() == len(priced) > 0
     assert page.locator("#kernel-roofline tr").count() == 1 + len(kernels)
+    assert errors == []
+    page.close()
+
+
+def test_memory_view(browser: Any, tmp_path: Path) -> None:
+    """The allocation chart and the peak stacked by category, one bar per category."""
+    data = report_data(memory_run(tmp_path))
+    out = html.write(data, tmp_path / "memory.html")
+    page, errors = open_page(browser, out.as_uri() + "#/memory")
+    assert_charts_drawn(page, ["chart-memory", "chart-memory-peak"])
+    assert page.locator("#chart-memory-peak g.trace.bars").count() == len(html.MEMORY_CATEGORIES)
+    assert page.locator("#memory-peak tr").nth(1).locator("td").all_inner_texts()[3:] == [
+        "9.0 KB", "0 B", "8.2 KB", "20.0 KB"]
     assert errors == []
     page.close()
 

@@ -179,3 +179,34 @@ def test_addmm_counts_its_flops_beside_the_bias_copy_inside_it(trainer_run: Run)
     assert sum(o["count"] for o in counted.values()) == sum(calls.values())
     for o in counted.values():
         assert o["family"] == "gemm" and o["flops"] > 0
+
+
+def memory_run(tmp_path: Path) -> Run:
+    """A step with profile_memory's instants in its forward, backward and optimizer."""
+    def mem(ts: float, addr: int, nbytes: int, total: int) -> dict[str, Any]:
+        return {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+                "tid": 1, "ts": ts, "args": {"Device Type": 1, "Device Id": 0, "Bytes": nbytes,
+                                             "Total Allocated": total, "Total Reserved": 1 << 20,
+                                             "Addr": addr}}
+
+    events = [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+              mem(10, 1, 4096, 14_096),  # forward: 10,000 bytes were there before
+              mem(50, 99, -1000, 13_096),  # one of those freed
+              _op("autograd::engine::evaluate_function: MmBackward0", 100, 100),
+              mem(120, 2, 8192, 21_288), mem(150, 1, -4096, 17_192),
+              _op("Optimizer.step#SGD.step", 300, 100, cat="user_annotation"),
+              mem(320, 3, 20_000, 37_192),  # the peak
+              mem(500, 3, -20_000, 17_192)]
+    return _trace(tmp_path, events, ["test"])
+
+
+def test_memory_peak_by_category(tmp_path: Path) -> None:
+    """The bytes live at the peak by the pass that allocated them; what was live before the
+    trace less what of it was freed since; together the peak."""
+    data = report_data(memory_run(tmp_path))
+    (memory,) = data["memory"]
+    assert memory["peak_allocated"] == 37_192
+    assert memory["peak_ms"] == (10**18 + 320_000 - data["run"]["origin_ns"]) / 1e6
+    assert memory["peak_by_category"] == {"before the trace": 9000, "forward": 0,
+                                          "backward": 8192, "optimizer": 20_000}
+    assert sum(memory["peak_by_category"].values()) == memory["peak_allocated"]

@@ -21,8 +21,10 @@ import jinja2
 import orjson
 from markupsafe import Markup
 
+from perfswarm.analyze.phases import PHASES
 from perfswarm.report.overview import CATEGORIES
 from perfswarm.report.text import evidence_text, ms, pct
+from perfswarm.report.views import BEFORE_TRACE
 from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -30,6 +32,7 @@ STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy
 VIEWS: Final = (("overview", "Overview"), ("trace", "Trace"), ("operators", "Operators"),
                 ("kernels", "Kernels"), ("memory", "Memory"), ("modules", "Modules"),
                 ("distributed", "Distributed"), ("swarms", "Swarms"), ("model", "Prediction"))
+MEMORY_CATEGORIES: Final = (BEFORE_TRACE, *PHASES)
 _JSON_ESCAPES: Final = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                         0x2028: "\\u2028", 0x2029: "\\u2029"}
 
@@ -39,8 +42,11 @@ def safe_json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode().translate(_JSON_ESCAPES)
 
 
-def _mb(value: float) -> str:
-    return f"{value / 1e6:,.1f} MB"
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:,.0f} B"
 
 
 @cache
@@ -142,6 +148,18 @@ def roofline_figure(kernels: list[dict[str, Any]], roof: dict[str, Any]) -> dict
                   "exponentformat": "SI"}}}
 
 
+def memory_peak_figure(memory: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each device's peak stacked by category (views.memory_view), in bytes."""
+    y = [f"rank {m['rank']} {html.escape(m['device'])}" for m in memory]
+    data = [{"type": "bar", "orientation": "h", "name": category, "y": y,
+             "x": [m["peak_by_category"][category] for m in memory]}
+            for category in MEMORY_CATEGORIES]
+    return {"data": data, "layout": {"barmode": "stack", "height": 140 + 40 * len(memory),
+                                     "margin": {"t": 20}, "yaxis": {"automargin": True},
+                                     "xaxis": {"title": {"text": "bytes at the peak"},
+                                               "exponentformat": "SI"}}}
+
+
 def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
     steps = prediction["steps"]
     x = [f"rank {s['rank']} step {s['step']}" for s in steps]
@@ -229,6 +247,7 @@ def render(report: dict[str, Any]) -> str:
                **projection_figures(report["projection"])}
     if report["memory"]:
         figures["chart-memory"] = memory_figure(report["memory"])
+        figures["chart-memory-peak"] = memory_peak_figure(report["memory"])
     if report["roof"] is not None and report["op_cost"]["kernels"]:
         figures["chart-roofline"] = roofline_figure(report["op_cost"]["kernels"], report["roof"])
     if report["prediction"]:
@@ -240,7 +259,7 @@ def render(report: dict[str, Any]) -> str:
             figures["chart-importance"] = importance_figure(tune)
     return _page("report.html.j2", report, figures, states=STATES, pct=pct, views=VIEWS,
                  categories_=breakdown_categories(report["breakdown"]),
-                 evidence=evidence_text, mb=_mb,
+                 evidence=evidence_text, size=_size, memory_categories=MEMORY_CATEGORIES,
                  launch={k["name"]: k for k in report["streams"]["kernels"]},
                  timeline_json=Markup(safe_json(timeline)), timeline_js=Markup(_timeline_js()))
 

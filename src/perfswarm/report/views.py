@@ -11,7 +11,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import union
+from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.opcost import shapes_from_args
 from perfswarm.report.timeline import OP_KINDS, Spans
 from perfswarm.trace.store import Run
@@ -142,16 +144,25 @@ def module_tree(spans: Spans, limit: int) -> list[dict[str, Any]]:
     return rows[:limit]
 
 
+BEFORE_TRACE: Final = "before the trace"  # bytes live at the first event the trace saw
+
+
 def memory_view(run: Run, origin: int, max_points: int) -> list[dict[str, Any]]:
     """profile_memory's `[memory]` instants per rank and device: allocated and reserved bytes
-    over time (ms from `origin`, cut to `max_points`), their peaks, allocations and frees."""
+    over time (ms from `origin`, cut to `max_points`), their peaks, allocations and frees, and
+    the peak by category: the bytes live at the peak by the pass that allocated them
+    (analyze.phases: the forward's activations, the backward's gradients, the optimizer's
+    state), and those allocated before the trace began (parameters and what else was there)."""
     table = run.table("events", ["rank", "ts", "name", "args"])
     names = table.column("name").cast(pa.string()).to_pylist()
     rows = [i for i, n in enumerate(names) if n == MEMORY_EVENT]
     if not rows:
         return []
     ranks, ts, texts = (table.column(c).to_pylist() for c in ("rank", "ts", "args"))
-    series: dict[tuple[int, str], list[tuple[int, float, float, float]]] = {}
+    phase_of = dict(zip(rows, phases(Events.load(run), np.asarray(rows, np.int64)).tolist(),
+                        strict=True))
+    # (ts, bytes, total allocated, total reserved, address, phase) per rank and device
+    series: dict[tuple[int, str], list[tuple[int, float, float, float, Any, int]]] = {}
     for i in rows:
         try:
             args = orjson.loads(texts[i] or "{}")
@@ -163,23 +174,43 @@ def memory_view(run: Run, origin: int, max_points: int) -> list[dict[str, Any]]:
                  f"device {args.get('Device Id', '?')}")
         series.setdefault((ranks[i], where), []).append(
             (ts[i], float(args.get("Bytes", 0)), float(args.get("Total Allocated", 0)),
-             float(args.get("Total Reserved", 0))))
+             float(args.get("Total Reserved", 0)), args.get("Addr"), phase_of[i]))
     out = []
     for (rank, where), points in sorted(series.items()):
-        points.sort()
+        points.sort(key=lambda p: p[0])  # stable: an allocation and a free at one ts keep order
         step = max(1, -(-len(points) // max_points))
         shown = points[::step]
+        peak = max(range(len(points)), key=lambda j: (points[j][2], -j))
         out.append({"rank": rank, "device": where,
                     "allocations": sum(1 for p in points if p[1] > 0),
                     "frees": sum(1 for p in points if p[1] < 0),
                     "allocated_bytes": sum(p[1] for p in points if p[1] > 0),
-                    "peak_allocated": max(p[2] for p in points),
+                    "peak_allocated": points[peak][2],
                     "peak_reserved": max(p[3] for p in points),
+                    "peak_ms": (points[peak][0] - origin) / 1e6,
+                    "peak_by_category": _live_at(points[:peak + 1]),
                     "t_ms": [(p[0] - origin) / 1e6 for p in shown],
                     "allocated": [p[2] for p in shown], "reserved": [p[3] for p in shown]})
     return out
 
 
+def _live_at(points: list[tuple[int, float, float, float, Any, int]]) -> dict[str, float]:
+    """Bytes live after the last of `points` by the pass that allocated them, and those that
+    were live before the first (the first point's total less its own change, less what of it
+    was freed since): together the last point's total."""
+    live: dict[Any, tuple[float, int]] = {}
+    before = points[0][2] - points[0][1]
+    for _ts, change, _total, _reserved, addr, phase in points:
+        if change > 0:
+            live[addr] = (change, phase)
+        elif addr in live:
+            del live[addr]
+        else:  # a free of what was there before: the categories still add up to the total
+            before += change
+    sums = {BEFORE_TRACE: before, **dict.fromkeys(PHASES, 0.0)}
+    for change, phase in live.values():
+        sums[PHASES[phase]] += change
+    return sums
 def ranks_view(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Ranks side by side: median step, compute and communication time, the share of
     communication hidden under compute, and how long the others waited for this rank."""
