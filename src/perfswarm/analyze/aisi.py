@@ -21,9 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.frame import I64, Events, codes
 from perfswarm.analyze.iterations import MAX_LAGS, StepWindow, detect
-from perfswarm.analyze.swarms import stack_codes
 from perfswarm.trace.schema import NONE
 
 WINDOWS = 10
@@ -113,7 +112,7 @@ def leaf_modules(stacks: pa.Table, stack_ids: I64, smooth: int = SMOOTH) -> I64:
     what every sample has."""
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     leaf = np.asarray(stacks.column("depth").to_numpy(), np.int64) == 0
-    module, _ = stack_codes(stacks, "module")
+    module, _ = codes(stacks.column("module"))
     of = dict(zip(sid[leaf].tolist(), module[leaf].tolist(), strict=True))
     raw = np.array([of.get(int(s), NONE) for s in stack_ids], np.int64)
     values, counts = np.unique(raw, return_counts=True)

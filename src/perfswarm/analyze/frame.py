@@ -6,30 +6,29 @@ results can speak names without materializing a string per event.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from perfswarm.trace.schema import KINDS
+from perfswarm.trace.schema import KIND_CODE, PROFILER_STEP
 from perfswarm.trace.store import Run
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 Mask = npt.NDArray[np.bool_]
 
-KIND = {k: i for i, k in enumerate(KINDS)}
-STEP_MARKER = re.compile(r"^ProfilerStep#\d+$")
+KIND: Final = KIND_CODE  # the analyses' name for trace/schema.py's table of kind codes
 # Host work: what keeps a CPU thread busy on behalf of the workload.
 HOST_BUSY_KINDS = ("cpu_op", "user_annotation", "python_function", "runtime", "driver", "syscall")
 EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation",
                  "step"]
 
 
-def _codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int64], list[str]]:
+def codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int64], list[str]]:
     """Dictionary indices and values of a (possibly multi-chunk) dictionary column."""
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if not isinstance(array, pa.DictionaryArray):
@@ -57,9 +56,9 @@ class Events:
 
     @classmethod
     def from_table(cls, table: pa.Table) -> Events:
-        kind_idx, kind_values = _codes(table.column("kind"))
+        kind_idx, kind_values = codes(table.column("kind"))
         remap = np.array([KIND.get(k, KIND["other"]) for k in kind_values] or [0], np.int64)
-        name_idx, name_values = _codes(table.column("name"))
+        name_idx, name_values = codes(table.column("name"))
 
         def col(name: str) -> I64:
             return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
@@ -98,7 +97,7 @@ class Events:
 
     @cached_property
     def is_step_marker(self) -> Mask:
-        marker_codes = [i for i, n in enumerate(self.names) if STEP_MARKER.match(n)]
+        marker_codes = [i for i, n in enumerate(self.names) if PROFILER_STEP.match(n)]
         return np.isin(self.name, marker_codes)
 
     @cached_property

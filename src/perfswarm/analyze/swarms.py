@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from perfswarm.analyze.frame import I64
+from perfswarm.analyze.frame import I64, codes
 from perfswarm.analyze.iterations import StepWindow
 
 if TYPE_CHECKING:
@@ -58,24 +58,14 @@ class Swarms:
                 "swarms": [s.to_dict() for s in self.swarms]}
 
 
-def stack_codes(table: pa.Table, name: str) -> tuple[I64, list[str]]:
-    """A stacks column as codes and the names they stand for."""
-    col = table.column(name).combine_chunks()
-    if not isinstance(col, pa.DictionaryArray):
-        col = col.dictionary_encode()
-    assert isinstance(col, pa.DictionaryArray)
-    return (np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int64),
-            [str(v) for v in col.dictionary.to_pylist()])
-
-
 def features(stacks: pa.Table, stack_ids: I64) -> sp.csr_matrix:
     """One row per stack in `stack_ids`: frames, leaf module, leaf address position."""
     import scipy.sparse as sp  # here, not at the top: a Run without samples never needs it
 
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
-    func, _ = stack_codes(stacks, "function")
-    module, _ = stack_codes(stacks, "module")
+    func, _ = codes(stacks.column("function"))
+    module, _ = codes(stacks.column("module"))
     address = np.asarray(stacks.column("address").to_numpy(), np.float64)
     row_of = {int(s): i for i, s in enumerate(stack_ids)}
     rows = np.array([row_of.get(int(s), -1) for s in sid], np.int64)
@@ -171,8 +161,8 @@ def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,
     uniq, inv, labels = lab.uniq, lab.inv, lab.labels
     sid = np.asarray(stacks.column("stack_id").to_numpy(), np.int64)
     depth = np.asarray(stacks.column("depth").to_numpy(), np.int64)
-    func, func_names = stack_codes(stacks, "function")
-    module, module_names = stack_codes(stacks, "module")
+    func, func_names = codes(stacks.column("function"))
+    module, module_names = codes(stacks.column("module"))
     leaf = depth == 0
     leaf_of = dict(zip(sid[leaf].tolist(), zip(func[leaf].tolist(), module[leaf].tolist(),
                                                  strict=True), strict=True))

@@ -26,7 +26,17 @@ import pyarrow.compute as pc
 
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace import gunzip
-from perfswarm.trace.schema import COUNTERS, DEVICE_KINDS, EVENTS, FLOWS, KINDS, NONE, STEPS
+from perfswarm.trace.schema import (
+    COUNTERS,
+    DEVICE_KINDS,
+    EVENTS,
+    FLOWS,
+    KIND_CODE,
+    KINDS,
+    NONE,
+    PROFILER_STEP,
+    STEPS,
+)
 from perfswarm.trace.timebase import MAX_ABS_US, us_to_ns
 
 _EMPTY_ARGS = msgspec.Raw(b"{}")
@@ -108,9 +118,7 @@ CAT_KIND: dict[str, str] = {
     "collective_comm": "collective",
     "syscall": "syscall",
 }
-_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 COLLECTIVE_KERNEL = re.compile(r"^(void )?(nccl|rccl)|nccl(Dev)?Kernel_", re.IGNORECASE)
-PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # The category of the counters perfswarm's export derives from the events (queue length,
 # bandwidth, utilization): skipped here, a re-import derives them again.
 DERIVED_COUNTERS: Final = "perfswarm_derived"
@@ -295,7 +303,7 @@ def _kinds(cats: pa.Array, names: pa.DictionaryArray, meta: TraceMeta) -> pa.Arr
     cat_codes = np.empty(len(cat_dict.dictionary), dtype=np.int8)
     for i, cat in enumerate(cat_dict.dictionary.to_pylist()):
         kind = CAT_KIND.get(cat, "other") if cat else "instant"
-        cat_codes[i] = _KIND_CODE[kind]
+        cat_codes[i] = KIND_CODE[kind]
         if kind == "other":
             count = int(np.count_nonzero(cat_idx == i))
             meta.warnings[f"unknown category '{cat}' (kept as kind 'other')"] += count
@@ -305,9 +313,9 @@ def _kinds(cats: pa.Array, names: pa.DictionaryArray, meta: TraceMeta) -> pa.Arr
         (bool(COLLECTIVE_KERNEL.search(n)) for n in name_values), bool, len(name_values)
     )
     comm_rows = is_comm[names.indices.to_numpy(zero_copy_only=False)] & (
-        codes == _KIND_CODE["kernel"]
+        codes == KIND_CODE["kernel"]
     )
-    codes[comm_rows] = _KIND_CODE["collective"]
+    codes[comm_rows] = KIND_CODE["collective"]
     return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), pa.array(KINDS))
 
 
@@ -472,7 +480,7 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
     names = pa.array([e.name for e in spans], pa.string()).dictionary_encode()
     kinds = _kinds(pa.array([e.cat for e in spans], pa.string()), names, meta)
     kind_idx = kinds.indices.to_numpy(zero_copy_only=False)
-    on_device = np.isin(kind_idx, [_KIND_CODE[k] for k in DEVICE_KINDS])
+    on_device = np.isin(kind_idx, [KIND_CODE[k] for k in DEVICE_KINDS])
 
     pid_a = _ids([e.pid for e in spans])
     tid_a = _ids([e.tid for e in spans])

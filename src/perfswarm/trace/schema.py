@@ -6,6 +6,7 @@ thousand distinct names, so interning keeps tables and memory small.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import pyarrow as pa
@@ -31,6 +32,9 @@ KINDS: Final = (
     "other",
 )
 DEVICE_KINDS: Final = frozenset({"kernel", "memcpy", "memset", "collective", "gpu_annotation"})
+KIND_CODE: Final = {k: i for i, k in enumerate(KINDS)}  # each kind's code in the dictionary
+# torch.profiler's iteration markers: a user_annotation `ProfilerStep#N` spans iteration N
+PROFILER_STEP: Final = re.compile(r"^ProfilerStep#(\d+)$")
 HOST = -1  # `device` value of host-side events
 NONE = -1  # `stream`, `correlation`, `external_id`, `rf_id`, `step` when absent
 
