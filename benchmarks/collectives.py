@@ -20,7 +20,8 @@ from pathlib import Path
 
 import orjson
 
-from perfswarm.model.collective_fit import Sweep, evaluate, fit, gmae, split_sizes
+from perfswarm.model.accuracy import gmae
+from perfswarm.model.collective_fit import Sweep, evaluate, fit, split_sizes
 from perfswarm.record.bench.collectives import PASSES, default_sizes, sweep
 
 GOAL = 0.15

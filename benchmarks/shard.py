@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from perfswarm.model.collective_fit import gmae
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.embedding import Table
 from perfswarm.optimize.shard import Workload, measure_plan, shard
 from perfswarm.record.bench.embedding import calibrate

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.collective_fit import (
     FittedOp,
     Measurement,
@@ -20,7 +21,6 @@ from perfswarm.model.collective_fit import (
     fit,
     fit_link,
     fit_op,
-    gmae,
     split_sizes,
 )
 from perfswarm.model.collectives import (

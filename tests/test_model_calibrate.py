@@ -19,7 +19,7 @@ from perfswarm.model.profile import (
     Point,
     Profile,
     fit,
-    gmae,
+    model_gmae,
     split,
 )
 from perfswarm.record.bench.kernels import Case, _runner, _sweep, calibrate
@@ -36,7 +36,7 @@ def _mm(m: int, k: int, seconds: float | None = None) -> Point:
 def test_fit_recovers_the_roofline_of_its_own_form() -> None:
     points = [_mm(m, k) for m in (16, 64, 256, 1024) for k in (8, 128, 512)]
     model = fit(points)
-    assert gmae(model, points) == pytest.approx(0.0, abs=1e-9)
+    assert model_gmae(model, points) == pytest.approx(0.0, abs=1e-9)
     assert model.coef == pytest.approx((2e-6, 1e-10, 5e-12), rel=1e-6)
 
 
@@ -47,7 +47,7 @@ def test_learned_correction_fits_what_the_roofline_cannot() -> None:
               for p in points]
     roofline = fit(points)
     learned = LearnedModel(roofline, tuple(points))
-    assert gmae(learned, points) < 0.5 * gmae(roofline, points)
+    assert model_gmae(learned, points) < 0.5 * model_gmae(roofline, points)
     # far outside the sweep the correction fades and the roofline's trend remains
     huge = _mm(1 << 16, 512)
     assert learned.predict(huge.cost, huge.dims) == pytest.approx(roofline.predict(huge.cost),

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.collectives import OPS, RING, CollectiveConfig, Op, bus_factor, coefficients
 from perfswarm.model.topology import Link
 
@@ -152,16 +153,6 @@ def fit(result: Sweep, config: CollectiveConfig = RING) -> dict[Op, FittedOp]:
     """The fitted model of every op the sweep measured at two sizes or more."""
     return {op: fit_op(result.of(op), result.world_size, config)
             for op in OPS if len(result.of(op)) >= 2}
-
-
-def gmae(predicted: list[float], measured: list[float]) -> float:
-    """Geometric-mean absolute error: exp(mean |ln(pred/meas)|) - 1 (0.15 = typically 15% off)."""
-    if not predicted or len(predicted) != len(measured):
-        raise PerfswarmError("gmae: needs equally many, at least one, predictions and measurements")
-    if min(predicted) <= 0 or min(measured) <= 0:
-        raise PerfswarmError("gmae: times must be positive")
-    logs = [abs(math.log(p / m)) for p, m in zip(predicted, measured, strict=True)]
-    return math.expm1(sum(logs) / len(logs))
 
 
 def evaluate(models: dict[Op, FittedOp], result: Sweep) -> dict[Op, float]:

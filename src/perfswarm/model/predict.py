@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import re
 import statistics
 from collections import Counter
@@ -48,6 +47,7 @@ from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.gpu.opgraph import op_graph_steps
@@ -121,13 +121,6 @@ class StepResult:
                 "replayed_ns": self.replayed_ns, "predicted_ns": self.predicted_ns,
                 "device_active_ns": dict(self.device_active_ns),
                 "breakdown_ns": dict(self.breakdown_ns)}
-
-
-def gmae(predicted: Sequence[float], measured: Sequence[float]) -> float:
-    """exp(mean |log(predicted / measured)|) - 1; 0 for no pairs."""
-    logs = [abs(math.log(p / m)) for p, m in zip(predicted, measured, strict=True)
-            if p > 0 and m > 0]
-    return math.expm1(sum(logs) / len(logs)) if logs else 0.0
 
 
 @dataclass(frozen=True)

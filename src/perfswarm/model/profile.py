@@ -29,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.opcost import OpCost, gemm_dims, op_cost
 from perfswarm.userfiles import read_json
 
@@ -155,10 +156,9 @@ class LearnedModel:
 KernelModel = FamilyModel | LearnedModel
 
 
-def gmae(model: KernelModel, points: Sequence[Point]) -> float:
-    """Geometric-mean absolute error: exp(mean |log(predicted / measured)|) - 1."""
-    logs = [abs(math.log(model.predict(p.cost, p.dims) / p.seconds)) for p in points]
-    return math.expm1(sum(logs) / len(logs))
+def model_gmae(model: KernelModel, points: Sequence[Point]) -> float:
+    """The model's GMAE (model/accuracy.py) over sweep points."""
+    return gmae([model.predict(p.cost, p.dims) for p in points], [p.seconds for p in points])
 
 
 def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
@@ -171,7 +171,7 @@ def fit_family(points: Sequence[Point]) -> dict[str, Any]:
     train, held = split(points)
     roofline = fit(train)
     learned = LearnedModel(roofline, tuple(train))
-    scores = {"roofline": gmae(roofline, held), "learned": gmae(learned, held)}
+    scores = {"roofline": model_gmae(roofline, held), "learned": model_gmae(learned, held)}
     chosen: Choice = "learned" if scores["learned"] < scores["roofline"] else "roofline"
     return {"coef": list(roofline.coef), "points": len(points),
             "gmae_held_out": scores[chosen], "gmae_roofline_held_out": scores["roofline"],

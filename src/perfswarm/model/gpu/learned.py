@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.dataset import Dataset, Measurement
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.trees import F64, Ensemble, fit
@@ -157,13 +158,6 @@ def _spaced(rows: Sequence[Measurement], most: int, train_only: bool) -> list[Me
     return out
 
 
-def gmae(predicted: F64, measured: F64) -> float:
-    """Geometric mean absolute error; NaN over no rows."""
-    if not len(measured):
-        return math.nan
-    return math.expm1(float(np.mean(np.abs(np.log(predicted / measured)))))
-
-
 @dataclass(frozen=True)
 class Holdout:
     """Leave-one-GPU-out: the model fitted without `gpu`, scored on `gpu`'s measurements."""
@@ -223,9 +217,10 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
             alone = table.seconds[kernel] - own
             holdouts.append(Holdout(
                 family, gpu, int(held.sum()),
-                gmae(model.floor_s + table.kernel(model, held), measured),
-                gmae(table.roof[held], measured), int(kernel.sum()),
-                gmae(table.kernel(model, kernel), alone), gmae(table.roof[kernel], alone),
+                gmae(model.floor_s + table.kernel(model, held), measured, empty=math.nan),
+                gmae(table.roof[held], measured, empty=math.nan), int(kernel.sum()),
+                gmae(table.kernel(model, kernel), alone, empty=math.nan),
+                gmae(table.roof[kernel], alone, empty=math.nan),
                 model))
         progress(f"{family}: all {len(gpus)} GPUs")
         families[family] = table.fit(fitting)
