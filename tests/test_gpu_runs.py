@@ -4,6 +4,7 @@ recorded on a CPU and on a GPU; the GPU forecast's bad inputs."""
 from __future__ import annotations
 
 import gzip
+import shutil
 from pathlib import Path
 
 import orjson
@@ -126,6 +127,10 @@ def test_forecast_bad_inputs(corpus_runs: dict[str, Run], tmp_path: Path,
     assert main(["calibrate", "--dataset", str(folder), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{sweep}: not a readable gzip CSV" in err
+    shutil.rmtree(folder / "train")  # the measurements missing
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{folder / 'train'}: no measurements" in err
     assert not out.exists()
 
 
