@@ -14,10 +14,20 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
 - the fused-optimizer advice's gain per step against an A/B of the loop with AdamW(fused=True),
   unrecorded, by the loop's own clock around optimizer.step() (printed side by side; the
   recorded step is slowed by the profiler, so the estimate errs high);
-- nanoGPT: its printed iteration times against the recorder's steps, and the advice it gets.
+- nanoGPT: its printed iteration times against the recorder's steps, and the advice it gets;
+- predict (`--only predict`): nanoGPT (one intra-op thread, 2 layers, n_embd 128) and the five
+  scripts of benchmarks/realworld_models.py (LSTM LM, ResNet with BatchNorm, GPT decoder with
+  SDPA, MLP-Mixer, 1-D conv audio) recorded at a base configuration and at batch x0.5, x2, x4
+  and width x2; each predicted from its base with a calibrated profile (`--profile`, else a
+  `--budget`-minute calibration first) against its measured median steady step (goal:
+  geomean <= 5%, max <= 15%), and each base at its recorded configuration (goal within 2%),
+  beside the spread of its own steady steps, and, for the five scripts, against their own CPU
+  time per profiled step (what a step takes when no other process holds the core). The width
+  change gives --dim W=2W and, for the GPT-style decoders, the head size W/4 (the parameters'
+  multiples of W follow by themselves).
 
-    python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt]
-        [--steps 30] [--nanogpt-iters 30]
+    python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
+        [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,8 +44,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from perfswarm.model.predict import Change, gmae, predict
+from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
+from perfswarm.record.bench.kernels import calibrate
 from perfswarm.trace.store import Run
+from perfswarm.userfiles import read_json
 
 HERE = Path(__file__).resolve().parent
 LOOP = HERE / "realworld_loop.py"
@@ -43,11 +58,13 @@ EXPECTED = {"sgd": "backward", "infer": "forward", "callbacks": "optimizer",
             "workers": "optimizer", "loader": "optimizer"}
 
 
-def record(out: Path, cmd: list[str], cwd: Path | None = None,
-           steps: str = "5:10") -> tuple[Run, str]:
+def record(out: Path, cmd: list[str], cwd: Path | None = None, steps: str = "5:10",
+           collectors: str = "torch,system", env: dict[str, str] | None = None
+           ) -> tuple[Run, str]:
     done = subprocess.run([sys.executable, "-m", "perfswarm.cli.main", "record", "-q", "-o",
-                           str(out), "--steps", steps, "-c", "torch,system", "--", *cmd],
-                          capture_output=True, text=True, cwd=cwd, check=False)
+                           str(out), "--steps", steps, "-c", collectors, "--", *cmd],
+                          capture_output=True, text=True, cwd=cwd, check=False,
+                          env=None if env is None else {**os.environ, **env})
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-2000:])
         raise SystemExit(f"recording {' '.join(cmd)} failed ({done.returncode})")
@@ -104,18 +121,30 @@ def check_loop(style: str, steps: int, tmp: Path) -> None:
         print(f"   advice {rule}: {a.severity}, {a.gain_pct}% of {a.gain_of_ns / 1e6:,.0f} ms")
 
 
-def check_nanogpt(iters: int, tmp: Path) -> None:
+def nanogpt_dir(tmp: Path) -> Path:
+    """A working folder for nanoGPT: its data made offline, its files linked unmodified."""
     work = tmp / "nanogpt"
+    if work.is_dir():
+        return work
     work.mkdir()
     subprocess.run([sys.executable, str(SHARED / "make_char_data.py"), str(work)], check=True,
                    capture_output=True)
     for f in ("train.py", "model.py", "configurator.py"):
         (work / f).symlink_to(SHARED / "nanoGPT" / f)
     (work / "config").symlink_to(SHARED / "nanoGPT" / "config")
-    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
-           "--compile=False", "--eval_iters=5", "--eval_interval=1000", "--log_interval=1",
-           "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
-           f"--max_iters={iters}", "--dropout=0.0"]
+    return work
+
+
+def nanogpt_cmd(iters: int, batch: int = 12, width: int = 128, layers: int = 4) -> list[str]:
+    return [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
+            "--compile=False", "--eval_iters=5", "--eval_interval=1000", "--log_interval=1",
+            "--block_size=64", f"--batch_size={batch}", f"--n_layer={layers}", "--n_head=4",
+            f"--n_embd={width}", f"--max_iters={iters}", "--dropout=0.0"]
+
+
+def check_nanogpt(iters: int, tmp: Path) -> None:
+    work = nanogpt_dir(tmp)
+    cmd = nanogpt_cmd(iters)
     run, out = record(tmp / "nanogpt.run", cmd, cwd=work)
     own = {int(line.split()[1].rstrip(":")): float(line.rsplit("time ", 1)[1].split("ms")[0])
            for line in out.splitlines() if line.startswith("iter ")}
@@ -131,16 +160,97 @@ def check_nanogpt(iters: int, tmp: Path) -> None:
               f"{a.change[:80]}")
 
 
+MODELS = HERE / "realworld_models.py"
+BASE_BATCH, BASE_WIDTH = 8, 40
+# per script: the widths it derives from its base W, each doubled with it
+# (the parameters' whole multiples follow by themselves: predict's derived_dims; a head's
+# W / heads does not)
+DERIVED = {"lstm": (), "resnet": (), "gpt": (0.25,), "mixer": (), "conv1d": ()}
+NANOGPT_WIDTH, NANOGPT_BATCH = 128, 12
+
+
+def configurations(base_batch: int, base_width: int, derived: tuple[float, ...]
+                   ) -> list[tuple[str, int, int, Change]]:
+    """(label, batch, width, change from the base) of the base and its four variations."""
+    widths = tuple((round(k * base_width), round(2 * k * base_width)) for k in (1, *derived))
+    return [("base", base_batch, base_width, Change()),
+            *((f"batch x{k:g}", round(k * base_batch), base_width,
+               Change(batch_size=round(k * base_batch))) for k in (0.5, 2, 4)),
+            ("width x2", base_batch, 2 * base_width, Change(dims=widths))]
+
+
+def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
+    """Record each script at every configuration, predict each from its base."""
+    print(f"-- predict: profile {profile.device}, {profile.threads} thread(s); unusable "
+          f"families: {profile.unusable() or 'none'}")
+    print(f"{'script':8s} {'configuration':14s} {'measured':>10s} {'predicted':>10s} "
+          f"{'error':>8s} {'spread':>7s} {'own CPU, error':>18s}  kernels")
+    errors: list[float] = []  # against the measured steady steps
+    recorded: list[float] = []
+    cpu_errors: list[float] = []  # against the script's own CPU time per step
+    cpu_recorded: list[float] = []
+    one_thread = {"OMP_NUM_THREADS": "1"}
+    scripts = [(s, DERIVED[s]) for s in DERIVED] + [("nanogpt", (0.25,))]
+    for script, derived in scripts:
+        if only and script not in only.split(","):
+            continue
+        nano = script == "nanogpt"
+        base = configurations(NANOGPT_BATCH if nano else BASE_BATCH,
+                              NANOGPT_WIDTH if nano else BASE_WIDTH, derived)
+        runs: dict[str, tuple[Run, str]] = {}
+        for label, batch, width, _change in base:
+            cmd = (nanogpt_cmd(steps, batch, width, layers=2) if nano else
+                   [sys.executable, str(MODELS), script, "--batch-size", str(batch), "--width",
+                    str(width), "--steps", str(steps)])
+            runs[label] = record(tmp / f"{script}-{label.replace(' ', '')}.run", cmd,
+                                 cwd=nanogpt_dir(tmp) if nano else None,
+                                 steps=f"4:{steps - 6}", collectors="torch", env=one_thread)
+        for label, _batch, _width, change in base:
+            target, out = runs[label]
+            p = predict(runs["base"][0], change, profile=profile,
+                        compare=None if label == "base" else target)
+            measured = p.measured_steady_ns if label == "base" else (p.compare or ("", 0))[1]
+            predicted = p.median("predicted")
+            error = predicted / measured - 1
+            (recorded if label == "base" else errors).append(error)
+            own = ""
+            if not nano:  # the script's own CPU time per step, over the same profiled steps
+                cpu = truth(out)["cpu_ns"]
+                mine = statistics.median(cpu[i] for i in steps_of(target, "marker")
+                                         if i < len(cpu))
+                own = f"{mine / 1e6:8.2f}ms {100 * (predicted / mine - 1):+7.1f}%"
+                (cpu_recorded if label == "base" else cpu_errors).append(predicted / mine - 1)
+            kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
+            spread = f"{100 * p.steady_spread:6.1f}%" if label == "base" else ""
+            print(f"{script:8s} {label:14s} {measured / 1e6:8.2f}ms {predicted / 1e6:8.2f}ms "
+                  f"{100 * error:+7.1f}% {spread:>7s} {own:>18s}  {kernels}")
+    for what, changed, at in (("wall", errors, recorded), ("cpu", cpu_errors, cpu_recorded)):
+        ratios = [1 + e for e in changed]
+        print(f"{what}: changed configurations: geomean |error| "
+              f"{100 * gmae(ratios, [1.0] * len(ratios)):.1f}% (goal <= 5%), max "
+              f"{100 * max(abs(e) for e in changed):.1f}% (goal <= 15%); recorded "
+              f"configurations: max |error| {100 * max(abs(e) for e in at):.1f}% (goal <= 2%)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="sgd,infer,callbacks,workers,loader,nanogpt")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--nanogpt-iters", type=int, default=30)
+    p.add_argument("--profile", type=Path, help="a calibrated profile (predict)")
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="minutes of calibration when no --profile is given (predict)")
+    p.add_argument("--predict-steps", type=int, default=16)
+    p.add_argument("--scripts", default="", help="predict: only these (lstm,resnet,gpt,mixer,"
+                   "conv1d,nanogpt)")
     ns = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for what in ns.only.split(","):
             if what == "nanogpt":
                 check_nanogpt(ns.nanogpt_iters, Path(tmp))
+            elif what == "predict":
+                data = read_json(ns.profile) if ns.profile else calibrate(60 * ns.budget)
+                check_predict(Profile.from_dict(data), ns.predict_steps, Path(tmp), ns.scripts)
             elif what in EXPECTED:
                 check_loop(what, ns.steps, Path(tmp))
             else:

@@ -17,7 +17,14 @@ from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel, steady_steps, typical
-from perfswarm.model.predict import Change, _Transform, load_model, predict, step_faults
+from perfswarm.model.predict import (
+    Change,
+    _Transform,
+    derived_dims,
+    load_model,
+    predict,
+    step_faults,
+)
 from perfswarm.model.profile import FamilyModel, Profile
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import FAULTS
@@ -99,6 +106,15 @@ def test_a_stretched_step_is_left_out(tmp_path: Path) -> None:
     # the Python time after the stretched step's last op is no op's: kept as measured there
     assert [s.predicted_ns for i, s in enumerate(p.steps) if i != 2] == [1000 * US] * 4
     assert p.predicted_error == 0 and p.steady_spread == 0
+
+
+def test_width_changes_reach_the_parameters_multiples_of_it() -> None:
+    """nanoGPT's parameters at n_embd 128 (2 layers: wte, wpe, fused QKV, MLP, norms): its 3W
+    and 4W follow --dim 128=256; its block size 64 (a divisor) and vocabulary do not."""
+    params = {(65, 128), (64, 128), (384, 128), (384,), (128, 128), (512, 128), (128, 512),
+              (512,), (128,)}
+    assert derived_dims({128: 256}, params) == {128: 256, 384: 768, 512: 1024}
+    assert derived_dims({128: 256, 384: 700}, params) == {128: 256, 384: 700, 512: 1024}
 
 
 def test_an_unusable_profile_is_named_in_the_notes(cpu_run: Run) -> None:

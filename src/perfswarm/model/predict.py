@@ -15,7 +15,8 @@
     gradient accumulation; embedding tables with sparse gradients do, their updates touch
     the rows looked up); per-sample work (a DataLoader fetch that runs once per sample)
     scales by the batch ratio in count;
-  - dimensions (`dims`, OLD -> NEW): every recorded dimension equal to OLD becomes NEW,
+  - dimensions (`dims`, OLD -> NEW): every recorded dimension equal to OLD (or to a
+    parameter dimension that is a whole multiple of it: `derived_dims`) becomes NEW,
     parameters included: how layer widths change;
   - device: GPU kernels move to another device's roofline at the efficiency they reached
     on the recorded one; the host is the same.
@@ -303,6 +304,25 @@ def sparse_tables(m: _Model) -> set[tuple[int, ...]]:
         if shapes is not None and shapes.dims and len(shapes.dims[0]) == 2:
             tables.add(shapes.dims[0])
     return tables
+
+
+MULTIPLES: Final = range(2, 9)  # a layer's width times these: fused QKV 3W, MLP 4W, gates 4H
+
+
+def derived_dims(dims: Mapping[int, int], parameters: set[tuple[int, ...]]) -> dict[int, int]:
+    """The dimension changes, plus each dimension of a parameter that is a whole multiple (2 to
+    8) of a changed one, changed as many times over: layers derive widths from one (GPT's fused
+    QKV 3W and MLP 4W, an LSTM's four gates 4H) and a parameter has no batch dimension that
+    could be a multiple by chance. The activations of those dimensions follow (every recorded
+    dimension equal to one changes). Explicit changes take precedence; a divisor (a head's
+    W / heads) is not derived: it is as likely another parameter's own size (the block size)."""
+    out = dict(dims)
+    seen = {d for shape in parameters for d in shape}
+    for old, new in dims.items():
+        for k in MULTIPLES:
+            if k * old in seen and k * old not in out:
+                out[k * old] = k * new
+    return out
 
 
 def batch_flag(command: Sequence[str]) -> int | None:
@@ -664,7 +684,12 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             scaler = None
         source_name = source.name if source else "unknown GPU"
         target_name = target.name if target else source_name
-    counts = _scale_kernels(m, _Transform(factor, dict(change.dims), fixed), scaler,
+    dims = derived_dims(dict(change.dims), fixed)
+    if len(dims) > len(change.dims):
+        notes.append("dimensions following the change as parameters' multiples of it: "
+                     + ", ".join(f"{a} -> {b}" for a, b in sorted(dims.items())
+                                 if a not in dict(change.dims)))
+    counts = _scale_kernels(m, _Transform(factor, dims, fixed), scaler,
                             unmodelled, dur, steady)
     if batch is not None:
         counts["per_sample"] = _per_sample(m, insts, batch[0], factor, dur, gap)
@@ -713,9 +738,11 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
 
 
 def _compare(run: Run) -> tuple[str, int, int]:
-    """The median profiled step of another Run (the target configuration, measured) and its
-    median device-active time."""
+    """The median steady step of another Run (the target configuration, measured: its steps
+    judged as the recorded Run's are, `steady_steps`) and their median device-active time."""
     m = load_model(run)
     steps = m.iterations(Timeline(m.graph.ts, m.graph.end), m.graph.end - m.graph.ts)
-    return (str(run.path), int(statistics.median(hi - lo for _, _, lo, hi, _ in steps)),
-            int(statistics.median(active for *_, active in steps)))
+    steady = steady_steps({(rank, step): hi - lo for rank, step, lo, hi, _ in steps})
+    kept = [s for s in steps if (s[0], s[1]) in steady] or steps
+    return (str(run.path), int(statistics.median(hi - lo for _, _, lo, hi, _ in kept)),
+            int(statistics.median(active for *_, active in kept)))
