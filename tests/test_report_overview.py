@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import markupsafe
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.opcost import roofline, shapes_cost, shapes_from_args
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.specs import spec_of_devices
+from perfswarm.report import html
 from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -210,3 +212,14 @@ def test_memory_peak_by_category(tmp_path: Path) -> None:
     assert memory["peak_by_category"] == {"before the trace": 9000, "forward": 0,
                                           "backward": 8192, "optimizer": 20_000}
     assert sum(memory["peak_by_category"].values()) == memory["peak_allocated"]
+
+
+def test_trace_view_says_how_to_open_the_run_in_perfetto(tmp_path: Path) -> None:
+    """The export command for this run's path, as text (a hostile directory name stays text)."""
+    hostile = tmp_path / '<b id="x">'
+    hostile.mkdir()
+    run = memory_run(hostile)
+    page = html.render(report_data(run))
+    assert (f"perfswarm export {markupsafe.escape(str(run.path))} --format perfetto"
+            in page)
+    assert '<b id="x">' not in page
