@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 from perfswarm.model.specs import DeviceSpec
 
-MHZ = 1e6
-
 
 def streams_near_peak(architecture: str, memory: str) -> bool:
     """HBM behind a Volta-or-later memory controller: streaming kernels reach about 90% of the
@@ -25,8 +23,6 @@ class Hardware:
     name: str
     bandwidth: float
     sms: int
-    cores_per_sm: int
-    clock_mhz: float
     fp32: float           # non-tensor-core FP32 peak
     tensor_fp32: float    # TF32 tensor-core peak (the FP32 peak on GPUs without one)
     tensor_half: float    # FP16/BF16 peak (tensor cores where there are)
@@ -36,21 +32,19 @@ class Hardware:
 
     @classmethod
     def of_spec(cls, spec: DeviceSpec) -> Hardware:
-        """From a devices.yaml spec; cores per SM follow from the FP32 peak (2 FLOPs per core
-        per clock, a fused multiply-add)."""
+        """From a devices.yaml spec."""
         fp32 = spec.peak_for("fp32")
-        cores = round(fp32 / (2 * spec.compute_units * spec.boost_clock_mhz * MHZ))
-        return cls(spec.name, spec.memory_bandwidth, spec.compute_units, max(1, cores),
-                   spec.boost_clock_mhz, fp32, max(fp32, spec.peak_for("tf32")),
+        return cls(spec.name, spec.memory_bandwidth, spec.compute_units, fp32,
+                   max(fp32, spec.peak_for("tf32")),
                    max(fp32, spec.peak_for("fp16")), spec.l2_bytes, spec.memory_bytes,
                    streams_near_peak(spec.architecture, spec.memory))
 
     @classmethod
     def of_config(cls, config: Mapping[str, float | str]) -> Hardware:
-        """From a NeuSight-style device config (GB/s, GFLOP/s, MHz, MB, GB): keys Device,
-        Mem_Bw, Num_Sm, Core_Per_SM, Freq, SingleFLOPs, L2Cache, Dev_Mem. Raises KeyError or
-        ValueError on a missing or malformed field."""
+        """From a NeuSight-style device config (GB/s, GFLOP/s, MB, GB): keys Device, Mem_Bw,
+        Num_Sm, SingleFLOPs, L2Cache, Dev_Mem (the model reads no more of it). Raises KeyError
+        or ValueError on a missing or malformed field."""
         fp32 = float(config["SingleFLOPs"]) * 1e9
         return cls(str(config["Device"]), float(config["Mem_Bw"]) * 1e9, int(config["Num_Sm"]),
-                   int(config["Core_Per_SM"]), float(config["Freq"]), fp32, fp32, fp32,
+                   fp32, fp32, fp32,
                    float(config["L2Cache"]) * 1e6, float(config["Dev_Mem"]) * 1e9)
