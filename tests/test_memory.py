@@ -18,6 +18,9 @@ import pytest
 
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.main import main
+from perfswarm.optimize.advise import advise
+from perfswarm.report import html
+from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.memory_timeline import CATEGORIES
 from perfswarm.trace.store import Run
@@ -96,6 +99,27 @@ def test_timeline_in_the_json(imported: tuple[Run, Path],
     assert rank["bytes"] == {c: [s[c] for s in states] for c in CATEGORIES}
     assert main(["analyze", str(run.path)]) == 0
     assert "memory rank 0: peak 3.149 MiB" in capsys.readouterr().out
+
+
+def test_advice_and_report(imported: tuple[Run, Path]) -> None:
+    """Adam's state (two moments per parameter) is a third of the peak: the advice names it;
+    the report's Memory view has a row per rank and step with what the peak held."""
+    run, source = imported
+    _, states = _truth(source)
+    totals = [sum(s.values()) for s in states]
+    at_peak = states[totals.index(max(totals))]
+    (found,) = [a for a in advise(run).advice if a.rule == "memory_breakdown"]
+    assert found.evidence == {
+        "rank": 0, "peak_bytes": 3_302_080, "group": "optimizer_state",
+        "group_bytes": at_peak["optimizer_state"], "used_pct": 33.12,
+        "held_bytes": {c: v for c, v in at_peak.items() if v}}
+    assert found.title == "optimizer state holds 33% of the peak memory"
+    rows = report_data(run)["memory_timeline"]
+    assert [(r["step"], r["total_bytes"]) for r in rows] == [
+        ("all", 3_302_080), *((i, 3_302_080) for i in range(3))]
+    assert rows[0]["by_category"] == at_peak
+    page = html.render(report_data(run))
+    assert '<table id="memory-timeline">' in page and "<td>all</td><td>3.3 MB</td>" in page
 
 
 @pytest.mark.parametrize(("text", "why"), [

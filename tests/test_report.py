@@ -41,6 +41,7 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
                          "timeline", "concurrency", "ops_by_shape", "streams", "modules",
                          "memory", "ranks",
                          "iterations", "kernels", "cpu_ops", "categories", "critical_path",
+                         "critical_steps", "memory_timeline",
                          "swarms", "op_cost", "prediction", "advice", "tune", "projection",
                          "projection_note", "throughput", "roof"}
     assert data["advice"] == [] and data["tune"] is None and data["has_device"]
@@ -71,6 +72,15 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     assert [s["step"] for s in tl["steps"]] == [4, 5, 6]
     assert data["kernels"][0]["name"].startswith("ncclKernel_AllReduce_RING_LL_Sum_float")
     assert data["kernels"][0]["count"] == 15
+    # each step's critical path: the main thread hands backward to the autograd thread and
+    # takes over again (test_analyze_paths checks the times against the raw JSON)
+    assert [(c["step"], [(h["from_tid"], h["to_tid"]) for h in c["handovers"]])
+            for c in data["critical_steps"]] == [
+        (s, [(2910249, 2919752), (2919752, 2910249)]) for s in (4, 5, 6)]
+    assert [c["length_ns"] for c in data["critical_steps"]] == [
+        s["length_ns"] for s in data["critical_path"]["steps"]]
+    assert data["critical_steps"][0]["shares"][0][0] == "cpu"
+    assert data["memory_timeline"] == []  # no memory timeline (import --memory-timeline)
 
 
 def drawn_rows(run: Run) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     distributed.stragglers,
     distributed.ring_order,
     device.memory_capacity,
+    device.memory_breakdown,
 )
 
 

@@ -30,7 +30,9 @@ from perfswarm.report.timeline import (
     timeline,
 )
 from perfswarm.report.views import (
+    critical_step_rows,
     kernel_streams,
+    memory_category_rows,
     memory_view,
     module_tree,
     ops_by_shape,
@@ -211,6 +213,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "ranks": ranks_view(analysis),
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
+        "critical_steps": critical_step_rows(analysis["critical_path"]),
+        "memory_timeline": memory_category_rows(analysis["memory"]),
         "swarms": swarm_rows(analysis["swarms"], run),
         "op_cost": costs,
         "prediction": _prediction(run),

@@ -211,6 +211,24 @@ def _live_at(points: list[tuple[int, float, float, float, Any, int]]) -> dict[st
     for change, phase in live.values():
         sums[PHASES[phase]] += change
     return sums
+
+
+def memory_category_rows(memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The memory timeline's peaks as table rows: per rank, the whole run's, then each step's."""
+    return [{"rank": m["rank"], "step": step, "total_bytes": p["total_bytes"],
+             "by_category": p["by_category"]}
+            for m in memory for step, p in [("all", m["peak"])]
+            + [(s["step"], s) for s in m["steps"]]]
+
+
+def critical_step_rows(path: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each iteration's critical path as a table row: its categories by share, largest first."""
+    return [{**{k: s[k] for k in ("step", "start", "length_ns", "device_ops", "handovers")},
+             "shares": sorted(((k, v) for k, v in s["share"].items() if v),
+                              key=lambda kv: -kv[1])}
+            for s in (path or {}).get("steps", [])]
+
+
 def ranks_view(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Ranks side by side: median step, compute and communication time, the share of
     communication hidden under compute, and how long the others waited for this rank."""

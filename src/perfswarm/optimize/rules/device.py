@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import polars as pl
@@ -242,3 +242,37 @@ def memory_capacity(facts: Facts) -> Advice | None:
                   None, "no time saved: headroom against out-of-memory and allocator retries",
                   "activation checkpointing, a smaller micro-batch with gradient accumulation, "
                   "bf16 autocast, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+_ACTIVATIONS: Final = ("activation", "autograd_detail", "temporary")
+_MEMORY_SHARE: Final = {"activations": 0.5, "optimizer_state": 0.3}
+_MEMORY_CHANGE: Final = {
+    "activations": "activation checkpointing (torch.utils.checkpoint) on the largest blocks, a "
+                   "smaller micro-batch with gradient accumulation, or bf16 autocast",
+    "optimizer_state": "shard the optimizer state across data-parallel ranks (ZeRO-1: "
+                       "ZeroRedundancyOptimizer, or FSDP), an 8-bit optimizer, or a factored "
+                       "one (Adafactor)"}
+
+
+def memory_breakdown(facts: Facts) -> Advice | None:
+    """A memory timeline's peak held mostly by activations (activation, autograd detail and
+    temporaries: at least half) or by optimizer state (at least 30%): what frees memory for a
+    larger batch or model is then known."""
+    found = []
+    for m in facts.memory:
+        held = m.peak.by_category
+        groups = {"activations": sum(held.get(c, 0) for c in _ACTIVATIONS),
+                  "optimizer_state": held.get("optimizer_state", 0)}
+        total = m.peak.total_bytes
+        found += [(part / total, -m.rank, group, part, m) for group, part in groups.items()
+                  if total and part >= _MEMORY_SHARE[group] * total]
+    if not found:
+        return None
+    _share, _, group, part, m = max(found, key=lambda f: f[:2])
+    evidence = {"rank": m.rank, "peak_bytes": m.peak.total_bytes, "group": group,
+                "group_bytes": part, "used_pct": pct(part, m.peak.total_bytes),
+                "held_bytes": {c: v for c, v in m.peak.by_category.items() if v}}
+    title = ("activations hold" if group == "activations" else "optimizer state holds")
+    return advice(facts, "memory_breakdown", f"{title} {evidence['used_pct']:.0f}% of the peak "
+                  "memory", evidence, None, "no time saved: memory for a larger batch or model "
+                  "(the memory timeline's peak, by category)", _MEMORY_CHANGE[group])

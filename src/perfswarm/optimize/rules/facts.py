@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import EXPORT, profiled
 from perfswarm.analyze.launch import LaunchStats, launch_stats
+from perfswarm.analyze.memory import RankMemory, memory_timeline
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS
@@ -84,6 +85,8 @@ class Facts:
     run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
     # the Run itself, for a rule that reads its recorded op sequence (conv fusion)
     run: Run | None = None
+    # analyze's memory by category (a memory timeline's counters), per rank
+    memory: tuple[RankMemory, ...] = ()
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -108,7 +111,8 @@ class Facts:
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
                    run.manifest(), raw, launch_stats(Events.load(run)),
-                   run_steps.with_columns(pl.col("source").cast(pl.String)), run)
+                   run_steps.with_columns(pl.col("source").cast(pl.String)), run,
+                   memory_timeline(run.table("counters"), {}))
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
