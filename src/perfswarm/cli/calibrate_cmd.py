@@ -12,8 +12,10 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console, print_json, progress_bar, spinner
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 from perfswarm.model.collective_fit import calibration
 from perfswarm.model.profile import UNUSABLE_GMAE
+from perfswarm.record.bench.bandwidth import gpu_matrix
 from perfswarm.record.bench.collectives import PASSES, sweep
 from perfswarm.record.bench.kernels import calibrate as kernel_calibration
 from perfswarm.userfiles import write_json
@@ -24,7 +26,7 @@ def calibrate_command(
     device: Annotated[str, typer.Option("--device", help="Device to calibrate kernel models on: cpu or cuda:N.")] = "cpu",
     budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d, embedding_bag, elementwise, reduction, copy; the last three also warm, on inputs reused); time left after a pass buys up to two more.")] = 0.5,
     threads: Annotated[int, typer.Option("--threads", help="Intra-op threads on the CPU (record the workload with the same count).")] = 1,
-    collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models.")] = False,
+    collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models; with 2 or more GPUs also the host/device copy bandwidth matrix.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
     passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = PASSES,
@@ -50,6 +52,12 @@ def calibrate_command(
         result = sweep(world_size=world_size, backend=backend,  # type: ignore[arg-type]
                        passes=passes)
     profile = calibration(result)
+    matrix: BandwidthMatrix | None = None
+    try:  # SOFA's traffic matrix, beside the sweep: host<->device and device<->device copies
+        matrix = gpu_matrix()
+        profile["bandwidth_matrix"], profile["bandwidth_matrix_note"] = matrix.to_dict(), ""
+    except PerfswarmError as exc:
+        profile["bandwidth_matrix"], profile["bandwidth_matrix_note"] = None, str(exc)
     write_json(out, profile)
     if as_json:
         print_json(profile)
@@ -66,7 +74,21 @@ def calibrate_command(
                       f"{100 * profile['gmae_held_out'][op]:.1f}%",
                       f"{100 * profile['gmae_in_sample'][op]:.1f}%")
     console.print(table)
+    if matrix is None:
+        console.print(f"{profile['bandwidth_matrix_note']} (not measured)")
+    else:
+        console.print(matrix_table(matrix))
     console.print(f"profile: {out}")
+
+
+def matrix_table(matrix: BandwidthMatrix) -> Table:
+    """The bandwidth matrix as a table: copies from each row's node to each column's."""
+    table = Table("from \\ to", *matrix.nodes, title_justify="left",
+                  title=f"copy bandwidth GB/s ({matrix.nbytes / 2**20:g} MiB copies, best of "
+                        "several)")
+    for node, row in zip(matrix.nodes, matrix.gbps, strict=True):
+        table.add_row(node, *("-" if v is None else f"{v:.1f}" for v in row))
+    return table
 
 
 def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:

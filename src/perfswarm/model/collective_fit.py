@@ -17,6 +17,7 @@ import numpy as np
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
+from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 from perfswarm.model.collectives import OPS, RING, CollectiveConfig, Op, bus_factor, coefficients
 from perfswarm.model.topology import Link
 
@@ -187,7 +188,9 @@ def calibration(result: Sweep) -> dict[str, Any]:
 
 def link_of_profile(data: Any, where: str) -> Link:
     """The intra-node link a `calibrate --collectives` profile measured: its all-reduce's fitted
-    latency and the bandwidth of its largest-message regime (what gradient buckets see)."""
+    latency and the bandwidth of its largest-message regime (what gradient buckets see); with a
+    bandwidth matrix (2 or more GPUs), its slowest device-to-device copy instead (a ring
+    all-reduce runs at its slowest hop)."""
     try:
         model = data["models"]["all_reduce"]
         sweep = data["sweep"]
@@ -199,5 +202,11 @@ def link_of_profile(data: Any, where: str) -> Link:
         raise PerfswarmError(f"{where}: not a collectives profile ({exc})") from None
     if not bandwidths or not bandwidths[-1] > 0 or not latency >= 0:
         raise PerfswarmError(f"{where}: its all-reduce has no positive bandwidth to use")
-    return Link(name, latency, 1e-9 / bandwidths[-1], "switch",
-                f"fitted by perfswarm calibrate --collectives ({where})")
+    source = f"fitted by perfswarm calibrate --collectives ({where})"
+    bandwidth = bandwidths[-1]
+    if isinstance(data, dict) and data.get("bandwidth_matrix"):
+        pairs = BandwidthMatrix.from_dict(data["bandwidth_matrix"], where).between_devices()
+        if pairs:
+            bandwidth, name = min(pairs), f"{name}, slowest GPU pair"
+            source += "; bandwidth: the slowest device-to-device copy of its matrix"
+    return Link(name, latency, 1e-9 / bandwidth, "switch", source)
