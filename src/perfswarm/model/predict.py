@@ -417,19 +417,20 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         pairs = [(row, row, nodes, int(self_ns[row])) for row, nodes in by_row.items()]
     else:
         op_of = _launching_ops(m)
-        pairs = [(int(g.row[n]), op_of.get(int(g.row[n])), [n], int(dur[n]))
-                 for n in np.flatnonzero(g.role == DEVICE).tolist()]
+        device = np.flatnonzero(g.role == DEVICE)
+        pairs = [(row, op_of.get(row), [n], ns) for n, row, ns in
+                 zip(device.tolist(), g.row[device].tolist(), dur[device].tolist(), strict=True)]
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
-    keys = [(int(ev.name[row]), m.shapes(op) if op is not None else None)
-            for row, op, _, _ in pairs]
+    name, rank, step = ev.name.tolist(), ev.rank.tolist(), ev.step.tolist()
+    keys = [(name[row], m.shapes(op) if op is not None else None) for row, op, _, _ in pairs]
     samples: dict[Key, tuple[list[float], list[StepKey]]] = {}
     for key, (row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
         values, steps = samples.setdefault(key, ([], []))
         values.append(ns)
-        steps.append((int(ev.rank[row]), int(ev.step[row])))
+        steps.append((rank[row], step[row]))
     base_of = {key: typical(*found, steady) for key, found in samples.items()}
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
-    priced = [_on_tensor_cores(costs(ev.name_of(op), shapes), ev.name_of(row))
+    priced = [_on_tensor_cores(costs(ev.names[name[op]], shapes), ev.names[name[row]])
               if op is not None and (shapes := m.shapes(op)) else None
               for row, op, _nodes, _ns in pairs]
     touch: dict[Key, tuple[int, int]] = {}
@@ -443,6 +444,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                                       for key, found in zip(keys, priced, strict=True)
                                       if found is not None and key[1] is not None])
     scaled = functools.cache(scaler.scaled) if scaler is not None else None  # per key, once
+    scaled_ns = dur.tolist()
     for key, (row, _op, nodes, measured), found in zip(keys, pairs, priced, strict=True):
         if measured <= 0:
             continue
@@ -465,7 +467,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                                               "tf32" if is_tensor_core(ev.name_of(row))
                                               else "fp32")
         for n in nodes:
-            dur[n] = round(int(dur[n]) * after / measured)
+            scaled_ns[n] = round(scaled_ns[n] * after / measured)
+    dur[:] = scaled_ns
     return counts
 
 

@@ -84,27 +84,25 @@ class Schedule:
 
 
 def _topological(g: Graph, kept: Mask) -> I64:
+    """Kahn's algorithm over the points, the successors of each in one flat list (built by
+    numpy in the order: its end, the lane's next start, then the kept dependency edges)."""
     n = len(g)
-    succ: list[list[int]] = [[] for _ in range(2 * n)]
-    indegree = np.zeros(2 * n, np.int64)
-    for v in range(n):
-        succ[2 * v].append(2 * v + 1)
-        if g.prev[v] >= 0:
-            succ[2 * int(g.prev[v]) + 1].append(2 * v)
-    src = (2 * g.src + g.src_point)[kept].tolist()
-    dst = (2 * g.dst + g.dst_point)[kept].tolist()
-    for a, b in zip(src, dst, strict=True):
-        succ[a].append(b)
-    indegree[1::2] += 1
-    indegree[0::2] += g.prev >= 0
-    np.add.at(indegree, np.asarray(dst, np.int64), 1)
+    node = np.arange(n, dtype=np.int64)
+    has_prev = g.prev >= 0
+    src = np.concatenate([2 * node, 2 * g.prev[has_prev] + 1, (2 * g.src + g.src_point)[kept]])
+    dst = np.concatenate([2 * node + 1, 2 * node[has_prev], (2 * g.dst + g.dst_point)[kept]])
+    succ = dst[np.argsort(src, kind="stable")].tolist()
+    bounds = np.zeros(2 * n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=2 * n), out=bounds[1:])
+    first = bounds.tolist()
+    indegree = np.bincount(dst, minlength=2 * n)
     pending = indegree.tolist()
-    stack = [p for p in range(2 * n) if pending[p] == 0]
+    stack = np.flatnonzero(indegree == 0).tolist()
     order: list[int] = []
     while stack:
         p = stack.pop()
         order.append(p)
-        for q in succ[p]:
+        for q in succ[first[p]:first[p + 1]]:
             pending[q] -= 1
             if pending[q] == 0:
                 stack.append(q)
