@@ -21,7 +21,7 @@ from perfswarm.model.gpu.opgraph import HOST_OP_NS, innermost_ops
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes
 from perfswarm.model.predict import Change, predict
-from perfswarm.model.specs import load_spec
+from perfswarm.model.specs import DeviceSpec, load_spec
 from perfswarm.trace import opgraph
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -51,6 +51,17 @@ def _ops(kernel_ns: int = 0) -> list[opgraph.TraceOp]:
 def _run(tmp: Path, ops: list[opgraph.TraceOp], device: dict[str, object] | None) -> Run:
     path = opgraph.write(tmp / "graph.json", [ops, ops, ops], device)
     return import_traces([path], tmp / "graph.run", ImportOptions(), ["test"])
+
+
+def _moved_ns(name: str, shapes: Shapes, ns: int, source: DeviceSpec, target: DeviceSpec
+              ) -> int:
+    """A kernel of `ns` on `source` on `target`: beyond the launch floor, scaled by the
+    bundled model's ratio of its op's kernels."""
+    works = op_kernels(name, shapes) or []
+    model = bundled()
+    ratio = (model.seconds(works, Hardware.of_spec(target)).sum()
+             / model.seconds(works, Hardware.of_spec(source)).sum())
+    return GPU_FLOOR_NS + round(float((ns - GPU_FLOOR_NS) * ratio))
 
 
 def test_cpu_recorded_op_graph_forecast_on_a_gpu(tmp_path: Path) -> None:
@@ -90,16 +101,35 @@ def test_gpu_recorded_op_graph_reproduced_and_moved(tmp_path: Path) -> None:
     for step in same.steps:
         assert abs(step.predicted_ns / step.measured_ns - 1) < 0.02
     moved = predict(run, Change(device="T4"))
-    model = bundled()
-    expected = 0
-    for name, shapes in OPS:
-        works = op_kernels(name, shapes) or []
-        ratio = (model.seconds(works, Hardware.of_spec(t4)).sum()
-                 / model.seconds(works, Hardware.of_spec(a100)).sum())
-        expected += GPU_FLOOR_NS + round((ns - GPU_FLOOR_NS) * ratio)
+    expected = sum(_moved_ns(name, shapes, ns, a100, t4) for name, shapes in OPS)
     for step in moved.steps:
         assert step.device_active_ns["predicted"] == pytest.approx(expected, rel=1e-3)
         assert step.predicted_ns > step.measured_ns  # the T4 is the slower GPU
+
+
+def test_a_full_launch_queue_paces_the_host(tmp_path: Path) -> None:
+    """Recorded on an A100 without a sync per iteration: 600 adds of 16M floats a step, each
+    launched in 20 us of host time and run in 19 us, so the device keeps up and the steps are
+    the host's. On a P4 (192 vs 1,555 GB/s) each add takes several times longer: the host
+    runs ahead until 1,024 launches wait, and from then on each launch waits for an add to
+    finish, so the last step lasts as long as its adds on the device, not the host's 12 ms."""
+    a100 = load_spec("A100-PCIE-40GB")
+    size = (4096, 4096)
+    add = opgraph.TraceOp("aten::add", (size, size), (F, F), "",
+                          (("vectorized_elementwise_kernel", 19_000),))
+    path = opgraph.write(tmp_path / "adds.json", [[add] * 600] * 3,
+                         {"name": a100.names[0], "totalGlobalMem": int(a100.memory_bytes),
+                          "numSms": a100.compute_units}, sync=False)
+    run = import_traces([path], tmp_path / "adds.run", ImportOptions(), ["test"])
+    same = predict(run)
+    assert [round(s.measured_ns / 1e6, 1) for s in same.steps] == [12.0, 12.0, 12.0]
+    assert all(abs(s.predicted_ns / s.measured_ns - 1) < 0.02 for s in same.steps)
+    p4 = predict(run, Change(device="P4"))
+    kernel_ns = _moved_ns("aten::add", Shapes((size, size), (F, F)), 19_000, a100,
+                          load_spec("P4"))
+    assert kernel_ns > 5 * 19_000  # the P4's add, several times the A100's
+    assert p4.steps[0].predicted_ns < 1.1 * p4.steps[0].measured_ns  # the queue fills
+    assert p4.steps[-1].predicted_ns == pytest.approx(600 * kernel_ns, rel=0.02)
 
 
 def test_forecast_bad_inputs(corpus_runs: dict[str, Run], tmp_path: Path,

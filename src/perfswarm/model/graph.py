@@ -11,7 +11,8 @@ Nodes take time on one lane each:
 A node starts when its lane is free (the previous node's end plus its gap) and every
 start dependency is met; it ends after its duration and once every end dependency is
 met. Dependencies (see analyze/dependencies.py): a device op starts a launch latency
-after its launch call starts and a stream gap after an event it waits on; a
+after its launch call starts and a stream gap after an event it waits on; a launch call
+starts no earlier than the end of the op launched a full launch queue before it; a
 synchronizing call ends a sync latency after the device op it waited for; a collective
 ends no earlier than its transfer time after the last rank entered it; a thread that
 another thread of its rank handed over to (dependencies.thread_wakes, as the critical path
@@ -36,7 +37,7 @@ import numpy as np
 from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
 from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
-from perfswarm.analyze.launch import DEVICE_OPS
+from perfswarm.analyze.launch import DEVICE_OPS, FULL_QUEUE, queue_steps
 
 HOST_NODE_KINDS: Final = ("cpu_op", "user_annotation", "runtime", "driver")
 DEFAULT_LAUNCH_LAG_NS: Final = 5_000
@@ -316,6 +317,7 @@ def _device_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int
             lag = min(lags[int(ev.rank[op])].stream_gap_ns, int(ev.ts[op] - ev.end[recorded]))
             b.edge(node_of[recorded], END, node_of[op], START, max(lag, 0))
     _sync_edges(b, ev, deps, node_of, lags, dur)
+    _queue_edges(b, ev, deps, node_of)
     for op, peers in sorted(deps.peers.items()):
         if op not in node_of or not peers:
             continue
@@ -326,6 +328,24 @@ def _device_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int
         for p in peers:
             if p in node_of:
                 b.edge(node_of[p], START, node_of[op], END, transfer)
+
+
+def _queue_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, int]) -> None:
+    """A launch call waits while its rank's launch queue is full (the host ran that far
+    ahead of the device): it starts no earlier than the end of the op launched `depth`
+    launches before it, `depth` being FULL_QUEUE (HTA's default for CUDA's queue) or the
+    deepest queue the rank's trace shows, if deeper."""
+    by_rank: dict[int, list[tuple[int, int]]] = {}
+    for op, call in deps.launch_of.items():
+        if op in node_of and call in node_of:
+            by_rank.setdefault(int(ev.rank[op]), []).append((op, call))
+    for pairs in by_rank.values():
+        pairs.sort(key=lambda p: (int(ev.ts[p[1]]), p[1]))
+        ops = np.array([op for op, _ in pairs], np.int64)
+        calls = np.array([call for _, call in pairs], np.int64)
+        depth = max(FULL_QUEUE, int(queue_steps(ev.ts[calls], ev.end[ops])[1].max()))
+        for before, call in zip(ops[:-depth].tolist(), calls[depth:].tolist(), strict=True):
+            b.edge(node_of[before], END, node_of[call], START, 0)
 
 
 def _sync_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, int],

@@ -6,7 +6,7 @@ them). Recorded on a CPU, that is all; recorded on a GPU (`device` given), every
 launches its kernels (`cudaLaunchKernel` inside the op, the kernel on stream 7 after the
 launch latency and the kernel before it, joined by correlation id), and each iteration ends
 in a `cudaDeviceSynchronize` that waits for its last kernel (the loss read back), so the
-step's end is the device's.
+step's end is the device's (or, without it, the host runs ahead of the device).
 
 A forecast reads such a Run as it reads a recorded one (`perfswarm predict RUN --device`):
 the way a whole-model measurement that comes as an op graph with shapes (NeuSight's labels,
@@ -69,7 +69,7 @@ class _Writer:
             launch += LAUNCH_NS + 1_000
         self.t = start + dur
 
-    def step(self, ops: Sequence[TraceOp], step: int, on_gpu: bool) -> list[dict[str, Any]]:
+    def step(self, ops: Sequence[TraceOp], step: int, sync: bool) -> list[dict[str, Any]]:
         start = self.t
         events: list[dict[str, Any]] = []
         self.t += 1_000
@@ -94,7 +94,7 @@ class _Writer:
             else:
                 events += self.op(ops[i], step)
             i = j
-        if on_gpu:
+        if sync:
             self.correlation += 1
             end = max(self.t + LAUNCH_NS, self.device_free + LAUNCH_LAG_NS)
             events.append(_event("cuda_runtime", "cudaDeviceSynchronize", MAIN_TID, self.t,
@@ -113,17 +113,18 @@ def _event(cat: str, name: str, tid: int, ts: int, dur: int, args: dict[str, Any
             "dur": _us(dur), "args": args}
 
 
-def trace(steps: Sequence[Sequence[TraceOp]], device: Mapping[str, Any] | None = None
-          ) -> dict[str, Any]:
+def trace(steps: Sequence[Sequence[TraceOp]], device: Mapping[str, Any] | None = None,
+          sync: bool = True) -> dict[str, Any]:
     """The trace of `steps` (each an iteration's ops in order), recorded on `device` (its
     deviceProperties entry: `name` as torch.cuda.get_device_name() gives it, `totalGlobalMem`,
-    `numSms`; its kernels as the ops give them) or, without one, on a CPU."""
+    `numSms`; its kernels as the ops give them) or, without one, on a CPU. On a GPU, `sync`:
+    each iteration ends waiting for its last kernel (else the host runs ahead)."""
     writer = _Writer()
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "ts": _us(0), "pid": PID, "tid": 0,
          "args": {"name": "python3"}}]
     for i, ops in enumerate(steps):
-        events += writer.step(ops, i, device is not None)
+        events += writer.step(ops, i, sync and device is not None)
     out: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events,
                            "traceName": "op graph", "displayTimeUnit": "ms",
                            "baseTimeNanoseconds": BASE_TIME_NS}
@@ -133,7 +134,7 @@ def trace(steps: Sequence[Sequence[TraceOp]], device: Mapping[str, Any] | None =
 
 
 def write(path: Path, steps: Sequence[Sequence[TraceOp]],
-          device: Mapping[str, Any] | None = None) -> Path:
+          device: Mapping[str, Any] | None = None, sync: bool = True) -> Path:
     """Write the trace of `steps` (see `trace`) as Kineto's JSON; returns the path."""
-    path.write_bytes(dumps(trace(steps, device)))
+    path.write_bytes(dumps(trace(steps, device, sync)))
     return path
