@@ -123,6 +123,22 @@ def test_anchors_bracket_each_step_on_the_main_thread() -> None:
     assert timeline.start[b] - timeline.start[a] == 1000 * US
 
 
+def test_anchor_gaps_leave_the_callers_arrays_alone() -> None:
+    """A step that ends inside a 1000 us op, 600 us in: the op shortened to 400 us moves the
+    anchor to the op's end, in a new array; the arrays passed in keep their values."""
+    ev = events([(0, 0, 1000 * US, "cpu_op", "step", 1, -1, -1, -1),
+                 (0, 1100 * US, 10 * US, "cpu_op", "after", 1, -1, -1, -1)])
+    g, _ = _graph(ev, {0: [StepWindow(0, 0, 600 * US, "marker")]})
+    ((_, _, end),) = g.steps[0]
+    piece = int(g.prev[end])
+    dur, gap = g.dur.copy(), g.gap.copy()
+    dur[piece] = 400 * US
+    given_dur, given_gap = dur.copy(), gap.copy()
+    placed = g.anchor_gaps(dur, gap)
+    assert np.array_equal(dur, given_dur) and np.array_equal(gap, given_gap)
+    assert gap[end] == -400 * US and placed[end] == 0  # 600 us in, was; now at the end
+
+
 @pytest.mark.parametrize(("name", "tolerance"), [
     ("nccl", 1e-4), ("compare_base", 1e-4), ("compare_test", 1e-4),
     # MI250: the first step's synchronous copy returns 10 us early at the rank's typical sync

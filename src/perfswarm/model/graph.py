@@ -95,14 +95,16 @@ class Graph:
     def node_of_row(self) -> dict[int, int]:
         return {int(r): i for i, r in enumerate(self.row.tolist()) if r >= 0}
 
-    def anchor_gaps(self, dur: I64, gap: I64) -> None:
-        """Re-place, in `gap`, the anchors that sit inside a host piece for its new duration.
+    def anchor_gaps(self, dur: I64, gap: I64) -> I64:
+        """`gap` with the anchors that sit inside a host piece re-placed for its new duration
+        (`dur`); the caller's arrays are left as they are.
 
         A step's marker ends inside the optimizer-step call whose hook closed it (the last
         one after the profiler's stop, milliseconds long): the anchor keeps its offset from
         the piece's start, within the piece's new duration, and the node after the anchors
         keeps its distance from the piece's end. Measured durations leave every gap as is.
         """
+        gap = gap.copy()
         following = np.full(len(self), -1, np.int64)
         has_prev = np.flatnonzero(self.prev >= 0)
         following[self.prev[has_prev]] = has_prev
@@ -118,6 +120,7 @@ class Graph:
                 after = int(following[after])
             if after >= 0:
                 gap[after] += int(dur[piece]) - kept - (int(self.dur[piece]) - offset)
+        return gap
 
 
 def host_segments(ev: Events, rows: I64) -> list[tuple[int, int, int, int]]:

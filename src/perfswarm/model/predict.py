@@ -698,7 +698,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         counts["per_sample"] = _per_sample(m, insts, batch[0], factor, dur, gap)
         if counts["per_sample"] == 0:
             notes.append("no per-sample DataLoader work found; input pipeline time kept")
-    g.anchor_gaps(dur, gap)
+    gap = g.anchor_gaps(dur, gap)
     predicted = simulate(m.schedule, dur, gap)
     compared = _compare(compare) if compare is not None else None
     breakdown = _breakdowns(m, predicted, dur)
