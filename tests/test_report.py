@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import NotApplicable, PerfswarmError
 from perfswarm.model.specs import load_spec
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projection
@@ -277,10 +277,12 @@ def test_report_carries_the_scaling_projection(corpus_runs: dict[str, Run], tmp_
 
 def test_runs_without_collectives_say_why_there_is_no_projection(
         corpus_runs: dict[str, Run]) -> None:
-    projection, note = report_projection(corpus_runs["simple_add"])
+    with pytest.raises(NotApplicable, match=r"gradient size with grad_bytes$"):
+        report_projection(corpus_runs["simple_add"])
+    data = report_data(corpus_runs["simple_add"], projection=report_projection)
+    projection, note = data["projection"], data["projection_note"]
     assert projection is None and "--grad-bytes" in note
-    page = html.render(report_data(corpus_runs["simple_add"],
-                                   projection=(projection, note)))
+    page = html.render(data)
     assert 'id="projection-note"' in page and 'id="chart-scaling"' not in page
     assert html.projection_figures(None) == {}
 

@@ -233,7 +233,7 @@ def report_data(run: store.Run, *, tune: Path | None = None) -> dict[str, Any]:
 
         files = load_results(tune)
     return data(run, advice=advise(run).to_dict()["advice"], tune=files,
-                projection=report_projection(run))
+                projection=report_projection)
 
 
 # Paths are made absolute: a notebook's working directory may change while a Run is in use.

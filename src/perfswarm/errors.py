@@ -12,6 +12,16 @@ from pathlib import Path
 
 # `{name}` in a ParameterError's `why`: another parameter the message points to
 _PARAM = re.compile(r"\{([a-z][a-z_]*)\}")
+# Library parameters whose command-line flag is not `--` + the name with dashes (see flag()).
+FLAGS = {"ranks": "--rank", "execution_traces": "--et", "bandwidth_gbps": "--bandwidth",
+         "interconnect_name": "--interconnect", "intra_name": "--intra",
+         "per_node": "--gpus-per-node"}
+
+
+def flag(param: str) -> str:
+    """The command-line flag that sets the library parameter `param`: how the CLI, and the
+    report (which tells its reader what to run), name it."""
+    return FLAGS.get(param, "--" + param.replace("_", "-"))
 
 
 class PerfswarmError(Exception):
@@ -40,11 +50,21 @@ class ParameterError(PerfswarmError):
         self.subject = subject
         super().__init__(self.message(lambda name: name), exit_code)
 
+    def as_flags(self) -> str:
+        """The message with each parameter named by its command-line flag."""
+        return self.message(flag)
+
     def message(self, name: Callable[[str], str]) -> str:
         head = [] if self.subject is None else [str(self.subject)]
         if self.param is not None:
             head.append(name(self.param) + ("" if self.value is None else f" {self.value}"))
         return ": ".join([*head, _PARAM.sub(lambda m: name(m.group(1)), self.why)])
+
+
+class NotApplicable(ParameterError):
+    """The Run lacks what a result needs (events, device kernels, collectives): a caller that
+    gathers several results (the report) leaves this one out and says why; every other error
+    stays an error. It may point at the parameter that would supply what is missing."""
 
 
 class TraceFormatError(PerfswarmError):

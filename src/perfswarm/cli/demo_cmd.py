@@ -43,7 +43,7 @@ def demo_command(
         advice = advise(result.run)
         bar.update(task, description="writing the report")
         html.write(report_data(result.run, advice=advice.to_dict()["advice"],
-                               projection=report_projection(result.run)), report)
+                               projection=report_projection), report)
     manifest = result.run.manifest()
     states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(manifest["collectors"].items()))
     console.print(f"recorded {result.run.path} (exit {result.exit_code}); {states}",

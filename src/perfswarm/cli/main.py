@@ -11,20 +11,10 @@ from perfswarm.cli.app import app
 from perfswarm.cli.output import err_console
 from perfswarm.errors import ParameterError, PerfswarmError
 
-# Library parameters whose flag is not `--` + the name with dashes (see flag()).
-FLAGS = {"ranks": "--rank", "execution_traces": "--et", "bandwidth_gbps": "--bandwidth",
-         "interconnect_name": "--interconnect", "intra_name": "--intra",
-         "per_node": "--gpus-per-node"}
-
-
-def flag(param: str) -> str:
-    """The command-line flag that sets the library parameter `param`."""
-    return FLAGS.get(param, "--" + param.replace("_", "-"))
-
 
 def error_text(exc: PerfswarmError) -> str:
     """The error as the CLI says it: a library parameter named by its flag."""
-    return exc.message(flag) if isinstance(exc, ParameterError) else str(exc)
+    return exc.as_flags() if isinstance(exc, ParameterError) else str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:

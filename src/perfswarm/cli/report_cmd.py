@@ -38,7 +38,7 @@ def report_command(
     with spinner() as progress:
         task = progress.add_task("analyzing", total=2)
         data = report_data(run, advice=advise(run).to_dict()["advice"], tune=tune,
-                           projection=report_projection(run))
+                           projection=report_projection)
         progress.update(task, advance=1, description="rendering")
         if as_json:
             progress.update(task, advance=1)

@@ -47,7 +47,7 @@ from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import NotApplicable, PerfswarmError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
@@ -243,12 +243,13 @@ class _Model:
 def load_model(run: Run) -> _Model:
     ev = Events.load(run)
     if len(ev) == 0:
-        raise PerfswarmError(f"{run.path}: the Run has no events to simulate")
+        raise NotApplicable(None, "the Run has no events to simulate", subject=run.path)
     deps = dependencies(ev, sync_events(run, ev))
     steps = {r: list(w) for r, w in iterations(run, ev).steps.items() if w}
     graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
     if not np.any(graph.role != ANCHOR):
-        raise PerfswarmError(f"{run.path}: the Run has no host or device work to simulate")
+        raise NotApplicable(None, "the Run has no host or device work to simulate",
+                            subject=run.path)
     args = run.table("events", columns=["args"]).column("args").combine_chunks()
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
     model = _Model(run, ev, deps, graph, Schedule.of(graph), platform, args,

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.intervals import I64, union
-from perfswarm.errors import ParameterError, PerfswarmError
+from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
 from perfswarm.model.predict import Change, predict
@@ -197,8 +197,8 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     if not steps and len(table) == 0:
         steps, whole_run, compute_source = _host_steps(run), False, "step spans (no device work)"
     if not steps:
-        raise PerfswarmError(f"{run.path}: no device kernels or marked steps; nothing to "
-                             "project")
+        raise NotApplicable(None, "no device kernels or marked steps; nothing to project",
+                            subject=run.path)
     world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
     measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
     if grad_bytes is not None and grad_bytes <= 0:
@@ -214,9 +214,9 @@ def profile(run: Run, grad_bytes: int | None = None, *,
                                  (Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
                      for st in steps]
     else:
-        raise ParameterError(None, "no all-reduce kernels with sizes and no layer shapes in "
-                             "the Run; give the gradient size with {grad_bytes}",
-                             subject=run.path)
+        raise NotApplicable(None, "no all-reduce kernels with sizes and no layer shapes in "
+                            "the Run; give the gradient size with {grad_bytes}",
+                            subject=run.path)
     return Profile(tuple(sorted({st.rank for st in steps})), tuple(steps), world, grad_bytes,
                    source, whole_run, compute_source)
 
@@ -230,8 +230,8 @@ def simulate_step(ranks: Sequence[StepProfile], topology: Topology,
     ready_at = [[c.ready_ns * 1e-9 for c in st.calls] for st in ranks]
     calls = ranks[0].calls
     if any(len(st.calls) != len(calls) for st in ranks):
-        raise PerfswarmError(f"step {ranks[0].step}: ranks launched different numbers of "
-                             "collectives; cannot pair them")
+        raise NotApplicable(None, "ranks launched different numbers of collectives; cannot "
+                            "pair them", subject=f"step {ranks[0].step}")
     members = [ready_at[i % len(ranks)] for i in range(min(p, len(ranks)))]
     end, modelled = 0.0, 0.0
     for k, call in enumerate(calls):
@@ -415,12 +415,8 @@ def recommend(options: Sequence[Choice]) -> Choice:
     return max(options, key=lambda c: c.efficiency)
 
 
-def report_projection(run: Run) -> tuple[dict[str, Any] | None, str]:
-    """The report's projection of a Run onto DEFAULT_DEVICES with the defaults of `project`,
-    or None and why not (a Run without collectives needs `project --grad-bytes`)."""
-    try:
-        return project(run, DEFAULT_DEVICES).to_dict(), ""
-    except ParameterError as exc:  # the report's reader runs `perfswarm project`: its flags
-        return None, exc.message(lambda name: "--" + name.replace("_", "-"))
-    except PerfswarmError as exc:
-        return None, str(exc)
+def report_projection(run: Run) -> dict[str, Any]:
+    """The report's projection of a Run onto DEFAULT_DEVICES with the defaults of `project`;
+    NotApplicable when the Run cannot have one (no collectives nor layer shapes to tell its
+    gradients: `grad_bytes`)."""
+    return project(run, DEFAULT_DEVICES).to_dict()

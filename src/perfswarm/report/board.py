@@ -220,8 +220,7 @@ class BoardServer(ThreadingHTTPServer):
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0,
                  advice: Callable[[Run], Sequence[Mapping[str, Any]]] | None = None,
-                 projection: Callable[[Run], tuple[Mapping[str, Any] | None, str]] | None
-                 = None) -> None:
+                 projection: Callable[[Run], Mapping[str, Any]] | None = None) -> None:
         """`advice` (optimize.advise, given by the CLI) adds advice cards to reports, and
         `projection` (optimize.project.report_projection) the scaling projection."""
         if not root.is_dir():
@@ -261,10 +260,8 @@ class BoardServer(ThreadingHTTPServer):
     def report_page(self, listed: Listed) -> bytes:
         run = open_listed(listed)
         advice = self.advice(run) if self.advice else ()
-        if self.projection is None:
-            return html.render(report_data(run, advice=advice)).encode()
         return html.render(report_data(run, advice=advice,
-                                       projection=self.projection(run))).encode()
+                                       projection=self.projection)).encode()
 
     @property
     def url(self) -> str:

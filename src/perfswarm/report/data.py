@@ -7,7 +7,7 @@ Renderers (report/html.py) only lay this out; tests assert on the dict. Times ar
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze, diff_runs
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
 from perfswarm.model.specs import spec_of_devices
@@ -168,15 +168,23 @@ def tune_section(files: Mapping[str, Any], run: Run) -> dict[str, Any]:
 def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 advice: Sequence[Mapping[str, Any]] = (),
                 tune: Mapping[str, Any] | None = None,
-                projection: tuple[Mapping[str, Any] | None, str] = (None, "not computed"),
+                projection: Callable[[Run], Mapping[str, Any]] | None = None,
                 ) -> dict[str, Any]:
     """The report of one Run as a plain dict (stable keys; see docs/cli.md).
 
     `advice` is optimize.advise's list, `tune` a tune output directory as
-    optimize.tune.load_results reads it, and `projection` optimize.project's
-    report_projection (the projection's dict, or None and why not), all passed in by the
-    caller: report sits beside optimize in the import order, not above it.
+    optimize.tune.load_results reads it, and `projection` makes the scaling projection's
+    dict (optimize.project.report_projection), all passed in by the caller: report sits
+    beside optimize in the import order, not above it. A projection or prediction the Run
+    cannot have (NotApplicable) is left out, the projection's reason said in the words of
+    the command line the reader would run; any other error is raised.
     """
+    shown, note = None, "not computed"
+    if projection is not None:
+        try:
+            shown, note = dict(projection(run)), ""
+        except NotApplicable as exc:
+            note = exc.as_flags()
     manifest = run.manifest()
     analysis = analyze(run).to_dict()
     origin = run_origin(run)
@@ -220,8 +228,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "prediction": _prediction(run),
         "advice": [dict(a) for a in advice],
         "tune": tune_section(tune, run) if tune is not None else None,
-        "projection": dict(projection[0]) if projection[0] is not None else None,
-        "projection_note": projection[1],
+        "projection": shown,
+        "projection_note": note,
     }
 
 
@@ -244,10 +252,11 @@ def swarm_rows(swarms: dict[str, Any], run: Run) -> dict[str, Any]:
 
 
 def _prediction(run: Run) -> dict[str, Any] | None:
-    """Replay and model prediction at the recorded configuration; None without iterations."""
+    """Replay and model prediction at the recorded configuration; None when the Run has
+    nothing to simulate."""
     try:
         result = predict(run).to_dict()
-    except PerfswarmError:
+    except NotApplicable:
         return None
     del result["overheads"]  # per op type: for `perfswarm predict --json`, not a page
     return result
