@@ -41,7 +41,8 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
                          "timeline", "concurrency", "ops_by_shape", "streams", "modules",
                          "memory", "ranks",
                          "iterations", "kernels", "cpu_ops", "categories", "critical_path",
-                         "critical_steps", "memory_timeline",
+                         "critical_steps", "memory_timeline", "stream_idle",
+                         "kernel_overlap", "sequences",
                          "swarms", "op_cost", "prediction", "advice", "tune", "projection",
                          "projection_note", "throughput", "roof"}
     assert data["advice"] == [] and data["tune"] is None and data["has_device"]
@@ -81,6 +82,16 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
         s["length_ns"] for s in data["critical_path"]["steps"]]
     assert data["critical_steps"][0]["shares"][0][0] == "cpu"
     assert data["memory_timeline"] == []  # no memory timeline (import --memory-timeline)
+    # analyze's per-stream idle split, overlap classes and kernel sequences (test_analyze
+    # checks them against the raw JSON)
+    assert [(s["stream"], s["host_wait_ns"], s["kernel_wait_ns"]) for s in data["stream_idle"]
+            ] == [(7, 536_138_845, 6_102_815), (40, 582_261_309, 1_662_947)]
+    assert data["kernel_overlap"][0]["busy_ns"] == 157_500_014
+    assert data["sequences"][0]["count"] == 237 and len(data["sequences"]) == 10
+    page = html.render(data)
+    for table in ("critical-steps", "stream-idle", "kernel-overlap", "sequences"):
+        assert f'<table id="{table}">' in page
+    assert "<td>536.139 ms</td><td>6.103 ms</td>" in page
 
 
 def drawn_rows(run: Run) -> list[dict[str, Any]]:

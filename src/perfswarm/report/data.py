@@ -41,6 +41,7 @@ from perfswarm.report.views import (
 from perfswarm.trace.store import Run
 
 TOP_OPS: Final = 25
+TOP_SEQUENCES: Final = 10
 MAX_MODULES: Final = 200  # rows of the module tree
 
 
@@ -222,6 +223,10 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
         "critical_steps": critical_step_rows(analysis["critical_path"]),
+        "stream_idle": [{"rank": r["rank"], **s} for r in analysis["launch"]
+                        for s in r["streams"]],
+        "kernel_overlap": [k for k in analysis["kernels"] if k["busy_ns"]],
+        "sequences": analysis["sequences"][:TOP_SEQUENCES],
         "memory_timeline": memory_category_rows(analysis["memory"]),
         "swarms": swarm_rows(analysis["swarms"], run),
         "op_cost": costs,
