@@ -86,26 +86,39 @@ def test_steady_steps_and_typical_times() -> None:
     assert typical(values, steps, {(0, 1)}) == (2 * 1 + 4 * 2 + 3 + 2 * 9 + 50) / 10
 
 
+def _stretched(tmp_path: Path, factors: list[int]) -> Run:
+    """A run of len(factors) steps, step i with every op and gap `factors[i]` / 10 as long."""
+    events, t0 = [], 0
+    for i, k in enumerate(factors):
+        for original in _step(i):
+            offset = original["ts"] - 1000 * i
+            events.append(dict(original, ts=t0 + offset * k // 10, dur=original["dur"] * k // 10))
+        t0 += 1000 * k // 10
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    return import_traces([trace], tmp_path / "cpu.run", ImportOptions(), ["python", "train.py"])
+
+
 def test_a_stretched_step_is_left_out(tmp_path: Path) -> None:
     """A step another process's load stretched threefold (every op and gap in it) is no part
     of the typical step: the prediction is of the other four."""
-    events = []
-    for i in range(5):
-        for original in _step(i):
-            e = dict(original, ts=original["ts"] + (2000 if i > 2 else 0))
-            if i == 2:
-                e.update(ts=2000 + 3 * (e["ts"] - 2000), dur=3 * e["dur"])
-            events.append(e)
-    trace = tmp_path / "trace.json"
-    trace.write_bytes(orjson.dumps({"traceEvents": events}))
-    run = import_traces([trace], tmp_path / "cpu.run", ImportOptions(), ["python", "train.py"])
-    p = predict(run)
+    p = predict(_stretched(tmp_path, [10, 10, 30, 10, 10]))
     assert [s.measured_ns for s in p.steps] == [1000 * US, 1000 * US, 3000 * US, 1000 * US,
                                                 1000 * US]
     assert p.steady == {(0, 0), (0, 1), (0, 3), (0, 4)}
     # the Python time after the stretched step's last op is no op's: kept as measured there
     assert [s.predicted_ns for i, s in enumerate(p.steps) if i != 2] == [1000 * US] * 4
     assert p.predicted_error == 0 and p.steady_spread == 0
+    assert not any("busy" in n for n in p.notes)
+
+
+def test_steps_too_unlike_to_judge_are_said_so(tmp_path: Path) -> None:
+    """Steps of 1.0 to 1.4 ms: all within 3 MADs (0.1 ms) of the 1.2 ms median, and 10.6% apart
+    (GMAE around it)."""
+    p = predict(_stretched(tmp_path, [10, 11, 12, 13, 14]))
+    assert len(p.steady) == 5 and round(p.steady_spread, 3) == 0.106
+    assert any(n.startswith("5 of 5 profiled steps are steady and they vary by 10.6% (GMAE): "
+                            "the machine was busy") for n in p.notes)
 
 
 def test_width_changes_reach_the_parameters_multiples_of_it() -> None:

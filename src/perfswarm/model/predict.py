@@ -87,6 +87,7 @@ PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
+NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine, said in a note
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
 _BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
 Key = tuple[int, Shapes | None]  # a kernel's name and its op's shapes: its typical time
@@ -640,6 +641,12 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     insts = instances(g, m.ev, kernel_point)
     measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
     steady = steady_steps({(rank, step): hi - lo for rank, step, lo, hi, _ in measured})
+    kept = [hi - lo for rank, step, lo, hi, _ in measured if (rank, step) in steady]
+    spread = gmae(kept, [statistics.median(kept)] * len(kept)) if kept else 0.0
+    if spread > NOISY_SPREAD or 2 * len(kept) <= len(measured):
+        notes.append(f"{len(kept)} of {len(measured)} profiled steps are steady and they vary by "
+                     f"{100 * spread:.1f}% (GMAE): the machine was busy while recording; no "
+                     "prediction can be judged closer than that, record again when it is quieter")
     model = overheads or fit_overheads(g, m.ev, insts, steady)
     keep = np.zeros(len(g), bool)
     node_of = g.node_of_row()
