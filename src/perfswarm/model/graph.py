@@ -269,8 +269,9 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
                                           device).items()):
         lane = b.new_lane(False, int(ev.rank[stream[0]]))
         nodes = []
-        for r in stream.tolist():
-            node_of[r] = b.add(r, DEVICE, lane, int(ev.ts[r]), int(ev.dur[r]), -1)
+        for r, t, d in zip(stream.tolist(), ev.ts[stream].tolist(), ev.dur[stream].tolist(),
+                           strict=True):
+            node_of[r] = b.add(r, DEVICE, lane, t, d, -1)
             nodes.append(node_of[r])
         lane_nodes.append(nodes)
     lags = {rank: rank_lags(ev, deps, rank) for rank in ev.ranks}
