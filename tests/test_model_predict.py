@@ -253,17 +253,22 @@ def test_nccl_on_another_gpu(corpus_runs: dict[str, Run]) -> None:
     assert abs(h100.median("predicted") / same.median("predicted") - 1) < 0.01
 
 
-WORK_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "runtime", "kernel",
-                       "gpu_memcpy", "gpu_memset"})
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+WORK_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "runtime", *DEVICE_CATS})
 
 
-def _raw_window_us(name: str) -> float:
+def _raw_window_us(name: str) -> tuple[float, float]:
     """A corpus trace's profiled window, from its raw JSON: the first start to the last end
-    of its host ops, runtime calls and device ops."""
+    of its host ops, runtime calls and device ops; and the time the device was busy in it."""
     events = orjson.loads(gzip.decompress(corpus(name).read_bytes()))["traceEvents"]
     work = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower()
             in WORK_CATS]
-    return max(e["ts"] + e["dur"] for e in work) - min(e["ts"] for e in work)
+    busy, reach = 0.0, float("-inf")
+    for e in sorted((e for e in work if str(e["cat"]).lower() in DEVICE_CATS),
+                    key=lambda e: e["ts"]):
+        busy += max(0.0, e["ts"] + e["dur"] - max(e["ts"], reach))
+        reach = max(reach, e["ts"] + e["dur"])
+    return max(e["ts"] + e["dur"] for e in work) - min(e["ts"] for e in work), busy
 
 
 @pytest.mark.parametrize("name", ["simple_add", "event_sync_multi", "old_format"])
@@ -272,12 +277,17 @@ def test_window_without_iterations_predicted_within_2pct(corpus_runs: dict[str, 
     """No ProfilerStep markers and no repeating ops: the whole profiled window is the
     iteration. simple_add's 41.6 s window is mostly the driver's one-off work (a 24.6 s
     cudaDeviceGetStreamPriorityRange creating the context, a 4.2 s first cudaLaunchKernel, a
-    2.8 s cudaFree): calls that stalled stay where they were, not at their name's mean."""
+    2.8 s cudaFree): calls that stalled stay where they were, not at their name's mean. Its
+    device time is 50 ms, half of it copies of 0.3 KB to 100 MB under one name: each is its
+    own size's (bytes), not one mean of all."""
     p = predict(corpus_runs[name])
     assert [s.step for s in p.steps] == [-1] and "whole profiled window" in p.notes[0]
     (step,) = p.steps
-    assert step.measured_ns == round(_raw_window_us(name) * US)
+    window_us, busy_us = _raw_window_us(name)
+    assert step.measured_ns == round(window_us * US)
+    assert step.device_active_ns["measured"] == pytest.approx(busy_us * US, abs=US)
     assert abs(step.predicted_ns / step.measured_ns - 1) < 0.02
+    assert step.device_active_ns["predicted"] == pytest.approx(busy_us * US, rel=0.02)
     assert p.replay_error < 1e-3
 
 
