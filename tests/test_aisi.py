@@ -18,6 +18,7 @@ from perfswarm.analyze.aisi import sample_steps
 from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.window import parse_window, windowed
 from perfswarm.cli.main import main
+from perfswarm.errors import ParameterError
 from perfswarm.record.session import RecordOptions, record
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -198,8 +199,9 @@ def test_window_option(inference: Run, capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.parametrize("text", ["5", "3:2", "-1:2", "a:b", "nan:1", "1:1"])
 def test_bad_window(text: str, inference: Run, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(Exception, match="--window"):
+    with pytest.raises(ParameterError, match=r"^window .*: expected START:END") as caught:
         parse_window(text)
+    assert caught.value.param == "window"  # the library names its parameter; the CLI its flag
     assert main(["analyze", str(inference.path), f"--window={text}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--window {text}: expected START:END" in err

@@ -33,22 +33,35 @@ class PerfswarmError(Exception):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def noted(self, note: str) -> PerfswarmError:
+        """The same error with `note` (text, shown as it is) added at its end."""
+        return PerfswarmError(f"{self}; {note}", self.exit_code)
+
 
 class ParameterError(PerfswarmError):
     """A bad argument: `param` is the parameter's Python name, `value` what it was given (shown
-    after the name), `subject` what the error is about (a file, a Run) and `why` the problem,
-    which may point at other parameters as `{name}` (e.g. "use {force} to replace it").
+    after the name), `subject` what the error is about (a file, a Run), `detail` text from the
+    data (shown as it is) and `why` our own words, which may point at other parameters as
+    `{name}` (e.g. "use {force} to replace it").
 
     `message(name)` renders it with `name` turning each parameter name into how the reader
     knows it: the library's message keeps the Python names, the CLI maps them to flags."""
 
     def __init__(self, param: str | None, why: str, *, value: object = None,
-                 subject: str | Path | None = None, exit_code: int = 2) -> None:
+                 subject: str | Path | None = None, detail: str = "", note: str = "",
+                 exit_code: int = 2) -> None:
         self.param = param
-        self.why = why
+        self.template = why  # `why`, its {name}s not yet rendered
         self.value = value
         self.subject = subject
+        self.detail = detail
+        self.note = note
         super().__init__(self.message(lambda name: name), exit_code)
+
+    def noted(self, note: str) -> ParameterError:
+        return ParameterError(self.param, self.template, value=self.value, subject=self.subject,
+                              detail=self.detail, note="; ".join(t for t in (self.note, note) if t),
+                              exit_code=self.exit_code)
 
     def as_flags(self) -> str:
         """The message with each parameter named by its command-line flag."""
@@ -58,7 +71,8 @@ class ParameterError(PerfswarmError):
         head = [] if self.subject is None else [str(self.subject)]
         if self.param is not None:
             head.append(name(self.param) + ("" if self.value is None else f" {self.value}"))
-        return ": ".join([*head, _PARAM.sub(lambda m: name(m.group(1)), self.why)])
+        why = _PARAM.sub(lambda m: name(m.group(1)), self.template)
+        return ": ".join([*head, "; ".join(t for t in (self.detail, why, self.note) if t)])
 
 
 class NotApplicable(ParameterError):
@@ -67,16 +81,18 @@ class NotApplicable(ParameterError):
     stays an error. It may point at the parameter that would supply what is missing."""
 
 
-class TraceFormatError(PerfswarmError):
-    """A raw input file that cannot be read: names the file, where in it, and why."""
+class TraceFormatError(ParameterError):
+    """A raw input file that cannot be read: names the file, where in it, and why (`why`, the
+    parser's words, as they are); `hint` (our words) may point at a parameter that helps."""
 
-    def __init__(self, path: str | Path, where: str, why: str) -> None:
+    def __init__(self, path: str | Path, where: str, why: str, hint: str = "") -> None:
         self.path = str(path)
         self.where = where
         # Parsers' messages may span lines (yajl draws a caret); the first one says it.
-        self.why = why.strip().splitlines()[0] if why.strip() else "unreadable"
+        reason = why.strip().splitlines()[0] if why.strip() else "unreadable"
         location = f" ({where})" if where else ""
-        super().__init__(f"{self.path}{location}: {self.why}")
+        super().__init__(None, hint, subject=f"{self.path}{location}", detail=reason)
+        self.why = reason
 
 
 class RunError(PerfswarmError):

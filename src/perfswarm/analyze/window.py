@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError
 from perfswarm.trace.store import Run
 
 SPANS = {"events": ("ts", "dur"), "steps": ("start", "end")}
@@ -34,8 +34,8 @@ def parse_window(text: str) -> tuple[float | None, float | None]:
            or (start is not None and start < 0)
            or (start is not None and end is not None and end <= start))
     if bad:
-        raise PerfswarmError(f"--window {text}: expected START:END in seconds from the Run's "
-                             "start, 0 <= START < END (e.g. 1.5:3, or 2: to the end)")
+        raise ParameterError("window", "expected START:END in seconds from the Run's "
+                             "start, 0 <= START < END (e.g. 1.5:3, or 2: to the end)", value=text)
     return start, end
 
 
@@ -85,7 +85,7 @@ def windowed(run: Run, text: str | None) -> Run:
     start, end = parse_window(text)
     first = run_start(run)
     if first is None:
-        raise PerfswarmError(f"{run.path}: the Run has no times to take a --window of")
+        raise ParameterError(None, "the Run has no times to take a {window} of", subject=run.path)
     lo = first + round((start or 0.0) * 1e9)
     hi = first + round(end * 1e9) if end is not None else np.iinfo(np.int64).max
     return WindowedRun(run, lo, int(hi))

@@ -19,7 +19,7 @@ from types import FrameType
 
 import psutil
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError
 from perfswarm.record.build import Recording
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.session import (
@@ -42,18 +42,19 @@ def attach(pid: int, out: Path, options: RecordOptions, duration_s: float | None
            on_status: Callable[[Status], None] | None = None) -> RecordResult:
     """Record the running process `pid` (and its descendants) into a Run at `out`."""
     if duration_s is not None and not duration_s > 0:
-        raise PerfswarmError(f"--duration {duration_s}: must be a positive number of seconds")
+        raise ParameterError("duration", "must be a positive number of seconds",
+                             value=duration_s)
     if out.exists() and not options.force:
-        raise PerfswarmError(f"{out}: already exists (use --force to replace it)")
+        raise ParameterError(None, "already exists (use {force} to replace it)", subject=out)
     try:
         proc = psutil.Process(pid)
         command = proc.cmdline()
     except psutil.NoSuchProcess:
-        raise PerfswarmError(f"--pid {pid}: no such process") from None
+        raise ParameterError("pid", "no such process", value=pid) from None
     except psutil.AccessDenied:
-        raise PerfswarmError(f"--pid {pid}: not permitted to read the process") from None
+        raise ParameterError("pid", "not permitted to read the process", value=pid) from None
     if pid == psutil.Process().pid:
-        raise PerfswarmError(f"--pid {pid}: that is perfswarm itself")
+        raise ParameterError("pid", "that is perfswarm itself", value=pid)
     return recorded(out, options, lambda raw: (_watch(proc, command, raw, options, duration_s,
                                                       on_status), 0))
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfswarm.errors import PerfswarmError, TraceFormatError
+from perfswarm.errors import ParameterError, TraceFormatError
 from perfswarm.record.base import MAX_CLOCK_NS, Row, int64_field
 from perfswarm.record.tools import ToolCollector
 
@@ -49,9 +49,9 @@ def parse_events(text: str) -> tuple[tuple[str, int], ...]:
             continue
         name, at, period = item.partition("@")
         if not _EVENT_NAME.match(name):
-            raise PerfswarmError(f"--perf-events {item}: not a perf event name")
+            raise ParameterError("perf_events", "not a perf event name", value=item)
         if at and not (period.isdigit() and 0 < int(period) < 1 << 62):
-            raise PerfswarmError(f"--perf-events {item}: PERIOD must be a positive integer")
+            raise ParameterError("perf_events", "PERIOD must be a positive integer", value=item)
         out[name] = int(period) if at else (1 if name in SOFTWARE else HARDWARE_PERIOD)
     return tuple(out.items())
 

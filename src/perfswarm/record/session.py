@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.record.base import SAMPLER_HZ, Collector, Sampler, dies_with_parent
 from perfswarm.record.build import Recording, build_run
 from perfswarm.record.clock import monotonic_offset_ns
@@ -92,14 +92,14 @@ def parse_steps(text: str) -> tuple[int, int]:
     except ValueError:
         s, c = -1, -1
     if not sep or s < 0 or c < 1:
-        raise PerfswarmError(f"--steps {text}: expected SKIP:COUNT, e.g. 5:10 (COUNT >= 1)")
+        raise ParameterError("steps", "expected SKIP:COUNT, e.g. 5:10 (COUNT >= 1)", value=text)
     return s, c
 
 
 def make_collectors(names: Sequence[str], raw: Path, options: RecordOptions) -> list[Collector]:
     unknown = [n for n in names if n not in COLLECTORS]
     if unknown:
-        raise PerfswarmError(f"--collectors: unknown {', '.join(unknown)}"
+        raise ParameterError("collectors", f"unknown {', '.join(unknown)}"
                              f" (choose from {', '.join(COLLECTORS)})")
     make: dict[str, Callable[[], Collector]] = {
         "torch": lambda: TorchCollector(raw, options.skip, options.steps,
@@ -165,7 +165,7 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     if not command:
         raise PerfswarmError("record: no command given (usage: perfswarm record -- CMD ...)")
     if out.exists() and not options.force:
-        raise PerfswarmError(f"{out}: already exists (use --force to replace it)")
+        raise ParameterError(None, "already exists (use {force} to replace it)", subject=out)
     exe = shutil.which(command[0])
     if exe is None:
         raise PerfswarmError(f"{command[0]}: command not found")
@@ -191,7 +191,7 @@ def recorded(out: Path, options: RecordOptions,
         run = build_run(recording, out, options.force)
     except PerfswarmError as exc:
         # Nothing recorded is lost: the collectors' files stay where they were written.
-        raise PerfswarmError(f"{exc}; the recording's raw files are kept in {raw}") from None
+        raise exc.noted(f"the recording's raw files are kept in {raw}") from None
     finally:
         os.close(held)
     shutil.rmtree(raw, ignore_errors=True)

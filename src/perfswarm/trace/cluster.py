@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError
 
 PARALLEL_RANKS = 8
 T = TypeVar("T")
@@ -45,8 +45,8 @@ def connect(options: ClusterOptions, ranks: int) -> Iterator[Any]:
         try:
             client = Client(options.scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
-            raise PerfswarmError(f"--scheduler {options.scheduler}: cannot connect ({exc})"
-                                 ) from None
+            raise ParameterError("scheduler", "cannot connect", value=options.scheduler,
+                                 note=f"({exc})") from None
         with client:
             yield client
         return
@@ -56,7 +56,8 @@ def connect(options: ClusterOptions, ranks: int) -> Iterator[Any]:
                                memory_limit=options.worker_memory, host="127.0.0.1",
                                dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
     except ValueError as exc:  # an unparsable --worker-memory
-        raise PerfswarmError(f"--worker-memory {options.worker_memory}: {exc}") from None
+        raise ParameterError("worker_memory", "", value=options.worker_memory,
+                             detail=str(exc)) from None
     with cluster, Client(cluster) as client:
         yield client
 
@@ -73,8 +74,8 @@ def results(futures: Sequence[Any], progress: Callable[[int], None] | None = Non
                 progress(done)
         return [f.result() for f in futures]
     except KilledWorker as exc:
-        raise PerfswarmError(f"a Dask worker died ({exc}); raise --worker-memory or use fewer "
-                             "--workers") from None
+        raise ParameterError(None, "raise {worker_memory} or use fewer {workers}",
+                             detail=f"a Dask worker died ({exc})") from None
 
 
 def run_all(client: Any, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]],

@@ -64,8 +64,8 @@ def chunks(path: Path, f: IO[bytes], limit: int | None = None) -> Iterator[bytes
             raise EOFError("compressed file ended before the end-of-stream marker was reached")
         written += len(out)
         if limit is not None and written > limit:
-            raise TraceFormatError(path, "gzip", f"expands past {limit >> 20:,} MiB in memory "
-                                                 "(import it with --streaming always)")
+            raise TraceFormatError(path, "gzip", f"expands past {limit >> 20:,} MiB in memory",
+                                   "import it with {streaming} always")
         if written > INFLATE_FLOOR and written > PLAUSIBLE_RATIO * read:
             raise TraceFormatError(path, "gzip", f"inflates over {PLAUSIBLE_RATIO}x its "
                                    f"compressed size past {INFLATE_FLOOR >> 20} MiB (traces "

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace import execution_trace, memory_timeline, nsys
 from perfswarm.trace.build import (
     ImportOptions,
@@ -137,10 +137,10 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     if not paths:
         raise PerfswarmError("no trace files given")
     if options.ranks and len(options.ranks) != len(paths):
-        raise PerfswarmError(f"--rank given {len(options.ranks)} times for {len(paths)} files")
+        raise ParameterError("ranks", f"given {len(options.ranks)} times for {len(paths)} files")
     for r in options.ranks:
         if not 0 <= r < 2**31:
-            raise PerfswarmError(f"--rank {r}: out of range (0 to {2**31 - 1})")
+            raise ParameterError("ranks", f"out of range (0 to {2**31 - 1})", value=r)
     extras = (*options.execution_traces, *options.memory_timelines)
     for p in (*paths, *extras):
         if not p.is_file():

@@ -338,7 +338,7 @@ def _check_times(path: Path, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.fl
                 path,
                 f"traceEvents[{int(index[first])}]",
                 f"{what}: ts={float(ts[first])} dur={float(dur[first])} us"
-                f" ({int(bad.sum())} such events; --drop-bad-events drops them)",
+                f" ({int(bad.sum())} such events)", "{drop_bad_events} drops them",
             )
         meta.warnings[f"dropped events with {what}"] += int(bad.sum())
         keep &= ~bad

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from perfswarm import __version__
-from perfswarm.errors import PerfswarmError, RunError
+from perfswarm.errors import ParameterError, PerfswarmError, RunError
 from perfswarm.trace.schema import TABLES, empty
 
 SCHEMA_VERSION = 1
@@ -469,19 +469,21 @@ def _release(final: Path, fd: int) -> None:
 
 
 def _check_replaceable(final: Path, inputs: Iterable[Path]) -> None:
-    """--force replaces a Run, nothing else: not a file, a link, a folder without a manifest,
+    """`force` replaces a Run, nothing else: not a file, a link, a folder without a manifest,
     nor a folder that holds (or is) one of the inputs being read."""
-    refused = f"{final}: exists and is not a perfswarm Run (--force replaces only a Run)"
+    refused = ParameterError(None, "exists and is not a perfswarm Run ({force} replaces only "
+                             "a Run)", subject=final)
     if final.is_symlink() or not final.is_dir() or not (final / MANIFEST).is_file():
-        raise PerfswarmError(refused)
+        raise refused
     try:
         Run(final).manifest()
     except RunError:
-        raise PerfswarmError(refused) from None
+        raise refused from None
     here = final.resolve()
     for path in inputs:
         if path.resolve().is_relative_to(here):
-            raise PerfswarmError(f"{final}: holds the input {path} (--force will not replace it)")
+            raise ParameterError(None, "{force} will not replace it", subject=final,
+                                 detail=f"holds the input {path}")
 
 
 @contextlib.contextmanager
@@ -499,13 +501,15 @@ def creating(path: str | Path, *, force: bool = False,
     final = Path(path)
     inputs = list(inputs)
     if os.path.lexists(final) and not force:
-        raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
+        raise ParameterError(None, "already exists (use {force} to replace it)",
+                                 subject=final)
     final.parent.mkdir(parents=True, exist_ok=True)
     claim = _claim(final)
     try:
         if os.path.lexists(final):
             if not force:
-                raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
+                raise ParameterError(None, "already exists (use {force} to replace it)",
+                                 subject=final)
             _check_replaceable(final, inputs)
         sweep_partials(final)
         tmp, lock = _partial_dir(final)
@@ -518,7 +522,8 @@ def creating(path: str | Path, *, force: bool = False,
         yield Run(tmp, building=final)
         if os.path.lexists(final):
             if not force:  # made by something other than perfswarm while this one built
-                raise PerfswarmError(f"{final}: already exists (use --force to replace it)")
+                raise ParameterError(None, "already exists (use {force} to replace it)",
+                                 subject=final)
             _check_replaceable(final, inputs)
             _replace_dir(tmp, final)
         else:
