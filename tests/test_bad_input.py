@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,9 @@ CASES = {
                        "corrupt or truncated gzip"),
     "invalid json": ("t.json", b'{"traceEvents": [{"ph": "X",, }]}', "invalid JSON"),
     "truncated json": ("t.json", _trace(_event())[:-5], "invalid JSON"),
+    "memory snapshot pickle": ("snapshot.pickle", pickle.dumps({"segments": []}),
+                               "a Python pickle (as torch.cuda.memory._dump_snapshot writes), "
+                               "not JSON: perfswarm does not load pickles"),
     "no traceEvents": ("t.json", b'{"schemaVersion": 1}',
                        "not a Kineto trace (a JSON object with `traceEvents`, or an array of trace "
                        "events); it is an object with keys `schemaVersion`"),

@@ -10,6 +10,7 @@ memory.raw.json.gz (`[[t ns, action, bytes, category], ...]`).
 from __future__ import annotations
 
 import gzip
+import pickle
 from decimal import Decimal
 from pathlib import Path
 
@@ -123,13 +124,15 @@ def test_advice_and_report(imported: tuple[Run, Path]) -> None:
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    (b"[[1], [[0, 1]]]", "($[1][0]): expected 9 integers (0, then bytes per category)"),
-    (b"[[5, 1, 10, 9]]", "($[0][3]): category 9 is not one of 0..7"),
-    (b'{"traceEvents": []}', "($): not a torch.profiler memory timeline"),
+    (b"[[1], [[0, 1]]]", " ($[1][0]): expected 9 integers (0, then bytes per category)"),
+    (b"[[5, 1, 10, 9]]", " ($[0][3]): category 9 is not one of 0..7"),
+    (b'{"traceEvents": []}', " ($): not a torch.profiler memory timeline"),
     (b"[[1, 0], [[0, 5, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0]]]",
-     "($[0]): times go backwards"),
-    (b"[[1], [[0, -5, 0, 0, 0, 0, 0, 0, 0]]]", "($): bytes alive fall below 0"),
-    (b"[[1", "(json): unexpected end of data"),
+     " ($[0]): times go backwards"),
+    (b"[[1], [[0, -5, 0, 0, 0, 0, 0, 0, 0]]]", " ($): bytes alive fall below 0"),
+    (b"[[1", " (json): invalid JSON: unexpected end of data"),
+    (pickle.dumps({"segments": [], "device_traces": [[]]}),  # a memory snapshot: never loaded
+     ": a Python pickle (as torch.cuda.memory._dump_snapshot writes), not JSON"),
 ])
 def test_bad_timelines_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     text: bytes, why: str) -> None:
@@ -138,5 +141,5 @@ def test_bad_timelines_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = tmp_path / "x.run"
     assert main(["import", str(TRACE), "--memory-timeline", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"perfswarm: error: {bad} {why}") and "\n" not in err
+    assert err.startswith(f"perfswarm: error: {bad}{why}") and "\n" not in err
     assert not out.exists()

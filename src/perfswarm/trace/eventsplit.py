@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace import gunzip
-from perfswarm.trace.kineto import KTrace, decode, memory_bytes, not_a_trace
+from perfswarm.trace.kineto import PICKLE, KTrace, decode, invalid_json, memory_bytes, not_a_trace
 
 # Kineto traces nest a handful of levels; past this the text is refused before any decoding.
 MAX_DEPTH = 128
@@ -209,6 +209,8 @@ def scan(path: Path, chunk: int = CHUNK, piece: int = PIECE) -> Layout:
     try:
         with gunzip.open_text(path) as f:
             while data := f.read(chunk):
+                if state.at == 0 and data[:1] == PICKLE:
+                    raise invalid_json(path, data, ValueError("not JSON"))
                 state.feed(data)
     except (EOFError, OSError, zlib.error) as exc:
         raise _errors(path, exc) from None

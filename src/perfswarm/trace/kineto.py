@@ -204,6 +204,18 @@ def not_a_trace(path: Path, head: bytes, keys: Sequence[str] = ()) -> TraceForma
     return TraceFormatError(path, "json", f"{NOT_A_TRACE}; it is {what}")
 
 
+PICKLE: Final = b"\x80"  # a pickle's first byte (the protocol opcode, protocol 2 on)
+
+
+def invalid_json(path: Path, head: bytes, exc: Exception) -> TraceFormatError:
+    """The error for a file that is not JSON, naming a pickle as one."""
+    if head[:1] == PICKLE:
+        return TraceFormatError(path, "", "a Python pickle (as torch.cuda.memory._dump_snapshot "
+                                "writes), not JSON: perfswarm does not load pickles (loading "
+                                "one runs code from the file)")
+    return TraceFormatError(path, "json", f"invalid JSON: {exc}")
+
+
 def decode(path: Path, data: bytes) -> KTrace:
     """Split a trace into metadata and raw events; a bare array is the Chrome 'array' format."""
     head = data[:64]
@@ -222,7 +234,7 @@ def decode(path: Path, data: bytes) -> KTrace:
             raise not_a_trace(path, head, keys) from None
         raise TraceFormatError(path, "json", f"wrong structure: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
+        raise invalid_json(path, head, exc) from None
     except RecursionError:
         raise TraceFormatError(path, "json", TOO_DEEP) from None
 

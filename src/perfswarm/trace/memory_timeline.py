@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.trace.kineto import read_bytes
+from perfswarm.trace.kineto import invalid_json, read_bytes
 from perfswarm.trace.schema import COUNTERS
 
 CATEGORIES: Final = ("parameter", "optimizer_state", "input", "temporary", "activation",
@@ -73,10 +73,11 @@ def _states(path: Path, data: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
 
 def read(path: Path, rank: int) -> pa.Table:
     """The counters of a memory timeline file, for `rank`."""
+    text = read_bytes(path)
     try:
-        data = orjson.loads(read_bytes(path))
+        data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(path, "json", str(exc)) from None
+        raise invalid_json(path, text[:1], exc) from None
     times, alive = _states(path, data)
     last = np.append(times[1:] != times[:-1], True)  # torch repeats a time for what preexisted
     times, alive = times[last], alive[last]
