@@ -43,28 +43,46 @@ Progress = Callable[[str], None]  # called once per trial or round, with what it
 class Schedule:
     """How the generated kernel walks its output: tiles of tile_rows x tile_cols pixels (the
     intermediate of one tile kept in the thread's own buffer), split over threads, the dense
-    stage by BLAS or by vectorized loops."""
+    stage by BLAS or by vectorized loops, the depthwise stage and the intermediate planar
+    (NCHW) or channels-last (the channels innermost: one vector pass per tap over all of
+    them)."""
 
     tile_rows: int
     tile_cols: int
     split: Split
     gemm: Gemm
+    channels_last: bool = False
 
     @classmethod
     def from_dict(cls, data: Any) -> Schedule:
         return cls(int(data["tile_rows"]), int(data["tile_cols"]),
-                   cast(Split, str(data["split"])), cast(Gemm, str(data["gemm"])))
+                   cast(Split, str(data["split"])), cast(Gemm, str(data["gemm"])),
+                   bool(data.get("channels_last", False)))
 
 
-def schedule_space(height: int, width: int, threads: int) -> list[Schedule]:
+def channels_last_fits(first: ConvLayer, second: ConvLayer | None = None) -> bool:
+    """Whether the kernels have a channels-last path: a depthwise op alone, dw -> pw, or a
+    dense op -> dw."""
+    if second is None:
+        return first.kind == "dw"
+    if first.kind == "dw":
+        return second.kind == "pw" and second.stride == 1
+    return second.kind == "dw"
+
+
+def schedule_space(height: int, width: int, threads: int, channels_last: bool = False
+                   ) -> list[Schedule]:
     """Every schedule for an output of height x width: row tiles of 1..32 rows or the whole
-    map, column tiles of 8, 16, 32 or whole rows, each split, each GEMM."""
+    map, column tiles of 8, 16, 32 or whole rows, each split, each GEMM, planar; and with
+    `channels_last`, the same with a channels-last depthwise stage (BLAS only)."""
     rows = sorted({min(r, height) for r in (1, 2, 4, 8, 16, 32, height)})
     cols = sorted({min(c, width) for c in (8, 16, 32, width)})
     splits: tuple[Split, ...] = ("blocked", "interleaved", "serial") if threads > 1 \
         else ("serial",)
-    return [Schedule(r, c, s, g) for r in rows for c in cols for s in splits
-            for g in ("blas", "loops")]
+    gemms: tuple[Gemm, ...] = ("blas", "loops")
+    layouts = [(g, False) for g in gemms] + ([("blas", True)] if channels_last else [])
+    return [Schedule(r, c, s, g, cl) for r in rows for c in cols for s in splits
+            for g, cl in layouts]
 
 
 def _default(space: list[Schedule], width: int) -> Schedule:
@@ -151,9 +169,10 @@ class PairBench:
     def torch_separate(self) -> Any:
         return self._conv(self.torch_first(), self.w2, self.pair.second)
 
-    def _args(self, s: Schedule) -> tuple[int, int, int, bool, bool]:
+    def _args(self, s: Schedule) -> tuple[int, int, int, bool, bool, bool]:
         workers = 1 if s.split == "serial" else self.threads
-        return s.tile_rows, s.tile_cols, workers, s.split == "interleaved", s.gemm == "blas"
+        return (s.tile_rows, s.tile_cols, workers, s.split == "interleaved", s.gemm == "blas",
+                s.channels_last)
 
     def fused(self, s: Schedule) -> np.ndarray:
         a, b = self.pair.first, self.pair.second
@@ -305,12 +324,13 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
     found = cache.schedules(pair, threads)
     if found is None:
         h, w = pair.out_size
-        space = schedule_space(h, w, threads)
+        space = schedule_space(h, w, threads, channels_last_fits(pair.first, pair.second))
         fused, _ = search(bench.timed(bench.fused, bench.ref), space, _default(space, w),
                           trials, deadline, progress)
         own = []
         for which, (rows, cols) in enumerate((pair.mid_size, pair.out_size)):
-            one = schedule_space(rows, cols, threads)
+            layer = (pair.first, pair.second)[which]
+            one = schedule_space(rows, cols, threads, channels_last_fits(layer))
             # the second op alone reads the reference intermediate
             bench.mid[...] = bench.mid_ref
             own.append(search(bench.timed(partial(bench.single, which),
