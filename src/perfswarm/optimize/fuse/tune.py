@@ -85,21 +85,26 @@ def schedule_space(height: int, width: int, threads: int, channels_last: bool = 
             for g, cl in layouts]
 
 
-def _default(space: list[Schedule], width: int) -> Schedule:
-    """The first trial: 4-row tiles of whole rows, BLAS, threads in blocks."""
-    return min(space, key=lambda s: (s.tile_cols != width, abs(s.tile_rows - 4),
-                                     s.split != "blocked", s.gemm != "blas"))
+def _defaults(space: list[Schedule], width: int) -> list[Schedule]:
+    """The first trials: 4-row tiles of whole rows, BLAS, threads in blocks; planar, then
+    channels-last where the space has it."""
+    def near(s: Schedule) -> tuple[bool, int, bool, bool]:
+        return (s.tile_cols != width, abs(s.tile_rows - 4), s.split != "blocked",
+                s.gemm != "blas")
+    return [min((s for s in space if s.channels_last == cl), key=near)
+            for cl in (False, True) if any(s.channels_last == cl for s in space)]
 
 
-def search(run: Callable[[Schedule], float | None], space: list[Schedule], first: Schedule,
-           trials: int, deadline: float, progress: Progress, seed: int = 0
-           ) -> tuple[Schedule, float]:
-    """The fastest schedule of up to `trials` (first, then random distinct ones) tried before
-    `deadline` (time.monotonic); run returns seconds, or None for a wrong result."""
-    order = [first, *random.Random(seed).sample([s for s in space if s != first],
-                                                min(len(space) - 1, max(trials - 1, 0)))]
+def search(run: Callable[[Schedule], float | None], space: list[Schedule],
+           first: list[Schedule], trials: int, deadline: float, progress: Progress,
+           seed: int = 0) -> tuple[Schedule, float]:
+    """The fastest schedule of up to `trials` (the `first` ones, then random distinct ones)
+    tried before `deadline` (time.monotonic); run returns seconds, or None for a wrong
+    result."""
+    rest = [s for s in space if s not in first]
+    order = [*first, *random.Random(seed).sample(rest, min(len(rest), max(trials - 1, 0)))]
     best: tuple[Schedule, float] | None = None
-    for i, schedule in enumerate(order[:trials]):
+    for i, schedule in enumerate(order[:max(trials, len(first))]):
         if i and time.monotonic() > deadline:
             break
         seconds = run(schedule)
@@ -325,7 +330,7 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
     if found is None:
         h, w = pair.out_size
         space = schedule_space(h, w, threads, channels_last_fits(pair.first, pair.second))
-        fused, _ = search(bench.timed(bench.fused, bench.ref), space, _default(space, w),
+        fused, _ = search(bench.timed(bench.fused, bench.ref), space, _defaults(space, w),
                           trials, deadline, progress)
         own = []
         for which, (rows, cols) in enumerate((pair.mid_size, pair.out_size)):
@@ -335,7 +340,7 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
             bench.mid[...] = bench.mid_ref
             own.append(search(bench.timed(partial(bench.single, which),
                                           bench.mid_ref if which == 0 else bench.ref),
-                              one, _default(one, cols), max(2, trials // 2), deadline,
+                              one, _defaults(one, cols), max(2, trials // 2), deadline,
                               progress)[0])
         schedules = (fused, own[0], own[1])
     else:
