@@ -97,7 +97,7 @@ def megatron() -> dict[str, Any]:
     for billions, heads, h, layers, tp, pp, gpus, batch, tflops in MEGATRON:
         model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
         measured = megatron_flops(batch, layers, h) / (gpus * tflops * 1e12)
-        paper = Layout(gpus // (tp * pp), tp, pp, 0)
+        paper = Layout(gpus // (tp * pp), tp, pp, 0, True)  # the paper recomputes
         if not rate:  # calibrated on the first row: the share of peak this model reaches
             e1 = estimate(model, paper, per_node=8, intra=intra, inter=inter,
                           work_s=model.training_flops() / peak)

@@ -61,6 +61,20 @@ def test_bubble_traffic_and_activations() -> None:
     assert z3.comm_bytes["dp"] == 1.5 * e.comm_bytes["dp"]  # ZeRO section 7.2
 
 
+def test_recomputation_trades_memory_for_a_forward_pass() -> None:
+    plain = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
+                     work_s=work(GPT3))
+    again = estimate(GPT3, Layout(8, 8, 16, 1, True), per_node=8, intra=NVS, inter=IB,
+                     work_s=work(GPT3))
+    # each of a stage's 6 layers keeps its 2 s b h input for 16 micro-batches in flight, and
+    # one layer holds its full activations (23 s b h at t = 8) while recomputed
+    sbh = 2048 * 12288
+    assert again.activation_bytes == 2 * sbh * 6 * 16 + 23 * sbh
+    assert again.compute_s == pytest.approx(plain.compute_s * 4 / 3)
+    assert again.state_bytes == plain.state_bytes and again.comm_bytes == plain.comm_bytes
+    assert again.to_dict()["layout"] == "dp8 x tp8 x pp16, ZeRO-1, recompute"
+
+
 def test_best_layout_for_gpt3_on_dgx_a100() -> None:
     """1024 A100-80GB in DGX A100 nodes over HDR InfiniBand: GPT-3 fits only with the model
     split 8 ways inside each node (the tensor-parallel degree Megatron-LM used there)."""

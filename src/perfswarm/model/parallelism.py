@@ -13,7 +13,10 @@ Psi/(tp*pp) parameters first.
 Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 2022, eq. 2 with tensor parallelism, no sequence parallelism or recomputation):
 s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer and micro-batch; under 1F1B the first stage
-holds pp micro-batches in flight.
+holds pp micro-batches in flight. With full recomputation (a layout's `recompute`, as
+Megatron-LM trains) a layer keeps only its input, 2*s*b*h bytes (Korthikanti et al. section
+4.1), plus one layer's full activations while it is recomputed, and the step's compute grows by
+a forward pass: 4/3.
 
 Communication per step and device: data parallel all-reduces the gradients (2*Psi/(tp*pp)
 bytes in fp16), stage 3 adds an all-gather of the parameters in the forward and another in the
@@ -104,13 +107,15 @@ class Layout:
     tp: int
     pp: int
     zero: Stage
+    recompute: bool = False  # full activation recomputation, every layer
 
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.pp
 
     def describe(self) -> str:
-        return f"dp{self.dp} x tp{self.tp} x pp{self.pp}, ZeRO-{self.zero}"
+        return (f"dp{self.dp} x tp{self.tp} x pp{self.pp}, ZeRO-{self.zero}"
+                + (", recompute" if self.recompute else ""))
 
 
 def model_state_bytes(params: float, dp: int, zero: Stage, value_bytes: int = HALF) -> float:
@@ -148,6 +153,7 @@ class Estimate:
         acts = self.activation_bytes
         return {"layout": self.layout.describe(), "dp": self.layout.dp, "tp": self.layout.tp,
                 "pp": self.layout.pp, "zero": self.layout.zero,
+                "recompute": self.layout.recompute,
                 "memory_gb": self.memory_bytes / 1e9, "state_gb": self.state_bytes / 1e9,
                 "activation_gb": None if acts is None else acts / 1e9,
                 "micro_batches": self.micro_batches, "bubble": self.bubble,
@@ -182,11 +188,15 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     state = model_state_bytes(shard, dp, layout.zero, value)
     comm = {"dp": (1.5 if layout.zero == 3 else 1.0) * value * shard if dp > 1 else 0.0,
             "tp": 0.0, "pp": 0.0}
-    compute = work_s / layout.devices
+    # recomputation runs each layer's forward again in the backward: 4/3 of the work
+    compute = work_s / layout.devices * (4 / 3 if layout.recompute else 1)
     exposed = 0.0
     acts = None
     if blocks is not None:
-        acts = blocks.activation_bytes(model.micro_batch, tp) * blocks.layers / pp * min(pp, m)
+        layer = blocks.activation_bytes(model.micro_batch, tp)
+        kept = (value * model.micro_batch * blocks.seq * blocks.hidden if layout.recompute
+                else layer)  # with recomputation a layer keeps only its input (Korthikanti 4.1)
+        acts = kept * blocks.layers / pp * min(pp, m) + (layer if layout.recompute else 0.0)
         bsh = value * model.micro_batch * blocks.seq * blocks.hidden
         if tp > 1:
             comm["tp"] = 4 * bsh * blocks.layers / pp * m
@@ -221,7 +231,8 @@ def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
         dp = devices // (tp * pp)
         if model.global_batch % (dp * model.micro_batch):
             continue
-        out += [Layout(dp, tp, pp, z) for z in ((0, 1, 2, 3) if dp > 1 else (0,))]
+        out += [Layout(dp, tp, pp, z, r) for z in ((0, 1, 2, 3) if dp > 1 else (0,))
+                for r in ((False, True) if model.blocks else (False,))]
     return out
 
 
