@@ -103,14 +103,16 @@ def main() -> int:
         again = fuse_all(found, options, cache, progress)
     rows = []
     print(f"\n{'net':13} {'pair':44} {'torch ms':>9} {'fused ms':>9} {'own ms':>9} "
-          f"{'x torch':>8} {'x own':>7} {'pred':>6} {'won':>5} {'again':>7} {'err':>8} rec")
+          f"{'x torch':>8} {'x own':>7} {'pred':>6} {'won':>5} {'again':>7} {'err':>8} rec "
+          "layout")
     for (net, _pair, where), a, b in zip(pairs, first, again, strict=True):
         rows.append((net, where, a, b))
         print(f"{net:13} {a.pair.label[:44]:44} {a.torch_separate.min_ms:9.3f} "
               f"{a.fused.min_ms:9.3f} {a.own_separate.min_ms:9.3f} {a.speedup:8.2f} "
               f"{a.speedup_vs_own:7.2f} {a.prediction.speedup:6.2f} "
               f"{a.rounds_won:>2}/{a.rounds:<2} {b.speedup:7.2f} "
-              f"{a.max_rel_error:8.1e} {'yes' if a.recommended else 'no'}")
+              f"{a.max_rel_error:8.1e} {'yes' if a.recommended else 'no ':3} "
+              f"{'channels-last' if a.schedule.channels_last else 'planar'}")
     summary = _summary([a for _, _, a, _ in rows], [b for _, _, _, b in rows])
     for key, value in summary.items():
         print(f"{key}: {value}")
@@ -136,6 +138,7 @@ def _summary(first: list[FuseResult], again: list[FuseResult]) -> dict[str, obje
         "geomean x own separate (gaining pairs; goal >= 1.1)": round(vs_own_gaining, 3),
         "geomean x own separate (all pairs; goal >= 1.1)": round(vs_own_all, 3),
         "recommended": len(recommended),
+        "fused channels-last": sum(r.schedule.channels_last for r in first),
         "recommended but slower than PyTorch when measured again (goal 0)": slower,
     }
 
