@@ -53,35 +53,34 @@ MAD_FLOOR: Final = 0.02  # of the median step: steps that vary less than this al
 
 
 def steady_steps(durations: Mapping[StepKey, int]) -> set[StepKey]:
-    """The steps the machine did not disturb: within STEADY_MADS median absolute deviations of
-    the median step. The first profiled step starts the profiler and a burst of other load
-    takes the cores from whole steps, stretching every op in them alike (nanoGPT on a shared
-    machine: a 1.2 s step among 25 ms ones); an op's typical time is read off the others."""
+    """The steps the machine and the profiler did not disturb: within STEADY_MADS median
+    absolute deviations of the median step, and not a rank's last one. The first profiled step
+    starts the profiler, a burst of other load takes the cores from whole steps, stretching
+    every op in them alike (nanoGPT on a shared machine: a 1.2 s step among 25 ms ones), and the
+    last step's optimizer call holds the profiler's stop past the step's end (nanoGPT's: 18 ms
+    in a 31 ms step); an op's typical time is read off the others."""
     if not durations:
         return set()
     values = np.array(list(durations.values()), np.float64)
     mid = float(np.median(values))
     mad = max(float(np.median(np.abs(values - mid))), MAD_FLOOR * mid)
-    return {k for k, v in durations.items() if abs(v - mid) <= STEADY_MADS * mad}
+    last = {max(k for k in durations if k[0] == rank) for rank, _ in durations}
+    return {k for k, v in durations.items() if abs(v - mid) <= STEADY_MADS * mad} - last
 
 
 def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepKey]) -> float:
-    """The typical value of a repeated op (or part of one): the trimmed mean over the steady
-    steps of its total in a step, over the times a step has it. The total per step keeps what
-    the op costs a step (its instances vary with the cache's state, and an op of many small
-    instances has its slow ones in every step: a trimmed mean of the instances, cutting them,
-    came 7-13% under nanoGPT's framework and Python time); trimming steps leaves out a step
-    one stall stretched (the last profiled step's optimizer call holds the profiler's stop).
+    """The typical value of a repeated op (or part of one): its mean over the steady steps.
+    The mean keeps what the op costs a step: its instances vary with the cache's state, an op
+    of many small instances has its slow ones in every step, and on a busy machine the time
+    other processes take lands on some op in every step, a different one each time (trimmed
+    means of the instances, or of each op's totals per step, cut those and came 7-13% under
+    nanoGPT's framework and Python time, 20-25% under a contended LSTM's and ResNet's steps).
     The trimmed mean of all instances when fewer than three steady steps hold it (a Run
     without steps)."""
-    totals: dict[StepKey, float] = defaultdict(float)
-    for v, s in zip(values, steps, strict=True):
-        if s in steady:
-            totals[s] += v
-    if len(totals) < 3:
+    kept = [v for v, s in zip(values, steps, strict=True) if s in steady]
+    if len({s for s in steps if s in steady}) < 3:
         return trimmed_mean(values)
-    kept = sum(1 for s in steps if s in totals)
-    return trimmed_mean(totals.values()) * len(totals) / kept
+    return float(np.mean(kept))
 
 
 @dataclass(frozen=True)
