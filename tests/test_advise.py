@@ -325,6 +325,28 @@ def test_fusion_of_a_memory_bound_chain(tmp_path: Path) -> None:
     assert "torch.compile" in a.change
 
 
+def test_fusion_names_the_frequent_kernel_sequences(tmp_path: Path) -> None:
+    """Two steps of the chain, each op its own kernel: analyze's frequent sequences find the
+    three kernels twice, all elementwise (fusable): the advice lists them beside its chains."""
+    names = [f"void at::native::vectorized_elementwise_kernel<4, {op}>" for op in
+             ("add", "mul", "relu")]
+    events, corr = [], 0
+    for step in range(2):
+        t = step * 1000.0
+        events.append(ev(f"ProfilerStep#{step}", t, 1000, "user_annotation"))
+        for (op, dims, us), name in zip([("aten::add", [BIG, BIG], 200),
+                                         ("aten::mul", [BIG, BIG], 200),
+                                         ("aten::relu", [BIG], 150)], names, strict=True):
+            events += launched(op, dims, t, us + 10, corr, name, us)
+            t, corr = t + us + 20, corr + 1
+    a = shows(device.fusion, imported(tmp_path, "twice", events, devices=(A100,)))
+    # (the fuser's chain runs on across the step boundary)
+    assert a.evidence["top_chains"] == [{"ops": "add -> mul -> relu -> add -> mul -> relu",
+                                         "count": 1}]
+    assert a.evidence["fusable_sequences"] == [
+        {"kernels": names, "runs": 2, "total_ns": 2 * 550_000}]
+
+
 def test_no_fusion_when_chains_are_broken_or_unmodelled(tmp_path: Path,
                                                         corpus_runs: dict[str, Run]) -> None:
     assert found(device.fusion, _chain(tmp_path, "broken", between=True)) is None

@@ -190,7 +190,11 @@ def fusion(facts: Facts) -> Advice | None:
     evidence = {"candidates": sum(chains.values()), "kernel_ns": round(measured),
                 "roofline_unfused_ns": round(unfused_roof),
                 "roofline_fused_ns": round(fused_roof),
-                "top_chains": [{"ops": k, "count": v} for k, v in top]}
+                "top_chains": [{"ops": k, "count": v} for k, v in top],
+                # analyze's frequent kernel sequences that a fuser folds: the chains' kernels
+                "fusable_sequences": [{"kernels": list(q.names), "runs": q.count,
+                                       "total_ns": q.total_ns}
+                                      for q in facts.sequences if q.fusable][:3]}
     return advice(facts, "fusion", "chains of memory-bound ops could be one kernel each",
                   evidence, saved,
                   f"roofline model (model/fusion.py) on {spec.name} "

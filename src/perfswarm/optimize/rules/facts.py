@@ -20,6 +20,7 @@ from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import EXPORT, profiled
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.memory import RankMemory, memory_timeline
+from perfswarm.analyze.sequences import Sequence_, kernel_sequences
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS
@@ -87,6 +88,8 @@ class Facts:
     run: Run | None = None
     # analyze's memory by category (a memory timeline's counters), per rank
     memory: tuple[RankMemory, ...] = ()
+    # analyze's frequent kernel sequences
+    sequences: tuple[Sequence_, ...] = ()
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -112,7 +115,8 @@ class Facts:
                    counters.with_columns(pl.col("name").cast(pl.String)),
                    run.manifest(), raw, launch_stats(Events.load(run)),
                    run_steps.with_columns(pl.col("source").cast(pl.String)), run,
-                   memory_timeline(run.table("counters"), {}))
+                   memory_timeline(run.table("counters"), {}),
+                   kernel_sequences(Events.load(run)))
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
