@@ -215,7 +215,7 @@ def test_recorded_batch_size_from_shapes(cpu_run: Run, tmp_path: Path) -> None:
 def test_cpu_runs_need_a_profile_for_shape_changes(cpu_run: Run) -> None:
     with pytest.raises(PerfswarmError, match="needs a kernel profile"):
         predict(cpu_run, Change(batch_size=8))
-    with pytest.raises(PerfswarmError, match="recorded on the CPU; --device forecasts it"):
+    with pytest.raises(PerfswarmError, match="recorded on the CPU; device forecasts it"):
         predict(cpu_run, Change(batch_size=8, device="H100-SXM"), profile=PROFILE)
 
 

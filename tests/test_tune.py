@@ -104,7 +104,7 @@ def test_a_failing_baseline_is_an_error(space: Path, tmp_path: Path) -> None:
     with pytest.raises(CommandFailed, match=r"no optimizer steps seen .* needs --measure stdout"):
         tune([sys.executable, "-c", "print('step 0 1 ms')"], load_space(space),
              TuneOptions(out=tmp_path / "rec", trials=1))
-    with pytest.raises(PerfswarmError, match="--window at least 1"):
+    with pytest.raises(PerfswarmError, match=r"^warmup must be at least 0 and window at least 1$"):
         tune(COMMAND, load_space(space), TuneOptions(out=tmp_path, window=0))
 
 

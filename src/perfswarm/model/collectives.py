@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.topology import Link, Topology
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "push_pull"]
@@ -59,7 +59,7 @@ def coefficients(op: Op, p: int, config: CollectiveConfig = RING) -> tuple[float
             raise PerfswarmError(f"scheme ps: models all_reduce (push/pull) and broadcast, "
                                  f"not {op}")
         if config.servers < 1:
-            raise PerfswarmError(f"--servers: must be at least 1, got {config.servers}")
+            raise ParameterError("servers", f"must be at least 1, got {config.servers}")
         per_server = p / config.servers
         return (1.0, per_server) if op == "broadcast" else (2.0, 2 * per_server)
     table: dict[str, tuple[float, float]]

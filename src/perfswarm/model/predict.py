@@ -48,7 +48,7 @@ from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
-from perfswarm.errors import NotApplicable, PerfswarmError
+from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
@@ -680,8 +680,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     if change.batch_size is not None:
         recorded = change.recorded_batch_size or recorded_batch_size(m, fixed)
         if recorded is None:
-            raise PerfswarmError(f"{run.path}: cannot tell the recorded batch size; give it "
-                                 "with --recorded-batch-size")
+            raise ParameterError(None, "cannot tell the recorded batch size; give it with "
+                                 "{recorded_batch_size}", subject=run.path)
         batch, factor = (recorded, change.batch_size), change.batch_size / recorded
     source = _source_spec(m, source_device) if m.platform == "gpu" else None
     target_name = change.device
@@ -690,14 +690,15 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     if m.platform == "cpu":
         if change.device is not None:
             if batch is not None or change.dims:
-                raise PerfswarmError(f"{run.path}: recorded on the CPU; --device forecasts it "
-                                     "at its recorded shapes (no --batch-size or --dim)")
+                raise ParameterError(None, "recorded on the CPU; {device} forecasts it at its "
+                                     "recorded shapes (no {batch_size} or {dim})",
+                                     subject=run.path)
             return _op_graph_prediction(m, change, model, simulate(m.schedule), gpu_model)
         needs_model = batch is not None or bool(change.dims)
         if needs_model and profile is None:
-            raise PerfswarmError("predict: a changed batch size or dimension on a CPU run needs "
-                                 "a kernel profile: run `perfswarm calibrate` and pass "
-                                 "--profile cpu-profile.json")
+            raise ParameterError(None, "a changed batch size or dimension on a CPU run needs a "
+                                 "kernel profile: run `perfswarm calibrate` and pass "
+                                 "{profile} cpu-profile.json", subject="predict")
         scaler = ProfileScaler(profile) if profile is not None else None
         source_name = target_name = "cpu"
         if profile is not None and profile.unusable() and needs_model:
@@ -706,8 +707,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                          "its sweeps timed other load; recalibrate on a quieter machine")
     else:
         if source is None and (change.device or batch or change.dims):
-            raise PerfswarmError(f"{run.path}: cannot tell which GPU recorded this run; give "
-                                 "--source-device")
+            raise ParameterError(None, "cannot tell which GPU recorded this run; give "
+                                 "{source_device}", subject=run.path)
         target = load_spec(change.device) if change.device else source
         if source is not None and target is not None:
             learned = LearnedScaler.of(source, target, gpu_model)

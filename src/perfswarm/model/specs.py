@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.userfiles import bundled_mapping
 
 
@@ -103,8 +103,8 @@ def load_spec(name: str) -> DeviceSpec:
         close = [k for k in known if k.startswith(query)] if query else []
         close += difflib.get_close_matches(query, known, n=4, cutoff=0.4)
         shown = list(dict.fromkeys(known[c].name for c in close))[:6] or list(device_specs())[:6]
-        raise PerfswarmError(f"--device {name}: unknown device; closest known: "
-                             f"{', '.join(shown)}")
+        raise ParameterError("device", f"unknown device; closest known: {', '.join(shown)}",
+                             value=name)
     return spec
 
 

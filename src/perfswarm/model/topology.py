@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.userfiles import bundled_mapping
 
@@ -35,9 +35,9 @@ class Link:
         return 1e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
 
     def with_bandwidth(self, gbps: float) -> Link:
-        """The same link at another achieved bandwidth (the CLI's --bandwidth)."""
+        """The same link at another achieved bandwidth (`bandwidth_gbps`)."""
         if not gbps > 0:
-            raise PerfswarmError(f"--bandwidth: must be positive, got {gbps}")
+            raise ParameterError("bandwidth_gbps", f"must be positive, got {gbps}")
         return replace(self, name=f"{self.name}@{gbps:g}GB/s", beta_s_per_byte=1e-9 / gbps,
                        source=f"{self.source}; bandwidth overridden to {gbps:g} GB/s")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.embedding import EmbeddingCost, Table, hit_fraction, lookups
 from perfswarm.userfiles import read_yaml
 
@@ -102,8 +102,8 @@ def _greedy(weights: Sequence[float], load: Sequence[float], devices: int,
     for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
         fits = [d for d in range(devices) if used[d] + sizes[i] <= capacity]
         if not fits:
-            raise PerfswarmError(f"table {i}: {sizes[i]:,} bytes fit on no device "
-                                 f"(--memory-gb {capacity / 1e9:g})")
+            raise ParameterError(None, f"{sizes[i]:,} bytes fit on no device "
+                                 f"({{memory_gb}} {capacity / 1e9:g})", subject=f"table {i}")
         d = min(fits, key=lambda d: (totals[d], d))
         device_of[i] = d
         totals[d] += load[i]
@@ -142,7 +142,7 @@ def _refine(device_of: list[int], times: Sequence[float], devices: int, capacity
 def plan(work: Workload, devices: int, strategy: Strategy, cost: EmbeddingCost,
          memory_bytes: float = math.inf) -> Plan:
     if devices < 1:
-        raise PerfswarmError(f"--devices: must be at least 1, got {devices}")
+        raise ParameterError("devices", f"must be at least 1, got {devices}")
     times = [cost.table_time(t, work.batch) for t in work.tables]
     sizes = [t.nbytes for t in work.tables]
     weight: dict[Strategy, Callable[[Table, float], float]] = {

@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 
 import optuna
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.optimize.prune import BoundPruner
 from perfswarm.optimize.space import Param, Value, configure
 from perfswarm.optimize.trial import (
@@ -179,9 +179,9 @@ def _measurer(options: TuneOptions) -> Callable[[Sequence[str], Mapping[str, str
     try:
         pattern = re.compile(options.step_pattern)
     except re.error as exc:
-        raise PerfswarmError(f"--step-pattern: invalid regex ({exc})") from None
+        raise ParameterError("step_pattern", "invalid regex", note=f"({exc})") from None
     if pattern.groups < 2:
-        raise PerfswarmError("--step-pattern: needs groups (step)(time)[(unit)]")
+        raise ParameterError("step_pattern", "needs groups (step)(time)[(unit)]")
     return lambda argv, env, _name, watch: measure_printed(argv, env, pattern, options.plan,
                                                             watch)
 
@@ -197,11 +197,11 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
     if not argv:
         raise PerfswarmError("tune: no command given (put it after --)")
     if options.trials < 1:
-        raise PerfswarmError("--trials must be at least 1")
+        raise ParameterError(None, "{trials} must be at least 1")
     if options.warmup < 0 or options.window < 1:
-        raise PerfswarmError("--warmup must be at least 0 and --window at least 1")
+        raise ParameterError(None, "{warmup} must be at least 0 and {window} at least 1")
     if options.baseline_repeats < 1:
-        raise PerfswarmError("--baseline-repeats must be at least 1")
+        raise ParameterError(None, "{baseline_repeats} must be at least 1")
     measure = _measurer(options)
     options.out.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{(options.out / 'tune.db').resolve()}"
@@ -223,7 +223,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
             sampler=optuna.samplers.TPESampler(seed=options.seed),
             pruner=BoundPruner(floor=baseline.throughput))
     except (ImportError, ValueError) as exc:  # unknown dialect, bad URL
-        raise PerfswarmError(f"--storage {storage}: {exc}") from None
+        raise ParameterError("storage", "", value=storage, detail=str(exc)) from None
 
     def objective(trial: optuna.Trial) -> float:
         values = {p.name: p.suggest(trial) for p in params}
@@ -288,7 +288,8 @@ def _read(path: Path, kind: type, keys: frozenset[str]) -> Any:
 def load_results(out: Path) -> TuneFiles:
     """What `tune` wrote into `out`: its summary (tune.json) and every trial (trials.json)."""
     if not out.is_dir():
-        raise PerfswarmError(f"{out}: not a directory (give the --out of perfswarm tune)")
+        raise ParameterError(None, "not a directory (give the {out} of perfswarm tune)",
+                             subject=out)
     return TuneFiles(dir=str(out),
                      summary=_read(out / "tune.json", dict, TuneDict.__required_keys__),
                      trials=_read(out / "trials.json", list,

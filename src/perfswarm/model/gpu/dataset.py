@@ -14,7 +14,7 @@ from typing import Final, Literal
 
 import orjson
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.work import Family, Work, conv_work, gemm_work, vector_work
 from perfswarm.model.specs import spec_for_device
@@ -125,7 +125,7 @@ def load_dataset(folder: Path) -> Dataset:
     """Every measurement of the folder; a missing folder, config or malformed file raises a
     one-line PerfswarmError naming it."""
     if not folder.is_dir():
-        raise PerfswarmError(f"--dataset {folder}: no such directory")
+        raise ParameterError("dataset", "no such directory", value=folder)
     hardware = _hardware(folder)
     train = folder / "train"
     files = sorted(train.glob("*/*.csv.gz")) if train.is_dir() else []

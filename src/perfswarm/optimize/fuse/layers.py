@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from itertools import pairwise
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.fusion import ConvKind, ConvLayer, ConvPair
 from perfswarm.model.opcost import OpCost, Shapes
 
@@ -31,8 +31,8 @@ def _settings(spec: str, text: str) -> dict[str, int]:
         key, sep, value = item.partition("=")
         key = key.strip().upper()
         if not sep or key not in _KEYS or not value.strip().isdigit():
-            raise PerfswarmError(f"--layer {spec}: {item!r} is not KEY=INT with KEY one of "
-                                 "N, C, H, W, K, S")
+            raise ParameterError("layers", "is not KEY=INT with KEY one of N, C, H, W, K, S",
+                                 value=spec, detail=repr(item))
         out[key] = int(value)
     return out
 
@@ -41,21 +41,22 @@ def _layer(spec: str, text: str, in_channels: int) -> tuple[ConvLayer, dict[str,
     head, _, rest = text.strip().partition(":")
     match = _LAYER.match(head.strip().lower())
     if match is None:
-        raise PerfswarmError(f"--layer {spec}: {head.strip()!r} is not a layer; expected pw, "
-                             "dwKxK or convKxK (e.g. dw3x3, conv3x3/s2)")
+        raise ParameterError("layers", "is not a layer; expected pw, dwKxK or convKxK (e.g. "
+                             "dw3x3, conv3x3/s2)", value=spec, detail=repr(head.strip()))
     found = _settings(spec, rest)
     kind: ConvKind = "pw" if match[1] == "pw" else "dw" if match[2] else "conv"
     rows, cols = (1, 1) if kind == "pw" else (int(match[2] or match[4]),
                                              int(match[3] or match[5]))
     if rows != cols:
-        raise PerfswarmError(f"--layer {spec}: {head.strip()}: only square kernels")
+        raise ParameterError("layers", "only square kernels", value=spec, detail=head.strip())
     stride = found.get("S", int(match[6] or 1))
     if kind == "dw":
         out_channels = found.get("K", in_channels)
     elif "K" in found:
         out_channels = found["K"]
     else:
-        raise PerfswarmError(f"--layer {spec}: {head.strip()} needs K=, its output channels")
+        raise ParameterError("layers", "needs K=, its output channels", value=spec,
+                             detail=head.strip())
     return ConvLayer(kind, in_channels, out_channels, rows, stride), found
 
 
@@ -63,12 +64,12 @@ def parse_pair(spec: str, batch: int | None = None) -> ConvPair:
     """A ConvPair from one ``--layer`` spec; `batch` (when given) replaces its N."""
     parts = spec.split("->")
     if len(parts) != 2:
-        raise PerfswarmError(f"--layer {spec}: expected two layers joined by '->', e.g. "
-                             "'dw3x3:C=128,H=56,W=56 -> pw:K=128'")
+        raise ParameterError("layers", "expected two layers joined by '->', e.g. "
+                             "'dw3x3:C=128,H=56,W=56 -> pw:K=128'", value=spec)
     first_text = parts[0].partition(":")[2]
     given = _settings(spec, first_text)
     if "C" not in given or "H" not in given:
-        raise PerfswarmError(f"--layer {spec}: the first layer needs C= and H= (its input)")
+        raise ParameterError("layers", "the first layer needs C= and H= (its input)", value=spec)
     first, _ = _layer(spec, parts[0], given["C"])
     second, restated = _layer(spec, parts[1], first.out_channels)
     pair = ConvPair(batch or given.get("N", 1), given["H"], given.get("W", given["H"]), first,
@@ -76,8 +77,9 @@ def parse_pair(spec: str, batch: int | None = None) -> ConvPair:
     makes = {"C": first.out_channels, "H": pair.mid_size[0], "W": pair.mid_size[1]}
     for key, value in makes.items():
         if key in restated and restated[key] != value:
-            raise PerfswarmError(f"--layer {spec}: shapes do not chain: the first layer makes "
-                                 f"{key}={value}, the second reads {key}={restated[key]}")
+            raise ParameterError("layers", f"shapes do not chain: the first layer makes "
+                                 f"{key}={value}, the second reads {key}={restated[key]}",
+                                 value=spec)
     return pair
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError
 from perfswarm.model.fusion import ConvPair, PairPrediction
 from perfswarm.model.opstats import op_sequence
 from perfswarm.model.specs import DeviceSpec
@@ -38,10 +38,10 @@ class Options:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        for flag, value in (("--trials", self.trials), ("--budget", self.budget_s),
-                            ("--rounds", self.rounds), ("--threads", self.threads)):
+        for name, value in (("trials", self.trials), ("budget_s", self.budget_s),
+                            ("rounds", self.rounds), ("threads", self.threads)):
             if not value > 0:
-                raise PerfswarmError(f"{flag} {value:g}: must be positive")
+                raise ParameterError(name, "must be positive", value=f"{value:g}")
 
 
 def find_pairs(layers: Sequence[str] = (), run: Run | None = None, batch: int | None = None
@@ -52,7 +52,7 @@ def find_pairs(layers: Sequence[str] = (), run: Run | None = None, batch: int | 
     if run is not None:
         ranks = run.manifest()["ranks"] or [0]
         return run_pairs(op_sequence(run, ranks[0]))
-    raise PerfswarmError("fuse: give a RUN or at least one --layer")
+    raise ParameterError(None, "give a RUN or at least one {layers}", subject="fuse")
 
 
 def candidates(pairs: Sequence[ConvPair], spec: DeviceSpec) -> list[Candidate]:
@@ -67,11 +67,11 @@ def pick(found: list[Candidate], wanted: str | None) -> list[Candidate]:
     try:
         indexes = [int(t) for t in wanted.split(",") if t.strip()]
     except ValueError:
-        raise PerfswarmError(f"--pairs {wanted}: expected comma-separated indexes") from None
+        raise ParameterError("pairs", "expected comma-separated indexes", value=wanted) from None
     missing = [i for i in indexes if not 0 <= i < len(found)]
     if missing or not indexes:
-        raise PerfswarmError(f"--pairs {wanted}: no candidate {missing or wanted}; "
-                             f"there are {len(found)} (0-{len(found) - 1})")
+        raise ParameterError("pairs", f"no candidate {missing or wanted}; there are "
+                             f"{len(found)} (0-{len(found) - 1})", value=wanted)
     return [found[i] for i in indexes]
 
 

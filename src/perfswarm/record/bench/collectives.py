@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, Sweep
 from perfswarm.model.collectives import Op
 
@@ -50,7 +50,7 @@ def _resolve_backend(backend: Backend, world_size: int) -> str:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and gpus < world_size:
-        raise PerfswarmError(f"--backend nccl: needs {world_size} GPUs, found {gpus}")
+        raise ParameterError("backend", f"needs {world_size} GPUs, found {gpus}", value="nccl")
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"
     return backend

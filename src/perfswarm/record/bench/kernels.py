@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError
 from perfswarm.model.opcost import column_major, op_cost
 from perfswarm.model.profile import (
     FAMILIES,
@@ -225,13 +225,13 @@ def _device(device: str) -> tuple[str, str]:
     if device.startswith("cuda"):
         index = device.partition(":")[2] or "0"
         if not index.isdigit():
-            raise PerfswarmError(f"calibrate: --device {device}: expected cpu or cuda:N")
+            raise ParameterError("device", "expected cpu or cuda:N", value=device)
         if not torch.cuda.is_available() or int(index) >= torch.cuda.device_count():
-            raise PerfswarmError(f"calibrate: --device {device}: no such CUDA device here "
-                                 f"({torch.cuda.device_count() if torch.cuda.is_available() else 0}"
-                                 " found)")
+            found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise ParameterError("device", f"no such CUDA device here ({found} found)",
+                                 value=device)
         return f"cuda:{index}", str(torch.cuda.get_device_name(int(index)))
-    raise PerfswarmError(f"calibrate: --device {device}: expected cpu or cuda:N")
+    raise ParameterError("device", "expected cpu or cuda:N", value=device)
 
 
 def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
