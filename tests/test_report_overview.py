@@ -22,6 +22,7 @@ from perfswarm.model.opstats import op_costs
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.report import html
 from perfswarm.report.data import report_data
+from perfswarm.report.overview import CATEGORIES
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
@@ -116,8 +117,8 @@ def test_samples_per_second_from_the_first_op(corpus_runs: dict[str, Run]) -> No
     assert rates["samples_per_step"] == 2.5 and rates["tokens_per_s"] is None
     assert rates["samples_per_s"] == pytest.approx(5 / (sum(e["dur"] for e in steps) / 1e6),
                                                    rel=1e-6)
-    assert rates["source"] == ("the first input of the model's first op, aten::linear 5x128, "
-                               "in 1 of 2 steps")
+    assert rates["source"] == ("the first input of each step's first GEMM or convolution "
+                               "(aten::linear 5x128 in the first), in 1 of 2 steps")
 
 
 def _trace(tmp_path: Path, events: list[dict[str, Any]], command: list[str]) -> Run:
@@ -223,3 +224,20 @@ def test_trace_view_says_how_to_open_the_run_in_perfetto(tmp_path: Path) -> None
     assert (f"perfswarm export {markupsafe.escape(str(run.path))} --format perfetto"
             in page)
     assert '<b id="x">' not in page
+
+
+def test_many_steps_stack_as_areas() -> None:
+    """Past MAX_BARS steps the breakdown is one stacked area a category (one path each, not a
+    bar a step and category), with the same values."""
+    def rows(n: int) -> list[dict[str, Any]]:
+        return [{"rank": 0, "step": i, "dur_ns": 3_000_000,
+                 "ns": {**dict.fromkeys(CATEGORIES, 0), "host compute": 2_000_000,
+                        "idle": 1_000_000}} for i in range(n)]
+
+    few, many = html.breakdown_figure(rows(html.MAX_BARS)), html.breakdown_figure(
+        rows(html.MAX_BARS + 1))
+    assert [t["type"] for t in few["data"]] == ["bar", "bar"]
+    assert [(t["type"], t["stackgroup"], t["name"]) for t in many["data"]] == [
+        ("scatter", "one", "host compute"), ("scatter", "one", "idle")]
+    assert many["data"][0]["y"] == [2.0] * (html.MAX_BARS + 1)
+    assert many["data"][0]["line"]["color"] == few["data"][0]["marker"]["color"]

@@ -158,20 +158,24 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
 
 def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
                    ) -> tuple[int | None, str]:
+    """The leading dimension of the first input of each step's first matrix product or
+    convolution, summed over the steps."""
     codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
-    shaped = _shaped(run, ev, rows)
-    for row, shapes in shaped:
+    starts = np.asarray([w["start"] for w in windows], np.int64)
+    first: dict[int, tuple[int, tuple[int, ...]]] = {}  # step index -> (row, its input)
+    for row, shapes in _shaped(run, ev, rows):
+        step = int(np.searchsorted(starts, ev.ts[row], side="right")) - 1
+        if step in first:
+            continue
         cost = shapes_cost(ev.name_of(row), shapes)
         batch = next((d for d in shapes.dims if len(d) >= 2), None)
-        if cost is None or cost.family not in _FIRST_FAMILIES or batch is None:
-            continue
-        starts = np.asarray([w["start"] for w in windows], np.int64)
-        same = np.asarray([r for r, s in shaped if ev.name[r] == ev.name[row]
-                           and s.dims == shapes.dims], np.int64)
-        forwards = len(np.unique(np.searchsorted(starts, ev.ts[same], side="right")))
-        return batch[0] * forwards, (
-            f"the first input of the model's first op, {ev.name_of(row)} "
-            f"{'x'.join(map(str, batch))}, in {forwards} of {len(windows)} steps")
-    return None, ""
+        if cost is not None and cost.family in _FIRST_FAMILIES and batch is not None:
+            first[step] = (row, batch)
+    if not first:
+        return None, ""
+    row, batch = first[min(first)]
+    return sum(b[0] for _r, b in first.values()), (
+        f"the first input of each step's first GEMM or convolution ({ev.name_of(row)} "
+        f"{'x'.join(map(str, batch))} in the first), in {len(first)} of {len(windows)} steps")
