@@ -230,7 +230,8 @@ def test_overview_of_a_gpu_trace(browser: Any, corpus_runs: dict[str, Run],
     page.set_viewport_size({"width": 1400, "height": 1000})
     shape = overview_structure(page)
     assert shape == {
-        "headings": ["Step-time breakdown", "Device and host states", "Iterations"],
+        "headings": ["Step-time breakdown", "Device and host states", "Iterations",
+                     "Critical path per iteration"],
         "cards": ["step time", "throughput", "device utilization (rank 0)", "events"],
         "legend": ["device compute", "communication", "memory copy", "host compute", "idle"],
         "bars": 5 * 3}  # five categories over three steps
@@ -280,7 +281,8 @@ def test_overview_of_the_demo_trainer(browser: Any, trainer_run: Run, tmp_path: 
     page, errors = open_page(browser, out.as_uri())
     page.set_viewport_size({"width": 1400, "height": 1000})
     shape = overview_structure(page)
-    assert shape["headings"] == ["Step-time breakdown", "Host states", "Iterations"]
+    assert shape["headings"] == ["Step-time breakdown", "Host states", "Iterations",
+                                 "Critical path per iteration"]
     assert shape["cards"] == ["step time", "throughput", "samples/s (rank 0)",
                               "CPU busy (rank 0)", "model FLOP/s (per rank)", "events"]
     assert "conv2d 8x3x" in data["throughput"]["source"]  # the recorded --batch-size 8
