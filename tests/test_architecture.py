@@ -4,6 +4,7 @@ stages, and no module imports itself back through others (no circle, lazy import
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,26 @@ def test_model_runs_nothing() -> None:
         roots = {n.split(".")[0] for n in names}
         assert not roots & {"torch", "subprocess", "multiprocessing"}, path
         assert not any(n.startswith("perfswarm.record") for n in names), path
+
+
+# A tuned command's own failure speaks of the tuner's `--measure stdout` (CommandFailed is no
+# ParameterError yet); a tuning space's `flag` field is the tuned program's flag (--num-workers),
+# not perfswarm's.
+FLAG_IN_MESSAGE_ALLOWED = {"perfswarm.optimize.trial", "perfswarm.optimize.space"}
+
+
+def test_library_errors_name_no_flags() -> None:
+    """Outside cli/, what a `raise` says names parameters (ParameterError), never `--flags`:
+    the CLI maps them to its flags (errors.flag)."""
+    flagged = []
+    for path in (SRC / "perfswarm").rglob("*.py"):
+        name = module_name(path)
+        if folder(name) in ("cli", "workloads") or name in FLAG_IN_MESSAGE_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                texts = [c.value for c in ast.walk(node.exc)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                if any(re.search(r"(^|\s|\()--[a-z]", t) for t in texts):
+                    flagged.append(f"{name}:{node.lineno}")
+    assert flagged == []
