@@ -170,6 +170,17 @@ def test_host_syncs_on_simple_add(corpus_runs: dict[str, Run]) -> None:
     assert a.evidence["per_step"] == 21.0 and a.evidence["blocked_ns"] == 713_000
 
 
+def test_synchronous_memcpy_is_a_sync(tmp_path: Path) -> None:
+    """A synchronous cudaMemcpy blocks the host until its copy is done: the advice counts it,
+    as the dependency graph does (one definition); cudaMemcpyAsync does not block."""
+    events = [ev("ProfilerStep#0", 0, 1000, "user_annotation")]
+    for i in range(4):
+        events += [ev("cudaMemcpy", 100 + 200 * i, 50, "cuda_runtime"),
+                   ev("cudaMemcpyAsync", 180 + 200 * i, 10, "cuda_runtime")]
+    a = shows(host.host_syncs, imported(tmp_path, "memcpy", events))
+    assert a.evidence["by_api"] == {"cudaMemcpy": 4} and a.evidence["blocked_ns"] == 200_000
+
+
 def test_scalar_reads_count_as_syncs(corpus_runs: dict[str, Run]) -> None:
     a = shows(host.host_syncs, corpus_runs["non_gpu"])
     assert a.evidence["scalar_reads"] == 5 and a.evidence["blocked_ns"] == 4_819_000

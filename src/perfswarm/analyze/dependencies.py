@@ -28,6 +28,9 @@ from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.stragglers import occurrences
 from perfswarm.trace.store import Run
 
+# Runtime calls that block the host until the device has done the work before them: the
+# synchronizes, and a synchronous cudaMemcpy (not ...Async), which returns only when its copy is
+# complete. The one definition of a sync: the dependency graph and the advice both read it.
 SYNC_CALLS: Final = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
                                "cudaEventSynchronize", "cudaMemcpy", "hipDeviceSynchronize",
                                "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from perfswarm.analyze.dependencies import SYNC_CALLS
 from perfswarm.model.topology import interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
 
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
-_SYNC_API = r"^(cuda|hip)(Stream|Device|Event)Synchronize$"
 # Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
 _SCALAR_READ = r"^aten::_local_scalar_dense$"
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
@@ -93,7 +93,9 @@ def pageable_h2d(facts: Facts) -> Advice | None:
 
 def host_syncs(facts: Facts) -> Advice | None:
     """The host blocks on the device (.item(), .cpu(), synchronize) several times per step."""
-    apis = facts.in_window(facts.named(_SYNC_API, "runtime"))
+    # analyze's one definition of a blocking call: the synchronizes and the synchronous
+    # cudaMemcpy/hipMemcpy, which returns only when its copy is done
+    apis = facts.in_window(facts.kind("runtime").filter(pl.col("name").is_in(list(SYNC_CALLS))))
     items = facts.in_window(facts.named(_SCALAR_READ, "cpu_op"))
     d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
     points = apis.height + items.height
