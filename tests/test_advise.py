@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from perfswarm.analyze.intervals import total
 from perfswarm.cli.main import main
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.rules import device, distributed, host, optimizer
 from perfswarm.optimize.rules.base import Advice, Rule
-from perfswarm.optimize.rules.facts import Facts, union_ns
+from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
@@ -623,7 +624,7 @@ def test_union_matches_a_per_ns_reference(spans: list[tuple[int, int]]) -> None:
     starts = np.array([s for s, _ in spans], np.int64)
     ends = np.array([s + d for s, d in spans], np.int64)
     covered = {t for s, d in spans for t in range(s, s + d)}
-    assert union_ns(starts, ends) == len(covered)
+    assert total(starts, ends) == len(covered)
 
 
 def test_a_run_without_torch_events_is_advised_and_analyzed(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """What the advice rules read from a Run: its events as one frame, plus measured time windows.
 
-Rules only see this object, so each table is decoded once however many rules run, and the
-small interval algebra they share (unions, containment) lives in one place.
+Rules only see this object, so each table is decoded once however many rules run; interval
+unions are analyze.intervals' (one definition), containment is here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import Events
+from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, profiled
 from perfswarm.analyze.launch import LaunchStats, launch_stats
 from perfswarm.analyze.memory import RankMemory, memory_timeline
@@ -29,22 +30,6 @@ from perfswarm.trace.store import Manifest, Run
 I64 = npt.NDArray[np.int64]
 _COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation",
             "args"]
-
-
-def union_ns(starts: I64, ends: I64) -> int:
-    """Total length of the union of the intervals [start, end)."""
-    if starts.size == 0:
-        return 0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    # A new run of overlapping intervals starts where an interval begins after all earlier ends.
-    fresh = np.ones(s.size, bool)
-    fresh[1:] = s[1:] > e[:-1]
-    run_id = np.cumsum(fresh) - 1
-    run_start = s[fresh]
-    run_end = np.zeros(run_start.size, np.int64)
-    np.maximum.at(run_end, run_id, e)
-    return int((run_end - run_start).sum())
 
 
 def contained(outer: pl.DataFrame, inner: pl.DataFrame) -> npt.NDArray[np.bool_]:
@@ -144,7 +129,7 @@ class Facts:
         steps = self.steps.filter(pl.col("rank") == rank)
         if steps.height:
             s, e = steps["start"].to_numpy(), steps["end"].to_numpy()
-            return int(s.min()), int(e.max()), union_ns(s, e)
+            return int(s.min()), int(e.max()), total(s, e)
         ev = self.events.filter((pl.col("rank") == rank) & (pl.col("kind") != "trace_span"))
         if ev.height == 0:
             return 0, 0, 0
@@ -172,7 +157,7 @@ class Facts:
         out: dict[tuple[Any, ...], int] = {}
         for key, group in frame.group_by(list(by)):
             ts = group["ts"].to_numpy()
-            out[tuple(key)] = union_ns(ts, ts + group["dur"].to_numpy())
+            out[tuple(key)] = total(ts, ts + group["dur"].to_numpy())
         return dict(sorted(out.items()))
 
     @cached_property
