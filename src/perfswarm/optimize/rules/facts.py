@@ -16,12 +16,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, profiled
-from perfswarm.analyze.launch import LaunchStats, launch_stats
-from perfswarm.analyze.memory import RankMemory, memory_timeline
-from perfswarm.analyze.sequences import Sequence_, kernel_sequences
+from perfswarm.analyze.launch import LaunchStats
+from perfswarm.analyze.memory import RankMemory
+from perfswarm.analyze.sequences import Sequence_
+from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS
@@ -65,7 +65,7 @@ class Facts:
     counters: pl.DataFrame
     manifest: Manifest
     raw_files: dict[str, str] = field(default_factory=dict)
-    # analyze's launch statistics (its idle split: one definition of host and kernel wait)
+    # The Analysis's launch statistics (its idle split: one definition of host and kernel wait)
     launch: tuple[LaunchStats, ...] = ()
     # Every step the run timed (hooks outside the window too), but the one holding the export.
     run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -78,6 +78,9 @@ class Facts:
 
     @classmethod
     def of(cls, run: Run) -> Facts:
+        # The analysis's results, not computed again: the report, the CLI and the advice
+        # read the same launches, memory and kernel sequences (analyze memoizes per Run).
+        analysis = analyze(run)
         events = pl.from_arrow(run.table("events", _COLUMNS))
         table = run.table("steps")
         steps = pl.from_arrow(profiled(table))
@@ -98,10 +101,9 @@ class Facts:
         return cls(events.with_columns(**{k: pl.col(k).cast(v) for k, v in cast.items()}),
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
-                   run.manifest(), raw, launch_stats(Events.load(run)),
+                   run.manifest(), raw, analysis.launch,
                    run_steps.with_columns(pl.col("source").cast(pl.String)), run,
-                   memory_timeline(run.table("counters"), {}),
-                   kernel_sequences(Events.load(run)))
+                   analysis.memory, analysis.sequences)
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
