@@ -4,7 +4,8 @@ times: the corpus's multi-rank DDP trace and the measured throughputs Megatron-L
 1. The corpus's DDP trace (ResNet-50 on 2 of 8 A100s on NVSwitch, rank 0 of 2, 3 steps): the
    layouts `project` reads off it at 2 devices (dp2, the Run's own layout), each gradient
    bucket's all-reduce as the model times it on the Run's topology beside the kernel the trace
-   measured (which includes waiting for the other rank), and the step.
+   measured (which includes waiting for the other rank), and the step (the Run's device compute
+   and its time with no device work, both measured, plus the modelled exposed communication).
 2. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
    Megatron-LM", SC'21 (arXiv:2104.04473), Table 1: GPT models of 1.7B to 1T parameters on 32 to
    3072 A100-80GB GPUs of Selene (DGX A100 nodes: NVSwitch inside, 8 HDR InfiniBand NICs each),
@@ -80,6 +81,7 @@ def corpus_trace() -> dict[str, Any]:
             "allreduce_predicted_s": sum(b["predicted_s"] for b in buckets),
             "device_compute_s": compute, "step_measured_s": statistics.median(spans),
             "step_predicted_s": dp2.step_s, "exposed_predicted_s": dp2.exposed_comm_s,
+            "host_s": dp2.host_s,
             "best": lay.best.layout.describe()}
 
 
@@ -133,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  all-reduce per step: measured {c['allreduce_measured_median_s'] * 1e3:.2f} ms, "
           f"predicted {c['allreduce_predicted_s'] * 1e3:.2f} ms")
     print(f"  step: measured {c['step_measured_s'] * 1e3:.1f} ms (ProfilerStep), device compute "
-          f"{c['device_compute_s'] * 1e3:.1f} ms; predicted dp2 {c['step_predicted_s'] * 1e3:.1f} "
-          f"ms (exposed comm {c['exposed_predicted_s'] * 1e3:.2f} ms): "
+          f"{c['device_compute_s'] * 1e3:.1f} ms, no device work {c['host_s'] * 1e3:.1f} ms; "
+          f"predicted dp2 {c['step_predicted_s'] * 1e3:.1f} ms (exposed comm "
+          f"{c['exposed_predicted_s'] * 1e3:.2f} ms): "
           f"{c['step_predicted_s'] / c['step_measured_s']:.2f}x")
     m = megatron()
     print(f"\nMegatron-LM Table 1 (A100-80GB, DGX A100 + HDR IB), compute rate calibrated on "

@@ -202,6 +202,20 @@ def test_layouts_of_the_ddp_trace(nccl: Run) -> None:
     assert lay.best is not None and lay.best.compute_s == pytest.approx(0.039391994)
     zero0 = next(e for e in lay.every if e.layout.zero == 0)
     assert zero0.state_bytes == 16 * elems and zero0.comm_bytes["dp"] == 4 * elems
+    # the GPU idles most of each step (host-bound): that time stays in every layout's step;
+    # the first step's, from the raw trace: ProfilerStep#4 less the union of its device work
+    step = next(e for e in raw if e.get("name") == "ProfilerStep#4")
+    lo, hi = float(step["ts"]), float(step["ts"]) + float(step["dur"])
+    spans = sorted((max(lo, float(e["ts"])), min(hi, float(e["ts"]) + float(e["dur"])))
+                   for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+                   and float(e["ts"]) < hi and float(e["ts"]) + float(e["dur"]) > lo)
+    busy, end = 0.0, lo
+    for a, b in spans:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    assert result.profile.steps[0].idle_ns == pytest.approx((hi - lo - busy) * 1000, abs=1000)
+    idle = statistics.median(s.idle_ns for s in result.profile.steps) * 1e-9
+    assert all(e.host_s == idle for e in lay.every) and idle > 0.16
 
 
 TRANSFORMER = Path(__file__).parent / "data" / "transformer_cpu.pt.trace.json.gz"

@@ -144,10 +144,11 @@ class Estimate:
     comm_bytes: dict[str, float]  # per device and step: dp, tp, pp
     compute_s: float
     exposed_comm_s: float
+    host_s: float = 0.0  # per step with no device work (a Run's host-bound time), as measured
 
     @property
     def step_s(self) -> float:
-        return self.compute_s * (1 + self.bubble) + self.exposed_comm_s
+        return self.compute_s * (1 + self.bubble) + self.exposed_comm_s + self.host_s
 
     def to_dict(self) -> dict[str, Any]:
         acts = self.activation_bytes
@@ -159,7 +160,7 @@ class Estimate:
                 "micro_batches": self.micro_batches, "bubble": self.bubble,
                 "comm_gb": {k: v / 1e9 for k, v in self.comm_bytes.items()},
                 "compute_s": self.compute_s, "exposed_comm_s": self.exposed_comm_s,
-                "step_s": self.step_s}
+                "host_s": self.host_s, "step_s": self.step_s}
 
 
 def _group(devices: int, per_node: int, spans_nodes: bool, intra: Link,
@@ -173,9 +174,11 @@ def _layers(model: Model) -> int:
 
 
 def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter: Link,
-             work_s: float) -> Estimate:
+             work_s: float, host_s: float = 0.0) -> Estimate:
     """Memory, traffic and step time of `model` under `layout`; `work_s` is the step's compute
-    on one device (all of the global batch), split evenly over the layout's devices."""
+    on one device (all of the global batch), split evenly over the layout's devices; `host_s`
+    the time of a step in which no device works (a host-bound Run's), added to every layout
+    as it is (weak scaling keeps each device's host work)."""
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     blocks = model.blocks
     if (model.global_batch % (dp * model.micro_batch) or _layers(model) % pp or tp > per_node
@@ -215,7 +218,7 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
             exposed += collective_time("all_gather", value * shard, d)
         exposed += max(0.0, grads - compute * 2 / 3)  # the backward is 2/3 of the compute
     return Estimate(layout, state + (acts or 0.0), state, acts, m, (pp - 1) / m, comm, compute,
-                    exposed)
+                    exposed, host_s)
 
 
 def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
@@ -237,12 +240,13 @@ def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
 
 
 def best_layout(model: Model, devices: int, *, per_node: int, intra: Link, inter: Link,
-                work_s: float, memory_bytes: float) -> tuple[Estimate | None, list[Estimate]]:
+                work_s: float, memory_bytes: float, host_s: float = 0.0
+                ) -> tuple[Estimate | None, list[Estimate]]:
     """The fastest layout that fits in `memory_bytes` per device (None when none fits), and
     every layout's estimate, fastest first (ties: less memory, then fewer model-parallel
     ranks)."""
     found = sorted((estimate(model, lay, per_node=per_node, intra=intra, inter=inter,
-                             work_s=work_s)
+                             work_s=work_s, host_s=host_s)
                     for lay in layouts(model, devices, per_node)),
                    key=lambda e: (round(e.step_s, 9), e.memory_bytes, e.layout.tp * e.layout.pp,
                                   e.layout.zero))

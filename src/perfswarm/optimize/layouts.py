@@ -15,7 +15,9 @@ gets data-parallel layouts only.
 
 Weak scaling, as the projection: on D devices the global batch is D times the Run's batch per
 rank, so the step's compute on one device is D times the Run's compute per step (the median
-over steps of the slowest rank), and each micro-batch is the Run's batch.
+over steps of the slowest rank), and each micro-batch is the Run's batch. The time of a marked
+step in which no device work ran (a host-bound Run's input pipeline, Python, launches; the
+median over steps of the slowest rank) stays in every layout's step as it is.
 """
 
 from __future__ import annotations
@@ -156,13 +158,16 @@ class LayoutChoice:
 
 
 def choose_layout(source: RunModel, compute_s: float, devices: int, *, per_node: int,
-                  intra: Link, inter: Link, memory_bytes: float | None) -> LayoutChoice:
+                  intra: Link, inter: Link, memory_bytes: float | None,
+                  host_s: float = 0.0) -> LayoutChoice:
     """The layouts of the Run's model on `devices` devices; `compute_s` is the Run's compute
-    per step on one device at its own batch."""
+    per step on one device at its own batch, `host_s` the time of its step with no device
+    work (kept in every layout)."""
     model = source.model(devices)
     work = compute_s * devices
     best, every = best_layout(model, devices, per_node=per_node, intra=intra, inter=inter,
-                              work_s=work, memory_bytes=memory_bytes or float("inf"))
+                              work_s=work, memory_bytes=memory_bytes or float("inf"),
+                              host_s=host_s)
     if not every:
         raise PerfswarmError(f"no layout of {devices} devices divides the Run's model "
                              f"({source.blocks.layers if source.blocks else 1} layers)")

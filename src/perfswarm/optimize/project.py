@@ -72,6 +72,7 @@ class StepProfile:
     tail_ns: int      # compute after the last collective ended (waits for it)
     overlapped_ns: int
     calls: tuple[Call, ...]
+    idle_ns: int = 0  # of its marked step, the time no device work ran (host-bound time)
 
     @property
     def collective_ns(self) -> int:
@@ -149,12 +150,17 @@ def _column(table: pa.Table, name: str) -> I64:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
+def _step_spans(run: Run) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, step) -> (start, end) of the Run's marked steps."""
+    table = run.table("steps", ["rank", "step", "start", "end"])
+    return {(int(r), int(s)): (int(b), int(e)) for r, s, b, e in zip(
+        *(_column(table, c) for c in ("rank", "step", "start", "end")), strict=True)}
+
+
 def _host_steps(run: Run) -> list[StepProfile]:
     """A Run without device work (a CPU Run): each marked step's span is its compute."""
-    table = run.table("steps", ["rank", "step", "start", "end"])
-    return [StepProfile(int(r), int(s), int(e - b), int(e - b), 0, 0, ())
-            for r, s, b, e in zip(*(_column(table, c) for c in ("rank", "step", "start", "end")),
-                                  strict=True) if e > b]
+    return [StepProfile(r, s, e - b, e - b, 0, 0, ())
+            for (r, s), (b, e) in sorted(_step_spans(run).items()) if e > b]
 
 
 def profile(run: Run, grad_bytes: int | None = None, *,
@@ -174,6 +180,7 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
     args = table.column("args").to_pylist()
     steps: list[StepProfile] = []
+    spans = _step_spans(run)
     for r, s in sorted({(int(a), int(b)) for a, b in zip(rank, step, strict=True)}):
         rows = (rank == r) & (step == s)
         cs, ce = union(ts[rows & ~coll], ts[rows & ~coll] + dur[rows & ~coll])
@@ -192,7 +199,12 @@ def profile(run: Run, grad_bytes: int | None = None, *,
         tail = compute - _busy_before(cs, ce, last_end) if calls else 0
         lo = int(min(cs[0], ts[rows].min()))
         hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
-        steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls)))
+        idle = 0
+        if (r, s) in spans:  # the marked step less the union of all its device work
+            b, e = spans[r, s]
+            us, ue = union(np.clip(ts[rows], b, e), np.clip(ts[rows] + dur[rows], b, e))
+            idle = max(0, e - b - int((ue - us).sum()))
+        steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls), idle))
     compute_source = "measured"
     if not steps and len(table) == 0:
         steps, whole_run, compute_source = _host_steps(run), False, "step spans (no device work)"
@@ -375,10 +387,11 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
                          value_bytes=prof.grad_bytes // prof.grad_elems)
     chosen, note = None, ""
     if shaped.params:
-        compute = statistics.median(max(st.compute_ns for st in group)
-                                    for group in prof.per_step().values()) * 1e-9
+        groups = prof.per_step().values()
+        compute = statistics.median(max(st.compute_ns for st in g) for g in groups) * 1e-9
+        host = statistics.median(max(st.idle_ns for st in g) for g in groups) * 1e-9
         chosen = choose_layout(shaped, compute, devices[-1], per_node=per_node, intra=intra,
-                               inter=inter, memory_bytes=memory)
+                               inter=inter, memory_bytes=memory, host_s=host)
     else:
         note = ("no parameter count: no gradient all-reduce kernels with sizes and no layer "
                 "shapes (record with shapes)")
