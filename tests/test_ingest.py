@@ -148,6 +148,20 @@ def test_execution_trace_joins_by_rf_id(corpus_runs: dict[str, Run]) -> None:
     assert "no Record function id in the trace: ET joined by External id" in warnings
 
 
+def test_every_ranks_execution_trace_is_kept(tmp_path: Path) -> None:
+    """Two ranks, an execution trace each: both graphs are in the Run (each was written over
+    the one before), 38 nodes a rank, each rank's source in the manifest."""
+    ranks = [tmp_path / f"rank{r}.json.gz" for r in (0, 1)]
+    for path in ranks:
+        path.write_bytes(corpus("et_trace").read_bytes())
+    run = import_traces(ranks, tmp_path / "two.run",
+                        ImportOptions(ranks=(0, 1), execution_traces=(CORPUS / ET,) * 2), ["t"])
+    nodes = run.table("graph_nodes").to_pydict()
+    assert [nodes["rank"].count(r) for r in (0, 1)] == [38, 38]
+    assert [(s["rank"], s["nodes"]) for s in run.manifest()["sources"]
+            if s["format"] == "execution_trace"] == [(0, 38), (1, 38)]
+
+
 def test_ranks_from_distributed_info_and_flag(tmp_path: Path) -> None:
     files = [corpus("compare_base"), corpus("compare_test")]
     run = import_traces(files, tmp_path / "two.run", ImportOptions(ranks=(3, 5)), ["t"])

@@ -20,15 +20,13 @@ from perfswarm.record import net, perf, pystacks, strace, system
 from perfswarm.record.base import SAMPLER_HZ, Row, read_jsonl, value_rows
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace import execution_trace
-from perfswarm.trace.build import assign_steps, describe, sort_events
+from perfswarm.trace.build import add_execution_traces, assign_steps, describe, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
 from perfswarm.trace.schema import (
     COUNTERS,
     EVENTS,
     FAULTS,
     FLOWS,
-    GRAPH_EDGES,
-    GRAPH_NODES,
     NONE,
     SAMPLES,
     STACKS,
@@ -296,22 +294,11 @@ def _flows(path: Path, manifest: Manifest) -> list[Row]:
 
 
 def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table) -> None:
-    nodes, edges = [], []
-    for path in paths:
-        rank, _pid = _rank_pid(path)
-        read = readable(manifest, "torch", partial(execution_trace.read, path, rank, events),
-                        None)
-        if read is None:
-            continue
-        n, e, counts = read
-        nodes.append(n)
-        edges.append(e)
-        manifest["warnings"] += [{"source": path.name, "what": w, "count": c}
-                                 for w, c in sorted(counts.items())]
-        manifest["sources"].append({"file": path.name, "format": "execution_trace",
-                                    "rank": rank, "nodes": n.num_rows})
-    run.write_table("graph_nodes", concat(nodes, GRAPH_NODES))
-    run.write_table("graph_edges", concat(edges, GRAPH_EDGES))
+    """The profiled processes' execution traces; one that cannot be read is the torch
+    collector's warning, not a lost Run."""
+    add_execution_traces(run, manifest, [(path, _rank_pid(path)[0]) for path in paths],
+                         lambda path, rank: readable(manifest, "torch", partial(
+                             execution_trace.read, path, rank, events), None))
 
 
 def _perf_samples(rec: Recording) -> list[perf.Sample]:

@@ -1,6 +1,6 @@
 """What every path that builds a Run from traces shares (in memory, streaming, Dask, record):
-the import options, the events' order and step marks, each file's rank, and the manifest's
-account of its sources."""
+the import options, the events' order and step marks, each file's rank, the execution traces'
+graph tables, and the manifest's account of its sources."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from perfswarm.trace.cluster import ClusterOptions
-from perfswarm.trace.kineto import TraceMeta, TraceTables
-from perfswarm.trace.schema import DEVICE_KINDS, NONE
-from perfswarm.trace.store import Manifest, Warning_
+from perfswarm.trace.kineto import TraceMeta, TraceTables, concat
+from perfswarm.trace.schema import DEVICE_KINDS, GRAPH_EDGES, GRAPH_NODES, NONE
+from perfswarm.trace.store import Manifest, Run, Warning_
 
 Streaming = Literal["auto", "always", "never"]
 Progress = Callable[[str, int, int], None]
@@ -124,6 +124,30 @@ def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
     for i in range(0, len(order), SLICE):
         part = take_rows(batches, starts, order[i:i + SLICE])
         yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
+
+
+# What execution_trace.read gives: graph_nodes, graph_edges, warnings about the join
+GraphTables = tuple[pa.Table, pa.Table, Counter[str]]
+
+
+def add_execution_traces(run: Run, manifest: Manifest, traces: Sequence[tuple[Path, int]],
+                         read: Callable[[Path, int], GraphTables | None]) -> None:
+    """The graph tables of every (execution trace, rank), joined to the Run's events by `read`
+    (None: that trace is left out, its reason already in the manifest), written together;
+    each trace a source in the manifest, its join's warnings among the warnings."""
+    nodes, edges = [], []
+    for path, rank in traces:
+        found = read(path, rank)
+        if found is None:
+            continue
+        n, e, counts = found
+        nodes.append(n)
+        edges.append(e)
+        manifest["warnings"] += source_warnings(path.name, counts)
+        manifest["sources"].append({"file": path.name, "format": "execution_trace",
+                                    "rank": rank, "nodes": n.num_rows})
+    run.write_table("graph_nodes", concat(nodes, GRAPH_NODES))
+    run.write_table("graph_edges", concat(edges, GRAPH_EDGES))
 
 
 def source_warnings(source: str, counts: Counter[str]) -> list[Warning_]:

@@ -17,11 +17,11 @@ from perfswarm.trace.build import (
     ImportOptions,
     Progress,
     Streaming,
+    add_execution_traces,
     describe,
     file_rank,
     ranks_seen,
     sorted_slices,
-    source_warnings,
     with_rank,
 )
 from perfswarm.trace.cluster import connect
@@ -159,15 +159,14 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             read = _stream_all if streamed else _read_all
             events = read(run, paths, options, manifest, progress)
         ranks_seen(manifest)
-        for j, et_path in enumerate(options.execution_traces):
-            et_rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
-            nodes, edges, counts = execution_trace.read(et_path, et_rank, events)
-            run.add_raw(et_path)
-            run.write_table("graph_nodes", nodes)
-            run.write_table("graph_edges", edges)
-            manifest["warnings"] += source_warnings(et_path.name, counts)
-            manifest["sources"].append({"file": et_path.name, "format": "execution_trace",
-                                        "rank": et_rank, "nodes": nodes.num_rows})
+        if options.execution_traces:  # the j-th belongs to the j-th trace's rank
+            for et_path in options.execution_traces:
+                run.add_raw(et_path)
+            ranks = manifest["ranks"]
+            add_execution_traces(run, manifest, [
+                (p, ranks[j] if j < len(ranks) else j)
+                for j, p in enumerate(options.execution_traces)],
+                lambda path, rank: execution_trace.read(path, rank, events))
         if options.memory_timelines:
             _add_memory_timelines(run, options.memory_timelines, manifest)
         run.write_manifest(manifest)
