@@ -190,7 +190,12 @@ class Run:
         `tune`: a `perfswarm tune` output directory, whose trials the report adds."""
         from perfswarm.report import html
 
-        return html.write(report_data(self.store, tune=Path(tune) if tune else None),
+        files = None
+        if tune is not None:
+            from perfswarm.optimize.tune import load_results  # optuna: only with a tune folder
+
+            files = load_results(Path(tune))
+        return html.write(report_data(self.store, tune=files),
                           Path(path) if path is not None else self.path / "report.html")
 
     def sql(self, query: str, *, timeout_s: float = 60.0, memory_mb: int = 2048
@@ -220,19 +225,15 @@ class Run:
         return windowed(self.store, f"{start}:{end}")
 
 
-def report_data(run: store.Run, *, tune: Path | None = None) -> dict[str, Any]:
-    """The whole report of `run` as plain data: analysis, advice, projection (and a tune
-    directory's trials): what `perfswarm report --json` prints and the HTML shows."""
+def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The whole report of `run` as plain data: analysis, advice, projection (and `tune`, a tune
+    directory as optimize.tune.load_results reads it): what `perfswarm report --json` prints
+    and the HTML shows. Here, above both report and optimize, they are put together."""
     from perfswarm.optimize.advise import advise
     from perfswarm.optimize.project import report_projection
     from perfswarm.report.data import report_data as data
 
-    files = None
-    if tune is not None:
-        from perfswarm.optimize.tune import load_results  # optuna: only with a tune directory
-
-        files = load_results(tune)
-    return data(run, advice=advise(run).to_dict()["advice"], tune=files,
+    return data(run, advice=advise(run).to_dict()["advice"], tune=tune,
                 projection=report_projection)
 
 

@@ -10,14 +10,13 @@ from typing import Annotated
 import typer
 
 from perfswarm.analyze.summary import analyze
+from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.advise import advise
-from perfswarm.optimize.project import report_projection
 from perfswarm.record.session import RecordOptions, record
 from perfswarm.report import html
-from perfswarm.report.data import report_data
 from perfswarm.report.text import ms
 
 
@@ -42,8 +41,7 @@ def demo_command(
         analysis = analyze(result.run)
         advice = advise(result.run)
         bar.update(task, description="writing the report")
-        html.write(report_data(result.run, advice=advice.to_dict()["advice"],
-                               projection=report_projection), report)
+        html.write(report_data(result.run), report)
     manifest = result.run.manifest()
     states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(manifest["collectors"].items()))
     console.print(f"recorded {result.run.path} (exit {result.exit_code}); {states}",

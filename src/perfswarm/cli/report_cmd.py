@@ -8,12 +8,10 @@ from typing import Annotated
 import typer
 
 from perfswarm.analyze.window import windowed
+from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.errors import PerfswarmError
-from perfswarm.optimize.advise import advise
-from perfswarm.optimize.project import report_projection
-from perfswarm.report.data import report_data
 from perfswarm.trace.store import Run
 
 
@@ -37,8 +35,7 @@ def report_command(
         raise PerfswarmError(f"{target.parent}: no such directory (for {target.name})")
     with spinner() as progress:
         task = progress.add_task("analyzing", total=2)
-        data = report_data(run, advice=advise(run).to_dict()["advice"], tune=tune,
-                           projection=report_projection)
+        data = report_data(run, tune=tune)
         progress.update(task, advance=1, description="rendering")
         if as_json:
             progress.update(task, advance=1)
