@@ -47,7 +47,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from perfswarm.model.predict import Change, gmae, predict
+from perfswarm.model.accuracy import gmae
+from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
 from perfswarm.record.bench.kernels import calibrate
