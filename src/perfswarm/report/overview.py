@@ -112,61 +112,69 @@ def _shaped(run: Run, ev: Events, rows: I64) -> list[tuple[int, Shapes]]:
 
 def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
                ) -> dict[str, Any] | None:
-    """Samples (and tokens) per second of the first rank's steps, and where the batch came
-    from, best first: the token embedding's indices (batch x sequence, every forward of a
-    step counted, so gradient accumulation is too); the leading dimension of the first
-    input of the model's first matrix product or convolution (one forward a step); the
-    recorded command's --batch-size (one forward a step). None when none of them says."""
+    """Samples (and tokens) per second of the first rank's steps that ran the model, and where
+    the batch came from, best first: the token embedding's indices (batch x sequence, every
+    lookup of a step counted, so gradient accumulation is too); the leading dimension of the
+    first input of each step's first matrix product or convolution (one forward a step); the
+    recorded command's --batch-size (one forward a step, every step). A step where the model
+    did not run (a window the profiler cut before its forward) is left out. None when none of
+    them says."""
     if not steps:
         return None
     rank, windows = min(steps.items(), key=lambda kv: int(kv[0]))
     if not windows:
         return None
     mine = np.arange(len(ev))[ev.rank_slice(int(rank))]
-    step_ns = sum(int(w["end"] - w["start"]) for w in windows)
-    samples, tokens, source = _from_embedding(run, ev, mine, windows)
+    samples, tokens, ran, source = _from_embedding(run, ev, mine, windows)
     if samples is None:
-        samples, source = _from_first_op(run, ev, mine, windows)
+        samples, ran, source = _from_first_op(run, ev, mine, windows)
     if samples is None:
         flag = batch_flag(run.manifest()["command"])
         if flag is None:
             return None
-        samples, source = flag * len(windows), f"the command's --batch-size {flag}"
-    seconds = step_ns / 1e9
-    return {"samples_per_s": samples / seconds, "samples_per_step": samples / len(windows),
+        samples, ran = flag * len(windows), set(range(len(windows)))
+        source = f"the command's --batch-size {flag}"
+    seconds = sum(int(windows[i]["end"] - windows[i]["start"]) for i in ran) / 1e9
+    return {"samples_per_s": samples / seconds, "samples_per_step": samples / len(ran),
             "tokens_per_s": tokens / seconds if tokens is not None else None,
-            "tokens_per_step": tokens / len(windows) if tokens is not None else None,
-            "source": source, "rank": int(rank)}
+            "tokens_per_step": tokens / len(ran) if tokens is not None else None,
+            "steps": len(ran), "source": source, "rank": int(rank)}
+
+
+def _step_of(ev: Events, windows: Sequence[Mapping[str, Any]], row: int) -> int:
+    starts = np.asarray([w["start"] for w in windows], np.int64)
+    return int(np.searchsorted(starts, ev.ts[row], side="right")) - 1
 
 
 def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
-                    ) -> tuple[int | None, int | None, str]:
+                    ) -> tuple[int | None, int | None, set[int], str]:
     codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
     calls = [(r, s.dims) for r, s in _shaped(run, ev, rows)
              if len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
     if not calls:
-        return None, None, ""
+        return None, None, set(), ""
     table = calls[0][1][0]  # the first lookup's table is the token table
-    lookups = [dims[1] for _r, dims in calls if dims[0] == table]
-    first = lookups[0]
-    return (sum(b for b, _t in lookups), sum(b * t for b, t in lookups),
+    lookups = [(r, dims[1]) for r, dims in calls if dims[0] == table]
+    ran = {_step_of(ev, windows, r) for r, _ids in lookups}
+    first = lookups[0][1]
+    return (sum(b for _r, (b, _t) in lookups), sum(b * t for _r, (b, t) in lookups), ran,
             f"{EMBEDDING}'s indices {first[0]}x{first[1]} (batch x sequence) into the "
-            f"{table[0]}x{table[1]} table, {len(lookups)} lookups in {len(windows)} steps")
+            f"{table[0]}x{table[1]} table, {len(lookups)} lookups in {len(ran)} of "
+            f"{len(windows)} steps")
 
 
 def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
-                   ) -> tuple[int | None, str]:
+                   ) -> tuple[int | None, set[int], str]:
     """The leading dimension of the first input of each step's first matrix product or
-    convolution, summed over the steps."""
+    convolution, summed over the steps that ran one."""
     codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
-    starts = np.asarray([w["start"] for w in windows], np.int64)
     first: dict[int, tuple[int, tuple[int, ...]]] = {}  # step index -> (row, its input)
     for row, shapes in _shaped(run, ev, rows):
-        step = int(np.searchsorted(starts, ev.ts[row], side="right")) - 1
+        step = _step_of(ev, windows, row)
         if step in first:
             continue
         cost = shapes_cost(ev.name_of(row), shapes)
@@ -174,8 +182,8 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         if cost is not None and cost.family in _FIRST_FAMILIES and batch is not None:
             first[step] = (row, batch)
     if not first:
-        return None, ""
+        return None, set(), ""
     row, batch = first[min(first)]
-    return sum(b[0] for _r, b in first.values()), (
+    return sum(b[0] for _r, b in first.values()), set(first), (
         f"the first input of each step's first GEMM or convolution ({ev.name_of(row)} "
         f"{'x'.join(map(str, batch))} in the first), in {len(first)} of {len(windows)} steps")
