@@ -25,7 +25,8 @@ from perfswarm.trace.build import (
     with_rank,
 )
 from perfswarm.trace.cluster import connect
-from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, memory_bytes, read_trace
+from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, memory_bytes
+from perfswarm.trace.readers import read_file
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
 from perfswarm.trace.store import Manifest, Run, creating, new_manifest
 
@@ -61,8 +62,7 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
     for i, path in enumerate(paths):
         if progress:
             progress(f"reading {path.name}", i, len(paths))
-        meta, tables = (nsys.read(path, i) if nsys.is_nsys(path)
-                        else read_trace(path, i, opts, spill_dir=run.path))
+        meta, tables = read_file(path, i, opts, spill_dir=run.path)
         rank = file_rank(options, i, meta)
         tables = with_rank(tables, rank)
         events_parts.append(tables.events)

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from perfswarm.trace import readers
 from perfswarm.trace.build import (
     ImportOptions,
     Progress,
@@ -28,7 +29,7 @@ from perfswarm.trace.build import (
     with_rank,
 )
 from perfswarm.trace.cluster import run_all
-from perfswarm.trace.kineto import ReadOptions, TraceMeta, concat, read_trace
+from perfswarm.trace.kineto import ReadOptions, TraceMeta, concat
 from perfswarm.trace.schema import EVENTS, STEPS
 from perfswarm.trace.store import ROW_GROUP, Manifest, Run
 
@@ -54,8 +55,9 @@ def _write_sorted(events: pa.Table, steps: pa.Table, path: Path) -> None:
 def read_file(path: Path, index: int, options: ImportOptions, scratch: Path) -> FilePart:
     """Worker task: read one trace file into sorted, step-marked Parquet files."""
     scratch.mkdir(parents=True, exist_ok=True)
-    meta, tables = read_trace(path, index, ReadOptions(drop_bad_events=options.drop_bad_events),
-                              spill_dir=scratch)
+    meta, tables = readers.read_file(path, index,
+                                     ReadOptions(drop_bad_events=options.drop_bad_events),
+                                     spill_dir=scratch)
     rank = file_rank(options, index, meta)
     tables = with_rank(tables, rank)
     out = {name: scratch / f"{name}.parquet" for name in ("events", *SMALL_TABLES)}
