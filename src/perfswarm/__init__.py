@@ -17,13 +17,19 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from perfswarm.api import Result, Run, import_traces, load, record
-    from perfswarm.errors import ParameterError, PerfswarmError, RunError, TraceFormatError
+    from perfswarm.errors import (
+        NotApplicable,
+        ParameterError,
+        PerfswarmError,
+        RunError,
+        TraceFormatError,
+    )
 
 _API = {"Run": "api", "Result": "api", "load": "api", "import_traces": "api", "record": "api",
-        "PerfswarmError": "errors", "ParameterError": "errors", "RunError": "errors",
-        "TraceFormatError": "errors"}
-__all__ = ["ParameterError", "PerfswarmError", "Result", "Run", "RunError", "TraceFormatError",
-           "__version__", "import_traces", "load", "record"]
+        "PerfswarmError": "errors", "ParameterError": "errors", "NotApplicable": "errors",
+        "RunError": "errors", "TraceFormatError": "errors"}
+__all__ = ["NotApplicable", "ParameterError", "PerfswarmError", "Result", "Run", "RunError",
+           "TraceFormatError", "__version__", "import_traces", "load", "record"]
 
 
 def __getattr__(name: str) -> Any:
