@@ -42,8 +42,8 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
                          "memory", "ranks",
                          "iterations", "kernels", "cpu_ops", "categories", "critical_path",
                          "critical_steps", "memory_timeline", "stream_idle",
-                         "kernel_overlap", "sequences",
-                         "swarms", "op_cost", "prediction", "advice", "tune", "projection",
+                         "kernel_overlap", "sequences", "queues", "bandwidth", "scopes",
+                         "cupti", "swarms", "op_cost", "prediction", "advice", "tune", "projection",
                          "projection_note", "throughput", "roof"}
     assert data["advice"] == [] and data["tune"] is None and data["has_device"]
     assert data["flops"] is None  # no shapes recorded: no op has a cost
@@ -176,6 +176,67 @@ def test_safe_json_escapes_markup() -> None:
     text = html.safe_json({"name": "</script><img src=x onerror=alert(1)>&"})
     assert "<" not in text and ">" not in text and "&" not in text
     assert json.loads(text) == {"name": "</script><img src=x onerror=alert(1)>&"}
+
+
+def _analyze_json(run: Run, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["analyze", str(run.path), "--json"]) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_report_shows_scopes_bandwidth_and_queue_of_nccl(
+        corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    """The report carries analyze --json's scopes, bandwidth (with the device's peak) and
+    launch queue bins as they are, and draws them; the raw JSON's numbers are on the page."""
+    run = corpus_runs["nccl"]
+    expected = _analyze_json(run, capsys)
+    data = json.loads(html.safe_json(report_data(run)))
+    for key in ("scopes", "bandwidth", "cupti"):
+        assert data[key] == expected[key]
+    assert data["cupti"] is None
+    # from the raw JSON: the 960 device-to-device copies' `bytes` args and their spans' union;
+    # A100's 1555 GB/s memory bandwidth (devices.yaml) is the peak
+    d2d = data["bandwidth"][0]["flows"][0]
+    assert (d2d["direction"], d2d["bytes"], d2d["busy_ns"]) == ("d2d", 307_323_096, 2_262_781)
+    # the launch queue: the rank's, then each stream's, as analyze's bins
+    launch = expected["launch"][0]
+    assert [(q["device"], q["stream"], q["bins"], q["max"]) for q in data["queues"]] == [
+        (None, None, launch["queue"]["bins"], launch["queue"]["max"]),
+        *[(s["device"], s["stream"], s["queue"]["bins"], s["queue"]["max"])
+          for s in launch["streams"]]]
+    assert [q["stream"] for q in data["queues"]] == [None, 7, 40]
+    page = html.render(report_data(run))
+    for table in ("scope-ops", "scope-annotations", "bandwidth"):
+        assert f'<table id="{table}">' in page
+    for chart in ("chart-queue", "chart-bandwidth"):
+        assert f'<div class="chart" id="{chart}">' in page
+    # `## forward ##`: its three durations in the raw JSON, 103,788,081 + 103,098,615 +
+    # 102,693,531 ns; the d2d row: 307.3 MB in 2.263 ms, 8.7% of 1,555 GB/s
+    assert '<td class="name">## forward ##</td><td>3</td><td>309.580 ms</td>' in page
+    assert ("<td>d2d</td><td>960</td><td>307.3 MB</td><td>2.263 ms</td><td>135.82 GB/s</td>"
+            in page and "<td>1,555.0 GB/s</td><td>8.7%</td>" in page)
+    figure = html.queue_figure(data["queues"], data["run"]["origin_ns"])
+    first = figure["data"][0]
+    assert first["name"] == "rank 0 all streams" and first["y"] == launch["queue"]["bins"]
+    assert first["x"][0] == (launch["queue"]["start"] - data["run"]["origin_ns"]) / 1e6
+    assert first["x"][1] - first["x"][0] == pytest.approx(launch["queue"]["bin_ns"] / 1e6)
+
+
+def test_report_shows_cupti_counters(corpus_runs: dict[str, Run],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The cupti_profiler trace (range-profiler spans, no kernel spans): analyze's counters on
+    the Kernels view; from the raw JSON, 77 ranges and the fp32 FLOPs of their SASS counts."""
+    run = corpus_runs["cupti"]
+    expected = _analyze_json(run, capsys)["cupti"]
+    data = report_data(run)
+    assert json.loads(html.safe_json(data["cupti"])) == expected
+    page = html.render(data)
+    assert '<table id="cupti-kernels">' in page and '<table id="cupti-totals">' in page
+    assert "No device kernels" not in page
+    assert ('<td class="name">ampere_sgemm_32x32_sliced1x4_tn</td><td>6</td><td>0</td>'
+            "<td>30,160,191,488</td>") in page
+    assert "<td>all</td><td>77</td><td>0</td><td>79,679,454,712</td><td>551,583,744</td>" in page
 
 
 def test_html_is_self_contained_and_deterministic(corpus_runs: dict[str, Run]) -> None:

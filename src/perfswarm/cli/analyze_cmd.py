@@ -18,8 +18,7 @@ from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
-from perfswarm.model.specs import spec_of_devices
-from perfswarm.model.topology import copy_peak_gbps
+from perfswarm.model.topology import with_copy_peaks
 from perfswarm.report.text import mib, ms
 from perfswarm.trace.store import Run
 
@@ -166,9 +165,7 @@ def analyze_command(
     costs = op_costs(run, result.ranks)
     if as_json:
         out = {**result.to_dict(), "op_cost": costs.to_dict()}
-        spec = spec_of_devices(run.manifest()["devices"])
-        for flow in (f for b in out["bandwidth"] for f in b["flows"]):
-            flow["peak_gbps"] = copy_peak_gbps(spec, flow["direction"]) if spec else None
+        with_copy_peaks(out["bandwidth"], run.manifest()["devices"])
         print_json(out)
     else:
         _print(result, costs)

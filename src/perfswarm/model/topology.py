@@ -8,12 +8,13 @@ rail-optimized layout of DGX-class machines. One node means a flat topology on t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
 from perfswarm.errors import ParameterError, PerfswarmError
-from perfswarm.model.specs import DeviceSpec
+from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.userfiles import bundled_mapping
 
 Fabric = Literal["switch", "p2p", "bus"]
@@ -114,3 +115,13 @@ def copy_peak_gbps(spec: DeviceSpec, direction: str) -> float:
     if direction == "p2p":
         return spec.nvlink_gbps
     return spec.memory_bandwidth / 1e9
+
+
+def with_copy_peaks(bandwidth: list[dict[str, Any]],
+                    devices: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """analyze's `bandwidth` (as JSON) with each flow's `peak_gbps` (copy_peak_gbps on the
+    Run's device spec, None without one) set in place; `bandwidth` itself is returned."""
+    spec = spec_of_devices(devices)
+    for flow in (f for b in bandwidth for f in b["flows"]):
+        flow["peak_gbps"] = copy_peak_gbps(spec, flow["direction"]) if spec else None
+    return bandwidth

@@ -19,6 +19,7 @@ from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
 from perfswarm.model.specs import spec_of_devices
+from perfswarm.model.topology import with_copy_peaks
 from perfswarm.report.overview import model_flops, step_breakdown, throughput
 from perfswarm.report.text import ms, pct
 from perfswarm.report.timeline import (
@@ -36,6 +37,7 @@ from perfswarm.report.views import (
     memory_view,
     module_tree,
     ops_by_shape,
+    queue_rows,
     ranks_view,
 )
 from perfswarm.trace.store import Run
@@ -227,6 +229,10 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                         for s in r["streams"]],
         "kernel_overlap": [k for k in analysis["kernels"] if k["busy_ns"]],
         "sequences": analysis["sequences"][:TOP_SEQUENCES],
+        "queues": queue_rows(analysis["launch"]),
+        "bandwidth": with_copy_peaks(analysis["bandwidth"], manifest["devices"]),
+        "scopes": analysis["scopes"],
+        "cupti": analysis["cupti"],
         "memory_timeline": memory_category_rows(analysis["memory"]),
         "swarms": swarm_rows(analysis["swarms"], run),
         "op_cost": costs,

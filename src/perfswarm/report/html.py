@@ -177,6 +177,37 @@ def memory_peak_figure(memory: list[dict[str, Any]]) -> dict[str, Any]:
                                                "exponentformat": "SI"}}}
 
 
+def binned_figure(rows: list[dict[str, Any]], values: str, names: list[str], origin_ns: int,
+                  y_title: str) -> dict[str, Any]:
+    """Series of equal time bins (each row's `start`, `bin_ns` and `values` list) as step lines
+    on the run's time axis: ms from `origin_ns`, each value at its bin's start."""
+    data = [{"type": "scatter", "mode": "lines", "line": {"shape": "hv"}, "name": name,
+             "x": [(r["start"] + i * r["bin_ns"] - origin_ns) / 1e6
+                   for i in range(len(r[values]))], "y": r[values]}
+            for r, name in zip(rows, names, strict=True)]
+    return {"data": data, "layout": {"height": 300, "margin": {"t": 20},
+                                     "xaxis": {"title": {"text": "ms from the run's start"}},
+                                     "yaxis": {"title": {"text": y_title}}}}
+
+
+def queue_figure(queues: list[dict[str, Any]], origin_ns: int) -> dict[str, Any]:
+    """The launch queue's mean length in each bin, per rank and per stream."""
+    names = [f"rank {q['rank']} " + ("all streams" if q["stream"] is None else
+                                     f"device {q['device']} stream {q['stream']}")
+             for q in queues]
+    return binned_figure(queues, "bins", [html.escape(n) for n in names], origin_ns,
+                         "launched, unfinished ops")
+
+
+def bandwidth_figure(bandwidth: list[dict[str, Any]], origin_ns: int) -> dict[str, Any]:
+    """Each rank's copy and set traffic in GB/s over time, one line a direction."""
+    rows = [{"start": b["start"], "bin_ns": b["bin_ns"], "bins_gbps": f["bins_gbps"]}
+            for b in bandwidth for f in b["flows"]]
+    names = [html.escape(f"rank {b['rank']} {f['direction']}")
+             for b in bandwidth for f in b["flows"]]
+    return binned_figure(rows, "bins_gbps", names, origin_ns, "GB/s")
+
+
 def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
     steps = prediction["steps"]
     x = [f"rank {s['rank']} step {s['step']}" for s in steps]
@@ -267,6 +298,11 @@ def render(report: dict[str, Any]) -> str:
         figures["chart-memory-peak"] = memory_peak_figure(report["memory"])
     if report["roof"] is not None and report["op_cost"]["kernels"]:
         figures["chart-roofline"] = roofline_figure(report["op_cost"]["kernels"], report["roof"])
+    origin = report["run"]["origin_ns"]
+    if report["queues"]:
+        figures["chart-queue"] = queue_figure(report["queues"], origin)
+    if report["bandwidth"]:
+        figures["chart-bandwidth"] = bandwidth_figure(report["bandwidth"], origin)
     if report["prediction"]:
         figures["chart-prediction"] = prediction_figure(report["prediction"])
     tune = report["tune"]

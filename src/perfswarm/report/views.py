@@ -229,6 +229,17 @@ def critical_step_rows(path: dict[str, Any] | None) -> list[dict[str, Any]]:
             for s in (path or {}).get("steps", [])]
 
 
+def queue_rows(launch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The launch queue over time (analyze's `queue` bins: launched, unfinished ops) of each
+    rank (`device` and `stream` None) and of each of its streams, for the report's chart."""
+    return [{"rank": r["rank"], "device": device, "stream": stream,
+             **{k: q[k] for k in ("start", "bin_ns", "bins", "max", "full_ns")}}
+            for r in launch
+            for device, stream, q in [(None, None, r["queue"])]
+            + [(s["device"], s["stream"], s["queue"]) for s in r["streams"]]
+            if q["bins"]]
+
+
 def ranks_view(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Ranks side by side: median step, compute and communication time, the share of
     communication hidden under compute, and how long the others waited for this rank."""
