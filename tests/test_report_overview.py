@@ -23,6 +23,8 @@ from perfswarm.model.specs import spec_of_devices
 from perfswarm.report import html
 from perfswarm.report.data import report_data
 from perfswarm.report.overview import CATEGORIES
+from perfswarm.report.timeline import run_origin
+from perfswarm.report.views import memory_view
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
@@ -242,3 +244,59 @@ def test_many_steps_stack_as_areas() -> None:
         ("scatter", "one", "host compute"), ("scatter", "one", "idle")]
     assert many["data"][0]["y"] == [2.0] * (html.MAX_BARS + 1)
     assert many["data"][0]["line"]["color"] == few["data"][0]["marker"]["color"]
+
+
+def test_memory_peak_by_category_of_a_real_profile(tmp_path: Path) -> None:
+    """torch.profiler with profile_memory=True on a small MLP's training steps: the peak and
+    its categories as the report gives them, against a walk over the raw JSON's `[memory]`
+    instants and the autograd and optimizer spans around them on their thread."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    trace = tmp_path / "trace.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        for _ in range(2):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    prof.export_chrome_trace(str(trace))
+    raw = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in raw if e.get("ph") == "X"]
+    mems = [e for e in raw if e.get("name") == "[memory]"
+            and e["args"].get("Device Type") == 0]
+    assert mems
+
+    def phase(e: dict[str, Any]) -> str:
+        for name, test in (("backward", lambda n: n.startswith(
+                               "autograd::engine::evaluate_function: ") or n.endswith(
+                               ("Backward0", "Backward1"))),
+                           ("optimizer", lambda n: n.startswith("Optimizer."))):
+            if any(s["tid"] == e["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]
+                   and test(s["name"]) for s in spans):
+                return name
+        return "forward"
+
+    mems.sort(key=lambda e: e["ts"])
+    totals = [e["args"]["Total Allocated"] for e in mems]
+    peak = totals.index(max(totals))
+    live: dict[int, tuple[int, str]] = {}
+    before = totals[0] - mems[0]["args"]["Bytes"]
+    for e in mems[:peak + 1]:
+        addr, change = e["args"]["Addr"], e["args"]["Bytes"]
+        if change > 0:
+            live[addr] = (change, phase(e))
+        elif addr in live:
+            del live[addr]
+        else:
+            before += change
+    expected = {"before the trace": before, "forward": 0, "backward": 0, "optimizer": 0}
+    for change, name in live.values():
+        expected[name] += change
+    run = _trace(tmp_path, raw, ["test"])
+    (memory,) = [m for m in memory_view(run, run_origin(run), 1000) if m["device"] == "cpu"]
+    assert memory["peak_allocated"] == max(totals)
+    assert memory["peak_by_category"] == expected
+    assert sum(expected.values()) == max(totals) and expected["forward"] > 0
