@@ -227,7 +227,9 @@ def test_launch_bound_small_kernels(tmp_path: Path) -> None:
     assert dict(a.evidence) == {"kernels": 150, "small_kernels": 150,
                                 "small_kernel_mean_ns": 3000, "launches": 150,
                                 "launch_mean_ns": 10_000, "device_busy_pct": 29.8,
-                                "idle_host_wait_pct": 100.0}
+                                "idle_host_wait_pct": 100.0, "launch_queue_max": 2,
+                                "launch_queue_full_ns": 0}
+    # each kernel ends 3 µs after the next one's launch call began: 2 launched, unfinished
     # The host without its 150 x 10 µs of launches needs 10 µs; the device 450 µs busy plus
     # 150 x 1 µs between replayed kernels: a 600 µs step instead of 1510.
     assert a.gain_ns == 910_000

@@ -85,7 +85,10 @@ def launch_bound(facts: Facts) -> Advice | None:
     evidence = {"kernels": kernels.height, "small_kernels": small.height,
                 "small_kernel_mean_ns": round(mean_small), "launches": launches.height,
                 "launch_mean_ns": round(mean_launch), "device_busy_pct": round(100 * busy, 2),
-                "idle_host_wait_pct": round(100 * host_wait / idle, 2)}
+                "idle_host_wait_pct": round(100 * host_wait / idle, 2),
+                # analyze's launch queue: at its longest, and how long the host blocked on it
+                "launch_queue_max": max(s.queue.max for s in facts.launch),
+                "launch_queue_full_ns": sum(s.queue.full_ns for s in facts.launch)}
     return advice(facts, "launch_bound", "many small kernels: launch overhead dominates",
                   evidence, gain,
                   "launch model from this run's times: a step becomes the slower of the host "
