@@ -111,6 +111,10 @@ def test_report_renders_without_errors(browser: Any, corpus_runs: dict[str, Run]
     show(page, "kernels")
     assert page.locator("#kernels td.name").all_inner_texts() == [
         k["name"] for k in data["kernels"]]
+    # the launch queue over time (the rank's, streams 7 and 40) and the d2d and memset traffic
+    assert_charts_drawn(page, ["chart-queue", "chart-bandwidth"])
+    assert page.locator("#chart-queue g.trace.scatter").count() == len(data["queues"]) == 3
+    assert page.locator("#chart-bandwidth g.trace.scatter").count() == 2
     assert errors == []
     page.close()
 
@@ -174,6 +178,10 @@ def test_trace_strings_are_text(browser: Any, xss_run: Run, tmp_path: Path) -> N
     kernels = page.locator("#kernels td.name").all_inner_texts()
     cpu_ops = page.locator("#cpu-ops td.name").all_inner_texts()
     assert sorted(kernels) == sorted(XSS_NAMES) and sorted(cpu_ops) == sorted(XSS_NAMES)
+    # analyze's scopes (time by op) show them as text too; the launch queue is drawn
+    scoped = page.locator("#scope-ops td.name").all_inner_texts()
+    assert sorted(scoped) == sorted(XSS_NAMES)
+    assert page.locator("#chart-queue svg.main-svg").count() > 0
     assert errors == []
     page.close()
 
