@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfswarm.analyze.frame import Events
+from perfswarm.model.accuracy import gmae as model_gmae
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import Profile
 from perfswarm.record.bench.kernels import calibrate
@@ -96,7 +96,8 @@ WORKLOADS = (
 
 
 def gmae(errors: list[float]) -> float:
-    return math.expm1(statistics.fmean(abs(math.log1p(e)) for e in errors)) if errors else 0.0
+    """The model's GMAE over relative errors (prediction / measurement - 1)."""
+    return model_gmae([1 + e for e in errors], [1.0] * len(errors))
 
 
 def replay(tmp: Path) -> tuple[list[float], list[float]]:
