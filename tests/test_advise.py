@@ -145,7 +145,8 @@ def test_pageable_h2d_on_simple_add(corpus_runs: dict[str, Run]) -> None:
     a = shows(host.pageable_h2d, corpus_runs["simple_add"])
     # On the A100's PCIe 4 (31.5 GB/s x 0.8 achieved, 1 µs per copy): 16 µs + 9,698,546 ns.
     assert dict(a.evidence) == {"copies": 16, "bytes": 244_403_360, "copy_ns": 39_080_000,
-                                "bandwidth_gbps": 6.254, "pinned_estimate_ns": 9_714_546}
+                                "bandwidth_gbps": 6.254, "pinned_estimate_ns": 9_714_546,
+                                "peak_gbps": 25.2}
     assert a.gain_ns == 39_080_000 - 9_714_546
     assert a.gain_basis.startswith("link model (model/interconnects.yaml)")
     assert "pcie4's achieved 25.2 GB/s" in a.gain_basis and "A100-40GB" in a.gain_basis

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from perfswarm.analyze.dependencies import SYNC_CALLS
-from perfswarm.model.topology import interconnect
+from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
 
@@ -77,6 +77,9 @@ def pageable_h2d(facts: Facts) -> Advice | None:
         link = interconnect(f"pcie{spec.pcie_gen}")
         pinned_ns = 1e9 * (copies.height * link.alpha_s + nbytes * link.beta_s_per_byte)
         evidence["pinned_estimate_ns"] = round(pinned_ns)
+        # what a host-to-device copy can reach on this device: the report's peak (analyze's
+        # bandwidth flows), achieved against it
+        evidence["peak_gbps"] = round(copy_peak_gbps(spec, "h2d"), 3)
         gain = copy_ns - pinned_ns
         basis = (f"link model (model/interconnects.yaml): the same {copies.height} copies at "
                  f"{link.name}'s achieved {link.bandwidth_gbps:g} GB/s and "
