@@ -7,6 +7,7 @@ import csv
 import gzip
 import io
 import json
+import math
 import shutil
 import zlib
 from pathlib import Path
@@ -54,12 +55,17 @@ def _small_dataset(root: Path, rows: int) -> Path:
 
 
 def test_a_measured_gemm_row_becomes_its_work() -> None:
-    """The first T4 linear row (x[58,141] @ W[13,141]^T + b) read back from the raw CSV."""
+    """The first T4 linear row (x[58,13] @ W[141,13]^T + b: NeuSight's N is the reduction,
+    its launch grid 5 x 1 blocks of volta_sgemm_32x128 tiles the 58 x 141 output) read back
+    from the raw CSV."""
     row = _first_row(DATA / "train" / "linear" / "Tesla_T4.csv.gz")
-    m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+    m, k, n = int(row["M"]), int(row["N"]), int(row["K"])
+    assert (row["Kernel Name"], row["Grid x"], row["Grid y"]) == ("volta_sgemm_32x128_tn",
+                                                                  "5", "1")
+    assert (math.ceil(n / 32), math.ceil(m / 128)) == (5, 1)
     data = load_dataset(DATA)
     first = next(r for r in data.rows if r.gpu == "Tesla T4" and r.work.kind == "linear")
-    assert (first.work.m, first.work.n, first.work.k) == (m, n, k) == (58, 13, 141)
+    assert (first.work.m, first.work.n, first.work.k) == (m, n, k) == (58, 141, 13)
     assert first.work.flops == 2 * m * n * k
     assert first.work.bytes == 4 * (m * k + k * n + m * n + n)
     assert first.seconds == pytest.approx(float(row["Latency"]) * 1e-3)

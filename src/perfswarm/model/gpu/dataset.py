@@ -53,10 +53,13 @@ class Dataset:
 def work_of(op: str, values: Mapping[str, int]) -> Work:
     """A measured op's work from its row's shape columns."""
     v = values
+    # NeuSight's GEMMs multiply M x N by N x K: the output is M x K, N the reduction (the
+    # launch grids say so: ceil(K / tile) x ceil(M / tile) blocks), while a Work's n is its
+    # output's columns and k its reduction, as predict reads an aten op
     if op == "linear":
-        return gemm_work("linear", 1, v["M"], v["N"], v["K"], bias=True)
+        return gemm_work("linear", 1, v["M"], v["K"], v["N"], bias=True)
     if op == "bmm":
-        return gemm_work("bmm", v["B"], v["M"], v["N"], v["K"])
+        return gemm_work("bmm", v["B"], v["M"], v["K"], v["N"])
     if op == "conv":
         return conv_work(v["B"], v["Input_Channel"], v["Output_Channel"], v["Kernel_Szie"],
                          v["Input_Size"], v["Stride"], v["Padding"])
