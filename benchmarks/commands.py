@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from ingest import generate
-from startup import usage
+from startup import usage_rounds
 
 REPO = Path(__file__).resolve().parents[1]
 HTA_PYTHON = REPO / ".venv-hta" / "bin" / "python"
@@ -76,12 +75,7 @@ def bench(trace: Path, tmp: Path, rounds: int) -> None:
     }
     if HTA_PYTHON.exists():
         contenders["HTA load + analyses"] = [str(HTA_PYTHON), "-c", HTA, str(trace)]
-    seen: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
-    for _ in range(rounds):
-        for name, argv in contenders.items():
-            seen[name].append(usage(argv))
-    cpu = {k: statistics.median(s for s, _ in v) for k, v in seen.items()}
-    rss = {k: max(r for _, r in v) for k, v in seen.items()}
+    cpu, rss = usage_rounds(contenders, rounds)
     print(f"{trace.name}: {size / 1e6:.1f} MB JSON; median of {rounds} rounds")
     for name in contenders:
         goal = GOALS.get(name)

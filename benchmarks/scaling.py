@@ -13,13 +13,12 @@ synthetic.py's: one job whose ranks meet at a collective every step.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from startup import usage
+from startup import usage_rounds
 
 BARE = ("import gzip, sys, orjson\n"
         "for p in sys.argv[1:]: orjson.loads(gzip.decompress(open(p, 'rb').read()))")
@@ -50,12 +49,7 @@ def measure(traces: list[Path], tmp: Path, label: str, rounds: int) -> dict[str,
         "report": [*cli, "report", str(run), "-o", str(html)],
         "predict": [*cli, "predict", str(run)],
     }
-    seen: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
-    for _ in range(rounds):
-        for name, argv in contenders.items():
-            seen[name].append(usage(argv))
-    cpu = {k: statistics.median(s for s, _ in v) for k, v in seen.items()}
-    rss = {k: max(r for _, r in v) for k, v in seen.items()}
+    cpu, rss = usage_rounds(contenders, rounds)
     for name in contenders:
         print(f"  {label:14s} {name:19s} {cpu[name]:8.2f} CPU s  {rss[name] / 1e6:8.1f} MB  "
               f"{cpu[name] / cpu['bare parse']:5.2f}x parse")

@@ -62,6 +62,18 @@ def usage(argv: list[str]) -> tuple[float, int]:
     return rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss * 1024
 
 
+def usage_rounds(contenders: dict[str, list[str]],
+                 rounds: int) -> tuple[dict[str, float], dict[str, int]]:
+    """Each contender run `rounds` times, interleaved (round by round, so a burst of other load
+    falls on all of them alike): its median CPU seconds and its highest peak RSS (bytes)."""
+    seen: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for name, argv in contenders.items():
+            seen[name].append(usage(argv))
+    return ({k: statistics.median(s for s, _ in v) for k, v in seen.items()},
+            {k: max(r for _, r in v) for k, v in seen.items()})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -81,11 +93,7 @@ def main() -> int:
         }
         if HTA_PYTHON.exists():
             contenders["python -c 'import hta'"] = [str(HTA_PYTHON), "-c", "import hta"]
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        for _ in range(args.rounds):
-            for name, argv in contenders.items():
-                times[name].append(usage(argv)[0])
-    med = {name: statistics.median(t) for name, t in times.items()}
+        med, _ = usage_rounds(contenders, args.rounds)
     for name, s in med.items():
         print(f"  {name:26s} {s:6.3f} CPU s (median of {args.rounds})")
     for cmd, peer in (("perfswarm --help", "peer --help"), ("perfswarm info", "peer info")):
