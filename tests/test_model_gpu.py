@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import math
+import re
 import shutil
 import zlib
 from pathlib import Path
@@ -21,7 +22,7 @@ from perfswarm.analyze.frame import Events
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.aten import op_kernels
-from perfswarm.model.gpu.dataset import load_dataset
+from perfswarm.model.gpu.dataset import load_dataset, work_of
 from perfswarm.model.gpu.forecast import LearnedScaler, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled
@@ -78,6 +79,23 @@ def test_a_measured_gemm_row_becomes_its_work() -> None:
     assert (data.hardware["Tesla P4"].sms, t4.fp32) == (20, 8.1e12)
     assert [data.hardware[g].near_peak_memory for g in data.gpus()] == [
         True, False, False, False, True]  # HBM on Volta and later: A100, V100
+
+
+def test_measured_bmms_tile_their_work_as_their_launch_grids_say() -> None:
+    """Every T4 bmm of the sweep without split-K (one kernel, a grid of depth B) launched
+    b x ceil(n / edge) x ceil(m / edge') blocks of the <edge>x<edge'> sgemm tile its kernel's
+    name gives, n and m its Work's output columns and rows (k the reduction)."""
+    raw = DATA / "train" / "bmm" / "Tesla_T4.csv.gz"
+    rows = list(csv.DictReader(io.StringIO(gzip.decompress(raw.read_bytes()).decode())))
+    plain = [r for r in rows if r["Kernels"].count(";") == 1 and r["Grid z"] == r["B"]]
+    assert len(plain) > 10_000
+    for r in plain:
+        work = work_of("bmm", {c: int(r[c]) for c in "BMNK"})
+        edges = re.search(r"sgemm_(\d+)x(\d+)_", r["Kernel Name"])
+        assert edges is not None and work.k == int(r["N"])
+        grid = int(r["Grid x"]) * int(r["Grid y"]) * int(r["Grid z"])
+        assert grid == work.b * math.ceil(work.n / int(edges[1])) * math.ceil(
+            work.m / int(edges[2]))
 
 
 def test_bundled_model_prices_the_sweeps_it_learned() -> None:
