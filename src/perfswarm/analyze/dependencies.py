@@ -198,10 +198,11 @@ def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, i
     return out
 
 
-def enclosing_ops(ev: Events, calls: I64) -> dict[int, int]:
-    """Call row -> the innermost CPU op on its rank and thread that starts no later and ends
-    no earlier than the call: one sweep per thread with a stack of open ops."""
-    ops = np.flatnonzero(ev.of_kind("cpu_op"))
+def enclosing_ops(ev: Events, calls: I64, ops: I64 | None = None) -> dict[int, int]:
+    """Call row -> the innermost of `ops` (rows of CPU ops; default all of them) on its rank
+    and thread that starts no later and ends no earlier than the call: one sweep per thread
+    with a stack of open ops."""
+    ops = np.flatnonzero(ev.of_kind("cpu_op")) if ops is None else ops
     rows = np.concatenate([ops, np.unique(calls)])
     is_call = np.zeros(len(rows), bool)
     is_call[len(ops):] = True

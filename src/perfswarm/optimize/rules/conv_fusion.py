@@ -35,7 +35,7 @@ def _measured_here() -> dict[str, dict[str, Any]]:
 
 def conv_fusion(facts: Facts) -> Advice | None:
     """Conv pairs of the first rank's first iteration that fuse measured a gain for here."""
-    if facts.run is None or not facts.ranks or \
+    if not facts.ranks or \
             not facts.events["name"].str.contains("conv").any():
         return None
     pairs = Counter(p.label for p in run_pairs(op_sequence(facts.run, facts.ranks[0])))

@@ -1,7 +1,10 @@
 """What the advice rules read from a Run: its events as one frame, plus measured time windows.
 
-Rules only see this object, so each table is decoded once however many rules run; interval
-unions are analyze.intervals' (one definition), containment is here.
+Rules only see this object, so each table is decoded once however many rules run. The frame
+is a polars view of analyze's events (analyze.frame.Events, decoded once per Run; `row` is an
+event's row there), with the two columns analyses leave out (pid, args); interval unions are
+analyze.intervals', the op that launched a kernel is analyze.dependencies'; containment is
+here.
 """
 
 from __future__ import annotations
@@ -16,20 +19,33 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, profiled
-from perfswarm.analyze.launch import LaunchStats
+from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost, op_cost_from_args
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
-from perfswarm.trace.schema import DEVICE_KINDS
+from perfswarm.trace.schema import DEVICE_KINDS, KINDS
 from perfswarm.trace.store import Manifest, Run
 
 I64 = npt.NDArray[np.int64]
-_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation",
-            "args"]
+
+
+def events_frame(run: Run, ev: Events) -> pl.DataFrame:
+    """analyze's events of `run` as a polars frame: its columns (not copied where numpy and
+    polars share the layout), kinds and names as text, and the Run's pid and args columns."""
+    side = run.table("events", ["pid", "args"])
+    return pl.DataFrame({
+        "row": np.arange(len(ev), dtype=np.int64), "rank": ev.rank, "ts": ev.ts, "dur": ev.dur,
+        "kind": pl.Series(KINDS, dtype=pl.String).gather(ev.kind),
+        "name": pl.Series(ev.names, dtype=pl.String).gather(ev.name),
+        "pid": side.column("pid").to_numpy(), "tid": ev.tid, "device": ev.device,
+        "stream": ev.stream, "correlation": ev.correlation, "step": ev.step,
+        "args": pl.Series(side.column("args").combine_chunks(), dtype=pl.String)})
 
 
 def contained(outer: pl.DataFrame, inner: pl.DataFrame) -> npt.NDArray[np.bool_]:
@@ -64,13 +80,14 @@ class Facts:
     steps: pl.DataFrame
     counters: pl.DataFrame
     manifest: Manifest
+    # the Run itself: analyze's events (the launch join) and its recorded op sequence (conv
+    # fusion)
+    run: Run
     raw_files: dict[str, str] = field(default_factory=dict)
     # The Analysis's launch statistics (its idle split: one definition of host and kernel wait)
     launch: tuple[LaunchStats, ...] = ()
     # Every step the run timed (hooks outside the window too), but the one holding the export.
     run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
-    # the Run itself, for a rule that reads its recorded op sequence (conv fusion)
-    run: Run | None = None
     # analyze's memory by category (a memory timeline's counters), per rank
     memory: tuple[RankMemory, ...] = ()
     # analyze's frequent kernel sequences
@@ -81,28 +98,25 @@ class Facts:
         # The analysis's results, not computed again: the report, the CLI and the advice
         # read the same launches, memory and kernel sequences (analyze memoizes per Run).
         analysis = analyze(run)
-        events = pl.from_arrow(run.table("events", _COLUMNS))
         table = run.table("steps")
         steps = pl.from_arrow(profiled(table))
         run_steps = pl.from_arrow(table.filter(pc.not_equal(table.column("source").cast(
             pa.string()), EXPORT)))
         counters = pl.from_arrow(run.table("counters"))
-        assert isinstance(events, pl.DataFrame)
         assert isinstance(steps, pl.DataFrame)
         assert isinstance(run_steps, pl.DataFrame)
         assert isinstance(counters, pl.DataFrame)
-        cast = {"kind": pl.String, "name": pl.String}
         raw: dict[str, str] = {}
         if run.raw_dir.is_dir():
             for p in sorted(run.raw_dir.iterdir()):
                 # Only small text side files (topology dumps); traces are read from tables.
                 if "topo" in p.name and p.is_file() and p.stat().st_size < 1 << 20:
                     raw[p.name] = p.read_text(errors="replace")
-        return cls(events.with_columns(**{k: pl.col(k).cast(v) for k, v in cast.items()}),
+        return cls(events_frame(run, Events.load(run)),
                    steps.with_columns(pl.col("source").cast(pl.String)),
                    counters.with_columns(pl.col("name").cast(pl.String)),
-                   run.manifest(), raw, analysis.launch,
-                   run_steps.with_columns(pl.col("source").cast(pl.String)), run,
+                   run.manifest(), run, raw, analysis.launch,
+                   run_steps.with_columns(pl.col("source").cast(pl.String)),
                    analysis.memory, analysis.sequences)
 
     # -- selections ----------------------------------------------------------
@@ -193,40 +207,27 @@ class Facts:
 
     def launching_ops(self, device: pl.DataFrame) -> list[LaunchingOp | None]:
         """For each row of `device`: the innermost CPU op with a cost model (model.opcost, from
-        the recorded shapes) around its launch call; None when the shapes were not recorded,
-        the op is not modelled, or the launch call is not in the trace."""
-        return [self._launching.get((int(r), int(c)))
-                for r, c in device.select("rank", "correlation").iter_rows()]
+        the recorded shapes) around its launch call (analyze's join: the call by correlation
+        id, the op around it on its thread); None when the shapes were not recorded, the op
+        is not modelled, or the launch call is not in the trace."""
+        return [self._launching.get(int(r)) for r in device["row"]]
 
     @cached_property
-    def _launching(self) -> dict[tuple[int, int], LaunchingOp]:
+    def _launching(self) -> dict[int, LaunchingOp]:
+        """Device op row -> the modelled op that launched it."""
+        costs: dict[int, tuple[int, int, int, OpCost]] = {}
         shaped = self.kind("cpu_op").filter(pl.col("args").str.contains("Input Dims",
                                                                           literal=True))
-        ops: dict[tuple[int, int], list[tuple[int, LaunchingOp]]] = {}
-        outer_first = shaped.sort(["ts", "dur"], descending=[False, True])
-        for rank, tid, ts, dur, name, args in outer_first.select(
-                "rank", "tid", "ts", "dur", "name", "args").iter_rows():
+        for row, rank, tid, ts, name, args in shaped.select(
+                "row", "rank", "tid", "ts", "name", "args").iter_rows():
             cost = op_cost_from_args(name, args)
             if cost is not None:
-                ops.setdefault((rank, tid), []).append((ts + dur, LaunchingOp(rank, tid, ts, cost)))
-        calls = self.kind("runtime", "driver").filter(pl.col("correlation") >= 0).sort("ts")
-        found: dict[tuple[int, int], LaunchingOp] = {}
-        stacks: dict[tuple[int, int], list[tuple[int, LaunchingOp]]] = {}
-        pushed: dict[tuple[int, int], int] = {}
-        for rank, tid, ts, corr in calls.select("rank", "tid", "ts", "correlation").iter_rows():
-            spans, stack = ops.get((rank, tid), []), stacks.setdefault((rank, tid), [])
-            i = pushed.get((rank, tid), 0)
-            while i < len(spans) and spans[i][1].ts <= ts:  # ops nest: a stack of open ones
-                while stack and stack[-1][0] <= spans[i][1].ts:
-                    stack.pop()
-                stack.append(spans[i])
-                i += 1
-            pushed[(rank, tid)] = i
-            while stack and stack[-1][0] < ts:
-                stack.pop()
-            if stack:
-                found[(int(rank), int(corr))] = stack[-1][1]
-        return found
+                costs[row] = (rank, tid, ts, cost)
+        ev = Events.load(self.run)
+        dev, calls = launch_pairs(ev, np.arange(len(ev)))
+        around = enclosing_ops(ev, calls, np.array(sorted(costs), np.int64))
+        return {d: LaunchingOp(*costs[around[c]])
+                for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
 
 
 @dataclass(frozen=True)
