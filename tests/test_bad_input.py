@@ -37,7 +37,7 @@ CASES = {
     "truncated json": ("t.json", _trace(_event())[:-5], "invalid JSON"),
     "memory snapshot pickle": ("snapshot.pickle", pickle.dumps({"segments": []}),
                                "a Python pickle (as torch.cuda.memory._dump_snapshot writes), "
-                               "not JSON: perfswarm does not load pickles"),
+                               "not a JSON trace; a memory snapshot is read by --memory-timeline"),
     "no traceEvents": ("t.json", b'{"schemaVersion": 1}',
                        "not a Kineto trace (a JSON object with `traceEvents`, or an array of trace "
                        "events); it is an object with keys `schemaVersion`"),

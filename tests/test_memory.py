@@ -10,9 +10,11 @@ memory.raw.json.gz (`[[t ns, action, bytes, category], ...]`).
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 from decimal import Decimal
 from pathlib import Path
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -131,8 +133,14 @@ def test_advice_and_report(imported: tuple[Run, Path]) -> None:
      " ($[0]): times go backwards"),
     (b"[[1], [[0, -5, 0, 0, 0, 0, 0, 0, 0]]]", " ($): bytes alive fall below 0"),
     (b"[[1", " (json): invalid JSON: unexpected end of data"),
-    (pickle.dumps({"segments": [], "device_traces": [[]]}),  # a memory snapshot: never loaded
-     ": a Python pickle (as torch.cuda.memory._dump_snapshot writes), not JSON"),
+    (pickle.dumps({"segments": [], "device_traces": [[]]}),
+     " ($['device_traces']): no allocation history: take the snapshot after "
+     "torch.cuda.memory._record_memory_history()"),
+    (pickle.dumps([1, 2]), " ($): not a torch.cuda memory snapshot (a dict with segments and "
+     "device_traces); it is a list"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1}]]}),
+     " ($['device_traces'][0][0]['time_us']): expected an integer; got None"),
+    (pickle.dumps({"segments": []})[:-3], " (pickle): corrupt pickle"),
 ])
 def test_bad_timelines_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     text: bytes, why: str) -> None:
@@ -143,3 +151,106 @@ def test_bad_timelines_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"perfswarm: error: {bad}{why}") and "\n" not in err
     assert not out.exists()
+
+
+MB2: Final = 2_097_152  # a 2 MiB segment, the allocator's small-pool size
+
+
+def _entry(action: str, time_us: int, addr: int, size: int, **extra: Any) -> dict[str, Any]:
+    """A device trace entry with the keys torch's docs and _memory_viz.py list."""
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time_us,
+            "frames": [{"filename": "train.py", "line": 7, "name": "step"}], **extra}
+
+
+SNAPSHOT: Final = {
+    "segments": [  # the end state
+        {"device": 0, "address": 4096, "total_size": MB2, "allocated_size": 4096,
+         "active_size": 4096, "requested_size": 4096, "stream": 0, "segment_type": "small",
+         "blocks": [  # no "address": each starts where the one before ends
+             {"size": 4096, "requested_size": 4096, "state": "active_allocated", "frames": []},
+             {"size": 2048, "requested_size": 2048, "state": "inactive", "frames": []},
+             {"size": MB2 - 6144, "requested_size": 0, "state": "inactive", "frames": []}]},
+        {"device": 0, "address": 1_048_576, "total_size": MB2, "allocated_size": 6144,
+         "active_size": 6144, "requested_size": 6144, "stream": 0, "segment_type": "small",
+         "blocks": [
+             {"address": 1_048_576, "size": 512, "requested_size": 512,
+              "state": "active_allocated", "frames": []},
+             {"address": 1_049_088, "size": 1536, "requested_size": 1500,
+              "state": "active_allocated", "frames": []},
+             {"address": 1_050_624, "size": 4096, "requested_size": 4096,
+              "state": "active_allocated", "frames": []},
+             {"address": 1_054_720, "size": MB2 - 6144, "requested_size": 0,
+              "state": "inactive", "frames": []}]}],
+    "device_traces": [[
+        _entry("segment_alloc", 100, 1_048_576, MB2),
+        _entry("alloc", 110, 1_048_576, 512, category="parameter"),
+        _entry("alloc", 120, 1_049_088, 1536),  # no category: unknown
+        _entry("alloc", 130, 1_050_624, 8192, category="activation"),
+        _entry("free_requested", 150, 8192, 2048),  # allocated before the history began
+        _entry("free_completed", 151, 8192, 2048),
+        _entry("free_requested", 160, 1_050_624, 8192),
+        _entry("free_completed", 165, 1_050_624, 8192),
+        _entry("alloc", 170, 1_050_624, 4096, category="gradient"),
+        _entry("segment_alloc", 180, 4_194_304, 10 * MB2),
+        _entry("alloc", 190, 4_194_304, 1_000_000, category="optimizer_state"),
+        _entry("free_requested", 200, 4_194_304, 1_000_000),
+        _entry("free_completed", 205, 4_194_304, 1_000_000),
+        _entry("segment_free", 210, 4_194_304, 10 * MB2),
+        _entry("snapshot", 220, 0, 0)]],
+    "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
+}
+
+
+def test_memory_snapshot_as_a_timeline(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A snapshot (pickled as _dump_snapshot does) becomes the same counters as a timeline.
+    By hand: before the history, 4096 B (alive at the end, never allocated in it) and 2048 B
+    (freed at 150, never allocated in it) were allocated, as unknown; the reserved bytes at the
+    start are the end's 2 x 2 MiB less the history's net +2 MiB. The peak is at 190 us:
+    unknown 4096 + 1536, parameter 512, gradient 4096, optimizer_state 1,000,000."""
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(SNAPSHOT))
+    out = tmp_path / "s.run"
+    assert main(["import", str(TRACE), "--memory-timeline", str(path), "-o", str(out), "-q"]) == 0
+    assert main(["analyze", str(out), "--json"]) == 0
+    (rank,) = orjson.loads(capsys.readouterr().out)["memory"]
+    assert rank["peak"] == {"ts": 190_000, "total_bytes": 1_010_240, "by_category": {
+        **dict.fromkeys(CATEGORIES, 0), "unknown": 5632, "parameter": 512, "gradient": 4096,
+        "optimizer_state": 1_000_000}}
+    times = [100, 110, 120, 130, 150, 160, 170, 190, 200]
+    assert rank["t"] == [t * 1000 for t in times]
+    totals = [6144, 6656, 8192, 16384, 14336, 6144, 10240, 1_010_240, 10240]
+    assert [sum(b) for b in zip(*rank["bytes"].values(), strict=True)] == totals
+    assert rank["bytes"]["activation"] == [0, 0, 0, 8192, 8192, 0, 0, 0, 0]
+    (source,) = [s for s in Run(out).manifest()["sources"] if s["file"] == path.name]
+    assert source["format"] == "memory_snapshot"
+    reserved = Run(out).table("counters").to_pylist()
+    assert [(r["ts"] // 1000, r["value"], r["device"]) for r in reserved
+            if r["name"] == "memory_reserved"] == [
+        (100, 2 * MB2, 0), (180, 12 * MB2, 0), (210, 2 * MB2, 0)]
+
+
+class _Hostile:
+    """A pickle that, loaded by pickle.load, would run a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_pickle_runs_nothing(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "ran"
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[_Hostile(marker)]]}))
+    out = tmp_path / "x.run"
+    assert main(["import", str(TRACE), "--memory-timeline", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"perfswarm: error: {path} (pickle): a pickle that is not a torch.cuda memory "
+                   f"snapshot: it names the global {os.name}.system, and perfswarm loads no "
+                   "globals (loading one runs code from the file)")
+    assert not marker.exists() and not out.exists()
+    pickle.loads(path.read_bytes())  # the test's own check that it would have run
+    assert marker.exists()

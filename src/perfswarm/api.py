@@ -255,7 +255,8 @@ def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike, *,
 
     `ranks`: each file's rank (default: its distributedInfo, else file order);
     `execution_traces`: PyTorch execution traces, one per rank; `memory_timelines`:
-    torch.profiler's memory timeline exports, one per rank (`analyze()`'s `memory`);
+    torch.profiler's memory timeline exports or CUDA memory snapshots (read without running
+    code), one per rank (`analyze()`'s `memory`);
     `drop_bad_events`: drop events with negative or absurd times instead of failing;
     `force`: replace `out`."""
     from perfswarm.trace.ingest import ImportOptions, trace_files

@@ -16,7 +16,7 @@ _PARAM = re.compile(r"\{([a-z][a-z_]*)\}")
 FLAGS = {"ranks": "--rank", "execution_traces": "--et", "bandwidth_gbps": "--bandwidth",
          "interconnect_name": "--interconnect", "intra_name": "--intra",
          "per_node": "--gpus-per-node", "layers": "--layer", "budget_s": "--budget",
-         "dims": "--dim"}
+         "dims": "--dim", "memory_timelines": "--memory-timeline"}
 
 
 def flag(param: str) -> str:

@@ -180,9 +180,10 @@ def _add_memory_timelines(run: Run, paths: Sequence[Path], manifest: Manifest) -
     parts = [run.table("counters")]
     for j, path in enumerate(paths):
         rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
-        parts.append(memory_timeline.read(path, rank))
+        form, table = memory_timeline.read(path, rank)
+        parts.append(table)
         run.add_raw(path)
-        manifest["sources"].append({"file": path.name, "format": "memory_timeline",
+        manifest["sources"].append({"file": path.name, "format": form,
                                     "rank": rank, "counters": parts[-1].num_rows})
     counters = concat(parts, COUNTERS)
     order = np.lexsort((counters.column("ts").to_numpy(), counters.column("rank").to_numpy()))

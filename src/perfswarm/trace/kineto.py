@@ -211,8 +211,8 @@ def invalid_json(path: Path, head: bytes, exc: Exception) -> TraceFormatError:
     """The error for a file that is not JSON, naming a pickle as one."""
     if head[:1] == PICKLE:
         return TraceFormatError(path, "", "a Python pickle (as torch.cuda.memory._dump_snapshot "
-                                "writes), not JSON: perfswarm does not load pickles (loading "
-                                "one runs code from the file)")
+                                "writes), not a JSON trace",
+                                "a memory snapshot is read by {memory_timelines}")
     return TraceFormatError(path, "json", f"invalid JSON: {exc}")
 
 

@@ -12,6 +12,9 @@ Both become counters `memory.<category>` (bytes alive from that time on), one re
 category's bytes change. The profiler's clock is the trace's, so the readings line up with the
 events of the Run. The file does not say its device (the export's `device` argument): the
 readings have device -1.
+
+A CUDA memory snapshot (a pickle, trace/memory_snapshot.py) becomes the same counters, and its
+reserved bytes a counter `memory_reserved`, through the same code once it is read.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.trace.kineto import invalid_json, read_bytes
+from perfswarm.trace import memory_snapshot
+from perfswarm.trace.kineto import PICKLE, invalid_json, read_bytes
 from perfswarm.trace.schema import COUNTERS
 
 CATEGORIES: Final = ("parameter", "optimizer_state", "input", "temporary", "activation",
@@ -71,14 +75,24 @@ def _states(path: Path, data: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
     raise TraceFormatError(path, "$", f"not {WHAT}")
 
 
-def read(path: Path, rank: int) -> pa.Table:
-    """The counters of a memory timeline file, for `rank`."""
+RESERVED: Final = "memory_reserved"  # a snapshot's: not a category, so not in the totals
+
+
+def read(path: Path, rank: int) -> tuple[str, pa.Table]:
+    """The file's form (memory_timeline | memory_snapshot) and its counters, for `rank`."""
     text = read_bytes(path)
-    try:
-        data = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_json(path, text[:1], exc) from None
-    times, alive = _states(path, data)
+    names = [PREFIX + c for c in CATEGORIES]
+    form = "memory_snapshot" if text[:1] == PICKLE else "memory_timeline"
+    if form == "memory_snapshot":
+        times, alive, device = memory_snapshot.states(path, memory_snapshot.load(path, text),
+                                                      CATEGORIES)
+        names.append(RESERVED)
+    else:
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise invalid_json(path, text[:1], exc) from None
+        (times, alive), device = _states(path, data), -1
     last = np.append(times[1:] != times[:-1], True)  # torch repeats a time for what preexisted
     times, alive = times[last], alive[last]
     if np.any(np.diff(times) < 0):
@@ -89,10 +103,9 @@ def read(path: Path, rank: int) -> pa.Table:
     at, category = np.nonzero(changed)
     order = np.lexsort((category, at))
     at, category = at[order], category[order]
-    names = pa.DictionaryArray.from_arrays(pa.array(category, pa.int32()),
-                                           pa.array([PREFIX + c for c in CATEGORIES]))
-    return pa.table({"rank": pa.array(np.full(len(at), rank, np.int32)),
-                     "ts": pa.array(times[at], pa.int64()), "name": names,
-                     "device": pa.array(np.full(len(at), -1, np.int32)),
-                     "value": pa.array(alive[at, category].astype(np.float64))},
-                    schema=COUNTERS)
+    labels = pa.DictionaryArray.from_arrays(pa.array(category, pa.int32()), pa.array(names))
+    return form, pa.table({"rank": pa.array(np.full(len(at), rank, np.int32)),
+                           "ts": pa.array(times[at], pa.int64()), "name": labels,
+                           "device": pa.array(np.full(len(at), device, np.int32)),
+                           "value": pa.array(alive[at, category].astype(np.float64))},
+                          schema=COUNTERS)
