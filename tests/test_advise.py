@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.cli.main import main
 from perfswarm.optimize.advise import advise
@@ -138,6 +139,22 @@ def test_shares_divide_by_the_profiled_steps_alone(tmp_path: Path) -> None:
     result = analyze(run)
     assert [w.step for w in result.iterations.steps[0]] == [0, 1, 2]
     assert [i.step for i in result.concurrency.ranks[0].iterations] == [0, 1, 2]
+
+
+# -- the events frame ----------------------------------------------------------------------------
+def test_facts_events_are_analyzes_events(corpus_runs: dict[str, Run]) -> None:
+    """The rules' frame is the store's events (the same rows and values, read once by analyze),
+    and each row's `row` is its row in analyze's Events."""
+    run = corpus_runs["simple_add"]
+    frame = Facts.of(run).events
+    stored = run.table("events", ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device",
+                                  "stream", "correlation", "step", "args"]).to_pydict()
+    assert frame.height == len(stored["ts"]) > 0
+    for column, values in stored.items():
+        assert frame[column].to_list() == [v if column != "kind" else str(v) for v in values]
+    ev = Events.load(run)
+    assert frame["row"].to_list() == list(range(len(ev)))
+    assert frame["name"][7] == ev.name_of(7)
 
 
 # -- pageable copies ----------------------------------------------------------------------------

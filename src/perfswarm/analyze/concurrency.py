@@ -34,6 +34,11 @@ class Breakdown:
     def span_ns(self) -> int:
         return self.end - self.start
 
+    @property
+    def device_idle_ns(self) -> int:
+        """Time no device work ran (host busy or not): the one definition of device idle."""
+        return self.ns["host_busy_device_idle"] + self.ns["idle"]
+
     def share(self, state: str) -> float:
         return self.ns[state] / self.span_ns if self.span_ns else 0.0
 

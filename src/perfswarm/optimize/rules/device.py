@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Final
+from typing import Final
 
 import orjson
 import polars as pl
@@ -28,22 +28,18 @@ _NEAR_CAPACITY = 0.9
 _MIN_FUSION_PCT = 1.0  # modelled saving, % of the measured time, below which fusion is noise
 
 
-def _utilization(facts: Facts) -> dict[tuple[Any, ...], float]:
-    busy = facts.busy_ns(facts.device_events, ("rank", "device"))
-    return {key: ns / (facts.window(int(key[0]))[2] or 1) for key, ns in busy.items()}
-
-
 def low_utilization(facts: Facts) -> Advice | None:
-    """The device is idle for most of the measured time."""
+    """The device is idle for most of the measured time (analyze's device idle)."""
     if facts.device_events.height < 10:
         return None
-    util = _utilization(facts)
-    idle = {k: (1 - u) * facts.window(int(k[0]))[2] for k, u in util.items() if u < 0.5}
+    util = facts.device_busy
+    idle = {r: (1 - u) * facts.window(r)[2] for r, u in util.items() if u < 0.5}
     if not idle:
         return None
-    evidence = {"devices": [{"rank": int(k[0]), "device": int(k[1]),
-                             "busy_pct": round(100 * util[k], 2), "idle_ns": round(v)}
-                            for k, v in idle.items()]}
+    device = {int(r): int(d) for r, d in facts.device_events.group_by("rank").agg(
+        pl.col("device").min()).iter_rows()}
+    evidence = {"devices": [{"rank": r, "device": device[r], "busy_pct": round(100 * util[r], 2),
+                             "idle_ns": round(v)} for r, v in sorted(idle.items())]}
     return advice(facts, "low_utilization", "the device is idle most of the time", evidence,
                   sum(idle.values()) / 2,
                   "rule of thumb, no model: half the device's idle time; the other findings "
@@ -62,8 +58,7 @@ def launch_bound(facts: Facts) -> Advice | None:
     small = kernels.filter(pl.col("dur") < _SMALL_KERNEL_NS)
     mean_launch = facts.total_ns(launches) / launches.height
     mean_small = facts.total_ns(small) / max(1, small.height)
-    util = _utilization(facts)
-    busy = min(util.values()) if util else 0.0
+    busy = min(facts.device_busy.values(), default=0.0)
     idle = sum(s.idle.total_ns for s in facts.launch)
     host_wait = sum(s.idle.host_wait_ns for s in facts.launch)
     if (small.height < kernels.height / 2 or mean_launch < mean_small or busy >= 0.7

@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from perfswarm.analyze.concurrency import RankConcurrency
 from perfswarm.analyze.dependencies import enclosing_ops
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
@@ -92,6 +93,8 @@ class Facts:
     memory: tuple[RankMemory, ...] = ()
     # analyze's frequent kernel sequences
     sequences: tuple[Sequence_, ...] = ()
+    # analyze's concurrency per rank: its device idle time per iteration (or time window)
+    concurrency: tuple[RankConcurrency, ...] = ()
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -117,7 +120,7 @@ class Facts:
                    counters.with_columns(pl.col("name").cast(pl.String)),
                    run.manifest(), run, raw, analysis.launch,
                    run_steps.with_columns(pl.col("source").cast(pl.String)),
-                   analysis.memory, analysis.sequences)
+                   analysis.memory, analysis.sequences, analysis.concurrency.ranks)
 
     # -- selections ----------------------------------------------------------
     def kind(self, *kinds: str) -> pl.DataFrame:
@@ -175,6 +178,20 @@ class Facts:
             ts = group["ts"].to_numpy()
             out[tuple(key)] = total(ts, ts + group["dur"].to_numpy())
         return dict(sorted(out.items()))
+
+    @cached_property
+    def device_busy(self) -> dict[int, float]:
+        """Rank -> the share of its iterations (or time windows, or its span without either)
+        its devices worked: one less analyze's device idle (analyze.concurrency); only ranks
+        with device work in their window."""
+        out = {}
+        with_work = set(self.device_events["rank"].to_list())
+        for rc in self.concurrency:
+            parts = [i.breakdown for i in rc.iterations] or [rc.total]
+            span = sum(b.span_ns for b in parts)
+            if rc.rank in with_work and span > 0:
+                out[rc.rank] = 1 - sum(b.device_idle_ns for b in parts) / span
+        return out
 
     @cached_property
     def device_events(self) -> pl.DataFrame:
