@@ -20,10 +20,10 @@ from typing import Any
 
 from fuzz_cases import ODD_VALUES, mutate_bytes
 from perfswarm.errors import PerfswarmError
-from perfswarm.record import perf, pystacks
 from perfswarm.record.build import Stacks, counters, perf_samples, pyspy_samples, syscall_events
 from perfswarm.report import perfetto
 from perfswarm.trace.info import run_info
+from perfswarm.trace.readers import perf, pyspy
 from perfswarm.trace.store import Run
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -39,7 +39,7 @@ def read_perf(path: Path) -> None:
 
 def read_pystacks(path: Path) -> None:
     stacks = Stacks()
-    pyspy_samples(pystacks.read(path), EPOCH_OFFSET_NS, {}, stacks)
+    pyspy_samples(pyspy.read(path), EPOCH_OFFSET_NS, {}, stacks)
     stacks.table()
 
 

@@ -27,11 +27,11 @@ from fuzz_cases import cases
 from fuzz_readers import READERS, SAMPLES, outcome, text_cases
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError, TraceFormatError
-from perfswarm.record import perf, pystacks, strace
-from perfswarm.record.base import read_jsonl, value_rows
 from perfswarm.record.build import counters
 from perfswarm.report import html
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.readers import perf, pyspy, strace
+from perfswarm.trace.readers.sampler import read_jsonl, value_rows
 from perfswarm.trace.store import Manifest
 
 T = TypeVar("T")
@@ -96,7 +96,7 @@ def test_samples_parse_to_exact_counts() -> None:
     perf_samples = perf.parse_script(SAMPLES["perf"].read_text(), SAMPLES["perf"])
     assert len(perf_samples) == 64  # perf record: "64 samples"
     assert sum(len(s.frames) for s in perf_samples) == 274  # lines starting with a tab
-    folded = pystacks.read(SAMPLES["pystacks"])
+    folded = pyspy.read(SAMPLES["pystacks"])
     assert [f.count for f in folded] == [6, 2, 1, 7, 6, 1, 2]  # py-spy: "Samples: 25"
     calls = strace.parse(SAMPLES["strace"].read_text(), SAMPLES["strace"])
     # lines ending in <duration>; 13 unfinished calls resume in the sample, exit_group never
@@ -160,7 +160,7 @@ def test_pyspy_raw_grammar(lines_: list[tuple[int, int, bool, list[tuple[str, st
                      f"{stack} {count}")
     too_big = any(max(pid, tid, count, *(ln for *_, ln in frames)) >= 2**63
                   for pid, tid, _, frames, count in lines_)
-    parsed = _parsed_unless_too_big(pystacks.parse_raw, lines, Path("pystacks.txt"), too_big)
+    parsed = _parsed_unless_too_big(pyspy.parse_raw, lines, Path("pystacks.txt"), too_big)
     if parsed is None:
         return
     assert [(f.pid, f.tid, f.count, f.frames) for f in parsed] == [

@@ -25,7 +25,7 @@ from perfswarm.optimize.advise import advise
 from perfswarm.report import html
 from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.memory_timeline import CATEGORIES
+from perfswarm.trace.readers.memory_timeline import CATEGORIES
 from perfswarm.trace.store import Run
 
 DATA = Path(__file__).parent / "data"

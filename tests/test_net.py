@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from perfswarm.errors import TraceFormatError
 from perfswarm.record import net
 from perfswarm.record.session import RecordOptions, record
+from perfswarm.trace.readers import pcap
 
 PY = sys.executable
 MS = 1_000_000
@@ -45,8 +46,8 @@ def _udp(sport: int, dport: int, payload: int) -> bytes:
 def _sll2(ip: bytes, loopback: bool = False, outgoing: bool = False) -> bytes:
     ethertype = 0x0800 if ip[0] >> 4 == 4 else 0x86DD
     return struct.pack(">HHIHBB8s", ethertype, 0, 1 if loopback else 2,
-                       net.ARPHRD_LOOPBACK if loopback else 1,
-                       net.PACKET_OUTGOING if outgoing else 0, 6, b"") + ip
+                       pcap.ARPHRD_LOOPBACK if loopback else 1,
+                       pcap.PACKET_OUTGOING if outgoing else 0, 6, b"") + ip
 
 
 def _pcap(packets: list[tuple[int, bytes, int]], linktype: int = 276, nano: bool = True,
@@ -74,13 +75,13 @@ def test_read_pcap_flows_and_loopback_once(tmp_path: Path) -> None:
                        outgoing=True), 56),  # a real interface's outgoing packet counts
         (t + 30, _sll2(v6), 300),
     ]) + b"\x00" * 9  # a record cut off by a crash ends the file
-    packets = list(net.read_pcap(data, tmp_path / "x.pcap"))
+    packets = list(pcap.read_pcap(data, tmp_path / "x.pcap"))
     assert packets == [
-        net.Packet(t + 10, "tcp", "127.0.0.1", 40000, "127.0.0.1", 5000, 1000),
-        net.Packet(t + 20, "icmp", "10.0.0.1", -1, "10.0.0.2", -1, 64),
-        net.Packet(t + 30, "udp", "[::1]", 53, "[fe80::2]", 9999, 300),
+        pcap.Packet(t + 10, "tcp", "127.0.0.1", 40000, "127.0.0.1", 5000, 1000),
+        pcap.Packet(t + 20, "icmp", "10.0.0.1", -1, "10.0.0.2", -1, 64),
+        pcap.Packet(t + 30, "udp", "[::1]", 53, "[fe80::2]", 9999, 300),
     ]
-    assert [net.flow_name(p) for p in packets] == [
+    assert [pcap.flow_name(p) for p in packets] == [
         "net.flow.tcp.127.0.0.1:40000->127.0.0.1:5000", "net.flow.icmp.10.0.0.1->10.0.0.2",
         "net.flow.udp.[::1]:53->[fe80::2]:9999"]
 
@@ -90,13 +91,13 @@ def test_read_pcap_formats_and_errors(tmp_path: Path) -> None:
     ethernet = b"\0" * 12 + b"\x08\x00" + ip
     for data in (_pcap([(5_000_000_000, ethernet, 10)], linktype=1, nano=False, order=">"),
                  _pcap([(5_000_000_000, ip, 10)], linktype=101)):
-        (p,) = net.read_pcap(data, tmp_path / "x.pcap")
+        (p,) = pcap.read_pcap(data, tmp_path / "x.pcap")
         assert (p.ts_ns, p.src, p.dport, p.payload) == (5_000_000_000, "1.2.3.4", 2, 10)
-    assert list(net.read_pcap(b"\xd4\xc3", tmp_path / "x.pcap")) == []  # header never written
+    assert list(pcap.read_pcap(b"\xd4\xc3", tmp_path / "x.pcap")) == []  # header never written
     with pytest.raises(TraceFormatError, match=r"x.pcap \(byte 0\): not a pcap file"):
-        list(net.read_pcap(b"\x0a\x0d\x0d\x0a" + b"\0" * 40, tmp_path / "x.pcap"))
+        list(pcap.read_pcap(b"\x0a\x0d\x0d\x0a" + b"\0" * 40, tmp_path / "x.pcap"))
     with pytest.raises(TraceFormatError, match="link type 147 is not supported"):
-        list(net.read_pcap(_pcap([], linktype=147), tmp_path / "x.pcap"))
+        list(pcap.read_pcap(_pcap([], linktype=147), tmp_path / "x.pcap"))
 
 
 @given(st.lists(st.tuples(st.integers(0, 2_000_000_000), st.sampled_from([6, 17]),
@@ -112,9 +113,9 @@ def test_flow_totals_are_the_payload_sums(sent: list[tuple[int, int, int, int, b
         ip = (_ipv6(proto, "::1", "::2", l4, payload) if v6
               else _ipv4(proto, "10.1.1.1", "10.1.1.2", l4, payload))
         frames.append((base + offset, _sll2(ip), payload))
-        p = next(net.read_pcap(_pcap(frames[-1:]), Path("x.pcap")))
-        expected[net.flow_name(p)] = expected.get(net.flow_name(p), 0) + payload
-    rows = net.flow_rows(net.read_pcap(_pcap(frames), Path("x.pcap")), 50 * MS)
+        p = next(pcap.read_pcap(_pcap(frames[-1:]), Path("x.pcap")))
+        expected[pcap.flow_name(p)] = expected.get(pcap.flow_name(p), 0) + payload
+    rows = pcap.flow_rows(pcap.read_pcap(_pcap(frames), Path("x.pcap")), 50 * MS)
     by_flow: dict[str, list[tuple[int, float]]] = {}
     for ts, name, device, value in sorted(rows):
         assert device == -1

@@ -19,11 +19,12 @@ from conftest import TRAINER_STEPS as STEPS
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
-from perfswarm.record import perf, pystacks
-from perfswarm.record.base import Sampler, read_jsonl, value_rows
+from perfswarm.record.base import Sampler
 from perfswarm.record.clock import monotonic_offset_ns
 from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, record
 from perfswarm.record.torch_profiler import read_live
+from perfswarm.trace.readers import perf, pyspy
+from perfswarm.trace.readers.sampler import read_jsonl, value_rows
 from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
@@ -385,7 +386,7 @@ def test_parse_pyspy_raw() -> None:
             'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9) 4\n'
             'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9);'
             "<module> (<string>:3) 5\n")
-    f, g, idle, spin = pystacks.parse_raw(text, Path("pystacks.txt"))
+    f, g, idle, spin = pyspy.parse_raw(text, Path("pystacks.txt"))
     assert (idle.pid, idle.frames, idle.count) == (9, (), 4)
     assert (spin.tid, spin.frames, spin.count) == (9, (("<module>", "<string>", 3),), 5)
     assert (g.tid, g.frames, g.count) == (8, (("g", "a.py", 1),), 2)
@@ -495,7 +496,7 @@ def test_status_line_and_quiet(tmp_path: Path) -> None:
 
 
 def test_parse_strace_pairs_unfinished_calls() -> None:
-    from perfswarm.record.strace import parse
+    from perfswarm.trace.readers.strace import parse
 
     text = ('101 1700000000.000100 read(3, "ab", 4096) = 2 <0.000012>\n'
             "102 1700000000.000200 futex(0x1, FUTEX_WAIT, 0, NULL <unfinished ...>\n"

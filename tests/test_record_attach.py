@@ -16,6 +16,7 @@ from perfswarm.cli.main import main
 from perfswarm.record import perf
 from perfswarm.record.attach import NO_TORCH, attach
 from perfswarm.record.session import RecordOptions, Status
+from perfswarm.trace.readers.perf import event_counters, parse_script
 
 PY = sys.executable
 # Waits for a line on stdin (sent once the recorder is attached), then page-faults PAGES fresh
@@ -130,17 +131,17 @@ def test_perf_script_events_become_counters() -> None:
             "7f01 mmap_ass_subscript (/lib/python3.11.so)\n"
             "5/5   10.070000000:          1      page-faults/period=1,call-graph=no/: \n\n"
             "5/5   10.150000000:          2      context-switches: \n\n")
-    samples = perf.parse_script(text, Path("perf.data"))
+    samples = parse_script(text, Path("perf.data"))
     assert samples[2].frames == [("mmap_ass_subscript", "/lib/python3.11.so", 0x7f01)]
     assert [(s.event, s.period, len(s.frames)) for s in samples] == [
         ("page-faults", 1, 1), ("cpu-clock", 250000, 1), ("page-faults", 3, 1),
         ("page-faults", 1, 0), ("context-switches", 2, 0)]
     # 50 ms intervals: 10.00 and 10.04 share one (its last point), 10.07 and 10.15 their own
-    assert perf.event_counters(samples, 1000, 50_000_000) == [
+    assert event_counters(samples, 1000, 50_000_000) == [
         (10_040_001_000, "perf.page-faults", -1, 4.0),
         (10_070_001_000, "perf.page-faults", -1, 5.0),
         (10_150_001_000, "perf.context-switches", -1, 2.0)]
-    old = perf.parse_script(Path(__file__).with_name("data").joinpath(
+    old = parse_script(Path(__file__).with_name("data").joinpath(
         "perf_script.txt").read_text(), Path("p"))
     assert old and {s.event for s in old} == {"cpu-clock"}
 

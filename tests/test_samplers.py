@@ -20,8 +20,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfswarm.record import system
-from perfswarm.record.base import read_jsonl, value_rows
 from perfswarm.record.gpu import NO_GPU, GpuSampler
+from perfswarm.trace.readers.sampler import (
+    SHARES,
+    cpu_fractions,
+    cpu_rows,
+    parse_cpu_lines,
+    read_jsonl,
+    value_rows,
+)
 
 PROC_FILES = ("stat", "meminfo", "diskstats", "net/dev", "cpuinfo")
 
@@ -60,7 +67,7 @@ def test_procfs_parsers_agree_with_psutil(frozen_proc: Path) -> None:
     if not Path("/sys/devices/system/cpu/cpu0/cpufreq").exists():  # psutil reads cpuinfo too
         assert list(system.parse_cpuinfo_mhz(text["cpuinfo"]).values()) == [
             f.current for f in psutil.cpu_freq(percpu=True)]
-    rows = system.parse_cpu_lines(system.cpu_lines(text["stat"]).decode())
+    rows = parse_cpu_lines(system.cpu_lines(text["stat"]).decode())
     tick = os.sysconf("SC_CLK_TCK")
     theirs = psutil.cpu_times(percpu=True)
     assert rows[:, 0].tolist() == list(range(len(theirs)))  # every core online here
@@ -92,14 +99,14 @@ def _stat(cores: dict[int, list[int]]) -> str:
 def test_cpu_rows_shares_of_each_interval() -> None:
     a = {0: [100, 0, 50, 800, 50, 0, 0, 0, 7, 0], 3: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}
     b = {0: [130, 0, 60, 840, 60, 0, 0, 10, 9, 0], 3: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}
-    rows = system.cpu_rows([{"ts": 1, "values": {}, "stat": _stat(a)},
+    rows = cpu_rows([{"ts": 1, "values": {}, "stat": _stat(a)},
                             {"ts": 2, "values": {}},  # a reading without the raw lines
                             {"ts": 3, "values": {}, "stat": _stat(b)}])
     # core 0: 100 ticks (guest's 2 already inside user); core 3 had none: no shares
     assert rows == [(3, "cpu.core0.usr", -1, 0.3), (3, "cpu.core0.sys", -1, 0.1),
                     (3, "cpu.core0.iowait", -1, 0.1), (3, "cpu.core0.steal", -1, 0.1)]
     offline = {0: b[0]}  # a core went offline: no common interval
-    assert system.cpu_rows([{"ts": 1, "stat": _stat(a)}, {"ts": 2, "stat": _stat(offline)}]) == []
+    assert cpu_rows([{"ts": 1, "stat": _stat(a)}, {"ts": 2, "stat": _stat(offline)}]) == []
 
 
 @given(st.lists(st.lists(st.integers(0, 10_000), min_size=10, max_size=10), min_size=1,
@@ -108,13 +115,13 @@ def test_cpu_shares_are_fractions(increments: list[list[int]]) -> None:
     before = {c: [1000 * (c + 1)] * 10 for c in range(len(increments))}
     after = {c: [v + d for v, d in zip(before[c], inc, strict=True)]
              for c, inc in enumerate(increments)}
-    prev = system.parse_cpu_lines(_stat(before))
-    shares = system.cpu_fractions(prev, system.parse_cpu_lines(_stat(after)))
+    prev = parse_cpu_lines(_stat(before))
+    shares = cpu_fractions(prev, parse_cpu_lines(_stat(after)))
     for c, inc in enumerate(increments):
         span = sum(inc[:8])
-        got = [shares.get(f"cpu.core{c}.{k}") for k in system.SHARES]
+        got = [shares.get(f"cpu.core{c}.{k}") for k in SHARES]
         if span == 0:
-            assert got == [None] * len(system.SHARES)
+            assert got == [None] * len(SHARES)
         else:
             assert got == [round(inc[i] / span, 6) for i in (0, 2, 4, 7)]
             assert sum(g or 0.0 for g in got) <= 1.0 + 3e-6
@@ -351,6 +358,6 @@ def test_gpu_sampler_without_nvml(tmp_path: Path) -> None:
 
 
 def test_parse_cpu_lines_is_one_row_per_core() -> None:
-    rows = system.parse_cpu_lines("cpu0 1 2 3 4 5 6 7 8 9 10\ncpu12 0 0 0 0 0 0 0 0 0 0")
+    rows = parse_cpu_lines("cpu0 1 2 3 4 5 6 7 8 9 10\ncpu12 0 0 0 0 0 0 0 0 0 0")
     assert rows.shape == (2, 11) and rows[:, 0].tolist() == [0, 12]
     assert np.array_equal(rows[0, 1:], np.arange(1, 11))

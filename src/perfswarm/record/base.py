@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import orjson
 
-from perfswarm.errors import TraceFormatError
 from perfswarm.trace.store import CollectorStatus
 
 Clock = Callable[[], int]
-# Tools' clock readings and durations beyond this (146 years of ns) are not a clock; the bound
-# leaves room to add an epoch offset, or a duration to a time, within int64.
-MAX_CLOCK_NS = 1 << 62
 SAMPLER_HZ = 20.0  # the system and GPU samplers' default rate
 
 
@@ -36,16 +29,6 @@ def dies_with_parent(argv: list[str]) -> list[str]:
     py-spy. An isolated Python (no site, no PYTHON* variables) sets it and execs `argv`, so
     the pid is the command's; no preexec_fn, which is unsafe beside the sampler threads."""
     return [sys.executable, "-I", "-S", "-c", _DIES_WITH_PARENT, str(os.getpid()), *argv]
-
-
-def int64_field(text: str, path: Path, line: int, what: str, limit: int = 1 << 63) -> int:
-    """A decimal (or 0x-hex) integer field of a tool's text output, checked to fit `limit`
-    (an int64 column by default): anything larger means the file is not what the tool writes."""
-    if len(text) <= 20:  # longer cannot fit, and int() of thousands of digits is refused
-        value = int(text, 16) if text[:2] in ("0x", "0X") else int(text)
-        if -limit <= value < limit:
-            return value
-    raise TraceFormatError(path, f"line {line}", f"{what} out of range: {text[:24]}")
 
 
 class Collector:
@@ -170,52 +153,3 @@ class Sampler(Collector):
 
     def clock_offset(self, monotonic_offset: int) -> int | None:
         return 0  # stamped with time.time_ns()
-
-
-_DEVICE = re.compile(r"^gpu(\d{1,9})\.", re.ASCII)
-
-
-class Reading(msgspec.Struct):
-    """One line of a sampler file."""
-
-    ts: int
-    values: dict[str, float | None]  # orjson writes NaN as null
-    stat: str | None = None  # the system sampler's raw per-core /proc/stat lines
-
-
-_READING = msgspec.json.Decoder(Reading)
-
-Row = tuple[int, str, int, float]  # ts, name, device, value
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The readings of a sampler file (`ts`, `values`, and `stat` where the system sampler kept
-    raw lines); a torn last line (crash) is skipped, anything else malformed is an error."""
-    items: list[dict[str, Any]] = []
-    lines = path.read_bytes().splitlines()
-    for n, line in enumerate(lines, 1):
-        try:
-            item = _READING.decode(line)
-        except msgspec.DecodeError as exc:
-            if n == len(lines):  # the write a crash cut short
-                continue
-            raise TraceFormatError(path, f"line {n}", f"not a sampler reading: {exc}") from None
-        if not 0 <= item.ts < MAX_CLOCK_NS:
-            raise TraceFormatError(path, f"line {n}", f"time out of range: {item.ts}")
-        reading: dict[str, Any] = {"ts": item.ts, "values": item.values}
-        if item.stat is not None:
-            reading["stat"] = item.stat
-        items.append(reading)
-    return items
-
-
-def value_rows(items: list[dict[str, Any]]) -> list[Row]:
-    """(ts, name, device, value) rows of the readings' values (orjson writes NaN as null: no
-    value); device from a `gpuN.` prefix."""
-    rows: list[Row] = []
-    for item in items:
-        for name, value in item["values"].items():
-            if value is not None:
-                m = _DEVICE.match(name)
-                rows.append((int(item["ts"]), name, int(m.group(1)) if m else -1, float(value)))
-    return rows

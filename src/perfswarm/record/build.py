@@ -16,12 +16,12 @@ import pyarrow as pa
 
 from perfswarm.analyze.iterations import EXPORT
 from perfswarm.errors import TraceFormatError
-from perfswarm.record import net, perf, pystacks, strace, system
-from perfswarm.record.base import SAMPLER_HZ, Row, read_jsonl, value_rows
+from perfswarm.record.base import SAMPLER_HZ
 from perfswarm.record.torch_profiler import read_live
-from perfswarm.trace import execution_trace
 from perfswarm.trace.build import add_execution_traces, assign_steps, describe, sort_events
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
+from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, sampler, strace
+from perfswarm.trace.readers.fields import Row
 from perfswarm.trace.schema import (
     COUNTERS,
     EVENTS,
@@ -157,7 +157,7 @@ def perf_samples(samples: Sequence[perf.Sample], offset_ns: int, rank_of: dict[i
     return _samples(rows, "perf")
 
 
-def pyspy_samples(folded: Sequence[pystacks.Folded], start_ns: int, rank_of: dict[int, int],
+def pyspy_samples(folded: Sequence[pyspy.Folded], start_ns: int, rank_of: dict[int, int],
                   stacks: Stacks) -> pa.Table:
     rows: dict[str, list[int]] = {k: [] for k in ("rank", "ts", "pid", "tid", "stack_id",
                                                   "weight")}
@@ -192,11 +192,7 @@ def syscall_events(path: Path, rank_of: dict[int, int]) -> pa.Table:
 def counters(paths: Iterable[Path], flows: Sequence[Row] = ()) -> pa.Table:
     rows = list(flows)
     for path in paths:
-        items = read_jsonl(path)
-        try:
-            rows += value_rows(items) + system.cpu_rows(items)
-        except ValueError as exc:  # the kept /proc/stat lines
-            raise TraceFormatError(path, "per-core lines", str(exc)) from None
+        rows += sampler.read(path)
     if not rows:
         return COUNTERS.empty_table()
     ts, name, device, value = zip(*sorted(rows), strict=True)
@@ -287,7 +283,7 @@ def _flows(path: Path, manifest: Manifest) -> list[Row]:
     if not path.is_file():
         return []
     try:
-        return net.read_flows(path, _interval_ns(manifest))
+        return pcap.read_flows(path, _interval_ns(manifest))
     except TraceFormatError as e:
         manifest["warnings"].append({"source": path.name, "what": e.why, "count": 1})
         return []
@@ -320,7 +316,7 @@ def _stack_samples(run: Run, rec: Recording, rank_of: dict[int, int],
     spy = rec.raw / "pystacks.txt"
     if spy.is_file():
         parts.append(pyspy_samples(readable(rec.manifest, "pystacks",
-                                            partial(pystacks.read, spy), []),
+                                            partial(pyspy.read, spy), []),
                                    rec.start_ns, rank_of, stacks))
     samples = concat(parts, SAMPLES)
     order = np.lexsort((samples.column("ts").to_numpy(), samples.column("rank").to_numpy()))

@@ -27,20 +27,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from perfswarm.record.base import Clock, Row, Sampler
+from perfswarm.record.base import Clock, Sampler
 
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
 RESCAN_NS = 1_000_000_000  # how often the process tree is walked for new processes
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
-I64 = np.ndarray[Any, np.dtype[np.int64]]
-SHARES = ("usr", "sys", "iowait", "steal")
-_SHARE_COLUMNS = [0, 2, 4, 7]  # of user, nice, system, idle, iowait, irq, softirq, steal
 FREQ_NS = 1_000_000_000  # how often the core clocks are read
 
 
@@ -49,48 +43,6 @@ def cpu_lines(text: bytes) -> bytes:
     start = text.index(b"\ncpu") + 1
     end = text.find(b"\n", text.rfind(b"\ncpu") + 1)
     return text[start:end if end > 0 else len(text)]
-
-
-def parse_cpu_lines(text: str) -> I64:
-    """Per-core lines as rows of ticks: core, user, nice, system, idle, iowait, irq, softirq,
-    steal (then guest, guest_nice on newer kernels). One numpy call for all cores."""
-    width = len(text.split("\n", 1)[0].split())  # "cpuN" and its fields: a row is N and them
-    if width < 9:
-        raise ValueError(f"a per-core line has {width} fields, not 9 or more")
-    return np.fromstring(text.replace("cpu", ""), dtype=np.int64, sep=" ").reshape(-1, width)
-
-
-def cpu_fractions(prev: I64, now: I64) -> dict[str, float]:
-    """Per-core user/system/iowait/steal shares of the ticks between two readings. The span is
-    user..steal: guest time is already inside user and nice, so adding it again (as psutil's
-    sum of fields does) would count it twice."""
-    if prev.shape != now.shape or not np.array_equal(prev[:, 0], now[:, 0]):
-        return {}  # a core went on- or offline: no common interval
-    delta = now[:, 1:9] - prev[:, 1:9]
-    span = delta.sum(axis=1)
-    shares = np.round(np.maximum(delta[:, _SHARE_COLUMNS], 0) / np.maximum(span, 1)[:, None], 6)
-    out: dict[str, float] = {}
-    for core, ok, row in zip(now[:, 0].tolist(), (span > 0).tolist(), shares.tolist(),
-                             strict=True):
-        if ok:
-            out.update(zip([f"cpu.core{core}.{share}" for share in SHARES], row, strict=True))
-    return out
-
-
-def cpu_rows(items: list[dict[str, Any]]) -> list[Row]:
-    """`cpu.coreN.usr|sys|iowait|steal` rows from the raw per-core lines the sampler kept: each
-    reading's shares of the interval since the one before."""
-    rows: list[Row] = []
-    prev = None
-    for item in items:
-        if "stat" not in item:
-            continue
-        now = parse_cpu_lines(item["stat"])
-        if prev is not None:
-            rows += [(int(item["ts"]), name, -1, value)
-                     for name, value in cpu_fractions(prev, now).items()]
-        prev = now
-    return rows
 
 
 def parse_meminfo(text: bytes) -> tuple[int, int]:

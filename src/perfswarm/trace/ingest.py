@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from perfswarm.errors import ParameterError, PerfswarmError
-from perfswarm.trace import execution_trace, memory_timeline, nsys
+from perfswarm.trace import nsys
 from perfswarm.trace.build import (
     ImportOptions,
     Progress,
@@ -26,7 +26,7 @@ from perfswarm.trace.build import (
 )
 from perfswarm.trace.cluster import connect
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, memory_bytes
-from perfswarm.trace.readers import read_file
+from perfswarm.trace.readers import execution_trace, memory_timeline, read_file
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
 from perfswarm.trace.store import Manifest, Run, creating, new_manifest
 

@@ -7,6 +7,12 @@ the file's content: Nsight Systems SQLite exports (trace/nsys.py) by their SQLit
 Chrome-trace JSON (trace/kineto.py) otherwise. Every path that builds a Run reads trace files
 through it (import in memory and on Dask workers; the recorder reads Kineto files directly, the
 only format it writes); the streaming path decodes Kineto JSON in batches (trace/stream.py).
+
+The files beside a trace have their readers here too, each giving rows or tables in the Run's
+schemas: torch's execution trace (`execution_trace`) and memory timeline (`memory_timeline`),
+and what the recorder's collectors write: `perf script` text (`perf`), py-spy's folded stacks
+(`pyspy`), strace text (`strace`), a pcap capture (`pcap`) and the samplers' JSON lines
+(`sampler`); `fields` is what the text readers share.
 """
 
 from __future__ import annotations
