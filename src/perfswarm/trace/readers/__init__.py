@@ -9,10 +9,10 @@ through it (import in memory and on Dask workers; the recorder reads Kineto file
 only format it writes); the streaming path decodes Kineto JSON in batches (trace/stream.py).
 
 The files beside a trace have their readers here too, each giving rows or tables in the Run's
-schemas: torch's execution trace (`execution_trace`) and memory timeline (`memory_timeline`),
-and what the recorder's collectors write: `perf script` text (`perf`), py-spy's folded stacks
-(`pyspy`), strace text (`strace`), a pcap capture (`pcap`) and the samplers' JSON lines
-(`sampler`); `fields` is what the text readers share.
+schemas: torch's execution trace (`execution_trace`), memory timeline (`memory_timeline`) and
+CUDA memory snapshot (`memory_snapshot`), and what the recorder's collectors write: `perf
+script` text (`perf`), py-spy's folded stacks (`pyspy`), strace text (`strace`), a pcap capture
+(`pcap`) and the samplers' JSON lines (`sampler`); `fields` is what the text readers share.
 """
 
 from __future__ import annotations

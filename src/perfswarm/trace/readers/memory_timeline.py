@@ -13,7 +13,7 @@ category's bytes change. The profiler's clock is the trace's, so the readings li
 events of the Run. The file does not say its device (the export's `device` argument): the
 readings have device -1.
 
-A CUDA memory snapshot (a pickle, trace/memory_snapshot.py) becomes the same counters, and its
+A CUDA memory snapshot (a pickle, memory_snapshot.py) becomes the same counters, and its
 reserved bytes a counter `memory_reserved`, through the same code once it is read.
 """
 
@@ -28,8 +28,8 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.trace import memory_snapshot
 from perfswarm.trace.kineto import PICKLE, invalid_json, read_bytes
+from perfswarm.trace.readers import memory_snapshot
 from perfswarm.trace.schema import COUNTERS
 
 CATEGORIES: Final = ("parameter", "optimizer_state", "input", "temporary", "activation",

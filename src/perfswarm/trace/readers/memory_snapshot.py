@@ -1,6 +1,6 @@
 """A CUDA memory snapshot (`torch.cuda.memory._dump_snapshot`, after
 `_record_memory_history()`): the allocator's history, read into the same bytes-alive-per-category
-states as a memory timeline (trace/memory_timeline.py), plus the bytes the allocator reserved.
+states as a memory timeline (memory_timeline.py), plus the bytes the allocator reserved.
 
 The file is a pickle, and unpickling can call any function the file names. It is read by an
 unpickler whose `find_class` refuses every global, so a pickle that names one (os.system, any
