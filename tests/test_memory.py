@@ -99,6 +99,7 @@ def test_timeline_in_the_json(imported: tuple[Run, Path],
     (rank,) = orjson.loads(capsys.readouterr().out)["memory"]
     times, states = _truth(source)
     assert rank["t"] == times and len(times) < 400  # every change: fewer than the cap
+    assert rank["reserved"] is None  # a timeline does not say what the allocator reserved
     assert rank["bytes"] == {c: [s[c] for s in states] for c in CATEGORIES}
     assert main(["analyze", str(run.path)]) == 0
     assert "memory rank 0: peak 3.149 MiB" in capsys.readouterr().out
@@ -222,6 +223,13 @@ def test_memory_snapshot_as_a_timeline(tmp_path: Path,
     totals = [6144, 6656, 8192, 16384, 14336, 6144, 10240, 1_010_240, 10240]
     assert [sum(b) for b in zip(*rank["bytes"].values(), strict=True)] == totals
     assert rank["bytes"]["activation"] == [0, 0, 0, 8192, 8192, 0, 0, 0, 0]
+    # reserved: 2 MiB before the history, 4 from 100 us, 24 from 180 to 210 us (after `t`)
+    assert rank["reserved"] == {"peak_bytes": 12 * MB2, "at_peak_bytes": 12 * MB2,
+                                "bytes": [2 * MB2] * 7 + [12 * MB2] * 2}
+    assert main(["analyze", str(out)]) == 0
+    assert ("memory rank 0: peak 0.963 MiB at +0.090 ms (optimizer_state 0.954 MiB, unknown "
+            "0.005 MiB, gradient 0.004 MiB, parameter 0.000 MiB); reserved 24.000 MiB then, at "
+            "most 24.000 MiB") in " ".join(capsys.readouterr().out.split())  # as wrapped
     (source,) = [s for s in Run(out).manifest()["sources"] if s["file"] == path.name]
     assert source["format"] == "memory_snapshot"
     reserved = Run(out).table("counters").to_pylist()

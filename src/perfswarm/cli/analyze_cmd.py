@@ -95,8 +95,10 @@ def _print(result: Analysis, costs: OpCosts) -> None:
         held = ", ".join(f"{c} {mib(v)}" for c, v in sorted(m.peak.by_category.items(),
                                                             key=lambda kv: -kv[1]) if v)
         steps = ", ".join(f"{s}: {mib(p.total_bytes)}" for s, p in m.steps)
+        reserved = ("" if m.reserved is None else f"; reserved {mib(m.reserved.at_peak_bytes)} "
+                    f"then, at most {mib(m.reserved.peak_bytes)}")
         console.print(f"memory rank {m.rank}: peak {mib(m.peak.total_bytes)} at "
-                      f"+{ms(m.peak.ts - m.t[0])} ({held})"
+                      f"+{ms(m.peak.ts - m.t[0])} ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
