@@ -1,9 +1,10 @@
 """Memory by category over time: the peak, what it held, and each iteration's peak.
 
 Reads the counters `memory.<category>` that a torch.profiler memory timeline or a CUDA memory
-snapshot becomes (trace/memory_timeline.py): bytes alive in a category from each reading until
-the next. The total at a time is the sum over categories of their last reading. A snapshot's
-`memory_reserved` (the allocator's segments) is not a category: it is reported beside them.
+snapshot becomes (trace/readers/memory_timeline.py): bytes alive in a category from each reading
+until the next. The total at a time is the sum over categories of their last reading. A
+snapshot's `memory_reserved` (the allocator's segments) is not a category: it is reported beside
+them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64
 from perfswarm.analyze.iterations import StepWindow
-from perfswarm.trace.memory_timeline import PREFIX, RESERVED
+from perfswarm.trace.readers.memory_timeline import PREFIX, RESERVED
 
 MAX_POINTS = 400  # of the timeline given back; each keeps its stretch's highest total
 
