@@ -23,6 +23,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from perfswarm.analyze.concurrency import Activity, breakdowns
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
@@ -157,6 +159,19 @@ def _step_spans(run: Run) -> dict[tuple[int, int], tuple[int, int]]:
         *(_column(table, c) for c in ("rank", "step", "start", "end")), strict=True)}
 
 
+def _device_idle(run: Run, spans: dict[tuple[int, int], tuple[int, int]]
+                 ) -> dict[tuple[int, int], int]:
+    """(rank, step) -> the time of its marked step no device work ran: analyze's device idle
+    (analyze.concurrency) over the step's span."""
+    ev = Events.load(run)
+    out: dict[tuple[int, int], int] = {}
+    for rank in {r for r, _ in spans}:
+        keys = sorted(k for k in spans if k[0] == rank)
+        found = breakdowns(Activity.of_rank(ev, rank), [spans[k] for k in keys])
+        out.update({k: b.device_idle_ns for k, b in zip(keys, found, strict=True)})
+    return out
+
+
 def _host_steps(run: Run) -> list[StepProfile]:
     """A Run without device work (a CPU Run): each marked step's span is its compute."""
     return [StepProfile(r, s, e - b, e - b, 0, 0, ())
@@ -180,7 +195,7 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
     args = table.column("args").to_pylist()
     steps: list[StepProfile] = []
-    spans = _step_spans(run)
+    idle = _device_idle(run, _step_spans(run))
     for r, s in sorted({(int(a), int(b)) for a, b in zip(rank, step, strict=True)}):
         rows = (rank == r) & (step == s)
         cs, ce = union(ts[rows & ~coll], ts[rows & ~coll] + dur[rows & ~coll])
@@ -199,12 +214,8 @@ def profile(run: Run, grad_bytes: int | None = None, *,
         tail = compute - _busy_before(cs, ce, last_end) if calls else 0
         lo = int(min(cs[0], ts[rows].min()))
         hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
-        idle = 0
-        if (r, s) in spans:  # the marked step less the union of all its device work
-            b, e = spans[r, s]
-            us, ue = union(np.clip(ts[rows], b, e), np.clip(ts[rows] + dur[rows], b, e))
-            idle = max(0, e - b - int((ue - us).sum()))
-        steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls), idle))
+        steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls),
+                                 idle.get((r, s), 0)))
     compute_source = "measured"
     if not steps and len(table) == 0:
         steps, whole_run, compute_source = _host_steps(run), False, "step spans (no device work)"
