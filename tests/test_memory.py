@@ -112,7 +112,8 @@ def test_advice_and_report(imported: tuple[Run, Path]) -> None:
     _, states = _truth(source)
     totals = [sum(s.values()) for s in states]
     at_peak = states[totals.index(max(totals))]
-    (found,) = [a for a in advise(run).advice if a.rule == "memory_breakdown"]
+    found, *others = [a for a in advise(run).advice if a.rule.startswith(("memory_", "alloc"))]
+    assert found.rule == "memory_breakdown" and not others  # no reserved bytes in a timeline
     assert found.evidence == {
         "rank": 0, "peak_bytes": 3_302_080, "group": "optimizer_state",
         "group_bytes": at_peak["optimizer_state"], "used_pct": 33.12,
@@ -230,6 +231,12 @@ def test_memory_snapshot_as_a_timeline(tmp_path: Path,
     assert ("memory rank 0: peak 0.963 MiB at +0.090 ms (optimizer_state 0.954 MiB, unknown "
             "0.005 MiB, gradient 0.004 MiB, parameter 0.000 MiB); reserved 24.000 MiB then, at "
             "most 24.000 MiB") in " ".join(capsys.readouterr().out.split())  # as wrapped
+    # the allocator holds 24 MiB at the peak, of which 1,010,240 B are allocated
+    (found,) = [a for a in advise(Run(out)).advice if a.rule == "allocator_cache"]
+    assert found.evidence == {"rank": 0, "peak_bytes": 1_010_240,
+                              "reserved_at_peak_bytes": 12 * MB2, "reserved_peak_bytes": 12 * MB2,
+                              "unallocated_bytes": 12 * MB2 - 1_010_240, "unallocated_pct": 95.99}
+    assert found.title == "96% of the reserved memory is unallocated at the peak"
     (source,) = [s for s in Run(out).manifest()["sources"] if s["file"] == path.name]
     assert source["format"] == "memory_snapshot"
     reserved = Run(out).table("counters").to_pylist()

@@ -30,6 +30,7 @@ RULES: tuple[Rule, ...] = (
     distributed.ring_order,
     device.memory_capacity,
     device.memory_breakdown,
+    device.allocator_cache,
 )
 
 

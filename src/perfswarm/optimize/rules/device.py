@@ -278,3 +278,33 @@ def memory_breakdown(facts: Facts) -> Advice | None:
     return advice(facts, "memory_breakdown", f"{title} {evidence['used_pct']:.0f}% of the peak "
                   "memory", evidence, None, "no time saved: memory for a larger batch or model "
                   "(the memory timeline's peak, by category)", _MEMORY_CHANGE[group])
+
+
+_CACHED_SHARE: Final = 0.3  # of the reserved bytes, unallocated when the allocated bytes peak
+_CACHED_MIN: Final = 16 << 20  # bytes: less is not worth a setting
+
+
+def allocator_cache(facts: Facts) -> Advice | None:
+    """A memory snapshot's allocator holding ≥ 30% (and ≥ 16 MiB) of its reserved bytes
+    unallocated at the allocated peak: memory no tensor uses when memory is scarcest, which
+    fragmentation of its segments (or blocks cached from other sizes) keeps from use."""
+    found = []
+    for m in facts.memory:
+        if m.reserved is None:
+            continue
+        held = m.reserved.at_peak_bytes
+        idle = held - m.peak.total_bytes
+        if idle >= max(_CACHED_MIN, _CACHED_SHARE * held):
+            found.append((idle, -m.rank, {
+                "rank": m.rank, "peak_bytes": m.peak.total_bytes, "reserved_at_peak_bytes": held,
+                "reserved_peak_bytes": m.reserved.peak_bytes, "unallocated_bytes": idle,
+                "unallocated_pct": pct(idle, held)}))
+    if not found:
+        return None
+    evidence = max(found, key=lambda f: f[:2])[2]
+    return advice(facts, "allocator_cache", f"{evidence['unallocated_pct']:.0f}% of the reserved "
+                  "memory is unallocated at the peak", evidence, None, "no time saved: memory "
+                  "the caching allocator holds but no tensor uses (the memory snapshot's "
+                  "segments at the allocated peak)", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
+                  "True (segments grow in place instead of new ones being cut), or free the "
+                  "cache (torch.cuda.empty_cache()) after a phase whose block sizes do not recur")
