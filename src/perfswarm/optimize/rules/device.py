@@ -66,15 +66,14 @@ def launch_bound(facts: Facts) -> Advice | None:
         return None
     # Replayed from a CUDA graph, the host pays one launch per step instead of one per kernel,
     # and the device still starts each kernel about a microsecond after the previous one.
-    busy_by_rank = facts.busy_ns(facts.device_events)
     launch_by_rank = {k[0]: int(g["dur"].sum()) for k, g in launches.group_by(["rank"])}
     kernels_by_rank = {k[0]: g.height for k, g in kernels.group_by(["rank"])}
     gain = 0
     for rank in facts.ranks:
         window = facts.window(rank)[2]
         host_after = window - launch_by_rank.get(rank, 0)
-        device_after = (busy_by_rank.get((rank,), 0)
-                        + kernels_by_rank.get(rank, 0) * _GRAPH_LAUNCH_NS)
+        device_idle, span = facts.device_idle.get(rank, (0, 0))
+        device_after = span - device_idle + kernels_by_rank.get(rank, 0) * _GRAPH_LAUNCH_NS
         gain += max(0, window - max(host_after, device_after))
     gain = min(gain, host_wait)
     evidence = {"kernels": kernels.height, "small_kernels": small.height,

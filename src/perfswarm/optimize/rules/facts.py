@@ -180,18 +180,23 @@ class Facts:
         return dict(sorted(out.items()))
 
     @cached_property
-    def device_busy(self) -> dict[int, float]:
-        """Rank -> the share of its iterations (or time windows, or its span without either)
-        its devices worked: one less analyze's device idle (analyze.concurrency); only ranks
-        with device work in their window."""
+    def device_idle(self) -> dict[int, tuple[int, int]]:
+        """Rank -> (analyze's device idle ns, measured ns) over its iterations (or time
+        windows, or its span without either): the time none of its devices worked
+        (analyze.concurrency); only ranks with device work in their window."""
         out = {}
         with_work = set(self.device_events["rank"].to_list())
         for rc in self.concurrency:
             parts = [i.breakdown for i in rc.iterations] or [rc.total]
             span = sum(b.span_ns for b in parts)
             if rc.rank in with_work and span > 0:
-                out[rc.rank] = 1 - sum(b.device_idle_ns for b in parts) / span
+                out[rc.rank] = (sum(b.device_idle_ns for b in parts), span)
         return out
+
+    @cached_property
+    def device_busy(self) -> dict[int, float]:
+        """Rank -> the share of its measured time its devices worked (see device_idle)."""
+        return {r: 1 - idle / span for r, (idle, span) in self.device_idle.items()}
 
     @cached_property
     def device_events(self) -> pl.DataFrame:
