@@ -171,7 +171,9 @@ SNAPSHOT: Final = {
          "blocks": [  # no "address": each starts where the one before ends
              {"size": 4096, "requested_size": 4096, "state": "active_allocated", "frames": []},
              {"size": 2048, "requested_size": 2048, "state": "inactive", "frames": []},
-             {"size": MB2 - 6144, "requested_size": 0, "state": "inactive", "frames": []}]},
+             # freed before the history, awaiting another stream: still held
+             {"size": 1024, "requested_size": 1024, "state": "active_pending_free", "frames": []},
+             {"size": MB2 - 7168, "requested_size": 0, "state": "inactive", "frames": []}]},
         {"device": 0, "address": 1_048_576, "total_size": MB2, "allocated_size": 6144,
          "active_size": 6144, "requested_size": 6144, "stream": 0, "segment_type": "small",
          "blocks": [
@@ -206,36 +208,37 @@ SNAPSHOT: Final = {
 def test_memory_snapshot_as_a_timeline(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A snapshot (pickled as _dump_snapshot does) becomes the same counters as a timeline.
-    By hand: before the history, 4096 B (alive at the end, never allocated in it) and 2048 B
-    (freed at 150, never allocated in it) were allocated, as unknown; the reserved bytes at the
-    start are the end's 2 x 2 MiB less the history's net +2 MiB. The peak is at 190 us:
-    unknown 4096 + 1536, parameter 512, gradient 4096, optimizer_state 1,000,000."""
+    By hand: before the history, 4096 B and 1024 B (active and pending free at the end, never
+    allocated in it) and 2048 B (freed at 151, never allocated in it) were held, as unknown; the
+    reserved bytes at the start are the end's 2 x 2 MiB less the history's net +2 MiB. A block
+    is held until its free_completed. The peak is at 190 us: unknown 5120 + 1536, parameter 512,
+    gradient 4096, optimizer_state 1,000,000."""
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps(SNAPSHOT))
     out = tmp_path / "s.run"
     assert main(["import", str(TRACE), "--memory-timeline", str(path), "-o", str(out), "-q"]) == 0
     assert main(["analyze", str(out), "--json"]) == 0
     (rank,) = orjson.loads(capsys.readouterr().out)["memory"]
-    assert rank["peak"] == {"ts": 190_000, "total_bytes": 1_010_240, "by_category": {
-        **dict.fromkeys(CATEGORIES, 0), "unknown": 5632, "parameter": 512, "gradient": 4096,
+    assert rank["peak"] == {"ts": 190_000, "total_bytes": 1_011_264, "by_category": {
+        **dict.fromkeys(CATEGORIES, 0), "unknown": 6656, "parameter": 512, "gradient": 4096,
         "optimizer_state": 1_000_000}}
-    times = [100, 110, 120, 130, 150, 160, 170, 190, 200]
+    times = [100, 110, 120, 130, 151, 165, 170, 190, 205]  # frees end at free_completed
     assert rank["t"] == [t * 1000 for t in times]
-    totals = [6144, 6656, 8192, 16384, 14336, 6144, 10240, 1_010_240, 10240]
+    totals = [7168, 7680, 9216, 17408, 15360, 7168, 11264, 1_011_264, 11264]
     assert [sum(b) for b in zip(*rank["bytes"].values(), strict=True)] == totals
     assert rank["bytes"]["activation"] == [0, 0, 0, 8192, 8192, 0, 0, 0, 0]
     # reserved: 2 MiB before the history, 4 from 100 us, 24 from 180 to 210 us (after `t`)
     assert rank["reserved"] == {"peak_bytes": 12 * MB2, "at_peak_bytes": 12 * MB2,
                                 "bytes": [2 * MB2] * 7 + [12 * MB2] * 2}
     assert main(["analyze", str(out)]) == 0
-    assert ("memory rank 0: peak 0.963 MiB at +0.090 ms (optimizer_state 0.954 MiB, unknown "
-            "0.005 MiB, gradient 0.004 MiB, parameter 0.000 MiB); reserved 24.000 MiB then, at "
+    assert ("memory rank 0: peak 0.964 MiB at +0.090 ms (optimizer_state 0.954 MiB, unknown "
+            "0.006 MiB, gradient 0.004 MiB, parameter 0.000 MiB); reserved 24.000 MiB then, at "
             "most 24.000 MiB") in " ".join(capsys.readouterr().out.split())  # as wrapped
-    # the allocator holds 24 MiB at the peak, of which 1,010,240 B are allocated
+    # the allocator holds 24 MiB at the peak, of which 1,011,264 B are held by blocks
     (found,) = [a for a in advise(Run(out)).advice if a.rule == "allocator_cache"]
-    assert found.evidence == {"rank": 0, "peak_bytes": 1_010_240,
+    assert found.evidence == {"rank": 0, "peak_bytes": 1_011_264,
                               "reserved_at_peak_bytes": 12 * MB2, "reserved_peak_bytes": 12 * MB2,
-                              "unallocated_bytes": 12 * MB2 - 1_010_240, "unallocated_pct": 95.99}
+                              "unallocated_bytes": 12 * MB2 - 1_011_264, "unallocated_pct": 95.98}
     assert found.title == "96% of the reserved memory is unallocated at the peak"
     (source,) = [s for s in Run(out).manifest()["sources"] if s["file"] == path.name]
     assert source["format"] == "memory_snapshot"

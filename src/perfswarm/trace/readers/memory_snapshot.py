@@ -10,11 +10,11 @@ all a snapshot holds (torch.cuda.memory._snapshot() builds it from them).
 
 The keys read (torch's docs, "Understanding CUDA Memory Usage", and torch/cuda/_memory_viz.py):
 - `device_traces[device]`: the history, oldest first, entries `{action, addr, size, stream,
-  frames, time_us}`. `alloc` makes `size` bytes at `addr` allocated; the first of
-  `free_requested` (the caller freed it: torch.cuda.memory_allocated drops here),
-  `free_completed` and the legacy `free` ends it. `segment_alloc`/`segment_map` add to the
-  reserved bytes, `segment_free`/`segment_unmap` take from them; other actions (`snapshot`,
-  `oom`) change neither.
+  frames, time_us}`. `alloc` makes `size` bytes at `addr` active; `free_completed` (or the legacy
+  `free`) ends them, as torch's MemoryViz.js active memory timeline does: after `free_requested`
+  a block may still await other streams (record_stream), and it is not reusable until then.
+  `segment_alloc`/`segment_map` add to the reserved bytes, `segment_free`/`segment_unmap` take
+  from them; other actions (`free_requested`, `snapshot`, `oom`) change neither.
 - `segments`: the state when the snapshot was taken, `{device, address, total_size, blocks}`,
   blocks `{size, state, address}` in address order (a block without `address` starts where the
   one before it ends, as _memory_viz assumes).
@@ -22,8 +22,9 @@ The history is a ring buffer: what was allocated before it begins is found from 
 (an active block the history never allocates) and from frees of addresses it never allocated;
 both count from its first entry, as `unknown`, and the reserved bytes at the start are the end's
 total less the history's changes. An allocation's category is its entry's `category` where it has
-one (torch's _memory_viz writes one when it turns a profile into a snapshot, from the profiler's
-categories), else `unknown`: the stack frames of a live snapshot name no category.
+one, else `unknown`, as MemoryViz.js colours it (torch's _memory_viz writes one when it turns a
+profile into a snapshot, from the profiler's categories): a live snapshot's stack frames name no
+category, and torch reads none from them.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ import numpy.typing as npt
 
 from perfswarm.errors import TraceFormatError
 
-FREES: Final = frozenset({"free_requested", "free_completed", "free"})
+FREES: Final = frozenset({"free_completed", "free"})
 RESERVES: Final = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-ACTIVE: Final = "active_allocated"
+# the end state's blocks still held (pending free: freed, awaiting other streams; torch's
+# snapshots say pending, its docs awaiting)
+ACTIVE: Final = frozenset({"active_allocated", "active_pending_free", "active_awaiting_free"})
 
 
 class _DataOnly(pickle.Unpickler):
@@ -111,7 +114,6 @@ def states(path: Path, data: Any, categories: Sequence[str]
     unknown = len(categories) - 1
     index = {c: j for j, c in enumerate(categories)}
     live: dict[tuple[int, int], tuple[int, int]] = {}  # (device, addr) -> (size, category)
-    ended: set[tuple[int, int]] = set()  # freed in the history, awaiting free_completed
     start = np.zeros(len(categories) + 1, np.int64)
     rows = np.zeros((len(entries), len(categories) + 1), np.int64)  # each entry's change
     for i, (_, device, entry, at) in enumerate(entries):
@@ -123,15 +125,12 @@ def states(path: Path, data: Any, categories: Sequence[str]
             category = entry.get("category")
             live[key] = (size, index.get(category, unknown) if isinstance(category, str)
                          else unknown)
-            ended.discard(key)
             rows[i, live[key][1]] = size
         elif action in FREES and key in live:
             size, j = live.pop(key)
-            ended.add(key)
             rows[i, j] = -size
-        elif action in FREES and key not in ended and action != "free_completed":
+        elif action in FREES:
             start[unknown] += size  # allocated before the history began
-            ended.add(key)
             rows[i, unknown] = -size
         elif action in RESERVES:
             rows[i, -1] = RESERVES[action] * _int(path, entry, "size", at)
@@ -145,7 +144,7 @@ def states(path: Path, data: Any, categories: Sequence[str]
             where = f"{at}['blocks'][{b}]"
             size = _int(path, block, "size", where)
             addr = _int(path, block, "address", where) if "address" in block else addr
-            if block.get("state") == ACTIVE and (device, addr) not in live:
+            if block.get("state") in ACTIVE and (device, addr) not in live:
                 start[unknown] += size  # allocated before the history and still alive
             addr += size
     start[-1] = reserved - rows[:, -1].sum()
