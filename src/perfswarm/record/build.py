@@ -18,9 +18,9 @@ from perfswarm.analyze.iterations import EXPORT
 from perfswarm.errors import TraceFormatError
 from perfswarm.record.base import SAMPLER_HZ
 from perfswarm.record.torch_profiler import read_live
-from perfswarm.trace.build import add_execution_traces, assign_steps, describe, sort_events
-from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, read_trace
-from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, sampler, strace
+from perfswarm.trace.build import add_execution_traces, describe, write_tables
+from perfswarm.trace.kineto import ReadOptions, TraceTables, concat
+from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, read_file, sampler, strace
 from perfswarm.trace.readers.fields import Row
 from perfswarm.trace.schema import (
     COUNTERS,
@@ -226,7 +226,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         for path in traces:
             rank, pid = _rank_pid(path)
             rank_of[pid] = rank
-            read = readable(manifest, "torch", partial(read_trace, path, rank,
+            read = readable(manifest, "torch", partial(read_file, path, rank,
                                                        ReadOptions(drop_bad_events=True)), None)
             if read is None:
                 continue
@@ -248,11 +248,6 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
                                                 steps.column("rank").to_numpy()))))
         syscalls = readable(manifest, "strace", partial(syscall_events, raw / "strace.txt",
                                                         rank_of), EVENTS.empty_table())
-        events = concat([*(p.events for p in parts), syscalls], EVENTS)
-        events = assign_steps(sort_events(events), steps)
-        run.write_table("events", events)
-        run.write_table("steps", steps)
-        run.write_table("flows", concat([p.flows for p in parts], FLOWS))
         sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
                    for p in sorted(raw.glob("*.jsonl"))]
         perf_read = _perf_samples(rec)
@@ -260,7 +255,9 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
             perf_read, manifest["clock_offsets"].get("perf", 0), _interval_ns(manifest))])
         counted = concat([*(p.counters for p in parts), *sampled, flows,
                           fault_counters(hooked)], COUNTERS)
-        run.write_table("counters", counted.sort_by("ts"))
+        events = write_tables(run, [TraceTables(
+            concat([*(p.events for p in parts), syscalls], EVENTS),
+            concat([p.flows for p in parts], FLOWS), counted.sort_by("ts"), steps)])
         _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
         _stack_samples(run, rec, rank_of, [p for p in perf_read if p.event == perf.STACKS_EVENT])
         manifest["ranks"] = sorted(set(rank_of.values()))

@@ -1,6 +1,9 @@
 """What every path that builds a Run from traces shares (in memory, streaming, Dask, record):
 the import options, the events' order and step marks, each file's rank, the execution traces'
-graph tables, and the manifest's account of its sources."""
+graph tables, and the manifest's account of its sources. `write_tables` is the builder of the
+trace tables for the paths that hold them in memory (import in memory, record); Dask workers
+sort and mark each rank with `sorted_slices`, and the streaming path merges out of core with
+the same order and marks (trace/merge.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,16 @@ import pyarrow as pa
 
 from perfswarm.trace.cluster import ClusterOptions
 from perfswarm.trace.kineto import TraceMeta, TraceTables, concat
-from perfswarm.trace.schema import DEVICE_KINDS, GRAPH_EDGES, GRAPH_NODES, NONE
+from perfswarm.trace.schema import (
+    COUNTERS,
+    DEVICE_KINDS,
+    EVENTS,
+    FLOWS,
+    GRAPH_EDGES,
+    GRAPH_NODES,
+    NONE,
+    STEPS,
+)
 from perfswarm.trace.store import Manifest, Run, Warning_
 
 Streaming = Literal["auto", "always", "never"]
@@ -32,14 +44,6 @@ class ImportOptions:
     streaming: Streaming = "auto"
     force: bool = False
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # not when streaming
-
-
-def assign_steps(events: pa.Table, steps: pa.Table) -> pa.Table:
-    """Set `step` on every event: host events by time, device events by their launch's step."""
-    if steps.num_rows == 0 or events.num_rows == 0:
-        return events
-    return events.set_column(events.schema.get_field_index("step"), "step",
-                             pa.array(step_column(events, steps), pa.int32()))
 
 
 def step_column(events: pa.Table, steps: pa.Table) -> npt.NDArray[np.int32]:
@@ -87,10 +91,6 @@ def event_order(events: pa.Table) -> npt.NDArray[np.int64]:
     return np.lexsort((events.column("ts").to_numpy(), events.column("rank").to_numpy()))
 
 
-def sort_events(events: pa.Table) -> pa.Table:
-    return events.take(pa.array(event_order(events)))
-
-
 SLICE = 16_384
 
 
@@ -124,6 +124,20 @@ def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
     for i in range(0, len(order), SLICE):
         part = take_rows(batches, starts, order[i:i + SLICE])
         yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
+
+
+def write_tables(run: Run, parts: Sequence[TraceTables]) -> pa.Table:
+    """The Run's trace tables from every source's parts (trace files, the recorder's syscalls,
+    counters and hook steps): steps, flows and counters in the parts' order, events sorted by
+    rank and time with their steps marked, written in slices. Returns the events' rank, rf_id
+    and external_id columns, unsorted, for the execution traces' join."""
+    steps = concat([p.steps for p in parts], STEPS)
+    run.write_table("steps", steps)
+    run.write_table("flows", concat([p.flows for p in parts], FLOWS))
+    run.write_table("counters", concat([p.counters for p in parts], COUNTERS))
+    unsorted = concat([p.events for p in parts], EVENTS)
+    run.write_batches("events", sorted_slices(unsorted, steps))
+    return unsorted.select(["rank", "rf_id", "external_id"])
 
 
 # What execution_trace.read gives: graph_nodes, graph_edges, warnings about the join

@@ -21,13 +21,13 @@ from perfswarm.trace.build import (
     describe,
     file_rank,
     ranks_seen,
-    sorted_slices,
     with_rank,
+    write_tables,
 )
 from perfswarm.trace.cluster import connect
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, memory_bytes
 from perfswarm.trace.readers import execution_trace, memory_timeline, read_file
-from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
+from perfswarm.trace.schema import COUNTERS
 from perfswarm.trace.store import Manifest, Run, creating, new_manifest
 
 __all__ = ["ImportOptions", "Streaming", "import_traces", "trace_files"]
@@ -57,30 +57,17 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
               progress: Progress | None) -> pa.Table:
     """In memory: read every file, then sort and mark steps with numpy. Returns events."""
     opts = ReadOptions(drop_bad_events=options.drop_bad_events)
-    events_parts: list[pa.Table] = []
-    others: list[TraceTables] = []
+    parts: list[TraceTables] = []
     for i, path in enumerate(paths):
         if progress:
             progress(f"reading {path.name}", i, len(paths))
         meta, tables = read_file(path, i, opts, spill_dir=run.path)
         rank = file_rank(options, i, meta)
-        tables = with_rank(tables, rank)
-        events_parts.append(tables.events)
-        others.append(TraceTables(EVENTS.empty_table(), tables.flows, tables.counters,
-                                  tables.steps))
-        del tables
-        describe(manifest, run.add_raw(path), rank, meta, events_parts[-1].num_rows)
+        parts.append(with_rank(tables, rank))
+        describe(manifest, run.add_raw(path), rank, meta, parts[-1].events.num_rows)
     if progress:
         progress("writing tables", len(paths), len(paths))
-    steps = concat([p.steps for p in others], STEPS)
-    run.write_table("steps", steps)
-    run.write_table("flows", concat([p.flows for p in others], FLOWS))
-    run.write_table("counters", concat([p.counters for p in others], COUNTERS))
-    del others
-    unsorted = concat(events_parts, EVENTS)
-    del events_parts
-    run.write_batches("events", sorted_slices(unsorted, steps))
-    return unsorted.select(["rank", "rf_id", "external_id"])
+    return write_tables(run, parts)
 
 
 def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,

@@ -1,6 +1,6 @@
 """Out-of-core merge of spilled per-file tables into a Run's final tables (DuckDB).
 
-The same result as build.sort_events + build.assign_steps (the in-memory
+The same events order and step marks as build.write_tables (the in-memory
 reference, tested against this), with memory bounded by DuckDB's limit: sorts
 and joins spill to a temporary directory.
 """

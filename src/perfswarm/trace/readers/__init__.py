@@ -5,8 +5,8 @@ a folder it may spill to, and gives the trace's metadata (ranks, devices, clocks
 its tables (events, flows, counters, steps) on the run clock. `read_file` picks the reader by
 the file's content: Nsight Systems SQLite exports (trace/nsys.py) by their SQLite header, Kineto
 Chrome-trace JSON (trace/kineto.py) otherwise. Every path that builds a Run reads trace files
-through it (import in memory and on Dask workers; the recorder reads Kineto files directly, the
-only format it writes); the streaming path decodes Kineto JSON in batches (trace/stream.py).
+through it (import in memory and on Dask workers, and the recorder's build) but the streaming
+path, which decodes Kineto JSON in batches (trace/stream.py).
 
 The files beside a trace have their readers here too, each giving rows or tables in the Run's
 schemas: torch's execution trace (`execution_trace`), memory timeline (`memory_timeline`) and
