@@ -125,6 +125,7 @@ def test_advice_and_report(imported: tuple[Run, Path]) -> None:
     assert rows[0]["by_category"] == at_peak
     page = html.render(report_data(run))
     assert '<table id="memory-timeline">' in page and "<td>all</td><td>3.3 MB</td>" in page
+    assert "<th>reserved</th>" not in page  # a timeline does not say what was reserved
 
 
 @pytest.mark.parametrize(("text", "why"), [
@@ -240,6 +241,9 @@ def test_memory_snapshot_as_a_timeline(tmp_path: Path,
                               "reserved_at_peak_bytes": 12 * MB2, "reserved_peak_bytes": 12 * MB2,
                               "unallocated_bytes": 12 * MB2 - 1_011_264, "unallocated_pct": 95.98}
     assert found.title == "96% of the reserved memory is unallocated at the peak"
+    page = html.render(report_data(Run(out)))
+    assert ("<th>peak</th><th>reserved</th>" in page
+            and "<td>0</td><td>all</td><td>1.0 MB</td><td>25.2 MB</td>" in page)
     (source,) = [s for s in Run(out).manifest()["sources"] if s["file"] == path.name]
     assert source["format"] == "memory_snapshot"
     reserved = Run(out).table("counters").to_pylist()

@@ -214,11 +214,13 @@ def _live_at(points: list[tuple[int, float, float, float, Any, int]]) -> dict[st
 
 
 def memory_category_rows(memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The memory timeline's peaks as table rows: per rank, the whole run's, then each step's."""
+    """The memory timeline's peaks as table rows: per rank, the whole run's, then each step's;
+    a snapshot's whole-run row has the bytes reserved then (`reserved_bytes`, else None)."""
     return [{"rank": m["rank"], "step": step, "total_bytes": p["total_bytes"],
-             "by_category": p["by_category"]}
-            for m in memory for step, p in [("all", m["peak"])]
-            + [(s["step"], s) for s in m["steps"]]]
+             "by_category": p["by_category"], "reserved_bytes": reserved}
+            for m in memory for step, p, reserved in [
+                ("all", m["peak"], (m["reserved"] or {}).get("at_peak_bytes"))]
+            + [(s["step"], s, None) for s in m["steps"]]]
 
 
 def critical_step_rows(path: dict[str, Any] | None) -> list[dict[str, Any]]:
