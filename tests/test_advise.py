@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import corpus
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.cli.main import main
@@ -155,6 +158,21 @@ def test_facts_events_are_analyzes_events(corpus_runs: dict[str, Run]) -> None:
     ev = Events.load(run)
     assert frame["row"].to_list() == list(range(len(ev)))
     assert frame["name"][7] == ev.name_of(7)
+
+
+def test_kernel_launches_are_the_calls_joined_to_a_kernel(corpus_runs: dict[str, Run]) -> None:
+    """launch_bound's launches are analyze's: every runtime or driver call whose correlation id
+    a kernel carries, whatever its name (ROCm's hipExtModuleLaunchKernel, triton's driver
+    cuLaunchKernel), counted from the raw JSON."""
+    for name, expected in (("amd", 14), ("triton", 1), ("nccl", 2700)):
+        with gzip.open(corpus(name), "rt") as f:
+            raw = orjson.loads(f.read())["traceEvents"]
+        kernels = {e["args"]["correlation"] for e in raw if e.get("cat") == "kernel"}
+        calls = Counter(e["name"] for e in raw if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                        and e.get("args", {}).get("correlation") in kernels)
+        launches = Facts.of(corpus_runs[name]).kernel_launches
+        assert launches.height == sum(calls.values()) == expected
+        assert Counter(launches["name"].to_list()) == calls
 
 
 # -- pageable copies ----------------------------------------------------------------------------

@@ -16,8 +16,6 @@ from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, LaunchingOp
 from perfswarm.trace.schema import NONE
 
-_LAUNCH = (r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|"
-           r"hipLaunchKernel|hipExtLaunchKernel)$")
 _SMALL_KERNEL_NS = 10_000
 _GRAPH_LAUNCH_NS = 1_000  # per kernel, replayed from a captured CUDA graph
 _GEMM = r"(?i)gemm"
@@ -52,7 +50,7 @@ def launch_bound(facts: Facts) -> Advice | None:
     """Kernels finish faster than the host can launch them: the device waits on launches
     (most of its idle time is analyze's host wait, and no more than that can be won)."""
     kernels = facts.in_window(facts.kind("kernel"))
-    launches = facts.in_window(facts.named(_LAUNCH, "runtime"))
+    launches = facts.in_window(facts.kernel_launches)
     if kernels.height < 100 or launches.height == 0:
         return None
     small = kernels.filter(pl.col("dur") < _SMALL_KERNEL_NS)

@@ -199,6 +199,15 @@ class Facts:
         return {r: 1 - idle / span for r, (idle, span) in self.device_idle.items()}
 
     @cached_property
+    def kernel_launches(self) -> pl.DataFrame:
+        """The runtime and driver calls that launched a kernel (a collective's too): analyze's
+        launch, the call joined to its kernel by correlation id (analyze.launch.launch_pairs)."""
+        ev = Events.load(self.run)
+        _, calls = launch_pairs(ev, np.flatnonzero(ev.of_kind("kernel", "collective", "runtime",
+                                                              "driver")))
+        return self.events.filter(pl.col("row").is_in(np.unique(calls)))
+
+    @cached_property
     def device_events(self) -> pl.DataFrame:
         return self.in_window(self.kind(*sorted(DEVICE_KINDS - {"gpu_annotation"})))
 
