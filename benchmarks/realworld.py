@@ -276,8 +276,11 @@ def main() -> int:
     p.add_argument("--predict-steps", type=int, default=16)
     p.add_argument("--scripts", default="", help="predict: only these (lstm,resnet,gpt,mixer,"
                    "conv1d,nanogpt)")
+    p.add_argument("--keep", type=Path, help="record into this folder and keep the Runs")
     ns = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = str(ns.keep or scratch)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for what in ns.only.split(","):
             if what == "nanogpt":
                 check_nanogpt(ns.nanogpt_iters, Path(tmp))

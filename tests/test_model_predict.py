@@ -21,6 +21,7 @@ from perfswarm.model.predict import (
     Change,
     _Transform,
     derived_dims,
+    held_first_touch,
     load_model,
     predict,
     step_faults,
@@ -367,6 +368,55 @@ def test_fixed_cost_read_off_the_runs_small_ops() -> None:
     doubled = scale_batch(small, 2.0)
     assert fitted.scaled(10_000, small, doubled, dims, dims) == 10_128
     assert scaler.scaled(10_000, small, doubled, dims, dims) == 20_000
+
+
+def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
+    """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
+    one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all
+    time steps [T x B, 32] x [32, 256]; each GEMM 2 us fixed plus 0.1 ns a FLOP. A width x2 and
+    a batch x2 each scale the measured time by the sum's ratio, not by the FLOPs' (x3.27 and x2
+    there): the per-step fixed costs do not grow (the batch grows in the input's B, not T)."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
+                                              "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {}))
+    lstm = Shapes(((10, 4, 32), (256, 32), (256, 64), (256,), (256,), (4, 64), (4, 64)),
+                  ("float",) * 7)
+    fixed = {(256, 32), (256, 64), (256,)}
+
+    def seconds(t: int, b: int, i: int, h: int) -> float:
+        def mm(m: int, k: int, n: int) -> float:
+            return 2e-6 + 1e-10 * 2 * m * k * n
+        return t * 1e-6 + mm(t * b, i, 4 * h) + t * mm(b, h, 4 * h)
+
+    base = seconds(10, 4, 32, 64)
+    for transform, expected in ((_Transform(1.0, {64: 128, 256: 512}, fixed),
+                                 seconds(10, 4, 32, 128)),
+                                (_Transform(2.0, {}, fixed), seconds(10, 8, 32, 64))):
+        found = transform.costs("aten::mkldnn_rnn_layer", lstm)
+        assert found is not None
+        old, new, new_shapes = found
+        assert scaler.scaled(1_000_000, old, new, lstm.dims,
+                             new_shapes.dims) == round(1e6 * expected / base)
+    assert round(1e6 * seconds(10, 4, 32, 128) / base) == 3_006_719  # FLOPs: x3.27
+    assert round(1e6 * seconds(10, 8, 32, 64) / base) == 1_860_022  # FLOPs: x2
+
+
+def test_first_touch_held_to_what_the_op_took() -> None:
+    """The Mixer's patch convolution: 48 us measured, 225 us of faults put on it by the run's
+    share, 451 us at twice the batch; held to 36 us (3/4) and 72 us, the 12 us of work left."""
+    assert held_first_touch(48_000, 225_000, 451_000) == (36_000, 72_160)
+    assert held_first_touch(48_000, 10_000, 20_000) == (10_000, 20_000)
+    assert held_first_touch(48_000, 0, 30_000) == (0, 30_000)  # the largest at the new shapes
+
+
+def test_batch_leaves_a_1d_convolutions_weight_seen_as_2d() -> None:
+    """mkldnn_convolution records nn.Conv1d's weight [40, 1, 80] as [40, 1, 1, 80]: still the
+    parameter, so twice the batch grows the input's N and not the weight's C_out."""
+    shapes = Shapes(((8, 1, 1, 4000), (40, 1, 1, 80), (40,)), ("float",) * 3)
+    found = _Transform(2.0, {}, {(40, 1, 80), (40,)}).costs("aten::mkldnn_convolution", shapes)
+    assert found is not None
+    assert found[2].dims == ((16, 1, 1, 4000), (40, 1, 1, 80), (40,))
+    grown = _Transform(2.0, {}, {(40,)}).costs("aten::mkldnn_convolution", shapes)
+    assert grown is not None and grown[2].dims[1] == (80, 1, 1, 80)
 
 
 def test_warm_sweep_blends_with_the_cold_one_where_the_family_has_one() -> None:

@@ -389,7 +389,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
     the cost; this says which dimension grew). A GEMM's batch is its m when the second operand
     is a parameter, its n when the first is, its k when neither is (a weight's gradient sums
     over the batch), and its leading batch when both are 3-d; any other op's non-parameter
-    inputs grow in their leading dimension."""
+    inputs grow in their leading dimension, but an LSTM layer's input [T, B, I] in its B."""
     if factor == 1.0:
         return shapes
     dims = [list(d) for d in shapes.dims]
@@ -414,7 +414,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
             grow(j, -2)
     else:
         for i in range(len(dims)):
-            grow(i, 0)
+            grow(i, 1 if i == 0 and _lstm_shape(op, shapes.dims) else 0)
     return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides)
 
 
@@ -432,6 +432,15 @@ _HIDDEN_GEMMS = re.compile(r"rnn|lstm|gru|attention.*backward|attention_backward
 _LSTM_GATES = 4  # mkldnn_rnn_layer runs LSTM layers (torch's CPU LSTM): four gates per unit
 
 
+def _lstm_shape(op: str, dims: Dims) -> tuple[int, int, int, int] | None:
+    """(T, B, I, H) of an LSTM layer or its backward (`_composite`'s shapes); None otherwise."""
+    if (op not in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward") or len(dims) < 7
+            or len(dims[0]) != 3 or len(dims[5]) != 2):
+        return None
+    steps, batch, inputs = dims[0]
+    return steps, batch, inputs, dims[5][1]
+
+
 def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
     """(family, FLOPs, elements moved) of the composite ops priced by the matrix products
     inside them; None for others or shapes that do not fit.
@@ -443,11 +452,9 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
       twice that: the input's and the weights' gradients;
     - attention backward (grad_out, q, k, v, out, ... with q [B, heads, L, D]): recomputing
       QK^T and the gradients of P, V, Q and K, five matrix products of the forward's two."""
-    if op in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
-        if len(dims) < 7 or len(dims[0]) != 3 or len(dims[5]) != 2:
-            return None
-        steps, batch, inputs = dims[0]
-        hidden = dims[5][1]
+    lstm = _lstm_shape(op, dims)
+    if lstm is not None:
+        steps, batch, inputs, hidden = lstm
         gates = _LSTM_GATES * hidden
         flops = steps * batch * gates * (2.0 * (inputs + hidden) + 10.0)
         moved = (steps * batch * (inputs + hidden) + gates * (inputs + hidden + 2)
@@ -463,6 +470,33 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
         flops = 10.0 * b * h * lq * lk * d + 5.0 * b * h * lq * lk
         return "sdpa_backward", flops, float(5 * b * h * lq * d + 3 * b * h * lk * d)
     return None
+
+def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
+    """(count, cost, dims) of the ops an LSTM layer (mkldnn_rnn_layer, `_composite`'s shapes)
+    runs inside, as oneDNN runs it: the input's GEMM over all T time steps at once, then per
+    time step the hidden state's small GEMM [B, H] x [H, 4H] and one fused elementwise pass over
+    the gates [B, 4H]; its backward per time step the gates' elementwise gradient and the
+    hidden state's gradient [B, 4H] x [4H, H], then the input's and both weights' gradients as
+    GEMMs over all time steps. T small GEMMs cost a fixed time each that one [T x B, 4H]
+    matrix product's FLOPs do not show: at B = 8, H = 40 doubling H is x2.2, not the x4 of the
+    FLOPs. None for other ops or shapes that do not fit."""
+    found = _lstm_shape(op, dims)
+    if found is None:
+        return None
+    steps, batch, inputs, hidden = found
+    gates = _LSTM_GATES * hidden
+    rows = steps * batch
+    if op.endswith("backward"):
+        gemms = [(steps, batch, gates, hidden), (1, rows, gates, inputs),
+                 (1, inputs, rows, gates), (1, hidden, rows, gates)]
+    else:
+        gemms = [(1, rows, inputs, gates), (steps, batch, hidden, gates)]
+    parts: list[tuple[int, OpCost | None, Dims]] = [
+        (steps, op_cost("sigmoid", ((batch, gates),), ("float",)), ((batch, gates),)),
+        *((n, op_cost("mm", ((m, k), (k, c)), ("float", "float")), ((m, k), (k, c)))
+          for n, m, k, c in gemms)]
+    return [(n, cost, d) for n, cost, d in parts if cost is not None]
+
 
 # Ops that only make views, allocate or read metadata: their time does not grow with the data.
 METADATA_OPS = frozenset({
