@@ -3,8 +3,8 @@
 Rules only see this object, so each table is decoded once however many rules run. The frame
 is a polars view of analyze's events (analyze.frame.Events, decoded once per Run; `row` is an
 event's row there), with the two columns analyses leave out (pid, args); interval unions are
-analyze.intervals', the op that launched a kernel is analyze.dependencies'; containment is
-here.
+analyze.intervals', the op that launched a kernel and containment are analyze.dependencies'
+(one nesting sweep).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,8 +32,6 @@ from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, KINDS
 from perfswarm.trace.store import Manifest, Run
 
-I64 = npt.NDArray[np.int64]
-
 
 def events_frame(run: Run, ev: Events) -> pl.DataFrame:
     """analyze's events of `run` as a polars frame: its columns (not copied where numpy and
@@ -47,30 +44,6 @@ def events_frame(run: Run, ev: Events) -> pl.DataFrame:
         "pid": side.column("pid").to_numpy(), "tid": ev.tid, "device": ev.device,
         "stream": ev.stream, "correlation": ev.correlation, "step": ev.step,
         "args": pl.Series(side.column("args").combine_chunks(), dtype=pl.String)})
-
-
-def contained(outer: pl.DataFrame, inner: pl.DataFrame) -> npt.NDArray[np.bool_]:
-    """For each row of `inner`: lies within some row of `outer` on the same rank and thread.
-
-    Outer rows of one rank and thread must not overlap each other (true of one op name,
-    e.g. every `Optimizer.step#...`), so the last outer starting before an event decides.
-    """
-    hit = np.zeros(inner.height, bool)
-    if outer.height == 0 or inner.height == 0:
-        return hit
-    inner = inner.with_row_index("_row")
-    for (rank, tid), group in inner.group_by(["rank", "tid"]):
-        mine = outer.filter((pl.col("rank") == rank) & (pl.col("tid") == tid)).sort("ts")
-        if mine.height == 0:
-            continue
-        o_start = mine["ts"].to_numpy()
-        o_end = o_start + mine["dur"].to_numpy()
-        ts = group["ts"].to_numpy()
-        end = ts + group["dur"].to_numpy()
-        i = np.searchsorted(o_start, ts, side="right") - 1
-        ok = (i >= 0) & (end <= o_end[np.maximum(i, 0)])
-        hit[group["_row"].to_numpy()[ok]] = True
-    return hit
 
 
 @dataclass
@@ -130,6 +103,13 @@ class Facts:
         """Events whose name matches the regex `pattern` (optionally of the given kinds)."""
         frame = self.kind(*kinds) if kinds else self.events
         return frame.filter(pl.col("name").str.contains(pattern))
+
+    def inside(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
+        """The rows of `inner` that lie within a row of `outer` on their rank and thread
+        (analyze.dependencies.enclosing_ops: one nesting sweep for the launch join and this)."""
+        around = enclosing_ops(Events.load(self.run), inner["row"].to_numpy(),
+                               outer["row"].to_numpy())
+        return inner.filter(pl.col("row").is_in(np.fromiter(around, np.int64, len(around))))
 
     @cached_property
     def ranks(self) -> list[int]:

@@ -9,7 +9,7 @@ import polars as pl
 from perfswarm.analyze.iterations import top_level
 from perfswarm.model.opcost import data_cost, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
-from perfswarm.optimize.rules.facts import Facts, contained
+from perfswarm.optimize.rules.facts import Facts
 
 _STEP = r"^Optimizer\.step#"
 _MULTI_TENSOR = r"_foreach_|_fused_"
@@ -23,7 +23,7 @@ def _inside(facts: Facts, outer_pattern: str,
             inner_pattern: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     outer = facts.in_window(facts.named(outer_pattern, "cpu_op", "user_annotation"))
     inner = facts.named(inner_pattern, "cpu_op")
-    return outer, inner.filter(pl.Series(contained(outer, inner)))
+    return outer, facts.inside(outer, inner)
 
 
 def single_tensor_optimizer(facts: Facts) -> Advice | None:
