@@ -303,3 +303,20 @@ def test_a_snapshot_torch_wrote_agrees_with_its_timeline(
     assert (alive["parameter"], held["parameter"], alive["input"], held["input"]) == (
         1_071_144, 524_288, 66_056, 8)
     assert held["unknown"] == 1_071_144 - 524_288 + 66_056 - 8 and alive["unknown"] == 0
+
+
+def test_a_snapshot_over_two_devices_merges_them_by_time(tmp_path: Path) -> None:
+    """Each device's history in its order, the two merged by time_us; the readings then belong
+    to no one device (-1)."""
+    snapshot = {"segments": [], "device_traces": [
+        [_entry("alloc", 10, 4096, 100), _entry("free_completed", 30, 4096, 100)],
+        [_entry("alloc", 20, 4096, 50, category="activation")]]}
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    out = tmp_path / "two.run"
+    assert main(["import", str(TRACE), "--memory-timeline", str(path), "-o", str(out), "-q"]) == 0
+    readings = [(r["ts"] // 1000, r["name"], r["value"], r["device"])
+                for r in Run(out).table("counters").to_pylist()
+                if r["name"] in ("memory.unknown", "memory.activation")]
+    assert readings == [(10, "memory.activation", 0, -1), (10, "memory.unknown", 100, -1),
+                        (20, "memory.activation", 50, -1), (30, "memory.unknown", 0, -1)]
