@@ -320,3 +320,21 @@ def test_a_snapshot_over_two_devices_merges_them_by_time(tmp_path: Path) -> None
                 if r["name"] in ("memory.unknown", "memory.activation")]
     assert readings == [(10, "memory.activation", 0, -1), (10, "memory.unknown", 100, -1),
                         (20, "memory.activation", 50, -1), (30, "memory.unknown", 0, -1)]
+
+
+def test_a_snapshots_reserved_bytes_near_capacity(tmp_path: Path) -> None:
+    """The snapshot's allocator reserved 24 MiB at most on device 0, whose trace says it has
+    26,000,000 B: memory_capacity names the snapshot as its source."""
+    trace = tmp_path / "t.json"
+    trace.write_bytes(orjson.dumps({
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "totalGlobalMem": 26_000_000}],
+        "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+                         "ts": 0, "dur": 300}]}))
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(SNAPSHOT))
+    out = tmp_path / "cap.run"
+    assert main(["import", str(trace), "--memory-timeline", str(path), "-o", str(out), "-q"]) == 0
+    (found,) = [a for a in advise(Run(out)).advice if a.rule == "memory_capacity"]
+    assert found.evidence == {"devices": [{
+        "rank": 0, "device": 0, "peak_bytes": 12 * MB2, "capacity_bytes": 26_000_000,
+        "used_pct": round(100 * 12 * MB2 / 26_000_000, 2), "source": "snapshot"}]}

@@ -14,6 +14,7 @@ from perfswarm.model.opcost import OpCost, roofline
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, LaunchingOp
+from perfswarm.trace.readers.memory_timeline import RESERVED
 from perfswarm.trace.schema import NONE
 
 _SMALL_KERNEL_NS = 10_000
@@ -202,7 +203,8 @@ def fusion(facts: Facts) -> Advice | None:
 
 
 def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[float, str]]:
-    """Peak bytes per (rank, device): the allocator's reserved bytes, else sampled usage. The
+    """Peak bytes per (rank, device): the allocator's reserved bytes (the trace's `[memory]`
+    events, a memory snapshot's `memory_reserved` on its one device), else sampled usage. The
     recorder's GPU sampler is host-wide (rank -1): its devices count for every rank in `ranks`
     that has them."""
     peaks: dict[tuple[int, int], tuple[float, str]] = {}
@@ -215,6 +217,12 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
         value = float(a.get("Total Reserved", a.get("Total Allocated", 0)))
         if value > peaks.get(key, (0.0, ""))[0]:
             peaks[key] = (value, "allocator")
+    snapshots = facts.counters.filter((pl.col("name") == RESERVED) & (pl.col("device") >= 0))
+    for (rank, device), group in snapshots.group_by(["rank", "device"]):
+        key = (int(str(rank)), int(str(device)))
+        value = float(group["value"].max())  # type: ignore[arg-type]
+        if value > peaks.get(key, (0.0, ""))[0]:
+            peaks[key] = (value, "snapshot")
     sampled = facts.counters.filter(pl.col("name").str.contains(r"^gpu\d+\.mem_used_bytes$"))
     for (rank, name), group in sampled.group_by(["rank", "name"]):
         device = int(str(name)[3:].split(".")[0])
