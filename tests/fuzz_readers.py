@@ -20,10 +20,10 @@ from typing import Any
 
 from fuzz_cases import ODD_VALUES, mutate_bytes
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.build import Stacks, counters, perf_samples, pyspy_samples, syscall_events
+from perfswarm.record.build import Stacks, counters, perf_samples, pyspy_samples
 from perfswarm.report import perfetto
 from perfswarm.trace.info import run_info
-from perfswarm.trace.readers import perf, pyspy
+from perfswarm.trace.readers import perf, pyspy, strace
 from perfswarm.trace.store import Run
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -44,7 +44,7 @@ def read_pystacks(path: Path) -> None:
 
 
 def read_strace(path: Path) -> None:
-    syscall_events(path, {})
+    strace.events(path, {})
 
 
 def read_sampler(path: Path) -> None:

@@ -168,27 +168,6 @@ def pyspy_samples(folded: Sequence[pyspy.Folded], start_ns: int, rank_of: dict[i
     return _samples(rows, "py-spy")
 
 
-def syscall_events(path: Path, rank_of: dict[int, int]) -> pa.Table:
-    """strace's syscalls as events; strace -f names threads only, so pid = tid."""
-    calls = strace.parse(path.read_text(errors="replace"), path) if path.is_file() else []
-    if not calls:
-        return EVENTS.empty_table()
-    n = len(calls)
-    none = pa.array(np.full(n, NONE, np.int64))
-    tids = pa.array([c.tid for c in calls], pa.int64())
-    return pa.table({
-        "rank": pa.array([rank_of.get(c.tid, NONE) for c in calls], pa.int32()),
-        "ts": pa.array([c.ts_ns for c in calls], pa.int64()),
-        "dur": pa.array([c.dur_ns for c in calls], pa.int64()),
-        "kind": pa.array(["syscall"] * n).dictionary_encode(),
-        "name": pa.array([c.name for c in calls]).dictionary_encode(),
-        "pid": tids, "tid": tids,
-        "device": pa.array(np.full(n, NONE, np.int32)), "stream": none, "correlation": none,
-        "external_id": none, "rf_id": none, "step": pa.array(np.full(n, NONE, np.int32)),
-        "args": pa.array([c.args for c in calls], pa.string()),
-    }).cast(EVENTS)
-
-
 def counters(paths: Iterable[Path], flows: Sequence[Row] = ()) -> pa.Table:
     rows = list(flows)
     for path in paths:
@@ -246,7 +225,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         steps = concat([marker_steps, hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
-        syscalls = readable(manifest, "strace", partial(syscall_events, raw / "strace.txt",
+        syscalls = readable(manifest, "strace", partial(strace.events, raw / "strace.txt",
                                                         rank_of), EVENTS.empty_table())
         sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
                    for p in sorted(raw.glob("*.jsonl"))]

@@ -1,5 +1,6 @@
 """`strace -f -ttt -T` text (record/strace.py): syscalls on the epoch clock; a call another
-thread interrupted (`<unfinished ...>`, later `<... NAME resumed>`) is joined into one."""
+thread interrupted (`<unfinished ...>`, later `<... NAME resumed>`) is joined into one;
+`events` gives them as the Run's `syscall` events."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import orjson
+import pyarrow as pa
 
 from perfswarm.trace.readers.fields import MAX_CLOCK_NS, int64_field
+from perfswarm.trace.schema import EVENTS, NONE
 
 _CALL = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) (\w+)\((.*)$", re.ASCII)
 _RESUMED = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) <\.\.\. (\w+) resumed>(.*)$", re.ASCII)
@@ -62,3 +66,24 @@ def parse(text: str, source: Path) -> list[Syscall]:
         out.append(Syscall(tid, ts, _ns(dsec, dfrac, source, n, "duration"), name, orjson.dumps(
             {"args": call_args[: result.start()], "result": value}).decode()))
     return out
+
+
+def events(path: Path, rank_of: dict[int, int]) -> pa.Table:
+    """strace's syscalls as events; strace -f names threads only, so pid = tid."""
+    calls = parse(path.read_text(errors="replace"), path) if path.is_file() else []
+    if not calls:
+        return EVENTS.empty_table()
+    n = len(calls)
+    none = pa.array(np.full(n, NONE, np.int64))
+    tids = pa.array([c.tid for c in calls], pa.int64())
+    return pa.table({
+        "rank": pa.array([rank_of.get(c.tid, NONE) for c in calls], pa.int32()),
+        "ts": pa.array([c.ts_ns for c in calls], pa.int64()),
+        "dur": pa.array([c.dur_ns for c in calls], pa.int64()),
+        "kind": pa.array(["syscall"] * n).dictionary_encode(),
+        "name": pa.array([c.name for c in calls]).dictionary_encode(),
+        "pid": tids, "tid": tids,
+        "device": pa.array(np.full(n, NONE, np.int32)), "stream": none, "correlation": none,
+        "external_id": none, "rf_id": none, "step": pa.array(np.full(n, NONE, np.int32)),
+        "args": pa.array([c.args for c in calls], pa.string()),
+    }).cast(EVENTS)
