@@ -31,6 +31,7 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
+        [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op)
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
