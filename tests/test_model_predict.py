@@ -15,7 +15,7 @@ from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
-from perfswarm.model.opcost import Shapes, op_cost, scale_batch
+from perfswarm.model.opcost import Shapes, data_cost, op_cost, scale_batch
 from perfswarm.model.overheads import OverheadModel, steady_steps, typical
 from perfswarm.model.predict import (
     Change,
@@ -397,6 +397,15 @@ def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
         assert scaler.scaled(1_000_000, old, new, lstm.dims,
                              new_shapes.dims) == round(1e6 * expected / base)
     assert round(1e6 * seconds(10, 4, 32, 128) / base) == 3_006_719  # FLOPs: x3.27
+    # backward, per time step the gate pass, the hidden state's gradient [4, 256] x [256, 64]
+    # and both weights' gradients [32 or 64, 4] x [4, 256]; the input's over all 40 rows
+    backward = Shapes((*lstm.dims, (10, 4, 64), (4, 64), (4, 64), (10, 4, 64), (180224,)),
+                      ("float",) * 12)
+    cost = data_cost("aten::mkldnn_rnn_layer_backward", backward)
+    assert cost is not None
+    gemms = 3 * 2e-6 + 1e-10 * 2 * 4 * 256 * (64 + 32 + 64)
+    assert scaler.model_time(cost, backward.dims) == pytest.approx(
+        10 * (1e-6 + gemms) + 2e-6 + 1e-10 * 2 * 40 * 256 * 32)
     assert round(1e6 * seconds(10, 8, 32, 64) / base) == 1_860_022  # FLOPs: x2
 
 
