@@ -181,6 +181,34 @@ def _raw_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def _raw_device_idle_us(raw: list[dict[str, Any]], step_name: str) -> float:
+    """The time of the CPU-side step marker `step_name` that no device work covers, from the
+    raw trace (µs)."""
+    step = next(e for e in raw if e.get("name") == step_name
+                and e.get("cat") == "user_annotation")
+    lo, hi = float(step["ts"]), float(step["ts"]) + float(step["dur"])
+    spans = sorted((max(lo, float(e["ts"])), min(hi, float(e["ts"]) + float(e["dur"])))
+                   for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+                   and float(e["ts"]) < hi and float(e["ts"]) + float(e["dur"]) > lo)
+    busy, end = 0.0, lo
+    for a, b in spans:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return hi - lo - busy
+
+
+def test_gradient_size_keeps_the_host_bound_time(tmp_path: Path) -> None:
+    """A Run without collectives, given its gradient size, gets one all-reduce after its backward
+    and keeps each step's device-idle time (that had been dropped with the step's other fields)."""
+    run = import_traces([corpus("compare_base")], tmp_path / "b.run", ImportOptions(), ["t"])
+    raw = _raw_events(corpus("compare_base"))
+    prof = profile(run, grad_bytes=1 << 20)
+    assert prof.steps and all(len(s.calls) == 1 for s in prof.steps)
+    for s in prof.steps:
+        idle_us = _raw_device_idle_us(raw, f"ProfilerStep#{s.step}")
+        assert idle_us > 0 and s.idle_ns == pytest.approx(idle_us * 1000, abs=1000)
+
+
 def test_layouts_of_the_ddp_trace(nccl: Run) -> None:
     """ResNet-50 under DDP on 2 A100s: the parameters are the elements its gradient
     all-reduces carry in a step (read here from the raw trace), torchvision's ResNet-50 count."""
@@ -204,16 +232,8 @@ def test_layouts_of_the_ddp_trace(nccl: Run) -> None:
     assert zero0.state_bytes == 16 * elems and zero0.comm_bytes["dp"] == 4 * elems
     # the GPU idles most of each step (host-bound): that time stays in every layout's step;
     # the first step's, from the raw trace: ProfilerStep#4 less the union of its device work
-    step = next(e for e in raw if e.get("name") == "ProfilerStep#4")
-    lo, hi = float(step["ts"]), float(step["ts"]) + float(step["dur"])
-    spans = sorted((max(lo, float(e["ts"])), min(hi, float(e["ts"]) + float(e["dur"])))
-                   for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-                   and float(e["ts"]) < hi and float(e["ts"]) + float(e["dur"]) > lo)
-    busy, end = 0.0, lo
-    for a, b in spans:
-        busy += max(0.0, b - max(a, end))
-        end = max(end, b)
-    assert result.profile.steps[0].idle_ns == pytest.approx((hi - lo - busy) * 1000, abs=1000)
+    assert result.profile.steps[0].idle_ns == pytest.approx(
+        _raw_device_idle_us(raw, "ProfilerStep#4") * 1000, abs=1000)
     idle = statistics.median(s.idle_ns for s in result.profile.steps) * 1e-9
     assert all(e.host_s == idle for e in lay.every) and idle > 0.16
 

@@ -233,8 +233,8 @@ def profile(run: Run, grad_bytes: int | None = None, *,
                               else (shaped_grad_bytes or 0, "parameter shapes"))
         if not any(measured):
             # No collectives to learn from: one all-reduce of the gradients after the backward.
-            steps = [StepProfile(st.rank, st.step, st.wall_ns, st.compute_ns, 0, 0,
-                                 (Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
+            steps = [replace(st, tail_ns=0, overlapped_ns=0, calls=(
+                         Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
                      for st in steps]
     else:
         raise NotApplicable(None, "no all-reduce kernels with sizes and no layer shapes in "
