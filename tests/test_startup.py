@@ -8,10 +8,11 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 
 from conftest import corpus
-from perfswarm.cli.app import app, command_doc, command_names
+from perfswarm.cli.app import CommandsOnDemand, app, command_doc, command_names
 from perfswarm.trace.ingest import ImportOptions, import_traces
 
 HEAVY = ("sklearn", "scipy", "optuna", "plotly", "torch", "dask")
@@ -67,3 +68,18 @@ def test_every_registered_command_has_its_module() -> None:
     for name in command_names():
         importlib.import_module(f"perfswarm.cli.{name}_cmd")
     assert sorted(i.name or "" for i in app.registered_commands) == list(command_names())
+
+
+def test_listing_summaries_are_unwrapped_first_paragraphs() -> None:
+    """The top-level help's summary of a command is its docstring's first paragraph as one line
+    (the docstring's own line breaks had been printed inside the help's table)."""
+    group = CommandsOnDemand(name="perfswarm")
+    group.listing = True
+    try:
+        summary = group.get_command(click.Context(group), "calibrate")
+    finally:
+        group.listing = False
+    assert summary is not None
+    first = command_doc("calibrate").split("\n\n")[0]
+    assert "\n" in first   # the docstring wraps its first paragraph
+    assert summary.short_help == " ".join(first.split())

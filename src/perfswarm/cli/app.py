@@ -55,7 +55,9 @@ class CommandsOnDemand(TyperGroup):
         if cmd_name in self.commands or cmd_name not in command_names():
             return self.commands.get(cmd_name)
         if self.listing:  # the top-level help needs only names and summaries
-            return TyperCommand(cmd_name, help=command_doc(cmd_name))
+            doc = command_doc(cmd_name)  # its first paragraph, unwrapped, is the summary
+            return TyperCommand(cmd_name, help=doc,
+                                short_help=" ".join(doc.split("\n\n")[0].split()))
         importlib.import_module(f"{__package__}.{cmd_name}{SUFFIX}")
         info = next(i for i in app.registered_commands if i.name == cmd_name)
         command = typer.main.get_command_from_info(
