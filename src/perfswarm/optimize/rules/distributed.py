@@ -28,11 +28,12 @@ def communication_bound(facts: Facts) -> Advice | None:
     comm = facts.device_events.filter(pl.col("kind") == "collective")
     if comm.height == 0:
         return None
-    comm_ns = sum(facts.busy_ns(comm).values())
-    both = sum(facts.busy_ns(pl.concat([comm, _compute(facts)])).values())
-    compute_ns = sum(facts.busy_ns(_compute(facts)).values())
-    exposed = both - compute_ns  # collective time with no compute running beside it
-    share = pct(exposed, both)
+    # analyze's concurrency: collective time is hidden only under compute kernels; beside a
+    # copy alone it is exposed (the copy engine does none of the step's compute).
+    comm_ns = facts.state_ns("overlapped", "comm_only")
+    exposed = facts.state_ns("comm_only")
+    busy = sum(span - idle for idle, span in facts.device_idle.values())
+    share = pct(exposed, busy)
     if share < _EXPOSED_SHARE:
         return None
     by_op = {str(k): int(v) for k, v in comm.with_columns(
@@ -41,8 +42,8 @@ def communication_bound(facts: Facts) -> Advice | None:
         .group_by("name").agg(pl.col("dur").sum()).sort("name").iter_rows()}
     evidence = {"collectives": comm.height, "comm_ns": comm_ns, "by_op_ns": by_op,
                 "overlapped_pct": pct(comm_ns - exposed, comm_ns), "exposed_ns": exposed,
-                "device_busy_ns": both,
-                "comm_share_of_busy_pct": pct(comm_ns, both), "exposed_share_of_busy_pct": share}
+                "device_busy_ns": busy,
+                "comm_share_of_busy_pct": pct(comm_ns, busy), "exposed_share_of_busy_pct": share}
     return advice(facts, "communication_bound", "communication is exposed on the critical path",
                   evidence, exposed / 2,
                   "rule of thumb, no model: half the exposed collective time hidden behind "

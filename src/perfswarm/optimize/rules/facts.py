@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.concurrency import RankConcurrency
+from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import enclosing_ops
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
@@ -160,18 +160,28 @@ class Facts:
         return dict(sorted(out.items()))
 
     @cached_property
-    def device_idle(self) -> dict[int, tuple[int, int]]:
-        """Rank -> (analyze's device idle ns, measured ns) over its iterations (or time
-        windows, or its span without either): the time none of its devices worked
-        (analyze.concurrency); only ranks with device work in their window."""
+    def _breakdowns(self) -> dict[int, list[Breakdown]]:
+        """Rank -> analyze's concurrency breakdowns over its iterations (or time windows, or
+        its span without either); only ranks with device work in their window."""
         out = {}
         with_work = set(self.device_events["rank"].to_list())
         for rc in self.concurrency:
             parts = [i.breakdown for i in rc.iterations] or [rc.total]
-            span = sum(b.span_ns for b in parts)
-            if rc.rank in with_work and span > 0:
-                out[rc.rank] = (sum(b.device_idle_ns for b in parts), span)
+            if rc.rank in with_work and sum(b.span_ns for b in parts) > 0:
+                out[rc.rank] = parts
         return out
+
+    @cached_property
+    def device_idle(self) -> dict[int, tuple[int, int]]:
+        """Rank -> (analyze's device idle ns, measured ns) over its breakdowns: the time none
+        of its devices worked (analyze.concurrency)."""
+        return {r: (sum(b.device_idle_ns for b in parts), sum(b.span_ns for b in parts))
+                for r, parts in self._breakdowns.items()}
+
+    def state_ns(self, *states: str) -> int:
+        """analyze's nanoseconds in `states` (analyze.concurrency.STATES), summed over the
+        ranks and windows of device_idle."""
+        return sum(b.ns[s] for parts in self._breakdowns.values() for b in parts for s in states)
 
     @cached_property
     def device_busy(self) -> dict[int, float]:
