@@ -3,7 +3,8 @@
 Every span gets a lane (a rank's CPU thread, or a device stream) and a depth (how many
 spans of its lane enclose it), found with one stack walk per lane. The same walk gives
 each op its self time (its duration less its direct children's) and the device time of
-the kernels it launched, so the operator table counts each nanosecond once.
+the kernels it launched (joined to their launch calls by analyze's `launch_pairs`), so the
+operator table counts each nanosecond once.
 
 Times are integer ns from the run's start (the earliest event, counter sample or step),
 so the axis starts at 0 and nothing is lost to floats. Above `max_spans` the longest
@@ -20,8 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64
-from perfswarm.trace.schema import DEVICE_KINDS, NONE
+from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.launch import launch_pairs
+from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Run
 
 # A canvas draws tens of thousands of spans per frame; the page stays a few MB.
@@ -31,7 +33,6 @@ MAX_FLOWS: Final = 8  # network flows drawn (the largest by bytes): a capture ca
 # The trace window itself (Kineto's "Trace" span) and instants are not work on a lane.
 NOT_DRAWN: Final = frozenset({"trace_span", "instant", "profiler_range"})
 OP_KINDS: Final = frozenset({"cpu_op"})
-LAUNCH_KINDS: Final = frozenset({"runtime", "driver"})
 _COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
                    "correlation", "args"]
 
@@ -69,8 +70,9 @@ def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, 
     return np.asarray(inverse, np.int64).reshape(-1), lanes
 
 
-def nest(table: pa.Table) -> Nesting:
-    """Lanes, depths, self and device time of the drawn spans of an events table."""
+def nest(table: pa.Table, ev: Events) -> Nesting:
+    """Lanes, depths, self and device time of the drawn spans of an events table (`ev`:
+    the same rows, decoded)."""
     kinds = table.column("kind").cast(pa.string()).to_pylist()
 
     def col(name: str) -> I64:
@@ -80,20 +82,16 @@ def nest(table: pa.Table) -> Nesting:
     is_device = np.array([k in DEVICE_KINDS for k in kinds], bool)
     lane, lanes = _lanes(rank, is_device, col("pid"), col("tid"), col("device"), col("stream"))
     n = len(ts)
-    # Device time per (rank, correlation): what a runtime launch put on the device.
-    corr = col("correlation")
-    on_device = is_device & (corr != NONE)
-    launched: dict[tuple[int, int], int] = {}
-    for r, c, d in zip(rank[on_device].tolist(), corr[on_device].tolist(),
-                       dur[on_device].tolist(), strict=True):
-        launched[(r, c)] = launched.get((r, c), 0) + d
     depth = np.zeros(n, np.int64)
     parent = np.full(n, -1, np.int64)
     self_ns = dur.copy()
+    # What each launch call put on the device: the device ops joined to it.
     device_ns = np.zeros(n, np.int64)
+    dev, calls = launch_pairs(ev, np.arange(n))
+    np.add.at(device_ns, calls, ev.dur[dev])
     order = np.lexsort((-dur, ts, lane))
     ends = (ts + dur).tolist()
-    lane_l, ts_l, rank_l, corr_l = lane.tolist(), ts.tolist(), rank.tolist(), corr.tolist()
+    lane_l, ts_l = lane.tolist(), ts.tolist()
     # A span that outlives its parent is cut at the parent's end (`bound`), so the stack's
     # bounds never grow towards the top and a parent is popped with its children.
     stack: list[tuple[int, int]] = []  # (row, bound)
@@ -111,8 +109,6 @@ def nest(table: pa.Table) -> Nesting:
             parent[i] = p
             self_ns[p] -= bound - start
         depth[i] = len(stack)
-        if kinds[i] in LAUNCH_KINDS and corr_l[i] != NONE:
-            device_ns[i] = launched.get((rank_l[i], corr_l[i]), 0)
         stack.append((i, bound))
     # Children come after their parents in `order`: walking it backwards sums subtrees.
     for i in order[::-1].tolist():
@@ -205,9 +201,11 @@ class Spans:
 def spans(run: Run) -> Spans:
     events = run.table("events", _COLUMNS)
     kinds = events.column("kind").cast(pa.string())
-    drawn = events.filter(pc.and_(pc.greater(events.column("dur"), 0),
-                                  pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN))))))
-    return Spans(drawn, nest(drawn), events.num_rows)
+    mask = pc.and_(pc.greater(events.column("dur"), 0),
+                   pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN)))))
+    drawn = events.filter(mask)
+    rows = np.asarray(mask.to_numpy(zero_copy_only=False), bool)
+    return Spans(drawn, nest(drawn, Events.load(run).select(rows)), events.num_rows)
 
 
 def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
