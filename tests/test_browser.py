@@ -178,9 +178,7 @@ def test_trace_strings_are_text(browser: Any, xss_run: Run, tmp_path: Path) -> N
     kernels = page.locator("#kernels td.name").all_inner_texts()
     cpu_ops = page.locator("#cpu-ops td.name").all_inner_texts()
     assert sorted(kernels) == sorted(XSS_NAMES) and sorted(cpu_ops) == sorted(XSS_NAMES)
-    # analyze's scopes (time by op) show them as text too; the launch queue is drawn
-    scoped = page.locator("#scope-ops td.name").all_inner_texts()
-    assert sorted(scoped) == sorted(XSS_NAMES)
+    # the launch queue is drawn
     assert page.locator("#chart-queue svg.main-svg").count() > 0
     assert errors == []
     page.close()

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
 from perfswarm.errors import NotApplicable, PerfswarmError
@@ -22,9 +23,9 @@ from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projection
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
-from perfswarm.report.data import report_data
+from perfswarm.report.data import op_rows, report_data
 from perfswarm.report.overview import model_flops
-from perfswarm.report.timeline import op_table, run_origin, spans, timeline
+from perfswarm.report.timeline import op_stacks, run_origin, spans, timeline
 from perfswarm.report.views import (
     kernel_streams,
     memory_view,
@@ -156,7 +157,7 @@ def test_operators_have_self_and_device_time(corpus_runs: dict[str, Run]) -> Non
     event with a correlation) put on the device, matched in the raw table."""
     run = corpus_runs["simple_add"]
     drawn = spans(run)
-    ops = op_table(drawn, 10**6)
+    ops = op_rows(Events.load(run), op_stacks(drawn), 10**6)
     rows = drawn_rows(run)
     host_corr = {(e["rank"], e["correlation"]) for e in rows
                  if e["kind"] == "runtime" and e["correlation"] != -1}
@@ -170,6 +171,20 @@ def test_operators_have_self_and_device_time(corpus_runs: dict[str, Run]) -> Non
     assert sum(o["total_ns"] for o in ops) == sum(int(e["dur"]) for e in cpu)
     assert all(0 <= o["self_ns"] <= o["total_ns"] for o in ops)
     assert [o["self_ns"] for o in ops] == sorted((o["self_ns"] for o in ops), reverse=True)
+    assert sum(o["device_self_ns"] for o in ops) == launched  # each kernel under one op
+
+
+def test_operators_count_zero_length_calls(corpus_runs: dict[str, Run]) -> None:
+    """Calls under 1 us are stored with dur 0 and not drawn, but they are calls: the raw
+    JSON of non_gpu has 200 aten::as_strided events (47 of them at dur 0) summing to
+    160 us, and one aten::lift_fresh, at dur 0."""
+    data = report_data(corpus_runs["non_gpu"])
+    by_name = {o["name"]: o for o in data["cpu_ops"]}
+    strided = by_name["aten::as_strided"]
+    assert (strided["count"], strided["total_ns"]) == (200, 160_000)
+    assert strided["mean_ns"] == 800
+    full = {o["name"]: o for o in op_rows(Events.load(corpus_runs["non_gpu"]), {}, 10**6)}
+    assert (full["aten::lift_fresh"]["count"], full["aten::lift_fresh"]["total_ns"]) == (1, 0)
 
 
 def test_safe_json_escapes_markup() -> None:
@@ -207,8 +222,9 @@ def test_report_shows_scopes_bandwidth_and_queue_of_nccl(
           for s in launch["streams"]]]
     assert [q["stream"] for q in data["queues"]] == [None, 7, 40]
     page = html.render(report_data(run))
-    for table in ("scope-ops", "scope-annotations", "bandwidth"):
+    for table in ("cpu-ops", "scope-annotations", "bandwidth"):
         assert f'<table id="{table}">' in page
+    assert '<table id="scope-ops">' not in page  # its numbers are cpu-ops' columns
     for chart in ("chart-queue", "chart-bandwidth"):
         assert f'<div class="chart" id="{chart}">' in page
     # `## forward ##`: its three durations in the raw JSON, 103,788,081 + 103,098,615 +
@@ -470,7 +486,9 @@ def test_module_tree_and_memory(tmp_path: Path) -> None:
               mem(11, 4096, 4096, 2 << 20), mem(60, 8192, 12288, 2 << 20),
               mem(95, -4096, 8192, 4 << 20)]
     run = _import_events(tmp_path, events)
-    (addmm,) = op_table(spans(run), 10)  # its call stack: the python spans around it
+    # its call stack: the python spans around it
+    assert op_stacks(spans(run)) == {"aten::addmm": ["nn.Module: Net_0", "nn.Module: Linear_0"]}
+    (addmm,) = report_data(run)["cpu_ops"]
     assert addmm["name"] == "aten::addmm" and addmm["stack"] == [
         "nn.Module: Net_0", "nn.Module: Linear_0"]
     tree = module_tree(spans(run), 100)

@@ -13,6 +13,7 @@ from typing import Any, Final, TypedDict
 
 import pyarrow.compute as pc
 
+from perfswarm.analyze.annotations import scopes
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import NotApplicable
@@ -25,7 +26,7 @@ from perfswarm.report.text import ms, pct
 from perfswarm.report.timeline import (
     MAX_COUNTER_POINTS,
     MAX_SPANS,
-    op_table,
+    op_stacks,
     run_origin,
     spans,
     timeline,
@@ -216,7 +217,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "concurrency": analysis["concurrency"],
         "iterations": _iteration_rows(analysis, line["steps"]),
         "kernels": analysis["ops"]["kernels"][:TOP_OPS],
-        "cpu_ops": op_table(drawn, TOP_OPS),
+        "cpu_ops": op_rows(events, op_stacks(drawn), TOP_OPS),
         "ops_by_shape": ops_by_shape(drawn, TOP_OPS),
         "streams": kernel_streams(drawn, TOP_OPS),
         "modules": module_tree(drawn, MAX_MODULES),
@@ -242,6 +243,17 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "projection": shown,
         "projection_note": note,
     }
+
+
+def op_rows(events: Events, stacks: Mapping[str, list[str]], limit: int) -> list[dict[str, Any]]:
+    """CPU ops by name from analyze's scopes (all of them, zero-length calls counted): calls,
+    CPU total and self, device total and self, mean, and the heaviest call stack; the
+    `limit` largest by CPU self time."""
+    ops = sorted(scopes(events, None).ops, key=lambda o: (-o.cpu_self_ns, o.name))[:limit]
+    return [{"name": o.name, "count": o.count, "total_ns": o.cpu_total_ns,
+             "self_ns": o.cpu_self_ns, "device_ns": o.device_total_ns,
+             "device_self_ns": o.device_self_ns, "mean_ns": o.cpu_total_ns / o.count,
+             "stack": stacks.get(o.name, [])} for o in ops]
 
 
 def swarm_rows(swarms: dict[str, Any], run: Run) -> dict[str, Any]:

@@ -270,36 +270,25 @@ def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
     }
 
 
-def op_table(spans: Spans, limit: int) -> list[dict[str, Any]]:
-    """CPU ops by name: calls, total (inclusive) and self time, the device time of the
-    kernels they (and the ops below them) launched, and their heaviest call stack (the
-    python_function spans around them, with_stack); the `limit` largest by self time."""
+def op_stacks(spans: Spans) -> dict[str, list[str]]:
+    """Each CPU op name's heaviest call stack: the python_function spans around its calls
+    (with_stack), outermost first, the one its calls spent most time under; ops never
+    called under a python_function are left out."""
     kinds = spans.table.column("kind").cast(pa.string()).to_pylist()
     names = spans.table.column("name").cast(pa.string()).to_pylist()
     dur = spans.table.column("dur").to_pylist()
-    self_ns, device_ns = spans.nesting.self_ns.tolist(), spans.nesting.device_ns.tolist()
     parent = spans.nesting.parent.tolist()
-    rows: dict[str, list[int]] = {}
     stacks: dict[str, dict[tuple[str, ...], int]] = {}
     for i, kind in enumerate(kinds):
         if kind in OP_KINDS:
-            name = names[i] or ""
-            r = rows.setdefault(name, [0, 0, 0, 0])
-            r[0] += 1
-            r[1] += dur[i]
-            r[2] += self_ns[i]
-            r[3] += device_ns[i]
             frames, p = [], parent[i]
             while p >= 0:
                 if kinds[p] == "python_function":
                     frames.append(names[p] or "")
                 p = parent[p]
             if frames:
-                by_stack = stacks.setdefault(name, {})
+                by_stack = stacks.setdefault(names[i] or "", {})
                 key = tuple(reversed(frames))
                 by_stack[key] = by_stack.get(key, 0) + dur[i]
-    order = sorted(rows, key=lambda n: (-rows[n][2], n))[:limit]
-    return [{"name": n, "count": rows[n][0], "total_ns": rows[n][1], "self_ns": rows[n][2],
-             "device_ns": rows[n][3], "mean_ns": rows[n][1] / rows[n][0],
-             "stack": list(max(stacks[n].items(), key=lambda kv: (kv[1], kv[0]))[0])
-             if n in stacks else []} for n in order]
+    return {n: list(max(s.items(), key=lambda kv: (kv[1], kv[0]))[0])
+            for n, s in stacks.items()}
