@@ -54,14 +54,17 @@ def test_swarms_grow_and_shrink(runs: tuple[Run, Run], capsys: pytest.CaptureFix
     for s in d.swarms:
         assert s.ns == (s.weight[0] * period, s.weight[1] * period)
     # hashing (libcrypto) grew the most, compressing (libz) shrank the most: the swarms of the
-    # two libraries hold exactly their samples
+    # two libraries hold their samples. Swarms cluster whole stacks and are captioned by their
+    # heaviest leaf, so a sample whose leaf is elsewhere (the kernel or libc under a compress
+    # call) may join a library's swarm: a few, never a tenth
     grew = max(d.swarms, key=lambda s: s.delta_ns or 0)
     shrank = min(d.swarms, key=lambda s: s.delta_ns or 0)
     for swarm, lib in ((grew, "libcrypto"), (shrank, "libz")):
         assert lib in swarm.caption.split(":")[0]
         same = [s for s in d.swarms if lib in s.caption.split(":")[0]]
         for side in (0, 1):
-            assert sum(s.samples[side] for s in same) == sum(lib in m for m in mods[side])
+            held, leaf = sum(s.samples[side] for s in same), sum(lib in m for m in mods[side])
+            assert abs(held - leaf) <= max(2, leaf // 10), (lib, side, held, leaf)
     assert grew.samples[1] > 2 * grew.samples[0] and shrank.samples[0] > 2 * shrank.samples[1]
     assert main(["diff", str(a.path), str(b.path), "--swarms", "--json"]) == 0
     out = orjson.loads(capsys.readouterr().out)
