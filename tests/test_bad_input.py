@@ -166,6 +166,11 @@ def test_outputs_in_a_missing_directory(corpus_runs: dict[str, object], tmp_path
     ["demo", "--loader-delay-ms", "nan"],
     ["fuse", "--layer", "dw3x3:C=8,H=8,W=8 -> pw:K=8", "--threads", "0", "--predict-only"],
     ["record", "--pid", "-5", "-o", "x.run"],  # a psutil ValueError traceback before
+    # the model's own check had named no flag ("model: every size must be positive")
+    ["layouts", "--params", "0", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "8",
+     "--batch", "2", "--devices", "8"],
+    ["layouts", "--params", "nan", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq",
+     "8", "--batch", "2", "--devices", "8"],
 ])
 def test_numeric_flags_out_of_range_are_one_line_before_any_work(
         argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -35,6 +35,11 @@ def layouts_command(
 ) -> None:
     """Data, tensor and pipeline parallel layouts with ZeRO 0-3 of a transformer: memory per
     device, traffic per step, step time, and the fastest layout that fits."""
+    sizes = {"--params": params, "--layers": layers, "--hidden": hidden, "--heads": heads,
+             "--seq": seq, "--batch": batch, "--micro-batch": micro_batch}
+    for name, value in sizes.items():
+        if not value > 0:  # nan too
+            raise PerfswarmError(f"{name} {value}: must be positive")
     if devices < 1 or per_node < 1 or not 0 < efficiency <= 1:
         raise PerfswarmError("--devices and --gpus-per-node must be at least 1, --efficiency "
                              "in (0, 1]")
