@@ -180,3 +180,12 @@ def test_numeric_flags_out_of_range_are_one_line_before_any_work(
     err = capsys.readouterr().err
     assert err.startswith("perfswarm: error: ") and err.count("\n") == 1, err
     assert not list(tmp_path.iterdir())  # nothing recorded, swept or written
+
+
+def test_layouts_names_the_size_that_is_not_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    sizes = {"--params": "1e9", "--layers": "2", "--hidden": "64", "--heads": "4", "--seq": "8",
+             "--batch": "2"}
+    for name in sizes:
+        argv = [x for k, v in {**sizes, name: "0"}.items() for x in (k, v)]
+        assert main(["layouts", *argv, "--devices", "8"]) == 2
+        assert f"error: {name} 0" in capsys.readouterr().err
