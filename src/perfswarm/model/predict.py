@@ -48,7 +48,7 @@ from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
-from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
+from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
@@ -705,7 +705,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                 raise ParameterError(None, "recorded on the CPU; {device} forecasts it at its "
                                      "recorded shapes (no {batch_size} or {dim})",
                                      subject=run.path)
-            return _op_graph_prediction(m, change, model, simulate(m.schedule), gpu_model)
+            return _op_graph_prediction(m, change, model, replayed, measured, notes,
+                                        frozenset(steady), gpu_model)
         needs_model = batch is not None or bool(change.dims)
         if needs_model and profile is None:
             raise ParameterError(None, "a changed batch size or dimension on a CPU run needs a "
@@ -757,11 +758,14 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
-                         replayed: Timeline, gpu_model: KernelModel | None) -> Prediction:
-    """A CPU Run's iterations forecast on a GPU from its op graph (model/gpu/opgraph.py)."""
+                         replayed: Timeline, measured: list[tuple[int, int, int, int, int]],
+                         notes: list[str],
+                         steady: frozenset[tuple[int, int]],
+                         gpu_model: KernelModel | None) -> Prediction:
+    """A CPU Run's iterations forecast on a GPU from its op graph (model/gpu/opgraph.py), beside
+    what `predict` found of them (replayed, measured, steady, its notes)."""
     target = load_spec(change.device or "")
     g = m.graph
-    measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
     forecasts = op_graph_steps(m.ev, m.shapes, [(lo, hi) for _, _, lo, hi, _ in measured],
                                target, gpu_model)
     steps = tuple(StepResult(rank, step, hi - lo, r_hi - r_lo, f.predicted_ns,
@@ -770,16 +774,18 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                   for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active), f
                   in zip(measured, m.iterations(replayed, g.dur), forecasts, strict=True))
     if not any(f.families_ns or f.unpriced for f in forecasts):
-        raise PerfswarmError(f"{m.run.path}: no ops with recorded shapes to forecast on a GPU "
-                             "(record with shapes: torch.profiler record_shapes=True)")
+        raise NotApplicable(None, "no ops with recorded shapes to forecast on a GPU (record "
+                            "with shapes: torch.profiler record_shapes=True)",
+                            subject=m.run.path)
     unpriced = sum((f.unpriced for f in forecasts), Counter())
-    notes = ((WINDOW_NOTE,) if m.window else ()) + (
-        ("ops it could not price (kept at the host's time per op): "
-         + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8)),) if unpriced else ())
+    if unpriced:
+        notes = [*notes, "ops it could not price (kept at the host's time per op): "
+                 + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8))]
     return Prediction(str(m.run.path), m.platform, "cpu", target.name, change, None, steps,
                       {"priced": sum(sum(f.families_ns.values()) > 0 for f in forecasts),
                        "unpriced": sum(unpriced.values())},
-                      {r: lags.to_dict() for r, lags in g.lags.items()}, overheads, None, notes)
+                      {r: lags.to_dict() for r, lags in g.lags.items()}, overheads, None,
+                      tuple(notes), steady)
 
 
 def _compare(run: Run) -> tuple[str, int, int]:
