@@ -21,8 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64, Events
-from perfswarm.analyze.launch import launch_pairs
+from perfswarm.analyze.frame import I64
 from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Run
 
@@ -48,13 +47,12 @@ def run_origin(run: Run) -> int:
 
 @dataclass(frozen=True)
 class Nesting:
-    """Per span (rows of the events table as loaded): lane, depth, self ns, device ns."""
+    """Per span (rows of the events table as loaded): lane, depth, parent, self ns."""
 
     lane: I64  # index into `lanes`
     depth: I64
     parent: I64  # the row of the innermost span enclosing it, -1 at depth 0
     self_ns: I64
-    device_ns: I64  # device time of the kernels it launched, itself or its descendants
     lanes: tuple[tuple[int, bool, int, int], ...]  # (rank, device?, pid or device, tid or stream)
 
 
@@ -70,9 +68,8 @@ def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, 
     return np.asarray(inverse, np.int64).reshape(-1), lanes
 
 
-def nest(table: pa.Table, ev: Events) -> Nesting:
-    """Lanes, depths, self and device time of the drawn spans of an events table (`ev`:
-    the same rows, decoded)."""
+def nest(table: pa.Table) -> Nesting:
+    """Lanes, depths, parents and self time of the drawn spans of an events table."""
     kinds = table.column("kind").cast(pa.string()).to_pylist()
 
     def col(name: str) -> I64:
@@ -85,10 +82,6 @@ def nest(table: pa.Table, ev: Events) -> Nesting:
     depth = np.zeros(n, np.int64)
     parent = np.full(n, -1, np.int64)
     self_ns = dur.copy()
-    # What each launch call put on the device: the device ops joined to it.
-    device_ns = np.zeros(n, np.int64)
-    dev, calls = launch_pairs(ev, np.arange(n))
-    np.add.at(device_ns, calls, ev.dur[dev])
     order = np.lexsort((-dur, ts, lane))
     ends = (ts + dur).tolist()
     lane_l, ts_l = lane.tolist(), ts.tolist()
@@ -110,12 +103,7 @@ def nest(table: pa.Table, ev: Events) -> Nesting:
             self_ns[p] -= bound - start
         depth[i] = len(stack)
         stack.append((i, bound))
-    # Children come after their parents in `order`: walking it backwards sums subtrees.
-    for i in order[::-1].tolist():
-        p = int(parent[i])
-        if p >= 0:
-            device_ns[p] += device_ns[i]
-    return Nesting(lane, depth, parent, np.maximum(self_ns, 0), device_ns, lanes)
+    return Nesting(lane, depth, parent, np.maximum(self_ns, 0), lanes)
 
 
 def _lane_label(lane: tuple[int, bool, int, int], threads: Mapping[str, str],
@@ -204,8 +192,7 @@ def spans(run: Run) -> Spans:
     mask = pc.and_(pc.greater(events.column("dur"), 0),
                    pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN)))))
     drawn = events.filter(mask)
-    rows = np.asarray(mask.to_numpy(zero_copy_only=False), bool)
-    return Spans(drawn, nest(drawn, Events.load(run).select(rows)), events.num_rows)
+    return Spans(drawn, nest(drawn), events.num_rows)
 
 
 def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
