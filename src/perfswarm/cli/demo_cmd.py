@@ -14,7 +14,6 @@ from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, spinner
 from perfswarm.errors import PerfswarmError
-from perfswarm.optimize.advise import advise
 from perfswarm.record.session import RecordOptions, record
 from perfswarm.report import html
 from perfswarm.report.text import ms
@@ -39,17 +38,18 @@ def demo_command(
         result = record(command, out, options)
         bar.update(task, description="analyzing")
         analysis = analyze(result.run)
-        advice = advise(result.run)
+        data = report_data(result.run)  # its advice is what the terminal shows too
         bar.update(task, description="writing the report")
-        html.write(report_data(result.run), report)
+        html.write(data, report)
     manifest = result.run.manifest()
     states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(manifest["collectors"].items()))
     console.print(f"recorded {result.run.path} (exit {result.exit_code}); {states}",
                   soft_wrap=True)
     steps_found = {r: len(s) for r, s in analysis.iterations.steps.items()}
     console.print(f"iterations: {steps_found} ({analysis.iterations.used or 'none found'})")
-    for item in advice.advice[:5]:
-        gain = "" if item.gain_ns is None else f": gain {ms(item.gain_ns)} ({item.gain_pct:.1f}%)"
-        console.print(f"  advice [{item.severity}] {item.title}{gain}")
+    for item in data["advice"][:5]:
+        gain = ("" if item["gain_ns"] is None
+                else f": gain {ms(item['gain_ns'])} ({item['gain_pct']:.1f}%)")
+        console.print(f"  advice [{item['severity']}] {item['title']}{gain}")
     console.print(f"report: {report}")
     return result.exit_code
