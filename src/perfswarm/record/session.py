@@ -169,7 +169,7 @@ def record(command: Sequence[str], out: Path, options: RecordOptions,
     exe = shutil.which(command[0])
     if exe is None:
         raise PerfswarmError(f"{command[0]}: command not found")
-    for raw in leftovers(out.parent if out.parent != Path() else Path("."), out.name):
+    for raw in leftovers(out.parent, out.name):
         recover(raw)  # what a killed recorder of this Run left, as an incomplete Run
     return recorded(out, options, lambda raw: _record(list(command), raw, options, on_status,
                                                       child or Child()))

@@ -69,9 +69,7 @@ def _states(path: Path, data: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
         t, category, delta = t[order], raw[order, 3], raw[order, 2]
         alive = np.zeros((len(t), len(CATEGORIES)), np.int64)
         alive[np.arange(len(t)), category] = delta
-        alive = np.cumsum(alive, axis=0)
-        last = np.append(t[1:] != t[:-1], True)  # the state once every change at t is in
-        return t[last], alive[last]
+        return t, np.cumsum(alive, axis=0)  # read() keeps the state once every change at t is in
     raise TraceFormatError(path, "$", f"not {WHAT}")
 
 
