@@ -428,7 +428,7 @@ def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
 # a memory-bound price would call them modelled while missing their FLOPs, so those without a
 # cost model of their own (`_composite`) stay unmodelled (kept at their measured time, and
 # counted so).
-_HIDDEN_GEMMS = re.compile(r"rnn|lstm|gru|attention.*backward|attention_backward")
+_HIDDEN_GEMMS = re.compile(r"rnn|lstm|gru|attention.*backward")
 _LSTM_GATES = 4  # mkldnn_rnn_layer runs LSTM layers (torch's CPU LSTM): four gates per unit
 
 
