@@ -94,6 +94,24 @@ def test_shared_ranks_and_execution_trace(tmp_path: Path, rank_traces: list[Path
     assert runs[0].table("graph_nodes").num_rows > 0
 
 
+def test_nsys_exports_on_the_workers(tmp_path: Path, scheduler: str) -> None:
+    """Nsight Systems exports are read on the workers too (the readers pick the format), with
+    the in-memory path's tables."""
+    from test_nsys import export
+
+    files = [export(tmp_path / f"report{r}.sqlite") for r in range(2)]
+    said: list[str] = []
+    runs = [import_traces(files, tmp_path / f"{name}.run", ImportOptions(cluster=cluster), ["t"],
+                          progress=lambda what, _n, _total: said.append(what))
+            for name, cluster in (("single", ClusterOptions(workers=0)),
+                                  ("parallel", ClusterOptions(scheduler=scheduler)))]
+    assert any(w.startswith("reading on") for w in said)  # the second import ran on Dask
+    assert _tables(runs[0]) == _tables(runs[1])
+    assert _manifest(runs[0]) == _manifest(runs[1])
+    ranks = runs[1].table("events", ["rank"]).column("rank").to_pylist()
+    assert ranks == [0] * 11 + [1] * 11  # 11 events in each export (test_nsys)
+
+
 def test_local_cluster_from_the_cli(tmp_path: Path, rank_traces: list[Path], single: Run,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli.run"

@@ -49,12 +49,6 @@ class Layout:
     cuts: list[int] = field(default_factory=list)
 
 
-def _errors(path: Path, exc: Exception) -> TraceFormatError:
-    if isinstance(exc, EOFError | zlib.error):
-        return TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})")
-    return TraceFormatError(path, "", f"cannot read ({exc})")
-
-
 class _Scan:
     """The pass's state carried from one chunk to the next."""
 
@@ -213,7 +207,7 @@ def scan(path: Path, chunk: int = CHUNK, piece: int = PIECE) -> Layout:
                     raise invalid_json(path, data, ValueError("not JSON"))
                 state.feed(data)
     except (EOFError, OSError, zlib.error) as exc:
-        raise _errors(path, exc) from None
+        raise gunzip.read_error(path, exc) from None
     return state.layout()
 
 
@@ -237,7 +231,7 @@ def pieces(path: Path, layout: Layout) -> Iterator[bytes]:
                 at = cut
                 yield _array(path, layout, text, i)
     except (EOFError, OSError, zlib.error) as exc:
-        raise _errors(path, exc) from None
+        raise gunzip.read_error(path, exc) from None
 
 
 def _exactly(path: Path, f: IO[bytes], size: int) -> bytes:

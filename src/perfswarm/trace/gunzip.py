@@ -33,6 +33,13 @@ _OUT = 1 << 20
 MAGIC = b"\x1f\x8b"
 
 
+def read_error(path: Path, exc: EOFError | OSError | zlib.error) -> TraceFormatError:
+    """What reading (and gunzipping) `path` raised, as the error both import paths give."""
+    if isinstance(exc, EOFError | zlib.error):
+        return TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})")
+    return TraceFormatError(path, "", f"cannot read ({exc.strerror or exc})")
+
+
 def is_gzip(path: Path) -> bool:
     with path.open("rb") as f:
         return f.read(2) == MAGIC

@@ -136,8 +136,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     manifest["exit_status"] = 0
     streamed = any(wants_streaming(p, options.streaming) for p in paths)
     with creating(out, force=options.force, inputs=(*paths, *extras)) as run:
-        if (not streamed and options.cluster.parallel(len(paths))
-                and not any(map(nsys.is_nsys, paths))):
+        if not streamed and options.cluster.parallel(len(paths)):
             from perfswarm.trace.parallel import import_parallel
 
             with connect(options.cluster, len(paths)) as client:
@@ -146,27 +145,31 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             read = _stream_all if streamed else _read_all
             events = read(run, paths, options, manifest, progress)
         ranks_seen(manifest)
-        if options.execution_traces:  # the j-th belongs to the j-th trace's rank
+        if options.execution_traces:
             for et_path in options.execution_traces:
                 run.add_raw(et_path)
-            ranks = manifest["ranks"]
-            add_execution_traces(run, manifest, [
-                (p, ranks[j] if j < len(ranks) else j)
-                for j, p in enumerate(options.execution_traces)],
-                lambda path, rank: execution_trace.read(path, rank, events))
+            add_execution_traces(run, manifest, _by_rank(options.execution_traces, manifest),
+                                 lambda path, rank: execution_trace.read(path, rank, events))
         if options.memory_timelines:
-            _add_memory_timelines(run, options.memory_timelines, manifest)
+            _add_memory_timelines(run, _by_rank(options.memory_timelines, manifest), manifest)
         run.write_manifest(manifest)
     if progress:
         progress("done", len(paths), len(paths))
     return Run(out)
 
 
-def _add_memory_timelines(run: Run, paths: Sequence[Path], manifest: Manifest) -> None:
-    """The j-th memory timeline belongs to the j-th trace's rank: its counters join the Run's."""
+def _by_rank(paths: Sequence[Path], manifest: Manifest) -> list[tuple[Path, int]]:
+    """Each file beside the traces with its rank: the j-th belongs to the j-th rank imported
+    (past the last, rank j)."""
+    ranks = manifest["ranks"]
+    return [(p, ranks[j] if j < len(ranks) else j) for j, p in enumerate(paths)]
+
+
+def _add_memory_timelines(run: Run, paths: Sequence[tuple[Path, int]],
+                          manifest: Manifest) -> None:
+    """Each memory timeline's counters join the Run's."""
     parts = [run.table("counters")]
-    for j, path in enumerate(paths):
-        rank = manifest["ranks"][j] if j < len(manifest["ranks"]) else j
+    for path, rank in paths:
         form, table = memory_timeline.read(path, rank)
         parts.append(table)
         run.add_raw(path)

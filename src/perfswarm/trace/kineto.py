@@ -170,10 +170,8 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
                 return f.read()
             f.seek(0)
             return b"".join(gunzip.chunks(path, f, memory_bytes() // 4 if limit is None else limit))
-    except (EOFError, zlib.error) as exc:
-        raise TraceFormatError(path, "gzip", f"corrupt or truncated gzip ({exc})") from None
-    except OSError as exc:
-        raise TraceFormatError(path, "", f"cannot read ({exc.strerror or exc})") from None
+    except (EOFError, OSError, zlib.error) as exc:
+        raise gunzip.read_error(path, exc) from None
 
 
 TOO_DEEP = "nested deeper than the JSON decoder allows"
