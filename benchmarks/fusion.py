@@ -7,8 +7,10 @@ Each pair (the published layer shapes at 224x224 input: MobileNet-V1 of Howard e
 table 1; MobileNet-V2 of Sandler et al. 2018, table 2; MnasNet-B1 as torchvision builds it) at
 each batch size is fused and schedule-tuned, checked against PyTorch's two separate ops, and
 timed round-robin with them and with our own separately tuned kernels (the minimum of the
-rounds). Then every pair is measured a second time from the cached schedules (no search), and a
-pair recommended in the first pass that is slower than PyTorch in the second counts against the
+rounds; `paired`: the median of the rounds' own speedups with its interval, which must lie above
+1 for the pair to be recommended; `*`: the interval straddled 1 and the pair was measured again).
+Then every pair is measured a second time from the cached schedules (no search), and a pair
+recommended in the first pass that is slower than PyTorch in the second counts against the
 goals. Goals:
 - geomean speedup over PyTorch's separate ops >= 1.5x on the pairs the roofline says gain;
 - geomean speedup over our own separately tuned kernels >= 1.1x (on those pairs and on all);
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -103,14 +106,14 @@ def main() -> int:
         again = fuse_all(found, options, cache, progress)
     rows = []
     print(f"\n{'net':13} {'pair':44} {'torch ms':>9} {'fused ms':>9} {'own ms':>9} "
-          f"{'x torch':>8} {'x own':>7} {'pred':>6} {'won':>5} {'again':>7} {'err':>8} rec "
-          "layout")
+          f"{'x torch':>8} {'x own':>7} {'pred':>6} {'paired [interval]':>20} {'again':>7} "
+          f"{'err':>8} rec layout")
     for (net, _pair, where), a, b in zip(pairs, first, again, strict=True):
         rows.append((net, where, a, b))
         print(f"{net:13} {a.pair.label[:44]:44} {a.torch_separate.min_ms:9.3f} "
               f"{a.fused.min_ms:9.3f} {a.own_separate.min_ms:9.3f} {a.speedup:8.2f} "
               f"{a.speedup_vs_own:7.2f} {a.prediction.speedup:6.2f} "
-              f"{a.rounds_won:>2}/{a.rounds:<2} {b.speedup:7.2f} "
+              f"{_paired(a):>20} {b.speedup:7.2f} "
               f"{a.max_rel_error:8.1e} {'yes' if a.recommended else 'no ':3} "
               f"{'channels-last' if a.schedule.channels_last else 'planar'}")
     summary = _summary([a for _, _, a, _ in rows], [b for _, _, _, b in rows])
@@ -121,6 +124,12 @@ def main() -> int:
             {"net": net, "where": where, "first": a.to_dict(), "again": b.to_dict()}
             for net, where, a, b in rows], "summary": summary}, indent=2))
     return 0
+
+
+def _paired(r: FuseResult) -> str:
+    low, high, _ = r.interval
+    return (f"{statistics.median(r.paired):.2f} [{low:.2f},{high:.2f}]"
+            + ("*" if r.remeasured else " "))
 
 
 def _summary(first: list[FuseResult], again: list[FuseResult]) -> dict[str, object]:
@@ -137,7 +146,8 @@ def _summary(first: list[FuseResult], again: list[FuseResult]) -> dict[str, obje
         "geomean x PyTorch (all pairs)": round(geomean([r.speedup for r in first]), 3),
         "geomean x own separate (gaining pairs; goal >= 1.1)": round(vs_own_gaining, 3),
         "geomean x own separate (all pairs; goal >= 1.1)": round(vs_own_all, 3),
-        "recommended": len(recommended),
+        "recommended (interval above 1)": len(recommended),
+        "measured again (interval straddled 1)": sum(r.remeasured for r in first),
         "fused channels-last": sum(r.schedule.channels_last for r in first),
         "recommended but slower than PyTorch when measured again (goal 0)": slower,
     }

@@ -96,12 +96,17 @@ def _print(console: Any, data: dict[str, Any]) -> None:
     if "results" not in data:
         return
     table = Table("pair", "torch separate ms", "fused ms", "own separate ms", "speedup",
-                  "vs own", "predicted", "max rel err", "recommend", title="measured (minimum "
-                  "of rounds, interleaved)", title_justify="left")
+                  "vs own", "paired [interval]", "predicted", "max rel err", "recommend",
+                  title="measured (minimum of rounds, interleaved; paired: median of the "
+                  "rounds' speedups, its interval's coverage in %)", title_justify="left")
     for r in data["results"]:
+        low, high = r["speedup_interval"]
         table.add_row(Text(r["pair"]), f"{r['torch_separate_ms']['min_ms']:.3f}",
                       f"{r['fused_ms']['min_ms']:.3f}", f"{r['own_separate_ms']['min_ms']:.3f}",
                       f"x{r['speedup']:.2f}", f"x{r['speedup_vs_own']:.2f}",
+                      f"x{r['paired_speedup']:.2f} [{low:.2f}, {high:.2f}] "
+                      f"{100 * r['interval_coverage']:.0f}%"
+                      + (f", {r['rounds']} rounds: measured again" if r["remeasured"] else ""),
                       f"x{r['prediction']['speedup']:.2f}", f"{r['max_rel_error']:.1e}",
                       "yes" if r["recommended"] else "no")
     console.print(table)

@@ -4,9 +4,12 @@ For one pair: random search over the schedule space (a sensible default first, t
 random points, deterministic by seed) within a trial count and a deadline, for the fused kernel
 and for each op run alone by the same generator (our own separately tuned kernels); every
 schedule's result checked against PyTorch's two separate ops; then PyTorch separate, fused and
-our own separate kernels timed round-robin, each round one call of each, so a burst of load on
-the shared machine hits all three alike. Times are reported as the minimum and the median over
-the rounds; the speedups are ratios of minima (the least disturbed runs).
+our own separate kernels timed round-robin, each round one call of each (the order rotating), so
+a burst of load on the shared machine hits all three alike. Times are reported as the minimum and
+the median over the rounds; the speedups are ratios of minima (the least disturbed runs). Each
+round also gives a paired speedup (PyTorch's call over the fused call of the same round): a pair
+is recommended only when the distribution-free confidence interval of their median lies above 1,
+and a pair whose interval straddles 1 is measured again for as many rounds, pooled.
 
 Tuned schedules are kept in a JSON cache keyed by pair, threads and CPU, so a second run
 measures them again without searching.
@@ -18,7 +21,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -33,8 +36,7 @@ from perfswarm.userfiles import read_json, write_json
 Split = Literal["blocked", "interleaved", "serial"]
 Gemm = Literal["blas", "loops"]
 MAX_REL_ERROR = 1e-4       # max |fused - reference| / max |reference|
-MIN_MEASURED_GAIN = 1.05   # a measured speedup below this is within the shared machine's noise
-MIN_ROUNDS_WON = 0.75      # share of the paired rounds the fused kernel must win to be advised
+CONFIDENCE = 0.95          # of the paired speedup's interval
 CACHE_VERSION = 1
 Progress = Callable[[str], None]  # called once per trial or round, with what it was
 
@@ -222,6 +224,24 @@ class Timing:
         return cls(min(values) * 1e3, statistics.median(values) * 1e3)
 
 
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE
+                    ) -> tuple[float, float, float]:
+    """(low, high, coverage): the distribution-free interval of the median of `values` from
+    their order statistics (the sign test's: the k-th smallest and k-th largest, k the largest
+    with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2), with the coverage it really has;
+    under 6 values no k reaches 95% and the interval is the whole range, its coverage said."""
+    xs = sorted(values)
+    n = len(xs)
+
+    def tail(k: int) -> float:  # P(B < k)
+        return float(sum(math.comb(n, j) for j in range(k))) / 2.0**n
+
+    k = 1
+    while k < (n + 1) // 2 and tail(k + 1) <= (1 - confidence) / 2:
+        k += 1
+    return xs[k - 1], xs[n - k], 1 - 2 * tail(k)
+
+
 @dataclass(frozen=True)
 class FuseResult:
     """One pair measured here: PyTorch separate, fused (tuned), our own separate (tuned)."""
@@ -237,8 +257,27 @@ class FuseResult:
     max_rel_error: float
     reused: bool  # the schedules came from the cache
     threads: int
-    rounds_won: int = 0  # rounds in which fused beat PyTorch's call just before it
-    rounds: int = 0
+    paired: tuple[float, ...] = ()  # per round: PyTorch's time over the fused kernel's
+    remeasured: bool = False  # borderline: measured again and pooled
+
+    @property
+    def rounds(self) -> int:
+        return len(self.paired)
+
+    @property
+    def rounds_won(self) -> int:
+        return sum(r > 1 for r in self.paired)
+
+    @property
+    def interval(self) -> tuple[float, float, float]:
+        """(low, high, coverage) of the median paired speedup."""
+        return median_interval(self.paired) if self.paired else (0.0, math.inf, 0.0)
+
+    @property
+    def borderline(self) -> bool:
+        """The interval straddles 1: more rounds could decide it."""
+        low, high, _ = self.interval
+        return self.correct and low <= 1 < high
 
     @property
     def speedup(self) -> float:
@@ -255,11 +294,10 @@ class FuseResult:
 
     @property
     def recommended(self) -> bool:
-        """Fuse this pair: correct, its fastest run faster than PyTorch's beyond the noise, and
-        faster in most paired rounds (a burst of load on the shared machine falls on both calls
-        of a round alike, so a gain that holds round by round is not a lucky minimum)."""
-        return (self.correct and self.speedup >= MIN_MEASURED_GAIN
-                and self.rounds_won >= MIN_ROUNDS_WON * self.rounds)
+        """Fuse this pair: correct, and the interval of its paired speedup above 1 (a burst of
+        load on the shared machine falls on both calls of a round alike, so a gain that holds
+        round by round is not a lucky minimum)."""
+        return self.correct and self.interval[0] > 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair.label, "kind": self.pair.kind,
@@ -269,7 +307,10 @@ class FuseResult:
                 "own_separate_ms": asdict(self.own_separate), "speedup": self.speedup,
                 "speedup_vs_own": self.speedup_vs_own, "max_rel_error": self.max_rel_error,
                 "correct": self.correct, "recommended": self.recommended,
-                "rounds_won": self.rounds_won, "rounds": self.rounds,
+                "paired_speedup": statistics.median(self.paired) if self.paired else None,
+                "speedup_interval": list(self.interval[:2]) if self.paired else None,
+                "interval_coverage": self.interval[2], "rounds_won": self.rounds_won,
+                "rounds": self.rounds, "remeasured": self.remeasured,
                 "reused_schedule": self.reused, "threads": self.threads}
 
 
@@ -351,13 +392,21 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
         bench.torch_separate, partial(bench.fused, schedules[0]),
         partial(bench.own_separate, schedules[1], schedules[2])]
     times: list[list[float]] = [[], [], []]
-    for r in range(rounds):
-        for contender, into in zip(contenders, times, strict=True):
-            into.append(_best_of(contender, 1))
-        progress(f"round {r + 1}")
-    result = FuseResult(pair, prediction, schedules[0], schedules[1], schedules[2],
-                        Timing.of(times[0]), Timing.of(times[1]), Timing.of(times[2]), error,
-                        found is not None, threads,
-                        sum(f < t for t, f in zip(times[0], times[1], strict=True)), rounds)
+
+    def measure() -> FuseResult:
+        for r in range(rounds):
+            order = [(r + i) % 3 for i in range(3)]  # each contender first in turn
+            for i in order:
+                times[i].append(_best_of(contenders[i], 1))
+            progress(f"round {len(times[0])}")
+        return FuseResult(pair, prediction, schedules[0], schedules[1], schedules[2],
+                          Timing.of(times[0]), Timing.of(times[1]), Timing.of(times[2]), error,
+                          found is not None, threads,
+                          tuple(t / f for t, f in zip(times[0], times[1], strict=True)),
+                          len(times[0]) > rounds)
+
+    result = measure()
+    if result.borderline:
+        result = measure()
     cache.store(result)
     return result

@@ -49,12 +49,14 @@ def conv_fusion(facts: Facts) -> Advice | None:
                    for _, count, r in gaining) * steps * len(facts.ranks)
     evidence = {"pairs": [{"pair": label, "per_iteration": count,
                            "speedup": round(r["speedup"], 3),
+                           "speedup_interval": r.get("speedup_interval"),
                            "torch_separate_ms": r["torch_separate_ms"]["min_ms"],
                            "fused_ms": r["fused_ms"]["min_ms"], "schedule": r["schedule"]}
                           for label, count, r in gaining]}
     return advice(facts, "conv_fusion", "conv pairs run faster fused on this machine",
                   evidence, saved_ms * 1e6,
                   "measured: perfswarm fuse timed each pair fused and as PyTorch's two ops "
-                  "side by side here; gain = the difference x pairs per iteration x iterations",
+                  "side by side here, the interval of the rounds' speedups above 1; gain = the "
+                  "difference x pairs per iteration x iterations",
                   "run each pair as one fused kernel (perfswarm fuse RUN prints the tuned "
                   "schedule), folding batch norm into the first conv's weights")
