@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfswarm.analyze.frame import Events
+from conftest import corpus
+from perfswarm.analyze.annotations import host_calls
+from perfswarm.analyze.frame import Events, lane_key
 from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
 from perfswarm.errors import NotApplicable, PerfswarmError
@@ -25,11 +28,12 @@ from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import op_rows, report_data
 from perfswarm.report.overview import model_flops
-from perfswarm.report.timeline import op_stacks, run_origin, spans, timeline
+from perfswarm.report.timeline import run_origin, spans, timeline
 from perfswarm.report.views import (
     kernel_streams,
     memory_view,
     module_tree,
+    op_stacks,
     ops_by_shape,
 )
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -126,11 +130,12 @@ def test_downsampling_keeps_the_longest(corpus_runs: dict[str, Run], limit: int)
         assert f"showing the {limit:,} longest of {len(durs):,} spans" in tl["note"]
 
 
-@pytest.mark.parametrize("name", ["nccl", "simple_add", "event_sync_multi", "amd"])
-def test_spans_nest_and_self_times_cover_each_lane_once(corpus_runs: dict[str, Run],
-                                                         name: str) -> None:
+@pytest.mark.parametrize("name", ["nccl", "simple_add", "event_sync_multi", "amd", "non_gpu"])
+def test_spans_nest_and_self_times_cover_each_thread_once(corpus_runs: dict[str, Run],
+                                                          name: str) -> None:
     """Every span at depth d > 0 starts inside a span of depth d - 1 on its lane, and the
-    self times of a lane's spans add up to the union of the lane (each ns counted once)."""
+    self times of a thread's host calls (zero-length ones too) add up to the union of the
+    thread's calls (each ns counted once)."""
     run = corpus_runs[name]
     tl = timeline(run, spans(run), 0, max_spans=10**6)
     sp = tl["spans"]
@@ -142,23 +147,22 @@ def test_spans_nest_and_self_times_cover_each_lane_once(corpus_runs: dict[str, R
         if depth:
             parents = by_row[(lane, depth - 1)]
             assert all(any(s0 <= s < e0 for s0, e0 in parents) for s, _ in intervals)
-    drawn = spans(run)
-    lanes = drawn.nesting.lane
-    starts = np.asarray(drawn.table.column("ts").to_numpy(), np.int64)
-    ends = starts + np.asarray(drawn.table.column("dur").to_numpy(), np.int64)
-    for lane in set(lanes.tolist()):
-        mine = lanes == lane
-        s, e = union(starts[mine], ends[mine])
-        assert int(drawn.nesting.self_ns[mine].sum()) == int((e - s).sum())
+    ev = Events.load(run)
+    calls = host_calls(ev)
+    thread = lane_key(ev.rank[calls.rows], ev.tid[calls.rows])
+    for key in set(thread.tolist()):
+        mine = calls.rows[thread == key]
+        s, e = union(ev.ts[mine], ev.end[mine])
+        assert int(calls.cpu_self[mine].sum()) == int((e - s).sum())
 
 
 def test_operators_have_self_and_device_time(corpus_runs: dict[str, Run]) -> None:
     """Device time of the top-level ops is that of every kernel a host launch (a runtime
     event with a correlation) put on the device, matched in the raw table."""
     run = corpus_runs["simple_add"]
-    drawn = spans(run)
-    ops = op_rows(Events.load(run), op_stacks(drawn), 10**6)
-    rows = drawn_rows(run)
+    events = Events.load(run)
+    ops = op_rows(events, op_stacks(events, host_calls(events)), 10**6)
+    rows = run.table("events").to_pylist()
     host_corr = {(e["rank"], e["correlation"]) for e in rows
                  if e["kind"] == "runtime" and e["correlation"] != -1}
     launched = sum(int(e["dur"]) for e in rows
@@ -442,20 +446,56 @@ def test_streams_and_launch_geometry_of_nccl(corpus_runs: dict[str, Run]) -> Non
     assert kernel_streams(spans(corpus_runs["cpu_only"]), 5) == {"streams": [], "kernels": []}
 
 
+def _shape_key(name: str, dims: Any) -> tuple[str, str] | None:
+    """(op, shapes) as the by-shape table writes them; None for dims that are not lists of
+    ints per input (a tensor list is not one input's shape; op cost leaves them out too)."""
+    if isinstance(dims, list) and all(
+            isinstance(d, list) and all(isinstance(x, int) for x in d) for d in dims):
+        return name, ", ".join("x".join(map(str, d)) if d else "scalar" for d in dims)
+    return None
+
+
+def _by_shape(run: Run) -> list[dict[str, Any]]:
+    events = Events.load(run)
+    return ops_by_shape(run, events, host_calls(events), 10**6)
+
+
 def test_ops_by_input_shape(trainer_run: Run) -> None:
-    """Calls per (op, shapes) counted straight from the recorded `Input Dims` (lists of ints
-    per input; tensor lists are not one input's shape and are left out, as op cost does)."""
-    groups = ops_by_shape(spans(trainer_run), 10**6)
+    """Calls per (op, shapes) counted straight from the recorded `Input Dims`."""
+    groups = _by_shape(trainer_run)
     expected: dict[tuple[str, str], tuple[int, int]] = {}
     for r in trainer_run.table("events").to_pylist():
         dims = json.loads(r["args"] or "{}").get("Input Dims") if r["kind"] == "cpu_op" else None
-        if r["dur"] > 0 and isinstance(dims, list) and all(
-                isinstance(d, list) and all(isinstance(x, int) for x in d) for d in dims):
-            key = (r["name"], ", ".join("x".join(map(str, d)) if d else "scalar" for d in dims))
+        key = _shape_key(r["name"], dims)
+        if key is not None:
             count, total = expected.get(key, (0, 0))
             expected[key] = (count + 1, total + r["dur"])
     assert {(g["name"], g["shapes"]): (g["count"], g["total_ns"]) for g in groups} == expected
     assert len(groups) > 10 and all(g["self_ns"] <= g["total_ns"] for g in groups)
+
+
+def test_ops_by_input_shape_count_zero_length_calls(corpus_runs: dict[str, Run]) -> None:
+    """non_gpu's raw JSON has 173 op calls with dur 0 (under Kineto's 1 us), every one with
+    its `Input Dims`: each is a call of its (op, shapes) row, counted the same way as the
+    operators table counts it."""
+    with gzip.open(corpus("non_gpu")) as f:
+        raw = [e for e in json.load(f)["traceEvents"]
+               if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    assert sum(1 for e in raw if e["dur"] == 0) == 173
+    expected: dict[tuple[str, str], tuple[int, int]] = {}
+    for e in raw:
+        key = _shape_key(e["name"], e["args"].get("Input Dims"))
+        if key is not None:
+            count, total = expected.get(key, (0, 0))
+            expected[key] = (count + 1, total + 1000 * e["dur"])
+    run = corpus_runs["non_gpu"]
+    groups = _by_shape(run)
+    assert {(g["name"], g["shapes"]): (g["count"], g["total_ns"]) for g in groups} == expected
+    assert sum(g["count"] for g in groups) == 2410
+    strided = {g["shapes"]: g["count"] for g in groups if g["name"] == "aten::as_strided"}
+    assert sum(strided.values()) == 200  # the operators table's calls of it, all shapes
+    zero = [g for g in groups if g["name"] == "aten::lift_fresh"]
+    assert [(g["count"], g["total_ns"], g["self_ns"]) for g in zero] == [(1, 0, 0)]
 
 
 def _import_events(tmp_path: Path, events: list[dict[str, Any]]) -> Run:
@@ -480,19 +520,26 @@ def test_module_tree_and_memory(tmp_path: Path) -> None:
 
     events = [span("nn.Module: Net_0", 0, 100), span("nn.Module: Linear_0", 10, 30),
               span("aten::addmm", 12, 20, "cpu_op"), span("nn.Module: ReLU_0", 50, 10),
-              span("nn.Module: Linear_0", 70, 20), span("nn.Module: Net_0", 200, 50),
-              span("nn.Module: Linear_0", 210, 5),
+              span("aten::view", 55, 0, "cpu_op"),  # calls under 1 us: dur 0, still calls
+              span("nn.Module: Linear_0", 70, 20), span("nn.Module: Dropout_0", 80, 0),
+              span("nn.Module: Net_0", 200, 50), span("nn.Module: Linear_0", 210, 5),
               mem(11, 4096, 4096, 2 << 20), mem(60, 8192, 12288, 2 << 20),
               mem(95, -4096, 8192, 4 << 20)]
     run = _import_events(tmp_path, events)
     # its call stack: the python spans around it
-    assert op_stacks(spans(run)) == {"aten::addmm": ["nn.Module: Net_0", "nn.Module: Linear_0"]}
-    (addmm,) = report_data(run)["cpu_ops"]
-    assert addmm["name"] == "aten::addmm" and addmm["stack"] == [
-        "nn.Module: Net_0", "nn.Module: Linear_0"]
-    tree = module_tree(spans(run), 100)
+    stacks = {"aten::addmm": ["nn.Module: Net_0", "nn.Module: Linear_0"],
+              "aten::view": ["nn.Module: Net_0", "nn.Module: ReLU_0"]}
+    events = Events.load(run)
+    calls = host_calls(events)
+    assert op_stacks(events, calls) == stacks
+    data = report_data(run)
+    assert {o["name"]: (o["count"], o["stack"]) for o in data["cpu_ops"]} == {
+        name: (1, stack) for name, stack in stacks.items()}
+    tree = module_tree(events, calls, 100)
     assert [(m["depth"], m["module"], m["calls"], m["total_ns"]) for m in tree] == [
-        (0, "Net_0", 2, 150_000), (1, "Linear_0", 3, 55_000), (1, "ReLU_0", 1, 10_000)]
+        (0, "Net_0", 2, 150_000), (1, "Linear_0", 3, 55_000), (2, "Dropout_0", 1, 0),
+        (1, "ReLU_0", 1, 10_000)]
+    assert data["modules"] == tree
     origin = run_origin(run)
     (memory,) = memory_view(run, origin, 1000)
     assert memory["device"] == "device 0" and (memory["allocations"], memory["frees"]) == (2, 1)
@@ -500,6 +547,28 @@ def test_module_tree_and_memory(tmp_path: Path) -> None:
     assert memory["allocated"] == [4096, 12288, 8192] and memory["allocated_bytes"] == 12288
     assert memory["t_ms"] == [(10**18 + 11_000 - origin) / 1e6, (10**18 + 60_000 - origin) / 1e6,
                               (10**18 + 95_000 - origin) / 1e6]
+
+
+def test_module_tree_of_a_recording(tmp_path: Path) -> None:
+    """torch.profiler's with_modules spans of tests/data's MLP (3 steps): each module's calls
+    and total from the raw JSON, the Linear and ReLU layers under the Sequential."""
+    path = Path(__file__).parent / "data" / "mlp_adam_cpu.pt.trace.json.gz"
+    with gzip.open(path) as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "python_function"
+               and e["name"].startswith("nn.Module: ")]
+    totals: dict[str, list[int]] = {}
+    for e in raw:
+        t = totals.setdefault(e["name"].removeprefix("nn.Module: "), [0, 0])
+        t[0] += 1
+        t[1] += round(1000 * e["dur"])
+    run = import_traces([path], tmp_path / "mlp.run", ImportOptions(), ["t"])
+    events = Events.load(run)
+    tree = module_tree(events, host_calls(events), 100)
+    assert [(m["path"], m["calls"], m["total_ns"]) for m in tree] == [
+        ([*outer, name], *totals[name]) for outer, name in (
+            ([], "Sequential_0"), (["Sequential_0"], "Linear_0"),
+            (["Sequential_0"], "Linear_1"), (["Sequential_0"], "ReLU_0"))]
+    assert totals["ReLU_0"][0] == 3
 
 
 def test_ranks_view_of_nccl(corpus_runs: dict[str, Run]) -> None:

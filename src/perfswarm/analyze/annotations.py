@@ -98,19 +98,50 @@ def _scopes(ev: Events, rows: I64, cpu_self: I64, dev_self: I64, dev_total: I64,
                     for i, n in enumerate(uniq.tolist())], top)
 
 
+@dataclass(frozen=True, eq=False)
+class HostCalls:
+    """The one definition of a call on a host thread, shared by every table of time by op,
+    shape, module or annotation: each cpu_op, user_annotation, python_function, runtime and
+    driver event, step markers left out and zero-length ones kept (Kineto writes a call
+    under its time unit as dur 0: it is still a call)."""
+
+    rows: I64  # the calls' event rows
+    parent: I64  # per event row: the innermost call around it on its thread, -1 none
+    cpu_self: I64  # per event row: its duration less its direct children's, at least 0
+
+    def of_kind(self, ev: Events, kind: str) -> I64:
+        """The calls of one kind (`cpu_op`: the op calls)."""
+        rows: I64 = self.rows[ev.kind[self.rows] == KIND[kind]]
+        return rows
+
+    def around(self, row: int) -> list[int]:
+        """The calls around `row`, innermost first."""
+        out, p = [], int(self.parent[row])
+        while p >= 0:
+            out.append(p)
+            p = int(self.parent[p])
+        return out
+
+
+def host_calls(ev: Events) -> HostCalls:
+    """The host calls of `ev` with their nesting and CPU self time."""
+    rows = np.flatnonzero(ev.of_kind("cpu_op", "user_annotation", "python_function", "runtime",
+                                     "driver") & ~ev.is_step_marker)
+    parent = parents(ev, rows)
+    children = np.zeros(len(ev), np.int64)
+    has = rows[parent[rows] >= 0]
+    np.add.at(children, parent[has], ev.dur[has])
+    return HostCalls(rows, parent, np.maximum(ev.dur - children, 0))
+
+
 def scopes(ev: Events, top: int | None = TOP) -> Scopes:
     """The ops and annotations of `ev` that took most CPU time (all with `top` None)."""
-    host = np.flatnonzero(ev.of_kind("cpu_op", "user_annotation", "python_function", "runtime",
-                                     "driver") & ~ev.is_step_marker)
-    parent = parents(ev, host)
-    children = np.zeros(len(ev), np.int64)
-    has = host[parent[host] >= 0]
-    np.add.at(children, parent[has], ev.dur[has])
-    cpu_self = np.maximum(ev.dur - children, 0)
-    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    calls = host_calls(ev)
+    parent = calls.parent
+    dev, launches = launch_pairs(ev, np.arange(len(ev)))
     dev_self = np.zeros(len(ev), np.int64)
     dev_total = np.zeros(len(ev), np.int64)
-    innermost = parent[calls]
+    innermost = parent[launches]
     known = innermost >= 0
     np.add.at(dev_self, innermost[known], ev.dur[dev][known])
     at, dur = innermost[known], ev.dur[dev][known]
@@ -118,7 +149,7 @@ def scopes(ev: Events, top: int | None = TOP) -> Scopes:
         np.add.at(dev_total, at, dur)
         up = parent[at]
         at, dur = up[up >= 0], dur[up >= 0]
-    ops = host[ev.kind[host] == KIND["cpu_op"]]
-    annotations = host[ev.kind[host] == KIND["user_annotation"]]
-    return Scopes(_scopes(ev, ops, cpu_self, dev_self, dev_total, top),
-                  _scopes(ev, annotations, cpu_self, dev_self, dev_total, top))
+    return Scopes(_scopes(ev, calls.of_kind(ev, "cpu_op"), calls.cpu_self, dev_self, dev_total,
+                          top),
+                  _scopes(ev, calls.of_kind(ev, "user_annotation"), calls.cpu_self, dev_self,
+                          dev_total, top))

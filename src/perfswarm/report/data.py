@@ -13,7 +13,7 @@ from typing import Any, Final, TypedDict
 
 import pyarrow.compute as pc
 
-from perfswarm.analyze.annotations import scopes
+from perfswarm.analyze.annotations import host_calls, scopes
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import NotApplicable
@@ -26,7 +26,6 @@ from perfswarm.report.text import ms, pct
 from perfswarm.report.timeline import (
     MAX_COUNTER_POINTS,
     MAX_SPANS,
-    op_stacks,
     run_origin,
     spans,
     timeline,
@@ -37,6 +36,7 @@ from perfswarm.report.views import (
     memory_category_rows,
     memory_view,
     module_tree,
+    op_stacks,
     ops_by_shape,
     queue_rows,
     ranks_view,
@@ -200,6 +200,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     profiled = sum(w["dur_ns"] for w in next(iter(steps.values()), []))
     flops = model_flops(costs, manifest["devices"], profiled, max(1, len(steps)))
     events = Events.load(run)
+    calls = host_calls(events)
     rates = throughput(run, events, steps)
     return {
         "title": f"perfswarm report: {run.path.name}",
@@ -217,10 +218,10 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "concurrency": analysis["concurrency"],
         "iterations": _iteration_rows(analysis, line["steps"]),
         "kernels": analysis["ops"]["kernels"][:TOP_OPS],
-        "cpu_ops": op_rows(events, op_stacks(drawn), TOP_OPS),
-        "ops_by_shape": ops_by_shape(drawn, TOP_OPS),
+        "cpu_ops": op_rows(events, op_stacks(events, calls), TOP_OPS),
+        "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),
         "streams": kernel_streams(drawn, TOP_OPS),
-        "modules": module_tree(drawn, MAX_MODULES),
+        "modules": module_tree(events, calls, MAX_MODULES),
         "memory": memory_view(run, origin, MAX_COUNTER_POINTS),
         "ranks": ranks_view(analysis),
         "categories": analysis["ops"]["categories"],

@@ -1,10 +1,9 @@
-"""The report's timeline and operator tables: spans nested per thread and stream.
+"""The report's timeline: spans nested per thread and stream.
 
 Every span gets a lane (a rank's CPU thread, or a device stream) and a depth (how many
-spans of its lane enclose it), found with one stack walk per lane. The same walk gives
-each op its self time (its duration less its direct children's) and the device time of
-the kernels it launched (joined to their launch calls by analyze's `launch_pairs`), so the
-operator table counts each nanosecond once.
+spans of its lane enclose it), found with one stack walk per lane. Only spans with a
+duration are drawn; the tables of time by op, shape and module count calls as analyze's
+`host_calls` defines them (zero-length ones too), not these spans.
 
 Times are integer ns from the run's start (the earliest event, counter sample or step),
 so the axis starts at 0 and nothing is lost to floats. Above `max_spans` the longest
@@ -31,7 +30,6 @@ MAX_COUNTER_POINTS: Final = 1000  # per series
 MAX_FLOWS: Final = 8  # network flows drawn (the largest by bytes): a capture can hold thousands
 # The trace window itself (Kineto's "Trace" span) and instants are not work on a lane.
 NOT_DRAWN: Final = frozenset({"trace_span", "instant", "profiler_range"})
-OP_KINDS: Final = frozenset({"cpu_op"})
 _COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
                    "correlation", "args"]
 
@@ -47,12 +45,10 @@ def run_origin(run: Run) -> int:
 
 @dataclass(frozen=True)
 class Nesting:
-    """Per span (rows of the events table as loaded): lane, depth, parent, self ns."""
+    """Per span (rows of the events table as loaded): lane and depth."""
 
     lane: I64  # index into `lanes`
     depth: I64
-    parent: I64  # the row of the innermost span enclosing it, -1 at depth 0
-    self_ns: I64
     lanes: tuple[tuple[int, bool, int, int], ...]  # (rank, device?, pid or device, tid or stream)
 
 
@@ -69,7 +65,7 @@ def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, 
 
 
 def nest(table: pa.Table) -> Nesting:
-    """Lanes, depths, parents and self time of the drawn spans of an events table."""
+    """Lanes and depths of the drawn spans of an events table."""
     kinds = table.column("kind").cast(pa.string()).to_pylist()
 
     def col(name: str) -> I64:
@@ -80,30 +76,22 @@ def nest(table: pa.Table) -> Nesting:
     lane, lanes = _lanes(rank, is_device, col("pid"), col("tid"), col("device"), col("stream"))
     n = len(ts)
     depth = np.zeros(n, np.int64)
-    parent = np.full(n, -1, np.int64)
-    self_ns = dur.copy()
     order = np.lexsort((-dur, ts, lane))
     ends = (ts + dur).tolist()
     lane_l, ts_l = lane.tolist(), ts.tolist()
-    # A span that outlives its parent is cut at the parent's end (`bound`), so the stack's
+    # A span that outlives its parent is cut at the parent's end (its bound), so the stack's
     # bounds never grow towards the top and a parent is popped with its children.
-    stack: list[tuple[int, int]] = []  # (row, bound)
+    bounds: list[int] = []
     current = -1
     for i in order.tolist():
         if lane_l[i] != current:
-            current, stack = lane_l[i], []
+            current, bounds = lane_l[i], []
         start = ts_l[i]
-        while stack and stack[-1][1] <= start:
-            stack.pop()
-        bound = ends[i]
-        if stack:
-            p, bound_p = stack[-1]
-            bound = min(bound, bound_p)
-            parent[i] = p
-            self_ns[p] -= bound - start
-        depth[i] = len(stack)
-        stack.append((i, bound))
-    return Nesting(lane, depth, parent, np.maximum(self_ns, 0), lanes)
+        while bounds and bounds[-1] <= start:
+            bounds.pop()
+        depth[i] = len(bounds)
+        bounds.append(min(ends[i], bounds[-1]) if bounds else ends[i])
+    return Nesting(lane, depth, lanes)
 
 
 def _lane_label(lane: tuple[int, bool, int, int], threads: Mapping[str, str],
@@ -255,27 +243,3 @@ def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
         "downsampled": bool(notes),
         "note": "; ".join(notes),
     }
-
-
-def op_stacks(spans: Spans) -> dict[str, list[str]]:
-    """Each CPU op name's heaviest call stack: the python_function spans around its calls
-    (with_stack), outermost first, the one its calls spent most time under; ops never
-    called under a python_function are left out."""
-    kinds = spans.table.column("kind").cast(pa.string()).to_pylist()
-    names = spans.table.column("name").cast(pa.string()).to_pylist()
-    dur = spans.table.column("dur").to_pylist()
-    parent = spans.nesting.parent.tolist()
-    stacks: dict[str, dict[tuple[str, ...], int]] = {}
-    for i, kind in enumerate(kinds):
-        if kind in OP_KINDS:
-            frames, p = [], parent[i]
-            while p >= 0:
-                if kinds[p] == "python_function":
-                    frames.append(names[p] or "")
-                p = parent[p]
-            if frames:
-                by_stack = stacks.setdefault(names[i] or "", {})
-                key = tuple(reversed(frames))
-                by_stack[key] = by_stack.get(key, 0) + dur[i]
-    return {n: list(max(s.items(), key=lambda kv: (kv[1], kv[0]))[0])
-            for n, s in stacks.items()}

@@ -11,11 +11,12 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.analyze.frame import Events
+from perfswarm.analyze.annotations import HostCalls
+from perfswarm.analyze.frame import KIND, Events, args_of
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.opcost import shapes_from_args
-from perfswarm.report.timeline import OP_KINDS, Spans
+from perfswarm.report.timeline import Spans
 from perfswarm.trace.store import Run
 
 # Kineto's launch geometry and occupancy keys on kernel events, shown as they are.
@@ -29,31 +30,40 @@ def _column(spans: Spans, name: str) -> list[str | None]:
     return values
 
 
-def ops_by_shape(spans: Spans, limit: int) -> list[dict[str, Any]]:
-    """CPU ops grouped by name and input shapes (record_shapes): calls, total and self time;
-    the `limit` largest by total."""
-    kinds, names = _column(spans, "kind"), _column(spans, "name")
-    rows = [i for i, k in enumerate(kinds) if k in OP_KINDS]
-    if not rows:
-        return []
-    table = spans.table
-    texts = table.column("args").to_pylist()
-    dur = table.column("dur").to_pylist()
-    self_ns = spans.nesting.self_ns.tolist()
+def ops_by_shape(run: Run, ev: Events, calls: HostCalls, limit: int) -> list[dict[str, Any]]:
+    """Op calls (analyze's HostCalls) grouped by name and input shapes (record_shapes):
+    calls, total and self time; the `limit` largest by total."""
+    rows = calls.of_kind(ev, "cpu_op")
     groups: dict[tuple[str, str], list[int]] = {}
-    for i in rows:
-        shapes = shapes_from_args(texts[i] or "")
+    for i, text in zip(rows.tolist(), args_of(run, rows), strict=True):
+        shapes = shapes_from_args(text)
         if shapes is None:
             continue
-        key = (names[i] or "", ", ".join("x".join(map(str, d)) if d else "scalar"
-                                          for d in shapes.dims))
+        key = (ev.name_of(i), ", ".join("x".join(map(str, d)) if d else "scalar"
+                                        for d in shapes.dims))
         g = groups.setdefault(key, [0, 0, 0])
         g[0] += 1
-        g[1] += dur[i]
-        g[2] += self_ns[i]
+        g[1] += int(ev.dur[i])
+        g[2] += int(calls.cpu_self[i])
     order = sorted(groups, key=lambda k: (-groups[k][1], k))[:limit]
     return [{"name": n, "shapes": s, "count": groups[(n, s)][0], "total_ns": groups[(n, s)][1],
              "self_ns": groups[(n, s)][2]} for n, s in order]
+
+
+def op_stacks(ev: Events, calls: HostCalls) -> dict[str, list[str]]:
+    """Each op's heaviest call stack: the python_function calls around its calls
+    (with_stack), outermost first, the one its calls spent most time under; ops never
+    called under a python_function are left out."""
+    python = KIND["python_function"]
+    stacks: dict[str, dict[tuple[str, ...], int]] = {}
+    for i in calls.of_kind(ev, "cpu_op").tolist():
+        frames = [ev.name_of(p) for p in calls.around(i) if ev.kind[p] == python]
+        if frames:
+            by_stack = stacks.setdefault(ev.name_of(i), {})
+            key = tuple(reversed(frames))
+            by_stack[key] = by_stack.get(key, 0) + int(ev.dur[i])
+    return {n: list(max(s.items(), key=lambda kv: (kv[1], kv[0]))[0])
+            for n, s in stacks.items()}
 
 
 def _launch(args_text: str | None) -> dict[str, str]:
@@ -110,27 +120,20 @@ def kernel_streams(spans: Spans, limit: int) -> dict[str, Any]:
 MODULE_PREFIX: Final = "nn.Module: "  # Kineto's python_function spans with with_modules=True
 
 
-def module_tree(spans: Spans, limit: int) -> list[dict[str, Any]]:
-    """nn.Module spans as a tree: each module path (outer modules first) with its calls and
-    total time, in depth-first order of the heaviest children; the first `limit` rows."""
-    kinds, names = _column(spans, "kind"), _column(spans, "name")
-    dur = spans.table.column("dur").to_pylist()
-    parent = spans.nesting.parent.tolist()
-    is_module = [k == "python_function" and (n or "").startswith(MODULE_PREFIX)
-                 for k, n in zip(kinds, names, strict=True)]
+def module_tree(ev: Events, calls: HostCalls, limit: int) -> list[dict[str, Any]]:
+    """nn.Module calls (analyze's HostCalls) as a tree: each module path (outer modules
+    first) with its calls and total time, in depth-first order of the heaviest children;
+    the first `limit` rows."""
+    functions = calls.of_kind(ev, "python_function")
+    modules = set(functions[[ev.name_of(i).startswith(MODULE_PREFIX)
+                             for i in functions.tolist()]].tolist()) if len(functions) else set()
     paths: dict[tuple[str, ...], list[int]] = {}
-    for i, yes in enumerate(is_module):
-        if not yes:
-            continue
-        path = [(names[i] or "")[len(MODULE_PREFIX):]]
-        p = parent[i]
-        while p >= 0:
-            if is_module[p]:
-                path.append((names[p] or "")[len(MODULE_PREFIX):])
-            p = parent[p]
+    for i in sorted(modules):
+        path = [ev.name_of(p)[len(MODULE_PREFIX):] for p in [i, *calls.around(i)]
+                if p in modules]
         g = paths.setdefault(tuple(reversed(path)), [0, 0])
         g[0] += 1
-        g[1] += dur[i]
+        g[1] += int(ev.dur[i])
     rows: list[dict[str, Any]] = []
 
     def visit(prefix: tuple[str, ...]) -> None:
