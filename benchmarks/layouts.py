@@ -31,9 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from scipy.optimize import brentq
 
 from perfswarm.model.collectives import collective_time
-from perfswarm.model.parallelism import Layout, best_layout, estimate, transformer
+from perfswarm.model.parallelism import (
+    Estimate,
+    Layout,
+    Model,
+    best_layout,
+    estimate,
+    memory_bound_s,
+    transformer,
+)
 from perfswarm.model.specs import load_spec
 from perfswarm.model.topology import Topology, interconnect
 from perfswarm.optimize.project import project
@@ -51,6 +60,14 @@ MEGATRON = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 6
             (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
             (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
             (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163)]
+# Table 2: (billions, heads, hidden, layers, PTD-P's tp, pp) and per GPU count: ZeRO-3's batch,
+# micro-batch and teraFLOP/s per GPU, PTD-P's batch and teraFLOP/s (micro-batch 1); 530B under
+# ZeRO-3 did not fit 560 GPUs, so the paper ran it on 640 at batch 2560
+TABLE2 = [((174.6, 96, 12288, 96, 8, 12), [(384, 1536, 4, 144, 1536, 153),
+                                           (768, 1536, 2, 88, 1536, 149),
+                                           (1536, 1536, 1, 44, 1536, 141)]),
+          ((529.6, 128, 20480, 105, 8, 35), [(1120, 2240, 2, 98, 2240, 167),
+                                             (2240, 2240, 1, 48, 2240, 159)])]
 
 
 def corpus_trace() -> dict[str, Any]:
@@ -90,34 +107,77 @@ def megatron_flops(b: int, layers: int, h: int) -> float:
     return 96 * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
 
 
-def megatron() -> dict[str, Any]:
-    spec = load_spec("A100-80GB")
-    peak = spec.peak_for("fp16")
-    intra, inter = interconnect("nvswitch-a100"), interconnect("ib-hdr")
+class Megatron:
+    """Selene's layouts priced at one GEMM rate, calibrated on Table 1's first row."""
+
+    def __init__(self) -> None:
+        self.spec = load_spec("A100-80GB")
+        self.links = {"per_node": 8, "intra": interconnect("nvswitch-a100"),
+                      "inter": interconnect("ib-hdr")}
+        peak = self.spec.peak_for("fp16")
+        billions, heads, h, layers, tp, pp, gpus, batch, tflops = MEGATRON[0]
+        model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
+        measured = megatron_flops(batch, layers, h) / (gpus * tflops * 1e12)
+        paper = Layout(gpus // (tp * pp), tp, pp, 0, True)
+        self.rate = brentq(lambda r: self.estimate(model, paper, r).step_s - measured,
+                           0.05 * peak, 2 * peak)
+
+    def work(self, model: Model, rate: float) -> dict[str, float]:
+        memory = memory_bound_s(model, self.spec.memory_bandwidth)
+        return {"work_s": model.training_flops() / rate + memory, "memory_s": memory}
+
+    def estimate(self, model: Model, layout: Layout, rate: float = 0.0) -> Estimate:
+        return estimate(model, layout, **self.links, **self.work(model, rate or self.rate))
+
+    def best(self, model: Model, gpus: int) -> Estimate | None:
+        best, _ = best_layout(model, gpus, **self.links, **self.work(model, self.rate),
+                              memory_bytes=self.spec.memory_bytes)
+        return best
+
+
+def megatron(meg: Megatron) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    rate = 0.0
     for billions, heads, h, layers, tp, pp, gpus, batch, tflops in MEGATRON:
         model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
         measured = megatron_flops(batch, layers, h) / (gpus * tflops * 1e12)
-        paper = Layout(gpus // (tp * pp), tp, pp, 0, True)  # the paper recomputes
-        if not rate:  # calibrated on the first row: the share of peak this model reaches
-            e1 = estimate(model, paper, per_node=8, intra=intra, inter=inter,
-                          work_s=model.training_flops() / peak)
-            rate = peak * e1.compute_s / (measured - e1.exposed_comm_s)
-        work = model.training_flops() / rate
-        e = estimate(model, paper, per_node=8, intra=intra, inter=inter, work_s=work)
-        best, _ = best_layout(model, gpus, per_node=8, intra=intra, inter=inter, work_s=work,
-                              memory_bytes=spec.memory_bytes)
+        e = meg.estimate(model, Layout(gpus // (tp * pp), tp, pp, 0, True))  # as the paper
+        best = meg.best(model, gpus)
         rows.append({"params_b": billions, "gpus": gpus, "tp": tp, "pp": pp,
                      "measured_s": measured, "predicted_s": e.step_s,
                      "ratio": e.step_s / measured, "bubble": e.bubble,
-                     "exposed_comm_s": e.exposed_comm_s, "memory_gb": e.memory_bytes / 1e9,
+                     "compute_s": e.compute_s, "exposed_comm_s": e.exposed_comm_s,
+                     "memory_gb": e.memory_bytes / 1e9,
                      "best": best.layout.describe() if best else None,
                      "best_s": best.step_s if best else None})
     later = [r["ratio"] for r in rows[1:]]
-    return {"efficiency": rate / peak, "rows": rows,
+    return {"gemm_efficiency": meg.rate / meg.spec.peak_for("fp16"), "rows": rows,
             "geomean_abs_log_error": math.exp(statistics.fmean(abs(math.log(x))
                                                                 for x in later)) - 1}
+
+
+def zero3_vs_ptdp(meg: Megatron) -> list[dict[str, Any]]:
+    """Table 2: the same model, batch and GPUs under DeepSpeed's ZeRO-3 (no model
+    parallelism, activation checkpointing) and under PTD-P, both measured and predicted."""
+    rows: list[dict[str, Any]] = []
+    for (billions, heads, h, layers, tp, pp), runs in TABLE2:
+        for gpus, batch, micro, zero_tflops, ptdp_batch, ptdp_tflops in runs:
+            zero = transformer(billions * 1e9, layers, h, heads, SEQ, batch, micro)
+            ptdp = transformer(billions * 1e9, layers, h, heads, SEQ, ptdp_batch)
+            z = meg.estimate(zero, Layout(gpus, 1, 1, 3, True))
+            p = meg.estimate(ptdp, Layout(gpus // (tp * pp), tp, pp, 0, True))
+            best = meg.best(ptdp, gpus)
+            # per-GPU rates: the paper's FLOPs over each step, the way Table 2 counts them
+            rows.append({
+                "params_b": billions, "gpus": gpus, "zero_micro_batch": micro,
+                "zero_measured_tflops": zero_tflops, "ptdp_measured_tflops": ptdp_tflops,
+                "zero_predicted_tflops": megatron_flops(batch, layers, h) / gpus / z.step_s
+                / 1e12,
+                "ptdp_predicted_tflops": megatron_flops(ptdp_batch, layers, h) / gpus
+                / p.step_s / 1e12,
+                "zero_exposed_comm_s": z.exposed_comm_s, "zero_compute_s": z.compute_s,
+                "zero_memory_gb": z.memory_bytes / 1e9,
+                "best": best.layout.describe() if best else None})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
           f"predicted dp2 {c['step_predicted_s'] * 1e3:.1f} ms (exposed comm "
           f"{c['exposed_predicted_s'] * 1e3:.2f} ms): "
           f"{c['step_predicted_s'] / c['step_measured_s']:.2f}x")
-    m = megatron()
-    print(f"\nMegatron-LM Table 1 (A100-80GB, DGX A100 + HDR IB), compute rate calibrated on "
-          f"row 1: {m['efficiency']:.1%} of the fp16 peak")
+    meg = Megatron()
+    m = megatron(meg)
+    print(f"\nMegatron-LM Table 1 (A100-80GB, DGX A100 + HDR IB), GEMM rate calibrated on "
+          f"row 1: {m['gemm_efficiency']:.1%} of the fp16 peak, memory-bound ops at the HBM "
+          "bandwidth")
     print("  params   GPUs  tp  pp  measured s  predicted s  ratio  bubble  memory GB  "
           "best that fits")
     for r in m["rows"]:
@@ -149,8 +211,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['measured_s']:11.2f} {r['predicted_s']:12.2f} {r['ratio']:6.2f} "
               f"{r['bubble']:7.3f} {r['memory_gb']:10.1f}  {r['best']}")
     print(f"  geomean |error| over rows 2-10: {m['geomean_abs_log_error']:.1%}")
+    z = zero3_vs_ptdp(meg)
+    print("\nTable 2, ZeRO-3 (DeepSpeed, no model parallelism) against PTD-P, teraFLOP/s per GPU")
+    print("  params   GPUs  ZeRO-3 mb  ZeRO-3 meas/pred   PTD-P meas/pred   PTD-P/ZeRO-3 "
+          "meas/pred  best that fits")
+    for r in z:
+        print(f"  {r['params_b']:6.1f}B {r['gpus']:5d} {r['zero_micro_batch']:10d} "
+              f"{r['zero_measured_tflops']:8.0f} /{r['zero_predicted_tflops']:5.0f} "
+              f"{r['ptdp_measured_tflops']:9.0f} /{r['ptdp_predicted_tflops']:5.0f} "
+              f"{r['ptdp_measured_tflops'] / r['zero_measured_tflops']:11.2f} /"
+              f"{r['ptdp_predicted_tflops'] / r['zero_predicted_tflops']:5.2f}  {r['best']}")
     if ns.json:
-        ns.json.write_bytes(orjson.dumps({"corpus": c, "megatron": m},
+        ns.json.write_bytes(orjson.dumps({"corpus": c, "megatron": m, "table2": z},
                                          option=orjson.OPT_INDENT_2))
     return 0
 

@@ -8,16 +8,18 @@ import pytest
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.collectives import collective_time
 from perfswarm.model.parallelism import (
     Layout,
     Model,
     best_layout,
     estimate,
     layouts,
+    memory_bound_s,
     model_state_bytes,
     transformer,
 )
-from perfswarm.model.topology import interconnect
+from perfswarm.model.topology import Topology, interconnect
 
 NVS, IB = interconnect("nvswitch-a100"), interconnect("ib-hdr")
 GPT3 = transformer(175e9, 96, 12288, 96, 2048, 1536, 1)
@@ -51,14 +53,68 @@ def test_bubble_traffic_and_activations() -> None:
     m = 1536 // 8
     assert e.micro_batches == m and e.bubble == 15 / m  # (p - 1) / m
     bsh = 2 * 2048 * 12288  # fp16 activations of one micro-batch
-    assert e.comm_bytes == {"dp": 2 * 175e9 / 128, "tp": 4 * bsh * 6 * m, "pp": 2 * bsh * m}
+    grads = 2 * 175e9 / 128  # fp16 gradients of one of 8 x 16 model-parallel slices
+    # ZeRO's accounting: an all-reduce of n bytes moves 2n; 4 all-reduces a layer (6 layers a
+    # stage) per micro-batch; activations forward and gradients back at a stage boundary
+    assert e.comm_bytes == {"dp": 2 * grads, "tp": 2 * 4 * bsh * 6 * m, "pp": 2 * bsh * m}
     # Korthikanti et al. eq. 2, t = 8: sbh (10 + 24/8 + 5 a s / (h t)) = sbh x 23 per layer,
     # 6 layers a stage, 16 micro-batches in flight on the first stage under 1F1B
     assert e.activation_bytes == 2048 * 12288 * 23 * 6 * 16
     assert e.state_bytes == model_state_bytes(175e9 / 128, 8, 1)
-    z3 = estimate(GPT3, Layout(8, 8, 16, 3), per_node=8, intra=NVS, inter=IB,
-                  work_s=work(GPT3))
-    assert z3.comm_bytes["dp"] == 1.5 * e.comm_bytes["dp"]  # ZeRO section 7.2
+    # stage 2 reduce-scatters the gradients every micro-batch, stage 3 also gathers every
+    # layer's parameters twice a micro-batch: 1.5x plain data parallel at m = 1 (ZeRO 7.2.2)
+    z = {k: estimate(GPT3, Layout(8, 8, 16, k), per_node=8, intra=NVS, inter=IB,
+                     work_s=work(GPT3)).comm_bytes["dp"] for k in (0, 2, 3)}
+    assert z == {0: 2 * grads, 2: (m + 1) * grads, 3: 3 * m * grads}
+    one = transformer(175e9, 96, 12288, 96, 2048, 8, 1)  # one micro-batch a step
+    z0, z3 = (estimate(one, Layout(8, 8, 16, k), per_node=8, intra=NVS, inter=IB,
+                       work_s=work(one)) for k in (0, 3))
+    assert z3.comm_bytes["dp"] == 1.5 * z0.comm_bytes["dp"]
+    # stage 3 holds two layers' parameters and one layer's gradients whole (a layer: 1/6 of
+    # the stage's slice) beside its state and activations
+    assert z3.memory_bytes - z3.state_bytes - (z3.activation_bytes or 0) == pytest.approx(
+        3 * 2 * 175e9 / 128 / 6)
+
+
+def test_zero3_gathers_hide_behind_long_layers_only() -> None:
+    """Stage 3 on 16 devices (two nodes): each micro-batch exposes its first layer's gather
+    when layers compute long enough to hide the rest; with no compute, every gather and
+    gradient scatter of every layer, twice for the gathers (forward and backward)."""
+    small = transformer(1e9, 4, 1024, 16, 512, 64)
+    group = Topology(16, 8, NVS, IB)
+    shard = 2 * 1e9 / 4  # fp16 bytes of one layer
+    gather = collective_time("all_gather", shard, group)
+    scatter = collective_time("reduce_scatter", shard, group)
+    m = 64 // 16
+    slow = estimate(small, Layout(16, 1, 1, 3), per_node=8, intra=NVS, inter=IB, work_s=1e4)
+    assert slow.exposed_comm_s == pytest.approx(m * gather)
+    idle = estimate(small, Layout(16, 1, 1, 3), per_node=8, intra=NVS, inter=IB, work_s=1e-12)
+    assert idle.exposed_comm_s == pytest.approx(m * 4 * (2 * gather + scatter))
+
+
+def test_gradient_all_reduce_waits_for_the_last_micro_batch() -> None:
+    """Without ZeRO the step's all-reduce can hide only under the last micro-batch's backward
+    pass (the earlier ones accumulate): 2/3 of that micro-batch's share of the compute."""
+    small = transformer(1e9, 4, 1024, 16, 512, 64)
+    reduce = collective_time("all_reduce", 2e9, Topology(16, 8, NVS, IB))
+    work_s = 16 * reduce  # compute a device: reduce; one micro-batch's backward: reduce / 6
+    e = estimate(small, Layout(16, 1, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=work_s)
+    assert e.micro_batches == 4 and e.compute_s == pytest.approx(reduce)
+    assert e.exposed_comm_s == pytest.approx(reduce - reduce / 4 * 2 / 3)
+
+
+def test_tensor_parallel_splits_memory_bound_ops_in_part() -> None:
+    """Korthikanti et al. eq. 2: at t = 8 a rank keeps 10 + 24/8 + 5 a s / (h 8) = 23 of the
+    34 + 5 a s / h = 114 s b h bytes GPT-3's layer keeps without tensor parallelism: its
+    memory-bound ops (memory_bound_s: 4 passes over them) split 114/23 ways, the GEMMs 8."""
+    memory = memory_bound_s(GPT3, 2e12)
+    assert memory == 4 * 2048 * 12288 * 114 * 96 * 1536 / 2e12
+    e = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
+                 work_s=work(GPT3) + memory, memory_s=memory)
+    assert e.compute_s == pytest.approx(work(GPT3) / 1024 + memory * 23 / 114 / 128)
+    with pytest.raises(PerfswarmError, match="memory-bound"):
+        estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB, work_s=1.0,
+                 memory_s=2.0)
 
 
 def test_recomputation_trades_memory_for_a_forward_pass() -> None:
@@ -71,7 +127,9 @@ def test_recomputation_trades_memory_for_a_forward_pass() -> None:
     sbh = 2048 * 12288
     assert again.activation_bytes == 2 * sbh * 6 * 16 + 23 * sbh
     assert again.compute_s == pytest.approx(plain.compute_s * 4 / 3)
-    assert again.state_bytes == plain.state_bytes and again.comm_bytes == plain.comm_bytes
+    assert again.state_bytes == plain.state_bytes
+    # the recomputed forward all-reduces its activations again: 6 tensor-parallel all-reduces
+    assert again.comm_bytes == {**plain.comm_bytes, "tp": plain.comm_bytes["tp"] * 6 / 4}
     assert again.to_dict()["layout"] == "dp8 x tp8 x pp16, ZeRO-1, recompute"
 
 
@@ -100,6 +158,11 @@ def test_small_model_stays_data_parallel() -> None:
 def test_layouts_and_bad_input() -> None:
     lays = layouts(GPT3, 16, 8)
     assert {(lay.dp, lay.tp, lay.pp) for lay in lays} >= {(16, 1, 1), (2, 8, 1), (1, 8, 2)}
+    # a tensor-parallel rank computes whole heads: 12 heads split 1, 2 or 4 ways, not 8
+    twelve = transformer(1e9, 4, 768, 12, 512, 64)
+    assert {lay.tp for lay in layouts(twelve, 16, 8)} == {1, 2, 4}
+    with pytest.raises(PerfswarmError, match="heads"):
+        estimate(twelve, Layout(2, 8, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
     assert all(lay.devices == 16 and 96 % lay.pp == 0 for lay in lays)
     assert {lay.zero for lay in lays if lay.dp == 1} == {0}
     with pytest.raises(PerfswarmError, match="do not divide"):
@@ -113,7 +176,7 @@ def test_layouts_and_bad_input() -> None:
     assert e.activation_bytes is None and e.to_dict()["activation_gb"] is None
     # fp32 Adam: 4 + 4 + 8 bytes a parameter, all three sharded under stage 3
     assert e.memory_bytes == e.state_bytes == 16 * 25_557_032 / 8
-    assert e.comm_bytes == {"dp": 1.5 * 4 * 25_557_032, "tp": 0.0, "pp": 0.0}
+    assert e.comm_bytes == {"dp": 3 * 4 * 25_557_032, "tp": 0.0, "pp": 0.0}
     assert e.compute_s == 0.1
     with pytest.raises(PerfswarmError, match="do not divide"):
         estimate(flat, Layout(4, 2, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
@@ -124,8 +187,10 @@ def test_layouts_command(capsys: pytest.CaptureFixture[str]) -> None:
             "96", "--seq", "2048", "--batch", "1536", "--devices", "1024"]
     assert main([*argv, "--json"]) == 0
     out = orjson.loads(capsys.readouterr().out)
+    # the GEMMs at --efficiency (0.5) of the fp16 peak, the memory-bound ops at the HBM's rate
+    memory = memory_bound_s(GPT3, 2039e9)
     best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB,
-                              work_s=work(GPT3), memory_bytes=80e9)
+                              work_s=work(GPT3) + memory, memory_s=memory, memory_bytes=80e9)
     assert out["device"] == "A100-80GB" and best is not None
     assert out["best"] == orjson.loads(orjson.dumps(best.to_dict()))
     assert len(out["layouts"]) == len(every)

@@ -11,7 +11,7 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.parallelism import best_layout, transformer
+from perfswarm.model.parallelism import best_layout, memory_bound_s, transformer
 from perfswarm.model.specs import load_spec
 from perfswarm.model.topology import interconnect
 
@@ -30,7 +30,7 @@ def layouts_command(
     intra: Annotated[str, typer.Option("--intra", help="Intra-node link (model/interconnects.yaml).")] = "nvswitch-a100",
     inter: Annotated[str, typer.Option("--interconnect", help="Inter-node network.")] = "ib-hdr",
     per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
-    efficiency: Annotated[float, typer.Option("--efficiency", help="Share of the fp16 peak the compute reaches.")] = 0.5,
+    efficiency: Annotated[float, typer.Option("--efficiency", help="Share of the fp16 peak the GEMMs reach.")] = 0.5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Data, tensor and pipeline parallel layouts with ZeRO 0-3 of a transformer: memory per
@@ -45,9 +45,10 @@ def layouts_command(
                              "in (0, 1]")
     spec = load_spec(device)
     model = transformer(params, layers, hidden, heads, seq, batch, micro_batch)
-    work = model.training_flops() / (spec.peak_for("fp16") * efficiency)
+    memory = memory_bound_s(model, spec.memory_bandwidth)
+    work = model.training_flops() / (spec.peak_for("fp16") * efficiency) + memory
     best, every = best_layout(model, devices, per_node=per_node, intra=interconnect(intra),
-                              inter=interconnect(inter), work_s=work,
+                              inter=interconnect(inter), work_s=work, memory_s=memory,
                               memory_bytes=spec.memory_bytes)
     if not every:
         raise PerfswarmError(f"no layout of {devices} devices divides {layers} layers and a "

@@ -18,23 +18,43 @@ Megatron-LM trains) a layer keeps only its input, 2*s*b*h bytes (Korthikanti et 
 4.1), plus one layer's full activations while it is recomputed, and the step's compute grows by
 a forward pass: 4/3.
 
-Communication per step and device: data parallel all-reduces the gradients (2*Psi/(tp*pp)
-bytes in fp16), stage 3 adds an all-gather of the parameters in the forward and another in the
-backward pass (1.5x, ZeRO section 7.2); tensor parallel all-reduces the b*s*h activations
-twice in the forward and twice in the backward pass of every layer (Megatron-LM, Shoeybi et
-al., 2019, section 3), per micro-batch; pipeline parallel sends b*s*h activations forward
-and their gradients back at each stage boundary per micro-batch.
+Communication per step and device, in the ZeRO paper's accounting (an all-reduce of n bytes
+moves 2n, an all-gather or a reduce-scatter n; Rajbhandari et al. section 7): the gradients
+are 2*Psi/(tp*pp) bytes in fp16 (G). Data parallel without ZeRO all-reduces them once a step
+(2G); stage 1 reduce-scatters them once and all-gathers the updated parameters after the
+optimizer step (2G); stage 2 keeps only its shard of the gradients, so it reduce-scatters them
+after every micro-batch's backward pass, and all-gathers the parameters once (m+1)G; stage 3
+(FSDP) also gathers each layer's parameters before its forward and again before its backward,
+every micro-batch (3mG: 1.5x plain data parallel at m = 1, ZeRO section 7.2.2). Tensor parallel
+all-reduces the b*s*h activations twice in the forward and twice in the backward pass of every
+layer (Megatron-LM, Shoeybi et al., 2019, section 3), twice more with recomputation (the forward
+runs again), per micro-batch; pipeline parallel sends b*s*h activations forward and their
+gradients back at each stage boundary per micro-batch.
 
 Step time: the step's compute on one device (`work_s`: measured on a Run, see
 optimize.layouts, or 6 * Psi * tokens FLOPs at a share of the device's peak; Kaplan et al.,
-2020) split evenly over the devices, stretched by
-the pipeline bubble (p-1)/m (Narayanan et al., SC'21, section 2.2: bubble time over ideal
-time); tensor-parallel and pipeline traffic is exposed (it sits between dependent ops), data-
-parallel traffic overlaps the backward pass except what exceeds it (and stage 3's forward
-gather, exposed). Collectives take the alpha-beta time of model.collectives on the topology
-their group spans: a tensor-parallel group inside one node, pipeline and data-parallel groups
-across nodes when the layout needs more than one. A model whose layers are unknown (not a
-transformer the Run's shapes describe) gets data-parallel layouts only.
+2020) split evenly over the devices, except its memory-bound part (`memory_s`: the layer norms,
+softmax, dropout and activation functions between the GEMMs, `memory_bound_s`), of which
+tensor parallelism splits only what Korthikanti et al.'s eq. 2 divides by t: the layer norms
+and dropouts on the residual stream (10 s b h of the 34) run on every tensor-parallel rank, so
+a wide tensor-parallel group spends a larger share of its time there and a wide model (h >> s)
+a smaller one; stretched by the pipeline bubble (p-1)/m (Narayanan et
+al., SC'21, section 2.2: bubble time over ideal time); tensor-parallel and pipeline traffic is
+exposed (it sits between dependent ops). Data-parallel traffic overlaps only the compute that
+can run beside it: gradients are reduced as the backward pass produces them, but a step's
+all-reduce (stage 0) or reduce-scatter (stage 1) waits for the last micro-batch's backward (the
+earlier ones only accumulate), so only that backward hides it; stage 2's reduce-scatter hides
+under each micro-batch's backward; stages 1 and 2 gather the updated parameters after the
+optimizer step, exposed; stage 3 gathers a layer's parameters while the layer before it
+computes (prefetching one layer ahead, as FSDP and DeepSpeed do), so the forward exposes the
+first layer's gather and whatever of each other gather outlasts a layer's forward, and the
+backward whatever of a layer's gather and gradient reduce-scatter (on the same links) outlasts
+its backward; stage 3 also holds two layers' full parameters (the one computing, the one
+prefetched) and one layer's full gradients before they are scattered. Collectives take the
+alpha-beta time of model.collectives on the topology their group spans: a tensor-parallel group
+inside one node, pipeline and data-parallel groups across nodes when the layout needs more than
+one. A model whose layers are unknown (not a transformer the Run's shapes describe) gets
+data-parallel layouts only, and its stage-3 gathers are of the whole model at once.
 """
 
 from __future__ import annotations
@@ -47,6 +67,8 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.collectives import collective_time
 from perfswarm.model.topology import Link, Topology
 
+PASSES = 4  # memory traffic of a stored activation: written in the forward, read in the
+# backward, and a gradient of its size written and read there
 OPTIMIZER_BYTES = 12  # K: fp32 parameters, momentum and variance (Adam, mixed precision)
 HALF = 2  # bytes of an fp16/bf16 value
 FULL = 4  # bytes of an fp32 value
@@ -101,6 +123,17 @@ def transformer(params: float, layers: int, hidden: int, heads: int, seq: int,
     return Model(params, global_batch, micro_batch, Blocks(layers, hidden, heads, seq))
 
 
+def memory_bound_s(model: Model, bandwidth: float) -> float:
+    """Seconds of a step's memory-bound ops on one device without tensor parallelism: PASSES x
+    the activations every layer stores for every micro-batch (Korthikanti et al. eq. 1, s b h
+    (34 + 5 a s / h) bytes) at `bandwidth` bytes/s; 0 without the model's layers."""
+    b = model.blocks
+    if b is None:
+        return 0.0
+    micro = model.global_batch // model.micro_batch
+    return PASSES * b.activation_bytes(model.micro_batch, 1) * b.layers * micro / bandwidth
+
+
 @dataclass(frozen=True)
 class Layout:
     dp: int
@@ -136,7 +169,8 @@ def model_state_bytes(params: float, dp: int, zero: Stage, value_bytes: int = HA
 @dataclass(frozen=True)
 class Estimate:
     layout: Layout
-    memory_bytes: float  # per device: model state + activations (when known)
+    memory_bytes: float  # per device: model state + activations (when known) + ZeRO-3's
+    # gathered layers (when the layers are known)
     state_bytes: float
     activation_bytes: float | None  # None: the model's layers are unknown
     micro_batches: int  # per data-parallel rank and step
@@ -173,38 +207,74 @@ def _layers(model: Model) -> int:
     return model.blocks.layers if model.blocks else 1
 
 
+def _data_parallel(layout: Layout, grads: float, layers: int, m: int, compute: float,
+                   group: Topology) -> tuple[float, float]:
+    """Bytes a device moves for data parallelism in a step, and the seconds of it exposed:
+    `grads` bytes of this device's gradients (and parameters), `layers` on its pipeline stage,
+    `m` micro-batches, `compute` its step's compute (see the module's docstring)."""
+    units = 4 if layout.recompute else 3  # forward 1, backward 2, recomputed forward 1
+    backward = compute / m * (units - 1) / units  # of one micro-batch
+    if layout.zero == 3:
+        gather = collective_time("all_gather", grads / layers, group)
+        scatter = collective_time("reduce_scatter", grads / layers, group)
+        forward_layer, backward_layer = compute / m / units / layers, backward / layers
+        exposed = (gather + (layers - 1) * max(0.0, gather - forward_layer)
+                   + layers * max(0.0, gather + scatter - backward_layer))
+        return 3 * m * grads, m * exposed
+    if layout.zero == 2:
+        scatter = collective_time("reduce_scatter", grads, group)
+        return ((m + 1) * grads, m * max(0.0, scatter - backward)
+                + collective_time("all_gather", grads, group))
+    if layout.zero == 1:
+        return 2 * grads, (max(0.0, collective_time("reduce_scatter", grads, group) - backward)
+                           + collective_time("all_gather", grads, group))
+    return 2 * grads, max(0.0, collective_time("all_reduce", grads, group) - backward)
+
+
 def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter: Link,
-             work_s: float, host_s: float = 0.0) -> Estimate:
+             work_s: float, memory_s: float = 0.0, host_s: float = 0.0) -> Estimate:
     """Memory, traffic and step time of `model` under `layout`; `work_s` is the step's compute
-    on one device (all of the global batch), split evenly over the layout's devices; `host_s`
-    the time of a step in which no device works (a host-bound Run's), added to every layout
-    as it is (weak scaling keeps each device's host work)."""
+    on one device (all of the global batch), split evenly over the layout's devices but for
+    `memory_s` of it (memory-bound ops, see memory_bound_s), which tensor parallelism splits
+    only in part; `host_s` the time of a step in which no device works (a host-bound Run's),
+    added to every layout as it is (weak scaling keeps each device's host work)."""
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     blocks = model.blocks
     if (model.global_batch % (dp * model.micro_batch) or _layers(model) % pp or tp > per_node
-            or (blocks is None and tp * pp > 1)):
-        raise PerfswarmError(f"{layout.describe()}: the batch, layers or node size do not "
-                             "divide as the layout needs")
+            or (blocks.heads % tp if blocks else tp * pp > 1)):
+        raise PerfswarmError(f"{layout.describe()}: the batch, layers, heads or node size do "
+                             "not divide as the layout needs")
     m = model.global_batch // (dp * model.micro_batch)
     shard = model.params / (tp * pp)
     value = model.value_bytes
     state = model_state_bytes(shard, dp, layout.zero, value)
-    comm = {"dp": (1.5 if layout.zero == 3 else 1.0) * value * shard if dp > 1 else 0.0,
-            "tp": 0.0, "pp": 0.0}
+    comm = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    if not 0 <= memory_s <= work_s:
+        raise PerfswarmError(f"memory-bound time {memory_s} s: outside 0 to the step's "
+                             f"compute {work_s} s")
+    # a tensor-parallel rank runs 1/tp of the GEMMs but more than 1/tp of the rest
+    split = (blocks.activation_bytes(model.micro_batch, tp)
+             / blocks.activation_bytes(model.micro_batch, 1) if blocks else 1 / tp)
+    compute = (work_s - memory_s) / layout.devices + memory_s * split / (dp * pp)
     # recomputation runs each layer's forward again in the backward: 4/3 of the work
-    compute = work_s / layout.devices * (4 / 3 if layout.recompute else 1)
+    compute *= 4 / 3 if layout.recompute else 1
     exposed = 0.0
     acts = None
+    gathered = 0.0  # stage 3's working copies of whole layers (known only with the layers)
+    stage_layers = _layers(model) // pp
     if blocks is not None:
         layer = blocks.activation_bytes(model.micro_batch, tp)
         kept = (value * model.micro_batch * blocks.seq * blocks.hidden if layout.recompute
                 else layer)  # with recomputation a layer keeps only its input (Korthikanti 4.1)
-        acts = kept * blocks.layers / pp * min(pp, m) + (layer if layout.recompute else 0.0)
+        acts = kept * stage_layers * min(pp, m) + (layer if layout.recompute else 0.0)
+        if layout.zero == 3 and dp > 1:  # two layers' parameters and one's gradients, whole
+            gathered = 3 * value * shard / stage_layers
         bsh = value * model.micro_batch * blocks.seq * blocks.hidden
         if tp > 1:
-            comm["tp"] = 4 * bsh * blocks.layers / pp * m
+            per_layer = 6 if layout.recompute else 4  # the recomputed forward's two again
+            comm["tp"] = 2 * per_layer * bsh * stage_layers * m
             t = _group(tp, per_node, False, intra, inter)
-            exposed += 4 * blocks.layers / pp * m * collective_time("all_reduce", bsh, t)
+            exposed += per_layer * stage_layers * m * collective_time("all_reduce", bsh, t)
         if pp > 1:  # stage boundaries: inside a node while the model's ranks fit in one
             comm["pp"] = 2 * bsh * m
             link = intra if tp * pp <= per_node else inter
@@ -213,23 +283,24 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
         model_group = tp * pp
         d = _group(dp, max(1, per_node // model_group), model_group * dp > per_node, intra,
                    inter)
-        grads = collective_time("all_reduce", value * shard, d)
-        if layout.zero == 3:  # the forward's parameter gather waits; the backward's overlaps
-            exposed += collective_time("all_gather", value * shard, d)
-        exposed += max(0.0, grads - compute * 2 / 3)  # the backward is 2/3 of the compute
-    return Estimate(layout, state + (acts or 0.0), state, acts, m, (pp - 1) / m, comm, compute,
-                    exposed, host_s)
+        comm["dp"], dp_exposed = _data_parallel(layout, value * shard, stage_layers, m,
+                                                compute, d)
+        exposed += dp_exposed
+    return Estimate(layout, state + (acts or 0.0) + gathered, state, acts, m, (pp - 1) / m,
+                    comm, compute, exposed, host_s)
 
 
 def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
-    """Every layout of `devices` the model divides into: tp within a node, pp dividing the
-    layers, dp dividing the batch, ZeRO 0-3 (ZeRO only with dp > 1); data parallel only
+    """Every layout of `devices` the model divides into: tp within a node and dividing the
+    heads (each rank computes whole heads), pp dividing the layers, dp dividing the batch,
+    ZeRO 0-3 (ZeRO only with dp > 1); data parallel only
     without the model's layers."""
     out = []
     splits = (itertools.product(range(1, per_node + 1), range(1, _layers(model) + 1))
               if model.blocks else [(1, 1)])
     for tp, pp in splits:
-        if per_node % tp or _layers(model) % pp or devices % (tp * pp):
+        if (per_node % tp or _layers(model) % pp or devices % (tp * pp)
+                or (model.blocks and model.blocks.heads % tp)):
             continue
         dp = devices // (tp * pp)
         if model.global_batch % (dp * model.micro_batch):
@@ -240,13 +311,13 @@ def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
 
 
 def best_layout(model: Model, devices: int, *, per_node: int, intra: Link, inter: Link,
-                work_s: float, memory_bytes: float, host_s: float = 0.0
+                work_s: float, memory_bytes: float, memory_s: float = 0.0, host_s: float = 0.0
                 ) -> tuple[Estimate | None, list[Estimate]]:
     """The fastest layout that fits in `memory_bytes` per device (None when none fits), and
     every layout's estimate, fastest first (ties: less memory, then fewer model-parallel
     ranks)."""
     found = sorted((estimate(model, lay, per_node=per_node, intra=intra, inter=inter,
-                             work_s=work_s, host_s=host_s)
+                             work_s=work_s, memory_s=memory_s, host_s=host_s)
                     for lay in layouts(model, devices, per_node)),
                    key=lambda e: (round(e.step_s, 9), e.memory_bytes, e.layout.tp * e.layout.pp,
                                   e.layout.zero))
