@@ -27,7 +27,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
 from perfswarm.trace.store import Run, write_output
-from perfswarm.trace.timebase import ns_to_us_text
+from perfswarm.trace.timebase import us_json
 
 # Our kinds back to Kineto's categories (the inverse of kineto.CAT_KIND).
 KIND_CATEGORY: Final[dict[str, str]] = {
@@ -64,10 +64,6 @@ UTILIZATION_BINS: Final = 100
 
 _EVENT_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid",
                          *(column for column, _ in _ARG_COLUMNS), "args"]
-
-
-def _us(ns: int) -> orjson.Fragment:
-    return orjson.Fragment(ns_to_us_text(ns).encode())
 
 
 def _category(kind: str, name: str) -> str:
@@ -122,7 +118,7 @@ def _span_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
         event: dict[str, Any] = {
             "ph": "X", "cat": _category(kind, name), "name": name,
             "pid": pids(cols["rank"][i], cols["pid"][i]), "tid": cols["tid"][i],
-            "ts": _us(cols["ts"][i] - base), "dur": _us(cols["dur"][i]),
+            "ts": us_json(cols["ts"][i] - base), "dur": us_json(cols["dur"][i]),
             "args": _args(cols["args"][i], extra),
         }
         if kind == "instant" and cols["dur"][i] == 0:
@@ -155,7 +151,7 @@ def _counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]
         group, _, key = str(row["name"]).rpartition(".")
         pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], 0)
         yield {"ph": "C", "name": group, "pid": pids(row["rank"], pid), "tid": 0,
-               "ts": _us(row["ts"] - base), "args": {key: row["value"]}}
+               "ts": us_json(row["ts"] - base), "args": {key: row["value"]}}
 
 
 def _derived_counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
@@ -167,7 +163,7 @@ def _derived_counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[s
 
     def counter(name: str, rank: int, pid: int, ts: int, args: dict[str, Any]) -> dict[str, Any]:
         return {"ph": "C", "cat": DERIVED_COUNTERS, "name": name, "pid": pids(rank, pid), "tid": 0,
-                "ts": _us(ts - base), "args": args}
+                "ts": us_json(ts - base), "args": args}
 
     dev, calls = launch_pairs(ev, np.arange(len(ev)))
     for _key, at in sorted(group_rows(lane_key(ev.rank[dev], (ev.device[dev] << 20)
@@ -201,7 +197,7 @@ def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
         return
     for row in run.table("flows").to_pylist():
         event = {"ph": row["phase"], "id": row["id"], "pid": pids(row["rank"], row["pid"]),
-                 "tid": row["tid"], "ts": _us(row["ts"] - base), "cat": row["cat"],
+                 "tid": row["tid"], "ts": us_json(row["ts"] - base), "cat": row["cat"],
                  "name": row["cat"]}
         if row["phase"] == "f":
             event["bp"] = "e"
@@ -231,7 +227,7 @@ def _sample_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]
         leaf, module, stack = stacks.get(row["stack_id"], ("[unknown]", "", ""))
         yield {"ph": "i", "s": "t", "cat": f"{row['source']}_sample", "name": leaf,
                "pid": pids(row["rank"], row["pid"]), "tid": row["tid"],
-               "ts": _us(row["ts"] - base),
+               "ts": us_json(row["ts"] - base),
                "args": {"stack": stack, "module": module, "weight": row["weight"]}}
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from perfswarm.trace.synthetic import BASE_TIME_NS, _us, dumps
+from perfswarm.trace.synthetic import BASE_TIME_NS, dumps
+from perfswarm.trace.timebase import us_json
 
 PID: Final = 1
 MAIN_TID: Final = 1
@@ -62,7 +63,7 @@ class _Writer:
                          {"External id": self.external, "correlation": self.correlation})
             begin = max(launch + LAUNCH_LAG_NS, self.device_free)
             yield {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": STREAM,
-                   "ts": _us(begin), "dur": _us(ns),
+                   "ts": us_json(begin), "dur": us_json(ns),
                    "args": {"External id": self.external, "device": 0, "stream": STREAM,
                             "correlation": self.correlation}}
             self.device_free = begin + ns
@@ -109,8 +110,8 @@ class _Writer:
 
 def _event(cat: str, name: str, tid: int, ts: int, dur: int, args: dict[str, Any]
            ) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": _us(ts),
-            "dur": _us(dur), "args": args}
+    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": us_json(ts),
+            "dur": us_json(dur), "args": args}
 
 
 def trace(steps: Sequence[Sequence[TraceOp]], device: Mapping[str, Any] | None = None,
@@ -121,7 +122,7 @@ def trace(steps: Sequence[Sequence[TraceOp]], device: Mapping[str, Any] | None =
     each iteration ends waiting for its last kernel (else the host runs ahead)."""
     writer = _Writer()
     events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "ts": _us(0), "pid": PID, "tid": 0,
+        {"name": "process_name", "ph": "M", "ts": us_json(0), "pid": PID, "tid": 0,
          "args": {"name": "python3"}}]
     for i, ops in enumerate(steps):
         events += writer.step(ops, i, sync and device is not None)

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from perfswarm.trace.timebase import ns_to_us_text
+from perfswarm.trace.timebase import us_json
 
 BASE_TIME_NS = 1_711_964_646_000_000_000
 _OPS = ("aten::linear", "aten::addmm", "aten::relu", "aten::conv2d", "aten::add", "aten::mul",
@@ -36,10 +36,6 @@ OPS_PER_STEP = 200
 # A step's length on every rank: a rank's 200 ops and kernels take 5.5 +- 0.13 ms (at most 6.0
 # in 3,200 steps of 16 seeds); one that runs later still gets a 10 us all-reduce.
 STEP_NS = 6_500_000
-
-
-def _us(ns: int) -> orjson.Fragment:
-    return orjson.Fragment(ns_to_us_text(ns).encode())
 
 
 class _Writer:
@@ -62,7 +58,7 @@ class _Writer:
             dims = [[rng.choice((32, 64, 128, 256)), rng.choice((256, 512, 1024))],
                     [rng.choice((256, 512, 1024)), 1024]]
             yield {"ph": "X", "cat": "cpu_op", "name": name, "pid": self.pid, "tid": self.tid,
-                   "ts": _us(t), "dur": _us(dur),
+                   "ts": us_json(t), "dur": us_json(dur),
                    "args": {"External id": self.external, "Record function id": self.external,
                             "Sequence number": step, "Input Dims": dims,
                             "Input type": ["float", "float"],
@@ -74,16 +70,17 @@ class _Writer:
             launch_ts = t + dur // 3
             launch_dur = rng.randrange(3_000, 9_000)
             yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
-                   "pid": self.pid, "tid": self.tid, "ts": _us(launch_ts), "dur": _us(launch_dur),
+                   "pid": self.pid, "tid": self.tid, "ts": us_json(launch_ts),
+                   "dur": us_json(launch_dur),
                    "args": {"External id": self.external, "cbid": 211,
                             "correlation": self.correlation, "Ev Idx": self.external}}
             yield {"ph": "s", "id": self.correlation, "pid": self.pid, "tid": self.tid,
-                   "ts": _us(launch_ts), "cat": "ac2g", "name": "ac2g"}
+                   "ts": us_json(launch_ts), "cat": "ac2g", "name": "ac2g"}
             k_ts = launch_ts + launch_dur + rng.randrange(2_000, 30_000)
             stream = 7 if rng.random() < 0.8 else 20
             kernel = _KERNELS[rng.randrange(len(_KERNELS))]
             yield {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": stream,
-                   "ts": _us(k_ts), "dur": _us(rng.randrange(2_000, 60_000)),
+                   "ts": us_json(k_ts), "dur": us_json(rng.randrange(2_000, 60_000)),
                    "args": {"External id": self.external, "queued": 0, "device": 0,
                             "context": 1, "stream": stream, "correlation": self.correlation,
                             "registers per thread": 64, "shared memory": 0,
@@ -91,7 +88,7 @@ class _Writer:
                             "warps per SM": round(rng.random() * 64, 6),
                             "grid": [rng.randrange(1, 512), 1, 1], "block": [256, 1, 1],
                             "est. achieved occupancy %": rng.randrange(10, 100)}}
-            yield {"ph": "f", "id": self.correlation, "pid": 0, "tid": stream, "ts": _us(k_ts),
+            yield {"ph": "f", "id": self.correlation, "pid": 0, "tid": stream, "ts": us_json(k_ts),
                    "cat": "ac2g", "name": "ac2g", "bp": "e"}
             t += dur + rng.randrange(1_000, 5_000)
             self.host_end = t
@@ -103,20 +100,20 @@ class _Writer:
         arrive = self.last_end + 50_000
         self.correlation += 1
         events.append({"ph": "X", "cat": "kernel", "name": _ALLREDUCE, "pid": 0, "tid": 20,
-                       "ts": _us(arrive), "dur": _us(max(end - 60_000 - arrive, 10_000)),
+                       "ts": us_json(arrive), "dur": us_json(max(end - 60_000 - arrive, 10_000)),
                        "args": {"External id": self.external, "device": 0, "stream": 20,
                                 "correlation": self.correlation}})
         events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)",
-                       "pid": 0, "tid": 7, "ts": _us(t + 1_000), "dur": _us(3_000),
+                       "pid": 0, "tid": 7, "ts": us_json(t + 1_000), "dur": us_json(3_000),
                        "args": {"device": 0, "stream": 7, "correlation": self.correlation + 1,
                                 "bytes": 4_194_304, "memory bandwidth (GB/s)": 1.4}})
         self.correlation += 2
         events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize",
-                       "pid": self.pid, "tid": self.tid, "ts": _us(self.host_end),
-                       "dur": _us(max(end - 20_000, arrive + 20_000) - self.host_end),
+                       "pid": self.pid, "tid": self.tid, "ts": us_json(self.host_end),
+                       "dur": us_json(max(end - 20_000, arrive + 20_000) - self.host_end),
                        "args": {"cbid": 165, "correlation": self.correlation}})
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
-                       "pid": self.pid, "tid": self.tid, "ts": _us(t), "dur": _us(end - t),
+                       "pid": self.pid, "tid": self.tid, "ts": us_json(t), "dur": us_json(end - t),
                        "args": {"External id": 0, "Record function id": 0}})
         return events, end
 
@@ -126,9 +123,9 @@ def trace(events: int = 200_000, seed: int = 0, rank: int = 0) -> dict[str, Any]
     steps = max(1, events // (OPS_PER_STEP * 5 + 4))
     writer = _Writer(seed, pid=4242 + rank, tid=4242 + rank)
     out: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "ts": _us(0), "pid": writer.pid, "tid": 0,
+        {"name": "process_name", "ph": "M", "ts": us_json(0), "pid": writer.pid, "tid": 0,
          "args": {"name": "python3"}},
-        {"name": "thread_name", "ph": "M", "ts": _us(0), "pid": 0, "tid": 7,
+        {"name": "thread_name", "ph": "M", "ts": us_json(0), "pid": 0, "tid": 7,
          "args": {"name": "stream 7"}},
     ]
     t = 1_000_000_000

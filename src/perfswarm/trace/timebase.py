@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 # |ts| above this (in us) would overflow int64 nanoseconds.
 MAX_ABS_US = 9.0e15
@@ -29,3 +30,8 @@ def ns_to_us_text(ns: int) -> str:
     sign = "-" if ns < 0 else ""
     whole, frac = divmod(abs(ns), 1000)
     return f"{sign}{whole}.{frac:03d}"
+
+
+def us_json(ns: int) -> orjson.Fragment:
+    """`ns` as the JSON number Kineto writes (exact decimal microseconds, `ns_to_us_text`)."""
+    return orjson.Fragment(ns_to_us_text(ns).encode())
