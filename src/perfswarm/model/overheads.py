@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import I64, KIND, Events
+from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.graph import HOST, Graph
 from perfswarm.userfiles import read_json
@@ -170,7 +170,7 @@ class OverheadModel:
                              str(path))
 
 
-def stalled(g: Graph, ev: Events) -> np.ndarray[Any, np.dtype[np.bool_]]:
+def stalled(g: Graph, ev: Events) -> Mask:
     """Per node: a runtime call that stalled, against the lower median of its name's calls."""
     out = np.zeros(len(g), bool)
     nodes = np.flatnonzero((g.role == HOST) & (g.row >= 0))
@@ -197,9 +197,10 @@ def measured_parts(dur: Sequence[int], gap: Sequence[int], inst: Instance) -> di
     return parts
 
 
-def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
+def fit_overheads(g: Graph, ev: Events, insts: list[Instance], stalls: Mask,
                   steady: Set[StepKey] = frozenset()) -> OverheadModel:
-    """Typical values (see `typical`) of every part over the run's op instances, per op type."""
+    """Typical values (see `typical`) of every part over the run's op instances, per op type;
+    runtime calls that stalled (`stalls`, per node: `stalled`) are left out of their name's."""
     rows, ranks, steps_of = g.row.tolist(), ev.rank.tolist(), ev.step.tolist()
 
     def step(node: int) -> StepKey:
@@ -220,7 +221,7 @@ def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
             values += [value / n] * n
             steps += [step(inst.first)] * n
     calls: dict[str, Samples] = defaultdict(lambda: ([], []))
-    runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0) & ~stalled(g, ev))
+    runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0) & ~stalls)
     for n in runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]:
         values, steps = calls[ev.name_of(int(g.row[n]))]
         values.append(float(g.dur[n]))
@@ -237,11 +238,11 @@ def fit_overheads(g: Graph, ev: Events, insts: list[Instance],
 
 
 def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Instance],
-                    dur: I64, gap: I64, keep: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
+                    dur: I64, gap: I64, keep: Mask) -> None:
     """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
-    means, in place. Nodes marked `keep` (sync calls: their time is waiting) and calls that
-    stalled are left alone."""
-    left = (keep | stalled(g, ev)).tolist()
+    means, in place. Nodes marked `keep` (sync calls: their time is waiting; calls that
+    stalled) are left alone."""
+    left = keep.tolist()
     is_call = ev.of_kind("runtime", "driver").tolist()
     rows = g.row.tolist()
     d, gp = dur.tolist(), gap.tolist()  # set as lists (ints without numpy scalars), then copied

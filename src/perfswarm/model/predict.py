@@ -72,6 +72,7 @@ from perfswarm.model.overheads import (
     apply_overheads,
     fit_overheads,
     instances,
+    stalled,
     steady_steps,
     typical,
 )
@@ -112,6 +113,23 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Steady:
+    """A Run's steady steps (`steady_steps`) and how long they took."""
+
+    keys: frozenset[StepKey]
+    median_ns: int  # their median length (of every step, when none is steady)
+    spread: float  # GMAE of those lengths around it: how much alike they ran
+
+
+def steady_of(lengths: Mapping[StepKey, int], keys: Set[StepKey] | None = None) -> Steady:
+    """The steady steps among `lengths` (each step's ns): `keys` when known, else found."""
+    found = frozenset(steady_steps(lengths) if keys is None else keys)
+    kept = [v for k, v in lengths.items() if k in found] or list(lengths.values())
+    median = int(statistics.median(kept)) if kept else 0
+    return Steady(found, median, gmae(kept, [median] * len(kept)))
+
+
+@dataclass(frozen=True)
 class StepResult:
     rank: int
     step: int
@@ -144,11 +162,13 @@ class Prediction:
     notes: tuple[str, ...] = field(default=())
     steady: frozenset[StepKey] = frozenset()  # the steps typical times are read off
 
+    def _steady(self) -> Steady:
+        return steady_of({(s.rank, s.step): s.measured_ns for s in self.steps}, self.steady)
+
     @property
     def measured_steady_ns(self) -> int:
         """The median measured step of the steady steps (all, when none is marked)."""
-        values = [s.measured_ns for s in self.steps if (s.rank, s.step) in self.steady]
-        return int(statistics.median(values)) if values else self.median("measured")
+        return self._steady().median_ns
 
     def median(self, what: str) -> int:
         values = [getattr(s, f"{what}_ns") for s in self.steps]
@@ -177,8 +197,7 @@ class Prediction:
     @property
     def steady_spread(self) -> float:
         """GMAE of the steady steps around their median: how much alike they ran."""
-        values = [s.measured_ns for s in self.steps if (s.rank, s.step) in self.steady]
-        return gmae(values, [self.measured_steady_ns] * len(values))
+        return self._steady().spread
 
     def to_dict(self) -> dict[str, Any]:
         categories = sorted({k for s in self.steps for k in s.breakdown_ns})
@@ -673,15 +692,16 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     kernel_point = m.compute if m.platform == "cpu" else is_call
     insts = instances(g, m.ev, kernel_point)
     measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
-    steady = steady_steps({(rank, step): hi - lo for rank, step, lo, hi, _ in measured})
-    kept = [hi - lo for rank, step, lo, hi, _ in measured if (rank, step) in steady]
-    spread = gmae(kept, [statistics.median(kept)] * len(kept)) if kept else 0.0
-    if spread > NOISY_SPREAD or 2 * len(kept) <= len(measured):
-        notes.append(f"{len(kept)} of {len(measured)} profiled steps are steady and they vary by "
-                     f"{100 * spread:.1f}% (GMAE): the machine was busy while recording; no "
-                     "prediction can be judged closer than that, record again when it is quieter")
-    model = overheads or fit_overheads(g, m.ev, insts, steady)
-    keep = np.zeros(len(g), bool)
+    found = steady_of({(rank, step): hi - lo for rank, step, lo, hi, _ in measured})
+    steady = found.keys
+    if found.spread > NOISY_SPREAD or 2 * len(steady) <= len(measured):
+        notes.append(f"{len(steady)} of {len(measured)} profiled steps are steady and they vary "
+                     f"by {100 * found.spread:.1f}% (GMAE): the machine was busy while recording;"
+                     " no prediction can be judged closer than that, record again when it is "
+                     "quieter")
+    stalls = stalled(g, m.ev)
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, steady)
+    keep = stalls.copy()
     node_of = g.node_of_row()
     keep[[node_of[c] for c in m.deps.sync_target if c in node_of]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep)
@@ -706,7 +726,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                                      "recorded shapes (no {batch_size} or {dim})",
                                      subject=run.path)
             return _op_graph_prediction(m, change, model, replayed, measured, notes,
-                                        frozenset(steady), gpu_model)
+                                        steady, gpu_model)
         needs_model = batch is not None or bool(change.dims)
         if needs_model and profile is None:
             raise ParameterError(None, "a changed batch size or dimension on a CPU run needs a "
@@ -754,7 +774,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
-                      tuple(notes), frozenset(steady))
+                      tuple(notes), steady)
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
@@ -793,7 +813,6 @@ def _compare(run: Run) -> tuple[str, int, int]:
     judged as the recorded Run's are, `steady_steps`) and their median device-active time."""
     m = load_model(run)
     steps = m.iterations(Timeline(m.graph.ts, m.graph.end), m.graph.end - m.graph.ts)
-    steady = steady_steps({(rank, step): hi - lo for rank, step, lo, hi, _ in steps})
-    kept = [s for s in steps if (s[0], s[1]) in steady] or steps
-    return (str(run.path), int(statistics.median(hi - lo for _, _, lo, hi, _ in kept)),
-            int(statistics.median(active for *_, active in kept)))
+    found = steady_of({(rank, step): hi - lo for rank, step, lo, hi, _ in steps})
+    kept = [s for s in steps if (s[0], s[1]) in found.keys] or steps
+    return (str(run.path), found.median_ns, int(statistics.median(active for *_, active in kept)))
