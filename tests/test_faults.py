@@ -415,6 +415,7 @@ def test_full_disk_import(tmp_path: Path, big_trace: tuple[Path, float, int]) ->
 def test_full_disk_out_of_core_merge(tmp_path: Path, big_trace: tuple[Path, float, int]) -> None:
     """DuckDB's own writes (its sort spills, its COPY) hitting a full disk: the same one line."""
     from perfswarm.trace import merge, stream
+    from perfswarm.trace.build import write_tables
     from perfswarm.trace.kineto import ReadOptions
     from perfswarm.trace.store import creating
 
@@ -424,7 +425,7 @@ def test_full_disk_out_of_core_merge(tmp_path: Path, big_trace: tuple[Path, floa
         out = disk / "m.run"
         with pytest.raises(PerfswarmError) as err, creating(out) as run:
             (run.path / ".scratch").mkdir()
-            merge.merge(run, [spill], run.path / ".scratch", "512MB")
+            write_tables(run, merge.merge(run, [spill], run.path / ".scratch", "512MB"))
         assert str(err.value) == f"{out}: cannot write (No space left on device)"
         assert list(disk.iterdir()) == []
 

@@ -4,6 +4,7 @@ byte and key for key, on a synthetic multi-rank run."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import CORPUS, ET
+from conftest import CORPUS, ET, corpus
 from perfswarm.analyze.critical_path import Segment, State, path_of
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
@@ -92,6 +93,39 @@ def test_shared_ranks_and_execution_trace(tmp_path: Path, rank_traces: list[Path
     warnings = [w["what"] for w in runs[0].manifest()["warnings"]]
     assert "several files claim rank 0" in warnings
     assert runs[0].table("graph_nodes").num_rows > 0
+
+
+def test_three_paths_one_run(tmp_path: Path, scheduler: str) -> None:
+    """In memory, streaming (DuckDB) and Dask, all handing their tables to build.write_tables,
+    give the same Run from real corpus traces (with an execution trace joined)."""
+    from test_ingest import EXPECTED_FLOWS, EXPECTED_KINDS
+
+    files = [corpus("et_trace"), corpus("nccl")]
+    paths = {"memory": ClusterOptions(workers=0), "streaming": ClusterOptions(workers=0),
+             "dask": ClusterOptions(scheduler=scheduler)}
+    runs = {name: import_traces(files, tmp_path / f"{name}.run", ImportOptions(
+        ranks=(0, 1), execution_traces=(CORPUS / ET,), cluster=cluster,
+        streaming="always" if name == "streaming" else "never"), ["t"])
+        for name, cluster in paths.items()}
+    memory = runs["memory"]
+    assert _tables(memory) == _tables(runs["dask"])
+    assert _manifest(memory) == _manifest(runs["dask"])
+    assert memory.table_names() == runs["streaming"].table_names()
+    for name in memory.table_names():
+        a, b = memory.table(name), runs["streaming"].table(name)
+        if name == "events":  # DuckDB writes the same args JSON with its own spacing
+            assert a.drop(["args"]).equals(b.drop(["args"]))
+            assert ([orjson.loads(x) for x in a.column("args").to_pylist()]
+                    == [orjson.loads(x) for x in b.column("args").to_pylist()])
+        else:
+            assert a.equals(b), name
+    events = memory.table("events", ["rank", "kind"]).to_pylist()
+    for rank, name in enumerate(("et_trace", "nccl")):
+        kinds = Counter(e["kind"] for e in events if e["rank"] == rank)
+        assert kinds == EXPECTED_KINDS[name]
+    flow_ranks = memory.table("flows", ["rank"]).column("rank").to_pylist()
+    assert flow_ranks.count(1) == EXPECTED_FLOWS["nccl"]
+    assert memory.table("graph_nodes").num_rows > 0
 
 
 def test_nsys_exports_on_the_workers(tmp_path: Path, scheduler: str) -> None:

@@ -18,7 +18,7 @@ from perfswarm.analyze.iterations import EXPORT
 from perfswarm.errors import TraceFormatError
 from perfswarm.record.base import SAMPLER_HZ
 from perfswarm.record.torch_profiler import read_live
-from perfswarm.trace.build import add_execution_traces, describe, write_tables
+from perfswarm.trace.build import add_execution_traces, describe, in_memory, write_tables
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat
 from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, read_file, sampler, strace
 from perfswarm.trace.readers.fields import Row
@@ -234,10 +234,10 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
             perf_read, manifest["clock_offsets"].get("perf", 0), _interval_ns(manifest))])
         counted = concat([*(p.counters for p in parts), *sampled, flows,
                           fault_counters(hooked)], COUNTERS)
-        events = write_tables(run, [TraceTables(
+        write_tables(run, in_memory([TraceTables(
             concat([*(p.events for p in parts), syscalls], EVENTS),
-            concat([p.flows for p in parts], FLOWS), counted.sort_by("ts"), steps)])
-        _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), events)
+            concat([p.flows for p in parts], FLOWS), counted.sort_by("ts"), steps)]))
+        _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")))
         _stack_samples(run, rec, rank_of, [p for p in perf_read if p.event == perf.STACKS_EVENT])
         manifest["ranks"] = sorted(set(rank_of.values()))
         manifest.setdefault("extra", {}).setdefault("record", {}).update(
@@ -265,11 +265,11 @@ def _flows(path: Path, manifest: Manifest) -> list[Row]:
         return []
 
 
-def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], events: pa.Table) -> None:
+def _graph(run: Run, manifest: Manifest, paths: Sequence[Path]) -> None:
     """The profiled processes' execution traces; one that cannot be read is the torch
     collector's warning, not a lost Run."""
     add_execution_traces(run, manifest, [(path, _rank_pid(path)[0]) for path in paths],
-                         lambda path, rank: readable(manifest, "torch", partial(
+                         lambda path, rank, events: readable(manifest, "torch", partial(
                              execution_trace.read, path, rank, events), None))
 
 

@@ -1,14 +1,18 @@
 """What every path that builds a Run from traces shares (in memory, streaming, Dask, record):
-the import options, the events' order and step marks, each file's rank, the execution traces'
-graph tables, and the manifest's account of its sources. `write_tables` is the builder of the
-trace tables for the paths that hold them in memory (import in memory, record); Dask workers
-sort and mark each rank with `sorted_slices`, and the streaming path merges out of core with
-the same order and marks (trace/merge.py)."""
+the import options, the events' order and step marks, each file's rank, the one writer of the
+trace tables (`write_tables`), the execution traces' graph tables, and the manifest's account
+of its sources.
+
+Each path hands `write_tables` its tables as `TableParts`: in memory (import and record) they
+are sorted and marked with numpy (`in_memory`); Dask workers sort and mark each rank with the
+same `sorted_slices` (trace/parallel.py); the streaming path sorts and marks out of core with
+DuckDB, in the same order (trace/merge.py, tested against the in-memory path).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -16,7 +20,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from perfswarm.trace import store
 from perfswarm.trace.cluster import ClusterOptions
 from perfswarm.trace.kineto import TraceMeta, TraceTables, concat
 from perfswarm.trace.schema import (
@@ -126,18 +132,39 @@ def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
         yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
 
 
-def write_tables(run: Run, parts: Sequence[TraceTables]) -> pa.Table:
-    """The Run's trace tables from every source's parts (trace files, the recorder's syscalls,
-    counters and hook steps): steps, flows and counters in the parts' order, events sorted by
-    rank and time with their steps marked, written in slices. Returns the events' rank, rf_id
-    and external_id columns, unsorted, for the execution traces' join."""
+@dataclass(frozen=True)
+class TableParts:
+    """A Run's trace tables as a path that builds them hands them over, each in consecutive
+    parts (memory holds one part): steps, flows and counters in their sources' order, the
+    events sorted by rank then time with their steps marked."""
+
+    steps: Iterable[pa.Table]
+    flows: Iterable[pa.Table]
+    counters: Iterable[pa.Table]
+    events: Iterable[pa.Table]
+
+
+def write_tables(run: Run, tables: TableParts) -> None:
+    """The one writer of a Run's trace tables, whichever path built them: in memory and
+    record (`in_memory`), streaming (trace/merge.py) or Dask (trace/parallel.py)."""
+    for name in ("steps", "flows", "counters", "events"):
+        run.write_batches(name, getattr(tables, name))
+
+
+def in_memory(parts: Sequence[TraceTables]) -> TableParts:
+    """The trace tables of every source's parts held in memory (trace files, the recorder's
+    syscalls, counters and hook steps): the events sorted and marked with numpy, in slices."""
     steps = concat([p.steps for p in parts], STEPS)
-    run.write_table("steps", steps)
-    run.write_table("flows", concat([p.flows for p in parts], FLOWS))
-    run.write_table("counters", concat([p.counters for p in parts], COUNTERS))
-    unsorted = concat([p.events for p in parts], EVENTS)
-    run.write_batches("events", sorted_slices(unsorted, steps))
-    return unsorted.select(["rank", "rf_id", "external_id"])
+    return TableParts([steps], [concat([p.flows for p in parts], FLOWS)],
+                      [concat([p.counters for p in parts], COUNTERS)],
+                      sorted_slices(concat([p.events for p in parts], EVENTS), steps))
+
+
+def parquet_parts(paths: Iterable[Path]) -> Iterator[pa.Table]:
+    """The rows of Parquet files a path left in scratch, in order, ROW_GROUP rows at a time."""
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=store.ROW_GROUP):
+            yield pa.Table.from_batches([batch])
 
 
 # What execution_trace.read gives: graph_nodes, graph_edges, warnings about the join
@@ -145,16 +172,16 @@ GraphTables = tuple[pa.Table, pa.Table, Counter[str]]
 
 
 def add_execution_traces(run: Run, manifest: Manifest, traces: Sequence[tuple[Path, int]],
-                         read: Callable[[Path, int], GraphTables | None]) -> None:
-    """The graph tables of every (execution trace, rank), joined to the Run's events by `read`
-    (None: that trace is left out, its reason already in the manifest), written together;
-    each trace a source in the manifest, its join's warnings among the warnings."""
-    nodes, edges = [], []
-    for path, rank in traces:
-        found = read(path, rank)
-        if found is None:
-            continue
-        n, e, counts = found
+                         read: Callable[[Path, int, pa.Table], GraphTables | None]) -> None:
+    """The graph tables of every (execution trace, rank), joined by `read` to the Run's
+    events (their rank, rf_id and external_id; None: that trace is left out, its reason
+    already in the manifest), written together; each trace a source in the manifest, its
+    join's warnings among the warnings."""
+    nodes, edges, found = [], [], []
+    if traces:
+        events = run.table("events", ["rank", "rf_id", "external_id"])
+        found = [(path, rank, g) for path, rank in traces if (g := read(path, rank, events))]
+    for path, rank, (n, e, counts) in found:
         nodes.append(n)
         edges.append(e)
         manifest["warnings"] += source_warnings(path.name, counts)

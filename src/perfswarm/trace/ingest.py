@@ -17,9 +17,11 @@ from perfswarm.trace.build import (
     ImportOptions,
     Progress,
     Streaming,
+    TableParts,
     add_execution_traces,
     describe,
     file_rank,
+    in_memory,
     ranks_seen,
     with_rank,
     write_tables,
@@ -54,8 +56,8 @@ def wants_streaming(path: Path, mode: Streaming) -> bool:
 
 
 def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
-              progress: Progress | None) -> pa.Table:
-    """In memory: read every file, then sort and mark steps with numpy. Returns events."""
+              progress: Progress | None) -> TableParts:
+    """In memory: read every file, then sort and mark steps with numpy."""
     opts = ReadOptions(drop_bad_events=options.drop_bad_events)
     parts: list[TraceTables] = []
     for i, path in enumerate(paths):
@@ -67,32 +69,33 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
         describe(manifest, run.add_raw(path), rank, meta, parts[-1].events.num_rows)
     if progress:
         progress("writing tables", len(paths), len(paths))
-    return write_tables(run, parts)
+    return in_memory(parts)
 
 
 def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
-                progress: Progress | None) -> pa.Table:
+                progress: Progress | None) -> TableParts:
     """Bounded memory: spill each file's tables in batches, then merge out of core."""
     from perfswarm.trace import merge, stream
 
     opts = ReadOptions(drop_bad_events=options.drop_bad_events)
-    scratch = run.path / ".scratch"
     spills = []
     for i, path in enumerate(paths):
         if progress:
             progress(f"streaming {path.name}", i, len(paths))
         override = options.ranks[i] if options.ranks else None
-        meta, spill, rows = stream.spill_trace(path, i, opts, scratch / str(i), override)
+        meta, spill, rows = stream.spill_trace(path, i, opts, _scratch(run) / str(i), override)
         spills.append(spill)
         describe(manifest, run.add_raw(path), file_rank(options, i, meta), meta, rows)
     if progress:
         progress("merging (out of core)", len(paths), len(paths))
     # A fixed budget, not a share of RAM: this path exists for inputs that do not fit,
     # and DuckDB spills its sort and joins to disk past it.
-    limit = "512MB"
-    merge.merge(run, spills, scratch, limit)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return run.table("events", ["rank", "rf_id", "external_id"])
+    return merge.merge(run, spills, _scratch(run), "512MB")
+
+
+def _scratch(run: Run) -> Path:
+    """Where the streaming and Dask paths leave their files until the tables are written."""
+    return run.path / ".scratch"
 
 
 _TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -140,16 +143,19 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             from perfswarm.trace.parallel import import_parallel
 
             with connect(options.cluster, len(paths)) as client:
-                events = import_parallel(run, paths, options, manifest, progress, client)
+                tables = import_parallel(run, paths, options, manifest, progress, client,
+                                         _scratch(run))
         else:
             read = _stream_all if streamed else _read_all
-            events = read(run, paths, options, manifest, progress)
+            tables = read(run, paths, options, manifest, progress)
+        write_tables(run, tables)
+        shutil.rmtree(_scratch(run), ignore_errors=True)
         ranks_seen(manifest)
         if options.execution_traces:
             for et_path in options.execution_traces:
                 run.add_raw(et_path)
             add_execution_traces(run, manifest, _by_rank(options.execution_traces, manifest),
-                                 lambda path, rank: execution_trace.read(path, rank, events))
+                                 execution_trace.read)
         if options.memory_timelines:
             _add_memory_timelines(run, _by_rank(options.memory_timelines, manifest), manifest)
         run.write_manifest(manifest)

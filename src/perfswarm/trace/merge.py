@@ -1,8 +1,9 @@
 """Out-of-core merge of spilled per-file tables into a Run's final tables (DuckDB).
 
-The same events order and step marks as build.write_tables (the in-memory
+The same events order and step marks as build.in_memory (the in-memory
 reference, tested against this), with memory bounded by DuckDB's limit: sorts
-and joins spill to a temporary directory.
+and joins spill to a temporary directory. The sorted tables are left in scratch
+for build.write_tables.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import re
 from pathlib import Path
 
 import duckdb
-import pyarrow.parquet as pq
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.trace.build import TableParts, parquet_parts
 from perfswarm.trace.schema import DEVICE_KINDS, TABLES
 from perfswarm.trace.store import Run
 
@@ -40,26 +41,25 @@ def _union(paths: list[Path]) -> str:
     return " UNION ALL ".join(parts)
 
 
-def merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> None:
-    """Write events (sorted, steps assigned), steps, flows and counters from the spills."""
+def merge(run: Run, spills: list[dict[str, Path]], scratch: Path,
+          memory_limit: str) -> TableParts:
+    """The Run's trace tables from the spills: events sorted, steps assigned (DuckDB's plain
+    strings re-encoded to the Run's schema as build.write_tables writes them)."""
     try:
-        ordered = _merge(run, spills, scratch, memory_limit)
+        return _merge(spills, scratch, memory_limit)
     except duckdb.IOException as exc:
         raise _io_error(run, exc) from None
-    _rewrite_typed(run, ordered)
-    ordered.unlink()
 
 
-def _merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> Path:
-    """The DuckDB part: the small tables written, the events sorted into a scratch file."""
+def _merge(spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> TableParts:
+    """The DuckDB part: every table sorted into a scratch file."""
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"SET memory_limit = '{memory_limit}'")
         con.execute(f"SET temp_directory = '{scratch}'")
         con.execute("SET preserve_insertion_order = true")
         con.execute("SET threads = 2")
-        steps = [s["steps"] for s in spills]
-        con.execute(f"CREATE VIEW st AS SELECT * FROM ({_union(steps)})")
+        con.execute(f"CREATE VIEW st AS SELECT * FROM ({_union([s['steps'] for s in spills])})")
         con.execute(f"CREATE VIEW ev AS SELECT * FROM ({_union([s['events'] for s in spills])})")
         device = ", ".join(f"'{k}'" for k in sorted(DEVICE_KINDS))
         con.execute("""
@@ -90,20 +90,15 @@ def _merge(run: Run, spills: list[dict[str, Path]], scratch: Path, memory_limit:
               ORDER BY h.rank, h.ts, h._file, h._row
             ) TO '{ordered}' (FORMAT parquet, ROW_GROUP_SIZE 262144)
         """)
+        small = []
         for name in ("steps", "flows", "counters"):
             out = scratch / f"{name}-merged.parquet"
             order = "rank, start, _file, _row" if name == "steps" else "_file, _row"
             cols = ", ".join(f'"{c}"' for c in TABLES[name].names)
             con.execute(f"COPY (SELECT {cols} FROM ({_union([s[name] for s in spills])}) "
                         f"ORDER BY {order}) TO '{out}' (FORMAT parquet)")
-            run.write_table(name, pq.read_table(out))
-            out.unlink()
+            small.append(parquet_parts([out]))
     finally:
         con.close()
-    return ordered
-
-
-def _rewrite_typed(run: Run, source: Path) -> None:
-    """Re-encode DuckDB's plain-string columns to the Run's schema, one row group at a time."""
-    reader = pq.ParquetFile(source)
-    run.write_batches("events", (reader.read_row_group(i) for i in range(reader.num_row_groups)))
+    steps, flows, counters = small
+    return TableParts(steps, flows, counters, parquet_parts([ordered]))

@@ -3,15 +3,15 @@
 A worker reads one file (ingest's reader), gives its rows the file's rank, sorts them by
 time and marks steps from that file's own markers, and leaves its tables as Parquet files
 in the Run's scratch directory. Files that claim the same rank are merged by one more task
-(the same sort and step marking over their rows together). The driver then writes each
-table in order, a row group at a time: events rank by rank, the others file by file. The
-result is byte for byte the in-memory path's (ingest._read_all), tested against it.
+(the same sort and step marking over their rows together). The driver then hands
+build.write_tables each table in order, a row group at a time: events rank by rank, the
+others file by file. The result is byte for byte the in-memory path's (ingest._read_all),
+tested against it.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +23,17 @@ from perfswarm.trace import readers
 from perfswarm.trace.build import (
     ImportOptions,
     Progress,
+    TableParts,
     describe,
     file_rank,
+    parquet_parts,
     sorted_slices,
     with_rank,
 )
 from perfswarm.trace.cluster import run_all
 from perfswarm.trace.kineto import ReadOptions, TraceMeta, concat
 from perfswarm.trace.schema import EVENTS, STEPS
-from perfswarm.trace.store import ROW_GROUP, Manifest, Run
+from perfswarm.trace.store import Manifest, Run
 
 SMALL_TABLES = ("steps", "flows", "counters")
 
@@ -76,16 +78,9 @@ def merge_rank(parts: Sequence[dict[str, Path]], out: Path) -> Path:
     return out
 
 
-def _groups(paths: Sequence[Path]) -> Iterator[pa.Table]:
-    for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP):
-            yield pa.Table.from_batches([batch])
-
-
 def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
-                    progress: Progress | None, client: Any) -> pa.Table:
-    """ingest._read_all on a Dask cluster. Returns the events' join columns."""
-    scratch = run.path / ".scratch"
+                    progress: Progress | None, client: Any, scratch: Path) -> TableParts:
+    """ingest._read_all on a Dask cluster, the workers' files left in `scratch`."""
     total = len(paths)
 
     def done(n: int) -> None:
@@ -104,9 +99,7 @@ def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, man
         strict=True))
     if progress:
         progress("writing tables", total, total)
-    for name in SMALL_TABLES:
-        run.write_batches(name, _groups([p.tables[name] for p in files]))
-    run.write_batches("events", _groups([merged.get(r) or by_rank[r][0].tables["events"]
-                                         for r in sorted(by_rank)]))
-    shutil.rmtree(scratch, ignore_errors=True)
-    return run.table("events", ["rank", "rf_id", "external_id"])
+    steps, flows, counters = (parquet_parts([p.tables[name] for p in files])
+                              for name in SMALL_TABLES)
+    return TableParts(steps, flows, counters, parquet_parts([
+        merged.get(r) or by_rank[r][0].tables["events"] for r in sorted(by_rank)]))
