@@ -12,10 +12,18 @@ times: the corpus's multi-rank DDP trace and the measured throughputs Megatron-L
    sequence 2048, vocabulary 51,200, the (tp, pp) the authors chose, and the teraFLOP/s per GPU
    they measured end to end. Measured step time = the paper's FLOPs per iteration (its eq. 3,
    96 B s l h^2 (1 + s/6h + V/16lh), activation recomputation counted) / (GPUs x teraFLOP/s).
-   The model's compute rate is calibrated on the first row (1.7B, pure data parallel: no
-   tensor or pipeline traffic, no bubble) and held for the others, so each later row tests the
-   layout's terms (bubble, tensor and pipeline traffic, the gradients' exposed all-reduce).
-   Micro-batch 1 (the table does not give it).
+   Each row at the paper's layout: its (tp, pp), plain data parallel, recomputation, and the
+   interleaved schedule with the scatter/gather optimization (section 5.1), in the number of
+   chunks the model finds fastest (the paper does not give it). The GEMM rate is calibrated on
+   the first row (1.7B, pure data parallel: no tensor or pipeline traffic, no bubble) and held
+   for the others; the memory-bound ops run at the A100's memory bandwidth (model.parallelism's
+   memory_bound_s), so each later row tests the layout's terms (bubble, tensor and pipeline
+   traffic, the gradients' exposed all-reduce, the memory-bound share tensor parallelism does
+   not split). Micro-batch 1 (the table does not give it).
+3. The same paper's Table 2 (section 5.2, Figure 10): the 175B and 530B models on 384 to 2240
+   GPUs under DeepSpeed's ZeRO-3 without model parallelism (micro-batch 4, 2 or 1 at a fixed
+   global batch) and under PTD-P (model-parallel size 96 = tp8 x pp12, and 280 = tp8 x pp35),
+   both measured and predicted with the same calibration, and the layout the model picks.
 
     .venv/bin/python benchmarks/layouts.py [--json OUT]
 """
@@ -40,6 +48,7 @@ from perfswarm.model.parallelism import (
     Model,
     best_layout,
     estimate,
+    layouts,
     memory_bound_s,
     transformer,
 )
@@ -112,8 +121,7 @@ class Megatron:
 
     def __init__(self) -> None:
         self.spec = load_spec("A100-80GB")
-        self.links = {"per_node": 8, "intra": interconnect("nvswitch-a100"),
-                      "inter": interconnect("ib-hdr")}
+        self.intra, self.inter = interconnect("nvswitch-a100"), interconnect("ib-hdr")
         peak = self.spec.peak_for("fp16")
         billions, heads, h, layers, tp, pp, gpus, batch, tflops = MEGATRON[0]
         model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
@@ -122,16 +130,29 @@ class Megatron:
         self.rate = brentq(lambda r: self.estimate(model, paper, r).step_s - measured,
                            0.05 * peak, 2 * peak)
 
-    def work(self, model: Model, rate: float) -> dict[str, float]:
+    def work(self, model: Model, rate: float) -> tuple[float, float]:
+        """The step's compute on one device (GEMMs at `rate`, memory-bound ops at the HBM's
+        bandwidth) and its memory-bound part."""
         memory = memory_bound_s(model, self.spec.memory_bandwidth)
-        return {"work_s": model.training_flops() / rate + memory, "memory_s": memory}
+        return model.training_flops() / rate + memory, memory
 
     def estimate(self, model: Model, layout: Layout, rate: float = 0.0) -> Estimate:
-        return estimate(model, layout, **self.links, **self.work(model, rate or self.rate))
+        work, memory = self.work(model, rate or self.rate)
+        return estimate(model, layout, per_node=8, intra=self.intra, inter=self.inter,
+                        work_s=work, memory_s=memory)
+
+    def paper(self, model: Model, gpus: int, tp: int, pp: int) -> Estimate:
+        """The paper's layout: its (tp, pp), plain data parallel, recomputation, and the
+        interleaved schedule (section 5.1) in the number of chunks the model finds fastest
+        (the paper does not give it)."""
+        return min((self.estimate(model, lay) for lay in layouts(model, gpus, 8)
+                    if (lay.tp, lay.pp, lay.zero, lay.recompute) == (tp, pp, 0, True)),
+                   key=lambda e: e.step_s)
 
     def best(self, model: Model, gpus: int) -> Estimate | None:
-        best, _ = best_layout(model, gpus, **self.links, **self.work(model, self.rate),
-                              memory_bytes=self.spec.memory_bytes)
+        work, memory = self.work(model, self.rate)
+        best, _ = best_layout(model, gpus, per_node=8, intra=self.intra, inter=self.inter,
+                              work_s=work, memory_s=memory, memory_bytes=self.spec.memory_bytes)
         return best
 
 
@@ -140,10 +161,10 @@ def megatron(meg: Megatron) -> dict[str, Any]:
     for billions, heads, h, layers, tp, pp, gpus, batch, tflops in MEGATRON:
         model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
         measured = megatron_flops(batch, layers, h) / (gpus * tflops * 1e12)
-        e = meg.estimate(model, Layout(gpus // (tp * pp), tp, pp, 0, True))  # as the paper
+        e = meg.paper(model, gpus, tp, pp)
         best = meg.best(model, gpus)
         rows.append({"params_b": billions, "gpus": gpus, "tp": tp, "pp": pp,
-                     "measured_s": measured, "predicted_s": e.step_s,
+                     "chunks": e.layout.chunks, "measured_s": measured, "predicted_s": e.step_s,
                      "ratio": e.step_s / measured, "bubble": e.bubble,
                      "compute_s": e.compute_s, "exposed_comm_s": e.exposed_comm_s,
                      "memory_gb": e.memory_bytes / 1e9,
@@ -164,7 +185,7 @@ def zero3_vs_ptdp(meg: Megatron) -> list[dict[str, Any]]:
             zero = transformer(billions * 1e9, layers, h, heads, SEQ, batch, micro)
             ptdp = transformer(billions * 1e9, layers, h, heads, SEQ, ptdp_batch)
             z = meg.estimate(zero, Layout(gpus, 1, 1, 3, True))
-            p = meg.estimate(ptdp, Layout(gpus // (tp * pp), tp, pp, 0, True))
+            p = meg.paper(ptdp, gpus, tp, pp)
             best = meg.best(ptdp, gpus)
             # per-GPU rates: the paper's FLOPs over each step, the way Table 2 counts them
             rows.append({
@@ -204,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nMegatron-LM Table 1 (A100-80GB, DGX A100 + HDR IB), GEMM rate calibrated on "
           f"row 1: {m['gemm_efficiency']:.1%} of the fp16 peak, memory-bound ops at the HBM "
           "bandwidth")
-    print("  params   GPUs  tp  pp  measured s  predicted s  ratio  bubble  memory GB  "
+    print("  params   GPUs  tp  pp  v  measured s  predicted s  ratio  bubble  memory GB  "
           "best that fits")
     for r in m["rows"]:
-        print(f"  {r['params_b']:6.1f}B {r['gpus']:5d} {r['tp']:3d} {r['pp']:3d} "
+        print(f"  {r['params_b']:6.1f}B {r['gpus']:5d} {r['tp']:3d} {r['pp']:3d} {r['chunks']:2d} "
               f"{r['measured_s']:11.2f} {r['predicted_s']:12.2f} {r['ratio']:6.2f} "
               f"{r['bubble']:7.3f} {r['memory_gb']:10.1f}  {r['best']}")
     print(f"  geomean |error| over rows 2-10: {m['geomean_abs_log_error']:.1%}")

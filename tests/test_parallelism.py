@@ -55,8 +55,10 @@ def test_bubble_traffic_and_activations() -> None:
     bsh = 2 * 2048 * 12288  # fp16 activations of one micro-batch
     grads = 2 * 175e9 / 128  # fp16 gradients of one of 8 x 16 model-parallel slices
     # ZeRO's accounting: an all-reduce of n bytes moves 2n; 4 all-reduces a layer (6 layers a
-    # stage) per micro-batch; activations forward and gradients back at a stage boundary
-    assert e.comm_bytes == {"dp": 2 * grads, "tp": 2 * 4 * bsh * 6 * m, "pp": 2 * bsh * m}
+    # stage) per micro-batch; activations forward and gradients back across the 15 stage
+    # boundaries, 15/16 of them a device
+    assert e.comm_bytes == {"dp": 2 * grads, "tp": 2 * 4 * bsh * 6 * m,
+                            "pp": 2 * bsh * m * 15 / 16}
     # Korthikanti et al. eq. 2, t = 8: sbh (10 + 24/8 + 5 a s / (h t)) = sbh x 23 per layer,
     # 6 layers a stage, 16 micro-batches in flight on the first stage under 1F1B
     assert e.activation_bytes == 2048 * 12288 * 23 * 6 * 16
@@ -115,6 +117,30 @@ def test_tensor_parallel_splits_memory_bound_ops_in_part() -> None:
     with pytest.raises(PerfswarmError, match="memory-bound"):
         estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB, work_s=1.0,
                  memory_s=2.0)
+
+
+def test_interleaving_shrinks_the_bubble_for_traffic_and_memory() -> None:
+    """Narayanan et al. 2.2.2: v chunks a device cut the bubble to (p-1)/(v m), and each
+    micro-batch crosses p*v - 1 boundaries; Megatron-LM's warm-up holds (v+1)p - 1 chunks of
+    l/(p v) layers on the first stage rather than p micro-batches of l/p."""
+    plain = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
+                     work_s=work(GPT3))
+    two = estimate(GPT3, Layout(8, 8, 16, 1, chunks=2), per_node=8, intra=NVS, inter=IB,
+                   work_s=work(GPT3))
+    m = 192
+    assert two.bubble == 15 / (2 * m) and two.to_dict()["chunks"] == 2
+    assert two.comm_bytes["pp"] == 2 * 2 * 2048 * 12288 * m * 31 / 16
+    assert two.activation_bytes == 2048 * 12288 * 23 * 3 * 47
+    assert plain.activation_bytes == 2048 * 12288 * 23 * 6 * 16
+    assert two.exposed_comm_s > plain.exposed_comm_s and two.step_s < plain.step_s
+    assert two.to_dict()["layout"] == "dp8 x tp8 x pp16, ZeRO-1, interleaved x2"
+    # 6 layers a stage: 1, 2, 3 or 6 chunks; none without a pipeline
+    assert {lay.chunks for lay in layouts(GPT3, 1024, 8) if (lay.tp, lay.pp) == (8, 16)} == {
+        1, 2, 3, 6}
+    assert {lay.chunks for lay in layouts(GPT3, 1024, 8) if lay.pp == 1} == {1}
+    with pytest.raises(PerfswarmError, match="do not divide"):
+        estimate(GPT3, Layout(8, 8, 16, 1, chunks=4), per_node=8, intra=NVS, inter=IB,
+                 work_s=1.0)
 
 
 def test_recomputation_trades_memory_for_a_forward_pass() -> None:

@@ -3,7 +3,9 @@ step, step time, and the best layout for a device count and topology (as Calculo
 search them, in far fewer terms).
 
 A layout is data parallel `dp` (with ZeRO stage 0-3; stage 3 is FSDP's full sharding) x
-tensor parallel `tp` (Megatron-LM) x pipeline parallel `pp` (1F1B schedule), dp*tp*pp devices.
+tensor parallel `tp` (Megatron-LM) x pipeline parallel `pp` (1F1B schedule; with `chunks`
+v > 1 Narayanan et al.'s interleaved 1F1B, each device holding v chunks of l/(p*v) layers),
+dp*tp*pp devices.
 
 Memory (ZeRO, Rajbhandari et al., SC'20, section 3.1 and 5): mixed-precision Adam keeps 2
 bytes of fp16 parameters, 2 of fp16 gradients and K = 12 of optimizer state (fp32 parameters,
@@ -38,9 +40,12 @@ softmax, dropout and activation functions between the GEMMs, `memory_bound_s`), 
 tensor parallelism splits only what Korthikanti et al.'s eq. 2 divides by t: the layer norms
 and dropouts on the residual stream (10 s b h of the 34) run on every tensor-parallel rank, so
 a wide tensor-parallel group spends a larger share of its time there and a wide model (h >> s)
-a smaller one; stretched by the pipeline bubble (p-1)/m (Narayanan et
-al., SC'21, section 2.2: bubble time over ideal time); tensor-parallel and pipeline traffic is
-exposed (it sits between dependent ops). Data-parallel traffic overlaps only the compute that
+a smaller one; stretched by the pipeline bubble (p-1)/m, (p-1)/(v*m) interleaved (Narayanan
+et al., SC'21, sections 2.2.1-2.2.2: bubble time over ideal time); tensor-parallel and pipeline
+traffic is exposed (it sits between dependent ops). Interleaving sends each micro-batch across
+p*v - 1 chunk boundaries rather than p - 1; a boundary between nodes with tp > 1 sends 1/tp of
+the activations over each rank's NIC and all-gathers them inside the node (their scatter/gather
+optimization, section 4.1). Data-parallel traffic overlaps only the compute that
 can run beside it: gradients are reduced as the backward pass produces them, but a step's
 all-reduce (stage 0) or reduce-scatter (stage 1) waits for the last micro-batch's backward (the
 earlier ones only accumulate), so only that backward hides it; stage 2's reduce-scatter hides
@@ -141,6 +146,7 @@ class Layout:
     pp: int
     zero: Stage
     recompute: bool = False  # full activation recomputation, every layer
+    chunks: int = 1  # model chunks per pipeline stage: over 1, the interleaved 1F1B schedule
 
     @property
     def devices(self) -> int:
@@ -148,6 +154,7 @@ class Layout:
 
     def describe(self) -> str:
         return (f"dp{self.dp} x tp{self.tp} x pp{self.pp}, ZeRO-{self.zero}"
+                + (f", interleaved x{self.chunks}" if self.chunks > 1 else "")
                 + (", recompute" if self.recompute else ""))
 
 
@@ -187,7 +194,7 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         acts = self.activation_bytes
         return {"layout": self.layout.describe(), "dp": self.layout.dp, "tp": self.layout.tp,
-                "pp": self.layout.pp, "zero": self.layout.zero,
+                "pp": self.layout.pp, "chunks": self.layout.chunks, "zero": self.layout.zero,
                 "recompute": self.layout.recompute,
                 "memory_gb": self.memory_bytes / 1e9, "state_gb": self.state_bytes / 1e9,
                 "activation_gb": None if acts is None else acts / 1e9,
@@ -238,13 +245,14 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     `memory_s` of it (memory-bound ops, see memory_bound_s), which tensor parallelism splits
     only in part; `host_s` the time of a step in which no device works (a host-bound Run's),
     added to every layout as it is (weak scaling keeps each device's host work)."""
-    dp, tp, pp = layout.dp, layout.tp, layout.pp
+    dp, tp, pp, v = layout.dp, layout.tp, layout.pp, layout.chunks
     blocks = model.blocks
-    if (model.global_batch % (dp * model.micro_batch) or _layers(model) % pp or tp > per_node
-            or (blocks.heads % tp if blocks else tp * pp > 1)):
+    m = model.global_batch // (dp * model.micro_batch)
+    if (model.global_batch % (dp * model.micro_batch) or _layers(model) % (pp * v)
+            or tp > per_node or (blocks.heads % tp if blocks else tp * pp > 1)
+            or (v > 1 and (pp == 1 or m % pp))):
         raise PerfswarmError(f"{layout.describe()}: the batch, layers, heads or node size do "
                              "not divide as the layout needs")
-    m = model.global_batch // (dp * model.micro_batch)
     shard = model.params / (tp * pp)
     value = model.value_bytes
     state = model_state_bytes(shard, dp, layout.zero, value)
@@ -266,7 +274,10 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
         layer = blocks.activation_bytes(model.micro_batch, tp)
         kept = (value * model.micro_batch * blocks.seq * blocks.hidden if layout.recompute
                 else layer)  # with recomputation a layer keeps only its input (Korthikanti 4.1)
-        acts = kept * stage_layers * min(pp, m) + (layer if layout.recompute else 0.0)
+        # 1F1B: the first stage holds p micro-batches; interleaved, (v+1)p - 1 chunks of
+        # stage/v layers (Megatron-LM's warm-up, (p-1)*2 + (v-1)*p forward chunks, plus one)
+        held = min(pp, m) if v == 1 else min(m * v, (v + 1) * pp - 1) / v
+        acts = kept * stage_layers * held + (layer if layout.recompute else 0.0)
         if layout.zero == 3 and dp > 1:  # two layers' parameters and one's gradients, whole
             gathered = 3 * value * shard / stage_layers
         bsh = value * model.micro_batch * blocks.seq * blocks.hidden
@@ -275,10 +286,16 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
             comm["tp"] = 2 * per_layer * bsh * stage_layers * m
             t = _group(tp, per_node, False, intra, inter)
             exposed += per_layer * stage_layers * m * collective_time("all_reduce", bsh, t)
-        if pp > 1:  # stage boundaries: inside a node while the model's ranks fit in one
-            comm["pp"] = 2 * bsh * m
-            link = intra if tp * pp <= per_node else inter
-            exposed += 2 * m * (pp - 1) / pp * (link.alpha_s + bsh * link.beta_s_per_byte)
+        if pp > 1:  # each micro-batch crosses pp*v - 1 chunk boundaries each way
+            sends = 2 * m * (pp * v - 1) / pp
+            comm["pp"] = sends * bsh
+            if tp * pp <= per_node:  # the model's ranks fit in one node
+                send = intra.alpha_s + bsh * intra.beta_s_per_byte
+            else:  # scatter/gather (Narayanan et al. 4.1): each tensor-parallel rank sends
+                # 1/tp over its own NIC, and the group all-gathers the rest over the node's links
+                send = (inter.alpha_s + bsh / tp * inter.beta_s_per_byte + collective_time(
+                    "all_gather", bsh, _group(tp, per_node, False, intra, inter)))
+            exposed += sends * send
     if dp > 1:
         model_group = tp * pp
         d = _group(dp, max(1, per_node // model_group), model_group * dp > per_node, intra,
@@ -286,15 +303,16 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
         comm["dp"], dp_exposed = _data_parallel(layout, value * shard, stage_layers, m,
                                                 compute, d)
         exposed += dp_exposed
-    return Estimate(layout, state + (acts or 0.0) + gathered, state, acts, m, (pp - 1) / m,
-                    comm, compute, exposed, host_s)
+    return Estimate(layout, state + (acts or 0.0) + gathered, state, acts, m,
+                    (pp - 1) / (m * v), comm, compute, exposed, host_s)
 
 
 def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
     """Every layout of `devices` the model divides into: tp within a node and dividing the
     heads (each rank computes whole heads), pp dividing the layers, dp dividing the batch,
-    ZeRO 0-3 (ZeRO only with dp > 1); data parallel only
-    without the model's layers."""
+    ZeRO 0-3 (ZeRO only with dp > 1), each pipeline also interleaved in every number of chunks
+    dividing its stage's layers (where the micro-batches are a multiple of pp, as Megatron-LM
+    needs); data parallel only without the model's layers."""
     out = []
     splits = (itertools.product(range(1, per_node + 1), range(1, _layers(model) + 1))
               if model.blocks else [(1, 1)])
@@ -305,8 +323,12 @@ def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
         dp = devices // (tp * pp)
         if model.global_batch % (dp * model.micro_batch):
             continue
-        out += [Layout(dp, tp, pp, z, r) for z in ((0, 1, 2, 3) if dp > 1 else (0,))
-                for r in ((False, True) if model.blocks else (False,))]
+        stage = _layers(model) // pp
+        m = model.global_batch // (dp * model.micro_batch)
+        chunks = [v for v in range(1, stage + 1)
+                  if not stage % v and (v == 1 or (pp > 1 and not m % pp))]
+        out += [Layout(dp, tp, pp, z, r, v) for z in ((0, 1, 2, 3) if dp > 1 else (0,))
+                for r in ((False, True) if model.blocks else (False,)) for v in chunks]
     return out
 
 
