@@ -23,7 +23,10 @@ times: the corpus's multi-rank DDP trace and the measured throughputs Megatron-L
 3. The same paper's Table 2 (section 5.2, Figure 10): the 175B and 530B models on 384 to 2240
    GPUs under DeepSpeed's ZeRO-3 without model parallelism (micro-batch 4, 2 or 1 at a fixed
    global batch) and under PTD-P (model-parallel size 96 = tp8 x pp12, and 280 = tp8 x pp35),
-   both measured and predicted with the same calibration, and the layout the model picks.
+   both measured and predicted with the same calibration, and the layout the model picks (the
+   530B ZeRO-3 row on 640 GPUs, at another batch than PTD-P's 560, is left out).
+4. Section 5.4's sweeps (Figures 13-15, 64 GPUs): the orderings the paper's text states,
+   checked on the predicted throughput of each configuration.
 
     .venv/bin/python benchmarks/layouts.py [--json OUT]
 """
@@ -31,6 +34,7 @@ times: the corpus's multi-rank DDP trace and the measured throughputs Megatron-L
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -201,6 +205,34 @@ def zero3_vs_ptdp(meg: Megatron) -> list[dict[str, Any]]:
     return rows
 
 
+def configurations(meg: Megatron) -> list[dict[str, Any]]:
+    """Section 5.4's sweeps on 64 GPUs, micro-batch 1, the default (non-interleaved) schedule,
+    with recomputation, and the ordering the paper states for each: Figure 13 (162.2B: 32
+    layers, 128 heads, hidden 20480; batch 32 and 128), (pipeline, tensor) from (2, 32) to
+    (32, 2), "peak performance when the tensor-parallel size is equal to the number of GPUs in
+    a single node"; Figures 14 and 15 (5.9B: 32 layers, 32 heads, hidden 3840; batches 32, 128
+    and 512), pipeline or tensor parallel 2 to 32 with the rest data parallel: throughput
+    decreases as either grows."""
+    sweeps = [("fig13", (162.2, 128, 20480, 32), (32, 128),
+               [(64 // t, t) for t in (32, 16, 8, 4, 2)]),
+              ("fig14", (5.9, 32, 3840, 32), (32, 128, 512), [(p, 1) for p in (2, 4, 8, 16, 32)]),
+              ("fig15", (5.9, 32, 3840, 32), (32, 128, 512), [(1, t) for t in (2, 4, 8, 16, 32)])]
+    rows: list[dict[str, Any]] = []
+    for figure, (billions, heads, h, layers), batches, splits in sweeps:
+        for batch in batches:
+            model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
+            rates = [megatron_flops(batch, layers, h) / 64 / meg.estimate(
+                model, Layout(64 // (pp * tp), tp, pp, 0, True)).step_s / 1e12
+                for pp, tp in splits]
+            if figure == "fig13":
+                agrees = splits[rates.index(max(rates))] == (8, 8)
+            else:
+                agrees = all(a > b for a, b in itertools.pairwise(rates))
+            rows.append({"figure": figure, "batch": batch, "splits": splits,
+                         "predicted_tflops": rates, "agrees": agrees})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)
@@ -242,8 +274,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ptdp_measured_tflops']:9.0f} /{r['ptdp_predicted_tflops']:5.0f} "
               f"{r['ptdp_measured_tflops'] / r['zero_measured_tflops']:11.2f} /"
               f"{r['ptdp_predicted_tflops'] / r['zero_predicted_tflops']:5.2f}  {r['best']}")
+    print("\nSection 5.4's sweeps on 64 GPUs, predicted teraFLOP/s per GPU and whether the "
+          "paper's stated ordering holds")
+    sweeps = configurations(meg)
+    for r in sweeps:
+        cells = "  ".join(f"(p{pp},t{tp}) {x:.0f}"
+                          for (pp, tp), x in zip(r["splits"], r["predicted_tflops"], strict=True))
+        print(f"  {r['figure']} batch {r['batch']:4d}: {cells}  "
+              f"{'agrees' if r['agrees'] else 'DISAGREES'}")
     if ns.json:
-        ns.json.write_bytes(orjson.dumps({"corpus": c, "megatron": m, "table2": z},
+        ns.json.write_bytes(orjson.dumps({"corpus": c, "megatron": m, "table2": z,
+                                          "configurations": sweeps},
                                          option=orjson.OPT_INDENT_2))
     return 0
 

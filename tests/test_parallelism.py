@@ -184,6 +184,10 @@ def test_small_model_stays_data_parallel() -> None:
 def test_layouts_and_bad_input() -> None:
     lays = layouts(GPT3, 16, 8)
     assert {(lay.dp, lay.tp, lay.pp) for lay in lays} >= {(16, 1, 1), (2, 8, 1), (1, 8, 2)}
+    # tensor parallel within a node or over whole nodes (8 or 16 of 16 devices), never 12
+    assert {lay.tp for lay in lays} == {1, 2, 4, 8, 16}
+    with pytest.raises(PerfswarmError, match="do not divide"):
+        estimate(GPT3, Layout(1, 12, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
     # a tensor-parallel rank computes whole heads: 12 heads split 1, 2 or 4 ways, not 8
     twelve = transformer(1e9, 4, 768, 12, 512, 64)
     assert {lay.tp for lay in layouts(twelve, 16, 8)} == {1, 2, 4}

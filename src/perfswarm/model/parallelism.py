@@ -57,8 +57,10 @@ backward whatever of a layer's gather and gradient reduce-scatter (on the same l
 its backward; stage 3 also holds two layers' full parameters (the one computing, the one
 prefetched) and one layer's full gradients before they are scattered. Collectives take the
 alpha-beta time of model.collectives on the topology their group spans: a tensor-parallel group
-inside one node, pipeline and data-parallel groups across nodes when the layout needs more than
-one. A model whose layers are unknown (not a transformer the Run's shapes describe) gets
+inside one node, or over whole nodes (its all-reduces then cross the inter-node network every
+layer, which Megatron-LM measured to cost more than pipelining across nodes, Narayanan et al.
+5.4.1), pipeline and data-parallel groups across nodes when the layout needs more than one.
+A model whose layers are unknown (not a transformer the Run's shapes describe) gets
 data-parallel layouts only, and its stage-3 gathers are of the whole model at once.
 """
 
@@ -249,7 +251,8 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     blocks = model.blocks
     m = model.global_batch // (dp * model.micro_batch)
     if (model.global_batch % (dp * model.micro_batch) or _layers(model) % (pp * v)
-            or tp > per_node or (blocks.heads % tp if blocks else tp * pp > 1)
+            or (tp % per_node if tp > per_node else per_node % tp)
+            or (blocks.heads % tp if blocks else tp * pp > 1)
             or (v > 1 and (pp == 1 or m % pp))):
         raise PerfswarmError(f"{layout.describe()}: the batch, layers, heads or node size do "
                              "not divide as the layout needs")
@@ -281,10 +284,10 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
         if layout.zero == 3 and dp > 1:  # two layers' parameters and one's gradients, whole
             gathered = 3 * value * shard / stage_layers
         bsh = value * model.micro_batch * blocks.seq * blocks.hidden
+        t = _group(tp, per_node, tp > per_node, intra, inter)  # whole nodes past one
         if tp > 1:
             per_layer = 6 if layout.recompute else 4  # the recomputed forward's two again
             comm["tp"] = 2 * per_layer * bsh * stage_layers * m
-            t = _group(tp, per_node, False, intra, inter)
             exposed += per_layer * stage_layers * m * collective_time("all_reduce", bsh, t)
         if pp > 1:  # each micro-batch crosses pp*v - 1 chunk boundaries each way
             sends = 2 * m * (pp * v - 1) / pp
@@ -293,8 +296,8 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
                 send = intra.alpha_s + bsh * intra.beta_s_per_byte
             else:  # scatter/gather (Narayanan et al. 4.1): each tensor-parallel rank sends
                 # 1/tp over its own NIC, and the group all-gathers the rest over the node's links
-                send = (inter.alpha_s + bsh / tp * inter.beta_s_per_byte + collective_time(
-                    "all_gather", bsh, _group(tp, per_node, False, intra, inter)))
+                send = (inter.alpha_s + bsh / tp * inter.beta_s_per_byte
+                        + collective_time("all_gather", bsh, t))
             exposed += sends * send
     if dp > 1:
         model_group = tp * pp
@@ -308,16 +311,18 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
 
 
 def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
-    """Every layout of `devices` the model divides into: tp within a node and dividing the
-    heads (each rank computes whole heads), pp dividing the layers, dp dividing the batch,
+    """Every layout of `devices` the model divides into: tp dividing a node, or whole nodes,
+    and the heads (each rank computes whole heads), pp dividing the layers, dp dividing the batch,
     ZeRO 0-3 (ZeRO only with dp > 1), each pipeline also interleaved in every number of chunks
     dividing its stage's layers (where the micro-batches are a multiple of pp, as Megatron-LM
     needs); data parallel only without the model's layers."""
     out = []
-    splits = (itertools.product(range(1, per_node + 1), range(1, _layers(model) + 1))
+    degrees = [t for t in range(1, devices + 1)
+               if (t % per_node if t > per_node else per_node % t) == 0]
+    splits = (itertools.product(degrees, range(1, _layers(model) + 1))
               if model.blocks else [(1, 1)])
     for tp, pp in splits:
-        if (per_node % tp or _layers(model) % pp or devices % (tp * pp)
+        if (_layers(model) % pp or devices % (tp * pp)
                 or (model.blocks and model.blocks.heads % tp)):
             continue
         dp = devices // (tp * pp)
