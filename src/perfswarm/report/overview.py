@@ -17,7 +17,7 @@ import numpy as np
 
 from perfswarm.analyze.frame import Events, Mask, args_of
 from perfswarm.analyze.intervals import I64, StateSums, covered, sorted_unique
-from perfswarm.model.opcost import Shapes, has_cost_model, shapes_cost, shapes_from_args
+from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.trace.store import Run
@@ -101,13 +101,11 @@ def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> 
     return rows[(i >= 0) & (ev.ts[rows] < ends[np.maximum(i, 0)])]
 
 
-def _shaped(run: Run, ev: Events, rows: I64) -> list[tuple[int, Shapes]]:
-    """(row, recorded shapes) of the rows (ascending) that have them, in time order, an outer
-    op before the ops inside it."""
-    found = {r: shapes for r, text in zip(rows.tolist(), args_of(run, rows), strict=True)
-             if (shapes := shapes_from_args(text)) is not None}
-    order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))]
-    return [(r, found[r]) for r in order.tolist() if r in found]
+def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
+    """(row, args text) of the rows (ascending), in time order, an outer op before the ops
+    inside it; callers parse the shapes of the rows they need."""
+    text = dict(zip(rows.tolist(), args_of(run, rows), strict=True))
+    return [(r, text[r]) for r in rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))].tolist()]
 
 
 def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -141,9 +139,11 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
             "steps": len(ran), "source": source, "rank": int(rank)}
 
 
-def _step_of(ev: Events, windows: Sequence[Mapping[str, Any]], row: int) -> int:
+def _steps_of(ev: Events, windows: Sequence[Mapping[str, Any]], rows: Sequence[int]
+              ) -> list[int]:
+    """The index of the window each row starts in (rows already in one, `_in_windows`)."""
     starts = np.asarray([w["start"] for w in windows], np.int64)
-    return int(np.searchsorted(starts, ev.ts[row], side="right")) - 1
+    return (np.searchsorted(starts, ev.ts[np.asarray(rows, np.int64)], side="right") - 1).tolist()
 
 
 def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
@@ -151,13 +151,14 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
     codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
-    calls = [(r, s.dims) for r, s in _shaped(run, ev, rows)
-             if len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
+    calls = [(r, s.dims) for r, text in _in_order(run, ev, rows)
+             if (s := shapes_from_args(text)) is not None
+             and len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
     if not calls:
         return None, None, set(), ""
     table = calls[0][1][0]  # the first lookup's table is the token table
     lookups = [(r, dims[1]) for r, dims in calls if dims[0] == table]
-    ran = {_step_of(ev, windows, r) for r, _ids in lookups}
+    ran = set(_steps_of(ev, windows, [r for r, _ids in lookups]))
     first = lookups[0][1]
     return (sum(b for _r, (b, _t) in lookups), sum(b * t for _r, (b, t) in lookups), ran,
             f"{EMBEDDING}'s indices {first[0]}x{first[1]} (batch x sequence) into the "
@@ -173,10 +174,11 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
     first: dict[int, tuple[int, tuple[int, ...]]] = {}  # step index -> (row, its input)
-    for row, shapes in _shaped(run, ev, rows):
-        step = _step_of(ev, windows, row)
-        if step in first:
-            continue
+    ordered = _in_order(run, ev, rows)
+    for (row, text), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
+                                 strict=True):
+        if step in first or (shapes := shapes_from_args(text)) is None:
+            continue  # only a step's ops up to its first product are parsed
         cost = shapes_cost(ev.name_of(row), shapes)
         batch = next((d for d in shapes.dims if len(d) >= 2), None)
         if cost is not None and cost.family in _FIRST_FAMILIES and batch is not None:
