@@ -15,6 +15,7 @@ DataLoader or comm thread). The critical path walks these backwards; the simulat
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Final
@@ -96,12 +97,26 @@ def _last_launched_before(ops: I64, launch_ts: I64, t: int) -> int | None:
     return int(ops[i]) if i >= 0 else None
 
 
-def _latest_end_launched_before(ev: Events, pool: I64 | None, launch_ts: I64,
-                                t: int) -> int | None:
-    if pool is None or len(pool) == 0:
-        return None
-    cand = pool[(launch_ts[pool] < t) & (ev.ts[pool] < t)]
-    return int(cand[np.argmax(ev.end[cand])]) if len(cand) else None
+class _LatestEnd:
+    """Of a pool of device ops (not empty), the one that ends last among those launched and started before
+    t (the first in the pool's order of that end), for many t: each op is eligible from the
+    later of its launch and its start, so a running maximum over the ops in that order, one
+    binary search per t (not a pass over the pool per sync)."""
+
+    def __init__(self, ev: Events, pool: I64, launch_ts: I64) -> None:
+        n = len(pool)
+        eligible = np.maximum(launch_ts[pool], ev.ts[pool])
+        order = np.argsort(eligible, kind="stable")
+        self.eligible = eligible[order]
+        # the latest end, ties to the earliest in the pool: one int to maximize
+        end_rank = np.unique(ev.end[pool], return_inverse=True)[1].reshape(-1)
+        score = end_rank.astype(np.int64) * n + (n - 1 - np.arange(n))
+        best = np.maximum.accumulate(score[order])
+        self.rows = pool[n - 1 - best % n]
+
+    def before(self, t: int) -> int | None:
+        i = int(np.searchsorted(self.eligible, t, side="left"))
+        return int(self.rows[i - 1]) if i else None
 
 
 def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
@@ -111,10 +126,12 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
     d.launch_of = dict(zip(dev.tolist(), calls.tolist(), strict=True))
     launch_ts = ev.ts.copy()
     launch_ts[dev] = ev.ts[calls]
-    by_stream: dict[int, I64] = {}
+    by_stream: dict[int, I64] = {}  # device ops of a (rank, stream), by launch time
+    stream_launch: dict[int, I64] = {}  # and their launch times
     for key, lane in group_rows(lane_key(ev.rank[dev_all], ev.stream[dev_all]), dev_all).items():
         rows = lane[np.argsort(ev.ts[lane], kind="stable")]
         by_stream[key] = rows[np.argsort(launch_ts[rows], kind="stable")]
+        stream_launch[key] = launch_ts[by_stream[key]]
         d.prev_on_stream.update(zip(rows[1:].tolist(), rows[:-1].tolist(), strict=True))
     all_calls = np.flatnonzero(ev.of_kind("runtime", "driver") & (ev.correlation >= 0))
     call_keys = lane_key(ev.rank[all_calls], ev.correlation[all_calls])
@@ -128,32 +145,45 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
 
     def recorded(rank: int, stream: int, record_corr: int) -> int | None:
         call = call_of_corr(rank, record_corr)
-        ops = by_stream.get(int(lane_key(rank, stream)))
+        key = int(lane_key(rank, stream))
+        ops = by_stream.get(key)
         if call is None or ops is None:
             return None
-        return _last_launched_before(ops, launch_ts[ops], int(ev.ts[call]))
+        return _last_launched_before(ops, stream_launch[key], int(ev.ts[call]))
 
     rank_dev = {r: dev_all[ev.rank[dev_all] == r] for r in ev.ranks}
+
+    @functools.cache
+    def latest_end(pool_key: tuple[str, int]) -> _LatestEnd | None:
+        kind, key = pool_key
+        pool = by_stream.get(key) if kind == "stream" else rank_dev.get(key)
+        return _LatestEnd(ev, pool, launch_ts) if pool is not None and len(pool) else None
+
+    def latest_end_before(pool_key: tuple[str, int], t: int) -> int | None:
+        found = latest_end(pool_key)
+        return found.before(t) if found is not None else None
+
     for s in syncs:
         rank = int(ev.rank[s.row])
         call = call_of_corr(rank, int(ev.correlation[s.row]))
         if s.kind == "Stream Wait Event":
             target = recorded(rank, s.wait_on_stream, s.record_correlation)
-            waiting = by_stream.get(int(lane_key(rank, s.stream)))
+            key = int(lane_key(rank, s.stream))
+            waiting = by_stream.get(key)
             if target is None or waiting is None or call is None:
                 continue
-            after = waiting[launch_ts[waiting] > ev.ts[call]]
-            if len(after):
-                d.waits_for[int(after[0])] = target
+            after = int(np.searchsorted(stream_launch[key], ev.ts[call], side="right"))
+            if after < len(waiting):  # the first op launched after the call
+                d.waits_for[int(waiting[after])] = target
             continue
         if call is None:
             continue
         if s.kind == "Event Sync":
             target = recorded(rank, s.wait_on_stream, s.record_correlation)
         else:
-            pool = (by_stream.get(int(lane_key(rank, s.stream))) if s.kind == "Stream Sync"
-                    else rank_dev[rank])
-            target = _latest_end_launched_before(ev, pool, launch_ts, int(ev.end[call]))
+            pool = (("stream", int(lane_key(rank, s.stream))) if s.kind == "Stream Sync"
+                    else ("rank", rank))
+            target = latest_end_before(pool, int(ev.end[call]))
         if target is not None:
             d.sync_target[call] = target
     # A copy from or to pageable memory holds its call until it is done (it is staged through
@@ -166,8 +196,7 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
     sync_names = [i for i, n in enumerate(ev.names) if n in SYNC_CALLS]
     for call in np.flatnonzero(ev.of_kind("runtime") & np.isin(ev.name, sync_names)).tolist():
         if call not in d.sync_target:
-            target = _latest_end_launched_before(ev, rank_dev[int(ev.rank[call])], launch_ts,
-                                                 int(ev.end[call]))
+            target = latest_end_before(("rank", int(ev.rank[call])), int(ev.end[call]))
             if target is not None:
                 d.sync_target[call] = target
     _collective_peers(ev, d, dev_all)
@@ -208,20 +237,23 @@ def enclosing_ops(ev: Events, calls: I64, ops: I64 | None = None) -> dict[int, i
     is_call[len(ops):] = True
     # by thread, then start, ops before calls at one instant, outer ops (longer) first
     order = np.lexsort((~is_call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
+    rows = rows[order]
+    rank, tid = ev.rank[rows], ev.tid[rows]
+    new_lane = np.ones(len(rows), bool)
+    new_lane[1:] = (rank[1:] != rank[:-1]) | (tid[1:] != tid[:-1])
     out: dict[int, int] = {}
-    stack: list[int] = []
-    lane: tuple[int, int] | None = None
-    for i in order.tolist():
-        row = int(rows[i])
-        here = (int(ev.rank[row]), int(ev.tid[row]))
-        if here != lane:
-            stack, lane = [], here
-        while stack and ev.end[stack[-1]] <= ev.ts[row] and ev.end[stack[-1]] < ev.end[row]:
+    stack: list[tuple[int, int]] = []  # open ops: (row, end)
+    for row, start, end, call, fresh in zip(rows.tolist(), ev.ts[rows].tolist(),
+                                            ev.end[rows].tolist(), is_call[order].tolist(),
+                                            new_lane.tolist(), strict=True):
+        if fresh:
+            stack = []
+        while stack and stack[-1][1] <= start and stack[-1][1] < end:
             stack.pop()
-        if not is_call[i]:
-            stack.append(row)
-        elif stack and ev.end[stack[-1]] >= ev.end[row]:
-            out[row] = stack[-1]
+        if not call:
+            stack.append((row, end))
+        elif stack and stack[-1][1] >= end:
+            out[row] = stack[-1][0]
     return out
 
 

@@ -75,15 +75,24 @@ class Events:
                         lambda: cls.from_table(run.table("events", columns=EVENT_COLUMNS,
                                                          rank=rank)))
 
-    def select(self, rows: Mask | I64) -> Events:
-        """The events at `rows` (a mask or sorted row numbers), sharing the name dictionary."""
+    @classmethod
+    def of_run_rank(cls, run: Run, rank: int) -> Events:
+        """One rank's events: a view of the Run's frame when that is loaded, else its rows
+        read alone and kept for no one (memory stays one rank's, however many)."""
+        if run.holds(("events", None)):
+            return cls.load(run).of_rank(rank)
+        return cls.from_table(run.table("events", columns=EVENT_COLUMNS, rank=rank))
+
+    def select(self, rows: Mask | I64 | slice) -> Events:
+        """The events at `rows` (a mask, sorted row numbers or a slice: views), sharing the
+        name dictionary."""
         return Events(rank=self.rank[rows], ts=self.ts[rows], dur=self.dur[rows],
                       kind=self.kind[rows], name=self.name[rows], names=self.names,
                       tid=self.tid[rows], device=self.device[rows], stream=self.stream[rows],
                       correlation=self.correlation[rows], step=self.step[rows])
 
     def of_rank(self, rank: int) -> Events:
-        return self.select(np.arange(len(self))[self.rank_slice(rank)])
+        return self.select(self.rank_slice(rank))
 
     def __len__(self) -> int:
         return len(self.ts)

@@ -17,15 +17,16 @@ FLOPs behind HFU and MFU.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import EVENT_COLUMNS, Events, group_rows
+from perfswarm.analyze.frame import Events, args_of, group_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.phases import PHASES, phases
@@ -133,23 +134,24 @@ def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> dict[int, int]:
     order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))]
     order = order[np.isin(order, np.fromiter(costs, np.int64, len(costs)))]
 
-    def walk() -> Iterator[tuple[int, list[int]]]:  # each costed row and its costed ancestors
-        stack: list[tuple[int, int, tuple[int, int]]] = []  # (row, end, thread)
-        for row in order.tolist():
-            thread = (int(ev.rank[row]), int(ev.tid[row]))
-            while stack and (stack[-1][2] != thread or stack[-1][1] <= ev.ts[row]):
-                stack.pop()
-            yield row, [above for above, _end, _thread in stack]
-            stack.append((row, int(ev.end[row]), thread))
+    walked: list[tuple[int, list[int]]] = []  # each costed row and its costed ancestors
+    stack: list[tuple[int, int, int, int]] = []  # (row, end, rank, thread)
+    for row, rank, tid, start, end in zip(order.tolist(), ev.rank[order].tolist(),
+                                          ev.tid[order].tolist(), ev.ts[order].tolist(),
+                                          ev.end[order].tolist(), strict=True):
+        while stack and (stack[-1][3] != tid or stack[-1][2] != rank or stack[-1][1] <= start):
+            stack.pop()
+        walked.append((row, [above[0] for above in stack]))
+        stack.append((row, end, rank, tid))
 
     dispatched: set[int] = set()
-    for row, above in walk():
+    for row, above in walked:
         if costs[row].flops > 0:
             dispatched.update(above)
         else:
             dispatched.update(a for a in above if costs[a].family == costs[row].family)
     owner: dict[int, int] = {}
-    for row, above in walk():
+    for row, above in walked:
         if row not in dispatched:
             owner[row] = next((a for a in reversed(above) if a not in dispatched), row)
     return owner
@@ -177,37 +179,39 @@ class _RankOps:
 
 def _rank_ops(run: Run, rank: int) -> _RankOps:
     """The costed ops of one rank, read alone (memory stays one rank's, however many)."""
-    table = run.table("events", [*EVENT_COLUMNS, "args", "external_id"], rank=rank)
-    ev = Events.from_table(table)
+    ev = Events.of_run_rank(run, rank)
     cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
     # only ops of a modelled name have their args parsed (most of a big trace's ops are not)
     named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
     costs: dict[int, OpCost] = {}
     shapes: dict[int, Shapes] = {}
-    args = table.column("args").take(candidates).to_pylist()
-    for row, text in zip(candidates.tolist(), args, strict=True):
-        found = shapes_from_args(text or "")
-        cost = shapes_cost(ev.name_of(row), found) if found else None
+    names = [ev.names[n] for n in ev.name.tolist()]
+    for row, text in zip(candidates.tolist(), args_of(run, candidates, rank), strict=True):
+        found = shapes_from_args(text)
+        cost = shapes_cost(names[row], found) if found else None
         if cost is not None and found is not None:
             costs[row], shapes[row] = cost, found
     owner = _counted_ops(ev, costs)
     counted = sorted(r for r, o in owner.items() if r == o)
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
-    time = {row: int(ev.dur[row]) for row in counted}
+    durs = ev.dur.tolist()
+    time = {row: durs[row] for row in counted}
+    shape_text = functools.cache(_shape_text)  # many rows share one recorded Shapes
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]] = {}
     if len(device):
-        ext = np.asarray(table.column("external_id").to_numpy(), np.int64)
+        ext = np.asarray(run.table("events", ["external_id"], rank=rank).column("external_id")
+                         .to_numpy(), np.int64)
         launched: dict[int, int] = defaultdict(int)
         launches = {d: owner.get(o, o) for d, o in launching_ops(ev, ext, device).items()}
         for dev_row, op_row in launches.items():
-            launched[op_row] += int(ev.dur[dev_row])
+            launched[op_row] += durs[dev_row]
         time = {row: launched.get(row, 0) for row in counted}
         op_ns = int(ev.dur[device].sum())
         for dev_row, op_row in sorted(launches.items()):
             if op_row in time and launched[op_row] > 0:  # a counted op
-                dur = int(ev.dur[dev_row])
-                launch = (ev.name_of(dev_row), ev.name_of(op_row), _shape_text(shapes[op_row]))
+                dur = durs[dev_row]
+                launch = (names[dev_row], names[op_row], shape_text(shapes[op_row]))
                 _cost, share, ns, calls = kernels.get(launch, (costs[op_row], 0.0, 0, 0))
                 kernels[launch] = (costs[op_row], share + dur / launched[op_row], ns + dur,
                                    calls + 1)
@@ -216,7 +220,7 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
     groups: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
     for row in counted:
-        key = (ev.name_of(row), _shape_text(shapes[row]))
+        key = (names[row], shape_text(shapes[row]))
         _cost, count, ns = groups.get(key, (costs[row], 0, 0))
         groups[key] = (costs[row], count + 1, ns + time[row])
     rows: list[int] = []

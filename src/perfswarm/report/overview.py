@@ -143,7 +143,9 @@ def _steps_of(ev: Events, windows: Sequence[Mapping[str, Any]], rows: Sequence[i
               ) -> list[int]:
     """The index of the window each row starts in (rows already in one, `_in_windows`)."""
     starts = np.asarray([w["start"] for w in windows], np.int64)
-    return (np.searchsorted(starts, ev.ts[np.asarray(rows, np.int64)], side="right") - 1).tolist()
+    found: list[int] = (np.searchsorted(starts, ev.ts[np.asarray(rows, np.int64)],
+                                        side="right") - 1).tolist()
+    return found
 
 
 def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],

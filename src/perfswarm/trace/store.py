@@ -198,6 +198,16 @@ def _rank_rows(file: pq.ParquetFile, columns: list[str] | None, rank: int) -> pa
     return table.filter(pc.equal(table.column("rank"), rank)).select(wanted)
 
 
+def _of_rank(table: pa.Table, ranks: pa.ChunkedArray, rank: int) -> pa.Table:
+    """The rows of `rank`: a slice, no copy, where they are one run of rows (the store writes
+    its tables sorted by rank), else a filter."""
+    first = pc.index(ranks, rank).as_py()
+    count = pc.sum(pc.equal(ranks, rank)).as_py() or 0
+    if first >= 0 and pc.all(pc.equal(ranks.slice(first, count), rank)).as_py():
+        return table.slice(first, count)
+    return table.filter(pc.equal(ranks, rank))
+
+
 class Run:
     """A Run directory. Cheap to construct; tables are read on demand, each column of a table
     once per Run object: every step of one command shares what the first one read."""
@@ -288,9 +298,7 @@ class Run:
             cached.update((c, (read.schema.field(c), read.column(c))) for c in missing)
         table = pa.Table.from_arrays([cached[c][1] for c in wanted],
                                      schema=pa.schema([cached[c][0] for c in wanted]))
-        if rank is not None:
-            table = table.filter(pc.equal(cached["rank"][1], rank))
-        return table
+        return table if rank is None else _of_rank(table, cached["rank"][1], rank)
 
     def _read(self, path: Path, read: Callable[[], pa.Table]) -> pa.Table:
         try:
@@ -304,6 +312,10 @@ class Run:
         if key not in self._memo:
             self._memo[key] = make()
         return cast(T, self._memo[key])
+
+    def holds(self, key: Hashable) -> bool:
+        """Whether `memo` has made `key` already (a step that can reuse it, or read less)."""
+        return key in self._memo
 
     def write_table(self, name: str, table: pa.Table) -> None:
         """Write `table` atomically, cast to the table's schema."""

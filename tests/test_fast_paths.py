@@ -1,0 +1,53 @@
+"""The array forms of per-event loops against the simple forms they replaced, on real traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import corpus
+from perfswarm.analyze.dependencies import _LatestEnd
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
+from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.store import _of_rank
+
+
+def _latest_end_reference(ev: Events, pool: np.ndarray, launch_ts: np.ndarray, t: int
+                          ) -> int | None:
+    """The pass over the pool per query that `_LatestEnd` replaced."""
+    cand = pool[(launch_ts[pool] < t) & (ev.ts[pool] < t)]
+    return int(cand[np.argmax(ev.end[cand])]) if len(cand) else None
+
+
+@pytest.mark.parametrize("name", ["nccl", "event_sync_multi"])
+def test_latest_end_matches_a_pass_per_query(name: str, tmp_path: Path) -> None:
+    run = import_traces([corpus(name)], tmp_path / "r.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    launch_ts = ev.ts.copy()
+    launch_ts[dev] = ev.ts[calls]
+    device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
+    # the pools the dependencies ask: a rank's device ops, one stream's (by launch time)
+    pools = [device, *(device[ev.stream[device] == s] for s in np.unique(ev.stream[device]))]
+    times = np.unique(np.concatenate([ev.ts[device], ev.end[device], launch_ts[device],
+                                      ev.end[calls]]))
+    times = times[:: max(1, len(times) // 1500)]  # every instant of a small trace
+    for pool in pools:
+        pool = pool[np.argsort(launch_ts[pool], kind="stable")]
+        fast = _LatestEnd(ev, pool, launch_ts)
+        answers = [fast.before(int(t)) for t in times]
+        assert answers == [_latest_end_reference(ev, pool, launch_ts, int(t)) for t in times]
+        assert any(a is not None for a in answers)
+
+
+def test_rank_rows_are_a_slice_where_contiguous_else_a_filter() -> None:
+    table = pa.table({"rank": pa.chunked_array([[0, 0, 1], [1, 2]]),
+                      "x": pa.chunked_array([[10, 11, 12], [13, 14]])})
+    assert _of_rank(table, table.column("rank"), 1).column("x").to_pylist() == [12, 13]
+    assert _of_rank(table, table.column("rank"), 3).num_rows == 0
+    mixed = pa.table({"rank": [1, 0, 1], "x": [10, 11, 12]})
+    assert _of_rank(mixed, mixed.column("rank"), 1).column("x").to_pylist() == [10, 12]
