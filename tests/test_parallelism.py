@@ -143,6 +143,25 @@ def test_interleaving_shrinks_the_bubble_for_traffic_and_memory() -> None:
                  work_s=1.0)
 
 
+def test_stage_boundary_between_nodes_scatters_over_every_nic() -> None:
+    """tp 8 x pp 2 on two 8-GPU nodes: each micro-batch's activations (and their gradients) cross
+    the node boundary as 8 slices, one per rank's NIC, then are all-gathered over NVSwitch
+    (Narayanan et al. 4.1), beside 4 all-reduces a layer inside the node."""
+    small = transformer(1e9, 4, 1024, 16, 512, 8)
+    bsh = 2 * 512 * 1024
+    node = Topology(8, 8, NVS, IB)
+    e = estimate(small, Layout(1, 8, 2, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
+    sends = 2 * 8 * (2 - 1) / 2  # 8 micro-batches, one boundary each way, half of it a device
+    send = (IB.alpha_s + bsh / 8 * IB.beta_s_per_byte
+            + collective_time("all_gather", bsh, node))
+    tensor = 4 * 2 * 8 * collective_time("all_reduce", bsh, node)  # 2 layers a stage
+    assert e.exposed_comm_s == pytest.approx(sends * send + tensor)
+    # across whole nodes a tensor-parallel all-reduce leaves the node every layer
+    wide = estimate(small, Layout(1, 16, 1, 0), per_node=8, intra=NVS, inter=IB, work_s=1.0)
+    assert wide.exposed_comm_s == pytest.approx(
+        4 * 4 * 8 * collective_time("all_reduce", bsh, Topology(16, 8, NVS, IB)))
+
+
 def test_recomputation_trades_memory_for_a_forward_pass() -> None:
     plain = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
                      work_s=work(GPT3))
