@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from conftest import corpus
+from perfswarm.analyze.ops import kernel_category
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collectives import RING, CollectiveConfig, collective_time
@@ -20,6 +21,7 @@ from perfswarm.model.parallelism import Blocks
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Topology, interconnect
 from perfswarm.optimize.project import (
+    MEMORY_BOUND,
     Call,
     Choice,
     StepProfile,
@@ -195,6 +197,44 @@ def _raw_device_idle_us(raw: list[dict[str, Any]], step_name: str) -> float:
         busy += max(0.0, b - max(a, end))
         end = max(end, b)
     return hi - lo - busy
+
+
+def _raw_memory_bound_us(raw: list[dict[str, Any]], step_name: str) -> float:
+    """The union of the copies, memsets and memory-bound kernels (by analyze.ops's name
+    categories; NCCL's kernels, which carry a collective's name, are communication) launched
+    inside the step marker `step_name`, from the raw trace (µs)."""
+    step = next(e for e in raw if e.get("name") == step_name
+                and e.get("cat") == "user_annotation")
+    lo, hi = float(step["ts"]), float(step["ts"]) + float(step["dur"])
+    launched = {e["args"]["correlation"] for e in raw if e.get("cat") == "cuda_runtime"
+                and lo <= float(e["ts"]) < hi}
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in raw
+                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+                   and e["args"].get("correlation") in launched
+                   and "Collective name" not in e["args"]
+                   and (e["cat"] != "kernel" or kernel_category(e["name"]) in MEMORY_BOUND))
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return busy
+
+
+def test_memory_bound_share_of_the_ddp_trace(nccl: Run) -> None:
+    """Half of ResNet-50's device time under DDP is memory-bound (batch norms, ReLUs, adds,
+    copies): each step's share, as the raw trace gives it, goes to the layouts."""
+    raw = _raw_events(corpus("nccl"))
+    prof = profile(nccl)
+    shares = []
+    for s in prof.steps:
+        us = _raw_memory_bound_us(raw, f"ProfilerStep#{s.step}")
+        assert s.memory_bound_ns == pytest.approx(us * 1000, abs=2000)
+        shares.append(s.memory_bound_ns / s.compute_ns)
+    assert 0.45 < statistics.median(shares) < 0.55
+    lay = project(nccl, [1, 8]).layouts
+    assert lay is not None and lay.memory_s == pytest.approx(
+        lay.work_s * statistics.median(shares))
+    assert lay.to_dict()["memory_s"] == lay.memory_s
 
 
 def test_gradient_size_keeps_the_host_bound_time(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ gets data-parallel layouts only.
 
 Weak scaling, as the projection: on D devices the global batch is D times the Run's batch per
 rank, so the step's compute on one device is D times the Run's compute per step (the median
-over steps of the slowest rank), and each micro-batch is the Run's batch. The time of a marked
+over steps of the slowest rank), and each micro-batch is the Run's batch; the share of it in
+memory-bound kernels (optimize.project's MEMORY_BOUND) is what tensor parallelism splits only in
+part. The time of a marked
 step in which no device work ran (a host-bound Run's input pipeline, Python, launches; the
 median over steps of the slowest rank) stays in every layout's step as it is.
 """
@@ -145,13 +147,14 @@ class LayoutChoice:
     devices: int
     source: RunModel
     work_s: float  # the step's compute on one device
+    memory_s: float  # of it, the memory-bound kernels' time (split in part by tp)
     memory_bytes: float | None  # per device; None: unknown, nothing checked against it
     best: Estimate | None  # the fastest that fits (None: none fits)
     every: tuple[Estimate, ...]  # fastest first
 
     def to_dict(self) -> dict[str, Any]:
         return {"devices": self.devices, "model": self.source.to_dict(),
-                "work_s": self.work_s,
+                "work_s": self.work_s, "memory_s": self.memory_s,
                 "memory_gb": None if self.memory_bytes is None else self.memory_bytes / 1e9,
                 "best": self.best.to_dict() if self.best else None,
                 "layouts": [e.to_dict() for e in self.every]}
@@ -159,17 +162,18 @@ class LayoutChoice:
 
 def choose_layout(source: RunModel, compute_s: float, devices: int, *, per_node: int,
                   intra: Link, inter: Link, memory_bytes: float | None,
-                  host_s: float = 0.0) -> LayoutChoice:
+                  host_s: float = 0.0, memory_share: float = 0.0) -> LayoutChoice:
     """The layouts of the Run's model on `devices` devices; `compute_s` is the Run's compute
-    per step on one device at its own batch, `host_s` the time of its step with no device
-    work (kept in every layout)."""
+    per step on one device at its own batch, `memory_share` the part of it in memory-bound
+    kernels, `host_s` the time of its step with no device work (kept in every layout)."""
     model = source.model(devices)
     work = compute_s * devices
     best, every = best_layout(model, devices, per_node=per_node, intra=intra, inter=inter,
-                              work_s=work, memory_bytes=memory_bytes or float("inf"),
-                              host_s=host_s)
+                              work_s=work, memory_s=work * memory_share,
+                              memory_bytes=memory_bytes or float("inf"), host_s=host_s)
     if not every:
         raise PerfswarmError(f"no layout of {devices} devices divides the Run's model "
                              f"({source.blocks.layers if source.blocks else 1} layers)")
-    return LayoutChoice(devices, source, work, memory_bytes, best, tuple(every))
+    return LayoutChoice(devices, source, work, work * memory_share, memory_bytes, best,
+                        tuple(every))
 

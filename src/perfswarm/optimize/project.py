@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from perfswarm.analyze.concurrency import Activity, breakdowns
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import I64, union
+from perfswarm.analyze.ops import kernel_category
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
@@ -36,6 +37,10 @@ from perfswarm.optimize.layouts import LayoutChoice, choose_layout, run_model
 from perfswarm.trace.store import Run
 
 COMPUTE_KINDS: Final = ("kernel", "memcpy", "memset")
+# kernels bound by memory bandwidth rather than FLOPs, by analyze.ops's name categories (GEMMs,
+# convolutions, attention and names it cannot tell are not): what tensor parallelism splits
+# only in part (model.parallelism)
+MEMORY_BOUND: Final = frozenset({"reduction", "elementwise", "embedding"})
 DEFAULT_DEVICES: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NETWORKS: Final = ("eth-100g", "ib-hdr", "eth-400g", "ib-ndr")
 GOOD_EFFICIENCY: Final = 0.9
@@ -75,6 +80,7 @@ class StepProfile:
     overlapped_ns: int
     calls: tuple[Call, ...]
     idle_ns: int = 0  # of its marked step, the time no device work ran (host-bound time)
+    memory_bound_ns: int = 0  # of compute_ns, the memory-bound kernels and copies (MEMORY_BOUND)
 
     @property
     def collective_ns(self) -> int:
@@ -183,7 +189,7 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     """Per-step compute, collectives and overlap of every rank of the Run. Gradient bytes:
     `grad_bytes` (--grad-bytes), else the Run's all-reduce kernels, else `shaped_grad_bytes`
     (the parameters its layers' shapes show)."""
-    table = run.table("events", columns=["rank", "ts", "dur", "kind", "step", "args"])
+    table = run.table("events", columns=["rank", "ts", "dur", "kind", "name", "step", "args"])
     kinds = pc.cast(table.column("kind"), pa.string())
     table = table.filter(pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"])))
     in_steps = pc.greater_equal(table.column("step"), 0)
@@ -193,6 +199,13 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     is_coll = pc.equal(pc.cast(table.column("kind"), pa.string()), "collective")
     rank, step, ts, dur = (_column(table, c) for c in ("rank", "step", "ts", "dur"))
     coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
+    kind = pc.cast(table.column("kind"), pa.string())
+    names = pc.cast(table.column("name"), pa.string())
+    bound = [n for n in pc.unique(names).to_pylist()
+             if n is not None and kernel_category(n) in MEMORY_BOUND]
+    memory = np.asarray(pc.or_(pc.is_in(kind, pa.array(["memcpy", "memset"])), pc.and_(
+        pc.equal(kind, "kernel"), pc.is_in(names, pa.array(bound, pa.string()))))
+        .to_numpy(zero_copy_only=False), dtype=bool)
     args = table.column("args").to_pylist()
     steps: list[StepProfile] = []
     idle = _device_idle(run, _step_spans(run))
@@ -214,8 +227,9 @@ def profile(run: Run, grad_bytes: int | None = None, *,
         tail = compute - _busy_before(cs, ce, last_end) if calls else 0
         lo = int(min(cs[0], ts[rows].min()))
         hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
+        ms, me = union(ts[rows & memory], ts[rows & memory] + dur[rows & memory])
         steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls),
-                                 idle.get((r, s), 0)))
+                                 idle.get((r, s), 0), int((me - ms).sum())))
     compute_source = "measured"
     if not steps and len(table) == 0:
         steps, whole_run, compute_source = _host_steps(run), False, "step spans (no device work)"
@@ -401,8 +415,11 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
         groups = prof.per_step().values()
         compute = statistics.median(max(st.compute_ns for st in g) for g in groups) * 1e-9
         host = statistics.median(max(st.idle_ns for st in g) for g in groups) * 1e-9
+        share = statistics.median(st.memory_bound_ns / st.compute_ns if st.compute_ns else 0.0
+                                  for st in prof.steps)
         chosen = choose_layout(shaped, compute, devices[-1], per_node=per_node, intra=intra,
-                               inter=inter, memory_bytes=memory, host_s=host)
+                               inter=inter, memory_bytes=memory, host_s=host,
+                               memory_share=share)
     else:
         note = ("no parameter count: no gradient all-reduce kernels with sizes and no layer "
                 "shapes (record with shapes)")
@@ -423,7 +440,8 @@ def on_device(run: Run, prof: Profile, device: str) -> Profile:
     def scaled(st: StepProfile) -> StepProfile:
         calls = tuple(replace(c, ready_ns=round(c.ready_ns * ratio)) for c in st.calls)
         return replace(st, compute_ns=round(st.compute_ns * ratio),
-                       tail_ns=round(st.tail_ns * ratio), calls=calls)
+                       tail_ns=round(st.tail_ns * ratio), calls=calls,
+                       memory_bound_ns=round(st.memory_bound_ns * ratio))
 
     return replace(prof, steps=tuple(scaled(st) for st in prof.steps),
                    compute_source=f"predicted on {predicted.target_device}")
