@@ -20,10 +20,11 @@ from typing import Any
 
 from fuzz_cases import ODD_VALUES, mutate_bytes
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.build import Stacks, counters, perf_samples, pyspy_samples
+from perfswarm.record.build import Stacks, perf_samples, pyspy_samples
 from perfswarm.report import perfetto
 from perfswarm.trace.info import run_info
-from perfswarm.trace.readers import perf, pyspy, strace
+from perfswarm.trace.readers import perf, pyspy, sampler, strace
+from perfswarm.trace.readers.fields import Placement
 from perfswarm.trace.store import Run
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -44,11 +45,11 @@ def read_pystacks(path: Path) -> None:
 
 
 def read_strace(path: Path) -> None:
-    strace.events(path, {})
+    strace.read(path, Placement())
 
 
 def read_sampler(path: Path) -> None:
-    counters([path])
+    sampler.read(path, Placement())
 
 
 def read_manifest(path: Path) -> None:

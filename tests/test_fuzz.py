@@ -27,10 +27,10 @@ from fuzz_cases import cases
 from fuzz_readers import READERS, SAMPLES, outcome, text_cases
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError, TraceFormatError
-from perfswarm.record.build import counters
 from perfswarm.report import html
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.readers import perf, pyspy, strace
+from perfswarm.trace.readers import perf, pyspy, sampler, strace
+from perfswarm.trace.readers.fields import Placement
 from perfswarm.trace.readers.sampler import read_jsonl, value_rows
 from perfswarm.trace.store import Manifest
 
@@ -244,7 +244,7 @@ def test_system_sampler_stat_lines(tmp_path: Path, stat: str) -> None:
     path.write_bytes(b"".join(orjson.dumps({"ts": ts, "values": {}, "stat": stat}) + b"\n"
                               for ts in (1, 2)))
     with pytest.raises(TraceFormatError, match="per-core lines"):
-        counters([path])
+        sampler.read(path, Placement())
 
 
 # -- the printers: names from all of Unicode plus markup and HTML fragments are text --------

@@ -21,7 +21,12 @@ from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace.build import add_execution_traces, describe, in_memory, write_tables
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat
 from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, read_file, sampler, strace
-from perfswarm.trace.readers.fields import Row
+from perfswarm.trace.readers.fields import (
+    Placement,
+    SideReader,
+    SideTables,
+    counter_table,
+)
 from perfswarm.trace.schema import (
     COUNTERS,
     EVENTS,
@@ -168,17 +173,6 @@ def pyspy_samples(folded: Sequence[pyspy.Folded], start_ns: int, rank_of: dict[i
     return _samples(rows, "py-spy")
 
 
-def counters(paths: Iterable[Path], flows: Sequence[Row] = ()) -> pa.Table:
-    rows = list(flows)
-    for path in paths:
-        rows += sampler.read(path)
-    if not rows:
-        return COUNTERS.empty_table()
-    ts, name, device, value = zip(*sorted(rows), strict=True)
-    return pa.table({"rank": pa.array(np.full(len(ts), NONE, np.int32)), "ts": ts,
-                     "name": name, "device": device, "value": value}).cast(COUNTERS)
-
-
 def readable(manifest: Manifest, collector: str, read: Callable[[], T], instead: T) -> T:
     """`read()`, or `instead` when the collector's file cannot be read (a child killed while
     it was written, a tool's odd output): the collector is marked failed with the reason
@@ -189,6 +183,13 @@ def readable(manifest: Manifest, collector: str, read: Callable[[], T], instead:
         status = manifest["collectors"].setdefault(collector, {"status": "ok", "files": []})
         status["status"] = f"failed: {exc}"
         return instead
+
+
+def _side(manifest: Manifest, collector: str, read: SideReader, path: Path,
+          at: Placement) -> SideTables:
+    """A collector's file beside the traces, through its reader (`readable`: none when it
+    cannot be read)."""
+    return readable(manifest, collector, partial(read, path, at), SideTables(collector))
 
 
 def build_run(rec: Recording, out: Path, force: bool) -> Run:
@@ -225,15 +226,15 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         steps = concat([marker_steps, hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
-        syscalls = readable(manifest, "strace", partial(strace.events, raw / "strace.txt",
-                                                        rank_of), EVENTS.empty_table())
-        sampled = [readable(manifest, p.stem, partial(counters, [p]), COUNTERS.empty_table())
+        at = Placement(rank_of=rank_of, interval_ns=_interval_ns(manifest))
+        syscalls = _side(manifest, "strace", strace.read, raw / "strace.txt", at).events
+        sampled = [_side(manifest, p.stem, sampler.read, p, at).counters
                    for p in sorted(raw.glob("*.jsonl"))]
         perf_read = _perf_samples(rec)
-        flows = counters([], [*_flows(raw / "net.pcap", manifest), *perf.event_counters(
-            perf_read, manifest["clock_offsets"].get("perf", 0), _interval_ns(manifest))])
-        counted = concat([*(p.counters for p in parts), *sampled, flows,
-                          fault_counters(hooked)], COUNTERS)
+        perf_counted = counter_table(perf.event_counters(
+            perf_read, manifest["clock_offsets"].get("perf", 0), at.interval_ns))
+        counted = concat([*(p.counters for p in parts), *sampled, _flows(raw / "net.pcap",
+                          manifest, at), perf_counted, fault_counters(hooked)], COUNTERS)
         write_tables(run, in_memory([TraceTables(
             concat([*(p.events for p in parts), syscalls], EVENTS),
             concat([p.flows for p in parts], FLOWS), counted.sort_by("ts"), steps)]))
@@ -253,24 +254,22 @@ def _interval_ns(manifest: Manifest) -> int:
     return round(1e9 / hz)
 
 
-def _flows(path: Path, manifest: Manifest) -> list[Row]:
+def _flows(path: Path, manifest: Manifest, at: Placement) -> pa.Table:
     """The capture's flow counters, one point per sampling interval; a capture that cannot be
     read is a warning, not a lost Run."""
-    if not path.is_file():
-        return []
     try:
-        return pcap.read_flows(path, _interval_ns(manifest))
+        return pcap.read(path, at).counters
     except TraceFormatError as e:
         manifest["warnings"].append({"source": path.name, "what": e.why, "count": 1})
-        return []
+        return COUNTERS.empty_table()
 
 
 def _graph(run: Run, manifest: Manifest, paths: Sequence[Path]) -> None:
     """The profiled processes' execution traces; one that cannot be read is the torch
     collector's warning, not a lost Run."""
     add_execution_traces(run, manifest, [(path, _rank_pid(path)[0]) for path in paths],
-                         lambda path, rank, events: readable(manifest, "torch", partial(
-                             execution_trace.read, path, rank, events), None))
+                         lambda path, at: readable(manifest, "torch", partial(
+                             execution_trace.read, path, at), None))
 
 
 def _perf_samples(rec: Recording) -> list[perf.Sample]:

@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 from perfswarm.trace import store
 from perfswarm.trace.cluster import ClusterOptions
 from perfswarm.trace.kineto import TraceMeta, TraceTables, concat
+from perfswarm.trace.readers import execution_trace
+from perfswarm.trace.readers.fields import Placement, SideTables
 from perfswarm.trace.schema import (
     COUNTERS,
     DEVICE_KINDS,
@@ -167,26 +169,25 @@ def parquet_parts(paths: Iterable[Path]) -> Iterator[pa.Table]:
             yield pa.Table.from_batches([batch])
 
 
-# What execution_trace.read gives: graph_nodes, graph_edges, warnings about the join
-GraphTables = tuple[pa.Table, pa.Table, Counter[str]]
-
-
 def add_execution_traces(run: Run, manifest: Manifest, traces: Sequence[tuple[Path, int]],
-                         read: Callable[[Path, int, pa.Table], GraphTables | None]) -> None:
-    """The graph tables of every (execution trace, rank), joined by `read` to the Run's
-    events (their rank, rf_id and external_id; None: that trace is left out, its reason
-    already in the manifest), written together; each trace a source in the manifest, its
-    join's warnings among the warnings."""
-    nodes, edges, found = [], [], []
-    if traces:
-        events = run.table("events", ["rank", "rf_id", "external_id"])
-        found = [(path, rank, g) for path, rank in traces if (g := read(path, rank, events))]
-    for path, rank, (n, e, counts) in found:
-        nodes.append(n)
-        edges.append(e)
-        manifest["warnings"] += source_warnings(path.name, counts)
-        manifest["sources"].append({"file": path.name, "format": "execution_trace",
-                                    "rank": rank, "nodes": n.num_rows})
+                         read: Callable[[Path, Placement], SideTables | None]) -> None:
+    """The graph tables of every (execution trace, rank) as `read` gives them (None: that
+    trace is left out, its reason already in the manifest), written together; each trace a
+    source in the manifest, what its join to the Run's events found amiss a warning."""
+    nodes, edges = [], []
+    events: pa.Table | None = None
+    for path, rank in traces:
+        found = read(path, Placement(rank=rank))
+        if found is None:
+            continue
+        if events is None:
+            events = run.table("events", ["rank", "rf_id", "external_id"])
+        nodes.append(found.graph_nodes)
+        edges.append(found.graph_edges)
+        manifest["warnings"] += source_warnings(path.name, execution_trace.join_warnings(
+            found.graph_nodes, events, rank))
+        manifest["sources"].append({"file": path.name, "format": found.format,
+                                    "rank": rank, "nodes": found.graph_nodes.num_rows})
     run.write_table("graph_nodes", concat(nodes, GRAPH_NODES))
     run.write_table("graph_edges", concat(edges, GRAPH_EDGES))
 

@@ -29,6 +29,7 @@ from perfswarm.trace.build import (
 from perfswarm.trace.cluster import connect
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, memory_bytes
 from perfswarm.trace.readers import execution_trace, memory_timeline, read_file
+from perfswarm.trace.readers.fields import Placement
 from perfswarm.trace.schema import COUNTERS
 from perfswarm.trace.store import Manifest, Run, creating, new_manifest
 
@@ -176,10 +177,10 @@ def _add_memory_timelines(run: Run, paths: Sequence[tuple[Path, int]],
     """Each memory timeline's counters join the Run's."""
     parts = [run.table("counters")]
     for path, rank in paths:
-        form, table = memory_timeline.read(path, rank)
-        parts.append(table)
+        found = memory_timeline.read(path, Placement(rank=rank))
+        parts.append(found.counters)
         run.add_raw(path)
-        manifest["sources"].append({"file": path.name, "format": form,
+        manifest["sources"].append({"file": path.name, "format": found.format,
                                     "rank": rank, "counters": parts[-1].num_rows})
     counters = concat(parts, COUNTERS)
     order = np.lexsort((counters.column("ts").to_numpy(), counters.column("rank").to_numpy()))

@@ -8,11 +8,14 @@ Chrome-trace JSON (trace/kineto.py) otherwise. Every path that builds a Run read
 through it (import in memory and on Dask workers, and the recorder's build) but the streaming
 path, which decodes Kineto JSON in batches (trace/stream.py).
 
-The files beside a trace have their readers here too, each giving rows or tables in the Run's
-schemas: torch's execution trace (`execution_trace`), memory timeline (`memory_timeline`) and
-CUDA memory snapshot (`memory_snapshot`), and what the recorder's collectors write: `perf
-script` text (`perf`), py-spy's folded stacks (`pyspy`), strace text (`strace`), a pcap capture
-(`pcap`) and the samplers' JSON lines (`sampler`); `fields` is what the text readers share.
+The files beside a trace have their readers here too, one protocol for them all
+(`fields.SideReader`): a file and its `Placement` on the Run (its rank, its processes' ranks,
+the sampling interval) give `SideTables`, its format and rows in the Run's schemas. So read
+torch's execution traces (`execution_trace`: graph tables), memory timelines and CUDA memory
+snapshots (`memory_timeline`, through `memory_snapshot`: counters), strace text (`strace`:
+events), pcap captures (`pcap`) and the samplers' JSON lines (`sampler`: counters). `perf
+script` text (`perf`) and py-spy's folded stacks (`pyspy`) give samples instead, whose stacks
+the recorder interns together (record/build.py).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace.kineto import TOO_DEEP, read_bytes
+from perfswarm.trace.readers.fields import Placement, SideTables
 from perfswarm.trace.schema import GRAPH_EDGES, GRAPH_NODES, NONE
 
 
@@ -65,8 +66,9 @@ def _tensors(io: dict[str, Any]) -> list[str]:
     return keys
 
 
-def read(path: Path, rank: int, events: pa.Table) -> tuple[pa.Table, pa.Table, Counter[str]]:
-    """graph_nodes and graph_edges of one execution trace, and warnings about the join."""
+def read(path: Path, at: Placement) -> SideTables:
+    """graph_nodes and graph_edges of one execution trace, on its rank."""
+    rank = at.rank
     try:
         trace = msgspec.json.decode(read_bytes(path), type=ETrace)
     except msgspec.ValidationError as exc:
@@ -126,7 +128,7 @@ def read(path: Path, rank: int, events: pa.Table) -> tuple[pa.Table, pa.Table, C
             "tensor": pa.array(tensor, pa.string()),
         }
     ).cast(GRAPH_EDGES)
-    return node_table, edge_table, _join_warnings(node_table, events, rank)
+    return SideTables("execution_trace", graph_nodes=node_table, graph_edges=edge_table)
 
 
 def _ancestors(node: int, parents: dict[int, int]) -> set[int]:
@@ -143,7 +145,9 @@ def join_key(events: pa.Table) -> str:
     return "rf_id" if (rf != NONE).any() else "external_id"
 
 
-def _join_warnings(nodes: pa.Table, events: pa.Table, rank: int) -> Counter[str]:
+def join_warnings(nodes: pa.Table, events: pa.Table, rank: int) -> Counter[str]:
+    """What joining a rank's graph nodes to the Run's events (rank, rf_id, external_id)
+    found amiss."""
     counts: Counter[str] = Counter()
     if events.num_rows == 0:
         counts["execution trace without a Kineto trace to join"] += 1

@@ -30,6 +30,7 @@ import pyarrow as pa
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace.kineto import PICKLE, invalid_json, read_bytes
 from perfswarm.trace.readers import memory_snapshot
+from perfswarm.trace.readers.fields import Placement, SideTables
 from perfswarm.trace.schema import COUNTERS
 
 CATEGORIES: Final = ("parameter", "optimizer_state", "input", "temporary", "activation",
@@ -76,8 +77,8 @@ def _states(path: Path, data: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
 RESERVED: Final = "memory_reserved"  # a snapshot's: not a category, so not in the totals
 
 
-def read(path: Path, rank: int) -> tuple[str, pa.Table]:
-    """The file's form (memory_timeline | memory_snapshot) and its counters, for `rank`."""
+def read(path: Path, at: Placement) -> SideTables:
+    """The file's counters on its rank; its format: memory_timeline or memory_snapshot."""
     text = read_bytes(path)
     names = [PREFIX + c for c in CATEGORIES]
     form = "memory_snapshot" if text[:1] == PICKLE else "memory_timeline"
@@ -98,12 +99,12 @@ def read(path: Path, rank: int) -> tuple[str, pa.Table]:
     if np.any(alive < 0):
         raise TraceFormatError(path, "$", "bytes alive fall below 0")
     changed = np.vstack([np.ones((1, alive.shape[1]), bool), alive[1:] != alive[:-1]])
-    at, category = np.nonzero(changed)
-    order = np.lexsort((category, at))
-    at, category = at[order], category[order]
+    changes, category = np.nonzero(changed)
+    order = np.lexsort((category, changes))
+    changes, category = changes[order], category[order]
     labels = pa.DictionaryArray.from_arrays(pa.array(category, pa.int32()), pa.array(names))
-    return form, pa.table({"rank": pa.array(np.full(len(at), rank, np.int32)),
-                           "ts": pa.array(times[at], pa.int64()), "name": labels,
-                           "device": pa.array(np.full(len(at), device, np.int32)),
-                           "value": pa.array(alive[at, category].astype(np.float64))},
-                          schema=COUNTERS)
+    return SideTables(form, counters=pa.table({
+        "rank": pa.array(np.full(len(changes), at.rank, np.int32)),
+        "ts": pa.array(times[changes], pa.int64()), "name": labels,
+        "device": pa.array(np.full(len(changes), device, np.int32)),
+        "value": pa.array(alive[changes, category].astype(np.float64))}, schema=COUNTERS))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.trace.readers.fields import Row
+from perfswarm.trace.readers.fields import Placement, Row, SideTables, counter_table
 
 ARPHRD_LOOPBACK = 772
 PACKET_OUTGOING = 4
@@ -137,8 +137,10 @@ def flow_rows(packets: Iterator[Packet], interval_ns: int) -> list[Row]:
     return rows
 
 
-def read_flows(path: Path, interval_ns: int) -> list[Row]:
-    """Counter rows of a capture file (none when there is no file)."""
+def read(path: Path, at: Placement) -> SideTables:
+    """A capture file's flows as counters, a point per sampling interval (none when there is
+    no file)."""
     if not path.is_file():
-        return []
-    return flow_rows(read_pcap(path.read_bytes(), path), interval_ns)
+        return SideTables("pcap")
+    return SideTables("pcap", counters=counter_table(
+        flow_rows(read_pcap(path.read_bytes(), path), at.interval_ns)))

@@ -12,7 +12,13 @@ import msgspec
 import numpy as np
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.trace.readers.fields import MAX_CLOCK_NS, Row
+from perfswarm.trace.readers.fields import (
+    MAX_CLOCK_NS,
+    Placement,
+    Row,
+    SideTables,
+    counter_table,
+)
 
 I64 = np.ndarray[Any, np.dtype[np.int64]]
 SHARES = ("usr", "sys", "iowait", "steal")
@@ -106,11 +112,11 @@ def cpu_rows(items: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
-def read(path: Path) -> list[Row]:
-    """The counter rows of a sampler file: its values, and the per-core shares of the lines
-    the system sampler kept."""
+def read(path: Path, at: Placement) -> SideTables:
+    """The counters of a sampler file: its values, and the per-core shares of the lines the
+    system sampler kept."""
     items = read_jsonl(path)
     try:
-        return value_rows(items) + cpu_rows(items)
+        return SideTables("sampler", counters=counter_table(value_rows(items) + cpu_rows(items)))
     except ValueError as exc:  # the kept /proc/stat lines
         raise TraceFormatError(path, "per-core lines", str(exc)) from None

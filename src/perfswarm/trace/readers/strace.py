@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.trace.readers.fields import MAX_CLOCK_NS, int64_field
+from perfswarm.trace.readers.fields import MAX_CLOCK_NS, Placement, SideTables, int64_field
 from perfswarm.trace.schema import EVENTS, NONE
 
 _CALL = re.compile(r"^(\d+)\s+(\d+)\.(\d{6}) (\w+)\((.*)$", re.ASCII)
@@ -68,15 +68,17 @@ def parse(text: str, source: Path) -> list[Syscall]:
     return out
 
 
-def events(path: Path, rank_of: dict[int, int]) -> pa.Table:
-    """strace's syscalls as events; strace -f names threads only, so pid = tid."""
+def read(path: Path, at: Placement) -> SideTables:
+    """strace's syscalls as events, each on its process's rank; strace -f names threads only,
+    so pid = tid."""
     calls = parse(path.read_text(errors="replace"), path) if path.is_file() else []
     if not calls:
-        return EVENTS.empty_table()
+        return SideTables("strace")
+    rank_of = at.rank_of
     n = len(calls)
     none = pa.array(np.full(n, NONE, np.int64))
     tids = pa.array([c.tid for c in calls], pa.int64())
-    return pa.table({
+    return SideTables("strace", events=pa.table({
         "rank": pa.array([rank_of.get(c.tid, NONE) for c in calls], pa.int32()),
         "ts": pa.array([c.ts_ns for c in calls], pa.int64()),
         "dur": pa.array([c.dur_ns for c in calls], pa.int64()),
@@ -86,4 +88,4 @@ def events(path: Path, rank_of: dict[int, int]) -> pa.Table:
         "device": pa.array(np.full(n, NONE, np.int32)), "stream": none, "correlation": none,
         "external_id": none, "rf_id": none, "step": pa.array(np.full(n, NONE, np.int32)),
         "args": pa.array([c.args for c in calls], pa.string()),
-    }).cast(EVENTS)
+    }).cast(EVENTS))
