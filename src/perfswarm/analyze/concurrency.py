@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.intervals import I64, StateSums, covered, sorted_unique
+from perfswarm.analyze.intervals import I64, Mask, first_covering, state_sweep
 from perfswarm.analyze.iterations import StepWindow
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -113,31 +113,17 @@ class Activity:
         return (self.compute, self.comm, self.memory, self.host)
 
 
-def state_codes(activity: Activity, points: I64) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """Index into STATES of each segment [points[i], points[i+1])."""
-    compute, comm, memory, host = (covered(s, e, points) for s, e in activity.sets())
-    return np.select(
-        [compute & comm, compute, comm, memory, host],
-        [0, 1, 2, 3, 4],
-        default=5,
-    ).astype(np.int64)
+def _state(covers: list[Mask]) -> I64:
+    """Index into STATES of each segment, from the coverage of Activity.sets()."""
+    compute, comm, memory, host = covers
+    return first_covering([compute & comm, compute, comm, memory, host])
 
 
 def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[Breakdown]:
     """One Breakdown per window, from a single sweep over the rank's boundaries."""
-    points = sorted_unique(np.concatenate([x for pair in activity.sets() for x in pair]))
-    idle = STATES.index("idle")
-    if len(points) < 2:
-        sums = StateSums(np.zeros(0, np.int64), np.zeros(0, np.int64), len(STATES), idle)
-    else:
-        sums = StateSums(points, state_codes(activity, points), len(STATES), idle)
-    out = []
-    for lo, hi in windows:
-        ns = sums.between(lo, hi)
-        if len(sums.points) == 0:
-            ns[idle] = hi - lo
-        out.append(Breakdown(lo, hi, dict(zip(STATES, ns.tolist(), strict=True))))
-    return out
+    sums = state_sweep(activity.sets(), _state, len(STATES), STATES.index("idle"))
+    return [Breakdown(lo, hi, dict(zip(STATES, sums.between(lo, hi).tolist(), strict=True)))
+            for lo, hi in windows]
 
 
 def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> RankConcurrency:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -101,9 +103,11 @@ class StateSums:
             np.cumsum(np.where(codes == s, lengths, 0), out=self.cum[s, 1:])
 
     def upto(self, x: int) -> I64:
-        """ns per state in [points[0], x), with time before points[0] counted as outside."""
+        """ns per state in [points[0], x), with time before points[0] counted as outside
+        (with no points, all time is outside)."""
         out = np.zeros(self.states, np.int64)
         if len(self.points) == 0:
+            out[self.outside] = x
             return out
         first, last = int(self.points[0]), int(self.points[-1])
         if x <= first:
@@ -120,6 +124,22 @@ class StateSums:
 
     def between(self, lo: int, hi: int) -> I64:
         return self.upto(hi) - self.upto(lo)
+
+
+def state_sweep(sets: Sequence[tuple[I64, I64]], state_of: Callable[[list[Mask]], I64],
+                states: int, outside: int, bounds: I64 | None = None) -> StateSums:
+    """Every instant's state from one sweep over the interval sets' boundaries (and `bounds`,
+    the windows to be asked about): `state_of` gives each elementary segment's state from
+    which sets cover it; time no boundary reaches is `outside`."""
+    points = sorted_unique(np.concatenate([*([] if bounds is None else [bounds]),
+                                           *(x for pair in sets for x in pair)]))
+    return StateSums(points, state_of([covered(s, e, points) for s, e in sets]), states,
+                     outside)
+
+
+def first_covering(covers: list[Mask]) -> I64:
+    """Each segment's state by priority: the first set that covers it, else len(covers)."""
+    return np.select(covers, list(range(len(covers))), default=len(covers)).astype(np.int64)
 
 
 def sorted_unique(values: I64) -> I64:

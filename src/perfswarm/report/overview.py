@@ -15,8 +15,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import Events, Mask, args_of
-from perfswarm.analyze.intervals import I64, StateSums, covered, sorted_unique
+from perfswarm.analyze.concurrency import Activity
+from perfswarm.analyze.frame import Events, args_of
+from perfswarm.analyze.intervals import I64, first_covering, state_sweep
 from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
@@ -28,16 +29,21 @@ LOADER: Final = re.compile(r"DataLoader")
 _NOT_WORK: Final = ("instant", "trace_span", "profiler_range")
 
 
-def _masks(ev: Events) -> list[Mask]:
+def _sets(ev: Events, rank: int) -> list[tuple[I64, I64]]:
+    """The rank's intervals of each category but idle, in CATEGORIES' order: analyze's
+    activity (kernels, collectives, copies, the busy host) with the host's DataLoader spans
+    and the other work besides."""
+    activity = Activity.of_rank(ev, rank)
+    rows = ev.rank_slice(rank)
     loader_codes = [i for i, n in enumerate(ev.names) if LOADER.search(n)]
-    loading = ev.host_busy & np.isin(ev.name, loader_codes)
-    work = (ev.dur > 0) & ~ev.of_kind(*_NOT_WORK) & ~ev.is_step_marker
-    masks = [ev.of_kind("kernel"), ev.of_kind("collective"), ev.of_kind("memcpy", "memset"),
-             loading, ev.host_busy & ~loading]
-    taken = np.zeros(len(ev), bool)
-    for m in masks:
-        taken |= m
-    return [*masks, work & ~taken]
+    loading = (ev.host_busy & np.isin(ev.name, loader_codes))[rows]
+    work = ((ev.dur > 0) & ~ev.of_kind(*_NOT_WORK) & ~ev.is_step_marker)[rows]
+    taken = ev.of_kind("kernel", "collective", "memcpy", "memset")[rows] | ev.host_busy[rows]
+    other = work & ~taken
+    ts, end = ev.ts[rows], ev.end[rows]
+    # the host set stands for host compute: where a loader span runs, data loading wins
+    return [activity.compute, activity.comm, activity.memory, (ts[loading], end[loading]),
+            activity.host, (ts[other], end[other])]
 
 
 def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -46,18 +52,10 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
     rows: list[dict[str, Any]] = []
     for rank_key, windows in sorted(steps.items(), key=lambda kv: int(kv[0])):
         rank = int(rank_key)
-        mine = ev.of_rank(rank)
-        masks = _masks(mine)
-        bounds = [np.asarray([w["start"] for w in windows] + [w["end"] for w in windows],
-                             np.int64)]
-        for m in masks:
-            bounds += [mine.ts[m], mine.end[m]]
-        points = sorted_unique(np.concatenate(bounds))
-        codes = np.full(max(len(points) - 1, 0), len(CATEGORIES) - 1, np.int64)
-        for i in range(len(masks) - 1, -1, -1):  # the first category covering wins
-            m = masks[i]
-            codes[covered(mine.ts[m], mine.end[m], points)] = i
-        sums = StateSums(points, codes, len(CATEGORIES), len(CATEGORIES) - 1)
+        bounds = np.asarray([w["start"] for w in windows] + [w["end"] for w in windows],
+                            np.int64)
+        sums = state_sweep(_sets(ev, rank), first_covering, len(CATEGORIES),
+                           len(CATEGORIES) - 1, bounds)
         for w in windows:
             ns = sums.between(int(w["start"]), int(w["end"]))
             rows.append({"rank": rank, "step": w["step"], "dur_ns": int(w["end"] - w["start"]),
