@@ -52,6 +52,12 @@ def analyze(run: Run, *, ignore_markers: bool = False,
     return run.memo(("analysis", ignore_markers), lambda: _analyze(run, ignore_markers))
 
 
+def analysis_made(run: Run) -> Analysis | None:
+    """The analysis `analyze` already made of this Run object, if any: a later step (the
+    report's projection) reuses its parts instead of computing them again."""
+    return analyze(run) if run.holds(("analysis", False)) else None
+
+
 def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     ev = load(run, or_samples=True)
     its = iterations(run, ev, ignore_markers=ignore_markers)

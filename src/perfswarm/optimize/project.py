@@ -24,9 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Activity, breakdowns
-from perfswarm.analyze.frame import Events
+from perfswarm.analyze.frame import Events, group_rows, lane_key
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.analyze.ops import kernel_category
+from perfswarm.analyze.summary import analysis_made
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
@@ -168,12 +169,15 @@ def _step_spans(run: Run) -> dict[tuple[int, int], tuple[int, int]]:
 def _device_idle(run: Run, spans: dict[tuple[int, int], tuple[int, int]]
                  ) -> dict[tuple[int, int], int]:
     """(rank, step) -> the time of its marked step no device work ran: analyze's device idle
-    (analyze.concurrency) over the step's span."""
-    ev = Events.load(run)
-    out: dict[tuple[int, int], int] = {}
-    for rank in {r for r, _ in spans}:
-        keys = sorted(k for k in spans if k[0] == rank)
-        found = breakdowns(Activity.of_rank(ev, rank), [spans[k] for k in keys])
+    (analyze.concurrency) over the step's span, taken from the analysis when it was made of
+    the same spans."""
+    made = analysis_made(run)
+    known = {(r.rank, i.breakdown.start, i.breakdown.end): i.breakdown.device_idle_ns
+             for r in made.concurrency.ranks for i in r.iterations} if made else {}
+    out = {k: known[(k[0], *span)] for k, span in spans.items() if (k[0], *span) in known}
+    for rank in {k[0] for k in spans if k not in out}:
+        keys = sorted(k for k in spans if k[0] == rank and k not in out)
+        found = breakdowns(Activity.of_rank(Events.load(run), rank), [spans[k] for k in keys])
         out.update({k: b.device_idle_ns for k, b in zip(keys, found, strict=True)})
     return out
 
@@ -189,13 +193,14 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     """Per-step compute, collectives and overlap of every rank of the Run. Gradient bytes:
     `grad_bytes` (--grad-bytes), else the Run's all-reduce kernels, else `shaped_grad_bytes`
     (the parameters its layers' shapes show)."""
-    table = run.table("events", columns=["rank", "ts", "dur", "kind", "name", "step", "args"])
+    table = run.table("events", columns=["rank", "ts", "dur", "kind", "name", "step"])
     kinds = pc.cast(table.column("kind"), pa.string())
-    table = table.filter(pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"])))
-    in_steps = pc.greater_equal(table.column("step"), 0)
+    keep = pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"]))
+    in_steps = pc.and_(keep, pc.greater_equal(table.column("step"), 0))
     whole_run = not pc.any(in_steps).as_py()
     if not whole_run:   # without step markers the whole Run counts as one iteration
-        table = table.filter(in_steps)
+        keep = in_steps
+    table = table.filter(keep)
     is_coll = pc.equal(pc.cast(table.column("kind"), pa.string()), "collective")
     rank, step, ts, dur = (_column(table, c) for c in ("rank", "step", "ts", "dur"))
     coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
@@ -206,19 +211,23 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     memory = np.asarray(pc.or_(pc.is_in(kind, pa.array(["memcpy", "memset"])), pc.and_(
         pc.equal(kind, "kernel"), pc.is_in(names, pa.array(bound, pa.string()))))
         .to_numpy(zero_copy_only=False), dtype=bool)
-    args = table.column("args").to_pylist()
+    # the collectives' args alone, by their place among the collectives (kernels' go unread)
+    args = run.table("events", ["args"]).column("args").filter(
+        pc.and_(keep, pc.equal(kinds, "collective"))).to_pylist()
+    coll_at = np.cumsum(coll) - 1
     steps: list[StepProfile] = []
     idle = _device_idle(run, _step_spans(run))
-    for r, s in sorted({(int(a), int(b)) for a, b in zip(rank, step, strict=True)}):
-        rows = (rank == r) & (step == s)
-        cs, ce = union(ts[rows & ~coll], ts[rows & ~coll] + dur[rows & ~coll])
+    groups = group_rows(lane_key(rank, step), np.arange(len(rank)))
+    for r, s, rows in sorted((int(rank[g[0]]), int(step[g[0]]), g) for g in groups.values()):
+        work = rows[~coll[rows]]
+        cs, ce = union(ts[work], ts[work] + dur[work])
         if len(cs) == 0:
             continue
         calls: list[Call] = []
         overlapped, last_end = 0, int(cs[0])
-        for i in np.flatnonzero(rows & coll):
+        for i in rows[coll[rows]].tolist():
             start, end = int(ts[i]), int(ts[i] + dur[i])
-            call = _call(args[i] or "", _busy_before(cs, ce, start), int(dur[i]))
+            call = _call(args[coll_at[i]] or "", _busy_before(cs, ce, start), int(dur[i]))
             if call is not None:
                 calls.append(call)
                 overlapped += _overlap(cs, ce, start, end)
@@ -227,7 +236,8 @@ def profile(run: Run, grad_bytes: int | None = None, *,
         tail = compute - _busy_before(cs, ce, last_end) if calls else 0
         lo = int(min(cs[0], ts[rows].min()))
         hi = int(max(ce[-1], (ts[rows] + dur[rows]).max()))
-        ms, me = union(ts[rows & memory], ts[rows & memory] + dur[rows & memory])
+        mem = rows[memory[rows]]
+        ms, me = union(ts[mem], ts[mem] + dur[mem])
         steps.append(StepProfile(r, s, hi - lo, compute, tail, overlapped, tuple(calls),
                                  idle.get((r, s), 0), int((me - ms).sum())))
     compute_source = "measured"
