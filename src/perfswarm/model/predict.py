@@ -28,7 +28,7 @@ import functools
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
@@ -243,6 +243,12 @@ class _Model:
         if row not in self._shapes:
             self._shapes[row] = shapes_from_args(self.args[row].as_py() or "")
         return self._shapes[row]
+
+    def parse(self, rows: Iterable[int]) -> None:
+        """Parse the shapes of many rows ahead, from one take (not an Arrow scalar per row)."""
+        todo = sorted({r for r in rows if r not in self._shapes})
+        texts = self.args.take(pa.array(todo, pa.int64())).to_pylist() if todo else []
+        self._shapes.update(zip(todo, (shapes_from_args(t or "") for t in texts), strict=True))
 
     def iterations(self, timeline: Timeline, durations: I64
                    ) -> list[tuple[int, int, int, int, int]]:
@@ -470,54 +476,75 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         pairs = [(row, op_of.get(row), [n], ns) for n, row, ns in
                  zip(device.tolist(), g.row[device].tolist(), dur[device].tolist(), strict=True)]
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
-    name, rank, step = ev.name.tolist(), ev.rank.tolist(), ev.step.tolist()
-    keys: list[Key] = []
+    name, rank, step, kind = (ev.name.tolist(), ev.rank.tolist(), ev.step.tolist(),
+                              ev.kind.tolist())
+    m.parse(op for _, op, _, _ in pairs if op is not None)
+    ids: dict[Key, int] = {}  # each key once, by number: a pair's group is a few ints
+    kid: list[int] = []
     for row, op, _, _ in pairs:
         shapes = m.shapes(op) if op is not None else None
         own = _own_size(m, row) if shapes is None and m.platform == "gpu" else ()
-        keys.append((name[row], shapes, own))
-    samples: dict[Key, tuple[list[float], list[StepKey]]] = {}
-    for key, (row, _op, _nodes, ns) in zip(keys, pairs, strict=True):
-        values, steps = samples.setdefault(key, ([], []))
-        values.append(ns)
-        steps.append((rank[row], step[row]))
-    base_of = {key: typical(*found, steady) for key, found in samples.items()}
+        kid.append(ids.setdefault((name[row], shapes, own), len(ids)))
+    keys = list(ids)
+    samples: list[tuple[list[float], list[StepKey]]] = [([], []) for _ in keys]
+    for k, (row, _op, _nodes, ns) in zip(kid, pairs, strict=True):
+        samples[k][0].append(ns)
+        samples[k][1].append((rank[row], step[row]))
+    base_of = [typical(*found, steady) for found in samples]
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
-    priced = [_on_tensor_cores(costs(ev.names[name[op]], shapes), ev.names[name[row]])
-              if op is not None and (shapes := m.shapes(op)) else None
-              for row, op, _nodes, _ns in pairs]
+
+    @functools.cache
+    def priced(k: int, op_name: int) -> tuple[OpCost, OpCost, Shapes] | None:
+        """A key's costs at the recorded and the new shapes, by the op that launched it."""
+        shapes = keys[k][1]
+        return (_on_tensor_cores(costs(ev.names[op_name], shapes), ev.names[keys[k][0]])
+                if op_name >= 0 and shapes else None)
+
+    def op_name(op: int | None) -> int:
+        return -1 if op is None else name[op]
+
     touch: dict[Key, tuple[int, int]] = {}
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
         keyed: dict[Key, list[int]] = {}
-        for key, (row, _op, _nodes, _ns) in zip(keys, pairs, strict=True):
-            keyed.setdefault(key, []).append(row)
+        for k, (row, _op, _nodes, _ns) in zip(kid, pairs, strict=True):
+            keyed.setdefault(keys[k], []).append(row)
         touch = _first_touch(m, costs, keyed, scaler.profile.page_s)
     if isinstance(scaler, ProfileScaler):
-        scaler = scaler.with_offsets([(found[0], key[1].dims, base_of[key] * 1e-9)
-                                      for key, found in zip(keys, priced, strict=True)
-                                      if found is not None and key[1] is not None])
+        scaler = scaler.with_offsets([(found[0], shapes.dims, base_of[k] * 1e-9)
+                                      for k, (_row, op, _nodes, _ns) in zip(kid, pairs,
+                                                                            strict=True)
+                                      if (found := priced(k, op_name(op))) is not None
+                                      and (shapes := keys[k][1]) is not None])
     scaled = functools.cache(scaler.scaled) if scaler is not None else None  # per key, once
-    scaled_ns = dur.tolist()
-    for key, (row, _op, nodes, measured), found in zip(keys, pairs, priced, strict=True):
-        if measured <= 0:
-            continue
-        base = round(base_of[key])
-        shapes = key[1]
+
+    @functools.cache
+    def after_of(k: int, op_name: int, kind: int) -> tuple[float, bool, bool]:
+        """A group's time after the change (it depends on no more than the key, the op's name
+        and the kind), whether it was modelled and whether first touch was in it."""
+        key, base = keys[k], round(base_of[k])
+        shapes, found = key[1], priced(k, op_name)
         if found is not None and scaled is not None:
             old, new, new_shapes = found
             held, after_ns = held_first_touch(base, *touch.get(key, (0, 0)))
-            after = after_ns + scaled(base - held, old, new, shapes.dims if shapes else (),
-                                      new_shapes.dims)
-            counts["first_touch"] += len(nodes) if after_ns else 0
+            return (after_ns + scaled(base - held, old, new, shapes.dims if shapes else (),
+                                      new_shapes.dims), True, bool(after_ns))
+        if unmodelled is not None and kind in (KIND["kernel"], KIND["memset"]):
+            kernel = ev.names[key[0]]
+            return (unmodelled.unmodelled(base, kernel_category(kernel) in COMPUTE_CATEGORIES,
+                                          "tf32" if is_tensor_core(kernel) else "fp32"),
+                    False, False)
+        return base, False, False
+
+    scaled_ns = dur.tolist()
+    for k, (row, op, nodes, measured) in zip(kid, pairs, strict=True):
+        if measured <= 0:
+            continue
+        after, modelled, touched = after_of(k, op_name(op), kind[row])
+        if modelled:
+            counts["first_touch"] += len(nodes) if touched else 0
             counts["modelled"] += len(nodes)
         else:
             counts["unmodelled"] += len(nodes)
-            after = base
-            if unmodelled is not None and ev.kind[row] in (KIND["kernel"], KIND["memset"]):
-                compute_bound = kernel_category(ev.name_of(row)) in COMPUTE_CATEGORIES
-                after = unmodelled.unmodelled(base, compute_bound,
-                                              "tf32" if is_tensor_core(ev.name_of(row))
-                                              else "fp32")
         for n in nodes:
             scaled_ns[n] = round(scaled_ns[n] * after / measured)
     dur[:] = scaled_ns
