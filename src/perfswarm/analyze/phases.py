@@ -16,8 +16,9 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import Events, group_rows, lane_key
-from perfswarm.analyze.intervals import I64, union
+from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.intervals import I64
 
 PHASES: Final = ("forward", "backward", "optimizer")
 FORWARD, BACKWARD, OPTIMIZER = range(3)
@@ -26,26 +27,18 @@ SCOPES: Final = {BACKWARD: re.compile(r"^autograd::engine::evaluate_function: |B
 
 
 def phases(ev: Events, rows: I64) -> I64:
-    """The phase (an index into PHASES) of each event at `rows`: backward where an autograd
-    node's span is around its start on its thread, else optimizer where an optimizer call's
-    is, else forward."""
+    """The phase (an index into PHASES) of each event at `rows`: backward where it is an
+    autograd node's span or lies in one on its thread (dependencies.enclosing_ops: the one
+    nesting sweep), else optimizer where it is or lies in an optimizer call's, else forward."""
     out = np.full(len(rows), FORWARD, np.int64)
     if not len(rows):
         return out
-    keys = lane_key(ev.rank, ev.tid)
     for phase in (OPTIMIZER, BACKWARD):  # backward last: an autograd node wins
         codes = [i for i, n in enumerate(ev.names) if SCOPES[phase].search(n)]
         scopes = np.flatnonzero(np.isin(ev.name, codes) & (ev.dur > 0))
         if not len(scopes):
             continue
-        by_thread = group_rows(keys[scopes], scopes)
-        for key, mine in group_rows(keys[rows], np.arange(len(rows))).items():
-            around = by_thread.get(key)
-            if around is None:
-                continue
-            s, e = union(ev.ts[around], ev.end[around])
-            t = ev.ts[rows[mine]]
-            i = np.searchsorted(s, t, side="right") - 1
-            inside = (i >= 0) & (t < e[np.maximum(i, 0)])
-            out[mine[inside]] = phase
+        inside = enclosing_ops(ev, rows, scopes)
+        out[np.isin(rows, np.fromiter(inside, np.int64, len(inside))) | np.isin(rows, scopes)] = (
+            phase)
     return out
