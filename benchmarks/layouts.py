@@ -27,6 +27,10 @@ times: the corpus's multi-rank DDP trace and the measured throughputs Megatron-L
    530B ZeRO-3 row on 640 GPUs, at another batch than PTD-P's 560, is left out).
 4. Section 5.4's sweeps (Figures 13-15, 64 GPUs): the orderings the paper's text states,
    checked on the predicted throughput of each configuration.
+5. Korthikanti et al. (MLSys 2023): sequence parallelism with selective recomputation against
+   full recomputation on the 530B model, the speedup their abstract gives.
+Beside each case, the layout the model picks, with every option and with only the paper's
+(2021) techniques.
 
     .venv/bin/python benchmarks/layouts.py [--json OUT]
 """
@@ -149,15 +153,26 @@ class Megatron:
         """The paper's layout: its (tp, pp), plain data parallel, recomputation, and the
         interleaved schedule (section 5.1) in the number of chunks the model finds fastest
         (the paper does not give it)."""
+        return self.fastest(model, gpus, tp, pp, recompute=True)
+
+    def fastest(self, model: Model, gpus: int, tp: int, pp: int, *, recompute: bool = False,
+                sequence_parallel: bool = False, selective: bool = False) -> Estimate:
+        """The fastest layout at this (tp, pp), plain data parallel, with these options, over
+        the interleaving degrees."""
         return min((self.estimate(model, lay) for lay in layouts(model, gpus, 8)
-                    if (lay.tp, lay.pp, lay.zero, lay.recompute) == (tp, pp, 0, True)),
+                    if (lay.tp, lay.pp, lay.zero, lay.recompute, lay.sequence_parallel,
+                        lay.selective) == (tp, pp, 0, recompute, sequence_parallel, selective)),
                    key=lambda e: e.step_s)
 
-    def best(self, model: Model, gpus: int) -> Estimate | None:
+    def best(self, model: Model, gpus: int, since_2022: bool = True) -> Estimate | None:
+        """The fastest layout that fits; without `since_2022`, of the techniques of the
+        paper's time (no sequence parallelism or selective recomputation: Korthikanti et al.
+        came a year later)."""
         work, memory = self.work(model, self.rate)
-        best, _ = best_layout(model, gpus, per_node=8, intra=self.intra, inter=self.inter,
-                              work_s=work, memory_s=memory, memory_bytes=self.spec.memory_bytes)
-        return best
+        _, every = best_layout(model, gpus, per_node=8, intra=self.intra, inter=self.inter,
+                               work_s=work, memory_s=memory, memory_bytes=self.spec.memory_bytes)
+        return next((e for e in every if e.memory_bytes <= self.spec.memory_bytes and (
+            since_2022 or not (e.layout.sequence_parallel or e.layout.selective))), None)
 
 
 def megatron(meg: Megatron) -> dict[str, Any]:
@@ -166,14 +181,15 @@ def megatron(meg: Megatron) -> dict[str, Any]:
         model = transformer(billions * 1e9, layers, h, heads, SEQ, batch)
         measured = megatron_flops(batch, layers, h) / (gpus * tflops * 1e12)
         e = meg.paper(model, gpus, tp, pp)
-        best = meg.best(model, gpus)
+        best, then = meg.best(model, gpus), meg.best(model, gpus, since_2022=False)
         rows.append({"params_b": billions, "gpus": gpus, "tp": tp, "pp": pp,
                      "chunks": e.layout.chunks, "measured_s": measured, "predicted_s": e.step_s,
                      "ratio": e.step_s / measured, "bubble": e.bubble,
                      "compute_s": e.compute_s, "exposed_comm_s": e.exposed_comm_s,
                      "memory_gb": e.memory_bytes / 1e9,
                      "best": best.layout.describe() if best else None,
-                     "best_s": best.step_s if best else None})
+                     "best_s": best.step_s if best else None,
+                     "best_2021": then.layout.describe() if then else None})
     later = [r["ratio"] for r in rows[1:]]
     return {"gemm_efficiency": meg.rate / meg.spec.peak_for("fp16"), "rows": rows,
             "geomean_abs_log_error": math.exp(statistics.fmean(abs(math.log(x))
@@ -190,7 +206,7 @@ def zero3_vs_ptdp(meg: Megatron) -> list[dict[str, Any]]:
             ptdp = transformer(billions * 1e9, layers, h, heads, SEQ, ptdp_batch)
             z = meg.estimate(zero, Layout(gpus, 1, 1, 3, True))
             p = meg.paper(ptdp, gpus, tp, pp)
-            best = meg.best(ptdp, gpus)
+            best, then = meg.best(ptdp, gpus), meg.best(ptdp, gpus, since_2022=False)
             # per-GPU rates: the paper's FLOPs over each step, the way Table 2 counts them
             rows.append({
                 "params_b": billions, "gpus": gpus, "zero_micro_batch": micro,
@@ -201,8 +217,24 @@ def zero3_vs_ptdp(meg: Megatron) -> list[dict[str, Any]]:
                 / p.step_s / 1e12,
                 "zero_exposed_comm_s": z.exposed_comm_s, "zero_compute_s": z.compute_s,
                 "zero_memory_gb": z.memory_bytes / 1e9,
-                "best": best.layout.describe() if best else None})
+                "best": best.layout.describe() if best else None,
+                "best_2021": then.layout.describe() if then else None})
     return rows
+
+
+def korthikanti(meg: Megatron) -> dict[str, Any]:
+    """Korthikanti et al. (MLSys 2023, arXiv:2205.05198), abstract: the 530B model (105 layers,
+    128 heads, hidden 20480) on 2240 A100s at tp 8 x pp 35, model FLOPs utilization 42.1% with
+    full recomputation and 54.2% with sequence parallelism and selective recomputation (29%
+    faster); batch 2240, micro-batch 1 as in Narayanan et al.'s Table 2 run on the same GPUs."""
+    model = transformer(529.6e9, 105, 20480, 128, SEQ, 2240)
+    full = meg.fastest(model, 2240, 8, 35, recompute=True)
+    new = meg.fastest(model, 2240, 8, 35, sequence_parallel=True, selective=True)
+    return {"measured_speedup": 54.2 / 42.1, "predicted_speedup": full.step_s / new.step_s,
+            "full_s": full.step_s, "selective_s": new.step_s,
+            "full_memory_gb": full.memory_bytes / 1e9,
+            "selective_memory_gb": new.memory_bytes / 1e9,
+            "full_layout": full.layout.describe(), "selective_layout": new.layout.describe()}
 
 
 def configurations(meg: Megatron) -> list[dict[str, Any]]:
@@ -262,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in m["rows"]:
         print(f"  {r['params_b']:6.1f}B {r['gpus']:5d} {r['tp']:3d} {r['pp']:3d} {r['chunks']:2d} "
               f"{r['measured_s']:11.2f} {r['predicted_s']:12.2f} {r['ratio']:6.2f} "
-              f"{r['bubble']:7.3f} {r['memory_gb']:10.1f}  {r['best']}")
+              f"{r['bubble']:7.3f} {r['memory_gb']:10.1f}  {r['best']}"
+              + ("" if r["best_2021"] == r["best"] else f" (2021: {r['best_2021']})"))
     print(f"  geomean |error| over rows 2-10: {m['geomean_abs_log_error']:.1%}")
     z = zero3_vs_ptdp(meg)
     print("\nTable 2, ZeRO-3 (DeepSpeed, no model parallelism) against PTD-P, teraFLOP/s per GPU")
@@ -273,7 +306,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['zero_measured_tflops']:8.0f} /{r['zero_predicted_tflops']:5.0f} "
               f"{r['ptdp_measured_tflops']:9.0f} /{r['ptdp_predicted_tflops']:5.0f} "
               f"{r['ptdp_measured_tflops'] / r['zero_measured_tflops']:11.2f} /"
-              f"{r['ptdp_predicted_tflops'] / r['zero_predicted_tflops']:5.2f}  {r['best']}")
+              f"{r['ptdp_predicted_tflops'] / r['zero_predicted_tflops']:5.2f}  {r['best']}"
+              + ("" if r["best_2021"] == r["best"] else f" (2021: {r['best_2021']})"))
+    k = korthikanti(meg)
+    print(f"\nKorthikanti et al., 530B on 2240 GPUs: sequence parallel + selective recompute "
+          f"over full recompute, measured {k['measured_speedup']:.2f}x, predicted "
+          f"{k['predicted_speedup']:.2f}x ({k['full_s']:.1f} s -> {k['selective_s']:.1f} s; "
+          f"{k['full_memory_gb']:.0f} -> {k['selective_memory_gb']:.0f} GB a device)")
     print("\nSection 5.4's sweeps on 64 GPUs, predicted teraFLOP/s per GPU and whether the "
           "paper's stated ordering holds")
     sweeps = configurations(meg)
@@ -284,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'agrees' if r['agrees'] else 'DISAGREES'}")
     if ns.json:
         ns.json.write_bytes(orjson.dumps({"corpus": c, "megatron": m, "table2": z,
-                                          "configurations": sweeps},
+                                          "korthikanti": k, "configurations": sweeps},
                                          option=orjson.OPT_INDENT_2))
     return 0
 

@@ -162,6 +162,34 @@ def test_stage_boundary_between_nodes_scatters_over_every_nic() -> None:
         4 * 4 * 8 * collective_time("all_reduce", bsh, Topology(16, 8, NVS, IB)))
 
 
+def test_sequence_parallel_and_selective_recomputation() -> None:
+    """Korthikanti et al.: at t = 8 GPT-3's layer keeps 10 + 24/8 + 10 = 23 s b h bytes (eq. 2),
+    34/8 + 10 with sequence parallelism (eq. 4), 10 + 24/8 with selective recomputation and
+    34/8 with both (eq. 6); sequence parallelism splits the memory-bound ops 8 ways like the
+    GEMMs, and selective recomputation redoes the attention core's forward: a third of the
+    attention's 12 s h FLOPs per token and layer, and one of PASSES over its 5as/h bytes."""
+    sbh, per_stage = 2048 * 12288, 6 * 16
+    memory = memory_bound_s(GPT3, 2e12)
+    kw = {"per_node": 8, "intra": NVS, "inter": IB, "work_s": work(GPT3) + memory,
+          "memory_s": memory}
+    plain, sp, sel, both = (
+        estimate(GPT3, Layout(8, 8, 16, 1, sequence_parallel=q, selective=r), **kw)
+        for q, r in ((False, False), (True, False), (False, True), (True, True)))
+    assert plain.activation_bytes == sbh * 23 * per_stage
+    assert sp.activation_bytes == pytest.approx(sbh * (34 / 8 + 10) * per_stage)
+    assert sel.activation_bytes == pytest.approx(sbh * (10 + 3) * per_stage)
+    assert both.activation_bytes == pytest.approx(sbh * 34 / 8 * per_stage)
+    assert sp.compute_s == pytest.approx((work(GPT3) + memory) / 1024)
+    assert sp.comm_bytes == plain.comm_bytes  # reduce-scatter + all-gather: an all-reduce
+    attention = 12 * 2048 * 12288 / (6 * 175e9 / 96 + 12 * 2048 * 12288)  # of the FLOPs
+    core = 80 / 114  # 5as/h of 34 + 5as/h
+    assert sel.compute_s - plain.compute_s == pytest.approx(
+        (work(GPT3) * attention / 3 + memory * core / 4) / 1024)
+    assert both.to_dict()["layout"] == ("dp8 x tp8 x pp16, ZeRO-1, sequence parallel, "
+                                        "selective recompute")
+    assert both.to_dict()["sequence_parallel"] and both.to_dict()["selective_recompute"]
+
+
 def test_recomputation_trades_memory_for_a_forward_pass() -> None:
     plain = estimate(GPT3, Layout(8, 8, 16, 1), per_node=8, intra=NVS, inter=IB,
                      work_s=work(GPT3))
@@ -179,11 +207,16 @@ def test_recomputation_trades_memory_for_a_forward_pass() -> None:
 
 
 def test_best_layout_for_gpt3_on_dgx_a100() -> None:
-    """1024 A100-80GB in DGX A100 nodes over HDR InfiniBand: GPT-3 fits only with the model
-    split 8 ways inside each node (the tensor-parallel degree Megatron-LM used there)."""
+    """1024 A100-80GB in DGX A100 nodes over HDR InfiniBand: with the techniques of 2021 (ZeRO
+    up to stage 2, no sequence parallelism or selective recomputation) GPT-3's fastest layout
+    that fits splits the model 8 ways inside each node (the tensor-parallel degree Megatron-LM
+    used there)."""
     best, every = best_layout(GPT3, 1024, per_node=8, intra=NVS, inter=IB, work_s=work(GPT3),
                               memory_bytes=80e9)
-    assert best is not None and best.layout.tp == 8 and best.memory_bytes <= 80e9
+    assert best is not None and best.memory_bytes <= 80e9
+    then = next(e for e in every if e.memory_bytes <= 80e9 and e.layout.zero < 3
+                and not (e.layout.sequence_parallel or e.layout.selective))
+    assert then.layout.tp == 8
     assert all(e.layout.devices == 1024 for e in every)
     assert [e.step_s for e in every] == sorted(e.step_s for e in every)
     faster = [e for e in every if e.step_s < best.step_s]

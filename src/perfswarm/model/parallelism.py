@@ -18,7 +18,13 @@ s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer and micro-batch; under 1F1B the 
 holds pp micro-batches in flight. With full recomputation (a layout's `recompute`, as
 Megatron-LM trains) a layer keeps only its input, 2*s*b*h bytes (Korthikanti et al. section
 4.1), plus one layer's full activations while it is recomputed, and the step's compute grows by
-a forward pass: 4/3.
+a forward pass: 4/3. Korthikanti et al.'s two alternatives (sections 4.2.2 and 5): sequence
+parallelism (`sequence_parallel`, with tp > 1) splits the layer norms and dropouts of the
+residual stream over the tensor-parallel ranks too (eq. 4: 34/t + 5as/(ht); their all-reduces
+become a reduce-scatter and an all-gather, the same traffic and ring time), and selective
+recomputation (`selective`) keeps everything but the attention core (its 5as/(ht), eq. 6),
+recomputing its forward: the s x s products (a third of the attention's FLOPs) and the softmax
+and dropout over them.
 
 Communication per step and device, in the ZeRO paper's accounting (an all-reduce of n bytes
 moves 2n, an all-gather or a reduce-scatter n; Rajbhandari et al. section 7): the gradients
@@ -91,10 +97,19 @@ class Blocks:
     heads: int
     seq: int
 
-    def activation_bytes(self, micro_batch: int, tp: int) -> float:
-        """One layer's stored activations for one micro-batch (Korthikanti et al. eq. 2)."""
+    def activation_bytes(self, micro_batch: int, tp: int, sequence: bool = False,
+                         selective: bool = False) -> float:
+        """One layer's stored activations for one micro-batch (Korthikanti et al. eq. 2; with
+        sequence parallelism eq. 4; selective recomputation drops the attention core's)."""
         s, b, h, a = self.seq, micro_batch, self.hidden, self.heads
-        return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+        core = 0.0 if selective else 5 * a * s / (h * tp)
+        return s * b * h * (10 / (tp if sequence else 1) + 24 / tp + core)
+
+    def attention_core(self) -> float:
+        """The attention core's share of a layer's stored activations without tensor
+        parallelism (eq. 1's 5as/h of 34 + 5as/h): what selective recomputation redoes."""
+        core = 5 * self.heads * self.seq / self.hidden
+        return core / (34 + core)
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,8 @@ class Layout:
     zero: Stage
     recompute: bool = False  # full activation recomputation, every layer
     chunks: int = 1  # model chunks per pipeline stage: over 1, the interleaved 1F1B schedule
+    sequence_parallel: bool = False  # Korthikanti et al. 4.2.2 (with tp > 1)
+    selective: bool = False  # selective recomputation: the attention core only (their 5)
 
     @property
     def devices(self) -> int:
@@ -157,7 +174,9 @@ class Layout:
     def describe(self) -> str:
         return (f"dp{self.dp} x tp{self.tp} x pp{self.pp}, ZeRO-{self.zero}"
                 + (f", interleaved x{self.chunks}" if self.chunks > 1 else "")
-                + (", recompute" if self.recompute else ""))
+                + (", sequence parallel" if self.sequence_parallel else "")
+                + (", recompute" if self.recompute else "")
+                + (", selective recompute" if self.selective else ""))
 
 
 def model_state_bytes(params: float, dp: int, zero: Stage, value_bytes: int = HALF) -> float:
@@ -198,6 +217,8 @@ class Estimate:
         return {"layout": self.layout.describe(), "dp": self.layout.dp, "tp": self.layout.tp,
                 "pp": self.layout.pp, "chunks": self.layout.chunks, "zero": self.layout.zero,
                 "recompute": self.layout.recompute,
+                "sequence_parallel": self.layout.sequence_parallel,
+                "selective_recompute": self.layout.selective,
                 "memory_gb": self.memory_bytes / 1e9, "state_gb": self.state_bytes / 1e9,
                 "activation_gb": None if acts is None else acts / 1e9,
                 "micro_batches": self.micro_batches, "bubble": self.bubble,
@@ -263,10 +284,17 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     if not 0 <= memory_s <= work_s:
         raise PerfswarmError(f"memory-bound time {memory_s} s: outside 0 to the step's "
                              f"compute {work_s} s")
-    # a tensor-parallel rank runs 1/tp of the GEMMs but more than 1/tp of the rest
-    split = (blocks.activation_bytes(model.micro_batch, tp)
+    sp = layout.sequence_parallel
+    # a tensor-parallel rank runs 1/tp of the GEMMs but (without sequence parallelism) more
+    # than 1/tp of the rest
+    split = (blocks.activation_bytes(model.micro_batch, tp, sp)
              / blocks.activation_bytes(model.micro_batch, 1) if blocks else 1 / tp)
     compute = (work_s - memory_s) / layout.devices + memory_s * split / (dp * pp)
+    if layout.selective and blocks:  # the attention core's forward again, split by tp
+        tokens = model.global_batch * blocks.seq
+        attention = 12 * blocks.layers * blocks.seq * blocks.hidden * tokens
+        compute += ((work_s - memory_s) * attention / model.training_flops() / 3
+                    + memory_s * blocks.attention_core() / PASSES) / layout.devices
     # recomputation runs each layer's forward again in the backward: 4/3 of the work
     compute *= 4 / 3 if layout.recompute else 1
     exposed = 0.0
@@ -274,13 +302,16 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     gathered = 0.0  # stage 3's working copies of whole layers (known only with the layers)
     stage_layers = _layers(model) // pp
     if blocks is not None:
-        layer = blocks.activation_bytes(model.micro_batch, tp)
-        kept = (value * model.micro_batch * blocks.seq * blocks.hidden if layout.recompute
-                else layer)  # with recomputation a layer keeps only its input (Korthikanti 4.1)
+        layer = blocks.activation_bytes(model.micro_batch, tp, sp, layout.selective)
+        # with recomputation a layer keeps only its input (Korthikanti 4.1), split by sequence
+        # parallelism; the full layer is held while it is recomputed
+        kept = (value * model.micro_batch * blocks.seq * blocks.hidden / (tp if sp else 1)
+                if layout.recompute else layer)
         # 1F1B: the first stage holds p micro-batches; interleaved, (v+1)p - 1 chunks of
         # stage/v layers (Megatron-LM's warm-up, (p-1)*2 + (v-1)*p forward chunks, plus one)
         held = min(pp, m) if v == 1 else min(m * v, (v + 1) * pp - 1) / v
-        acts = kept * stage_layers * held + (layer if layout.recompute else 0.0)
+        acts = kept * stage_layers * held + (
+            blocks.activation_bytes(model.micro_batch, tp, sp) if layout.recompute else 0.0)
         if layout.zero == 3 and dp > 1:  # two layers' parameters and one's gradients, whole
             gathered = 3 * value * shard / stage_layers
         bsh = value * model.micro_batch * blocks.seq * blocks.hidden
@@ -313,9 +344,10 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
 def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
     """Every layout of `devices` the model divides into: tp dividing a node, or whole nodes,
     and the heads (each rank computes whole heads), pp dividing the layers, dp dividing the batch,
-    ZeRO 0-3 (ZeRO only with dp > 1), each pipeline also interleaved in every number of chunks
-    dividing its stage's layers (where the micro-batches are a multiple of pp, as Megatron-LM
-    needs); data parallel only without the model's layers."""
+    ZeRO 0-3 (ZeRO only with dp > 1), no, full or selective recomputation, each pipeline also
+    interleaved in every number of chunks dividing its stage's layers (where the micro-batches
+    are a multiple of pp, as Megatron-LM needs), tensor parallelism with and without sequence
+    parallelism; data parallel only without the model's layers."""
     out = []
     degrees = [t for t in range(1, devices + 1)
                if (t % per_node if t > per_node else per_node % t) == 0]
@@ -332,8 +364,11 @@ def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
         m = model.global_batch // (dp * model.micro_batch)
         chunks = [v for v in range(1, stage + 1)
                   if not stage % v and (v == 1 or (pp > 1 and not m % pp))]
-        out += [Layout(dp, tp, pp, z, r, v) for z in ((0, 1, 2, 3) if dp > 1 else (0,))
-                for r in ((False, True) if model.blocks else (False,)) for v in chunks]
+        recomputes = ([(False, False), (True, False), (False, True)] if model.blocks
+                      else [(False, False)])
+        out += [Layout(dp, tp, pp, z, full, v, sp, selective)
+                for z in ((0, 1, 2, 3) if dp > 1 else (0,)) for full, selective in recomputes
+                for v in chunks for sp in ((False, True) if tp > 1 else (False,))]
     return out
 
 
