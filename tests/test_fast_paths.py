@@ -36,8 +36,8 @@ def test_latest_end_matches_a_pass_per_query(name: str, tmp_path: Path) -> None:
     times = np.unique(np.concatenate([ev.ts[device], ev.end[device], launch_ts[device],
                                       ev.end[calls]]))
     times = times[:: max(1, len(times) // 1500)]  # every instant of a small trace
-    for pool in pools:
-        pool = pool[np.argsort(launch_ts[pool], kind="stable")]
+    for unsorted in pools:
+        pool = unsorted[np.argsort(launch_ts[unsorted], kind="stable")]
         fast = _LatestEnd(ev, pool, launch_ts)
         answers = [fast.before(int(t)) for t in times]
         assert answers == [_latest_end_reference(ev, pool, launch_ts, int(t)) for t in times]

@@ -98,10 +98,10 @@ def _last_launched_before(ops: I64, launch_ts: I64, t: int) -> int | None:
 
 
 class _LatestEnd:
-    """Of a pool of device ops (not empty), the one that ends last among those launched and started before
-    t (the first in the pool's order of that end), for many t: each op is eligible from the
-    later of its launch and its start, so a running maximum over the ops in that order, one
-    binary search per t (not a pass over the pool per sync)."""
+    """Of a pool of device ops (not empty), the one that ends last among those launched and
+    started before t (the first in the pool's order of that end), for many t: each op is
+    eligible from the later of its launch and its start, so a running maximum over the ops in
+    that order, one binary search per t (not a pass over the pool per sync)."""
 
     def __init__(self, ev: Events, pool: I64, launch_ts: I64) -> None:
         n = len(pool)
