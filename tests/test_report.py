@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus
-from perfswarm.analyze.annotations import host_calls
+from perfswarm.analyze.annotations import host_calls, scopes
 from perfswarm.analyze.frame import Events, lane_key
 from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
@@ -161,7 +161,7 @@ def test_operators_have_self_and_device_time(corpus_runs: dict[str, Run]) -> Non
     event with a correlation) put on the device, matched in the raw table."""
     run = corpus_runs["simple_add"]
     events = Events.load(run)
-    ops = op_rows(events, op_stacks(events, host_calls(events)), 10**6)
+    ops = op_rows(scopes(events), op_stacks(events, host_calls(events)), 10**6)
     rows = run.table("events").to_pylist()
     host_corr = {(e["rank"], e["correlation"]) for e in rows
                  if e["kind"] == "runtime" and e["correlation"] != -1}
@@ -186,7 +186,8 @@ def test_operators_count_zero_length_calls(corpus_runs: dict[str, Run]) -> None:
     strided = by_name["aten::as_strided"]
     assert (strided["count"], strided["total_ns"]) == (200, 160_000)
     assert strided["mean_ns"] == 800
-    full = {o["name"]: o for o in op_rows(Events.load(corpus_runs["non_gpu"]), {}, 10**6)}
+    full = {o["name"]: o for o in op_rows(scopes(Events.load(corpus_runs["non_gpu"])), {},
+                                          10**6)}
     assert (full["aten::lift_fresh"]["count"], full["aten::lift_fresh"]["total_ns"]) == (1, 0)
 
 

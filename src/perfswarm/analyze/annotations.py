@@ -40,21 +40,24 @@ class Scope:
 
 @dataclass(frozen=True)
 class Scopes:
-    ops: tuple[Scope, ...]  # aten and other CPU ops, top by CPU total
-    annotations: tuple[Scope, ...]  # user annotations, top by CPU total
+    """Every op and annotation name, most CPU time first; `to_dict` keeps the TOP of each
+    (the report's CPU-op table ranks all of them by self time)."""
+
+    ops: tuple[Scope, ...]  # aten and other CPU ops
+    annotations: tuple[Scope, ...]  # user annotations
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ops": [s.to_dict() for s in self.ops],
-                "annotations": [s.to_dict() for s in self.annotations]}
+        return {"ops": [s.to_dict() for s in self.ops[:TOP]],
+                "annotations": [s.to_dict() for s in self.annotations[:TOP]]}
 
     @classmethod
-    def merge(cls, parts: Sequence[Scopes], top: int | None = TOP) -> Scopes:
-        """Ranks' full (untruncated) scopes summed by name."""
-        return cls(_ranked([s for p in parts for s in p.ops], top),
-                   _ranked([s for p in parts for s in p.annotations], top))
+    def merge(cls, parts: Sequence[Scopes]) -> Scopes:
+        """Ranks' scopes summed by name."""
+        return cls(_ranked([s for p in parts for s in p.ops]),
+                   _ranked([s for p in parts for s in p.annotations]))
 
 
-def _ranked(scopes: Sequence[Scope], top: int | None) -> tuple[Scope, ...]:
+def _ranked(scopes: Sequence[Scope]) -> tuple[Scope, ...]:
     by_name: dict[str, Scope] = {}
     for s in scopes:
         o = by_name.get(s.name)
@@ -62,7 +65,7 @@ def _ranked(scopes: Sequence[Scope], top: int | None) -> tuple[Scope, ...]:
             s.name, o.count + s.count, o.cpu_total_ns + s.cpu_total_ns,
             o.cpu_self_ns + s.cpu_self_ns, o.device_total_ns + s.device_total_ns,
             o.device_self_ns + s.device_self_ns)
-    return tuple(sorted(by_name.values(), key=lambda s: (-s.cpu_total_ns, s.name))[:top])
+    return tuple(sorted(by_name.values(), key=lambda s: (-s.cpu_total_ns, s.name)))
 
 
 def parents(ev: Events, rows: I64) -> I64:
@@ -82,8 +85,8 @@ def parents(ev: Events, rows: I64) -> I64:
     return parent
 
 
-def _scopes(ev: Events, rows: I64, cpu_self: I64, dev_self: I64, dev_total: I64,
-            top: int | None) -> tuple[Scope, ...]:
+def _scopes(ev: Events, rows: I64, cpu_self: I64, dev_self: I64, dev_total: I64
+            ) -> tuple[Scope, ...]:
     if len(rows) == 0:
         return ()
     uniq, inverse = np.unique(ev.name[rows], return_inverse=True)
@@ -95,7 +98,7 @@ def _scopes(ev: Events, rows: I64, cpu_self: I64, dev_self: I64, dev_total: I64,
     cpu, own, dev, dev_own = (by_name(v[rows]) for v in (ev.dur, cpu_self, dev_total,
                                                          dev_self))
     return _ranked([Scope(ev.names[int(n)], count[i], cpu[i], own[i], dev[i], dev_own[i])
-                    for i, n in enumerate(uniq.tolist())], top)
+                    for i, n in enumerate(uniq.tolist())])
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,8 +137,8 @@ def host_calls(ev: Events) -> HostCalls:
     return HostCalls(rows, parent, np.maximum(ev.dur - children, 0))
 
 
-def scopes(ev: Events, top: int | None = TOP) -> Scopes:
-    """The ops and annotations of `ev` that took most CPU time (all with `top` None)."""
+def scopes(ev: Events) -> Scopes:
+    """The ops and annotations of `ev`, most CPU time first."""
     calls = host_calls(ev)
     parent = calls.parent
     dev, launches = launch_pairs(ev, np.arange(len(ev)))
@@ -149,7 +152,6 @@ def scopes(ev: Events, top: int | None = TOP) -> Scopes:
         np.add.at(dev_total, at, dur)
         up = parent[at]
         at, dur = up[up >= 0], dur[up >= 0]
-    return Scopes(_scopes(ev, calls.of_kind(ev, "cpu_op"), calls.cpu_self, dev_self, dev_total,
-                          top),
+    return Scopes(_scopes(ev, calls.of_kind(ev, "cpu_op"), calls.cpu_self, dev_self, dev_total),
                   _scopes(ev, calls.of_kind(ev, "user_annotation"), calls.cpu_self, dev_self,
-                          dev_total, top))
+                          dev_total))

@@ -84,7 +84,7 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     return RankPart(rank, len(ev), detected, rank_concurrency(ev, rank, steps.get(rank, [])),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
                     collective_starts(ev, rank), rank_kernels(ev, rank), sequence_counts(ev),
-                    scopes(ev, None))
+                    scopes(ev))
 
 
 def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]]) -> Graph:

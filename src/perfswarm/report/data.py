@@ -13,7 +13,7 @@ from typing import Any, Final, TypedDict
 
 import pyarrow.compute as pc
 
-from perfswarm.analyze.annotations import host_calls, scopes
+from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import NotApplicable
@@ -190,7 +190,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         except NotApplicable as exc:
             note = exc.as_flags()
     manifest = run.manifest()
-    analysis = analyze(run).to_dict()
+    result = analyze(run)
+    analysis = result.to_dict()
     origin = run_origin(run)
     drawn = spans(run)
     line = timeline(run, drawn, origin, max_spans)
@@ -218,7 +219,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "concurrency": analysis["concurrency"],
         "iterations": _iteration_rows(analysis, line["steps"]),
         "kernels": analysis["ops"]["kernels"][:TOP_OPS],
-        "cpu_ops": op_rows(events, op_stacks(events, calls), TOP_OPS),
+        "cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),
         "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),
         "streams": kernel_streams(drawn, TOP_OPS),
         "modules": module_tree(events, calls, MAX_MODULES),
@@ -246,11 +247,11 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     }
 
 
-def op_rows(events: Events, stacks: Mapping[str, list[str]], limit: int) -> list[dict[str, Any]]:
+def op_rows(found: Scopes, stacks: Mapping[str, list[str]], limit: int) -> list[dict[str, Any]]:
     """CPU ops by name from analyze's scopes (all of them, zero-length calls counted): calls,
     CPU total and self, device total and self, mean, and the heaviest call stack; the
     `limit` largest by CPU self time."""
-    ops = sorted(scopes(events, None).ops, key=lambda o: (-o.cpu_self_ns, o.name))[:limit]
+    ops = sorted(found.ops, key=lambda o: (-o.cpu_self_ns, o.name))[:limit]
     return [{"name": o.name, "count": o.count, "total_ns": o.cpu_total_ns,
              "self_ns": o.cpu_self_ns, "device_ns": o.device_total_ns,
              "device_self_ns": o.device_self_ns, "mean_ns": o.cpu_total_ns / o.count,
