@@ -183,6 +183,19 @@ def _from_channels_last(tile: Any, out: Any, r0: int, r1: int, c0: int, c1: int)
 
 
 @njit(fastmath=True, cache=True)
+def _depthwise_cl_of_planar(src: Any, wt: Any, k: int, s: int, r0: int, r1: int, c0: int,
+                            c1: int, scratch: Any, dst: Any) -> None:
+    """The channels-last depthwise stage over a whole planar map src [C, H, W] (a depthwise op
+    alone, or the first of dw -> pw): the input region output rows [r0, r1), cols [c0, c1)
+    read, made channels-last in scratch, into dst [(r1-r0)*(c1-c0), C]."""
+    h, wd = src.shape[1], src.shape[2]
+    i_r0, i_r1 = _span(r0, r1, k, s, h)
+    i_c0, i_c1 = _span(c0, c1, k, s, wd)
+    _depthwise_cl(_to_channels_last(src, i_r0, i_r1, i_c0, i_c1, scratch), i_r0, i_c0, h, wd,
+                  wt, k, s, r0, r1, c0, c1, dst)
+
+
+@njit(fastmath=True, cache=True)
 def _gemm(w2: Any, cols: Any, dst: Any, blas: bool) -> None:
     """dst = w2 @ cols: BLAS, or a loop nest over output rows LLVM vectorizes."""
     if blas:
@@ -274,11 +287,8 @@ def _pair_share(x: Any, w1: Any, w2: Any, wt1: Any, wt2: Any, out: Any, kind1: i
         pixels = (m_r1 - m_r0) * (m_c1 - m_c0)
         tile_out = res[:c_out * (r1 - r0) * (c1 - c0)].reshape(c_out, r1 - r0, c1 - c0)
         if dw_pw:
-            i_r0, i_r1 = _span(m_r0, m_r1, k1, s1, h)
-            i_c0, i_c1 = _span(m_c0, m_c1, k1, s1, wd)
             region_cl = mid[:pixels * c_mid].reshape(pixels, c_mid)
-            _depthwise_cl(_to_channels_last(x[n], i_r0, i_r1, i_c0, i_c1, col), i_r0, i_c0,
-                          h, wd, wt1, k1, s1, m_r0, m_r1, m_c0, m_c1, region_cl)
+            _depthwise_cl_of_planar(x[n], wt1, k1, s1, m_r0, m_r1, m_c0, m_c1, col, region_cl)
             _gemm(w2.reshape(c_out, c_mid), region_cl.T, tile_out.reshape(c_out, -1), blas)
         elif dense_dw:
             cols = _im2col(x[n], 0, 0, h, wd, k1, s1, m_r0, m_r1, m_c0, m_c1, col)
@@ -315,11 +325,8 @@ def _single_share(x: Any, w: Any, wt: Any, out: Any, kind: int, k: int, s: int,
     for tile in _share(out.shape, tile_rows, tile_cols, t, workers, interleaved):
         n, r0, r1, c0, c1 = _tile(tile, out.shape, tile_rows, tile_cols)
         if channels_last and kind == DEPTHWISE:
-            i_r0, i_r1 = _span(r0, r1, k, s, h)
-            i_c0, i_c1 = _span(c0, c1, k, s, wd)
             tile_cl = res[:(r1 - r0) * (c1 - c0) * c_out].reshape((r1 - r0) * (c1 - c0), c_out)
-            _depthwise_cl(_to_channels_last(x[n], i_r0, i_r1, i_c0, i_c1, col), i_r0, i_c0,
-                          h, wd, wt, k, s, r0, r1, c0, c1, tile_cl)
+            _depthwise_cl_of_planar(x[n], wt, k, s, r0, r1, c0, c1, col, tile_cl)
             _from_channels_last(tile_cl, out[n], r0, r1, c0, c1)
             continue
         tile_out = res[:c_out * (r1 - r0) * (c1 - c0)].reshape(c_out, r1 - r0, c1 - c0)
