@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import enclosing_ops
-from perfswarm.analyze.frame import Events
+from perfswarm.analyze.frame import I64, KIND, Events
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, profiled
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
@@ -193,9 +193,15 @@ class Facts:
         """The runtime and driver calls that launched a kernel (a collective's too): analyze's
         launch, the call joined to its kernel by correlation id (analyze.launch.launch_pairs)."""
         ev = Events.load(self.run)
-        _, calls = launch_pairs(ev, np.flatnonzero(ev.of_kind("kernel", "collective", "runtime",
-                                                              "driver")))
-        return self.events.filter(pl.col("row").is_in(np.unique(calls)))
+        dev, calls = self._launch_pairs
+        launched = calls[np.isin(ev.kind[dev], [KIND["kernel"], KIND["collective"]])]
+        return self.events.filter(pl.col("row").is_in(np.unique(launched)))
+
+    @cached_property
+    def _launch_pairs(self) -> tuple[I64, I64]:
+        """(device op rows, their launch calls): analyze's join, made once for both uses."""
+        ev = Events.load(self.run)
+        return launch_pairs(ev, np.arange(len(ev)))
 
     @cached_property
     def device_events(self) -> pl.DataFrame:
@@ -244,9 +250,8 @@ class Facts:
             cost = op_cost_from_args(name, args)
             if cost is not None:
                 costs[row] = (rank, tid, ts, cost)
-        ev = Events.load(self.run)
-        dev, calls = launch_pairs(ev, np.arange(len(ev)))
-        around = enclosing_ops(ev, calls, np.array(sorted(costs), np.int64))
+        dev, calls = self._launch_pairs
+        around = enclosing_ops(Events.load(self.run), calls, np.array(sorted(costs), np.int64))
         return {d: LaunchingOp(*costs[around[c]])
                 for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
 
