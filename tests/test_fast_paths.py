@@ -7,8 +7,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import corpus
+from perfswarm.analyze.aisi import NONE, _lookup, _vote
 from perfswarm.analyze.dependencies import _LatestEnd
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
@@ -51,3 +54,32 @@ def test_rank_rows_are_a_slice_where_contiguous_else_a_filter() -> None:
     assert _of_rank(table, table.column("rank"), 3).num_rows == 0
     mixed = pa.table({"rank": [1, 0, 1], "x": [10, 11, 12]})
     assert _of_rank(mixed, mixed.column("rank"), 1).column("x").to_pylist() == [10, 12]
+
+
+def _vote_reference(raw: np.ndarray, half: int) -> np.ndarray:
+    """The loop over samples that `_vote` replaced."""
+    out = raw.copy()
+    for i in range(len(raw)):
+        around = raw[max(0, i - half):i + half + 1]
+        values, counts = np.unique(around, return_counts=True)
+        if counts.max() > len(around) // 2:
+            out[i] = values[np.argmax(counts)]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-1, 3), max_size=60), st.integers(0, 4))
+def test_vote_matches_the_loop_over_samples(values: list[int], half: int) -> None:
+    raw = np.array(values, np.int64)
+    assert _vote(raw, half).tolist() == _vote_reference(raw, half).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), max_size=30),
+       st.lists(st.integers(0, 25), max_size=30))
+def test_lookup_matches_a_dict(pairs: list[tuple[int, int]], wanted: list[int]) -> None:
+    of = dict(pairs)  # the last value given for a key wins, as in the dict it replaced
+    keys = np.array([k for k, _ in pairs], np.int64)
+    values = np.array([v for _, v in pairs], np.int64)
+    found = _lookup(keys, values, np.array(wanted, np.int64))
+    assert found.tolist() == [of.get(w, NONE) for w in wanted]
