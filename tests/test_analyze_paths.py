@@ -28,6 +28,7 @@ from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import COUNTERS, SAMPLES, STACKS
 from perfswarm.trace.store import Run
 
+DATA = Path(__file__).parent / "data"
 US = 1000
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 
@@ -192,9 +193,11 @@ def test_critical_path_per_step_follows_each_iteration() -> None:
     assert path.handovers == tuple(h for s in path.steps for h in s.handovers)
 
 
-def _raw_ns(name: str) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:
-    """The complete events of a corpus trace, its µs read as decimals (x1000), and its base."""
-    raw = orjson.loads(gzip.decompress(corpus(name).read_bytes()))
+def _raw_ns(name: str | Path) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:
+    """The complete events of a corpus trace (or a trace file), its µs read as decimals (x1000),
+    and its base."""
+    path = name if isinstance(name, Path) else corpus(name)
+    raw = orjson.loads(gzip.decompress(path.read_bytes()))
     return ([e for e in raw["traceEvents"] if e.get("ph") == "X"],
             lambda us: int(Decimal(str(us)) * 1000), raw.get("baseTimeNanoseconds", 0))
 
@@ -239,6 +242,55 @@ def test_critical_path_per_step_nccl(corpus_runs: dict[str, Run]) -> None:
         assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers] == [
             (main, autograd, resume_autograd, resume_autograd - main_before),
             (autograd, main, resume_main, resume_main - finish_autograd)]
+
+
+def test_critical_path_waits_for_the_dataloader_worker(tmp_path: Path) -> None:
+    """A CPU training loop whose one DataLoader worker is slower than its step, recorded with
+    the real torch.profiler in both processes (tests/data/loader_workers.py); from the raw
+    JSON of the two. Each step's path ends with the main thread's last event started in the
+    step (the worker, fetching later batches, outlasts it, but is not what the step waited
+    for), and wherever a worker's event ended inside the main thread's wait in next(loader)
+    (torch's `enumerate(DataLoader)#...__next__`), the path crosses from the worker to the
+    main thread when the main thread next resumed: 3 of the 4 profiled steps (the first one's
+    batch was fetched before the worker was profiled). The batch takes ms to arrive after
+    the worker's fetch (pickled into shared memory, queued, rebuilt), and still hands over."""
+    main_file, worker_file = (DATA / f"loader_workers_{p}.pt.trace.json.gz"
+                              for p in ("main", "worker"))
+    run = import_traces([main_file, worker_file], tmp_path / "w.run",
+                        ImportOptions(ranks=(0, 0)), ["test"])
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    x, ns, base = _raw_ns(main_file)
+    w, _, worker_base = _raw_ns(worker_file)
+    host = [(e["tid"], base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]), e["cat"],
+             e["name"]) for e in x if e.get("cat") in ("cpu_op", "user_annotation")]
+    markers = sorted((s, e) for _, s, e, _, n in host if n.startswith("ProfilerStep#"))
+    host = [h for h in host if not h[4].startswith("ProfilerStep#")]
+    (main,) = {t for t, *_ in host}
+    worker = [(e["tid"], worker_base + ns(e["ts"]),
+               worker_base + ns(e["ts"]) + ns(e["dur"]), e["name"])
+              for e in w if e.get("cat") in ("cpu_op", "user_annotation")]
+    (worker_tid,) = {t for t, *_ in worker}
+    bounds = sorted({b for _, s, e, _, _ in host for b in (s, e)})
+    crossed = 0
+    for step, (lo, hi) in zip(path.steps, markers, strict=True):
+        assert step.start == max(lo, min(s for _, s, *_ in host))
+        assert step.end == max(e for _, s, e, _, _ in host if lo <= s < hi)
+        (wait,) = [(s, e) for _, s, e, _, n in host
+                   if lo <= s < hi and n.startswith("enumerate(DataLoader)#")]
+        resumed = min(s for _, s, _, cat, _ in host if cat == "cpu_op" and wait[0] <= s)
+        fetched = [e for _, _, e, n in worker
+                   if n == "DataLoader worker fetch" and wait[0] < e <= resumed]
+        expected = []
+        if fetched:
+            finished = max(e for _, _, e, _ in worker if e <= resumed)
+            at = next(b for b in bounds if b >= finished)
+            expected = [(worker_tid, main, at, at - finished)]
+            crossed += 1
+        assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers
+                if h.from_tid == worker_tid] == expected
+    assert crossed == 3 and len(markers) == 4
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

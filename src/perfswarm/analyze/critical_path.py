@@ -307,7 +307,8 @@ def path_of(start: State, walk_from: Callable[[State, int | None], Segment]) -> 
 @dataclass(frozen=True)
 class Ends:
     """Where the path can end in some events: the last device op, the last host work of a
-    thread that launches device work, the last host work of any thread: (end, rank, row)."""
+    thread that launches device work, the last host work of the loop's threads (those that
+    hold the step markers; every thread when none does): (end, rank, row)."""
 
     device: tuple[int, int, int] | None
     launching_host: tuple[int, int, int] | None
@@ -356,8 +357,12 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     ev = g.ev
     calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
     host = np.flatnonzero(ev.host_busy)
-    launching = host[np.isin(lane_key(ev.rank[host], ev.tid[host]),
-                             lane_key(ev.rank[calls], ev.tid[calls]))]
+    threads = lane_key(ev.rank[host], ev.tid[host])
+    launching = host[np.isin(threads, lane_key(ev.rank[calls], ev.tid[calls]))]
+    marked = np.flatnonzero(ev.is_step_marker)
+    loop = np.isin(threads, lane_key(ev.rank[marked], ev.tid[marked]))
+    if loop.any():  # a DataLoader worker fetching the next batches is not what a step waited for
+        host = host[loop]
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     launched = ev.ts.copy()
     launched[np.fromiter(g.launch_of, np.int64, len(g.launch_of))] = ev.ts[calls]

@@ -16,12 +16,14 @@ DataLoader or comm thread). The critical path walks these backwards; the simulat
 from __future__ import annotations
 
 import functools
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
@@ -47,6 +49,12 @@ WAKE_MIN_BUSY_SHARE: Final = 0.5  # and that worked through this much of the str
 # Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
 # work of its own)
 WORK_KINDS: Final = ("cpu_op", "runtime", "driver", "syscall")
+# torch's range around the wait for a DataLoader's next batch (its iterator's __next__, which
+# torch.profiler records as `enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__`).
+# A thread blocked there waits for the worker (or pin-memory thread) that made the batch,
+# however long the batch then takes to arrive: the worker pickles it into shared memory and
+# queues it after its fetch, and the waiting thread rebuilds it, none of which is traced.
+LOADER_WAIT: Final = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
 
 
 class SyncArgs(msgspec.Struct):
@@ -313,11 +321,17 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
     thread's next event boundary (its resumption): at most WAKE_MAX_LAG_NS, or
     WAKE_MAX_LAG_SHARE of the stretch or of the stretch the other thread then sat blocked
     (one thread stops and the other starts: backward() handing its work to the autograd
-    thread). Of several such threads, the one that finished last."""
+    thread). Inside a wait for a DataLoader's next batch (LOADER_WAIT), the thread's first
+    work is the batch arriving, however long after the other thread finished; its later
+    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
+    process (a DataLoader worker) hands over only there, the batch being all it passes. Of
+    several such threads, the one that finished last."""
     host = np.flatnonzero(ev.host_busy)
     threads = group_rows(lane_key(ev.rank[host], ev.tid[host]), host)
     out: dict[int, Wakes] = {}
     work_kind = ev.of_kind(*WORK_KINDS)
+    loader_codes = [i for i, n in enumerate(ev.names) if LOADER_WAIT.match(n)]
+    loader_wait = np.isin(ev.name, loader_codes) if loader_codes else np.zeros(len(ev), bool)
     by_rank: dict[int, list[int]] = defaultdict(list)
     for key, rows in threads.items():
         by_rank[int(ev.rank[rows[0]])].append(key)
@@ -343,12 +357,19 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
             lo = np.concatenate([[origin], e[:-1]]).astype(np.int64)
             keep = s - lo >= WAKE_MIN_GAP_NS
             lo, hi = lo[keep], s[keep]
+            waits = rows[loader_wait[rows]]
+            in_wait, began = _inside(union(ev.ts[waits], ev.end[waits]), hi)
+            for_batch = in_wait & (began >= lo)  # the first work in the wait: the batch came
+            rebuilding = in_wait & (began < lo)  # its later pauses there are its own
             points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
             best_end = np.full(len(lo), -1, np.int64)
             best_row = np.full(len(lo), -1, np.int64)
             for other in keys:
                 if other == key:
                     continue
+                # a thread of another process (a DataLoader worker) hands over only through
+                # the batch it queues
+                same_process = ev.pid[threads[other][0]] == ev.pid[rows[0]]
                 other_end, other_rows = ends[other]
                 last = np.searchsorted(other_end, hi, side="right") - 1
                 first = np.searchsorted(other_end, lo, side="right")
@@ -357,7 +378,9 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
-                ok &= resume - end <= np.maximum(WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * stretch)
+                ok &= for_batch | (same_process & (resume - end <= np.maximum(
+                    WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * stretch)))
+                ok &= ~rebuilding
                 better = ok & (end > best_end)
                 best_end[better] = end[better]
                 best_row[better] = other_rows[last[better]]
@@ -366,6 +389,17 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
             out[key] = Wakes(resume, best_row[found], best_end[found])
     return out
 
+
+
+def _inside(intervals: tuple[I64, I64], t: I64) -> tuple[npt.NDArray[np.bool_], I64]:
+    """Whether each t is inside one of `intervals` (disjoint, sorted; t after its start),
+    and when that interval began."""
+    starts, ends = intervals
+    if not len(starts):
+        return np.zeros(len(t), bool), np.zeros(len(t), np.int64)
+    i = np.searchsorted(starts, t, side="left") - 1  # the last interval starting before t
+    j = np.maximum(i, 0)
+    return np.asarray((i >= 0) & (t < ends[j]), bool), starts[j]
 
 
 def _blocked_after(work: tuple[I64, I64], t: I64, finish: int) -> I64:

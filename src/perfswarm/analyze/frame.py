@@ -24,8 +24,8 @@ Mask = npt.NDArray[np.bool_]
 KIND: Final = KIND_CODE  # the analyses' name for trace/schema.py's table of kind codes
 # Host work: what keeps a CPU thread busy on behalf of the workload.
 HOST_BUSY_KINDS = ("cpu_op", "user_annotation", "python_function", "runtime", "driver", "syscall")
-EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "tid", "device", "stream", "correlation",
-                 "step"]
+EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
+                 "correlation", "step"]
 
 
 def codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int64], list[str]]:
@@ -48,6 +48,7 @@ class Events:
     kind: I64  # index into schema.KINDS
     name: I64  # index into `names`
     names: tuple[str, ...]
+    pid: I64  # the process: a rank's DataLoader workers are processes of their own
     tid: I64
     device: I64
     stream: I64
@@ -64,7 +65,7 @@ class Events:
             return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
         return cls(rank=col("rank"), ts=col("ts"), dur=col("dur"), kind=remap[kind_idx],
-                   name=name_idx, names=tuple(name_values), tid=col("tid"),
+                   name=name_idx, names=tuple(name_values), pid=col("pid"), tid=col("tid"),
                    device=col("device"), stream=col("stream"),
                    correlation=col("correlation"), step=col("step"))
 
@@ -88,8 +89,9 @@ class Events:
         name dictionary."""
         return Events(rank=self.rank[rows], ts=self.ts[rows], dur=self.dur[rows],
                       kind=self.kind[rows], name=self.name[rows], names=self.names,
-                      tid=self.tid[rows], device=self.device[rows], stream=self.stream[rows],
-                      correlation=self.correlation[rows], step=self.step[rows])
+                      pid=self.pid[rows], tid=self.tid[rows], device=self.device[rows],
+                      stream=self.stream[rows], correlation=self.correlation[rows],
+                      step=self.step[rows])
 
     def of_rank(self, rank: int) -> Events:
         return self.select(self.rank_slice(rank))
