@@ -274,7 +274,7 @@ def test_memory_view(browser: Any, tmp_path: Path) -> None:
     assert_charts_drawn(page, ["chart-memory", "chart-memory-peak"])
     assert page.locator("#chart-memory-peak g.trace.bars").count() == len(html.MEMORY_CATEGORIES)
     assert page.locator("#memory-peak tr").nth(1).locator("td").all_inner_texts()[3:] == [
-        "9.0 KB", "0 B", "8.2 KB", "20.0 KB"]
+        "8.8 KiB", "0 B", "8.0 KiB", "19.5 KiB"]  # 9,000, 0, 8,192 and 20,000 bytes
     assert errors == []
     page.close()
 

@@ -482,9 +482,9 @@ def test_status_line_and_quiet(tmp_path: Path) -> None:
     line = status_line(Status(12.34, ("torch", "system"), (("readings", 1234), ("traces", 1)),
                               3_400_000)).plain
     assert line == ("recording   12.3s | torch, system | 1,234 readings | 1 traces"
-                    " | 3.4 MB raw")
+                    " | 3.2 MiB raw")  # 3,400,000 / 2**20
     stepping = status_line(Status(1.0, ("torch",), (("traces", 0),), 0, (5, 6, 7))).plain
-    assert stepping == "recording    1.0s | torch | 3 steps | 0 traces | 0.0 MB raw"
+    assert stepping == "recording    1.0s | torch | 3 steps | 0 traces | 0 B raw"
     child = [PY, "-c", "print('hello')"]
     for quiet, expected in ((True, b"hello\n"), (False, b"hello\nrecorded ")):
         out = subprocess.run([PY, "-m", "perfswarm.cli.main", "record", "--out",

@@ -19,7 +19,7 @@ from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, clus
 from perfswarm.cli.output import console, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
 from perfswarm.model.topology import with_copy_peaks
-from perfswarm.report.text import mib, ms
+from perfswarm.report.text import ms, size
 from perfswarm.trace.store import Run
 
 SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",
@@ -92,12 +92,12 @@ def _print(result: Analysis, costs: OpCosts) -> None:
             console.print(f"  step {step.step}: {_path_text(step)}"
                           + (f" ({hands})" if hands else ""))
     for m in result.memory:
-        held = ", ".join(f"{c} {mib(v)}" for c, v in sorted(m.peak.by_category.items(),
+        held = ", ".join(f"{c} {size(v)}" for c, v in sorted(m.peak.by_category.items(),
                                                             key=lambda kv: -kv[1]) if v)
-        steps = ", ".join(f"{s}: {mib(p.total_bytes)}" for s, p in m.steps)
-        reserved = ("" if m.reserved is None else f"; reserved {mib(m.reserved.at_peak_bytes)} "
-                    f"then, at most {mib(m.reserved.peak_bytes)}")
-        console.print(f"memory rank {m.rank}: peak {mib(m.peak.total_bytes)} at "
+        steps = ", ".join(f"{s}: {size(p.total_bytes)}" for s, p in m.steps)
+        reserved = ("" if m.reserved is None else f"; reserved {size(m.reserved.at_peak_bytes)} "
+                    f"then, at most {size(m.reserved.peak_bytes)}")
+        console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)} at "
                       f"+{ms(m.peak.ts - m.t[0])} ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
     for sw in result.swarms.swarms[:10]:

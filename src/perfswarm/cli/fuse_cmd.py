@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from perfswarm.cli.app import app
+from perfswarm.report.text import size
 
 
 @app.command("fuse")
@@ -87,7 +88,7 @@ def _print(console: Any, data: dict[str, Any]) -> None:
                   "predicted", "gains", title="candidates (roofline)", title_justify="left")
     for c in data["candidates"]:
         p = c["prediction"]
-        table.add_row(str(c["index"]), Text(c["pair"]), f"{p['intermediate_bytes'] / 1e6:.2f} MB",
+        table.add_row(str(c["index"]), Text(c["pair"]), size(p["intermediate_bytes"]),
                       "memory" if p["round_trips_memory"] else "cache",
                       f"{p['fused_intensity']:.1f}",
                       f"{p['separate_s'] * 1e3:.3f} -> {p['fused_s'] * 1e3:.3f} ms "

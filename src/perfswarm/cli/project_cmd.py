@@ -16,6 +16,7 @@ from perfswarm.model.collective_fit import link_of_profile
 from perfswarm.model.collectives import Scheme
 from perfswarm.optimize.project import DEFAULT_DEVICES, project
 from perfswarm.report import html
+from perfswarm.report.text import size
 from perfswarm.trace.store import Run, write_output
 from perfswarm.userfiles import read_json
 
@@ -61,7 +62,7 @@ def project_command(
         return
     prof = data["profile"]
     console.print(Text.assemble((str(run_dir), "bold"), f": {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
-                  f"compute {prof['compute_ms']:.3f} ms/step ({prof['compute_source']}), gradients {prof['grad_bytes'] / 1e6:,.1f} MB "
+                  f"compute {prof['compute_ms']:.3f} ms/step ({prof['compute_source']}), gradients {size(prof['grad_bytes'])} "
                   f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped"))
     console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {result.per_node} per node, scheme {result.scheme}")
     table = Table("devices", "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",

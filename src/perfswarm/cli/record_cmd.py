@@ -24,13 +24,14 @@ from perfswarm.record.session import (
     parse_steps,
     record,
 )
+from perfswarm.report.text import size
 
 
 def status_line(s: Status) -> Text:
     steps = ((("steps", len(s.step_ns)),) if s.step_ns else ())  # only once a loop steps
     counts = "".join(f" | {n:,} {unit}" for unit, n in (*steps, *s.counts))
     return Text(f"recording {s.elapsed_s:6.1f}s | {', '.join(s.active) or 'no collectors'}"
-                f"{counts} | {s.raw_bytes / 1e6:,.1f} MB raw", style="dim")
+                f"{counts} | {size(s.raw_bytes)} raw", style="dim")
 
 
 def _seconds(value: float | None) -> float | None:

@@ -15,6 +15,7 @@ from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.model.embedding import EmbeddingCost
 from perfswarm.optimize.shard import load_workload, shard
 from perfswarm.record.bench.embedding import calibrate
+from perfswarm.report.text import size
 
 
 @app.command("shard")
@@ -42,10 +43,10 @@ def shard_command(
     console.print(Text.assemble((str(tables), "bold"), f": {len(work.tables)} tables, batch "
                                 f"{work.batch}, {devices} devices"))
     for p in data["plans"]:
-        t = Table("device", "tables", "MB", "lookups", "predicted ms", title_justify="left",
+        t = Table("device", "tables", "size", "lookups", "predicted ms", title_justify="left",
                   title=f"{p['strategy']}: max {p['max_ms']:.3f} ms, imbalance {p['imbalance']:.3f}")
         for d in p["devices"]:
-            t.add_row(str(d["device"]), ", ".join(d["tables"]), f"{d['bytes'] / 1e6:,.1f}",
+            t.add_row(str(d["device"]), ", ".join(d["tables"]), size(d["bytes"]),
                       f"{d['lookups']:,.0f}", f"{d['predicted_ms']:.3f}")
         console.print(t)
     console.print(Text.assemble(("choose", "bold"), f" {data['best']}"))

@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from perfswarm.analyze.phases import PHASES
 from perfswarm.report.overview import CATEGORIES
-from perfswarm.report.text import evidence_text, ms, pct
+from perfswarm.report.text import evidence_text, ms, pct, size
 from perfswarm.report.views import BEFORE_TRACE
 from perfswarm.trace.store import write_output
 
@@ -40,13 +40,6 @@ _JSON_ESCAPES: Final = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u
 def safe_json(value: Any) -> str:
     """JSON text that can sit inside a <script> element: no `</script>`, no `<!--`."""
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode().translate(_JSON_ESCAPES)
-
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes:,.0f} B"
 
 
 @cache
@@ -312,7 +305,7 @@ def render(report: dict[str, Any]) -> str:
             figures["chart-importance"] = importance_figure(tune)
     return _page("report.html.j2", report, figures, states=STATES, pct=pct, views=VIEWS,
                  categories_=breakdown_categories(report["breakdown"]),
-                 evidence=evidence_text, size=_size, memory_categories=MEMORY_CATEGORIES,
+                 evidence=evidence_text, memory_categories=MEMORY_CATEGORIES,
                  launch={k["name"]: k for k in report["streams"]["kernels"]},
                  timeline_json=Markup(safe_json(timeline)), timeline_js=Markup(_timeline_js()))
 
@@ -359,7 +352,7 @@ def _page(template: str, data: dict[str, Any], figures: dict[str, Any], **extra:
     # Both are script text, already safe there: HTML-escaping would break them.
     return _environment().get_template(template).render(
         **data, plotly_js=Markup(plotly_js()), figures_json=Markup(safe_json(figures)),
-        ms=ms, **extra)
+        ms=ms, size=size, **extra)
 
 
 def write(report: dict[str, Any], path: str | Path) -> Path:

@@ -15,8 +15,13 @@ def pct(share: float) -> str:
     return f"{100 * share:.1f}%" if share >= 0.01 or share == 0 else f"{100 * share:.2g}%"
 
 
-def mib(n: float) -> str:
-    return f"{n / 2**20:,.3f} MiB"
+def size(nbytes: float) -> str:
+    """Bytes in binary units (KiB, MiB, GiB: what allocators and the OS count in), the one way
+    the terminal and the report write an amount of memory or data; rates stay GB/s (10^9)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:,.0f} B"
 
 
 def evidence_text(key: str, value: Any) -> str:
