@@ -115,7 +115,7 @@ def _ops(row: dict[str, str], train_case: bool) -> tuple[list[tuple[str, Shapes]
                 [("aten::native_layer_norm_backward", s(x, x))])
     if "softmax" in target:
         return [("aten::_softmax", s(x))], [("aten::_softmax_backward_data", s(x, x))]
-    if module.endswith("Embedding") or "embedding" in target:
+    if module.endswith("Embedding") or (not module and "embedding" in target):
         table = [1, out_shape[-1]]
         return ([("aten::embedding", s(table, x))],
                 [("aten::embedding_dense_backward", s(out_shape, out_shape))])
@@ -128,13 +128,15 @@ def _ops(row: dict[str, str], train_case: bool) -> tuple[list[tuple[str, Shapes]
             return [(name, s(x))], [(name + "_backward" if key != "pow" else "aten::mul",
                                      s(out_shape, x))]
     binary = {"add": "aten::add", "sub": "aten::sub", "mul": "aten::mul",
-              "truediv": "aten::div", "where": "aten::where", "masked_fill": "aten::masked_fill"}
+              "truediv": "aten::div", "where": "aten::where", "masked_fill": "aten::masked_fill",
+              "max": "aten::maximum"}  # OPT's torch.max(scores, finfo.min): elementwise
     for key, name in binary.items():
         if key in target and math.prod(out_shape) > 1:
             shapes = s(*[d for d in ins if d] + ([out_shape] if len(ins) == 1 else []))
-            grads = [("aten::mul", s(out_shape, out_shape))] if key in ("mul", "truediv") else []
+            grads = ([("aten::mul", s(out_shape, out_shape))]
+                     if key in ("mul", "truediv", "max") else [])
             return [(name, shapes)], grads
-    if target == "contiguous" and row["input_contiguous"] == "[False]":
+    if target in ("contiguous", "reshape") and row["input_contiguous"].startswith("[False"):
         return [("aten::copy_", s(x, x))], []
     return None
 
