@@ -67,6 +67,8 @@ class Node:
     in_layer: bool
     forward: list[Work]
     backward: list[Work]
+    forward_ms: float = 0.0  # the label's measured latencies of the node
+    backward_ms: float = 0.0
 
 
 def _shape(text: str) -> list[list[int]]:
@@ -149,7 +151,8 @@ def label_nodes(path: Path, train_case: bool) -> list[Node]:
         forward = [w for name, sh in (ops[0] if ops else []) for w in op_kernels(name, sh) or []]
         backward = [w for name, sh in (ops[1] if ops and train_case else [])
                     for w in op_kernels(name, sh) or []]
-        nodes.append(Node(bool(LAYER.search(row["meta"])), forward, backward))
+        nodes.append(Node(bool(LAYER.search(row["meta"])), forward, backward,
+                          float(row["fw_latency"] or 0), float(row["bw_latency"] or 0)))
     return nodes
 
 

@@ -1,6 +1,7 @@
 """Whole models as Runs: NeuSight's labels written as Kineto traces and forecast by `predict`.
 
     PYTHONPATH=src .venv/bin/python benchmarks/gpu_label_runs.py [--bundled] [--cases N]
+                                                                 [--decompose]
 
 Each label of ../shared/gpu-kernels (an fx graph of the embeddings, one transformer layer and
 the head, with every node's input shapes and measured latencies; num_layer and the measured
@@ -16,11 +17,18 @@ autograd node, each op with its input shapes; two iterations. Two Runs per case:
   `predict RUN --device GPU` scales every kernel by the model's ratio between the target and
   the source; the forecast is the source's measured e2e times the predicted over the Run's
   measured iteration (the Run stands for the source's e2e run).
-Each is compared with the target GPU's measured e2e. With each GPU left out of the model's
-training (leave-one-GPU-out, as benchmarks/gpu_forecast.py), or with the bundled model
+Each is compared with the target GPU's measured e2e ("idle": the share of the forecast
+iteration the device waits on the host, its launches and gaps). With each GPU left out of the
+model's training (leave-one-GPU-out, as benchmarks/gpu_forecast.py), or with the bundled model
 (`--bundled`: trained on all five GPUs, in sample; quicker). That a Run's forecast prices
 exactly its ops (as gpu_forecast.py's "op graph" prices the label directly) is tested in
 tests/test_gpu_runs.py.
+
+Then where the error is (`decompose`; `--decompose` prints only that): per held-out GPU, the
+labels' e2e over the sum of their measured node latencies, and per op family its share of the
+measured node time and the error of the model's price against it, absolute (left out; in
+sample) and as the ratio to the source GPU's measured node; and the from-run error that exact
+node ratios would leave (the labels' own inconsistency).
 """
 
 from __future__ import annotations
@@ -33,20 +41,20 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from gpu_forecast import DATA, LAYER, _ops, source_dir
+from gpu_forecast import DATA, LAYER, _node_seconds, _ops, label_nodes, source_dir
 from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.dataset import load_dataset
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import FamilyModel, KernelModel, bundled, train
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes
-from perfswarm.model.predict import Change, predict
+from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.model.specs import DeviceSpec, load_spec
 from perfswarm.trace import opgraph
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -104,6 +112,74 @@ def _traced(ops: Sequence[tuple[str, Shapes]], grad_fn: str, latency_ms: float,
     return out
 
 
+def decompose(model_for: Callable[[str], KernelModel], full: KernelModel) -> None:
+    """Where the whole-model error comes from, per held-out GPU: the labels' own gap (e2e over
+    the sum of their measured node latencies), and per op family of the nodes that launch
+    kernels, their share of the measured node time and the error of the model's price of them
+    against it: absolute (the GPU left out; and in sample, trained on it too) and as the ratio
+    applied to the source GPU's measured node (the GPU left out); then the from-run error were
+    every node's ratio exact (the measured target over source node), which the labels alone
+    leave."""
+    print("\nwhere the error is, against the measured node latencies (mean over cases, each GPU "
+          "left out)")
+    for gpu_dir in sorted((DATA / "labels").iterdir()):
+        gpu = gpu_dir.name.replace("_", " ")
+        hw, loo = Hardware.of_spec(load_spec(gpu)), model_for(gpu)
+        # family -> [measured, abs, abs in sample; where a source ran the case: measured, abs,
+        # ratio]
+        parts: dict[str, np.ndarray] = {}
+        gaps, exact = [], []
+        for path in sorted(gpu_dir.glob("*.csv.gz")):
+            case, train_case = path.name.removesuffix(".csv.gz"), "-train-" in path.name
+            meta = orjson.loads((gpu_dir / f"{case}.json").read_bytes())
+            layers, e2e = int(meta["num_layer"]), float(meta["e2e_latency"])
+            nodes = label_nodes(path, train_case)
+            times = [n.forward_ms + n.backward_ms for n in nodes]
+            gaps.append(e2e / sum(t * (layers if n.in_layer else 1)
+                                  for n, t in zip(nodes, times, strict=True)))
+            src_dir = source_dir(gpu, case)
+            src = label_nodes(src_dir / f"{case}.csv.gz", train_case) if src_dir else nodes
+            src_hw = Hardware.of_spec(load_spec(src_dir.name.replace("_", " "))) if src_dir else hw
+            measured = source = 0.0
+            for phase in ("forward", "backward"):
+                works = [getattr(n, phase) for n in nodes]
+                priced = [np.array(_node_seconds(m, works, h)) * 1e3
+                          for m, h in ((loo, hw), (full, hw), (loo, src_hw))]
+                for i, (node, other) in enumerate(zip(nodes, src, strict=True)):
+                    if not works[i]:
+                        continue
+                    times_ms = (getattr(node, f"{phase}_ms"), getattr(other, f"{phase}_ms"))
+                    weight = layers if node.in_layer else 1
+                    row = parts.setdefault(works[i][0].family, np.zeros(6))
+                    sourced = np.array([times_ms[0], priced[0][i],
+                                        times_ms[1] * priced[0][i] / priced[2][i]])
+                    row += weight * np.array([times_ms[0], priced[0][i], priced[1][i],
+                                              *(sourced if src_dir else np.zeros(3))])
+                    measured += weight * times_ms[0]
+                    source += weight * times_ms[1]
+            if src_dir is not None:
+                src_e2e = float(orjson.loads((src_dir / f"{case}.json").read_bytes())
+                                ["e2e_latency"])
+                exact.append(abs(src_e2e * measured / source / e2e - 1))
+        total = sum(p[0] for p in parts.values())
+        exact_text = f"{100 * statistics.mean(exact):.1f}%" if exact else "-"
+        print(f"{gpu}: e2e / sum of node latencies {statistics.mean(gaps):.3f} "
+              f"({min(gaps):.3f}-{max(gaps):.3f}); from run with exact node ratios {exact_text}")
+        for family, (mt, absolute, in_sample, sourced, sourced_abs, ratio) in sorted(
+                parts.items(), key=lambda kv: -kv[1][0]):
+            print(f"  {family:12s} {100 * mt / total:5.1f}% of node time: absolute "
+                  f"{100 * (absolute / mt - 1):+6.1f}% (in sample "
+                  f"{100 * (in_sample / mt - 1):+6.1f}%); where a source ran it: absolute "
+                  f"{100 * (sourced_abs / sourced - 1):+6.1f}%, ratio from the source "
+                  f"{100 * (ratio / sourced - 1):+6.1f}%")
+
+
+def _idle(p: Prediction) -> str:
+    """The share of the forecast iteration the device is idle: what host time, launches and
+    gaps add to the kernels."""
+    return f"{100 * (1 - p.median_active('predicted') / p.median('predicted')):5.1f}%"
+
+
 def _device(spec: DeviceSpec) -> dict[str, object]:
     return {"name": (spec.names or (spec.name,))[0], "totalGlobalMem": int(spec.memory_bytes),
             "numSms": spec.compute_units}
@@ -120,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bundled", action="store_true",
                         help="the bundled model (all five GPUs, in sample), not leave-one-out")
     parser.add_argument("--cases", type=int, default=0, help="the first N cases only")
+    parser.add_argument("--decompose", action="store_true",
+                        help="only where the error is (printed after the table otherwise): per "
+                        "GPU and op family, against the labels' measured node latencies")
     args = parser.parse_args(argv)
     started = time.process_time()
     full = bundled()
@@ -132,8 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     def model_for(gpu: str) -> KernelModel:
         return KernelModel({f: holdout.get((f, gpu), m) for f, m in full.families.items()}, ())
 
-    print(f"{'GPU':22s} {'case':26s} {'measured ms':>11s} {'op graph':>9s} {'from run':>9s}"
-          f" {'source':>10s}")
+    if args.decompose:
+        decompose(model_for, full)
+        print(f"\nCPU time {time.process_time() - started:.0f} s")
+        return 0
+
+    print(f"{'GPU':22s} {'case':26s} {'measured ms':>11s} {'op graph':>9s} {'idle':>6s}"
+          f" {'from run':>9s} {'idle':>6s} {'source':>10s}")
     errors: dict[str, dict[str, list[float]]] = {}
     cases = sorted({p.name.removesuffix(".csv.gz") for p in DATA.glob("labels/*/*.csv.gz")})
     with tempfile.TemporaryDirectory(prefix="perfswarm-labels-") as scratch:
@@ -152,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                                  ["e2e_latency"])
                 graph = predict(cpu_run, Change(device=gpu), gpu_model=model)
                 graph_ms = graph.median("predicted") / 1e6
+                idle = [_idle(graph), "-"]
                 errors.setdefault(gpu, {}).setdefault("op graph", []).append(
                     abs(graph_ms / measured - 1))
                 src_dir = source_dir(gpu, case)
@@ -167,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                     scaled = src_e2e * p.median("predicted") / p.median("measured")
                     errors[gpu].setdefault("from run", []).append(abs(scaled / measured - 1))
                     shown = f"{100 * abs(scaled / measured - 1):8.1f}%"
+                    idle[1] = _idle(p)
                 print(f"{gpu:22s} {case:26s} {measured:11.1f} "
-                      f"{100 * abs(graph_ms / measured - 1):8.1f}% {shown:>9s} "
+                      f"{100 * abs(graph_ms / measured - 1):8.1f}% {idle[0]:>6s} {shown:>9s} "
+                      f"{idle[1]:>6s} "
                       f"{src_dir.name[-10:] if src_dir else '-':>10s}", flush=True)
     print("\nmean |error| per GPU")
     for gpu, row in errors.items():
@@ -178,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
              for c in ("op graph", "from run")}
     print(f"{'all':22s} " + " ".join(f"{c} {100 * statistics.mean(v):5.1f}%"
                                       for c, v in every.items() if v))
+    decompose(model_for, full)
     print(f"\nCPU time {time.process_time() - started:.0f} s")
     return 0
 
