@@ -14,12 +14,12 @@ from conftest import events
 from perfswarm.analyze.frame import Events
 from perfswarm.cli.main import main
 from perfswarm.model.gpu.aten import op_kernels
-from perfswarm.model.gpu.forecast import op_seconds
+from perfswarm.model.gpu.forecast import ABSOLUTE, LearnedScaler, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import bundled
 from perfswarm.model.gpu.opgraph import HOST_OP_NS, innermost_ops
 from perfswarm.model.kernels import GPU_FLOOR_NS
-from perfswarm.model.opcost import Shapes
+from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.specs import DeviceSpec, load_spec
 from perfswarm.trace import opgraph
@@ -56,11 +56,14 @@ def _run(tmp: Path, ops: list[opgraph.TraceOp], device: dict[str, object] | None
 def _moved_ns(name: str, shapes: Shapes, ns: int, source: DeviceSpec, target: DeviceSpec
               ) -> int:
     """A kernel of `ns` on `source` on `target`: beyond the launch floor, scaled by the
-    bundled model's ratio of its op's kernels."""
+    bundled model's ratio of its op's kernels, or, a layer norm's, the model's time on `target`
+    whatever it took."""
     works = op_kernels(name, shapes) or []
     model = bundled()
-    ratio = (model.seconds(works, Hardware.of_spec(target)).sum()
-             / model.seconds(works, Hardware.of_spec(source)).sum())
+    after = model.seconds(works, Hardware.of_spec(target)).sum()
+    if all(w.family in ABSOLUTE for w in works):
+        return GPU_FLOOR_NS + round(float(after * 1e9))
+    ratio = after / model.seconds(works, Hardware.of_spec(source)).sum()
     return GPU_FLOOR_NS + round(float((ns - GPU_FLOOR_NS) * ratio))
 
 
@@ -181,3 +184,28 @@ def test_ops_that_zero_their_output_keep_their_own_kernel() -> None:
     found = innermost_ops(ev, lambda r: shapes[r], 0, 1_000)
     assert [ev.name_of(r) for r in found] == [
         "aten::max_pool2d_with_indices_backward", "aten::fill_", "aten::addmm"]
+
+
+def test_layer_norm_kernels_move_at_the_models_own_time() -> None:
+    """Moved to another GPU, a layer norm kernel takes the model's time there (the
+    decomposition of benchmarks/gpu_label_runs.py finds it closer than the ratio), whatever it
+    measured; a GEMM or an add keeps the ratio; on the recorded GPU (a changed batch) a layer
+    norm too."""
+    v100, t4 = load_spec("V100"), load_spec("T4")
+    moved, kept = LearnedScaler.of(v100, t4), LearnedScaler.of(v100, v100)
+    dims: tuple[tuple[int, ...], ...] = ((4096, 1024),)
+    shapes = Shapes(dims, (F,))
+    norm = op_cost("aten::native_layer_norm", dims, shapes.types)
+    assert norm is not None
+    [(on_t4, family)] = op_seconds([("aten::native_layer_norm", shapes, False)], t4)  # type: ignore[misc]
+    assert family == "norm"
+    for measured in (50_000, 500_000):
+        assert moved.scaled(measured, norm, norm, dims, dims) == pytest.approx(on_t4 * 1e9, abs=1)
+    assert kept.scaled(500_000, norm, norm, dims, dims) == 500_000
+    for name, dims in (("aten::mm", ((4096, 1024), (1024, 1024))),
+                       ("aten::add", ((4096, 1024), (4096, 1024)))):
+        cost = op_cost(name, dims, (F, F))
+        assert cost is not None
+        ten, one = (moved.scaled(GPU_FLOOR_NS + n, cost, cost, dims, dims) - GPU_FLOOR_NS
+                    for n in (480_000, 48_000))
+        assert ten == pytest.approx(10 * one, abs=10)
