@@ -16,7 +16,8 @@ goals. Goals:
 - geomean speedup over our own separately tuned kernels >= 1.1x (on those pairs and on all);
 - no recommended pair slower than PyTorch (in the second, independent measurement).
 The roofline uses this CPU's peaks measured in a fraction of a second (no calibrate profile).
-The machine is shared (2 cores, other work running): one thread by default, interleaved rounds.
+The machine is shared (2 cores, other work running): one thread by default (times in the
+process's CPU seconds, so a preempted call counts only what it ran), interleaved rounds.
 """
 
 from __future__ import annotations

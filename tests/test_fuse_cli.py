@@ -81,6 +81,7 @@ def test_fuse_tunes_then_reuses(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert first["interval_coverage"] == 1 - 2 / 2**rounds
     assert first["recommended"] == (low > 1)
     assert first["remeasured"] == (rounds == 4)
+    assert first["timer"] == "cpu"  # one thread: CPU seconds
     assert main(argv) == 0
     (second,) = orjson.loads(capsys.readouterr().out)["results"]
     assert second["reused_schedule"] is True

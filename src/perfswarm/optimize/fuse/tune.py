@@ -5,11 +5,13 @@ random points, deterministic by seed) within a trial count and a deadline, for t
 and for each op run alone by the same generator (our own separately tuned kernels); every
 schedule's result checked against PyTorch's two separate ops; then PyTorch separate, fused and
 our own separate kernels timed round-robin, each round one call of each (the order rotating), so
-a burst of load on the shared machine hits all three alike. Times are reported as the minimum and
-the median over the rounds; the speedups are ratios of minima (the least disturbed runs). Each
-round also gives a paired speedup (PyTorch's call over the fused call of the same round): a pair
-is recommended only when the distribution-free confidence interval of their median lies above 1,
-and a pair whose interval straddles 1 is measured again for as many rounds, pooled.
+a burst of load on the shared machine hits all three alike; on one thread the times are the
+process's CPU seconds (what a call preempted by other processes really ran), else wall time.
+Times are reported as the minimum and the median over the rounds; the speedups are ratios of
+minima (the least disturbed runs). Each round also gives a paired speedup (PyTorch's call over
+the fused call of the same round): a pair is recommended only when the distribution-free
+confidence interval of their median lies above 1, and a pair whose interval straddles 1 is
+measured again for as many rounds, pooled.
 
 Tuned schedules are kept in a JSON cache keyed by pair, threads and CPU, so a second run
 measures them again without searching.
@@ -124,12 +126,19 @@ def _kind(layer: ConvLayer) -> int:
     return DEPTHWISE if layer.kind == "dw" else DENSE
 
 
-def _best_of(call: Callable[[], object], repeats: int) -> float:
+def cpu_timed(threads: int) -> bool:
+    """Whether calls on `threads` threads are timed in the process's CPU seconds: on one, so a
+    call the shared machine's other processes preempted counts only the time it ran (on an idle
+    machine, its wall time); on more, wall time (CPU seconds would add the threads up)."""
+    return threads == 1
+
+
+def _best_of(call: Callable[[], object], repeats: int, clock: Callable[[], float]) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         call()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
@@ -148,6 +157,8 @@ class PairBench:
         from perfswarm.optimize.fuse import kernels
 
         self.pair, self.threads, self._kernels = pair, threads, kernels
+        self.clock: Callable[[], float] = time.process_time if cpu_timed(threads) \
+            else time.perf_counter
         torch.set_num_threads(threads)
         gen = torch.Generator().manual_seed(0)
 
@@ -209,7 +220,7 @@ class PairBench:
         def run(s: Schedule) -> float | None:
             if _error(call(s), want) > MAX_REL_ERROR:
                 return None
-            return _best_of(lambda: call(s), repeats)
+            return _best_of(lambda: call(s), repeats, self.clock)
         return run
 
 
@@ -259,6 +270,11 @@ class FuseResult:
     threads: int
     paired: tuple[float, ...] = ()  # per round: PyTorch's time over the fused kernel's
     remeasured: bool = False  # borderline: measured again and pooled
+
+    @property
+    def timer(self) -> str:
+        """What the times are: the process's CPU seconds (one thread) or wall seconds."""
+        return "cpu" if cpu_timed(self.threads) else "wall"
 
     @property
     def rounds(self) -> int:
@@ -311,7 +327,7 @@ class FuseResult:
                 "speedup_interval": list(self.interval[:2]) if self.paired else None,
                 "interval_coverage": self.interval[2], "rounds_won": self.rounds_won,
                 "rounds": self.rounds, "remeasured": self.remeasured,
-                "reused_schedule": self.reused, "threads": self.threads}
+                "reused_schedule": self.reused, "threads": self.threads, "timer": self.timer}
 
 
 class ScheduleCache:
@@ -397,7 +413,7 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
         for r in range(rounds):
             order = [(r + i) % 3 for i in range(3)]  # each contender first in turn
             for i in order:
-                times[i].append(_best_of(contenders[i], 1))
+                times[i].append(_best_of(contenders[i], 1, bench.clock))
             progress(f"round {len(times[0])}")
         return FuseResult(pair, prediction, schedules[0], schedules[1], schedules[2],
                           Timing.of(times[0]), Timing.of(times[1]), Timing.of(times[2]), error,
