@@ -102,7 +102,7 @@ def test_timeline_in_the_json(imported: tuple[Run, Path],
     assert rank["reserved"] is None  # a timeline does not say what the allocator reserved
     assert rank["bytes"] == {c: [s[c] for s in states] for c in CATEGORIES}
     assert main(["analyze", str(run.path)]) == 0
-    assert "memory rank 0: peak 3.149 MiB" in capsys.readouterr().out
+    assert "memory rank 0: peak 3.1 MiB" in capsys.readouterr().out  # 3,302,080 B
 
 
 def test_advice_and_report(imported: tuple[Run, Path]) -> None:
@@ -124,7 +124,7 @@ def test_advice_and_report(imported: tuple[Run, Path]) -> None:
         ("all", 3_302_080), *((i, 3_302_080) for i in range(3))]
     assert rows[0]["by_category"] == at_peak
     page = html.render(report_data(run))
-    assert '<table id="memory-timeline">' in page and "<td>all</td><td>3.3 MB</td>" in page
+    assert '<table id="memory-timeline">' in page and "<td>all</td><td>3.1 MiB</td>" in page
     assert "<th>reserved</th>" not in page  # a timeline does not say what was reserved
 
 
@@ -232,9 +232,10 @@ def test_memory_snapshot_as_a_timeline(tmp_path: Path,
     assert rank["reserved"] == {"peak_bytes": 12 * MB2, "at_peak_bytes": 12 * MB2,
                                 "bytes": [2 * MB2] * 7 + [12 * MB2] * 2}
     assert main(["analyze", str(out)]) == 0
-    assert ("memory rank 0: peak 0.964 MiB at +0.090 ms (optimizer_state 0.954 MiB, unknown "
-            "0.006 MiB, gradient 0.004 MiB, parameter 0.000 MiB); reserved 24.000 MiB then, at "
-            "most 24.000 MiB") in " ".join(capsys.readouterr().out.split())  # as wrapped
+    # in binary units: 1,011,264 B = 987.6 KiB, 1,000,000 B = 976.6 KiB, 6656 B = 6.5 KiB
+    assert ("memory rank 0: peak 987.6 KiB at +0.090 ms (optimizer_state 976.6 KiB, unknown "
+            "6.5 KiB, gradient 4.0 KiB, parameter 512 B); reserved 24.0 MiB then, at "
+            "most 24.0 MiB") in " ".join(capsys.readouterr().out.split())  # as wrapped
     # the allocator holds 24 MiB at the peak, of which 1,011,264 B are held by blocks
     (found,) = [a for a in advise(Run(out)).advice if a.rule == "allocator_cache"]
     assert found.evidence == {"rank": 0, "peak_bytes": 1_011_264,
@@ -243,7 +244,7 @@ def test_memory_snapshot_as_a_timeline(tmp_path: Path,
     assert found.title == "96% of the reserved memory is unallocated at the peak"
     page = html.render(report_data(Run(out)))
     assert ("<th>peak</th><th>reserved</th>" in page
-            and "<td>0</td><td>all</td><td>1.0 MB</td><td>25.2 MB</td>" in page)
+            and "<td>0</td><td>all</td><td>987.6 KiB</td><td>24.0 MiB</td>" in page)
     (source,) = [s for s in Run(out).manifest()["sources"] if s["file"] == path.name]
     assert source["format"] == "memory_snapshot"
     reserved = Run(out).table("counters").to_pylist()

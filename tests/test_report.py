@@ -232,9 +232,9 @@ def test_report_shows_scopes_bandwidth_and_queue_of_nccl(
     for chart in ("chart-queue", "chart-bandwidth"):
         assert f'<div class="chart" id="{chart}">' in page
     # `## forward ##`: its three durations in the raw JSON, 103,788,081 + 103,098,615 +
-    # 102,693,531 ns; the d2d row: 307.3 MB in 2.263 ms, 8.7% of 1,555 GB/s
+    # 102,693,531 ns; the d2d row: 307,323,096 B (293.1 MiB) in 2.263 ms, 8.7% of 1,555 GB/s
     assert '<td class="name">## forward ##</td><td>3</td><td>309.580 ms</td>' in page
-    assert ("<td>d2d</td><td>960</td><td>307.3 MB</td><td>2.263 ms</td><td>135.82 GB/s</td>"
+    assert ("<td>d2d</td><td>960</td><td>293.1 MiB</td><td>2.263 ms</td><td>135.82 GB/s</td>"
             in page and "<td>1,555.0 GB/s</td><td>8.7%</td>" in page)
     figure = html.queue_figure(data["queues"], data["run"]["origin_ns"])
     first = figure["data"][0]
