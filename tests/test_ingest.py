@@ -92,6 +92,20 @@ def test_step_durations_are_the_markers(corpus_runs: dict[str, Run]) -> None:
     assert [s["end"] - s["start"] for s in steps] == [round(e["dur"] * 1000) for e in marks]
 
 
+def test_steps_are_the_host_markers_only(corpus_runs: dict[str, Run]) -> None:
+    """The MI250 trace marks step 1 on the host and again on the GPU's timeline (Kineto's
+    `gpu_user_annotation` copy, from the step's first kernel to its last): only the host's
+    spans are steps."""
+    raw = json.loads(__import__("gzip").decompress(corpus("amd").read_bytes()))
+    marks = sorted((e for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    assert sorted(e["cat"] for e in marks) == ["gpu_user_annotation", *["user_annotation"] * 2]
+    host = [e for e in marks if e["cat"] == "user_annotation"]
+    steps = corpus_runs["amd"].table("steps").to_pylist()
+    assert [(s["step"], s["end"] - s["start"]) for s in steps] == [
+        (int(e["name"].split("#")[1]), round(e["dur"] * 1000)) for e in host]
+
+
 def test_clock_uses_base_time_exactly(corpus_runs: dict[str, Run]) -> None:
     # First event in the file: ts 4458676522690.655 us after base 1711964646000000000 ns.
     events = corpus_runs["nccl"].table("events")

@@ -71,7 +71,7 @@ def marker_steps(steps: pa.Table) -> dict[int, list[StepWindow]]:
     for row in profiled(steps).to_pylist():
         seen = by_rank.setdefault(int(row["rank"]), {})
         prev = seen.get(row["step"])
-        # A step marked on both host and device keeps the host (first, earlier) window.
+        # A step marked twice on a rank (two traces of it) keeps its first window.
         if prev is None:
             seen[row["step"]] = StepWindow(int(row["step"]), int(row["start"]), int(row["end"]),
                                            "marker")

@@ -526,7 +526,10 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
 
 
 def _steps(events: pa.Table, rank: int) -> pa.Table:
-    """ProfilerStep#N annotations as step markers (one row per step and rank)."""
+    """ProfilerStep#N annotations on the host as step markers (one row per step and rank).
+    Kineto also copies the annotation onto the GPU's timeline (`gpu_user_annotation`, from the
+    step's first kernel to its last: a CUDA H200 trace's ProfilerStep#10 there ran 131 ms, to
+    the window's end); that copy is no step."""
     names = events.column("name").combine_chunks()
     assert isinstance(names, pa.DictionaryArray)
     values = names.dictionary.to_pylist()
@@ -534,8 +537,9 @@ def _steps(events: pa.Table, rank: int) -> pa.Table:
                     if v and (m := PROFILER_STEP.match(v))}
     if not step_of_code:
         return STEPS.empty_table()
+    on_host = pc.equal(events.column("kind").cast(pa.string()), "user_annotation")
     rows = np.flatnonzero(np.isin(names.indices.to_numpy(zero_copy_only=False),
-                                  list(step_of_code)))
+                                  list(step_of_code)) & on_host.to_numpy(zero_copy_only=False))
     codes = names.indices.to_numpy(zero_copy_only=False)[rows]
     ts = events.column("ts").to_numpy()[rows]
     dur = events.column("dur").to_numpy()[rows]
