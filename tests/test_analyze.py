@@ -226,6 +226,18 @@ def test_kernel_categories() -> None:
     assert kernel_category("void cudnn::bn_bw_1C11_kernel_new<float>") == "reduction"
     assert kernel_category("flash_fwd_kernel") == "attention"
     assert kernel_category("spin_kernel") == "other"
+    # names from a CUDA H200 trace (nanoGPT, torch 2.11): Hopper's cuBLAS GEMM; layer norm's
+    # weight gradient and the fused AdamW step, whose names hold "mma" inside a word
+    assert kernel_category("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_"
+                           "warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas") == "gemm"
+    assert kernel_category("void cutlass::Kernel2<cutlass_80_wmma_tensorop_s161616gemm>") == "gemm"
+    assert kernel_category("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel"
+                           "Template<float, float, 32u, 32u, 256u, false, true, false>") == (
+        "reduction")
+    assert kernel_category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<"
+                           "at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>"
+                           ", at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+                           "(at::native::ADAM_MODE)1, false> >") == "elementwise"
 
 
 def test_op_breakdown_event_sync(corpus_runs: dict[str, Run]) -> None:

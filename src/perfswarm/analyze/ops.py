@@ -22,9 +22,12 @@ from perfswarm.analyze.iterations import StepWindow
 KERNEL_CATEGORIES: Final = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa|mha_", re.I)),
     ("conv", re.compile(r"conv|scudnn|winograd|implicit_?gemm|fprop|dgrad|wgrad", re.I)),
-    ("gemm", re.compile(r"gemm|cutlass|matmul|mma|cublas|sm\d+_xmma|Cijk_|_nn_|_nt_|_tn_", re.I)),
-    ("reduction", re.compile(r"reduce|softmax|norm|bn_[fb]w|argmax|argmin|topk|sum_|mean"
-                             r"|scan|sort", re.I)),
+    # mma only as a word's start (hmma, xmma, wgmma, _mma): not inside GammaBeta (layer norm's
+    # weight gradient) or FusedAdamMathFunctor (fused AdamW), both GEMMs here once
+    ("gemm", re.compile(r"gemm|cutlass|matmul|(?<![a-z])mma|[hwxi]mma|cublas|Cijk_|_nn_|_nt_"
+                        r"|_tn_", re.I)),
+    ("reduction", re.compile(r"reduce|softmax|norm|bn_[fb]w|gammabeta|argmax|argmin|topk|sum_"
+                             r"|mean|scan|sort", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|functor|copy_kernel"
                                r"|fill|triton_poi", re.I)),
     ("embedding", re.compile(r"embedding|gather|scatter|index", re.I)),
