@@ -12,10 +12,8 @@ earliest of the names that occur the same number of times at steady spacing, tha
 number being the one most names share. One op repeated back to back is a loop only
 when it fills most of its stretch. The last iteration counts when it reaches
 the op that closes every other iteration (the latest name found once in each) and
-ends with it, but no later than the profiler stopped (the end of Kineto's trace window): a
-profiler stopped from inside that op (from an optimizer step hook, which runs inside the
-optimizer's `Optimizer.step#...` range) closes the range only after the trace window,
-so the range's end is the profiler's stop and export, not the loop's work.
+ends with it (an `Optimizer.step#...` range the profiler stopped inside ends with the trace
+window: frame.Events clips it).
 """
 
 from __future__ import annotations
@@ -115,13 +113,6 @@ def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64]:
     return ev.name[best], ev.ts[best], ev.end[best]
 
 
-def stopped_at(ev: Events, rank: int) -> int | None:
-    """When the profiler of `rank` stopped: the end of its trace window, None without one."""
-    rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    window = rows[ev.of_kind("trace_span")[rows]]
-    return int(ev.end[window].max()) if len(window) else None
-
-
 def period(names: I64) -> int:
     """Lag (in ops) at which the sequence repeats best; 0 when it does not repeat."""
     n = len(names)
@@ -208,10 +199,8 @@ def _sparse(starts: I64, ends: I64) -> bool:
     return bool((ends - starts).sum() < 0.5 * (ends.max() - starts.min()))
 
 
-def detect(names: I64, starts: I64, ends: I64, stop: int | None = None,
-           ) -> list[tuple[int, int]]:
-    """(start, end) ns of each whole iteration found in an op sequence; `stop`, when known, is
-    when the profiler stopped (the last iteration ends there at the latest)."""
+def detect(names: I64, starts: I64, ends: I64) -> list[tuple[int, int]]:
+    """(start, end) ns of each whole iteration found in an op sequence."""
     lag = period(names)
     anchors = anchor_positions(names, lag) if lag else np.zeros(0, np.int64)
     if len(anchors) < 2:
@@ -223,13 +212,13 @@ def detect(names: I64, starts: I64, ends: I64, stop: int | None = None,
     if close is not None:
         last = int(anchors[-1])
         end = int(ends[last:close + 1].max())
-        windows.append((int(starts[last]), end if stop is None else min(end, stop)))
+        windows.append((int(starts[last]), end))
     return windows
 
 
 def detected_windows(ev: Events, rank: int) -> list[StepWindow]:
     return [StepWindow(i, lo, hi, "detected")
-            for i, (lo, hi) in enumerate(detect(*sequence(ev, rank), stopped_at(ev, rank)))]
+            for i, (lo, hi) in enumerate(detect(*sequence(ev, rank)))]
 
 
 def detected_steps(ev: Events) -> dict[int, list[StepWindow]]:
