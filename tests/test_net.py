@@ -172,7 +172,9 @@ def test_net_counts_a_loopback_transfer_on_the_run_clock(tmp_path: Path) -> None
     assert points and points[-1][1] == 300_000.0
     (a,) = [ts for ts, v in points if v == 100_000.0]
     assert marks["a0"] - MS <= a <= marks["recv_a"] + MS
-    (b,) = [ts for ts, v in points if v == 300_000.0]
+    # the total's first point; the close's empty packets (FIN, ACK), when they fall in a later
+    # interval, give the flow another point there at the same total
+    b = min(ts for ts, v in points if v == 300_000.0)
     assert marks["b0"] - MS <= b <= marks["recv_b"] + MS
     assert all(v == 0.0 for ts, v in points if ts < marks["a0"] - MS)  # the handshake
     assert not [v for ts, v in points if marks["recv_a"] + MS < ts < marks["b0"] - MS]
