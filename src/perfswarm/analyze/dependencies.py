@@ -327,8 +327,9 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
     WAKE_MAX_LAG_SHARE of the stretch or of the stretch the other thread then sat blocked
     (one thread stops and the other starts: backward() handing its work to the autograd
     thread), or, where no other thread of the rank began anything in between (nothing else
-    can have woken it), WAKE_QUIET_LAG_SHARE of the stretch. Inside a wait for a DataLoader's next batch (LOADER_WAIT), the thread's first
-    work is the batch arriving, however long after the other thread finished; its later
+    can have woken it), WAKE_QUIET_LAG_SHARE of the stretch. Inside a wait for a DataLoader's
+    next batch (LOADER_WAIT), the thread's first work is the batch arriving, however long
+    after the other thread finished; its later
     pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last."""
