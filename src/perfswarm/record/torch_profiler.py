@@ -41,6 +41,11 @@ class TorchCollector(Collector):
             "PERFSWARM_STEPS": f"{self.skip}:{self.window}",
             "PERFSWARM_ET": "1" if self.execution_trace else "0",
             "PERFSWARM_HEAP_RESERVE": str(self.reserve_mib),
+            # Kineto keeps CUPTI subscribed after a window unless told to tear it down: on an
+            # H200, nanoGPT's steps after the window then ran 1.6x their bare time (CUDA 12.6 on
+            # tears down safely; torch itself sets 0 where CUDA graphs need it). The user's own
+            # setting stands.
+            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI", "1"),
         }
 
     def files(self) -> list[str]:
