@@ -595,3 +595,21 @@ def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
     assert (first + 3, "export") in steps
     names = set(run.table("events", columns=["name"]).column("name").to_pylist())
     assert ops <= names and not any(n.startswith("Optimizer.") for n in names)
+
+
+def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded child gets TEARDOWN_CUPTI=1 (Kineto would keep CUPTI subscribed after the
+    window), unless the user's environment says otherwise."""
+    from perfswarm.record.torch_profiler import TorchCollector
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    assert TorchCollector(tmp_path, 1, 1).env()["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    assert TorchCollector(tmp_path, 1, 1).env()["TEARDOWN_CUPTI"] == "0"
+    script = "import os; print(os.environ['TEARDOWN_CUPTI'])"
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    out = tmp_path / "printed.txt"
+    with out.open("wb") as f:
+        result = record([sys.executable, "-c", script], tmp_path / "t.run",
+                        RecordOptions(collectors=("torch",)), child=Child(output=f))
+    assert result.exit_code == 0 and out.read_text().strip() == "1"
