@@ -613,3 +613,19 @@ def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.Monkey
         result = record([sys.executable, "-c", script], tmp_path / "t.run",
                         RecordOptions(collectors=("torch",)), child=Child(output=f))
     assert result.exit_code == 0 and out.read_text().strip() == "1"
+
+
+@pytest.mark.parametrize(("setting", "matmul"), [("", "ieee"), (
+    "torch.backends.cuda.matmul.allow_tf32 = True", "tf32"), (
+    "torch.set_float32_matmul_precision('high')", "tf32")])
+def test_the_scripts_tf32_settings(tmp_path: Path, setting: str, matmul: str) -> None:
+    """The recorder writes down how the script would run FP32 GEMMs and convolutions on a CUDA
+    GPU as it had set them when the window opened (torch's defaults: GEMMs in full FP32,
+    convolutions on TF32), also on a CPU, where they change nothing: predict --device reads
+    them."""
+    script = tmp_path / "loop.py"
+    script.write_text(f"import torch\n{setting}\n{NO_OPTIM}")
+    result = record([PY, str(script), "sgd"], tmp_path / "t.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=2, execution_trace=False))
+    extra = result.run.manifest()["extra"]["record"]
+    assert (extra["fp32_matmul"], extra["fp32_conv"]) == (matmul, "tf32")

@@ -84,14 +84,17 @@ def _hooks(path: Path) -> Hooks:
 
 def stepping_facts(stepping: Iterable[Path]) -> dict[str, str]:
     """What the first stepping process with a `.json` says of itself (a `.live` file holds
-    times alone): `torch_version`, and `window_on`, what counted its steps (optimizer,
-    backward or forward)."""
+    times alone): `torch_version`; `window_on`, what counted its steps (optimizer,
+    backward or forward); `fp32_matmul` and `fp32_conv`, how its FP32 matrix products and
+    convolutions would run on a CUDA GPU ("tf32" or "ieee"), as it had set them when its
+    window opened."""
     for path in stepping:
         if path.suffix == ".json":
             with contextlib.suppress(ValueError, AttributeError):
                 data = orjson.loads(path.read_bytes())
-                found = {key: data.get(field) for key, field in (("torch_version", "torch"),
-                                                                  ("window_on", "window_on"))}
+                found = {key: data.get(field) for key, field in (
+                    ("torch_version", "torch"), ("window_on", "window_on"),
+                    ("fp32_matmul", "fp32_matmul"), ("fp32_conv", "fp32_conv"))}
                 return {k: v for k, v in found.items() if isinstance(v, str)}
     return {}
 

@@ -79,6 +79,7 @@ class _Window:
         self.driver: str | None = None  # which of DRIVERS counts the steps
         self.opened_at = -1  # steps done when the window opened
         self.forward_hooks: list[Any] = []
+        self.fp32: dict[str, str] = {}  # how FP32 GEMMs and convs would run on a CUDA GPU
 
     def on_event(self, kind: str) -> None:
         """A step-like event: its kind drives the window unless a better one does (an
@@ -135,6 +136,13 @@ class _Window:
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
         self.opened_at = len(self.hook_ns)
+        # the script's TF32 settings (torch.backends.cuda.matmul.allow_tf32,
+        # torch.backends.cudnn.allow_tf32) as it runs: set on a CPU too, where they change
+        # nothing, and what predict --device needs to price its matrix products on a GPU
+        with contextlib.suppress(AttributeError, RuntimeError):
+            self.fp32 = {"fp32_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32
+                         else "ieee", "fp32_conv": "tf32" if torch.backends.cudnn.allow_tf32
+                         else "ieee"}
         reserve_heap(self.reserve_mib)
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -182,7 +190,7 @@ class _Window:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
-                       "window_on": self.driver}, f)
+                       "window_on": self.driver, **self.fp32}, f)
         os.replace(path + ".tmp", path)
         if self.live_fd >= 0:  # the .json holds every hook time now
             os.close(self.live_fd)
