@@ -14,10 +14,10 @@ from conftest import events
 from perfswarm.analyze.frame import Events
 from perfswarm.cli.main import main
 from perfswarm.model.gpu.aten import op_kernels
-from perfswarm.model.gpu.forecast import ABSOLUTE, LearnedScaler, op_seconds
+from perfswarm.model.gpu.forecast import ABSOLUTE, LearnedScaler, multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import bundled
-from perfswarm.model.gpu.opgraph import HOST_OP_NS, innermost_ops
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, innermost_ops
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.predict import Change, predict
@@ -209,3 +209,50 @@ def test_layer_norm_kernels_move_at_the_models_own_time() -> None:
         ten, one = (moved.scaled(GPU_FLOOR_NS + n, cost, cost, dims, dims) - GPU_FLOOR_NS
                     for n in (480_000, 48_000))
         assert ten == pytest.approx(10 * one, abs=10)
+
+
+def test_per_parameter_ops_as_multi_tensor_launches() -> None:
+    """An optimizer's per-parameter ops on a GPU are multi-tensor ops: torch's
+    multi_tensor_apply takes at most 64 tensors of two tensor lists (lerp_(exp_avg, grad)) and
+    320 chunks of 65,536 elements per launch; the launches stream the tensors' elements."""
+    h200 = load_spec("H200")
+    small = [("aten::lerp_", Shapes(((256, 256), (256, 256), ()), (F, F, "Scalar")))] * 100
+    found = multi_tensor_seconds(small, h200)
+    assert found is not None and found.launches == 2  # ceil(100 / 64)
+    one = op_seconds([(*small[0], False)], h200)[0]
+    assert one is not None and found.seconds < 100 * one[0]  # not a hundred launch floors
+    huge = [("aten::mul_", Shapes(((8192, 8192), ()), (F, "Scalar")))] * 3
+    found = multi_tensor_seconds(huge, h200)
+    assert found is not None and found.launches == 10  # 3 x 2^26 elements / 2^24.3 a launch
+    assert multi_tensor_seconds([("aten::view", Shapes(((4, 4),), (F,)))], h200) is None
+
+
+def test_tf32_as_the_recording_set_it() -> None:
+    """An FP32 GEMM runs on TF32 tensor cores where the recorded process allowed it
+    (torch.backends.cuda.matmul.allow_tf32): faster on an H200, the same on a V100 (no TF32);
+    without the record, torch's defaults: GEMMs in FP32, convolutions on TF32."""
+    assert Precision.of_record({}) == Precision(False, True, False)
+    allowed = Precision.of_record({"fp32_matmul": "tf32", "fp32_conv": "ieee"})
+    assert allowed.tensor_cores("gemm") and not allowed.tensor_cores("conv")
+    gemm = ("aten::mm", Shapes(((4096, 4096), (4096, 4096)), (F, F)))
+    for gpu, faster in (("H200", True), ("V100", False)):
+        spec = load_spec(gpu)
+        (fp32, _), (tf32, _) = (op_seconds([(*gemm, tc)], spec)[0] or (0.0, "")
+                                for tc in (False, True))
+        assert (tf32 < fp32 / 2) if faster else tf32 == fp32
+
+
+def test_backward_ops_of_a_cpu_trace_are_priced() -> None:
+    """torch's CPU attention backward (five matrix products and the softmax's gradient) and an
+    embedding's backward over a [B, T, C] gradient are GPU kernels the model prices."""
+    q = (12, 4, 64, 32)
+    attention = op_kernels("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                           Shapes((q, q, q, q, q, (12, 4, 64), (), (), (), ()),
+                                  (F,) * 6 + ("Scalar",) * 2 + ("", "")))
+    assert attention is not None
+    assert sorted(w.family for w in attention) == ["gemm"] * 5 + ["softmax"]
+    assert sum(w.flops for w in attention if w.family == "gemm") == 5 * 2 * 48 * 64 * 64 * 32
+    grad = op_kernels("aten::embedding_dense_backward",
+                      Shapes(((12, 64, 128), (12, 64), (), (), ()),
+                             (F, "long int", "Scalar", "Scalar", "Scalar")))
+    assert grad is not None and grad[0].m * grad[0].n >= 12 * 64 * 128

@@ -297,6 +297,13 @@ def _embedding(op: str, dims: Dims) -> tuple[float, float] | None:
     index_select (self, dim, index) of a matrix gathers rows alike."""
     if op == "index_select":
         dims = [dims[0], dims[2] if len(dims) > 2 else []]
+    if op in ("embedding_dense_backward", "embedding_backward"):
+        # (grad_output [..., dim], indices, num_weights, ...): each looked-up row's gradient read
+        # and added into its row of the table's gradient
+        if len(dims) < 2 or not dims[0] or not dims[1]:
+            return None
+        dim, lookups = dims[0][-1], _numel(dims[1])
+        return float(lookups * dim), float(2 * lookups * dim + 2 * lookups)
     if len(dims) < 2 or len(dims[0]) != 2 or not dims[1]:
         return None
     dim, lookups = dims[0][1], _numel(dims[1])

@@ -52,7 +52,7 @@ from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
-from perfswarm.model.gpu.opgraph import op_graph_steps
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
@@ -826,8 +826,10 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
     what `predict` found of them (replayed, measured, steady, its notes)."""
     target = load_spec(change.device or "")
     g = m.graph
+    precision = Precision.of_record(m.run.manifest().get("extra", {}).get("record", {}))
     forecasts = op_graph_steps(m.ev, m.shapes, [(lo, hi) for _, _, lo, hi, _ in measured],
-                               target, gpu_model)
+                               target, gpu_model, precision)
+    notes = [*notes, precision.describe()]
     steps = tuple(StepResult(rank, step, hi - lo, r_hi - r_lo, f.predicted_ns,
                              {"measured": active, "replayed": r_active,
                               "predicted": f.device_ns}, f.families_ns)
@@ -837,6 +839,12 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
         raise NotApplicable(None, "no ops with recorded shapes to forecast on a GPU (record "
                             "with shapes: torch.profiler record_shapes=True)",
                             subject=m.run.path)
+    host = {part: statistics.median(f.host_ns[part] for f in forecasts) / 1e6
+            for part in ("python", "dispatch", "launch")}
+    notes = [*notes, f"host per step on the GPU's host: Python {host['python']:.3f} ms and "
+             f"dispatch of the ops that launch nothing {host['dispatch']:.3f} ms, at the "
+             f"recording host's speed, and launches {host['launch']:.3f} ms at a GPU host's "
+             f"{HOST_OP_NS / 1e3:.1f} us each (medians)"]
     unpriced = sum((f.unpriced for f in forecasts), Counter())
     if unpriced:
         notes = [*notes, "ops it could not price (kept at the host's time per op): "

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Final
 
 from perfswarm.model.gpu.work import Peak, Work, conv_work, gemm_work, vector_work
-from perfswarm.model.opcost import Dims, OpCost, Shapes, gemm_dims, op_cost
+from perfswarm.model.opcost import Dims, OpCost, Shapes, data_cost, gemm_dims
 
 HALF: Final = frozenset({"fp16", "bf16"})
 # elementwise ops by the measured op whose arithmetic they resemble
@@ -37,8 +37,9 @@ def _rows_cols(shape: Sequence[int]) -> tuple[int, int]:
 def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False) -> list[Work] | None:
     """The kernels `name` (aten::...) launches at `shapes`; None for an op the model cannot
     price (no cost model, or shapes that do not fit). `tensor_core`: its GEMMs run on tensor
-    cores (TF32 for FP32 data)."""
-    cost = op_cost(name, shapes.dims, shapes.types, (), shapes.strides)
+    cores (TF32 for FP32 data). An op that moves data without a model of its own (opcost's
+    data_cost: random_, a fill) is one elementwise pass."""
+    cost = data_cost(name, shapes)
     if cost is None:
         return None
     return kernels(replace(cost, dtype="tf32") if tensor_core and cost.dtype == "fp32" else cost,
@@ -66,6 +67,20 @@ def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
         return [gemm_work("bmm", bh, lq, lk, d, False, element, peak),
                 vector_work("softmax", "softmax", bh * lq, lk, element),
                 gemm_work("bmm", bh, lq, d, lk, False, element, peak)]
+    if family == "sdpa_backward":  # (grad_out, q, k, v, out, ...): opcost._composite's shapes
+        batch, heads, lq, d = dims[1]
+        lk = dims[2][2]
+        bh = batch * heads
+        # QK^T again, then the gradients of P (dO V^T), V (P^T dO), Q (dS K) and K (dS^T Q),
+        # and the softmax's gradient between
+        return [gemm_work("bmm", bh, lq, lk, d, False, element, peak),
+                gemm_work("bmm", bh, lq, lk, d, False, element, peak),
+                gemm_work("bmm", bh, lk, d, lq, False, element, peak),
+                vector_work("softmax", "softmax", bh * lq, lk, element),
+                gemm_work("bmm", bh, lq, d, lk, False, element, peak),
+                gemm_work("bmm", bh, lk, d, lq, False, element, peak)]
+    if family == "rnn":  # a recurrent layer: cuDNN's kernels, which no measurement covers
+        return None
     if family in ("conv", "depthwise_conv", "conv_backward"):
         grad = family == "conv_backward"
         x, w = (dims[1], dims[2]) if grad else (dims[0], dims[1])

@@ -3,6 +3,7 @@ KernelScaler predict uses for GPU runs, and the device time of an op graph."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -10,6 +11,7 @@ from typing import Final
 from perfswarm.model.gpu.aten import kernels, op_kernels
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled
+from perfswarm.model.gpu.work import Work
 from perfswarm.model.kernels import GPU_FLOOR_NS, Dims, RooflineScaler
 from perfswarm.model.opcost import OpCost, Shapes
 from perfswarm.model.specs import DeviceSpec
@@ -21,6 +23,11 @@ from perfswarm.model.specs import DeviceSpec
 # 27%), the absolute time for layer norms (14% vs 20%); elementwise kernels tie (11.6% vs
 # 11.5%), and keep the ratio, which keeps what was measured.
 ABSOLUTE: Final = frozenset({"norm"})
+# torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh), which the foreach and
+# fused optimizers launch: at most this many tensors per launch by the number of tensor lists
+# (1 to 5), and 320 chunks of 65,536 elements
+MAX_TENSORS: Final = (110, 64, 48, 36, 30)
+LAUNCH_ELEMENTS: Final = 320 * 65_536
 
 
 @dataclass(frozen=True)
@@ -88,3 +95,38 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
         family = works[int(times.argmax())].family
         out.append((float(times.sum()) + len(works) * GPU_FLOOR_NS * 1e-9, family))
     return out
+
+
+@dataclass(frozen=True)
+class MultiTensor:
+    """Ops that one multi-tensor op does on a GPU (torch's foreach kernels: an optimizer's
+    per-parameter updates, one op name over every parameter): its time on the target (launch
+    floors included), the family, and how many launches it takes."""
+
+    seconds: float
+    family: str
+    launches: int
+
+
+def multi_tensor_seconds(ops: Sequence[tuple[str, Shapes]], target: DeviceSpec,
+                         model: KernelModel | None = None) -> MultiTensor | None:
+    """The per-tensor ops `ops` (one name, one tensor each) as the multi-tensor kernels that do
+    them together: their elements streamed in launches of at most MAX_TENSORS tensors (by the
+    op's tensor inputs) and LAUNCH_ELEMENTS elements; None when the model cannot price them."""
+    model = model or bundled()
+    found = [op_kernels(name, shapes) for name, shapes in ops]
+    works = [w for ws in found if ws is not None for w in ws]
+    if not ops or any(ws is None for ws in found) or not works or any(
+            w.family not in model.families for w in works):
+        return None
+    first = works[0]
+    elements = sum(w.b * w.m * w.n for w in works)
+    depth = min(len(MAX_TENSORS), max(1, sum(1 for d in ops[0][1].dims if d)))
+    launches = max(math.ceil(len(ops) / MAX_TENSORS[depth - 1]),
+                   math.ceil(elements / LAUNCH_ELEMENTS))
+    cols = max(w.n for w in works)
+    each = Work(first.family, first.kind, sum(w.flops for w in works) / launches,
+                sum(w.bytes for w in works) / launches, 1,
+                max(1, math.ceil(elements / launches / cols)), cols, 1, first.peak)
+    seconds = float(model.seconds([each], Hardware.of_spec(target)).sum())
+    return MultiTensor(launches * (seconds + GPU_FLOOR_NS * 1e-9), first.family, launches)

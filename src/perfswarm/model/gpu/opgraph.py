@@ -12,7 +12,7 @@ the forecast carries the profiler's overhead, as the traces it compares with do.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -20,7 +20,8 @@ import numpy as np
 
 from perfswarm.analyze.dependencies import enclosing_ops
 from perfswarm.analyze.frame import Events
-from perfswarm.model.gpu.forecast import op_seconds
+from perfswarm.analyze.phases import OPTIMIZER, SCOPES, phases
+from perfswarm.model.gpu.forecast import multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.opcost import Shapes, data_cost
 from perfswarm.model.specs import DeviceSpec
@@ -49,6 +50,7 @@ class StepForecast:
     device_ns: int
     families_ns: dict[str, int]
     unpriced: Counter[str]
+    host_ns: dict[str, int]  # the host's time by part: python, dispatch, launch
 
 
 def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, hi: int
@@ -86,39 +88,186 @@ def _top_level_ns(ev: Events, rows: Sequence[int]) -> int:
     return total
 
 
-def forecast_step(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, hi: int,
-                  target: DeviceSpec, host_ns: int, model: KernelModel | None = None
+@dataclass(frozen=True)
+class Precision:
+    """How an FP32 matrix product and an FP32 convolution run on a CUDA GPU: on TF32 tensor
+    cores or not. A recorded process's own settings when it had set them by its profiling
+    window (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32: the
+    recorder writes them down even on a CPU, where they change nothing), else torch's defaults:
+    matrix products in full FP32, convolutions on TF32."""
+
+    matmul_tf32: bool = False
+    conv_tf32: bool = True
+    recorded: bool = False  # read off the recording, not torch's defaults
+
+    @classmethod
+    def of_record(cls, record: Mapping[str, object]) -> Precision:
+        """From a Run's `manifest.extra.record` (`fp32_matmul`, `fp32_conv`: "tf32" or
+        "ieee"), torch's defaults where it has none."""
+        matmul, conv = record.get("fp32_matmul"), record.get("fp32_conv")
+        if matmul is None and conv is None:
+            return cls()
+        return cls(matmul == "tf32", conv != "ieee", True)
+
+    def describe(self) -> str:
+        def how(tf32: bool) -> str:
+            return "on TF32 tensor cores" if tf32 else "in full FP32"
+
+        where = "as the recorded process had set them" if self.recorded else "torch's defaults"
+        return (f"on the GPU, FP32 matrix products run {how(self.matmul_tf32)} and "
+                f"convolutions {how(self.conv_tf32)} ({where})")
+
+    def tensor_cores(self, family: str) -> bool:
+        if family == "gemm":
+            return self.matmul_tf32
+        return self.conv_tf32 and family in ("conv", "depthwise_conv", "conv_backward")
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What the host launches in the forecast, in order: one op, or the per-parameter ops of an
+    optimizer step that one multi-tensor op does on a GPU."""
+
+    name: str
+    seconds: float | None  # on the device, launch floors included; None: unpriced
+    family: str
+    launches: int  # host dispatches it costs
+
+
+def optimizer_groups(ev: Events, rows: Sequence[int]) -> tuple[list[int], list[list[int]]]:
+    """`rows` split into the ones outside the optimizer (analyze.phases: inside an
+    `Optimizer.` range) and, of those inside, one group per op name in first-seen order. On a
+    CUDA GPU torch.optim runs every op of its step over all parameters at once (its foreach
+    default, or fused); on a CPU it loops over them, one op per parameter."""
+    phase = phases(ev, np.asarray(rows, np.int64))
+    outside = [r for r, p in zip(rows, phase, strict=True) if p != OPTIMIZER]
+    groups: dict[str, list[int]] = {}
+    for r, p in zip(rows, phase, strict=True):
+        if p == OPTIMIZER:
+            groups.setdefault(ev.name_of(r), []).append(r)
+    return outside, list(groups.values())
+
+
+def _launches(ev: Events, shapes: Callable[[int], Shapes | None], rows: Sequence[int],
+              target: DeviceSpec, precision: Precision, model: KernelModel | None
+              ) -> list[_Launch]:
+    """The step's ops as launches in start order."""
+    outside, groups = optimizer_groups(ev, rows)
+
+    def shaped(r: int) -> Shapes:
+        return shapes(r) or Shapes((), ())
+
+    def family(r: int) -> str:
+        cost = data_cost(ev.name_of(r), shaped(r))
+        return cost.family if cost is not None else ""
+
+    priced = op_seconds([(ev.name_of(r), shaped(r), precision.tensor_cores(family(r)))
+                         for r in outside], target, model)
+    starts = [int(ev.ts[r]) for r in outside]
+    out = [_Launch(ev.name_of(r), found[0] if found else None, found[1] if found else "", 1)
+           for r, found in zip(outside, priced, strict=True)]
+    for group in groups:
+        together = multi_tensor_seconds([(ev.name_of(r), shaped(r)) for r in group], target,
+                                        model)
+        starts.append(int(ev.ts[group[0]]))
+        out.append(_Launch(ev.name_of(group[0]), together.seconds if together else None,
+                           together.family if together else "",
+                           together.launches if together else len(group)))
+    return [out[i] for i in np.argsort(np.asarray(starts, np.int64), kind="stable")]
+
+
+def forecast_step(ev: Events, shapes: Callable[[int], Shapes | None], rows: Sequence[int],
+                  target: DeviceSpec, own_ns: Mapping[str, int],
+                  model: KernelModel | None = None, precision: Precision = Precision()
                   ) -> StepForecast:
-    """One iteration on `target`: the host's own time outside the ops (`host_ns`, as recorded)
-    plus HOST_OP_NS per op, each op's kernels queued on one stream behind the ones before."""
-    rows = innermost_ops(ev, shapes, lo, hi)
-    priced = op_seconds([(ev.name_of(r), shapes(r) or Shapes((), ()), False) for r in rows],
-                        target, model)
+    """One iteration on `target` of its innermost costed ops `rows`: the host's own time
+    (`own_ns`, by part: outside those ops) plus HOST_OP_NS per launch, each op's kernels queued
+    on one stream behind the ones before; an optimizer's per-parameter ops as multi-tensor ops
+    (`optimizer_groups`)."""
+    launches = _launches(ev, shapes, rows, target, precision, model)
+    host_ns = sum(own_ns.values())
     unpriced: Counter[str] = Counter()
     families: Counter[str] = Counter()
-    gap = host_ns / max(1, len(rows))
-    host = 0.0 if rows else float(host_ns)
+    gap = host_ns / max(1, len(launches))
+    host = 0.0 if launches else float(host_ns)
     device = busy = 0.0
-    for row, found in zip(rows, priced, strict=True):
-        host += gap + HOST_OP_NS
-        if found is None:
-            unpriced[ev.name_of(row)] += 1
+    for launch in launches:
+        host += gap + HOST_OP_NS * launch.launches
+        if launch.seconds is None:
+            unpriced[launch.name] += launch.launches
             continue
-        seconds, family = found
-        device = max(device, host) + seconds * 1e9
-        busy += seconds * 1e9
-        families[family] += round(seconds * 1e9)
-    return StepForecast(round(max(host, device)), round(busy), dict(families), unpriced)
+        device = max(device, host) + launch.seconds * 1e9
+        busy += launch.seconds * 1e9
+        families[launch.family] += round(launch.seconds * 1e9)
+    return StepForecast(round(max(host, device)), round(busy), dict(families), unpriced,
+                        {**own_ns, "launch": HOST_OP_NS * sum(a.launches for a in launches)})
+
+
+@dataclass(frozen=True)
+class _HostParts:
+    """A recorded step's host time that stays on a GPU host: the Python outside every op (less
+    the optimizer's loop over the parameters, which its multi-tensor ops replace), and the ops
+    that compute nothing there and launch nothing, each a dispatch (`self_ns`: their own time
+    less their children's)."""
+
+    python_ns: int
+    dispatch_self_ns: list[int]
+
+
+def _host_parts(ev: Events, inside: Sequence[int], inner: Sequence[int], lo: int,
+                hi: int) -> _HostParts:
+    rows = np.asarray(inside, np.int64)
+    parent = enclosing_ops(ev, rows, rows)
+    children: Counter[int] = Counter()
+    for row, up in parent.items():
+        children[up] += int(ev.dur[row])
+    costed = set(inner)
+
+    def under_costed(row: int) -> bool:
+        while row in parent:
+            row = parent[row]
+            if row in costed:
+                return True
+        return False
+
+    phase = phases(ev, rows)
+    dispatch = [int(ev.dur[r]) - children[r] for r, p in zip(inside, phase, strict=True)
+                if p != OPTIMIZER and r not in costed and not under_costed(r)]
+    python = hi - lo - _top_level_ns(ev, inside) - _optimizer_python_ns(ev, inside, lo, hi)
+    return _HostParts(max(0, python), dispatch)
+
+
+def _optimizer_python_ns(ev: Events, inside: Sequence[int], lo: int, hi: int) -> int:
+    """The host's time in the step's optimizer ranges outside their ops: the Python of a loop
+    over the parameters."""
+    codes = [i for i, n in enumerate(ev.names) if SCOPES[OPTIMIZER].search(n)]
+    ranges = np.flatnonzero(np.isin(ev.name, codes) & (ev.ts >= lo) & (ev.ts < hi)
+                            & ev.of_kind("user_annotation"))
+    total = 0
+    for r in ranges.tolist():
+        ops = [i for i in inside if ev.ts[r] <= ev.ts[i] < ev.end[r] and ev.tid[i] == ev.tid[r]]
+        total += max(0, int(ev.dur[r]) - _top_level_ns(ev, ops))
+    return total
 
 
 def op_graph_steps(ev: Events, shapes: Callable[[int], Shapes | None],
                    steps: Sequence[tuple[int, int]], target: DeviceSpec,
-                   model: KernelModel | None = None) -> list[StepForecast]:
-    """Every (start, end) iteration of a CPU Run forecast on `target`: its host time outside
-    ops is its length less its top-level ops' time."""
-    out = []
+                   model: KernelModel | None = None,
+                   precision: Precision = Precision()) -> list[StepForecast]:
+    """Every (start, end) iteration of a CPU Run forecast on `target`. Its host time on the GPU's
+    host: its Python outside the ops as recorded (less the optimizer's parameter loop), a
+    dispatch per op that computes nothing on the GPU and launches nothing (a view, a reshape,
+    an autograd node around its op; each at the median of such ops' own time in the Run: the
+    recording host's dispatch speed, the few that computed on the CPU inside an op of no cost
+    model, a cat of a tensor list, left out), and HOST_OP_NS per launch."""
+    found = []
     for lo, hi in steps:
         inside = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi)).tolist()
-        busy = _top_level_ns(ev, inside)
-        out.append(forecast_step(ev, shapes, lo, hi, target, max(0, hi - lo - busy), model))
-    return out
+        inner = innermost_ops(ev, shapes, lo, hi)
+        found.append((inner, _host_parts(ev, inside, inner, lo, hi)))
+    every = [ns for _, parts in found for ns in parts.dispatch_self_ns]
+    dispatch_ns = float(np.median(every)) if every else 0.0
+    return [forecast_step(ev, shapes, inner, target, {
+        "python": parts.python_ns,
+        "dispatch": round(dispatch_ns * len(parts.dispatch_self_ns))}, model, precision)
+            for inner, parts in found]
