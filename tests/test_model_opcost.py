@@ -82,6 +82,15 @@ def test_conv_embedding_sdpa_and_memory_ops() -> None:
     sdpa = op_cost("aten::scaled_dot_product_attention",
                    [[2, 4, 128, 64], [2, 4, 128, 64], [2, 4, 128, 64]], ["c10::BFloat16"] * 3)
     assert sdpa is not None and sdpa.flops == 4 * 2 * 4 * 128 * 128 * 64 + 5 * 2 * 4 * 128 * 128
+    # the memory-efficient kernel's own op (CUDA traces: nanoGPT on an H200) takes q, k, v as
+    # [batch, seq, heads, head_dim]: the same attention
+    fused = op_cost("aten::_efficient_attention_forward",
+                    [[2, 128, 4, 64], [2, 128, 4, 64], [2, 128, 4, 64]], ["c10::BFloat16"] * 3)
+    assert fused is not None and (fused.flops, fused.bytes) == (sdpa.flops, sdpa.bytes)
+    grad = data_cost("aten::_efficient_attention_backward", Shapes(
+        ((2, 128, 4, 64),) * 5 + ((2, 4, 128),), ("float",) * 6))
+    assert grad is not None and grad.family == "sdpa_backward"
+    assert grad.flops == 10 * 2 * 4 * 128 * 128 * 64 + 5 * 2 * 4 * 128 * 128
     add = op_cost("aten::add", [[1024, 1024], [1024, 1024], []], ["float", "float", "Scalar"])
     assert add is not None and add.bytes == 3 * 4 * 1024 * 1024 and add.flops == 1024 * 1024
     total = op_cost("aten::sum", [[256, 256]], ["float"])

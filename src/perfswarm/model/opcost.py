@@ -66,8 +66,13 @@ _GATHERS = frozenset({"index_select"})
 _LOOKUPS = ("embedding_bag", "gather")  # families whose first input is looked up, not streamed
 _SDPA = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                    "_scaled_dot_product_efficient_attention", "_flash_attention_forward",
+                   "_efficient_attention_forward",
                    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
                    "_scaled_dot_product_flash_attention_for_cpu"})
+# The fused attention kernels' own ops take q, k and v as [batch, seq, heads, head_dim]; the
+# scaled_dot_product_* ops (and the CPU's) as [batch, heads, seq, head_dim]
+_SEQ_SECOND = frozenset({"_efficient_attention_forward", "_flash_attention_forward",
+                         "_efficient_attention_backward", "_flash_attention_backward"})
 # Per-element FLOPs of the families whose cost is a multiple of the largest tensor.
 _FLOPS_PER_ELEMENT = {"elementwise": 1.0, "reduction": 1.0, "norm": 5.0, "softmax": 5.0,
                       "pool": 1.0, "copy": 0.0}
@@ -259,7 +264,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     elif family in _LOOKUPS:
         work = _embedding(op, input_dims)
     elif family == "sdpa":
-        work = _sdpa(input_dims)
+        work = _sdpa(op, input_dims)
     else:
         largest = max(_numel(d) for d in shaped)
         inputs = sum(_numel(d) for d in shaped)
@@ -314,12 +319,25 @@ def _embedding(op: str, dims: Dims) -> tuple[float, float] | None:
     return float(lookups * dim), float(lookups * dim + 2 * lookups + bags * dim)
 
 
-def _sdpa(dims: Dims) -> tuple[float, float] | None:
-    """Attention as QK^T and PV matmuls over [batch, heads, seq, head_dim] q/k/v."""
-    if len(dims) < 3 or len(dims[0]) != 4 or len(dims[1]) != 4:
+def attention_shape(op: str, q: Sequence[int], k: Sequence[int]
+                    ) -> tuple[int, int, int, int, int] | None:
+    """(batch, heads, query length, key length, head dim) of an attention op (`op` without
+    ``aten::``) from its q and k; None unless both are 4-d."""
+    if len(q) != 4 or len(k) != 4:
         return None
-    b, h, lq, d = dims[0]
-    lk = dims[1][2]
+    if op in _SEQ_SECOND:
+        b, lq, h, d = q
+        return b, h, lq, k[1], d
+    b, h, lq, d = q
+    return b, h, lq, k[2], d
+
+
+def _sdpa(op: str, dims: Dims) -> tuple[float, float] | None:
+    """Attention as QK^T and PV matmuls over q, k and v (`attention_shape`)."""
+    found = attention_shape(op, dims[0], dims[1]) if len(dims) >= 3 else None
+    if found is None:
+        return None
+    b, h, lq, lk, d = found
     flops = 4.0 * b * h * lq * lk * d + 5.0 * b * h * lq * lk
     return flops, float(2 * b * h * lq * d + 2 * b * h * lk * d)
 
@@ -470,10 +488,10 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
             return "rnn", 2.0 * flops, 2.0 * moved
         return "rnn", flops, float(moved)
     if _HIDDEN_GEMMS.search(op) and "attention" in op:
-        if len(dims) < 5 or any(len(d) != 4 for d in dims[:5]):
+        found = attention_shape(op, dims[1], dims[2]) if len(dims) >= 5 else None
+        if found is None or any(len(d) != 4 for d in dims[:4]):
             return None
-        b, h, lq, d = dims[1]
-        lk = dims[2][2]
+        b, h, lq, lk, d = found
         flops = 10.0 * b * h * lq * lk * d + 5.0 * b * h * lq * lk
         return "sdpa_backward", flops, float(5 * b * h * lq * d + 3 * b * h * lk * d)
     return None

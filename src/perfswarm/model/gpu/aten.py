@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Final
 
 from perfswarm.model.gpu.work import Peak, Work, conv_work, gemm_work, vector_work
-from perfswarm.model.opcost import Dims, OpCost, Shapes, data_cost, gemm_dims
+from perfswarm.model.opcost import Dims, OpCost, Shapes, attention_shape, data_cost, gemm_dims
 
 HALF: Final = frozenset({"fp16", "bf16"})
 # elementwise ops by the measured op whose arithmetic they resemble
@@ -60,19 +60,20 @@ def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
         b, m, k, n = found
         bias = op == "addmm" or (op == "linear" and len(dims) > 2 and bool(dims[2]))
         return [gemm_work("bmm" if b > 1 else "linear", b, m, n, k, bias, element, peak)]
-    if family == "sdpa":  # QK^T, softmax, PV
-        batch, heads, lq, d = dims[0]
-        lk = dims[1][2]
+    if family in ("sdpa", "sdpa_backward"):
+        # q and k: the forward's first two inputs, the backward's second and third
+        qk = dims[:2] if family == "sdpa" else dims[1:3]
+        shape = attention_shape(op, *qk) if len(qk) == 2 else None
+        if shape is None:
+            return None
+        batch, heads, lq, lk, d = shape
         bh = batch * heads
-        return [gemm_work("bmm", bh, lq, lk, d, False, element, peak),
-                vector_work("softmax", "softmax", bh * lq, lk, element),
-                gemm_work("bmm", bh, lq, d, lk, False, element, peak)]
-    if family == "sdpa_backward":  # (grad_out, q, k, v, out, ...): opcost._composite's shapes
-        batch, heads, lq, d = dims[1]
-        lk = dims[2][2]
-        bh = batch * heads
-        # QK^T again, then the gradients of P (dO V^T), V (P^T dO), Q (dS K) and K (dS^T Q),
-        # and the softmax's gradient between
+        if family == "sdpa":  # QK^T, softmax, PV
+            return [gemm_work("bmm", bh, lq, lk, d, False, element, peak),
+                    vector_work("softmax", "softmax", bh * lq, lk, element),
+                    gemm_work("bmm", bh, lq, d, lk, False, element, peak)]
+        # the backward (opcost._composite): QK^T again, then the gradients of P (dO V^T), V
+        # (P^T dO), Q (dS K) and K (dS^T Q), and the softmax's gradient between
         return [gemm_work("bmm", bh, lq, lk, d, False, element, peak),
                 gemm_work("bmm", bh, lq, lk, d, False, element, peak),
                 gemm_work("bmm", bh, lk, d, lq, False, element, peak),
