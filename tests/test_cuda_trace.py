@@ -14,6 +14,8 @@ import pytest
 
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze
+from perfswarm.model.opstats import op_costs
+from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
@@ -101,3 +103,15 @@ def test_annotation_ends_with_the_trace(run: Run, raw: list[dict[str, Any]]) -> 
     assert path is not None
     (step,) = [s for s in path.steps if s.step == 14]
     assert step.end - origin == int(stop * 1000)
+
+
+def test_tf32_gemms_are_costed_as_tf32(run: Run, raw: list[dict[str, Any]]) -> None:
+    """nanoGPT allows TF32 matmuls, and each of its FP32 aten::mm launched a TF32 tensor-core
+    kernel on the H200 (the raw JSON's kernel names): the op cost table prices them against
+    the TF32 peak, and the report's MFU is of that peak."""
+    kernels = {e["name"] for e in raw if e["cat"] == "kernel" and "gemm" in e["name"]}
+    assert kernels and all("tf32" in k or "tensorop" in k for k in kernels)
+    mms = [o for o in op_costs(run, [0]).ops if o.name == "aten::mm"]
+    assert mms and {o.dtype for o in mms} == {"tf32"}
+    flops = report_data(run)["flops"]
+    assert flops["dtype"] == "tf32" and flops["peak_flops_per_s"] == 494.7e12

@@ -287,6 +287,12 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   family == "gemm" and column_major(input_dims, strides, _operands(op)[0]))
 
 
+def tf32_if_fp32(cost: OpCost) -> OpCost:
+    """An FP32 op's cost as TF32 work (its kernels ran on tensor cores: cutlass tensorop,
+    s1688, sm90 xmma tf32...): bounded by the TF32 peak; other precisions as they are."""
+    return replace(cost, dtype="tf32") if cost.dtype == "fp32" else cost
+
+
 def scale_batch(cost: OpCost, factor: float) -> OpCost:
     """The cost at `factor` times the batch: batch-dependent bytes and FLOPs scale, parameters'
     bytes do not (every FLOP of a batched op touches one sample, so all of them scale)."""

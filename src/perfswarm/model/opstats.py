@@ -29,6 +29,7 @@ from perfswarm.analyze.dependencies import launching_ops
 from perfswarm.analyze.frame import Events, args_of, group_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
+from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.fusion import FusionCandidate, fusion_candidates
 from perfswarm.model.opcost import (
@@ -38,6 +39,7 @@ from perfswarm.model.opcost import (
     roofline,
     shapes_cost,
     shapes_from_args,
+    tf32_if_fp32,
 )
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.store import Run
@@ -204,6 +206,10 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
                          .to_numpy(), np.int64)
         launched: dict[int, int] = defaultdict(int)
         launches = {d: owner.get(o, o) for d, o in launching_ops(ev, ext, device).items()}
+        # an FP32 op whose kernels ran on tensor cores did TF32 work: its roofline, its dtype
+        for op_row in {o for d, o in launches.items() if is_tensor_core(names[d])}:
+            if op_row in costs:
+                costs[op_row] = tf32_if_fp32(costs[op_row])
         for dev_row, op_row in launches.items():
             launched[op_row] += durs[dev_row]
         time = {row: launched.get(row, 0) for row in counted}

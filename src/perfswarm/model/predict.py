@@ -29,7 +29,7 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -64,6 +64,7 @@ from perfswarm.model.opcost import (
     output_bytes,
     scale_batch,
     shapes_from_args,
+    tf32_if_fp32,
 )
 from perfswarm.model.overheads import (
     Instance,
@@ -569,9 +570,9 @@ def _on_tensor_cores(found: tuple[OpCost, OpCost, Shapes] | None, kernel: str
                      ) -> tuple[OpCost, OpCost, Shapes] | None:
     """An FP32 op whose kernel runs on tensor cores (TF32: cutlass tensorop, s1688, ...) is
     bounded by the tensor-core peak."""
-    if found is None or found[0].dtype != "fp32" or not is_tensor_core(kernel):
+    if found is None or not is_tensor_core(kernel):
         return found
-    return replace(found[0], dtype="tf32"), replace(found[1], dtype="tf32"), found[2]
+    return tf32_if_fp32(found[0]), tf32_if_fp32(found[1]), found[2]
 
 
 def step_faults(m: _Model) -> float | None:
