@@ -115,3 +115,22 @@ def test_tf32_gemms_are_costed_as_tf32(run: Run, raw: list[dict[str, Any]]) -> N
     assert mms and {o.dtype for o in mms} == {"tf32"}
     flops = report_data(run)["flops"]
     assert flops["dtype"] == "tf32" and flops["peak_flops_per_s"] == 494.7e12
+
+
+def test_only_device_reads_are_host_syncs(run: Run, raw: list[dict[str, Any]]) -> None:
+    """Of the 245 .item() reads in the window, 240 read CPU tensors and wait for nothing (no
+    runtime call inside them); 5, nanoGPT's loss.item() once a step, copy from the device:
+    one sync a step, under host_syncs' three, so it does not fire (it counted all 245)."""
+    reads = [e for e in raw if e["name"] == "aten::_local_scalar_dense"]
+    calls = [e for e in raw if e["cat"] == "cuda_runtime"]
+
+    def holds_call(r: dict[str, Any]) -> bool:
+        lo, hi = us(r["ts"]), us(r["ts"]) + us(r["dur"])
+        return any(c["tid"] == r["tid"] and lo <= us(c["ts"]) and us(c["ts"]) + us(c["dur"])
+                   <= hi for c in calls)
+
+    device_reads = [r for r in reads if holds_call(r)]
+    assert (len(reads), len(device_reads)) == (245, 5)
+    from perfswarm.optimize.advise import advise
+
+    assert "host_syncs" not in {a.rule for a in advise(run).advice}

@@ -111,6 +111,13 @@ class Facts:
                                outer["row"].to_numpy())
         return inner.filter(pl.col("row").is_in(np.fromiter(around, np.int64, len(around))))
 
+    def around(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
+        """The rows of `outer` that hold a row of `inner` as their innermost enclosing one (the
+        same nesting sweep as `inside`)."""
+        around = enclosing_ops(Events.load(self.run), inner["row"].to_numpy(),
+                               outer["row"].to_numpy())
+        return outer.filter(pl.col("row").is_in(np.fromiter(set(around.values()), np.int64)))
+
     @cached_property
     def ranks(self) -> list[int]:
         return sorted(int(r) for r in self.events["rank"].unique())

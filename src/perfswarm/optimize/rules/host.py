@@ -99,7 +99,11 @@ def host_syncs(facts: Facts) -> Advice | None:
     # analyze's one definition of a blocking call: the synchronizes and the synchronous
     # cudaMemcpy/hipMemcpy, which returns only when its copy is done
     apis = facts.in_window(facts.kind("runtime").filter(pl.col("name").is_in(list(SYNC_CALLS))))
-    items = facts.in_window(facts.named(_SCALAR_READ, "cpu_op"))
+    # an .item() reads the device only where it runs the copy (a runtime call inside it); of
+    # a CPU tensor it waits for nothing. A trace of CPU activities alone shows no calls: each
+    # read counts there.
+    reads, calls = facts.named(_SCALAR_READ, "cpu_op"), facts.kind("runtime", "driver")
+    items = facts.in_window(facts.around(reads, calls) if calls.height else reads)
     d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
     points = apis.height + items.height
     steps = facts.step_count()
