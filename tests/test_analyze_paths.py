@@ -445,6 +445,23 @@ def test_system_load_dominators_and_correlation(rank: int) -> None:
     assert set(load.gpu_correlation) == {"cpu", "net"}
 
 
+def test_the_busiest_core_sets_the_cpu_load() -> None:
+    """One core of four 80% busy in user time (a loop's Python), the GPU 35%: the mean over the
+    cores (20%) would make the GPU the dominator; the busiest core says the host."""
+    t = np.arange(0, 1000, 10, dtype=np.int64)
+    series = {f"cpu.core{i}.usr": np.full(len(t), 80.0 if i == 2 else 0.0) for i in range(4)}
+    series["gpu0.sm_util"] = np.full(len(t), 35.0)
+    n = len(t)
+    table = pa.table({"rank": [-1] * (n * len(series)), "ts": np.tile(t, len(series)),
+                      "name": [k for k in series for _ in range(n)],
+                      "device": [-1] * (n * len(series)),
+                      "value": np.concatenate(list(series.values()))}).cast(COUNTERS)
+    (load,) = system_load(table, {0: [StepWindow(0, 0, 1000, "marker")]})
+    (window,) = load.windows
+    assert window.mean["usr"] == pytest.approx(0.2) and window.busiest["usr"] == pytest.approx(0.8)
+    assert window.dominator == "usr"
+
+
 def test_diff_lists_improvements_with_a_noise_band(tmp_path: Path) -> None:
     """B's aten::mm is 2 ms faster a step (3 steps: 5, 6, 7 -> 3, 4, 5 ms); aten::relu moves by
     a step-to-step wobble (1, 2, 3 -> 2, 1, 3 ms): inside its band. The noise is twice the

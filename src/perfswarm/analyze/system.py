@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -39,9 +39,12 @@ class WindowLoad:
     step: int
     mean: Mapping[str, float]  # group -> mean utilization (fraction) in the window
     dominator: str | None
+    # usr, sys, iowait -> the busiest core's share, at each reading, averaged over the window
+    busiest: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "mean": dict(self.mean), "dominator": self.dominator}
+        return {"step": self.step, "mean": dict(self.mean), "busiest": dict(self.busiest),
+                "dominator": self.dominator}
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,13 @@ def _on(axis: I64, series: Sequence[tuple[I64, F64]]) -> F64 | None:
                       np.float64)
 
 
+def _busiest(series: Sequence[tuple[I64, F64]], start: int, end: int) -> float:
+    """The mean over the readings in [start, end) of the largest of the cores' values at each
+    (every core's series interpolated onto those readings' times)."""
+    axis = np.unique(np.concatenate([t[(t >= start) & (t < end)] for t, _ in series]))
+    return float(np.mean(np.max([np.interp(axis, t, v) for t, v in series], axis=0)))
+
+
 def _pearson(a: F64, b: F64) -> float | None:
     if len(a) < 3 or a.std() == 0 or b.std() == 0:
         return None
@@ -121,14 +131,19 @@ def system_load(counters: pa.Table,
             groups = {g: groups[g] + host[g] for g in PATTERNS}
         windows = []
         for w in steps.get(rank, ()):
-            mean = {}
+            mean, busiest = {}, {}
             for g in GROUPS:
                 vals = [v[(t >= w.start) & (t < w.end)] for t, v in groups[g]]
                 vals = [v for v in vals if len(v)]
                 if vals:
                     mean[g] = float(np.mean(np.concatenate(vals)))
-            dominator = max(mean, key=lambda g: (mean[g], g)) if mean else None
-            windows.append(WindowLoad(w.step, mean, dominator))
+                if vals and g != "gpu":
+                    busiest[g] = _busiest(groups[g], w.start, w.end)
+            # a CPU group's load is its busiest core's: a training loop's Python holds one
+            # core (the GIL), a 16th of the host's however hard it works; a device its own
+            load = {g: busiest.get(g, v) for g, v in mean.items()}
+            dominator = max(load, key=lambda g: (load[g], g)) if load else None
+            windows.append(WindowLoad(w.step, mean, dominator, busiest))
         corr: dict[str, float] = {}
         gpu = groups["gpu"]
         if gpu:
