@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64
+from perfswarm.analyze.frame import I64, Events
 from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Run
 
@@ -176,6 +176,10 @@ class Spans:
 
 def spans(run: Run) -> Spans:
     events = run.table("events", _COLUMNS)
+    # the durations the analyses read (frame.Events: a range the profiler stopped inside ends
+    # with its trace window), row for row the table's
+    events = events.set_column(events.schema.get_field_index("dur"), "dur",
+                               pa.array(Events.load(run).dur))
     kinds = events.column("kind").cast(pa.string())
     mask = pc.and_(pc.greater(events.column("dur"), 0),
                    pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN)))))
