@@ -269,9 +269,11 @@ def profile(run: Run, grad_bytes: int | None = None, *,
 
 def simulate_step(ranks: Sequence[StepProfile], topology: Topology,
                   config: CollectiveConfig) -> tuple[float, float]:
-    """(step seconds, modelled collective seconds) of one step on `topology.devices` devices."""
+    """(step seconds, modelled collective seconds) of one step on `topology.devices` devices:
+    its device work replayed back to back with the collectives, then each rank's time of the
+    step its device sat idle (waiting on the host), as measured: a host-bound step stays so."""
     p = topology.devices
-    compute = max(st.compute_ns for st in ranks) * 1e-9
+    compute = max((st.compute_ns + st.idle_ns) for st in ranks) * 1e-9
     if p == 1:
         return compute, 0.0
     ready_at = [[c.ready_ns * 1e-9 for c in st.calls] for st in ranks]
@@ -285,7 +287,8 @@ def simulate_step(ranks: Sequence[StepProfile], topology: Topology,
         t = collective_time(call.op, call.nbytes, topology, config)
         end = max(*(r[k] for r in members), end) + t
         modelled += t
-    step = max(max((st.compute_ns - st.tail_ns) * 1e-9, end) + st.tail_ns * 1e-9 for st in ranks)
+    step = max(max((st.compute_ns - st.tail_ns) * 1e-9, end) + (st.tail_ns + st.idle_ns) * 1e-9
+               for st in ranks)
     return max(step, compute), modelled
 
 
