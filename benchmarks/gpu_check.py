@@ -13,11 +13,12 @@ machine that sends back only a few files sends back everything.
 
 Here, `compare OUT...` (several device rounds; a later round's case replaces an earlier one's):
 per case the collectors' status, NVML's SM utilization in the profiled window beside the
-trace's kernel-busy share of it, the recorder's overhead (its unprofiled steps before and after
-the window against the bare run), `predict` at the recorded configuration, `predict
---batch-size 64` of `medium` against `medium-b64`, and, for `small` and `medium`, the same
-command recorded on this CPU and forecast by `predict --device GPU` against the GPU's step;
-then the calibration and the memory case against what the allocator said.
+trace's kernel-busy share of it, the bundled kernel model against the run's own kernels (GMAE
+per family, on a GPU it was never trained on), the recorder's overhead (its unprofiled steps
+before and after the window against the bare run), `predict` at the recorded configuration,
+`predict --batch-size 64` of `medium` against `medium-b64`, and, for `small` and `medium`, the
+same command recorded on this CPU and forecast by `predict --device GPU` against the GPU's
+step; then the calibration and the memory case against what the allocator said.
 
     python benchmarks/gpu_check.py device OUT [--realworld ../shared/realworld] [--device cuda]
         [--iters 40] [--window 10:5] [--cases small,medium,...] [--calibrate] [--memory]
@@ -210,6 +211,54 @@ def overhead(run: Path, bare: list[float]) -> None:
     print("  recorder's steps: " + "; ".join(parts))
 
 
+def kernel_check(path: Path, gpu: str) -> None:
+    """The bundled GPU kernel model (trained on NeuSight's 5 GPUs, never this one) against the
+    run's own kernels: per launching op with shapes, its kernels' measured time beside the
+    model's (TF32 where the kernels ran on tensor cores), GMAE per family."""
+    import math
+
+    import numpy as np
+
+    from perfswarm.analyze.dependencies import launching_ops
+    from perfswarm.analyze.frame import Events, args_of
+    from perfswarm.analyze.ops import is_tensor_core
+    from perfswarm.model.gpu.aten import kernels
+    from perfswarm.model.gpu.hardware import Hardware
+    from perfswarm.model.gpu.learned import bundled
+    from perfswarm.model.kernels import GPU_FLOOR_NS
+    from perfswarm.model.opcost import data_cost, shapes_from_args, tf32_if_fp32
+    from perfswarm.model.specs import load_spec
+    from perfswarm.trace.store import Run
+
+    run = Run(path)
+    ev = Events.load(run)
+    ext = np.asarray(run.table("events", ["external_id"]).column("external_id").to_numpy())
+    device = np.flatnonzero(ev.of_kind("kernel"))
+    by_op: dict[int, list[int]] = {}
+    for k, op in launching_ops(ev, ext, device).items():
+        by_op.setdefault(op, []).append(k)
+    ops = sorted(by_op)
+    model, hw = bundled(), Hardware.of_spec(load_spec(gpu))
+    errors: dict[str, list[float]] = {}
+    for op, text in zip(ops, args_of(run, np.asarray(ops, np.int64)), strict=True):
+        shapes = shapes_from_args(text)
+        cost = data_cost(ev.name_of(op), shapes) if shapes else None
+        if cost is None or shapes is None:
+            continue
+        if any(is_tensor_core(ev.name_of(k)) for k in by_op[op]):
+            cost = tf32_if_fp32(cost)
+        works = kernels(cost, shapes.dims)
+        if not works or any(w.family not in model.families for w in works):
+            continue
+        predicted = float(model.seconds(works, hw).sum()) * 1e9 + GPU_FLOOR_NS * len(works)
+        measured = float(sum(int(ev.dur[k]) for k in by_op[op]))
+        errors.setdefault(works[0].family, []).append(math.log(predicted / measured))
+    print("  the kernel model on this GPU (never trained on it), per launching op: " + "; ".join(
+        f"{family} {len(e)} ops, GMAE {math.exp(float(np.mean(np.abs(e)))) - 1:.0%}, "
+        f"predicted / measured {math.exp(float(np.mean(e))):.2f}x"
+        for family, e in sorted(errors.items())))
+
+
 def predict(run: Path, *args: str) -> dict[str, Any] | None:
     proc = perfswarm("predict", str(run), *args, "--json")
     out: dict[str, Any] | None = json.loads(proc.stdout) if proc.returncode == 0 else None
@@ -253,6 +302,7 @@ def compare_half(outs: list[Path], keep: Path, cpu_steps: int) -> None:
                                            for k, v in manifest["collectors"].items()))
         window_check(gpu)
         overhead(gpu, bare)
+        kernel_check(gpu, target)
         at = predict(gpu)
         if at:
             measured[case] = at["steady"]["measured_ns"] / 1e6
