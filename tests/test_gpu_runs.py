@@ -17,7 +17,7 @@ from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.forecast import ABSOLUTE, LearnedScaler, multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import bundled
-from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, innermost_ops
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, innermost_ops, multi_tensor_groups
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.predict import Change, predict
@@ -256,3 +256,32 @@ def test_backward_ops_of_a_cpu_trace_are_priced() -> None:
                       Shapes(((12, 64, 128), (12, 64), (), (), ()),
                              (F, "long int", "Scalar", "Scalar", "Scalar")))
     assert grad is not None and grad[0].m * grad[0].n >= 12 * 64 * 128
+
+
+def test_loops_over_the_parameters_are_multi_tensor_ops() -> None:
+    """clip_grad_norm_ on a CPU: a norm per gradient (10, of the parameters' shapes), then the
+    norm of the stacked norms, then a scaling per gradient: on CUDA two foreach ops and the
+    total's norm. A manual SGD loop's ops alternate (runs of one): each launches alone."""
+    params = {(64, 32), (32,)}
+    dims = [(64, 32), (32,)] * 5
+    rows: list[tuple[int, int, int, str, str, int, int, int, int]] = []
+    shapes: list[Shapes] = []
+
+    def op(name: str, d: tuple[int, ...], *more: tuple[int, ...]) -> None:
+        rows.append((0, 10 * len(rows), 5, "cpu_op", name, 1, -1, -1, -1))
+        shapes.append(Shapes((d, *more), (F,) * (1 + len(more))))
+
+    for d in dims:
+        op("aten::linalg_vector_norm", d)
+    op("aten::linalg_vector_norm", (10,))
+    for d in dims:
+        op("aten::mul_", d, ())
+    for d in dims[:3]:  # manual SGD: p -= lr * p.grad
+        op("aten::mul", d, ())
+        op("aten::sub_", d, d)
+    ev = events(rows)
+    kept, groups = multi_tensor_groups(ev, list(range(len(rows))), lambda r: shapes[r], params)
+    assert [(ev.name_of(g[0]), len(g)) for g in groups] == [
+        ("aten::linalg_vector_norm", 10), ("aten::mul_", 10)]
+    assert [ev.name_of(r) for r in kept] == ["aten::linalg_vector_norm"] + [
+        "aten::mul", "aten::sub_"] * 3

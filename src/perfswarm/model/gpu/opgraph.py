@@ -12,7 +12,7 @@ the forecast carries the profiler's overhead, as the traces it compares with do.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,6 +29,7 @@ from perfswarm.model.specs import DeviceSpec
 HOST_OP_NS: Final = 51_761
 LAUNCH_NS: Final = 9_713
 ZEROING: Final = frozenset({"aten::zero_", "aten::fill_"})  # an op setting up its output
+PARAMETER_LOOP: Final = 8  # consecutive ops of one name over parameters: a loop over them
 LAUNCHES: Final = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "hipLaunchKernel",
                    "hipExtLaunchKernel")
 
@@ -134,25 +135,54 @@ class _Launch:
     launches: int  # host dispatches it costs
 
 
-def optimizer_groups(ev: Events, rows: Sequence[int]) -> tuple[list[int], list[list[int]]]:
-    """`rows` split into the ones outside the optimizer (analyze.phases: inside an
-    `Optimizer.` range) and, of those inside, one group per op name in first-seen order. On a
-    CUDA GPU torch.optim runs every op of its step over all parameters at once (its foreach
-    default, or fused); on a CPU it loops over them, one op per parameter."""
+def multi_tensor_groups(ev: Events, rows: Sequence[int],
+                        shapes: Callable[[int], Shapes | None],
+                        parameters: Set[tuple[int, ...]] = frozenset()
+                        ) -> tuple[list[int], list[list[int]]]:
+    """`rows` (in start order) split into the ops that launch on their own and the groups that
+    one multi-tensor op does on a CUDA GPU, where a CPU loops over the tensors: inside the
+    optimizer (analyze.phases: an `Optimizer.` range), one group per op name in first-seen
+    order (torch.optim's foreach default, or fused); outside it, a run of PARAMETER_LOOP or more
+    consecutive ops of one name on one thread, each on a tensor of a parameter's shape (a loop
+    over the parameters or their gradients: torch.nn.utils.clip_grad_norm_'s norms and scaling,
+    foreach on CUDA)."""
     phase = phases(ev, np.asarray(rows, np.int64))
-    outside = [r for r, p in zip(rows, phase, strict=True) if p != OPTIMIZER]
+    alone: list[int] = []
     groups: dict[str, list[int]] = {}
     for r, p in zip(rows, phase, strict=True):
         if p == OPTIMIZER:
             groups.setdefault(ev.name_of(r), []).append(r)
-    return outside, list(groups.values())
+        else:
+            alone.append(r)
+
+    def on_parameter(r: int) -> bool:
+        found = shapes(r)
+        first = next((tuple(d) for d in found.dims if d), None) if found else None
+        return first in parameters
+
+    # consecutive ops alike: one name, one thread, on a parameter's shape or not
+    kept: list[int] = []
+    loops: list[list[int]] = []
+    keys = [(int(ev.name[r]), int(ev.tid[r]), on_parameter(r)) for r in alone]
+    i = 0
+    while i < len(alone):
+        j = i + 1
+        while j < len(alone) and keys[j] == keys[i]:
+            j += 1
+        run = alone[i:j]
+        if len(run) >= PARAMETER_LOOP and keys[i][2]:
+            loops.append(run)
+        else:
+            kept.extend(run)
+        i = j
+    return kept, [*groups.values(), *loops]
 
 
 def _launches(ev: Events, shapes: Callable[[int], Shapes | None], rows: Sequence[int],
-              target: DeviceSpec, precision: Precision, model: KernelModel | None
-              ) -> list[_Launch]:
+              target: DeviceSpec, precision: Precision, model: KernelModel | None,
+              parameters: Set[tuple[int, ...]]) -> list[_Launch]:
     """The step's ops as launches in start order."""
-    outside, groups = optimizer_groups(ev, rows)
+    outside, groups = multi_tensor_groups(ev, rows, shapes, parameters)
 
     def shaped(r: int) -> Shapes:
         return shapes(r) or Shapes((), ())
@@ -178,13 +208,13 @@ def _launches(ev: Events, shapes: Callable[[int], Shapes | None], rows: Sequence
 
 def forecast_step(ev: Events, shapes: Callable[[int], Shapes | None], rows: Sequence[int],
                   target: DeviceSpec, own_ns: Mapping[str, int],
-                  model: KernelModel | None = None, precision: Precision = Precision()
-                  ) -> StepForecast:
+                  model: KernelModel | None = None, precision: Precision = Precision(),
+                  parameters: Set[tuple[int, ...]] = frozenset()) -> StepForecast:
     """One iteration on `target` of its innermost costed ops `rows`: the host's own time
     (`own_ns`, by part: outside those ops) plus HOST_OP_NS per launch, each op's kernels queued
-    on one stream behind the ones before; an optimizer's per-parameter ops as multi-tensor ops
-    (`optimizer_groups`)."""
-    launches = _launches(ev, shapes, rows, target, precision, model)
+    on one stream behind the ones before; loops over tensors as multi-tensor ops
+    (`multi_tensor_groups`, `parameters` the shapes of the model's parameters)."""
+    launches = _launches(ev, shapes, rows, target, precision, model, parameters)
     host_ns = sum(own_ns.values())
     unpriced: Counter[str] = Counter()
     families: Counter[str] = Counter()
@@ -252,8 +282,8 @@ def _optimizer_python_ns(ev: Events, inside: Sequence[int], lo: int, hi: int) ->
 
 def op_graph_steps(ev: Events, shapes: Callable[[int], Shapes | None],
                    steps: Sequence[tuple[int, int]], target: DeviceSpec,
-                   model: KernelModel | None = None,
-                   precision: Precision = Precision()) -> list[StepForecast]:
+                   model: KernelModel | None = None, precision: Precision = Precision(),
+                   parameters: Set[tuple[int, ...]] = frozenset()) -> list[StepForecast]:
     """Every (start, end) iteration of a CPU Run forecast on `target`. Its host time on the GPU's
     host: its Python outside the ops as recorded (less the optimizer's parameter loop), a
     dispatch per op that computes nothing on the GPU and launches nothing (a view, a reshape,
@@ -269,5 +299,6 @@ def op_graph_steps(ev: Events, shapes: Callable[[int], Shapes | None],
     dispatch_ns = float(np.median(every)) if every else 0.0
     return [forecast_step(ev, shapes, inner, target, {
         "python": parts.python_ns,
-        "dispatch": round(dispatch_ns * len(parts.dispatch_self_ns))}, model, precision)
+        "dispatch": round(dispatch_ns * len(parts.dispatch_self_ns))}, model, precision,
+        parameters)
             for inner, parts in found]
