@@ -354,7 +354,10 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
     for keys in by_rank.values():
         if len(keys) < 2:
             continue
-        origin = min(int(ev.ts[threads[k]].min()) for k in keys)
+        # every start on the rank's threads: the first after a thread's end, if before the
+        # blocked thread resumes, is another thread's (its own next point is its resumption)
+        starts = np.sort(np.concatenate([ev.ts[threads[k]] for k in keys]))
+        origin = int(starts[0])
         finish = max(int(ev.end[threads[k]].max()) for k in keys)
         for key in keys:
             rows = threads[key]
@@ -369,8 +372,6 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
             for_batch = in_wait & (began >= lo)  # the first work in the wait: the batch came
             rebuilding = in_wait & (began < lo)  # its later pauses there are its own
             points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
-            # when the rank's other threads next began something, after each time
-            others = np.sort(np.concatenate([ev.ts[threads[k]] for k in keys if k != key]))
             best_end = np.full(len(lo), -1, np.int64)
             best_row = np.full(len(lo), -1, np.int64)
             for other in keys:
@@ -388,8 +389,8 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
                 lag = resume - end
-                after = np.searchsorted(others, end, side="right")
-                quiet = np.append(others, np.iinfo(np.int64).max)[after] >= resume
+                after = np.searchsorted(starts, end, side="right")
+                quiet = np.append(starts, np.iinfo(np.int64).max)[after] >= resume
                 ok &= for_batch | (same_process & (
                     (lag <= np.maximum(WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * stretch))
                     | (quiet & (lag <= WAKE_QUIET_LAG_SHARE * (hi - lo)))))

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Final
 
 from perfswarm.model.gpu.work import Peak, Work, conv_work, gemm_work, vector_work
-from perfswarm.model.opcost import Dims, OpCost, Shapes, attention_shape, data_cost, gemm_dims
+from perfswarm.model.opcost import (
+    Dims,
+    OpCost,
+    Shapes,
+    attention_shape,
+    data_cost,
+    gemm_dims,
+    tf32_if_fp32,
+)
 
 HALF: Final = frozenset({"fp16", "bf16"})
 # elementwise ops by the measured op whose arithmetic they resemble
@@ -42,7 +49,7 @@ def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False) -> list[Wor
     cost = data_cost(name, shapes)
     if cost is None:
         return None
-    return kernels(replace(cost, dtype="tf32") if tensor_core and cost.dtype == "fp32" else cost,
+    return kernels(tf32_if_fp32(cost) if tensor_core else cost,
                    shapes.dims)
 
 

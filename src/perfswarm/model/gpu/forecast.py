@@ -100,8 +100,8 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
 @dataclass(frozen=True)
 class MultiTensor:
     """Ops that one multi-tensor op does on a GPU (torch's foreach kernels: an optimizer's
-    per-parameter updates, one op name over every parameter): its time on the target (launch
-    floors included), the family, and how many launches it takes."""
+    per-parameter updates, clip_grad_norm_'s norms; one op name over many tensors): its time on
+    the target (launch floors included), the family, and how many launches it takes."""
 
     seconds: float
     family: str

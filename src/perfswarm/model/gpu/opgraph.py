@@ -126,8 +126,8 @@ class Precision:
 
 @dataclass(frozen=True)
 class _Launch:
-    """What the host launches in the forecast, in order: one op, or the per-parameter ops of an
-    optimizer step that one multi-tensor op does on a GPU."""
+    """What the host launches in the forecast, in order: one op, or the ops of a loop over
+    tensors that one multi-tensor op does on a GPU (`multi_tensor_groups`)."""
 
     name: str
     seconds: float | None  # on the device, launch floors included; None: unpriced
