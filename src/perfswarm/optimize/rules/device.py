@@ -28,66 +28,109 @@ _MIN_FUSION_PCT = 1.0  # modelled saving, % of the measured time, below which fu
 
 
 def low_utilization(facts: Facts) -> Advice | None:
-    """The device is idle for most of the measured time (analyze's device idle)."""
+    """The device is idle for most of the measured time (analyze's device idle): it could take
+    more work per step. A larger batch costs the host the same ops (it dispatches the same
+    kernels; only loading the batch grows with it) and the device at most proportionally
+    more time, so the same samples take less time."""
     if facts.device_events.height < 10:
         return None
     util = facts.device_busy
-    idle = {r: (1 - u) * facts.window(r)[2] for r, u in util.items() if u < 0.5}
-    if not idle:
+    low = sorted(r for r, u in util.items() if u < 0.5)
+    if not low:
         return None
     device = {int(r): int(d) for r, d in facts.device_events.group_by("rank").agg(
         pl.col("device").min()).iter_rows()}
-    evidence = {"devices": [{"rank": r, "device": device[r], "busy_pct": round(100 * util[r], 2),
-                             "idle_ns": round(v)} for r, v in sorted(idle.items())]}
-    return advice(facts, "low_utilization", "the device is idle most of the time", evidence,
-                  sum(idle.values()) / 2,
-                  "rule of thumb, no model: half the device's idle time; the other findings "
-                  "name the causes",
-                  "overlap host work with the device: larger batch, DataLoader workers, no host "
-                  "syncs inside the step, CUDA graphs for small kernels")
+    loader = facts.busy_ns(facts.loader_calls)
+    capacity = {(int(d.get("rank", 0)), int(d.get("id", 0))): int(d["totalGlobalMem"])
+                for d in facts.manifest["devices"] if d.get("totalGlobalMem")}
+    peaks = _peak_memory(facts, set(low))
+    rows, gain, tight = [], 0.0, []
+    for r in low:
+        window = facts.window(r)[2]
+        idle, span = facts.device_idle[r]
+        busy = span - idle
+        blocked, load = facts.host_blocked_ns.get(r, 0), loader.get((r,), 0)
+        # A step at twice the batch: the host's own work (its time not blocked on the device)
+        # with the batch's loading twice over, against the device's busy time doubled (small
+        # kernels grow less: a bound); the same samples take half of it.
+        doubled = max(window - blocked + load, 2 * busy) / 2
+        gain += max(0.0, window - doubled)
+        row = {"rank": r, "device": device[r], "busy_pct": round(100 * util[r], 2),
+               "idle_ns": round(idle * window / span) if span else window,
+               "host_work_ns": window - blocked, "loader_ns": load, "device_busy_ns": busy,
+               "per_sample_at_2x_batch_ns": round(doubled)}
+        peak = peaks.get((r, device[r]))
+        if peak is not None and (r, device[r]) in capacity:
+            row["peak_bytes"], row["capacity_bytes"] = round(peak[0]), capacity[r, device[r]]
+            if 2 * peak[0] > capacity[r, device[r]]:
+                tight.append(r)
+        rows.append(row)
+    basis = ("batch model from this run's times: at twice the batch a step takes the longer "
+             "of the host's own work (not blocked on the device; the batch's loading doubled) "
+             "and twice the device's busy time, and carries twice the samples")
+    if tight:
+        basis += (f"; twice the peak memory exceeds the device on rank(s) {tight} (weights and "
+                  "optimizer state do not grow with the batch: it may still fit)")
+    return advice(facts, "low_utilization", "the device is idle most of the time",
+                  {"devices": rows}, gain, basis,
+                  "give the device more work per step: a larger batch (scale the learning "
+                  "rate with it); the other findings name why the host cannot keep it busy "
+                  "(launches, syncs, data loading)")
 
 
 def launch_bound(facts: Facts) -> Advice | None:
-    """Kernels finish faster than the host can launch them: the device waits on launches
-    (most of its idle time is analyze's host wait, and no more than that can be won)."""
+    """The host launches kernels slower than the device runs them: the device waits on the
+    host (most of its idle time is analyze's host wait, and no more than that can be won).
+    Small kernels make it plain, but a step of 20 µs kernels whose ops cost the host 100 µs
+    each is as bound (nanoGPT on an H200)."""
     kernels = facts.in_window(facts.kind("kernel"))
     launches = facts.in_window(facts.kernel_launches)
     if kernels.height < 100 or launches.height == 0:
         return None
-    small = kernels.filter(pl.col("dur") < _SMALL_KERNEL_NS)
-    mean_launch = facts.total_ns(launches) / launches.height
-    mean_small = facts.total_ns(small) / max(1, small.height)
     busy = min(facts.device_busy.values(), default=0.0)
     idle = sum(s.idle.total_ns for s in facts.launch)
     host_wait = sum(s.idle.host_wait_ns for s in facts.launch)
-    if (small.height < kernels.height / 2 or mean_launch < mean_small or busy >= 0.7
-            or host_wait * 2 <= idle):
+    if busy >= 0.7 or host_wait * 2 <= idle:
         return None
-    # Replayed from a CUDA graph, the host pays one launch per step instead of one per kernel,
-    # and the device still starts each kernel about a microsecond after the previous one.
-    launch_by_rank = {k[0]: int(g["dur"].sum()) for k, g in launches.group_by(["rank"])}
+    # What a captured CUDA graph takes off the host: the ops that launch its kernels (their
+    # aten dispatch and launch calls, outermost op first), but the calls that wait for the
+    # device, which cannot be captured. The host pays one launch per step instead; the device
+    # still starts each kernel about a microsecond after the previous one.
+    host_ops = pl.concat([facts.in_window(facts.launch_scopes), launches])
+    captured = {k[0]: v - facts.host_blocked_ns.get(k[0], 0)
+                for k, v in facts.busy_ns(host_ops).items()}
     kernels_by_rank = {k[0]: g.height for k, g in kernels.group_by(["rank"])}
+    host_per_kernel = sum(captured.values()) / kernels.height
+    mean_kernel = facts.total_ns(kernels) / kernels.height
+    if host_per_kernel <= mean_kernel:
+        return None
     gain = 0
     for rank in facts.ranks:
         window = facts.window(rank)[2]
-        host_after = window - launch_by_rank.get(rank, 0)
+        host_after = window - captured.get(rank, 0)
         device_idle, span = facts.device_idle.get(rank, (0, 0))
         device_after = span - device_idle + kernels_by_rank.get(rank, 0) * _GRAPH_LAUNCH_NS
         gain += max(0, window - max(host_after, device_after))
     gain = min(gain, host_wait)
+    small = kernels.filter(pl.col("dur") < _SMALL_KERNEL_NS)
+    mean_launch = facts.total_ns(launches) / launches.height
     evidence = {"kernels": kernels.height, "small_kernels": small.height,
-                "small_kernel_mean_ns": round(mean_small), "launches": launches.height,
-                "launch_mean_ns": round(mean_launch), "device_busy_pct": round(100 * busy, 2),
+                "kernel_mean_ns": round(mean_kernel), "host_per_kernel_ns": round(host_per_kernel),
+                "launches": launches.height, "launch_mean_ns": round(mean_launch),
+                "device_busy_pct": round(100 * busy, 2),
                 "idle_host_wait_pct": round(100 * host_wait / idle, 2),
                 # analyze's launch queue: at its longest, and how long the host blocked on it
                 "launch_queue_max": max(s.queue.max for s in facts.launch),
                 "launch_queue_full_ns": sum(s.queue.full_ns for s in facts.launch)}
-    return advice(facts, "launch_bound", "many small kernels: launch overhead dominates",
-                  evidence, gain,
+    title = ("many small kernels: launch overhead dominates" if small.height * 2 >= kernels.height
+             else "the host launches kernels slower than the device runs them")
+    return advice(facts, "launch_bound", title, evidence, gain,
                   "launch model from this run's times: a step becomes the slower of the host "
-                  f"without its launch calls (measured {round(mean_launch):,} ns each) and the "
-                  f"device's busy time plus {_GRAPH_LAUNCH_NS:,} ns per kernel replayed from a "
-                  "CUDA graph, at most the device's idle time waiting on launches",
+                  f"without the ops that launch its kernels ({round(host_per_kernel):,} ns of "
+                  f"host per kernel, launch calls of {round(mean_launch):,} ns included; the "
+                  "calls that wait for the device stay) and the device's busy time plus "
+                  f"{_GRAPH_LAUNCH_NS:,} ns per kernel replayed from a CUDA graph, at most the "
+                  "device's idle time waiting on the host",
                   "capture the step in a CUDA graph (torch.cuda.graphs / "
                   "torch.compile(mode='reduce-overhead')) or fuse ops with torch.compile")
 

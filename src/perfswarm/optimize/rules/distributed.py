@@ -44,10 +44,17 @@ def communication_bound(facts: Facts) -> Advice | None:
                 "overlapped_pct": pct(comm_ns - exposed, comm_ns), "exposed_ns": exposed,
                 "device_busy_ns": busy,
                 "comm_share_of_busy_pct": pct(comm_ns, busy), "exposed_share_of_busy_pct": share}
+    # DDP's buckets all-reduce while backward computes the next ones: collective time can
+    # hide only under compute that no collective overlaps yet, and the last bucket of each
+    # step (about one collective) waits for backward to end whatever the bucket size.
+    compute_only = facts.state_ns("compute_only")
+    last = comm_ns / comm.height * facts.step_count()
+    evidence["compute_only_ns"] = compute_only
     return advice(facts, "communication_bound", "communication is exposed on the critical path",
-                  evidence, exposed / 2,
-                  "rule of thumb, no model: half the exposed collective time hidden behind "
-                  "backward compute",
+                  evidence, min(max(0.0, exposed - last), compute_only),
+                  "overlap model from this run's times: the exposed collective time hides under "
+                  "the compute that runs beside no collective, but one collective a step (the "
+                  "last bucket, after backward) stays exposed; at most that",
                   "DDP(bucket_cap_mb=100, gradient_as_bucket_view=True, static_graph=True) so "
                   "all-reduce overlaps backward; register_comm_hook(None, "
                   "default_hooks.bf16_compress_hook) to halve the bytes; avoid "

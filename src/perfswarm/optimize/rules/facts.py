@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
-from perfswarm.analyze.dependencies import enclosing_ops
-from perfswarm.analyze.frame import I64, KIND, Events
+from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
+from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import total
-from perfswarm.analyze.iterations import EXPORT, profiled
+from perfswarm.analyze.iterations import EXPORT, profiled, top_level
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.sequences import Sequence_
@@ -44,6 +44,11 @@ def events_frame(run: Run, ev: Events) -> pl.DataFrame:
         "pid": side.column("pid").to_numpy(), "tid": ev.tid, "device": ev.device,
         "stream": ev.stream, "correlation": ev.correlation, "step": ev.step,
         "args": pl.Series(side.column("args").combine_chunks(), dtype=pl.String)})
+
+
+HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
+# Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
+SCALAR_READ = r"^aten::_local_scalar_dense$"
 
 
 @dataclass
@@ -205,6 +210,20 @@ class Facts:
         return self.events.filter(pl.col("row").is_in(np.unique(launched)))
 
     @cached_property
+    def launch_scopes(self) -> pl.DataFrame:
+        """The outermost CPU ops that hold a kernel launch (aten::conv2d, an autograd node),
+        on their threads: the host work a captured CUDA graph replays without running."""
+        ev = Events.load(self.run)
+        ops = np.flatnonzero(ev.of_kind("cpu_op"))
+        ops = ops[np.lexsort((-ev.dur[ops], ev.ts[ops]))]
+        outer = [lane[top_level(ev.ts[lane], ev.end[lane])]
+                 for lane in group_rows(lane_key(ev.rank[ops], ev.tid[ops]), ops).values()]
+        calls = self.kernel_launches["row"].to_numpy()
+        top = np.concatenate(outer) if outer else ops[:0]
+        held = np.unique(np.fromiter(enclosing_ops(ev, calls, top).values(), np.int64))
+        return self.events.filter(pl.col("row").is_in(held))
+
+    @cached_property
     def _launch_pairs(self) -> tuple[I64, I64]:
         """(device op rows, their launch calls): analyze's join, made once for both uses."""
         ev = Events.load(self.run)
@@ -229,6 +248,31 @@ class Facts:
         inside = float((self.steps["end"] - self.steps["start"]).median())  # type: ignore[arg-type]
         outside = float((timed["end"] - timed["start"]).median())  # type: ignore[arg-type]
         return max(1.0, inside / outside) if outside > 0 else 1.0
+
+    @cached_property
+    def host_blocking(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(sync calls, scalar reads) in the window: the host calls that wait for the device.
+        analyze's one definition of a blocking call (the synchronizes and the synchronous
+        cudaMemcpy/hipMemcpy, which returns only when its copy is done), and the .item()s that
+        read the device: those that run the copy (a runtime call inside them); of a CPU tensor
+        one waits for nothing. A trace of CPU activities alone shows no calls: each read counts
+        there."""
+        apis = self.kind("runtime").filter(pl.col("name").is_in(sorted(SYNC_CALLS)))
+        reads, calls = self.named(SCALAR_READ, "cpu_op"), self.kind("runtime", "driver")
+        items = self.around(reads, calls) if calls.height else reads
+        return self.in_window(apis), self.in_window(items)
+
+    @cached_property
+    def loader_calls(self) -> pl.DataFrame:
+        """The host's waits for the next batch (`enumerate(DataLoader)#...` ranges) in the
+        window."""
+        return self.in_window(self.named(r"enumerate\(DataLoader\)", *HOST_KINDS))
+
+    @cached_property
+    def host_blocked_ns(self) -> dict[int, int]:
+        """Rank -> the union of its host's blocking calls (host_blocking) in its window."""
+        blocked = self.busy_ns(pl.concat(self.host_blocking))
+        return {r: blocked.get((r,), 0) for r in self.ranks}
 
     def total_ns(self, frame: pl.DataFrame) -> int:
         return int(frame["dur"].sum()) if frame.height else 0

@@ -5,14 +5,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfswarm.analyze.dependencies import SYNC_CALLS
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
 
-_HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
-# Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
-_SCALAR_READ = r"^aten::_local_scalar_dense$"
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
 # run asynchronously.
@@ -29,7 +25,7 @@ def pageable_copies(facts: Facts) -> pl.DataFrame:
 
 def data_loading(facts: Facts) -> Advice | None:
     """Steps wait on `enumerate(DataLoader)`: the input pipeline runs serially with compute."""
-    loads = facts.in_window(facts.named(r"enumerate\(DataLoader\)", *_HOST_KINDS))
+    loads = facts.loader_calls
     if loads.height == 0:
         return None
     load_ns = sum(facts.busy_ns(loads).values())
@@ -50,8 +46,11 @@ def data_loading(facts: Facts) -> Advice | None:
         change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
                   "persistent_workers=True)")
     else:
-        gain = load_ns / 2
-        basis = "rule of thumb, no model: doubling the workers halves the remaining wait"
+        # W workers take P to make a batch each: a step takes max(compute, P / W), so the
+        # wait is P / W - compute; 2W workers leave max(0, (P / W) / 2 - compute) of it.
+        gain = load_ns - max(0.0, (load_ns - compute_ns) / 2)
+        basis = ("pipeline model: the workers now make a batch in compute + wait; twice as "
+                 "many make it in half that, and a step waits only for what exceeds its compute")
         change = (f"raise DataLoader num_workers (2x, up to {_cores(facts)} cores) and "
                   f"prefetch_factor (4){pin.replace(',', ';')}; move per-sample decoding out of "
                   "the training process")
@@ -96,21 +95,14 @@ def pageable_h2d(facts: Facts) -> Advice | None:
 
 def host_syncs(facts: Facts) -> Advice | None:
     """The host blocks on the device (.item(), .cpu(), synchronize) several times per step."""
-    # analyze's one definition of a blocking call: the synchronizes and the synchronous
-    # cudaMemcpy/hipMemcpy, which returns only when its copy is done
-    apis = facts.in_window(facts.kind("runtime").filter(pl.col("name").is_in(list(SYNC_CALLS))))
-    # an .item() reads the device only where it runs the copy (a runtime call inside it); of
-    # a CPU tensor it waits for nothing. A trace of CPU activities alone shows no calls: each
-    # read counts there.
-    reads, calls = facts.named(_SCALAR_READ, "cpu_op"), facts.kind("runtime", "driver")
-    items = facts.in_window(facts.around(reads, calls) if calls.height else reads)
+    apis, items = facts.host_blocking
     d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
     points = apis.height + items.height
     steps = facts.step_count()
     per_step = points / steps if steps else 0.0
     if per_step < 3:
         return None
-    blocked = sum(facts.busy_ns(pl.concat([apis, items])).values())
+    blocked = sum(facts.host_blocked_ns.values())
     by_name = {str(k): int(v) for k, v in
                apis.group_by("name").len().sort("name").iter_rows()}
     evidence = {"sync_calls": apis.height, "by_api": by_name, "scalar_reads": items.height,
