@@ -67,7 +67,15 @@ def test_fuse_tunes_then_reuses(tmp_path: Path, capsys: pytest.CaptureFixture[st
     argv = ["fuse", "--layer", "dw3x3:C=16,H=12 -> pw:K=16", "--profile",
             str(_profile(tmp_path / "p.json")), "--trials", "3", "--rounds", "2",
             "--threads", "1", "--cache", str(tmp_path / "new" / "cache.json"), "--json"]
-    assert main(argv) == 0
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(argv) == 0
+        assert torch.get_num_threads() == 2  # tuned at one thread, the caller's given back
+    finally:
+        torch.set_num_threads(threads)
     (first,) = orjson.loads(capsys.readouterr().out)["results"]
     assert first["correct"] and first["max_rel_error"] <= 1e-4
     assert first["reused_schedule"] is False

@@ -159,7 +159,6 @@ class PairBench:
         self.pair, self.threads, self._kernels = pair, threads, kernels
         self.clock: Callable[[], float] = time.process_time if cpu_timed(threads) \
             else time.perf_counter
-        torch.set_num_threads(threads)
         gen = torch.Generator().manual_seed(0)
 
         def weight(layer: ConvLayer) -> Any:
@@ -373,11 +372,17 @@ def fuse_pair(pair: ConvPair, prediction: PairPrediction, threads: int, trials: 
               ) -> FuseResult:
     """Tune (or reuse) the fused and the separate schedules of a pair, check them, and time
     PyTorch separate, fused and own separate round-robin over `rounds` rounds."""
+    import torch
     from threadpoolctl import threadpool_limits
 
-    bench = PairBench(pair, threads)  # imports the kernels, and with them their BLAS
-    with threadpool_limits(1, user_api="blas"):  # the kernels' own threads split the work
-        return _fuse_pair(bench, prediction, trials, deadline, rounds, cache, progress)
+    saved = torch.get_num_threads()  # the caller's setting, given back
+    torch.set_num_threads(threads)
+    try:
+        bench = PairBench(pair, threads)  # imports the kernels, and with them their BLAS
+        with threadpool_limits(1, user_api="blas"):  # the kernels' own threads split the work
+            return _fuse_pair(bench, prediction, trials, deadline, rounds, cache, progress)
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadline: float,
