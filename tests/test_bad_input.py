@@ -48,6 +48,10 @@ CASES = {
     "memory snapshot": ("t.json", b'{"segments": [], "device_traces": []}',
                         "it is an object with keys `segments`, `device_traces`: a torch.cuda "
                         "memory snapshot"),
+    "execution trace": ("t.json", b'{"schema": "1.0.1", "pid": 1, "nodes": []}',
+                        "it is an object with keys `schema`, `pid`, `nodes`: a PyTorch execution "
+                        "trace (ExecutionTraceObserver); an execution trace is read by --et, "
+                        "beside its Kineto trace"),
     "ts is a string": ("t.json", _trace(_event(), _event(ts="soon")),
                        "Expected `float`, got `str` - at `$.traceEvents[1].ts`"),
     "correlation is a list": ("t.json", _trace(_event(args={"correlation": [1]})),

@@ -185,7 +185,7 @@ def not_a_trace(path: Path, head: bytes, keys: Sequence[str] = ()) -> TraceForma
     """The error for a JSON file that is no trace, saying what it is from its first bytes (and
     its top-level keys, for an object)."""
     text = head.lstrip()
-    first = text[:1]
+    first, hint = text[:1], ""
     if first == b"[":
         inner = text[1:].lstrip()[:1]
         what = f"a top-level array of {_ITEMS.get(inner, 'numbers')}"
@@ -197,9 +197,12 @@ def not_a_trace(path: Path, head: bytes, keys: Sequence[str] = ()) -> TraceForma
         what = f"an object with keys {shown}" if keys else "an empty object"
         if {"segments", "device_traces"} & set(keys):
             what += ": a torch.cuda memory snapshot"
+        elif {"schema", "nodes"} <= set(keys):
+            what += ": a PyTorch execution trace (ExecutionTraceObserver)"
+            hint = "an execution trace is read by {execution_traces}, beside its Kineto trace"
     else:
         what = f"a JSON {_VALUE.get(first, 'number')}"
-    return TraceFormatError(path, "json", f"{NOT_A_TRACE}; it is {what}")
+    return TraceFormatError(path, "json", f"{NOT_A_TRACE}; it is {what}", hint)
 
 
 PICKLE: Final = b"\x80"  # a pickle's first byte (the protocol opcode, protocol 2 on)
