@@ -41,8 +41,7 @@ def low_utilization(facts: Facts) -> Advice | None:
     device = {int(r): int(d) for r, d in facts.device_events.group_by("rank").agg(
         pl.col("device").min()).iter_rows()}
     loader = facts.busy_ns(facts.loader_calls)
-    capacity = {(int(d.get("rank", 0)), int(d.get("id", 0))): int(d["totalGlobalMem"])
-                for d in facts.manifest["devices"] if d.get("totalGlobalMem")}
+    capacity = _capacity(facts)
     peaks = _peak_memory(facts, set(low))
     rows, gain, tight = [], 0.0, []
     for r in low:
@@ -56,7 +55,7 @@ def low_utilization(facts: Facts) -> Advice | None:
         doubled = max(window - blocked + load, 2 * busy) / 2
         gain += max(0.0, window - doubled)
         row = {"rank": r, "device": device[r], "busy_pct": round(100 * util[r], 2),
-               "idle_ns": round(idle * window / span) if span else window,
+               "idle_ns": round((1 - util[r]) * window),
                "host_work_ns": window - blocked, "loader_ns": load, "device_busy_ns": busy,
                "per_sample_at_2x_batch_ns": round(doubled)}
         peak = peaks.get((r, device[r]))
@@ -96,7 +95,8 @@ def launch_bound(facts: Facts) -> Advice | None:
     # aten dispatch and launch calls, outermost op first), but the calls that wait for the
     # device, which cannot be captured. The host pays one launch per step instead; the device
     # still starts each kernel about a microsecond after the previous one.
-    host_ops = pl.concat([facts.in_window(facts.launch_scopes), launches])
+    # (the ops' time outside the blocking calls: their union with those calls, less them)
+    host_ops = pl.concat([facts.in_window(facts.launch_scopes), launches, *facts.host_blocking])
     captured = {k[0]: v - facts.host_blocked_ns.get(k[0], 0)
                 for k, v in facts.busy_ns(host_ops).items()}
     kernels_by_rank = {k[0]: g.height for k, g in kernels.group_by(["rank"])}
@@ -245,6 +245,12 @@ def fusion(facts: Facts) -> Advice | None:
                   "LayerNorm/GELU, fused optimizers)")
 
 
+def _capacity(facts: Facts) -> dict[tuple[int, int], int]:
+    """(rank, device) -> the device's memory in bytes (the manifest's `totalGlobalMem`)."""
+    return {(int(d.get("rank", 0)), int(d.get("id", 0))): int(d["totalGlobalMem"])
+            for d in facts.manifest["devices"] if d.get("totalGlobalMem")}
+
+
 def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[float, str]]:
     """Peak bytes per (rank, device): the allocator's reserved bytes (the trace's `[memory]`
     events, a memory snapshot's `memory_reserved` on its one device), else sampled usage. The
@@ -279,8 +285,7 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
 
 def memory_capacity(facts: Facts) -> Advice | None:
     """Peak device memory within 10% of capacity: the next larger batch or fragmentation OOMs."""
-    capacity = {(int(d.get("rank", 0)), int(d.get("id", 0))): int(d["totalGlobalMem"])
-                for d in facts.manifest["devices"] if d.get("totalGlobalMem")}
+    capacity = _capacity(facts)
     near = [{"rank": r, "device": dev, "peak_bytes": round(peak),
              "capacity_bytes": capacity[r, dev],
              "used_pct": pct(peak, capacity[r, dev]), "source": source}

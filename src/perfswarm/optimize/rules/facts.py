@@ -46,9 +46,9 @@ def events_frame(run: Run, ev: Events) -> pl.DataFrame:
         "args": pl.Series(side.column("args").combine_chunks(), dtype=pl.String)})
 
 
-HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
+_HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
 # Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
-SCALAR_READ = r"^aten::_local_scalar_dense$"
+_SCALAR_READ = r"^aten::_local_scalar_dense$"
 
 
 @dataclass
@@ -258,7 +258,7 @@ class Facts:
         one waits for nothing. A trace of CPU activities alone shows no calls: each read counts
         there."""
         apis = self.kind("runtime").filter(pl.col("name").is_in(sorted(SYNC_CALLS)))
-        reads, calls = self.named(SCALAR_READ, "cpu_op"), self.kind("runtime", "driver")
+        reads, calls = self.named(_SCALAR_READ, "cpu_op"), self.kind("runtime", "driver")
         items = self.around(reads, calls) if calls.height else reads
         return self.in_window(apis), self.in_window(items)
 
@@ -266,7 +266,7 @@ class Facts:
     def loader_calls(self) -> pl.DataFrame:
         """The host's waits for the next batch (`enumerate(DataLoader)#...` ranges) in the
         window."""
-        return self.in_window(self.named(r"enumerate\(DataLoader\)", *HOST_KINDS))
+        return self.in_window(self.named(r"enumerate\(DataLoader\)", *_HOST_KINDS))
 
     @cached_property
     def host_blocked_ns(self) -> dict[int, int]:
