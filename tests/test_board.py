@@ -6,12 +6,16 @@ import http.client
 import json
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.report import board as board_module
+from perfswarm.report import data
 from perfswarm.report.board import BoardServer, list_runs
 from perfswarm.trace.store import Run
 
@@ -63,11 +67,65 @@ def test_index_and_api(board: BoardServer) -> None:
     assert [r["name"] for r in json.loads(body)] == ["event_sync", "simple_add"]
 
 
+def built(server: BoardServer, path: str) -> tuple[int, bytes]:
+    """The page once built: 202 building pages are asked again, as their refresh does."""
+    for _ in range(600):
+        status, body = get(server, path)
+        if status != 202:
+            return status, body
+        assert b'http-equiv="refresh"' in body
+        time.sleep(0.1)
+    raise AssertionError(f"{path}: still building after a minute")
+
+
 def test_report_and_compare(board: BoardServer) -> None:
-    status, body = get(board, "/report/simple_add")
+    status, body = built(board, "/report/simple_add")
     assert status == 200 and body.startswith(b"<!DOCTYPE html>") and b"Plotly.newPlot" in body
-    status, body = get(board, "/compare?a=simple_add&b=event_sync")
+    status, body = built(board, "/compare?a=simple_add&b=event_sync")
     assert status == 200 and b"perfswarm compare: simple_add vs event_sync" in body
+
+
+def test_reports_build_in_the_background_with_their_stage(
+        board_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow report answers at once with a page naming its stage; a second one waits behind
+    it and says so; both are served when done, each built once."""
+    release, stages = threading.Event(), []
+    real = data.report_data
+
+    def slow(run: Run, **kw: Any) -> dict[str, Any]:
+        def on_stage(stage: str) -> None:
+            stages.append((run.path.name, stage))
+            kw_stage(stage)
+            if stage == "prediction":
+                assert release.wait(60)
+        kw_stage = kw.pop("on_stage")
+        return real(run, on_stage=on_stage, **kw)
+
+    monkeypatch.setattr(board_module, "report_data", slow)
+    monkeypatch.setattr(board_module, "FIRST_WAIT_S", 0.05)
+    server = BoardServer(board_dir, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, body = get(server, "/report/simple_add")
+        assert status == 202 and b"building the report of simple_add" in body
+        for _ in range(600):
+            status, body = get(server, "/report/simple_add")
+            if b"prediction" in body:
+                break
+            time.sleep(0.1)
+        assert status == 202 and b"building the report of simple_add: prediction" in body
+        status, body = get(server, "/report/event_sync")
+        assert status == 202 and b"queued behind 1" in body
+        release.set()
+        assert built(server, "/report/simple_add")[0] == 200
+        assert built(server, "/report/event_sync")[0] == 200
+        assert get(server, "/report/simple_add")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    for name in ("simple_add", "event_sync"):
+        assert [s for n, s in stages if n == name] == [
+            "analysis", "timeline", "op costs", "views", "prediction"]
 
 
 @pytest.mark.parametrize("path", [

@@ -162,5 +162,7 @@ def test_idle_clients_are_dropped_and_a_flood_is_bounded(
 def test_report_cache_is_bounded() -> None:
     cache = _ReportCache()
     for i in range(3 * CACHED_PAGES):
-        assert cache.get(("report", (str(i), i)), lambda i=i: str(i).encode()) == str(i).encode()
-    assert len(cache.pages) == CACHED_PAGES
+        entry = cache.get(("report", (str(i), i)), lambda _, i=i: str(i).encode())
+        assert entry.done.wait(10) and entry.page == str(i).encode()
+    cache.get(("report", ("last", 0)), lambda _: b"").done.wait(10)
+    assert len(cache.pages) == CACHED_PAGES + 1  # the finished ones, and the one just asked

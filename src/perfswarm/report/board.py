@@ -17,11 +17,13 @@ these few limits cover what a server stack would add here.
 from __future__ import annotations
 
 import contextlib
+import queue
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +42,7 @@ from perfswarm.trace.store import MANIFEST, Run
 MAX_CONNECTIONS = 32
 IDLE_SECONDS = 10.0
 CACHED_PAGES = 8
+FIRST_WAIT_S = 1.0  # a page built within this is sent at once, with no building page first
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -111,22 +114,68 @@ def _summary(listed: Listed) -> dict[str, Any]:
             "step_ms": step_ms}
 
 
+@dataclass
+class Build:
+    """One page being built in the background: its stage, then the page or the reason."""
+
+    stage: str = "queued"
+    asked: float = field(default_factory=time.monotonic)
+    page: bytes | None = None
+    error: str | None = None
+    status: HTTPStatus = HTTPStatus.OK
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def at(self, stage: str) -> None:
+        self.stage = stage
+
+
 class _ReportCache:
-    """The last CACHED_PAGES rendered pages by (run names, manifest mtimes): a report is
-    built once per change, and memory stays bounded however many runs are opened."""
+    """Pages built in the background, one at a time (a report is seconds of CPU), by (run
+    names, manifest mtimes): each built once per change of its runs. The last CACHED_PAGES
+    finished ones are kept (memory stays bounded however many runs are opened); a build
+    still queued or running is never dropped."""
 
     def __init__(self) -> None:
-        self.pages: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        self.pages: OrderedDict[tuple[Any, ...], Build] = OrderedDict()
         self.lock = threading.Lock()
+        self.queue: queue.SimpleQueue[tuple[Build, Callable[[Build], bytes]]] = queue.SimpleQueue()
+        # a daemon: Ctrl-C on the board does not wait for a report being built
+        threading.Thread(target=self._work, name="board-build", daemon=True).start()
 
-    def get(self, key: tuple[Any, ...], build: Any) -> bytes:
+    def get(self, key: tuple[Any, ...], build: Callable[[Build], bytes]) -> Build:
+        """The page's build, started (queued behind the others) on first ask."""
         with self.lock:
-            if key not in self.pages:
-                self.pages[key] = build()
-                while len(self.pages) > CACHED_PAGES:
-                    self.pages.popitem(last=False)
+            found = self.pages.get(key)
+            if found is None:
+                found = self.pages[key] = Build()
+                self.queue.put((found, build))
+                finished = [k for k, b in self.pages.items() if b.done.is_set()]
+                for old in finished[:max(0, len(finished) - CACHED_PAGES)]:
+                    del self.pages[old]
             self.pages.move_to_end(key)
-            return self.pages[key]
+            return found
+
+    def ahead_of(self, entry: Build) -> int:
+        """How many builds run or wait before this one."""
+        with self.lock:
+            waiting = [b for b in self.pages.values() if not b.done.is_set()]
+        return sum(1 for b in waiting if b.asked < entry.asked)
+
+    def _work(self) -> None:
+        while True:
+            self._build(*self.queue.get())
+
+    @staticmethod
+    def _build(entry: Build, build: Callable[[Build], bytes]) -> None:
+        try:
+            entry.page = build(entry)
+        except PerfswarmError as exc:
+            entry.error, entry.status = str(exc), HTTPStatus.UNPROCESSABLE_ENTITY
+        except Exception as exc:  # a defect: say it on the page, keep the board serving
+            entry.error = f"building the page failed ({type(exc).__name__}: {exc})"
+            entry.status = HTTPStatus.INTERNAL_SERVER_ERROR
+        finally:
+            entry.done.set()
 
 
 def _stamp(listed: Listed) -> tuple[str, int]:
@@ -187,9 +236,10 @@ class BoardHandler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, body, "application/json")
             elif len(parts) == 2 and parts[0] == "report" and parts[1] in runs:
                 listed = runs[parts[1]]
-                body = self.server.cache.get(("report", _stamp(listed)),
-                                             lambda: self.server.report_page(listed))
-                self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
+                run = open_listed(listed)
+                self._page(self.server.cache.get(
+                    ("report", _stamp(listed)), lambda b: self.server.report_page(run, b)),
+                    f"the report of {listed.name}")
             elif parts == ["compare"]:
                 self._compare(runs, parse_qs(url.query))
             else:
@@ -203,10 +253,26 @@ class BoardHandler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.NOT_FOUND, "compare needs ?a=RUN&b=RUN naming listed runs")
             return
         a, b = (runs[n] for n in names)
-        body = self.server.cache.get(("compare", _stamp(a), _stamp(b)), lambda: (
-            html.render_compare(compare_data(open_listed(a), open_listed(b),
-                                             a.name, b.name)).encode()))
-        self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
+        run_a, run_b = open_listed(a), open_listed(b)
+
+        def build(entry: Build) -> bytes:
+            entry.at("diff")
+            return html.render_compare(compare_data(run_a, run_b, a.name, b.name)).encode()
+
+        self._page(self.server.cache.get(("compare", _stamp(a), _stamp(b)), build),
+                   f"{a.name} vs {b.name}")
+
+    def _page(self, entry: Build, what: str) -> None:
+        """The page when built (waiting up to FIRST_WAIT_S for it), else 202 and a page
+        that says what the build is doing and reloads itself every second."""
+        if entry.done.wait(FIRST_WAIT_S) and entry.page is not None:
+            self._send(HTTPStatus.OK, entry.page, "text/html; charset=utf-8")
+        elif entry.error is not None:
+            self._error(entry.status, entry.error)
+        else:
+            page = html.render_building(what, entry.stage, time.monotonic() - entry.asked,
+                                        self.server.cache.ahead_of(entry))
+            self._send(HTTPStatus.ACCEPTED, page.encode(), "text/html; charset=utf-8")
 
     def _read_only(self) -> None:
         self._error(HTTPStatus.METHOD_NOT_ALLOWED, "the board is read-only")
@@ -257,11 +323,15 @@ class BoardServer(ThreadingHTTPServer):
         if not isinstance(sys.exc_info()[1], OSError):
             super().handle_error(request, client_address)
 
-    def report_page(self, listed: Listed) -> bytes:
-        run = open_listed(listed)
-        advice = self.advice(run) if self.advice else ()
-        return html.render(report_data(run, advice=advice,
-                                       projection=self.projection)).encode()
+    def report_page(self, run: Run, entry: Build) -> bytes:
+        """The report's page, saying each stage to `entry` as it goes."""
+        advice: Sequence[Mapping[str, Any]] = ()
+        if self.advice:
+            entry.at("advice")
+            advice = self.advice(run)
+        data = report_data(run, advice=advice, projection=self.projection, on_stage=entry.at)
+        entry.at("page")
+        return html.render(data).encode()
 
     @property
     def url(self) -> str:

@@ -173,6 +173,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 advice: Sequence[Mapping[str, Any]] = (),
                 tune: Mapping[str, Any] | None = None,
                 projection: Callable[[Run], Mapping[str, Any]] | None = None,
+                on_stage: Callable[[str], None] = lambda stage: None,
                 ) -> dict[str, Any]:
     """The report of one Run as a plain dict (stable keys; see docs/cli.md).
 
@@ -181,21 +182,26 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     dict (optimize.project.report_projection), all passed in by the caller: report sits
     beside optimize in the import order, not above it. A projection or prediction the Run
     cannot have (NotApplicable) is left out, the projection's reason said in the words of
-    the command line the reader would run; any other error is raised.
+    the command line the reader would run; any other error is raised. `on_stage` is told
+    each stage as it starts (the board's progress).
     """
     shown, note = None, "not computed"
     if projection is not None:
+        on_stage("projection")
         try:
             shown, note = dict(projection(run)), ""
         except NotApplicable as exc:
             note = exc.as_flags()
     manifest = run.manifest()
+    on_stage("analysis")
     result = analyze(run)
     analysis = result.to_dict()
+    on_stage("timeline")
     origin = run_origin(run)
     drawn = spans(run)
     line = timeline(run, drawn, origin, max_spans)
     has_device = any(lane["device"] for lane in line["lanes"])
+    on_stage("op costs")
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     profiled = sum(w["dur_ns"] for w in next(iter(steps.values()), []))
@@ -203,6 +209,13 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     events = Events.load(run)
     calls = host_calls(events)
     rates = throughput(run, events, steps)
+    on_stage("views")
+    views = {"cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),
+             "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),
+             "modules": module_tree(events, calls, MAX_MODULES),
+             "memory": memory_view(run, origin, MAX_COUNTER_POINTS)}
+    on_stage("prediction")
+    prediction = _prediction(run)
     return {
         "title": f"perfswarm report: {run.path.name}",
         "run": {"path": str(run.path), "command": manifest["command"],
@@ -219,11 +232,11 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "concurrency": analysis["concurrency"],
         "iterations": _iteration_rows(analysis, line["steps"]),
         "kernels": analysis["ops"]["kernels"][:TOP_OPS],
-        "cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),
-        "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),
+        "cpu_ops": views["cpu_ops"],
+        "ops_by_shape": views["ops_by_shape"],
         "streams": kernel_streams(drawn, TOP_OPS),
-        "modules": module_tree(events, calls, MAX_MODULES),
-        "memory": memory_view(run, origin, MAX_COUNTER_POINTS),
+        "modules": views["modules"],
+        "memory": views["memory"],
         "ranks": ranks_view(analysis),
         "categories": analysis["ops"]["categories"],
         "critical_path": analysis["critical_path"],
@@ -239,7 +252,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "memory_timeline": memory_category_rows(analysis["memory"]),
         "swarms": swarm_rows(analysis["swarms"], run),
         "op_cost": costs,
-        "prediction": _prediction(run),
+        "prediction": prediction,
         "advice": [dict(a) for a in advice],
         "tune": tune_section(tune, run) if tune is not None else None,
         "projection": shown,

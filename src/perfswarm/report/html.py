@@ -348,6 +348,14 @@ def render_board(root: str, runs: list[dict[str, Any]]) -> str:
         title=f"perfswarm board: {root}", root=root, runs=runs, plotly_js="", figures_json="")
 
 
+def render_building(what: str, stage: str, waited_s: float, ahead: int) -> str:
+    """The board's page while a report is built: what it is doing, for how long, and how
+    many builds are ahead of it; it reloads itself every second (no script needed)."""
+    return _environment().get_template("building.html.j2").render(
+        title=f"perfswarm: building {what}", what=what, stage=stage,
+        waited=f"{waited_s:.0f} s", ahead=ahead, plotly_js="", figures_json="")
+
+
 def _page(template: str, data: dict[str, Any], figures: dict[str, Any], **extra: Any) -> str:
     # Both are script text, already safe there: HTML-escaping would break them.
     return _environment().get_template(template).render(
