@@ -45,10 +45,11 @@ def test_detection_follows_the_marker_thread() -> None:
     rows += [(0, k * 300 * US, 100 * US, "cpu_op", ("stack", "cat")[k % 2], 2, -1, -1, -1)
              for k in range(15)]  # 0 .. 4.3 ms: a longer stretch than the main thread's
     detected = detected_steps(events(sorted(rows, key=lambda r: r[1])))
-    starts = [100 * US + i * 1000 * US for i in range(4)]
-    # each iteration runs to the next one's first op; the last to its own last op's end
+    # the first from its first op, each later one from the end of the step op before it (600
+    # us into an iteration, 150 long); the last to its own last op's end
+    bounds = [100 * US] + [100 * US + i * 1000 * US - 250 * US for i in range(1, 4)]
     assert [(w.start, w.end) for w in detected[0]] == [
-        *itertools.pairwise(starts), (starts[3], starts[3] + 750 * US)]
+        *itertools.pairwise(bounds), (bounds[3], 100 * US + 3000 * US + 750 * US)]
 
 
 def test_critical_path_event_sync_exact(corpus_runs: dict[str, Run]) -> None:

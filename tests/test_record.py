@@ -218,6 +218,21 @@ def test_torch_markers_align_with_hook_times(trainer_run: Run) -> None:
         assert hooks[k] - 1_000_000 <= marker[k]["end"] <= done[str(k)] + 1_000_000
 
 
+def test_markers_end_after_the_optimizer_step(trainer_run: Run) -> None:
+    """The profiler is stepped once optimizer.step() has returned, not from torch's step
+    post-hook inside its `Optimizer.step#` range: each such range lies inside one marker (the
+    hook's marker ended inside the range and its rest fell in the next step)."""
+    pid = trainer_run.manifest()["extra"]["record"]["pid"]
+    (trace,) = trainer_run.raw_dir.glob(f"torch-rank0-pid{pid}*.json")
+    spans = [e for e in orjson.loads(trace.read_bytes())["traceEvents"] if e.get("ph") == "X"]
+    markers = [(e["ts"], e["ts"] + e["dur"]) for e in spans
+               if e["name"].startswith("ProfilerStep#")]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in spans
+             if e["name"].startswith("Optimizer.step#")]
+    assert len(markers) == len(steps) == 3
+    assert all(lo <= a and b <= hi for (lo, hi), (a, b) in zip(markers, steps, strict=True))
+
+
 def test_page_faults_counted_at_every_hook(trainer_run: Run) -> None:
     """The process's minor page faults at each optimizer hook, on the hooks' times: a counter
     that only grows (the first steps touch the model's memory for the first time)."""

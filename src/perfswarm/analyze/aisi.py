@@ -76,7 +76,7 @@ def _windows(symbols: I64, ts: I64, end: I64) -> list[StepWindow]:
     names, starts, ends = runs(symbols, ts, end)
     lo, hi = repeating_stretch(names)
     return [StepWindow(i, a, b, "detected") for i, (a, b) in enumerate(detect(
-        names[lo:hi], starts[lo:hi], ends[lo:hi]))]
+        names[lo:hi], starts[lo:hi], ends[lo:hi], after_last_op=False))]
 
 
 def _busiest(tids: I64) -> I64:

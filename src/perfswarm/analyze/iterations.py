@@ -6,7 +6,8 @@ else the one whose work spans longest. The period is the lag at which the
 sequence best matches a shifted copy of itself, tried at the lags between
 repeated occurrences of each name. An iteration then starts at each occurrence of
 an anchor: a name that occurs once per period, at steady spacing, and earliest in
-the sequence. When no lag matches well enough, or none has such a name (iterations
+the sequence (the first iteration at its start, each later one where the op before it
+ended). When no lag matches well enough, or none has such a name (iterations
 whose op counts differ: logging every other step repeats at two steps), the anchor is the
 earliest of the names that occur the same number of times at steady spacing, that
 number being the one most names share. One op repeated back to back is a loop only
@@ -199,20 +200,28 @@ def _sparse(starts: I64, ends: I64) -> bool:
     return bool((ends - starts).sum() < 0.5 * (ends.max() - starts.min()))
 
 
-def detect(names: I64, starts: I64, ends: I64) -> list[tuple[int, int]]:
-    """(start, end) ns of each whole iteration found in an op sequence."""
+def detect(names: I64, starts: I64, ends: I64, *, after_last_op: bool = True
+           ) -> list[tuple[int, int]]:
+    """(start, end) ns of each whole iteration found in an op sequence. `after_last_op`: each
+    boundary after the first lies where the step before it ended (its last op's end), as in a
+    traced loop; else at the next step's first entry (a sequence of samples or syscalls, where
+    nothing says which step the time between them is)."""
     lag = period(names)
     anchors = anchor_positions(names, lag) if lag else np.zeros(0, np.int64)
     if len(anchors) < 2:
         anchors = counted_anchors(names)
     if len(anchors) < 2 or (lag == 1 and _sparse(starts[anchors], ends[anchors])):
         return []
-    windows = [(int(starts[a]), int(starts[b])) for a, b in itertools.pairwise(anchors)]
+    # A traced loop calls prof.step() (or steps its optimizer) right after a step's last op:
+    # the untraced time before the next step's first op is that next step's.
+    reach = np.maximum.accumulate(ends)
+    bounds = [int(starts[anchors[0]])] + [
+        int(min(reach[a - 1], starts[a]) if after_last_op else starts[a]) for a in anchors[1:]]
+    windows = list(itertools.pairwise(bounds))
     close = closing_position(names, anchors)
     if close is not None:
         last = int(anchors[-1])
-        end = int(ends[last:close + 1].max())
-        windows.append((int(starts[last]), end))
+        windows.append((bounds[-1], int(ends[last:close + 1].max())))
     return windows
 
 

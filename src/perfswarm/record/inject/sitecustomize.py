@@ -58,7 +58,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _Window:
-    """The per-process profiling state machine, driven by optimizer.step() post-hooks."""
+    """The per-process profiling state machine, driven by optimizer.step() returning (else a
+    backward's end, else a top-level forward's start)."""
 
     in_worker = False  # set in DataLoader workers (spawned ones run this file too): no files
 
@@ -107,25 +108,28 @@ class _Window:
         if os.getpid() != self.pid:  # a forked child (DataLoader worker) stepping on its own
             return
         now = time.time_ns()
-        self.hook_ns.append(now)
-        self.hook_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
-        if self.live_fd < 0:
-            self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.write(self.live_fd, b"%d\n" % now)
-        done = len(self.hook_ns)
-        # A forward-driven window waits one step more: a backward between two forwards (a
-        # training loop after an evaluation) takes over before it opens.
-        if self.opened_at < 0 and done >= self.skip + (self.driver == "forward"):
-            self.start()
-        elif self.prof is not None:
+        done = len(self.hook_ns) + 1
+        # The marker first, so that ProfilerStep#N ends where the step's last op did; this
+        # hook's own work (and the ET's file write) falls at the head of step N+1, before its
+        # first op.
+        if self.prof is not None:
             if done == self.opened_at + self.count:
                 self._stop()
             else:
                 self.prof.step()
                 # when step() returned: ProfilerStep#N ended between this and hook_ns[-1]
                 self.step_done_ns[done - 1] = time.time_ns()
-            if self.et is not None:  # after the marker, so the ET's file write is not in it
+            if self.et is not None:
                 self._stop_et()
+        self.hook_ns.append(now)
+        self.hook_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        if self.live_fd < 0:
+            self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self.live_fd, b"%d\n" % now)
+        # A forward-driven window waits one step more: a backward between two forwards (a
+        # training loop after an evaluation) takes over before it opens.
+        if self.opened_at < 0 and done >= self.skip + (self.driver == "forward"):
+            self.start()
 
     def flag(self) -> str:
         """Exists while this process's profiling window is open (DataLoader workers look)."""
@@ -157,9 +161,9 @@ class _Window:
             self.et = ExecutionTraceObserver()
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
             self.et.start()
-        self.prof.start()
-        with open(self.flag(), "w"):
+        with open(self.flag(), "w"):  # before the profiler: the first step's marker opens last
             pass
+        self.prof.start()
 
     def _stop_et(self) -> None:
         self.et.stop()
@@ -168,9 +172,9 @@ class _Window:
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
+        prof.stop()  # first: the last step's marker ends where its last op did
         with contextlib.suppress(OSError):
             os.remove(self.flag())
-        prof.stop()
         _export(prof, self.out, self.stem)
         del prof
         _free_profiler()
@@ -323,9 +327,43 @@ def _wrap_worker_loop(module: ModuleType, out: str) -> None:
 
 
 def _install(window: _Window, module: ModuleType) -> None:
-    vars(module)["register_optimizer_step_post_hook"](lambda *_: window.on_event("optimizer"))
+    _step_after_optimizers(window, vars(module)["Optimizer"])
     atexit.register(window.flush)
     _watch_optimizers(window, vars(module)["Optimizer"])
+
+
+def _step_after_optimizers(window: _Window, optimizer: type) -> None:
+    """Each outermost optimizer.step() ends a step once it has returned. torch runs step
+    post-hooks inside the step's `Optimizer.step#` range, so a ProfilerStep marker ended from
+    one ended inside that range, and the range's rest (the profiler's own step() in it) fell in
+    the next step: 0.29 ms of a 27 ms step on an H200, the marker cutting through an op. torch
+    wraps each optimizer class's step in Optimizer.profile_hook_step (the range and the
+    hooks) at its first instance; this wraps what that makes. An optimizer stepping another
+    inside its step (a wrapper optimizer) ends one step, not two."""
+    import functools
+
+    make: Callable[[Callable[..., Any]], Callable[..., Any]] = (
+        vars(optimizer)["profile_hook_step"].__func__)
+    depth = 0
+
+    def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
+        hooked = make(func)
+
+        @functools.wraps(hooked)
+        def step_then_mark(*args: Any, **kwargs: Any) -> Any:
+            nonlocal depth
+            depth += 1
+            try:
+                out = hooked(*args, **kwargs)
+            finally:
+                depth -= 1
+            if depth == 0:
+                window.on_event("optimizer")
+            return out
+
+        return step_then_mark
+
+    optimizer.profile_hook_step = staticmethod(profile_hook_step)  # type: ignore[attr-defined]
 
 
 def _watch_optimizers(window: _Window, optimizer: type) -> None:
