@@ -10,8 +10,8 @@ timed round-robin with them and with our own separately tuned kernels (the minim
 rounds; `paired`: the median of the rounds' own speedups with its interval, which must lie above
 1 for the pair to be recommended; `*`: the interval straddled 1 and the pair was measured again).
 Then every pair is measured a second time from the cached schedules (no search), and a pair
-recommended in the first pass that is slower than PyTorch in the second counts against the
-goals. Goals:
+recommended in the first pass that is slower than PyTorch in the second (the median of its
+paired speedups under 1; `again`) counts against the goals. Goals:
 - geomean speedup over PyTorch's separate ops >= 1.5x on the pairs the roofline says gain;
 - geomean speedup over our own separately tuned kernels >= 1.1x (on those pairs and on all);
 - no recommended pair slower than PyTorch (in the second, independent measurement).
@@ -114,7 +114,7 @@ def main() -> int:
         print(f"{net:13} {a.pair.label[:44]:44} {a.torch_separate.min_ms:9.3f} "
               f"{a.fused.min_ms:9.3f} {a.own_separate.min_ms:9.3f} {a.speedup:8.2f} "
               f"{a.speedup_vs_own:7.2f} {a.prediction.speedup:6.2f} "
-              f"{_paired(a):>20} {b.speedup:7.2f} "
+              f"{_paired(a):>20} {statistics.median(b.paired):7.2f} "
               f"{a.max_rel_error:8.1e} {'yes' if a.recommended else 'no ':3} "
               f"{'channels-last' if a.schedule.channels_last else 'planar'}")
     summary = _summary([a for _, _, a, _ in rows], [b for _, _, _, b in rows])
@@ -136,7 +136,10 @@ def _paired(r: FuseResult) -> str:
 def _summary(first: list[FuseResult], again: list[FuseResult]) -> dict[str, object]:
     gaining = [i for i, r in enumerate(first) if r.prediction.gains]
     recommended = [i for i, r in enumerate(first) if r.recommended]
-    slower = [first[i].pair.label for i in recommended if again[i].speedup < 1.0]
+    # slower as the recommendation judges it: the median of the rounds' paired speedups (a
+    # ratio of minima rests on each side's single luckiest round)
+    slower = [first[i].pair.label for i in recommended if statistics.median(again[i].paired) < 1]
+    slower_minima = [first[i].pair.label for i in recommended if again[i].speedup < 1.0]
     vs_torch = geomean([first[i].speedup for i in gaining])
     vs_own_gaining = geomean([first[i].speedup_vs_own for i in gaining])
     vs_own_all = geomean([r.speedup_vs_own for r in first])
@@ -151,6 +154,7 @@ def _summary(first: list[FuseResult], again: list[FuseResult]) -> dict[str, obje
         "measured again (interval straddled 1)": sum(r.remeasured for r in first),
         "fused channels-last": sum(r.schedule.channels_last for r in first),
         "recommended but slower than PyTorch when measured again (goal 0)": slower,
+        "  (by the ratio of the minima instead)": slower_minima,
     }
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.report import board as board_module
-from perfswarm.report import data
+from perfswarm.report import data, html
 from perfswarm.report.board import BoardServer, list_runs
 from perfswarm.trace.store import Run
 
@@ -148,3 +148,21 @@ def test_read_only(board: BoardServer, method: str) -> None:
 def test_bad_dir(tmp_path: Path) -> None:
     with pytest.raises(PerfswarmError, match="not a directory"):
         BoardServer(tmp_path / "missing")
+
+
+def test_compare_shows_slower_and_faster_beyond_noise(corpus_runs: dict[str, Run]) -> None:
+    """The board's comparison lists what got slower and what got faster, as `diff` does: HTA's
+    trace_compare test run adds three ops inside step 1010 (slower, 155.5, 103.5 and 5.5 us an
+    iteration) and calls nccl:all_reduce once instead of twice: 33.5 us an iteration faster,
+    inside its noise band of 66.0 us (its 2 steps vary that much), so counted, not listed."""
+    base, test = corpus_runs["compare_base"], corpus_runs["compare_test"]
+    slower, faster = data.compare_data(base, test, "base", "test")["changes"]
+    assert slower["title"] == "slower in test" and faster["title"] == "faster in test"
+    assert [(o["name"], o["per_iteration_delta_ns"]) for o in slower["ops"][:3]] == [
+        ("All2All_Pooled_Req", 155_500), ("AddmmBackward0", 103_500), ("CatBackward0", 5_500)]
+    assert all(o["beyond_noise"] for o in slower["ops"]) and slower["within_noise"] == 0
+    # faster: nccl:all_reduce and an add kernel (3 calls -> 2), each within its noise band
+    assert (faster["ops"], faster["within_noise"]) == ([], 2)
+    page = html.render_compare(data.compare_data(base, test, "base", "test"))
+    assert "slower in test" in page and "All2All_Pooled_Req" in page
+    assert "faster in test (2 more within their noise band)" in page

@@ -81,6 +81,12 @@ class RunDiff:
     only_b: tuple[tuple[str, str], ...]
     improvements: tuple[OpDelta, ...] = ()  # b faster, largest first
 
+    @property
+    def regressions(self) -> tuple[OpDelta, ...]:
+        """The ops B is slower at, in total or per iteration, largest first."""
+        return tuple(o for o in self.ops
+                     if o.delta_ns > 0 or (o.per_iteration_delta_ns or 0) > 0)
+
     def to_dict(self) -> dict[str, Any]:
         return {"a_span_ns": self.a_span_ns, "b_span_ns": self.b_span_ns,
                 "span_delta_ns": self.b_span_ns - self.a_span_ns,

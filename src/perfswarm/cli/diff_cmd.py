@@ -53,8 +53,7 @@ def diff_command(
             steps.add_row(str(s.index), str(s.a_step), str(s.b_step), ms(s.a_ns), ms(s.b_ns),
                           ms(s.b_ns - s.a_ns))
         console.print(steps)
-    regressions = [o for o in result.ops if o.delta_ns > 0 or (o.per_iteration_delta_ns or 0) > 0]
-    for title, rows in (("largest regressions first", regressions),
+    for title, rows in (("largest regressions first", list(result.regressions)),
                         ("largest improvements first", list(result.improvements))):
         shown = [o for o in rows if o.beyond_noise]
         if shown:

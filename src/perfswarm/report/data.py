@@ -301,9 +301,16 @@ def _prediction(run: Run) -> dict[str, Any] | None:
 
 
 def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
-    """Two Runs side by side: span, per-step times and the ops that changed most."""
-    result = diff_runs(a, b).to_dict()
-    ops = sorted(result["ops"], key=lambda o: (-abs(o["delta_ns"]), o["kind"], o["name"]))
+    """Two Runs side by side: span, per-step times, and the ops that got slower and those that
+    got faster (as `diff`: largest first, beyond their noise band, the rest counted)."""
+    found = diff_runs(a, b)
+    result = found.to_dict()
+    changes = []
+    for title, rows in ((f"slower in {b_label}", found.regressions),
+                        (f"faster in {b_label}", found.improvements)):
+        shown = [o.to_dict() for o in rows if o.beyond_noise]
+        changes.append({"title": title, "ops": shown[:TOP_OPS],
+                        "within_noise": len(rows) - len(shown)})
     return {
         "title": f"perfswarm compare: {a_label} vs {b_label}",
         "a": a_label, "b": b_label,
@@ -315,5 +322,5 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
                         f"{len(result['only_b'])} only in {b_label}"),
         ],
         "steps": result["steps"],
-        "ops": ops[:TOP_OPS],
+        "changes": changes,
     }
