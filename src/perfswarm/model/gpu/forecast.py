@@ -60,10 +60,10 @@ class LearnedScaler:
 
     def scaled(self, measured_ns: int, old: OpCost, new: OpCost, old_dims: Dims,
                new_dims: Dims) -> int:
+        if (old, old_dims, self.source) == (new, new_dims, self.target):
+            return measured_ns  # the recorded op on the recorded GPU (a replay, a report)
         after = self.seconds(new, new_dims, self.target)
-        # at the recorded op on the recorded GPU (a replay, a report) the two are one case
-        same = (old, old_dims, self.source) == (new, new_dims, self.target)
-        before = after if same else self.seconds(old, old_dims, self.source)
+        before = self.seconds(old, old_dims, self.source)
         if after is None or before is None:
             return self.roofline.scaled(measured_ns, old, new, old_dims, new_dims)
         if self.source != self.target and all(
