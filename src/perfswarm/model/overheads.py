@@ -16,6 +16,7 @@ another run, or of the same run at another batch size, whose ops are the same.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence, Set
@@ -95,37 +96,35 @@ class Instance:
 
 def instances(g: Graph, ev: Events, kernel_point: np.ndarray[Any, np.dtype[np.bool_]]
               ) -> list[Instance]:
-    """Every op instance of every host lane, in lane order."""
-    out: list[Instance] = []
+    """Every op instance of every host lane, in lane order (over lists of ints: a per-instance
+    numpy slice cost more than the instance)."""
     host = np.flatnonzero(g.role == HOST)
     order = host[np.lexsort((g.ts[host], g.lane[host]))]
     if len(order) == 0:
-        return out
-    cuts = np.flatnonzero((g.top[order][1:] != g.top[order][:-1])
-                          | (g.lane[order][1:] != g.lane[order][:-1])) + 1
-    for nodes in np.split(order, cuts):
-        out.append(_instance(ev.name_of(int(g.top[nodes[0]])), nodes, kernel_point))
-    return out
+        return []
+    cuts = (np.flatnonzero((g.top[order][1:] != g.top[order][:-1])
+                           | (g.lane[order][1:] != g.lane[order][:-1])) + 1).tolist()
+    nodes, points, tops = order.tolist(), kernel_point[order].tolist(), g.top[order].tolist()
+    kind = functools.cache(ev.name_of)
+    return [_instance(kind(tops[lo]), nodes[lo:hi], points[lo:hi])
+            for lo, hi in zip([0, *cuts], [*cuts, len(nodes)], strict=True)]
 
 
-def _instance(kind: str, nodes: I64, kernel_point: np.ndarray[Any, np.dtype[np.bool_]]
-              ) -> Instance:
-    at_point = kernel_point[nodes]
-    points = nodes[at_point].tolist()
-    if not points:
-        return Instance(kind, int(nodes[0]), (("t0", tuple(nodes.tolist())),), ())
+def _instance(kind: str, nodes: list[int], at_point: list[bool]) -> Instance:
+    if True not in at_point:
+        return Instance(kind, nodes[0], (("t0", tuple(nodes)),), ())
     groups: list[tuple[str, tuple[int, ...]]] = []
     current: list[int] = []
-    seen = 0
-    for n, is_point in zip(nodes.tolist(), at_point.tolist(), strict=True):
+    found: list[int] = []
+    for n, is_point in zip(nodes, at_point, strict=True):
         if is_point:
-            groups.append(("t2" if seen == 0 else "t5", tuple(current)))
+            groups.append(("t5" if found else "t2", tuple(current)))
             current = []
-            seen += 1
+            found.append(n)
         else:
             current.append(n)
     groups.append(("t4", tuple(current)))
-    return Instance(kind, int(nodes[0]), tuple(groups), tuple(points))
+    return Instance(kind, nodes[0], tuple(groups), tuple(found))
 
 
 @dataclass(frozen=True)
