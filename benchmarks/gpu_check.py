@@ -56,17 +56,25 @@ CASES = {  # later flags win (nanoGPT's configurator applies them in order)
     "medium": MEDIUM,
     "medium-b64": [*MEDIUM, "--batch_size=64"],
     "medium-bf16": [*MEDIUM, "--dtype=bfloat16"],
+    "small-cupti0": SMALL,  # recorded only, Kineto's CUPTI left subscribed after the window
 }
+CASE_ENV = {"small-cupti0": {"TEARDOWN_CUPTI": "0"}}  # the recorder's default is 1
+MODELS = REPO / "benchmarks" / "realworld_models.py"
+# realworld_models.py's configurations run on the GPU: bare both, recorded the second
+MODEL_SIZES = {"b8w40": ("8", "40"), "b64w128": ("64", "128")}
+MODEL_STEPS = 30
 CPU_CASES = ("small", "medium")  # recorded here too: predict --device from a CPU recording
 ITERS = 40  # iterations of a GPU run (41 optimizer steps: nanoGPT counts from 0)
 WINDOW = "10:5"  # the recorded window on the GPU: skip 10 steps, profile 5
 
 
 def perfswarm(*args: str, cwd: Path | None = None, timeout: float = 600,
-              out: Path | None = None) -> subprocess.CompletedProcess[str]:
+              out: Path | None = None,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`perfswarm ARGS` with this interpreter (the GPU machine has no installed entry point)."""
     proc = subprocess.run([sys.executable, "-m", "perfswarm.cli.main", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
     if args[0] != "sql" or proc.returncode:
         print(f"$ perfswarm {' '.join(args)}  -> {proc.returncode}", flush=True)
     if out is not None:
@@ -111,6 +119,19 @@ def pack(folder: Path, out: Path) -> None:
     shutil.rmtree(folder)
 
 
+def record(out: Path, name: str, cmd: list[str], window: str, work: Path,
+           env: dict[str, str] | None) -> None:
+    """`perfswarm record` of CMD into OUT/NAME.run, packed (a failed build's folder too)."""
+    run = out / f"{name}.run"
+    rec = perfswarm("record", "--out", str(run), "--steps", window, "--quiet", "--", *cmd,
+                    cwd=work, timeout=200, env=env)
+    print(f"recorded {name}:\n{rec.stdout[-2500:]}{rec.stderr[-2500:]}", flush=True)
+    if run.exists():
+        pack(run, out)
+    for hidden in out.glob(f".{name}.run.*"):  # a build that failed
+        pack(hidden, out)
+
+
 def device_half(ns: argparse.Namespace) -> None:
     out: Path = ns.out
     out.mkdir(parents=True, exist_ok=True)
@@ -128,23 +149,35 @@ def device_half(ns: argparse.Namespace) -> None:
     print(json.dumps(env, indent=1), flush=True)
     work = work_dir(ns.realworld, Path(tempfile.mkdtemp(prefix="nanogpt-")))
     env["bare_iter_ms"] = {}
-    for case in ns.cases.split(","):
+    for case in filter(None, ns.cases.split(",")):
         cmd = nanogpt(case, ns.device, ns.iters)
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120,
-                              check=False)
-        env["bare_iter_ms"][case] = iter_ms(proc.stdout)
-        print(f"bare {case}: rc {proc.returncode}, median "
-              f"{median_after(env['bare_iter_ms'][case])} ms", flush=True)
-        if proc.returncode:
-            print(proc.stderr[-3000:], flush=True)
-        run = out / f"nano-{case}-{ns.device}.run"
-        rec = perfswarm("record", "--out", str(run), "--steps", ns.window, "--quiet", "--", *cmd,
-                        cwd=work, timeout=200)
-        print(f"recorded {case}:\n{rec.stdout[-2500:]}{rec.stderr[-2500:]}", flush=True)
-        if run.exists():
-            pack(run, out)
-        for hidden in out.glob(f".nano-{case}-{ns.device}.run.*"):  # a build that failed
-            pack(hidden, out)
+        if case not in CASE_ENV:  # a case that only changes the recorder has small's bare run
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120,
+                                  check=False)
+            env["bare_iter_ms"][case] = iter_ms(proc.stdout)
+            print(f"bare {case}: rc {proc.returncode}, median "
+                  f"{median_after(env['bare_iter_ms'][case])} ms", flush=True)
+            if proc.returncode:
+                print(proc.stderr[-3000:], flush=True)
+        record(out, f"nano-{case}-{ns.device}", cmd, ns.window, work, CASE_ENV.get(case))
+        (out / "env.json").write_text(json.dumps(env, indent=1))  # kept if a later case hangs
+    env["model_step_ns"] = {}
+    for style in filter(None, ns.models.split(",")):
+        for size, (batch, width) in MODEL_SIZES.items():
+            cmd = [sys.executable, str(MODELS), style, "--batch-size", batch, "--width", width,
+                   "--steps", str(MODEL_STEPS), "--device", ns.device]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+            truth = [json.loads(line.removeprefix("truth ")) for line in proc.stdout.splitlines()
+                     if line.startswith("truth ")]
+            env["model_step_ns"][f"{style}-{size}"] = truth[0]["step_ns"] if truth else []
+            steps = env["model_step_ns"][f"{style}-{size}"]
+            print(f"bare {style}-{size}: rc {proc.returncode}, median "
+                  f"{median_after([t / 1e6 for t in steps], 10)} ms", flush=True)
+            if proc.returncode:
+                print(proc.stderr[-3000:], flush=True)
+            if size == "b64w128":
+                record(out, f"model-{style}-{size}-{ns.device}", cmd, ns.window, work, None)
+            (out / "env.json").write_text(json.dumps(env, indent=1))
     (out / "env.json").write_text(json.dumps(env, indent=1))
     if ns.calibrate:
         perfswarm("calibrate", "--device", "cuda:0", "--budget", "1", "-o",
@@ -187,15 +220,14 @@ def window_check(run: Path) -> None:
     print(f"  NVML counters in the whole run: {sorted((r['name'], r['n']) for r in allnvml)}")
 
 
-def overhead(run: Path, bare: list[float]) -> None:
+def overhead(run: Path, bare_of: dict[int, float]) -> None:
     """The recorded run's unprofiled steps (the recorder's hook times) before and after the
-    window, against the bare run's same iterations (nanoGPT's iteration i is hook i-1 to hook
-    i; the GPU warms up over the first ones): what recording costs outside the window."""
+    window, against the bare run's same steps (BARE_OF: the recorder's step number -> ms; the
+    GPU warms up over the first ones): what recording costs outside the window."""
     rows = sql(run, "SELECT step, (\"end\" - start) / 1e6 ms, source FROM steps ORDER BY step")
     marked = [r["step"] for r in rows if r["source"] == "marker"]
-    if not marked or not bare:
+    if not marked or not bare_of:
         return
-    bare_of = dict(enumerate(bare, start=1))  # iteration -> ms
     detected = {r["step"]: r["ms"] for r in rows if r["source"] == "detected"}
     parts = []
     for name, keep in (("before", lambda i: 5 <= i < marked[0]),
@@ -291,24 +323,15 @@ def compare_half(outs: list[Path], keep: Path, cpu_steps: int) -> None:
     measured: dict[str, float] = {}
     for case in CASES:
         gpu = runs.get(f"nano-{case}-cuda")
-        bare = env["bare_iter_ms"].get(case) or []
+        bare = env["bare_iter_ms"].get(case) or env["bare_iter_ms"].get(case.split("-")[0]) or []
         truth = median_after(bare)
         print(f"== {case}: bare GPU median iteration {truth} ms ({len(bare)} printed)")
         if gpu is None:
             print("  no GPU run")
             continue
-        manifest = json.loads((gpu / "manifest.json").read_text())
-        print("  collectors: " + ", ".join(f"{k} {v.get('status')}"
-                                           for k, v in manifest["collectors"].items()))
-        window_check(gpu)
-        overhead(gpu, bare)
-        kernel_check(gpu, target)
-        at = predict(gpu)
+        at = gpu_run_check(gpu, dict(enumerate(bare, start=1)), target)  # nanoGPT counts from 0
         if at:
             measured[case] = at["steady"]["measured_ns"] / 1e6
-            print(f"  predict at the recorded configuration: measured {at['measured_ns']} "
-                  f"replayed {at['replayed_ns']} predicted {at['predicted_ns']} (error "
-                  f"{at['predicted_error']:+.2%}); steady {at['steady']}; kernels {at['kernels']}")
         if case == "medium-b64" and "nano-medium-cuda" in runs:
             scaled = predict(runs["nano-medium-cuda"], "--batch-size", "64")
             if scaled and at:
@@ -322,21 +345,59 @@ def compare_half(outs: list[Path], keep: Path, cpu_steps: int) -> None:
         if not cpu.exists():
             perfswarm("record", "--out", str(cpu), "--steps", f"2:{cpu_steps}", "--quiet", "--",
                       *nanogpt(case, "cpu", 2 + cpu_steps + 1), cwd=work, timeout=1800)
-        fc = predict(cpu, "--device", target)
-        if fc and truth:
-            pred = fc["predicted_ns"] / 1e6
-            rec = measured.get(case)
-            window = f", {pred / rec - 1:+.1%} of the recorded window's {rec:.2f} ms" if rec else ""
-            print(f"  CPU recording, predict --device {target}: {pred:.2f} ms "
-                  f"({pred / truth - 1:+.1%} of the bare {truth} ms{window})"
-                  f"; device {fc['device_active_ns']['predicted'] / 1e6:.2f} ms, breakdown "
-                  f"{fc['breakdown_ns']}; kernels {fc['kernels']}")
-            for note in fc.get("notes", []):
-                print(f"    note: {note}")
+        forecast(cpu, target, truth, measured.get(case))
+    for name, steps in env.get("model_step_ns", {}).items():
+        style, size = name.split("-")
+        bare_of = {i: ns / 1e6 for i, ns in enumerate(steps)}  # step i ends at hook i
+        truth = median_after(list(bare_of.values()), 10)
+        print(f"== model {name}: bare GPU median step {truth} ms ({len(steps)} steps)")
+        gpu = runs.get(f"model-{name}-cuda")
+        at = gpu_run_check(gpu, bare_of, target) if gpu else None
+        cpu = keep / f"model-{name}-cpu.run"
+        if not cpu.exists():
+            batch, width = MODEL_SIZES[size]
+            perfswarm("record", "--out", str(cpu), "--steps", f"3:{cpu_steps}", "--quiet", "--",
+                      sys.executable, str(MODELS), style, "--batch-size", batch, "--width",
+                      width, "--steps", str(3 + cpu_steps + 2), timeout=1800)
+        forecast(cpu, target, truth, at["steady"]["measured_ns"] / 1e6 if at else None)
     for out in outs:
         calibrated(out / "calibrate.json")
     if "memory" in runs:
         memory_case(runs["memory"], keep)
+
+
+def gpu_run_check(gpu: Path, bare_of: dict[int, float], target: str) -> dict[str, Any] | None:
+    """A GPU recording's collectors, NVML against its trace, the recorder's overhead, the
+    kernel model on its kernels and `predict` at its own configuration (returned)."""
+    manifest = json.loads((gpu / "manifest.json").read_text())
+    print("  collectors: " + ", ".join(f"{k} {v.get('status')}"
+                                       for k, v in manifest["collectors"].items()))
+    window_check(gpu)
+    overhead(gpu, bare_of)
+    kernel_check(gpu, target)
+    at = predict(gpu)
+    if at:
+        print(f"  predict at the recorded configuration: measured {at['measured_ns']} "
+              f"replayed {at['replayed_ns']} predicted {at['predicted_ns']} (error "
+              f"{at['predicted_error']:+.2%}); steady {at['steady']}; kernels {at['kernels']}")
+    return at
+
+
+def forecast(cpu: Path, target: str, truth: float | None, recorded: float | None) -> None:
+    """`predict --device TARGET` of a CPU recording against the GPU's bare step (TRUTH, ms)
+    and its profiled one (RECORDED)."""
+    fc = predict(cpu, "--device", target)
+    if not fc or not truth:
+        return
+    pred = fc["predicted_ns"] / 1e6
+    window = (f", {pred / recorded - 1:+.1%} of the recorded window's {recorded:.2f} ms"
+              if recorded else "")
+    print(f"  CPU recording, predict --device {target}: {pred:.2f} ms "
+          f"({pred / truth - 1:+.1%} of the bare {truth:.2f} ms{window})"
+          f"; device {fc['device_active_ns']['predicted'] / 1e6:.2f} ms, breakdown "
+          f"{fc['breakdown_ns']}; kernels {fc['kernels']}")
+    for note in fc.get("notes", []):
+        print(f"    note: {note}")
 
 
 def calibrated(path: Path) -> None:
@@ -375,6 +436,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=ITERS)
     p.add_argument("--window", default=WINDOW)
     p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--models", default="", help="realworld_models.py styles, comma-separated")
     p.add_argument("--calibrate", action="store_true")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--keep", type=Path, default=None)

@@ -9,12 +9,13 @@ momentum), `gpt` (a GPT decoder with F.scaled_dot_product_attention, causal, and
 classifier on raw waveforms, with BatchNorm, Adam). `--width` is the model's base width
 (embedding, hidden, channels); each script derives its other widths from it (the GPT's and
 the Mixer's MLP: 4W, the ResNet's second stage: 2W), as such scripts do. One intra-op thread,
-as `perfswarm calibrate` times its sweeps. No perfswarm import: benchmarks/realworld.py
-records this script unmodified at several configurations and predicts each from one. The
-ground truth it prints last, one JSON line after `truth `: per step, from the end of one to the
-end of the next (as the recorder's hooks time it), the wall time (`step_ns`) and the process's
-CPU time (`cpu_ns`): on a machine other processes share, a step's wall time holds the time the
-process waited for a core, its CPU time does not.
+as `perfswarm calibrate` times its sweeps. `--device cuda` runs it on a GPU (a step ends with
+torch.cuda.synchronize(), so its time is the GPU's too). No perfswarm import:
+benchmarks/realworld.py records this script unmodified at several configurations and predicts
+each from one. The ground truth it prints last, one JSON line after `truth `: per step, from
+the end of one to the end of the next (as the recorder's hooks time it), the wall time
+(`step_ns`) and the process's CPU time (`cpu_ns`): on a machine other processes share, a step's
+wall time holds the time the process waited for a core, its CPU time does not.
 """
 
 from __future__ import annotations
@@ -138,10 +139,13 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--width", type=int, default=40)
     p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--device", default="cpu")
     ns = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    dev = torch.device(ns.device)
     net, shape, classes = build(ns.style, ns.width)
+    net.to(dev)
     tokens = ns.style in ("lstm", "gpt")
     opt: torch.optim.Optimizer | None = {
         "resnet": lambda: torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
@@ -154,11 +158,11 @@ def main() -> None:
     for _ in range(ns.steps):
         if tokens:  # the LSTM's input is [sequence, batch], the GPT's [batch, sequence]
             x = torch.randint(0, classes, (*shape, ns.batch_size) if ns.style == "lstm"
-                              else (ns.batch_size, *shape))
-            target = torch.randint(0, classes, x.shape)
+                              else (ns.batch_size, *shape), device=dev)
+            target = torch.randint(0, classes, x.shape, device=dev)
         else:
-            x = torch.randn(ns.batch_size, *shape)
-            target = torch.randint(0, classes, (ns.batch_size,))
+            x = torch.randn(ns.batch_size, *shape, device=dev)
+            target = torch.randint(0, classes, (ns.batch_size,), device=dev)
         out = net(x)
         loss = F.cross_entropy(out.reshape(-1, classes), target.reshape(-1))
         if opt is None:  # word_language_model's loop: manual SGD after clipping
@@ -172,6 +176,8 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         now = time.perf_counter_ns(), time.process_time_ns()
         wall.append(now[0] - last[0])
         cpu.append(now[1] - last[1])

@@ -15,6 +15,7 @@ import pytest
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opstats import op_costs
+from perfswarm.model.predict import predict
 from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -152,3 +153,22 @@ def test_launch_bound_on_the_h200(run: Run, raw: list[dict[str, Any]]) -> None:
     assert (bound.evidence["kernels"], bound.evidence["small_kernels"]) == (
         len(kernels), sum(us(e["dur"]) < 10 for e in kernels)) == (935, 898)
     assert bound.evidence["host_per_kernel_ns"] > 20 * bound.evidence["kernel_mean_ns"]
+
+
+def test_predict_reads_typical_times_off_two_steady_steps(tmp_path: Path) -> None:
+    """A second H200 round of the same command (nanogpt_h200.txt): its profiled steps ran 45,
+    11.5, 9.0, 9.1 and 8.8 ms. Two are steady (the first starts the profiler, the second ran
+    slow, the last holds the profiler's stop); the ops' typical times come from those two, and
+    predict at the recorded configuration lands within 2% of their median (the trimmed mean of
+    all five steps' instances put it 39% long)."""
+    trace = TRACE.with_name("nanogpt_h200_b.pt.trace.json.gz")
+    raw = [e for e in orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+           if e.get("ph") == "X"]
+    lengths = {int(e["name"].split("#")[1]): int(us(e["dur"]) * 1000) for e in markers(raw)}
+    assert sorted(lengths) == list(range(10, 15))
+    run = import_traces([trace], tmp_path / "b.run", ImportOptions(), ["test"])
+    found = predict(run)
+    assert found.steady == {(0, 12), (0, 13)}
+    assert found.measured_steady_ns == (lengths[12] + lengths[13]) // 2
+    error = found.predicted_error
+    assert error is not None and error < 0.02

@@ -83,8 +83,10 @@ def test_steady_steps_and_typical_times() -> None:
     values = [1.0, 3.0, 2.0, 2.0, 1.0, 1.0, 50.0, 50.0, 9.0, 9.0, 2.0, 2.0]
     # the mean over the steady steps' instances
     assert typical(values, steps, steady_steps(durations)) == (1 + 3 + 2 + 2 + 1 + 1 + 9 + 9) / 8
-    # under three steady steps: the trimmed mean of every instance (one cut each side)
-    assert typical(values, steps, {(0, 1)}) == (2 * 1 + 4 * 2 + 3 + 2 * 9 + 50) / 10
+    # one steady step is still the steady one: the 50s of the stalled step stay out
+    assert typical(values, steps, {(0, 1)}) == (1 + 3) / 2
+    # no steady step holds it: the trimmed mean of every instance (one cut each side)
+    assert typical(values, steps, {(0, 7)}) == (2 * 1 + 4 * 2 + 3 + 2 * 9 + 50) / 10
 
 
 def _stretched(tmp_path: Path, factors: list[int]) -> Run:

@@ -76,12 +76,12 @@ def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepK
     other processes take lands on some op in every step, a different one each time (trimmed
     means of the instances, or of each op's totals per step, cut those and came 7-13% under
     nanoGPT's framework and Python time, 20-25% under a contended LSTM's and ResNet's steps).
-    The trimmed mean of all instances when fewer than three steady steps hold it (a Run
-    without steps)."""
+    The trimmed mean of all instances when no steady step holds it (a Run without steps): a
+    window of 5 profiled steps often has 2 steady ones, and the others are the profiler's first
+    step (45 ms against 9 on an H200) and one a burst stretched, which a trimmed mean of 5
+    steps' instances keeps (nanoGPT's profiled steps predicted 39% long)."""
     kept = [v for v, s in zip(values, steps, strict=True) if s in steady]
-    if len({s for s in steps if s in steady}) < 3:
-        return trimmed_mean(values)
-    return float(np.mean(kept))
+    return float(np.mean(kept)) if kept else trimmed_mean(values)
 
 
 @dataclass(frozen=True)
