@@ -6,6 +6,7 @@ import gzip
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
@@ -27,6 +28,7 @@ from perfswarm.model.predict import (
     step_faults,
 )
 from perfswarm.model.profile import FamilyModel, Profile
+from perfswarm.model.specs import load_spec
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
@@ -502,3 +504,35 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     plain = predict(run, Change(dims=((1000, 4000),)),
                     profile=Profile("cpu", 1, profile.models, {}))  # no first-touch time
     assert [s.predicted_ns for s in plain.steps] == [(1000 - 100 + 400) * US] * 3
+
+
+def test_forecast_dispatch_is_read_off_the_steady_steps(tmp_path: Path) -> None:
+    """nanoGPT recorded on this CPU (tests/data/nanogpt_cpu.txt), forecast on a GPU: the
+    dispatch of the ops that launch nothing is one median own time, read off the steps flagged
+    steady; with one flagged, every step's dispatch is that step's own median times its count
+    of such ops (the profiler's first step runs them several times slower)."""
+    from perfswarm.model.gpu.opgraph import _host_parts, innermost_ops, op_graph_steps
+    from perfswarm.model.predict import load_model
+
+    trace = Path(__file__).parent / "data" / "nanogpt_cpu.pt.trace.json.gz"
+    m = load_model(import_traces([trace], tmp_path / "n.run", ImportOptions(), ["test"]))
+    steps = [(s["start"], s["end"]) for s in m.run.table("steps").to_pylist()
+             if s["source"] == "marker"]
+    assert len(steps) >= 3
+    ev = m.ev
+    own = []
+    for lo, hi in steps:
+        inside = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi)).tolist()
+        own.append(_host_parts(ev, inside, innermost_ops(ev, m.shapes, lo, hi), lo, hi)
+                   .dispatch_self_ns)
+    medians = [float(np.median(mine)) for mine in own]
+    assert len(set(medians)) == len(medians)  # each step its own: the flags decide
+    target = load_spec("H100-SXM")
+    for chosen in range(len(steps)):
+        flags = [i == chosen for i in range(len(steps))]
+        found = op_graph_steps(ev, m.shapes, steps, target, steady=flags)
+        for f, mine in zip(found, own, strict=True):
+            assert f.host_ns["dispatch"] == round(float(np.median(own[chosen])) * len(mine))
+    every = op_graph_steps(ev, m.shapes, steps, target)
+    pooled = float(np.median([ns for mine in own for ns in mine]))
+    assert [f.host_ns["dispatch"] for f in every] == [round(pooled * len(o)) for o in own]

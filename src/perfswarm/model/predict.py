@@ -829,7 +829,8 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
     g = m.graph
     precision = Precision.of_record(m.run.manifest().get("extra", {}).get("record", {}))
     forecasts = op_graph_steps(m.ev, m.shapes, [(lo, hi) for _, _, lo, hi, _ in measured],
-                               target, gpu_model, precision, parameter_shapes(m))
+                               target, gpu_model, precision, parameter_shapes(m),
+                               [(rank, step) in steady for rank, step, *_ in measured])
     notes = [*notes, precision.describe()]
     steps = tuple(StepResult(rank, step, hi - lo, r_hi - r_lo, f.predicted_ns,
                              {"measured": active, "replayed": r_active,

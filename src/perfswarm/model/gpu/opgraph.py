@@ -283,19 +283,24 @@ def _optimizer_python_ns(ev: Events, inside: Sequence[int], lo: int, hi: int) ->
 def op_graph_steps(ev: Events, shapes: Callable[[int], Shapes | None],
                    steps: Sequence[tuple[int, int]], target: DeviceSpec,
                    model: KernelModel | None = None, precision: Precision = Precision(),
-                   parameters: Set[tuple[int, ...]] = frozenset()) -> list[StepForecast]:
+                   parameters: Set[tuple[int, ...]] = frozenset(),
+                   steady: Sequence[bool] = ()) -> list[StepForecast]:
     """Every (start, end) iteration of a CPU Run forecast on `target`. Its host time on the GPU's
     host: its Python outside the ops as recorded (less the optimizer's parameter loop), a
     dispatch per op that computes nothing on the GPU and launches nothing (a view, a reshape,
     an autograd node around its op; each at the median of such ops' own time in the Run: the
     recording host's dispatch speed, the few that computed on the CPU inside an op of no cost
-    model, a cat of a tensor list, left out), and HOST_OP_NS per launch."""
+    model, a cat of a tensor list, left out), and HOST_OP_NS per launch. That median is read
+    off the `steady` steps (one flag per step; every step when none is flagged), as predict
+    reads typical times: the profiler's first step runs its ops' dispatch 5-10x slower
+    (nanoGPT here: 8-12 us against 1-2.5 in the others)."""
     found = []
     for lo, hi in steps:
         inside = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi)).tolist()
         inner = innermost_ops(ev, shapes, lo, hi)
         found.append((inner, _host_parts(ev, inside, inner, lo, hi)))
-    every = [ns for _, parts in found for ns in parts.dispatch_self_ns]
+    typical = [f for f, keep in zip(found, steady, strict=True) if keep] if any(steady) else found
+    every = [ns for _, parts in typical for ns in parts.dispatch_self_ns]
     dispatch_ns = float(np.median(every)) if every else 0.0
     return [forecast_step(ev, shapes, inner, target, {
         "python": parts.python_ns,
