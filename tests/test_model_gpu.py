@@ -232,3 +232,25 @@ def test_a_gzip_bomb_in_the_dataset_is_refused(tmp_path: Path) -> None:
     sweep.write_bytes(b"".join([*parts, deflate.flush()]))  # ~100 KB inflating to 96 MiB
     with pytest.raises(PerfswarmError, match=r"Tesla_T4\.csv\.gz \(gzip\): inflates over 100x"):
         load_dataset(folder)
+
+
+def test_one_d_convolutions_become_kernels() -> None:
+    """A 1-d convolution's backward (3-d shapes, as realworld_models.py's conv1d style records
+    it) is two implicit GEMMs of its output gradient's size: 64 x 246 output pixels, 128
+    channels, 1 x 80 filter inputs; the forward of the same layer as torch's CPU runs it (2-d
+    of height 1, stride 16 among its concrete inputs) the same GEMM, not 4,000 pixels a
+    sample."""
+    from perfswarm.model.opcost import Shapes, shapes_from_args
+
+    floats = ("float", "float", "float")
+    backward = op_kernels("aten::convolution_backward",
+                          Shapes(((64, 128, 246), (64, 1, 4000), (128, 1, 80)), floats))
+    assert backward is not None and len(backward) == 2
+    assert {(w.family, w.m, w.n, w.k) for w in backward} == {("conv", 64 * 246, 128, 80)}
+    stem = shapes_from_args(
+        '{"Concrete Inputs": ["", "", "", "[0, 0]", "[1, 16]", "[1, 1]", "1"], "Input type": '
+        '["float", "float", "float", "ScalarList", "ScalarList", "ScalarList", "Scalar"], '
+        '"Input Dims": [[64, 1, 1, 4000], [128, 1, 1, 80], [128], [], [], [], []]}')
+    assert stem is not None
+    forward = op_kernels("aten::mkldnn_convolution", stem)
+    assert forward is not None and [(w.m, w.n, w.k) for w in forward] == [(64 * 246, 128, 80)]

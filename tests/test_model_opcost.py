@@ -269,3 +269,34 @@ def test_lstm_layer_and_attention_backward_priced_by_their_matrix_products() -> 
                           Shapes((q, q, q, q, q, (4, 2, 16)), ("float",) * 6))
     assert attention is not None and attention.family == "sdpa_backward"
     assert attention.flops == 10 * 4 * 2 * 16 * 16 * 8 + 5 * 4 * 2 * 16 * 16
+
+
+# one op each, as torch recorded them: realworld_models.py's conv1d style on this CPU (mkldnn
+# runs the 1-d convolution as a 2-d one of height 1) and its ResNet on an H200 (cuDNN)
+MKLDNN_STEM = ('{"Concrete Inputs": ["", "", "", "[0, 0]", "[1, 16]", "[1, 1]", "1"], '
+               '"Input type": ["float", "float", "float", "ScalarList", "ScalarList", '
+               '"ScalarList", "Scalar"], "Input Dims": [[64, 1, 1, 4000], [128, 1, 1, 80], '
+               '[128], [], [], [], []]}')
+CUDNN_STRIDED = ('{"Concrete Inputs": ["", "", "[1, 1]", "[2, 2]", "[1, 1]", "1", "False", '
+                 '"False", "True"], "Input type": ["float", "float", "ScalarList", "ScalarList", '
+                 '"ScalarList", "Scalar", "Scalar", "Scalar", "Scalar"], "Input Dims": '
+                 '[[64, 128, 16, 16], [256, 128, 3, 3], [], [], [], [], [], [], []]}')
+
+
+def test_conv_output_from_the_recorded_stride_and_padding() -> None:
+    """The stem of a 1-d audio net: 80-wide filters at stride 16 over 4,000 samples give
+    (4000 - 80) // 16 + 1 = 246 outputs (its backward's output gradient is [64, 128, 246]), not
+    4,000; a 3x3 cuDNN convolution at stride 2, padding 1 halves 16x16 to 8x8. Without the
+    concrete inputs: the input's size (stride 1, 'same')."""
+    stem = shapes_from_args(MKLDNN_STEM)
+    assert stem is not None and stem.concrete[4] == "[1, 16]"
+    cost = data_cost("aten::mkldnn_convolution", stem)
+    assert cost is not None and cost.conv_out == (1, 246)
+    assert cost.flops == 2.0 * 64 * 128 * 246 * 1 * 80
+    strided = shapes_from_args(CUDNN_STRIDED)
+    assert strided is not None
+    cost = data_cost("aten::cudnn_convolution", strided)
+    assert cost is not None and cost.conv_out == (8, 8)
+    assert cost.flops == 2.0 * 64 * 256 * 8 * 8 * 128 * 9
+    bare = data_cost("aten::cudnn_convolution", Shapes(strided.dims, strided.types))
+    assert bare is not None and bare.conv_out == (16, 16) and bare.flops == 4 * cost.flops

@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Final, Literal
 
 import orjson
 
@@ -92,6 +92,7 @@ class OpCost:
     input_bytes: float = 0.0  # the first input's bytes (what a fused producer would not write)
     b_transposed: bool = False  # a GEMM's second operand column-major (nn.Linear's weight)
     a_transposed: bool = False  # its first operand column-major (a weight gradient's)
+    conv_out: tuple[int, ...] = ()  # a convolution's output size per spatial dimension
 
     @property
     def intensity(self) -> float:
@@ -209,15 +210,47 @@ def _gemm(op: str, dims: Dims) -> tuple[float, float] | None:
     return 2.0 * batch * m * k * n, float(moved)
 
 
-def _conv(dims: Dims) -> tuple[float, float] | None:
-    """Direct convolution cost; output spatial size from the input with stride 1 and 'same' padding
-    (Kineto records no stride), the usual case of the recorded shapes."""
-    x, w = dims[0], dims[1]
-    if len(x) < 3 or len(w) != len(x):
+# where a convolution op's stride, padding and dilation stand among its inputs (Kineto's
+# "Concrete Inputs", recorded with the shapes since torch 2.1)
+_CONV_GEOMETRY: Final = {**dict.fromkeys(("convolution", "_convolution", "conv1d", "conv2d",
+                                          "conv3d"), (3, 4, 5)),
+                         "mkldnn_convolution": (4, 3, 5), "cudnn_convolution": (3, 2, 4),
+                         "miopen_convolution": (4, 3, 5)}
+
+
+def _int_list(text: str, rank: int) -> tuple[int, ...] | None:
+    """A recorded int list ("[2, 2]"; one value stands for every dimension) of `rank` values."""
+    try:
+        values = orjson.loads(text)
+    except orjson.JSONDecodeError:
         return None
-    n, spatial = x[0], x[2:]
-    c_out, c_per_group, kernel = w[0], w[1], w[2:]
-    out = n * c_out * _numel(spatial)
+    if (not isinstance(values, list) or not values
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)):
+        return None
+    if len(values) == 1:
+        values = values * rank
+    return tuple(values) if len(values) == rank else None
+
+
+def conv_output(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[int, ...]:
+    """A convolution's output size per spatial dimension: from its recorded stride, padding and
+    dilation where the trace holds them, else the input's ('same' padding, stride 1)."""
+    x, w = dims[0], dims[1]
+    spatial, kernel = x[2:], w[2:]
+    where = _CONV_GEOMETRY.get(op)
+    if where is not None and len(concrete) > max(where):
+        stride, pad, dilation = (_int_list(concrete[i], len(spatial)) for i in where)
+        if stride is not None and pad is not None and dilation is not None:
+            return tuple(max(1, (n + 2 * p - d * (k - 1) - 1) // s + 1) for n, k, s, p, d
+                         in zip(spatial, kernel, stride, pad, dilation, strict=True))
+    return tuple(spatial)
+
+
+def _conv(dims: Dims, out_spatial: Sequence[int]) -> tuple[float, float] | None:
+    """Direct convolution cost at the output size `out_spatial`."""
+    x, w = dims[0], dims[1]
+    n, c_out, c_per_group, kernel = x[0], w[0], w[1], w[2:]
+    out = n * c_out * _numel(out_spatial)
     flops = 2.0 * out * c_per_group * _numel(kernel)
     return flops, float(_numel(x) + _numel(w) + out)
 
@@ -241,11 +274,13 @@ def _conv_backward(dims: Dims) -> tuple[float, float] | None:
 
 
 def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
-            fixed: Sequence[bool] = (), strides: Dims = ()) -> OpCost | None:
+            fixed: Sequence[bool] = (), strides: Dims = (),
+            concrete: Sequence[str] = ()) -> OpCost | None:
     """FLOPs and bytes of an aten op from its recorded input shapes and dtypes; None when the op is
     not modelled or its shapes are missing or inconsistent. `fixed` marks the inputs that are
     parameters (they keep their size when the batch grows); `strides` (where recorded) tell a
-    GEMM's operand layout."""
+    GEMM's operand layout, `concrete` (Kineto's "Concrete Inputs") a convolution's stride,
+    padding and dilation."""
     op = name.removeprefix("aten::")
     family = _family(op)
     shaped = [d for d in input_dims if d]
@@ -253,11 +288,16 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
         return None
     size, dtype = _element(input_types, input_dims)
     work: tuple[float, float] | None
+    conv_out: tuple[int, ...] = ()
     if family == "gemm":
         work = _gemm(op, input_dims) if len(input_dims) >= 2 else None
     elif family == "conv":
-        work = _conv(input_dims) if len(input_dims) >= 2 else None
-        if work is not None and _depthwise(input_dims):
+        if len(input_dims) < 2 or len(input_dims[0]) < 3 or len(input_dims[1]) != len(
+                input_dims[0]):
+            return None
+        conv_out = conv_output(op, input_dims, concrete)
+        work = _conv(input_dims, conv_out)
+        if _depthwise(input_dims):
             family = "depthwise_conv"
     elif family == "conv_backward":
         work = _conv_backward(input_dims)
@@ -284,7 +324,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   min(float(fixed_elements), elements) * size, batched,
                   float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0,
                   family == "gemm" and b_transposed(op, input_dims, strides),
-                  family == "gemm" and column_major(input_dims, strides, _operands(op)[0]))
+                  family == "gemm" and column_major(input_dims, strides, _operands(op)[0]),
+                  conv_out)
 
 
 def tf32_if_fp32(cost: OpCost) -> OpCost:
@@ -363,20 +404,22 @@ class Shapes:
     dims: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
     strides: tuple[tuple[int, ...], ...] = ()  # per input, where recorded: the layout
+    concrete: tuple[str, ...] = ()  # per input, where recorded: a scalar's or int list's value
 
     def substitute(self, dims: Mapping[int, int], keep: Sequence[bool] = ()) -> Shapes:
         """Every dimension equal to a key replaced by its value, except in inputs marked `keep`
         (strides are kept: which dimension is contiguous does not change)."""
         marks = list(keep) + [False] * (len(self.dims) - len(keep))
         return Shapes(tuple(d if marks[i] else tuple(dims.get(x, x) for x in d)
-                            for i, d in enumerate(self.dims)), self.types, self.strides)
+                            for i, d in enumerate(self.dims)), self.types, self.strides,
+                      self.concrete)
 
 
 def shapes_from_args(args_json: str) -> Shapes | None:
-    """The ``Input Dims``, ``Input type`` and (when well formed) ``Input Strides`` of an
-    events-table row's args (Kineto's record_shapes), or None when absent or malformed. Tensor
-    lists (recorded as nested lists by some versions) are not shapes of one input and make the
-    row unshaped."""
+    """The ``Input Dims``, ``Input type`` and (when well formed) ``Input Strides`` and
+    ``Concrete Inputs`` of an events-table row's args (Kineto's record_shapes), or None when
+    absent or malformed. Tensor lists (recorded as nested lists by some versions) are not
+    shapes of one input and make the row unshaped."""
     try:
         args = orjson.loads(args_json) if args_json else {}
     except orjson.JSONDecodeError:
@@ -386,24 +429,27 @@ def shapes_from_args(args_json: str) -> Shapes | None:
     # Every iteration records the same shapes again (only the ids differ): the fields are
     # checked and built once per distinct text, which a C-level dump makes cheap to key.
     return _shapes(orjson.dumps([args.get("Input Dims"), args.get("Input type"),
-                                 args.get("Input Strides")]))
+                                 args.get("Input Strides"), args.get("Concrete Inputs")]))
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _shapes(fields: bytes) -> Shapes | None:
-    dims_value, types, strides_value = orjson.loads(fields)
+    dims_value, types, strides_value, concrete = orjson.loads(fields)
     dims = _int_lists(dims_value)
     if dims is None:
         return None
     type_list = tuple(str(t) for t in types) if isinstance(types, list) else ()
     strides = _int_lists(strides_value)
-    return Shapes(dims, type_list, strides if strides and len(strides) == len(dims) else ())
+    values = (tuple(str(v) for v in concrete) if isinstance(concrete, list)
+              and len(concrete) == len(dims) else ())
+    return Shapes(dims, type_list, strides if strides and len(strides) == len(dims) else (),
+                  values)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def shapes_cost(name: str, shapes: Shapes) -> OpCost | None:
     """op_cost of an op's recorded shapes, computed once per distinct (name, shapes)."""
-    return op_cost(name, shapes.dims, shapes.types)
+    return op_cost(name, shapes.dims, shapes.types, concrete=shapes.concrete)
 
 
 def _int_lists(value: object) -> tuple[tuple[int, ...], ...] | None:
@@ -551,7 +597,7 @@ def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost |
     """op_cost where there is one; else a composite op's by the matrix products inside it
     (`_composite`); else, for an op that moves data (not a view, allocation or metadata read)
     with shaped inputs, a memory-bound cost: each input read once, the largest written once."""
-    cost = op_cost(name, shapes.dims, shapes.types, fixed, shapes.strides)
+    cost = op_cost(name, shapes.dims, shapes.types, fixed, shapes.strides, shapes.concrete)
     op = name.removeprefix("aten::")
     if cost is not None or op in METADATA_OPS or not name.startswith("aten::"):
         return cost

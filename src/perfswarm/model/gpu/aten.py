@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
-from perfswarm.model.gpu.work import Peak, Work, conv_work, gemm_work, vector_work
+from perfswarm.model.gpu.work import Peak, Work, gemm_work, spatial_conv_work, vector_work
 from perfswarm.model.opcost import (
     Dims,
     OpCost,
@@ -90,12 +90,16 @@ def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
     if family == "rnn":  # a recurrent layer: cuDNN's kernels, which no measurement covers
         return None
     if family in ("conv", "depthwise_conv", "conv_backward"):
+        # 1-d, 2-d (a 1-d one as torch's CPU runs it: [N, C, 1, L]) or 3-d; the output's size
+        # is the output gradient's in a backward, else the cost's (opcost.conv_output)
         grad = family == "conv_backward"
         x, w = (dims[1], dims[2]) if grad else (dims[0], dims[1])
-        if len(x) != 4 or len(w) != 4:
+        if len(x) < 3 or len(w) != len(x) or (grad and len(dims[0]) != len(x)):
             return None
         groups = max(1, x[1] // max(1, w[1]))
-        forward = conv_work(x[0], x[1], w[0], w[2], x[2], 1, w[2] // 2, groups, element, peak)
+        forward = spatial_conv_work(x[0], x[1], w[0], w[2:], x[2:],
+                                    dims[0][2:] if grad else cost.conv_out or x[2:], groups,
+                                    element, peak)
         return [forward, forward] if grad else [forward]  # input and weight gradients
     shaped = [d for d in dims if d]
     if not shaped:

@@ -10,6 +10,7 @@ little between GPUs of other sizes, so it carries to GPUs no measurement came fr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -98,12 +99,21 @@ def gemm_work(kind: str, b: int, m: int, n: int, k: int, bias: bool = False,
 
 def conv_work(batch: int, c_in: int, c_out: int, kernel: int, size: int, stride: int,
               padding: int, groups: int = 1, element: int = FP32, peak: Peak = "fp32") -> Work:
-    """A square 2-d convolution as its implicit GEMM (output pixels x output channels x the
-    filter's inputs)."""
+    """A square 2-d convolution (a row of shared/gpu-kernels' sweep)."""
     out = max(1, (size + 2 * padding - kernel) // stride + 1)
-    pixels = batch * out * out
-    reduce = c_in // groups * kernel * kernel
-    moved = batch * c_in * size * size + c_out * reduce + pixels * c_out
+    return spatial_conv_work(batch, c_in, c_out, (kernel, kernel), (size, size), (out, out),
+                             groups, element, peak)
+
+
+def spatial_conv_work(batch: int, c_in: int, c_out: int, kernel: Sequence[int],
+                      size: Sequence[int], out: Sequence[int], groups: int = 1,
+                      element: int = FP32, peak: Peak = "fp32") -> Work:
+    """A convolution of any number of spatial dimensions (input `size`, output `out`, filter
+    `kernel`, each per dimension) as its implicit GEMM: output pixels x output channels x the
+    filter's inputs."""
+    pixels = batch * math.prod(out)
+    reduce = c_in // groups * math.prod(kernel)
+    moved = batch * c_in * math.prod(size) + c_out * reduce + pixels * c_out
     return Work("conv", "conv", 2.0 * pixels * c_out * reduce, float(moved * element), 1,
                 pixels, c_out, reduce, peak)
 

@@ -85,7 +85,8 @@ def parse_pair(spec: str, batch: int | None = None) -> ConvPair:
 
 def _layer_of(shapes: Shapes, out_h: int) -> ConvLayer | None:
     """The ConvLayer of a recorded conv (input [N, C, H, W], weight [K, C/g, k, k]) whose output
-    is out_h rows high (a trace records no stride: the one that gives that height)."""
+    is out_h rows high: the stride that gives that height (traces before torch 2.1 record
+    none)."""
     if len(shapes.dims) < 2 or len(shapes.dims[0]) != 4 or len(shapes.dims[1]) != 4:
         return None
     (_, c, h, _), (k, c_group, kh, kw) = shapes.dims[0], shapes.dims[1]
