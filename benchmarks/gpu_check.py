@@ -5,8 +5,11 @@ nanoGPT run bare (its own printed iteration times are the truth) and recorded wi
 collector (torch with CUDA, system, gpu (NVML), perf, pystacks). Cases: `small` (the README's CPU
 run: launch-bound on a GPU), `medium` (6 layers of 384, block 256, batch 32), `medium-b64` (its
 batch doubled: what `predict --batch-size 64` of `medium` is judged on), `medium-bf16` (nanoGPT's
-own default precision there); all float32 otherwise (the CPU recording's precision; nanoGPT
-itself allows TF32 matmuls). `--calibrate` adds `calibrate --device cuda:0`, `--memory` the
+own default precision there), `small-cupti0` (`small` recorded with TEARDOWN_CUPTI=0: the
+recorder's default of 1 A/B'd); all float32 otherwise (the CPU recording's precision; nanoGPT
+itself allows TF32 matmuls). `--models STYLE,...` runs benchmarks/realworld_models.py's styles
+on the GPU, bare at two sizes (batch 8 width 40, batch 64 width 128) and recorded at the
+second. `--calibrate` adds `calibrate --device cuda:0`, `--memory` the
 allocator's snapshot and the profiler's memory timeline of a CUDA training loop
 (benchmarks/cuda_memory.py). Each run's directory is packed into one tar under OUT, so a
 machine that sends back only a few files sends back everything.
@@ -18,10 +21,12 @@ per family, on a GPU it was never trained on), the recorder's overhead (its unpr
 before and after the window against the bare run), `predict` at the recorded configuration,
 `predict --batch-size 64` of `medium` against `medium-b64`, and, for `small` and `medium`, the
 same command recorded on this CPU and forecast by `predict --device GPU` against the GPU's
-step; then the calibration and the memory case against what the allocator said.
+step; the same for each model style and size (its GPU recording checked as nanoGPT's); then
+the calibration and the memory case against what the allocator said.
 
     python benchmarks/gpu_check.py device OUT [--realworld ../shared/realworld] [--device cuda]
-        [--iters 40] [--window 10:5] [--cases small,medium,...] [--calibrate] [--memory]
+        [--iters 40] [--window 10:5] [--cases small,medium,...] [--models lstm,resnet,...]
+        [--calibrate] [--memory]
     python benchmarks/gpu_check.py compare OUT... [--keep DIR] [--cpu-steps 5]
 
 `--device cpu` runs the device half on this machine (to try the script before a GPU run).
