@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from perfswarm.analyze.frame import Events
+from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
@@ -172,3 +173,24 @@ def test_predict_reads_typical_times_off_two_steady_steps(tmp_path: Path) -> Non
     assert found.measured_steady_ns == (lengths[12] + lengths[13]) // 2
     error = found.predicted_error
     assert error is not None and error < 0.02
+
+
+def test_first_marker_opens_before_anything_is_traced(tmp_path: Path) -> None:
+    """A 1-d conv net on an H200 (tests/data/conv1d_h200.txt): its first ProfilerStep opens
+    well before the first op the trace holds (the profiler starting: nothing ran that it
+    saw). Detected iterations begin at the first op; that boundary agrees with the marker
+    anywhere in the untraced gap, and then every boundary lies within 1% of the mean step
+    (the gap alone was 41% of it)."""
+    trace = TRACE.with_name("conv1d_h200.pt.trace.json.gz")
+    raw = [e for e in orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+           if e.get("ph") == "X"]
+    (first, *rest) = markers(raw)
+    ops = [us(e["ts"]) for e in raw if e["cat"] in ("cpu_op", "user_annotation")
+           and not e["name"].startswith("ProfilerStep#") and us(e["dur"]) > 0]
+    gap = (min(ops) - us(first["ts"])) * 1000
+    mean = sum(us(e["dur"]) for e in (first, *rest)) * 1000 / (1 + len(rest))
+    assert gap > Decimal("0.3") * mean
+    run = import_traces([trace], tmp_path / "c.run", ImportOptions(), ["test"])
+    (agree,) = iterations(run, Events.load(run)).agreement
+    assert agree.count_matches and agree.marker_count == 5
+    assert agree.max_error_pct < 1.0

@@ -36,7 +36,13 @@ from perfswarm.analyze.critical_path import (
 from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.frame import EVENT_COLUMNS, Events
-from perfswarm.analyze.iterations import StepWindow, combine, detected_windows, run_markers
+from perfswarm.analyze.iterations import (
+    StepWindow,
+    combine,
+    detected_windows,
+    first_op_ns,
+    run_markers,
+)
 from perfswarm.analyze.kernels import RankKernels, rank_kernels
 from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.memory import memory_timeline
@@ -61,6 +67,7 @@ class RankPart:
     rank: int
     events: int
     detected: list[StepWindow]
+    first_op: int | None  # iterations.first_op_ns
     concurrency: RankConcurrency
     launch: LaunchStats
     ops: OpTotals
@@ -81,7 +88,8 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     detected = detected_windows(ev, rank)
     windows = markers if use_markers else (detected or None)
     steps = {rank: list(windows)} if windows else {}
-    return RankPart(rank, len(ev), detected, rank_concurrency(ev, rank, steps.get(rank, [])),
+    return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
+                    rank_concurrency(ev, rank, steps.get(rank, [])),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
                     collective_starts(ev, rank), rank_kernels(ev, rank), sequence_counts(ev),
                     scopes(ev))
@@ -112,7 +120,8 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
                                                    markers.get(r), pure=False) for r in ranks])
     flows = results([client.submit(rank_bandwidth, loaded[r], where, r, pure=False)
                      for r in ranks])
-    its = combine(markers, {p.rank: p.detected for p in parts if p.detected})
+    its = combine(markers, {p.rank: p.detected for p in parts if p.detected},
+                  {p.rank: p.first_op for p in parts})
     instances: dict[Instance, list[Peer]] = defaultdict(list)
     for p in parts:
         for key, (row, ts) in p.collectives.items():
