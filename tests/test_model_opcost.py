@@ -300,3 +300,18 @@ def test_conv_output_from_the_recorded_stride_and_padding() -> None:
     assert cost.flops == 2.0 * 64 * 256 * 8 * 8 * 128 * 9
     bare = data_cost("aten::cudnn_convolution", Shapes(strided.dims, strided.types))
     assert bare is not None and bare.conv_out == (16, 16) and bare.flops == 4 * cost.flops
+
+
+def test_conv_output_falls_back_on_what_it_cannot_read() -> None:
+    """A transposed convolution (aten::convolution's 7th input True) and a stride of 0 keep the
+    input's size; so does a padding recorded as a string ('same')."""
+    dims = ((8, 16, 32, 32), (16, 16, 3, 3))
+    floats = ("float", "float")
+    for concrete in (("", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "True", "[1, 1]", "1"),
+                     ("", "", "", "[0, 0]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"),
+                     ("", "", "", "[2, 2]", "same", "[1, 1]", "False", "[0, 0]", "1")):
+        cost = op_cost("aten::convolution", dims, floats, concrete=concrete)
+        assert cost is not None and cost.conv_out == (32, 32)
+    strided = op_cost("aten::convolution", dims, floats,
+                      concrete=("", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"))
+    assert strided is not None and strided.conv_out == (16, 16)

@@ -234,13 +234,17 @@ def _int_list(text: str, rank: int) -> tuple[int, ...] | None:
 
 def conv_output(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[int, ...]:
     """A convolution's output size per spatial dimension: from its recorded stride, padding and
-    dilation where the trace holds them, else the input's ('same' padding, stride 1)."""
+    dilation where the trace holds them, else the input's ('same' padding, stride 1; also for
+    a transposed convolution, which aten::convolution marks in its 7th input)."""
     x, w = dims[0], dims[1]
     spatial, kernel = x[2:], w[2:]
     where = _CONV_GEOMETRY.get(op)
-    if where is not None and len(concrete) > max(where):
+    transposed = op in ("convolution", "_convolution") and len(concrete) > 6 and \
+        concrete[6] != "False"
+    if where is not None and len(concrete) > max(where) and not transposed:
         stride, pad, dilation = (_int_list(concrete[i], len(spatial)) for i in where)
-        if stride is not None and pad is not None and dilation is not None:
+        if (stride is not None and pad is not None and dilation is not None
+                and min(stride) > 0 and min(dilation) > 0):
             return tuple(max(1, (n + 2 * p - d * (k - 1) - 1) // s + 1) for n, k, s, p, d
                          in zip(spatial, kernel, stride, pad, dilation, strict=True))
     return tuple(spatial)
