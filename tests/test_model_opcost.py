@@ -315,3 +315,15 @@ def test_conv_output_falls_back_on_what_it_cannot_read() -> None:
     strided = op_cost("aten::convolution", dims, floats,
                       concrete=("", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"))
     assert strided is not None and strided.conv_out == (16, 16)
+
+
+def test_shapes_keep_int_lists_not_scalar_values() -> None:
+    """Two steps' addcdiv_ (a CPU Adam step: its value, the step size, changes every step) are
+    one op; a convolution's stride list stays."""
+    def args(value: str) -> str:
+        return ('{"Concrete Inputs": ["", "", "", "' + value + '"], "Input type": ["float", '
+                '"float", "float", "Scalar"], "Input Dims": [[384], [384], [384], []]}')
+
+    assert shapes_from_args(args("-0.0009")) == shapes_from_args(args("-0.0011"))
+    strided = shapes_from_args(CUDNN_STRIDED)
+    assert strided is not None and strided.concrete[3] == "[2, 2]" and strided.concrete[5] == ""

@@ -408,7 +408,7 @@ class Shapes:
     dims: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
     strides: tuple[tuple[int, ...], ...] = ()  # per input, where recorded: the layout
-    concrete: tuple[str, ...] = ()  # per input, where recorded: a scalar's or int list's value
+    concrete: tuple[str, ...] = ()  # per input, where recorded: an int list's value ('' else)
 
     def substitute(self, dims: Mapping[int, int], keep: Sequence[bool] = ()) -> Shapes:
         """Every dimension equal to a key replaced by its value, except in inputs marked `keep`
@@ -444,8 +444,12 @@ def _shapes(fields: bytes) -> Shapes | None:
         return None
     type_list = tuple(str(t) for t in types) if isinstance(types, list) else ()
     strides = _int_lists(strides_value)
-    values = (tuple(str(v) for v in concrete) if isinstance(concrete, list)
-              and len(concrete) == len(dims) else ())
+    # int lists only (a convolution's stride, a view's size: what the op is); a scalar's value
+    # (an optimizer's step size, new each step) would make each step's call another op
+    values = (tuple(str(v) if t == "ScalarList" else "" for v, t in zip(concrete, type_list,
+                                                                           strict=True))
+              if isinstance(concrete, list) and len(concrete) == len(dims) == len(type_list)
+              else ())
     return Shapes(dims, type_list, strides if strides and len(strides) == len(dims) else (),
                   values)
 
