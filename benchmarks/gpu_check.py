@@ -61,9 +61,11 @@ CASES = {  # later flags win (nanoGPT's configurator applies them in order)
     "medium": MEDIUM,
     "medium-b64": [*MEDIUM, "--batch_size=64"],
     "medium-bf16": [*MEDIUM, "--dtype=bfloat16"],
-    "small-cupti0": SMALL,  # recorded only, Kineto's CUPTI left subscribed after the window
 }
-CASE_ENV = {"small-cupti0": {"TEARDOWN_CUPTI": "0"}}  # the recorder's default is 1
+# cases that record another case's command with the recorder's environment changed (its bare
+# run is that case's): Kineto's CUPTI left subscribed after the window (the default is 1)
+RECORDER_CASES = {"small-cupti0": ("small", {"TEARDOWN_CUPTI": "0"})}
+CASES.update({case: CASES[same] for case, (same, _) in RECORDER_CASES.items()})
 MODELS = REPO / "benchmarks" / "realworld_models.py"
 # realworld_models.py's configurations run on the GPU: bare both, recorded the second
 MODEL_SIZES = {"b8w40": ("8", "40"), "b64w128": ("64", "128")}
@@ -156,7 +158,7 @@ def device_half(ns: argparse.Namespace) -> None:
     env["bare_iter_ms"] = {}
     for case in filter(None, ns.cases.split(",")):
         cmd = nanogpt(case, ns.device, ns.iters)
-        if case not in CASE_ENV:  # a case that only changes the recorder has small's bare run
+        if case not in RECORDER_CASES:
             proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120,
                                   check=False)
             env["bare_iter_ms"][case] = iter_ms(proc.stdout)
@@ -164,7 +166,8 @@ def device_half(ns: argparse.Namespace) -> None:
                   f"{median_after(env['bare_iter_ms'][case])} ms", flush=True)
             if proc.returncode:
                 print(proc.stderr[-3000:], flush=True)
-        record(out, f"nano-{case}-{ns.device}", cmd, ns.window, work, CASE_ENV.get(case))
+        record(out, f"nano-{case}-{ns.device}", cmd, ns.window, work,
+               RECORDER_CASES.get(case, (case, None))[1])
         (out / "env.json").write_text(json.dumps(env, indent=1))  # kept if a later case hangs
     env["model_step_ns"] = {}
     for style in filter(None, ns.models.split(",")):
@@ -328,7 +331,7 @@ def compare_half(outs: list[Path], keep: Path, cpu_steps: int) -> None:
     measured: dict[str, float] = {}
     for case in CASES:
         gpu = runs.get(f"nano-{case}-cuda")
-        bare = env["bare_iter_ms"].get(case) or env["bare_iter_ms"].get(case.split("-")[0]) or []
+        bare = env["bare_iter_ms"].get(RECORDER_CASES.get(case, (case, None))[0]) or []
         truth = median_after(bare)
         print(f"== {case}: bare GPU median iteration {truth} ms ({len(bare)} printed)")
         if gpu is None:
