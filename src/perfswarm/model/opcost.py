@@ -250,7 +250,7 @@ def conv_output(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[int, ...]
     return tuple(spatial)
 
 
-def _conv(dims: Dims, out_spatial: Sequence[int]) -> tuple[float, float] | None:
+def _conv(dims: Dims, out_spatial: Sequence[int]) -> tuple[float, float]:
     """Direct convolution cost at the output size `out_spatial`."""
     x, w = dims[0], dims[1]
     n, c_out, c_per_group, kernel = x[0], w[0], w[1], w[2:]
