@@ -132,7 +132,7 @@ def measure(op: str, shapes: list[list[int]], reps: int, warmup: int, deadline: 
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.backends.cuda.matmul.allow_tf32 = op == "linear_tf32"
-    done: list[list[int]] = []
+    done: list[int] = []  # the shapes timed, by index (one out of memory is skipped)
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -149,7 +149,7 @@ def measure(op: str, shapes: list[list[int]], reps: int, warmup: int, deadline: 
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     continue
-                done.append(shape)
+                done.append(i)
                 if i % 50 == 49:
                     torch.cuda.synchronize()
             torch.cuda.synchronize()
@@ -157,7 +157,8 @@ def measure(op: str, shapes: list[list[int]], reps: int, warmup: int, deadline: 
         kernels = kernel_times(trace)
     torch.backends.cuda.matmul.allow_tf32 = False
     out = []
-    for i, shape in enumerate(shapes[: len(done)]):
+    for i in done:
+        shape = shapes[i]
         calls = [kernels.get(f"{i}.{j}", []) for j in range(reps)]
         if all(calls):
             ms = statistics.median(sum(d for d, _, _ in c) for c in calls) / 1e6
@@ -212,10 +213,14 @@ def main() -> int:
     d.add_argument("--reps", type=int, default=5)
     d.add_argument("--warmup", type=int, default=2)
     ns = p.parse_args()
-    if ns.half == "shapes":
-        shapes_half(ns)
-    else:
-        device_half(ns)
+    try:
+        if ns.half == "shapes":
+            shapes_half(ns)
+        else:
+            device_half(ns)
+    except (OSError, ValueError, KeyError) as exc:  # a missing or malformed input file
+        print(f"gpu_sweep.py: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
