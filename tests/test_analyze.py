@@ -244,6 +244,25 @@ def test_detection_when_steps_differ_in_op_count(truncate_last: bool) -> None:
     assert found == expected
 
 
+@pytest.mark.parametrize("setup", [False, True])
+def test_a_step_begins_before_its_anchor(setup: bool) -> None:
+    """Two `randint`s open each step (a batch and its targets): a name twice a step cannot
+    anchor it, so the anchor is the embedding after them; the step still begins at the first
+    randint, and each later one where the optimizer step before it ended. An op before the
+    loop (`setup`) is in no step."""
+    step = ["randint", "randint", "embedding", "forward", "loss", "backward", "step"]
+    names = (["setup"] if setup else []) + step * 5
+    starts = [i * 20 * US for i in range(len(names))]
+    ends = [t + 15 * US for t in starts]
+    codes = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    found = detect(np.array([codes[n] for n in names], np.int64), np.array(starts, np.int64),
+                   np.array(ends, np.int64))
+    begins = [i for i, n in enumerate(names) if n == "randint"][::2]
+    bounds = [starts[begins[0]]] + [ends[i - 1] for i in begins[1:]]
+    last = [ends[i] for i, n in enumerate(names) if n == "step"][-1]
+    assert found == [*itertools.pairwise(bounds), (bounds[-1], last)]
+
+
 def test_iterations_report_agreement(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["nccl"]
     it = iterations(run, Events.load(run))

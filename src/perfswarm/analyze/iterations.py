@@ -6,15 +6,18 @@ else the one whose work spans longest. The period is the lag at which the
 sequence best matches a shifted copy of itself, tried at the lags between
 repeated occurrences of each name. An iteration then starts at each occurrence of
 an anchor: a name that occurs once per period, at steady spacing, and earliest in
-the sequence (the first iteration at its start, each later one where the op before it
-ended). When no lag matches well enough, or none has such a name (iterations
-whose op counts differ: logging every other step repeats at two steps), the anchor is the
-earliest of the names that occur the same number of times at steady spacing, that
-number being the one most names share. One op repeated back to back is a loop only
-when it fills most of its stretch. The last iteration counts when it reaches
-the op that closes every other iteration (the latest name found once in each) and
-ends with it (an `Optimizer.step#...` range the profiler stopped inside ends with the trace
-window: frame.Events clips it).
+the sequence, moved back over the ops before it that precede every anchor alike (two
+`randint`s, a name twice a step, before the forward); the first iteration begins at its
+start, each later one where the step before it ended: its last op's end, or the end of
+another thread's work that its thread waited for after it (dependencies.thread_wakes:
+backward() on the autograd thread). When no lag matches well enough, or none has such a
+name (iterations whose op counts differ: logging every other step repeats at two steps),
+the anchor is the earliest of the names that occur the same number of times at steady
+spacing, that number being the one most names share. One op repeated back to back is a
+loop only when it fills most of its stretch. The last iteration counts when it reaches the
+op that closes every other iteration (the latest name found once in each) and ends with it,
+or with the work another thread handed back after it (an `Optimizer.step#...` range the
+profiler stopped inside ends with the trace window: frame.Events clips it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.dependencies import Wakes, thread_wakes
+from perfswarm.analyze.frame import I64, Events, lane_key
 from perfswarm.trace.store import Run
 
 Source = Literal["marker", "detected", "window"]  # window: a time window (analyze.aisi)
@@ -93,14 +97,15 @@ def _op_rows(ev: Events, rows: I64) -> I64:
                 & (ev.dur[rows] > 0)]
 
 
-def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64]:
-    """(names, starts, ends) of the op sequence that detection looks at, for one rank."""
+def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64, int | None]:
+    """(names, starts, ends) of the op sequence that detection looks at, for one rank, and
+    the host thread it is of (None: the device ops)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     ops = _op_rows(ev, rows)
     if len(ops) == 0:
         dev = rows[ev.of_kind("kernel", "collective", "memcpy", "memset")[rows]]
         dev = dev[np.argsort(ev.ts[dev], kind="stable")]
-        return ev.name[dev], ev.ts[dev], ev.end[dev]
+        return ev.name[dev], ev.ts[dev], ev.end[dev], None
     # The thread that holds the step markers drives the loop; without markers, the thread whose
     # work spans the longest stretch (a DataLoader worker profiled over the same window can
     # outlast the main thread by a batch, so markers decide when there are any).
@@ -116,7 +121,7 @@ def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64]:
         key = (int(ev.end[top].max() - ev.ts[top].min()), len(top))
         if key > best_key:
             best, best_key = top, key
-    return ev.name[best], ev.ts[best], ev.end[best]
+    return ev.name[best], ev.ts[best], ev.end[best], int(ev.tid[best[0]])
 
 
 def period(names: I64) -> int:
@@ -205,34 +210,66 @@ def _sparse(starts: I64, ends: I64) -> bool:
     return bool((ends - starts).sum() < 0.5 * (ends.max() - starts.min()))
 
 
-def detect(names: I64, starts: I64, ends: I64, *, after_last_op: bool = True
-           ) -> list[tuple[int, int]]:
+def detect(names: I64, starts: I64, ends: I64, *, after_last_op: bool = True,
+           handed: Wakes | None = None) -> list[tuple[int, int]]:
     """(start, end) ns of each whole iteration found in an op sequence. `after_last_op`: each
     boundary after the first lies where the step before it ended (its last op's end), as in a
     traced loop; else at the next step's first entry (a sequence of samples or syscalls, where
-    nothing says which step the time between them is)."""
+    nothing says which step the time between them is). `handed`: the hand-overs into the
+    sequence's thread (dependencies.thread_wakes): a step's last work may be another thread's
+    that this one waited for (backward() runs on the autograd thread on CUDA)."""
     lag = period(names)
     anchors = anchor_positions(names, lag) if lag else np.zeros(0, np.int64)
     if len(anchors) < 2:
         anchors = counted_anchors(names)
     if len(anchors) < 2 or (lag == 1 and _sparse(starts[anchors], ends[anchors])):
         return []
+    anchors = anchors - _lead_in(names, anchors)
     # A traced loop calls prof.step() (or steps its optimizer) right after a step's last op:
     # the untraced time before the next step's first op is that next step's.
     reach = np.maximum.accumulate(ends)
+    if handed is not None:
+        reach = np.maximum(reach, _handed_until(handed, reach, np.append(starts[1:], _NEVER)))
     bounds = [int(starts[anchors[0]])] + [
         int(min(reach[a - 1], starts[a]) if after_last_op else starts[a]) for a in anchors[1:]]
     windows = list(itertools.pairwise(bounds))
     close = closing_position(names, anchors)
     if close is not None:
         last = int(anchors[-1])
-        windows.append((bounds[-1], int(ends[last:close + 1].max())))
+        windows.append((bounds[-1], int(max(ends[last:close + 1].max(), reach[close]))))
     return windows
 
 
-def detected_windows(ev: Events, rank: int) -> list[StepWindow]:
+_NEVER = np.iinfo(np.int64).max
+
+
+def _lead_in(names: I64, anchors: I64) -> int:
+    """How many of the ops before the first anchor begin every iteration: the longest run of
+    them, up to the anchor, that comes before each later anchor too (a name that occurs twice
+    an iteration cannot anchor it: two `randint`s before the forward)."""
+    limit = min(int(anchors[0]), int(np.diff(anchors).min()) - 1)
+    j = 0
+    while j < limit and np.all(names[anchors - j - 1] == names[anchors[0] - j - 1]):
+        j += 1
+    return j
+
+
+def _handed_until(handed: Wakes, after: I64, until: I64) -> I64:
+    """For each gap of the thread (from `after` to `until`, its next op's start), the end of
+    the other thread's work it was handed back from within that gap: the last hand-over it
+    resumed from by `until` whose work ended after `after` (else -1)."""
+    i = np.searchsorted(handed.resume, until, side="right") - 1
+    end = handed.waker_end[np.maximum(i, 0)] if len(handed.resume) else np.full(len(until), -1)
+    return np.asarray(np.where((i >= 0) & (end > after), end, -1), np.int64)
+
+
+def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[StepWindow]:
+    """The rank's iterations detected on its driving thread's ops, its hand-overs from other
+    threads of `wakes` (dependencies.thread_wakes) included."""
+    names, starts, ends, tid = sequence(ev, rank)
+    handed = wakes.get(int(lane_key(rank, tid))) if tid is not None else None
     return [StepWindow(i, lo, hi, "detected")
-            for i, (lo, hi) in enumerate(detect(*sequence(ev, rank)))]
+            for i, (lo, hi) in enumerate(detect(names, starts, ends, handed=handed))]
 
 
 def first_op_ns(ev: Events, rank: int) -> int | None:
@@ -243,7 +280,8 @@ def first_op_ns(ev: Events, rank: int) -> int | None:
 
 
 def detected_steps(ev: Events) -> dict[int, list[StepWindow]]:
-    return {rank: windows for rank in ev.ranks if (windows := detected_windows(ev, rank))}
+    wakes = thread_wakes(ev)
+    return {rank: windows for rank in ev.ranks if (windows := detected_windows(ev, rank, wakes))}
 
 
 @dataclass(frozen=True)

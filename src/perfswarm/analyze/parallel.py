@@ -34,7 +34,7 @@ from perfswarm.analyze.critical_path import (
     walk,
 )
 from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
-from perfswarm.analyze.dependencies import sync_events
+from perfswarm.analyze.dependencies import sync_events, thread_wakes
 from perfswarm.analyze.frame import EVENT_COLUMNS, Events
 from perfswarm.analyze.iterations import (
     StepWindow,
@@ -85,7 +85,7 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
               markers: Sequence[StepWindow] | None) -> RankPart:
     """The per-rank analyses of one rank. Its iterations are its markers when the Run has
     markers (none if it has none of its own), else the ones detected on it."""
-    detected = detected_windows(ev, rank)
+    detected = detected_windows(ev, rank, thread_wakes(ev))
     windows = markers if use_markers else (detected or None)
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
