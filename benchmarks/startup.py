@@ -15,6 +15,7 @@ Each command is compared with a peer that does the same with only the libraries 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import subprocess
@@ -65,7 +66,11 @@ def usage(argv: list[str]) -> tuple[float, int]:
 def usage_rounds(contenders: dict[str, list[str]],
                  rounds: int) -> tuple[dict[str, float], dict[str, int]]:
     """Each contender run `rounds` times, interleaved (round by round, so a burst of other load
-    falls on all of them alike): its median CPU seconds and its highest peak RSS (bytes)."""
+    falls on all of them alike): its median CPU seconds and its highest peak RSS (bytes).
+    perfswarm's own modules are byte-compiled first, as a pip-installed package's are: an
+    editable install under PYTHONDONTWRITEBYTECODE=1 (this VM) compiles them in every process
+    again (0.2-0.3 CPU s of a command)."""
+    compileall.compile_dir(REPO / "src", quiet=1)
     seen: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
     for _ in range(rounds):
         for name, argv in contenders.items():

@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from perfswarm.cli.analyze_cmd import STEP_LINES, _shown
 from perfswarm.cli.main import main
 from perfswarm.trace.store import Run
 
@@ -98,3 +101,18 @@ def test_analyze_op_cost(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixt
     assert [f["ops"] for f in data["fusion"]][:1] == [["clamp_min", "normal_", "copy_", "mean"]]
     assert main(["analyze", str(corpus_runs["amd"].path)]) == 0
     assert "op cost (roofline on MI250" in capsys.readouterr().out
+
+
+@given(st.lists(st.integers(0, 10**9), max_size=40))
+def test_many_steps_print_their_extremes(sizes: list[int]) -> None:
+    """Up to STEP_LINES steps print all; of more, the shortest, the median and the three
+    longest, in step order, and the count of the rest."""
+    steps = list(enumerate(sizes))
+    shown, left = _shown(steps, lambda s: s[1])
+    assert shown == sorted(shown) and left == len(steps) - len(shown)
+    if len(steps) <= STEP_LINES:
+        assert shown == steps
+    else:
+        assert len(shown) <= 5 and left > 0
+        assert min(sizes) == min(s for _, s in shown) and max(sizes) == max(s for _, s in shown)
+        assert sorted(sizes)[len(sizes) // 2] in [s for _, s in shown]

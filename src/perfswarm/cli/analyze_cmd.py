@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final, TypeVar
 
 import typer
 from rich.table import Table
@@ -22,8 +23,26 @@ from perfswarm.model.topology import with_copy_peaks
 from perfswarm.report.text import ms, size
 from perfswarm.trace.store import Run
 
+T = TypeVar("T")
+# Per-step lines up to this many steps; of more, the fastest, the median and the slowest
+# three (the rest are in --json: a 200-step Run printed 1,000 lines, a third of the command).
+STEP_LINES: Final = 8
 SHORT = {"overlapped": "overlap", "compute_only": "compute", "comm_only": "comm",
          "memory": "memory", "host_busy_device_idle": "host only", "idle": "idle"}
+
+
+def _shown(steps: Sequence[T], size: Callable[[T], int]) -> tuple[list[T], int]:
+    """The steps to print (in step order) and how many are left out: all up to STEP_LINES,
+    else the smallest by `size`, the median and the three largest."""
+    if len(steps) <= STEP_LINES:
+        return list(steps), 0
+    order = sorted(range(len(steps)), key=lambda i: size(steps[i]))
+    keep = sorted({order[0], order[len(order) // 2], *order[-3:]})
+    return [steps[i] for i in keep], len(steps) - len(keep)
+
+
+def _left_out(count: int) -> str:
+    return f"  ... {count:,} more steps (every step: --json)" if count else ""
 
 
 def _concurrency_table(result: Analysis) -> Table:
@@ -34,12 +53,16 @@ def _concurrency_table(result: Analysis) -> Table:
     table = Table("rank", "step", "span", *(names[s] for s in states),
                   *(("comm hidden",) if device else ()),
                   title="concurrency (share of span)", title_justify="left")
+    left = 0
     for rank in result.concurrency.ranks:
-        for label, b in (("all", rank.total), *((str(i.step), i.breakdown)
-                                                for i in rank.iterations)):
+        shown, more = _shown(rank.iterations, lambda i: i.breakdown.span_ns)
+        left += more
+        for label, b in (("all", rank.total), *((str(i.step), i.breakdown) for i in shown)):
             table.add_row(str(rank.rank), label, ms(b.span_ns),
                           *(f"{100 * b.share(s):.1f}%" for s in states),
                           *((f"{b.comm_overlap_pct:.1f}%",) if device else ()))
+    if left:
+        table.caption = _left_out(left).strip() + "; shown: the shortest, median and longest"
     return table
 
 
@@ -86,15 +109,20 @@ def _print(result: Analysis, costs: OpCosts) -> None:
     cp = result.critical_path
     if cp is not None:
         console.print(f"critical path {_path_text(cp)}")
-        for step in cp.steps:
+        shown, left = _shown(cp.steps, lambda p: p.length_ns)
+        for step in shown:
             hands = ", ".join(f"{h.from_tid}->{h.to_tid} at +{ms(h.at - step.start)}"
                               for h in step.handovers)
             console.print(f"  step {step.step}: {_path_text(step)}"
                           + (f" ({hands})" if hands else ""))
+        if left:
+            console.print(_left_out(left))
     for m in result.memory:
         held = ", ".join(f"{c} {size(v)}" for c, v in sorted(m.peak.by_category.items(),
                                                             key=lambda kv: -kv[1]) if v)
-        steps = ", ".join(f"{s}: {size(p.total_bytes)}" for s, p in m.steps)
+        peaks, left = _shown(m.steps, lambda sp: sp[1].total_bytes)
+        steps = ", ".join(f"{s}: {size(p.total_bytes)}" for s, p in peaks) + (
+            f", {left:,} more in --json" if left else "")
         reserved = ("" if m.reserved is None else f"; reserved {size(m.reserved.at_peak_bytes)} "
                     f"then, at most {size(m.reserved.peak_bytes)}")
         console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)} at "

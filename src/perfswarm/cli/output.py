@@ -10,9 +10,10 @@ them as escapes (`\x1b`, `\u202e`); rich itself drops BEL, BS, VT, FF and CR fro
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final, TextIO
 
 import orjson
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -55,8 +56,15 @@ class _TextConsole(Console):
             yield segment if segment.control else Segment(visible(segment.text), segment.style)
 
 
-console = _TextConsole()
-err_console = _TextConsole(stderr=True)
+def _width(stream: TextIO) -> int | None:
+    """Rich's width (None: the terminal's, or $COLUMNS); written to a file or a pipe, where
+    rich takes 80 columns and cuts a table's numbers ("1,30... ms"), 160."""
+    return None if "COLUMNS" in os.environ or stream.isatty() else PIPED_WIDTH
+
+
+PIPED_WIDTH: Final = 160
+console = _TextConsole(width=_width(sys.stdout))
+err_console = _TextConsole(stderr=True, width=_width(sys.stderr))
 
 
 def print_json(data: Any) -> None:
