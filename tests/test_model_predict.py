@@ -133,6 +133,9 @@ def test_width_changes_reach_the_parameters_multiples_of_it() -> None:
               (512,), (128,)}
     assert derived_dims({128: 256}, params) == {128: 256, 384: 768, 512: 1024}
     assert derived_dims({128: 256, 384: 700}, params) == {128: 256, 384: 700, 512: 1024}
+    # with its head (W / 4 = 32) doubled too: the block size 64 is twice 32, but no parameter
+    # holds a 32 beside it, so it stays (it was doubled, and every activation's sequence)
+    assert derived_dims({128: 256, 32: 64}, params) == {128: 256, 32: 64, 384: 768, 512: 1024}
 
 
 def test_an_unusable_profile_is_named_in_the_notes(cpu_run: Run) -> None:

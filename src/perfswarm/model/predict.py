@@ -364,16 +364,20 @@ MULTIPLES: Final = range(2, 9)  # a layer's width times these: fused QKV 3W, MLP
 
 def derived_dims(dims: Mapping[int, int], parameters: set[tuple[int, ...]]) -> dict[int, int]:
     """The dimension changes, plus each dimension of a parameter that is a whole multiple (2 to
-    8) of a changed one, changed as many times over: layers derive widths from one (GPT's fused
-    QKV 3W and MLP 4W, an LSTM's four gates 4H) and a parameter has no batch dimension that
-    could be a multiple by chance. The activations of those dimensions follow (every recorded
-    dimension equal to one changes). Explicit changes take precedence; a divisor (a head's
-    W / heads) is not derived: it is as likely another parameter's own size (the block size)."""
+    8) of a changed one held by the same parameter, changed as many times over: a layer derives
+    its width from its input's (GPT's fused QKV [3W, W] and MLP [4W, W], an LSTM's four gates
+    [4H, H]) and a parameter has no batch dimension that could be a multiple by chance. The
+    activations of those dimensions follow (every recorded dimension equal to one changes).
+    Explicit changes take precedence. A multiple in no parameter beside the changed dimension
+    is another size of its own: nanoGPT's block size 64 in its position table [64, W] is twice
+    a head of 32, and doubling it with the head doubled every activation's sequence (predicted
+    attention x7.3 at width x2, measured x1.8). A divisor (a head's W / heads) is not derived:
+    it is as likely another parameter's own size."""
     out = dict(dims)
-    seen = {d for shape in parameters for d in shape}
     for old, new in dims.items():
+        beside = {d for shape in parameters if old in shape for d in shape}
         for k in MULTIPLES:
-            if k * old in seen and k * old not in out:
+            if k * old in beside and k * old not in out:
                 out[k * old] = k * new
     return out
 
