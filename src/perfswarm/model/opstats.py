@@ -18,15 +18,15 @@ FLOPs behind HFU and MFU.
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import Events, args_of, group_rows
+from perfswarm.analyze.frame import I64, Events, args_of, group_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.ops import is_tensor_core
@@ -188,45 +188,60 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
     costs: dict[int, OpCost] = {}
     shapes: dict[int, Shapes] = {}
-    names = [ev.names[n] for n in ev.name.tolist()]
-    for row, text in zip(candidates.tolist(), args_of(run, candidates, rank), strict=True):
+    for row, name, text in zip(candidates.tolist(), ev.name[candidates].tolist(),
+                               args_of(run, candidates, rank), strict=True):
         found = shapes_from_args(text)
-        cost = shapes_cost(names[row], found) if found else None
+        cost = shapes_cost(ev.names[name], found) if found else None
         if cost is not None and found is not None:
             costs[row], shapes[row] = cost, found
     owner = _counted_ops(ev, costs)
     counted = sorted(r for r, o in owner.items() if r == o)
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
-    durs = ev.dur.tolist()
-    time = {row: durs[row] for row in counted}
     shape_text = functools.cache(_shape_text)  # many rows share one recorded Shapes
+    texts = {row: shape_text(shapes[row]) for row in counted}
+    time = dict(zip(counted, ev.dur[counted].tolist(), strict=True))
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]] = {}
     if len(device):
         ext = np.asarray(run.table("events", ["external_id"], rank=rank).column("external_id")
                          .to_numpy(), np.int64)
-        launched: dict[int, int] = defaultdict(int)
-        launches = {d: owner.get(o, o) for d, o in launching_ops(ev, ext, device).items()}
+        dev_rows, op_rows = _launches(ev, ext, device, owner)
         # an FP32 op whose kernels ran on tensor cores did TF32 work: its roofline, its dtype
-        for op_row in {o for d, o in launches.items() if is_tensor_core(names[d])}:
+        tensor_core = [i for i, n in enumerate(ev.names) if is_tensor_core(n)]
+        tf32 = functools.cache(tf32_if_fp32)
+        for op_row in np.unique(op_rows[np.isin(ev.name[dev_rows], tensor_core)]).tolist():
             if op_row in costs:
-                costs[op_row] = tf32_if_fp32(costs[op_row])
-        for dev_row, op_row in launches.items():
-            launched[op_row] += durs[dev_row]
-        time = {row: launched.get(row, 0) for row in counted}
+                costs[op_row] = tf32(costs[op_row])
+        dur = ev.dur[dev_rows]
+        ops, op_of = np.unique(op_rows, return_inverse=True)
+        launched = _sums(op_of, dur, len(ops))  # each op's kernels' time
+        time = {row: int(ns) for row, ns in zip(counted, _lookup(ops, launched, counted),
+                                                 strict=True)}
         op_ns = int(ev.dur[device].sum())
-        for dev_row, op_row in sorted(launches.items()):
-            if op_row in time and launched[op_row] > 0:  # a counted op
-                dur = durs[dev_row]
-                launch = (names[dev_row], names[op_row], shape_text(shapes[op_row]))
-                _cost, share, ns, calls = kernels.get(launch, (costs[op_row], 0.0, 0, 0))
-                kernels[launch] = (costs[op_row], share + dur / launched[op_row], ns + dur,
-                                   calls + 1)
+        text_id = {t: i for i, t in enumerate(dict.fromkeys(texts.values()))}
+        op_text = np.full(len(ev), -1, np.int64)
+        op_text[counted] = [text_id[texts[r]] for r in counted]
+        mine = (op_text[op_rows] >= 0) & (launched[op_of] > 0)  # a counted op's kernels
+        d, o = dev_rows[mine], op_rows[mine]
+        keys = np.stack([ev.name[d], ev.name[o], op_text[o]], axis=1)
+        _, head, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        group = group.reshape(-1)
+        share = np.bincount(group, weights=dur[mine] / launched[op_of[mine]])
+        group_ns = _sums(group, dur[mine], len(head))
+        calls = np.bincount(group, minlength=len(head))
+        last = np.zeros(len(head), np.int64)
+        last[group] = np.arange(len(group))  # a repeated index keeps its last assignment
+        text_of = list(text_id)
+        for g, (at, op) in enumerate(zip(head.tolist(), o[last].tolist(), strict=True)):
+            # the cost of the group's last op (one of them may have run on tensor cores)
+            kernels[(ev.names[int(ev.name[d[at]])], ev.names[int(ev.name[o[at]])],
+                     text_of[int(op_text[o[at]])])] = (costs[op], float(share[g]),
+                                                      int(group_ns[g]), int(calls[g]))
     else:  # the threads' busy time in ops (nested ops counted once)
         op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
     groups: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
     for row in counted:
-        key = (names[row], shape_text(shapes[row]))
+        key = (ev.names[int(ev.name[row])], texts[row])
         _cost, count, ns = groups.get(key, (costs[row], 0, 0))
         groups[key] = (costs[row], count + 1, ns + time[row])
     rows: list[int] = []
@@ -241,6 +256,38 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         phase_flops[phase] += costs[row].flops
     return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0,
                     [costs[r] for r in rows], [shapes[r] for r in rows], phase_flops, kernels)
+
+
+def _launches(ev: Events, external_id: I64, device: I64, owner: dict[int, int]
+              ) -> tuple[I64, I64]:
+    """(device rows, the counted op each counts under), in device-row order: the op that
+    launched it (dependencies.launching_ops), or the counted op it is a detail of."""
+    pairs = launching_ops(ev, external_id, device)
+    dev = np.fromiter(pairs, np.int64, len(pairs))
+    ops = np.fromiter(pairs.values(), np.int64, len(pairs))
+    order = np.argsort(dev, kind="stable")
+    dev, ops = dev[order], ops[order]
+    if owner:
+        rows = np.fromiter(owner, np.int64, len(owner))
+        heads = np.fromiter(owner.values(), np.int64, len(owner))
+        ops = np.where(np.isin(ops, rows), _lookup(rows, heads, ops), ops)
+    return dev, ops
+
+
+def _lookup(keys: I64, values: npt.NDArray[Any], want: Sequence[int] | I64) -> npt.NDArray[Any]:
+    """values[i] where keys[i] == each wanted key (keys unique; a key not found gives 0)."""
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]
+    at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
+    found = keys[at] == np.asarray(want) if len(keys) else np.zeros(len(want), bool)
+    return np.where(found, values[at] if len(keys) else 0, 0)
+
+
+def _sums(groups: I64, values: I64, count: int) -> I64:
+    """The int64 sum of `values` per group (exact: no float accumulation)."""
+    out = np.zeros(count, np.int64)
+    np.add.at(out, groups, values)
+    return out
 
 
 def _kernel_stats(parts: Sequence[_RankOps], spec: DeviceSpec | None) -> list[KernelStat]:
