@@ -22,7 +22,7 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     profile = json.loads(out.read_text())
     assert profile == json.loads(capsys.readouterr().out)
     assert set(profile["families"]) == {"gemm", "conv", "embedding_bag", "elementwise",
-                                        "reduction", "copy"}
+                                        "reduction", "copy", "sdpa", "sdpa_backward"}
     assert set(profile["warm"]) == {"elementwise", "reduction", "copy"}
     assert main(["calibrate", "--budget", "0.01", "-o", str(out)]) == 0
     table = capsys.readouterr().out

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.opcost import column_major, op_cost
+from perfswarm.model.opcost import Shapes, column_major, data_cost, op_cost
 from perfswarm.model.profile import (
     FAMILIES,
     UNUSABLE_GMAE,
@@ -216,3 +216,23 @@ def test_warm_runner_reuses_its_inputs_and_the_cold_one_cycles() -> None:
 def test_profile_rejects_what_is_not_one(broken: dict[str, object]) -> None:
     with pytest.raises(PerfswarmError, match="not a kernel-model profile"):
         Profile.from_dict(broken)
+
+
+def test_attention_is_swept_on_the_cpu_as_it_runs() -> None:
+    """CPU flash attention, forward and backward, over head sizes that are and are not a
+    multiple of the vector width: each point priced as predict prices the recorded op (the
+    backward by the products inside it), and each call the op itself (the backward's first
+    result is q's gradient)."""
+    import torch
+
+    for family in ("sdpa", "sdpa_backward"):
+        cases = list(_sweep(family, 1))
+        assert len(cases) == 144 and len({tuple(map(tuple, c[1])) for c in cases}) == 144
+        heads = Counter(c[1][0][3] for c in cases)
+        assert set(heads) == {8, 10, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128}
+        for op, dims, types, strides in cases[:3]:
+            cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides))
+            assert cost is not None and cost.family == family
+            out = _runner(op, dims, "cpu")()
+            first = out[0] if isinstance(out, tuple) else out
+            assert isinstance(first, torch.Tensor) and list(first.shape) == dims[0]

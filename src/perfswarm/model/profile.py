@@ -30,11 +30,15 @@ import numpy as np
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
-from perfswarm.model.opcost import OpCost, gemm_dims, op_cost
+from perfswarm.model.opcost import OpCost, Shapes, data_cost, gemm_dims
 from perfswarm.userfiles import read_json
 
 Choice = Literal["roofline", "learned"]
-FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy")
+FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy", "sdpa",
+            "sdpa_backward")
+# swept on the CPU only: the sweep calls the CPU's flash-attention ops by name (a GPU prices
+# attention by the GEMM family's roofline, as a profile without them does)
+CPU_FAMILIES = ("sdpa", "sdpa_backward")
 # memory-bound families, swept a second time warm: inputs reused, so they stay in cache where
 # they fit (a step's op often reads what the op before it just wrote)
 WARM_FAMILIES = ("elementwise", "reduction", "copy")
@@ -266,7 +270,8 @@ def _sweep_point(entry: Mapping[str, Any]) -> Point:
     if op == "embedding_bag":
         types = ["float", "long int", "long int"]
     strides = tuple(tuple(int(x) for x in d) for d in entry.get("strides", ()))
-    cost = op_cost(op, dims, types, strides=strides)
+    # data_cost: an attention backward is priced by the matrix products inside it
+    cost = data_cost(f"aten::{op}", Shapes(tuple(map(tuple, dims)), tuple(types), strides))
     seconds = float(entry["seconds"])
     if cost is None or not seconds > 0:
         raise ValueError(f"sweep point {op} {dims} has no cost or time")

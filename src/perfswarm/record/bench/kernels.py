@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from perfswarm.errors import ParameterError
-from perfswarm.model.opcost import column_major, op_cost
+from perfswarm.model.opcost import Shapes, column_major, data_cost
 from perfswarm.model.profile import (
+    CPU_FAMILIES,
     FAMILIES,
     PAGE_BYTES,
     UNUSABLE_GMAE,
@@ -59,6 +60,21 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                 for batch in (4, 16, 64):
                     yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], [c_out, c_in, 3, 3],
                                             [c_out]], ["float"] * 3, ())
+    elif family in ("sdpa", "sdpa_backward"):
+        # CPU flash attention, causal (a decoder's training step): its time follows the head
+        # size unevenly (vector width: 16 runs faster than 10, 20 faster than 10), which no
+        # FLOP count shows; heads 4, a batch of 1 to 8, sequences 32 to 256. Points visited
+        # in a coprime stride, so a cut budget still spans every axis.
+        grid = list(itertools.product((64, 256, 32, 128), (8, 16, 32, 64, 128, 10, 20, 40, 80,
+                                                           24, 48, 96), (1, 8, 2)))
+        for i in range(len(grid)):
+            seq, head, batch = grid[i * 37 % len(grid)]
+            qkv = [[batch, 4, seq, head]] * 3
+            if family == "sdpa":
+                yield SDPA_CPU, qkv, ["float"] * 3, ()
+            else:  # grad_out, q, k, v, out, logsumexp
+                yield (f"{SDPA_CPU}_backward", [*qkv, *qkv[:2], [batch, 4, seq]],
+                       ["float"] * 6, ())
     elif family == "embedding_bag":  # tables in cache and far past it, 8 or 32 ids a bag
         for rows in (1000, 100_000, 20_000):
             for dim in (16, 128, 64):
@@ -76,6 +92,7 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                 yield op, dims, _F[: len(dims)], ()
 
 
+SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
 PASSES = 3  # over a sweep, budget allowing
 ROTATE_BYTES = 16 << 20  # inputs cycle through copies this large in all: past the L2 cache
 # outputs of up to 32 MiB are recycled heap memory, as in a step (on new heap, a fresh process's
@@ -104,6 +121,8 @@ def _runner(op: str, dims: list[list[int]], device: str,
         calls = [functools.partial(lookup, torch.randint(0, rows, (lookups,), generator=gen)
                                    .to(device), table, offsets)
                  for table in tables for _ in range(4)]
+    elif op.startswith(SDPA_CPU):
+        calls = [_attention(op, dims, gen) for _ in range(copies)]
     else:
         def tensor(i: int) -> Any:
             d = dims[i]
@@ -128,6 +147,21 @@ def _runner(op: str, dims: list[list[int]], device: str,
         return next(turn)()
 
     return call
+
+
+def _attention(op: str, dims: list[list[int]], gen: Any) -> Callable[[], object]:
+    """One causal CPU flash-attention call, forward or backward (on the forward's own output
+    and log-sum-exp), on q, k and v of the shape of `dims[0]` (q's, or the output gradient's,
+    which is q's)."""
+    import torch
+
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q, k, v, grad = (torch.rand(*dims[0], generator=gen) for _ in range(4))
+    if op == SDPA_CPU:
+        return functools.partial(forward, q, k, v, 0.0, True)
+    out, lse = forward(q, k, v, 0.0, True)
+    return functools.partial(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                             grad, q, k, v, out, lse, 0.0, True)
 
 
 def time_op(run: Callable[[], object], min_s: float = 2e-3,
@@ -183,7 +217,7 @@ def measure(family: str, budget_s: float, device: str = "cpu", warm: bool = Fals
                 seconds[i] = min(seconds[i], t)
     points = []
     for (op, dims, types, strides), t in zip(cases, seconds, strict=True):
-        cost = op_cost(op, dims, types, strides=strides)
+        cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides))
         assert cost is not None  # the sweep only holds modelled ops
         points.append(Point(cost, t, tuple(tuple(d) for d in dims), strides))
     return points
@@ -246,7 +280,8 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     if where == "cpu":  # each larger output would grow the heap: page faults, not the op
         reserve_heap(RESERVE_MIB)
     # the memory-bound sweeps first: what they leave of their share goes to the GEMM sweep
-    sweeps = [*((f, True) for f in WARM_FAMILIES), *((f, False) for f in reversed(FAMILIES))]
+    families = [f for f in FAMILIES if where == "cpu" or f not in CPU_FAMILIES]
+    sweeps = [*((f, True) for f in WARM_FAMILIES), *((f, False) for f in reversed(families))]
     fitted: dict[tuple[str, bool], Any] = {}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -259,7 +294,7 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
         page_s = first_touch_s()
     finally:
         torch.set_num_threads(saved)
-    cold = {f: fitted[f, False] for f in FAMILIES}
+    cold = {f: fitted[f, False] for f in families}
     reused = {f: fitted[f, True] for f in WARM_FAMILIES}
     return {"device": where, "device_name": name, "threads": threads, "families": cold,
             "warm": reused, "page_s": page_s,
