@@ -41,10 +41,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +187,32 @@ def configurations(base_batch: int, base_width: int, derived: tuple[float, ...]
 
 
 UNCONTENDED = 0.9  # a recording judged on wall time when its process had this share of a core
+# ... and other processes used at most this many cores meanwhile: on a machine whose two vCPUs
+# are one core's two hyperthreads, a process keeps its whole vCPU while its sibling's load slows
+# it (op by op 1.5-2.5x, framework ops alike, in a recording made while tests ran beside it)
+QUIET_OTHERS = 0.1
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine has been busy (/proc/stat: every state but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _wait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _ours_s() -> float:
+    """CPU seconds of this process and its finished children (a recording and its script)."""
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+               resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+
+
+def record_alone(out: Path, cmd: list[str], **kwargs: Any) -> tuple[Run, str, float]:
+    """`record`, and the cores other processes kept busy meanwhile (on average)."""
+    busy, ours, start = _busy_s(), _ours_s(), time.perf_counter()
+    run, stdout = record(out, cmd, **kwargs)
+    wall = time.perf_counter() - start
+    return run, stdout, max(0.0, (_busy_s() - busy) - (_ours_s() - ours)) / wall
 
 
 def own_clock(run: Run, out: str) -> tuple[float, float] | None:
@@ -204,8 +232,8 @@ def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
     print(f"-- predict: profile {profile.device}, {profile.threads} thread(s); unusable "
           f"families: {profile.unusable() or 'none'}")
     print(f"{'script':8s} {'configuration':14s} {'measured':>10s} {'predicted':>10s} "
-          f"{'error':>8s} {'spread':>7s} {'CPU share':>9s} {'CPU/step':>9s} {'ratio err':>9s}"
-          "  kernels")
+          f"{'error':>8s} {'spread':>7s} {'others':>6s} {'CPU share':>9s} {'CPU/step':>9s} "
+          f"{'ratio err':>9s}  kernels")
     errors: list[float] = []  # changed configurations, both recordings uncontended
     recorded: list[float] = []
     ratio_errors: list[float] = []  # predicted / base against own CPU / base's own CPU
@@ -219,13 +247,16 @@ def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
         base = configurations(NANOGPT_BATCH if nano else BASE_BATCH,
                               NANOGPT_WIDTH if nano else BASE_WIDTH, derived)
         runs: dict[str, tuple[Run, str]] = {}
+        others: dict[str, float] = {}
         for label, batch, width, _change in base:
             cmd = (nanogpt_cmd(steps, batch, width, layers=2) if nano else
                    [sys.executable, str(MODELS), script, "--batch-size", str(batch), "--width",
                     str(width), "--steps", str(steps)])
-            runs[label] = record(tmp / f"{script}-{label.replace(' ', '')}.run", cmd,
-                                 cwd=nanogpt_dir(tmp) if nano else None,
-                                 steps=f"4:{steps - 6}", collectors="torch", env=one_thread)
+            run, out, others[label] = record_alone(
+                tmp / f"{script}-{label.replace(' ', '')}.run", cmd,
+                cwd=nanogpt_dir(tmp) if nano else None, steps=f"4:{steps - 6}",
+                collectors="torch", env=one_thread)
+            runs[label] = run, out
         clocks = {label: own_clock(*runs[label]) for label in runs}
         base_predicted = 0
         for label, _batch, _width, change in base:
@@ -236,7 +267,8 @@ def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
             base_predicted = base_predicted or predicted
             error = predicted / measured - 1
             clock, base_clock = clocks[label], clocks["base"]
-            judged = all(c is None or c[1] >= UNCONTENDED for c in (clock, base_clock))
+            judged = (all(c is None or c[1] >= UNCONTENDED for c in (clock, base_clock))
+                      and max(others[label], others["base"]) <= QUIET_OTHERS)
             if judged:
                 (recorded if label == "base" else errors).append(error)
             else:
@@ -244,16 +276,18 @@ def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
             own = ""
             if clock is not None and base_clock is not None:
                 ratio = predicted / base_predicted / (clock[0] / base_clock[0]) - 1
-                own = f"{100 * clock[1]:8.0f}%{' ' if judged else '*'} {clock[0] / 1e6:7.2f}ms"
+                own = f"{100 * clock[1]:8.0f}%  {clock[0] / 1e6:7.2f}ms"
                 if label != "base":
                     ratio_errors.append(ratio)
                     own += f" {100 * ratio:+8.1f}%"
             kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
             spread = f"{100 * p.steady_spread:6.1f}%" if label == "base" else ""
             print(f"{script:8s} {label:14s} {measured / 1e6:8.2f}ms {predicted / 1e6:8.2f}ms "
-                  f"{100 * error:+7.1f}% {spread:>7s} {own:<30s}  {kernels}")
+                  f"{100 * error:+7.1f}% {spread:>7s} {others[label]:6.2f}{' ' if judged else '*'}"
+                  f"{own:<30s}  {kernels}")
     print(f"* wall-time error not judged: the script or its base had under "
-          f"{100 * UNCONTENDED:.0f}% of a core ({contended} rows)")
+          f"{100 * UNCONTENDED:.0f}% of a core, or other processes kept more than "
+          f"{QUIET_OTHERS:g} cores busy meanwhile ('others', on average) ({contended} rows)")
     for what, changed in (("wall time", errors), ("ratio to the base, against own CPU time",
                                                   ratio_errors)):
         if changed:

@@ -83,6 +83,25 @@ def test_learned_correction_is_held_at_the_sweep_edge() -> None:
     assert learned.correction(audio.cost, audio.dims) == pytest.approx(mean)
 
 
+def test_scalar_arguments_and_a_bias_leave_the_layout_alone() -> None:
+    """A recorded op lists its scalar arguments as inputs without dimensions (attention's
+    dropout and is_causal, a convolution's stride lists) and may have a bias past the features:
+    it is read with the sweep's learned correction all the same, not the sweep's mean one.
+    Here the correction rises with the channels, so the two differ."""
+    points = [_conv(b, c, (hw, hw)) for b in (4, 16) for c in (16, 32, 64, 128)
+              for hw in (8, 32)]
+    points = [Point(p.cost, p.seconds * (2.0 if p.dims[1][0] == 128 else 1.0), p.dims)
+              for p in points]
+    learned = LearnedModel(fit(points), tuple(points))
+    probe = _conv(16, 128, (16, 16))
+    swept = learned.correction(probe.cost, probe.dims)
+    recorded = (*probe.dims, (), (), ())  # conv2d's stride, padding and dilation
+    no_bias = (*probe.dims[:2], (), (), (), ())
+    assert learned.correction(probe.cost, recorded) == pytest.approx(swept)
+    assert learned.correction(probe.cost, no_bias) == pytest.approx(swept)
+    mean = sum(math.log(p.seconds / learned.roofline.predict(p.cost)) for p in points) / len(points)
+    assert abs(swept - mean) > 0.1
+
 def test_gemm_layout_is_swept_and_learned() -> None:
     """The three operand layouts (row-major, B column-major, A column-major) are swept and held
     out alike, and the learned model tells them apart: here a column-major B costs a pass over
