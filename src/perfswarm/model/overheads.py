@@ -16,9 +16,7 @@ another run, or of the same run at another batch size, whose ops are the same.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.graph import HOST, Graph
 from perfswarm.userfiles import read_json
 
+F64 = np.ndarray[Any, np.dtype[np.float64]]
 PARTS: Final = ("t0", "t1", "t2", "t4", "t5")
 TRIM: Final = 0.1  # each tail trimmed off before averaging: one-off stalls are not overhead
 STALL_FACTOR: Final = 20  # a runtime call this many times its name's typical one ...
@@ -80,51 +79,93 @@ def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepK
     window of 5 profiled steps often has 2 steady ones, and the others are the profiler's first
     step (45 ms against 9 on an H200) and one a burst stretched, which a trimmed mean of 5
     steps' instances keeps (nanoGPT's profiled steps predicted 39% long)."""
-    kept = [v for v, s in zip(values, steps, strict=True) if s in steady]
-    return float(np.mean(kept)) if kept else trimmed_mean(values)
+    return typical_of(np.asarray(values, np.float64),
+                      np.array([s in steady for s in steps], bool))
+
+
+def typical_of(values: F64, in_steady: Mask) -> float:
+    """`typical` of values whose steps are marked steady or not."""
+    kept = values[in_steady]
+    return float(np.mean(kept)) if len(kept) else trimmed_mean(values)
+
+
+GROUPS: Final = ("t0", "t2", "t5", "t4")  # the parts an op's pieces between kernel points make
+T0, T2, T5, T4 = range(len(GROUPS))
 
 
 @dataclass(frozen=True)
-class Instance:
-    """One op a thread called, cut at its kernel points (node ids of the graph)."""
+class Instances:
+    """Every op instance of every host lane, cut at its kernel points, as arrays: the host
+    nodes in lane order, each op's nodes together (`nodes`), each node's instance (`of`) and,
+    unless it is a kernel point, its group of overhead pieces (`group`); per instance its op
+    type and first node (T1 is that node's gap); per group its instance and part (GROUPS): an
+    op without kernel points is one T0 group, else T2 up to its first point, T5 between points,
+    T4 after its last (each there, if empty)."""
 
-    kind: str  # the op type
-    first: int  # its first node (T1 is that node's gap)
-    groups: tuple[tuple[str, tuple[int, ...]], ...]  # (t0 | t2 | t5 | t4, overhead nodes)
-    kernel_points: tuple[int, ...]
+    nodes: I64
+    of: I64
+    group: I64  # -1: a kernel point
+    kinds: list[str]  # the op types, by first appearance
+    kind: I64  # per instance: its index in `kinds`
+    first: I64
+    group_of: I64
+    part: I64
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def nodes_of(self, instance: int) -> I64:
+        starts = np.searchsorted(self.of, [instance, instance + 1])
+        return self.nodes[starts[0]:starts[1]]
+
+    def totals(self, dur: I64, gap: I64) -> tuple[F64, F64]:
+        """Each instance's T1 (its first node's gap, none if negative) and each group's time:
+        its pieces and the gaps before them but the first node's (clock jitter can make a gap
+        negative: an overlap, no time of the op's)."""
+        nodes, piece = self.nodes, self.group >= 0
+        own = dur[nodes] + np.where(nodes != self.first[self.of], np.maximum(gap[nodes], 0), 0)
+        groups = np.bincount(self.group[piece], weights=own[piece], minlength=len(self.part))
+        return (np.maximum(gap[self.first], 0).astype(np.float64),
+                np.asarray(groups, np.float64))
+
+    def parts(self, groups: F64) -> tuple[F64, I64]:
+        """Per instance and part (columns t1, then GROUPS), the time (t5: over all its
+        intervals, NaN where the op has no such part) and its count of groups."""
+        count = np.zeros((len(self), len(GROUPS)), np.int64)
+        np.add.at(count, (self.group_of, self.part), 1)
+        total = np.zeros((len(self), len(GROUPS)), np.float64)
+        np.add.at(total, (self.group_of, self.part), groups)
+        return np.where(count > 0, total, np.nan), count
 
 
 def instances(g: Graph, ev: Events, kernel_point: np.ndarray[Any, np.dtype[np.bool_]]
-              ) -> list[Instance]:
-    """Every op instance of every host lane, in lane order (over lists of ints: a per-instance
-    numpy slice cost more than the instance)."""
+              ) -> Instances:
+    """Every op instance of every host lane, in lane order."""
     host = np.flatnonzero(g.role == HOST)
     order = host[np.lexsort((g.ts[host], g.lane[host]))]
-    if len(order) == 0:
-        return []
-    cuts = (np.flatnonzero((g.top[order][1:] != g.top[order][:-1])
-                           | (g.lane[order][1:] != g.lane[order][:-1])) + 1).tolist()
-    nodes, points, tops = order.tolist(), kernel_point[order].tolist(), g.top[order].tolist()
-    kind = functools.cache(ev.name_of)
-    return [_instance(kind(tops[lo]), nodes[lo:hi], points[lo:hi])
-            for lo, hi in zip([0, *cuts], [*cuts, len(nodes)], strict=True)]
-
-
-def _instance(kind: str, nodes: list[int], at_point: list[bool]) -> Instance:
-    if True not in at_point:
-        return Instance(kind, nodes[0], (("t0", tuple(nodes)),), ())
-    groups: list[tuple[str, tuple[int, ...]]] = []
-    current: list[int] = []
-    found: list[int] = []
-    for n, is_point in zip(nodes, at_point, strict=True):
-        if is_point:
-            groups.append(("t5" if found else "t2", tuple(current)))
-            current = []
-            found.append(n)
-        else:
-            current.append(n)
-    groups.append(("t4", tuple(current)))
-    return Instance(kind, nodes[0], tuple(groups), tuple(found))
+    new = np.ones(len(order), bool)
+    new[1:] = (g.top[order][1:] != g.top[order][:-1]) | (g.lane[order][1:] != g.lane[order][:-1])
+    of = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    point: I64 = kernel_point[order].astype(np.int64)
+    before: I64 = np.cumsum(point) - point  # kernel points before each node
+    within: I64 = before - before[starts][of]  # ... in its own instance
+    points = np.bincount(of, weights=point, minlength=len(starts)).astype(np.int64)
+    size = np.where(points == 0, 1, points + 1)  # its groups
+    base = np.cumsum(size) - size
+    group_of = np.repeat(np.arange(len(starts)), size)
+    j = np.arange(len(group_of)) - base[group_of]
+    n = points[group_of]
+    part = np.where(n == 0, T0, np.where(j == 0, T2, np.where(j == n, T4, T5)))
+    # the op type: the name of the instance's outermost event, numbered by first appearance
+    codes, at, kind = np.unique(ev.name[g.top[order][starts]], return_index=True,
+                                return_inverse=True)
+    seen = np.argsort(at, kind="stable")
+    number = np.empty(len(seen), np.int64)
+    number[seen] = np.arange(len(seen))
+    return Instances(order, of, np.where(point > 0, -1, base[of] + within),
+                     [ev.names[int(codes[i])] for i in seen.tolist()],
+                     number[kind.reshape(-1)], order[starts], group_of, part)
 
 
 @dataclass(frozen=True)
@@ -183,90 +224,95 @@ def stalled(g: Graph, ev: Events) -> Mask:
     return out
 
 
-def measured_parts(dur: Sequence[int], gap: Sequence[int], inst: Instance) -> dict[str, float]:
-    """An instance's T1 and overhead parts (ns) under these durations and gaps (lists: the
-    callers walk every node of every instance, and a list reads an int without a numpy scalar)."""
-    parts: dict[str, float] = {"t1": float(max(gap[inst.first], 0))}
-    for name, nodes in inst.groups:
-        # the gaps inside an op count with its pieces (clock jitter can make one negative: an
-        # overlap, no time of the op's)
-        total = sum(dur[n] + (max(gap[n], 0) if n != inst.first else 0) for n in nodes)
-        parts.setdefault(name, 0.0)
-        parts[name] += total
-    return parts
+def _step_codes(g: Graph, ev: Events) -> I64:
+    """Per node, its (rank, step) as one int (-1, -1 for a node of no event)."""
+    row = np.maximum(g.row, 0)
+    rank = np.where(g.row >= 0, ev.rank[row], -1)
+    step = np.where(g.row >= 0, ev.step[row], -1)
+    return np.asarray(_code(rank, step), np.int64)
 
 
-def fit_overheads(g: Graph, ev: Events, insts: list[Instance], stalls: Mask,
+def _code(rank: Any, step: Any) -> Any:
+    return (np.asarray(rank, np.int64) + 1) * (1 << 32) + (np.asarray(step, np.int64) + 1)
+
+
+def _by_key(keys: I64, values: F64, in_steady: Mask) -> list[tuple[int, float]]:
+    """(key, typical value) per key in ascending order, each from its values in their order."""
+    if len(keys) == 0:
+        return []
+    order = np.argsort(keys, kind="stable")
+    keys, values, in_steady = keys[order], values[order], in_steady[order]
+    cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    return [(int(keys[lo]), typical_of(values[lo:hi], in_steady[lo:hi]))
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)], strict=True)]
+
+
+def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask,
                   steady: Set[StepKey] = frozenset()) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type;
-    runtime calls that stalled (`stalls`, per node: `stalled`) are left out of their name's."""
-    rows, ranks, steps_of = g.row.tolist(), ev.rank.tolist(), ev.step.tolist()
-
-    def step(node: int) -> StepKey:
-        row = rows[node]
-        return (ranks[row], steps_of[row]) if row >= 0 else (-1, -1)
-
-    Samples = tuple[list[float], list[StepKey]]  # values, their steps
-    samples: dict[str, dict[str, Samples]] = defaultdict(lambda: defaultdict(lambda: ([], [])))
-    counts: dict[str, int] = defaultdict(int)
-    dur, gap = g.dur.tolist(), g.gap.tolist()
-    for inst in insts:
-        counts[inst.kind] += 1
-        parts = measured_parts(dur, gap, inst)
-        five = sum(1 for name, _ in inst.groups if name == "t5")
-        for name, value in parts.items():
-            values, steps = samples[inst.kind][name]
-            n = five if name == "t5" else 1  # t5: per interval
-            values += [value / n] * n
-            steps += [step(inst.first)] * n
-    calls: dict[str, Samples] = defaultdict(lambda: ([], []))
+    runtime calls that stalled (`stalls`, per node: `stalled`) are left out of their name's.
+    T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
+    code = _step_codes(g, ev)
+    calm = np.isin(code, [_code(r, s) for r, s in steady]) if steady else np.zeros(len(g), bool)
+    t1, groups = insts.totals(g.dur, g.gap)
+    parts, count = insts.parts(groups)
+    samples: dict[str, tuple[I64, F64, Mask]] = {"t1": (insts.kind, t1, calm[insts.first])}
+    for i, name in enumerate(GROUPS):
+        has = np.flatnonzero(count[:, i] > 0)
+        times = count[has, i] if name == "t5" else np.ones(len(has), np.int64)
+        at = np.repeat(has, times)
+        samples[name] = (insts.kind[at], np.repeat(parts[has, i] / times, times),
+                         calm[insts.first[at]])
+    ops: dict[str, dict[str, float]] = {k: {} for k in insts.kinds}
+    for name, (kind, values, in_steady) in samples.items():
+        for k, value in _by_key(kind, values, in_steady):
+            ops[insts.kinds[k]][name] = value
     runtime = np.flatnonzero((g.role == HOST) & (g.row >= 0) & ~stalls)
-    for n in runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]:
-        values, steps = calls[ev.name_of(int(g.row[n]))]
-        values.append(float(g.dur[n]))
-        steps.append(step(int(n)))
-    ops = {k: {p: typical(*v, steady) for p, v in by_part.items()}
-           for k, by_part in samples.items()}
-    overall: dict[str, Samples] = defaultdict(lambda: ([], []))
-    for by_part in samples.values():
-        for p, (values, steps) in by_part.items():
-            overall[p][0].extend(values)
-            overall[p][1].extend(steps)
-    return OverheadModel(ops, dict(counts), {k: typical(*v, steady) for k, v in calls.items()},
-                         {p: typical(*v, steady) for p, v in overall.items()})
+    runtime = runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]
+    calls = _by_key(ev.name[g.row[runtime]], g.dur[runtime].astype(np.float64), calm[runtime])
+    counts = np.bincount(insts.kind, minlength=len(insts.kinds))
+    # over all types: each type's values in turn, types by first appearance
+    overall = {name: typical_of(values[order := np.argsort(kind, kind="stable")],
+                                in_steady[order])
+               for name, (kind, values, in_steady) in samples.items() if len(kind)}
+    return OverheadModel({k: v for k, v in ops.items() if v},
+                         dict(zip(insts.kinds, counts.tolist(), strict=True)),
+                         {ev.names[c]: v for c, v in calls}, overall)
 
 
-def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: list[Instance],
+def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances,
                     dur: I64, gap: I64, keep: Mask) -> None:
     """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
     means, in place. Nodes marked `keep` (sync calls: their time is waiting; calls that
-    stalled) are left alone."""
-    left = keep.tolist()
-    is_call = ev.of_kind("runtime", "driver").tolist()
-    rows = g.row.tolist()
-    d, gp = dur.tolist(), gap.tolist()  # set as lists (ints without numpy scalars), then copied
-    for inst in insts:
-        have = measured_parts(d, gp, inst)
-        t1 = model.part(inst.kind, "t1")
-        if t1 is not None and gp[inst.first] > 0:
-            gp[inst.first] = round(t1)
-        for name, nodes in inst.groups:
-            want = model.part(inst.kind, name)
-            free = [n for n in nodes if not left[n]]
-            if want is None or not free:
-                continue
-            total = have[name] / max(1, sum(1 for k, _ in inst.groups if k == name))
-            if total <= 0:  # nothing measured to stretch
-                continue
-            factor = want / total
-            for n in free:
-                d[n] = round(d[n] * factor)
-                if n != inst.first and gp[n] > 0:
-                    gp[n] = round(gp[n] * factor)
-        for n in inst.kernel_points:
-            row = rows[n]
-            mean = model.calls.get(ev.name_of(row)) if is_call[row] else None
-            if mean is not None and not left[n]:
-                d[n] = round(mean)
-    dur[:] = d
-    gap[:] = gp
+    stalled) are left alone. A part's pieces and the gaps inside it are stretched together to
+    the mean (a T5 interval to the mean interval); T1 is set as it is."""
+    _, groups = insts.totals(dur, gap)
+    parts, count = insts.parts(groups)
+    want = np.array([[np.nan if (v := model.part(k, name)) is None else v
+                      for name in ("t1", *GROUPS)] for k in insts.kinds], np.float64
+                    ).reshape(len(insts.kinds), 1 + len(GROUPS))
+    first = insts.first
+    set_t1 = ~np.isnan(want[insts.kind, 0]) & (gap[first] > 0)
+    new_gap = gap.copy()
+    new_gap[first[set_t1]] = np.rint(want[insts.kind[set_t1], 0])
+    inst, part = insts.group_of, insts.part
+    total = parts[inst, part] / count[inst, part]
+    factor = np.divide(want[insts.kind[inst], 1 + part], total, out=np.full(len(total), np.nan),
+                       where=total > 0)  # nothing measured: nothing to stretch
+    stretch = ~np.isnan(factor)
+    nodes, group = insts.nodes, insts.group
+    piece = np.flatnonzero((group >= 0) & ~keep[nodes])
+    piece = piece[stretch[group[piece]]]
+    n, f = nodes[piece], factor[group[piece]]
+    new_dur = dur.copy()
+    new_dur[n] = np.rint(dur[n] * f)
+    inner = (n != first[insts.of[piece]]) & (gap[n] > 0)
+    new_gap[n[inner]] = np.rint(gap[n[inner]] * f[inner])
+    points = nodes[(group < 0) & ~keep[nodes]]
+    points = points[ev.of_kind("runtime", "driver")[g.row[points]]]
+    mean = np.array([model.calls.get(name, np.nan) for name in ev.names], np.float64)
+    if len(mean):
+        called = mean[ev.name[g.row[points]]]
+        new_dur[points[~np.isnan(called)]] = np.rint(called[~np.isnan(called)])
+    dur[:] = new_dur
+    gap[:] = new_gap

@@ -67,7 +67,7 @@ from perfswarm.model.opcost import (
     tf32_if_fp32,
 )
 from perfswarm.model.overheads import (
-    Instance,
+    Instances,
     OverheadModel,
     StepKey,
     apply_overheads,
@@ -657,19 +657,18 @@ def _allocating(m: _Model, keyed: Mapping[Key, list[int]], out: Mapping[Key, flo
     return {k: n for k, n in counts.items() if n > 0}
 
 
-def _per_sample(m: _Model, insts: list[Instance], batch: int, factor: float, dur: I64,
+def _per_sample(m: _Model, insts: Instances, batch: int, factor: float, dur: I64,
                 gap: I64) -> int:
     """DataLoader fetches that run an op once per sample take `factor` times as long."""
     scaled = 0
-    for inst in insts:
-        if not inst.kind.startswith(LOADER):
-            continue
-        nodes = [n for _name, group in inst.groups for n in group] + list(inst.kernel_points)
+    loaders = [i for i, kind in enumerate(insts.kinds) if kind.startswith(LOADER)]
+    for inst in np.flatnonzero(np.isin(insts.kind, loaders)).tolist():
+        nodes = insts.nodes_of(inst).tolist()
         names = Counter(int(m.ev.name[m.graph.row[n]]) for n in nodes)
         if any(c >= batch and c % batch == 0 for c in names.values()):
             for n in nodes:
                 dur[n] = round(dur[n] * factor)
-                if n != inst.first:
+                if n != insts.first[inst]:
                     gap[n] = round(gap[n] * factor)
             scaled += len(nodes)
     return scaled
