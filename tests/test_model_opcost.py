@@ -14,9 +14,9 @@ from perfswarm.model.opcost import (
     data_cost,
     gemm_dims,
     op_cost,
-    op_cost_from_args,
     output_bytes,
     roofline,
+    shapes_cost,
     shapes_from_args,
 )
 from perfswarm.model.specs import device_specs, load_spec, spec_for_device
@@ -113,10 +113,11 @@ def test_roofline_bounds() -> None:
 
 def test_op_cost_from_events_args() -> None:
     args = orjson.dumps({"Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}).decode()
-    cost = op_cost_from_args("aten::mm", args)
+    shapes = shapes_from_args(args)
+    cost = shapes_cost("aten::mm", shapes) if shapes is not None else None
     assert cost is not None and cost.flops == 128
-    assert op_cost_from_args("aten::mm", "{}") is None
-    assert op_cost_from_args("aten::mm", "not json") is None
+    assert shapes_from_args("{}") is None
+    assert shapes_from_args("not json") is None
 
 
 def test_index_select_gathers_rows() -> None:

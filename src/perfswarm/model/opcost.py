@@ -503,12 +503,6 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
     return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides)
 
 
-def op_cost_from_args(name: str, args_json: str) -> OpCost | None:
-    """op_cost of an events-table row: its ``args`` JSON carries Kineto's record_shapes fields."""
-    shapes = shapes_from_args(args_json)
-    return None if shapes is None else shapes_cost(name, shapes)
-
-
 # Composite ops whose work is matrix products inside (recurrent layers, attention backward):
 # a memory-bound price would call them modelled while missing their FLOPs, so those without a
 # cost model of their own (`_composite`) stay unmodelled (kept at their measured time, and

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import launching_ops
 from perfswarm.analyze.frame import I64, Events, args_of, group_rows
@@ -188,9 +189,8 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
     costs: dict[int, OpCost] = {}
     shapes: dict[int, Shapes] = {}
-    for row, name, text in zip(candidates.tolist(), ev.name[candidates].tolist(),
-                               args_of(run, candidates, rank), strict=True):
-        found = shapes_from_args(text)
+    for row, name, found in zip(candidates.tolist(), ev.name[candidates].tolist(),
+                                RowShapes.of(run).get(candidates, rank), strict=True):
         cost = shapes_cost(ev.names[name], found) if found else None
         if cost is not None and found is not None:
             costs[row], shapes[row] = cost, found
@@ -288,6 +288,33 @@ def _sums(groups: I64, values: I64, count: int) -> I64:
     out = np.zeros(count, np.int64)
     np.add.at(out, groups, values)
     return out
+
+
+class RowShapes:
+    """The recorded shapes of a Run's events by row, each parsed once per Run whoever asks
+    (a report's op table, its prediction, its advice and its views each read the same ops)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.parsed: dict[int, Shapes | None] = {}  # by the row in the whole events table
+
+    @classmethod
+    def of(cls, run: Run) -> RowShapes:
+        return run.memo(("row shapes",), lambda: cls(run))
+
+    def get(self, rows: I64, rank: int | None = None) -> list[Shapes | None]:
+        """The shapes of the events at `rows` (ascending) of the Run, or of `rank`'s rows."""
+        base = 0
+        if rank is not None:
+            ranks = self.run.table("events", ["rank"]).column("rank")
+            base = max(pc.index(ranks, rank).as_py(), 0)
+        keys = (np.asarray(rows, np.int64) + base).tolist()
+        todo = np.asarray([k for k in keys if k not in self.parsed], np.int64) - base
+        if len(todo):
+            self.parsed.update(zip((todo + base).tolist(),
+                                   map(shapes_from_args, args_of(self.run, todo, rank)),
+                                   strict=True))
+        return [self.parsed[k] for k in keys]
 
 
 def _kernel_stats(parts: Sequence[_RankOps], spec: DeviceSpec | None) -> list[KernelStat]:

@@ -63,9 +63,9 @@ from perfswarm.model.opcost import (
     data_cost,
     output_bytes,
     scale_batch,
-    shapes_from_args,
     tf32_if_fp32,
 )
+from perfswarm.model.opstats import RowShapes
 from perfswarm.model.overheads import (
     Instances,
     OverheadModel,
@@ -237,19 +237,20 @@ class _Model:
     args: pa.Array  # the events' args JSON, read as one Arrow column: no string per event
     compute: Mask  # host nodes that are kernel work (CPU runs)
     window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
-    _shapes: dict[int, Shapes | None] = field(default_factory=dict)
+
+    @property
+    def _shapes(self) -> RowShapes:
+        return RowShapes.of(self.run)
 
     def shapes(self, row: int) -> Shapes | None:
-        """The row's recorded shapes (parsed once: several passes ask for the same rows)."""
-        if row not in self._shapes:
-            self._shapes[row] = shapes_from_args(self.args[row].as_py() or "")
-        return self._shapes[row]
+        """The row's recorded shapes (parsed once per Run: several passes ask for the same
+        rows, and so do the report's other parts)."""
+        parsed = self._shapes.parsed
+        return parsed[row] if row in parsed else self._shapes.get(np.array([row], np.int64))[0]
 
     def parse(self, rows: Iterable[int]) -> None:
-        """Parse the shapes of many rows ahead, from one take (not an Arrow scalar per row)."""
-        todo = sorted({r for r in rows if r not in self._shapes})
-        texts = self.args.take(pa.array(todo, pa.int64())).to_pylist() if todo else []
-        self._shapes.update(zip(todo, (shapes_from_args(t or "") for t in texts), strict=True))
+        """Parse the shapes of many rows ahead, from one read (not an Arrow scalar per row)."""
+        self._shapes.get(np.unique(np.fromiter(rows, np.int64)))
 
     def iterations(self, timeline: Timeline, durations: I64
                    ) -> list[tuple[int, int, int, int, int]]:

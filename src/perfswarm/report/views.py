@@ -12,10 +12,10 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.analyze.annotations import HostCalls
-from perfswarm.analyze.frame import KIND, Events, args_of
+from perfswarm.analyze.frame import KIND, Events
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.phases import PHASES, phases
-from perfswarm.model.opcost import shapes_from_args
+from perfswarm.model.opstats import RowShapes
 from perfswarm.report.timeline import Spans
 from perfswarm.trace.store import Run
 
@@ -35,8 +35,7 @@ def ops_by_shape(run: Run, ev: Events, calls: HostCalls, limit: int) -> list[dic
     calls, total and self time; the `limit` largest by total."""
     rows = calls.of_kind(ev, "cpu_op")
     groups: dict[tuple[str, str], list[int]] = {}
-    for i, text in zip(rows.tolist(), args_of(run, rows), strict=True):
-        shapes = shapes_from_args(text)
+    for i, shapes in zip(rows.tolist(), RowShapes.of(run).get(rows), strict=True):
         if shapes is None:
             continue
         key = (ev.name_of(i), ", ".join("x".join(map(str, d)) if d else "scalar"

@@ -27,7 +27,8 @@ from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.summary import analyze
-from perfswarm.model.opcost import OpCost, op_cost_from_args
+from perfswarm.model.opcost import OpCost, shapes_cost
+from perfswarm.model.opstats import RowShapes
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, KINDS
 from perfswarm.trace.store import Manifest, Run
@@ -296,9 +297,12 @@ class Facts:
         costs: dict[int, tuple[int, int, int, OpCost]] = {}
         shaped = self.kind("cpu_op").filter(pl.col("args").str.contains("Input Dims",
                                                                           literal=True))
-        for row, rank, tid, ts, name, args in shaped.select(
-                "row", "rank", "tid", "ts", "name", "args").iter_rows():
-            cost = op_cost_from_args(name, args)
+        rows = np.sort(shaped["row"].to_numpy())
+        found = dict(zip(rows.tolist(), RowShapes.of(self.run).get(rows), strict=True))
+        for row, rank, tid, ts, name in shaped.select(
+                "row", "rank", "tid", "ts", "name").iter_rows():
+            shapes = found[row]
+            cost = shapes_cost(name, shapes) if shapes is not None else None
             if cost is not None:
                 costs[row] = (rank, tid, ts, cost)
         dev, calls = self._launch_pairs
