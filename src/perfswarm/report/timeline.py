@@ -59,9 +59,15 @@ def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, 
     keys = np.stack([rank, is_device.astype(np.int64), a, b], axis=1)
     if not len(keys):
         return np.zeros(0, np.int64), ()
-    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    lanes = tuple((int(r), bool(d), int(x), int(y)) for r, d, x, y in unique.tolist())
-    return np.asarray(inverse, np.int64).reshape(-1), lanes
+    # np.unique(keys, axis=0), by a lexsort: its row-view sort cost 0.24 s on 120k spans
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    new = np.ones(len(keys), bool)
+    new[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    inverse = np.empty(len(keys), np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    lanes = tuple((int(r), bool(d), int(x), int(y)) for r, d, x, y in ordered[new].tolist())
+    return inverse, lanes
 
 
 def nest(table: pa.Table) -> Nesting:
