@@ -12,6 +12,7 @@ worth on the device: little when the second op is compute-bound and the map stay
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -49,11 +50,6 @@ class FusionCandidate:
                 "unfused_s": self.unfused_s, "fused_s": self.fused_s, "saving_s": self.saving_s}
 
 
-def _fusible(cost: OpCost | None, spec: DeviceSpec) -> bool:
-    return (cost is not None and cost.family in _FUSIBLE
-            and roofline(cost, spec).bound == "memory")
-
-
 def fusion_candidates(costs: Sequence[OpCost | None], spec: DeviceSpec,
                       min_length: int = 2) -> list[FusionCandidate]:
     """Maximal runs of at least ``min_length`` consecutive fusible memory-bound ops (None = an op
@@ -61,12 +57,14 @@ def fusion_candidates(costs: Sequence[OpCost | None], spec: DeviceSpec,
     the run's largest op once (inputs in, result out; intermediates stay in registers)."""
     found: list[FusionCandidate] = []
     start = 0
+    roof = functools.cache(lambda c: roofline(c, spec))  # a sequence repeats its ops' costs
+    fusible = functools.cache(lambda c: c.family in _FUSIBLE and roof(c).bound == "memory")
     for end in range(len(costs) + 1):
-        if end < len(costs) and _fusible(costs[end], spec):
+        if end < len(costs) and (cost := costs[end]) is not None and fusible(cost):
             continue
         run = [c for c in costs[start:end] if c is not None]
         if len(run) >= min_length:
-            unfused = sum(roofline(c, spec).time_s for c in run)
+            unfused = sum(roof(c).time_s for c in run)
             fused = max(max(c.bytes for c in run) / spec.memory_bandwidth,
                         sum(c.flops for c in run) / spec.peak_for(run[0].dtype))
             found.append(FusionCandidate(start, end, tuple(c.op for c in run), unfused, fused))

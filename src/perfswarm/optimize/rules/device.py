@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Final
 
@@ -162,7 +163,8 @@ def fp32_gemm(facts: Facts) -> Advice | None:
     top = (fp32.group_by("name").agg(pl.col("dur").sum())
            .sort(["dur", "name"], descending=[True, False]))
     spec = facts.spec
-    ratios = [_tf32_time_ratio(op.cost if op else None, spec) for op in facts.launching_ops(fp32)]
+    ratio = functools.cache(lambda cost: _tf32_time_ratio(cost, spec))  # per distinct op cost
+    ratios = [ratio(op.cost) if op else None for op in facts.launching_ops(fp32)]
     durs = fp32["dur"].to_list()
     modelled = [(d, r) for d, r in zip(durs, ratios, strict=True) if r is not None]
     rest_ns = sum(d for d, r in zip(durs, ratios, strict=True) if r is None)

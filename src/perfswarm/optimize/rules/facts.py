@@ -294,7 +294,7 @@ class Facts:
     @cached_property
     def _launching(self) -> dict[int, LaunchingOp]:
         """Device op row -> the modelled op that launched it."""
-        costs: dict[int, tuple[int, int, int, OpCost]] = {}
+        ops: dict[int, LaunchingOp] = {}  # one per op, however many kernels it launched
         shaped = self.kind("cpu_op").filter(pl.col("args").str.contains("Input Dims",
                                                                           literal=True))
         rows = np.sort(shaped["row"].to_numpy())
@@ -304,10 +304,10 @@ class Facts:
             shapes = found[row]
             cost = shapes_cost(name, shapes) if shapes is not None else None
             if cost is not None:
-                costs[row] = (rank, tid, ts, cost)
+                ops[row] = LaunchingOp(rank, tid, ts, cost)
         dev, calls = self._launch_pairs
-        around = enclosing_ops(Events.load(self.run), calls, np.array(sorted(costs), np.int64))
-        return {d: LaunchingOp(*costs[around[c]])
+        around = enclosing_ops(Events.load(self.run), calls, np.array(sorted(ops), np.int64))
+        return {d: ops[around[c]]
                 for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
 
 
