@@ -144,10 +144,7 @@ class Child:
 
 
 EXIT_GRACE_S = 1.0  # a SIGKILLed child still alive after this is held by a tracer
-# a child still alive this long after a forwarded signal is SIGKILLed (a second signal kills at
-# once). At 3 s a clean-clone CI run once saw a child that exits on SIGINT SIGKILLed (not
-# reproduced in 13 runs, under load either; a starved shared VM is the likeliest cause)
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 3.0  # a child still alive this long after a forwarded signal is SIGKILLed
 
 
 def sigkill_pending(pid: int) -> bool:
