@@ -355,11 +355,17 @@ def test_crash_leaves_incomplete_run(tmp_path: Path, code: str, exit_code: int,
 
 
 def test_sigint_is_forwarded_and_collectors_flush(tmp_path: Path) -> None:
+    """The recorder started with Ctrl-C at its default: a shell's background job (`make test &`
+    in a script) starts with SIGINT ignored, which exec passes on to the recorder and from it to
+    the child, which then ignores the forwarded signal (the recorder keeps what it was given:
+    the program run bare would have had it too)."""
     out = tmp_path / "i.run"
     child = "import time\nprint('ready', flush=True)\ntime.sleep(30)"
-    proc = subprocess.Popen([PY, "-m", "perfswarm.cli.main", "record", "--quiet", "--out",
-                             str(out), "--collectors", "system", "--", PY, "-c", child],
-                            stdout=subprocess.PIPE)
+    default_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([PY, "-c", default_sigint, PY, "-m", "perfswarm.cli.main", "record",
+                             "--quiet", "--out", str(out), "--collectors", "system", "--", PY,
+                             "-c", child], stdout=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     os.kill(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 130
