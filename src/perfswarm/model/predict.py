@@ -30,6 +30,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -238,7 +239,7 @@ class _Model:
     compute: Mask  # host nodes that are kernel work (CPU runs)
     window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
 
-    @property
+    @cached_property
     def _shapes(self) -> RowShapes:
         return RowShapes.of(self.run)
 
@@ -468,32 +469,40 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     is not the kernel's, and the mean keeps what it costs an iteration)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
-    pairs: list[tuple[int, int | None, list[int], int]] = []  # (node row, op row, nodes, ns)
+    # each pair: a kernel (or a CPU op's compute pieces), the op that launched it, its nodes,
+    # its measured ns; as parallel lists
+    nodes: list[list[int]]
     if m.platform == "cpu":
         host = np.flatnonzero(m.compute)
         self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
         by_row: dict[int, list[int]] = {}
-        for n in host.tolist():
-            by_row.setdefault(int(g.row[n]), []).append(n)
-        pairs = [(row, row, nodes, int(self_ns[row])) for row, nodes in by_row.items()]
+        for n, row in zip(host.tolist(), g.row[host].tolist(), strict=True):
+            by_row.setdefault(row, []).append(n)
+        rows = list(by_row)
+        ops: list[int | None] = list(rows)
+        nodes = list(by_row.values())
+        measured_ns = [int(self_ns[row]) for row in rows]
     else:
         op_of = _launching_ops(m)
         device = np.flatnonzero(g.role == DEVICE)
-        pairs = [(row, op_of.get(row), [n], ns) for n, row, ns in
-                 zip(device.tolist(), g.row[device].tolist(), dur[device].tolist(), strict=True)]
+        rows = g.row[device].tolist()
+        ops = [op_of.get(row) for row in rows]
+        nodes = [[n] for n in device.tolist()]
+        measured_ns = dur[device].tolist()
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
     name, rank, step, kind = (ev.name.tolist(), ev.rank.tolist(), ev.step.tolist(),
                               ev.kind.tolist())
-    m.parse(op for _, op, _, _ in pairs if op is not None)
+    m.parse(op for op in ops if op is not None)
+    parsed = m._shapes.parsed
     ids: dict[Key, int] = {}  # each key once, by number: a pair's group is a few ints
     kid: list[int] = []
-    for row, op, _, _ in pairs:
-        shapes = m.shapes(op) if op is not None else None
+    for row, op in zip(rows, ops, strict=True):
+        shapes = parsed[op] if op is not None else None
         own = _own_size(m, row) if shapes is None and m.platform == "gpu" else ()
         kid.append(ids.setdefault((name[row], shapes, own), len(ids)))
     keys = list(ids)
     samples: list[tuple[list[float], list[StepKey]]] = [([], []) for _ in keys]
-    for k, (row, _op, _nodes, ns) in zip(kid, pairs, strict=True):
+    for k, row, ns in zip(kid, rows, measured_ns, strict=True):
         samples[k][0].append(ns)
         samples[k][1].append((rank[row], step[row]))
     base_of = [typical(*found, steady) for found in samples]
@@ -512,13 +521,12 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     touch: dict[Key, tuple[int, int]] = {}
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
         keyed: dict[Key, list[int]] = {}
-        for k, (row, _op, _nodes, _ns) in zip(kid, pairs, strict=True):
+        for k, row in zip(kid, rows, strict=True):
             keyed.setdefault(keys[k], []).append(row)
         touch = _first_touch(m, costs, keyed, scaler.profile.page_s)
     if isinstance(scaler, ProfileScaler):
         scaler = scaler.with_offsets([(found[0], shapes.dims, base_of[k] * 1e-9)
-                                      for k, (_row, op, _nodes, _ns) in zip(kid, pairs,
-                                                                            strict=True)
+                                      for k, op in zip(kid, ops, strict=True)
                                       if (found := priced(k, op_name(op))) is not None
                                       and (shapes := keys[k][1]) is not None])
     scaled = functools.cache(scaler.scaled) if scaler is not None else None  # per key, once
@@ -542,16 +550,16 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         return base, False, False
 
     scaled_ns = dur.tolist()
-    for k, (row, op, nodes, measured) in zip(kid, pairs, strict=True):
+    for k, row, op, mine, measured in zip(kid, rows, ops, nodes, measured_ns, strict=True):
         if measured <= 0:
             continue
         after, modelled, touched = after_of(k, op_name(op), kind[row])
         if modelled:
-            counts["first_touch"] += len(nodes) if touched else 0
-            counts["modelled"] += len(nodes)
+            counts["first_touch"] += len(mine) if touched else 0
+            counts["modelled"] += len(mine)
         else:
-            counts["unmodelled"] += len(nodes)
-        for n in nodes:
+            counts["unmodelled"] += len(mine)
+        for n in mine:
             scaled_ns[n] = round(scaled_ns[n] * after / measured)
     dur[:] = scaled_ns
     return counts
