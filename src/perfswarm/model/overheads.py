@@ -129,8 +129,8 @@ class Instances:
                 np.asarray(groups, np.float64))
 
     def parts(self, groups: F64) -> tuple[F64, I64]:
-        """Per instance and part (columns t1, then GROUPS), the time (t5: over all its
-        intervals, NaN where the op has no such part) and its count of groups."""
+        """Per instance and part (a column per GROUPS), the time of its groups (t5: over all
+        its intervals; NaN where the op has no such part) and how many groups it has."""
         count = np.zeros((len(self), len(GROUPS)), np.int64)
         np.add.at(count, (self.group_of, self.part), 1)
         total = np.zeros((len(self), len(GROUPS)), np.float64)
