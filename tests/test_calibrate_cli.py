@@ -21,8 +21,9 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["calibrate", "--budget", "0.01", "-o", str(out), "--json"]) == 0
     profile = json.loads(out.read_text())
     assert profile == json.loads(capsys.readouterr().out)
-    assert set(profile["families"]) == {"gemm", "conv", "embedding_bag", "elementwise",
-                                        "reduction", "copy", "sdpa", "sdpa_backward"}
+    assert set(profile["families"]) == {"gemm", "conv", "conv_backward", "embedding_bag",
+                                        "elementwise", "reduction", "copy", "sdpa",
+                                        "sdpa_backward"}
     assert set(profile["warm"]) == {"elementwise", "reduction", "copy"}
     assert main(["calibrate", "--budget", "0.01", "-o", str(out)]) == 0
     table = capsys.readouterr().out

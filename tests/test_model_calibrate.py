@@ -255,3 +255,19 @@ def test_attention_is_swept_on_the_cpu_as_it_runs() -> None:
             out = _runner(op, dims, "cpu")()
             first = out[0] if isinstance(out, tuple) else out
             assert isinstance(first, torch.Tensor) and list(first.shape) == dims[0]
+
+
+def test_convolution_backward_is_swept_as_autograd_records_it() -> None:
+    """The convolution sweep's shapes once more as `aten::convolution_backward` takes them (the
+    output's gradient, the input, the weight), priced as predict prices the recorded op, each
+    call the op itself: the input's and the weight's gradients."""
+    import torch
+
+    cases = list(_sweep("conv_backward", 1))
+    assert len(cases) == len(list(_sweep("conv", 1))) == 60
+    for op, dims, types, strides in cases[:3]:
+        cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides))
+        assert cost is not None and cost.family == "conv_backward"
+        grad_input, grad_weight, _ = _runner(op, dims, "cpu")()
+        assert isinstance(grad_input, torch.Tensor) and list(grad_input.shape) == dims[1]
+        assert list(grad_weight.shape) == dims[2]

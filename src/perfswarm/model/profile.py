@@ -34,8 +34,8 @@ from perfswarm.model.opcost import OpCost, Shapes, data_cost, gemm_dims
 from perfswarm.userfiles import read_json
 
 Choice = Literal["roofline", "learned"]
-FAMILIES = ("gemm", "conv", "embedding_bag", "elementwise", "reduction", "copy", "sdpa",
-            "sdpa_backward")
+FAMILIES = ("gemm", "conv", "conv_backward", "embedding_bag", "elementwise", "reduction", "copy",
+            "sdpa", "sdpa_backward")
 # swept on the CPU only: the sweep calls the CPU's flash-attention ops by name (a GPU prices
 # attention by the GEMM family's roofline, as a profile without them does)
 CPU_FAMILIES = ("sdpa", "sdpa_backward")

@@ -54,12 +54,18 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                 ([[k, m * scale], [m * scale, n * scale]], ((1, k), (n * scale, 1)))]
             for dims, strides in layouts[i % 3:] + layouts[:i % 3]:
                 yield "aten::mm", dims, _F, strides
-    elif family == "conv":
+    elif family in ("conv", "conv_backward"):
         for hw in (8, 16, 32, 24):
             for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64), (64, 128)):
                 for batch in (4, 16, 64):
-                    yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], [c_out, c_in, 3, 3],
-                                            [c_out]], ["float"] * 3, ())
+                    weight = [c_out, c_in, 3, 3]
+                    if family == "conv":
+                        yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], weight, [c_out]],
+                               ["float"] * 3, ())
+                    else:  # as autograd records it: the output's gradient, input, weight
+                        yield (CONV_BACKWARD, [[batch * scale, c_out, hw, hw],
+                                               [batch * scale, c_in, hw, hw], weight],
+                               ["float"] * 3, ())
     elif family in ("sdpa", "sdpa_backward"):
         # CPU flash attention, causal (a decoder's training step): its time follows the head
         # size unevenly (vector width: 16 runs faster than 10, 20 faster than 10), which no
@@ -93,6 +99,7 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
 
 
 SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
+CONV_BACKWARD = "aten::convolution_backward"
 PASSES = 3  # over a sweep, budget allowing
 ROTATE_BYTES = 16 << 20  # inputs cycle through copies this large in all: past the L2 cache
 # outputs of up to 32 MiB are recycled heap memory, as in a step (on new heap, a fresh process's
@@ -123,6 +130,11 @@ def _runner(op: str, dims: list[list[int]], device: str,
                  for table in tables for _ in range(4)]
     elif op.startswith(SDPA_CPU):
         calls = [_attention(op, dims, gen) for _ in range(copies)]
+    elif op == CONV_BACKWARD:  # the input's and the weight's gradients ('same' padding)
+        calls = [functools.partial(torch.ops.aten.convolution_backward,
+                                   *(torch.rand(*d, generator=gen).to(device) for d in dims),
+                                   [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                   [True, True, False]) for _ in range(copies)]
     else:
         def tensor(i: int) -> Any:
             d = dims[i]
