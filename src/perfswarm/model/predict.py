@@ -235,9 +235,14 @@ class _Model:
     graph: Graph
     schedule: Schedule
     platform: Platform
-    args: pa.Array  # the events' args JSON, read as one Arrow column: no string per event
     compute: Mask  # host nodes that are kernel work (CPU runs)
     window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
+
+    @cached_property
+    def args(self) -> pa.Array:
+        """The events' args JSON as one Arrow array (no string per event), made only for what
+        reads single rows of it (a kernel's own size); shapes come from RowShapes."""
+        return self.run.table("events", columns=["args"]).column("args").combine_chunks()
 
     @cached_property
     def _shapes(self) -> RowShapes:
@@ -282,9 +287,8 @@ def load_model(run: Run) -> _Model:
     if not np.any(graph.role != ANCHOR):
         raise NotApplicable(None, "the Run has no host or device work to simulate",
                             subject=run.path)
-    args = run.table("events", columns=["args"]).column("args").combine_chunks()
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
-    model = _Model(run, ev, deps, graph, Schedule.of(graph), platform, args,
+    model = _Model(run, ev, deps, graph, Schedule.of(graph), platform,
                    np.zeros(len(graph), bool), window=not steps)
     if platform == "cpu":
         model.compute = _compute_nodes(model)
