@@ -6,16 +6,17 @@ plus its gap; a device lane's first node, only when nothing else constrains it),
 each start dependency; an end is the latest of start plus duration and each end
 dependency. That is a longest path over a DAG of points.
 
-`simulate` walks the points once in a topological order fixed per graph (`Schedule`),
-so predictions that only change durations and gaps reuse it. `simulate_reference`
+`simulate` walks, in a topological order fixed per graph (`Schedule`), only the points
+that a dependency constrains and fills in the rest of each lane with numpy, so predictions
+that only change durations and gaps reuse the order. `simulate_reference`
 iterates every constraint to a fixed point with whole-array operations: slow (one pass
 per point on the longest chain) but obviously right; the tests hold the two equal.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -37,65 +38,80 @@ class Timeline:
 
 @dataclass(frozen=True, eq=False)
 class Schedule:
-    """The dependency edges the simulation honours and a topological order of the points."""
+    """What the simulation of a graph walks, fixed per graph.
+
+    The walk visits only the "keys": the points a kept dependency edge ends at, and each
+    lane's first start. Any other point follows its lane's last key by the lane's own
+    durations and gaps in between. A lane's nodes are consecutive ids (build_graph adds them
+    lane by lane), so its points are a range of point ids and that distance is a difference
+    of one cumulative sum, which numpy takes for every point at once.
+    """
 
     graph: Graph
     kept: Mask  # per dependency edge
-    order: I64  # point ids (2 * node + point)
     starts_free: Mask  # per node: its start has no lane or dependency constraint but the origin
+    keys: I64  # the visited points (2 * node + point), ascending
+    anchor: I64  # per point: the index in `keys` of its lane's last key at or before it
+    lane: I64  # the keys after their lane's first (by index): each follows the key before it
+    first: I64  # the lanes' first keys (by index)
+    edge_point: I64  # per kept edge: its source point
+    edge_src: I64  # per kept edge: the key its source point follows (by index)
+    # The walk's steps in a topological order of the keys they set, as lists for the loop:
+    # key step_dst >= key step_src (len(keys): a zero) + that step's offset; step_of: where
+    # each step's offset is in [lane steps, first keys, edges].
+    step_dst: list[int]
+    step_src: list[int]
+    step_of: I64
 
     @classmethod
     def of(cls, g: Graph) -> Schedule:
-        """Kahn's algorithm over the points. Dependencies the trace itself contradicts (the
+        """Kahn's algorithm over the keys. Dependencies the trace itself contradicts (the
         source point measured after the destination) are dropped if they close a cycle."""
+        n = len(g)
+        has_prev = g.prev >= 0
+        if not np.array_equal(g.prev[has_prev], np.flatnonzero(has_prev) - 1):
+            raise ValueError("a lane's nodes must be consecutive node ids")
         kept = np.ones(len(g.src), bool)
         measured = np.stack([g.ts, g.end], axis=1).reshape(-1)
+        src, dst = 2 * g.src + g.src_point, 2 * g.dst + g.dst_point
+        heads = 2 * np.flatnonzero(~has_prev)
         while True:
-            order = _topological(g, kept)
-            if len(order) == 2 * len(g):
+            keys = np.union1d(heads, dst[kept]).astype(np.int64)
+            anchor = np.searchsorted(keys, np.arange(2 * n), side="right") - 1
+            is_head = np.isin(keys, heads)
+            lane, first = np.flatnonzero(~is_head), np.flatnonzero(is_head)
+            edge_src, edge_dst = anchor[src[kept]], np.searchsorted(keys, dst[kept])
+            order = _topological(len(keys), np.concatenate([lane - 1, edge_src]),
+                                 np.concatenate([lane, edge_dst]))
+            if len(order) == len(keys):
                 break
-            done = np.zeros(2 * len(g), bool)
-            done[order] = True
-            into_cycle = ~done[2 * g.dst + g.dst_point] & kept
-            late = measured[2 * g.src + g.src_point] > measured[2 * g.dst + g.dst_point]
+            done = np.zeros(2 * n, bool)
+            done[keys[order]] = True
+            into_cycle = ~done[dst] & kept
+            late = measured[src] > measured[dst]
             drop = into_cycle & late if np.any(into_cycle & late) else into_cycle
             kept &= ~drop
-        constrained = np.zeros(len(g), bool)
+        constrained = np.zeros(n, bool)
         constrained[g.dst[kept & (g.dst_point == START)]] = True
-        host_lane = np.array(g.lane_is_host, bool)[g.lane] if len(g) else np.zeros(0, bool)
-        starts_free = (g.prev < 0) & (host_lane | ~constrained)
-        return cls(g, kept, order, starts_free)
-
-    @cached_property
-    def incoming(self) -> list[list[tuple[int, int]]]:
-        """Per point, the kept edges into it as (source point, lag): built once, however many
-        timelines are simulated on the schedule (most points have none: one shared empty list)."""
-        g = self.graph
-        into: dict[int, list[tuple[int, int]]] = {}
-        src = (2 * g.src + g.src_point)[self.kept].tolist()
-        dst = (2 * g.dst + g.dst_point)[self.kept].tolist()
-        for a, b, lag in zip(src, dst, g.lag[self.kept].tolist(), strict=True):
-            into.setdefault(b, []).append((a, lag))
-        none: list[tuple[int, int]] = []
-        points = [none] * (2 * len(g))
-        for b, edges in into.items():
-            points[b] = edges
-        return points
+        host_lane = np.array(g.lane_is_host, bool)[g.lane] if n else np.zeros(0, bool)
+        starts_free = ~has_prev & (host_lane | ~constrained)
+        rank = np.empty(len(keys), np.int64)
+        rank[order] = np.arange(len(keys))
+        step_dst = np.concatenate([lane, first, edge_dst])
+        step_src = np.concatenate([lane - 1, np.full(len(first), len(keys)), edge_src])
+        step_of = np.argsort(rank[step_dst], kind="stable")
+        return cls(g, kept, starts_free, keys, anchor, lane, first, src[kept], edge_src,
+                   step_dst[step_of].tolist(), step_src[step_of].tolist(), step_of)
 
 
-def _topological(g: Graph, kept: Mask) -> I64:
-    """Kahn's algorithm over the points, the successors of each in one flat list (built by
-    numpy in the order: its end, the lane's next start, then the kept dependency edges)."""
-    n = len(g)
-    node = np.arange(n, dtype=np.int64)
-    has_prev = g.prev >= 0
-    src = np.concatenate([2 * node, 2 * g.prev[has_prev] + 1, (2 * g.src + g.src_point)[kept]])
-    dst = np.concatenate([2 * node + 1, 2 * node[has_prev], (2 * g.dst + g.dst_point)[kept]])
+def _topological(n: int, src: I64, dst: I64) -> I64:
+    """Kahn's algorithm over `n` nodes and the edges src -> dst (each node's successors in one
+    flat list, by numpy); fewer than `n` nodes come back when the edges close a cycle."""
     succ = dst[np.argsort(src, kind="stable")].tolist()
-    bounds = np.zeros(2 * n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=2 * n), out=bounds[1:])
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=bounds[1:])
     first = bounds.tolist()
-    indegree = np.bincount(dst, minlength=2 * n)
+    indegree = np.bincount(dst, minlength=n)
     pending = indegree.tolist()
     stack = np.flatnonzero(indegree == 0).tolist()
     order: list[int] = []
@@ -113,25 +129,28 @@ def simulate(s: Schedule, dur: I64 | None = None, gap: I64 | None = None) -> Tim
     """The timeline of the schedule's graph with these durations and gaps (default: the graph's)."""
     g = s.graph
     n = len(g)
-    d = (g.dur if dur is None else dur).tolist()
-    gp = (g.gap if gap is None else gap).tolist()
-    prev = g.prev.tolist()
-    free = s.starts_free.tolist()
-    incoming = s.incoming
-    t = [NEG] * (2 * n)
-    origin = g.origin
-    for p in s.order.tolist():
-        v = p >> 1
-        if p & 1:
-            x = t[p - 1] + d[v]
-        else:
-            pv = prev[v]
-            x = t[2 * pv + 1] + gp[v] if pv >= 0 else (origin + gp[v] if free[v] else NEG)
-        for a, lag in incoming[p]:
-            y = t[a] + lag
-            x = y if y > x else x  # (the builtin max costs a call per edge)
-        t[p] = x
-    times = np.array(t, np.int64).reshape(-1, 2) if n else np.zeros((0, 2), np.int64)
+    d = g.dur if dur is None else dur
+    gp = g.gap if gap is None else gap
+    # along a lane, a start follows the previous end by its gap and an end its start by the
+    # duration: `along` sums those steps over all points (lanes are ranges of points)
+    step = np.zeros(2 * n, np.int64)
+    step[0::2] = np.where(g.prev >= 0, gp, 0)
+    step[1::2] = d
+    along = np.cumsum(step)
+    at_key = along[s.keys]
+    head = s.keys[s.first] >> 1
+    offset = np.concatenate([
+        at_key[s.lane] - at_key[s.lane - 1],
+        np.where(s.starts_free[head], g.origin + gp[head], NEG),
+        along[s.edge_point] - at_key[s.edge_src] + g.lag[s.kept]])[s.step_of].tolist()
+    value: list[float] = [-math.inf] * len(s.keys) + [0]
+    for k, a, o in zip(s.step_dst, s.step_src, offset, strict=True):
+        y = value[a] + o
+        if y > value[k]:  # noqa: PLR1730 (the builtin max costs a call per step)
+            value[k] = y
+    key_time = np.array(value[:-1], np.int64)
+    times = (key_time[s.anchor] + along - at_key[s.anchor]).reshape(-1, 2) if n else \
+        np.zeros((0, 2), np.int64)
     return Timeline(times[:, START].copy(), times[:, END].copy())
 
 
