@@ -164,56 +164,78 @@ def _median(values: Sequence[int] | I64, default: int) -> int:
 
 
 def rank_lags(ev: Events, deps: Dependencies, rank: int) -> Lags:
-    launch, stream_gap, sync = [], [], []
-    for op, call in deps.launch_of.items():
-        if ev.rank[op] != rank:
-            continue
-        prev = deps.prev_on_stream.get(op)
-        delay = int(ev.ts[op] - ev.ts[call])
-        if prev is None or ev.end[prev] <= ev.ts[call]:
-            launch.append(delay)  # the stream was idle when the op was launched
-        elif ev.end[prev] > ev.ts[call] + delay // 2:
-            stream_gap.append(int(ev.ts[op] - ev.end[prev]))  # queued behind `prev`
-    for call, target in deps.sync_target.items():
-        if ev.rank[call] == rank and ev.end[target] > ev.ts[call]:
-            sync.append(int(ev.end[call] - ev.end[target]))
+    ops, calls = _pairs(deps.launch_of)
+    mine = ev.rank[ops] == rank
+    ops, calls = ops[mine], calls[mine]
+    prev = _lookup_rows(deps.prev_on_stream, len(ev))[ops]
+    prev_end = np.where(prev >= 0, ev.end[prev], 0)
+    delay = ev.ts[ops] - ev.ts[calls]
+    idle = (prev < 0) | (prev_end <= ev.ts[calls])  # the stream was idle at the launch
+    queued = ~idle & (prev_end > ev.ts[calls] + delay // 2)  # queued behind `prev`
+    calls_, targets = _pairs(deps.sync_target)
+    waited = (ev.rank[calls_] == rank) & (ev.end[targets] > ev.ts[calls_])
     clip = np.maximum
-    return Lags(int(clip(_median(launch, DEFAULT_LAUNCH_LAG_NS), 0)),
-                int(clip(_median(stream_gap, DEFAULT_STREAM_GAP_NS), 0)),
-                int(clip(_median(sync, DEFAULT_SYNC_LAG_NS), 0)))
+    return Lags(int(clip(_median(delay[idle], DEFAULT_LAUNCH_LAG_NS), 0)),
+                int(clip(_median((ev.ts[ops] - prev_end)[queued], DEFAULT_STREAM_GAP_NS), 0)),
+                int(clip(_median((ev.end[calls_] - ev.end[targets])[waited],
+                                 DEFAULT_SYNC_LAG_NS), 0)))
+
+
+def _pairs(pairs: Mapping[int, int]) -> tuple[I64, I64]:
+    """A row -> row map as two arrays, by key."""
+    keys = np.fromiter(pairs, np.int64, len(pairs))
+    values = np.fromiter(pairs.values(), np.int64, len(pairs))
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order]
+
+
+def _lookup_rows(pairs: Mapping[int, int], n: int) -> I64:
+    """A row -> row map as an array over `n` rows, -1 where a row has none."""
+    out = np.full(n, -1, np.int64)
+    keys, values = _pairs(pairs)
+    out[keys] = values
+    return out
 
 
 class _Builder:
-    """Accumulates nodes lane by lane, then edges."""
+    """Accumulates nodes lane by lane (a lane's nodes consecutive ids), then edges, in blocks."""
 
     def __init__(self, ev: Events) -> None:
         self.ev = ev
-        self.row: list[int] = []
-        self.top: list[int] = []
-        self.role: list[int] = []
-        self.lane: list[int] = []
-        self.ts: list[int] = []
-        self.dur: list[int] = []
+        self.nodes: list[tuple[I64, ...]] = []  # row, top, role, lane, ts, dur
+        self.count = 0
+        self.lanes: list[tuple[int, int]] = []  # each lane's node ids: range(first, stop)
         self.lane_is_host: list[bool] = []
         self.lane_rank: list[int] = []
-        self.edges: list[tuple[int, int, int, int, int]] = []
+        self.node_of = np.full(len(ev), -1, np.int64)  # row -> its (first) node
+        self.last_of = np.full(len(ev), -1, np.int64)  # row -> its last node
+        self.edges: list[tuple[I64, I64, I64, I64, I64]] = []
 
-    def new_lane(self, is_host: bool, rank: int) -> int:
+    def lane(self, is_host: bool, rank: int, rows: I64, top: I64, role: I64, ts: I64,
+             dur: I64) -> I64:
+        """A new lane of these nodes (rows -1 for anchors); their ids."""
+        ids = self.count + np.arange(len(rows), dtype=np.int64)
+        self.nodes.append((rows, top, role, np.full(len(rows), len(self.lanes), np.int64), ts, dur))
+        self.lanes.append((self.count, self.count + len(rows)))
         self.lane_is_host.append(is_host)
         self.lane_rank.append(rank)
-        return len(self.lane_rank) - 1
+        self.count += len(rows)
+        real = rows >= 0
+        r, i = rows[real], ids[real]
+        _, first = np.unique(r, return_index=True)
+        _, last = np.unique(r[::-1], return_index=True)
+        self.node_of[r[first]] = i[first]
+        self.last_of[r[::-1][last]] = i[::-1][last]
+        return ids
 
-    def add(self, row: int, role: int, lane: int, ts: int, dur: int, top: int) -> int:
-        self.row.append(row)
-        self.top.append(top)
-        self.role.append(role)
-        self.lane.append(lane)
-        self.ts.append(ts)
-        self.dur.append(dur)
-        return len(self.row) - 1
+    def edge(self, src: I64, src_point: int, dst: I64, dst_point: int, lag: I64) -> None:
+        """Edges from nodes `src` to nodes `dst`, each at least `lag` (clipped at 0) apart."""
+        self.edges.append((src, np.full(len(src), src_point, np.int64), dst,
+                           np.full(len(src), dst_point, np.int64), np.maximum(lag, 0)))
 
-    def edge(self, src: int, src_point: int, dst: int, dst_point: int, lag: int) -> None:
-        self.edges.append((src, src_point, dst, dst_point, lag))
+    def column(self, i: int) -> I64:
+        return np.concatenate([np.asarray(b[i], np.int64) for b in self.nodes]) \
+            if self.nodes else np.zeros(0, np.int64)
 
 
 def _main_thread(ev: Events, host: I64, rank: int) -> int:
@@ -224,177 +246,184 @@ def _main_thread(ev: Events, host: I64, rank: int) -> int:
     return int(tids[int(np.argmax(busy))])
 
 
+def _host_lane(b: _Builder, thread: I64, windows: Sequence[StepWindow],
+               anchors: list[tuple[int, int, int]]) -> None:
+    """One thread's pieces as a lane, with the anchors of `windows` among them; each step
+    whose start and end anchors are both there goes to `anchors` as (step, start, end)."""
+    ev = b.ev
+    pieces = np.array(host_segments(ev, thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))]),
+                      np.int64).reshape(-1, 4)
+    rank = int(ev.rank[thread[0]])
+    step = np.array([w.step for w in windows], np.int64)
+    # (time, order, index or step): anchors that end a step sort before what starts then
+    time = np.concatenate([pieces[:, 1], np.array([w.start for w in windows], np.int64),
+                           np.array([w.end for w in windows], np.int64)])
+    order = np.repeat(np.array([2, 1, 0], np.int64), [len(pieces), len(step), len(step)])
+    what = np.concatenate([np.arange(len(pieces)), -1 - step, -1 - step]).astype(np.int64)
+    sort = np.lexsort((what, order, time))
+    what, order = what[sort], order[sort]
+    piece = np.where(order == 2, what, 0)
+    is_piece = order == 2
+    rows = np.where(is_piece, pieces[piece, 0], -1)
+    ids = b.lane(True, rank, rows, np.where(is_piece, pieces[piece, 3], -1),
+                 np.where(is_piece, HOST, ANCHOR), time[sort],
+                 np.where(is_piece, pieces[piece, 2] - pieces[piece, 1], 0))
+    open_steps: dict[int, int] = {}
+    at = np.flatnonzero(~is_piece)
+    for node, kind, s in zip(ids[at].tolist(), order[at].tolist(), (-1 - what[at]).tolist(),
+                             strict=True):
+        if kind == 1:
+            open_steps[s] = node
+        elif s in open_steps:
+            anchors.append((s, open_steps.pop(s), node))
+
+
 def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[StepWindow]],
                 handoffs: Sequence[tuple[int, int]] = ()) -> Graph:
     """The graph of every rank of `ev`; `steps` become anchors on each rank's main thread;
     `handoffs` (producer, consumer) rows, from the execution trace, join threads."""
     b = _Builder(ev)
-    last_of: dict[int, int] = {}
     host = np.flatnonzero(ev.of_kind(*HOST_NODE_KINDS) & ~ev.is_step_marker
                           & ((ev.dur > 0) | ev.of_kind("runtime", "driver")))
-    node_of: dict[int, int] = {}
     anchors: dict[int, list[tuple[int, int, int]]] = {}
-    lane_nodes: list[list[int]] = []
     lane_of_thread: dict[int, int] = {}
     for key, thread in sorted(group_rows(lane_key(ev.rank[host], ev.tid[host]), host).items()):
-        pieces = host_segments(ev, thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))])
         rank, tid = int(ev.rank[thread[0]]), int(ev.tid[thread[0]])
-        lane = b.new_lane(True, rank)
-        lane_of_thread[key] = lane
-        # (time, order, index or step): anchors that end a step sort before what starts then
-        items = [(lo, 2, i) for i, (_row, lo, _hi, _top) in enumerate(pieces)]
-        if tid == _main_thread(ev, host, rank):
-            for w in steps.get(rank, ()):
-                items += [(w.start, 1, -1 - w.step), (w.end, 0, -1 - w.step)]
-        nodes = []
-        open_steps: dict[int, int] = {}
-        for t, order, what in sorted(items):
-            if order == 2:
-                row, lo, hi, top = pieces[what]
-                node = b.add(row, HOST, lane, lo, hi - lo, top)
-                node_of.setdefault(row, node)
-                last_of[row] = node
-            else:
-                node = b.add(-1, ANCHOR, lane, t, 0, -1)
-                step = -1 - what
-                if order == 1:
-                    open_steps[step] = node
-                elif step in open_steps:
-                    anchors.setdefault(rank, []).append((step, open_steps.pop(step), node))
-            nodes.append(node)
-        lane_nodes.append(nodes)
+        lane_of_thread[key] = len(b.lanes)
+        main = tid == _main_thread(ev, host, rank)
+        _host_lane(b, thread, steps.get(rank, ()) if main else (), anchors.setdefault(rank, []))
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     # Events are stored sorted by (rank, ts); grouping keeps that order.
     for _key, stream in sorted(group_rows(lane_key(ev.rank[device], ev.stream[device]),
                                           device).items()):
-        lane = b.new_lane(False, int(ev.rank[stream[0]]))
-        nodes = []
-        for r, t, d in zip(stream.tolist(), ev.ts[stream].tolist(), ev.dur[stream].tolist(),
-                           strict=True):
-            node_of[r] = b.add(r, DEVICE, lane, t, d, -1)
-            nodes.append(node_of[r])
-        lane_nodes.append(nodes)
+        b.lane(False, int(ev.rank[stream[0]]), stream, np.full(len(stream), -1),
+               np.full(len(stream), DEVICE), ev.ts[stream], ev.dur[stream])
     lags = {rank: rank_lags(ev, deps, rank) for rank in ev.ranks}
-    n = len(b.row)
-    ts, dur = np.array(b.ts, np.int64), np.array(b.dur, np.int64)
+    n = b.count
+    ts, dur = b.column(4), b.column(5)
     prev = np.full(n, -1, np.int64)
     gap = np.zeros(n, np.int64)
     origin = int(ts.min()) if n else 0
-    for lane, nodes in enumerate(lane_nodes):
-        arr = np.array(nodes, np.int64)
-        if len(arr) == 0:
+    for lane, (first, stop) in enumerate(b.lanes):
+        if stop == first:
             continue
-        prev[arr[1:]] = arr[:-1]
-        gap[arr[1:]] = ts[arr[1:]] - (ts[arr[:-1]] + dur[arr[:-1]])
-        gap[arr[0]] = ts[arr[0]] - origin
+        prev[first + 1:stop] = np.arange(first, stop - 1)
+        gap[first + 1:stop] = ts[first + 1:stop] - (ts[first:stop - 1] + dur[first:stop - 1])
+        gap[first] = ts[first] - origin
         if not b.lane_is_host[lane]:
-            rank = b.lane_rank[lane]
             # A stream runs its next op a stream gap after the previous one, no sooner
             # than the trace shows (the gap cannot explain a later start: launches do).
-            gap[arr[1:]] = np.minimum(gap[arr[1:]], lags[rank].stream_gap_ns)
-    _device_edges(b, ev, deps, node_of, lags, dur)
-    _wake_edges(b, thread_wakes(ev), lane_of_thread, lane_nodes, gap)
-    for producer, consumer in handoffs:
-        if producer in last_of and consumer in node_of:
-            b.edge(last_of[producer], END, node_of[consumer], START,
-                   max(0, int(ev.ts[consumer] - ev.end[producer])))
-    src, src_point, dst, dst_point, lag = (np.array(c, np.int64).reshape(-1) for c in
-                                           zip(*b.edges, strict=True)) if b.edges else (
-        np.zeros(0, np.int64) for _ in range(5))
-    lanes = np.array(b.lane, np.int64)
-    return Graph(np.array(b.row, np.int64), np.array(b.top, np.int64),
-                 np.array(b.role, np.int64), lanes,
-                 tuple(b.lane_is_host), np.array(b.lane_rank, np.int64)[lanes] if n else lanes,
-                 ts, ts + np.array(b.dur, np.int64), dur, gap, prev, origin,
+            gap[first + 1:stop] = np.minimum(gap[first + 1:stop],
+                                             lags[b.lane_rank[lane]].stream_gap_ns)
+    _device_edges(b, deps, lags, dur)
+    _wake_edges(b, thread_wakes(ev), lane_of_thread, ts, ts + dur, gap)
+    if handoffs:
+        producer, consumer = np.array(handoffs, np.int64).reshape(-1, 2).T
+        ok = (b.last_of[producer] >= 0) & (b.node_of[consumer] >= 0)
+        b.edge(b.last_of[producer[ok]], END, b.node_of[consumer[ok]], START,
+               ev.ts[consumer[ok]] - ev.end[producer[ok]])
+    src, src_point, dst, dst_point, lag = (
+        np.concatenate([np.asarray(e[i], np.int64) for e in b.edges]) if b.edges
+        else np.zeros(0, np.int64) for i in range(5))
+    lanes = b.column(3)
+    return Graph(b.column(0), b.column(1), b.column(2), lanes, tuple(b.lane_is_host),
+                 np.array(b.lane_rank, np.int64)[lanes] if n else lanes,
+                 ts, ts + b.column(5), dur, gap, prev, origin,
                  src, src_point, dst, dst_point, lag,
-                 {r: tuple(sorted(a)) for r, a in sorted(anchors.items())}, lags)
+                 {r: tuple(sorted(a)) for r, a in sorted(anchors.items()) if a}, lags)
 
 
-def _device_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, int],
-                  lags: Mapping[int, Lags], dur: I64) -> None:
-    for op, call in sorted(deps.launch_of.items()):
-        if op in node_of and call in node_of:
-            lag = min(lags[int(ev.rank[op])].launch_ns, int(ev.ts[op] - ev.ts[call]))
-            b.edge(node_of[call], START, node_of[op], START, max(lag, 0))
-    for op, recorded in sorted(deps.waits_for.items()):
-        if op in node_of and recorded in node_of:
-            lag = min(lags[int(ev.rank[op])].stream_gap_ns, int(ev.ts[op] - ev.end[recorded]))
-            b.edge(node_of[recorded], END, node_of[op], START, max(lag, 0))
-    _sync_edges(b, ev, deps, node_of, lags, dur)
-    _queue_edges(b, ev, deps, node_of)
+def _rank_lag(ev: Events, rows: I64, lags: Mapping[int, Lags], name: str) -> I64:
+    """Each row's rank's typical latency `name` (a field of Lags)."""
+    out = np.zeros(len(rows), np.int64)
+    for rank, lag in lags.items():
+        out[ev.rank[rows] == rank] = getattr(lag, name)
+    return out
+
+
+def _device_edges(b: _Builder, deps: Dependencies, lags: Mapping[int, Lags], dur: I64) -> None:
+    ev = b.ev
+    ops, calls = _pairs(deps.launch_of)
+    ok = (b.node_of[ops] >= 0) & (b.node_of[calls] >= 0)
+    ops, calls = ops[ok], calls[ok]
+    b.edge(b.node_of[calls], START, b.node_of[ops], START,
+           np.minimum(_rank_lag(ev, ops, lags, "launch_ns"), ev.ts[ops] - ev.ts[calls]))
+    ops, recorded = _pairs(deps.waits_for)
+    ok = (b.node_of[ops] >= 0) & (b.node_of[recorded] >= 0)
+    ops, recorded = ops[ok], recorded[ok]
+    b.edge(b.node_of[recorded], END, b.node_of[ops], START,
+           np.minimum(_rank_lag(ev, ops, lags, "stream_gap_ns"), ev.ts[ops] - ev.end[recorded]))
+    _sync_edges(b, deps, lags, dur)
+    _queue_edges(b, deps)
     for op, peers in sorted(deps.peers.items()):
-        if op not in node_of or not peers:
+        if b.node_of[op] < 0 or not peers:
             continue
         # The transfer itself: the instance's shortest duration (its last arrival's, which
         # waited for nobody); every member ends that long after the last one entered.
         transfer = min(int(ev.dur[r]) for r in (op, *peers))
-        dur[node_of[op]] = transfer
-        for p in peers:
-            if p in node_of:
-                b.edge(node_of[p], START, node_of[op], END, transfer)
+        dur[b.node_of[op]] = transfer
+        theirs = b.node_of[np.array(peers, np.int64)]
+        theirs = theirs[theirs >= 0]
+        b.edge(theirs, START, np.full(len(theirs), b.node_of[op]), END,
+               np.full(len(theirs), transfer))
 
 
-def _queue_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, int]) -> None:
+def _queue_edges(b: _Builder, deps: Dependencies) -> None:
     """A launch call waits while its rank's launch queue is full (the host ran that far
     ahead of the device): it starts no earlier than the end of the op launched `depth`
     launches before it, `depth` being FULL_QUEUE (HTA's default for CUDA's queue) or the
     deepest queue the rank's trace shows, if deeper."""
-    by_rank: dict[int, list[tuple[int, int]]] = {}
-    for op, call in deps.launch_of.items():
-        if op in node_of and call in node_of:
-            by_rank.setdefault(int(ev.rank[op]), []).append((op, call))
-    for pairs in by_rank.values():
-        pairs.sort(key=lambda p: (int(ev.ts[p[1]]), p[1]))
-        ops = np.array([op for op, _ in pairs], np.int64)
-        calls = np.array([call for _, call in pairs], np.int64)
-        depth = max(FULL_QUEUE, int(queue_steps(ev.ts[calls], ev.end[ops])[1].max()))
-        for before, call in zip(ops[:-depth].tolist(), calls[depth:].tolist(), strict=True):
-            b.edge(node_of[before], END, node_of[call], START, 0)
+    ev = b.ev
+    ops, calls = _pairs(deps.launch_of)
+    ok = (b.node_of[ops] >= 0) & (b.node_of[calls] >= 0)
+    ops, calls = ops[ok], calls[ok]
+    for rank in np.unique(ev.rank[ops]).tolist():
+        mine = ev.rank[ops] == rank
+        order = np.lexsort((calls[mine], ev.ts[calls[mine]]))
+        o, c = ops[mine][order], calls[mine][order]
+        depth = max(FULL_QUEUE, int(queue_steps(ev.ts[c], ev.end[o])[1].max()))
+        b.edge(b.node_of[o[:-depth]], END, b.node_of[c[depth:]], START,
+               np.zeros(max(len(c) - depth, 0), np.int64))
 
 
-def _sync_edges(b: _Builder, ev: Events, deps: Dependencies, node_of: dict[int, int],
-                lags: Mapping[int, Lags], dur: I64) -> None:
+def _sync_edges(b: _Builder, deps: Dependencies, lags: Mapping[int, Lags], dur: I64) -> None:
     """A sync call lasts its no-wait duration, and ends after the op it waited for."""
-    calls = [c for c in sorted(deps.sync_target) if c in node_of]
-    waited = {c for c in calls if ev.end[deps.sync_target[c]] > ev.ts[c]}
-    by_name: dict[tuple[int, int], list[int]] = {}
-    for c in calls:
-        by_name.setdefault((int(ev.rank[c]), int(ev.name[c])), []).append(c)
-    for group in by_name.values():
-        free = [int(ev.dur[c]) for c in group if c not in waited]
-        self_ns = _median(free, DEFAULT_SYNC_SELF_NS)
-        for c in group:
-            dur[node_of[c]] = min(self_ns, int(ev.dur[c]))
-            target = deps.sync_target[c]
-            if target in node_of:
-                lag = min(lags[int(ev.rank[c])].sync_ns, int(ev.end[c] - ev.end[target]))
-                b.edge(node_of[target], END, node_of[c], END, max(lag, 0))
+    ev = b.ev
+    calls, targets = _pairs(deps.sync_target)
+    ok = b.node_of[calls] >= 0
+    calls, targets = calls[ok], targets[ok]
+    waited = ev.end[targets] > ev.ts[calls]
+    for _key, group in sorted(group_rows(
+            lane_key(ev.rank[calls], ev.name[calls]), np.arange(len(calls))).items()):
+        self_ns = _median(ev.dur[calls[group[~waited[group]]]], DEFAULT_SYNC_SELF_NS)
+        dur[b.node_of[calls[group]]] = np.minimum(self_ns, ev.dur[calls[group]])
+    ok = b.node_of[targets] >= 0
+    calls, targets = calls[ok], targets[ok]
+    b.edge(b.node_of[targets], END, b.node_of[calls], END,
+           np.minimum(_rank_lag(ev, calls, lags, "sync_ns"), ev.end[calls] - ev.end[targets]))
 
 
 def _wake_edges(b: _Builder, wakes: Mapping[int, Wakes], lane_of_thread: Mapping[int, int],
-                lane_nodes: list[list[int]], gap: I64) -> None:
+                ts: I64, end: I64, gap: I64) -> None:
     """A thread that another thread of its rank handed over to (dependencies.thread_wakes: the
     hand-overs the critical path follows) resumes no earlier than the node of the other thread
     that ended the work it waited for (plus the measured hand-over), and the idle stretch
-    before its first node after that no longer holds it back."""
+    before its first node after that no longer holds it back (`ts`, `end`: as measured)."""
     ev = b.ev
-    ts = np.array(b.ts, np.int64)
-    end = ts + np.array(b.dur, np.int64)  # as measured
     for key, found in sorted(wakes.items()):
         if key not in lane_of_thread:
             continue
-        nodes = np.array(lane_nodes[lane_of_thread[key]], np.int64)
-        firsts = np.searchsorted(ts[nodes], found.resume, side="left")
-        for first, waker, waker_end in zip(firsts.tolist(), found.waker.tolist(),
-                                           found.waker_end.tolist(), strict=True):
+        first, stop = b.lanes[lane_of_thread[key]]
+        resumed = first + np.searchsorted(ts[first:stop], found.resume, side="left")
+        for v, waker, waker_end in zip(resumed.tolist(), found.waker.tolist(),
+                                       found.waker_end.tolist(), strict=True):
             other = lane_of_thread.get(int(lane_key(int(ev.rank[waker]), int(ev.tid[waker]))))
-            if first >= len(nodes) or other is None:
+            if v >= stop or other is None:
                 continue
-            theirs = np.array(lane_nodes[other], np.int64)
+            theirs, their_stop = b.lanes[other]
             # a thread's pieces follow one another: their ends rise with their starts
-            last = int(np.searchsorted(end[theirs], waker_end, side="right")) - 1
-            if last < 0:
+            w = theirs + int(np.searchsorted(end[theirs:their_stop], waker_end, side="right")) - 1
+            if w < theirs:
                 continue
-            v, w = int(nodes[first]), int(theirs[last])
-            b.edge(w, END, v, START, max(0, int(ts[v] - end[w])))
+            b.edge(np.array([w]), END, np.array([v]), START, np.array([ts[v] - end[w]]))
             gap[v] = 0
