@@ -15,6 +15,7 @@ from perfswarm.analyze.annotations import HostCalls
 from perfswarm.analyze.frame import KIND, Events
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.phases import PHASES, phases
+from perfswarm.model.opcost import Shapes
 from perfswarm.model.opstats import RowShapes
 from perfswarm.report.timeline import Spans
 from perfswarm.trace.store import Run
@@ -34,19 +35,28 @@ def ops_by_shape(run: Run, ev: Events, calls: HostCalls, limit: int) -> list[dic
     """Op calls (analyze's HostCalls) grouped by name and input shapes (record_shapes):
     calls, total and self time; the `limit` largest by total."""
     rows = calls.of_kind(ev, "cpu_op")
-    groups: dict[tuple[str, str], list[int]] = {}
-    for i, shapes in zip(rows.tolist(), RowShapes.of(run).get(rows), strict=True):
-        if shapes is None:
-            continue
-        key = (ev.name_of(i), ", ".join("x".join(map(str, d)) if d else "scalar"
-                                        for d in shapes.dims))
-        g = groups.setdefault(key, [0, 0, 0])
-        g[0] += 1
-        g[1] += int(ev.dur[i])
-        g[2] += int(calls.cpu_self[i])
-    order = sorted(groups, key=lambda k: (-groups[k][1], k))[:limit]
-    return [{"name": n, "shapes": s, "count": groups[(n, s)][0], "total_ns": groups[(n, s)][1],
-             "self_ns": groups[(n, s)][2]} for n, s in order]
+    group_of: dict[tuple[int, Shapes], int] = {}  # (name, shapes) -> group
+    shaped, group = [], []
+    for i, name, shapes in zip(rows.tolist(), ev.name[rows].tolist(),
+                               RowShapes.of(run).get(rows), strict=True):
+        if shapes is not None:
+            shaped.append(i)
+            group.append(group_of.setdefault((name, shapes), len(group_of)))
+    at, g = np.asarray(shaped, np.int64), np.asarray(group, np.int64)
+    count = np.bincount(g, minlength=len(group_of))
+    total, own = (np.zeros(len(group_of), np.int64) for _ in range(2))
+    np.add.at(total, g, ev.dur[at])
+    np.add.at(own, g, calls.cpu_self[at])
+    # groups of one name whose shapes read alike (a scalar's dims and none) are one row
+    rows_of: dict[tuple[str, str], list[int]] = {}
+    for (name, shapes), k in group_of.items():
+        text = ", ".join("x".join(map(str, d)) if d else "scalar" for d in shapes.dims)
+        rows_of.setdefault((ev.names[name], text), []).append(k)
+    sums = {key: (int(count[ks].sum()), int(total[ks].sum()), int(own[ks].sum()))
+            for key, ks in rows_of.items()}
+    order = sorted(sums, key=lambda k: (-sums[k][1], k))[:limit]
+    return [{"name": n, "shapes": s, "count": sums[(n, s)][0], "total_ns": sums[(n, s)][1],
+             "self_ns": sums[(n, s)][2]} for n, s in order]
 
 
 def op_stacks(ev: Events, calls: HostCalls) -> dict[str, list[str]]:
