@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import I64, Events, args_of, group_rows
+from perfswarm.analyze.frame import I64, Events, args_of, group_rows, unique_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.ops import is_tensor_core
@@ -223,8 +223,7 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         mine = (op_text[op_rows] >= 0) & (launched[op_of] > 0)  # a counted op's kernels
         d, o = dev_rows[mine], op_rows[mine]
         keys = np.stack([ev.name[d], ev.name[o], op_text[o]], axis=1)
-        _, head, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        group = group.reshape(-1)
+        head, group = unique_rows(keys)
         share = np.bincount(group, weights=dur[mine] / launched[op_of[mine]])
         group_ns = _sums(group, dur[mine], len(head))
         calls = np.bincount(group, minlength=len(head))

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.frame import I64, Events, unique_rows
 from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Run
 
@@ -57,16 +57,8 @@ def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, 
     a = np.where(is_device, device, pid)
     b = np.where(is_device, stream, tid)
     keys = np.stack([rank, is_device.astype(np.int64), a, b], axis=1)
-    if not len(keys):
-        return np.zeros(0, np.int64), ()
-    # np.unique(keys, axis=0), by a lexsort: its row-view sort cost 0.24 s on 120k spans
-    order = np.lexsort(keys.T[::-1])
-    ordered = keys[order]
-    new = np.ones(len(keys), bool)
-    new[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
-    inverse = np.empty(len(keys), np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    lanes = tuple((int(r), bool(d), int(x), int(y)) for r, d, x, y in ordered[new].tolist())
+    head, inverse = unique_rows(keys)
+    lanes = tuple((int(r), bool(d), int(x), int(y)) for r, d, x, y in keys[head].tolist())
     return inverse, lanes
 
 
