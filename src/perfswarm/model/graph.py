@@ -92,8 +92,14 @@ class Graph:
     def __len__(self) -> int:
         return len(self.row)
 
-    def node_of_row(self) -> dict[int, int]:
-        return {int(r): i for i, r in enumerate(self.row.tolist()) if r >= 0}
+    def last_nodes(self, rows: I64) -> I64:
+        """The last node of each event row (a host op cut in pieces has several), -1 for none."""
+        real = np.flatnonzero(self.row >= 0)[::-1]
+        keys, last = np.unique(self.row[real], return_index=True)
+        if not len(keys):
+            return np.full(len(rows), -1, np.int64)
+        at = np.minimum(np.searchsorted(keys, rows), len(keys) - 1)
+        return np.where(keys[at] == rows, real[last[at]], -1)
 
     def anchor_gaps(self, dur: I64, gap: I64) -> I64:
         """`gap` with the anchors that sit inside a host piece re-placed for its new duration

@@ -759,8 +759,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     stalls = stalled(g, m.ev)
     model = overheads or fit_overheads(g, m.ev, insts, stalls, steady)
     keep = stalls.copy()
-    node_of = g.node_of_row()
-    keep[[node_of[c] for c in m.deps.sync_target if c in node_of]] = True
+    synced = g.last_nodes(np.fromiter(m.deps.sync_target, np.int64, len(m.deps.sync_target)))
+    keep[synced[synced >= 0]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep)
 
     fixed = parameter_shapes(m) - sparse_tables(m)
