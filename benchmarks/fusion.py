@@ -8,10 +8,11 @@ table 1; MobileNet-V2 of Sandler et al. 2018, table 2; MnasNet-B1 as torchvision
 each batch size is fused and schedule-tuned, checked against PyTorch's two separate ops, and
 timed round-robin with them and with our own separately tuned kernels (the minimum of the
 rounds; `paired`: the median of the rounds' own speedups with its interval, which must lie above
-1 for the pair to be recommended; `*`: the interval straddled 1 and the pair was measured again).
-Then every pair is measured a second time from the cached schedules (no search), and a pair
-recommended in the first pass that is slower than PyTorch in the second (the median of its
-paired speedups under 1; `again`) counts against the goals. Goals:
+1 for the pair to be recommended, and again in a separate block of rounds after the other pairs
+(`perfswarm fuse`'s confirmation); `*`: the interval straddled 1 and the pair was measured
+again, pooled). Then every pair is measured a second time from the cached schedules (no
+search), and a pair recommended in the first pass that is slower than PyTorch in the second (the
+median of its paired speedups under 1; `again`) counts against the goals. Goals:
 - geomean speedup over PyTorch's separate ops >= 1.5x on the pairs the roofline says gain;
 - geomean speedup over our own separately tuned kernels >= 1.1x (on those pairs and on all);
 - no recommended pair slower than PyTorch (in the second, independent measurement).
@@ -150,7 +151,7 @@ def _summary(first: list[FuseResult], again: list[FuseResult]) -> dict[str, obje
         "geomean x PyTorch (all pairs)": round(geomean([r.speedup for r in first]), 3),
         "geomean x own separate (gaining pairs; goal >= 1.1)": round(vs_own_gaining, 3),
         "geomean x own separate (all pairs; goal >= 1.1)": round(vs_own_all, 3),
-        "recommended (interval above 1)": len(recommended),
+        "recommended (interval above 1, and again when confirmed)": len(recommended),
         "measured again (interval straddled 1)": sum(r.remeasured for r in first),
         "fused channels-last": sum(r.schedule.channels_last for r in first),
         "recommended but slower than PyTorch when measured again (goal 0)": slower,

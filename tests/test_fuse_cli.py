@@ -87,7 +87,10 @@ def test_fuse_tunes_then_reuses(tmp_path: Path, capsys: pytest.CaptureFixture[st
     low, high = first["speedup_interval"]
     assert low <= first["paired_speedup"] <= high
     assert first["interval_coverage"] == 1 - 2 / 2**rounds
-    assert first["recommended"] == (low > 1)
+    # a gaining pair is measured again, apart, and recommended only if it gains there too
+    again = first["confirmation_interval"]
+    assert (again is not None) == (low > 1)
+    assert first["recommended"] == (again is not None and again[0] > 1)
     assert first["remeasured"] == (rounds == 4)
     assert first["timer"] == "cpu"  # one thread: CPU seconds
     assert main(argv) == 0

@@ -107,7 +107,16 @@ def _print(console: Any, data: dict[str, Any]) -> None:
                       f"x{r['speedup']:.2f}", f"x{r['speedup_vs_own']:.2f}",
                       f"x{r['paired_speedup']:.2f} [{low:.2f}, {high:.2f}] "
                       f"{100 * r['interval_coverage']:.0f}%"
-                      + (f", {r['rounds']} rounds: measured again" if r["remeasured"] else ""),
+                      + (f", {r['rounds']} rounds: measured again" if r["remeasured"] else "")
+                      + _confirmation(r),
                       f"x{r['prediction']['speedup']:.2f}", f"{r['max_rel_error']:.1e}",
                       "yes" if r["recommended"] else "no")
     console.print(table)
+
+
+def _confirmation(r: dict[str, Any]) -> str:
+    """A gaining pair's second, separate measurement, as the paired column shows it."""
+    if r["confirmation_interval"] is None:
+        return ""
+    low, high = r["confirmation_interval"]
+    return f"; again x{r['confirmation_paired_speedup']:.2f} [{low:.2f}, {high:.2f}]"

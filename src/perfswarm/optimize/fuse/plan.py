@@ -15,7 +15,13 @@ from perfswarm.model.fusion import ConvPair, PairPrediction
 from perfswarm.model.opstats import op_sequence
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.fuse.layers import parse_pair, run_pairs
-from perfswarm.optimize.fuse.tune import FuseResult, Progress, ScheduleCache, fuse_pair
+from perfswarm.optimize.fuse.tune import (
+    FuseResult,
+    Progress,
+    ScheduleCache,
+    confirm_pair,
+    fuse_pair,
+)
 from perfswarm.trace.store import Run
 
 
@@ -83,12 +89,13 @@ def default_cache() -> Path:
 
 def fuse_all(found: Sequence[Candidate], options: Options, cache: ScheduleCache,
              progress: Progress) -> list[FuseResult]:
-    """Each candidate fused, tuned and measured; the tuning budget shared out evenly among the
-    pairs still to come."""
+    """Each candidate fused, tuned and measured, the tuning budget shared out evenly among the
+    pairs still to come; then each that gained measured once more, apart (`confirm_pair`)."""
     end = time.monotonic() + options.budget_s
     results = []
     for i, c in enumerate(found):
         share = (end - time.monotonic()) / (len(found) - i)
         results.append(fuse_pair(c.pair, c.prediction, options.threads, options.trials,
                                  time.monotonic() + share, options.rounds, cache, progress))
-    return results
+    return [confirm_pair(r, options.rounds, cache, progress) if r.gains else r
+            for r in results]

@@ -11,7 +11,10 @@ Times are reported as the minimum and the median over the rounds; the speedups a
 minima (the least disturbed runs). Each round also gives a paired speedup (PyTorch's call over
 the fused call of the same round): a pair is recommended only when the distribution-free
 confidence interval of their median lies above 1, and a pair whose interval straddles 1 is
-measured again for as many rounds, pooled.
+measured again for as many rounds, pooled. A pair whose interval is above 1 is measured once
+more after the other pairs (`confirm_pair`: the process and the machine in another state; a
+gain within one block of rounds moved by up to 20% between passes) and is recommended only if
+that independent interval is above 1 too.
 
 Tuned schedules are kept in a JSON cache keyed by pair, threads and CPU, so a second run
 measures them again without searching.
@@ -23,8 +26,9 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -277,6 +281,7 @@ class FuseResult:
     threads: int
     paired: tuple[float, ...] = ()  # per round: PyTorch's time over the fused kernel's
     remeasured: bool = False  # borderline: measured again and pooled
+    confirmation: tuple[float, ...] = ()  # paired speedups of the confirming measurement
 
     @property
     def timer(self) -> str:
@@ -316,11 +321,17 @@ class FuseResult:
         return self.max_rel_error <= MAX_REL_ERROR
 
     @property
-    def recommended(self) -> bool:
-        """Fuse this pair: correct, and the interval of its paired speedup above 1 (a burst of
-        load on the shared machine falls on both calls of a round alike, so a gain that holds
-        round by round is not a lucky minimum)."""
+    def gains(self) -> bool:
+        """Correct, and the interval of its paired speedup above 1 (a burst of load on the
+        shared machine falls on both calls of a round alike, so a gain that holds round by
+        round is not a lucky minimum)."""
         return self.correct and self.interval[0] > 1
+
+    @property
+    def recommended(self) -> bool:
+        """Fuse this pair: it gains, and it gained again when measured after the others."""
+        return self.gains and bool(self.confirmation) and \
+            median_interval(self.confirmation)[0] > 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair.label, "kind": self.pair.kind,
@@ -334,6 +345,10 @@ class FuseResult:
                 "speedup_interval": list(self.interval[:2]) if self.paired else None,
                 "interval_coverage": self.interval[2], "rounds_won": self.rounds_won,
                 "rounds": self.rounds, "remeasured": self.remeasured,
+                "confirmation_paired_speedup": (statistics.median(self.confirmation)
+                                                if self.confirmation else None),
+                "confirmation_interval": (list(median_interval(self.confirmation)[:2])
+                                          if self.confirmation else None),
                 "reused_schedule": self.reused, "threads": self.threads, "timer": self.timer}
 
 
@@ -375,22 +390,58 @@ class ScheduleCache:
                 if isinstance(e, dict) and isinstance(e.get("result"), dict)]
 
 
+@contextmanager
+def _bench(pair: ConvPair, threads: int) -> Iterator[PairBench]:
+    """A pair's bench, with torch and the kernels on `threads` threads (the caller's torch
+    setting given back after)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        bench = PairBench(pair, threads)  # imports the kernels, and with them their BLAS
+        with threadpool_limits(1, user_api="blas"):  # the kernels' own threads split the work
+            yield bench
+    finally:
+        torch.set_num_threads(saved)
+
+
 def fuse_pair(pair: ConvPair, prediction: PairPrediction, threads: int, trials: int,
               deadline: float, rounds: int, cache: ScheduleCache, progress: Progress
               ) -> FuseResult:
     """Tune (or reuse) the fused and the separate schedules of a pair, check them, and time
     PyTorch separate, fused and own separate round-robin over `rounds` rounds."""
-    import torch
-    from threadpoolctl import threadpool_limits
+    with _bench(pair, threads) as bench:
+        return _fuse_pair(bench, prediction, trials, deadline, rounds, cache, progress)
 
-    saved = torch.get_num_threads()  # the caller's setting, given back
-    torch.set_num_threads(threads)
-    try:
-        bench = PairBench(pair, threads)  # imports the kernels, and with them their BLAS
-        with threadpool_limits(1, user_api="blas"):  # the kernels' own threads split the work
-            return _fuse_pair(bench, prediction, trials, deadline, rounds, cache, progress)
-    finally:
-        torch.set_num_threads(saved)
+
+def confirm_pair(result: FuseResult, rounds: int, cache: ScheduleCache, progress: Progress
+                 ) -> FuseResult:
+    """A gaining pair timed again, its schedules as they are, `rounds` more paired rounds kept
+    apart from the first ones (a replication, not a pool)."""
+    with _bench(result.pair, result.threads) as bench:
+        times = _rounds(bench, (result.schedule, result.first_schedule,
+                                result.second_schedule), rounds, progress)
+    confirmed = replace(result, confirmation=tuple(
+        t / f for t, f in zip(times[0], times[1], strict=True)))
+    cache.store(confirmed)
+    return confirmed
+
+
+def _rounds(bench: PairBench, schedules: tuple[Schedule, Schedule, Schedule], rounds: int,
+            progress: Progress, times: list[list[float]] | None = None) -> list[list[float]]:
+    """PyTorch separate, fused and own separate, one call of each a round (each first in
+    turn), their times appended to `times` (new lists if None)."""
+    contenders: list[Callable[[], object]] = [
+        bench.torch_separate, partial(bench.fused, schedules[0]),
+        partial(bench.own_separate, schedules[1], schedules[2])]
+    times = times if times is not None else [[], [], []]
+    for r in range(rounds):
+        for i in [(r + i) % 3 for i in range(3)]:
+            times[i].append(_best_of(contenders[i], 1, bench.clock))
+        progress(f"round {len(times[0])}")
+    return times
 
 
 def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadline: float,
@@ -417,17 +468,10 @@ def _fuse_pair(bench: PairBench, prediction: PairPrediction, trials: int, deadli
         schedules = found
     error = max(_error(bench.fused(schedules[0]), bench.ref),
                 _error(bench.own_separate(*schedules[1:]), bench.ref))
-    contenders: list[Callable[[], object]] = [
-        bench.torch_separate, partial(bench.fused, schedules[0]),
-        partial(bench.own_separate, schedules[1], schedules[2])]
     times: list[list[float]] = [[], [], []]
 
     def measure() -> FuseResult:
-        for r in range(rounds):
-            order = [(r + i) % 3 for i in range(3)]  # each contender first in turn
-            for i in order:
-                times[i].append(_best_of(contenders[i], 1, bench.clock))
-            progress(f"round {len(times[0])}")
+        _rounds(bench, schedules, rounds, progress, times)
         return FuseResult(pair, prediction, schedules[0], schedules[1], schedules[2],
                           Timing.of(times[0]), Timing.of(times[1]), Timing.of(times[2]), error,
                           found is not None, threads,
