@@ -289,6 +289,9 @@ def _sums(groups: I64, values: I64, count: int) -> I64:
     return out
 
 
+PARSE_ROWS: Final = 1 << 16  # rows whose args text RowShapes holds at once
+
+
 class RowShapes:
     """The recorded shapes of a Run's events by row, each parsed once per Run whoever asks
     (a report's op table, its prediction, its advice and its views each read the same ops)."""
@@ -309,9 +312,10 @@ class RowShapes:
             base = max(pc.index(ranks, rank).as_py(), 0)
         keys = (np.asarray(rows, np.int64) + base).tolist()
         todo = np.asarray([k for k in keys if k not in self.parsed], np.int64) - base
-        if len(todo):
-            self.parsed.update(zip((todo + base).tolist(),
-                                   map(shapes_from_args, args_of(self.run, todo, rank)),
+        for part in np.array_split(todo, -(-len(todo) // PARSE_ROWS)) if len(todo) else ():
+            # a part at a time: the args text of a part's rows is held, not of all of them
+            self.parsed.update(zip((part + base).tolist(),
+                                   map(shapes_from_args, args_of(self.run, part, rank)),
                                    strict=True))
         return [self.parsed[k] for k in keys]
 

@@ -45,7 +45,7 @@ from perfswarm.analyze.dependencies import (
     sync_events,
     tensor_handoffs,
 )
-from perfswarm.analyze.frame import I64, KIND, Events, Mask
+from perfswarm.analyze.frame import I64, KIND, Events, Mask, args_of
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
@@ -237,12 +237,6 @@ class _Model:
     platform: Platform
     compute: Mask  # host nodes that are kernel work (CPU runs)
     window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
-
-    @cached_property
-    def args(self) -> pa.Array:
-        """The events' args JSON as one Arrow array (no string per event), made only for what
-        reads single rows of it (a kernel's own size); shapes come from RowShapes."""
-        return self.run.table("events", columns=["args"]).column("args").combine_chunks()
 
     @cached_property
     def _shapes(self) -> RowShapes:
@@ -473,42 +467,40 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     is not the kernel's, and the mean keeps what it costs an iteration)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
-    # each pair: a kernel (or a CPU op's compute pieces), the op that launched it, its nodes,
-    # its measured ns; as parallel lists
-    nodes: list[list[int]]
+    # each pair: a kernel (or a CPU op's compute pieces), the op that launched it (-1: none),
+    # its measured ns, and its nodes (`node`, by `pair_of` node); as arrays, no per-event lists
     if m.platform == "cpu":
-        host = np.flatnonzero(m.compute)
-        self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
-        by_row: dict[int, list[int]] = {}
-        for n, row in zip(host.tolist(), g.row[host].tolist(), strict=True):
-            by_row.setdefault(row, []).append(n)
-        rows = list(by_row)
-        ops: list[int | None] = list(rows)
-        nodes = list(by_row.values())
-        measured_ns = [int(self_ns[row]) for row in rows]
+        node = np.flatnonzero(m.compute)
+        row_arr, pair_of = np.unique(g.row[node], return_inverse=True)
+        op_arr = row_arr
+        measured = np.bincount(g.row[node], weights=g.dur[node], minlength=len(ev)
+                               )[row_arr].astype(np.int64)
     else:
-        op_of = _launching_ops(m)
-        device = np.flatnonzero(g.role == DEVICE)
-        rows = g.row[device].tolist()
-        ops = [op_of.get(row) for row in rows]
-        nodes = [[n] for n in device.tolist()]
-        measured_ns = dur[device].tolist()
-    # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
-    name, rank, step, kind = (ev.name.tolist(), ev.rank.tolist(), ev.step.tolist(),
-                              ev.kind.tolist())
+        node = np.flatnonzero(g.role == DEVICE)
+        row_arr, pair_of = g.row[node], np.arange(len(node))
+        launched = _launching_ops(m)
+        op_arr = np.fromiter((launched.get(r, -1) for r in row_arr.tolist()), np.int64,
+                             len(row_arr))
+        measured = dur[node]
+    rows, ops = row_arr.tolist(), [None if o < 0 else o for o in op_arr.tolist()]
+    measured_ns = measured.tolist()
+    name = ev.name[row_arr].tolist()
+    op_names = np.where(op_arr >= 0, ev.name[np.maximum(op_arr, 0)], -1).tolist()
     m.parse(op for op in ops if op is not None)
     parsed = m._shapes.parsed
+    shaped = [parsed[op] if op is not None else None for op in ops]
+    own = _own_sizes(m, [r for r, sh in zip(rows, shaped, strict=True) if sh is None]) \
+        if m.platform == "gpu" else {}
+    # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
     ids: dict[Key, int] = {}  # each key once, by number: a pair's group is a few ints
-    kid: list[int] = []
-    for row, op in zip(rows, ops, strict=True):
-        shapes = parsed[op] if op is not None else None
-        own = _own_size(m, row) if shapes is None and m.platform == "gpu" else ()
-        kid.append(ids.setdefault((name[row], shapes, own), len(ids)))
+    kid = [ids.setdefault((n, sh, own.get(r, ())), len(ids))
+           for n, sh, r in zip(name, shaped, rows, strict=True)]
     keys = list(ids)
     samples: list[tuple[list[float], list[StepKey]]] = [([], []) for _ in keys]
-    for k, row, ns in zip(kid, rows, measured_ns, strict=True):
+    for k, ns, rk, st in zip(kid, measured_ns, ev.rank[row_arr].tolist(),
+                             ev.step[row_arr].tolist(), strict=True):
         samples[k][0].append(ns)
-        samples[k][1].append((rank[row], step[row]))
+        samples[k][1].append((rk, st))
     base_of = [typical(*found, steady) for found in samples]
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
 
@@ -519,9 +511,6 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         return (_on_tensor_cores(costs(ev.names[op_name], shapes), ev.names[keys[k][0]])
                 if op_name >= 0 and shapes else None)
 
-    def op_name(op: int | None) -> int:
-        return -1 if op is None else name[op]
-
     touch: dict[Key, tuple[int, int]] = {}
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
         keyed: dict[Key, list[int]] = {}
@@ -530,8 +519,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         touch = _first_touch(m, costs, keyed, scaler.profile.page_s)
     if isinstance(scaler, ProfileScaler):
         scaler = scaler.with_offsets([(found[0], shapes.dims, base_of[k] * 1e-9)
-                                      for k, op in zip(kid, ops, strict=True)
-                                      if (found := priced(k, op_name(op))) is not None
+                                      for k, op in zip(kid, op_names, strict=True)
+                                      if (found := priced(k, op)) is not None
                                       and (shapes := keys[k][1]) is not None])
     scaled = functools.cache(scaler.scaled) if scaler is not None else None  # per key, once
 
@@ -553,28 +542,38 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                     False, False)
         return base, False, False
 
-    scaled_ns = dur.tolist()
-    for k, row, op, mine, measured in zip(kid, rows, ops, nodes, measured_ns, strict=True):
-        if measured <= 0:
-            continue
-        after, modelled, touched = after_of(k, op_name(op), kind[row])
-        if modelled:
-            counts["first_touch"] += len(mine) if touched else 0
-            counts["modelled"] += len(mine)
-        else:
-            counts["unmodelled"] += len(mine)
-        for n in mine:
-            scaled_ns[n] = round(scaled_ns[n] * after / measured)
-    dur[:] = scaled_ns
+    after = np.zeros(len(rows))
+    how = np.zeros(len(rows), np.int64)  # 0 unmodelled, 1 modelled, 2 modelled with first touch
+    for i, (k, op, kd, ns) in enumerate(zip(kid, op_names, ev.kind[row_arr].tolist(),
+                                            measured_ns, strict=True)):
+        if ns > 0:
+            after[i], modelled, touched = after_of(k, op, kd)
+            how[i] = 2 if touched else int(modelled)
+    mine = measured[pair_of] > 0
+    node, pair_of = node[mine], pair_of[mine]
+    nodes = np.bincount(pair_of, minlength=len(rows))
+    timed = measured > 0
+    if np.any(timed & (how >= 1)):  # (first touch counted, if none, where any was modelled)
+        counts["first_touch"] += int(nodes[how == 2].sum())
+        counts["modelled"] += int(nodes[how >= 1].sum())
+    if np.any(timed & (how == 0)):
+        counts["unmodelled"] += int(nodes[how == 0].sum())
+    # as Python's round(d * after / measured) would, per node
+    dur[node] = np.rint(dur[node] * after[pair_of] / measured[pair_of]).astype(np.int64)
     return counts
 
 
-def _own_size(m: _Model, row: int) -> tuple[int, ...]:
-    """A device op's size as its trace gives it: a copy's or a set's bytes, a kernel's grid
-    and block (copies of 4 KB and of 100 MB share a name: one mean made the corpus's A100 H2D
-    copies 6.4 ms where they took 50.7)."""
+def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
+    """Device ops' sizes as their trace gives them, by row: a copy's or a set's bytes, a
+    kernel's grid and block (copies of 4 KB and of 100 MB share a name: one mean made the
+    corpus's A100 H2D copies 6.4 ms where they took 50.7)."""
+    wanted = np.unique(np.asarray(rows, np.int64))
+    return dict(zip(wanted.tolist(), map(_own_size, args_of(m.run, wanted)), strict=True))
+
+
+def _own_size(text: str) -> tuple[int, ...]:
     try:
-        args = orjson.loads(m.args[row].as_py() or "{}")
+        args = orjson.loads(text)
     except orjson.JSONDecodeError:
         return ()
     if not isinstance(args, dict):
