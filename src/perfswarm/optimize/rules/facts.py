@@ -20,14 +20,14 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
-from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, profiled, top_level
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.summary import analyze
-from perfswarm.model.opcost import OpCost, shapes_cost
+from perfswarm.model.opcost import OpCost, has_cost_model, shapes_cost
 from perfswarm.model.opstats import RowShapes
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, KINDS
@@ -36,15 +36,15 @@ from perfswarm.trace.store import Manifest, Run
 
 def events_frame(run: Run, ev: Events) -> pl.DataFrame:
     """analyze's events of `run` as a polars frame: its columns (not copied where numpy and
-    polars share the layout), kinds and names as text, and the Run's pid and args columns."""
-    side = run.table("events", ["pid", "args"])
+    polars share the layout), kinds and names as text, and the Run's pid column; the args
+    (most of a trace's text) only for the rows a rule asks for (`Facts.with_args`)."""
+    pid = run.table("events", ["pid"]).column("pid").to_numpy()
     return pl.DataFrame({
         "row": np.arange(len(ev), dtype=np.int64), "rank": ev.rank, "ts": ev.ts, "dur": ev.dur,
         "kind": pl.Series(KINDS, dtype=pl.String).gather(ev.kind),
         "name": pl.Series(ev.names, dtype=pl.String).gather(ev.name),
-        "pid": side.column("pid").to_numpy(), "tid": ev.tid, "device": ev.device,
-        "stream": ev.stream, "correlation": ev.correlation, "step": ev.step,
-        "args": pl.Series(side.column("args").combine_chunks(), dtype=pl.String)})
+        "pid": pid, "tid": ev.tid, "device": ev.device,
+        "stream": ev.stream, "correlation": ev.correlation, "step": ev.step})
 
 
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
@@ -102,6 +102,15 @@ class Facts:
                    analysis.memory, analysis.sequences, analysis.concurrency.ranks)
 
     # -- selections ----------------------------------------------------------
+    def with_args(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """`frame` (rows of `events`) with an `args` column: each row's args JSON text ("{}"
+        for none), read for these rows alone."""
+        rows = frame["row"].to_numpy()
+        order = np.argsort(rows, kind="stable")
+        texts = np.empty(len(rows), object)
+        texts[order] = args_of(self.run, rows[order])
+        return frame.with_columns(pl.Series("args", texts, dtype=pl.String))
+
     def kind(self, *kinds: str) -> pl.DataFrame:
         return self.events.filter(pl.col("kind").is_in(kinds))
 
@@ -295,8 +304,9 @@ class Facts:
     def _launching(self) -> dict[int, LaunchingOp]:
         """Device op row -> the modelled op that launched it."""
         ops: dict[int, LaunchingOp] = {}  # one per op, however many kernels it launched
-        shaped = self.kind("cpu_op").filter(pl.col("args").str.contains("Input Dims",
-                                                                          literal=True))
+        cpu_ops = self.kind("cpu_op")
+        names = [n for n in cpu_ops["name"].unique().to_list() if has_cost_model(n)]
+        shaped = cpu_ops.filter(pl.col("name").is_in(names))
         rows = np.sort(shaped["row"].to_numpy())
         found = dict(zip(rows.tolist(), RowShapes.of(self.run).get(rows), strict=True))
         for row, rank, tid, ts, name in shaped.select(

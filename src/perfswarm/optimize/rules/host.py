@@ -66,7 +66,8 @@ def pageable_h2d(facts: Facts) -> Advice | None:
     copies = pageable_copies(facts)
     if copies.height == 0:
         return None
-    sizes = copies["args"].str.json_path_match("$.bytes").cast(pl.Int64, strict=False)
+    sizes = facts.with_args(copies)["args"].str.json_path_match("$.bytes").cast(
+        pl.Int64, strict=False)
     copy_ns = facts.total_ns(copies)
     nbytes = int(sizes.fill_null(0).sum())
     evidence = {"copies": copies.height, "bytes": nbytes, "copy_ns": copy_ns,

@@ -59,7 +59,7 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
-    streamed = _streaming_ns(top_ops(ops))
+    streamed = _streaming_ns(facts.with_args(top_ops(ops)))
     if streamed is None:
         return None
     evidence["streaming_ns"] = round(streamed)
