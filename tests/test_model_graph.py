@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from conftest import events
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events, tensor_handoffs
-from perfswarm.analyze.frame import Events
+from perfswarm.analyze.frame import Events, unique_rows
 from perfswarm.analyze.iterations import StepWindow, iterations
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, host_segments
 from perfswarm.model.simulate import Schedule, simulate, simulate_reference
@@ -164,6 +164,13 @@ def test_nccl_graph_shape(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["nccl"]
     ev = Events.load(run)
     g = build_graph(ev, dependencies(ev, sync_events(run, ev)), iterations(run, ev).steps)
+    # each lane's nodes are consecutive ids (the simulator's schedule relies on it)
+    assert np.array_equal(g.prev[g.prev >= 0], np.flatnonzero(g.prev >= 0) - 1)
+    assert np.all(np.diff(g.lane) >= 0)
+    # an event row's last node, by array; -1 for rows without one
+    last = {int(r): i for i, r in enumerate(g.row.tolist()) if r >= 0}
+    rows = np.arange(len(ev) + 5)
+    assert g.last_nodes(rows).tolist() == [last.get(int(r), -1) for r in rows]
     # every kernel, copy, set and collective is a device node; each hangs on its launch
     assert int(np.sum(g.role == DEVICE)) == 2679 + 960 + 114 + 21
     assert int(np.sum(g.role == ANCHOR)) == 6
@@ -230,3 +237,17 @@ def test_tensor_handoffs_join_threads(corpus_runs: dict[str, Run]) -> None:
     dur = g.dur.copy()
     dur[0] += 500 * US
     assert simulate(s).start[1] == 150 * US and simulate(s, dur).start[1] == 650 * US
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2, 2), st.integers(0, 1)),
+                max_size=40))
+def test_unique_rows_is_numpys(keys: list[tuple[int, int, int]]) -> None:
+    arr = np.array(keys, np.int64).reshape(-1, 3)
+    head, inverse = unique_rows(arr)
+    if not len(arr):
+        assert len(head) == len(inverse) == 0
+        return
+    _, want_head, want_inverse = np.unique(arr, axis=0, return_index=True, return_inverse=True)
+    assert head.tolist() == want_head.tolist()
+    assert inverse.tolist() == want_inverse.reshape(-1).tolist()
