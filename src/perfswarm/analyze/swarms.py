@@ -170,9 +170,11 @@ def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,
     ts = np.asarray(samples.column("ts").to_numpy(), np.int64)
     rank = np.asarray(samples.column("rank").to_numpy(), np.int64)
     step_of = np.full(len(ts), -1, np.int64)
+    by_time = np.lexsort((ts, rank))
     for r, windows in steps.items():
-        for w in windows:
-            step_of[(rank == r) & (ts >= w.start) & (ts < w.end)] = w.step
+        mine = by_time[slice(*np.searchsorted(rank[by_time], [r, r + 1]))]
+        for w in windows:  # a later window keeps a sample two windows hold, as it did
+            step_of[mine[slice(*np.searchsorted(ts[mine], [w.start, w.end]))]] = w.step
     total = int(weight.sum())
     out = []
     for label in np.unique(labels):
