@@ -120,7 +120,7 @@ class Graph:
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     thread_start: dict[int, int] = field(default_factory=dict)
-    wakes: dict[int, Wakes] = field(default_factory=dict)
+    wakes: Mapping[int, Wakes] = field(default_factory=dict)
 
 
 def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int, list[Peer]]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -315,7 +316,7 @@ class Wakes:
     waker_end: I64
 
 
-def thread_wakes(ev: Events) -> dict[int, Wakes]:
+def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     """lane_key(rank, tid) -> the hand-overs into that thread.
 
     A thread is blocked between two stretches of its work (WORK_KINDS) at least
@@ -333,6 +334,10 @@ def thread_wakes(ev: Events) -> dict[int, Wakes]:
     pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last."""
+    return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
+
+
+def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     host = np.flatnonzero(ev.host_busy)
     threads = group_rows(lane_key(ev.rank[host], ev.tid[host]), host)
     out: dict[int, Wakes] = {}

@@ -6,9 +6,10 @@ results can speak names without materializing a string per event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Final
+from typing import Any, Final, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +21,7 @@ from perfswarm.trace.store import Run
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 Mask = npt.NDArray[np.bool_]
+T = TypeVar("T")
 
 KIND: Final = KIND_CODE  # the analyses' name for trace/schema.py's table of kind codes
 # Host work: what keeps a CPU thread busy on behalf of the workload.
@@ -77,6 +79,8 @@ class Events:
     stream: I64
     correlation: I64
     step: I64
+    # what `derived` made of these events, by key (not a field of their identity)
+    _derived: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_table(cls, table: pa.Table) -> Events:
@@ -122,6 +126,14 @@ class Events:
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def derived(self, key: Hashable, make: Callable[[], T]) -> T:
+        """`make()` once per Events object: what several analyses of one command derive from
+        the same events alike (the thread hand-overs: iterations, the critical path and the
+        simulator's graph each follow them). The caller does not change what it gets."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return cast(T, self._derived[key])
 
     @cached_property
     def end(self) -> I64:
