@@ -173,9 +173,10 @@ class OpTotals:
         per_iteration: dict[int, dict[int, dict[str, int]]] = {}
         for rank, windows in steps.items():
             rows = device[ev.rank[device] == rank]  # by start: events are sorted by (rank, ts)
+            starts = ev.ts[rows]
             for w in windows:
                 # Device ops belong to the iteration they start in.
-                inside = rows[slice(*np.searchsorted(ev.ts[rows], [w.start, w.end]))]
+                inside = rows[slice(*np.searchsorted(starts, [w.start, w.end]))]
                 step_ns = np.bincount(cat[inside], weights=ev.dur[inside],
                                       minlength=len(CATEGORIES))
                 per_iteration.setdefault(rank, {})[w.step] = {

@@ -173,8 +173,9 @@ def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,
     by_time = np.lexsort((ts, rank))
     for r, windows in steps.items():
         mine = by_time[slice(*np.searchsorted(rank[by_time], [r, r + 1]))]
+        times = ts[mine]
         for w in windows:  # a later window keeps a sample two windows hold, as it did
-            step_of[mine[slice(*np.searchsorted(ts[mine], [w.start, w.end]))]] = w.step
+            step_of[mine[slice(*np.searchsorted(times, [w.start, w.end]))]] = w.step
     total = int(weight.sum())
     out = []
     for label in np.unique(labels):
