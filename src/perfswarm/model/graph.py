@@ -169,24 +169,6 @@ def _median(values: Sequence[int] | I64, default: int) -> int:
     return int(np.median(arr)) if len(arr) else default
 
 
-def rank_lags(ev: Events, deps: Dependencies, rank: int) -> Lags:
-    ops, calls = _pairs(deps.launch_of)
-    mine = ev.rank[ops] == rank
-    ops, calls = ops[mine], calls[mine]
-    prev = _lookup_rows(deps.prev_on_stream, len(ev))[ops]
-    prev_end = np.where(prev >= 0, ev.end[prev], 0)
-    delay = ev.ts[ops] - ev.ts[calls]
-    idle = (prev < 0) | (prev_end <= ev.ts[calls])  # the stream was idle at the launch
-    queued = ~idle & (prev_end > ev.ts[calls] + delay // 2)  # queued behind `prev`
-    calls_, targets = _pairs(deps.sync_target)
-    waited = (ev.rank[calls_] == rank) & (ev.end[targets] > ev.ts[calls_])
-    clip = np.maximum
-    return Lags(int(clip(_median(delay[idle], DEFAULT_LAUNCH_LAG_NS), 0)),
-                int(clip(_median((ev.ts[ops] - prev_end)[queued], DEFAULT_STREAM_GAP_NS), 0)),
-                int(clip(_median((ev.end[calls_] - ev.end[targets])[waited],
-                                 DEFAULT_SYNC_LAG_NS), 0)))
-
-
 def _pairs(pairs: Mapping[int, int]) -> tuple[I64, I64]:
     """A row -> row map as two arrays, by key."""
     keys = np.fromiter(pairs, np.int64, len(pairs))
@@ -195,12 +177,39 @@ def _pairs(pairs: Mapping[int, int]) -> tuple[I64, I64]:
     return keys[order], values[order]
 
 
-def _lookup_rows(pairs: Mapping[int, int], n: int) -> I64:
-    """A row -> row map as an array over `n` rows, -1 where a row has none."""
-    out = np.full(n, -1, np.int64)
-    keys, values = _pairs(pairs)
-    out[keys] = values
-    return out
+@dataclass(frozen=True)
+class _Pairs:
+    """The dependencies the graph reads, as arrays by their first row, made once per graph."""
+
+    ops: I64  # launched device ops
+    calls: I64  # their launch calls
+    prev: I64  # each launched op's predecessor on its stream, -1 for none
+    synced: I64  # synchronizing calls
+    targets: I64  # the device op each waited for
+
+    @classmethod
+    def of(cls, deps: Dependencies) -> _Pairs:
+        ops, calls = _pairs(deps.launch_of)
+        keys, values = _pairs(deps.prev_on_stream)
+        at = np.minimum(np.searchsorted(keys, ops), max(len(keys) - 1, 0))
+        prev = np.where(keys[at] == ops, values[at], -1) if len(keys) else np.full(len(ops), -1)
+        return cls(ops, calls, prev, *_pairs(deps.sync_target))
+
+
+def rank_lags(ev: Events, pairs: _Pairs, rank: int) -> Lags:
+    mine = ev.rank[pairs.ops] == rank
+    ops, calls, prev = pairs.ops[mine], pairs.calls[mine], pairs.prev[mine]
+    prev_end = np.where(prev >= 0, ev.end[prev], 0)
+    delay = ev.ts[ops] - ev.ts[calls]
+    idle = (prev < 0) | (prev_end <= ev.ts[calls])  # the stream was idle at the launch
+    queued = ~idle & (prev_end > ev.ts[calls] + delay // 2)  # queued behind `prev`
+    synced, targets = pairs.synced, pairs.targets
+    waited = (ev.rank[synced] == rank) & (ev.end[targets] > ev.ts[synced])
+    clip = np.maximum
+    return Lags(int(clip(_median(delay[idle], DEFAULT_LAUNCH_LAG_NS), 0)),
+                int(clip(_median((ev.ts[ops] - prev_end)[queued], DEFAULT_STREAM_GAP_NS), 0)),
+                int(clip(_median((ev.end[synced] - ev.end[targets])[waited],
+                                 DEFAULT_SYNC_LAG_NS), 0)))
 
 
 class _Builder:
@@ -304,7 +313,8 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
                                           device).items()):
         b.lane(False, int(ev.rank[stream[0]]), stream, np.full(len(stream), -1),
                np.full(len(stream), DEVICE), ev.ts[stream], ev.dur[stream])
-    lags = {rank: rank_lags(ev, deps, rank) for rank in ev.ranks}
+    pairs = _Pairs.of(deps)
+    lags = {rank: rank_lags(ev, pairs, rank) for rank in ev.ranks}
     n = b.count
     ts, dur = b.column(4), b.column(5)
     prev = np.full(n, -1, np.int64)
@@ -321,7 +331,7 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
             # than the trace shows (the gap cannot explain a later start: launches do).
             gap[first + 1:stop] = np.minimum(gap[first + 1:stop],
                                              lags[b.lane_rank[lane]].stream_gap_ns)
-    _device_edges(b, deps, lags, dur)
+    _device_edges(b, deps, pairs, lags, dur)
     _wake_edges(b, thread_wakes(ev), lane_of_thread, ts, ts + dur, gap)
     if handoffs:
         producer, consumer = np.array(handoffs, np.int64).reshape(-1, 2).T
@@ -347,20 +357,20 @@ def _rank_lag(ev: Events, rows: I64, lags: Mapping[int, Lags], name: str) -> I64
     return out
 
 
-def _device_edges(b: _Builder, deps: Dependencies, lags: Mapping[int, Lags], dur: I64) -> None:
+def _device_edges(b: _Builder, deps: Dependencies, pairs: _Pairs, lags: Mapping[int, Lags],
+                  dur: I64) -> None:
     ev = b.ev
-    ops, calls = _pairs(deps.launch_of)
-    ok = (b.node_of[ops] >= 0) & (b.node_of[calls] >= 0)
-    ops, calls = ops[ok], calls[ok]
+    ok = (b.node_of[pairs.ops] >= 0) & (b.node_of[pairs.calls] >= 0)
+    ops, calls = pairs.ops[ok], pairs.calls[ok]  # launches whose both ends are nodes
     b.edge(b.node_of[calls], START, b.node_of[ops], START,
            np.minimum(_rank_lag(ev, ops, lags, "launch_ns"), ev.ts[ops] - ev.ts[calls]))
+    _queue_edges(b, ops, calls)
     ops, recorded = _pairs(deps.waits_for)
     ok = (b.node_of[ops] >= 0) & (b.node_of[recorded] >= 0)
     ops, recorded = ops[ok], recorded[ok]
     b.edge(b.node_of[recorded], END, b.node_of[ops], START,
            np.minimum(_rank_lag(ev, ops, lags, "stream_gap_ns"), ev.ts[ops] - ev.end[recorded]))
-    _sync_edges(b, deps, lags, dur)
-    _queue_edges(b, deps)
+    _sync_edges(b, pairs, lags, dur)
     for op, peers in sorted(deps.peers.items()):
         if b.node_of[op] < 0 or not peers:
             continue
@@ -374,15 +384,12 @@ def _device_edges(b: _Builder, deps: Dependencies, lags: Mapping[int, Lags], dur
                np.full(len(theirs), transfer))
 
 
-def _queue_edges(b: _Builder, deps: Dependencies) -> None:
+def _queue_edges(b: _Builder, ops: I64, calls: I64) -> None:
     """A launch call waits while its rank's launch queue is full (the host ran that far
     ahead of the device): it starts no earlier than the end of the op launched `depth`
     launches before it, `depth` being FULL_QUEUE (HTA's default for CUDA's queue) or the
     deepest queue the rank's trace shows, if deeper."""
     ev = b.ev
-    ops, calls = _pairs(deps.launch_of)
-    ok = (b.node_of[ops] >= 0) & (b.node_of[calls] >= 0)
-    ops, calls = ops[ok], calls[ok]
     for rank in np.unique(ev.rank[ops]).tolist():
         mine = ev.rank[ops] == rank
         order = np.lexsort((calls[mine], ev.ts[calls[mine]]))
@@ -392,12 +399,11 @@ def _queue_edges(b: _Builder, deps: Dependencies) -> None:
                np.zeros(max(len(c) - depth, 0), np.int64))
 
 
-def _sync_edges(b: _Builder, deps: Dependencies, lags: Mapping[int, Lags], dur: I64) -> None:
+def _sync_edges(b: _Builder, pairs: _Pairs, lags: Mapping[int, Lags], dur: I64) -> None:
     """A sync call lasts its no-wait duration, and ends after the op it waited for."""
     ev = b.ev
-    calls, targets = _pairs(deps.sync_target)
-    ok = b.node_of[calls] >= 0
-    calls, targets = calls[ok], targets[ok]
+    ok = b.node_of[pairs.synced] >= 0
+    calls, targets = pairs.synced[ok], pairs.targets[ok]
     waited = ev.end[targets] > ev.ts[calls]
     for _key, group in sorted(group_rows(
             lane_key(ev.rank[calls], ev.name[calls]), np.arange(len(calls))).items()):
