@@ -20,7 +20,7 @@ def fuse_command(
     batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size N of every --layer pair.")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Schedules tried per kernel.")] = 24,
     budget: Annotated[float, typer.Option("--budget", help="Tuning time for all pairs, minutes.")] = 2.0,
-    rounds: Annotated[int, typer.Option("--rounds", help="Side-by-side timing rounds per pair.")] = 15,
+    rounds: Annotated[int, typer.Option("--rounds", help="Side-by-side timing rounds per pair (as many again for a borderline pair, and for a gaining pair's confirmation after the others).")] = 15,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Threads for PyTorch and the kernels (default: all cores).")] = None,
     profile: Annotated[Path | None, typer.Option("--profile", help="calibrate profile with this CPU's peaks (default: cpu-profile.json when present, else measured).")] = None,
     cache: Annotated[Path | None, typer.Option("--cache", help="Tuned-schedule cache (default: ~/.cache/perfswarm/fuse-schedules.json).")] = None,
