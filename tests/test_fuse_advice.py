@@ -24,6 +24,7 @@ def _entry(pair: str, torch_ms: float, fused_ms: float) -> dict[str, object]:
     return {"fused": schedule, "first": schedule, "second": schedule, "result": {
         "pair": pair, "speedup": speedup, "recommended": speedup >= 1.05, "schedule": schedule,
         "speedup_interval": [speedup * 0.9, speedup * 1.1],
+        "confirmation_interval": [speedup * 0.8, speedup * 1.2],
         "torch_separate_ms": {"min_ms": torch_ms, "median_ms": torch_ms},
         "fused_ms": {"min_ms": fused_ms, "median_ms": fused_ms}}}
 
@@ -42,6 +43,7 @@ def test_recommends_only_measured_gains(tmp_path: Path, monkeypatch: pytest.Monk
     (pair,) = found.evidence["pairs"]
     assert (pair["pair"], pair["per_iteration"], pair["speedup"]) == (GAINS, 1, 1.5)
     assert pair["speedup_interval"] == pytest.approx([1.35, 1.65])
+    assert pair["confirmation_interval"] == pytest.approx([1.2, 1.8])
     # one profiled iteration on one rank: 0.1 ms saved
     assert found.gain_ns == 100_000
 

@@ -50,6 +50,7 @@ def conv_fusion(facts: Facts) -> Advice | None:
     evidence = {"pairs": [{"pair": label, "per_iteration": count,
                            "speedup": round(r["speedup"], 3),
                            "speedup_interval": r.get("speedup_interval"),
+                           "confirmation_interval": r.get("confirmation_interval"),
                            "torch_separate_ms": r["torch_separate_ms"]["min_ms"],
                            "fused_ms": r["fused_ms"]["min_ms"], "schedule": r["schedule"]}
                           for label, count, r in gaining]}
