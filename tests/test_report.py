@@ -432,7 +432,7 @@ def test_streams_and_launch_geometry_of_nccl(corpus_runs: dict[str, Run]) -> Non
     """Busy time per stream is the union of its kernels (from the raw table); a kernel's
     launch geometry is its longest call's args."""
     run = corpus_runs["nccl"]
-    view = kernel_streams(spans(run), 5)
+    view = kernel_streams(run, spans(run), 5)
     rows = [r for r in run.table("events").to_pylist()
             if r["kind"] in ("kernel", "collective") and r["dur"] > 0 and r["device"] >= 0]
     assert [(s["device"], s["stream"]) for s in view["streams"]] == [(0, 7), (0, 40)]
@@ -446,7 +446,8 @@ def test_streams_and_launch_geometry_of_nccl(corpus_runs: dict[str, Run]) -> Non
     assert top["count"] == len(mine) == 15 and top["streams"] == [40]
     assert top["launch"]["grid"] == " x ".join(map(str, longest["grid"]))
     assert top["launch"]["block"] == " x ".join(map(str, longest["block"]))
-    assert kernel_streams(spans(corpus_runs["cpu_only"]), 5) == {"streams": [], "kernels": []}
+    cpu = corpus_runs["cpu_only"]
+    assert kernel_streams(cpu, spans(cpu), 5) == {"streams": [], "kernels": []}
 
 
 def _shape_key(name: str, dims: Any) -> tuple[str, str] | None:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import I64, Events, unique_rows
+from perfswarm.analyze.frame import I64, Events, codes, unique_rows
 from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Run
 
@@ -31,7 +31,7 @@ MAX_FLOWS: Final = 8  # network flows drawn (the largest by bytes): a capture ca
 # The trace window itself (Kineto's "Trace" span) and instants are not work on a lane.
 NOT_DRAWN: Final = frozenset({"trace_span", "instant", "profiler_range"})
 _COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
-                   "correlation", "args"]
+                   "correlation"]
 
 
 def run_origin(run: Run) -> int:
@@ -170,6 +170,7 @@ class Spans:
     table: pa.Table
     nesting: Nesting
     events: int  # rows of the events table, drawn or not
+    rows: I64  # each span's row in the events table (its args are read from there)
 
 
 def spans(run: Run) -> Spans:
@@ -182,7 +183,20 @@ def spans(run: Run) -> Spans:
     mask = pc.and_(pc.greater(events.column("dur"), 0),
                    pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN)))))
     drawn = events.filter(mask)
-    return Spans(drawn, nest(drawn), events.num_rows)
+    rows = np.flatnonzero(np.asarray(mask.to_numpy(), bool))
+    return Spans(drawn, nest(drawn), events.num_rows, rows)
+
+
+def _interned(column: pa.ChunkedArray, rows: I64) -> tuple[I64, list[str]]:
+    """The text of a dictionary column at `rows` as ids into a list of its distinct values, in
+    the order they first occur (no string per row)."""
+    idx, values = codes(column)
+    taken = idx[rows]
+    found, first, inverse = np.unique(taken, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    renumber = np.empty(len(found), np.int64)
+    renumber[order] = np.arange(len(found))
+    return renumber[inverse.reshape(-1)], [values[found[j]] for j in order.tolist()]
 
 
 def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
@@ -209,12 +223,8 @@ def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
     pids_of_rank = {r: len(p) for r, p in pids.items()}
     depth = nesting.depth[keep]
     lane = np.array([lane_index[i] for i in nesting.lane[keep].tolist()], np.int64)
-    names_col = drawn.column("name").cast(pa.string()).to_pylist()
-    kind_col = drawn.column("kind").cast(pa.string()).to_pylist()
-    name_ids: dict[str, int] = {}
-    kind_ids: dict[str, int] = {}
-    span_name = [name_ids.setdefault(names_col[i] or "", len(name_ids)) for i in keep.tolist()]
-    span_kind = [kind_ids.setdefault(kind_col[i], len(kind_ids)) for i in keep.tolist()]
+    span_name, names = _interned(drawn.column("name"), keep)
+    span_kind, kinds = _interned(drawn.column("kind"), keep)
     lanes = [{"label": _lane_label(nesting.lanes[i], manifest["threads"], several, pids_of_rank),
               "device": nesting.lanes[i][1],
               "rows": int(depth[lane == j].max()) + 1}
@@ -231,11 +241,11 @@ def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
     return {
         "end_ns": end,
         "lanes": lanes,
-        "names": list(name_ids),
-        "kinds": list(kind_ids),
+        "names": names,
+        "kinds": kinds,
         "spans": {"lane": lane.tolist(), "depth": depth.tolist(),
                   "start": (ts[keep] - origin).tolist(), "dur": dur[keep].tolist(),
-                  "name": span_name, "kind": span_kind},
+                  "name": span_name.tolist(), "kind": span_kind.tolist()},
         "counters": counters,
         "steps": [{"rank": s["rank"], "step": s["step"], "source": s["source"],
                    "start": s["start"] - origin, "end": s["end"] - origin} for s in steps],

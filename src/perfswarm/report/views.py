@@ -12,7 +12,7 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.analyze.annotations import HostCalls
-from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.frame import KIND, Events, args_of, codes
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.opcost import Shapes
@@ -24,11 +24,6 @@ from perfswarm.trace.store import Run
 LAUNCH_KEYS: Final = ("grid", "block", "registers per thread", "shared memory",
                       "est. achieved occupancy %", "blocks per SM", "warps per SM")
 MEMORY_EVENT: Final = "[memory]"  # profile_memory=True: one instant per allocation and free
-
-
-def _column(spans: Spans, name: str) -> list[str | None]:
-    values: list[str | None] = spans.table.column(name).cast(pa.string()).to_pylist()
-    return values
 
 
 def ops_by_shape(run: Run, ev: Events, calls: HostCalls, limit: int) -> list[dict[str, Any]]:
@@ -86,20 +81,21 @@ def _launch(args_text: str | None) -> dict[str, str]:
             for k, v in args.items() if k in LAUNCH_KEYS}
 
 
-def kernel_streams(spans: Spans, limit: int) -> dict[str, Any]:
+def kernel_streams(run: Run, spans: Spans, limit: int) -> dict[str, Any]:
     """Per device stream: kernels, their summed and busy (union) time and the stream's busy
     share of the traced span; the top kernels with the launch geometry of their longest call."""
     table = spans.table
-    kinds, names = _column(spans, "kind"), _column(spans, "name")
+    kind, kinds = codes(table.column("kind"))
+    name_code, names = codes(table.column("name"))
     ts = np.asarray(table.column("ts").to_numpy(), np.int64)
     dur = np.asarray(table.column("dur").to_numpy(), np.int64)
     lane = spans.nesting.lane
-    device = np.array([spans.nesting.lanes[j][1] for j in lane.tolist()], bool) \
-        if len(lane) else np.zeros(0, bool)
+    device = np.array([dev for _, dev, _, _ in spans.nesting.lanes] or [False], bool)[lane]
     if not device.any():
         return {"streams": [], "kernels": []}
     traced = int((ts + dur).max() - ts.min())
-    is_kernel = np.array([k in {"kernel", "collective"} for k in kinds], bool) & device
+    is_kernel = np.isin(kind, [i for i, k in enumerate(kinds) if k in {"kernel", "collective"}]
+                        ) & device
     streams = []
     for j in sorted(set(lane[device].tolist())):
         mine = is_kernel & (lane == j)
@@ -110,19 +106,21 @@ def kernel_streams(spans: Spans, limit: int) -> dict[str, Any]:
                         "kernels": int(mine.sum()), "total_ns": int(dur[mine].sum()),
                         "busy_ns": busy, "busy_share": busy / traced if traced else 0.0})
     groups: dict[str, list[int]] = {}
-    for i in np.flatnonzero(is_kernel).tolist():
-        groups.setdefault(names[i] or "", []).append(i)
+    for i, n in zip(np.flatnonzero(is_kernel).tolist(), name_code[is_kernel].tolist(),
+                    strict=True):
+        groups.setdefault(names[n], []).append(i)
     top = sorted(groups, key=lambda n: (-int(dur[groups[n]].sum()), n))[:limit]
-    args = table.column("args").to_pylist()
+    longest = {n: max(groups[n], key=lambda i: (int(dur[i]), -i)) for n in top}
+    wanted = np.unique(spans.rows[list(longest.values())])  # their args read alone
+    args = dict(zip(wanted.tolist(), args_of(run, wanted), strict=True))
     kernels = []
     for name in top:
         rows = groups[name]
-        longest = max(rows, key=lambda i: (int(dur[i]), -i))
         kernels.append({
             "name": name, "count": len(rows), "total_ns": int(dur[rows].sum()),
             "mean_ns": float(dur[rows].mean()),
             "streams": sorted({spans.nesting.lanes[int(lane[i])][3] for i in rows}),
-            "launch": _launch(args[longest])})
+            "launch": _launch(args[int(spans.rows[longest[name]])])})
     return {"streams": streams, "kernels": kernels}
 
 
