@@ -18,15 +18,18 @@ GAINS = "dw3x3 -> pw N=2 C=8 H=16 W=16 K=16"
 LOSES = "pw -> dw3x3/s2 N=2 C=8 H=16 W=16 K=16"
 
 
-def _entry(pair: str, torch_ms: float, fused_ms: float) -> dict[str, object]:
+def _entry(pair: str, torch_ms: float, fused_ms: float, confirmed: bool = True
+           ) -> dict[str, object]:
     speedup = torch_ms / fused_ms
     schedule = {"tile_rows": 4, "tile_cols": 16, "split": "serial", "gemm": "blas"}
-    return {"fused": schedule, "first": schedule, "second": schedule, "result": {
+    result = {
         "pair": pair, "speedup": speedup, "recommended": speedup >= 1.05, "schedule": schedule,
         "speedup_interval": [speedup * 0.9, speedup * 1.1],
-        "confirmation_interval": [speedup * 0.8, speedup * 1.2],
         "torch_separate_ms": {"min_ms": torch_ms, "median_ms": torch_ms},
-        "fused_ms": {"min_ms": fused_ms, "median_ms": fused_ms}}}
+        "fused_ms": {"min_ms": fused_ms, "median_ms": fused_ms}}
+    if confirmed:
+        result["confirmation_interval"] = [speedup * 0.8, speedup * 1.2]
+    return {"fused": schedule, "first": schedule, "second": schedule, "result": result}
 
 
 def test_recommends_only_measured_gains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +41,9 @@ def test_recommends_only_measured_gains(tmp_path: Path, monkeypatch: pytest.Monk
     write_json(tmp_path / "cache" / "perfswarm" / "fuse-schedules.json", {"version": 1, "pairs": {
         f"{GAINS} threads=1 cpu={cpu}": _entry(GAINS, 0.30, 0.20),
         f"{LOSES} threads=1 cpu={cpu}": _entry(LOSES, 0.30, 0.40),
-        f"{LOSES} threads=1 cpu=another CPU": _entry(LOSES, 0.30, 0.10)}})
+        f"{LOSES} threads=1 cpu=another CPU": _entry(LOSES, 0.30, 0.10),
+        # stored before a gain had to hold in a second, separate measurement: not taken
+        f"{LOSES} threads=2 cpu={cpu}": _entry(LOSES, 0.30, 0.10, confirmed=False)}})
     (found,) = [a for a in advise(run).advice if a.rule == "conv_fusion"]
     (pair,) = found.evidence["pairs"]
     assert (pair["pair"], pair["per_iteration"], pair["speedup"]) == (GAINS, 1, 1.5)

@@ -384,10 +384,13 @@ class ScheduleCache:
             raise PerfswarmError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
         write_json(self.path, self.data)
 
-    def results(self) -> list[dict[str, Any]]:
-        """Every stored measurement (for advice)."""
-        return [e["result"] for e in self.data["pairs"].values()
-                if isinstance(e, dict) and isinstance(e.get("result"), dict)]
+    def results(self, cpu: str) -> list[dict[str, Any]]:
+        """The stored measurements made on `cpu` (for advice). One stored before a gain had to
+        hold again in a separate measurement (no `confirmation_interval`) is left out: its
+        `recommended` was judged on one block of rounds alone."""
+        return [e["result"] for key, e in self.data["pairs"].items()
+                if key.endswith(f"cpu={cpu}") and isinstance(e, dict)
+                and isinstance(e.get("result"), dict) and "confirmation_interval" in e["result"]]
 
 
 @contextmanager

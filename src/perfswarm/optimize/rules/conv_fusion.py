@@ -22,11 +22,7 @@ def _measured_here() -> dict[str, dict[str, Any]]:
         return {}
     cpu = str(host_info()["cpu_model"])
     best: dict[str, dict[str, Any]] = {}
-    cache = ScheduleCache(path, cpu)
-    for key, entry in cache.data["pairs"].items():
-        result = entry.get("result") if isinstance(entry, dict) else None
-        if not key.endswith(f"cpu={cpu}") or not isinstance(result, dict):
-            continue
+    for result in ScheduleCache(path, cpu).results(cpu):
         label = str(result.get("pair"))
         if label not in best or result.get("speedup", 0) > best[label].get("speedup", 0):
             best[label] = result
