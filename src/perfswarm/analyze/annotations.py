@@ -17,8 +17,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.frame import I64, KIND, Events, lane_key
 from perfswarm.analyze.launch import launch_pairs
+from perfswarm.analyze.nesting import open_before
 
 TOP: Final = 20
 
@@ -72,16 +73,9 @@ def parents(ev: Events, rows: I64) -> I64:
     """For each event row, the row of the innermost event of `rows` on its thread around it
     (-1: none); rows outside `rows` get -1."""
     parent = np.full(len(ev), -1, np.int64)
-    for _key, thread in group_rows(lane_key(ev.rank[rows], ev.tid[rows]), rows).items():
-        order = thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))]
-        stack: list[tuple[int, int]] = []  # (row, end)
-        for row, start, end in zip(order.tolist(), ev.ts[order].tolist(),
-                                   ev.end[order].tolist(), strict=True):
-            while stack and stack[-1][1] <= start:
-                stack.pop()
-            if stack:
-                parent[row] = stack[-1][0]
-            stack.append((row, end))
+    order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))]
+    found = open_before(lane_key(ev.rank[order], ev.tid[order]), ev.ts[order], ev.end[order])
+    parent[order] = np.where(found >= 0, order[found], -1)
     return parent
 
 
@@ -127,7 +121,12 @@ class HostCalls:
 
 
 def host_calls(ev: Events) -> HostCalls:
-    """The host calls of `ev` with their nesting and CPU self time."""
+    """The host calls of `ev` with their nesting and CPU self time, derived once per Events
+    (analyze's scopes and the report's views by op, shape and module read the same)."""
+    return ev.derived("host calls", lambda: _host_calls(ev))
+
+
+def _host_calls(ev: Events) -> HostCalls:
     rows = np.flatnonzero(ev.of_kind("cpu_op", "user_annotation", "python_function", "runtime",
                                      "driver") & ~ev.is_step_marker)
     parent = parents(ev, rows)

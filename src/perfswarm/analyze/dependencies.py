@@ -218,11 +218,18 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
 
 
 def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, int]:
-    """Device op row -> the CPU op that launched it: the innermost CPU op on the launch call's
-    thread around the call (the call joined by correlation id); for a device op without a
-    launch call in the trace, the op of its External id (Kineto gives the External id of that
-    innermost op, except where it numbers kernels by their correlation instead, a range no CPU
-    op has)."""
+    """Device op row (of `device_rows`) -> the CPU op that launched it: the innermost CPU op on
+    the launch call's thread around the call (the call joined by correlation id); for a device
+    op without a launch call in the trace, the op of its External id (Kineto gives the External
+    id of that innermost op, except where it numbers kernels by their correlation instead, a
+    range no CPU op has). `external_id` is the events' column; the join of every device op is
+    made once per Events object (the op table and the prediction both ask)."""
+    every = ev.derived("launching ops", lambda: _launching_ops(
+        ev, external_id, np.flatnonzero(ev.of_kind(*DEVICE_OPS))))
+    return {d: every[d] for d in device_rows.tolist() if d in every}
+
+
+def _launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, int]:
     dev, calls = launch_pairs(ev, np.concatenate(
         [device_rows, np.flatnonzero(ev.of_kind("runtime", "driver"))]))
     around = enclosing_ops(ev, calls)

@@ -122,7 +122,10 @@ class Events:
                       step=self.step[rows])
 
     def of_rank(self, rank: int) -> Events:
-        return self.select(self.rank_slice(rank))
+        """One rank's events; the object itself when it holds no other rank (what is derived
+        from it is then shared)."""
+        rows = self.rank_slice(rank)
+        return self if rows == slice(0, len(self)) else self.select(rows)
 
     def __len__(self) -> int:
         return len(self.ts)

@@ -27,9 +27,10 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import I64, Events, args_of, group_rows, unique_rows
+from perfswarm.analyze.frame import I64, Events, args_of, group_rows, lane_key, unique_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
+from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.fusion import FusionCandidate, fusion_candidates
@@ -136,28 +137,30 @@ def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> dict[int, int]:
     rows = np.flatnonzero(ev.of_kind("cpu_op"))
     order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))]
     order = order[np.isin(order, np.fromiter(costs, np.int64, len(costs)))]
-
-    walked: list[tuple[int, list[int]]] = []  # each costed row and its costed ancestors
-    stack: list[tuple[int, int, int, int]] = []  # (row, end, rank, thread)
-    for row, rank, tid, start, end in zip(order.tolist(), ev.rank[order].tolist(),
-                                          ev.tid[order].tolist(), ev.ts[order].tolist(),
-                                          ev.end[order].tolist(), strict=True):
-        while stack and (stack[-1][3] != tid or stack[-1][2] != rank or stack[-1][1] <= start):
-            stack.pop()
-        walked.append((row, [above[0] for above in stack]))
-        stack.append((row, end, rank, tid))
-
-    dispatched: set[int] = set()
-    for row, above in walked:
-        if costs[row].flops > 0:
-            dispatched.update(above)
-        else:
-            dispatched.update(a for a in above if costs[a].family == costs[row].family)
-    owner: dict[int, int] = {}
-    for row, above in walked:
-        if row not in dispatched:
-            owner[row] = next((a for a in reversed(above) if a not in dispatched), row)
-    return owner
+    # positions in `order` from here: each costed op's innermost costed op around it
+    parent = open_before(lane_key(ev.rank[order], ev.tid[order]), ev.ts[order], ev.end[order])
+    listed = [costs[r] for r in order.tolist()]
+    flops = np.array([c.flops > 0 for c in listed], bool)
+    family_of: dict[str, int] = {}
+    family = np.array([family_of.setdefault(c.family, len(family_of)) for c in listed],
+                      np.int64)
+    dispatched = np.zeros(len(order), bool)
+    below = np.arange(len(order))  # each op, walked up its ancestors a level at a time
+    at = parent.copy()
+    while len(at := at[(up := at >= 0)]):
+        below = below[up]
+        dispatched[at[flops[below] | (family[at] == family[below])]] = True
+        at = parent[at]
+    # a counted op is its own; a detail counts as its innermost counted ancestor
+    counted = np.flatnonzero(~dispatched)
+    owner = counted.copy()
+    at, mine = parent[counted], np.arange(len(counted))
+    while len(at := at[(up := at >= 0)]):
+        mine = mine[up]
+        free = ~dispatched[at]
+        owner[mine[free]] = at[free]
+        at, mine = parent[at[~free]], mine[~free]
+    return dict(zip(order[counted].tolist(), order[owner].tolist(), strict=True))
 
 
 def _shape_text(shapes: Shapes) -> str:

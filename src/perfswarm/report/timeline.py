@@ -64,13 +64,14 @@ def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, 
 
 def nest(table: pa.Table) -> Nesting:
     """Lanes and depths of the drawn spans of an events table."""
-    kinds = table.column("kind").cast(pa.string()).to_pylist()
 
     def col(name: str) -> I64:
         return np.asarray(table.column(name).to_numpy(), np.int64)
 
     rank, ts, dur = col("rank"), col("ts"), col("dur")
-    is_device = np.array([k in DEVICE_KINDS for k in kinds], bool)
+    is_device = np.asarray(pc.is_in(table.column("kind").cast(pa.string()),
+                                    pa.array(sorted(DEVICE_KINDS))).to_numpy(
+                                        zero_copy_only=False), bool)
     lane, lanes = _lanes(rank, is_device, col("pid"), col("tid"), col("device"), col("stream"))
     n = len(ts)
     depth = np.zeros(n, np.int64)

@@ -199,7 +199,7 @@ def _op_sequence(facts: Facts, kernels: pl.DataFrame) -> list[tuple[LaunchingOp 
     seq: list[tuple[LaunchingOp | None, int]] = []
     ordered = kernels.sort(["ts", "correlation"])
     for op, dur in zip(facts.launching_ops(ordered), ordered["dur"].to_list(), strict=True):
-        if op is not None and seq and seq[-1][0] == op:
+        if op is not None and seq and seq[-1][0] is op:  # one object per op (Facts._launching)
             seq[-1] = (op, seq[-1][1] + dur)
         else:
             seq.append((op, dur))
