@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
@@ -17,7 +18,15 @@ def error_text(exc: PerfswarmError) -> str:
     return exc.as_flags() if isinstance(exc, ParameterError) else str(exc)
 
 
+# A command is one short process that builds a trace's worth of containers (lists and tuples
+# of its rows) and drops them together: with Python's default (a young collection every 700
+# new containers, each full one walking them all) the collector took 0.18-0.25 of the 3 CPU s
+# of a 200k-event report; every 50,000, 0.04-0.05 s (docs/benchmarks.md).
+GC_THRESHOLD = (50_000, 20, 20)
+
+
 def main(argv: list[str] | None = None) -> int:
+    gc.set_threshold(*GC_THRESHOLD)
     command = typer.main.get_group(app)
     try:
         result = command.main(args=argv, prog_name="perfswarm", standalone_mode=False)
