@@ -44,6 +44,46 @@ def test_host_segments_cut_threads_where_each_event_is_innermost() -> None:
                       ("F", 95, 100, "A"), ("G", 120, 125, "G")]
 
 
+def _segments_by_sweep(ev: Events, rows: list[int]) -> list[tuple[int, int, int, int]]:
+    """host_segments' definition, a sweep with a stack of the open events."""
+    out: list[tuple[int, int, int, int]] = []
+    stack: list[tuple[int, int]] = []  # open events: (row, bound)
+    cursor = 0
+    keep_empty = ev.of_kind("runtime", "driver")
+
+    def piece(row: int, lo: int, hi: int) -> None:
+        if hi > lo or (hi == lo and keep_empty[row] and not (out and out[-1][0] == row)):
+            out.append((row, lo, hi, stack[0][0]))
+
+    def close_until(t: int) -> None:
+        nonlocal cursor
+        while stack and stack[-1][1] <= t:
+            piece(stack[-1][0], cursor, stack[-1][1])
+            cursor = max(cursor, stack[-1][1])
+            stack.pop()
+
+    for row in rows:
+        lo, end = int(ev.ts[row]), int(ev.end[row])
+        close_until(lo)
+        if stack and lo > cursor:
+            piece(stack[-1][0], cursor, lo)
+        cursor = lo
+        stack.append((row, min(end, stack[-1][1]) if stack else end))
+    close_until(1 << 62)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12), st.booleans()), max_size=60))
+def test_host_segments_are_the_sweep(spans: list[tuple[int, int, bool]]) -> None:
+    # small ranges: ties, zero-length calls, children sticking out, calls at an op's end
+    ev = events([(0, ts, dur, "runtime" if call else "cpu_op", f"e{i}", 1, -1, -1, -1)
+                 for i, (ts, dur, call) in enumerate(spans)])
+    rows = np.lexsort((-ev.dur, ev.ts))
+    got = [tuple(p) for p in host_segments(ev, rows).tolist()]
+    assert got == _segments_by_sweep(ev, rows.tolist())
+
+
 def _launch_and_sync(kernel_us: int) -> Events:
     """A thread launches a kernel and synchronizes; the sync waits for the kernel."""
     return events([(0, ts * US, dur * US, *rest) for ts, dur, *rest in (  # type: ignore[misc]

@@ -59,3 +59,77 @@ def open_before(lane: I64, start: I64, end: I64) -> I64:
     same_lane = (leaf >= 0) & (lane[np.maximum(leaf, 0)] == lane[query])
     found[query] = np.where(same_lane, leaf, -1)
     return found
+
+
+def bounded_open_before(lane: I64, start: I64, end: I64) -> tuple[I64, I64]:
+    """`open_before` for a sweep that cuts an event sticking out of its parent at the parent's
+    end (the stack's bounds then never grow towards its top): (parent, bound) per event, the
+    bound the least end along its chain of parents.
+
+    Where no event on an event's chain of (uncut) parents sticks out of its parent, the cut
+    changes nothing for it: its parent is still open at its start, and every event between
+    them ended by then. Only events under one that sticks out (none in the torch profiler's
+    traces; a synthetic trace's jittered launch calls) are swept again, from the stack the
+    event before them leaves."""
+    parent = open_before(lane, start, end)
+    has = np.flatnonzero(parent >= 0)
+    tainted = np.zeros(len(end), bool)
+    tainted[has] = end[has] > end[parent[has]]
+    if not tainted.any():
+        return parent, end.copy()
+    up, live = parent.copy(), has
+    while len(live):  # tainted: something on its chain sticks out
+        tainted[live] |= tainted[up[live]]
+        up[live] = parent[up[live]]
+        live = live[up[live] >= 0]
+    new_lane = np.ones(len(lane), bool)
+    new_lane[1:] = lane[1:] != lane[:-1]
+    swept = np.flatnonzero(tainted)
+    opens = (new_lane | ~np.concatenate([[False], tainted[:-1]]))[swept].tolist()
+    bound = end.copy()
+    stack: list[tuple[int, int]] = []  # (event, bound)
+    for i, s, e, fresh in zip(swept.tolist(), start[swept].tolist(), end[swept].tolist(),
+                              opens, strict=True):
+        if fresh:  # the chain the clean event before leaves open (its bounds its ends)
+            stack = []
+            above = -1 if new_lane[i] else i - 1
+            while above >= 0:
+                stack.append((above, int(end[above])))
+                above = int(parent[above])
+            stack.reverse()
+        while stack and stack[-1][1] <= s:
+            stack.pop()
+        parent[i], bound[i] = (stack[-1][0], min(e, stack[-1][1])) if stack else (-1, e)
+        stack.append((i, int(bound[i])))
+    return parent, bound
+
+
+def depth(parent: I64) -> I64:
+    """How many events enclose each one (its chain of parents' length)."""
+    out = np.zeros(len(parent), np.int64)
+    live, up = np.flatnonzero(parent >= 0), parent.copy()
+    while len(live):
+        out[live] += 1
+        up[live] = parent[up[live]]
+        live = live[up[live] >= 0]
+    return out
+
+
+def subtree_ends(parent: I64) -> I64:
+    """For events in nesting order, where each one's subtree ends: the first later event
+    not inside it (the length for none). A subtree is the events after it that are deeper."""
+    deep = depth(parent)
+    n = len(parent)
+    # the nearest later event no deeper: by open_before on the reversed order (-depth > -d - 1)
+    back = open_before(np.zeros(n, np.int64), -deep[::-1] - 1, -deep[::-1])
+    return np.where(back >= 0, n - 1 - back, n)[::-1].copy()
+
+
+def roots(parent: I64) -> I64:
+    """Each event's outermost enclosing event (itself when none encloses it)."""
+    out = np.arange(len(parent), dtype=np.int64)
+    live = np.flatnonzero(parent >= 0)
+    while len(live):
+        out[live] = parent[out[live]]
+        live = live[parent[out[live]] >= 0]
+    return out

@@ -38,6 +38,7 @@ from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
 from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import DEVICE_OPS, FULL_QUEUE, queue_steps
+from perfswarm.analyze.nesting import bounded_open_before, roots, subtree_ends
 
 HOST_NODE_KINDS: Final = ("cpu_op", "user_annotation", "runtime", "driver")
 DEFAULT_LAUNCH_LAG_NS: Final = 5_000
@@ -129,39 +130,48 @@ class Graph:
         return gap
 
 
-def host_segments(ev: Events, rows: I64) -> list[tuple[int, int, int, int]]:
+def host_segments(ev: Events, rows: I64) -> I64:
     """The time of one thread's events (sorted by start, longest first) cut where each event is
     the innermost one: (owner row, start, end, outermost row) per piece, in time order.
 
     A child that sticks out of its parent (the clocks of CPU ops and CUPTI calls differ a
-    little) is cut at the parent's end. Runtime calls keep a piece even when zero-length:
-    device ops hang on them.
+    little) is cut at the parent's end. Runtime calls keep a piece even when zero-length
+    (device ops hang on them).
+
+    An event's pieces: before its first child, between each child's end and the next
+    child's start, and from its last child's end (or its start) to its end; a piece between
+    children is laid down when the next child starts, an event's last one when the first
+    event outside it starts, innermost first (the order a sweep with a stack gives).
     """
-    out: list[tuple[int, int, int, int]] = []
-    stack: list[tuple[int, int]] = []  # open events: (row, end)
-    cursor = 0  # where the next piece begins
-    keep_empty = ev.of_kind("runtime", "driver")
-
-    def piece(row: int, lo: int, hi: int) -> None:
-        if hi > lo or (hi == lo and keep_empty[row] and not (out and out[-1][0] == row)):
-            out.append((row, lo, hi, stack[0][0]))
-
-    def close_until(t: int) -> None:
-        nonlocal cursor
-        while stack and stack[-1][1] <= t:
-            piece(stack[-1][0], cursor, stack[-1][1])
-            cursor = max(cursor, stack[-1][1])
-            stack.pop()
-
-    for row, lo, end in zip(rows.tolist(), ev.ts[rows].tolist(), ev.end[rows].tolist(),
-                            strict=True):
-        close_until(lo)
-        if stack and lo > cursor:
-            piece(stack[-1][0], cursor, lo)
-        cursor = lo
-        stack.append((row, min(end, stack[-1][1]) if stack else end))
-    close_until(1 << 62)
-    return out
+    n = len(rows)
+    if not n:
+        return np.zeros((0, 4), np.int64)
+    start = ev.ts[rows]
+    parent, bound = bounded_open_before(np.zeros(n, np.int64), start, ev.end[rows])
+    at = np.arange(n, dtype=np.int64)
+    kids = np.flatnonzero(parent >= 0)  # ascending, so each parent's children in order
+    kids = kids[np.argsort(parent[kids], kind="stable")]
+    first = np.ones(len(kids), bool)
+    first[1:] = parent[kids[1:]] != parent[kids[:-1]]
+    before = np.where(first, start[parent[kids]], bound[np.roll(kids, 1)])
+    ends = np.ones(len(kids), bool)
+    ends[:-1] = first[1:]
+    last_kid = np.full(n, -1, np.int64)
+    last_kid[parent[kids[ends]]] = kids[ends]
+    final_lo = np.where(last_kid >= 0, bound[np.maximum(last_kid, 0)], start)
+    gap = before < start[kids]
+    # candidates: (owner, lo, hi, laid down at, then finals before gaps, finals innermost first)
+    owner = np.concatenate([at, parent[kids][gap]])
+    lo = np.concatenate([final_lo, before[gap]])
+    hi = np.concatenate([bound, start[kids][gap]])
+    when = np.concatenate([subtree_ends(parent), kids[gap]])
+    phase = np.concatenate([np.zeros(n, np.int64), np.ones(int(gap.sum()), np.int64)])
+    inner = np.concatenate([-at, np.zeros(int(gap.sum()), np.int64)])
+    order = np.lexsort((inner, phase, when))
+    owner, lo, hi = owner[order], lo[order], hi[order]
+    kept = (hi > lo) | ev.of_kind("runtime", "driver")[rows[owner]]
+    owner, lo, hi = owner[kept], lo[kept], hi[kept]
+    return np.stack([rows[owner], lo, hi, rows[roots(parent)[owner]]], axis=1)
 
 
 def _median(values: Sequence[int] | I64, default: int) -> int:
@@ -266,8 +276,7 @@ def _host_lane(b: _Builder, thread: I64, windows: Sequence[StepWindow],
     """One thread's pieces as a lane, with the anchors of `windows` among them; each step
     whose start and end anchors are both there goes to `anchors` as (step, start, end)."""
     ev = b.ev
-    pieces = np.array(host_segments(ev, thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))]),
-                      np.int64).reshape(-1, 4)
+    pieces = host_segments(ev, thread[np.lexsort((-ev.dur[thread], ev.ts[thread]))])
     rank = int(ev.rank[thread[0]])
     step = np.array([w.step for w in windows], np.int64)
     # (time, order, index or step): anchors that end a step sort before what starts then

@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, Events, codes, unique_rows
+from perfswarm.analyze.nesting import bounded_open_before
+from perfswarm.analyze.nesting import depth as nesting_depth
 from perfswarm.trace.schema import DEVICE_KINDS
 from perfswarm.trace.store import Run
 
@@ -73,23 +75,11 @@ def nest(table: pa.Table) -> Nesting:
                                     pa.array(sorted(DEVICE_KINDS))).to_numpy(
                                         zero_copy_only=False), bool)
     lane, lanes = _lanes(rank, is_device, col("pid"), col("tid"), col("device"), col("stream"))
-    n = len(ts)
-    depth = np.zeros(n, np.int64)
+    # a span that outlives its parent is cut at the parent's end
     order = np.lexsort((-dur, ts, lane))
-    ends = (ts + dur).tolist()
-    lane_l, ts_l = lane.tolist(), ts.tolist()
-    # A span that outlives its parent is cut at the parent's end (its bound), so the stack's
-    # bounds never grow towards the top and a parent is popped with its children.
-    bounds: list[int] = []
-    current = -1
-    for i in order.tolist():
-        if lane_l[i] != current:
-            current, bounds = lane_l[i], []
-        start = ts_l[i]
-        while bounds and bounds[-1] <= start:
-            bounds.pop()
-        depth[i] = len(bounds)
-        bounds.append(min(ends[i], bounds[-1]) if bounds else ends[i])
+    parent, _bound = bounded_open_before(lane[order], ts[order], (ts + dur)[order])
+    depth = np.zeros(len(ts), np.int64)
+    depth[order] = nesting_depth(parent)
     return Nesting(lane, depth, lanes)
 
 
