@@ -12,10 +12,11 @@ worth on the device: little when the second op is compute-bound and the map stay
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.opcost import OpCost, Roofline, roofline
@@ -55,20 +56,25 @@ def fusion_candidates(costs: Sequence[OpCost | None], spec: DeviceSpec,
     """Maximal runs of at least ``min_length`` consecutive fusible memory-bound ops (None = an op
     without a cost model, which breaks a run). The fused kernel is estimated to move the traffic of
     the run's largest op once (inputs in, result out; intermediates stay in registers)."""
+    # a sequence repeats its ops' cost objects: each object's roofline once (by identity: no
+    # hashing of its fields for every op of the sequence)
+    roofs: dict[int, tuple[Roofline, bool]] = {}
+    for c in costs:
+        if c is not None and id(c) not in roofs:
+            r = roofline(c, spec)
+            roofs[id(c)] = (r, c.family in _FUSIBLE and r.bound == "memory")
+    fusible = np.array([c is not None and roofs[id(c)][1] for c in costs], np.int8)
+    edge = np.diff(np.concatenate([[0], fusible, [0]]))
     found: list[FusionCandidate] = []
-    start = 0
-    roof = functools.cache(lambda c: roofline(c, spec))  # a sequence repeats its ops' costs
-    fusible = functools.cache(lambda c: c.family in _FUSIBLE and roof(c).bound == "memory")
-    for end in range(len(costs) + 1):
-        if end < len(costs) and (cost := costs[end]) is not None and fusible(cost):
+    for start, end in zip(np.flatnonzero(edge == 1).tolist(), np.flatnonzero(edge == -1).tolist(),
+                          strict=True):
+        if end - start < min_length:
             continue
         run = [c for c in costs[start:end] if c is not None]
-        if len(run) >= min_length:
-            unfused = sum(roof(c).time_s for c in run)
-            fused = max(max(c.bytes for c in run) / spec.memory_bandwidth,
-                        sum(c.flops for c in run) / spec.peak_for(run[0].dtype))
-            found.append(FusionCandidate(start, end, tuple(c.op for c in run), unfused, fused))
-        start = end + 1
+        unfused = sum(roofs[id(c)][0].time_s for c in run)
+        fused = max(max(c.bytes for c in run) / spec.memory_bandwidth,
+                    sum(c.flops for c in run) / spec.peak_for(run[0].dtype))
+        found.append(FusionCandidate(start, end, tuple(c.op for c in run), unfused, fused))
     found += _conv_pairs(costs, spec)
     return sorted(found, key=lambda f: f.start)
 

@@ -183,20 +183,33 @@ class _RankOps:
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]]
 
 
+def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple[OpCost, Shapes]]:
+    """The CPU ops of `ev` (the Run's events, or `rank`'s) that have a cost model and recorded
+    shapes, by row, with their cost and shapes; once per Events object (the op table and the
+    advice's launching ops read the same). Only ops of a modelled name have their args
+    parsed (most of a big trace's ops are not)."""
+    def make() -> dict[int, tuple[OpCost, Shapes]]:
+        cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
+        named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
+        candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
+        out: dict[int, tuple[OpCost, Shapes]] = {}
+        for row, name, found in zip(candidates.tolist(), ev.name[candidates].tolist(),
+                                    RowShapes.of(run).get(candidates, rank), strict=True):
+            cost = shapes_cost(ev.names[name], found) if found else None
+            if cost is not None and found is not None:
+                out[row] = (cost, found)
+        return out
+
+    return ev.derived("costed ops", make)
+
+
 def _rank_ops(run: Run, rank: int) -> _RankOps:
     """The costed ops of one rank, read alone (memory stays one rank's, however many)."""
     ev = Events.of_run_rank(run, rank)
     cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
-    # only ops of a modelled name have their args parsed (most of a big trace's ops are not)
-    named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
-    candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
-    costs: dict[int, OpCost] = {}
-    shapes: dict[int, Shapes] = {}
-    for row, name, found in zip(candidates.tolist(), ev.name[candidates].tolist(),
-                                RowShapes.of(run).get(candidates, rank), strict=True):
-        cost = shapes_cost(ev.names[name], found) if found else None
-        if cost is not None and found is not None:
-            costs[row], shapes[row] = cost, found
+    costed = costed_ops(run, ev, rank)
+    costs = {row: cost for row, (cost, _) in costed.items()}  # changed below: a copy
+    shapes = {row: found for row, (_, found) in costed.items()}
     owner = _counted_ops(ev, costs)
     counted = sorted(r for r, o in owner.items() if r == o)
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))

@@ -27,8 +27,8 @@ from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.summary import analyze
-from perfswarm.model.opcost import OpCost, has_cost_model, shapes_cost
-from perfswarm.model.opstats import RowShapes
+from perfswarm.model.opcost import OpCost
+from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, KINDS
 from perfswarm.trace.store import Manifest, Run
@@ -302,21 +302,15 @@ class Facts:
 
     @cached_property
     def _launching(self) -> dict[int, LaunchingOp]:
-        """Device op row -> the modelled op that launched it."""
-        ops: dict[int, LaunchingOp] = {}  # one per op, however many kernels it launched
-        cpu_ops = self.kind("cpu_op")
-        names = [n for n in cpu_ops["name"].unique().to_list() if has_cost_model(n)]
-        shaped = cpu_ops.filter(pl.col("name").is_in(names))
-        rows = np.sort(shaped["row"].to_numpy())
-        found = dict(zip(rows.tolist(), RowShapes.of(self.run).get(rows), strict=True))
-        for row, rank, tid, ts, name in shaped.select(
-                "row", "rank", "tid", "ts", "name").iter_rows():
-            shapes = found[row]
-            cost = shapes_cost(name, shapes) if shapes is not None else None
-            if cost is not None:
-                ops[row] = LaunchingOp(rank, tid, ts, cost)
+        """Device op row -> the modelled op that launched it (one object per op)."""
+        ev = Events.load(self.run)
+        costed = costed_ops(self.run, ev)
         dev, calls = self._launch_pairs
-        around = enclosing_ops(Events.load(self.run), calls, np.array(sorted(ops), np.int64))
+        around = enclosing_ops(ev, calls, np.fromiter(costed, np.int64, len(costed)))
+        ops: dict[int, LaunchingOp] = {}
+        for row in sorted(set(around.values())):
+            ops[row] = LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
+                                   costed[row][0])
         return {d: ops[around[c]]
                 for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
 
