@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import markupsafe
 import numpy as np
 import pyarrow as pa
@@ -581,3 +582,19 @@ def test_ranks_view_of_nccl(corpus_runs: dict[str, Run]) -> None:
     ns = data["concurrency"]["ranks"][0]["total"]["ns"]
     assert rank["comm_ns"] == ns["comm_only"] + ns["overlapped"] > 0
     assert rank["median_step_ns"] == 222_442_191 and rank["steps"] == 3
+
+
+def test_a_template_cache_that_cannot_be_written_is_no_cache(tmp_path: Path) -> None:
+    # the cache directory is gone: writing the compiled template fails, the page is still made
+    cache = html._CompiledTemplates(str(tmp_path / "gone"))
+    env = jinja2.Environment(loader=jinja2.PackageLoader("perfswarm.report", "templates"),
+                             bytecode_cache=cache)
+    page = env.get_template("building.html.j2").render(
+        title="t", what="w", stage="s", waited="1 s", ahead=0, plotly_js="", figures_json="")
+    assert "w" in page
+    # and a writable one holds the compiled template for the next process
+    cache = html._CompiledTemplates(str(tmp_path))
+    env = jinja2.Environment(loader=jinja2.PackageLoader("perfswarm.report", "templates"),
+                             bytecode_cache=cache)
+    env.get_template("building.html.j2")
+    assert len(list(tmp_path.glob("__jinja2_*.cache"))) == 1
