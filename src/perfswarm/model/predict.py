@@ -332,9 +332,9 @@ def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
     """Shapes of the tensors the optimizer updates and gradients accumulate into."""
     ev, g = m.ev, m.graph
     scoped = [i for i, n in enumerate(ev.names) if n.startswith(PARAMETER_SCOPES)]
-    rows = set(np.flatnonzero(np.isin(ev.name, scoped)).tolist())
+    scope_rows = np.flatnonzero(np.isin(ev.name, scoped))
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0) & (g.top >= 0))
-    rows |= {int(g.row[n]) for n in host if int(g.top[n]) in rows}
+    rows = set(scope_rows.tolist()) | set(g.row[host[np.isin(g.top[host], scope_rows)]].tolist())
     shapes: set[tuple[int, ...]] = set()
     for row in sorted(rows):
         found = m.shapes(row)
