@@ -255,20 +255,18 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
     groups: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
-    for row in counted:
-        key = (ev.names[int(ev.name[row])], texts[row])
+    for row, name in zip(counted, ev.name[counted].tolist(), strict=True):
+        key = (ev.names[name], texts[row])
         _cost, count, ns = groups.get(key, (costs[row], 0, 0))
         groups[key] = (costs[row], count + 1, ns + time[row])
     rows: list[int] = []
-    if counted:
-        first = min(counted, key=lambda r: int(ev.ts[r]))
-        rows = sorted((r for r in counted
-                       if ev.step[r] == ev.step[first] and ev.tid[r] == ev.tid[first]),
-                      key=lambda r: int(ev.ts[r]))
-    phase_flops = [0.0] * len(PHASES)
-    for row, phase in zip(counted, phases(ev, np.asarray(counted, np.int64)).tolist(),
-                          strict=True):
-        phase_flops[phase] += costs[row].flops
+    at = np.asarray(counted, np.int64)
+    if counted:  # the first op's step on its thread, in time order
+        first = int(at[np.argmin(ev.ts[at])])
+        same = at[(ev.step[at] == ev.step[first]) & (ev.tid[at] == ev.tid[first])]
+        rows = same[np.argsort(ev.ts[same], kind="stable")].tolist()
+    phase_flops = np.bincount(phases(ev, at), weights=[costs[r].flops for r in counted],
+                              minlength=len(PHASES)).tolist() if counted else [0.0] * len(PHASES)
     return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0,
                     [costs[r] for r in rows], [shapes[r] for r in rows], phase_flops, kernels)
 
