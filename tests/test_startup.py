@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 
@@ -83,3 +84,25 @@ def test_listing_summaries_are_unwrapped_first_paragraphs() -> None:
     first = command_doc("calibrate").split("\n\n")[0]
     assert "\n" in first   # the docstring wraps its first paragraph
     assert summary.short_help == " ".join(first.split())
+
+
+POOL = """import json, os, sys
+from perfswarm.cli.main import main
+code = main(sys.argv[1:])
+import pyarrow as pa
+print(json.dumps({"code": code, "pool": pa.default_memory_pool().backend_name,
+                  "env": os.environ.get("ARROW_DEFAULT_MEMORY_POOL")}))
+"""
+
+
+@pytest.mark.parametrize(("given", "pool"), [(None, "system"), ("mimalloc", "mimalloc")])
+def test_a_table_command_uses_the_system_allocator_unless_told(
+        small_run: str, given: str | None, pool: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if given is not None:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = given
+    out = subprocess.run([sys.executable, "-c", POOL, "info", small_run], check=True,
+                         capture_output=True, text=True, env=env)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # the variable is the user's again once the command runs (what record's child inherits)
+    assert result == {"code": 0, "pool": pool, "env": given}
