@@ -6,6 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import events
+from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.frame import Events
 from perfswarm.analyze.nesting import bounded_open_before, open_before
 
 # (lane, start, duration): small ranges, so ties, zero-length events, events ending where the
@@ -79,3 +82,39 @@ def test_bounded_open_before_is_the_sweep(events: list[tuple[int, int, int]]) ->
     parent, bound = bounded_open_before(lane, start, end)
     want = bounded_sweep(lane.tolist(), start.tolist(), end.tolist())
     assert (parent.tolist(), bound.tolist()) == want
+
+
+def enclosing_sweep(ev: Events, calls: np.ndarray, ops: np.ndarray) -> dict[int, int]:
+    """enclosing_ops' definition: a sweep per thread with a stack of open ops."""
+    rows = np.concatenate([ops, np.unique(calls)])
+    is_call = np.zeros(len(rows), bool)
+    is_call[len(ops):] = True
+    order = np.lexsort((~is_call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
+    out: dict[int, int] = {}
+    stack: list[tuple[int, int]] = []
+    current = None
+    for i in order.tolist():
+        row, start, end = int(rows[i]), int(ev.ts[rows[i]]), int(ev.end[rows[i]])
+        lane = (int(ev.rank[row]), int(ev.tid[row]))
+        if lane != current:
+            current, stack = lane, []
+        while stack and stack[-1][1] <= start and stack[-1][1] < end:
+            stack.pop()
+        if not is_call[i]:
+            stack.append((row, end))
+        elif stack and stack[-1][1] >= end:
+            out[row] = stack[-1][0]
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2), st.integers(0, 30), st.integers(0, 10),
+                          st.booleans()), max_size=80))
+def test_enclosing_ops_is_the_sweep(spans: list[tuple[int, int, int, bool]]) -> None:
+    # ops and calls on two threads: zero-length calls at an op's end, equal spans, ops
+    # sticking out of the op under them
+    ev = events([(0, ts, dur, "runtime" if call else "cpu_op", f"e{i}", tid, -1, -1, -1)
+                 for i, (tid, ts, dur, call) in enumerate(spans)])
+    calls = np.flatnonzero(ev.of_kind("runtime"))
+    ops = np.flatnonzero(ev.of_kind("cpu_op"))
+    assert enclosing_ops(ev, calls, ops) == enclosing_sweep(ev, calls, ops)

@@ -29,6 +29,7 @@ import numpy.typing as npt
 from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
+from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.stragglers import occurrences
 from perfswarm.trace.store import Run
 
@@ -250,32 +251,36 @@ def _launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, 
 
 def enclosing_ops(ev: Events, calls: I64, ops: I64 | None = None) -> dict[int, int]:
     """Call row -> the innermost of `ops` (rows of CPU ops; default all of them) on its rank
-    and thread that starts no later and ends no earlier than the call: one sweep per thread
-    with a stack of open ops."""
+    and thread that starts no later and ends no earlier than the call.
+
+    The definition is a sweep per thread (by start, longer first, a call before an op of the
+    same span) with a stack of open ops: each event first closes the ops on top that ended by
+    its start and before its end (a zero-length call at an op's end stays inside it); an op
+    is then pushed, and a call takes the top if that ends no earlier than the call. The top
+    is found without the sweep: the nearest earlier op ending after the event's bound, its
+    start, or one less while only zero-length events began there (the bounds of a thread's
+    events never fall, but for those). No event since has reached that op's end, so it is
+    open; every op after it ended by the bound, and was closed when it was on top, or with
+    what was above it.
+    """
     ops = np.flatnonzero(ev.of_kind("cpu_op")) if ops is None else ops
     rows = np.concatenate([ops, np.unique(calls)])
     is_call = np.zeros(len(rows), bool)
     is_call[len(ops):] = True
-    # by thread, then start, ops before calls at one instant, outer ops (longer) first
     order = np.lexsort((~is_call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
-    rows = rows[order]
-    rank, tid = ev.rank[rows], ev.tid[rows]
-    new_lane = np.ones(len(rows), bool)
-    new_lane[1:] = (rank[1:] != rank[:-1]) | (tid[1:] != tid[:-1])
-    out: dict[int, int] = {}
-    stack: list[tuple[int, int]] = []  # open ops: (row, end)
-    for row, start, end, call, fresh in zip(rows.tolist(), ev.ts[rows].tolist(),
-                                            ev.end[rows].tolist(), is_call[order].tolist(),
-                                            new_lane.tolist(), strict=True):
-        if fresh:
-            stack = []
-        while stack and stack[-1][1] <= start and stack[-1][1] < end:
-            stack.pop()
-        if not call:
-            stack.append((row, end))
-        elif stack and stack[-1][1] >= end:
-            out[row] = stack[-1][0]
-    return out
+    rows, call = rows[order], is_call[order]
+    lane = lane_key(ev.rank[rows], ev.tid[rows])
+    start, end = ev.ts[rows], ev.end[rows]
+    at = np.arange(len(rows), dtype=np.int64)
+    new_group = np.ones(len(rows), bool)  # a thread's events of one start
+    new_group[1:] = (lane[1:] != lane[:-1]) | (start[1:] != start[:-1])
+    group_start = np.maximum.accumulate(np.where(new_group, at, 0))
+    spans = np.concatenate([[0], np.cumsum(end > start)])  # events with a length, before each
+    bound = np.where(spans[at + 1] > spans[group_start], start, start - 1)
+    top = open_before(lane, bound, np.where(call, np.iinfo(np.int64).min, end))
+    take = np.flatnonzero(call & (top >= 0))
+    take = take[end[top[take]] >= end[take]]
+    return dict(zip(rows[take].tolist(), rows[top[take]].tolist(), strict=True))
 
 
 def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
