@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+import msgspec
 import orjson
 
 from perfswarm.model.specs import DeviceSpec
@@ -419,21 +420,31 @@ class Shapes:
                       self.concrete)
 
 
+class _ShapeFields(msgspec.Struct):
+    """The record_shapes fields of a row's args, as their JSON text (the rest is skipped)."""
+
+    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
+    strides: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Strides")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"),
+                                          name="Concrete Inputs")
+
+
+_SHAPE_FIELDS: Final = msgspec.json.Decoder(_ShapeFields)
+
+
 def shapes_from_args(args_json: str) -> Shapes | None:
     """The ``Input Dims``, ``Input type`` and (when well formed) ``Input Strides`` and
     ``Concrete Inputs`` of an events-table row's args (Kineto's record_shapes), or None when
     absent or malformed. Tensor lists (recorded as nested lists by some versions) are not
     shapes of one input and make the row unshaped."""
     try:
-        args = orjson.loads(args_json) if args_json else {}
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(args, dict):
+        found = _SHAPE_FIELDS.decode(args_json or "{}")
+    except msgspec.DecodeError:  # not JSON, or not an object
         return None
     # Every iteration records the same shapes again (only the ids differ): the fields are
-    # checked and built once per distinct text, which a C-level dump makes cheap to key.
-    return _shapes(orjson.dumps([args.get("Input Dims"), args.get("Input type"),
-                                 args.get("Input Strides"), args.get("Concrete Inputs")]))
+    # checked and built once per distinct text of the four, as the args hold it.
+    return _shapes(b"[%b,%b,%b,%b]" % (found.dims, found.types, found.strides, found.concrete))
 
 
 @functools.lru_cache(maxsize=1 << 16)
