@@ -184,10 +184,10 @@ class _RankOps:
 
 
 def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple[OpCost, Shapes]]:
-    """The CPU ops of `ev` (the Run's events, or `rank`'s) that have a cost model and recorded
-    shapes, by row, with their cost and shapes; once per Events object (the op table and the
-    advice's launching ops read the same). Only ops of a modelled name have their args
-    parsed (most of a big trace's ops are not)."""
+    """The CPU ops of `ev` (the Run's events, or `rank`'s: `rank` says which rows `ev` holds)
+    that have a cost model and recorded shapes, by row, with their cost and shapes; once per
+    Events object (the op table and the advice's launching ops read the same). Only ops of a
+    modelled name have their args parsed (most of a big trace's ops are not)."""
     def make() -> dict[int, tuple[OpCost, Shapes]]:
         cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
         named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]

@@ -307,10 +307,8 @@ class Facts:
         costed = costed_ops(self.run, ev)
         dev, calls = self._launch_pairs
         around = enclosing_ops(ev, calls, np.fromiter(costed, np.int64, len(costed)))
-        ops: dict[int, LaunchingOp] = {}
-        for row in sorted(set(around.values())):
-            ops[row] = LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
-                                   costed[row][0])
+        ops = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
+                                costed[row][0]) for row in set(around.values())}
         return {d: ops[around[c]]
                 for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
 
