@@ -173,7 +173,9 @@ def test_cluster_errors_are_one_line(tmp_path: Path, rank_traces: list[Path],
 
 def test_when_to_go_parallel() -> None:
     auto = ClusterOptions()
-    assert not auto.parallel(7) and auto.parallel(8)
+    assert not auto.parallel(7, cores=16) and auto.parallel(8, cores=16)
+    # on 2 or 3 cores the local cluster's start-up is not repaid
+    assert auto.parallel(8, cores=4) and not auto.parallel(64, cores=3)
     assert not ClusterOptions(workers=0).parallel(64)
     assert ClusterOptions(workers=2).parallel(1)
     assert ClusterOptions(workers=0, scheduler="tcp://h:8786").parallel(1)

@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace.cluster import PARALLEL_RANKS, ClusterOptions
+from perfswarm.trace.cluster import PARALLEL_CORES, PARALLEL_RANKS, ClusterOptions
 
 Workers = Annotated[int | None, typer.Option(
     "--workers", min=0, help=f"Dask workers of a local cluster, one rank per task (default: one "
-    f"per rank up to the cores, from {PARALLEL_RANKS} ranks up; 0: single process).")]
+    f"per rank up to the cores, from {PARALLEL_RANKS} ranks up on {PARALLEL_CORES} cores or "
+    f"more; 0: single process).")]
 Scheduler = Annotated[str | None, typer.Option(
     "--scheduler", metavar="ADDRESS", help="A running Dask scheduler (tcp://host:8786) to work "
     "on instead; its workers must see the Run at the same path.")]

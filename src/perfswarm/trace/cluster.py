@@ -1,10 +1,13 @@
 """Dask distributed for per-rank work: a LocalCluster by default, a running scheduler if given.
 
-Import and analyze go parallel for runs of PARALLEL_RANKS ranks or more (each rank is
-independent work until the last, small, combining step), when --workers asks for it, or when
---scheduler names a cluster. Local workers are processes with one thread each and a memory
-limit (the nanny restarts a worker that goes past it); per-rank tasks read only their rank's
-rows. Workers of a real cluster must see the Run's directory at the same path.
+Import and analyze go parallel for runs of PARALLEL_RANKS ranks or more on a machine of
+PARALLEL_CORES cores or more (each rank is independent work until the last, small, combining
+step), when --workers asks for it, or when --scheduler names a cluster. On fewer cores, the at
+most two or three times of parallel work does not repay a local cluster's start-up: on 2 cores,
+8 ranks of 250k events, analyze took 16.7 s on two workers against 7.7 s in one process, and
+2.3 times the CPU (docs/benchmarks.md). Local workers are processes with one thread each and
+a memory limit (the nanny restarts a worker that goes past it); per-rank tasks read only their
+rank's rows. Workers of a real cluster must see the Run's directory at the same path.
 """
 
 from __future__ import annotations
@@ -19,19 +22,23 @@ from typing import Any, TypeVar
 from perfswarm.errors import ParameterError
 
 PARALLEL_RANKS = 8
+PARALLEL_CORES = 4
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    workers: int | None = None  # None: parallel from PARALLEL_RANKS ranks; 0: never; N: N local
+    workers: int | None = None  # None: from PARALLEL_RANKS ranks and PARALLEL_CORES cores; 0: never
     scheduler: str | None = None  # address of a running dask scheduler (tcp://host:8786)
     worker_memory: str = "auto"  # memory limit per local worker ("4GB"; auto: RAM / workers)
 
-    def parallel(self, ranks: int) -> bool:
+    def parallel(self, ranks: int, cores: int | None = None) -> bool:
+        """Whether `ranks` ranks go to Dask (`cores`: this machine's, by default)."""
         if self.scheduler:
             return True
-        return ranks >= PARALLEL_RANKS if self.workers is None else self.workers > 0
+        if self.workers is not None:
+            return self.workers > 0
+        return ranks >= PARALLEL_RANKS and (cores or os.cpu_count() or 1) >= PARALLEL_CORES
 
 
 @contextlib.contextmanager
