@@ -29,7 +29,7 @@ import numpy.typing as npt
 from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
-from perfswarm.analyze.nesting import open_before
+from perfswarm.analyze.nesting import LOWEST, open_before
 from perfswarm.analyze.stragglers import occurrences
 from perfswarm.trace.store import Run
 
@@ -277,7 +277,7 @@ def enclosing_ops(ev: Events, calls: I64, ops: I64 | None = None) -> dict[int, i
     group_start = np.maximum.accumulate(np.where(new_group, at, 0))
     spans = np.concatenate([[0], np.cumsum(end > start)])  # events with a length, before each
     bound = np.where(spans[at + 1] > spans[group_start], start, start - 1)
-    top = open_before(lane, bound, np.where(call, np.iinfo(np.int64).min, end))
+    top = open_before(lane, bound, np.where(call, LOWEST, end))
     take = np.flatnonzero(call & (top >= 0))
     take = take[end[top[take]] >= end[take]]
     return dict(zip(rows[take].tolist(), rows[top[take]].tolist(), strict=True))

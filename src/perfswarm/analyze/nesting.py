@@ -15,7 +15,7 @@ import numpy as np
 
 from perfswarm.analyze.frame import I64
 
-_LOWEST = np.iinfo(np.int64).min
+LOWEST = np.iinfo(np.int64).min  # an end no start is ever past
 
 
 def open_before(lane: I64, start: I64, end: I64) -> I64:
@@ -31,7 +31,7 @@ def open_before(lane: I64, start: I64, end: I64) -> I64:
     if n < 2:
         return found
     size = 1 << (n - 1).bit_length()
-    tree = np.full(2 * size, _LOWEST, np.int64)
+    tree = np.full(2 * size, LOWEST, np.int64)
     tree[size:size + n] = end
     level = size // 2
     while level:

@@ -46,7 +46,6 @@ def safe_json(value: Any) -> str:
     return text
 
 
-@cache
 class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
     """Jinja's cache of compiled templates, in its private per-user directory under the
     temporary directory (made 0700 and checked to be the user's; an entry is keyed by the
@@ -58,7 +57,6 @@ class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
             super().dump_bytecode(bucket)
 
 
-@cache
 def _compiled_templates() -> jinja2.BytecodeCache | None:
     try:
         return _CompiledTemplates()
@@ -66,6 +64,7 @@ def _compiled_templates() -> jinja2.BytecodeCache | None:
         return None
 
 
+@cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.PackageLoader("perfswarm.report", "templates"),
