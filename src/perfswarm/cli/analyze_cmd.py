@@ -185,8 +185,8 @@ def analyze_command(
 ) -> None:
     """Concurrency, iterations, op/kernel and launch statistics, op cost, stragglers of a Run.
 
-    From 8 ranks up (or with --workers/--scheduler) each rank is analyzed on a Dask worker
-    that reads only its rows; the result is the same. The op-cost table reads one rank at a
+    From 8 ranks up on 4 cores or more (or with --workers/--scheduler) each rank is analyzed
+    on a Dask worker that reads only its rows; the result is the same. The op-cost table reads one rank at a
     time."""
     run = windowed(Run.open(run_dir), window)
     result = analyze(run, ignore_markers=ignore_markers,  # a window reads in this process

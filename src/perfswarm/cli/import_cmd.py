@@ -32,8 +32,8 @@ def import_command(
     """Import Kineto (torch.profiler) traces, Nsight Systems SQLite exports and execution traces
     into a Run.
 
-    From 8 files up (or with --workers/--scheduler) each file is read on a Dask worker; files
-    that need the streaming path are read by it instead, in this process."""
+    From 8 files up on 4 cores or more (or with --workers/--scheduler) each file is read on a
+    Dask worker; files that need the streaming path are read by it instead, in this process."""
     if streaming not in ("auto", "always", "never"):
         raise typer.BadParameter("must be auto, always or never", param_hint="--streaming")
     target = out or Path(traces[0].name.split(".")[0] + ".run")
