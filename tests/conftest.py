@@ -10,6 +10,7 @@ import pytest
 
 from perfswarm.analyze.frame import Events
 from perfswarm.record.session import RecordOptions, record
+from perfswarm.trace.detail import with_detail
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
@@ -85,5 +86,5 @@ def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Ev
     n = len(rows)
     table = pa.table({**cols, "pid": [1] * n, "external_id": [-1] * n, "rf_id": [-1] * n,
                       "step": [-1] * n, "args": ["{}"] * n})
-    table = table.select(EVENTS.names).cast(EVENTS)
+    table = with_detail(table).select(EVENTS.names).cast(EVENTS)
     return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))

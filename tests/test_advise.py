@@ -166,18 +166,20 @@ def test_facts_events_are_analyzes_events(corpus_runs: dict[str, Run]) -> None:
     facts = Facts.of(run)
     frame = facts.events
     stored = run.table("events", ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device",
-                                  "stream", "correlation", "step", "args"]).to_pydict()
+                                  "stream", "correlation", "step", "args", "detail"]
+                       ).to_pydict()
     assert frame.height == len(stored["ts"]) > 0
     for column, values in stored.items():
-        if column != "args":  # read for a rule's rows alone
+        if column not in ("args", "detail"):  # read for a rule's rows alone
             assert frame[column].to_list() == [v if column != "kind" else str(v) for v in values]
     ev = Events.load(run)
     assert frame["row"].to_list() == list(range(len(ev)))
     assert frame["name"][7] == ev.name_of(7)
-    # a rule's rows with their args, in the frame's order whatever it is
+    # a rule's rows with their args or detail, in the frame's order whatever it is
     some = frame[[9, 3, 27]]
-    assert facts.with_args(some)["args"].to_list() == [stored["args"][i] or "{}"
-                                                       for i in (9, 3, 27)]
+    for column in ("args", "detail"):
+        assert facts.with_text(some, column)[column].to_list() == [
+            stored[column][i] or "{}" for i in (9, 3, 27)]
 
 
 def test_kernel_launches_are_the_calls_joined_to_a_kernel(corpus_runs: dict[str, Run]) -> None:

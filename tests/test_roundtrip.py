@@ -48,8 +48,9 @@ def traces(draw: st.DrawFn) -> dict[str, object]:
 def _comparable(run: Run, name: str) -> list[dict[str, object]]:
     rows = run.table(name).to_pylist()
     for r in rows:
-        if "args" in r:
-            r["args"] = json.loads(r["args"])
+        for column in ("args", "detail"):  # the same JSON, spaced as its writer spaced it
+            if column in r:
+                r[column] = json.loads(r[column])
     return rows
 
 
@@ -58,8 +59,9 @@ def _assert_same(a: Run, b: Run) -> None:
         left, right = _comparable(a, name), _comparable(b, name)
         if name == "events":
             for row in (*left, *right):
-                row["args"] = {k: v for k, v in row["args"].items()  # type: ignore[union-attr]
-                               if k not in perfetto.EXPORTED_ARG_KEYS}
+                for column in ("args", "detail"):
+                    row[column] = {k: v for k, v in row[column].items()  # type: ignore[union-attr]
+                                   if k not in perfetto.EXPORTED_ARG_KEYS}
         assert left == right, name
 
 

@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import I64, Events, args_of
+from perfswarm.analyze.frame import I64, Events, detail_of
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.trace.store import Run
@@ -74,7 +74,7 @@ def copy_bytes(run: Run, rows: I64, rank: int | None = None) -> I64:
     trace has none."""
     if len(rows) == 0:
         return np.zeros(0, np.int64)
-    return np.array([msgspec.json.decode(a, type=_Bytes).bytes for a in args_of(run, rows, rank)],
+    return np.array([msgspec.json.decode(a, type=_Bytes).bytes for a in detail_of(run, rows, rank)],
                     np.int64)
 
 

@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
+from perfswarm.analyze.frame import I64, KIND, Events, detail_of, group_rows, lane_key
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
@@ -86,7 +86,7 @@ def sync_events(run: Run, ev: Events, rank: int | None = None) -> list[SyncEvent
     rows = np.flatnonzero(ev.of_kind("sync"))
     if len(rows) == 0:
         return []
-    args = args_of(run, rows, rank)
+    args = detail_of(run, rows, rank)
     out = []
     for row, text in zip(rows.tolist(), args, strict=True):
         a = msgspec.json.decode(text or "{}", type=SyncArgs)

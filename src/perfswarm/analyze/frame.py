@@ -170,13 +170,35 @@ class Events:
 
 
 def args_of(run: Run, rows: I64, rank: int | None = None) -> list[str]:
-    """The args JSON text of the events at `rows` (sorted) of the Run (or of `rank`), read
-    with the column the other analyses share. A mask filter, not a take: taking a few rows
-    of a many-chunk string column copies it whole."""
-    column = run.table("events", ["args"], rank=rank).column("args")
-    mask = np.zeros(len(column), bool)
+    """The whole args JSON text of the events at `rows` (sorted) of the Run (or of `rank`):
+    for what `detail_of` leaves out (memory events, CUPTI counters)."""
+    return texts_of(run, "args", rows, rank)
+
+
+def detail_of(run: Run, rows: I64, rank: int | None = None) -> list[str]:
+    """The `detail` of the events at `rows` (sorted) of the Run (or of `rank`): the fields of
+    their args that the analyses read (shapes, bytes, syncs, launch geometry, collectives;
+    trace/detail.py), as JSON objects. One string object per distinct text."""
+    return texts_of(run, "detail", rows, rank)
+
+
+def texts_of(run: Run, column: str, rows: I64, rank: int | None = None) -> list[str]:
+    """A text column's values at `rows`, read with the column the other analyses share. A
+    mask filter, not a take: taking a few rows of a many-chunk string column copies it
+    whole."""
+    if len(rows) == 0:
+        return []
+    values = run.table("events", [column], rank=rank).column(column)
+    mask = np.zeros(len(values), bool)
     mask[rows] = True
-    return [a or "{}" for a in column.filter(pa.array(mask)).to_pylist()]
+    out: list[str] = []
+    for chunk in values.filter(pa.array(mask)).chunks:
+        if isinstance(chunk, pa.DictionaryArray):
+            texts = chunk.dictionary.to_pylist()
+            out += [texts[i] for i in chunk.indices.to_numpy(zero_copy_only=False).tolist()]
+        else:
+            out += [a or "{}" for a in chunk.to_pylist()]
+    return out
 
 
 LANE_BITS = 40

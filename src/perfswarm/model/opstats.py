@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import I64, Events, args_of, group_rows, lane_key, unique_rows
+from perfswarm.analyze.frame import I64, Events, detail_of, group_rows, lane_key, unique_rows
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.nesting import open_before
@@ -329,7 +329,7 @@ class RowShapes:
         for part in np.array_split(todo, -(-len(todo) // PARSE_ROWS)) if len(todo) else ():
             # a part at a time: the args text of a part's rows is held, not of all of them
             self.parsed.update(zip((part + base).tolist(),
-                                   map(shapes_from_args, args_of(self.run, part, rank)),
+                                   map(shapes_from_args, detail_of(self.run, part, rank)),
                                    strict=True))
         return [self.parsed[k] for k in keys]
 

@@ -45,7 +45,7 @@ from perfswarm.analyze.dependencies import (
     sync_events,
     tensor_handoffs,
 )
-from perfswarm.analyze.frame import I64, KIND, Events, Mask, args_of
+from perfswarm.analyze.frame import I64, KIND, Events, Mask, detail_of
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
@@ -568,7 +568,7 @@ def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
     kernel's grid and block (copies of 4 KB and of 100 MB share a name: one mean made the
     corpus's A100 H2D copies 6.4 ms where they took 50.7)."""
     wanted = np.unique(np.asarray(rows, np.int64))
-    return dict(zip(wanted.tolist(), map(_own_size, args_of(m.run, wanted)), strict=True))
+    return dict(zip(wanted.tolist(), map(_own_size, detail_of(m.run, wanted)), strict=True))
 
 
 def _own_size(text: str) -> tuple[int, ...]:

@@ -75,7 +75,7 @@ class RunModel:
 def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     """The shaped weight and attention ops of `rank`'s first step (the whole Run without
     steps), in time order."""
-    table = run.table("events", ["ts", "kind", "name", "step", "args"], rank=rank)
+    table = run.table("events", ["ts", "kind", "name", "step", "detail"], rank=rank)
     names = pc.cast(table.column("name"), pa.string())
     keep = pc.and_(pc.equal(pc.cast(table.column("kind"), pa.string()), "cpu_op"),
                    pc.is_in(names, pa.array([*_WEIGHTS, _ATTENTION])))
@@ -86,7 +86,7 @@ def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     table = table.sort_by("ts")
     out = []
     for name, text in zip(pc.cast(table.column("name"), pa.string()).to_pylist(),
-                          table.column("args").to_pylist(), strict=True):
+                          table.column("detail").to_pylist(), strict=True):
         shapes = shapes_from_args(text or "")
         if shapes is not None:
             out.append((str(name), shapes))

@@ -211,8 +211,8 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     memory = np.asarray(pc.or_(pc.is_in(kind, pa.array(["memcpy", "memset"])), pc.and_(
         pc.equal(kind, "kernel"), pc.is_in(names, pa.array(bound, pa.string()))))
         .to_numpy(zero_copy_only=False), dtype=bool)
-    # the collectives' args alone, by their place among the collectives (kernels' go unread)
-    args = run.table("events", ["args"]).column("args").filter(
+    # the collectives' detail alone, by their place among the collectives (kernels' go unread)
+    args = run.table("events", ["detail"]).column("detail").filter(
         pc.and_(keep, pc.equal(kinds, "collective"))).to_pylist()
     coll_at = np.cumsum(coll) - 1
     steps: list[StepProfile] = []

@@ -16,7 +16,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.concurrency import Activity
-from perfswarm.analyze.frame import Events, args_of
+from perfswarm.analyze.frame import Events, detail_of
 from perfswarm.analyze.intervals import I64, first_covering, state_sweep
 from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
@@ -102,7 +102,7 @@ def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> 
 def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
     """(row, args text) of the rows (ascending), in time order, an outer op before the ops
     inside it; callers parse the shapes of the rows they need."""
-    text = dict(zip(rows.tolist(), args_of(run, rows), strict=True))
+    text = dict(zip(rows.tolist(), detail_of(run, rows), strict=True))
     return [(r, text[r]) for r in rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))].tolist()]
 
 

@@ -12,7 +12,7 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.analyze.annotations import HostCalls
-from perfswarm.analyze.frame import KIND, Events, args_of, codes
+from perfswarm.analyze.frame import KIND, Events, args_of, codes, detail_of
 from perfswarm.analyze.intervals import union
 from perfswarm.analyze.phases import PHASES, phases
 from perfswarm.model.opcost import Shapes
@@ -112,7 +112,7 @@ def kernel_streams(run: Run, spans: Spans, limit: int) -> dict[str, Any]:
     top = sorted(groups, key=lambda n: (-int(dur[groups[n]].sum()), n))[:limit]
     longest = {n: max(groups[n], key=lambda i: (int(dur[i]), -i)) for n in top}
     wanted = np.unique(spans.rows[list(longest.values())])  # their args read alone
-    args = dict(zip(wanted.tolist(), args_of(run, wanted), strict=True))
+    args = dict(zip(wanted.tolist(), detail_of(run, wanted), strict=True))
     kernels = []
     for name in top:
         rows = groups[name]
@@ -163,19 +163,20 @@ def memory_view(run: Run, origin: int, max_points: int) -> list[dict[str, Any]]:
     the peak by category: the bytes live at the peak by the pass that allocated them
     (analyze.phases: the forward's activations, the backward's gradients, the optimizer's
     state), and those allocated before the trace began (parameters and what else was there)."""
-    table = run.table("events", ["rank", "ts", "name", "args"])
+    table = run.table("events", ["rank", "ts", "name"])
     names = table.column("name").cast(pa.string()).to_pylist()
     rows = [i for i, n in enumerate(names) if n == MEMORY_EVENT]
     if not rows:
         return []
-    ranks, ts, texts = (table.column(c).to_pylist() for c in ("rank", "ts", "args"))
+    ranks, ts = (table.column(c).to_pylist() for c in ("rank", "ts"))
+    texts = dict(zip(rows, args_of(run, np.asarray(rows, np.int64)), strict=True))
     phase_of = dict(zip(rows, phases(Events.load(run), np.asarray(rows, np.int64)).tolist(),
                         strict=True))
     # (ts, bytes, total allocated, total reserved, address, phase) per rank and device
     series: dict[tuple[int, str], list[tuple[int, float, float, float, Any, int]]] = {}
     for i in rows:
         try:
-            args = orjson.loads(texts[i] or "{}")
+            args = orjson.loads(texts[i])
         except orjson.JSONDecodeError:
             continue
         if not isinstance(args, dict):

@@ -3,8 +3,9 @@
 Decoding is typed (msgspec): the event fields we index are decoded straight into
 a struct and `args` is kept as raw JSON text, which is stored as is. The fields
 of `args` that become columns (correlation, external id, ...) come from a second
-typed decode over all args at once. Both passes run in C; the Python side only
-works on whole columns.
+typed decode over all args at once, and the fields the analyses read (`detail`,
+trace/detail.py) from a third over the args of the kinds that have them. The passes
+run in C; the Python side only works on whole columns.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pyarrow.compute as pc
 
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace import gunzip
+from perfswarm.trace.detail import detail_column, detail_rows
 from perfswarm.trace.schema import (
     COUNTERS,
     DEVICE_KINDS,
@@ -505,6 +507,7 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
     ext_old_a = _int_or_none([a.external_id_old for a in args])
     ext_a = np.where(ext_a == NONE, ext_old_a, ext_a)
     n = len(spans)
+    read = detail_rows(kinds)
     table = pa.table(
         {
             "rank": pa.array(np.full(n, rank, np.int32)),
@@ -521,6 +524,7 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
             "rf_id": pa.array(_int_or_none([a.rf_id for a in args])),
             "step": pa.array(np.full(n, NONE, np.int32)),
             "args": _string_array(raws),
+            "detail": detail_column([raws[i] for i in read.tolist()], read, n),
         }
     )
     if not keep.all():

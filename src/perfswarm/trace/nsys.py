@@ -39,6 +39,7 @@ import orjson
 import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
+from perfswarm.trace.detail import with_detail
 from perfswarm.trace.kineto import TraceMeta, TraceTables, _steps
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, NONE
 
@@ -235,7 +236,7 @@ def _table(rows: list[Row], rank: int) -> pa.Table:
     cols = list(zip(*rows, strict=True))
     n = len(rows)
     none = pa.array(np.full(n, NONE, np.int64))
-    return pa.table({
+    return with_detail(pa.table({
         "rank": pa.array(np.full(n, rank, np.int32)),
         "ts": pa.array(cols[0], pa.int64()), "dur": pa.array(cols[1], pa.int64()),
         "kind": pa.array(cols[2]).dictionary_encode(),
@@ -244,4 +245,4 @@ def _table(rows: list[Row], rank: int) -> pa.Table:
         "device": pa.array(cols[6], pa.int32()), "stream": pa.array(cols[7], pa.int64()),
         "correlation": pa.array(cols[8], pa.int64()), "external_id": none, "rf_id": none,
         "step": pa.array(np.full(n, NONE, np.int32)), "args": pa.array(cols[9], pa.string()),
-    }).cast(EVENTS)
+    })).cast(EVENTS)

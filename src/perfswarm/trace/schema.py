@@ -38,6 +38,11 @@ PROFILER_STEP: Final = re.compile(r"^ProfilerStep#(\d+)$")
 HOST = -1  # `device` value of host-side events
 NONE = -1  # `stream`, `correlation`, `external_id`, `rf_id`, `step` when absent
 
+# The fields of `args` the analyses read (trace/detail.py): JSON objects, a few hundred distinct
+# ones, so the store writes them with Parquet dictionary pages and reads them as a dictionary
+# (in a trace's chunks they stay plain text: unifying many chunks' dictionaries costs more)
+DETAIL: Final = pa.field("detail", pa.string())
+DICTIONARY_TEXT: Final = frozenset({DETAIL.name})
 EVENTS: Final = pa.schema(
     [
         ("rank", pa.int32()),
@@ -54,6 +59,7 @@ EVENTS: Final = pa.schema(
         ("rf_id", pa.int64()),
         ("step", pa.int32()),
         ("args", pa.string()),
+        DETAIL,
     ]
 )
 

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from perfswarm import __version__
 from perfswarm.errors import ParameterError, PerfswarmError, RunError
-from perfswarm.trace.schema import TABLES, empty
+from perfswarm.trace.detail import with_detail
+from perfswarm.trace.schema import DETAIL, DICTIONARY_TEXT, TABLES, empty
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -148,9 +149,11 @@ def _disk_error(path: Path, exc: OSError) -> PerfswarmError:
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
-    """Parquet dictionary pages only where Arrow has dictionaries: for unique text (args)
-    they cost a hash table of every value and save nothing."""
-    return [f.name for f in schema if pa.types.is_dictionary(f.type)]
+    """Parquet dictionary pages only where Arrow has dictionaries, or text repeats
+    (DICTIONARY_TEXT): for unique text (args) they cost a hash table of every value and save
+    nothing."""
+    return [f.name for f in schema
+            if pa.types.is_dictionary(f.type) or f.name in DICTIONARY_TEXT]
 
 
 ROW_GROUP = 16_384  # rows per Parquet row group: the unit a reader of one rank skips by
@@ -185,8 +188,9 @@ def row_groups(parts: Iterable[pa.Table], schema: pa.Schema) -> Iterator[pa.Tabl
         yield _canonical(pa.concat_tables(pending))
 
 
-def _rank_rows(file: pq.ParquetFile, columns: list[str] | None, rank: int) -> pa.Table:
+def _rank_rows(path: Path, columns: list[str] | None, rank: int) -> pa.Table:
     """The rows of `rank`, reading only the row groups that can hold them, in file order."""
+    file = pq.ParquetFile(path, read_dictionary=_dictionary_text(pq.read_schema(path)))
     at = file.schema_arrow.get_field_index("rank")
     groups = []
     for i in range(file.num_row_groups):
@@ -194,8 +198,41 @@ def _rank_rows(file: pq.ParquetFile, columns: list[str] | None, rank: int) -> pa
         if stats is None or not stats.has_min_max or stats.min <= rank <= stats.max:
             groups.append(i)
     wanted = columns or file.schema_arrow.names
-    table = file.read_row_groups(groups, columns=list(dict.fromkeys([*wanted, "rank"])))
+    stored, derived = _stored_columns(file.schema_arrow, [*wanted, "rank"])
+    table = derived(file.read_row_groups(groups, columns=stored))
     return table.filter(pc.equal(table.column("rank"), rank)).select(wanted)
+
+
+def _read_columns(path: Path, columns: list[str]) -> pa.Table:
+    if DETAIL.name not in columns:
+        return pq.read_table(path, columns=columns)
+    schema = pq.read_schema(path)
+    stored, derived = _stored_columns(schema, columns)
+    return derived(pq.read_table(path, columns=stored,
+                                 read_dictionary=_dictionary_text(schema)))
+
+
+def _dictionary_text(schema: pa.Schema) -> list[str]:
+    """The columns of a table file of `schema` that are read as dictionaries."""
+    return [c for c in schema.names if c in DICTIONARY_TEXT]
+
+
+def _stored_columns(schema: pa.Schema, columns: list[str]
+                    ) -> tuple[list[str], Callable[[pa.Table], pa.Table]]:
+    """The columns to read from a table file of `schema` for `columns`, and what makes them
+    from those: the same, but for a Run written before its events had a `detail`, which is
+    derived from their kinds and args (trace/detail.py)."""
+    if DETAIL.name not in columns or DETAIL.name in schema.names:
+        return list(dict.fromkeys(columns)), lambda table: table
+    return (list(dict.fromkeys([*(c for c in columns if c != DETAIL.name), "kind", "args"])),
+            _derived_detail)
+
+
+def _derived_detail(table: pa.Table) -> pa.Table:
+    """`table` with its events' detail derived, a dictionary as the stored one is read."""
+    table = with_detail(table)
+    at = table.column_names.index(DETAIL.name)
+    return table.set_column(at, DETAIL.name, table.column(at).dictionary_encode())
 
 
 def _of_rank(table: pa.Table, ranks: pa.ChunkedArray, rank: int) -> pa.Table:
@@ -290,11 +327,11 @@ class Run:
         cached = self._columns.setdefault(name, {})
         wanted = columns or TABLES[name].names
         if rank is not None and not cached:
-            return self._read(path, lambda: _rank_rows(pq.ParquetFile(path), columns, rank))
+            return self._read(path, lambda: _rank_rows(path, columns, rank))
         needed = wanted if rank is None else list(dict.fromkeys([*wanted, "rank"]))
         missing = [c for c in needed if c not in cached]
         if missing:
-            read = self._read(path, lambda: pq.read_table(path, columns=missing))
+            read = self._read(path, lambda: _read_columns(path, missing))
             cached.update((c, (read.schema.field(c), read.column(c))) for c in missing)
         table = pa.Table.from_arrays([cached[c][1] for c in wanted],
                                      schema=pa.schema([cached[c][0] for c in wanted]))

@@ -260,7 +260,7 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
     that has them."""
     peaks: dict[tuple[int, int], tuple[float, str]] = {}
     marks = facts.kind("instant").filter(pl.col("name") == "[memory]")
-    for rank, args in facts.with_args(marks).select("rank", "args").iter_rows():
+    for rank, args in facts.with_text(marks, "args").select("rank", "args").iter_rows():
         a = orjson.loads(args)
         if a.get("Device Type") != 1:  # 1 = CUDA in Kineto's memory events
             continue

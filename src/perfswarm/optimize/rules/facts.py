@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
-from perfswarm.analyze.frame import I64, KIND, Events, args_of, group_rows, lane_key
+from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, profiled, top_level
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
@@ -37,7 +37,7 @@ from perfswarm.trace.store import Manifest, Run
 def events_frame(run: Run, ev: Events) -> pl.DataFrame:
     """analyze's events of `run` as a polars frame: its columns (not copied where numpy and
     polars share the layout), kinds and names as text, and the Run's pid column; the args
-    (most of a trace's text) only for the rows a rule asks for (`Facts.with_args`)."""
+    (most of a trace's text) only for the rows a rule asks for (`Facts.with_text`)."""
     pid = run.table("events", ["pid"]).column("pid").to_numpy()
     return pl.DataFrame({
         "row": np.arange(len(ev), dtype=np.int64), "rank": ev.rank, "ts": ev.ts, "dur": ev.dur,
@@ -102,14 +102,15 @@ class Facts:
                    analysis.memory, analysis.sequences, analysis.concurrency.ranks)
 
     # -- selections ----------------------------------------------------------
-    def with_args(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """`frame` (rows of `events`) with an `args` column: each row's args JSON text ("{}"
-        for none), read for these rows alone."""
+    def with_text(self, frame: pl.DataFrame, column: Literal["args", "detail"]) -> pl.DataFrame:
+        """`frame` (rows of `events`) with the events' `column` (a JSON object's text: "{}"
+        for none), read for these rows alone: the whole args (memory events), or the fields
+        of them the analyses read (trace/detail.py: shapes, bytes)."""
         rows = frame["row"].to_numpy()
         order = np.argsort(rows, kind="stable")
         texts = np.empty(len(rows), object)
-        texts[order] = args_of(self.run, rows[order])
-        return frame.with_columns(pl.Series("args", texts, dtype=pl.String))
+        texts[order] = texts_of(self.run, column, rows[order])
+        return frame.with_columns(pl.Series(column, texts, dtype=pl.String))
 
     def kind(self, *kinds: str) -> pl.DataFrame:
         return self.events.filter(pl.col("kind").is_in(kinds))

@@ -66,7 +66,7 @@ def pageable_h2d(facts: Facts) -> Advice | None:
     copies = pageable_copies(facts)
     if copies.height == 0:
         return None
-    sizes = facts.with_args(copies)["args"].str.json_path_match("$.bytes").cast(
+    sizes = facts.with_text(copies, "detail")["detail"].str.json_path_match("$.bytes").cast(
         pl.Int64, strict=False)
     copy_ns = facts.total_ns(copies)
     nbytes = int(sizes.fill_null(0).sum())

@@ -59,7 +59,7 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
-    streamed = _streaming_ns(facts.with_args(top_ops(ops)))
+    streamed = _streaming_ns(facts.with_text(top_ops(ops), "detail"))
     if streamed is None:
         return None
     evidence["streaming_ns"] = round(streamed)
@@ -92,8 +92,8 @@ def _streaming_ns(ops: pl.DataFrame) -> float | None:
     """Time to move the bytes `ops` move (model.opcost over the recorded shapes) at the best
     rate one of them reached; None without shapes."""
     moved, best = 0.0, 0.0
-    for name, args, dur in ops.select("name", "args", "dur").iter_rows():
-        shapes = shapes_from_args(args)
+    for name, detail, dur in ops.select("name", "detail", "dur").iter_rows():
+        shapes = shapes_from_args(detail)
         cost = None if shapes is None else data_cost(name, shapes)
         if cost is None or cost.bytes <= 0 or dur <= 0:
             continue

@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from perfswarm.trace.detail import with_detail
 from perfswarm.trace.readers.fields import MAX_CLOCK_NS, Placement, SideTables, int64_field
 from perfswarm.trace.schema import EVENTS, NONE
 
@@ -78,7 +79,7 @@ def read(path: Path, at: Placement) -> SideTables:
     n = len(calls)
     none = pa.array(np.full(n, NONE, np.int64))
     tids = pa.array([c.tid for c in calls], pa.int64())
-    return SideTables("strace", events=pa.table({
+    return SideTables("strace", events=with_detail(pa.table({
         "rank": pa.array([rank_of.get(c.tid, NONE) for c in calls], pa.int32()),
         "ts": pa.array([c.ts_ns for c in calls], pa.int64()),
         "dur": pa.array([c.dur_ns for c in calls], pa.int64()),
@@ -88,4 +89,4 @@ def read(path: Path, at: Placement) -> SideTables:
         "device": pa.array(np.full(n, NONE, np.int32)), "stream": none, "correlation": none,
         "external_id": none, "rf_id": none, "step": pa.array(np.full(n, NONE, np.int32)),
         "args": pa.array([c.args for c in calls], pa.string()),
-    }).cast(EVENTS))
+    })).cast(EVENTS))

@@ -1,0 +1,111 @@
+"""The events table's `detail` column: the fields of an event's args that the analyses read.
+
+An event's `args` (Kineto's JSON object, kept as text) is most of a trace's bytes, and most of
+it is new in every event (its ids, its call stack). The analyses read a few fields of the
+ops, kernels, copies, syncs and collectives: the shapes record_shapes wrote, a copy's bytes,
+what a sync waited on, a kernel's launch geometry, a collective's message. `detail` is those
+fields alone, as a JSON object with the args' own value text, in a fixed key order ("{}" for
+an event with none of them, and for every event of another kind). Every iteration repeats the
+same ones, so the column is a small dictionary, and a command reads it instead of the args.
+The importers derive it when they build the events; the store derives it when it reads a Run
+written before the column existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+from msgspec import UNSET, Raw, UnsetType, field
+
+from perfswarm.trace.schema import DETAIL
+
+# The kinds whose args hold fields the analyses read (a Python function's, an annotation's or
+# a runtime call's args are never read, and are most of a trace with call stacks)
+DETAIL_KINDS: Final = ("cpu_op", "kernel", "memcpy", "memset", "sync", "collective")
+NO_DETAIL: Final = "{}"
+
+
+class _Detail(msgspec.Struct):
+    """The read fields of an args object, as their JSON text; absent ones are left out."""
+
+    # record_shapes (model.opcost.shapes_from_args)
+    dims: Raw | UnsetType = field(default=UNSET, name="Input Dims")
+    types: Raw | UnsetType = field(default=UNSET, name="Input type")
+    strides: Raw | UnsetType = field(default=UNSET, name="Input Strides")
+    concrete: Raw | UnsetType = field(default=UNSET, name="Concrete Inputs")
+    # copies and sets (analyze.bandwidth, model.predict)
+    bytes: Raw | UnsetType = UNSET
+    # syncs (analyze.dependencies); a kernel's stream
+    cuda_sync_kind: Raw | UnsetType = UNSET
+    stream: Raw | UnsetType = UNSET
+    wait_on_stream: Raw | UnsetType = UNSET
+    wait_on_cuda_event_record_corr_id: Raw | UnsetType = UNSET
+    # kernels' launch geometry, in Kineto's order (report.views, model.predict)
+    registers: Raw | UnsetType = field(default=UNSET, name="registers per thread")
+    shared: Raw | UnsetType = field(default=UNSET, name="shared memory")
+    blocks_per_sm: Raw | UnsetType = field(default=UNSET, name="blocks per SM")
+    warps_per_sm: Raw | UnsetType = field(default=UNSET, name="warps per SM")
+    grid: Raw | UnsetType = UNSET
+    block: Raw | UnsetType = UNSET
+    occupancy: Raw | UnsetType = field(default=UNSET, name="est. achieved occupancy %")
+    # collectives (optimize.project)
+    collective: Raw | UnsetType = field(default=UNSET, name="Collective name")
+    in_elems: Raw | UnsetType = field(default=UNSET, name="In msg nelems")
+    out_elems: Raw | UnsetType = field(default=UNSET, name="Out msg nelems")
+    group_size: Raw | UnsetType = field(default=UNSET, name="Group size")
+    dtype: Raw | UnsetType = UNSET
+
+
+_ALL: Final = msgspec.json.Decoder(list[_Detail])
+_ONE: Final = msgspec.json.Decoder(_Detail)
+_ENCODE: Final = msgspec.json.Encoder()
+
+
+def detail_rows(kinds: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
+    """The rows (of events of these kinds) that can have a detail."""
+    found = pc.is_in(kinds.cast(pa.string()), value_set=pa.array(DETAIL_KINDS, pa.string()))
+    return np.flatnonzero(found.to_numpy(zero_copy_only=False))
+
+
+def detail_column(texts: Sequence[bytes], rows: npt.NDArray[np.int64], n: int) -> pa.Array:
+    """The `detail` of `n` events whose `rows` have the args `texts` (JSON objects; the other
+    rows have none). All are decoded at once, in C, from one JSON array, and written back
+    as lines."""
+    found: list[_Detail | None]
+    try:
+        found = list(_ALL.decode(b"[" + b",".join(texts) + b"]"))
+    except msgspec.DecodeError:  # a text that is not an object: no detail (not written here)
+        found = [_one(t) for t in texts]
+    lines = _ENCODE.encode_lines([d or _Detail() for d in found])
+    values = pc.split_pattern(pa.array([lines[:-1]], pa.large_binary()), b"\n").flatten()
+    if len(values) != len(found):  # a value's text spans lines (pretty-printed args)
+        values = pa.array([_ENCODE.encode(d or _Detail()) for d in found], pa.large_binary())
+    at = np.full(n, len(values), np.int64)  # the other rows: the "{}" after the values
+    at[rows] = np.arange(len(values))
+    return pa.concat_arrays([values.cast(pa.string()), pa.array([NO_DETAIL], pa.string())]
+                            ).take(pa.array(at))
+
+
+def _one(text: bytes) -> _Detail | None:
+    try:
+        return _ONE.decode(text)
+    except msgspec.DecodeError:
+        return None
+
+
+def with_detail(events: pa.Table) -> pa.Table:
+    """`events` (a kind and an args column at least) with their `detail` column, derived from
+    the args text (an importer other than Kineto's, or a Run written before the column)."""
+    rows = detail_rows(events.column("kind"))
+    args = pc.fill_null(events.column("args").cast(pa.string()).take(pa.array(rows)), NO_DETAIL)
+    texts = [t.encode() for t in args.to_pylist()]
+    column = detail_column(texts, rows, events.num_rows)
+    if DETAIL.name in events.column_names:
+        return events.set_column(events.column_names.index(DETAIL.name), DETAIL, column)
+    return events.append_column(DETAIL, column)
