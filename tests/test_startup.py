@@ -46,9 +46,11 @@ def test_help_imports_no_heavy_library() -> None:
 
 
 @pytest.mark.parametrize(("argv", "needs", "unneeded"), [
-    (["info"], "pyarrow", ("polars", "duckdb")),
-    (["analyze"], "numpy", ()),  # sklearn clusters sampled stacks: a Run without them needs none
-    (["report", "--json"], "polars", ("jinja2",)),  # the HTML renderer: not for --json
+    (["info"], "pyarrow", ("polars", "duckdb", "pydantic")),
+    # sklearn clusters sampled stacks: a Run without them needs none; pydantic converts typer's
+    # parameters unless cli/coercion.py does
+    (["analyze", "--workers", "0"], "numpy", ("pydantic",)),
+    (["report", "--json"], "polars", ("jinja2", "pydantic")),  # HTML renderer: not for --json
 ])
 def test_command_imports_only_what_it_needs(small_run: str, argv: list[str], needs: str,
                                             unneeded: tuple[str, ...]) -> None:

@@ -21,7 +21,9 @@ from pathlib import Path
 import typer
 import typer.main
 from typer import _click
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
+
+from perfswarm.cli.coercion import plain
 
 CLI_DIR = Path(__file__).parent
 SUFFIX = "_cmd"
@@ -91,8 +93,14 @@ class CommandsOnDemand(TyperGroup):
         command = typer.main.get_command_from_info(
             info, pretty_exceptions_short=app.pretty_exceptions_short,
             rich_markup_mode=app.rich_markup_mode)
+        plain([*command.params, command.get_help_option(ctx)])
         self.commands[cmd_name] = command
         return command
+
+    def get_help_option(self, ctx: _click.Context) -> TyperOption | None:
+        option = super().get_help_option(ctx)  # made once
+        plain([option])
+        return option
 
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         self.listing = True
