@@ -19,6 +19,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 from perfswarm.model.collectives import OPS, RING, CollectiveConfig, Op, bus_factor, coefficients
+from perfswarm.model.nnls import nnls
 from perfswarm.model.topology import Link
 
 
@@ -60,8 +61,6 @@ def fit_link(measurements: tuple[Measurement, ...], world_size: int,
     t = np.array([m.seconds for m in measurements])
     n = np.array([float(m.nbytes) for m in measurements])
     design = np.column_stack([np.full_like(t, a) / t, b * n / t])
-    from scipy.optimize import nnls  # fitting only: projecting with a fitted link needs none
-
     (alpha, beta), _ = nnls(design, np.ones_like(t))
     return Link(f"{name}:{op}", float(alpha), float(beta), "switch",
                 f"fitted to {len(measurements)} measurements of {op} among {world_size} ranks")
@@ -121,8 +120,6 @@ def _fit_knees(ms: Sequence[Measurement], world_size: int, config: CollectiveCon
     a, b = coefficients(op, world_size, config)
     t = np.array([m.seconds for m in ms])
     design = np.column_stack([np.full_like(t, a), b * _segments([m.nbytes for m in ms], knees)])
-    from scipy.optimize import nnls
-
     coef, _ = nnls(design / t[:, None], np.ones_like(t))
     model = FittedOp(op, world_size, float(coef[0]), knees, tuple(float(c) for c in coef[1:]),
                      config)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
-from scipy.optimize import nnls
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.nnls import nnls
 
 
 @dataclass(frozen=True)

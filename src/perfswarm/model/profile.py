@@ -30,6 +30,7 @@ import numpy as np
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
+from perfswarm.model.nnls import nnls
 from perfswarm.model.opcost import OpCost, Shapes, data_cost, gemm_dims
 from perfswarm.userfiles import read_json
 
@@ -83,8 +84,6 @@ def fit(points: Sequence[Point]) -> FamilyModel:
     """Non-negative least squares on relative error (each row divided by its time), so tiny and
     huge ops weigh alike; a family whose ops all move as many bytes per FLOP gets its work
     split between the two terms, which predicts the same."""
-    from scipy.optimize import nnls
-
     t = np.array([p.seconds for p in points])
     design = np.array([(1.0, p.cost.bytes, p.cost.flops) for p in points]) / t[:, None]
     scale = np.maximum(design.max(axis=0), 1e-300)  # columns of similar size for the solver
