@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from msgspec import UNSET, Raw, UnsetType, field
+from msgspec import UNSET, Raw, UnsetType
 
 from perfswarm.trace.schema import DETAIL
 
@@ -31,38 +31,28 @@ DETAIL_KINDS: Final = ("cpu_op", "kernel", "memcpy", "memset", "sync", "collecti
 NO_DETAIL: Final = "{}"
 
 
-class _Detail(msgspec.Struct):
-    """The read fields of an args object, as their JSON text; absent ones are left out."""
-
+# The args keys the analyses read, in the order a detail lists them
+KEYS: Final = (
     # record_shapes (model.opcost.shapes_from_args)
-    dims: Raw | UnsetType = field(default=UNSET, name="Input Dims")
-    types: Raw | UnsetType = field(default=UNSET, name="Input type")
-    strides: Raw | UnsetType = field(default=UNSET, name="Input Strides")
-    concrete: Raw | UnsetType = field(default=UNSET, name="Concrete Inputs")
+    "Input Dims", "Input type", "Input Strides", "Concrete Inputs",
     # copies and sets (analyze.bandwidth, model.predict)
-    bytes: Raw | UnsetType = UNSET
+    "bytes",
     # syncs (analyze.dependencies); a kernel's stream
-    cuda_sync_kind: Raw | UnsetType = UNSET
-    stream: Raw | UnsetType = UNSET
-    wait_on_stream: Raw | UnsetType = UNSET
-    wait_on_cuda_event_record_corr_id: Raw | UnsetType = UNSET
+    "cuda_sync_kind", "stream", "wait_on_stream", "wait_on_cuda_event_record_corr_id",
     # kernels' launch geometry, in Kineto's order (report.views, model.predict)
-    registers: Raw | UnsetType = field(default=UNSET, name="registers per thread")
-    shared: Raw | UnsetType = field(default=UNSET, name="shared memory")
-    blocks_per_sm: Raw | UnsetType = field(default=UNSET, name="blocks per SM")
-    warps_per_sm: Raw | UnsetType = field(default=UNSET, name="warps per SM")
-    grid: Raw | UnsetType = UNSET
-    block: Raw | UnsetType = UNSET
-    occupancy: Raw | UnsetType = field(default=UNSET, name="est. achieved occupancy %")
+    "registers per thread", "shared memory", "blocks per SM", "warps per SM", "grid", "block",
+    "est. achieved occupancy %",
     # collectives (optimize.project)
-    collective: Raw | UnsetType = field(default=UNSET, name="Collective name")
-    in_elems: Raw | UnsetType = field(default=UNSET, name="In msg nelems")
-    out_elems: Raw | UnsetType = field(default=UNSET, name="Out msg nelems")
-    group_size: Raw | UnsetType = field(default=UNSET, name="Group size")
-    dtype: Raw | UnsetType = UNSET
+    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+)
+# Those fields of an args object, as their JSON text; absent ones are left out
+_Detail: Final = msgspec.defstruct(
+    "_Detail", [(f"f{i}", Raw | UnsetType, UNSET) for i in range(len(KEYS))],
+    rename={f"f{i}": key for i, key in enumerate(KEYS)})
 
 
-_ALL: Final = msgspec.json.Decoder(list[_Detail])
+# (list[_Detail] spelled for the type checker, to which a class made at run time is no type)
+_ALL: Final = msgspec.json.Decoder(list.__class_getitem__(_Detail))
 _ONE: Final = msgspec.json.Decoder(_Detail)
 _ENCODE: Final = msgspec.json.Encoder()
 
@@ -77,7 +67,7 @@ def detail_column(texts: Sequence[bytes], rows: npt.NDArray[np.int64], n: int) -
     """The `detail` of `n` events whose `rows` have the args `texts` (JSON objects; the other
     rows have none). All are decoded at once, in C, from one JSON array, and written back
     as lines."""
-    found: list[_Detail | None]
+    found: list[msgspec.Struct | None]
     try:
         found = list(_ALL.decode(b"[" + b",".join(texts) + b"]"))
     except msgspec.DecodeError:  # a text that is not an object: no detail (not written here)
@@ -92,7 +82,7 @@ def detail_column(texts: Sequence[bytes], rows: npt.NDArray[np.int64], n: int) -
                             ).take(pa.array(at))
 
 
-def _one(text: bytes) -> _Detail | None:
+def _one(text: bytes) -> msgspec.Struct | None:
     try:
         return _ONE.decode(text)
     except msgspec.DecodeError:
