@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,7 +15,7 @@ from perfswarm.analyze.dependencies import dependencies, sync_events, tensor_han
 from perfswarm.analyze.frame import Events, unique_rows
 from perfswarm.analyze.iterations import StepWindow, iterations
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, host_segments
-from perfswarm.model.simulate import Schedule, simulate, simulate_reference
+from perfswarm.model.simulate import Schedule, _measured_order, simulate, simulate_reference
 from perfswarm.trace.store import Run
 
 LAUNCH = "cudaLaunchKernel"
@@ -200,6 +202,25 @@ def test_replay_of_multi_step_gpu_traces(corpus_runs: dict[str, Run], name: str,
         assert np.array_equal(ref.start, replay.start) and np.array_equal(ref.end, replay.end)
 
 
+def test_the_walk_follows_the_measured_order_only_where_it_is_topological(
+        corpus_runs: dict[str, Run]) -> None:
+    """Points in measured order, unless an edge goes back in time: on the corpus's simple_add
+    trace the device's clock runs a few us ahead of the host's (a kernel starts after the host
+    call that waited on it ended), and Kahn's order gives the same timeline as the reference."""
+    at = np.array([0, 10, 5, 5], np.int64)
+    assert _measured_order(at, np.array([0, 2]), np.array([2, 3])).tolist() == [0, 2, 3, 1]
+    assert _measured_order(at, np.array([1]), np.array([2])) is None
+    ev = Events.load(corpus_runs["simple_add"])
+    g = build_graph(ev, dependencies(ev, sync_events(corpus_runs["simple_add"], ev)),
+                    iterations(corpus_runs["simple_add"], ev).steps)
+    measured = np.stack([g.ts, g.end], axis=1).reshape(-1)
+    back = measured[2 * g.src + g.src_point] > measured[2 * g.dst + g.dst_point]
+    assert back.any()  # edges into the past: the measured order is no topological order
+    s = Schedule.of(g)
+    fast, ref = simulate(s), simulate_reference(s)
+    assert np.array_equal(fast.start, ref.start) and np.array_equal(fast.end, ref.end)
+
+
 def test_nccl_graph_shape(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["nccl"]
     ev = Events.load(run)
@@ -255,10 +276,14 @@ def test_fast_simulator_equals_reference(rows: list[tuple[int, int, int, str, st
     n = len(g)
     dur = np.array([round(d * scales[i % len(scales)]) for i, d in enumerate(g.dur)], np.int64)
     gap = g.gap + np.array([shifts[i % len(shifts)] for i in range(n)], np.int64)
+    with mock.patch("perfswarm.model.simulate._measured_order", return_value=None):
+        kahns = Schedule.of(g)  # the walk in Kahn's order, not the measured one
     for args in ((None, None), (dur, gap)):
         fast, ref = simulate(s, *args), simulate_reference(s, *args)
         assert np.array_equal(fast.start, ref.start) and np.array_equal(fast.end, ref.end)
         assert np.all(fast.end >= fast.start + (g.dur if args[0] is None else dur))
+        other = simulate(kahns, *args)
+        assert np.array_equal(other.start, ref.start) and np.array_equal(other.end, ref.end)
     # measured durations and gaps: a thread with no sync call replays exactly as traced
     replay = simulate(s)
     calm = (g.role == HOST) & ~np.isin(g.lane, g.lane[np.isin(np.arange(n), g.dst)])

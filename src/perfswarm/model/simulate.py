@@ -81,8 +81,11 @@ class Schedule:
             is_head = np.isin(keys, heads)
             lane, first = np.flatnonzero(~is_head), np.flatnonzero(is_head)
             edge_src, edge_dst = anchor[src[kept]], np.searchsorted(keys, dst[kept])
-            order = _topological(len(keys), np.concatenate([lane - 1, edge_src]),
-                                 np.concatenate([lane, edge_dst]))
+            step_from = np.concatenate([lane - 1, edge_src])
+            step_to = np.concatenate([lane, edge_dst])
+            order = _measured_order(measured[keys], step_from, step_to)
+            if order is None:
+                order = _topological(len(keys), step_from, step_to)
             if len(order) == len(keys):
                 break
             done = np.zeros(2 * n, bool)
@@ -102,6 +105,18 @@ class Schedule:
         step_of = np.argsort(rank[step_dst], kind="stable")
         return cls(g, kept, starts_free, keys, anchor, lane, first, src[kept], edge_src,
                    step_dst[step_of].tolist(), step_src[step_of].tolist(), step_of)
+
+
+def _measured_order(at: I64, src: I64, dst: I64) -> I64 | None:
+    """The points in the order they were measured (ties in id order), when that is a
+    topological order of the edges src -> dst: on a trace, dependencies point forward in time,
+    so it nearly always is (on 22 of 23 kept Runs; on the 23rd the device's clock runs 1-6 us
+    ahead of the host's, and a kernel starts after the host call that waited on it ended), and
+    a sort costs a fraction of Kahn's walk."""
+    order = np.lexsort((np.arange(len(at)), at))
+    rank = np.empty(len(at), np.int64)
+    rank[order] = np.arange(len(at))
+    return order if bool(np.all(rank[src] < rank[dst])) else None
 
 
 def _topological(n: int, src: I64, dst: I64) -> I64:

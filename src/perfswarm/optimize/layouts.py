@@ -76,9 +76,8 @@ def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     """The shaped weight and attention ops of `rank`'s first step (the whole Run without
     steps), in time order."""
     table = run.table("events", ["ts", "kind", "name", "step", "detail"], rank=rank)
-    names = pc.cast(table.column("name"), pa.string())
-    keep = pc.and_(pc.equal(pc.cast(table.column("kind"), pa.string()), "cpu_op"),
-                   pc.is_in(names, pa.array([*_WEIGHTS, _ATTENTION])))
+    keep = pc.and_(pc.is_in(table.column("kind"), pa.array(["cpu_op"])),
+                   pc.is_in(table.column("name"), pa.array([*_WEIGHTS, _ATTENTION])))
     table = table.filter(keep)
     steps = np.asarray(table.column("step").to_numpy(), np.int64)
     if (steps >= 0).any():

@@ -194,26 +194,26 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     `grad_bytes` (--grad-bytes), else the Run's all-reduce kernels, else `shaped_grad_bytes`
     (the parameters its layers' shapes show)."""
     table = run.table("events", columns=["rank", "ts", "dur", "kind", "name", "step"])
-    kinds = pc.cast(table.column("kind"), pa.string())
+    # (kinds and names matched on their dictionaries: no text per row)
+    kinds = table.column("kind")
     keep = pc.is_in(kinds, pa.array([*COMPUTE_KINDS, "collective"]))
     in_steps = pc.and_(keep, pc.greater_equal(table.column("step"), 0))
     whole_run = not pc.any(in_steps).as_py()
     if not whole_run:   # without step markers the whole Run counts as one iteration
         keep = in_steps
     table = table.filter(keep)
-    is_coll = pc.equal(pc.cast(table.column("kind"), pa.string()), "collective")
+    kind, names = table.column("kind"), table.column("name")
+    is_coll = pc.is_in(kind, pa.array(["collective"]))
     rank, step, ts, dur = (_column(table, c) for c in ("rank", "step", "ts", "dur"))
     coll = np.asarray(is_coll.to_numpy(zero_copy_only=False), dtype=bool)
-    kind = pc.cast(table.column("kind"), pa.string())
-    names = pc.cast(table.column("name"), pa.string())
-    bound = [n for n in pc.unique(names).to_pylist()
+    bound = [n for n in pc.unique(names.cast(pa.string())).to_pylist()
              if n is not None and kernel_category(n) in MEMORY_BOUND]
     memory = np.asarray(pc.or_(pc.is_in(kind, pa.array(["memcpy", "memset"])), pc.and_(
-        pc.equal(kind, "kernel"), pc.is_in(names, pa.array(bound, pa.string()))))
+        pc.is_in(kind, pa.array(["kernel"])), pc.is_in(names, pa.array(bound, pa.string()))))
         .to_numpy(zero_copy_only=False), dtype=bool)
     # the collectives' detail alone, by their place among the collectives (kernels' go unread)
     args = run.table("events", ["detail"]).column("detail").filter(
-        pc.and_(keep, pc.equal(kinds, "collective"))).to_pylist()
+        pc.and_(keep, pc.is_in(kinds, pa.array(["collective"])))).to_pylist()
     coll_at = np.cumsum(coll) - 1
     steps: list[StepProfile] = []
     idle = _device_idle(run, _step_spans(run))

@@ -10,6 +10,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.annotations import HostCalls
 from perfswarm.analyze.frame import KIND, Events, args_of, codes, detail_of
@@ -164,12 +165,13 @@ def memory_view(run: Run, origin: int, max_points: int) -> list[dict[str, Any]]:
     (analyze.phases: the forward's activations, the backward's gradients, the optimizer's
     state), and those allocated before the trace began (parameters and what else was there)."""
     table = run.table("events", ["rank", "ts", "name"])
-    names = table.column("name").cast(pa.string()).to_pylist()
-    rows = [i for i, n in enumerate(names) if n == MEMORY_EVENT]
-    if not rows:
+    found = np.flatnonzero(pc.is_in(table.column("name"), pa.array([MEMORY_EVENT]))
+                           .to_numpy(zero_copy_only=False))
+    if not len(found):
         return []
+    rows = found.tolist()
     ranks, ts = (table.column(c).to_pylist() for c in ("rank", "ts"))
-    texts = dict(zip(rows, args_of(run, np.asarray(rows, np.int64)), strict=True))
+    texts = dict(zip(rows, args_of(run, found), strict=True))
     phase_of = dict(zip(rows, phases(Events.load(run), np.asarray(rows, np.int64)).tolist(),
                         strict=True))
     # (ts, bytes, total allocated, total reserved, address, phase) per rank and device
