@@ -5,9 +5,9 @@ pydantic and building the adapters cost 0.08-0.11 CPU s of every command, 7% of 
 200k-event trace (docs/benchmarks.md). The values perfswarm's commands take are text, paths,
 integers, numbers and fixed choices, and for those a plain conversion gives what typer's
 would: text and flags as given, a `Path` checked by typer's own path check, a number in plain
-digits within the option's bounds, a choice given exactly. Anything else (a value such a conversion refuses, an
-option with other rules) goes to typer's own conversion, so every error message and every
-unusual form it accepts stays typer's.
+digits within the option's bounds, a choice given exactly. Anything else (a value such a
+conversion refuses, an option with other rules) goes to typer's own conversion, so every error
+message and every unusual form it accepts stays typer's.
 """
 
 from __future__ import annotations

@@ -435,9 +435,9 @@ _SHAPE_FIELDS: Final = msgspec.json.Decoder(_ShapeFields)
 
 def shapes_from_args(args_json: str) -> Shapes | None:
     """The ``Input Dims``, ``Input type`` and (when well formed) ``Input Strides`` and
-    ``Concrete Inputs`` of an events-table row's args (Kineto's record_shapes), or None when
-    absent or malformed. Tensor lists (recorded as nested lists by some versions) are not
-    shapes of one input and make the row unshaped."""
+    ``Concrete Inputs`` of an events-table row's args or detail (Kineto's record_shapes), or
+    None when absent or malformed. Tensor lists (recorded as nested lists by some versions)
+    are not shapes of one input and make the row unshaped."""
     try:
         found = _SHAPE_FIELDS.decode(args_json or "{}")
     except msgspec.DecodeError:  # not JSON, or not an object

@@ -187,7 +187,7 @@ def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple
     """The CPU ops of `ev` (the Run's events, or `rank`'s: `rank` says which rows `ev` holds)
     that have a cost model and recorded shapes, by row, with their cost and shapes; once per
     Events object (the op table and the advice's launching ops read the same). Only ops of a
-    modelled name have their args parsed (most of a big trace's ops are not)."""
+    modelled name have their shapes parsed (most of a big trace's ops are not)."""
     def make() -> dict[int, tuple[OpCost, Shapes]]:
         cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
         named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
@@ -303,7 +303,7 @@ def _sums(groups: I64, values: I64, count: int) -> I64:
     return out
 
 
-PARSE_ROWS: Final = 1 << 16  # rows whose args text RowShapes holds at once
+PARSE_ROWS: Final = 1 << 16  # rows whose detail text RowShapes holds at once
 
 
 class RowShapes:
@@ -327,7 +327,7 @@ class RowShapes:
         keys = (np.asarray(rows, np.int64) + base).tolist()
         todo = np.asarray([k for k in keys if k not in self.parsed], np.int64) - base
         for part in np.array_split(todo, -(-len(todo) // PARSE_ROWS)) if len(todo) else ():
-            # a part at a time: the args text of a part's rows is held, not of all of them
+            # a part at a time: the detail text of a part's rows is held, not of all of them
             self.parsed.update(zip((part + base).tolist(),
                                    map(shapes_from_args, detail_of(self.run, part, rank)),
                                    strict=True))

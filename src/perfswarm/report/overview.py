@@ -100,7 +100,7 @@ def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> 
 
 
 def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
-    """(row, args text) of the rows (ascending), in time order, an outer op before the ops
+    """(row, detail text) of the rows (ascending), in time order, an outer op before the ops
     inside it; callers parse the shapes of the rows they need."""
     text = dict(zip(rows.tolist(), detail_of(run, rows), strict=True))
     return [(r, text[r]) for r in rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))].tolist()]

@@ -112,7 +112,7 @@ def kernel_streams(run: Run, spans: Spans, limit: int) -> dict[str, Any]:
         groups.setdefault(names[n], []).append(i)
     top = sorted(groups, key=lambda n: (-int(dur[groups[n]].sum()), n))[:limit]
     longest = {n: max(groups[n], key=lambda i: (int(dur[i]), -i)) for n in top}
-    wanted = np.unique(spans.rows[list(longest.values())])  # their args read alone
+    wanted = np.unique(spans.rows[list(longest.values())])  # their detail read alone
     args = dict(zip(wanted.tolist(), detail_of(run, wanted), strict=True))
     kernels = []
     for name in top:
