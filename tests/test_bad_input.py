@@ -61,6 +61,9 @@ CASES = {
     "absurd duration": ("t.json", _trace(_event(dur=1e15)), "absurd duration"),
     "not an object": ("t.json", b'"hello"', "not a Kineto trace (a JSON object with "
                       "`traceEvents`, or an array of trace events); it is a JSON string"),
+    # a field the decoder skips: the args are stored as text, and read again by every command
+    "args not utf-8": ("t.json", _trace(_event()).replace(b'"External id"', b'"Ex\xfft"'),
+                       "(traceEvents[0]): args that are not UTF-8 text (1 such events)"),
 }
 
 
@@ -82,13 +85,18 @@ def test_bad_trace_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_drop_bad_events_keeps_the_rest_and_warns(tmp_path: Path) -> None:
-    path = _write(tmp_path, "t.json", _trace(_event(), _event(dur=-3.0), _event(ts=20.0)))
+    bad_text = json.dumps(_event(ts=30.0, args={"Input type": ["tag"]})).encode().replace(
+        b"tag", b"t\xffg")
+    path = _write(tmp_path, "t.json", _trace(_event(), _event(dur=-3.0), _event(ts=20.0))
+                  .replace(b"]}", b", " + bad_text + b"]}"))
     out = tmp_path / "out.run"
     assert main(["import", str(path), "-o", str(out), "-q", "--drop-bad-events"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert {"source": "t.json", "what": "dropped events with negative duration",
-            "count": 1} in manifest["warnings"]
+    for what in ("dropped events with negative duration",
+                 "dropped events with args that are not UTF-8 text"):
+        assert {"source": "t.json", "what": what, "count": 1} in manifest["warnings"]
     assert main(["sql", str(out), "select count(*) from events"]) == 0
+    assert main(["analyze", str(out)]) == 0
 
 
 def test_suspicious_data_is_kept_and_counted(tmp_path: Path) -> None:

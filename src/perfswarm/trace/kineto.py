@@ -360,6 +360,35 @@ def _check_times(path: Path, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.fl
     return keep
 
 
+def _check_text(path: Path, args: pa.Array, raws: Sequence[msgspec.Raw],
+                index: npt.NDArray[np.int64], opts: ReadOptions,
+                meta: TraceMeta) -> npt.NDArray[np.bool_] | None:
+    """Rows whose args are UTF-8 text, as JSON is (None: all are; the decoder checks only the
+    fields it reads). Others are an error, or dropped and counted with --drop-bad-events."""
+    try:
+        args.validate(full=True)
+        return None
+    except pa.ArrowInvalid:
+        pass
+    ok = np.array([_is_utf8(bytes(r)) for r in raws], bool)
+    bad = int((~ok).sum())
+    if not opts.drop_bad_events:
+        first = int(np.flatnonzero(~ok)[0])
+        raise TraceFormatError(path, f"traceEvents[{int(index[first])}]",
+                               f"args that are not UTF-8 text ({bad} such events)",
+                               "{drop_bad_events} drops them")
+    meta.warnings["dropped events with args that are not UTF-8 text"] += bad
+    return ok
+
+
+def _is_utf8(text: bytes) -> bool:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _metadata(events: Sequence[KEvent], args: list[KArgs], meta: TraceMeta) -> None:
     for ev, a in zip(events, args, strict=True):
         if a.name is None:
@@ -491,6 +520,12 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
     keep = _check_times(path, ts_us, dur_us, index, opts, meta)
 
     raws = [e.args for e in spans]
+    args_text = _string_array(raws)
+    text = _check_text(path, args_text, raws, index, opts, meta)
+    if text is not None:  # dropped: their args are neither decoded nor stored
+        keep &= text
+        raws = [r if ok else _EMPTY_ARGS for r, ok in zip(raws, text.tolist(), strict=True)]
+        args_text = _string_array(raws)
     args = _decode_args(path, raws)
     names = pa.array([e.name for e in spans], pa.string()).dictionary_encode()
     kinds = _kinds(pa.array([e.cat for e in spans], pa.string()), names, meta)
@@ -523,7 +558,7 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
             "external_id": pa.array(ext_a),
             "rf_id": pa.array(_int_or_none([a.rf_id for a in args])),
             "step": pa.array(np.full(n, NONE, np.int32)),
-            "args": _string_array(raws),
+            "args": args_text,
             "detail": detail_column([raws[i] for i in read.tolist()], read, n),
         }
     )
