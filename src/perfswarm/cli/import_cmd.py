@@ -21,7 +21,7 @@ def import_command(
     et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON (one per rank, in rank order).")] = None,
     memory_timeline: Annotated[list[Path] | None, typer.Option("--memory-timeline", help="torch.profiler's memory timeline (export_memory_timeline: .json, .json.gz, or raw.json.gz) or a CUDA memory snapshot (torch.cuda.memory._dump_snapshot's pickle, read without running code), one per rank, in rank order: bytes alive per category over time, as counters memory.<category>.")] = None,
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo, else file order).")] = None,
-    drop_bad_events: Annotated[bool, typer.Option("--drop-bad-events", help="Drop events with negative or absurd times (counted in warnings) instead of failing.")] = False,
+    drop_bad_events: Annotated[bool, typer.Option("--drop-bad-events", help="Drop events with negative or absurd times, or args that are not UTF-8 text (counted in warnings), instead of failing.")] = False,
     streaming: Annotated[str, typer.Option("--streaming", help="auto | always | never: bounded-memory path for traces over a quarter of RAM.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
