@@ -55,6 +55,7 @@ _Detail: Final = msgspec.defstruct(
 _ALL: Final = msgspec.json.Decoder(list.__class_getitem__(_Detail))
 _ONE: Final = msgspec.json.Decoder(_Detail)
 _ENCODE: Final = msgspec.json.Encoder()
+_NONE: Final = _Detail()  # encodes as "{}"
 
 
 def detail_rows(kinds: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
@@ -72,14 +73,15 @@ def detail_column(texts: Sequence[bytes], rows: npt.NDArray[np.int64], n: int) -
         found = list(_ALL.decode(b"[" + b",".join(texts) + b"]"))
     except msgspec.DecodeError:  # a text that is not an object: no detail (not written here)
         found = [_one(t) for t in texts]
-    lines = _ENCODE.encode_lines([d or _Detail() for d in found])
-    values = pc.split_pattern(pa.array([lines[:-1]], pa.large_binary()), b"\n").flatten()
-    if len(values) != len(found):  # a value's text spans lines (pretty-printed args)
-        values = pa.array([_ENCODE.encode(d or _Detail()) for d in found], pa.large_binary())
-    at = np.full(n, len(values), np.int64)  # the other rows: the "{}" after the values
-    at[rows] = np.arange(len(values))
-    return pa.concat_arrays([values.cast(pa.string()), pa.array([NO_DETAIL], pa.string())]
-                            ).take(pa.array(at))
+    every: list[msgspec.Struct] = [_NONE] * n  # the other rows: none
+    for row, d in zip(rows.tolist(), found, strict=True):
+        every[row] = d or _NONE
+    lines = _ENCODE.encode_lines(every)
+    text_type = pa.binary() if len(lines) < 2**31 else pa.large_binary()
+    values = pc.split_pattern(pa.array([lines[:-1]], text_type), b"\n").flatten()
+    if len(values) != n:  # a value's text spans lines (pretty-printed args)
+        values = pa.array([_ENCODE.encode(d) for d in every], text_type)
+    return values.cast(pa.string())
 
 
 def _one(text: bytes) -> msgspec.Struct | None:
