@@ -257,7 +257,8 @@ def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike, *,
     `execution_traces`: PyTorch execution traces, one per rank; `memory_timelines`:
     torch.profiler's memory timeline exports or CUDA memory snapshots (read without running
     code), one per rank (`analyze()`'s `memory`);
-    `drop_bad_events`: drop events with negative or absurd times instead of failing;
+    `drop_bad_events`: drop events with negative or absurd times, or args that are not UTF-8
+    text, instead of failing;
     `force`: replace `out`."""
     from perfswarm.trace.ingest import ImportOptions, trace_files
     from perfswarm.trace.ingest import import_traces as ingest
