@@ -523,19 +523,21 @@ def test_forecast_dispatch_is_read_off_the_steady_steps(tmp_path: Path) -> None:
              if s["source"] == "marker"]
     assert len(steps) >= 3
     ev = m.ev
+    rows = np.flatnonzero(ev.of_kind("cpu_op")).tolist()
+    shapes = dict(zip(rows, m.shapes(rows), strict=True)).__getitem__
     own = []
     for lo, hi in steps:
         inside = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi)).tolist()
-        own.append(_host_parts(ev, inside, innermost_ops(ev, m.shapes, lo, hi), lo, hi)
+        own.append(_host_parts(ev, inside, innermost_ops(ev, shapes, lo, hi), lo, hi)
                    .dispatch_self_ns)
     medians = [float(np.median(mine)) for mine in own]
     assert len(set(medians)) == len(medians)  # each step its own: the flags decide
     target = load_spec("H100-SXM")
     for chosen in range(len(steps)):
         flags = [i == chosen for i in range(len(steps))]
-        found = op_graph_steps(ev, m.shapes, steps, target, steady=flags)
+        found = op_graph_steps(ev, shapes, steps, target, steady=flags)
         for f, mine in zip(found, own, strict=True):
             assert f.host_ns["dispatch"] == round(float(np.median(own[chosen])) * len(mine))
-    every = op_graph_steps(ev, m.shapes, steps, target)
+    every = op_graph_steps(ev, shapes, steps, target)
     pooled = float(np.median([ns for mine in own for ns in mine]))
     assert [f.host_ns["dispatch"] for f in every] == [round(pooled * len(o)) for o in own]

@@ -28,7 +28,7 @@ import functools
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, Literal
@@ -242,15 +242,16 @@ class _Model:
     def _shapes(self) -> RowShapes:
         return RowShapes.of(self.run)
 
-    def shapes(self, row: int) -> Shapes | None:
-        """The row's recorded shapes (parsed once per Run: several passes ask for the same
-        rows, and so do the report's other parts)."""
+    def shapes(self, rows: Sequence[int]) -> list[Shapes | None]:
+        """The recorded shapes of `rows`, those not parsed yet from one read of the column
+        (each read filters the whole column: a read per row made predict quadratic in the
+        rows). Parsed once per Run: several passes ask for the same rows, and so do the
+        report's other parts."""
         parsed = self._shapes.parsed
-        return parsed[row] if row in parsed else self._shapes.get(np.array([row], np.int64))[0]
-
-    def parse(self, rows: Iterable[int]) -> None:
-        """Parse the shapes of many rows ahead, from one read (not an Arrow scalar per row)."""
-        self._shapes.get(np.unique(np.fromiter(rows, np.int64)))
+        todo = [r for r in rows if r not in parsed]
+        if todo:
+            self._shapes.get(np.unique(np.asarray(todo, np.int64)))
+        return [parsed[r] for r in rows]
 
     def iterations(self, timeline: Timeline, durations: I64
                    ) -> list[tuple[int, int, int, int, int]]:
@@ -301,8 +302,8 @@ def _compute_nodes(m: _Model) -> Mask:
     self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
     candidates = np.flatnonzero((self_ns > 0) & ev.of_kind("cpu_op"))
     family: dict[int, str] = {}
-    for row in candidates.tolist():
-        shapes = m.shapes(row)
+    rows = candidates.tolist()
+    for row, shapes in zip(rows, m.shapes(rows), strict=True):
         cost = data_cost(ev.name_of(row), shapes) if shapes is not None else None
         if cost is not None:
             family[row] = cost.family
@@ -336,8 +337,7 @@ def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0) & (g.top >= 0))
     rows = set(scope_rows.tolist()) | set(g.row[host[np.isin(g.top[host], scope_rows)]].tolist())
     shapes: set[tuple[int, ...]] = set()
-    for row in sorted(rows):
-        found = m.shapes(row)
+    for found in m.shapes(sorted(rows)):
         if found is not None:
             shapes |= {d for d in found.dims if d}
     return shapes
@@ -352,8 +352,7 @@ def sparse_tables(m: _Model) -> set[tuple[int, ...]]:
     tables: set[tuple[int, ...]] = set()
     names = [i for i, n in enumerate(m.ev.names)
              if n in ("aten::embedding_bag", "aten::_embedding_bag", "aten::embedding")]
-    for row in np.flatnonzero(np.isin(m.ev.name, names)).tolist():
-        shapes = m.shapes(row)
+    for shapes in m.shapes(np.flatnonzero(np.isin(m.ev.name, names)).tolist()):
         if shapes is not None and shapes.dims and len(shapes.dims[0]) == 2:
             tables.add(shapes.dims[0])
     return tables
@@ -401,8 +400,7 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> int | None:
     if flag is not None:
         return flag
     leading: Counter[int] = Counter()
-    for row in _op_rows(m):
-        shapes = m.shapes(row)
+    for shapes in m.shapes(_op_rows(m)):
         if shapes is not None:
             leading.update(d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed
                            and d[0] > 1)
@@ -486,9 +484,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     measured_ns = measured.tolist()
     name = ev.name[row_arr].tolist()
     op_names = np.where(op_arr >= 0, ev.name[np.maximum(op_arr, 0)], -1).tolist()
-    m.parse(op for op in ops if op is not None)
-    parsed = m._shapes.parsed
-    shaped = [parsed[op] if op is not None else None for op in ops]
+    launching = iter(m.shapes([op for op in ops if op is not None]))
+    shaped = [None if op is None else next(launching) for op in ops]
     own = _own_sizes(m, [r for r, sh in zip(rows, shaped, strict=True) if sh is None]) \
         if m.platform == "gpu" else {}
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
@@ -843,7 +840,13 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
     target = load_spec(change.device or "")
     g = m.graph
     precision = Precision.of_record(m.run.manifest().get("extra", {}).get("record", {}))
-    forecasts = op_graph_steps(m.ev, m.shapes, [(lo, hi) for _, _, lo, hi, _ in measured],
+    ev = m.ev
+    ops = np.zeros(len(ev), bool)
+    for _, _, lo, hi, _ in measured:
+        ops |= (ev.ts >= lo) & (ev.ts < hi)
+    rows = np.flatnonzero(ops & ev.of_kind("cpu_op")).tolist()
+    known = dict(zip(rows, m.shapes(rows), strict=True))  # every op of the steps, one read
+    forecasts = op_graph_steps(ev, known.__getitem__, [(lo, hi) for _, _, lo, hi, _ in measured],
                                target, gpu_model, precision, parameter_shapes(m),
                                [(rank, step) in steady for rank, step, *_ in measured])
     notes = [*notes, precision.describe()]
