@@ -5,12 +5,15 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import corpus
 from perfswarm.cli.main import main
+from perfswarm.trace.store import Run
 
 
 def _event(**over: object) -> dict[str, object]:
@@ -124,6 +127,24 @@ def test_missing_file_and_existing_run(tmp_path: Path, capsys: pytest.CaptureFix
 def test_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", str(tmp_path)]) == 2
     assert "not a perfswarm Run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("drop name", "unreadable table (no column name)"),
+    ("not parquet", "unreadable table"),
+])
+def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damage: str,
+                              message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Run whose events table lost a column, or is not Parquet, is one line and exit 2."""
+    run = shutil.copytree(corpus_runs["nccl"].path, tmp_path / "r.run")
+    events = run / "tables" / "events.parquet"
+    if damage == "drop name":
+        pq.write_table(pq.read_table(events).drop_columns(["name"]), events)
+    else:
+        events.write_bytes(b"not a table")
+    assert main(["analyze", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "events.parquet" in err
 
 
 def test_sql_is_read_only(corpus_runs: dict[str, object], capsys: pytest.CaptureFixture[str]

@@ -21,7 +21,9 @@ from perfswarm.trace.store import Run
 def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
     """(table, column) -> how many times Parquet was read for it."""
     counted: Counter[tuple[str, str]] = Counter()
-    read_table, read_row_groups = pq.read_table, pq.ParquetFile.read_row_groups
+    read_table = pq.read_table
+    init, read, read_row_groups = (pq.ParquetFile.__init__, pq.ParquetFile.read,
+                                   pq.ParquetFile.read_row_groups)
 
     def counting_read_table(source: Any, *args: Any, columns: list[str] | None = None,
                             **kwargs: Any) -> Any:
@@ -29,13 +31,23 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
         counted.update((Path(source).stem, c) for c in table.column_names)
         return table
 
-    def counting_row_groups(self: pq.ParquetFile, *args: Any, **kwargs: Any) -> Any:
-        table = read_row_groups(self, *args, **kwargs)
-        counted.update(("events", c) for c in table.column_names)  # only events are read by rank
-        return table
+    def named_init(self: pq.ParquetFile, source: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, source, *args, **kwargs)
+        self.counted_as = (  # type: ignore[attr-defined]
+            Path(source).stem if isinstance(source, str | Path) else "")
+
+    def counting(method: Any) -> Any:
+        def counted_read(self: pq.ParquetFile, *args: Any, **kwargs: Any) -> Any:
+            table = method(self, *args, **kwargs)
+            counted.update((self.counted_as, c)  # type: ignore[attr-defined]
+                           for c in table.column_names)
+            return table
+        return counted_read
 
     monkeypatch.setattr(pq, "read_table", counting_read_table)
-    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counting_row_groups)
+    monkeypatch.setattr(pq.ParquetFile, "__init__", named_init)
+    monkeypatch.setattr(pq.ParquetFile, "read", counting(read))
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counting(read_row_groups))
     return counted
 
 
