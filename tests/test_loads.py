@@ -33,13 +33,13 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
 
     def named_init(self: pq.ParquetFile, source: Any, *args: Any, **kwargs: Any) -> None:
         init(self, source, *args, **kwargs)
-        self.counted_as = (  # type: ignore[attr-defined]
+        self.counted_as = (
             Path(source).stem if isinstance(source, str | Path) else "")
 
     def counting(method: Any) -> Any:
         def counted_read(self: pq.ParquetFile, *args: Any, **kwargs: Any) -> Any:
             table = method(self, *args, **kwargs)
-            counted.update((self.counted_as, c)  # type: ignore[attr-defined]
+            counted.update((self.counted_as, c)
                            for c in table.column_names)
             return table
         return counted_read
