@@ -147,6 +147,24 @@ def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damag
     assert err.count("\n") == 1 and message in err and "events.parquet" in err
 
 
+def test_outputs_never_replace_a_runs_own_files(corpus_runs: dict[str, Run], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """report and export refuse a path that is a Run's manifest or lies in its raw/ or tables/
+    (also through a linked folder); the Run is left byte for byte; beside them is allowed."""
+    run = shutil.copytree(corpus_runs["event_sync"].path, tmp_path / "r.run")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    (tmp_path / "raw-link").symlink_to(run / "raw")
+    for argv in (["report", str(run), "-o", str(run / "manifest.json")],
+                 ["report", str(run), "-o", str(run / "tables" / "events.parquet")],
+                 ["export", str(run), "--format", "perfetto", "-o",
+                  str(tmp_path / "raw-link" / "x.json.gz")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"would replace a file of the Run {run}" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert main(["report", str(run)]) == 0 and (run / "report.html").is_file()
+
+
 def test_sql_is_read_only(corpus_runs: dict[str, object], capsys: pytest.CaptureFixture[str]
                           ) -> None:
     run = corpus_runs["compare_base"]
@@ -174,8 +192,8 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str],
 
 @pytest.mark.parametrize(("command", "flag", "said"), [
     ("report", ["-o"], "no such directory (for out.html)"),
-    ("project", ["--html"], "out.html: cannot write"),
-    ("predict", ["--save-overheads"], "out.html: cannot write"),
+    ("project", ["--html"], "no such directory (for out.html)"),
+    ("predict", ["--save-overheads"], "no such directory (for out.html)"),
     ("calibrate", ["-o"], "no such directory (for out.html)"),
 ])
 def test_outputs_in_a_missing_directory(corpus_runs: dict[str, object], tmp_path: Path,

@@ -18,6 +18,7 @@ from perfswarm.model.profile import UNUSABLE_GMAE
 from perfswarm.record.bench.bandwidth import gpu_matrix
 from perfswarm.record.bench.collectives import PASSES, sweep
 from perfswarm.record.bench.kernels import calibrate as kernel_calibration
+from perfswarm.trace.store import check_output
 from perfswarm.userfiles import write_json
 
 
@@ -44,7 +45,7 @@ def calibrate_command(
         _kernels(device, budget, threads, out or Path(default), as_json)
         return
     out = out or Path("collectives-profile.json")
-    _writable(out)
+    check_output(out)  # before minutes of sweeps
     if backend not in ("auto", "gloo", "nccl"):
         raise typer.BadParameter("must be auto, gloo or nccl", param_hint="--backend")
     with spinner() as bar:
@@ -95,7 +96,7 @@ def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:
     from perfswarm.model.gpu.dataset import load_dataset
     from perfswarm.model.gpu.learned import steps, train
 
-    _writable(out)
+    check_output(out)  # before minutes of sweeps
     data = load_dataset(folder)
     with progress_bar() as bar:
         task = bar.add_task("GPU kernel model", total=steps(data))
@@ -128,18 +129,12 @@ def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:
     console.print(f"model: {out}")
 
 
-def _writable(out: Path) -> None:
-    """Before minutes of sweeps: the profile will have somewhere to go."""
-    if not out.parent.is_dir():
-        raise PerfswarmError(f"{out.parent}: no such directory (for {out.name})")
-
-
 def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: bool) -> None:
     if not 0 < budget_min < math.inf:  # nan too: a sweep without an end
         raise PerfswarmError("calibrate: --budget must be a positive number of minutes")
     if threads < 1:
         raise PerfswarmError("calibrate: --threads must be at least 1")
-    _writable(out)
+    check_output(out)  # before minutes of sweeps
     with spinner() as bar:
         task = bar.add_task(f"kernel sweeps on {device} ({budget_min:g} min budget)")
         profile = kernel_calibration(

@@ -11,8 +11,7 @@ from perfswarm.analyze.window import windowed
 from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
-from perfswarm.errors import PerfswarmError
-from perfswarm.trace.store import Run
+from perfswarm.trace.store import Run, check_output
 
 
 @app.command("report")
@@ -31,8 +30,8 @@ def report_command(
 
         tune = load_results(tune_dir)
     target = output or run.path / "report.html"
-    if not as_json and not target.parent.is_dir():  # said before the analysis, not after
-        raise PerfswarmError(f"{target.parent}: no such directory (for {target.name})")
+    if not as_json:
+        check_output(target)  # said before the analysis, not after
     with spinner() as progress:
         task = progress.add_task("analyzing", total=2)
         data = report_data(run, tune=tune)

@@ -26,7 +26,7 @@ from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs, queue_steps
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
-from perfswarm.trace.store import Run, write_output
+from perfswarm.trace.store import Run, check_output, write_output
 from perfswarm.trace.timebase import us_json
 
 # Our kinds back to Kineto's categories (the inverse of kineto.CAT_KIND).
@@ -296,8 +296,7 @@ def write(run: Run, path: str | Path) -> Path:
     out = Path(path)
     if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
         raise PerfswarmError(f"{out}: a Chrome trace is written as .json or .json.gz")
-    if not out.parent.is_dir():
-        raise PerfswarmError(f"{out.parent}: no such directory")
+    check_output(out)
     data = dumps(export_chrome_trace(run))
     if out.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)

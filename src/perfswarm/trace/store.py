@@ -19,7 +19,7 @@ import socket
 import tempfile
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, TypeVar, cast
+from typing import Any, Final, NotRequired, TypedDict, TypeVar, cast
 
 import msgspec
 import orjson
@@ -133,13 +133,39 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+RUN_OWN: Final = ("raw", "tables")  # a Run's folders that hold its recording
+
+
+def check_output(path: Path) -> None:
+    """Refuse, before any work, a file a user names that cannot be written: in a folder that
+    is not there, or one of a Run's own files (its manifest, raw/ or tables/)."""
+    if not path.parent.is_dir():
+        raise PerfswarmError(f"{path.parent}: no such directory (for {path.name})")
+    if (run := _owning_run(path)) is not None:
+        raise PerfswarmError(f"{path}: would replace a file of the Run {run} (its {MANIFEST}, "
+                             f"{'/ and '.join(RUN_OWN)}/ are the recording); write elsewhere")
+
+
 def write_output(path: Path, data: bytes) -> None:
-    """atomic_write_bytes for a file a user named (a report, a profile): a missing directory,
+    """atomic_write_bytes for a file a user named (a report, a profile), after check_output:
     a full disk or a refused permission is the one-line error naming the file."""
+    check_output(path)
     try:
         atomic_write_bytes(path, data)
     except OSError as exc:
         raise _disk_error(path, exc) from None
+
+
+def _owning_run(path: Path) -> Path | None:
+    """The Run whose own files `path` is one of, if any: the nearest folder up that holds a
+    manifest, when `path` is that manifest or lies under its raw/ or tables/. Its folder is
+    taken after links; the file itself is not (the write replaces a link, not its target)."""
+    target = Path(os.path.realpath(path.parent)) / path.name
+    for folder in target.parents:
+        if (folder / MANIFEST).is_file():
+            inside = target.relative_to(folder).parts
+            return folder if inside == (MANIFEST,) or inside[0] in RUN_OWN else None
+    return None
 
 
 def _disk_error(path: Path, exc: OSError) -> PerfswarmError:
