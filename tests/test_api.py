@@ -111,10 +111,10 @@ def test_library_errors_name_parameters_the_cli_flags(notebook: dict[str, Any],
     run: perfswarm.Run = notebook["run"]
     with pytest.raises(perfswarm.ParameterError) as caught:
         run.project([0], bandwidth_gbps=-1)
-    assert str(caught.value) == "devices: give positive device counts, e.g. 1,2,4,8"
+    assert str(caught.value) == "devices: give device counts from 1 to 16,777,216, e.g. 1,2,4,8"
     assert main(["project", str(run.path), "--devices", "0"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "perfswarm: error: --devices: give positive device counts, e.g. 1,2,4,8")
+        "perfswarm: error: --devices: give device counts from 1 to 16,777,216, e.g. 1,2,4,8")
     # no collectives and no layer shapes: nothing gives the gradients' size
     bare = perfswarm.import_traces(corpus("simple_add"), out=notebook["here"] / "bare.run")
     with pytest.raises(perfswarm.ParameterError, match=r"gradient size with grad_bytes$"):

@@ -222,6 +222,13 @@ def test_outputs_in_a_missing_directory(corpus_runs: dict[str, object], tmp_path
      "--batch", "2", "--devices", "8"],
     ["layouts", "--params", "nan", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq",
      "8", "--batch", "2", "--devices", "8"],
+    # a billion devices had run out of memory; a layer count past 64 bits, a traceback
+    ["layouts", "--params", "1e9", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq",
+     "8", "--batch", "2", "--devices", "1000000000"],
+    ["layouts", "--params", "inf", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq",
+     "8", "--batch", "2", "--devices", "8"],
+    ["layouts", "--params", "1e9", "--layers", "99999999999999999999", "--hidden", "64",
+     "--heads", "4", "--seq", "8", "--batch", "2", "--devices", "8", "--json"],
 ])
 def test_numeric_flags_out_of_range_are_one_line_before_any_work(
         argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -231,6 +238,33 @@ def test_numeric_flags_out_of_range_are_one_line_before_any_work(
     err = capsys.readouterr().err
     assert err.startswith("perfswarm: error: ") and err.count("\n") == 1, err
     assert not list(tmp_path.iterdir())  # nothing recorded, swept or written
+
+
+@pytest.mark.parametrize("argv", [
+    # each printed nonsense, or a JSON TypeError past 64 bits ("Integer exceeds 64-bit range")
+    ["predict", "--batch-size", "99999999999999999999", "--recorded-batch-size", "1", "--json"],
+    ["predict", "--dim", "3=99999999999999999999", "--json"],
+    ["predict", "--dim", "0=5"],
+    ["project", "--grad-bytes", "99999999999999999999999", "--json"],
+    ["project", "--devices", "99999999999999999999", "--grad-bytes", "1000", "--json"],
+    ["project", "--bandwidth", "inf", "--json"],
+    ["project", "--bandwidth", "nan"],
+])
+def test_sizes_past_their_range_on_a_run(argv: list[str], corpus_runs: dict[str, Run],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([argv[0], str(corpus_runs["nccl"].path), *argv[1:]]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("perfswarm: error: ") and err.count("\n") == 1, err
+
+
+def test_shard_table_past_its_range_names_the_file(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    tables = tmp_path / "t.yaml"
+    tables.write_text("tables:\n  - {name: a, rows: 99999999999999999999999, dim: 4}\n")
+    assert main(["shard", "--tables", str(tables), "--devices", "2", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err == (f"perfswarm: error: {tables}: tables[0] (a): rows must be at "
+                               "most 281,474,976,710,656\n")
 
 
 def test_layouts_names_the_size_that_is_not_positive(capsys: pytest.CaptureFixture[str]) -> None:

@@ -347,4 +347,4 @@ def test_cli_layouts(nccl: Run, capsys: pytest.CaptureFixture[str]) -> None:
     assert "best layout dp8 x tp1 x pp1, ZeRO-0" in " ".join(capsys.readouterr().out.split())
     assert main(["project", str(nccl.path), "--memory-gb", "-1"]) == 2
     assert capsys.readouterr().err.strip() == \
-        "perfswarm: error: --memory-gb: must be positive, got -1.0"
+        "perfswarm: error: --memory-gb -1.0: must be above 0 and at most 1,000,000,000"

@@ -225,7 +225,7 @@ tables: [{name: t, rows: *c, dim: 4}]
 @pytest.mark.parametrize(("text", "said"), [
     (BILLION_LAUGHS, "invalid YAML (aliases (*name) are not accepted)"),
     ("tables: " + "[" * 20_000 + "]" * 20_000, "invalid YAML (nested too deep)"),
-    ("tables:\n - {name: a, rows: .inf, dim: 4}\n", "tables[0]: rows, dim, pooling"),
+    ("tables:\n - {name: a, rows: .inf, dim: 4}\n", ": tables[0]: rows, dim, pooling"),
     ("tables:\n - {name: a, rows: 9, dim: 4, pooling: .nan}\n", "pooling and distribution must"),
     ("tables:\n - {name: a, rows: 9, dim: 4, distribution: 'zipf:inf'}\n", "must be finite"),
     (None, "not a regular file"),

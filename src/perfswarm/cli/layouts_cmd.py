@@ -18,18 +18,18 @@ from perfswarm.model.topology import interconnect
 
 @app.command("layouts")
 def layouts_command(
-    params: Annotated[float, typer.Option("--params", help="Parameters (e.g. 175e9).")],
-    layers: Annotated[int, typer.Option("--layers", help="Transformer layers.")],
-    hidden: Annotated[int, typer.Option("--hidden", help="Hidden size.")],
-    heads: Annotated[int, typer.Option("--heads", help="Attention heads.")],
-    seq: Annotated[int, typer.Option("--seq", help="Sequence length.")],
-    batch: Annotated[int, typer.Option("--batch", help="Global batch, sequences per step.")],
-    devices: Annotated[int, typer.Option("--devices", help="Device count.")],
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
+    params: Annotated[float, typer.Option("--params", max=1e16, help="Parameters (e.g. 175e9).")],
+    layers: Annotated[int, typer.Option("--layers", max=1_000_000, help="Transformer layers.")],
+    hidden: Annotated[int, typer.Option("--hidden", max=2**24, help="Hidden size.")],
+    heads: Annotated[int, typer.Option("--heads", max=2**16, help="Attention heads.")],
+    seq: Annotated[int, typer.Option("--seq", max=2**31 - 1, help="Sequence length.")],
+    batch: Annotated[int, typer.Option("--batch", max=2**31 - 1, help="Global batch, sequences per step.")],
+    devices: Annotated[int, typer.Option("--devices", max=2**24, help="Device count.")],
+    micro_batch: Annotated[int, typer.Option("--micro-batch", max=2**31 - 1, help="Sequences per micro-batch.")] = 1,
     device: Annotated[str, typer.Option("--device", help="GPU (a bundled spec): its fp16 peak and memory.")] = "A100-80GB",
     intra: Annotated[str, typer.Option("--intra", help="Intra-node link (model/interconnects.yaml).")] = "nvswitch-a100",
     inter: Annotated[str, typer.Option("--interconnect", help="Inter-node network.")] = "ib-hdr",
-    per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
+    per_node: Annotated[int, typer.Option("--gpus-per-node", max=2**16, help="Devices per node.")] = 8,
     efficiency: Annotated[float, typer.Option("--efficiency", help="Share of the fp16 peak the GEMMs reach.")] = 0.5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:

@@ -20,14 +20,17 @@ from perfswarm.report.text import ms
 from perfswarm.trace.store import Run
 from perfswarm.userfiles import write_json
 
+MAX_SIZE = 2**31 - 1  # a batch or a tensor dimension
+
 
 def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
     out = []
     for pair in pairs:
         old, sep, new = pair.partition("=")
-        if not (sep and old.strip().isdigit() and new.strip().isdigit()) or int(new) < 1:
-            raise PerfswarmError(f"--dim {pair}: expected OLD=NEW with positive integers, "
-                                 "e.g. 512=1024")
+        if not (sep and old.strip().isdigit() and new.strip().isdigit()
+                and 0 < int(old) <= MAX_SIZE and 0 < int(new) <= MAX_SIZE):
+            raise PerfswarmError(f"--dim {pair}: expected OLD=NEW with integers from 1 to "
+                                 f"{MAX_SIZE:,}, e.g. 512=1024")
         out.append((int(old), int(new)))
     return tuple(out)
 
@@ -75,8 +78,8 @@ def _print(result: Prediction) -> None:
 def predict_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
     device: Annotated[str | None, typer.Option("--device", help="Predict on this GPU: a bundled spec's name (H100-SXM), short name (H100) or the exact name torch.cuda.get_device_name() gives it ('NVIDIA H100 80GB HBM3'); docs/cli.md lists them.")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Predict at this batch size.")] = None,
-    recorded_batch_size: Annotated[int | None, typer.Option("--recorded-batch-size", help="The Run's batch size, when its command line does not say.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", max=MAX_SIZE, help="Predict at this batch size.")] = None,
+    recorded_batch_size: Annotated[int | None, typer.Option("--recorded-batch-size", max=MAX_SIZE, help="The Run's batch size, when its command line does not say.")] = None,
     dim: Annotated[list[str] | None, typer.Option("--dim", help="OLD=NEW: every recorded tensor dimension OLD becomes NEW (layer widths), and the parameters' whole multiples of it with it (fused QKV 3W, MLP 4W); repeatable.")] = None,
     profile: Annotated[Path | None, typer.Option("--profile", help="Kernel-model profile from `perfswarm calibrate` (needed for shape changes on CPU runs).")] = None,
     overheads: Annotated[Path | None, typer.Option("--overheads", help="CPU-overhead model to use (JSON from --save-overheads), instead of this Run's.")] = None,

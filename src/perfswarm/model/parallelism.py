@@ -73,6 +73,7 @@ data-parallel layouts only, and its stage-3 gathers are of the whole model at on
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -341,6 +342,13 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
                     (pp - 1) / (m * v), comm, compute, exposed, host_s)
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (a walk to its square root, not to n: a million devices
+    took a second, a billion ran out of memory)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
+
+
 def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
     """Every layout of `devices` the model divides into: tp dividing a node, or whole nodes,
     and the heads (each rank computes whole heads), pp dividing the layers, dp dividing the batch,
@@ -349,10 +357,9 @@ def layouts(model: Model, devices: int, per_node: int) -> list[Layout]:
     are a multiple of pp, as Megatron-LM needs), tensor parallelism with and without sequence
     parallelism; data parallel only without the model's layers."""
     out = []
-    degrees = [t for t in range(1, devices + 1)
+    degrees = [t for t in divisors(devices)
                if (t % per_node if t > per_node else per_node % t) == 0]
-    splits = (itertools.product(degrees, range(1, _layers(model) + 1))
-              if model.blocks else [(1, 1)])
+    splits = (itertools.product(degrees, divisors(_layers(model))) if model.blocks else [(1, 1)])
     for tp, pp in splits:
         if (_layers(model) % pp or devices % (tp * pp)
                 or (model.blocks and model.blocks.heads % tp)):

@@ -248,8 +248,6 @@ def profile(run: Run, grad_bytes: int | None = None, *,
                             subject=run.path)
     world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
     measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
-    if grad_bytes is not None and grad_bytes <= 0:
-        raise ParameterError("grad_bytes", f"must be positive, got {grad_bytes}")
     if grad_bytes is None and any(measured):
         grad_bytes, source = int(statistics.median(measured)), "collective kernels"
     elif grad_bytes is not None or shaped_grad_bytes:
@@ -380,14 +378,15 @@ def _memory(run: Run, device: str | None, memory_gb: float | None) -> float | No
     """Memory per device for the layouts: --memory-gb, else the --device spec's, else the
     Run's own devices' (None on a Run without devices)."""
     if memory_gb is not None:
-        if not memory_gb > 0:
-            raise ParameterError("memory_gb", f"must be positive, got {memory_gb}")
         return memory_gb * 1e9
     if device is not None:
         return load_spec(device).memory_bytes
     sizes = [float(d["totalGlobalMem"]) for d in run.manifest().get("devices", [])
              if isinstance(d.get("totalGlobalMem"), int | float)]
     return min(sizes) if sizes else None
+
+
+MAX_DEVICES: Final = 2**24
 
 
 def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-ndr",
@@ -398,8 +397,14 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
     """`intra_link` (a measured one, see collective_fit.link_of_profile) replaces the
     bundled intra-node link; with `device`, compute is predicted on that GPU. The layouts of
     the Run's model (optimize.layouts) are chosen for the largest device count."""
-    if not devices or min(devices) < 1:
-        raise ParameterError("devices", "give positive device counts, e.g. 1,2,4,8")
+    if not devices or min(devices) < 1 or max(devices) > MAX_DEVICES:
+        raise ParameterError("devices", f"give device counts from 1 to {MAX_DEVICES:,}, "
+                             "e.g. 1,2,4,8")
+    for name, value, top in (("bandwidth_gbps", bandwidth_gbps, 10**9),
+                             ("memory_gb", memory_gb, 10**9), ("grad_bytes", grad_bytes, 2**60),
+                             ("per_node", per_node, 2**16), ("servers", servers, 2**16)):
+        if value is not None and not 0 < value <= top:  # nan and inf too
+            raise ParameterError(name, f"must be above 0 and at most {top:,}", value=value)
     devices = sorted(set(devices))
     memory = _memory(run, device, memory_gb)
     shaped = run_model(run, min(run.manifest().get("ranks") or [0]))

@@ -30,25 +30,31 @@ class Workload:
     batch: int
 
 
-def _table(i: int, spec: object) -> Table:
+LIMITS: Final = {"rows": 2**48, "dim": 2**24, "pooling": 2**31, "dtype_bytes": 64}
+
+
+def _table(path: Path, i: int, spec: object) -> Table:
+    where = f"{path}: tables[{i}]"
     if not isinstance(spec, dict):
-        raise PerfswarmError(f"tables[{i}]: expected a mapping")
+        raise PerfswarmError(f"{where}: expected a mapping")
     dist = str(spec.get("distribution", "uniform"))
     try:
         zipf = 0.0 if dist == "uniform" else float(dist.removeprefix("zipf:"))
         table = Table(str(spec.get("name", f"table{i}")), int(spec["rows"]), int(spec["dim"]),
                       float(spec.get("pooling", 1)), zipf, int(spec.get("dtype_bytes", 4)))
     except KeyError as exc:
-        raise PerfswarmError(f"tables[{i}]: missing {exc}") from None
+        raise PerfswarmError(f"{where}: missing {exc}") from None
     except (TypeError, ValueError, OverflowError):
-        raise PerfswarmError(f"tables[{i}]: rows, dim, pooling, dtype_bytes must be numbers and "
+        raise PerfswarmError(f"{where}: rows, dim, pooling, dtype_bytes must be numbers and "
                              f"distribution 'uniform' or 'zipf:S', got {spec}") from None
+    where = f"{where} ({table.name})"
     if not (math.isfinite(table.pooling) and math.isfinite(zipf)):
-        raise PerfswarmError(f"tables[{i}] ({table.name}): pooling and distribution must be "
-                             "finite")
+        raise PerfswarmError(f"{where}: pooling and distribution must be finite")
     if min(table.rows, table.dim, table.dtype_bytes) < 1 or table.pooling <= 0 or zipf < 0:
-        raise PerfswarmError(f"tables[{i}] ({table.name}): rows, dim, pooling, dtype_bytes "
-                             "must be positive")
+        raise PerfswarmError(f"{where}: rows, dim, pooling, dtype_bytes must be positive")
+    for key, top in LIMITS.items():
+        if getattr(table, key) > top:
+            raise PerfswarmError(f"{where}: {key} must be at most {top:,}")
     return table
 
 
@@ -58,12 +64,13 @@ def load_workload(path: Path, batch: int | None = None) -> Workload:
     if not isinstance(data, dict) or not isinstance(data.get("tables"), list) \
             or not data["tables"]:
         raise PerfswarmError(f"{path}: expected a mapping with a non-empty 'tables' list")
-    tables = tuple(_table(i, t) for i, t in enumerate(data["tables"]))
+    tables = tuple(_table(path, i, t) for i, t in enumerate(data["tables"]))
     if len({t.name for t in tables}) != len(tables):
         raise PerfswarmError(f"{path}: table names must be unique")
     size = batch if batch is not None else data.get("batch_size", 512)
-    if not isinstance(size, int) or size < 1:
-        raise PerfswarmError(f"{path}: batch_size must be a positive integer, got {size!r}")
+    if not isinstance(size, int) or not 0 < size < 2**31:
+        raise PerfswarmError(f"{path}: batch_size must be an integer from 1 to {2**31 - 1:,}, "
+                             f"got {size!r}")
     return Workload(tables, size)
 
 
