@@ -174,6 +174,19 @@ def test_window_from_step_0(tmp_path: Path) -> None:
     assert {"aten::addmm", "Optimizer.step#SGD.step"} <= names
 
 
+def test_a_window_the_program_ends_in(tmp_path: Path) -> None:
+    """The program ends (here: 6 steps) inside the window: the last marker, which no optimizer
+    step ended (its exit), is the `tail`, no profiled step: it counts in no analysis."""
+    script = tmp_path / "short.py"
+    script.write_text(FREED)
+    result = record([PY, str(script)], tmp_path / "short.run",
+                    RecordOptions(collectors=("torch",), skip=4, steps=5))
+    assert [(s["step"], s["source"]) for s in result.run.table("steps").to_pylist()] == [
+        (1, "detected"), (2, "detected"), (3, "detected"), (4, "marker"), (5, "marker"),
+        (6, "tail")]
+    assert [w.step for w in analyze(result.run).iterations.steps[0]] == [4, 5]
+
+
 DDP = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn

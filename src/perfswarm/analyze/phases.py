@@ -26,19 +26,56 @@ SCOPES: Final = {BACKWARD: re.compile(r"^autograd::engine::evaluate_function: |B
                  OPTIMIZER: re.compile(r"^Optimizer\.")}
 
 
+def scopes(ev: Events, phase: int) -> I64:
+    """Rows of the spans that bracket `phase` (autograd nodes, optimizer calls), ascending."""
+    def make() -> I64:
+        codes = [i for i, n in enumerate(ev.names) if SCOPES[phase].search(n)]
+        return np.flatnonzero(np.isin(ev.name, codes) & (ev.dur > 0))
+    return ev.derived(("phase scopes", phase), make)
+
+
+def optimizer_calls(ev: Events) -> tuple[I64, I64]:
+    """The optimizer calls' rows (ascending) and where each one's own work starts."""
+    return ev.derived(("optimizer calls",), lambda: (
+        scopes(ev, OPTIMIZER), own_starts(ev, scopes(ev, OPTIMIZER))))
+
+
+def own_starts(ev: Events, calls: I64) -> I64:
+    """Where each optimizer call at `calls` (rows) starts its own work: after the last
+    autograd node that ran within it on its rank, else at its start. A closure passed to
+    step() (LBFGS, Lightning's training loop, `optimizer.step(closure)`) runs the forward and
+    the backward inside the call; the update follows it."""
+    out = ev.ts[calls].copy()
+    nodes = scopes(ev, BACKWARD)
+    for rank in np.unique(ev.rank[calls]).tolist() if len(nodes) else ():
+        mine = nodes[ev.rank[nodes] == rank]
+        mine = mine[np.argsort(ev.ts[mine], kind="stable")]
+        for i in np.flatnonzero(ev.rank[calls] == rank).tolist():
+            lo, hi = int(ev.ts[calls[i]]), int(ev.end[calls[i]])
+            within = mine[int(np.searchsorted(ev.ts[mine], lo)):
+                          int(np.searchsorted(ev.ts[mine], hi))]
+            ends = ev.end[within][ev.end[within] <= hi]
+            if len(ends):
+                out[i] = ends.max()
+    return out
+
+
 def phases(ev: Events, rows: I64) -> I64:
     """The phase (an index into PHASES) of each event at `rows`: backward where it is an
     autograd node's span or lies in one on its thread (dependencies.enclosing_ops: the one
-    nesting sweep), else optimizer where it is or lies in an optimizer call's, else forward."""
+    nesting sweep), else optimizer where it is or lies in an optimizer call's own work (after
+    the closure passed to it, which is forward and backward: own_starts), else forward."""
     out = np.full(len(rows), FORWARD, np.int64)
     if not len(rows):
         return out
     for phase in (OPTIMIZER, BACKWARD):  # backward last: an autograd node wins
-        codes = [i for i, n in enumerate(ev.names) if SCOPES[phase].search(n)]
-        scopes = np.flatnonzero(np.isin(ev.name, codes) & (ev.dur > 0))
-        if not len(scopes):
+        spans = scopes(ev, phase)
+        if not len(spans):
             continue
-        inside = enclosing_ops(ev, rows, scopes)
-        out[np.isin(rows, np.fromiter(inside, np.int64, len(inside))) | np.isin(rows, scopes)] = (
-            phase)
+        inside = enclosing_ops(ev, rows, spans)
+        found = np.fromiter(inside, np.int64, len(inside))
+        if phase == OPTIMIZER:  # not the closure's: before its call's own work
+            call = np.fromiter(inside.values(), np.int64, len(inside))
+            found = found[ev.ts[found] >= optimizer_calls(ev)[1][np.searchsorted(spans, call)]]
+        out[np.isin(rows, found) | np.isin(rows, spans)] = phase
     return out

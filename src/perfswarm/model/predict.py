@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from perfswarm.analyze.dependencies import (
     Dependencies,
     dependencies,
+    enclosing_ops,
     launching_ops,
     sync_events,
     tensor_handoffs,
@@ -49,6 +50,7 @@ from perfswarm.analyze.frame import I64, KIND, Events, Mask, detail_of
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
+from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
 from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
@@ -335,7 +337,15 @@ def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
     scoped = [i for i, n in enumerate(ev.names) if n.startswith(PARAMETER_SCOPES)]
     scope_rows = np.flatnonzero(np.isin(ev.name, scoped))
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0) & (g.top >= 0))
-    rows = set(scope_rows.tolist()) | set(g.row[host[np.isin(g.top[host], scope_rows)]].tolist())
+    within = enclosing_ops(ev, np.unique(g.row[host[np.isin(g.top[host], scope_rows)]]),
+                           scope_rows)
+    inner = np.fromiter(within, np.int64, len(within))
+    # in an optimizer call, only its own work: a closure passed to step() runs the forward
+    # and the backward there, on activations
+    by_optimizer = np.isin(np.fromiter(within.values(), np.int64, len(within)),
+                           optimizer_calls(ev)[0])
+    inner = inner[~by_optimizer | (phases(ev, inner) == OPTIMIZER)]
+    rows = set(scope_rows.tolist()) | set(inner.tolist())
     shapes: set[tuple[int, ...]] = set()
     for found in m.shapes(sorted(rows)):
         if found is not None:

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.analyze.iterations import EXPORT
+from perfswarm.analyze.iterations import EXPORT, TAIL
 from perfswarm.errors import TraceFormatError
 from perfswarm.record.base import SAMPLER_HZ
 from perfswarm.record.torch_profiler import read_live
@@ -127,6 +127,17 @@ def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Tabl
     return pa.table(rows).cast(STEPS) if rows["step"] else STEPS.empty_table()
 
 
+def tails(marked: pa.Table, hooked: Iterable[Hooks]) -> pa.Table:
+    """The marked steps, those of a stepping rank from its hook count on (no hook ended them:
+    the program exited or raised in the window's last marker) as source `tail`."""
+    ended = {rank: len(hooks) for rank, hooks, _faults in hooked}
+    rows = marked.to_pylist()
+    for row in rows:
+        if row["step"] >= ended.get(row["rank"], row["step"] + 1):
+            row["source"] = TAIL
+    return pa.Table.from_pylist(rows, schema=STEPS)
+
+
 class Stacks:
     """Interns stacks (tuples of frames) to ids; rows for the `stacks` table."""
 
@@ -226,7 +237,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
                          marker_steps.column("step").to_pylist(), strict=True))
         hooked = [h for path in stepping
                   if (h := readable(manifest, "torch", partial(_hooks, path), None)) is not None]
-        steps = concat([marker_steps, hook_steps(hooked, marked)], STEPS)
+        steps = concat([tails(marker_steps, hooked), hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
         at = Placement(rank_of=rank_of, interval_ns=_interval_ns(manifest))

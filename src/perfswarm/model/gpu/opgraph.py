@@ -20,7 +20,7 @@ import numpy as np
 
 from perfswarm.analyze.dependencies import enclosing_ops
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.phases import OPTIMIZER, SCOPES, phases
+from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
 from perfswarm.model.gpu.forecast import multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.opcost import Shapes, data_cost
@@ -268,15 +268,14 @@ def _host_parts(ev: Events, inside: Sequence[int], inner: Sequence[int], lo: int
 
 
 def _optimizer_python_ns(ev: Events, inside: Sequence[int], lo: int, hi: int) -> int:
-    """The host's time in the step's optimizer ranges outside their ops: the Python of a loop
-    over the parameters."""
-    codes = [i for i, n in enumerate(ev.names) if SCOPES[OPTIMIZER].search(n)]
-    ranges = np.flatnonzero(np.isin(ev.name, codes) & (ev.ts >= lo) & (ev.ts < hi)
-                            & ev.of_kind("user_annotation"))
+    """The host's time in the step's optimizer ranges outside their ops, from where each one's
+    own work starts (after a closure passed to it): the Python of a loop over the parameters."""
+    calls, starts = optimizer_calls(ev)
+    chosen = (ev.ts[calls] >= lo) & (ev.ts[calls] < hi) & ev.of_kind("user_annotation")[calls]
     total = 0
-    for r in ranges.tolist():
-        ops = [i for i in inside if ev.ts[r] <= ev.ts[i] < ev.end[r] and ev.tid[i] == ev.tid[r]]
-        total += max(0, int(ev.dur[r]) - _top_level_ns(ev, ops))
+    for r, start in zip(calls[chosen].tolist(), starts[chosen].tolist(), strict=True):
+        ops = [i for i in inside if start <= ev.ts[i] < ev.end[r] and ev.tid[i] == ev.tid[r]]
+        total += max(0, int(ev.end[r]) - start - _top_level_ns(ev, ops))
     return total
 
 

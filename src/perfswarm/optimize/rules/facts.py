@@ -22,9 +22,10 @@ from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
-from perfswarm.analyze.iterations import EXPORT, profiled, top_level
+from perfswarm.analyze.iterations import EXPORT, TAIL, profiled, top_level
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
+from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost
@@ -66,7 +67,8 @@ class Facts:
     raw_files: dict[str, str] = field(default_factory=dict)
     # The Analysis's launch statistics (its idle split: one definition of host and kernel wait)
     launch: tuple[LaunchStats, ...] = ()
-    # Every step the run timed (hooks outside the window too), but the one holding the export.
+    # Every step the run timed (hooks outside the window too), but the one holding the export
+    # and a tail (analyze.iterations).
     run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
     # analyze's memory by category (a memory timeline's counters), per rank
     memory: tuple[RankMemory, ...] = ()
@@ -82,8 +84,8 @@ class Facts:
         analysis = analyze(run)
         table = run.table("steps")
         steps = pl.from_arrow(profiled(table))
-        run_steps = pl.from_arrow(table.filter(pc.not_equal(table.column("source").cast(
-            pa.string()), EXPORT)))
+        run_steps = pl.from_arrow(table.filter(pc.invert(pc.is_in(table.column("source").cast(
+            pa.string()), pa.array([EXPORT, TAIL])))))
         counters = pl.from_arrow(run.table("counters"))
         assert isinstance(steps, pl.DataFrame)
         assert isinstance(run_steps, pl.DataFrame)
@@ -172,6 +174,20 @@ class Facts:
             parts.append(frame.filter((pl.col("rank") == r) & (pl.col("ts") >= start)
                                       & (pl.col("ts") < end)))
         return pl.concat(parts) if parts else frame.clear()
+
+    @cached_property
+    def optimizer_steps(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The optimizer's step() calls in the window, each from where its own work starts
+        (after the forward and backward of a closure passed to it: analyze.phases), and the
+        aten ops of that work."""
+        steps = self.in_window(self.named(r"^Optimizer\.step#", "cpu_op", "user_annotation")
+                               ).filter(pl.col("dur") > 0)
+        ev = Events.load(self.run)
+        calls, starts = optimizer_calls(ev)
+        own = starts[np.searchsorted(calls, steps["row"].to_numpy())]
+        ops = self.inside(steps, self.named(r"^aten::", "cpu_op"))
+        ops = ops.filter(pl.Series(phases(ev, ops["row"].to_numpy()) == OPTIMIZER))
+        return steps.with_columns(ts=pl.Series(own), dur=pl.col("ts") + pl.col("dur") - own), ops
 
     def busy_ns(self, frame: pl.DataFrame,
                 by: tuple[str, ...] = ("rank",)) -> dict[tuple[Any, ...], int]:

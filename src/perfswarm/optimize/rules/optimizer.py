@@ -11,7 +11,6 @@ from perfswarm.model.opcost import data_cost, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
 from perfswarm.optimize.rules.facts import Facts
 
-_STEP = r"^Optimizer\.step#"
 _MULTI_TENSOR = r"_foreach_|_fused_"
 # Fewer ops than this per step is a handful of parameters: nothing to batch.
 _MIN_OPS_PER_STEP = 20
@@ -28,7 +27,7 @@ def _inside(facts: Facts, outer_pattern: str,
 
 def single_tensor_optimizer(facts: Facts) -> Advice | None:
     """optimizer.step() runs one small op per parameter instead of one multi-tensor op."""
-    steps, ops = _inside(facts, _STEP, r"^aten::")
+    steps, ops = facts.optimizer_steps
     if steps.height == 0 or ops.height == 0:
         return None
     if steps["name"].str.contains("Fused").any() or ops["name"].str.contains(_MULTI_TENSOR).any():
