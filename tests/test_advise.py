@@ -268,6 +268,37 @@ def test_threads_within_cores_or_unknown(tmp_path: Path, corpus_runs: dict[str, 
     assert found(host.thread_oversubscription, corpus_runs["nccl"]) is None  # imported: unknown
 
 
+def test_threads_each_process_ran_with(tmp_path: Path) -> None:
+    """The recorder notes torch.get_num_threads() of each stepping process: under torchrun
+    (OMP_NUM_THREADS=1 in each worker) two ranks on two cores fit; two threads each do not.
+    A recording from before that note, of a torchrun command, takes torchrun's default."""
+    def recorded(name: str, **changes: Any) -> Run:
+        return with_manifest(imported(tmp_path, name, _loader_steps(100, 9900)), cores=2,
+                             ranks=[0, 1], collectors={"torch": {"status": "ok", "files": []}},
+                             **changes)
+
+    assert found(host.thread_oversubscription,
+                 recorded("one", extra={"record": {"threads": [1, 1]}})) is None
+    a = shows(host.thread_oversubscription, recorded("two", extra={"record": {"threads": [2, 2]}}))
+    assert dict(a.evidence) == {"cores": 2, "processes": 2, "threads_per_process": 2,
+                                "threads": 4, "source": "torch.get_num_threads() in each process"}
+    torchrun = ["/venv/bin/torchrun", "--nproc_per_node", "2", "train.py"]
+    assert found(host.thread_oversubscription, recorded("old", command=torchrun)) is None
+    plain = shows(host.thread_oversubscription, recorded("plain", command=["python", "a.py"]))
+    assert plain.evidence["source"] == "torch default (one thread per core in each process)"
+
+
+def test_no_host_syncs_without_an_accelerator(tmp_path: Path) -> None:
+    """Adam's .item()s (12 in 3 steps of the closure loop) read host memory on a recording
+    whose processes had no GPU; of an imported trace nothing says so, and they count."""
+    trace = Path(__file__).parent / "data" / "closure_adam_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "c.run", ImportOptions(), ["test"])
+    assert shows(host.host_syncs, run).evidence["scalar_reads"] == 12
+    for record in ({"cuda": False}, {"torch_version": "2.13.0+cpu"}):
+        assert found(host.host_syncs, with_manifest(run, extra={"record": record})) is None
+    assert shows(host.host_syncs, with_manifest(run, extra={"record": {"cuda": True}}))
+
+
 # -- launch-bound ---------------------------------------------------------------------------------
 def _small_kernels(n: int, kernel_us: float, launch_us: float) -> list[dict[str, Any]]:
     events = [ev("ProfilerStep#0", 0, n * launch_us + 10, "user_annotation")]

@@ -82,21 +82,29 @@ def _hooks(path: Path) -> Hooks:
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
 
-def stepping_facts(stepping: Iterable[Path]) -> dict[str, str]:
-    """What the first stepping process with a `.json` says of itself (a `.live` file holds
-    times alone): `torch_version`; `window_on`, what counted its steps (optimizer,
-    backward or forward); `fp32_matmul` and `fp32_conv`, how its FP32 matrix products and
-    convolutions would run on a CUDA GPU ("tf32" or "ieee"), as it had set them when its
-    window opened."""
+def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
+    """What the stepping processes with a `.json` say of themselves (a `.live` file holds
+    times alone). The first one's `torch_version`; `window_on`, what counted its steps
+    (optimizer, backward or forward); `fp32_matmul` and `fp32_conv`, how its FP32 matrix
+    products and convolutions would run on a CUDA GPU ("tf32" or "ieee"), as it had set them
+    when its window opened; `cuda`, whether CUDA was there. Every one's `threads`:
+    torch.get_num_threads() as its window opened, one per process."""
+    found: dict[str, object] = {}
+    threads = []
     for path in stepping:
         if path.suffix == ".json":
             with contextlib.suppress(ValueError, AttributeError):
                 data = orjson.loads(path.read_bytes())
-                found = {key: data.get(field) for key, field in (
-                    ("torch_version", "torch"), ("window_on", "window_on"),
-                    ("fp32_matmul", "fp32_matmul"), ("fp32_conv", "fp32_conv"))}
-                return {k: v for k, v in found.items() if isinstance(v, str)}
-    return {}
+                if not found:
+                    found = {key: data.get(field) for key, field in (
+                        ("torch_version", "torch"), ("window_on", "window_on"),
+                        ("fp32_matmul", "fp32_matmul"), ("fp32_conv", "fp32_conv"))}
+                    found = {k: v for k, v in found.items() if isinstance(v, str)}
+                    if isinstance(data.get("cuda"), bool):
+                        found["cuda"] = data["cuda"]
+                if isinstance(data.get("threads"), int) and not isinstance(data["threads"], bool):
+                    threads.append(data["threads"])
+    return {**found, "threads": threads} if threads else found
 
 
 def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:

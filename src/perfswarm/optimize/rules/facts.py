@@ -175,6 +175,18 @@ class Facts:
                                       & (pl.col("ts") < end)))
         return pl.concat(parts) if parts else frame.clear()
 
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """What the recorder noted of the stepping processes (record/build.stepping_facts)."""
+        return dict(self.manifest.get("extra", {}).get("record", {}))
+
+    @cached_property
+    def without_accelerator(self) -> bool:
+        """A recording whose processes had no GPU (CUDA absent, or a CPU build of torch) and
+        ran no device work: nothing on the host can wait for a device."""
+        cuda, version = self.recorded.get("cuda"), str(self.recorded.get("torch_version", ""))
+        return self.device_events.height == 0 and (cuda is False or version.endswith("+cpu"))
+
     @cached_property
     def optimizer_steps(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """The optimizer's step() calls in the window, each from where its own work starts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -13,6 +15,13 @@ _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
 # run asynchronously.
 _PINNED_SPEEDUP = 2.0
+
+
+def _torchrun(command: list[str]) -> bool:
+    """Whether the command is torchrun's (`torchrun`, `python -m torch.distributed.run`)."""
+    return any(Path(word).name == "torchrun" or word in ("torch.distributed.run",
+                                                          "torch.distributed.launch")
+               for word in command[:3])
 
 
 def _cores(facts: Facts) -> int:
@@ -96,6 +105,8 @@ def pageable_h2d(facts: Facts) -> Advice | None:
 
 def host_syncs(facts: Facts) -> Advice | None:
     """The host blocks on the device (.item(), .cpu(), synchronize) several times per step."""
+    if facts.without_accelerator:
+        return None  # its .item()s read host memory: they wait for nothing
     apis, items = facts.host_blocking
     d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
     points = apis.height + items.height
@@ -124,15 +135,22 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
     declared = [int(env[k]) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
                 if str(env.get(k, "")).isdigit()]
     counted = facts.counters.filter(pl.col("name").str.ends_with(".num_threads"))
-    if declared:
+    seen = [t for t in facts.recorded.get("threads", []) if isinstance(t, int)]
+    threads = 0
+    if seen:  # what each stepping process ran with (torchrun sets OMP_NUM_THREADS=1)
+        procs, per_proc, threads = len(seen), max(seen), sum(seen)
+        source = "torch.get_num_threads() in each process"
+    elif declared:
         per_proc, source = max(declared), "environment"
     elif counted.height:
         per_proc, source = int(counted["value"].max()), "counters"  # type: ignore[arg-type]
+    elif facts.manifest["collectors"] and procs > 1 and _torchrun(facts.manifest["command"]):
+        per_proc, source = 1, "torchrun's default (OMP_NUM_THREADS=1 in each worker)"
     elif facts.manifest["collectors"] and procs > 1:
         per_proc, source = cores, "torch default (one thread per core in each process)"
     else:
         return None  # an imported trace says nothing about the threads it ran with
-    threads = per_proc * procs
+    threads = threads or per_proc * procs
     if threads <= cores:
         return None
     host_ns = sum(facts.busy_ns(facts.in_window(facts.kind("cpu_op"))).values())

@@ -81,6 +81,9 @@ class _Window:
         self.opened_at = -1  # steps done when the window opened
         self.forward_hooks: list[Any] = []
         self.fp32: dict[str, str] = {}  # how FP32 GEMMs and convs would run on a CUDA GPU
+        # as the window opened: torch.get_num_threads() (what torchrun's OMP_NUM_THREADS=1, a
+        # set_num_threads() call or the default made of it) and whether CUDA was there
+        self.runtime: dict[str, object] = {}
 
     def on_event(self, kind: str) -> None:
         """A step-like event: its kind drives the window unless a better one does (an
@@ -149,8 +152,10 @@ class _Window:
                          else "ieee"}
         reserve_heap(self.reserve_mib)
         activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
+        cuda = torch.cuda.is_available()
+        if cuda:
             activities.append(ProfilerActivity.CUDA)
+        self.runtime = {"threads": torch.get_num_threads(), "cuda": cuda}
         # A schedule (always RECORD) is what makes torch emit ProfilerStep#N markers.
         self.prof = profile(activities=activities, record_shapes=True,
                             schedule=lambda _step: ProfilerAction.RECORD)
@@ -194,7 +199,7 @@ class _Window:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
-                       "window_on": self.driver, **self.fp32}, f)
+                       "window_on": self.driver, **self.fp32, **self.runtime}, f)
         os.replace(path + ".tmp", path)
         if self.live_fd >= 0:  # the .json holds every hook time now
             os.close(self.live_fd)
