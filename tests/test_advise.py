@@ -598,7 +598,7 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
     assert unknown.change == "torch.optim.AdamW(..., fused=True) (on the CPU since torch 2.4)"
     assert found(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "old", "2.3.1")) is None
     # outside the window the hooks timed 500 µs steps, half the profiled 1,000 µs: the
-    # profiler's slowdown (2) is taken out of the gain
+    # optimizer's time without the profiler is half its profiled time
     from perfswarm.trace.schema import STEPS
 
     slowed = _cpu_adam(tmp_path, "slowed", "2.13.0+cpu")
@@ -608,7 +608,20 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
                        enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
     slowed.write_table("steps", pa.concat_tables([slowed.table("steps"), hooked]).cast(STEPS))
     half = shows(optimizer.single_tensor_optimizer, slowed)
-    assert half.evidence["profiler_slowdown"] == 2.0 and half.gain_ns == (1_200_000 - 180_000) / 2
+    assert half.evidence["profiler_slowdown"] == 2.0 and half.gain_ns == 1_200_000 / 2 - 180_000
+    assert half.evidence["slowdown_of"] == "steps"
+    # the recorder timed the optimizer's calls that ended those steps: 200 µs each, a third
+    # of the profiled 600 µs (a call in the window, or at no hook, counts not)
+    from perfswarm.trace.schema import COUNTERS, OPTIMIZER_CALL
+
+    calls = pa.table({"rank": [0] * 4, "ts": [10_500_000 + 500_000 * s for s in (3, 4, 5)] + [0],
+                      "name": [OPTIMIZER_CALL] * 4, "device": [-1] * 4,
+                      "value": [200_000.0, 150_000.0, 250_000.0, 1.0]}).cast(COUNTERS)
+    slowed.write_table("counters", pa.concat_tables([slowed.table("counters"), calls]))
+    third = shows(optimizer.single_tensor_optimizer, slowed)
+    assert third.evidence["profiler_slowdown"] == 3.0
+    assert third.evidence["slowdown_of"] == "optimizer calls"
+    assert third.gain_ns == 1_200_000 / 3 - 180_000
     # without shapes there is nothing to price the fused step with
     bare = imported(tmp_path, "bare", _optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0))
     assert found(optimizer.single_tensor_optimizer, bare) is None

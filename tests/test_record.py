@@ -25,7 +25,7 @@ from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, 
 from perfswarm.record.torch_profiler import read_live
 from perfswarm.trace.readers import perf, pyspy
 from perfswarm.trace.readers.sampler import read_jsonl, value_rows
-from perfswarm.trace.schema import FAULTS
+from perfswarm.trace.schema import FAULTS, OPTIMIZER_CALL
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -191,6 +191,24 @@ def test_a_window_the_program_ends_in(tmp_path: Path) -> None:
         (1, "detected"), (2, "detected"), (3, "detected"), (4, "marker"), (5, "marker"),
         (6, "tail")]
     assert [w.step for w in analyze(result.run).iterations.steps[0]] == [4, 5]
+
+
+def test_optimizer_calls_timed_without_their_closure(tmp_path: Path) -> None:
+    """The recorder times each optimizer.step() call's own work at every hook, outside the
+    window too: with a closure, from the end of its backward; Adam's update of a small CNN is
+    a small part of a step that runs the closure's forward and backward inside the call."""
+    closure = Path(__file__).parent / "data" / "closure_adam.py"
+    result = record([PY, str(closure)], tmp_path / "closure.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3))
+    run = result.run
+    steps = {s["end"]: s["end"] - s["start"] for s in run.table("steps").to_pylist()
+             if s["source"] == "detected"}
+    calls = [(c["ts"], c["value"]) for c in run.table("counters").to_pylist()
+             if c["name"] == OPTIMIZER_CALL]
+    assert len(calls) == 8  # one per step, inside the window and out
+    outside = [value for ts, value in calls if ts in steps]
+    assert len(outside) == len(steps) >= 3
+    assert all(0 < value < steps[ts] / 2 for ts, value in calls if ts in steps)
 
 
 DDP = textwrap.dedent("""

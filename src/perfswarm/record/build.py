@@ -33,6 +33,7 @@ from perfswarm.trace.schema import (
     FAULTS,
     FLOWS,
     NONE,
+    OPTIMIZER_CALL,
     SAMPLES,
     STACKS,
     STEPS,
@@ -67,17 +68,19 @@ def step_files(raw: Path) -> list[Path]:
                    *(p for p in raw.glob("steps-rank*-pid*.live") if p.stem not in done)])
 
 
-Hooks = tuple[int, list[int], list[int]]  # rank, hook times, minor page faults at each
+# rank, hook times, minor page faults at each, hook index -> the optimizer call's own ns
+Hooks = tuple[int, list[int], list[int], dict[int, int]]
 
 
 def _hooks(path: Path) -> Hooks:
     """A stepping process's hooks; a `.live` file holds the times alone."""
     try:
         if path.suffix == ".live":
-            return _rank_pid(path)[0], read_live(path.read_bytes()), []
+            return _rank_pid(path)[0], read_live(path.read_bytes()), [], {}
         data = orjson.loads(path.read_bytes())
         return (int(data["rank"]), [int(t) for t in data["hook_ns"]],
-                [int(f) for f in data.get("hook_faults", [])])
+                [int(f) for f in data.get("hook_faults", [])],
+                {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()})
     except (KeyError, TypeError, ValueError) as exc:  # orjson's errors are ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -107,14 +110,17 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
     return {**found, "threads": threads} if threads else found
 
 
-def fault_counters(hooked: Iterable[Hooks]) -> pa.Table:
-    """Each stepping process's minor page-fault count at its optimizer.step() hooks, as the
-    per-rank counter FAULTS."""
+def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
+    """Each stepping process's minor page-fault count at its step hooks, and its optimizer
+    calls' own time, as the per-rank counters FAULTS and OPTIMIZER_CALL."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
-    for rank, hooks, faults in hooked:
-        for ts, count in zip(hooks, faults, strict=False):
-            for key, value in zip(rows, (rank, ts, FAULTS, NONE, float(count)), strict=True):
-                rows[key].append(value)
+    for rank, hooks, faults, calls in hooked:
+        for name, values in ((FAULTS, dict(enumerate(faults))), (OPTIMIZER_CALL, calls)):
+            for i, value in sorted(values.items()):
+                if i < len(hooks):
+                    for key, v in zip(rows, (rank, hooks[i], name, NONE, float(value)),
+                                      strict=True):
+                        rows[key].append(v)
     return pa.table(rows).cast(COUNTERS) if rows["ts"] else COUNTERS.empty_table()
 
 
@@ -123,7 +129,7 @@ def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Tabl
     `detected`): step i runs from hook i-1 to hook i. The step after a rank's last marked one
     holds the trace export (inject/sitecustomize.py), source `export`: it is no normal step."""
     rows: dict[str, list[object]] = {"rank": [], "step": [], "start": [], "end": [], "source": []}
-    for rank, hooks, _faults in hooked:
+    for rank, hooks, _faults, _calls in hooked:
         mine = [s for r, s in marked if r == rank]
         export = max(mine) + 1 if mine else -1
         for i in range(1, len(hooks)):
@@ -138,7 +144,7 @@ def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Tabl
 def tails(marked: pa.Table, hooked: Iterable[Hooks]) -> pa.Table:
     """The marked steps, those of a stepping rank from its hook count on (no hook ended them:
     the program exited or raised in the window's last marker) as source `tail`."""
-    ended = {rank: len(hooks) for rank, hooks, _faults in hooked}
+    ended = {rank: len(hooks) for rank, hooks, _faults, _calls in hooked}
     rows = marked.to_pylist()
     for row in rows:
         if row["step"] >= ended.get(row["rank"], row["step"] + 1):
@@ -256,7 +262,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         perf_counted = counter_table(perf.event_counters(
             perf_read, manifest["clock_offsets"].get("perf", 0), at.interval_ns))
         counted = concat([*(p.counters for p in parts), *sampled, _flows(raw / "net.pcap",
-                          manifest, at), perf_counted, fault_counters(hooked)], COUNTERS)
+                          manifest, at), perf_counted, hook_counters(hooked)], COUNTERS)
         write_tables(run, in_memory([TraceTables(
             concat([*(p.events for p in parts), syscalls], EVENTS),
             concat([p.flows for p in parts], FLOWS), counted.sort_by("ts"), steps)]))

@@ -74,6 +74,9 @@ COUNTERS: Final = pa.schema(
 )
 # A recorded process's minor page faults so far, at each optimizer step (per rank)
 FAULTS: Final = "minor page faults"
+# A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
+# optimizer step (per rank), in the profiling window and outside it
+OPTIMIZER_CALL: Final = "optimizer step ns"
 
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.

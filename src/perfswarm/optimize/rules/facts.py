@@ -31,7 +31,7 @@ from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
-from perfswarm.trace.schema import DEVICE_KINDS, KINDS
+from perfswarm.trace.schema import DEVICE_KINDS, KINDS, OPTIMIZER_CALL
 from perfswarm.trace.store import Manifest, Run
 
 
@@ -287,6 +287,23 @@ class Facts:
         inside = float((self.steps["end"] - self.steps["start"]).median())  # type: ignore[arg-type]
         outside = float((timed["end"] - timed["start"]).median())  # type: ignore[arg-type]
         return max(1.0, inside / outside) if outside > 0 else 1.0
+
+    @cached_property
+    def optimizer_slowdown(self) -> float | None:
+        """The profiler's slowdown of the optimizer's own work: its calls' median own time in
+        the window (optimizer_steps) over the median the recorder timed of those that ended
+        the steps outside it (counter OPTIMIZER_CALL at the hooks ending `detected` steps);
+        at least 1; None without both. Many small ops in a step take more of the profiler's
+        per-op cost than the step as a whole does (profiler_slowdown)."""
+        ended = self.run_steps.filter(pl.col("source") == "detected").select(
+            "rank", pl.col("end").alias("ts"))
+        timed = self.counters.filter(pl.col("name") == OPTIMIZER_CALL).join(
+            ended, on=["rank", "ts"])
+        inside = self.optimizer_steps[0]["dur"]
+        if timed.height == 0 or inside.len() == 0:
+            return None
+        outside = float(timed["value"].median())  # type: ignore[arg-type]
+        return max(1.0, float(inside.median()) / outside) if outside > 0 else None  # type: ignore[arg-type]
 
     @cached_property
     def host_blocking(self) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -73,6 +73,10 @@ class _Window:
         self.hook_ns: list[int] = []
         self.hook_faults: list[int] = []  # the process's minor page faults at each hook
         self.step_done_ns: dict[int, int] = {}
+        # hook index -> the optimizer.step() call's own time (ns): from its start, or the end
+        # of the last backward inside it (a closure's), to its return; outside the window too
+        self.optimizer_ns: dict[int, int] = {}
+        self.backward_ns = 0  # when the last backward returned
         self.prof: Any = None
         self.et: Any = None
         self.live = os.path.join(out, f"steps-{self.stem}.live")
@@ -97,6 +101,7 @@ class _Window:
             self.driver = kind  # the steps counted so far were another kind's
             self.hook_ns.clear()
             self.hook_faults.clear()
+            self.optimizer_ns.clear()
             if self.live_fd >= 0:
                 os.ftruncate(self.live_fd, 0)
             if kind != "forward":
@@ -198,6 +203,7 @@ class _Window:
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
+                       "optimizer_ns": self.optimizer_ns,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "window_on": self.driver, **self.fp32, **self.runtime}, f)
         os.replace(path + ".tmp", path)
@@ -358,12 +364,17 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
         def step_then_mark(*args: Any, **kwargs: Any) -> Any:
             nonlocal depth
             depth += 1
+            start = time.time_ns()
             try:
                 out = hooked(*args, **kwargs)
             finally:
                 depth -= 1
             if depth == 0:
+                own = time.time_ns() - max(start, window.backward_ns)
+                index = len(window.hook_ns)
                 window.on_event("optimizer")
+                if window.driver == "optimizer" and len(window.hook_ns) == index + 1:
+                    window.optimizer_ns[index] = own
             return out
 
         return step_then_mark
@@ -389,6 +400,7 @@ def _watch_optimizers(window: _Window, optimizer: type) -> None:
                 window.driver = "optimizer"
                 window.hook_ns.clear()
                 window.hook_faults.clear()
+                window.optimizer_ns.clear()
                 if window.skip == 0:
                     window.start()
 
@@ -404,6 +416,7 @@ def _watch_backward(window: _Window, autograd: ModuleType) -> None:
     @functools.wraps(backward)
     def backward_then_step(*args: Any, **kwargs: Any) -> Any:
         out = backward(*args, **kwargs)
+        window.backward_ns = time.time_ns()
         window.on_event("backward")
         return out
 
