@@ -257,6 +257,24 @@ def test_sizes_past_their_range_on_a_run(argv: list[str], corpus_runs: dict[str,
     assert not out and err.startswith("perfswarm: error: ") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(("content", "said"), [
+    (b"", "not a GPU kernel model (empty)"),  # was "perfswarm: aborted", exit 130 (an EOFError)
+    (None, "not a GPU kernel model (no op family in it)"),
+])
+def test_gpu_model_that_is_no_model(content: bytes | None, said: str, tmp_path: Path,
+                                    corpus_runs: dict[str, Run],
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    model = tmp_path / "m.npz"
+    if content is None:
+        np.savez(model, gpus=np.array(["V100"]))
+    else:
+        model.write_bytes(content)
+    assert main(["predict", str(corpus_runs["nccl"].path), "--gpu-model", str(model)]) == 2
+    assert capsys.readouterr().err == f"perfswarm: error: {model}: {said}\n"
+
+
 def test_shard_table_past_its_range_names_the_file(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     tables = tmp_path / "t.yaml"

@@ -98,8 +98,12 @@ class KernelModel:
                                        float(arrays[f"{f}.floor"][0]))
                         for f in FAMILIES if f"{f}.base" in arrays}
             gpus = tuple(str(g) for g in arrays["gpus"])
+        except EOFError:  # an empty file (left alone, the CLI would take it for Ctrl-D)
+            raise PerfswarmError(f"{source}: not a GPU kernel model (empty)") from None
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             raise PerfswarmError(f"{source}: not a GPU kernel model ({exc})") from None
+        if not families:
+            raise PerfswarmError(f"{source}: not a GPU kernel model (no op family in it)")
         return cls(families, gpus)
 
 
