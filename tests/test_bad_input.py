@@ -8,6 +8,7 @@ import pickle
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -132,6 +133,9 @@ def test_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(("damage", "message"), [
     ("drop name", "unreadable table (no column name)"),
     ("not parquet", "unreadable table"),
+    # a traceback in info, report and export before; a missing table read as an empty one
+    ("ts as text", "unreadable table (column ts is string, not int64)"),
+    ("missing", "missing (every Run has its events table; a damaged Run)"),
 ])
 def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damage: str,
                               message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,11 +144,17 @@ def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damag
     events = run / "tables" / "events.parquet"
     if damage == "drop name":
         pq.write_table(pq.read_table(events).drop_columns(["name"]), events)
+    elif damage == "ts as text":
+        table = pq.read_table(events)
+        pq.write_table(table.set_column(1, "ts", table.column("ts").cast(pa.string())), events)
+    elif damage == "missing":
+        events.unlink()
     else:
         events.write_bytes(b"not a table")
-    assert main(["analyze", str(run)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err and "events.parquet" in err
+    for command in ("analyze", "export", "report", *(("info",) if damage != "drop name" else ())):
+        assert main([command, str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and "events.parquet" in err, err
 
 
 def test_outputs_never_replace_a_runs_own_files(corpus_runs: dict[str, Run], tmp_path: Path,

@@ -87,13 +87,16 @@ def description() -> ProgressColumn:
 
 
 def spinner() -> Progress:
-    """A transient spinner with elapsed time on stderr, for work that shows no count."""
+    """A transient spinner with elapsed time on stderr, for work that shows no count; none
+    where stderr is no terminal (rich then leaves an empty line, before an error too)."""
     return Progress(SpinnerColumn(), description(), TimeElapsedColumn(),
-                    console=err_console, transient=True)
+                    console=err_console, transient=True, disable=not err_console.is_terminal)
 
 
 def progress_bar() -> Progress:
-    """A transient bar with a count and elapsed time on stderr, for work of known size."""
+    """A transient bar with a count and elapsed time on stderr, for work of known size (none
+    where stderr is no terminal, as spinner)."""
     return Progress(description(), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=err_console, transient=True)
+                    TimeElapsedColumn(), console=err_console, transient=True,
+                    disable=not err_console.is_terminal)
 

@@ -36,6 +36,7 @@ from perfswarm.trace.schema import (
     GRAPH_NODES,
     NONE,
     STEPS,
+    TRACE_TABLES,
 )
 from perfswarm.trace.store import Manifest, Run, Warning_
 
@@ -149,7 +150,7 @@ class TableParts:
 def write_tables(run: Run, tables: TableParts) -> None:
     """The one writer of a Run's trace tables, whichever path built them: in memory and
     record (`in_memory`), streaming (trace/merge.py) or Dask (trace/parallel.py)."""
-    for name in ("steps", "flows", "counters", "events"):
+    for name in TRACE_TABLES:
         run.write_batches(name, getattr(tables, name))
 
 

@@ -151,6 +151,9 @@ GRAPH_EDGES: Final = pa.schema(
     ]
 )
 
+# What every Run holds (written by trace/build.write_tables, empty or not); the others are
+# there when their source was.
+TRACE_TABLES: Final = ("steps", "flows", "counters", "events")
 TABLES: Final[dict[str, pa.Schema]] = {
     "events": EVENTS,
     "counters": COUNTERS,

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from perfswarm import __version__
 from perfswarm.errors import ParameterError, PerfswarmError, RunError
 from perfswarm.trace.detail import with_detail
-from perfswarm.trace.schema import DETAIL, DICTIONARY_TEXT, TABLES, empty
+from perfswarm.trace.schema import DETAIL, DICTIONARY_TEXT, TABLES, TRACE_TABLES, empty
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -245,6 +245,19 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
     return derived(file.read(columns=stored))
 
 
+def _typed(table: pa.Table, name: str) -> pa.Table:
+    """`table`, read from the file of the table `name`, if each column has its schema's type
+    (text columns may come as dictionaries); else an ArrowInvalid naming the column."""
+    schema = TABLES[name]
+    for field in table.schema:
+        want = schema.field(field.name).type
+        got = field.type.value_type if pa.types.is_dictionary(field.type) and not \
+            pa.types.is_dictionary(want) else field.type
+        if got != want:
+            raise pa.ArrowInvalid(f"column {field.name} is {field.type}, not {want}")
+    return table
+
+
 def _dictionary_text(schema: pa.Schema) -> list[str]:
     """The columns of a table file of `schema` that are read as dictionaries."""
     return [c for c in schema.names if c in DICTIONARY_TEXT]
@@ -343,7 +356,20 @@ class Run:
 
     # -- tables --------------------------------------------------------------
     def has_table(self, name: str) -> bool:
-        return self.table_path(name).is_file()
+        """Whether the Run holds the table `name` (one of TRACE_TABLES missing, or any table
+        that cannot be looked at, is a RunError)."""
+        path = self.table_path(name)
+        try:
+            path.stat()
+        except FileNotFoundError:
+            if name in TRACE_TABLES:
+                raise RunError(f"{self.shown(path)}: missing (every Run has its {name} table; "
+                               "a damaged Run)") from None
+            return False
+        except OSError as exc:
+            raise RunError(f"{self.shown(path)}: unreadable table "
+                           f"({os.strerror(exc.errno or 0)})") from None
+        return True
 
     def table(self, name: str, columns: list[str] | None = None, *,
               rank: int | None = None) -> pa.Table:
@@ -354,17 +380,17 @@ class Run:
         reads its rank alone); once this Run holds columns of the table, from those instead.
         """
         path = self.table_path(name)
-        if not path.is_file():
+        if not self.has_table(name):
             table = empty(name)
             return table.select(columns) if columns else table
         cached = self._columns.setdefault(name, {})
         wanted = columns or TABLES[name].names
         if rank is not None and not cached:
-            return self._read(path, lambda: _rank_rows(path, columns, rank))
+            return self._read(path, lambda: _typed(_rank_rows(path, columns, rank), name))
         needed = wanted if rank is None else list(dict.fromkeys([*wanted, "rank"]))
         missing = [c for c in needed if c not in cached]
         if missing:
-            read = self._read(path, lambda: _read_columns(path, missing))
+            read = self._read(path, lambda: _typed(_read_columns(path, missing), name))
             cached.update((c, (read.schema.field(c), read.column(c))) for c in missing)
         table = pa.Table.from_arrays([cached[c][1] for c in wanted],
                                      schema=pa.schema([cached[c][0] for c in wanted]))
