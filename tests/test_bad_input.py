@@ -63,6 +63,12 @@ CASES = {
     "negative duration": ("t.json", _trace(_event(), _event(dur=-3.0)),
                           "(traceEvents[1]): negative duration: ts=10.0 dur=-3.0 us"),
     "absurd duration": ("t.json", _trace(_event(dur=1e15)), "absurd duration"),
+    # without a ts it had been placed at the clock's origin: a span of 54 years in `info`
+    "no timestamp": ("t.json", _trace(_event(), {k: v for k, v in _event().items() if k != "ts"}),
+                     "(traceEvents[1]): timestamp missing or out of range: ts=nan dur=5.0 us"),
+    "counter without a timestamp": ("t.json", _trace(_event(), {
+        "ph": "C", "name": "mem", "pid": 1, "args": {"bytes": 3}}),
+        "(traceEvents[1]): timestamp missing or out of range: ts=nan"),
     "not an object": ("t.json", b'"hello"', "not a Kineto trace (a JSON object with "
                       "`traceEvents`, or an array of trace events); it is a JSON string"),
     # a field the decoder skips: the args are stored as text, and read again by every command

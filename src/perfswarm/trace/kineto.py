@@ -10,6 +10,7 @@ run in C; the Python side only works on whole columns.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zlib
@@ -55,7 +56,7 @@ class KEvent(msgspec.Struct):
     name: str = ""
     pid: int | str = 0
     tid: int | str = 0
-    ts: float = 0.0
+    ts: float = math.nan  # none: a bad event (_check_times), not one at the clock's origin
     dur: float = 0.0
     id: int | str | None = None
     args: msgspec.Raw = _EMPTY_ARGS
@@ -339,7 +340,7 @@ def _check_times(path: Path, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.fl
                  meta: TraceMeta) -> npt.NDArray[np.bool_]:
     """Rows to keep. Bad rows are an error, or dropped and counted with --drop-bad-events."""
     checks = (
-        (~np.isfinite(ts) | (np.abs(ts) > MAX_ABS_US), "timestamp out of range"),
+        (~np.isfinite(ts) | (np.abs(ts) > MAX_ABS_US), "timestamp missing or out of range"),
         (~np.isfinite(dur) | (dur > MAX_DUR_US), "absurd duration (over 7 days)"),
         (dur < 0, "negative duration"),
     )
@@ -477,12 +478,15 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
     flows = _flow_table(path, [events[i] for i in rows_with("s", "f", "t").tolist()],
                         meta, rank, opts)
     # counters perfswarm's export derived from the events come back from the events
-    counter_events = [events[i] for i in rows_with("C").tolist()
-                      if events[i].cat != DERIVED_COUNTERS]
+    counter_rows = np.array([i for i in rows_with("C").tolist()
+                             if events[i].cat != DERIVED_COUNTERS], np.int64)
     counters = COUNTERS.empty_table()
-    if counter_events:
-        cts = np.array([e.ts for e in counter_events], np.float64)
-        counters = _counters(counter_events, us_to_ns(cts) + meta.base_ns, rank)
+    if len(counter_rows):
+        cts = np.array([events[i].ts for i in counter_rows.tolist()], np.float64)
+        keep = _check_times(path, cts, np.zeros(len(cts)), counter_rows + first_index, opts,
+                            meta)
+        counters = _counters([events[i] for i in counter_rows[keep].tolist()],
+                             us_to_ns(cts[keep]) + meta.base_ns, rank)
 
     events_table, steps = _span_table(path, spans, span_index, meta, rank, opts)
     return TraceTables(events_table, flows, counters, steps)
