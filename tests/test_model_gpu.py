@@ -154,6 +154,30 @@ def test_calibrate_dataset_refuses_bad_folders(tmp_path: Path,
         KernelModel.load(tmp_path / "bad.npz")
 
 
+@pytest.mark.parametrize(("latency", "said"), [
+    ("nan", "line 2: latency and shapes must be positive and finite"),  # sklearn's traceback
+    ("inf", "line 2: latency and shapes must be positive and finite"),
+    (None, "no op family measured on two GPUs or more"),  # had written a model of nothing
+])
+def test_calibrate_dataset_refuses_unusable_measurements(
+        latency: str | None, said: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _small_dataset(tmp_path, 5)
+    for op in ("softmax", "ln"):
+        csv = folder / "train" / op / "Tesla_P4.csv.gz"
+        lines = gzip.decompress(csv.read_bytes()).decode().splitlines()
+        if latency is None:  # the P4's files hold their header alone: one GPU measured
+            lines = lines[:1]
+        else:
+            at = lines[0].split(",").index("Latency")
+            first = lines[1].split(",")
+            lines[1] = ",".join([*first[:at], latency, *first[at + 1:]])
+        csv.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and not (tmp_path / "m.npz").exists()
+
+
 def test_aten_ops_become_their_kernels() -> None:
     linear = op_kernels("aten::addmm", Shapes(((1024,), (2048, 1024), (1024, 1024)),
                                               ("float",) * 3))

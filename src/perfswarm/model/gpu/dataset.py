@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -114,13 +115,14 @@ def _read(path: Path, op_of_row: str | None, hardware: Mapping[str, Hardware], s
             values = {c: int(float(row[c])) for c in COLUMNS[op]}
             seconds = float(row["Latency"]) * 1e-3
             name = gpu or row["Device"]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # inf: OverflowError
             raise PerfswarmError(f"{path}: line {line}: missing or malformed column "
                                  f"({exc})") from None
         if name not in hardware:
             raise PerfswarmError(f"{path}: line {line}: no device config for {name!r}")
-        if seconds <= 0 or min(values.values()) < 0:
-            raise PerfswarmError(f"{path}: line {line}: latency and shapes must be positive")
+        if not 0 < seconds < math.inf or min(values.values()) < 0:  # nan too
+            raise PerfswarmError(f"{path}: line {line}: latency and shapes must be positive "
+                                 "and finite")
         yield Measurement(work_of(op, values), hardware[name].name, seconds, split)
 
 
@@ -143,6 +145,8 @@ def load_dataset(folder: Path) -> Dataset:
                 raise PerfswarmError(f"{path}: no device config for {gpu!r} in "
                                      f"{folder / 'device_configs'}")
             rows += _read(path, op, hardware, "train", gpu)
+    if not rows:
+        raise PerfswarmError(f"{train}: no measurements in its files")
     tests = folder / "test"
     for path in sorted(tests.glob("*.csv.gz")) if tests.is_dir() else []:
         if path.name != "vec.csv.gz":  # vec repeats elem's rows, with ln and softmax's

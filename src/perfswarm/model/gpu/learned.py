@@ -205,7 +205,11 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
     test shapes)."""
     holdouts = []
     families = {}
-    for family, rows in _families(dataset).items():
+    measured = _families(dataset)
+    if not measured:
+        raise PerfswarmError(f"{dataset.path}: no op family measured on two GPUs or more "
+                             "(a model learns from one GPU to another)")
+    for family, rows in measured.items():
         gpus = sorted({r.gpu for r in rows})
         train_rows = _spaced(rows, ROWS_PER_GPU, train_only=True)
         held_rows = _spaced(rows, EVAL_ROWS, train_only=False) if holdout else []
