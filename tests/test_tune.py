@@ -117,6 +117,12 @@ def test_a_failing_baseline_is_an_error(space: Path, tmp_path: Path) -> None:
     ("params: [{name: a, type: categorical, choices: [], env: A}]", "non-empty `choices`"),
     ("params: [{name: a, type: bool, env: A}, {name: a, type: bool, env: B}]", "unique"),
     ("params: [", "invalid YAML"),
+    # each had failed only after the baseline's runs, with a traceback
+    ("params: [{name: a, type: float, low: 0, high: 1, log: true, env: A}]",
+     "a `log` scale needs `low` above 0"),
+    ("params: [{name: a, type: float, low: .nan, high: 1, env: A}]", "finite numbers"),
+    ("params: [{name: a, type: int, low: 1, high: 2, env: 'A=B; rm'}]", "a variable name"),
+    ("params: [{name: a, type: int, low: 1, high: 8, step: 0, env: A}]", "`step` must be"),
 ])
 def test_bad_space_files(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "s.yaml"

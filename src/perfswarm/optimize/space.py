@@ -3,10 +3,12 @@ environment variable or a command-line flag of the tuned command)."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import optuna
 
@@ -61,6 +63,9 @@ class Param:
                 argv.append(self.flag)
 
 
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _param(path: Path, i: int, raw: object) -> Param:
     def bad(why: str) -> PerfswarmError:
         return PerfswarmError(f"{path}: params[{i}]: {why}")
@@ -73,16 +78,23 @@ def _param(path: Path, i: int, raw: object) -> Param:
     env, flag = raw.get("env"), raw.get("flag")
     if env is None and flag is None:
         raise bad("needs `env` (a variable name) or `flag` (e.g. --num-workers)")
+    if env is not None and not (isinstance(env, str) and _ENV_NAME.fullmatch(env)):
+        raise bad(f"`env` must be a variable name (letters, digits, _), got {env!r}")
     low, high, choices = raw.get("low"), raw.get("high"), raw.get("choices", ())
     if kind in ("int", "float"):
-        if not isinstance(low, int | float) or not isinstance(high, int | float) or low > high:
-            raise bad("int and float parameters need numbers `low` <= `high`")
+        if not isinstance(low, int | float) or not isinstance(high, int | float) \
+                or not math.isfinite(low) or not math.isfinite(high) or low > high:
+            raise bad("int and float parameters need finite numbers `low` <= `high`")
         if kind == "int" and not (float(low).is_integer() and float(high).is_integer()):
             raise bad("int parameters need whole `low` and `high`")
+        if raw.get("log") and low <= 0:
+            raise bad("a `log` scale needs `low` above 0")
+    step = raw.get("step")
+    if step is not None and not (isinstance(step, int | float) and 0 < step < math.inf):
+        raise bad("`step` must be a number above 0")
     if kind == "categorical" and (not isinstance(choices, list) or not choices
                                   or not all(isinstance(c, int | float | str) for c in choices)):
         raise bad("categorical parameters need a non-empty `choices` list of scalars")
-    step = raw.get("step")
     return Param(name=raw["name"], kind=kind, low=low, high=high,
                  step=float(step) if isinstance(step, int | float) else None,
                  log=bool(raw.get("log", False)), choices=tuple(choices),
