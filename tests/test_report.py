@@ -11,6 +11,7 @@ from typing import Any
 import jinja2
 import markupsafe
 import numpy as np
+import orjson
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -324,6 +325,13 @@ def test_report_tune_dir_errors(corpus_runs: dict[str, Run], tune_out: Path, tmp
     (bad / "trials.json").write_text("[{}]")
     assert main(["report", run, "--tune", str(bad), "--json"]) == 2
     assert f"{bad / 'trials.json'}: not written by perfswarm tune" in capsys.readouterr().err
+    shutil.copy(tune_out / "trials.json", bad)
+    summary = orjson.loads((bad / "tune.json").read_bytes())
+    (bad / "tune.json").write_bytes(orjson.dumps({**summary, "baseline": "fast"}))
+    assert main(["report", run, "--tune", str(bad)]) == 2  # a TypeError traceback before
+    assert capsys.readouterr().err == (f"perfswarm: error: {bad / 'tune.json'}: not written by "
+                                       "perfswarm tune (Expected `object`, got `str` - at "
+                                       "`$.baseline`)\n")
     (bad / "tune.json").write_text("{")
     with pytest.raises(PerfswarmError, match=r"tune\.json: invalid JSON"):
         load_results(bad)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+import msgspec
 import optuna
 
 from perfswarm.errors import ParameterError, PerfswarmError
@@ -275,14 +276,12 @@ class TuneFiles(TypedDict):
     trials: list[TrialDict]
 
 
-def _read(path: Path, kind: type, keys: frozenset[str]) -> Any:
-    data = read_json(path)
-    items = data if isinstance(data, list) else [data]
-    if not isinstance(data, kind) or not all(isinstance(i, dict) and keys <= i.keys()
-                                             for i in items):
-        raise PerfswarmError(f"{path}: not written by perfswarm tune (expected a {kind.__name__}"
-                             f" with {', '.join(sorted(keys))})")
-    return data
+def _read(path: Path, kind: Any) -> Any:
+    """The JSON file at `path` as `kind` (every key and type checked: the report reads them)."""
+    try:
+        return msgspec.convert(read_json(path), kind)
+    except msgspec.ValidationError as exc:
+        raise PerfswarmError(f"{path}: not written by perfswarm tune ({exc})") from None
 
 
 def load_results(out: Path) -> TuneFiles:
@@ -291,6 +290,5 @@ def load_results(out: Path) -> TuneFiles:
         raise ParameterError(None, "not a directory (give the {out} of perfswarm tune)",
                              subject=out)
     return TuneFiles(dir=str(out),
-                     summary=_read(out / "tune.json", dict, TuneDict.__required_keys__),
-                     trials=_read(out / "trials.json", list,
-                                  TrialDict.__required_keys__))
+                     summary=_read(out / "tune.json", TuneDict),
+                     trials=_read(out / "trials.json", list[TrialDict]))
