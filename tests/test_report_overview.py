@@ -164,6 +164,38 @@ def test_samples_and_tokens_from_the_token_embedding(tmp_path: Path) -> None:
                                "1000x32 table, 3 lookups in 2 of 2 steps")
 
 
+def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
+    """A step that runs three forward and backward passes (micro-batches of 8) before its
+    optimizer step has 24 samples, the step with one pass 8, from the shapes or from the
+    command's --batch-size; a pin-memory thread's op during a backward pass splits no pass
+    (not a thread of the loop's)."""
+    def steps(shaped: bool) -> list[dict[str, Any]]:
+        def micro(t: float) -> list[dict[str, Any]]:
+            def dims(*d: list[int]) -> list[list[int]] | None:
+                return list(d) if shaped else None
+            return [_op("aten::linear", t, 10, dims([8, 32], [32, 32], [32])),
+                    _op("aten::relu", t + 20, 5, dims([8, 32])),
+                    _op("autograd::engine::evaluate_function: AddmmBackward0", t + 30, 20),
+                    _op("AddmmBackward0", t + 31, 18),
+                    _op("aten::mm", t + 32, 10, dims([8, 32], [32, 32])),
+                    {**_op("aten::pin_memory", t + 40, 5, dims([8, 32])), "tid": 2}]
+
+        return [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), *micro(100),
+                _op("ProfilerStep#2", 1000, 2000, cat="user_annotation"),
+                *micro(1100), *micro(1300), *micro(1500)]
+
+    rates = report_data(_trace(tmp_path, steps(True), ["train.py"]))["throughput"]
+    assert rates["samples_per_step"] == (8 + 24) / 2
+    assert rates["samples_per_s"] == pytest.approx(32 / 3e-3)
+    assert rates["source"] == ("the first input of each step's first GEMM or convolution "
+                               "(aten::linear 8x32 in the first), in 2 of 2 steps")
+    (tmp_path / "flag").mkdir()
+    flagged = report_data(_trace(tmp_path / "flag", steps(False), ["t.py", "--batch-size=8"]))
+    assert flagged["throughput"]["samples_per_step"] == 16
+    assert flagged["throughput"]["source"] == ("the command's --batch-size 8, x the forward "
+                                               "and backward passes of each step")
+
+
 def test_samples_from_the_command_when_no_shapes(tmp_path: Path) -> None:
     data = report_data(_trace(tmp_path, _steps(False), ["train.py", "--batch-size=99"]))
     rates = data["throughput"]

@@ -16,8 +16,9 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.concurrency import Activity
-from perfswarm.analyze.frame import Events, detail_of
+from perfswarm.analyze.frame import Events, detail_of, lane_key
 from perfswarm.analyze.intervals import I64, first_covering, state_sweep
+from perfswarm.analyze.phases import BACKWARD, phases
 from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
@@ -111,8 +112,9 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     """Samples (and tokens) per second of the first rank's steps that ran the model, and where
     the batch came from, best first: the token embedding's indices (batch x sequence, every
     lookup of a step counted, so gradient accumulation is too); the leading dimension of the
-    first input of each step's first matrix product or convolution (one forward a step); the
-    recorded command's --batch-size (one forward a step, every step). A step where the model
+    first input of each step's first matrix product or convolution, or the recorded command's
+    --batch-size (every step), each times the step's forward and backward passes (_passes: a
+    gradient accumulation's micro-batches; one without a backward). A step where the model
     did not run (a window the profiler cut before its forward) is left out. None when none of
     them says."""
     if not steps:
@@ -128,8 +130,10 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
         flag = batch_flag(run.manifest()["command"])
         if flag is None:
             return None
-        samples, ran = flag * len(windows), set(range(len(windows)))
-        source = f"the command's --batch-size {flag}"
+        passes = np.maximum(_passes(ev, mine, windows), 1)
+        samples, ran = flag * int(passes.sum()), set(range(len(windows)))
+        source = f"the command's --batch-size {flag}" + (
+            ", x the forward and backward passes of each step" if passes.max() > 1 else "")
     seconds = sum(int(windows[i]["end"] - windows[i]["start"]) for i in ran) / 1e9
     return {"samples_per_s": samples / seconds, "samples_per_step": samples / len(ran),
             "tokens_per_s": tokens / seconds if tokens is not None else None,
@@ -166,10 +170,26 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
             f"{len(windows)} steps")
 
 
+def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
+    """The backward passes each window ran: runs of autograd work in time order on the threads
+    that run it and the step markers' (the loop's), each begun after other work of them
+    (gradient accumulation runs several a step, an inference step none)."""
+    rows = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine] | ev.is_step_marker[mine]], windows)
+    back = phases(ev, rows) == BACKWARD
+    lanes = np.unique(lane_key(ev.pid[rows], ev.tid[rows])[back | ev.is_step_marker[rows]])
+    keep = np.isin(lane_key(ev.pid[rows], ev.tid[rows]), lanes) & ~ev.is_step_marker[rows]
+    rows, back = rows[keep], back[keep]
+    order = np.argsort(ev.ts[rows], kind="stable")
+    rows, back = rows[order], back[order]
+    begun = rows[back & ~np.concatenate(([False], back[:-1]))]
+    return np.bincount(_steps_of(ev, windows, begun.tolist()), minlength=len(windows))
+
+
 def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
                    ) -> tuple[int | None, set[int], str]:
     """The leading dimension of the first input of each step's first matrix product or
-    convolution, summed over the steps that ran one."""
+    convolution, times the backward passes the step ran (a forward each; one in a step
+    without), summed over the steps that ran one."""
     codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
@@ -186,6 +206,10 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     if not first:
         return None, set(), ""
     row, batch = first[min(first)]
-    return sum(b[0] for _r, b in first.values()), set(first), (
+    passes = np.maximum(_passes(ev, mine, windows), 1)
+    each = f", x {int(passes[min(first)])} forward and backward passes" \
+        if passes[min(first)] > 1 else ""
+    return sum(b[0] * int(passes[step]) for step, (_r, b) in first.items()), set(first), (
         f"the first input of each step's first GEMM or convolution ({ev.name_of(row)} "
-        f"{'x'.join(map(str, batch))} in the first), in {len(first)} of {len(windows)} steps")
+        f"{'x'.join(map(str, batch))} in the first{each}), in {len(first)} of {len(windows)} "
+        "steps")
