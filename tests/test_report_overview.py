@@ -175,10 +175,11 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
                 return list(d) if shaped else None
             return [_op("aten::linear", t, 10, dims([8, 32], [32, 32], [32])),
                     _op("aten::relu", t + 20, 5, dims([8, 32])),
-                    _op("autograd::engine::evaluate_function: AddmmBackward0", t + 30, 20),
-                    _op("AddmmBackward0", t + 31, 18),
-                    _op("aten::mm", t + 32, 10, dims([8, 32], [32, 32])),
-                    {**_op("aten::pin_memory", t + 40, 5, dims([8, 32])), "tid": 2}]
+                    _op("autograd::engine::evaluate_function: AddmmBackward0", t + 30, 10),
+                    _op("AddmmBackward0", t + 31, 8),
+                    _op("aten::mm", t + 32, 6, dims([8, 32], [32, 32])),
+                    {**_op("aten::pin_memory", t + 41, 2, dims([8, 32])), "tid": 2},
+                    _op("autograd::engine::evaluate_function: ReluBackward0", t + 44, 10)]
 
         return [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), *micro(100),
                 _op("ProfilerStep#2", 1000, 2000, cat="user_annotation"),
