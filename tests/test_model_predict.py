@@ -164,6 +164,21 @@ def test_replay_and_prediction_at_the_recorded_configuration(cpu_run: Run) -> No
     assert parts["aten::linear"]["t1"] == 50 * US
 
 
+def test_the_host_breakdown_is_a_partition_with_threads_at_once(tmp_path: Path) -> None:
+    """A second thread's op (a DDP rank's gloo all-reduce beside its loop) while the loop's
+    linear runs counts once: the host's compute, framework and Python still part the step
+    (framework had held both threads' op time, over the step: 37 + 28 ms of a 29 ms step)."""
+    events = [e for i in range(3) for e in _step(i)]
+    events += [{**_op("gloo:all_reduce", 1000 * i + 50, 900), "tid": 2} for i in range(3)]
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "t.run", ImportOptions(),
+                        ["python", "train.py", "--batch-size", str(BATCH)])
+    for step in predict(run, profile=PROFILE).steps:
+        parts = step.breakdown_ns
+        assert min(parts.values()) >= 0 and sum(parts.values()) == step.predicted_ns
+
+
 def test_steps_closed_inside_the_optimizer_step(tmp_path: Path) -> None:
     """As recorded: each marker ends inside the optimizer step whose hook closed it, and the
     last one's call goes on through the profiler's stop (2 ms). Its prediction keeps the

@@ -712,28 +712,32 @@ def _device_busy(m: _Model, tl: Timeline, durations: I64) -> Callable[[int, int,
 
 def _breakdowns(m: _Model, tl: Timeline, durations: I64
                 ) -> Callable[[int, int, int], dict[str, int]]:
-    """Per rank and [lo, hi): device time per kind (GPU), or compute, framework and python
-    time of the host (CPU); built once per timeline, like _device_busy."""
+    """Per rank and [lo, hi): device time per kind (GPU), or a partition of the host's time
+    (CPU): compute (the union of its pieces over the threads), framework (the rest of the
+    union of every op piece: threads working at once, a DDP rank's gloo threads beside its
+    loop, count once) and python (the rest); built once per timeline, like _device_busy."""
     g, ev = m.graph, m.ev
 
     @functools.cache
-    def of_rank(rank: int) -> dict[str, Covered | WindowSums]:
+    def of_rank(rank: int) -> dict[str, Covered]:
         if m.platform == "gpu":
-            out: dict[str, Covered | WindowSums] = {}
+            out: dict[str, Covered] = {}
             for kind in ("kernel", "collective", "memcpy", "memset"):
                 mine = (g.role == DEVICE) & (g.rank == rank) & (g.row >= 0)
                 mine[mine] = ev.kind[g.row[mine]] == KIND[kind]
                 out[kind] = Covered(tl.start[mine], tl.end[mine])
             return out
         host = (g.role == HOST) & (g.rank == rank)
-        return {"compute": WindowSums(tl.start[host & m.compute], durations[host & m.compute]),
-                "framework": WindowSums(tl.start[host & ~m.compute],
-                                        durations[host & ~m.compute])}
+        ends = tl.start + durations
+        return {"compute": Covered(tl.start[host & m.compute], ends[host & m.compute]),
+                "busy": Covered(tl.start[host], ends[host])}
 
     def breakdown(rank: int, lo: int, hi: int) -> dict[str, int]:
         out = {k: v.within(lo, hi) for k, v in of_rank(rank).items()}
         if m.platform != "gpu":
-            out["python"] = max(0, hi - lo - out["compute"] - out["framework"])
+            busy = out.pop("busy")
+            out["framework"] = busy - out["compute"]
+            out["python"] = hi - lo - busy
         return out
 
     return breakdown
