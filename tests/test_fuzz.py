@@ -28,6 +28,7 @@ from fuzz_readers import READERS, SAMPLES, outcome, text_cases
 from perfswarm.cli.output import console, print_json
 from perfswarm.errors import PerfswarmError, TraceFormatError
 from perfswarm.report import html
+from perfswarm.shown import visible
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.readers import perf, pyspy, sampler, strace
 from perfswarm.trace.readers.fields import Placement
@@ -259,7 +260,8 @@ NAMES = (st.text(max_size=30) | st.sampled_from(FRAGMENTS)
 @given(st.lists(NAMES, min_size=1, max_size=4))
 def test_printers_keep_names_as_text(names: list[str]) -> None:
     """The CLI's consoles (tables and lines), its JSON and the HTML templates: nothing raises,
-    printable names come out as themselves, and no name's markup or HTML is interpreted."""
+    printable names come out as themselves (on the page, control characters and bidirectional
+    marks as their escapes), and no name's markup or HTML is interpreted."""
     width = console.width
     console.width = 1000  # no wrapping inside a name
     try:
@@ -284,8 +286,8 @@ def test_printers_keep_names_as_text(names: list[str]) -> None:
                                            "step_ms": 1.0, "directory": n} for n in shown])
 
     page = board(names)
-    for name in names:
-        assert str(markupsafe.escape(name)) in page
+    for name in names:  # as the terminal shows them: control characters as escapes
+        assert str(markupsafe.escape(visible(name))) in page
     # every tag and entity is the template's: the same count as with harmless names
     plain = board([f"n{i}" for i in range(len(names))])
     assert (page.count("<"), page.count(">")) == (plain.count("<"), plain.count(">"))

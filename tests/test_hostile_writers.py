@@ -5,11 +5,15 @@ of text reach the terminal (info, analyze, advise), --json and the report HTML a
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import markupsafe
+import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.progress import Progress
 
 from conftest import corpus
@@ -19,10 +23,11 @@ from perfswarm.optimize import advise as advise_module
 from perfswarm.optimize.rules.base import Advice, advice
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.report import board, html
+from perfswarm.shown import json_escaped, json_visible, visible
 
 MARKUP = "[/x] [link=http://x]y[/link] [bold]b"
 SCRIPT = "<script>alert(1)</script>"
-CONTROL = "\x1b[31mred\x1b]0;title\x07 \u202eRTL\u202c"
+CONTROL = "\x1b[31mred\x1b]0;title\x07 \u202eRTL\u202c \x9b31m"
 HOSTILE = f"{MARKUP} {SCRIPT} {CONTROL}"
 LONG = "W" * 5000
 
@@ -31,7 +36,7 @@ def _shown(text: str) -> str:
     """What the terminal shows: control characters as escapes (the bell too, but rich drops it
     from styled Text, so it is left out of the comparison)."""
     return (text.replace("\x07", "").replace("\x1b", "\\x1b").replace("\u202e", "\\u202e")
-            .replace("\u202c", "\\u202c"))
+            .replace("\u202c", "\\u202c").replace("\x9b", "\\x9b"))
 
 
 SHOWN = _shown(HOSTILE)
@@ -94,7 +99,10 @@ def _strings(data: object) -> Iterator[str]:
 def test_json_round_trips_hostile_text(run: Path, capsys: pytest.CaptureFixture[str],
                                        command: str) -> None:
     assert main([command, str(run), "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    # the same text once parsed; on the terminal no control character or bidirectional mark
+    assert not set(out) & {"\x1b", "\x07", "\x9b", "\u202e", "\u202c"}
+    data = json.loads(out)
     strings = set(_strings(data))
     assert str(run) in strings, command
     if command in ("info", "report"):
@@ -114,14 +122,16 @@ def test_report_and_board_html_escape_hostile_text(run: Path, tmp_path: Path) ->
     assert main(["report", str(run), "-o", str(out)]) == 0
     listed = board.list_runs(run.parent)[run.name]
     index = html.render_board(str(run.parent), [board._summary(listed)])
-    escaped = str(markupsafe.escape(HOSTILE))
+    # shown as the terminal shows it: control characters and bidirectional marks as escapes
+    escaped = str(markupsafe.escape(visible(HOSTILE)))
     # the report names the Run, its command and advice; the board index its device too
     for page, texts in [(out.read_text(), [f"title {escaped}", f"change {escaped} {LONG}",
                                            f"basis {escaped}", f"train {escaped}",
-                                           str(markupsafe.escape(run.name))]),
+                                           str(markupsafe.escape(visible(run.name)))]),
                         (index, [f"gpu {escaped}", f"train {escaped}",
-                                 str(markupsafe.escape(run.name))])]:
+                                 str(markupsafe.escape(visible(run.name)))])]:
         assert "<script>alert" not in page and "alert(1)</script>" not in page
+        assert not set(page) & {"\x1b", "\x07", "\x9b", "\u202e", "\u202c"}
         for text in texts:
             assert text in page, text[:80]
 
@@ -135,3 +145,25 @@ def test_progress_shows_file_names_as_text(make: Callable[[], Progress],
     with err_console.capture() as seen:
         err_console.print(bar.make_tasks_table(bar.tasks))
     assert f"reading {SHOWN}.json" in seen.get().replace("\\x07", "")
+
+
+@given(st.text())
+def test_json_text_escaped_and_shown(text: str) -> None:
+    """Printed JSON parses back to the same text with no character that acts on a terminal
+    left raw; the page's JSON parses to what the terminal shows (control characters and
+    bidirectional marks as escapes), whatever backslashes come before them."""
+    raw = orjson.dumps({"t": text}).decode()
+    escaped = json_escaped(raw)
+    assert json.loads(escaped) == {"t": text}
+    assert not any(c in escaped for c in ("\x7f", "\x9b", "\u202e", "\u2066", "\u061c"))
+    assert json.loads(json_visible(raw)) == {"t": visible(text)}
+
+
+def test_sql_csv_shows_escapes_on_a_terminal_and_data_elsewhere(
+        run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    query = "SELECT 'a' || chr(27) || '[31m' || chr(8238) AS x"
+    assert main(["sql", str(run), query, "--csv"]) == 0
+    assert capsys.readouterr().out == "x\na\x1b[31m\u202e\n"  # a file or a pipe: the data
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["sql", str(run), query, "--csv"]) == 0
+    assert capsys.readouterr().out == "x\na\\x1b[31m\\u202e\n"

@@ -4,9 +4,9 @@ Neither parses markup or emoji codes: every string printed (names from traces, p
 advice) is text, so "[param|cuda]" or "[/x]" prints as itself. Styled parts are given as
 `rich.text.Text` (e.g. `Text.assemble((path, "bold"), ": ...")`).
 
-Control characters and bidirectional overrides in that text would drive the terminal (an ESC
-sequence recolours it or sets its title, U+202E reverses what follows), so both consoles show
-them as escapes (`\x1b`, `\u202e`); rich itself drops BEL, BS, VT, FF and CR from Text."""
+Control characters and bidirectional overrides in that text would drive the terminal, so both
+consoles show them as escapes (perfswarm.shown.visible: `\x1b`, `\u202e`; rich itself drops
+BEL, BS, VT, FF and CR from Text), and JSON escapes them."""
 
 from __future__ import annotations
 
@@ -29,16 +29,7 @@ from rich.progress import (
 from rich.segment import Segment
 from rich.text import Text
 
-# C0 and C1 controls but tab and newline, DEL, and the bidirectional marks, embeddings,
-# overrides and isolates
-_HIDDEN = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-           for c in [*range(0x20), *range(0x7F, 0xA0), 0x61C, 0x200E, 0x200F,
-                     *range(0x202A, 0x202F), *range(0x2066, 0x206A)] if c not in (9, 10)}
-
-
-def visible(text: str) -> str:
-    """`text` with every character that would act on the terminal written as an escape."""
-    return text.translate(_HIDDEN)
+from perfswarm.shown import json_escaped, visible
 
 
 class _TextConsole(Console):
@@ -68,10 +59,11 @@ err_console = _TextConsole(stderr=True, width=_width(sys.stderr))
 
 
 def print_json(data: Any) -> None:
-    """Stable JSON (sorted keys, 2-space indent) on stdout."""
+    """Stable JSON (sorted keys, 2-space indent) on stdout, every character that would act on
+    a terminal escaped (shown.json_escaped)."""
     text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
                         | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-    sys.stdout.write(text.decode() + "\n")
+    sys.stdout.write(json_escaped(text.decode()) + "\n")
 
 
 class _Description(ProgressColumn):

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console
+from perfswarm.shown import json_escaped, visible
 from perfswarm.trace.sql import Limits, query
 from perfswarm.trace.store import Run
 
@@ -69,19 +70,23 @@ def sql_command(
 
 
 def _stream(columns: list[str], batches: Iterable[pa.RecordBatch], as_json: bool) -> None:
-    """Rows to stdout batch by batch, so memory holds one batch."""
+    """Rows to stdout batch by batch, so memory holds one batch. JSON escapes what would act
+    on a terminal; CSV shows it as escapes on a terminal and writes the data as it is to a
+    file or a pipe."""
     out = sys.stdout
     writer = None if as_json else csv.writer(out, lineterminator="\n")
+    shown = out.isatty()
     if writer is not None:
-        writer.writerow(columns)
+        writer.writerow(map(visible, columns) if shown else columns)
     first = True
     for batch in batches:
         for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
             if writer is not None:
-                writer.writerow(row)
+                writer.writerow([visible(v) if isinstance(v, str) else v for v in row]
+                                if shown else row)
                 continue
             out.write(("[\n  " if first else ",\n  ")
-                      + _json_row(dict(zip(columns, row, strict=True))).decode())
+                      + json_escaped(_json_row(dict(zip(columns, row, strict=True))).decode()))
             first = False
     if writer is None:
         out.write("[]\n" if first else "\n]\n")

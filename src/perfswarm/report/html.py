@@ -13,6 +13,7 @@ hover text. So a kernel named `</script><img src=x onerror=...>` is shown, never
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html
 from functools import cache
 from pathlib import Path
@@ -26,6 +27,7 @@ from perfswarm.analyze.phases import PHASES
 from perfswarm.report.overview import CATEGORIES
 from perfswarm.report.text import evidence_text, ms, pct, size
 from perfswarm.report.views import BEFORE_TRACE
+from perfswarm.shown import json_visible, visible
 from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -39,22 +41,33 @@ _JSON_ESCAPES: Final = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
 
 
 def safe_json(value: Any) -> str:
-    """JSON text that can sit inside a <script> element: no `</script>`, no `<!--`."""
+    """JSON text that can sit inside a <script> element: no `</script>`, no `<!--`; and
+    whose strings show each control character and bidirectional mark as its escape (the
+    text `\u202e`, as the terminal does: shown.visible), not the character."""
     text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     for char, escaped in _JSON_ESCAPES:  # str.replace: 7x faster than str.translate here
         text = text.replace(char, escaped)
-    return text
+    return json_visible(text)
 
 
 class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
     """Jinja's cache of compiled templates, in its private per-user directory under the
     temporary directory (made 0700 and checked to be the user's; an entry is keyed by the
-    template's source and Python's version): compiling report.html.j2 took 0.12 of a
-    report's CPU seconds. A cache that cannot be written is no cache."""
+    template's source, Python's version and this module's source, which sets the environment
+    the code is compiled for: its finalize is compiled in): compiling report.html.j2 took
+    0.12 of a report's CPU seconds. A cache that cannot be written is no cache."""
+
+    def get_cache_key(self, name: str, filename: str | None = None) -> str:
+        return super().get_cache_key(name, filename) + _module_digest()
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         with contextlib.suppress(OSError):
             super().dump_bytecode(bucket)
+
+
+@cache
+def _module_digest() -> str:
+    return hashlib.sha1(Path(__file__).read_bytes(), usedforsecurity=False).hexdigest()
 
 
 def _compiled_templates() -> jinja2.BytecodeCache | None:
@@ -70,6 +83,8 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.PackageLoader("perfswarm.report", "templates"),
         autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
         bytecode_cache=_compiled_templates(),
+        # data's text as text: control characters and bidirectional marks as their escapes
+        finalize=lambda value: visible(value) if isinstance(value, str) else value,
     )
 
 
