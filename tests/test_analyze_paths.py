@@ -131,6 +131,22 @@ def test_critical_path_follows_the_late_rank() -> None:
         "collective": 60, "launch_overhead": 10, "runtime": 10, "cpu": 120}
 
 
+def test_a_steps_path_starts_where_its_rank_started_the_step() -> None:
+    """Two ranks with no collective between them: rank 1 ends its previous step at 15, starts
+    step 0 at 20 and ends it last, at 110; the step's path is rank 1's 90 (walked back to the
+    earliest rank's start, 0, it had been 110, the previous step's tail in it: longer than
+    either rank's step)."""
+    ev = events([(0, 0, 100, "cpu_op", "work", 1, -1, -1, -1),
+                 (1, -30, 45, "cpu_op", "before", 1, -1, -1, -1),
+                 (1, 20, 90, "cpu_op", "work", 1, -1, -1, -1)])
+    steps = {0: [StepWindow(0, 0, 100, "marker")], 1: [StepWindow(0, 20, 110, "marker")]}
+    path = critical_path(ev, [], steps)
+    assert path is not None
+    (step,) = path.steps
+    assert (step.start, step.end, step.length_ns, step.rank_switches) == (20, 110, 90, 0)
+    assert {k: v for k, v in step.ns.items() if v} == {"cpu": 90}
+
+
 # One iteration, 0..500 us, built so its critical path is known: the main thread (1) runs
 # forward and launches k1, then sits in `## backward ##` while the autograd thread (2) runs
 # backward: it launches k2 and k3 (queued behind k2 on stream 7), synchronizes, and works on;

@@ -419,9 +419,15 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
           walk_from: Callable[[State, int | None, int], Segment]) -> CriticalPath | None:
     """The Run's path and each step's, from each graph's Ends (`ends(g, [None, *windows])`,
     in rank order) and `walk_from(state, stop, floor)`, which walks the graph holding the
-    state's rank back to `floor`."""
-    def back_to(floor: int) -> Callable[[State, int | None], Segment]:
-        return lambda state, stop: walk_from(state, stop, floor)
+    state's rank back to `floor`: in a step, that rank's own start of it (the earliest rank's
+    would count the other ranks' head start as the path's, a step's path longer than every
+    rank's step)."""
+    def back_to(window: Window | None) -> Callable[[State, int | None], Segment]:
+        def floor(rank: int) -> int:
+            if window is None:
+                return NO_FLOOR
+            return window[rank][0] if rank in window else min(lo for lo, _ in window.values())
+        return lambda state, stop: walk_from(state, stop, floor(state[0]))
 
     start = last_work([p[0] for p in parts])
     if start is None:
@@ -430,9 +436,8 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
     for i, (step, window) in enumerate(steps, 1):
         last = last_work([p[i] for p in parts])
         if last is not None:
-            floor = min(lo for lo, _ in window.values())
-            per_step.append(path(last[3], path_of(last, back_to(floor)), STEP_TOP, step))
-    return path(start[3], path_of(start, back_to(NO_FLOOR)), steps=per_step)
+            per_step.append(path(last[3], path_of(last, back_to(window)), STEP_TOP, step))
+    return path(start[3], path_of(start, back_to(None)), steps=per_step)
 
 
 def collective_instances(ev: Events) -> dict[Instance, list[Peer]]:
