@@ -134,7 +134,7 @@ def test_shares_divide_by_the_profiled_steps_alone(tmp_path: Path) -> None:
     one holding the trace export: they carry no events, so no share or per-step rate counts
     them (here they would turn the loader's 60% into 20%)."""
     from perfswarm.analyze.summary import analyze
-    from perfswarm.record.build import hook_steps
+    from perfswarm.record.build import Hooks, hook_steps
     from perfswarm.trace.schema import STEPS
 
     run = with_manifest(imported(tmp_path, "window", _loader_steps(6000, 4000)), cores=4)
@@ -142,7 +142,7 @@ def test_shares_divide_by_the_profiled_steps_alone(tmp_path: Path) -> None:
     assert marked.column("source").to_pylist() == ["marker"] * 3
     ms = 1_000_000  # the three profiled steps lie in [0, 30 ms); hooks 10 ms apart around them
     hooks = [-40 * ms, -30 * ms, -20 * ms, -10 * ms, 30 * ms, 40 * ms, 50 * ms, 60 * ms]
-    outside = hook_steps([(0, hooks, [0] * len(hooks))], {(0, 0), (0, 1), (0, 2)})
+    outside = hook_steps([Hooks(0, hooks, [0] * len(hooks), {})], {(0, 0), (0, 1), (0, 2)})
     # hook i-1 to hook i is step i; 1 and 2 are marked, so the hooks time steps 3-7, and
     # step 3, after the last marked one, holds the export
     assert list(zip(outside.column("step").to_pylist(),

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import orjson
@@ -68,19 +68,27 @@ def step_files(raw: Path) -> list[Path]:
                    *(p for p in raw.glob("steps-rank*-pid*.live") if p.stem not in done)])
 
 
-# rank, hook times, minor page faults at each, hook index -> the optimizer call's own ns
-Hooks = tuple[int, list[int], list[int], dict[int, int]]
+class Hooks(NamedTuple):
+    """A stepping process's steps file."""
+
+    rank: int
+    times: list[int]  # of every step hook
+    faults: list[int]  # minor page faults at each
+    optimizer_ns: dict[int, int]  # hook index -> the optimizer call's own ns
+    cut: int | None = None  # the marked step its exit closed (the window still open then)
 
 
 def _hooks(path: Path) -> Hooks:
     """A stepping process's hooks; a `.live` file holds the times alone."""
     try:
         if path.suffix == ".live":
-            return _rank_pid(path)[0], read_live(path.read_bytes()), [], {}
+            return Hooks(_rank_pid(path)[0], read_live(path.read_bytes()), [], {})
         data = orjson.loads(path.read_bytes())
-        return (int(data["rank"]), [int(t) for t in data["hook_ns"]],
-                [int(f) for f in data.get("hook_faults", [])],
-                {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()})
+        cut = data.get("cut_step")
+        return Hooks(int(data["rank"]), [int(t) for t in data["hook_ns"]],
+                     [int(f) for f in data.get("hook_faults", [])],
+                     {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()},
+                     int(cut) if cut is not None else None)
     except (KeyError, TypeError, ValueError) as exc:  # orjson's errors are ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -114,7 +122,7 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its step hooks, and its optimizer
     calls' own time, as the per-rank counters FAULTS and OPTIMIZER_CALL."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
-    for rank, hooks, faults, calls in hooked:
+    for rank, hooks, faults, calls, _cut in hooked:
         for name, values in ((FAULTS, dict(enumerate(faults))), (OPTIMIZER_CALL, calls)):
             for i, value in sorted(values.items()):
                 if i < len(hooks):
@@ -129,7 +137,7 @@ def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Tabl
     `detected`): step i runs from hook i-1 to hook i. The step after a rank's last marked one
     holds the trace export (inject/sitecustomize.py), source `export`: it is no normal step."""
     rows: dict[str, list[object]] = {"rank": [], "step": [], "start": [], "end": [], "source": []}
-    for rank, hooks, _faults, _calls in hooked:
+    for rank, hooks, *_ in hooked:
         mine = [s for r, s in marked if r == rank]
         export = max(mine) + 1 if mine else -1
         for i in range(1, len(hooks)):
@@ -142,12 +150,12 @@ def hook_steps(hooked: Iterable[Hooks], marked: set[tuple[int, int]]) -> pa.Tabl
 
 
 def tails(marked: pa.Table, hooked: Iterable[Hooks]) -> pa.Table:
-    """The marked steps, those of a stepping rank from its hook count on (no hook ended them:
-    the program exited or raised in the window's last marker) as source `tail`."""
-    ended = {rank: len(hooks) for rank, hooks, _faults, _calls in hooked}
+    """The marked steps, the one a process's exit closed (the program exited or raised in its
+    window: no step hook ended that marker, sitecustomize's flush did) as source `tail`."""
+    cut = {(h.rank, h.cut) for h in hooked if h.cut is not None}
     rows = marked.to_pylist()
     for row in rows:
-        if row["step"] >= ended.get(row["rank"], row["step"] + 1):
+        if (row["rank"], row["step"]) in cut:
             row["source"] = TAIL
     return pa.Table.from_pylist(rows, schema=STEPS)
 

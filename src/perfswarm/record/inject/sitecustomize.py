@@ -197,13 +197,15 @@ class _Window:
             return
         if self.et is not None:
             self._stop_et()
-        if self.prof is not None:
+        cut = None
+        if self.prof is not None:  # the window still open: its last marker is the exit's
+            cut = len(self.hook_ns)
             self._stop()
         path = os.path.join(self.out, f"steps-{self.stem}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
-                       "optimizer_ns": self.optimizer_ns,
+                       "optimizer_ns": self.optimizer_ns, "cut_step": cut,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "window_on": self.driver, **self.fp32, **self.runtime}, f)
         os.replace(path + ".tmp", path)
