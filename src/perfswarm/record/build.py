@@ -84,8 +84,9 @@ def _hooks(path: Path) -> Hooks:
         if path.suffix == ".live":
             return Hooks(_rank_pid(path)[0], read_live(path.read_bytes()), [], {})
         data = orjson.loads(path.read_bytes())
+        rank = int(data["rank"])  # (first: a list here is the TypeError the error names)
         cut = data.get("cut_step")
-        return Hooks(int(data["rank"]), [int(t) for t in data["hook_ns"]],
+        return Hooks(rank, [int(t) for t in data["hook_ns"]],
                      [int(f) for f in data.get("hook_faults", [])],
                      {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()},
                      int(cut) if cut is not None else None)
