@@ -19,9 +19,12 @@ _HIDDEN: Final = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _COD
 _RAW_IN_JSON: Final = re.compile("[" + "".join(chr(c) for c in _CODES if c >= 0x20) + "]")
 
 
+_ANY: Final = re.compile("[" + "".join(chr(c) for c in _CODES) + "]")
+
+
 def visible(text: str) -> str:
     """`text` with every character that would act on what shows it written as an escape."""
-    return text.translate(_HIDDEN)
+    return text.translate(_HIDDEN) if _ANY.search(text) else text  # a scan, no copy
 
 
 def json_escaped(text: str) -> str:
@@ -45,7 +48,7 @@ def json_visible(text: str) -> str:
     def shown(m: re.Match[str]) -> str:
         code = m.group(2) or _SHORT[m.group(3)]
         return m.group(0) if code in ("09", "0a") else m.group(1) + "\\\\x" + code
-    if _C0_ESCAPE.search(text):
+    if any(e in text for e in ("\\u00", "\\b", "\\f", "\\r")) and _C0_ESCAPE.search(text):
         text = _C0_ESCAPE.sub(shown, text)
     if _RAW_IN_JSON.search(text):
         text = _RAW_IN_JSON.sub(lambda m: "\\" + visible(m.group()), text)

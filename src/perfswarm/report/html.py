@@ -84,7 +84,9 @@ def _environment() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
         bytecode_cache=_compiled_templates(),
         # data's text as text: control characters and bidirectional marks as their escapes
-        finalize=lambda value: visible(value) if isinstance(value, str) else value,
+        # (Markup is the page's own: HTML and JSON made safe already)
+        finalize=lambda value: visible(value)
+        if isinstance(value, str) and not isinstance(value, Markup) else value,
     )
 
 
