@@ -58,9 +58,12 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
-    streamed = _streaming_ns(facts.with_text(top_ops(ops), "detail"))
+    top = top_ops(ops)
+    streamed = _streaming_ns(facts.with_text(top, "detail"))
     if streamed is None:
         return None
+    ops_ns = sum(facts.busy_ns(top).values())
+    evidence["ops_ns"] = ops_ns
     evidence["streaming_ns"] = round(streamed)
     slowdown = facts.optimizer_slowdown or facts.profiler_slowdown
     evidence["profiler_slowdown"] = round(slowdown, 3)
@@ -68,18 +71,19 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     if known:
         evidence["torch_version"] = version
     need = "" if known else f" (on the CPU since torch {'.'.join(map(str, _CPU_FUSED))})"
-    # The optimizer's time without the profiler, whose cost per op is most of a small op's,
-    # against the fused kernel's at a rate one op reached (which that cost hardly changes).
-    gain = step_ns / slowdown - streamed
+    # The fused kernel replaces the per-parameter ops, not step()'s own Python: their time
+    # without the profiler (whose cost per op is most of a small op's) against the kernel's at
+    # the rate one op reached (which that cost hardly changes).
+    gain = ops_ns / slowdown - streamed
     if gain <= 0:
         return None
     return advice(facts, "single_tensor_optimizer", "optimizer runs one op per parameter",
                   evidence, gain,
-                  "streaming model from this step: the fused kernel moves the same bytes in one "
-                  "pass at the best rate an op of the step reached; it replaces the optimizer's "
-                  "own time without the profiler (its time over the profiler's slowdown of the "
-                  "optimizer's calls, median in the window / median the recorder timed outside "
-                  "it, else of the step)",
+                  "streaming model from this step: the fused kernel moves the ops' bytes in one "
+                  "pass at the best rate one of them reached; it replaces the ops' time without "
+                  "the profiler (their time over its slowdown of the optimizer's calls, median in "
+                  "the window / median the recorder timed outside it, else of the step); the "
+                  "step's own Python stays",
                   f"torch.optim.{optimizer}(..., fused=True){need}")
 
 
