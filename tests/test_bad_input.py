@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 
 from conftest import corpus
 from perfswarm.cli.main import main
+from perfswarm.errors import RunError
+from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
 
 
@@ -161,6 +164,28 @@ def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damag
         assert main([command, str(run)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and "events.parquet" in err, err
+
+
+@pytest.mark.parametrize(("damage", "columns", "message"), [
+    ("external_id", ["external_id"], "no column external_id"),  # a KeyError before
+    ("rank", None, "no column rank"),  # an IndexError before
+    ("extra", None, ""),  # a KeyError before; a newer writer's column is left unread
+])
+def test_a_ranks_rows_of_a_damaged_table(corpus_runs: dict[str, Run], tmp_path: Path,
+                                         damage: str, columns: list[str] | None,
+                                         message: str) -> None:
+    """One rank's rows (read by row groups) are checked as the whole table's are."""
+    run = Run(shutil.copytree(corpus_runs["nccl"].path, tmp_path / "r.run"))
+    events = run.path / "tables" / "events.parquet"
+    table = pq.read_table(events)
+    table = (table.append_column("extra", pa.array([0] * table.num_rows)) if damage == "extra"
+             else table.drop_columns([damage]))
+    pq.write_table(table, events)
+    if not message:
+        assert run.table("events", columns, rank=0).column_names == EVENTS.names
+        return
+    with pytest.raises(RunError, match=re.escape(f"unreadable table ({message})")):
+        run.table("events", columns, rank=0)
 
 
 def test_outputs_never_replace_a_runs_own_files(corpus_runs: dict[str, Run], tmp_path: Path,

@@ -40,6 +40,8 @@ def hostile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (table / "tables" / "events.parquet").symlink_to(outside / "tables" / "events.parquet")
     broken = shutil.copytree(good, root / "broken")
     (broken / "manifest.json").write_text("{")
+    damaged = shutil.copytree(good, root / "no-steps")  # had failed the whole index
+    (damaged / "tables" / "steps.parquet").unlink()
     (root / "loop-a").symlink_to(root / "loop-b")
     (root / "loop-b").symlink_to(root / "loop-a")
     return root
@@ -107,7 +109,8 @@ def test_only_local_host_names(board: BoardServer) -> None:
 
 def test_links_out_and_broken_runs_are_listed_as_broken(board: BoardServer,
                                                         hostile_dir: Path) -> None:
-    assert list(list_runs(hostile_dir)) == ["broken", "good", "linked-manifest", "linked-table"]
+    assert list(list_runs(hostile_dir)) == ["broken", "good", "linked-manifest", "linked-table",
+                                            "no-steps"]
     runs = {r["name"]: r for r in json.loads(body(board, "/api/runs"))}
     good = runs["good"]
     raw = json.loads(gzip.decompress(corpus("compare_base").read_bytes()))["traceEvents"]
@@ -121,6 +124,8 @@ def test_links_out_and_broken_runs_are_listed_as_broken(board: BoardServer,
     assert runs["linked-table"]["broken"] == ("linked-table/tables/events.parquet: links outside "
                                               "the run")
     assert "unreadable manifest" in runs["broken"]["broken"]
+    assert runs["no-steps"]["broken"] == ("no-steps/tables/steps.parquet: missing (every Run "
+                                          "has its steps table; a damaged Run)")
     index = body(board, "/")
     assert b"broken: broken" in index and b"SECRET" not in index
     for name in ("linked-manifest", "linked-table", "broken"):

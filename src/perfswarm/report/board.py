@@ -96,17 +96,16 @@ def _summary(listed: Listed) -> dict[str, Any]:
     try:
         run = open_listed(listed)
         manifest = run.manifest()
+        steps = run.table("steps", ["start", "end"])  # (a damaged table: this Run is broken)
     except RunError as exc:
         return {"name": listed.name, "broken": str(exc).replace(str(listed.path), listed.name)}
     start = manifest.get("extra", {}).get("record", {}).get("start_ns")
     when = start / 1e9 if isinstance(start, int) else run.manifest_path.stat().st_mtime
     devices = sorted({str(d.get("name")) for d in manifest["devices"] if d.get("name")})
     step_ms = None
-    if run.has_table("steps"):
-        steps = run.table("steps", ["start", "end"])
-        if steps.num_rows:
-            step_ms = float(np.median(steps.column("end").to_numpy()
-                                      - steps.column("start").to_numpy())) / 1e6
+    if steps.num_rows:
+        step_ms = float(np.median(steps.column("end").to_numpy()
+                                  - steps.column("start").to_numpy())) / 1e6
     return {"name": listed.name, "complete": manifest["complete"], "ranks": manifest["ranks"],
             "command": manifest["command"], "directory": str(listed.path),
             "date": datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -222,27 +222,34 @@ def _open(path: Path) -> pq.ParquetFile:
         metadata.schema.to_arrow_schema()))
 
 
-def _rank_rows(path: Path, columns: list[str] | None, rank: int) -> pa.Table:
+def _rank_rows(path: Path, columns: list[str], rank: int) -> pa.Table:
     """The rows of `rank`, reading only the row groups that can hold them, in file order."""
     file = _open(path)
+    _present(file, [*columns, "rank"])
     at = file.schema_arrow.get_field_index("rank")
     groups = []
     for i in range(file.num_row_groups):
         stats = file.metadata.row_group(i).column(at).statistics
         if stats is None or not stats.has_min_max or stats.min <= rank <= stats.max:
             groups.append(i)
-    wanted = columns or file.schema_arrow.names
-    stored, derived = _stored_columns(file.schema_arrow, [*wanted, "rank"])
+    stored, derived = _stored_columns(file.schema_arrow, [*columns, "rank"])
     table = derived(file.read_row_groups(groups, columns=stored))
-    return table.filter(pc.equal(table.column("rank"), rank)).select(wanted)
+    return table.filter(pc.equal(table.column("rank"), rank)).select(columns)
 
 
 def _read_columns(path: Path, columns: list[str]) -> pa.Table:
     file = _open(path)
     stored, derived = _stored_columns(file.schema_arrow, columns)
-    if absent := [c for c in stored if c not in file.schema_arrow.names]:
-        raise pa.ArrowInvalid(f"no column {', '.join(absent)}")  # (read() would leave it out)
+    _present(file, stored)
     return derived(file.read(columns=stored))
+
+
+def _present(file: pq.ParquetFile, columns: list[str]) -> None:
+    """An ArrowInvalid naming the columns of `columns` the file lacks (a read leaves them
+    out), after the one `_stored_columns` derives (detail, from the kinds and args)."""
+    stored, _ = _stored_columns(file.schema_arrow, columns)
+    if absent := [c for c in stored if c not in file.schema_arrow.names]:
+        raise pa.ArrowInvalid(f"no column {', '.join(absent)}")
 
 
 def _typed(table: pa.Table, name: str) -> pa.Table:
@@ -250,6 +257,8 @@ def _typed(table: pa.Table, name: str) -> pa.Table:
     (text columns may come as dictionaries); else an ArrowInvalid naming the column."""
     schema = TABLES[name]
     for field in table.schema:
+        if field.name not in schema.names:
+            raise pa.ArrowInvalid(f"column {field.name} is no column of {name}")
         want = schema.field(field.name).type
         got = field.type.value_type if pa.types.is_dictionary(field.type) and not \
             pa.types.is_dictionary(want) else field.type
@@ -386,7 +395,7 @@ class Run:
         cached = self._columns.setdefault(name, {})
         wanted = columns or TABLES[name].names
         if rank is not None and not cached:
-            return self._read(path, lambda: _typed(_rank_rows(path, columns, rank), name))
+            return self._read(path, lambda: _typed(_rank_rows(path, wanted, rank), name))
         needed = wanted if rank is None else list(dict.fromkeys([*wanted, "rank"]))
         missing = [c for c in needed if c not in cached]
         if missing:
