@@ -123,6 +123,9 @@ def test_a_failing_baseline_is_an_error(space: Path, tmp_path: Path) -> None:
     ("params: [{name: a, type: float, low: .nan, high: 1, env: A}]", "finite numbers"),
     ("params: [{name: a, type: int, low: 1, high: 2, env: 'A=B; rm'}]", "a variable name"),
     ("params: [{name: a, type: int, low: 1, high: 8, step: 0, env: A}]", "`step` must be"),
+    ("params: [{name: a, type: int, low: 1, high: 8, step: 0.5, env: A}]", "a whole `step`"),
+    ("params: [{name: a, type: float, low: 0.1, high: 8, step: 0.1, log: true, env: A}]",
+     "a `log` scale takes no `step`"),
 ])
 def test_bad_space_files(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "s.yaml"

@@ -92,6 +92,10 @@ def _param(path: Path, i: int, raw: object) -> Param:
     step = raw.get("step")
     if step is not None and not (isinstance(step, int | float) and 0 < step < math.inf):
         raise bad("`step` must be a number above 0")
+    if step is not None and kind == "int" and not float(step).is_integer():
+        raise bad("int parameters need a whole `step`")
+    if step is not None and raw.get("log"):
+        raise bad("a `log` scale takes no `step` (optuna samples it continuously)")
     if kind == "categorical" and (not isinstance(choices, list) or not choices
                                   or not all(isinstance(c, int | float | str) for c in choices)):
         raise bad("categorical parameters need a non-empty `choices` list of scalars")
