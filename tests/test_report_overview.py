@@ -190,6 +190,14 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
     assert rates["samples_per_s"] == pytest.approx(32 / 3e-3)
     assert rates["source"] == ("the first input of each step's first GEMM or convolution "
                                "(aten::linear 8x32 in the first), in 2 of 2 steps")
+    # LBFGS evaluates its closure (forward and backward) again on the same batch inside one
+    # optimizer call: the passes of one call are one
+    lbfgs = [e for e in steps(True) if not e["name"].startswith("ProfilerStep#2")]
+    lbfgs += [_op("ProfilerStep#2", 1000, 2000, cat="user_annotation"),
+              _op("Optimizer.step#LBFGS.step", 1050, 800, cat="user_annotation")]
+    (tmp_path / "lbfgs").mkdir()
+    rates = report_data(_trace(tmp_path / "lbfgs", lbfgs, ["train.py"]))["throughput"]
+    assert rates["samples_per_step"] == (8 + 8) / 2
     (tmp_path / "flag").mkdir()
     flagged = report_data(_trace(tmp_path / "flag", steps(False), ["t.py", "--batch-size=8"]))
     assert flagged["throughput"]["samples_per_step"] == 16

@@ -18,7 +18,7 @@ import numpy as np
 from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.frame import Events, detail_of, lane_key
 from perfswarm.analyze.intervals import I64, first_covering, state_sweep
-from perfswarm.analyze.phases import BACKWARD, phases
+from perfswarm.analyze.phases import BACKWARD, optimizer_calls, phases
 from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
@@ -182,6 +182,18 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     order = np.argsort(ev.ts[rows], kind="stable")
     rows, back = rows[order], back[order]
     begun = rows[back & ~np.concatenate(([False], back[:-1]))]
+    # the passes of one optimizer call (LBFGS evaluates its closure again on the same batch)
+    # are one
+    calls = optimizer_calls(ev)[0]
+    calls = calls[np.isin(ev.rank[calls], np.unique(ev.rank[begun]))]
+    calls = calls[np.argsort(ev.ts[calls], kind="stable")]
+    outer = calls[ev.end[calls] > np.maximum.accumulate(
+        np.concatenate(([np.iinfo(np.int64).min], ev.end[calls][:-1])))] if len(calls) else calls
+    at = np.searchsorted(ev.ts[outer], ev.ts[begun], side="right") - 1
+    within = (at >= 0) & (ev.ts[begun] < ev.end[outer][np.maximum(at, 0)]) if len(outer) \
+        else np.zeros(len(begun), bool)
+    first = ~within | ~np.concatenate(([False], within[:-1] & (at[1:] == at[:-1])))
+    begun = begun[first]
     return np.bincount(_steps_of(ev, windows, begun.tolist()), minlength=len(windows))
 
 
