@@ -571,7 +571,7 @@ def test_single_tensor_optimizer_on_a_device(tmp_path: Path) -> None:
     assert a.change == "torch.optim.AdamW(..., foreach=True), or fused=True"
 
 
-def _cpu_adam(tmp: Path, name: str, version: str | None) -> Run:
+def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False) -> Run:
     """Two CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs
     each, but one of them 3 µs (525 µs of ops a step)."""
     events = []
@@ -579,6 +579,8 @@ def _cpu_adam(tmp: Path, name: str, version: str | None) -> Run:
         t = i * 1000
         events += [ev(f"ProfilerStep#{i}", t, 1000, "user_annotation"),
                    ev("Optimizer.step#AdamW.step", t + 200, 600, "user_annotation")]
+        if wrapped:  # a wrapper optimizer whose step() steps the AdamW inside it
+            events.append(ev("Optimizer.step#Wrap.step", t + 150, 700, "user_annotation"))
         events += [ev("aten::add_", t + 201 + 19 * j, 3 if j == 7 else 18,
                       **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
                    for j in range(30)]
@@ -599,6 +601,11 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
     unknown = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "unknown", None))
     assert unknown.change == "torch.optim.AdamW(..., fused=True) (on the CPU since torch 2.4)"
     assert found(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "old", "2.3.1")) is None
+    # inside a wrapper's step(): the optimizer that updates is the inner one, its two calls
+    inner = shows(optimizer.single_tensor_optimizer,
+                  _cpu_adam(tmp_path, "wrapped", "2.13.0+cpu", wrapped=True))
+    assert (inner.evidence["optimizer"], inner.evidence["steps"], inner.gain_ns) == (
+        "AdamW", 2, a.gain_ns)
     # outside the window the hooks timed 500 µs steps, half the profiled 1,000 µs: the
     # ops' time without the profiler is half their profiled time
     from perfswarm.trace.schema import STEPS

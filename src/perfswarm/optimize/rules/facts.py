@@ -187,19 +187,32 @@ class Facts:
         cuda, version = self.recorded.get("cuda"), str(self.recorded.get("torch_version", ""))
         return self.device_events.height == 0 and (cuda is False or version.endswith("+cpu"))
 
+    def _step_calls(self, innermost: bool) -> pl.DataFrame:
+        """The optimizer's step() calls in the window, the innermost (the optimizers that
+        update: a wrapper's step calls its inner optimizer's) or the outermost (what the
+        recorder times), each from where its own work starts (after the forward and backward
+        of a closure passed to it: analyze.phases)."""
+        steps = self.in_window(self.named(r"^Optimizer\.step#", "cpu_op", "user_annotation")
+                               ).filter(pl.col("dur") > 0).sort(["rank", "tid", "ts"])
+        end, lane = pl.col("ts") + pl.col("dur"), ["rank", "tid"]
+        nested = (pl.col("ts").shift(-1).over(lane) < end if innermost  # holds the next
+                  else end <= end.cum_max().shift(1).over(lane))  # in an earlier one
+        steps = steps.filter(~nested.fill_null(False))
+        calls, starts = optimizer_calls(Events.load(self.run))
+        own = starts[np.searchsorted(calls, steps["row"].to_numpy())]
+        return steps.with_columns(ts=pl.Series(own, dtype=pl.Int64),
+                                  dur=pl.col("ts") + pl.col("dur") - own)
+
     @cached_property
     def optimizer_steps(self) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """The optimizer's step() calls in the window, each from where its own work starts
-        (after the forward and backward of a closure passed to it: analyze.phases), and the
-        aten ops of that work."""
-        steps = self.in_window(self.named(r"^Optimizer\.step#", "cpu_op", "user_annotation")
-                               ).filter(pl.col("dur") > 0)
+        """The innermost step() calls in the window from where their own work starts
+        (_step_calls), and the aten ops of that work."""
+        steps = self._step_calls(innermost=True)
         ev = Events.load(self.run)
-        calls, starts = optimizer_calls(ev)
-        own = starts[np.searchsorted(calls, steps["row"].to_numpy())]
-        ops = self.inside(steps, self.named(r"^aten::", "cpu_op"))
+        whole = self.events.filter(pl.col("row").is_in(steps["row"].to_list()))
+        ops = self.inside(whole, self.named(r"^aten::", "cpu_op"))
         ops = ops.filter(pl.Series(phases(ev, ops["row"].to_numpy()) == OPTIMIZER))
-        return steps.with_columns(ts=pl.Series(own), dur=pl.col("ts") + pl.col("dur") - own), ops
+        return steps, ops
 
     def busy_ns(self, frame: pl.DataFrame,
                 by: tuple[str, ...] = ("rank",)) -> dict[tuple[Any, ...], int]:
@@ -299,7 +312,7 @@ class Facts:
             "rank", pl.col("end").alias("ts"))
         timed = self.counters.filter(pl.col("name") == OPTIMIZER_CALL).join(
             ended, on=["rank", "ts"])
-        inside = self.optimizer_steps[0]["dur"]
+        inside = self._step_calls(innermost=False)["dur"]
         if timed.height == 0 or inside.len() == 0:
             return None
         outside = float(timed["value"].median())  # type: ignore[arg-type]
