@@ -284,6 +284,9 @@ def test_threads_each_process_ran_with(tmp_path: Path) -> None:
                                 "threads": 4, "source": "torch.get_num_threads() in each process"}
     torchrun = ["/venv/bin/torchrun", "--nproc_per_node", "2", "train.py"]
     assert found(host.thread_oversubscription, recorded("old", command=torchrun)) is None
+    module = ["env", "A=B", "python", "-m", "torch.distributed.run", "--nproc_per_node", "2",
+              "train.py"]
+    assert found(host.thread_oversubscription, recorded("module", command=module)) is None
     plain = shows(host.thread_oversubscription, recorded("plain", command=["python", "a.py"]))
     assert plain.evidence["source"] == "torch default (one thread per core in each process)"
 

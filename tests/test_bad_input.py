@@ -69,6 +69,9 @@ CASES = {
     # without a ts it had been placed at the clock's origin: a span of 54 years in `info`
     "no timestamp": ("t.json", _trace(_event(), {k: v for k, v in _event().items() if k != "ts"}),
                      "(traceEvents[1]): timestamp missing or out of range: ts=nan dur=5.0 us"),
+    "flow point without a timestamp": ("t.json", _trace(_event(), _event(), {
+        "ph": "s", "id": 1, "pid": 1, "tid": 1, "cat": "ac2g", "name": "ac2g"}),
+        "(traceEvents[2]): timestamp missing or out of range: ts=nan"),  # was traceEvents[0]
     "counter without a timestamp": ("t.json", _trace(_event(), {
         "ph": "C", "name": "mem", "pid": 1, "args": {"bytes": 3}}),
         "(traceEvents[1]): timestamp missing or out of range: ts=nan"),

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from perfswarm.cli.app import app
+from perfswarm.cli.output import progress_bar
 from perfswarm.report.text import size
 
 
@@ -28,7 +29,7 @@ def fuse_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Fuse conv pairs (dw->pw, pw->dw, conv->dw, conv->conv) into one kernel tuned on this CPU, checked against PyTorch's separate ops and timed side by side with them."""
-    from perfswarm.cli.output import console, err_console, print_json
+    from perfswarm.cli.output import console, print_json
     from perfswarm.errors import PerfswarmError
     from perfswarm.model.profile import read_profile
     from perfswarm.optimize.fuse.host import cpu_device_spec
@@ -54,15 +55,12 @@ def fuse_command(
     found = pick(candidates(found_pairs, spec), pairs)
     data: dict[str, Any] = {"device": spec.to_dict(), "candidates": [c.to_dict() for c in found]}
     if not predict_only and found:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
-        from perfswarm.cli.output import description
         from perfswarm.optimize.fuse.tune import ScheduleCache
 
         store = ScheduleCache(cache or default_cache(), str(host_info()["cpu_model"]))
         steps = len(found) * (2 * options.trials + options.rounds)
-        with Progress(description(), BarColumn(), MofNCompleteColumn(),
-                      console=err_console, transient=True) as bar:
+        with progress_bar() as bar:
             task = bar.add_task("fuse", total=steps)
             results = fuse_all(found, options, store,
                                lambda what: bar.update(task, advance=1, description=what))

@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TimeElapsedColumn
 
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
-from perfswarm.cli.output import console, description, err_console
+from perfswarm.cli.output import console, progress_bar
 from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces, trace_files
 
 
@@ -44,8 +43,7 @@ def import_command(
                             cluster=cluster_options(workers, scheduler, worker_memory))
     command = ["perfswarm", "import", *map(str, traces)]
     traces = trace_files(traces)
-    with Progress(description(), BarColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=quiet) as bar:
+    with progress_bar(quiet) as bar:
         task = bar.add_task("import", total=len(traces))
 
         def progress(what: str, done: int, total: int) -> None:

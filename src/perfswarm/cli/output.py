@@ -85,10 +85,10 @@ def spinner() -> Progress:
                     console=err_console, transient=True, disable=not err_console.is_terminal)
 
 
-def progress_bar() -> Progress:
+def progress_bar(quiet: bool = False) -> Progress:
     """A transient bar with a count and elapsed time on stderr, for work of known size (none
-    where stderr is no terminal, as spinner)."""
+    when `quiet`, or where stderr is no terminal, as spinner)."""
     return Progress(description(), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err_console, transient=True,
-                    disable=not err_console.is_terminal)
+                    disable=quiet or not err_console.is_terminal)
 

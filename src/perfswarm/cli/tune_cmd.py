@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, description, err_console, print_json
+from perfswarm.cli.output import console, print_json, progress_bar
 from perfswarm.optimize.space import load_space
 from perfswarm.optimize.trial import STEP_PATTERN, Measure
 from perfswarm.optimize.tune import TuneOptions, tune
@@ -39,9 +38,7 @@ def tune_command(
                           step_pattern=step_pattern, warmup=warmup, window=window, seed=seed,
                           timeout_s=timeout, baseline_repeats=baseline_repeats)
 
-    with Progress(description(), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True,
-                  disable=quiet) as bar:
+    with progress_bar(quiet) as bar:
         task = bar.add_task("tuning (baseline + trials)", total=trials + baseline_repeats)
 
         def progress(msg: str) -> None:

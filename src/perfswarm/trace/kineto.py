@@ -475,7 +475,8 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
     # B/E pairs may straddle chunks: they are paired once, in finish().
     meta.begin_end += [events[i] for i in rows_with("B", "E").tolist()]
 
-    flows = _flow_table(path, [events[i] for i in rows_with("s", "f", "t").tolist()],
+    flow_rows = rows_with("s", "f", "t")
+    flows = _flow_table(path, [events[i] for i in flow_rows.tolist()], flow_rows + first_index,
                         meta, rank, opts)
     # counters perfswarm's export derived from the events come back from the events
     counter_rows = np.array([i for i in rows_with("C").tolist()
@@ -492,12 +493,13 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
     return TraceTables(events_table, flows, counters, steps)
 
 
-def _flow_table(path: Path, flows: list[KEvent], meta: TraceMeta, rank: int,
-                opts: ReadOptions) -> pa.Table:
+def _flow_table(path: Path, flows: list[KEvent], index: npt.NDArray[np.int64],
+                meta: TraceMeta, rank: int, opts: ReadOptions) -> pa.Table:
+    """The flow points (`index`: where each is in traceEvents)."""
     if not flows:
         return FLOWS.empty_table()
     ts = np.array([e.ts for e in flows], np.float64)
-    keep = _check_times(path, ts, np.zeros(len(ts)), np.zeros(len(ts), np.int64), opts, meta)
+    keep = _check_times(path, ts, np.zeros(len(ts)), index, opts, meta)
     n = len(flows)
     table = pa.table(
         {

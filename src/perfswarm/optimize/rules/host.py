@@ -18,10 +18,15 @@ _PINNED_SPEEDUP = 2.0
 
 
 def _torchrun(command: list[str]) -> bool:
-    """Whether the command is torchrun's (`torchrun`, `python -m torch.distributed.run`)."""
-    return any(Path(word).name == "torchrun" or word in ("torch.distributed.run",
-                                                          "torch.distributed.launch")
-               for word in command[:3])
+    """Whether the command runs torchrun (`torchrun`, `python -m torch.distributed.run`),
+    after any `env A=B` or interpreter in front of it: its words up to the first script."""
+    for word in command:
+        if Path(word).name == "torchrun" or word in ("torch.distributed.run",
+                                                     "torch.distributed.launch"):
+            return True
+        if word.endswith(".py"):
+            return False
+    return False
 
 
 def _cores(facts: Facts) -> int:
