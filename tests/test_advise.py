@@ -103,10 +103,16 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
     assert dict(a.evidence) == {"loader_calls": 3, "loader_ns": 18_000_000,
                                 "loader_share_pct": 60.0, "single_process": True,
                                 "pageable_h2d_copies": 0, "cores": 4}
-    # 4 workers: a step takes max(4 ms compute, 6 ms / 4) = 4 ms instead of 10 ms.
+    # 3 workers (a core trains): a step takes max(4 ms compute, 6 ms / 3, the 10 ms of CPU
+    # work / 4 cores) = 4 ms instead of 10 ms.
     assert a.gain_ns == 18_000_000 and a.gain_pct == 60.0 and a.severity == "high"
     # a CPU run: pinned memory speeds copies to an accelerator only
-    assert a.change == "DataLoader(num_workers=4, prefetch_factor=4, persistent_workers=True)"
+    assert a.change == "DataLoader(num_workers=3, prefetch_factor=4, persistent_workers=True)"
+    # on 2 cores, 1 worker (as loader_oversubscription says): max(4, 6 / 1, 10 / 2) = 6 ms;
+    # on 1 core the work only moves: no gain, no advice
+    two = shows(host.data_loading, with_manifest(run, cores=2))
+    assert two.gain_ns == 3 * (10 - 6) * 1_000_000 and "num_workers=1," in two.change
+    assert found(host.data_loading, with_manifest(run, cores=1)) is None
 
 
 def test_data_loading_with_workers_pipeline_model(tmp_path: Path) -> None:

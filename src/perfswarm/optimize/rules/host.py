@@ -29,6 +29,11 @@ def _torchrun(command: list[str]) -> bool:
     return False
 
 
+def spare_cores(cores: int) -> int:
+    """The cores a host has for DataLoader workers: all but the training process's (one)."""
+    return max(1, cores - 1)
+
+
 def _cores(facts: Facts) -> int:
     return int(facts.manifest["host"].get("cores") or 1)
 
@@ -47,16 +52,22 @@ def data_loading(facts: Facts) -> Advice | None:
     if share < 10:
         return None
     single = bool(loads["name"].str.contains("SingleProcess").any())
-    workers = min(8, _cores(facts))
+    cores = _cores(facts)
+    workers = min(8, spare_cores(cores))  # loader_oversubscription's bound: one core trains
     compute_ns = facts.wall_ns - load_ns
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.height else ""
     if single:
         # W workers produce batches W at a time in the background: a step takes
-        # max(compute, load / W) instead of compute + load.
-        gain = facts.wall_ns - max(compute_ns, load_ns / workers)
-        basis = (f"pipeline model: step = max(compute, load / {workers} workers) instead of "
-                 "compute + load")
+        # max(compute, load / W) instead of compute + load; without a device all of it is CPU
+        # work, which the cores bound too.
+        bound = 0.0 if facts.device_events.height else (compute_ns + load_ns) / cores
+        gain = facts.wall_ns - max(compute_ns, load_ns / workers, bound)
+        if gain <= 0:
+            return None
+        basis = (f"pipeline model: step = max(compute, load / {workers} workers"
+                 f"{'' if facts.device_events.height else f', all the CPU work / {cores} cores'}"
+                 ") instead of compute + load")
         change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
                   "persistent_workers=True)")
     else:
@@ -256,10 +267,10 @@ def loader_oversubscription(facts: Facts) -> Advice | None:
     cores = _cores(facts)
     workers = fetches.select("rank", "pid").unique().height
     per_rank = workers / max(1, len(facts.ranks))
-    if per_rank <= cores - 1 or workers == 0:
+    if per_rank <= spare_cores(cores) or workers == 0:
         return None
     evidence = {"cores": cores, "workers": workers, "ranks": len(facts.ranks)}
-    best = max(1, cores - 1)
+    best = spare_cores(cores)
     return advice(facts, "loader_oversubscription", "more DataLoader workers than spare cores",
                   evidence, None, "no time model: the workers' CPU time is spread over fewer "
                   "cores than processes, and the training process waits behind them",
