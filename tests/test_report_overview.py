@@ -205,6 +205,17 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
                                                "and backward passes of each step")
 
 
+def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:
+    """The profiler's first step runs slow (5 ms, then 1 ms and 1 ms): samples per second are
+    per the median step, as the steps/s card's are (over all three: 12 in 7 ms)."""
+    events = []
+    for i, (t, dur) in enumerate(((0, 5000), (5000, 1000), (6000, 1000))):
+        events += [_op(f"ProfilerStep#{i}", t, dur, cat="user_annotation"),
+                   _op("aten::linear", t + 10, 10, [[4, 32], [32, 32], [32]])]
+    rates = report_data(_trace(tmp_path, events, ["train.py"]))["throughput"]
+    assert rates["samples_per_step"] == 4 and rates["samples_per_s"] == pytest.approx(4 / 1e-3)
+
+
 def test_samples_from_the_command_when_no_shapes(tmp_path: Path) -> None:
     data = report_data(_trace(tmp_path, _steps(False), ["train.py", "--batch-size=99"]))
     rates = data["throughput"]

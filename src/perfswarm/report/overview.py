@@ -134,9 +134,10 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
         samples, ran = flag * int(passes.sum()), set(range(len(windows)))
         source = f"the command's --batch-size {flag}" + (
             ", x the forward and backward passes of each step" if passes.max() > 1 else "")
-    seconds = sum(int(windows[i]["end"] - windows[i]["start"]) for i in ran) / 1e9
-    return {"samples_per_s": samples / seconds, "samples_per_step": samples / len(ran),
-            "tokens_per_s": tokens / seconds if tokens is not None else None,
+    # per the median step, as the steps/s card (the profiler's first step runs slow)
+    step_s = float(np.median([windows[i]["end"] - windows[i]["start"] for i in ran])) / 1e9
+    return {"samples_per_s": samples / len(ran) / step_s, "samples_per_step": samples / len(ran),
+            "tokens_per_s": tokens / len(ran) / step_s if tokens is not None else None,
             "tokens_per_step": tokens / len(ran) if tokens is not None else None,
             "steps": len(ran), "source": source, "rank": int(rank)}
 
