@@ -210,6 +210,45 @@ def test_optimizer_calls_timed_without_their_closure(tmp_path: Path) -> None:
     assert noted["threads"] == [1] and noted["cuda"] is torch.cuda.is_available()
 
 
+GAN = textwrap.dedent("""
+    import time, torch
+    from torch import nn
+    d, g = nn.Linear(16, 1), nn.Linear(8, 16)
+    opt_d = torch.optim.Adam(d.parameters())
+    opt_g = torch.optim.Adam(g.parameters())
+    ends = []
+    for _ in range(8):
+        opt_d.zero_grad(); d(g(torch.randn(4, 8)).detach()).mean().backward(); opt_d.step()
+        opt_g.zero_grad(); (-d(g(torch.randn(4, 8)))).mean().backward(); opt_g.step()
+        ends.append(time.time_ns())
+    print(*ends)
+""")
+
+
+def test_two_optimizers_step_once_an_iteration(tmp_path: Path) -> None:
+    """A GAN steps its discriminator's optimizer, then its generator's: a training step is
+    both (learned when the first steps again), not each call; its steps end where the loop's
+    iterations do."""
+    script = tmp_path / "gan.py"
+    script.write_text(GAN)
+    result = record([PY, str(script)], tmp_path / "gan.run",
+                    RecordOptions(collectors=("torch",), skip=3, steps=3))
+    steps = result.run.table("steps").to_pylist()
+    assert [(s["step"], s["source"]) for s in steps] == [
+        (1, "detected"), (2, "detected"), (3, "marker"), (4, "marker"), (5, "marker"),
+        (6, "export"), (7, "detected")]
+    # eight steps, one an iteration: a counter of the optimizers' own time at each
+    calls = [c for c in result.run.table("counters").to_pylist() if c["name"] == OPTIMIZER_CALL]
+    assert len(calls) == 8 and all(c["value"] > 0 for c in calls)
+    # both optimizers' calls lie inside each marked step
+    events = result.run.table("events", ["name", "ts"]).to_pylist()
+    for s in (s for s in steps if s["source"] == "marker"):
+        inside = {e["name"] for e in events if s["start"] <= e["ts"] < s["end"]}
+        assert {"Optimizer.step#Adam.step"} <= inside
+        assert sum(e["name"] == "Optimizer.step#Adam.step" and s["start"] <= e["ts"] < s["end"]
+                   for e in events) == 2
+
+
 DDP = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn

@@ -198,6 +198,15 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
     (tmp_path / "lbfgs").mkdir()
     rates = report_data(_trace(tmp_path / "lbfgs", lbfgs, ["train.py"]))["throughput"]
     assert rates["samples_per_step"] == (8 + 8) / 2
+    # a GAN: a forward and backward for the discriminator's optimizer, then the generator's,
+    # on one batch: two passes, two optimizers, one batch a step
+    gan = [e for e in steps(True) if e["ts"] < 1300] + [
+        _op("Optimizer.step#Adam.step", 1200, 20, cat="user_annotation"),
+        *[{**e, "ts": e["ts"] - 1300 + 1250} for e in steps(True) if 1300 <= e["ts"] < 1500],
+        _op("Optimizer.step#Adam.step", 1400, 20, cat="user_annotation")]
+    (tmp_path / "gan").mkdir()
+    rates = report_data(_trace(tmp_path / "gan", gan, ["train.py"]))["throughput"]
+    assert rates["samples_per_step"] == (8 + 8) / 2
     (tmp_path / "flag").mkdir()
     flagged = report_data(_trace(tmp_path / "flag", steps(False), ["t.py", "--batch-size=8"]))
     assert flagged["throughput"]["samples_per_step"] == 16

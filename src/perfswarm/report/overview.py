@@ -172,9 +172,11 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
 
 
 def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
-    """The backward passes each window ran: runs of autograd work in time order on the threads
-    that run it and the step markers' (the loop's), each begun after other work of them
-    (gradient accumulation runs several a step, an inference step none)."""
+    """The batches each window ran forward and backward: runs of autograd work in time order on
+    the threads that run it and the step markers' (the loop's), each begun after other work of
+    them (gradient accumulation runs several a step, an inference step none); those inside
+    one optimizer call are one (a closure evaluated again), and a step that steps k optimizers
+    (a GAN's discriminator and generator) runs k passes a batch."""
     rows = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine] | ev.is_step_marker[mine]], windows)
     back = phases(ev, rows) == BACKWARD
     lanes = np.unique(lane_key(ev.pid[rows], ev.tid[rows])[back | ev.is_step_marker[rows]])
@@ -194,8 +196,12 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     within = (at >= 0) & (ev.ts[begun] < ev.end[outer][np.maximum(at, 0)]) if len(outer) \
         else np.zeros(len(begun), bool)
     first = ~within | ~np.concatenate(([False], within[:-1] & (at[1:] == at[:-1])))
-    begun = begun[first]
-    return np.bincount(_steps_of(ev, windows, begun.tolist()), minlength=len(windows))
+    passes = np.bincount(_steps_of(ev, windows, begun[first].tolist()), minlength=len(windows))
+    # a step that steps several optimizers (a GAN's two) feeds each its own passes of one batch
+    stepped = np.bincount(_steps_of(ev, windows, _in_windows(ev, outer, windows).tolist()),
+                          minlength=len(windows))
+    return np.where(stepped > 1, np.round(passes / np.maximum(stepped, 1)), passes
+                    ).astype(np.int64)
 
 
 def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],

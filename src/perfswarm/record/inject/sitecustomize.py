@@ -77,6 +77,12 @@ class _Window:
         # of the last backward inside it (a closure's), to its return; outside the window too
         self.optimizer_ns: dict[int, int] = {}
         self.backward_ns = 0  # when the last backward returned
+        # The optimizers one training step steps, in order (a GAN's discriminator, then its
+        # generator), learned when one of them steps again; until then every call is a step,
+        # each by whom (hook_keys), and then those of the cycle's last are kept (_regroup).
+        self.cycle: list[int] | None = None
+        self.hook_keys: list[int] = []
+        self.pending_ns = 0  # the own time of the cycle's calls since the last step
         self.prof: Any = None
         self.et: Any = None
         self.live = os.path.join(out, f"steps-{self.stem}.live")
@@ -102,11 +108,39 @@ class _Window:
             self.hook_ns.clear()
             self.hook_faults.clear()
             self.optimizer_ns.clear()
+            self.hook_keys.clear()
             if self.live_fd >= 0:
                 os.ftruncate(self.live_fd, 0)
             if kind != "forward":
                 self.drop_forward_hooks()
         self.on_step()
+
+    def ends_step(self, key: int) -> bool:
+        """Whether the call of the optimizer `key` ends a training step: every call until an
+        optimizer steps again, then the calls of the last optimizer in the cycle seen."""
+        if self.cycle is None:
+            if key not in self.hook_keys:
+                return True
+            # a window already open counts on as it began: every call a step (empty cycle)
+            self.cycle = self.hook_keys[self.hook_keys.index(key):] if self.opened_at < 0 \
+                else []
+            if len(self.cycle) > 1:
+                self._regroup()
+        return not self.cycle or key == self.cycle[-1]
+
+    def _regroup(self) -> None:
+        """The hooks so far as steps of the learned cycle: those of its last optimizer, each
+        with the own time of the calls since the one before (the live file rewritten)."""
+        assert self.cycle is not None
+        kept = [i for i, k in enumerate(self.hook_keys) if k == self.cycle[-1]]
+        own = [self.optimizer_ns.get(i, 0) for i in range(len(self.hook_keys))]
+        self.optimizer_ns = {n: sum(own[(kept[n - 1] + 1 if n else 0):i + 1])
+                             for n, i in enumerate(kept)}
+        self.hook_ns = [self.hook_ns[i] for i in kept]
+        self.hook_faults = [self.hook_faults[i] for i in kept]
+        if self.live_fd >= 0:
+            os.ftruncate(self.live_fd, 0)
+            os.write(self.live_fd, b"".join(b"%d\n" % t for t in self.hook_ns))
 
     def drop_forward_hooks(self) -> None:
         while self.forward_hooks:
@@ -371,12 +405,16 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
                 out = hooked(*args, **kwargs)
             finally:
                 depth -= 1
-            if depth == 0:
-                own = time.time_ns() - max(start, window.backward_ns)
-                index = len(window.hook_ns)
-                window.on_event("optimizer")
-                if window.driver == "optimizer" and len(window.hook_ns) == index + 1:
-                    window.optimizer_ns[index] = own
+            if depth == 0 and os.getpid() == window.pid and not window.in_worker:
+                window.pending_ns += time.time_ns() - max(start, window.backward_ns)
+                if window.ends_step(id(args[0]) if args else 0):
+                    index = len(window.hook_ns)
+                    window.on_event("optimizer")
+                    if window.driver == "optimizer" and len(window.hook_ns) == index + 1:
+                        window.optimizer_ns[index] = window.pending_ns
+                        if window.cycle is None:
+                            window.hook_keys.append(id(args[0]) if args else 0)
+                    window.pending_ns = 0
             return out
 
         return step_then_mark
