@@ -580,7 +580,8 @@ def test_single_tensor_optimizer_on_a_device(tmp_path: Path) -> None:
     assert a.change == "torch.optim.AdamW(..., foreach=True), or fused=True"
 
 
-def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False) -> Run:
+def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
+              sgd: bool = False) -> Run:
     """Two CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs
     each, but one of them 3 µs (525 µs of ops a step)."""
     events = []
@@ -590,6 +591,11 @@ def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False) 
                    ev("Optimizer.step#AdamW.step", t + 200, 600, "user_annotation")]
         if wrapped:  # a wrapper optimizer whose step() steps the AdamW inside it
             events.append(ev("Optimizer.step#Wrap.step", t + 150, 700, "user_annotation"))
+        if sgd:  # another optimizer first in the step, over two parameters
+            events += [ev("Optimizer.step#SGD.step", t + 100, 50, "user_annotation"),
+                       *(ev("aten::add_", t + 101 + 20 * j, 10,
+                            **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
+                         for j in range(2))]
         events += [ev("aten::add_", t + 201 + 19 * j, 3 if j == 7 else 18,
                       **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
                    for j in range(30)]
@@ -614,6 +620,12 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
     inner = shows(optimizer.single_tensor_optimizer,
                   _cpu_adam(tmp_path, "wrapped", "2.13.0+cpu", wrapped=True))
     assert (inner.evidence["optimizer"], inner.evidence["steps"], inner.gain_ns) == (
+        "AdamW", 2, a.gain_ns)
+    # beside another optimizer (SGD, first in each step): each priced on its own calls (pooled,
+    # the 64 ops of four calls had been 16 a step, named SGD, and no advice came)
+    both = shows(optimizer.single_tensor_optimizer,
+                 _cpu_adam(tmp_path, "both", "2.13.0+cpu", sgd=True))
+    assert (both.evidence["optimizer"], both.evidence["steps"], both.gain_ns) == (
         "AdamW", 2, a.gain_ns)
     # outside the window the hooks timed 500 µs steps, half the profiled 1,000 µs: the
     # ops' time without the profiler is half their profiled time
