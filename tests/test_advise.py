@@ -988,6 +988,18 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     assert a.gain_of_ns == 148 * ms and a.gain_pct == round(100 * 128 / 148, 2)
     assert found(host.outlier_steps, imported(tmp_path, "even", _loader_steps(500, 3500, 6))) \
         is None
+    # the sampler saw the process at 0.1 of a core in step 5 (0.9 elsewhere), both of the
+    # host's 2 cores busy: it sat descheduled, contention, no outlier of the loop's
+    from perfswarm.trace.schema import COUNTERS
+
+    readings = [(t * ms, name, value) for t in range(4, 160, 4)
+                for name, value in (("proc.cpu_cores", 0.1 if 20 < t <= 152 else 0.9),
+                                    ("cpu.core0.usr", 0.95), ("cpu.core1.usr", 0.95))]
+    run.write_table("counters", pa.table({
+        "rank": [-1] * len(readings), "ts": [t for t, _, _ in readings],
+        "name": [n for _, n, _ in readings], "device": [-1] * len(readings),
+        "value": [v for _, _, v in readings]}).cast(COUNTERS))
+    assert found(host.outlier_steps, with_manifest(run, cores=2)) is None
 
 
 def test_loader_workers_beyond_the_cores(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from perfswarm.model.topology import copy_peak_gbps, interconnect
@@ -244,10 +245,17 @@ def outlier_steps(facts: Facts) -> Advice | None:
     slow = steps.filter(pl.Series(dur > _OUTLIER * median))
     if median <= 0 or slow.height == 0:
         return None
+    # a step the process sat descheduled in (other processes held the cores) is contention,
+    # not the loop's own work: cpu_contention's, not this rule's
+    starved = _starved(facts, slow, steps)
+    slow = slow.filter(~pl.Series(starved, dtype=pl.Boolean))
+    if slow.height == 0:
+        return None
     slow_dur = (slow["end"] - slow["start"]).to_numpy()
     total = float(dur.sum())
     excess = float((slow_dur - median).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
+                "descheduled_steps": int(sum(starved)),
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
                              for r, s, b, e in slow.select("rank", "step", "start", "end")
                              .sort("rank", "step").iter_rows()][:10],
@@ -259,6 +267,38 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   "find what runs in those steps (evaluation, generate(), checkpointing or "
                   "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
                   "less often, asynchronously or outside the training loop", of_ns=total)
+
+
+def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool]:
+    """Which of the `slow` steps the recorded process got under _CONTENDED_SHARE of the CPU
+    it had in the median step (the sampler's proc.cpu_cores) while the host's cores were at
+    least _BUSY busy: it waited for the cores."""
+    proc = facts.counters.filter(pl.col("name") == "proc.cpu_cores")
+    cores = facts.counters.filter(pl.col("name").str.contains(r"^cpu\.core\d+\.(usr|sys)$"))
+    if proc.height == 0 or cores.height == 0:
+        return [False] * slow.height
+    proc = proc.sort("ts")
+    pts, pvalue = proc["ts"].to_numpy(), proc["value"].to_numpy()
+    busy = cores.group_by("ts").agg(pl.col("value").sum()).sort("ts")
+    bts, bvalue = busy["ts"].to_numpy(), busy["value"].to_numpy() / max(1, _cores(facts))
+
+    def mean(ts: npt.NDArray[np.int64], value: npt.NDArray[np.float64], lo: int, hi: int
+             ) -> float | None:
+        # each reading covers the time since the one before: those in the step and the next
+        inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
+        return float(inside.mean()) if len(inside) else None
+
+    usual = [v for lo, hi in steps.select("start", "end").iter_rows()
+             if (v := mean(pts, pvalue, lo, hi)) is not None]
+    if not usual:
+        return [False] * slow.height
+    typical = float(np.median(usual))
+    out = []
+    for lo, hi in slow.select("start", "end").iter_rows():
+        got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
+        out.append(got is not None and host is not None and got < _CONTENDED_SHARE * typical
+                   and host >= _BUSY)
+    return out
 
 
 def loader_oversubscription(facts: Facts) -> Advice | None:
