@@ -164,6 +164,23 @@ def test_replay_and_prediction_at_the_recorded_configuration(cpu_run: Run) -> No
     assert parts["aten::linear"]["t1"] == 50 * US
 
 
+def test_steps_of_different_batches_are_noted(tmp_path: Path) -> None:
+    """Requests of 4, then 8 and 8 (an inference server's): the batch scaled from is the most
+    common, and a note says the steps' batches differ."""
+    events = []
+    for i, batch in enumerate((4, 8, 8)):
+        events += [_op(f"ProfilerStep#{i}", 1000 * i, 1000, cat="user_annotation"),
+                   _op("aten::addmm", 1000 * i + 100, 270, [[10], [batch, 64], [64, 10], [], []]),
+                   _op("Optimizer.step#SGD.step", 1000 * i + 500, 100, cat="user_annotation"),
+                   _op("aten::add_", 1000 * i + 510, 20, [[64, 10], [64, 10], []])]
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "t.run", ImportOptions(), ["python", "serve.py"])
+    p = predict(run, Change(batch_size=16), profile=PROFILE)
+    assert p.batch == (8, 16)
+    assert "the steps' batches differ (4, 8): every step is scaled from 8" in p.notes
+
+
 def test_the_host_breakdown_is_a_partition_with_threads_at_once(tmp_path: Path) -> None:
     """A second thread's op (a DDP rank's gloo all-reduce beside its loop) while the loop's
     linear runs counts once: the host's compute, framework and Python still part the step

@@ -403,18 +403,27 @@ def batch_flag(command: Sequence[str]) -> int | None:
     return None
 
 
-def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> int | None:
+def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | None, str]:
     """The batch size of the recorded command's --batch-size flag, else the most common
-    leading dimension of the compute ops' non-parameter inputs."""
+    leading dimension of the compute ops' non-parameter inputs; and a note when the steps'
+    own most common ones differ (an inference server's requests of several sizes)."""
     flag = batch_flag(m.run.manifest()["command"])
     if flag is not None:
-        return flag
+        return flag, ""
     leading: Counter[int] = Counter()
-    for shapes in m.shapes(_op_rows(m)):
+    by_step: dict[int, Counter[int]] = {}
+    rows = _op_rows(m)
+    for row, shapes in zip(rows, m.shapes(rows), strict=True):
         if shapes is not None:
-            leading.update(d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed
-                           and d[0] > 1)
-    return leading.most_common(1)[0][0] if leading else None
+            dims = [d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed]
+            leading.update(d for d in dims if d > 1)
+            by_step.setdefault(int(m.ev.step[row]), Counter()).update(dims)  # 1 is a size too
+    if not leading:
+        return None, ""
+    batch = leading.most_common(1)[0][0]
+    sizes = sorted({c.most_common(1)[0][0] for c in by_step.values() if c})
+    return batch, (f"the steps' batches differ ({', '.join(map(str, sizes))}): every step is "
+                   f"scaled from {batch}" if len(sizes) > 1 else "")
 
 
 def _op_rows(m: _Model) -> list[int]:
@@ -777,7 +786,9 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     batch: tuple[int, int] | None = None
     factor = 1.0
     if change.batch_size is not None:
-        recorded = change.recorded_batch_size or recorded_batch_size(m, fixed)
+        recorded, differ = (change.recorded_batch_size, "") if change.recorded_batch_size \
+            else recorded_batch_size(m, fixed)
+        notes += [differ] if differ else []
         if recorded is None:
             raise ParameterError(None, "cannot tell the recorded batch size; give it with "
                                  "{recorded_batch_size}", subject=run.path)
