@@ -429,6 +429,26 @@ def test_swarms_by_iteration() -> None:
         assert set(s.steps) == {0, 1} and sum(s.steps.values()) == pytest.approx(1.0)
 
 
+def test_swarms_leave_out_the_recorders_export(corpus_runs: dict[str, Run],
+                                               tmp_path: Path) -> None:
+    """Samples in the step that holds the recorder's trace export are the tool's own work
+    (the profiler's stop, its trace written): no swarm is made of them."""
+    import shutil
+
+    from perfswarm.analyze.swarms import run_samples
+    from perfswarm.trace.schema import STEPS
+
+    run = Run(shutil.copytree(corpus_runs["simple_add"].path, tmp_path / "r.run"))
+    run.write_table("steps", pa.table({"rank": [0, 0], "step": [1, 2], "start": [0, 100],
+                                       "end": [100, 200], "source": ["detected", "export"]}
+                                      ).cast(STEPS))
+    ts = [10, 50, 99, 100, 150, 199, 200]
+    run.write_table("samples", pa.table({
+        "rank": [0] * 7, "ts": ts, "source": ["perf"] * 7, "pid": [1] * 7, "tid": [1] * 7,
+        "stack_id": list(range(7)), "weight": [1] * 7}).cast(SAMPLES))
+    assert run_samples(run).column("ts").to_pylist() == [10, 50, 99, 200]
+
+
 def test_swarms_without_samples() -> None:
     empty = swarms(SAMPLES.empty_table(), STACKS.empty_table())
     assert (empty.k, empty.swarms) == (0, ())

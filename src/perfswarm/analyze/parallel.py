@@ -49,7 +49,7 @@ from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import OpTotals
 from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
 from perfswarm.analyze.stragglers import Instance, collective_starts, skews
-from perfswarm.analyze.swarms import swarms
+from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.cluster import results
 from perfswarm.trace.schema import empty
@@ -152,7 +152,7 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         stragglers=skews({p.rank: {k: ts for k, (_, ts) in p.collectives.items()}
                           for p in parts}),
         critical_path=critical,
-        swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
+        swarms=swarms(run_samples(run), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), its.steps),
         kernels=tuple(p.kernels for p in parts),
         bandwidth=tuple(b for rank_flows, _ in flows for b in rank_flows),

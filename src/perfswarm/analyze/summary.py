@@ -19,7 +19,7 @@ from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import op_breakdown
 from perfswarm.analyze.sequences import kernel_sequences
 from perfswarm.analyze.stragglers import stragglers
-from perfswarm.analyze.swarms import swarms
+from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.cluster import ClusterOptions, connect
@@ -61,7 +61,7 @@ def analysis_made(run: Run) -> Analysis | None:
 def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     ev = load(run, or_samples=True)
     its = iterations(run, ev, ignore_markers=ignore_markers)
-    if not its.steps and (found := without_iterations(ev, run.table("samples"),
+    if not its.steps and (found := without_iterations(ev, run_samples(run),
                                                       run.table("stacks"))):
         its = combine({}, found)
     windows = {} if its.steps else time_windows(ev, run.table("counters"))
@@ -71,7 +71,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         concurrency=concurrency(ev, per), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev), its.steps),
-        swarms=swarms(run.table("samples"), run.table("stacks"), its.steps),
+        swarms=swarms(run_samples(run), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
         bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),
         cupti=cupti_counters(run, ev), memory=memory_timeline(run.table("counters"), its.steps),

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from perfswarm.analyze.swarms import describe, label_stacks
+from perfswarm.analyze.swarms import describe, label_stacks, run_samples
 from perfswarm.trace.store import Run
 
 PERIOD_KEYS = {"perf": "perf_hz", "py-spy": "pystacks_hz"}
@@ -59,7 +59,7 @@ def periods(run: Run) -> dict[str, int | None]:
 
 
 def _side(run: Run, offset: int) -> tuple[pa.Table, pa.Table]:
-    samples = run.table("samples", ["stack_id", "weight", "ts", "rank", "source"])
+    samples = run_samples(run, ["stack_id", "weight", "ts", "rank", "source"])
     stacks = run.table("stacks")
     cast = {"function": pa.string(), "module": pa.string()}
     stacks = pa.table({c: (stacks.column(c).cast(cast[c]) if c in cast else stacks.column(c))

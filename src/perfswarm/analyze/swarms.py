@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, codes
-from perfswarm.analyze.iterations import StepWindow
+from perfswarm.analyze.iterations import EXPORT, StepWindow
+from perfswarm.trace.store import Run
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -142,6 +144,23 @@ def label_stacks(samples: pa.Table, stacks: pa.Table) -> Labels:
              else x.toarray())
     labels, k, score = choose_k(dense, stack_weight)
     return Labels(uniq, inv, labels, k, score)
+
+
+def run_samples(run: Run, columns: list[str] | None = None) -> pa.Table:
+    """The Run's samples of the program's own time: not those in a step that holds the
+    recorder's trace export (the profiler's stop and its trace written: torch.profiler's and
+    the collector's functions, which would lead the swarms of a short run)."""
+    samples = run.table("samples", columns)
+    steps = run.table("steps", ["start", "end", "source"])
+    export = steps.filter(pc.equal(steps.column("source").cast(pa.string()), EXPORT))
+    if export.num_rows == 0 or samples.num_rows == 0:
+        return samples
+    ts = np.asarray(run.table("samples", ["ts"]).column("ts").to_numpy(), np.int64)
+    inside = np.zeros(len(ts), bool)
+    for lo, hi in zip(export.column("start").to_pylist(), export.column("end").to_pylist(),
+                      strict=True):
+        inside |= (ts >= lo) & (ts < hi)
+    return samples.filter(pa.array(~inside))
 
 
 def swarms(samples: pa.Table, stacks: pa.Table,
