@@ -183,7 +183,9 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
 
         return [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), *micro(100),
                 _op("ProfilerStep#2", 1000, 2000, cat="user_annotation"),
-                *micro(1100), *micro(1300), *micro(1500)]
+                _op("Optimizer.zero_grad#SGD.zero_grad", 1050, 10, cat="user_annotation"),
+                *micro(1100), *micro(1300), *micro(1500),
+                _op("Optimizer.step#SGD.step", 1700, 20, cat="user_annotation")]
 
     rates = report_data(_trace(tmp_path, steps(True), ["train.py"]))["throughput"]
     assert rates["samples_per_step"] == (8 + 24) / 2

@@ -17,7 +17,7 @@ from typing import Final
 import numpy as np
 
 from perfswarm.analyze.dependencies import enclosing_ops
-from perfswarm.analyze.frame import Events
+from perfswarm.analyze.frame import Events, Mask, lane_key
 from perfswarm.analyze.intervals import I64
 
 PHASES: Final = ("forward", "backward", "optimizer")
@@ -32,6 +32,39 @@ def scopes(ev: Events, phase: int) -> I64:
         codes = [i for i, n in enumerate(ev.names) if SCOPES[phase].search(n)]
         return np.flatnonzero(np.isin(ev.name, codes) & (ev.dur > 0))
     return ev.derived(("phase scopes", phase), make)
+
+
+STEP_CALL: Final = re.compile(r"^Optimizer\.step#")  # an optimizer's step(), not zero_grad()
+
+
+def step_calls(ev: Events) -> I64:
+    """Rows of the optimizers' step() calls, ascending."""
+    calls = scopes(ev, OPTIMIZER)
+    return calls[np.isin(ev.name[calls],
+                         [i for i, n in enumerate(ev.names) if STEP_CALL.match(n)])]
+
+
+def nested(ev: Events, calls: I64, inner: bool) -> Mask:
+    """Which of `calls` (rows) lie in an earlier one of them on their thread (`inner` False:
+    the rest are the outermost, what the recorder times), or hold a later one (`inner` True:
+    the rest are the innermost, the optimizers that update: a wrapper's step() holds its inner
+    optimizer's)."""
+    if not len(calls):
+        return np.zeros(0, bool)
+    key = lane_key(ev.rank[calls], ev.tid[calls])
+    order = np.lexsort((ev.ts[calls], key))
+    key, ts, end = key[order], ev.ts[calls][order], ev.end[calls][order]
+    same = np.concatenate(([False], key[1:] == key[:-1]))  # the call before is its thread's
+    if inner:
+        hit = np.append(same[1:] & (ts[1:] < end[:-1]), False)
+    else:
+        hit = np.zeros(len(calls), bool)
+        for lane in np.split(np.arange(len(calls)), np.flatnonzero(~same)[1:]):
+            before = np.maximum.accumulate(end[lane])
+            hit[lane[1:]] = end[lane[1:]] <= before[:-1]
+    out = np.empty(len(calls), bool)
+    out[order] = hit
+    return out
 
 
 def optimizer_calls(ev: Events) -> tuple[I64, I64]:

@@ -18,7 +18,7 @@ import numpy as np
 from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.frame import Events, detail_of, lane_key
 from perfswarm.analyze.intervals import I64, first_covering, state_sweep
-from perfswarm.analyze.phases import BACKWARD, optimizer_calls, phases
+from perfswarm.analyze.phases import BACKWARD, nested, phases, step_calls
 from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
@@ -187,11 +187,10 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     begun = rows[back & ~np.concatenate(([False], back[:-1]))]
     # the passes of one optimizer call (LBFGS evaluates its closure again on the same batch)
     # are one
-    calls = optimizer_calls(ev)[0]
+    calls = step_calls(ev)
     calls = calls[np.isin(ev.rank[calls], np.unique(ev.rank[begun]))]
-    calls = calls[np.argsort(ev.ts[calls], kind="stable")]
-    outer = calls[ev.end[calls] > np.maximum.accumulate(
-        np.concatenate(([np.iinfo(np.int64).min], ev.end[calls][:-1])))] if len(calls) else calls
+    outer = calls[~nested(ev, calls, inner=False)]
+    outer = outer[np.argsort(ev.ts[outer], kind="stable")]
     at = np.searchsorted(ev.ts[outer], ev.ts[begun], side="right") - 1
     within = (at >= 0) & (ev.ts[begun] < ev.end[outer][np.maximum(at, 0)]) if len(outer) \
         else np.zeros(len(begun), bool)

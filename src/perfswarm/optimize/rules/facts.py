@@ -25,7 +25,7 @@ from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import EXPORT, TAIL, profiled, top_level
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
-from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
+from perfswarm.analyze.phases import OPTIMIZER, nested, optimizer_calls, phases, step_calls
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost
@@ -192,13 +192,10 @@ class Facts:
         update: a wrapper's step calls its inner optimizer's) or the outermost (what the
         recorder times), each from where its own work starts (after the forward and backward
         of a closure passed to it: analyze.phases)."""
-        steps = self.in_window(self.named(r"^Optimizer\.step#", "cpu_op", "user_annotation")
-                               ).filter(pl.col("dur") > 0).sort(["rank", "tid", "ts"])
-        end, lane = pl.col("ts") + pl.col("dur"), ["rank", "tid"]
-        nested = (pl.col("ts").shift(-1).over(lane) < end if innermost  # holds the next
-                  else end <= end.cum_max().shift(1).over(lane))  # in an earlier one
-        steps = steps.filter(~nested.fill_null(False))
-        calls, starts = optimizer_calls(Events.load(self.run))
+        ev = Events.load(self.run)
+        steps = self.in_window(self.events.filter(pl.col("row").is_in(step_calls(ev))))
+        steps = steps.filter(pl.Series(~nested(ev, steps["row"].to_numpy(), innermost)))
+        calls, starts = optimizer_calls(ev)
         own = starts[np.searchsorted(calls, steps["row"].to_numpy())]
         return steps.with_columns(ts=pl.Series(own, dtype=pl.Int64),
                                   dur=pl.col("ts") + pl.col("dur") - own)
