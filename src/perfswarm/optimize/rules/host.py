@@ -208,7 +208,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
     cores = _cores(facts)
     host = float(busy["value"].sum()) / (busy.height / 2 / cores) if busy.height else 0.0
     got = float(proc.mean())
-    if host < _BUSY * cores or got >= _CONTENDED_SHARE * host:
+    if not _saturated(host, cores) or got >= _CONTENDED_SHARE * host:
         return None
     # Its own CPU time at the parallelism it reached when it ran most freely (90th percentile
     # of its sampled cores) instead of what it got on average.
@@ -269,6 +269,11 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   "less often, asynchronously or outside the training loop", of_ns=total)
 
 
+def _saturated(busy_cores: float, cores: int) -> bool:
+    """Whether the host's cores were busy enough (usr + sys) to hold a process back."""
+    return busy_cores >= _BUSY * cores
+
+
 def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool]:
     """Which of the `slow` steps the recorded process got under _CONTENDED_SHARE of the CPU
     it had in the median step (the sampler's proc.cpu_cores) while the host's cores were at
@@ -279,8 +284,8 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
         return [False] * slow.height
     proc = proc.sort("ts")
     pts, pvalue = proc["ts"].to_numpy(), proc["value"].to_numpy()
-    busy = cores.group_by("ts").agg(pl.col("value").sum()).sort("ts")
-    bts, bvalue = busy["ts"].to_numpy(), busy["value"].to_numpy() / max(1, _cores(facts))
+    busy = cores.group_by("ts").agg(pl.col("value").sum()).sort("ts")  # busy cores
+    bts, bvalue = busy["ts"].to_numpy(), busy["value"].to_numpy()
 
     def mean(ts: npt.NDArray[np.int64], value: npt.NDArray[np.float64], lo: int, hi: int
              ) -> float | None:
@@ -297,7 +302,7 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
     for lo, hi in slow.select("start", "end").iter_rows():
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
         out.append(got is not None and host is not None and got < _CONTENDED_SHARE * typical
-                   and host >= _BUSY)
+                   and _saturated(host, _cores(facts)))
     return out
 
 

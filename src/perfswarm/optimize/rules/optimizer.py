@@ -63,7 +63,7 @@ def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advi
     # measured); the fused kernel makes one pass over each tensor.
     if optimizer not in _FUSED:
         return None
-    version = facts.manifest.get("extra", {}).get("record", {}).get("torch_version")
+    version = facts.recorded.get("torch_version")
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
