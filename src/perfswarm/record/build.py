@@ -90,7 +90,7 @@ def _hooks(path: Path) -> Hooks:
                      [int(f) for f in data.get("hook_faults", [])],
                      {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()},
                      int(cut) if cut is not None else None)
-    except (KeyError, TypeError, ValueError) as exc:  # orjson's errors are ValueErrors
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
 
