@@ -129,6 +129,45 @@ def test_spawned_dataloader_workers_traced(tmp_path: Path) -> None:
     assert len(fetches) == 2 and main not in fetches
 
 
+TERMINATED = textwrap.dedent("""
+    import time
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.randn(256, 16), torch.randint(0, 2, (256,)))
+    batches = iter(DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True))
+    model = nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        x, y = next(batches)
+        time.sleep(0.2)
+        opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    workers = batches._workers
+    for w in workers:  # what multiprocessing does at exit to a loader never shut down
+        w.terminate()
+    for w in workers:
+        w.join()
+    print("exitcodes", [w.exitcode for w in workers])
+""")
+
+
+def test_terminated_workers_exit_quietly(tmp_path: Path) -> None:
+    """A worker terminated by its parent while it traces writes its trace and exits with 0,
+    as torch's own handler makes it; killed by the signal, the parent's SIGCHLD handler raised
+    "DataLoader worker ... is killed by signal: Terminated" at the script's exit."""
+    script = tmp_path / "terminated.py"
+    script.write_text(TERMINATED)
+    log = tmp_path / "out.txt"
+    with log.open("wb") as f:
+        result = record([PY, str(script)], tmp_path / "t.run",
+                        RecordOptions(collectors=("torch",), skip=2, steps=2),
+                        child=Child(output=f))
+    m = result.run.manifest()
+    assert m["exit_status"] == 0
+    assert len([f for f in m["collectors"]["torch"]["files"] if f.startswith("torch-")]) == 3
+    assert "exitcodes [0, 0]" in log.read_text(), log.read_text()
+
+
 FREED = textwrap.dedent("""
     import gc, sys, torch
     from torch import nn

@@ -313,8 +313,12 @@ class _WorkerWindow:
 def _stop_on_sigterm(window: _WorkerWindow) -> None:
     """Write the trace when the worker is terminated. At exit multiprocessing terminates its
     daemonic children, DataLoader workers among them, when the loader was not shut down first
-    (a module-level iterator outlives the atexit hooks); torch's own handler (C, any thread)
-    would `_exit` at once. Installed once tracing, after torch installed its handlers."""
+    (a module-level iterator outlives the atexit hooks). Installed once tracing, after torch
+    installed its handlers: a handler the worker's code set in Python is called after; else
+    the worker exits quietly, as torch's own handler (C, not in Python's table, which a forked
+    worker inherits from its parent as SIG_DFL) does for its parent's terminate(). Dying by
+    the signal instead made the parent's SIGCHLD handler raise "DataLoader worker ... is
+    killed by signal: Terminated" at exit whenever it ran before the worker was reaped."""
     import signal
 
     previous = signal.getsignal(signal.SIGTERM)
@@ -323,11 +327,8 @@ def _stop_on_sigterm(window: _WorkerWindow) -> None:
         window.stop()
         if callable(previous):
             previous(signum, frame)
-        elif previous is None:  # torch's C handler: exit quietly, as it does for its parent
+        elif previous != signal.SIG_IGN:
             os._exit(0)
-        else:
-            signal.signal(signum, previous)
-            os.kill(os.getpid(), signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
