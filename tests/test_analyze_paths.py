@@ -22,7 +22,7 @@ from perfswarm.analyze.frame import KIND, Events
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.summary import diff_runs
-from perfswarm.analyze.swarms import swarms
+from perfswarm.analyze.swarms import Labels, describe, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import COUNTERS, SAMPLES, STACKS
@@ -418,6 +418,26 @@ def test_swarms_find_the_code_regions() -> None:
         "libtorch_cuda.so: at::native::conv2d", "python3.11: PyEval_EvalFrame",
         "libc.so.6: __memmove_avx"}
     assert sum(s.share for s in result.swarms) == pytest.approx(1.0)
+
+
+def test_swarm_caption_is_one_leaf() -> None:
+    """A swarm is captioned by its heaviest leaf, a function with its own module: here the
+    heaviest function (40% of the weight, in libA) against the heaviest module (libB's two
+    functions, 30% each); the two apart made "libB.so: gemm", a function libB never ran."""
+    leaves = [("gemm", "libA.so"), ("memcpy", "libB.so"), ("memset", "libB.so")]
+    stacks = pa.table({"stack_id": [0, 1, 2], "depth": [0, 0, 0],
+                       "function": [f for f, _ in leaves], "module": [m for _, m in leaves],
+                       "address": [16, 32, 48]}).cast(STACKS)
+    chosen = [0] * 4 + [1] * 3 + [2] * 3
+    n = len(chosen)
+    samples = pa.table({"rank": [0] * n, "ts": list(range(n)), "source": ["perf"] * n,
+                        "pid": [1] * n, "tid": [1] * n, "stack_id": chosen,
+                        "weight": [1] * n}).cast(SAMPLES)
+    lab = Labels(np.array([0, 1, 2]), np.array(chosen), np.zeros(3, np.int64), 1, None)
+    (only,) = describe(samples, stacks, lab, np.ones(n, np.int64), {})
+    assert only.caption == "libA.so: gemm"
+    assert only.functions == ("gemm", "memcpy", "memset")
+    assert only.modules == ("libA.so", "libB.so")
 
 
 def test_swarms_by_iteration() -> None:

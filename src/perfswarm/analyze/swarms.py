@@ -200,19 +200,29 @@ def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,
     for label in np.unique(labels):
         mine = sample_label == label
         w = weight[mine]
-        by_func: dict[int, int] = {}
-        by_mod: dict[int, int] = {}
+        by_leaf: dict[tuple[int, int], int] = {}
         for s, sw in zip(uniq[inv[mine]].tolist(), w.tolist(), strict=True):
-            f, m = leaf_of.get(s, (-1, -1))
-            by_func[f] = by_func.get(f, 0) + sw
-            by_mod[m] = by_mod.get(m, 0) + sw
-        funcs = [func_names[f] if f >= 0 else "?" for f, _ in
-                 sorted(by_func.items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
-        mods = [module_names[m] if m >= 0 else "?" for m, _ in
-                sorted(by_mod.items(), key=lambda kv: (-kv[1], kv[0]))[:3]]
+            leaf_fm = leaf_of.get(s, (-1, -1))
+            by_leaf[leaf_fm] = by_leaf.get(leaf_fm, 0) + sw
+        # the caption is the heaviest leaf, a function with its own module (the heaviest
+        # function and the heaviest module apart could pair a function with another's file)
+        top_f, top_m = min(by_leaf, key=lambda fm: (-by_leaf[fm], fm))
+        funcs = _heaviest(by_leaf, 0, func_names, 5, top_f)
+        mods = _heaviest(by_leaf, 1, module_names, 3, top_m)
         in_steps = step_of[mine]
         step_share = {int(s): float(w[in_steps == s].sum() / w.sum())
                       for s in np.unique(in_steps) if s >= 0}
         out.append(Swarm(f"{mods[0]}: {funcs[0]}", tuple(funcs), tuple(mods), int(mine.sum()),
                          int(w.sum()), float(w.sum() / total) if total else 0.0, step_share))
     return tuple(out)
+
+
+def _heaviest(by_leaf: Mapping[tuple[int, int], int], part: int, names: Sequence[str],
+              top: int, first: int) -> list[str]:
+    """The `top` heaviest functions (part 0) or modules (part 1) of a swarm's leaves, by the
+    weight summed over the leaves holding them, the caption's (`first`) leading."""
+    total: dict[int, int] = {}
+    for fm, weight in by_leaf.items():
+        total[fm[part]] = total.get(fm[part], 0) + weight
+    order = sorted(total, key=lambda c: (c != first, -total[c], c))[:top]
+    return [names[c] if c >= 0 else "?" for c in order]
