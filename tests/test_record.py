@@ -504,6 +504,9 @@ PERF_SCRIPT = """\
 python  4242/4243  3836.874878123:
 \tffffffff8226633f io_schedule ([kernel.kallsyms])
 \t    7f7e7eaf2ad7 PyEval_EvalFrame (/usr/lib/libpython3.11.so)
+\t    7f7e7e000010 c10::function_ref<void (char**, long const*, long, long)>::callback_fn<at::\
+native::loop2d<at::native::copy_kernel(at::TensorIterator&)::{lambda()#1}> > (/t/libtorch_cpu.so)
+\t    7f7e7e000020 old_fn (/t/libgone.so (deleted))
 
 python  4242/4242  3836.875358000:
 \t    55d0c0ffee00 [unknown] ([unknown])
@@ -514,7 +517,11 @@ def test_parse_perf_script() -> None:
     a, b = perf.parse_script(PERF_SCRIPT, Path("perf.data"))
     assert (a.pid, a.tid, a.mono_ns) == (4242, 4243, 3836874878123)
     assert a.frames == [("io_schedule", "[kernel.kallsyms]", 0xffffffff8226633f - (1 << 64)),
-                        ("PyEval_EvalFrame", "/usr/lib/libpython3.11.so", 0x7f7e7eaf2ad7)]
+                        ("PyEval_EvalFrame", "/usr/lib/libpython3.11.so", 0x7f7e7eaf2ad7),
+                        ("c10::function_ref<void (char**, long const*, long, long)>::callback_fn<"
+                         "at::native::loop2d<at::native::copy_kernel(at::TensorIterator&)::"
+                         "{lambda()#1}> >", "/t/libtorch_cpu.so", 0x7f7e7e000010),
+                        ("old_fn", "/t/libgone.so (deleted)", 0x7f7e7e000020)]
     assert (b.tid, b.frames) == (4242, [("[unknown]", "[unknown]", 0x55d0c0ffee00)])
 
 

@@ -18,7 +18,9 @@ STACKS_EVENT = "cpu-clock"
 # and then, for one with stacks,   \taddress symbol (dso)   a line each
 _HEADER = re.compile(r"(\d+)/(\d+)\s+(\d+)\.(\d{9}):(?:\s+(\d+)\s+([^\s/:]+)\S*:)?\s*(.*)$",
                      re.ASCII)
-_FRAME = re.compile(r"^\s*([0-9a-fA-F]+)\s+(.*?)\s+\((.*)\)\s*$", re.ASCII)
+# the dso is the last parenthesized group (one nested pair: "(/lib/x.so (deleted))"), after
+# one space; a C++ symbol holds its own: "c10::function_ref<void (char**, long)>::cb<...>"
+_FRAME = re.compile(r"\s*([0-9a-fA-F]+)\s+(.*) \(((?:[^()]++|\([^()]*+\))*+)\)\s*$", re.ASCII)
 
 Frame = tuple[str, str, int]  # function, module (dso), address
 
