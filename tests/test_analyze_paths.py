@@ -420,6 +420,21 @@ def test_swarms_find_the_code_regions() -> None:
     assert sum(s.share for s in result.swarms) == pytest.approx(1.0)
 
 
+def test_swarms_of_the_steps() -> None:
+    """With steps, only the samples inside them are clustered (not the export's step: the
+    recorder's own work), their wall time the steps'; without, every sample over its span."""
+    samples, stacks, _ = _samples(groups=2)  # 600 samples, one every 1,000 ns
+    steps = {0: [StepWindow(1, 0, 300_000, "marker"), StepWindow(2, 300_000, 400_000, "export"),
+                 StepWindow(3, 400_000, 500_000, "detected")],
+             1: [StepWindow(3, 450_000, 520_000, "marker")]}  # another rank's, overlapping
+    inside = swarms(samples, stacks, steps)
+    assert (inside.scope, inside.left_out, inside.sampled_ns) == ("steps", 180, 420_000)
+    assert sum(s.samples for s in inside.swarms) == 420
+    whole = swarms(samples, stacks)
+    assert (whole.scope, whole.left_out, whole.sampled_ns) == ("run", 0, 599_000)
+    assert sum(s.samples for s in whole.swarms) == 600
+
+
 def test_swarm_caption_is_one_leaf() -> None:
     """A swarm is captioned by its heaviest leaf, a function with its own module: here the
     heaviest function (40% of the weight, in libA) against the heaviest module (libB's two

@@ -5,7 +5,9 @@ towards the leaf: that is where the time goes), the leaf's module, and the leaf'
 address relative to its module's span (nearby code lands nearby). After a small
 SVD, k-means runs for each k in a range and the k with the best silhouette wins;
 samples are weighted by their `weight`. A swarm is captioned by its heaviest leaf
-functions and reports its time share and the iterations it lives in.
+functions and reports its time share and the iterations it lives in. Where a Run has
+steps, only the samples inside them are clustered: the training loop, not the start-up
+(importing torch alone is seconds of a short script's samples) or what follows the loop.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, codes
+from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import EXPORT, StepWindow
 from perfswarm.trace.store import Run
 
@@ -54,9 +57,15 @@ class Swarms:
     k: int
     silhouette: float | None  # None when k was not chosen (too few distinct stacks)
     swarms: tuple[Swarm, ...]  # heaviest first
+    # "steps": the samples inside the steps (the training loop: start-up, the interpreter's
+    # import of torch and the time after the loop left out), else "run": every sample
+    scope: str = "run"
+    sampled_ns: int = 0  # the wall time those samples cover (the steps', or the samples' span)
+    left_out: int = 0  # samples outside the steps
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "silhouette": self.silhouette,
+        return {"k": self.k, "silhouette": self.silhouette, "scope": self.scope,
+                "sampled_ns": self.sampled_ns, "left_out": self.left_out,
                 "swarms": [s.to_dict() for s in self.swarms]}
 
 
@@ -165,13 +174,26 @@ def run_samples(run: Run, columns: list[str] | None = None) -> pa.Table:
 
 def swarms(samples: pa.Table, stacks: pa.Table,
            steps: Mapping[int, Sequence[StepWindow]] | None = None) -> Swarms:
+    """The swarms of the samples inside the steps (any rank's: a launcher's samples carry
+    none) where those hold any, else of every sample."""
     if samples.num_rows == 0 or stacks.num_rows == 0:
         return Swarms(0, None, ())
+    ts = np.asarray(samples.column("ts").to_numpy(), np.int64)
+    windows = [w for ws in (steps or {}).values() for w in ws if w.source != EXPORT]
+    lo, hi = union(np.array([w.start for w in windows], np.int64),
+                   np.array([w.end for w in windows], np.int64))
+    at = np.searchsorted(lo, ts, side="right") - 1
+    inside = (at >= 0) & (ts < hi[np.maximum(at, 0)]) if len(lo) else np.zeros(len(ts), bool)
+    scope, sampled_ns, left_out = "run", int(ts.max() - ts.min()), 0
+    if inside.any():
+        scope, sampled_ns, left_out = "steps", int((hi - lo).sum()), int((~inside).sum())
+        samples = samples.filter(pa.array(inside))
     lab = label_stacks(samples, stacks)
     weight = np.asarray(samples.column("weight").to_numpy(), np.int64)
     found = describe(samples, stacks, lab, weight, steps or {})
     return Swarms(lab.k, lab.silhouette, tuple(sorted(found, key=lambda s: (-s.weight,
-                                                                            s.caption))))
+                                                                            s.caption))),
+                  scope, sampled_ns, left_out)
 
 
 def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,

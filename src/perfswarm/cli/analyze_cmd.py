@@ -128,6 +128,9 @@ def _print(result: Analysis, costs: OpCosts) -> None:
         console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)} at "
                       f"+{ms(m.peak.ts - m.t[0])} ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
+    if result.swarms.swarms and result.swarms.scope == "steps":
+        console.print(f"function swarms of the steps' samples ({result.swarms.left_out:,} "
+                      "samples of the start-up and after the loop left out)")
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
     for system in result.system:

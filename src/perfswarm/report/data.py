@@ -11,8 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
-import pyarrow.compute as pc
-
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -250,7 +248,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "scopes": analysis["scopes"],
         "cupti": analysis["cupti"],
         "memory_timeline": memory_category_rows(analysis["memory"]),
-        "swarms": swarm_rows(analysis["swarms"], run),
+        "swarms": swarm_rows(analysis["swarms"]),
         "op_cost": costs,
         "prediction": prediction,
         "advice": [dict(a) for a in advice],
@@ -271,14 +269,10 @@ def op_rows(found: Scopes, stacks: Mapping[str, list[str]], limit: int) -> list[
              "stack": stacks.get(o.name, [])} for o in ops]
 
 
-def swarm_rows(swarms: dict[str, Any], run: Run) -> dict[str, Any]:
+def swarm_rows(swarms: dict[str, Any]) -> dict[str, Any]:
     """Swarms as table rows: what runs (the heaviest functions, the module), how often it
     was sampled, its share of the samples, and that share of the sampled wall time."""
-    sampled_ns = 0
-    if run.has_table("samples"):
-        ts = run.table("samples", ["ts"]).column("ts")
-        if len(ts):
-            sampled_ns = pc.max(ts).as_py() - pc.min(ts).as_py()
+    sampled_ns = swarms["sampled_ns"]
     rows = [{"functions": [f for f in s["functions"] if f and f != "[unknown]"][:3]
              or ["[unknown]"],
              "module": next((m for m in s["modules"] if m), "[unknown]"),
@@ -286,7 +280,7 @@ def swarm_rows(swarms: dict[str, Any], run: Run) -> dict[str, Any]:
              "time_ns": round(s["share"] * sampled_ns)}
             for s in swarms["swarms"]]
     return {"k": swarms["k"], "silhouette": swarms["silhouette"], "sampled_ns": sampled_ns,
-            "swarms": rows}
+            "scope": swarms["scope"], "left_out": swarms["left_out"], "swarms": rows}
 
 
 def _prediction(run: Run) -> dict[str, Any] | None:
