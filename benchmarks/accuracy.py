@@ -40,8 +40,8 @@ from perfswarm.analyze.frame import Events
 from perfswarm.model.accuracy import gmae as model_gmae
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import Profile
-from perfswarm.record.bench.kernels import calibrate
-from perfswarm.record.session import RESERVE_PER_STEP_MIB
+from perfswarm.recorder.bench.kernels import calibrate
+from perfswarm.recorder.session import RESERVE_PER_STEP_MIB
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 

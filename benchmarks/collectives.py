@@ -22,7 +22,7 @@ import orjson
 
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.collective_fit import Sweep, evaluate, fit, split_sizes
-from perfswarm.record.bench.collectives import PASSES, default_sizes, sweep
+from perfswarm.recorder.bench.collectives import PASSES, default_sizes, sweep
 
 GOAL = 0.15
 

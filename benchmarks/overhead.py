@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions, RecordResult, record
+from perfswarm.recorder.session import DEFAULT_COLLECTORS, RecordOptions, RecordResult, record
 
 STEP = re.compile(rb"^step (\d+) ([\d.]+) ms", re.MULTILINE)
 

@@ -54,7 +54,7 @@ from perfswarm.model.accuracy import gmae
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
-from perfswarm.record.bench.kernels import calibrate
+from perfswarm.recorder.bench.kernels import calibrate
 from perfswarm.trace.store import Run
 from perfswarm.userfiles import read_json
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfswarm.record.system import SystemSampler
+from perfswarm.recorder.system import SystemSampler
 
 TREE = """
 import subprocess, sys, threading, time

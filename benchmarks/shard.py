@@ -21,7 +21,7 @@ import orjson
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.embedding import Table
 from perfswarm.optimize.shard import Workload, measure_plan, shard
-from perfswarm.record.bench.embedding import calibrate
+from perfswarm.recorder.bench.embedding import calibrate
 
 GOAL = 0.20
 SETS: dict[str, Workload] = {

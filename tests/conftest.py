@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from perfswarm.analyze.frame import Events
-from perfswarm.record.session import RecordOptions, record
+from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.detail import with_detail
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import EVENTS

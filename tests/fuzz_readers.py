@@ -20,7 +20,7 @@ from typing import Any
 
 from fuzz_cases import ODD_VALUES, mutate_bytes
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.build import Stacks, perf_samples, pyspy_samples
+from perfswarm.recorder.build import Stacks, perf_samples, pyspy_samples
 from perfswarm.report import perfetto
 from perfswarm.trace.info import run_info
 from perfswarm.trace.readers import perf, pyspy, sampler, strace

@@ -140,7 +140,7 @@ def test_shares_divide_by_the_profiled_steps_alone(tmp_path: Path) -> None:
     one holding the trace export: they carry no events, so no share or per-step rate counts
     them (here they would turn the loader's 60% into 20%)."""
     from perfswarm.analyze.summary import analyze
-    from perfswarm.record.build import Hooks, hook_steps
+    from perfswarm.recorder.build import Hooks, hook_steps
     from perfswarm.trace.schema import STEPS
 
     run = with_manifest(imported(tmp_path, "window", _loader_steps(6000, 4000)), cores=4)

@@ -19,7 +19,7 @@ from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.window import parse_window, windowed
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError
-from perfswarm.record.session import RecordOptions, record
+from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 

@@ -128,3 +128,15 @@ def test_import_perfswarm_stays_light() -> None:
                           "print(sorted(m.split('.')[0] for m in sys.modules))"],
                          check=True, capture_output=True, text=True).stdout
     assert not {"pyarrow", "polars", "numpy", "duckdb"} & set(eval(out))
+
+
+def test_record_stays_the_function() -> None:
+    """perfswarm.record is the API's function even after the recorder's modules are imported
+    (a subpackage perfswarm.record would be set on the package by the import system)."""
+    import importlib
+
+    import perfswarm
+
+    importlib.import_module("perfswarm.recorder.session")
+    importlib.import_module("perfswarm.report.html")
+    assert callable(perfswarm.record) and perfswarm.record.__module__ == "perfswarm.api"

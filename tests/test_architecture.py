@@ -15,7 +15,7 @@ SRC = REPO / "src"
 # other folders nor one above. `perfswarm` (the package: its version, the lazy API names) is
 # importable from anywhere. workloads/ (bundled programs) imports no perfswarm at all.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names.split()) for names in (
-    "errors shown", "trace", "userfiles analyze", "model", "record report", "optimize", "api",
+    "errors shown", "trace", "userfiles analyze", "model", "recorder report", "optimize", "api",
     "cli"))
 
 
@@ -131,7 +131,7 @@ def test_model_runs_nothing() -> None:
                            [node.module or ""] if isinstance(node, ast.ImportFrom) else [])}
         roots = {n.split(".")[0] for n in names}
         assert not roots & {"torch", "subprocess", "multiprocessing"}, path
-        assert not any(n.startswith("perfswarm.record") for n in names), path
+        assert not any(n.startswith("perfswarm.recorder") for n in names), path
 
 
 # A tuned command's own failure speaks of the tuner's `--measure stdout` (CommandFailed is no

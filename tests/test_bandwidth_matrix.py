@@ -16,7 +16,7 @@ from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.bandwidth_matrix import BandwidthMatrix, measure_matrix
 from perfswarm.model.collective_fit import Measurement, Sweep, calibration, link_of_profile
-from perfswarm.record.bench.bandwidth import gpu_count, gpu_matrix
+from perfswarm.recorder.bench.bandwidth import gpu_count, gpu_matrix
 
 # GB/s of a DGX-1-like box, host and 3 GPUs: PCIe to and from the host, NVLink between GPUs
 # except one pair that goes through the host

@@ -35,7 +35,7 @@ from perfswarm.model.collectives import (
     link_time,
 )
 from perfswarm.model.topology import Link, Topology, interconnect, interconnects
-from perfswarm.record.bench.collectives import default_sizes, sweep
+from perfswarm.recorder.bench.collectives import default_sizes, sweep
 
 NVS = interconnect("nvswitch-h100")
 IB = interconnect("ib-ndr")

@@ -28,10 +28,10 @@ import pytest
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
-from perfswarm.record import session
-from perfswarm.record.build import Recording, build_run
-from perfswarm.record.session import RecordOptions, record
-from perfswarm.record.tools import ToolCollector
+from perfswarm.recorder import session
+from perfswarm.recorder.build import Recording, build_run
+from perfswarm.recorder.session import RecordOptions, record
+from perfswarm.recorder.tools import ToolCollector
 from perfswarm.trace import synthetic
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run, new_manifest, sweep_partials

@@ -1,5 +1,5 @@
 """Kernel-model calibration: the two model forms (model/profile.py), the profile's round trip,
-a real tiny sweep (record/bench/kernels.py)."""
+a real tiny sweep (recorder/bench/kernels.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from perfswarm.model.profile import (
     model_gmae,
     split,
 )
-from perfswarm.record.bench.kernels import Case, _runner, _sweep, calibrate
+from perfswarm.recorder.bench.kernels import Case, _runner, _sweep, calibrate
 
 
 def _mm(m: int, k: int, seconds: float | None = None) -> Point:
@@ -186,7 +186,7 @@ def test_a_profile_with_held_out_errors_past_use_is_flagged() -> None:
 def test_sweep_passes_keep_each_points_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
     """Budget left after a pass buys passes over the same points, up to PASSES: a point
     disturbed in one pass keeps its time from another."""
-    import perfswarm.record.bench.kernels as calibration
+    import perfswarm.recorder.bench.kernels as calibration
 
     calls: list[str] = []
     order: dict[str, int] = {}

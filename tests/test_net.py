@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfswarm.errors import TraceFormatError
-from perfswarm.record import net
-from perfswarm.record.session import RecordOptions, record
+from perfswarm.recorder import net
+from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.readers import pcap
 
 PY = sys.executable

@@ -19,10 +19,10 @@ from conftest import TRAINER_STEPS as STEPS
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.base import Sampler
-from perfswarm.record.clock import monotonic_offset_ns
-from perfswarm.record.session import Child, RecordOptions, Status, parse_steps, record
-from perfswarm.record.torch_profiler import read_live
+from perfswarm.recorder.base import Sampler
+from perfswarm.recorder.clock import monotonic_offset_ns
+from perfswarm.recorder.session import Child, RecordOptions, Status, parse_steps, record
+from perfswarm.recorder.torch_profiler import read_live
 from perfswarm.trace.readers import perf, pyspy
 from perfswarm.trace.readers.sampler import read_jsonl, value_rows
 from perfswarm.trace.schema import FAULTS, OPTIMIZER_CALL
@@ -370,7 +370,7 @@ def test_page_faults_counted_at_every_hook(trainer_run: Run) -> None:
 
 RESERVED = """
 import ctypes, resource, sys
-from perfswarm.record.inject._perfswarm_heap import reserve_heap
+from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -560,7 +560,7 @@ def test_sampler_with_fake_clock(tmp_path: Path) -> None:
 
 
 def test_tree_pids_walks_descendants() -> None:
-    from perfswarm.record.system import tree_pids
+    from perfswarm.recorder.system import tree_pids
 
     child = subprocess.Popen([PY, "-c", "import subprocess, sys; subprocess.run(['sleep', '5'])"])
     try:
@@ -746,7 +746,7 @@ def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
 def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorded child gets TEARDOWN_CUPTI=1 (Kineto would keep CUPTI subscribed after the
     window), unless the user's environment says otherwise."""
-    from perfswarm.record.torch_profiler import TorchCollector
+    from perfswarm.recorder.torch_profiler import TorchCollector
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     assert TorchCollector(tmp_path, 1, 1).env()["TEARDOWN_CUPTI"] == "1"

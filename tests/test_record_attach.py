@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from perfswarm.cli.main import main
-from perfswarm.record import perf
-from perfswarm.record.attach import NO_TORCH, attach
-from perfswarm.record.session import RecordOptions, Status
+from perfswarm.recorder import perf
+from perfswarm.recorder.attach import NO_TORCH, attach
+from perfswarm.recorder.session import RecordOptions, Status
 from perfswarm.trace.readers.perf import event_counters, parse_script
 
 PY = sys.executable

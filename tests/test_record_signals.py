@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from perfswarm.cli.main import main
-from perfswarm.record.recover import leftovers
-from perfswarm.record.session import STOP_GRACE_S
+from perfswarm.recorder.recover import leftovers
+from perfswarm.recorder.session import STOP_GRACE_S
 from perfswarm.trace.store import Run
 
 PY = sys.executable

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfswarm.record import system
-from perfswarm.record.gpu import NO_GPU, GpuSampler
+from perfswarm.recorder import system
+from perfswarm.recorder.gpu import NO_GPU, GpuSampler
 from perfswarm.trace.readers.sampler import (
     SHARES,
     cpu_fractions,

@@ -29,7 +29,7 @@ from perfswarm.optimize.shard import (
     plan,
     shard,
 )
-from perfswarm.record.bench.embedding import PROBE_BATCHES, calibrate, probe_tables, time_tables
+from perfswarm.recorder.bench.embedding import PROBE_BATCHES, calibrate, probe_tables, time_tables
 
 YAML = """\
 batch_size: 256

@@ -11,7 +11,7 @@ import pytest
 
 from perfswarm.analyze.swarm_diff import swarm_diff
 from perfswarm.cli.main import main
-from perfswarm.record.session import RecordOptions, record
+from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.store import Run
 
 MIX = textwrap.dedent("""

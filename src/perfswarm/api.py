@@ -279,8 +279,8 @@ def record(command: Sequence[str], out: PathLike | None = None, *,
     (default torch, system, gpu, perf, pystacks) and give the Run it leaves at `out` (default
     PROGRAM.run); the torch profiler opens after `skip` optimizer steps for `steps` steps.
     The program's exit status is in `run.manifest`."""
-    from perfswarm.record.session import DEFAULT_COLLECTORS, RecordOptions
-    from perfswarm.record.session import record as run_recorder
+    from perfswarm.recorder.session import DEFAULT_COLLECTORS, RecordOptions
+    from perfswarm.recorder.session import record as run_recorder
 
     if not command:
         raise ParameterError("command", "no command given")

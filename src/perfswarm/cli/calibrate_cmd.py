@@ -15,9 +15,9 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 from perfswarm.model.collective_fit import calibration
 from perfswarm.model.profile import UNUSABLE_GMAE
-from perfswarm.record.bench.bandwidth import gpu_matrix
-from perfswarm.record.bench.collectives import PASSES, sweep
-from perfswarm.record.bench.kernels import calibrate as kernel_calibration
+from perfswarm.recorder.bench.bandwidth import gpu_matrix
+from perfswarm.recorder.bench.collectives import PASSES, sweep
+from perfswarm.recorder.bench.kernels import calibrate as kernel_calibration
 from perfswarm.trace.store import check_output
 from perfswarm.userfiles import write_json
 

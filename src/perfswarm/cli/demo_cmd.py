@@ -14,7 +14,7 @@ from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, spinner
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.session import RecordOptions, record
+from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.report import html
 from perfswarm.report.text import ms
 

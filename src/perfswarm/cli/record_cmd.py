@@ -14,9 +14,9 @@ from rich.text import Text
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.attach import attach
-from perfswarm.record.perf import parse_events
-from perfswarm.record.session import (
+from perfswarm.recorder.attach import attach
+from perfswarm.recorder.perf import parse_events
+from perfswarm.recorder.session import (
     DEFAULT_COLLECTORS,
     RESERVE_PER_STEP_MIB,
     RecordOptions,

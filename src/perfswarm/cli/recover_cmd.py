@@ -16,7 +16,7 @@ def recover_command(
     root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding the Runs.")] = Path("."),
 ) -> None:
     """Make incomplete Runs of the recordings a killed `record` left in DIR (.NAME.*.recording)."""
-    from perfswarm.record.recover import leftovers, recover
+    from perfswarm.recorder.recover import leftovers, recover
 
     for raw in leftovers(root):
         run = recover(raw)

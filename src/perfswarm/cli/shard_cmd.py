@@ -14,7 +14,7 @@ from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.model.embedding import EmbeddingCost
 from perfswarm.optimize.shard import load_workload, shard
-from perfswarm.record.bench.embedding import calibrate
+from perfswarm.recorder.bench.embedding import calibrate
 from perfswarm.report.text import size
 
 

@@ -1,6 +1,6 @@
 """The copy bandwidth between every pair of the host and the GPUs (SOFA's traffic matrix): host
 to device, device to host and device to device, each the best of a few timed copies of one
-size. Assembled here from any copier (record/bench/bandwidth.py times torch.cuda copies; tests
+size. Assembled here from any copier (recorder/bench/bandwidth.py times torch.cuda copies; tests
 give a fake); `calibrate --collectives` stores it in the collectives profile and `project
 --intra-profile` takes its slowest device pair as the intra-node link's bandwidth (a ring
 all-reduce runs at its slowest hop).

@@ -1,4 +1,4 @@
-"""Collective models fitted to a sweep's measurements (record/bench/collectives.py takes them).
+"""Collective models fitted to a sweep's measurements (recorder/bench/collectives.py takes them).
 
 `fit()` turns a sweep into a FittedOp per op: the latency-bandwidth (alpha-beta) form of
 perfswarm.model.collectives, whose bandwidth may change at up to two size knees, fitted by

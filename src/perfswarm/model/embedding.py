@@ -4,7 +4,7 @@ device)
 with B = batch bags, L = batch * pooling lookups and m the share of lookups that miss the cache,
 which holds the `cache_bytes / row_bytes` hottest rows under the table's access distribution
 (uniform, or Zipf with exponent s); e > 0 makes sparse misses dearer each (see fit_cost).
-`fit_cost` fits the constants to timings (record/bench/embedding.py takes them on this machine).
+`fit_cost` fits the constants to timings (recorder/bench/embedding.py takes them on this machine).
 """
 
 from __future__ import annotations

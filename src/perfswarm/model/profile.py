@@ -10,7 +10,7 @@
   sweep's mean correction far from them, where the roofline's trend is all there is to go on.
 
 Every fourth sweep point is held out; GMAE (geometric-mean absolute error) on those picks the
-model. The sweeps themselves (record/bench/kernels.py, `perfswarm calibrate`) time ops on this
+model. The sweeps themselves (recorder/bench/kernels.py, `perfswarm calibrate`) time ops on this
 machine; the profile keeps them, so a reader refits the chosen models exactly, and the host's
 first-write time of a fresh page (`first_touch_s`). Memory-bound families come swept cold and
 warm, the two extremes of a step's ops; predict prices them between the two (model/kernels.py).

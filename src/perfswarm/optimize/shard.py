@@ -5,7 +5,7 @@ imbalance is slowest / mean. Plans: size-greedy (largest table to the device wit
 bytes), lookup-greedy (most lookups to the device with the fewest), and predicted-time-balanced
 (longest predicted table to the least-loaded device, then single-table moves off the slowest
 device while they lower the maximum). The tables come from a YAML file (`load_workload`);
-`measure_plan()` times a plan on this machine (record/bench/embedding.py).
+`measure_plan()` times a plan on this machine (recorder/bench/embedding.py).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def shard(work: Workload, devices: int, cost: EmbeddingCost = DEFAULT_COST,
 
 def measure_plan(work: Workload, p: Plan, iters: int = 10) -> tuple[float, ...]:
     """Measured seconds per iteration of each device's tables (see time_devices)."""
-    from perfswarm.record.bench.embedding import time_devices
+    from perfswarm.recorder.bench.embedding import time_devices
 
     return time_devices([tuple(t for t, k in zip(work.tables, p.device_of, strict=True) if k == d)
                          for d in range(len(p.device_s))], work.batch, iters)

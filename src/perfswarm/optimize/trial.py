@@ -34,7 +34,7 @@ from typing import Literal
 
 from perfswarm.analyze.iterations import steady_state
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.session import Child, RecordOptions, Status, record
+from perfswarm.recorder.session import Child, RecordOptions, Status, record
 
 Measure = Literal["record", "stdout"]
 Watch = Callable[[Sequence[tuple[int, float]]], bool]  # steady (step, seconds) so far

@@ -37,7 +37,7 @@ import numpy as np
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.fusion import ConvLayer, ConvPair, PairPrediction
-from perfswarm.record.inject._perfswarm_heap import steady_heap
+from perfswarm.recorder.inject._perfswarm_heap import steady_heap
 from perfswarm.userfiles import read_json, write_json
 
 Split = Literal["blocked", "interleaved", "serial"]

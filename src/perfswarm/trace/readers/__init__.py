@@ -15,7 +15,7 @@ torch's execution traces (`execution_trace`: graph tables), memory timelines and
 snapshots (`memory_timeline`, through `memory_snapshot`: counters), strace text (`strace`:
 events), pcap captures (`pcap`) and the samplers' JSON lines (`sampler`: counters). `perf
 script` text (`perf`) and py-spy's folded stacks (`pyspy`) give samples instead, whose stacks
-the recorder interns together (record/build.py).
+the recorder interns together (recorder/build.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A pcap capture (record/net.py's tcpdump, nanosecond timestamps on the epoch clock) read
+"""A pcap capture (recorder/net.py's tcpdump, nanosecond timestamps on the epoch clock) read
 directly: a 24-byte header, then a 16-byte header per packet. Each flow (one direction of a
 conversation) becomes cumulative `.bytes` and `.packets` counters, one point per interval."""
 

@@ -1,4 +1,4 @@
-"""`perf script` text of a perf.data file (record/perf.py): stack samples (cpu-clock) and the
+"""`perf script` text of a perf.data file (recorder/perf.py): stack samples (cpu-clock) and the
 other events' samples, each stamped on CLOCK_MONOTONIC."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""py-spy's raw (folded) output (record/pystacks.py): one line per distinct (process, thread,
+"""py-spy's raw (folded) output (recorder/pystacks.py): one line per distinct (process, thread,
 stack) with a sample count, and no times."""
 
 from __future__ import annotations

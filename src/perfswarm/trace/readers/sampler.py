@@ -1,4 +1,4 @@
-"""The samplers' files (record/system.py, record/gpu.py): one JSON reading a line, `ts` on the
+"""The samplers' files (recorder/system.py, recorder/gpu.py): one JSON reading a line, `ts` on the
 epoch clock and `values` by counter name; the system sampler also keeps the per-core lines of
 /proc/stat unparsed, whose shares are derived here."""
 

@@ -1,4 +1,4 @@
-"""`strace -f -ttt -T` text (record/strace.py): syscalls on the epoch clock; a call another
+"""`strace -f -ttt -T` text (recorder/strace.py): syscalls on the epoch clock; a call another
 thread interrupted (`<unfinished ...>`, later `<... NAME resumed>`) is joined into one;
 `events` gives them as the Run's `syscall` events."""
 

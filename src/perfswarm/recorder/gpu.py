@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfswarm.record.base import Clock, Sampler
+from perfswarm.recorder.base import Clock, Sampler
 
 NO_GPU = "no NVIDIA GPU"
 # nvmlValueType_t -> (union member, bits of an unsigned counter; 0 for the others)

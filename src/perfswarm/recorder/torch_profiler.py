@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from perfswarm.record.base import Collector
+from perfswarm.recorder.base import Collector
 
 INJECT = Path(__file__).resolve().parent / "inject"
 _LIVE = re.compile(r"^steps-rank(\d+)-pid(\d+)\.live$")

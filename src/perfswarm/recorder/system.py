@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfswarm.record.base import Clock, Sampler
+from perfswarm.recorder.base import Clock, Sampler
 
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
 RESCAN_NS = 1_000_000_000  # how often the process tree is walked for new processes

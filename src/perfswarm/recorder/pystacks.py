@@ -7,7 +7,7 @@ moment sampling began, weighted by its count.
 
 from __future__ import annotations
 
-from perfswarm.record.tools import ToolCollector
+from perfswarm.recorder.tools import ToolCollector
 
 
 class PyStacksCollector(ToolCollector):

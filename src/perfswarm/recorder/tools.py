@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from perfswarm.record.base import Collector, dies_with_parent
+from perfswarm.recorder.base import Collector, dies_with_parent
 
 
 class ToolCollector(Collector):

@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from perfswarm.analyze.iterations import EXPORT, TAIL
 from perfswarm.errors import TraceFormatError
-from perfswarm.record.base import SAMPLER_HZ
-from perfswarm.record.torch_profiler import read_live
+from perfswarm.recorder.base import SAMPLER_HZ
+from perfswarm.recorder.torch_profiler import read_live
 from perfswarm.trace.build import add_execution_traces, describe, in_memory, write_tables
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat
 from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, read_file, sampler, strace

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from perfswarm.errors import ParameterError
-from perfswarm.record.tools import ToolCollector
+from perfswarm.recorder.tools import ToolCollector
 from perfswarm.trace.readers.perf import STACKS_EVENT
 
 # software events perf counts exactly: each is sampled at every occurrence by default

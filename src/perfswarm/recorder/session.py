@@ -26,18 +26,18 @@ from types import FrameType
 from typing import IO
 
 from perfswarm.errors import ParameterError, PerfswarmError
-from perfswarm.record.base import SAMPLER_HZ, Collector, Sampler, dies_with_parent
-from perfswarm.record.build import Recording, build_run
-from perfswarm.record.clock import monotonic_offset_ns
-from perfswarm.record.gpu import GpuSampler
-from perfswarm.record.net import NetCollector
-from perfswarm.record.perf import PerfCollector
-from perfswarm.record.pystacks import PyStacksCollector
-from perfswarm.record.recover import hold, leftovers, recover, save_state
-from perfswarm.record.strace import StraceCollector
-from perfswarm.record.system import SystemSampler
-from perfswarm.record.tools import ToolCollector
-from perfswarm.record.torch_profiler import TorchCollector
+from perfswarm.recorder.base import SAMPLER_HZ, Collector, Sampler, dies_with_parent
+from perfswarm.recorder.build import Recording, build_run
+from perfswarm.recorder.clock import monotonic_offset_ns
+from perfswarm.recorder.gpu import GpuSampler
+from perfswarm.recorder.net import NetCollector
+from perfswarm.recorder.perf import PerfCollector
+from perfswarm.recorder.pystacks import PyStacksCollector
+from perfswarm.recorder.recover import hold, leftovers, recover, save_state
+from perfswarm.recorder.strace import StraceCollector
+from perfswarm.recorder.system import SystemSampler
+from perfswarm.recorder.tools import ToolCollector
+from perfswarm.recorder.torch_profiler import TorchCollector
 from perfswarm.trace.store import Manifest, Run, new_manifest
 
 DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")

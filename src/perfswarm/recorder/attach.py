@@ -20,9 +20,9 @@ from types import FrameType
 import psutil
 
 from perfswarm.errors import ParameterError
-from perfswarm.record.build import Recording
-from perfswarm.record.clock import monotonic_offset_ns
-from perfswarm.record.session import (
+from perfswarm.recorder.build import Recording
+from perfswarm.recorder.clock import monotonic_offset_ns
+from perfswarm.recorder.session import (
     FORWARDED,
     RecordOptions,
     RecordResult,

@@ -22,7 +22,7 @@ import getpass
 import re
 import time
 
-from perfswarm.record.tools import ToolCollector
+from perfswarm.recorder.tools import ToolCollector
 
 SNAPLEN = 160  # link (20) + IPv6 (40) and its extension headers + TCP with options (60)
 READY_S = 10.0  # how long tcpdump may take to open the capture before the child starts

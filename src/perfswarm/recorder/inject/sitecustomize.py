@@ -47,7 +47,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perfswarm.record.inject._perfswarm_heap import reserve_heap
+    from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 else:  # injected, this file's folder is on the path, perfswarm maybe not
     from _perfswarm_heap import reserve_heap
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.record.build import Recording, build_run
+from perfswarm.recorder.build import Recording, build_run
 from perfswarm.trace.store import Manifest, Run, atomic_write_bytes
 
 STATE = ".recording.json"

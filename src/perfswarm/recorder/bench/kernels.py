@@ -28,7 +28,7 @@ from perfswarm.model.profile import (
     Point,
     fit_family,
 )
-from perfswarm.record.inject._perfswarm_heap import reserve_heap
+from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 
 # aten op, input dims, input types, input strides (empty: contiguous)
 Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...]]

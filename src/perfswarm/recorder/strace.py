@@ -9,7 +9,7 @@ them at a time.
 
 from __future__ import annotations
 
-from perfswarm.record.tools import ToolCollector
+from perfswarm.recorder.tools import ToolCollector
 
 
 class StraceCollector(ToolCollector):
