@@ -75,6 +75,12 @@ CASES = {
     "counter without a timestamp": ("t.json", _trace(_event(), {
         "ph": "C", "name": "mem", "pid": 1, "args": {"bytes": 3}}),
         "(traceEvents[1]): timestamp missing or out of range: ts=nan"),
+    # each had imported as an empty Run ("imported 0 events", exit 0) that every command refused
+    "objects without ph": ("t.json", b'[{"id": 1, "title": "hello"}, {"id": 2}]',
+                           "it is an array of 2 objects without `ph`"),
+    "empty events": ("t.json", b'{"traceEvents": []}',
+                     "(traceEvents): empty: the trace holds no events"),
+    "empty array": ("t.json", b"[]", "(traceEvents): empty: the trace holds no events"),
     "not an object": ("t.json", b'"hello"', "not a Kineto trace (a JSON object with "
                       "`traceEvents`, or an array of trace events); it is a JSON string"),
     # a field the decoder skips: the args are stored as text, and read again by every command

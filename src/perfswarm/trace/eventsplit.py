@@ -23,7 +23,14 @@ import numpy.typing as npt
 
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace import gunzip
-from perfswarm.trace.kineto import PICKLE, KTrace, decode, invalid_json, memory_bytes, not_a_trace
+from perfswarm.trace.kineto import (
+    PICKLE,
+    KTrace,
+    decode,
+    invalid_json,
+    memory_bytes,
+    not_a_trace,
+)
 
 # Kineto traces nest a handful of levels; past this the text is refused before any decoding.
 MAX_DEPTH = 128

@@ -220,6 +220,11 @@ def invalid_json(path: Path, head: bytes, exc: Exception) -> TraceFormatError:
     return TraceFormatError(path, "json", f"invalid JSON: {exc}")
 
 
+def _no_phase(n: int) -> str:
+    return (f"{'an array' if n > 1 else 'one'} of {n:,} object{'s' if n > 1 else ''} without "
+            "`ph` (a trace event has `ph`, `name` and `ts`)")
+
+
 def decode(path: Path, data: bytes) -> KTrace:
     """Split a trace into metadata and raw events; a bare array is the Chrome 'array' format."""
     head = data[:64]
@@ -241,6 +246,11 @@ def decode(path: Path, data: bytes) -> KTrace:
         raise invalid_json(path, head, exc) from None
     except RecursionError:
         raise TraceFormatError(path, "json", TOO_DEEP) from None
+
+
+def no_events(path: Path) -> TraceFormatError:
+    """A trace without events (an empty array, `traceEvents: []`): nothing to analyze."""
+    return TraceFormatError(path, "traceEvents", "empty: the trace holds no events")
 
 
 _AT_INDEX = re.compile(r"\$\[(\d+)\]")
@@ -454,6 +464,8 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
     ph = pa.array([e.ph for e in events], pa.string())
     ph_codes = ph.dictionary_encode()
     ph_values = ph_codes.dictionary.to_pylist()
+    if first_index == 0 and ph_values == [""]:
+        raise TraceFormatError(path, "json", f"{NOT_A_TRACE}; it is {_no_phase(len(events))}")
     ph_idx = ph_codes.indices.to_numpy(zero_copy_only=False)
 
     def rows_with(*phases: str) -> npt.NDArray[np.int64]:
@@ -666,6 +678,8 @@ def read_trace(path: Path, rank_hint: int, opts: ReadOptions,
     coexist in memory: the peak is about the text plus one chunk.
     """
     trace = decode(path, read_bytes(path))
+    if not trace.traceEvents:
+        raise no_events(path)
     meta = trace_meta(path, trace)
     rank = meta.rank if meta.rank is not None else rank_hint
     raws, trace.traceEvents = trace.traceEvents, []

@@ -20,6 +20,7 @@ from perfswarm.trace.kineto import (
     TraceTables,
     decode_event_text,
     finish,
+    no_events,
     tables_from_events,
     trace_meta,
 )
@@ -58,6 +59,8 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
             first += len(batch)
             rows += part.events.num_rows
             _write(writers, part)
+        if first == 0:
+            raise no_events(path)
         _write(writers, finish(path, meta, rank, opts))
     finally:
         for w in writers.values():
