@@ -12,6 +12,7 @@ import pytest
 
 from conftest import corpus
 from perfswarm.cli.main import main
+from perfswarm.errors import ParameterError
 from perfswarm.report import perfetto
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -99,6 +100,33 @@ def test_two_ranks_get_their_own_pids(tmp_path: Path) -> None:
     for span, row in zip(spans, events, strict=True):
         pids_of_rank[row["rank"]].add(span["pid"])
     assert pids_of_rank[0] and pids_of_rank[1] and not pids_of_rank[0] & pids_of_rank[1]
+
+
+def test_two_ranks_flows_and_one_rank_each_round_trip(tmp_path: Path) -> None:
+    """In one file of both ranks no flow id is shared between ranks (each rank's Kineto ids
+    count alike: Perfetto would join their arrows); a file per rank (`rank`) imports back to
+    the same events, flows and steps of both ranks."""
+    run = import_traces([corpus("simple_add"), corpus("simple_add")], tmp_path / "two.run",
+                        ImportOptions(ranks=(0, 1)), ["t"])
+    trace = json.loads(perfetto.dumps(perfetto.export_chrome_trace(run)))
+    flows = run.table("flows").to_pylist()
+    assert {f["id"] for f in flows if f["rank"] == 0} & {f["id"] for f in flows if f["rank"] == 1}
+    pids_of_id: dict[int, set[int]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("s", "f", "t"):
+            pids_of_id.setdefault(e["id"], set()).add(e["pid"])
+    assert len(pids_of_id) == len({(f["rank"], f["id"]) for f in flows})
+    files = []
+    for rank in (0, 1):
+        files.append(perfetto.write(run, tmp_path / f"r{rank}.json", rank))
+        assert json.loads(files[-1].read_text())["distributedInfo"] == {"rank": rank}
+    back = import_traces(files, tmp_path / "back.run", ImportOptions(), ["t"])
+    columns = ["rank", "ts", "dur", "kind", "name", "pid", "tid"]
+    assert back.table("events", columns).equals(run.table("events", columns))
+    assert back.table("flows").sort_by("rank").equals(run.table("flows").sort_by("rank"))
+    assert back.table("steps").equals(run.table("steps"))
+    with pytest.raises(ParameterError, match="no rank 2"):
+        perfetto.export_chrome_trace(run, 2)
 
 
 def test_string_process_ids_export(tmp_path: Path) -> None:

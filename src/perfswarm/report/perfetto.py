@@ -23,7 +23,7 @@ from perfswarm.analyze.bandwidth import bandwidth
 from perfswarm.analyze.frame import Events, group_rows, lane_key
 from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs, queue_steps
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
 from perfswarm.trace.store import Run, check_output, write_output
@@ -61,6 +61,7 @@ _ARG_COLUMNS: Final = (
 EXPORTED_ARG_KEYS: Final = frozenset(key for _, key in _ARG_COLUMNS)
 
 UTILIZATION_BINS: Final = 100
+FLOW_ID_BITS: Final = 40  # a rank's flow ids below 2**40 (Kineto's count from 1), 2**53 in all
 
 _EVENT_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid",
                          *(column for column, _ in _ARG_COLUMNS), "args"]
@@ -89,17 +90,26 @@ def _args(raw: str | None, extra: dict[str, int]) -> orjson.Fragment | dict[str,
 
 
 class _Pids:
-    """pids of a one-rank run as they are; with several ranks, one number per (rank, pid)
-    so that ranks do not share tracks."""
+    """pids of a one-rank run (or of the one rank exported) as they are; with several ranks,
+    one number per (rank, pid) so that ranks do not share tracks, and flow ids made unique
+    per rank (each rank's Kineto ids count from 1 alike: Perfetto would join the arrows of
+    different ranks). An event of a rank not exported gets pid None and is dropped."""
 
-    def __init__(self, ranks: list[int]) -> None:
-        self.several = len(ranks) > 1
+    def __init__(self, ranks: list[int], only: int | None = None) -> None:
+        self.only = only
+        self.several = only is None and len(ranks) > 1
         self.ids: dict[tuple[int, int], int] = {}
+        self.rank_index = {r: i for i, r in enumerate(sorted(ranks))}
 
-    def __call__(self, rank: int, pid: int) -> int:
+    def __call__(self, rank: int, pid: int) -> int | None:
+        if self.only is not None and rank != self.only:
+            return None
         if not self.several:
             return pid
         return self.ids.setdefault((rank, pid), len(self.ids) + 1)
+
+    def flow_id(self, rank: int, flow: int) -> int:
+        return (self.rank_index.get(rank, 0) << FLOW_ID_BITS) | flow if self.several else flow
 
 
 def _base_ns(run: Run) -> int:
@@ -196,7 +206,8 @@ def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
     if not run.has_table("flows"):
         return
     for row in run.table("flows").to_pylist():
-        event = {"ph": row["phase"], "id": row["id"], "pid": pids(row["rank"], row["pid"]),
+        event = {"ph": row["phase"], "id": pids.flow_id(row["rank"], row["id"]),
+                 "pid": pids(row["rank"], row["pid"]),
                  "tid": row["tid"], "ts": us_json(row["ts"] - base), "cat": row["cat"],
                  "name": row["cat"]}
         if row["phase"] == "f":
@@ -258,15 +269,19 @@ def _metadata_events(run: Run, pids: _Pids) -> Iterator[dict[str, Any]]:
                    "args": {"name": name}}
 
 
-def export_chrome_trace(run: Run) -> dict[str, Any]:
+def export_chrome_trace(run: Run, rank: int | None = None) -> dict[str, Any]:
     """The whole Run (every rank, counters, flows, step markers, stack samples) as one Chrome
-    trace.
+    trace; with `rank`, that rank's alone, as Kineto writes a trace per rank (import reads
+    several such files back into one Run of their ranks).
 
     `ts`, `dur` and span `args` are `orjson.Fragment`s (exact JSON text, args as stored):
     serialize with `dumps`, not the stdlib's json.
     """
     manifest = run.manifest()
-    pids = _Pids(manifest["ranks"])
+    if rank is not None and rank not in manifest["ranks"]:
+        raise ParameterError("rank", f"{run.path}: no rank {rank} (its ranks: "
+                                     f"{', '.join(map(str, manifest['ranks']))})")
+    pids = _Pids(manifest["ranks"], rank)
     base = _base_ns(run)
     events: list[dict[str, Any]] = list(_metadata_events(run, pids))
     events += _span_events(run, base, pids)
@@ -279,10 +294,10 @@ def export_chrome_trace(run: Run) -> dict[str, Any]:
         "baseTimeNanoseconds": base,
         "displayTimeUnit": "ms",
         "deviceProperties": manifest["devices"],
-        "traceEvents": events,
+        "traceEvents": [e for e in events if e["pid"] is not None],
     }
-    if len(manifest["ranks"]) == 1:
-        trace["distributedInfo"] = {"rank": manifest["ranks"][0]}
+    if not pids.several:
+        trace["distributedInfo"] = {"rank": manifest["ranks"][0] if rank is None else rank}
     return trace
 
 
@@ -291,13 +306,14 @@ def dumps(trace: dict[str, Any]) -> bytes:
     return orjson.dumps(trace)
 
 
-def write(run: Run, path: str | Path) -> Path:
-    """Write the Run's Chrome trace to `path` (`.json`, or gzipped `.json.gz`), atomically."""
+def write(run: Run, path: str | Path, rank: int | None = None) -> Path:
+    """Write the Run's Chrome trace (of `rank` alone, if given) to `path` (`.json`, or gzipped
+    `.json.gz`), atomically."""
     out = Path(path)
     if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
         raise PerfswarmError(f"{out}: a Chrome trace is written as .json or .json.gz")
     check_output(out)
-    data = dumps(export_chrome_trace(run))
+    data = dumps(export_chrome_trace(run, rank))
     if out.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)
     write_output(out, data)

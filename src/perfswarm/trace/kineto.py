@@ -120,6 +120,10 @@ CAT_KIND: dict[str, str] = {
     "trace": "trace_span",
     "collective_comm": "collective",
     "syscall": "syscall",
+    # perfswarm's export writes stack samples as thread instants of these (Perfetto's JSON
+    # import reads no samples)
+    "perf_sample": "instant",
+    "py-spy_sample": "instant",
 }
 COLLECTIVE_KERNEL = re.compile(r"^(void )?(nccl|rccl)|nccl(Dev)?Kernel_", re.IGNORECASE)
 # The category of the counters perfswarm's export derives from the events (queue length,
