@@ -79,7 +79,7 @@ def xss_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7,
                            "ts": t0 + 30 + 100 * i, "dur": 60.0,
                            "args": {"correlation": 100 * step + i, "device": 0, "stream": 7}})
-        events.append({"ph": "C", "name": XSS_NAMES[1], "pid": 1, "tid": 1, "ts": t0,
+        events.append({"ph": "C", "name": XSS_NAMES[2], "pid": 1, "tid": 1, "ts": t0,
                        "args": {XSS_NAMES[0]: step + 1.5}})
     src = tmp / "xss.json"
     src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))
@@ -173,6 +173,10 @@ def test_trace_strings_are_text(browser: Any, xss_run: Run, tmp_path: Path) -> N
                 page.mouse.move(box["x"] + x, box["y"] + 30 + 16 + 8)
                 seen.add(page.locator(".tl-tip").inner_text().split("\n")[0])
             assert set(XSS_NAMES) <= seen  # shown as text in the tooltip
+            # a counter's name as typed in its chart's title (up to its last ".", where the
+            # reader splits the name from the arg key), quotes too (not `&quot;`)
+            title = page.locator("#chart-counter-0 .gtitle").all_text_contents()
+            assert title == [XSS_NAMES[2].rpartition(".")[0]], title
     assert page.evaluate("window.__pwned") is None
     assert page.locator("img").count() == 0
     kernels = page.locator("#kernels td.name").all_inner_texts()

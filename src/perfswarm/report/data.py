@@ -6,6 +6,7 @@ Renderers (report/html.py) only lay this out; tests assert on the dict. Times ar
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -216,7 +217,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     prediction = _prediction(run)
     return {
         "title": f"perfswarm report: {run.path.name}",
-        "run": {"path": str(run.path), "command": manifest["command"],
+        "run": {"path": str(run.path), "shell_path": shlex.quote(str(run.path.resolve())),
+                "command": manifest["command"],
                 "complete": manifest["complete"], "ranks": manifest["ranks"],
                 "devices": manifest["devices"], "warnings": manifest["warnings"],
                 "origin_ns": origin},

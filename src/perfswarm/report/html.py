@@ -50,6 +50,12 @@ def safe_json(value: Any) -> str:
     return json_visible(text)
 
 
+def plot_text(text: str) -> str:
+    """Text for a plotly label, legend or hover: plotly draws a subset of HTML there, so `<`,
+    `>` and `&` are escaped; not quotes, which plotly shows as typed (`&quot;`)."""
+    return html.escape(text, quote=False)
+
+
 class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
     """Jinja's cache of compiled templates, in its private per-user directory under the
     temporary directory (made 0700 and checked to be the user's; an entry is keyed by the
@@ -94,10 +100,10 @@ def counter_figures(timeline: dict[str, Any]) -> dict[str, Any]:
     """One small chart per counter group (a source and unit), on the run's time axis."""
     end_ms = timeline["end_ns"] / 1e6
     return {f"chart-counter-{i}": {
-        "data": [{"type": "scatter", "mode": "lines", "name": html.escape(c["name"]),
+        "data": [{"type": "scatter", "mode": "lines", "name": plot_text(c["name"]),
                   "x": c["t_ms"], "y": c["value"]} for c in group["series"]],
         "layout": {"height": 220, "margin": {"t": 28, "b": 30, "l": 60, "r": 10},
-                   "title": {"text": html.escape(group["title"]), "font": {"size": 12}},
+                   "title": {"text": plot_text(group["title"]), "font": {"size": 12}},
                    "showlegend": len(group["series"]) > 1,
                    "legend": {"font": {"size": 9}},
                    "xaxis": {"range": [0, end_ms], "title": {"text": "ms from the run's start"}},
@@ -165,7 +171,7 @@ def breakdown_figure(breakdown: list[dict[str, Any]]) -> dict[str, Any]:
 
 def memory_figure(memory: list[dict[str, Any]]) -> dict[str, Any]:
     data = [{"type": "scatter", "mode": "lines", "line": {"shape": "hv"}, "x": m["t_ms"],
-             "y": m[what], "name": f"rank {m['rank']} {html.escape(m['device'])} {what}"}
+             "y": m[what], "name": f"rank {m['rank']} {plot_text(m['device'])} {what}"}
             for m in memory for what in ("allocated", "reserved")]
     return {"data": data, "layout": {"height": 320, "margin": {"t": 20},
                                      "xaxis": {"title": {"text": "ms from the run's start"}},
@@ -180,7 +186,7 @@ def roofline_figure(kernels: list[dict[str, Any]], roof: dict[str, Any]) -> dict
     ridge = roof["peak_flops_per_s"] / roof["bandwidth"]
     xs = [k["intensity"] for k in shown] or [ridge]
     lo, hi = min(*xs, ridge) / 4, max(*xs, ridge) * 4
-    data = [{"type": "scatter", "mode": "lines", "name": html.escape(
+    data = [{"type": "scatter", "mode": "lines", "name": plot_text(
                 f"{roof['device']} roof ({roof['dtype']})"),
              "x": [lo, ridge, hi],
              "y": [roof["bandwidth"] * lo, roof["peak_flops_per_s"], roof["peak_flops_per_s"]],
@@ -188,7 +194,7 @@ def roofline_figure(kernels: list[dict[str, Any]], roof: dict[str, Any]) -> dict
             {"type": "scatter", "mode": "markers", "name": "kernels",
              "x": [k["intensity"] for k in shown],
              "y": [k["achieved_gflops"] * 1e9 for k in shown],
-             "text": [html.escape(k["name"][:120]) for k in shown],
+             "text": [plot_text(k["name"][:120]) for k in shown],
              "hovertemplate": "%{text}<br>%{x:.3g} FLOP/byte, %{y:.3s}FLOP/s<extra></extra>",
              "marker": {"size": 9}}]
     return {"data": data, "layout": {
@@ -200,7 +206,7 @@ def roofline_figure(kernels: list[dict[str, Any]], roof: dict[str, Any]) -> dict
 
 def memory_peak_figure(memory: list[dict[str, Any]]) -> dict[str, Any]:
     """Each device's peak stacked by category (views.memory_view), in bytes."""
-    y = [f"rank {m['rank']} {html.escape(m['device'])}" for m in memory]
+    y = [f"rank {m['rank']} {plot_text(m['device'])}" for m in memory]
     data = [{"type": "bar", "orientation": "h", "name": category, "y": y,
              "x": [m["peak_by_category"][category] for m in memory]}
             for category in MEMORY_CATEGORIES]
@@ -228,7 +234,7 @@ def queue_figure(queues: list[dict[str, Any]], origin_ns: int) -> dict[str, Any]
     names = [f"rank {q['rank']} " + ("all streams" if q["stream"] is None else
                                      f"device {q['device']} stream {q['stream']}")
              for q in queues]
-    return binned_figure(queues, "bins", [html.escape(n) for n in names], origin_ns,
+    return binned_figure(queues, "bins", [plot_text(n) for n in names], origin_ns,
                          "launched, unfinished ops")
 
 
@@ -236,7 +242,7 @@ def bandwidth_figure(bandwidth: list[dict[str, Any]], origin_ns: int) -> dict[st
     """Each rank's copy and set traffic in GB/s over time, one line a direction."""
     rows = [{"start": b["start"], "bin_ns": b["bin_ns"], "bins_gbps": f["bins_gbps"]}
             for b in bandwidth for f in b["flows"]]
-    names = [html.escape(f"rank {b['rank']} {f['direction']}")
+    names = [plot_text(f"rank {b['rank']} {f['direction']}")
              for b in bandwidth for f in b["flows"]]
     return binned_figure(rows, "bins_gbps", names, origin_ns, "GB/s")
 
@@ -253,7 +259,7 @@ def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
 def importance_figure(tune: dict[str, Any]) -> dict[str, Any]:
     rows = tune["importance"][::-1]  # plotly draws the first bar at the bottom
     data = [{"type": "bar", "orientation": "h", "name": "importance",
-             "y": [html.escape(r["param"]) for r in rows], "x": [r["importance"] for r in rows]}]
+             "y": [plot_text(r["param"]) for r in rows], "x": [r["importance"] for r in rows]}]
     return {"data": data, "layout": {"height": 120 + 30 * len(rows), "margin": {"t": 30},
                                      "xaxis": {"title": {"text": "fANOVA importance"}},
                                      "yaxis": {"automargin": True}}}
@@ -267,7 +273,7 @@ def trials_figure(tune: dict[str, Any]) -> dict[str, Any]:
         data.append({"type": "scatter", "mode": "markers", "name": state.lower(),
                      "x": [t["number"] for t in rows],
                      "y": [t["throughput"] or 1 / t["median_step_s"] for t in rows],
-                     "hovertext": [html.escape(str(t["params"])) for t in rows]})
+                     "hovertext": [plot_text(str(t["params"])) for t in rows]})
     base = tune["baseline"]["throughput"]
     return {"data": data, "layout": {
         "height": 320, "margin": {"t": 30},
@@ -302,7 +308,7 @@ def scaling_figure(projection: dict[str, Any]) -> dict[str, Any]:
 def options_figure(projection: dict[str, Any]) -> dict[str, Any]:
     """Scaling efficiency at the largest device count, per network and scheme."""
     options = projection["options"]
-    networks = list(dict.fromkeys(html.escape(o["interconnect"]) for o in options))
+    networks = list(dict.fromkeys(plot_text(o["interconnect"]) for o in options))
     data = [{"type": "bar", "name": scheme, "x": networks,
              "y": [100 * o["efficiency"] for o in options if o["scheme"] == scheme]}
             for scheme in dict.fromkeys(o["scheme"] for o in options)]
@@ -364,7 +370,7 @@ def plotly_js() -> str:
 def steps_figure(compare: dict[str, Any]) -> dict[str, Any]:
     steps = compare["steps"]
     x = [f"#{s['index']}" for s in steps]
-    data = [{"type": "bar", "name": html.escape(compare[side]), "x": x,
+    data = [{"type": "bar", "name": plot_text(compare[side]), "x": x,
              "y": [s[f"{side}_ns"] / 1e6 for s in steps]} for side in ("a", "b")]
     return {"data": data, "layout": {"barmode": "group", "height": 320, "margin": {"t": 30},
                                      "yaxis": {"title": {"text": "ms"}}}}
