@@ -606,17 +606,3 @@ def test_a_template_cache_that_cannot_be_written_is_no_cache(tmp_path: Path) -> 
                              bytecode_cache=cache)
     env.get_template("building.html.j2")
     assert len(list(tmp_path.glob("__jinja2_*.cache"))) == 1
-
-
-def test_export_command_is_quoted_for_the_shell(corpus_runs: dict[str, Run],
-                                                tmp_path: Path) -> None:
-    """The report's export command names the Run by its absolute path quoted for a shell: a
-    name with spaces, quotes or `$(...)` pasted as shown had run that command and split."""
-    import shlex
-
-    odd = tmp_path / "my run $(touch pwn) 'x'.run"
-    shutil.copytree(corpus_runs["simple_add"].path, odd)
-    data = report_data(Run.open(odd))
-    assert shlex.split(data["run"]["shell_path"]) == [str(odd.resolve())]
-    page = html.render(data)
-    assert markupsafe.escape(f"perfswarm export {data['run']['shell_path']} ") in page

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,7 @@ def test_samples_per_second_from_the_first_op(corpus_runs: dict[str, Run]) -> No
     assert rates["samples_per_step"] == 5 and rates["tokens_per_s"] is None
     assert rates["steps"] == 1
     assert rates["samples_per_s"] == pytest.approx(5 / (steps[0]["dur"] / 1e6), rel=1e-6)
-    assert rates["source"] == ("the first input of each step's first GEMM or convolution "
+    assert rates["source"] == ("the activation input of each step's first GEMM or convolution "
                                "(aten::linear 5x128 in the first), in 1 of 2 steps")
 
 
@@ -161,7 +162,57 @@ def test_samples_and_tokens_from_the_token_embedding(tmp_path: Path) -> None:
     assert rates["samples_per_s"] == pytest.approx(12 / 3e-3)
     assert rates["tokens_per_s"] == pytest.approx(192 / 3e-3)
     assert rates["source"] == ("aten::embedding's indices 4x16 (batch x sequence) into the "
-                               "1000x32 table, 3 lookups in 2 of 2 steps")
+                               "1000x32 table, 3 lookups in 2 of 2 steps; the steps' batches "
+                               "differ: every sample over the steps' whole time")
+
+
+def _with_args(event: dict[str, Any], **args: Any) -> dict[str, Any]:
+    return {**event, "args": {**event["args"], **args}}
+
+
+def test_samples_of_a_time_major_rnn_and_of_trained_passes(tmp_path: Path) -> None:
+    """Token ids [35, 8] into an nn.LSTM (batch_first=False: its last argument) are sequence x
+    batch: 8 samples a pass, not 35. A step whose embedding has a backward counts its trained
+    passes: the no-grad evaluation of 32 ids in step 2 trains nothing; the inference step 3
+    (no backward) counts its lookup. Each step 1 ms: 8, 8 and 32 samples."""
+    def lookup(t: float, ids: list[int]) -> dict[str, Any]:
+        return _op("aten::embedding", t, 10, [[500, 40], ids])
+
+    def lstm(t: float, ids: list[int]) -> dict[str, Any]:
+        return _with_args(_op("aten::lstm", t, 50, None), **{
+            "Input Dims": [[*ids, 40], [[2, ids[1], 40], [2, ids[1], 40]], [[160, 40]], [], [], [],
+                           [], [], []],
+            "Concrete Inputs": ["", "", "", "True", "2", "0.", "True", "False", "False"]})
+
+    def backward(t: float, ids: list[int]) -> dict[str, Any]:
+        return _with_args(_op("aten::embedding_dense_backward", t, 10, None), **{
+            "Input Dims": [[*ids, 40], ids, [], [], []],
+            "Concrete Inputs": ["", "", "500", "-1", "False"]})
+
+    events = [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), lookup(10, [35, 8]),
+              lstm(30, [35, 8]), backward(200, [35, 8]),
+              _op("ProfilerStep#2", 1000, 1000, cat="user_annotation"), lookup(1010, [35, 8]),
+              lstm(1030, [35, 8]), backward(1200, [35, 8]), lookup(1400, [35, 32]),
+              lstm(1430, [35, 32]),
+              _op("ProfilerStep#3", 2000, 1000, cat="user_annotation"), lookup(2010, [35, 32]),
+              lstm(2030, [35, 32])]
+    rates = report_data(_trace(tmp_path, events, ["lm.py"]))["throughput"]
+    assert rates["samples_per_step"] == (8 + 8 + 32) / 3
+    assert rates["tokens_per_step"] == 35 * (8 + 8 + 32) / 3
+    assert rates["source"].startswith(
+        "aten::embedding's indices 35x8 (sequence x batch, an RNN running time-major) into the "
+        "500x40 table, 2 backward passes in 3 of 3 steps")
+
+
+def test_samples_not_from_an_unbatched_call_or_a_weight(tmp_path: Path) -> None:
+    """A policy run on one observation ([8], then its [64, 8] weight) is not a batch of 64:
+    the step's batch is its update's input [32, 8]."""
+    events = [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+              _op("aten::linear", 10, 10, [[8], [64, 8], [64]]),
+              _op("aten::linear", 30, 10, [[8], [64, 8], [64]]),
+              _op("aten::linear", 500, 10, [[32, 8], [64, 8], [64]])]
+    rates = report_data(_trace(tmp_path, events, ["rl.py"]))["throughput"]
+    assert rates["samples_per_step"] == 32
 
 
 def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
@@ -190,8 +241,9 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
     rates = report_data(_trace(tmp_path, steps(True), ["train.py"]))["throughput"]
     assert rates["samples_per_step"] == (8 + 24) / 2
     assert rates["samples_per_s"] == pytest.approx(32 / 3e-3)
-    assert rates["source"] == ("the first input of each step's first GEMM or convolution "
-                               "(aten::linear 8x32 in the first), in 2 of 2 steps")
+    assert rates["source"] == ("the activation input of each step's first GEMM or convolution "
+                               "(aten::linear 8x32 in the first), in 2 of 2 steps; the steps' "
+                               "batches differ: every sample over the steps' whole time")
     # LBFGS evaluates its closure (forward and backward) again on the same batch inside one
     # optimizer call: the passes of one call are one
     lbfgs = [e for e in steps(True) if not e["name"].startswith("ProfilerStep#2")]
@@ -212,8 +264,9 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
     (tmp_path / "flag").mkdir()
     flagged = report_data(_trace(tmp_path / "flag", steps(False), ["t.py", "--batch-size=8"]))
     assert flagged["throughput"]["samples_per_step"] == 16
-    assert flagged["throughput"]["source"] == ("the command's --batch-size 8, x the forward "
-                                               "and backward passes of each step")
+    assert flagged["throughput"]["source"] == (
+        "the command's --batch-size 8, x the forward and backward passes of each step; the "
+        "steps' batches differ: every sample over the steps' whole time")
 
 
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:
@@ -282,12 +335,15 @@ def test_memory_peak_by_category(tmp_path: Path) -> None:
 
 
 def test_trace_view_says_how_to_open_the_run_in_perfetto(tmp_path: Path) -> None:
-    """The export command for this run's path, as text (a hostile directory name stays text)."""
-    hostile = tmp_path / '<b id="x">'
+    """The export command for this run's absolute path quoted for a shell, as text (a hostile
+    directory name stays text; pasted as shown, a name with `$(...)` had run it)."""
+    hostile = tmp_path / "<b id=\"x\"> $(touch pwn) 'y'"
     hostile.mkdir()
     run = memory_run(hostile)
-    page = html.render(report_data(run))
-    assert (f"perfswarm export {markupsafe.escape(str(run.path))} --format perfetto"
+    data = report_data(run)
+    assert shlex.split(data["run"]["shell_path"]) == [str(run.path.resolve())]
+    page = html.render(data)
+    assert (f"perfswarm export {markupsafe.escape(data['run']['shell_path'])} --format perfetto"
             in page)
     assert '<b id="x">' not in page
 

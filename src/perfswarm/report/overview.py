@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
+import orjson
 
 from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.frame import Events, detail_of, lane_key
@@ -90,7 +91,11 @@ def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]]
 
 
 EMBEDDING: Final = "aten::embedding"
+EMBEDDING_BACKWARD: Final = "aten::embedding_dense_backward"
 _FIRST_FAMILIES: Final = ("gemm", "conv", "depthwise_conv")
+_BIAS_FIRST: Final = frozenset({"aten::addmm", "aten::baddbmm", "aten::addbmm"})
+_RNNS: Final = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"})
+_RNN_PROBES: Final = 8  # an RNN's calls read to tell its layout
 
 
 def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
@@ -110,36 +115,47 @@ def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
 def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
                ) -> dict[str, Any] | None:
     """Samples (and tokens) per second of the first rank's steps that ran the model, and where
-    the batch came from, best first: the token embedding's indices (batch x sequence, every
-    lookup of a step counted, so gradient accumulation is too); the leading dimension of the
-    first input of each step's first matrix product or convolution, or the recorded command's
-    --batch-size (every step), each times the step's forward and backward passes (_passes: a
-    gradient accumulation's micro-batches; one without a backward). A step where the model
-    did not run (a window the profiler cut before its forward) is left out. None when none of
-    them says."""
+    the batch came from, best first: the token embedding's indices (batch x sequence, or
+    sequence x batch where an RNN runs time-major on them; the passes its backward trained
+    where it has one, every lookup of an inference step); the leading dimension of the
+    activation input of each step's first matrix product or convolution, or the recorded
+    command's --batch-size (every step), each times the step's forward and backward passes
+    (_passes: a gradient accumulation's micro-batches; one without a backward). A step where
+    the model did not run (a window the profiler cut before its forward) is left out. Per the
+    median step where every step ran the same batch (the profiler's first step runs slow);
+    where they differ (an inference server's requests), every sample over the steps' whole
+    time. None when none of them says."""
     if not steps:
         return None
     rank, windows = min(steps.items(), key=lambda kv: int(kv[0]))
     if not windows:
         return None
     mine = np.arange(len(ev))[ev.rank_slice(int(rank))]
-    samples, tokens, ran, source = _from_embedding(run, ev, mine, windows)
-    if samples is None:
-        samples, ran, source = _from_first_op(run, ev, mine, windows)
-    if samples is None:
+    samples, tokens, source = _from_embedding(run, ev, mine, windows)
+    if not samples:
+        samples, source = _from_first_op(run, ev, mine, windows)
+    if not samples:
         flag = batch_flag(run.manifest()["command"])
         if flag is None:
             return None
         passes = np.maximum(_passes(ev, mine, windows), 1)
-        samples, ran = flag * int(passes.sum()), set(range(len(windows)))
+        samples = {i: flag * int(p) for i, p in enumerate(passes)}
         source = f"the command's --batch-size {flag}" + (
             ", x the forward and backward passes of each step" if passes.max() > 1 else "")
-    # per the median step, as the steps/s card (the profiler's first step runs slow)
-    step_s = float(np.median([windows[i]["end"] - windows[i]["start"] for i in ran])) / 1e9
-    return {"samples_per_s": samples / len(ran) / step_s, "samples_per_step": samples / len(ran),
-            "tokens_per_s": tokens / len(ran) / step_s if tokens is not None else None,
-            "tokens_per_step": tokens / len(ran) if tokens is not None else None,
-            "steps": len(ran), "source": source, "rank": int(rank)}
+    ran = sorted(samples)
+    counts = np.array([samples[i] for i in ran], np.float64)
+    durs = np.array([windows[i]["end"] - windows[i]["start"] for i in ran], np.float64)
+    # per the median step, as the steps/s card (the profiler's first step runs slow), unless
+    # the steps' batches differ
+    same = bool(np.all(counts == counts[0]))
+    step_s = float(np.median(durs) if same else durs.mean()) / 1e9
+    tok = np.array([tokens[i] for i in ran], np.float64) if tokens is not None else None
+    return {"samples_per_s": counts.mean() / step_s, "samples_per_step": counts.mean(),
+            "tokens_per_s": tok.mean() / step_s if tok is not None else None,
+            "tokens_per_step": tok.mean() if tok is not None else None,
+            "steps": len(ran), "source": source + ("" if same else (
+                "; the steps' batches differ: every sample over the steps' whole time")),
+            "rank": int(rank)}
 
 
 def _steps_of(ev: Events, windows: Sequence[Mapping[str, Any]], rows: Sequence[int]
@@ -151,8 +167,39 @@ def _steps_of(ev: Events, windows: Sequence[Mapping[str, Any]], rows: Sequence[i
     return found
 
 
+def _args_of(run: Run, rows: I64) -> list[dict[str, Any]]:
+    """The recorded args fields (detail) of the rows, parsed whole: tensor lists and scalar
+    values too, which `shapes_from_args` leaves out."""
+    out = []
+    for text in detail_of(run, rows):
+        try:
+            value = orjson.loads(text or "{}")
+        except orjson.JSONDecodeError:
+            value = {}
+        out.append(value if isinstance(value, dict) else {})
+    return out
+
+
+def _time_major(run: Run, ev: Events, rows: I64, index: tuple[int, ...]) -> bool:
+    """Whether token indices [a, b] are [sequence, batch]: an RNN (nn.LSTM, nn.GRU, nn.RNN:
+    batch_first=False unless set) runs on an input [a, b, features] with its batch_first
+    argument, its last, False."""
+    codes = [i for i, n in enumerate(ev.names) if n in _RNNS]
+    found = rows[np.isin(ev.name[rows], codes)][:_RNN_PROBES] if codes else rows[:0]
+    for args in _args_of(run, found):
+        dims, concrete = args.get("Input Dims"), args.get("Concrete Inputs")
+        if (isinstance(dims, list) and dims and isinstance(dims[0], list)
+                and tuple(dims[0][:2]) == index and isinstance(concrete, list) and concrete
+                and concrete[-1] == "False"):
+            return True
+    return False
+
+
 def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
-                    ) -> tuple[int | None, int | None, set[int], str]:
+                    ) -> tuple[dict[int, int], dict[int, int] | None, str]:
+    """Samples and tokens per step of the token embedding (the first lookup's table): the
+    indices of its backward passes where the step trained it (a lookup under no_grad, an
+    evaluation inside the step, trains nothing), else of every lookup."""
     codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
@@ -160,15 +207,42 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
              if (s := shapes_from_args(text)) is not None
              and len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
     if not calls:
-        return None, None, set(), ""
+        return {}, None, ""
     table = calls[0][1][0]  # the first lookup's table is the token table
     lookups = [(r, dims[1]) for r, dims in calls if dims[0] == table]
-    ran = set(_steps_of(ev, windows, [r for r, _ids in lookups]))
     first = lookups[0][1]
-    return (sum(b for _r, (b, _t) in lookups), sum(b * t for _r, (b, t) in lookups), ran,
-            f"{EMBEDDING}'s indices {first[0]}x{first[1]} (batch x sequence) into the "
-            f"{table[0]}x{table[1]} table, {len(lookups)} lookups in {len(ran)} of "
-            f"{len(windows)} steps")
+    ops = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine]], windows)
+    time_major = len(first) == 2 and _time_major(run, ev, ops, first)
+    # the backward of the same table (num_weights, its third argument, the table's rows)
+    back_codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING_BACKWARD]
+    backs = ops[np.isin(ev.name[ops], back_codes)] if back_codes else ops[:0]
+    trained = [(int(r), tuple(a["Input Dims"][1])) for r, a in zip(backs.tolist(),
+                                                                   _args_of(run, backs),
+                                                                   strict=True)
+               if _is_backward_of(a, table)]
+    samples: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    trained_steps = set(_steps_of(ev, windows, [r for r, _ in trained]))
+    passes = [(r, i) for r, i in trained] + [(r, i) for r, i in lookups if _steps_of(
+        ev, windows, [r])[0] not in trained_steps]
+    for (_r, idx), step in zip(passes, _steps_of(ev, windows, [r for r, _ in passes]),
+                               strict=True):
+        if len(idx) != 2:
+            continue
+        samples[step] = samples.get(step, 0) + (idx[1] if time_major else idx[0])
+        tokens[step] = tokens.get(step, 0) + idx[0] * idx[1]
+    order = "sequence x batch, an RNN running time-major" if time_major else "batch x sequence"
+    counted = (f"{len(trained)} backward passes" if trained else f"{len(lookups)} lookups")
+    return samples, tokens, (
+        f"{EMBEDDING}'s indices {first[0]}x{first[1]} ({order}) into the {table[0]}x{table[1]} "
+        f"table, {counted} in {len(samples)} of {len(windows)} steps")
+
+
+def _is_backward_of(args: Mapping[str, Any], table: tuple[int, ...]) -> bool:
+    dims, concrete = args.get("Input Dims"), args.get("Concrete Inputs")
+    return (isinstance(dims, list) and len(dims) >= 2 and isinstance(dims[1], list)
+            and isinstance(concrete, list) and len(concrete) >= 3
+            and str(concrete[2]) == str(table[0]))
 
 
 def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
@@ -204,10 +278,11 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
 
 
 def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
-                   ) -> tuple[int | None, set[int], str]:
-    """The leading dimension of the first input of each step's first matrix product or
-    convolution, times the backward passes the step ran (a forward each; one in a step
-    without), summed over the steps that ran one."""
+                   ) -> tuple[dict[int, int], str]:
+    """Per step, the leading dimension of the activation input of its first matrix product
+    or convolution (the first input; addmm's and baddbmm's second, after the bias), times
+    the backward passes the step ran (a forward each; one in a step without). An unbatched
+    call (a 1-D input: one observation through a policy) is not the batch, nor is a weight."""
     codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
@@ -217,17 +292,19 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
                                  strict=True):
         if step in first or (shapes := shapes_from_args(text)) is None:
             continue  # only a step's ops up to its first product are parsed
-        cost = shapes_cost(ev.name_of(row), shapes)
-        batch = next((d for d in shapes.dims if len(d) >= 2), None)
-        if cost is not None and cost.family in _FIRST_FAMILIES and batch is not None:
+        name = ev.name_of(row)
+        cost = shapes_cost(name, shapes)
+        at = 1 if name in _BIAS_FIRST else 0
+        batch = shapes.dims[at] if len(shapes.dims) > at else ()
+        if cost is not None and cost.family in _FIRST_FAMILIES and len(batch) >= 2:
             first[step] = (row, batch)
     if not first:
-        return None, set(), ""
+        return {}, ""
     row, batch = first[min(first)]
     passes = np.maximum(_passes(ev, mine, windows), 1)
     each = f", x {int(passes[min(first)])} forward and backward passes" \
         if passes[min(first)] > 1 else ""
-    return sum(b[0] * int(passes[step]) for step, (_r, b) in first.items()), set(first), (
-        f"the first input of each step's first GEMM or convolution ({ev.name_of(row)} "
+    return {step: b[0] * int(passes[step]) for step, (_r, b) in first.items()}, (
+        f"the activation input of each step's first GEMM or convolution ({ev.name_of(row)} "
         f"{'x'.join(map(str, batch))} in the first{each}), in {len(first)} of {len(windows)} "
         "steps")
