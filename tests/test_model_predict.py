@@ -181,6 +181,27 @@ def test_steps_of_different_batches_are_noted(tmp_path: Path) -> None:
     assert "the steps' batches differ (4, 8): every step is scaled from 8" in p.notes
 
 
+def test_recorded_batch_of_a_time_major_lstm(tmp_path: Path) -> None:
+    """A word-language model's ops lead with the sequence (35: ids [35, 20], dropout [35, 20,
+    64], the decoder's [700, 64]); its LSTM layer's input [T, B, I] says the batch, 20 (it had
+    been read as 35, a change to 40 priced as x1.14 for x2)."""
+    layer = [[35, 20, 64], [256, 64], [256, 64], [256], [256], [20, 64], [20, 64], [], [], [],
+             [], [], [], [], [], []]
+    events = []
+    for i in range(3):
+        t = 1000 * i
+        events += [_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
+                   _op("aten::embedding", t + 10, 20, [[2000, 64], [35, 20], [], [], []]),
+                   _op("aten::dropout", t + 40, 20, [[35, 20, 64], [], []]),
+                   _op("aten::mkldnn_rnn_layer", t + 70, 300, layer),
+                   _op("aten::dropout", t + 380, 20, [[35, 20, 64], [], []]),
+                   _op("aten::addmm", t + 410, 200, [[2000], [700, 64], [64, 2000], [], []])]
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "t.run", ImportOptions(), ["python", "lm.py"])
+    assert predict(run, Change(batch_size=40), profile=PROFILE).batch == (20, 40)
+
+
 def test_the_host_breakdown_is_a_partition_with_threads_at_once(tmp_path: Path) -> None:
     """A second thread's op (a DDP rank's gloo all-reduce beside its loop) while the loop's
     linear runs counts once: the host's compute, framework and Python still part the step
@@ -369,12 +390,16 @@ def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
     assert main(["predict", str(corpus_runs["nccl"].path), "--json", "--save-overheads",
                  str(saved)]) == 0
     data = orjson.loads(capsys.readouterr().out)
-    assert set(data) == {"path", "platform", "source_device", "target_device", "change",
-                         "batch", "measured_ns", "replayed_ns", "predicted_ns", "replay_error",
-                         "predicted_error", "steady", "device_active_ns", "breakdown_ns",
-                         "compare",
+    assert set(data) == {"path", "platform", "active_label", "source_device", "target_device",
+                         "change", "batch", "measured_ns", "replayed_ns", "predicted_ns",
+                         "replay_error", "predicted_error", "steady", "device_active_ns",
+                         "breakdown_ns", "compare",
                          "steps", "kernels", "lags", "overheads", "notes"}
     assert OverheadModel.load(saved).to_dict() == data["overheads"]
+    assert (data["platform"], data["active_label"]) == ("gpu", "device active")
+    assert main(["predict", str(corpus_runs["cpu_only"].path), "--json"]) == 0
+    cpu = orjson.loads(capsys.readouterr().out)
+    assert (cpu["platform"], cpu["active_label"]) == ("cpu", "compute active")
     assert main(["predict", str(corpus_runs["nccl"].path), "--device", "H100-SXM"]) == 0
     assert "predicted" in capsys.readouterr().out
 

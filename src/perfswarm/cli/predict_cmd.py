@@ -46,8 +46,8 @@ def _print(result: Prediction) -> None:
               *(f"dim {a} -> {b}" for a, b in data["change"]["dims"].items())]
     if any(change):
         console.print("change: " + ", ".join(c for c in change if c))
-    table = Table("", "iteration", "device active", title="iteration time (median)",
-                  title_justify="left")
+    table = Table("", "iteration", data["active_label"],
+                  title="iteration time (median)", title_justify="left")
     active = data["device_active_ns"]
     table.add_row("measured", ms(data["measured_ns"]), ms(active["measured"]))
     steady = data["steady"]

@@ -510,7 +510,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
             grow(j, -2)
     else:
         for i in range(len(dims)):
-            grow(i, 1 if i == 0 and _lstm_shape(op, shapes.dims) else 0)
+            grow(i, 1 if i == 0 and lstm_shape(op, shapes.dims) else 0)
     return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides)
 
 
@@ -522,7 +522,7 @@ _HIDDEN_GEMMS = re.compile(r"rnn|lstm|gru|attention.*backward")
 _LSTM_GATES = 4  # mkldnn_rnn_layer runs LSTM layers (torch's CPU LSTM): four gates per unit
 
 
-def _lstm_shape(op: str, dims: Dims) -> tuple[int, int, int, int] | None:
+def lstm_shape(op: str, dims: Dims) -> tuple[int, int, int, int] | None:
     """(T, B, I, H) of an LSTM layer or its backward (`_composite`'s shapes); None otherwise."""
     if (op not in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward") or len(dims) < 7
             or len(dims[0]) != 3 or len(dims[5]) != 2):
@@ -542,7 +542,7 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
       twice that: the input's and the weights' gradients;
     - attention backward (grad_out, q, k, v, out, ... with q [B, heads, L, D]): recomputing
       QK^T and the gradients of P, V, Q and K, five matrix products of the forward's two."""
-    lstm = _lstm_shape(op, dims)
+    lstm = lstm_shape(op, dims)
     if lstm is not None:
         steps, batch, inputs, hidden = lstm
         gates = _LSTM_GATES * hidden
@@ -573,7 +573,7 @@ def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     x0.67 / x1.68 / x3.13). T small GEMMs cost a fixed time each that one [T x B, 4H]
     matrix product's FLOPs do not show: at B = 8, H = 40 doubling H is x2.2, not the x4 of the
     FLOPs. None for other ops or shapes that do not fit."""
-    found = _lstm_shape(op, dims)
+    found = lstm_shape(op, dims)
     if found is None:
         return None
     steps, batch, inputs, hidden = found

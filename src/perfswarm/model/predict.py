@@ -64,6 +64,7 @@ from perfswarm.model.opcost import (
     batch_scaled,
     column_major,
     data_cost,
+    lstm_shape,
     output_bytes,
     scale_batch,
     tf32_if_fp32,
@@ -207,6 +208,8 @@ class Prediction:
         categories = sorted({k for s in self.steps for k in s.breakdown_ns})
         return {
             "path": self.path, "platform": self.platform, "source_device": self.source_device,
+            # what device_active_ns is, in words: a GPU's ops, or a CPU's compute ops
+            "active_label": "compute active" if self.platform == "cpu" else "device active",
             "target_device": self.target_device, "change": self.change.to_dict(),
             "batch": ({"recorded": self.batch[0], "predicted": self.batch[1]}
                       if self.batch else None),
@@ -404,13 +407,16 @@ def batch_flag(command: Sequence[str]) -> int | None:
 
 
 def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | None, str]:
-    """The batch size of the recorded command's --batch-size flag, else the most common
-    leading dimension of the compute ops' non-parameter inputs; and a note when the steps'
-    own most common ones differ (an inference server's requests of several sizes)."""
+    """The batch size of the recorded command's --batch-size flag, else an LSTM layer's B
+    (its input is [T, B, I] however the model lays its tensors out: a time-major model's
+    other ops lead with the sequence), else the most common leading dimension of the compute
+    ops' non-parameter inputs; and a note when the steps' own most common ones differ (an
+    inference server's requests of several sizes)."""
     flag = batch_flag(m.run.manifest()["command"])
     if flag is not None:
         return flag, ""
     leading: Counter[int] = Counter()
+    recurrent: Counter[int] = Counter()
     by_step: dict[int, Counter[int]] = {}
     rows = _op_rows(m)
     for row, shapes in zip(rows, m.shapes(rows), strict=True):
@@ -418,6 +424,11 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
             dims = [d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed]
             leading.update(d for d in dims if d > 1)
             by_step.setdefault(int(m.ev.step[row]), Counter()).update(dims)  # 1 is a size too
+            layer = lstm_shape(m.ev.name_of(row).removeprefix("aten::"), shapes.dims)
+            if layer is not None:
+                recurrent[layer[1]] += 1
+    if recurrent:
+        return recurrent.most_common(1)[0][0], ""
     if not leading:
         return None, ""
     batch = leading.most_common(1)[0][0]
