@@ -20,7 +20,7 @@ from conftest import corpus
 from perfswarm.report import board as board_module
 from perfswarm.report.board import CACHED_PAGES, BoardHandler, BoardServer, _ReportCache, list_runs
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.store import host_info
+from perfswarm.trace.store import Run
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +117,9 @@ def test_links_out_and_broken_runs_are_listed_as_broken(board: BoardServer,
     steps = [e["dur"] / 1e3 for e in raw if e["name"].startswith("ProfilerStep#")]
     assert good["command"] == ["t"] and good["directory"] == str(hostile_dir / "good")
     assert good["step_ms"] == pytest.approx(statistics.median(steps), abs=1e-6)
-    # no deviceProperties in this trace: the machine it was imported on
-    assert good["device"] == (raw_device(corpus("compare_base")) or host_info()["cpu_model"])
+    # no deviceProperties in this trace: no device (the machine it was imported on is not
+    # the one it ran on)
+    assert good["device"] == raw_device(corpus("compare_base"))
     assert runs["linked-manifest"]["broken"] == ("linked-manifest/manifest.json: links outside "
                                                  "the run")
     assert runs["linked-table"]["broken"] == ("linked-table/tables/events.parquet: links outside "
@@ -171,3 +172,17 @@ def test_report_cache_is_bounded() -> None:
         assert entry.done.wait(10) and entry.page == str(i).encode()
     cache.get(("report", ("last", 0)), lambda _: b"").done.wait(10)
     assert len(cache.pages) == CACHED_PAGES + 1  # the finished ones, and the one just asked
+
+
+def test_a_recorded_runs_step_time_is_the_reports(trainer_run: Run, tmp_path: Path) -> None:
+    """The index's step time is the report card's, the median of the profiled steps (not of
+    every step the recorder listed: its unprofiled, export and tail steps); its device, the
+    recording machine's CPU."""
+    shutil.copytree(trainer_run.path, tmp_path / "t.run")
+    row = board_module._summary(list_runs(tmp_path)["t.run"])
+    marked = [s["end"] - s["start"] for s in trainer_run.table("steps").to_pylist()
+              if s["source"] == "marker"]
+    everything = [s["end"] - s["start"] for s in trainer_run.table("steps").to_pylist()]
+    assert row["step_ms"] == pytest.approx(statistics.median(marked) / 1e6)
+    assert statistics.median(marked) != statistics.median(everything)
+    assert row["device"] == trainer_run.manifest()["host"]["cpu_model"]

@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import numpy as np
 import orjson
 
+from perfswarm.analyze.iterations import marker_steps
 from perfswarm.errors import PerfswarmError, RunError
 from perfswarm.report import html
 from perfswarm.report.data import compare_data, report_data
@@ -96,21 +97,25 @@ def _summary(listed: Listed) -> dict[str, Any]:
     try:
         run = open_listed(listed)
         manifest = run.manifest()
-        steps = run.table("steps", ["start", "end"])  # (a damaged table: this Run is broken)
+        # (a damaged table: this Run is broken)
+        steps = run.table("steps", ["rank", "step", "start", "end", "source"])
     except RunError as exc:
         return {"name": listed.name, "broken": str(exc).replace(str(listed.path), listed.name)}
     start = manifest.get("extra", {}).get("record", {}).get("start_ns")
     when = start / 1e9 if isinstance(start, int) else run.manifest_path.stat().st_mtime
     devices = sorted({str(d.get("name")) for d in manifest["devices"] if d.get("name")})
-    step_ms = None
-    if steps.num_rows:
-        step_ms = float(np.median(steps.column("end").to_numpy()
-                                  - steps.column("start").to_numpy())) / 1e6
+    # the report's step time: the median of the profiled steps (markers) where there are any
+    # (the recorder's unprofiled, export and tail steps are not); else of the steps listed
+    durs = [w.dur for windows in marker_steps(steps).values() for w in windows] or (
+        (steps.column("end").to_numpy() - steps.column("start").to_numpy()).tolist())
+    # the host is the recording machine's; an imported trace's is the importer's, not its own
+    recorded = "record" in manifest.get("extra", {})
     return {"name": listed.name, "complete": manifest["complete"], "ranks": manifest["ranks"],
             "command": manifest["command"], "directory": str(listed.path),
             "date": datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": ", ".join(devices) or str(manifest["host"].get("cpu_model", "")),
-            "step_ms": step_ms}
+            "device": ", ".join(devices) or (str(manifest["host"].get("cpu_model", ""))
+                                             if recorded else ""),
+            "step_ms": float(np.median(durs)) / 1e6 if durs else None}
 
 
 @dataclass
