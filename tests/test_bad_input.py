@@ -15,7 +15,7 @@ import pytest
 
 from conftest import corpus
 from perfswarm.cli.main import main
-from perfswarm.errors import RunError
+from perfswarm.errors import PerfswarmError, RunError
 from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
 
@@ -154,6 +154,8 @@ def test_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a traceback in info, report and export before; a missing table read as an empty one
     ("ts as text", "unreadable table (column ts is string, not int64)"),
     ("missing", "missing (every Run has its events table; a damaged Run)"),
+    # pyarrow's message ends in a line break (two lines before), DuckDB's names no file
+    ("thrift", "unreadable table (Couldn't deserialize thrift: don't know what type: \\x0f)"),
 ])
 def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damage: str,
                               message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -167,10 +169,18 @@ def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damag
         pq.write_table(table.set_column(1, "ts", table.column("ts").cast(pa.string())), events)
     elif damage == "missing":
         events.unlink()
+    elif damage == "thrift":  # the first byte of the footer's metadata
+        data = bytearray(events.read_bytes())
+        data[len(data) - 8 - int.from_bytes(data[-8:-4], "little")] = 0x0F
+        events.write_bytes(bytes(data))
     else:
         events.write_bytes(b"not a table")
     for command in ("analyze", "export", "report", *(("info",) if damage != "drop name" else ())):
         assert main([command, str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and "events.parquet" in err, err
+    if damage in ("thrift", "not parquet", "missing"):  # a query of it names the file too
+        assert main(["sql", str(run), "SELECT count(*) FROM events"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and "events.parquet" in err, err
 
@@ -342,3 +352,9 @@ def test_layouts_names_the_size_that_is_not_positive(capsys: pytest.CaptureFixtu
         argv = [x for k, v in {**sizes, name: "0"}.items() for x in (k, v)]
         assert main(["layouts", *argv, "--devices", "8"]) == 2
         assert f"error: {name} 0" in capsys.readouterr().err
+
+
+def test_an_error_is_one_line_whatever_it_quotes() -> None:
+    """A library's text with its own line breaks (pyarrow's ends in one) stays one line."""
+    assert str(PerfswarmError("x.parquet: unreadable (thrift:\n bad\r\n\u2028type)\n")) == (
+        "x.parquet: unreadable (thrift: bad type)")

@@ -25,13 +25,19 @@ def flag(param: str) -> str:
     return FLAGS.get(param, "--" + param.replace("_", "-"))
 
 
+# line breaks and the blanks around them, in a message: a library's own text (pyarrow's
+# "Couldn't deserialize thrift: ...\n") ends its lines where one line is promised
+_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
+
+
 class PerfswarmError(Exception):
-    """An error the CLI prints as one line and turns into an exit code."""
+    """An error the CLI prints as one line and turns into an exit code: its message is one
+    line whatever text it quotes (line breaks become a space)."""
 
     exit_code: int = 2
 
     def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
+        super().__init__(_BREAKS.sub(" ", message).strip())
         self.exit_code = exit_code
 
     def noted(self, note: str) -> PerfswarmError:

@@ -62,13 +62,21 @@ def check_query(sql: str) -> None:
         raise PerfswarmError(f"sql: the Run is read-only ({kind.name} statements are refused)")
 
 
+# DuckDB's errors of the query itself; any other (a damaged Parquet file: "don't know what
+# type", no class of its own) may be of reading a table
+_OF_THE_QUERY = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                 duckdb.ConversionException, duckdb.OutOfRangeException,
+                 duckdb.NotImplementedException, duckdb.PermissionException,
+                 duckdb.InterruptException, duckdb.OutOfMemoryException)
+
+
 def connect(run: Run, limits: Limits) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per table, then locked against writes and file access."""
     tables_dir = str(run.tables_dir.resolve()).replace("'", "''")
     con = duckdb.connect(":memory:")
     for name in TABLES:
         path = run.table_path(name)
-        if path.is_file():
+        if run.has_table(name):  # a trace table missing: the Run is damaged, and said so
             quoted = str(path.resolve()).replace("'", "''")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{quoted}')")
     # Queries may read the Run's tables and nothing else, and may not undo that; nothing spills.
@@ -163,14 +171,24 @@ def worker() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     try:
         check_query(request["sql"])
-        con = connect(Run.open(request["run"]), limits)
-        reader = con.sql(request["sql"])
-        if reader is None:
-            raise PerfswarmError("sql: the statement returned no rows (only queries are allowed)")
-        stream = reader.to_arrow_reader(2048)
-        with ipc.new_stream(sys.stdout.buffer, stream.schema) as out:
-            for batch in stream:
-                out.write_batch(batch)
+        run = Run.open(request["run"])
+        try:
+            reader = connect(run, limits).sql(request["sql"])
+            if reader is None:
+                raise PerfswarmError("sql: the statement returned no rows (only queries are "
+                                     "allowed)")
+            stream = reader.to_arrow_reader(2048)
+            with ipc.new_stream(sys.stdout.buffer, stream.schema) as out:
+                for batch in stream:
+                    out.write_batch(batch)
+        except duckdb.Error as exc:
+            if isinstance(exc, _OF_THE_QUERY):
+                raise
+            for name in TABLES:  # it could not read a table: the store names which, and why
+                if run.has_table(name):
+                    run.table(name)
+            raise PerfswarmError(f"sql: {run.shown(run.tables_dir)}: unreadable "
+                                 f"({_first_line(str(exc))})") from None
     except (PerfswarmError, duckdb.Error, MemoryError) as exc:
         message = _first_line(str(exc)) if not isinstance(exc, MemoryError) else "MemoryError"
         sys.stderr.write((message if isinstance(exc, PerfswarmError) else f"sql: {message}") + "\n")

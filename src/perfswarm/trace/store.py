@@ -409,7 +409,7 @@ class Run:
         try:
             return read()
         except (OSError, pa.ArrowInvalid) as exc:
-            raise RunError(f"{path}: unreadable table ({exc})") from None
+            raise RunError(f"{path}: unreadable table ({str(exc).strip()})") from None
 
     def memo(self, key: Hashable, make: Callable[[], T]) -> T:
         """`make()` once per Run object: a frame or result that several steps of one command
