@@ -966,6 +966,13 @@ def test_cpu_contention(tmp_path: Path) -> None:
     # the same process on an idle machine, or the whole machine its own: no contention
     assert found(host.cpu_contention, _sampled(run, proc, 0.4)) is None
     assert found(host.cpu_contention, _sampled(run, [1.9] * 10, 0.98)) is None
+    # a loop that had both cores got 1.1 of them while others held 0.86: more than half a
+    # core (each parallel region waits for the loop's descheduled thread; 5-10x slower
+    # steps, measured), though the loop still had more than half of the busy cores
+    a = shows(host.cpu_contention, _sampled(run, [1.0, 1.1, 1.0, 1.2, 1.1, 1.0, 1.1, 1.2, 1.2,
+                                                  2.0], 0.98))
+    assert a.evidence["process_cores"] == 1.19 and a.evidence["host_busy_cores"] == 1.96
+    assert found(host.cpu_contention, _sampled(run, [1.5] * 10, 0.98)) is None  # 0.46 others
 
 
 def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
@@ -995,6 +1002,17 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     readings = [(t * ms, name, value) for t in range(4, 160, 4)
                 for name, value in (("proc.cpu_cores", 0.1 if 20 < t <= 152 else 0.9),
                                     ("cpu.core0.usr", 0.95), ("cpu.core1.usr", 0.95))]
+    run.write_table("counters", pa.table({
+        "rank": [-1] * len(readings), "ts": [t for t, _, _ in readings],
+        "name": [n for _, n, _ in readings], "device": [-1] * len(readings),
+        "value": [v for _, _, v in readings]}).cast(COUNTERS))
+    assert found(host.outlier_steps, with_manifest(run, cores=2)) is None
+    # the process kept 0.55 of its usual CPU in step 5 (0.5 of 0.9) while other processes
+    # held a core more than usual: descheduled too
+    readings = [(t * ms, name, value) for t in range(4, 160, 4)
+                for name, value in (("proc.cpu_cores", 0.5 if 20 < t <= 152 else 0.9),
+                                    ("cpu.core0.usr", 0.95 if 20 < t <= 152 else 0.45),
+                                    ("cpu.core1.usr", 0.95 if 20 < t <= 152 else 0.45))]
     run.write_table("counters", pa.table({
         "rank": [-1] * len(readings), "ts": [t for t, _, _ in readings],
         "name": [n for _, n, _ in readings], "device": [-1] * len(readings),

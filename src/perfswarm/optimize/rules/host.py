@@ -182,9 +182,18 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
                   f"torch.set_num_threads({best}) in each process")
 
 
-# A process on a busy machine that got less than this share of the busy cores shares them.
+# A process on a busy machine that got less than this share of the CPU it had in its usual
+# step was held back in that step.
 _CONTENDED_SHARE = 0.5
 _BUSY = 0.9  # the host's cores this busy (usr + sys) count as saturated
+
+
+def _others_held(cores: int) -> float:
+    """The cores other processes must hold, on a saturated host, to hold the recorded ones
+    back: half a core, or a quarter of the cores. A loop whose ops run on every core waits at
+    each parallel region for its slowest thread: on 2 cores, another process taking one made
+    a DataLoader loop's steps 5-10x slower while the loop still got 1.1 of the 2 cores."""
+    return max(0.5, 0.25 * cores)
 
 
 def _window_counters(facts: Facts, pattern: str) -> pl.DataFrame:
@@ -208,7 +217,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
     cores = _cores(facts)
     host = float(busy["value"].sum()) / (busy.height / 2 / cores) if busy.height else 0.0
     got = float(proc.mean())
-    if not _saturated(host, cores) or got >= _CONTENDED_SHARE * host:
+    if not _saturated(host, cores) or host - got < _others_held(cores):
         return None
     # Its own CPU time at the parallelism it reached when it ran most freely (90th percentile
     # of its sampled cores) instead of what it got on average.
@@ -275,9 +284,10 @@ def _saturated(busy_cores: float, cores: int) -> bool:
 
 
 def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool]:
-    """Which of the `slow` steps the recorded process got under _CONTENDED_SHARE of the CPU
-    it had in the median step (the sampler's proc.cpu_cores) while the host's cores were at
-    least _BUSY busy: it waited for the cores."""
+    """Which of the `slow` steps ran while the host's cores were at least _BUSY busy and the
+    recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
+    sampler's proc.cpu_cores), or other processes held _others_held more cores than in the
+    median step: it waited for the cores."""
     proc = facts.counters.filter(pl.col("name") == "proc.cpu_cores")
     cores = facts.counters.filter(pl.col("name").str.contains(r"^cpu\.core\d+\.(usr|sys)$"))
     if proc.height == 0 or cores.height == 0:
@@ -293,16 +303,20 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
         inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
         return float(inside.mean()) if len(inside) else None
 
-    usual = [v for lo, hi in steps.select("start", "end").iter_rows()
-             if (v := mean(pts, pvalue, lo, hi)) is not None]
+    usual = [(v, h - v) for lo, hi in steps.select("start", "end").iter_rows()
+             if (v := mean(pts, pvalue, lo, hi)) is not None
+             and (h := mean(bts, bvalue, lo, hi)) is not None]
     if not usual:
         return [False] * slow.height
-    typical = float(np.median(usual))
+    typical = float(np.median([v for v, _ in usual]))
+    others_typical = float(np.median([o for _, o in usual]))
+    n_cores = _cores(facts)
     out = []
     for lo, hi in slow.select("start", "end").iter_rows():
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
-        out.append(got is not None and host is not None and got < _CONTENDED_SHARE * typical
-                   and _saturated(host, _cores(facts)))
+        out.append(got is not None and host is not None and _saturated(host, n_cores) and (
+            got < _CONTENDED_SHARE * typical
+            or host - got - others_typical >= _others_held(n_cores)))
     return out
 
 
