@@ -790,6 +790,14 @@ def test_straggler_rank(tmp_path: Path) -> None:
     assert dict(a.evidence) == {"busy_ns_by_rank": {"0": 1_000_000, "1": 1_500_000},
                                 "slowest_rank": 1, "ratio_to_median": 1.2}
     assert a.gain_ns == 500_000 and "rank 1" in a.title
+    assert "a slower GPU or link" in a.change
+    # ranks of CPU ops alone (gloo on CPUs): their cores, not a GPU
+    paths = [make_run(tmp_path, f"cpu{rank}", [ev("ProfilerStep#0", 0, 4000, "user_annotation"),
+                                               ev("aten::mm", 0, us)], rank=rank)
+             for rank, us in enumerate((1000, 1500))]
+    cpu = shows(distributed.stragglers,
+                import_traces(paths, tmp_path / "cpu.run", ImportOptions(), ["test"]))
+    assert "fewer or shared cores" in cpu.change and "GPU" not in cpu.change
 
 
 def test_balanced_ranks_and_single_rank(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:

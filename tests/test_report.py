@@ -606,3 +606,12 @@ def test_a_template_cache_that_cannot_be_written_is_no_cache(tmp_path: Path) -> 
                              bytecode_cache=cache)
     env.get_template("building.html.j2")
     assert len(list(tmp_path.glob("__jinja2_*.cache"))) == 1
+
+
+def test_a_cpu_runs_states_are_the_hosts(corpus_runs: dict[str, Run]) -> None:
+    """Without a device the iterations table and the states chart say host busy and idle,
+    not device states that are all 0 (host_busy_device_idle, compute_only, ...)."""
+    cpu = html.render(report_data(corpus_runs["cpu_only"]))
+    assert "<th>host busy</th><th>idle</th></tr>" in cpu and "<th>compute_only</th>" not in cpu
+    gpu = html.render(report_data(corpus_runs["nccl"]))
+    assert "<th>compute_only</th>" in gpu and "<th>host_busy_device_idle</th>" in gpu

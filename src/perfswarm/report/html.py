@@ -32,6 +32,13 @@ from perfswarm.trace.store import write_output
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
                  "idle")
+# A run without a device: its host is all there is, busy or idle (the other states are 0)
+HOST_STATES: Final = {"host_busy_device_idle": "host busy", "idle": "idle"}
+
+
+def states_shown(has_device: bool) -> dict[str, str]:
+    """The concurrency states a report shows, each with its column's title."""
+    return {s: s for s in STATES} if has_device else HOST_STATES
 VIEWS: Final = (("overview", "Overview"), ("trace", "Trace"), ("operators", "Operators"),
                 ("kernels", "Kernels"), ("memory", "Memory"), ("modules", "Modules"),
                 ("distributed", "Distributed"), ("swarms", "Swarms"), ("model", "Prediction"))
@@ -129,7 +136,7 @@ def stacked(x: list[str], series: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for s in series]
 
 
-def concurrency_figure(concurrency: dict[str, Any]) -> dict[str, Any]:
+def concurrency_figure(concurrency: dict[str, Any], has_device: bool) -> dict[str, Any]:
     labels: list[str] = []
     shares: list[dict[str, float]] = []
     for rank in concurrency["ranks"]:
@@ -138,8 +145,8 @@ def concurrency_figure(concurrency: dict[str, Any]) -> dict[str, Any]:
         for it in rank["iterations"]:
             labels.append(f"rank {rank['rank']} step {it['step']}")
             shares.append(it["share"])
-    data = stacked(labels, [{"name": state, "y": [100 * s.get(state, 0.0) for s in shares]}
-                            for state in STATES])
+    data = stacked(labels, [{"name": title, "y": [100 * s.get(state, 0.0) for s in shares]}
+                            for state, title in states_shown(has_device).items()])
     return {"data": data, "layout": {"barmode": "stack", "height": 360, "margin": {"t": 30},
                                      "yaxis": {"title": {"text": "% of span"}}}}
 
@@ -328,7 +335,8 @@ def projection_figures(projection: dict[str, Any] | None) -> dict[str, Any]:
 def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
-    figures = {"chart-concurrency": concurrency_figure(report["concurrency"]),
+    figures = {"chart-concurrency": concurrency_figure(report["concurrency"],
+                                                       report["has_device"]),
                "chart-breakdown": breakdown_figure(report["breakdown"]),
                **counter_figures(timeline),
                **projection_figures(report["projection"])}
@@ -349,7 +357,8 @@ def render(report: dict[str, Any]) -> str:
         figures["chart-trials"] = trials_figure(tune)
         if tune["importance"]:
             figures["chart-importance"] = importance_figure(tune)
-    return _page("report.html.j2", report, figures, states=STATES, pct=pct, views=VIEWS,
+    return _page("report.html.j2", report, figures, states=states_shown(report["has_device"]),
+                 pct=pct, views=VIEWS,
                  categories_=breakdown_categories(report["breakdown"]),
                  evidence=evidence_text, memory_categories=MEMORY_CATEGORIES,
                  launch={k["name"]: k for k in report["streams"]["kernels"]},

@@ -80,8 +80,9 @@ def stragglers(facts: Facts) -> Advice | None:
                   (busy[slow] - median) * len(busy),
                   "measured, no model: every rank stops waiting for the slowest one at the "
                   "collectives",
-                  f"check rank {slow}'s host (thermal throttling, other jobs, a slower GPU or "
-                  "link) and its data shard (uneven sequence lengths: bucket or pad to balance)")
+                  f"check rank {slow}'s host (thermal throttling, other jobs, "
+                  + ("a slower GPU or link" if device.height else "fewer or shared cores")
+                  + ") and its data shard (uneven sequence lengths: bucket or pad to balance)")
 
 
 def parse_topology(text: str) -> dict[tuple[int, int], float]:
