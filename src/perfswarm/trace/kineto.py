@@ -516,6 +516,7 @@ def _flow_table(path: Path, flows: list[KEvent], index: npt.NDArray[np.int64],
         return FLOWS.empty_table()
     ts = np.array([e.ts for e in flows], np.float64)
     keep = _check_times(path, ts, np.zeros(len(ts)), index, opts, meta)
+    ts = np.where(keep, ts, 0.0)  # a dropped bad time (NaN) is not converted, only left out
     n = len(flows)
     table = pa.table(
         {
@@ -540,6 +541,8 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
     dur_us = np.array([e.dur for e in spans], np.float64)
     dur_us[np.array([e.ph for e in spans]) != "X"] = 0.0  # instants ('i', 'I') take no time
     keep = _check_times(path, ts_us, dur_us, index, opts, meta)
+    # a dropped bad time (NaN, out of range) is not converted, only left out
+    ts_us, dur_us = np.where(keep, ts_us, 0.0), np.where(keep, dur_us, 0.0)
 
     raws = [e.args for e in spans]
     args_text = _string_array(raws)
