@@ -123,6 +123,42 @@ def test_library_errors_name_parameters_the_cli_flags(notebook: dict[str, Any],
     assert capsys.readouterr().err.strip().endswith("gradient size with --grad-bytes")
 
 
+@pytest.mark.parametrize(("call", "param"), [
+    (lambda run: run.project(8), "devices"),  # a TypeError before
+    (lambda run: run.project(["a"]), "devices"),  # a TypeError from min()
+    (lambda run: run.project([8], scheme="star"), "scheme"),  # had been priced as a tree
+    (lambda run: run.project([8], scheme="RING"), "scheme"),
+    (lambda run: run.project([8], interconnect="warp-drive"), "interconnect_name"),
+    (lambda run: run.analyze(window="1:2"), "window"),  # a ValueError before
+    (lambda run: run.predict(dims={"a": 128}), "dims"),  # accepted and ignored before
+    (lambda run: perfswarm.import_traces([corpus("simple_add")], out=run.path / "x.run",
+                                         streaming="sometimes"), "streaming"),
+    (lambda run: perfswarm.record(["python", "-c", "pass"], run.path / "r.run", skip=-1),
+     "skip"),  # said "steps" before
+    (lambda run: perfswarm.record("python -c pass", run.path / "r.run"), "command"),
+])
+def test_the_api_refuses_what_the_cli_refuses(notebook: dict[str, Any], call: Any,
+                                               param: str) -> None:
+    """Every bad argument is a ParameterError naming its parameter, as the CLI's bad flags
+    are, never a TypeError or a result computed from a value the CLI would refuse."""
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        call(notebook["run"])
+    assert caught.value.param == param
+
+
+def test_import_traces_names_its_run_as_the_cli(tmp_path: Path) -> None:
+    """Without `out`, the Run is the first file's name up to its first dot, plus .run."""
+    import os
+
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        run = perfswarm.import_traces(corpus("simple_add"))
+    finally:
+        os.chdir(cwd)
+    assert run.path == tmp_path / (corpus("simple_add").name.split(".")[0] + ".run")
+
+
 def test_import_perfswarm_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys, perfswarm; perfswarm.ParameterError;"
                           "print(sorted(m.split('.')[0] for m in sys.modules))"],

@@ -155,8 +155,9 @@ class Run:
                            ("recorded_batch_size", recorded_batch_size)):
             if size is not None and size < 1:
                 raise ParameterError(name, "must be at least 1", value=size)
-        if any(new < 1 for new in (dims or {}).values()):
-            raise ParameterError("dims", "new dimensions must be positive integers")
+        if not all(_count(old) and _count(new) for old, new in (dims or {}).items()):
+            raise ParameterError("dims", "maps each old dimension to a new one, both positive "
+                                 "integers, e.g. {768: 1024}", value=dims)
         change = Change(batch_size, recorded_batch_size, tuple((dims or {}).items()), device)
         other = compare.store if isinstance(compare, Run) else (
             store.Run.open(compare) if compare is not None else None)
@@ -179,7 +180,7 @@ class Run:
         `interconnect` between nodes and `intra` inside one (see `perfswarm project`)."""
         from perfswarm.optimize.project import DEFAULT_DEVICES, project
 
-        return Result(project(self.store, list(devices or DEFAULT_DEVICES),
+        return Result(project(self.store, DEFAULT_DEVICES if devices is None else devices,
                               interconnect_name=interconnect, bandwidth_gbps=bandwidth_gbps,
                               scheme=scheme, intra_name=intra, per_node=per_node,
                               servers=servers, grad_bytes=grad_bytes, device=device),
@@ -221,8 +222,18 @@ class Run:
 
         if window is None:
             return self.store
+        if (isinstance(window, str) or not isinstance(window, Sequence) or len(window) != 2
+                or not all(side is None or (isinstance(side, int | float)
+                                            and not isinstance(side, bool)) for side in window)):
+            raise ParameterError("window", "(start, end) in seconds from the Run's start, "
+                                 "either None for an open side, e.g. (1.5, None)", value=window)
         start, end = ("" if side is None else side for side in window)
         return windowed(self.store, f"{start}:{end}")
+
+
+def _count(value: object) -> bool:
+    """A positive integer (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -245,13 +256,14 @@ def load(path: PathLike) -> Run:
     return Run(store.Run.open(Path(path).absolute()))
 
 
-def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike, *,
+def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike | None = None, *,
                   ranks: Sequence[int] = (), execution_traces: Sequence[PathLike] = (),
                   memory_timelines: Sequence[PathLike] = (), drop_bad_events: bool = False,
                   streaming: Literal["auto", "always", "never"] = "auto",
                   force: bool = False) -> Run:
     """Import Kineto traces (.json, .json.gz, or directories of *.pt.trace.json) or Nsight
-    Systems SQLite exports, one per rank, into a new Run at `out`.
+    Systems SQLite exports, one per rank, into a new Run at `out` (default: the first file's
+    name up to its first dot, plus .run, as `perfswarm import` names it).
 
     `ranks`: each file's rank (default: its distributedInfo, else file order);
     `execution_traces`: PyTorch execution traces, one per rank; `memory_timelines`:
@@ -264,12 +276,17 @@ def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike, *,
     from perfswarm.trace.ingest import import_traces as ingest
 
     given = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not given:
+        raise ParameterError("paths", "no trace given")
+    if streaming not in ("auto", "always", "never"):
+        raise ParameterError("streaming", "one of auto, always, never", value=streaming)
     options = ImportOptions(ranks=tuple(ranks),
                             execution_traces=tuple(Path(p) for p in execution_traces),
                             memory_timelines=tuple(Path(p) for p in memory_timelines),
                             drop_bad_events=drop_bad_events, streaming=streaming, force=force)
     command = ["perfswarm.import_traces", *map(str, given)]
-    return Run(ingest(trace_files(given), Path(out).absolute(), options, command))
+    target = Path(out) if out is not None else Path(given[0].name.split(".")[0] + ".run")
+    return Run(ingest(trace_files(given), target.absolute(), options, command))
 
 
 def record(command: Sequence[str], out: PathLike | None = None, *,
@@ -282,10 +299,15 @@ def record(command: Sequence[str], out: PathLike | None = None, *,
     from perfswarm.recorder.session import DEFAULT_COLLECTORS, RecordOptions
     from perfswarm.recorder.session import record as run_recorder
 
-    if not command:
-        raise ParameterError("command", "no command given")
-    if skip < 0 or steps < 1:
-        raise ParameterError("steps", "expected skip >= 0 and steps >= 1")
+    if not command or isinstance(command, str):
+        raise ParameterError("command", "the program and its arguments as a list, e.g. "
+                             "['python', 'train.py']", value=command or None)
+    if skip < 0:
+        raise ParameterError("skip", "must be 0 or more", value=skip)
+    if steps < 1:
+        raise ParameterError("steps", "must be at least 1", value=steps)
+    if isinstance(collectors, str):  # one collector's name, not its letters
+        collectors = (collectors,)
     options = RecordOptions(collectors=tuple(collectors or DEFAULT_COLLECTORS), skip=skip,
                             steps=steps, execution_trace=execution_trace, force=force)
     target = Path(out if out is not None else Path(command[0]).name + ".run").absolute()

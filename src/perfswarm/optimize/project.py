@@ -33,7 +33,7 @@ from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.specs import load_spec
-from perfswarm.model.topology import Link, Topology, interconnect
+from perfswarm.model.topology import Link, Topology, interconnect, interconnects
 from perfswarm.optimize.layouts import LayoutChoice, choose_layout, run_model
 from perfswarm.trace.store import Run
 
@@ -397,9 +397,17 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
     """`intra_link` (a measured one, see collective_fit.link_of_profile) replaces the
     bundled intra-node link; with `device`, compute is predicted on that GPU. The layouts of
     the Run's model (optimize.layouts) are chosen for the largest device count."""
-    if not devices or min(devices) < 1 or max(devices) > MAX_DEVICES:
+    if (isinstance(devices, int | str) or not devices
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in devices)
+            or min(devices) < 1 or max(devices) > MAX_DEVICES):
         raise ParameterError("devices", f"give device counts from 1 to {MAX_DEVICES:,}, "
                              "e.g. 1,2,4,8")
+    if scheme not in SCHEMES:
+        raise ParameterError("scheme", f"one of {', '.join(SCHEMES)}", value=scheme)
+    for param, name in (("interconnect_name", interconnect_name), ("intra_name", intra_name)):
+        if name is not None and name not in interconnects():
+            raise ParameterError(param, f"unknown; known: {', '.join(interconnects())}",
+                                 value=name)
     for name, value, top in (("bandwidth_gbps", bandwidth_gbps, 10**9),
                              ("memory_gb", memory_gb, 10**9), ("grad_bytes", grad_bytes, 2**60),
                              ("per_node", per_node, 2**16), ("servers", servers, 2**16)):
