@@ -328,3 +328,29 @@ def test_shapes_keep_int_lists_not_scalar_values() -> None:
     assert shapes_from_args(args("-0.0009")) == shapes_from_args(args("-0.0011"))
     strided = shapes_from_args(CUDNN_STRIDED)
     assert strided is not None and strided.concrete[3] == "[2, 2]" and strided.concrete[5] == ""
+
+
+def test_a_sparse_input_is_not_priced_dense() -> None:
+    """nn.Embedding(sparse=True)'s gradient added into its weight: the second input, shaped
+    [200000, 64] but without strides (a sparse layout), is a batch's rows, which the trace
+    does not count; the same add of dense tensors is priced."""
+    text = orjson.dumps({"Input Dims": [[200000, 64], [200000, 64], [], [200000, 64]],
+                         "Input Strides": [[64, 1], [], [], [64, 1]],
+                         "Input type": ["float", "float", "Scalar", "float"]}).decode()
+    sparse = shapes_from_args(text)
+    assert sparse is not None
+    assert shapes_cost("aten::add", sparse) is None and data_cost("aten::add", sparse) is None
+    dense = shapes_from_args(text.replace('[[64,1],[],[],[64,1]]', '[[64,1],[64,1],[],[64,1]]'))
+    assert dense is not None and shapes_cost("aten::add", dense) is not None
+
+
+def test_advanced_indexing_by_unrecorded_indices_is_not_priced() -> None:
+    """x[idx] whose index list the profiler records untyped (''): its rows are unknown, not
+    the whole of x; index_select, whose index is shaped, is priced."""
+    index = shapes_from_args(orjson.dumps({"Input Dims": [[200000, 64], []],
+                                           "Input type": ["float", ""]}).decode())
+    assert index is not None and data_cost("aten::index", index) is None
+    select = shapes_from_args(orjson.dumps({"Input Dims": [[200000, 64], [], [5120]],
+                                            "Input type": ["float", "Scalar", "long int"]})
+                              .decode())
+    assert select is not None and data_cost("aten::index_select", select) is not None
