@@ -564,3 +564,34 @@ def test_diff_lists_improvements_with_a_noise_band(tmp_path: Path) -> None:
     (relu,) = [o for o in result.ops if o.name == "aten::relu"]
     assert relu.per_iteration_delta_ns == 0 and not relu.beyond_noise
     assert main(["diff", str(a.path), str(b.path)]) == 0
+
+
+def test_step_time_after_the_window() -> None:
+    """The program's step time is the median of the recorder's steps after its window (10 ms),
+    not the profiled ones (15 ms: x1.5 under the profiler) nor the warm-up before it (40 ms);
+    with fewer than three after it, the profiled median; without a window, every timed step."""
+    from perfswarm.analyze.iterations import step_time
+    from perfswarm.trace.schema import STEPS
+
+    ms = 1_000_000
+
+    def table(rows: list[tuple[int, int, str]]) -> pa.Table:
+        t = 0
+        out: dict[str, list[Any]] = {k: [] for k in ("rank", "step", "start", "end", "source")}
+        for step, (_, dur, source) in enumerate(rows, 1):
+            for k, v in zip(out, (0, step, t, t + dur * ms, source), strict=True):
+                out[k].append(v)
+            t += dur * ms
+        return pa.table(out).cast(STEPS)
+
+    warm = [(0, 40, "detected")] * 2
+    window = [(0, 15, "marker")] * 3 + [(0, 90, "export")]
+    found = step_time(table(warm + window + [(0, 10, "detected")] * 3))
+    assert found is not None and (found.median_ns, found.steps, found.outside) == (
+        10 * ms, 3, True)
+    assert found.profiled_ns == 15 * ms and found.profiler_slowdown == 1.5
+    short = step_time(table(warm + window + [(0, 10, "detected")] * 2))
+    assert short is not None and (short.median_ns, short.outside) == (15 * ms, False)
+    assert short.profiler_slowdown == 1.0
+    bare = step_time(table(warm + [(0, 20, "detected")] * 3))
+    assert bare is not None and (bare.median_ns, bare.steps) == (20 * ms, 5)

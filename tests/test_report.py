@@ -51,8 +51,11 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
                          "critical_steps", "memory_timeline", "stream_idle",
                          "kernel_overlap", "sequences", "queues", "bandwidth", "scopes",
                          "cupti", "swarms", "op_cost", "prediction", "advice", "tune", "projection",
-                         "projection_note", "throughput", "roof"}
+                         "projection_note", "throughput", "roof", "step_time"}
     assert data["advice"] == [] and data["tune"] is None and data["has_device"]
+    # an imported trace: no steps timed outside a profiler, its profiled steps' median
+    assert data["step_time"]["outside"] is False and data["step_time"]["profiled_ns"] == (
+        data["step_time"]["median_ns"])
     assert data["flops"] is None  # no shapes recorded: no op has a cost
     assert data["throughput"] is None  # nor a batch: no shapes, no --batch-size
     assert (data["projection"], data["projection_note"]) == (None, "not computed")

@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import numpy as np
 import orjson
 
-from perfswarm.analyze.iterations import marker_steps
+from perfswarm.analyze.iterations import step_time
 from perfswarm.errors import PerfswarmError, RunError
 from perfswarm.report import html
 from perfswarm.report.data import compare_data, report_data
@@ -104,10 +103,7 @@ def _summary(listed: Listed) -> dict[str, Any]:
     start = manifest.get("extra", {}).get("record", {}).get("start_ns")
     when = start / 1e9 if isinstance(start, int) else run.manifest_path.stat().st_mtime
     devices = sorted({str(d.get("name")) for d in manifest["devices"] if d.get("name")})
-    # the report's step time: the median of the profiled steps (markers) where there are any
-    # (the recorder's unprofiled, export and tail steps are not); else of the steps listed
-    durs = [w.dur for windows in marker_steps(steps).values() for w in windows] or (
-        (steps.column("end").to_numpy() - steps.column("start").to_numpy()).tolist())
+    timing = step_time(steps)  # the report's step time
     # the host is the recording machine's; an imported trace's is the importer's, not its own
     recorded = "record" in manifest.get("extra", {})
     return {"name": listed.name, "complete": manifest["complete"], "ranks": manifest["ranks"],
@@ -115,7 +111,7 @@ def _summary(listed: Listed) -> dict[str, Any]:
             "date": datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "device": ", ".join(devices) or (str(manifest["host"].get("cpu_model", ""))
                                              if recorded else ""),
-            "step_ms": float(np.median(durs)) / 1e6 if durs else None}
+            "step_ms": timing.median_ns / 1e6 if timing is not None else None}
 
 
 @dataclass

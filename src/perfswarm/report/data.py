@@ -14,6 +14,7 @@ from typing import Any, Final, TypedDict
 
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.frame import Events
+from perfswarm.analyze.iterations import StepTime, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
@@ -60,11 +61,35 @@ def _rate(flops_per_s: float) -> str:
     return f"{flops_per_s:,.0f} FLOP/s"
 
 
+def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
+                ) -> dict[str, Any] | None:
+    """Samples and tokens per second at the program's own step time, where the recorder
+    timed steps after its window: a profiled step runs slower."""
+    if rates is None or timing is None or not timing.outside:
+        return rates
+    per_s = 1e9 / timing.median_ns
+    return {**rates, "samples_per_s": rates["samples_per_step"] * per_s,
+            "tokens_per_s": (rates["tokens_per_step"] * per_s
+                             if rates["tokens_per_step"] is not None else None),
+            "source": rates["source"] + f"; per the median of the {timing.steps} steps after "
+                                        "the profiler's window"}
+
+
 def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | None,
-           rates: dict[str, Any] | None) -> list[Card]:
+           rates: dict[str, Any] | None, timing: StepTime | None) -> list[Card]:
     cards: list[Card] = []
     steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
-    if steps:
+    if timing is not None and timing.outside:
+        median = timing.median_ns
+        profiled = (f"; the profiled ones: {ms(timing.profiled_ns)}, x"
+                    f"{timing.profiler_slowdown:.2f} under the profiler"
+                    if timing.profiled_ns else "")
+        cards.append(Card(label="step time", value=ms(median),
+                          detail=f"median of {timing.steps} steps after the profiler's window"
+                                 f"{profiled}"))
+        cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
+                          detail="from that median step"))
+    elif steps:
         median = statistics.median(steps)
         used = analysis["iterations"]["used"]
         cards.append(Card(label="step time", value=ms(median),
@@ -207,7 +232,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     flops = model_flops(costs, manifest["devices"], profiled, max(1, len(steps)))
     events = Events.load(run)
     calls = host_calls(events)
-    rates = throughput(run, events, steps)
+    timing = step_time(run.table("steps"))
+    rates = _unprofiled(throughput(run, events, steps), timing)
     on_stage("views")
     views = {"cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),
              "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),
@@ -223,7 +249,10 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 "devices": manifest["devices"], "warnings": manifest["warnings"],
                 "origin_ns": origin},
         "has_device": has_device,
-        "cards": _cards(analysis, has_device, flops, rates),
+        "cards": _cards(analysis, has_device, flops, rates, timing),
+        "step_time": None if timing is None else {
+            "median_ns": timing.median_ns, "steps": timing.steps, "outside": timing.outside,
+            "profiled_ns": timing.profiled_ns},
         "breakdown": step_breakdown(events, steps),
         "flops": flops,
         "throughput": rates,

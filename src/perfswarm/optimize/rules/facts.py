@@ -22,7 +22,7 @@ from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
-from perfswarm.analyze.iterations import EXPORT, TAIL, profiled, top_level
+from perfswarm.analyze.iterations import EXPORT, TAIL, profiled, step_time, top_level
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.phases import OPTIMIZER, nested, optimizer_calls, phases, step_calls
@@ -289,14 +289,11 @@ class Facts:
 
     @cached_property
     def profiler_slowdown(self) -> float:
-        """Median profiled step over the median step the hooks timed outside the window (at
-        least 1; 1 without both): what the profiler adds to the evidence of the window."""
-        timed = self.run_steps.filter(pl.col("source") == "detected")
-        if self.steps.height == 0 or timed.height == 0:
-            return 1.0
-        inside = float((self.steps["end"] - self.steps["start"]).median())  # type: ignore[arg-type]
-        outside = float((timed["end"] - timed["start"]).median())  # type: ignore[arg-type]
-        return max(1.0, inside / outside) if outside > 0 else 1.0
+        """Median profiled step over the median step the hooks timed after the window (at
+        least 1; 1 without both, iterations.StepTime): what the profiler adds to the evidence
+        of the window."""
+        found = step_time(self.run.table("steps"))
+        return found.profiler_slowdown if found is not None else 1.0
 
     @cached_property
     def optimizer_slowdown(self) -> float | None:
