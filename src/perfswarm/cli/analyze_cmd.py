@@ -130,7 +130,8 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                       + (f"; per step {steps}" if steps else ""))
     if result.swarms.swarms and result.swarms.scope == "steps":
         console.print(f"function swarms of the steps' samples ({result.swarms.left_out:,} "
-                      "samples of the start-up and after the loop left out)")
+                      "others left out: the start-up, after the loop, and py-spy's, which "
+                      "carry no time)")
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
     for system in result.system:
