@@ -1036,3 +1036,32 @@ def test_loader_workers_beyond_the_cores(tmp_path: Path) -> None:
     assert dict(a.evidence) == {"cores": 2, "workers": 4, "ranks": 1}
     assert a.gain_ns is None and a.change.startswith("DataLoader(num_workers=1)")
     assert found(host.loader_oversubscription, with_manifest(run, cores=8)) is None
+
+
+def test_untraced_python_between_the_ops(tmp_path: Path) -> None:
+    """Three 10 ms steps whose loop thread runs one 2 ms op each, its process at a core:
+    8 of 10 ms of Python that no op shows (a simulated environment). Not when another thread
+    of the process worked through the gap (a gloo all-reduce the loop waits for), nor when
+    the process sat off the CPU (sleeping, reading), nor on a run with device work."""
+    def steps(other_thread: bool) -> list[dict[str, Any]]:
+        events = []
+        for i in range(3):
+            t = i * 10_000
+            events += [ev(f"ProfilerStep#{i}", t, 10_000, "user_annotation"),
+                       ev("aten::addmm", t + 8_000, 2_000)]
+            if other_thread:
+                events.append(ev("gloo:all_reduce", t + 100, 7_800, "user_annotation", tid=2))
+        return events
+
+    cpu = {"extra": {"record": {"cuda": False, "torch_version": "2.13.0+cpu"}}}
+    run = with_manifest(imported(tmp_path, "env", steps(False)), cores=2, **cpu)
+    a = shows(host.untraced_python, _sampled(run, [1.0] * 10, 0.6))
+    assert dict(a.evidence) == {"untraced_ns": 24_000_000, "untraced_share_pct": 80.0,
+                                "traced_ns": 6_000_000, "cores_per_loop_process": 1.0}
+    assert a.gain_ns is None and a.severity == "medium"
+    assert found(host.untraced_python, _sampled(run, [0.3] * 10, 0.3)) is None
+    waits = with_manifest(imported(tmp_path, "gloo", steps(True)), cores=2, **cpu)
+    assert found(host.untraced_python, _sampled(waits, [1.0] * 10, 0.6)) is None
+    gpu = with_manifest(imported(tmp_path, "gpu", [*steps(False), kernel("k", 100, 50)]),
+                        cores=2, **cpu)
+    assert found(host.untraced_python, _sampled(gpu, [1.0] * 10, 0.6)) is None

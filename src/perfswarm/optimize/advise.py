@@ -24,6 +24,7 @@ RULES: tuple[Rule, ...] = (
     host.thread_oversubscription,
     host.cpu_contention,
     host.outlier_steps,
+    host.untraced_python,
     host.loader_oversubscription,
     distributed.communication_bound,
     distributed.stragglers,

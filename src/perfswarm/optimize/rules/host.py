@@ -320,6 +320,43 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
     return out
 
 
+_PYTHON_SHARE = 30.0  # % of the steps the loop's thread ran nothing traced
+_ON_CPU = 0.8  # the cores its process kept busy on average meanwhile: it ran, it did not wait
+
+
+def untraced_python(facts: Facts) -> Advice | None:
+    """On a CPU run, the loop's process (the one the steps are marked in) runs no op,
+    DataLoader or optimizer call or other annotated span, on any of its threads (an autograd
+    or gloo thread the loop waits for counts), for much of its steps, while it keeps a core
+    busy: Python between the ops (a simulated environment, per-sample handling, metrics) is
+    the step's cost, and no op shows it. On a GPU run the device's idle time is
+    launch_bound's and low_utilization's."""
+    if not facts.without_accelerator or facts.steps.height == 0:
+        return None
+    loop = facts.named(r"^ProfilerStep#", "user_annotation").select("rank", "pid").unique()
+    traced = facts.in_window(facts.events.filter(
+        pl.col("kind").is_in(["cpu_op", "user_annotation"])
+        & ~pl.col("name").str.starts_with("ProfilerStep#"))).join(loop, on=["rank", "pid"])
+    busy = sum(facts.busy_ns(traced).values())
+    untraced = facts.wall_ns - busy
+    share = pct(untraced, facts.wall_ns)
+    # the sampler's cores are of every recorded process: a loop process's share of them
+    proc = _window_counters(facts, r"^proc\.cpu_cores$")["value"].to_numpy()
+    cores = float(proc.mean()) / max(1, loop.height) if proc.size else 0.0
+    if share < _PYTHON_SHARE or cores < _ON_CPU:
+        return None
+    evidence = {"untraced_ns": untraced, "untraced_share_pct": share,
+                "traced_ns": busy, "cores_per_loop_process": round(cores, 2)}
+    return advice(facts, "untraced_python",
+                  f"the loop runs Python between its ops for {share:g}% of its steps", evidence,
+                  None, "measured, no model: how much of it can go is the program's; the time "
+                  "its thread ran nothing traced while its process kept a core busy",
+                  "find the Python in the py-spy stacks (`perfswarm analyze` swarms, or "
+                  "`py-spy top`); vectorize it (numpy, torch ops on batches), run it less "
+                  "often, or move it out of the loop (a DataLoader worker, a separate process "
+                  "feeding a queue)")
+
+
 def loader_oversubscription(facts: Facts) -> Advice | None:
     """More DataLoader worker processes than cores: workers and training share the cores."""
     fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
