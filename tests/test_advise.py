@@ -1065,3 +1065,30 @@ def test_untraced_python_between_the_ops(tmp_path: Path) -> None:
     gpu = with_manifest(imported(tmp_path, "gpu", [*steps(False), kernel("k", 100, 50)]),
                         cores=2, **cpu)
     assert found(host.untraced_python, _sampled(gpu, [1.0] * 10, 0.6)) is None
+
+
+def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
+    """An inference loop's requests of 8 and 64 (the recorder's STEP_BATCH at each step's
+    start): a 64 takes 8x an 8 and is no outlier; an 8 that took 10x its peers is."""
+    from perfswarm.trace.schema import COUNTERS, STEP_BATCH, STEPS
+
+    run = imported(tmp_path, "serve", _loader_steps(250, 750))  # 3 marked steps of 8, 1 ms
+    ms = 1_000_000
+    rows, sizes, t = [], [(0, 8), (ms, 8), (2 * ms, 8)], 20 * ms
+    for step in range(4, 22):
+        batch = 64 if step % 3 == 0 else 8
+        dur = (batch // 8) * ms * (10 if step == 10 else 1)
+        rows.append((0, step, t, t + dur, "detected"))
+        sizes.append((t, batch))
+        t += dur
+    hooked = pa.table({k: [r[i] for r in rows] for i, k in
+                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+    blind = shows(host.outlier_steps, run)  # without the batches: every 64 an outlier
+    assert [o["step"] for o in blind.evidence["outliers"]] == [6, 9, 10, 12, 15, 18, 21]
+    run.write_table("counters", pa.table({
+        "rank": [0] * len(sizes), "ts": [s for s, _ in sizes], "name": [STEP_BATCH] * len(sizes),
+        "device": [-1] * len(sizes), "value": [float(b) for _, b in sizes]}).cast(COUNTERS))
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 10, "dur_ns": 10 * ms}]
+    assert a.gain_ns == 9 * ms  # beyond the 1 ms its batch of 8 takes

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import polars as pl
 import pytest
 
 from conftest import TRAINER_STEPS as STEPS
@@ -775,3 +776,33 @@ def test_the_scripts_tf32_settings(tmp_path: Path, setting: str, matmul: str) ->
                     RecordOptions(collectors=("torch",), skip=2, steps=2, execution_trace=False))
     extra = result.run.manifest()["extra"]["record"]
     assert (extra["fp32_matmul"], extra["fp32_conv"]) == (matmul, "tf32")
+
+
+INFERENCE = textwrap.dedent("""
+    import torch
+    from torch import nn
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    with torch.inference_mode():
+        for batch in [1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8, 32]:
+            model(torch.randn(batch, 16))
+""")
+
+
+def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
+    """An inference loop's steps start at its model's forward; each step's batch (the first
+    input's leading dimension) is a counter at its start, inside that step: an inference
+    server's requests differ in size."""
+    from perfswarm.optimize.rules.host import step_batch
+    from perfswarm.trace.schema import STEP_BATCH
+
+    script = tmp_path / "serve.py"
+    script.write_text(INFERENCE)
+    run = record([PY, str(script)], tmp_path / "s.run",
+                 RecordOptions(collectors=("torch",), skip=2, steps=3)).run
+    sizes = pl.from_arrow(run.table("counters")).filter(pl.col("name") == STEP_BATCH)
+    assert isinstance(sizes, pl.DataFrame)
+    batch_of = {s["step"]: step_batch(sizes, 0, s["start"], s["end"])
+                for s in run.table("steps").to_pylist()}
+    # a hook at each forward's start: step i (from hook i - 1) runs the i-th forward
+    assert batch_of == dict(enumerate([1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8], start=1))
+    assert len(batch_of) == 11 and {3, 4, 5} <= set(batch_of)  # the marked steps too

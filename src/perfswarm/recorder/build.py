@@ -36,6 +36,7 @@ from perfswarm.trace.schema import (
     OPTIMIZER_CALL,
     SAMPLES,
     STACKS,
+    STEP_BATCH,
     STEPS,
 )
 from perfswarm.trace.store import Manifest, Run, creating
@@ -76,6 +77,9 @@ class Hooks(NamedTuple):
     faults: list[int]  # minor page faults at each
     optimizer_ns: dict[int, int]  # hook index -> the optimizer call's own ns
     cut: int | None = None  # the marked step its exit closed (the window still open then)
+    batches: dict[int, int] | None = None  # hook index -> a forward-driven step's batch
+    # hook index -> when its profiler step() returned: the next marked step has begun
+    done: dict[int, int] | None = None
 
 
 def _hooks(path: Path) -> Hooks:
@@ -89,7 +93,9 @@ def _hooks(path: Path) -> Hooks:
         return Hooks(rank, [int(t) for t in data["hook_ns"]],
                      [int(f) for f in data.get("hook_faults", [])],
                      {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()},
-                     int(cut) if cut is not None else None)
+                     int(cut) if cut is not None else None,
+                     {int(i): int(n) for i, n in data.get("batches", {}).items()},
+                     {int(i): int(t) for i, t in data.get("step_done_ns", {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -120,14 +126,21 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
 
 
 def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
-    """Each stepping process's minor page-fault count at its step hooks, and its optimizer
-    calls' own time, as the per-rank counters FAULTS and OPTIMIZER_CALL."""
+    """Each stepping process's minor page-fault count at its step hooks, its optimizer calls'
+    own time, and a forward-driven step's batch, as the per-rank counters FAULTS,
+    OPTIMIZER_CALL and STEP_BATCH."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
-    for rank, hooks, faults, calls, _cut in hooked:
-        for name, values in ((FAULTS, dict(enumerate(faults))), (OPTIMIZER_CALL, calls)):
+    for h in hooked:
+        # a fault count and an optimizer call's time belong to the step the hook ends, at
+        # the hook; a batch to the step it begins, once the profiler's step() has returned
+        # (the next marked step begun)
+        begins = [(h.done or {}).get(i, t) for i, t in enumerate(h.times)]
+        for name, values, at in ((FAULTS, dict(enumerate(h.faults)), h.times),
+                                 (OPTIMIZER_CALL, h.optimizer_ns, h.times),
+                                 (STEP_BATCH, h.batches or {}, begins)):
             for i, value in sorted(values.items()):
-                if i < len(hooks):
-                    for key, v in zip(rows, (rank, hooks[i], name, NONE, float(value)),
+                if i < len(at):
+                    for key, v in zip(rows, (h.rank, at[i], name, NONE, float(value)),
                                       strict=True):
                         rows[key].append(v)
     return pa.table(rows).cast(COUNTERS) if rows["ts"] else COUNTERS.empty_table()

@@ -77,6 +77,9 @@ FAULTS: Final = "minor page faults"
 # A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
 # optimizer step (per rank), in the profiling window and outside it
 OPTIMIZER_CALL: Final = "optimizer step ns"
+# The leading dimension of the top-level module's first input at each forward-driven step's
+# start (an inference loop's batch; per rank)
+STEP_BATCH: Final = "step batch"
 
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.

@@ -11,6 +11,7 @@ import polars as pl
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
+from perfswarm.trace.schema import STEP_BATCH
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -251,18 +252,21 @@ def outlier_steps(facts: Facts) -> Advice | None:
         return None
     dur = (steps["end"] - steps["start"]).to_numpy()
     median = float(np.median(dur))
-    slow = steps.filter(pl.Series(dur > _OUTLIER * median))
+    usual = _usual(facts, steps, dur)
+    over = dur > _OUTLIER * usual
+    slow = steps.filter(pl.Series(over))
     if median <= 0 or slow.height == 0:
         return None
     # a step the process sat descheduled in (other processes held the cores) is contention,
     # not the loop's own work: cpu_contention's, not this rule's
     starved = _starved(facts, slow, steps)
-    slow = slow.filter(~pl.Series(starved, dtype=pl.Boolean))
+    kept = ~np.asarray(starved, bool)
+    slow = slow.filter(pl.Series(kept))
     if slow.height == 0:
         return None
     slow_dur = (slow["end"] - slow["start"]).to_numpy()
     total = float(dur.sum())
-    excess = float((slow_dur - median).sum())
+    excess = float((slow_dur - usual[over][kept]).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
                 "descheduled_steps": int(sum(starved)),
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
@@ -272,10 +276,43 @@ def outlier_steps(facts: Facts) -> Advice | None:
                 "outlier_share_pct": pct(float(slow_dur.sum()), total)}
     return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
-                  "median step, of all the steps the run timed",
+                  "median step (of their batch, where a forward-driven loop's batches differ), "
+                  "of all the steps the run timed",
                   "find what runs in those steps (evaluation, generate(), checkpointing or "
                   "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
                   "less often, asynchronously or outside the training loop", of_ns=total)
+
+
+def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
+           ) -> npt.NDArray[np.float64]:
+    """Each step's usual time: the median step's, or, where the recorder saw the batches of a
+    forward-driven loop differ (STEP_BATCH: an inference server's requests of 1 to 64), the
+    median of the steps of its batch (of them all, scaled by its batch over theirs, with
+    fewer than three): a batch of 64 is no outlier among batches of 8."""
+    median = np.full(len(dur), float(np.median(dur)))
+    sizes = facts.counters.filter(pl.col("name") == STEP_BATCH)
+    if sizes.height == 0:
+        return median
+    batch = np.array([step_batch(sizes, rank, lo, hi) for rank, lo, hi
+                      in steps.select("rank", "start", "end").iter_rows()], np.int64)
+    known = batch > 0
+    if len(np.unique(batch[known])) < 2:
+        return median
+    per_sample = float(np.median(dur[known] / batch[known]))
+    for b in np.unique(batch[known]):
+        same = batch == b
+        median[same] = float(np.median(dur[same])) if same.sum() >= 3 else per_sample * b
+    return median
+
+
+def step_batch(sizes: pl.DataFrame, rank: int, start: int, end: int) -> int:
+    """The batch (STEP_BATCH counters) of the step [start, end) of `rank`: the earliest in it
+    (a marked step can end past the next hook, the profiler's stop), else the last before it
+    (the first marked step begins once the profiler has started, after its hook); 0: none."""
+    mine = sizes.filter((pl.col("rank") == rank) & (pl.col("ts") < end)).sort("ts")
+    inside = mine.filter(pl.col("ts") >= start)["value"]
+    before = mine.filter(pl.col("ts") < start)["value"]
+    return int(inside[0]) if inside.len() else int(before[-1]) if before.len() else 0
 
 
 def _saturated(busy_cores: float, cores: int) -> bool:

@@ -72,6 +72,9 @@ class _Window:
         self.stem = f"rank{self.rank}-pid{self.pid}"
         self.hook_ns: list[int] = []
         self.hook_faults: list[int] = []  # the process's minor page faults at each hook
+        # hook index -> the leading dimension of the top-level module's first input, of a
+        # forward-driven step (an inference server's requests differ in size)
+        self.batches: dict[int, int] = {}
         self.step_done_ns: dict[int, int] = {}
         # hook index -> the optimizer.step() call's own time (ns): from its start, or the end
         # of the last backward inside it (a closure's), to its return; outside the window too
@@ -108,6 +111,7 @@ class _Window:
             self.hook_ns.clear()
             self.hook_faults.clear()
             self.optimizer_ns.clear()
+            self.batches.clear()
             self.hook_keys.clear()
             if self.live_fd >= 0:
                 os.ftruncate(self.live_fd, 0)
@@ -239,7 +243,8 @@ class _Window:
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
-                       "optimizer_ns": self.optimizer_ns, "cut_step": cut,
+                       "optimizer_ns": self.optimizer_ns, "batches": self.batches,
+                       "cut_step": cut,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "window_on": self.driver, **self.fp32, **self.runtime}, f)
         os.replace(path + ".tmp", path)
@@ -442,6 +447,7 @@ def _watch_optimizers(window: _Window, optimizer: type) -> None:
                 window.hook_ns.clear()
                 window.hook_faults.clear()
                 window.optimizer_ns.clear()
+                window.batches.clear()
                 if window.skip == 0:
                     window.start()
 
@@ -470,11 +476,15 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
     (an optimizer built, a backward seen) takes over."""
     depth = 0
 
-    def before(*_: Any) -> None:
+    def before(_module: Any, args: Any) -> None:
         nonlocal depth
         depth += 1
         if depth == 1:
             window.on_event("forward")
+            shape = getattr(args[0], "shape", None) if args else None
+            if (window.driver == "forward" and window.hook_ns and shape
+                    and isinstance(shape[0], int) and os.getpid() == window.pid):
+                window.batches[len(window.hook_ns) - 1] = shape[0]
 
     def after(*_: Any) -> None:
         nonlocal depth
