@@ -69,3 +69,28 @@ def test_swarms_grow_and_shrink(runs: tuple[Run, Run], capsys: pytest.CaptureFix
     assert main(["diff", str(a.path), str(b.path), "--swarms", "--json"]) == 0
     out = orjson.loads(capsys.readouterr().out)
     assert out["swarms"] == orjson.loads(orjson.dumps(d.to_dict()))
+    assert d.source == "perf"
+    for s in d.swarms:  # Poisson counts of 1-sample weights: 2 sqrt(n) periods
+        assert s.noise_ns == round(2 * period * (s.samples[0] + s.samples[1]) ** 0.5)
+    assert grew.beyond_noise and shrank.beyond_noise
+
+
+@pytest.mark.skipif(not Path("/usr/bin/perf").exists(), reason="needs perf")
+def test_one_sample_source_is_counted(runs: tuple[Run, Run], tmp_path: Path) -> None:
+    """py-spy samples the same time perf does: beside perf's they are not counted (summed,
+    a run's swarms had held 1.6x its CPU time)."""
+    import shutil
+
+    import pyarrow as pa
+
+    from perfswarm.trace.schema import SAMPLES
+
+    a, b = runs
+    both = Run(shutil.copytree(a.path, tmp_path / "a.run"))
+    perf = both.table("samples")
+    spy = perf.set_column(perf.column_names.index("source"), "source",
+                          pa.array(["py-spy"] * perf.num_rows))
+    both.write_table("samples", pa.concat_tables([perf, spy.cast(SAMPLES)]).cast(SAMPLES))
+    d, alone = swarm_diff(both, b), swarm_diff(a, b)
+    assert d.source == "perf"
+    assert sum(s.samples[0] for s in d.swarms) == sum(s.samples[0] for s in alone.swarms)

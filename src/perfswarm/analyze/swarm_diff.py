@@ -4,7 +4,10 @@ The two runs' stacks are clustered together (one k-means over the union, as `swa
 does for one run), so a swarm is the same code on both sides; each side's samples are
 then counted per swarm. Time is samples times the sampling period of their source (perf at
 the recording's `perf_hz`, py-spy at `pystacks_hz`, both in the manifest of a recorded
-Run); a Run that does not say (an imported one) gets no times, samples only.
+Run); a Run that does not say (an imported one) gets no times, samples only. One source is
+counted, perf where both runs have it, else py-spy: both sample the same time, and summed
+they had counted it twice. Each change has a noise band: sampled counts are Poisson, twice
+the standard deviation of the difference of two such sums.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.swarms import describe, label_stacks, run_samples
 from perfswarm.trace.store import Run
@@ -29,26 +33,37 @@ class SwarmDelta:
     samples: tuple[int, int]  # A, B
     weight: tuple[int, int]
     ns: tuple[int, int] | None  # None: a side's sampling period is not known
+    noise_ns: int | None = None  # twice the sampling's standard deviation of delta_ns
 
     @property
     def delta_ns(self) -> int | None:
         return None if self.ns is None else self.ns[1] - self.ns[0]
+
+    @property
+    def beyond_noise(self) -> bool | None:
+        if self.delta_ns is None or self.noise_ns is None:
+            return None
+        return abs(self.delta_ns) > self.noise_ns
 
     def to_dict(self) -> dict[str, Any]:
         return {"caption": self.caption, "functions": list(self.functions),
                 "a_samples": self.samples[0], "b_samples": self.samples[1],
                 "a_weight": self.weight[0], "b_weight": self.weight[1],
                 "a_ns": self.ns[0] if self.ns else None, "b_ns": self.ns[1] if self.ns else None,
-                "delta_ns": self.delta_ns, "delta_weight": self.weight[1] - self.weight[0]}
+                "delta_ns": self.delta_ns, "noise_ns": self.noise_ns,
+                "beyond_noise": self.beyond_noise,
+                "delta_weight": self.weight[1] - self.weight[0]}
 
 
 @dataclass(frozen=True)
 class SwarmDiff:
     k: int
     swarms: tuple[SwarmDelta, ...]  # largest change first
+    source: str | None = None  # the one sample source counted on both sides
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "swarms": [s.to_dict() for s in self.swarms]}
+        return {"k": self.k, "source": self.source,
+                "swarms": [s.to_dict() for s in self.swarms]}
 
 
 def periods(run: Run) -> dict[str, int | None]:
@@ -76,6 +91,10 @@ def swarm_diff(a: Run, b: Run) -> SwarmDiff:
     sa, ta = _side(a, 0)
     offset = int(np.max(ta.column("stack_id").to_numpy(), initial=-1)) + 1
     sb, tb = _side(b, offset)
+    both = set(sa.column("source").to_pylist()) & set(sb.column("source").to_pylist())
+    chosen = next((src for src in PERIOD_KEYS if src in both), None)
+    if chosen is not None:
+        sa, sb = (t.filter(pc.equal(t.column("source"), chosen)) for t in (sa, sb))
     samples, stacks = pa.concat_tables([sa, sb]), pa.concat_tables([ta, tb])
     if samples.num_rows == 0 or stacks.num_rows == 0:
         return SwarmDiff(0, ())
@@ -91,13 +110,18 @@ def swarm_diff(a: Run, b: Run) -> SwarmDiff:
                             describe(samples, stacks, lab, weight, {}), strict=True):
         mine = sample_label == label
         a_rows, b_rows = mine & (side == 0), mine & (side == 1)
-        ns = None if period is None else (int((weight * period)[a_rows].sum()),
-                                          int((weight * period)[b_rows].sum()))
+        ns = noise = None
+        if period is not None:
+            ns = (int((weight * period)[a_rows].sum()), int((weight * period)[b_rows].sum()))
+            # a sum of Poisson counts, each `weight * period` long: variance sum of squares
+            noise = round(2 * float(np.sqrt(((weight * period)[mine].astype(np.float64) ** 2)
+                                            .sum())))
         out.append(SwarmDelta(swarm.caption, swarm.functions,
                               (int(a_rows.sum()), int(b_rows.sum())),
-                              (int(weight[a_rows].sum()), int(weight[b_rows].sum())), ns))
+                              (int(weight[a_rows].sum()), int(weight[b_rows].sum())), ns, noise))
     return SwarmDiff(lab.k, tuple(sorted(out, key=lambda d: (
-        -abs(d.delta_ns if d.delta_ns is not None else d.weight[1] - d.weight[0]), d.caption))))
+        -abs(d.delta_ns if d.delta_ns is not None else d.weight[1] - d.weight[0]), d.caption))),
+        chosen)
 
 
 def _period_of(source: np.ndarray[Any, Any], side: np.ndarray[Any, Any],
