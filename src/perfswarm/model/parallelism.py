@@ -99,18 +99,23 @@ class Blocks:
     seq: int
 
     def activation_bytes(self, micro_batch: int, tp: int, sequence: bool = False,
-                         selective: bool = False) -> float:
+                         selective: bool = False, value_bytes: int = HALF) -> float:
         """One layer's stored activations for one micro-batch (Korthikanti et al. eq. 2; with
-        sequence parallelism eq. 4; selective recomputation drops the attention core's)."""
+        sequence parallelism eq. 4; selective recomputation drops the attention core's), of
+        `value_bytes` values. The paper's bytes are of 16-bit values and 1-byte dropout masks:
+        its 10 = 8 in values + 2 in masks, 24 all values, 5as/h = 4 in values + 1 in the mask;
+        the values' terms scale with their width (fp32: 18 + 48/t + 9as/(ht))."""
         s, b, h, a = self.seq, micro_batch, self.hidden, self.heads
-        core = 0.0 if selective else 5 * a * s / (h * tp)
-        return s * b * h * (10 / (tp if sequence else 1) + 24 / tp + core)
+        v = value_bytes / HALF
+        core = 0.0 if selective else (4 * v + 1) * a * s / (h * tp)
+        return s * b * h * ((8 * v + 2) / (tp if sequence else 1) + 24 * v / tp + core)
 
-    def attention_core(self) -> float:
+    def attention_core(self, value_bytes: int = HALF) -> float:
         """The attention core's share of a layer's stored activations without tensor
-        parallelism (eq. 1's 5as/h of 34 + 5as/h): what selective recomputation redoes."""
-        core = 5 * self.heads * self.seq / self.hidden
-        return core / (34 + core)
+        parallelism (eq. 1's 5as/h of 34 + 5as/h at 16 bits): what selective recomputation
+        redoes."""
+        whole = self.activation_bytes(1, 1, value_bytes=value_bytes)
+        return 1 - self.activation_bytes(1, 1, selective=True, value_bytes=value_bytes) / whole
 
 
 @dataclass(frozen=True)
@@ -149,12 +154,14 @@ def transformer(params: float, layers: int, hidden: int, heads: int, seq: int,
 def memory_bound_s(model: Model, bandwidth: float) -> float:
     """Seconds of a step's memory-bound ops on one device without tensor parallelism: PASSES x
     the activations every layer stores for every micro-batch (Korthikanti et al. eq. 1, s b h
-    (34 + 5 a s / h) bytes) at `bandwidth` bytes/s; 0 without the model's layers."""
+    (34 + 5 a s / h) bytes at 16 bits: Blocks.activation_bytes) at `bandwidth` bytes/s; 0
+    without the model's layers."""
     b = model.blocks
     if b is None:
         return 0.0
     micro = model.global_batch // model.micro_batch
-    return PASSES * b.activation_bytes(model.micro_batch, 1) * b.layers * micro / bandwidth
+    return (PASSES * b.activation_bytes(model.micro_batch, 1, value_bytes=model.value_bytes)
+            * b.layers * micro / bandwidth)
 
 
 @dataclass(frozen=True)
@@ -288,14 +295,16 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     sp = layout.sequence_parallel
     # a tensor-parallel rank runs 1/tp of the GEMMs but (without sequence parallelism) more
     # than 1/tp of the rest
-    split = (blocks.activation_bytes(model.micro_batch, tp, sp)
-             / blocks.activation_bytes(model.micro_batch, 1) if blocks else 1 / tp)
+    split = (blocks.activation_bytes(model.micro_batch, tp, sp, value_bytes=model.value_bytes)
+             / blocks.activation_bytes(model.micro_batch, 1, value_bytes=model.value_bytes)
+             if blocks else 1 / tp)
     compute = (work_s - memory_s) / layout.devices + memory_s * split / (dp * pp)
     if layout.selective and blocks:  # the attention core's forward again, split by tp
         tokens = model.global_batch * blocks.seq
         attention = 12 * blocks.layers * blocks.seq * blocks.hidden * tokens
         compute += ((work_s - memory_s) * attention / model.training_flops() / 3
-                    + memory_s * blocks.attention_core() / PASSES) / layout.devices
+                    + memory_s * blocks.attention_core(model.value_bytes) / PASSES
+                    ) / layout.devices
     # recomputation runs each layer's forward again in the backward: 4/3 of the work
     compute *= 4 / 3 if layout.recompute else 1
     exposed = 0.0
@@ -303,7 +312,8 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
     gathered = 0.0  # stage 3's working copies of whole layers (known only with the layers)
     stage_layers = _layers(model) // pp
     if blocks is not None:
-        layer = blocks.activation_bytes(model.micro_batch, tp, sp, layout.selective)
+        layer = blocks.activation_bytes(model.micro_batch, tp, sp, layout.selective,
+                                        model.value_bytes)
         # with recomputation a layer keeps only its input (Korthikanti 4.1), split by sequence
         # parallelism; the full layer is held while it is recomputed
         kept = (value * model.micro_batch * blocks.seq * blocks.hidden / (tp if sp else 1)
@@ -312,7 +322,8 @@ def estimate(model: Model, layout: Layout, *, per_node: int, intra: Link, inter:
         # stage/v layers (Megatron-LM's warm-up, (p-1)*2 + (v-1)*p forward chunks, plus one)
         held = min(pp, m) if v == 1 else min(m * v, (v + 1) * pp - 1) / v
         acts = kept * stage_layers * held + (
-            blocks.activation_bytes(model.micro_batch, tp, sp) if layout.recompute else 0.0)
+            blocks.activation_bytes(model.micro_batch, tp, sp, value_bytes=model.value_bytes)
+            if layout.recompute else 0.0)
         if layout.zero == 3 and dp > 1:  # two layers' parameters and one's gradients, whole
             gathered = 3 * value * shard / stage_layers
         bsh = value * model.micro_batch * blocks.seq * blocks.hidden
