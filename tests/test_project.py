@@ -21,6 +21,7 @@ from perfswarm.model.collectives import RING, CollectiveConfig, collective_time
 from perfswarm.model.parallelism import Blocks
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.topology import Topology, interconnect
+from perfswarm.optimize.layouts import run_model
 from perfswarm.optimize.project import (
     MEMORY_BOUND,
     Call,
@@ -351,3 +352,21 @@ def test_cli_layouts(nccl: Run, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["project", str(nccl.path), "--memory-gb", "-1"]) == 2
     assert capsys.readouterr().err.strip() == \
         "perfswarm: error: --memory-gb -1.0: must be above 0 and at most 1,000,000,000"
+
+
+def test_an_lstms_weights_are_counted(tmp_path: Path) -> None:
+    """A word-level LSTM language model recorded on an H200: its two LSTM layers' weights
+    (nn.LSTM passes them to aten::lstm as one tensor list, its third input) are most of its
+    parameters: 264,192 of 392,692, which the layer shapes had left out (the gradients'
+    all-reduce priced at a third of its bytes)."""
+    trace = Path(__file__).parent / "data" / "lstm_h200.pt.trace.json.gz"
+    raw = _raw_events(trace)
+    first = min((e for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")),
+                key=lambda e: float(e["ts"]))
+    lo, hi = float(first["ts"]), float(first["ts"]) + float(first["dur"])
+    rnn = [e for e in raw if e.get("name") == "aten::lstm" and lo <= float(e["ts"]) < hi]
+    weights = sum(math.prod(d) for e in rnn for d in e["args"]["Input Dims"][2])
+    assert len(rnn) == 1 and weights == 264_192
+    run = import_traces([trace], tmp_path / "l.run", ImportOptions(), ["t"])
+    model = run_model(run, 0)
+    assert (model.params, model.value_bytes) == (392_692, 4)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -43,8 +44,12 @@ _WEIGHTS: Final = {  # op -> index of its weight and of its bias among the input
     "aten::linear": (1, 2), "aten::conv1d": (1, 2), "aten::conv2d": (1, 2),
     "aten::conv3d": (1, 2), "aten::embedding": (0, -1), "aten::layer_norm": (2, 3),
     "aten::batch_norm": (1, 2), "aten::group_norm": (2, 3),
+    **dict.fromkeys(("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"), (2, -1)),
 }
 _ATTENTION: Final = "aten::scaled_dot_product_attention"
+# Recurrent layers (nn.LSTM, nn.GRU, nn.RNN) take every layer's weights as one tensor list,
+# their third input: the shape parser's rows hold no lists, so they are read here
+_RNNS: Final = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu")
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     steps), in time order."""
     table = run.table("events", ["ts", "kind", "name", "step", "detail"], rank=rank)
     keep = pc.and_(pc.is_in(table.column("kind"), pa.array(["cpu_op"])),
-                   pc.is_in(table.column("name"), pa.array([*_WEIGHTS, _ATTENTION])))
+                   pc.is_in(table.column("name"), pa.array([*_WEIGHTS, _ATTENTION, *_RNNS])))
     table = table.filter(keep)
     steps = np.asarray(table.column("step").to_numpy(), np.int64)
     if (steps >= 0).any():
@@ -86,10 +91,25 @@ def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     out = []
     for name, text in zip(pc.cast(table.column("name"), pa.string()).to_pylist(),
                           table.column("detail").to_pylist(), strict=True):
-        shapes = shapes_from_args(text or "")
+        shapes = shapes_from_args(text or "") if name not in _RNNS else _rnn_weights(text)
         if shapes is not None:
             out.append((str(name), shapes))
     return out
+
+
+def _rnn_weights(text: str | None) -> Shapes | None:
+    """A recurrent layer's weights (its third input, a list of tensors) as one flat input:
+    what its parameters count."""
+    try:
+        dims = orjson.loads(text or "{}").get("Input Dims")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    weights = dims[2] if isinstance(dims, list) and len(dims) > 2 else None
+    if not isinstance(weights, list) or not all(
+            isinstance(d, list) and all(isinstance(x, int) for x in d) for d in weights):
+        return None
+    count = sum(int(np.prod(d)) for d in weights)
+    return Shapes(((), (), (count,)), ("float", "TensorList", "TensorList"))
 
 
 def _dim(shapes: Shapes, i: int) -> tuple[int, ...]:
