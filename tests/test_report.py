@@ -303,8 +303,9 @@ def test_report_with_a_tune_output(corpus_runs: dict[str, Run], tune_out: Path, 
                                    capsys: pytest.CaptureFixture[str]) -> None:
     run = corpus_runs["simple_add"]
     tune = report_data(run, tune=load_results(tune_out))["tune"]
-    assert set(tune) == {"dir", "command", "study", "measure", "baseline", "best", "speedup",
-                         "pruned", "failed", "trials", "importance", "this_run"}
+    assert set(tune) == {"dir", "command", "study", "unit", "measure", "baseline", "best",
+                         "speedup", "pruned", "failed", "trials", "importance", "this_run"}
+    assert tune["unit"] == "steps/s"
     assert tune["measure"] == "stdout" and tune["this_run"] is None  # printed: no Runs
     assert tune["baseline"]["throughput"] == 100.0 and tune["speedup"] == 8.0
     assert [(t["number"], t["state"], t["speedup"]) for t in tune["trials"]] == [

@@ -66,9 +66,10 @@ def test_a_short_search_finds_the_best_configuration(tmp_path: Path) -> None:
     assert all(t["steps"] == 7 and t["run"] is None for t in complete)
     summary = orjson.loads((out / "tune.json").read_bytes())
     assert summary == orjson.loads(orjson.dumps(result.to_dict()))
-    assert set(summary) == {"command", "study", "storage", "measure", "baseline",
+    assert set(summary) == {"command", "unit", "study", "storage", "measure", "baseline",
                             "baseline_throughputs", "noise", "best", "speedup", "beyond_noise",
                             "trials", "pruned", "failed", "importance"}
+    assert summary["unit"] == "steps/s"
     # the baseline ran three times; printed times are exact: no noise, the 8x clears it
     assert summary["baseline_throughputs"] == [100.0] * 3
     assert summary["noise"] == 0.0 and summary["beyond_noise"] is True
@@ -248,3 +249,32 @@ def test_key_equals_value_flags() -> None:
     Param("compile", "bool", flag="--compile=").apply(False, {}, argv)
     Param("workers", "int", low=0, high=4, flag="--workers").apply(2, {}, argv)
     assert argv == ["train.py", "--batch_size=24", "--compile=False", "--workers", "2"]
+
+
+# A step of B samples takes 0.4 + 0.01 B ms: a bigger batch's step is slower, and it does more
+BATCHED = """\
+import sys
+b = int([a.split("=")[1] for a in sys.argv if a.startswith("--batch-size=")][-1])  # the last
+for i in range(8):
+    print(f"step {i} {0.4 + 0.01 * b:.3f} ms")
+"""
+
+
+def test_a_tuned_batch_size_is_judged_in_samples(tmp_path: Path) -> None:
+    """With the batch size among the knobs, throughput is samples/s: batch 128 (1.68 ms a
+    step, 76,190 samples/s) beats 64 (1.04 ms, 61,538) and 32 (0.72 ms, 44,444), though its
+    steps are the slowest; steps/s had crowned 32 and pruned 128. The baseline is of the
+    command's own --batch-size=64."""
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  - {name: batch, type: categorical, choices: [32, 64, 128], "
+                     "flag: '--batch-size='}\n")
+    result = tune([sys.executable, "-c", BATCHED, "--batch-size=64"], load_space(space),
+                  TuneOptions(out=tmp_path / "out", trials=6, seed=3, measure="stdout"))
+    assert result.unit == "samples/s" and result.baseline_rate == pytest.approx(64 / 1.04e-3)
+    assert result.best is not None and result.best["params"] == {"batch": 128}
+    assert result.speedup == pytest.approx((128 / 1.68) / (64 / 1.04), abs=1e-3)
+    assert not [t for t in result.trials if t["params"] == {"batch": 128}
+                and t["state"] == "PRUNED"]
+    with pytest.raises(PerfswarmError, match="batch size"):
+        tune([sys.executable, "-c", BATCHED], load_space(space),
+             TuneOptions(out=tmp_path / "none", trials=1, measure="stdout"))

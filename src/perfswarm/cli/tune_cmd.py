@@ -45,7 +45,7 @@ def tune_command(
             if not quiet:
                 bar.console.print(msg)
             # One closing line per finished run: the baseline's rate, then each trial's outcome.
-            if msg.startswith("trial ") or (msg.startswith("baseline:") and "steps/s" in msg):
+            if msg.startswith("trial ") or (msg.startswith("baseline:") and msg.endswith("/s")):
                 bar.advance(task)
 
         result = tune(command, load_space(space), options, progress)
@@ -53,12 +53,12 @@ def tune_command(
     if as_json:
         print_json(summary)
         return
-    table = Table("trial", "state", "steps/s", "params", title="trials", title_justify="left")
+    table = Table("trial", "state", result.unit, "params", title="trials", title_justify="left")
     for t in result.trials:
         rate = "" if t["throughput"] is None else f"{t['throughput']:.3f}"
         table.add_row(str(t["number"]), t["state"], rate, str(t["params"]))
     console.print(table)
-    console.print(f"baseline: {result.baseline.throughput:.3f} steps/s (median of "
+    console.print(f"baseline: {result.baseline_rate:.3f} {result.unit} (median of "
                   f"{len(result.baseline_throughputs)}; noise ±{100 * result.noise:.1f}%)")
     best = result.best
     if best is None:
@@ -67,7 +67,7 @@ def tune_command(
     verdict = ("" if result.beyond_noise else
                f": within the noise, no speedup shown (it needs over {1 + result.noise:.2f}x)")
     console.print(f"best: trial {best['number']} {best['params']}: {best['throughput']:.3f} "
-                  f"steps/s, {summary['speedup']:.2f}x the baseline{verdict}")
+                  f"{result.unit}, {summary['speedup']:.2f}x the baseline{verdict}")
     if summary["importance"]:
         console.print("importance: " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                  sorted(summary["importance"].items(),

@@ -394,6 +394,11 @@ def derived_dims(dims: Mapping[int, int], parameters: set[tuple[int, ...]]) -> d
     return out
 
 
+def is_batch_flag(flag: str) -> bool:
+    """Whether a command-line flag sets the batch size (--batch-size, --batch_size, --bs)."""
+    return _BATCH_FLAG.match(flag.split("=", 1)[0]) is not None
+
+
 def batch_flag(command: Sequence[str]) -> int | None:
     """The value of a recorded command's --batch-size (--batch_size, --bs, -bs; `=N` or a
     separate word), if it has one."""

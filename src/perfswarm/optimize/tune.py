@@ -19,12 +19,13 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import msgspec
 import optuna
 
 from perfswarm.errors import ParameterError, PerfswarmError
+from perfswarm.model.predict import batch_flag, is_batch_flag
 from perfswarm.optimize.prune import BoundPruner
 from perfswarm.optimize.space import Param, Value, configure
 from perfswarm.optimize.trial import (
@@ -70,6 +71,7 @@ class TrialDict(TypedDict):
     median_step_s: float | None
     steps: int  # steady-state steps measured (so far, for a pruned trial)
     run: str | None  # the trial's Run (measure = record)
+    per_step: NotRequired[float]  # samples a step (its batch) where throughput is samples/s
 
 
 class BaselineDict(TypedDict):
@@ -81,6 +83,9 @@ class BaselineDict(TypedDict):
 
 class TuneDict(TypedDict):
     command: list[str]
+    # what throughput counts: samples/s where the space tunes the batch size (a step of a
+    # bigger batch is slower and does more), else steps/s
+    unit: NotRequired[str]
     study: str
     storage: str
     measure: Measure
@@ -105,7 +110,14 @@ class TuneResult:
     baseline: Measurement  # the repeat of median throughput
     trials: tuple[TrialDict, ...]
     importance: Mapping[str, float] = field(default_factory=dict)
-    baseline_throughputs: tuple[float, ...] = ()
+    baseline_throughputs: tuple[float, ...] = ()  # in `unit`
+    unit: str = "steps/s"
+    per_step: float = 1.0  # the baseline's samples per step (samples/s), else 1
+
+    @property
+    def baseline_rate(self) -> float:
+        """The baseline's throughput in `unit`."""
+        return self.baseline.throughput * self.per_step
 
     @property
     def noise(self) -> float:
@@ -125,16 +137,16 @@ class TuneResult:
     @property
     def speedup(self) -> float | None:
         best = self.best
-        if best is None or not self.baseline.throughput:
+        if best is None or not self.baseline_rate:
             return None
-        return round((best["throughput"] or 0.0) / self.baseline.throughput, 4)
+        return round((best["throughput"] or 0.0) / self.baseline_rate, 4)
 
     def to_dict(self) -> TuneDict:
         states = collections.Counter(t["state"] for t in self.trials)
         b = self.baseline
-        return TuneDict(command=list(self.command), study=self.study, storage=self.storage,
-                        measure=self.measure,
-                        baseline=BaselineDict(throughput=round(b.throughput, 6),
+        return TuneDict(command=list(self.command), unit=self.unit, study=self.study,
+                        storage=self.storage, measure=self.measure,
+                        baseline=BaselineDict(throughput=round(self.baseline_rate, 6),
                                               median_step_s=round(b.median_s, 9),
                                               steps=len(b.step_s),
                                               run=str(b.run) if b.run else None),
@@ -151,7 +163,8 @@ def _trial_row(t: optuna.trial.FrozenTrial) -> TrialDict:
     return TrialDict(number=t.number, state=t.state.name, params=dict(sorted(t.params.items())),
                      throughput=round(float(t.value), 6) if complete and t.value else None,
                      median_step_s=round(statistics.median(step_s), 9) if step_s else None,
-                     steps=len(step_s), run=t.user_attrs.get("run"))
+                     steps=len(step_s), run=t.user_attrs.get("run"),
+                     per_step=float(t.user_attrs.get("per_step", 1.0)))
 
 
 def _importance(study: optuna.Study, seed: int) -> dict[str, float]:
@@ -203,6 +216,14 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         raise ParameterError(None, "{warmup} must be at least 0 and {window} at least 1")
     if options.baseline_repeats < 1:
         raise ParameterError(None, "{baseline_repeats} must be at least 1")
+    # a tuned batch size: throughput in samples/s (a bigger batch's slower step does more)
+    batch = next((p for p in params if p.flag and is_batch_flag(p.flag)), None)
+    base_batch = batch_flag(argv) if batch is not None else 1
+    if base_batch is None:
+        raise ParameterError(None, f"the space tunes the batch size ({batch.flag if batch else ''}"
+                             "): give the command its own value of it, the baseline's batch "
+                             "its samples/s are of")
+    unit = "samples/s" if batch is not None else "steps/s"
     measure = _measurer(options)
     options.out.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{(options.out / 'tune.db').resolve()}"
@@ -214,7 +235,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         say(f"baseline: the command as given ({i + 1} of {options.baseline_repeats})")
         repeats.append(measure(argv, base_env, "baseline" if i == 0 else f"baseline-{i + 1}",
                                None))
-        say(f"baseline: {repeats[-1].throughput:.3f} steps/s")
+        say(f"baseline: {repeats[-1].throughput * base_batch:.3f} {unit}")
     baseline = sorted(repeats, key=lambda m: m.throughput)[(len(repeats) - 1) // 2]
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures: `say`
@@ -222,19 +243,21 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         study = optuna.create_study(
             study_name=options.study, storage=storage, direction="maximize", load_if_exists=True,
             sampler=optuna.samplers.TPESampler(seed=options.seed),
-            pruner=BoundPruner(floor=baseline.throughput))
+            pruner=BoundPruner(floor=baseline.throughput * base_batch))
     except (ImportError, ValueError) as exc:  # unknown dialect, bad URL
         raise ParameterError("storage", "", value=storage, detail=str(exc)) from None
 
     def objective(trial: optuna.Trial) -> float:
         values = {p.name: p.suggest(trial) for p in params}
         cmd, env = configure(params, values, argv, base_env)
+        per_step = float(values[batch.name]) if batch is not None else 1.0
+        trial.set_user_attr("per_step", per_step)
         reported = 0
 
         def watch(steps: Sequence[tuple[int, float]]) -> bool:
             nonlocal reported
             for step, seconds in steps[reported:]:
-                trial.report(seconds, step)
+                trial.report(seconds / per_step, step)  # the pruner's unit: per sample
             reported = len(steps)
             if trial.should_prune():
                 trial.set_user_attr("step_s", [s for _, s in steps])
@@ -254,14 +277,15 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
             say(f"trial {trial.number}: failed {values}: {exc}")
             raise
         trial.set_user_attr("step_s", list(m.step_s))
-        say(f"trial {trial.number}: {m.throughput:.3f} steps/s {values}")
-        return m.throughput
+        say(f"trial {trial.number}: {m.throughput * per_step:.3f} {unit} {values}")
+        return m.throughput * per_step
 
     study.optimize(objective, n_trials=options.trials, catch=(CommandFailed,))
     rows = tuple(_trial_row(t) for t in study.get_trials(deepcopy=False))
     result = TuneResult(tuple(argv), options.study, storage, options.measure, baseline, rows,
                         _importance(study, options.seed),
-                        tuple(m.throughput for m in repeats))
+                        tuple(m.throughput * base_batch for m in repeats), unit,
+                        float(base_batch))
     write_json(options.out / "trials.json", list(rows))
     write_json(options.out / "importance.json", dict(result.importance))
     write_json(options.out / "tune.json", result.to_dict())

@@ -186,6 +186,7 @@ def tune_section(files: Mapping[str, Any], run: Run) -> dict[str, Any]:
                 "baseline" if is_here(summary["baseline"]["run"]) else None)
     importance = sorted(summary["importance"].items(), key=lambda kv: (-kv[1], kv[0]))
     return {"dir": files["dir"], "command": summary["command"], "study": summary["study"],
+            "unit": summary.get("unit", "steps/s"),
             "measure": summary["measure"], "baseline": summary["baseline"],
             "best": summary["best"], "speedup": summary["speedup"],
             "pruned": summary["pruned"], "failed": summary["failed"], "trials": trials,

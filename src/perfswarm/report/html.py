@@ -279,13 +279,14 @@ def trials_figure(tune: dict[str, Any]) -> dict[str, Any]:
         rows = [t for t in tune["trials"] if t["state"] == state and t["median_step_s"]]
         data.append({"type": "scatter", "mode": "markers", "name": state.lower(),
                      "x": [t["number"] for t in rows],
-                     "y": [t["throughput"] or 1 / t["median_step_s"] for t in rows],
+                     "y": [t["throughput"] or t.get("per_step", 1.0) / t["median_step_s"]
+                           for t in rows],
                      "hovertext": [plot_text(str(t["params"])) for t in rows]})
     base = tune["baseline"]["throughput"]
     return {"data": data, "layout": {
         "height": 320, "margin": {"t": 30},
         "xaxis": {"title": {"text": "trial"}, "zeroline": False},
-        "yaxis": {"title": {"text": "steps/s"}, "rangemode": "tozero"},
+        "yaxis": {"title": {"text": tune.get("unit", "steps/s")}, "rangemode": "tozero"},
         "shapes": [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": base, "y1": base,
                     "line": {"dash": "dash", "width": 1}}],
         "annotations": [{"xref": "paper", "x": 1, "y": base, "text": "baseline",
