@@ -402,6 +402,11 @@ def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
     assert (cpu["platform"], cpu["active_label"]) == ("cpu", "compute active")
     assert main(["predict", str(corpus_runs["nccl"].path), "--device", "H100-SXM"]) == 0
     assert "predicted" in capsys.readouterr().out
+    # the terminal gives the error's sign beside the GMAE (a prediction 40% low reads 67%)
+    assert main(["predict", str(corpus_runs["nccl"].path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "prediction error" in x)
+    steady = data["steady"]["measured_ns"]
+    assert f"predicted {100 * (data['predicted_ns'] / steady - 1):+.1f}% of the measured" in line
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -64,8 +64,11 @@ def _print(result: Prediction) -> None:
     console.print(f"replay error {100 * data['replay_error']:.2f}% (GMAE over iterations)")
     if data["predicted_error"] is not None:
         against = "the compared run" if data["compare"] else "the steady steps' median"
-        console.print(f"prediction error {100 * data['predicted_error']:.2f}% (against {against};"
-                      f" steady steps spread {100 * steady['spread']:.2f}%)")
+        measured = (data["compare"] or steady)["measured_ns"]
+        signed = (f"predicted {100 * (data['predicted_ns'] / measured - 1):+.1f}% of the measured "
+                  f"{ms(measured)}; " if measured else "")
+        console.print(f"prediction error {100 * data['predicted_error']:.2f}% ({signed}against "
+                      f"{against}; steady steps spread {100 * steady['spread']:.2f}%)")
     parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
     console.print(f"predicted breakdown: {parts}")
     kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))
