@@ -61,6 +61,9 @@ def diff_command(
         if len(shown) < len(rows):
             console.print(f"  {len(rows) - len(shown)} more within their noise band "
                           "(step-to-step variation)")
+    console.print("the bands are of step-to-step variation: two recordings on a busy machine "
+                  "also differ run to run (diff A against a second recording of A to see how "
+                  "much)")
     if swarms.swarms:
         _print_swarms(swarms)
 
