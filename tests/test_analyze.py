@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import corpus
 from perfswarm.analyze.annotations import scopes
 from perfswarm.analyze.bandwidth import bandwidth
 from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency
@@ -391,6 +392,21 @@ def test_bandwidth_from_the_copies(corpus_runs: dict[str, Run], name: str,
         assert f.achieved_gbps == f.bytes / f.busy_ns
         # the bins spread each op's bytes over its time: they hold all the bytes
         assert sum(f.bins_gbps) * rank.bin_ns == pytest.approx(f.bytes, rel=1e-9)
+
+
+def test_copies_without_a_byte_count(corpus_runs: dict[str, Run]) -> None:
+    """ROCm's copies say only their kind (`kind: HtoD`, no `bytes`): the AMD trace's two are an
+    h2d flow of 22,441 + 15,720 ns, bytes unknown, no rate (the flow had been left out, while
+    the kernel breakdown counted them as memory)."""
+    run = corpus_runs["amd"]
+    with gzip.open(corpus("amd")) as f:
+        raw = json.loads(f.read())["traceEvents"]
+    copies = [e for e in raw if e.get("cat") == "gpu_memcpy"]
+    assert [("bytes" in e["args"], e["args"].get("kind")) for e in copies] == [(False, "HtoD")] * 2
+    (rank,) = bandwidth(run, Events.load(run))
+    (flow,) = rank.flows
+    assert (flow.direction, flow.ops, flow.bytes, flow.unknown_bytes) == ("h2d", 2, 0, 2)
+    assert flow.busy_ns == 22_441 + 15_720 and flow.achieved_gbps is None
 
 
 def test_kernel_sequences_nccl(corpus_runs: dict[str, Run]) -> None:

@@ -42,17 +42,21 @@ class Flow:
 
     direction: str
     ops: int
-    bytes: int
+    bytes: int  # of the ops whose byte count the trace gives
     busy_ns: int  # union of the ops' spans
     bins_gbps: tuple[float, ...]  # GB/s in each of the rank's BINS time bins
+    unknown_bytes: int = 0  # ops without a byte count (ROCm's copies say only their kind)
+    known_busy_ns: int = 0  # union of the spans of the ops with one
 
     @property
-    def achieved_gbps(self) -> float:
-        return self.bytes / self.busy_ns if self.busy_ns else 0.0  # bytes/ns = GB/s
+    def achieved_gbps(self) -> float | None:
+        """bytes/ns = GB/s over the ops with a byte count; None without any."""
+        return self.bytes / self.known_busy_ns if self.known_busy_ns else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"direction": self.direction, "ops": self.ops, "bytes": self.bytes,
-                "busy_ns": self.busy_ns, "achieved_gbps": self.achieved_gbps,
+                "unknown_bytes": self.unknown_bytes, "busy_ns": self.busy_ns,
+                "achieved_gbps": self.achieved_gbps,
                 "max_bin_gbps": max(self.bins_gbps, default=0.0),
                 "bins_gbps": list(self.bins_gbps)}
 
@@ -103,7 +107,7 @@ def bandwidth(run: Run, ev: Events, rank: int | None = None) -> tuple[RankBandwi
     for r in ev.ranks:
         rows = np.arange(len(ev))[ev.rank_slice(r)]
         dev = rows[ev.of_kind(*DEVICE_OPS)[rows]]
-        mine = (ev.rank[copies] == r) & (nbytes >= 0)
+        mine = ev.rank[copies] == r
         if not mine.any():
             continue
         start, stop = int(ev.ts[dev].min()), int(ev.end[dev].max())
@@ -113,9 +117,12 @@ def bandwidth(run: Run, ev: Events, rank: int | None = None) -> tuple[RankBandwi
             sel = mine & (directions == i)
             if not sel.any():
                 continue
-            ops, b = copies[sel], nbytes[sel]
+            known = sel & (nbytes >= 0)
+            ops, b = copies[known], nbytes[known]
             per_bin = _bins(ev.ts[ops], ev.end[ops], b, start, bin_ns)
-            flows.append(Flow(d, len(ops), int(b.sum()), total(ev.ts[ops], ev.end[ops]),
-                              tuple(float(x) for x in per_bin / bin_ns)))
+            every = copies[sel]
+            flows.append(Flow(d, len(every), int(b.sum()), total(ev.ts[every], ev.end[every]),
+                              tuple(float(x) for x in per_bin / bin_ns),
+                              int((sel & (nbytes < 0)).sum()), total(ev.ts[ops], ev.end[ops])))
         out.append(RankBandwidth(r, start, bin_ns, tuple(flows)))
     return tuple(out)
