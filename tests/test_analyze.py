@@ -470,6 +470,11 @@ def test_queue_length() -> None:
     assert queue.full_ns == 0
     assert queue_length(np.array([0, 0, 10], np.int64), np.array([30, 10, 20], np.int64),
                         full=2).full_ns == 20
+    # the same at epoch nanoseconds (float64 holds them 256 ns apart: the bins had moved)
+    epoch = 1_796_441_171_039_479_905
+    moved = queue_length(np.array([0, 0, 10], np.int64) + epoch,
+                         np.array([30, 10, 20], np.int64) + epoch, bins=3)
+    assert (moved.start, moved.bin_ns, moved.bins) == (epoch, 10, (2.0, 2.0, 1.0))
 
 
 def test_union_and_gaps() -> None:

@@ -132,8 +132,9 @@ def queue_length(launch_ts: I64, done_ts: I64, bins: int = QUEUE_BINS,
     # The integral of the queue length is piecewise linear in time: exact at any bin edge.
     area = np.concatenate([[0], np.cumsum(level[:-1] * np.diff(times))]).astype(np.float64)
     bin_ns = -(-span // bins)
-    edges = start + bin_ns * np.arange(bins + 1)
-    at_edges = np.interp(edges, times, area)
+    # times from the start: epoch ns as float64 are 256 ns apart, which moved the bins' edges
+    edges = bin_ns * np.arange(bins + 1)
+    at_edges = np.interp(edges, times - start, area)
     full_ns = int(np.diff(times)[level[:-1] >= full].sum())
     return Queue(int(level.max()), float(area[-1] / span), start, bin_ns,
                  tuple(float(x) for x in np.diff(at_edges) / bin_ns), full_ns)

@@ -87,12 +87,13 @@ def cpu_fractions(prev: I64, now: I64) -> dict[str, float]:
         return {}  # a core went on- or offline: no common interval
     delta = now[:, 1:9] - prev[:, 1:9]
     span = delta.sum(axis=1)
-    shares = np.round(np.maximum(delta[:, _SHARE_COLUMNS], 0) / np.maximum(span, 1)[:, None], 6)
+    shares = np.maximum(delta[:, _SHARE_COLUMNS], 0) / np.maximum(span, 1)[:, None]
     out: dict[str, float] = {}
     for core, ok, row in zip(now[:, 0].tolist(), (span > 0).tolist(), shares.tolist(),
                              strict=True):
-        if ok:
-            out.update(zip([f"cpu.core{core}.{share}" for share in SHARES], row, strict=True))
+        if ok:  # Python's round: correctly rounded (numpy's scales first: 23/14720 -> .001562)
+            out.update(zip([f"cpu.core{core}.{share}" for share in SHARES],
+                           (round(v, 6) for v in row), strict=True))
     return out
 
 
