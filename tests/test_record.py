@@ -806,3 +806,45 @@ def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
     # a hook at each forward's start: step i (from hook i - 1) runs the i-th forward
     assert batch_of == dict(enumerate([1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8], start=1))
     assert len(batch_of) == 11 and {3, 4, 5} <= set(batch_of)  # the marked steps too
+
+
+HOGWILD = textwrap.dedent("""
+    import sys
+    import torch
+    from torch import nn
+    import torch.multiprocessing as mp
+    def train(model):
+        torch.set_num_threads(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(12):
+            x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+            opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    if __name__ == "__main__":
+        mp.set_start_method(sys.argv[1])
+        model = nn.Linear(32, 4)
+        model.share_memory()
+        ps = [mp.Process(target=train, args=(model,)) for _ in range(2)]
+        for p in ps: p.start()
+        for p in ps: p.join()
+""")
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_hogwild_processes_are_ranks(tmp_path: Path, start: str) -> None:
+    """torch.multiprocessing processes that each step an optimizer (pytorch/examples'
+    mnist_hogwild) are each traced, as ranks 1 and 2 of their own: forked ones had been taken
+    for DataLoader workers (no torch data at all), spawned ones both written as rank 0."""
+    script = tmp_path / "hogwild.py"
+    script.write_text(HOGWILD)
+    run = record([PY, str(script), start], tmp_path / "h.run",
+                 RecordOptions(collectors=("torch",), skip=2, steps=3)).run
+    m = run.manifest()
+    assert m["ranks"] == [1, 2] and m["collectors"]["torch"]["status"] == "ok"
+    steps = run.table("steps").to_pylist()
+    for rank in (1, 2):
+        mine = [s for s in steps if s["rank"] == rank]
+        assert [s["step"] for s in mine if s["source"] == "marker"] == [2, 3, 4]
+        assert len(mine) == 11  # 12 optimizer steps: 11 between their hooks
+    pids = {r: {p for p, rr in zip(*run.table("events", ["pid", "rank"]).to_pydict().values(),
+                                     strict=True) if rr == r and p > 0} for r in (1, 2)}
+    assert len(pids[1]) == len(pids[2]) == 1 and pids[1] != pids[2]

@@ -97,6 +97,51 @@ class _Window:
         # as the window opened: torch.get_num_threads() (what torchrun's OMP_NUM_THREADS=1, a
         # set_num_threads() call or the default made of it) and whether CUDA was there
         self.runtime: dict[str, object] = {}
+        # a multiprocessing child that trains on its own (Hogwild: torch.multiprocessing
+        # processes each stepping an optimizer) takes a rank of its own at its first step,
+        # unless RANK says one; spawned children run this file themselves (None: decided at
+        # the first step, once multiprocessing has started), forked ones come through forked()
+        self.claim: bool | None = None
+
+    def _claim_rank(self) -> None:
+        """The lowest free rank above 0 among the recording's processes (a file each, made
+        exclusively: `.`-files are scratch to the build), for this process's stem: its steps
+        and trace are another rank's."""
+        self.claim = False
+        rank = 1
+        while True:
+            try:
+                os.close(os.open(os.path.join(self.out, f".rank-{rank}"),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                break
+            except FileExistsError:
+                rank += 1
+        self.rank, self.stem = rank, f"rank{rank}-pid{self.pid}"
+        self.live = os.path.join(self.out, f"steps-{self.stem}.live")
+
+    def forked(self) -> None:
+        """In a forked child: the parent's steps, window and files are the parent's. The
+        child keeps what drives its steps (an optimizer built before the fork steps here
+        too) and writes its own at exit (multiprocessing runs its finalizers; no atexit)."""
+        self.pid = os.getpid()
+        self.hook_ns, self.hook_faults, self.batches = [], [], {}
+        self.step_done_ns, self.optimizer_ns, self.hook_keys = {}, {}, []
+        self.cycle, self.pending_ns, self.backward_ns = None, 0, 0
+        self.prof = self.et = None
+        self.opened_at, self.live_fd = -1, -1
+        self.claim = "RANK" not in os.environ
+        self.stem = f"rank{self.rank}-pid{self.pid}"
+        self.live = os.path.join(self.out, f"steps-{self.stem}.live")
+        import multiprocessing.util as mp_util
+
+        # multiprocessing clears the finalizers a child inherits, then runs its after-fork
+        # hooks: this one's Finalize runs at the child's end, where it calls them
+        mp_util.register_after_fork(self, _Window.flush_at_exit)
+
+    def flush_at_exit(self) -> None:
+        import multiprocessing.util as mp_util
+
+        mp_util.Finalize(None, self.flush, exitpriority=100)
 
     def on_event(self, kind: str) -> None:
         """A step-like event: its kind drives the window unless a better one does (an
@@ -151,8 +196,12 @@ class _Window:
             self.forward_hooks.pop().remove()
 
     def on_step(self, *_: object) -> None:
-        if os.getpid() != self.pid:  # a forked child (DataLoader worker) stepping on its own
+        if os.getpid() != self.pid:  # a forked child stepping before _forked() ran (no hook)
             return
+        if self.claim is None:
+            self.claim = "RANK" not in os.environ and _mp_child()
+        if self.claim:
+            self._claim_rank()
         now = time.time_ns()
         done = len(self.hook_ns) + 1
         # The marker first, so that ProfilerStep#N ends where the step's last op did; this
@@ -251,6 +300,12 @@ class _Window:
         if self.live_fd >= 0:  # the .json holds every hook time now
             os.close(self.live_fd)
             os.unlink(self.live)
+
+
+def _mp_child() -> bool:
+    """Whether this process is a multiprocessing child (spawned; a forked one is told)."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
 
 
 def _flag(out: str, pid: int) -> str:
@@ -535,6 +590,7 @@ def _main() -> None:
         skip, _, count = os.environ.get("PERFSWARM_STEPS", "5:10").partition(":")
         window = _Window(_DIR, int(skip), int(count), os.environ.get("PERFSWARM_ET") == "1",
                          int(os.environ.get("PERFSWARM_HEAP_RESERVE", "0") or 0))
+        os.register_at_fork(after_in_child=window.forked)
         sys.meta_path.insert(0, _AfterImport({
             "torch.optim.optimizer": lambda module: _install(window, module),
             "torch.autograd": lambda module: _watch_backward(window, module),
