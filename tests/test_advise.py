@@ -102,7 +102,8 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
     a = shows(host.data_loading, run)
     assert dict(a.evidence) == {"loader_calls": 3, "loader_ns": 18_000_000,
                                 "loader_share_pct": 60.0, "single_process": True,
-                                "pageable_h2d_copies": 0, "cores": 4}
+                                "pageable_h2d_copies": 0, "cores": 4,
+                                "loader_on_cpu_pct": None}  # no perf samples: CPU work
     # 3 workers (a core trains): a step takes max(4 ms compute, 6 ms / 3, the 10 ms of CPU
     # work / 4 cores) = 4 ms instead of 10 ms.
     assert a.gain_ns == 18_000_000 and a.gain_pct == 60.0 and a.severity == "high"
@@ -113,6 +114,36 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
     two = shows(host.data_loading, with_manifest(run, cores=2))
     assert two.gain_ns == 3 * (10 - 6) * 1_000_000 and "num_workers=1," in two.change
     assert found(host.data_loading, with_manifest(run, cores=1)) is None
+
+
+def _perf_samples(run: Run, every_us: float, until_us: float, hz: int) -> Run:
+    """perf cpu-clock samples of the loop's thread (pid 1, tid 1) every `every_us` µs."""
+    from perfswarm.trace.schema import SAMPLES
+
+    ts = [round(t * 1000) for t in np.arange(0, until_us, every_us)]
+    run.write_table("samples", pa.table({
+        "rank": [0] * len(ts), "ts": ts, "source": ["perf"] * len(ts), "pid": [1] * len(ts),
+        "tid": [1] * len(ts), "stack_id": [0] * len(ts), "weight": [1] * len(ts)}).cast(SAMPLES))
+    m = run.manifest()
+    m.setdefault("extra", {}).setdefault("record", {})["perf_hz"] = hz
+    run.write_manifest(m)
+    return run
+
+
+def test_data_loading_that_waits(tmp_path: Path) -> None:
+    """A loader that mostly waits (its reads, a sleep): perf (1 kHz) saw its thread on a CPU
+    once in each step's 6 ms of loading, 1 ms of CPU: 17% of it. The cores bound nothing, and workers beyond
+    them overlap the waits: 6 ms of loading over 4 ms of compute takes 3 (2 + one ahead),
+    a step max(4, 6 / 3) = 4 ms of 10 on 2 cores (1 worker had been advised: 0-3.5% gain
+    measured, where 2 and 4 workers took 58% and 74% off); one that computes (perf saw it all
+    the time) stays bound by its cores."""
+    run = with_manifest(imported(tmp_path, "reads", _loader_steps(6000, 4000)), cores=2)
+    waits = shows(host.data_loading, _perf_samples(run, 10_000, 30_000, 1000))
+    assert waits.evidence["loader_on_cpu_pct"] == pytest.approx(100 * 3 / 18, abs=0.1)
+    assert "num_workers=3," in waits.change and waits.gain_ns == 3 * (10 - 4) * 1_000_000
+    busy = shows(host.data_loading, _perf_samples(run, 1_000, 30_000, 1000))
+    assert busy.evidence["loader_on_cpu_pct"] == 100.0
+    assert "num_workers=1," in busy.change and busy.gain_ns == 3 * (10 - 6) * 1_000_000
 
 
 def test_data_loading_with_workers_pipeline_model(tmp_path: Path) -> None:

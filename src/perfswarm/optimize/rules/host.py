@@ -44,6 +44,34 @@ def pageable_copies(facts: Facts) -> pl.DataFrame:
     return facts.in_window(facts.named(_PAGEABLE_H2D, "memcpy"))
 
 
+_WAITING = 0.5  # a loader whose threads ran on a CPU under this share of its time waits (I/O)
+
+
+def on_cpu_share(facts: Facts, spans: pl.DataFrame) -> float | None:
+    """The share of the spans' time their threads ran on a CPU: perf's cpu-clock samples of
+    those threads inside them (each a sampling period of CPU time) over the spans' time; None
+    without perf samples of the run (perf missing, or an imported trace)."""
+    hz = facts.recorded.get("perf_hz")
+    if not hz or spans.height == 0 or not facts.run.has_table("samples"):
+        return None
+    samples = pl.from_arrow(facts.run.table("samples", ["ts", "pid", "tid", "source"]))
+    assert isinstance(samples, pl.DataFrame)
+    perf = samples.filter(pl.col("source").cast(pl.String) == "perf")
+    if perf.height == 0:
+        return None
+    seen = set(perf["pid"].unique().to_list())  # processes perf followed at all
+    inside, spent = 0, 0.0
+    for (pid, tid), group in spans.group_by(["pid", "tid"]):
+        if pid not in seen:
+            continue
+        ts = np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"]
+                     .to_numpy())
+        lo, hi = group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy()
+        inside += int((np.searchsorted(ts, hi) - np.searchsorted(ts, lo)).sum())
+        spent += float(group["dur"].sum())
+    return min(1.0, inside * 1e9 / float(hz) / spent) if spent else None
+
+
 def data_loading(facts: Facts) -> Advice | None:
     """Steps wait on `enumerate(DataLoader)`: the input pipeline runs serially with compute."""
     loads = facts.loader_calls
@@ -55,21 +83,30 @@ def data_loading(facts: Facts) -> Advice | None:
         return None
     single = bool(loads["name"].str.contains("SingleProcess").any())
     cores = _cores(facts)
-    workers = min(8, spare_cores(cores))  # loader_oversubscription's bound: one core trains
     compute_ns = facts.wall_ns - load_ns
+    # A loader that mostly waits (reads, sleeps: perf saw its thread on a CPU under half its
+    # time) is not bound by the cores: enough workers overlap its waits with the compute
+    # (each takes load / compute of a step's time per batch, one more keeps one ahead)
+    on_cpu = on_cpu_share(facts, loads)
+    waiting = on_cpu is not None and on_cpu < _WAITING
+    workers = min(8, max(spare_cores(cores), -(-load_ns // max(compute_ns, 1)) + 1)
+                  if waiting else spare_cores(cores))
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.height else ""
     if single:
         # W workers produce batches W at a time in the background: a step takes
         # max(compute, load / W) instead of compute + load; without a device all of it is CPU
         # work, which the cores bound too.
-        bound = 0.0 if facts.device_events.height else (compute_ns + load_ns) / cores
+        cpu_bound = not (facts.device_events.height or waiting)
+        bound = (compute_ns + load_ns) / cores if cpu_bound else 0.0
         gain = facts.wall_ns - max(compute_ns, load_ns / workers, bound)
         if gain <= 0:
             return None
         basis = (f"pipeline model: step = max(compute, load / {workers} workers"
-                 f"{'' if facts.device_events.height else f', all the CPU work / {cores} cores'}"
-                 ") instead of compute + load")
+                 f"{f', all the CPU work / {cores} cores' if cpu_bound else ''}"
+                 ") instead of compute + load"
+                 + (f"; the loader waits (perf saw it on a CPU {100 * (on_cpu or 0):.0f}% of "
+                    "its time): workers beyond the cores overlap its waits" if waiting else ""))
         change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
                   "persistent_workers=True)")
     else:
@@ -83,7 +120,8 @@ def data_loading(facts: Facts) -> Advice | None:
                   "the training process")
     evidence = {"loader_calls": loads.height, "loader_ns": load_ns, "loader_share_pct": share,
                 "single_process": single, "pageable_h2d_copies": pageable_copies(facts).height,
-                "cores": _cores(facts)}
+                "cores": _cores(facts),
+                "loader_on_cpu_pct": None if on_cpu is None else round(100 * on_cpu, 1)}
     return advice(facts, "data_loading", "training waits for the DataLoader", evidence, gain,
                   basis, change)
 
@@ -401,6 +439,9 @@ def loader_oversubscription(facts: Facts) -> Advice | None:
     workers = fetches.select("rank", "pid").unique().height
     per_rank = workers / max(1, len(facts.ranks))
     if per_rank <= spare_cores(cores) or workers == 0:
+        return None
+    on_cpu = on_cpu_share(facts, fetches)
+    if on_cpu is not None and on_cpu < _WAITING:  # workers that mostly wait share no core
         return None
     evidence = {"cores": cores, "workers": workers, "ranks": len(facts.ranks)}
     best = spare_cores(cores)
