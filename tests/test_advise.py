@@ -132,11 +132,11 @@ def _perf_samples(run: Run, every_us: float, until_us: float, hz: int) -> Run:
 
 def test_data_loading_that_waits(tmp_path: Path) -> None:
     """A loader that mostly waits (its reads, a sleep): perf (1 kHz) saw its thread on a CPU
-    once in each step's 6 ms of loading, 1 ms of CPU: 17% of it. The cores bound nothing, and workers beyond
-    them overlap the waits: 6 ms of loading over 4 ms of compute takes 3 (2 + one ahead),
-    a step max(4, 6 / 3) = 4 ms of 10 on 2 cores (1 worker had been advised: 0-3.5% gain
-    measured, where 2 and 4 workers took 58% and 74% off); one that computes (perf saw it all
-    the time) stays bound by its cores."""
+    once in each step's 6 ms of loading, 1 ms of CPU: 17% of it. The cores bound nothing, and
+    workers beyond them overlap the waits: 6 ms of loading over 4 ms of compute takes 3
+    (2 + one ahead), a step max(4, 6 / 3) = 4 ms of 10 on 2 cores (1 worker had been advised:
+    0-3.5% gain measured, where 2 and 4 workers took 58% and 74% off); one that computes
+    (perf saw it all the time) stays bound by its cores."""
     run = with_manifest(imported(tmp_path, "reads", _loader_steps(6000, 4000)), cores=2)
     waits = shows(host.data_loading, _perf_samples(run, 10_000, 30_000, 1000))
     assert waits.evidence["loader_on_cpu_pct"] == pytest.approx(100 * 3 / 18, abs=0.1)

@@ -465,6 +465,10 @@ def _shapes(fields: bytes) -> Shapes | None:
                   values)
 
 
+# Recurrent layers (nn.LSTM, nn.GRU, nn.RNN): each takes its input, its hidden state and every
+# layer's weights as one list (its third input); batch_first=False (the default) runs them on
+# [sequence, batch, features]
+RNN_OPS: Final = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu")
 # Advanced indexing (x[idx], x[idx] = y): its work is the indexed rows, which its list of
 # index tensors (recorded untyped, '') says and the trace does not: reading all of `x` priced a
 # SparseAdam step's gather of 5k rows of [200000, 64] at 79 GB/s on a CPU that streams 30

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.model.opcost import Shapes, element_bytes, shapes_from_args
+from perfswarm.model.opcost import RNN_OPS, Shapes, element_bytes, shapes_from_args
 from perfswarm.model.parallelism import Blocks, Estimate, Model, best_layout
 from perfswarm.model.topology import Link
 from perfswarm.trace.store import Run
@@ -44,12 +44,9 @@ _WEIGHTS: Final = {  # op -> index of its weight and of its bias among the input
     "aten::linear": (1, 2), "aten::conv1d": (1, 2), "aten::conv2d": (1, 2),
     "aten::conv3d": (1, 2), "aten::embedding": (0, -1), "aten::layer_norm": (2, 3),
     "aten::batch_norm": (1, 2), "aten::group_norm": (2, 3),
-    **dict.fromkeys(("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"), (2, -1)),
+    **dict.fromkeys(RNN_OPS, (2, -1)),  # every layer's weights, one list
 }
 _ATTENTION: Final = "aten::scaled_dot_product_attention"
-# Recurrent layers (nn.LSTM, nn.GRU, nn.RNN) take every layer's weights as one tensor list,
-# their third input: the shape parser's rows hold no lists, so they are read here
-_RNNS: Final = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu")
 
 
 @dataclass(frozen=True)
@@ -82,7 +79,7 @@ def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     steps), in time order."""
     table = run.table("events", ["ts", "kind", "name", "step", "detail"], rank=rank)
     keep = pc.and_(pc.is_in(table.column("kind"), pa.array(["cpu_op"])),
-                   pc.is_in(table.column("name"), pa.array([*_WEIGHTS, _ATTENTION, *_RNNS])))
+                   pc.is_in(table.column("name"), pa.array([*_WEIGHTS, _ATTENTION])))
     table = table.filter(keep)
     steps = np.asarray(table.column("step").to_numpy(), np.int64)
     if (steps >= 0).any():
@@ -91,7 +88,8 @@ def _first_step_ops(run: Run, rank: int) -> list[tuple[str, Shapes]]:
     out = []
     for name, text in zip(pc.cast(table.column("name"), pa.string()).to_pylist(),
                           table.column("detail").to_pylist(), strict=True):
-        shapes = shapes_from_args(text or "") if name not in _RNNS else _rnn_weights(text)
+        # a recurrent layer's weight list: the shape parser's rows hold no lists
+        shapes = shapes_from_args(text or "") if name not in RNN_OPS else _rnn_weights(text)
         if shapes is not None:
             out.append((str(name), shapes))
     return out

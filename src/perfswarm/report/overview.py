@@ -20,7 +20,7 @@ from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.frame import Events, detail_of, lane_key
 from perfswarm.analyze.intervals import I64, first_covering, state_sweep
 from perfswarm.analyze.phases import BACKWARD, nested, phases, step_calls
-from perfswarm.model.opcost import has_cost_model, shapes_cost, shapes_from_args
+from perfswarm.model.opcost import RNN_OPS, has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.trace.store import Run
@@ -94,7 +94,6 @@ EMBEDDING: Final = "aten::embedding"
 EMBEDDING_BACKWARD: Final = "aten::embedding_dense_backward"
 _FIRST_FAMILIES: Final = ("gemm", "conv", "depthwise_conv")
 _BIAS_FIRST: Final = frozenset({"aten::addmm", "aten::baddbmm", "aten::addbmm"})
-_RNNS: Final = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"})
 _RNN_PROBES: Final = 8  # an RNN's calls read to tell its layout
 
 
@@ -184,7 +183,7 @@ def _time_major(run: Run, ev: Events, rows: I64, index: tuple[int, ...]) -> bool
     """Whether token indices [a, b] are [sequence, batch]: an RNN (nn.LSTM, nn.GRU, nn.RNN:
     batch_first=False unless set) runs on an input [a, b, features] with its batch_first
     argument, its last, False."""
-    codes = [i for i, n in enumerate(ev.names) if n in _RNNS]
+    codes = [i for i, n in enumerate(ev.names) if n in RNN_OPS]
     found = rows[np.isin(ev.name[rows], codes)][:_RNN_PROBES] if codes else rows[:0]
     for args in _args_of(run, found):
         dims, concrete = args.get("Input Dims"), args.get("Concrete Inputs")
