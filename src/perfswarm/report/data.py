@@ -64,8 +64,9 @@ def _rate(flops_per_s: float) -> str:
 def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
                 ) -> dict[str, Any] | None:
     """Samples and tokens per second at the program's own step time, where the recorder
-    timed steps after its window: a profiled step runs slower."""
-    if rates is None or timing is None or not timing.outside:
+    timed steps after its window: a profiled step runs slower. Not where the profiled steps'
+    batches differ: the steps after the window are of batches no trace shows."""
+    if rates is None or timing is None or not timing.outside or not rates["same_batch"]:
         return rates
     per_s = 1e9 / timing.median_ns
     return {**rates, "samples_per_s": rates["samples_per_step"] * per_s,

@@ -152,7 +152,7 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     return {"samples_per_s": counts.mean() / step_s, "samples_per_step": counts.mean(),
             "tokens_per_s": tok.mean() / step_s if tok is not None else None,
             "tokens_per_step": tok.mean() if tok is not None else None,
-            "steps": len(ran), "source": source + ("" if same else (
+            "steps": len(ran), "same_batch": same, "source": source + ("" if same else (
                 "; the steps' batches differ: every sample over the steps' whole time")),
             "rank": int(rank)}
 
