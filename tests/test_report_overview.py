@@ -419,3 +419,21 @@ def test_memory_peak_by_category_of_a_real_profile(tmp_path: Path) -> None:
     assert memory["peak_allocated"] == max(totals)
     assert memory["peak_by_category"] == expected
     assert sum(expected.values()) == max(totals) and expected["forward"] > 0
+
+
+def test_samples_per_second_at_the_unprofiled_step() -> None:
+    """Where the recorder timed steps after its window, samples/s are at their median step
+    (the profiler slowed the window's); not where the window's batches differ (the batches
+    after it are unknown)."""
+    from perfswarm.analyze.iterations import StepTime
+    from perfswarm.report.data import _unprofiled
+
+    rates = {"samples_per_s": 20 / 0.030, "samples_per_step": 20.0, "tokens_per_s": None,
+             "tokens_per_step": None, "same_batch": True, "source": "x", "steps": 10,
+             "rank": 0}
+    after = StepTime(0.024e9, 134, True, 0.030e9)
+    got = _unprofiled(rates, after)
+    assert got is not None and got["samples_per_s"] == pytest.approx(20 / 0.024)
+    assert got["source"] == "x; per the median of the 134 steps after the profiler's window"
+    assert _unprofiled({**rates, "same_batch": False}, after) == {**rates, "same_batch": False}
+    assert _unprofiled(rates, StepTime(0.030e9, 10, False, 0.030e9)) == rates
