@@ -177,7 +177,7 @@ class Facts:
 
     @property
     def recorded(self) -> dict[str, Any]:
-        """What the recorder noted of the stepping processes (record/build.stepping_facts)."""
+        """What the recorder noted of the stepping processes (recorder/build.stepping_facts)."""
         return dict(self.manifest.get("extra", {}).get("record", {}))
 
     @cached_property
