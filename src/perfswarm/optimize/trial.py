@@ -1,7 +1,7 @@
 """One measured run of the tuned command: its steady-state step times, watched as they come.
 
 Two ways to measure, same result shape:
-- `record` (the default): a light recorded run (record.session with the torch collector, a
+- `record` (the default): a light recorded run (recorder.session with the torch collector, a
   short profiling window and the system sampler; no perf, py-spy or execution trace) into its
   own Run. Step times stream from the optimizer-step hooks while it runs; the throughput is
   then taken from the Run's steps table (analyze.iterations.steady_state). It needs a Python
