@@ -175,3 +175,14 @@ def test_derived_counters(corpus_runs: dict[str, Run]) -> None:
     assert len(busy) == 100 and all(0 <= b <= 1 for b in busy)
     bandwidth = [e["args"] for e in derived if e["name"] == "memory bandwidth (GB/s)"]
     assert {k for a in bandwidth for k in a} == {"d2d", "memset"}
+
+
+def test_a_manifest_without_ranks_exports(corpus_runs: dict[str, Run], tmp_path: Path) -> None:
+    """A manifest whose `ranks` is empty (the fuzzer's): no distributedInfo, no IndexError."""
+    import shutil
+
+    run = Run(shutil.copytree(corpus_runs["simple_add"].path, tmp_path / "r.run"))
+    m = run.manifest()
+    m["ranks"] = []
+    run.write_manifest(m)
+    assert "distributedInfo" not in perfetto.export_chrome_trace(run)

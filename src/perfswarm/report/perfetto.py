@@ -296,8 +296,10 @@ def export_chrome_trace(run: Run, rank: int | None = None) -> dict[str, Any]:
         "deviceProperties": manifest["devices"],
         "traceEvents": [e for e in events if e["pid"] is not None],
     }
-    if not pids.several:
-        trace["distributedInfo"] = {"rank": manifest["ranks"][0] if rank is None else rank}
+    only = rank if rank is not None else (
+        manifest["ranks"][0] if len(manifest["ranks"]) == 1 else None)
+    if only is not None:
+        trace["distributedInfo"] = {"rank": only}
     return trace
 
 
