@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from perfswarm.analyze.frame import Events
+from perfswarm.recorder.clock import monotonic_offset_ns
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.detail import with_detail
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -55,6 +56,9 @@ def corpus_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
 
 
 TRAINER_STEPS = 8
+# the monotonic -> epoch offset as the session began: a later one that differs says the
+# machine's wall clock stepped meanwhile (a VM's clock sync: 15 s once in this project's CI)
+SESSION_OFFSET_NS = monotonic_offset_ns()
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import orjson
 import polars as pl
 import pytest
 
+from conftest import SESSION_OFFSET_NS
 from conftest import TRAINER_STEPS as STEPS
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.record_cmd import status_line
@@ -43,7 +44,10 @@ def test_manifest_statuses(trainer_run: Run) -> None:
         assert status["gpu"] == "unavailable: no NVIDIA GPU"
     offsets = m["clock_offsets"]
     assert offsets["system"] == offsets["gpu"] == 0 and "pystacks" not in offsets
-    assert abs(offsets["perf"] - monotonic_offset_ns()) < 1_000_000  # monotonic -> epoch
+    # monotonic -> epoch, as it is now, unless the machine's wall clock stepped meanwhile (the
+    # recorder notes a step during a recording; one after it moves only the check's side)
+    if abs(monotonic_offset_ns() - SESSION_OFFSET_NS) < 1_000_000:
+        assert abs(offsets["perf"] - monotonic_offset_ns()) < 1_000_000
     assert m["ranks"] == [0]
     files = m["collectors"]["torch"]["files"]
     # the main process's three files, and a trace from each of the two DataLoader workers
@@ -439,6 +443,9 @@ def test_perf_samples_align_within_1ms(tmp_path: Path) -> None:
     status = result.run.manifest()["collectors"]["perf"]["status"]
     if status != "ok":
         pytest.skip(f"perf {status}")
+    stepped = [w["what"] for w in result.run.manifest()["warnings"] if "clock stepped" in w["what"]]
+    if stepped:  # the recording says its epoch and monotonic times cannot be aligned
+        pytest.skip(stepped[0])
     pid = result.run.manifest()["extra"]["record"]["pid"]
     s = result.run.table("samples").to_pydict()
     ts = np.array([t for t, p, tid in zip(s["ts"], s["pid"], s["tid"], strict=True)
