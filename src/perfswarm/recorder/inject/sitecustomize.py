@@ -69,7 +69,6 @@ class _Window:
         self.reserve_mib = reserve_mib
         self.pid = os.getpid()
         self.rank = int(os.environ.get("RANK", "0") or 0)
-        self.stem = f"rank{self.rank}-pid{self.pid}"
         self.hook_ns: list[int] = []
         self.hook_faults: list[int] = []  # the process's minor page faults at each hook
         # hook index -> the leading dimension of the top-level module's first input, of a
@@ -88,7 +87,6 @@ class _Window:
         self.pending_ns = 0  # the own time of the cycle's calls since the last step
         self.prof: Any = None
         self.et: Any = None
-        self.live = os.path.join(out, f"steps-{self.stem}.live")
         self.live_fd = -1  # opened at the first step: most Python processes never step
         self.driver: str | None = None  # which of DRIVERS counts the steps
         self.opened_at = -1  # steps done when the window opened
@@ -116,22 +114,41 @@ class _Window:
                 break
             except FileExistsError:
                 rank += 1
-        self.rank, self.stem = rank, f"rank{rank}-pid{self.pid}"
-        self.live = os.path.join(self.out, f"steps-{self.stem}.live")
+        self.rank = rank
+
+    @property
+    def stem(self) -> str:
+        """How this process's files are named: its rank and pid."""
+        return f"rank{self.rank}-pid{self.pid}"
+
+    @property
+    def live(self) -> str:
+        """The step times as they come (read when the `.json` at exit is missing)."""
+        return os.path.join(self.out, f"steps-{self.stem}.live")
+
+    def _clear_steps(self) -> None:
+        """Forget the steps counted so far (another driver's, or a parent's): every per-hook
+        record and the live file's lines."""
+        self.hook_ns.clear()
+        self.hook_faults.clear()
+        self.optimizer_ns.clear()
+        self.batches.clear()
+        self.hook_keys.clear()
+        if self.live_fd >= 0:
+            os.ftruncate(self.live_fd, 0)
 
     def forked(self) -> None:
         """In a forked child: the parent's steps, window and files are the parent's. The
         child keeps what drives its steps (an optimizer built before the fork steps here
         too) and writes its own at exit (multiprocessing runs its finalizers; no atexit)."""
         self.pid = os.getpid()
-        self.hook_ns, self.hook_faults, self.batches = [], [], {}
-        self.step_done_ns, self.optimizer_ns, self.hook_keys = {}, {}, []
+        self.live_fd = -1  # the parent's file, not to be written (nor truncated) here
+        self._clear_steps()
+        self.step_done_ns = {}
         self.cycle, self.pending_ns, self.backward_ns = None, 0, 0
         self.prof = self.et = None
-        self.opened_at, self.live_fd = -1, -1
+        self.opened_at = -1
         self.claim = "RANK" not in os.environ
-        self.stem = f"rank{self.rank}-pid{self.pid}"
-        self.live = os.path.join(self.out, f"steps-{self.stem}.live")
         import multiprocessing.util as mp_util
 
         # multiprocessing clears the finalizers a child inherits, then runs its after-fork
@@ -153,13 +170,7 @@ class _Window:
                                             > DRIVERS.index(self.driver)):
                 return
             self.driver = kind  # the steps counted so far were another kind's
-            self.hook_ns.clear()
-            self.hook_faults.clear()
-            self.optimizer_ns.clear()
-            self.batches.clear()
-            self.hook_keys.clear()
-            if self.live_fd >= 0:
-                os.ftruncate(self.live_fd, 0)
+            self._clear_steps()
             if kind != "forward":
                 self.drop_forward_hooks()
         self.on_step()
@@ -499,10 +510,7 @@ def _watch_optimizers(window: _Window, optimizer: type) -> None:
             window.drop_forward_hooks()
             if window.opened_at < 0 and window.driver != "optimizer":
                 window.driver = "optimizer"
-                window.hook_ns.clear()
-                window.hook_faults.clear()
-                window.optimizer_ns.clear()
-                window.batches.clear()
+                window._clear_steps()
                 if window.skip == 0:
                     window.start()
 
