@@ -221,11 +221,13 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
                if _is_backward_of(a, table)]
     samples: dict[int, int] = {}
     tokens: dict[int, int] = {}
-    trained_steps = set(_steps_of(ev, windows, [r for r, _ in trained]))
-    passes = [(r, i) for r, i in trained] + [(r, i) for r, i in lookups if _steps_of(
-        ev, windows, [r])[0] not in trained_steps]
-    for (_r, idx), step in zip(passes, _steps_of(ev, windows, [r for r, _ in passes]),
-                               strict=True):
+    trained_at = _steps_of(ev, windows, [r for r, _ in trained])
+    looked_at = _steps_of(ev, windows, [r for r, _ in lookups])
+    trained_steps = set(trained_at)  # a step that trained it counts its backward passes
+    passes = [*zip(trained_at, (i for _, i in trained), strict=True),
+              *((s, i) for s, (_, i) in zip(looked_at, lookups, strict=True)
+                if s not in trained_steps)]
+    for step, idx in passes:
         if len(idx) != 2:
             continue
         samples[step] = samples.get(step, 0) + (idx[1] if time_major else idx[0])
