@@ -175,6 +175,16 @@ class Facts:
                                       & (pl.col("ts") < end)))
         return pl.concat(parts) if parts else frame.clear()
 
+    @cached_property
+    def perf_samples(self) -> pl.DataFrame:
+        """perf's cpu-clock samples of the Run (ts, pid, tid): each a sampling period a
+        thread ran on a CPU; none without perf."""
+        if not self.run.has_table("samples"):
+            return pl.DataFrame(schema={"ts": pl.Int64, "pid": pl.Int64, "tid": pl.Int64})
+        samples = pl.from_arrow(self.run.table("samples", ["ts", "pid", "tid", "source"]))
+        assert isinstance(samples, pl.DataFrame)
+        return samples.filter(pl.col("source").cast(pl.String) == "perf").drop("source")
+
     @property
     def recorded(self) -> dict[str, Any]:
         """What the recorder noted of the stepping processes (recorder/build.stepping_facts)."""

@@ -52,12 +52,8 @@ def on_cpu_share(facts: Facts, spans: pl.DataFrame) -> float | None:
     those threads inside them (each a sampling period of CPU time) over the spans' time; None
     without perf samples of the run (perf missing, or an imported trace)."""
     hz = facts.recorded.get("perf_hz")
-    if not hz or spans.height == 0 or not facts.run.has_table("samples"):
-        return None
-    samples = pl.from_arrow(facts.run.table("samples", ["ts", "pid", "tid", "source"]))
-    assert isinstance(samples, pl.DataFrame)
-    perf = samples.filter(pl.col("source").cast(pl.String) == "perf")
-    if perf.height == 0:
+    perf = facts.perf_samples
+    if not hz or spans.height == 0 or perf.height == 0:
         return None
     seen = set(perf["pid"].unique().to_list())  # processes perf followed at all
     inside, spent = 0, 0.0
