@@ -799,7 +799,7 @@ def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
     """An inference loop's steps start at its model's forward; each step's batch (the first
     input's leading dimension) is a counter at its start, inside that step: an inference
     server's requests differ in size."""
-    from perfswarm.optimize.rules.host import step_batch
+    from perfswarm.optimize.rules.host import step_batches
     from perfswarm.trace.schema import STEP_BATCH
 
     script = tmp_path / "serve.py"
@@ -808,8 +808,10 @@ def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
                  RecordOptions(collectors=("torch",), skip=2, steps=3)).run
     sizes = pl.from_arrow(run.table("counters")).filter(pl.col("name") == STEP_BATCH)
     assert isinstance(sizes, pl.DataFrame)
-    batch_of = {s["step"]: step_batch(sizes, 0, s["start"], s["end"])
-                for s in run.table("steps").to_pylist()}
+    steps = pl.from_arrow(run.table("steps"))
+    assert isinstance(steps, pl.DataFrame)
+    batch_of = dict(zip(steps["step"].to_list(), step_batches(sizes, steps).tolist(),
+                        strict=True))
     # a hook at each forward's start: step i (from hook i - 1) runs the i-th forward
     assert batch_of == dict(enumerate([1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8], start=1))
     assert len(batch_of) == 11 and {3, 4, 5} <= set(batch_of)  # the marked steps too

@@ -327,8 +327,7 @@ def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
     sizes = facts.counters.filter(pl.col("name") == STEP_BATCH)
     if sizes.height == 0:
         return median
-    batch = np.array([step_batch(sizes, rank, lo, hi) for rank, lo, hi
-                      in steps.select("rank", "start", "end").iter_rows()], np.int64)
+    batch = step_batches(sizes, steps)
     known = batch > 0
     if len(np.unique(batch[known])) < 2:
         return median
@@ -339,14 +338,20 @@ def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
     return median
 
 
-def step_batch(sizes: pl.DataFrame, rank: int, start: int, end: int) -> int:
-    """The batch (STEP_BATCH counters) of the step [start, end) of `rank`: the earliest in it
-    (a marked step can end past the next hook, the profiler's stop), else the last before it
+def step_batches(sizes: pl.DataFrame, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
+    """Each step's batch (STEP_BATCH counters of its rank): the earliest in [start, end) (a
+    marked step can end past the next hook, the profiler's stop), else the last before it
     (the first marked step begins once the profiler has started, after its hook); 0: none."""
-    mine = sizes.filter((pl.col("rank") == rank) & (pl.col("ts") < end)).sort("ts")
-    inside = mine.filter(pl.col("ts") >= start)["value"]
-    before = mine.filter(pl.col("ts") < start)["value"]
-    return int(inside[0]) if inside.len() else int(before[-1]) if before.len() else 0
+    out = np.zeros(steps.height, np.int64)
+    for (rank,), mine in sizes.sort("ts").group_by(["rank"]):
+        at = np.flatnonzero((steps["rank"] == rank).to_numpy())
+        ts, value = mine["ts"].to_numpy(), mine["value"].to_numpy().astype(np.int64)
+        lo, hi = steps["start"].to_numpy()[at], steps["end"].to_numpy()[at]
+        i = np.searchsorted(ts, lo, side="left")  # the first at or after the start
+        inside = (i < len(ts)) & (ts[np.minimum(i, len(ts) - 1)] < hi)
+        out[at] = np.where(inside, value[np.minimum(i, len(ts) - 1)],
+                           np.where(i > 0, value[np.maximum(i - 1, 0)], 0))
+    return out
 
 
 def _saturated(busy_cores: float, cores: int) -> bool:
