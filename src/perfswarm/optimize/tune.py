@@ -218,11 +218,14 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         raise ParameterError(None, "{baseline_repeats} must be at least 1")
     # a tuned batch size: throughput in samples/s (a bigger batch's slower step does more)
     batch = next((p for p in params if p.flag and is_batch_flag(p.flag)), None)
-    base_batch = batch_flag(argv) if batch is not None else 1
-    if base_batch is None:
-        raise ParameterError(None, f"the space tunes the batch size ({batch.flag if batch else ''}"
-                             "): give the command its own value of it, the baseline's batch "
-                             "its samples/s are of")
+    base_batch = 1
+    if batch is not None:
+        given = batch_flag(argv)
+        if given is None:
+            raise ParameterError(None, f"the space tunes the batch size ({batch.flag}): give "
+                                 "the command its own value of it, the baseline's batch its "
+                                 "samples/s are of")
+        base_batch = given
     unit = "samples/s" if batch is not None else "steps/s"
     measure = _measurer(options)
     options.out.mkdir(parents=True, exist_ok=True)
