@@ -294,6 +294,7 @@ def test_a_cpu_run_forecast_on_a_gpu_from_its_op_graph(cpu_run: Run) -> None:
     linear's own is 300 - 5 - 270). The last add_'s kernel ends the step."""
     p = predict(cpu_run, Change(device="NVIDIA H100 80GB HBM3"))
     assert p.target_device == "H100-SXM" and p.source_device == "cpu"
+    assert p.to_dict()["active_label"] == "device active"  # the GPU's, forecast
     host = (1000 - 350 - 70 + 6 * 5) * US + 2 * HOST_OP_NS
     for s in p.steps:
         assert s.measured_ns == 1000 * US

@@ -208,8 +208,10 @@ class Prediction:
         categories = sorted({k for s in self.steps for k in s.breakdown_ns})
         return {
             "path": self.path, "platform": self.platform, "source_device": self.source_device,
-            # what device_active_ns is, in words: a GPU's ops, or a CPU's compute ops
-            "active_label": "compute active" if self.platform == "cpu" else "device active",
+            # what device_active_ns is, in words: a GPU's ops (a CPU run forecast on a GPU
+            # too), or a CPU's compute ops
+            "active_label": ("compute active" if self.platform == "cpu"
+                             and self.target_device == self.source_device else "device active"),
             "target_device": self.target_device, "change": self.change.to_dict(),
             "batch": ({"recorded": self.batch[0], "predicted": self.batch[1]}
                       if self.batch else None),
