@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import TRACES, corpus, events
+from perfswarm.analyze.concurrency import concurrency
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
@@ -327,6 +328,58 @@ def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> Non
         # hand-overs are short; the autograd thread's work is on the path as work, not idle
         assert path.ns["thread_wait"] < 0.02 * path.length_ns
         assert path.ns["host_idle"] < 0.07 * path.length_ns
+
+
+# Two CPU ranks of DDP on gloo, one step (us): each main thread (tid 1) runs its forward and
+# backward, issues the all-reduce (c10d::allreduce_) and sits idle until gloo's worker thread
+# (tid 2) has run it, then steps its optimizer. Rank 1's forward is slow: rank 0's all-reduce
+# waits for it from 110 to 260; both end at 400.
+GLOO_STEP = [
+    (0, 0, 100, "cpu_op", "forward", 1, -1, -1, -1),
+    (0, 100, 20, "cpu_op", "c10d::allreduce_", 1, -1, -1, -1),
+    (0, 110, 290, "user_annotation", "gloo:all_reduce", 2, -1, -1, -1),
+    (0, 410, 90, "cpu_op", "optimizer", 1, -1, -1, -1),
+    (1, 0, 250, "cpu_op", "forward", 1, -1, -1, -1),
+    (1, 250, 20, "cpu_op", "c10d::allreduce_", 1, -1, -1, -1),
+    (1, 260, 140, "user_annotation", "gloo:all_reduce", 2, -1, -1, -1),
+    (1, 405, 80, "cpu_op", "optimizer", 1, -1, -1, -1),
+]
+
+
+def _gloo_step() -> Events:
+    return events([(r, ts * US, d * US, *rest) for r, ts, d, *rest in GLOO_STEP])
+
+
+def test_critical_path_through_a_host_collective() -> None:
+    """The path leaves rank 0's loop where it resumed after gloo's thread (10 us late), spends
+    the all-reduce from the moment rank 1 took it up (260..400), moves to rank 1 and to the
+    call that issued it there, and runs back through rank 1's slow forward: the step whole,
+    500 us. It had been rank 0's 290 us of blocked loop as host_idle."""
+    path = critical_path(_gloo_step(), [], {0: [StepWindow(0, 0, 500 * US, "marker")],
+                                            1: [StepWindow(0, 0, 485 * US, "marker")]})
+    assert path is not None
+    (step,) = path.steps
+    for p in (path, step):
+        assert (p.start, p.end, p.rank_switches) == (0, 500 * US, 1)
+        assert {k: v // US for k, v in p.ns.items() if v} == {
+            "cpu": 90 + 260, "thread_wait": 10, "collective": 140}
+        assert [(h.rank, h.from_tid, h.to_tid, h.at // US, h.wait_ns // US)
+                for h in p.handovers] == [(1, 1, 2, 260, 0), (0, 2, 1, 410, 10)]
+
+
+def test_host_collectives_are_communication() -> None:
+    """Stragglers match gloo's ranges across ranks; the concurrency breakdown counts a rank's
+    gloo thread as waiting, not as host work, and sets it against the loop's ops."""
+    ev = _gloo_step()
+    result = stragglers(ev)
+    assert (result.instances, result.max_skew_ns, result.straggler) == (1, 150 * US, 1)
+    rank0 = concurrency(ev, {}).ranks[0]
+    # host work: the loop's 0..120 and 410..500, not gloo's 110..400
+    assert rank0.total.ns["host_busy_device_idle"] == 210 * US
+    assert rank0.host_comm is not None
+    assert {k: v // US for k, v in rank0.host_comm.ns.items()} == {
+        "overlapped": 10, "compute_only": 200, "comm_only": 280, "neither": 10}
+    assert rank0.host_comm.comm_overlap_pct == pytest.approx(100 * 10 / 290)
 
 
 def test_stragglers_hand_made() -> None:

@@ -63,15 +63,60 @@ class IterationBreakdown:
         return {"step": self.step, **self.breakdown.to_dict()}
 
 
+HOST_COMM_STATES: Final = ("overlapped", "compute_only", "comm_only", "neither")
+
+
+@dataclass(frozen=True)
+class HostComm:
+    """A CPU process group's communication on one rank against its compute, over the rank's
+    span: its collectives on host threads (frame.Events.host_collective: gloo's all-reduce of
+    a DDP rank's gradients) and the host work of its other threads, each instant in one of
+    HOST_COMM_STATES (both, compute only, communication only, neither)."""
+
+    ns: Mapping[str, int]
+
+    @property
+    def compute_ns(self) -> int:
+        return self.ns["overlapped"] + self.ns["compute_only"]
+
+    @property
+    def comm_ns(self) -> int:
+        return self.ns["overlapped"] + self.ns["comm_only"]
+
+    @property
+    def comm_overlap_pct(self) -> float:
+        """Share of communication time hidden under compute, in percent."""
+        return 100.0 * self.ns["overlapped"] / self.comm_ns if self.comm_ns else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ns": dict(self.ns), "compute_ns": self.compute_ns, "comm_ns": self.comm_ns,
+                "comm_overlap_pct": self.comm_overlap_pct}
+
+    @classmethod
+    def of_rank(cls, ev: Events, rank: int, span: tuple[int, int]) -> HostComm | None:
+        """None when the rank ran no collective on host threads."""
+        rows = np.arange(len(ev))[ev.rank_slice(rank)]
+        comm = rows[ev.host_collective[rows]]
+        if not len(comm):
+            return None
+        work = rows[ev.host_busy[rows] & ~np.isin(ev.tid[rows], ev.tid[comm])]
+        sums = state_sweep([(ev.ts[work], ev.end[work]), (ev.ts[comm], ev.end[comm])],
+                           lambda c: first_covering([c[0] & c[1], c[0], c[1]]),
+                           len(HOST_COMM_STATES), HOST_COMM_STATES.index("neither"))
+        return cls(dict(zip(HOST_COMM_STATES, sums.between(*span).tolist(), strict=True)))
+
+
 @dataclass(frozen=True)
 class RankConcurrency:
     rank: int
     total: Breakdown
     iterations: tuple[IterationBreakdown, ...]
+    host_comm: HostComm | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "total": self.total.to_dict(),
-                "iterations": [i.to_dict() for i in self.iterations]}
+                "iterations": [i.to_dict() for i in self.iterations],
+                "host_comm": self.host_comm.to_dict() if self.host_comm else None}
 
 
 @dataclass(frozen=True)
@@ -100,7 +145,10 @@ class Activity:
             return ev.ts[rows][sel], ev.end[rows][sel]
 
         return cls(compute=spans(ev.of_kind("kernel")), comm=spans(ev.of_kind("collective")),
-                   memory=spans(ev.of_kind("memcpy", "memset")), host=spans(ev.host_busy))
+                   memory=spans(ev.of_kind("memcpy", "memset")),
+                   # a host thread running a collective waits for the other ranks: not host
+                   # work (HostComm sets it against the rank's compute)
+                   host=spans(ev.host_busy & ~ev.host_collective))
 
     def span(self) -> tuple[int, int]:
         starts = np.concatenate([s for s, _ in self.sets()])
@@ -129,11 +177,12 @@ def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[B
 def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> RankConcurrency:
     """One rank's breakdown over its whole span and over each of its iterations."""
     activity = Activity.of_rank(ev, rank)
-    total, *per_step = breakdowns(activity, [activity.span(),
-                                             *((w.start, w.end) for w in windows)])
+    span = activity.span()
+    total, *per_step = breakdowns(activity, [span, *((w.start, w.end) for w in windows)])
     return RankConcurrency(
         rank, total,
-        tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True)))
+        tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True)),
+        HostComm.of_rank(ev, rank, span))
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:

@@ -8,7 +8,9 @@ host thread runs back to back, except where a synchronizing call (device, stream
 or event sync) waited for the device, where the path continues at the device op it
 waited for, and where another thread handed over to it (dependencies.thread_wakes:
 the main thread blocked in backward until the autograd thread finished, the autograd
-thread until the main thread called backward), where it continues on that thread.
+thread until the main thread called backward, a DDP loop until gloo's thread ran its
+all-reduce), where it continues on that thread. A collective on a host thread (gloo's) is a
+collective as a device's is, and waited to start for the call that issued it.
 Every nanosecond from the path's start to its end is attributed to one category, so
 the composition sums to the path length exactly. Each iteration has its own path too: walked
 back from the last work of the step (its host events, the device ops launched in it) to the
@@ -37,7 +39,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import SyncEvent, Wakes, dependencies, thread_wakes
+from perfswarm.analyze.dependencies import (
+    Issued,
+    SyncEvent,
+    Wakes,
+    dependencies,
+    issued,
+    thread_wakes,
+)
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
 from perfswarm.analyze.iterations import StepWindow
@@ -121,6 +130,7 @@ class Graph:
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     thread_start: dict[int, int] = field(default_factory=dict)
     wakes: Mapping[int, Wakes] = field(default_factory=dict)
+    issued: Issued = field(default_factory=lambda: Issued({}, {}))
 
 
 def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int, list[Peer]]]:
@@ -137,7 +147,7 @@ def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]]) -> G
     """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers."""
     d = dependencies(ev, syncs)
     g = Graph(ev, d.prev_on_stream, d.launch_of, d.waits_for, d.sync_target, peers,
-              wakes=thread_wakes(ev))
+              wakes=thread_wakes(ev), issued=issued(ev))
     _threads(g)
     return g
 
@@ -210,6 +220,36 @@ class _Walk:
         self.add(category, ready, start)
         return (rank, where, dep, ready)
 
+    def host_collective(self, row: int, t: int) -> State | None:
+        """Account a collective on a host thread (`row`: gloo's range on its worker thread)
+        up to t, as a device's: from the moment the last rank took it up; waiting on another
+        rank moves the path there. Taken up last here, it waited to start for the call that
+        issued it (a hand-over from the issuing thread) or, queued, for the collective before
+        it on its thread."""
+        ev, g = self.g.ev, self.g
+        start = int(ev.ts[row])
+        rank = int(ev.rank[row])
+        peers = [p for p in g.peers.get(row, []) if p[2] > start]
+        if peers:
+            late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
+            self.add("collective", late_ts, t, row)
+            self.switches += int(late_ts > self.floor)
+            return (late_rank, "host", late, late_ts)
+        self.add("collective", start, t, row)
+        preds: list[tuple[int, int, str]] = []  # (ready, row, category of the wait)
+        for dep, category in ((g.issued.prev_on_thread.get(row), "stream_queue"),
+                              (g.issued.call.get(row), "thread_wait")):
+            if dep is not None:
+                preds.append((min(int(ev.end[dep]), start), dep, category))
+        if not preds:
+            return None
+        ready, dep, category = max(preds)
+        self.add(category, ready, start, dep)
+        if category == "thread_wait" and start > self.floor:
+            self.handovers.append(Handover(rank, int(ev.tid[dep]), int(ev.tid[row]), start,
+                                           start - ready))
+        return (rank, "host", dep, ready)
+
     def host(self, row: int, t: int) -> State | None:
         """Walk host thread of `row` back from t to its last sync call that waited (return
         the device op it waited on) or hand-over (return the thread that handed over)."""
@@ -280,7 +320,8 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
         seen.add(current)
         visited.append(current)
         _, where, row, t = current
-        current = w.device(row, t) if where == "dev" else w.host(row, t)
+        current = (w.device(row, t) if where == "dev" else
+                   w.host_collective(row, t) if g.ev.host_collective[row] else w.host(row, t))
     by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
     return Segment(w.ns, by_name, w.device_ops, w.switches, w.handovers, visited,
                    current if current is not None and current[3] > floor else None)

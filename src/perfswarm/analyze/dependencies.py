@@ -319,6 +319,38 @@ def _collective_peers(ev: Events, d: Dependencies, dev_all: I64) -> None:
 
 
 @dataclass(frozen=True)
+class Issued:
+    """Each host collective's (frame.Events.host_collective) row -> what it waited for to start:
+    the call that issued it (frame.COLLECTIVE_CALL) and the collective before it on its
+    thread."""
+
+    call: dict[int, int]
+    prev_on_thread: dict[int, int]
+
+
+def issued(ev: Events) -> Issued:
+    """The rank's collectives are taken up in the order they were issued: the n-th (by start)
+    was issued by the earliest call not yet matched, when that call began before it (a
+    collective whose call was before the trace's window has none, and takes none)."""
+    rows = np.flatnonzero(ev.host_collective)
+    calls = np.flatnonzero(ev.collective_call)
+    out = Issued({}, {})
+    for rank in ev.ranks:
+        mine = rows[ev.rank[rows] == rank]
+        mine = mine[np.argsort(ev.ts[mine], kind="stable")]
+        theirs = calls[ev.rank[calls] == rank]
+        theirs = theirs[np.argsort(ev.ts[theirs], kind="stable")].tolist()
+        i = 0
+        for row in mine.tolist():
+            if i < len(theirs) and ev.ts[theirs[i]] <= ev.ts[row]:
+                out.call[row] = theirs[i]
+                i += 1
+        for lane in group_rows(ev.tid[mine], mine).values():
+            out.prev_on_thread.update(zip(lane[1:].tolist(), lane[:-1].tolist(), strict=True))
+    return out
+
+
+@dataclass(frozen=True)
 class Wakes:
     """One thread's hand-overs, by the time it resumed (sorted): the other thread's event it
     waited for (its row and end)."""
@@ -331,12 +363,13 @@ class Wakes:
 def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     """lane_key(rank, tid) -> the hand-overs into that thread.
 
-    A thread is blocked between two stretches of its work (WORK_KINDS) at least
-    WAKE_MIN_GAP_NS apart, and before its first work since the rank's first host event. It
-    was handed over to when another thread of its rank ended two or more events in that
-    stretch, worked through WAKE_MIN_BUSY_SHARE of it (a watchdog polling now and then
-    hands over nothing), and the last of its events ended shortly before the blocked
-    thread's next event boundary (its resumption): at most WAKE_MAX_LAG_NS, or
+    A thread is blocked between two stretches of its work (WORK_KINDS, and a process group's
+    collectives on its comm threads) at least WAKE_MIN_GAP_NS apart, and before its first work
+    since the rank's first host event. It was handed over to when another thread of its rank
+    ended two or more events in that stretch (or one collective: a DDP loop waiting for gloo's
+    all-reduce of its gradients), worked through WAKE_MIN_BUSY_SHARE of it (a watchdog polling
+    now and then hands over nothing), and the last of its events ended shortly before the
+    blocked thread's next event boundary (its resumption): at most WAKE_MAX_LAG_NS, or
     WAKE_MAX_LAG_SHARE of the stretch or of the stretch the other thread then sat blocked
     (one thread stops and the other starts: backward() handing its work to the autograd
     thread), or, where no other thread of the rank began anything in between (nothing else
@@ -353,7 +386,8 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     host = np.flatnonzero(ev.host_busy)
     threads = group_rows(lane_key(ev.rank[host], ev.tid[host]), host)
     out: dict[int, Wakes] = {}
-    work_kind = ev.of_kind(*WORK_KINDS)
+    collective = ev.host_collective
+    work_kind = ev.of_kind(*WORK_KINDS) | collective
     loader_codes = [i for i, n in enumerate(ev.names) if LOADER_WAIT.match(n)]
     loader_wait = np.isin(ev.name, loader_codes) if loader_codes else np.zeros(len(ev), bool)
     by_rank: dict[int, list[int]] = defaultdict(list)
@@ -400,8 +434,10 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 other_end, other_rows = ends[other]
                 last = np.searchsorted(other_end, hi, side="right") - 1
                 first = np.searchsorted(other_end, lo, side="right")
-                ok = (last - first >= 1) & (busy[other].between(lo, hi)
-                                            >= WAKE_MIN_BUSY_SHARE * (hi - lo))
+                # a comm thread's collective is its whole stretch of work: one suffices
+                ended = (last - first >= 1) | ((last >= first) & collective[
+                    other_rows[np.maximum(last, 0)]])
+                ok = ended & (busy[other].between(lo, hi) >= WAKE_MIN_BUSY_SHARE * (hi - lo))
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))

@@ -6,6 +6,7 @@ results can speak names without materializing a string per event.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,6 +27,13 @@ T = TypeVar("T")
 KIND: Final = KIND_CODE  # the analyses' name for trace/schema.py's table of kind codes
 # Host work: what keeps a CPU thread busy on behalf of the workload.
 HOST_BUSY_KINDS = ("cpu_op", "user_annotation", "python_function", "runtime", "driver", "syscall")
+# A collective run by a CPU process group's own threads: ProcessGroupGloo records each as a range
+# named "gloo:" and the op ("gloo:all_reduce", "gloo:broadcast", ...) on the worker thread
+# that runs it, from when that thread takes it up until every rank has done its part
+HOST_COLLECTIVE: Final = re.compile(r"^gloo:")
+# ... issued by the dispatcher op the caller runs ("c10d::allreduce_", "c10d::broadcast_"),
+# which queues the work and returns
+COLLECTIVE_CALL: Final = re.compile(r"^c10d::")
 EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
                  "correlation", "step"]
 
@@ -147,13 +155,31 @@ class Events:
 
     @cached_property
     def is_step_marker(self) -> Mask:
-        marker_codes = [i for i, n in enumerate(self.names) if PROFILER_STEP.match(n)]
-        return np.isin(self.name, marker_codes)
+        return self._named(PROFILER_STEP)
 
     @cached_property
     def host_busy(self) -> Mask:
         """Host spans that count as the CPU working (step markers only bracket work)."""
         return self.of_kind(*HOST_BUSY_KINDS) & ~self.is_step_marker & (self.dur > 0)
+
+    @cached_property
+    def host_collective(self) -> Mask:
+        """Collectives run on host threads (HOST_COLLECTIVE): a CPU process group's
+        communication, as `collective` rows are a device's."""
+        return self._named(HOST_COLLECTIVE) & self.of_kind("user_annotation") & (self.dur > 0)
+
+    @cached_property
+    def collective_call(self) -> Mask:
+        """The calls that issued collectives to a process group (COLLECTIVE_CALL)."""
+        return self._named(COLLECTIVE_CALL) & self.of_kind("cpu_op")
+
+    @cached_property
+    def collectives(self) -> Mask:
+        """Every collective, on a device or on host threads."""
+        return self.of_kind("collective") | self.host_collective
+
+    def _named(self, pattern: re.Pattern[str]) -> Mask:
+        return np.isin(self.name, [i for i, n in enumerate(self.names) if pattern.match(n)])
 
     @cached_property
     def ranks(self) -> list[int]:

@@ -1,9 +1,11 @@
 """Stragglers: how far apart ranks enter the same collective, and who arrives last.
 
-The n-th occurrence of a collective kernel name on one rank is matched with the
-n-th occurrence of that name on every other rank (collectives run in the same
-order everywhere, or the job would hang). The rank that starts an instance last
-holds everyone else back for the difference.
+The n-th occurrence of a collective's name on one rank is matched with the n-th
+occurrence of that name on every other rank (collectives run in the same order
+everywhere, or the job would hang): a device's collective kernels, and a CPU process
+group's collectives on its host threads (frame.HOST_COLLECTIVE: gloo's ranges, from
+when its worker thread takes the collective up). The rank that starts an instance
+last holds everyone else back for the difference.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ Instance = tuple[str, int]  # a collective: its kernel name, and which occurrenc
 def collective_starts(ev: Events, rank: int) -> dict[Instance, tuple[int, int]]:
     """Each collective instance of one rank: (row, start ns)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    rows = rows[ev.of_kind("collective")[rows]]
+    rows = rows[ev.collectives[rows]]
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
     names = [ev.names[n] for n in ev.name[rows].tolist()]
     return {(name, occ): (row, ts) for name, occ, row, ts in zip(

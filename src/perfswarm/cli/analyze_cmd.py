@@ -99,6 +99,13 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                       f"({a.max_error_pct:.2f}% of mean step)")
     if result.concurrency.ranks:
         console.print(_concurrency_table(result))
+    for rank in result.concurrency.ranks:
+        if rank.host_comm is not None:  # a CPU process group (gloo): its threads' collectives
+            h = rank.host_comm
+            console.print(f"  rank {rank.rank} collectives on host threads: "
+                          f"{ms(h.comm_ns)} ({100 * h.comm_ns / rank.total.span_ns:.1f}% of "
+                          f"the span), {h.comm_overlap_pct:.1f}% of it hidden under the "
+                          "rank's ops")
     if result.ops.categories:  # a CPU-only run has no device ops: no device tables
         _print_device(result)
     if costs.ops:

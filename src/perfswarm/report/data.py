@@ -115,9 +115,12 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                 label=f"device utilization (rank {rank['rank']})", value=f"{100 * busy:.1f}%",
                 detail=f"communication hidden {rank['total']['comm_overlap_pct']:.1f}%"))
         else:  # a CPU run: the host is the device
+            host = rank.get("host_comm")
+            comm = ("" if not host else f"; in collectives {ms(host['comm_ns'])}, "
+                    f"{host['comm_overlap_pct']:.1f}% of it hidden under ops")
             cards.append(Card(label=f"CPU busy (rank {rank['rank']})",
                               value=f"{100 * share['host_busy_device_idle']:.1f}%",
-                              detail="share of the span a thread ran ops"))
+                              detail=f"share of the span a thread ran ops{comm}"))
     if flops is not None:
         model = ("3x the forward's FLOPs (a backward ran)" if flops["phase_flops"]["backward"]
                  else "the forward's FLOPs (no backward ran)")

@@ -265,10 +265,14 @@ def ranks_view(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
         r = rank["rank"]
         ns = rank["total"]["ns"]
         steps = [s["dur_ns"] for s in analysis["iterations"]["steps"].get(str(r), [])]
-        rows.append({"rank": r, "median_step_ns": float(np.median(steps)) if steps else None,
-                     "steps": len(steps),
-                     "compute_ns": ns["compute_only"] + ns["overlapped"],
+        on_device = {"compute_ns": ns["compute_only"] + ns["overlapped"],
                      "comm_ns": ns["comm_only"] + ns["overlapped"],
-                     "comm_hidden_pct": rank["total"]["comm_overlap_pct"],
+                     "comm_hidden_pct": rank["total"]["comm_overlap_pct"]}
+        host = rank.get("host_comm")  # a CPU process group's (gloo): the host's compute
+        if host and not on_device["compute_ns"] + on_device["comm_ns"]:
+            on_device = {"compute_ns": host["compute_ns"], "comm_ns": host["comm_ns"],
+                         "comm_hidden_pct": host["comm_overlap_pct"]}
+        rows.append({"rank": r, "median_step_ns": float(np.median(steps)) if steps else None,
+                     "steps": len(steps), **on_device,
                      "held_back_ns": held.get(r, 0), "straggler": r == straggler})
     return rows
