@@ -9,7 +9,7 @@ partition the span, so their nanoseconds sum to it exactly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -129,12 +129,15 @@ class Concurrency:
 
 @dataclass(frozen=True)
 class Activity:
-    """The four interval sets the states are made of, for one rank."""
+    """The four interval sets the states are made of, for one rank, and its collectives on
+    host threads (in its span, in no state: HostComm's)."""
 
     compute: tuple[I64, I64]
     comm: tuple[I64, I64]
     memory: tuple[I64, I64]
     host: tuple[I64, I64]
+    host_comm: tuple[I64, I64] = field(default_factory=lambda: (np.zeros(0, np.int64),
+                                                                np.zeros(0, np.int64)))
 
     @classmethod
     def of_rank(cls, ev: Events, rank: int) -> Activity:
@@ -148,11 +151,12 @@ class Activity:
                    memory=spans(ev.of_kind("memcpy", "memset")),
                    # a host thread running a collective waits for the other ranks: not host
                    # work (HostComm sets it against the rank's compute)
-                   host=spans(ev.host_busy & ~ev.host_collective))
+                   host=spans(ev.host_busy & ~ev.host_collective),
+                   host_comm=spans(ev.host_collective))
 
     def span(self) -> tuple[int, int]:
-        starts = np.concatenate([s for s, _ in self.sets()])
-        ends = np.concatenate([e for _, e in self.sets()])
+        starts = np.concatenate([s for s, _ in (*self.sets(), self.host_comm)])
+        ends = np.concatenate([e for _, e in (*self.sets(), self.host_comm)])
         if len(starts) == 0:
             return 0, 0
         return int(starts.min()), int(ends.max())

@@ -497,6 +497,6 @@ def critical_path(ev: Events, syncs: list[SyncEvent],
     peers = collective_peers(collective_instances(ev).values())
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()})
     windows = step_windows(steps or {})
-    ranks = frozenset(ev.ranks)
+    # one rank a segment: each walks back to its own rank's floor
     return paths([ends(g, [None, *(w for _, w in windows)])], windows,
-                 lambda s, stop, floor: walk(g, s, ranks, stop, floor))
+                 lambda s, stop, floor: walk(g, s, frozenset({s[0]}), stop, floor))
