@@ -51,9 +51,15 @@ def test_written_file_has_three_decimal_times_and_every_source(
     assert steps == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
     text = gzip.decompress(out.read_bytes()).decode()
     manifest = run.manifest()
+    raw = json.loads(gzip.decompress(corpus("nccl").read_bytes()))["traceEvents"]
+    labels = {f"0:{e['pid']}": e["args"]["labels"] for e in raw
+              if e.get("ph") == "M" and e["name"] == "process_labels"}  # "CPU", "GPU 0", ...
+    assert len(labels) == 9
     assert [e for e in data["traceEvents"] if e["ph"] == "M"] == [
         *({"ph": "M", "name": "process_name", "pid": int(k.split(":")[1]), "tid": 0,
            "args": {"name": v}} for k, v in sorted(manifest["processes"].items())),
+        *({"ph": "M", "name": "process_labels", "pid": int(k.split(":")[1]), "tid": 0,
+           "args": {"labels": v}} for k, v in sorted(labels.items())),
         *({"ph": "M", "name": "thread_name", "pid": int(k.split(":")[1]),
            "tid": int(k.split(":")[2]), "args": {"name": v}}
           for k, v in sorted(manifest["threads"].items()))]

@@ -261,6 +261,11 @@ def _metadata_events(run: Run, pids: _Pids) -> Iterator[dict[str, Any]]:
             label = f"rank {rank}: {name}" if several else name
             yield {"ph": "M", "name": "process_name", "pid": pids(rank, pid), "tid": 0,
                    "args": {"name": label}}
+    for key, label in sorted(manifest.get("process_labels", {}).items()):
+        ids = _key_ids(key, 2)
+        if ids is not None:
+            yield {"ph": "M", "name": "process_labels", "pid": pids(*ids), "tid": 0,
+                   "args": {"labels": label}}
     for key, name in sorted(manifest["threads"].items()):
         ids = _key_ids(key, 3)
         if ids is not None:

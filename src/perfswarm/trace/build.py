@@ -234,6 +234,9 @@ def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: 
         manifest["processes"][f"{rank}:{pid}"] = name
     for key, name in meta.threads.items():
         manifest["threads"][f"{rank}:{key}"] = name
+    labels = manifest.setdefault("process_labels", {})
+    for pid, label in meta.process_labels.items():
+        labels[f"{rank}:{pid}"] = label
     manifest["warnings"] += source_warnings(raw.name, meta.warnings)
 
 

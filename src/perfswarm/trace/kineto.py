@@ -72,6 +72,7 @@ class KArgs(msgspec.Struct):
     stream: int | str | None = None
     rf_id: int | None = msgspec.field(default=None, name="Record function id")
     name: Any = None  # process_name / thread_name metadata
+    labels: Any = None  # process_labels metadata
 
 
 class KTrace(msgspec.Struct):
@@ -142,6 +143,7 @@ class TraceMeta:
     info: dict[str, Any]
     processes: dict[str, str] = field(default_factory=dict)
     threads: dict[str, str] = field(default_factory=dict)
+    process_labels: dict[str, str] = field(default_factory=dict)
     warnings: Counter[str] = field(default_factory=Counter)
     begin_end: list[KEvent] = field(default_factory=list)
 
@@ -406,6 +408,8 @@ def _is_utf8(text: bytes) -> bool:
 
 def _metadata(events: Sequence[KEvent], args: list[KArgs], meta: TraceMeta) -> None:
     for ev, a in zip(events, args, strict=True):
+        if ev.name == "process_labels" and a.labels is not None:
+            meta.process_labels[str(_one_id(ev.pid))] = str(a.labels)
         if a.name is None:
             continue
         # Keyed by the ids the events table holds ('Spans' -> -1), so names join to rows.

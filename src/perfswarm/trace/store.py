@@ -65,6 +65,7 @@ class Manifest(TypedDict):
     warnings: list[Warning_]
     processes: dict[str, str]
     threads: dict[str, str]
+    process_labels: NotRequired[dict[str, str]]  # Kineto's "CPU", "GPU 0" (newer Runs)
     extra: NotRequired[dict[str, Any]]
 
 
@@ -103,6 +104,7 @@ def new_manifest(command: list[str], *, complete: bool = False) -> Manifest:
         warnings=[],
         processes={},
         threads={},
+        process_labels={},
     )
 
 
