@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import polars as pl
 import pytest
 
 import perfswarm
@@ -93,6 +94,28 @@ def test_load_and_tables(notebook: dict[str, Any]) -> None:
         result.rows("nope")
     with pytest.raises(perfswarm.RunError):
         perfswarm.load(notebook["here"])
+
+
+def test_every_table_keeps_its_columns(notebook: dict[str, Any], tmp_path: Path) -> None:
+    """A table's declared columns are those its records have (on the corpus's DDP trace, where
+    every table has records), and a table with none (a CPU trace's kernels, categories and
+    sequences) is a frame of the same columns, no rows: code written against one Run runs on
+    the next."""
+    run = notebook["run"]
+    results = [run.analyze(), run.predict(), run.advise(), run.project()]
+    for result in results:
+        for name in result.tables:
+            frame = result.to_polars(name)
+            assert frame.height, name
+            declared = result._tables[name].schema()
+            assert frame.columns == list(declared), name
+            assert {c: t for c, t in frame.schema.items() if declared[c] != pl.Null} == {
+                c: t for c, t in declared.items() if t != pl.Null}, name
+    cpu = perfswarm.import_traces(corpus("cpu_only"), tmp_path / "cpu.run").analyze()
+    for name in ("kernels", "categories", "sequences"):
+        assert cpu.rows(name) == []
+        frame = cpu.to_polars(name)
+        assert (frame.height, frame.columns) == (0, results[0].to_polars(name).columns)
 
 
 def test_to_pandas_needs_pandas(notebook: dict[str, Any]) -> None:

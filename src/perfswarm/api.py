@@ -39,24 +39,41 @@ class _Dictable(Protocol):
 V_co = TypeVar("V_co", bound=_Dictable, covariant=True)
 
 
-def _at(*keys: str) -> Callable[[Mapping[str, Any]], Rows]:
+@dataclass(frozen=True)
+class _Table:
+    """A list of records in a result's dict, and its columns: `name:type` words (type i64,
+    f64, str, bool, strs: a list of str, or nested: a struct or a list of them), so that a
+    table with no records still has them."""
+
+    rows: Callable[[Mapping[str, Any]], Rows]
+    columns: str
+
+    def schema(self) -> dict[str, Any]:
+        import polars as pl
+
+        types = {"i64": pl.Int64, "f64": pl.Float64, "str": pl.String, "bool": pl.Boolean,
+                 "strs": pl.List(pl.String), "nested": pl.Null}
+        return {name: types[kind] for name, kind in
+                (word.split(":") for word in self.columns.split())}
+
+
+def _node(data: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    node: Any = data
+    for key in keys:
+        node = node[key]
+    return node
+
+
+def _at(*keys: str, columns: str) -> _Table:
     """A table that is the list of records at `keys` in a result's dict."""
-    def rows(data: Mapping[str, Any]) -> Rows:
-        node: Any = data
-        for key in keys:
-            node = node[key]
-        return list(node)
-    return rows
+    return _Table(lambda data: list(_node(data, keys)), columns)
 
 
-def _per_rank(*keys: str) -> Callable[[Mapping[str, Any]], Rows]:
+def _per_rank(*keys: str, columns: str) -> _Table:
     """A table from a {rank: [records]} mapping at `keys`, with the rank as a column."""
-    def rows(data: Mapping[str, Any]) -> Rows:
-        node: Any = data
-        for key in keys:
-            node = node[key]
-        return [{"rank": int(rank), **r} for rank, records in node.items() for r in records]
-    return rows
+    return _Table(lambda data: [{"rank": int(rank), **r}
+                                for rank, records in _node(data, keys).items()
+                                for r in records], f"rank:i64 {columns}")
 
 
 @dataclass(frozen=True)
@@ -68,7 +85,7 @@ class Result(Generic[V_co]):
     and `to_pandas(name)` give as data frames (the first one when no name is given)."""
 
     value: V_co
-    _tables: Mapping[str, Callable[[Mapping[str, Any]], Rows]]
+    _tables: Mapping[str, _Table]
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -82,12 +99,16 @@ class Result(Generic[V_co]):
         name = self.tables[0] if table is None else table
         if name not in self._tables:
             raise ParameterError("table", f"not one of {', '.join(self.tables)}", value=name)
-        return self._tables[name](self.to_dict())
+        return self._tables[name].rows(self.to_dict())
 
     def to_polars(self, table: str | None = None) -> pl.DataFrame:
+        """The table as a DataFrame; one without records has its columns all the same."""
         import polars as pl
 
-        return pl.DataFrame(self.rows(table), infer_schema_length=None)
+        rows = self.rows(table)
+        if not rows:
+            return pl.DataFrame(schema=self._tables[table or self.tables[0]].schema())
+        return pl.DataFrame(rows, infer_schema_length=None)
 
     def to_pandas(self, table: str | None = None) -> Any:
         """A pandas.DataFrame (pandas is optional: typed Any so mypy needs no stubs)."""
@@ -99,13 +120,31 @@ class Result(Generic[V_co]):
         return self.to_polars(table).to_pandas()
 
 
-ANALYSIS_TABLES = {"steps": _per_rank("iterations", "steps"), "kernels": _at("ops", "kernels"),
-                   "cpu_ops": _at("ops", "cpu_ops"), "categories": _at("ops", "categories"),
-                   "launch": _at("launch"), "sequences": _at("sequences"),
-                   "scopes": _at("scopes", "ops"), "annotations": _at("scopes", "annotations")}
-PREDICTION_TABLES = {"steps": _at("steps")}
-ADVICE_TABLES = {"advice": _at("advice")}
-PROJECTION_TABLES = {"points": _at("points"), "options": _at("options")}
+_OPS = "name:str category:str count:i64 total_ns:i64 mean_ns:f64 min_ns:i64 max_ns:i64"
+_SCOPES = ("name:str count:i64 cpu_total_ns:i64 cpu_self_ns:i64 device_total_ns:i64 "
+           "device_self_ns:i64")
+ANALYSIS_TABLES = {
+    "steps": _per_rank("iterations", "steps",
+                       columns="step:i64 start:i64 end:i64 dur_ns:i64 source:str"),
+    "kernels": _at("ops", "kernels", columns=_OPS), "cpu_ops": _at("ops", "cpu_ops", columns=_OPS),
+    "categories": _at("ops", "categories",
+                      columns="category:str count:i64 total_ns:i64 share:f64"),
+    "launch": _at("launch", columns="rank:i64 device_ops:i64 launched:i64 delay_ns:nested "
+                  "shorter_than_launch:i64 queue:nested idle:nested streams:nested"),
+    "sequences": _at("sequences", columns="names:strs length:i64 count:i64 total_ns:i64 "
+                     "mean_ns:f64 fusable:bool"),
+    "scopes": _at("scopes", "ops", columns=_SCOPES),
+    "annotations": _at("scopes", "annotations", columns=_SCOPES)}
+PREDICTION_TABLES = {"steps": _at("steps", columns="rank:i64 step:i64 measured_ns:i64 "
+                                  "replayed_ns:i64 predicted_ns:i64 device_active_ns:nested "
+                                  "breakdown_ns:nested")}
+ADVICE_TABLES = {"advice": _at("advice", columns="rule:str title:str severity:str "
+                               "evidence:nested gain_ns:i64 gain_pct:f64 gain_of_ns:i64 "
+                               "gain_basis:str change:str")}
+PROJECTION_TABLES = {
+    "points": _at("points", columns="devices:i64 step_ms:f64 compute_ms:f64 comm_ms:f64 "
+                  "exposed_comm_ms:f64 efficiency:f64 throughput_per_s:f64"),
+    "options": _at("options", columns="interconnect:str scheme:str efficiency:f64")}
 
 
 class Run:
