@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import sys
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pyarrow as pa
 import pytest
 
@@ -92,3 +97,52 @@ def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Ev
                       "step": [-1] * n, "args": ["{}"] * n})
     table = with_detail(table).select(EVENTS.names).cast(EVENTS)
     return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))
+
+
+GLOO_DDP = [REPO / "tests" / "data" / f"ddp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
+
+
+@dataclass
+class GlooRank:
+    """One rank of tests/data/ddp_gloo.py's trace, read from the raw JSON (ns on the trace's
+    own clock, as import keeps it): its gloo all-reduces (start, end, tid), each cut at the end
+    of the profiler's window as import cuts a range; its loop thread, that thread's host
+    spans (not the step markers) and its step markers (start, end)."""
+
+    gloo: list[tuple[int, int, int]]
+    loop_tid: int
+    loop: list[tuple[int, int]]
+    markers: list[tuple[int, int]]
+
+    def merged_loop(self) -> list[tuple[int, int]]:
+        out: list[list[int]] = []
+        for s, e in self.loop:
+            if out and s <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], e)
+            else:
+                out.append([s, e])
+        return [(s, e) for s, e in out]
+
+
+def gloo_ddp_raw() -> list[GlooRank]:
+    out = []
+    for path in GLOO_DDP:
+        raw = orjson.loads(gzip.decompress(path.read_bytes()))
+        base = raw.get("baseTimeNanoseconds", 0)
+        x = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+
+        def span(e: dict[str, Any], base: int = base) -> tuple[int, int]:
+            start = base + int(Decimal(str(e["ts"])) * 1000)
+            return start, start + int(Decimal(str(e["dur"])) * 1000)
+
+        (window,) = [span(e)[1] for e in x if e.get("cat") == "Trace"]
+        marks = [e for e in x if e["name"].startswith("ProfilerStep#")]
+        tid = marks[0]["tid"]
+        out.append(GlooRank(
+            sorted((span(e)[0], min(window, span(e)[1]), e["tid"]) for e in x
+                   if e["name"] == "gloo:all_reduce"),
+            tid,
+            sorted(span(e) for e in x if e["tid"] == tid and e["dur"] > 0
+                   and not e["name"].startswith("ProfilerStep#")),
+            sorted(span(e) for e in marks)))
+    return out

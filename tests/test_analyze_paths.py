@@ -14,7 +14,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from conftest import TRACES, corpus, events
+from conftest import GLOO_DDP, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events
@@ -391,60 +391,38 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
     ended last, and hands over twice (rank 1's loop to its gloo thread; the gloo thread to
     the loop that ended last); each rank's communication is its gloo ranges, hidden where its
     loop's own host spans overlap them."""
-    paths = [DATA / f"ddp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
-    run = import_traces(paths, tmp_path / "g.run", ImportOptions(ranks=(0, 1)), ["test"])
+    run = import_traces(GLOO_DDP, tmp_path / "g.run", ImportOptions(ranks=(0, 1)), ["test"])
     ev = Events.load(run)
-    gloo: list[list[tuple[int, int, int]]] = []  # per rank: (start, end, tid) of each
-    loop: list[list[tuple[int, int]]] = []  # per rank: the loop thread's host spans
-    markers: list[list[tuple[int, int]]] = []
-    loop_tid: list[int] = []
-    for path in paths:
-        x, ns, base = _raw_ns(path)
-        # a range is cut at the end of the profiler's window (the last all-reduce outlasts it)
-        (window,) = [base + ns(e["ts"]) + ns(e["dur"]) for e in x if e.get("cat") == "Trace"]
-        gloo.append(sorted((base + ns(e["ts"]), min(window, base + ns(e["ts"]) + ns(e["dur"])),
-                            e["tid"]) for e in x if e["name"] == "gloo:all_reduce"))
-        marks = [e for e in x if e["name"].startswith("ProfilerStep#")]
-        loop_tid.append(marks[0]["tid"])
-        markers.append(sorted((base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]))
-                              for e in marks))
-        loop.append(sorted((base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"])) for e in x
-                           if e["tid"] == loop_tid[-1] and e["dur"] > 0
-                           and not e["name"].startswith("ProfilerStep#")))
+    raw = gloo_ddp_raw()
     result = stragglers(ev)
-    skews = [b[0] - a[0] for a, b in zip(*gloo, strict=True)]
+    skews = [b[0] - a[0] for a, b in zip(raw[0].gloo, raw[1].gloo, strict=True)]
     assert result.instances == len(skews) == 3 and min(skews) > 0
     assert (result.max_skew_ns, result.straggler) == (max(skews), 1)
 
     path = critical_path(ev, [], iterations(run, ev).steps)
     assert path is not None and len(path.steps) == 3
     for i, step in enumerate(path.steps):
-        ends = [max(e for s, e in loop[r] if markers[r][i][0] <= s < markers[r][i][1])
-                for r in (0, 1)]
-        last = int(np.argmax(ends))
-        assert step.end == ends[last]
-        assert step.start == max(markers[1][i][0], loop[1][0][0])
-        assert step.rank_switches == (last == 0)
-        assert step.ns["collective"] == gloo[last][i][1] - gloo[1][i][0]
-        resume = min(s for s, _ in loop[last] if s >= gloo[last][i][1])
+        ends = [max(e for s, e in r.loop if r.markers[i][0] <= s < r.markers[i][1])
+                for r in raw]
+        last = raw[int(np.argmax(ends))]
+        assert step.end == max(ends)
+        assert step.start == max(raw[1].markers[i][0], raw[1].loop[0][0])
+        assert step.rank_switches == (last is raw[0])
+        assert step.ns["collective"] == last.gloo[i][1] - raw[1].gloo[i][0]
+        resume = min(s for s, _ in last.loop if s >= last.gloo[i][1])
         assert [(h.rank, h.from_tid, h.to_tid, h.at) for h in step.handovers] == [
-            (1, loop_tid[1], gloo[1][i][2], gloo[1][i][0]),
-            (last, gloo[last][i][2], loop_tid[last], resume)]
+            (1, raw[1].loop_tid, raw[1].gloo[i][2], raw[1].gloo[i][0]),
+            (raw.index(last), last.gloo[i][2], last.loop_tid, resume)]
 
     for rank in concurrency(ev, {}).ranks:
         host = rank.host_comm
         assert host is not None
-        spans = gloo[rank.rank]
-        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # one at a time
-        assert host.comm_ns == sum(e - s for s, e, _ in spans)
-        merged: list[list[int]] = []
-        for s, e in loop[rank.rank]:
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
+        mine = raw[rank.rank]
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(mine.gloo))  # one at a time
+        assert host.comm_ns == sum(e - s for s, e, _ in mine.gloo)
         assert host.ns["overlapped"] == sum(max(0, min(e, ge) - max(s, gs))
-                                            for gs, ge, _ in spans for s, e in merged)
+                                            for gs, ge, _ in mine.gloo
+                                            for s, e in mine.merged_loop())
 
 
 def test_stragglers_hand_made() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import corpus
+from conftest import GLOO_DDP, corpus, gloo_ddp_raw
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
@@ -370,3 +370,26 @@ def test_an_lstms_weights_are_counted(tmp_path: Path) -> None:
     run = import_traces([trace], tmp_path / "l.run", ImportOptions(), ["t"])
     model = run_model(run, 0)
     assert (model.params, model.value_bytes) == (392_692, 4)
+
+
+def test_profile_of_a_cpu_ddp_run(tmp_path: Path) -> None:
+    """A CPU DDP run on gloo (tests/data/ddp_gloo.py): a step's compute is its marked span less
+    the time its loop sat idle while gloo's thread ran the all-reduce, from the raw JSON (it
+    had been the whole span, the wait for the other rank counted as compute)."""
+    run = import_traces(GLOO_DDP, tmp_path / "g.run", ImportOptions(ranks=(0, 1)), ["test"])
+    prof = profile(run, grad_bytes=4 * 17_226)
+    assert prof.compute_source == "step spans (no device work)"
+    raw = gloo_ddp_raw()
+    expected = {}
+    for rank, mine in enumerate(raw):
+        for i, (lo, hi) in enumerate(mine.markers):
+            waited = 0
+            for start, end, _ in mine.gloo:
+                gs, ge = max(start, lo), min(end, hi)
+                if ge > gs:
+                    waited += ge - gs - sum(max(0, min(e, ge) - max(s, gs))
+                                            for s, e in mine.merged_loop())
+            expected[rank, i] = (hi - lo, hi - lo - waited)
+    got = sorted((st.rank, st.wall_ns, st.compute_ns) for st in prof.steps)
+    assert got == sorted((r, span, compute) for (r, _), (span, compute) in expected.items())
+    assert all(compute < span for span, compute in expected.values())

@@ -93,8 +93,10 @@ class HostComm:
                 "comm_overlap_pct": self.comm_overlap_pct}
 
     @classmethod
-    def of_rank(cls, ev: Events, rank: int, span: tuple[int, int]) -> HostComm | None:
-        """None when the rank ran no collective on host threads."""
+    def of_rank(cls, ev: Events, rank: int, spans: Sequence[tuple[int, int]]
+                ) -> list[HostComm] | None:
+        """One per span (from one sweep), or None when the rank ran no collective on host
+        threads."""
         rows = np.arange(len(ev))[ev.rank_slice(rank)]
         comm = rows[ev.host_collective[rows]]
         if not len(comm):
@@ -103,7 +105,8 @@ class HostComm:
         sums = state_sweep([(ev.ts[work], ev.end[work]), (ev.ts[comm], ev.end[comm])],
                            lambda c: first_covering([c[0] & c[1], c[0], c[1]]),
                            len(HOST_COMM_STATES), HOST_COMM_STATES.index("neither"))
-        return cls(dict(zip(HOST_COMM_STATES, sums.between(*span).tolist(), strict=True)))
+        return [cls(dict(zip(HOST_COMM_STATES, sums.between(lo, hi).tolist(), strict=True)))
+                for lo, hi in spans]
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> Ra
     return RankConcurrency(
         rank, total,
         tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True)),
-        HostComm.of_rank(ev, rank, span))
+        (HostComm.of_rank(ev, rank, [span]) or [None])[0])
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:

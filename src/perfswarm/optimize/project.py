@@ -23,7 +23,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.concurrency import Activity, breakdowns
+from perfswarm.analyze.concurrency import Activity, HostComm, breakdowns
 from perfswarm.analyze.frame import Events, group_rows, lane_key
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.analyze.ops import kernel_category
@@ -183,9 +183,18 @@ def _device_idle(run: Run, spans: dict[tuple[int, int], tuple[int, int]]
 
 
 def _host_steps(run: Run) -> list[StepProfile]:
-    """A Run without device work (a CPU Run): each marked step's span is its compute."""
-    return [StepProfile(r, s, e - b, e - b, 0, 0, ())
-            for (r, s), (b, e) in sorted(_step_spans(run).items()) if e > b]
+    """A Run without device work (a CPU Run): each marked step's span is its compute, less the
+    time its loop sat waiting for its process group's collectives on their own threads
+    (gloo's: analyze.concurrency.HostComm's communication not under the rank's ops)."""
+    spans = {k: v for k, v in sorted(_step_spans(run).items()) if v[1] > v[0]}
+    ev = Events.load(run)
+    waited: dict[tuple[int, int], int] = {}
+    for rank in {r for r, _ in spans}:
+        keys = [k for k in spans if k[0] == rank]
+        found = HostComm.of_rank(ev, rank, [spans[k] for k in keys]) or []
+        waited.update({k: h.ns["comm_only"] for k, h in zip(keys, found, strict=True)})
+    return [StepProfile(r, s, e - b, e - b - waited.get((r, s), 0), 0, 0, ())
+            for (r, s), (b, e) in spans.items()]
 
 
 def profile(run: Run, grad_bytes: int | None = None, *,
