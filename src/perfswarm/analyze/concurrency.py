@@ -186,10 +186,11 @@ def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> Ra
     activity = Activity.of_rank(ev, rank)
     span = activity.span()
     total, *per_step = breakdowns(activity, [span, *((w.start, w.end) for w in windows)])
+    host_comm = HostComm.of_rank(ev, rank, [span])
     return RankConcurrency(
         rank, total,
         tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True)),
-        (HostComm.of_rank(ev, rank, [span]) or [None])[0])
+        host_comm[0] if host_comm else None)
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:
