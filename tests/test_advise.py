@@ -1098,6 +1098,30 @@ def test_untraced_python_between_the_ops(tmp_path: Path) -> None:
     assert found(host.untraced_python, _sampled(gpu, [1.0] * 10, 0.6)) is None
 
 
+def test_communication_bound_on_gloo(tmp_path: Path) -> None:
+    """A CPU DDP rank's steps of 10 ms: its loop computes 0..6 ms and steps the optimizer at
+    9..10; gloo's thread all-reduces two buckets, 3..5 ms (under the backward) and 6..9 ms
+    (the loop idle, waiting): 3 of each step's 10 ms exposed, 30% of its busy time."""
+    events = []
+    for i in range(3):
+        t = i * 10_000
+        events += [ev(f"ProfilerStep#{i}", t, 10_000, "user_annotation"),
+                   ev("backward", t, 6_000), ev("c10d::allreduce_", t + 2_950, 50),
+                   ev("gloo:all_reduce", t + 3_000, 2_000, "user_annotation", tid=2),
+                   ev("c10d::allreduce_", t + 5_900, 50),
+                   ev("gloo:all_reduce", t + 6_000, 3_000, "user_annotation", tid=2),
+                   ev("optimizer", t + 9_000, 1_000)]
+    a = shows(distributed.communication_bound, imported(tmp_path, "gloo", events))
+    ms = 1_000_000
+    assert {k: a.evidence[k] for k in ("collectives", "comm_ns", "exposed_ns", "device_busy_ns",
+                                       "compute_only_ns", "waited_for_last_rank_ns")} == {
+        "collectives": 6, "comm_ns": 15 * ms, "exposed_ns": 9 * ms, "device_busy_ns": 30 * ms,
+        "compute_only_ns": 15 * ms, "waited_for_last_rank_ns": 0}
+    assert a.evidence["by_op_ns"] == {"all_reduce": 15 * ms}
+    # one all-reduce a step (the mean, 2.5 ms) stays exposed after the backward
+    assert a.gain_ns == 9 * ms - 15 * ms // 6 * 3
+
+
 def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
     """An inference loop's requests of 8 and 64 (the recorder's STEP_BATCH at each step's
     start): a 64 takes 8x an 8 and is no outlier; an 8 that took 10x its peers is."""

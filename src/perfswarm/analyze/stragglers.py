@@ -40,10 +40,11 @@ class RankLateness:
     rank: int
     last_count: int  # instances this rank started last (with skew > 0)
     held_back_ns: int  # sum over those instances of the others' wait for it
+    waited_ns: int = 0  # sum over every instance of its own wait for the last rank
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "last_count": self.last_count,
-                "held_back_ns": self.held_back_ns}
+                "held_back_ns": self.held_back_ns, "waited_ns": self.waited_ns}
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Str
     found = []
     held = dict.fromkeys(ranks, 0)
     last = dict.fromkeys(ranks, 0)
+    waited = dict.fromkeys(ranks, 0)
     for key in common if len(ranks) > 1 else []:
         starts = {r: per_rank[r][key] for r in ranks}
         latest = max(ranks, key=lambda r: (starts[r], -r))
@@ -106,10 +108,12 @@ def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Str
         if skew > 0:
             last[latest] += 1
             held[latest] += sum(starts[latest] - t for t in starts.values())
+            for r in ranks:
+                waited[r] += starts[latest] - starts[r]
     worst = sorted(found, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
     return Stragglers(len(found), sum(s.skew_ns for s in found),
                       max((s.skew_ns for s in found), default=0), tuple(worst),
-                      tuple(RankLateness(r, last[r], held[r]) for r in ranks))
+                      tuple(RankLateness(r, last[r], held[r], waited[r]) for r in ranks))
 
 
 def stragglers(ev: Events, top: int = TOP) -> Stragglers:

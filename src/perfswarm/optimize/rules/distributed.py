@@ -8,6 +8,7 @@ import statistics
 
 import polars as pl
 
+from perfswarm.analyze.frame import HOST_COLLECTIVE
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
 
@@ -23,31 +24,59 @@ def _compute(facts: Facts) -> pl.DataFrame:
     return facts.device_events.filter(pl.col("kind") != "collective")
 
 
-def communication_bound(facts: Facts) -> Advice | None:
-    """Collectives take a large share of the step and compute does not hide them."""
+def _exposed(facts: Facts) -> tuple[pl.DataFrame, dict[int, tuple[int, int, int, int]]] | None:
+    """The collectives in the window, and per rank (communication, exposed, compute beside no
+    collective, busy) ns: analyze's concurrency over the device's collectives (hidden only
+    under compute kernels: beside a copy alone one is exposed, the copy engine doing none of
+    the step's compute), else over a CPU process group's on host threads (HostComm: hidden
+    under the rank's ops)."""
     comm = facts.device_events.filter(pl.col("kind") == "collective")
-    if comm.height == 0:
+    if comm.height:
+        parts = {r: [b.ns for b in bs] for r, bs in facts.breakdowns.items()}
+        return comm, {r: (sum(n["overlapped"] + n["comm_only"] for n in ns),
+                          sum(n["comm_only"] for n in ns), sum(n["compute_only"] for n in ns),
+                          span - idle)
+                      for r, ns in parts.items() for idle, span in [facts.device_idle[r]]}
+    hosts = {rc.rank: rc.host_comm for rc in facts.concurrency if rc.host_comm is not None}
+    if not hosts:
         return None
-    # analyze's concurrency: collective time is hidden only under compute kernels; beside a
-    # copy alone it is exposed (the copy engine does none of the step's compute).
-    comm_ns = facts.state_ns("overlapped", "comm_only")
-    exposed = facts.state_ns("comm_only")
-    busy = sum(span - idle for idle, span in facts.device_idle.values())
+    comm = facts.in_window(facts.kind("user_annotation")).filter(
+        pl.col("name").str.contains(HOST_COLLECTIVE.pattern))
+    return comm, {r: (h.comm_ns, h.ns["comm_only"], h.ns["compute_only"],
+                      h.compute_ns + h.ns["comm_only"]) for r, h in hosts.items()}
+
+
+def communication_bound(facts: Facts) -> Advice | None:
+    """Collectives take a large share of the step and compute does not hide them. A rank's
+    wait at a collective for the last rank to enter it (analyze's stragglers) is no
+    communication: the straggler's, which overlap cannot hide."""
+    found = _exposed(facts)
+    if found is None or found[0].height == 0:
+        return None
+    comm, per_rank = found
+    waited = {r.rank: r.waited_ns for r in facts.stragglers.ranks} if facts.stragglers else {}
+    comm_ns = sum(c for c, _, _, _ in per_rank.values())
+    exposed = sum(max(0, e - waited.get(r, 0)) for r, (_, e, _, _) in per_rank.items())
+    busy = sum(b for _, _, _, b in per_rank.values())
     share = pct(exposed, busy)
     if share < _EXPOSED_SHARE:
         return None
     by_op = {str(k): int(v) for k, v in comm.with_columns(
         pl.col("name").str.extract(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|"
-                                   r"SendRecv|AllToAll|Send|Recv)", 1).fill_null("other"))
+                                   r"SendRecv|AllToAll|Send|Recv|all_reduce|all_gather|"
+                                   r"reduce_scatter|broadcast|reduce|alltoall|barrier|send|"
+                                   r"recv)", 1).fill_null("other"))
         .group_by("name").agg(pl.col("dur").sum()).sort("name").iter_rows()}
     evidence = {"collectives": comm.height, "comm_ns": comm_ns, "by_op_ns": by_op,
-                "overlapped_pct": pct(comm_ns - exposed, comm_ns), "exposed_ns": exposed,
-                "device_busy_ns": busy,
+                "overlapped_pct": pct(comm_ns - sum(e for _, e, _, _ in per_rank.values()),
+                                      comm_ns),
+                "waited_for_last_rank_ns": sum(waited.get(r, 0) for r in per_rank),
+                "exposed_ns": exposed, "device_busy_ns": busy,
                 "comm_share_of_busy_pct": pct(comm_ns, busy), "exposed_share_of_busy_pct": share}
     # DDP's buckets all-reduce while backward computes the next ones: collective time can
     # hide only under compute that no collective overlaps yet, and the last bucket of each
     # step (about one collective) waits for backward to end whatever the bucket size.
-    compute_only = facts.state_ns("compute_only")
+    compute_only = sum(c for _, _, c, _ in per_rank.values())
     last = comm_ns / comm.height * facts.step_count()
     evidence["compute_only_ns"] = compute_only
     return advice(facts, "communication_bound", "communication is exposed on the critical path",

@@ -27,6 +27,7 @@ from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.phases import OPTIMIZER, nested, optimizer_calls, phases, step_calls
 from perfswarm.analyze.sequences import Sequence_
+from perfswarm.analyze.stragglers import Stragglers
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
@@ -76,6 +77,8 @@ class Facts:
     sequences: tuple[Sequence_, ...] = ()
     # analyze's concurrency per rank: its device idle time per iteration (or time window)
     concurrency: tuple[RankConcurrency, ...] = ()
+    # analyze's stragglers: each rank's wait at the collectives for the last rank to enter
+    stragglers: Stragglers | None = None
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -101,7 +104,8 @@ class Facts:
                    counters.with_columns(pl.col("name").cast(pl.String)),
                    run.manifest(), run, raw, analysis.launch,
                    run_steps.with_columns(pl.col("source").cast(pl.String)),
-                   analysis.memory, analysis.sequences, analysis.concurrency.ranks)
+                   analysis.memory, analysis.sequences, analysis.concurrency.ranks,
+                   analysis.stragglers)
 
     # -- selections ----------------------------------------------------------
     def with_text(self, frame: pl.DataFrame, column: Literal["args", "detail"]) -> pl.DataFrame:
@@ -231,7 +235,7 @@ class Facts:
         return dict(sorted(out.items()))
 
     @cached_property
-    def _breakdowns(self) -> dict[int, list[Breakdown]]:
+    def breakdowns(self) -> dict[int, list[Breakdown]]:
         """Rank -> analyze's concurrency breakdowns over its iterations (or time windows, or
         its span without either); only ranks with device work in their window."""
         out = {}
@@ -247,12 +251,12 @@ class Facts:
         """Rank -> (analyze's device idle ns, measured ns) over its breakdowns: the time none
         of its devices worked (analyze.concurrency)."""
         return {r: (sum(b.device_idle_ns for b in parts), sum(b.span_ns for b in parts))
-                for r, parts in self._breakdowns.items()}
+                for r, parts in self.breakdowns.items()}
 
     def state_ns(self, *states: str) -> int:
         """analyze's nanoseconds in `states` (analyze.concurrency.STATES), summed over the
         ranks and windows of device_idle."""
-        return sum(b.ns[s] for parts in self._breakdowns.values() for b in parts for s in states)
+        return sum(b.ns[s] for parts in self.breakdowns.values() for b in parts for s in states)
 
     @cached_property
     def device_busy(self) -> dict[int, float]:
