@@ -99,6 +99,31 @@ def events(rows: list[tuple[int, int, int, str, str, int, int, int, int]]) -> Ev
     return Events.from_table(table.sort_by([("rank", "ascending"), ("ts", "ascending")]))
 
 
+def gloo_wait_ns(path: Path) -> tuple[tuple[int, int], int]:
+    """Of a one-rank CPU trace with gloo (the corpus's cpu_only, rank 34 of 300) whose loop
+    thread runs no op in its first step: that step's marker (start, end), and how much of it
+    gloo's threads were all-reducing (the union of their ranges in it), from the raw JSON."""
+    raw = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+    def ns(us: Any) -> int:
+        return int(Decimal(str(us)) * 1000)
+
+    (mark,) = [e for e in raw if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    lo, hi = ns(mark["ts"]), ns(mark["ts"]) + ns(mark["dur"])
+    assert not any(e.get("cat") == "cpu_op" and lo <= ns(e["ts"]) < hi for e in raw)
+    covered: list[list[int]] = []
+    for start, end in sorted((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in raw
+                             if e.get("name") == "gloo:all_reduce"):
+        s, e = max(start, lo), min(end, hi)
+        if e <= s:
+            continue
+        if covered and s <= covered[-1][1]:
+            covered[-1][1] = max(covered[-1][1], e)
+        else:
+            covered.append([s, e])
+    return (lo, hi), sum(e - s for s, e in covered)
+
+
 GLOO_DDP = [REPO / "tests" / "data" / f"ddp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import GLOO_DDP, corpus, gloo_ddp_raw
+from conftest import GLOO_DDP, corpus, gloo_ddp_raw, gloo_wait_ns
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
@@ -147,12 +147,15 @@ def test_run_without_step_markers_is_one_iteration(tmp_path: Path) -> None:
     prof = profile(run, grad_bytes=1000)
     assert (prof.whole_run, prof.ranks) == (True, (1,))
     assert [(s.step, s.compute_ns) for s in prof.steps] == [(-1, 30000)]
-    # a CPU Run: each marked step's span is its compute (ProfilerStep#551, 210,109.162 us)
+    # a CPU Run: each marked step's span is its compute (ProfilerStep#551, 210,109.162 us),
+    # less the time its loop waited for gloo (it runs no op in the step)
     cpu = import_traces([corpus("cpu_only")], tmp_path / "c.run", ImportOptions(), ["t"])
     prof = profile(cpu, grad_bytes=1000)
     assert prof.compute_source == "step spans (no device work)"
-    assert [(s.rank, s.compute_ns, s.wall_ns) for s in prof.steps] == [(34, 210109162,
-                                                                        210109162)]
+    (lo, hi), waited = gloo_wait_ns(corpus("cpu_only"))
+    assert hi - lo == 210_109_162 and waited == 178_777_427
+    assert [(s.rank, s.compute_ns, s.wall_ns) for s in prof.steps] == [
+        (34, hi - lo - waited, hi - lo)]
     bare = import_traces([Path(__file__).parent / "data" / "cnn_cpu_trace.json"],
                          tmp_path / "b.run", ImportOptions(), ["t"])
     with pytest.raises(PerfswarmError, match="no device kernels or marked steps"):

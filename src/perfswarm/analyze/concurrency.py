@@ -58,9 +58,11 @@ class Breakdown:
 class IterationBreakdown:
     step: int
     breakdown: Breakdown
+    host_comm: HostComm | None = None  # over the iteration (a rank with host collectives)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, **self.breakdown.to_dict()}
+        return {"step": self.step, **self.breakdown.to_dict(),
+                **({"host_comm": self.host_comm.to_dict()} if self.host_comm else {})}
 
 
 HOST_COMM_STATES: Final = ("overlapped", "compute_only", "comm_only", "neither")
@@ -185,12 +187,14 @@ def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> Ra
     """One rank's breakdown over its whole span and over each of its iterations."""
     activity = Activity.of_rank(ev, rank)
     span = activity.span()
-    total, *per_step = breakdowns(activity, [span, *((w.start, w.end) for w in windows)])
-    host_comm = HostComm.of_rank(ev, rank, [span])
+    spans = [span, *((w.start, w.end) for w in windows)]
+    total, *per_step = breakdowns(activity, spans)
+    found: Sequence[HostComm | None] = HostComm.of_rank(ev, rank, spans) or [None] * len(spans)
+    host_total, *host_steps = found
     return RankConcurrency(
         rank, total,
-        tuple(IterationBreakdown(w.step, b) for w, b in zip(windows, per_step, strict=True)),
-        host_comm[0] if host_comm else None)
+        tuple(IterationBreakdown(w.step, b, h)
+              for w, b, h in zip(windows, per_step, host_steps, strict=True)), host_total)
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:

@@ -191,8 +191,9 @@ def _host_steps(run: Run) -> list[StepProfile]:
     waited: dict[tuple[int, int], int] = {}
     for rank in {r for r, _ in spans}:
         keys = [k for k in spans if k[0] == rank]
-        found = HostComm.of_rank(ev, rank, [spans[k] for k in keys]) or []
-        waited.update({k: h.ns["comm_only"] for k, h in zip(keys, found, strict=True)})
+        found = HostComm.of_rank(ev, rank, [spans[k] for k in keys])
+        if found is not None:
+            waited.update({k: h.ns["comm_only"] for k, h in zip(keys, found, strict=True)})
     return [StepProfile(r, s, e - b, e - b - waited.get((r, s), 0), 0, 0, ())
             for (r, s), (b, e) in spans.items()]
 

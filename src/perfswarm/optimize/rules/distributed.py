@@ -37,13 +37,17 @@ def _exposed(facts: Facts) -> tuple[pl.DataFrame, dict[int, tuple[int, int, int,
                           sum(n["comm_only"] for n in ns), sum(n["compute_only"] for n in ns),
                           span - idle)
                       for r, ns in parts.items() for idle, span in [facts.device_idle[r]]}
-    hosts = {rc.rank: rc.host_comm for rc in facts.concurrency if rc.host_comm is not None}
-    if not hosts:
+    # over the rank's iterations (or its span without any), as the breakdowns are
+    hosts = {rc.rank: [h for h in ([i.host_comm for i in rc.iterations] or [rc.host_comm])
+                       if h is not None] for rc in facts.concurrency}
+    if not any(hosts.values()):
         return None
     comm = facts.in_window(facts.kind("user_annotation")).filter(
         pl.col("name").str.contains(HOST_COLLECTIVE.pattern))
-    return comm, {r: (h.comm_ns, h.ns["comm_only"], h.ns["compute_only"],
-                      h.compute_ns + h.ns["comm_only"]) for r, h in hosts.items()}
+    return comm, {r: (sum(h.comm_ns for h in hs), sum(h.ns["comm_only"] for h in hs),
+                      sum(h.ns["compute_only"] for h in hs),
+                      sum(h.compute_ns + h.ns["comm_only"] for h in hs))
+                  for r, hs in hosts.items() if hs}
 
 
 def communication_bound(facts: Facts) -> Advice | None:
