@@ -206,6 +206,49 @@ def test_profiler_freed_when_the_window_closes(tmp_path: Path) -> None:
     assert log.read_text().split() == ["alive", "0"]
 
 
+OWN_PROFILER = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    from torch.profiler import profile, schedule
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = int(sys.argv[2])  # the step at which the program starts its own profiler
+    prof = profile(schedule=schedule(wait=1, warmup=1, active=2, repeat=1),
+                   on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1]))
+    for i in range(10):
+        if i == start:
+            prof.start()
+        opt.zero_grad(); model(torch.randn(32, 64)).sum().backward(); opt.step()
+        if i >= start:
+            prof.step()
+    prof.stop()
+""")
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_a_program_with_its_own_profiler(tmp_path: Path, start: int) -> None:
+    """A program that starts its own torch.profiler: the window stands aside as it starts
+    (torch runs one profiling session at a time; the program segfaulted in its export when the
+    window's stop had ended its session), before the window opened (0) or closing it first
+    (3: the window, opened at step 1, keeps steps 1 and 2); the program's own trace is whole."""
+    script, theirs = tmp_path / "own.py", tmp_path / "theirs.json"
+    script.write_text(OWN_PROFILER)
+    result = record([PY, str(script), str(theirs), str(start)], tmp_path / "o.run",
+                    RecordOptions(collectors=("torch",), skip=1, steps=4))
+    assert result.exit_code == 0
+    markers = [e["name"] for e in orjson.loads(theirs.read_bytes())["traceEvents"]
+               if e.get("name", "").startswith("ProfilerStep#")]
+    assert markers == ["ProfilerStep#2", "ProfilerStep#3"]  # its own count, from its start
+    status = result.run.manifest()["collectors"]["torch"]
+    steps = [(s["step"], s["source"]) for s in result.run.table("steps").to_pylist()]
+    if start == 0:
+        assert status["status"].startswith(
+            "unavailable: the program started its own torch profiler at step 0")
+        return
+    assert status["status"] == "ok"
+    assert [s for s in steps if s[1] == "marker"] == [(1, "marker"), (2, "marker")]
+
+
 def test_window_from_step_0(tmp_path: Path) -> None:
     """SKIP 0 opens the window when the optimizer is built: no step has ended before step 0."""
     script = tmp_path / "freed.py"

@@ -3,9 +3,12 @@ the training loop (see inject/sitecustomize.py). Files appear per process and ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
+
+import orjson
 
 from perfswarm.recorder.base import Collector
 
@@ -76,10 +79,27 @@ class TorchCollector(Collector):
         self._live_ns += read_live(whole)
         return tuple(self._live_ns)
 
+    def aside_at(self) -> int | None:
+        """The step at which a process's own torch profiler took over (its window stood
+        aside: inject/sitecustomize.py), the first of those the steps files tell."""
+        found = []
+        for f in self.files():
+            if f.startswith("steps-") and f.endswith(".json"):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    at = orjson.loads((self.raw / f).read_bytes()).get("aside_at")
+                    if isinstance(at, int) and not isinstance(at, bool):
+                        found.append(at)
+        return min(found, default=None)
+
     def stop(self) -> None:
+        aside = self.aside_at()
         if not any(f.startswith("steps-") for f in self.files()):
             self.unavailable("no step seen (no torch.optim optimizer step, autograd backward or"
                              " module forward, or the process was killed)")
+        elif not any(f.startswith("torch-") for f in self.files()) and aside is not None:
+            self.unavailable(f"the program started its own torch profiler at step {aside}, "
+                             "before this window opened (torch runs one at a time: its trace "
+                             "is the program's)")
         elif not any(f.startswith("torch-") for f in self.files()):
             self.failed(f"no profiling window completed (fewer than {self.skip} steps, or the"
                         " process died first)")

@@ -100,6 +100,11 @@ class _Window:
         # unless RANK says one; spawned children run this file themselves (None: decided at
         # the first step, once multiprocessing has started), forked ones come through forked()
         self.claim: bool | None = None
+        # the program's own torch profiler took over at this step (None: it did not): this
+        # window closed then, or never opened (two Kineto sessions cannot run at once)
+        self.aside_at: int | None = None
+        self.starting = False  # while this window's own profiler starts
+        self.cut_at: int | None = None  # the step whose marker the window's close cut
 
     def _claim_rank(self) -> None:
         """The lowest free rank above 0 among the recording's processes (a file each, made
@@ -245,6 +250,8 @@ class _Window:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
+        if self.aside_at is not None:
+            return
         self.opened_at = len(self.hook_ns)
         # the script's TF32 settings (torch.backends.cuda.matmul.allow_tf32,
         # torch.backends.cudnn.allow_tf32) as it runs: set on a CPU too, where they change
@@ -271,7 +278,23 @@ class _Window:
             self.et.start()
         with open(self.flag(), "w"):  # before the profiler: the first step's marker opens last
             pass
-        self.prof.start()
+        self.starting = True
+        try:
+            self.prof.start()
+        finally:
+            self.starting = False
+
+    def stand_aside(self) -> None:
+        """The program starts its own torch profiler: close this window now (its trace
+        exported as it stands) and open none later."""
+        if self.aside_at is not None:
+            return
+        self.aside_at = len(self.hook_ns)
+        if self.et is not None:
+            self._stop_et()
+        if self.prof is not None:  # its last marker is cut where the program's began
+            self.cut_at = len(self.hook_ns)
+            self._stop()
 
     def _stop_et(self) -> None:
         self.et.stop()
@@ -295,7 +318,7 @@ class _Window:
             return
         if self.et is not None:
             self._stop_et()
-        cut = None
+        cut = self.cut_at
         if self.prof is not None:  # the window still open: its last marker is the exit's
             cut = len(self.hook_ns)
             self._stop()
@@ -304,7 +327,7 @@ class _Window:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
                        "optimizer_ns": self.optimizer_ns, "batches": self.batches,
-                       "cut_step": cut,
+                       "cut_step": cut, "aside_at": self.aside_at,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "window_on": self.driver, **self.fp32, **self.runtime}, f)
         os.replace(path + ".tmp", path)
@@ -517,6 +540,27 @@ def _watch_optimizers(window: _Window, optimizer: type) -> None:
     optimizer.__init__ = init_then_open  # type: ignore[misc]
 
 
+def _yield_to_programs_profiler(window: _Window, module: ModuleType, method: str) -> None:
+    """The program's own profiler makes this process's window stand aside first, as it starts
+    (torch.profiler.profile's start: from then on its step() opens ProfilerStep ranges, which
+    a window open meanwhile recorded beside its own) or prepares a trace
+    (torch.autograd.profiler.profile's, which torch.profiler's uses too): torch runs one
+    Kineto session at a time, and the program's crashed (SIGSEGV in its export) when this
+    window's stop ended it."""
+    import functools
+
+    cls = vars(module)["profile"]
+    begin: Callable[..., Any] = vars(cls)[method]
+
+    @functools.wraps(begin)
+    def begin_after_window(this: Any, *args: Any, **kwargs: Any) -> Any:
+        if not window.starting and os.getpid() == window.pid and not window.in_worker:
+            window.stand_aside()
+        return begin(this, *args, **kwargs)
+
+    setattr(cls, method, begin_after_window)
+
+
 def _watch_backward(window: _Window, autograd: ModuleType) -> None:
     """Each autograd backward's end is a step (Tensor.backward calls torch.autograd.backward)."""
     import functools
@@ -602,6 +646,10 @@ def _main() -> None:
         sys.meta_path.insert(0, _AfterImport({
             "torch.optim.optimizer": lambda module: _install(window, module),
             "torch.autograd": lambda module: _watch_backward(window, module),
+            "torch.autograd.profiler": lambda module: _yield_to_programs_profiler(
+                window, module, "_prepare_trace"),
+            "torch.profiler.profiler": lambda module: _yield_to_programs_profiler(
+                window, module, "start"),
             "torch.nn.modules.module": lambda module: _watch_forward(window, module),
             "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
         }))
