@@ -693,3 +693,15 @@ def test_step_time_after_the_window() -> None:
     assert short.profiler_slowdown == 1.0
     bare = step_time(table(warm + [(0, 20, "detected")] * 3))
     assert bare is not None and (bare.median_ns, bare.steps) == (20 * ms, 5)
+    # a sweep of batches (the recorder's STEP_BATCH at each step's start): the window ran
+    # batch 8; after it, three steps of 8 (10 ms) and five of 64 (80 ms) -- the step time is
+    # batch 8's (the median of all eight had been 80 ms: samples/s 8x low)
+    sweep = table(warm + window + [(0, 10, "detected")] * 3 + [(0, 80, "detected")] * 5)
+    starts = sweep.column("start").to_pylist()
+    batches = [8] * 9 + [64] * 5
+    sizes = pa.table({"rank": [0] * len(starts), "ts": starts, "value": [float(b) for b in
+                                                                         batches]})
+    found = step_time(sweep, sizes)
+    assert found is not None and (found.median_ns, found.steps) == (10 * ms, 3)
+    mixed = step_time(sweep)
+    assert mixed is not None and mixed.median_ns == 80 * ms

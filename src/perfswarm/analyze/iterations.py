@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import I64, Events, lane_key
+from perfswarm.trace.schema import STEP_BATCH
 from perfswarm.trace.store import Run
 
 Source = Literal["marker", "detected", "window"]  # window: a time window (analyze.aisi)
@@ -94,16 +95,54 @@ class StepTime:
         return max(1.0, self.profiled_ns / self.median_ns)
 
 
-def step_time(steps: pa.Table) -> StepTime | None:
-    """The step time of a steps table (see StepTime); None without steps."""
+def step_batches(rank: I64, start: I64, end: I64, sizes: pa.Table) -> I64:
+    """Each step's batch, of steps (rank, start, end) and the recorder's STEP_BATCH counters
+    (`sizes`: rank, ts, value): the earliest of its rank in [start, end) (a marked step can end
+    past the next hook, the profiler's stop), else the last before it (the first marked step
+    begins once the profiler has started, after its hook); 0: none."""
+    out = np.zeros(len(rank), np.int64)
+    c_rank = np.asarray(sizes.column("rank").to_numpy(), np.int64)
+    c_ts = np.asarray(sizes.column("ts").to_numpy(), np.int64)
+    c_value = np.asarray(sizes.column("value").to_numpy(), np.float64).astype(np.int64)
+    for r in np.unique(c_rank):
+        mine = np.flatnonzero(c_rank == r)
+        mine = mine[np.argsort(c_ts[mine], kind="stable")]
+        ts, value = c_ts[mine], c_value[mine]
+        at = np.flatnonzero(rank == r)
+        i = np.searchsorted(ts, start[at], side="left")  # the first at or after the start
+        last = np.minimum(i, len(ts) - 1)
+        inside = (i < len(ts)) & (ts[last] < end[at])
+        out[at] = np.where(inside, value[last], np.where(i > 0, value[np.maximum(i - 1, 0)], 0))
+    return out
+
+
+def batch_sizes(run: Run) -> pa.Table:
+    """The recorder's STEP_BATCH counters of a Run (rank, ts, value)."""
+    counters = run.table("counters", ["rank", "ts", "name", "value"])
+    return counters.filter(pc.equal(counters.column("name").cast(pa.string()), STEP_BATCH)
+                           ).select(["rank", "ts", "value"])
+
+
+def step_time(steps: pa.Table, sizes: pa.Table | None = None) -> StepTime | None:
+    """The step time of a steps table (see StepTime); None without steps. With the recorder's
+    batch of each step (`sizes`, batch_sizes), the steps after the window are those of the
+    profiled steps' batch (a sweep of batches: the others' steps are another program's)."""
     rows = steps.select(["rank", "start", "end", "source"]).to_pylist()
-    marked = [r["end"] - r["start"] for r in rows if r["source"] == PROFILED]
+    def column(name: str) -> I64:
+        return np.asarray([r[name] for r in rows], np.int64)
+
+    batch = (step_batches(column("rank"), column("start"), column("end"), sizes)
+             if sizes is not None and sizes.num_rows else np.zeros(len(rows), np.int64))
+    marked_at = [i for i, r in enumerate(rows) if r["source"] == PROFILED]
+    marked = [rows[i]["end"] - rows[i]["start"] for i in marked_at]
     window_end: dict[int, int] = {}  # each rank's last profiled step's end
     for r in rows:
         if r["source"] == PROFILED:
             window_end[r["rank"]] = max(window_end.get(r["rank"], r["end"]), r["end"])
-    after = [r["end"] - r["start"] for r in rows if r["source"] == UNPROFILED
-             and r["start"] >= window_end.get(r["rank"], r["start"])]
+    profiled_batches = {int(batch[i]) for i in marked_at}
+    after = [r["end"] - r["start"] for i, r in enumerate(rows) if r["source"] == UNPROFILED
+             and r["start"] >= window_end.get(r["rank"], r["start"])
+             and (len(profiled_batches) != 1 or int(batch[i]) in profiled_batches)]
     profiled_ns = float(np.median(marked)) if marked else None
     if len(after) >= MIN_AFTER:
         return StepTime(float(np.median(after)), len(after), True, profiled_ns)

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from perfswarm.analyze.iterations import step_time
+from perfswarm.analyze.iterations import batch_sizes, step_time
 from perfswarm.errors import PerfswarmError, RunError
 from perfswarm.report import html
 from perfswarm.report.data import compare_data, report_data
@@ -103,7 +103,7 @@ def _summary(listed: Listed) -> dict[str, Any]:
     start = manifest.get("extra", {}).get("record", {}).get("start_ns")
     when = start / 1e9 if isinstance(start, int) else run.manifest_path.stat().st_mtime
     devices = sorted({str(d.get("name")) for d in manifest["devices"] if d.get("name")})
-    timing = step_time(steps)  # the report's step time
+    timing = step_time(steps, batch_sizes(run))  # the report's step time
     # the host is the recording machine's; an imported trace's is the importer's, not its own
     recorded = "record" in manifest.get("extra", {})
     return {"name": listed.name, "complete": manifest["complete"], "ranks": manifest["ranks"],

@@ -14,7 +14,7 @@ from typing import Any, Final, TypedDict
 
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import StepTime, step_time
+from perfswarm.analyze.iterations import StepTime, batch_sizes, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
@@ -237,7 +237,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     flops = model_flops(costs, manifest["devices"], profiled, max(1, len(steps)))
     events = Events.load(run)
     calls = host_calls(events)
-    timing = step_time(run.table("steps"))
+    timing = step_time(run.table("steps"), batch_sizes(run))
     rates = _unprofiled(throughput(run, events, steps), timing)
     on_stage("views")
     views = {"cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),

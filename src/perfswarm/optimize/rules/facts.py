@@ -22,7 +22,14 @@ from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
-from perfswarm.analyze.iterations import EXPORT, TAIL, profiled, step_time, top_level
+from perfswarm.analyze.iterations import (
+    EXPORT,
+    TAIL,
+    batch_sizes,
+    profiled,
+    step_time,
+    top_level,
+)
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
 from perfswarm.analyze.phases import OPTIMIZER, nested, optimizer_calls, phases, step_calls
@@ -306,7 +313,7 @@ class Facts:
         """Median profiled step over the median step the hooks timed after the window (at
         least 1; 1 without both, iterations.StepTime): what the profiler adds to the evidence
         of the window."""
-        found = step_time(self.run.table("steps"))
+        found = step_time(self.run.table("steps"), batch_sizes(self.run))
         return found.profiler_slowdown if found is not None else 1.0
 
     @cached_property

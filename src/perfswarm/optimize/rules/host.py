@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from perfswarm.analyze.iterations import step_batches
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
@@ -327,7 +328,8 @@ def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
     sizes = facts.counters.filter(pl.col("name") == STEP_BATCH)
     if sizes.height == 0:
         return median
-    batch = step_batches(sizes, steps)
+    rank, start, end = (steps[c].to_numpy().astype(np.int64) for c in ("rank", "start", "end"))
+    batch = step_batches(rank, start, end, sizes.select("rank", "ts", "value").to_arrow())
     known = batch > 0
     if len(np.unique(batch[known])) < 2:
         return median
@@ -336,22 +338,6 @@ def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
         same = batch == b
         median[same] = float(np.median(dur[same])) if same.sum() >= 3 else per_sample * b
     return median
-
-
-def step_batches(sizes: pl.DataFrame, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
-    """Each step's batch (STEP_BATCH counters of its rank): the earliest in [start, end) (a
-    marked step can end past the next hook, the profiler's stop), else the last before it
-    (the first marked step begins once the profiler has started, after its hook); 0: none."""
-    out = np.zeros(steps.height, np.int64)
-    for (rank,), mine in sizes.sort("ts").group_by(["rank"]):
-        at = np.flatnonzero((steps["rank"] == rank).to_numpy())
-        ts, value = mine["ts"].to_numpy(), mine["value"].to_numpy().astype(np.int64)
-        lo, hi = steps["start"].to_numpy()[at], steps["end"].to_numpy()[at]
-        i = np.searchsorted(ts, lo, side="left")  # the first at or after the start
-        inside = (i < len(ts)) & (ts[np.minimum(i, len(ts) - 1)] < hi)
-        out[at] = np.where(inside, value[np.minimum(i, len(ts) - 1)],
-                           np.where(i > 0, value[np.maximum(i - 1, 0)], 0))
-    return out
 
 
 def _saturated(busy_cores: float, cores: int) -> bool:
