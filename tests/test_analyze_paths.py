@@ -427,6 +427,23 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
                                             for s, e in mine.merged_loop())
 
 
+def test_stragglers_count_each_wait_once() -> None:
+    """Two DDP buckets a step all-reduce at once, both waiting for rank 1: rank 0 waits from
+    0 to 105 (it had been 100 + 95: longer than the wait); a name the ranks ran a different
+    number of times does not pair (subgroups); ranks taking turns at being last name no
+    straggler."""
+    from perfswarm.analyze.stragglers import skews
+
+    buckets = skews({0: {("ar", 0): 0, ("ar", 1): 10, ("g", 0): 0, ("g", 1): 5, ("g", 2): 9},
+                     1: {("ar", 0): 100, ("ar", 1): 105, ("g", 0): 50, ("g", 1): 60}})
+    assert buckets.instances == 2  # the two all-reduces; "g" (3 against 2) left out
+    assert [(r.rank, r.waited_ns, r.held_back_ns, r.last_count) for r in buckets.ranks] == [
+        (0, 105, 0, 0), (1, 0, 105, 2)]
+    assert buckets.straggler == 1 and buckets.total_skew_ns == 100 + 95
+    turns = skews({0: {("ar", 0): 0, ("ar", 1): 50}, 1: {("ar", 0): 10, ("ar", 1): 40}})
+    assert [r.held_back_ns for r in turns.ranks] == [10, 10] and turns.straggler is None
+
+
 def test_stragglers_hand_made() -> None:
     result = stragglers(_two_ranks())
     assert (result.instances, result.max_skew_ns, result.straggler) == (1, 110, 1)

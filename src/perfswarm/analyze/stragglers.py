@@ -10,15 +10,18 @@ last holds everyone else back for the difference.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.intervals import union
 
 TOP = 20
+STRAGGLER_DOMINANCE: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,8 @@ class CollectiveSkew:
 class RankLateness:
     rank: int
     last_count: int  # instances this rank started last (with skew > 0)
-    held_back_ns: int  # sum over those instances of the others' wait for it
-    waited_ns: int = 0  # sum over every instance of its own wait for the last rank
+    held_back_ns: int  # over those instances, each other rank's wait for it (union), summed
+    waited_ns: int = 0  # over every instance, its own wait for the last rank (union)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "last_count": self.last_count,
@@ -57,9 +60,15 @@ class Stragglers:
 
     @property
     def straggler(self) -> int | None:
-        """The rank that holds the others back the most, if any does."""
-        late = [r for r in self.ranks if r.held_back_ns > 0]
-        return max(late, key=lambda r: (r.held_back_ns, -r.rank)).rank if late else None
+        """The rank that holds the others back the most, if it does so at least
+        STRAGGLER_DOMINANCE times as long as any other rank (ranks taking turns at being
+        last, as load moves on a shared host, have none)."""
+        late = sorted(self.ranks, key=lambda r: (-r.held_back_ns, r.rank))
+        if not late or late[0].held_back_ns <= 0 or (
+                len(late) > 1 and late[0].held_back_ns < STRAGGLER_DOMINANCE
+                * late[1].held_back_ns):
+            return None
+        return late[0].rank
 
     def to_dict(self) -> dict[str, Any]:
         return {"instances": self.instances, "total_skew_ns": self.total_skew_ns,
@@ -93,13 +102,21 @@ def collective_starts(ev: Events, rank: int) -> dict[Instance, tuple[int, int]]:
 
 
 def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Stragglers:
-    """Stragglers from each rank's collective start times (every rank of the Run present)."""
+    """Stragglers from each rank's collective start times (every rank of the Run present).
+    Instances of a name that the ranks ran a different number of times are left out: their
+    occurrences do not pair (process subgroups: ranks 0 and 1 all-reducing twice a step in
+    theirs, ranks 2 and 3 once in another). A rank's wait, and the wait it holds the others
+    to, are time: the union of its waits (DDP's buckets all-reduce several at once, each
+    waiting for the same late rank)."""
     ranks = sorted(per_rank)
-    common = sorted(set.intersection(*(set(k) for k in per_rank.values()))) if ranks else []
+    counts = [Counter(name for name, _ in keys) for keys in per_rank.values()]
+    paired = {name for name in set().union(*counts) if len({c[name] for c in counts}) == 1}
+    common = sorted(k for k in set.intersection(*(set(k) for k in per_rank.values()))
+                    if k[0] in paired) if ranks else []
     found = []
-    held = dict.fromkeys(ranks, 0)
     last = dict.fromkeys(ranks, 0)
-    waited = dict.fromkeys(ranks, 0)
+    waits: dict[int, list[tuple[int, int]]] = {r: [] for r in ranks}  # r's, for the late
+    holds: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (late, r)
     for key in common if len(ranks) > 1 else []:
         starts = {r: per_rank[r][key] for r in ranks}
         latest = max(ranks, key=lambda r: (starts[r], -r))
@@ -107,13 +124,25 @@ def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Str
         found.append(CollectiveSkew(key[0], key[1], starts, latest, skew))
         if skew > 0:
             last[latest] += 1
-            held[latest] += sum(starts[latest] - t for t in starts.values())
             for r in ranks:
-                waited[r] += starts[latest] - starts[r]
+                if starts[r] < starts[latest]:
+                    waits[r].append((starts[r], starts[latest]))
+                    holds[latest, r].append((starts[r], starts[latest]))
+    held = {r: sum(_covered(v) for (late, _), v in holds.items() if late == r) for r in ranks}
     worst = sorted(found, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
     return Stragglers(len(found), sum(s.skew_ns for s in found),
                       max((s.skew_ns for s in found), default=0), tuple(worst),
-                      tuple(RankLateness(r, last[r], held[r], waited[r]) for r in ranks))
+                      tuple(RankLateness(r, last[r], held[r], _covered(waits[r]))
+                            for r in ranks))
+
+
+def _covered(intervals: list[tuple[int, int]]) -> int:
+    """The time a list of [start, end) intervals covers."""
+    if not intervals:
+        return 0
+    starts, ends = union(np.array([s for s, _ in intervals], np.int64),
+                         np.array([e for _, e in intervals], np.int64))
+    return int((ends - starts).sum())
 
 
 def stragglers(ev: Events, top: int = TOP) -> Stragglers:

@@ -14,6 +14,7 @@ from perfswarm.optimize.rules.facts import Facts
 
 _EXPOSED_SHARE = 20.0  # % of device busy time spent in communication that no compute overlaps
 _STRAGGLER_RATIO = 1.1
+_STRAGGLER_MIN_PCT = 2.0  # % of the measured time the others spent waiting for the straggler
 # Relative bandwidth of one hop, by `nvidia-smi topo -m` link type (NV<k>: k NVLinks).
 _LINK_GBPS = {"PIX": 16.0, "PXB": 12.0, "PHB": 10.0, "NODE": 8.0, "SYS": 5.0}
 _NVLINK_GBPS = 25.0  # per link
@@ -83,39 +84,72 @@ def communication_bound(facts: Facts) -> Advice | None:
     compute_only = sum(c for _, _, c, _ in per_rank.values())
     last = comm_ns / comm.height * facts.step_count()
     evidence["compute_only_ns"] = compute_only
+    hidden = min(max(0.0, exposed - last), compute_only)
+    compress = ("register_comm_hook(None, default_hooks.bf16_compress_hook) to halve the "
+                "bytes; no_sync() over k micro-batches to all-reduce once every k")
+    if not hidden:  # nothing runs beside the collectives to hide them under
+        return advice(facts, "communication_bound",
+                      "communication is exposed on the critical path", evidence, None,
+                      "no time saved: by the overlap model, no compute runs beside the exposed "
+                      "collectives (beyond the last one a step) to hide them under; fewer "
+                      "bytes or fewer all-reduces shorten them (not modelled)", compress)
     return advice(facts, "communication_bound", "communication is exposed on the critical path",
-                  evidence, min(max(0.0, exposed - last), compute_only),
+                  evidence, hidden,
                   "overlap model from this run's times: the exposed collective time hides under "
                   "the compute that runs beside no collective, but one collective a step (the "
                   "last bucket, after backward) stays exposed; at most that",
-                  "DDP(bucket_cap_mb=100, gradient_as_bucket_view=True, static_graph=True) so "
-                  "all-reduce overlaps backward; register_comm_hook(None, "
-                  "default_hooks.bf16_compress_hook) to halve the bytes; avoid "
-                  "find_unused_parameters=True")
+                  "let DDP's all-reduce overlap the backward: measure bucket_cap_mb both ways "
+                  "(smaller buckets start all-reducing earlier in the backward, larger ones "
+                  "pay the per-call latency less often), gradient_as_bucket_view=True, "
+                  "static_graph=True, no find_unused_parameters=True; " + compress)
 
 
 def stragglers(facts: Facts) -> Advice | None:
-    """One rank computes longer than the others; every collective waits for it."""
+    """One rank arrives late at the collectives and every other rank waits for it: analyze's
+    stragglers where the ranks' collectives pair (its straggler, the others' wait for it as
+    the gain), else, without collectives to read, the rank that computes longest."""
     if len(facts.ranks) < 2:
         return None
+    found = facts.stragglers
     device = _compute(facts)
-    frame = device if device.height else facts.in_window(facts.kind("cpu_op"))
-    busy = {int(k[0]): v for k, v in facts.busy_ns(frame).items()}
-    if len(busy) < 2:
-        return None
-    median = statistics.median(busy.values())
-    slow = max(busy, key=lambda r: (busy[r], -r))
-    if median <= 0 or busy[slow] < _STRAGGLER_RATIO * median:
-        return None
-    evidence = {"busy_ns_by_rank": {str(r): v for r, v in busy.items()}, "slowest_rank": slow,
-                "ratio_to_median": round(busy[slow] / median, 3)}
-    return advice(facts, "stragglers", f"rank {slow} is a straggler", evidence,
-                  (busy[slow] - median) * len(busy),
-                  "measured, no model: every rank stops waiting for the slowest one at the "
-                  "collectives",
+    if _exposed(facts) is not None and (found is None or not found.instances):
+        return None  # collectives that do not pair across the ranks (process subgroups)
+    if found is not None and found.instances:
+        slow = found.straggler
+        if slow is None:
+            return None
+        lateness = {r.rank: r for r in found.ranks}
+        evidence: dict[str, object] = {
+            "collectives": found.instances, "max_skew_ns": found.max_skew_ns,
+            "last_count_by_rank": {str(r): v.last_count for r, v in lateness.items()},
+            "held_back_ns_by_rank": {str(r): v.held_back_ns for r, v in lateness.items()},
+            "waited_ns_by_rank": {str(r): v.waited_ns for r, v in lateness.items()},
+            "slowest_rank": slow}
+        gain: float = lateness[slow].held_back_ns
+        if pct(gain, facts.wall_ns) < _STRAGGLER_MIN_PCT:
+            return None
+        basis = ("measured, no model: the time the other ranks waited at the collectives for "
+                 "this one to enter them (each rank's waits counted once)")
+    else:
+        frame = device if device.height else facts.in_window(facts.kind("cpu_op"))
+        busy = {int(k[0]): v for k, v in facts.busy_ns(frame).items()}
+        if len(busy) < 2:
+            return None
+        median = statistics.median(busy.values())
+        slow = max(busy, key=lambda r: (busy[r], -r))
+        if median <= 0 or busy[slow] < _STRAGGLER_RATIO * median:
+            return None
+        evidence = {"busy_ns_by_rank": {str(r): v for r, v in busy.items()},
+                    "slowest_rank": slow, "ratio_to_median": round(busy[slow] / median, 3)}
+        gain = (busy[slow] - median) * len(busy)
+        basis = "measured, no model: every rank stops waiting for the slowest one at the " \
+                "collectives"
+    return advice(facts, "stragglers", f"rank {slow} is a straggler", evidence, gain, basis,
                   f"check rank {slow}'s host (thermal throttling, other jobs, "
                   + ("a slower GPU or link" if device.height else "fewer or shared cores")
-                  + ") and its data shard (uneven sequence lengths: bucket or pad to balance)")
+                  + "), its data (a slower input pipeline, uneven sequence lengths: bucket or "
+                  "pad to balance) and its own work (logging, checkpointing or evaluation on "
+                  "one rank only)")
 
 
 def parse_topology(text: str) -> dict[tuple[int, int], float]:
