@@ -138,15 +138,21 @@ class GlooRank:
     loop_tid: int
     loop: list[tuple[int, int]]
     markers: list[tuple[int, int]]
+    work: list[tuple[int, int]]  # its ops on every thread but the calls issuing collectives
 
-    def merged_loop(self) -> list[tuple[int, int]]:
-        out: list[list[int]] = []
-        for s, e in self.loop:
-            if out and s <= out[-1][1]:
-                out[-1][1] = max(out[-1][1], e)
-            else:
-                out.append([s, e])
-        return [(s, e) for s, e in out]
+    def merged_work(self) -> list[tuple[int, int]]:
+        return _merged(self.work)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted spans as disjoint ones covering the same time."""
+    out: list[list[int]] = []
+    for s, e in spans:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
 
 
 def gloo_ddp_raw() -> list[GlooRank]:
@@ -169,5 +175,7 @@ def gloo_ddp_raw() -> list[GlooRank]:
             tid,
             sorted(span(e) for e in x if e["tid"] == tid and e["dur"] > 0
                    and not e["name"].startswith("ProfilerStep#")),
-            sorted(span(e) for e in marks)))
+            sorted(span(e) for e in marks),
+            sorted(span(e) for e in x if e.get("cat") == "cpu_op" and e["dur"] > 0
+                   and not e["name"].startswith("c10d::"))))
     return out

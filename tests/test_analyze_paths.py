@@ -338,6 +338,7 @@ GLOO_STEP = [
     (0, 0, 100, "cpu_op", "forward", 1, -1, -1, -1),
     (0, 100, 20, "cpu_op", "c10d::allreduce_", 1, -1, -1, -1),
     (0, 110, 290, "user_annotation", "gloo:all_reduce", 2, -1, -1, -1),
+    (0, 120, 40, "cpu_op", "backward", 1, -1, -1, -1),
     (0, 410, 90, "cpu_op", "optimizer", 1, -1, -1, -1),
     (1, 0, 250, "cpu_op", "forward", 1, -1, -1, -1),
     (1, 250, 20, "cpu_op", "c10d::allreduce_", 1, -1, -1, -1),
@@ -374,12 +375,13 @@ def test_host_collectives_are_communication() -> None:
     result = stragglers(ev)
     assert (result.instances, result.max_skew_ns, result.straggler) == (1, 150 * US, 1)
     rank0 = concurrency(ev, {}).ranks[0]
-    # host work: the loop's 0..120 and 410..500, not gloo's 110..400
-    assert rank0.total.ns["host_busy_device_idle"] == 210 * US
+    # host work: the loop's 0..160 and 410..500, not gloo's 110..400; its compute leaves out
+    # the call issuing the all-reduce (100..120): the backward's 120..160 hides 40 us of it
+    assert rank0.total.ns["host_busy_device_idle"] == 250 * US
     assert rank0.host_comm is not None
     assert {k: v // US for k, v in rank0.host_comm.ns.items()} == {
-        "overlapped": 10, "compute_only": 200, "comm_only": 280, "neither": 10}
-    assert rank0.host_comm.comm_overlap_pct == pytest.approx(100 * 10 / 290)
+        "overlapped": 40, "compute_only": 190, "comm_only": 250, "neither": 20}
+    assert rank0.host_comm.comm_overlap_pct == pytest.approx(100 * 40 / 290)
 
 
 def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
@@ -424,7 +426,7 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
         assert host.comm_ns == sum(e - s for s, e, _ in mine.gloo)
         assert host.ns["overlapped"] == sum(max(0, min(e, ge) - max(s, gs))
                                             for gs, ge, _ in mine.gloo
-                                            for s, e in mine.merged_loop())
+                                            for s, e in mine.merged_work())
 
 
 def test_stragglers_count_each_wait_once() -> None:

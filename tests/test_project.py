@@ -391,7 +391,7 @@ def test_profile_of_a_cpu_ddp_run(tmp_path: Path) -> None:
                 gs, ge = max(start, lo), min(end, hi)
                 if ge > gs:
                     waited += ge - gs - sum(max(0, min(e, ge) - max(s, gs))
-                                            for s, e in mine.merged_loop())
+                                            for s, e in mine.merged_work())
             expected[rank, i] = (hi - lo, hi - lo - waited)
     got = sorted((st.rank, st.wall_ns, st.compute_ns) for st in prof.steps)
     assert got == sorted((r, span, compute) for (r, _), (span, compute) in expected.items())

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from perfswarm.analyze.dependencies import WORK_KINDS
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import I64, Mask, first_covering, state_sweep
 from perfswarm.analyze.iterations import StepWindow
@@ -72,7 +73,8 @@ HOST_COMM_STATES: Final = ("overlapped", "compute_only", "comm_only", "neither")
 class HostComm:
     """A CPU process group's communication on one rank against its compute, over the rank's
     span: its collectives on host threads (frame.Events.host_collective: gloo's all-reduce of
-    a DDP rank's gradients) and the host work of its other threads, each instant in one of
+    a DDP rank's gradients) and its work (ops and runtime calls, not an annotation around a
+    wait nor the calls that issue the collectives), each instant in one of
     HOST_COMM_STATES (both, compute only, communication only, neither)."""
 
     ns: Mapping[str, int]
@@ -103,7 +105,10 @@ class HostComm:
         comm = rows[ev.host_collective[rows]]
         if not len(comm):
             return None
-        work = rows[ev.host_busy[rows] & ~np.isin(ev.tid[rows], ev.tid[comm])]
+        # the rank's work: ops and runtime calls (dependencies.WORK_KINDS), not an annotation
+        # around a wait nor the calls that issue the collectives
+        work = rows[ev.of_kind(*WORK_KINDS)[rows] & ~ev.collective_call[rows]
+                    & (ev.dur[rows] > 0)]
         sums = state_sweep([(ev.ts[work], ev.end[work]), (ev.ts[comm], ev.end[comm])],
                            lambda c: first_covering([c[0] & c[1], c[0], c[1]]),
                            len(HOST_COMM_STATES), HOST_COMM_STATES.index("neither"))

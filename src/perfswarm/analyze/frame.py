@@ -31,6 +31,8 @@ HOST_BUSY_KINDS = ("cpu_op", "user_annotation", "python_function", "runtime", "d
 # named "gloo:" and the op ("gloo:all_reduce", "gloo:broadcast", ...) on the worker thread
 # that runs it, from when that thread takes it up until every rank has done its part
 HOST_COLLECTIVE: Final = re.compile(r"^gloo:")
+# ... of which these pair a sender with a receiver, not the same op on every rank
+HOST_P2P: Final = re.compile(r"^gloo:(send|recv)")
 # ... issued by the dispatcher op the caller runs ("c10d::allreduce_", "c10d::broadcast_"),
 # which queues the work and returns
 COLLECTIVE_CALL: Final = re.compile(r"^c10d::")
@@ -175,8 +177,9 @@ class Events:
 
     @cached_property
     def collectives(self) -> Mask:
-        """Every collective, on a device or on host threads."""
-        return self.of_kind("collective") | self.host_collective
+        """Every collective, on a device or on host threads (not a point-to-point send or
+        receive: the same op does not run on every rank)."""
+        return self.of_kind("collective") | (self.host_collective & ~self._named(HOST_P2P))
 
     def _named(self, pattern: re.Pattern[str]) -> Mask:
         return np.isin(self.name, [i for i, n in enumerate(self.names) if pattern.match(n)])
