@@ -168,22 +168,31 @@ def test_forecast_bad_inputs(corpus_runs: dict[str, Run], tmp_path: Path,
 
 
 def test_ops_that_zero_their_output_keep_their_own_kernel() -> None:
-    """A CPU trace's op tree: linear around addmm is one GEMM (the addmm); a max-pool backward
-    around the zero_ (around fill_) of its gradient is two kernels, the fill and its own."""
+    """A CPU trace's op tree: linear around addmm is one GEMM (the addmm), and the copy of
+    the bias into the addmm's output that the CPU records inside it (CUDA runs it too) a
+    kernel before it; a max-pool backward around the zero_ (around fill_) of its gradient is
+    two kernels, the fill and its own; a clone around its copy_ is the copy alone."""
     pool = ((8, 16, 16, 16), (8, 16, 32, 32), (8, 16, 16, 16))
+    out = (X[0], 1024)
     rows = [(0, 0, 100, "cpu_op", "aten::max_pool2d_with_indices_backward", 1, -1, -1, -1),
             (0, 10, 20, "cpu_op", "aten::zero_", 1, -1, -1, -1),
             (0, 12, 16, "cpu_op", "aten::fill_", 1, -1, -1, -1),
             (0, 200, 100, "cpu_op", "aten::linear", 1, -1, -1, -1),
             (0, 205, 5, "cpu_op", "aten::t", 1, -1, -1, -1),
-            (0, 220, 70, "cpu_op", "aten::addmm", 1, -1, -1, -1)]
+            (0, 220, 70, "cpu_op", "aten::addmm", 1, -1, -1, -1),
+            (0, 222, 6, "cpu_op", "aten::copy_", 1, -1, -1, -1),
+            (0, 400, 50, "cpu_op", "aten::clone", 1, -1, -1, -1),
+            (0, 410, 30, "cpu_op", "aten::copy_", 1, -1, -1, -1)]
     shapes = [Shapes(pool, (F,) * 3), Shapes((pool[1],), (F,)), Shapes((pool[1], ()), (F, F)),
               Shapes((X, W, B), (F,) * 3), Shapes((W,), (F,)), Shapes((B, X, (512, 1024)),
-                                                                   (F,) * 3)]
+                                                                   (F,) * 3),
+              Shapes((out, out), (F, F)), Shapes((out,), (F,)), Shapes((out, out), (F, F))]
     ev = events(rows)
     found = innermost_ops(ev, lambda r: shapes[r], 0, 1_000)
     assert [ev.name_of(r) for r in found] == [
-        "aten::max_pool2d_with_indices_backward", "aten::fill_", "aten::addmm"]
+        "aten::max_pool2d_with_indices_backward", "aten::fill_", "aten::addmm", "aten::copy_",
+        "aten::copy_"]
+    assert [int(ev.ts[r]) for r in found][-3:] == [220, 222, 410]
 
 
 def test_layer_norm_kernels_move_at_the_models_own_time() -> None:

@@ -29,6 +29,10 @@ from perfswarm.model.specs import DeviceSpec
 HOST_OP_NS: Final = 51_761
 LAUNCH_NS: Final = 9_713
 ZEROING: Final = frozenset({"aten::zero_", "aten::fill_"})  # an op setting up its output
+# ... or, before a product accumulates into it, copying its addend there (addmm's bias,
+# expanded: CUDA's addmm runs that copy, then the GEMM with beta 1, as the CPU's does)
+SETUP: Final = ZEROING | {"aten::copy_"}
+PRODUCTS: Final = frozenset({"gemm", "conv", "depthwise_conv", "conv_backward", "sdpa"})
 PARAMETER_LOOP: Final = 8  # consecutive ops of one name over parameters: a loop over them
 LAUNCHES: Final = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "hipLaunchKernel",
                    "hipExtLaunchKernel")
@@ -59,18 +63,28 @@ def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, h
     """Rows of the aten ops in [lo, hi) with shapes and a cost model that enclose no other
     such op on their thread (aten::linear's addmm, not the linear), in start order; an op
     that encloses only the zeroing of its output (ZEROING: max_pool2d_with_indices_backward,
-    nll_loss_backward) runs its own kernel after it, and counts too."""
+    nll_loss_backward), or a product that encloses only that or the copy of its addend
+    (SETUP: addmm's bias), runs its own kernel after it, and counts too (the bias's copy had
+    been every Linear's forward on a GPU, its GEMM dropped)."""
     rows = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi))
     costed = [r for r in rows.tolist() if ev.name_of(r).startswith("aten::")
               and (s := shapes(r)) is not None and data_cost(ev.name_of(r), s) is not None]
     lanes = sorted(costed, key=lambda r: (int(ev.rank[r]), int(ev.tid[r]), int(ev.ts[r]),
                                           -int(ev.end[r])))
+    def setup(r: int) -> frozenset[str]:
+        """What may run inside r before its own kernel."""
+        if ev.name_of(r) in SETUP:
+            return frozenset()
+        cost = data_cost(ev.name_of(r), shapes(r) or Shapes((), ()))
+        return SETUP if cost is not None and cost.family in PRODUCTS else ZEROING
+
     outer = set()
     for i, r in enumerate(lanes):
+        allowed = setup(r)
         for a in lanes[i + 1:]:
             if (ev.rank[a], ev.tid[a]) != (ev.rank[r], ev.tid[r]) or ev.ts[a] >= ev.end[r]:
                 break  # past what r encloses
-            if ev.name_of(r) in ZEROING or ev.name_of(a) not in ZEROING:
+            if ev.name_of(a) not in allowed:
                 outer.add(r)
                 break
     return [r for r in costed if r not in outer]
