@@ -1133,6 +1133,25 @@ def test_communication_bound_on_gloo(tmp_path: Path) -> None:
     assert a.gain_ns == 9 * ms - 15 * ms // 6 * 3
 
 
+def test_outlier_steps_leave_out_the_warm_up(tmp_path: Path) -> None:
+    """The run's first two steps took 40 ms (a TorchScript model's profiling executor, a
+    first call compiling), the rest 4 ms but one of 132: the warm-up runs once, no outlier;
+    the 132 ms step is. Steps the profiler recorded are judged against its slowdown."""
+    from perfswarm.trace.schema import STEPS
+
+    run = imported(tmp_path, "warm", _loader_steps(500, 3500))  # 3 marked steps of 4 ms
+    ms = 1_000_000
+    rows = [(0, -2, -80 * ms, -40 * ms, "detected"), (0, -1, -40 * ms, 0, "detected"),
+            (0, 3, 12 * ms, 16 * ms, "export"), (0, 4, 16 * ms, 20 * ms, "detected"),
+            (0, 5, 20 * ms, 152 * ms, "detected"), (0, 6, 152 * ms, 156 * ms, "detected")]
+    hooked = pa.table({k: [r[i] for r in rows] for i, k in
+                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 5, "dur_ns": 132 * ms}]
+    assert a.evidence["warmup_steps"] == 2
+
+
 def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
     """An inference loop's requests of 8 and 64 (the recorder's STEP_BATCH at each step's
     start): a 64 takes 8x an 8 and is no outlier; an 8 that took 10x its peers is."""

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from perfswarm.analyze.iterations import step_batches
+from perfswarm.analyze.iterations import PROFILED, step_batches
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
@@ -285,10 +285,21 @@ def outlier_steps(facts: Facts) -> Advice | None:
     steps = facts.run_steps.join(first, on=["rank", "step"], how="anti")
     if steps.height < 5:
         return None
+    steps = steps.sort("rank", "step")
     dur = (steps["end"] - steps["start"]).to_numpy()
     median = float(np.median(dur))
     usual = _usual(facts, steps, dur)
+    # the profiler slows every step it records: those against its own median
+    usual[(steps["source"] == PROFILED).to_numpy()] *= facts.profiler_slowdown
     over = dur > _OUTLIER * usual
+    # a rank's first steps, slow until its first usual one, are its warm-up (JIT profiling
+    # executors, first-call compilation, caches filling), which runs once: not periodic work
+    rank = steps["rank"].to_numpy()
+    warm = np.zeros(len(over), bool)
+    for r in np.unique(rank):
+        at = np.flatnonzero(rank == r)
+        warm[at] = np.cumprod(over[at]).astype(bool)
+    over &= ~warm
     slow = steps.filter(pl.Series(over))
     if median <= 0 or slow.height == 0:
         return None
@@ -303,7 +314,7 @@ def outlier_steps(facts: Facts) -> Advice | None:
     total = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
-                "descheduled_steps": int(sum(starved)),
+                "warmup_steps": int(warm.sum()), "descheduled_steps": int(sum(starved)),
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
                              for r, s, b, e in slow.select("rank", "step", "start", "end")
                              .sort("rank", "step").iter_rows()][:10],
