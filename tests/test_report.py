@@ -426,8 +426,9 @@ def test_model_flops_against_the_gpu_peak(corpus_runs: dict[str, Run]) -> None:
     op_cost = {"device": "A100-40GB", "flops": 3.5e12,
                "phase_flops": {"forward": 1e12, "backward": 2.4e12, "optimizer": 1e11},
                "ops": [{"flops": 1e12, "count": 2, "dtype": "fp32"},
-                       {"flops": 1e9, "count": 4, "dtype": "fp16"}]}
+                       {"flops": 1e9, "count": 4, "dtype": "fp16"}], "coverage": 0.25}
     flops = model_flops(op_cost, devices, 2_000_000_000, 2)
+    assert flops is not None and flops["coverage"] == 0.25  # the FLOPs counted are of a part
     assert flops is not None and flops["flops_per_s"] == pytest.approx(3.5e12 / 2 / 2)
     assert flops["model_flops"] == 3e12 and flops["model_flops_per_s"] == pytest.approx(3e12 / 4)
     assert flops["dtype"] == "fp32" and flops["device"] == "A100-40GB"

@@ -124,6 +124,8 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
     if flops is not None:
         model = ("3x the forward's FLOPs (a backward ran)" if flops["phase_flops"]["backward"]
                  else "the forward's FLOPs (no backward ran)")
+        # FLOPs are those of the ops with a cost model (not an int8 quantized linear's)
+        model += f"; of the ops with a cost model, {pct(flops['coverage'])} of op time"
         if flops["mfu"] is not None:
             peak = f"{flops['device']}'s {flops['dtype']} peak"
             cards.append(Card(label="MFU (per rank)", value=pct(flops["mfu"]),

@@ -87,7 +87,8 @@ def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]]
             "flops_per_s": hfu_rate, "model_flops_per_s": mfu_rate, "dtype": dtype,
             "peak_flops_per_s": peak, "hfu": hfu_rate / peak if peak else None,
             "mfu": mfu_rate / peak if peak else None,
-            "device": spec.name if spec is not None else None}
+            "device": spec.name if spec is not None else None,
+            "coverage": float(op_cost["coverage"])}
 
 
 EMBEDDING: Final = "aten::embedding"
