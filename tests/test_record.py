@@ -585,8 +585,12 @@ def test_parse_pyspy_raw() -> None:
             "garbage\n"
             'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9) 4\n'
             'process 9:"python -c import time\nwhile 1:\n    pass\n";thread (9);'
-            "<module> (<string>:3) 5\n")
-    f, g, idle, spin = pyspy.parse_raw(text, Path("pystacks.txt"))
+            "<module> (<string>:3) 5\n"
+            # --subprocesses: a child's stack names its parent first
+            'process 7564:"python parent.py";process 7575:"python child.py";thread (7575): '
+            "MainThread;<module> (child.py:8) 30\n")
+    f, g, idle, spin, child = pyspy.parse_raw(text, Path("pystacks.txt"))
+    assert (child.pid, child.tid, child.count) == (7575, 7575, 30)
     assert (idle.pid, idle.frames, idle.count) == (9, (), 4)
     assert (spin.tid, spin.frames, spin.count) == (9, (("<module>", "<string>", 3),), 5)
     assert (g.tid, g.frames, g.count) == (8, (("g", "a.py", 1),), 2)

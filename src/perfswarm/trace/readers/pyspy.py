@@ -10,9 +10,12 @@ from pathlib import Path
 from perfswarm.trace.readers.fields import int64_field
 
 # process PID:"CMDLINE";thread (TID)[: NAME][;frame;frame;...] COUNT   (TID decimal or 0x-hex);
-# one record per stack, and the quoted command line may span lines (python -c scripts)
-_LINE = re.compile(r'^process (\d+):".*?";thread \((0x[0-9a-fA-F]+|\d+)\)(?:: [^;\n]*)?'
+# one record per stack, and the quoted command line may span lines (python -c scripts); with
+# --subprocesses a child's stack names its parents first (process P:"...";process C:"...";
+# thread ...): the process is the last one named
+_LINE = re.compile(r'^(process \d+:".*?");thread \((0x[0-9a-fA-F]+|\d+)\)(?:: [^;\n]*)?'
                    r'(?:;([^\n]*))? (\d+)$', re.MULTILINE | re.DOTALL | re.ASCII)
+_PROCESS = re.compile(r'(?:^|";)process (\d+):"', re.ASCII)
 _FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$", re.ASCII)
 
 
@@ -40,7 +43,8 @@ def parse_raw(text: str, source: Path) -> list[Folded]:
     for m in _LINE.finditer(text):
         n += text.count("\n", counted, m.start())
         counted = m.start()
-        pid, tid, stack, count = m.groups()
+        processes, tid, stack, count = m.groups()
+        pid = _PROCESS.findall(processes)[-1]
         frames = tuple(_frame(item, source, n) for item in reversed(stack.split(";"))
                        ) if stack else ()
         out.append(Folded(int64_field(pid, source, n, "pid"), int64_field(tid, source, n, "tid"),
