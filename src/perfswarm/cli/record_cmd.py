@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console
+from perfswarm.cli.output import err_console
 from perfswarm.errors import PerfswarmError
 from perfswarm.recorder.attach import attach
 from perfswarm.recorder.perf import parse_events
@@ -83,8 +83,9 @@ def record_command(
         m = result.run.manifest()
         states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(m["collectors"].items()))
         how = "complete" if m["complete"] else "incomplete"
-        console.print(f"recorded {result.run.path} ({how}, exit {result.exit_code}); {states}",
-                      soft_wrap=True)
+        # on stderr: the program's stdout is its own (a CSV it prints, redirected to a file)
+        err_console.print(f"recorded {result.run.path} ({how}, exit {result.exit_code}); "
+                          f"{states}", soft_wrap=True)
     return result.exit_code
 
 
