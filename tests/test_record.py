@@ -766,10 +766,13 @@ NO_OPTIM = textwrap.dedent("""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     x, y = torch.randn(32, 8), torch.randn(32, 1)
+    if sys.argv[1] == "quant":  # int8 inference: quantize_dynamic observes each weight first
+        model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    criterion = nn.MSELoss()  # a module called at the top level too: no model's forward
     with torch.no_grad():
         model(x)  # an evaluation before training: forward alone, once
     for i in range(8):
-        loss = ((model(x) - y) ** 2).mean()
+        loss = criterion(model(x), y)
         if sys.argv[1] == "sgd":  # manual SGD, as pytorch/examples' word_language_model
             model.zero_grad()
             loss.backward()
@@ -781,11 +784,14 @@ NO_OPTIM = textwrap.dedent("""
 
 @pytest.mark.parametrize(("style", "driver", "ops"), [
     ("sgd", "backward", {"autograd::engine::evaluate_function: AddmmBackward0", "aten::sub_"}),
-    ("infer", "forward", {"aten::addmm"})])  # a forward-driven window opens a step later
+    ("infer", "forward", {"aten::addmm"}),  # a forward-driven window opens a step later
+    ("quant", "forward", {"quantized::linear_dynamic"})])
 def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
                                      ops: set[str]) -> None:
     """No torch.optim: the window opens on what the loop does, backward (over the forward
-    it also runs) or a top-level module's forward, and the manifest says which."""
+    it also runs) or a top-level module's forward, and the manifest says which; a loss
+    module's forward, or a quantization observer's, makes no step (the observers of
+    quantize_dynamic had counted three steps before the loop's)."""
     script = tmp_path / "loop.py"
     script.write_text(NO_OPTIM)
     result = record([PY, str(script), style], tmp_path / f"{style}.run",

@@ -577,16 +577,21 @@ def _watch_backward(window: _Window, autograd: ModuleType) -> None:
     vars(autograd)["backward"] = backward_then_step
 
 
+NOT_MODELS = ("torch.nn.modules.loss", "torch.ao.quantization")
+
+
 def _watch_forward(window: _Window, module: ModuleType) -> None:
     """Each forward of a top-level module (called from no other module's forward) starts a
     step. Global module hooks slow every module call a little: they go when a better driver
     (an optimizer built, a backward seen) takes over."""
     depth = 0
 
-    def before(_module: Any, args: Any) -> None:
+    def before(module: Any, args: Any) -> None:
         nonlocal depth
         depth += 1
-        if depth == 1:
+        # a loss, or a quantization observer (quantize_dynamic runs one on each weight before
+        # the loop), is no model whose forward makes a step
+        if depth == 1 and not type(module).__module__.startswith(NOT_MODELS):
             window.on_event("forward")
             shape = getattr(args[0], "shape", None) if args else None
             if (window.driver == "forward" and window.hook_ns and shape
