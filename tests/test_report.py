@@ -29,7 +29,7 @@ from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projecti
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import op_rows, report_data
-from perfswarm.report.overview import model_flops
+from perfswarm.report.overview import CATEGORIES, model_flops
 from perfswarm.report.timeline import run_origin, spans, timeline
 from perfswarm.report.views import (
     kernel_streams,
@@ -417,6 +417,40 @@ def test_step_breakdown_partitions_each_step(corpus_runs: dict[str, Run]) -> Non
         assert b["ns"]["device compute"] + b["ns"]["communication"] == _clipped_union(
             kernels + comm, lo, hi)
         assert b["ns"]["data loading"] == 0
+
+
+def test_step_breakdown_of_gloo_and_of_untraced_ranks(tmp_path: Path) -> None:
+    """A CPU DDP step (tests/data/ddp_gloo.py): its host compute is its ops' union and its
+    communication gloo's all-reduce where none runs, from the raw JSON; a rank no trace covers
+    (steps on rank -1, no event) is untraced, not idle."""
+    from conftest import GLOO_DDP, gloo_ddp_raw
+    from perfswarm.analyze.frame import Events
+    from perfswarm.report.overview import step_breakdown
+
+    run = import_traces(GLOO_DDP, tmp_path / "g.run", ImportOptions(ranks=(0, 1)), ["test"])
+    ev = Events.load(run)
+    raw = gloo_ddp_raw()
+    windows = {str(r): [{"step": i, "start": lo, "end": hi}
+                        for i, (lo, hi) in enumerate(raw[r].markers)] for r in (0, 1)}
+    for b in step_breakdown(ev, windows):
+        lo, hi = raw[b["rank"]].markers[b["step"]]
+        mine = raw[b["rank"]]
+        gloo = [{"ts": s, "dur": e - s} for s, e, _ in mine.gloo if s < hi and e > lo]
+        assert sum(b["ns"].values()) == b["dur_ns"] == hi - lo
+        assert b["ns"]["communication"] == _clipped_union(gloo, lo, hi) - sum(
+            max(0, min(e, ge, hi) - max(s, gs, lo)) for g in gloo
+            for gs, ge in [(g["ts"], g["ts"] + g["dur"])]
+            for s, e in _host_spans(ev, b["rank"])) > 0
+    untraced = step_breakdown(ev, {"-1": [{"step": 0, "start": 0, "end": 10}]})
+    assert untraced == [{"rank": -1, "step": 0, "dur_ns": 10,
+                         "ns": {c: (10 if c == "untraced" else 0) for c in CATEGORIES}}]
+
+
+def _host_spans(ev: Any, rank: int) -> list[tuple[int, int]]:
+    """The rank's host work (not gloo's ranges) as disjoint spans."""
+    rows = np.flatnonzero((ev.rank == rank) & ev.host_busy & ~ev.host_collective)
+    s, e = union(ev.ts[rows], ev.end[rows])
+    return list(zip(s.tolist(), e.tolist(), strict=True))
 
 
 def test_model_flops_against_the_gpu_peak(corpus_runs: dict[str, Run]) -> None:

@@ -152,7 +152,7 @@ def concurrency_figure(concurrency: dict[str, Any], has_device: bool) -> dict[st
 
 
 BREAKDOWN_COLORS: Final = ("#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#1f77b4", "#7f7f7f",
-                            "#d9d9d9")
+                            "#d9d9d9", "#f2e6c9")
 
 
 def breakdown_categories(breakdown: list[dict[str, Any]]) -> list[str]:

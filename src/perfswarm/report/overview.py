@@ -18,7 +18,7 @@ import orjson
 
 from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.frame import Events, detail_of, lane_key
-from perfswarm.analyze.intervals import I64, first_covering, state_sweep
+from perfswarm.analyze.intervals import I64, Mask, state_sweep
 from perfswarm.analyze.phases import BACKWARD, nested, phases, step_calls
 from perfswarm.model.opcost import RNN_OPS, has_cost_model, shapes_cost, shapes_from_args
 from perfswarm.model.predict import batch_flag
@@ -26,7 +26,10 @@ from perfswarm.model.specs import spec_of_devices
 from perfswarm.trace.store import Run
 
 CATEGORIES: Final = ("device compute", "communication", "memory copy", "data loading",
-                     "host compute", "other", "idle")
+                     "host compute", "other", "idle", "untraced")
+# a rank with no traced event (a program without torch, its steps found in sampled stacks or
+# syscalls): its steps' time is not idle, it is unseen by any trace
+UNTRACED: Final = CATEGORIES.index("untraced")
 LOADER: Final = re.compile(r"DataLoader")
 _NOT_WORK: Final = ("instant", "trace_span", "profiler_range")
 
@@ -34,7 +37,8 @@ _NOT_WORK: Final = ("instant", "trace_span", "profiler_range")
 def _sets(ev: Events, rank: int) -> list[tuple[I64, I64]]:
     """The rank's intervals of each category but idle, in CATEGORIES' order: analyze's
     activity (kernels, collectives, copies, the busy host) with the host's DataLoader spans
-    and the other work besides."""
+    and the other work besides; then its collectives on host threads (gloo's: communication,
+    under the host's compute: _PRIORITY)."""
     activity = Activity.of_rank(ev, rank)
     rows = ev.rank_slice(rank)
     loader_codes = [i for i, n in enumerate(ev.names) if LOADER.search(n)]
@@ -45,7 +49,11 @@ def _sets(ev: Events, rank: int) -> list[tuple[I64, I64]]:
     ts, end = ev.ts[rows], ev.end[rows]
     # the host set stands for host compute: where a loader span runs, data loading wins
     return [activity.compute, activity.comm, activity.memory, (ts[loading], end[loading]),
-            activity.host, (ts[other], end[other])]
+            activity.host, (ts[other], end[other]), activity.host_comm]
+
+
+# _sets' index -> its category, in the order an instant takes the first that covers it
+_PRIORITY: Final = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (6, 1), (5, 5))
 
 
 def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -56,8 +64,14 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
         rank = int(rank_key)
         bounds = np.asarray([w["start"] for w in windows] + [w["end"] for w in windows],
                             np.int64)
-        sums = state_sweep(_sets(ev, rank), first_covering, len(CATEGORIES),
-                           len(CATEGORIES) - 1, bounds)
+        traced = ev.rank_slice(rank).stop > ev.rank_slice(rank).start
+        rest = CATEGORIES.index("idle") if traced else UNTRACED
+
+        def category(covers: list[Mask], rest: int = rest) -> I64:
+            return np.select([covers[s] for s, _ in _PRIORITY], [c for _, c in _PRIORITY],
+                             default=rest).astype(np.int64)
+
+        sums = state_sweep(_sets(ev, rank), category, len(CATEGORIES), rest, bounds)
         for w in windows:
             ns = sums.between(int(w["start"]), int(w["end"]))
             rows.append({"rank": rank, "step": w["step"], "dur_ns": int(w["end"] - w["start"]),
