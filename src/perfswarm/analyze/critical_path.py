@@ -51,7 +51,7 @@ from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import DEVICE_OPS
-from perfswarm.analyze.stragglers import Instance, collective_starts
+from perfswarm.analyze.stragglers import Peer, instances_of
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "launch_overhead",
                      "stream_queue", "event_wait", "kernel", "collective", "memcpy", "memset")
@@ -110,7 +110,6 @@ class CriticalPath:
                    {"steps": [s.to_dict() for s in self.steps]})}
 
 
-Peer = tuple[int, int, int]  # rank, row (in the graph holding that rank), start ns
 # Where the walk is: rank, "dev" or "host", row (in the graph holding the rank), time
 State = tuple[int, str, int, int]
 
@@ -481,20 +480,11 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
     return path(start[3], path_of(start, back_to(None)), steps=per_step)
 
 
-def collective_instances(ev: Events) -> dict[Instance, list[Peer]]:
-    """Each collective instance of `ev`: where every rank ran it."""
-    instances: dict[Instance, list[Peer]] = defaultdict(list)
-    for rank in ev.ranks:
-        for key, (row, ts) in collective_starts(ev, rank).items():
-            instances[key].append((rank, row, ts))
-    return instances
-
-
 def critical_path(ev: Events, syncs: list[SyncEvent],
                   steps: Mapping[int, Sequence[StepWindow]] | None = None) -> CriticalPath | None:
     """The critical path over all ranks, with each of `steps`' own, or None when the Run has
     no host or device work."""
-    peers = collective_peers(collective_instances(ev).values())
+    peers = collective_peers(instances_of(ev).values())
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()})
     windows = step_windows(steps or {})
     # one rank a segment: each walks back to its own rank's floor

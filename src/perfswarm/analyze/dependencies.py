@@ -30,7 +30,7 @@ from perfswarm.analyze.frame import I64, KIND, Events, detail_of, group_rows, la
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
-from perfswarm.analyze.stragglers import occurrences
+from perfswarm.analyze.stragglers import instances_of
 from perfswarm.trace.store import Run
 
 # Runtime calls that block the host until the device has done the work before them: the
@@ -214,7 +214,7 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
             target = latest_end_before(("rank", int(ev.rank[call])), int(ev.end[call]))
             if target is not None:
                 d.sync_target[call] = target
-    _collective_peers(ev, d, dev_all)
+    _collective_peers(ev, d)
     return d
 
 
@@ -305,15 +305,11 @@ def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
     return sorted(set(out))
 
 
-def _collective_peers(ev: Events, d: Dependencies, dev_all: I64) -> None:
-    coll = dev_all[ev.kind[dev_all] == KIND["collective"]]
-    instances: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for rank in ev.ranks:
-        rows = coll[ev.rank[coll] == rank]
-        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-        for row, occ in zip(rows.tolist(), occurrences(ev, rows).tolist(), strict=True):
-            instances[(int(ev.name[row]), occ)].append(row)
-    for rows in instances.values():
+def _collective_peers(ev: Events, d: Dependencies) -> None:
+    """Each collective's row -> the same collective on the other ranks (stragglers'
+    instances: a device's, or a CPU process group's on its host threads; names that pair)."""
+    for peers in instances_of(ev).values():
+        rows = [row for _, row, _ in peers]
         for row in rows:
             d.peers[row] = [r for r in rows if r != row]
 

@@ -23,7 +23,6 @@ from perfswarm.analyze.bandwidth import RankBandwidth, bandwidth
 from perfswarm.analyze.concurrency import Concurrency, RankConcurrency, rank_concurrency
 from perfswarm.analyze.critical_path import (
     Graph,
-    Peer,
     Segment,
     State,
     build,
@@ -48,7 +47,7 @@ from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import OpTotals
 from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
-from perfswarm.analyze.stragglers import Instance, collective_starts, skews
+from perfswarm.analyze.stragglers import Instance, Peer, collective_starts, paired, skews
 from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.cluster import results
@@ -122,10 +121,12 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
                      for r in ranks])
     its = combine(markers, {p.rank: p.detected for p in parts if p.detected},
                   {p.rank: p.first_op for p in parts})
+    names = paired({p.rank: p.collectives for p in parts})
     instances: dict[Instance, list[Peer]] = defaultdict(list)
     for p in parts:
         for key, (row, ts) in p.collectives.items():
-            instances[key].append((p.rank, row, ts))
+            if key[0] in names:
+                instances[key].append((p.rank, row, ts))
     peers = collective_peers(instances.values())
     graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}), pure=False)
               for r in ranks}

@@ -11,7 +11,7 @@ last holds everyone else back for the difference.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -101,6 +101,30 @@ def collective_starts(ev: Events, rank: int) -> dict[Instance, tuple[int, int]]:
         names, occurrences(ev, rows).tolist(), rows.tolist(), ev.ts[rows].tolist(), strict=True)}
 
 
+def paired(per_rank: Mapping[int, Iterable[Instance]]) -> set[str]:
+    """The collective names every rank ran equally often: their n-th occurrences pair across
+    the ranks (process subgroups' do not: ranks 0 and 1 all-reducing twice a step in theirs,
+    ranks 2 and 3 once in another)."""
+    counts = [Counter(name for name, _ in keys) for keys in per_rank.values()]
+    return {name for name in set().union(*counts) if len({c[name] for c in counts}) == 1}
+
+
+Peer = tuple[int, int, int]  # rank, row (in the events holding that rank), start ns
+
+
+def instances_of(ev: Events) -> dict[Instance, list[Peer]]:
+    """Each collective instance of `ev` whose name pairs across its ranks (`paired`): where
+    every rank ran it."""
+    starts = {rank: collective_starts(ev, rank) for rank in ev.ranks}
+    names = paired(starts)
+    found: dict[Instance, list[Peer]] = defaultdict(list)
+    for rank, mine in starts.items():
+        for key, (row, ts) in mine.items():
+            if key[0] in names:
+                found[key].append((rank, row, ts))
+    return found
+
+
 def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Stragglers:
     """Stragglers from each rank's collective start times (every rank of the Run present).
     Instances of a name that the ranks ran a different number of times are left out: their
@@ -109,10 +133,9 @@ def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Str
     to, are time: the union of its waits (DDP's buckets all-reduce several at once, each
     waiting for the same late rank)."""
     ranks = sorted(per_rank)
-    counts = [Counter(name for name, _ in keys) for keys in per_rank.values()]
-    paired = {name for name in set().union(*counts) if len({c[name] for c in counts}) == 1}
+    names = paired(per_rank)
     common = sorted(k for k in set.intersection(*(set(k) for k in per_rank.values()))
-                    if k[0] in paired) if ranks else []
+                    if k[0] in names) if ranks else []
     found = []
     last = dict.fromkeys(ranks, 0)
     waits: dict[int, list[tuple[int, int]]] = {r: [] for r in ranks}  # r's, for the late
