@@ -327,7 +327,12 @@ class Issued:
 def issued(ev: Events) -> Issued:
     """The rank's collectives are taken up in the order they were issued: the n-th (by start)
     was issued by the earliest call not yet matched, when that call began before it (a
-    collective whose call was before the trace's window has none, and takes none)."""
+    collective whose call was before the trace's window has none, and takes none). Once per
+    Events object (the critical path and the simulator's graph both follow it)."""
+    return ev.derived("issued", lambda: _issued(ev))
+
+
+def _issued(ev: Events) -> Issued:
     rows = np.flatnonzero(ev.host_collective)
     calls = np.flatnonzero(ev.collective_call)
     out = Issued({}, {})
