@@ -1025,18 +1025,24 @@ def test_cpu_contention(tmp_path: Path) -> None:
     assert found(host.cpu_contention, _sampled(run, [1.5] * 10, 0.98)) is None  # 0.46 others
 
 
+def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:
+    """Steps (rank, step, start, end, source) the recorder timed, added to the Run's."""
+    from perfswarm.trace.schema import STEPS
+
+    hooked = pa.table({k: [r[i] for r in rows] for i, k in
+                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+
+
 def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     """A step of 132 ms among steps of 4 ms (a generate() in a callback), outside the window,
     counts against every timed step; the export step is no outlier."""
-    from perfswarm.trace.schema import STEPS
 
     run = imported(tmp_path, "gen", _loader_steps(500, 3500))
     ms = 1_000_000
     rows = [(0, 3, 12 * ms, 16 * ms, "export"), (0, 4, 16 * ms, 20 * ms, "detected"),
             (0, 5, 20 * ms, 152 * ms, "detected"), (0, 6, 152 * ms, 156 * ms, "detected")]
-    hooked = pa.table({k: [r[i] for r in rows] for i, k in
-                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
-    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+    _add_steps(run, rows)
     a = shows(host.outlier_steps, run)
     # timed: 1-2 and 4-6, 4 ms each but step 5; the export step 3 and the first profiled
     # step 0 (the profiler's start) are left out
@@ -1137,16 +1143,13 @@ def test_outlier_steps_leave_out_the_warm_up(tmp_path: Path) -> None:
     """The run's first two steps took 40 ms (a TorchScript model's profiling executor, a
     first call compiling), the rest 4 ms but one of 132: the warm-up runs once, no outlier;
     the 132 ms step is. Steps the profiler recorded are judged against its slowdown."""
-    from perfswarm.trace.schema import STEPS
 
     run = imported(tmp_path, "warm", _loader_steps(500, 3500))  # 3 marked steps of 4 ms
     ms = 1_000_000
     rows = [(0, -2, -80 * ms, -40 * ms, "detected"), (0, -1, -40 * ms, 0, "detected"),
             (0, 3, 12 * ms, 16 * ms, "export"), (0, 4, 16 * ms, 20 * ms, "detected"),
             (0, 5, 20 * ms, 152 * ms, "detected"), (0, 6, 152 * ms, 156 * ms, "detected")]
-    hooked = pa.table({k: [r[i] for r in rows] for i, k in
-                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
-    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+    _add_steps(run, rows)
     a = shows(host.outlier_steps, run)
     assert a.evidence["outliers"] == [{"rank": 0, "step": 5, "dur_ns": 132 * ms}]
     assert a.evidence["warmup_steps"] == 2
@@ -1155,7 +1158,7 @@ def test_outlier_steps_leave_out_the_warm_up(tmp_path: Path) -> None:
 def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
     """An inference loop's requests of 8 and 64 (the recorder's STEP_BATCH at each step's
     start): a 64 takes 8x an 8 and is no outlier; an 8 that took 10x its peers is."""
-    from perfswarm.trace.schema import COUNTERS, STEP_BATCH, STEPS
+    from perfswarm.trace.schema import COUNTERS, STEP_BATCH
 
     run = imported(tmp_path, "serve", _loader_steps(250, 750))  # 3 marked steps of 8, 1 ms
     ms = 1_000_000
@@ -1166,9 +1169,7 @@ def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
         rows.append((0, step, t, t + dur, "detected"))
         sizes.append((t, batch))
         t += dur
-    hooked = pa.table({k: [r[i] for r in rows] for i, k in
-                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
-    run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
+    _add_steps(run, rows)
     blind = shows(host.outlier_steps, run)  # without the batches: every 64 an outlier
     assert [o["step"] for o in blind.evidence["outliers"]] == [6, 9, 10, 12, 15, 18, 21]
     run.write_table("counters", pa.table({

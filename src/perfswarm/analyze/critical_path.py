@@ -192,18 +192,28 @@ class _Walk:
         if row >= 0:
             self.by_name[(category, int(self.g.ev.name[row]))] += hi - lo
 
+    def _late_peer(self, row: int, t: int, where: str) -> State | None:
+        """Of a collective `row` (up to t) that another rank entered after this one: the time
+        since that rank entered, spent in the collective, and that rank's entry, where the
+        path goes on; None when this rank entered last."""
+        start = int(self.g.ev.ts[row])
+        peers = [p for p in self.g.peers.get(row, []) if p[2] > start]
+        if not peers:
+            return None
+        late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
+        self.add("collective", late_ts, t, row)
+        self.switches += int(late_ts > self.floor)
+        return (late_rank, where, late, late_ts)
+
     def device(self, row: int, t: int) -> State | None:
         """Account device op `row` up to t; return the next state."""
         ev, g = self.g.ev, self.g
         start = int(ev.ts[row])
         rank = int(ev.rank[row])
-        peers = [p for p in g.peers.get(row, []) if p[2] > start]
-        if peers:
-            late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
-            self.add("collective", late_ts, t, row)
+        moved = self._late_peer(row, t, "dev")
+        if moved is not None:
             self.device_ops += 1
-            self.switches += int(late_ts > self.floor)
-            return (late_rank, "dev", late, late_ts)
+            return moved
         self.add(_device_category(ev, row), start, t, row)
         self.device_ops += int(t > max(start, self.floor))
         preds: list[tuple[int, int, str, str]] = []  # (ready, row, where, category of the wait)
@@ -228,12 +238,9 @@ class _Walk:
         ev, g = self.g.ev, self.g
         start = int(ev.ts[row])
         rank = int(ev.rank[row])
-        peers = [p for p in g.peers.get(row, []) if p[2] > start]
-        if peers:
-            late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
-            self.add("collective", late_ts, t, row)
-            self.switches += int(late_ts > self.floor)
-            return (late_rank, "host", late, late_ts)
+        moved = self._late_peer(row, t, "host")
+        if moved is not None:
+            return moved
         self.add("collective", start, t, row)
         preds: list[tuple[int, int, str]] = []  # (ready, row, category of the wait)
         for dep, category in ((g.issued.prev_on_thread.get(row), "stream_queue"),
