@@ -185,6 +185,22 @@ def test_ranks_from_distributed_info_and_flag(tmp_path: Path) -> None:
     assert ranks == sorted(ranks)
 
 
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_rank_from_the_file_name(tmp_path: Path, streaming: str) -> None:
+    """A trace without distributedInfo takes the rank its file name says (the recorder's
+    torch-rank{R}-pid{P}: a DataLoader worker's trace beside its rank's; it had taken its
+    place in the list, a rank of its own); without one either, its place."""
+    event = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1.0,
+             "dur": 2.0, "args": {}}
+    names = ["torch-rank1-pid10.pt.trace.json", "torch-rank1-pid11.pt.trace.json",
+             "rank-7.host.pt.trace.json", "plain.json"]
+    for name in names:
+        (tmp_path / name).write_text(json.dumps({"traceEvents": [event]}))
+    run = import_traces([tmp_path / n for n in names], tmp_path / "r.run",
+                        ImportOptions(streaming=streaming), ["t"])
+    assert [s["rank"] for s in run.manifest()["sources"]] == [1, 1, 7, 3]
+
+
 def test_streaming_path_equals_in_memory(tmp_path: Path) -> None:
     """The out-of-core path (event splitter + DuckDB) against the in-memory reference."""
     src = [corpus("nccl")]

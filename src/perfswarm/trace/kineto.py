@@ -637,11 +637,21 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+# A rank in a trace's file name: the recorder's torch-rank{R}-pid{P}.pt.trace.json (a
+# DataLoader worker's too, which has no distributedInfo), tensorboard_trace_handler's
+# rank-{R}.*, HTA's rank_{R}
+NAMED_RANK: Final = re.compile(r"(?:^|[-_.])rank[-_]?(\d{1,9})(?=[-_.]|$)")
+
+
 def trace_meta(path: Path, trace: KTrace) -> TraceMeta:
+    """The trace's metadata; its rank from distributedInfo, else from its file name
+    (NAMED_RANK)."""
     base = trace.baseTimeNanoseconds or 0
     if not 0 <= base < 2**62:
         raise TraceFormatError(path, "baseTimeNanoseconds", f"out of range: {base}")
     rank = trace.distributedInfo.get("rank")
+    if rank is None and (named := NAMED_RANK.search(path.name)):
+        rank = int(named[1])
     info = {k: v for k, v in msgspec.structs.asdict(trace).items()
             if k not in ("traceEvents", "deviceProperties", "distributedInfo") and v is not None}
     return TraceMeta(
