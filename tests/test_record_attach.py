@@ -154,6 +154,7 @@ def test_parse_events() -> None:
 @pytest.mark.parametrize(("argv", "why"), [
     (["--pid", "999999999"], "--pid 999999999: no such process"),
     (["--pid", "1", "--", "true"], "give either a command after -- or --pid PID"),
+    ([], "no command to record: give it after --"),
     (["--duration", "2", "--", "true"], "--duration goes with --pid"),
     (["--perf-events", "cycles;rm", "--", "true"], "--perf-events cycles;rm: not a perf event"),
     (["--perf-events", "cs@0", "--", "true"], "--perf-events cs@0: PERIOD must be a positive"),

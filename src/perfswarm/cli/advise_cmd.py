@@ -28,9 +28,10 @@ def advise_command(
     if as_json:
         print_json(report.to_dict())
         return
-    console.print(Text.assemble((str(report.path), "bold"), f": {len(report.advice)} finding(s) "
-                                f"over {ms(report.measured_ns)} measured on rank(s) "
-                                f"{list(report.ranks)}"))
+    over = (f"over {ms(report.measured_ns)} measured on rank(s) {list(report.ranks)}"
+            if report.ranks else "(no traced rank: gains are of the steps the run timed)")
+    console.print(Text.assemble((str(report.path), "bold"),
+                                f": {len(report.advice)} finding(s) {over}"))
     for a in report.advice:
         gain = ("no time gain" if a.gain_ns is None else f"~{ms(a.gain_ns)}" + (
             "" if a.gain_pct is None else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)})"))

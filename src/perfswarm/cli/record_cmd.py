@@ -62,8 +62,11 @@ def record_command(
     """Run an unmodified command under every collector and leave an ingested Run."""
     if hz <= 0 or perf_hz < 1 or pystacks_hz < 1:
         raise typer.BadParameter("sampling rates must be positive")
-    if (pid is None) == (not command):
+    if pid is not None and command:
         raise PerfswarmError("record: give either a command after -- or --pid PID, not both")
+    if pid is None and not command:
+        raise PerfswarmError("record: no command to record: give it after -- (perfswarm record "
+                             "-o RUN -- python train.py), or --pid PID to attach")
     if duration is not None and pid is None:
         raise PerfswarmError("--duration goes with --pid (a command runs until it exits)")
     skip, count = parse_steps(steps)
