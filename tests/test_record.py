@@ -274,6 +274,18 @@ def test_a_window_the_program_ends_in(tmp_path: Path) -> None:
     assert [w.step for w in analyze(result.run).iterations.steps[0]] == [4, 5]
 
 
+def test_a_window_the_program_leaves_by_os_exit(tmp_path: Path) -> None:
+    """os._exit inside the window runs no exit handler: the trace is lost, and the status
+    says so (it had said fewer steps than the window's start had run)."""
+    script = tmp_path / "gone.py"
+    script.write_text(FREED.replace("gc.disable()", "import os; os._exit(0)"))
+    result = record([PY, str(script)], tmp_path / "gone.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=10))
+    assert result.run.manifest()["collectors"]["torch"]["status"] == (
+        "failed: the window opened after step 2, but the process ended before it closed "
+        "(os._exit, or killed): the trace was not written")
+
+
 def test_optimizer_calls_timed_without_their_closure(tmp_path: Path) -> None:
     """The recorder times each optimizer.step() call's own work at every hook, outside the
     window too: with a closure, from the end of its backward; Adam's update of a small CNN is

@@ -101,5 +101,21 @@ class TorchCollector(Collector):
                              "before this window opened (torch runs one at a time: its trace "
                              "is the program's)")
         elif not any(f.startswith("torch-") for f in self.files()):
-            self.failed(f"no profiling window completed (fewer than {self.skip} steps, or the"
-                        " process died first)")
+            if self._most_steps() > self.skip:
+                self.failed(f"the window opened after step {self.skip}, but the process ended "
+                            "before it closed (os._exit, or killed): the trace was not written")
+            else:
+                self.failed(f"no profiling window completed (fewer than {self.skip} steps, or "
+                            "the process died first)")
+
+    def _most_steps(self) -> int:
+        """The most steps one stepping process timed (its .live file, or its .json)."""
+        most = 0
+        for f in self.files():
+            if f.startswith("steps-"):
+                with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                    data = (self.raw / f).read_bytes()
+                    hooks = (read_live(data) if f.endswith(".live")
+                             else orjson.loads(data).get("hook_ns", []))
+                    most = max(most, len(hooks))
+        return most
