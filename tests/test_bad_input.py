@@ -192,6 +192,21 @@ def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damag
         assert err.count("\n") == 1 and message in err and "events.parquet" in err, err
 
 
+def test_a_recorded_runs_missing_samples(corpus_runs: dict[str, Run], tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """An imported trace has no samples table; a recording whose perf sampled has one, and
+    without it is damaged (analyze had gone on without its swarms, exit 0)."""
+    run = Run(shutil.copytree(corpus_runs["nccl"].path, tmp_path / "r.run"))
+    assert main(["analyze", str(run.path)]) == 0
+    capsys.readouterr()
+    manifest = run.manifest()
+    manifest["collectors"]["perf"] = {"status": "ok", "files": ["perf.data"]}
+    run.write_manifest(manifest)
+    assert main(["analyze", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "samples.parquet: missing (perf recorded samples" in err
+
+
 @pytest.mark.parametrize(("damage", "columns", "message"), [
     ("external_id", ["external_id"], "no column external_id"),  # a KeyError before
     ("rank", None, "no column rank"),  # an IndexError before

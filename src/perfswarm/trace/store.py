@@ -32,6 +32,9 @@ from perfswarm.errors import ParameterError, PerfswarmError, RunError
 from perfswarm.trace.detail import with_detail
 from perfswarm.trace.schema import DETAIL, DICTIONARY_TEXT, TABLES, TRACE_TABLES, empty
 
+# The tables a recording writes whenever a stack sampler (perf, py-spy) recorded
+SAMPLED_TABLES: Final = ("samples", "stacks")
+
 SCHEMA_VERSION = 1
 T = TypeVar("T")
 MANIFEST = "manifest.json"
@@ -376,11 +379,20 @@ class Run:
             if name in TRACE_TABLES:
                 raise RunError(f"{self.shown(path)}: missing (every Run has its {name} table; "
                                "a damaged Run)") from None
+            if name in SAMPLED_TABLES and (sampled := self._sampled()):
+                raise RunError(f"{self.shown(path)}: missing ({sampled} recorded samples; a "
+                               "damaged Run)") from None
             return False
         except OSError as exc:
             raise RunError(f"{self.shown(path)}: unreadable table "
                            f"({os.strerror(exc.errno or 0)})") from None
         return True
+
+    def _sampled(self) -> str | None:
+        """The collector that recorded stack samples into this Run, if one did."""
+        collectors = self.manifest()["collectors"]
+        return next((name for name in ("perf", "pystacks")
+                     if name in collectors and collectors[name]["status"] == "ok"), None)
 
     def table(self, name: str, columns: list[str] | None = None, *,
               rank: int | None = None) -> pa.Table:
