@@ -13,10 +13,10 @@ start dependency is met; it ends after its duration and once every end dependenc
 met. Dependencies (see analyze/dependencies.py): a device op starts a launch latency
 after its launch call starts and a stream gap after an event it waits on; a launch call
 starts no earlier than the end of the op launched a full launch queue before it; a
-synchronizing call ends a sync latency after the device op it waited for; a collective (a
-device's, or a CPU process group's on its host threads: gloo's) ends no earlier than its
-transfer time (measured from the last rank's entry to its own end) after each other rank
-entered it, and one on a host thread starts once the call that issued it has; a thread that
+synchronizing call ends a sync latency after the device op it waited for; a device's
+collective ends no earlier than its transfer time (measured from the last rank's entry to its
+own end) after each other rank entered it (a CPU process group's, on its host threads, keeps
+its measured time: dependencies._collective_peers); a thread that
 another thread of its rank handed over to (dependencies.thread_wakes, as the critical path
 defines it) resumes no earlier than that thread finished (the main thread waiting for the
 autograd thread, or for a DataLoader worker); an
@@ -36,7 +36,7 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import Dependencies, Issued, Wakes, issued, thread_wakes
+from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
 from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import DEVICE_OPS, FULL_QUEUE, queue_steps
@@ -344,7 +344,6 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
                                              lags[b.lane_rank[lane]].stream_gap_ns)
     measured_end = ts + dur  # before a collective's duration becomes its transfer's
     _device_edges(b, deps, pairs, lags, dur)
-    _issue_edges(b, issued(ev), gap)
     _wake_edges(b, thread_wakes(ev), lane_of_thread, ts, measured_end, gap)
     if handoffs:
         producer, consumer = np.array(handoffs, np.int64).reshape(-1, 2).T
@@ -397,20 +396,6 @@ def _device_edges(b: _Builder, deps: Dependencies, pairs: _Pairs, lags: Mapping[
         theirs = theirs[theirs >= 0]
         b.edge(theirs, START, np.full(len(theirs), b.node_of[op]), END,
                np.full(len(theirs), transfer))
-
-
-def _issue_edges(b: _Builder, found: Issued, gap: I64) -> None:
-    """A collective on a host thread (gloo's) starts once the call that issued it has started
-    (as long after it as measured), not after its thread's idle stretch before it: a rank that
-    computes faster issues it sooner."""
-    ev = b.ev
-    colls = np.fromiter(found.call, np.int64, len(found.call))
-    calls = np.fromiter(found.call.values(), np.int64, len(found.call))
-    ok = (b.node_of[colls] >= 0) & (b.node_of[calls] >= 0) if len(colls) else colls > 0
-    colls, calls = colls[ok], calls[ok]
-    b.edge(b.node_of[calls], START, b.node_of[colls], START,
-           np.maximum(ev.ts[colls] - ev.ts[calls], 0))
-    gap[b.node_of[colls]] = 0
 
 
 def _queue_edges(b: _Builder, ops: I64, calls: I64) -> None:
