@@ -1011,7 +1011,7 @@ def test_cpu_contention(tmp_path: Path) -> None:
     proc = [0.1, 0.2, 0.1, 0.2, 0.1, 0.2, 0.3, 0.6, 0.6, 0.6]  # mean 0.3; 90th percentile 0.6
     a = shows(host.cpu_contention, _sampled(run, proc, 0.98))
     assert dict(a.evidence) == {"cores": 2, "host_busy_cores": 1.96, "process_cores": 0.3,
-                                "process_cores_p90": 0.6, "samples": 10}
+                                "process_cores_p90": 0.6, "recorder_cores": 0.0, "samples": 10}
     assert a.gain_ns == 6_000_000 and a.gain_of_ns == 12_000_000  # 3 steps of 4 ms
     # the same process on an idle machine, or the whole machine its own: no contention
     assert found(host.cpu_contention, _sampled(run, proc, 0.4)) is None
@@ -1023,6 +1023,14 @@ def test_cpu_contention(tmp_path: Path) -> None:
                                                   2.0], 0.98))
     assert a.evidence["process_cores"] == 1.19 and a.evidence["host_busy_cores"] == 1.96
     assert found(host.cpu_contention, _sampled(run, [1.5] * 10, 0.98)) is None  # 0.46 others
+    # the recorder's own perf kept 1.2 cores busy over the recording: no other process took
+    # the 1.66 cores the loop did not (an oversubscribed pool under perf had been "others")
+    sampled = _sampled(run, proc, 0.98)
+    m = sampled.manifest()
+    m.setdefault("extra", {})["record"] = {"start_ns": 0, "end_ns": 10_000_000_000,
+                                           "tool_cpu_ns": {"perf": 12_000_000_000}}
+    sampled.write_manifest(m)
+    assert found(host.cpu_contention, sampled) is None
 
 
 def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:

@@ -253,7 +253,9 @@ def cpu_contention(facts: Facts) -> Advice | None:
     cores = _cores(facts)
     host = float(busy["value"].sum()) / (busy.height / 2 / cores) if busy.height else 0.0
     got = float(proc.mean())
-    if not _saturated(host, cores) or host - got < _others_held(cores):
+    # the recorder's own tools (perf, py-spy) are no other process of the machine's
+    tools = _recorder_cores(facts)
+    if not _saturated(host, cores) or host - got - tools < _others_held(cores):
         return None
     # Its own CPU time at the parallelism it reached when it ran most freely (90th percentile
     # of its sampled cores) instead of what it got on average.
@@ -261,7 +263,8 @@ def cpu_contention(facts: Facts) -> Advice | None:
     if free <= got:
         return None
     evidence = {"cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
-                "process_cores_p90": round(free, 2), "samples": int(proc.size)}
+                "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
+                "samples": int(proc.size)}
     ts = _window_counters(facts, r"^proc\.cpu_cores$")["ts"].to_numpy()
     # A Run without events (no profiling window) is measured by its sampler's span.
     whole = facts.wall_ns or int(ts.max() - ts.min())
@@ -272,6 +275,16 @@ def cpu_contention(facts: Facts) -> Advice | None:
                   "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
                   "busy processes (top, or `perfswarm record -c system` counters): the step "
                   "times measured here are inflated by them", of_ns=whole)
+
+
+def _recorder_cores(facts: Facts) -> float:
+    """The cores the recorder's own tools (perf, py-spy: manifest extra.record.tool_cpu_ns)
+    kept busy on average over the recording."""
+    record = facts.manifest.get("extra", {}).get("record", {})
+    tools, start, end = record.get("tool_cpu_ns", {}), record.get("start_ns"), record.get("end_ns")
+    if not isinstance(start, int) or not isinstance(end, int) or end <= start:
+        return 0.0
+    return sum(v for v in tools.values() if isinstance(v, int)) / (end - start)
 
 
 _OUTLIER = 3.0  # a step this many times the median step is an outlier
