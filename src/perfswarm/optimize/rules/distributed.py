@@ -14,6 +14,8 @@ from perfswarm.optimize.rules.facts import Facts
 
 _EXPOSED_SHARE = 20.0  # % of device busy time spent in communication that no compute overlaps
 _STRAGGLER_RATIO = 1.1
+# a Run that trains with DistributedDataParallel: its ranges or its reducer's ops
+_DDP = r"DistributedDataParallel|torch\.distributed\.ddp\."
 _STRAGGLER_MIN_PCT = 2.0  # % of the measured time the others spent waiting for the straggler
 # Relative bandwidth of one hop, by `nvidia-smi topo -m` link type (NV<k>: k NVLinks).
 _LINK_GBPS = {"PIX": 16.0, "PXB": 12.0, "PHB": 10.0, "NODE": 8.0, "SYS": 5.0}
@@ -85,23 +87,31 @@ def communication_bound(facts: Facts) -> Advice | None:
     last = comm_ns / comm.height * facts.step_count()
     evidence["compute_only_ns"] = compute_only
     hidden = min(max(0.0, exposed - last), compute_only)
-    compress = ("register_comm_hook(None, default_hooks.bf16_compress_hook) to halve the "
-                "bytes; no_sync() over k micro-batches to all-reduce once every k")
+    ddp = facts.events["name"].str.contains(_DDP).any()
+    if ddp:
+        overlap = ("let DDP's all-reduce overlap the backward: measure bucket_cap_mb both ways "
+                   "(smaller buckets start all-reducing earlier in the backward, larger ones "
+                   "pay the per-call latency less often), gradient_as_bucket_view=True, "
+                   "static_graph=True, no find_unused_parameters=True")
+        fewer = ("register_comm_hook(None, default_hooks.bf16_compress_hook) to halve the "
+                 "bytes; no_sync() over k micro-batches to all-reduce once every k")
+    else:  # collectives the program calls itself
+        overlap = ("issue the collectives with async_op=True and wait for each only where its "
+                   "result is needed, so that compute runs meanwhile")
+        fewer = ("fewer, larger collectives (flatten small tensors into one), bf16 or fp16 "
+                 "data, or communicate every k steps")
     if not hidden:  # nothing runs beside the collectives to hide them under
         return advice(facts, "communication_bound",
                       "communication is exposed on the critical path", evidence, None,
                       "no time saved: by the overlap model, no compute runs beside the exposed "
                       "collectives (beyond the last one a step) to hide them under; fewer "
-                      "bytes or fewer all-reduces shorten them (not modelled)", compress)
+                      "bytes or fewer all-reduces shorten them (not modelled)", fewer)
     return advice(facts, "communication_bound", "communication is exposed on the critical path",
                   evidence, hidden,
                   "overlap model from this run's times: the exposed collective time hides under "
                   "the compute that runs beside no collective, but one collective a step (the "
                   "last bucket, after backward) stays exposed; at most that",
-                  "let DDP's all-reduce overlap the backward: measure bucket_cap_mb both ways "
-                  "(smaller buckets start all-reducing earlier in the backward, larger ones "
-                  "pay the per-call latency less often), gradient_as_bucket_view=True, "
-                  "static_graph=True, no find_unused_parameters=True; " + compress)
+                  f"{overlap}; {fewer}")
 
 
 def stragglers(facts: Facts) -> Advice | None:
