@@ -246,6 +246,9 @@ def test_a_program_with_its_own_profiler(tmp_path: Path, start: int) -> None:
         return
     assert status["status"] == "ok"
     assert [s for s in steps if s[1] == "marker"] == [(1, "marker"), (2, "marker")]
+    assert [w["what"] for w in result.run.manifest()["warnings"] if w["source"] == "torch"] == [
+        "the program started its own torch profiler at step 3: the window closed there, "
+        "before the steps it was to record (its last marker cut)"]
 
 
 def test_window_from_step_0(tmp_path: Path) -> None:

@@ -298,6 +298,12 @@ def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
         manifest["warnings"].append({"source": "clock", "count": 1, "what": (
             f"monotonic->epoch offset moved {(offset_end - offset_start) / 1e6:.3f} ms"
             " during the recording (clock stepped)")})
+    torch_c = next((c for c in collectors if isinstance(c, TorchCollector)), None)
+    aside = torch_c.aside_at() if torch_c is not None else None
+    if aside is not None and torch_c is not None and torch_c.count():
+        manifest["warnings"].append({"source": "torch", "count": 1, "what": (
+            f"the program started its own torch profiler at step {aside}: the window closed "
+            "there, before the steps it was to record (its last marker cut)")})
     perf_c = next((c for c in collectors if isinstance(c, PerfCollector)), None)
     refused = perf_c.refused if perf_c is not None else {}
     for event, why in refused.items():
