@@ -17,7 +17,13 @@ from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.forecast import ABSOLUTE, LearnedScaler, multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import bundled
-from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, innermost_ops, multi_tensor_groups
+from perfswarm.model.gpu.opgraph import (
+    HOST_OP_NS,
+    Precision,
+    innermost_ops,
+    multi_tensor_groups,
+    unforecast,
+)
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.predict import Change, predict
@@ -193,6 +199,22 @@ def test_ops_that_zero_their_output_keep_their_own_kernel() -> None:
         "aten::max_pool2d_with_indices_backward", "aten::fill_", "aten::addmm", "aten::copy_",
         "aten::copy_"]
     assert [int(ev.ts[r]) for r in found][-3:] == [220, 222, 410]
+
+
+def test_ops_without_a_gpu_model_are_named() -> None:
+    """An int8 dynamic-quantized linear (no cost model, no costed op inside) is what a CPU
+    Run's forecast on a GPU leaves out, and says so; a costed op, a view, an autograd node
+    around nothing costed are not."""
+    out = (X[0], 1024)
+    rows = [(0, 0, 700, "cpu_op", "quantized::linear_dynamic", 1, -1, -1, -1),
+            (0, 10, 5, "cpu_op", "aten::empty", 1, -1, -1, -1),
+            (0, 800, 100, "cpu_op", "aten::relu", 1, -1, -1, -1),
+            (0, 950, 20, "cpu_op", "aten::view", 1, -1, -1, -1),
+            (0, 980, 15, "cpu_op", "autograd::engine::evaluate_function: ViewBackward0", 1,
+             -1, -1, -1)]
+    shapes = [Shapes((X, W), (F, F)), None, Shapes((out,), (F,)), Shapes((out,), (F,)), None]
+    ev = events(rows)
+    assert unforecast(ev, lambda r: shapes[r], 0, 1_000) == {"quantized::linear_dynamic": 700}
 
 
 def test_layer_norm_kernels_move_at_the_models_own_time() -> None:

@@ -55,7 +55,7 @@ from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
-from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps, unforecast
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
@@ -95,6 +95,7 @@ COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
 NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine, said in a note
+LEFT_OUT_SHARE: Final = 0.01  # ops a GPU forecast leaves out, named from this share of the steps
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
 _BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
 # a kernel's name, its op's shapes and, where its op has none, its own size (a copy's or a set's
@@ -914,6 +915,13 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
     if unpriced:
         notes = [*notes, "ops it could not price (kept at the host's time per op): "
                  + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8))]
+    left = sum((unforecast(ev, known.__getitem__, lo, hi) for _, _, lo, hi, _ in measured),
+               Counter())
+    whole = sum(hi - lo for _, _, lo, hi, _ in measured)
+    big = [(n, ns) for n, ns in left.most_common(5) if ns >= LEFT_OUT_SHARE * whole]
+    if big:
+        notes = [*notes, "left out, no GPU kernel model for them: " + ", ".join(
+            f"{n} ({100 * ns / whole:.1f}% of the steps' time on the CPU)" for n, ns in big)]
     return Prediction(str(m.run.path), m.platform, "cpu", target.name, change, None, steps,
                       {"priced": sum(sum(f.families_ns.values()) > 0 for f in forecasts),
                        "unpriced": sum(unpriced.values())},

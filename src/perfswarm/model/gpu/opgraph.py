@@ -19,7 +19,8 @@ from typing import Final
 import numpy as np
 
 from perfswarm.analyze.dependencies import enclosing_ops
-from perfswarm.analyze.frame import Events
+from perfswarm.analyze.frame import Events, group_rows, lane_key
+from perfswarm.analyze.iterations import top_level
 from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
 from perfswarm.model.gpu.forecast import multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.learned import KernelModel
@@ -33,6 +34,8 @@ ZEROING: Final = frozenset({"aten::zero_", "aten::fill_"})  # an op setting up i
 # expanded: CUDA's addmm runs that copy, then the GEMM with beta 1, as the CPU's does)
 SETUP: Final = ZEROING | {"aten::copy_"}
 PRODUCTS: Final = frozenset({"gemm", "conv", "depthwise_conv", "conv_backward", "sdpa"})
+# torch's own ops and autograd's nodes: an unpriced one is a view, a wrapper or a dispatch
+NATIVE: Final = ("aten::", "autograd::", "torch::autograd::", "Optimizer.", "c10d::")
 PARAMETER_LOOP: Final = 8  # consecutive ops of one name over parameters: a loop over them
 LAUNCHES: Final = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "hipLaunchKernel",
                    "hipExtLaunchKernel")
@@ -88,6 +91,25 @@ def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, h
                 outer.add(r)
                 break
     return [r for r in costed if r not in outer]
+
+
+def unforecast(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, hi: int
+               ) -> Counter[str]:
+    """ns by name of the outermost ops in [lo, hi) (per thread) of another library than torch's
+    own (NATIVE) that hold no op with shapes and a cost model, themselves included:
+    work the forecast has no GPU kernel for (an int8 quantized linear, a custom op), which it
+    leaves out."""
+    rows = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi))
+    costed = set(innermost_ops(ev, shapes, lo, hi))
+    out: Counter[str] = Counter()
+    for thread in group_rows(lane_key(ev.rank[rows], ev.tid[rows]), rows).values():
+        lane = thread[np.lexsort((-ev.end[thread], ev.ts[thread]))]
+        held = np.array(sorted(int(ev.ts[r]) for r in lane if int(r) in costed), np.int64)
+        for r in lane[top_level(ev.ts[lane], ev.end[lane])].tolist():
+            inside = np.searchsorted(held, ev.end[r]) - np.searchsorted(held, ev.ts[r])
+            if not inside and int(r) not in costed and not ev.name_of(r).startswith(NATIVE):
+                out[ev.name_of(r)] += int(ev.dur[r])
+    return out
 
 
 def _top_level_ns(ev: Events, rows: Sequence[int]) -> int:
