@@ -14,7 +14,6 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import WORK_KINDS
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import I64, Mask, first_covering, state_sweep
 from perfswarm.analyze.iterations import StepWindow
@@ -105,11 +104,7 @@ class HostComm:
         comm = rows[ev.host_collective[rows]]
         if not len(comm):
             return None
-        # the rank's work: ops and runtime calls (dependencies.WORK_KINDS), not an annotation
-        # around a wait nor the calls that issue the collectives
-        work = rows[ev.of_kind(*WORK_KINDS)[rows] & ~ev.collective_call[rows]
-                    & (ev.dur[rows] > 0)]
-        sums = state_sweep([(ev.ts[work], ev.end[work]), (ev.ts[comm], ev.end[comm])],
+        sums = state_sweep([ev.working(rank), (ev.ts[comm], ev.end[comm])],
                            lambda c: first_covering([c[0] & c[1], c[0], c[1]]),
                            len(HOST_COMM_STATES), HOST_COMM_STATES.index("neither"))
         return [cls(dict(zip(HOST_COMM_STATES, sums.between(lo, hi).tolist(), strict=True)))

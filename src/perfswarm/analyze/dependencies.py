@@ -26,7 +26,15 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from perfswarm.analyze.frame import I64, KIND, Events, detail_of, group_rows, lane_key
+from perfswarm.analyze.frame import (
+    I64,
+    KIND,
+    WORK_KINDS,
+    Events,
+    detail_of,
+    group_rows,
+    lane_key,
+)
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
@@ -52,10 +60,6 @@ WAKE_MIN_BUSY_SHARE: Final = 0.5  # and that worked through this much of the str
 # (nanoGPT on an H200, profiled: 0.6 ms from the autograd thread's last op to clip_grad_norm_'s
 # first, after a 9.5 ms backward)
 WAKE_QUIET_LAG_SHARE: Final = 0.25
-# What a thread does when it works; outside these it is blocked or idle (a user annotation or
-# Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
-# work of its own)
-WORK_KINDS: Final = ("cpu_op", "runtime", "driver", "syscall")
 # torch's range around the wait for a DataLoader's next batch (its iterator's __next__, which
 # torch.profiler records as `enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__`).
 # A thread blocked there waits for the worker (or pin-memory thread) that made the batch,

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from perfswarm.analyze.intervals import union
 from perfswarm.trace.schema import KIND_CODE, PROFILER_STEP
 from perfswarm.trace.store import Run
 
@@ -36,6 +37,10 @@ HOST_P2P: Final = re.compile(r"^gloo:(send|recv)")
 # ... issued by the dispatcher op the caller runs ("c10d::allreduce_", "c10d::broadcast_"),
 # which queues the work and returns
 COLLECTIVE_CALL: Final = re.compile(r"^c10d::")
+# What a thread does when it works; outside these it is blocked or idle (a user annotation or
+# Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
+# work of its own)
+WORK_KINDS: Final = ("cpu_op", "runtime", "driver", "syscall")
 EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
                  "correlation", "step"]
 
@@ -180,6 +185,16 @@ class Events:
         """Every collective, on a device or on host threads (not a point-to-point send or
         receive: the same op does not run on every rank)."""
         return self.of_kind("collective") | (self.host_collective & ~self._named(HOST_P2P))
+
+    def working(self, rank: int) -> tuple[I64, I64]:
+        """When the rank worked, as disjoint sorted spans: its device's compute kernels where
+        it has any, else its host's ops and runtime calls (WORK_KINDS; not an annotation
+        around a wait, nor a call that issues a collective to its process group)."""
+        rows = np.arange(len(self))[self.rank_slice(rank)]
+        kernels = rows[self.of_kind("kernel")[rows]]
+        if not len(kernels):
+            kernels = rows[self.of_kind(*WORK_KINDS)[rows] & ~self.collective_call[rows]]
+        return union(self.ts[kernels], self.end[kernels])
 
     def _named(self, pattern: re.Pattern[str]) -> Mask:
         return np.isin(self.name, [i for i, n in enumerate(self.names) if pattern.match(n)])

@@ -34,7 +34,7 @@ from perfswarm.analyze.critical_path import (
 )
 from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events, thread_wakes
-from perfswarm.analyze.frame import EVENT_COLUMNS, Events
+from perfswarm.analyze.frame import EVENT_COLUMNS, I64, Events
 from perfswarm.analyze.iterations import (
     StepWindow,
     combine,
@@ -71,6 +71,7 @@ class RankPart:
     launch: LaunchStats
     ops: OpTotals
     collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
+    working: tuple[I64, I64]  # frame.Events.working
     kernels: RankKernels
     sequences: Counts
     scopes: Scopes
@@ -90,7 +91,8 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
                     rank_concurrency(ev, rank, steps.get(rank, [])),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
-                    collective_starts(ev, rank), rank_kernels(ev, rank), sequence_counts(ev),
+                    collective_starts(ev, rank), ev.working(rank), rank_kernels(ev, rank),
+                    sequence_counts(ev),
                     scopes(ev))
 
 
@@ -151,7 +153,7 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         concurrency=Concurrency(tuple(p.concurrency for p in parts)),
         ops=OpTotals.merge(ops).breakdown(), launch=tuple(p.launch for p in parts),
         stragglers=skews({p.rank: {k: ts for k, (_, ts) in p.collectives.items()}
-                          for p in parts}),
+                          for p in parts}, working={p.rank: p.working for p in parts}),
         critical_path=critical,
         swarms=swarms(run_samples(run), run.table("stacks"), its.steps),
         system=system_load(run.table("counters"), its.steps),

@@ -18,7 +18,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import I64, Events
-from perfswarm.analyze.intervals import union
+from perfswarm.analyze.intervals import Coverage, union
 
 TOP = 20
 STRAGGLER_DOMINANCE: Final = 2.0
@@ -125,13 +125,16 @@ def instances_of(ev: Events) -> dict[Instance, list[Peer]]:
     return found
 
 
-def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Stragglers:
+def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP,
+          working: Mapping[int, tuple[I64, I64]] | None = None) -> Stragglers:
     """Stragglers from each rank's collective start times (every rank of the Run present).
     Instances of a name that the ranks ran a different number of times are left out: their
     occurrences do not pair (process subgroups: ranks 0 and 1 all-reducing twice a step in
     theirs, ranks 2 and 3 once in another). A rank's wait, and the wait it holds the others
     to, are time: the union of its waits (DDP's buckets all-reduce several at once, each
-    waiting for the same late rank)."""
+    waiting for the same late rank), less the time it worked meanwhile (`working`: each
+    rank's frame.Events.working; a bucket taken up while the backward goes on waits under
+    it)."""
     ranks = sorted(per_rank)
     names = paired(per_rank)
     common = sorted(k for k in set.intersection(*(set(k) for k in per_rank.values()))
@@ -151,23 +154,26 @@ def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP) -> Str
                 if starts[r] < starts[latest]:
                     waits[r].append((starts[r], starts[latest]))
                     holds[latest, r].append((starts[r], starts[latest]))
-    held = {r: sum(_covered(v) for (late, _), v in holds.items() if late == r) for r in ranks}
+    busy = {r: Coverage(*working[r]) for r in ranks if working and r in working}
+    held = {r: sum(_idle(v, busy.get(w)) for (late, w), v in holds.items() if late == r)
+            for r in ranks}
     worst = sorted(found, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
     return Stragglers(len(found), sum(s.skew_ns for s in found),
                       max((s.skew_ns for s in found), default=0), tuple(worst),
-                      tuple(RankLateness(r, last[r], held[r], _covered(waits[r]))
+                      tuple(RankLateness(r, last[r], held[r], _idle(waits[r], busy.get(r)))
                             for r in ranks))
 
 
-def _covered(intervals: list[tuple[int, int]]) -> int:
-    """The time a list of [start, end) intervals covers."""
+def _idle(intervals: list[tuple[int, int]], busy: Coverage | None) -> int:
+    """The time a list of [start, end) intervals covers, less what `busy` covers of it."""
     if not intervals:
         return 0
     starts, ends = union(np.array([s for s, _ in intervals], np.int64),
                          np.array([e for _, e in intervals], np.int64))
-    return int((ends - starts).sum())
+    worked = int(busy.between(starts, ends).sum()) if busy is not None else 0
+    return int((ends - starts).sum()) - worked
 
 
 def stragglers(ev: Events, top: int = TOP) -> Stragglers:
     return skews({rank: {key: ts for key, (_, ts) in collective_starts(ev, rank).items()}
-                  for rank in ev.ranks}, top)
+                  for rank in ev.ranks}, top, {rank: ev.working(rank) for rank in ev.ranks})
