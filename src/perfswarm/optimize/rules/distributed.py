@@ -71,8 +71,8 @@ def communication_bound(facts: Facts) -> Advice | None:
     by_op = {str(k): int(v) for k, v in comm.with_columns(
         pl.col("name").str.extract(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|"
                                    r"SendRecv|AllToAll|Send|Recv|all_reduce|all_gather|"
-                                   r"reduce_scatter|broadcast|reduce|alltoall|barrier|send|"
-                                   r"recv)", 1).fill_null("other"))
+                                   r"reduce_scatter|broadcast|reduce|alltoall|all_to_all|"
+                                   r"barrier|gather|scatter|send|recv)", 1).fill_null("other"))
         .group_by("name").agg(pl.col("dur").sum()).sort("name").iter_rows()}
     evidence = {"collectives": comm.height, "comm_ns": comm_ns, "by_op_ns": by_op,
                 "overlapped_pct": pct(comm_ns - sum(e for _, e, _, _ in per_rank.values()),
