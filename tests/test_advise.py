@@ -836,6 +836,26 @@ def test_straggler_rank(tmp_path: Path) -> None:
     assert "fewer or shared cores" in cpu.change and "GPU" not in cpu.change
 
 
+def test_ranks_taking_turns(tmp_path: Path) -> None:
+    """Rank 1 computes 2 ms in step 0 and rank 0 1 ms; in step 1 the other way round: each
+    waits 1 ms once at the all-reduce. No rank is the straggler, but 2 of the 16 ms measured
+    went to waiting."""
+    paths = []
+    for rank, (a, b) in enumerate(((1000, 2000), (2000, 1000))):
+        events = [ev("ProfilerStep#0", 0, 4000, "user_annotation"),
+                  kernel("void at::native::vectorized_elementwise_kernel<4>", 0, a),
+                  kernel(ALLREDUCE, a, 3000 - a, stream=20),
+                  ev("ProfilerStep#1", 4000, 4000, "user_annotation"),
+                  kernel("void at::native::vectorized_elementwise_kernel<4>", 4000, b),
+                  kernel(ALLREDUCE, 4000 + b, 3000 - b, stream=20)]
+        paths.append(make_run(tmp_path, f"turns{rank}", events, rank=rank, devices=(A100,)))
+    run = import_traces(paths, tmp_path / "turns.run", ImportOptions(), ["test"])
+    a = shows(distributed.stragglers, run)
+    assert a.title == "the ranks take turns holding the others back"
+    assert a.evidence["held_back_ns_by_rank"] == {"0": 1_000_000, "1": 1_000_000}
+    assert a.gain_ns == 2_000_000 and "slowest_rank" not in a.evidence
+
+
 def test_balanced_ranks_and_single_rank(tmp_path: Path, corpus_runs: dict[str, Run]) -> None:
     assert found(distributed.stragglers, _ranks(tmp_path, "even", (1000, 1020))) is None
     assert found(distributed.stragglers, corpus_runs["nccl"]) is None

@@ -16,7 +16,7 @@ _EXPOSED_SHARE = 20.0  # % of device busy time spent in communication that no co
 _STRAGGLER_RATIO = 1.1
 # a Run that trains with DistributedDataParallel: its ranges or its reducer's ops
 _DDP = r"DistributedDataParallel|torch\.distributed\.ddp\."
-_STRAGGLER_MIN_PCT = 2.0  # % of the measured time the others spent waiting for the straggler
+_STRAGGLER_MIN_PCT = 5.0  # % of the measured time the others spent waiting for the straggler
 # Relative bandwidth of one hop, by `nvidia-smi topo -m` link type (NV<k>: k NVLinks).
 _LINK_GBPS = {"PIX": 16.0, "PXB": 12.0, "PHB": 10.0, "NODE": 8.0, "SYS": 5.0}
 _NVLINK_GBPS = 25.0  # per link
@@ -126,15 +126,15 @@ def stragglers(facts: Facts) -> Advice | None:
         return None  # collectives that do not pair across the ranks (process subgroups)
     if found is not None and found.instances:
         slow = found.straggler
-        if slow is None:
-            return None
         lateness = {r.rank: r for r in found.ranks}
         evidence: dict[str, object] = {
             "collectives": found.instances, "max_skew_ns": found.max_skew_ns,
             "last_count_by_rank": {str(r): v.last_count for r, v in lateness.items()},
             "held_back_ns_by_rank": {str(r): v.held_back_ns for r, v in lateness.items()},
-            "waited_ns_by_rank": {str(r): v.waited_ns for r, v in lateness.items()},
-            "slowest_rank": slow}
+            "waited_ns_by_rank": {str(r): v.waited_ns for r, v in lateness.items()}}
+        if slow is None:
+            return _taking_turns(facts, evidence, sum(r.held_back_ns for r in found.ranks))
+        evidence["slowest_rank"] = slow
         gain: float = lateness[slow].held_back_ns
         if pct(gain, facts.wall_ns) < _STRAGGLER_MIN_PCT:
             return None
@@ -160,6 +160,21 @@ def stragglers(facts: Facts) -> Advice | None:
                   + "), its data (a slower input pipeline, uneven sequence lengths: bucket or "
                   "pad to balance) and its own work (logging, checkpointing or evaluation on "
                   "one rank only)")
+
+
+def _taking_turns(facts: Facts, evidence: dict[str, object], held_ns: int) -> Advice | None:
+    """No rank holds the others back most, yet they waited for each other: the ranks take
+    turns being last at the collectives (one slow for a while, then another: uneven batches,
+    a host shared at times), an imbalance no single rank's fix removes."""
+    if pct(held_ns, facts.wall_ns) < _STRAGGLER_MIN_PCT:
+        return None
+    return advice(facts, "stragglers", "the ranks take turns holding the others back",
+                  evidence, held_ns,
+                  "measured, no model: the time each rank waited at the collectives for the "
+                  "rank that entered them last (each rank's waits counted once)",
+                  "balance each step's work across the ranks (uneven batches or sequence "
+                  "lengths: bucket or pad; per-rank work such as logging or evaluation), and "
+                  "look for load on the ranks' hosts that comes and goes")
 
 
 def parse_topology(text: str) -> dict[tuple[int, int], float]:
