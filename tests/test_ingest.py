@@ -256,3 +256,20 @@ def test_import_a_directory_of_traces(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["import", str(tmp_path / "empty"), "-o", str(tmp_path / "e.run")]) == 2
     assert "a directory with no trace files" in capsys.readouterr().err
     assert not (tmp_path / "e.run").exists()
+
+
+def test_info_spans_what_a_run_without_events_saw(tmp_path: Path) -> None:
+    """A program without torch has no events: its span is that of its counters and steps (and
+    samples), from the tables themselves (it had been 0 ms)."""
+    import shutil
+
+    from perfswarm.trace.schema import empty
+
+    run = import_traces([corpus("nccl")], tmp_path / "n.run", ImportOptions(), ["t"])
+    bare = Run(shutil.copytree(run.path, tmp_path / "bare.run"))
+    bare.write_table("events", empty("events"))
+    times = [t for name, c in (("counters", "ts"), ("steps", "start"), ("steps", "end"))
+             for t in run.table(name, [c]).column(c).to_pylist()]
+    info = run_info(bare)
+    assert (info["events"], info["start_ns"], info["end_ns"]) == (0, min(times), max(times))
+    assert info["span_ns"] == max(times) - min(times) > 0

@@ -50,11 +50,11 @@ def run_info(run: Run) -> RunInfo:
         end = int(pc.max(pc.add(events.column("ts"), events.column("dur"))).as_py())
     steps = run.table("steps")
     if not events.num_rows:  # a program without torch: what the samplers and hooks saw
-        times = [t for name, columns in (("samples", ["ts"]), ("counters", ["ts"]),
-                                         ("steps", ["start", "end"]))
-                 for c in columns for t in (pc.min(run.table(name, [c]).column(c)).as_py(),
-                                            pc.max(run.table(name, [c]).column(c)).as_py())
-                 if t is not None]
+        columns = [run.table("samples", ["ts"]).column("ts"),
+                   run.table("counters", ["ts"]).column("ts"),
+                   steps.column("start"), steps.column("end")]
+        bounds = [pc.min_max(c).as_py() for c in columns]
+        times = [t for b in bounds for t in (b["min"], b["max"]) if t is not None]
         start, end = (min(times), max(times)) if times else (0, 0)
     step_rows = [
         StepInfo(rank=r["rank"], step=r["step"], start=r["start"], end=r["end"],
