@@ -337,7 +337,7 @@ def issued(ev: Events) -> Issued:
     """The rank's collectives are taken up in the order they were issued: the n-th (by start)
     was issued by the earliest call not yet matched, when that call began before it (a
     collective whose call was before the trace's window has none, and takes none). Once per
-    Events object (the critical path and the simulator's graph both follow it)."""
+    Events object (the critical path's graphs, one per rank or all, each ask)."""
     return ev.derived("issued", lambda: _issued(ev))
 
 

@@ -55,7 +55,7 @@ from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
-from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps, unforecast
+from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
@@ -915,8 +915,7 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
     if unpriced:
         notes = [*notes, "ops it could not price (kept at the host's time per op): "
                  + ", ".join(f"{n} x{c}" for n, c in unpriced.most_common(8))]
-    left = sum((unforecast(ev, known.__getitem__, lo, hi) for _, _, lo, hi, _ in measured),
-               Counter())
+    left = sum((f.left_out for f in forecasts), Counter())
     whole = sum(hi - lo for _, _, lo, hi, _ in measured)
     big = [(n, ns) for n, ns in left.most_common(5) if ns >= LEFT_OUT_SHARE * whole]
     if big:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import numpy as np
@@ -59,6 +59,7 @@ class StepForecast:
     families_ns: dict[str, int]
     unpriced: Counter[str]
     host_ns: dict[str, int]  # the host's time by part: python, dispatch, launch
+    left_out: Counter[str] = field(default_factory=Counter)  # unforecast's, ns by op name
 
 
 def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, hi: int
@@ -93,14 +94,13 @@ def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, h
     return [r for r in costed if r not in outer]
 
 
-def unforecast(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, hi: int
-               ) -> Counter[str]:
+def unforecast(ev: Events, costed: Set[int], lo: int, hi: int) -> Counter[str]:
     """ns by name of the outermost ops in [lo, hi) (per thread) of another library than torch's
-    own (NATIVE) that hold no op with shapes and a cost model, themselves included:
+    own (NATIVE) that hold none of `costed` (the step's innermost ops with shapes and a cost
+    model, innermost_ops, which op_graph_steps finds once), themselves included:
     work the forecast has no GPU kernel for (an int8 quantized linear, a custom op), which it
     leaves out."""
     rows = np.flatnonzero(ev.of_kind("cpu_op") & (ev.ts >= lo) & (ev.ts < hi))
-    costed = set(innermost_ops(ev, shapes, lo, hi))
     out: Counter[str] = Counter()
     for thread in group_rows(lane_key(ev.rank[rows], ev.tid[rows]), rows).values():
         lane = thread[np.lexsort((-ev.end[thread], ev.ts[thread]))]
@@ -337,8 +337,8 @@ def op_graph_steps(ev: Events, shapes: Callable[[int], Shapes | None],
     typical = [f for f, keep in zip(found, steady, strict=True) if keep] if any(steady) else found
     every = [ns for _, parts in typical for ns in parts.dispatch_self_ns]
     dispatch_ns = float(np.median(every)) if every else 0.0
-    return [forecast_step(ev, shapes, inner, target, {
+    return [replace(forecast_step(ev, shapes, inner, target, {
         "python": parts.python_ns,
         "dispatch": round(dispatch_ns * len(parts.dispatch_self_ns))}, model, precision,
-        parameters)
-            for inner, parts in found]
+        parameters), left_out=unforecast(ev, set(inner), lo, hi))
+            for (inner, parts), (lo, hi) in zip(found, steps, strict=True)]
