@@ -105,7 +105,7 @@ def _steady(names: I64, sizes: I64) -> bool:
         return False
     spreads = [inner[inner_names == v].std() / inner[inner_names == v].mean()
                for v in np.unique(inner_names)]
-    return max(spreads) <= STEADY
+    return bool(max(spreads) <= STEADY)
 
 
 def _chance_match(symbols: I64) -> float:
