@@ -125,6 +125,28 @@ def test_samples_per_second_from_the_first_op(corpus_runs: dict[str, Run]) -> No
                                "(aten::linear 5x128 in the first), in 1 of 2 steps")
 
 
+def test_samples_per_second_under_vmap(tmp_path: Path) -> None:
+    """torch.func.vmap's per-sample gradients (tests/data/vmap_grads.py): the first GEMM of a
+    step is the logical op of one sample (addmm 1x64), and the op it batches to, inside it,
+    holds the vmapped batch in front (matmul 128x1x64): 128 samples a step, had been 1."""
+    src = Path(__file__).with_name("data") / "vmap_grads.json.gz"
+    with gzip.open(src, "rt") as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in raw if e["name"].startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    first = min((e for e in raw if e["name"] == "aten::addmm" and steps[0]["ts"] <= e["ts"]),
+                key=lambda e: e["ts"])
+    inner = [e for e in raw if e["name"] == "aten::matmul"
+             and first["ts"] <= e["ts"] <= first["ts"] + first["dur"]]
+    assert first["args"]["Input Dims"][1] == [1, 64] and inner[0]["args"]["Input Dims"][0] == [
+        128, 1, 64]
+    run = import_traces([src], tmp_path / "v.run", ImportOptions(), ["train.py"])
+    rates = report_data(run)["throughput"]
+    assert rates["samples_per_step"] == 128 and rates["steps"] == 2
+    assert rates["source"].startswith("the activation input of each step's first GEMM or "
+                                      "convolution (aten::matmul 128x1x64 in the first)")
+
+
 def _trace(tmp_path: Path, events: list[dict[str, Any]], command: list[str]) -> Run:
     src = tmp_path / "trace.json"
     src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))

@@ -298,7 +298,8 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     """Per step, the leading dimension of the activation input of its first matrix product
     or convolution (the first input; addmm's and baddbmm's second, after the bias), times
     the backward passes the step ran (a forward each; one in a step without). An unbatched
-    call (a 1-D input: one observation through a policy) is not the batch, nor is a weight."""
+    call (a 1-D input: one observation through a policy) is not the batch, nor is a weight.
+    Under torch.func.vmap the op inside the first that gained dimensions in front is read."""
     codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
@@ -306,13 +307,20 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     ordered = _in_order(run, ev, rows)
     for (row, text), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
                                  strict=True):
-        if step in first or (shapes := shapes_from_args(text)) is None:
-            continue  # only a step's ops up to its first product are parsed
+        found = first.get(step)
+        # torch.func.vmap's logical op ([1, 64] a sample) encloses the op it batches to
+        # ([128, 1, 64]: the vmapped dimension in front); a matmul that folds its batch
+        # into rows ([4, 8, 64] -> mm [32, 64]) loses a dimension instead
+        inside = found is not None and ev.tid[row] == ev.tid[found[0]] \
+            and ev.end[row] <= ev.end[found[0]]
+        if (found is not None and not inside) or (shapes := shapes_from_args(text)) is None:
+            continue  # only a step's ops up to its first product's end are parsed
         name = ev.name_of(row)
         cost = shapes_cost(name, shapes)
         at = 1 if name in _BIAS_FIRST else 0
         batch = shapes.dims[at] if len(shapes.dims) > at else ()
-        if cost is not None and cost.family in _FIRST_FAMILIES and len(batch) >= 2:
+        if (cost is not None and cost.family in _FIRST_FAMILIES and len(batch) >= 2
+                and (found is None or len(batch) > len(found[1]))):
             first[step] = (row, batch)
     if not first:
         return {}, ""
