@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import Events
-from perfswarm.analyze.intervals import I64, Mask, first_covering, state_sweep
+from perfswarm.analyze.frame import WORK_KINDS, Events
+from perfswarm.analyze.intervals import I64, Coverage, Mask, first_covering, state_sweep, union
 from perfswarm.analyze.iterations import StepWindow
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -29,6 +29,10 @@ class Breakdown:
     start: int
     end: int
     ns: Mapping[str, int]
+    # of the span, the time a host thread ran ops or runtime calls (frame.Events.host_work):
+    # host_busy_device_idle also counts annotations and Python frames around no op (a
+    # DataLoader's wait for its workers)
+    host_ops_ns: int = 0
 
     @property
     def span_ns(self) -> int:
@@ -51,7 +55,8 @@ class Breakdown:
     def to_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "span_ns": self.span_ns,
                 "ns": dict(self.ns), "share": {s: self.share(s) for s in STATES},
-                "comm_overlap_pct": self.comm_overlap_pct}
+                "comm_overlap_pct": self.comm_overlap_pct, "host_ops_ns": self.host_ops_ns,
+                "host_ops_share": self.host_ops_ns / self.span_ns if self.span_ns else 0.0}
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,8 @@ class Activity:
     host: tuple[I64, I64]
     host_comm: tuple[I64, I64] = field(default_factory=lambda: (np.zeros(0, np.int64),
                                                                 np.zeros(0, np.int64)))
+    host_ops: tuple[I64, I64] = field(default_factory=lambda: (np.zeros(0, np.int64),
+                                                               np.zeros(0, np.int64)))
 
     @classmethod
     def of_rank(cls, ev: Events, rank: int) -> Activity:
@@ -157,7 +164,7 @@ class Activity:
                    # a host thread running a collective waits for the other ranks: not host
                    # work (HostComm sets it against the rank's compute)
                    host=spans(ev.host_busy & ~ev.host_collective),
-                   host_comm=spans(ev.host_collective))
+                   host_comm=spans(ev.host_collective), host_ops=ev.host_work(rank))
 
     def span(self) -> tuple[int, int]:
         starts = np.concatenate([s for s, _ in (*self.sets(), self.host_comm)])
@@ -179,8 +186,10 @@ def _state(covers: list[Mask]) -> I64:
 def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[Breakdown]:
     """One Breakdown per window, from a single sweep over the rank's boundaries."""
     sums = state_sweep(activity.sets(), _state, len(STATES), STATES.index("idle"))
-    return [Breakdown(lo, hi, dict(zip(STATES, sums.between(lo, hi).tolist(), strict=True)))
-            for lo, hi in windows]
+    bounds = np.array(windows, np.int64).reshape(-1, 2)
+    ops = Coverage(*activity.host_ops).between(bounds[:, 0], bounds[:, 1])
+    return [Breakdown(lo, hi, dict(zip(STATES, sums.between(lo, hi).tolist(), strict=True)),
+                      int(o)) for (lo, hi), o in zip(windows, ops.tolist(), strict=True)]
 
 
 def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> RankConcurrency:
@@ -195,6 +204,49 @@ def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> Ra
         rank, total,
         tuple(IterationBreakdown(w.step, b, h)
               for w, b, h in zip(windows, per_step, host_steps, strict=True)), host_total)
+
+
+MIN_SAMPLES = 20  # perf samples inside ops that calibrate the on-CPU estimate at least
+
+
+def on_cpu_ns(ev: Events, rank: int, sample_ts: I64, sample_tid: I64) -> int | None:
+    """The time of the rank's span its host threads were on the CPU, estimated: the union of
+    their ops and runtime calls (Events.host_work), plus what perf's cpu-clock samples say
+    each thread ran outside them, from its first host span to its last (Python between ops,
+    an optimizer's or a module's, in an annotation or not; the rest waited: a DataLoader's
+    next batch, a sleep). A sample falls only while its thread runs, at the rate the
+    threads' samples fall inside their ops (where a thread is on the CPU), so a thread's
+    samples outside its ops over that rate is its time on the CPU there. Threads on the CPU
+    at once count once each (capped at the span). None without MIN_SAMPLES inside ops."""
+    rows = np.arange(len(ev))[ev.rank_slice(rank)]
+    busy = rows[(ev.host_busy & ~ev.host_collective)[rows]]
+    work = rows[(ev.of_kind(*WORK_KINDS) & ~ev.collective_call)[rows]]
+    in_ops = ops_ns = 0
+    outside: list[tuple[int, int]] = []  # per thread: samples, ns outside its ops
+    for tid in np.unique(ev.tid[work]).tolist():
+        mine = busy[ev.tid[busy] == tid]
+        lo, hi = int(ev.ts[mine].min()), int(ev.end[mine].max())
+        points = sample_ts[(sample_tid == tid) & (sample_ts >= lo) & (sample_ts < hi)]
+        spans = union(ev.ts[work][ev.tid[work] == tid], ev.end[work][ev.tid[work] == tid])
+        hit = _inside(spans, points)
+        ran = int((spans[1] - spans[0]).sum())
+        in_ops += int(hit.sum())
+        ops_ns += ran
+        outside.append((int((~hit).sum()), hi - lo - ran))
+    if in_ops < MIN_SAMPLES:
+        return None
+    rate = in_ops / ops_ns  # samples a ns on the CPU
+    ops = ev.host_work(rank)
+    lo, hi = Activity.of_rank(ev, rank).span()
+    return int(min((ops[1] - ops[0]).sum() + sum(min(n / rate, ns) for n, ns in outside),
+                   hi - lo))
+
+
+def _inside(spans: tuple[I64, I64], points: I64) -> Mask:
+    """Which points lie in the disjoint sorted spans."""
+    at = np.searchsorted(spans[0], points, side="right") - 1
+    return np.asarray((at >= 0) & (points < spans[1][np.maximum(at, 0)])) if len(spans[0]) \
+        else np.zeros(len(points), bool)
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:

@@ -188,13 +188,19 @@ class Events:
 
     def working(self, rank: int) -> tuple[I64, I64]:
         """When the rank worked, as disjoint sorted spans: its device's compute kernels where
-        it has any, else its host's ops and runtime calls (WORK_KINDS; not an annotation
-        around a wait, nor a call that issues a collective to its process group)."""
+        it has any, else its host's work (host_work)."""
         rows = np.arange(len(self))[self.rank_slice(rank)]
         kernels = rows[self.of_kind("kernel")[rows]]
-        if not len(kernels):
-            kernels = rows[self.of_kind(*WORK_KINDS)[rows] & ~self.collective_call[rows]]
-        return union(self.ts[kernels], self.end[kernels])
+        return union(self.ts[kernels], self.end[kernels]) if len(kernels) else \
+            self.host_work(rank)
+
+    def host_work(self, rank: int) -> tuple[I64, I64]:
+        """When the rank's host threads ran ops or runtime calls (WORK_KINDS; not an
+        annotation around a wait, a DataLoader's, nor a call that issues a collective to its
+        process group), as disjoint sorted spans."""
+        rows = np.arange(len(self))[self.rank_slice(rank)]
+        rows = rows[self.of_kind(*WORK_KINDS)[rows] & ~self.collective_call[rows]]
+        return union(self.ts[rows], self.end[rows])
 
     def _named(self, pattern: re.Pattern[str]) -> Mask:
         return np.isin(self.name, [i for i, n in enumerate(self.names) if pattern.match(n)])

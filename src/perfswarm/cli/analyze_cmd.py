@@ -46,12 +46,14 @@ def _left_out(count: int) -> str:
 
 
 def _concurrency_table(result: Analysis) -> Table:
-    # A run without device work (CPU training) has two states: the host busy or idle.
+    # A run without device work (CPU training) has two states: the host busy or idle; and
+    # of the busy time, how much ran ops (the rest: annotations or Python frames around no
+    # op, a DataLoader's wait)
     device = bool(result.ops.categories)
     states = STATES if device else ("host_busy_device_idle", "idle")
     names = SHORT if device else {**SHORT, "host_busy_device_idle": "host busy"}
     table = Table("rank", "step", "span", *(names[s] for s in states),
-                  *(("comm hidden",) if device else ()),
+                  *(("comm hidden",) if device else ("of it ops",)),
                   title="concurrency (share of span)", title_justify="left")
     left = 0
     for rank in result.concurrency.ranks:
@@ -60,7 +62,8 @@ def _concurrency_table(result: Analysis) -> Table:
         for label, b in (("all", rank.total), *((str(i.step), i.breakdown) for i in shown)):
             table.add_row(str(rank.rank), label, ms(b.span_ns),
                           *(f"{100 * b.share(s):.1f}%" for s in states),
-                          *((f"{b.comm_overlap_pct:.1f}%",) if device else ()))
+                          f"{b.comm_overlap_pct:.1f}%" if device else
+                          f"{100 * b.host_ops_ns / b.span_ns if b.span_ns else 0:.1f}%")
     if left:
         table.caption = _left_out(left).strip() + "; shown: the shortest, median and longest"
     return table

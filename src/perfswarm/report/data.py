@@ -12,7 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from perfswarm.analyze.annotations import Scopes, host_calls
+from perfswarm.analyze.concurrency import on_cpu_ns
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepTime, batch_sizes, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -76,8 +81,39 @@ def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
                                         "the profiler's window"}
 
 
+def _on_cpu(run: Run, ev: Events) -> dict[int, int | None]:
+    """Each rank's time on the CPU (concurrency.on_cpu_ns), from the Run's perf samples."""
+    samples = run.table("samples", ["ts", "source", "tid"])
+    perf = samples.filter(pc.equal(samples.column("source").cast(pa.string()), "perf"))
+    ts = np.asarray(perf.column("ts").to_numpy(), np.int64)
+    tid = np.asarray(perf.column("tid").to_numpy(), np.int64)
+    return {rank: on_cpu_ns(ev, rank, ts, tid) for rank in ev.ranks}
+
+
+def _cpu_busy(rank: dict[str, Any], on_cpu: int | None, comm: str) -> Card:
+    """A CPU rank's busy share: its ops and runtime calls, and what perf's samples say its
+    threads ran beside them (concurrency.on_cpu_ns)."""
+    total = rank["total"]
+    span, ops = total["span_ns"], total["host_ops_ns"]
+    label = f"CPU busy (rank {rank['rank']})"
+    if on_cpu is None or not span:
+        busy = total["ns"]["host_busy_device_idle"]
+        return Card(label=label, value=f"{pct(ops / span if span else 0.0)}-"
+                                       f"{pct(busy / span if span else 0.0)}",
+                    detail=f"share of the span a thread ran ops or runtime calls, then with "
+                           "the annotations and Python frames around no op, where it ran "
+                           "Python or waited (a DataLoader's next batch): perf's samples in the "
+                           f"span (none, or too few) cannot tell which{comm}")
+    return Card(label=label, value=pct(on_cpu / span),
+                detail=f"share of the span a thread was on the CPU: ops and runtime calls "
+                       f"{pct(ops / span)}, and Python beside them {pct((on_cpu - ops) / span)}, "
+                       f"from perf's samples (the rest waited: a DataLoader's next batch, a "
+                       f"sleep){comm}")
+
+
 def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | None,
-           rates: dict[str, Any] | None, timing: StepTime | None) -> list[Card]:
+           rates: dict[str, Any] | None, timing: StepTime | None,
+           on_cpu: Mapping[int, int | None]) -> list[Card]:
     cards: list[Card] = []
     steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
     if timing is not None and timing.outside:
@@ -118,9 +154,7 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
             host = rank.get("host_comm")
             comm = ("" if not host else f"; in collectives {ms(host['comm_ns'])}, "
                     f"{host['comm_overlap_pct']:.1f}% of it hidden under ops")
-            cards.append(Card(label=f"CPU busy (rank {rank['rank']})",
-                              value=f"{100 * share['host_busy_device_idle']:.1f}%",
-                              detail=f"share of the span a thread ran ops{comm}"))
+            cards.append(_cpu_busy(rank, on_cpu.get(rank["rank"]), comm))
     if flops is not None:
         model = ("3x the forward's FLOPs (a backward ran)" if flops["phase_flops"]["backward"]
                  else "the forward's FLOPs (no backward ran)")
@@ -256,7 +290,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 "devices": manifest["devices"], "warnings": manifest["warnings"],
                 "origin_ns": origin},
         "has_device": has_device,
-        "cards": _cards(analysis, has_device, flops, rates, timing),
+        "cards": _cards(analysis, has_device, flops, rates, timing,
+                        {} if has_device else _on_cpu(run, events)),
         "step_time": None if timing is None else {
             "median_ns": timing.median_ns, "steps": timing.steps, "outside": timing.outside,
             "profiled_ns": timing.profiled_ns},

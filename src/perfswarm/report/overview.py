@@ -27,8 +27,9 @@ from perfswarm.trace.store import Run
 
 CATEGORIES: Final = ("device compute", "communication", "memory copy", "data loading",
                      "host compute", "other", "idle", "untraced")
-# a rank with no traced event (a program without torch, its steps found in sampled stacks or
-# syscalls): its steps' time is not idle, it is unseen by any trace
+# a rank with no device work (a CPU run, or a program without torch whose steps were found in
+# sampled stacks or syscalls): time no span covers is not idle, it is unseen by any trace
+# (Python between the ops, or a wait: perf's samples tell the CPU busy card which)
 UNTRACED: Final = CATEGORIES.index("untraced")
 LOADER: Final = re.compile(r"DataLoader")
 _NOT_WORK: Final = ("instant", "trace_span", "profiler_range")
@@ -64,8 +65,9 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
         rank = int(rank_key)
         bounds = np.asarray([w["start"] for w in windows] + [w["end"] for w in windows],
                             np.int64)
-        traced = ev.rank_slice(rank).stop > ev.rank_slice(rank).start
-        rest = CATEGORIES.index("idle") if traced else UNTRACED
+        mine = ev.rank_slice(rank)
+        device = bool(ev.of_kind("kernel", "collective", "memcpy", "memset")[mine].any())
+        rest = CATEGORIES.index("idle") if device else UNTRACED
 
         def category(covers: list[Mask], rest: int = rest) -> I64:
             return np.select([covers[s] for s, _ in _PRIORITY], [c for _, c in _PRIORITY],
