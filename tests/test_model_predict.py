@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,22 @@ def test_recorded_batch_size_from_shapes(cpu_run: Run, tmp_path: Path) -> None:
     trace.write_bytes(orjson.dumps({"traceEvents": [e for i in range(2) for e in _step(i)]}))
     bare = import_traces([trace], tmp_path / "bare.run", ImportOptions(), ["train.py"])
     assert predict(bare, Change(batch_size=8), profile=PROFILE).batch == (BATCH, 8)
+
+
+def test_recorded_batch_size_under_torch_compile(tmp_path: Path) -> None:
+    """tests/data/compiled_lm.py: inside the compiled graph the products run on [8 x 16, 32]
+    (the most common leading dimension, 128, had been taken for the batch: a batch of 16
+    predicted from 128); the compiled forward's token indices say 8."""
+    src = Path(__file__).with_name("data") / "compiled_lm.json.gz"
+    with gzip.open(src, "rt") as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    (call, *_) = [e for e in raw if e["name"] == "CompiledFunction"]
+    assert [8, 16] in call["args"]["Input Dims"] and not any(
+        e["name"] == "aten::embedding" for e in raw)
+    assert all(e["args"]["Input Dims"][0][0] in (128, 32, 64)
+               for e in raw if e["name"] in ("aten::mm", "aten::addmm"))
+    run = import_traces([src], tmp_path / "c.run", ImportOptions(), ["train.py"])
+    assert predict(run, Change(batch_size=16), profile=PROFILE).batch == (8, 16)
 
 
 def test_cpu_runs_need_a_profile_for_shape_changes(cpu_run: Run) -> None:

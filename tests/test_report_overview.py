@@ -147,6 +147,18 @@ def test_samples_per_second_under_vmap(tmp_path: Path) -> None:
                                       "convolution (aten::matmul 128x1x64 in the first)")
 
 
+def test_samples_per_second_under_torch_compile(tmp_path: Path) -> None:
+    """torch.compile (tests/data/compiled_lm.py): the embedding inside the graph leaves no
+    op and the first product runs on [8 x 16, 32], which had said 128 samples a step; the
+    compiled forward's token indices say 8 samples and 128 tokens."""
+    src = Path(__file__).with_name("data") / "compiled_lm.json.gz"
+    run = import_traces([src], tmp_path / "c.run", ImportOptions(), ["train.py"])
+    rates = report_data(run)["throughput"]
+    assert (rates["samples_per_step"], rates["tokens_per_step"], rates["steps"]) == (8, 128, 2)
+    assert rates["source"].startswith("the token indices 8x16 (batch x sequence) of "
+                                      "torch.compile's compiled forwards, 2 in 2 of 2 steps")
+
+
 def _trace(tmp_path: Path, events: list[dict[str, Any]], command: list[str]) -> Run:
     src = tmp_path / "trace.json"
     src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))

@@ -37,6 +37,13 @@ HOST_P2P: Final = re.compile(r"^gloo:(send|recv)")
 # ... issued by the dispatcher op the caller runs ("c10d::allreduce_", "c10d::broadcast_"),
 # which queues the work and returns
 COLLECTIVE_CALL: Final = re.compile(r"^c10d::")
+# torch.compile's ranges: the compiled region, the autograd function around a compiled forward
+# (its inputs are the graph's: the parameters and the batch) and the call of the compiled
+# graph; the ops inside run at the graph's shapes (an activation flattened to [batch x
+# sequence, width]), not the model's
+COMPILED_CALL: Final = "CompiledFunction"
+COMPILED_REGION: Final = re.compile(
+    r"^(Torch-Compiled Region|CompiledFunction$|## Call CompiledFx)")
 # What a thread does when it works; outside these it is blocked or idle (a user annotation or
 # Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
 # work of its own)

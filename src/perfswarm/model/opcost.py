@@ -420,6 +420,16 @@ class Shapes:
                       self.concrete)
 
 
+def token_input(shapes: Shapes) -> tuple[int, ...] | None:
+    """The first integer input of two dimensions or more: the token indices [batch,
+    sequence] a compiled graph takes (torch.compile's CompiledFunction, whose other inputs
+    are the parameters), None without one."""
+    for dims, kind in zip(shapes.dims, shapes.types, strict=False):
+        if len(dims) >= 2 and kind.endswith("int"):
+            return dims
+    return None
+
+
 class _ShapeFields(msgspec.Struct):
     """The record_shapes fields of a row's args, as their JSON text (the rest is skipped)."""
 

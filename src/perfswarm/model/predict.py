@@ -46,7 +46,7 @@ from perfswarm.analyze.dependencies import (
     sync_events,
     tensor_handoffs,
 )
-from perfswarm.analyze.frame import I64, KIND, Events, Mask, detail_of
+from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, detail_of
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
@@ -68,6 +68,7 @@ from perfswarm.model.opcost import (
     output_bytes,
     scale_batch,
     tf32_if_fp32,
+    token_input,
 )
 from perfswarm.model.opstats import RowShapes
 from perfswarm.model.overheads import (
@@ -415,14 +416,22 @@ def batch_flag(command: Sequence[str]) -> int | None:
 
 
 def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | None, str]:
-    """The batch size of the recorded command's --batch-size flag, else an LSTM layer's B
-    (its input is [T, B, I] however the model lays its tensors out: a time-major model's
-    other ops lead with the sequence), else the most common leading dimension of the compute
-    ops' non-parameter inputs; and a note when the steps' own most common ones differ (an
-    inference server's requests of several sizes)."""
+    """The batch size of the recorded command's --batch-size flag, else the batch of the
+    token indices torch.compile's compiled forwards took (its graphs' ops run flattened,
+    [batch x sequence, width]), else an LSTM layer's B (its input is [T, B, I] however the
+    model lays its tensors out: a time-major model's other ops lead with the sequence), else
+    the most common leading dimension of the compute ops' non-parameter inputs; and a note
+    when the steps' own most common ones differ (an inference server's requests of several
+    sizes)."""
     flag = batch_flag(m.run.manifest()["command"])
     if flag is not None:
         return flag, ""
+    compiled = [i for i, n in enumerate(m.ev.names) if n == COMPILED_CALL]
+    calls: list[int] = np.flatnonzero(np.isin(m.ev.name, compiled)).tolist() if compiled else []
+    tokens = Counter(idx[0] for shapes in m.shapes(calls)
+                     if shapes is not None and (idx := token_input(shapes)) is not None)
+    if tokens:
+        return tokens.most_common(1)[0][0], ""
     leading: Counter[int] = Counter()
     recurrent: Counter[int] = Counter()
     by_step: dict[int, Counter[int]] = {}

@@ -17,10 +17,16 @@ import numpy as np
 import orjson
 
 from perfswarm.analyze.concurrency import Activity
-from perfswarm.analyze.frame import Events, detail_of, lane_key
-from perfswarm.analyze.intervals import I64, Mask, state_sweep
+from perfswarm.analyze.frame import COMPILED_CALL, COMPILED_REGION, Events, detail_of, lane_key
+from perfswarm.analyze.intervals import I64, Mask, state_sweep, union
 from perfswarm.analyze.phases import BACKWARD, nested, phases, step_calls
-from perfswarm.model.opcost import RNN_OPS, has_cost_model, shapes_cost, shapes_from_args
+from perfswarm.model.opcost import (
+    RNN_OPS,
+    has_cost_model,
+    shapes_cost,
+    shapes_from_args,
+    token_input,
+)
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.trace.store import Run
@@ -121,6 +127,17 @@ def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> 
     return rows[(i >= 0) & (ev.ts[rows] < ends[np.maximum(i, 0)])]
 
 
+def _inside_any(ev: Events, spans: I64, rows: I64) -> Mask:
+    """Which rows start inside one of the span rows on their thread."""
+    inside = np.zeros(len(rows), bool)
+    for tid in np.unique(ev.tid[spans]).tolist():
+        on, at = spans[ev.tid[spans] == tid], ev.tid[rows] == tid
+        lo, hi = union(ev.ts[on], ev.end[on])
+        i = np.searchsorted(lo, ev.ts[rows[at]], side="right") - 1
+        inside[at] = (i >= 0) & (ev.ts[rows[at]] < hi[np.maximum(i, 0)])
+    return inside
+
+
 def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
     """(row, detail text) of the rows (ascending), in time order, an outer op before the ops
     inside it; callers parse the shapes of the rows they need."""
@@ -148,6 +165,8 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
         return None
     mine = np.arange(len(ev))[ev.rank_slice(int(rank))]
     samples, tokens, source = _from_embedding(run, ev, mine, windows)
+    if not samples:
+        samples, tokens, source = _from_compiled(run, ev, mine, windows)
     if not samples:
         samples, source = _from_first_op(run, ev, mine, windows)
     if not samples:
@@ -256,6 +275,31 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
         f"table, {counted} in {len(samples)} of {len(windows)} steps")
 
 
+def _from_compiled(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
+                   ) -> tuple[dict[int, int], dict[int, int] | None, str]:
+    """Samples and tokens per step of torch.compile's compiled forwards that train
+    (CompiledFunction: its inputs are the graph's, the parameters and the batch): their token
+    indices (frame.COMPILED_CALL's integer input [batch, sequence]), every call of a step (a
+    gradient accumulation's micro-batches). The embedding inside the graph leaves no op."""
+    codes = [i for i, n in enumerate(ev.names) if n == COMPILED_CALL]
+    rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
+    calls = [(r, idx) for r, text in _in_order(run, ev, rows)
+             if (shapes := shapes_from_args(text)) is not None
+             and (idx := token_input(shapes)) is not None]
+    samples: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    for step, (_, idx) in zip(_steps_of(ev, windows, [r for r, _ in calls]), calls,
+                              strict=True):
+        samples[step] = samples.get(step, 0) + idx[0]
+        tokens[step] = tokens.get(step, 0) + int(np.prod(idx[:2]))
+    if not calls:
+        return {}, None, ""
+    first = calls[0][1]
+    return samples, tokens, (
+        f"the token indices {first[0]}x{first[1]} (batch x sequence) of torch.compile's "
+        f"compiled forwards, {len(calls)} in {len(samples)} of {len(windows)} steps")
+
+
 def _is_backward_of(args: Mapping[str, Any], table: tuple[int, ...]) -> bool:
     dims, concrete = args.get("Input Dims"), args.get("Concrete Inputs")
     return (isinstance(dims, list) and len(dims) >= 2 and isinstance(dims[1], list)
@@ -305,6 +349,10 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     codes = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
+    # inside torch.compile's graphs the shapes are the graph's: [batch x sequence, width]
+    compiled = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names)
+                                            if COMPILED_REGION.match(n)])]
+    rows = rows[~_inside_any(ev, compiled, rows)]
     first: dict[int, tuple[int, tuple[int, ...]]] = {}  # step index -> (row, its input)
     ordered = _in_order(run, ev, rows)
     for (row, text), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
