@@ -1010,13 +1010,15 @@ def test_a_run_without_torch_events_is_advised_and_analyzed(tmp_path: Path) -> N
 
 
 # -- the machine, the loop, the loader -------------------------------------------------------
-def _sampled(run: Run, proc: list[float], busy: float) -> Run:
-    """System-sampler counters (host, rank -1) at 1, 2, ... µs: the process tree's cores and
-    each of 2 cores `busy` (half user, half system)."""
+def _sampled(run: Run, proc: list[float], busy: float, delay: list[float] | None = None) -> Run:
+    """System-sampler counters (host, rank -1) at 1, 2, ... µs: the process tree's cores,
+    its run delay where given, and each of 2 cores `busy` (half user, half system)."""
     rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
     for i, p in enumerate(proc):
-        for name, value in [("proc.cpu_cores", p), *((f"cpu.core{c}.{s}", busy / 2)
-                                                     for c in (0, 1) for s in ("usr", "sys"))]:
+        waited = [] if delay is None else [("proc.run_delay_cores", delay[i])]
+        for name, value in [("proc.cpu_cores", p), *waited,
+                            *((f"cpu.core{c}.{s}", busy / 2) for c in (0, 1)
+                              for s in ("usr", "sys"))]:
             for key, v in zip(rows, (-1, (i + 1) * 1000, -1, name, value), strict=True):
                 rows[key].append(v)
     run.write_table("counters", pa.table(rows).cast(pa.schema([
@@ -1052,6 +1054,21 @@ def test_cpu_contention(tmp_path: Path) -> None:
                                            "tool_cpu_ns": {"perf": 12_000_000_000}}
     sampled.write_manifest(m)
     assert found(host.cpu_contention, sampled) is None
+
+
+def test_cpu_contention_from_run_delay(tmp_path: Path) -> None:
+    """With the kernel's run delay sampled, the time lost is the time the run's threads sat
+    runnable: a one-thread loop at 1.0 core whose 50 ms readings quantize to 0.8-1.2 (a 90th
+    percentile of 1.2 had claimed 17% lost) waited 0.01 of a core: no advice; one that ran
+    0.6 of a core and waited 0.4 lost 40% of its time; two threads at 1.2 cores waiting 0.8
+    between them lost 0.8 / 2 of it."""
+    run = with_manifest(imported(tmp_path, "busy", _loader_steps(500, 3500)), cores=2)
+    steady = [0.8, 1.2, 1.0, 1.0, 0.8, 1.2, 1.0, 1.0, 1.2, 0.8]
+    assert found(host.cpu_contention, _sampled(run, steady, 0.98, [0.01] * 10)) is None
+    a = shows(host.cpu_contention, _sampled(run, [0.6] * 10, 0.98, [0.4] * 10))
+    assert a.evidence["run_delay_cores"] == 0.4 and a.gain_ns == 0.4 * 12_000_000
+    a = shows(host.cpu_contention, _sampled(run, [1.2] * 10, 0.98, [0.8] * 10))
+    assert a.gain_ns == round(0.8 / 2 * 12_000_000)
 
 
 def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:

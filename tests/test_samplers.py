@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -136,6 +137,7 @@ def test_system_sampler_on_a_fake_procfs(frozen_proc: Path, tmp_path: Path) -> N
         task = frozen_proc / str(child.pid) / "task" / str(child.pid)
         task.mkdir(parents=True)
         (task / "children").write_text("")
+        (task / "schedstat").write_text("1000 5000000 3\n")
         pid_stat = frozen_proc / str(child.pid) / "stat"
         pid_stat.write_bytes(b"1 (x) S " + b"0 " * 10 + b"200 100 " + b"0 " * 8 + b"50 0\n")
         net = frozen_proc / "net" / "dev"
@@ -150,6 +152,7 @@ def test_system_sampler_on_a_fake_procfs(frozen_proc: Path, tmp_path: Path) -> N
             net.write_bytes(header + b" eth0:4294967296000 0 0 0 0 0 0 0 7 0 0 0 0 0 0 0\n"
                                    b"  lo: 1500 0 0 0 0 0 0 0 2100 0 0 0 0 0 0 0\n")
             pid_stat.write_bytes(b"1 (x) S " + b"0 " * 10 + b"300 150 " + b"0 " * 8 + b"60 0\n")
+            (task / "schedstat").write_text("2000 30000000 5\n")
             time.sleep(0.05)
             sampler.sample_once(out)
         sampler.stop()
@@ -166,7 +169,43 @@ def test_system_sampler_on_a_fake_procfs(frozen_proc: Path, tmp_path: Path) -> N
     assert "proc.cpu_cores" not in first and second["proc.rss_bytes"] == 60.0 * page
     tick = os.sysconf("SC_CLK_TCK")
     assert second["proc.cpu_cores"] * 0.05 <= 150 / tick  # 150 ticks over >= 50 ms
+    # its thread waited 25 ms on a runqueue between the readings, >= 50 ms apart
+    assert 0 < second["proc.run_delay_cores"] <= 0.025 / 0.05
     assert second["disk.read_bytes"] == 0.0 and second["mem.used_bytes"] > 0
+
+
+CONTENDED = textwrap.dedent("""
+    import os, sys, time
+    os.sched_setaffinity(0, {int(sys.argv[1])})
+    t = time.monotonic()
+    while time.monotonic() - t < 1.5:
+        pass
+""")
+
+
+def test_run_delay_of_a_process_sharing_its_core(tmp_path: Path) -> None:
+    """Two busy processes pinned to one core: each runs at most half the time and waits on
+    the runqueue the rest (schedstat's own figures, not a model). A spinning thread is always
+    runnable, so its CPU and its run delay add up to one core whatever else shares it."""
+    core = min(os.sched_getaffinity(0))
+    procs = [subprocess.Popen([sys.executable, "-c", CONTENDED, str(core)]) for _ in range(2)]
+    try:
+        sampler = system.SystemSampler(tmp_path, 20.0)
+        sampler.pid = procs[0].pid
+        time.sleep(0.3)  # the children pinned and spinning
+        with sampler.path.open("wb") as out:
+            for _ in range(12):
+                sampler.sample_once(out)
+                time.sleep(0.05)
+        sampler.stop()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    readings = [i["values"] for i in read_jsonl(sampler.path)][2:]
+    delay = float(np.mean([r["proc.run_delay_cores"] for r in readings]))
+    cpu = float(np.mean([r["proc.cpu_cores"] for r in readings]))
+    assert delay > 0.3 and abs(delay + cpu - 1.0) < 0.15
 
 
 def _diskstats(ios: int, ms: int, inflight: int, weighted: int) -> bytes:

@@ -2,9 +2,11 @@
 interrupts and softirqs, disk and network bytes, per-disk latency and queue, the process tree.
 
 CPU values are fractions of one core over the interval since the previous
-reading; byte and event counters (`sys.ctxt`, `sys.intr`, `sys.softirq`) are
-cumulative since the recording began. Per disk (whole disks that have done any
-I/O): `disk.<name>.inflight` is the requests in flight at the reading,
+reading (`proc.run_delay_cores`: the cores' worth of the tree's threads that waited on a
+runqueue, runnable but not running: schedstat's run delay, the time other processes took);
+byte and event counters (`sys.ctxt`, `sys.intr`, `sys.softirq`) are cumulative
+since the recording began. Per disk (whole disks that have done any I/O):
+`disk.<name>.inflight` is the requests in flight at the reading,
 `disk.<name>.await_ms` the mean time a read or write completed in the interval
 took (iostat's r/w await: queue and service), `disk.<name>.queue` the mean
 number of requests in flight over the interval (iostat's aqu-sz).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfswarm.recorder.base import Clock, Sampler
@@ -180,6 +182,24 @@ def parse_pid_stat(text: bytes) -> tuple[int, int]:
     return int(fields[11]) + int(fields[12]), int(fields[21])
 
 
+def _run_delay(tasks: dict[int, list[int]]) -> int:
+    """The ns the threads waited on a runqueue, runnable but not running, since their last
+    reading (schedstat's second field; a thread's first reading counts nothing; threads that
+    exited are closed and dropped)."""
+    waited = 0
+    for tid, task in list(tasks.items()):
+        try:
+            delay = int(os.pread(task[0], 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            os.close(task[0])
+            del tasks[tid]
+            continue
+        if task[1] >= 0:
+            waited += max(0, delay - task[1])
+        task[1] = delay
+    return waited
+
+
 def tree_pids(root: int, procfs: str = "/proc") -> list[int]:
     """`root` and its descendants, from /proc/PID/task/TID/children: a walk of the tree only.
 
@@ -214,6 +234,8 @@ def whole_disks(sysfs_block: str = "/sys/block") -> frozenset[bytes]:
 class _Proc:
     fd: int
     ticks: int
+    # its threads' /proc/PID/task/TID/schedstat: tid -> [fd, run_delay ns at the last reading]
+    tasks: dict[int, list[int]] = field(default_factory=dict)
 
 
 def _pread(fd: int, size: int) -> bytes:
@@ -313,11 +335,15 @@ class SystemSampler(Sampler):
                     with contextlib.suppress(OSError):
                         self._procs[pid] = _Proc(os.open(f"{self.procfs}/{pid}/stat",
                                                          os.O_RDONLY | os.O_CLOEXEC), -1)
-        busy = rss = 0
+            for pid, proc in self._procs.items():
+                self._open_tasks(pid, proc)
+        busy = rss = waited = 0
         for pid, proc in list(self._procs.items()):
             try:
                 ticks, pages = parse_pid_stat(os.pread(proc.fd, 4096, 0))
             except (OSError, ValueError):  # exited (ESRCH), or its pid was reused
+                for fd, _ in proc.tasks.values():
+                    os.close(fd)
                 os.close(proc.fd)
                 del self._procs[pid]
                 continue
@@ -325,17 +351,30 @@ class SystemSampler(Sampler):
                 busy += max(0, ticks - proc.ticks)
             proc.ticks = ticks
             rss += pages
+            waited += _run_delay(proc.tasks)
         if not self._procs:
             return {}
         elapsed, self._tree_at = (now - self._tree_at if self._tree_at else 0), now
         out = {"proc.rss_bytes": float(rss * _PAGE), "proc.count": float(len(self._procs))}
         if elapsed > 0:
             out["proc.cpu_cores"] = round(busy / _TICK / (elapsed / 1e9), 6)
+            out["proc.run_delay_cores"] = round(waited / elapsed, 6)
         return out
+
+    def _open_tasks(self, pid: int, proc: _Proc) -> None:
+        """Open the schedstat of each thread of `pid` not open yet."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(f"{self.procfs}/{pid}/task"):
+                tid = int(name)
+                if tid not in proc.tasks:
+                    with contextlib.suppress(OSError):
+                        proc.tasks[tid] = [os.open(f"{self.procfs}/{pid}/task/{tid}/schedstat",
+                                                   os.O_RDONLY | os.O_CLOEXEC), -1]
 
     def stop(self) -> None:
         super().stop()
-        for fd in [*self._fds.values(), *(p.fd for p in self._procs.values())]:
+        for fd in [*self._fds.values(), *(p.fd for p in self._procs.values()),
+                   *(t[0] for p in self._procs.values() for t in p.tasks.values())]:
             os.close(fd)
         self._fds.clear()
         self._procs.clear()

@@ -257,24 +257,44 @@ def cpu_contention(facts: Facts) -> Advice | None:
     tools = _recorder_cores(facts)
     if not _saturated(host, cores) or host - got - tools < _others_held(cores):
         return None
-    # Its own CPU time at the parallelism it reached when it ran most freely (90th percentile
-    # of its sampled cores) instead of what it got on average.
     free = float(np.percentile(proc, 90))
-    if free <= got:
-        return None
+    delay = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
     evidence = {"cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
                 "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
                 "samples": int(proc.size)}
     ts = _window_counters(facts, r"^proc\.cpu_cores$")["ts"].to_numpy()
     # A Run without events (no profiling window) is measured by its sampler's span.
     whole = facts.wall_ns or int(ts.max() - ts.min())
+    if delay.size:
+        # The kernel's own account: the time its threads sat runnable on a runqueue while
+        # others ran. k threads waiting at once lose the wall time once: over the threads
+        # that wanted a core (those that ran and those that waited, at least one).
+        waited = float(delay.mean())
+        evidence["run_delay_cores"] = round(waited, 3)
+        gain = whole * waited / max(1.0, got + waited)
+        if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
+            return None
+        model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
+                 "runqueue while other processes ran, over the threads that wanted a core")
+    else:
+        # Its own CPU time at the parallelism it reached when it ran most freely (90th
+        # percentile of its sampled cores) instead of what it got on average: a reading
+        # of 50 ms counts 10 ms ticks, so a one-thread process reads 0.8-1.2 cores when it
+        # has one; the 90th percentile is above its mean by that alone (Runs recorded
+        # before the run delay was sampled)
+        if free <= got:
+            return None
+        gain = whole * (1 - got / free)
+        model = ("time-share model from the system sampler: the run's CPU time at the cores "
+                 "it used when it ran most freely (90th percentile) instead of its mean")
     return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
-                  whole * (1 - got / free),
-                  "time-share model from the system sampler: the run's CPU time at the cores it "
-                  "used when it ran most freely (90th percentile) instead of its mean",
+                  gain, model,
                   "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
                   "busy processes (top, or `perfswarm record -c system` counters): the step "
                   "times measured here are inflated by them", of_ns=whole)
+
+
+_WAITED = 0.02  # run delay under this share of the time: other processes did not hold it back
 
 
 def _recorder_cores(facts: Facts) -> float:
