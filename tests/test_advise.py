@@ -611,6 +611,23 @@ def test_single_tensor_optimizer_on_a_device(tmp_path: Path) -> None:
     assert a.change == "torch.optim.AdamW(..., foreach=True), or fused=True"
 
 
+def test_single_tensor_optimizer_after_a_clipping_closure(tmp_path: Path) -> None:
+    """Lightning's gradient_clip_val: clip_grad_norm_ runs inside step()'s closure, after the
+    backward: its _foreach_norm and _foreach_mul_ (and the ops between: the total norm) are no
+    multi-tensor update, and had hidden the 30 single-tensor ops of the
+    update that follows (no advice); a _foreach_ op of the update itself still means none."""
+    clip = ("aten::_foreach_norm", "aten::linalg_vector_norm", "aten::stack",
+            "aten::_foreach_mul_")
+    events = [*_optimizer("Optimizer.step#AdamW.step", clip + SINGLE_TENSOR, 0),
+              kernel("elementwise_kernel", 300, 50)]
+    a = shows(optimizer.single_tensor_optimizer, imported(tmp_path, "clip", events))
+    assert a.evidence["ops_per_step"] == 30.0 and a.evidence["distinct_ops"] == 3
+    events = [*_optimizer("Optimizer.step#AdamW.step",
+                          clip + ("aten::_foreach_add_",) + SINGLE_TENSOR, 0),
+              kernel("elementwise_kernel", 300, 50)]
+    assert found(optimizer.single_tensor_optimizer, imported(tmp_path, "fe", events)) is None
+
+
 def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
               sgd: bool = False) -> Run:
     """Two CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs

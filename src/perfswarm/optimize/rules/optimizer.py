@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import polars as pl
 
 from perfswarm.analyze.iterations import top_level
@@ -15,6 +16,7 @@ _MULTI_TENSOR = r"_foreach_|_fused_"
 # Fewer ops than this per step is a handful of parameters: nothing to batch.
 _MIN_OPS_PER_STEP = 20
 _FUSED = ("Adam", "AdamW", "SGD")  # optimizers with fused=True
+_CLIP_NORM, _CLIP_SCALE = "aten::_foreach_norm", "aten::_foreach_mul_"  # clip_grad_norm_'s
 _CPU_FUSED = (2, 4)  # the torch version whose fused Adam, AdamW and SGD run on the CPU too
 
 
@@ -35,10 +37,29 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
                default=None)
 
 
+def _without_clipping(ops: pl.DataFrame) -> pl.DataFrame:
+    """The ops of a step's own work less a gradient clipping in it, from each _foreach_norm
+    to the end of the first _foreach_mul_ after it (clip_grad_norm_ scaling the gradients by
+    their norm): a closure passed to step() clips after its backward (Lightning's
+    gradient_clip_val), and its two multi-tensor ops, with the per-tensor ops they fall back to
+    on the CPU, are not the update's."""
+    ops = ops.sort("ts")
+    ts, end = ops["ts"].to_numpy(), (ops["ts"] + ops["dur"]).to_numpy()
+    names = ops["name"].to_numpy()
+    norms, muls = ts[names == _CLIP_NORM], np.flatnonzero(names == _CLIP_SCALE)
+    keep = np.ones(len(ts), bool)
+    for start in norms.tolist():
+        after = muls[ts[muls] > start]
+        if len(after):
+            keep &= (ts < start) | (ts >= end[after[0]])
+    return ops.filter(pl.Series(keep))
+
+
 def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advice | None:
     """single_tensor_optimizer of one optimizer's calls and their ops."""
     if steps.height == 0 or ops.height == 0:
         return None
+    ops = _without_clipping(ops)
     if steps["name"].str.contains("Fused").any() or ops["name"].str.contains(_MULTI_TENSOR).any():
         return None
     per_step = ops.height / steps.height
