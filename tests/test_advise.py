@@ -1204,6 +1204,22 @@ def test_communication_bound_on_gloo(tmp_path: Path) -> None:
     assert a.change.startswith("issue the collectives with async_op=True")
 
 
+def test_outlier_step_that_compiled_again(tmp_path: Path) -> None:
+    """torch.compile compiling again in the 132 ms step (a last short batch's new shape):
+    dynamo's entire_frame_compile covers 100 of its 128 ms beyond the median, so the change
+    is about recompiles; 40 ms of it would not be."""
+    ms = 1_000_000
+    rows = [(0, 3, 12 * ms, 16 * ms, "export"), (0, 4, 16 * ms, 20 * ms, "detected"),
+            (0, 5, 20 * ms, 152 * ms, "detected"), (0, 6, 152 * ms, 156 * ms, "detected")]
+    for name, compiling in (("long", 100_000), ("short", 40_000)):
+        run = imported(tmp_path, name, [*_loader_steps(500, 3500),
+                                        ev("entire_frame_compile", 30_000, compiling)])
+        _add_steps(run, rows)
+        a = shows(host.outlier_steps, run)
+        assert a.evidence["compile_ns"] == compiling * 1000
+        assert ("TORCH_LOGS=recompiles" in a.change) == (name == "long")
+
+
 def test_outlier_steps_leave_out_the_warm_up(tmp_path: Path) -> None:
     """The run's first two steps took 40 ms (a TorchScript model's profiling executor, a
     first call compiling), the rest 4 ms but one of 132: the warm-up runs once, no outlier;

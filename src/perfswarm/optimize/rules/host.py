@@ -307,7 +307,8 @@ def _recorder_cores(facts: Facts) -> float:
     return sum(v for v in tools.values() if isinstance(v, int)) / (end - start)
 
 
-_OUTLIER = 3.0  # a step this many times the median step is an outlier
+_OUTLIER = 2.0  # a step this many times the median step is an outlier (a validation pass every
+# few steps took 2.3-2.5x one in the audited loops: 16-21% of the time, unflagged at 3x)
 
 
 def outlier_steps(facts: Facts) -> Advice | None:
@@ -346,8 +347,16 @@ def outlier_steps(facts: Facts) -> Advice | None:
     slow_dur = (slow["end"] - slow["start"]).to_numpy()
     total = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
+    # torch.compile compiling again inside them (a new input shape, a guard that failed):
+    # dynamo's whole-frame compile spans, clipped to the slow steps
+    compiles = facts.named(_COMPILE, "cpu_op", "user_annotation").select(
+        "rank", "ts", end=pl.col("ts") + pl.col("dur"))
+    compile_ns = sum(max(0, min(e, ce) - max(b, cb))
+                     for r, b, e in slow.select("rank", "start", "end").iter_rows()
+                     for cr, cb, ce in compiles.iter_rows() if cr == r)
     evidence = {"median_step_ns": round(median), "steps": steps.height,
                 "warmup_steps": int(warm.sum()), "descheduled_steps": int(sum(starved)),
+                "compile_ns": compile_ns,
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
                              for r, s, b, e in slow.select("rank", "step", "start", "end")
                              .sort("rank", "step").iter_rows()][:10],
@@ -357,9 +366,18 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
                   "of all the steps the run timed",
+                  _RECOMPILE if compile_ns >= excess / 2 else
                   "find what runs in those steps (evaluation, generate(), checkpointing or "
                   "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
                   "less often, asynchronously or outside the training loop", of_ns=total)
+
+
+_COMPILE = r"^entire_frame_compile$"  # dynamo's span around compiling a frame (torch.compile)
+_RECOMPILE = ("torch.compile compiled again in them (half their excess or more is dynamo's "
+              "entire_frame_compile: a new input shape, such as a last short batch, or a guard "
+              "that failed): keep the shapes fixed (drop_last=True, pad the batch), mark the "
+              "changing dimension dynamic (torch._dynamo.mark_dynamic, or compile with "
+              "dynamic=True), or find the reason with TORCH_LOGS=recompiles")
 
 
 def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
