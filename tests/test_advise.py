@@ -623,7 +623,7 @@ def test_single_tensor_optimizer_after_a_clipping_closure(tmp_path: Path) -> Non
     a = shows(optimizer.single_tensor_optimizer, imported(tmp_path, "clip", events))
     assert a.evidence["ops_per_step"] == 30.0 and a.evidence["distinct_ops"] == 3
     events = [*_optimizer("Optimizer.step#AdamW.step",
-                          clip + ("aten::_foreach_add_",) + SINGLE_TENSOR, 0),
+                          (*clip, "aten::_foreach_add_", *SINGLE_TENSOR), 0),
               kernel("elementwise_kernel", 300, 50)]
     assert found(optimizer.single_tensor_optimizer, imported(tmp_path, "fe", events)) is None
 
