@@ -1086,6 +1086,10 @@ def test_cpu_contention_from_run_delay(tmp_path: Path) -> None:
     assert a.evidence["run_delay_cores"] == 0.4 and a.gain_ns == 0.4 * 12_000_000
     a = shows(host.cpu_contention, _sampled(run, [1.2] * 10, 0.98, [0.8] * 10))
     assert a.gain_ns == round(0.8 / 2 * 12_000_000)
+    # a tree that wanted 4 cores of the 2 (more DataLoader workers than cores) waited 2.8
+    # cores' worth, 2 of them for each other: the other processes' share is the 0.8 left
+    a = shows(host.cpu_contention, _sampled(run, [1.2] * 10, 0.98, [2.8] * 10))
+    assert a.evidence["others_delay_cores"] == 0.8 and a.gain_ns == round(0.8 / 4 * 12_000_000)
 
 
 def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:
@@ -1137,6 +1141,19 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
         "name": [n for _, n, _ in readings], "device": [-1] * len(readings),
         "value": [v for _, _, v in readings]}).cast(COUNTERS))
     assert found(host.outlier_steps, with_manifest(run, cores=2)) is None
+    # the process kept its 0.9 of a core and others held no more than usual, but its threads
+    # waited 1.2 cores' worth on a runqueue in step 5: 132 x 1.2 / 2.1 = 75 ms of its 128
+    # beyond the median, over half: descheduled; 0.2 of a core (13 ms) would not be
+    for wait, outlier in ((1.2, False), (0.2, True)):
+        readings = [(t * ms, name, value) for t in range(4, 160, 4)
+                    for name, value in (("proc.cpu_cores", 0.9),
+                                        ("proc.run_delay_cores", wait if 20 < t <= 152 else 0.0),
+                                        ("cpu.core0.usr", 0.95), ("cpu.core1.usr", 0.95))]
+        run.write_table("counters", pa.table({
+            "rank": [-1] * len(readings), "ts": [t for t, _, _ in readings],
+            "name": [n for _, n, _ in readings], "device": [-1] * len(readings),
+            "value": [v for _, _, v in readings]}).cast(COUNTERS))
+        assert (found(host.outlier_steps, with_manifest(run, cores=2)) is not None) == outlier
 
 
 def test_loader_workers_beyond_the_cores(tmp_path: Path) -> None:

@@ -266,16 +266,22 @@ def cpu_contention(facts: Facts) -> Advice | None:
     # A Run without events (no profiling window) is measured by its sampler's span.
     whole = facts.wall_ns or int(ts.max() - ts.min())
     if delay.size:
-        # The kernel's own account: the time its threads sat runnable on a runqueue while
-        # others ran. k threads waiting at once lose the wall time once: over the threads
-        # that wanted a core (those that ran and those that waited, at least one).
+        # The kernel's own account: the time its threads sat runnable on a runqueue. Of the
+        # threads that wanted a core (those that ran and those that waited), those beyond
+        # the machine's cores wait for each other (more DataLoader workers than cores:
+        # loader_oversubscription's); the rest of the wait is the other processes'. k threads
+        # waiting at once lose the wall time once: over the threads that wanted a core.
         waited = float(delay.mean())
+        wanted = got + waited
+        others = max(0.0, min(wanted, cores) - got)
         evidence["run_delay_cores"] = round(waited, 3)
-        gain = whole * waited / max(1.0, got + waited)
+        evidence["others_delay_cores"] = round(others, 3)
+        gain = whole * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
         model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
-                 "runqueue while other processes ran, over the threads that wanted a core")
+                 "runqueue for other processes (the wait beyond the cores is for each other), "
+                 "over the threads that wanted a core")
     else:
         # Its own CPU time at the parallelism it reached when it ran most freely (90th
         # percentile of its sampled cores) instead of what it got on average: a reading
@@ -411,8 +417,11 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
     """Which of the `slow` steps ran while the host's cores were at least _BUSY busy and the
     recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
     sampler's proc.cpu_cores), or other processes held _others_held more cores than in the
-    median step: it waited for the cores."""
+    median step, or its threads' run delay (proc.run_delay_cores, over the threads that wanted
+    a core) is half its time beyond the median step or more: it waited for the cores."""
     proc = facts.counters.filter(pl.col("name") == "proc.cpu_cores")
+    delay = facts.counters.filter(pl.col("name") == "proc.run_delay_cores").sort("ts")
+    dts, dvalue = delay["ts"].to_numpy(), delay["value"].to_numpy()
     cores = facts.counters.filter(pl.col("name").str.contains(r"^cpu\.core\d+\.(usr|sys)$"))
     if proc.height == 0 or cores.height == 0:
         return [False] * slow.height
@@ -435,12 +444,16 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
     typical = float(np.median([v for v, _ in usual]))
     others_typical = float(np.median([o for _, o in usual]))
     n_cores = _cores(facts)
+    median = float(np.median((steps["end"] - steps["start"]).to_numpy()))
     out = []
     for lo, hi in slow.select("start", "end").iter_rows():
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
+        waited = mean(dts, dvalue, lo, hi) if len(dts) else None
         out.append(got is not None and host is not None and _saturated(host, n_cores) and (
             got < _CONTENDED_SHARE * typical
-            or host - got - others_typical >= _others_held(n_cores)))
+            or host - got - others_typical >= _others_held(n_cores)
+            or (waited is not None
+                and waited * (hi - lo) / max(1.0, got + waited) >= (hi - lo - median) / 2)))
     return out
 
 
