@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 from conftest import corpus, events
 from perfswarm.analyze.annotations import scopes
 from perfswarm.analyze.bandwidth import bandwidth
-from perfswarm.analyze.concurrency import STATES, Activity, breakdowns, concurrency, on_cpu_ns
+from perfswarm.analyze.concurrency import (
+    STATES,
+    Activity,
+    OnCpu,
+    breakdowns,
+    concurrency,
+    on_cpu,
+)
 from perfswarm.analyze.cupti import cupti_counters, flops
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import gaps, union
@@ -531,20 +538,22 @@ def test_steady_state_skips_warmup_and_the_profiled_window() -> None:
 
 
 def test_host_ops_and_time_on_the_cpu() -> None:
-    """A CPU rank's thread: ops [0, 100) and [300, 400) in an annotation [0, 600) (a
-    DataLoader's next() from 400), a second thread's op [50, 150). host_ops is the ops' union
-    (250 of a 600 span; host busy 600); perf's samples fall in the first thread's ops at 20 in
-    200 ns and the second's at 5 in 100 (25 in 300: one every 12 ns), and 10 between the
-    first thread's ops: 120 ns more on the CPU, so 370. Too few samples inside ops: None."""
-    ev = events([(0, 0, 600, "user_annotation", "enumerate(DataLoader)", 1, -1, -1, -1),
+    """A CPU rank's loop thread (its step marker's): ops [0, 100) and [300, 400) in an
+    annotation [0, 600) (a DataLoader's next() from 400); a second thread of its process, an
+    op [50, 150). host_ops is the ops' union (250 of a 600 span; host busy 600). perf's
+    samples at a period of 10 ns of a thread's CPU time: the loop thread's 25 in the span are
+    250 ns on the CPU (its ops spanned 200), the other thread's 5 are 50; another process's
+    sample and one after the span count nothing."""
+    ev = events([(0, 0, 600, "user_annotation", "ProfilerStep#3", 1, -1, -1, -1),
+                 (0, 0, 600, "user_annotation", "enumerate(DataLoader)", 1, -1, -1, -1),
                  (0, 0, 100, "cpu_op", "aten::mm", 1, -1, -1, -1),
                  (0, 300, 100, "cpu_op", "aten::mm", 1, -1, -1, -1),
                  (0, 50, 100, "cpu_op", "aten::add", 2, -1, -1, -1)])
     (rank,) = concurrency(ev, {0: []}).ranks
     assert rank.total.host_ops_ns == 250 and rank.total.ns["host_busy_device_idle"] == 600
     assert rank.total.to_dict()["host_ops_share"] == 250 / 600
-    ts = np.r_[np.arange(0, 100, 10), np.arange(300, 400, 10), np.arange(50, 150, 20),
-               np.arange(100, 300, 20), 650]  # the last after the span: not counted
-    tid = np.r_[[1] * 20, [2] * 5, [1] * 10, 1]
-    assert on_cpu_ns(ev, 0, ts.astype(np.int64), tid.astype(np.int64)) == 370
-    assert on_cpu_ns(ev, 0, ts[20:].astype(np.int64), tid[20:].astype(np.int64)) is None
+    ts = np.r_[np.arange(0, 600, 24), np.arange(50, 150, 20), 10, 650]
+    pid = np.r_[[1] * 25, [1] * 5, 2, 1]
+    tid = np.r_[[1] * 25, [2] * 5, 1, 1]
+    found = on_cpu(ev, 0, (ts.astype(np.int64), pid.astype(np.int64), tid.astype(np.int64)), 10)
+    assert found == OnCpu(span_ns=600, loop_ns=250, others_ns=50, ops_ns=200, period_ns=10)

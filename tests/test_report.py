@@ -512,6 +512,52 @@ def _by_shape(run: Run) -> list[dict[str, Any]]:
     return ops_by_shape(run, events, host_calls(events), 10**6)
 
 
+def test_cpu_busy_of_the_recorded_trainer(trainer_run: Run) -> None:
+    """The CPU busy card of a real recording, from its tables with plain Python: the loop's
+    thread (its ProfilerStep markers') perf samples between the rank's first event and where
+    its last one ends, times perf's period (its manifest's perf_hz); or the range without."""
+    if trainer_run.manifest()["collectors"]["perf"]["status"] != "ok":
+        pytest.skip("perf cannot sample here")
+    events = trainer_run.table("events").to_pylist()
+    rank0 = [e for e in events if e["rank"] == 0]
+    loop_tid = next(e["tid"] for e in rank0 if e["name"].startswith("ProfilerStep#"))
+    pid = next(e["pid"] for e in rank0 if e["tid"] == loop_tid and e["kind"] == "cpu_op")
+    busy = [e for e in rank0 if e["dur"] > 0 and e["kind"] in (
+        "cpu_op", "user_annotation", "python_function", "runtime", "driver", "syscall")
+        and not e["name"].startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in busy), max(e["ts"] + e["dur"] for e in busy)
+    hz = trainer_run.manifest()["extra"]["record"]["perf_hz"]
+    samples = [s for s in trainer_run.table("samples").to_pylist() if s["source"] == "perf"
+               and s["pid"] == pid and s["tid"] == loop_tid and lo <= s["ts"] < hi]
+    (card,) = [c for c in report_data(trainer_run)["cards"] if c["label"] == "CPU busy (rank 0)"]
+    period = round(1e9 / hz)
+    if hi - lo >= 10 * period:
+        assert card["value"] == f"{100 * min(1.0, len(samples) * period / (hi - lo)):.1f}%"
+    else:
+        assert card["value"].endswith("-100.0%")
+
+
+def test_cpu_busy_card_from_samples() -> None:
+    """600 ms of span: 450 ms of the loop thread's samples is 75.0%, within one 10 ms period
+    (1.7%); a count one over the span reads 100.0%; a span under 10 periods reads the range
+    from the ops' share."""
+    from perfswarm.analyze.concurrency import OnCpu
+    from perfswarm.report.data import _cpu_busy
+
+    rank = {"rank": 0, "total": {"span_ns": 600 * MS, "host_ops_ns": 300 * MS}}
+    card = _cpu_busy(rank, OnCpu(600 * MS, 450 * MS, 120 * MS, 300 * MS, 10 * MS), "")
+    assert card["value"] == "75.0%" and "within 1.7%" in card["detail"]
+    assert "other threads 0.20 cores" in card["detail"] and "spanned 50.0%" in card["detail"]
+    assert _cpu_busy(rank, OnCpu(600 * MS, 610 * MS, 0, 300 * MS, 10 * MS), "")["value"] == "100.0%"
+    short = {"rank": 0, "total": {"span_ns": 60 * MS, "host_ops_ns": 30 * MS}}
+    assert _cpu_busy(short, OnCpu(60 * MS, 40 * MS, 0, 30 * MS, 10 * MS), "")["value"] == \
+        "50.0%-100.0%"
+    assert _cpu_busy(short, None, "")["value"] == "50.0%-100.0%"
+
+
+MS = 1_000_000
+
+
 def test_ops_by_input_shape(trainer_run: Run) -> None:
     """Calls per (op, shapes) counted straight from the recorded `Input Dims`."""
     groups = _by_shape(trainer_run)

@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import WORK_KINDS, Events
-from perfswarm.analyze.intervals import I64, Coverage, Mask, first_covering, state_sweep, union
+from perfswarm.analyze.intervals import I64, Coverage, Mask, first_covering, state_sweep, total
 from perfswarm.analyze.iterations import StepWindow
 
 STATES: Final = ("overlapped", "compute_only", "comm_only", "memory", "host_busy_device_idle",
@@ -206,47 +206,45 @@ def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow]) -> Ra
               for w, b, h in zip(windows, per_step, host_steps, strict=True)), host_total)
 
 
-MIN_SAMPLES = 20  # perf samples inside ops that calibrate the on-CPU estimate at least
+@dataclass(frozen=True)
+class OnCpu:
+    """A rank's loop thread on the CPU over the rank's span, from perf's cpu-clock samples:
+    perf turns its rate into a fixed period of the sampled thread's own CPU time (a sample
+    every period_ns that the thread ran, none while it waits, for a core or anything else),
+    so its samples times the period are its CPU time, to a period."""
+
+    span_ns: int
+    loop_ns: int  # the loop's thread: the one of the rank's step markers, else the most ops
+    others_ns: int  # the other threads of its process (intra-op threads) together
+    ops_ns: int  # the loop thread's ops and runtime calls, wall time (waits for a core too)
+    period_ns: int
 
 
-def on_cpu_ns(ev: Events, rank: int, sample_ts: I64, sample_tid: I64) -> int | None:
-    """The time of the rank's span its host threads were on the CPU, estimated: the union of
-    their ops and runtime calls (Events.host_work), plus what perf's cpu-clock samples say
-    each thread ran outside them, from its first host span to its last (Python between ops,
-    an optimizer's or a module's, in an annotation or not; the rest waited: a DataLoader's
-    next batch, a sleep). A sample falls only while its thread runs, at the rate the
-    threads' samples fall inside their ops (where a thread is on the CPU), so a thread's
-    samples outside its ops over that rate is its time on the CPU there. Threads on the CPU
-    at once count once each (capped at the span). None without MIN_SAMPLES inside ops."""
+def on_cpu(ev: Events, rank: int, samples: tuple[I64, I64, I64], period_ns: int
+           ) -> OnCpu | None:
+    """The rank's loop thread's time on the CPU (OnCpu) from perf's samples (ts, pid, tid:
+    the Run's, any rank), None when the rank has no host work."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    busy = rows[(ev.host_busy & ~ev.host_collective)[rows]]
     work = rows[(ev.of_kind(*WORK_KINDS) & ~ev.collective_call)[rows]]
-    in_ops = ops_ns = 0
-    outside: list[tuple[int, int]] = []  # per thread: samples, ns outside its ops
-    for tid in np.unique(ev.tid[work]).tolist():
-        mine = busy[ev.tid[busy] == tid]
-        lo, hi = int(ev.ts[mine].min()), int(ev.end[mine].max())
-        points = sample_ts[(sample_tid == tid) & (sample_ts >= lo) & (sample_ts < hi)]
-        spans = union(ev.ts[work][ev.tid[work] == tid], ev.end[work][ev.tid[work] == tid])
-        hit = _inside(spans, points)
-        ran = int((spans[1] - spans[0]).sum())
-        in_ops += int(hit.sum())
-        ops_ns += ran
-        outside.append((int((~hit).sum()), hi - lo - ran))
-    if in_ops < MIN_SAMPLES:
+    if not len(work):
         return None
-    rate = in_ops / ops_ns  # samples a ns on the CPU
-    ops = ev.host_work(rank)
+    marked = rows[ev.is_step_marker[rows]]
+    if len(marked):
+        values, counts = np.unique(ev.tid[marked], return_counts=True)
+        tid = int(values[np.argmax(counts)])
+    else:  # the thread whose ops cover the most time
+        tids = np.unique(ev.tid[work])
+        tid = int(tids[np.argmax([total(ev.ts[work][ev.tid[work] == t],
+                                        ev.end[work][ev.tid[work] == t]) for t in tids])])
+    mine = work[ev.tid[work] == tid]
+    pid = int(ev.pid[mine][0]) if len(mine) else int(ev.pid[marked][0])
     lo, hi = Activity.of_rank(ev, rank).span()
-    return int(min((ops[1] - ops[0]).sum() + sum(min(n / rate, ns) for n, ns in outside),
-                   hi - lo))
-
-
-def _inside(spans: tuple[I64, I64], points: I64) -> Mask:
-    """Which points lie in the disjoint sorted spans."""
-    at = np.searchsorted(spans[0], points, side="right") - 1
-    return np.asarray((at >= 0) & (points < spans[1][np.maximum(at, 0)])) if len(spans[0]) \
-        else np.zeros(len(points), bool)
+    ts, pids, tids = samples
+    inside = (ts >= lo) & (ts < hi) & (pids == pid)
+    loop = int(np.count_nonzero(inside & (tids == tid)))
+    return OnCpu(hi - lo, loop * period_ns,
+                 int(np.count_nonzero(inside & (tids != tid))) * period_ns,
+                 total(ev.ts[mine], ev.end[mine]), period_ns)
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> Concurrency:

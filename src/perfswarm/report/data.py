@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.annotations import Scopes, host_calls
-from perfswarm.analyze.concurrency import on_cpu_ns
+from perfswarm.analyze.concurrency import OnCpu, on_cpu
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepTime, batch_sizes, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
+from perfswarm.analyze.swarm_diff import periods
 from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
@@ -81,39 +82,52 @@ def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
                                         "the profiler's window"}
 
 
-def _on_cpu(run: Run, ev: Events) -> dict[int, int | None]:
-    """Each rank's time on the CPU (concurrency.on_cpu_ns), from the Run's perf samples."""
-    samples = run.table("samples", ["ts", "source", "tid"])
+def _on_cpu(run: Run, ev: Events) -> dict[int, OnCpu | None]:
+    """Each rank's loop thread on the CPU (concurrency.on_cpu), from the Run's perf samples;
+    {} without them (perf missing, or an imported trace)."""
+    period = periods(run)["perf"]
+    samples = run.table("samples", ["ts", "source", "pid", "tid"])
     perf = samples.filter(pc.equal(samples.column("source").cast(pa.string()), "perf"))
-    ts = np.asarray(perf.column("ts").to_numpy(), np.int64)
-    tid = np.asarray(perf.column("tid").to_numpy(), np.int64)
-    return {rank: on_cpu_ns(ev, rank, ts, tid) for rank in ev.ranks}
+    if period is None or perf.num_rows == 0:
+        return {}
+    columns = tuple(np.asarray(perf.column(c).to_numpy(), np.int64) for c in ("ts", "pid", "tid"))
+    return {rank: on_cpu(ev, rank, (columns[0], columns[1], columns[2]), period)
+            for rank in ev.ranks}
 
 
-def _cpu_busy(rank: dict[str, Any], on_cpu: int | None, comm: str) -> Card:
-    """A CPU rank's busy share: its ops and runtime calls, and what perf's samples say its
-    threads ran beside them (concurrency.on_cpu_ns)."""
-    total = rank["total"]
-    span, ops = total["span_ns"], total["host_ops_ns"]
+_PERIODS = 10  # perf's sampling periods a span holds at least for its CPU share to be read
+
+
+def _cpu_busy(rank: dict[str, Any], found: OnCpu | None, comm: str) -> Card:
+    """A CPU rank's loop thread on the CPU over the span (concurrency.OnCpu), beside the time
+    its ops spanned; without perf's samples, the range from its ops' share to all of it."""
     label = f"CPU busy (rank {rank['rank']})"
-    if on_cpu is None or not span:
-        busy = total["ns"]["host_busy_device_idle"]
-        return Card(label=label, value=f"{pct(ops / span if span else 0.0)}-"
-                                       f"{pct(busy / span if span else 0.0)}",
-                    detail=f"share of the span a thread ran ops or runtime calls, then with "
-                           "the annotations and Python frames around no op, where it ran "
-                           "Python or waited (a DataLoader's next batch): perf's samples in the "
-                           f"span (none, or too few) cannot tell which{comm}")
-    return Card(label=label, value=pct(on_cpu / span),
-                detail=f"share of the span a thread was on the CPU: ops and runtime calls "
-                       f"{pct(ops / span)}, and Python beside them {pct((on_cpu - ops) / span)}, "
-                       f"from perf's samples (the rest waited: a DataLoader's next batch, a "
-                       f"sleep){comm}")
+    total = rank["total"]
+    if found is None or found.span_ns < _PERIODS * found.period_ns:
+        span, ops = total["span_ns"], total["host_ops_ns"]
+        why = ("none in this Run" if found is None else
+               f"one each {found.period_ns / 1e6:.1f} ms of CPU time, too few in a span of "
+               f"{span / 1e6:.1f} ms")
+        return Card(label=label, value=f"{pct(ops / span if span else 0.0)}-100.0%",
+                    detail=f"share of the span a thread ran ops or runtime calls, then all of "
+                           "it: between and around them a thread may run Python or wait (a "
+                           "DataLoader's next batch, a core another process holds); perf's "
+                           f"samples ({why}) would tell which{comm}")
+    span = found.span_ns
+    others = (f"; its process's other threads {found.others_ns / span:.2f} cores"
+              if found.others_ns else "")
+    return Card(label=label, value=pct(min(1.0, found.loop_ns / span)),
+                detail=f"share of the span the loop's thread was on the CPU, from perf's "
+                       f"samples (one each {found.period_ns / 1e6:.1f} ms of its CPU time: "
+                       f"within {pct(found.period_ns / span)}); its ops and runtime calls "
+                       f"spanned {pct(found.ops_ns / span)} (wall time, waits for a core "
+                       f"included; the rest Python or waits: a DataLoader's next batch, a "
+                       f"sleep){others}{comm}")
 
 
 def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | None,
            rates: dict[str, Any] | None, timing: StepTime | None,
-           on_cpu: Mapping[int, int | None]) -> list[Card]:
+           on_cpu: Mapping[int, OnCpu | None]) -> list[Card]:
     cards: list[Card] = []
     steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
     if timing is not None and timing.outside:
