@@ -1237,6 +1237,38 @@ def test_outlier_step_that_compiled_again(tmp_path: Path) -> None:
         assert ("TORCH_LOGS=recompiles" in a.change) == (name == "long")
 
 
+def test_outlier_steps_only_under_the_profiler_or_waiting_for_the_loader(tmp_path: Path
+                                                                         ) -> None:
+    """Seven profiled steps of 4 ms but the 5th of 40 (its ops 10x slower under the profiler,
+    as a GNN's gathers were), seven after the window of 4 ms: the profiler's, no advice; the
+    same step compiling (torch.compile) is the program's. A profiled step of 40 ms whose
+    DataLoader wait is 30 of its 36 beyond the median is data_loading's."""
+    ms = 1_000_000
+
+    def steps(slow: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        events, t = [], 0
+        for i in range(7):
+            long = i == 4
+            events += [ev(f"ProfilerStep#{i}", t, 40_000 if long else 4000, "user_annotation")]
+            events += slow if long else [ev("aten::conv2d", t + 500, 3500)]
+            t += 40_000 if long else 4000
+        return events
+
+    after = [(0, 100 + i, (70 + 4 * i) * ms, (74 + 4 * i) * ms, "detected") for i in range(7)]
+    run = imported(tmp_path, "prof", steps([ev("aten::conv2d", 16_000, 39_000)]))
+    _add_steps(run, after)
+    assert found(host.outlier_steps, run) is None
+    run = imported(tmp_path, "comp", steps([ev("entire_frame_compile", 16_000, 30_000),
+                                            ev("aten::conv2d", 46_000, 9000)]))
+    _add_steps(run, after)
+    assert shows(host.outlier_steps, run).evidence["compile_ns"] == 30 * ms
+    run = imported(tmp_path, "load", steps([
+        ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 16_000, 30_000),
+        ev("aten::conv2d", 46_000, 9000)]))
+    _add_steps(run, after[:2])  # fewer after the window than in it: its outliers count
+    assert found(host.outlier_steps, run) is None
+
+
 def test_outlier_steps_leave_out_the_warm_up(tmp_path: Path) -> None:
     """The run's first two steps took 40 ms (a TorchScript model's profiling executor, a
     first call compiling), the rest 4 ms but one of 132: the warm-up runs once, no outlier;

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import PROFILED, step_batches
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
@@ -340,34 +341,47 @@ def outlier_steps(facts: Facts) -> Advice | None:
         at = np.flatnonzero(rank == r)
         warm[at] = np.cumprod(over[at]).astype(bool)
     over &= ~warm
+    # slow only under the profiler, while as many steps or more outside its window ran at the
+    # usual pace: the profiler's cost (its buffers, a heap growing under it: a GNN's gathers
+    # 10x slower in its window's last steps), not the program's periodic work
+    # (a step torch.compile compiled in, half its excess or more, is the program's: once)
+    profiled = (steps["source"] == PROFILED).to_numpy()
+    compiled = np.zeros(len(over), bool)
+    compiled[over] = _within(facts.named(_COMPILE, "cpu_op", "user_annotation"),
+                             steps.filter(pl.Series(over))) >= (dur - usual)[over] / 2
+    profiler_only = 0
+    if (~profiled).sum() >= profiled.sum() and not over[~profiled].any():
+        profiler_only = int((over & profiled & ~compiled).sum())
+        over &= ~profiled | compiled
     slow = steps.filter(pl.Series(over))
     if median <= 0 or slow.height == 0:
         return None
     # a step the process sat descheduled in (other processes held the cores) is contention,
-    # not the loop's own work: cpu_contention's, not this rule's
-    starved = _starved(facts, slow, steps)
-    kept = ~np.asarray(starved, bool)
+    # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
+    # excess or more is data_loading's, not this rule's
+    starved = np.asarray(_starved(facts, slow, steps), bool)
+    loading = _within(facts.loader_calls, slow)
+    beyond = (slow["end"] - slow["start"]).to_numpy() - usual[over]
+    fed = ~starved & (loading >= beyond / 2)
+    kept = ~starved & ~fed
     slow = slow.filter(pl.Series(kept))
     if slow.height == 0:
         return None
     slow_dur = (slow["end"] - slow["start"]).to_numpy()
-    total = float(dur.sum())
+    timed = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
     # torch.compile compiling again inside them (a new input shape, a guard that failed):
     # dynamo's whole-frame compile spans, clipped to the slow steps
-    compiles = facts.named(_COMPILE, "cpu_op", "user_annotation").select(
-        "rank", "ts", end=pl.col("ts") + pl.col("dur"))
-    compile_ns = sum(max(0, min(e, ce) - max(b, cb))
-                     for r, b, e in slow.select("rank", "start", "end").iter_rows()
-                     for cr, cb, ce in compiles.iter_rows() if cr == r)
+    compile_ns = int(_within(facts.named(_COMPILE, "cpu_op", "user_annotation"), slow).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
-                "warmup_steps": int(warm.sum()), "descheduled_steps": int(sum(starved)),
+                "warmup_steps": int(warm.sum()), "descheduled_steps": int(starved.sum()),
+                "loader_steps": int(fed.sum()), "profiler_only_steps": profiler_only,
                 "compile_ns": compile_ns,
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
                              for r, s, b, e in slow.select("rank", "step", "start", "end")
                              .sort("rank", "step").iter_rows()][:10],
                 "outlier_ns": int(slow_dur.sum()),
-                "outlier_share_pct": pct(float(slow_dur.sum()), total)}
+                "outlier_share_pct": pct(float(slow_dur.sum()), timed)}
     return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
@@ -375,7 +389,18 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   _RECOMPILE if compile_ns >= excess / 2 else
                   "find what runs in those steps (evaluation, generate(), checkpointing or "
                   "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
-                  "less often, asynchronously or outside the training loop", of_ns=total)
+                  "less often, asynchronously or outside the training loop", of_ns=timed)
+
+
+def _within(spans: pl.DataFrame, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
+    """Per step (rank, start, end), the time the events of `spans` on its rank cover of it
+    (their union)."""
+    out = np.zeros(steps.height, np.int64)
+    for i, (rank, lo, hi) in enumerate(steps.select("rank", "start", "end").iter_rows()):
+        mine = spans.filter(pl.col("rank") == rank)
+        ts = mine["ts"].to_numpy()
+        out[i] = total(np.clip(ts, lo, hi), np.clip(ts + mine["dur"].to_numpy(), lo, hi))
+    return out
 
 
 _COMPILE = r"^entire_frame_compile$"  # dynamo's span around compiling a frame (torch.compile)
