@@ -174,6 +174,9 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                  else "the forward's FLOPs (no backward ran)")
         # FLOPs are those of the ops with a cost model (not an int8 quantized linear's)
         model += f"; of the ops with a cost model, {pct(flops['coverage'])} of op time"
+        if flops["profiler_slowdown"] > 1.0:
+            model += (f"; at the step time after the profiler's window (the profiled steps "
+                      f"ran x{flops['profiler_slowdown']:.2f} slower)")
         if flops["mfu"] is not None:
             peak = f"{flops['device']}'s {flops['dtype']} peak"
             cards.append(Card(label="MFU (per rank)", value=pct(flops["mfu"]),
@@ -284,10 +287,16 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     profiled = sum(w["dur_ns"] for w in next(iter(steps.values()), []))
-    flops = model_flops(costs, manifest["devices"], profiled, max(1, len(steps)))
+    timing = step_time(run.table("steps"), batch_sizes(run))
+    # at the program's own speed where the recorder timed steps after the window, as the
+    # step time and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
+    slowdown = timing.profiler_slowdown if timing is not None and timing.outside else 1.0
+    flops = model_flops(costs, manifest["devices"], round(profiled / slowdown),
+                        max(1, len(steps)))
+    if flops is not None:
+        flops["profiler_slowdown"] = slowdown
     events = Events.load(run)
     calls = host_calls(events)
-    timing = step_time(run.table("steps"), batch_sizes(run))
     rates = _unprofiled(throughput(run, events, steps), timing)
     on_stage("views")
     views = {"cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),
