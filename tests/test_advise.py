@@ -1308,3 +1308,22 @@ def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
     a = shows(host.outlier_steps, run)
     assert a.evidence["outliers"] == [{"rank": 0, "step": 10, "dur_ns": 10 * ms}]
     assert a.gain_ns == 9 * ms  # beyond the 1 ms its batch of 8 takes
+    # a generate loop: one batch of 4 every step, its prefill of 32 tokens (128 elements,
+    # 3.3 ms) every 8th step among decode steps of 1 (4 elements, 1 ms): STEP_INPUT tells
+    # them apart, and no prefill is an outlier
+    from perfswarm.trace.schema import STEP_INPUT
+
+    rows, counters, t = [], [], 20 * ms
+    for step in range(4, 36):
+        prefill = step % 8 == 0
+        dur = 3_300_000 if prefill else ms
+        rows.append((0, step, t, t + dur, "detected"))
+        counters += [(t, STEP_BATCH, 4.0), (t, STEP_INPUT, 128.0 if prefill else 4.0)]
+        t += dur
+    gen = imported(tmp_path, "gen", _loader_steps(250, 750))
+    _add_steps(gen, rows)
+    gen.write_table("counters", pa.table({
+        "rank": [0] * len(counters), "ts": [c[0] for c in counters],
+        "name": [c[1] for c in counters], "device": [-1] * len(counters),
+        "value": [c[2] for c in counters]}).cast(COUNTERS))
+    assert found(host.outlier_steps, gen) is None

@@ -871,6 +871,7 @@ def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
     input's leading dimension) is a counter at its start, inside that step: an inference
     server's requests differ in size."""
     from perfswarm.analyze.iterations import batch_sizes, step_batches
+    from perfswarm.trace.schema import STEP_INPUT
 
     script = tmp_path / "serve.py"
     script.write_text(INFERENCE)
@@ -884,6 +885,12 @@ def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
     # a hook at each forward's start: step i (from hook i - 1) runs the i-th forward
     assert batch_of == dict(enumerate([1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8], start=1))
     assert len(batch_of) == 11 and {3, 4, 5} <= set(batch_of)  # the marked steps too
+    # and the elements of that input (STEP_INPUT): batch x 16 features, at every forward's
+    # start (the last one's step never closes)
+    counters = run.table("counters").to_pylist()
+    elements = [int(c["value"]) for c in sorted(counters, key=lambda c: c["ts"])
+                if c["name"] == STEP_INPUT]
+    assert elements == [16 * b for b in [1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8, 32]]
 
 
 HOGWILD = textwrap.dedent("""

@@ -37,6 +37,7 @@ from perfswarm.trace.schema import (
     SAMPLES,
     STACKS,
     STEP_BATCH,
+    STEP_INPUT,
     STEPS,
 )
 from perfswarm.trace.store import Manifest, Run, creating
@@ -80,6 +81,7 @@ class Hooks(NamedTuple):
     batches: dict[int, int] | None = None  # hook index -> a forward-driven step's batch
     # hook index -> when its profiler step() returned: the next marked step has begun
     done: dict[int, int] | None = None
+    inputs: dict[int, int] | None = None  # hook index -> its input's elements (STEP_INPUT)
 
 
 def _hooks(path: Path) -> Hooks:
@@ -95,7 +97,8 @@ def _hooks(path: Path) -> Hooks:
                      {int(i): int(ns) for i, ns in data.get("optimizer_ns", {}).items()},
                      int(cut) if cut is not None else None,
                      {int(i): int(n) for i, n in data.get("batches", {}).items()},
-                     {int(i): int(t) for i, t in data.get("step_done_ns", {}).items()})
+                     {int(i): int(t) for i, t in data.get("step_done_ns", {}).items()},
+                     {int(i): int(n) for i, n in data.get("inputs", {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -127,8 +130,8 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
 
 def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its step hooks, its optimizer calls'
-    own time, and a forward-driven step's batch, as the per-rank counters FAULTS,
-    OPTIMIZER_CALL and STEP_BATCH."""
+    own time, and a forward-driven step's batch and input elements, as the per-rank counters
+    FAULTS, OPTIMIZER_CALL, STEP_BATCH and STEP_INPUT."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
     for h in hooked:
         # a fault count and an optimizer call's time belong to the step the hook ends, at
@@ -137,7 +140,8 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
         begins = [(h.done or {}).get(i, t) for i, t in enumerate(h.times)]
         for name, values, at in ((FAULTS, dict(enumerate(h.faults)), h.times),
                                  (OPTIMIZER_CALL, h.optimizer_ns, h.times),
-                                 (STEP_BATCH, h.batches or {}, begins)):
+                                 (STEP_BATCH, h.batches or {}, begins),
+                                 (STEP_INPUT, h.inputs or {}, begins)):
             for i, value in sorted(values.items()):
                 if i < len(at):
                     for key, v in zip(rows, (h.rank, at[i], name, NONE, float(value)),

@@ -80,6 +80,8 @@ OPTIMIZER_CALL: Final = "optimizer step ns"
 # The leading dimension of the top-level module's first input at each forward-driven step's
 # start (an inference loop's batch; per rank)
 STEP_BATCH: Final = "step batch"
+# ... and the elements of that input (batch x sequence: a generate loop's prefill and decode)
+STEP_INPUT: Final = "step input elements"
 
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.

@@ -13,7 +13,7 @@ from perfswarm.analyze.iterations import PROFILED, step_batches
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
-from perfswarm.trace.schema import STEP_BATCH
+from perfswarm.trace.schema import STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -413,16 +413,21 @@ _RECOMPILE = ("torch.compile compiled again in them (half their excess or more i
 
 def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
            ) -> npt.NDArray[np.float64]:
-    """Each step's usual time: the median step's, or, where the recorder saw the batches of a
-    forward-driven loop differ (STEP_BATCH: an inference server's requests of 1 to 64), the
-    median of the steps of its batch (of them all, scaled by its batch over theirs, with
-    fewer than three): a batch of 64 is no outlier among batches of 8."""
+    """Each step's usual time: the median step's, or, where the recorder saw the inputs of a
+    forward-driven loop differ (STEP_INPUT, its elements: a generate loop's prefill of 32
+    tokens and decode steps of 1, of one batch; else STEP_BATCH: an inference server's
+    requests of 1 to 64), the median of the steps of its size (of them all, scaled by its size
+    over theirs, with fewer than three): a batch of 64 is no outlier among batches of 8, nor
+    a prefill among decode steps."""
     median = np.full(len(dur), float(np.median(dur)))
-    sizes = facts.counters.filter(pl.col("name") == STEP_BATCH)
-    if sizes.height == 0:
-        return median
     rank, start, end = (steps[c].to_numpy().astype(np.int64) for c in ("rank", "start", "end"))
-    batch = step_batches(rank, start, end, sizes.select("rank", "ts", "value").to_arrow())
+    batch = np.zeros(len(dur), np.int64)
+    for name in (STEP_INPUT, STEP_BATCH):
+        sizes = facts.counters.filter(pl.col("name") == name)
+        if sizes.height:
+            batch = step_batches(rank, start, end, sizes.select("rank", "ts", "value").to_arrow())
+            if len(np.unique(batch[batch > 0])) >= 2:
+                break
     known = batch > 0
     if len(np.unique(batch[known])) < 2:
         return median

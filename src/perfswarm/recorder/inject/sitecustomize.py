@@ -74,6 +74,9 @@ class _Window:
         # hook index -> the leading dimension of the top-level module's first input, of a
         # forward-driven step (an inference server's requests differ in size)
         self.batches: dict[int, int] = {}
+        # hook index -> the elements of that input (batch x sequence: a generate loop's
+        # prefill and decode steps are of one batch and other sizes)
+        self.inputs: dict[int, int] = {}
         self.step_done_ns: dict[int, int] = {}
         # hook index -> the optimizer.step() call's own time (ns): from its start, or the end
         # of the last backward inside it (a closure's), to its return; outside the window too
@@ -138,6 +141,7 @@ class _Window:
         self.hook_faults.clear()
         self.optimizer_ns.clear()
         self.batches.clear()
+        self.inputs.clear()
         self.hook_keys.clear()
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
@@ -327,6 +331,7 @@ class _Window:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
                        "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
                        "optimizer_ns": self.optimizer_ns, "batches": self.batches,
+                       "inputs": self.inputs,
                        "cut_step": cut, "aside_at": self.aside_at,
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "window_on": self.driver, **self.fp32, **self.runtime}, f)
@@ -597,6 +602,10 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
             if (window.driver == "forward" and window.hook_ns and shape
                     and isinstance(shape[0], int) and os.getpid() == window.pid):
                 window.batches[len(window.hook_ns) - 1] = shape[0]
+                elements = 1
+                for n in shape:
+                    elements *= n if isinstance(n, int) else 1
+                window.inputs[len(window.hook_ns) - 1] = elements
 
     def after(*_: Any) -> None:
         nonlocal depth
