@@ -87,6 +87,12 @@ def test_dataloader_workers_traced_in_the_window(trainer_run: Run) -> None:
         assert fetches and all(start <= a <= end for a, _ in fetches)
         assert all(any(a <= ev["ts"][i] <= b for a, b in fetches) for i in mine)
         assert any(ev["name"][i] == "aten::stack" for i in mine)  # the collate
+        # written as the worker left, in the loop's last step (its last batch fetched):
+        # written at the window's close, it had held the worker's next batch (180 ms, a step
+        # after the window)
+        trace = trainer_run.path / "raw" / f"torch-rank0-pid{worker}.pt.trace.json"
+        last = max(s["start"] for s in trainer_run.table("steps").to_pylist())
+        assert trace.stat().st_mtime_ns >= last
     # detection (what --ignore-markers uses) reads the main thread: one iteration per marker
     detected = analyze(trainer_run).iterations.detected[0]
     assert len(detected) == len(marked)

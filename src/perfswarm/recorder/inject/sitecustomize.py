@@ -381,6 +381,7 @@ class _WorkerWindow:
         rank = int(os.environ.get("RANK", "0") or 0)
         self.stem = f"rank{rank}-pid{os.getpid()}"
         self.prof: Any = None  # set while tracing
+        self.traced: Any = None  # the stopped profiler, its trace not written yet
         self.done = False
 
     def before_fetch(self) -> bool:
@@ -396,17 +397,25 @@ class _WorkerWindow:
                 self.prof = prof
                 _stop_on_sigterm(self)
         elif not os.path.exists(self.flag):
-            self.stop()
+            self.close()
         return self.prof is not None
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Stop tracing as the parent's window closes. The trace is written when the worker
+        leaves (stop): written here, with a collection to free it, it held the worker's next
+        batch 180 ms, and a loop waiting on its workers saw two steps after the window as long
+        as the export step, one a worker."""
         if self.prof is not None:
-            prof, self.prof = self.prof, None
+            self.traced, self.prof = self.prof, None
             self.done = True
-            prof.__exit__(None, None, None)
+            self.traced.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Write the trace, as the worker leaves (it needs no freeing: the process ends)."""
+        self.close()
+        if self.traced is not None:
+            prof, self.traced = self.traced, None
             _export(prof, self.out, self.stem)
-            del prof
-            _free_profiler()
 
 
 def _stop_on_sigterm(window: _WorkerWindow) -> None:
