@@ -159,6 +159,23 @@ def test_samples_per_second_under_torch_compile(tmp_path: Path) -> None:
                                       "torch.compile's compiled forwards, 2 in 2 of 2 steps")
 
 
+def test_samples_per_second_of_a_compiled_cnn(tmp_path: Path) -> None:
+    """torch.compile of a CNN (tests/data/compiled_cnn.py): the compiled forward's inputs are
+    the weights [8, 3, 3, 3] and [8, 8, 3, 3], the linear's [4, 8], the biases, and the image
+    batch [6, 3, 16, 16]: the first shaped like none of the tensors SGD updated gives 6 a step
+    (no card at all before)."""
+    src = Path(__file__).with_name("data") / "compiled_cnn.json.gz"
+    with gzip.open(src, "rt") as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    (first, *_) = [e for e in raw if e["name"] == "CompiledFunction"]
+    assert first["args"]["Input Dims"][:3] == [[8, 3, 3, 3], [8], [6, 3, 16, 16]]
+    run = import_traces([src], tmp_path / "c.run", ImportOptions(), ["train.py"])
+    rates = report_data(run)["throughput"]
+    assert (rates["samples_per_step"], rates["tokens_per_step"], rates["steps"]) == (6, None, 2)
+    assert rates["source"].startswith("the activation input 6x3x16x16 (the first not shaped "
+                                      "like a parameter) of torch.compile's compiled forwards")
+
+
 def _trace(tmp_path: Path, events: list[dict[str, Any]], command: list[str]) -> Run:
     src = tmp_path / "trace.json"
     src.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))

@@ -25,6 +25,9 @@ _DTYPES: dict[str, tuple[int, str]] = {
     "signed char": (1, "int8"), "unsigned char": (1, "int8"), "c10::Float8_e4m3fn": (1, "fp8"),
     "c10::Float8_e5m2": (1, "fp8"),
 }
+# the floating-point ones (an activation's, a parameter's: not indices or masks)
+FLOAT_TYPES: frozenset[str] = frozenset({"float", "double", "c10::Half", "c10::BFloat16",
+                                          "c10::Float8_e4m3fn", "c10::Float8_e5m2"})
 _ELEMENTWISE = frozenset({
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "relu", "relu_", "gelu", "silu",
     "silu_", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "pow", "neg", "abs", "clamp",

@@ -19,8 +19,9 @@ import orjson
 from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.frame import COMPILED_CALL, COMPILED_REGION, Events, detail_of, lane_key
 from perfswarm.analyze.intervals import I64, Mask, state_sweep, union
-from perfswarm.analyze.phases import BACKWARD, nested, phases, step_calls
+from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, phases, step_calls
 from perfswarm.model.opcost import (
+    FLOAT_TYPES,
     RNN_OPS,
     has_cost_model,
     shapes_cost,
@@ -277,15 +278,24 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
 
 def _from_compiled(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
                    ) -> tuple[dict[int, int], dict[int, int] | None, str]:
-    """Samples and tokens per step of torch.compile's compiled forwards that train
-    (CompiledFunction: its inputs are the graph's, the parameters and the batch): their token
-    indices (frame.COMPILED_CALL's integer input [batch, sequence]), every call of a step (a
-    gradient accumulation's micro-batches). The embedding inside the graph leaves no op."""
+    """Samples (and tokens) per step of torch.compile's compiled forwards that train
+    (CompiledFunction: its inputs are the graph's, the parameters and the batch), every call
+    of a step (a gradient accumulation's micro-batches): their token indices (an integer input
+    [batch, sequence]; the embedding inside the graph leaves no op), else their first float
+    input of two dimensions or more that is shaped like no tensor the optimizer updates (an
+    image batch among the convolutions' weights)."""
     codes = [i for i, n in enumerate(ev.names) if n == COMPILED_CALL]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
-    calls = [(r, idx) for r, text in _in_order(run, ev, rows)
-             if (shapes := shapes_from_args(text)) is not None
-             and (idx := token_input(shapes)) is not None]
+    parsed = [(r, shapes) for r, text in _in_order(run, ev, rows)
+              if (shapes := shapes_from_args(text)) is not None]
+    calls = [(r, idx) for r, shapes in parsed if (idx := token_input(shapes)) is not None]
+    if calls:
+        what = "the token indices {} (batch x sequence)"
+    elif parsed and (updated := _updated_shapes(run, ev, mine, windows)):
+        calls = [(r, found[0]) for r, shapes in parsed if (found := [
+            d for d, kind in zip(shapes.dims, shapes.types, strict=False)
+            if len(d) >= 2 and kind in FLOAT_TYPES and d not in updated])]
+        what = "the activation input {} (the first not shaped like a parameter)"
     samples: dict[int, int] = {}
     tokens: dict[int, int] = {}
     for step, (_, idx) in zip(_steps_of(ev, windows, [r for r, _ in calls]), calls,
@@ -295,9 +305,18 @@ def _from_compiled(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     if not calls:
         return {}, None, ""
     first = calls[0][1]
-    return samples, tokens, (
-        f"the token indices {first[0]}x{first[1]} (batch x sequence) of torch.compile's "
-        f"compiled forwards, {len(calls)} in {len(samples)} of {len(windows)} steps")
+    return samples, tokens if "token" in what else None, (
+        f"{what.format('x'.join(map(str, first)))} of torch.compile's compiled forwards, "
+        f"{len(calls)} in {len(samples)} of {len(windows)} steps")
+
+
+def _updated_shapes(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]
+                    ) -> set[tuple[int, ...]]:
+    """The shapes of the tensors the optimizer's ops (its own work) took in the steps."""
+    ops = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine]], windows)
+    ops = ops[phases(ev, ops) == OPTIMIZER]
+    return {d for text in detail_of(run, np.sort(ops))
+            if (shapes := shapes_from_args(text)) is not None for d in shapes.dims if d}
 
 
 def _is_backward_of(args: Mapping[str, Any], table: tuple[int, ...]) -> bool:
