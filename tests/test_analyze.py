@@ -557,3 +557,30 @@ def test_host_ops_and_time_on_the_cpu() -> None:
     tid = np.r_[[1] * 25, [2] * 5, 1, 1]
     found = on_cpu(ev, 0, (ts.astype(np.int64), pid.astype(np.int64), tid.astype(np.int64)), 10)
     assert found == OnCpu(span_ns=600, loop_ns=250, others_ns=50, ops_ns=200, period_ns=10)
+
+
+def test_steps_between_optimizer_calls_where_the_ops_do_not_repeat() -> None:
+    """A Lightning loop's top-level spans: five a training step (the closure's forward and
+    backward inside Optimizer.step), and in the 6th a validation pass of 40 forwards. The op
+    sequence matches itself at no lag, and its validation batches had been found as the
+    steps (4 of them); now each step ends where an optimizer call returned: 10, the first from
+    the first op."""
+    rows, t = [], 0
+    for step in range(10):
+        for name, dur in (("aten::detach", 2), ("enumerate(DataLoader)#_SingleProcess", 10),
+                          ("aten::to", 2), ("aten::to", 2)):
+            rows.append((0, t, dur, "cpu_op" if name.startswith("aten") else "user_annotation",
+                         name, 1, -1, -1, -1))
+            t += dur + 1
+        if step == 5:
+            for _ in range(40):
+                for name in ("aten::linear", "aten::relu", "aten::linear", "aten::mean"):
+                    rows.append((0, t, 3, "cpu_op", name, 1, -1, -1, -1))
+                    t += 4
+        rows.append((0, t, 100, "user_annotation", "Optimizer.step#AdamW.step", 1, -1, -1, -1))
+        rows.append((0, t + 10, 50, "cpu_op", "aten::addmm", 1, -1, -1, -1))
+        t += 101
+    ev = events(rows)
+    (steps,) = detected_steps(ev).values()
+    done = sorted(r[1] + r[2] for r in rows if r[4].startswith("Optimizer.step#"))
+    assert [(w.start, w.end) for w in steps] == list(zip([0, *done[:-1]], done, strict=True))

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import I64, Events, lane_key
+from perfswarm.analyze.phases import nested, step_calls
 from perfswarm.trace.schema import STEP_BATCH
 from perfswarm.trace.store import Run
 
@@ -349,11 +350,30 @@ def _handed_until(handed: Wakes, after: I64, until: I64) -> I64:
 
 def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[StepWindow]:
     """The rank's iterations detected on its driving thread's ops, its hand-overs from other
-    threads of `wakes` (dependencies.thread_wakes) included."""
+    threads of `wakes` (dependencies.thread_wakes) included; where they do not each hold the
+    same number of its optimizer's step() calls (one a training step, two a GAN's), the steps
+    between those calls (optimizer_windows)."""
     names, starts, ends, tid = sequence(ev, rank)
     handed = wakes.get(int(lane_key(rank, tid))) if tid is not None else None
-    return [StepWindow(i, lo, hi, "detected")
-            for i, (lo, hi) in enumerate(detect(names, starts, ends, handed=handed))]
+    found = detect(names, starts, ends, handed=handed)
+    if tid is not None and len(starts):
+        calls = step_calls(ev)
+        calls = calls[(ev.rank[calls] == rank) & (ev.tid[calls] == tid)]
+        calls = calls[~nested(ev, calls, inner=True)]
+        done = np.sort(ev.end[calls])
+        held = [int(np.count_nonzero((done > lo) & (done <= hi))) for lo, hi in found]
+        if len(done) >= 2 and (not held or min(held) == 0 or len(set(held)) > 1):
+            found = optimizer_windows(int(starts.min()), done)
+    return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
+
+
+def optimizer_windows(first: int, done: I64) -> list[tuple[int, int]]:
+    """Steps that each end where an optimizer.step() call returned, the first from the
+    sequence's first op (a profiled window opens at a step's start): a loop whose op
+    sequence does not repeat (Lightning's: five top-level spans a training step, a validation
+    pass of 211 every tenth, where its validation batches had been found as the steps)."""
+    bounds = [first, *done.tolist()]
+    return list(itertools.pairwise(bounds))
 
 
 def first_op_ns(ev: Events, rank: int) -> int | None:
