@@ -697,13 +697,13 @@ def test_step_time_after_the_window() -> None:
 
     ms = 1_000_000
 
-    def table(rows: list[tuple[int, int, str]]) -> pa.Table:
+    def table(rows: list[tuple[int, float, str]]) -> pa.Table:
         t = 0
         out: dict[str, list[Any]] = {k: [] for k in ("rank", "step", "start", "end", "source")}
         for step, (_, dur, source) in enumerate(rows, 1):
-            for k, v in zip(out, (0, step, t, t + dur * ms, source), strict=True):
+            for k, v in zip(out, (0, step, t, t + round(dur * ms), source), strict=True):
                 out[k].append(v)
-            t += dur * ms
+            t += round(dur * ms)
         return pa.table(out).cast(STEPS)
 
     warm = [(0, 40, "detected")] * 2
@@ -729,3 +729,13 @@ def test_step_time_after_the_window() -> None:
     assert found is not None and (found.median_ns, found.steps) == (10 * ms, 3)
     mixed = step_time(sweep)
     assert mixed is not None and mixed.median_ns == 80 * ms
+    # three steps before the window past the first (the warm-up, 40 ms): 15 ms there, 10
+    # after it: the heap the window left (x0.67) is said; 10.5 before it is within 10%
+    before = [(0, 40, "detected")] + [(0, 15, "detected")] * 3
+    shifted = step_time(table(before + window + [(0, 10, "detected")] * 3))
+    assert shifted is not None and shifted.before_ns == 15 * ms
+    assert shifted.heap_shift == 10 / 15
+    close = step_time(table([(0, 40, "detected")] + [(0, 10.5, "detected")] * 3 + window
+                            + [(0, 10, "detected")] * 3))
+    assert close is not None and close.before_ns == 10.5 * ms and close.heap_shift is None
+    assert found.before_ns is None  # two steps before the window, the first the warm-up

@@ -74,6 +74,7 @@ def profiled(steps: pa.Table) -> pa.Table:
 
 UNPROFILED = "detected"  # a steps table's rows the recorder's hooks timed outside its window
 MIN_AFTER = 3  # steps after the window that time the program, warmed up and unprofiled
+SHIFT = 0.1  # steps after the window and before it differing by more: said, both shown
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,21 @@ class StepTime:
     steps: int
     outside: bool
     profiled_ns: float | None
+    # the median of the steps before the window, its first (the warm-up) left out, of
+    # MIN_AFTER or more: a window can leave the program's heap otherwise (its buffers freed
+    # raise glibc's dynamic mmap threshold, so the 4 MB tensors a step frees and allocates
+    # again stop page-faulting: an MLP's steps ran 20.9 ms after the window, 29-32 before it
+    # and alone)
+    before_ns: float | None = None
+
+    @property
+    def heap_shift(self) -> float | None:
+        """The steps after the window over those before it, where both were timed and they
+        differ by more than SHIFT (else None)."""
+        if not self.outside or not self.before_ns:
+            return None
+        ratio = self.median_ns / self.before_ns
+        return ratio if abs(ratio - 1.0) > SHIFT else None
 
     @property
     def profiler_slowdown(self) -> float:
@@ -145,8 +161,18 @@ def step_time(steps: pa.Table, sizes: pa.Table | None = None) -> StepTime | None
              and r["start"] >= window_end.get(r["rank"], r["start"])
              and (len(profiled_batches) != 1 or int(batch[i]) in profiled_batches)]
     profiled_ns = float(np.median(marked)) if marked else None
+    window_start: dict[int, int] = {}  # each rank's first profiled step's start
+    first: dict[int, int] = {}  # each rank's first step's start: the warm-up's
+    for r in rows:
+        first[r["rank"]] = min(first.get(r["rank"], r["start"]), r["start"])
+        if r["source"] == PROFILED:
+            window_start[r["rank"]] = min(window_start.get(r["rank"], r["start"]), r["start"])
+    before = [r["end"] - r["start"] for r in rows if r["source"] == UNPROFILED
+              and r["rank"] in window_start and r["end"] <= window_start[r["rank"]]
+              and r["start"] > first[r["rank"]]]
     if len(after) >= MIN_AFTER:
-        return StepTime(float(np.median(after)), len(after), True, profiled_ns)
+        return StepTime(float(np.median(after)), len(after), True, profiled_ns,
+                        float(np.median(before)) if len(before) >= MIN_AFTER else None)
     if marked:
         return StepTime(float(np.median(marked)), len(marked), False, profiled_ns)
     return None

@@ -135,9 +135,15 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
         profiled = (f"; the profiled ones: {ms(timing.profiled_ns)}, x"
                     f"{timing.profiler_slowdown:.2f} under the profiler"
                     if timing.profiled_ns else "")
+        shift = timing.heap_shift
+        before = ("" if shift is None or timing.before_ns is None else
+                  f"; the steps before the window: {ms(timing.before_ns)} (after it x{shift:.2f}: "
+                  "freeing the profiler's buffers can leave the program's heap otherwise, "
+                  "glibc's dynamic mmap threshold raised, so its large tensors stop or start "
+                  "page-faulting; the program alone runs at one of the two)")
         cards.append(Card(label="step time", value=ms(median),
                           detail=f"median of {timing.steps} steps after the profiler's window"
-                                 f"{profiled}"))
+                                 f"{profiled}{before}"))
         cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
                           detail="from that median step"))
     elif steps:
@@ -317,7 +323,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                         {} if has_device else _on_cpu(run, events)),
         "step_time": None if timing is None else {
             "median_ns": timing.median_ns, "steps": timing.steps, "outside": timing.outside,
-            "profiled_ns": timing.profiled_ns},
+            "profiled_ns": timing.profiled_ns, "before_ns": timing.before_ns,
+            "heap_shift": timing.heap_shift},
         "breakdown": step_breakdown(events, steps),
         "flops": flops,
         "throughput": rates,
