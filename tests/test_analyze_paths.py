@@ -485,8 +485,11 @@ def test_diff_trace_compare(corpus_runs: dict[str, Run]) -> None:
     assert top == [("cpu_op", "All2All_Pooled_Req", 0, 1, 311 * US, 155.5 * US),
                    ("cpu_op", "AddmmBackward0", 0, 1, 207 * US, 103.5 * US),
                    ("cpu_op", "CatBackward0", 0, 1, 11 * US, 5.5 * US)]
-    last = result.ops[-1]
+    # the three ops fell where nothing ran: the steps' time no op covers is 529 us less
+    last, before = result.ops[-1], result.ops[-2]
     assert (last.kind, last.name, last.a_count, last.b_count, last.delta_ns) == (
+        "untraced", "no op: Python, or waiting", 2, 2, -(311 + 207 + 11) * US)
+    assert (before.kind, before.name, before.a_count, before.b_count, before.delta_ns) == (
         "user_annotation", "nccl:all_reduce", 2, 1, -67 * US)
     assert (result.only_a, result.only_b) == ((), (
         ("cpu_op", "AddmmBackward0"), ("cpu_op", "All2All_Pooled_Req"),
@@ -501,6 +504,49 @@ def test_diff_of_a_run_with_itself_is_zero(corpus_runs: dict[str, Run]) -> None:
     steps = iterations(run, ev).steps[0]
     result = diff(ev, steps, ev, steps, top=None)
     assert all(o.delta_ns == 0 for o in result.ops) and result.only_a == result.only_b == ()
+
+
+def test_diff_of_the_loop_process_and_its_untraced_time() -> None:
+    """Two steps a side of the loop (pid 1): its op 40 us in A, 40 in B, and B sleeps 30 us
+    more a step between ops; a DataLoader worker (pid 2) fetches 50 us a step in B only,
+    beside the loop. The worker's fetch is no change of the loop's; the untraced time is
+    +30 us a step, beyond its band (A: 60 and 60 us, B: 90 and 90). With the step times of
+    both sides the headline's change and band are the medians' (1.2533 x 1.4826 x MAD)."""
+    from perfswarm.analyze.diff import StepTimeDelta
+    from perfswarm.analyze.iterations import StepTime, StepWindow
+
+    def side(gap: int, worker: bool) -> tuple[Events, list[StepWindow]]:
+        rows, windows, t = [], [], 0
+        for i in range(2):
+            span = 100 + gap
+            rows.append((0, t, span, "user_annotation", f"ProfilerStep#{i}", 1, -1, -1, -1))
+            rows.append((0, t + 10, 40, "cpu_op", "aten::mm", 1, -1, -1, -1))
+            if worker:
+                rows.append((0, t + 20, 50, "user_annotation", "DataLoader worker fetch", 7,
+                             -1, -1, -1))
+            windows.append(StepWindow(i, t, t + span, "marker"))
+            t += span
+        ev = events(rows)
+        pid = np.where(ev.tid == 7, 2, 1).astype(np.int64)
+        return Events(rank=ev.rank, ts=ev.ts, dur=ev.dur, kind=ev.kind, name=ev.name,
+                      names=ev.names, pid=pid, tid=ev.tid, device=ev.device, stream=ev.stream,
+                      correlation=ev.correlation, step=np.array(
+                          [0 if t < 100 + gap else 1 for t in ev.ts], np.int64)), windows
+
+    (ea, sa), (eb, sb) = side(0, False), side(30, True)
+    times = StepTimeDelta(StepTime(100_000.0, 9, True, None, spread_ns=3000.0),
+                          StepTime(130_000.0, 16, True, None, spread_ns=4000.0))
+    result = diff(ea, sa, eb, sb, top=None, pids=(1, 1), step_time=times)
+    names = {o.name: o for o in result.ops}
+    assert "DataLoader worker fetch" not in names and result.only_b == ()
+    untraced = names["no op: Python, or waiting"]
+    assert (untraced.a_ns, untraced.b_ns, untraced.per_iteration_delta_ns) == (120, 180, 30)
+    assert untraced.beyond_noise and names["aten::mm"].per_iteration_delta_ns == 0
+    band = 2 * np.hypot(1.2533 * 3000 / 3, 1.2533 * 4000 / 4)
+    assert result.to_dict()["step_time"]["noise_ns"] == pytest.approx(band)
+    assert result.to_dict()["step_time"]["delta_ns"] == 30_000
+    # every process's ops without the loop's pid: the worker's fetch is B's only
+    assert ("user_annotation", "DataLoader worker fetch") in diff(ea, sa, eb, sb).only_b
 
 
 def _samples(groups: int = 3, variants: int = 8, n: int = 600) -> tuple[pa.Table, pa.Table,

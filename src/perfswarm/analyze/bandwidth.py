@@ -16,9 +16,8 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import I64, Events, detail_of
+from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, detail_of
 from perfswarm.analyze.intervals import total
-from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.trace.store import Run
 
 BINS: Final = 100

@@ -226,23 +226,15 @@ def on_cpu(ev: Events, rank: int, samples: tuple[I64, I64, I64], period_ns: int
     the Run's, any rank), None when the rank has no host work."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     work = rows[(ev.of_kind(*WORK_KINDS) & ~ev.collective_call)[rows]]
-    if not len(work):
+    loop = ev.loop_thread(rank)
+    if not len(work) or loop is None:
         return None
-    marked = rows[ev.is_step_marker[rows]]
-    if len(marked):
-        values, counts = np.unique(ev.tid[marked], return_counts=True)
-        tid = int(values[np.argmax(counts)])
-    else:  # the thread whose ops cover the most time
-        tids = np.unique(ev.tid[work])
-        tid = int(tids[np.argmax([total(ev.ts[work][ev.tid[work] == t],
-                                        ev.end[work][ev.tid[work] == t]) for t in tids])])
+    pid, tid = loop
     mine = work[ev.tid[work] == tid]
-    pid = int(ev.pid[mine][0]) if len(mine) else int(ev.pid[marked][0])
     lo, hi = Activity.of_rank(ev, rank).span()
     ts, pids, tids = samples
     inside = (ts >= lo) & (ts < hi) & (pids == pid)
-    loop = int(np.count_nonzero(inside & (tids == tid)))
-    return OnCpu(hi - lo, loop * period_ns,
+    return OnCpu(hi - lo, int(np.count_nonzero(inside & (tids == tid))) * period_ns,
                  int(np.count_nonzero(inside & (tids != tid))) * period_ns,
                  total(ev.ts[mine], ev.end[mine]), period_ns)
 

@@ -47,10 +47,9 @@ from perfswarm.analyze.dependencies import (
     issued,
     thread_wakes,
 )
-from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
 from perfswarm.analyze.iterations import StepWindow
-from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.stragglers import Peer, instances_of
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "launch_overhead",

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perfswarm.analyze.frame import (
+    DEVICE_OPS,
     I64,
     KIND,
     WORK_KINDS,
@@ -36,7 +37,7 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
-from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
+from perfswarm.analyze.launch import launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
 from perfswarm.analyze.stragglers import instances_of
 from perfswarm.trace.store import Run

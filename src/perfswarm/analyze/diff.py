@@ -6,6 +6,12 @@ with more steps does not look slower just for being longer. Largest regression f
 largest improvements apart (a fix that saves seconds shows however many ops got slower). Each
 per-iteration change carries a noise band: twice the standard error of the difference of the
 two sides' per-iteration means, from how much the op's time varies from step to step.
+
+Only the ops of the rank's loop process are compared (Events.loop_thread's: a DataLoader
+worker's fetches run beside the loop, not in its steps), and beside them the time of each step
+no op of that process covers (UNTRACED: Python, or a wait: a sleep, a batch), which no op
+comparison shows. The headline is each side's step time (iterations.step_time: after the
+profiler's window where the recorder timed steps there, the program's own speed) with its band.
 """
 
 from __future__ import annotations
@@ -16,14 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import StepWindow
+from perfswarm.analyze.frame import DEVICE_OPS, WORK_KINDS, Events
+from perfswarm.analyze.intervals import Coverage, Mask, union
+from perfswarm.analyze.iterations import StepTime, StepWindow
 from perfswarm.analyze.system import F64
 from perfswarm.trace.schema import KINDS
 
 COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "collective",
                   "memcpy", "memset")
 TOP = 30
+UNTRACED = ("untraced", "no op: Python, or waiting")  # (kind, name) of a step's uncovered time
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,30 @@ class StepDelta:
 
 
 @dataclass(frozen=True)
+class StepTimeDelta:
+    """Each side's step time (iterations.StepTime) and the change, with its band: twice the
+    standard error of the difference of the two medians."""
+
+    a: StepTime
+    b: StepTime
+
+    @property
+    def delta_ns(self) -> float:
+        return self.b.median_ns - self.a.median_ns
+
+    @property
+    def noise_ns(self) -> float:
+        return 2.0 * float(np.hypot(self.a.median_error_ns, self.b.median_error_ns))
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(t: StepTime) -> dict[str, Any]:
+            return {"median_ns": t.median_ns, "steps": t.steps, "outside": t.outside,
+                    "profiled_ns": t.profiled_ns, "spread_ns": t.spread_ns}
+        return {"a": side(self.a), "b": side(self.b), "delta_ns": self.delta_ns,
+                "noise_ns": self.noise_ns, "beyond_noise": abs(self.delta_ns) > self.noise_ns}
+
+
+@dataclass(frozen=True)
 class RunDiff:
     a_span_ns: int
     b_span_ns: int
@@ -80,6 +112,7 @@ class RunDiff:
     only_a: tuple[tuple[str, str], ...]  # (kind, name) pairs present on one side only, sorted
     only_b: tuple[tuple[str, str], ...]
     improvements: tuple[OpDelta, ...] = ()  # b faster, largest first
+    step_time: StepTimeDelta | None = None  # None: a side without timed steps
 
     @property
     def regressions(self) -> tuple[OpDelta, ...]:
@@ -90,15 +123,25 @@ class RunDiff:
     def to_dict(self) -> dict[str, Any]:
         return {"a_span_ns": self.a_span_ns, "b_span_ns": self.b_span_ns,
                 "span_delta_ns": self.b_span_ns - self.a_span_ns,
+                "step_time": self.step_time.to_dict() if self.step_time else None,
                 "steps": [s.to_dict() for s in self.steps], "ops": [o.to_dict() for o in self.ops],
                 "improvements": [o.to_dict() for o in self.improvements],
                 "only_a": [{"kind": k, "name": n} for k, n in self.only_a],
                 "only_b": [{"kind": k, "name": n} for k, n in self.only_b]}
 
 
-def totals(ev: Events) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """(kind, name) -> (count, total ns, ns inside steps) over the compared kinds."""
-    rows = np.flatnonzero(ev.of_kind(*COMPARED_KINDS) & ~ev.is_step_marker)
+def _compared(ev: Events, pid: int | None) -> Mask:
+    """The rows compared: the compared kinds (no step marker), of process `pid` where given,
+    and the device's (a GPU's ops carry its own pid)."""
+    rows: Mask = ev.of_kind(*COMPARED_KINDS) & ~ev.is_step_marker
+    if pid is not None:
+        rows &= (ev.pid == pid) | ev.of_kind(*DEVICE_OPS)
+    return rows
+
+
+def totals(ev: Events, pid: int | None = None) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(kind, name) -> (count, total ns, ns inside steps) over the compared rows."""
+    rows = np.flatnonzero(_compared(ev, pid))
     key = ev.kind[rows] * (len(ev.names) + 1) + ev.name[rows]
     uniq, inv = np.unique(key, return_inverse=True)
     count = np.bincount(inv, minlength=len(uniq))
@@ -118,10 +161,11 @@ def span(ev: Events) -> int:
     return int(ev.end[busy].max() - ev.ts[busy].min()) if busy.any() else 0
 
 
-def per_step(ev: Events, steps: Sequence[StepWindow]) -> dict[tuple[str, str], F64]:
+def per_step(ev: Events, steps: Sequence[StepWindow], pid: int | None = None
+             ) -> dict[tuple[str, str], F64]:
     """(kind, name) -> its time in each of `steps` (0 where it did not run)."""
     index = {w.step: i for i, w in enumerate(steps)}
-    rows = np.flatnonzero(ev.of_kind(*COMPARED_KINDS) & ~ev.is_step_marker & (ev.step >= 0))
+    rows = np.flatnonzero(_compared(ev, pid) & (ev.step >= 0))
     col = np.array([index.get(int(s), -1) for s in ev.step[rows]], np.int64)
     rows, col = rows[col >= 0], col[col >= 0]
     key = ev.kind[rows] * (len(ev.names) + 1) + ev.name[rows]
@@ -135,6 +179,18 @@ def per_step(ev: Events, steps: Sequence[StepWindow]) -> dict[tuple[str, str], F
     return out
 
 
+def untraced(ev: Events, steps: Sequence[StepWindow], pid: int | None) -> F64:
+    """Each step's time that no op or runtime call of process `pid` (any, without one)
+    covers, nor any device op."""
+    rows = ev.of_kind(*WORK_KINDS, *DEVICE_OPS)
+    if pid is not None:
+        rows &= (ev.pid == pid) | ev.of_kind(*DEVICE_OPS)
+    covered = Coverage(*union(ev.ts[rows], ev.end[rows]))
+    lo = np.array([w.start for w in steps], np.int64)
+    hi = np.array([w.end for w in steps], np.int64)
+    return np.asarray(hi - lo - covered.between(lo, hi), np.float64)
+
+
 def noise(a: F64, b: F64) -> float:
     """Twice the standard error of mean(b) - mean(a) (0 for a side of one step)."""
     var = [float(np.var(x, ddof=1)) / len(x) if len(x) > 1 else 0.0 for x in (a, b)]
@@ -142,11 +198,19 @@ def noise(a: F64, b: F64) -> float:
 
 
 def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[StepWindow],
-         top: int | None = TOP) -> RunDiff:
-    """Compare b against a; steps are each side's iterations (one rank's), in time order."""
-    ta, tb = totals(a), totals(b)
+         top: int | None = TOP, pids: tuple[int | None, int | None] = (None, None),
+         step_time: StepTimeDelta | None = None) -> RunDiff:
+    """Compare b against a; steps are each side's iterations (one rank's), in time order;
+    `pids`, each side's loop process (None: every process's ops)."""
+    ta, tb = totals(a, pids[0]), totals(b, pids[1])
     both_steps = bool(a_steps) and bool(b_steps)
-    pa_, pb_ = (per_step(a, a_steps), per_step(b, b_steps)) if both_steps else ({}, {})
+    pa_, pb_ = ((per_step(a, a_steps, pids[0]), per_step(b, b_steps, pids[1])) if both_steps
+                else ({}, {}))
+    if both_steps:
+        ua, ub = untraced(a, a_steps, pids[0]), untraced(b, b_steps, pids[1])
+        ta[UNTRACED] = (len(a_steps), int(ua.sum()), int(ua.sum()))
+        tb[UNTRACED] = (len(b_steps), int(ub.sum()), int(ub.sum()))
+        pa_[UNTRACED], pb_[UNTRACED] = ua, ub
     deltas = []
     for key in sorted(set(ta) | set(tb)):
         ca, na, sa = ta.get(key, (0, 0, 0))
@@ -167,4 +231,4 @@ def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[
     steps = tuple(StepDelta(i, x.step, y.step, x.dur, y.dur)
                   for i, (x, y) in enumerate(zip(a_steps, b_steps, strict=False)))
     return RunDiff(span(a), span(b), steps, tuple(deltas[:top]), tuple(sorted(set(ta) - set(tb))),
-                   tuple(sorted(set(tb) - set(ta))), tuple(better[:top]))
+                   tuple(sorted(set(tb) - set(ta))), tuple(better[:top]), step_time)

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from perfswarm.analyze.intervals import union
+from perfswarm.analyze.intervals import total, union
 from perfswarm.trace.schema import KIND_CODE, PROFILER_STEP
 from perfswarm.trace.store import Run
 
@@ -48,6 +48,7 @@ COMPILED_REGION: Final = re.compile(
 # Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
 # work of its own)
 WORK_KINDS: Final = ("cpu_op", "runtime", "driver", "syscall")
+DEVICE_OPS: Final = ("kernel", "collective", "memcpy", "memset")  # what a device runs
 EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
                  "correlation", "step"]
 
@@ -200,6 +201,25 @@ class Events:
         kernels = rows[self.of_kind("kernel")[rows]]
         return union(self.ts[kernels], self.end[kernels]) if len(kernels) else \
             self.host_work(rank)
+
+    def loop_thread(self, rank: int) -> tuple[int, int] | None:
+        """(pid, tid) of the rank's loop: the thread of its step markers, else the one whose
+        ops and runtime calls cover the most time (DataLoader worker processes' are not the
+        loop's); None without host work."""
+        rows = np.arange(len(self))[self.rank_slice(rank)]
+        work = rows[self.of_kind(*WORK_KINDS)[rows] & ~self.collective_call[rows]]
+        marked = rows[self.is_step_marker[rows]]
+        if len(marked):
+            values, counts = np.unique(self.tid[marked], return_counts=True)
+            tid = int(values[np.argmax(counts)])
+            return int(self.pid[marked][self.tid[marked] == tid][0]), tid
+        if not len(work):
+            return None
+        tids = np.unique(self.tid[work])
+        covered = [total(self.ts[work][self.tid[work] == t], self.end[work][self.tid[work] == t])
+                   for t in tids]
+        tid = int(tids[int(np.argmax(covered))])
+        return int(self.pid[work][self.tid[work] == tid][0]), tid
 
     def host_work(self, rank: int) -> tuple[I64, I64]:
         """When the rank's host threads ran ops or runtime calls (WORK_KINDS; not an

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
-from perfswarm.analyze.frame import I64, Events, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, lane_key
 from perfswarm.analyze.phases import nested, step_calls
 from perfswarm.trace.schema import STEP_BATCH
 from perfswarm.trace.store import Run
@@ -94,6 +94,12 @@ class StepTime:
     # again stop page-faulting: an MLP's steps ran 20.9 ms after the window, 29-32 before it
     # and alone)
     before_ns: float | None = None
+    spread_ns: float = 0.0  # the steps' robust standard deviation (1.4826 x their MAD)
+
+    @property
+    def median_error_ns(self) -> float:
+        """The standard error of the median (1.2533 x spread / sqrt(steps))."""
+        return 1.2533 * self.spread_ns / float(np.sqrt(max(1, self.steps)))
 
     @property
     def heap_shift(self) -> float | None:
@@ -172,10 +178,18 @@ def step_time(steps: pa.Table, sizes: pa.Table | None = None) -> StepTime | None
               and r["start"] > first[r["rank"]]]
     if len(after) >= MIN_AFTER:
         return StepTime(float(np.median(after)), len(after), True, profiled_ns,
-                        float(np.median(before)) if len(before) >= MIN_AFTER else None)
+                        float(np.median(before)) if len(before) >= MIN_AFTER else None,
+                        _spread(after))
     if marked:
-        return StepTime(float(np.median(marked)), len(marked), False, profiled_ns)
+        return StepTime(float(np.median(marked)), len(marked), False, profiled_ns,
+                        spread_ns=_spread(marked))
     return None
+
+
+def _spread(durations: Sequence[int]) -> float:
+    """A robust standard deviation: 1.4826 x the median absolute deviation."""
+    values = np.asarray(durations, np.float64)
+    return float(1.4826 * np.median(np.abs(values - np.median(values))))
 
 
 def marker_steps(steps: pa.Table) -> dict[int, list[StepWindow]]:
@@ -214,7 +228,7 @@ def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64, int | None]:
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     ops = _op_rows(ev, rows)
     if len(ops) == 0:
-        dev = rows[ev.of_kind("kernel", "collective", "memcpy", "memset")[rows]]
+        dev = rows[ev.of_kind(*DEVICE_OPS)[rows]]
         dev = dev[np.argsort(ev.ts[dev], kind="stable")]
         return ev.name[dev], ev.ts[dev], ev.end[dev], None
     # The thread that holds the step markers drives the loop; without markers, the thread whose

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import gaps
 
-DEVICE_OPS = ("kernel", "collective", "memcpy", "memset")
 CORRELATION_BITS = 40
 QUEUE_BINS = 100
 # Launched, unfinished ops past which a launch call blocks until one finishes (HTA's default

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.frame import DEVICE_OPS, KIND, Events
 from perfswarm.analyze.iterations import StepWindow
 
 # First match wins; order matters (a cuDNN implicit-GEMM conv is a conv, not a GEMM).
@@ -163,7 +163,7 @@ class OpTotals:
 
     @classmethod
     def of(cls, ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> OpTotals:
-        device = np.flatnonzero(ev.of_kind("kernel", "collective", "memcpy", "memset"))
+        device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
         cat = categories(ev)
         # a name seen as two kinds (a collective and a kernel) takes its last row's category
         kernel_category = {ev.names[n]: CATEGORIES[c] for n, c in

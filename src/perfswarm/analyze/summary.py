@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow.compute as pc
+
 from perfswarm.analyze.aisi import time_windows, without_iterations
 from perfswarm.analyze.analysis import Analysis
 from perfswarm.analyze.annotations import scopes
@@ -10,9 +12,9 @@ from perfswarm.analyze.concurrency import concurrency
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.cupti import cupti_counters
 from perfswarm.analyze.dependencies import sync_events
-from perfswarm.analyze.diff import RunDiff, diff
+from perfswarm.analyze.diff import RunDiff, StepTimeDelta, diff
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import combine, iterations
+from perfswarm.analyze.iterations import batch_sizes, combine, iterations, step_time
 from perfswarm.analyze.kernels import kernel_breakdown
 from perfswarm.analyze.launch import launch_stats
 from perfswarm.analyze.memory import memory_timeline
@@ -88,6 +90,12 @@ def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None =
         if chosen not in ev.ranks:
             raise PerfswarmError(f"{run.path}: no rank {chosen} (ranks: {ev.ranks})")
         steps = iterations(run, ev, ignore_markers=ignore_markers).steps.get(chosen, [])
-        sides.append((ev.of_rank(chosen), list(steps)))
-    (ea, sa), (eb, sb) = sides
-    return diff(ea, sa, eb, sb)
+        mine = ev.of_rank(chosen)
+        loop = mine.loop_thread(chosen)
+        timed = run.table("steps")
+        timed = timed.filter(pc.equal(timed.column("rank"), chosen))
+        sides.append((mine, list(steps), None if loop is None else loop[0],
+                      step_time(timed, batch_sizes(run))))
+    (ea, sa, pa_, ta), (eb, sb, pb_, tb) = sides
+    return diff(ea, sa, eb, sb, pids=(pa_, pb_),
+                step_time=StepTimeDelta(ta, tb) if ta is not None and tb is not None else None)

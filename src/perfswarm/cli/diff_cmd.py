@@ -43,6 +43,14 @@ def diff_command(
     if as_json:
         print_json({**result.to_dict(), "swarms": swarms.to_dict()})
         return
+    if (t := result.step_time) is not None:
+        where = ("after the profiler's window: the program's own speed" if t.a.outside
+                 and t.b.outside else "the profiled steps on a side without steps after them")
+        sign = "outside" if abs(t.delta_ns) > t.noise_ns else "inside"
+        console.print(f"step time ({where}): {ms(t.a.median_ns)} -> {ms(t.b.median_ns)} "
+                      f"({ms(t.delta_ns)}, {100 * t.delta_ns / t.a.median_ns:+.1f}%; "
+                      f"{sign} ± {ms(t.noise_ns)} of step-to-step variation; two recordings of "
+                      "one program differ by more on a busy machine)")
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
                   f"({ms(result.b_span_ns - result.a_span_ns)}); "
                   f"{len(result.only_a)} names only in A, {len(result.only_b)} only in B")
@@ -59,11 +67,15 @@ def diff_command(
         if shown:
             console.print(_ops_table(title, shown))
         if len(shown) < len(rows):
-            console.print(f"  {len(rows) - len(shown)} more within their noise band "
-                          "(step-to-step variation)")
-    console.print("the bands are of step-to-step variation: two recordings on a busy machine "
-                  "also differ run to run (diff A against a second recording of A to see how "
-                  "much)")
+            kind = title.split()[1]  # regressions / improvements
+            console.print(f"  {len(rows) - len(shown)} {'more ' if shown else ''}{kind} within "
+                          "their noise band (step-to-step variation)")
+    console.print("the ops are the loop process's (a DataLoader worker's run beside its "
+                  "steps), compared over the profiled steps; `untraced` is a step's time no op "
+                  "covers (Python, or waiting); the bands are of step-to-step variation, and "
+                  "of some 60 ops a few cross theirs by chance (an op nested in another moves "
+                  "with it): two recordings on a busy machine also differ run to run (diff A "
+                  "against a second recording of A to see how much)")
     if swarms.swarms:
         _print_swarms(swarms)
 
@@ -77,7 +89,7 @@ def _ops_table(title: str, rows: list[OpDelta]) -> Table:
     for o in rows:
         per_it = "" if o.per_iteration_delta_ns is None else f"{o.per_iteration_delta_ns / 1e6:.3f}"
         band = "" if o.noise_ns is None else f"{o.noise_ns / 1e6:.3f}"
-        ops.add_row(o.kind, o.name[:60], f"{o.a_count}→{o.b_count}",
+        ops.add_row(o.kind, o.name, f"{o.a_count}→{o.b_count}",
                     f"{o.a_ns / 1e6:.3f}→{o.b_ns / 1e6:.3f}", f"{o.delta_ns / 1e6:+.3f}", per_it,
                     band)
     return ops

@@ -37,9 +37,9 @@ from typing import Final
 import numpy as np
 
 from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
-from perfswarm.analyze.frame import I64, Events, group_rows, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
-from perfswarm.analyze.launch import DEVICE_OPS, FULL_QUEUE, queue_steps
+from perfswarm.analyze.launch import FULL_QUEUE, queue_steps
 from perfswarm.analyze.nesting import bounded_open_before, roots, subtree_ends
 
 HOST_NODE_KINDS: Final = ("cpu_op", "user_annotation", "runtime", "driver")

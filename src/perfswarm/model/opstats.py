@@ -27,9 +27,16 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import launching_ops
-from perfswarm.analyze.frame import I64, Events, detail_of, group_rows, lane_key, unique_rows
+from perfswarm.analyze.frame import (
+    DEVICE_OPS,
+    I64,
+    Events,
+    detail_of,
+    group_rows,
+    lane_key,
+    unique_rows,
+)
 from perfswarm.analyze.intervals import total
-from perfswarm.analyze.launch import DEVICE_OPS
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.analyze.phases import PHASES, phases

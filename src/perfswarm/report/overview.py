@@ -17,7 +17,14 @@ import numpy as np
 import orjson
 
 from perfswarm.analyze.concurrency import Activity
-from perfswarm.analyze.frame import COMPILED_CALL, COMPILED_REGION, Events, detail_of, lane_key
+from perfswarm.analyze.frame import (
+    COMPILED_CALL,
+    COMPILED_REGION,
+    DEVICE_OPS,
+    Events,
+    detail_of,
+    lane_key,
+)
 from perfswarm.analyze.intervals import I64, Mask, state_sweep, union
 from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, phases, step_calls
 from perfswarm.model.opcost import (
@@ -52,7 +59,7 @@ def _sets(ev: Events, rank: int) -> list[tuple[I64, I64]]:
     loader_codes = [i for i, n in enumerate(ev.names) if LOADER.search(n)]
     loading = (ev.host_busy & np.isin(ev.name, loader_codes))[rows]
     work = ((ev.dur > 0) & ~ev.of_kind(*_NOT_WORK) & ~ev.is_step_marker)[rows]
-    taken = ev.of_kind("kernel", "collective", "memcpy", "memset")[rows] | ev.host_busy[rows]
+    taken = ev.of_kind(*DEVICE_OPS)[rows] | ev.host_busy[rows]
     other = work & ~taken
     ts, end = ev.ts[rows], ev.end[rows]
     # the host set stands for host compute: where a loader span runs, data loading wins
@@ -73,7 +80,7 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
         bounds = np.asarray([w["start"] for w in windows] + [w["end"] for w in windows],
                             np.int64)
         mine = ev.rank_slice(rank)
-        device = bool(ev.of_kind("kernel", "collective", "memcpy", "memset")[mine].any())
+        device = bool(ev.of_kind(*DEVICE_OPS)[mine].any())
         rest = CATEGORIES.index("idle") if device else UNTRACED
 
         def category(covers: list[Mask], rest: int = rest) -> I64:

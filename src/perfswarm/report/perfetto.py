@@ -20,9 +20,9 @@ import orjson
 import pyarrow.compute as pc
 
 from perfswarm.analyze.bandwidth import bandwidth
-from perfswarm.analyze.frame import Events, group_rows, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs, queue_steps
+from perfswarm.analyze.launch import launch_pairs, queue_steps
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
