@@ -167,6 +167,18 @@ def test_stack_samples_are_exported_as_thread_instants(trainer_run: Run) -> None
                          for s in samples)
 
 
+def test_recorded_counters_are_named(trainer_run: Run) -> None:
+    """Every counter row of a recording is a named counter event: `cpu.core0.usr` in series
+    `cpu.core0` (key `usr`), and the recorder's `minor page faults`, a name without a dot, in
+    its own series (it had been a series without a name)."""
+    trace = orjson.loads(perfetto.dumps(perfetto.export_chrome_trace(trainer_run)))
+    counters = [e for e in trace["traceEvents"] if e.get("ph") == "C" and "cat" not in e]
+    assert len(counters) == trainer_run.table("counters").num_rows
+    assert all(e["name"] for e in counters)
+    faults = [e for e in counters if "minor page faults" in e["args"]]
+    assert faults and {e["name"] for e in faults} == {"minor page faults"}
+
+
 def test_derived_counters(corpus_runs: dict[str, Run]) -> None:
     """Queue length per stream, device utilization and memory bandwidth, derived from the
     events: they agree with analyze's numbers, and a re-import skips them (round trip)."""

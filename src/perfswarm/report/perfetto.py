@@ -159,6 +159,7 @@ def _counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]
     for row in rows:
         # The reader names a counter `<event name>.<arg key>`; split it back the same way.
         group, _, key = str(row["name"]).rpartition(".")
+        group = group or key  # a name without a dot (the recorder's `minor page faults`)
         pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], 0)
         yield {"ph": "C", "name": group, "pid": pids(row["rank"], pid), "tid": 0,
                "ts": us_json(row["ts"] - base), "args": {key: row["value"]}}
