@@ -983,7 +983,10 @@ def test_advise_cli_text_and_bad_run(corpus_runs: dict[str, Run], tmp_path: Path
     assert main(["advise", str(corpus_runs["nccl"].path)]) == 0
     assert "communication is exposed" in capsys.readouterr().out
     assert main(["advise", str(tmp_path / "missing")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "missing: does not exist" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["advise", str(tmp_path / "file")]) == 2
+    assert "file: not a directory" in capsys.readouterr().err
 
 
 BASIS = re.compile(r"^([a-z-]+ model[ (:]|measured, no model: |"

@@ -82,7 +82,7 @@ def test_diff_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[st
 def test_bad_input(tmp_path: Path, corpus_runs: dict[str, Run],
                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(tmp_path / "missing")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     base = str(corpus_runs["compare_base"].path)
     assert main(["diff", base, base, "--rank-a", "5"]) == 2
     assert "no rank 5" in capsys.readouterr().err

@@ -339,6 +339,8 @@ class Run:
     @classmethod
     def open(cls, path: str | Path) -> Run:
         run = cls(path)
+        if not run.path.exists():
+            raise RunError(f"{run.path}: does not exist (expected a perfswarm Run)")
         if not run.path.is_dir():
             raise RunError(f"{run.path}: not a directory (expected a perfswarm Run)")
         if not run.manifest_path.is_file():
