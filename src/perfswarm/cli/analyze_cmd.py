@@ -20,7 +20,7 @@ from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, clus
 from perfswarm.cli.output import console, print_json
 from perfswarm.model.opstats import OpCosts, op_costs
 from perfswarm.model.topology import with_copy_peaks
-from perfswarm.report.text import ms, size
+from perfswarm.report.text import ms, short_caption, size
 from perfswarm.trace.store import Run
 
 T = TypeVar("T")
@@ -143,7 +143,8 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                       "others left out: the start-up, after the loop, and py-spy's, which "
                       "carry no time)")
     for sw in result.swarms.swarms[:10]:
-        console.print(f"  swarm {100 * sw.share:5.1f}%  {sw.caption} ({sw.samples:,} samples)")
+        console.print(f"  swarm {100 * sw.share:5.1f}%  {short_caption(sw.caption)} "
+                      f"({sw.samples:,} samples)")
     for system in result.system:
         dominators = [f"{w.step}:{w.dominator}" for w in system.windows if w.dominator]
         corr = ", ".join(f"{k} r={v:+.2f}" for k, v in system.gpu_correlation.items())

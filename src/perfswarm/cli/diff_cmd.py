@@ -13,7 +13,7 @@ from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
-from perfswarm.report.text import ms
+from perfswarm.report.text import ms, short_caption
 from perfswarm.trace.store import Run
 
 
@@ -99,12 +99,12 @@ def _print_swarms(diff: SwarmDiff) -> None:
     if not diff.swarms:
         console.print("no sampled stacks on either side: no swarm diff")
         return
-    table = Table("swarm", "samples A→B", "ms A→B", "delta ms", "± noise",
+    table = Table("swarm (its heaviest leaf)", "samples A→B", "ms A→B", "delta ms", "± noise",
                   title=f"function swarms (A and B clustered together, {diff.source or 'all'} "
                   "samples), largest change first", title_justify="left")
     for d in diff.swarms[:15]:
         times = ("-", "-", "-") if d.ns is None else (
             f"{d.ns[0] / 1e6:.1f}→{d.ns[1] / 1e6:.1f}", f"{(d.delta_ns or 0) / 1e6:+.1f}",
             f"{(d.noise_ns or 0) / 1e6:.1f}" + ("" if d.beyond_noise else " (within)"))
-        table.add_row(d.caption[:70], f"{d.samples[0]}→{d.samples[1]}", *times)
+        table.add_row(short_caption(d.caption), f"{d.samples[0]}→{d.samples[1]}", *times)
     console.print(table)

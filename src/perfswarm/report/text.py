@@ -39,3 +39,10 @@ def evidence_text(key: str, value: Any) -> str:
     if isinstance(value, list | tuple):
         return "; ".join(evidence_text(key, v) for v in value)
     return str(value)
+
+
+def short_caption(caption: str) -> str:
+    """A swarm's caption (`module: function`) with the module's file name only: a library's
+    path took the 70 characters a terminal row had, and four swarms read alike."""
+    module, sep, function = caption.partition(": ")
+    return f"{module.rsplit('/', 1)[-1]}{sep}{function}"
