@@ -166,4 +166,4 @@ def test_compare_shows_slower_and_faster_beyond_noise(corpus_runs: dict[str, Run
     assert (faster["ops"], faster["within_noise"]) == ([], 3)
     page = html.render_compare(data.compare_data(base, test, "base", "test"))
     assert "slower in test" in page and "All2All_Pooled_Req" in page
-    assert "faster in test (2 more within their noise band)" in page
+    assert "faster in test (3 more within their noise band)" in page
