@@ -399,7 +399,7 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[
     if tid is not None and len(starts):
         calls = step_calls(ev)
         calls = calls[(ev.rank[calls] == rank) & (ev.tid[calls] == tid)]
-        calls = calls[~nested(ev, calls, inner=True)]
+        calls = calls[~nested(ev, calls, inner=False)]  # the outermost: as the recorder times
         done = np.sort(ev.end[calls])
         held = [int(np.count_nonzero((done > lo) & (done <= hi))) for lo, hi in found]
         if len(done) >= 2 and (not held or min(held) == 0 or len(set(held)) > 1):

@@ -346,9 +346,12 @@ def outlier_steps(facts: Facts) -> Advice | None:
     # 10x slower in its window's last steps), not the program's periodic work
     # (a step torch.compile compiled in, half its excess or more, is the program's: once)
     profiled = (steps["source"] == PROFILED).to_numpy()
-    compiled = np.zeros(len(over), bool)
-    compiled[over] = _within(facts.named(_COMPILE, "cpu_op", "user_annotation"),
-                             steps.filter(pl.Series(over))) >= (dur - usual)[over] / 2
+    # torch.compile compiling again inside them (a new input shape, a guard that failed):
+    # dynamo's whole-frame compile spans, clipped to the slow steps
+    compiling = np.zeros(len(over), np.int64)
+    compiling[over] = _within(facts.named(_COMPILE, "cpu_op", "user_annotation"),
+                              steps.filter(pl.Series(over)))
+    compiled = compiling >= (dur - usual) / 2
     profiler_only = 0
     if (~profiled).sum() >= profiled.sum() and not over[~profiled].any():
         profiler_only = int((over & profiled & ~compiled).sum())
@@ -370,9 +373,7 @@ def outlier_steps(facts: Facts) -> Advice | None:
     slow_dur = (slow["end"] - slow["start"]).to_numpy()
     timed = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
-    # torch.compile compiling again inside them (a new input shape, a guard that failed):
-    # dynamo's whole-frame compile spans, clipped to the slow steps
-    compile_ns = int(_within(facts.named(_COMPILE, "cpu_op", "user_annotation"), slow).sum())
+    compile_ns = int(compiling[over][kept].sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
                 "warmup_steps": int(warm.sum()), "descheduled_steps": int(starved.sum()),
                 "loader_steps": int(fed.sum()), "profiler_only_steps": profiler_only,
