@@ -584,3 +584,19 @@ def test_steps_between_optimizer_calls_where_the_ops_do_not_repeat() -> None:
     (steps,) = detected_steps(ev).values()
     done = sorted(r[1] + r[2] for r in rows if r[4].startswith("Optimizer.step#"))
     assert [(w.start, w.end) for w in steps] == list(zip([0, *done[:-1]], done, strict=True))
+
+
+def test_a_cycle_of_optimizer_calls() -> None:
+    """A GAN steps its discriminator's and its generator's optimizers in turn, with 433 and 529
+    ops before them (a recorded GAN's counts): a cycle of 2, so a step ends at every second
+    call; one optimizer (or counts that vary, a validation pass every fifth step) is a cycle
+    of 1."""
+    from perfswarm.analyze.iterations import call_cycle, optimizer_windows
+
+    gan = np.array([433, 529] * 9 + [433])
+    assert call_cycle(gan) == 2 and call_cycle(np.full(19, 240)) == 1
+    assert call_cycle(np.array([240, 240, 240, 240, 900] * 4)) == 1
+    assert call_cycle(np.array([1, 2, 3] * 5)) == 3
+    done = np.array([10, 20, 30, 40, 50], np.int64)
+    assert optimizer_windows(0, done, 2) == [(0, 20), (20, 40)]
+    assert optimizer_windows(0, done) == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50)]

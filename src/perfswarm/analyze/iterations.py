@@ -402,17 +402,35 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[
         calls = calls[~nested(ev, calls, inner=False)]  # the outermost: as the recorder times
         done = np.sort(ev.end[calls])
         held = [int(np.count_nonzero((done > lo) & (done <= hi))) for lo, hi in found]
-        if len(done) >= 2 and (not held or min(held) == 0 or len(set(held)) > 1):
-            found = optimizer_windows(int(starts.min()), done)
+        ops = np.sort(ev.ts[(ev.tid == tid) & (ev.rank == rank) & ev.of_kind("cpu_op")])
+        cycle = call_cycle(np.diff(np.searchsorted(ops, done)))
+        if len(done) >= 2 and (not held or min(held) == 0 or len(set(held)) > 1
+                               or held[0] % cycle):
+            found = optimizer_windows(int(starts.min()), done, cycle)
     return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
 
 
-def optimizer_windows(first: int, done: I64) -> list[tuple[int, int]]:
-    """Steps that each end where an optimizer.step() call returned, the first from the
-    sequence's first op (a profiled window opens at a step's start): a loop whose op
-    sequence does not repeat (Lightning's: five top-level spans a training step, a validation
-    pass of 211 every tenth, where its validation batches had been found as the steps)."""
-    bounds = [first, *done.tolist()]
+MAX_CYCLE = 4  # optimizers a training step steps in turn, at most (a GAN's two)
+CYCLE_MATCH = 0.9  # the share of stretches between calls that must repeat at the cycle
+
+
+def call_cycle(between: I64) -> int:
+    """How many optimizer calls make one step, from the ops between consecutive calls
+    (`between`): the shortest cycle at which their counts repeat (a GAN's discriminator and
+    generator steps: 433 and 529 ops in turn, a cycle of 2), 1 where none does."""
+    for k in range(1, MAX_CYCLE + 1):
+        if len(between) >= 2 * k and np.mean(between[k:] == between[:-k]) >= CYCLE_MATCH:
+            return k
+    return 1
+
+
+def optimizer_windows(first: int, done: I64, cycle: int = 1) -> list[tuple[int, int]]:
+    """Steps that each end where the last optimizer.step() call of a cycle of `cycle` calls
+    returned, the first from the sequence's first op (a profiled window opens at a step's
+    start): a loop whose op sequence does not repeat (Lightning's: five top-level spans a
+    training step, a validation pass of 211 every tenth, where its validation batches had
+    been found as the steps), or repeats at each of a GAN's two optimizers."""
+    bounds = [first, *done[cycle - 1::cycle].tolist()]
     return list(itertools.pairwise(bounds))
 
 

@@ -140,7 +140,8 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                   f"; the steps before the window: {ms(timing.before_ns)} (after it x{shift:.2f}: "
                   "freeing the profiler's buffers can leave the program's heap otherwise, "
                   "glibc's dynamic mmap threshold raised, so its large tensors stop or start "
-                  "page-faulting; the program alone runs at one of the two)")
+                  "page-faulting, or the machine's load changed; the program alone may run at "
+                  "either, or between)")
         cards.append(Card(label="step time", value=ms(median),
                           detail=f"median of {timing.steps} steps after the profiler's window"
                                  f"{profiled}{before}"))
