@@ -549,6 +549,27 @@ def test_diff_of_the_loop_process_and_its_untraced_time() -> None:
     assert ("user_annotation", "DataLoader worker fetch") in diff(ea, sa, eb, sb).only_b
 
 
+def test_diff_says_which_side_waited_for_other_processes() -> None:
+    """Over a side's compared steps the sampler read its tree at 0.5 cores and 1.0 of run
+    delay on 2 cores: the threads wanted 1.5, under the cores, so all 1.0 was for others; at
+    1.5 cores and 1.5 of delay, 0.5 (the rest beyond the cores is the tree's own). Readings
+    outside the steps, or none, count nothing."""
+    from perfswarm.analyze.diff import contended
+    from perfswarm.analyze.iterations import StepWindow
+
+    steps = [StepWindow(0, 100, 200, "marker"), StepWindow(1, 200, 300, "marker")]
+
+    def counters(got: float, waited: float) -> pa.Table:
+        return pa.table({"ts": [150, 250, 900, 150, 250, 900],
+                         "name": ["proc.cpu_cores"] * 3 + ["proc.run_delay_cores"] * 3,
+                         "value": [got, got, 9.0, waited, waited, 9.0]})
+
+    assert contended(counters(0.5, 1.0), steps, 2) == 1.0
+    assert contended(counters(1.5, 1.5), steps, 2) == 0.5
+    assert contended(counters(0.5, 1.0).slice(0, 3), steps, 2) is None
+    assert contended(counters(0.5, 1.0), [], 2) is None
+
+
 def _samples(groups: int = 3, variants: int = 8, n: int = 600) -> tuple[pa.Table, pa.Table,
                                                                         np.ndarray]:
     """Stacks in `groups` code regions (distinct leaf module, function, address range)."""

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import DEVICE_OPS, WORK_KINDS, Events
 from perfswarm.analyze.intervals import Coverage, Mask, union
 from perfswarm.analyze.iterations import StepTime, StepWindow
-from perfswarm.analyze.system import F64
+from perfswarm.analyze.system import F64, others_delay
 from perfswarm.trace.schema import KINDS
 
 COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "collective",
@@ -113,6 +115,9 @@ class RunDiff:
     only_b: tuple[tuple[str, str], ...]
     improvements: tuple[OpDelta, ...] = ()  # b faster, largest first
     step_time: StepTimeDelta | None = None  # None: a side without timed steps
+    # each side's run delay caused by other processes over its compared steps, in cores'
+    # worth (system.others_delay of the sampler's proc counters; None: not sampled)
+    contention: tuple[float | None, float | None] = (None, None)
 
     @property
     def regressions(self) -> tuple[OpDelta, ...]:
@@ -124,6 +129,7 @@ class RunDiff:
         return {"a_span_ns": self.a_span_ns, "b_span_ns": self.b_span_ns,
                 "span_delta_ns": self.b_span_ns - self.a_span_ns,
                 "step_time": self.step_time.to_dict() if self.step_time else None,
+                "others_delay_cores": {"a": self.contention[0], "b": self.contention[1]},
                 "steps": [s.to_dict() for s in self.steps], "ops": [o.to_dict() for o in self.ops],
                 "improvements": [o.to_dict() for o in self.improvements],
                 "only_a": [{"kind": k, "name": n} for k, n in self.only_a],
@@ -199,7 +205,8 @@ def noise(a: F64, b: F64) -> float:
 
 def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[StepWindow],
          top: int | None = TOP, pids: tuple[int | None, int | None] = (None, None),
-         step_time: StepTimeDelta | None = None) -> RunDiff:
+         step_time: StepTimeDelta | None = None,
+         contention: tuple[float | None, float | None] = (None, None)) -> RunDiff:
     """Compare b against a; steps are each side's iterations (one rank's), in time order;
     `pids`, each side's loop process (None: every process's ops)."""
     ta, tb = totals(a, pids[0]), totals(b, pids[1])
@@ -231,4 +238,25 @@ def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[
     steps = tuple(StepDelta(i, x.step, y.step, x.dur, y.dur)
                   for i, (x, y) in enumerate(zip(a_steps, b_steps, strict=False)))
     return RunDiff(span(a), span(b), steps, tuple(deltas[:top]), tuple(sorted(set(ta) - set(tb))),
-                   tuple(sorted(set(tb) - set(ta))), tuple(better[:top]), step_time)
+                   tuple(sorted(set(tb) - set(ta))), tuple(better[:top]), step_time,
+                   contention)
+
+
+def contended(counters: pa.Table, steps: Sequence[StepWindow], cores: int) -> float | None:
+    """Others' run delay (system.others_delay) over [the first step's start, the last one's
+    end), from the sampler's proc.cpu_cores and proc.run_delay_cores readings there; None
+    without them."""
+    if not steps:
+        return None
+    lo, hi = steps[0].start, steps[-1].end
+    ts = np.asarray(counters.column("ts").to_numpy(), np.int64)
+    value = np.asarray(counters.column("value").to_numpy(), np.float64)
+    inside = (ts >= lo) & (ts <= hi)
+    names = counters.column("name").cast(pa.string())
+
+    def mean(name: str) -> float | None:
+        picked = inside & np.asarray(pc.equal(names, name).to_numpy(zero_copy_only=False), bool)
+        return float(value[picked].mean()) if picked.any() else None
+
+    got, waited = mean("proc.cpu_cores"), mean("proc.run_delay_cores")
+    return None if got is None or waited is None else others_delay(got, waited, cores)

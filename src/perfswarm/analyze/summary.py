@@ -12,7 +12,7 @@ from perfswarm.analyze.concurrency import concurrency
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.cupti import cupti_counters
 from perfswarm.analyze.dependencies import sync_events
-from perfswarm.analyze.diff import RunDiff, StepTimeDelta, diff
+from perfswarm.analyze.diff import RunDiff, StepTimeDelta, contended, diff
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import batch_sizes, combine, iterations, step_time
 from perfswarm.analyze.kernels import kernel_breakdown
@@ -94,8 +94,11 @@ def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None =
         loop = mine.loop_thread(chosen)
         timed = run.table("steps")
         timed = timed.filter(pc.equal(timed.column("rank"), chosen))
+        cores = int(run.manifest().get("host", {}).get("cores") or 1)
         sides.append((mine, list(steps), None if loop is None else loop[0],
-                      step_time(timed, batch_sizes(run))))
-    (ea, sa, pa_, ta), (eb, sb, pb_, tb) = sides
+                      step_time(timed, batch_sizes(run)),
+                      contended(run.table("counters", ["ts", "name", "value"]), steps, cores)))
+    (ea, sa, pa_, ta, ca), (eb, sb, pb_, tb, cb) = sides
     return diff(ea, sa, eb, sb, pids=(pa_, pb_),
-                step_time=StepTimeDelta(ta, tb) if ta is not None and tb is not None else None)
+                step_time=StepTimeDelta(ta, tb) if ta is not None and tb is not None else None,
+                contention=(ca, cb))

@@ -159,3 +159,11 @@ def system_load(counters: pa.Table,
         if windows or corr:
             out.append(SystemLoad(rank, tuple(windows), corr))
     return tuple(out)
+
+
+def others_delay(got: float, waited: float, cores: int) -> float:
+    """Of a process tree's run delay (`waited`, cores' worth of its threads runnable on a
+    runqueue, beside the `got` cores they ran on), the part other processes caused: its
+    threads beyond the machine's cores wait for each other (more DataLoader workers than
+    cores), the rest for the others."""
+    return max(0.0, min(got + waited, float(cores)) - got)

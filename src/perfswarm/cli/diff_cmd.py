@@ -16,6 +16,8 @@ from perfswarm.cli.output import console, print_json
 from perfswarm.report.text import ms, short_caption
 from perfswarm.trace.store import Run
 
+CONTENDED = 0.1  # others' run delay (cores) over a side's compared steps worth a note
+
 
 @app.command("diff")
 def diff_command(
@@ -51,6 +53,11 @@ def diff_command(
                       f"({ms(t.delta_ns)}, {100 * t.delta_ns / t.a.median_ns:+.1f}%; "
                       f"{sign} ± {ms(t.noise_ns)} of step-to-step variation; two recordings of "
                       "one program differ by more on a busy machine)")
+    for side, held in zip("AB", result.contention, strict=True):
+        if held is not None and held >= CONTENDED:
+            console.print(f"note: {side}'s compared steps waited {held:.2f} cores' worth for "
+                          "other processes (its threads' run delay): its ops ran slower for it, "
+                          "not only for the change")
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
                   f"({ms(result.b_span_ns - result.a_span_ns)}); "
                   f"{len(result.only_a)} names only in A, {len(result.only_b)} only in B")

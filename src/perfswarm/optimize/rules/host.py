@@ -10,6 +10,7 @@ import polars as pl
 
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import PROFILED, step_batches
+from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
@@ -274,7 +275,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
         # waiting at once lose the wall time once: over the threads that wanted a core.
         waited = float(delay.mean())
         wanted = got + waited
-        others = max(0.0, min(wanted, cores) - got)
+        others = others_delay(got, waited, cores)
         evidence["run_delay_cores"] = round(waited, 3)
         evidence["others_delay_cores"] = round(others, 3)
         gain = whole * others / max(1.0, wanted)
