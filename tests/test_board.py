@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -156,7 +157,14 @@ def test_compare_shows_slower_and_faster_beyond_noise(corpus_runs: dict[str, Run
     iteration) and calls nccl:all_reduce once instead of twice: 33.5 us an iteration faster,
     inside its noise band of 66.0 us (its 2 steps vary that much), so counted, not listed."""
     base, test = corpus_runs["compare_base"], corpus_runs["compare_test"]
-    slower, faster = data.compare_data(base, test, "base", "test")["changes"]
+    compared = data.compare_data(base, test, "base", "test")
+    slower, faster = compared["changes"]
+    # headed by the step time (the profiled steps' medians: an imported trace has no others)
+    medians = [statistics.median(s["end"] - s["start"] for s in run.table("steps").to_pylist())
+               for run in (base, test)]
+    (card,) = [c for c in compared["cards"] if c["label"] == "step time"]
+    assert card["value"] == f"{medians[0] / 1e6:,.3f} ms -> {medians[1] / 1e6:,.3f} ms"
+    assert card["detail"].endswith("the steps profiled")
     assert slower["title"] == "slower in test" and faster["title"] == "faster in test"
     assert [(o["name"], o["per_iteration_delta_ns"]) for o in slower["ops"][:3]] == [
         ("All2All_Pooled_Req", 155_500), ("AddmmBackward0", 103_500), ("CatBackward0", 5_500)]

@@ -34,6 +34,7 @@ COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "c
                   "memcpy", "memset")
 TOP = 30
 UNTRACED = ("untraced", "no op: Python, or waiting")  # (kind, name) of a step's uncovered time
+CONTENDED = 0.1  # others' run delay (cores) over a side's compared steps worth a note
 
 
 @dataclass(frozen=True)

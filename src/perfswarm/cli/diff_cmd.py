@@ -8,15 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from perfswarm.analyze.diff import OpDelta
+from perfswarm.analyze.diff import CONTENDED, OpDelta
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
 from perfswarm.report.text import ms, short_caption
 from perfswarm.trace.store import Run
-
-CONTENDED = 0.1  # others' run delay (cores) over a side's compared steps worth a note
 
 
 @app.command("diff")

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.concurrency import OnCpu, on_cpu
+from perfswarm.analyze.diff import CONTENDED
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepTime, batch_sizes, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -403,6 +404,20 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
     got faster (as `diff`: largest first, beyond their noise band, the rest counted)."""
     found = diff_runs(a, b)
     result = found.to_dict()
+    timed = []
+    if (t := found.step_time) is not None:
+        where = "after the profiler's window" if t.a.outside and t.b.outside else "profiled"
+        inside = "outside" if abs(t.delta_ns) > t.noise_ns else "inside"
+        timed = [Card(label="step time", value=f"{ms(t.a.median_ns)} -> {ms(t.b.median_ns)}",
+                      detail=f"{ms(t.delta_ns)} ({100 * t.delta_ns / t.a.median_ns:+.1f}%), "
+                             f"{inside} ± {ms(t.noise_ns)} of step-to-step variation; the "
+                             f"steps {where}")]
+    for label, held in zip((a_label, b_label), found.contention, strict=True):
+        if held is not None and held >= CONTENDED:
+            timed.append(Card(label=f"{label} waited for other processes",
+                              value=f"{held:.2f} cores",
+                              detail="its threads' run delay over the compared steps: its ops "
+                                     "ran slower for it, not only for the change"))
     changes = []
     for title, rows in ((f"slower in {b_label}", found.regressions),
                         (f"faster in {b_label}", found.improvements)):
@@ -413,6 +428,7 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
         "title": f"perfswarm compare: {a_label} vs {b_label}",
         "a": a_label, "b": b_label,
         "cards": [
+            *timed,
             Card(label=f"span {a_label}", value=ms(result["a_span_ns"]), detail="first rank"),
             Card(label=f"span {b_label}", value=ms(result["b_span_ns"]), detail="first rank"),
             Card(label="change", value=ms(result["span_delta_ns"]),
