@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from perfswarm.analyze.concurrency import Activity
+from perfswarm.analyze.dependencies import enclosing_ops
 from perfswarm.analyze.frame import (
     COMPILED_CALL,
     COMPILED_REGION,
@@ -25,7 +26,7 @@ from perfswarm.analyze.frame import (
     detail_of,
     lane_key,
 )
-from perfswarm.analyze.intervals import I64, Mask, state_sweep, union
+from perfswarm.analyze.intervals import I64, Mask, state_sweep
 from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, phases, step_calls
 from perfswarm.model.opcost import (
     FLOAT_TYPES,
@@ -133,17 +134,6 @@ def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> 
     ends = np.asarray([w["end"] for w in windows], np.int64)
     i = np.searchsorted(starts, ev.ts[rows], side="right") - 1
     return rows[(i >= 0) & (ev.ts[rows] < ends[np.maximum(i, 0)])]
-
-
-def _inside_any(ev: Events, spans: I64, rows: I64) -> Mask:
-    """Which rows start inside one of the span rows on their thread."""
-    inside = np.zeros(len(rows), bool)
-    for tid in np.unique(ev.tid[spans]).tolist():
-        on, at = spans[ev.tid[spans] == tid], ev.tid[rows] == tid
-        lo, hi = union(ev.ts[on], ev.end[on])
-        i = np.searchsorted(lo, ev.ts[rows[at]], side="right") - 1
-        inside[at] = (i >= 0) & (ev.ts[rows[at]] < hi[np.maximum(i, 0)])
-    return inside
 
 
 def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
@@ -378,7 +368,7 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     # inside torch.compile's graphs the shapes are the graph's: [batch x sequence, width]
     compiled = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names)
                                             if COMPILED_REGION.match(n)])]
-    rows = rows[~_inside_any(ev, compiled, rows)]
+    rows = rows[~np.isin(rows, list(enclosing_ops(ev, rows, compiled)))]
     first: dict[int, tuple[int, tuple[int, ...]]] = {}  # step index -> (row, its input)
     ordered = _in_order(run, ev, rows)
     for (row, text), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
