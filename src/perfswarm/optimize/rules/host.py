@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from perfswarm.analyze.intervals import total
+from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.iterations import PROFILED, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
@@ -396,12 +396,16 @@ def outlier_steps(facts: Facts) -> Advice | None:
 
 def _within(spans: pl.DataFrame, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
     """Per step (rank, start, end), the time the events of `spans` on its rank cover of it
-    (their union)."""
+    (their union: intervals.Coverage, one per rank)."""
     out = np.zeros(steps.height, np.int64)
-    for i, (rank, lo, hi) in enumerate(steps.select("rank", "start", "end").iter_rows()):
-        mine = spans.filter(pl.col("rank") == rank)
-        ts = mine["ts"].to_numpy()
-        out[i] = total(np.clip(ts, lo, hi), np.clip(ts + mine["dur"].to_numpy(), lo, hi))
+    rank = steps["rank"].to_numpy()
+    lo, hi = steps["start"].to_numpy(), steps["end"].to_numpy()
+    for r in np.unique(rank).tolist():
+        mine = spans.filter(pl.col("rank") == r)
+        ts = mine["ts"].to_numpy().astype(np.int64)
+        at = rank == r
+        out[at] = Coverage(*union(ts, ts + mine["dur"].to_numpy().astype(np.int64))).between(
+            lo[at].astype(np.int64), hi[at].astype(np.int64))
     return out
 
 
