@@ -555,7 +555,9 @@ def test_host_ops_and_time_on_the_cpu() -> None:
     ts = np.r_[np.arange(0, 600, 24), np.arange(50, 150, 20), 10, 650]
     pid = np.r_[[1] * 25, [1] * 5, 2, 1]
     tid = np.r_[[1] * 25, [2] * 5, 1, 1]
-    found = on_cpu(ev, 0, (ts.astype(np.int64), pid.astype(np.int64), tid.astype(np.int64)), 10)
+    span = (rank.total.start, rank.total.end)
+    found = on_cpu(ev, 0, span, (ts.astype(np.int64), pid.astype(np.int64),
+                                 tid.astype(np.int64)), 10)
     assert found == OnCpu(span_ns=600, loop_ns=250, others_ns=50, ops_ns=200, period_ns=10)
 
 

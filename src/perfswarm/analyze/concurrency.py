@@ -220,10 +220,11 @@ class OnCpu:
     period_ns: int
 
 
-def on_cpu(ev: Events, rank: int, samples: tuple[I64, I64, I64], period_ns: int
-           ) -> OnCpu | None:
-    """The rank's loop thread's time on the CPU (OnCpu) from perf's samples (ts, pid, tid:
-    the Run's, any rank), None when the rank has no host work."""
+def on_cpu(ev: Events, rank: int, span: tuple[int, int], samples: tuple[I64, I64, I64],
+           period_ns: int) -> OnCpu | None:
+    """The rank's loop thread's (Events.loop_thread) time on the CPU over its `span` (the
+    concurrency breakdown's) from perf's samples (ts, pid, tid: the Run's, any rank), None
+    when the rank has no host work."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     work = rows[(ev.of_kind(*WORK_KINDS) & ~ev.collective_call)[rows]]
     loop = ev.loop_thread(rank)
@@ -231,7 +232,7 @@ def on_cpu(ev: Events, rank: int, samples: tuple[I64, I64, I64], period_ns: int
         return None
     pid, tid = loop
     mine = work[ev.tid[work] == tid]
-    lo, hi = Activity.of_rank(ev, rank).span()
+    lo, hi = span
     ts, pids, tids = samples
     inside = (ts >= lo) & (ts < hi) & (pids == pid)
     return OnCpu(hi - lo, int(np.count_nonzero(inside & (tids == tid))) * period_ns,

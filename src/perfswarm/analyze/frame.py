@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from perfswarm.analyze.intervals import total, union
+from perfswarm.analyze.intervals import union
 from perfswarm.trace.schema import KIND_CODE, PROFILER_STEP
 from perfswarm.trace.store import Run
 
@@ -178,6 +178,12 @@ class Events:
         return self.of_kind(*HOST_BUSY_KINDS) & ~self.is_step_marker & (self.dur > 0)
 
     @cached_property
+    def loop_ops(self) -> Mask:
+        """The host's ops and annotations a loop's iterations are read from (no step
+        markers, nothing of no length)."""
+        return self.of_kind("cpu_op", "user_annotation") & ~self.is_step_marker & (self.dur > 0)
+
+    @cached_property
     def host_collective(self) -> Mask:
         """Collectives run on host threads (HOST_COLLECTIVE): a CPU process group's
         communication, as `collective` rows are a device's."""
@@ -203,23 +209,24 @@ class Events:
             self.host_work(rank)
 
     def loop_thread(self, rank: int) -> tuple[int, int] | None:
-        """(pid, tid) of the rank's loop: the thread of its step markers, else the one whose
-        ops and runtime calls cover the most time (DataLoader worker processes' are not the
-        loop's); None without host work."""
+        """(pid, tid) of the rank's loop, the thread iteration detection reads: of the threads
+        with host ops or annotations, the one that holds the step markers (a DataLoader worker
+        profiled over the same window can outlast the main thread by a batch), else the one
+        whose ops span the longest stretch (on a tie, the most ops); None without host ops."""
         rows = np.arange(len(self))[self.rank_slice(rank)]
-        work = rows[self.of_kind(*WORK_KINDS)[rows] & ~self.collective_call[rows]]
-        marked = rows[self.is_step_marker[rows]]
-        if len(marked):
-            values, counts = np.unique(self.tid[marked], return_counts=True)
-            tid = int(values[np.argmax(counts)])
-            return int(self.pid[marked][self.tid[marked] == tid][0]), tid
-        if not len(work):
+        ops = rows[self.loop_ops[rows]]
+        if not len(ops):
             return None
-        tids = np.unique(self.tid[work])
-        covered = [total(self.ts[work][self.tid[work] == t], self.end[work][self.tid[work] == t])
-                   for t in tids]
-        tid = int(tids[int(np.argmax(covered))])
-        return int(self.pid[work][self.tid[work] == tid][0]), tid
+        threads = np.unique(self.tid[ops])
+        marked = np.intersect1d(threads, self.tid[rows[self.is_step_marker[rows]
+                                                       & self.of_kind("user_annotation")[rows]]])
+        best, best_key = -1, (-1, -1)
+        for tid in (marked if len(marked) else threads).tolist():
+            mine = ops[self.tid[ops] == tid]
+            key = (int(self.end[mine].max() - self.ts[mine].min()), len(mine))
+            if key > best_key:
+                best, best_key = tid, key
+        return int(self.pid[ops][self.tid[ops] == best][0]), int(best)
 
     def host_work(self, rank: int) -> tuple[I64, I64]:
         """When the rank's host threads ran ops or runtime calls (WORK_KINDS; not an

@@ -217,35 +217,23 @@ def top_level(starts: I64, ends: I64) -> I64:
 
 
 def _op_rows(ev: Events, rows: I64) -> I64:
-    """Of `rows`, the host's ops and annotations that detection reads (no step markers)."""
-    return rows[(ev.of_kind("cpu_op", "user_annotation")[rows]) & ~ev.is_step_marker[rows]
-                & (ev.dur[rows] > 0)]
+    """Of `rows`, the host's ops and annotations that detection reads (Events.loop_ops)."""
+    return rows[ev.loop_ops[rows]]
 
 
 def sequence(ev: Events, rank: int) -> tuple[I64, I64, I64, int | None]:
     """(names, starts, ends) of the op sequence that detection looks at, for one rank, and
     the host thread it is of (None: the device ops)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    ops = _op_rows(ev, rows)
-    if len(ops) == 0:
+    loop = ev.loop_thread(rank)  # the thread of the step markers, else the longest
+    if loop is None:  # no host ops: the device's
         dev = rows[ev.of_kind(*DEVICE_OPS)[rows]]
         dev = dev[np.argsort(ev.ts[dev], kind="stable")]
         return ev.name[dev], ev.ts[dev], ev.end[dev], None
-    # The thread that holds the step markers drives the loop; without markers, the thread whose
-    # work spans the longest stretch (a DataLoader worker profiled over the same window can
-    # outlast the main thread by a batch, so markers decide when there are any).
-    threads = np.unique(ev.tid[ops])
-    marked = np.intersect1d(threads, ev.tid[rows[ev.is_step_marker[rows]
-                                                 & ev.of_kind("user_annotation")[rows]]])
-    best: I64 = ops[:0]
-    best_key = (-1, -1)
-    for tid in marked if len(marked) else threads:
-        mine = ops[ev.tid[ops] == tid]
-        mine = mine[np.lexsort((-ev.dur[mine], ev.ts[mine]))]
-        top = mine[top_level(ev.ts[mine], ev.end[mine])]
-        key = (int(ev.end[top].max() - ev.ts[top].min()), len(top))
-        if key > best_key:
-            best, best_key = top, key
+    ops = _op_rows(ev, rows)
+    mine = ops[ev.tid[ops] == loop[1]]
+    mine = mine[np.lexsort((-ev.dur[mine], ev.ts[mine]))]
+    best = mine[top_level(ev.ts[mine], ev.end[mine])]
     return ev.name[best], ev.ts[best], ev.end[best], int(ev.tid[best[0]])
 
 

@@ -83,17 +83,19 @@ def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
                                         "the profiler's window"}
 
 
-def _on_cpu(run: Run, ev: Events) -> dict[int, OnCpu | None]:
-    """Each rank's loop thread on the CPU (concurrency.on_cpu), from the Run's perf samples;
-    {} without them (perf missing, or an imported trace)."""
+def _on_cpu(run: Run, ev: Events, analysis: dict[str, Any]) -> dict[int, OnCpu | None]:
+    """Each rank's loop thread on the CPU (concurrency.on_cpu) over the span of its
+    concurrency breakdown, from the Run's perf samples; {} without them (perf missing, or
+    an imported trace)."""
     period = periods(run)["perf"]
     samples = run.table("samples", ["ts", "source", "pid", "tid"])
     perf = samples.filter(pc.equal(samples.column("source").cast(pa.string()), "perf"))
     if period is None or perf.num_rows == 0:
         return {}
     columns = tuple(np.asarray(perf.column(c).to_numpy(), np.int64) for c in ("ts", "pid", "tid"))
-    return {rank: on_cpu(ev, rank, (columns[0], columns[1], columns[2]), period)
-            for rank in ev.ranks}
+    return {r["rank"]: on_cpu(ev, r["rank"], (r["total"]["start"], r["total"]["end"]),
+                              (columns[0], columns[1], columns[2]), period)
+            for r in analysis["concurrency"]["ranks"]}
 
 
 _PERIODS = 10  # perf's sampling periods a span holds at least for its CPU share to be read
@@ -322,7 +324,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 "origin_ns": origin},
         "has_device": has_device,
         "cards": _cards(analysis, has_device, flops, rates, timing,
-                        {} if has_device else _on_cpu(run, events)),
+                        {} if has_device else _on_cpu(run, events, analysis)),
         "step_time": None if timing is None else {
             "median_ns": timing.median_ns, "steps": timing.steps, "outside": timing.outside,
             "profiled_ns": timing.profiled_ns, "before_ns": timing.before_ns,
