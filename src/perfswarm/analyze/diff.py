@@ -121,6 +121,13 @@ class RunDiff:
     contention: tuple[float | None, float | None] = (None, None)
 
     @property
+    def waited_for_others(self) -> list[tuple[int, float]]:
+        """(side: 0 for A, 1 for B, others' run delay) of the sides whose compared steps
+        waited CONTENDED cores' worth or more for other processes."""
+        return [(i, held) for i, held in enumerate(self.contention)
+                if held is not None and held >= CONTENDED]
+
+    @property
     def regressions(self) -> tuple[OpDelta, ...]:
         """The ops B is slower at, in total or per iteration, largest first."""
         return tuple(o for o in self.ops

@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from perfswarm.analyze.diff import CONTENDED, OpDelta
+from perfswarm.analyze.diff import OpDelta
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json
-from perfswarm.report.text import ms, short_caption
+from perfswarm.report.text import WAITED_FOR_OTHERS, ms, short_caption, step_time_change
 from perfswarm.trace.store import Run
 
 
@@ -43,19 +43,13 @@ def diff_command(
     if as_json:
         print_json({**result.to_dict(), "swarms": swarms.to_dict()})
         return
-    if (t := result.step_time) is not None:
-        where = ("after the profiler's window: the program's own speed" if t.a.outside
-                 and t.b.outside else "the profiled steps on a side without steps after them")
-        sign = "outside" if abs(t.delta_ns) > t.noise_ns else "inside"
-        console.print(f"step time ({where}): {ms(t.a.median_ns)} -> {ms(t.b.median_ns)} "
-                      f"({ms(t.delta_ns)}, {100 * t.delta_ns / t.a.median_ns:+.1f}%; "
-                      f"{sign} ± {ms(t.noise_ns)} of step-to-step variation; two recordings of "
-                      "one program differ by more on a busy machine)")
-    for side, held in zip("AB", result.contention, strict=True):
-        if held is not None and held >= CONTENDED:
-            console.print(f"note: {side}'s compared steps waited {held:.2f} cores' worth for "
-                          "other processes (its threads' run delay): its ops ran slower for it, "
-                          "not only for the change")
+    if result.step_time is not None:
+        values, change = step_time_change(result.step_time)
+        console.print(f"step time: {values} ({change}; two recordings of one program differ "
+                      "by more on a busy machine)")
+    for side, held in result.waited_for_others:
+        console.print(f"note: {'AB'[side]} waited for other processes, {held:.2f} cores' worth: "
+                      f"{WAITED_FOR_OTHERS}")
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
                   f"({ms(result.b_span_ns - result.a_span_ns)}); "
                   f"{len(result.only_a)} names only in A, {len(result.only_b)} only in B")

@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.concurrency import OnCpu, on_cpu
-from perfswarm.analyze.diff import CONTENDED
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import StepTime, batch_sizes, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -29,7 +28,7 @@ from perfswarm.model.predict import predict
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.model.topology import with_copy_peaks
 from perfswarm.report.overview import model_flops, step_breakdown, throughput
-from perfswarm.report.text import ms, pct
+from perfswarm.report.text import WAITED_FOR_OTHERS, ms, pct, step_time_change
 from perfswarm.report.timeline import (
     MAX_COUNTER_POINTS,
     MAX_SPANS,
@@ -407,19 +406,12 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
     found = diff_runs(a, b)
     result = found.to_dict()
     timed = []
-    if (t := found.step_time) is not None:
-        where = "after the profiler's window" if t.a.outside and t.b.outside else "profiled"
-        inside = "outside" if abs(t.delta_ns) > t.noise_ns else "inside"
-        timed = [Card(label="step time", value=f"{ms(t.a.median_ns)} -> {ms(t.b.median_ns)}",
-                      detail=f"{ms(t.delta_ns)} ({100 * t.delta_ns / t.a.median_ns:+.1f}%), "
-                             f"{inside} ± {ms(t.noise_ns)} of step-to-step variation; the "
-                             f"steps {where}")]
-    for label, held in zip((a_label, b_label), found.contention, strict=True):
-        if held is not None and held >= CONTENDED:
-            timed.append(Card(label=f"{label} waited for other processes",
-                              value=f"{held:.2f} cores",
-                              detail="its threads' run delay over the compared steps: its ops "
-                                     "ran slower for it, not only for the change"))
+    if found.step_time is not None:
+        values, change = step_time_change(found.step_time)
+        timed.append(Card(label="step time", value=values, detail=change))
+    for side, held in found.waited_for_others:
+        timed.append(Card(label=f"{(a_label, b_label)[side]} waited for other processes",
+                          value=f"{held:.2f} cores", detail=WAITED_FOR_OTHERS))
     changes = []
     for title, rows in ((f"slower in {b_label}", found.regressions),
                         (f"faster in {b_label}", found.improvements)):

@@ -3,7 +3,10 @@ with nothing heavy imported (the CLI prints with it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from perfswarm.analyze.diff import StepTimeDelta
 
 
 def ms(ns: float) -> str:
@@ -46,3 +49,17 @@ def short_caption(caption: str) -> str:
     path took the 70 characters a terminal row had, and four swarms read alike."""
     module, sep, function = caption.partition(": ")
     return f"{module.rsplit('/', 1)[-1]}{sep}{function}"
+
+
+def step_time_change(t: StepTimeDelta) -> tuple[str, str]:
+    """(A's step time -> B's, the change against its band and which steps were timed), as
+    `diff` and the board's comparison say them."""
+    where = "after the profiler's window" if t.a.outside and t.b.outside else "profiled"
+    inside = "outside" if abs(t.delta_ns) > t.noise_ns else "inside"
+    return (f"{ms(t.a.median_ns)} -> {ms(t.b.median_ns)}",
+            f"{ms(t.delta_ns)} ({100 * t.delta_ns / t.a.median_ns:+.1f}%), {inside} ± "
+            f"{ms(t.noise_ns)} of step-to-step variation; the steps {where}")
+
+
+WAITED_FOR_OTHERS: Final = ("its threads' run delay over the compared steps: its ops ran "
+                            "slower for it, not only for the change")
