@@ -389,12 +389,12 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[
         calls = calls[(ev.rank[calls] == rank) & (ev.tid[calls] == tid)]
         calls = calls[~nested(ev, calls, inner=False)]  # the outermost: as the recorder times
         done = np.sort(ev.end[calls])
-        held = [int(np.count_nonzero((done > lo) & (done <= hi))) for lo, hi in found]
-        ops = np.sort(ev.ts[(ev.tid == tid) & (ev.rank == rank) & ev.of_kind("cpu_op")])
-        cycle = call_cycle(np.diff(np.searchsorted(ops, done)))
-        if len(done) >= 2 and (not held or min(held) == 0 or len(set(held)) > 1
-                               or held[0] % cycle):
-            found = optimizer_windows(int(starts.min()), done, cycle)
+        if len(done) >= 2:
+            held = [int(np.count_nonzero((done > lo) & (done <= hi))) for lo, hi in found]
+            ops = np.sort(ev.ts[(ev.tid == tid) & (ev.rank == rank) & ev.of_kind("cpu_op")])
+            cycle = call_cycle(np.diff(np.searchsorted(ops, done)))
+            if not held or min(held) == 0 or len(set(held)) > 1 or held[0] % cycle:
+                found = optimizer_windows(int(starts.min()), done, cycle)
     return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
 
 
