@@ -488,7 +488,7 @@ def test_diff_trace_compare(corpus_runs: dict[str, Run]) -> None:
     # the three ops fell where nothing ran: the steps' time no op covers is 529 us less
     last, before = result.ops[-1], result.ops[-2]
     assert (last.kind, last.name, last.a_count, last.b_count, last.delta_ns) == (
-        "untraced", "no op: Python, or waiting", 2, 2, -(311 + 207 + 11) * US)
+        "no op", "Python, or waiting", 2, 2, -(311 + 207 + 11) * US)
     assert (before.kind, before.name, before.a_count, before.b_count, before.delta_ns) == (
         "user_annotation", "nccl:all_reduce", 2, 1, -67 * US)
     assert (result.only_a, result.only_b) == ((), (
@@ -506,10 +506,10 @@ def test_diff_of_a_run_with_itself_is_zero(corpus_runs: dict[str, Run]) -> None:
     assert all(o.delta_ns == 0 for o in result.ops) and result.only_a == result.only_b == ()
 
 
-def test_diff_of_the_loop_process_and_its_untraced_time() -> None:
+def test_diff_of_the_loop_process_and_the_time_no_op_covers() -> None:
     """Two steps a side of the loop (pid 1): its op 40 us in A, 40 in B, and B sleeps 30 us
     more a step between ops; a DataLoader worker (pid 2) fetches 50 us a step in B only,
-    beside the loop. The worker's fetch is no change of the loop's; the untraced time is
+    beside the loop. The worker's fetch is no change of the loop's; the time no op covers is
     +30 us a step, beyond its band (A: 60 and 60 us, B: 90 and 90). With the step times of
     both sides the headline's change and band are the medians' (1.2533 x 1.4826 x MAD)."""
     from perfswarm.analyze.diff import StepTimeDelta
@@ -539,9 +539,9 @@ def test_diff_of_the_loop_process_and_its_untraced_time() -> None:
     result = diff(ea, sa, eb, sb, top=None, pids=(1, 1), step_time=times)
     names = {o.name: o for o in result.ops}
     assert "DataLoader worker fetch" not in names and result.only_b == ()
-    untraced = names["no op: Python, or waiting"]
-    assert (untraced.a_ns, untraced.b_ns, untraced.per_iteration_delta_ns) == (120, 180, 30)
-    assert untraced.beyond_noise and names["aten::mm"].per_iteration_delta_ns == 0
+    no_op = names["Python, or waiting"]
+    assert (no_op.a_ns, no_op.b_ns, no_op.per_iteration_delta_ns) == (120, 180, 30)
+    assert no_op.beyond_noise and names["aten::mm"].per_iteration_delta_ns == 0
     band = 2 * np.hypot(1.2533 * 3000 / 3, 1.2533 * 4000 / 4)
     assert result.to_dict()["step_time"]["noise_ns"] == pytest.approx(band)
     assert result.to_dict()["step_time"]["delta_ns"] == 30_000

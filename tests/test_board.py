@@ -169,7 +169,7 @@ def test_compare_shows_slower_and_faster_beyond_noise(corpus_runs: dict[str, Run
     assert [(o["name"], o["per_iteration_delta_ns"]) for o in slower["ops"][:3]] == [
         ("All2All_Pooled_Req", 155_500), ("AddmmBackward0", 103_500), ("CatBackward0", 5_500)]
     assert all(o["beyond_noise"] for o in slower["ops"]) and slower["within_noise"] == 0
-    # faster: nccl:all_reduce, an add kernel (3 calls -> 2) and the steps' untraced time
+    # faster: nccl:all_reduce, an add kernel (3 calls -> 2) and the steps' time no op covers
     # (the three ops fell where nothing ran: 264.5 us an iteration), each within its band
     assert (faster["ops"], faster["within_noise"]) == ([], 3)
     page = html.render_compare(data.compare_data(base, test, "base", "test"))

@@ -9,7 +9,7 @@ two sides' per-iteration means, from how much the op's time varies from step to 
 
 Only the ops of the rank's loop process are compared (Events.loop_thread's: a DataLoader
 worker's fetches run beside the loop, not in its steps), and beside them the time of each step
-no op of that process covers (UNTRACED: Python, or a wait: a sleep, a batch), which no op
+no op of that process covers (NO_OP: Python, or a wait: a sleep, a batch), which no op
 comparison shows. The headline is each side's step time (iterations.step_time: after the
 profiler's window where the recorder timed steps there, the program's own speed) with its band.
 """
@@ -33,7 +33,7 @@ from perfswarm.trace.schema import KINDS
 COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "collective",
                   "memcpy", "memset")
 TOP = 30
-UNTRACED = ("untraced", "no op: Python, or waiting")  # (kind, name) of a step's uncovered time
+NO_OP = ("no op", "Python, or waiting")  # (kind, name) of a step's time no op covers
 CONTENDED = 0.1  # others' run delay (cores) over a side's compared steps worth a note
 
 
@@ -193,7 +193,7 @@ def per_step(ev: Events, steps: Sequence[StepWindow], pid: int | None = None
     return out
 
 
-def untraced(ev: Events, steps: Sequence[StepWindow], pid: int | None) -> F64:
+def uncovered(ev: Events, steps: Sequence[StepWindow], pid: int | None) -> F64:
     """Each step's time that no op or runtime call of process `pid` (any, without one)
     covers, nor any device op."""
     rows = ev.of_kind(*WORK_KINDS, *DEVICE_OPS)
@@ -222,10 +222,10 @@ def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[
     pa_, pb_ = ((per_step(a, a_steps, pids[0]), per_step(b, b_steps, pids[1])) if both_steps
                 else ({}, {}))
     if both_steps:
-        ua, ub = untraced(a, a_steps, pids[0]), untraced(b, b_steps, pids[1])
-        ta[UNTRACED] = (len(a_steps), int(ua.sum()), int(ua.sum()))
-        tb[UNTRACED] = (len(b_steps), int(ub.sum()), int(ub.sum()))
-        pa_[UNTRACED], pb_[UNTRACED] = ua, ub
+        ua, ub = uncovered(a, a_steps, pids[0]), uncovered(b, b_steps, pids[1])
+        ta[NO_OP] = (len(a_steps), int(ua.sum()), int(ua.sum()))
+        tb[NO_OP] = (len(b_steps), int(ub.sum()), int(ub.sum()))
+        pa_[NO_OP], pb_[NO_OP] = ua, ub
     deltas = []
     for key in sorted(set(ta) | set(tb)):
         ca, na, sa = ta.get(key, (0, 0, 0))

@@ -70,7 +70,7 @@ def diff_command(
             console.print(f"  {len(rows) - len(shown)} {'more ' if shown else ''}{kind} within "
                           "their noise band (step-to-step variation)")
     console.print("the ops are the loop process's (a DataLoader worker's run beside its "
-                  "steps), compared over the profiled steps; `untraced` is a step's time no op "
+                  "steps), compared over the profiled steps; `no op` is a step's time no op "
                   "covers (Python, or waiting); the bands are of step-to-step variation, and "
                   "of some 60 ops a few cross theirs by chance (an op nested in another moves "
                   "with it): two recordings on a busy machine also differ run to run (diff A "
