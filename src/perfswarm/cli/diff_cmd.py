@@ -28,8 +28,9 @@ def diff_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
     swarms_only: Annotated[bool, typer.Option("--swarms", help="Only the swarm diff (sampled stacks), for Runs without events (perf or py-spy alone).")] = False,
 ) -> None:
-    """Ops and kernels of B against A, aligned by name and iteration: regressions and
-    improvements beyond their noise band (twice the standard error from the step-to-step
+    """B against A: each one's step time and the change, then the loop process's ops and
+    kernels aligned by name and iteration, with each step's time no op covers: regressions
+    and improvements beyond their noise band (twice the standard error from the step-to-step
     variation)."""
     run_a, run_b = Run.open(a), Run.open(b)
     swarms = swarm_diff(run_a, run_b)
