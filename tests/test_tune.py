@@ -278,3 +278,25 @@ def test_a_tuned_batch_size_is_judged_in_samples(tmp_path: Path) -> None:
     with pytest.raises(PerfswarmError, match="batch size"):
         tune([sys.executable, "-c", BATCHED], load_space(space),
              TuneOptions(out=tmp_path / "none", trials=1, measure="stdout"))
+
+
+def test_values_measured_already_are_not_run_again(tmp_path: Path) -> None:
+    """Six trials over three batch sizes: the sampler proposes some values twice; each such
+    trial takes the first measurement of its values (`same_as`) and runs nothing."""
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  - {name: batch, type: categorical, choices: [32, 64, 128], "
+                     "flag: '--batch-size='}\n")
+    runs = tmp_path / "runs.txt"
+    counting = f"open({str(runs)!r}, 'a').write('run\\n')\n" + BATCHED
+    result = tune([sys.executable, "-c", counting, "--batch-size=64"], load_space(space),
+                  TuneOptions(out=tmp_path / "out", trials=6, seed=3, measure="stdout"))
+    measured = [t for t in result.trials if "same_as" not in t]
+    again = [t for t in result.trials if "same_as" in t]
+    assert again  # 6 trials over 3 values
+    assert len({tuple(t["params"].items()) for t in measured}) == len(measured)
+    by_number = {t["number"]: t for t in result.trials}
+    for t in again:
+        first = by_number[t["same_as"]]
+        assert first["params"] == t["params"] and "same_as" not in first
+        assert t["throughput"] == first["throughput"] and t["number"] > first["number"]
+    assert len(runs.read_text().splitlines()) == len(result.baseline_throughputs) + len(measured)

@@ -72,6 +72,7 @@ class TrialDict(TypedDict):
     steps: int  # steady-state steps measured (so far, for a pruned trial)
     run: str | None  # the trial's Run (measure = record)
     per_step: NotRequired[float]  # samples a step (its batch) where throughput is samples/s
+    same_as: NotRequired[int]  # the earlier trial of the same values, whose measurement it is
 
 
 class BaselineDict(TypedDict):
@@ -157,14 +158,26 @@ class TuneResult:
                         importance=dict(self.importance))
 
 
+def _measured_already(study: optuna.Study, trial: optuna.Trial
+                      ) -> optuna.trial.FrozenTrial | None:
+    """The first completed trial of the study measured at `trial`'s values (its own
+    measurement, not a copy of another's), None if there is none."""
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return next((t for t in done if t.params == trial.params and t.number != trial.number
+                 and "same_as" not in t.user_attrs), None)
+
+
 def _trial_row(t: optuna.trial.FrozenTrial) -> TrialDict:
     step_s = t.user_attrs.get("step_s", [])
     complete = t.state == optuna.trial.TrialState.COMPLETE
-    return TrialDict(number=t.number, state=t.state.name, params=dict(sorted(t.params.items())),
-                     throughput=round(float(t.value), 6) if complete and t.value else None,
-                     median_step_s=round(statistics.median(step_s), 9) if step_s else None,
-                     steps=len(step_s), run=t.user_attrs.get("run"),
-                     per_step=float(t.user_attrs.get("per_step", 1.0)))
+    row = TrialDict(number=t.number, state=t.state.name, params=dict(sorted(t.params.items())),
+                    throughput=round(float(t.value), 6) if complete and t.value else None,
+                    median_step_s=round(statistics.median(step_s), 9) if step_s else None,
+                    steps=len(step_s), run=t.user_attrs.get("run"),
+                    per_step=float(t.user_attrs.get("per_step", 1.0)))
+    if "same_as" in t.user_attrs:
+        row["same_as"] = int(t.user_attrs["same_as"])
+    return row
 
 
 def _importance(study: optuna.Study, seed: int) -> dict[str, float]:
@@ -252,9 +265,15 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
 
     def objective(trial: optuna.Trial) -> float:
         values = {p.name: p.suggest(trial) for p in params}
-        cmd, env = configure(params, values, argv, base_env)
         per_step = float(values[batch.name]) if batch is not None else 1.0
         trial.set_user_attr("per_step", per_step)
+        if (earlier := _measured_already(study, trial)) is not None:
+            # the sampler proposed values measured already: their measurement, no run
+            trial.set_user_attr("step_s", earlier.user_attrs.get("step_s", []))
+            trial.set_user_attr("same_as", earlier.number)
+            say(f"trial {trial.number}: {values} as trial {earlier.number}, not run again")
+            return float(earlier.value or 0.0)
+        cmd, env = configure(params, values, argv, base_env)
         reported = 0
 
         def watch(steps: Sequence[tuple[int, float]]) -> bool:
