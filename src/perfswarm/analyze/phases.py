@@ -112,3 +112,23 @@ def phases(ev: Events, rows: I64) -> I64:
             found = found[ev.ts[found] >= optimizer_calls(ev)[1][np.searchsorted(spans, call)]]
         out[np.isin(rows, found) | np.isin(rows, spans)] = phase
     return out
+
+
+# the spans whose ops take the tensors the optimizer updates and gradients accumulate into
+PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
+                           "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
+
+
+def parameter_rows(ev: Events, rows: I64) -> I64:
+    """Of `rows`, the ops that take the parameters (the tensors the optimizer updates and
+    gradients accumulate into), ascending: those in an optimizer call's own work and in a
+    gradient's accumulation, not a closure's (a closure passed to step() runs the forward and
+    the backward there, on activations), and the spans themselves."""
+    spans = np.flatnonzero(np.isin(ev.name, [i for i, n in enumerate(ev.names)
+                                             if n.startswith(PARAMETER_SCOPES)]))
+    within = enclosing_ops(ev, rows, spans)
+    inner = np.fromiter(within, np.int64, len(within))
+    by_optimizer = np.isin(np.fromiter(within.values(), np.int64, len(within)),
+                           optimizer_calls(ev)[0])
+    inner = inner[~by_optimizer | (phases(ev, inner) == OPTIMIZER)]
+    return np.union1d(inner, rows[np.isin(rows, spans)])

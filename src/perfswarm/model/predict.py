@@ -41,7 +41,6 @@ import pyarrow.compute as pc
 from perfswarm.analyze.dependencies import (
     Dependencies,
     dependencies,
-    enclosing_ops,
     launching_ops,
     sync_events,
     tensor_handoffs,
@@ -50,7 +49,7 @@ from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, deta
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import iterations
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
-from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
+from perfswarm.analyze.phases import parameter_rows
 from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
@@ -90,8 +89,6 @@ from perfswarm.trace.store import Run
 
 Platform = Literal["gpu", "cpu"]
 LOADER: Final = "enumerate(DataLoader)#"
-PARAMETER_SCOPES: Final = ("Optimizer.", "torch::autograd::AccumulateGrad",
-                           "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
@@ -340,21 +337,10 @@ def _enclosing(ev: Events, value: Mapping[int, object]) -> set[int]:
 
 def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
     """Shapes of the tensors the optimizer updates and gradients accumulate into."""
-    ev, g = m.ev, m.graph
-    scoped = [i for i, n in enumerate(ev.names) if n.startswith(PARAMETER_SCOPES)]
-    scope_rows = np.flatnonzero(np.isin(ev.name, scoped))
-    host = np.flatnonzero((g.role == HOST) & (g.row >= 0) & (g.top >= 0))
-    within = enclosing_ops(ev, np.unique(g.row[host[np.isin(g.top[host], scope_rows)]]),
-                           scope_rows)
-    inner = np.fromiter(within, np.int64, len(within))
-    # in an optimizer call, only its own work: a closure passed to step() runs the forward
-    # and the backward there, on activations
-    by_optimizer = np.isin(np.fromiter(within.values(), np.int64, len(within)),
-                           optimizer_calls(ev)[0])
-    inner = inner[~by_optimizer | (phases(ev, inner) == OPTIMIZER)]
-    rows = set(scope_rows.tolist()) | set(inner.tolist())
+    g = m.graph
+    host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
     shapes: set[tuple[int, ...]] = set()
-    for found in m.shapes(sorted(rows)):
+    for found in m.shapes(parameter_rows(m.ev, np.unique(g.row[host])).tolist()):
         if found is not None:
             shapes |= {d for d in found.dims if d}
     return shapes

@@ -27,7 +27,7 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.intervals import I64, Mask, state_sweep
-from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, phases, step_calls
+from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
 from perfswarm.model.opcost import (
     FLOAT_TYPES,
     RNN_OPS,
@@ -309,10 +309,9 @@ def _from_compiled(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
 
 def _updated_shapes(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]
                     ) -> set[tuple[int, ...]]:
-    """The shapes of the tensors the optimizer's ops (its own work) took in the steps."""
-    ops = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine]], windows)
-    ops = ops[phases(ev, ops) == OPTIMIZER]
-    return {d for text in detail_of(run, np.sort(ops))
+    """The shapes of the parameters (phases.parameter_rows) the steps' ops took."""
+    ops = parameter_rows(ev, _in_windows(ev, mine[ev.of_kind("cpu_op")[mine]], windows))
+    return {d for text in detail_of(run, ops)
             if (shapes := shapes_from_args(text)) is not None for d in shapes.dims if d}
 
 
