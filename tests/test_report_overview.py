@@ -488,3 +488,28 @@ def test_samples_per_second_at_the_unprofiled_step() -> None:
     assert got["source"] == "x; per the median of the 134 steps after the profiler's window"
     assert _unprofiled({**rates, "same_batch": False}, after) == {**rates, "same_batch": False}
     assert _unprofiled(rates, StepTime(0.030e9, 10, False, 0.030e9)) == rates
+
+
+def test_decode_steps_count_tokens_not_samples(tmp_path: Path) -> None:
+    """A KV-cache decode loop: step 1 prefills 4 prompts of 16 tokens, steps 2 and 3 each
+    decode one token for the 4 sequences (indices 4x1, no backward). Those start no sequence:
+    4 samples over the 3 ms, 72 tokens; a loop that only decodes has tokens/s and no samples."""
+    def lookup(t: float, ids: list[int]) -> dict[str, Any]:
+        return _op("aten::embedding", t, 10, [[1000, 32], ids])
+
+    events = [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), lookup(10, [4, 16]),
+              _op("ProfilerStep#2", 1000, 1000, cat="user_annotation"), lookup(1010, [4, 1]),
+              _op("ProfilerStep#3", 2000, 1000, cat="user_annotation"), lookup(2010, [4, 1])]
+    rates = report_data(_trace(tmp_path, events, ["serve.py"]))["throughput"]
+    assert rates["samples_per_s"] == pytest.approx(4 / 3e-3)
+    assert rates["tokens_per_s"] == pytest.approx((64 + 4 + 4) / 3e-3)
+    assert rates["source"].endswith("; 2 of them decode one token for each of their sequences, "
+                                    "which they do not start: no sample; the steps' batches "
+                                    "differ: every sample over the steps' whole time")
+    (tmp_path / "d").mkdir()
+    decoding = report_data(_trace(tmp_path / "d", events[2:], ["serve.py"]))
+    rates = decoding["throughput"]
+    assert rates["samples_per_s"] is None and rates["tokens_per_step"] == 4
+    assert rates["tokens_per_s"] == pytest.approx(4 / 1e-3)
+    labels = [c["label"] for c in decoding["cards"]]
+    assert "tokens/s (rank 0)" in labels and "samples/s (rank 0)" not in labels

@@ -75,7 +75,8 @@ def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
     if rates is None or timing is None or not timing.outside or not rates["same_batch"]:
         return rates
     per_s = 1e9 / timing.median_ns
-    return {**rates, "samples_per_s": rates["samples_per_step"] * per_s,
+    samples = rates["samples_per_step"]
+    return {**rates, "samples_per_s": samples * per_s if samples is not None else None,
             "tokens_per_s": (rates["tokens_per_step"] * per_s
                              if rates["tokens_per_step"] is not None else None),
             "source": rates["source"] + f"; per the median of the {timing.steps} steps after "
@@ -158,14 +159,17 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                           detail="from the median step"))
     if rates is not None:
         rank = rates["rank"]
-        cards.append(Card(label=f"samples/s (rank {rank})",
-                          value=f"{rates['samples_per_s']:,.1f}",
-                          detail=f"{rates['samples_per_step']:,.4g} a step, from "
-                                 f"{rates['source']}"))
+        if rates["samples_per_s"] is not None:
+            cards.append(Card(label=f"samples/s (rank {rank})",
+                              value=f"{rates['samples_per_s']:,.1f}",
+                              detail=f"{rates['samples_per_step']:,.4g} a step, from "
+                                     f"{rates['source']}"))
         if rates["tokens_per_s"] is not None:
             cards.append(Card(label=f"tokens/s (rank {rank})",
                               value=f"{rates['tokens_per_s']:,.0f}",
-                              detail=f"{rates['tokens_per_step']:,.6g} a step"))
+                              detail=f"{rates['tokens_per_step']:,.6g} a step" + (
+                                  f", from {rates['source']}"
+                                  if rates["samples_per_s"] is None else "")))
     for rank in analysis["concurrency"]["ranks"]:
         share = rank["total"]["share"]
         if has_device:

@@ -155,7 +155,8 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     the model did not run (a window the profiler cut before its forward) is left out. Per the
     median step where every step ran the same batch (the profiler's first step runs slow);
     where they differ (an inference server's requests), every sample over the steps' whole
-    time. None when none of them says."""
+    time; where every step only decodes (one token for each of its sequences), tokens and no
+    samples. None when none of them says."""
     if not steps:
         return None
     rank, windows = min(steps.items(), key=lambda kv: int(kv[0]))
@@ -183,6 +184,11 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     same = bool(np.all(counts == counts[0]))
     step_s = float(np.median(durs) if same else durs.mean()) / 1e9
     tok = np.array([tokens[i] for i in ran], np.float64) if tokens is not None else None
+    if not counts.any():  # every step decodes: tokens, and no sample started
+        return ({"samples_per_s": None, "samples_per_step": None,
+                 "tokens_per_s": tok.mean() / step_s, "tokens_per_step": tok.mean(),
+                 "steps": len(ran), "same_batch": same, "source": source, "rank": int(rank)}
+                if tok is not None and tok.any() else None)
     return {"samples_per_s": counts.mean() / step_s, "samples_per_step": counts.mean(),
             "tokens_per_s": tok.mean() / step_s if tok is not None else None,
             "tokens_per_step": tok.mean() if tok is not None else None,
@@ -261,16 +267,22 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
     passes = [*zip(trained_at, (i for _, i in trained), strict=True),
               *((s, i) for s, (_, i) in zip(looked_at, lookups, strict=True)
                 if s not in trained_steps)]
+    decoded = 0  # untrained lookups of one token a sequence: a decode continues them
     for step, idx in passes:
         if len(idx) != 2:
             continue
-        samples[step] = samples.get(step, 0) + (idx[1] if time_major else idx[0])
+        batch, length = (idx[1], idx[0]) if time_major else idx
+        decoding = length == 1 and step not in trained_steps
+        decoded += decoding
+        samples[step] = samples.get(step, 0) + (0 if decoding else batch)
         tokens[step] = tokens.get(step, 0) + idx[0] * idx[1]
     order = "sequence x batch, an RNN running time-major" if time_major else "batch x sequence"
     counted = (f"{len(trained)} backward passes" if trained else f"{len(lookups)} lookups")
+    decodes = (f"; {decoded} of them decode one token for each of their sequences, which "
+               "they do not start: no sample" if decoded else "")
     return samples, tokens, (
         f"{EMBEDDING}'s indices {first[0]}x{first[1]} ({order}) into the {table[0]}x{table[1]} "
-        f"table, {counted} in {len(samples)} of {len(windows)} steps")
+        f"table, {counted} in {len(samples)} of {len(windows)} steps{decodes}")
 
 
 def _from_compiled(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
