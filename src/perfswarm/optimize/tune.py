@@ -160,9 +160,10 @@ class TuneResult:
 
 def _measured_already(study: optuna.Study, trial: optuna.Trial
                       ) -> optuna.trial.FrozenTrial | None:
-    """The first completed trial of the study measured at `trial`'s values (its own
-    measurement, not a copy of another's), None if there is none."""
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    """The first trial of the study that measured `trial`'s values to its end or was pruned
+    (its own measurement, not a copy of another's), None if there is none."""
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                    optuna.trial.TrialState.PRUNED))
     return next((t for t in done if t.params == trial.params and t.number != trial.number
                  and "same_as" not in t.user_attrs), None)
 
@@ -181,12 +182,18 @@ def _trial_row(t: optuna.trial.FrozenTrial) -> TrialDict:
 
 
 def _importance(study: optuna.Study, seed: int) -> dict[str, float]:
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    """fANOVA importance over the trials measured to their end (a trial with another's
+    measurement, `same_as`, would count it twice)."""
+    done = [t for t in study.get_trials(deepcopy=False,
+                                        states=(optuna.trial.TrialState.COMPLETE,))
+            if "same_as" not in t.user_attrs]
     if len(done) < 2 or len({tuple(sorted(t.params.items())) for t in done}) < 2:
         return {}
+    measured = optuna.create_study(direction=study.direction)
+    measured.add_trials(done)
     try:
         found = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed))
+            measured, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed))
     except (RuntimeError, ValueError):  # e.g. one parameter never varied
         return {}
     return {k: round(float(v), 6) for k, v in sorted(found.items())}
@@ -268,10 +275,13 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         per_step = float(values[batch.name]) if batch is not None else 1.0
         trial.set_user_attr("per_step", per_step)
         if (earlier := _measured_already(study, trial)) is not None:
-            # the sampler proposed values measured already: their measurement, no run
+            # the sampler proposed values measured already: their measurement, no run (pruned
+            # again: the bound it fell under has only risen since)
             trial.set_user_attr("step_s", earlier.user_attrs.get("step_s", []))
             trial.set_user_attr("same_as", earlier.number)
             say(f"trial {trial.number}: {values} as trial {earlier.number}, not run again")
+            if earlier.state == optuna.trial.TrialState.PRUNED:
+                raise optuna.TrialPruned
             return float(earlier.value or 0.0)
         cmd, env = configure(params, values, argv, base_env)
         reported = 0
