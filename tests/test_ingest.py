@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from conftest import CORPUS, ET, corpus
+from perfswarm.errors import PerfswarmError
 from perfswarm.trace.info import run_info
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -194,8 +195,8 @@ def test_rank_from_the_file_name(tmp_path: Path, streaming: str) -> None:
              "dur": 2.0, "args": {}}
     names = ["torch-rank1-pid10.pt.trace.json", "torch-rank1-pid11.pt.trace.json",
              "rank-7.host.pt.trace.json", "plain.json"]
-    for name in names:
-        (tmp_path / name).write_text(json.dumps({"traceEvents": [event]}))
+    for pid, name in enumerate(names, 10):  # each its own process, as the names say
+        (tmp_path / name).write_text(json.dumps({"traceEvents": [{**event, "pid": pid}]}))
     run = import_traces([tmp_path / n for n in names], tmp_path / "r.run",
                         ImportOptions(streaming=streaming), ["t"])
     assert [s["rank"] for s in run.manifest()["sources"]] == [1, 1, 7, 3]
@@ -273,3 +274,44 @@ def test_info_spans_what_a_run_without_events_saw(tmp_path: Path) -> None:
     info = run_info(bare)
     assert (info["events"], info["start_ns"], info["end_ns"]) == (0, min(times), max(times))
     assert info["span_ns"] == max(times) - min(times) > 0
+
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_two_recordings_of_a_rank_are_refused(tmp_path: Path, streaming: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """HTA's trace_compare holds two recordings of rank 1 (test.json.gz an edited copy of
+    base.json.gz: process 2568503 over the same time); critical_path three of rank 0 (other
+    processes, months apart). Merged, every op of the first counted twice. A rank's windows
+    one after another in one process, and a worker process beside it, are one recording."""
+    from perfswarm.cli.main import main
+
+    for folder in ("trace_compare", "critical_path"):
+        code = main(["import", str(CORPUS / folder), "-o", str(tmp_path / f"{folder}.run"),
+                     "--streaming", streaming])
+        assert code == 2 and not (tmp_path / f"{folder}.run").exists()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith("base.json.gz and " + str(CORPUS / "trace_compare/test/test.json.gz")
+                           + ": two recordings of rank 1 (process 2568503 over the same time); a"
+                           " Run holds one: import each alone (`perfswarm diff A.run B.run` "
+                           "compares them)")
+    assert "two recordings of rank 0 (other processes, 63.1 days apart)" in err[1]
+
+    def trace(name: str, pid: int, ts: float) -> Path:
+        event = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": pid, "tid": 1,
+                 "ts": ts, "dur": 2.0, "args": {}}
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": [event], "distributedInfo": {"rank": 0}}))
+        return path
+
+    # a profiler schedule's two cycles in process 5, its DataLoader worker 6 beside the first
+    ok = [trace("a.json", 5, 1.0), trace("b.json", 5, 100.0), trace("w.json", 6, 2.0)]
+    run = import_traces(ok, tmp_path / "ok.run", ImportOptions(streaming=streaming), ["t"])
+    assert [s["rank"] for s in run.manifest()["sources"]] == [0, 0, 0]
+    assert [s["host_pids"] for s in run.manifest()["sources"]] == [[5], [5], [6]]
+    with pytest.raises(PerfswarmError, match=r"a.json and .*c.json: two recordings of rank 0 "
+                                             r"\(process 5 over the same time\)"):
+        import_traces([ok[0], trace("c.json", 5, 2.0)], tmp_path / "c.run",
+                      ImportOptions(streaming=streaming), ["t"])
+    with pytest.raises(PerfswarmError, match=r"\(other processes, 1.0 s apart\)"):
+        import_traces([ok[0], trace("d.json", 7, 1_000_003.0)], tmp_path / "d.run",
+                      ImportOptions(streaming=streaming), ["t"])

@@ -18,7 +18,13 @@ from perfswarm.analyze.iterations import EXPORT, TAIL
 from perfswarm.errors import TraceFormatError
 from perfswarm.recorder.base import SAMPLER_HZ
 from perfswarm.recorder.torch_profiler import read_live
-from perfswarm.trace.build import add_execution_traces, describe, in_memory, write_tables
+from perfswarm.trace.build import (
+    Extent,
+    add_execution_traces,
+    describe,
+    in_memory,
+    write_tables,
+)
 from perfswarm.trace.kineto import ReadOptions, TraceTables, concat
 from perfswarm.trace.readers import execution_trace, pcap, perf, pyspy, read_file, sampler, strace
 from perfswarm.trace.readers.fields import (
@@ -267,7 +273,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
             meta, tables = read
             parts.append(tables)
             describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
-                      tables.events.num_rows)
+                      tables.events.num_rows, Extent.of(tables.events))
         stepping = step_files(raw)
         for path in stepping:
             rank, pid = _rank_pid(path)

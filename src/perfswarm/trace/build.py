@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from perfswarm.errors import PerfswarmError
 from perfswarm.trace import store
 from perfswarm.trace.cluster import ClusterOptions
 from perfswarm.trace.kineto import TraceMeta, TraceTables, concat
@@ -215,7 +216,36 @@ def with_rank(tables: TraceTables, rank: int) -> TraceTables:
                        set_rank(tables.counters), set_rank(tables.steps))
 
 
-def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: int) -> None:
+@dataclass(frozen=True)
+class Extent:
+    """Where a trace file's events lie: the processes of its host events (the OS's ids; a
+    trace's instants and counters carry 0 or -1) and the time its events span (ns): what tells
+    one recording from another."""
+
+    pids: frozenset[int]
+    start: int
+    end: int
+
+    @staticmethod
+    def of(events: pa.Table) -> Extent | None:
+        """The extent of an events table (None without events)."""
+        if not events.num_rows:
+            return None
+        ts = events.column("ts").to_numpy()
+        end = ts + events.column("dur").to_numpy()
+        pids = events.column("pid").to_numpy()
+        pids = pids[(events.column("device").to_numpy() == NONE) & (pids > 0)]  # an OS's
+        return Extent(frozenset(np.unique(pids).tolist()), int(ts.min()), int(end.max()))
+
+    def union(self, other: Extent | None) -> Extent:
+        if other is None:
+            return self
+        return Extent(self.pids | other.pids, min(self.start, other.start),
+                      max(self.end, other.end))
+
+
+def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: int,
+             extent: Extent | None) -> None:
     manifest["sources"].append(
         {
             "file": raw.name,
@@ -225,6 +255,8 @@ def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: 
             "events": events,
             "distributed": meta.distributed,
             "info": meta.info,
+            **({"host_pids": sorted(extent.pids), "span_ns": [extent.start, extent.end]}
+               if extent is not None else {}),
         }
     )
     manifest["clock_offsets"][f"{meta.info.get('format', 'kineto')}:{raw.name}"] = meta.base_ns
@@ -238,6 +270,52 @@ def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: 
     for pid, label in meta.process_labels.items():
         labels[f"{rank}:{pid}"] = label
     manifest["warnings"] += source_warnings(raw.name, meta.warnings)
+
+
+def one_recording(manifest: Manifest, paths: Sequence[Path]) -> None:
+    """Refuse files of one rank that are two recordings, not parts of one: the same host
+    process over the same time (a copy, or a recording of it edited), or files that nothing
+    ties together, other processes at other times (another run of the program: a restart,
+    another day). The files of one recording of a rank are tied by a process (its windows one
+    after another, a profiler schedule's cycles) or by time (its DataLoader workers' files
+    beside its own). `paths`: the files the manifest's sources were read from, in its order."""
+    sources = [(path, s) for path, s in zip(paths, manifest["sources"], strict=True)
+               if "span_ns" in s]
+    group = list(range(len(sources)))  # union-find: the files tied together
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for i, (path_a, a) in enumerate(sources):
+        for j, (path_b, b) in enumerate(sources[:i]):
+            if a["rank"] != b["rank"]:
+                continue
+            (a0, a1), (b0, b1) = a["span_ns"], b["span_ns"]
+            overlap = a0 < b1 and b0 < a1
+            shared = sorted(set(a["host_pids"]) & set(b["host_pids"]))
+            if overlap and shared:
+                raise _two_recordings(path_b, path_a, a["rank"],
+                                      f"process {shared[0]} over the same time")
+            if overlap or shared:
+                group[root(i)] = root(j)
+    seen: dict[int, tuple[int, int]] = {}  # each rank's first file: its group, its index
+    for i, (path_a, a) in enumerate(sources):
+        mine, (theirs, j) = root(i), seen.setdefault(a["rank"], (root(i), i))
+        if mine != theirs:
+            path_b, b = sources[j]
+            gap = (max(a["span_ns"][0], b["span_ns"][0])
+                   - min(a["span_ns"][1], b["span_ns"][1])) / 1e9
+            unit, name = next(((u, n) for u, n in ((86400, "days"), (3600, "hours"),
+                                                   (60, "minutes")) if gap >= u), (1, "s"))
+            raise _two_recordings(path_b, path_a, a["rank"],
+                                  f"other processes, {gap / unit:,.1f} {name} apart")
+
+
+def _two_recordings(a: Path, b: Path, rank: int, why: str) -> PerfswarmError:
+    return PerfswarmError(f"{a} and {b}: two recordings of rank {rank} ({why}); a Run holds "
+                          "one: import each alone (`perfswarm diff A.run B.run` compares them)")
 
 
 def ranks_seen(manifest: Manifest) -> None:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace import nsys
 from perfswarm.trace.build import (
+    Extent,
     ImportOptions,
     Progress,
     Streaming,
@@ -22,6 +23,7 @@ from perfswarm.trace.build import (
     describe,
     file_rank,
     in_memory,
+    one_recording,
     ranks_seen,
     with_rank,
     write_tables,
@@ -67,7 +69,8 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
         meta, tables = read_file(path, i, opts, spill_dir=run.path)
         rank = file_rank(options, i, meta)
         parts.append(with_rank(tables, rank))
-        describe(manifest, run.add_raw(path), rank, meta, parts[-1].events.num_rows)
+        describe(manifest, run.add_raw(path), rank, meta, parts[-1].events.num_rows,
+                 Extent.of(parts[-1].events))
     if progress:
         progress("writing tables", len(paths), len(paths))
     return in_memory(parts)
@@ -84,9 +87,10 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
         if progress:
             progress(f"streaming {path.name}", i, len(paths))
         override = options.ranks[i] if options.ranks else None
-        meta, spill, rows = stream.spill_trace(path, i, opts, _scratch(run) / str(i), override)
+        meta, spill, rows, extent = stream.spill_trace(path, i, opts, _scratch(run) / str(i),
+                                                       override)
         spills.append(spill)
-        describe(manifest, run.add_raw(path), file_rank(options, i, meta), meta, rows)
+        describe(manifest, run.add_raw(path), file_rank(options, i, meta), meta, rows, extent)
     if progress:
         progress("merging (out of core)", len(paths), len(paths))
     # A fixed budget, not a share of RAM: this path exists for inputs that do not fit,
@@ -149,6 +153,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
         else:
             read = _stream_all if streamed else _read_all
             tables = read(run, paths, options, manifest, progress)
+        one_recording(manifest, paths)
         write_tables(run, tables)
         shutil.rmtree(_scratch(run), ignore_errors=True)
         ranks_seen(manifest)

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from perfswarm.trace import readers
 from perfswarm.trace.build import (
+    Extent,
     ImportOptions,
     Progress,
     TableParts,
@@ -45,6 +46,7 @@ class FilePart:
     rank: int
     meta: TraceMeta
     events: int
+    extent: Extent | None
     tables: dict[str, Path]  # events sorted by time with the file's steps marked; the others
 
 
@@ -66,7 +68,7 @@ def read_file(path: Path, index: int, options: ImportOptions, scratch: Path) -> 
     for name in SMALL_TABLES:
         pq.write_table(getattr(tables, name), out[name])
     _write_sorted(tables.events, tables.steps, out["events"])
-    return FilePart(rank, meta, tables.events.num_rows, out)
+    return FilePart(rank, meta, tables.events.num_rows, Extent.of(tables.events), out)
 
 
 def merge_rank(parts: Sequence[dict[str, Path]], out: Path) -> Path:
@@ -91,7 +93,7 @@ def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, man
         client, read_file, [(p, i, options, scratch / str(i)) for i, p in enumerate(paths)], done)
     by_rank: dict[int, list[FilePart]] = {}
     for path, part in zip(paths, files, strict=True):
-        describe(manifest, run.add_raw(path), part.rank, part.meta, part.events)
+        describe(manifest, run.add_raw(path), part.rank, part.meta, part.events, part.extent)
         by_rank.setdefault(part.rank, []).append(part)
     shared = sorted(r for r, group in by_rank.items() if len(group) > 1)
     merged = dict(zip(shared, run_all(client, merge_rank, [

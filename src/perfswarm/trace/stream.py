@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from perfswarm.trace import eventsplit
+from perfswarm.trace.build import Extent
 from perfswarm.trace.kineto import (
     ReadOptions,
     TraceMeta,
@@ -38,10 +39,11 @@ _SCHEMAS = {"events": EVENTS, "flows": FLOWS, "counters": COUNTERS, "steps": STE
 
 
 def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
-                rank_override: int | None = None) -> tuple[TraceMeta, dict[str, Path], int]:
+                rank_override: int | None = None
+                ) -> tuple[TraceMeta, dict[str, Path], int, Extent | None]:
     """Decode `path` in batches and write its tables to Parquet files under `scratch`.
 
-    Returns the metadata, the spilled file per table, and the number of events.
+    Returns the metadata, the spilled file per table, the number of events and their extent.
     """
     layout = eventsplit.scan(path)
     meta = trace_meta(path, eventsplit.metadata(path, layout))
@@ -51,6 +53,7 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
     spill = {name: scratch / f"{name}.parquet" for name in SPILLED}
     writers = {name: pq.ParquetWriter(spill[name], _SCHEMAS[name]) for name in SPILLED}
     rows = 0
+    extent: Extent | None = None
     try:
         first = 0
         for text in eventsplit.pieces(path, layout):
@@ -58,6 +61,8 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
             part = tables_from_events(path, batch, meta, rank, opts, first_index=first)
             first += len(batch)
             rows += part.events.num_rows
+            found = Extent.of(part.events)
+            extent = found.union(extent) if found is not None else extent
             _write(writers, part)
         if first == 0:
             raise no_events(path)
@@ -65,4 +70,4 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
     finally:
         for w in writers.values():
             w.close()
-    return meta, spill, rows
+    return meta, spill, rows, extent
