@@ -315,3 +315,18 @@ def test_two_recordings_of_a_rank_are_refused(tmp_path: Path, streaming: str,
     with pytest.raises(PerfswarmError, match=r"\(other processes, 1.0 s apart\)"):
         import_traces([ok[0], trace("d.json", 7, 1_000_003.0)], tmp_path / "d.run",
                       ImportOptions(streaming=streaming), ["t"])
+
+
+def test_a_directory_says_which_trace_files_it_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """HTA's corpus holds one *.pt.trace.json.gz among 14 *.json[.gz]: the log-dir rule takes
+    that one; the 13 others (counted here from the folder) are named as left out."""
+    from perfswarm.cli.main import main
+
+    others = sorted(f for f in CORPUS.rglob("*") if f.is_file() and f.name.endswith(
+        (".json", ".json.gz", ".sqlite")) and ".pt.trace.json" not in f.name)
+    assert main(["import", str(CORPUS), "-o", str(tmp_path / "r.run")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "from 1 file(s)" in out
+    assert (f"left out {len(others)} other trace file(s) under the directories given, "
+            f"{others[0]} the first") in out

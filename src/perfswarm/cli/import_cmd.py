@@ -6,11 +6,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, progress_bar
-from perfswarm.trace.ingest import ImportOptions, Streaming, import_traces, trace_files
+from perfswarm.trace.ingest import (
+    ImportOptions,
+    Streaming,
+    import_traces,
+    passed_over,
+    trace_files,
+)
 
 
 @app.command("import")
@@ -42,6 +49,7 @@ def import_command(
                             drop_bad_events=drop_bad_events, streaming=mode, force=force,
                             cluster=cluster_options(workers, scheduler, worker_memory))
     command = ["perfswarm", "import", *map(str, traces)]
+    left_out = passed_over(traces)
     traces = trace_files(traces)
     with progress_bar(quiet) as bar:
         task = bar.add_task("import", total=len(traces))
@@ -55,3 +63,8 @@ def import_command(
         events = sum(int(s.get("events", 0)) for s in manifest["sources"])
         console.print(f"imported {events:,} events from {len(traces)} file(s) into {run.path}"
                       f" ({len(manifest['warnings'])} warning(s))")
+        if left_out:
+            console.print(Text(
+                f"left out {len(left_out)} other trace file(s) under the directories given, "
+                f"{left_out[0]} the first: where a directory holds *.pt.trace.json[.gz] "
+                "(a TensorBoard log dir), only those are taken; name the others to import them"))

@@ -35,7 +35,7 @@ from perfswarm.trace.readers.fields import Placement
 from perfswarm.trace.schema import COUNTERS
 from perfswarm.trace.store import Manifest, Run, creating, new_manifest
 
-__all__ = ["ImportOptions", "Streaming", "import_traces", "trace_files"]
+__all__ = ["ImportOptions", "Streaming", "import_traces", "passed_over", "trace_files"]
 
 def uncompressed_size(path: Path) -> int:
     """Size of the JSON text: the gzip trailer's ISIZE (mod 4 GiB, so bounded below by the file)."""
@@ -111,17 +111,27 @@ def trace_files(paths: Sequence[Path]) -> list[Path]:
     profiler plugin writes, `*.pt.trace.json[.gz]`; else every `*.json[.gz]`), sorted."""
     out: list[Path] = []
     for p in paths:
-        if not p.is_dir():
-            out.append(p)
-            continue
-        files = sorted(f for f in p.rglob("*") if f.is_file())
-        found = ([f for f in files if f.name.endswith(_TRACE_SUFFIXES)]
-                 or [f for f in files if f.name.endswith((".json", ".json.gz", ".sqlite"))])
-        if not found:
-            raise PerfswarmError(f"{p}: a directory with no trace files (*.json, *.json.gz,"
-                                 " *.sqlite)")
-        out += found
+        out += _under(p)[0] if p.is_dir() else [p]
     return out
+
+
+def passed_over(paths: Sequence[Path]) -> list[Path]:
+    """The files under the directories among `paths` that look like traces and that
+    `trace_files` leaves out (the other `*.json[.gz]` and `*.sqlite` where it found
+    `*.pt.trace.json[.gz]`)."""
+    return [f for p in paths if p.is_dir() for f in _under(p)[1]]
+
+
+def _under(directory: Path) -> tuple[list[Path], list[Path]]:
+    """The trace files under `directory` and the others that look like traces."""
+    files = sorted(f for f in directory.rglob("*") if f.is_file())
+    named = [f for f in files if f.name.endswith(_TRACE_SUFFIXES)]
+    other = [f for f in files if f.name.endswith((".json", ".json.gz", ".sqlite"))
+             and f not in named]
+    if not named and not other:
+        raise PerfswarmError(f"{directory}: a directory with no trace files (*.json, "
+                             "*.json.gz, *.sqlite)")
+    return (named, other) if named else (other, [])
 
 
 def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
