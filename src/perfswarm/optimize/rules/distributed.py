@@ -87,6 +87,14 @@ def communication_bound(facts: Facts) -> Advice | None:
     last = comm_ns / comm.height * facts.step_count()
     evidence["compute_only_ns"] = compute_only
     hidden = min(max(0.0, exposed - last), compute_only)
+    # hiding a collective shortens a step only where the step's critical path runs through it
+    path = facts.critical_path
+    on_path = (None if path is None else
+               sum(s.ns["collective"] for s in path.steps) if path.steps else path.ns["collective"])
+    if on_path is not None:
+        evidence["overlap_model_ns"] = round(hidden)
+        evidence["collective_on_critical_path_ns"] = on_path
+        hidden = min(hidden, on_path)
     ddp = facts.events["name"].str.contains(_DDP).any()
     if ddp:
         overlap = ("let DDP's all-reduce overlap the backward: measure bucket_cap_mb both ways "
@@ -100,6 +108,13 @@ def communication_bound(facts: Facts) -> Advice | None:
                    "result is needed, so that compute runs meanwhile")
         fewer = ("fewer, larger collectives (flatten small tensors into one), bf16 or fp16 "
                  "data, or communicate every k steps")
+    if on_path == 0:  # the steps wait on other work: shorter collectives change nothing
+        return advice(facts, "communication_bound",
+                      "collectives run beside no compute, but off the critical path", evidence,
+                      0, "no time saved: no collective is on the steps' critical path (analyze's), which "
+                      "other work decides; hiding or shortening the collectives leaves the steps "
+                      "as long", f"{overlap}; {fewer}: only once the critical path runs "
+                      "through the collectives")
     if not hidden:  # nothing runs beside the collectives to hide them under
         return advice(facts, "communication_bound",
                       "communication is exposed on the critical path", evidence, None,

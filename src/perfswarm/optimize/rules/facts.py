@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
+from perfswarm.analyze.critical_path import CriticalPath
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
@@ -86,6 +87,8 @@ class Facts:
     concurrency: tuple[RankConcurrency, ...] = ()
     # analyze's stragglers: each rank's wait at the collectives for the last rank to enter
     stragglers: Stragglers | None = None
+    # analyze's critical path (the whole run's, each profiled step's in `steps`)
+    critical_path: CriticalPath | None = None
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -112,7 +115,7 @@ class Facts:
                    run.manifest(), run, raw, analysis.launch,
                    run_steps.with_columns(pl.col("source").cast(pl.String)),
                    analysis.memory, analysis.sequences, analysis.concurrency.ranks,
-                   analysis.stragglers)
+                   analysis.stragglers, analysis.critical_path)
 
     # -- selections ----------------------------------------------------------
     def with_text(self, frame: pl.DataFrame, column: Literal["args", "detail"]) -> pl.DataFrame:
