@@ -22,7 +22,7 @@ from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import stragglers
-from perfswarm.analyze.summary import diff_runs
+from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarms import Labels, describe, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -806,3 +806,35 @@ def test_step_time_after_the_window() -> None:
                             + [(0, 10, "detected")] * 3))
     assert close is not None and close.before_ns == 10.5 * ms and close.heap_shift is None
     assert found.before_ns is None  # two steps before the window, the first the warm-up
+
+
+def test_step_paths_past_their_window_and_an_unexplained_device_wait(
+        corpus_runs: dict[str, Run]) -> None:
+    """HTA's trace_compare base: each step's last device op (of those launched in it, or with
+    no launch, starting in it) ends after its ProfilerStep closed; `beyond_step_ns` says by how
+    much (the raw JSON's last end less the marker's end). Its memsets and copies have no launch
+    in the trace: the stream's wait before them is `device_idle`, not `stream_queue` (nothing
+    says they were queued)."""
+    with gzip.open(corpus("compare_base"), "rt") as f:
+        raw = orjson.loads(f.read())["traceEvents"]
+
+    def ns(x: Any) -> int:
+        return int(Decimal(str(x)) * 1000)
+
+    launches = {e["args"]["correlation"]: ns(e["ts"]) for e in raw
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    device = [e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    marks = sorted((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in raw
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
+    expected = []
+    for lo, hi in marks:
+        ends = [ns(e["ts"]) + ns(e["dur"]) for e in device
+                if lo <= launches.get(e["args"].get("correlation"), ns(e["ts"])) < hi]
+        expected.append(max(0, max(ends) - hi))
+    path = analyze(corpus_runs["compare_base"]).critical_path
+    assert path is not None
+    assert [s.beyond_step_ns for s in path.steps] == expected
+    assert all(b > 50_000_000 for b in expected)  # 57 and 52 ms
+    assert all(s.ns["device_idle"] > 0.99 * s.length_ns - s.ns["kernel"] - s.ns["memcpy"]
+               - s.ns["memset"] - s.ns["stream_queue"] for s in path.steps)
+    assert path.beyond_step_ns == 0

@@ -24,6 +24,9 @@ step's start, so its length is the step's time from its start to the end of its 
   was the last thing it waited for;
 - stream_queue: a device op starting after the previous op on its stream ended (it had
   been launched earlier and queued behind it);
+- device_idle: a device op starting after the previous op on its stream ended, with no launch
+  in the trace (nothing says it was queued: its stream idled for a cause the trace lacks; a
+  gloo collective whose issuing call is not traced leaves its thread's wait `host_idle`);
 - event_wait: a device op starting after the op recorded by the event its stream waited
   on (cudaStreamWaitEvent) ended;
 - kernel, memcpy, memset, collective: device ops running (a collective from the moment
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -53,7 +56,8 @@ from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.stragglers import Peer, instances_of
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "launch_overhead",
-                     "stream_queue", "event_wait", "kernel", "collective", "memcpy", "memset")
+                     "stream_queue", "event_wait", "device_idle", "kernel", "collective",
+                     "memcpy", "memset")
 HOST_STATES: Final = ("cpu", "runtime", "host_idle")
 TOP = 20
 STEP_TOP = 5
@@ -87,6 +91,13 @@ class CriticalPath:
     top: tuple[tuple[str, str, int], ...]  # (category, name, ns), largest first
     step: int | None = None  # the iteration of a step's path
     steps: tuple[CriticalPath, ...] = ()  # each iteration's own path (the whole Run's only)
+    step_end: int | None = None  # a step's path: where its window ends (its last rank's)
+
+    @property
+    def beyond_step_ns(self) -> int:
+        """How long after its window a step's last work ended (its device work still running
+        in the next step: the steps' paths then overlap), 0 for the Run's path."""
+        return max(0, self.end - self.step_end) if self.step_end is not None else 0
 
     @property
     def length_ns(self) -> int:
@@ -97,7 +108,8 @@ class CriticalPath:
         return len(self.handovers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**({"step": self.step} if self.step is not None else {}),
+        return {**({"step": self.step, "beyond_step_ns": self.beyond_step_ns}
+                   if self.step is not None else {}),
                 "start": self.start, "end": self.end, "length_ns": self.length_ns,
                 "ns": dict(self.ns), "share": {c: (v / self.length_ns if self.length_ns else 0.0)
                                                for c, v in self.ns.items()},
@@ -225,6 +237,8 @@ class _Walk:
         if not preds:
             return None
         ready, dep, where, category = max(preds)
+        if category == "stream_queue" and row not in g.launch_of:
+            category = "device_idle"  # not known to be launched before its stream freed
         self.add(category, ready, start)
         return (rank, where, dep, ready)
 
@@ -249,6 +263,8 @@ class _Walk:
         if not preds:
             return None
         ready, dep, category = max(preds)
+        if category == "stream_queue" and row not in g.issued.call:
+            category = "host_idle"  # not known to be issued before its thread freed
         self.add(category, ready, start, dep)
         if category == "thread_wait" and start > self.floor:
             self.handovers.append(Handover(rank, int(ev.tid[dep]), int(ev.tid[row]), start,
@@ -482,7 +498,8 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
     for i, (step, window) in enumerate(steps, 1):
         last = last_work([p[i] for p in parts])
         if last is not None:
-            per_step.append(path(last[3], path_of(last, back_to(window)), STEP_TOP, step))
+            per_step.append(replace(path(last[3], path_of(last, back_to(window)), STEP_TOP, step),
+                                    step_end=max(hi for _, hi in window.values())))
     return path(start[3], path_of(start, back_to(None)), steps=per_step)
 
 

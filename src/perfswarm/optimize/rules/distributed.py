@@ -111,10 +111,11 @@ def communication_bound(facts: Facts) -> Advice | None:
     if on_path == 0:  # the steps wait on other work: shorter collectives change nothing
         return advice(facts, "communication_bound",
                       "collectives run beside no compute, but off the critical path", evidence,
-                      0, "no time saved: no collective is on the steps' critical path (analyze's), which "
-                      "other work decides; hiding or shortening the collectives leaves the steps "
-                      "as long", f"{overlap}; {fewer}: only once the critical path runs "
-                      "through the collectives")
+                      0, "no time saved: no collective is on the steps' critical path "
+                      "(analyze's), which other work decides; hiding or shortening the "
+                      "collectives leaves the steps as long",
+                      f"{overlap}; {fewer}: only once the critical path runs through the "
+                      "collectives")
     if not hidden:  # nothing runs beside the collectives to hide them under
         return advice(facts, "communication_bound",
                       "communication is exposed on the critical path", evidence, None,
