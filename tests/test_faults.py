@@ -422,7 +422,7 @@ def test_full_disk_out_of_core_merge(tmp_path: Path, big_trace: tuple[Path, floa
     from perfswarm.trace.store import creating
 
     trace, _, _ = big_trace
-    _, spill, _ = stream.spill_trace(trace, 0, ReadOptions(), tmp_path / "spill")
+    _, spill, _, _ = stream.spill_trace(trace, 0, ReadOptions(), tmp_path / "spill")
     with _tmpfs("1m") as disk:
         out = disk / "m.run"
         with pytest.raises(PerfswarmError) as err, creating(out) as run:
