@@ -237,12 +237,15 @@ def sample_steps(samples: pa.Table, stacks: pa.Table) -> dict[int, list[StepWind
 
 def time_windows(ev: Events, counters: pa.Table,
                  count: int = WINDOWS) -> dict[int, list[StepWindow]]:
-    """`count` equal windows over the span of the events and counter readings, for every rank
-    with events (the host, rank -1, when there are none)."""
+    """`count` equal windows over the span of the work (Events.work, the span concurrency
+    breaks down: not the profiler's own range and closing instant, which can last a second
+    past the last op) and the counter readings, for every rank with events (the host, rank
+    -1, when there are none)."""
     read = np.asarray(counters.column("ts").to_numpy(), np.int64)
-    starts = [t.min() for t in (ev.ts, read) if len(t)]
-    # spans end where the last event ends, just past the last reading (so it falls inside)
-    ends = [t.max() + extra for t, extra in ((ev.end, 0), (read, 1)) if len(t)]
+    work = ev.work
+    starts = [t.min() for t in (ev.ts[work], read) if len(t)]
+    # spans end where the last work ends, just past the last reading (so it falls inside)
+    ends = [t.max() + extra for t, extra in ((ev.end[work], 0), (read, 1)) if len(t)]
     if not starts or max(ends) <= min(starts) + count:
         return {}
     lo, span = int(min(starts)), int(max(ends)) - int(min(starts))

@@ -190,6 +190,12 @@ class Events:
         return self._named(HOST_COLLECTIVE) & self.of_kind("user_annotation") & (self.dur > 0)
 
     @cached_property
+    def work(self) -> Mask:
+        """What a rank's span covers (concurrency's states): device ops, host work, and
+        collectives on host threads; not the profiler's own ranges and instants."""
+        return self.of_kind(*DEVICE_OPS) | self.host_busy | self.host_collective
+
+    @cached_property
     def collective_call(self) -> Mask:
         """The calls that issued collectives to a process group (COLLECTIVE_CALL)."""
         return self._named(COLLECTIVE_CALL) & self.of_kind("cpu_op")
