@@ -78,7 +78,9 @@ def communication_bound(facts: Facts) -> Advice | None:
                 "overlapped_pct": pct(comm_ns - sum(e for _, e, _, _ in per_rank.values()),
                                       comm_ns),
                 "waited_for_last_rank_ns": sum(waited.get(r, 0) for r in per_rank),
-                "exposed_ns": exposed, "device_busy_ns": busy,
+                "exposed_ns": exposed,
+                # a CPU process group's: the rank's ops and its collectives on host threads
+                "device_busy_ns" if facts.device_events.height else "host_busy_ns": busy,
                 "comm_share_of_busy_pct": pct(comm_ns, busy), "exposed_share_of_busy_pct": share}
     # DDP's buckets all-reduce while backward computes the next ones: collective time can
     # hide only under compute that no collective overlaps yet, and the last bucket of each
