@@ -66,6 +66,9 @@ def test_report_data_of_nccl(corpus_runs: dict[str, Run]) -> None:
     assert [c["label"] for c in data["cards"]] == [
         "step time", "throughput", "device utilization (rank 0)", "events"]
     assert data["cards"][0]["value"] == "222.442 ms"
+    # utilization says what it is of: the span (684 ms), not the steps' 667 ms advise reads
+    assert data["cards"][2]["value"] == "23.0%" and data["cards"][2]["detail"].startswith(
+        "of the rank's span, 684.279 ms from its first work to its last")
     assert [(i["rank"], i["step"], i["source"]) for i in data["iterations"]] == [
         (0, 4, "marker"), (0, 5, "marker"), (0, 6, "marker")]
     assert data["iterations"][0]["dur_ns"] == 222_442_191

@@ -176,7 +176,9 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
             busy = 1.0 - share["host_busy_device_idle"] - share["idle"]
             cards.append(Card(
                 label=f"device utilization (rank {rank['rank']})", value=f"{100 * busy:.1f}%",
-                detail=f"communication hidden {rank['total']['comm_overlap_pct']:.1f}%"))
+                detail=f"of the rank's span, {ms(rank['total']['span_ns'])} from its first "
+                       "work to its last (advise's busy_pct: of the profiled steps' time); "
+                       f"communication hidden {rank['total']['comm_overlap_pct']:.1f}%"))
         else:  # a CPU run: the host is the device
             host = rank.get("host_comm")
             comm = ("" if not host else f"; in collectives {ms(host['comm_ns'])}, "
