@@ -13,13 +13,16 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import GLOO_DDP, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency
-from perfswarm.analyze.critical_path import critical_path
+from perfswarm.analyze.critical_path import critical_path, innermost
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -838,3 +841,62 @@ def test_step_paths_past_their_window_and_an_unexplained_device_wait(
     assert all(s.ns["device_idle"] > 0.99 * s.length_ns - s.ns["kernel"] - s.ns["memcpy"]
                - s.ns["memset"] - s.ns["stream_queue"] for s in path.steps)
     assert path.beyond_step_ns == 0
+
+
+@st.composite
+def nested_spans(draw: st.DrawFn) -> list[tuple[int, int]]:
+    """Properly nested spans of one thread (children within parents, siblings apart)."""
+    spans: list[tuple[int, int]] = []
+
+    def fill(lo: int, hi: int, depth: int) -> None:
+        t = lo
+        while t < hi and len(spans) < 40 and draw(st.booleans()):
+            a = t + draw(st.integers(0, 3))
+            b = min(hi, a + draw(st.integers(1, 30)))
+            if a >= b:
+                return
+            spans.append((a, b))
+            if depth < 4:
+                fill(a, b, depth + 1)
+            t = b
+
+    fill(0, 400, 0)
+    return spans
+
+
+@given(nested_spans())
+def test_innermost_span_of_each_segment(spans: list[tuple[int, int]]) -> None:
+    starts = np.array([a for a, _ in spans], np.int64)
+    ends = np.array([b for _, b in spans], np.int64)
+    points = sorted_unique(np.concatenate([starts, ends]))
+    got = innermost(starts, ends, points, np.arange(len(spans), dtype=np.int64) + 7)
+    for i, p in enumerate(points[:-1].tolist()):
+        over = [j for j, (a, b) in enumerate(spans) if a <= p < b]
+        # the latest to open, the shorter of two opening together, the later of twins
+        assert got[i] == (max(over, key=lambda j: (spans[j][0], -spans[j][1], j)) + 7
+                          if over else -1)
+
+
+def test_the_path_names_its_host_work(corpus_runs: dict[str, Run]) -> None:
+    """HTA's simple_add: runtime calls are 91% of the path, the CUDA context's set-up in
+    cudaDeviceGetStreamPriorityRange 24.6 s, one cudaLaunchKernel 4.2 s (the longest of each
+    in the raw JSON); the path's top names them (it had named only a copy and a sync). The
+    names' time is the innermost op's: within each category's total."""
+    with gzip.open(corpus("simple_add"), "rt") as f:
+        raw = orjson.loads(f.read())["traceEvents"]
+    longest: dict[str, int] = {}
+    for e in raw:
+        if e.get("cat") == "cuda_runtime":
+            dur = int(Decimal(str(e["dur"])) * 1000)
+            longest[e["name"]] = max(longest.get(e["name"], 0), dur)
+    first = max(longest, key=lambda n: longest[n])
+    assert first == "cudaDeviceGetStreamPriorityRange" and longest[first] > 24_000_000_000
+    assert longest["cudaLaunchKernel"] > 4_000_000_000
+    path = analyze(corpus_runs["simple_add"]).critical_path
+    assert path is not None
+    top = {(c, n): v for c, n, v in path.top}
+    assert path.top[0][:2] == ("runtime", first)
+    assert top[("runtime", first)] >= longest[first]
+    assert top[("runtime", "cudaLaunchKernel")] >= longest["cudaLaunchKernel"]
+    for category in ("cpu", "runtime"):
+        assert sum(v for (c, _), v in top.items() if c == category) <= path.ns[category]

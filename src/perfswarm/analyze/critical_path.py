@@ -138,6 +138,8 @@ class Graph:
     # keyed by lane_key(rank, tid)
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
+    # per thread, the innermost op over each segment of its timeline (-1 where none)
+    thread_owner: dict[int, I64] = field(default_factory=dict)
     thread_start: dict[int, int] = field(default_factory=dict)
     wakes: Mapping[int, Wakes] = field(default_factory=dict)
     issued: Issued = field(default_factory=lambda: Issued({}, {}))
@@ -175,6 +177,7 @@ def _threads(g: Graph) -> None:
         busy = covered(starts, ends, points)
         codes = np.where(in_call, 1, np.where(busy, 0, 2)).astype(np.int64)
         g.thread_sums[key] = StateSums(points, codes, len(HOST_STATES), 2)
+        g.thread_owner[key] = innermost(starts, ends, points, rows)
         g.thread_start[key] = int(starts.min())
         waited = [c for c in rows[calls].tolist() if c in g.sync_target
                   and ev.end[g.sync_target[c]] > ev.ts[c] and ev.ts[g.sync_target[c]] < ev.end[c]]
@@ -202,6 +205,24 @@ class _Walk:
         self.ns[category] += hi - lo
         if row >= 0:
             self.by_name[(category, int(self.g.ev.name[row]))] += hi - lo
+
+    def _host_names(self, key: int, lo: int, hi: int) -> None:
+        """Name the thread's op and runtime time in [lo, hi) by the innermost op over it."""
+        sums, owner = self.g.thread_sums[key], self.g.thread_owner[key]
+        points = sums.points
+        first = max(int(np.searchsorted(points, lo, side="right")) - 1, 0)
+        segments = np.arange(first, min(int(np.searchsorted(points, hi)), len(points) - 1))
+        if hi <= lo or not len(segments):
+            return
+        length = np.minimum(points[segments + 1], hi) - np.maximum(points[segments], lo)
+        state, who = sums.codes[segments], owner[segments]
+        keep = (length > 0) & (who >= 0) & (state < HOST_STATES.index("host_idle"))
+        pairs = state[keep] * len(self.g.ev.names) + self.g.ev.name[who[keep]]
+        found, at = np.unique(pairs, return_inverse=True)
+        for pair, ns in zip(found.tolist(), np.bincount(at, weights=length[keep]).tolist(),
+                            strict=True):
+            state_of, name = divmod(pair, len(self.g.ev.names))
+            self.by_name[(HOST_STATES[state_of], name)] += int(ns)
 
     def _late_peer(self, row: int, t: int, where: str) -> State | None:
         """Of a collective `row` (up to t) that another rank entered after this one: the time
@@ -288,6 +309,7 @@ class _Walk:
             lo = max(lo, self.floor)
             for state, ns in zip(HOST_STATES, sums.between(lo, t).tolist(), strict=True):
                 self.ns[state] += ns
+            self._host_names(key, lo, t)
 
         if wakes is not None and j >= 0 and (sync_end is None
                                             or int(wakes.resume[j]) > sync_end):
@@ -308,6 +330,35 @@ class _Walk:
         done = min(int(ev.end[target]), int(ev.end[call]))
         self.add("sync", done, int(ev.end[call]), call)
         return (rank, "dev", target, done)
+
+
+def innermost(starts: I64, ends: I64, points: I64, rows: I64) -> I64:
+    """For each segment [points[i], points[i+1]) of one thread's nested spans (`starts`,
+    `ends` of `rows`, each longer than 0; `points` all their starts and ends, sorted and
+    unique), the row of the innermost span over it, -1 where none is. The spans over segment
+    i are those opened at or before it less those closed by then, D of them; the innermost is
+    the last one opened at depth D (a later one at that depth would have closed it)."""
+    n = len(points)
+    out = np.full(max(n - 1, 0), -1, np.int64)
+    if n < 2 or not len(rows):
+        return out
+    s_at, e_at = np.searchsorted(points, starts), np.searchsorted(points, ends)
+    opened = np.cumsum(np.bincount(s_at, minlength=n))  # opened at or before each point
+    closed = np.cumsum(np.bincount(e_at, minlength=n))  # closed at or before each point
+    over = (opened - closed)[:-1]  # spans over each segment
+    # each span's depth as it opens: those open before its point and not closed there, then
+    # its place among the spans opening at the point, the outer (longer) first
+    order = np.lexsort((-ends, s_at))
+    at = s_at[order]
+    place = np.arange(len(order)) - np.searchsorted(at, at, side="left")
+    depth = np.where(at > 0, opened[np.maximum(at - 1, 0)], 0) - closed[at] + place + 1
+    key = depth * n + at  # by depth, then by where it opened
+    by_key = np.argsort(key, kind="stable")
+    found = np.searchsorted(key[by_key], over * n + np.arange(n - 1), side="right") - 1
+    span = by_key[np.maximum(found, 0)]
+    hit = (over > 0) & (found >= 0) & (depth[span] == over)
+    out[hit] = rows[order[span[hit]]]
+    return out
 
 
 def _device_category(ev: Events, row: int) -> str:
