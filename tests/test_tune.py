@@ -281,18 +281,19 @@ def test_a_tuned_batch_size_is_judged_in_samples(tmp_path: Path) -> None:
 
 
 def test_values_measured_already_are_not_run_again(tmp_path: Path) -> None:
-    """Six trials over three batch sizes: the sampler proposes some values twice; each such
-    trial takes the first measurement of its values (`same_as`) and runs nothing."""
+    """Seven trials over eight configurations (TPE: the space is larger than the trials): the
+    sampler proposes some values twice; each such trial takes the first measurement of its
+    values (`same_as`) and runs nothing."""
     space = tmp_path / "space.yaml"
-    space.write_text("params:\n  - {name: batch, type: categorical, choices: [32, 64, 128], "
-                     "flag: '--batch-size='}\n")
+    space.write_text("params:\n  - {name: batch, type: categorical, choices: [32, 64, 128, 256],"
+                     " flag: '--batch-size='}\n  - {name: fast, type: bool, flag: --fast}\n")
     runs = tmp_path / "runs.txt"
     counting = f"open({str(runs)!r}, 'a').write('run\\n')\n" + BATCHED
     result = tune([sys.executable, "-c", counting, "--batch-size=64"], load_space(space),
-                  TuneOptions(out=tmp_path / "out", trials=6, seed=3, measure="stdout"))
+                  TuneOptions(out=tmp_path / "out", trials=7, seed=0, measure="stdout"))
     measured = [t for t in result.trials if "same_as" not in t]
     again = [t for t in result.trials if "same_as" in t]
-    assert again  # 6 trials over 3 values
+    assert again
     assert len({tuple(t["params"].items()) for t in measured}) == len(measured)
     by_number = {t["number"]: t for t in result.trials}
     for t in again:
@@ -300,3 +301,17 @@ def test_values_measured_already_are_not_run_again(tmp_path: Path) -> None:
         assert first["params"] == t["params"] and "same_as" not in first
         assert t["throughput"] == first["throughput"] and t["number"] > first["number"]
     assert len(runs.read_text().splitlines()) == len(result.baseline_throughputs) + len(measured)
+
+
+def test_a_small_space_is_tried_whole(tmp_path: Path) -> None:
+    """Eight configurations and eight trials: each is measured once (TPE, seeded, had measured
+    some three times and never tried others), the best among them."""
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  - {name: batch, type: categorical, choices: [32, 64, 128, 256],"
+                     " flag: '--batch-size='}\n  - {name: fast, type: bool, flag: --fast}\n")
+    result = tune([sys.executable, "-c", BATCHED, "--batch-size=64"], load_space(space),
+                  TuneOptions(out=tmp_path / "out", trials=8, seed=0, measure="stdout"))
+    tried = sorted((t["params"]["batch"], t["params"]["fast"]) for t in result.trials)
+    assert tried == [(b, f) for b in (32, 64, 128, 256) for f in (False, True)]
+    assert not any("same_as" in t for t in result.trials)
+    assert result.best is not None and result.best["params"]["batch"] == 256

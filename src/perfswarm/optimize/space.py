@@ -48,6 +48,16 @@ class Param:
         assert value is not None  # choices come from YAML scalars; null is rejected on load
         return value
 
+    def values(self) -> int | None:
+        """How many values it can take; None for a float range without a step."""
+        if self.kind == "bool":
+            return 2
+        if self.kind == "categorical":
+            return len(self.choices)
+        if self.low is None or self.high is None or (self.kind == "float" and not self.step):
+            return None
+        return int((self.high - self.low) // (self.step or 1)) + 1
+
     def apply(self, value: Value, env: dict[str, str], argv: list[str]) -> None:
         """Put `value` into the child's environment or onto its command line (appended, so it
         overrides an earlier occurrence of the flag for argparse-style parsers)."""
@@ -116,6 +126,17 @@ def load_space(path: Path) -> tuple[Param, ...]:
     if len(set(names)) != len(names):
         raise PerfswarmError(f"{path}: parameter names must be unique")
     return params
+
+
+def space_size(params: Sequence[Param]) -> int | None:
+    """How many configurations the space holds; None when a float range has no step."""
+    size = 1
+    for p in params:
+        values = p.values()
+        if values is None:
+            return None
+        size *= values
+    return size
 
 
 def configure(params: Sequence[Param], values: Mapping[str, Value], argv: Sequence[str],

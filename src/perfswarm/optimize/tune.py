@@ -16,6 +16,7 @@ import collections
 import os
 import re
 import statistics
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import optuna
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.predict import batch_flag, is_batch_flag
 from perfswarm.optimize.prune import BoundPruner
-from perfswarm.optimize.space import Param, Value, configure
+from perfswarm.optimize.space import Param, Value, configure, space_size
 from perfswarm.optimize.trial import (
     STEP_PATTERN,
     CommandFailed,
@@ -158,6 +159,17 @@ class TuneResult:
                         importance=dict(self.importance))
 
 
+def _sampler(params: Sequence[Param], options: TuneOptions) -> optuna.samplers.BaseSampler:
+    """Every configuration once, in a seeded order, where the space holds no more than the
+    trials (TPE on a small space proposes some values again and never others); else TPE."""
+    size = space_size(params)
+    if size is not None and size <= options.trials:
+        with warnings.catch_warnings():  # experimental since optuna 3.1, the same since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.BruteForceSampler(seed=options.seed)
+    return optuna.samplers.TPESampler(seed=options.seed)
+
+
 def _measured_already(study: optuna.Study, trial: optuna.Trial
                       ) -> optuna.trial.FrozenTrial | None:
     """The first trial of the study that measured `trial`'s values to its end or was pruned
@@ -265,7 +277,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
     try:
         study = optuna.create_study(
             study_name=options.study, storage=storage, direction="maximize", load_if_exists=True,
-            sampler=optuna.samplers.TPESampler(seed=options.seed),
+            sampler=_sampler(params, options),
             pruner=BoundPruner(floor=baseline.throughput * base_batch))
     except (ImportError, ValueError) as exc:  # unknown dialect, bad URL
         raise ParameterError("storage", "", value=storage, detail=str(exc)) from None
