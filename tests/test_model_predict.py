@@ -634,3 +634,33 @@ def test_gloo_ranks_replay_exactly(tmp_path: Path) -> None:
     assert result.replay_error == 0.0
     assert {s.rank for s in result.steps} == {0, 1}
     assert all(s.replayed_ns == s.measured_ns for s in result.steps)
+
+
+def test_predict_says_the_program_s_own_step(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A recorder times steps after its window too: where they are alike, predict shows their
+    median beside the profiled ones, and says when the profiled steps ran otherwise (here
+    the five steps after the window, 1 ms each, against the window's)."""
+    from perfswarm.recorder.build import Hooks, hook_steps
+    from perfswarm.trace.schema import STEPS
+
+    trace = Path(__file__).parent / "data" / "mlp_adam_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "m.run", ImportOptions(), ["t"])
+    marked = run.table("steps")
+    ends = sorted(marked.column("end").to_pylist())
+    last, n = ends[-1], len(ends)
+    ms = 1_000_000
+    hooks = [last + i * ms for i in range(7)]  # the export step, then five of 1 ms
+    after = hook_steps([Hooks(0, hooks, [0] * len(hooks), {})],
+                       {(0, s) for s in marked.column("step").to_pylist()})
+    assert after.column("source").to_pylist()[:1] == ["export"]
+    run.write_table("steps", pa.concat_tables([marked, after]).cast(STEPS))
+    assert main(["predict", str(run.path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["unprofiled_ns"] == ms and n >= 2
+    assert main(["predict", str(run.path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "measured, outside the profiler's window │ 1.000 ms" in out
+    profiled = data["steady"]["measured_ns"]
+    assert (f"note: this run's profiled steps ran x{profiled / ms:.2f} its steps outside the "
+            "profiler's window (1.000 ms;") in out

@@ -54,12 +54,16 @@ def _print(result: Prediction) -> None:
     if 0 < steady["steps"] < len(data["steps"]):
         table.add_row(f"measured, {steady['steps']} steady of {len(data['steps'])}",
                       ms(steady["measured_ns"]), "")
+    if data["unprofiled_ns"]:
+        table.add_row("measured, outside the profiler's window", ms(data["unprofiled_ns"]), "")
     table.add_row("replayed", ms(data["replayed_ns"]), ms(active["replayed"]))
     table.add_row("predicted", ms(data["predicted_ns"]), ms(active["predicted"]))
-    if data["compare"]:
-        table.add_row(f"measured ({data['compare']['path']})",
-                      ms(data["compare"]["measured_ns"]),
-                      ms(data["compare"]["device_active_ns"]))
+    compared = data["compare"]
+    if compared:
+        table.add_row(f"measured ({compared['path']})", ms(compared["measured_ns"]),
+                      ms(compared["device_active_ns"]))
+        if compared["unprofiled_ns"]:
+            table.add_row("  outside its profiler's window", ms(compared["unprofiled_ns"]), "")
     console.print(table)
     console.print(f"replay error {100 * data['replay_error']:.2f}% (GMAE over iterations)")
     if data["predicted_error"] is not None:
@@ -69,12 +73,24 @@ def _print(result: Prediction) -> None:
                   f"{ms(measured)}; " if measured else "")
         console.print(f"prediction error {100 * data['predicted_error']:.2f}% ({signed}against "
                       f"{against}; steady steps spread {100 * steady['spread']:.2f}%)")
+    own, base = ((compared["unprofiled_ns"], compared["measured_ns"]) if compared
+                 else (data["unprofiled_ns"], steady["measured_ns"]))
+    if own and base and abs(base / own - 1) > UNPROFILED_NOTE:
+        console.print(
+            f"note: {'the compared' if compared else 'this'} run's profiled steps ran "
+            f"x{base / own:.2f} its steps outside the profiler's window ({ms(own)}; the "
+            "window's own cost: its per-op overhead, its buffers growing the heap so that large "
+            "tensors page-fault); the prediction is of a profiled step, "
+            f"{100 * (data['predicted_ns'] / own - 1):+.1f}% of the program's own")
     parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
     console.print(f"predicted breakdown: {parts}")
     kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))
     console.print(f"kernel times: {kernels or 'as measured'}")
     for note in data["notes"]:
         console.print(f"note: {note}")
+
+
+UNPROFILED_NOTE = 0.1  # profiled steps this far from the program's own: said
 
 
 @app.command("predict")

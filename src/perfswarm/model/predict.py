@@ -47,7 +47,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, detail_of
 from perfswarm.analyze.intervals import Covered, WindowSums
-from perfswarm.analyze.iterations import iterations
+from perfswarm.analyze.iterations import batch_sizes, iterations, step_time
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.analyze.phases import parameter_rows
 from perfswarm.errors import NotApplicable, ParameterError
@@ -92,6 +92,7 @@ LOADER: Final = "enumerate(DataLoader)#"
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
+ALIKE: Final = 0.25  # steps whose robust spread is within this share of their median: alike
 NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine, said in a note
 LEFT_OUT_SHARE: Final = 0.01  # ops a GPU forecast leaves out, named from this share of the steps
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
@@ -165,6 +166,10 @@ class Prediction:
     compare: tuple[str, int, int] | None = None  # (path, median step, median device active)
     notes: tuple[str, ...] = field(default=())
     steady: frozenset[StepKey] = frozenset()  # the steps typical times are read off
+    # the program's own step outside the profiler's window (iterations.step_time), of the
+    # recorded Run and of the compared one, where the recorder timed steps there
+    unprofiled_ns: int | None = None
+    compare_unprofiled_ns: int | None = None
 
     def _steady(self) -> Steady:
         return steady_of({(s.rank, s.step): s.measured_ns for s in self.steps}, self.steady)
@@ -224,8 +229,10 @@ class Prediction:
             "breakdown_ns": {c: int(statistics.median(s.breakdown_ns.get(c, 0)
                                                       for s in self.steps))
                              for c in categories} if self.steps else {},
+            "unprofiled_ns": self.unprofiled_ns,
             "compare": ({"path": self.compare[0], "measured_ns": self.compare[1],
-                         "device_active_ns": self.compare[2]} if self.compare else None),
+                         "device_active_ns": self.compare[2],
+                         "unprofiled_ns": self.compare_unprofiled_ns} if self.compare else None),
             "steps": [s.to_dict() for s in self.steps], "kernels": dict(self.kernels),
             "lags": {str(r): dict(v) for r, v in self.lags.items()},
             "overheads": self.overheads.to_dict(), "notes": list(self.notes)}
@@ -866,7 +873,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
-                      tuple(notes), steady)
+                      tuple(notes), steady, unprofiled(run),
+                      unprofiled(compare) if compare is not None else None)
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
@@ -921,6 +929,17 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                        "unpriced": sum(unpriced.values())},
                       {r: lags.to_dict() for r, lags in g.lags.items()}, overheads, None,
                       tuple(notes), steady)
+
+
+def unprofiled(run: Run) -> int | None:
+    """The Run's program step outside the profiler's window (iterations.step_time: the
+    median of the steps the recorder timed after it), None where it timed none there or
+    where those steps differ by design (a robust spread over ALIKE of their median: sequences
+    bucketed by length), which no one step stands for."""
+    timing = step_time(run.table("steps"), batch_sizes(run))
+    if timing is None or not timing.outside or timing.spread_ns > ALIKE * timing.median_ns:
+        return None
+    return round(timing.median_ns)
 
 
 def _compare(run: Run) -> tuple[str, int, int]:
