@@ -1203,6 +1203,13 @@ def test_untraced_python_between_the_ops(tmp_path: Path) -> None:
                                 "traced_ns": 6_000_000, "cores_per_loop_process": 1.0}
     assert a.gain_ns is None and a.severity == "medium"
     assert found(host.untraced_python, _sampled(run, [0.3] * 10, 0.3)) is None
+    # perf (1 kHz) saw the loop thread on the CPU throughout: Python; once a step only (a
+    # server sleeping between requests while an idle OpenMP worker spins): none
+    a = shows(host.untraced_python, _perf_samples(_sampled(run, [1.0] * 10, 0.6), 1000,
+                                                  30_000, 1000))
+    assert a.evidence["untraced_on_cpu_ns"] == 24_000_000  # 8 samples a ms in each gap
+    assert found(host.untraced_python, _perf_samples(_sampled(run, [1.0] * 10, 0.6), 10_000,
+                                                     30_000, 1000)) is None
     waits = with_manifest(imported(tmp_path, "gloo", steps(True)), cores=2, **cpu)
     assert found(host.untraced_python, _sampled(waits, [1.0] * 10, 0.6)) is None
     gpu = with_manifest(imported(tmp_path, "gpu", [*steps(False), kernel("k", 100, 50)]),

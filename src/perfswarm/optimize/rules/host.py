@@ -501,8 +501,9 @@ def untraced_python(facts: Facts) -> Advice | None:
     """On a CPU run, the loop's process (the one the steps are marked in) runs no op,
     DataLoader or optimizer call or other annotated span, on any of its threads (an autograd
     or gloo thread the loop waits for counts), for much of its steps, while it keeps a core
-    busy: Python between the ops (a simulated environment, per-sample handling, metrics) is
-    the step's cost, and no op shows it. On a GPU run the device's idle time is
+    busy and, where perf sampled it, its loop thread is on the CPU for that much beyond its
+    traced time: Python between the ops (a simulated environment, per-sample handling,
+    metrics) is the step's cost, and no op shows it. On a GPU run the device's idle time is
     launch_bound's and low_utilization's."""
     if not facts.without_accelerator or facts.steps.height == 0:
         return None
@@ -520,6 +521,14 @@ def untraced_python(facts: Facts) -> Advice | None:
         return None
     evidence = {"untraced_ns": untraced, "untraced_share_pct": share,
                 "traced_ns": busy, "cores_per_loop_process": round(cores, 2)}
+    # the loop's own thread, where perf sampled it: on the CPU in the untraced time, or
+    # waiting there (a server's sleep between requests, reads) while another of its
+    # process's threads kept the core (an idle OpenMP worker spinning)
+    python = _untraced_on_cpu(facts, traced)
+    if python is not None:
+        evidence["untraced_on_cpu_ns"] = python
+        if pct(python, facts.wall_ns) < _PYTHON_SHARE:
+            return None
     return advice(facts, "untraced_python",
                   f"the loop runs Python between its ops for {share:g}% of its steps", evidence,
                   None, "measured, no model: how much of it can go is the program's; the time "
@@ -528,6 +537,28 @@ def untraced_python(facts: Facts) -> Advice | None:
                   "`py-spy top`); vectorize it (numpy, torch ops on batches), run it less "
                   "often, or move it out of the loop (a DataLoader worker, a separate process "
                   "feeding a queue)")
+
+
+def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame) -> int | None:
+    """The time the loop's thread ran on a CPU in its steps outside every `traced` span:
+    perf's cpu-clock samples of it there (each a sampling period of its CPU time); None
+    without perf samples of it."""
+    hz = facts.recorded.get("perf_hz")
+    marks = facts.in_window(facts.named(r"^ProfilerStep#", "user_annotation"))
+    perf = facts.perf_samples
+    if not hz or marks.height == 0 or perf.height == 0:
+        return None
+    pid, tid = marks["pid"][0], marks["tid"][0]
+    ts = np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"].to_numpy())
+    if not len(ts):
+        return None
+
+    def inside(frame: pl.DataFrame) -> int:
+        lo, hi = union(frame["ts"].to_numpy(), (frame["ts"] + frame["dur"]).to_numpy())
+        return int((np.searchsorted(ts, hi) - np.searchsorted(ts, lo)).sum())
+
+    within = traced.filter(pl.col("dur") > 0)
+    return round((inside(marks) - (inside(within) if within.height else 0)) * 1e9 / float(hz))
 
 
 def loader_oversubscription(facts: Facts) -> Advice | None:
