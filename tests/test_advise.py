@@ -629,14 +629,15 @@ def test_single_tensor_optimizer_after_a_clipping_closure(tmp_path: Path) -> Non
 
 
 def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
-              sgd: bool = False) -> Run:
-    """Two CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs
-    each, but one of them 3 µs (525 µs of ops a step)."""
+              sgd: bool = False, steps: int = 2, slowed: int | None = None) -> Run:
+    """CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs
+    each, but one of them 3 µs (525 µs of ops a step); step `slowed`'s ops 10x as long."""
     events = []
-    for i in range(2):
-        t = i * 1000
-        events += [ev(f"ProfilerStep#{i}", t, 1000, "user_annotation"),
-                   ev("Optimizer.step#AdamW.step", t + 200, 600, "user_annotation")]
+    every = 1000 if slowed is None else 10_000  # room for a slowed step
+    for i in range(steps):
+        t, x = i * every, 10 if i == slowed else 1
+        events += [ev(f"ProfilerStep#{i}", t, every, "user_annotation"),
+                   ev("Optimizer.step#AdamW.step", t + 200, 600 * x, "user_annotation")]
         if wrapped:  # a wrapper optimizer whose step() steps the AdamW inside it
             events.append(ev("Optimizer.step#Wrap.step", t + 150, 700, "user_annotation"))
         if sgd:  # another optimizer first in the step, over two parameters
@@ -644,7 +645,7 @@ def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
                        *(ev("aten::add_", t + 101 + 20 * j, 10,
                             **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
                          for j in range(2))]
-        events += [ev("aten::add_", t + 201 + 19 * j, 3 if j == 7 else 18,
+        events += [ev("aten::add_", t + 201 + 19 * j * x, (3 if j == 7 else 18) * x,
                       **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
                    for j in range(30)]
     run = imported(tmp, name, events)
@@ -698,6 +699,11 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
     slowed.write_table("counters", pa.concat_tables([slowed.table("counters"), calls]))
     third = shows(optimizer.single_tensor_optimizer, slowed)
     assert third.evidence["profiler_slowdown"] == 3.0
+    # three calls, the second held up by another process (its ops 10x as long): priced as
+    # the median call, 525 µs a call (summed, 6,300 µs of 7,350 had been that one call's)
+    held = shows(optimizer.single_tensor_optimizer,
+                 _cpu_adam(tmp_path, "held", "2.13.0+cpu", steps=3, slowed=1))
+    assert held.evidence["ops_ns"] == 3 * 525_000 and held.evidence["steps"] == 3
     assert third.evidence["slowdown_of"] == "optimizer calls"
     assert third.gain_ns == 1_050_000 / 3 - 180_000
     # slower still, the fused kernel would save nothing: no advice, no gain beyond what is there
