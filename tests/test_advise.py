@@ -1137,6 +1137,19 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     assert a.evidence["outliers"] == [{"rank": 0, "step": 5, "dur_ns": 132 * ms}]
     assert a.evidence["median_step_ns"] == 4 * ms and a.gain_ns == 128 * ms
     assert a.gain_of_ns == 148 * ms and a.gain_pct == round(100 * 128 / 148, 2)
+    assert a.change.startswith("find what runs in those steps")
+    # perf (1 kHz) saw the loop thread on the CPU through every step but step 5 past its
+    # first 4 ms: it waited (a server's requests, a sleep), which the advice says
+    _perf_samples(run, 1000, 160_000, 1000)
+    perf = run.table("samples")
+    keep = [not 24 * ms <= t < 152 * ms for t in perf.column("ts").to_pylist()]
+    run.write_table("samples", perf.filter(pa.array(keep)))
+    waited = shows(host.outlier_steps, run)
+    assert waited.evidence["off_cpu_excess_ns"] == 128 * ms
+    assert waited.change.startswith("their loop thread was off the CPU for 100% of their time "
+                                    "beyond the median step: find what they waited for")
+    run.write_table("samples", perf)  # on the CPU throughout: work ran in it
+    assert shows(host.outlier_steps, run).change.startswith("find what runs in those steps")
     assert found(host.outlier_steps, imported(tmp_path, "even", _loader_steps(500, 3500, 6))) \
         is None
     # the sampler saw the process at 0.1 of a core in step 5 (0.9 elsewhere), both of the

@@ -375,6 +375,13 @@ def outlier_steps(facts: Facts) -> Advice | None:
     timed = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
     compile_ns = int(compiling[over][kept].sum())
+    # the loop thread off the CPU in them beyond a usual step's share (perf): they waited (a
+    # sleep, I/O, a lock, requests arriving), not computed
+    cpu = _loop_cpu(facts, steps)
+    waited = 0
+    if cpu is not None:
+        off = dur - cpu
+        waited = int(np.maximum(0, off[over][kept] - np.median(off)).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
                 "warmup_steps": int(warm.sum()), "descheduled_steps": int(starved.sum()),
                 "loader_steps": int(fed.sum()), "profiler_only_steps": profiler_only,
@@ -384,14 +391,42 @@ def outlier_steps(facts: Facts) -> Advice | None:
                              .sort("rank", "step").iter_rows()][:10],
                 "outlier_ns": int(slow_dur.sum()),
                 "outlier_share_pct": pct(float(slow_dur.sum()), timed)}
+    if cpu is not None:
+        evidence["off_cpu_excess_ns"] = waited
+    change = (_RECOMPILE if compile_ns >= excess / 2 else
+              f"their loop thread was off the CPU for {min(100.0, 100 * waited / excess):.0f}% "
+              "of their time beyond the median step: find what they waited for (a sleep, a "
+              "read or a checkpoint's write, a lock, requests or input arriving; py-spy's "
+              "stacks of the loop thread in them); a wait the program needs is no cost to cut"
+              if waited >= excess / 2 else
+              "find what runs in those steps (evaluation, generate(), checkpointing or "
+              "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
+              "less often, asynchronously or outside the training loop")
     return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
-                  "of all the steps the run timed",
-                  _RECOMPILE if compile_ns >= excess / 2 else
-                  "find what runs in those steps (evaluation, generate(), checkpointing or "
-                  "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
-                  "less often, asynchronously or outside the training loop", of_ns=timed)
+                  "of all the steps the run timed", change, of_ns=timed)
+
+
+def _loop_cpu(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64] | None:
+    """Each step's CPU time of the loop's thread (its rank's step markers'), from perf's
+    cpu-clock samples of it in the step (each a sampling period); None without them."""
+    hz = facts.recorded.get("perf_hz")
+    perf = facts.perf_samples
+    marks = facts.named(r"^ProfilerStep#", "user_annotation").select(
+        "rank", "pid", "tid").unique(subset=["rank"], keep="first")
+    if not hz or perf.height == 0 or marks.height == 0:
+        return None
+    out = np.zeros(steps.height, np.int64)
+    rank = steps["rank"].to_numpy()
+    lo, hi = steps["start"].to_numpy(), steps["end"].to_numpy()
+    for r, pid, tid in marks.iter_rows():
+        ts = np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"]
+                     .to_numpy())
+        at = rank == r
+        out[at] = (np.searchsorted(ts, hi[at]) - np.searchsorted(ts, lo[at])) * round(
+            1e9 / float(hz))
+    return out
 
 
 def _within(spans: pl.DataFrame, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
