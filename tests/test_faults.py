@@ -459,3 +459,27 @@ def test_full_disk_record_keeps_raw_files(tmp_path: Path) -> None:
         assert message.endswith(f"the recording's raw files are kept in {kept}")
         assert not out.exists() and not list(disk.glob("*.partial"))
         assert (kept / "system.jsonl").stat().st_size > 0
+
+
+class _Quitter(ToolCollector):
+    """A tool that writes py-spy's closing lines and exits at once, without output."""
+
+    name = "quitter"
+    tool = "python3"
+    output = "quitter.txt"
+
+    def argv(self, pid: int) -> list[str]:
+        return [PY, "-c", "print(\"py-spy> Wrote raw flamegraph data to 'x'. Samples: 0 Errors: "
+                "191\"); print('py-spy> You can use the flamegraph.pl script to generate a "
+                "SVG'); raise SystemExit(1)"]
+
+
+def test_a_failed_tool_says_its_error_not_its_last_hint(tmp_path: Path) -> None:
+    """py-spy's count of errors comes a line before its closing flamegraph hint: the failure
+    names the count (it had quoted the hint)."""
+    tool = _Quitter(tmp_path, 20)
+    tool.start(os.getpid())
+    _wait_for(lambda: tool.proc is None or tool.proc.poll() is not None)
+    tool.stop()
+    state = tool.status()["status"]
+    assert "Samples: 0 Errors: 191" in state and "flamegraph.pl" not in state

@@ -53,9 +53,12 @@ class ToolCollector(Collector):
         return self.proc
 
     def _reason(self) -> str:
+        """The tool's last log line that names an error (py-spy's count of them comes
+        before its closing flamegraph hint), else its last line."""
         lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
                  if ln.strip()]
-        return lines[-1] if lines else f"{self.tool} exited at once"
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        return (errors or lines)[-1] if lines else f"{self.tool} exited at once"
 
     def stop(self) -> None:
         """Stop the tool (SIGINT: it writes its output) and check it wrote some (idempotent)."""
