@@ -51,7 +51,10 @@ def _concurrency_table(result: Analysis) -> Table:
     # op, a DataLoader's wait)
     device = bool(result.ops.categories)
     states = STATES if device else ("host_busy_device_idle", "idle")
-    names = SHORT if device else {**SHORT, "host_busy_device_idle": "host busy"}
+    # no device to idle: the time no traced span covers is Python between the ops or a wait
+    # (the report's breakdown calls it untraced)
+    names = SHORT if device else {**SHORT, "host_busy_device_idle": "host busy",
+                                  "idle": "untraced"}
     table = Table("rank", "step", "span", *(names[s] for s in states),
                   *(("comm hidden",) if device else ("of it ops",)),
                   title="concurrency (share of span)", title_justify="left")
