@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import itertools
 import math
 import statistics
@@ -114,7 +115,7 @@ def test_recommend_takes_the_slowest_good_network() -> None:
 
 def test_run_without_collectives_needs_grad_bytes(tmp_path: Path) -> None:
     run = import_traces([corpus("amd")], tmp_path / "a.run", ImportOptions(), ["t"])
-    with pytest.raises(ParameterError, match=r"give the gradient size with grad_bytes$"):
+    with pytest.raises(ParameterError, match=r"give their size with grad_bytes$"):
         profile(run)
     prof = profile(run, grad_bytes=1 << 20)
     assert prof.grad_bytes_source == "--grad-bytes"
@@ -396,3 +397,22 @@ def test_profile_of_a_cpu_ddp_run(tmp_path: Path) -> None:
     got = sorted((st.rank, st.wall_ns, st.compute_ns) for st in prof.steps)
     assert got == sorted((r, span, compute) for (r, _), (span, compute) in expected.items())
     assert all(compute < span for span, compute in expected.values())
+
+
+def test_no_gradients_to_project_for_inference(tmp_path: Path) -> None:
+    """The bundled encoder's trace without its backward and optimizer (an inference server's
+    forwards): its layers' shapes hold parameters, but no gradients go between replicas; the
+    projection says so (it had priced a 5 MiB all-reduce for a server under inference_mode)."""
+    from perfswarm.errors import NotApplicable
+
+    trace = orjson.loads(gzip.decompress(TRANSFORMER.read_bytes()))
+    training = re.compile(r"Backward|^autograd::|^Optimizer\.|AccumulateGrad")
+    trace["traceEvents"] = [e for e in trace["traceEvents"]
+                            if not training.search(str(e.get("name", "")))]
+    path = tmp_path / "infer.json"
+    path.write_bytes(orjson.dumps(trace))
+    run = import_traces([path], tmp_path / "i.run", ImportOptions(), ["t"])
+    with pytest.raises(NotApplicable, match="no gradients to exchange"):
+        project(run, [1, 8])
+    trained = import_traces([TRANSFORMER], tmp_path / "t.run", ImportOptions(), ["t"])
+    assert project(trained, [1, 8]).profile.grad_bytes_source == "parameter shapes"

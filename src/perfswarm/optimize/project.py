@@ -27,6 +27,7 @@ from perfswarm.analyze.concurrency import Activity, HostComm, breakdowns
 from perfswarm.analyze.frame import Events, group_rows, lane_key
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.analyze.ops import kernel_category
+from perfswarm.analyze.phases import BACKWARD, scopes, step_calls
 from perfswarm.analyze.summary import analysis_made
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
@@ -269,8 +270,9 @@ def profile(run: Run, grad_bytes: int | None = None, *,
                          Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
                      for st in steps]
     else:
-        raise NotApplicable(None, "no all-reduce kernels with sizes and no layer shapes in "
-                            "the Run; give the gradient size with {grad_bytes}",
+        raise NotApplicable(None, "no all-reduce kernels with sizes and no layer shapes of a "
+                            "trained model (a backward, an optimizer step) in the Run: no "
+                            "gradients to exchange; give their size with {grad_bytes}",
                             subject=run.path)
     return Profile(tuple(sorted({st.rank for st in steps})), tuple(steps), world, grad_bytes,
                    source, whole_run, compute_source)
@@ -426,8 +428,12 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
     devices = sorted(set(devices))
     memory = _memory(run, device, memory_gb)
     shaped = run_model(run, min(run.manifest().get("ranks") or [0]))
-    prof = profile(run, grad_bytes,
-                   shaped_grad_bytes=shaped.params * shaped.value_bytes or None)
+    # its layers' parameters have gradients only where it trains (a backward, an optimizer
+    # step): replicas serving inference exchange none
+    ev = Events.load(run)
+    trains = bool(len(scopes(ev, BACKWARD)) or len(step_calls(ev)))
+    prof = profile(run, grad_bytes, shaped_grad_bytes=(
+        shaped.params * shaped.value_bytes or None) if trains else None)
     if device is not None:
         prof = on_device(run, prof, device)
     intra = intra_link or interconnect(intra_name or default_intra(run))
