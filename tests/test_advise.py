@@ -1071,7 +1071,8 @@ def test_cpu_contention(tmp_path: Path) -> None:
     run = with_manifest(imported(tmp_path, "busy", _loader_steps(500, 3500)), cores=2)
     proc = [0.1, 0.2, 0.1, 0.2, 0.1, 0.2, 0.3, 0.6, 0.6, 0.6]  # mean 0.3; 90th percentile 0.6
     a = shows(host.cpu_contention, _sampled(run, proc, 0.98))
-    assert dict(a.evidence) == {"cores": 2, "host_busy_cores": 1.96, "process_cores": 0.3,
+    assert dict(a.evidence) == {"over": "the profiled steps", "cores": 2,
+                                "host_busy_cores": 1.96, "process_cores": 0.3,
                                 "process_cores_p90": 0.6, "recorder_cores": 0.0, "samples": 10}
     assert a.gain_ns == 6_000_000 and a.gain_of_ns == 12_000_000  # 3 steps of 4 ms
     # the same process on an idle machine, or the whole machine its own: no contention
@@ -1370,3 +1371,29 @@ def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
         "name": [c[1] for c in counters], "device": [-1] * len(counters),
         "value": [c[2] for c in counters]}).cast(COUNTERS))
     assert found(host.outlier_steps, gen) is None
+
+
+def test_cpu_contention_outside_the_window(tmp_path: Path) -> None:
+    """A quiet window (its 3 steps of 4 ms, the process at its core, the host half busy), then
+    10 steps of 8 ms after it while other processes held the cores: the run's threads 1.0
+    core on a runqueue beside the 1.0 they ran. Over every timed step: 80 ms of 92 waited
+    half their time, 40 ms (43.5%); the window alone had said nothing."""
+    run = with_manifest(imported(tmp_path, "later", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, 12 * ms + 8 * ms * i, 20 * ms + 8 * ms * i, "detected")
+                       for i in range(10))])
+    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
+    for t in range(1, 92):  # a reading a ms
+        loaded = t > 12
+        for name, value in (("proc.cpu_cores", 1.0), ("proc.run_delay_cores", 1.0 * loaded),
+                            *((f"cpu.core{c}.usr", 0.98 if loaded else 0.5) for c in (0, 1))):
+            for key, v in zip(rows, (-1, t * ms, -1, name, value), strict=True):
+                rows[key].append(v)
+    run.write_table("counters", pa.table(rows).cast(pa.schema([
+        ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()), ("name", pa.string()),
+        ("value", pa.float64())])))
+    a = shows(host.cpu_contention, run)
+    assert a.evidence["over"] == "every timed step"
+    assert a.gain_of_ns == 12 * ms + 80 * ms
+    assert a.evidence["run_delay_cores"] == pytest.approx(79 / 91, abs=1e-3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -234,22 +235,46 @@ def _others_held(cores: int) -> float:
     return max(0.5, 0.25 * cores)
 
 
-def _window_counters(facts: Facts, pattern: str) -> pl.DataFrame:
+def _window_counters(facts: Facts, pattern: str, timed: bool = False) -> pl.DataFrame:
     """Counters named by the regex `pattern` inside the measured windows of the ranks (host
-    counters, rank -1, in every rank's window); all of them in a Run without events."""
+    counters, rank -1, in every rank's window), or with `timed` inside the span of every step
+    the run timed (its steps outside the profiler's window too); all of them in a Run without
+    events."""
     named = facts.counters.filter(pl.col("name").str.contains(pattern))
     if not facts.ranks:
         return named
+    spans = ([(r, lo, hi) for r in facts.ranks for lo, hi, _ in [facts.window(r)]]
+             if not timed else
+             [(int(r), int(g["start"].min()), int(g["end"].max()))  # type: ignore[arg-type]
+              for (r,), g in facts.run_steps.group_by(["rank"])])
     parts = [named.filter((pl.col("rank").is_in([r, -1])) & (pl.col("ts") >= lo)
                           & (pl.col("ts") < hi))
-             for r in facts.ranks for lo, hi, _ in [facts.window(r)]]
+             for r, lo, hi in spans]
     return pl.concat(parts) if parts else named.clear()
 
 
 def cpu_contention(facts: Facts) -> Advice | None:
-    """The cores were busy, but mostly not with the recorded processes: others took the CPU."""
-    proc = _window_counters(facts, r"^proc\.cpu_cores$")["value"].to_numpy()
-    busy = _window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$")
+    """The cores were busy, but mostly not with the recorded processes: others took the CPU;
+    over the profiled steps, or over every step the run timed where other processes held it
+    back more there (a quiet window, a loaded rest of the run)."""
+    found = [c for timed in (False, True) if (c := _contention(facts, timed)) is not None]
+    if not found:
+        return None
+    gain, whole, evidence, model = max(found, key=lambda c: c[0] / c[1])
+    return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
+                  gain, model,
+                  "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
+                  "busy processes (top, or `perfswarm record -c system` counters): the step "
+                  "times measured here are inflated by them", of_ns=whole)
+
+
+def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
+    """cpu_contention's (gain, time it is of, evidence, model) over the profiled steps, or with
+    `timed` over every step the run timed; None where other processes held it back little."""
+    if timed and facts.run_steps.height <= facts.steps.height:
+        return None
+    proc = _window_counters(facts, r"^proc\.cpu_cores$", timed)["value"].to_numpy()
+    busy = _window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$", timed)
     if proc.size < 3 or busy.height == 0:
         return None
     cores = _cores(facts)
@@ -260,13 +285,17 @@ def cpu_contention(facts: Facts) -> Advice | None:
     if not _saturated(host, cores) or host - got - tools < _others_held(cores):
         return None
     free = float(np.percentile(proc, 90))
-    delay = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
-    evidence = {"cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
-                "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
-                "samples": int(proc.size)}
-    ts = _window_counters(facts, r"^proc\.cpu_cores$")["ts"].to_numpy()
+    delay = _window_counters(facts, r"^proc\.run_delay_cores$", timed)["value"].to_numpy()
+    evidence: dict[str, Any] = {
+        "over": "every timed step" if timed else "the profiled steps",
+        "cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
+        "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
+        "samples": int(proc.size)}
+    ts = _window_counters(facts, r"^proc\.cpu_cores$", timed)["ts"].to_numpy()
+    steps = facts.run_steps
     # A Run without events (no profiling window) is measured by its sampler's span.
-    whole = facts.wall_ns or int(ts.max() - ts.min())
+    whole = (int((steps["end"] - steps["start"]).sum()) if timed
+             else facts.wall_ns or int(ts.max() - ts.min()))
     if delay.size:
         # The kernel's own account: the time its threads sat runnable on a runqueue. Of the
         # threads that wanted a core (those that ran and those that waited), those beyond
@@ -281,25 +310,20 @@ def cpu_contention(facts: Facts) -> Advice | None:
         gain = whole * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
-        model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
-                 "runqueue for other processes (the wait beyond the cores is for each other), "
-                 "over the threads that wanted a core")
-    else:
-        # Its own CPU time at the parallelism it reached when it ran most freely (90th
-        # percentile of its sampled cores) instead of what it got on average: a reading
-        # of 50 ms counts 10 ms ticks, so a one-thread process reads 0.8-1.2 cores when it
-        # has one; the 90th percentile is above its mean by that alone (Runs recorded
-        # before the run delay was sampled)
-        if free <= got:
-            return None
-        gain = whole * (1 - got / free)
-        model = ("time-share model from the system sampler: the run's CPU time at the cores "
-                 "it used when it ran most freely (90th percentile) instead of its mean")
-    return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
-                  gain, model,
-                  "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
-                  "busy processes (top, or `perfswarm record -c system` counters): the step "
-                  "times measured here are inflated by them", of_ns=whole)
+        return gain, whole, evidence, (
+            "the kernel's run delay (schedstat): the time the run's threads waited on a "
+            "runqueue for other processes (the wait beyond the cores is for each other), "
+            "over the threads that wanted a core")
+    # Its own CPU time at the parallelism it reached when it ran most freely (90th
+    # percentile of its sampled cores) instead of what it got on average: a reading
+    # of 50 ms counts 10 ms ticks, so a one-thread process reads 0.8-1.2 cores when it
+    # has one; the 90th percentile is above its mean by that alone (Runs recorded
+    # before the run delay was sampled)
+    if free <= got:
+        return None
+    return whole * (1 - got / free), whole, evidence, (
+        "time-share model from the system sampler: the run's CPU time at the cores it used "
+        "when it ran most freely (90th percentile) instead of its mean")
 
 
 _WAITED = 0.02  # run delay under this share of the time: other processes did not hold it back
