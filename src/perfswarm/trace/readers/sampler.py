@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -22,7 +22,11 @@ from perfswarm.trace.readers.fields import (
 
 I64 = np.ndarray[Any, np.dtype[np.int64]]
 SHARES = ("usr", "sys", "iowait", "steal")
-_SHARE_COLUMNS = [0, 2, 4, 7]  # of user, nice, system, idle, iowait, irq, softirq, steal
+# each share's columns of user, nice, system, idle, iowait, irq, softirq, steal: usr is user
+# mode, niced or not (a nice-19 rival's two cores had read as idle), sys the kernel's, its
+# interrupts too
+_SHARE_OF: Final = np.array([[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0],
+                             [0, 0, 1, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 1]], np.int64)
 _DEVICE = re.compile(r"^gpu(\d{1,9})\.", re.ASCII)
 
 
@@ -80,14 +84,14 @@ def parse_cpu_lines(text: str) -> I64:
 
 
 def cpu_fractions(prev: I64, now: I64) -> dict[str, float]:
-    """Per-core user/system/iowait/steal shares of the ticks between two readings. The span is
-    user..steal: guest time is already inside user and nice, so adding it again (as psutil's
-    sum of fields does) would count it twice."""
+    """Per-core user (with nice), system (with irq and softirq), iowait and steal shares of
+    the ticks between two readings. The span is user..steal: guest time is already inside
+    user and nice, so adding it again (as psutil's sum of fields does) would count it twice."""
     if prev.shape != now.shape or not np.array_equal(prev[:, 0], now[:, 0]):
         return {}  # a core went on- or offline: no common interval
     delta = now[:, 1:9] - prev[:, 1:9]
     span = delta.sum(axis=1)
-    shares = np.maximum(delta[:, _SHARE_COLUMNS], 0) / np.maximum(span, 1)[:, None]
+    shares = np.maximum(delta, 0) @ _SHARE_OF / np.maximum(span, 1)[:, None]
     out: dict[str, float] = {}
     for core, ok, row in zip(now[:, 0].tolist(), (span > 0).tolist(), shares.tolist(),
                              strict=True):
