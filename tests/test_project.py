@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import gzip
-import re
 import itertools
 import math
+import re
 import statistics
 from dataclasses import replace
 from pathlib import Path

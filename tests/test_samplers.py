@@ -3,6 +3,7 @@ CPU shares, and NVML readings through a fake NVML."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import subprocess
@@ -81,11 +82,15 @@ def test_parse_pid_stat_counts_fields_after_the_name() -> None:
     # comm may hold spaces and parentheses; utime, stime are fields 14, 15 and rss field 24
     fields = " ".join(str(n) for n in range(3, 53))
     line = f"4242 (a) b (c) {fields}\n".encode()
-    assert system.parse_pid_stat(line) == (14 + 15, 24)
+    # ppid field 4, cutime and cstime fields 16 and 17
+    assert system.parse_pid_stat(line) == (14 + 15, 16 + 17, 24, 4)
     mine = system.parse_pid_stat(Path("/proc/self/stat").read_bytes())
     times = os.times()
-    assert mine[0] / os.sysconf("SC_CLK_TCK") == pytest.approx(times.user + times.system,
-                                                               abs=0.05)
+    tick = os.sysconf("SC_CLK_TCK")
+    assert mine.ticks / tick == pytest.approx(times.user + times.system, abs=0.05)
+    assert mine.reaped / tick == pytest.approx(times.children_user + times.children_system,
+                                               abs=0.05)
+    assert mine.ppid == os.getppid()
 
 
 def test_meminfo_without_memavailable() -> None:
@@ -125,7 +130,9 @@ def test_cpu_shares_are_fractions(increments: list[list[int]]) -> None:
         if span == 0:
             assert got == [None] * len(SHARES)
         else:
-            assert got == [round(inc[i] / span, 6) for i in (0, 2, 4, 7)]
+            # user with nice, system with irq and softirq, iowait, steal
+            parts = (inc[0] + inc[1], inc[2] + inc[5] + inc[6], inc[4], inc[7])
+            assert got == [round(part / span, 6) for part in parts]
             assert sum(g or 0.0 for g in got) <= 1.0 + 3e-6
 
 
@@ -206,6 +213,48 @@ def test_run_delay_of_a_process_sharing_its_core(tmp_path: Path) -> None:
     delay = float(np.mean([r["proc.run_delay_cores"] for r in readings]))
     cpu = float(np.mean([r["proc.cpu_cores"] for r in readings]))
     assert delay > 0.3 and abs(delay + cpu - 1.0) < 0.15
+
+
+SPAWNER = textwrap.dedent("""
+    import subprocess, sys, time
+    spin = "import time\\nt = time.thread_time()\\nwhile time.thread_time() - t < 0.12: pass"
+    t = time.monotonic()
+    while time.monotonic() - t < 1.6:  # short-lived children, each 120 ms of CPU
+        subprocess.run([sys.executable, "-c", spin], check=True)
+    print("done", flush=True)
+    time.sleep(5)
+""")
+
+
+def test_cpu_of_short_lived_children(tmp_path: Path) -> None:
+    """A parent that runs one short CPU-bound child after another (each alive for a fraction
+    of a second, most between two walks of the tree): the tree's cores are its own and its
+    children's, which its reaped-children ticks (cutime, cstime) hold once they exit, as the
+    parent's /proc/PID/stat says at the end. Counting only live processes had read 0.63
+    cores for 1.56."""
+    parent = subprocess.Popen([sys.executable, "-c", SPAWNER], stdout=subprocess.DEVNULL)
+    try:
+        sampler = system.SystemSampler(tmp_path, 20.0)
+        sampler.pid = parent.pid
+        stat = Path(f"/proc/{parent.pid}/stat")
+        with sampler.path.open("wb") as out:
+            sampler.sample_once(out)
+            before = system.parse_pid_stat(stat.read_bytes())
+            start = time.monotonic()
+            while time.monotonic() - start < 2.2:  # the children done by then
+                time.sleep(0.05)
+                sampler.sample_once(out)
+            after = system.parse_pid_stat(stat.read_bytes())
+        sampler.stop()
+    finally:
+        parent.kill()
+        parent.wait()
+    truth = (after.ticks + after.reaped - before.ticks - before.reaped) / os.sysconf("SC_CLK_TCK")
+    items = read_jsonl(sampler.path)
+    measured = sum(cur["values"].get("proc.cpu_cores", 0.0) * (int(cur["ts"]) - int(prev["ts"]))
+                   for prev, cur in itertools.pairwise(items)) / 1e9
+    assert truth > 1.0  # about 13 children of 120 ms
+    assert measured == pytest.approx(truth, rel=0.15)
 
 
 def _diskstats(ios: int, ms: int, inflight: int, weighted: int) -> bytes:

@@ -29,6 +29,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from perfswarm.recorder.base import Clock, Sampler
 
@@ -175,11 +176,21 @@ def parse_net_dev(text: bytes) -> tuple[int, int]:
     return sum(map(int, tokens[1::width])), sum(map(int, tokens[9::width]))
 
 
-def parse_pid_stat(text: bytes) -> tuple[int, int]:
-    """(utime + stime ticks, resident pages) from /proc/PID/stat. The command name (field 2)
-    may hold spaces and parentheses, so fields are counted from its closing parenthesis."""
+class PidStat(NamedTuple):
+    """What the sampler reads of /proc/PID/stat."""
+
+    ticks: int  # utime + stime: its own CPU
+    reaped: int  # cutime + cstime: its children's it waited for, when they exited
+    pages: int  # resident
+    ppid: int
+
+
+def parse_pid_stat(text: bytes) -> PidStat:
+    """/proc/PID/stat's CPU ticks, resident pages and parent. The command name (field 2) may
+    hold spaces and parentheses, so fields are counted from its closing parenthesis."""
     fields = text[text.rindex(b")") + 2:].split()
-    return int(fields[11]) + int(fields[12]), int(fields[21])
+    return PidStat(int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]),
+                   int(fields[21]), int(fields[1]))
 
 
 def _run_delay(tasks: dict[int, list[int]]) -> int:
@@ -233,7 +244,9 @@ def whole_disks(sysfs_block: str = "/sys/block") -> frozenset[bytes]:
 @dataclass
 class _Proc:
     fd: int
-    ticks: int
+    ticks: int  # own and reaped children's CPU at the last reading; -1 before the first
+    reaped: int = 0  # the reaped children's part of it
+    ppid: int = -1
     # its threads' /proc/PID/task/TID/schedstat: tid -> [fd, run_delay ns at the last reading]
     tasks: dict[int, list[int]] = field(default_factory=dict)
 
@@ -259,6 +272,7 @@ class SystemSampler(Sampler):
         self._freq_at = -FREQ_NS
         self._fds: dict[str, int] = {}
         self._procs: dict[int, _Proc] = {}
+        self._unmatched: dict[int, int] = {}  # exited children's ticks their parent has not shown
         self._scanned_ns = 0
         self._tree_at = 0
         try:
@@ -329,29 +343,52 @@ class SystemSampler(Sampler):
         """
         now = time.monotonic_ns()
         if now - self._scanned_ns >= RESCAN_NS or not self._procs:
+            # a process found after the first walk began since the one before: all its CPU
+            # counts (the first walk's had run before the recording)
+            first = -1 if not self._scanned_ns else 0
             self._scanned_ns = now
             for pid in tree_pids(self.pid, self.procfs):
                 if pid not in self._procs:
                     with contextlib.suppress(OSError):
                         self._procs[pid] = _Proc(os.open(f"{self.procfs}/{pid}/stat",
-                                                         os.O_RDONLY | os.O_CLOEXEC), -1)
+                                                         os.O_RDONLY | os.O_CLOEXEC), first)
             for pid, proc in self._procs.items():
                 self._open_tasks(pid, proc)
         busy = rss = waited = 0
+        # A process's ticks are its own CPU and its reaped children's: a child's, counted
+        # while it lived, is counted again in its parent's once it is reaped, and one that
+        # began and ended between two walks of the tree only there (a short-lived subprocess
+        # a step had been lost: 0.63 cores read for 1.56)
+        gone: dict[int, int] = {}  # parent pid -> ticks counted of its children that exited
+        grew: dict[int, int] = {}  # pid -> its reaped children's ticks gained since last read
         for pid, proc in list(self._procs.items()):
             try:
-                ticks, pages = parse_pid_stat(os.pread(proc.fd, 4096, 0))
+                stat = parse_pid_stat(os.pread(proc.fd, 4096, 0))
             except (OSError, ValueError):  # exited (ESRCH), or its pid was reused
                 for fd, _ in proc.tasks.values():
                     os.close(fd)
                 os.close(proc.fd)
                 del self._procs[pid]
+                gone[proc.ppid] = gone.get(proc.ppid, 0) + max(0, proc.ticks)
                 continue
+            ticks = stat.ticks + stat.reaped
             if proc.ticks >= 0:
                 busy += max(0, ticks - proc.ticks)
-            proc.ticks = ticks
-            rss += pages
+                grew[pid] = max(0, stat.reaped - proc.reaped)
+            proc.ticks, proc.reaped, proc.ppid = ticks, stat.reaped, stat.ppid
+            rss += stat.pages
             waited += _run_delay(proc.tasks)
+        # a child reaped between the reading of its parent and its own: its parent's gain
+        # comes at the next reading, matched there
+        left: dict[int, int] = {}
+        for now_gone, (ppid, counted) in [*((False, u) for u in self._unmatched.items()),
+                                          *((True, g) for g in gone.items())]:
+            matched = min(counted, grew.get(ppid, 0))
+            busy -= matched
+            grew[ppid] = grew.get(ppid, 0) - matched
+            if now_gone and counted > matched:
+                left[ppid] = counted - matched
+        self._unmatched = left
         if not self._procs:
             return {}
         elapsed, self._tree_at = (now - self._tree_at if self._tree_at else 0), now
