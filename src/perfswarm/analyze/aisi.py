@@ -93,19 +93,21 @@ def repeating_stretch(symbols: I64, ts: I64, end: I64) -> tuple[int, int]:
     return best[2], best[2] + best[3]
 
 
-def _steady(names: I64, sizes: I64) -> bool:
+def _steady(names: I64, sizes: I64, least: int = 1) -> bool:
     """Whether each of (at most) two alternating symbols repeats a steady number of times a
     run (calls, or samples of CPU time), the first and last runs left out (the recording
     attached, or stopped, inside them): a loop of two phases does the same work each time
     (compress, then hash: 15 samples each, within 2%), where two modules a program switches
     between as it goes do not (a scikit-learn loop's numpy and BLAS samples: 1 to 58 a run,
-    their spread 0.7-1.1 of their mean)."""
+    their spread 0.7-1.1 of their mean). Each phase lasts `least` on average: of sampled
+    modules, more than the smoother's reach (a 2 s spin's clock reads in the kernel, 1-5
+    samples a run among libpython's, had made 5 iterations of a program with no loop)."""
     inner_names, inner = names[1:-1], sizes[1:-1]
     if len(inner) < 4:
         return False
-    spreads = [inner[inner_names == v].std() / inner[inner_names == v].mean()
-               for v in np.unique(inner_names)]
-    return bool(max(spreads) <= STEADY)
+    phases = [inner[inner_names == v] for v in np.unique(inner_names)]
+    return bool(max(p.std() / p.mean() for p in phases) <= STEADY
+                and min(p.mean() for p in phases) >= least)
 
 
 def _chance_match(symbols: I64) -> float:
@@ -128,10 +130,10 @@ def _surprise(matched: int, compared: int, chance: float) -> float:
     return compared * (rate * math.log(rate / chance) + miss)
 
 
-def _windows(symbols: I64, ts: I64, end: I64) -> list[StepWindow]:
+def _windows(symbols: I64, ts: I64, end: I64, least: int = 1) -> list[StepWindow]:
     names, starts, ends, sizes = runs(symbols, ts, end)
     if len(np.unique(names)) <= 2:  # two phases alternate whatever the program does
-        lo, hi = (0, len(names)) if _steady(names, sizes) else (0, 0)
+        lo, hi = (0, len(names)) if _steady(names, sizes, least) else (0, 0)
     else:
         lo, hi = repeating_stretch(names, starts, ends)
     # a tight loop inside one call (an import's mmap/munmap pairs, 1,562 "iterations" of
@@ -230,7 +232,8 @@ def sample_steps(samples: pa.Table, stacks: pa.Table) -> dict[int, list[StepWind
         order = np.argsort(ts, kind="stable")
         rows, ts = rows[order], ts[order]
         sid = np.asarray(perf.column("stack_id").to_numpy(), np.int64)[rows]
-        if found := _windows(leaf_modules(stacks, sid), ts, ts):
+        # a phase of samples must outlast the smoother's reach to be told from strays
+        if found := _windows(leaf_modules(stacks, sid), ts, ts, SMOOTH // 2 + 1):
             out[int(r)] = found
     return out
 

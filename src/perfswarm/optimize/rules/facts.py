@@ -206,10 +206,14 @@ class Facts:
 
     @cached_property
     def without_accelerator(self) -> bool:
-        """A recording whose processes had no GPU (CUDA absent, or a CPU build of torch) and
-        ran no device work: nothing on the host can wait for a device."""
+        """A recording whose processes had no GPU (CUDA absent, or a CPU build of torch), or
+        a trace that names no device (no deviceProperties) and calls no runtime, and that ran
+        no device work: nothing on the host can wait for a device."""
         cuda, version = self.recorded.get("cuda"), str(self.recorded.get("torch_version", ""))
-        return self.device_events.height == 0 and (cuda is False or version.endswith("+cpu"))
+        deviceless = (cuda is None and not self.manifest.get("devices")
+                      and self.kind("runtime", "driver").height == 0)
+        return self.device_events.height == 0 and (cuda is False or version.endswith("+cpu")
+                                                   or deviceless)
 
     def _step_calls(self, innermost: bool) -> pl.DataFrame:
         """The optimizer's step() calls in the window, the innermost (the optimizers that
