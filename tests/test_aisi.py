@@ -258,3 +258,14 @@ def test_bad_window(text: str, inference: Run, capsys: pytest.CaptureFixture[str
     assert main(["analyze", str(inference.path), f"--window={text}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--window {text}: expected START:END" in err
+
+
+def test_no_iterations_in_a_spin() -> None:
+    """tests/data/perf_noloop: `perfswarm record` of noloop.py, no torch: one 2 s spin reading
+    the clock, then half-idle, disk and idle phases; no loop. perf's leaf modules alternate
+    between libpython and the kernel's clock reads, the kernel's 1-5 samples a run, which the
+    smoother (5 samples) cannot tell from strays: 5 iterations of 182-797 ms had been found in
+    the spin; none now (the run gets time windows)."""
+    data = Path(__file__).with_name("data") / "perf_noloop"
+    assert sample_steps(pq.read_table(data / "spin_samples.parquet"),
+                        pq.read_table(data / "spin_stacks.parquet")) == {}
