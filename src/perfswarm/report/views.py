@@ -195,6 +195,9 @@ def memory_view(run: Run, origin: int, max_points: int) -> list[dict[str, Any]]:
         shown = points[::step]
         peak = max(range(len(points)), key=lambda j: (points[j][2], -j))
         out.append({"rank": rank, "device": where,
+                    # torch's CPU allocator counts from the profiler's start: what was there
+                    # before (parameters, optimizer state) is in no total
+                    "since_profiling": where == "cpu",
                     "allocations": sum(1 for p in points if p[1] > 0),
                     "frees": sum(1 for p in points if p[1] < 0),
                     "allocated_bytes": sum(p[1] for p in points if p[1] > 0),
