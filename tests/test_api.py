@@ -140,10 +140,10 @@ def test_library_errors_name_parameters_the_cli_flags(notebook: dict[str, Any],
         "perfswarm: error: --devices: give device counts from 1 to 16,777,216, e.g. 1,2,4,8")
     # no collectives and no layer shapes: nothing gives the gradients' size
     bare = perfswarm.import_traces(corpus("simple_add"), out=notebook["here"] / "bare.run")
-    with pytest.raises(perfswarm.ParameterError, match=r"gradient size with grad_bytes$"):
+    with pytest.raises(perfswarm.ParameterError, match=r"give their size with grad_bytes$"):
         bare.project([1, 2])
     assert main(["project", str(bare.path), "--devices", "1,2"]) == 2
-    assert capsys.readouterr().err.strip().endswith("gradient size with --grad-bytes")
+    assert capsys.readouterr().err.strip().endswith("give their size with --grad-bytes")
 
 
 @pytest.mark.parametrize(("call", "param"), [

@@ -411,7 +411,7 @@ def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
     assert set(data) == {"path", "platform", "active_label", "source_device", "target_device",
                          "change", "batch", "measured_ns", "replayed_ns", "predicted_ns",
                          "replay_error", "predicted_error", "steady", "device_active_ns",
-                         "breakdown_ns", "compare",
+                         "breakdown_ns", "unprofiled_ns", "compare",
                          "steps", "kernels", "lags", "overheads", "notes"}
     assert OverheadModel.load(saved).to_dict() == data["overheads"]
     assert (data["platform"], data["active_label"]) == ("gpu", "device active")

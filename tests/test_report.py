@@ -388,7 +388,7 @@ def test_report_carries_the_scaling_projection(corpus_runs: dict[str, Run], tmp_
 
 def test_runs_without_collectives_say_why_there_is_no_projection(
         corpus_runs: dict[str, Run]) -> None:
-    with pytest.raises(NotApplicable, match=r"gradient size with grad_bytes$"):
+    with pytest.raises(NotApplicable, match=r"give their size with grad_bytes$"):
         report_projection(corpus_runs["simple_add"])
     data = report_data(corpus_runs["simple_add"], projection=report_projection)
     projection, note = data["projection"], data["projection_note"]
