@@ -339,3 +339,25 @@ def test_a_snapshots_reserved_bytes_near_capacity(tmp_path: Path) -> None:
     assert found.evidence == {"devices": [{
         "rank": 0, "device": 0, "peak_bytes": 12 * MB2, "capacity_bytes": 26_000_000,
         "used_pct": round(100 * 12 * MB2 / 26_000_000, 2), "source": "snapshot"}]}
+
+
+def test_memory_that_grows_every_step(tmp_path: Path) -> None:
+    """tests/data/mlp_leak_cpu.txt: a loop that keeps a 256 x 2048 fp32 clone each step (a
+    leak of 2,097,152 bytes a step by construction). Its memory timeline's steps' peaks rise
+    by that much (the first step, building Adam's state, and the last, cut by the timeline's
+    end, aside); the leak is an activation's clone, and memory_growth says so. The timeline
+    without a leak (the fixture's) has no such finding."""
+    out = tmp_path / "leak.run"
+    options = ImportOptions(memory_timelines=(DATA / "mlp_leak_cpu_memory.json.gz",))
+    run = import_traces([DATA / "mlp_leak_cpu.pt.trace.json.gz"], out, options, ["t"])
+    (found,) = [a for a in advise(run).advice if a.rule == "memory_growth"]
+    assert found.evidence["growth_bytes_per_step"] == 256 * 2048 * 4
+    steps = found.evidence["steps"]
+    assert steps >= 4
+    assert found.evidence["grew_bytes"] == {"activation": (steps - 1) * 256 * 2048 * 4}
+    assert found.gain_ns is None and "loss.item()" in found.change
+
+
+def test_no_growth_finding_without_a_leak(imported: tuple[Run, Path]) -> None:
+    run, _ = imported
+    assert not [a for a in advise(run).advice if a.rule == "memory_growth"]

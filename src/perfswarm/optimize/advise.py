@@ -31,6 +31,7 @@ RULES: tuple[Rule, ...] = (
     distributed.ring_order,
     device.memory_capacity,
     device.memory_breakdown,
+    device.memory_growth,
     device.allocator_cache,
 )
 
