@@ -523,3 +523,25 @@ def test_decode_steps_count_tokens_not_samples(tmp_path: Path) -> None:
     assert rates["tokens_per_s"] == pytest.approx(4 / 1e-3)
     labels = [c["label"] for c in decoding["cards"]]
     assert "tokens/s (rank 0)" in labels and "samples/s (rank 0)" not in labels
+
+
+def test_samples_of_a_policy_trained_on_its_rollout(tmp_path: Path) -> None:
+    """REINFORCE: each step runs the policy on one observation at a time (addmm [1, 4] x
+    [4, 64], six of them), then one backward through all six: the first layer's weight
+    gradient, [64, 1] x [1, 4] six times in its autograd nodes, sums 6 samples a step (the
+    first product's one observation had said 1: 4.8 samples/s for 1,248). A layer of the
+    transposed shape ([4, 64] weights, [4, 1] x [1, 64]) is no sample of the first's."""
+    events = []
+    for i in range(2):
+        t = i * 1000
+        events.append(_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"))
+        events += [_op("aten::addmm", t + 10 + 20 * j, 10, [[64], [1, 4], [4, 64]])
+                   for j in range(6)]
+        for j in range(6):
+            at = t + 500 + 60 * j
+            events += [_op("autograd::engine::evaluate_function: AddmmBackward0", at, 50),
+                       _op("aten::mm", at + 5, 10, [[64, 1], [1, 4]]),
+                       _op("aten::mm", at + 20, 10, [[4, 1], [1, 64]])]
+    rates = report_data(_trace(tmp_path, events, ["rl.py"]))["throughput"]
+    assert rates["samples_per_step"] == 6 and rates["steps"] == 2
+    assert rates["source"].startswith("the samples the first layer's weight gradient summed")

@@ -380,7 +380,8 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     compiled = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names)
                                             if COMPILED_REGION.match(n)])]
     rows = rows[~np.isin(rows, list(enclosing_ops(ev, rows, compiled)))]
-    first: dict[int, tuple[int, tuple[int, ...]]] = {}  # step index -> (row, its input)
+    # step index -> (row, its input, its weight)
+    first: dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
     ordered = _in_order(run, ev, rows)
     for (row, text), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
                                  strict=True):
@@ -398,14 +399,55 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         batch = shapes.dims[at] if len(shapes.dims) > at else ()
         if (cost is not None and cost.family in _FIRST_FAMILIES and len(batch) >= 2
                 and (found is None or len(batch) > len(found[1]))):
-            first[step] = (row, batch)
+            first[step] = (row, batch, _weight(name, shapes.dims))
     if not first:
         return {}, ""
-    row, batch = first[min(first)]
+    row, batch, weight = first[min(first)]
+    # a plain batch of rows (torch.func.vmap's batch in front of the logical op's is not)
+    trained = _weight_gradients(run, ev, mine, windows, weight) if len(batch) == 2 else {}
+    if trained:
+        return trained, (
+            f"the samples the first layer's weight gradient summed in each step's backward "
+            f"(aten::mm over the batch, {'x'.join(map(str, weight))} weights: a policy's "
+            "forwards of one observation each, or one batched update), in "
+            f"{len(trained)} of {len(windows)} steps")
     passes = np.maximum(_passes(ev, mine, windows), 1)
     each = f", x {int(passes[min(first)])} forward and backward passes" \
         if passes[min(first)] > 1 else ""
-    return {step: b[0] * int(passes[step]) for step, (_r, b) in first.items()}, (
+    return {step: b[0] * int(passes[step]) for step, (_r, b, _w) in first.items()}, (
         f"the activation input of each step's first GEMM or convolution ({ev.name_of(row)} "
         f"{'x'.join(map(str, batch))} in the first{each}), in {len(first)} of {len(windows)} "
         "steps")
+
+
+def _weight(name: str, dims: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The weight's dimensions of a first product (linear's [out, in]; addmm's and mm's
+    second matrix [in, out], read as [out, in]); () for others (a convolution)."""
+    at = {"aten::linear": 1, "aten::addmm": 2, "aten::mm": 1, "aten::matmul": 1}.get(name)
+    if at is None or len(dims) <= at or len(dims[at]) != 2:
+        return ()
+    return dims[at] if name == "aten::linear" else (dims[at][1], dims[at][0])
+
+
+def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
+                      weight: tuple[int, ...]) -> dict[int, int]:
+    """Per step, the batch rows the weight `weight` ([out, in], not square: a first layer
+    whose input width is its own) had its gradient summed over in the backward: its
+    backward's aten::mm [out, B] x [B, in] (the output's gradient, transposed, times the
+    input), B summed; {} without. A layer of the transposed shape (an autoencoder's last,
+    [in, out]) is another's."""
+    if len(weight) != 2 or weight[0] == weight[1]:
+        return {}
+    codes = [i for i, n in enumerate(ev.names) if n == "aten::mm"]
+    rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
+    rows = rows[phases(ev, rows) == BACKWARD]
+    out: dict[int, int] = {}
+    for (_row, text), step in zip(ordered := _in_order(run, ev, rows),
+                                  _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
+        shapes = shapes_from_args(text)
+        if shapes is None or len(shapes.dims) < 2:
+            continue
+        a, b = shapes.dims[0], shapes.dims[1]
+        if len(a) == 2 and len(b) == 2 and a[1] == b[0] and (a[0], b[1]) == weight:
+            out[step] = out.get(step, 0) + a[1]
+    return out
