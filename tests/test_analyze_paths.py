@@ -900,3 +900,21 @@ def test_the_path_names_its_host_work(corpus_runs: dict[str, Run]) -> None:
     assert top[("runtime", "cudaLaunchKernel")] >= longest["cudaLaunchKernel"]
     for category in ("cpu", "runtime"):
         assert sum(v for (c, _), v in top.items() if c == category) <= path.ns[category]
+
+
+def test_swarms_of_the_program_unprofiled() -> None:
+    """Where the recorder timed three or more steps outside the profiler's window, swarms read
+    their samples (in the window the profiler's own work led an RL loop's, 27%): a sample in a
+    marked step counts not, one in a hook-timed step does; under three, the marked steps."""
+    from perfswarm.analyze.iterations import unprofiled_steps
+    from perfswarm.trace.schema import STEPS
+
+    marked = {0: [StepWindow(0, 0, 100, "marker")]}
+    rows = [(0, 0, 0, 100, "marker"), (0, 1, 100, 200, "export"),
+            *((0, s, 100 * s, 100 * s + 100, "detected") for s in range(2, 5))]
+    table = pa.table({k: [r[i] for r in rows] for i, k in
+                      enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    found = unprofiled_steps(table, marked)
+    assert [(w.step, w.source) for w in found[0]] == [(2, "detected"), (3, "detected"),
+                                                      (4, "detected")]
+    assert unprofiled_steps(table.slice(0, 4), marked) is marked  # two: too few

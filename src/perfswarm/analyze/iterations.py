@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -72,7 +72,7 @@ def profiled(steps: pa.Table) -> pa.Table:
     return steps.filter(pc.equal(steps.column("source").cast(pa.string()), PROFILED))
 
 
-UNPROFILED = "detected"  # a steps table's rows the recorder's hooks timed outside its window
+UNPROFILED: Final = "detected"  # a steps table's rows the recorder's hooks timed outside its window
 MIN_AFTER = 3  # steps after the window that time the program, warmed up and unprofiled
 SHIFT = 0.1  # steps after the window and before it differing by more: said, both shown
 
@@ -190,6 +190,22 @@ def _spread(durations: Sequence[int]) -> float:
     """A robust standard deviation: 1.4826 x the median absolute deviation."""
     values = np.asarray(durations, np.float64)
     return float(1.4826 * np.median(np.abs(values - np.median(values))))
+
+
+def unprofiled_steps(steps: pa.Table, windows: Mapping[int, Sequence[StepWindow]]
+                     ) -> Mapping[int, Sequence[StepWindow]]:
+    """The steps the recorder's hooks timed outside the profiler's window (UNPROFILED rows of
+    a steps table), per rank in time order, where it timed MIN_AFTER or more: the program as
+    it runs unprofiled (in the window the profiler's own work takes a large share: an RL
+    loop's samples 27% in its begin_op); else `windows`, the iterations analyses use."""
+    out: dict[int, list[StepWindow]] = {}
+    for row in steps.filter(pc.equal(steps.column("source").cast(pa.string()),
+                                     UNPROFILED)).to_pylist():
+        out.setdefault(int(row["rank"]), []).append(
+            StepWindow(int(row["step"]), int(row["start"]), int(row["end"]), UNPROFILED))
+    if sum(len(ws) for ws in out.values()) < MIN_AFTER:
+        return windows
+    return {r: sorted(ws, key=lambda w: w.start) for r, ws in sorted(out.items())}
 
 
 def marker_steps(steps: pa.Table) -> dict[int, list[StepWindow]]:

@@ -14,7 +14,13 @@ from perfswarm.analyze.cupti import cupti_counters
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, StepTimeDelta, contended, diff
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import batch_sizes, combine, iterations, step_time
+from perfswarm.analyze.iterations import (
+    batch_sizes,
+    combine,
+    iterations,
+    step_time,
+    unprofiled_steps,
+)
 from perfswarm.analyze.kernels import kernel_breakdown
 from perfswarm.analyze.launch import launch_stats
 from perfswarm.analyze.memory import memory_timeline
@@ -67,13 +73,15 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
                                                       run.table("stacks"))):
         its = combine({}, found)
     windows = {} if its.steps else time_windows(ev, run.table("counters"))
+    program = unprofiled_steps(run.table("steps"), its.steps)
     per = its.steps or windows
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
         concurrency=concurrency(ev, per), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev), its.steps),
-        swarms=swarms(run_samples(run), run.table("stacks"), its.steps),
+        swarms=swarms(run_samples(run), run.table("stacks"), program,
+                      unprofiled=program is not its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
         bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),
         cupti=cupti_counters(run, ev), memory=memory_timeline(run.table("counters"), its.steps),

@@ -62,9 +62,11 @@ class Swarms:
     scope: str = "run"
     sampled_ns: int = 0  # the wall time those samples cover (the steps', or the samples' span)
     left_out: int = 0  # samples outside the steps
+    unprofiled: bool = False  # the steps are those timed outside the profiler's window
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "silhouette": self.silhouette, "scope": self.scope,
+                "unprofiled": self.unprofiled,
                 "sampled_ns": self.sampled_ns, "left_out": self.left_out,
                 "swarms": [s.to_dict() for s in self.swarms]}
 
@@ -173,9 +175,11 @@ def run_samples(run: Run, columns: list[str] | None = None) -> pa.Table:
 
 
 def swarms(samples: pa.Table, stacks: pa.Table,
-           steps: Mapping[int, Sequence[StepWindow]] | None = None) -> Swarms:
+           steps: Mapping[int, Sequence[StepWindow]] | None = None,
+           unprofiled: bool = False) -> Swarms:
     """The swarms of the samples inside the steps (any rank's: a launcher's samples carry
-    none) where those hold any, else of every sample."""
+    none) where those hold any, else of every sample; `unprofiled`: the steps are those the
+    recorder timed outside the profiler's window (iterations.unprofiled_steps)."""
     if samples.num_rows == 0 or stacks.num_rows == 0:
         return Swarms(0, None, ())
     ts = np.asarray(samples.column("ts").to_numpy(), np.int64)
@@ -193,7 +197,7 @@ def swarms(samples: pa.Table, stacks: pa.Table,
     found = describe(samples, stacks, lab, weight, steps or {})
     return Swarms(lab.k, lab.silhouette, tuple(sorted(found, key=lambda s: (-s.weight,
                                                                             s.caption))),
-                  scope, sampled_ns, left_out)
+                  scope, sampled_ns, left_out, unprofiled and scope == "steps")
 
 
 def describe(samples: pa.Table, stacks: pa.Table, lab: Labels, weight: I64,

@@ -142,9 +142,12 @@ def _print(result: Analysis, costs: OpCosts) -> None:
                       f"+{ms(m.peak.ts - m.t[0])} ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
     if result.swarms.swarms and result.swarms.scope == "steps":
-        console.print(f"function swarms of the steps' samples ({result.swarms.left_out:,} "
-                      "others left out: the start-up, after the loop, and py-spy's, which "
-                      "carry no time)")
+        which, out = (("the steps timed outside the profiler's window, the program "
+                       "unprofiled", "the start-up, the profiler's window")
+                      if result.swarms.unprofiled else ("the steps", "the start-up"))
+        console.print(f"function swarms of the samples in {which} ({result.swarms.left_out:,} "
+                      f"others left out: {out}, after the loop, and py-spy's, which carry no "
+                      "time)")
     for sw in result.swarms.swarms[:10]:
         console.print(f"  swarm {100 * sw.share:5.1f}%  {short_caption(sw.caption)} "
                       f"({sw.samples:,} samples)")

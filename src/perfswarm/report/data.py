@@ -392,7 +392,8 @@ def swarm_rows(swarms: dict[str, Any]) -> dict[str, Any]:
              "time_ns": round(s["share"] * sampled_ns)}
             for s in swarms["swarms"]]
     return {"k": swarms["k"], "silhouette": swarms["silhouette"], "sampled_ns": sampled_ns,
-            "scope": swarms["scope"], "left_out": swarms["left_out"], "swarms": rows}
+            "scope": swarms["scope"], "unprofiled": swarms["unprofiled"],
+            "left_out": swarms["left_out"], "swarms": rows}
 
 
 def _prediction(run: Run) -> dict[str, Any] | None:
