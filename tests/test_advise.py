@@ -1243,6 +1243,48 @@ def test_untraced_python_between_the_ops(tmp_path: Path) -> None:
     assert found(host.untraced_python, _sampled(gpu, [1.0] * 10, 0.6)) is None
 
 
+def test_untraced_wait_for_reads(tmp_path: Path) -> None:
+    """Three 10 ms steps whose loop thread runs one 2 ms op each and waits off the CPU the
+    other 8 ms (perf saw it only in its ops): 24 ms of 30 waited. With the host's cores on I/O
+    meanwhile (iowait 0.5 cores), reads: a thread reading one batch ahead hides them under
+    the 6 ms of ops. Without iowait, nothing says what it waits for: no gain claimed. Waiting
+    on a runqueue (run delay) is no wait of its own."""
+    cpu = {"extra": {"record": {"cuda": False, "torch_version": "2.13.0+cpu", "perf_hz": 1000}}}
+    events = []
+    for i in range(3):
+        t = i * 10_000
+        events += [ev(f"ProfilerStep#{i}", t, 10_000, "user_annotation"),
+                   ev("aten::addmm", t + 8_000, 2_000)]
+    run = with_manifest(imported(tmp_path, "reads", events), cores=2, **cpu)
+    _perf_samples(run, 1000, 30_000, 1000)
+    perf = run.table("samples")
+    on_ops = [t % 10_000_000 >= 8_000_000 for t in perf.column("ts").to_pylist()]
+    run.write_table("samples", perf.filter(pa.array(on_ops)))
+
+    def counters(iowait: float, delay: float) -> Run:
+        rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [],
+                                      "value": []}
+        for t in range(1, 30):
+            for name, value in (("proc.cpu_cores", 0.2), ("proc.run_delay_cores", delay),
+                                *((f"cpu.core{c}.{k}", v) for c in (0, 1) for k, v in
+                                  (("usr", 0.1), ("sys", 0.05), ("iowait", iowait / 2)))):
+                for key, v in zip(rows, (-1, t * 1_000_000, -1, name, value), strict=True):
+                    rows[key].append(v)
+        run.write_table("counters", pa.table(rows).cast(pa.schema([
+            ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()),
+            ("name", pa.string()), ("value", pa.float64())])))
+        return run
+
+    a = shows(host.untraced_wait, counters(0.5, 0.0))
+    assert (a.evidence["waited_ns"], a.evidence["untraced_on_cpu_ns"]) == (24_000_000, 0)
+    assert a.evidence["iowait_cores"] == 0.5 and a.gain_ns == 6_000_000
+    assert a.change.startswith("where it reads its input in the loop")
+    unknown = shows(host.untraced_wait, counters(0.0, 0.0))
+    assert unknown.gain_ns is None and unknown.severity == "medium"
+    # its threads runnable 0.6 of a core the whole time: 18 ms of the 24 queued, 6 left
+    assert found(host.untraced_wait, counters(0.5, 0.6)) is None
+
+
 def test_communication_bound_on_gloo(tmp_path: Path) -> None:
     """A CPU DDP rank's steps of 10 ms: its loop computes 0..6 ms and steps the optimizer at
     9..10; gloo's thread all-reduces two buckets, 3..5 ms (under the backward) and 6..9 ms

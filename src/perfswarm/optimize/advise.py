@@ -25,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     host.cpu_contention,
     host.outlier_steps,
     host.untraced_python,
+    host.untraced_wait,
     host.loader_oversubscription,
     distributed.communication_bound,
     distributed.stragglers,

@@ -564,18 +564,15 @@ def untraced_python(facts: Facts) -> Advice | None:
     traced time: Python between the ops (a simulated environment, per-sample handling,
     metrics) is the step's cost, and no op shows it. On a GPU run the device's idle time is
     launch_bound's and low_utilization's."""
-    if not facts.without_accelerator or facts.steps.height == 0:
+    found = _untraced(facts)
+    if found is None:
         return None
-    loop = facts.named(r"^ProfilerStep#", "user_annotation").select("rank", "pid").unique()
-    traced = facts.in_window(facts.events.filter(
-        pl.col("kind").is_in(["cpu_op", "user_annotation"])
-        & ~pl.col("name").str.starts_with("ProfilerStep#"))).join(loop, on=["rank", "pid"])
-    busy = sum(facts.busy_ns(traced).values())
-    untraced = facts.wall_ns - busy
+    traced, busy, untraced = found
     share = pct(untraced, facts.wall_ns)
     # the sampler's cores are of every recorded process: a loop process's share of them
+    loops = traced.select("rank", "pid").unique().height
     proc = _window_counters(facts, r"^proc\.cpu_cores$")["value"].to_numpy()
-    cores = float(proc.mean()) / max(1, loop.height) if proc.size else 0.0
+    cores = float(proc.mean()) / max(1, loops) if proc.size else 0.0
     if share < _PYTHON_SHARE or cores < _ON_CPU:
         return None
     evidence = {"untraced_ns": untraced, "untraced_share_pct": share,
@@ -596,6 +593,71 @@ def untraced_python(facts: Facts) -> Advice | None:
                   "`py-spy top`); vectorize it (numpy, torch ops on batches), run it less "
                   "often, or move it out of the loop (a DataLoader worker, a separate process "
                   "feeding a queue)")
+
+
+def _untraced(facts: Facts) -> tuple[pl.DataFrame, int, int] | None:
+    """On a CPU run with steps: the traced spans of the loop's processes (ops, DataLoader and
+    optimizer calls, other annotations; not the step markers) in the window, their busy time
+    and the steps' time none of them covers; None on a run with an accelerator or no steps."""
+    if not facts.without_accelerator or facts.steps.height == 0:
+        return None
+    loop = facts.named(r"^ProfilerStep#", "user_annotation").select("rank", "pid").unique()
+    traced = facts.in_window(facts.events.filter(
+        pl.col("kind").is_in(["cpu_op", "user_annotation"])
+        & ~pl.col("name").str.starts_with("ProfilerStep#"))).join(loop, on=["rank", "pid"])
+    busy = sum(facts.busy_ns(traced).values())
+    return traced, busy, facts.wall_ns - busy
+
+
+_WAIT_SHARE = 30.0  # % of the steps the loop's thread waited, off the CPU, outside its spans
+
+
+def untraced_wait(facts: Facts) -> Advice | None:
+    """On a CPU run, the loop's thread off the CPU outside every traced span for much of its
+    steps (perf saw it nowhere there): it waits for something no op shows, most often its own
+    input read in the loop (np.load, open, an image decode's file), else a sleep or a lock.
+    With the host's iowait in the window: the disk."""
+    found = _untraced(facts)
+    if found is None:
+        return None
+    traced, busy, untraced = found
+    python = _untraced_on_cpu(facts, traced)
+    if python is None:
+        return None
+    # off the CPU is also runnable on a runqueue (other processes': cpu_contention's): the
+    # tree's run delay over the window, at most, is no wait of the loop's own
+    delay = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
+    queued = round(float(delay.mean()) * facts.wall_ns) if delay.size else 0
+    waited = max(0, untraced - python - queued)
+    share = pct(waited, facts.wall_ns)
+    if share < _WAIT_SHARE:
+        return None
+    iowait = _window_counters(facts, r"^cpu\.core\d+\.iowait$")
+    io = (float(iowait["value"].sum()) / max(1, iowait["ts"].n_unique())
+          if iowait.height else 0.0)
+    evidence = {"untraced_ns": untraced, "untraced_on_cpu_ns": python, "run_delay_ns": queued,
+                "waited_ns": waited, "waited_share_pct": share, "traced_ns": busy,
+                "iowait_cores": round(io, 3)}
+    change = ("where it reads its input in the loop (np.load, open, PIL, torch.load): read the "
+              "next batch in a background thread (concurrent.futures, one ahead) or in "
+              "DataLoader workers (num_workers >= 1) while this one computes; where a thread of "
+              "its own already reads ahead, the reads bound it (more at once, faster storage); "
+              "where it sleeps or waits for requests, that is the program's pace; py-spy "
+              "--idle shows where it waits")
+    if io < _IOWAIT:  # nothing says what it waits for: the program's to say
+        return advice(facts, "untraced_wait", f"the loop waits outside its ops for {share:g}% "
+                      "of its steps", evidence, None, "no time model: the host waited on no "
+                      "I/O meanwhile, so a sleep, a lock, requests or a thread of its own may "
+                      "be what it waits for", change)
+    return advice(facts, "untraced_wait", f"the loop waits outside its ops for {share:g}% of "
+                  f"its steps, the host's cores on I/O ({io:.2f} cores' worth)", evidence,
+                  min(waited, busy),
+                  "prefetch model from this run's times: a thread (or DataLoader workers) that "
+                  "reads the next batch while the step computes hides the wait under the "
+                  "traced work, at most the smaller of the two", change)
+
+
+_IOWAIT = 0.1  # cores' worth of the host waiting on I/O: the loop's wait is the disk's
 
 
 def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame) -> int | None:
