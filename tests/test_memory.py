@@ -233,7 +233,8 @@ def test_memory_snapshot_as_a_timeline(tmp_path: Path,
                                 "bytes": [2 * MB2] * 7 + [12 * MB2] * 2}
     assert main(["analyze", str(out)]) == 0
     # in binary units: 1,011,264 B = 987.6 KiB, 1,000,000 B = 976.6 KiB, 6656 B = 6.5 KiB
-    assert ("memory rank 0: peak 987.6 KiB at +0.090 ms (optimizer_state 976.6 KiB, unknown "
+    assert ("memory rank 0: peak 987.6 KiB at +0.090 ms from the Run's start (optimizer_state "
+            "976.6 KiB, unknown "
             "6.5 KiB, gradient 4.0 KiB, parameter 512 B); reserved 24.0 MiB then, at "
             "most 24.0 MiB") in " ".join(capsys.readouterr().out.split())  # as wrapped
     # the allocator holds 24 MiB at the peak, of which 1,011,264 B are held by blocks

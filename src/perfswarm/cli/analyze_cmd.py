@@ -14,7 +14,7 @@ from perfswarm.analyze.analysis import Analysis
 from perfswarm.analyze.concurrency import STATES
 from perfswarm.analyze.critical_path import CriticalPath
 from perfswarm.analyze.summary import analyze
-from perfswarm.analyze.window import windowed
+from perfswarm.analyze.window import run_start, windowed
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
 from perfswarm.cli.output import console, print_json
@@ -86,7 +86,7 @@ def _op_cost_table(costs: OpCosts) -> Table:
     return table
 
 
-def _print(result: Analysis, costs: OpCosts) -> None:
+def _print(result: Analysis, costs: OpCosts, origin: int | None) -> None:
     console.print(Text.assemble((str(result.path), "bold"),
                                 f": {result.events:,} events, ranks {list(result.ranks)}"))
     its = result.iterations
@@ -139,7 +139,8 @@ def _print(result: Analysis, costs: OpCosts) -> None:
         reserved = ("" if m.reserved is None else f"; reserved {size(m.reserved.at_peak_bytes)} "
                     f"then, at most {size(m.reserved.peak_bytes)}")
         console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)} at "
-                      f"+{ms(m.peak.ts - m.t[0])} ({held}){reserved}"
+                      f"+{ms(m.peak.ts - (m.t[0] if origin is None else origin))} from the "
+                      f"Run's start ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
     if result.swarms.swarms and result.swarms.scope == "steps":
         which, out = (("the steps timed outside the profiler's window, the program "
@@ -219,4 +220,4 @@ def analyze_command(
         with_copy_peaks(out["bandwidth"], run.manifest()["devices"])
         print_json(out)
     else:
-        _print(result, costs)
+        _print(result, costs, run_start(run))
