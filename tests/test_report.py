@@ -704,3 +704,17 @@ def test_a_cpu_runs_states_are_the_hosts(corpus_runs: dict[str, Run]) -> None:
     assert "<th>host busy</th><th>idle</th></tr>" in cpu and "<th>compute_only</th>" not in cpu
     gpu = html.render(report_data(corpus_runs["nccl"]))
     assert "<th>compute_only</th>" in gpu and "<th>host_busy_device_idle</th>" in gpu
+
+
+def test_timeline_draws_a_clock_apart_from_shares(corpus_runs: dict[str, Run],
+                                                  tmp_path: Path) -> None:
+    """A core's steal (a share) beside its usr; its clock (MHz) on a chart of its own (steal
+    had shared the unitless chart with the clock, a fraction beside 2,600)."""
+    run = Run(shutil.copytree(corpus_runs["simple_add"].path, tmp_path / "clock.run"))
+    names = ["cpu.core0.usr", "cpu.core0.steal", "cpu.core0.mhz"]
+    run.write_table("counters", pa.table({
+        "rank": [-1] * 3, "ts": [5] * 3, "name": names, "device": [-1] * 3,
+        "value": [0.5, 0.01, 2600.0]}))
+    tl = timeline(run, spans(run), 0)
+    assert [(g["title"], [c["name"] for c in g["series"]]) for g in tl["counters"]] == [
+        ("cpu (%)", ["cpu.core0.steal", "cpu.core0.usr"]), ("cpu (MHz)", ["cpu.core0.mhz"])]

@@ -99,8 +99,10 @@ def _unit(name: str) -> str:
     last = name.rsplit(".", 1)[-1].lower()
     if "bytes" in last:
         return "bytes"
-    if last in {"usr", "sys", "iowait", "idle"} or "util" in last or last.endswith("pct"):
+    if last in {"usr", "sys", "iowait", "steal", "idle"} or "util" in last or last.endswith("pct"):
         return "%"
+    if last == "mhz" or last.endswith("_mhz"):  # a clock is no share: its own chart
+        return "MHz"
     return ""
 
 
