@@ -86,7 +86,8 @@ def _op_cost_table(costs: OpCosts) -> Table:
     return table
 
 
-def _print(result: Analysis, costs: OpCosts, origin: int | None) -> None:
+def _print(result: Analysis, costs: OpCosts, origin: int | None,
+           windowed_run: bool = False) -> None:
     console.print(Text.assemble((str(result.path), "bold"),
                                 f": {result.events:,} events, ranks {list(result.ranks)}"))
     its = result.iterations
@@ -130,6 +131,8 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None) -> None:
                           + (f" ({hands})" if hands else ""))
         if left:
             console.print(_left_out(left))
+    # a window's timeline starts empty: what was alive at its start is in no total
+    within = " of what the window allocated" if windowed_run else ""
     for m in result.memory:
         held = ", ".join(f"{c} {size(v)}" for c, v in sorted(m.peak.by_category.items(),
                                                             key=lambda kv: -kv[1]) if v)
@@ -138,7 +141,7 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None) -> None:
             f", {left:,} more in --json" if left else "")
         reserved = ("" if m.reserved is None else f"; reserved {size(m.reserved.at_peak_bytes)} "
                     f"then, at most {size(m.reserved.peak_bytes)}")
-        console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)} at "
+        console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)}{within} at "
                       f"+{ms(m.peak.ts - (m.t[0] if origin is None else origin))} from the "
                       f"Run's start ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
@@ -220,4 +223,4 @@ def analyze_command(
         with_copy_peaks(out["bandwidth"], run.manifest()["devices"])
         print_json(out)
     else:
-        _print(result, costs, run_start(run))
+        _print(result, costs, run_start(run), window is not None)
