@@ -143,7 +143,7 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None,
                     f"then, at most {size(m.reserved.peak_bytes)}")
         console.print(f"memory rank {m.rank}: peak {size(m.peak.total_bytes)}{within} at "
                       f"+{ms(m.peak.ts - (m.t[0] if origin is None else origin))} from the "
-                      f"Run's start ({held}){reserved}"
+                      f"{'window' if windowed_run else 'Run'}'s start ({held}){reserved}"
                       + (f"; per step {steps}" if steps else ""))
     if result.swarms.swarms and result.swarms.scope == "steps":
         which, out = (("the steps timed outside the profiler's window, the program "
