@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import orjson
@@ -363,9 +363,9 @@ def memory_growth(facts: Facts) -> Advice | None:
             "rank": m.rank, "steps": len(peaks), "growth_bytes_per_step": per_step,
             "first_peak_bytes": int(peaks[0]), "last_peak_bytes": int(peaks[-1]),
             "grew_bytes": {c: v for c, v in sorted(grew.items()) if v > 0}}))
-    if not found:
+    evidence = _largest(found)
+    if evidence is None:
         return None
-    evidence = max(found, key=lambda f: f[:2])[2]
     return advice(facts, "memory_growth", f"memory grows {evidence['growth_bytes_per_step']:,} "
                   "bytes a step", evidence, None, "no time saved: memory the steps keep "
                   "(each step's peak above the one before, the memory timeline's), until it "
@@ -375,6 +375,12 @@ def memory_growth(facts: Facts) -> Advice | None:
                   "for metrics: .detach().cpu()), a cache keyed by step, a hook holding "
                   "activations; a memory snapshot's stacks name where the kept blocks were "
                   "allocated")
+
+
+def _largest(found: list[tuple[int, int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The evidence of the largest of (size, -rank, evidence) findings, the lowest rank on a
+    tie; None without any."""
+    return max(found, key=lambda f: f[:2])[2] if found else None
 
 
 _CACHED_SHARE: Final = 0.3  # of the reserved bytes, unallocated when the allocated bytes peak
@@ -396,9 +402,9 @@ def allocator_cache(facts: Facts) -> Advice | None:
                 "rank": m.rank, "peak_bytes": m.peak.total_bytes, "reserved_at_peak_bytes": held,
                 "reserved_peak_bytes": m.reserved.peak_bytes, "unallocated_bytes": idle,
                 "unallocated_pct": pct(idle, held)}))
-    if not found:
+    evidence = _largest(found)
+    if evidence is None:
         return None
-    evidence = max(found, key=lambda f: f[:2])[2]
     return advice(facts, "allocator_cache", f"{evidence['unallocated_pct']:.0f}% of the reserved "
                   "memory is unallocated at the peak", evidence, None, "no time saved: memory "
                   "the caching allocator holds but no tensor uses (the memory snapshot's "
