@@ -93,7 +93,8 @@ def rank_memory(rank: int, ts: I64, names: Sequence[str], value: I64,
     """One rank's memory from its `memory.*` readings (ts, name, bytes), and its
     `memory_reserved` readings (ts, bytes) where it has them."""
     categories = sorted(set(names))
-    times = np.unique(ts)
+    # the reserved bytes change where no allocation does (a segment freed): their times too
+    times = np.unique(ts if reserved is None else np.concatenate([ts, reserved[0]]))
     alive = np.zeros((len(times), len(categories)), np.int64)
     for j, c in enumerate(categories):
         mine = np.flatnonzero(np.array(names) == c)
