@@ -399,12 +399,13 @@ def outlier_steps(facts: Facts) -> Advice | None:
     timed = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
     compile_ns = int(compiling[over][kept].sum())
-    # the loop thread off the CPU in them beyond a usual step's share (perf): they waited (a
-    # sleep, I/O, a lock, requests arriving), not computed
+    # the loop thread off the CPU in them beyond a usual step's share (perf), less the time
+    # its threads sat on a runqueue (other processes' cores): they waited (a sleep, I/O, a
+    # lock, requests arriving), not computed
     cpu = _loop_cpu(facts, steps)
     waited = 0
     if cpu is not None:
-        off = dur - cpu
+        off = dur - cpu - _queued(facts, steps)
         waited = int(np.maximum(0, off[over][kept] - np.median(off)).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.height,
                 "warmup_steps": int(warm.sum()), "descheduled_steps": int(starved.sum()),
@@ -430,6 +431,20 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
                   "of all the steps the run timed", change, of_ns=timed)
+
+
+def _queued(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
+    """Each step's time its tree's threads sat runnable on a runqueue: the sampler's
+    proc.run_delay_cores readings in it (each covering the interval before it) times its
+    length; 0 without them."""
+    delay = facts.counters.filter(pl.col("name") == "proc.run_delay_cores").sort("ts")
+    ts, value = delay["ts"].to_numpy(), delay["value"].to_numpy()
+    out = np.zeros(steps.height, np.int64)
+    for i, (lo, hi) in enumerate(steps.select("start", "end").iter_rows()):
+        inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
+        if len(inside):
+            out[i] = round(float(inside.mean()) * (hi - lo))
+    return out
 
 
 def _loop_cpu(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64] | None:
