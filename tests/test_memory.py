@@ -364,3 +364,14 @@ def test_memory_that_grows_every_step(tmp_path: Path) -> None:
 def test_no_growth_finding_without_a_leak(imported: tuple[Run, Path]) -> None:
     run, _ = imported
     assert not [a for a in advise(run).advice if a.rule == "memory_growth"]
+
+
+def test_a_growing_batch_is_no_leak(imported: tuple[Run, Path]) -> None:
+    """memory_growth reads what each step began with: the fixture's steps, which keep nothing,
+    begin alike; a peak that rises with a growing batch is no leak (the steps' start_bytes,
+    not their peaks)."""
+    run, _ = imported
+    (m,) = analyze(run).memory
+    starts = [sum(b.values()) for b in m.step_starts]
+    assert len(starts) == len(m.steps) >= 3
+    assert len(set(starts[1:])) == 1  # nothing kept from step to step

@@ -57,11 +57,14 @@ class RankMemory:
     t: tuple[int, ...]  # the timeline, at most MAX_POINTS readings
     bytes: dict[str, tuple[int, ...]]  # category -> bytes alive at each of `t`
     reserved: Reserved | None = None  # a snapshot's
+    # the bytes alive by category as each of `steps` began
+    step_starts: tuple[dict[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "peak": self.peak.to_dict(),
                 "category_peak_bytes": dict(self.category_peak_bytes),
-                "steps": [{"step": s, **p.to_dict()} for s, p in self.steps],
+                "steps": [{"step": s, **p.to_dict(), "start_bytes": sum(b.values())}
+                          for (s, p), b in zip(self.steps, self.step_starts, strict=True)],
                 "t": list(self.t), "bytes": {c: list(v) for c, v in self.bytes.items()},
                 "reserved": None if self.reserved is None else self.reserved.to_dict()}
 
@@ -102,7 +105,7 @@ def rank_memory(rank: int, ts: I64, names: Sequence[str], value: I64,
         alive[:, j] = _at(ts[mine], value[mine], times)
     short = [c[len(PREFIX):] for c in categories]
     every = np.arange(len(times))
-    per_step = []
+    per_step, starts = [], []
     for w in steps:
         # the state the step began with (the last reading at or before its start) and every
         # reading inside it
@@ -110,6 +113,8 @@ def rank_memory(rank: int, ts: I64, names: Sequence[str], value: I64,
         rows = np.arange(max(lo, 0), int(np.searchsorted(times, w.end)))
         if len(rows):
             per_step.append((w.step, _peak(times, alive, short, rows, w.start)))
+            starts.append({c: int(v) for c, v in zip(short, alive[lo].tolist(), strict=True)}
+                          if lo >= 0 else dict.fromkeys(short, 0))
     shown = _shown(alive.sum(axis=1))
     peak = _peak(times, alive, short, every, int(times[0]))
     held = None
@@ -119,7 +124,8 @@ def rank_memory(rank: int, ts: I64, names: Sequence[str], value: I64,
                         tuple(_at(r_ts, r_value, times[shown]).tolist()))
     return RankMemory(rank, peak, {c: int(alive[:, j].max()) for j, c in enumerate(short)},
                       tuple(per_step), tuple(times[shown].tolist()),
-                      {c: tuple(alive[shown, j].tolist()) for j, c in enumerate(short)}, held)
+                      {c: tuple(alive[shown, j].tolist()) for j, c in enumerate(short)}, held,
+                      tuple(starts))
 
 
 def _readings(counters: pa.Table, kept: pa.ChunkedArray) -> tuple[I64, I64, I64, list[str]]:

@@ -336,40 +336,39 @@ def memory_breakdown(facts: Facts) -> Advice | None:
                   "(the memory timeline's peak, by category)", _MEMORY_CHANGE[group])
 
 
-_GROWING_STEPS: Final = 4  # steps whose peaks each rise, at least: a leak
+_GROWING_STEPS: Final = 4  # steps each beginning with more alive, at least: a leak
 _GROWTH_MIN: Final = 1 << 20  # bytes a step: allocator rounding and caches grow by less
 
 
 def memory_growth(facts: Facts) -> Advice | None:
-    """A memory timeline whose steps' peaks rise every step (four or more, the first and last
-    aside, by a MiB or more each): tensors kept from step to step, a leak that ends in an
-    out-of-memory error; its growth a step and the categories it grows in (a loss appended
-    with its graph grows the activations, a list of outputs the temporaries)."""
+    """A memory timeline whose steps each begin with more alive than the step before (four or
+    more, the first aside, which builds the optimizer's state, by a MiB or more each): tensors
+    kept from step to step, a leak that ends in an out-of-memory error; its growth a step and
+    the categories it grows in (a loss appended with its graph grows the activations). A
+    step's peak alone would call a growing batch a leak: what a step frees by its end is not
+    kept."""
     found = []
     for m in facts.memory:
-        # the first and last steps aside: the first builds the optimizer's state, the last
-        # can be cut short by the end of the timeline
-        inner = m.steps[1:-1]
-        peaks = np.array([p.total_bytes for _, p in inner], np.int64)
-        if len(peaks) < _GROWING_STEPS:
+        kept = np.array([sum(b.values()) for b in m.step_starts[1:]], np.int64)
+        if len(kept) < _GROWING_STEPS:
             continue
-        rises = np.diff(peaks)
+        rises = np.diff(kept)
         per_step = int(np.median(rises))
         if not np.all(rises > 0) or per_step < _GROWTH_MIN:
             continue
-        first, last = inner[0][1].by_category, inner[-1][1].by_category
+        first, last = m.step_starts[1], m.step_starts[-1]
         grew = {c: last.get(c, 0) - first.get(c, 0) for c in {*first, *last}}
         found.append((per_step, -m.rank, {
-            "rank": m.rank, "steps": len(peaks), "growth_bytes_per_step": per_step,
-            "first_peak_bytes": int(peaks[0]), "last_peak_bytes": int(peaks[-1]),
+            "rank": m.rank, "steps": len(kept), "growth_bytes_per_step": per_step,
+            "first_start_bytes": int(kept[0]), "last_start_bytes": int(kept[-1]),
             "grew_bytes": {c: v for c, v in sorted(grew.items()) if v > 0}}))
     evidence = _largest(found)
     if evidence is None:
         return None
     return advice(facts, "memory_growth", f"memory grows {evidence['growth_bytes_per_step']:,} "
                   "bytes a step", evidence, None, "no time saved: memory the steps keep "
-                  "(each step's peak above the one before, the memory timeline's), until it "
-                  "runs out",
+                  "(each step begins with more alive than the one before, the memory "
+                  "timeline's), until it runs out",
                   "find what keeps tensors across steps: a list or dict they are appended to (a "
                   "loss kept with its graph: append loss.item() or loss.detach(); outputs kept "
                   "for metrics: .detach().cpu()), a cache keyed by step, a hook holding "
