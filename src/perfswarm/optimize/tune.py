@@ -208,7 +208,9 @@ def _importance(study: optuna.Study, seed: int) -> dict[str, float]:
             measured, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=seed))
     except (RuntimeError, ValueError):  # e.g. one parameter never varied
         return {}
-    return {k: round(float(v), 6) for k, v in sorted(found.items())}
+    # a parameter no measured trial varied has no importance to tell (fANOVA says 0)
+    varied = {k for k in found if len({repr(t.params.get(k)) for t in done}) > 1}
+    return {k: round(float(v), 6) for k, v in sorted(found.items()) if k in varied}
 
 
 def run_path(out: Path, name: str) -> Path:

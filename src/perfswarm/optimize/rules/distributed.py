@@ -91,7 +91,8 @@ def communication_bound(facts: Facts) -> Advice | None:
     hidden = min(max(0.0, exposed - last), compute_only)
     # hiding a collective shortens a step only where the step's critical path runs through it
     path = facts.critical_path
-    on_path = (None if path is None else
+    # the steps' paths where the run has steps (the run's own spans more than they do)
+    on_path = (None if path is None or (facts.steps.height and not path.steps) else
                sum(s.ns["collective"] for s in path.steps) if path.steps else path.ns["collective"])
     if on_path is not None:
         evidence["overlap_model_ns"] = round(hidden)
