@@ -330,3 +330,23 @@ def test_a_directory_says_which_trace_files_it_left_out(
     assert "from 1 file(s)" in out
     assert (f"left out {len(others)} other trace file(s) under the directories given, "
             f"{others[0]} the first") in out
+
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_a_profiler_schedules_cycles_are_one_rank(tmp_path: Path, streaming: str) -> None:
+    """tensorboard_trace_handler writes each cycle of a schedule with `repeat` to
+    {worker}.{time}.pt.trace.json, its worker {host}_{pid}: the cycles of one process, with no
+    distributedInfo, are one rank (they had been a rank each: 3 ranks of 3 steps); another
+    worker's file keeps a rank of its own."""
+    def cycle(name: str, pid: int, ts: float) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": pid, "tid": 1, "ts": ts,
+             "dur": 2.0, "args": {}}]}))
+        return path
+
+    paths = [cycle("vm_42.1796000001.pt.trace.json", 42, 1.0),
+             cycle("vm_42.1796000002.pt.trace.json", 42, 100.0),
+             cycle("vm_43.1796000001.pt.trace.json", 43, 5.0)]
+    run = import_traces(paths, tmp_path / "s.run", ImportOptions(streaming=streaming), ["t"])
+    assert [s["rank"] for s in run.manifest()["sources"]] == [0, 0, 2]

@@ -11,6 +11,7 @@ DuckDB, in the same order (trace/merge.py, tested against the in-memory path).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,26 @@ class ImportOptions:
     streaming: Streaming = "auto"
     force: bool = False
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # not when streaming
+    # the rank of each file that names none (no --rank, no distributedInfo, none in its
+    # name), by position: worker_ranks(paths), set by import_traces
+    positions: tuple[int, ...] = ()
+
+
+# tensorboard_trace_handler's file of one profiling cycle: {worker}.{time}.pt.trace.json[.gz],
+# its worker `{host}_{pid}` unless named: the cycles of one process share it
+_CYCLE = re.compile(r"^(.+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+
+
+def worker_ranks(paths: Sequence[Path]) -> tuple[int, ...]:
+    """For each file, the rank it takes when nothing else names one: its position, but the
+    first file's of the same TensorBoard worker (a profiler schedule's cycles in one process,
+    `repeat`: one rank, not one each)."""
+    first: dict[tuple[Path, str], int] = {}
+    out = []
+    for i, path in enumerate(paths):
+        cycle = _CYCLE.match(path.name)
+        out.append(first.setdefault((path.parent, cycle[1]), i) if cycle else i)
+    return tuple(out)
 
 
 def step_column(events: pa.Table, steps: pa.Table) -> npt.NDArray[np.int32]:
@@ -204,7 +225,9 @@ def file_rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
             meta.warnings[f"--rank {options.ranks[i]} overrides distributedInfo rank "
                           f"{meta.rank}"] += 1
         return options.ranks[i]
-    return meta.rank if meta.rank is not None else i
+    if meta.rank is not None:
+        return meta.rank
+    return options.positions[i] if options.positions else i
 
 
 def with_rank(tables: TraceTables, rank: int) -> TraceTables:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from perfswarm.trace.build import (
     one_recording,
     ranks_seen,
     with_rank,
+    worker_ranks,
     write_tables,
 )
 from perfswarm.trace.cluster import connect
@@ -141,6 +143,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     paths = trace_files(paths)
     if not paths:
         raise PerfswarmError("no trace files given")
+    options = replace(options, positions=worker_ranks(paths))
     if options.ranks and len(options.ranks) != len(paths):
         raise ParameterError("ranks", f"given {len(options.ranks)} times for {len(paths)} files")
     for r in options.ranks:
