@@ -1445,3 +1445,31 @@ def test_cpu_contention_outside_the_window(tmp_path: Path) -> None:
     assert a.evidence["over"] == "every timed step"
     assert a.gain_of_ns == 12 * ms + 80 * ms
     assert a.evidence["run_delay_cores"] == pytest.approx(79 / 91, abs=1e-3)
+
+
+def test_cpu_contention_measured_from_descheduled_steps(tmp_path: Path) -> None:
+    """After a quiet window (3 steps of 4 ms), 6 quiet steps of 4 ms and 4 of 40 ms while
+    other processes held both cores (the run's threads 1.0 core on a runqueue beside the 1.0
+    they ran): the run-delay model says half of those 160 ms; the steps say 4 x 36 ms were
+    lost beyond the usual 4 ms step, measured, 144 ms of the 196 timed."""
+    run = with_manifest(imported(tmp_path, "held", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    starts = [12 + 4 * i for i in range(6)] + [36 + 40 * i for i in range(4)]
+    ends = [12 + 4 * (i + 1) for i in range(6)] + [36 + 40 * (i + 1) for i in range(4)]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, a * ms, b * ms, "detected")
+                       for i, (a, b) in enumerate(zip(starts, ends, strict=True)))])
+    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
+    for t in range(1, 197):  # a reading a ms
+        loaded = t > 36
+        for name, value in (("proc.cpu_cores", 1.0), ("proc.run_delay_cores", 1.0 * loaded),
+                            *((f"cpu.core{c}.usr", 0.98 if loaded else 0.5) for c in (0, 1))):
+            for key, v in zip(rows, (-1, t * ms, -1, name, value), strict=True):
+                rows[key].append(v)
+    run.write_table("counters", pa.table(rows).cast(pa.schema([
+        ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()), ("name", pa.string()),
+        ("value", pa.float64())])))
+    a = shows(host.cpu_contention, run)
+    assert a.evidence["over"] == "every timed step"
+    assert a.evidence["descheduled_excess_ns"] == 4 * 36 * ms == a.gain_ns
+    assert a.gain_of_ns == 196 * ms and a.gain_basis.startswith("measured: the steps")

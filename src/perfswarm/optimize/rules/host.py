@@ -310,10 +310,20 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
         gain = whole * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
-        return gain, whole, evidence, (
-            "the kernel's run delay (schedstat): the time the run's threads waited on a "
-            "runqueue for other processes (the wait beyond the cores is for each other), "
-            "over the threads that wanted a core")
+        model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
+                 "runqueue for other processes (the wait beyond the cores is for each other), "
+                 "over the threads that wanted a core")
+        if timed:
+            # the steps it sat descheduled in (outlier_steps' test), their time beyond the usual
+            # step, measured: a loop whose threads meet at barriers loses more than its run
+            # delay's share (a VAE's 30-804 ms steps for 10: 80% of its time, 42.8% modelled)
+            measured = _descheduled_excess(facts, steps)
+            evidence["descheduled_excess_ns"] = measured
+            if measured > gain:
+                gain, model = measured, ("measured: the steps it sat descheduled in (the cores "
+                                         "busy, its run delay half their excess or more), their "
+                                         "time beyond the usual step")
+        return gain, whole, evidence, model
     # Its own CPU time at the parallelism it reached when it ran most freely (90th
     # percentile of its sampled cores) instead of what it got on average: a reading
     # of 50 ms counts 10 ms ticks, so a one-thread process reads 0.8-1.2 cores when it
@@ -489,6 +499,21 @@ _RECOMPILE = ("torch.compile compiled again in them (half their excess or more i
               "that failed): keep the shapes fixed (drop_last=True, pad the batch), mark the "
               "changing dimension dynamic (torch._dynamo.mark_dynamic, or compile with "
               "dynamic=True), or find the reason with TORCH_LOGS=recompiles")
+
+
+def _descheduled_excess(facts: Facts, steps: pl.DataFrame) -> int:
+    """The time beyond the usual step (_usual) of the timed `steps` over _OUTLIER times it
+    that the process sat descheduled in (_starved)."""
+    if steps.height < 5:
+        return 0
+    steps = steps.sort("rank", "step")
+    dur = (steps["end"] - steps["start"]).to_numpy()
+    usual = _usual(facts, steps, dur)
+    over = dur > _OUTLIER * usual
+    if not over.any():
+        return 0
+    starved = np.asarray(_starved(facts, steps.filter(pl.Series(over)), steps), bool)
+    return int((dur[over] - usual[over])[starved].sum())
 
 
 def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
