@@ -34,6 +34,8 @@ from perfswarm.recorder.session import (
 )
 from perfswarm.trace.store import new_manifest
 
+_EXEC_TRIES = 25  # reads of an empty command line (a process in its exec), _EXEC_WAIT_S apart
+_EXEC_WAIT_S = 0.02
 NO_TORCH = ("attached to a running process: torch traces come only from a process started"
             " under record (import a process's own traces with perfswarm import)")
 
@@ -49,6 +51,12 @@ def attach(pid: int, out: Path, options: RecordOptions, duration_s: float | None
     try:
         proc = psutil.Process(pid)
         command = proc.cmdline()
+        # a process in the middle of its exec has no command line yet (a child just started)
+        for _ in range(_EXEC_TRIES):
+            if command:
+                break
+            time.sleep(_EXEC_WAIT_S)
+            command = proc.cmdline()
     except psutil.NoSuchProcess:
         raise ParameterError("pid", "no such process", value=pid) from None
     except psutil.AccessDenied:
