@@ -1421,6 +1421,23 @@ def test_outlier_steps_of_an_inference_loops_batches(tmp_path: Path) -> None:
     assert found(host.outlier_steps, gen) is None
 
 
+def _loaded_after(run: Run, quiet_ms: int, until_ms: int) -> None:
+    """System-sampler readings a ms, from 1 to `until_ms`: the process at one core; after
+    `quiet_ms` both cores 98% busy and its threads 1.0 core on a runqueue (before: the host
+    half busy, no run delay)."""
+    ms = 1_000_000
+    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
+    for t in range(1, until_ms):
+        loaded = t > quiet_ms
+        for name, value in (("proc.cpu_cores", 1.0), ("proc.run_delay_cores", 1.0 * loaded),
+                            *((f"cpu.core{c}.usr", 0.98 if loaded else 0.5) for c in (0, 1))):
+            for key, v in zip(rows, (-1, t * ms, -1, name, value), strict=True):
+                rows[key].append(v)
+    run.write_table("counters", pa.table(rows).cast(pa.schema([
+        ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()), ("name", pa.string()),
+        ("value", pa.float64())])))
+
+
 def test_cpu_contention_outside_the_window(tmp_path: Path) -> None:
     """A quiet window (its 3 steps of 4 ms, the process at its core, the host half busy), then
     10 steps of 8 ms after it while other processes held the cores: the run's threads 1.0
@@ -1431,16 +1448,7 @@ def test_cpu_contention_outside_the_window(tmp_path: Path) -> None:
     _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
                      *((0, 4 + i, 12 * ms + 8 * ms * i, 20 * ms + 8 * ms * i, "detected")
                        for i in range(10))])
-    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
-    for t in range(1, 92):  # a reading a ms
-        loaded = t > 12
-        for name, value in (("proc.cpu_cores", 1.0), ("proc.run_delay_cores", 1.0 * loaded),
-                            *((f"cpu.core{c}.usr", 0.98 if loaded else 0.5) for c in (0, 1))):
-            for key, v in zip(rows, (-1, t * ms, -1, name, value), strict=True):
-                rows[key].append(v)
-    run.write_table("counters", pa.table(rows).cast(pa.schema([
-        ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()), ("name", pa.string()),
-        ("value", pa.float64())])))
+    _loaded_after(run, 12, 92)
     a = shows(host.cpu_contention, run)
     assert a.evidence["over"] == "every timed step"
     assert a.gain_of_ns == 12 * ms + 80 * ms
@@ -1459,16 +1467,7 @@ def test_cpu_contention_measured_from_descheduled_steps(tmp_path: Path) -> None:
     _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
                      *((0, 4 + i, a * ms, b * ms, "detected")
                        for i, (a, b) in enumerate(zip(starts, ends, strict=True)))])
-    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [], "value": []}
-    for t in range(1, 197):  # a reading a ms
-        loaded = t > 36
-        for name, value in (("proc.cpu_cores", 1.0), ("proc.run_delay_cores", 1.0 * loaded),
-                            *((f"cpu.core{c}.usr", 0.98 if loaded else 0.5) for c in (0, 1))):
-            for key, v in zip(rows, (-1, t * ms, -1, name, value), strict=True):
-                rows[key].append(v)
-    run.write_table("counters", pa.table(rows).cast(pa.schema([
-        ("rank", pa.int32()), ("ts", pa.int64()), ("device", pa.int32()), ("name", pa.string()),
-        ("value", pa.float64())])))
+    _loaded_after(run, 36, 197)
     a = shows(host.cpu_contention, run)
     assert a.evidence["over"] == "every timed step"
     assert a.evidence["descheduled_excess_ns"] == 4 * 36 * ms == a.gain_ns
