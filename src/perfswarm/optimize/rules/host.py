@@ -64,12 +64,23 @@ def on_cpu_share(facts: Facts, spans: pl.DataFrame) -> float | None:
     for (pid, tid), group in spans.group_by(["pid", "tid"]):
         if pid not in seen:
             continue
-        ts = np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"]
-                     .to_numpy())
         lo, hi = group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy()
-        inside += int((np.searchsorted(ts, hi) - np.searchsorted(ts, lo)).sum())
+        inside += int(_samples_in(_thread_samples(facts, pid, tid), lo, hi).sum())
         spent += float(group["dur"].sum())
     return min(1.0, inside * 1e9 / float(hz) / spent) if spent else None
+
+
+def _thread_samples(facts: Facts, pid: int, tid: int) -> npt.NDArray[np.int64]:
+    """The times of perf's cpu-clock samples of one thread, sorted."""
+    perf = facts.perf_samples
+    return np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"]
+                   .to_numpy().astype(np.int64))
+
+
+def _samples_in(ts: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
+                hi: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """How many of the sorted sample times `ts` fall in each [lo, hi)."""
+    return np.searchsorted(ts, hi) - np.searchsorted(ts, lo)
 
 
 def data_loading(facts: Facts) -> Advice | None:
@@ -317,7 +328,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
             # the steps it sat descheduled in (outlier_steps' test), their time beyond the usual
             # step, measured: a loop whose threads meet at barriers loses more than its run
             # delay's share (a VAE's 30-804 ms steps for 10: 80% of its time, 42.8% modelled)
-            measured = _descheduled_excess(facts, steps)
+            measured = _descheduled_excess(facts)
             evidence["descheduled_excess_ns"] = measured
             if measured > gain:
                 gain, model = measured, ("measured: the steps it sat descheduled in (the cores "
@@ -356,17 +367,11 @@ _OUTLIER = 2.0  # a step this many times the median step is an outlier (a valida
 def outlier_steps(facts: Facts) -> Advice | None:
     """A few steps take many times the median one: periodic work (evaluation, generate(),
     checkpoints, logging) runs between optimizer steps."""
-    # The first profiled step of a rank also starts the profiler and its execution trace.
-    first = facts.steps.group_by("rank").agg(pl.col("step").min())
-    steps = facts.run_steps.join(first, on=["rank", "step"], how="anti")
-    if steps.height < 5:
+    found = _timed_steps(facts)
+    if found is None:
         return None
-    steps = steps.sort("rank", "step")
-    dur = (steps["end"] - steps["start"]).to_numpy()
+    steps, dur, usual = found
     median = float(np.median(dur))
-    usual = _usual(facts, steps, dur)
-    # the profiler slows every step it records: those against its own median
-    usual[(steps["source"] == PROFILED).to_numpy()] *= facts.profiler_slowdown
     over = dur > _OUTLIER * usual
     # a rank's first steps, slow until its first usual one, are its warm-up (JIT profiling
     # executors, first-call compilation, caches filling), which runs once: not periodic work
@@ -470,10 +475,8 @@ def _loop_cpu(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64] | None
     rank = steps["rank"].to_numpy()
     lo, hi = steps["start"].to_numpy(), steps["end"].to_numpy()
     for r, pid, tid in marks.iter_rows():
-        ts = np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"]
-                     .to_numpy())
         at = rank == r
-        out[at] = (np.searchsorted(ts, hi[at]) - np.searchsorted(ts, lo[at])) * round(
+        out[at] = _samples_in(_thread_samples(facts, pid, tid), hi=hi[at], lo=lo[at]) * round(
             1e9 / float(hz))
     return out
 
@@ -501,14 +504,30 @@ _RECOMPILE = ("torch.compile compiled again in them (half their excess or more i
               "dynamic=True), or find the reason with TORCH_LOGS=recompiles")
 
 
-def _descheduled_excess(facts: Facts, steps: pl.DataFrame) -> int:
-    """The time beyond the usual step (_usual) of the timed `steps` over _OUTLIER times it
-    that the process sat descheduled in (_starved)."""
+def _timed_steps(facts: Facts
+                 ) -> tuple[pl.DataFrame, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
+    """The steps the run timed (by rank and step), their times, and each one's usual time
+    (_usual; a profiled step's times the profiler's slowdown: the profiler slows every step it
+    records), but each rank's first profiled step, which also starts the profiler and its
+    execution trace; None under five."""
+    first = facts.steps.group_by("rank").agg(pl.col("step").min())
+    steps = facts.run_steps.join(first, on=["rank", "step"], how="anti")
     if steps.height < 5:
-        return 0
+        return None
     steps = steps.sort("rank", "step")
     dur = (steps["end"] - steps["start"]).to_numpy()
     usual = _usual(facts, steps, dur)
+    usual[(steps["source"] == PROFILED).to_numpy()] *= facts.profiler_slowdown
+    return steps, dur, usual
+
+
+def _descheduled_excess(facts: Facts) -> int:
+    """The time beyond their usual step of the timed steps over _OUTLIER times it that the
+    process sat descheduled in (_starved: outlier_steps leaves those to cpu_contention)."""
+    found = _timed_steps(facts)
+    if found is None:
+        return 0
+    steps, dur, usual = found
     over = dur > _OUTLIER * usual
     if not over.any():
         return 0
@@ -710,13 +729,13 @@ def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame) -> int | None:
     if not hz or marks.height == 0 or perf.height == 0:
         return None
     pid, tid = marks["pid"][0], marks["tid"][0]
-    ts = np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"].to_numpy())
+    ts = _thread_samples(facts, pid, tid)
     if not len(ts):
         return None
 
     def inside(frame: pl.DataFrame) -> int:
         lo, hi = union(frame["ts"].to_numpy(), (frame["ts"] + frame["dur"]).to_numpy())
-        return int((np.searchsorted(ts, hi) - np.searchsorted(ts, lo)).sum())
+        return int(_samples_in(ts, lo, hi).sum())
 
     within = traced.filter(pl.col("dur") > 0)
     return round((inside(marks) - (inside(within) if within.height else 0)) * 1e9 / float(hz))
