@@ -19,7 +19,7 @@ from perfswarm.optimize.tune import TuneOptions, tune
 def tune_command(
     command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="The command to tune: a torch.optim training loop (--measure record), or any command that prints one line per step (--measure stdout).")],
     space: Annotated[Path, typer.Option("--space", help="YAML search space: params with name, type (int|float|categorical|bool), low/high or choices, env or flag.")],
-    trials: Annotated[int, typer.Option("--trials", "-n", help="Trials to run (this worker).")] = 20,
+    trials: Annotated[int, typer.Option("--trials", "-n", help="Trials to run (this worker); a space of no more configurations is tried whole, each once.")] = 20,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL shared by workers (default: sqlite file in --out).")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for tune.json, trials.json, importance.json and the runs/.")] = Path("tune-out"),
     study: Annotated[str, typer.Option("--study", help="Study name in the storage.")] = "perfswarm-tune",
