@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import re
 from collections import Counter
 from decimal import Decimal
@@ -21,7 +22,7 @@ from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.cli.main import main
 from perfswarm.optimize.advise import advise
-from perfswarm.optimize.rules import device, distributed, host, optimizer
+from perfswarm.optimize.rules import device, distributed, host, optimizer, samples
 from perfswarm.optimize.rules.base import Advice, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -1472,3 +1473,84 @@ def test_cpu_contention_measured_from_descheduled_steps(tmp_path: Path) -> None:
     assert a.evidence["over"] == "every timed step"
     assert a.evidence["descheduled_excess_ns"] == 4 * 36 * ms == a.gain_ns
     assert a.gain_of_ns == 196 * ms and a.gain_basis.startswith("measured: the steps")
+
+
+# -- per-sample ops ---------------------------------------------------------------------------
+# tests/data/per_sample.py: 16 samples a step, two views, each made one sample at a time; of
+# each sample's ops, those of a fixed count on a sample's shape (the flip runs at random, the
+# random draws take no tensor)
+_PER_SAMPLE = {("aten::slice", (3, 20, 20)): 1, ("aten::mul", (3, 16, 16)): 2,
+               ("aten::add", (3, 16, 16)): 2, ("aten::unsqueeze", (3, 16, 16)): 1,
+               ("aten::pad", (1, 3, 16, 16)): 1, ("aten::avg_pool2d", (1, 3, 18, 18)): 1,
+               ("aten::select", (1, 3, 16, 16)): 1, ("aten::randn_like", (3, 16, 16)): 1,
+               ("aten::clamp", (3, 16, 16)): 1}
+
+
+def _top_level_ops(trace: Path) -> list[tuple[int, str, tuple[int, ...], int, int]]:
+    """(step, name, first input's dims, start ns, end ns) of the main thread's ops that no
+    other op holds, inside each ProfilerStep, from the raw JSON."""
+    events = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+
+    def span(e: dict[str, Any]) -> tuple[int, int]:
+        start = Decimal(str(e["ts"])) * 1000
+        return int(start), int(start + Decimal(str(e["dur"])) * 1000)
+
+    steps = sorted((*span(e), int(e["name"].split("#")[1])) for e in events
+                   if e.get("name", "").startswith("ProfilerStep#"))
+    main_tid = next(e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    ops = sorted((span(e), e) for e in events
+                 if e.get("cat") == "cpu_op" and e["tid"] == main_tid)
+    out, reach = [], 0
+    for (start, end), e in ops:
+        if start >= reach:
+            first = (e["args"].get("Input Dims") or [[]])[0]
+            step = next((n for lo, hi, n in steps if lo <= start < hi), None)
+            if step is not None and all(isinstance(d, int) for d in first):
+                out.append((step, e["name"], tuple(first), start, end))
+        reach = max(reach, end)
+    return out
+
+
+def test_per_sample_ops_on_main_thread_augmentation(tmp_path: Path) -> None:
+    """A real trace whose views are augmented one sample at a time: each group's calls a step
+    and their time, against the raw JSON; the loop's Python between them counted at most the
+    median gap each."""
+    trace = Path(__file__).parent / "data" / "per_sample_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "ps.run", ImportOptions(), ["test"])
+    a = shows(samples.per_sample_ops, run)
+    top = _top_level_ops(trace)
+    mine = [t for t in top if (t[1], t[2]) in _PER_SAMPLE]
+    per_step = Counter((t[0], t[1], t[2]) for t in mine)
+    assert set(per_step.values()) == {32, 64}  # 16 samples x 2 views, x 2 for mul and add
+    assert all(per_step[(s, n, d)] == 32 * k for s in {t[0] for t in top}
+               for (n, d), k in _PER_SAMPLE.items())
+    assert a.evidence["samples_per_step"] == 16
+    assert a.evidence["op_groups"] == len(_PER_SAMPLE)
+    assert a.evidence["calls_per_step"] == 32 * sum(_PER_SAMPLE.values())
+    assert a.evidence["per_sample_ns"] == sum(end - start for *_, start, end in mine)
+    sums = Counter()
+    for step, _name, _dims, start, end in mine:
+        sums[step] += end - start
+    assert a.evidence["median_step_ns"] == int(np.median(list(sums.values())))
+    assert a.evidence["top_1"].startswith("aten::avg_pool2d 1x3x18x18: 32 a step")
+    # a whole step's ops in a row of per-sample calls, gaps capped at their median
+    rows = sorted(top, key=lambda t: t[3])
+    gaps = [(b[0], b[3] - a_[4]) for a_, b in itertools.pairwise(rows)
+            if (a_[1], a_[2]) in _PER_SAMPLE and (b[1], b[2]) in _PER_SAMPLE and a_[0] == b[0]]
+    cap = np.median([g for _, g in gaps])
+    python = Counter()
+    for step, gap in gaps:
+        python[step] += min(gap, cap)
+    assert a.evidence["python_between_ns"] == round(np.median(list(python.values())))
+    assert 0 < a.gain_ns <= 3 * (a.evidence["median_step_ns"] + a.evidence["python_between_ns"])
+    assert "num_workers" in a.change and "whole batch" in a.change
+
+
+@pytest.mark.parametrize("name", ["nanogpt_cpu", "transformer_cpu", "mlp_adam_cpu",
+                                  "loader_workers_main"])
+def test_no_per_sample_ops_in_batched_loops(tmp_path: Path, name: str) -> None:
+    """Loops whose ops take the whole batch (a layer's ops repeat once per layer, not per
+    sample) have none."""
+    trace = Path(__file__).parent / "data" / f"{name}.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "b.run", ImportOptions(), ["test"])
+    assert found(samples.per_sample_ops, run) is None

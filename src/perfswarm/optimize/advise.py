@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from perfswarm.optimize.rules import conv_fusion, device, distributed, host, optimizer
+from perfswarm.optimize.rules import conv_fusion, device, distributed, host, optimizer, samples
 from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.store import Run
@@ -25,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     host.cpu_contention,
     host.outlier_steps,
     host.untraced_python,
+    samples.per_sample_ops,
     host.untraced_wait,
     host.loader_oversubscription,
     distributed.communication_bound,
