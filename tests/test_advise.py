@@ -1248,8 +1248,9 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     """Three 10 ms steps whose loop thread runs one 2 ms op each and waits off the CPU the
     other 8 ms (perf saw it only in its ops): 24 ms of 30 waited. With the host's cores on I/O
     meanwhile (iowait 0.5 cores), reads: a thread reading one batch ahead hides them under
-    the 6 ms of ops. Without iowait, nothing says what it waits for: no gain claimed. Waiting
-    on a runqueue (run delay) is no wait of its own."""
+    the 6 ms of ops. Without iowait, nothing says what it waits for: no gain claimed, and it
+    takes 30% of the steps to be told. Waiting on a runqueue (run delay) is no wait of its
+    own."""
     cpu = {"extra": {"record": {"cuda": False, "torch_version": "2.13.0+cpu", "perf_hz": 1000}}}
     events = []
     for i in range(3):
@@ -1282,8 +1283,15 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     assert a.change.startswith("where it reads its input in the loop")
     unknown = shows(host.untraced_wait, counters(0.0, 0.0))
     assert unknown.gain_ns is None and unknown.severity == "medium"
-    # its threads runnable 0.6 of a core the whole time: 18 ms of the 24 queued, 6 left
-    assert found(host.untraced_wait, counters(0.5, 0.6)) is None
+    # its threads runnable 0.6 of a core the whole time: 18 ms of the 24 queued, 6 left (20%):
+    # over the 10% that a wait with the host on I/O needs, under the 30% of one without
+    queued = shows(host.untraced_wait, counters(0.5, 0.6))
+    assert (queued.evidence["run_delay_ns"], queued.evidence["waited_ns"]) == (18_000_000,
+                                                                               6_000_000)
+    assert queued.gain_ns == 6_000_000
+    assert found(host.untraced_wait, counters(0.0, 0.6)) is None
+    # 0.75 of a core: 22.5 ms queued, 1.5 left (5%)
+    assert found(host.untraced_wait, counters(0.5, 0.75)) is None
 
 
 def test_communication_bound_on_gloo(tmp_path: Path) -> None:
