@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from perfswarm.cli.main import main
 from perfswarm.recorder.recover import leftovers
 from perfswarm.recorder.session import STOP_GRACE_S
@@ -85,3 +87,16 @@ def test_what_a_killed_recorder_left_becomes_an_incomplete_run(tmp_path: Path) -
     assert m["warnings"][-1]["what"].startswith("recovered: the recorder was killed")
     assert run.table("counters").num_rows > 0
     assert raw.name.startswith(".k.run.")
+
+
+def test_recover_names_a_missing_or_plain_directory(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped directory is one line and exit 2 (it had exited 0 saying nothing, as if
+    nothing were left to recover); a directory with nothing left says so."""
+    plain = tmp_path / "k.out"
+    plain.write_text("x")
+    for path, why in ((tmp_path / "nope", "no such directory"), (plain, "not a directory")):
+        assert main(["recover", str(path)]) == 2
+        assert capsys.readouterr().err == f"perfswarm: error: {path}: {why}\n"
+    assert main(["recover", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"no recording left to recover in {tmp_path}\n"
