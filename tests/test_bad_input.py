@@ -380,3 +380,27 @@ def test_an_error_is_one_line_whatever_it_quotes() -> None:
     """A library's text with its own line breaks (pyarrow's ends in one) stays one line."""
     assert str(PerfswarmError("x.parquet: unreadable (thrift:\n bad\r\n\u2028type)\n")) == (
         "x.parquet: unreadable (thrift: bad type)")
+
+
+def test_demo_replaces_only_its_own_run(corpus_runs: dict[str, object], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`demo --out` at a Run another command made refuses before recording (it had replaced a
+    user's recording silently); a file or a plain folder there is refused even with --force,
+    before any work (it had run the whole workload first)."""
+    monkeypatch.chdir(tmp_path)
+    theirs = tmp_path / "theirs.run"
+    shutil.copytree(corpus_runs["nccl"].path, theirs)  # type: ignore[attr-defined]
+    before = (theirs / "manifest.json").read_bytes()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    for out, force, said in ((theirs, [], "holds a Run the demo did not record (use --force "
+                              "to replace it)"),
+                             (plain, ["--force"], "exists and is not a perfswarm Run"),
+                             (tmp_path / "file.txt", [], "exists and is not a perfswarm Run")):
+        assert main(["demo", "--out", str(out), "--steps", "4", *force]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"perfswarm: error: {out}: {said}") and err.count("\n") == 1
+    assert (theirs / "manifest.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "plain", "theirs.run"]

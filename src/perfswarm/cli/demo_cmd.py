@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -13,23 +14,44 @@ from perfswarm.analyze.summary import analyze
 from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, spinner
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError, RunError
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.report import html
 from perfswarm.report.text import ms
+from perfswarm.trace.store import Run
+
+
+WORKLOAD = "perfswarm.workloads.trainer"
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """Before recording: a Run at `out` is replaced where a demo recorded it (running the demo
+    again), or with --force; anything else there is refused, as `record` refuses it."""
+    if not os.path.lexists(out):
+        return
+    try:
+        command = Run.open(out).manifest()["command"]
+    except RunError:
+        raise ParameterError(None, "exists and is not a perfswarm Run ({force} replaces only "
+                             "a Run)", subject=out) from None
+    if not force and WORKLOAD not in command:
+        raise ParameterError(None, "holds a Run the demo did not record (use {force} to "
+                             "replace it)", subject=out)
 
 
 @app.command("demo")
 def demo_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory (replaced if it exists).")] = Path("demo.run"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory (a demo's Run there is replaced; any other Run needs --force).")] = Path("demo.run"),
     report: Annotated[Path, typer.Option("--report", help="HTML report to write.")] = Path("demo-report.html"),
     steps: Annotated[int, typer.Option("--steps", min=4, help="Training steps of the workload (at least 4).")] = 24,
     loader_delay_ms: Annotated[float, typer.Option("--loader-delay-ms", help="Per-batch DataLoader delay: makes the run input-bound.")] = 20.0,
+    force: Annotated[bool, typer.Option("--force", help="Replace a Run at --out that another command recorded.")] = False,
 ) -> int:
     """Record the bundled CNN trainer (slow DataLoader), analyze it, advise, and write the report."""
     if not 0 <= loader_delay_ms < math.inf:  # the trainer would refuse it after the recording began
         raise PerfswarmError(f"--loader-delay-ms {loader_delay_ms}: must be a finite number >= 0")
-    command = [sys.executable, "-m", "perfswarm.workloads.trainer", "--steps", str(steps),
+    _check_out(out, force)
+    command = [sys.executable, "-m", WORKLOAD, "--steps", str(steps),
                "--batch-size", "32", "--loader-delay-ms", str(loader_delay_ms),
                "--num-workers", "0"]
     options = RecordOptions(skip=min(5, steps // 3), steps=min(10, steps // 2), force=True)
