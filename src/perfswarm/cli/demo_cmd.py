@@ -20,7 +20,6 @@ from perfswarm.report import html
 from perfswarm.report.text import ms
 from perfswarm.trace.store import Run
 
-
 WORKLOAD = "perfswarm.workloads.trainer"
 
 
