@@ -288,3 +288,12 @@ def test_record_rates_are_range_checked(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["record", "--out", str(out), *flag, "--", "true"]) == 2
     assert f"Invalid value for '{flag[0]}'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_memory_limit_is_the_querys(base_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """At the smallest --memory a plain query runs (the limit had counted the libraries' and
+    DuckDB's threads' address space, about 1 GB, so every query under 1.3 GB failed)."""
+    assert main(["sql", str(base_run), "SELECT count(*) AS n FROM events", "--json",
+                 "--memory", "256"]) == 0
+    raw = json.loads(gzip.decompress(corpus("compare_base").read_bytes()))["traceEvents"]
+    assert json.loads(capsys.readouterr().out) == [{"n": len(raw)}]

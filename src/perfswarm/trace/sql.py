@@ -34,7 +34,8 @@ _EXPLAIN = re.compile(r"\s*explain\s+(?:analy[sz]e\s+|\([^)]*\)\s*)?", re.IGNORE
 
 @dataclass(frozen=True)
 class Limits:
-    """What one query may use: wall-clock seconds, and bytes of address space of its process."""
+    """What one query may use: wall-clock seconds, and bytes of address space beyond what its
+    process had mapped before the query ran."""
 
     seconds: float = 60.0
     memory_bytes: int = 2 << 30
@@ -87,6 +88,15 @@ def connect(run: Run, limits: Limits) -> duckdb.DuckDBPyConnection:
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
+
+
+def _mapped_bytes() -> int:
+    """The address space this process has mapped (/proc/self/status VmSize)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) << 10
+    return 0
 
 
 def _first_line(text: str) -> str:
@@ -168,12 +178,17 @@ def worker() -> None:
     """The child's side: limits, one checked query, Arrow IPC batches on stdout."""
     request = orjson.loads(sys.stdin.buffer.read())
     limits = Limits(request["seconds"], request["memory"])
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     try:
         check_query(request["sql"])
         run = Run.open(request["run"])
         try:
-            reader = connect(run, limits).sql(request["sql"])
+            con = connect(run, limits)
+            # the query's bytes on top of what the process has mapped before it runs: the
+            # libraries and DuckDB's own threads reserve about 1 GB of address space, which a
+            # limit on the whole process took out of every --memory under 1.3 GB
+            limit = _mapped_bytes() + limits.memory_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            reader = con.sql(request["sql"])
             if reader is None:
                 raise PerfswarmError("sql: the statement returned no rows (only queries are "
                                      "allowed)")
