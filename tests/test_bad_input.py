@@ -192,13 +192,32 @@ def test_damaged_events_table(corpus_runs: dict[str, Run], tmp_path: Path, damag
         assert err.count("\n") == 1 and message in err and "events.parquet" in err, err
 
 
+def test_a_missing_flows_table_is_said_by_info_too(corpus_runs: dict[str, Run],
+                                                    tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """info, the command that inspects a Run, says the damage sql and export refuse on (it
+    had reported nothing wrong)."""
+    run = shutil.copytree(corpus_runs["nccl"].path, tmp_path / "r.run")
+    (run / "tables" / "flows.parquet").unlink()
+    for command in ("info", "export", "sql"):
+        assert main([command, str(run), *(["SELECT 1"] if command == "sql" else [])]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.endswith(
+            "flows.parquet: missing (every Run has its flows table; a damaged Run)\n"), err
+
+
 def test_a_recorded_runs_missing_samples(corpus_runs: dict[str, Run], tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """An imported trace has no samples table; a recording whose perf sampled has one, and
-    without it is damaged (analyze had gone on without its swarms, exit 0)."""
+    """An imported trace has no samples table: its query finds no rows (it had been DuckDB's
+    "Table with name samples does not exist", the docs naming the view); a recording whose
+    perf sampled has one, and without it is damaged (analyze had gone on without its swarms,
+    exit 0)."""
     run = Run(shutil.copytree(corpus_runs["nccl"].path, tmp_path / "r.run"))
     assert main(["analyze", str(run.path)]) == 0
     capsys.readouterr()
+    assert main(["sql", str(run.path), "SELECT count(*) AS n, count(DISTINCT stack_id) AS s "
+                 "FROM samples", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 0, "s": 0}]
     manifest = run.manifest()
     manifest["collectors"]["perf"] = {"status": "ok", "files": ["perf.data"]}
     run.write_manifest(manifest)

@@ -6,6 +6,7 @@ from typing import TypedDict
 
 import pyarrow.compute as pc
 
+from perfswarm.trace.schema import TABLES
 from perfswarm.trace.store import Run
 
 
@@ -39,6 +40,8 @@ class RunInfo(TypedDict):
 
 def run_info(run: Run) -> RunInfo:
     manifest = run.manifest()
+    for name in TABLES:  # a damaged Run is said here as every other command says it
+        run.has_table(name)
     events = run.table("events", ["ts", "dur", "kind"])
     per_kind: dict[str, int] = {}
     start = end = 0

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace.schema import TABLES
+from perfswarm.trace.schema import TABLES, empty
 from perfswarm.trace.store import Run
 
 # `EXPLAIN [ANALYZE | (options)] <statement>`: what it explains must itself be a query, since
@@ -80,6 +80,8 @@ def connect(run: Run, limits: Limits) -> duckdb.DuckDBPyConnection:
         if run.has_table(name):  # a trace table missing: the Run is damaged, and said so
             quoted = str(path.resolve()).replace("'", "''")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{quoted}')")
+        else:  # a table the Run's sources did not write (no perf, no py-spy): no rows
+            con.register(name, empty(name))
     # Queries may read the Run's tables and nothing else, and may not undo that; nothing spills.
     con.execute(f"SET memory_limit = '{limits.memory_bytes // 2 >> 20}MB'")
     con.execute("SET temp_directory = ''")
