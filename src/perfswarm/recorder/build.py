@@ -241,8 +241,15 @@ def readable(manifest: Manifest, collector: str, read: Callable[[], T], instead:
         return read()
     except TraceFormatError as exc:
         status = manifest["collectors"].setdefault(collector, {"status": "ok", "files": []})
-        status["status"] = f"failed: {exc}"
+        status["status"] = f"failed: {_in_raw(exc)}"
         return instead
+
+
+def _in_raw(exc: TraceFormatError) -> str:
+    """The error naming its file where the Run keeps it (raw/NAME), not in the recording's
+    hidden folder, which is gone once the Run is built."""
+    where = f" ({exc.where})" if exc.where else ""
+    return f"raw/{Path(exc.path).name}{where}: {exc.why}"
 
 
 def _side(manifest: Manifest, collector: str, read: SideReader, path: Path,
@@ -325,11 +332,20 @@ def _flows(path: Path, manifest: Manifest, at: Placement) -> pa.Table:
 
 
 def _graph(run: Run, manifest: Manifest, paths: Sequence[Path]) -> None:
-    """The profiled processes' execution traces; one that cannot be read is the torch
-    collector's warning, not a lost Run."""
-    add_execution_traces(run, manifest, [(path, _rank_pid(path)[0]) for path in paths],
-                         lambda path, at: readable(manifest, "torch", partial(
-                             execution_trace.read, path, at), None))
+    """The profiled processes' execution traces; one that cannot be read is a warning, not a
+    lost Run nor a failed torch collector (its traces and steps stand: torch 2.13 writes a
+    record_function name's raw control characters into it, which no JSON allows)."""
+
+    def read(path: Path, at: Placement) -> SideTables | None:
+        try:
+            return execution_trace.read(path, at)
+        except TraceFormatError as exc:
+            manifest["warnings"].append({"source": "torch", "what": "execution trace "
+                                         f"unreadable, no op graph: {_in_raw(exc)}",
+                                         "count": 1})
+            return None
+
+    add_execution_traces(run, manifest, [(path, _rank_pid(path)[0]) for path in paths], read)
 
 
 def _perf_samples(rec: Recording) -> list[perf.Sample]:
