@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from perfswarm.cli.main import main
-from perfswarm.recorder.recover import leftovers
+from perfswarm.recorder.recover import STATE, leftovers, recover
 from perfswarm.recorder.session import STOP_GRACE_S
-from perfswarm.trace.store import Run
+from perfswarm.trace.store import Run, new_manifest
 
 PY = sys.executable
 CLI = [PY, "-m", "perfswarm.cli.main", "record", "--quiet", "--collectors", "system"]
@@ -100,3 +101,27 @@ def test_recover_names_a_missing_or_plain_directory(tmp_path: Path,
         assert capsys.readouterr().err == f"perfswarm: error: {path}: {why}\n"
     assert main(["recover", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"no recording left to recover in {tmp_path}\n"
+
+
+def test_a_recovered_recording_says_which_samplers_never_wrote(tmp_path: Path) -> None:
+    """perf and py-spy write their samples as they stop: a killed recorder's perf.data is
+    unfinished and py-spy's file never written, which had read as ok with no samples."""
+    raw = tmp_path / ".k.run.abcd1234.recording"
+    raw.mkdir()
+    manifest = new_manifest(["python", "train.py"])
+    manifest["collectors"] = {"perf": {"status": "ok", "files": ["perf.data"]},
+                              "pystacks": {"status": "ok", "files": ["pystacks.log"]},
+                              "system": {"status": "ok", "files": ["system.jsonl"]}}
+    (raw / "system.jsonl").write_bytes(b'{"ts": 5, "values": {"mem.used_bytes": 1.0}}\n')
+    (raw / "pystacks.log").write_text("")
+    (raw / STATE).write_bytes(orjson.dumps({"manifest": manifest, "start_ns": 1,
+                                            "perf_exe": None}))
+    run = recover(raw)
+    status = {k: v["status"] for k, v in run.manifest()["collectors"].items()}
+    assert status == {
+        "perf": "failed: recovered: the recorder was killed before perf wrote its samples "
+                "(raw/perf.data)",
+        "pystacks": "failed: recovered: the recorder was killed before py-spy wrote its "
+                    "samples (raw/pystacks.txt)",
+        "system": "ok"}
+    assert run.table("counters").num_rows == 1 and not raw.exists()

@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.recorder.build import Recording, build_run
@@ -74,5 +76,27 @@ def recover(raw: Path) -> Run:
         out = raw.parent / f"{name}.recovered-{rest}"
     run = build_run(Recording(raw, manifest, state.get("perf_exe"), int(state["start_ns"])),
                     out, force=False)
+    _unwritten(run)
     shutil.rmtree(raw, ignore_errors=True)
     return run
+
+
+# the samplers that write their samples only as they stop (perf.data's header, py-spy's file)
+_AT_STOP = {"perf": ("perf", "perf.data"), "pystacks": ("py-spy", "pystacks.txt")}
+
+
+def _unwritten(run: Run) -> None:
+    """Mark failed the samplers the killed recorder left no samples of (they had read ok with
+    none: perf's unfinished perf.data, py-spy's file never written)."""
+    manifest = run.manifest()
+    sources = (pc.unique(run.table("samples", ["source"]).column("source").cast(pa.string()))
+               .to_pylist() if run.has_table("samples") else [])
+    changed = False
+    for collector, (tool, file) in _AT_STOP.items():
+        status = manifest["collectors"].get(collector)
+        if status is not None and status["status"] == "ok" and tool not in sources:
+            status["status"] = (f"failed: recovered: the recorder was killed before {tool} "
+                                f"wrote its samples (raw/{file})")
+            changed = True
+    if changed:
+        run.write_manifest(manifest)
