@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import optuna
 import pytest
@@ -62,9 +63,9 @@ def test_more_steps_tighten_the_bound() -> None:
     assert not hopeless(steps[:6], BEST)  # after 6 of them (j = 1) the 9 ms step keeps it
 
 
-def _study(completed: list[float], floor: float = 0.0) -> optuna.Study:
+def _study(completed: list[float], baselines: tuple[list[float], ...] = ()) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study = optuna.create_study(direction="maximize", pruner=BoundPruner(floor))
+    study = optuna.create_study(direction="maximize", pruner=BoundPruner(baselines))
     for value in completed:
         study.tell(study.ask(), value)
     return study
@@ -86,5 +87,26 @@ def test_pruner_against_the_best_completed_trial() -> None:
 
 def test_pruner_uses_the_baseline_before_any_trial_completes() -> None:
     assert not _report(_study([]), [1.0] * 8).should_prune()  # nothing to beat
-    assert _report(_study([], floor=BEST), [0.0125] * 5).should_prune()
-    assert math.isclose(BoundPruner(floor=3.0).best(_study([2.0])), 3.0)
+    assert _report(_study([], ([0.01] * 9,)), [0.0125] * 5).should_prune()
+    assert math.isclose(BoundPruner([[1 / 3] * 5]).best(_study([2.0]), 5), 3.0)
+
+
+def test_a_trial_is_judged_against_the_first_steps_of_the_others() -> None:
+    """A run's first steady steps are slower than its median (warming up): a trial as fast
+    as the command, its first five at 12-11 ms, is not pruned against the command's whole
+    median of 10 ms, but against the first five of the command's slowest repeat (it had been,
+    in 3 of 6 studies of a trial identical to the command)."""
+    warming = [0.0125, 0.012, 0.0115, 0.011, 0.0105] + [0.01] * 30
+    assert statistics.median(warming) == 0.01
+    study = _study([], (warming, [s * 0.95 for s in warming]))
+    assert BoundPruner((warming, [s * 0.95 for s in warming])).best(study, 5) == (
+        pytest.approx(1 / 0.0115))
+    assert not _report(study, warming[:5]).should_prune()
+    assert _report(study, [0.013] * 5).should_prune()  # slower than either repeat was
+    # a completed trial's own first steps, per sample (its step_s over its per_step)
+    done = optuna.create_study(direction="maximize", pruner=BoundPruner())
+    trial = done.ask()
+    trial.set_user_attr("step_s", [s * 4 for s in warming])
+    trial.set_user_attr("per_step", 4.0)
+    done.tell(trial, 100.0)
+    assert BoundPruner().best(done, 5) == pytest.approx(1 / 0.0115)

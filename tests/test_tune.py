@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -67,7 +68,8 @@ def test_a_short_search_finds_the_best_configuration(tmp_path: Path) -> None:
     summary = orjson.loads((out / "tune.json").read_bytes())
     assert summary == orjson.loads(orjson.dumps(result.to_dict()))
     assert set(summary) == {"command", "unit", "study", "storage", "measure", "baseline",
-                            "baseline_throughputs", "noise", "best", "speedup", "beyond_noise",
+                            "baseline_throughputs", "noise", "noise_bound", "best", "speedup",
+                            "beyond_noise",
                             "trials", "pruned", "failed", "importance"}
     assert summary["unit"] == "steps/s"
     # the baseline ran three times; printed times are exact: no noise, the 8x clears it
@@ -228,8 +230,9 @@ def test_a_recorded_trial_is_stopped_when_its_watcher_says_so(tmp_path: Path) ->
 
 
 def test_a_speedup_within_the_baseline_noise_is_not_called_one() -> None:
-    """Three baselines at 90, 100 and 110 steps/s: noise 110 / 90 - 1 = 22.2%; a best trial
-    at 115 steps/s is 1.15x the median baseline, inside it."""
+    """Three baselines at 90, 100 and 110 steps/s: noise 110 / 90 - 1 = 22.2%; one more run of
+    the command stays under 100 + t(0.95, 2) 10 sqrt(4/3) = 133.7 steps/s 95% of the time, so
+    a best trial at 115 (1.15x the median baseline) or even 130 is inside the noise, 140 not."""
     from perfswarm.optimize.trial import Measurement
     from perfswarm.optimize.tune import TrialDict, TuneResult
 
@@ -240,9 +243,13 @@ def test_a_speedup_within_the_baseline_noise_is_not_called_one() -> None:
                         (90.0, 100.0, 110.0))
     assert result.noise == round(110 / 90 - 1, 4) and result.speedup == 1.15
     assert not result.beyond_noise
-    faster = TuneResult(("cmd",), "s", "sqlite://", "stdout", base,
-                        ({**trial, "throughput": 130.0},), {}, (90.0, 100.0, 110.0))
-    assert faster.beyond_noise
+    assert result.noise_bound == pytest.approx(100 + 2.919986 * 10 * math.sqrt(4 / 3), abs=1e-4)
+
+    def with_best(rate: float) -> TuneResult:
+        return TuneResult(("cmd",), "s", "sqlite://", "stdout", base,
+                          ({**trial, "throughput": rate},), {}, (90.0, 100.0, 110.0))
+
+    assert not with_best(130.0).beyond_noise and with_best(140.0).beyond_noise
 
 
 def test_key_equals_value_flags() -> None:

@@ -29,7 +29,7 @@ def tune_command(
     window: Annotated[int, typer.Option("--window", help="--measure record: profiled steps per run, right after the warm-up (left out of the throughput).")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before a trial is killed (counts as failed).")] = None,
-    baseline_repeats: Annotated[int, typer.Option("--baseline-repeats", help="Runs of the command as given: their spread (max / min - 1) is the noise a trial must clear to count as a speedup.")] = 3,
+    baseline_repeats: Annotated[int, typer.Option("--baseline-repeats", help="Runs of the command as given: a trial counts as a speedup above their 95% prediction bound for one more run.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (keys in docs/cli.md).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
@@ -65,7 +65,9 @@ def tune_command(
         console.print("no trial completed")
         return
     verdict = ("" if result.beyond_noise else
-               f": within the noise, no speedup shown (it needs over {1 + result.noise:.2f}x)")
+               f": within the noise, no speedup shown (it needs over "
+               f"{result.noise_bound / result.baseline_rate:.2f}x: {result.noise_bound:.3f} "
+               f"{result.unit}, the 95% bound of one more run of the command)")
     console.print(f"best: trial {best['number']} {best['params']}: {best['throughput']:.3f} "
                   f"{result.unit}, {summary['speedup']:.2f}x the baseline{verdict}")
     if summary["importance"]:

@@ -13,6 +13,7 @@ best so far (the best trial, or the baseline).
 from __future__ import annotations
 
 import collections
+import math
 import os
 import re
 import statistics
@@ -24,6 +25,7 @@ from typing import Any, NotRequired, TypedDict
 
 import msgspec
 import optuna
+from scipy import stats
 
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.predict import batch_flag, is_batch_flag
@@ -94,9 +96,10 @@ class TuneDict(TypedDict):
     baseline: BaselineDict
     baseline_throughputs: list[float]  # each repeat of the baseline
     noise: float  # their spread: max / min - 1
+    noise_bound: float  # the throughput a trial must exceed: their 95% prediction bound
     best: TrialDict | None
     speedup: float | None
-    beyond_noise: bool  # the speedup exceeds 1 + noise
+    beyond_noise: bool  # the best trial's throughput exceeds noise_bound
     trials: int
     pruned: int
     failed: int
@@ -128,8 +131,23 @@ class TuneResult:
         return round(max(rates) / min(rates) - 1, 4) if len(rates) > 1 else 0.0
 
     @property
+    def noise_bound(self) -> float:
+        """The throughput (in `unit`) a trial must exceed for its speedup to clear the noise:
+        the one-sided 95% prediction bound of one more run of the command, from its repeats,
+        mean + t(0.95, n - 1) sd sqrt(1 + 1/n) (one more run exceeds the fastest of three a
+        quarter of the time: the command as given had been called a 1.034x speedup of
+        itself); the baseline's own throughput with fewer than two repeats."""
+        rates = [r for r in self.baseline_throughputs if r > 0]
+        if len(rates) < 2:
+            return self.baseline_rate
+        n = len(rates)
+        spread = statistics.stdev(rates) * math.sqrt(1 + 1 / n)
+        return round(statistics.fmean(rates) + float(stats.t.ppf(0.95, n - 1)) * spread, 6)
+
+    @property
     def beyond_noise(self) -> bool:
-        return self.speedup is not None and self.speedup > 1 + self.noise
+        best = self.best
+        return best is not None and (best["throughput"] or 0.0) > self.noise_bound
 
     @property
     def best(self) -> TrialDict | None:
@@ -153,7 +171,8 @@ class TuneResult:
                                               steps=len(b.step_s),
                                               run=str(b.run) if b.run else None),
                         baseline_throughputs=[round(r, 6) for r in self.baseline_throughputs],
-                        noise=self.noise, best=self.best, speedup=self.speedup,
+                        noise=self.noise, noise_bound=self.noise_bound, best=self.best,
+                        speedup=self.speedup,
                         beyond_noise=self.beyond_noise, trials=len(self.trials),
                         pruned=states["PRUNED"], failed=states["FAIL"],
                         importance=dict(self.importance))
@@ -280,7 +299,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
         study = optuna.create_study(
             study_name=options.study, storage=storage, direction="maximize", load_if_exists=True,
             sampler=_sampler(params, options),
-            pruner=BoundPruner(floor=baseline.throughput * base_batch))
+            pruner=BoundPruner([[t / base_batch for t in r.step_s] for r in repeats]))
     except (ImportError, ValueError) as exc:  # unknown dialect, bad URL
         raise ParameterError("storage", "", value=storage, detail=str(exc)) from None
 
