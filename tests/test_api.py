@@ -151,7 +151,15 @@ def test_library_errors_name_parameters_the_cli_flags(notebook: dict[str, Any],
     (lambda run: run.project(["a"]), "devices"),  # a TypeError from min()
     (lambda run: run.project([8], scheme="star"), "scheme"),  # had been priced as a tree
     (lambda run: run.project([8], scheme="RING"), "scheme"),
-    (lambda run: run.project([8], interconnect="warp-drive"), "interconnect_name"),
+    (lambda run: run.project([8], interconnect="warp-drive"), "interconnect"),  # had been
+    (lambda run: run.project([8], intra="warp-drive"), "intra"),  # interconnect_name, intra_name
+    # the device lookup had named `device`, another parameter of the same call
+    (lambda run: run.predict(source_device="warp-drive", batch_size=2, recorded_batch_size=1),
+     "source_device"),
+    (lambda run: run.sql("SELECT 1", timeout_s=-5), "timeout_s"),  # had blamed the query
+    (lambda run: run.sql("SELECT 1", memory_mb=0), "memory_mb"),
+    (lambda run: run.predict(dims="768=1024"), "dims"),  # an AttributeError before
+    (lambda run: perfswarm.load(3), "path"),  # a TypeError from pathlib before
     (lambda run: run.analyze(window="1:2"), "window"),  # a ValueError before
     (lambda run: run.predict(dims={"a": 128}), "dims"),  # accepted and ignored before
     (lambda run: perfswarm.import_traces([corpus("simple_add")], out=run.path / "x.run",

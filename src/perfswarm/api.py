@@ -12,6 +12,7 @@ the parameter).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,7 +195,8 @@ class Run:
                            ("recorded_batch_size", recorded_batch_size)):
             if size is not None and size < 1:
                 raise ParameterError(name, "must be at least 1", value=size)
-        if not all(_count(old) and _count(new) for old, new in (dims or {}).items()):
+        if (dims is not None and not isinstance(dims, Mapping)) or not all(
+                _count(old) and _count(new) for old, new in (dims or {}).items()):
             raise ParameterError("dims", "maps each old dimension to a new one, both positive "
                                  "integers, e.g. {768: 1024}", value=dims)
         change = Change(batch_size, recorded_batch_size, tuple((dims or {}).items()), device)
@@ -220,8 +222,8 @@ class Run:
         from perfswarm.optimize.project import DEFAULT_DEVICES, project
 
         return Result(project(self.store, DEFAULT_DEVICES if devices is None else devices,
-                              interconnect_name=interconnect, bandwidth_gbps=bandwidth_gbps,
-                              scheme=scheme, intra_name=intra, per_node=per_node,
+                              interconnect=interconnect, bandwidth_gbps=bandwidth_gbps,
+                              scheme=scheme, intra=intra, per_node=per_node,
                               servers=servers, grad_bytes=grad_bytes, device=device),
                       PROJECTION_TABLES)
 
@@ -245,9 +247,15 @@ class Run:
         import polars as pl
         import pyarrow as pa
 
-        from perfswarm.trace.sql import Limits
+        from perfswarm.trace.sql import MEMORY_MB, TIMEOUT_S, Limits
         from perfswarm.trace.sql import query as run_query
 
+        for param, value, (low, high) in (("timeout_s", timeout_s, TIMEOUT_S),
+                                          ("memory_mb", memory_mb, MEMORY_MB)):
+            if (not isinstance(value, int | float) or isinstance(value, bool)
+                    or not low <= value <= high
+                    or (param == "memory_mb" and not isinstance(value, int))):
+                raise ParameterError(param, f"from {low:g} to {high:g}", value=value)
         columns, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
         got = list(batches)
         if not got:
@@ -292,6 +300,8 @@ def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dic
 
 def load(path: PathLike) -> Run:
     """The Run at `path` (a directory written by import or record)."""
+    if not isinstance(path, str | os.PathLike):
+        raise ParameterError("path", "a Run directory's path (str or pathlib.Path)", value=path)
     return Run(store.Run.open(Path(path).absolute()))
 
 

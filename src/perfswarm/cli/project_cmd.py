@@ -49,8 +49,8 @@ def project_command(
     measured = None
     if intra_profile is not None:
         measured = link_of_profile(read_json(intra_profile), str(intra_profile))
-    result = project(Run.open(run_dir), _devices(devices), interconnect_name=interconnect,
-                     bandwidth_gbps=bandwidth, scheme=scheme, intra_name=intra, per_node=per_node,
+    result = project(Run.open(run_dir), _devices(devices), interconnect=interconnect,
+                     bandwidth_gbps=bandwidth, scheme=scheme, intra=intra, per_node=per_node,
                      servers=servers, grad_bytes=grad_bytes, intra_link=measured, device=device,
                      memory_gb=memory_gb)
     data = result.to_dict()

@@ -16,7 +16,7 @@ from rich.table import Table
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, err_console
 from perfswarm.shown import json_escaped, visible
-from perfswarm.trace.sql import Limits, query
+from perfswarm.trace.sql import MEMORY_MB, TIMEOUT_S, Limits, query
 from perfswarm.trace.store import Run
 
 # A terminal table shows this many rows and this many characters of a cell; --json/--csv give all.
@@ -41,9 +41,9 @@ def sql_command(
                                             "flows, steps, samples, stacks, graph_nodes, graph_edges.")],
     as_json: Annotated[bool, typer.Option("--json", help="All rows as a JSON list of objects.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="All rows as CSV with a header line.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1, max=86400, metavar="SECONDS",
+    timeout: Annotated[float, typer.Option("--timeout", min=TIMEOUT_S[0], max=TIMEOUT_S[1], metavar="SECONDS",
                                            help="Stop the query after this long.")] = 60.0,
-    memory: Annotated[int, typer.Option("--memory", min=256, max=1 << 20, metavar="MIB",
+    memory: Annotated[int, typer.Option("--memory", min=MEMORY_MB[0], max=MEMORY_MB[1], metavar="MIB",
                                         help="Memory the query may use.")] = 2048,
 ) -> None:
     """Run a read-only DuckDB query over a Run's tables.

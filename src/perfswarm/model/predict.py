@@ -492,7 +492,8 @@ class _Transform:
 
 
 def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
-    return load_spec(override) if override else spec_of_devices(m.run.manifest()["devices"])
+    return (load_spec(override, "source_device") if override
+            else spec_of_devices(m.run.manifest()["devices"]))
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,

@@ -91,10 +91,11 @@ def _by_lower() -> dict[str, DeviceSpec]:
     return out
 
 
-def load_spec(name: str) -> DeviceSpec:
+def load_spec(name: str, param: str = "device") -> DeviceSpec:
     """The spec of a device by name, case-insensitive: its key (``h100-sxm``), a short name
     (``h100``) or the exact name the driver gives it (``NVIDIA H100 80GB HBM3``). An unknown
-    name raises a one-line error with the closest known names."""
+    name raises a one-line error with the closest known names, of the parameter `param`
+    that gave it."""
     known = _by_lower()
     query = name.strip().lower()
     spec = known.get(query)
@@ -103,7 +104,7 @@ def load_spec(name: str) -> DeviceSpec:
         close = [k for k in known if k.startswith(query)] if query else []
         close += difflib.get_close_matches(query, known, n=4, cutoff=0.4)
         shown = list(dict.fromkeys(known[c].name for c in close))[:6] or list(device_specs())[:6]
-        raise ParameterError("device", f"unknown device; closest known: {', '.join(shown)}",
+        raise ParameterError(param, f"unknown device; closest known: {', '.join(shown)}",
                              value=name)
     return spec
 

@@ -34,7 +34,8 @@ from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.specs import load_spec
-from perfswarm.model.topology import Link, Topology, interconnect, interconnects
+from perfswarm.model.topology import Link, Topology, interconnects
+from perfswarm.model.topology import interconnect as link_named
 from perfswarm.optimize.layouts import LayoutChoice, choose_layout, run_model
 from perfswarm.trace.store import Run
 
@@ -401,9 +402,9 @@ def _memory(run: Run, device: str | None, memory_gb: float | None) -> float | No
 MAX_DEVICES: Final = 2**24
 
 
-def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-ndr",
+def project(run: Run, devices: Sequence[int], *, interconnect: str = "ib-ndr",
             bandwidth_gbps: float | None = None, scheme: Scheme = "ring",
-            intra_name: str | None = None, per_node: int = 8, servers: int = 1,
+            intra: str | None = None, per_node: int = 8, servers: int = 1,
             grad_bytes: int | None = None, intra_link: Link | None = None,
             device: str | None = None, memory_gb: float | None = None) -> Projection:
     """`intra_link` (a measured one, see collective_fit.link_of_profile) replaces the
@@ -416,7 +417,7 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
                              "e.g. 1,2,4,8")
     if scheme not in SCHEMES:
         raise ParameterError("scheme", f"one of {', '.join(SCHEMES)}", value=scheme)
-    for param, name in (("interconnect_name", interconnect_name), ("intra_name", intra_name)):
+    for param, name in (("interconnect", interconnect), ("intra", intra)):
         if name is not None and name not in interconnects():
             raise ParameterError(param, f"unknown; known: {', '.join(interconnects())}",
                                  value=name)
@@ -436,17 +437,17 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
         shaped.params * shaped.value_bytes or None) if trains else None)
     if device is not None:
         prof = on_device(run, prof, device)
-    intra = intra_link or interconnect(intra_name or default_intra(run))
-    inter = interconnect(interconnect_name)
+    inside = intra_link or link_named(intra or default_intra(run))
+    inter = link_named(interconnect)
     if bandwidth_gbps is not None:
         inter = inter.with_bandwidth(bandwidth_gbps)
     config = CollectiveConfig(scheme, servers)
-    points = curve(prof, devices, intra, inter, per_node, config)
+    points = curve(prof, devices, inside, inter, per_node, config)
     largest = devices[-1:]
-    networks = [inter] + [interconnect(n) for n in NETWORKS if n != inter.name]
+    networks = [inter] + [link_named(n) for n in NETWORKS if n != inter.name]
     # Slowest first, so the recommendation is the least network that scales well enough.
     networks.sort(key=lambda link: (link.bandwidth_gbps, -link.alpha_s))
-    options = tuple(Choice(net.name, s, curve(prof, largest, intra, net, per_node,
+    options = tuple(Choice(net.name, s, curve(prof, largest, inside, net, per_node,
                                               CollectiveConfig(s, servers))[0].efficiency)
                     for net in networks for s in SCHEMES)
     if prof.grad_elems:
@@ -459,13 +460,13 @@ def project(run: Run, devices: Sequence[int], *, interconnect_name: str = "ib-nd
         host = statistics.median(max(st.idle_ns for st in g) for g in groups) * 1e-9
         share = statistics.median(st.memory_bound_ns / st.compute_ns if st.compute_ns else 0.0
                                   for st in prof.steps)
-        chosen = choose_layout(shaped, compute, devices[-1], per_node=per_node, intra=intra,
+        chosen = choose_layout(shaped, compute, devices[-1], per_node=per_node, intra=inside,
                                inter=inter, memory_bytes=memory, host_s=host,
                                memory_share=share)
     else:
         note = ("no parameter count: no gradient all-reduce kernels with sizes and no layer "
                 "shapes (record with shapes)")
-    return Projection(prof, intra, inter, per_node, scheme, tuple(points), options,
+    return Projection(prof, inside, inter, per_node, scheme, tuple(points), options,
                       recommend(options), chosen, note)
 
 
