@@ -301,13 +301,15 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     on_stage("op costs")
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
-    profiled = sum(w["dur_ns"] for w in next(iter(steps.values()), []))
+    first = [w["dur_ns"] for w in next(iter(steps.values()), [])]
     timing = step_time(run.table("steps"), batch_sizes(run))
     # at the program's own speed where the recorder timed steps after the window, as the
     # step time and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
-    slowdown = timing.profiler_slowdown if timing is not None and timing.outside else 1.0
-    flops = model_flops(costs, manifest["devices"], round(profiled / slowdown),
-                        max(1, len(steps)))
+    outside = timing is not None and timing.outside
+    slowdown = timing.profiler_slowdown if timing is not None and outside else 1.0
+    step_ns = (timing.median_ns if timing is not None and outside
+               else statistics.median(first) if first else 0)
+    flops = model_flops(costs, manifest["devices"], step_ns, len(first), max(1, len(steps)))
     if flops is not None:
         flops["profiler_slowdown"] = slowdown
     events = Events.load(run)

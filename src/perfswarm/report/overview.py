@@ -97,18 +97,20 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
 
 
 def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]],
-                profiled_ns: int, ranks: int) -> dict[str, Any] | None:
-    """FLOP/s per rank over the profiled steps' time, two ways (PaLM's MFU and HFU):
-    hardware FLOPs are those of every costed op that ran (forward, backward with any
+                step_ns: float, steps: int, ranks: int) -> dict[str, Any] | None:
+    """FLOP/s per rank at the step time the cards show (`step_ns`: the median step), two ways
+    (PaLM's MFU and HFU): a step's FLOPs (those of the profiled `steps` over their count)
+    over it. Hardware FLOPs are those of every costed op that ran (forward, backward with any
     recomputation, optimizer); model FLOPs are the forward's, times 3 when a backward ran
     (its two products per forward product: the input's and the weight's gradient). On a GPU
-    with a spec, each against its peak for the ops' dtype."""
+    with a spec, each against its peak for the ops' dtype. (Over the profiled steps' sum, a
+    slow first step had put a loop's rate 23% under its own step time's.)"""
     phase = op_cost["phase_flops"]
     hardware = float(op_cost["flops"])
     model = phase["forward"] * (3 if phase["backward"] else 1)
-    if not hardware or profiled_ns <= 0:
+    if not hardware or step_ns <= 0 or steps <= 0:
         return None
-    seconds = profiled_ns / 1e9
+    seconds = step_ns * steps / 1e9
     spec = spec_of_devices(devices) if op_cost["device"] else None
     ops = op_cost["ops"]
     dtype = max(ops, key=lambda o: o["flops"] * o["count"])["dtype"] if ops else "fp32"
