@@ -683,6 +683,29 @@ def test_ranks_view_of_nccl(corpus_runs: dict[str, Run]) -> None:
     assert rank["median_step_ns"] == 222_442_191 and rank["steps"] == 3
 
 
+def test_ranks_view_of_a_cpu_run(tmp_path: Path) -> None:
+    """A CPU run without collectives computes on the host: its ops' time in the steps (the
+    union of the raw JSON's cpu_ops, every thread), no communication to hide (it had read 0 ms
+    of compute and 0.0% hidden)."""
+    trace = Path(__file__).parent / "data" / "mlp_adam_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "m.run", ImportOptions(), ["test"])
+    data = report_data(run)
+    (rank,) = data["ranks"]
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    steps = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    lo = min(round(e["ts"] * 1000) for e in steps)
+    hi = max(round((e["ts"] + e["dur"]) * 1000) for e in steps)
+    ops = [(round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)) for e in raw
+           if e.get("cat") == "cpu_op"]
+    start, end = union(np.array([max(a, lo) for a, b in ops if b > lo and a < hi], np.int64),
+                       np.array([min(b, hi) for a, b in ops if b > lo and a < hi], np.int64))
+    assert abs(rank["compute_ns"] - int((end - start).sum())) <= len(start)  # us to ns rounding
+    assert rank["comm_ns"] == 0 and rank["comm_hidden_pct"] is None
+    page = html.render(data)
+    row = page.split('<table id="ranks">', 1)[1].split("</table>", 1)[0]
+    assert "<td>n/a</td>" in row and "0.000 ms</td><td>0.000 ms" not in row
+
+
 def test_a_template_cache_that_cannot_be_written_is_no_cache(tmp_path: Path) -> None:
     # the cache directory is gone: writing the compiled template fails, the page is still made
     cache = html._CompiledTemplates(str(tmp_path / "gone"))

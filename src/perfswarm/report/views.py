@@ -275,6 +275,11 @@ def ranks_view(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
         if host and not on_device["compute_ns"] + on_device["comm_ns"]:
             on_device = {"compute_ns": host["compute_ns"], "comm_ns": host["comm_ns"],
                          "comm_hidden_pct": host["comm_overlap_pct"]}
+        elif not on_device["compute_ns"] + on_device["comm_ns"] + ns["memory"]:
+            # no device work and no collective: the host computes (its ops' time), and there
+            # is no communication to hide (it had read 0 ms of compute, 0.0% hidden)
+            on_device = {"compute_ns": rank["total"]["host_ops_ns"], "comm_ns": 0,
+                         "comm_hidden_pct": None}
         rows.append({"rank": r, "median_step_ns": float(np.median(steps)) if steps else None,
                      "steps": len(steps), **on_device,
                      "held_back_ns": held.get(r, 0), "straggler": r == straggler})
