@@ -683,6 +683,21 @@ def test_ranks_view_of_nccl(corpus_runs: dict[str, Run]) -> None:
     assert rank["median_step_ns"] == 222_442_191 and rank["steps"] == 3
 
 
+def test_a_run_without_iterations_is_charted_in_windows(corpus_runs: dict[str, Run]) -> None:
+    """The corpus's 14-event inference trace has no iterations: its states chart shows the
+    span's equal time windows as windows (they had been labelled steps under "No
+    iterations"), and its prediction the whole window."""
+    data = report_data(corpus_runs["old_format"])
+    assert data["iterations"] == []
+    parts = data["concurrency"]["ranks"][0]["iterations"]
+    figure = html.concurrency_figure(data["concurrency"], data["has_device"], windows=True)
+    assert figure["data"][0]["x"] == ["rank 1 all", *(f"rank 1 window {i}"
+                                                      for i in range(len(parts)))]
+    page = html.render(data)
+    assert "rank 1 step" not in page and f"span in {len(parts)} equal time windows" in page
+    assert '"x":["rank 1 whole window"]' in page
+
+
 def test_ranks_view_of_a_cpu_run(tmp_path: Path) -> None:
     """A CPU run without collectives computes on the host: its ops' time in the steps (the
     union of the raw JSON's cpu_ops, every thread), no communication to hide (it had read 0 ms

@@ -136,14 +136,18 @@ def stacked(x: list[str], series: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for s in series]
 
 
-def concurrency_figure(concurrency: dict[str, Any], has_device: bool) -> dict[str, Any]:
+def concurrency_figure(concurrency: dict[str, Any], has_device: bool,
+                       windows: bool = False) -> dict[str, Any]:
+    """The states' shares of each rank's span and of each of its steps, or of its time
+    windows where it has no iterations (`windows`: analyze's equal parts of the span)."""
     labels: list[str] = []
     shares: list[dict[str, float]] = []
+    part = "window" if windows else "step"
     for rank in concurrency["ranks"]:
         labels.append(f"rank {rank['rank']} all")
         shares.append(rank["total"]["share"])
         for it in rank["iterations"]:
-            labels.append(f"rank {rank['rank']} step {it['step']}")
+            labels.append(f"rank {rank['rank']} {part} {it['step']}")
             shares.append(it["share"])
     data = stacked(labels, [{"name": title, "y": [100 * s.get(state, 0.0) for s in shares]}
                             for state, title in states_shown(has_device).items()])
@@ -256,7 +260,9 @@ def bandwidth_figure(bandwidth: list[dict[str, Any]], origin_ns: int) -> dict[st
 
 def prediction_figure(prediction: dict[str, Any]) -> dict[str, Any]:
     steps = prediction["steps"]
-    x = [f"rank {s['rank']} step {s['step']}" for s in steps]
+    # step -1: a Run without iterations is simulated over each rank's whole window
+    x = [f"rank {s['rank']} " + (f"step {s['step']}" if s["step"] >= 0 else "whole window")
+         for s in steps]
     data = [{"type": "bar", "name": what, "x": x, "y": [s[f"{what}_ns"] / 1e6 for s in steps]}
             for what in ("measured", "replayed", "predicted")]
     return {"data": data, "layout": {"barmode": "group", "height": 320, "margin": {"t": 30},
@@ -337,7 +343,8 @@ def render(report: dict[str, Any]) -> str:
     """The report as one HTML page."""
     timeline = report["timeline"]
     figures = {"chart-concurrency": concurrency_figure(report["concurrency"],
-                                                       report["has_device"]),
+                                                       report["has_device"],
+                                                       windows=not report["iterations"]),
                "chart-breakdown": breakdown_figure(report["breakdown"]),
                **counter_figures(timeline),
                **projection_figures(report["projection"])}
