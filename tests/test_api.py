@@ -207,3 +207,13 @@ def test_record_stays_the_function() -> None:
     importlib.import_module("perfswarm.recorder.session")
     importlib.import_module("perfswarm.report.html")
     assert callable(perfswarm.record) and perfswarm.record.__module__ == "perfswarm.api"
+
+
+def test_a_notebook_sees_the_api(notebook: dict[str, Any]) -> None:
+    """dir(perfswarm) lists the names loaded when first used (completion offered none), and a
+    Result shows in a cell as what it holds, not its whole dataclass (40-100 KB before)."""
+    assert {"load", "import_traces", "record", "Run", "ParameterError"} <= set(dir(perfswarm))
+    analysis = notebook["run"].analyze()
+    shown = repr(analysis)
+    assert shown.startswith("perfswarm.Result(Analysis: path, events, ranks, iterations")
+    assert shown.endswith(f"tables: {', '.join(analysis.tables)})") and len(shown) < 1000

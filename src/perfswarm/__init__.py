@@ -32,6 +32,11 @@ __all__ = ["NotApplicable", "ParameterError", "PerfswarmError", "Result", "Run",
            "TraceFormatError", "__version__", "import_traces", "load", "record"]
 
 
+def __dir__() -> list[str]:
+    """The API's names too, loaded when first used (completion in a notebook lists them)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     if name not in _API:
         raise AttributeError(f"module 'perfswarm' has no attribute {name!r}")

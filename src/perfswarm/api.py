@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
@@ -86,7 +86,14 @@ class Result(Generic[V_co]):
     and `to_pandas(name)` give as data frames (the first one when no name is given)."""
 
     value: V_co
-    _tables: Mapping[str, _Table]
+    _tables: Mapping[str, _Table] = field(repr=False)
+
+    def __repr__(self) -> str:
+        """What it is and what it holds (its value's whole dataclass ran to 40-100 KB in a
+        notebook cell)."""
+        keys = ", ".join(self.to_dict())
+        return (f"perfswarm.Result({type(self.value).__name__}: {keys}; "
+                f"tables: {', '.join(self.tables) or 'none'})")
 
     @property
     def tables(self) -> tuple[str, ...]:
