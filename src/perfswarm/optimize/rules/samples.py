@@ -19,7 +19,7 @@ from perfswarm.report.overview import throughput
 
 # Fewer samples a step than this: a per-sample loop costs little against batching them.
 _MIN_SAMPLES: Final = 8
-# Per-sample ops taking less of the median step than this (in the median step) are no finding.
+# Per-sample ops and the Python between them taking less of the median step: no finding.
 _MIN_SHARE: Final = 0.05
 # An op moving this much streams at the machine's rate, its call's own cost aside.
 _LARGE_BYTES: Final = 1 << 20
@@ -34,7 +34,7 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     shape of a batched tensor's rows ([3, 32, 32] of an input [64, 3, 32, 32] in the steps),
     not the batch's own. Each such call pays the op's whole fixed cost (dispatch, allocation,
     the profiler's record) for a sample's bytes; batched, one call per multiple moves them
-    all at the rate the step's large ops streamed."""
+    all at the median rate of the step's large streaming ops."""
     ev = Events.load(facts.run)
     windows = analyze(facts.run).iterations.steps
     rates = throughput(facts.run, ev, {str(r): [w.to_dict() for w in ws]
@@ -117,15 +117,13 @@ def _groups(top: pl.DataFrame, shapes: list[Shapes | None], batch: int,
     """Rows of `top` by (name, first input's dims) for the groups that run once per sample:
     a whole multiple of `batch` calls a step, on a sample's shape (see per_sample_ops)."""
     rows_of: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-    rows_shapes: dict[tuple[str, tuple[int, ...]], Shapes] = {}
     for i, (name, found) in enumerate(zip(top["name"], shapes, strict=True)):
         if found is not None and found.dims and found.dims[0]:
-            key = (str(name), found.dims[0])
-            rows_of.setdefault(key, []).append(i)
-            rows_shapes.setdefault(key, found)
+            rows_of.setdefault((str(name), found.dims[0]), []).append(i)
     step_of = np.asarray(top["step"], np.int64)
-    batched = {d for s in shapes if s is not None for d in s.dims if len(d) >= 2}
-    rows_of_sample = {d[1:] for d in batched}  # a batched tensor's rows
+    # the rows of a batched tensor (of two or more): a sample's shape
+    rows_of_sample = {d[1:] for s in shapes if s is not None for d in s.dims
+                      if len(d) >= 2 and d[0] >= 2}
     out = {}
     for key, rows in rows_of.items():
         dims = key[1]
