@@ -1263,11 +1263,14 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     on_ops = [t % 10_000_000 >= 8_000_000 for t in perf.column("ts").to_pylist()]
     run.write_table("samples", perf.filter(pa.array(on_ops)))
 
-    def counters(iowait: float, delay: float) -> Run:
+    def counters(iowait: float, delay: float, reads: int = 1 << 20) -> Run:
+        """The sampler's readings each ms: the host's cores on I/O (`iowait`), the run's
+        threads on a runqueue (`delay`), and `reads` bytes a ms the run read from storage."""
         rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [],
                                       "value": []}
         for t in range(1, 30):
             for name, value in (("proc.cpu_cores", 0.2), ("proc.run_delay_cores", delay),
+                                ("proc.read_bytes", float(reads * t)),
                                 *((f"cpu.core{c}.{k}", v) for c in (0, 1) for k, v in
                                   (("usr", 0.1), ("sys", 0.05), ("iowait", iowait / 2)))):
                 for key, v in zip(rows, (-1, t * 1_000_000, -1, name, value), strict=True):
@@ -1280,9 +1283,14 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     a = shows(host.untraced_wait, counters(0.5, 0.0))
     assert (a.evidence["waited_ns"], a.evidence["untraced_on_cpu_ns"]) == (24_000_000, 0)
     assert a.evidence["iowait_cores"] == 0.5 and a.gain_ns == 6_000_000
+    assert a.evidence["read_bytes"] == 28 << 20  # 29 readings a ms apart, 1 MiB a ms
     assert a.change.startswith("where it reads its input in the loop")
     unknown = shows(host.untraced_wait, counters(0.0, 0.0))
     assert unknown.gain_ns is None and unknown.severity == "medium"
+    # the host on I/O, but the run read nothing from storage: another process's reads (a
+    # loop that sleeps had been told to prefetch)
+    theirs = shows(host.untraced_wait, counters(0.5, 0.0, reads=0))
+    assert theirs.gain_ns is None and theirs.evidence["read_bytes"] == 0
     # its threads runnable 0.6 of a core the whole time: 18 ms of the 24 queued, 6 left (20%):
     # over the 10% that a wait with the host on I/O needs, under the 30% of one without
     queued = shows(host.untraced_wait, counters(0.5, 0.6))
@@ -1290,6 +1298,7 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
                                                                                6_000_000)
     assert queued.gain_ns == 6_000_000
     assert found(host.untraced_wait, counters(0.0, 0.6)) is None
+    assert found(host.untraced_wait, counters(0.5, 0.6, reads=0)) is None
     # 0.75 of a core: 22.5 ms queued, 1.5 left (5%)
     assert found(host.untraced_wait, counters(0.5, 0.75)) is None
 

@@ -454,3 +454,47 @@ def test_parse_cpu_lines_is_one_row_per_core() -> None:
     rows = parse_cpu_lines("cpu0 1 2 3 4 5 6 7 8 9 10\ncpu12 0 0 0 0 0 0 0 0 0 0")
     assert rows.shape == (2, 11) and rows[:, 0].tolist() == [0, 12]
     assert np.array_equal(rows[0, 1:], np.arange(1, 11))
+
+
+READER = textwrap.dedent("""
+    import mmap, os, sys
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, 1 << 20)
+    print("ready", flush=True)
+    sys.stdin.readline()  # after the sampler's first reading
+    for i in range(16):
+        os.preadv(fd, [buf], i << 20)
+    print("done", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_the_trees_reads_from_storage(tmp_path: Path) -> None:
+    """A child reading 16 MiB with O_DIRECT (no page cache between it and the disk) after the
+    sampler's first reading: `proc.read_bytes` rises by its /proc/PID/io read_bytes, exactly
+    (untraced_wait tells the run's own waits on storage from another process's)."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(16 << 20))
+    try:
+        os.close(os.open(data, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        pytest.skip("no O_DIRECT on this file system")
+    child = subprocess.Popen([sys.executable, "-c", READER, str(data)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline() == "ready\n"
+        sampler = system.SystemSampler(tmp_path, 20.0)
+        sampler.pid = child.pid
+        with sampler.path.open("wb") as out:
+            sampler.sample_once(out)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "done\n"
+            sampler.sample_once(out)
+        sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    first, last = (i["values"]["proc.read_bytes"] for i in read_jsonl(sampler.path))
+    assert (first, last) == (0.0, float(16 << 20))

@@ -11,7 +11,9 @@ since the recording began. Per disk (whole disks that have done any I/O):
 took (iostat's r/w await: queue and service), `disk.<name>.queue` the mean
 number of requests in flight over the interval (iostat's aqu-sz).
 `cpu.core<N>.mhz` is each core's clock (cpufreq, else /proc/cpuinfo), read at
-most once a second.
+most once a second. `proc.read_bytes` is what the tree made the storage layer fetch
+(/proc/PID/io read_bytes: reads that missed the page cache, direct reads), cumulative from each
+process's first reading.
 
 Readings come straight from procfs (the same files and formulas psutil uses,
 tested against it): each file is opened once and re-read with one `os.pread`
@@ -250,6 +252,15 @@ class _Proc:
     ppid: int = -1
     # its threads' /proc/PID/task/TID/schedstat: tid -> [fd, run_delay ns at the last reading]
     tasks: dict[int, list[int]] = field(default_factory=dict)
+    io: int = -1  # its /proc/PID/io (-1: unreadable)
+    read_bytes: int = -1  # what it had read from storage at the last reading; -1 before
+
+
+def parse_read_bytes(text: bytes) -> int:
+    """/proc/PID/io's read_bytes: what the process made the storage layer fetch (buffered
+    reads that missed the page cache, direct reads)."""
+    at = text.index(b"\nread_bytes: ") + len(b"\nread_bytes: ")
+    return int(text[at:text.index(b"\n", at)])
 
 
 def _pread(fd: int, size: int) -> bytes:
@@ -275,6 +286,7 @@ class SystemSampler(Sampler):
         self._procs: dict[int, _Proc] = {}
         self._unmatched: dict[int, int] = {}  # exited children's ticks their parent has not shown
         self._carry = 0.0  # ticks beyond the cores in an interval, told in the next ones
+        self._read_bytes = 0  # the tree's reads from storage since each process's first reading
         self._scanned_ns = 0
         self._tree_at = 0
         try:
@@ -354,6 +366,9 @@ class SystemSampler(Sampler):
                     with contextlib.suppress(OSError):
                         self._procs[pid] = _Proc(os.open(f"{self.procfs}/{pid}/stat",
                                                          os.O_RDONLY | os.O_CLOEXEC), first)
+                        with contextlib.suppress(OSError):  # another user's: no io
+                            self._procs[pid].io = os.open(f"{self.procfs}/{pid}/io",
+                                                          os.O_RDONLY | os.O_CLOEXEC)
             for pid, proc in self._procs.items():
                 self._open_tasks(pid, proc)
         busy = rss = waited = 0
@@ -370,6 +385,8 @@ class SystemSampler(Sampler):
                 for fd, _ in proc.tasks.values():
                     os.close(fd)
                 os.close(proc.fd)
+                if proc.io >= 0:
+                    os.close(proc.io)
                 del self._procs[pid]
                 gone[proc.ppid] = gone.get(proc.ppid, 0) + max(0, proc.ticks)
                 continue
@@ -380,6 +397,12 @@ class SystemSampler(Sampler):
             proc.ticks, proc.reaped, proc.ppid = ticks, stat.reaped, stat.ppid
             rss += stat.pages
             waited += _run_delay(proc.tasks)
+            if proc.io >= 0:
+                with contextlib.suppress(OSError, ValueError):
+                    read = parse_read_bytes(os.pread(proc.io, 1024, 0))
+                    if proc.read_bytes >= 0:
+                        self._read_bytes += max(0, read - proc.read_bytes)
+                    proc.read_bytes = read
         # a child reaped between the reading of its parent and its own: its parent's gain
         # comes at the next reading, matched there
         left: dict[int, int] = {}
@@ -394,7 +417,8 @@ class SystemSampler(Sampler):
         if not self._procs:
             return {}
         elapsed, self._tree_at = (now - self._tree_at if self._tree_at else 0), now
-        out = {"proc.rss_bytes": float(rss * _PAGE), "proc.count": float(len(self._procs))}
+        out = {"proc.rss_bytes": float(rss * _PAGE), "proc.count": float(len(self._procs)),
+               "proc.read_bytes": float(self._read_bytes)}
         if elapsed > 0:
             # a child's CPU shows whole when its parent reaps it, though it ran over its
             # life: what is beyond the machine's cores in one interval is told in the next
@@ -419,6 +443,7 @@ class SystemSampler(Sampler):
     def stop(self) -> None:
         super().stop()
         for fd in [*self._fds.values(), *(p.fd for p in self._procs.values()),
+                   *(p.io for p in self._procs.values() if p.io >= 0),
                    *(t[0] for p in self._procs.values() for t in p.tasks.values())]:
             os.close(fd)
         self._fds.clear()

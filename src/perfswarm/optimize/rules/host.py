@@ -669,8 +669,9 @@ def _untraced(facts: Facts) -> tuple[pl.DataFrame, int, int] | None:
 
 
 _WAIT_SHARE = 30.0  # % of the steps the loop's thread waited, off the CPU, outside its spans
-# the same while the host's cores wait on I/O: the disk says what it waits for (a loop reading
-# its batch with random O_DIRECT reads waited 21% of its steps, and a prefetch thread hid it)
+# the same while the host's cores wait on I/O and the run reads from storage: the disk says what
+# it waits for (a loop reading its batch with random O_DIRECT reads waited 21% of its steps,
+# and a prefetch thread hid it)
 _IO_WAIT_SHARE = 10.0
 
 
@@ -695,24 +696,30 @@ def untraced_wait(facts: Facts) -> Advice | None:
     iowait = _window_counters(facts, r"^cpu\.core\d+\.iowait$")
     io = (float(iowait["value"].sum()) / max(1, iowait["ts"].n_unique())
           if iowait.height else 0.0)
-    if share < (_IO_WAIT_SHARE if io >= _IOWAIT else _WAIT_SHARE):
+    # the I/O is the run's own where its processes read from storage meanwhile (another
+    # process reading the disk had made a loop that sleeps read as waiting on it)
+    reads = _window_counters(facts, r"^proc\.read_bytes$")["value"].to_numpy()
+    read = float(reads.max() - reads.min()) if reads.size else 0.0
+    on_io = io >= _IOWAIT and read >= _OWN_READS
+    if share < (_IO_WAIT_SHARE if on_io else _WAIT_SHARE):
         return None
     evidence = {"untraced_ns": untraced, "untraced_on_cpu_ns": python, "run_delay_ns": queued,
                 "waited_ns": waited, "waited_share_pct": share, "traced_ns": busy,
-                "iowait_cores": round(io, 3)}
+                "iowait_cores": round(io, 3), "read_bytes": round(read)}
     change = ("where it reads its input in the loop (np.load, open, PIL, torch.load): read the "
               "next batch in a background thread (concurrent.futures, one ahead) or in "
               "DataLoader workers (num_workers >= 1) while this one computes; where a thread of "
               "its own already reads ahead, the reads bound it (more at once, faster storage); "
               "where it sleeps or waits for requests, that is the program's pace; py-spy "
               "--idle shows where it waits")
-    if io < _IOWAIT:  # nothing says what it waits for: the program's to say
+    if not on_io:  # nothing says what it waits for: the program's to say
         return advice(facts, "untraced_wait", f"the loop waits outside its ops for {share:g}% "
-                      "of its steps", evidence, None, "no time model: the host waited on no "
-                      "I/O meanwhile, so a sleep, a lock, requests or a thread of its own may "
-                      "be what it waits for", change)
+                      "of its steps", evidence, None, "no time model: the run read nothing "
+                      "from storage while the host waited on I/O, so a sleep, a lock, requests "
+                      "or a thread of its own may be what it waits for", change)
     return advice(facts, "untraced_wait", f"the loop waits outside its ops for {share:g}% of "
-                  f"its steps, the host's cores on I/O ({io:.2f} cores' worth)", evidence,
+                  f"its steps, reading from storage ({read / 2**20:,.1f} MiB; the host's cores "
+                  f"on I/O {io:.2f} cores' worth)", evidence,
                   min(waited, busy),
                   "prefetch model from this run's times: a thread (or DataLoader workers) that "
                   "reads the next batch while the step computes hides the wait under the "
@@ -720,6 +727,7 @@ def untraced_wait(facts: Facts) -> Advice | None:
 
 
 _IOWAIT = 0.1  # cores' worth of the host waiting on I/O: the loop's wait is the disk's
+_OWN_READS = 1 << 20  # bytes the run's processes read from storage in the window: theirs
 
 
 def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame) -> int | None:
