@@ -26,6 +26,7 @@ from perfswarm.optimize.rules import device, distributed, host, optimizer, sampl
 from perfswarm.optimize.rules.base import Advice, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.schema import STEPS
 from perfswarm.trace.store import Run
 
 A100 = {"id": 0, "name": "NVIDIA A100-SXM4-40GB", "computeMajor": 8, "computeMinor": 0,
@@ -1561,13 +1562,27 @@ def test_per_sample_ops_on_main_thread_augmentation(tmp_path: Path) -> None:
     assert a.evidence["python_between_ns"] == round(np.median(list(python.values())))
     assert 0 < a.gain_ns <= 3 * (a.evidence["median_step_ns"] + a.evidence["python_between_ns"])
     assert "num_workers" in a.change and "whole batch" in a.change
+    # the program timed four steps after the window at half the profiled median: the gain,
+    # at the program's own speed, is a share of the window at that speed too (it had been of
+    # the profiled window, half as large a share)
+    steps = run.table("steps").to_pylist()
+    median = int(np.median([s["end"] - s["start"] for s in steps]))
+    end = max(s["end"] for s in steps)
+    steps += [{"rank": 0, "step": 10 + i, "start": end + i * median // 2,
+               "end": end + (i + 1) * median // 2, "source": "detected"} for i in range(4)]
+    run.write_table("steps", pa.Table.from_pylist(steps, schema=STEPS))
+    slowed = shows(samples.per_sample_ops, run)
+    assert slowed.evidence["profiler_slowdown"] == pytest.approx(2.0, abs=0.01)
+    facts = Facts.of(run)
+    assert slowed.gain_of_ns == round(facts.wall_ns / facts.profiler_slowdown)
 
 
 @pytest.mark.parametrize("name", ["nanogpt_cpu", "transformer_cpu", "mlp_adam_cpu",
-                                  "loader_workers_main"])
+                                  "loader_workers_main", "mlp16_sgd_cpu"])
 def test_no_per_sample_ops_in_batched_loops(tmp_path: Path, name: str) -> None:
     """Loops whose ops take the whole batch (a layer's ops repeat once per layer, not per
-    sample) have none."""
+    sample) have none; nor 16 layers' single-tensor SGD updates at batch 16, a bias of 64 a
+    layer (16 calls a step of a [64, 64] weight's rows: MEDIUM 7.1% before)."""
     trace = Path(__file__).parent / "data" / f"{name}.pt.trace.json.gz"
     run = import_traces([trace], tmp_path / "b.run", ImportOptions(), ["test"])
     assert found(samples.per_sample_ops, run) is None

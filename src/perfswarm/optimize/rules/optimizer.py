@@ -114,7 +114,8 @@ def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advi
                   "the profiler (the median call's, times the calls, over its slowdown of the "
                   "optimizer's calls, median in the window / median the recorder timed outside "
                   "it, else of the step); the step's own Python stays",
-                  f"torch.optim.{optimizer}(..., fused=True){need}")
+                  f"torch.optim.{optimizer}(..., fused=True){need}",
+                  of_ns=facts.wall_ns / facts.profiler_slowdown)
 
 
 def _typical_calls_ns(calls: pl.DataFrame, top: pl.DataFrame) -> int:

@@ -6,10 +6,12 @@ from collections import Counter
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import I64
+from perfswarm.analyze.phases import parameter_rows
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost, Shapes, data_cost, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
@@ -49,7 +51,11 @@ def per_sample_ops(facts: Facts) -> Advice | None:
         (pl.col("rank") == rank) & (pl.col("tid") == loop[1]))
     top = facts.with_text(top_ops(ops), "detail")
     shapes = [shapes_from_args(d) for d in top["detail"]]
-    groups = _groups(top, shapes, int(batch), steps)
+    # the ops that take the parameters (a single-tensor optimizer's per-parameter updates,
+    # one a layer: 16 layers at batch 8 or 16 had read as once per sample)
+    updates = np.isin(np.asarray(top["row"], np.int64),
+                      parameter_rows(ev, np.asarray(top["row"], np.int64)))
+    groups = _groups(top, shapes, int(batch), steps, updates)
     if not groups:
         return None
     ns = np.asarray(top["dur"], np.int64)
@@ -102,7 +108,8 @@ def per_sample_ops(facts: Facts) -> Advice | None:
                   "run it once on the whole batch (tensor ops over [batch, ...], "
                   "torchvision.transforms.v2 on a batch, torch.vmap, vectorized environments), "
                   "or move the per-sample work into the Dataset's __getitem__ with "
-                  "DataLoader(num_workers>0) so that it overlaps the step")
+                  "DataLoader(num_workers>0) so that it overlaps the step",
+                  of_ns=facts.wall_ns / slowdown)
 
 
 def _median_step(step: I64, ns: I64) -> float:
@@ -112,18 +119,21 @@ def _median_step(step: I64, ns: I64) -> float:
     return float(np.median(np.bincount(np.unique(step, return_inverse=True)[1], weights=ns)))
 
 
-def _groups(top: pl.DataFrame, shapes: list[Shapes | None], batch: int,
-            steps: int) -> dict[tuple[str, tuple[int, ...]], list[int]]:
+def _groups(top: pl.DataFrame, shapes: list[Shapes | None], batch: int, steps: int,
+            updates: npt.NDArray[np.bool_]) -> dict[tuple[str, tuple[int, ...]], list[int]]:
     """Rows of `top` by (name, first input's dims) for the groups that run once per sample:
-    a whole multiple of `batch` calls a step, on a sample's shape (see per_sample_ops)."""
+    a whole multiple of `batch` calls a step, on a sample's shape (see per_sample_ops); not
+    the `updates` (ops that take the parameters), whose shapes are no sample's either."""
+    parameters = {d for found, update in zip(shapes, updates.tolist(), strict=True)
+                  if update and found is not None for d in found.dims}
     rows_of: dict[tuple[str, tuple[int, ...]], list[int]] = {}
     for i, (name, found) in enumerate(zip(top["name"], shapes, strict=True)):
-        if found is not None and found.dims and found.dims[0]:
+        if found is not None and found.dims and found.dims[0] and not updates[i]:
             rows_of.setdefault((str(name), found.dims[0]), []).append(i)
     step_of = np.asarray(top["step"], np.int64)
-    # the rows of a batched tensor (of two or more): a sample's shape
+    # the rows of a batched tensor (of two or more, no parameter): a sample's shape
     rows_of_sample = {d[1:] for s in shapes if s is not None for d in s.dims
-                      if len(d) >= 2 and d[0] >= 2}
+                      if len(d) >= 2 and d[0] >= 2 and d not in parameters}
     out = {}
     for key, rows in rows_of.items():
         dims = key[1]
