@@ -422,4 +422,10 @@ def test_demo_replaces_only_its_own_run(corpus_runs: dict[str, object], tmp_path
         err = capsys.readouterr().err
         assert err.startswith(f"perfswarm: error: {out}: {said}") and err.count("\n") == 1
     assert (theirs / "manifest.json").read_bytes() == before
+    # a report into a folder that is not there: said before recording (it had run the whole
+    # workload and replaced --out first)
+    assert main(["demo", "--out", str(tmp_path / "new.run"), "--steps", "4", "--report",
+                 str(tmp_path / "missing" / "r.html")]) == 2
+    assert capsys.readouterr().err == (f"perfswarm: error: {tmp_path / 'missing'}: no such "
+                                       "directory (for r.html)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "plain", "theirs.run"]

@@ -18,7 +18,7 @@ from perfswarm.errors import ParameterError, PerfswarmError, RunError
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.report import html
 from perfswarm.report.text import ms
-from perfswarm.trace.store import Run
+from perfswarm.trace.store import Run, check_output
 
 WORKLOAD = "perfswarm.workloads.trainer"
 
@@ -50,6 +50,7 @@ def demo_command(
     if not 0 <= loader_delay_ms < math.inf:  # the trainer would refuse it after the recording began
         raise PerfswarmError(f"--loader-delay-ms {loader_delay_ms}: must be a finite number >= 0")
     _check_out(out, force)
+    check_output(report)  # before the recording, not after it replaced --out
     command = [sys.executable, "-m", WORKLOAD, "--steps", str(steps),
                "--batch-size", "32", "--loader-delay-ms", str(loader_delay_ms),
                "--num-workers", "0"]
