@@ -72,8 +72,9 @@ def test_a_short_search_finds_the_best_configuration(tmp_path: Path) -> None:
                             "beyond_noise",
                             "trials", "pruned", "failed", "importance"}
     assert summary["unit"] == "steps/s"
-    # the baseline ran three times; printed times are exact: no noise, the 8x clears it
-    assert summary["baseline_throughputs"] == [100.0] * 3
+    # the baseline ran three times before the trials and once after them; printed times are
+    # exact: no noise, the 8x clears it
+    assert summary["baseline_throughputs"] == [100.0] * 4
     assert summary["noise"] == 0.0 and summary["beyond_noise"] is True
     assert summary["measure"] == "stdout" and summary["baseline"]["run"] is None
     assert summary["storage"] == f"sqlite:///{(out / 'tune.db').resolve()}"

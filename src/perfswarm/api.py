@@ -257,12 +257,14 @@ class Run:
         from perfswarm.trace.sql import MEMORY_MB, TIMEOUT_S, Limits
         from perfswarm.trace.sql import query as run_query
 
-        for param, value, (low, high) in (("timeout_s", timeout_s, TIMEOUT_S),
-                                          ("memory_mb", memory_mb, MEMORY_MB)):
+        for param, value, (low, high), kind in (
+                ("timeout_s", timeout_s, TIMEOUT_S, "a number of seconds"),
+                ("memory_mb", memory_mb, MEMORY_MB, "a whole number of MiB")):
             if (not isinstance(value, int | float) or isinstance(value, bool)
                     or not low <= value <= high
                     or (param == "memory_mb" and not isinstance(value, int))):
-                raise ParameterError(param, f"from {low:g} to {high:g}", value=value)
+                raise ParameterError(param, f"{kind} from {low:,} to {high:,}",
+                                     value=repr(value))
         columns, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
         got = list(batches)
         if not got:

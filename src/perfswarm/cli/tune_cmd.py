@@ -12,7 +12,7 @@ from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, progress_bar
 from perfswarm.optimize.space import load_space
 from perfswarm.optimize.trial import STEP_PATTERN, Measure
-from perfswarm.optimize.tune import TuneOptions, tune
+from perfswarm.optimize.tune import TuneOptions, closing_repeats, tune
 
 
 @app.command("tune", context_settings={"allow_interspersed_args": False})
@@ -29,7 +29,7 @@ def tune_command(
     window: Annotated[int, typer.Option("--window", help="--measure record: profiled steps per run, right after the warm-up (left out of the throughput).")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before a trial is killed (counts as failed).")] = None,
-    baseline_repeats: Annotated[int, typer.Option("--baseline-repeats", help="Runs of the command as given: a trial counts as a speedup above their 95% prediction bound for one more run.")] = 3,
+    baseline_repeats: Annotated[int, typer.Option("--baseline-repeats", help="Runs of the command as given before the trials (one more after them, from 2): a trial counts as a speedup above their 95% prediction bound for one more run.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (keys in docs/cli.md).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
@@ -39,7 +39,8 @@ def tune_command(
                           timeout_s=timeout, baseline_repeats=baseline_repeats)
 
     with progress_bar(quiet) as bar:
-        task = bar.add_task("tuning (baseline + trials)", total=trials + baseline_repeats)
+        task = bar.add_task("tuning (baseline + trials)",
+                            total=trials + closing_repeats(baseline_repeats))
 
         def progress(msg: str) -> None:
             if not quiet:

@@ -34,7 +34,7 @@ _EXPLAIN = re.compile(r"\s*explain\s+(?:analy[sz]e\s+|\([^)]*\)\s*)?", re.IGNORE
 
 
 # What a query may be given: seconds of wall clock, and MiB of memory (`Limits`)
-TIMEOUT_S: Final = (0.1, 86400.0)
+TIMEOUT_S: Final = (0.1, 86400)
 MEMORY_MB: Final = (256, 1 << 20)
 
 
