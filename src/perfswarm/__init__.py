@@ -33,8 +33,9 @@ __all__ = ["NotApplicable", "ParameterError", "PerfswarmError", "Result", "Run",
 
 
 def __dir__() -> list[str]:
-    """The API's names too, loaded when first used (completion in a notebook lists them)."""
-    return sorted({*globals(), *__all__})
+    """The API's names, loaded when first used (completion in a notebook lists them), not
+    the module's own imports."""
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:
