@@ -454,6 +454,25 @@ def test_stragglers_count_each_wait_once() -> None:
     assert [r.held_back_ns for r in turns.ranks] == [10, 10] and turns.straggler is None
 
 
+def test_a_straggler_is_last_more_often_than_chance() -> None:
+    """Two ranks over 20 all-reduces: rank 1 last at 13 of them by 10 ns, rank 0 at 7 by 1 ns
+    (held back 130 against 7: dominant) is what equally quick ranks give 13% of the time, no
+    straggler (two symmetric DDP ranks, their threads over the cores, had made one); last at
+    16 of 20 (0.6%), it is one; last at its only collective, too."""
+    from perfswarm.analyze.stragglers import last_by_chance, skews
+
+    def ar(late_1: int) -> dict[int, dict[tuple[str, int], int]]:
+        return {0: {("ar", i): 100 * i + (0 if i < late_1 else 1) for i in range(20)},
+                1: {("ar", i): 100 * i + (10 if i < late_1 else 0) for i in range(20)}}
+
+    even = skews(ar(13))
+    assert [(r.last_count, r.held_back_ns) for r in even.ranks] == [(7, 7), (13, 130)]
+    assert last_by_chance(13, 20, 2) == pytest.approx(0.1316, abs=1e-4)
+    assert even.straggler is None
+    assert skews(ar(16)).straggler == 1 and last_by_chance(16, 20, 2) < 0.01
+    assert skews(ar(20)).straggler == 1
+
+
 def test_stragglers_hand_made() -> None:
     result = stragglers(_two_ranks())
     assert (result.instances, result.max_skew_ns, result.straggler) == (1, 110, 1)

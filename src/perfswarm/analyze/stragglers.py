@@ -10,6 +10,7 @@ last holds everyone else back for the difference.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,15 @@ from perfswarm.analyze.intervals import Coverage, union
 
 TOP = 20
 STRAGGLER_DOMINANCE: Final = 2.0
+# a rank last at its share of the collectives or more this likely by chance: no straggler
+STRAGGLER_CHANCE: Final = 0.05
+
+
+def last_by_chance(k: int, n: int, ranks: int) -> float:
+    """The chance that one of `ranks` equally quick ranks is last at `k` or more of `n`
+    collectives (the binomial tail at 1 / ranks)."""
+    p = 1 / ranks
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
 
 
 @dataclass(frozen=True)
@@ -61,12 +71,18 @@ class Stragglers:
     @property
     def straggler(self) -> int | None:
         """The rank that holds the others back the most, if it does so at least
-        STRAGGLER_DOMINANCE times as long as any other rank (ranks taking turns at being
-        last, as load moves on a shared host, have none)."""
+        STRAGGLER_DOMINANCE times as long as any other rank, and is last at every collective
+        or at more of them than chance makes likely (ranks taking turns at being last, as load
+        moves on a shared host, have none: two symmetric ranks with their threads over the
+        cores had made one, last at 13 of 20, the straggler)."""
         late = sorted(self.ranks, key=lambda r: (-r.held_back_ns, r.rank))
         if not late or late[0].held_back_ns <= 0 or (
                 len(late) > 1 and late[0].held_back_ns < STRAGGLER_DOMINANCE
                 * late[1].held_back_ns):
+            return None
+        lasts = sum(r.last_count for r in late)
+        if late[0].last_count < lasts and last_by_chance(
+                late[0].last_count, lasts, len(late)) > STRAGGLER_CHANCE:
             return None
         return late[0].rank
 
