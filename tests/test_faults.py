@@ -9,6 +9,7 @@ Kill points come from a seeded random list: which phase of the workload, and how
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import os
 import random
@@ -488,3 +489,36 @@ def test_a_failed_tool_says_its_error_not_its_last_hint(tmp_path: Path) -> None:
     tool.stop()
     state = tool.status()["status"]
     assert "Samples: 0 Errors: 191" in state and "flamegraph.pl" not in state
+
+
+def test_spawned_ranks_keep_their_traces_rank(tmp_path: Path) -> None:
+    """torch.multiprocessing.spawn's ranks have no RANK: the recorder names each stepping
+    process its next free rank (1 and 2 here), while their traces say 0 and 1
+    (distributedInfo, the real gloo pair of tests/data). Every table takes the trace's rank:
+    the steps files' had made a phantom rank 2 and a rank 1 of two processes' steps."""
+    raw = tmp_path / "rec"
+    raw.mkdir()
+    data = Path(__file__).parent / "data"
+    hooks = {}
+    for trace_rank, (file_rank, pid) in enumerate(((2, 8), (1, 7))):
+        text = gzip.decompress((data / f"ddp_gloo_rank{trace_rank}.pt.trace.json.gz")
+                               .read_bytes())
+        trace = orjson.loads(text)
+        (raw / f"torch-rank{file_rank}-pid{pid}.pt.trace.json").write_bytes(text)
+        base = trace["baseTimeNanoseconds"]
+        ends = sorted(base + round((e["ts"] + e["dur"]) * 1000) for e in trace["traceEvents"]
+                      if e.get("name", "").startswith("ProfilerStep#"))
+        hooks[trace_rank] = ends + [ends[-1] + 10_000_000 * i for i in range(1, 4)]
+        (raw / f"steps-rank{file_rank}-pid{pid}.json").write_bytes(orjson.dumps(
+            {"rank": file_rank, "pid": pid, "hook_ns": hooks[trace_rank]}))
+    manifest = new_manifest(["python", "spawn.py"])
+    manifest["collectors"] = {"torch": {"status": "ok", "files": []}}
+    run = build_run(Recording(raw, manifest, None, 0), tmp_path / "s.run", force=False)
+    assert run.manifest()["ranks"] == [0, 1]
+    steps = run.table("steps").to_pylist()
+    assert {s["rank"] for s in steps} == {0, 1}
+    for rank, ends in hooks.items():  # each rank's steps end at its own process's hooks
+        mine = [s["end"] for s in steps if s["rank"] == rank and s["source"] == "detected"]
+        assert mine and set(mine) <= set(ends)
+    events = run.table("events", ["rank"]).column("rank").to_pylist()
+    assert set(events) == {0, 1}

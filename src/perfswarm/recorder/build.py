@@ -279,8 +279,11 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
                 continue
             meta, tables = read
             parts.append(tables)
-            describe(manifest, path, meta.rank if meta.rank is not None else rank, meta,
-                      tables.events.num_rows, Extent.of(tables.events))
+            # the trace's own rank (distributedInfo) where it has one: a process without RANK
+            # (torch.multiprocessing.spawn's ranks) was named the recorder's next free rank
+            rank_of[pid] = meta.rank if meta.rank is not None else rank
+            describe(manifest, path, rank_of[pid], meta, tables.events.num_rows,
+                     Extent.of(tables.events))
         stepping = step_files(raw)
         for path in stepping:
             rank, pid = _rank_pid(path)
@@ -288,7 +291,9 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         marker_steps = concat([p.steps for p in parts], STEPS)
         marked = set(zip(marker_steps.column("rank").to_pylist(),
                          marker_steps.column("step").to_pylist(), strict=True))
-        hooked = [h for path in stepping
+        # each process's steps on its trace's rank (spawned ranks' steps files had been ranks
+        # 1 and 2 beside traces of 0 and 1: a phantom rank, another's export step its outlier)
+        hooked = [h._replace(rank=rank_of[_rank_pid(path)[1]]) for path in stepping
                   if (h := readable(manifest, "torch", partial(_hooks, path), None)) is not None]
         steps = concat([tails(marker_steps, hooked), hook_steps(hooked, marked)], STEPS)
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
@@ -305,7 +310,7 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         write_tables(run, in_memory([TraceTables(
             concat([*(p.events for p in parts), syscalls], EVENTS),
             concat([p.flows for p in parts], FLOWS), counted.sort_by("ts"), steps)]))
-        _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")))
+        _graph(run, manifest, sorted(raw.glob("et-rank*-pid*.json")), rank_of)
         _stack_samples(run, rec, rank_of, [p for p in perf_read if p.event == perf.STACKS_EVENT])
         manifest["ranks"] = sorted(set(rank_of.values()))
         manifest.setdefault("extra", {}).setdefault("record", {}).update(
@@ -331,7 +336,8 @@ def _flows(path: Path, manifest: Manifest, at: Placement) -> pa.Table:
         return COUNTERS.empty_table()
 
 
-def _graph(run: Run, manifest: Manifest, paths: Sequence[Path]) -> None:
+def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], rank_of: dict[int, int]
+           ) -> None:
     """The profiled processes' execution traces; one that cannot be read is a warning, not a
     lost Run nor a failed torch collector (its traces and steps stand: torch 2.13 writes a
     record_function name's raw control characters into it, which no JSON allows)."""
@@ -345,7 +351,8 @@ def _graph(run: Run, manifest: Manifest, paths: Sequence[Path]) -> None:
                                          "count": 1})
             return None
 
-    add_execution_traces(run, manifest, [(path, _rank_pid(path)[0]) for path in paths], read)
+    add_execution_traces(run, manifest, [(path, rank_of.get(pid, rank)) for path in paths
+                                         for rank, pid in [_rank_pid(path)]], read)
 
 
 def _perf_samples(rec: Recording) -> list[perf.Sample]:
