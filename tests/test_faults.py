@@ -522,3 +522,54 @@ def test_spawned_ranks_keep_their_traces_rank(tmp_path: Path) -> None:
         assert mine and set(mine) <= set(ends)
     events = run.table("events", ["rank"]).column("rank").to_pylist()
     assert set(events) == {0, 1}
+
+
+SPIN = ("import signal, sys\nopen(sys.argv[1], 'w').write('x')\n"
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(0))\nwhile True: pass\n")
+
+
+class _Spinner(ToolCollector):
+    """A tool that spins from its start, as perf 6.1 -p does once a thread it follows exits:
+    it writes its output, then burns a core until SIGINT."""
+
+    name = "spinner"
+    tool = Path(sys.executable).name
+    output = "spin.out"
+    spins = True
+
+    def argv(self, pid: int) -> list[str]:
+        assert self.exe is not None
+        return [self.exe, "-c", SPIN, str(self.raw / self.output)]
+
+
+def test_a_spinning_tool_is_started_again(tmp_path: Path) -> None:
+    """Watched every second, a tool using half a core or more is stopped and started again,
+    writing a new file each time (perf had burnt a core for the rest of a recording, which the
+    program shared its cores with); one that spins again at once stops for good after
+    MAX_RESTARTS; every file it wrote is its."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    spinner = _Spinner(tmp_path, 99)
+    try:
+        spinner.start(child.pid)
+        start = time.monotonic()
+        while time.monotonic() - start < 2.6:
+            spinner.watch(child.pid, time.monotonic() - start)
+            time.sleep(0.05)
+        spinner.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert len(spinner.restarts) >= 1 and spinner.restarts == sorted(spinner.restarts)
+    assert spinner.outputs[:2] == ["spin.out", "spin-2.out"]
+    assert spinner.files() == [*spinner.outputs, "spinner.log"]
+    assert spinner.status()["status"] == "ok"
+    # a tool that does not spin is left alone
+    quiet = _Spinner(tmp_path / "q", 99)
+    (tmp_path / "q").mkdir()
+    quiet.spins = False
+    quiet.start(os.getpid())
+    quiet.watch(os.getpid(), 0.0)
+    time.sleep(1.1)
+    quiet.watch(os.getpid(), 1.1)
+    quiet.stop()
+    assert quiet.restarts == [] and quiet.outputs == ["spin.out"]

@@ -356,12 +356,16 @@ def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], rank_of: dict[in
 
 
 def _perf_samples(rec: Recording) -> list[perf.Sample]:
-    """perf's samples, every event's (none without perf.data, or when it cannot be read)."""
-    data = rec.raw / "perf.data"
+    """perf's samples, every event's, of each file it wrote (perf.data, and perf-N.data where
+    the recorder started it again: ToolCollector.watch); none without them, or where one
+    cannot be read."""
     exe = rec.perf_exe
-    if exe and data.is_file() and data.stat().st_size:
-        return readable(rec.manifest, "perf", partial(perf.read_perf_data, exe, data), [])
-    return []
+    files = sorted((p for p in rec.raw.glob("perf*.data") if p.is_file() and p.stat().st_size),
+                   key=lambda p: int(p.stem.partition("-")[2] or 1))
+    none: list[perf.Sample] = []
+    return [s for data in files if exe
+            for s in readable(rec.manifest, "perf", partial(perf.read_perf_data, exe, data),
+                              none)]
 
 
 def _stack_samples(run: Run, rec: Recording, rank_of: dict[int, int],

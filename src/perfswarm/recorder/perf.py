@@ -66,6 +66,7 @@ class PerfCollector(ToolCollector):
     name = "perf"
     tool = "perf"
     output = "perf.data"
+    spins = True  # perf 6.1 -p, once a thread it follows exits (ToolCollector.watch)
 
     def __init__(self, raw: Path, hz: int, events: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__(raw, hz)

@@ -226,6 +226,9 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
         t0 = time.monotonic()
         killed_at: float | None = None
         while child.poll() is None:
+            for c in collectors:
+                if isinstance(c, ToolCollector):
+                    c.watch(child.pid, time.monotonic() - t0)
             if on_status is not None or how.stop is not None:
                 status = _status(collectors, time.monotonic() - t0, raw)
                 if on_status is not None:
@@ -305,6 +308,12 @@ def finish(collectors: Sequence[Collector], raw: Path, manifest: Manifest,
             f"the program started its own torch profiler at step {aside}: the window closed "
             "there, before the steps it was to record (its last marker cut)")})
     perf_c = next((c for c in collectors if isinstance(c, PerfCollector)), None)
+    if perf_c is not None and perf_c.restarts:
+        manifest["warnings"].append({"source": "perf", "count": len(perf_c.restarts), "what": (
+            "perf spun at a core once a thread it followed exited (perf 6.1 attached with -p "
+            "polls the thread's hung-up buffer): stopped and started again at "
+            + ", ".join(f"{t:.1f}" for t in perf_c.restarts) + " s, its samples in "
+            + ", ".join(perf_c.outputs) + "; up to a second of them lost each time")})
     refused = perf_c.refused if perf_c is not None else {}
     for event, why in refused.items():
         manifest["warnings"].append({"source": "perf", "count": 1,
