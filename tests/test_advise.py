@@ -1264,14 +1264,17 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     on_ops = [t % 10_000_000 >= 8_000_000 for t in perf.column("ts").to_pylist()]
     run.write_table("samples", perf.filter(pa.array(on_ops)))
 
-    def counters(iowait: float, delay: float, reads: int = 1 << 20) -> Run:
+    def counters(iowait: float, delay: float, reads: int = 1 << 20,
+                 main: float | None = None) -> Run:
         """The sampler's readings each ms: the host's cores on I/O (`iowait`), the run's
-        threads on a runqueue (`delay`), and `reads` bytes a ms the run read from storage."""
+        threads on a runqueue (`delay`; `main`, its loop process's first thread's, where
+        read), and `reads` bytes a ms the run read from storage."""
         rows: dict[str, list[Any]] = {"rank": [], "ts": [], "device": [], "name": [],
                                       "value": []}
+        own = [] if main is None else [("proc.1.main_run_delay_cores", main)]
         for t in range(1, 30):
             for name, value in (("proc.cpu_cores", 0.2), ("proc.run_delay_cores", delay),
-                                ("proc.read_bytes", float(reads * t)),
+                                ("proc.read_bytes", float(reads * t)), *own,
                                 *((f"cpu.core{c}.{k}", v) for c in (0, 1) for k, v in
                                   (("usr", 0.1), ("sys", 0.05), ("iowait", iowait / 2)))):
                 for key, v in zip(rows, (-1, t * 1_000_000, -1, name, value), strict=True):
@@ -1300,6 +1303,12 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     assert queued.gain_ns == 6_000_000
     assert found(host.untraced_wait, counters(0.0, 0.6)) is None
     assert found(host.untraced_wait, counters(0.5, 0.6, reads=0)) is None
+    # where the sampler read the loop thread's own run delay (its process's first thread,
+    # pid 1, tid 1), the tree's other threads' queueing is not its wait: 24 ms waited
+    # (two ranks' OpenMP threads had hidden a 400 ms sleep that way)
+    own = shows(host.untraced_wait, counters(0.0, 0.6, main=0.0))
+    assert (own.evidence["run_delay_ns"], own.evidence["waited_ns"]) == (0, 24_000_000)
+    assert own.evidence["rank"] == 0 and own.title.startswith("the loop waits")
     # 0.75 of a core: 22.5 ms queued, 1.5 left (5%)
     assert found(host.untraced_wait, counters(0.5, 0.75)) is None
 

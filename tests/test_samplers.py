@@ -213,6 +213,9 @@ def test_run_delay_of_a_process_sharing_its_core(tmp_path: Path) -> None:
     delay = float(np.mean([r["proc.run_delay_cores"] for r in readings]))
     cpu = float(np.mean([r["proc.cpu_cores"] for r in readings]))
     assert delay > 0.3 and abs(delay + cpu - 1.0) < 0.15
+    # its one thread is its first: the loop's own run delay is the whole tree's here
+    main = [r[f"proc.{procs[0].pid}.main_run_delay_cores"] for r in readings]
+    assert main == [r["proc.run_delay_cores"] for r in readings]
 
 
 SPAWNER = textwrap.dedent("""

@@ -196,11 +196,11 @@ def parse_pid_stat(text: bytes) -> PidStat:
                    int(fields[21]), int(fields[1]))
 
 
-def _run_delay(tasks: dict[int, list[int]]) -> int:
+def _run_delay(tasks: dict[int, list[int]], main: int) -> tuple[int, int]:
     """The ns the threads waited on a runqueue, runnable but not running, since their last
     reading (schedstat's second field; a thread's first reading counts nothing; threads that
-    exited are closed and dropped)."""
-    waited = 0
+    exited are closed and dropped), and of them the thread `main`'s (the process's first)."""
+    waited = own = 0
     for tid, task in list(tasks.items()):
         try:
             delay = int(os.pread(task[0], 128, 0).split()[1])
@@ -210,8 +210,9 @@ def _run_delay(tasks: dict[int, list[int]]) -> int:
             continue
         if task[1] >= 0:
             waited += max(0, delay - task[1])
+            own += max(0, delay - task[1]) if tid == main else 0
         task[1] = delay
-    return waited
+    return waited, own
 
 
 def tree_pids(root: int, procfs: str = "/proc") -> list[int]:
@@ -372,6 +373,7 @@ class SystemSampler(Sampler):
             for pid, proc in self._procs.items():
                 self._open_tasks(pid, proc)
         busy = rss = waited = 0
+        mains: dict[int, int] = {}  # pid -> its first thread's run delay since last reading
         # A process's ticks are its own CPU and its reaped children's: a child's, counted
         # while it lived, is counted again in its parent's once it is reaped, and one that
         # began and ended between two walks of the tree only there (a short-lived subprocess
@@ -396,7 +398,8 @@ class SystemSampler(Sampler):
                 grew[pid] = max(0, stat.reaped - proc.reaped)
             proc.ticks, proc.reaped, proc.ppid = ticks, stat.reaped, stat.ppid
             rss += stat.pages
-            waited += _run_delay(proc.tasks)
+            tree, mains[pid] = _run_delay(proc.tasks, pid)
+            waited += tree
             if proc.io >= 0:
                 with contextlib.suppress(OSError, ValueError):
                     read = parse_read_bytes(os.pread(proc.io, 1024, 0))
@@ -428,6 +431,10 @@ class SystemSampler(Sampler):
             self._carry = max(0.0, shown - cap)
             out["proc.cpu_cores"] = round(min(shown, cap) / _TICK / (elapsed / 1e9), 6)
             out["proc.run_delay_cores"] = round(waited / elapsed, 6)
+            # each process's first thread's (a Python program's loop runs there): what the
+            # loop itself waited on a runqueue, where the tree's is of every thread
+            out.update({f"proc.{pid}.main_run_delay_cores": round(own / elapsed, 6)
+                        for pid, own in mains.items()})
         return out
 
     def _open_tasks(self, pid: int, proc: _Proc) -> None:

@@ -679,20 +679,19 @@ def untraced_wait(facts: Facts) -> Advice | None:
     """On a CPU run, the loop's thread off the CPU outside every traced span for much of its
     steps (perf saw it nowhere there): it waits for something no op shows, most often its own
     input read in the loop (np.load, open, an image decode's file), else a sleep or a lock.
-    With the host's iowait in the window: the disk."""
+    With the host's iowait in the window and the run reading from storage: the disk. Each
+    rank's loop on its own; the one that waits most is told."""
     found = _untraced(facts)
     if found is None:
         return None
-    traced, busy, untraced = found
-    python = _untraced_on_cpu(facts, traced)
-    if python is None:
+    traced = found[0]
+    waits = [w for rank in facts.ranks if (w := _rank_wait(facts, traced, rank)) is not None]
+    if not waits:
         return None
-    # off the CPU is also runnable on a runqueue (other processes': cpu_contention's): the
-    # tree's run delay over the window, at most, is no wait of the loop's own
-    delay = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
-    queued = round(float(delay.mean()) * facts.wall_ns) if delay.size else 0
+    rank, window, busy, untraced, python, queued = max(
+        waits, key=lambda w: (pct(max(0, w[3] - w[4] - w[5]), w[1]), -w[0]))
     waited = max(0, untraced - python - queued)
-    share = pct(waited, facts.wall_ns)
+    share = pct(waited, window)
     iowait = _window_counters(facts, r"^cpu\.core\d+\.iowait$")
     io = (float(iowait["value"].sum()) / max(1, iowait["ts"].n_unique())
           if iowait.height else 0.0)
@@ -703,39 +702,67 @@ def untraced_wait(facts: Facts) -> Advice | None:
     on_io = io >= _IOWAIT and read >= _OWN_READS
     if share < (_IO_WAIT_SHARE if on_io else _WAIT_SHARE):
         return None
-    evidence = {"untraced_ns": untraced, "untraced_on_cpu_ns": python, "run_delay_ns": queued,
-                "waited_ns": waited, "waited_share_pct": share, "traced_ns": busy,
-                "iowait_cores": round(io, 3), "read_bytes": round(read)}
+    evidence = {"rank": rank, "untraced_ns": untraced, "untraced_on_cpu_ns": python,
+                "run_delay_ns": queued, "waited_ns": waited, "waited_share_pct": share,
+                "traced_ns": busy, "iowait_cores": round(io, 3), "read_bytes": round(read)}
     change = ("where it reads its input in the loop (np.load, open, PIL, torch.load): read the "
               "next batch in a background thread (concurrent.futures, one ahead) or in "
               "DataLoader workers (num_workers >= 1) while this one computes; where a thread of "
               "its own already reads ahead, the reads bound it (more at once, faster storage); "
               "where it sleeps or waits for requests, that is the program's pace; py-spy "
               "--idle shows where it waits")
+    who = f"rank {rank}'s loop" if len(facts.ranks) > 1 else "the loop"
     if not on_io:  # nothing says what it waits for: the program's to say
-        return advice(facts, "untraced_wait", f"the loop waits outside its ops for {share:g}% "
+        return advice(facts, "untraced_wait", f"{who} waits outside its ops for {share:g}% "
                       "of its steps", evidence, None, "no time model: the run read nothing "
                       "from storage while the host waited on I/O, so a sleep, a lock, requests "
-                      "or a thread of its own may be what it waits for", change)
-    return advice(facts, "untraced_wait", f"the loop waits outside its ops for {share:g}% of "
+                      "or a thread of its own may be what it waits for", change, of_ns=window)
+    return advice(facts, "untraced_wait", f"{who} waits outside its ops for {share:g}% of "
                   f"its steps, reading from storage ({read / 2**20:,.1f} MiB; the host's cores "
                   f"on I/O {io:.2f} cores' worth)", evidence,
                   min(waited, busy),
                   "prefetch model from this run's times: a thread (or DataLoader workers) that "
                   "reads the next batch while the step computes hides the wait under the "
-                  "traced work, at most the smaller of the two", change)
+                  "traced work, at most the smaller of the two", change, of_ns=window)
+
+
+def _rank_wait(facts: Facts, traced: pl.DataFrame, rank: int
+               ) -> tuple[int, int, int, int, int, int] | None:
+    """(rank, its measured ns, traced ns, untraced ns, its loop thread's untraced ns on a CPU,
+    ns it sat on a runqueue) of one rank's loop; None without perf samples of it. The runqueue
+    time is its loop thread's own where the sampler read it (the process's first thread,
+    where a Python loop runs), else, at most, its whole tree's: two ranks' OpenMP threads
+    over the cores had queued 1.0 s of threads beside one thread's 0.4 s of sleep, and hidden
+    it."""
+    mine = traced.filter(pl.col("rank") == rank)
+    python = _untraced_on_cpu(facts, mine, rank)
+    if python is None:
+        return None
+    window = facts.window(rank)[2]
+    busy = sum(facts.busy_ns(mine).values())
+    marks = facts.in_window(facts.named(r"^ProfilerStep#", "user_annotation")).filter(
+        pl.col("rank") == rank)
+    pid, tid = int(marks["pid"][0]), int(marks["tid"][0])
+    own = _window_counters(facts, rf"^proc\.{pid}\.main_run_delay_cores$")["value"].to_numpy()
+    tree = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
+    delay = own if own.size and tid == pid else tree
+    queued = round(float(delay.mean()) * window) if delay.size else 0
+    return rank, window, busy, window - busy, python, queued
 
 
 _IOWAIT = 0.1  # cores' worth of the host waiting on I/O: the loop's wait is the disk's
 _OWN_READS = 1 << 20  # bytes the run's processes read from storage in the window: theirs
 
 
-def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame) -> int | None:
-    """The time the loop's thread ran on a CPU in its steps outside every `traced` span:
-    perf's cpu-clock samples of it there (each a sampling period of its CPU time); None
-    without perf samples of it."""
+def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
+                     ) -> int | None:
+    """The time the loop's thread (of `rank`, else of the first rank marking steps) ran on a
+    CPU in its steps outside every `traced` span: perf's cpu-clock samples of it there (each
+    a sampling period of its CPU time); None without perf samples of it."""
     hz = facts.recorded.get("perf_hz")
     marks = facts.in_window(facts.named(r"^ProfilerStep#", "user_annotation"))
+    if rank is not None:
+        marks = marks.filter(pl.col("rank") == rank)
     perf = facts.perf_samples
     if not hz or marks.height == 0 or perf.height == 0:
         return None
