@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 
 from conftest import GLOO_DDP, corpus, gloo_ddp_raw, gloo_wait_ns
@@ -35,6 +36,7 @@ from perfswarm.optimize.project import (
     simulate_step,
 )
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.schema import STEPS
 from perfswarm.trace.store import Run
 
 NVS, IB = interconnect("nvswitch-a100"), interconnect("ib-ndr")
@@ -397,6 +399,15 @@ def test_profile_of_a_cpu_ddp_run(tmp_path: Path) -> None:
     got = sorted((st.rank, st.wall_ns, st.compute_ns) for st in prof.steps)
     assert got == sorted((r, span, compute) for (r, _), (span, compute) in expected.items())
     assert all(compute < span for span, compute in expected.values())
+    # the steps a recorder timed outside its window (no events; an export among them) are no
+    # marked step's compute (they had counted, the export's 183-245 ms too)
+    steps = run.table("steps").to_pylist()
+    end = max(s["end"] for s in steps)
+    steps += [{"rank": r, "step": 100 + i, "start": end + i * 10**9, "end": end + (i + 1) * 10**9,
+               "source": source} for r in (0, 1) for i, source in enumerate(("export", "detected"))]
+    run.write_table("steps", pa.Table.from_pylist(steps, schema=STEPS))
+    again = profile(run, grad_bytes=4 * 17_226)
+    assert sorted((st.rank, st.wall_ns, st.compute_ns) for st in again.steps) == got
 
 
 def test_no_gradients_to_project_for_inference(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from perfswarm.analyze.concurrency import Activity, HostComm, breakdowns
 from perfswarm.analyze.frame import Events, group_rows, lane_key
 from perfswarm.analyze.intervals import I64, union
+from perfswarm.analyze.iterations import profiled
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.analyze.phases import BACKWARD, scopes, step_calls
 from perfswarm.analyze.summary import analysis_made
@@ -162,8 +163,9 @@ def _column(table: pa.Table, name: str) -> I64:
 
 
 def _step_spans(run: Run) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, step) -> (start, end) of the Run's marked steps."""
-    table = run.table("steps", ["rank", "step", "start", "end"])
+    """(rank, step) -> (start, end) of the Run's marked steps (those a trace covers: the steps
+    the recorder timed outside its window, the trace's export among them, had counted too)."""
+    table = profiled(run.table("steps", ["rank", "step", "start", "end", "source"]))
     return {(int(r), int(s)): (int(b), int(e)) for r, s, b, e in zip(
         *(_column(table, c) for c in ("rank", "step", "start", "end")), strict=True)}
 
