@@ -90,10 +90,9 @@ class ToolCollector(Collector):
         before, self._watched = self._watched, (now, ticks)
         if before is None or (ticks - before[1]) / _TICK < SPIN_CORES * (now - before[0]):
             return
-        if len(self.restarts) >= MAX_RESTARTS:  # it spins at once again: stop for good
-            self._end()
-            return
         self._end()
+        if len(self.restarts) >= MAX_RESTARTS:  # it spins again at once: stopped for good
+            return
         self.restarts.append(round(elapsed_s, 3))
         self.output = f"{Path(self.outputs[0]).stem}-{len(self.outputs) + 1}" \
                       f"{Path(self.outputs[0]).suffix}"
