@@ -201,6 +201,39 @@ def test_ops_that_zero_their_output_keep_their_own_kernel() -> None:
     assert [int(ev.ts[r]) for r in found][-3:] == [220, 222, 410]
 
 
+def test_ops_that_copy_their_inputs_keep_their_own_kernel() -> None:
+    """A convolution backward around the contiguous (clone, copy_) of its output gradient is
+    its own two kernels and the copy (it had been the copy alone: 4 of 9 of a ResNet's), a
+    clamp around the to() of its bounds its own kernel, an LSTM layer around its bias sum
+    stays (it has no kernel model, and is said so); a to() around its _to_copy and copy_
+    passes the copy on, as linear around addmm does."""
+    grad, x, w = (8, 16, 32, 32), (8, 16, 32, 32), (16, 16, 3, 3)
+    seq, gates = (5, 4, 8), (64,)
+    rows = [(0, 0, 100, "cpu_op", "aten::convolution_backward", 1, -1, -1, -1),
+            (0, 5, 20, "cpu_op", "aten::contiguous", 1, -1, -1, -1),
+            (0, 6, 18, "cpu_op", "aten::clone", 1, -1, -1, -1),
+            (0, 8, 14, "cpu_op", "aten::copy_", 1, -1, -1, -1),
+            (0, 200, 50, "cpu_op", "aten::clamp", 1, -1, -1, -1),
+            (0, 205, 5, "cpu_op", "aten::to", 1, -1, -1, -1),
+            (0, 300, 90, "cpu_op", "aten::mkldnn_rnn_layer", 1, -1, -1, -1),
+            (0, 305, 5, "cpu_op", "aten::add", 1, -1, -1, -1),
+            (0, 400, 40, "cpu_op", "aten::to", 1, -1, -1, -1),
+            (0, 402, 30, "cpu_op", "aten::_to_copy", 1, -1, -1, -1),
+            (0, 404, 20, "cpu_op", "aten::copy_", 1, -1, -1, -1)]
+    conv = Shapes((grad, x, w), (F,) * 3)
+    lstm = Shapes((seq, (32, 8), (32, 8), gates, gates, (4, 8), (4, 8)), (F,) * 7)
+    shapes = [conv, Shapes((grad,), (F,)), Shapes((grad,), (F,)), Shapes((grad, grad), (F, F)),
+              Shapes((x, (), ()), (F, F, F)), Shapes(((1,),), (F,)), lstm,
+              Shapes((gates, gates), (F, F)), Shapes((x,), (F,)), Shapes((x,), (F,)),
+              Shapes((x, x), (F, F))]
+    ev = events(rows)
+    found = [(ev.name_of(r), int(ev.ts[r]))
+             for r in innermost_ops(ev, lambda r: shapes[r], 0, 1_000)]
+    assert found == [("aten::convolution_backward", 0), ("aten::copy_", 8),
+                     ("aten::clamp", 200), ("aten::to", 205), ("aten::mkldnn_rnn_layer", 300),
+                     ("aten::add", 305), ("aten::copy_", 404)]
+
+
 def test_ops_without_a_gpu_model_are_named() -> None:
     """An int8 dynamic-quantized linear (no cost model, no costed op inside) is what a CPU
     Run's forecast on a GPU leaves out, and says so; a costed op, a view, an autograd node
