@@ -299,6 +299,12 @@ def test_cpu_runs_need_a_profile_for_shape_changes(cpu_run: Run) -> None:
         predict(cpu_run, Change(batch_size=8))
     with pytest.raises(PerfswarmError, match="recorded on the CPU; device forecasts it"):
         predict(cpu_run, Change(batch_size=8, device="H100-SXM"), profile=PROFILE)
+    # a comparison Run or a source device is no part of a CPU Run's forecast (taken and
+    # ignored before)
+    with pytest.raises(PerfswarmError, match=r"\(no batch_size, dim, compare or source_"):
+        predict(cpu_run, Change(device="H100-SXM"), compare=cpu_run)
+    with pytest.raises(PerfswarmError, match="recorded on the CPU; device forecasts it"):
+        predict(cpu_run, Change(device="H100-SXM"), source_device="A100-SXM")
 
 
 def test_a_cpu_run_forecast_on_a_gpu_from_its_op_graph(cpu_run: Run) -> None:

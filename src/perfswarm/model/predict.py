@@ -821,10 +821,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     unmodelled: LearnedScaler | None = None
     if m.platform == "cpu":
         if change.device is not None:
-            if batch is not None or change.dims:
+            if batch is not None or change.dims or compare is not None or source_device:
+                # (a comparison Run and a source device had been taken and ignored)
                 raise ParameterError(None, "recorded on the CPU; {device} forecasts it at its "
-                                     "recorded shapes (no {batch_size} or {dim})",
-                                     subject=run.path)
+                                     "recorded shapes (no {batch_size}, {dim}, {compare} or "
+                                     "{source_device})", subject=run.path)
             return _op_graph_prediction(m, change, model, replayed, measured, notes,
                                         steady, gpu_model)
         needs_model = batch is not None or bool(change.dims)
