@@ -278,3 +278,18 @@ def test_one_d_convolutions_become_kernels() -> None:
     assert stem is not None
     forward = op_kernels("aten::mkldnn_convolution", stem)
     assert forward is not None and [(w.m, w.n, w.k) for w in forward] == [(64 * 246, 128, 80)]
+
+
+def test_bf16_runs_at_the_devices_bf16_peak() -> None:
+    """A BF16 GEMM is priced at the device's BF16 peak: on a T4 and a V100, which have no BF16
+    tensor cores, their FP32 rate (devices.yaml: 8.1 and 15.7 TFLOP/s), not FP16's tensor-core
+    65 and 125 (BF16 had read 4x FP32 there); on an A100 its tensor cores' 312."""
+    from perfswarm.model.gpu.work import peak_of
+
+    [bf16] = op_kernels("aten::mm", Shapes(((4096, 4096), (4096, 4096)), ("c10::BFloat16",) * 2))
+    [fp16] = op_kernels("aten::mm", Shapes(((4096, 4096), (4096, 4096)), ("c10::Half",) * 2))
+    for name, bf16_tflops, fp16_tflops in (("T4", 8.1, 65.0), ("V100-SXM2", 15.7, 125.0),
+                                           ("A100-SXM4-40GB", 312.0, 312.0)):
+        hw = Hardware.of_spec(load_spec(name))
+        assert peak_of(hw, bf16.peak) == pytest.approx(bf16_tflops * 1e12)
+        assert peak_of(hw, fp16.peak) == pytest.approx(fp16_tflops * 1e12)

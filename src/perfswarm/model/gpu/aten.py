@@ -58,7 +58,8 @@ def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
     `dims`; None where the shapes do not fit."""
     op = cost.op
     element = 2 if cost.dtype in HALF else 8 if cost.dtype == "fp64" else 4
-    peak: Peak = "half" if cost.dtype in HALF else "tf32" if cost.dtype == "tf32" else "fp32"
+    peak: Peak = ("bf16" if cost.dtype == "bf16" else "half" if cost.dtype in HALF
+                  else "tf32" if cost.dtype == "tf32" else "fp32")
     family = cost.family
     if family == "gemm":
         found = gemm_dims(op, dims)

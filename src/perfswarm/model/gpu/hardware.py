@@ -29,6 +29,9 @@ class Hardware:
     l2_bytes: float
     memory_bytes: float
     near_peak_memory: bool = False  # streams_near_peak: unknown devices count as not
+    # BF16's peak, where it is not FP16's (a T4 and a V100 have no BF16 tensor cores: their
+    # FP32 rate); 0: FP16's
+    tensor_bf16: float = 0.0
 
     @classmethod
     def of_spec(cls, spec: DeviceSpec) -> Hardware:
@@ -37,7 +40,8 @@ class Hardware:
         return cls(spec.name, spec.memory_bandwidth, spec.compute_units, fp32,
                    max(fp32, spec.peak_for("tf32")),
                    max(fp32, spec.peak_for("fp16")), spec.l2_bytes, spec.memory_bytes,
-                   streams_near_peak(spec.architecture, spec.memory))
+                   streams_near_peak(spec.architecture, spec.memory),
+                   max(fp32, spec.peak_for("bf16")))
 
     @classmethod
     def of_config(cls, config: Mapping[str, float | str]) -> Hardware:

@@ -31,7 +31,7 @@ FEATURES: Final = ("log2 FLOPs", "log2 bytes", "log2 intensity / ridge", "log2 r
                    "log2 batch", "log2 m", "log2 n", "log2 k", "log2 waves 128",
                    "wave efficiency 128", "log2 waves 64", "wave efficiency 64",
                    "log2 bytes / L2", "kind", "log2 ridge", "memory near peak")
-Peak = Literal["fp32", "tf32", "half"]
+Peak = Literal["fp32", "tf32", "half", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ class Work:
 
 
 def peak_of(hw: Hardware, peak: Peak) -> float:
-    return {"fp32": hw.fp32, "tf32": hw.tensor_fp32, "half": hw.tensor_half}[peak]
+    return {"fp32": hw.fp32, "tf32": hw.tensor_fp32, "half": hw.tensor_half,
+            "bf16": hw.tensor_bf16 or hw.tensor_half}[peak]
 
 
 def roofline_s(work: Work, hw: Hardware) -> float:
