@@ -293,3 +293,24 @@ def test_bf16_runs_at_the_devices_bf16_peak() -> None:
         hw = Hardware.of_spec(load_spec(name))
         assert peak_of(hw, bf16.peak) == pytest.approx(bf16_tflops * 1e12)
         assert peak_of(hw, fp16.peak) == pytest.approx(fp16_tflops * 1e12)
+
+
+def test_a_gpu_with_more_of_everything_is_no_slower() -> None:
+    """The bundled model's kernel times on a GPU are at most its times on any bundled GPU it
+    has at least as much of every rate and size as (of the same vendor): the H200 (an H100's
+    chip with more bandwidth) had come out slower than the H100 on a ViT's GEMMs, and the H100
+    slower than a T4 and a V100."""
+    from perfswarm.model.gpu.hardware import bundled_hardware
+    from perfswarm.model.gpu.work import gemm_work
+
+    model = bundled()
+    works = [gemm_work("linear", 1, m, 512, 128) for m in (256, 520, 1040, 2080, 4160)]
+    times = {hw.name: model.seconds(works, hw) for hw in bundled_hardware()}
+    by_name = {hw.name: hw for hw in bundled_hardware()}
+    assert by_name["H200"].dominates(by_name["H100-SXM"])
+    assert by_name["H100-SXM"].dominates(by_name["T4"])
+    assert not by_name["T4"].dominates(by_name["H100-SXM"])
+    assert not by_name["MI300X"].dominates(by_name["T4"])  # another vendor's kernels
+    for fast, slow in (("H200", "H100-SXM"), ("H100-SXM", "T4"), ("H100-SXM", "V100"),
+                       ("A100-80GB", "V100")):
+        assert np.all(times[fast] <= times[slow]), (fast, slow)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 
-from perfswarm.model.specs import DeviceSpec
+from perfswarm.model.specs import DeviceSpec, device_specs
 
 
 def streams_near_peak(architecture: str, memory: str) -> bool:
@@ -32,6 +33,18 @@ class Hardware:
     # BF16's peak, where it is not FP16's (a T4 and a V100 have no BF16 tensor cores: their
     # FP32 rate); 0: FP16's
     tensor_bf16: float = 0.0
+    vendor: str = "nvidia"  # whose kernels it runs (cuBLAS's, or ROCm's on CDNA parts)
+
+    def dominates(self, other: Hardware) -> bool:
+        """Whether it has at least as much of every rate and size the model reads as `other`
+        (another of the same vendor's parts): its kernels then run at least as fast."""
+        return (self.name != other.name and self.vendor == other.vendor
+                and all(a >= b for a, b in (
+                    (self.fp32, other.fp32), (self.tensor_fp32, other.tensor_fp32),
+                    (self.tensor_half, other.tensor_half),
+                    (self.tensor_bf16 or self.tensor_half, other.tensor_bf16 or other.tensor_half),
+                    (self.bandwidth, other.bandwidth), (self.sms, other.sms),
+                    (self.l2_bytes, other.l2_bytes))))
 
     @classmethod
     def of_spec(cls, spec: DeviceSpec) -> Hardware:
@@ -41,7 +54,9 @@ class Hardware:
                    max(fp32, spec.peak_for("tf32")),
                    max(fp32, spec.peak_for("fp16")), spec.l2_bytes, spec.memory_bytes,
                    streams_near_peak(spec.architecture, spec.memory),
-                   max(fp32, spec.peak_for("bf16")))
+                   max(fp32, spec.peak_for("bf16")),
+                   "amd" if spec.architecture.upper().startswith(("CDNA", "RDNA", "GCN"))
+                   else "nvidia")
 
     @classmethod
     def of_config(cls, config: Mapping[str, float | str]) -> Hardware:
@@ -52,3 +67,9 @@ class Hardware:
         return cls(str(config["Device"]), float(config["Mem_Bw"]) * 1e9, int(config["Num_Sm"]),
                    fp32, fp32, fp32,
                    float(config["L2Cache"]) * 1e6, float(config["Dev_Mem"]) * 1e9)
+
+
+@cache
+def bundled_hardware() -> tuple[Hardware, ...]:
+    """Every device of the bundled specs (model/devices.yaml) as the model reads it."""
+    return tuple(Hardware.of_spec(spec) for spec in device_specs().values())
