@@ -190,6 +190,13 @@ class Facts:
         return pl.concat(parts) if parts else frame.clear()
 
     @cached_property
+    def loop_threads(self) -> dict[int, tuple[int, int]]:
+        """Rank -> (pid, tid) of its loop: analyze's (frame.Events.loop_thread, the thread of
+        the step markers, else the longest)."""
+        ev = Events.load(self.run)
+        return {r: found for r in self.ranks if (found := ev.loop_thread(r)) is not None}
+
+    @cached_property
     def perf_samples(self) -> pl.DataFrame:
         """perf's cpu-clock samples of the Run (ts, pid, tid): each a sampling period a
         thread ran on a CPU; none without perf."""

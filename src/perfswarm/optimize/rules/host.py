@@ -463,18 +463,15 @@ def _queued(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
 
 
 def _loop_cpu(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64] | None:
-    """Each step's CPU time of the loop's thread (its rank's step markers'), from perf's
+    """Each step's CPU time of its rank's loop thread (Facts.loop_threads), from perf's
     cpu-clock samples of it in the step (each a sampling period); None without them."""
     hz = facts.recorded.get("perf_hz")
-    perf = facts.perf_samples
-    marks = facts.named(r"^ProfilerStep#", "user_annotation").select(
-        "rank", "pid", "tid").unique(subset=["rank"], keep="first")
-    if not hz or perf.height == 0 or marks.height == 0:
+    if not hz or facts.perf_samples.height == 0 or not facts.loop_threads:
         return None
     out = np.zeros(steps.height, np.int64)
     rank = steps["rank"].to_numpy()
     lo, hi = steps["start"].to_numpy(), steps["end"].to_numpy()
-    for r, pid, tid in marks.iter_rows():
+    for r, (pid, tid) in facts.loop_threads.items():
         at = rank == r
         out[at] = _samples_in(_thread_samples(facts, pid, tid), hi=hi[at], lo=lo[at]) * round(
             1e9 / float(hz))
@@ -740,9 +737,7 @@ def _rank_wait(facts: Facts, traced: pl.DataFrame, rank: int
         return None
     window = facts.window(rank)[2]
     busy = sum(facts.busy_ns(mine).values())
-    marks = facts.in_window(facts.named(r"^ProfilerStep#", "user_annotation")).filter(
-        pl.col("rank") == rank)
-    pid, tid = int(marks["pid"][0]), int(marks["tid"][0])
+    pid, tid = facts.loop_threads[rank]
     own = _window_counters(facts, rf"^proc\.{pid}\.main_run_delay_cores$")["value"].to_numpy()
     tree = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
     delay = own if own.size and tid == pid else tree
@@ -756,18 +751,20 @@ _OWN_READS = 1 << 20  # bytes the run's processes read from storage in the windo
 
 def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
                      ) -> int | None:
-    """The time the loop's thread (of `rank`, else of the first rank marking steps) ran on a
-    CPU in its steps outside every `traced` span: perf's cpu-clock samples of it there (each
-    a sampling period of its CPU time); None without perf samples of it."""
+    """The time the loop's thread (Facts.loop_threads; of `rank`, else of the first rank
+    marking steps) ran on a CPU in its steps outside every `traced` span: perf's cpu-clock
+    samples of it there (each a sampling period of its CPU time); None without perf samples
+    of it."""
     hz = facts.recorded.get("perf_hz")
     marks = facts.in_window(facts.named(r"^ProfilerStep#", "user_annotation"))
     if rank is not None:
         marks = marks.filter(pl.col("rank") == rank)
-    perf = facts.perf_samples
-    if not hz or marks.height == 0 or perf.height == 0:
+    if not hz or marks.height == 0 or facts.perf_samples.height == 0:
         return None
-    pid, tid = marks["pid"][0], marks["tid"][0]
-    ts = _thread_samples(facts, pid, tid)
+    found = facts.loop_threads.get(int(marks["rank"][0]))
+    if found is None:
+        return None
+    ts = _thread_samples(facts, *found)
     if not len(ts):
         return None
 

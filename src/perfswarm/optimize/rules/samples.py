@@ -44,7 +44,7 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     if rates is None or not rates["same_batch"] or rates["samples_per_step"] is None:
         return None
     batch, rank = rates["samples_per_step"], int(rates["rank"])
-    loop, steps = ev.loop_thread(rank), len(windows.get(rank, ()))
+    loop, steps = facts.loop_threads.get(rank), len(windows.get(rank, ()))
     if batch < _MIN_SAMPLES or batch != int(batch) or loop is None or steps == 0:
         return None
     ops = facts.in_window(facts.kind("cpu_op")).filter(
