@@ -25,7 +25,6 @@ from typing import Any, NotRequired, TypedDict
 
 import msgspec
 import optuna
-from scipy import stats
 
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.predict import batch_flag, is_batch_flag
@@ -137,6 +136,8 @@ class TuneResult:
         mean + t(0.95, n - 1) sd sqrt(1 + 1/n) (one more run exceeds the fastest of three a
         quarter of the time: the command as given had been called a 1.034x speedup of
         itself); the baseline's own throughput with fewer than two repeats."""
+        from scipy import stats  # 0.4 s to import: only where a bound is computed
+
         rates = [r for r in self.baseline_throughputs if r > 0]
         if len(rates) < 2:
             return self.baseline_rate
