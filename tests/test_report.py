@@ -30,7 +30,7 @@ from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import op_rows, report_data
 from perfswarm.report.overview import CATEGORIES, model_flops
-from perfswarm.report.timeline import run_origin, spans, timeline
+from perfswarm.report.timeline import counter_groups, run_origin, spans, timeline
 from perfswarm.report.views import (
     kernel_streams,
     memory_view,
@@ -758,3 +758,20 @@ def test_timeline_draws_a_clock_apart_from_shares(corpus_runs: dict[str, Run],
     tl = timeline(run, spans(run), 0)
     assert [(g["title"], [c["name"] for c in g["series"]]) for g in tl["counters"]] == [
         ("cpu (%)", ["cpu.core0.steal", "cpu.core0.usr"]), ("cpu (MHz)", ["cpu.core0.mhz"])]
+
+
+def test_a_processs_own_counters_are_not_charted(corpus_runs: dict[str, Run],
+                                                 tmp_path: Path) -> None:
+    """The sampler's per-process counters (proc.PID.main_run_delay_cores, one a process: a
+    loop starting DataLoader workers each epoch has hundreds) are the advice's, not a chart's;
+    the tree's are drawn."""
+    run = Run(shutil.copytree(corpus_runs["nccl"].path, tmp_path / "r.run"))
+    names = ["proc.run_delay_cores", "proc.41.main_run_delay_cores",
+             "proc.42.main_run_delay_cores"]
+    run.write_table("counters", pa.table({
+        "rank": pa.array([-1] * 6, pa.int32()), "ts": pa.array(range(6), pa.int64()),
+        "name": [n for n in names for _ in range(2)], "device": pa.array([-1] * 6, pa.int32()),
+        "value": [0.5] * 6}))
+    groups, _notes, shown, recorded = counter_groups(run, 0)
+    assert [s["name"] for g in groups for s in g["series"]] == ["proc.run_delay_cores"]
+    assert (shown, recorded) == (2, 6)

@@ -12,6 +12,7 @@ spans are kept: a parent is never shorter than its child, so the kept spans stil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -106,10 +107,17 @@ def _unit(name: str) -> str:
     return ""
 
 
+# a process's own counters (proc.PID.main_run_delay_cores): one a process, so a loop whose
+# DataLoader workers start each epoch has hundreds; the advice reads them, the charts draw the
+# tree's (proc.run_delay_cores)
+_PER_PROCESS: Final = re.compile(r"^proc\.\d+\.")
+
+
 def _drawn_counters(table: pa.Table) -> tuple[list[str], int]:
     """Counter names to draw, and how many network flows there were: of the flows only the
-    largest (by final bytes) are kept, as their byte lines."""
-    names = sorted(set(table.column("name").cast(pa.string()).to_pylist()))
+    largest (by final bytes) are kept, as their byte lines; no process's own (_PER_PROCESS)."""
+    names = sorted(n for n in set(table.column("name").cast(pa.string()).to_pylist())
+                   if not _PER_PROCESS.match(n))
     flow_bytes = table.filter(pc.and_(
         pc.starts_with(table.column("name").cast(pa.string()), "net.flow."),
         pc.ends_with(table.column("name").cast(pa.string()), ".bytes")))
