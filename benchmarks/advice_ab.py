@@ -65,6 +65,9 @@ def main() -> int:
     p.add_argument("--only", default="", help="cases, comma-separated (default: all)")
     p.add_argument("--dir", type=Path, default=None, help="where `reads` keeps its data file")
     a = p.parse_args()
+    unknown = set(a.only.split(",")) - set(RULES) if a.only else set()
+    if unknown:
+        p.error(f"--only: unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(RULES)}")
     cases = [c for c in RULES if not a.only or c in a.only.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = a.dir or Path(tmp)

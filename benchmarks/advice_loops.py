@@ -165,6 +165,8 @@ def main() -> None:
     p.add_argument("--file", default="", help="reads: the data file (1 GiB or so)")
     p.add_argument("--port", type=int, default=29611, help="threads: the rendezvous port")
     a = p.parse_args()
+    if a.case == "reads" and not a.file:
+        p.error("reads needs --file")
     run: dict[str, Callable[[], float]] = {
         "augment": lambda: augment(a.steps, a.mended),
         "reads": lambda: reads(a.steps, a.mended, a.file),
