@@ -84,16 +84,21 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
     (launch floor included per kernel) and the family of the largest; None for an op the
     model cannot price."""
     model = model or bundled()
-    hw = Hardware.of_spec(target)
+    found = [op_kernels(name, shapes, tensor) for name, shapes, tensor in ops]
+    priced = [works if works and all(w.family in model.families for w in works) else None
+              for works in found]
+    # every op's kernels at once: the model's trees run once per family and device
+    flat = [w for works in priced if works for w in works]
+    times = model.seconds(flat, Hardware.of_spec(target))
     out: list[tuple[float, str] | None] = []
-    for name, shapes, tensor in ops:
-        works = op_kernels(name, shapes, tensor)
-        if not works or any(w.family not in model.families for w in works):
+    at = 0
+    for works in priced:
+        if works is None:
             out.append(None)
             continue
-        times = model.seconds(works, hw)
-        family = works[int(times.argmax())].family
-        out.append((float(times.sum()) + len(works) * GPU_FLOOR_NS * 1e-9, family))
+        mine, at = times[at:at + len(works)], at + len(works)
+        out.append((float(mine.sum()) + len(works) * GPU_FLOOR_NS * 1e-9,
+                    works[int(mine.argmax())].family))
     return out
 
 
