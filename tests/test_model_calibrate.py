@@ -22,7 +22,7 @@ from perfswarm.model.profile import (
     model_gmae,
     split,
 )
-from perfswarm.recorder.bench.kernels import Case, _runner, _sweep, calibrate
+from perfswarm.recorder.bench.kernels import GEMM_RANGE, Case, _runner, _sweep, calibrate
 
 
 def _mm(m: int, k: int, seconds: float | None = None) -> Point:
@@ -113,10 +113,17 @@ def test_gemm_layout_is_swept_and_learned() -> None:
         return Counter((column_major(dims, strides, 0), column_major(dims, strides, 1))
                        for _, dims, _, strides in chosen)
 
-    assert layouts(cases) == {(False, False): 84, (False, True): 84, (True, False): 84}
-    assert layouts(held) == {(False, False): 21, (False, True): 21, (True, False): 21}
-    a_col = [dims for _, dims, _, strides in cases if column_major(dims, strides, 0)]
-    assert min(dims[0][1] for dims in a_col) == 8  # a weight gradient's k: the batch
+    assert len(cases) == 256 and set(layouts(cases)) == {(False, False), (False, True),
+                                                         (True, False)}
+    assert min(layouts(cases).values()) >= 80 and min(layouts(held).values()) >= 18
+    # every dimension a multiple of 8, most of them no power of two (real layers' widths)
+    sizes = [x for _, dims, _, _ in cases for x in (dims[0][0], dims[0][1], dims[1][1])]
+    assert all(x % 8 == 0 for x in sizes)
+    assert sum(x & (x - 1) != 0 for x in sizes) > 0.8 * len(sizes)
+    # a cut budget's first 32 points still span each dimension's range
+    for axis, (low, high) in enumerate(zip(*GEMM_RANGE, strict=True)):
+        first = [(dims[0][0], dims[0][1], dims[1][1])[axis] for _, dims, _, _ in cases[:32]]
+        assert min(first) < 2 * low and max(first) > high / 2
 
     def point(m: int, k: int, n: int, transposed: bool) -> Point:
         dims, strides = ((m, k), (k, n)), ((k, 1), (1, k)) if transposed else ()
@@ -131,6 +138,24 @@ def test_gemm_layout_is_swept_and_learned() -> None:
     packed, plain = point(16, 512, 256, True), point(16, 512, 256, False)
     assert learned.predict(packed.cost, packed.dims) == pytest.approx(packed.seconds, rel=0.1)
     assert learned.predict(plain.cost, plain.dims) == pytest.approx(plain.seconds, rel=0.1)
+
+
+def test_gemm_partial_vector_is_learned() -> None:
+    """A GEMM whose n leaves its last vector partly filled costs the whole vector: n = 40 as
+    much as n = 48 (LANES 16). Learned from sweep points of other n (multiples of 8), it is
+    priced so at n = 40 and 48, neither of them swept; on log n alone the model slid
+    between 32 and 56 instead."""
+    def point(m: int, k: int, n: int) -> Point:
+        cost = op_cost("aten::mm", [[m, k], [k, n]], ["float"] * 2)
+        assert cost is not None
+        return Point(cost, 1e-6 + 2 * m * k * (-(-n // 16) * 16) * 1e-11, ((m, k), (k, n)))
+
+    points = [point(m, k, n) for m in (64, 256, 1024) for k in (64, 256)
+              for n in (16, 24, 32, 56, 64, 72, 88, 96, 104, 128)]
+    learned = LearnedModel(fit(points), tuple(points))
+    for probe in (point(256, 128, 40), point(256, 128, 48)):
+        assert learned.predict(probe.cost, probe.dims) == pytest.approx(probe.seconds,
+                                                                         rel=0.05)
 
 
 def test_embedding_sweep_spans_cache_and_pooling() -> None:

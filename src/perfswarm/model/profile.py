@@ -44,6 +44,9 @@ CPU_FAMILIES = ("sdpa", "sdpa_backward")
 # they fit (a step's op often reads what the op before it just wrote)
 WARM_FAMILIES = ("elementwise", "reduction", "copy")
 SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
+# FP32 elements of a vector register (AVX-512; a 64-byte cache line): a GEMM's feature of how
+# much of its last vector along n is padding (the sweep teaches how much that costs here)
+LANES = 16
 # A held-out error past this says the sweep measured the machine's other load more than the
 # ops (a busy shared machine at a small budget: 3,832% seen): not a profile to predict with.
 UNUSABLE_GMAE = 0.5
@@ -60,14 +63,23 @@ class Point:
 def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
     """Log dimensions, log FLOPs and log bytes. A GEMM's dimensions are read as (batch, m, k,
     n) and its operand layout, whatever op carried it (mm, addmm, linear, bmm), so the sweep's
-    mm points speak for nn.Linear's addmm."""
+    mm points speak for nn.Linear's addmm; and the share of its last vector of n that is
+    padding (`LANES`): a row-major product is the BLAS's column-major one of the transposes,
+    whose vectorized dimension is n, and a partly filled vector costs a whole one (nn.Linear
+    at m = 512 on an AVX-512 core, k 32 to 320: n = 40 at 67-79 GFLOP/s, n = 48 at 75-91)."""
     canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
     flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed),
-             float(cost.a_transposed)]
+             float(cost.a_transposed), _lane_padding(canonical[3])]
             if canonical is not None else
             [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
     return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
                                                           math.log(cost.bytes)]
+
+
+def _lane_padding(n: int) -> float:
+    """Log of n rounded up to whole vectors (LANES), over n."""
+    n = max(n, 1)
+    return math.log(math.ceil(n / LANES) * LANES / n)
 
 
 @dataclass(frozen=True)

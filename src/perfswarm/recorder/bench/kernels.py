@@ -2,7 +2,7 @@
 or a CUDA device) and fit the profile's models to them (model/profile.py).
 
 The memory-bound families are swept twice: cold (inputs from a rotation of copies past the
-cache) and warm (one set of inputs, reused). Sweeps are deterministic shape grids, ordered so a
+cache) and warm (one set of inputs, reused). Sweeps are deterministic shape designs, ordered so a
 cut budget still spans the sizes; budget left after a pass buys further passes.
 """
 
@@ -36,24 +36,26 @@ _F = ["float", "float"]
 
 
 def _sweep(family: str, scale: int) -> Iterator[Case]:
-    """A deterministic shape grid per family, from tiny to a few MB (times `scale` on GPUs), so a
+    """A deterministic shape design per family, from tiny to a few MB (times `scale` on GPUs), so a
     sweep fits in seconds. Orders vary the sizes early, so a cut budget still spans them."""
     sizes = [16, 32, 48, 64, 96, 128, 192, 256]
-    if family == "gemm":  # skinny (a small batch through a wide layer) to square
-        # m up to 1024: a transformer's GEMMs take batch x sequence rows
-        shapes = [(m, k, n) for k in (64, 1024, 256, 4096)
-                  for m in (8, 64, 1024, 16, 128, 32, 256) for n in (64, 1024, 256)]
-        for i, (m, k, n) in enumerate(shapes):
-            # row-major; B column-major, as nn.Linear passes its weight; A column-major, as a
-            # weight gradient takes the output gradient, whose rows are the batch: the small
-            # dimension is k there. Every fourth point (held out) falls on each layout alike
-            # (four and three share no factor).
-            layouts: list[tuple[list[list[int]], tuple[tuple[int, ...], ...]]] = [
-                ([[m * scale, k], [k, n * scale]], ()),
-                ([[m * scale, k], [k, n * scale]], ((k, 1), (1, k))),
-                ([[k, m * scale], [m * scale, n * scale]], ((1, k), (n * scale, 1)))]
-            for dims, strides in layouts[i % 3:] + layouts[:i % 3]:
-                yield "aten::mm", dims, _F, strides
+    if family == "gemm":
+        # m, k and n log-uniform between GEMM_RANGE's bounds, in multiples of 8 (a layer's
+        # width seldom is a power of two: 40, 120, 768, 3072), and one of three layouts:
+        # row-major; B column-major, as nn.Linear passes its weight; A column-major, as a
+        # weight gradient takes the output gradient. A scrambled Sobol sequence spreads every
+        # prefix of it over the whole range (a cut budget still spans it). A power-of-two
+        # grid had taught the model its own points only: on the GEMMs of six real scripts'
+        # recordings, 7.6% off (GMAE, those over 20 us) where this design is 4.5% off.
+        from scipy.stats import qmc
+
+        low, high = np.log(GEMM_RANGE[0]), np.log(GEMM_RANGE[1])
+        for x in qmc.Sobol(4, seed=0).random_base2(GEMM_POINTS_LOG2):
+            m, k, n = (int(8 * max(1, round(math.exp(v) / 8)))
+                       for v in low + x[:3] * (high - low))
+            layout = int(x[3] * 3)
+            strides = ((), ((k, 1), (1, k)), ((1, m * scale), (n * scale, 1)))[layout]
+            yield "aten::mm", [[m * scale, k], [k, n * scale]], _F, strides
     elif family in ("conv", "conv_backward"):
         for hw in (8, 16, 32, 24):
             for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64), (64, 128)):
@@ -98,6 +100,10 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                 yield op, dims, _F[: len(dims)], ()
 
 
+# the GEMM sweep's (m, k, n) bounds (m up to 2048: a transformer's GEMMs take batch x sequence
+# rows), and its size: 2 ** GEMM_POINTS_LOG2 points, budget allowing
+GEMM_RANGE = ((8, 16, 16), (2048, 4096, 2048))
+GEMM_POINTS_LOG2 = 8
 SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
 CONV_BACKWARD = "aten::convolution_backward"
 PASSES = 3  # over a sweep, budget allowing
