@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--workers", type=int, default=3)
     ns = p.parse_args()
+    # its own session: the workers go with it at the end (they had outlived it, holding the
+    # pipe of whoever read this script's output)
     tree = subprocess.Popen([sys.executable, "-c", TREE, str(ns.threads), str(ns.workers)],
-                            stdout=subprocess.PIPE)
+                            stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert tree.stdout is not None and tree.stdout.readline() == b"ready\n"
         with tempfile.TemporaryDirectory() as tmp:
@@ -62,7 +65,7 @@ def main() -> int:
             threaded.stop()
             share = threaded.cpu_ns / (time.monotonic_ns() - wall0)
     finally:
-        tree.kill()
+        os.killpg(tree.pid, signal.SIGKILL)
         tree.wait()
     print(f"tree: {values.get('proc.count', 0):.0f} processes, {ns.threads} extra threads;"
           f" {os.cpu_count()} cores")

@@ -54,16 +54,15 @@ def test_procfs_parsers_agree_with_psutil(frozen_proc: Path) -> None:
     assert system.parse_meminfo(text["meminfo"]) == (mem.used, mem.available)
     disk = psutil.disk_io_counters()
     assert disk is not None
-    assert system.parse_diskstats(text["diskstats"], system.whole_disks()) == (
-        disk.read_bytes, disk.write_bytes)
+    disks = system.parse_diskstats(text["diskstats"], system.whole_disks())
+    assert (disks.read, disks.written) == (disk.read_bytes, disk.write_bytes)
     net = psutil.net_io_counters()
     assert system.parse_net_dev(text["net/dev"]) == (net.bytes_recv, net.bytes_sent)
     stats = psutil.cpu_stats()
     assert system.parse_stat_totals(text["stat"]) == (
         stats.ctx_switches, stats.interrupts, stats.soft_interrupts)
     per_disk = psutil.disk_io_counters(perdisk=True)
-    for name, (ios, ms, _inflight, _weighted) in system.parse_disk_io(
-            text["diskstats"], system.whole_disks()).items():
+    for name, (ios, ms, _inflight, _weighted) in disks.io.items():
         d = per_disk[name]
         assert (ios, ms) == (d.read_count + d.write_count, d.read_time + d.write_time)
     if not Path("/sys/devices/system/cpu/cpu0/cpufreq").exists():  # psutil reads cpuinfo too
@@ -318,7 +317,7 @@ def test_disk_rates_are_iostats() -> None:
     idle = {"sdz": (140, 1400, 0, 20500)}  # nothing completed: no await
     assert system.disk_rates(idle, idle, 1_000_000) == {"disk.sdz.inflight": 0.0,
                                                          "disk.sdz.queue": 0.0}
-    assert system.parse_disk_io(_diskstats(0, 0, 0, 0), frozenset({b"sdz"})) == {}
+    assert system.parse_diskstats(_diskstats(0, 0, 0, 0), frozenset({b"sdz"})).io == {}
 
 
 def test_system_sampler_without_procfs(tmp_path: Path) -> None:

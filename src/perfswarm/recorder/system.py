@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,21 +52,26 @@ def cpu_lines(text: bytes) -> bytes:
     return text[start:end if end > 0 else len(text)]
 
 
+def _kib_field(text: bytes, key: bytes) -> int | None:
+    """A `Key:   N kB` field of /proc/meminfo in bytes; None where the file has none."""
+    at = text.find(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    return int(text[start:text.index(b"\n", start)].split()[0]) * 1024
+
+
 def parse_meminfo(text: bytes) -> tuple[int, int]:
     """(used, available) bytes from /proc/meminfo, as psutil and `free` compute them:
-    used = MemTotal - MemAvailable."""
-    fields: dict[bytes, int] = {}
-    for line in text.split(b"\n"):
-        key, _, rest = line.partition(b":")
-        if rest:
-            fields[key] = int(rest.split()[0]) * 1024
-            if key == b"MemAvailable":  # third line: no need to parse the rest
-                break
-    total = fields[b"MemTotal"]
-    available = fields.get(b"MemAvailable")
+    used = MemTotal - MemAvailable. Two fields found, not every line parsed (a reading
+    20 times a second)."""
+    total = _kib_field(text, b"MemTotal:")
+    if total is None:
+        raise ValueError("no MemTotal in meminfo")
+    available = _kib_field(text, b"\nMemAvailable:")
     if available is None:  # kernels before 3.14
-        available = (fields[b"MemFree"] + fields.get(b"Buffers", 0) + fields.get(b"Cached", 0)
-                     + fields.get(b"SReclaimable", 0))
+        available = sum(_kib_field(text, key) or 0 for key in (
+            b"\nMemFree:", b"\nBuffers:", b"\nCached:", b"\nSReclaimable:"))
     available = min(max(available, 0), total)
     return total - available, available
 
@@ -75,49 +81,50 @@ def _width(text: bytes) -> int:
     return len(text.split(b"\n", 1)[0].split())
 
 
-def parse_diskstats(text: bytes, disks: frozenset[bytes]) -> tuple[int, int]:
-    """(read, written) bytes summed over whole disks (names in /sys/block, not partitions)."""
-    if not text:
-        return 0, 0
-    tokens = text.split()
-    width = _width(text)
-    names = tokens[2::width]
-    read = sum(int(v) for n, v in zip(names, tokens[5::width], strict=True) if n in disks)
-    written = sum(int(v) for n, v in zip(names, tokens[9::width], strict=True) if n in disks)
-    return read * SECTOR, written * SECTOR
+_TOTALS = re.compile(rb"^(ctxt|intr|softirq) (\d+)", re.MULTILINE)
 
 
 def parse_stat_totals(text: bytes) -> tuple[int, int, int]:
     """(context switches, interrupts, softirqs) since boot, from the `ctxt`, `intr` and
     `softirq` lines of /proc/stat (the first number of `intr` and `softirq` is their total)."""
-    found: dict[bytes, int] = {}
-    for key in (b"\nctxt ", b"\nintr ", b"\nsoftirq "):
-        at = text.find(key)
-        if at >= 0:
-            start = at + len(key)
-            end = start
-            while end < len(text) and text[end] not in b" \n":
-                end += 1
-            found[key] = int(text[start:end])
-    return found.get(b"\nctxt ", 0), found.get(b"\nintr ", 0), found.get(b"\nsoftirq ", 0)
+    found = {key: int(value) for key, value in _TOTALS.findall(text)}
+    return found.get(b"ctxt", 0), found.get(b"intr", 0), found.get(b"softirq", 0)
 
 
 DiskIO = tuple[int, int, int, int]  # I/Os completed, ms spent on them, in flight, weighted ms
 
 
-def parse_disk_io(text: bytes, disks: frozenset[bytes]) -> dict[str, DiskIO]:
-    """Per whole disk that has completed any I/O: reads + writes completed, ms reading +
-    ms writing, I/Os in flight now, and the weighted ms doing I/O (fields 1+5, 4+8, 9 and 11
-    of Documentation/admin-guide/iostats.rst)."""
-    out: dict[str, DiskIO] = {}
-    for line in text.split(b"\n"):
-        f = line.split()
-        if len(f) >= 14 and f[2] in disks:
-            ios = int(f[3]) + int(f[7])
-            if ios:
-                out[f[2].decode(errors="replace")] = (ios, int(f[6]) + int(f[10]), int(f[11]),
-                                                      int(f[13]))
-    return out
+class Disks(NamedTuple):
+    """What a reading takes of /proc/diskstats, over whole disks (names in /sys/block, not
+    partitions)."""
+
+    read: int  # bytes read, summed over the disks
+    written: int  # bytes written
+    io: dict[str, DiskIO]  # per disk that has completed any I/O
+
+
+def parse_diskstats(text: bytes, disks: frozenset[bytes]) -> Disks:
+    """Bytes read and written, and per whole disk that has completed any I/O: reads + writes
+    completed, ms reading + ms writing, I/Os in flight now, and the weighted ms doing I/O
+    (fields 1+5, 4+8, 9 and 11 of Documentation/admin-guide/iostats.rst). One split of the
+    text (every line has as many fields)."""
+    if not text:
+        return Disks(0, 0, {})
+    tokens = text.split()
+    width = _width(text)
+    read = written = 0
+    io: dict[str, DiskIO] = {}
+    for at in range(0, len(tokens) - width + 1, width):
+        if tokens[at + 2] not in disks:
+            continue
+        f = tokens[at:at + width]
+        read += int(f[5])
+        written += int(f[9])
+        ios = int(f[3]) + int(f[7])
+        if ios and width >= 14:
+            io[f[2].decode(errors="replace")] = (ios, int(f[6]) + int(f[10]), int(f[11]),
+                                                 int(f[13]))
+    return Disks(read * SECTOR, written * SECTOR, io)
 
 
 def disk_rates(prev: dict[str, DiskIO], now: dict[str, DiskIO],
@@ -302,7 +309,7 @@ class SystemSampler(Sampler):
         self._stat_size = 256 * (os.cpu_count() or 1) + 4096
         diskstats = self._read("diskstats")
         self._disk0 = parse_diskstats(diskstats, self._disks)
-        self._io = parse_disk_io(diskstats, self._disks)
+        self._io = self._disk0.io
         self._io_at = time.monotonic_ns()
         self._net0 = parse_net_dev(self._read("net/dev"))
         self._stat0 = parse_stat_totals(self._read("stat"))
@@ -327,17 +334,15 @@ class SystemSampler(Sampler):
 
     def read(self) -> dict[str, float]:
         used, available = parse_meminfo(self._read("meminfo"))
-        values = {"mem.used_bytes": float(used)}
-        values["mem.available_bytes"] = float(available)
+        values = {"mem.used_bytes": float(used), "mem.available_bytes": float(available)}
         self._stat = self._read("stat")
         for key, total, first in zip(("sys.ctxt", "sys.intr", "sys.softirq"),
                                      parse_stat_totals(self._stat), self._stat0, strict=True):
             values[key] = float(total - first)
-        diskstats = self._read("diskstats")
-        read, written = parse_diskstats(diskstats, self._disks)
-        values["disk.read_bytes"] = float(read - self._disk0[0])
-        values["disk.write_bytes"] = float(written - self._disk0[1])
-        io, now = parse_disk_io(diskstats, self._disks), time.monotonic_ns()
+        disks, now = parse_diskstats(self._read("diskstats"), self._disks), time.monotonic_ns()
+        values["disk.read_bytes"] = float(disks.read - self._disk0.read)
+        values["disk.write_bytes"] = float(disks.written - self._disk0.written)
+        io = disks.io
         values.update(disk_rates(self._io, io, now - self._io_at))
         self._io, self._io_at = io, now
         if now - self._freq_at >= FREQ_NS:
