@@ -24,7 +24,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.recorder.base import Sampler
 from perfswarm.recorder.clock import monotonic_offset_ns
 from perfswarm.recorder.session import Child, RecordOptions, Status, parse_steps, record
-from perfswarm.recorder.torch_profiler import read_live
+from perfswarm.recorder.torch_profiler import PATIENCE, read_live
 from perfswarm.trace.readers import perf, pyspy
 from perfswarm.trace.readers.sampler import read_jsonl, value_rows
 from perfswarm.trace.schema import FAULTS, OPTIMIZER_CALL
@@ -826,6 +826,50 @@ def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
     assert (first + 3, "export") in steps
     names = set(run.table("events", columns=["name"]).column("name").to_pylist())
     assert ops <= names and not any(n.startswith("Optimizer.") for n in names)
+
+
+UNSTEPPED = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # built before the loop
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with torch.no_grad():  # inference, or an evaluation before training
+        for _ in range(int(sys.argv[1])):
+            model(x)
+    for _ in range(int(sys.argv[2])):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+""")
+
+
+@pytest.mark.parametrize(("forwards", "trained", "driver"), [
+    (PATIENCE + 12, 0, "forward"),  # an inference loop beside an optimizer it never steps
+    (PATIENCE + 12, 8, "optimizer")])  # an evaluation first: its provisional window dropped
+def test_window_beside_an_optimizer_that_does_not_step(
+        tmp_path: Path, forwards: int, trained: int, driver: str) -> None:
+    """An optimizer built drives the window once it steps: a process that builds one and
+    runs PATIENCE forwards (no backward) without stepping it has its window on those forwards
+    (it had recorded nothing), and where it steps it after all, that provisional window, its
+    trace written, is dropped for the optimizer's."""
+    script = tmp_path / "loop.py"
+    script.write_text(UNSTEPPED)
+    result = record([PY, str(script), str(forwards), str(trained)], tmp_path / "u.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    run = result.run
+    assert run.manifest()["collectors"]["torch"]["status"] == "ok"
+    assert run.manifest()["extra"]["record"]["window_on"] == driver
+    steps = run.table("steps").to_pylist()
+    first = 3 if driver == "forward" else 2
+    assert [s["step"] for s in steps if s["source"] == "marker"] == [first, first + 1,
+                                                                       first + 2]
+    # the forward-driven steps counted from the PATIENCE-th forward on; the optimizer's from
+    # its first step: 8 of them, the last closing the export
+    assert len(steps) == (forwards - PATIENCE if driver == "forward" else trained - 1)
+    names = set(run.table("events", columns=["name"]).column("name").to_pylist())
+    assert ("Optimizer.step#SGD.step" in names) == (driver == "optimizer")
 
 
 def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

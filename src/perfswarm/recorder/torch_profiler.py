@@ -13,6 +13,10 @@ import orjson
 from perfswarm.recorder.base import Collector
 
 INJECT = Path(__file__).resolve().parent / "inject"
+# backwards (or forwards, with no backward) an optimizer the program built may wait for its first
+# step before the loop's own steps drive a provisional window (inject/sitecustomize.py): more
+# than gradient accumulation's micro-steps (nanoGPT's GPT-2 config: 40)
+PATIENCE = 64
 _LIVE = re.compile(r"^steps-rank(\d+)-pid(\d+)\.live$")
 
 
@@ -44,6 +48,7 @@ class TorchCollector(Collector):
             "PERFSWARM_STEPS": f"{self.skip}:{self.window}",
             "PERFSWARM_ET": "1" if self.execution_trace else "0",
             "PERFSWARM_HEAP_RESERVE": str(self.reserve_mib),
+            "PERFSWARM_PATIENCE": str(PATIENCE),
             # Kineto keeps CUPTI subscribed after a window unless told to tear it down: on an
             # H200, nanoGPT's steps after the window then ran 1.6x their bare time (CUDA 12.6 on
             # tears down safely; torch itself sets 0 where CUDA graphs need it). The user's own

@@ -5,7 +5,11 @@ hook counts iterations. A loop that builds no torch.optim optimizer (manual SGD,
 inference, a custom update) is counted by what it really does instead: the end
 of each autograd backward, else the start of each forward of a top-level module
 (one called from no other module's forward); the steps file says which
-(`window_on`). After SKIP steps (SKIP 0: when the first
+(`window_on`). An optimizer built drives the window only once it steps: until then the loop's
+backwards and forwards are counted too, and after PERFSWARM_PATIENCE of one kind with no step
+(an inference loop in a process that built an optimizer it never steps) that kind drives a
+provisional window, dropped if the optimizer steps after all (a training loop that evaluated
+first). After SKIP steps (SKIP 0: when the first
 optimizer is built) torch.profiler starts (shapes recorded, one ProfilerStep#N
 marker per iteration, N = the iteration index), an ExecutionTraceObserver
 covers the first profiled step, and after COUNT steps the trace is exported.
@@ -64,8 +68,9 @@ class _Window:
     in_worker = False  # set in DataLoader workers (spawned ones run this file too): no files
 
     def __init__(self, out: str, skip: int, count: int, with_et: bool,
-                 reserve_mib: int = 0) -> None:
+                 reserve_mib: int, patience: int) -> None:
         self.out, self.skip, self.count, self.with_et = out, skip, count, with_et
+        self.patience = patience  # PERFSWARM_PATIENCE (torch_profiler.PATIENCE)
         self.reserve_mib = reserve_mib
         self.pid = os.getpid()
         self.rank = int(os.environ.get("RANK", "0") or 0)
@@ -92,6 +97,11 @@ class _Window:
         self.et: Any = None
         self.live_fd = -1  # opened at the first step: most Python processes never step
         self.driver: str | None = None  # which of DRIVERS counts the steps
+        # an optimizer was built and has not stepped yet: the loop's other events counted
+        self.unstepped = False
+        self.waited: dict[str, int] = {"backward": 0, "forward": 0}
+        # the steps (and any window) are another kind's while that optimizer has not stepped
+        self.provisional = False
         self.opened_at = -1  # steps done when the window opened
         self.forward_hooks: list[Any] = []
         self.fp32: dict[str, str] = {}  # how FP32 GEMMs and convs would run on a CUDA GPU
@@ -174,6 +184,22 @@ class _Window:
         optimizer, once built, always; backward over forward until the window opens)."""
         if os.getpid() != self.pid or self.in_worker:
             return
+        if kind == "optimizer":
+            if self.unstepped:
+                self.unstepped = False
+                self.drop_forward_hooks()
+            if self.provisional:  # it steps after all: the loop's steps were not the training's
+                self.provisional = False
+                self._discard()
+        elif self.driver == "optimizer" and self.unstepped:
+            self.waited[kind] += 1
+            if kind == "backward":  # a forward drives no window of a loop that runs backward
+                self.drop_forward_hooks()
+            if self.waited[kind] < self.patience or (kind == "forward"
+                                                      and self.waited["backward"]):
+                return
+            self.provisional = True  # the optimizer does not drive this loop
+            self.driver = None
         if kind != self.driver:
             if self.driver is not None and (self.opened_at >= 0 or DRIVERS.index(kind)
                                             > DRIVERS.index(self.driver)):
@@ -183,6 +209,26 @@ class _Window:
             if kind != "forward":
                 self.drop_forward_hooks()
         self.on_step()
+
+    def _discard(self) -> None:
+        """Forget a provisional window, open or done, and its steps: its trace and execution
+        trace too, which the optimizer's window writes anew."""
+        if self.et is not None:
+            self._stop_et()
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            prof.stop()
+            with contextlib.suppress(OSError):
+                os.remove(self.flag())
+            del prof
+            _free_profiler()
+        for name in (f"torch-{self.stem}.pt.trace.json", f"et-{self.stem}.json"):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.out, name))
+        self.opened_at, self.cut_at, self.step_done_ns = -1, None, {}
+        self.driver = "optimizer"
+        self._clear_steps()
+        self.drop_forward_hooks()
 
     def ends_step(self, key: int) -> bool:
         """Whether the call of the optimizer `key` ends a training step: every call until an
@@ -544,12 +590,14 @@ def _watch_optimizers(window: _Window, optimizer: type) -> None:
         init(this, *args, **kwargs)
         if os.getpid() == window.pid and not window.in_worker:
             optimizer.__init__ = init  # type: ignore[misc]
-            window.drop_forward_hooks()
             if window.opened_at < 0 and window.driver != "optimizer":
                 window.driver = "optimizer"
+                window.unstepped = True  # the forward hooks stay until it steps
                 window._clear_steps()
                 if window.skip == 0:
                     window.start()
+            else:
+                window.drop_forward_hooks()
 
     optimizer.__init__ = init_then_open  # type: ignore[misc]
 
@@ -664,7 +712,8 @@ def _main() -> None:
     if _DIR:
         skip, _, count = os.environ.get("PERFSWARM_STEPS", "5:10").partition(":")
         window = _Window(_DIR, int(skip), int(count), os.environ.get("PERFSWARM_ET") == "1",
-                         int(os.environ.get("PERFSWARM_HEAP_RESERVE", "0") or 0))
+                         int(os.environ.get("PERFSWARM_HEAP_RESERVE", "0") or 0),
+                         int(os.environ["PERFSWARM_PATIENCE"]))
         os.register_at_fork(after_in_child=window.forked)
         sys.meta_path.insert(0, _AfterImport({
             "torch.optim.optimizer": lambda module: _install(window, module),
