@@ -179,11 +179,12 @@ class _Window:
 
         mp_util.Finalize(None, self.flush, exitpriority=100)
 
-    def on_event(self, kind: str) -> None:
+    def on_event(self, kind: str) -> bool:
         """A step-like event: its kind drives the window unless a better one does (an
-        optimizer, once built, always; backward over forward until the window opens)."""
+        optimizer, once built and stepped, always; backward over forward until the window opens).
+        Whether it counted a step."""
         if os.getpid() != self.pid or self.in_worker:
-            return
+            return False
         if kind == "optimizer":
             if self.unstepped:
                 self.unstepped = False
@@ -197,18 +198,19 @@ class _Window:
                 self.drop_forward_hooks()
             if self.waited[kind] < self.patience or (kind == "forward"
                                                       and self.waited["backward"]):
-                return
+                return False
             self.provisional = True  # the optimizer does not drive this loop
             self.driver = None
         if kind != self.driver:
             if self.driver is not None and (self.opened_at >= 0 or DRIVERS.index(kind)
                                             > DRIVERS.index(self.driver)):
-                return
+                return False
             self.driver = kind  # the steps counted so far were another kind's
             self._clear_steps()
             if kind != "forward":
                 self.drop_forward_hooks()
         self.on_step()
+        return True
 
     def _discard(self) -> None:
         """Forget a provisional window, open or done, and its steps: its trace and execution
@@ -562,13 +564,11 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
                 depth -= 1
             if depth == 0 and os.getpid() == window.pid and not window.in_worker:
                 window.pending_ns += time.time_ns() - max(start, window.backward_ns)
-                if window.ends_step(id(args[0]) if args else 0):
-                    index = len(window.hook_ns)
-                    window.on_event("optimizer")
-                    if window.driver == "optimizer" and len(window.hook_ns) == index + 1:
-                        window.optimizer_ns[index] = window.pending_ns
-                        if window.cycle is None:
-                            window.hook_keys.append(id(args[0]) if args else 0)
+                if (window.ends_step(id(args[0]) if args else 0)
+                        and window.on_event("optimizer") and window.driver == "optimizer"):
+                    window.optimizer_ns[len(window.hook_ns) - 1] = window.pending_ns
+                    if window.cycle is None:
+                        window.hook_keys.append(id(args[0]) if args else 0)
                     window.pending_ns = 0
             return out
 
@@ -596,7 +596,7 @@ def _watch_optimizers(window: _Window, optimizer: type) -> None:
                 window._clear_steps()
                 if window.skip == 0:
                     window.start()
-            else:
+            elif window.driver != "forward":  # (a window open on forwards keeps counting them)
                 window.drop_forward_hooks()
 
     optimizer.__init__ = init_then_open  # type: ignore[misc]
