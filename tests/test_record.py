@@ -833,11 +833,17 @@ UNSTEPPED = textwrap.dedent("""
     from torch import nn
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # built before the loop
+    late = sys.argv[3] == "late"
+    if not late:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # built before the loop
     x, y = torch.randn(32, 8), torch.randn(32, 1)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.repeat(80, 1)),
+                                       batch_size=32, num_workers=int(sys.argv[4]))
     with torch.no_grad():  # inference, or an evaluation before training
-        for _ in range(int(sys.argv[1])):
-            model(x)
+        for i, (batch,) in zip(range(int(sys.argv[1])), data):
+            model(batch)
+    if late:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(int(sys.argv[2])):
         optimizer.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
@@ -845,18 +851,24 @@ UNSTEPPED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("forwards", "trained", "driver"), [
-    (PATIENCE + 12, 0, "forward"),  # an inference loop beside an optimizer it never steps
-    (PATIENCE + 12, 8, "optimizer")])  # an evaluation first: its provisional window dropped
+@pytest.mark.parametrize(("forwards", "trained", "built", "workers", "driver"), [
+    # an inference loop beside an optimizer it never steps
+    (PATIENCE + 12, 0, "first", 0, "forward"),
+    # an evaluation first (its DataLoader's worker traced in the window on its forwards)
+    (PATIENCE + 12, 8, "first", 1, "optimizer"),
+    # an optimizer built after an evaluation the forwards' window had covered
+    (20, 8, "late", 0, "optimizer")])
 def test_window_beside_an_optimizer_that_does_not_step(
-        tmp_path: Path, forwards: int, trained: int, driver: str) -> None:
+        tmp_path: Path, forwards: int, trained: int, built: str, workers: int,
+        driver: str) -> None:
     """An optimizer built drives the window once it steps: a process that builds one and
     runs PATIENCE forwards (no backward) without stepping it has its window on those forwards
-    (it had recorded nothing), and where it steps it after all, that provisional window, its
-    trace written, is dropped for the optimizer's."""
+    (it had recorded nothing), and where an optimizer steps after a window on forwards opened,
+    the optimizer's window replaces it, the traces of its DataLoader's workers too."""
     script = tmp_path / "loop.py"
     script.write_text(UNSTEPPED)
-    result = record([PY, str(script), str(forwards), str(trained)], tmp_path / "u.run",
+    result = record([PY, str(script), str(forwards), str(trained), built, str(workers)],
+                    tmp_path / "u.run",
                     RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
     run = result.run
     assert run.manifest()["collectors"]["torch"]["status"] == "ok"
@@ -870,6 +882,8 @@ def test_window_beside_an_optimizer_that_does_not_step(
     assert len(steps) == (forwards - PATIENCE if driver == "forward" else trained - 1)
     names = set(run.table("events", columns=["name"]).column("name").to_pylist())
     assert ("Optimizer.step#SGD.step" in names) == (driver == "optimizer")
+    # the main process's trace alone: the evaluation's worker traced in a window dropped
+    assert len(list(run.raw_dir.glob("torch-*.pt.trace.json"))) == 1
 
 
 def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

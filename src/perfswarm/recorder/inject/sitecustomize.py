@@ -7,12 +7,13 @@ of each autograd backward, else the start of each forward of a top-level module
 (one called from no other module's forward); the steps file says which
 (`window_on`). An optimizer built drives the window only once it steps: until then the loop's
 backwards and forwards are counted too, and after PERFSWARM_PATIENCE of one kind with no step
-(an inference loop in a process that built an optimizer it never steps) that kind drives a
-provisional window, dropped if the optimizer steps after all (a training loop that evaluated
-first). After SKIP steps (SKIP 0: when the first
-optimizer is built) torch.profiler starts (shapes recorded, one ProfilerStep#N
-marker per iteration, N = the iteration index), an ExecutionTraceObserver
-covers the first profiled step, and after COUNT steps the trace is exported.
+(an inference loop in a process that built an optimizer it never steps) that kind drives. An
+optimizer's step takes over a window of the others', open or done (a training loop that
+evaluated first, an optimizer built late): that window is set aside, and dropped, traces and
+its DataLoader workers' too, when the optimizer's opens (kept if it never does). After SKIP
+steps (SKIP 0: when the first optimizer is built) torch.profiler starts (shapes
+recorded, one ProfilerStep#N marker per iteration, N = the iteration index), an
+ExecutionTraceObserver covers the first profiled step, and after COUNT steps the trace is exported.
 Every hook time is kept, so the steps outside the window are known too
 (with the process's minor page-fault count at each hook: memory touched for
 the first time, which a profiling window makes more of, see model/predict.py):
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -100,8 +102,10 @@ class _Window:
         # an optimizer was built and has not stepped yet: the loop's other events counted
         self.unstepped = False
         self.waited: dict[str, int] = {"backward": 0, "forward": 0}
-        # the steps (and any window) are another kind's while that optimizer has not stepped
-        self.provisional = False
+        # a window a better driver took over from (its steps, its trace written): restored at
+        # exit unless the better driver's window opens, which drops it (_drop_superseded)
+        self.superseded: dict[str, Any] | None = None
+        self.windows = 0  # windows opened: the flag file holds the number (workers' traces)
         self.opened_at = -1  # steps done when the window opened
         self.forward_hooks: list[Any] = []
         self.fp32: dict[str, str] = {}  # how FP32 GEMMs and convs would run on a CUDA GPU
@@ -181,30 +185,32 @@ class _Window:
 
     def on_event(self, kind: str) -> bool:
         """A step-like event: its kind drives the window unless a better one does (an
-        optimizer, once built and stepped, always; backward over forward until the window opens).
+        optimizer, once built and stepped, always; backward over forward until the window opens;
+        an optimizer's step takes over a window of the others', done or open: `_supersede`).
         Whether it counted a step."""
         if os.getpid() != self.pid or self.in_worker:
             return False
-        if kind == "optimizer":
-            if self.unstepped:
-                self.unstepped = False
-                self.drop_forward_hooks()
-            if self.provisional:  # it steps after all: the loop's steps were not the training's
-                self.provisional = False
-                self._discard()
-        elif self.driver == "optimizer" and self.unstepped:
+        if kind == "optimizer" and self.unstepped:
+            self.unstepped = False
+            self.drop_forward_hooks()
+        elif kind != "optimizer" and self.driver == "optimizer" and self.unstepped:
             self.waited[kind] += 1
             if kind == "backward":  # a forward drives no window of a loop that runs backward
                 self.drop_forward_hooks()
             if self.waited[kind] < self.patience or (kind == "forward"
                                                       and self.waited["backward"]):
                 return False
-            self.provisional = True  # the optimizer does not drive this loop
-            self.driver = None
+            self.driver = None  # the optimizer does not drive this loop, until it steps
+            if self.opened_at >= 0:  # opened as it was built (SKIP 0): on these steps instead
+                self._supersede()
+                self._drop_superseded()
         if kind != self.driver:
-            if self.driver is not None and (self.opened_at >= 0 or DRIVERS.index(kind)
-                                            > DRIVERS.index(self.driver)):
+            if self.driver is not None and DRIVERS.index(kind) > DRIVERS.index(self.driver):
                 return False
+            if self.opened_at >= 0:
+                if kind != "optimizer" or self.aside_at is not None:
+                    return False
+                self._supersede()  # a training loop that evaluated first, or inferred
             self.driver = kind  # the steps counted so far were another kind's
             self._clear_steps()
             if kind != "forward":
@@ -212,25 +218,41 @@ class _Window:
         self.on_step()
         return True
 
-    def _discard(self) -> None:
-        """Forget a provisional window, open or done, and its steps: its trace and execution
-        trace too, which the optimizer's window writes anew."""
+    _KEPT = ("hook_ns", "hook_faults", "optimizer_ns", "batches", "inputs", "step_done_ns",
+             "driver", "opened_at", "cut_at")
+
+    def _supersede(self) -> None:
+        """An optimizer steps after a window on the loop's backwards or forwards opened (an
+        evaluation or inference before training, an optimizer built late or stepped late): that
+        window closes now, its trace written, and its steps are set aside for the optimizer's,
+        restored at exit if the optimizer's window never opens."""
         if self.et is not None:
             self._stop_et()
         if self.prof is not None:
-            prof, self.prof = self.prof, None
-            prof.stop()
-            with contextlib.suppress(OSError):
-                os.remove(self.flag())
-            del prof
-            _free_profiler()
-        for name in (f"torch-{self.stem}.pt.trace.json", f"et-{self.stem}.json"):
+            self.cut_at = len(self.hook_ns)
+            self._stop()
+        self.superseded = {name: copy.copy(getattr(self, name)) for name in self._KEPT}
+        self.superseded["window"] = self.windows
+        self.opened_at, self.cut_at, self.step_done_ns = -1, None, {}
+
+    def _drop_superseded(self) -> None:
+        """The better driver's window opens (or the set-aside one had no steps of its own):
+        the set-aside window's traces go, its DataLoader workers' too (_WorkerWindow marks
+        them), and a worker still tracing for it writes none."""
+        if self.superseded is None:
+            return
+        window, self.superseded = self.superseded["window"], None
+        names = [f"torch-{self.stem}.pt.trace.json", f"et-{self.stem}.json"]
+        mark = f".worker-pid{self.pid}-w{window}-"
+        for entry in os.scandir(self.out):
+            if entry.name.startswith(mark):
+                with contextlib.suppress(OSError), open(entry.path) as f:
+                    names.append(f"torch-{f.read().strip()}.pt.trace.json")
+                with contextlib.suppress(OSError):
+                    os.remove(entry.path)
+        for name in names:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.out, name))
-        self.opened_at, self.cut_at, self.step_done_ns = -1, None, {}
-        self.driver = "optimizer"
-        self._clear_steps()
-        self.drop_forward_hooks()
 
     def ends_step(self, key: int) -> bool:
         """Whether the call of the optimizer `key` ends a training step: every call until an
@@ -328,8 +350,10 @@ class _Window:
             self.et = ExecutionTraceObserver()
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
             self.et.start()
-        with open(self.flag(), "w"):  # before the profiler: the first step's marker opens last
-            pass
+        self._drop_superseded()
+        self.windows += 1
+        with open(self.flag(), "w") as f:  # before the profiler: the first step's marker opens last
+            f.write(str(self.windows))
         self.starting = True
         try:
             self.prof.start()
@@ -366,7 +390,14 @@ class _Window:
         """At exit (also after Ctrl-C): close an open window, then write the step times (none
         from a process that never stepped nor opened a window, e.g. torchrun's agent, which
         imports torch.optim)."""
-        if os.getpid() != self.pid or self.in_worker or not (self.hook_ns or self.prof):
+        if os.getpid() != self.pid or self.in_worker:
+            return
+        if self.superseded is not None and self.prof is None and self.opened_at < 0:
+            for name, value in self.superseded.items():  # the optimizer's window never opened
+                if name in self._KEPT:
+                    setattr(self, name, value)
+            self.superseded = None
+        if not (self.hook_ns or self.prof):
             return
         if self.et is not None:
             self._stop_et()
@@ -429,6 +460,7 @@ class _WorkerWindow:
         rank = int(os.environ.get("RANK", "0") or 0)
         self.stem = f"rank{rank}-pid{os.getpid()}"
         self.prof: Any = None  # set while tracing
+        self.mark = ""  # its mark of the parent's window it traced
         self.traced: Any = None  # the stopped profiler, its trace not written yet
         self.done = False
 
@@ -437,9 +469,16 @@ class _WorkerWindow:
         if self.done:
             return False
         if self.prof is None:
-            if os.path.exists(self.flag):
+            with contextlib.suppress(OSError), open(self.flag) as f:
+                window = f.read().strip()
                 from torch.autograd import profiler
 
+                # which of the parent's windows this traces: one a better driver takes over
+                # drops its workers' traces (_Window._drop_superseded)
+                self.mark = os.path.join(self.out, f".worker-pid{os.getppid()}-w{window}-pid"
+                                                   f"{os.getpid()}")
+                with open(self.mark, "w") as m:
+                    m.write(self.stem)
                 prof: Any = profiler.profile(use_cpu=True, record_shapes=True, use_kineto=True)
                 prof.__enter__()
                 self.prof = prof
@@ -461,9 +500,12 @@ class _WorkerWindow:
     def stop(self) -> None:
         """Write the trace, as the worker leaves (it needs no freeing: the process ends)."""
         self.close()
-        if self.traced is not None:
+        if self.traced is not None and os.path.exists(self.mark):  # (else its window was dropped)
             prof, self.traced = self.traced, None
             _export(prof, self.out, self.stem)
+            if not os.path.exists(self.mark):  # dropped meanwhile
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.out, f"torch-{self.stem}.pt.trace.json"))
 
 
 def _stop_on_sigterm(window: _WorkerWindow) -> None:
