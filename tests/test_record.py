@@ -886,6 +886,18 @@ def test_window_beside_an_optimizer_that_does_not_step(
     assert len(list(run.raw_dir.glob("torch-*.pt.trace.json"))) == 1
 
 
+def test_too_few_steps_beside_an_unstepped_optimizer_say_so(tmp_path: Path) -> None:
+    """Fewer forwards than PATIENCE beside an optimizer never stepped: nothing drives a window,
+    and the torch collector says why, with the forwards counted."""
+    script = tmp_path / "loop.py"
+    script.write_text(UNSTEPPED)
+    result = record([PY, str(script), "20", "0", "first", "0"], tmp_path / "u.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    status = result.run.manifest()["collectors"]["torch"]["status"]
+    assert status.startswith("unavailable: an optimizer was built and never stepped; the "
+                             f"loop's 20 forwards were under the {PATIENCE}")
+
+
 def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorded child gets TEARDOWN_CUPTI=1 (Kineto would keep CUPTI subscribed after the
     window), unless the user's environment says otherwise."""

@@ -98,7 +98,12 @@ class TorchCollector(Collector):
 
     def stop(self) -> None:
         aside = self.aside_at()
-        if not any(f.startswith("steps-") for f in self.files()):
+        waited = self._unstepped()
+        if not any(f.startswith("steps-") for f in self.files()) and waited:
+            self.unavailable(f"an optimizer was built and never stepped; the loop's {waited} "
+                             f"were under the {PATIENCE} that take the window without it "
+                             "(build the optimizer where it is used, or run more iterations)")
+        elif not any(f.startswith("steps-") for f in self.files()):
             self.unavailable("no step seen (no torch.optim optimizer step, autograd backward or"
                              " module forward, or the process was killed)")
         elif not any(f.startswith("torch-") for f in self.files()) and aside is not None:
@@ -112,6 +117,16 @@ class TorchCollector(Collector):
             else:
                 self.failed(f"no profiling window completed (fewer than {self.skip} steps, or "
                             "the process died first)")
+
+    def _unstepped(self) -> str:
+        """What a process that built an optimizer and never stepped it ran instead ('20
+        forwards'), from the file its window leaves at exit; '' where none did."""
+        for p in sorted(self.raw.glob(".unstepped-*.json")):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                waited = orjson.loads(p.read_bytes())
+                return " and ".join(f"{n} {kind}s" for kind, n in waited.items()
+                                    if isinstance(n, int) and n > 0)
+        return ""
 
     def _most_steps(self) -> int:
         """The most steps one stepping process timed (its .live file, or its .json)."""

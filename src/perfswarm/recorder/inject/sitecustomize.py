@@ -398,6 +398,9 @@ class _Window:
                     setattr(self, name, value)
             self.superseded = None
         if not (self.hook_ns or self.prof):
+            if self.unstepped and any(self.waited.values()):  # the collector tells why
+                with open(os.path.join(self.out, f".unstepped-{self.stem}.json"), "w") as f:
+                    json.dump(self.waited, f)
             return
         if self.et is not None:
             self._stop_et()
