@@ -471,6 +471,26 @@ def test_fixed_cost_read_off_the_runs_small_ops() -> None:
     assert scaler.scaled(10_000, small, doubled, dims, dims) == 20_000
 
 
+def test_work_the_model_underrates_scales_with_the_work() -> None:
+    """An op the run took far longer than the sweep says (a CPU max pool at 46x its model)
+    keeps the model's fixed time per call and scales the rest as the model's work: at twice
+    the elements, 5 + 195 x 2 us, where the model's ratio of times (its fixed part alike)
+    had made it 200 x 7 / 6. One no slower than the model's fixed part scales by the ratio."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"elementwise": FamilyModel((5e-6, 0.0, 0.0)),
+                                              "reduction": FamilyModel((5e-6, 1e-9, 0.0))}, {}))
+    old = op_cost("aten::max_pool2d_with_indices", [[8, 40, 1, 246]], ["float"])
+    assert old is not None and old.family == "pool"
+    new = scale_batch(old, 2.0)
+    dims = ((8, 40, 1, 246),)
+    before = scaler.model_time(old, dims)
+    after = scaler.model_time(new, dims)
+    assert before is not None and after is not None
+    assert scaler.scaled(200_000, old, new, dims, dims) == round(
+        5_000 + 195_000 * (after - 5e-6) / (before - 5e-6))
+    assert scaler.scaled(4_000, old, new, dims, dims) == round(4_000 * after / before)
+    assert (after - 5e-6) / (before - 5e-6) == pytest.approx(2.0)
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all
