@@ -119,7 +119,7 @@ class ProfileScaler:
         no longer than the model's fixed part, the whole scales by the model's ratio. An op
         far slower in the run than in the sweep (a CPU max pool at 46x its model, memory ops
         of a 1-D conv at 10-20x) is work the model underrates: the measured time over the
-        model's ratio had grown it x1.9-2.9 for four times the batch, where it ran x3.9-4.4."""
+        model's ratio had grown it x1.9-2.9 for four times the batch, where it ran x3.4-4.4."""
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns
