@@ -326,6 +326,7 @@ class _Window:
 
         if self.aside_at is not None:
             return
+        self._drop_superseded()  # first: the execution trace opens its file as it registers
         self.opened_at = len(self.hook_ns)
         # the script's TF32 settings (torch.backends.cuda.matmul.allow_tf32,
         # torch.backends.cudnn.allow_tf32) as it runs: set on a CPU too, where they change
@@ -350,7 +351,6 @@ class _Window:
             self.et = ExecutionTraceObserver()
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
             self.et.start()
-        self._drop_superseded()
         self.windows += 1
         with open(self.flag(), "w") as f:  # before the profiler: the first step's marker opens last
             f.write(str(self.windows))
