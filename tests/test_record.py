@@ -829,7 +829,7 @@ def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
 
 
 UNSTEPPED = textwrap.dedent("""
-    import sys, torch
+    import os, signal, sys, torch
     from torch import nn
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -844,10 +844,12 @@ UNSTEPPED = textwrap.dedent("""
             model(batch)
     if late:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(int(sys.argv[2])):
+    for i in range(int(sys.argv[2])):
         optimizer.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
+        if sys.argv[5:] == ["kill"] and i == 2:  # killed before the optimizer's window opens
+            os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
@@ -884,6 +886,27 @@ def test_window_beside_an_optimizer_that_does_not_step(
     assert ("Optimizer.step#SGD.step" in names) == (driver == "optimizer")
     # the main process's trace alone: the evaluation's worker traced in a window dropped
     assert len(list(run.raw_dir.glob("torch-*.pt.trace.json"))) == 1
+
+
+def test_a_window_set_aside_stands_when_the_process_is_killed_before_the_next(
+        tmp_path: Path) -> None:
+    """An evaluation's window, set aside at the optimizer's first step, then the process killed
+    (SIGKILL: no exit handlers) before the optimizer's window opens: the Run holds that window
+    and its own steps together (its steps file is written as it is set aside; the live file
+    had held the training's three steps beside the evaluation's trace)."""
+    script = tmp_path / "loop.py"
+    script.write_text(UNSTEPPED)
+    result = record([PY, str(script), str(PATIENCE + 12), "8", "first", "0", "kill"],
+                    tmp_path / "k.run",
+                    RecordOptions(collectors=("torch",), skip=5, steps=3, execution_trace=False))
+    run = result.run
+    assert run.manifest()["extra"]["record"]["window_on"] == "forward"
+    steps = run.table("steps").to_pylist()
+    # the forwards' steps from the PATIENCE-th on, the training's first forward counted too
+    assert len(steps) == 13
+    assert [s["step"] for s in steps if s["source"] == "marker"] == [6, 7, 8]
+    names = set(run.table("events", columns=["name"]).column("name").to_pylist())
+    assert "aten::addmm" in names and "Optimizer.step#SGD.step" not in names
 
 
 def test_too_few_steps_beside_an_unstepped_optimizer_say_so(tmp_path: Path) -> None:

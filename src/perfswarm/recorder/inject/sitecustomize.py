@@ -231,6 +231,9 @@ class _Window:
         if self.prof is not None:
             self.cut_at = len(self.hook_ns)
             self._stop()
+        # its steps file now, beside its trace: a process killed before the optimizer's window
+        # opens leaves the two that go together (the live file goes on with the new steps)
+        self._write_steps(self.cut_at)
         self.superseded = {name: copy.copy(getattr(self, name)) for name in self._KEPT}
         self.superseded["window"] = self.windows
         self.opened_at, self.cut_at, self.step_done_ns = -1, None, {}
@@ -242,7 +245,8 @@ class _Window:
         if self.superseded is None:
             return
         window, self.superseded = self.superseded["window"], None
-        names = [f"torch-{self.stem}.pt.trace.json", f"et-{self.stem}.json"]
+        names = [f"torch-{self.stem}.pt.trace.json", f"et-{self.stem}.json",
+                 f"steps-{self.stem}.json"]
         mark = f".worker-pid{self.pid}-w{window}-"
         for entry in os.scandir(self.out):
             if entry.name.startswith(mark):
@@ -408,6 +412,14 @@ class _Window:
         if self.prof is not None:  # the window still open: its last marker is the exit's
             cut = len(self.hook_ns)
             self._stop()
+        self._write_steps(cut)
+        if self.live_fd >= 0:  # the .json holds every hook time now
+            os.close(self.live_fd)
+            os.unlink(self.live)
+
+    def _write_steps(self, cut: int | None) -> None:
+        """The steps file (`steps-….json`, whole: a temporary file renamed), of the steps
+        counted now."""
         path = os.path.join(self.out, f"steps-{self.stem}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
@@ -418,9 +430,6 @@ class _Window:
                        "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "window_on": self.driver, **self.fp32, **self.runtime}, f)
         os.replace(path + ".tmp", path)
-        if self.live_fd >= 0:  # the .json holds every hook time now
-            os.close(self.live_fd)
-            os.unlink(self.live)
 
 
 def _mp_child() -> bool:
