@@ -14,7 +14,7 @@ from perfswarm.recorder.base import Collector
 
 INJECT = Path(__file__).resolve().parent / "inject"
 # backwards (or forwards, with no backward) an optimizer the program built may wait for its first
-# step before the loop's own steps drive a provisional window (inject/sitecustomize.py): more
+# step before the loop's own steps drive the window (inject/sitecustomize.py): more
 # than gradient accumulation's micro-steps (nanoGPT's GPT-2 config: 40)
 PATIENCE = 64
 _LIVE = re.compile(r"^steps-rank(\d+)-pid(\d+)\.live$")
