@@ -909,6 +909,37 @@ def test_a_window_set_aside_stands_when_the_process_is_killed_before_the_next(
     assert "aten::addmm" in names and "Optimizer.step#SGD.step" not in names
 
 
+def test_manual_sgd_after_an_evaluation_takes_the_window(tmp_path: Path) -> None:
+    """No optimizer: 30 evaluation forwards (under no_grad) opened and closed a window on
+    forwards; the manual SGD loop after them takes it over at its first backward (its
+    training had gone unprofiled), and its window is on backwards."""
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        with torch.no_grad():
+            for _ in range(30):
+                model(x)
+        for _ in range(10):
+            model.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+    """))
+    result = record([PY, str(script)], tmp_path / "s.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    run = result.run
+    assert run.manifest()["extra"]["record"]["window_on"] == "backward"
+    steps = run.table("steps").to_pylist()
+    assert [s["step"] for s in steps if s["source"] == "marker"] == [2, 3, 4]
+    assert len(steps) == 9  # ten backwards
+    names = set(run.table("events", columns=["name"]).column("name").to_pylist())
+    assert {"autograd::engine::evaluate_function: AddmmBackward0", "aten::sub_"} <= names
+
+
 def test_too_few_steps_beside_an_unstepped_optimizer_say_so(tmp_path: Path) -> None:
     """Fewer forwards than PATIENCE beside an optimizer never stepped: nothing drives a window,
     and the torch collector says why, with the forwards counted."""

@@ -7,10 +7,11 @@ of each autograd backward, else the start of each forward of a top-level module
 (one called from no other module's forward); the steps file says which
 (`window_on`). An optimizer built drives the window only once it steps: until then the loop's
 backwards and forwards are counted too, and after PERFSWARM_PATIENCE of one kind with no step
-(an inference loop in a process that built an optimizer it never steps) that kind drives. An
-optimizer's step takes over a window of the others', open or done (a training loop that
-evaluated first, an optimizer built late): that window is set aside, and dropped, traces and
-its DataLoader workers' too, when the optimizer's opens (kept if it never does). After SKIP
+(an inference loop in a process that built an optimizer it never steps) that kind drives. A
+better kind takes over a window of a worse one, open or done (a training loop that evaluated
+first, an optimizer built late, manual SGD after an evaluation): that window is set aside, and
+dropped, traces and its DataLoader workers' too, when the better one's opens (kept if it never
+does). After SKIP
 steps (SKIP 0: when the first optimizer is built) torch.profiler starts (shapes
 recorded, one ProfilerStep#N marker per iteration, N = the iteration index), an
 ExecutionTraceObserver covers the first profiled step, and after COUNT steps the trace is exported.
@@ -185,9 +186,8 @@ class _Window:
 
     def on_event(self, kind: str) -> bool:
         """A step-like event: its kind drives the window unless a better one does (an
-        optimizer, once built and stepped, always; backward over forward until the window opens;
-        an optimizer's step takes over a window of the others', done or open: `_supersede`).
-        Whether it counted a step."""
+        optimizer, once built and stepped, always; backward over forward); a better kind takes
+        over a window of a worse one, done or open (`_supersede`). Whether it counted a step."""
         if os.getpid() != self.pid or self.in_worker:
             return False
         if kind == "optimizer" and self.unstepped:
@@ -208,7 +208,7 @@ class _Window:
             if self.driver is not None and DRIVERS.index(kind) > DRIVERS.index(self.driver):
                 return False
             if self.opened_at >= 0:
-                if kind != "optimizer" or self.aside_at is not None:
+                if self.aside_at is not None:
                     return False
                 self._supersede()  # a training loop that evaluated first, or inferred
             self.driver = kind  # the steps counted so far were another kind's
@@ -222,10 +222,12 @@ class _Window:
              "driver", "opened_at", "cut_at")
 
     def _supersede(self) -> None:
-        """An optimizer steps after a window on the loop's backwards or forwards opened (an
-        evaluation or inference before training, an optimizer built late or stepped late): that
-        window closes now, its trace written, and its steps are set aside for the optimizer's,
-        restored at exit if the optimizer's window never opens."""
+        """A better driver's event after a window on a worse one opened (an evaluation or
+        inference before training, an optimizer built late or stepped late, manual SGD after an
+        evaluation): that window closes now, its trace written, and its steps are set aside for
+        the better driver's, restored at exit if that window never opens. One set aside before
+        it (forwards, then backwards, then an optimizer) goes: this one's files replace its."""
+        self._drop_superseded(files=False)
         if self.et is not None:
             self._stop_et()
         if self.prof is not None:
@@ -238,15 +240,16 @@ class _Window:
         self.superseded["window"] = self.windows
         self.opened_at, self.cut_at, self.step_done_ns = -1, None, {}
 
-    def _drop_superseded(self) -> None:
+    def _drop_superseded(self, files: bool = True) -> None:
         """The better driver's window opens (or the set-aside one had no steps of its own):
         the set-aside window's traces go, its DataLoader workers' too (_WorkerWindow marks
-        them), and a worker still tracing for it writes none."""
+        them), and a worker still tracing for it writes none. `files`: this process's own
+        (trace, execution trace, steps) too, unless a newer window's are to replace them."""
         if self.superseded is None:
             return
         window, self.superseded = self.superseded["window"], None
         names = [f"torch-{self.stem}.pt.trace.json", f"et-{self.stem}.json",
-                 f"steps-{self.stem}.json"]
+                 f"steps-{self.stem}.json"] if files else []
         mark = f".worker-pid{self.pid}-w{window}-"
         for entry in os.scandir(self.out):
             if entry.name.startswith(mark):
