@@ -359,8 +359,12 @@ class _Window:
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
             self.et.start()
         self.windows += 1
-        with open(self.flag(), "w") as f:  # before the profiler: the first step's marker opens last
+        # before the profiler: the first step's marker opens last. Whole as it appears (written,
+        # then renamed): a worker reading it empty had marked its trace with no window, which
+        # then outlived its window's drop
+        with open(self.flag() + ".tmp", "w") as f:
             f.write(str(self.windows))
+        os.replace(self.flag() + ".tmp", self.flag())
         self.starting = True
         try:
             self.prof.start()
