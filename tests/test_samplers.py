@@ -473,8 +473,9 @@ READER = textwrap.dedent("""
 
 def test_the_trees_reads_from_storage(tmp_path: Path) -> None:
     """A child reading 16 MiB with O_DIRECT (no page cache between it and the disk) after the
-    sampler's first reading: `proc.read_bytes` rises by its /proc/PID/io read_bytes, exactly
-    (untraced_wait tells the run's own waits on storage from another process's)."""
+    sampler's first reading: `proc.read_bytes` rises by its /proc/PID/io read_bytes: the 16
+    MiB, and no more than a few MiB besides (untraced_wait tells the run's own waits on storage
+    from another process's)."""
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(16 << 20))
     try:
@@ -499,4 +500,6 @@ def test_the_trees_reads_from_storage(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     first, last = (i["values"]["proc.read_bytes"] for i in read_jsonl(sampler.path))
-    assert (first, last) == (0.0, float(16 << 20))
+    # its 16 MiB, and what else it made the storage layer fetch meanwhile: pages of its own
+    # code or libraries read back in on a fault, if a busy machine had evicted them (seen once)
+    assert first == 0.0 and 16 << 20 <= last < 20 << 20
