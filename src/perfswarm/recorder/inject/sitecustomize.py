@@ -11,10 +11,10 @@ backwards and forwards are counted too, and after PERFSWARM_PATIENCE of one kind
 better kind takes over a window of a worse one, open or done (a training loop that evaluated
 first, an optimizer built late, manual SGD after an evaluation): that window is set aside, and
 dropped, traces and its DataLoader workers' too, when the better one's opens (kept if it never
-does). After SKIP
-steps (SKIP 0: when the first optimizer is built) torch.profiler starts (shapes
-recorded, one ProfilerStep#N marker per iteration, N = the iteration index), an
-ExecutionTraceObserver covers the first profiled step, and after COUNT steps the trace is exported.
+does). After SKIP steps (SKIP 0: when the first optimizer is built) torch.profiler starts
+(shapes recorded, one ProfilerStep#N marker per iteration, N = the iteration index), an
+ExecutionTraceObserver covers the first profiled step, and after COUNT steps the trace is
+exported.
 Every hook time is kept, so the steps outside the window are known too
 (with the process's minor page-fault count at each hook: memory touched for
 the first time, which a profiling window makes more of, see model/predict.py):
@@ -233,8 +233,8 @@ class _Window:
         if self.prof is not None:
             self.cut_at = len(self.hook_ns)
             self._stop()
-        # its steps file now, beside its trace: a process killed before the optimizer's window
-        # opens leaves the two that go together (the live file goes on with the new steps)
+        # its steps file now, beside its trace: a process killed before the better driver's
+        # window opens leaves the two that go together (the live file goes on with the new steps)
         self._write_steps(self.cut_at)
         self.superseded = {name: copy.copy(getattr(self, name)) for name in self._KEPT}
         self.superseded["window"] = self.windows
