@@ -72,11 +72,15 @@ def main() -> int:
 
     torch.set_num_threads(1)
     try:
-        models = {path: read_profile(path).models["gemm"] for path in args.profiles}
+        profiles = {path: read_profile(path) for path in args.profiles}
         counts = real_shapes(args.runs)
-    except (PerfswarmError, KeyError) as exc:
+    except PerfswarmError as exc:
         print(f"gemm_shapes: {exc}", file=sys.stderr)
         return 2
+    if missing := [str(path) for path, found in profiles.items() if "gemm" not in found.models]:
+        print(f"gemm_shapes: {', '.join(missing)}: no GEMM model in the profile", file=sys.stderr)
+        return 2
+    models = {path: found.models["gemm"] for path, found in profiles.items()}
     shapes = sorted(counts)
     points = [timed(s) for s in shapes]
     seconds = np.array([t for _, t in points])
