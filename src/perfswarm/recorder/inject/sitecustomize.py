@@ -362,9 +362,7 @@ class _Window:
         # before the profiler: the first step's marker opens last. Whole as it appears (written,
         # then renamed): a worker reading it empty had marked its trace with no window, which
         # then outlived its window's drop
-        with open(self.flag() + ".tmp", "w") as f:
-            f.write(str(self.windows))
-        os.replace(self.flag() + ".tmp", self.flag())
+        _write_whole(self.flag(), str(self.windows))
         self.starting = True
         try:
             self.prof.start()
@@ -410,8 +408,8 @@ class _Window:
             self.superseded = None
         if not (self.hook_ns or self.prof):
             if self.unstepped and any(self.waited.values()):  # the collector tells why
-                with open(os.path.join(self.out, f".unstepped-{self.stem}.json"), "w") as f:
-                    json.dump(self.waited, f)
+                _write_whole(os.path.join(self.out, f".unstepped-{self.stem}.json"),
+                             json.dumps(self.waited))
             return
         if self.et is not None:
             self._stop_et()
@@ -427,22 +425,26 @@ class _Window:
     def _write_steps(self, cut: int | None) -> None:
         """The steps file (`steps-….json`, whole: a temporary file renamed), of the steps
         counted now."""
-        path = os.path.join(self.out, f"steps-{self.stem}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
-                       "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
-                       "optimizer_ns": self.optimizer_ns, "batches": self.batches,
-                       "inputs": self.inputs,
-                       "cut_step": cut, "aside_at": self.aside_at,
-                       "torch": getattr(sys.modules.get("torch"), "__version__", None),
-                       "window_on": self.driver, **self.fp32, **self.runtime}, f)
-        os.replace(path + ".tmp", path)
+        _write_whole(os.path.join(self.out, f"steps-{self.stem}.json"), json.dumps({
+            "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
+            "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
+            "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
+            "cut_step": cut, "aside_at": self.aside_at,
+            "torch": getattr(sys.modules.get("torch"), "__version__", None),
+            "window_on": self.driver, **self.fp32, **self.runtime}))
 
 
 def _mp_child() -> bool:
     """Whether this process is a multiprocessing child (spawned; a forked one is told)."""
     mp = sys.modules.get("multiprocessing")
     return mp is not None and mp.parent_process() is not None
+
+
+def _write_whole(path: str, text: str) -> None:
+    """Write `path` whole: a temporary file renamed, so a reader never sees it half-written."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def _flag(out: str, pid: int) -> str:
