@@ -332,21 +332,39 @@ def test_a_directory_says_which_trace_files_it_left_out(
             f"{others[0]} the first") in out
 
 
-@pytest.mark.parametrize("streaming", ["never", "always"])
-def test_a_profiler_schedules_cycles_are_one_rank(tmp_path: Path, streaming: str) -> None:
-    """tensorboard_trace_handler writes each cycle of a schedule with `repeat` to
-    {worker}.{time}.pt.trace.json, its worker {host}_{pid}: the cycles of one process, with no
-    distributedInfo, are one rank (they had been a rank each: 3 ranks of 3 steps); another
-    worker's file keeps a rank of its own."""
-    def cycle(name: str, pid: int, ts: float) -> Path:
-        path = tmp_path / name
-        path.write_text(json.dumps({"traceEvents": [
-            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": pid, "tid": 1, "ts": ts,
-             "dur": 2.0, "args": {}}]}))
-        return path
+def window(path: Path, pid: int, ts: float, step: int | None = None) -> Path:
+    """A one-op trace of process `pid` at `ts` us, with no distributedInfo, under a
+    ProfilerStep marker `step` if given."""
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": pid, "tid": 1, "ts": ts,
+          "dur": 2.0, "args": {}}
+    marker = {**op, "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": ts - 1,
+              "dur": 4.0}
+    path.write_text(json.dumps({"traceEvents": [op] if step is None else [marker, op]}))
+    return path
 
-    paths = [cycle("vm_42.1796000001.pt.trace.json", 42, 1.0),
-             cycle("vm_42.1796000002.pt.trace.json", 42, 100.0),
-             cycle("vm_43.1796000001.pt.trace.json", 43, 5.0)]
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+@pytest.mark.parametrize("names", [
+    ("vm_42.1796000001.pt.trace.json", "vm_42.1796000002.pt.trace.json",
+     "vm_43.1796000001.pt.trace.json"),
+    ("trace_10.json", "trace_5.json", "other.json")])
+def test_a_processs_windows_are_one_rank(tmp_path: Path, streaming: str,
+                                         names: tuple[str, str, str]) -> None:
+    """Files with no distributedInfo whose host process is one are one rank: the cycles of a
+    profiler schedule with `repeat` (tensorboard_trace_handler's {worker}.{time} files), or a
+    process exporting each window itself, as torch's docs show in `on_trace_ready`
+    (`trace_" + str(p.step_num) + ".json"`: its two windows had been two ranks, the later
+    one rank 0, and advise called the one holding the warm-up step a straggler). Another
+    process's file keeps a rank of its own; ranks are numbered 0, 1, ... and every table's
+    rows carry the manifest's (streaming had kept each file's position)."""
+    paths = [window(tmp_path / names[0], 42, 100.0, 10), window(tmp_path / names[1], 42, 1.0, 5),
+             window(tmp_path / names[2], 43, 5.0, 1)]
     run = import_traces(paths, tmp_path / "s.run", ImportOptions(streaming=streaming), ["t"])
-    assert [s["rank"] for s in run.manifest()["sources"]] == [0, 0, 2]
+    assert [s["rank"] for s in run.manifest()["sources"]] == [0, 0, 1]
+    assert run.manifest()["ranks"] == [0, 1]
+    steps = run.table("steps", ["rank", "step"]).to_pylist()
+    assert sorted((s["rank"], s["step"]) for s in steps) == [(0, 5), (0, 10), (1, 1)]
+    events = run.table("events", ["rank", "pid"]).to_pylist()
+    assert sorted((e["rank"], e["pid"]) for e in events) == [(0, 42)] * 4 + [(1, 43)] * 2
+
+

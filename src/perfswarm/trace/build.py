@@ -11,7 +11,6 @@ DuckDB, in the same order (trace/merge.py, tested against the in-memory path).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,26 +54,6 @@ class ImportOptions:
     streaming: Streaming = "auto"
     force: bool = False
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # not when streaming
-    # the rank of each file that names none (no --rank, no distributedInfo, none in its
-    # name), by position: worker_ranks(paths), set by import_traces
-    positions: tuple[int, ...] = ()
-
-
-# tensorboard_trace_handler's file of one profiling cycle: {worker}.{time}.pt.trace.json[.gz],
-# its worker `{host}_{pid}` unless named: the cycles of one process share it
-_CYCLE = re.compile(r"^(.+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
-
-
-def worker_ranks(paths: Sequence[Path]) -> tuple[int, ...]:
-    """For each file, the rank it takes when nothing else names one: its position, but the
-    first file's of the same TensorBoard worker (a profiler schedule's cycles in one process,
-    `repeat`: one rank, not one each)."""
-    first: dict[tuple[Path, str], int] = {}
-    out = []
-    for i, path in enumerate(paths):
-        cycle = _CYCLE.match(path.name)
-        out.append(first.setdefault((path.parent, cycle[1]), i) if cycle else i)
-    return tuple(out)
 
 
 def step_column(events: pa.Table, steps: pa.Table) -> npt.NDArray[np.int32]:
@@ -220,23 +199,55 @@ def source_warnings(source: str, counts: Counter[str]) -> list[Warning_]:
 
 
 def file_rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
+    """The rank the `i`-th file names (`--rank`, else its distributedInfo or file name), else
+    `i` (see `process_ranks`)."""
     if options.ranks:
-        if meta.rank not in (None, options.ranks[i]):
-            meta.warnings[f"--rank {options.ranks[i]} overrides distributedInfo rank "
-                          f"{meta.rank}"] += 1
         return options.ranks[i]
-    if meta.rank is not None:
-        return meta.rank
-    return options.positions[i] if options.positions else i
+    return meta.rank if meta.rank is not None else i
+
+
+def process_ranks(options: ImportOptions, metas: Sequence[TraceMeta],
+                  extents: Sequence[Extent | None]) -> list[int]:
+    """Each file's rank. One that names its rank (`--rank`, distributedInfo, its file name)
+    keeps it; the others take one rank per host process: a file whose host process is one an
+    earlier file's group holds, at other times than every file of that group, is that
+    process's next window (a profiler schedule's cycles, or a process exporting each window
+    to a file of its own, as torch's docs show in `on_trace_ready`: each had been a rank, and
+    advise had called the one holding the warm-up step a straggler). Files of one process id
+    over the same time stay apart (hosts reuse ids: two containers' ranks may both be pid 1).
+    Numbered by their first file, 0, 1, ... when no file names a rank, else that file's
+    position."""
+    named = [bool(options.ranks) or m.rank is not None for m in metas]
+    for given, meta in zip(options.ranks, metas, strict=False):  # no --rank: none
+        if meta.rank not in (None, given):
+            meta.warnings[f"--rank {given} overrides distributedInfo rank {meta.rank}"] += 1
+    groups: list[tuple[int, list[Extent]]] = []  # (first file, its files' extents)
+    out = []
+    for i, (meta, extent) in enumerate(zip(metas, extents, strict=True)):
+        if named[i]:
+            out.append(file_rank(options, i, meta))
+            continue
+        joined = next((g for g, (_, seen) in enumerate(groups) if extent is not None and any(
+            extent.pids & e.pids for e in seen) and not any(
+            extent.start < e.end and e.start < extent.end for e in seen)), None)
+        if joined is None:
+            joined = len(groups)
+            groups.append((i, []))
+        if extent is not None:
+            groups[joined][1].append(extent)
+        out.append(groups[joined][0] if any(named) else joined)
+    return out
+
+
+def set_rank(table: pa.Table, rank: int) -> pa.Table:
+    """`table` with every row's rank `rank`."""
+    col = pa.array(np.full(table.num_rows, rank, np.int32))
+    return table.set_column(table.schema.get_field_index("rank"), "rank", col)
 
 
 def with_rank(tables: TraceTables, rank: int) -> TraceTables:
-    def set_rank(t: pa.Table) -> pa.Table:
-        col = pa.array(np.full(t.num_rows, rank, np.int32))
-        return t.set_column(t.schema.get_field_index("rank"), "rank", col)
-
-    return TraceTables(set_rank(tables.events), set_rank(tables.flows),
-                       set_rank(tables.counters), set_rank(tables.steps))
+    return TraceTables(set_rank(tables.events, rank), set_rank(tables.flows, rank),
+                       set_rank(tables.counters, rank), set_rank(tables.steps, rank))
 
 
 @dataclass(frozen=True)
@@ -342,8 +353,14 @@ def _two_recordings(a: Path, b: Path, rank: int, why: str) -> PerfswarmError:
 
 
 def ranks_seen(manifest: Manifest) -> None:
+    """The manifest's ranks, and a warning for each that several files claim, unless they are
+    one process's windows (one host process in all of them)."""
     ranks = [int(s["rank"]) for s in manifest["sources"]]
-    dupes = sorted({r for r in ranks if ranks.count(r) > 1})
+    processes: dict[int, set[tuple[int, ...]]] = {}
+    for s in manifest["sources"]:
+        processes.setdefault(int(s["rank"]), set()).add(tuple(s.get("host_pids", ())))
+    dupes = sorted({r for r in ranks if ranks.count(r) > 1
+                    and not (len(processes[r]) == 1 and len(next(iter(processes[r]))) == 1)})
     for r in dupes:
         manifest["warnings"].append(Warning_(source="import", count=ranks.count(r),
                                              what=f"several files claim rank {r}"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +21,15 @@ from perfswarm.trace.build import (
     TableParts,
     add_execution_traces,
     describe,
-    file_rank,
     in_memory,
     one_recording,
+    process_ranks,
     ranks_seen,
     with_rank,
-    worker_ranks,
     write_tables,
 )
 from perfswarm.trace.cluster import connect
-from perfswarm.trace.kineto import ReadOptions, TraceTables, concat, memory_bytes
+from perfswarm.trace.kineto import ReadOptions, TraceMeta, TraceTables, concat, memory_bytes
 from perfswarm.trace.readers import execution_trace, memory_timeline, read_file
 from perfswarm.trace.readers.fields import Placement
 from perfswarm.trace.schema import COUNTERS
@@ -65,14 +63,18 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
     """In memory: read every file, then sort and mark steps with numpy."""
     opts = ReadOptions(drop_bad_events=options.drop_bad_events)
     parts: list[TraceTables] = []
+    read: list[tuple[Path, TraceMeta]] = []
     for i, path in enumerate(paths):
         if progress:
             progress(f"reading {path.name}", i, len(paths))
         meta, tables = read_file(path, i, opts, spill_dir=run.path)
-        rank = file_rank(options, i, meta)
-        parts.append(with_rank(tables, rank))
-        describe(manifest, run.add_raw(path), rank, meta, parts[-1].events.num_rows,
-                 Extent.of(parts[-1].events))
+        parts.append(tables)
+        read.append((run.add_raw(path), meta))
+    extents = [Extent.of(p.events) for p in parts]
+    ranks = process_ranks(options, [meta for _, meta in read], extents)
+    parts = [with_rank(p, rank) for p, rank in zip(parts, ranks, strict=True)]
+    for (raw, meta), rank, p, extent in zip(read, ranks, parts, extents, strict=True):
+        describe(manifest, raw, rank, meta, p.events.num_rows, extent)
     if progress:
         progress("writing tables", len(paths), len(paths))
     return in_memory(parts)
@@ -85,6 +87,7 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
 
     opts = ReadOptions(drop_bad_events=options.drop_bad_events)
     spills = []
+    read: list[tuple[Path, TraceMeta, int, Extent | None]] = []
     for i, path in enumerate(paths):
         if progress:
             progress(f"streaming {path.name}", i, len(paths))
@@ -92,12 +95,15 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
         meta, spill, rows, extent = stream.spill_trace(path, i, opts, _scratch(run) / str(i),
                                                        override)
         spills.append(spill)
-        describe(manifest, run.add_raw(path), file_rank(options, i, meta), meta, rows, extent)
+        read.append((run.add_raw(path), meta, rows, extent))
+    ranks = process_ranks(options, [r[1] for r in read], [r[3] for r in read])
+    for (raw, meta, rows, extent), rank in zip(read, ranks, strict=True):
+        describe(manifest, raw, rank, meta, rows, extent)
     if progress:
         progress("merging (out of core)", len(paths), len(paths))
     # A fixed budget, not a share of RAM: this path exists for inputs that do not fit,
     # and DuckDB spills its sort and joins to disk past it.
-    return merge.merge(run, spills, _scratch(run), "512MB")
+    return merge.merge(run, spills, ranks, _scratch(run), "512MB")
 
 
 def _scratch(run: Run) -> Path:
@@ -143,7 +149,6 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
     paths = trace_files(paths)
     if not paths:
         raise PerfswarmError("no trace files given")
-    options = replace(options, positions=worker_ranks(paths))
     if options.ranks and len(options.ranks) != len(paths):
         raise ParameterError("ranks", f"given {len(options.ranks)} times for {len(paths)} files")
     for r in options.ranks:

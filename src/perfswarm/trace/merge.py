@@ -34,24 +34,28 @@ def _files(paths: list[Path]) -> str:
     return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
-def _union(paths: list[Path]) -> str:
-    """Rows of every file with its position, so ties in (rank, ts) keep file order."""
-    parts = [f"SELECT *, {i} AS _file, file_row_number AS _row FROM "
-             f"read_parquet({_files([p])}, file_row_number = true)" for i, p in enumerate(paths)]
+def _union(paths: list[Path], ranks: list[int]) -> str:
+    """Rows of every file with its position, so ties in (rank, ts) keep file order, and the
+    file's rank."""
+    parts = [f"SELECT * REPLACE (CAST({rank} AS INTEGER) AS rank), {i} AS _file, "
+             f"file_row_number AS _row FROM read_parquet({_files([p])}, file_row_number = true)"
+             for i, (p, rank) in enumerate(zip(paths, ranks, strict=True))]
     return " UNION ALL ".join(parts)
 
 
-def merge(run: Run, spills: list[dict[str, Path]], scratch: Path,
+def merge(run: Run, spills: list[dict[str, Path]], ranks: list[int], scratch: Path,
           memory_limit: str) -> TableParts:
-    """The Run's trace tables from the spills: events sorted, steps assigned (DuckDB's plain
-    strings re-encoded to the Run's schema as build.write_tables writes them)."""
+    """The Run's trace tables from the spills, each file's rows of its rank in `ranks`:
+    events sorted, steps assigned (DuckDB's plain strings re-encoded to the Run's schema as
+    build.write_tables writes them)."""
     try:
-        return _merge(spills, scratch, memory_limit)
+        return _merge(spills, ranks, scratch, memory_limit)
     except duckdb.IOException as exc:
         raise _io_error(run, exc) from None
 
 
-def _merge(spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> TableParts:
+def _merge(spills: list[dict[str, Path]], ranks: list[int], scratch: Path,
+           memory_limit: str) -> TableParts:
     """The DuckDB part: every table sorted into a scratch file."""
     con = duckdb.connect(":memory:")
     try:
@@ -59,8 +63,9 @@ def _merge(spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> T
         con.execute(f"SET temp_directory = '{scratch}'")
         con.execute("SET preserve_insertion_order = true")
         con.execute("SET threads = 2")
-        con.execute(f"CREATE VIEW st AS SELECT * FROM ({_union([s['steps'] for s in spills])})")
-        con.execute(f"CREATE VIEW ev AS SELECT * FROM ({_union([s['events'] for s in spills])})")
+        for view, name in (("st", "steps"), ("ev", "events")):
+            con.execute(f"CREATE VIEW {view} AS SELECT * FROM "
+                        f"({_union([s[name] for s in spills], ranks)})")
         device = ", ".join(f"'{k}'" for k in sorted(DEVICE_KINDS))
         con.execute("""
             CREATE VIEW host AS
@@ -95,7 +100,8 @@ def _merge(spills: list[dict[str, Path]], scratch: Path, memory_limit: str) -> T
             out = scratch / f"{name}-merged.parquet"
             order = "rank, start, _file, _row" if name == "steps" else "_file, _row"
             cols = ", ".join(f'"{c}"' for c in TABLES[name].names)
-            con.execute(f"COPY (SELECT {cols} FROM ({_union([s[name] for s in spills])}) "
+            con.execute(f"COPY (SELECT {cols} FROM "
+                        f"({_union([s[name] for s in spills], ranks)}) "
                         f"ORDER BY {order}) TO '{out}' (FORMAT parquet)")
             small.append(parquet_parts([out]))
     finally:

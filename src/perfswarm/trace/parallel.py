@@ -11,7 +11,7 @@ tested against it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from perfswarm.trace.build import (
     describe,
     file_rank,
     parquet_parts,
+    process_ranks,
+    set_rank,
     sorted_slices,
     with_rank,
 )
@@ -62,7 +64,7 @@ def read_file(path: Path, index: int, options: ImportOptions, scratch: Path) -> 
     meta, tables = readers.read_file(path, index,
                                      ReadOptions(drop_bad_events=options.drop_bad_events),
                                      spill_dir=scratch)
-    rank = file_rank(options, index, meta)
+    rank = file_rank(options, index, meta)  # the driver's process_ranks may move it
     tables = with_rank(tables, rank)
     out = {name: scratch / f"{name}.parquet" for name in ("events", *SMALL_TABLES)}
     for name in SMALL_TABLES:
@@ -71,13 +73,20 @@ def read_file(path: Path, index: int, options: ImportOptions, scratch: Path) -> 
     return FilePart(rank, meta, tables.events.num_rows, Extent.of(tables.events), out)
 
 
-def merge_rank(parts: Sequence[dict[str, Path]], out: Path) -> Path:
+def merge_rank(parts: Sequence[dict[str, Path]], rank: int, out: Path) -> Path:
     """Worker task: the files of one rank together (file order, then time), steps re-marked
-    from all of their markers."""
-    events = concat([pq.read_table(p["events"]) for p in parts], EVENTS)
-    steps = concat([pq.read_table(p["steps"]) for p in parts], STEPS)
+    from all of their markers, every row of `rank`."""
+    events = concat([set_rank(pq.read_table(p["events"]), rank) for p in parts], EVENTS)
+    steps = concat([set_rank(pq.read_table(p["steps"]), rank) for p in parts], STEPS)
     _write_sorted(events, steps, out)
     return out
+
+
+def _ranked(files: Sequence[FilePart], ranks: Sequence[int], name: str) -> Iterator[pa.Table]:
+    """The table `name` of each file, its rows of the file's rank."""
+    for part, rank in zip(files, ranks, strict=True):
+        for table in parquet_parts([part.tables[name]]):
+            yield set_rank(table, rank)
 
 
 def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
@@ -91,17 +100,18 @@ def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, man
 
     files: list[FilePart] = run_all(
         client, read_file, [(p, i, options, scratch / str(i)) for i, p in enumerate(paths)], done)
+    ranks = process_ranks(options, [f.meta for f in files], [f.extent for f in files])
     by_rank: dict[int, list[FilePart]] = {}
-    for path, part in zip(paths, files, strict=True):
-        describe(manifest, run.add_raw(path), part.rank, part.meta, part.events, part.extent)
-        by_rank.setdefault(part.rank, []).append(part)
-    shared = sorted(r for r, group in by_rank.items() if len(group) > 1)
-    merged = dict(zip(shared, run_all(client, merge_rank, [
-        ([p.tables for p in by_rank[r]], scratch / f"rank{r}.parquet") for r in shared]),
+    for path, part, rank in zip(paths, files, ranks, strict=True):
+        describe(manifest, run.add_raw(path), rank, part.meta, part.events, part.extent)
+        by_rank.setdefault(rank, []).append(part)
+    # a rank of several files, or of one its worker gave another rank, is written again
+    moved = sorted(r for r, group in by_rank.items() if len(group) > 1 or group[0].rank != r)
+    merged = dict(zip(moved, run_all(client, merge_rank, [
+        ([p.tables for p in by_rank[r]], r, scratch / f"rank{r}.parquet") for r in moved]),
         strict=True))
     if progress:
         progress("writing tables", total, total)
-    steps, flows, counters = (parquet_parts([p.tables[name] for p in files])
-                              for name in SMALL_TABLES)
+    steps, flows, counters = (_ranked(files, ranks, name) for name in SMALL_TABLES)
     return TableParts(steps, flows, counters, parquet_parts([
         merged.get(r) or by_rank[r][0].tables["events"] for r in sorted(by_rank)]))
