@@ -366,5 +366,13 @@ def test_a_processs_windows_are_one_rank(tmp_path: Path, streaming: str,
     assert sorted((s["rank"], s["step"]) for s in steps) == [(0, 5), (0, 10), (1, 1)]
     events = run.table("events", ["rank", "pid"]).to_pylist()
     assert sorted((e["rank"], e["pid"]) for e in events) == [(0, 42)] * 4 + [(1, 43)] * 2
+    assert run.manifest()["warnings"] == []  # one process's windows claim nothing
+    # the same program run again into the log dir, 9.5 minutes on: another run, not a rank
+    again = window(tmp_path / ("z" + names[0]), 44, 570e6, 2)
+    with pytest.raises(PerfswarmError, match=rf"{names[0]} and .*z{names[0]}: two recordings "
+                                             r"with no rank named \(other processes, 9.5 "
+                                             r"minutes apart\)"):
+        import_traces([*paths, again], tmp_path / "t.run", ImportOptions(streaming=streaming),
+                      ["t"])
 
 

@@ -206,7 +206,7 @@ def file_rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
     return meta.rank if meta.rank is not None else i
 
 
-def process_ranks(options: ImportOptions, metas: Sequence[TraceMeta],
+def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence[TraceMeta],
                   extents: Sequence[Extent | None]) -> list[int]:
     """Each file's rank. One that names its rank (`--rank`, distributedInfo, its file name)
     keeps it; the others take one rank per host process: a file whose host process is one an
@@ -216,7 +216,9 @@ def process_ranks(options: ImportOptions, metas: Sequence[TraceMeta],
     advise had called the one holding the warm-up step a straggler). Files of one process id
     over the same time stay apart (hosts reuse ids: two containers' ranks may both be pid 1).
     Numbered by their first file, 0, 1, ... when no file names a rank, else that file's
-    position."""
+    position. Where no file names a rank, processes that ran at other times than every other
+    are other runs of the program, not ranks of one job (a script run twice into one
+    TensorBoard log dir had been two ranks of a job spanning 9.5 minutes): refused."""
     named = [bool(options.ranks) or m.rank is not None for m in metas]
     for given, meta in zip(options.ranks, metas, strict=False):  # no --rank: none
         if meta.rank not in (None, given):
@@ -236,6 +238,14 @@ def process_ranks(options: ImportOptions, metas: Sequence[TraceMeta],
         if extent is not None:
             groups[joined][1].append(extent)
         out.append(groups[joined][0] if any(named) else joined)
+    spans = [(min(e.start for e in seen), max(e.end for e in seen), first)
+             for first, seen in groups if seen]
+    for start, end, first in spans if len(spans) > 1 and not any(named) else ():
+        others = [(s, e, f) for s, e, f in spans if f != first]
+        if not any(start < e and s < end for s, e, _ in others):
+            gap, nearest = min((max(start, s) - min(end, e), f) for s, e, f in others)
+            raise _two_recordings(paths[min(first, nearest)], paths[max(first, nearest)],
+                                  "with no rank named", _apart(gap))
     return out
 
 
@@ -330,7 +340,7 @@ def one_recording(manifest: Manifest, paths: Sequence[Path]) -> None:
             overlap = a0 < b1 and b0 < a1
             shared = sorted(set(a["host_pids"]) & set(b["host_pids"]))
             if overlap and shared:
-                raise _two_recordings(path_b, path_a, a["rank"],
+                raise _two_recordings(path_b, path_a, f"of rank {a['rank']}",
                                       f"process {shared[0]} over the same time")
             if overlap or shared:
                 group[root(i)] = root(j)
@@ -339,17 +349,20 @@ def one_recording(manifest: Manifest, paths: Sequence[Path]) -> None:
         mine, (theirs, j) = root(i), seen.setdefault(a["rank"], (root(i), i))
         if mine != theirs:
             path_b, b = sources[j]
-            gap = (max(a["span_ns"][0], b["span_ns"][0])
-                   - min(a["span_ns"][1], b["span_ns"][1])) / 1e9
-            unit, name = next(((u, n) for u, n in ((86400, "days"), (3600, "hours"),
-                                                   (60, "minutes")) if gap >= u), (1, "s"))
-            raise _two_recordings(path_b, path_a, a["rank"],
-                                  f"other processes, {gap / unit:,.1f} {name} apart")
+            raise _two_recordings(path_b, path_a, f"of rank {a['rank']}", _apart(
+                max(a["span_ns"][0], b["span_ns"][0]) - min(a["span_ns"][1], b["span_ns"][1])))
 
 
-def _two_recordings(a: Path, b: Path, rank: int, why: str) -> PerfswarmError:
-    return PerfswarmError(f"{a} and {b}: two recordings of rank {rank} ({why}); a Run holds "
-                          "one: import each alone (`perfswarm diff A.run B.run` compares them)")
+def _apart(gap_ns: int) -> str:
+    gap = gap_ns / 1e9
+    unit, name = next(((u, n) for u, n in ((86400, "days"), (3600, "hours"), (60, "minutes"))
+                       if gap >= u), (1, "s"))
+    return f"other processes, {gap / unit:,.1f} {name} apart"
+
+
+def _two_recordings(a: Path, b: Path, of: str, why: str) -> PerfswarmError:
+    return PerfswarmError(f"{a} and {b}: two recordings {of} ({why}); a Run holds one: "
+                          "import each alone (`perfswarm diff A.run B.run` compares them)")
 
 
 def ranks_seen(manifest: Manifest) -> None:

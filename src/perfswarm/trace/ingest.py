@@ -71,7 +71,7 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
         parts.append(tables)
         read.append((run.add_raw(path), meta))
     extents = [Extent.of(p.events) for p in parts]
-    ranks = process_ranks(options, [meta for _, meta in read], extents)
+    ranks = process_ranks(options, paths, [meta for _, meta in read], extents)
     parts = [with_rank(p, rank) for p, rank in zip(parts, ranks, strict=True)]
     for (raw, meta), rank, p, extent in zip(read, ranks, parts, extents, strict=True):
         describe(manifest, raw, rank, meta, p.events.num_rows, extent)
@@ -96,7 +96,7 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
                                                        override)
         spills.append(spill)
         read.append((run.add_raw(path), meta, rows, extent))
-    ranks = process_ranks(options, [r[1] for r in read], [r[3] for r in read])
+    ranks = process_ranks(options, paths, [r[1] for r in read], [r[3] for r in read])
     for (raw, meta, rows, extent), rank in zip(read, ranks, strict=True):
         describe(manifest, raw, rank, meta, rows, extent)
     if progress:

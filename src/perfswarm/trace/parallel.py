@@ -100,7 +100,8 @@ def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, man
 
     files: list[FilePart] = run_all(
         client, read_file, [(p, i, options, scratch / str(i)) for i, p in enumerate(paths)], done)
-    ranks = process_ranks(options, [f.meta for f in files], [f.extent for f in files])
+    ranks = process_ranks(options, paths, [f.meta for f in files],
+                          [f.extent for f in files])
     by_rank: dict[int, list[FilePart]] = {}
     for path, part, rank in zip(paths, files, ranks, strict=True):
         describe(manifest, run.add_raw(path), rank, part.meta, part.events, part.extent)
