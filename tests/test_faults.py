@@ -433,7 +433,7 @@ def test_full_disk_out_of_core_merge(tmp_path: Path, big_trace: tuple[Path, floa
         out = disk / "m.run"
         with pytest.raises(PerfswarmError) as err, creating(out) as run:
             (run.path / ".scratch").mkdir()
-            write_tables(run, merge.merge(run, [spill], [0], run.path / ".scratch", "512MB"))
+            write_tables(run, merge.merge(run, [spill], [0], [0], run.path / ".scratch", "512MB"))
         assert str(err.value) == f"{out}: cannot write (No space left on device)"
         assert list(disk.iterdir()) == []
 

@@ -317,6 +317,29 @@ def test_two_recordings_of_a_rank_are_refused(tmp_path: Path, streaming: str,
                       ImportOptions(streaming=streaming), ["t"])
 
 
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_two_profilers_of_a_process_keep_their_steps_apart(tmp_path: Path, streaming: str
+                                                          ) -> None:
+    """Each profiler counts ProfilerStep#N from 0: a training window then an evaluation one of
+    one process, into one log dir, both hold steps 2-4. The later file's steps continue after
+    the earlier's (each step had merged a training step and an evaluation step 30 ms on: 6
+    steps read as 3, predict 75% off)."""
+    train = [window(tmp_path / f"vm_7.{100 + n}.pt.trace.json", 7, 10.0 * n, n)
+             for n in (2, 3, 4)]
+    evaluation = [window(tmp_path / f"vm_7.{200 + n}.pt.trace.json", 7, 1000.0 + 10 * n, n)
+                  for n in (2, 3, 4)]
+    run = import_traces([*evaluation, *train], tmp_path / "r.run",
+                        ImportOptions(streaming=streaming), ["t"])
+    steps = run.table("steps", ["step", "start"]).to_pylist()
+    assert sorted((s["start"], s["step"]) for s in steps) == [
+        (ts * 1000 - 1000, n) for ts, n in ((20.0, 2), (30.0, 3), (40.0, 4), (1020.0, 5),
+                                             (1030.0, 6), (1040.0, 7))]
+    events = run.table("events", ["step", "ts"]).to_pylist()
+    assert sorted((e["ts"], e["step"]) for e in events if e["ts"] % 10_000 == 0) == [
+        (ts * 1000, n) for ts, n in ((20.0, 2), (30.0, 3), (40.0, 4), (1020.0, 5), (1030.0, 6),
+                                     (1040.0, 7))]
+
+
 def test_a_directory_says_which_trace_files_it_left_out(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """HTA's corpus holds one *.pt.trace.json.gz among 14 *.json[.gz]: the log-dir rule takes

@@ -224,3 +224,19 @@ def test_path_across_segments_stops_at_the_first_repeat() -> None:
     segments = path_of(order[0], walk_from)
     assert [s.visited for s in segments] == [order[:2], order[2:4]]
     assert segments[-1].next == order[4]  # seen before: the path ends here
+
+
+def test_one_processs_windows_on_the_workers(tmp_path: Path, scheduler: str) -> None:
+    """Files that name no rank are one rank per process, their colliding step numbers moved
+    apart, on Dask as in memory (the workers had kept each file's position as its rank)."""
+    from test_ingest import window
+
+    files = [window(tmp_path / "a.json", 7, 20.0, 2), window(tmp_path / "b.json", 7, 1020.0, 2),
+             window(tmp_path / "c.json", 8, 25.0, 1)]
+    runs = [import_traces(files, tmp_path / f"{name}.run", ImportOptions(cluster=cluster), ["t"])
+            for name, cluster in (("single", ClusterOptions(workers=0)),
+                                  ("parallel", ClusterOptions(scheduler=scheduler)))]
+    assert _tables(runs[0]) == _tables(runs[1])
+    assert _manifest(runs[0]) == _manifest(runs[1])
+    steps = runs[1].table("steps", ["rank", "step"]).to_pylist()
+    assert sorted((s["rank"], s["step"]) for s in steps) == [(0, 2), (0, 3), (1, 1)]

@@ -249,15 +249,43 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
     return out
 
 
+def step_offsets(ranks: Sequence[int], extents: Sequence[Extent | None],
+                 steps: Sequence[npt.NDArray[np.int32]]) -> list[int]:
+    """What to add to each file's step numbers: a rank's files in time order, a file whose
+    numbers meet an earlier file's continues after them. Each profiler counts its
+    ProfilerStep#N from 0, so two profilers of one process (a training window, then an
+    evaluation one, into one log dir) both held steps 2-4: each step had merged a training
+    step and an evaluation step 30 ms later."""
+    seen: dict[int, set[int]] = {}
+    out = [0] * len(ranks)
+    order = sorted(range(len(ranks)), key=lambda i: (e.start if (e := extents[i]) else 0, i))
+    for i in order:
+        mine, before = set(steps[i].tolist()), seen.setdefault(ranks[i], set())
+        if mine & before:
+            out[i] = max(before) + 1 - min(mine)
+        before.update(n + out[i] for n in mine)
+    return out
+
+
+def shift_steps(table: pa.Table, offset: int) -> pa.Table:
+    """A steps table with `offset` added to its step numbers."""
+    if not offset:
+        return table
+    col = pa.array(table.column("step").to_numpy() + offset, pa.int32())
+    return table.set_column(table.schema.get_field_index("step"), "step", col)
+
+
 def set_rank(table: pa.Table, rank: int) -> pa.Table:
     """`table` with every row's rank `rank`."""
     col = pa.array(np.full(table.num_rows, rank, np.int32))
     return table.set_column(table.schema.get_field_index("rank"), "rank", col)
 
 
-def with_rank(tables: TraceTables, rank: int) -> TraceTables:
+def with_rank(tables: TraceTables, rank: int, step_offset: int = 0) -> TraceTables:
+    """`tables` with every row's rank `rank`, `step_offset` added to the step numbers."""
     return TraceTables(set_rank(tables.events, rank), set_rank(tables.flows, rank),
-                       set_rank(tables.counters, rank), set_rank(tables.steps, rank))
+                       set_rank(tables.counters, rank),
+                       shift_steps(set_rank(tables.steps, rank), step_offset))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace import nsys
@@ -25,6 +26,7 @@ from perfswarm.trace.build import (
     one_recording,
     process_ranks,
     ranks_seen,
+    step_offsets,
     with_rank,
     write_tables,
 )
@@ -72,7 +74,9 @@ def _read_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifest:
         read.append((run.add_raw(path), meta))
     extents = [Extent.of(p.events) for p in parts]
     ranks = process_ranks(options, paths, [meta for _, meta in read], extents)
-    parts = [with_rank(p, rank) for p, rank in zip(parts, ranks, strict=True)]
+    offsets = step_offsets(ranks, extents, [p.steps.column("step").to_numpy() for p in parts])
+    parts = [with_rank(p, rank, offset)
+             for p, rank, offset in zip(parts, ranks, offsets, strict=True)]
     for (raw, meta), rank, p, extent in zip(read, ranks, parts, extents, strict=True):
         describe(manifest, raw, rank, meta, p.events.num_rows, extent)
     if progress:
@@ -97,13 +101,15 @@ def _stream_all(run: Run, paths: Sequence[Path], options: ImportOptions, manifes
         spills.append(spill)
         read.append((run.add_raw(path), meta, rows, extent))
     ranks = process_ranks(options, paths, [r[1] for r in read], [r[3] for r in read])
+    offsets = step_offsets(ranks, [r[3] for r in read], [
+        pq.read_table(s["steps"], columns=["step"]).column("step").to_numpy() for s in spills])
     for (raw, meta, rows, extent), rank in zip(read, ranks, strict=True):
         describe(manifest, raw, rank, meta, rows, extent)
     if progress:
         progress("merging (out of core)", len(paths), len(paths))
     # A fixed budget, not a share of RAM: this path exists for inputs that do not fit,
     # and DuckDB spills its sort and joins to disk past it.
-    return merge.merge(run, spills, ranks, _scratch(run), "512MB")
+    return merge.merge(run, spills, ranks, offsets, _scratch(run), "512MB")
 
 
 def _scratch(run: Run) -> Path:

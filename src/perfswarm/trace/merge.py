@@ -34,28 +34,32 @@ def _files(paths: list[Path]) -> str:
     return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
-def _union(paths: list[Path], ranks: list[int]) -> str:
+def _union(paths: list[Path], ranks: list[int], offsets: list[int] | None = None) -> str:
     """Rows of every file with its position, so ties in (rank, ts) keep file order, and the
-    file's rank."""
-    parts = [f"SELECT * REPLACE (CAST({rank} AS INTEGER) AS rank), {i} AS _file, "
-             f"file_row_number AS _row FROM read_parquet({_files([p])}, file_row_number = true)"
-             for i, (p, rank) in enumerate(zip(paths, ranks, strict=True))]
+    file's rank; `offsets`: added to each file's step numbers (a steps table's)."""
+    steps = offsets or [0] * len(paths)
+    parts = [f"SELECT * REPLACE (CAST({rank} AS INTEGER) AS rank"
+             + (f", CAST(step + {offset} AS INTEGER) AS step" if offset else "")
+             + f"), {i} AS _file, file_row_number AS _row "
+             f"FROM read_parquet({_files([p])}, file_row_number = true)"
+             for i, (p, rank, offset) in enumerate(zip(paths, ranks, steps, strict=True))]
     return " UNION ALL ".join(parts)
 
 
-def merge(run: Run, spills: list[dict[str, Path]], ranks: list[int], scratch: Path,
-          memory_limit: str) -> TableParts:
-    """The Run's trace tables from the spills, each file's rows of its rank in `ranks`:
+def merge(run: Run, spills: list[dict[str, Path]], ranks: list[int], offsets: list[int],
+          scratch: Path, memory_limit: str) -> TableParts:
+    """The Run's trace tables from the spills, each file's rows of its rank in `ranks`, its
+    step numbers moved by `offsets` (build.step_offsets):
     events sorted, steps assigned (DuckDB's plain strings re-encoded to the Run's schema as
     build.write_tables writes them)."""
     try:
-        return _merge(spills, ranks, scratch, memory_limit)
+        return _merge(spills, ranks, offsets, scratch, memory_limit)
     except duckdb.IOException as exc:
         raise _io_error(run, exc) from None
 
 
-def _merge(spills: list[dict[str, Path]], ranks: list[int], scratch: Path,
-           memory_limit: str) -> TableParts:
+def _merge(spills: list[dict[str, Path]], ranks: list[int], offsets: list[int],
+           scratch: Path, memory_limit: str) -> TableParts:
     """The DuckDB part: every table sorted into a scratch file."""
     con = duckdb.connect(":memory:")
     try:
@@ -63,9 +67,10 @@ def _merge(spills: list[dict[str, Path]], ranks: list[int], scratch: Path,
         con.execute(f"SET temp_directory = '{scratch}'")
         con.execute("SET preserve_insertion_order = true")
         con.execute("SET threads = 2")
-        for view, name in (("st", "steps"), ("ev", "events")):
-            con.execute(f"CREATE VIEW {view} AS SELECT * FROM "
-                        f"({_union([s[name] for s in spills], ranks)})")
+        con.execute(f"CREATE VIEW st AS SELECT * FROM "
+                    f"({_union([s['steps'] for s in spills], ranks, offsets)})")
+        con.execute(f"CREATE VIEW ev AS SELECT * FROM "
+                    f"({_union([s['events'] for s in spills], ranks)})")
         device = ", ".join(f"'{k}'" for k in sorted(DEVICE_KINDS))
         con.execute("""
             CREATE VIEW host AS
@@ -96,12 +101,13 @@ def _merge(spills: list[dict[str, Path]], ranks: list[int], scratch: Path,
             ) TO '{ordered}' (FORMAT parquet, ROW_GROUP_SIZE 262144)
         """)
         small = []
+        shift = {"steps": offsets, "flows": None, "counters": None}
         for name in ("steps", "flows", "counters"):
             out = scratch / f"{name}-merged.parquet"
             order = "rank, start, _file, _row" if name == "steps" else "_file, _row"
             cols = ", ".join(f'"{c}"' for c in TABLES[name].names)
             con.execute(f"COPY (SELECT {cols} FROM "
-                        f"({_union([s[name] for s in spills], ranks)}) "
+                        f"({_union([s[name] for s in spills], ranks, shift[name])}) "
                         f"ORDER BY {order}) TO '{out}' (FORMAT parquet)")
             small.append(parquet_parts([out]))
     finally:

@@ -30,7 +30,9 @@ from perfswarm.trace.build import (
     parquet_parts,
     process_ranks,
     set_rank,
+    shift_steps,
     sorted_slices,
+    step_offsets,
     with_rank,
 )
 from perfswarm.trace.cluster import run_all
@@ -73,20 +75,25 @@ def read_file(path: Path, index: int, options: ImportOptions, scratch: Path) -> 
     return FilePart(rank, meta, tables.events.num_rows, Extent.of(tables.events), out)
 
 
-def merge_rank(parts: Sequence[dict[str, Path]], rank: int, out: Path) -> Path:
+def merge_rank(parts: Sequence[dict[str, Path]], rank: int, offsets: Sequence[int],
+               out: Path) -> Path:
     """Worker task: the files of one rank together (file order, then time), steps re-marked
-    from all of their markers, every row of `rank`."""
+    from all of their markers (each file's moved by its offset), every row of `rank`."""
     events = concat([set_rank(pq.read_table(p["events"]), rank) for p in parts], EVENTS)
-    steps = concat([set_rank(pq.read_table(p["steps"]), rank) for p in parts], STEPS)
+    steps = concat([shift_steps(set_rank(pq.read_table(p["steps"]), rank), offset)
+                    for p, offset in zip(parts, offsets, strict=True)], STEPS)
     _write_sorted(events, steps, out)
     return out
 
 
-def _ranked(files: Sequence[FilePart], ranks: Sequence[int], name: str) -> Iterator[pa.Table]:
-    """The table `name` of each file, its rows of the file's rank."""
-    for part, rank in zip(files, ranks, strict=True):
+def _ranked(files: Sequence[FilePart], ranks: Sequence[int], offsets: Sequence[int] | None,
+            name: str) -> Iterator[pa.Table]:
+    """The table `name` of each file, its rows of the file's rank (a steps table's numbers
+    moved by the file's offset)."""
+    for i, (part, rank) in enumerate(zip(files, ranks, strict=True)):
         for table in parquet_parts([part.tables[name]]):
-            yield set_rank(table, rank)
+            yield shift_steps(set_rank(table, rank), offsets[i]) if offsets else set_rank(
+                table, rank)
 
 
 def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, manifest: Manifest,
@@ -102,17 +109,21 @@ def import_parallel(run: Run, paths: Sequence[Path], options: ImportOptions, man
         client, read_file, [(p, i, options, scratch / str(i)) for i, p in enumerate(paths)], done)
     ranks = process_ranks(options, paths, [f.meta for f in files],
                           [f.extent for f in files])
-    by_rank: dict[int, list[FilePart]] = {}
-    for path, part, rank in zip(paths, files, ranks, strict=True):
+    offsets = step_offsets(ranks, [f.extent for f in files], [
+        pq.read_table(f.tables["steps"], columns=["step"]).column("step").to_numpy()
+        for f in files])
+    by_rank: dict[int, list[tuple[FilePart, int]]] = {}
+    for path, part, rank, offset in zip(paths, files, ranks, offsets, strict=True):
         describe(manifest, run.add_raw(path), rank, part.meta, part.events, part.extent)
-        by_rank.setdefault(rank, []).append(part)
+        by_rank.setdefault(rank, []).append((part, offset))
     # a rank of several files, or of one its worker gave another rank, is written again
-    moved = sorted(r for r, group in by_rank.items() if len(group) > 1 or group[0].rank != r)
+    moved = sorted(r for r, group in by_rank.items() if len(group) > 1 or group[0][0].rank != r)
     merged = dict(zip(moved, run_all(client, merge_rank, [
-        ([p.tables for p in by_rank[r]], r, scratch / f"rank{r}.parquet") for r in moved]),
-        strict=True))
+        ([p.tables for p, _ in by_rank[r]], r, [o for _, o in by_rank[r]],
+         scratch / f"rank{r}.parquet") for r in moved]), strict=True))
     if progress:
         progress("writing tables", total, total)
-    steps, flows, counters = (_ranked(files, ranks, name) for name in SMALL_TABLES)
+    steps, flows, counters = (_ranked(files, ranks, offsets if name == "steps" else None, name)
+                              for name in SMALL_TABLES)
     return TableParts(steps, flows, counters, parquet_parts([
-        merged.get(r) or by_rank[r][0].tables["events"] for r in sorted(by_rank)]))
+        merged.get(r) or by_rank[r][0][0].tables["events"] for r in sorted(by_rank)]))
