@@ -252,6 +252,23 @@ def test_detection_when_steps_differ_in_op_count(truncate_last: bool) -> None:
     assert found == expected
 
 
+def test_detection_when_the_sequence_repeats_every_few_steps(tmp_path: Path) -> None:
+    """tests/data/eval_every3.py: 12 SGD steps with no markers, an evaluation forward after
+    every third: the op sequence repeats at three steps, each holding three alike optimizer
+    calls (4 iterations had been found, as for an LSTM at varying lengths: 12 as 3). The
+    steps end where the optimizer calls end, read from the raw JSON."""
+    trace = Path(__file__).parent / "data" / "eval_every3_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))
+    base = min(e["ts"] for e in raw["traceEvents"] if e.get("ph") == "X")
+    ends = sorted(round((e["ts"] + e["dur"] - base) * 1000) for e in raw["traceEvents"]
+                  if e.get("ph") == "X" and e["name"].startswith("Optimizer.step#"))
+    run = import_traces([trace], tmp_path / "r.run", ImportOptions(), ["t"])
+    ev = Events.load(run)
+    found = detected_steps(ev)[0]
+    first = int(ev.ts.min())
+    assert len(ends) == 12 and [w.end - first for w in found] == ends
+
+
 @pytest.mark.parametrize("setup", [False, True])
 def test_a_step_begins_before_its_anchor(setup: bool) -> None:
     """Two `randint`s open each step (a batch and its targets): a name twice a step cannot
@@ -595,10 +612,13 @@ def test_a_cycle_of_optimizer_calls() -> None:
     of 1."""
     from perfswarm.analyze.iterations import call_cycle, optimizer_windows
 
-    gan = np.array([433, 529] * 9 + [433])
-    assert call_cycle(gan) == 2 and call_cycle(np.full(19, 240)) == 1
-    assert call_cycle(np.array([240, 240, 240, 240, 900] * 4)) == 1
-    assert call_cycle(np.array([1, 2, 3] * 5)) == 3
+    gan, calls = np.array([433, 529] * 9 + [433]), np.array([80, 120] * 10)
+    assert call_cycle(gan, calls) == 2 and call_cycle(np.full(19, 240), calls) == 1
+    assert call_cycle(np.array([240, 240, 240, 240, 900] * 4), calls) == 1
+    assert call_cycle(np.array([1, 2, 3] * 5), calls) == 3
+    # one optimizer, alike calls, an evaluation pass every third step: a cycle of 1
+    assert call_cycle(np.array([240, 240, 300] * 5), np.full(16, 80)) == 1
+    assert call_cycle(gan, np.full(20, 80)) == 1
     done = np.array([10, 20, 30, 40, 50], np.int64)
     assert optimizer_windows(0, done, 2) == [(0, 20), (20, 40)]
     assert optimizer_windows(0, done) == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50)]

@@ -395,8 +395,10 @@ def _handed_until(handed: Wakes, after: I64, until: I64) -> I64:
 def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[StepWindow]:
     """The rank's iterations detected on its driving thread's ops, its hand-overs from other
     threads of `wakes` (dependencies.thread_wakes) included; where they do not each hold the
-    same number of its optimizer's step() calls (one a training step, two a GAN's), the steps
-    between those calls (optimizer_windows)."""
+    same number of its optimizer's step() calls, one cycle of them (one call a training step,
+    two a GAN's), the steps between those calls (optimizer_windows): iterations of several
+    training steps each (steps of varying length, an evaluation every k-th step, where the op
+    sequence repeats at k steps) had been taken for the steps."""
     names, starts, ends, tid = sequence(ev, rank)
     handed = wakes.get(int(lane_key(rank, tid))) if tid is not None else None
     found = detect(names, starts, ends, handed=handed)
@@ -404,12 +406,14 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[
         calls = step_calls(ev)
         calls = calls[(ev.rank[calls] == rank) & (ev.tid[calls] == tid)]
         calls = calls[~nested(ev, calls, inner=False)]  # the outermost: as the recorder times
-        done = np.sort(ev.end[calls])
+        order = np.argsort(ev.end[calls], kind="stable")
+        done, began = ev.end[calls][order], ev.ts[calls][order]
         if len(done) >= 2:
             held = [int(np.count_nonzero((done > lo) & (done <= hi))) for lo, hi in found]
             ops = np.sort(ev.ts[(ev.tid == tid) & (ev.rank == rank) & ev.of_kind("cpu_op")])
-            cycle = call_cycle(np.diff(np.searchsorted(ops, done)))
-            if not held or min(held) == 0 or len(set(held)) > 1 or held[0] % cycle:
+            cycle = call_cycle(np.diff(np.searchsorted(ops, done)),
+                               np.searchsorted(ops, done) - np.searchsorted(ops, began))
+            if not held or min(held) == 0 or len(set(held)) > 1 or held[0] != cycle:
                 found = optimizer_windows(int(starts.min()), done, cycle)
     return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
 
@@ -418,10 +422,15 @@ MAX_CYCLE = 4  # optimizers a training step steps in turn, at most (a GAN's two)
 CYCLE_MATCH = 0.9  # the share of stretches between calls that must repeat at the cycle
 
 
-def call_cycle(between: I64) -> int:
+def call_cycle(between: I64, inside: I64) -> int:
     """How many optimizer calls make one step, from the ops between consecutive calls
     (`between`): the shortest cycle at which their counts repeat (a GAN's discriminator and
-    generator steps: 433 and 529 ops in turn, a cycle of 2), 1 where none does."""
+    generator steps: 433 and 529 ops in turn, a cycle of 2), 1 where none does, or where the
+    calls themselves are alike (`inside`: the ops in each call; a GAN's optimizers update
+    other parameters): one optimizer is a cycle of 1 whatever runs between its calls (an
+    evaluation pass every third step had made a cycle of 3, and 12 steps read as 4)."""
+    if len(inside) and np.all(inside == inside[0]):
+        return 1
     for k in range(1, MAX_CYCLE + 1):
         if len(between) >= 2 * k and np.mean(between[k:] == between[:-k]) >= CYCLE_MATCH:
             return k
