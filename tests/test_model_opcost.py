@@ -237,6 +237,16 @@ def test_output_bytes(name: str, dims: list[list[int]], expected: int) -> None:
     assert output_bytes(name, shapes) == 4 * expected
 
 
+def test_a_strided_convolutions_output() -> None:
+    """A stride-2 convolution's result at its recorded stride and padding (mkldnn_convolution's
+    concrete inputs: padding, stride, dilation): a quarter of the input's plane. Read at
+    stride 1 it had been the step's largest result and taken all of a step's page faults."""
+    dims = ((8, 32, 28, 28), (64, 32, 3, 3), (64,))
+    concrete = ("", "", "", "[1, 1]", "[2, 2]", "[1, 1]", "1")
+    shapes = Shapes(dims, ("float",) * 3, (), concrete)
+    assert output_bytes("aten::mkldnn_convolution", shapes) == 4 * 8 * 64 * 14 * 14
+
+
 @pytest.mark.parametrize("name", ["aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward",
                                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward"])
 def test_ops_with_matrix_products_inside_are_not_priced_as_copies(name: str) -> None:

@@ -690,9 +690,10 @@ def output_bytes(name: str, shapes: Shapes) -> float:
     if family == "gemm":
         found = gemm_dims(op, dims)
         elements = found[0] * found[1] * found[3] if found else 0
-    elif family == "conv":  # 'same' padding, as _conv assumes
-        ok = len(dims) >= 2 and len(dims[0]) >= 3 and bool(dims[1])
-        elements = dims[0][0] * dims[1][0] * _numel(dims[0][2:]) if ok else 0
+    elif family == "conv":  # at its recorded stride, padding and dilation, as _conv
+        ok = len(dims) >= 2 and len(dims[0]) >= 3 and len(dims[1]) == len(dims[0])
+        elements = dims[0][0] * dims[1][0] * _numel(conv_output(op, dims, shapes.concrete)) \
+            if ok else 0
     elif family in _LOOKUPS:  # a row per lookup (index_select, embedding) or per bag
         lookups = 2 if op == "index_select" else 1  # index_select(self, dim, index)
         looked = dims[lookups] if len(dims) > lookups else ()
