@@ -548,7 +548,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
     else:
         for i in range(len(dims)):
             grow(i, 1 if i == 0 and lstm_shape(op, shapes.dims) else 0)
-    return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides)
+    return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides, shapes.concrete)
 
 
 # Composite ops whose work is matrix products inside (recurrent layers, attention backward):
