@@ -58,6 +58,8 @@ def _print(result: Prediction) -> None:
         table.add_row("measured, outside the profiler's window", ms(data["unprofiled_ns"]), "")
     table.add_row("replayed", ms(data["replayed_ns"]), ms(active["replayed"]))
     table.add_row("predicted", ms(data["predicted_ns"]), ms(active["predicted"]))
+    if 0 < steady["steps"] < len(data["steps"]):
+        table.add_row(f"predicted, the {steady['steps']} steady", ms(steady["predicted_ns"]), "")
     compared = data["compare"]
     if compared:
         table.add_row(f"measured ({compared['path']})", ms(compared["measured_ns"]),
@@ -67,12 +69,15 @@ def _print(result: Prediction) -> None:
     console.print(table)
     console.print(f"replay error {100 * data['replay_error']:.2f}% (GMAE over iterations)")
     if data["predicted_error"] is not None:
-        against = "the compared run" if data["compare"] else "the steady steps' median"
         measured = (data["compare"] or steady)["measured_ns"]
-        signed = (f"predicted {100 * (data['predicted_ns'] / measured - 1):+.1f}% of the measured "
-                  f"{ms(measured)}; " if measured else "")
-        console.print(f"prediction error {100 * data['predicted_error']:.2f}% ({signed}against "
-                      f"{against}; steady steps spread {100 * steady['spread']:.2f}%)")
+        subset = 0 < steady["steps"] < len(data["steps"])
+        whose = f"the {steady['steps']} steady steps' predicted median" if subset else "predicted"
+        against = "the compared run's" if data["compare"] else (
+            "their measured median" if subset else "the measured")
+        signed = (f"{whose} {round(100 * (steady['predicted_ns'] / measured - 1), 1) + 0.0:+.1f}% "
+                  f"of {against} {ms(measured)}; " if measured else "")
+        console.print(f"prediction error {100 * data['predicted_error']:.2f}% ({signed}"
+                      f"steady steps spread {100 * steady['spread']:.2f}%)")
     own, base = ((compared["unprofiled_ns"], compared["measured_ns"]) if compared
                  else (data["unprofiled_ns"], steady["measured_ns"]))
     if own and base and abs(base / own - 1) > UNPROFILED_NOTE:
