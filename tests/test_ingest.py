@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.trace.info import run_info
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
+
+DATA = Path(__file__).parent / "data"
 
 # Counted independently from the raw JSON (ph X/i events by category; _raw_counts checks totals).
 EXPECTED_KINDS = {
@@ -338,6 +341,26 @@ def test_two_profilers_of_a_process_keep_their_steps_apart(tmp_path: Path, strea
     assert sorted((e["ts"], e["step"]) for e in events if e["ts"] % 10_000 == 0) == [
         (ts * 1000, n) for ts, n in ((20.0, 2), (30.0, 3), (40.0, 4), (1020.0, 5), (1030.0, 6),
                                      (1040.0, 7))]
+
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_an_empty_last_marker_is_no_step(tmp_path: Path, streaming: str) -> None:
+    """tests/data/short_loop.py: a loop that ends inside the profiler's active steps; its last
+    `prof.step()` opens a ProfilerStep that holds no event (9 us; it had counted as a step,
+    the step time 5% low). The marker steps are those holding events in the raw JSON; the
+    empty one is the tail."""
+    trace = DATA / "short_loop_cpu.pt.trace.json.gz"
+    raw = [e for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+           if e.get("ph") == "X"]
+    markers = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in raw
+               if e["name"].startswith("ProfilerStep#")}
+    held = {n for n, (lo, hi) in markers.items() for e in raw
+            if not e["name"].startswith("ProfilerStep#") and lo <= e["ts"] < hi}
+    assert held == set(markers) - {max(markers)}
+    run = import_traces([trace], tmp_path / "r.run", ImportOptions(streaming=streaming), ["t"])
+    steps = run.table("steps", ["step", "source"]).to_pylist()
+    assert sorted((s["step"], s["source"]) for s in steps) == sorted(
+        [(n, "marker") for n in held] + [(max(markers), "tail")])
 
 
 def test_a_directory_says_which_trace_files_it_left_out(

@@ -196,7 +196,8 @@ def test_replay_of_multi_step_gpu_traces(corpus_runs: dict[str, Run], name: str,
     replay = simulate(s)
     errors = [abs((replay.start[b] - replay.start[a]) / (g.ts[b] - g.ts[a]) - 1)
               for anchors in g.steps.values() for _step, a, b in anchors]
-    assert len(errors) >= 2 and max(errors) < tolerance
+    # the MI250 trace's second marker holds nothing (its loop ended in the window): one step
+    assert len(errors) >= (1 if name == "amd" else 2) and max(errors) < tolerance
     if len(g) < 2000:
         ref = simulate_reference(s)
         assert np.array_equal(ref.start, replay.start) and np.array_equal(ref.end, replay.end)

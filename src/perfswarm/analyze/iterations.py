@@ -34,19 +34,10 @@ import pyarrow.compute as pc
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, lane_key
 from perfswarm.analyze.phases import nested, step_calls
-from perfswarm.trace.schema import STEP_BATCH
+from perfswarm.trace.schema import PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
 
 Source = Literal["marker", "detected", "window"]  # window: a time window (analyze.aisi)
-# The steps table's source of the steps a trace covers (ProfilerStep#N). A recording also times
-# the steps outside its profiling window by the optimizer hook (`detected`), and marks the one
-# that holds the trace export (`export`): they carry no events, so every share and per-step
-# rate of the events divides by the profiled steps alone. A marked step that no step hook
-# ended (the program exited or raised inside the window: its exit, or the exception's
-# unwinding, is no step) is marked `tail`.
-PROFILED = "marker"
-EXPORT = "export"
-TAIL = "tail"
 MIN_MATCH = 0.8  # a training loop repeats closely; weaker agreement is chance
 MAX_LAGS = 64  # candidate periods tried (the most frequent inter-occurrence lags)
 

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, codes
 from perfswarm.analyze.intervals import union
-from perfswarm.analyze.iterations import EXPORT, StepWindow
+from perfswarm.analyze.iterations import StepWindow
+from perfswarm.trace.schema import EXPORT
 from perfswarm.trace.store import Run
 
 if TYPE_CHECKING:

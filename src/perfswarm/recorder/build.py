@@ -14,7 +14,6 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from perfswarm.analyze.iterations import EXPORT, TAIL
 from perfswarm.errors import TraceFormatError
 from perfswarm.recorder.base import SAMPLER_HZ
 from perfswarm.recorder.torch_profiler import read_live
@@ -36,6 +35,7 @@ from perfswarm.trace.readers.fields import (
 from perfswarm.trace.schema import (
     COUNTERS,
     EVENTS,
+    EXPORT,
     FAULTS,
     FLOWS,
     NONE,
@@ -45,6 +45,7 @@ from perfswarm.trace.schema import (
     STEP_BATCH,
     STEP_INPUT,
     STEPS,
+    TAIL,
 )
 from perfswarm.trace.store import Manifest, Run, creating
 

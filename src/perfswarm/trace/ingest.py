@@ -22,6 +22,7 @@ from perfswarm.trace.build import (
     TableParts,
     add_execution_traces,
     describe,
+    empty_last_steps,
     in_memory,
     one_recording,
     process_ranks,
@@ -179,6 +180,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             tables = read(run, paths, options, manifest, progress)
         one_recording(manifest, paths)
         write_tables(run, tables)
+        empty_last_steps(run)
         shutil.rmtree(_scratch(run), ignore_errors=True)
         ranks_seen(manifest)
         if options.execution_traces:

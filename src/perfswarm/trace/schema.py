@@ -107,6 +107,17 @@ STEPS: Final = pa.schema(
     ]
 )
 
+# The steps table's source of the steps a trace covers (ProfilerStep#N). A recording also times
+# the steps outside its profiling window by the optimizer hook (`detected`), and marks the one
+# that holds the trace export (`export`): they carry no events, so every share and per-step
+# rate of the events divides by the profiled steps alone. A marked step that no step hook
+# ended (the program exited or raised inside the window: its exit, or the exception's
+# unwinding, is no step), or an imported trace's last marker that holds no event (the loop
+# ended inside the profiler's active steps), is marked `tail`.
+PROFILED: Final[str] = "marker"
+EXPORT: Final[str] = "export"
+TAIL: Final[str] = "tail"
+
 SAMPLES: Final = pa.schema(
     [
         ("rank", pa.int32()),

@@ -24,8 +24,6 @@ from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import (
-    EXPORT,
-    TAIL,
     batch_sizes,
     profiled,
     step_time,
@@ -40,7 +38,7 @@ from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
-from perfswarm.trace.schema import DEVICE_KINDS, KINDS, OPTIMIZER_CALL
+from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, KINDS, OPTIMIZER_CALL, TAIL
 from perfswarm.trace.store import Manifest, Run
 
 

@@ -10,12 +10,12 @@ import numpy.typing as npt
 import polars as pl
 
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import PROFILED, step_batches
+from perfswarm.analyze.iterations import step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
-from perfswarm.trace.schema import STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
