@@ -14,7 +14,7 @@ import pytest
 
 from conftest import corpus
 from perfswarm.cli.main import main
-from perfswarm.errors import PerfswarmError
+from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, data_cost, op_cost, scale_batch
@@ -709,3 +709,19 @@ def test_predict_says_the_program_s_own_step(tmp_path: Path,
     profiled = data["steady"]["measured_ns"]
     assert (f"note: this run's profiled steps ran x{profiled / ms:.2f} its steps outside the "
             "profiler's window (1.000 ms;") in out
+
+
+def test_a_run_without_shapes(tmp_path: Path) -> None:
+    """tests/data/eval_every3.py profiles without record_shapes (torch.profiler's default): at
+    the recorded configuration a note says why compute reads 0 (it had said so as a
+    measurement: every op the framework's); a batch change is refused (every op had been kept
+    at its time, the same step predicted)."""
+    trace = Path(__file__).parent / "data" / "eval_every3_cpu.pt.trace.json.gz"
+    assert '"Input Dims"' not in gzip.decompress(trace.read_bytes()).decode()
+    run = import_traces([trace], tmp_path / "r.run", ImportOptions(), ["t"])
+    p = predict(run)
+    assert p.median_active("measured") == 0
+    assert any(n.startswith("no op has recorded shapes") for n in p.notes)
+    with pytest.raises(ParameterError, match=r"no op has recorded shapes .*: a changed batch "
+                                             r"size or dimension needs them"):
+        predict(run, Change(batch_size=128, recorded_batch_size=64), profile=PROFILE)

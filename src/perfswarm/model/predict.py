@@ -336,6 +336,12 @@ def _compute_nodes(m: _Model) -> Mask:
     return out
 
 
+def _any_shapes(m: _Model) -> bool:
+    """Whether any CPU op of the Run has recorded shapes."""
+    rows = np.flatnonzero(m.ev.of_kind("cpu_op")).tolist()
+    return any(s is not None for s in m.shapes(rows))
+
+
 def _enclosing(ev: Events, value: Mapping[int, object]) -> set[int]:
     """Rows of `value` that enclose, on their own thread, another of its rows of the same value
     (a family, a result size): the outer one passes the work, or the result, on to the inner."""
@@ -848,6 +854,16 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             notes.append("the profile's held-out error is above "
                          f"{100 * UNUSABLE_GMAE:.0f}% for {', '.join(profile.unusable())}: "
                          "its sweeps timed other load; recalibrate on a quieter machine")
+        if not m.compute.any() and not _any_shapes(m):
+            shapeless = ("no op has recorded shapes (torch.profiler's record_shapes=False, its "
+                         "default)")
+            if needs_model:  # (every op had been kept at its time: the same step predicted)
+                raise ParameterError(None, f"{shapeless}: a changed batch size or dimension "
+                                     "needs them; record with record_shapes=True",
+                                     subject=run.path)
+            notes.append(f"{shapeless}: no op can be told to compute, so compute reads 0 and "
+                         "every op's own time counts as the framework's; record with "
+                         "record_shapes=True to split them")
     else:
         if source is None and (change.device or batch or change.dims):
             raise ParameterError(None, "cannot tell which GPU recorded this run; give "
