@@ -528,6 +528,32 @@ def test_diff_of_a_run_with_itself_is_zero(corpus_runs: dict[str, Run]) -> None:
     assert all(o.delta_ns == 0 for o in result.ops) and result.only_a == result.only_b == ()
 
 
+def test_diff_of_detected_steps_against_marked_ones(tmp_path: Path) -> None:
+    """tests/data/eval_every3 (no markers: its steps are detected) against the same trace with
+    a ProfilerStep marker on each step the detection found: the same steps and events, so
+    every per-iteration change is 0 and both sides have a step time (the detected side's
+    ops had counted 0 a step: every op a regression of its whole time, no step time)."""
+    trace = Path(__file__).parent / "data" / "eval_every3_cpu.pt.trace.json.gz"
+    raw = orjson.loads(gzip.decompress(trace.read_bytes()))
+    a = import_traces([trace], tmp_path / "a.run", ImportOptions(), ["t"])
+    found = detected_steps(Events.load(a))[0]
+    loop = next(e for e in raw["traceEvents"] if e["name"].startswith("Optimizer.step#"))
+    base = raw.get("baseTimeNanoseconds", 0)
+    marked = dict(raw, traceEvents=[*raw["traceEvents"], *(
+        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{w.step}",
+         "pid": loop["pid"], "tid": loop["tid"], "ts": (w.start - base) / 1000,
+         "dur": w.dur / 1000, "args": {}} for w in found)])
+    other = tmp_path / "marked.json"
+    other.write_bytes(orjson.dumps(marked))
+    b = import_traces([other], tmp_path / "b.run", ImportOptions(), ["t"])
+    result = diff_runs(a, b)
+    assert [s.a_ns for s in result.steps] == [s.b_ns for s in result.steps]
+    assert len(result.steps) == 12 and result.step_time is not None
+    assert result.step_time.a.median_ns == result.step_time.b.median_ns
+    assert all(o.per_iteration_delta_ns == 0 for o in (*result.ops, *result.improvements)
+               if o.name != "ProfilerStep#")
+
+
 def test_diff_of_the_loop_process_and_the_time_no_op_covers() -> None:
     """Two steps a side of the loop (pid 1): its op 40 us in A, 40 in B, and B sleeps 30 us
     more a step between ops; a DataLoader worker (pid 2) fetches 50 us a step in B only,

@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import DEVICE_OPS, WORK_KINDS, Events
+from perfswarm.analyze.frame import DEVICE_OPS, I64, WORK_KINDS, Events
 from perfswarm.analyze.intervals import Coverage, Mask, union
 from perfswarm.analyze.iterations import StepTime, StepWindow
 from perfswarm.analyze.system import F64, others_delay
-from perfswarm.trace.schema import KINDS
+from perfswarm.trace.schema import KINDS, PROFILED
 
 COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "collective",
                   "memcpy", "memset")
@@ -153,14 +153,33 @@ def _compared(ev: Events, pid: int | None) -> Mask:
     return rows
 
 
-def totals(ev: Events, pid: int | None = None) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """(kind, name) -> (count, total ns, ns inside steps) over the compared rows."""
+def step_index(ev: Events, steps: Sequence[StepWindow]) -> I64:
+    """Each event's step, as an index into `steps` (-1: none). Marked steps are the events'
+    own (a device op's is its launch's); detected ones hold the events that start in them (a
+    trace without markers has no step of its own: its side had counted 0 a step, every op a
+    change of its whole time)."""
+    if all(w.source == PROFILED for w in steps):
+        index = {w.step: i for i, w in enumerate(steps)}
+        seen, at = np.unique(ev.step, return_inverse=True)
+        return np.array([index.get(int(n), -1) for n in seen], np.int64)[at]
+    starts = np.array([w.start for w in steps], np.int64)
+    ends = np.array([w.end for w in steps], np.int64)
+    at = np.searchsorted(starts, ev.ts, side="right") - 1
+    inside = (at >= 0) & (ev.ts < ends[np.maximum(at, 0)]) if len(steps) else at >= 0
+    return np.where(inside, at, -1)
+
+
+def totals(ev: Events, pid: int | None = None, where: I64 | None = None
+           ) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(kind, name) -> (count, total ns, ns inside steps) over the compared rows; `where`:
+    each event's step (step_index), else the events' own."""
     rows = np.flatnonzero(_compared(ev, pid))
     key = ev.kind[rows] * (len(ev.names) + 1) + ev.name[rows]
     uniq, inv = np.unique(key, return_inverse=True)
     count = np.bincount(inv, minlength=len(uniq))
     total = np.bincount(inv, weights=ev.dur[rows], minlength=len(uniq))
-    stepped = np.bincount(inv, weights=np.where(ev.step[rows] >= 0, ev.dur[rows], 0),
+    stepped_rows = (where if where is not None else ev.step)[rows] >= 0
+    stepped = np.bincount(inv, weights=np.where(stepped_rows, ev.dur[rows], 0),
                           minlength=len(uniq))
     out = {}
     for k, c, t, s in zip(uniq.tolist(), count.tolist(), total.tolist(), stepped.tolist(),
@@ -178,10 +197,9 @@ def span(ev: Events) -> int:
 def per_step(ev: Events, steps: Sequence[StepWindow], pid: int | None = None
              ) -> dict[tuple[str, str], F64]:
     """(kind, name) -> its time in each of `steps` (0 where it did not run)."""
-    index = {w.step: i for i, w in enumerate(steps)}
-    rows = np.flatnonzero(_compared(ev, pid) & (ev.step >= 0))
-    col = np.array([index.get(int(s), -1) for s in ev.step[rows]], np.int64)
-    rows, col = rows[col >= 0], col[col >= 0]
+    where = step_index(ev, steps)
+    rows = np.flatnonzero(_compared(ev, pid) & (where >= 0))
+    col = where[rows]
     key = ev.kind[rows] * (len(ev.names) + 1) + ev.name[rows]
     uniq, inv = np.unique(key, return_inverse=True)
     grid = np.zeros((len(uniq), len(steps)))
@@ -217,8 +235,9 @@ def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[
          contention: tuple[float | None, float | None] = (None, None)) -> RunDiff:
     """Compare b against a; steps are each side's iterations (one rank's), in time order;
     `pids`, each side's loop process (None: every process's ops)."""
-    ta, tb = totals(a, pids[0]), totals(b, pids[1])
     both_steps = bool(a_steps) and bool(b_steps)
+    ta = totals(a, pids[0], step_index(a, a_steps) if both_steps else None)
+    tb = totals(b, pids[1], step_index(b, b_steps) if both_steps else None)
     pa_, pb_ = ((per_step(a, a_steps, pids[0]), per_step(b, b_steps, pids[1])) if both_steps
                 else ({}, {}))
     if both_steps:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.aisi import time_windows, without_iterations
@@ -31,6 +32,7 @@ from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.cluster import ClusterOptions, connect
+from perfswarm.trace.schema import PROFILED
 from perfswarm.trace.store import Run
 
 
@@ -102,6 +104,9 @@ def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None =
         loop = mine.loop_thread(chosen)
         timed = run.table("steps")
         timed = timed.filter(pc.equal(timed.column("rank"), chosen))
+        if steps and steps[0].source != PROFILED:  # detected: the steps the trace covers
+            timed = pa.table({"rank": [chosen] * len(steps), "start": [w.start for w in steps],
+                              "end": [w.end for w in steps], "source": [PROFILED] * len(steps)})
         cores = int(run.manifest().get("host", {}).get("cores") or 1)
         sides.append((mine, list(steps), None if loop is None else loop[0],
                       step_time(timed, batch_sizes(run)),
