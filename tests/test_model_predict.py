@@ -154,6 +154,9 @@ def test_width_changes_reach_the_parameters_multiples_of_it() -> None:
     # with its head (W / 4 = 32) doubled too: the block size 64 is twice 32, but no parameter
     # holds a 32 beside it, so it stays (it was doubled, and every activation's sequence)
     assert derived_dims({128: 256, 32: 64}, params) == {128: 256, 32: 64, 384: 768, 512: 1024}
+    # a MobileNet block at W 24: its expansion [4W, 2W, 1, 1] holds no W but 2W, derived
+    mobile = {(24, 3, 3, 3), (48, 24, 1, 1), (48, 1, 3, 3), (96, 48, 1, 1), (96,), (10, 96)}
+    assert derived_dims({24: 48}, mobile) == {24: 48, 48: 96, 96: 192}
 
 
 def test_an_unusable_profile_is_named_in_the_notes(cpu_run: Run) -> None:
