@@ -559,6 +559,11 @@ def test_cpu_busy_card_from_samples() -> None:
     assert _cpu_busy(short, OnCpu(60 * MS, 40 * MS, 0, 30 * MS, 10 * MS), "")["value"] == \
         "50.0%-100.0%"
     assert _cpu_busy(short, None, "")["value"] == "50.0%-100.0%"
+    # no samples (an imported trace): the loop thread's ops, not every thread's (a background
+    # thread's had hidden the loop's DataLoader wait: 97.9% where the loop's ops were 76.0%)
+    busy = {"rank": 0, "total": {"span_ns": 600 * MS, "host_ops_ns": 590 * MS}}
+    card = _cpu_busy(busy, OnCpu(600 * MS, 0, 0, 456 * MS, 0), "")
+    assert card["value"] == "76.0%-100.0%" and "the loop's thread ran ops" in card["detail"]
 
 
 MS = 1_000_000
