@@ -269,6 +269,28 @@ def test_detection_when_the_sequence_repeats_every_few_steps(tmp_path: Path) -> 
     assert len(ends) == 12 and [w.end - first for w in found] == ends
 
 
+def test_a_step_after_the_time_between_two_windows(tmp_path: Path) -> None:
+    """tests/data/eval_every3's trace cut after its sixth step into two windows of one process,
+    the second 30 ms later (a schedule's cycles, or two `profile()` blocks): the seventh step
+    starts where the second window's events do, not at the sixth step's end (it had held the
+    30 ms nothing traced)."""
+    trace = Path(__file__).parent / "data" / "eval_every3_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))
+    spans = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+    cut = sorted(e["ts"] + e["dur"] for e in spans if e["name"].startswith("Optimizer.step#"))[5]
+    first = [e for e in spans if e["ts"] < cut]
+    second = [dict(e, ts=e["ts"] + 30_000) for e in spans if e["ts"] >= cut]
+    files = []
+    for name, part in (("a.json", first), ("b.json", second)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(dict(raw, traceEvents=part)))
+    run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["t"])
+    steps = iterations(run, Events.load(run)).steps[0]
+    base = raw.get("baseTimeNanoseconds", 0)
+    assert len(steps) == 12
+    assert steps[6].start == round(min(e["ts"] for e in second) * 1000) + base
+
+
 @pytest.mark.parametrize("setup", [False, True])
 def test_a_step_begins_before_its_anchor(setup: bool) -> None:
     """Two `randint`s open each step (a batch and its targets): a name twice a step cannot

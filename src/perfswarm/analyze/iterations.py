@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -445,9 +445,41 @@ def first_op_ns(ev: Events, rank: int) -> int | None:
     return int(starts.min()) if len(starts) else None
 
 
-def detected_steps(ev: Events) -> dict[int, list[StepWindow]]:
+def detected_steps(ev: Events, opened: Mapping[int, Sequence[int]] | None = None
+                   ) -> dict[int, list[StepWindow]]:
+    """Each rank's detected iterations; `opened`: where each of a rank's profiling windows
+    began (profiled_windows), a step found across the time between two (nothing traced there:
+    a schedule's cycles, a program's separate windows) starting at the later one's start (it
+    had begun at the earlier window's last step's end: 22 ms for steps of 1.5)."""
     wakes = thread_wakes(ev)
-    return {rank: windows for rank in ev.ranks if (windows := detected_windows(ev, rank, wakes))}
+    out = {}
+    for rank in ev.ranks:
+        found = detected_windows(ev, rank, wakes)
+        starts = np.asarray(sorted((opened or {}).get(rank, ())), np.int64)
+        if len(starts) > 1:
+            at = np.searchsorted(starts, [w.end - 1 for w in found], side="right") - 1
+            found = [replace(w, start=max(w.start, int(starts[k]))) if k >= 0 else w
+                     for w, k in zip(found, at.tolist(), strict=True)]
+        if found:
+            out[rank] = found
+    return out
+
+
+def profiled_windows(run: Run) -> dict[int, list[int]]:
+    """Where each rank's profiling windows began: its trace files' spans (the manifest's
+    sources), those that overlap (a rank's DataLoader workers' files beside its own) one."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for source in run.manifest()["sources"]:
+        if "span_ns" in source:
+            spans.setdefault(int(source["rank"]), []).append(tuple(source["span_ns"]))
+    out: dict[int, list[int]] = {}
+    for rank, found in spans.items():
+        end = None
+        for lo, hi in sorted(found):
+            if end is None or lo >= end:
+                out.setdefault(rank, []).append(lo)
+            end = hi if end is None else max(end, hi)
+    return out
 
 
 @dataclass(frozen=True)
@@ -580,4 +612,5 @@ def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
 
 def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterations:
     markers = run_markers(run, ignore_markers=ignore_markers)
-    return combine(markers, detected_steps(ev), {r: first_op_ns(ev, r) for r in markers})
+    return combine(markers, detected_steps(ev, profiled_windows(run)),
+                   {r: first_op_ns(ev, r) for r in markers})
