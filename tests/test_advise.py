@@ -118,6 +118,20 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
     assert found(host.data_loading, with_manifest(run, cores=1)) is None
 
 
+def test_an_imported_trace_does_not_know_its_hosts_cores(tmp_path: Path) -> None:
+    """A trace does not say what host recorded it: an imported Run's host has no cores (the
+    importing machine's had been taken: the same trace advised workers up to 2 cores or 64
+    by where it was imported), and data_loading's model is not bounded by them: enough
+    workers to overlap the load with the compute, ceil(6 / 4) + 1 = 3: max(4, 6 / 3) = 4 ms a
+    step instead of 10."""
+    run = imported(tmp_path, "loader", _loader_steps(6000, 4000))
+    host_section = run.manifest()["host"]
+    assert host_section["cores"] is None and host_section["imported_on"]["cores"] >= 1
+    a = shows(host.data_loading, run)
+    assert a.evidence["cores"] is None and a.gain_ns == 18_000_000
+    assert "num_workers=3," in a.change and "not bounded by them" in a.gain_basis
+
+
 def _perf_samples(run: Run, every_us: float, until_us: float, hz: int) -> Run:
     """perf cpu-clock samples of the loop's thread (pid 1, tid 1) every `every_us` µs."""
     from perfswarm.trace.schema import SAMPLES

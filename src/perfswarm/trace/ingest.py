@@ -166,6 +166,8 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
         if not p.is_file():
             raise PerfswarmError(f"{p}: no such file")
     manifest = new_manifest(command, complete=True)
+    # a trace does not say what host recorded it: this one only imported it
+    manifest["host"] = {"cores": None, "imported_on": manifest["host"]}
     manifest["exit_status"] = 0
     streamed = any(wants_streaming(p, options.streaming) for p in paths)
     with creating(out, force=options.force, inputs=(*paths, *extras)) as run:

@@ -41,7 +41,15 @@ def spare_cores(cores: int) -> int:
 
 
 def _cores(facts: Facts) -> int:
-    return int(facts.manifest["host"].get("cores") or 1)
+    """The recording host's cores (the sampler's rules run on recorded Runs, which know)."""
+    return _known_cores(facts) or 1
+
+
+def _known_cores(facts: Facts) -> int | None:
+    """The recording host's cores; None for an imported trace, which does not say (the
+    importing machine's had been taken: the same trace advised up to 2 or 64 cores)."""
+    cores = facts.manifest["host"].get("cores")
+    return int(cores) if cores else None
 
 
 def pageable_copies(facts: Facts) -> pl.DataFrame:
@@ -93,29 +101,33 @@ def data_loading(facts: Facts) -> Advice | None:
     if share < 10:
         return None
     single = bool(loads["name"].str.contains("SingleProcess").any())
-    cores = _cores(facts)
+    cores = _known_cores(facts)
     compute_ns = facts.wall_ns - load_ns
     # A loader that mostly waits (reads, sleeps: perf saw its thread on a CPU under half its
     # time) is not bound by the cores: enough workers overlap its waits with the compute
-    # (each takes load / compute of a step's time per batch, one more keeps one ahead)
+    # (each takes load / compute of a step's time per batch, one more keeps one ahead); so
+    # many where the host's cores are unknown (an imported trace)
     on_cpu = on_cpu_share(facts, loads)
     waiting = on_cpu is not None and on_cpu < _WAITING
-    workers = min(8, max(spare_cores(cores), -(-load_ns // max(compute_ns, 1)) + 1)
-                  if waiting else spare_cores(cores))
+    overlap = -(-load_ns // max(compute_ns, 1)) + 1
+    workers = (min(8, overlap) if cores is None else
+               min(8, max(spare_cores(cores), overlap)) if waiting else spare_cores(cores))
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.height else ""
     if single:
         # W workers produce batches W at a time in the background: a step takes
         # max(compute, load / W) instead of compute + load; without a device all of it is CPU
         # work, which the cores bound too.
-        cpu_bound = not (facts.device_events.height or waiting)
-        bound = (compute_ns + load_ns) / cores if cpu_bound else 0.0
+        cpu_bound = not (facts.device_events.height or waiting) and cores is not None
+        bound = (compute_ns + load_ns) / (cores or 1) if cpu_bound else 0.0
         gain = facts.wall_ns - max(compute_ns, load_ns / workers, bound)
         if gain <= 0:
             return None
         basis = (f"pipeline model: step = max(compute, load / {workers} workers"
                  f"{f', all the CPU work / {cores} cores' if cpu_bound else ''}"
                  ") instead of compute + load"
+                 + ("; the recording host's cores are not in the trace: not bounded by them"
+                    if cores is None else "")
                  + (f"; the loader waits (perf saw it on a CPU {100 * (on_cpu or 0):.0f}% of "
                     "its time): workers beyond the cores overlap its waits" if waiting else ""))
         change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
@@ -126,12 +138,13 @@ def data_loading(facts: Facts) -> Advice | None:
         gain = load_ns - max(0.0, (load_ns - compute_ns) / 2)
         basis = ("pipeline model: the workers now make a batch in compute + wait; twice as "
                  "many make it in half that, and a step waits only for what exceeds its compute")
-        change = (f"raise DataLoader num_workers (2x, up to {_cores(facts)} cores) and "
+        most = f"{cores} cores" if cores else "the host's cores"
+        change = (f"raise DataLoader num_workers (2x, up to {most}) and "
                   f"prefetch_factor (4){pin.replace(',', ';')}; move per-sample decoding out of "
                   "the training process")
     evidence = {"loader_calls": loads.height, "loader_ns": load_ns, "loader_share_pct": share,
                 "single_process": single, "pageable_h2d_copies": pageable_copies(facts).height,
-                "cores": _cores(facts),
+                "cores": cores,
                 "loader_on_cpu_pct": None if on_cpu is None else round(100 * on_cpu, 1)}
     return advice(facts, "data_loading", "training waits for the DataLoader", evidence, gain,
                   basis, change)
@@ -779,7 +792,9 @@ def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
 def loader_oversubscription(facts: Facts) -> Advice | None:
     """More DataLoader worker processes than cores: workers and training share the cores."""
     fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
-    cores = _cores(facts)
+    cores = _known_cores(facts)
+    if cores is None:
+        return None
     workers = fetches.select("rank", "pid").unique().height
     per_rank = workers / max(1, len(facts.ranks))
     if per_rank <= spare_cores(cores) or workers == 0:
