@@ -248,6 +248,11 @@ def test_window_option(inference: Run, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["report", str(inference.path), "--window", "0.072:0.0728", "--json"]) == 0
     timeline = orjson.loads(capsys.readouterr().out)["timeline"]
     assert timeline["events"] == len(inside) and timeline["end_ns"] <= hi - lo
+    # a window past every event holds none: said of the window, not the Run
+    assert main(["analyze", str(inference.path), "--window", "900:901"]) == 2
+    err = capsys.readouterr().err
+    assert "the window 900:901 (s from its start) holds no events" in err and \
+        err.count("\n") == 1
 
 
 @pytest.mark.parametrize("text", ["5", "3:2", "-1:2", "a:b", "nan:1", "1:1"])

@@ -30,6 +30,7 @@ from perfswarm.analyze.sequences import kernel_sequences
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
+from perfswarm.analyze.window import WindowedRun
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.cluster import ClusterOptions, connect
 from perfswarm.trace.schema import PROFILED
@@ -43,7 +44,9 @@ def load(run: Run, *, or_samples: bool = False) -> Events:
     if len(ev) == 0 and not (or_samples and any(run.table(t).num_rows
                                                 for t in ("samples", "counters"))):
         what = "events, samples or counters" if or_samples else "events"
-        raise PerfswarmError(f"{run.path}: the Run has no {what} to analyze")
+        where = (f"the window {run.text} (s from its start) holds"
+                 if isinstance(run, WindowedRun) else "the Run has")
+        raise PerfswarmError(f"{run.path}: {where} no {what} to analyze")
     return ev
 
 

@@ -50,9 +50,10 @@ def run_start(run: Run) -> int | None:
 class WindowedRun(Run):
     """`run` seen through [start_ns, end_ns)."""
 
-    def __init__(self, run: Run, start_ns: int, end_ns: int) -> None:
+    def __init__(self, run: Run, start_ns: int, end_ns: int, text: str) -> None:
         super().__init__(run.path)
         self.window = (start_ns, end_ns)
+        self.text = text  # as --window gave it
 
     def table(self, name: str, columns: list[str] | None = None, *,
               rank: int | None = None) -> pa.Table:
@@ -88,4 +89,4 @@ def windowed(run: Run, text: str | None) -> Run:
         raise ParameterError(None, "the Run has no times to take a {window} of", subject=run.path)
     lo = first + round((start or 0.0) * 1e9)
     hi = first + round(end * 1e9) if end is not None else np.iinfo(np.int64).max
-    return WindowedRun(run, lo, int(hi))
+    return WindowedRun(run, lo, int(hi), text)
