@@ -363,6 +363,20 @@ def test_an_empty_last_marker_is_no_step(tmp_path: Path, streaming: str) -> None
         [(n, "marker") for n in held] + [(max(markers), "tail")])
 
 
+def test_a_directory_with_an_execution_trace(tmp_path: Path) -> None:
+    """The corpus's execution_trace folder holds a Kineto trace and the ExecutionTraceObserver
+    file beside it, as torch's docs lay them out: the directory imports, its execution trace
+    read as --et would (it had been read as a Kineto trace and refused); the same graph as
+    --et gives."""
+    folder = CORPUS / "execution_trace"
+    run = import_traces([folder], tmp_path / "d.run", ImportOptions(), ["t"])
+    given = import_traces([corpus("et_trace")], tmp_path / "e.run",
+                          ImportOptions(execution_traces=(CORPUS / ET,)), ["t"])
+    assert [s["file"] for s in run.manifest()["sources"]] == [
+        s["file"] for s in given.manifest()["sources"]]
+    assert run.table("graph_nodes").num_rows == given.table("graph_nodes").num_rows > 0
+
+
 def test_a_directory_says_which_trace_files_it_left_out(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """HTA's corpus holds one *.pt.trace.json.gz among 14 *.json[.gz]: the log-dir rule takes

@@ -14,6 +14,7 @@ from perfswarm.cli.output import console, progress_bar
 from perfswarm.trace.ingest import (
     ImportOptions,
     Streaming,
+    directory_execution_traces,
     import_traces,
     passed_over,
     trace_files,
@@ -44,7 +45,8 @@ def import_command(
         raise typer.BadParameter("must be auto, always or never", param_hint="--streaming")
     target = out or Path(traces[0].name.split(".")[0] + ".run")
     mode: Streaming = streaming  # type: ignore[assignment]
-    options = ImportOptions(ranks=tuple(rank or ()), execution_traces=tuple(et or ()),
+    options = ImportOptions(ranks=tuple(rank or ()),
+                            execution_traces=tuple(et or directory_execution_traces(traces)),
                             memory_timelines=tuple(memory_timeline or ()),
                             drop_bad_events=drop_bad_events, streaming=mode, force=force,
                             cluster=cluster_options(workers, scheduler, worker_memory))

@@ -3,10 +3,14 @@ steps every path shares are trace/build.py's)."""
 
 from __future__ import annotations
 
+import gzip
 import os
+import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pyarrow as pa
@@ -123,11 +127,32 @@ _TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
 def trace_files(paths: Sequence[Path]) -> list[Path]:
     """`paths` with each directory replaced by the trace files under it (what TensorBoard's
-    profiler plugin writes, `*.pt.trace.json[.gz]`; else every `*.json[.gz]`), sorted."""
+    profiler plugin writes, `*.pt.trace.json[.gz]`; else every `*.json[.gz]` but execution
+    traces, `directory_execution_traces`), sorted."""
     out: list[Path] = []
     for p in paths:
-        out += _under(p)[0] if p.is_dir() else [p]
+        out += [f for f in _under(p)[0] if not is_execution_trace(f)] if p.is_dir() else [p]
     return out
+
+
+def directory_execution_traces(paths: Sequence[Path]) -> list[Path]:
+    """The execution traces (ExecutionTraceObserver's) among the files a directory of `paths`
+    stands for, as torch's docs lay them out beside the Kineto trace: read as `--et` (the
+    directory had been refused, its execution trace read as a Kineto one)."""
+    return [f for p in paths if p.is_dir() for f in _under(p)[0] if is_execution_trace(f)]
+
+
+_ET_HEAD: Final = re.compile(rb'^\s*\{\s*"schema"\s*:')  # Kineto's is "schemaVersion"
+
+
+def is_execution_trace(path: Path) -> bool:
+    """Whether a JSON file opens as an execution trace does (`{"schema": ...`)."""
+    try:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
+            head = f.read(256)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return False  # its import says what is wrong with it
+    return _ET_HEAD.match(head) is not None
 
 
 def passed_over(paths: Sequence[Path]) -> list[Path]:
@@ -153,6 +178,8 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
                   command: list[str], progress: Progress | None = None) -> Run:
     """Create the Run `out` from Kineto trace files or Nsight Systems SQLite exports (one per
     rank; a directory stands for the trace files under it) and execution traces."""
+    if not options.execution_traces:
+        options = replace(options, execution_traces=tuple(directory_execution_traces(paths)))
     paths = trace_files(paths)
     if not paths:
         raise PerfswarmError("no trace files given")
