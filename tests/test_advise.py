@@ -173,6 +173,15 @@ def test_data_loading_with_workers_pipeline_model(tmp_path: Path) -> None:
     assert a.evidence["single_process"] is False
     assert a.gain_ns == 3 * (6 - 1) * 1_000_000
     assert a.gain_basis.startswith("pipeline model: the workers now make a batch")
+    # two workers (traced fetches) on 3 cores already hold the 2 spare ones: more would share
+    # them (doubling had been advised on 2 workers of 2 cores, the whole wait its gain)
+    fetch = [{**ev("DataLoader worker fetch", 10 * w, 5, "user_annotation"), "pid": 100 + w}
+             for w in range(2)]
+    full = with_manifest(imported(tmp_path, "full", [*events, *fetch]), cores=3)
+    b = shows(host.data_loading, full)
+    assert b.gain_ns is None and b.gain_basis.startswith("none: 2 workers a rank already hold")
+    assert b.change.startswith("make each sample cheaper")
+    assert shows(host.data_loading, with_manifest(full, cores=4)).gain_ns == a.gain_ns
 
 
 def test_data_loading_absent_when_loading_is_cheap(corpus_runs: dict[str, Run],

@@ -132,6 +132,15 @@ def data_loading(facts: Facts) -> Advice | None:
                     "its time): workers beyond the cores overlap its waits" if waiting else ""))
         change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
                   "persistent_workers=True)")
+    elif cores is not None and not waiting and _workers_per_rank(facts) >= spare_cores(cores):
+        # the workers already hold every spare core: more of them share the same cores (the
+        # doubling model had claimed all of a 2-worker loader's wait on 2 cores)
+        gain, basis = None, (f"none: {_workers_per_rank(facts):g} workers a rank already hold "
+                             f"the {spare_cores(cores)} spare core(s) of {cores}; more would "
+                             "share them")
+        change = ("make each sample cheaper to produce (decode or augment less, cache decoded "
+                  "samples, batch the augmentation), or produce the data on more cores or "
+                  "ahead of the run")
     else:
         # W workers take P to make a batch each: a step takes max(compute, P / W), so the
         # wait is P / W - compute; 2W workers leave max(0, (P / W) / 2 - compute) of it.
@@ -789,6 +798,12 @@ def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
     return round((inside(marks) - (inside(within) if within.height else 0)) * 1e9 / float(hz))
 
 
+def _workers_per_rank(facts: Facts) -> float:
+    """DataLoader worker processes a rank, from their traced fetches."""
+    fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
+    return fetches.select("rank", "pid").unique().height / max(1, len(facts.ranks))
+
+
 def loader_oversubscription(facts: Facts) -> Advice | None:
     """More DataLoader worker processes than cores: workers and training share the cores."""
     fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
@@ -796,7 +811,7 @@ def loader_oversubscription(facts: Facts) -> Advice | None:
     if cores is None:
         return None
     workers = fetches.select("rank", "pid").unique().height
-    per_rank = workers / max(1, len(facts.ranks))
+    per_rank = _workers_per_rank(facts)
     if per_rank <= spare_cores(cores) or workers == 0:
         return None
     on_cpu = on_cpu_share(facts, fetches)
