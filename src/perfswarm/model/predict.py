@@ -34,6 +34,7 @@ from functools import cached_property
 from typing import Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -321,7 +322,7 @@ def _compute_nodes(m: _Model) -> Mask:
     x1.81 at twice the batch and measured x0.9)."""
     g, ev = m.graph, m.ev
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
-    self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev))
+    self_ns = np.bincount(g.row[host], weights=g.dur[host], minlength=len(ev)).astype(np.float64)
     candidates = np.flatnonzero((self_ns > 0) & ev.of_kind("cpu_op"))
     family: dict[int, str] = {}
     rows = candidates.tolist()
@@ -330,7 +331,7 @@ def _compute_nodes(m: _Model) -> Mask:
         if cost is not None:
             family[row] = cost.family
     working = np.zeros(len(ev), bool)
-    working[sorted(set(family) - _enclosing(ev, family))] = True
+    working[sorted(set(family) - _enclosing(ev, family, self_ns))] = True
     out = np.zeros(len(g), bool)
     out[host] = working[g.row[host]]
     return out
@@ -342,17 +343,23 @@ def _any_shapes(m: _Model) -> bool:
     return any(s is not None for s in m.shapes(rows))
 
 
-def _enclosing(ev: Events, value: Mapping[int, object]) -> set[int]:
+def _enclosing(ev: Events, value: Mapping[int, object],
+               own: npt.NDArray[np.float64] | None = None) -> set[int]:
     """Rows of `value` that enclose, on their own thread, another of its rows of the same value
-    (a family, a result size): the outer one passes the work, or the result, on to the inner."""
+    (a family, a result size): the outer one passes the work, or the result, on to the inner.
+    With `own` (each row's own time), only where the outer one's is at most the inner ones':
+    a wrapper's own time is dispatch, less than the work it passes on (an upsample's own
+    interpolation, 1.9 ms around a 0.3 ms copy of its input, had been held as the
+    framework's)."""
     rows = np.array(sorted(value, key=lambda r: (int(ev.ts[r]), -int(ev.end[r]))), np.int64)
     starts = ev.ts[rows]
     outer = set()
     for i, r in enumerate(rows.tolist()):
         within = rows[i + 1:int(np.searchsorted(starts, ev.end[r], side="right"))]
         same = np.array([value[w] == value[r] for w in within.tolist()], bool)
-        if np.any((ev.tid[within] == ev.tid[r]) & (ev.rank[within] == ev.rank[r])
-                  & (ev.end[within] <= ev.end[r]) & same):
+        inner = within[(ev.tid[within] == ev.tid[r]) & (ev.rank[within] == ev.rank[r])
+                       & (ev.end[within] <= ev.end[r]) & same]
+        if len(inner) and (own is None or own[r] <= own[inner].sum()):
             outer.add(r)
     return outer
 
