@@ -494,10 +494,11 @@ def test_fixed_cost_read_off_the_runs_small_ops() -> None:
 
 
 def test_work_the_model_underrates_scales_with_the_work() -> None:
-    """An op the run took far longer than the sweep says (a CPU max pool at 46x its model)
-    keeps the model's fixed time per call and scales the rest as the model's work: at twice
-    the elements, 5 + 195 x 2 us, where the model's ratio of times (its fixed part alike)
-    had made it 200 x 7 / 6. One no slower than the model's fixed part scales by the ratio."""
+    """An op the run took far longer than its stand-in says (a CPU max pool at 46x the
+    reduction sweep) keeps the stand-in's fixed time per call and scales the rest as its
+    work: at twice the elements, 5 + 195 x 2 us, where the model's ratio of times (its fixed
+    part alike) had made it 200 x 7 / 6. One no slower than the fixed part scales by the
+    ratio."""
     scaler = ProfileScaler(Profile("cpu", 1, {"elementwise": FamilyModel((5e-6, 0.0, 0.0)),
                                               "reduction": FamilyModel((5e-6, 1e-9, 0.0))}, {}))
     old = op_cost("aten::max_pool2d_with_indices", [[8, 40, 1, 246]], ["float"])
@@ -511,6 +512,23 @@ def test_work_the_model_underrates_scales_with_the_work() -> None:
         5_000 + 195_000 * (after - 5e-6) / (before - 5e-6))
     assert scaler.scaled(4_000, old, new, dims, dims) == round(4_000 * after / before)
     assert (after - 5e-6) / (before - 5e-6) == pytest.approx(2.0)
+
+
+def test_an_op_of_a_swept_type_scales_by_its_models_ratio() -> None:
+    """A GEMM the run took far longer than its own sweep says (a GRU's [144, 16] x [16, 48]
+    weight gradient: 40 us, its model 20 us, nearly all time per call) scales by the model's
+    ratio, whose fixed part the sweep measured on that type: its excess is no work (the rest
+    scaled as the model's work, x4, had read a GRU's x3.97 at four times the batch, where it
+    ran x1.42)."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((20e-6, 0.0, 1e-12))}, {}))
+    dims = ((144, 16), (16, 48))
+    old = op_cost("aten::mm", list(map(list, dims)), ["float", "float"])
+    assert old is not None and old.family == "gemm"
+    new = scale_batch(old, 4.0)
+    before, after = scaler.model_time(old, dims), scaler.model_time(new, dims)
+    assert before is not None and after is not None
+    assert scaler.scaled(40_000, old, new, dims, dims) == round(40_000 * after / before)
+    assert after / before < 1.05 and (after - 20e-6) / (before - 20e-6) == pytest.approx(4.0)
 
 
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:

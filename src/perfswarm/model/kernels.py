@@ -114,19 +114,26 @@ class ProfileScaler:
 
     def scaled(self, measured_ns: int, old: OpCost, new: OpCost, old_dims: Dims,
                new_dims: Dims) -> int:
-        """The measured time at the new shapes. Its fixed part (the model's time per call and
-        the run's offset) stays; the rest scales as the model's work does. Where the run took
-        no longer than the model's fixed part, the whole scales by the model's ratio. An op
-        far slower in the run than in the sweep (a CPU max pool at 46x its model, memory ops
-        of a 1-D conv at 10-20x) is work the model underrates: the measured time over the
-        model's ratio had grown it x1.9-2.9 for four times the batch, where it ran x3.4-4.4."""
+        """The measured time at the new shapes: times the model's ratio (the run's offset on
+        both sides) for an op type the profile swept itself, whose scaling with shape, fixed
+        part included, the model knows. An op priced by a stand-in of another type (a pool or
+        a norm by the reduction sweep, a convolution's backward by the convolution's) keeps
+        its fixed part (the stand-in's time per call and the run's offset) and scales the rest
+        as the stand-in's work: a CPU max pool at 46x its stand-in, a 1-D conv's batch norms
+        at 10-20x, is work the stand-in underrates (the measured time times the ratio had
+        grown them x1.9-2.9 for four times the batch, where they ran x3.4-4.4), where a small
+        GEMM's excess over its own model is no work (scaled as work, a GRU's [144, B] x [B, 48]
+        weight gradient read x3.97 at four times the batch, and ran x1.42). Where the run took
+        no longer than the fixed part, the whole scales by the ratio."""
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns
         offset = self.offsets.get(old.family, 0.0)
         per_call = self._fixed_s(old.family)
         fixed = (per_call or 0.0) + offset
-        if per_call is None or measured_ns * 1e-9 <= fixed or min(before, after) <= per_call:
+        found = self._family(old.family)
+        if (per_call is None or (found is not None and found[1])
+                or measured_ns * 1e-9 <= fixed or min(before, after) <= per_call):
             return round(measured_ns * (after + offset) / (before + offset))
         work = (after - per_call) / (before - per_call)
         return round(fixed * 1e9 + (measured_ns - fixed * 1e9) * work)
