@@ -240,3 +240,17 @@ def test_one_processs_windows_on_the_workers(tmp_path: Path, scheduler: str) -> 
     assert _manifest(runs[0]) == _manifest(runs[1])
     steps = runs[1].table("steps", ["rank", "step"]).to_pylist()
     assert sorted((s["rank"], s["step"]) for s in steps) == [(0, 2), (0, 3), (1, 1)]
+
+
+def test_two_windows_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank of two profiling windows: its detected steps after the gap and its whole span's
+    breakdown without it, on Dask as in one process."""
+    from test_analyze import two_windows
+
+    run = import_traces(two_windows(tmp_path)[0], tmp_path / "r.run", ImportOptions(), ["t"])
+    outs = []
+    for flags in (["--workers", "0"], ["--scheduler", scheduler]):
+        assert main(["analyze", str(run.path), "--json", *flags]) == 0
+        outs.append(orjson.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and outs[0]["concurrency"]["ranks"][0]["total"]["unprofiled_ns"] > 0

@@ -445,41 +445,59 @@ def first_op_ns(ev: Events, rank: int) -> int | None:
     return int(starts.min()) if len(starts) else None
 
 
-def detected_steps(ev: Events, opened: Mapping[int, Sequence[int]] | None = None
+def detected_steps(ev: Events, profiled: Mapping[int, Sequence[tuple[int, int]]] | None = None
                    ) -> dict[int, list[StepWindow]]:
-    """Each rank's detected iterations; `opened`: where each of a rank's profiling windows
-    began (profiled_windows), a step found across the time between two (nothing traced there:
-    a schedule's cycles, a program's separate windows) starting at the later one's start (it
-    had begun at the earlier window's last step's end: 22 ms for steps of 1.5)."""
+    """Each rank's detected iterations; `profiled`: each rank's profiling windows
+    (profiled_windows), see after_gaps."""
     wakes = thread_wakes(ev)
-    out = {}
-    for rank in ev.ranks:
-        found = detected_windows(ev, rank, wakes)
-        starts = np.asarray(sorted((opened or {}).get(rank, ())), np.int64)
-        if len(starts) > 1:
-            at = np.searchsorted(starts, [w.end - 1 for w in found], side="right") - 1
-            found = [replace(w, start=max(w.start, int(starts[k]))) if k >= 0 else w
-                     for w, k in zip(found, at.tolist(), strict=True)]
-        if found:
-            out[rank] = found
-    return out
+    return {rank: found for rank in ev.ranks if (found := after_gaps(
+        detected_windows(ev, rank, wakes), (profiled or {}).get(rank, ())))}
 
 
-def profiled_windows(run: Run) -> dict[int, list[int]]:
-    """Where each rank's profiling windows began: its trace files' spans (the manifest's
-    sources), those that overlap (a rank's DataLoader workers' files beside its own) one."""
+def after_gaps(found: Sequence[StepWindow], windows: Sequence[tuple[int, int]]
+               ) -> list[StepWindow]:
+    """Steps found across the time between two profiling windows of their rank (`windows`:
+    nothing traced between them: a schedule's cycles, a program's separate windows) start
+    at the later one's start (one had begun at the earlier window's last step's end: 22 ms
+    for steps of 1.5)."""
+    starts = np.asarray(sorted(lo for lo, _ in windows), np.int64)
+    if len(starts) < 2:
+        return list(found)
+    at = np.searchsorted(starts, [w.end - 1 for w in found], side="right") - 1
+    return [replace(w, start=max(w.start, int(starts[k]))) if k >= 0 else w
+            for w, k in zip(found, at.tolist(), strict=True)]
+
+
+def profiled_windows(run: Run) -> dict[int, list[tuple[int, int]]]:
+    """Each rank's profiling windows: its trace files' spans (the manifest's sources), those
+    that overlap (a rank's DataLoader workers' files beside its own) one."""
     spans: dict[int, list[tuple[int, int]]] = {}
     for source in run.manifest()["sources"]:
         if "span_ns" in source:
-            spans.setdefault(int(source["rank"]), []).append(tuple(source["span_ns"]))
-    out: dict[int, list[int]] = {}
+            lo, hi = source["span_ns"]
+            spans.setdefault(int(source["rank"]), []).append((int(lo), int(hi)))
+    out: dict[int, list[tuple[int, int]]] = {}
     for rank, found in spans.items():
-        end = None
+        merged: list[tuple[int, int]] = []
         for lo, hi in sorted(found):
-            if end is None or lo >= end:
-                out.setdefault(rank, []).append(lo)
-            end = hi if end is None else max(end, hi)
+            if merged and lo < merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        out[rank] = merged
     return out
+
+
+def unprofiled_gaps(run: Run) -> dict[int, list[tuple[int, int]]]:
+    """Each rank's time between its profiling windows (profiled_windows), where nothing was
+    traced."""
+    return {rank: gaps_between(windows) for rank, windows in profiled_windows(run).items()
+            if len(windows) > 1}
+
+
+def gaps_between(windows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The time between consecutive windows (sorted, apart)."""
+    return [(a[1], b[0]) for a, b in itertools.pairwise(windows)]
 
 
 @dataclass(frozen=True)

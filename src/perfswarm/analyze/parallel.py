@@ -37,9 +37,12 @@ from perfswarm.analyze.dependencies import sync_events, thread_wakes
 from perfswarm.analyze.frame import EVENT_COLUMNS, I64, Events
 from perfswarm.analyze.iterations import (
     StepWindow,
+    after_gaps,
     combine,
     detected_windows,
     first_op_ns,
+    gaps_between,
+    profiled_windows,
     run_markers,
 )
 from perfswarm.analyze.kernels import RankKernels, rank_kernels
@@ -82,14 +85,16 @@ def load_rank(path: str, rank: int) -> Events:
 
 
 def rank_part(ev: Events, rank: int, use_markers: bool,
-              markers: Sequence[StepWindow] | None) -> RankPart:
+              markers: Sequence[StepWindow] | None,
+              profiled: Sequence[tuple[int, int]] = ()) -> RankPart:
     """The per-rank analyses of one rank. Its iterations are its markers when the Run has
-    markers (none if it has none of its own), else the ones detected on it."""
-    detected = detected_windows(ev, rank, thread_wakes(ev))
+    markers (none if it has none of its own), else the ones detected on it; `profiled`: its
+    profiling windows (iterations.profiled_windows)."""
+    detected = after_gaps(detected_windows(ev, rank, thread_wakes(ev)), profiled)
     windows = markers if use_markers else (detected or None)
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
-                    rank_concurrency(ev, rank, steps.get(rank, [])),
+                    rank_concurrency(ev, rank, steps.get(rank, []), gaps_between(profiled)),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
                     collective_starts(ev, rank), ev.working(rank), rank_kernels(ev, rank),
                     sequence_counts(ev),
@@ -117,8 +122,10 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     markers = run_markers(run, ignore_markers=ignore_markers)
     where = str(run.path)
     loaded = {r: client.submit(load_rank, where, r, pure=False) for r in ranks}
+    profiled = profiled_windows(run)
     parts: list[RankPart] = results([client.submit(rank_part, loaded[r], r, bool(markers),
-                                                   markers.get(r), pure=False) for r in ranks])
+                                                   markers.get(r), profiled.get(r, ()),
+                                                   pure=False) for r in ranks])
     flows = results([client.submit(rank_bandwidth, loaded[r], where, r, pure=False)
                      for r in ranks])
     its = combine(markers, {p.rank: p.detected for p in parts if p.detected},

@@ -20,6 +20,7 @@ from perfswarm.analyze.iterations import (
     combine,
     iterations,
     step_time,
+    unprofiled_gaps,
     unprofiled_steps,
 )
 from perfswarm.analyze.kernels import kernel_breakdown
@@ -82,7 +83,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     per = its.steps or windows
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
-        concurrency=concurrency(ev, per), ops=op_breakdown(ev, its.steps),
+        concurrency=concurrency(ev, per, unprofiled_gaps(run)), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
         critical_path=critical_path(ev, sync_events(run, ev), its.steps),
         swarms=swarms(run_samples(run), run.table("stacks"), program,
