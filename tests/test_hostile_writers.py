@@ -82,6 +82,22 @@ def test_terminal_shows_hostile_text_literally(run: Path, capsys: pytest.Capture
     assert LONG in capsys.readouterr().out.replace("\n", "").replace(" ", "")
 
 
+def test_a_newline_in_a_name_keeps_its_row() -> None:
+    """A name holding a newline (torch records a record_function name as given) is one cell
+    of one row, its newline an escape (it had split the row into rows of empty cells); text
+    printed as lines stays lines."""
+    from rich.table import Table
+
+    table = Table("name", "calls")
+    table.add_row("first line\nsecond line", "3")
+    with console.capture() as captured:
+        console.print(table)
+        console.print("done")
+    rows = [line for line in captured.get().splitlines() if "line" in line]
+    assert len(rows) == 1 and "first line\\nsecond line" in rows[0] and "3" in rows[0]
+    assert captured.get().endswith("done\n")
+
+
 def _strings(data: object) -> Iterator[str]:
     """Every string in decoded JSON, keys included."""
     if isinstance(data, str):

@@ -6,7 +6,8 @@ advice) is text, so "[param|cuda]" or "[/x]" prints as itself. Styled parts are 
 
 Control characters and bidirectional overrides in that text would drive the terminal, so both
 consoles show them as escapes (perfswarm.shown.visible: `\x1b`, `\u202e`; rich itself drops
-BEL, BS, VT, FF and CR from Text), and JSON escapes them."""
+BEL, BS, VT, FF and CR from Text), a newline in a string too (`\n`: a name's newline had split
+a table's row), and JSON escapes them."""
 
 from __future__ import annotations
 
@@ -39,7 +40,10 @@ class _TextConsole(Console):
         super().__init__(highlight=False, markup=False, emoji=False, **kwargs)
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
-        return super().render_str(visible(text), **kwargs)  # before rich drops BEL, CR, ...
+        # before rich drops BEL, CR, ...; a newline in a string (a name in a table's cell) is
+        # shown as an escape too: it had split the row into rows of empty cells (lines of
+        # output are printed apart, or as Text, which keeps its own)
+        return super().render_str(visible(text).replace("\n", "\\n"), **kwargs)
 
     def render(self, renderable: RenderableType, options: ConsoleOptions | None = None
                ) -> Iterable[Segment]:
