@@ -656,9 +656,12 @@ def test_a_cycle_of_optimizer_calls() -> None:
     assert call_cycle(gan, calls) == 2 and call_cycle(np.full(19, 240), calls) == 1
     assert call_cycle(np.array([240, 240, 240, 240, 900] * 4), calls) == 1
     assert call_cycle(np.array([1, 2, 3] * 5), calls) == 3
-    # one optimizer, alike calls, an evaluation pass every third step: a cycle of 1
+    # one optimizer, alike calls, an evaluation pass every third step: a cycle of 1; alike
+    # calls in twos are a GAN's of equal sizes or two optimizers stepped back to back
     assert call_cycle(np.array([240, 240, 300] * 5), np.full(16, 80)) == 1
-    assert call_cycle(gan, np.full(20, 80)) == 1
+    assert call_cycle(np.array([240, 300, 260] * 5), np.full(16, 80)) == 3
+    assert call_cycle(gan, np.full(20, 80)) == 2
+    assert call_cycle(np.array([700, 0] * 10), np.full(21, 80)) == 2
     done = np.array([10, 20, 30, 40, 50], np.int64)
     assert optimizer_windows(0, done, 2) == [(0, 20), (20, 40)]
     assert optimizer_windows(0, done) == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50)]

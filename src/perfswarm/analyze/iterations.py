@@ -416,15 +416,18 @@ CYCLE_MATCH = 0.9  # the share of stretches between calls that must repeat at th
 def call_cycle(between: I64, inside: I64) -> int:
     """How many optimizer calls make one step, from the ops between consecutive calls
     (`between`): the shortest cycle at which their counts repeat (a GAN's discriminator and
-    generator steps: 433 and 529 ops in turn, a cycle of 2), 1 where none does, or where the
-    calls themselves are alike (`inside`: the ops in each call; a GAN's optimizers update
-    other parameters): one optimizer is a cycle of 1 whatever runs between its calls (an
-    evaluation pass every third step had made a cycle of 3, and 12 steps read as 4)."""
-    if len(inside) and np.all(inside == inside[0]):
-        return 1
+    generator steps: 433 and 529 ops in turn, a cycle of 2; two optimizers stepped back to
+    back, nothing between them), 1 where none does. A cycle of three or more alike calls
+    (`inside`: the ops in each) whose stretches are all alike but one is one optimizer's steps
+    with extra work every k-th (an evaluation pass after every third step had made a cycle of
+    3, and 12 steps read as 4): a cycle of 1. With two, alike calls are as likely two
+    optimizers of as many parameters (a GAN's, alike in size: each call its own step had
+    halved the step time) as one with extra work every second step: a cycle of 2."""
     for k in range(1, MAX_CYCLE + 1):
         if len(between) >= 2 * k and np.mean(between[k:] == between[:-k]) >= CYCLE_MATCH:
-            return k
+            alike = len(inside) > 0 and bool(np.all(inside == inside[0]))
+            phases = np.unique(between[:k], return_counts=True)[1]
+            return 1 if k >= 3 and alike and sorted(phases.tolist()) == [1, k - 1] else k
     return 1
 
 
