@@ -377,6 +377,21 @@ def test_a_directory_with_an_execution_trace(tmp_path: Path) -> None:
     assert run.table("graph_nodes").num_rows == given.table("graph_nodes").num_rows > 0
 
 
+def test_an_execution_trace_joins_the_rank_of_its_process(tmp_path: Path) -> None:
+    """An execution trace's header names its process (`pid`): it joins the rank whose trace
+    files hold that process, not the first rank (a directory's ETs in name order had landed on
+    each other's ranks). The corpus's ET is process 563677's, its Kineto trace here rank 1."""
+    head = gzip.decompress((CORPUS / ET).read_bytes())[:200].decode()
+    pid = int(head.split('"pid":')[1].split(",")[0])
+    other = window(tmp_path / "other.json", 7, 1.0, 1)
+    run = import_traces([other, corpus("et_trace")], tmp_path / "r.run",
+                        ImportOptions(ranks=(0, 1), execution_traces=(CORPUS / ET,)), ["t"])
+    (source,) = [s for s in run.manifest()["sources"] if s["file"] == (CORPUS / ET).name]
+    assert pid in next(s["host_pids"] for s in run.manifest()["sources"] if s["rank"] == 1)
+    assert source["rank"] == 1
+    assert set(run.table("graph_nodes", ["rank"]).column("rank").to_pylist()) == {1}
+
+
 def test_a_directory_says_which_trace_files_it_left_out(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """HTA's corpus holds one *.pt.trace.json.gz among 14 *.json[.gz]: the log-dir rule takes

@@ -215,7 +215,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
         if options.execution_traces:
             for et_path in options.execution_traces:
                 run.add_raw(et_path)
-            add_execution_traces(run, manifest, _by_rank(options.execution_traces, manifest),
+            add_execution_traces(run, manifest, _et_ranks(options.execution_traces, manifest),
                                  execution_trace.read)
         if options.memory_timelines:
             _add_memory_timelines(run, _by_rank(options.memory_timelines, manifest), manifest)
@@ -230,6 +230,30 @@ def _by_rank(paths: Sequence[Path], manifest: Manifest) -> list[tuple[Path, int]
     (past the last, rank j)."""
     ranks = manifest["ranks"]
     return [(p, ranks[j] if j < len(ranks) else j) for j, p in enumerate(paths)]
+
+
+_ET_PID: Final = re.compile(rb'"pid"\s*:\s*(\d+)')
+
+
+def _et_ranks(paths: Sequence[Path], manifest: Manifest) -> list[tuple[Path, int]]:
+    """Each execution trace with the rank of the trace files whose host process it names
+    (its header's `pid`: a directory's ETs in name order had landed on each other's ranks,
+    and a process's second window's on a rank the Run does not have), else by order
+    (_by_rank)."""
+    by_pid: dict[int, set[int]] = {}
+    for source in manifest["sources"]:
+        for pid in source.get("host_pids", ()):
+            by_pid.setdefault(int(pid), set()).add(int(source["rank"]))
+    out = []
+    for path, rank in _by_rank(paths, manifest):
+        try:
+            with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
+                found = _ET_PID.search(f.read(512))
+        except (OSError, EOFError, gzip.BadGzipFile):
+            found = None  # its read says what is wrong with it
+        ranks = by_pid.get(int(found[1]), set()) if found else set()
+        out.append((path, next(iter(ranks)) if len(ranks) == 1 else rank))
+    return out
 
 
 def _add_memory_timelines(run: Run, paths: Sequence[tuple[Path, int]],
