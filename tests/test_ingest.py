@@ -348,7 +348,7 @@ def test_an_empty_last_marker_is_no_step(tmp_path: Path, streaming: str) -> None
     """tests/data/short_loop.py: a loop that ends inside the profiler's active steps; its last
     `prof.step()` opens a ProfilerStep that holds no event (9 us; it had counted as a step,
     the step time 5% low). The marker steps are those holding events in the raw JSON; the
-    empty one is the tail."""
+    empty one is the tail, as is one holding a tenth of a step's events or less."""
     trace = DATA / "short_loop_cpu.pt.trace.json.gz"
     raw = [e for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
            if e.get("ph") == "X"]
@@ -361,6 +361,19 @@ def test_an_empty_last_marker_is_no_step(tmp_path: Path, streaming: str) -> None
     steps = run.table("steps", ["step", "source"]).to_pylist()
     assert sorted((s["step"], s["source"]) for s in steps) == sorted(
         [(n, "marker") for n in held] + [(max(markers), "tail")])
+    # what the program ran after its loop, in that marker (a loss.item(): 2 ops beside every
+    # step's many), leaves it the tail; as many ops as a step's, a step
+    lo, _ = markers[max(markers)]
+    item = {"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": raw[0]["pid"],
+            "tid": raw[0]["tid"], "ts": lo + 1, "dur": 1, "args": {}}
+    full = json.loads(gzip.decompress(trace.read_bytes()))
+    for name, extra in (("item.json", [item]), ("busy.json", [item] * 400)):
+        (tmp_path / name).write_text(json.dumps(dict(full, traceEvents=[*full["traceEvents"],
+                                                                        *extra])))
+        found = import_traces([tmp_path / name], tmp_path / f"{name}.run",
+                              ImportOptions(streaming=streaming), ["t"])
+        last = max(found.table("steps", ["step", "source"]).to_pylist(), key=lambda s: s["step"])
+        assert last["source"] == ("tail" if name == "item.json" else "marker")
 
 
 def test_a_directory_with_an_execution_trace(tmp_path: Path) -> None:

@@ -397,30 +397,43 @@ def _two_recordings(a: Path, b: Path, of: str, why: str) -> PerfswarmError:
                           "import each alone (`perfswarm diff A.run B.run` compares them)")
 
 
-def empty_last_steps(run: Run) -> None:
-    """Each rank's last ProfilerStep that holds no event but its marker is a `tail`, not a
-    step: a loop that ends inside the profiler's active steps calls `prof.step()` after its
-    last step, which opens one more marker, of microseconds (it had counted as a step: the
-    step time 5% low, and with two real steps the median was the smaller one)."""
+TAIL_SHARE = 0.1  # a last marker holding under this share of the other steps' events: a tail
+
+
+def tail_steps(run: Run) -> None:
+    """Each rank's last ProfilerStep that holds no event but its marker, or under a tenth of
+    the events its other marked steps hold (their median, of two or more), is a `tail`, not
+    a step: a loop that ends inside the profiler's active steps calls `prof.step()` after its
+    last step, which opens one more marker of microseconds, perhaps holding what the program
+    ran after its loop (a `loss.item()`: 2 ops beside 210 a step). It had counted as a step:
+    the step time 5% low, and with two real steps the median was the smaller one."""
     steps = run.table("steps")
     marked = np.flatnonzero(pc.equal(steps.column("source").cast(pa.string()), PROFILED)
                             .to_numpy(zero_copy_only=False))
     if not len(marked):
         return
     rank, start = steps.column("rank").to_numpy(), steps.column("start").to_numpy()
-    last = {int(rank[i]): int(i) for i in marked[np.lexsort((start[marked], rank[marked]))]}
+    step = steps.column("step").to_numpy()
     events = run.table("events", ["rank", "step", "name"])
     names = events.column("name").combine_chunks()
     assert isinstance(names, pa.DictionaryArray)
     marker = np.array([bool(v and PROFILER_STEP.match(v)) for v in names.dictionary.to_pylist()],
                       bool)[names.indices.to_numpy(zero_copy_only=False)]
     ev_rank, ev_step = events.column("rank").to_numpy(), events.column("step").to_numpy()
-    step = steps.column("step").to_numpy()
-    empty = [i for r, i in last.items()
-             if not np.any((ev_rank == r) & (ev_step == step[i]) & ~marker)]
-    if empty:
+    tails = []
+    for r in np.unique(rank[marked]).tolist():
+        mine = marked[rank[marked] == r]
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        numbers, counts = np.unique(ev_step[(ev_rank == r) & ~marker], return_counts=True)
+        count_of = dict(zip(numbers.tolist(), counts.tolist(), strict=True))
+        held = [count_of.get(int(step[i]), 0) for i in mine.tolist()]
+        others = held[:-1]
+        if held[-1] == 0 or (len(others) >= 2
+                             and held[-1] < TAIL_SHARE * float(np.median(others))):
+            tails.append(int(mine[-1]))
+    if tails:
         source = steps.column("source").to_pylist()
-        for i in empty:
+        for i in tails:
             source[i] = TAIL
         run.write_table("steps", steps.set_column(steps.schema.get_field_index("source"),
                                                   "source", pa.array(source)))

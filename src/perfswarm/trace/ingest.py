@@ -26,12 +26,12 @@ from perfswarm.trace.build import (
     TableParts,
     add_execution_traces,
     describe,
-    empty_last_steps,
     in_memory,
     one_recording,
     process_ranks,
     ranks_seen,
     step_offsets,
+    tail_steps,
     with_rank,
     write_tables,
 )
@@ -209,7 +209,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             tables = read(run, paths, options, manifest, progress)
         one_recording(manifest, paths)
         write_tables(run, tables)
-        empty_last_steps(run)
+        tail_steps(run)
         shutil.rmtree(_scratch(run), ignore_errors=True)
         ranks_seen(manifest)
         if options.execution_traces:

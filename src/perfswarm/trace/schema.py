@@ -112,8 +112,8 @@ STEPS: Final = pa.schema(
 # that holds the trace export (`export`): they carry no events, so every share and per-step
 # rate of the events divides by the profiled steps alone. A marked step that no step hook
 # ended (the program exited or raised inside the window: its exit, or the exception's
-# unwinding, is no step), or an imported trace's last marker that holds no event (the loop
-# ended inside the profiler's active steps), is marked `tail`.
+# unwinding, is no step), or an imported trace's last marker that holds next to no event (the
+# loop ended inside the profiler's active steps: build.tail_steps), is marked `tail`.
 PROFILED: Final[str] = "marker"
 EXPORT: Final[str] = "export"
 TAIL: Final[str] = "tail"
