@@ -304,9 +304,14 @@ def test_a_step_after_the_time_between_two_windows(tmp_path: Path) -> None:
 
     gap = round(min(e["ts"] for e in second) * 1000) - round(
         max(e["ts"] + e["dur"] for e in first) * 1000)
-    total = analyze(run).concurrency.ranks[0].total
+    found = analyze(run)
+    total = found.concurrency.ranks[0].total
     assert total.unprofiled_ns == gap
     assert total.span_ns == total.end - total.start - gap == sum(total.ns.values())
+    # so does the Run's critical path (it had crossed the gap as host_idle)
+    path = found.critical_path
+    assert path is not None and path.unprofiled_ns == gap
+    assert path.length_ns == path.end - path.start - gap == sum(path.ns.values())
 
 
 @pytest.mark.parametrize("setup", [False, True])

@@ -31,6 +31,7 @@ from perfswarm.analyze.critical_path import (
     paths,
     step_windows,
     walk,
+    without_gaps,
 )
 from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events, thread_wakes
@@ -143,10 +144,11 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     windows = step_windows(its.steps)
     within = [None, *(w for _, w in windows)]
     try:
-        critical = paths(results([client.submit(ends, graphs[r], within, pure=False)
-                                  for r in ranks]), windows,
-                         lambda s, stop, floor: results([client.submit(
-                             walk_segment, graphs[s[0]], s, stop, floor, pure=False)])[0])
+        critical = without_gaps(paths(
+            results([client.submit(ends, graphs[r], within, pure=False) for r in ranks]),
+            windows, lambda s, stop, floor: results([client.submit(
+                walk_segment, graphs[s[0]], s, stop, floor, pure=False)])[0]),
+            {r: gaps_between(w) for r, w in profiled.items() if len(w) > 1})
     finally:
         for f in graphs.values():
             f.release()

@@ -85,7 +85,7 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
         concurrency=concurrency(ev, per, unprofiled_gaps(run)), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
-        critical_path=critical_path(ev, sync_events(run, ev), its.steps),
+        critical_path=critical_path(ev, sync_events(run, ev), its.steps, unprofiled_gaps(run)),
         swarms=swarms(run_samples(run), run.table("stacks"), program,
                       unprofiled=program is not its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),
