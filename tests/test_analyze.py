@@ -664,6 +664,8 @@ def test_a_cycle_of_optimizer_calls() -> None:
     # one optimizer, alike calls, an evaluation pass every third step: a cycle of 1; alike
     # calls in twos are a GAN's of equal sizes or two optimizers stepped back to back
     assert call_cycle(np.array([240, 240, 300] * 5), np.full(16, 80)) == 1
+    cold = np.array([120] + [80] * 15)  # Adam makes its state at its first step
+    assert call_cycle(np.array([240, 240, 300] * 5), cold) == 1
     assert call_cycle(np.array([240, 300, 260] * 5), np.full(16, 80)) == 3
     assert call_cycle(gan, np.full(20, 80)) == 2
     assert call_cycle(np.array([700, 0] * 10), np.full(21, 80)) == 2
