@@ -455,6 +455,12 @@ def test_a_processs_windows_are_one_rank(tmp_path: Path, streaming: str,
     events = run.table("events", ["rank", "pid"]).to_pylist()
     assert sorted((e["rank"], e["pid"]) for e in events) == [(0, 42)] * 4 + [(1, 43)] * 2
     assert run.manifest()["warnings"] == []  # one process's windows claim nothing
+    # a process whose window ran 20 ms after the others': a rank of the same job (processes
+    # that run together may profile windows apart)
+    near = window(tmp_path / ("y" + names[0]), 45, 20_000.0, 1)
+    together = import_traces([*paths, near], tmp_path / "n.run",
+                             ImportOptions(streaming=streaming), ["t"])
+    assert together.manifest()["ranks"] == [0, 1, 2]
     # the same program run again into the log dir, 9.5 minutes on: another run, not a rank
     again = window(tmp_path / ("z" + names[0]), 44, 570e6, 2)
     with pytest.raises(PerfswarmError, match=rf"{names[0]} and .*z{names[0]}: two recordings "

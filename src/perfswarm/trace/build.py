@@ -210,6 +210,9 @@ def file_rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
     return meta.rank if meta.rank is not None else i
 
 
+SEPARATE_RUNS_NS = 1_000_000_000  # processes whose recordings are this far apart are two runs
+
+
 def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence[TraceMeta],
                   extents: Sequence[Extent | None]) -> list[int]:
     """Each file's rank. One that names its rank (`--rank`, distributedInfo, its file name)
@@ -220,9 +223,10 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
     advise had called the one holding the warm-up step a straggler). Files of one process id
     over the same time stay apart (hosts reuse ids: two containers' ranks may both be pid 1).
     Numbered by their first file, 0, 1, ... when no file names a rank, else that file's
-    position. Where no file names a rank, processes that ran at other times than every other
-    are other runs of the program, not ranks of one job (a script run twice into one
-    TensorBoard log dir had been two ranks of a job spanning 9.5 minutes): refused."""
+    position. Where no file names a rank, processes whose recordings lie apart from every
+    other's, by a second and ten times the longer one, are other runs of the program, not
+    ranks of one job (a script run twice into one TensorBoard log dir had been two ranks of a
+    job spanning 9.5 minutes): refused."""
     named = [bool(options.ranks) or m.rank is not None for m in metas]
     for given, meta in zip(options.ranks, metas, strict=False):  # no --rank: none
         if meta.rank not in (None, given):
@@ -246,8 +250,11 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
              for first, seen in groups if seen]
     for start, end, first in spans if len(spans) > 1 and not any(named) else ():
         others = [(s, e, f) for s, e, f in spans if f != first]
-        if not any(start < e and s < end for s, e, _ in others):
-            gap, nearest = min((max(start, s) - min(end, e), f) for s, e, f in others)
+        gap, nearest = min((max(start, s) - min(end, e), f) for s, e, f in others)
+        longest = max(end - start, *(e - s for s, e, f in others if f == nearest))
+        # apart by a second and ten times the longer one: processes that ran together may
+        # profile windows tens of ms apart
+        if gap >= max(SEPARATE_RUNS_NS, 10 * longest):
             raise _two_recordings(paths[min(first, nearest)], paths[max(first, nearest)],
                                   "with no rank named", _apart(gap))
     return out
