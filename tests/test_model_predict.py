@@ -746,3 +746,5 @@ def test_a_run_without_shapes(tmp_path: Path) -> None:
     with pytest.raises(ParameterError, match=r"no op has recorded shapes .*: a changed batch "
                                              r"size or dimension needs them"):
         predict(run, Change(batch_size=128, recorded_batch_size=64), profile=PROFILE)
+    with pytest.raises(ParameterError, match=r"no op has recorded shapes"):  # asked first
+        predict(run, Change(batch_size=128))

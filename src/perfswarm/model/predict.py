@@ -831,6 +831,18 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     keep[synced[synced >= 0]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep)
 
+    shapeless = (m.platform == "cpu" and change.device is None and not m.compute.any()
+                 and not _any_shapes(m))
+    if shapeless:
+        why = "no op has recorded shapes (torch.profiler's record_shapes=False, its default)"
+        if change.batch_size is not None or change.dims:  # (every op had been kept at its
+            # time, the same step predicted; a profile or batch size asked for first)
+            raise ParameterError(None, f"{why}: a changed batch size or dimension needs them; "
+                                 "record with record_shapes=True", subject=run.path)
+        notes.append(f"{why}: no op can be told to compute, so compute reads 0 and every op's "
+                     "own time counts as the framework's; record with record_shapes=True to "
+                     "split them")
+
     fixed = parameter_shapes(m) - sparse_tables(m)
     batch: tuple[int, int] | None = None
     factor = 1.0
@@ -866,16 +878,6 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             notes.append("the profile's held-out error is above "
                          f"{100 * UNUSABLE_GMAE:.0f}% for {', '.join(profile.unusable())}: "
                          "its sweeps timed other load; recalibrate on a quieter machine")
-        if not m.compute.any() and not _any_shapes(m):
-            shapeless = ("no op has recorded shapes (torch.profiler's record_shapes=False, its "
-                         "default)")
-            if needs_model:  # (every op had been kept at its time: the same step predicted)
-                raise ParameterError(None, f"{shapeless}: a changed batch size or dimension "
-                                     "needs them; record with record_shapes=True",
-                                     subject=run.path)
-            notes.append(f"{shapeless}: no op can be told to compute, so compute reads 0 and "
-                         "every op's own time counts as the framework's; record with "
-                         "record_shapes=True to split them")
     else:
         if source is None and (change.device or batch or change.dims):
             raise ParameterError(None, "cannot tell which GPU recorded this run; give "
