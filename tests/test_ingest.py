@@ -455,6 +455,8 @@ def test_a_processs_windows_are_one_rank(tmp_path: Path, streaming: str,
     events = run.table("events", ["rank", "pid"]).to_pylist()
     assert sorted((e["rank"], e["pid"]) for e in events) == [(0, 42)] * 4 + [(1, 43)] * 2
     assert run.manifest()["warnings"] == []  # one process's windows claim nothing
+    # info lists them in time order, whatever the files' names
+    assert [(s["rank"], s["step"]) for s in run_info(run)["steps"]] == [(0, 5), (0, 10), (1, 1)]
     # a process whose window ran 20 ms after the others': a rank of the same job (processes
     # that run together may profile windows apart)
     near = window(tmp_path / ("y" + names[0]), 45, 20_000.0, 1)

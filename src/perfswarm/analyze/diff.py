@@ -189,9 +189,14 @@ def totals(ev: Events, pid: int | None = None, where: I64 | None = None
     return out
 
 
-def span(ev: Events) -> int:
+def span(ev: Events, gaps: Sequence[tuple[int, int]] = ()) -> int:
+    """From the first compared event to the last, less `gaps` (the time between profiling
+    windows, iterations.unprofiled_gaps: nothing traced there)."""
     busy = ev.of_kind(*COMPARED_KINDS)
-    return int(ev.end[busy].max() - ev.ts[busy].min()) if busy.any() else 0
+    if not busy.any():
+        return 0
+    lo, hi = int(ev.ts[busy].min()), int(ev.end[busy].max())
+    return hi - lo - sum(max(0, min(b, hi) - max(a, lo)) for a, b in gaps)
 
 
 def per_step(ev: Events, steps: Sequence[StepWindow], pid: int | None = None
@@ -232,9 +237,12 @@ def noise(a: F64, b: F64) -> float:
 def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[StepWindow],
          top: int | None = TOP, pids: tuple[int | None, int | None] = (None, None),
          step_time: StepTimeDelta | None = None,
-         contention: tuple[float | None, float | None] = (None, None)) -> RunDiff:
+         contention: tuple[float | None, float | None] = (None, None),
+         gaps: tuple[Sequence[tuple[int, int]], Sequence[tuple[int, int]]] = ((), ())
+         ) -> RunDiff:
     """Compare b against a; steps are each side's iterations (one rank's), in time order;
-    `pids`, each side's loop process (None: every process's ops)."""
+    `pids`, each side's loop process (None: every process's ops); `gaps`, each side's time
+    between its profiling windows, no part of its span."""
     both_steps = bool(a_steps) and bool(b_steps)
     ta = totals(a, pids[0], step_index(a, a_steps) if both_steps else None)
     tb = totals(b, pids[1], step_index(b, b_steps) if both_steps else None)
@@ -264,7 +272,8 @@ def diff(a: Events, a_steps: Sequence[StepWindow], b: Events, b_steps: Sequence[
                   else d.delta_ns) < 0]
     steps = tuple(StepDelta(i, x.step, y.step, x.dur, y.dur)
                   for i, (x, y) in enumerate(zip(a_steps, b_steps, strict=False)))
-    return RunDiff(span(a), span(b), steps, tuple(deltas[:top]), tuple(sorted(set(ta) - set(tb))),
+    return RunDiff(span(a, gaps[0]), span(b, gaps[1]), steps, tuple(deltas[:top]),
+                   tuple(sorted(set(ta) - set(tb))),
                    tuple(sorted(set(tb) - set(ta))), tuple(better[:top]), step_time,
                    contention)
 

@@ -114,8 +114,9 @@ def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None =
         cores = int(run.manifest().get("host", {}).get("cores") or 1)
         sides.append((mine, list(steps), None if loop is None else loop[0],
                       step_time(timed, batch_sizes(run)),
-                      contended(run.table("counters", ["ts", "name", "value"]), steps, cores)))
-    (ea, sa, pa_, ta, ca), (eb, sb, pb_, tb, cb) = sides
+                      contended(run.table("counters", ["ts", "name", "value"]), steps, cores),
+                      unprofiled_gaps(run).get(chosen, [])))
+    (ea, sa, pa_, ta, ca, ga), (eb, sb, pb_, tb, cb, gb) = sides
     return diff(ea, sa, eb, sb, pids=(pa_, pb_),
                 step_time=StepTimeDelta(ta, tb) if ta is not None and tb is not None else None,
-                contention=(ca, cb))
+                contention=(ca, cb), gaps=(ga, gb))

@@ -62,8 +62,8 @@ def run_info(run: Run) -> RunInfo:
     step_rows = [
         StepInfo(rank=r["rank"], step=r["step"], start=r["start"], end=r["end"],
                  duration_ns=r["end"] - r["start"], source=r["source"])
-        for r in steps.to_pylist()
-    ]
+        for r in sorted(steps.to_pylist(), key=lambda r: (r["rank"], r["start"], r["step"]))
+    ]  # in time order (a log dir's files are in name order: trace_6 after trace_18)
     devices: list[dict[str, object]] = [
         {k: d.get(k) for k in ("rank", "id", "name", "totalGlobalMem", "numSms") if k in d}
         for d in manifest["devices"]
