@@ -52,7 +52,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
-from perfswarm.analyze.iterations import StepWindow
+from perfswarm.analyze.iterations import StepWindow, within_gaps
 from perfswarm.analyze.stragglers import Peer, instances_of
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "launch_overhead",
@@ -586,7 +586,7 @@ def without_gaps(found: CriticalPath | None, gaps: Mapping[int, Sequence[tuple[i
     for spans in gaps.values():
         common = list(spans) if common is None else [
             (max(a, c), min(b, d)) for a, b in common for c, d in spans if max(a, c) < min(b, d)]
-    left = sum(max(0, min(hi, found.end) - max(lo, found.start)) for lo, hi in common or ())
+    left = within_gaps(common or [], found.start, found.end)
     if not left:
         return found
     ns, unprofiled = dict(found.ns), left

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import DEVICE_OPS, I64, WORK_KINDS, Events
 from perfswarm.analyze.intervals import Coverage, Mask, union
-from perfswarm.analyze.iterations import StepTime, StepWindow
+from perfswarm.analyze.iterations import StepTime, StepWindow, within_gaps
 from perfswarm.analyze.system import F64, others_delay
 from perfswarm.trace.schema import KINDS, PROFILED
 
@@ -196,7 +196,7 @@ def span(ev: Events, gaps: Sequence[tuple[int, int]] = ()) -> int:
     if not busy.any():
         return 0
     lo, hi = int(ev.ts[busy].min()), int(ev.end[busy].max())
-    return hi - lo - sum(max(0, min(b, hi) - max(a, lo)) for a, b in gaps)
+    return hi - lo - within_gaps(gaps, lo, hi)
 
 
 def per_step(ev: Events, steps: Sequence[StepWindow], pid: int | None = None

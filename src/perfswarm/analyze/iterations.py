@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, lane_key
+from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.phases import nested, step_calls
 from perfswarm.trace.schema import PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
@@ -476,22 +477,18 @@ def after_gaps(found: Sequence[StepWindow], windows: Sequence[tuple[int, int]]
 
 def profiled_windows(run: Run) -> dict[int, list[tuple[int, int]]]:
     """Each rank's profiling windows: its trace files' spans (the manifest's sources), those
-    that overlap (a rank's DataLoader workers' files beside its own) one."""
-    spans: dict[int, list[tuple[int, int]]] = {}
-    for source in run.manifest()["sources"]:
-        if "span_ns" in source:
-            lo, hi = source["span_ns"]
-            spans.setdefault(int(source["rank"]), []).append((int(lo), int(hi)))
-    out: dict[int, list[tuple[int, int]]] = {}
-    for rank, found in spans.items():
-        merged: list[tuple[int, int]] = []
-        for lo, hi in sorted(found):
-            if merged and lo < merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-            else:
-                merged.append((lo, hi))
-        out[rank] = merged
-    return out
+    that overlap (a rank's DataLoader workers' files beside its own) one. Once per Run."""
+    def found() -> dict[int, list[tuple[int, int]]]:
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for source in run.manifest()["sources"]:
+            if "span_ns" in source:
+                spans.setdefault(int(source["rank"]), []).append(tuple(source["span_ns"]))
+        out = {}
+        for rank, pairs in spans.items():
+            lo, hi = union(*(np.array(side, np.int64) for side in zip(*pairs, strict=True)))
+            out[rank] = list(zip(lo.tolist(), hi.tolist(), strict=True))
+        return out
+    return run.memo(("profiled windows",), found)
 
 
 def unprofiled_gaps(run: Run) -> dict[int, list[tuple[int, int]]]:
@@ -504,6 +501,14 @@ def unprofiled_gaps(run: Run) -> dict[int, list[tuple[int, int]]]:
 def gaps_between(windows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The time between consecutive windows (sorted, apart)."""
     return [(a[1], b[0]) for a, b in itertools.pairwise(windows)]
+
+
+def within_gaps(gaps: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
+    """How much of [lo, hi) lies in `gaps` (unprofiled_gaps' disjoint, sorted intervals)."""
+    if not gaps:
+        return 0
+    starts, ends = (np.array(side, np.int64) for side in zip(*gaps, strict=True))
+    return int(Coverage(starts, ends).between(np.array([lo]), np.array([hi]))[0])
 
 
 @dataclass(frozen=True)

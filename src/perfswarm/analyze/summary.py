@@ -81,11 +81,12 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     windows = {} if its.steps else time_windows(ev, run.table("counters"))
     program = unprofiled_steps(run.table("steps"), its.steps)
     per = its.steps or windows
+    gaps = unprofiled_gaps(run)
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
-        concurrency=concurrency(ev, per, unprofiled_gaps(run)), ops=op_breakdown(ev, its.steps),
+        concurrency=concurrency(ev, per, gaps), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev),
-        critical_path=critical_path(ev, sync_events(run, ev), its.steps, unprofiled_gaps(run)),
+        critical_path=critical_path(ev, sync_events(run, ev), its.steps, gaps),
         swarms=swarms(run_samples(run), run.table("stacks"), program,
                       unprofiled=program is not its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),

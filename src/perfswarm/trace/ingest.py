@@ -3,10 +3,10 @@ steps every path shares are trace/build.py's)."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perfswarm.errors import ParameterError, PerfswarmError
-from perfswarm.trace import nsys
+from perfswarm.trace import gunzip, nsys
 from perfswarm.trace.build import (
     Extent,
     ImportOptions,
@@ -147,12 +147,17 @@ _ET_HEAD: Final = re.compile(rb'^\s*\{\s*"schema"\s*:')  # Kineto's is "schemaVe
 
 def is_execution_trace(path: Path) -> bool:
     """Whether a JSON file opens as an execution trace does (`{"schema": ...`)."""
+    return _ET_HEAD.match(_head(path, 256)) is not None
+
+
+def _head(path: Path, size: int) -> bytes:
+    """The first `size` bytes of a file's text (gunzipped if gzip by its magic, as every
+    reader takes it); b"" where it cannot be read (its import says why)."""
     try:
-        with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
-            head = f.read(256)
-    except (OSError, EOFError, gzip.BadGzipFile):
-        return False  # its import says what is wrong with it
-    return _ET_HEAD.match(head) is not None
+        with gunzip.open_text(path) as f:
+            return f.read(size)
+    except (OSError, EOFError, zlib.error):
+        return b""
 
 
 def passed_over(paths: Sequence[Path]) -> list[Path]:
@@ -246,11 +251,7 @@ def _et_ranks(paths: Sequence[Path], manifest: Manifest) -> list[tuple[Path, int
             by_pid.setdefault(int(pid), set()).add(int(source["rank"]))
     out = []
     for path, rank in _by_rank(paths, manifest):
-        try:
-            with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
-                found = _ET_PID.search(f.read(512))
-        except (OSError, EOFError, gzip.BadGzipFile):
-            found = None  # its read says what is wrong with it
+        found = _ET_PID.search(_head(path, 512))
         ranks = by_pid.get(int(found[1]), set()) if found else set()
         out.append((path, next(iter(ranks)) if len(ranks) == 1 else rank))
     return out

@@ -29,6 +29,7 @@ from perfswarm.analyze.iterations import (
     step_time,
     top_level,
     unprofiled_gaps,
+    within_gaps,
 )
 from perfswarm.analyze.launch import LaunchStats, launch_pairs
 from perfswarm.analyze.memory import RankMemory
@@ -174,9 +175,7 @@ class Facts:
         end = int((ev["ts"] + ev["dur"]).max())  # type: ignore[arg-type]
         # the time between its profiling windows is not measured (three windows' 1.4 s of
         # gaps had made a 57% DataLoader wait 5% of the time, and its advice vanish)
-        gaps = sum(max(0, min(hi, end) - max(lo, start))
-                   for lo, hi in self._gaps.get(rank, ()))
-        return start, end, end - start - gaps
+        return start, end, end - start - within_gaps(self._gaps.get(rank, []), start, end)
 
     @cached_property
     def _gaps(self) -> dict[int, list[tuple[int, int]]]:
