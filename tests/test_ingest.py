@@ -388,6 +388,13 @@ def test_a_directory_with_an_execution_trace(tmp_path: Path) -> None:
     assert [s["file"] for s in run.manifest()["sources"]] == [
         s["file"] for s in given.manifest()["sources"]]
     assert run.table("graph_nodes").num_rows == given.table("graph_nodes").num_rows > 0
+    # a directory holding only an execution trace: one line naming it, nothing written
+    alone = tmp_path / "et_only"
+    alone.mkdir()
+    (alone / ET.split("/")[-1]).write_bytes((CORPUS / ET).read_bytes())
+    with pytest.raises(PerfswarmError, match=r"et_only: a directory of execution traces only"):
+        import_traces([alone], tmp_path / "x.run", ImportOptions(), ["t"])
+    assert not (tmp_path / "x.run").exists()
 
 
 def test_an_execution_trace_joins_the_rank_of_its_process(tmp_path: Path) -> None:

@@ -23,11 +23,11 @@ from perfswarm.trace.ingest import (
 
 @app.command("import")
 def import_command(
-    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz) or Nsight Systems SQLite exports (nsys export --type sqlite), one per rank, or a directory of them (e.g. TensorBoard's log dir: every *.pt.trace.json under it).")],
+    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json, .json.gz) or Nsight Systems SQLite exports (nsys export --type sqlite), one per rank or per profiling window, or a directory of them (e.g. TensorBoard's log dir: every *.pt.trace.json under it; an execution trace there is read as --et).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
-    et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON (one per rank, in rank order).")] = None,
+    et: Annotated[list[Path] | None, typer.Option("--et", help="Execution trace JSON: each joins the rank of the process its header names, else the ranks in order.")] = None,
     memory_timeline: Annotated[list[Path] | None, typer.Option("--memory-timeline", help="torch.profiler's memory timeline (export_memory_timeline: .json, .json.gz, or raw.json.gz) or a CUDA memory snapshot (torch.cuda.memory._dump_snapshot's pickle, read without running code), one per rank, in rank order: bytes alive per category over time, as counters memory.<category>.")] = None,
-    rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo, else file order).")] = None,
+    rank: Annotated[list[int] | None, typer.Option("--rank", help="Rank of each file, in order (default: distributedInfo or a rank in the file name, else one rank per host process).")] = None,
     drop_bad_events: Annotated[bool, typer.Option("--drop-bad-events", help="Drop events with negative or absurd times, or args that are not UTF-8 text (counted in warnings), instead of failing.")] = False,
     streaming: Annotated[str, typer.Option("--streaming", help="auto | always | never: bounded-memory path for traces over a quarter of RAM.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,

@@ -131,7 +131,14 @@ def trace_files(paths: Sequence[Path]) -> list[Path]:
     traces, `directory_execution_traces`), sorted."""
     out: list[Path] = []
     for p in paths:
-        out += [f for f in _under(p)[0] if not is_execution_trace(f)] if p.is_dir() else [p]
+        if not p.is_dir():
+            out.append(p)
+            continue
+        found = [f for f in _under(p)[0] if not is_execution_trace(f)]
+        if not found:
+            raise PerfswarmError(f"{p}: a directory of execution traces only; one is read "
+                                 "beside its Kineto trace (torch.profiler's export)")
+        out += found
     return out
 
 
