@@ -271,15 +271,27 @@ def test_attention_is_swept_on_the_cpu_as_it_runs() -> None:
 
     for family in ("sdpa", "sdpa_backward"):
         cases = list(_sweep(family, 1))
-        assert len(cases) == 144 and len({tuple(map(tuple, c[1])) for c in cases}) == 144
+        assert len(cases) == 458 == len({(tuple(map(tuple, c[1])), c[3]) for c in cases})
         heads = Counter(c[1][0][3] for c in cases)
         assert set(heads) == {8, 10, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128}
-        for op, dims, types, strides in cases[:3]:
+        assert set(Counter(c[1][0][0] for c in cases)) == {1, 2, 4, 8, 16, 32}
+        spreads = []
+        for op, dims, types, strides in cases:
             cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides))
             assert cost is not None and cost.family == family
-            out = _runner(op, dims, "cpu")()
+            batch, heads_, _, head = dims[0]
+            # contiguous, or views of [L, B, E]: rows B x E apart, up to a page
+            assert cost.row_spread in (1.0, max(1.0, min(batch * heads_ * head * 4, 4096)
+                                                / (head * 4)))
+            spreads.append(cost.row_spread)
+        assert max(spreads) == 128.0  # a head of 8, rows a page apart
+        strided = next(c for c in cases if c[3][0][2] != c[1][0][3])
+        for op, dims, _types, strides in (cases[0], strided):
+            out = _runner(op, dims, "cpu", strides)()
             first = out[0] if isinstance(out, tuple) else out
             assert isinstance(first, torch.Tensor) and list(first.shape) == dims[0]
+            if family == "sdpa":  # the forward's output takes q's layout: what the call ran on
+                assert first.stride() == tuple(strides[0])
 
 
 def test_convolution_backward_is_swept_as_autograd_records_it() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
@@ -364,3 +364,49 @@ def test_advanced_indexing_by_unrecorded_indices_is_not_priced() -> None:
                                             "Input type": ["float", "Scalar", "long int"]})
                               .decode())
     assert select is not None and data_cost("aten::index_select", select) is not None
+
+
+@settings(deadline=None)  # the first example imports torch
+@given(st.lists(st.tuples(st.integers(2, 6), st.integers(2, 6)), min_size=2, max_size=4),
+       st.data(), st.integers(1, 3))
+def test_resized_keeps_the_layout_torch_would_give(sizes: list[tuple[int, int]],
+                                                    data: st.DataObject, gap: int) -> None:
+    """A view of a dense tensor in any order of its dimensions (a slice `gap` times narrower
+    than its innermost storage dimension: nn.MultiheadAttention's q of [L, B, 3E]), resized:
+    the strides torch gives the same view at the new sizes."""
+    import torch
+
+    old, new = [a for a, _ in sizes], [b for _, b in sizes]
+    order = data.draw(st.permutations(range(len(sizes))))  # storage order, outermost first
+
+    def view(dims: list[int]) -> torch.Tensor:
+        storage = [dims[i] for i in order]
+        storage[-1] *= gap
+        base = torch.empty(storage)[..., : dims[order[-1]]]
+        return base.permute([order.index(i) for i in range(len(dims))])
+
+    before, after = view(old), view(new)
+    shapes = Shapes((tuple(old),), ("float",), (before.stride(),))
+    assert shapes.resized([new]).strides == (after.stride(),)
+    assert shapes.resized([new]).dims == (tuple(new),)
+
+
+def test_attention_spread_follows_the_batch() -> None:
+    """nn.MultiheadAttention's q, k and v, views of [L, B, E] (rows B x E apart), at twice and
+    four times the batch: the strides follow the batch (kept, the rows would stay B x E apart)
+    and so does the spread, up to a page."""
+    op = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    q, st_q = (16, 4, 64, 8), (32, 8, 16 * 32, 1)
+    shapes = Shapes((q, q, q, ()), ("float",) * 3 + ("Scalar",), (st_q, st_q, st_q, ()))
+    spreads = []
+    for factor in (1.0, 2.0, 4.0):
+        scaled = batch_scaled(op, shapes, (), factor)
+        assert scaled.strides[0] == (32, 8, int(16 * factor) * 32, 1)
+        cost = data_cost(op, scaled)
+        assert cost is not None
+        spreads.append(cost.row_spread)
+    assert spreads == [64.0, 128.0, 128.0]  # 2 KB, a page, (a page)
+    contiguous = data_cost(op, Shapes((q, q, q), ("float",) * 3))
+    assert contiguous is not None and contiguous.row_spread == 1.0
+    gemm = data_cost("aten::mm", Shapes(((8, 16), (16, 4)), ("float", "float")))
+    assert gemm is not None and gemm.row_spread == 0.0

@@ -77,6 +77,7 @@ _SDPA = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_at
 # scaled_dot_product_* ops (and the CPU's) as [batch, heads, seq, head_dim]
 _SEQ_SECOND = frozenset({"_efficient_attention_forward", "_flash_attention_forward",
                          "_efficient_attention_backward", "_flash_attention_backward"})
+PAGE_BYTES: Final = 4096
 # Per-element FLOPs of the families whose cost is a multiple of the largest tensor.
 _FLOPS_PER_ELEMENT = {"elementwise": 1.0, "reduction": 1.0, "norm": 5.0, "softmax": 5.0,
                       "pool": 1.0, "copy": 0.0}
@@ -97,6 +98,13 @@ class OpCost:
     b_transposed: bool = False  # a GEMM's second operand column-major (nn.Linear's weight)
     a_transposed: bool = False  # its first operand column-major (a weight gradient's)
     conv_out: tuple[int, ...] = ()  # a convolution's output size per spatial dimension
+    # attention's spread (0 for other ops): how far apart a head's consecutive rows lie (q's
+    # sequence stride, up to a page) over a row's own bytes, 1 where they are contiguous.
+    # nn.MultiheadAttention hands q, k and v over as views of [L, B, E], rows B x E apart: the
+    # CPU's flash kernel took 1.05x, 1.33x and 2.1-2.3x the contiguous time at spreads 32, 64
+    # and 128 (a head of 8, rows 1, 2 and 4+ KB apart), 1.1x at 32 (a head of 32, 4+ KB), which
+    # no count of FLOPs or bytes shows: each row read touches its own lines and pages
+    row_spread: float = 0.0
 
     @property
     def intensity(self) -> float:
@@ -297,6 +305,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     size, dtype = _element(input_types, input_dims)
     work: tuple[float, float] | None
     conv_out: tuple[int, ...] = ()
+    rows = 0.0
     if family == "gemm":
         work = _gemm(op, input_dims) if len(input_dims) >= 2 else None
     elif family == "conv":
@@ -313,6 +322,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
         work = _embedding(op, input_dims)
     elif family == "sdpa":
         work = _sdpa(op, input_dims)
+        rows = _row_spread(op, input_dims, strides, 0, size)
     else:
         largest = max(_numel(d) for d in shaped)
         inputs = sum(_numel(d) for d in shaped)
@@ -333,7 +343,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0,
                   family == "gemm" and b_transposed(op, input_dims, strides),
                   family == "gemm" and column_major(input_dims, strides, _operands(op)[0]),
-                  conv_out)
+                  conv_out, rows)
 
 
 def tf32_if_fp32(cost: OpCost) -> OpCost:
@@ -387,6 +397,17 @@ def attention_shape(op: str, q: Sequence[int], k: Sequence[int]
     return b, h, lq, k[2], d
 
 
+def _row_spread(op: str, dims: Dims, strides: Dims, q: int, size: int) -> float:
+    """OpCost.row_spread of an attention op whose q is input `q` (of `size`-byte elements),
+    from its recorded stride along the sequence (1 without strides: contiguous)."""
+    if len(dims) <= q or len(dims[q]) != 4:
+        return 0.0
+    head = max(dims[q][3], 1)
+    recorded = strides[q] if len(strides) > q and len(strides[q]) == 4 else ()
+    row = recorded[1 if op in _SEQ_SECOND else 2] if recorded else head
+    return max(1.0, min(row * size, PAGE_BYTES) / (head * size))
+
+
 def _sdpa(op: str, dims: Dims) -> tuple[float, float] | None:
     """Attention as QK^T and PV matmuls over q, k and v (`attention_shape`)."""
     found = attention_shape(op, dims[0], dims[1]) if len(dims) >= 3 else None
@@ -416,11 +437,40 @@ class Shapes:
 
     def substitute(self, dims: Mapping[int, int], keep: Sequence[bool] = ()) -> Shapes:
         """Every dimension equal to a key replaced by its value, except in inputs marked `keep`
-        (strides are kept: which dimension is contiguous does not change)."""
+        (`resized`: the layout is kept)."""
         marks = list(keep) + [False] * (len(self.dims) - len(keep))
-        return Shapes(tuple(d if marks[i] else tuple(dims.get(x, x) for x in d)
-                            for i, d in enumerate(self.dims)), self.types, self.strides,
-                      self.concrete)
+        return self.resized(tuple(d if marks[i] else tuple(dims.get(x, x) for x in d)
+                                  for i, d in enumerate(self.dims)))
+
+    def resized(self, dims: Sequence[Sequence[int]]) -> Shapes:
+        """These inputs at new dimensions, in the same layout: each input's dimensions taken in
+        the order of their recorded strides (innermost first), each stride the one inside it
+        times that one's new size, times the gap the recording had between them (q of
+        nn.MultiheadAttention's in-projection is a slice of [L, B, 3E]). Kept strides would
+        have kept a row B x E apart at another B, and a column-major [m, k] of stride m row-major
+        at twice m. A broadcast (stride 0) and a dimension of one keep theirs."""
+        new = tuple(tuple(d) for d in dims)
+        return Shapes(new, self.types, tuple(
+            _restrided(old, st, d) for old, st, d in zip(self.dims, self.strides, new,
+                                                         strict=True)) if self.strides else (),
+            self.concrete)
+
+
+def _restrided(old: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]
+               ) -> tuple[int, ...]:
+    """Shapes.resized's strides of one input."""
+    if old == new or len(strides) != len(old) or len(new) != len(old):
+        return strides
+    out = list(strides)
+    inner: int | None = None
+    for i in sorted((i for i in range(len(old)) if strides[i] > 0 and old[i] > 1),
+                    key=lambda i: (strides[i], -i)):
+        if inner is not None:
+            gap = strides[i] / (strides[inner] * old[inner])
+            out[i] = max(1, round(out[inner] * (new[inner] * gap if gap >= 1
+                                                else strides[i] / strides[inner])))
+        inner = i
+    return tuple(out)
 
 
 def token_input(shapes: Shapes) -> tuple[int, ...] | None:
@@ -548,7 +598,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
     else:
         for i in range(len(dims)):
             grow(i, 1 if i == 0 and lstm_shape(op, shapes.dims) else 0)
-    return Shapes(tuple(tuple(d) for d in dims), shapes.types, shapes.strides, shapes.concrete)
+    return shapes.resized(dims)
 
 
 # Composite ops whose work is matrix products inside (recurrent layers, attention backward):
@@ -665,9 +715,11 @@ def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost |
             return None
         family, flops, moved = found
         fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
+        rows = (_row_spread(op, shapes.dims, shapes.strides, 1, size)
+                if family == "sdpa_backward" else 0.0)
         return OpCost(op, family, flops, moved * size, dtype,
                       min(float(fixed_elements), moved) * size,
-                      any(not marks[i] for i, d in enumerate(shapes.dims) if d))
+                      any(not marks[i] for i, d in enumerate(shapes.dims) if d), row_spread=rows)
     elements = sum(_numel(d) for d in shaped) + max(_numel(d) for d in shaped)
     fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
     return OpCost(op, "copy", 0.0, float(elements * size), dtype, float(fixed_elements * size),

@@ -59,6 +59,7 @@ from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
+    PAGE_BYTES,
     OpCost,
     Shapes,
     batch_scaled,
@@ -82,7 +83,7 @@ from perfswarm.model.overheads import (
     steady_steps,
     typical,
 )
-from perfswarm.model.profile import PAGE_BYTES, UNUSABLE_GMAE, Profile
+from perfswarm.model.profile import UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
 from perfswarm.trace.schema import FAULTS

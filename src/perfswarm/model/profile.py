@@ -61,7 +61,8 @@ class Point:
 
 
 def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
-    """Log dimensions, log FLOPs and log bytes. A GEMM's dimensions are read as (batch, m, k,
+    """Log dimensions, log FLOPs and log bytes, and attention's log spread (OpCost.row_spread:
+    the layout its kernel reads). A GEMM's dimensions are read as (batch, m, k,
     n) and its operand layout, whatever op carried it (mm, addmm, linear, bmm), so the sweep's
     mm points speak for nn.Linear's addmm; and the share of its last vector of n that is
     padding (`LANES`): a row-major product is the BLAS's column-major one of the transposes,
@@ -72,8 +73,9 @@ def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
              float(cost.a_transposed), _lane_padding(canonical[3])]
             if canonical is not None else
             [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
+    layout = [math.log(cost.row_spread)] if cost.row_spread > 0 else []
     return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
-                                                          math.log(cost.bytes)]
+                                                          math.log(cost.bytes), *layout]
 
 
 def _lane_padding(n: int) -> float:
@@ -204,7 +206,6 @@ def fit_family(points: Sequence[Point]) -> dict[str, Any]:
                       for p in points]}
 
 
-PAGE_BYTES = 4096
 
 @dataclass(frozen=True)
 class Profile:

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 
 from perfswarm.errors import ParameterError
-from perfswarm.model.opcost import Shapes, column_major, data_cost
+from perfswarm.model.opcost import PAGE_BYTES, Shapes, column_major, data_cost
 from perfswarm.model.profile import (
     CPU_FAMILIES,
     FAMILIES,
-    PAGE_BYTES,
     UNUSABLE_GMAE,
     WARM_FAMILIES,
     Point,
@@ -71,18 +70,23 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
     elif family in ("sdpa", "sdpa_backward"):
         # CPU flash attention, causal (a decoder's training step): its time follows the head
         # size unevenly (vector width: 16 runs faster than 10, 20 faster than 10), which no
-        # FLOP count shows; heads 4, a batch of 1 to 8, sequences 32 to 256. Points visited
-        # in a coprime stride, so a cut budget still spans every axis.
-        grid = list(itertools.product((64, 256, 32, 128), (8, 16, 32, 64, 128, 10, 20, 40, 80,
-                                                           24, 48, 96), (1, 8, 2)))
+        # FLOP count shows; heads 4, a batch of 1 to 32, sequences 32 to 256; q, k and v
+        # contiguous, or views of [L, B, E] as nn.MultiheadAttention makes them (rows B x E
+        # apart: OpCost.row_bytes). Points visited in a coprime stride, so a cut budget still
+        # spans every axis.
+        grid = [(by_row, seq, head, batch) for by_row, seq, head, batch in itertools.product(
+            (False, True), (64, 256, 32, 128), (8, 16, 32, 64, 128, 10, 20, 40, 80, 24, 48, 96),
+            (1, 8, 2, 32, 4, 16)) if batch * seq * head <= ATTENTION_WORK]
         for i in range(len(grid)):
-            seq, head, batch = grid[i * 37 % len(grid)]
+            by_row, seq, head, batch = grid[i * 37 % len(grid)]
             qkv = [[batch, 4, seq, head]] * 3
+            row = ((4 * head, head, batch * 4 * head, 1) if by_row else
+                   (4 * seq * head, seq * head, head, 1))
             if family == "sdpa":
-                yield SDPA_CPU, qkv, ["float"] * 3, ()
+                yield SDPA_CPU, qkv, ["float"] * 3, (row,) * 3
             else:  # grad_out, q, k, v, out, logsumexp
                 yield (f"{SDPA_CPU}_backward", [*qkv, *qkv[:2], [batch, 4, seq]],
-                       ["float"] * 6, ())
+                       ["float"] * 6, (*(row,) * 5, (4 * seq, seq, 1)))
     elif family == "embedding_bag":  # tables in cache and far past it, 8 or 32 ids a bag
         for rows in (1000, 100_000, 20_000):
             for dim in (16, 128, 64):
@@ -105,6 +109,9 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
 GEMM_RANGE = ((8, 16, 16), (2048, 4096, 2048))
 GEMM_POINTS_LOG2 = 8
 SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
+# the attention sweep's largest batch x sequence x head dimension (its batch of 32 at a short
+# sequence or a small head: where a strided layout's rows lie 4 KB apart and more)
+ATTENTION_WORK = 32 * 64 * 32
 CONV_BACKWARD = "aten::convolution_backward"
 PASSES = 3  # over a sweep, budget allowing
 ROTATE_BYTES = 16 << 20  # inputs cycle through copies this large in all: past the L2 cache
@@ -135,7 +142,7 @@ def _runner(op: str, dims: list[list[int]], device: str,
                                    .to(device), table, offsets)
                  for table in tables for _ in range(4)]
     elif op.startswith(SDPA_CPU):
-        calls = [_attention(op, dims, gen) for _ in range(copies)]
+        calls = [_attention(op, dims, strides, gen) for _ in range(copies)]
     elif op == CONV_BACKWARD:  # the input's and the weight's gradients ('same' padding)
         calls = [functools.partial(torch.ops.aten.convolution_backward,
                                    *(torch.rand(*d, generator=gen).to(device) for d in dims),
@@ -167,14 +174,25 @@ def _runner(op: str, dims: list[list[int]], device: str,
     return call
 
 
-def _attention(op: str, dims: list[list[int]], gen: Any) -> Callable[[], object]:
+def _attention(op: str, dims: list[list[int]], strides: Sequence[Sequence[int]], gen: Any
+               ) -> Callable[[], object]:
     """One causal CPU flash-attention call, forward or backward (on the forward's own output
     and log-sum-exp), on q, k and v of the shape of `dims[0]` (q's, or the output gradient's,
-    which is q's)."""
+    which is q's), laid out as `strides[0]` says (views of [L, B, E] where rows are not a
+    head dimension apart)."""
     import torch
 
+    batch, heads, seq, head = dims[0]
+    by_row = bool(strides) and strides[0][2] != head
+
+    def tensor() -> Any:
+        if by_row:
+            return (torch.rand(seq, batch, heads * head, generator=gen)
+                    .view(seq, batch, heads, head).permute(1, 2, 0, 3))
+        return torch.rand(*dims[0], generator=gen)
+
     forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    q, k, v, grad = (torch.rand(*dims[0], generator=gen) for _ in range(4))
+    q, k, v, grad = (tensor() for _ in range(4))
     if op == SDPA_CPU:
         return functools.partial(forward, q, k, v, 0.0, True)
     out, lse = forward(q, k, v, 0.0, True)
