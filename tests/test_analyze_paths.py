@@ -22,9 +22,10 @@ from perfswarm.analyze.critical_path import critical_path, innermost
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.groups import NO_GROUP
 from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
-from perfswarm.analyze.stragglers import stragglers
+from perfswarm.analyze.stragglers import Instance, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarms import Labels, describe, swarms
 from perfswarm.analyze.system import system_load
@@ -35,6 +36,7 @@ from perfswarm.trace.store import Run
 DATA = Path(__file__).parent / "data"
 US = 1000
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+W = NO_GROUP  # the group of a trace that names none: every rank's
 
 
 def test_detection_follows_the_marker_thread() -> None:
@@ -444,13 +446,16 @@ def test_stragglers_count_each_wait_once() -> None:
     straggler."""
     from perfswarm.analyze.stragglers import skews
 
-    buckets = skews({0: {("ar", 0): 0, ("ar", 1): 10, ("g", 0): 0, ("g", 1): 5, ("g", 2): 9},
-                     1: {("ar", 0): 100, ("ar", 1): 105, ("g", 0): 50, ("g", 1): 60}})
+    buckets = skews({0: {("ar", 0, W): 0, ("ar", 1, W): 10, ("g", 0, W): 0, ("g", 1, W): 5,
+                         ("g", 2, W): 9},
+                     1: {("ar", 0, W): 100, ("ar", 1, W): 105, ("g", 0, W): 50,
+                         ("g", 1, W): 60}})
     assert buckets.instances == 2  # the two all-reduces; "g" (3 against 2) left out
     assert [(r.rank, r.waited_ns, r.held_back_ns, r.last_count) for r in buckets.ranks] == [
         (0, 105, 0, 0), (1, 0, 105, 2)]
     assert buckets.straggler == 1 and buckets.total_skew_ns == 100 + 95
-    turns = skews({0: {("ar", 0): 0, ("ar", 1): 50}, 1: {("ar", 0): 10, ("ar", 1): 40}})
+    turns = skews({0: {("ar", 0, W): 0, ("ar", 1, W): 50},
+                   1: {("ar", 0, W): 10, ("ar", 1, W): 40}})
     assert [r.held_back_ns for r in turns.ranks] == [10, 10] and turns.straggler is None
 
 
@@ -461,9 +466,9 @@ def test_a_straggler_is_last_more_often_than_chance() -> None:
     16 of 20 (0.6%), it is one; last at its only collective, too."""
     from perfswarm.analyze.stragglers import last_by_chance, skews
 
-    def ar(late_1: int) -> dict[int, dict[tuple[str, int], int]]:
-        return {0: {("ar", i): 100 * i + (0 if i < late_1 else 1) for i in range(20)},
-                1: {("ar", i): 100 * i + (10 if i < late_1 else 0) for i in range(20)}}
+    def ar(late_1: int) -> dict[int, dict[Instance, int]]:
+        return {0: {("ar", i, W): 100 * i + (0 if i < late_1 else 1) for i in range(20)},
+                1: {("ar", i, W): 100 * i + (10 if i < late_1 else 0) for i in range(20)}}
 
     even = skews(ar(13))
     assert [(r.last_count, r.held_back_ns) for r in even.ranks] == [(7, 7), (13, 130)]
