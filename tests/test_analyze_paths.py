@@ -528,6 +528,26 @@ def test_subgroups_pair_within_their_group(tmp_path: Path) -> None:
         assert step.ns["collective"] < 1_000 * US  # a rank's own all-reduces, not the wait
 
 
+def test_which_group_a_gloo_thread_ran() -> None:
+    """A rank's gloo threads in id order are its gloo groups' in pg_config's order, two each
+    (ProcessGroupGloo's default), only where it shows two for each; a group of every rank, an
+    empty rank list, and a group without the rank (a trace imported as another rank than
+    torch's) name none."""
+    from perfswarm.analyze.groups import group_of, thread_groups
+
+    everyone = frozenset(range(4))
+    low = group_of("1", "[0, 1]", 0, everyone)
+    assert low == Group("1", (0, 1))
+    assert group_of("0", [0, 1, 2, 3], 0, everyone) == NO_GROUP
+    assert group_of("0", "[]", 0, everyone) == group_of("1", "[0, 1]", 2, everyone) == NO_GROUP
+    assert group_of("1", "[0, 1", 0, everyone) == group_of(None, "[0, 1]", 0, everyone) == NO_GROUP
+    tids = np.array([10, 12, 20, 21])
+    assert thread_groups(tids, [NO_GROUP, low]) == {20: low, 21: low}
+    assert thread_groups(tids[:3], [NO_GROUP, low]) == {}  # which two are one group's?
+    assert thread_groups(tids[:3], [low]) == dict.fromkeys([10, 12, 20], low)
+    assert thread_groups(tids, [NO_GROUP]) == thread_groups(tids, []) == {}
+
+
 def test_nccl_subgroups_pair_by_their_args(tmp_path: Path) -> None:
     """The corpus's NCCL kernels as four ranks, its broadcasts moved into subgroups by their
     args ("Process Group Name" 1 of ranks [0, 1], 2 of [2, 3]) and each rank later by 100 us

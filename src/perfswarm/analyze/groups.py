@@ -74,10 +74,11 @@ class _Named(msgspec.Struct):
 _NAMED: Final = msgspec.json.Decoder(_Named)
 
 
-def group_of(name: object, ranks: object, run_ranks: frozenset[int]) -> Group:
-    """The group a collective's args or a pg_config entry name: NO_GROUP without a name or
-    ranks (an empty list: the default group's, in some torch versions), and for a group that
-    holds every rank of the Run."""
+def group_of(name: object, ranks: object, rank: int, run_ranks: frozenset[int]) -> Group:
+    """The group a collective's args or a pg_config entry name on `rank`: NO_GROUP without a
+    name or ranks (an empty list: the default group's, in some torch versions), for a group
+    that holds every rank of the Run, and for one without `rank` (a trace given another rank
+    at import than torch's)."""
     if isinstance(ranks, str):
         try:
             ranks = msgspec.json.decode(ranks)
@@ -86,7 +87,7 @@ def group_of(name: object, ranks: object, run_ranks: frozenset[int]) -> Group:
     if not isinstance(name, str) or not name or not isinstance(ranks, list) or not ranks \
             or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
         return NO_GROUP
-    if run_ranks <= set(ranks):
+    if run_ranks <= set(ranks) or rank not in ranks:
         return NO_GROUP
     return Group(name, tuple(sorted(run_ranks.intersection(ranks))))
 
@@ -99,16 +100,17 @@ def process_groups(run: Run, ev: Events, run_ranks: Sequence[int]) -> Groups:
     device = np.flatnonzero(ev.of_kind("collective"))
     if len(device):
         texts = detail_of(run, device, ev.ranks[0] if len(ev.ranks) == 1 else None)
-        named: dict[str, Group] = {}
-        for row, text in zip(device.tolist(), texts, strict=True):
-            if text not in named:
+        named: dict[tuple[str, int], Group] = {}
+        for row, rank, text in zip(device.tolist(), ev.rank[device].tolist(), texts,
+                                   strict=True):
+            if (text, rank) not in named:
                 try:
                     args = _NAMED.decode(text)
-                    named[text] = group_of(args.name, args.ranks, everyone)
+                    named[text, rank] = group_of(args.name, args.ranks, rank, everyone)
                 except msgspec.DecodeError:
-                    named[text] = NO_GROUP
-            if named[text] != NO_GROUP:
-                found[row] = named[text]
+                    named[text, rank] = NO_GROUP
+            if named[text, rank] != NO_GROUP:
+                found[row] = named[text, rank]
     host = np.flatnonzero(ev.host_collective)
     configs = gloo_groups(run, everyone) if len(host) else {}
     for rank in np.unique(ev.rank[host]).tolist():
@@ -152,6 +154,6 @@ def gloo_groups(run: Run, everyone: frozenset[int]) -> dict[int, list[Group]]:
     for rank, seen in lists.items():
         longest = max(seen, key=len)
         if all(s == longest[:len(s)] for s in seen):
-            out[rank] = [group_of(str(c.get("pg_name", "")), c.get("ranks"), everyone)
+            out[rank] = [group_of(str(c.get("pg_name", "")), c.get("ranks"), rank, everyone)
                          for c in longest if "gloo" in str(c.get("backend_config", ""))]
     return out
