@@ -22,9 +22,10 @@ from perfswarm.analyze.critical_path import critical_path, innermost
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
 from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
-from perfswarm.analyze.stragglers import stragglers
+from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarms import Labels, describe, swarms
 from perfswarm.analyze.system import system_load
@@ -35,6 +36,7 @@ from perfswarm.trace.store import Run
 DATA = Path(__file__).parent / "data"
 US = 1000
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+W = NO_GROUP  # the group of a trace that names none: every rank's
 
 
 def test_detection_follows_the_marker_thread() -> None:
@@ -437,6 +439,151 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
                                             for s, e in mine.merged_work())
 
 
+SUBGROUPS = [DATA / f"subgroups_gloo_rank{r}.pt.trace.json.gz" for r in range(4)]
+
+
+def _subgroups_raw() -> list[dict[str, Any]]:
+    """Each rank of tests/data/subgroups_gloo.py's trace, read from the raw JSON: its
+    subgroup (pg_config's group of two ranks), its loop thread's spans (start, end ns; not the
+    step markers), its step markers, and its gloo all-reduces (start ns, tid, subgroup's or
+    not) in time order. Which group ran each is the program's order: every step calls an
+    all-reduce in the world, one in the subgroup and one more in the world, each waiting for
+    the one before, so the rank's n-th c10d::allreduce_ call takes up its n-th range."""
+    out = []
+    for path in SUBGROUPS:
+        raw = orjson.loads(gzip.decompress(path.read_bytes()))
+        base = raw["baseTimeNanoseconds"]
+        x = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+
+        def span(e: dict[str, Any], base: int = base) -> tuple[int, int]:
+            start = base + int(Decimal(str(e["ts"])) * 1000)
+            return start, start + int(Decimal(str(e["dur"])) * 1000)
+
+        (sub,) = [g for g in raw["distributedInfo"]["pg_config"] if len(g["ranks"]) == 2]
+        calls = sorted(span(e)[0] for e in x if e["name"] == "c10d::allreduce_")
+        ranges = sorted((span(e)[0], e["tid"]) for e in x if e["name"] == "gloo:all_reduce")
+        assert len(calls) == len(ranges) == 9 and all(
+            c < r for c, (r, _) in zip(calls, ranges, strict=True))
+        marks = [e for e in x if e["name"].startswith("ProfilerStep#")]
+        loop = marks[0]["tid"]
+        out.append({"sub": Group(sub["pg_name"], tuple(sub["ranks"])),
+                    "loop": sorted(span(e) for e in x if e["tid"] == loop and e["dur"] > 0
+                                   and not e["name"].startswith("ProfilerStep#")),
+                    "markers": sorted(span(e) for e in marks),
+                    "gloo": [(ts, tid, i % 3 == 1) for i, (ts, tid) in enumerate(ranges)]})
+    return out
+
+
+def test_subgroups_pair_within_their_group(tmp_path: Path) -> None:
+    """Four gloo ranks, an all-reduce in the world, one in subgroup [0, 1] or [2, 3] and one
+    more in the world each step, as many on every rank (tests/data/subgroups_gloo.py): each
+    subgroup's all-reduces pair within it (by name and occurrence over every rank, ranks 0
+    and 1's had paired with ranks 2 and 3's: 9 instances, each of the subgroups' 8 ms long
+    with rank 2 last), the world's over the four ranks; rank 1 is last in its group by the
+    4 ms it sleeps, rank 2 in its by its 8 ms. The trace names no group at a gloo range:
+    each group's two threads, the world's started first, hold its ranges. The critical path
+    and the collectives' peers follow the groups."""
+    run = import_traces(SUBGROUPS, tmp_path / "s.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    raw = _subgroups_raw()
+    for mine in raw:  # what the pairing reads: the group's threads, in order of their ids
+        world = sorted({tid for _, tid, sub in mine["gloo"] if not sub})
+        theirs = sorted({tid for _, tid, sub in mine["gloo"] if sub})
+        assert len(world) == len(theirs) == 2 and max(world) < min(theirs)
+    expected: dict[Instance, dict[int, int]] = {}
+    for rank, mine in enumerate(raw):
+        for sub in (False, True):
+            group = mine["sub"] if sub else NO_GROUP
+            starts = [ts for ts, _, s in mine["gloo"] if s == sub]
+            for n, ts in enumerate(starts):
+                expected.setdefault(("gloo:all_reduce", n, group), {})[rank] = ts
+    assert len(expected) == 3 * 2 + 3 + 3
+
+    groups = process_groups(run, ev, ev.ranks)
+    result = stragglers(ev, groups=groups)
+    assert result.instances == len(expected) == len(result.worst)
+    found = {(w.name, w.occurrence, w.group): (w.starts, w.last_rank, w.skew_ns)
+             for w in result.worst}
+    assert found == {key: (starts, max(starts, key=lambda r: (starts[r], -r)),
+                           max(starts.values()) - min(starts.values()))
+                     for key, starts in expected.items()}
+    for (_, _, group), (_, last, skew) in found.items():
+        if group.ranks == (0, 1):
+            assert last == 1 and 3_500 * US < skew < 6_000 * US  # rank 1's 4 ms sleep
+        elif group.ranks == (2, 3):
+            assert last == 2 and 7_500 * US < skew < 10_000 * US  # rank 2's 8 ms sleep
+    assert stragglers(ev).instances == 9  # without the groups: by name and occurrence
+
+    peers = instances_of(ev, groups)
+    assert {key: sorted(r for r, _, _ in p) for key, p in peers.items()} == {
+        key: sorted(starts) for key, starts in expected.items()}
+    path = critical_path(ev, [], iterations(run, ev).steps, None, groups)
+    assert path is not None and len(path.steps) == 3
+    for i, step in enumerate(path.steps):
+        # rank 2, its 8 ms sleep the longest, is where each step's path begins; it ends at
+        # the end of the last loop's work
+        assert step.start == max(raw[2]["markers"][i][0], raw[2]["loop"][0][0])
+        assert step.end == max(max(e for s, e in r["loop"] if r["markers"][i][0] <= s
+                                   < r["markers"][i][1]) for r in raw)
+        assert step.ns["collective"] < 1_000 * US  # a rank's own all-reduces, not the wait
+
+
+def test_which_group_a_gloo_thread_ran() -> None:
+    """A rank's gloo threads in id order are its gloo groups' in pg_config's order, two each
+    (ProcessGroupGloo's default), only where it shows two for each; a group of every rank, an
+    empty rank list, and a group without the rank (a trace imported as another rank than
+    torch's) name none."""
+    from perfswarm.analyze.groups import group_of, thread_groups
+
+    everyone = frozenset(range(4))
+    low = group_of("1", "[0, 1]", 0, everyone)
+    assert low == Group("1", (0, 1))
+    assert group_of("0", [0, 1, 2, 3], 0, everyone) == NO_GROUP
+    assert group_of("0", "[]", 0, everyone) == group_of("1", "[0, 1]", 2, everyone) == NO_GROUP
+    assert group_of("1", "[0, 1", 0, everyone) == group_of(None, "[0, 1]", 0, everyone) == NO_GROUP
+    tids = np.array([10, 12, 20, 21])
+    assert thread_groups(tids, [NO_GROUP, low]) == {20: low, 21: low}
+    assert thread_groups(tids[:3], [NO_GROUP, low]) == {}  # which two are one group's?
+    assert thread_groups(tids[:3], [low]) == dict.fromkeys([10, 12, 20], low)
+    assert thread_groups(tids, [NO_GROUP]) == thread_groups(tids, []) == {}
+
+
+def test_nccl_subgroups_pair_by_their_args(tmp_path: Path) -> None:
+    """The corpus's NCCL kernels as four ranks, its broadcasts moved into subgroups by their
+    args ("Process Group Name" 1 of ranks [0, 1], 2 of [2, 3]) and each rank later by 100 us
+    than the one before it: each broadcast pairs within its group (rank 1 and rank 3 last by
+    100 us), each all-reduce over the four (rank 3 last by 300 us)."""
+    raw = orjson.loads(gzip.decompress(corpus("nccl").read_bytes()))
+    files = []
+    for rank in range(4):
+        kernels = []
+        for e in raw["traceEvents"]:
+            if e.get("cat") == "kernel" and "Process Group Name" in e.get("args", {}):
+                args = dict(e["args"])
+                if args["Collective name"] == "broadcast":
+                    args["Process Group Name"] = "1" if rank < 2 else "2"
+                    args["Process Group Ranks"] = "[0, 1]" if rank < 2 else "[2, 3]"
+                else:
+                    args["Process Group Ranks"] = "[0, 1, 2, 3]"
+                kernels.append({**e, "ts": e["ts"] + 100 * rank, "args": args})
+        files.append(tmp_path / f"rank{rank}.json")
+        files[-1].write_bytes(orjson.dumps({
+            **{k: v for k, v in raw.items() if k != "traceEvents"},
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 4},
+            "traceEvents": kernels}))
+    run = import_traces(files, tmp_path / "n.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    result = stragglers(ev, top=100, groups=process_groups(run, ev, ev.ranks))
+    assert result.instances == len(result.worst) == 15 + 6 + 6
+    by_group: dict[Group, set[tuple[int, int, tuple[int, ...]]]] = {}
+    for w in result.worst:
+        by_group.setdefault(w.group, set()).add((w.last_rank, w.skew_ns, tuple(w.starts)))
+    assert by_group == {NO_GROUP: {(3, 300 * US, (0, 1, 2, 3))},
+                        Group("1", (0, 1)): {(1, 100 * US, (0, 1))},
+                        Group("2", (2, 3)): {(3, 100 * US, (2, 3))}}
+    assert stragglers(ev).instances == 15 + 6  # without the groups: broadcasts over all four
+
+
 def test_stragglers_count_each_wait_once() -> None:
     """Two DDP buckets a step all-reduce at once, both waiting for rank 1: rank 0 waits from
     0 to 105 (it had been 100 + 95: longer than the wait); a name the ranks ran a different
@@ -444,13 +591,16 @@ def test_stragglers_count_each_wait_once() -> None:
     straggler."""
     from perfswarm.analyze.stragglers import skews
 
-    buckets = skews({0: {("ar", 0): 0, ("ar", 1): 10, ("g", 0): 0, ("g", 1): 5, ("g", 2): 9},
-                     1: {("ar", 0): 100, ("ar", 1): 105, ("g", 0): 50, ("g", 1): 60}})
+    buckets = skews({0: {("ar", 0, W): 0, ("ar", 1, W): 10, ("g", 0, W): 0, ("g", 1, W): 5,
+                         ("g", 2, W): 9},
+                     1: {("ar", 0, W): 100, ("ar", 1, W): 105, ("g", 0, W): 50,
+                         ("g", 1, W): 60}})
     assert buckets.instances == 2  # the two all-reduces; "g" (3 against 2) left out
     assert [(r.rank, r.waited_ns, r.held_back_ns, r.last_count) for r in buckets.ranks] == [
         (0, 105, 0, 0), (1, 0, 105, 2)]
     assert buckets.straggler == 1 and buckets.total_skew_ns == 100 + 95
-    turns = skews({0: {("ar", 0): 0, ("ar", 1): 50}, 1: {("ar", 0): 10, ("ar", 1): 40}})
+    turns = skews({0: {("ar", 0, W): 0, ("ar", 1, W): 50},
+                   1: {("ar", 0, W): 10, ("ar", 1, W): 40}})
     assert [r.held_back_ns for r in turns.ranks] == [10, 10] and turns.straggler is None
 
 
@@ -461,9 +611,9 @@ def test_a_straggler_is_last_more_often_than_chance() -> None:
     16 of 20 (0.6%), it is one; last at its only collective, too."""
     from perfswarm.analyze.stragglers import last_by_chance, skews
 
-    def ar(late_1: int) -> dict[int, dict[tuple[str, int], int]]:
-        return {0: {("ar", i): 100 * i + (0 if i < late_1 else 1) for i in range(20)},
-                1: {("ar", i): 100 * i + (10 if i < late_1 else 0) for i in range(20)}}
+    def ar(late_1: int) -> dict[int, dict[Instance, int]]:
+        return {0: {("ar", i, W): 100 * i + (0 if i < late_1 else 1) for i in range(20)},
+                1: {("ar", i, W): 100 * i + (10 if i < late_1 else 0) for i in range(20)}}
 
     even = skews(ar(13))
     assert [(r.last_count, r.held_back_ns) for r in even.ranks] == [(7, 7), (13, 130)]

@@ -19,7 +19,7 @@ KEYS = {"Input Dims", "Input type", "Input Strides", "Concrete Inputs", "bytes",
         "cuda_sync_kind", "stream", "wait_on_stream", "wait_on_cuda_event_record_corr_id",
         "registers per thread", "shared memory", "blocks per SM", "warps per SM", "grid",
         "block", "est. achieved occupancy %", "Collective name", "In msg nelems",
-        "Out msg nelems", "Group size", "dtype"}
+        "Out msg nelems", "Group size", "dtype", "Process Group Name", "Process Group Ranks"}
 KINDS = {"cpu_op", "kernel", "memcpy", "memset", "sync", "collective"}
 
 

@@ -194,6 +194,23 @@ def test_analysis_json_is_identical(single: Run, scheduler: str,
     assert outs[0]["stragglers"]["instances"] > 0
 
 
+def test_subgroups_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Four gloo ranks with subgroups (tests/data/subgroups_gloo.py): each worker reads its
+    rank's process groups, and the collectives pair within them as in one process."""
+    data = Path(__file__).parent / "data"
+    run = import_traces([data / f"subgroups_gloo_rank{r}.pt.trace.json.gz" for r in range(4)],
+                        tmp_path / "s.run", ImportOptions(), ["t"])
+    outs = []
+    for flags in (["--workers", "0"], ["--scheduler", scheduler]):
+        assert main(["analyze", str(run.path), "--json", *flags]) == 0
+        outs.append(orjson.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+    assert outs[0]["stragglers"]["instances"] == 12
+    assert Counter(w["group"] for w in outs[0]["stragglers"]["worst"]) == {
+        None: 6, "1": 3, "2": 3}
+
+
 def test_one_rank_reads_its_row_groups(single: Run) -> None:
     full = single.table("events")
     groups = pq.ParquetFile(single.table_path("events")).num_row_groups

@@ -51,6 +51,7 @@ from perfswarm.analyze.dependencies import (
     thread_wakes,
 )
 from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, lane_key
+from perfswarm.analyze.groups import NO_GROUPS, Groups
 from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, within_gaps
 from perfswarm.analyze.stragglers import Peer, instances_of
@@ -560,12 +561,13 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
 
 def critical_path(ev: Events, syncs: list[SyncEvent],
                   steps: Mapping[int, Sequence[StepWindow]] | None = None,
-                  gaps: Mapping[int, Sequence[tuple[int, int]]] | None = None
-                  ) -> CriticalPath | None:
+                  gaps: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+                  groups: Groups = NO_GROUPS) -> CriticalPath | None:
     """The critical path over all ranks, with each of `steps`' own, or None when the Run has
     no host or device work; `gaps`: each rank's time between its profiling windows
-    (without_gaps)."""
-    peers = collective_peers(instances_of(ev).values())
+    (without_gaps); `groups`: the named process groups of its collectives
+    (groups.process_groups)."""
+    peers = collective_peers(instances_of(ev, groups).values())
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()})
     windows = step_windows(steps or {})
     # one rank a segment: each walks back to its own rank's floor

@@ -5,12 +5,12 @@ launched it (joined by rank and correlation id), and for the op recorded by a CU
 event its stream was told to wait on (cudaStreamWaitEvent). A synchronizing host
 call (device, stream or event sync, synchronous memcpy, a copy from or to pageable
 memory) waits for the device op it synchronized with. A collective waits for the same
-collective on every other rank (the n-th occurrence of a name matches the n-th
-elsewhere). A host thread that sat blocked and resumed right after another thread of its
-rank finished a stretch of work waited for that thread (a hand-over: the main thread for
-the autograd thread, the autograd thread for the main thread's backward call, a
-DataLoader or comm thread). The critical path walks these backwards; the simulator
-(model/graph.py) replays them forwards.
+collective on every other rank of its process group (the n-th occurrence of a name in
+the group matches the n-th elsewhere: stragglers.Instance). A host thread that sat blocked
+and resumed right after another thread of its rank finished a stretch of work waited for
+that thread (a hand-over: the main thread for the autograd thread, the autograd thread for
+the main thread's backward call, a DataLoader or comm thread). The critical path walks these
+backwards; the simulator (model/graph.py) replays them forwards.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from perfswarm.analyze.frame import (
     group_rows,
     lane_key,
 )
+from perfswarm.analyze.groups import NO_GROUPS, Groups
 from perfswarm.analyze.intervals import Coverage, sorted_unique, union
 from perfswarm.analyze.launch import launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
@@ -139,7 +140,8 @@ class _LatestEnd:
         return int(self.rows[i - 1]) if i else None
 
 
-def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
+def dependencies(ev: Events, syncs: list[SyncEvent], groups: Groups = NO_GROUPS) -> Dependencies:
+    """`groups`: the named process groups of `ev`'s collectives (groups.process_groups)."""
     d = Dependencies()
     dev_all = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     dev, calls = launch_pairs(ev, np.arange(len(ev)))
@@ -219,7 +221,7 @@ def dependencies(ev: Events, syncs: list[SyncEvent]) -> Dependencies:
             target = latest_end_before(("rank", int(ev.rank[call])), int(ev.end[call]))
             if target is not None:
                 d.sync_target[call] = target
-    _collective_peers(ev, d)
+    _collective_peers(ev, d, groups)
     return d
 
 
@@ -310,7 +312,7 @@ def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
     return sorted(set(out))
 
 
-def _collective_peers(ev: Events, d: Dependencies) -> None:
+def _collective_peers(ev: Events, d: Dependencies, groups: Groups) -> None:
     """Each device collective's row -> the same collective on the other ranks (stragglers'
     instances, of names that pair). A CPU process group's on its host threads (gloo's) are
     not coupled here: the simulator keeps each rank's wait in them as measured. Coupled, a
@@ -318,7 +320,7 @@ def _collective_peers(ev: Events, d: Dependencies) -> None:
     averages over the ranks' ops, took the others' waits with it: 17 of 19 audited DDP runs
     predicted 6-44% off at their own configuration, 0.6-15% uncoupled."""
     device = ev.of_kind("collective")
-    for peers in instances_of(ev).values():
+    for peers in instances_of(ev, groups).values():
         rows = [row for _, row, _ in peers if device[row]]
         for row in rows:
             d.peers[row] = [r for r in rows if r != row]

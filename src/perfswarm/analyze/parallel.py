@@ -10,7 +10,6 @@ A worker reads only its rank's rows. The result equals analyze()'s, key for key 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from perfswarm.analyze.critical_path import (
 from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events, thread_wakes
 from perfswarm.analyze.frame import EVENT_COLUMNS, I64, Events
+from perfswarm.analyze.groups import NO_GROUPS, process_groups
 from perfswarm.analyze.iterations import (
     StepWindow,
     after_gaps,
@@ -51,7 +51,7 @@ from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import OpTotals
 from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
-from perfswarm.analyze.stragglers import Instance, Peer, collective_starts, paired, skews
+from perfswarm.analyze.stragglers import Instance, Peer, collective_starts, instances, skews
 from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace.cluster import results
@@ -87,17 +87,20 @@ def load_rank(path: str, rank: int) -> Events:
 
 def rank_part(ev: Events, rank: int, use_markers: bool,
               markers: Sequence[StepWindow] | None,
-              profiled: Sequence[tuple[int, int]] = ()) -> RankPart:
+              profiled: Sequence[tuple[int, int]] = (), run_path: str | None = None,
+              ranks: Sequence[int] = ()) -> RankPart:
     """The per-rank analyses of one rank. Its iterations are its markers when the Run has
     markers (none if it has none of its own), else the ones detected on it; `profiled`: its
-    profiling windows (iterations.profiled_windows)."""
+    profiling windows (iterations.profiled_windows); with `run_path`, its collectives' process
+    groups are read from the Run (`ranks`: all of the Run's)."""
+    groups = process_groups(Run(run_path), ev, ranks) if run_path is not None else NO_GROUPS
     detected = after_gaps(detected_windows(ev, rank, thread_wakes(ev)), profiled)
     windows = markers if use_markers else (detected or None)
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
                     rank_concurrency(ev, rank, steps.get(rank, []), gaps_between(profiled)),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
-                    collective_starts(ev, rank), ev.working(rank), rank_kernels(ev, rank),
+                    collective_starts(ev, rank, groups), ev.working(rank), rank_kernels(ev, rank),
                     sequence_counts(ev),
                     scopes(ev))
 
@@ -126,18 +129,13 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     profiled = profiled_windows(run)
     parts: list[RankPart] = results([client.submit(rank_part, loaded[r], r, bool(markers),
                                                    markers.get(r), profiled.get(r, ()),
-                                                   pure=False) for r in ranks])
+                                                   where, list(ranks), pure=False)
+                                     for r in ranks])
     flows = results([client.submit(rank_bandwidth, loaded[r], where, r, pure=False)
                      for r in ranks])
     its = combine(markers, {p.rank: p.detected for p in parts if p.detected},
                   {p.rank: p.first_op for p in parts})
-    names = paired({p.rank: p.collectives for p in parts})
-    instances: dict[Instance, list[Peer]] = defaultdict(list)
-    for p in parts:
-        for key, (row, ts) in p.collectives.items():
-            if key[0] in names:
-                instances[key].append((p.rank, row, ts))
-    peers = collective_peers(instances.values())
+    peers = collective_peers(instances({p.rank: p.collectives for p in parts}).values())
     graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}), pure=False)
               for r in ranks}
     del loaded  # the graphs hold the events now

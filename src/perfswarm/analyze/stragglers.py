@@ -1,11 +1,12 @@
 """Stragglers: how far apart ranks enter the same collective, and who arrives last.
 
-The n-th occurrence of a collective's name on one rank is matched with the n-th
-occurrence of that name on every other rank (collectives run in the same order
-everywhere, or the job would hang): a device's collective kernels, and a CPU process
-group's collectives on its host threads (frame.HOST_COLLECTIVE: gloo's ranges, from
-when its worker thread takes the collective up). The rank that starts an instance
-last holds everyone else back for the difference.
+The n-th occurrence of a collective's name in a process group on one rank is matched with
+the n-th occurrence of that name in that group on every other rank of the group (a group's
+collectives run in the same order on its ranks, or the job would hang): a device's collective
+kernels, and a CPU process group's collectives on its host threads (frame.HOST_COLLECTIVE:
+gloo's ranges, from when its worker thread takes the collective up). Where the trace names no
+group (analyze.groups), or the group holds every rank, the group is every rank. The rank that
+starts an instance last holds the group's other ranks back for the difference.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import I64, Events
+from perfswarm.analyze.groups import NO_GROUP, NO_GROUPS, Group, Groups
 from perfswarm.analyze.intervals import Coverage, union
 
 TOP = 20
@@ -37,13 +39,15 @@ def last_by_chance(k: int, n: int, ranks: int) -> float:
 @dataclass(frozen=True)
 class CollectiveSkew:
     name: str
-    occurrence: int  # n-th of this name, from 0
-    starts: dict[int, int]  # rank -> start ns
+    occurrence: int  # n-th of this name in its group, from 0
+    starts: dict[int, int]  # rank -> start ns, over the group's ranks
     last_rank: int
     skew_ns: int  # last start - first start
+    group: Group = NO_GROUP
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "occurrence": self.occurrence,
+        return {"name": self.name, "group": self.group.name or None,
+                "occurrence": self.occurrence,
                 "starts": {str(r): t for r, t in self.starts.items()},
                 "last_rank": self.last_rank, "skew_ns": self.skew_ns}
 
@@ -62,7 +66,7 @@ class RankLateness:
 
 @dataclass(frozen=True)
 class Stragglers:
-    instances: int  # collective instances seen on every rank
+    instances: int  # collective instances seen on every rank of their group
     total_skew_ns: int
     max_skew_ns: int
     worst: tuple[CollectiveSkew, ...]  # largest skew first
@@ -93,87 +97,111 @@ class Stragglers:
                 "ranks": [r.to_dict() for r in self.ranks]}
 
 
-def occurrences(ev: Events, rows: I64) -> I64:
-    """For time-sorted `rows`, the index of each row among the rows with its name."""
-    names = ev.name[rows]
-    order = np.argsort(names, kind="stable")
-    sorted_names = names[order]
-    first = np.searchsorted(sorted_names, sorted_names, side="left")
-    occ = np.empty(len(rows), np.int64)
-    occ[order] = np.arange(len(rows)) - first
+def occurrences(keys: I64) -> I64:
+    """For time-sorted rows' `keys`, the index of each row among the rows with its key."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    first = np.searchsorted(sorted_keys, sorted_keys, side="left")
+    occ = np.empty(len(keys), np.int64)
+    occ[order] = np.arange(len(keys)) - first
     return occ
 
 
-Instance = tuple[str, int]  # a collective: its kernel name, and which occurrence of it
+# a collective: its kernel name, which occurrence of that name in its group it is, and its
+# group (NO_GROUP: every rank's)
+Instance = tuple[str, int, Group]
 
 
-def collective_starts(ev: Events, rank: int) -> dict[Instance, tuple[int, int]]:
-    """Each collective instance of one rank: (row, start ns)."""
+def collective_starts(ev: Events, rank: int,
+                      groups: Groups = NO_GROUPS) -> dict[Instance, tuple[int, int]]:
+    """Each collective instance of one rank: (row, start ns); `groups`: the named groups of
+    `ev`'s collectives (analyze.groups.process_groups)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     rows = rows[ev.collectives[rows]]
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
     names = [ev.names[n] for n in ev.name[rows].tolist()]
-    return {(name, occ): (row, ts) for name, occ, row, ts in zip(
-        names, occurrences(ev, rows).tolist(), rows.tolist(), ev.ts[rows].tolist(), strict=True)}
+    of = groups.at(rows)
+    code = {g: i for i, g in enumerate(dict.fromkeys(of))}
+    keys = np.array([code[g] for g in of], np.int64) * len(ev.names) + ev.name[rows]
+    return {(name, occ, group): (row, ts) for name, occ, group, row, ts in zip(
+        names, occurrences(keys).tolist(), of, rows.tolist(), ev.ts[rows].tolist(),
+        strict=True)}
 
 
-def paired(per_rank: Mapping[int, Iterable[Instance]]) -> set[str]:
-    """The collective names every rank ran equally often: their n-th occurrences pair across
-    the ranks (process subgroups' do not: ranks 0 and 1 all-reducing twice a step in theirs,
-    ranks 2 and 3 once in another)."""
-    counts = [Counter(name for name, _ in keys) for keys in per_rank.values()]
-    return {name for name in set().union(*counts) if len({c[name] for c in counts}) == 1}
+def members(group: Group, ranks: Iterable[int]) -> list[int]:
+    """Of `ranks`, those a group's collectives run on: every one for NO_GROUP."""
+    return sorted(r for r in ranks if not group.ranks or r in group.ranks)
+
+
+def paired(per_rank: Mapping[int, Iterable[Instance]]) -> set[tuple[str, Group]]:
+    """The collective names and groups that every rank of the group ran equally often: their
+    n-th occurrences pair across its ranks. Where the trace names no group, a name the ranks
+    ran a different number of times does not (process subgroups it does not tell apart: ranks
+    0 and 1 all-reducing twice a step in theirs, ranks 2 and 3 once in another)."""
+    counts = {rank: Counter((name, group) for name, _, group in keys)
+              for rank, keys in per_rank.items()}
+    return {(name, group) for name, group in set().union(*counts.values())
+            if len({counts[r][name, group] for r in members(group, counts)}) == 1}
 
 
 Peer = tuple[int, int, int]  # rank, row (in the events holding that rank), start ns
 
 
-def instances_of(ev: Events) -> dict[Instance, list[Peer]]:
-    """Each collective instance of `ev` whose name pairs across its ranks (`paired`): where
-    every rank ran it."""
-    starts = {rank: collective_starts(ev, rank) for rank in ev.ranks}
+def instances_of(ev: Events, groups: Groups = NO_GROUPS) -> dict[Instance, list[Peer]]:
+    """Each collective instance of `ev` whose name pairs across its group's ranks (`paired`):
+    where every rank of its group ran it."""
+    return instances({rank: collective_starts(ev, rank, groups) for rank in ev.ranks})
+
+
+def instances(starts: Mapping[int, Mapping[Instance, tuple[int, int]]]
+              ) -> dict[Instance, list[Peer]]:
+    """`instances_of` from each rank's `collective_starts`."""
     names = paired(starts)
     found: dict[Instance, list[Peer]] = defaultdict(list)
     for rank, mine in starts.items():
         for key, (row, ts) in mine.items():
-            if key[0] in names:
+            if (key[0], key[2]) in names:
                 found[key].append((rank, row, ts))
     return found
 
 
 def skews(per_rank: Mapping[int, Mapping[Instance, int]], top: int = TOP,
           working: Mapping[int, tuple[I64, I64]] | None = None) -> Stragglers:
-    """Stragglers from each rank's collective start times (every rank of the Run present).
-    Instances of a name that the ranks ran a different number of times are left out: their
-    occurrences do not pair (process subgroups: ranks 0 and 1 all-reducing twice a step in
-    theirs, ranks 2 and 3 once in another). A rank's wait, and the wait it holds the others
+    """Stragglers from each rank's collective start times (every rank of the Run present),
+    each instance over the ranks of its group. Instances of a name that the group's ranks ran
+    a different number of times are left out: their occurrences do not pair (process subgroups
+    the trace does not tell apart: ranks 0 and 1 all-reducing twice a step in theirs, ranks 2
+    and 3 once in another). A rank's wait, and the wait it holds the others
     to, are time: the union of its waits (DDP's buckets all-reduce several at once, each
     waiting for the same late rank), less the time it worked meanwhile (`working`: each
     rank's frame.Events.working; a bucket taken up while the backward goes on waits under
     it)."""
     ranks = sorted(per_rank)
     names = paired(per_rank)
-    common = sorted(k for k in set.intersection(*(set(k) for k in per_rank.values()))
-                    if k[0] in names) if ranks else []
+    keys: set[Instance] = set().union(*(set(k) for k in per_rank.values()))
+    ranks_of = {g: members(g, ranks) for g in {k[2] for k in keys}}
+    common = sorted(k for k in keys if (k[0], k[2]) in names and len(ranks_of[k[2]]) > 1
+                    and all(k in per_rank[r] for r in ranks_of[k[2]]))
     found = []
     last = dict.fromkeys(ranks, 0)
     waits: dict[int, list[tuple[int, int]]] = {r: [] for r in ranks}  # r's, for the late
     holds: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (late, r)
-    for key in common if len(ranks) > 1 else []:
-        starts = {r: per_rank[r][key] for r in ranks}
-        latest = max(ranks, key=lambda r: (starts[r], -r))
+    for key in common:
+        group = ranks_of[key[2]]
+        starts = {r: per_rank[r][key] for r in group}
+        latest = max(group, key=lambda r: (starts[r], -r))
         skew = starts[latest] - min(starts.values())
-        found.append(CollectiveSkew(key[0], key[1], starts, latest, skew))
+        found.append(CollectiveSkew(key[0], key[1], starts, latest, skew, key[2]))
         if skew > 0:
             last[latest] += 1
-            for r in ranks:
+            for r in group:
                 if starts[r] < starts[latest]:
                     waits[r].append((starts[r], starts[latest]))
                     holds[latest, r].append((starts[r], starts[latest]))
     busy = {r: Coverage(*working[r]) for r in ranks if working and r in working}
     held = {r: sum(_idle(v, busy.get(w)) for (late, w), v in holds.items() if late == r)
             for r in ranks}
-    worst = sorted(found, key=lambda s: (-s.skew_ns, s.name, s.occurrence))[:top]
+    worst = sorted(found, key=lambda s: (-s.skew_ns, s.name, s.group, s.occurrence))[:top]
     return Stragglers(len(found), sum(s.skew_ns for s in found),
                       max((s.skew_ns for s in found), default=0), tuple(worst),
                       tuple(RankLateness(r, last[r], held[r], _idle(waits[r], busy.get(r)))
@@ -190,6 +218,8 @@ def _idle(intervals: list[tuple[int, int]], busy: Coverage | None) -> int:
     return int((ends - starts).sum()) - worked
 
 
-def stragglers(ev: Events, top: int = TOP) -> Stragglers:
-    return skews({rank: {key: ts for key, (_, ts) in collective_starts(ev, rank).items()}
+def stragglers(ev: Events, top: int = TOP, groups: Groups = NO_GROUPS) -> Stragglers:
+    """Stragglers of `ev`'s ranks; `groups`: the named groups of its collectives
+    (analyze.groups.process_groups)."""
+    return skews({rank: {key: ts for key, (_, ts) in collective_starts(ev, rank, groups).items()}
                   for rank in ev.ranks}, top, {rank: ev.working(rank) for rank in ev.ranks})

@@ -15,6 +15,7 @@ from perfswarm.analyze.cupti import cupti_counters
 from perfswarm.analyze.dependencies import sync_events
 from perfswarm.analyze.diff import RunDiff, StepTimeDelta, contended, diff
 from perfswarm.analyze.frame import Events
+from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.iterations import (
     batch_sizes,
     combine,
@@ -82,11 +83,12 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
     program = unprofiled_steps(run.table("steps"), its.steps)
     per = its.steps or windows
     gaps = unprofiled_gaps(run)
+    groups = process_groups(run, ev, ev.ranks)
     return Analysis(
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
         concurrency=concurrency(ev, per, gaps), ops=op_breakdown(ev, its.steps),
-        launch=launch_stats(ev), stragglers=stragglers(ev),
-        critical_path=critical_path(ev, sync_events(run, ev), its.steps, gaps),
+        launch=launch_stats(ev), stragglers=stragglers(ev, groups=groups),
+        critical_path=critical_path(ev, sync_events(run, ev), its.steps, gaps, groups),
         swarms=swarms(run_samples(run), run.table("stacks"), program,
                       unprofiled=program is not its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),

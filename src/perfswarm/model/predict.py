@@ -47,6 +47,7 @@ from perfswarm.analyze.dependencies import (
     tensor_handoffs,
 )
 from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, detail_of
+from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import batch_sizes, iterations, step_time
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
@@ -300,7 +301,7 @@ def load_model(run: Run) -> _Model:
     ev = Events.load(run)
     if len(ev) == 0:
         raise NotApplicable(None, "the Run has no events to simulate", subject=run.path)
-    deps = dependencies(ev, sync_events(run, ev))
+    deps = dependencies(ev, sync_events(run, ev), process_groups(run, ev, ev.ranks))
     steps = {r: list(w) for r, w in iterations(run, ev).steps.items() if w}
     graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
     if not np.any(graph.role != ANCHOR):

@@ -3,10 +3,11 @@
 An event's `args` (Kineto's JSON object, kept as text) is most of a trace's bytes, and most of
 it is new in every event (its ids, its call stack). The analyses read a few fields of the
 ops, kernels, copies, syncs and collectives: the shapes record_shapes wrote, a copy's bytes,
-what a sync waited on, a kernel's launch geometry, a collective's message. `detail` is those
-fields alone, as a JSON object with the args' own value text, in a fixed key order ("{}" for
-an event with none of them, and for every event of another kind). Every iteration repeats the
-same ones, so the column is a small dictionary, and a command reads it instead of the args.
+what a sync waited on, a kernel's launch geometry, a collective's message and process group.
+`detail` is those fields alone, as a JSON object with the args' own value text, in a fixed key
+order ("{}" for an event with none of them, and for every event of another kind). Every
+iteration repeats the same ones, so the column is a small dictionary, and a command reads it
+instead of the args.
 The importers derive it when they build the events; the store derives it when it reads a Run
 written before the column existed.
 """
@@ -42,8 +43,9 @@ KEYS: Final = (
     # kernels' launch geometry, in Kineto's order (report.views, model.predict)
     "registers per thread", "shared memory", "blocks per SM", "warps per SM", "grid", "block",
     "est. achieved occupancy %",
-    # collectives (optimize.project)
+    # collectives (optimize.project), and their process group (analyze.groups)
     "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+    "Process Group Name", "Process Group Ranks",
 )
 # Those fields of an args object, as their JSON text; absent ones are left out
 _Detail: Final = msgspec.defstruct(
