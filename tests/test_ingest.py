@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -13,6 +14,7 @@ from conftest import CORPUS, ET, corpus
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.info import run_info
 from perfswarm.trace.ingest import ImportOptions, import_traces
+from perfswarm.trace.kineto import rank_in_name
 from perfswarm.trace.store import Run
 
 DATA = Path(__file__).parent / "data"
@@ -203,6 +205,48 @@ def test_rank_from_the_file_name(tmp_path: Path, streaming: str) -> None:
     run = import_traces([tmp_path / n for n in names], tmp_path / "r.run",
                         ImportOptions(streaming=streaming), ["t"])
     assert [s["rank"] for s in run.manifest()["sources"]] == [1, 1, 7, 3]
+
+
+@pytest.mark.parametrize(("name", "rank"), [
+    ("torch-rank1-pid42.pt.trace.json", 1),  # the recorder's
+    ("trace_rank2.json", 2), ("rank_5.json", 5), ("rank-7.host.pt.trace.json", 7),
+    ("inference_rank_1.json.gz", 1), ("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 34),
+    ("rank_non_gpu.json.gz", None),  # HTA's corpus names
+    # tensorboard_trace_handler's {worker_name}.{time}.pt.trace.json: a worker named for its
+    # rank is that rank; the default worker, {hostname}_{pid}, names none, whatever its host
+    ("rank3.1733400000000.pt.trace.json", 3), ("rank_3.1733400000000.pt.trace.json.gz", 3),
+    ("trace_rank_3.1790857026000000000.pt.trace.json", 3),
+    ("myhost-rank3_12345.1733400000000.pt.trace.json", None),
+    ("gpu-rank3-node_4242.1733400000.pt.trace.json", None),
+    ("gpu-rank3.cluster.local_4242.1790857026000000000.pt.trace.json.gz", None),
+    ("rank3_4242.1733400000000.pt.trace.json", None),
+])
+def test_rank_in_a_file_name(name: str, rank: int | None) -> None:
+    assert rank_in_name(name) == rank
+
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_no_rank_from_a_host_name(tmp_path: Path, streaming: str) -> None:
+    """tensorboard_trace_handler's default names, {hostname}_{pid}.{time_ns}.pt.trace.json, of
+    a host named gpu-rank3-node: two processes of one real run (tests/data/loader_workers.py's
+    main process and DataLoader worker, pids 3550 and 3617) are one rank each, 0 and 1 (both
+    had been rank 3, the host's "rank3" read as theirs)."""
+    for src, pid in (("main", 3550), ("worker", 3617)):
+        shutil.copy(DATA / f"loader_workers_{src}.pt.trace.json.gz",
+                    tmp_path / f"gpu-rank3-node_{pid}.1790857026{pid}00000.pt.trace.json.gz")
+    run = import_traces([tmp_path], tmp_path / "r.run", ImportOptions(streaming=streaming), ["t"])
+    assert [(s["file"][:19], s["rank"]) for s in run.manifest()["sources"]] == [
+        ("gpu-rank3-node_3550", 0), ("gpu-rank3-node_3617", 1)]
+    assert run.manifest()["ranks"] == [0, 1]
+
+
+def test_distributed_info_over_the_file_name(tmp_path: Path) -> None:
+    """A trace's distributedInfo.rank wins over its file name's: ddp_gloo's rank 1, named
+    trace_rank5, is rank 1."""
+    path = tmp_path / "trace_rank5.pt.trace.json.gz"
+    shutil.copy(DATA / "ddp_gloo_rank1.pt.trace.json.gz", path)
+    run = import_traces([path], tmp_path / "r.run", ImportOptions(), ["t"])
+    assert run.manifest()["ranks"] == [1]
 
 
 def test_streaming_path_equals_in_memory(tmp_path: Path) -> None:

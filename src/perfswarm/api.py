@@ -250,7 +250,9 @@ class Run:
     def sql(self, query: str, *, timeout_s: float = 60.0, memory_mb: int = 2048
             ) -> pl.DataFrame:
         """A read-only DuckDB query over the Run's tables (events, counters, steps, samples,
-        stacks, graph_nodes, graph_edges, flows) as a polars DataFrame."""
+        stacks, graph_nodes, graph_edges, flows) as a polars DataFrame; events' `dur` is the
+        analyses' (a user annotation ends with the trace window it began in), `dur_recorded`
+        the trace's."""
         import polars as pl
         import pyarrow as pa
 

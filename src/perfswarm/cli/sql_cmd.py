@@ -38,7 +38,10 @@ def _json_row(row: dict[str, Any]) -> bytes:
 def sql_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
     sql: Annotated[str, typer.Argument(help="A read-only query over the views events, counters, "
-                                            "flows, steps, samples, stacks, graph_nodes, graph_edges.")],
+                                            "flows, steps, samples, stacks, graph_nodes, graph_edges. "
+                                            "events.dur is the analyses' (a user annotation the "
+                                            "profiler stopped inside ends with its trace window), "
+                                            "events.dur_recorded the trace's own.")],
     as_json: Annotated[bool, typer.Option("--json", help="All rows as a JSON list of objects.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="All rows as CSV with a header line.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=TIMEOUT_S[0], max=TIMEOUT_S[1], metavar="SECONDS",

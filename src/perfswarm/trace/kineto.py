@@ -638,20 +638,37 @@ def json_safe(value: Any) -> Any:
 
 
 # A rank in a trace's file name: the recorder's torch-rank{R}-pid{P}.pt.trace.json (a
-# DataLoader worker's too, which has no distributedInfo), tensorboard_trace_handler's
-# rank-{R}.*, HTA's rank_{R}
+# DataLoader worker's too, which has no distributedInfo), a script's trace_rank{R}.json,
+# tensorboard_trace_handler's with worker_name=f"rank-{R}" (HTA's rank-34.*), HTA's rank_{R}
 NAMED_RANK: Final = re.compile(r"(?:^|[-_.])rank[-_]?(\d{1,9})(?=[-_.]|$)")
+# tensorboard_trace_handler's name with its default worker_name, {hostname}_{pid}.{time}
+# .pt.trace.json[.gz] (a host name: letters, digits, '-' and '.'): the host is a machine's
+# name, a rank-like token in it (gpu-rank3-node) no rank; a worker_name that is all rank
+# (rank_3) is one
+HANDLER_DEFAULT: Final = re.compile(
+    r"^(?P<worker>[A-Za-z0-9.-]+_\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+RANK_ONLY: Final = re.compile(r"rank[-_]?\d{1,9}")
+
+
+def rank_in_name(name: str) -> int | None:
+    """The rank a trace's file name says (NAMED_RANK), outside the host part of
+    tensorboard_trace_handler's default name (HANDLER_DEFAULT)."""
+    handler = HANDLER_DEFAULT.match(name)
+    if handler and not RANK_ONLY.fullmatch(handler["worker"]):
+        return None
+    named = NAMED_RANK.search(name)
+    return int(named[1]) if named else None
 
 
 def trace_meta(path: Path, trace: KTrace) -> TraceMeta:
     """The trace's metadata; its rank from distributedInfo, else from its file name
-    (NAMED_RANK)."""
+    (rank_in_name)."""
     base = trace.baseTimeNanoseconds or 0
     if not 0 <= base < 2**62:
         raise TraceFormatError(path, "baseTimeNanoseconds", f"out of range: {base}")
     rank = trace.distributedInfo.get("rank")
-    if rank is None and (named := NAMED_RANK.search(path.name)):
-        rank = int(named[1])
+    if rank is None:
+        rank = rank_in_name(path.name)
     info = {k: v for k, v in msgspec.structs.asdict(trace).items()
             if k not in ("traceEvents", "deviceProperties", "distributedInfo") and v is not None}
     return TraceMeta(
