@@ -112,6 +112,22 @@ def test_steps_are_the_host_markers_only(corpus_runs: dict[str, Run]) -> None:
         (int(e["name"].split("#")[1]), round(e["dur"] * 1000)) for e in host]
 
 
+def test_a_step_ends_with_the_profilers_window(corpus_runs: dict[str, Run]) -> None:
+    """HTA's triton example stops its profiler inside its only ProfilerStep, whose marker Kineto
+    closes 13.3 s later: the step ends where the trace window (`PyTorch Profiler`) does, as
+    the analyses clip the events (1.67 ms), and the events table keeps the recorded span."""
+    raw = json.loads(gzip.decompress(corpus("triton").read_bytes()))["traceEvents"]
+    (mark,) = (e for e in raw if e.get("name", "").startswith("ProfilerStep#"))
+    (window,) = (e for e in raw if e.get("cat") == "Trace")
+    assert mark["ts"] + mark["dur"] > window["ts"] + window["dur"]
+    run = corpus_runs["triton"]
+    (step,) = run.table("steps").to_pylist()
+    assert step["end"] - step["start"] == round((window["ts"] + window["dur"] - mark["ts"]) * 1000)
+    assert step["end"] - step["start"] == 1_673_183
+    events = run.table("events").to_pylist()
+    assert max(e["dur"] for e in events) == round(mark["dur"] * 1000)
+
+
 def test_clock_uses_base_time_exactly(corpus_runs: dict[str, Run]) -> None:
     # First event in the file: ts 4458676522690.655 us after base 1711964646000000000 ns.
     events = corpus_runs["nccl"].table("events")

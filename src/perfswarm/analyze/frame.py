@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from perfswarm.analyze.intervals import union
-from perfswarm.trace.schema import KIND_CODE, PROFILER_STEP
+from perfswarm.trace.schema import KIND_CODE, PROFILER_STEP, window_ends
 from perfswarm.trace.store import Run
 
 I64 = npt.NDArray[np.int64]
@@ -65,24 +65,14 @@ def codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int64], list[str]]:
 
 def _within_trace(rank: I64, ts: I64, dur: I64, kind: I64) -> I64:
     """Durations with each user annotation ending no later than the profiler's trace window
-    (Kineto's `trace_span`) that it began in. A profiler stopped from inside a range (from an
-    optimizer step hook, inside `Optimizer.step#...`) closes that range only after its stop and
-    export: on nanoGPT 9.7% of a CPU step late, 31.7 ms after a 16.1 ms step on an H200 (the
-    `Record Window End` instant's time), none of it the loop's work."""
+    that it began in (schema.window_ends)."""
     windows = np.flatnonzero(kind == KIND["trace_span"])
     notes = np.flatnonzero(kind == KIND["user_annotation"])
     if len(windows) == 0 or len(notes) == 0:
         return dur
     out = dur.copy()
-    for r in np.unique(rank[windows]):
-        mine = windows[rank[windows] == r]
-        mine = mine[np.argsort(ts[mine], kind="stable")]
-        rows = notes[rank[notes] == r]
-        at = np.searchsorted(ts[mine], ts[rows], side="right") - 1  # the window it began in
-        began = at >= 0
-        rows, stop = rows[began], (ts + dur)[mine][at[began]]
-        late = (ts[rows] < stop) & (ts[rows] + dur[rows] > stop)
-        out[rows[late]] = stop[late] - ts[rows[late]]
+    out[notes] = window_ends(rank[windows], ts[windows], (ts + dur)[windows], rank[notes],
+                             ts[notes], (ts + dur)[notes]) - ts[notes]
     return out
 
 

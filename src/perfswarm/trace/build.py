@@ -42,6 +42,7 @@ from perfswarm.trace.schema import (
     STEPS,
     TAIL,
     TRACE_TABLES,
+    window_ends,
 )
 from perfswarm.trace.store import Manifest, Run, Warning_
 
@@ -407,21 +408,31 @@ def _two_recordings(a: Path, b: Path, of: str, why: str) -> PerfswarmError:
 TAIL_SHARE = 0.1  # a last marker holding under this share of the other steps' events: a tail
 
 
-def tail_steps(run: Run) -> None:
-    """Each rank's last ProfilerStep that holds no event but its marker, or under a tenth of
-    the events its other marked steps hold (their median, of two or more), is a `tail`, not
-    a step: a loop that ends inside the profiler's active steps calls `prof.step()` after its
-    last step, which opens one more marker of microseconds, perhaps holding what the program
-    ran after its loop (a `loss.item()`: 2 ops beside 210 a step). It had counted as a step:
-    the step time 5% low, and with two real steps the median was the smaller one."""
+def mend_steps(run: Run) -> None:
+    """The steps table's marked steps as the analyses read their events, once the tables are
+    written. A marked step ends no later than the trace window it began in
+    (schema.window_ends: a profiler stopped inside a step closes its marker after its stop and
+    export). Each rank's last ProfilerStep that holds no event but its marker, or under a
+    tenth of the events its other marked steps hold (their median, of two or more), is a
+    `tail`, not a step: a loop that ends inside the profiler's active steps calls `prof.step()`
+    after its last step, which opens one more marker of microseconds, perhaps holding what the
+    program ran after its loop (a `loss.item()`: 2 ops beside 210 a step). It had counted as a
+    step: the step time 5% low, and with two real steps the median was the smaller one."""
     steps = run.table("steps")
     marked = np.flatnonzero(pc.equal(steps.column("source").cast(pa.string()), PROFILED)
                             .to_numpy(zero_copy_only=False))
     if not len(marked):
         return
     rank, start = steps.column("rank").to_numpy(), steps.column("start").to_numpy()
-    step = steps.column("step").to_numpy()
-    events = run.table("events", ["rank", "step", "name"])
+    step, end = steps.column("step").to_numpy(), steps.column("end").to_numpy()
+    events = run.table("events", ["rank", "step", "name", "kind", "ts", "dur"])
+    windows = np.flatnonzero(pc.equal(events.column("kind").cast(pa.string()), "trace_span")
+                             .to_numpy(zero_copy_only=False))
+    win_ts = events.column("ts").to_numpy()[windows]
+    clipped = end.copy()
+    clipped[marked] = window_ends(events.column("rank").to_numpy()[windows].astype(np.int64),
+                                  win_ts, win_ts + events.column("dur").to_numpy()[windows],
+                                  rank[marked].astype(np.int64), start[marked], end[marked])
     names = events.column("name").combine_chunks()
     assert isinstance(names, pa.DictionaryArray)
     marker = np.array([bool(v and PROFILER_STEP.match(v)) for v in names.dictionary.to_pylist()],
@@ -438,12 +449,14 @@ def tail_steps(run: Run) -> None:
         if held[-1] == 0 or (len(others) >= 2
                              and held[-1] < TAIL_SHARE * float(np.median(others))):
             tails.append(int(mine[-1]))
-    if tails:
+    if tails or not np.array_equal(clipped, end):
         source = steps.column("source").to_pylist()
         for i in tails:
             source[i] = TAIL
-        run.write_table("steps", steps.set_column(steps.schema.get_field_index("source"),
-                                                  "source", pa.array(source)))
+        steps = steps.set_column(steps.schema.get_field_index("source"), "source",
+                                 pa.array(source))
+        run.write_table("steps", steps.set_column(steps.schema.get_field_index("end"), "end",
+                                                  pa.array(clipped, pa.int64())))
 
 
 def ranks_seen(manifest: Manifest) -> None:

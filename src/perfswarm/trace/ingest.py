@@ -27,11 +27,11 @@ from perfswarm.trace.build import (
     add_execution_traces,
     describe,
     in_memory,
+    mend_steps,
     one_recording,
     process_ranks,
     ranks_seen,
     step_offsets,
-    tail_steps,
     with_rank,
     write_tables,
 )
@@ -221,7 +221,7 @@ def import_traces(paths: Sequence[Path], out: Path, options: ImportOptions,
             tables = read(run, paths, options, manifest, progress)
         one_recording(manifest, paths)
         write_tables(run, tables)
-        tail_steps(run)
+        mend_steps(run)
         shutil.rmtree(_scratch(run), ignore_errors=True)
         ranks_seen(manifest)
         if options.execution_traces:
