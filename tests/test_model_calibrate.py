@@ -4,6 +4,7 @@ a real tiny sweep (recorder/bench/kernels.py)."""
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import pytest
@@ -308,3 +309,30 @@ def test_convolution_backward_is_swept_as_autograd_records_it() -> None:
         grad_input, grad_weight, _ = _runner(op, dims, "cpu")()
         assert isinstance(grad_input, torch.Tensor) and list(grad_input.shape) == dims[1]
         assert list(grad_weight.shape) == dims[2]
+
+
+def test_each_sweep_keeps_its_share_of_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The families are fitted after every sweep is done: a learned model's fit (seconds on a
+    busy machine) had taken the next family's share of the budget (the forward attention's: 8
+    points at the default budget, and a held-out error past the unusable mark)."""
+    from perfswarm.recorder.bench import kernels
+
+    shares: list[float] = []
+
+    def measure(family: str, budget_s: float, device: str = "cpu", warm: bool = False
+                ) -> list[Point]:
+        shares.append(budget_s)
+        time.sleep(0.05)
+        return []
+
+    def slow_fit(points: object) -> dict[str, object]:
+        time.sleep(0.2)
+        return {"gmae_held_out": 0.0}
+
+    monkeypatch.setattr(kernels, "measure", measure)
+    monkeypatch.setattr(kernels, "fit_family", slow_fit)
+    monkeypatch.setattr(kernels, "first_touch_s", lambda: 1e-6)
+    monkeypatch.setattr(kernels, "reserve_heap", lambda mib: None)
+    profile = calibrate(budget_s=1.2)
+    assert len(shares) == 12 and min(shares) > 0.04  # 0.1 s each, less the last sweep's 0.05
+    assert set(profile["families"]) == set(FAMILIES)

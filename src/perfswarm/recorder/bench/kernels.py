@@ -72,7 +72,7 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
         # size unevenly (vector width: 16 runs faster than 10, 20 faster than 10), which no
         # FLOP count shows; heads 4, a batch of 1 to 32, sequences 32 to 256; q, k and v
         # contiguous, or views of [L, B, E] as nn.MultiheadAttention makes them (rows B x E
-        # apart: OpCost.row_bytes). Points visited in a coprime stride, so a cut budget still
+        # apart: OpCost.row_spread). Points visited in a coprime stride, so a cut budget still
         # spans every axis.
         grid = [(by_row, seq, head, batch) for by_row, seq, head, batch in itertools.product(
             (False, True), (64, 256, 32, 128), (8, 16, 32, 64, 128, 10, 20, 40, 80, 24, 48, 96),
@@ -318,7 +318,7 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     # the memory-bound sweeps first: what they leave of their share goes to the GEMM sweep
     families = [f for f in FAMILIES if where == "cpu" or f not in CPU_FAMILIES]
     sweeps = [*((f, True) for f in WARM_FAMILIES), *((f, False) for f in reversed(families))]
-    fitted: dict[tuple[str, bool], Any] = {}
+    swept: dict[tuple[str, bool], list[Point]] = {}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     start = time.perf_counter()
@@ -326,10 +326,13 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
         for i, (family, warm) in enumerate(sweeps):
             on_family(f"{family} (warm)" if warm else family)
             share = start + budget_s * (i + 1) / len(sweeps) - time.perf_counter()
-            fitted[family, warm] = fit_family(measure(family, share, where, warm))
+            swept[family, warm] = measure(family, share, where, warm)
         page_s = first_touch_s()
     finally:
         torch.set_num_threads(saved)
+    # fitted once every sweep is done: a learned model's fit (seconds, on a busy machine) had
+    # taken the next family's share (the forward attention's: 8 points at the default budget)
+    fitted = {key: fit_family(points) for key, points in swept.items()}
     cold = {f: fitted[f, False] for f in families}
     reused = {f: fitted[f, True] for f in WARM_FAMILIES}
     return {"device": where, "device_name": name, "threads": threads, "families": cold,
