@@ -13,6 +13,7 @@ from perfswarm.model.opcost import (
     batch_scaled,
     data_cost,
     gemm_dims,
+    heads_follow,
     op_cost,
     output_bytes,
     roofline,
@@ -410,3 +411,27 @@ def test_attention_spread_follows_the_batch() -> None:
     assert contiguous is not None and contiguous.row_spread == 1.0
     gemm = data_cost("aten::mm", Shapes(((8, 16), (16, 4)), ("float", "float")))
     assert gemm is not None and gemm.row_spread == 0.0
+
+
+def test_heads_follow_the_width() -> None:
+    """nn.MultiheadAttention's q, k, v ([B, H, L, D] views of [L, B, E], E = H x D) at twice the
+    width with the heads kept: each head twice as wide, in the same layout; the log-sum-exp
+    [B, H, L] and other ops as substituted; a width the heads do not divide, or a head given
+    its own change, as substituted."""
+    op = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    q, st = (12, 4, 100, 16), (64, 16, 12 * 64, 1)
+    shapes = Shapes((q, q, q, ()), ("float",) * 3 + ("Scalar",), (st, st, st, ()))
+    wide = heads_follow(op, shapes, shapes.substitute({64: 128}), {64: 128})
+    assert wide.dims == ((12, 4, 100, 32),) * 3 + ((),)
+    assert wide.strides[0] == (128, 32, 12 * 128, 1)
+    backward = op + "_backward"
+    lse = (12, 4, 100)
+    grads = Shapes((q,) * 5 + (lse,), ("float",) * 6, (st,) * 5 + ((400, 100, 1),))
+    assert heads_follow(backward, grads, grads.substitute({64: 128}), {64: 128}).dims == (
+        ((12, 4, 100, 32),) * 5 + (lse,))
+    for dims in ({64: 130}, {64: 128, 16: 24}, {32: 64}):
+        substituted = shapes.substitute(dims)
+        assert heads_follow(op, shapes, substituted, dims) == substituted
+    gemm = Shapes(((100, 64), (64, 64)), ("float", "float"))
+    assert heads_follow("aten::mm", gemm, gemm.substitute({64: 128}), {64: 128}).dims == (
+        (100, 128), (128, 128))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from perfswarm.model.overheads import OverheadModel, steady_steps, typical
 from perfswarm.model.predict import (
     Change,
     _Transform,
+    batch_flag,
     derived_dims,
     held_first_touch,
+    is_batch_flag,
     load_model,
     predict,
     step_faults,
@@ -748,3 +751,33 @@ def test_a_run_without_shapes(tmp_path: Path) -> None:
         predict(run, Change(batch_size=128, recorded_batch_size=64), profile=PROFILE)
     with pytest.raises(ParameterError, match=r"no op has recorded shapes"):  # asked first
         predict(run, Change(batch_size=128))
+
+
+def test_attention_says_the_batch_and_its_heads_follow_the_width(tmp_path: Path) -> None:
+    """tests/data/mha_seq_first.py: an nn.TransformerEncoder laid out [L, B, E] (20 tokens, a
+    batch of 6, width 32, 4 heads of 8). Its tensors lead with the sequence (20, which had been
+    taken for the batch); attention's q says 6. At width x2 the heads stay 4, so each head
+    doubles (8 had stayed: attention priced x1.00 at twice the width), noted."""
+    src = Path(__file__).with_name("data") / "mha_seq_first.json.gz"
+    with gzip.open(src, "rt") as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    leading = Counter(d[0] for e in raw if e.get("cat") == "cpu_op"
+                      for d in e["args"].get("Input Dims", []) if isinstance(d, list) and
+                      len(d) >= 2 and all(isinstance(x, int) for x in d))
+    assert leading.most_common(1)[0][0] == 20
+    (q, *_) = next(e for e in raw if e["name"].endswith("flash_attention_for_cpu"))["args"][
+        "Input Dims"]
+    assert q == [6, 4, 20, 8]
+    run = import_traces([src], tmp_path / "m.run", ImportOptions(), ["train.py"])
+    assert predict(run, Change(batch_size=12), profile=PROFILE).batch == (6, 12)
+    wide = predict(run, Change(dims=((32, 64),)), profile=PROFILE)
+    assert "attention's head dimension following the width (its heads kept): 8 -> 16" in wide.notes
+    named = predict(run, Change(dims=((32, 64), (8, 16))), profile=PROFILE)
+    assert not any("head dimension" in n for n in named.notes)
+
+
+def test_batch_flags() -> None:
+    assert all(is_batch_flag(f) for f in ("--batch", "--batch-size", "--batch_size=", "--bs"))
+    assert not is_batch_flag("--batches")
+    assert batch_flag(["train.py", "--batch", "12"]) == 12
+    assert batch_flag(["train.py", "--batch=24", "--lr", "3"]) == 24

@@ -322,7 +322,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
         work = _embedding(op, input_dims)
     elif family == "sdpa":
         work = _sdpa(op, input_dims)
-        rows = _row_spread(op, input_dims, strides, 0, size)
+        rows = _row_spread(name, input_dims, strides, size)
     else:
         largest = max(_numel(d) for d in shaped)
         inputs = sum(_numel(d) for d in shaped)
@@ -397,15 +397,57 @@ def attention_shape(op: str, q: Sequence[int], k: Sequence[int]
     return b, h, lq, k[2], d
 
 
-def _row_spread(op: str, dims: Dims, strides: Dims, q: int, size: int) -> float:
-    """OpCost.row_spread of an attention op whose q is input `q` (of `size`-byte elements),
-    from its recorded stride along the sequence (1 without strides: contiguous)."""
-    if len(dims) <= q or len(dims[q]) != 4:
+def attention_q(name: str, dims: Dims) -> tuple[int, tuple[int, int, int, int, int]] | None:
+    """Which input is an attention op's q (0 for a forward; 1 for a backward, after the
+    output's gradient) and its `attention_shape`; None for other ops or shapes that do not
+    fit."""
+    op = name.removeprefix("aten::")
+    q = 0 if op in _SDPA else 1 if _HIDDEN_GEMMS.search(op) and "attention" in op else None
+    if q is None or len(dims) <= q + 1:
+        return None
+    found = attention_shape(op, dims[q], dims[q + 1])
+    return (q, found) if found is not None else None
+
+
+def _row_spread(name: str, dims: Dims, strides: Dims, size: int) -> float:
+    """OpCost.row_spread of an attention op (of `size`-byte elements), from its q's recorded
+    stride along the sequence (1 without strides: contiguous); 0 for other ops."""
+    found = attention_q(name, dims)
+    if found is None:
         return 0.0
-    head = max(dims[q][3], 1)
+    q, (*_, head) = found
+    head = max(head, 1)
     recorded = strides[q] if len(strides) > q and len(strides[q]) == 4 else ()
+    op = name.removeprefix("aten::")
     row = recorded[1 if op in _SEQ_SECOND else 2] if recorded else head
     return max(1.0, min(row * size, PAGE_BYTES) / (head * size))
+
+
+def row_spread(name: str, shapes: Shapes) -> float:
+    """OpCost.row_spread of an op at these shapes (0 unless it is attention)."""
+    return _row_spread(name, shapes.dims, shapes.strides, element_bytes(shapes))
+
+
+def heads_follow(name: str, recorded: Shapes, changed: Shapes, dims: Mapping[int, int]
+                 ) -> Shapes:
+    """An attention op's `changed` shapes (`recorded` with `dims` substituted) with its head
+    dimension following the model's width: q, k and v are [B, H, L, D] (or [B, L, H, D]) with
+    H x D the width, so a change of the width with the heads kept makes D that much larger. A
+    head's D is a divisor of the width, which derived_dims does not derive for every tensor
+    (it is as likely another size of its own), but the attention op says which it is: kept,
+    a width x2 priced its attention x1.00 where it ran x1.5-1.95. Other ops, a width that
+    does not change, or a change the heads do not divide, as `changed`."""
+    found = attention_q(name, recorded.dims)
+    if found is None:
+        return changed
+    _, (_, heads, _, _, head) = found
+    width = heads * head
+    if width not in dims or head in dims or dims[width] % heads:
+        return changed
+    return recorded.resized([
+        (*new[:3], dims[width] // heads) if len(old) == 4 and old[3] == head
+        and heads in old[1:3] else new
+        for old, new in zip(recorded.dims, changed.dims, strict=True)])
 
 
 def _sdpa(op: str, dims: Dims) -> tuple[float, float] | None:
@@ -715,8 +757,7 @@ def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost |
             return None
         family, flops, moved = found
         fixed_elements = sum(_numel(d) for i, d in enumerate(shapes.dims) if d and marks[i])
-        rows = (_row_spread(op, shapes.dims, shapes.strides, 1, size)
-                if family == "sdpa_backward" else 0.0)
+        rows = _row_spread(name, shapes.dims, shapes.strides, size)
         return OpCost(op, family, flops, moved * size, dtype,
                       min(float(fixed_elements), moved) * size,
                       any(not marks[i] for i, d in enumerate(shapes.dims) if d), row_spread=rows)

@@ -29,7 +29,7 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Final, Literal
 
@@ -63,11 +63,14 @@ from perfswarm.model.opcost import (
     PAGE_BYTES,
     OpCost,
     Shapes,
+    attention_q,
     batch_scaled,
     column_major,
     data_cost,
+    heads_follow,
     lstm_shape,
     output_bytes,
+    row_spread,
     scale_batch,
     tf32_if_fp32,
     token_input,
@@ -99,7 +102,7 @@ ALIKE: Final = 0.25  # steps whose robust spread is within this share of their m
 NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine, said in a note
 LEFT_OUT_SHARE: Final = 0.01  # ops a GPU forecast leaves out, named from this share of the steps
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
-_BATCH_FLAG = re.compile(r"^--?(?:batch[-_]size|bs)(?:=(\d+))?$")
+_BATCH_FLAG = re.compile(r"^--?(?:batch(?:[-_]size)?|bs)(?:=(\d+))?$")
 # a kernel's name, its op's shapes and, where its op has none, its own size (a copy's or a set's
 # bytes, a kernel's grid and block): what shares its typical time
 Key = tuple[int, Shapes | None, tuple[int, ...]]
@@ -420,14 +423,31 @@ def derived_dims(dims: Mapping[int, int], parameters: set[tuple[int, ...]]) -> d
     return out
 
 
+def _heads_following(m: _Model, dims: Mapping[int, int]) -> set[tuple[int, int]]:
+    """The head dimensions (old, new) that opcost.heads_follow changes in the Run's attention
+    ops under these dimension changes."""
+    if not dims:
+        return set()
+    out = set()
+    rows = _op_rows(m)
+    for row, shapes in zip(rows, m.shapes(rows), strict=True):
+        if shapes is not None and (found := attention_q(m.ev.name_of(row), shapes.dims)):
+            head = shapes.dims[found[0]][3]
+            new = heads_follow(m.ev.name_of(row), shapes, shapes.substitute(dims), dims)
+            if head not in dims and new.dims[found[0]][3] != head:
+                out.add((head, new.dims[found[0]][3]))
+    return out
+
+
 def is_batch_flag(flag: str) -> bool:
-    """Whether a command-line flag sets the batch size (--batch-size, --batch_size, --bs)."""
+    """Whether a command-line flag sets the batch size (--batch-size, --batch_size, --batch,
+    --bs)."""
     return _BATCH_FLAG.match(flag.split("=", 1)[0]) is not None
 
 
 def batch_flag(command: Sequence[str]) -> int | None:
-    """The value of a recorded command's --batch-size (--batch_size, --bs, -bs; `=N` or a
-    separate word), if it has one."""
+    """The value of a recorded command's --batch-size (--batch_size, --batch, --bs, -bs; `=N`
+    or a separate word), if it has one."""
     for i, word in enumerate(command):
         match = _BATCH_FLAG.match(word)
         if match:
@@ -442,6 +462,8 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
     token indices torch.compile's compiled forwards took (its graphs' ops run flattened,
     [batch x sequence, width]), else an LSTM layer's B (its input is [T, B, I] however the
     model lays its tensors out: a time-major model's other ops lead with the sequence), else
+    an attention op's B (its q is [B, H, L, D] however the model lays out the rest:
+    nn.TransformerEncoder's [L, B, E] had been read as a batch of 100, its sequence), else
     the most common leading dimension of the compute ops' non-parameter inputs; and a note
     when the steps' own most common ones differ (an inference server's requests of several
     sizes)."""
@@ -456,6 +478,7 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
         return tokens.most_common(1)[0][0], ""
     leading: Counter[int] = Counter()
     recurrent: Counter[int] = Counter()
+    attended: Counter[int] = Counter()
     by_step: dict[int, Counter[int]] = {}
     rows = _op_rows(m)
     for row, shapes in zip(rows, m.shapes(rows), strict=True):
@@ -466,8 +489,11 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
             layer = lstm_shape(m.ev.name_of(row).removeprefix("aten::"), shapes.dims)
             if layer is not None:
                 recurrent[layer[1]] += 1
-    if recurrent:
-        return recurrent.most_common(1)[0][0], ""
+            if (found := attention_q(m.ev.name_of(row), shapes.dims)) is not None:
+                attended[found[1][0]] += 1
+    for lead in (recurrent, attended):
+        if lead:
+            return lead.most_common(1)[0][0], ""
     if not leading:
         return None, ""
     batch = leading.most_common(1)[0][0]
@@ -502,12 +528,15 @@ class _Transform:
         old = data_cost(name, shapes, marks)
         if old is None:
             return None
-        new_shapes = shapes.substitute(self.dims) if self.dims else shapes
+        new_shapes = (heads_follow(name, shapes, shapes.substitute(self.dims), self.dims)
+                      if self.dims else shapes)
         new = data_cost(name, new_shapes, marks) if self.dims else old
         if new is None:
             return None
-        return (old, scale_batch(new, self.factor),
-                batch_scaled(name, new_shapes, marks, self.factor))
+        scaled = batch_scaled(name, new_shapes, marks, self.factor)
+        # the layout at the new batch: MHA's rows lie B x E apart
+        return (old, replace(scale_batch(new, self.factor),
+                             row_spread=row_spread(name, scaled)), scaled)
 
     def is_parameter(self, shapes: Shapes, i: int) -> bool:
         """A parameter's shape, a transposed view of one (nn.Linear's weight in its addmm:
@@ -897,6 +926,9 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         notes.append("dimensions following the change as parameters' multiples of it: "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(dims.items())
                                  if a not in dict(change.dims)))
+    if heads := _heads_following(m, dims):
+        notes.append("attention's head dimension following the width (its heads kept): "
+                     + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
     counts = _scale_kernels(m, _Transform(factor, dims, fixed), scaler,
                             unmodelled, dur, steady)
     if batch is not None:
