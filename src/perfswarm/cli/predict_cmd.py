@@ -104,7 +104,7 @@ def predict_command(
     device: Annotated[str | None, typer.Option("--device", help="Predict on this GPU: a bundled spec's name (H100-SXM), short name (H100) or the exact name torch.cuda.get_device_name() gives it ('NVIDIA H100 80GB HBM3'); docs/cli.md lists them.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", max=MAX_SIZE, help="Predict at this batch size.")] = None,
     recorded_batch_size: Annotated[int | None, typer.Option("--recorded-batch-size", max=MAX_SIZE, help="The Run's batch size, when its command line does not say.")] = None,
-    dim: Annotated[list[str] | None, typer.Option("--dim", help="OLD=NEW: every recorded tensor dimension OLD becomes NEW (layer widths), and the parameters' whole multiples of it with it (fused QKV 3W, MLP 4W); repeatable.")] = None,
+    dim: Annotated[list[str] | None, typer.Option("--dim", help="OLD=NEW: every recorded tensor dimension OLD becomes NEW (layer widths), and the parameters' whole multiples of it with it (fused QKV 3W, MLP 4W), and in attention ops the head (W / heads); repeatable.")] = None,
     profile: Annotated[Path | None, typer.Option("--profile", help="Kernel-model profile from `perfswarm calibrate` (needed for shape changes on CPU runs).")] = None,
     overheads: Annotated[Path | None, typer.Option("--overheads", help="CPU-overhead model to use (JSON from --save-overheads), instead of this Run's.")] = None,
     save_overheads: Annotated[Path | None, typer.Option("--save-overheads", help="Write this prediction's CPU-overhead model as JSON.")] = None,
