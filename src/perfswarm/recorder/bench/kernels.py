@@ -332,6 +332,7 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
         torch.set_num_threads(saved)
     # fitted once every sweep is done: a learned model's fit (seconds, on a busy machine) had
     # taken the next family's share (the forward attention's: 8 points at the default budget)
+    on_family("fitting the models")
     fitted = {key: fit_family(points) for key, points in swept.items()}
     cold = {f: fitted[f, False] for f in families}
     reused = {f: fitted[f, True] for f in WARM_FAMILIES}
