@@ -462,9 +462,10 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
     token indices torch.compile's compiled forwards took (its graphs' ops run flattened,
     [batch x sequence, width]), else an LSTM layer's B (its input is [T, B, I] however the
     model lays its tensors out: a time-major model's other ops lead with the sequence), else
-    an attention op's B (its q is [B, H, L, D] however the model lays out the rest:
-    nn.TransformerEncoder's [L, B, E] had been read as a batch of 100, its sequence), else
-    the most common leading dimension of the compute ops' non-parameter inputs; and a note
+    the most common leading dimension of the compute ops' non-parameter inputs, unless it is
+    an attention op's sequence L, whose batch is then its q's B ([B, H, L, D]:
+    nn.TransformerEncoder's [L, B, E] had been read as a batch of 100, its sequence; a
+    windowed attention's B, batch x windows, is no batch); and a note
     when the steps' own most common ones differ (an inference server's requests of several
     sizes)."""
     flag = batch_flag(m.run.manifest()["command"])
@@ -478,7 +479,7 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
         return tokens.most_common(1)[0][0], ""
     leading: Counter[int] = Counter()
     recurrent: Counter[int] = Counter()
-    attended: Counter[int] = Counter()
+    attended: dict[int, int] = {}
     by_step: dict[int, Counter[int]] = {}
     rows = _op_rows(m)
     for row, shapes in zip(rows, m.shapes(rows), strict=True):
@@ -490,13 +491,14 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
             if layer is not None:
                 recurrent[layer[1]] += 1
             if (found := attention_q(m.ev.name_of(row), shapes.dims)) is not None:
-                attended[found[1][0]] += 1
-    for lead in (recurrent, attended):
-        if lead:
-            return lead.most_common(1)[0][0], ""
+                attended[found[1][2]] = found[1][0]  # its sequence -> its batch
+    if recurrent:
+        return recurrent.most_common(1)[0][0], ""
     if not leading:
         return None, ""
     batch = leading.most_common(1)[0][0]
+    if batch in attended:  # the tensors lead with attention's sequence: its batch is q's B
+        return attended[batch], ""
     sizes = sorted({c.most_common(1)[0][0] for c in by_step.values() if c})
     return batch, (f"the steps' batches differ ({', '.join(map(str, sizes))}): every step is "
                    f"scaled from {batch}" if len(sizes) > 1 else "")
