@@ -435,3 +435,13 @@ def test_heads_follow_the_width() -> None:
     gemm = Shapes(((100, 64), (64, 64)), ("float", "float"))
     assert heads_follow("aten::mm", gemm, gemm.substitute({64: 128}), {64: 128}).dims == (
         (100, 128), (128, 128))
+
+
+def test_heads_follow_with_grouped_query_attention() -> None:
+    """Grouped-query attention: k and v hold 2 heads beside q's 8 (each of 16); at twice the
+    width every head is 32 wide, and a mask [B, 1, L, L] whose L is the head's size stays."""
+    op = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    q, kv, mask = (4, 8, 16, 16), (4, 2, 16, 16), (4, 1, 16, 16)
+    shapes = Shapes((q, kv, kv, mask), ("float",) * 4)
+    wide = heads_follow(op, shapes, shapes.substitute({128: 256}), {128: 256})
+    assert wide.dims == ((4, 8, 16, 32), (4, 2, 16, 32), (4, 2, 16, 32), mask)

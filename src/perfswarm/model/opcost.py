@@ -440,14 +440,16 @@ def heads_follow(name: str, recorded: Shapes, changed: Shapes, dims: Mapping[int
     found = attention_q(name, recorded.dims)
     if found is None:
         return changed
-    _, (_, heads, _, _, head) = found
+    q, (_, heads, _, _, head) = found
     width = heads * head
     if width not in dims or head in dims or dims[width] % heads:
         return changed
+    # q, k and v (and a backward's output gradient and output before them and after): k and v
+    # may hold fewer heads (grouped-query attention); a mask's last dimension is no head
+    heads_at = range(2 * q + 3)
     return recorded.resized([
-        (*new[:3], dims[width] // heads) if len(old) == 4 and old[3] == head
-        and heads in old[1:3] else new
-        for old, new in zip(recorded.dims, changed.dims, strict=True)])
+        (*new[:3], dims[width] // heads) if i in heads_at and len(old) == 4 and old[3] == head
+        else new for i, (old, new) in enumerate(zip(recorded.dims, changed.dims, strict=True))])
 
 
 def _sdpa(op: str, dims: Dims) -> tuple[float, float] | None:
