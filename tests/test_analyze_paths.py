@@ -533,7 +533,8 @@ def test_which_group_a_gloo_thread_ran() -> None:
     (ProcessGroupGloo's default), only where it shows two for each; a group of every rank, an
     empty rank list, and a group without the rank (a trace imported as another rank than
     torch's) name none."""
-    from perfswarm.analyze.groups import group_of, thread_groups
+    from perfswarm.analyze.groups import UNTOLD, group_of, thread_groups
+    from perfswarm.analyze.stragglers import skews
 
     everyone = frozenset(range(4))
     low = group_of("1", "[0, 1]", 0, everyone)
@@ -543,9 +544,14 @@ def test_which_group_a_gloo_thread_ran() -> None:
     assert group_of("1", "[0, 1", 0, everyone) == group_of(None, "[0, 1]", 0, everyone) == NO_GROUP
     tids = np.array([10, 12, 20, 21])
     assert thread_groups(tids, [NO_GROUP, low]) == {20: low, 21: low}
-    assert thread_groups(tids[:3], [NO_GROUP, low]) == {}  # which two are one group's?
+    # which two are one group's? None can say: its collectives pair with none (by name over
+    # every rank, a subgroup's had paired with another subgroup's)
+    assert thread_groups(tids[:3], [NO_GROUP, low]) == dict.fromkeys([10, 12, 20], UNTOLD)
     assert thread_groups(tids[:3], [low]) == dict.fromkeys([10, 12, 20], low)
     assert thread_groups(tids, [NO_GROUP]) == thread_groups(tids, []) == {}
+    for group, paired in ((NO_GROUP, 1), (UNTOLD, 0)):
+        key = ("gloo:all_reduce", 0, group)
+        assert skews({0: {key: 5}, 1: {key: 9}}).instances == paired
 
 
 def test_nccl_subgroups_pair_by_their_args(tmp_path: Path) -> None:

@@ -44,6 +44,9 @@ class Group(NamedTuple):
 
 
 NO_GROUP: Final = Group("", ())  # none named, or every rank's
+# a collective of a rank with subgroups whose threads do not say which group it ran in: it
+# pairs with none (by name over every rank, a subgroup's would pair with another's)
+UNTOLD: Final = Group("?", ())
 
 
 @dataclass(frozen=True)
@@ -128,13 +131,15 @@ def process_groups(run: Run, ev: Events, run_ranks: Sequence[int]) -> Groups:
 def thread_groups(tids: I64, groups: Sequence[Group]) -> dict[int, Group]:
     """A rank's gloo threads (`tids`, sorted) -> their named group, from its gloo groups in the
     order they were created: every thread the one group's where all are one group; else
-    GLOO_THREADS threads each, in order, where that is how many there are; else none."""
+    GLOO_THREADS threads each, in order, where that is how many there are; else, the rank
+    having subgroups, UNTOLD (a group idle in the window, or that ran on one of its threads:
+    four groups' all-reduces on three groups' threads had paired two subgroups' by name)."""
     if not groups or all(g == NO_GROUP for g in groups):
         return {}
     if len(set(groups)) == 1:
         return dict.fromkeys(tids.tolist(), groups[0])
     if len(tids) != GLOO_THREADS * len(groups):
-        return {}
+        return dict.fromkeys(tids.tolist(), UNTOLD)
     return {tid: groups[i // GLOO_THREADS] for i, tid in enumerate(tids.tolist())
             if groups[i // GLOO_THREADS] != NO_GROUP}
 

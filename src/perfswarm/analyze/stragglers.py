@@ -20,7 +20,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import I64, Events
-from perfswarm.analyze.groups import NO_GROUP, NO_GROUPS, Group, Groups
+from perfswarm.analyze.groups import NO_GROUP, NO_GROUPS, UNTOLD, Group, Groups
 from perfswarm.analyze.intervals import Coverage, union
 
 TOP = 20
@@ -129,7 +129,10 @@ def collective_starts(ev: Events, rank: int,
 
 
 def members(group: Group, ranks: Iterable[int]) -> list[int]:
-    """Of `ranks`, those a group's collectives run on: every one for NO_GROUP."""
+    """Of `ranks`, those a group's collectives run on: every one for NO_GROUP, none for
+    UNTOLD (they pair with none)."""
+    if group == UNTOLD:
+        return []
     return sorted(r for r in ranks if not group.ranks or r in group.ranks)
 
 
