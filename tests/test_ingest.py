@@ -211,7 +211,8 @@ def test_ranks_from_distributed_info_and_flag(tmp_path: Path) -> None:
 def test_rank_from_the_file_name(tmp_path: Path, streaming: str) -> None:
     """A trace without distributedInfo takes the rank its file name says (the recorder's
     torch-rank{R}-pid{P}: a DataLoader worker's trace beside its rank's; it had taken its
-    place in the list, a rank of its own); without one either, its place."""
+    place in the list, a rank of its own); without one either, the lowest rank no file names
+    (its place, 3 here, could be a named one's)."""
     event = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1.0,
              "dur": 2.0, "args": {}}
     names = ["torch-rank1-pid10.pt.trace.json", "torch-rank1-pid11.pt.trace.json",
@@ -220,7 +221,7 @@ def test_rank_from_the_file_name(tmp_path: Path, streaming: str) -> None:
         (tmp_path / name).write_text(json.dumps({"traceEvents": [{**event, "pid": pid}]}))
     run = import_traces([tmp_path / n for n in names], tmp_path / "r.run",
                         ImportOptions(streaming=streaming), ["t"])
-    assert [s["rank"] for s in run.manifest()["sources"]] == [1, 1, 7, 3]
+    assert [s["rank"] for s in run.manifest()["sources"]] == [1, 1, 7, 0]
 
 
 @pytest.mark.parametrize(("name", "rank"), [
@@ -253,6 +254,20 @@ def test_no_rank_from_a_host_name(tmp_path: Path, streaming: str) -> None:
     run = import_traces([tmp_path], tmp_path / "r.run", ImportOptions(streaming=streaming), ["t"])
     assert [(s["file"][:19], s["rank"]) for s in run.manifest()["sources"]] == [
         ("gpu-rank3-node_3550", 0), ("gpu-rank3-node_3617", 1)]
+    assert run.manifest()["ranks"] == [0, 1]
+
+
+@pytest.mark.parametrize("streaming", ["never", "always"])
+def test_a_process_naming_no_rank_beside_one_that_does(tmp_path: Path, streaming: str) -> None:
+    """tests/data/loader_workers.py's main process in a file named rank-1, its DataLoader
+    worker's in one naming none, given second: the worker is rank 0, the lowest no file names
+    (by its position it had been rank 1 too, two processes merged into one rank)."""
+    files = [tmp_path / "rank-1.pt.trace.json.gz", tmp_path / "worker.pt.trace.json.gz"]
+    for src, dst in zip(("main", "worker"), files, strict=True):
+        shutil.copy(DATA / f"loader_workers_{src}.pt.trace.json.gz", dst)
+    run = import_traces(files, tmp_path / "r.run", ImportOptions(streaming=streaming), ["t"])
+    assert [(s["file"], s["rank"]) for s in run.manifest()["sources"]] == [
+        ("rank-1.pt.trace.json.gz", 1), ("worker.pt.trace.json.gz", 0)]
     assert run.manifest()["ranks"] == [0, 1]
 
 

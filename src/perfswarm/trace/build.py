@@ -11,6 +11,7 @@ DuckDB, in the same order (trace/merge.py, tested against the in-memory path).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -223,8 +224,9 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
     to a file of its own, as torch's docs show in `on_trace_ready`: each had been a rank, and
     advise had called the one holding the warm-up step a straggler). Files of one process id
     over the same time stay apart (hosts reuse ids: two containers' ranks may both be pid 1).
-    Numbered by their first file, 0, 1, ... when no file names a rank, else that file's
-    position. Where no file names a rank, processes whose recordings lie apart from every
+    Numbered by their first file, 0, 1, ..., past the ranks other files name (by a file's
+    position, a process had taken rank 2 beside a file named rank-2). Where no file names a
+    rank, processes whose recordings lie apart from every
     other's, by a second and ten times the longer one, are other runs of the program, not
     ranks of one job (a script run twice into one TensorBoard log dir had been two ranks of a
     job spanning 9.5 minutes): refused."""
@@ -246,7 +248,11 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
             groups.append((i, []))
         if extent is not None:
             groups[joined][1].append(extent)
-        out.append(groups[joined][0] if any(named) else joined)
+        out.append(joined)
+    taken = {r for r, n in zip(out, named, strict=True) if n}
+    free = iter(r for r in itertools.count() if r not in taken)
+    number = [next(free) for _ in groups]  # each process's, by its first file
+    out = [r if n else number[r] for r, n in zip(out, named, strict=True)]
     spans = [(min(e.start for e in seen), max(e.end for e in seen), first)
              for first, seen in groups if seen]
     for start, end, first in spans if len(spans) > 1 and not any(named) else ():
