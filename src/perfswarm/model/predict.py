@@ -428,14 +428,14 @@ def _heads_following(m: _Model, dims: Mapping[int, int]) -> set[tuple[int, int]]
     ops under these dimension changes."""
     if not dims:
         return set()
-    out = set()
     rows = _op_rows(m)
-    for row, shapes in zip(rows, m.shapes(rows), strict=True):
-        if shapes is not None and (found := attention_q(m.ev.name_of(row), shapes.dims)):
-            head = shapes.dims[found[0]][3]
-            new = heads_follow(m.ev.name_of(row), shapes, shapes.substitute(dims), dims)
-            if head not in dims and new.dims[found[0]][3] != head:
-                out.add((head, new.dims[found[0]][3]))
+    out = set()
+    for name, shapes in {(m.ev.name_of(r), s) for r, s in zip(rows, m.shapes(rows), strict=True)
+                         if s is not None}:
+        substituted = shapes.substitute(dims)
+        followed = heads_follow(name, shapes, substituted, dims)
+        if followed != substituted and (found := attention_q(name, shapes.dims)):
+            out.add((shapes.dims[found[0]][3], followed.dims[found[0]][3]))
     return out
 
 

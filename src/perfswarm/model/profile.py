@@ -206,7 +206,6 @@ def fit_family(points: Sequence[Point]) -> dict[str, Any]:
                       for p in points]}
 
 
-
 @dataclass(frozen=True)
 class Profile:
     """A calibrated device profile, read back: the chosen model of each family, and of each
