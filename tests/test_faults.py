@@ -93,12 +93,21 @@ KILLS = [(phase, round(random.Random(f"{phase}-{i}").uniform(0.0, 0.15), 3))
 
 def _kill_workload(out: Path, phase: str, delay: float) -> threading.Thread:
     def killer() -> None:
-        _wait_for(lambda: _trainer_pid() is not None)
+        pids: list[int] = []
+
+        def found() -> bool:
+            pid = _trainer_pid()
+            if pid is not None:
+                pids.append(pid)
+            return bool(pids)
+
+        _wait_for(found)
         _wait_for(lambda: PHASES[phase](out))
         time.sleep(delay)
-        pid = _trainer_pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+        # The pid found first: it stays the trainer's across the launcher's exec, while the
+        # cmdline, read again during that exec, can be briefly empty (the kill then went nowhere).
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
