@@ -17,6 +17,7 @@ from perfswarm.trace.store import Run
 MIX = textwrap.dedent("""
     import hashlib, sys, time, zlib
     data = bytes(range(256)) * 4096
+    time.sleep(1.0)  # perf attaches once the program runs: 50 ms to most of a second when busy
     def busy(fn, seconds):
         t = time.process_time()
         while time.process_time() - t < seconds:
