@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from perfswarm.cli.main import main
@@ -108,6 +109,8 @@ def test_attach_counts_the_process_events(tmp_path: Path) -> None:
 def test_attach_for_a_duration_leaves_the_process_running(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
+        while psutil.Process(sleeper.pid).cmdline() != ["sleep", "30"]:  # forked, not yet exec'd
+            time.sleep(0.005)
         t0 = time.monotonic()
         result = attach(sleeper.pid, tmp_path / "s.run",
                         RecordOptions(collectors=("system",), hz=50.0), 0.4)
