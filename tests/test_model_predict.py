@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import corpus
+from perfswarm.analyze.iterations import StepFaults, step_faults
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
@@ -29,7 +30,6 @@ from perfswarm.model.predict import (
     is_batch_flag,
     load_model,
     predict,
-    step_faults,
 )
 from perfswarm.model.profile import FamilyModel, Profile
 from perfswarm.model.specs import load_spec
@@ -643,7 +643,7 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     (its share of them, at most all). When the other relu's result grows to 2 MB it is the
     largest: the first keeps its work alone, the second adds its 500 pages."""
     run = _faulting_run(tmp_path, faults)
-    assert step_faults(load_model(run)) == faults
+    assert step_faults(run) == StepFaults(faults, None)  # no step after the window
     # bytes-proportional elementwise model: exact ratios
     profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 1e-9, 0.0))}, {}, 1e-6)
     same = predict(run, profile=profile)
@@ -658,13 +658,61 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     assert [s.predicted_ns for s in plain.steps] == [(1000 - 100 + 400) * US] * 3
 
 
+def _with_steps_around(run: Run, after: list[float]) -> Run:
+    """`_faulting_run`'s Run (its profiled steps end at 3000 us) with a step before the window
+    (900 faults), the step holding the trace export (5,000), then steps after the window
+    taking `after` faults each, every one ending at a hook."""
+    from perfswarm.trace.schema import EXPORT, STEPS
+
+    later = [(4, 3000, 3500, EXPORT, 5000.0)] + [
+        (5 + i, 3500 + 900 * i, 4400 + 900 * i, "detected", f) for i, f in enumerate(after)]
+    added = [(0, -900, 0, "detected", 900.0), *later]
+    run.write_table("steps", pa.concat_tables([run.table("steps"), pa.table({
+        "rank": [0] * len(added), "step": [a[0] for a in added],
+        "start": [a[1] * US for a in added], "end": [a[2] * US for a in added],
+        "source": [a[3] for a in added]}).cast(STEPS)]))
+    ts, value = (run.table("counters").column(c).to_pylist() for c in ("ts", "value"))
+    ts, value = [-900 * US, *ts], [value[0] - 900.0, *value]
+    for _, _, end, _, faults in later:
+        ts.append(end * US)
+        value.append(value[-1] + faults)
+    run.write_table("counters", pa.table({"rank": [0] * len(ts), "ts": ts,
+                                          "name": [FAULTS] * len(ts), "device": [-1] * len(ts),
+                                          "value": value}))
+    return run
+
+
+def test_page_faults_in_and_after_the_window(tmp_path: Path) -> None:
+    """The steps the recorder's hooks timed after the window (the export step and those
+    before the window left out) give the faults a step outside it; predict says how many
+    more a profiled step took and what they cost at the profile's time a page, and the
+    report's step time card gives both counts."""
+    from perfswarm.report.data import report_data
+
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+    run = _with_steps_around(_faulting_run(tmp_path / "a", 256), [64.0, 128.0, 192.0, 256.0])
+    assert step_faults(run) == StepFaults(256.0, 160.0)
+    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 1e-9, 0.0))}, {}, 2e-6)
+    assert [n for n in predict(run, profile=profile).notes if "page faults" in n] == [
+        "the profiled steps took 256 page faults each, those after the window 160: the "
+        "profiler's allocations share glibc's heap with the program's, so more of a profiled "
+        "step's tensors land on fresh pages (at the profile's 2.00 us a page, 0.19 ms a "
+        "step); the prediction, of a profiled step, carries them"]
+    card = next(c for c in report_data(run)["cards"] if c["label"] == "step time")
+    assert "page faults a step: 256 in the window, 160 after it" in card["detail"]
+    # within a tenth of the window's: no note
+    alike = _with_steps_around(_faulting_run(tmp_path / "b", 256), [240.0, 236.0, 250.0])
+    assert step_faults(alike) == StepFaults(256.0, 240.0)
+    assert not [n for n in predict(alike, profile=profile).notes if "page faults" in n]
+
+
 def test_forecast_dispatch_is_read_off_the_steady_steps(tmp_path: Path) -> None:
     """nanoGPT recorded on this CPU (tests/data/nanogpt_cpu.txt), forecast on a GPU: the
     dispatch of the ops that launch nothing is one median own time, read off the steps flagged
     steady; with one flagged, every step's dispatch is that step's own median times its count
     of such ops (the profiler's first step runs them several times slower)."""
     from perfswarm.model.gpu.opgraph import _host_parts, innermost_ops, op_graph_steps
-    from perfswarm.model.predict import load_model
 
     trace = Path(__file__).parent / "data" / "nanogpt_cpu.pt.trace.json.gz"
     m = load_model(import_traces([trace], tmp_path / "n.run", ImportOptions(), ["test"]))

@@ -439,6 +439,25 @@ def test_page_faults_counted_at_every_hook(trainer_run: Run) -> None:
     assert trainer_run.manifest()["extra"]["record"]["torch_version"] == torch.__version__
 
 
+
+def test_page_faults_a_step_in_and_after_the_window(trainer_run: Run) -> None:
+    """step_faults' profiled median is that of the faults between the hooks nearest each
+    marked step's ends (the recorder's own hook file); the steps after the window are too few
+    (MIN_AFTER) for a median outside it."""
+    from perfswarm.analyze.iterations import MIN_AFTER, step_faults
+
+    (hooks_file,) = trainer_run.raw_dir.glob("steps-rank0-pid*.json")
+    data = orjson.loads(hooks_file.read_bytes())
+    hooks, faults = np.asarray(data["hook_ns"]), data["hook_faults"]
+    steps = trainer_run.table("steps").to_pylist()
+    marked = [(s["start"], s["end"]) for s in steps if s["source"] == "marker"]
+    nearest = [[int(np.abs(hooks - t).argmin()) for t in ends] for ends in marked]
+    found = step_faults(trainer_run)
+    assert found is not None
+    assert found.profiled == statistics.median(faults[b] - faults[a] for a, b in nearest)
+    after = [s for s in steps if s["source"] == "detected" and s["start"] >= marked[-1][1]]
+    assert len(after) < MIN_AFTER and found.outside is None
+
 RESERVED = """
 import ctypes, resource, sys
 from perfswarm.recorder.inject._perfswarm_heap import reserve_heap

@@ -36,8 +36,6 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import (
     Dependencies,
@@ -49,7 +47,7 @@ from perfswarm.analyze.dependencies import (
 from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, detail_of
 from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums
-from perfswarm.analyze.iterations import batch_sizes, iterations, step_time
+from perfswarm.analyze.iterations import batch_sizes, iterations, step_faults, step_time
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.analyze.phases import parameter_rows
 from perfswarm.errors import NotApplicable, ParameterError
@@ -90,7 +88,6 @@ from perfswarm.model.overheads import (
 from perfswarm.model.profile import UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
-from perfswarm.trace.schema import FAULTS
 from perfswarm.trace.store import Run
 
 Platform = Literal["gpu", "cpu"]
@@ -100,6 +97,7 @@ WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeatin
                       "the whole profiled window is one iteration")
 ALIKE: Final = 0.25  # steps whose robust spread is within this share of their median: alike
 NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine, said in a note
+FAULT_EXCESS: Final = 0.1  # a window taking this share of its steps' page faults more: said
 LEFT_OUT_SHARE: Final = 0.01  # ops a GPU forecast leaves out, named from this share of the steps
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
 _BATCH_FLAG = re.compile(r"^--?(?:batch(?:[-_]size)?|bs)(?:=(\d+))?$")
@@ -689,26 +687,6 @@ def _on_tensor_cores(found: tuple[OpCost, OpCost, Shapes] | None, kernel: str
     return tf32_if_fp32(found[0]), tf32_if_fp32(found[1]), found[2]
 
 
-def step_faults(m: _Model) -> float | None:
-    """The median of the profiled steps' minor page faults (the recorder's FAULTS counter at
-    each optimizer hook: the hooks nearest a step's start and end), None without it."""
-    table = m.run.table("counters", columns=["rank", "ts", "name", "value"])
-    table = table.filter(pc.equal(table.column("name").cast(pa.string()), FAULTS))
-    if table.num_rows == 0:
-        return None
-    table = table.sort_by([("rank", "ascending"), ("ts", "ascending")])
-    rank, ts, value = (table.column(c).to_numpy() for c in ("rank", "ts", "value"))
-    deltas = []
-    for r, _step, lo, hi, _active in m.iterations(Timeline(m.graph.ts, m.graph.end),
-                                                  m.graph.end - m.graph.ts):
-        mine = np.flatnonzero(rank == r)
-        if len(mine) >= 2:
-            a, b = (mine[np.abs(ts[mine] - x).argmin()] for x in (lo, hi))
-            if ts[b] > ts[a]:
-                deltas.append(float(value[b] - value[a]))
-    return statistics.median(deltas) if deltas else None
-
-
 def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
                  page_s: float) -> dict[Key, tuple[int, int]]:
     """Per kernel key, the time (ns) its op spends writing fresh pages, in the recorded run and
@@ -722,9 +700,9 @@ def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
     pages, at the profile's first-touch time per page, times the share of them the recorded
     run's page-fault counter confirms (0 to 1). Taken out of the recorded time before scaling
     and added back at the new shapes, where the largest allocation may be another op's."""
-    faults = step_faults(m)
+    counted = step_faults(m.run)
     steps = sum(len(anchors) for anchors in m.graph.steps.values())
-    if faults is None or steps == 0:
+    if counted is None or steps == 0:
         return {}
     out_old: dict[Key, float] = {}
     out_new: dict[Key, float] = {}
@@ -741,7 +719,7 @@ def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
 
     old, new = pages(out_old), pages(out_new)
     expected = sum(p * allocating[k] for k, p in old.items()) / steps
-    share = min(1.0, faults / expected) if expected > 0 else 0.0
+    share = min(1.0, counted.profiled / expected) if expected > 0 else 0.0
     ns = share * page_s * 1e9
     return {k: (round(ns * old.get(k, 0.0)), round(ns * new.get(k, 0.0))) for k in keyed}
 
@@ -939,6 +917,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             notes.append("no per-sample DataLoader work found; input pipeline time kept")
     gap = g.anchor_gaps(dur, gap)
     predicted = simulate(m.schedule, dur, gap)
+    notes += _window_faults(run, profile)
     compared = _compare(compare) if compare is not None else None
     breakdown = _breakdowns(m, predicted, dur)
     steps = [StepResult(rank, step, hi - lo, r_hi - r_lo, p_hi - p_lo,
@@ -1006,6 +985,24 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                        "unpriced": sum(unpriced.values())},
                       {r: lags.to_dict() for r, lags in g.lags.items()}, overheads, None,
                       tuple(notes), steady)
+
+
+def _window_faults(run: Run, profile: Profile | None) -> list[str]:
+    """A note where the profiled steps took more page faults than the steps after the
+    window (iterations.StepFaults): a profiled step's own cost, which the prediction, of a
+    profiled step, carries."""
+    found = step_faults(run)
+    if found is None or found.outside is None or found.profiled - found.outside < (
+            FAULT_EXCESS * found.profiled) or found.profiled <= 0:
+        return []
+    extra = found.profiled - found.outside
+    cost = (f" (at the profile's {profile.page_s * 1e6:.2f} us a page, "
+            f"{extra * profile.page_s * 1e3:.2f} ms a step)"
+            if profile is not None and profile.page_s > 0 else "")
+    return [f"the profiled steps took {found.profiled:,.0f} page faults each, those after the "
+            f"window {found.outside:,.0f}: the profiler's allocations share glibc's heap with "
+            f"the program's, so more of a profiled step's tensors land on fresh pages{cost}; "
+            "the prediction, of a profiled step, carries them"]
 
 
 def unprofiled(run: Run) -> int | None:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.concurrency import OnCpu, on_cpu
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import StepTime, batch_sizes, step_time
+from perfswarm.analyze.iterations import StepFaults, StepTime, batch_sizes, step_faults, step_time
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarm_diff import periods
 from perfswarm.errors import NotApplicable
@@ -134,7 +134,7 @@ def _cpu_busy(rank: dict[str, Any], found: OnCpu | None, comm: str) -> Card:
 
 def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | None,
            rates: dict[str, Any] | None, timing: StepTime | None,
-           on_cpu: Mapping[int, OnCpu | None]) -> list[Card]:
+           on_cpu: Mapping[int, OnCpu | None], faults: StepFaults | None) -> list[Card]:
     cards: list[Card] = []
     steps = [s["dur_ns"] for windows in analysis["iterations"]["steps"].values() for s in windows]
     if timing is not None and timing.outside:
@@ -149,9 +149,13 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                   "glibc's dynamic mmap threshold raised, so its large tensors stop or start "
                   "page-faulting, or the machine's load changed; the program alone may run at "
                   "either, or between)")
+        paged = ("" if faults is None or faults.outside is None else
+                 f"; page faults a step: {faults.profiled:,.0f} in the window, "
+                 f"{faults.outside:,.0f} after it (a fault is a page written afresh: the "
+                 "profiler's allocations share glibc's heap with the program's)")
         cards.append(Card(label="step time", value=ms(median),
                           detail=f"median of {timing.steps} steps after the profiler's window"
-                                 f"{profiled}{before}"))
+                                 f"{profiled}{paged}{before}"))
         cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
                           detail="from that median step"))
     elif steps:
@@ -335,7 +339,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
                 "origin_ns": origin},
         "has_device": has_device,
         "cards": _cards(analysis, has_device, flops, rates, timing,
-                        {} if has_device else _on_cpu(run, events, analysis)),
+                        {} if has_device else _on_cpu(run, events, analysis),
+                        step_faults(run)),
         "step_time": None if timing is None else {
             "median_ns": timing.median_ns, "steps": timing.steps, "outside": timing.outside,
             "profiled_ns": timing.profiled_ns, "before_ns": timing.before_ns,
