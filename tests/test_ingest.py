@@ -237,6 +237,11 @@ def test_rank_from_the_file_name(tmp_path: Path, streaming: str) -> None:
     ("gpu-rank3-node_4242.1733400000.pt.trace.json", None),
     ("gpu-rank3.cluster.local_4242.1790857026000000000.pt.trace.json.gz", None),
     ("rank3_4242.1733400000000.pt.trace.json", None),
+    # the host is everything before the last _{pid}, '_' in it too (it had escaped the rule:
+    # my_host-rank2 read rank 2)
+    ("my_host-rank2_1234.1700000000000000000.pt.trace.json", None),
+    ("gpu_node-rank_3-a_77.1733400000000.pt.trace.json.gz", None),
+    ("my_host_1234.1700000000000000000.pt.trace.json", None),
 ])
 def test_rank_in_a_file_name(name: str, rank: int | None) -> None:
     assert rank_in_name(name) == rank

@@ -271,3 +271,16 @@ def test_two_windows_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
         assert main(["analyze", str(run.path), "--json", *flags]) == 0
         outs.append(orjson.loads(capsys.readouterr().out))
     assert outs[0] == outs[1] and outs[0]["concurrency"]["ranks"][0]["total"]["unprofiled_ns"] > 0
+
+
+def test_optimizers_told_apart_on_the_workers(tmp_path: Path, scheduler: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/data/eval_every2: its one optimizer's calls, told apart from a GAN's two by the
+    shapes they update (read from the Run), on Dask as in one process: 12 steps, not 6."""
+    trace = Path(__file__).parent / "data" / "eval_every2_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "r.run", ImportOptions(), ["t"])
+    outs = []
+    for flags in (["--workers", "0"], ["--scheduler", scheduler]):
+        assert main(["analyze", str(run.path), "--json", *flags]) == 0
+        outs.append(orjson.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and len(outs[1]["iterations"]["steps"]["0"]) == 12

@@ -17,7 +17,9 @@ spacing, that number being the one most names share. One op repeated back to bac
 loop only when it fills most of its stretch. The last iteration counts when it reaches the
 op that closes every other iteration (the latest name found once in each) and ends with it,
 or with the work another thread handed back after it (an `Optimizer.step#...` range the
-profiler stopped inside ends with the trace window: frame.Events clips it).
+profiler stopped inside ends with the trace window: frame.Events clips it). Where the
+iterations do not each hold one cycle of optimizer calls, the steps end at the calls, whose
+cycle the calls' own ops tell where they carry shapes (optimizer_kinds).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ import pyarrow.compute as pc
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.phases import nested, step_calls
+from perfswarm.analyze.optimizer_kinds import CYCLE_MATCH, MAX_CYCLE, call_kinds, identified_cycle
+from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, scopes, step_calls
 from perfswarm.trace.schema import FAULTS, PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
 
@@ -431,13 +434,15 @@ def _handed_until(handed: Wakes, after: I64, until: I64) -> I64:
     return np.asarray(np.where((i >= 0) & (end > after), end, -1), np.int64)
 
 
-def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[StepWindow]:
+def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes],
+                     run: Run | None = None) -> list[StepWindow]:
     """The rank's iterations detected on its driving thread's ops, its hand-overs from other
     threads of `wakes` (dependencies.thread_wakes) included; where they do not each hold the
     same number of its optimizer's step() calls, one cycle of them (one call a training step,
     two a GAN's), the steps between those calls (optimizer_windows): iterations of several
     training steps each (steps of varying length, an evaluation every k-th step, where the op
-    sequence repeats at k steps) had been taken for the steps."""
+    sequence repeats at k steps) had been taken for the steps. With the `run` of `ev`, the
+    cycle is of the optimizers its calls' ops tell apart (optimizer_kinds.identified_cycle)."""
     names, starts, ends, tid = sequence(ev, rank)
     handed = wakes.get(int(lane_key(rank, tid))) if tid is not None else None
     found = detect(names, starts, ends, handed=handed)
@@ -452,13 +457,45 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes]) -> list[
             ops = np.sort(ev.ts[(ev.tid == tid) & (ev.rank == rank) & ev.of_kind("cpu_op")])
             cycle = call_cycle(np.diff(np.searchsorted(ops, done)),
                                np.searchsorted(ops, done) - np.searchsorted(ops, began))
+            if run is not None:
+                cycle = identified_cycle(call_kinds(run, ev, calls[order]),
+                                         _apart(ev, rank, tid, done, began),
+                                         _backwards(ev, rank, done, began), cycle)
             if not held or min(held) == 0 or len(set(held)) > 1 or held[0] != cycle:
                 found = optimizer_windows(int(starts.min()), done, cycle)
     return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
 
 
-MAX_CYCLE = 4  # optimizers a training step steps in turn, at most (a GAN's two)
-CYCLE_MATCH = 0.9  # the share of stretches between calls that must repeat at the cycle
+def _apart(ev: Events, rank: int, tid: int, done: I64, began: I64) -> I64:
+    """How many ops of the thread lie between each optimizer call's end (`done`) and the next
+    one's start (`began`, of the calls in that order) outside the optimizers' calls (the
+    `zero_grad()` between them is theirs)."""
+    mine = (ev.tid == tid) & (ev.rank == rank)
+    ops = np.sort(ev.ts[mine & ev.of_kind("cpu_op")])
+    calls = scopes(ev, OPTIMIZER)
+    calls = calls[mine[calls]]
+    lo, hi = union(ev.ts[calls], ev.end[calls])
+    at = np.searchsorted(lo, ops, side="right") - 1
+    free = ops[(at < 0) | (ops >= hi[np.maximum(at, 0)])]
+    return np.asarray(np.searchsorted(free, began[1:], side="left")
+                      - np.searchsorted(free, done[:-1], side="right"), np.int64)
+
+
+def _backwards(ev: Events, rank: int, done: I64, began: I64) -> I64:
+    """An id of the autograd nodes (their names, as a multiset) that start on the rank (any
+    thread: CUDA's backward runs on its own) between each optimizer call's end (`done`) and
+    the next one's start (`began`)."""
+    nodes = scopes(ev, BACKWARD)
+    nodes = nodes[ev.rank[nodes] == rank]
+    nodes = nodes[np.argsort(ev.ts[nodes], kind="stable")]
+    ts = ev.ts[nodes]
+    ids: dict[tuple[int, ...], int] = {}
+    out = []
+    for lo, hi in zip(done[:-1].tolist(), began[1:].tolist(), strict=True):
+        names = ev.name[nodes[np.searchsorted(ts, lo, side="left"):
+                              np.searchsorted(ts, hi, side="left")]]
+        out.append(ids.setdefault(tuple(np.sort(names).tolist()), len(ids)))
+    return np.array(out, np.int64)
 
 
 def call_cycle(between: I64, inside: I64) -> int:
@@ -470,7 +507,8 @@ def call_cycle(between: I64, inside: I64) -> int:
     optimizer's steps with extra work every k-th (an evaluation pass after every third step
     had made a cycle of 3, and 12 steps read as 4): a cycle of 1. With two, alike calls are
     as likely two optimizers of as many parameters (a GAN's, alike in size: each call its own
-    step had halved the step time) as one with extra work every second step: a cycle of 2."""
+    step had halved the step time) as one with extra work every second step: a cycle of 2
+    (optimizer_kinds.identified_cycle tells them apart where the ops carry shapes)."""
     for k in range(1, MAX_CYCLE + 1):
         if len(between) >= 2 * k and np.mean(between[k:] == between[:-k]) >= CYCLE_MATCH:
             # alike: as many ops in (nearly) every call, the first perhaps more (Adam's state
@@ -499,13 +537,14 @@ def first_op_ns(ev: Events, rank: int) -> int | None:
     return int(starts.min()) if len(starts) else None
 
 
-def detected_steps(ev: Events, profiled: Mapping[int, Sequence[tuple[int, int]]] | None = None
-                   ) -> dict[int, list[StepWindow]]:
+def detected_steps(ev: Events, profiled: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+                   run: Run | None = None) -> dict[int, list[StepWindow]]:
     """Each rank's detected iterations; `profiled`: each rank's profiling windows
-    (profiled_windows), see after_gaps."""
+    (profiled_windows), see after_gaps; `run`: the Run of `ev`, whose ops' shapes tell its
+    optimizers apart (detected_windows)."""
     wakes = thread_wakes(ev)
     return {rank: found for rank in ev.ranks if (found := after_gaps(
-        detected_windows(ev, rank, wakes), (profiled or {}).get(rank, ())))}
+        detected_windows(ev, rank, wakes, run), (profiled or {}).get(rank, ())))}
 
 
 def after_gaps(found: Sequence[StepWindow], windows: Sequence[tuple[int, int]]
@@ -688,5 +727,5 @@ def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
 
 def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterations:
     markers = run_markers(run, ignore_markers=ignore_markers)
-    return combine(markers, detected_steps(ev, profiled_windows(run)),
+    return combine(markers, detected_steps(ev, profiled_windows(run), run),
                    {r: first_op_ns(ev, r) for r in markers})

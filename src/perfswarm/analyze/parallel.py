@@ -92,9 +92,11 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     """The per-rank analyses of one rank. Its iterations are its markers when the Run has
     markers (none if it has none of its own), else the ones detected on it; `profiled`: its
     profiling windows (iterations.profiled_windows); with `run_path`, its collectives' process
-    groups are read from the Run (`ranks`: all of the Run's)."""
-    groups = process_groups(Run(run_path), ev, ranks) if run_path is not None else NO_GROUPS
-    detected = after_gaps(detected_windows(ev, rank, thread_wakes(ev)), profiled)
+    groups and its optimizer calls' shapes are read from the Run (`ranks`: all of the
+    Run's)."""
+    run = Run(run_path) if run_path is not None else None
+    groups = process_groups(run, ev, ranks) if run is not None else NO_GROUPS
+    detected = after_gaps(detected_windows(ev, rank, thread_wakes(ev), run), profiled)
     windows = markers if use_markers else (detected or None)
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),

@@ -642,21 +642,21 @@ def json_safe(value: Any) -> Any:
 # tensorboard_trace_handler's with worker_name=f"rank-{R}" (HTA's rank-34.*), HTA's rank_{R}
 NAMED_RANK: Final = re.compile(r"(?:^|[-_.])rank[-_]?(\d{1,9})(?=[-_.]|$)")
 # tensorboard_trace_handler's name with its default worker_name, {hostname}_{pid}.{time}
-# .pt.trace.json[.gz] (a host name: letters, digits, '-' and '.'): the host is a machine's
-# name, a rank-like token in it (gpu-rank3-node) no rank; a worker_name that is all rank
-# (rank_3) is one
+# .pt.trace.json[.gz], {time} the epoch in ns (torch 2; ms before): the host is everything
+# before the last _{pid}, whatever it holds ('_' too: my_host-rank2), and a rank-like token in
+# it (gpu-rank3-node) no rank; a worker_name that ends in a rank (rank_3, trace_rank_3, whose
+# number stands where the pid would, as if of a host named "...rank") is that rank
 HANDLER_DEFAULT: Final = re.compile(
-    r"^(?P<worker>[A-Za-z0-9.-]+_\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
-RANK_ONLY: Final = re.compile(r"rank[-_]?\d{1,9}")
+    r"^(?P<worker>.+_\d+)\.\d{10,}\.pt\.trace\.json(?:\.gz)?$")
+RANK_LAST: Final = re.compile(r"(?:^|[-_.])rank[-_]?(\d{1,9})$")
 
 
 def rank_in_name(name: str) -> int | None:
-    """The rank a trace's file name says (NAMED_RANK), outside the host part of
-    tensorboard_trace_handler's default name (HANDLER_DEFAULT)."""
+    """The rank a trace's file name says (NAMED_RANK); of tensorboard_trace_handler's default
+    name (HANDLER_DEFAULT), only a rank that ends its worker (RANK_LAST), never one in its
+    host part."""
     handler = HANDLER_DEFAULT.match(name)
-    if handler and not RANK_ONLY.fullmatch(handler["worker"]):
-        return None
-    named = NAMED_RANK.search(name)
+    named = RANK_LAST.search(handler["worker"]) if handler else NAMED_RANK.search(name)
     return int(named[1]) if named else None
 
 

@@ -1,0 +1,178 @@
+"""Which optimizer each step() call is, as far as a trace says, and how many make a step.
+
+A trace names an optimizer's call by its class (`Optimizer.step#Adam.step`), and with
+record_shapes its update's ops carry the shapes of the tensors it updates: one optimizer's
+calls update the same parameters every call, two models' optimizers (a GAN's generator and
+discriminator) different ones. Their ops' scalar arguments (`Concrete Inputs`) say more: Adam's
+step size is corrected for its own count of steps (lr / (1 - beta1^t)), new at every call of
+one optimizer, and the same in two optimizers of one kind stepped in turn (a GAN whose two
+models have one architecture). Without shapes (record_shapes=False) a call is its class alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from perfswarm.analyze.frame import Events, Mask, detail_of, lane_key
+from perfswarm.analyze.intervals import I64
+from perfswarm.analyze.phases import own_starts
+from perfswarm.trace.store import Run
+
+MAX_CYCLE: Final = 4  # optimizers a training step steps in turn, at most (a GAN's two)
+CYCLE_MATCH: Final = 0.9  # the share of calls that must repeat at the cycle
+
+
+@dataclass(frozen=True)
+class CallKinds:
+    """Of each of a thread's optimizer calls, in call order: `kind`, an id of its class and the
+    set of tensor shapes its update's ops read (ids in order of first appearance; the class
+    alone where they carry no shapes); `shaped`, whether they carried any; `scalars`, an id of
+    its update's ops' scalar arguments in order (-1: none recorded)."""
+
+    kind: I64
+    shaped: Mask
+    scalars: I64
+
+
+class _Fields(msgspec.Struct):
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+
+
+_FIELDS: Final = msgspec.json.Decoder(_Fields)
+
+
+def _shapes(dims: Any) -> set[tuple[int, ...]]:
+    """The tensor shapes (of one dimension or more) in an op's `Input Dims`: a tensor's, or
+    each of a tensor list's (the `_foreach_*` and fused optimizers' one op over all of them)."""
+    out: set[tuple[int, ...]] = set()
+    for d in dims if isinstance(dims, list) else ():
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            out.add(tuple(d))
+        elif isinstance(d, list):
+            out |= _shapes(d)
+    return out
+
+
+def _update_ops(ev: Events, calls: I64) -> list[I64]:
+    """The host ops of each call's own work (after the closure it ran: own_starts) on its
+    thread."""
+    ops = np.flatnonzero(ev.of_kind("cpu_op"))
+    keys = lane_key(ev.rank[ops], ev.tid[ops])
+    ops = ops[np.lexsort((ev.ts[ops], keys))]
+    keys, ts = lane_key(ev.rank[ops], ev.tid[ops]), ev.ts[ops]
+    begin = own_starts(ev, calls)
+    out = []
+    for call, lo in zip(calls.tolist(), begin.tolist(), strict=True):
+        key = int(lane_key(ev.rank[call], ev.tid[call]))
+        a = int(np.searchsorted(keys, key, side="left"))
+        b = int(np.searchsorted(keys, key, side="right"))
+        i = a + int(np.searchsorted(ts[a:b], lo, side="left"))
+        j = a + int(np.searchsorted(ts[a:b], ev.end[call], side="left"))
+        mine = ops[i:j]
+        out.append(mine[ev.end[mine] <= ev.end[call]])
+    return out
+
+
+def call_kinds(run: Run, ev: Events, calls: I64) -> CallKinds:
+    """The kinds of the optimizer calls at `calls` (rows of `ev`: the Run's events, or one
+    rank's), read from the ops' shapes and scalars the Run's events carry."""
+    inside = _update_ops(ev, calls)
+    rows = np.unique(np.concatenate([np.zeros(0, np.int64), *inside]))
+    texts = dict(zip(rows.tolist(), detail_of(run, rows, ev.ranks[0] if len(ev.ranks) == 1
+                                               else None), strict=True))
+    decoded: dict[str, _Fields] = {}
+    scalar_ids: dict[tuple[str, ...], int] = {}
+    keys: list[tuple[str, frozenset[tuple[int, ...]]]] = []
+    shaped, scalars = [], []
+    for call, mine in zip(calls.tolist(), inside, strict=True):
+        shapes: set[tuple[int, ...]] = set()
+        values: list[str] = []
+        for row in mine.tolist():
+            text = texts[row]
+            if text not in decoded:
+                try:
+                    decoded[text] = _FIELDS.decode(text)
+                except msgspec.DecodeError:
+                    decoded[text] = _Fields()
+            fields = decoded[text]
+            shapes |= _shapes(fields.dims)
+            if isinstance(fields.concrete, list):
+                values.append(",".join(map(str, fields.concrete)))
+        keys.append((ev.name_of(call), frozenset(shapes)))
+        shaped.append(bool(shapes))
+        scalars.append(scalar_ids.setdefault(tuple(values), len(scalar_ids)) if values else -1)
+    return CallKinds(_kinds(keys), np.array(shaped, bool), np.array(scalars, np.int64))
+
+
+def _kinds(keys: list[tuple[str, frozenset[tuple[int, ...]]]]) -> I64:
+    """An id of each call's (class, shapes), a call whose shapes are a subset of another's of
+    its class taking that one's (an optimizer skips the parameters that have no gradient:
+    a head used every third step left out of two calls in three had read as a cycle of
+    three optimizers); the largest sets first, each joining the first that holds it."""
+    roots: list[tuple[str, frozenset[tuple[int, ...]]]] = []
+    of: dict[tuple[str, frozenset[tuple[int, ...]]], int] = {}
+    for name, shapes in sorted(set(keys), key=lambda k: (-len(k[1]), k[0], sorted(k[1]))):
+        found = next((i for i, (n, s) in enumerate(roots) if n == name and shapes <= s), None)
+        if found is None:
+            roots.append((name, shapes))
+            found = len(roots) - 1
+        of[name, shapes] = found
+    return np.array([of[k] for k in keys], np.int64)
+
+
+def id_cycle(ids: I64) -> int:
+    """The shortest cycle (up to MAX_CYCLE) at which a sequence of ids repeats, in CYCLE_MATCH
+    of it: of the calls' kinds, 1 for one optimizer's calls, 2 for a GAN's discriminator's and
+    generator's in turn; 0 where none does (kinds that vary without a cycle)."""
+    for k in range(1, MAX_CYCLE + 1):
+        if len(ids) >= 2 * k and np.mean(ids[k:] == ids[:-k]) >= CYCLE_MATCH:
+            return k
+    return 0
+
+
+def count_cycle(scalars: I64) -> int:
+    """How many optimizers of one kind step in turn, from their calls' scalars: where the
+    calls come in runs of alike scalars, three runs or more, every one of the same length m
+    (2 to MAX_CYCLE; the first and the last may be shorter, a window opened or closed between
+    them, but two are whole), m optimizers at one count of steps; 0 where they do not (one
+    optimizer's step size new at each call, or scalars that never change: SGD's learning
+    rate)."""
+    if len(scalars) == 0 or (scalars < 0).any():
+        return 0
+    runs = [len(list(group)) for _, group in itertools.groupby(scalars.tolist())]
+    m = max(runs)
+    if len(runs) < 3 or not 2 <= m <= MAX_CYCLE or any(r != m for r in runs[1:-1]):
+        return 0
+    return m if runs.count(m) >= 2 else 0
+
+
+def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: int) -> int:
+    """How many optimizer calls make one step, the kinds of the calls told first: calls that
+    cycle through several kinds, that cycle (a GAN's discriminator and generator, two
+    optimizers stepped back to back); calls of one kind that come in runs of alike scalars,
+    that run's length (a GAN of twin models stepped by Adam). Calls of one kind with their
+    shapes, each with work between it and the one before (`apart`: ops outside the
+    optimizers' calls), are one optimizer's, a cycle of 1 (an evaluation after every second
+    step had read as a GAN's two optimizers), unless the backward passes between them
+    (`backward`: an id of each stretch's autograd nodes) differ in the cycle found from the
+    ops between the calls (`structural`: iterations.call_cycle): one optimizer's steps run
+    one backward, a GAN's discriminator's and generator's each their own, and so do twin
+    models stepped by SGD, whose scalars never change. Otherwise `structural` is kept: the
+    class alone (no shapes recorded), kinds that vary without a cycle, or two calls with
+    nothing between them, which are one step's."""
+    k = id_cycle(kinds.kind)
+    if k >= 2:
+        return k
+    if k == 0:
+        return structural
+    if (m := count_cycle(kinds.scalars)) >= 2:
+        return m
+    if not kinds.shaped.all() or not (apart > 0).all():
+        return structural
+    return structural if structural >= 2 and id_cycle(backward) == structural else 1

@@ -1,0 +1,57 @@
+"""The loop of gan_adam_cpu.pt.trace.json.gz: a GAN stepped 10 times, its discriminator's Adam
+then its generator's, each after a backward of its own; the two models differ in size (the
+generator 16 -> 64 -> 32, the discriminator 32 -> 48 -> 1). Profiled with record_shapes and no
+schedule (no ProfilerStep markers). Written with `python gan_adam.py OUT.json` (torch 2.13 CPU),
+or `python gan_adam.py OUT.json twins` for twin_gan_cpu.pt.trace.json.gz: both models
+32 -> 32 -> 32 (the discriminator's score the mean of its output), so both optimizers update
+parameters of the same shapes. Each step's end (time.perf_counter_ns, after the generator's
+optimizer call) goes to stdout."""
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+twins = sys.argv[2:] == ["twins"]
+if twins:
+    gen = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+    disc = nn.Sequential(nn.Linear(32, 32), nn.LeakyReLU(0.2), nn.Linear(32, 32))
+    noise = 32
+else:
+    gen = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+    disc = nn.Sequential(nn.Linear(32, 48), nn.LeakyReLU(0.2), nn.Linear(48, 1))
+    noise = 16
+opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
+opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+real = torch.randn(64, 32)
+
+
+def score(x: torch.Tensor) -> torch.Tensor:
+    return disc(x).mean(dim=1)
+
+
+def step() -> None:
+    fake = gen(torch.randn(64, noise))
+    opt_d.zero_grad()
+    d_loss = (nn.functional.softplus(-score(real)) + nn.functional.softplus(score(fake.detach()))
+              ).mean()
+    d_loss.backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    g_loss = nn.functional.softplus(-score(fake)).mean()
+    g_loss.backward()
+    opt_g.step()
+
+
+step()  # warm-up, outside the window
+ends = []
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                            record_shapes=True) as prof:
+    for _ in range(10):
+        step()
+        ends.append(time.perf_counter_ns())
+prof.export_chrome_trace(sys.argv[1])
+print(*ends)

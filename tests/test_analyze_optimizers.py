@@ -1,0 +1,192 @@
+"""Steps detected from optimizer calls told apart by their ops (analyze.optimizer_kinds), on
+recordings with no step markers: tests/data/eval_every2.py (one Adam, an evaluation forward
+after every second step) and tests/data/gan_adam.py (a GAN's two Adams, of models of different
+sizes and of twin models). Each expected boundary is read from the raw JSON alone."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.iterations import iterations
+from perfswarm.analyze.optimizer_kinds import (
+    CallKinds,
+    call_kinds,
+    count_cycle,
+    id_cycle,
+    identified_cycle,
+)
+from perfswarm.analyze.phases import step_calls
+from perfswarm.trace.ingest import ImportOptions, import_traces
+
+DATA = Path(__file__).parent / "data"
+
+
+def _raw(name: str) -> dict[str, Any]:
+    return dict(json.loads(gzip.decompress((DATA / name).read_bytes())))
+
+
+def _calls(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The optimizer step() calls of a raw trace, by their end."""
+    return sorted((e for e in raw["traceEvents"] if e.get("ph") == "X"
+                   and e["name"].startswith("Optimizer.step#")), key=lambda e: e["ts"] + e["dur"])
+
+
+def _ns(raw: dict[str, Any], us: float, dur: float = 0.0) -> int:
+    """Kineto's us as the run's ns: its start's and its duration's, each rounded."""
+    return int(raw.get("baseTimeNanoseconds", 0)) + round(us * 1000) + round(dur * 1000)
+
+
+def _expected(raw: dict[str, Any], per_step: int) -> list[tuple[int, int]]:
+    """The steps of a raw trace with `per_step` optimizer calls a step: each ends where its
+    last call ends, the first starts at the loop thread's first event (the profiler's own
+    span, on a thread named by a string, starts earlier: nothing is traced until then)."""
+    first = min(_ns(raw, e["ts"]) for e in raw["traceEvents"]
+                if e.get("ph") == "X" and isinstance(e.get("tid"), int))
+    ends = [_ns(raw, e["ts"], e["dur"]) for e in _calls(raw)][per_step - 1::per_step]
+    return list(zip([first, *ends[:-1]], ends, strict=True))
+
+
+def _updated(raw: dict[str, Any], call: dict[str, Any]) -> frozenset[str]:
+    """The shapes the ops inside a raw optimizer call read (record_shapes' Input Dims)."""
+    lo, hi = call["ts"], call["ts"] + call["dur"]
+    return frozenset(json.dumps(d) for e in raw["traceEvents"]
+                     if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                     and e.get("tid") == call["tid"] and lo <= e["ts"] and e["ts"] + e["dur"] <= hi
+                     for d in e["args"].get("Input Dims", []) if d)
+
+
+def _steps(tmp_path: Path, raw: dict[str, Any], name: str) -> list[tuple[int, int]]:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(raw))
+    run = import_traces([path], tmp_path / f"{name}.run", ImportOptions(), ["t"])
+    return [(w.start, w.end) for w in iterations(run, Events.load(run)).steps[0]]
+
+
+def _without(raw: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """The raw trace with `keys` dropped from every event's args (record_shapes=False leaves
+    out Input Dims and Concrete Inputs; torch before 2.1 recorded no Concrete Inputs)."""
+    return dict(raw, traceEvents=[
+        dict(e, args={k: v for k, v in e["args"].items() if k not in keys}) if "args" in e
+        else e for e in raw["traceEvents"]])
+
+
+def test_one_optimizer_with_an_evaluation_every_second_step(tmp_path: Path) -> None:
+    """tests/data/eval_every2.py: 12 Adam steps, an evaluation forward after every second.
+    The calls come in twos of unequal stretches, as a GAN's do, but every call updates the
+    same shapes: one optimizer, 12 steps each ending at its call's end (6 of two steps each
+    had been found). Without the scalars (older torch) the shapes alone still say it; without
+    shapes (record_shapes=False) nothing tells the two apart and 6 iterations are found."""
+    raw = _raw("eval_every2_cpu.pt.trace.json.gz")
+    calls = _calls(raw)
+    assert len(calls) == 12 and len({_updated(raw, c) for c in calls}) == 1
+    expected = _expected(raw, 1)
+    assert _steps(tmp_path, raw, "shaped") == expected
+    assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+    unshaped = _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped")
+    ends = [end for _, end in expected]
+    assert len(unshaped) == 6 and all(sum(lo < end <= hi for end in ends) == 2
+                                      for lo, hi in unshaped)
+
+
+@pytest.mark.parametrize(("name", "alike"), [("gan_adam_cpu.pt.trace.json.gz", False),
+                                             ("twin_gan_cpu.pt.trace.json.gz", True)])
+def test_a_gans_two_optimizers_make_one_step(tmp_path: Path, name: str, alike: bool) -> None:
+    """tests/data/gan_adam.py: 10 GAN steps, each a discriminator's Adam call and then a
+    generator's. Their models differ in size (the calls alternate between two sets of
+    shapes), or are twins (one set: the calls come in pairs of alike Adam step sizes, and
+    without those, the backward passes before them alternate): 10 steps, each ending at its
+    generator's call."""
+    raw = _raw(name)
+    calls = _calls(raw)
+    updated = [_updated(raw, c) for c in calls]
+    assert len(calls) == 20
+    assert (len(set(updated)) == 1) is alike
+    assert all(d != g for d, g in zip(updated[::2], updated[1::2], strict=True)) is not alike
+    expected = _expected(raw, 2)
+    assert _steps(tmp_path, raw, "shaped") == expected
+    assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+    path = DATA / name
+    run = import_traces([path], tmp_path / "kinds.run", ImportOptions(), ["t"])
+    ev = Events.load(run)
+    rows = step_calls(ev)
+    kinds = call_kinds(run, ev, rows[np.argsort(ev.end[rows], kind="stable")])
+    assert kinds.shaped.all()
+    assert kinds.kind.tolist() == ([0] * 20 if alike else [0, 1] * 10)
+    assert count_cycle(kinds.scalars) == 2  # two Adams at one count of steps
+
+
+def _kinds(kind: list[int], scalars: list[int] | None = None,
+           shaped: bool = True) -> CallKinds:
+    return CallKinds(np.array(kind, np.int64), np.full(len(kind), shaped),
+                     np.array(scalars if scalars is not None else [-1] * len(kind), np.int64))
+
+
+def test_the_cycle_of_told_apart_optimizers() -> None:
+    """The kinds of the calls first, then their scalars, then their backward passes; the cycle
+    from the ops between the calls (`structural`) where the calls say nothing."""
+    n = 12
+    apart, same = np.ones(n - 1, np.int64), np.zeros(n - 1, np.int64)
+    alternating = np.array([0, 1] * 6, np.int64)[:n - 1]
+    # two kinds in turn (a GAN), three (a discriminator stepped twice a generator's step)
+    assert identified_cycle(_kinds([0, 1] * 6), apart, same, 1) == 2
+    assert identified_cycle(_kinds([0, 0, 1] * 4), apart, same, 1) == 3
+    # one kind, its step size new at every call, one backward: one optimizer
+    assert identified_cycle(_kinds([0] * n, list(range(n))), apart, same, 2) == 1
+    # one kind, scalars in pairs: twin models' Adams
+    assert identified_cycle(_kinds([0] * n, [i // 2 for i in range(n)]), apart, same, 1) == 2
+    # one kind, scalars that never change (SGD): the backward passes alternate with the
+    # structural cycle (twin models), or do not (one optimizer)
+    assert identified_cycle(_kinds([0] * n, [0] * n), apart, alternating, 2) == 2
+    assert identified_cycle(_kinds([0] * n, [0] * n), apart, same, 2) == 1
+    # nothing between two calls: one step's (two optimizers of one kind back to back)
+    assert identified_cycle(_kinds([0] * n, [0] * n), np.array([5, 0] * 5 + [5]), same, 2) == 2
+    # no shapes: the class alone says nothing, the structural cycle stays
+    assert identified_cycle(_kinds([0] * n, shaped=False), apart, same, 2) == 2
+    # kinds that vary with no cycle: the structural cycle stays
+    assert identified_cycle(_kinds([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]), apart, same, 1) == 1
+    assert id_cycle(np.array([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0])) == 0
+
+
+@pytest.mark.parametrize(("scalars", "cycle"), [
+    ([0, 0, 1, 1, 2, 2, 3, 3], 2),
+    ([0, 1, 1, 2, 2, 3, 3, 4], 2),  # a window opened and closed between the twins' calls
+    ([0, 0, 0, 1, 1, 1, 2, 2, 2], 3),
+    (list(range(8)), 0),  # one optimizer's step size, new at every call
+    ([0] * 8, 0),  # never changing: SGD's learning rate
+    ([0, 0, 1, 1, 1, 2, 2], 0),  # one whole run
+    ([0, 0, 1, 1, 1, 2, 2, 3, 3, 3], 0),  # runs of unequal length
+    ([0, 0, 1, 1], 0),  # too few runs
+    ([-1] * 8, 0),  # none recorded
+])
+def test_count_cycle(scalars: list[int], cycle: int) -> None:
+    assert count_cycle(np.array(scalars, np.int64)) == cycle
+
+
+def test_an_optimizer_skipping_parameters_without_gradients(tmp_path: Path) -> None:
+    """A call that updates a subset of another's shapes is of that one's kind: an optimizer
+    leaves out the parameters that have no gradient (a head used every third step: its
+    shapes in one call of three had read as a cycle of three optimizers, 4 steps of 12). Made
+    from eval_every2's trace by taking the last layer's bias (shape [10]) out of the shapes
+    of the first two calls of every three; their ops stay, so the ops between the calls still
+    repeat at two calls."""
+    raw = _raw("eval_every2_cpu.pt.trace.json.gz")
+    calls = _calls(raw)
+    events = []
+    for e in raw["traceEvents"]:
+        inside = next((i for i, c in enumerate(calls) if e.get("ph") == "X"
+                       and e.get("tid") == c["tid"] and c["ts"] <= e["ts"]
+                       and e["ts"] + e.get("dur", 0) <= c["ts"] + c["dur"] and e is not c), None)
+        dims = e.get("args", {}).get("Input Dims", [])
+        skipped = inside is not None and inside % 3 != 2 and [10] in dims
+        events.append(dict(e, args=dict(e["args"], **{"Input Dims": [
+            [] if d == [10] else d for d in dims]})) if skipped else e)
+    changed = dict(raw, traceEvents=events)
+    assert len({_updated(changed, c) for c in _calls(changed)}) == 2
+    assert _steps(tmp_path, changed, "skipping") == _expected(raw, 1)
