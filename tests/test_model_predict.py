@@ -781,6 +781,15 @@ def test_predict_says_the_program_s_own_step(tmp_path: Path,
     profiled = data["steady"]["measured_ns"]
     assert (f"note: this run's profiled steps ran x{profiled / ms:.2f} its steps outside the "
             "profiler's window (1.000 ms;") in out
+    assert (f"the prediction is of a profiled step, {100 * (data['predicted_ns'] / ms - 1):+.1f}"
+            "% of the program's own") in out
+    # at another batch size the recorded configuration's own step is no measure of it
+    from perfswarm.cli.predict_cmd import _print
+
+    _print(predict(run, Change(batch_size=128, recorded_batch_size=64), profile=PROFILE))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "its steps outside the profiler's window (1.000 ms;" in out
+    assert "the prediction is of a profiled step" in out and "of the program's own" not in out
 
 
 def test_a_run_without_shapes(tmp_path: Path) -> None:

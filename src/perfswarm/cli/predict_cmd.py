@@ -81,12 +81,17 @@ def _print(result: Prediction) -> None:
     own, base = ((compared["unprofiled_ns"], compared["measured_ns"]) if compared
                  else (data["unprofiled_ns"], steady["measured_ns"]))
     if own and base and abs(base / own - 1) > UNPROFILED_NOTE:
+        # against the program's own step of the same configuration only: the recorded one's
+        # is no measure of a prediction at another batch, width or device
+        changed = bool(data["batch"] or data["change"]["dims"]
+                       or data["target_device"] != data["source_device"])
+        against = ("" if changed and not compared else
+                   f", {100 * (data['predicted_ns'] / own - 1):+.1f}% of the program's own")
         console.print(
             f"note: {'the compared' if compared else 'this'} run's profiled steps ran "
             f"x{base / own:.2f} its steps outside the profiler's window ({ms(own)}; the "
             "window's own cost: its per-op overhead, its buffers growing the heap so that large "
-            "tensors page-fault); the prediction is of a profiled step, "
-            f"{100 * (data['predicted_ns'] / own - 1):+.1f}% of the program's own")
+            f"tensors page-fault); the prediction is of a profiled step{against}")
     parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
     console.print(f"predicted breakdown: {parts}")
     kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))
