@@ -73,6 +73,7 @@ def test_the_example_gives_the_traces_numbers(notebook: dict[str, Any]) -> None:
     assert notebook["page"] == Path("nccl-report.html")
     assert (notebook["here"] / notebook["page"]).read_text().startswith("<!DOCTYPE html>")
     assert notebook["refused"] == "devices"
+    assert notebook["wrong_type"] == "ignore_markers 'no': expected bool; got str"
 
 
 def test_results_are_the_clis_json(notebook: dict[str, Any],
@@ -217,3 +218,54 @@ def test_a_notebook_sees_the_api(notebook: dict[str, Any]) -> None:
     shown = repr(analysis)
     assert shown.startswith("perfswarm.Result(Analysis: path, events, ranks, iterations")
     assert shown.endswith(f"tables: {', '.join(analysis.tables)})") and len(shown) < 1000
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    # each had escaped as a TypeError or AttributeError from inside a stage, or been taken
+    (lambda run: run.predict(batch_size="eight"),
+     "batch_size 'eight': expected int | None (or its text as the command line takes it: "
+     "'8'); got str"),
+    (lambda run: run.predict(device=5), "device 5: expected str | None; got int"),
+    (lambda run: run.predict(profile=123), "profile 123: expected str | Path | None; got int"),
+    (lambda run: run.project([1, 8], per_node="eight"),
+     "per_node 'eight': expected int (or its text as the command line takes it: '8'); got str"),
+    (lambda run: run.project([1, "x"]),
+     "devices [1, 'x']: expected Sequence[int] | None; item 1: 'x' is str, not int"),
+    (lambda run: run.project([1, 8], bandwidth_gbps=True),
+     "bandwidth_gbps True: expected float | None; got bool"),
+    (lambda run: run.analyze(ignore_markers="no"),  # had been taken for True
+     "ignore_markers 'no': expected bool; got str"),
+    (lambda run: run.analyze(window=(1, "end")),
+     "window (1, 'end'): expected tuple[float | None, float | None] | None; item 1: 'end' is "
+     "str, not float | None"),
+    (lambda run: run.sql(b"SELECT 1"), "query b'SELECT 1': expected str; got bytes"),
+    (lambda run: run.analyze().rows(0), "table 0: expected str | None; got int"),
+    (lambda run: perfswarm.record(["true"], run.path / "r.run", skip="five"),
+     "skip 'five': expected int (or its text as the command line takes it: '8'); got str"),
+    (lambda run: perfswarm.record(["true"], run.path / "r.run", execution_trace="no"),
+     "execution_trace 'no': expected bool; got str"),
+    (lambda run: perfswarm.import_traces(corpus("simple_add"), run.path / "x.run", ranks="0"),
+     "ranks '0': expected Sequence[int]; got str"),
+])
+def test_a_wrong_type_is_a_parameter_error(notebook: dict[str, Any], call: Any,
+                                           message: str) -> None:
+    """Every API function takes what its type hints say, or refuses it with a ParameterError
+    naming the parameter, the value (as text) and the type it takes."""
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        call(notebook["run"])
+    assert str(caught.value) == message
+    assert caught.value.param == message.split(" ", maxsplit=1)[0]
+    assert isinstance(caught.value.value, str)
+
+
+def test_numbers_as_text_are_the_clis(notebook: dict[str, Any]) -> None:
+    """A number given as text (a widget's, a config's) is read as the command line reads its
+    options' text: the same result as the number; other text is refused."""
+    run: perfswarm.Run = notebook["run"]
+    assert run.project(["1", "8"], per_node="4", bandwidth_gbps="400").to_dict() == \
+        run.project([1, 8], per_node=4, bandwidth_gbps=400.0).to_dict()
+    assert run.sql("SELECT 1 AS x", timeout_s="30", memory_mb="1024").to_dicts() == [{"x": 1}]
+    for text in ("1_0", "٣", " 8", "8.0", "inf"):
+        with pytest.raises(perfswarm.ParameterError, match=r"^per_node "):
+            run.project([1, 8], per_node=text)
+
