@@ -269,3 +269,23 @@ def test_numbers_as_text_are_the_clis(notebook: dict[str, Any]) -> None:
         with pytest.raises(perfswarm.ParameterError, match=r"^per_node "):
             run.project([1, 8], per_node=text)
 
+
+def test_a_cpu_runs_shape_change_without_a_profile_names_its_parameter(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The error names the parameter that needs the kernel profile (it named none), and the
+    command line its flag."""
+    run = perfswarm.import_traces(corpus("cpu_only"), tmp_path / "cpu.run")
+    why = ("a changed batch size or dimension on a CPU run needs a kernel profile: run "
+           "`perfswarm calibrate` and pass {} cpu-profile.json")
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        run.predict(batch_size=8, recorded_batch_size=4)
+    assert (caught.value.param, str(caught.value)) == (
+        "batch_size", "predict: batch_size 8: " + why.format("profile"))
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        run.predict(dims={64: 128})
+    assert (caught.value.param, str(caught.value)) == (
+        "dims", "predict: dims: " + why.format("profile"))
+    assert main(["predict", str(run.path), "--batch-size", "8", "--recorded-batch-size",
+                 "4"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "perfswarm: error: predict: --batch-size 8: " + why.format("--profile"))
