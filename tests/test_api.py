@@ -289,3 +289,16 @@ def test_a_cpu_runs_shape_change_without_a_profile_names_its_parameter(
                  "4"]) == 2
     assert capsys.readouterr().err.strip() == (
         "perfswarm: error: predict: --batch-size 8: " + why.format("--profile"))
+
+
+def test_a_query_of_no_rows_keeps_its_column_types(notebook: dict[str, Any]) -> None:
+    """DuckDB knows a query's column types without rows: the frame has them (all Null
+    before), the same as the frame of the same query with rows."""
+    run: perfswarm.Run = notebook["run"]
+    query = "SELECT kind, ts, dur, args, dur / 1e3 AS dur_us FROM events"
+    none = run.sql(query + " WHERE false")
+    some = run.sql(query + " LIMIT 3")
+    assert none.shape == (0, 5) and some.height == 3
+    assert dict(none.schema) == dict(some.schema) == {
+        "kind": pl.String, "ts": pl.Int64, "dur": pl.Int64, "args": pl.String,
+        "dur_us": pl.Float64}

@@ -274,11 +274,9 @@ class Run:
             if not low <= value <= high:
                 raise ParameterError(param, f"{kind} from {low:,} to {high:,}",
                                      value=repr(value))
-        columns, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
-        got = list(batches)
-        if not got:
-            return pl.DataFrame({c: [] for c in columns})
-        frame = pl.from_arrow(pa.Table.from_batches(got))
+        schema, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
+        # with the query's schema: a result of no rows keeps its columns' types (not Null)
+        frame = pl.from_arrow(pa.Table.from_batches(list(batches), schema=schema))
         assert isinstance(frame, pl.DataFrame)
         return frame
 
