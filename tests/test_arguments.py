@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 import pytest
 
+import perfswarm
 from perfswarm.arguments import checked, conform, describe, number_text
 from perfswarm.errors import ParameterError
 
@@ -78,3 +79,18 @@ def test_the_numbers_text_is_the_command_lines() -> None:
     assert [number_text(t, int) for t in ("8", "+8", "08", "8.", "1e3")] == [8, 8, 8, None, None]
     assert [number_text(t, float) for t in ("8", ".5", "1e3", "1e", "")] == [
         8.0, 0.5, 1000.0, None, None]
+
+
+def test_a_librarys_class_is_named_in_full() -> None:
+    """The API's Run and the store's Run share a name: the message tells them apart."""
+    from perfswarm.trace.store import Run as StoreRun
+
+    assert describe(perfswarm.Run | Path | None) == "perfswarm.api.Run | Path | None"
+
+    @checked
+    def compare(other: perfswarm.Run | None) -> None:
+        pass
+
+    with pytest.raises(ParameterError, match=r"expected perfswarm\.api\.Run \| None; got "
+                                             r"perfswarm\.trace\.store\.Run$"):
+        compare(StoreRun.__new__(StoreRun))

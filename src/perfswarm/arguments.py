@@ -80,7 +80,13 @@ def describe(hint: Any) -> str:
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
         return f"{name}[{', '.join(map(describe, get_args(hint)))}]"
-    return getattr(hint, "__name__", str(hint))
+    return _type_name(hint) if isinstance(hint, type) else str(hint)
+
+
+def _type_name(kind: type) -> str:
+    """A type's name; a class of a library in full (perfswarm.api.Run is not a store's Run)."""
+    bare = kind.__module__ in ("builtins", "pathlib") or kind.__module__.startswith("collections")
+    return kind.__qualname__ if bare else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _numbers(hint: Any) -> set[Any]:
@@ -186,7 +192,7 @@ def _item(hint: Any, value: Any, where: str) -> Any:
         return conform(hint, value)
     except _Refused as refused:
         raise _Refused(refused.detail or f"{where}: {shown(value)} is "
-                       f"{type(value).__name__}, not {describe(hint)}") from None
+                       f"{_type_name(type(value))}, not {describe(hint)}") from None
 
 
 def refusal(param: str, hint: Any, value: Any, detail: str = "") -> ParameterError:
@@ -196,7 +202,7 @@ def refusal(param: str, hint: Any, value: Any, detail: str = "") -> ParameterErr
     if kinds:
         forms = " or ".join(f for kind, f in ((int, "'8'"), (float, "'0.5'")) if kind in kinds)
         why += f" (or its text as the command line takes it: {forms})"
-    got = detail or f"got {type(value).__name__}"
+    got = detail or f"got {_type_name(type(value))}"
     return ParameterError(param, f"{why}; {got}", value=shown(value))
 
 
