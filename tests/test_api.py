@@ -73,6 +73,7 @@ def test_the_example_gives_the_traces_numbers(notebook: dict[str, Any]) -> None:
     assert notebook["page"] == Path("nccl-report.html")
     assert (notebook["here"] / notebook["page"]).read_text().startswith("<!DOCTYPE html>")
     assert notebook["refused"] == "devices"
+    assert notebook["wrong_type"] == "ignore_markers 'no': expected bool; got str"
 
 
 def test_results_are_the_clis_json(notebook: dict[str, Any],
@@ -217,3 +218,87 @@ def test_a_notebook_sees_the_api(notebook: dict[str, Any]) -> None:
     shown = repr(analysis)
     assert shown.startswith("perfswarm.Result(Analysis: path, events, ranks, iterations")
     assert shown.endswith(f"tables: {', '.join(analysis.tables)})") and len(shown) < 1000
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    # each had escaped as a TypeError or AttributeError from inside a stage, or been taken
+    (lambda run: run.predict(batch_size="eight"),
+     "batch_size 'eight': expected int | None (or its text as the command line takes it: "
+     "'8'); got str"),
+    (lambda run: run.predict(device=5), "device 5: expected str | None; got int"),
+    (lambda run: run.predict(profile=123), "profile 123: expected str | Path | None; got int"),
+    (lambda run: run.project([1, 8], per_node="eight"),
+     "per_node 'eight': expected int (or its text as the command line takes it: '8'); got str"),
+    (lambda run: run.project([1, "x"]),
+     "devices [1, 'x']: expected Sequence[int] | None; item 1: 'x' is str, not int"),
+    (lambda run: run.project([1, 8], bandwidth_gbps=True),
+     "bandwidth_gbps True: expected float | None; got bool"),
+    (lambda run: run.analyze(ignore_markers="no"),  # had been taken for True
+     "ignore_markers 'no': expected bool; got str"),
+    (lambda run: run.analyze(window=(1, "end")),
+     "window (1, 'end'): expected tuple[float | None, float | None] | None; item 1: 'end' is "
+     "str, not float | None"),
+    (lambda run: run.sql(b"SELECT 1"), "query b'SELECT 1': expected str; got bytes"),
+    (lambda run: run.analyze().rows(0), "table 0: expected str | None; got int"),
+    (lambda run: perfswarm.record(["true"], run.path / "r.run", skip="five"),
+     "skip 'five': expected int (or its text as the command line takes it: '8'); got str"),
+    (lambda run: perfswarm.record(["true"], run.path / "r.run", execution_trace="no"),
+     "execution_trace 'no': expected bool; got str"),
+    (lambda run: perfswarm.import_traces(corpus("simple_add"), run.path / "x.run", ranks="0"),
+     "ranks '0': expected Sequence[int]; got str"),
+])
+def test_a_wrong_type_is_a_parameter_error(notebook: dict[str, Any], call: Any,
+                                           message: str) -> None:
+    """Every API function takes what its type hints say, or refuses it with a ParameterError
+    naming the parameter, the value (as text) and the type it takes."""
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        call(notebook["run"])
+    assert str(caught.value) == message
+    assert caught.value.param == message.split(" ", maxsplit=1)[0]
+    assert isinstance(caught.value.value, str)
+
+
+def test_numbers_as_text_are_the_clis(notebook: dict[str, Any]) -> None:
+    """A number given as text (a widget's, a config's) is read as the command line reads its
+    options' text: the same result as the number; other text is refused."""
+    run: perfswarm.Run = notebook["run"]
+    assert run.project(["1", "8"], per_node="4", bandwidth_gbps="400").to_dict() == \
+        run.project([1, 8], per_node=4, bandwidth_gbps=400.0).to_dict()
+    assert run.sql("SELECT 1 AS x", timeout_s="30", memory_mb="1024").to_dicts() == [{"x": 1}]
+    for text in ("1_0", "٣", " 8", "8.0", "inf"):
+        with pytest.raises(perfswarm.ParameterError, match=r"^per_node "):
+            run.project([1, 8], per_node=text)
+
+
+def test_a_cpu_runs_shape_change_without_a_profile_names_its_parameter(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The error names the parameter that needs the kernel profile (it named none), and the
+    command line its flag."""
+    run = perfswarm.import_traces(corpus("cpu_only"), tmp_path / "cpu.run")
+    why = ("a changed batch size or dimension on a CPU run needs a kernel profile: run "
+           "`perfswarm calibrate` and pass {} cpu-profile.json")
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        run.predict(batch_size=8, recorded_batch_size=4)
+    assert (caught.value.param, str(caught.value)) == (
+        "batch_size", "predict: batch_size 8: " + why.format("profile"))
+    with pytest.raises(perfswarm.ParameterError) as caught:
+        run.predict(dims={64: 128})
+    assert (caught.value.param, str(caught.value)) == (
+        "dims", "predict: dims: " + why.format("profile"))
+    assert main(["predict", str(run.path), "--batch-size", "8", "--recorded-batch-size",
+                 "4"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "perfswarm: error: predict: --batch-size 8: " + why.format("--profile"))
+
+
+def test_a_query_of_no_rows_keeps_its_column_types(notebook: dict[str, Any]) -> None:
+    """DuckDB knows a query's column types without rows: the frame has them (all Null
+    before), the same as the frame of the same query with rows."""
+    run: perfswarm.Run = notebook["run"]
+    query = "SELECT kind, ts, dur, args, dur / 1e3 AS dur_us FROM events"
+    none = run.sql(query + " WHERE false")
+    some = run.sql(query + " LIMIT 3")
+    assert none.shape == (0, 5) and some.height == 3
+    assert dict(none.schema) == dict(some.schema) == {
+        "kind": pl.String, "ts": pl.Int64, "dur": pl.Int64, "args": pl.String,
+        "dur_us": pl.Float64}

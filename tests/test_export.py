@@ -204,3 +204,47 @@ def test_a_manifest_without_ranks_exports(corpus_runs: dict[str, Run], tmp_path:
     m["ranks"] = []
     run.write_manifest(m)
     assert "distributedInfo" not in perfetto.export_chrome_trace(run)
+
+
+def _with_system_counters(run: Run, out: Path) -> Run:
+    """A copy of `run` with two counters of the machine (rank -1, no device), as the system
+    sampler writes them, on host `box`."""
+    import shutil
+
+    import pyarrow as pa
+
+    from perfswarm.trace.schema import COUNTERS
+
+    copy = Run(shutil.copytree(run.path, out))
+    m = copy.manifest()
+    m["host"]["hostname"] = "box"
+    copy.write_manifest(m)
+    start = min(copy.table("events", ["ts"]).column("ts").to_pylist())
+    system = pa.table({"rank": [-1, -1], "ts": [start, start + 1000],
+                       "name": ["cpu.core0.usr", "mem.used_bytes"], "device": [-1, -1],
+                       "value": [1.0, 2.0]}).cast(COUNTERS)
+    kept = copy.table("counters") if copy.has_table("counters") else COUNTERS.empty_table()
+    copy.write_table("counters", pa.concat_tables([kept.cast(COUNTERS), system]))
+    return copy
+
+
+@pytest.mark.parametrize(("name", "pid"), [("cpu_only", 0), ("simple_add", None)])
+def test_the_systems_counters_have_a_named_process(corpus_runs: dict[str, Run], tmp_path: Path,
+                                                   name: str, pid: int | None) -> None:
+    """The machine's counters (CPU, memory: rank -1) are drawn on a process named for the
+    system and its host (they sat on a pid 0 without a name, a bare 'Process 0' in Perfetto):
+    pid 0 where no device has it, else one past every pid the Run uses (a GPU trace's kernels
+    are on pid 0, its device's own name)."""
+    run = _with_system_counters(corpus_runs[name], tmp_path / "r.run")
+    events = run.table("events", ["pid"]).column("pid").to_pylist()
+    expected = pid if pid is not None else max(events) + 1
+    assert (0 in events) == (pid is None)
+    trace = orjson.loads(perfetto.dumps(perfetto.export_chrome_trace(run)))["traceEvents"]
+    named = [e for e in trace if e["ph"] == "M" and e["name"] == "process_name"
+             and e["pid"] == expected]
+    assert named == [{"ph": "M", "name": "process_name", "pid": expected, "tid": 0,
+                      "args": {"name": "system (box)"}}]
+    system = [(e["pid"], e["name"], e["args"]) for e in trace
+              if e["ph"] == "C" and e["name"] in ("cpu.core0", "mem")]
+    assert system == [(expected, "cpu.core0", {"usr": 1.0}),
+                      (expected, "mem", {"used_bytes": 2.0})]

@@ -7,17 +7,18 @@ give a `Run`; `run.analyze()`, `run.predict(...)`, `run.advise()` and `run.proje
 HTML report and `run.sql(query)` gives a polars DataFrame. The functions here only translate
 Python arguments into the library's options: each stage does its own work, as the CLI has it do.
 Errors are `perfswarm.PerfswarmError` (bad arguments: `perfswarm.ParameterError`, which names
-the parameter).
+the parameter). Every public function here is `@checked` (arguments.py): its type hints are the
+contract, each argument conformed to its hint or refused before the function runs.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
+from perfswarm.arguments import checked
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace import store
 
@@ -102,6 +103,7 @@ class Result(Generic[V_co]):
     def to_dict(self) -> dict[str, Any]:
         return dict(self.value.to_dict())
 
+    @checked
     def rows(self, table: str | None = None) -> Rows:
         """The records of `table` (default: the first of `tables`)."""
         name = self.tables[0] if table is None else table
@@ -109,6 +111,7 @@ class Result(Generic[V_co]):
             raise ParameterError("table", f"not one of {', '.join(self.tables)}", value=name)
         return self._tables[name].rows(self.to_dict())
 
+    @checked
     def to_polars(self, table: str | None = None) -> pl.DataFrame:
         """The table as a DataFrame; one without records has its columns all the same."""
         import polars as pl
@@ -118,6 +121,7 @@ class Result(Generic[V_co]):
             return pl.DataFrame(schema=self._tables[table or self.tables[0]].schema())
         return pl.DataFrame(rows, infer_schema_length=None)
 
+    @checked
     def to_pandas(self, table: str | None = None) -> Any:
         """A pandas.DataFrame (pandas is optional: typed Any so mypy needs no stubs)."""
         from importlib.util import find_spec
@@ -176,6 +180,7 @@ class Run:
         """What the Run says of itself: command, exit status, host, collectors, warnings."""
         return self.store.manifest()
 
+    @checked
     def analyze(self, *, ignore_markers: bool = False,
                 window: tuple[float | None, float | None] | None = None) -> Result[Analysis]:
         """Iterations, concurrency, ops and kernels, launches, critical path, stragglers...
@@ -187,6 +192,7 @@ class Run:
         return Result(analyze(self._windowed(window), ignore_markers=ignore_markers),
                       ANALYSIS_TABLES)
 
+    @checked
     def predict(self, *, device: str | None = None, batch_size: int | None = None,
                 recorded_batch_size: int | None = None, dims: Mapping[int, int] | None = None,
                 profile: PathLike | None = None, compare: Run | PathLike | None = None,
@@ -202,8 +208,7 @@ class Run:
                            ("recorded_batch_size", recorded_batch_size)):
             if size is not None and size < 1:
                 raise ParameterError(name, "must be at least 1", value=size)
-        if (dims is not None and not isinstance(dims, Mapping)) or not all(
-                _count(old) and _count(new) for old, new in (dims or {}).items()):
+        if not all(old >= 1 and new >= 1 for old, new in (dims or {}).items()):
             raise ParameterError("dims", "maps each old dimension to a new one, both positive "
                                  "integers, e.g. {768: 1024}", value=dims)
         change = Change(batch_size, recorded_batch_size, tuple((dims or {}).items()), device)
@@ -213,12 +218,14 @@ class Run:
                               profile=read_profile(Path(profile)) if profile else None,
                               compare=other, source_device=source_device), PREDICTION_TABLES)
 
+    @checked
     def advise(self) -> Result[AdviceReport]:
         """What to change, with the evidence and the estimated gain, largest first."""
         from perfswarm.optimize.advise import advise
 
         return Result(advise(self.store), ADVICE_TABLES)
 
+    @checked
     def project(self, devices: Sequence[int] | None = None, *, interconnect: str = "ib-ndr",
                 bandwidth_gbps: float | None = None,
                 scheme: Literal["ring", "tree", "ps"] = "ring", intra: str | None = None,
@@ -234,6 +241,7 @@ class Run:
                               servers=servers, grad_bytes=grad_bytes, device=device),
                       PROJECTION_TABLES)
 
+    @checked
     def report(self, path: PathLike | None = None, *, tune: PathLike | None = None) -> Path:
         """Write the self-contained HTML report (default RUN/report.html); its path.
         `tune`: a `perfswarm tune` output directory, whose trials the report adds."""
@@ -247,6 +255,7 @@ class Run:
         return html.write(report_data(self.store, tune=files),
                           Path(path) if path is not None else self.path / "report.html")
 
+    @checked
     def sql(self, query: str, *, timeout_s: float = 60.0, memory_mb: int = 2048
             ) -> pl.DataFrame:
         """A read-only DuckDB query over the Run's tables (events, counters, steps, samples,
@@ -262,16 +271,12 @@ class Run:
         for param, value, (low, high), kind in (
                 ("timeout_s", timeout_s, TIMEOUT_S, "a number of seconds"),
                 ("memory_mb", memory_mb, MEMORY_MB, "a whole number of MiB")):
-            if (not isinstance(value, int | float) or isinstance(value, bool)
-                    or not low <= value <= high
-                    or (param == "memory_mb" and not isinstance(value, int))):
+            if not low <= value <= high:
                 raise ParameterError(param, f"{kind} from {low:,} to {high:,}",
                                      value=repr(value))
-        columns, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
-        got = list(batches)
-        if not got:
-            return pl.DataFrame({c: [] for c in columns})
-        frame = pl.from_arrow(pa.Table.from_batches(got))
+        schema, batches = run_query(self.store, query, Limits(timeout_s, memory_mb << 20))
+        # with the query's schema: a result of no rows keeps its columns' types (not Null)
+        frame = pl.from_arrow(pa.Table.from_batches(list(batches), schema=schema))
         assert isinstance(frame, pl.DataFrame)
         return frame
 
@@ -280,18 +285,8 @@ class Run:
 
         if window is None:
             return self.store
-        if (isinstance(window, str) or not isinstance(window, Sequence) or len(window) != 2
-                or not all(side is None or (isinstance(side, int | float)
-                                            and not isinstance(side, bool)) for side in window)):
-            raise ParameterError("window", "(start, end) in seconds from the Run's start, "
-                                 "either None for an open side, e.g. (1.5, None)", value=window)
         start, end = ("" if side is None else side for side in window)
         return windowed(self.store, f"{start}:{end}")
-
-
-def _count(value: object) -> bool:
-    """A positive integer (not a bool, not a float)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -309,13 +304,13 @@ def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dic
 # Paths are made absolute: a notebook's working directory may change while a Run is in use.
 
 
+@checked
 def load(path: PathLike) -> Run:
     """The Run at `path` (a directory written by import or record)."""
-    if not isinstance(path, str | os.PathLike):
-        raise ParameterError("path", "a Run directory's path (str or pathlib.Path)", value=path)
     return Run(store.Run.open(Path(path).absolute()))
 
 
+@checked
 def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike | None = None, *,
                   ranks: Sequence[int] = (), execution_traces: Sequence[PathLike] = (),
                   memory_timelines: Sequence[PathLike] = (), drop_bad_events: bool = False,
@@ -338,8 +333,6 @@ def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike | None = N
     given = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     if not given:
         raise ParameterError("paths", "no trace given")
-    if streaming not in ("auto", "always", "never"):
-        raise ParameterError("streaming", "one of auto, always, never", value=streaming)
     options = ImportOptions(ranks=tuple(ranks),
                             execution_traces=tuple(Path(p) for p in execution_traces),
                             memory_timelines=tuple(Path(p) for p in memory_timelines),
@@ -349,8 +342,9 @@ def import_traces(paths: PathLike | Iterable[PathLike], out: PathLike | None = N
     return Run(ingest(trace_files(given), target.absolute(), options, command))
 
 
+@checked
 def record(command: Sequence[str], out: PathLike | None = None, *,
-           collectors: Sequence[str] | None = None, skip: int = 5, steps: int = 10,
+           collectors: str | Sequence[str] | None = None, skip: int = 5, steps: int = 10,
            execution_trace: bool = True, force: bool = False) -> Run:
     """Run `command` (an unmodified program, as a list of arguments) under the collectors
     (default torch, system, gpu, perf, pystacks) and give the Run it leaves at `out` (default
@@ -359,7 +353,7 @@ def record(command: Sequence[str], out: PathLike | None = None, *,
     from perfswarm.recorder.session import DEFAULT_COLLECTORS, RecordOptions
     from perfswarm.recorder.session import record as run_recorder
 
-    if not command or isinstance(command, str):
+    if not command:
         raise ParameterError("command", "the program and its arguments as a list, e.g. "
                              "['python', 'train.py']", value=command or None)
     if skip < 0:

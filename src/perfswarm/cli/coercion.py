@@ -12,19 +12,17 @@ message and every unusual form it accepts stays typer's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from typer import _click
 from typer._coercion import RuntimeParam, TypeDescriptor, build_runtime_param
 from typer._param_types import coerce_cli_path, lenient_issubclass
 from typer.core import _TyperParameter
 
-_INT: Final = re.compile(r"[+-]?[0-9]+")
-_FLOAT: Final = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+from perfswarm.arguments import number_text
 
 
 class _Refused(Exception):
@@ -67,9 +65,11 @@ class PlainParam(RuntimeParam):
     def _number(self, annotation: type[int] | type[float], value: Any) -> int | float:
         info = self.parameter_info
         if isinstance(value, str):
-            if not (_INT if annotation is int else _FLOAT).fullmatch(value):
-                raise _Refused  # (Python's int() also takes other scripts' digits, and "1_0")
-            number = annotation(value)
+            # the forms the API takes as text too (arguments.py): plain digits, no "1_0"
+            found = number_text(value, annotation)
+            if found is None:
+                raise _Refused
+            number = found
         elif isinstance(value, annotation) or (annotation is float and isinstance(value, int)):
             number = annotation(value)
         else:

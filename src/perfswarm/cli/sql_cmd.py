@@ -54,7 +54,8 @@ def sql_command(
     The table shows the first 1,000 rows (cells cut at 200 characters); --json and --csv give all."""
     if as_json and as_csv:
         raise typer.BadParameter("choose one of --json and --csv", param_hint="--csv")
-    columns, batches = query(Run.open(run_dir), sql, Limits(timeout, memory << 20))
+    schema, batches = query(Run.open(run_dir), sql, Limits(timeout, memory << 20))
+    columns = list(schema.names)
     if as_json or as_csv:
         _stream(columns, batches, as_json)
         return

@@ -879,10 +879,12 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             return _op_graph_prediction(m, change, model, replayed, measured, notes,
                                         steady, gpu_model)
         needs_model = batch is not None or bool(change.dims)
-        if needs_model and profile is None:
-            raise ParameterError(None, "a changed batch size or dimension on a CPU run needs a "
+        if needs_model and profile is None:  # named: the parameter that asked for the model
+            raise ParameterError("batch_size" if batch is not None else "dims",
+                                 "a changed batch size or dimension on a CPU run needs a "
                                  "kernel profile: run `perfswarm calibrate` and pass "
-                                 "{profile} cpu-profile.json", subject="predict")
+                                 "{profile} cpu-profile.json", subject="predict",
+                                 value=change.batch_size)
         scaler = ProfileScaler(profile) if profile is not None else None
         source_name = target_name = "cpu"
         if profile is not None and profile.unusable() and needs_model:

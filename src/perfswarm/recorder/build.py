@@ -339,9 +339,9 @@ def _flows(path: Path, manifest: Manifest, at: Placement) -> pa.Table:
 
 def _graph(run: Run, manifest: Manifest, paths: Sequence[Path], rank_of: dict[int, int]
            ) -> None:
-    """The profiled processes' execution traces; one that cannot be read is a warning, not a
-    lost Run nor a failed torch collector (its traces and steps stand: torch 2.13 writes a
-    record_function name's raw control characters into it, which no JSON allows)."""
+    """The profiled processes' execution traces; one that cannot be read (cut short by a
+    kill; the unescaped names torch writes are mended by the reader) is a warning, not a lost
+    Run nor a failed torch collector (its traces and steps stand)."""
 
     def read(path: Path, at: Placement) -> SideTables | None:
         try:

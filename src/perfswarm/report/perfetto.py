@@ -151,7 +151,29 @@ def _host_pid(run: Run) -> dict[int, int]:
     return {rank: -key[1] for rank, key in best.items()}
 
 
-def _counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+def _system_pid(run: Run) -> int:
+    """Where the host counters of no process are drawn (the system sampler's CPU, memory, disk
+    and network, of rank -1: the machine's; a rank's without host events): pid 0, which no
+    process has, unless a device's events or counters are there (Kineto's GPU 0), then one
+    past every pid the Run uses."""
+    used = set(pc.unique(run.table("events", ["pid"]).column("pid")).to_pylist())
+    if run.has_table("counters"):
+        used |= set(pc.unique(run.table("counters", ["device"]).column("device")).to_pylist())
+    return 0 if 0 not in used else max(used) + 1
+
+
+def _system_ranks(run: Run, host_pid: dict[int, int]) -> list[int]:
+    """The ranks whose host counters are drawn on the system pid (no host process of theirs)."""
+    if not run.has_table("counters"):
+        return []
+    table = run.table("counters", ["rank", "device"])
+    host = table.filter(pc.less(table.column("device"), 0))
+    return sorted(r for r in set(pc.unique(host.column("rank")).to_pylist())
+                  if r not in host_pid)
+
+
+def _counter_events(run: Run, base: int, pids: _Pids, system: int
+                    ) -> Iterator[dict[str, Any]]:
     if not run.has_table("counters"):
         return
     rows = run.table("counters").to_pylist()
@@ -160,12 +182,13 @@ def _counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]
         # The reader names a counter `<event name>.<arg key>`; split it back the same way.
         group, _, key = str(row["name"]).rpartition(".")
         group = group or key  # a name without a dot (the recorder's `minor page faults`)
-        pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], 0)
+        pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], system)
         yield {"ph": "C", "name": group, "pid": pids(row["rank"], pid), "tid": 0,
                "ts": us_json(row["ts"] - base), "args": {key: row["value"]}}
 
 
-def _derived_counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
+def _derived_counter_events(run: Run, base: int, pids: _Pids, system: int
+                            ) -> Iterator[dict[str, Any]]:
     """Per device: launched, unfinished ops per stream at every change, and the share of each
     of UTILIZATION_BINS time bins some op ran; per rank (on its host process): memory
     bandwidth per direction in analyze.bandwidth's bins."""
@@ -196,7 +219,7 @@ def _derived_counter_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[s
         for t, u in zip(edges[:-1].tolist(), share.tolist(), strict=True):
             yield counter("device utilization", rank, device, t, {"busy": u})
     for rank_bw in bandwidth(run, ev):
-        pid = host_pid.get(rank_bw.rank, 0)
+        pid = host_pid.get(rank_bw.rank, system)
         for flow in rank_bw.flows:
             for i, gbps in enumerate(flow.bins_gbps):
                 yield counter("memory bandwidth (GB/s)", rank_bw.rank, pid,
@@ -252,9 +275,17 @@ def _key_ids(key: str, count: int) -> list[int] | None:
     return [int(f) for f in fields]
 
 
-def _metadata_events(run: Run, pids: _Pids) -> Iterator[dict[str, Any]]:
+def _metadata_events(run: Run, pids: _Pids, system: int) -> Iterator[dict[str, Any]]:
     manifest = run.manifest()
     several = pids.several
+    host = manifest.get("host", {}).get("hostname") or "host"
+    named = set(manifest["processes"])
+    for rank in _system_ranks(run, _host_pid(run)):
+        # the system's counters had sat on an unnamed pid 0: Perfetto drew a bare "Process 0"
+        if f"{rank}:{system}" not in named:
+            label = f"system ({host})" if rank < 0 else f"rank {rank}: system ({host})"
+            yield {"ph": "M", "name": "process_name", "pid": pids(rank, system), "tid": 0,
+                   "args": {"name": label}}
     for key, name in sorted(manifest["processes"].items()):
         ids = _key_ids(key, 2)
         if ids is not None:
@@ -289,11 +320,12 @@ def export_chrome_trace(run: Run, rank: int | None = None) -> dict[str, Any]:
                                      f"{', '.join(map(str, manifest['ranks']))})")
     pids = _Pids(manifest["ranks"], rank)
     base = _base_ns(run)
-    events: list[dict[str, Any]] = list(_metadata_events(run, pids))
+    system = _system_pid(run)
+    events: list[dict[str, Any]] = list(_metadata_events(run, pids, system))
     events += _span_events(run, base, pids)
     events += _flow_events(run, base, pids)
-    events += _counter_events(run, base, pids)
-    events += _derived_counter_events(run, base, pids)
+    events += _counter_events(run, base, pids, system)
+    events += _derived_counter_events(run, base, pids, system)
     events += _sample_events(run, base, pids)
     trace: dict[str, Any] = {
         "schemaVersion": 1,

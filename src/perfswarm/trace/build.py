@@ -192,8 +192,9 @@ def add_execution_traces(run: Run, manifest: Manifest, traces: Sequence[tuple[Pa
             events = run.table("events", ["rank", "rf_id", "external_id"])
         nodes.append(found.graph_nodes)
         edges.append(found.graph_edges)
-        manifest["warnings"] += source_warnings(path.name, execution_trace.join_warnings(
-            found.graph_nodes, events, rank))
+        manifest["warnings"] += source_warnings(path.name, Counter(found.warnings)
+                                                + execution_trace.join_warnings(
+                                                    found.graph_nodes, events, rank))
         manifest["sources"].append({"file": path.name, "format": found.format,
                                     "rank": rank, "nodes": found.graph_nodes.num_rows})
     run.write_table("graph_nodes", concat(nodes, GRAPH_NODES))

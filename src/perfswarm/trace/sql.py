@@ -158,8 +158,9 @@ def _first_line(text: str) -> str:
 
 
 def query(run: Run, sql: str, limits: Limits = Limits()
-          ) -> tuple[list[str], Generator[pa.RecordBatch, None, None]]:
-    """Column names and record batches of one read-only query, run in a bounded child process.
+          ) -> tuple[pa.Schema, Generator[pa.RecordBatch, None, None]]:
+    """The columns (names and types: a query of no rows has them too) and record batches of
+    one read-only query, run in a bounded child process.
 
     Iterate the batches to the end (or close the iterator) so the child is reaped."""
     check_query(sql)
@@ -224,7 +225,7 @@ def query(run: Run, sql: str, limits: Limits = Limits()
         finally:
             finish()
 
-    return list(reader.schema.names), batches()
+    return reader.schema, batches()
 
 
 def worker() -> None:

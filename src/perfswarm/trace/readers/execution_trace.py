@@ -4,10 +4,20 @@ Nodes become `graph_nodes` (the op tree, with inputs/outputs as JSON text);
 edges are the tree's parent->child links plus tensor producer->consumer links.
 Nodes join to events by `rf_id` (the Record function id Kineto writes); traces
 too old to write it carry the same number as `External id`.
+
+torch's ExecutionTraceObserver writes an op's name into the JSON as it is (torch 2.13 does): a
+record_function name with a quote, a backslash or a control character makes the whole file
+invalid JSON, though the damage is that one string. Such a file is read leniently (`_decode`):
+each name sits in a line of the writer's fixed shape, so it is found and escaped without
+reading the rest, and any other string's raw control characters are read as text; what was
+mended is a warning in the manifest. A file that is not an execution trace, or JSON broken
+anywhere else, stays a one-line error.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +31,17 @@ from perfswarm.errors import TraceFormatError
 from perfswarm.trace.kineto import TOO_DEEP, read_bytes
 from perfswarm.trace.readers.fields import Placement, SideTables
 from perfswarm.trace.schema import GRAPH_EDGES, GRAPH_NODES, NONE
+
+# An op's name where the observer writes it: after its id (schema 1.1: `"id": 16, "name": "...",
+# "ctrl_deps": 3,`) or first in its node (1.0: `{"name": "...", "id": 5,`); a name is read up
+# to 4 KiB, so a search that finds no end stops there.
+_NAMES = (re.compile(rb'("id": -?[0-9]+, "name": ")(.{0,4096}?)(", "ctrl_deps": -?[0-9]+,)',
+                     re.DOTALL),
+          re.compile(rb'(\{\s*"name": ")(.{0,4096}?)(", "id": -?[0-9]+,)', re.DOTALL))
+_UNSAFE = re.compile(rb'[\x00-\x1f"\\]')  # what a JSON string holds only escaped
+ESCAPED_NAMES = ("read leniently: op names torch wrote unescaped (a quote, a backslash or a "
+                 "control character), escaped")
+RAW_CONTROLS = "read leniently: control characters in its strings read as text"
 
 
 class ETNode(msgspec.Struct):
@@ -66,17 +87,55 @@ def _tensors(io: dict[str, Any]) -> list[str]:
     return keys
 
 
-def read(path: Path, at: Placement) -> SideTables:
-    """graph_nodes and graph_edges of one execution trace, on its rank."""
-    rank = at.rank
+def _escaped_names(data: bytes) -> tuple[bytes, int]:
+    """`data` with every op name the observer wrote unescaped escaped, and how many."""
+    count = 0
+
+    def escape(m: re.Match[bytes]) -> bytes:
+        nonlocal count
+        name = m.group(2)
+        if _UNSAFE.search(name):
+            try:
+                orjson.loads(b'"' + name + b'"')  # escaped as JSON already
+            except orjson.JSONDecodeError:
+                count += 1
+                name = orjson.dumps(name.decode("utf-8", "replace"))[1:-1]
+        return m.group(1) + name + m.group(3)
+
+    pattern = _NAMES[0] if b'"ctrl_deps": ' in data else _NAMES[1]
+    return pattern.sub(escape, data), count
+
+
+def _decode(path: Path, data: bytes) -> tuple[ETrace, Counter[str]]:
+    """The trace, and what reading it leniently mended (what -> count)."""
+    mended: Counter[str] = Counter()
     try:
-        trace = msgspec.json.decode(read_bytes(path), type=ETrace)
+        try:
+            return msgspec.json.decode(data, type=ETrace), mended
+        except msgspec.DecodeError as exc:
+            broken = exc
+        data, mended[ESCAPED_NAMES] = _escaped_names(data)
+        try:
+            return msgspec.json.decode(data, type=ETrace), mended
+        except msgspec.DecodeError:
+            pass
+        try:
+            loose = json.loads(data.decode("utf-8"), strict=False)
+        except (UnicodeDecodeError, ValueError):
+            raise TraceFormatError(path, "json", f"invalid JSON: {broken}") from None
+        mended[RAW_CONTROLS] += 1
+        return msgspec.convert(loose, type=ETrace), mended
     except msgspec.ValidationError as exc:
         raise TraceFormatError(path, "json", f"not an execution trace: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise TraceFormatError(path, "json", f"invalid JSON: {exc}") from None
     except RecursionError:
         raise TraceFormatError(path, "json", TOO_DEEP) from None
+
+
+def read(path: Path, at: Placement) -> SideTables:
+    """graph_nodes and graph_edges of one execution trace, on its rank; what reading it
+    leniently mended, its warnings."""
+    rank = at.rank
+    trace, mended = _decode(path, read_bytes(path))
     nodes = sorted(trace.nodes, key=lambda n: n.id)
     parents = {n.id: n.parent for n in nodes}
     ios = [(_io(n.inputs, n.input_shapes, n.input_types),
@@ -128,7 +187,8 @@ def read(path: Path, at: Placement) -> SideTables:
             "tensor": pa.array(tensor, pa.string()),
         }
     ).cast(GRAPH_EDGES)
-    return SideTables("execution_trace", graph_nodes=node_table, graph_edges=edge_table)
+    return SideTables("execution_trace", graph_nodes=node_table, graph_edges=edge_table,
+                      warnings={f"execution trace {w}": n for w, n in mended.items() if n})
 
 
 def _ancestors(node: int, parents: dict[int, int]) -> set[int]:

@@ -45,13 +45,15 @@ class Placement:
 @dataclass(frozen=True)
 class SideTables:
     """What a reader of a file beside the traces gives: its format, and its rows in the Run's
-    schemas (the tables it has none of are empty)."""
+    schemas (the tables it has none of are empty); `warnings`: what it mended to read the
+    file (what -> count), for the manifest."""
 
     format: str
     events: pa.Table = field(default_factory=EVENTS.empty_table)
     counters: pa.Table = field(default_factory=COUNTERS.empty_table)
     graph_nodes: pa.Table = field(default_factory=GRAPH_NODES.empty_table)
     graph_edges: pa.Table = field(default_factory=GRAPH_EDGES.empty_table)
+    warnings: Mapping[str, int] = field(default_factory=dict)
 
 
 class SideReader(Protocol):
