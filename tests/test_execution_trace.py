@@ -144,3 +144,47 @@ def test_a_recording_keeps_its_op_graph(tmp_path: Path) -> None:
         {"source": "et-rank0-pid7.json", "what": ESCAPED, "count": 3},
         {"source": "et-rank0-pid7.json", "count": 1,
          "what": "execution trace without a Kineto trace to join"}]
+
+
+def test_torch_s_own_execution_trace_joins_its_kineto_trace(tmp_path: Path) -> None:
+    """torch (2.2 on) writes schema 1.1: the parent as `ctrl_deps`, the record function id and
+    thread in `attrs`. Read as 1.0, none of a torch 2.13 trace's 2,221 nodes had a parent or an
+    rf_id, so none joined its event (nor did the tensor hand-overs between threads). Every op
+    node now has the parent and rf_id the raw JSON gives it, and joins the Kineto event of its
+    Record function id, of the same name."""
+    import subprocess
+    import sys
+
+    from perfswarm.trace.ingest import ImportOptions, import_traces
+
+    script = f"""
+import torch
+from torch.profiler import ExecutionTraceObserver, profile
+et = ExecutionTraceObserver().register_callback({str(tmp_path / "et.json")!r})
+net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+with profile(execution_trace_observer=et) as prof:
+    for _ in range(2):
+        opt.zero_grad()
+        net(torch.randn(8, 16)).sum().backward()
+        opt.step()
+prof.export_chrome_trace({str(tmp_path / "trace.json")!r})
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
+    raw = orjson.loads((tmp_path / "et.json").read_bytes())
+    assert raw["schema"].startswith("1.1")
+    attrs = {n["id"]: {a["name"]: a["value"] for a in n["attrs"]} for n in raw["nodes"]}
+    kineto = orjson.loads((tmp_path / "trace.json").read_bytes())["traceEvents"]
+    named = {e["args"]["Record function id"]: e["name"] for e in kineto
+             if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}
+    run = import_traces([tmp_path / "trace.json"], tmp_path / "r.run", ImportOptions(
+        execution_traces=(tmp_path / "et.json",)), ["t"])
+    nodes = run.table("graph_nodes").to_pydict()
+    by_id = dict(zip(nodes["node_id"], zip(nodes["parent"], nodes["rf_id"], nodes["name"],
+                                           strict=True), strict=True))
+    assert {i: (p, f) for i, (p, f, _) in by_id.items()} == {
+        n["id"]: (n["ctrl_deps"], attrs[n["id"]]["rf_id"]) for n in raw["nodes"]}
+    ops = [(f, name) for _, f, name in by_id.values() if f in named]
+    assert len(ops) > 50 and all(named[f] == name for f, name in ops)
+    events = run.table("events", columns=["rf_id"]).column("rf_id").to_pylist()
+    assert {f for f, _ in ops} <= set(events)

@@ -51,6 +51,7 @@ class ETNode(msgspec.Struct):
     rf_id: int | None = None
     tid: int = NONE
     op_schema: str = ""
+    ctrl_deps: int | None = None  # schema 1.1 (Chakra): the parent; rf_id, tid in `attrs`
     # schema 1.0.x: parallel lists; 1.1 (Chakra): {"values": [...], "shapes": ..., "types": ...}
     inputs: Any = []
     outputs: Any = []
@@ -136,7 +137,7 @@ def read(path: Path, at: Placement) -> SideTables:
     leniently mended, its warnings."""
     rank = at.rank
     trace, mended = _decode(path, read_bytes(path))
-    nodes = sorted(trace.nodes, key=lambda n: n.id)
+    nodes = sorted(map(_of_schema_1_0, trace.nodes), key=lambda n: n.id)
     parents = {n.id: n.parent for n in nodes}
     ios = [(_io(n.inputs, n.input_shapes, n.input_types),
             _io(n.outputs, n.output_shapes, n.output_types)) for n in nodes]
@@ -189,6 +190,27 @@ def read(path: Path, at: Placement) -> SideTables:
     ).cast(GRAPH_EDGES)
     return SideTables("execution_trace", graph_nodes=node_table, graph_edges=edge_table,
                       warnings={f"execution trace {w}": n for w, n in mended.items() if n})
+
+
+def _of_schema_1_0(node: ETNode) -> ETNode:
+    """A node with its parent, record function id, thread and schema where schema 1.0 puts
+    them: schema 1.1 (torch 2.2 on) writes the parent as `ctrl_deps` and the rest as `attrs`,
+    a list of {name, type, value} (read as 1.0, every node of a torch 2.13 trace had no parent
+    and no rf_id, so none joined its event)."""
+    if node.ctrl_deps is None:
+        return node
+    attrs = {a["name"]: a.get("value") for a in node.attrs or ()
+             if isinstance(a, dict) and isinstance(a.get("name"), str)}
+
+    def whole(key: str, default: int | None) -> int | None:
+        value = attrs.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    schema = attrs.get("op_schema")
+    return msgspec.structs.replace(
+        node, parent=node.ctrl_deps if node.parent == NONE else node.parent,
+        rf_id=whole("rf_id", node.rf_id), tid=whole("tid", node.tid),
+        op_schema=schema if isinstance(schema, str) and not node.op_schema else node.op_schema)
 
 
 def _ancestors(node: int, parents: dict[int, int]) -> set[int]:
