@@ -34,7 +34,8 @@ def advise_command(
                                 f": {len(report.advice)} finding(s) {over}"))
     for a in report.advice:
         gain = ("no time gain" if a.gain_ns is None else f"~{ms(a.gain_ns)}" + (
-            "" if a.gain_pct is None else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)})"))
+            "" if a.gain_pct is None
+            else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)}: {a.gain_of})"))
         console.print(Text.assemble("\n", (a.severity.upper(), _STYLE[a.severity]), " ",
                                     (a.title, "bold"), f" ({a.rule}): {gain}"))
         evidence = Table("evidence", "value", show_header=False, box=None, padding=(0, 2))

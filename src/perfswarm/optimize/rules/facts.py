@@ -186,6 +186,20 @@ class Facts:
         """Measured time summed over ranks: the denominator of every share and gain."""
         return sum(self.window(r)[2] for r in self.ranks)
 
+    @cached_property
+    def measured_as(self) -> str:
+        """What wall_ns is, in words: what a share of it is of."""
+        ranks = f", summed over {len(self.ranks)} ranks" if len(self.ranks) > 1 else ""
+        if self.steps.height:
+            return f"the profiled steps{ranks}"
+        return f"the traced span{ranks}" if self.ranks else "nothing traced"
+
+    @property
+    def at_program_speed(self) -> str:
+        """What wall_ns over the profiler's slowdown is, in words."""
+        return (f"{self.measured_as} at the program's own speed (over the profiler's slowdown "
+                f"of the steps, {self.profiler_slowdown:.2f}x)")
+
     def in_window(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Rows of `frame` that start inside their rank's window."""
         parts = []

@@ -298,7 +298,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
                   gain, model,
                   "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
                   "busy processes (top, or `perfswarm record -c system` counters): the step "
-                  "times measured here are inflated by them", of_ns=whole)
+                  "times measured here are inflated by them", of=(whole, evidence["over"]))
 
 
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
@@ -467,7 +467,8 @@ def outlier_steps(facts: Facts) -> Advice | None:
     return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
-                  "of all the steps the run timed", change, of_ns=timed)
+                  "of all the steps the run timed", change,
+                  of=(timed, "every step the run timed"))
 
 
 def _queued(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
@@ -731,18 +732,20 @@ def untraced_wait(facts: Facts) -> Advice | None:
               "where it sleeps or waits for requests, that is the program's pace; py-spy "
               "--idle shows where it waits")
     who = f"rank {rank}'s loop" if len(facts.ranks) > 1 else "the loop"
+    mine = (window, f"rank {rank}'s profiled steps" if len(facts.ranks) > 1 else
+            facts.measured_as)
     if not on_io:  # nothing says what it waits for: the program's to say
         return advice(facts, "untraced_wait", f"{who} waits outside its ops for {share:g}% "
                       "of its steps", evidence, None, "no time model: the run read nothing "
                       "from storage while the host waited on I/O, so a sleep, a lock, requests "
-                      "or a thread of its own may be what it waits for", change, of_ns=window)
+                      "or a thread of its own may be what it waits for", change, of=mine)
     return advice(facts, "untraced_wait", f"{who} waits outside its ops for {share:g}% of "
                   f"its steps, reading from storage ({read / 2**20:,.1f} MiB; the host's cores "
                   f"on I/O {io:.2f} cores' worth)", evidence,
                   min(waited, busy),
                   "prefetch model from this run's times: a thread (or DataLoader workers) that "
                   "reads the next batch while the step computes hides the wait under the "
-                  "traced work, at most the smaller of the two", change, of_ns=window)
+                  "traced work, at most the smaller of the two", change, of=mine)
 
 
 def _rank_wait(facts: Facts, traced: pl.DataFrame, rank: int

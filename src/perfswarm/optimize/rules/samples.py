@@ -109,7 +109,7 @@ def per_sample_ops(facts: Facts) -> Advice | None:
                   "torchvision.transforms.v2 on a batch, torch.vmap, vectorized environments), "
                   "or move the per-sample work into the Dataset's __getitem__ with "
                   "DataLoader(num_workers>0) so that it overlaps the step",
-                  of_ns=facts.wall_ns / slowdown)
+                  of=(facts.wall_ns / slowdown, facts.at_program_speed))
 
 
 def _median_step(step: I64, ns: I64) -> float:
