@@ -1170,6 +1170,31 @@ def test_cpu_contention_from_run_delay(tmp_path: Path) -> None:
     assert a.evidence["others_delay_cores"] == 0.8 and a.gain_ns == round(0.8 / 4 * 12_000_000)
 
 
+def test_cpu_contention_on_a_run_that_timed_no_step(tmp_path: Path) -> None:
+    """A program that only exits (exit3.run: the recorder saw no step, nothing traced) on a
+    busy machine: four readings of the sampler, the process at 0.3 of a core and 0.655 cores'
+    worth of its threads waiting on a runqueue, both cores busy, the recorder's perf and
+    py-spy starting up at 0.75 cores. It had been told "over the profiled steps" (there are
+    none), 65% of the time lost to other processes and "the step times ... inflated": the
+    time is the sampler's span (3 µs here), and of the 1.7 cores not the program's, the
+    recorder held 0.75, so the others caused 0.95 / 1.7 of the wait: 0.366 cores' worth."""
+    run = with_manifest(imported(tmp_path, "exit", _loader_steps(500, 3500)), cores=2)
+    run.write_table("events", run.table("events").slice(0, 0))
+    run.write_table("steps", run.table("steps").slice(0, 0))
+    m = run.manifest()
+    m.setdefault("extra", {})["record"] = {"start_ns": 0, "end_ns": 10_000,
+                                           "tool_cpu_ns": {"perf": 7_500}}
+    run.write_manifest(m)
+    a = shows(host.cpu_contention, _sampled(run, [0.3] * 4, 1.0, [0.655] * 4))
+    assert Facts.of(run).ranks == []
+    assert a.evidence["over"] == a.gain_of == ("the recording (the system sampler's span: no "
+                                               "step timed, nothing traced)")
+    assert a.gain_of_ns == 3000 and a.evidence["recorder_cores"] == 0.75
+    assert a.evidence["others_delay_cores"] == round(0.655 * 0.95 / 1.7, 3)
+    assert a.gain_ns == round(3000 * 0.655 * 0.95 / 1.7)
+    assert "the times measured here" in a.change and "step" not in a.change.split(": ")[-1]
+
+
 def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:
     """Steps (rank, step, start, end, source) the recorder timed, added to the Run's."""
     from perfswarm.trace.schema import STEPS

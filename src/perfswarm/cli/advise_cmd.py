@@ -29,7 +29,7 @@ def advise_command(
         print_json(report.to_dict())
         return
     over = (f"over {ms(report.measured_ns)} measured on rank(s) {list(report.ranks)}"
-            if report.ranks else "(no traced rank: gains are of the steps the run timed)")
+            if report.ranks else "(no traced rank: each gain says what it is of)")
     console.print(Text.assemble((str(report.path), "bold"),
                                 f": {len(report.advice)} finding(s) {over}"))
     for a in report.advice:

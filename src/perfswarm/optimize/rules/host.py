@@ -294,11 +294,18 @@ def cpu_contention(facts: Facts) -> Advice | None:
     if not found:
         return None
     gain, whole, evidence, model = max(found, key=lambda c: c[0] / c[1])
+    # a Run that timed no step (a program that only exits) has no step time to inflate
+    times = "step times" if facts.run_steps.height else "times"
     return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
                   gain, model,
                   "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
-                  "busy processes (top, or `perfswarm record -c system` counters): the step "
-                  "times measured here are inflated by them", of=(whole, evidence["over"]))
+                  "busy processes (top, or `perfswarm record -c system` counters): the "
+                  f"{times} measured here are inflated by them", of=(whole, evidence["over"]))
+
+
+# What a Run without events is measured over (the profiled steps' words had been said of one
+# that timed no step).
+_RECORDING = "the recording (the system sampler's span: no step timed, nothing traced)"
 
 
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
@@ -320,7 +327,8 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     free = float(np.percentile(proc, 90))
     delay = _window_counters(facts, r"^proc\.run_delay_cores$", timed)["value"].to_numpy()
     evidence: dict[str, Any] = {
-        "over": "every timed step" if timed else "the profiled steps",
+        "over": ("every timed step" if timed else facts.measured_as if facts.ranks
+                 else _RECORDING),
         "cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
         "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
         "samples": int(proc.size)}
@@ -337,15 +345,21 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
         # waiting at once lose the wall time once: over the threads that wanted a core.
         waited = float(delay.mean())
         wanted = got + waited
-        others = others_delay(got, waited, cores)
+        # the recorder's own tools held some of the cores it waited for: that part of the
+        # wait is theirs, not the machine's other processes' (perf starting up held 0.75 of
+        # 2 cores beside 0.95 of others' through a program that only exits)
+        foreign = host - got
+        others = others_delay(got, waited, cores) * (
+            max(0.0, foreign - tools) / foreign if foreign > 0 else 0.0)
         evidence["run_delay_cores"] = round(waited, 3)
         evidence["others_delay_cores"] = round(others, 3)
         gain = whole * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
         model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
-                 "runqueue for other processes (the wait beyond the cores is for each other), "
-                 "over the threads that wanted a core")
+                 "runqueue for other processes (the wait beyond the cores is for each other, "
+                 "and the recorder's tools' share of the cores it waited for is theirs), over "
+                 "the threads that wanted a core")
         if timed:
             # the steps it sat descheduled in (outlier_steps' test), their time beyond the usual
             # step, measured: a loop whose threads meet at barriers loses more than its run
