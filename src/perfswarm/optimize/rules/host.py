@@ -10,7 +10,7 @@ import numpy.typing as npt
 import polars as pl
 
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import step_batches
+from perfswarm.analyze.iterations import UNUSUAL, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
@@ -396,7 +396,7 @@ def _recorder_cores(facts: Facts) -> float:
     return sum(v for v in tools.values() if isinstance(v, int)) / (end - start)
 
 
-_OUTLIER = 2.0  # a step this many times the median step is an outlier (a validation pass every
+_OUTLIER = UNUSUAL  # a step this many times the median step is an outlier (a validation pass every
 # few steps took 2.3-2.5x one in the audited loops: 16-21% of the time, unflagged at 3x)
 
 
@@ -542,10 +542,10 @@ def _timed_steps(facts: Facts
                  ) -> tuple[pl.DataFrame, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """The steps the run timed (by rank and step), their times, and each one's usual time
     (_usual; a profiled step's times the profiler's slowdown: the profiler slows every step it
-    records), but each rank's first profiled step, which also starts the profiler and its
-    execution trace; None under five."""
-    first = facts.steps.group_by("rank").agg(pl.col("step").min())
-    steps = facts.run_steps.join(first, on=["rank", "step"], how="anti")
+    records), but a rank's first profiled step that times the profiler's start and its
+    execution trace (Facts.set_aside: the steps advice's shares leave out too); None under
+    five."""
+    steps = facts.run_steps
     if steps.height < 5:
         return None
     steps = steps.sort("rank", "step")
