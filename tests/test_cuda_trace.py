@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import statistics
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,17 @@ def test_only_device_reads_are_host_syncs(run: Run, raw: list[dict[str, Any]]) -
 
 
 def test_launch_bound_on_the_h200(run: Run, raw: list[dict[str, Any]]) -> None:
-    """nanoGPT small on an H200: 935 kernels in the 5 profiled steps, 898 under 10 µs, the
-    device busy 2.3% of the time: launch-bound, and the device idle (a larger batch pays
-    about as much as a CUDA graph: the host's time per sample halves either way)."""
+    """nanoGPT small on an H200: 748 kernels in the 4 usual profiled steps, 719 under 10 µs,
+    the device busy 2.3% of the time: launch-bound, and the device idle (a larger batch pays
+    about as much as a CUDA graph: the host's time per sample halves either way). The first
+    profiled step, over twice the others, starts the profiler: advice measures the other four
+    (it had counted 935 kernels, 898 small, in all five)."""
     from perfswarm.optimize.advise import advise
 
     steps = markers(raw)
+    durations = [us(e["dur"]) for e in steps]
+    assert durations[0] > 2 * statistics.median(durations[1:])  # the profiler's start
+    steps = steps[1:]
     lo, hi = min(us(e["ts"]) for e in steps), max(us(e["ts"]) + us(e["dur"]) for e in steps)
     kernels = [e for e in raw if e["cat"] == "kernel" and lo <= us(e["ts"]) < hi]
     found = {a.rule: a for a in advise(run).advice}
@@ -153,8 +159,9 @@ def test_launch_bound_on_the_h200(run: Run, raw: list[dict[str, Any]]) -> None:
     bound = found["launch_bound"]
     assert bound.title == "many small kernels: launch overhead dominates"
     assert (bound.evidence["kernels"], bound.evidence["small_kernels"]) == (
-        len(kernels), sum(us(e["dur"]) < 10 for e in kernels)) == (935, 898)
-    assert bound.evidence["host_per_kernel_ns"] > 20 * bound.evidence["kernel_mean_ns"]
+        len(kernels), sum(us(e["dur"]) < 10 for e in kernels)) == (748, 719)
+    # 50.5 µs of host a kernel of 3.4 µs (76.8 µs had counted the profiler's start's host work)
+    assert bound.evidence["host_per_kernel_ns"] > 10 * bound.evidence["kernel_mean_ns"]
 
 
 def test_predict_reads_typical_times_off_two_steady_steps(tmp_path: Path) -> None:

@@ -152,7 +152,7 @@ PREDICTION_TABLES = {"steps": _at("steps", columns="rank:i64 step:i64 measured_n
                                   "breakdown_ns:nested")}
 ADVICE_TABLES = {"advice": _at("advice", columns="rule:str title:str severity:str "
                                "evidence:nested gain_ns:i64 gain_pct:f64 gain_of_ns:i64 "
-                               "gain_basis:str change:str")}
+                               "gain_of:str gain_basis:str change:str")}
 PROJECTION_TABLES = {
     "points": _at("points", columns="devices:i64 step_ms:f64 compute_ms:f64 comm_ms:f64 "
                   "exposed_comm_ms:f64 efficiency:f64 throughput_per_s:f64"),

@@ -67,6 +67,27 @@ def profiled(steps: pa.Table) -> pa.Table:
     return steps.filter(pc.equal(steps.column("source").cast(pa.string()), PROFILED))
 
 
+UNUSUAL: Final = 2.0  # a step over this many times the usual one is not a usual step
+
+
+def profiler_start(steps: pa.Table) -> set[tuple[int, int]]:
+    """(rank, step) of each rank's first profiled step where it takes over UNUSUAL times the
+    median of the rank's other profiled steps: it starts the profiler (kineto's buffers, the
+    recorder's execution trace observer, which runs in it alone: an Adam loop's 146 ms among
+    profiled steps of 27-30 ms), and times that, not the program. One definition for what
+    advice measures its shares over and for the steps outlier_steps weighs: both leave it
+    out; a first step as usual as the others stays."""
+    out = set()
+    for rank, rows in itertools.groupby(sorted(
+            (r["rank"], r["step"], r["end"] - r["start"]) for r in profiled(steps).select(
+                ["rank", "step", "start", "end"]).to_pylist()), key=lambda r: r[0]):
+        durations = [(step, dur) for _, step, dur in rows]
+        if len(durations) >= 2 and durations[0][1] > UNUSUAL * float(
+                np.median([dur for _, dur in durations[1:]])):
+            out.add((int(rank), int(durations[0][0])))
+    return out
+
+
 UNPROFILED: Final = "detected"  # a steps table's rows the recorder's hooks timed outside its window
 MIN_AFTER = 3  # steps after the window that time the program, warmed up and unprofiled
 SHIFT = 0.1  # steps after the window and before it differing by more: said, both shown

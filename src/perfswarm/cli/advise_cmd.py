@@ -29,12 +29,13 @@ def advise_command(
         print_json(report.to_dict())
         return
     over = (f"over {ms(report.measured_ns)} measured on rank(s) {list(report.ranks)}"
-            if report.ranks else "(no traced rank: gains are of the steps the run timed)")
+            if report.ranks else "(no traced rank: each gain says what it is of)")
     console.print(Text.assemble((str(report.path), "bold"),
                                 f": {len(report.advice)} finding(s) {over}"))
     for a in report.advice:
         gain = ("no time gain" if a.gain_ns is None else f"~{ms(a.gain_ns)}" + (
-            "" if a.gain_pct is None else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)})"))
+            "" if a.gain_pct is None
+            else f" ({a.gain_pct:.2f}% of {ms(a.gain_of_ns)}: {a.gain_of})"))
         console.print(Text.assemble("\n", (a.severity.upper(), _STYLE[a.severity]), " ",
                                     (a.title, "bold"), f" ({a.rule}): {gain}"))
         evidence = Table("evidence", "value", show_header=False, box=None, padding=(0, 2))

@@ -70,8 +70,8 @@ def demo_command(
     steps_found = {r: len(s) for r, s in analysis.iterations.steps.items()}
     console.print(f"iterations: {steps_found} ({analysis.iterations.used or 'none found'})")
     for item in data["advice"][:5]:
-        gain = ("" if item["gain_ns"] is None
-                else f": gain {ms(item['gain_ns'])} ({item['gain_pct']:.1f}%)")
+        gain = ("" if item["gain_ns"] is None else f": gain {ms(item['gain_ns'])}" + (
+            "" if item["gain_pct"] is None else f" ({item['gain_pct']:.1f}% of {item['gain_of']})"))
         console.print(f"  advice [{item['severity']}] {item['title']}{gain}")
     console.print(f"report: {report}")
     return result.exit_code

@@ -5,13 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from perfswarm.optimize.rules import conv_fusion, device, distributed, host, optimizer, samples
+from perfswarm.optimize.rules import (
+    conv_fusion,
+    device,
+    distributed,
+    host,
+    loader,
+    optimizer,
+    samples,
+)
 from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.store import Run
 
 RULES: tuple[Rule, ...] = (
-    host.data_loading,
+    loader.data_loading,
     host.pageable_h2d,
     device.launch_bound,
     host.host_syncs,
@@ -27,7 +35,7 @@ RULES: tuple[Rule, ...] = (
     host.untraced_python,
     samples.per_sample_ops,
     host.untraced_wait,
-    host.loader_oversubscription,
+    loader.loader_oversubscription,
     distributed.communication_bound,
     distributed.stragglers,
     distributed.ring_order,

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import polars as pl
 
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import step_batches
+from perfswarm.analyze.iterations import UNUSUAL, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
@@ -35,17 +35,12 @@ def _torchrun(command: list[str]) -> bool:
     return False
 
 
-def spare_cores(cores: int) -> int:
-    """The cores a host has for DataLoader workers: all but the training process's (one)."""
-    return max(1, cores - 1)
-
-
 def _cores(facts: Facts) -> int:
     """The recording host's cores (the sampler's rules run on recorded Runs, which know)."""
-    return _known_cores(facts) or 1
+    return known_cores(facts) or 1
 
 
-def _known_cores(facts: Facts) -> int | None:
+def known_cores(facts: Facts) -> int | None:
     """The recording host's cores; None for an imported trace, which does not say (the
     importing machine's had been taken: the same trace advised up to 2 or 64 cores)."""
     cores = facts.manifest["host"].get("cores")
@@ -54,9 +49,6 @@ def _known_cores(facts: Facts) -> int | None:
 
 def pageable_copies(facts: Facts) -> pl.DataFrame:
     return facts.in_window(facts.named(_PAGEABLE_H2D, "memcpy"))
-
-
-_WAITING = 0.5  # a loader whose threads ran on a CPU under this share of its time waits (I/O)
 
 
 def on_cpu_share(facts: Facts, spans: pl.DataFrame) -> float | None:
@@ -89,74 +81,6 @@ def _samples_in(ts: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
                 hi: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """How many of the sorted sample times `ts` fall in each [lo, hi)."""
     return np.searchsorted(ts, hi) - np.searchsorted(ts, lo)
-
-
-def data_loading(facts: Facts) -> Advice | None:
-    """Steps wait on `enumerate(DataLoader)`: the input pipeline runs serially with compute."""
-    loads = facts.loader_calls
-    if loads.height == 0:
-        return None
-    load_ns = sum(facts.busy_ns(loads).values())
-    share = pct(load_ns, facts.wall_ns)
-    if share < 10:
-        return None
-    single = bool(loads["name"].str.contains("SingleProcess").any())
-    cores = _known_cores(facts)
-    compute_ns = facts.wall_ns - load_ns
-    # A loader that mostly waits (reads, sleeps: perf saw its thread on a CPU under half its
-    # time) is not bound by the cores: enough workers overlap its waits with the compute
-    # (each takes load / compute of a step's time per batch, one more keeps one ahead); so
-    # many where the host's cores are unknown (an imported trace)
-    on_cpu = on_cpu_share(facts, loads)
-    waiting = on_cpu is not None and on_cpu < _WAITING
-    overlap = -(-load_ns // max(compute_ns, 1)) + 1
-    workers = (min(8, overlap) if cores is None else
-               min(8, max(spare_cores(cores), overlap)) if waiting else spare_cores(cores))
-    # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
-    pin = ", pin_memory=True" if facts.device_events.height else ""
-    if single:
-        # W workers produce batches W at a time in the background: a step takes
-        # max(compute, load / W) instead of compute + load; without a device all of it is CPU
-        # work, which the cores bound too.
-        cpu_bound = not (facts.device_events.height or waiting) and cores is not None
-        bound = (compute_ns + load_ns) / (cores or 1) if cpu_bound else 0.0
-        gain = facts.wall_ns - max(compute_ns, load_ns / workers, bound)
-        if gain <= 0:
-            return None
-        basis = (f"pipeline model: step = max(compute, load / {workers} workers"
-                 f"{f', all the CPU work / {cores} cores' if cpu_bound else ''}"
-                 ") instead of compute + load"
-                 + ("; the recording host's cores are not in the trace: not bounded by them"
-                    if cores is None else "")
-                 + (f"; the loader waits (perf saw it on a CPU {100 * (on_cpu or 0):.0f}% of "
-                    "its time): workers beyond the cores overlap its waits" if waiting else ""))
-        change = (f"DataLoader(num_workers={workers}{pin}, prefetch_factor=4, "
-                  "persistent_workers=True)")
-    elif cores is not None and not waiting and _workers_per_rank(facts) >= spare_cores(cores):
-        # the workers already hold every spare core: more of them share the same cores (the
-        # doubling model had claimed all of a 2-worker loader's wait on 2 cores)
-        gain, basis = None, (f"none: {_workers_per_rank(facts):g} workers a rank already hold "
-                             f"the {spare_cores(cores)} spare core(s) of {cores}; more would "
-                             "share them")
-        change = ("make each sample cheaper to produce (decode or augment less, cache decoded "
-                  "samples, batch the augmentation), or produce the data on more cores or "
-                  "ahead of the run")
-    else:
-        # W workers take P to make a batch each: a step takes max(compute, P / W), so the
-        # wait is P / W - compute; 2W workers leave max(0, (P / W) / 2 - compute) of it.
-        gain = load_ns - max(0.0, (load_ns - compute_ns) / 2)
-        basis = ("pipeline model: the workers now make a batch in compute + wait; twice as "
-                 "many make it in half that, and a step waits only for what exceeds its compute")
-        most = f"{cores} cores" if cores else "the host's cores"
-        change = (f"raise DataLoader num_workers (2x, up to {most}) and "
-                  f"prefetch_factor (4){pin.replace(',', ';')}; move per-sample decoding out of "
-                  "the training process")
-    evidence = {"loader_calls": loads.height, "loader_ns": load_ns, "loader_share_pct": share,
-                "single_process": single, "pageable_h2d_copies": pageable_copies(facts).height,
-                "cores": cores,
-                "loader_on_cpu_pct": None if on_cpu is None else round(100 * on_cpu, 1)}
-    return advice(facts, "data_loading", "training waits for the DataLoader", evidence, gain,
-                  basis, change)
 
 
 def pageable_h2d(facts: Facts) -> Advice | None:
@@ -294,11 +218,18 @@ def cpu_contention(facts: Facts) -> Advice | None:
     if not found:
         return None
     gain, whole, evidence, model = max(found, key=lambda c: c[0] / c[1])
+    # a Run that timed no step (a program that only exits) has no step time to inflate
+    times = "step times" if facts.run_steps.height else "times"
     return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
                   gain, model,
                   "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
-                  "busy processes (top, or `perfswarm record -c system` counters): the step "
-                  "times measured here are inflated by them", of_ns=whole)
+                  "busy processes (top, or `perfswarm record -c system` counters): the "
+                  f"{times} measured here are inflated by them", of=(whole, evidence["over"]))
+
+
+# What a Run without events is measured over (the profiled steps' words had been said of one
+# that timed no step).
+_RECORDING = "the recording (the system sampler's span: no step timed, nothing traced)"
 
 
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
@@ -320,7 +251,8 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     free = float(np.percentile(proc, 90))
     delay = _window_counters(facts, r"^proc\.run_delay_cores$", timed)["value"].to_numpy()
     evidence: dict[str, Any] = {
-        "over": "every timed step" if timed else "the profiled steps",
+        "over": ("every timed step" if timed else facts.measured_as if facts.ranks
+                 else _RECORDING),
         "cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
         "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
         "samples": int(proc.size)}
@@ -337,15 +269,21 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
         # waiting at once lose the wall time once: over the threads that wanted a core.
         waited = float(delay.mean())
         wanted = got + waited
-        others = others_delay(got, waited, cores)
+        # the recorder's own tools held some of the cores it waited for: that part of the
+        # wait is theirs, not the machine's other processes' (perf starting up held 0.75 of
+        # 2 cores beside 0.95 of others' through a program that only exits)
+        foreign = host - got
+        others = others_delay(got, waited, cores) * (
+            max(0.0, foreign - tools) / foreign if foreign > 0 else 0.0)
         evidence["run_delay_cores"] = round(waited, 3)
         evidence["others_delay_cores"] = round(others, 3)
         gain = whole * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
         model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
-                 "runqueue for other processes (the wait beyond the cores is for each other), "
-                 "over the threads that wanted a core")
+                 "runqueue for other processes (the wait beyond the cores is for each other, "
+                 "and the recorder's tools' share of the cores it waited for is theirs), over "
+                 "the threads that wanted a core")
         if timed:
             # the steps it sat descheduled in (outlier_steps' test), their time beyond the usual
             # step, measured: a loop whose threads meet at barriers loses more than its run
@@ -382,7 +320,7 @@ def _recorder_cores(facts: Facts) -> float:
     return sum(v for v in tools.values() if isinstance(v, int)) / (end - start)
 
 
-_OUTLIER = 2.0  # a step this many times the median step is an outlier (a validation pass every
+_OUTLIER = UNUSUAL  # a step this many times the median step is an outlier (a validation pass every
 # few steps took 2.3-2.5x one in the audited loops: 16-21% of the time, unflagged at 3x)
 
 
@@ -467,7 +405,8 @@ def outlier_steps(facts: Facts) -> Advice | None:
     return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
-                  "of all the steps the run timed", change, of_ns=timed)
+                  "of all the steps the run timed", change,
+                  of=(timed, "every step the run timed"))
 
 
 def _queued(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
@@ -527,10 +466,10 @@ def _timed_steps(facts: Facts
                  ) -> tuple[pl.DataFrame, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """The steps the run timed (by rank and step), their times, and each one's usual time
     (_usual; a profiled step's times the profiler's slowdown: the profiler slows every step it
-    records), but each rank's first profiled step, which also starts the profiler and its
-    execution trace; None under five."""
-    first = facts.steps.group_by("rank").agg(pl.col("step").min())
-    steps = facts.run_steps.join(first, on=["rank", "step"], how="anti")
+    records), but a rank's first profiled step that times the profiler's start and its
+    execution trace (Facts.set_aside: the steps advice's shares leave out too); None under
+    five."""
+    steps = facts.run_steps
     if steps.height < 5:
         return None
     steps = steps.sort("rank", "step")
@@ -731,18 +670,20 @@ def untraced_wait(facts: Facts) -> Advice | None:
               "where it sleeps or waits for requests, that is the program's pace; py-spy "
               "--idle shows where it waits")
     who = f"rank {rank}'s loop" if len(facts.ranks) > 1 else "the loop"
+    mine = (window, f"rank {rank}'s profiled steps" if len(facts.ranks) > 1 else
+            facts.measured_as)
     if not on_io:  # nothing says what it waits for: the program's to say
         return advice(facts, "untraced_wait", f"{who} waits outside its ops for {share:g}% "
                       "of its steps", evidence, None, "no time model: the run read nothing "
                       "from storage while the host waited on I/O, so a sleep, a lock, requests "
-                      "or a thread of its own may be what it waits for", change, of_ns=window)
+                      "or a thread of its own may be what it waits for", change, of=mine)
     return advice(facts, "untraced_wait", f"{who} waits outside its ops for {share:g}% of "
                   f"its steps, reading from storage ({read / 2**20:,.1f} MiB; the host's cores "
                   f"on I/O {io:.2f} cores' worth)", evidence,
                   min(waited, busy),
                   "prefetch model from this run's times: a thread (or DataLoader workers) that "
                   "reads the next batch while the step computes hides the wait under the "
-                  "traced work, at most the smaller of the two", change, of_ns=window)
+                  "traced work, at most the smaller of the two", change, of=mine)
 
 
 def _rank_wait(facts: Facts, traced: pl.DataFrame, rank: int
@@ -796,31 +737,3 @@ def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
 
     within = traced.filter(pl.col("dur") > 0)
     return round((inside(marks) - (inside(within) if within.height else 0)) * 1e9 / float(hz))
-
-
-def _workers_per_rank(facts: Facts) -> float:
-    """DataLoader worker processes a rank, from their traced fetches."""
-    fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
-    return fetches.select("rank", "pid").unique().height / max(1, len(facts.ranks))
-
-
-def loader_oversubscription(facts: Facts) -> Advice | None:
-    """More DataLoader worker processes than cores: workers and training share the cores."""
-    fetches = facts.named(r"^DataLoader worker fetch$", "user_annotation")
-    cores = _known_cores(facts)
-    if cores is None:
-        return None
-    workers = fetches.select("rank", "pid").unique().height
-    per_rank = _workers_per_rank(facts)
-    if per_rank <= spare_cores(cores) or workers == 0:
-        return None
-    on_cpu = on_cpu_share(facts, fetches)
-    if on_cpu is not None and on_cpu < _WAITING:  # workers that mostly wait share no core
-        return None
-    evidence = {"cores": cores, "workers": workers, "ranks": len(facts.ranks)}
-    best = spare_cores(cores)
-    return advice(facts, "loader_oversubscription", "more DataLoader workers than spare cores",
-                  evidence, None, "no time model: the workers' CPU time is spread over fewer "
-                  "cores than processes, and the training process waits behind them",
-                  f"DataLoader(num_workers={best}) (cores - 1: one core for the training "
-                  "process)")

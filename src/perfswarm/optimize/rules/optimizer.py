@@ -115,7 +115,7 @@ def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advi
                   "optimizer's calls, median in the window / median the recorder timed outside "
                   "it, else of the step); the step's own Python stays",
                   f"torch.optim.{optimizer}(..., fused=True){need}",
-                  of_ns=facts.wall_ns / facts.profiler_slowdown)
+                  of=(facts.wall_ns / facts.profiler_slowdown, facts.at_program_speed))
 
 
 def _typical_calls_ns(calls: pl.DataFrame, top: pl.DataFrame) -> int:

@@ -44,7 +44,9 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     if rates is None or not rates["same_batch"] or rates["samples_per_step"] is None:
         return None
     batch, rank = rates["samples_per_step"], int(rates["rank"])
-    loop, steps = facts.loop_threads.get(rank), len(windows.get(rank, ()))
+    # the steps advice measures: a first one that times the profiler's start aside
+    usual = [w for w in windows.get(rank, ()) if (rank, w.step) not in facts.set_aside]
+    loop, steps = facts.loop_threads.get(rank), len(usual)
     if batch < _MIN_SAMPLES or batch != int(batch) or loop is None or steps == 0:
         return None
     ops = facts.in_window(facts.kind("cpu_op")).filter(
@@ -81,7 +83,7 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     # usual one
     typical = _median_step(step_of[mine], ns[mine])
     python = _median_step(step_of[between], gaps)
-    if typical + python < _MIN_SHARE * float(np.median([w.end - w.start for w in windows[rank]])):
+    if typical + python < _MIN_SHARE * float(np.median([w.end - w.start for w in usual])):
         return None
     found.sort(reverse=True)
     slowdown = facts.profiler_slowdown
@@ -109,7 +111,7 @@ def per_sample_ops(facts: Facts) -> Advice | None:
                   "torchvision.transforms.v2 on a batch, torch.vmap, vectorized environments), "
                   "or move the per-sample work into the Dataset's __getitem__ with "
                   "DataLoader(num_workers>0) so that it overlaps the step",
-                  of_ns=facts.wall_ns / slowdown)
+                  of=(facts.wall_ns / slowdown, facts.at_program_speed))
 
 
 def _median_step(step: I64, ns: I64) -> float:

@@ -1,0 +1,241 @@
+"""Rules about the DataLoader: training that waits for its batches, and more worker processes
+than the cores can keep busy. Both read one pipeline model (LoaderPlan), so that they agree on
+how many cores the loader has and how many workers fill them.
+
+Worker processes make batches beside the training process, on the same cores: the training
+process waiting on their queue says they are behind, not that they wait themselves; what they
+cost is their own fetches' time and CPU (perf's samples of them). A 2-core host running an
+expensive `__getitem__` (45.5 ms a step with no worker) took 43 ms with 1 worker, 23.7 with 2,
+and no less with 4: the advice had said 1 worker (one core kept for training) for 9%, and on
+the 2-worker run "double the workers" for 50% beside "1 worker" for oversubscription.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfswarm.optimize.rules.base import Advice, advice, pct
+from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.host import known_cores, on_cpu_share, pageable_copies
+
+_FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (recorder/inject)
+_WAITING = 0.5  # a loader on a CPU under this share of the time it can have there waits (I/O)
+_MAX_WORKERS = 8  # the most workers advised
+_SHARE = 10.0  # % of the measured time the training process waits for batches: a finding
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """A Run's input pipeline, a step at a time (averaged over its ranks' measured steps).
+
+    With W worker processes a step takes max(compute, batches x latency / W, all the CPU work /
+    cores): the training process's own time, the workers making its batches W at a time, and
+    the cores they all share (the training process's time is counted as CPU time: at most
+    that). Without workers it takes compute + the wait. `latency` is a batch's time on one
+    worker: its CPU time, where the loader computes (its time off a CPU is a wait for a core,
+    which the CPU term prices), else its whole time (reads, sleeps), which workers overlap."""
+
+    step_ns: float  # measured
+    wait_ns: float  # the training process's wait for its batches (enumerate(DataLoader))
+    batches: float  # batches a step
+    workers: float  # worker processes a rank now (traced fetches; 0: loading in the process)
+    batch_ns: float | None  # one batch's making, start to end; None: its workers untraced
+    batch_cpu_ns: float | None  # its CPU time (perf), else its whole time
+    on_cpu: float | None  # perf's share of the loader's time on a CPU (None: no perf)
+    cores: float | None  # the host's cores a rank (None: an imported trace's unknown host)
+
+    @property
+    def compute_ns(self) -> float:
+        """The training process's own time a step: its time not waiting for a batch."""
+        return self.step_ns - self.wait_ns
+
+    @property
+    def core_share(self) -> float:
+        """The share of a core each worker can have: the cores the rank's training process
+        leaves (its own time a step as CPU time), over its workers; 1 without workers, or
+        without the cores."""
+        if self.workers <= 0 or self.cores is None:
+            return 1.0
+        return min(1.0, max(0.0, self.cores - self.compute_ns / self.step_ns) / self.workers)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the loader mostly waits (reads, sleeps): perf saw it on a CPU under half
+        the share of a core it can have (4 workers on 2 cores ran 42% of their fetches'
+        time, as much as the cores let them: they computed)."""
+        return self.on_cpu is not None and self.on_cpu < _WAITING * self.core_share
+
+    @property
+    def latency_ns(self) -> float:
+        assert self.batch_ns is not None and self.batch_cpu_ns is not None
+        return self.batch_ns if self.waiting else self.batch_cpu_ns
+
+    @property
+    def cpu_bound_ns(self) -> float:
+        """All the CPU work of a step over the cores (0 where they are unknown)."""
+        assert self.batch_cpu_ns is not None
+        if self.cores is None:
+            return 0.0
+        return (self.batches * self.batch_cpu_ns + self.compute_ns) / self.cores
+
+    def step_with(self, workers: float) -> float:
+        """The modelled step with `workers` workers (0: the measured step)."""
+        if workers <= 0:
+            return self.step_ns
+        return max(self.compute_ns, self.batches * self.latency_ns / workers, self.cpu_bound_ns)
+
+    @property
+    def floor_ns(self) -> float:
+        """The step with as many workers as it takes: the training process's own time, or
+        the cores' bound."""
+        return max(self.compute_ns, self.cpu_bound_ns)
+
+    @property
+    def best(self) -> int:
+        """The fewest workers that reach floor_ns (at most _MAX_WORKERS): more share the same
+        cores (a 2-core host ran 4 workers no faster than 2)."""
+        floor = self.floor_ns
+        need = math.ceil(self.batches * self.latency_ns / floor - 1e-9) if floor > 0 else 1
+        return max(1, min(_MAX_WORKERS, need))
+
+    @property
+    def loader_cores(self) -> float | None:
+        """The cores a rank's loader has: the rank's less the training process's share of the
+        step it would take with enough workers (it waits, or computes, the rest of it)."""
+        if self.cores is None:
+            return None
+        floor = self.floor_ns
+        return self.cores - (self.compute_ns / floor if floor > 0 else 1.0)
+
+
+def _workers_per_rank(facts: Facts) -> float:
+    """DataLoader worker processes a rank, from their traced fetches."""
+    fetches = facts.named(_FETCH, "user_annotation")
+    return fetches.select("rank", "pid").unique().height / max(1, len(facts.ranks))
+
+
+def loader_plan(facts: Facts) -> LoaderPlan | None:
+    """The Run's LoaderPlan; None without measured steps or traced loading (neither a wait
+    for a batch nor a worker's fetch)."""
+    loads = facts.loader_calls
+    fetches = facts.named(_FETCH, "user_annotation")
+    steps = facts.step_count()
+    if steps == 0 or facts.wall_ns <= 0 or loads.height + fetches.height == 0:
+        return None
+    wait = sum(facts.busy_ns(loads).values()) if loads.height else 0
+    workers = _workers_per_rank(facts)
+    single = workers == 0 and loads.height > 0 and bool(
+        loads["name"].str.contains("SingleProcess").any())
+    if single:  # the training process makes each batch in its wait for it
+        made = loads
+    else:  # the workers' fetches in the window (all of them where none starts in it)
+        inside = facts.in_window(fetches)
+        made = inside if inside.height else fetches
+    batch_ns = float(made["dur"].mean()) if made.height else None  # type: ignore[arg-type]
+    on_cpu = on_cpu_share(facts, made) if made.height else None
+    cores = known_cores(facts)
+    return LoaderPlan(
+        step_ns=facts.wall_ns / steps, wait_ns=wait / steps,
+        batches=(loads.height or made.height) / steps, workers=workers, batch_ns=batch_ns,
+        batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
+        on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)))
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.2f} ms"
+
+
+def data_loading(facts: Facts) -> Advice | None:
+    """Steps wait on `enumerate(DataLoader)`: the input pipeline holds up the training."""
+    plan = loader_plan(facts)
+    loads = facts.loader_calls
+    if plan is None or loads.height == 0:
+        return None
+    share = pct(plan.wait_ns, plan.step_ns)
+    if share < _SHARE:
+        return None
+    steps = facts.step_count()
+    single = plan.workers == 0 and plan.batch_ns is not None
+    evidence = {"loader_calls": loads.height, "loader_ns": sum(facts.busy_ns(loads).values()),
+                "loader_share_pct": share, "single_process": single,
+                "pageable_h2d_copies": pageable_copies(facts).height,
+                "cores": known_cores(facts), "workers": round(plan.workers, 2),
+                "batch_ns": None if plan.batch_ns is None else round(plan.batch_ns),
+                "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
+                "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1)}
+    # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
+    pin = ", pin_memory=True" if facts.device_events.height else ""
+    title = "training waits for the DataLoader"
+    if plan.batch_ns is None:
+        # workers whose fetches were not traced: how long they take and what they cost is
+        # unknown; they make a batch in a step (compute + wait), twice as many in half that
+        compute, wait = plan.compute_ns * steps, plan.wait_ns * steps
+        most = f"{known_cores(facts)} cores" if known_cores(facts) else "the host's cores"
+        return advice(facts, "data_loading", title, evidence,
+                      wait - max(0.0, (wait - compute) / 2),
+                      "pipeline model, the workers untraced: they now make a batch in compute "
+                      "+ wait; twice as many make it in half that (the cores they share not "
+                      "counted), and a step waits only for what exceeds its compute",
+                      f"raise DataLoader num_workers (2x, up to {most}) and prefetch_factor "
+                      f"(4){pin.replace(',', ';')}; move per-sample decoding out of the "
+                      "training process")
+    best, now = plan.best, plan.step_with(plan.workers)
+    then = plan.step_with(best)
+    gain = min(plan.wait_ns, now - then) if best > plan.workers else 0.0
+    cores = "" if plan.cores is None else f", all the CPU work / {plan.cores:g} cores"
+    model = (f"pipeline model: a step takes max(its own {_ms(plan.compute_ns)}, "
+             f"{plan.batches:g} x {_ms(plan.latency_ns)} a batch / workers{cores}) with "
+             f"workers, its own time + the wait without; now {_ms(now)}"
+             + (f" (measured {_ms(plan.step_ns)})" if plan.workers else "")
+             + (f", with {best} {_ms(then)}" if gain > 0 else "")
+             + ("; the recording host's cores are not in the trace: not bounded by them"
+                if plan.cores is None else "")
+             + (f"; the loader waits (perf saw it on a CPU {100 * (plan.on_cpu or 0):.0f}% of "
+                "its time): workers beyond the cores overlap its waits" if plan.waiting else ""))
+    if gain > 0:
+        return advice(facts, "data_loading", title, evidence, gain * steps, model,
+                      f"DataLoader(num_workers={best}{pin}, prefetch_factor=4, "
+                      "persistent_workers=True)")
+    if single:
+        return None  # one core: the loading would only move to another process
+    if plan.cpu_bound_ns >= max(plan.compute_ns, plan.batches * plan.latency_ns / plan.workers):
+        basis = (f"none: {plan.workers:g} workers a rank and the training process need all "
+                 f"of the {plan.cores:g} cores a rank has ({model}); more workers would share "
+                 "them")
+        change = ("make each sample cheaper to produce (decode or augment less, cache decoded "
+                  "samples, batch the augmentation), or produce the data on more cores or "
+                  "ahead of the run")
+    else:
+        basis = (f"none: the {plan.workers:g} workers keep up ({model}); the wait is the "
+                 "batches' way to the training process, not their making")
+        change = ("find where the training process waits for its batch beside the workers: "
+                  "the batch's transfer from them (share memory: tensors, not Python objects; "
+                  "smaller dtypes), a collate_fn or pin_memory's thread (py-spy of the "
+                  "training process)")
+    return advice(facts, "data_loading", title, evidence, None, basis, change)
+
+
+def loader_oversubscription(facts: Facts) -> Advice | None:
+    """More DataLoader workers a rank than the cores its loader has (LoaderPlan.loader_cores:
+    the rank's cores less the training process's share): they share those cores, and
+    data_loading's model gains nothing from them."""
+    plan = loader_plan(facts)
+    lc = None if plan is None else plan.loader_cores
+    if plan is None or lc is None or plan.workers == 0 or plan.batch_ns is None:
+        return None
+    if plan.waiting:  # workers that mostly wait share no core
+        return None
+    if plan.workers <= math.ceil(lc - 1e-9):
+        return None
+    fetches = facts.named(_FETCH, "user_annotation")
+    evidence = {"cores": known_cores(facts), "workers": fetches.select("rank", "pid").unique()
+                .height, "ranks": len(facts.ranks), "loader_cores": round(lc, 2),
+                "batch_cpu_ns": round(plan.batch_cpu_ns or 0)}
+    return advice(facts, "loader_oversubscription",
+                  "more DataLoader workers than the cores can keep busy", evidence, None,
+                  f"no time model: {plan.workers:g} workers a rank share the {lc:.2f} cores "
+                  f"its loader has (the {plan.cores:g} a rank less the training process's "
+                  f"{_ms(plan.compute_ns)} of a {_ms(plan.floor_ns)} step); "
+                  f"{plan.best} make its batches as fast (data_loading's model)",
+                  f"DataLoader(num_workers={plan.best})")
