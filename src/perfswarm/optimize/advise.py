@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from perfswarm.optimize.rules import conv_fusion, device, distributed, host, optimizer, samples
+from perfswarm.optimize.rules import (
+    conv_fusion,
+    device,
+    distributed,
+    host,
+    optimizer,
+    precision,
+    samples,
+)
 from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.store import Run
@@ -17,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     host.host_syncs,
     device.low_utilization,
     device.fp32_gemm,
+    precision.float64_ops,
     device.fusion,
     conv_fusion.conv_fusion,
     optimizer.single_tensor_optimizer,
