@@ -15,6 +15,7 @@ from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.threads import fewer_threads
 from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
@@ -294,11 +295,16 @@ def cpu_contention(facts: Facts) -> Advice | None:
     if not found:
         return None
     gain, whole, evidence, model = max(found, key=lambda c: c[0] / c[1])
-    return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
-                  gain, model,
-                  "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
-                  "busy processes (top, or `perfswarm record -c system` counters): the step "
-                  "times measured here are inflated by them", of_ns=whole)
+    title, change = "other processes took most of the CPU", (
+        "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
+        "busy processes (top, or `perfswarm record -c system` counters): the step "
+        "times measured here are inflated by them")
+    fewer = fewer_threads(facts, evidence)  # more intra-op threads than the cores left free
+    if fewer is not None:
+        evidence = {**evidence, **fewer.evidence()}
+        title += f", and its {fewer.threads} intra-op threads wait for each other"
+        change = f"{fewer.change()}; or {change}"
+    return advice(facts, "cpu_contention", title, evidence, gain, model, change, of_ns=whole)
 
 
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
