@@ -70,8 +70,18 @@ def test_fewer_intra_op_threads_on_a_busy_host(tmp_path: Path) -> None:
                                f"OMP_NUM_THREADS={n} MKL_NUM_THREADS={n}")
     assert "or run on an idle machine" in a.change
     assert f"its {cores} intra-op threads wait for each other" in a.title
-    # the same loop at one thread a process has none fewer to run: the idle machine alone
+    # run with 4 threads a core, thread_oversubscription says the same number, not cores /
+    # processes (thr.py's 8 threads on 2 busy cores: 66-80 ms a step, 2 threads 56-210, 1
+    # thread 16-26)
     m = run.manifest()
+    m["extra"]["record"]["threads"] = [4 * cores]
+    run.write_manifest(m)
+    over = host.thread_oversubscription(Facts.of(run))
+    assert over is not None and over.evidence["free_cores"] == e["free_cores"]
+    assert over.change.startswith(f"OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} (the ")
+    again = host.cpu_contention(Facts.of(run))
+    assert again is not None and again.evidence["advised_threads"] == n
+    # the same loop at one thread a process has none fewer to run: the idle machine alone
     m["extra"]["record"]["threads"] = [1]
     run.write_manifest(m)
     one = host.cpu_contention(Facts.of(run))
