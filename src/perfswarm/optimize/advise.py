@@ -12,6 +12,7 @@ from perfswarm.optimize.rules import (
     host,
     loader,
     optimizer,
+    precision,
     samples,
 )
 from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
@@ -25,6 +26,7 @@ RULES: tuple[Rule, ...] = (
     host.host_syncs,
     device.low_utilization,
     device.fp32_gemm,
+    precision.float64_ops,
     device.fusion,
     conv_fusion.conv_fusion,
     optimizer.single_tensor_optimizer,

@@ -15,6 +15,7 @@ from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.threads import fewer_threads
 from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
@@ -169,12 +170,20 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
     host_ns = sum(facts.busy_ns(facts.in_window(facts.kind("cpu_op"))).values())
     evidence = {"cores": cores, "processes": procs, "threads_per_process": per_proc,
                 "threads": threads, "source": source}
-    best = max(1, cores // procs)
+    best, why = max(1, cores // procs), "cores / processes"
+    # other processes holding the cores leave fewer free: cpu_contention's number, the same
+    # (8 threads on 2 busy cores took 66-80 ms a step, 2 threads 56-210, 1 thread 16-26)
+    contended = _contended(facts)
+    fewer = fewer_threads(facts, contended[2]) if contended is not None else None
+    if fewer is not None and fewer.advised < best:
+        best, why = fewer.advised, (f"the {fewer.free_cores:.2f} cores other processes left "
+                                    "free / processes, as cpu_contention says")
+        evidence["free_cores"] = round(fewer.free_cores, 2)
     return advice(facts, "thread_oversubscription", "more CPU threads than cores", evidence,
                   host_ns * (1 - cores / threads),
                   "core-sharing model: CPU ops stop sharing cores, so their time shrinks by "
                   "cores / threads",
-                  f"OMP_NUM_THREADS={best} MKL_NUM_THREADS={best} (cores / processes), or "
+                  f"OMP_NUM_THREADS={best} MKL_NUM_THREADS={best} ({why}), or "
                   f"torch.set_num_threads({best}) in each process")
 
 
@@ -214,22 +223,35 @@ def cpu_contention(facts: Facts) -> Advice | None:
     """The cores were busy, but mostly not with the recorded processes: others took the CPU;
     over the profiled steps, or over every step the run timed where other processes held it
     back more there (a quiet window, a loaded rest of the run)."""
-    found = [c for timed in (False, True) if (c := _contention(facts, timed)) is not None]
-    if not found:
+    found = _contended(facts)
+    if found is None:
         return None
-    gain, whole, evidence, model = max(found, key=lambda c: c[0] / c[1])
+    gain, whole, evidence, model = found
     # a Run that timed no step (a program that only exits) has no step time to inflate
     times = "step times" if facts.run_steps.height else "times"
-    return advice(facts, "cpu_contention", "other processes took most of the CPU", evidence,
-                  gain, model,
-                  "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
-                  "busy processes (top, or `perfswarm record -c system` counters): the "
-                  f"{times} measured here are inflated by them", of=(whole, evidence["over"]))
+    title, change = "other processes took most of the CPU", (
+        "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
+        "busy processes (top, or `perfswarm record -c system` counters): the "
+        f"{times} measured here are inflated by them")
+    fewer = fewer_threads(facts, evidence)  # more intra-op threads than the cores left free
+    if fewer is not None:
+        evidence = {**evidence, **fewer.evidence()}
+        title += f", and its {fewer.threads} intra-op threads wait for each other"
+        change = f"{fewer.change()}; or {change}"
+    return advice(facts, "cpu_contention", title, evidence, gain, model, change,
+                  of=(whole, evidence["over"]))
 
 
 # What a Run without events is measured over (the profiled steps' words had been said of one
 # that timed no step).
 _RECORDING = "the recording (the system sampler's span: no step timed, nothing traced)"
+
+
+def _contended(facts: Facts) -> tuple[float, int, dict[str, Any], str] | None:
+    """_contention over the profiled steps or over every timed step, whichever loses the
+    larger share; None where other processes held the run back little in both."""
+    found = [c for timed in (False, True) if (c := _contention(facts, timed)) is not None]
+    return max(found, key=lambda c: c[0] / c[1]) if found else None
 
 
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:

@@ -1,0 +1,197 @@
+"""Rule: compute in float64 where float32 would do (a model cast with .double(), numpy's
+float64 data, torch.set_default_dtype(torch.float64)).
+
+Which ops are float64 is what the trace recorded of their inputs (record_shapes' `Input type`:
+an op's first floating-point input of `double`). What float32 saves is the hardware's: on a
+CPU, a vector register holds half as many doubles as floats, so GEMMs, convolutions and
+elementwise math do twice the work per instruction in float32, and every op moves half the
+bytes; on a GPU, the device spec's FP64 and FP32 peaks and its bandwidth, per kernel: FP64 at
+half an H100's FP32 rate, a 32nd of a T4's, a 64th of an A10's, L4's or L40S's, but an A100's and
+an H100's DGEMMs on FP64 tensor cores at their SGEMMs' rate (float32 saves a GEMM's bytes
+there, not its FLOPs).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Final
+
+import numpy as np
+import polars as pl
+
+from perfswarm.analyze.annotations import host_calls
+from perfswarm.analyze.frame import Events
+from perfswarm.model.opcost import FLOAT_TYPES, OpCost, Shapes, shapes_from_args
+from perfswarm.model.specs import DeviceSpec
+from perfswarm.optimize.rules.base import Advice, advice, pct
+from perfswarm.optimize.rules.facts import Facts
+
+_MIN_SHARE: Final = 10.0  # % of the measured time in float64 work below which it is left alone
+# float32's time over float64's of the same work on a CPU: half the bytes moved, twice the
+# values per vector instruction (AVX2: 8 floats or 4 doubles a register; AVX-512 16 or 8; NEON
+# 4 or 2), for GEMMs (MKL/oneDNN sgemm vs dgemm peak), convolutions and elementwise ops alike;
+# on a GPU, a memory-bound kernel's (half the bytes)
+_HALF: Final = 0.5
+# Ops that move no data (views, allocations): their time is the dispatch every op pays
+_NO_DATA: Final = (r"^aten::(view|_reshape_alias|as_strided|alias|detach|t|transpose|permute|"
+                   r"expand|unsqueeze|squeeze|slice|select|empty|empty_strided|empty_like|"
+                   r"resize_|_unsafe_view|lift_fresh)$")
+# Kernels of float64 work by their name, where no modelled op launched them (cuBLAS dgemm,
+# ATen's templates instantiated for double, cutlass/xmma f64)
+_FP64_KERNEL: Final = r"(?i)(\bdouble\b|dgemm|dgemv|f64)"
+
+
+def is_float64(shapes: Shapes | None) -> bool:
+    """Whether an op's recorded inputs make it float64 work: its first shaped floating-point
+    input is `double` (an index, a mask or a scalar argument does not count)."""
+    if shapes is None:
+        return False
+    return next((t == "double" for d, t in zip(shapes.dims, shapes.types, strict=False)
+                 if d and t in FLOAT_TYPES), False)
+
+
+def float64_ops(facts: Facts) -> Advice | None:
+    """Ops that compute in float64 take a real share of the measured time: float32 does the
+    same work in about half the time on a CPU, and in a 32nd to a 64th on many GPUs."""
+    if facts.device_events.height:
+        return _on_device(facts)
+    return _on_cpu(facts)
+
+
+_CHANGE: Final = (
+    "compute in float32: cast the model with model.float() (or build it after "
+    "torch.set_default_dtype(torch.float32), dropping any set_default_dtype(torch.float64)) and "
+    "make the data float32 where it is made (torch.from_numpy(x).float(), np.float32 arrays: "
+    "numpy's default is float64; dtype=torch.float32 in torch.tensor/randn); where float64 is "
+    "intended (scientific code that needs its precision or range, an ill-conditioned solve), "
+    "keep it in the ops that need it and run the rest in float32")
+
+
+def _fp64_rows(facts: Facts, ops: pl.DataFrame) -> pl.DataFrame:
+    """The rows of `ops` whose recorded inputs make them float64 work (is_float64)."""
+    texts = facts.with_text(ops, "detail").filter(
+        pl.col("detail").str.contains("double", literal=True))
+    keep = [is_float64(shapes_from_args(t)) for t in texts["detail"].to_list()]
+    return texts.filter(pl.Series(keep, dtype=pl.Boolean)).drop("detail")
+
+
+def _top(frame: pl.DataFrame, column: str) -> list[str]:
+    """The three names with the most `column` time, as `name 1.234 ms`."""
+    top = (frame.group_by("name").agg(pl.col(column).sum())
+           .sort([column, "name"], descending=[True, False]).head(3))
+    return [f"{n} {ns / 1e6:,.3f} ms" for n, ns in top.iter_rows()]
+
+
+def _parameters(facts: Facts) -> bool | None:
+    """Whether the optimizer updated float64 parameters (its ops' inputs); None without an
+    optimizer step in the window."""
+    _, ops = facts.optimizer_steps
+    return None if ops.height == 0 else _fp64_rows(facts, ops).height > 0
+
+
+def _on_cpu(facts: Facts) -> Advice | None:
+    """CPU ops: each float64 op's own time (less the ops inside it), less the dispatch every op
+    pays (the median own time of the run's ops that move no data), halves in float32."""
+    ops = facts.in_window(facts.kind("cpu_op"))
+    moves = pl.col("name").str.contains(_NO_DATA)
+    fp64 = _fp64_rows(facts, ops.filter(~moves))  # a view of a double tensor computes nothing
+    if fp64.height == 0:
+        return None
+    own = host_calls(Events.load(facts.run)).cpu_self
+    fp64 = fp64.with_columns(own=pl.Series(own[fp64["row"].to_numpy()], dtype=pl.Int64))
+    no_data = ops.filter(moves)
+    dispatch = float(np.median(own[no_data["row"].to_numpy()])) if no_data.height else 0.0
+    fp64_ns = int(fp64["own"].sum())
+    share = pct(fp64_ns, facts.wall_ns)
+    if share < _MIN_SHARE:
+        return None
+    work = np.maximum(0.0, fp64["own"].to_numpy() - dispatch)
+    gain = float(work.sum()) * (1 - _HALF)
+    evidence: dict[str, Any] = {
+        "fp64_ops": fp64.height, "fp64_ns": fp64_ns, "fp64_share_pct": share,
+        "dispatch_ns": round(dispatch), "fp32_estimate_ns": round(fp64_ns - gain),
+        "parameters_fp64": _parameters(facts), "top_ops": _top(fp64, "own")}
+    return advice(facts, "float64_ops", f"{share:g}% of the time computes in float64",
+                  evidence, gain,
+                  "vector-width model of the CPU: each float64 op's own time, less the dispatch "
+                  "every op pays (the median own time of the run's ops that move no data), "
+                  "halves in float32 (twice the values per vector instruction, half the bytes)",
+                  _CHANGE)
+
+
+def _peaks(spec: DeviceSpec, gemm: bool) -> tuple[float, float] | None:
+    """(FP64, FP32) FLOP/s of a GEMM (tensor or matrix cores where they take full-precision
+    FP64 or FP32: an A100's DGEMM at 19.5 TFLOP/s, not its 9.7 vector rate) or of other work;
+    None where the spec gives no FP64 rate."""
+    peaks = spec.peak_flops
+    if "fp64" not in peaks:
+        return None
+    keys64, keys32 = (("fp64", "fp64_matrix"), ("fp32", "fp32_matrix")) if gemm else (
+        ("fp64",), ("fp32",))
+    return (max(peaks.get(k, 0.0) for k in keys64), max(peaks.get(k, 0.0) for k in keys32))
+
+
+def _fp32_ratio(cost: OpCost, spec: DeviceSpec) -> float | None:
+    """Roofline time of a float64 op's work in float32 (half its bytes, at the FP32 peak) over
+    its roofline time in float64; None without an FP64 rate in the spec."""
+    peaks = _peaks(spec, cost.family == "gemm")
+    if peaks is None:
+        return None
+    p64, p32 = peaks
+    fp64 = max(cost.flops / p64, cost.bytes / spec.memory_bandwidth)
+    fp32 = max(cost.flops / p32, cost.bytes / 2 / spec.memory_bandwidth)
+    return fp32 / fp64 if fp64 > 0 else None
+
+
+def _bound(name: str, spec: DeviceSpec | None) -> float:
+    """float32's time over float64's of a kernel whose work is not modelled: the larger of its
+    memory-bound ratio (half the bytes) and its compute-bound one (the peaks', a GEMM's by its
+    name), the smaller gain; half without a spec's FP64 rate."""
+    peaks = _peaks(spec, "gemm" in name.lower()) if spec is not None else None
+    return _HALF if peaks is None else max(_HALF, peaks[0] / peaks[1])
+
+
+def _on_device(facts: Facts) -> Advice | None:
+    """Device kernels: a float64 op's kernels (or a kernel named for doubles) keep the share
+    of their roof they reached, at the device's FP32 peak and half the bytes."""
+    kernels = facts.in_window(facts.kind("kernel"))
+    if kernels.height == 0:
+        return None
+    costs = [op.cost if op is not None else None for op in facts.launching_ops(kernels)]
+    named = kernels["name"].str.contains(_FP64_KERNEL).to_list()
+    keep = [(c.dtype == "fp64") if c is not None else n for c, n in zip(costs, named, strict=True)]
+    fp64 = kernels.filter(pl.Series(keep, dtype=pl.Boolean))
+    costs = [c for c, k in zip(costs, keep, strict=True) if k]
+    fp64_ns = facts.total_ns(fp64)
+    share = pct(fp64_ns, facts.wall_ns)
+    if fp64.height == 0 or share < _MIN_SHARE:
+        return None
+    spec = facts.spec
+    ratio = functools.cache(lambda cost: _fp32_ratio(cost, spec) if spec else None)
+    ratios = [ratio(c) if c is not None else None for c in costs]
+    fp32_ns = sum(d * (r if r is not None else _bound(n, spec)) for d, r, n in zip(
+        fp64["dur"].to_list(), ratios, fp64["name"].to_list(), strict=True))
+    count = sum(r is not None for r in ratios)
+    evidence: dict[str, Any] = {
+        "fp64_kernels": fp64.height, "fp64_ns": fp64_ns, "fp64_share_pct": share,
+        "modelled_kernels": count, "fp32_estimate_ns": round(fp32_ns),
+        "top_kernels": _top(fp64, "dur")}
+    if spec is not None and "fp64" in spec.peak_flops:
+        p64, p32 = _peaks(spec, False) or (0.0, 0.0)
+        g64, g32 = _peaks(spec, True) or (0.0, 0.0)
+        evidence["peak_tflops"] = {"fp64": p64 / 1e12, "fp32": p32 / 1e12,
+                                   "fp64_gemm": g64 / 1e12, "fp32_gemm": g32 / 1e12}
+        basis = (f"roofline model (model/opcost.py) of {count} kernels' recorded shapes on "
+                 f"{spec.name} (FP64 {p64 / 1e12:g} vs FP32 {p32 / 1e12:g} TFLOP/s, GEMMs "
+                 f"{g64 / 1e12:g} vs {g32 / 1e12:g}; {spec.memory_bandwidth / 1e9:g} GB/s, half "
+                 "the bytes in float32), each kernel keeping the share of its roof it reached")
+        if count < fp64.height:
+            basis += (f"; the {fp64.height - count} without recorded shapes at the smaller of "
+                      "their memory-bound and compute-bound gains")
+    else:
+        devices = sorted({str(d.get("name")) for d in facts.manifest["devices"]}) or ["it"]
+        basis = (f"fixed factor, no model (no device spec with an FP64 rate for "
+                 f"{', '.join(devices)}): float32 moves half the bytes, {_HALF:g}x the "
+                 "kernels' time")
+    return advice(facts, "float64_ops", f"{share:g}% of the time computes in float64 on the "
+                  "device", evidence, fp64_ns - fp32_ns, basis, _CHANGE)

@@ -1,0 +1,89 @@
+"""cpu_contention on a host whose other processes hold the cores: a loop recorded here with
+one intra-op thread a core, while this test keeps every core busy, is told to run as many
+threads as the cores the others left free (nanoGPT's two threads on a busy 2-core host took
+5-8x one thread's time, and the advice had said only "run on an idle machine")."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from perfswarm.optimize.rules import host
+from perfswarm.optimize.rules.facts import Facts
+from perfswarm.recorder.session import RecordOptions, record
+from perfswarm.trace.store import Run
+
+LOOP = """
+import os
+import torch
+from torch import nn
+
+torch.set_num_threads(os.cpu_count())
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(256, 512)
+for _ in range(30):
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def _recorded_under_load(tmp_path: Path) -> Run:
+    """LOOP recorded (torch and the system sampler) while one spinning process a core, in
+    sessions of their own, holds the host's cores."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                 start_new_session=True) for _ in range(os.cpu_count() or 1)]
+    try:
+        result = record([sys.executable, str(script)], tmp_path / "busy.run",
+                        RecordOptions(collectors=("torch", "system"), skip=3, steps=5))
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert result.exit_code == 0
+    return result.run
+
+
+def test_fewer_intra_op_threads_on_a_busy_host(tmp_path: Path) -> None:
+    run = _recorded_under_load(tmp_path)
+    cores = os.cpu_count() or 1
+    assert run.manifest()["extra"]["record"]["threads"] == [cores]
+    a = host.cpu_contention(Facts.of(run))
+    assert a is not None
+    e = a.evidence
+    # the cores the other processes held: the busy cores less the loop's and the recorder's
+    others = e["host_busy_cores"] - e["process_cores"] - e["recorder_cores"]
+    assert others >= 0.5  # the spinners' share at least
+    free = max(0.0, cores - others)
+    assert e["free_cores"] == round(free, 2) < cores
+    assert e["threads"] == cores and e["advised_threads"] == max(1, math.floor(free)) < cores
+    n = e["advised_threads"]
+    assert a.change.startswith(f"torch.set_num_threads({n}) before the loop (or "
+                               f"OMP_NUM_THREADS={n} MKL_NUM_THREADS={n}")
+    assert "or run on an idle machine" in a.change
+    assert f"its {cores} intra-op threads wait for each other" in a.title
+    # run with 4 threads a core, thread_oversubscription says the same number, not cores /
+    # processes (thr.py's 8 threads on 2 busy cores: 66-80 ms a step, 2 threads 56-210, 1
+    # thread 16-26)
+    m = run.manifest()
+    m["extra"]["record"]["threads"] = [4 * cores]
+    run.write_manifest(m)
+    over = host.thread_oversubscription(Facts.of(run))
+    assert over is not None and over.evidence["free_cores"] == e["free_cores"]
+    assert over.change.startswith(f"OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} (the ")
+    again = host.cpu_contention(Facts.of(run))
+    assert again is not None and again.evidence["advised_threads"] == n
+    # the same loop at one thread a process has none fewer to run: the idle machine alone
+    m["extra"]["record"]["threads"] = [1]
+    run.write_manifest(m)
+    one = host.cpu_contention(Facts.of(run))
+    assert one is not None and "threads" not in one.evidence
+    assert one.change.startswith("run on an idle machine")
