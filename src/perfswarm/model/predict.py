@@ -40,7 +40,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import (
-    Dependencies,
     dependencies,
     launching_ops,
     sync_events,
@@ -259,7 +258,10 @@ class _Model:
 
     run: Run
     ev: Events
-    deps: Dependencies
+    # the host calls that waited for a device op (Dependencies.sync_target's keys): all the
+    # prediction reads of the dependencies once they are the graph's edges (the whole
+    # Dependencies, dicts of every launch and stream order, stayed to a command's peak)
+    synced_calls: I64
     graph: Graph
     schedule: Schedule
     platform: Platform
@@ -311,7 +313,9 @@ def load_model(run: Run) -> _Model:
         raise NotApplicable(None, "the Run has no host or device work to simulate",
                             subject=run.path)
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
-    model = _Model(run, ev, deps, graph, Schedule.of(graph), platform,
+    synced_calls = np.fromiter(deps.sync_target, np.int64, len(deps.sync_target))
+    del deps
+    model = _Model(run, ev, synced_calls, graph, Schedule.of(graph), platform,
                    np.zeros(len(graph), bool), window=not steps)
     if platform == "cpu":
         model.compute = _compute_nodes(model)
@@ -860,7 +864,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     stalls = stalled(g, m.ev)
     model = overheads or fit_overheads(g, m.ev, insts, stalls, steady)
     keep = stalls.copy()
-    synced = g.last_nodes(np.fromiter(m.deps.sync_target, np.int64, len(m.deps.sync_target)))
+    synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep)
 
