@@ -232,9 +232,21 @@ def launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, i
     id of that innermost op, except where it numbers kernels by their correlation instead, a
     range no CPU op has). `external_id` is the events' column; the join of every device op is
     made once per Events object (the op table and the prediction both ask)."""
-    every = ev.derived("launching ops", lambda: _launching_ops(
-        ev, external_id, np.flatnonzero(ev.of_kind(*DEVICE_OPS))))
+    every = _every_launching_op(ev, external_id)
     return {d: every[d] for d in device_rows.tolist() if d in every}
+
+
+def launching_op_rows(ev: Events, external_id: I64, device_rows: I64) -> I64:
+    """`launching_ops` as an array: each of `device_rows`' launching CPU op, -1 for none (no
+    dict of them all where the caller wants one row per device op)."""
+    every = _every_launching_op(ev, external_id)
+    return np.fromiter((every.get(d, -1) for d in device_rows.tolist()), np.int64,
+                       len(device_rows))
+
+
+def _every_launching_op(ev: Events, external_id: I64) -> dict[int, int]:
+    return ev.derived("launching ops", lambda: _launching_ops(
+        ev, external_id, np.flatnonzero(ev.of_kind(*DEVICE_OPS))))
 
 
 def _launching_ops(ev: Events, external_id: I64, device_rows: I64) -> dict[int, int]:

@@ -41,11 +41,19 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import (
     dependencies,
-    launching_ops,
+    launching_op_rows,
     sync_events,
     tensor_handoffs,
 )
-from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, detail_of
+from perfswarm.analyze.frame import (
+    COMPILED_CALL,
+    I64,
+    KIND,
+    Events,
+    Mask,
+    detail_of,
+    int_array,
+)
 from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import batch_sizes, iterations, step_time
@@ -512,13 +520,14 @@ def _op_rows(m: _Model) -> list[int]:
     """Rows whose shapes price kernels: compute pieces' ops (CPU), launching ops (GPU)."""
     if m.platform == "cpu":
         return sorted(set(m.graph.row[m.compute].tolist()))
-    return sorted(set(_launching_ops(m).values()))
+    ops = _launching_ops(m)
+    return sorted(set(ops[ops >= 0].tolist()))
 
 
-def _launching_ops(m: _Model) -> dict[int, int]:
-    """Device op row -> the CPU op that launched it."""
+def _launching_ops(m: _Model) -> I64:
+    """Each device node's op row's launching CPU op (-1: none), in node order."""
     ext = m.run.table("events", columns=["external_id"]).column("external_id").to_numpy()
-    return launching_ops(m.ev, ext, m.graph.row[m.graph.role == DEVICE])
+    return launching_op_rows(m.ev, ext, m.graph.row[m.graph.role == DEVICE])
 
 
 @dataclass(frozen=True)
@@ -581,16 +590,15 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     else:
         node = np.flatnonzero(g.role == DEVICE)
         row_arr, pair_of = g.row[node], np.arange(len(node))
-        launched = _launching_ops(m)
-        op_arr = np.fromiter((launched.get(r, -1) for r in row_arr.tolist()), np.int64,
-                             len(row_arr))
+        op_arr = _launching_ops(m)
         measured = dur[node]
-    rows, ops = row_arr.tolist(), [None if o < 0 else o for o in op_arr.tolist()]
-    measured_ns = measured.tolist()
-    name = ev.name[row_arr].tolist()
-    op_names = np.where(op_arr >= 0, ev.name[np.maximum(op_arr, 0)], -1).tolist()
-    launching = iter(m.shapes([op for op in ops if op is not None]))
-    shaped = [None if op is None else next(launching) for op in ops]
+    # per pair, as machine-int arrays for the loops below (a list of 40k large ints is 1.6 MB,
+    # and this runs at a prediction's peak)
+    rows, measured_ns = int_array(row_arr), int_array(measured)
+    name = int_array(ev.name[row_arr])
+    op_names = int_array(np.where(op_arr >= 0, ev.name[np.maximum(op_arr, 0)], -1))
+    launching = iter(m.shapes(op_arr[op_arr >= 0].tolist()))
+    shaped = [None if op < 0 else next(launching) for op in int_array(op_arr)]
     own = _own_sizes(m, [r for r, sh in zip(rows, shaped, strict=True) if sh is None]) \
         if m.platform == "gpu" else {}
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
@@ -599,8 +607,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
            for n, sh, r in zip(name, shaped, rows, strict=True)]
     keys = list(ids)
     samples: list[tuple[list[float], list[StepKey]]] = [([], []) for _ in keys]
-    for k, ns, rk, st in zip(kid, measured_ns, ev.rank[row_arr].tolist(),
-                             ev.step[row_arr].tolist(), strict=True):
+    for k, ns, rk, st in zip(kid, measured_ns, int_array(ev.rank[row_arr]),
+                             int_array(ev.step[row_arr]), strict=True):
         samples[k][0].append(ns)
         samples[k][1].append((rk, st))
     base_of = [typical(*found, steady) for found in samples]
@@ -646,7 +654,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
 
     after = np.zeros(len(rows))
     how = np.zeros(len(rows), np.int64)  # 0 unmodelled, 1 modelled, 2 modelled with first touch
-    for i, (k, op, kd, ns) in enumerate(zip(kid, op_names, ev.kind[row_arr].tolist(),
+    for i, (k, op, kd, ns) in enumerate(zip(kid, op_names, int_array(ev.kind[row_arr]),
                                             measured_ns, strict=True)):
         if ns > 0:
             after[i], modelled, touched = after_of(k, op, kd)

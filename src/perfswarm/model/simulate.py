@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perfswarm.analyze.frame import I64
+from perfswarm.analyze.frame import I64, int_array
 from perfswarm.model.graph import END, START, Graph
 
 NEG = -(1 << 62)
@@ -106,12 +106,8 @@ class Schedule:
         step_src = np.concatenate([lane - 1, np.full(len(first), len(keys)), edge_src])
         step_of = np.argsort(rank[step_dst], kind="stable")
         return cls(g, kept, starts_free, keys, anchor, lane, first, src[kept], edge_src,
-                   _ints(step_dst[step_of]), _ints(step_src[step_of]), step_of)
+                   int_array(step_dst[step_of]), int_array(step_src[step_of]), step_of)
 
-
-def _ints(values: I64) -> array[int]:
-    """`values` as an array of machine ints, what the simulation's loop iterates."""
-    return array("q", np.ascontiguousarray(values, np.int64).tobytes())
 
 
 def _measured_order(at: I64, src: I64, dst: I64) -> I64 | None:
@@ -162,7 +158,7 @@ def simulate(s: Schedule, dur: I64 | None = None, gap: I64 | None = None) -> Tim
     np.cumsum(along, out=along)
     at_key = along[s.keys]
     head = s.keys[s.first] >> 1
-    offset = _ints(np.concatenate([
+    offset = int_array(np.concatenate([
         at_key[s.lane] - at_key[s.lane - 1],
         np.where(s.starts_free[head], g.origin + gp[head], NEG),
         along[s.edge_point] - at_key[s.edge_src] + g.lag[s.kept]])[s.step_of])
