@@ -854,7 +854,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     m = load_model(run)
     g = m.graph
     notes: list[str] = [WINDOW_NOTE] if m.window else []
-    replayed = simulate(m.schedule)
+    # the replay's iterations, not its timeline (a start and an end per node, to the end)
+    replayed = m.iterations(simulate(m.schedule), g.dur)
     dur, gap = g.dur.copy(), g.gap.copy()
     is_call = np.zeros(len(g), bool)
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
@@ -957,7 +958,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                         {"measured": active, "replayed": r_active, "predicted": p_active},
                         breakdown(rank, p_lo, p_hi))
              for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active),
-             (_, _, p_lo, p_hi, p_active) in zip(measured, m.iterations(replayed, g.dur),
+             (_, _, p_lo, p_hi, p_active) in zip(measured, replayed,
                                                  m.iterations(predicted, dur), strict=True)]
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
@@ -967,8 +968,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
-                         replayed: Timeline, measured: list[tuple[int, int, int, int, int]],
-                         notes: list[str],
+                         replayed: list[tuple[int, int, int, int, int]],
+                         measured: list[tuple[int, int, int, int, int]], notes: list[str],
                          steady: frozenset[tuple[int, int]],
                          gpu_model: KernelModel | None) -> Prediction:
     """A CPU Run's iterations forecast on a GPU from its op graph (model/gpu/opgraph.py), beside
@@ -990,7 +991,7 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                              {"measured": active, "replayed": r_active,
                               "predicted": f.device_ns}, f.families_ns)
                   for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active), f
-                  in zip(measured, m.iterations(replayed, g.dur), forecasts, strict=True))
+                  in zip(measured, replayed, forecasts, strict=True))
     if not any(f.families_ns or f.unpriced for f in forecasts):
         raise NotApplicable(None, "no ops with recorded shapes to forecast on a GPU (record "
                             "with shapes: torch.profiler record_shapes=True)",
