@@ -109,7 +109,6 @@ class Schedule:
                    int_array(step_dst[step_of]), int_array(step_src[step_of]), step_of)
 
 
-
 def _measured_order(at: I64, src: I64, dst: I64) -> I64 | None:
     """The points in the order they were measured (ties in id order), when that is a
     topological order of the edges src -> dst: on a trace, dependencies point forward in time,
