@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perfswarm.analyze.frame import I64, int_array
+from perfswarm.analyze.frame import I32, I64, int_array
 from perfswarm.model.graph import END, START, Graph
 
 NEG = -(1 << 62)
@@ -52,7 +52,7 @@ class Schedule:
     kept: Mask  # per dependency edge
     starts_free: Mask  # per node: its start has no lane or dependency constraint but the origin
     keys: I64  # the visited points (2 * node + point), ascending
-    anchor: I64  # per point: the index in `keys` of its lane's last key at or before it
+    anchor: I32  # per point: the index in `keys` of its lane's last key at or before it
     lane: I64  # the keys after their lane's first (by index): each follows the key before it
     first: I64  # the lanes' first keys (by index)
     edge_point: I64  # per kept edge: its source point
@@ -105,8 +105,9 @@ class Schedule:
         step_dst = np.concatenate([lane, first, edge_dst])
         step_src = np.concatenate([lane - 1, np.full(len(first), len(keys)), edge_src])
         step_of = np.argsort(rank[step_dst], kind="stable")
-        return cls(g, kept, starts_free, keys, anchor, lane, first, src[kept], edge_src,
-                   int_array(step_dst[step_of]), int_array(step_src[step_of]), step_of)
+        # (anchor, 2 per node, in 32 bits: it indexes the keys, fewer than 2**31)
+        return cls(g, kept, starts_free, keys, anchor.astype(np.int32), lane, first, src[kept],
+                   edge_src, int_array(step_dst[step_of]), int_array(step_src[step_of]), step_of)
 
 
 def _measured_order(at: I64, src: I64, dst: I64) -> I64 | None:
