@@ -93,18 +93,20 @@ from perfswarm.cli.main import main
 code = main(sys.argv[1:])
 import pyarrow as pa
 print(json.dumps({"code": code, "pool": pa.default_memory_pool().backend_name,
-                  "env": os.environ.get("ARROW_DEFAULT_MEMORY_POOL")}))
+                  "env": os.environ.get("ARROW_DEFAULT_MEMORY_POOL"),
+                  "polars": os.environ.get("_RJEM_MALLOC_CONF")}))
 """
 
 
 @pytest.mark.parametrize(("given", "pool"), [(None, "system"), ("mimalloc", "mimalloc")])
 def test_a_table_command_uses_the_system_allocator_unless_told(
         small_run: str, given: str | None, pool: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ARROW_DEFAULT_MEMORY_POOL", "_RJEM_MALLOC_CONF")}
     if given is not None:
         env["ARROW_DEFAULT_MEMORY_POOL"] = given
     out = subprocess.run([sys.executable, "-c", POOL, "info", small_run], check=True,
                          capture_output=True, text=True, env=env)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    # the variable is the user's again once the command runs (what record's child inherits)
-    assert result == {"code": 0, "pool": pool, "env": given}
+    # the variables are the user's again once the command runs (what record's child inherits)
+    assert result == {"code": 0, "pool": pool, "env": given, "polars": None}

@@ -7,6 +7,7 @@ results can speak names without materializing a string per event.
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -279,6 +280,13 @@ def texts_of(run: Run, column: str, rows: I64, rank: int | None = None) -> list[
         else:
             out += [a or "{}" for a in chunk.to_pylist()]
     return out
+
+
+def int_array(values: I64) -> array[int]:
+    """`values` as a Python array of machine ints: what a per-event Python loop iterates as
+    fast as a list, in 8 bytes an entry where a list of ints (beyond the small ones Python
+    shares) takes 40."""
+    return array("q", np.ascontiguousarray(values, np.int64).tobytes())
 
 
 LANE_BITS = 40

@@ -49,27 +49,36 @@ def command_doc(name: str) -> str:
     raise LookupError(f"{name}{SUFFIX}.py registers no command {name!r}")
 
 
+# What a command sets for the allocators of the libraries it loads, each read from the
+# environment when its library is loaded (docs/benchmarks.md):
+ALLOCATORS = {
+    # Arrow's default (mimalloc) keeps what table reads free: 45 MB more peak memory for a
+    # 200k-event report, and no faster; the C library's allocator instead
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+    # polars' own jemalloc keeps the pages its frames freed (dirty, then muzzy) for 10 s before
+    # it returns them, longer than a command lasts: the advice's frames, each rule's pages
+    # beside the last's (nothing else allocates from them), stayed to a report's peak, 20 MB
+    # of it at 200k events. Returned at once, and no slower
+    "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0",
+}
+
+
 @contextmanager
-def _arrow_allocator() -> Iterator[None]:
-    """While a command's module is imported: a command that reads or writes tables (its module
-    brings pyarrow in) gives Arrow's buffers the C library's allocator, unless the user's
-    ARROW_DEFAULT_MEMORY_POOL says otherwise. Arrow's default (mimalloc) keeps what table reads
-    free: 45 MB more peak memory for a 200k-event report, and no faster (docs/benchmarks.md).
-    pyarrow reads the variable when it is imported; it is gone again before the command runs,
-    so the programs `record` and `tune` start see the environment they were given."""
-    if "ARROW_DEFAULT_MEMORY_POOL" in os.environ:
-        yield
-        return
-    if "pyarrow" in sys.modules:  # imported already (a second command in one process)
-        pa = sys.modules["pyarrow"]
+def _allocators() -> Iterator[None]:
+    """While a command's module is imported (bringing in pyarrow, polars as the command needs):
+    ALLOCATORS, each unless the user's environment sets it. The variables are gone again
+    before the command runs, so the programs `record` and `tune` start see the environment
+    they were given."""
+    if "pyarrow" in sys.modules and "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
+        pa = sys.modules["pyarrow"]  # imported already (a second command in one process)
         pa.set_memory_pool(pa.system_memory_pool())
-        yield
-        return
-    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+    given = [name for name in ALLOCATORS if name not in os.environ]
+    os.environ.update({name: ALLOCATORS[name] for name in given})
     try:
         yield
     finally:
-        del os.environ["ARROW_DEFAULT_MEMORY_POOL"]
+        for name in given:
+            del os.environ[name]
 
 
 class CommandsOnDemand(TyperGroup):
@@ -87,7 +96,7 @@ class CommandsOnDemand(TyperGroup):
             doc = command_doc(cmd_name)  # its first paragraph, unwrapped, is the summary
             return TyperCommand(cmd_name, help=doc,
                                 short_help=" ".join(doc.split("\n\n")[0].split()))
-        with _arrow_allocator():
+        with _allocators():
             importlib.import_module(f"{__package__}.{cmd_name}{SUFFIX}")
         info = next(i for i in app.registered_commands if i.name == cmd_name)
         command = typer.main.get_command_from_info(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,10 @@ from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.trace.store import Run, check_output
+
+# The report's advice runs on polars: loaded with this module, under the command's allocator
+# settings (cli/app.py ALLOCATORS), not later in report_data
+importlib.import_module("perfswarm.optimize.advise")
 
 
 @app.command("report")

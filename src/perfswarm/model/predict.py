@@ -38,13 +38,20 @@ import numpy.typing as npt
 import orjson
 
 from perfswarm.analyze.dependencies import (
-    Dependencies,
     dependencies,
-    launching_ops,
+    launching_op_rows,
     sync_events,
     tensor_handoffs,
 )
-from perfswarm.analyze.frame import COMPILED_CALL, I64, KIND, Events, Mask, detail_of
+from perfswarm.analyze.frame import (
+    COMPILED_CALL,
+    I64,
+    KIND,
+    Events,
+    Mask,
+    detail_of,
+    int_array,
+)
 from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums
 from perfswarm.analyze.iterations import batch_sizes, iterations, step_faults, step_time
@@ -257,7 +264,10 @@ class _Model:
 
     run: Run
     ev: Events
-    deps: Dependencies
+    # the host calls that waited for a device op (Dependencies.sync_target's keys): all the
+    # prediction reads of the dependencies once they are the graph's edges (the whole
+    # Dependencies, dicts of every launch and stream order, stayed to a command's peak)
+    synced_calls: I64
     graph: Graph
     schedule: Schedule
     platform: Platform
@@ -309,7 +319,9 @@ def load_model(run: Run) -> _Model:
         raise NotApplicable(None, "the Run has no host or device work to simulate",
                             subject=run.path)
     platform: Platform = "gpu" if np.any(graph.role == DEVICE) else "cpu"
-    model = _Model(run, ev, deps, graph, Schedule.of(graph), platform,
+    synced_calls = np.fromiter(deps.sync_target, np.int64, len(deps.sync_target))
+    del deps
+    model = _Model(run, ev, synced_calls, graph, Schedule.of(graph), platform,
                    np.zeros(len(graph), bool), window=not steps)
     if platform == "cpu":
         model.compute = _compute_nodes(model)
@@ -506,13 +518,14 @@ def _op_rows(m: _Model) -> list[int]:
     """Rows whose shapes price kernels: compute pieces' ops (CPU), launching ops (GPU)."""
     if m.platform == "cpu":
         return sorted(set(m.graph.row[m.compute].tolist()))
-    return sorted(set(_launching_ops(m).values()))
+    ops = _launching_ops(m)
+    return sorted(set(ops[ops >= 0].tolist()))
 
 
-def _launching_ops(m: _Model) -> dict[int, int]:
-    """Device op row -> the CPU op that launched it."""
+def _launching_ops(m: _Model) -> I64:
+    """Each device node's op row's launching CPU op (-1: none), in node order."""
     ext = m.run.table("events", columns=["external_id"]).column("external_id").to_numpy()
-    return launching_ops(m.ev, ext, m.graph.row[m.graph.role == DEVICE])
+    return launching_op_rows(m.ev, ext, m.graph.row[m.graph.role == DEVICE])
 
 
 @dataclass(frozen=True)
@@ -575,16 +588,15 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     else:
         node = np.flatnonzero(g.role == DEVICE)
         row_arr, pair_of = g.row[node], np.arange(len(node))
-        launched = _launching_ops(m)
-        op_arr = np.fromiter((launched.get(r, -1) for r in row_arr.tolist()), np.int64,
-                             len(row_arr))
+        op_arr = _launching_ops(m)
         measured = dur[node]
-    rows, ops = row_arr.tolist(), [None if o < 0 else o for o in op_arr.tolist()]
-    measured_ns = measured.tolist()
-    name = ev.name[row_arr].tolist()
-    op_names = np.where(op_arr >= 0, ev.name[np.maximum(op_arr, 0)], -1).tolist()
-    launching = iter(m.shapes([op for op in ops if op is not None]))
-    shaped = [None if op is None else next(launching) for op in ops]
+    # per pair, as machine-int arrays for the loops below (a list of 40k large ints is 1.6 MB,
+    # and this runs at a prediction's peak)
+    rows, measured_ns = int_array(row_arr), int_array(measured)
+    name = int_array(ev.name[row_arr])
+    op_names = int_array(np.where(op_arr >= 0, ev.name[np.maximum(op_arr, 0)], -1))
+    launching = iter(m.shapes(op_arr[op_arr >= 0].tolist()))
+    shaped = [None if op < 0 else next(launching) for op in int_array(op_arr)]
     own = _own_sizes(m, [r for r, sh in zip(rows, shaped, strict=True) if sh is None]) \
         if m.platform == "gpu" else {}
     # by name and shapes (layout included: a GEMM on a transposed operand is another kernel)
@@ -593,8 +605,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
            for n, sh, r in zip(name, shaped, rows, strict=True)]
     keys = list(ids)
     samples: list[tuple[list[float], list[StepKey]]] = [([], []) for _ in keys]
-    for k, ns, rk, st in zip(kid, measured_ns, ev.rank[row_arr].tolist(),
-                             ev.step[row_arr].tolist(), strict=True):
+    for k, ns, rk, st in zip(kid, measured_ns, int_array(ev.rank[row_arr]),
+                             int_array(ev.step[row_arr]), strict=True):
         samples[k][0].append(ns)
         samples[k][1].append((rk, st))
     base_of = [typical(*found, steady) for found in samples]
@@ -640,7 +652,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
 
     after = np.zeros(len(rows))
     how = np.zeros(len(rows), np.int64)  # 0 unmodelled, 1 modelled, 2 modelled with first touch
-    for i, (k, op, kd, ns) in enumerate(zip(kid, op_names, ev.kind[row_arr].tolist(),
+    for i, (k, op, kd, ns) in enumerate(zip(kid, op_names, int_array(ev.kind[row_arr]),
                                             measured_ns, strict=True)):
         if ns > 0:
             after[i], modelled, touched = after_of(k, op, kd)
@@ -820,7 +832,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     m = load_model(run)
     g = m.graph
     notes: list[str] = [WINDOW_NOTE] if m.window else []
-    replayed = simulate(m.schedule)
+    # the replay's iterations, not its timeline (a start and an end per node, to the end)
+    replayed = m.iterations(simulate(m.schedule), g.dur)
     dur, gap = g.dur.copy(), g.gap.copy()
     is_call = np.zeros(len(g), bool)
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
@@ -838,9 +851,13 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     stalls = stalled(g, m.ev)
     model = overheads or fit_overheads(g, m.ev, insts, stalls, steady)
     keep = stalls.copy()
-    synced = g.last_nodes(np.fromiter(m.deps.sync_target, np.int64, len(m.deps.sync_target)))
+    synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep)
+    # the instances again only for a batch's per-sample work: not held through the kernels'
+    # pass and the simulation otherwise (4.7 MB at 200k trace events)
+    per_sample = insts if change.batch_size is not None else None
+    del insts
 
     shapeless = (m.platform == "cpu" and change.device is None and not m.compute.any()
                  and not _any_shapes(m))
@@ -914,7 +931,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     counts = _scale_kernels(m, _Transform(factor, dims, fixed), scaler,
                             unmodelled, dur, steady)
     if batch is not None:
-        counts["per_sample"] = _per_sample(m, insts, batch[0], factor, dur, gap)
+        assert per_sample is not None
+        counts["per_sample"] = _per_sample(m, per_sample, batch[0], factor, dur, gap)
         if counts["per_sample"] == 0:
             notes.append("no per-sample DataLoader work found; input pipeline time kept")
     gap = g.anchor_gaps(dur, gap)
@@ -926,7 +944,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                         {"measured": active, "replayed": r_active, "predicted": p_active},
                         breakdown(rank, p_lo, p_hi))
              for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active),
-             (_, _, p_lo, p_hi, p_active) in zip(measured, m.iterations(replayed, g.dur),
+             (_, _, p_lo, p_hi, p_active) in zip(measured, replayed,
                                                  m.iterations(predicted, dur), strict=True)]
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
@@ -936,8 +954,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
-                         replayed: Timeline, measured: list[tuple[int, int, int, int, int]],
-                         notes: list[str],
+                         replayed: list[tuple[int, int, int, int, int]],
+                         measured: list[tuple[int, int, int, int, int]], notes: list[str],
                          steady: frozenset[tuple[int, int]],
                          gpu_model: KernelModel | None) -> Prediction:
     """A CPU Run's iterations forecast on a GPU from its op graph (model/gpu/opgraph.py), beside
@@ -959,7 +977,7 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                              {"measured": active, "replayed": r_active,
                               "predicted": f.device_ns}, f.families_ns)
                   for (rank, step, lo, hi, active), (_, _, r_lo, r_hi, r_active), f
-                  in zip(measured, m.iterations(replayed, g.dur), forecasts, strict=True))
+                  in zip(measured, replayed, forecasts, strict=True))
     if not any(f.families_ns or f.unpriced for f in forecasts):
         raise NotApplicable(None, "no ops with recorded shapes to forecast on a GPU (record "
                             "with shapes: torch.profiler record_shapes=True)",

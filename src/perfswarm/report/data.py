@@ -305,6 +305,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     origin = run_origin(run)
     drawn = spans(run)
     line = timeline(run, drawn, origin, max_spans)
+    streams = kernel_streams(run, drawn, TOP_OPS)
+    del drawn  # its table and nesting (10 MB at 200k events) are not held through the rest
     has_device = any(lane["device"] for lane in line["lanes"])
     on_stage("op costs")
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
@@ -355,7 +357,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "kernels": analysis["ops"]["kernels"][:TOP_OPS],
         "cpu_ops": views["cpu_ops"],
         "ops_by_shape": views["ops_by_shape"],
-        "streams": kernel_streams(run, drawn, TOP_OPS),
+        "streams": streams,
         "modules": views["modules"],
         "memory": views["memory"],
         "ranks": ranks_view(analysis),
