@@ -139,8 +139,11 @@ def test_the_cycle_of_told_apart_optimizers() -> None:
     assert identified_cycle(_kinds([0, 0, 1] * 4), apart, same, 1) == 3
     # one kind, its step size new at every call, one backward: one optimizer
     assert identified_cycle(_kinds([0] * n, list(range(n))), apart, same, 2) == 1
-    # one kind, scalars in pairs: twin models' Adams
-    assert identified_cycle(_kinds([0] * n, [i // 2 for i in range(n)]), apart, same, 1) == 2
+    # one kind, scalars in pairs with backward passes alternating: twin models' Adams; in pairs
+    # with one backward throughout, one optimizer whose rate holds for two steps (StepLR)
+    pairs = [i // 2 for i in range(n)]
+    assert identified_cycle(_kinds([0] * n, pairs), apart, alternating, 1) == 2
+    assert identified_cycle(_kinds([0] * n, pairs), apart, same, 1) == 1
     # one kind, scalars that never change (SGD): the backward passes alternate with the
     # structural cycle (twin models), or do not (one optimizer)
     assert identified_cycle(_kinds([0] * n, [0] * n), apart, alternating, 2) == 2
@@ -190,3 +193,19 @@ def test_an_optimizer_skipping_parameters_without_gradients(tmp_path: Path) -> N
     changed = dict(raw, traceEvents=events)
     assert len({_updated(changed, c) for c in _calls(changed)}) == 2
     assert _steps(tmp_path, changed, "skipping") == _expected(raw, 1)
+
+
+@pytest.mark.parametrize("name", ["heads_cpu.pt.trace.json.gz", "steplr_cpu.pt.trace.json.gz"])
+def test_one_optimizer_whose_calls_differ(tmp_path: Path, name: str) -> None:
+    """tests/data/heads_steplr.py: one Adam over a trunk and two heads of other shapes used in
+    turn (each call updates the trunk and one head: shape sets that share most of themselves),
+    and one SGD whose StepLR holds its rate for 3 steps (its scalars in runs of 3, one backward
+    throughout). Each call is a step: they had read as two optimizers (6 steps of 12) and as
+    three twins (4)."""
+    raw = _raw(name)
+    calls = _calls(raw)
+    assert len(calls) == 12
+    if name.startswith("heads"):  # two sets of shapes, each mostly the other's
+        a, b = {_updated(raw, c) for c in calls}
+        assert not a <= b and not b <= a and len(a & b) >= len(a) / 2
+    assert _steps(tmp_path, raw, "r") == _expected(raw, 1)

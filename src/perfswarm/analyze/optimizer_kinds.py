@@ -25,6 +25,7 @@ from perfswarm.trace.store import Run
 
 MAX_CYCLE: Final = 4  # optimizers a training step steps in turn, at most (a GAN's two)
 CYCLE_MATCH: Final = 0.9  # the share of calls that must repeat at the cycle
+SHARED: Final = 0.5  # calls of one class sharing this much of their shapes: one optimizer's
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,18 @@ def call_kinds(run: Run, ev: Events, calls: I64) -> CallKinds:
 
 
 def _kinds(keys: list[tuple[str, frozenset[tuple[int, ...]]]]) -> I64:
-    """An id of each call's (class, shapes), a call whose shapes are a subset of another's of
-    its class taking that one's (an optimizer skips the parameters that have no gradient:
-    a head used every third step left out of two calls in three had read as a cycle of
-    three optimizers); the largest sets first, each joining the first that holds it."""
+    """An id of each call's (class, shapes), a call whose shapes are mostly another's of its
+    class (SHARED of the smaller set, or all of it) taking that one's: an optimizer skips
+    the parameters that have no gradient, so one optimizer over a shared trunk and task
+    heads used in turn updates the trunk and one head a call (two heads of other shapes had
+    read as a cycle of two optimizers, 12 steps as 6; a head used every third step left out of
+    two calls in three, as three); two models' optimizers (a GAN's) share a shape or two by
+    chance. The largest sets first, each joining the first that holds most of it."""
     roots: list[tuple[str, frozenset[tuple[int, ...]]]] = []
     of: dict[tuple[str, frozenset[tuple[int, ...]]], int] = {}
     for name, shapes in sorted(set(keys), key=lambda k: (-len(k[1]), k[0], sorted(k[1]))):
-        found = next((i for i, (n, s) in enumerate(roots) if n == name and shapes <= s), None)
+        found = next((i for i, (n, s) in enumerate(roots) if n == name and (
+            shapes <= s or len(shapes & s) >= SHARED * min(len(shapes), len(s)))), None)
         if found is None:
             roots.append((name, shapes))
             found = len(roots) - 1
@@ -156,7 +161,9 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: in
     """How many optimizer calls make one step, the kinds of the calls told first: calls that
     cycle through several kinds, that cycle (a GAN's discriminator and generator, two
     optimizers stepped back to back); calls of one kind that come in runs of alike scalars,
-    that run's length (a GAN of twin models stepped by Adam). Calls of one kind with their
+    where the backward passes between them cycle at that length too, that run's length (a GAN
+    of twin models stepped by Adam; one SGD whose StepLR holds its rate for k steps runs one
+    backward throughout, and had read as k twin optimizers). Calls of one kind with their
     shapes, each with work between it and the one before (`apart`: ops outside the
     optimizers' calls), are one optimizer's, a cycle of 1 (an evaluation after every second
     step had read as a GAN's two optimizers), unless the backward passes between them
@@ -171,8 +178,8 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: in
         return k
     if k == 0:
         return structural
-    if (m := count_cycle(kinds.scalars)) >= 2:
-        return m
+    if (m := count_cycle(kinds.scalars)) >= 2 and id_cycle(backward) == m:
+        return m  # (runs of alike scalars with one backward throughout: StepLR's rate)
     if not kinds.shaped.all() or not (apart > 0).all():
         return structural
     return structural if structural >= 2 and id_cycle(backward) == structural else 1

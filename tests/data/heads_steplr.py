@@ -1,0 +1,36 @@
+"""Two loops of one optimizer each, profiled with record_shapes and no step markers, 12 steps:
+`heads` (one Adam over a shared trunk and two task heads of other shapes, used in turn: each
+call updates the trunk and one head) and `steplr` (SGD whose StepLR halves its rate every 3
+steps: its ops' scalars come in runs of 3). Read as told-apart optimizers, the first had been
+a cycle of two optimizers (6 steps), the second of three twins (4).
+
+    python tests/data/heads_steplr.py heads|steplr OUT.pt.trace.json
+"""
+
+import sys
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+torch.manual_seed(0)
+case, out = sys.argv[1], sys.argv[2]
+x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+lossf = nn.CrossEntropyLoss()
+trunk = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
+head_a, head_b = nn.Linear(64, 10), nn.Linear(64, 3)
+y_b = torch.randint(0, 3, (16,))
+params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
+opt = torch.optim.Adam(params) if case == "heads" else torch.optim.SGD(params, 0.1)
+schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    for step in range(12):
+        opt.zero_grad()
+        if case == "heads" and step % 2:
+            lossf(head_b(trunk(x)), y_b).backward()
+        else:
+            lossf(head_a(trunk(x)), y).backward()
+        opt.step()
+        if case == "steplr":
+            schedule.step()
+prof.export_chrome_trace(out)
