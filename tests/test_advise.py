@@ -314,13 +314,21 @@ def test_shares_leave_out_the_step_that_starts_the_profiler(tmp_path: Path) -> N
     ({0: [30]}, set()),  # alone: nothing to tell it from
     ({0: [10, 30, 10]}, set()),  # a slow later step is outlier_steps' to weigh
     ({0: [30, 10, 10], 1: [10, 10, 10]}, {(0, 0)}),  # each rank on its own
+    # work that comes back (a stall every fifth step, the window's first step the fifth) is
+    # the program's: a later profiled step, or one after the window, half as far above or more
+    ({0: [30, 10, 10, 10, 21]}, set()),
+    ({0: [30, 10, 10], 9: [10]}, {(0, 0)}),  # another rank's step is no rank 0's
 ])
+@pytest.mark.parametrize("after", [10, 30])  # a step after the window: usual, or as slow
 def test_which_profiled_step_starts_the_profiler(durations: dict[int, list[int]],
-                                                 aside: set[tuple[int, int]]) -> None:
+                                                 aside: set[tuple[int, int]],
+                                                 after: int) -> None:
     from perfswarm.analyze.iterations import profiler_start
 
     rows = [(r, i, 100 * i, 100 * i + d, "marker") for r, ds in durations.items()
-            for i, d in enumerate(ds)] + [(0, 9, 900, 990, "detected")]
+            for i, d in enumerate(ds)] + [(0, 9, 900, 900 + after, "detected"),
+                                          (0, 8, 800, 890, "export")]  # the export: aside
+    aside = aside if after == 10 else set()
     table = pa.table({k: [row[i] for row in rows] for i, k in
                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
     assert profiler_start(table) == aside

@@ -23,6 +23,10 @@ from perfswarm.errors import ParameterError
     (Iterable[str], (s for s in "ab"), ["a", "b"]),
     (Mapping[int, int], {"768": "1024"}, {768: 1024}),
     (tuple[float | None, float | None], [1, None], (1, None)),
+    # numpy's scalars as Python's (its float64, a float subclass, had stayed one: JSON refused
+    # it; its bool and str had been refused)
+    (float, np.float64(5.0), 5.0), (bool, np.True_, True),
+    (Literal["ring", "tree"], np.str_("tree"), "tree"),
 ])
 def test_what_each_hint_takes(hint: Any, value: Any, expected: Any) -> None:
     got = conform(hint, value)

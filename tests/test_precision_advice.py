@@ -52,8 +52,11 @@ def _recorded(tmp_path: Path, dtype: str) -> Run:
 
 
 def _raw_ops(run: Run) -> tuple[list[dict[str, Any]], dict[int, int]]:
-    """The raw trace's ops that start in a ProfilerStep, and each one's own time in ns (its
-    duration less its direct children's: ops, annotations), from the JSON alone."""
+    """The raw trace's ops that start in a ProfilerStep that advice measures (a first one the
+    profiler's start slowed is set aside: Facts.set_aside, tested in test_advise.py), and each
+    one's own time in ns (its duration less its direct children's: ops, annotations), from the
+    JSON alone."""
+    aside = {step for _, step in Facts.of(run).set_aside}
     trace = orjson.loads(next((run.path / "raw").glob("torch-*.json")).read_bytes())
 
     def ns(us: Any) -> int:
@@ -62,7 +65,8 @@ def _raw_ops(run: Run) -> tuple[list[dict[str, Any]], dict[int, int]]:
     host = [e for e in trace["traceEvents"] if e.get("ph") == "X"
             and e.get("cat") in ("cpu_op", "user_annotation", "python_function")]
     steps = [(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in host
-             if e["name"].startswith("ProfilerStep#")]
+             if e["name"].startswith("ProfilerStep#")
+             and int(e["name"].removeprefix("ProfilerStep#")) not in aside]
     calls = sorted((e for e in host if not e["name"].startswith("ProfilerStep#")),
                    key=lambda e: (e["tid"], ns(e["ts"]), -ns(e["dur"])))
     own = {id(e): ns(e["dur"]) for e in calls}

@@ -113,15 +113,17 @@ def conform(hint: Any, value: Any) -> Any:
             except _Refused as refused:
                 details.append(refused.detail)
         raise _Refused(next((d for d in details if d), ""))
-    if origin is Literal:
-        if any(type(value) is type(a) and value == a for a in get_args(hint)):
-            return value
+    if origin is Literal:  # the literal itself (text of a str subclass, numpy's, is text)
+        found = next((a for a in get_args(hint) if (type(value) is type(a) or (
+            isinstance(a, str) and isinstance(value, str))) and value == a), _NOTHING)
+        if found is not _NOTHING:
+            return found
         raise _Refused
     if origin is not None:
         return _container(origin, get_args(hint), value)
     if hint is bool:
-        if isinstance(value, bool):
-            return value
+        if isinstance(value, bool) or _numpy_bool(value):
+            return bool(value)
         raise _Refused
     if hint in (int, float):
         return _number(hint, value)
@@ -151,8 +153,18 @@ def _number(kind: type[int] | type[float], value: Any) -> int | float:
     if isinstance(value, numbers.Integral):  # numpy's integers become ints
         return int(value)
     if kind is float and isinstance(value, numbers.Real):
-        return value if isinstance(value, float) else float(value)
+        return float(value)  # numpy's float64, a float subclass, as a float (JSON takes it)
     raise _Refused
+
+
+_NOTHING: Final = object()
+
+
+def _numpy_bool(value: Any) -> bool:
+    """Whether `value` is numpy's bool (np.True_: no subclass of bool), told without importing
+    numpy (the command line's start-up does not)."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
 def _container(origin: Any, args: tuple[Any, ...], value: Any) -> Any:
