@@ -173,8 +173,8 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
     best, why = max(1, cores // procs), "cores / processes"
     # other processes holding the cores leave fewer free: cpu_contention's number, the same
     # (8 threads on 2 busy cores took 66-80 ms a step, 2 threads 56-210, 1 thread 16-26)
-    contended = _contended(facts)
-    fewer = fewer_threads(facts, contended[2]) if contended is not None else None
+    busy = contended(facts)
+    fewer = fewer_threads(facts, busy[2]) if busy is not None else None
     if fewer is not None and fewer.advised < best:
         best, why = fewer.advised, (f"the {fewer.free_cores:.2f} cores other processes left "
                                     "free / processes, as cpu_contention says")
@@ -223,7 +223,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
     """The cores were busy, but mostly not with the recorded processes: others took the CPU;
     over the profiled steps, or over every step the run timed where other processes held it
     back more there (a quiet window, a loaded rest of the run)."""
-    found = _contended(facts)
+    found = contended(facts)
     if found is None:
         return None
     gain, whole, evidence, model = found
@@ -247,7 +247,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
 _RECORDING = "the recording (the system sampler's span: no step timed, nothing traced)"
 
 
-def _contended(facts: Facts) -> tuple[float, int, dict[str, Any], str] | None:
+def contended(facts: Facts) -> tuple[float, int, dict[str, Any], str] | None:
     """_contention over the profiled steps or over every timed step, whichever loses the
     larger share; None where other processes held the run back little in both."""
     found = [c for timed in (False, True) if (c := _contention(facts, timed)) is not None]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
-from perfswarm.optimize.rules.host import known_cores, on_cpu_share, pageable_copies
+from perfswarm.optimize.rules.host import contended, known_cores, on_cpu_share, pageable_copies
+from perfswarm.optimize.rules.threads import free_cores
 
 _FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (recorder/inject)
 _WAITING = 0.5  # a loader on a CPU under this share of the time it can have there waits (I/O)
@@ -134,7 +135,10 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         made = inside if inside.height else fetches
     batch_ns = float(made["dur"].mean()) if made.height else None  # type: ignore[arg-type]
     on_cpu = on_cpu_share(facts, made) if made.height else None
-    cores = known_cores(facts)
+    cores: float | None = known_cores(facts)
+    busy = contended(facts)  # other processes held some: the loader has the rest
+    if cores is not None and busy is not None:
+        cores = min(cores, free_cores(busy[2]))
     return LoaderPlan(
         step_ns=facts.wall_ns / steps, wait_ns=wait / steps,
         batches=(loads.height or made.height) / steps, workers=workers, batch_ns=batch_ns,

@@ -61,6 +61,15 @@ def ran_with(facts: Facts) -> tuple[int, int, str] | None:
     return None
 
 
+def free_cores(contention: Mapping[str, Any]) -> float:
+    """The host's cores less those other processes held (cpu_contention's evidence: the busy
+    cores less the run's and the recorder's own tools')."""
+    cores = float(contention["cores"])
+    others = (float(contention["host_busy_cores"]) - float(contention["process_cores"])
+              - float(contention["recorder_cores"]))
+    return min(cores, max(0.0, cores - others))
+
+
 def fewer_threads(facts: Facts, contention: Mapping[str, Any]) -> FewerThreads | None:
     """Where the run's processes ran more intra-op threads than the cores other processes left
     free (cpu_contention's evidence: the host's busy cores less the run's and the recorder's
@@ -70,10 +79,7 @@ def fewer_threads(facts: Facts, contention: Mapping[str, Any]) -> FewerThreads |
     if found is None:
         return None
     processes, threads, source = found
-    cores = float(contention["cores"])
-    others = (float(contention["host_busy_cores"]) - float(contention["process_cores"])
-              - float(contention["recorder_cores"]))
-    free = min(cores, max(0.0, cores - others))
+    free = free_cores(contention)
     advised = max(1, math.floor(free / processes))
     if threads <= advised:
         return None
