@@ -367,7 +367,8 @@ DDP = textwrap.dedent("""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(5):
         opt.zero_grad(); model(torch.randn(8, 16)).sum().backward(); opt.step()
-    dist.destroy_process_group()
+    dist.barrier()  # both ranks done before either tears gloo down (a rank had aborted in its
+    dist.destroy_process_group()  # teardown once: "terminate called without an active exception")
 """)
 
 
