@@ -722,19 +722,25 @@ def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     return [(n, cost, d) for n, cost, d in parts if cost is not None]
 
 
-# Ops that only make views, allocate or read metadata: their time does not grow with the data.
-METADATA_OPS = frozenset({
+# Ops that never move data: views of their input, and allocations left uninitialised. Their
+# time is the dispatch every op pays.
+VIEW_OPS = frozenset({
     "view", "as_strided", "as_strided_", "empty", "empty_strided", "empty_like", "new_empty",
     "new_empty_strided", "resize_", "detach", "detach_", "t", "transpose", "transpose_",
     "expand", "expand_as", "select", "slice", "unsqueeze", "unsqueeze_", "squeeze", "squeeze_",
-    "reshape", "_reshape_alias", "_unsafe_view", "resolve_conj", "resolve_neg", "alias",
-    "permute", "result_type", "lift_fresh", "narrow", "split", "split_with_sizes", "chunk",
-    "unbind", "flatten", "unflatten", "item", "_local_scalar_dense", "view_as", "numpy_T",
-    "set_", "is_nonzero", "size", "stride", "contiguous", "to", "_to_copy", "type_as",
-    "scalar_tensor", "arange", "zeros", "ones", "zeros_like", "ones_like", "full", "full_like",
-    "new_zeros", "new_ones", "rand", "randn", "randint", "randperm", "tril_indices",
-    "triu_indices",
+    "_reshape_alias", "_unsafe_view", "alias", "permute", "lift_fresh", "narrow", "split",
+    "split_with_sizes", "chunk", "unbind", "view_as", "numpy_T", "set_",
 })
+# Ops that only make views, allocate or read metadata, or whose work the cost model leaves to
+# the ops they call (reshape, contiguous, to: a copy when one is needed, else a view): their
+# time does not grow with the data.
+METADATA_OPS = VIEW_OPS | {
+    "reshape", "resolve_conj", "resolve_neg", "result_type", "flatten", "unflatten", "item",
+    "_local_scalar_dense", "is_nonzero", "size", "stride", "contiguous", "to", "_to_copy",
+    "type_as", "scalar_tensor", "arange", "zeros", "ones", "zeros_like", "ones_like", "full",
+    "full_like", "new_zeros", "new_ones", "rand", "randn", "randint", "randperm",
+    "tril_indices", "triu_indices",
+}
 
 
 def data_cost(name: str, shapes: Shapes, fixed: Sequence[bool] = ()) -> OpCost | None:

@@ -21,7 +21,7 @@ import polars as pl
 
 from perfswarm.analyze.annotations import host_calls
 from perfswarm.analyze.frame import Events
-from perfswarm.model.opcost import FLOAT_TYPES, OpCost, Shapes, shapes_from_args
+from perfswarm.model.opcost import FLOAT_TYPES, VIEW_OPS, OpCost, Shapes, shapes_from_args
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
@@ -32,10 +32,6 @@ _MIN_SHARE: Final = 10.0  # % of the measured time in float64 work below which i
 # 4 or 2), for GEMMs (MKL/oneDNN sgemm vs dgemm peak), convolutions and elementwise ops alike;
 # on a GPU, a memory-bound kernel's (half the bytes)
 _HALF: Final = 0.5
-# Ops that move no data (views, allocations): their time is the dispatch every op pays
-_NO_DATA: Final = (r"^aten::(view|_reshape_alias|as_strided|alias|detach|t|transpose|permute|"
-                   r"expand|unsqueeze|squeeze|slice|select|empty|empty_strided|empty_like|"
-                   r"resize_|_unsafe_view|lift_fresh)$")
 # Kernels of float64 work by their name, where no modelled op launched them (cuBLAS dgemm,
 # ATen's templates instantiated for double, cutlass/xmma f64)
 _FP64_KERNEL: Final = r"(?i)(\bdouble\b|dgemm|dgemv|f64)"
@@ -93,13 +89,13 @@ def _on_cpu(facts: Facts) -> Advice | None:
     """CPU ops: each float64 op's own time (less the ops inside it), less the dispatch every op
     pays (the median own time of the run's ops that move no data), halves in float32."""
     ops = facts.in_window(facts.kind("cpu_op"))
-    moves = pl.col("name").str.contains(_NO_DATA)
-    fp64 = _fp64_rows(facts, ops.filter(~moves))  # a view of a double tensor computes nothing
+    views = pl.col("name").is_in([f"aten::{op}" for op in VIEW_OPS])
+    fp64 = _fp64_rows(facts, ops.filter(~views))  # a view of a double tensor computes nothing
     if fp64.height == 0:
         return None
     own = host_calls(Events.load(facts.run)).cpu_self
     fp64 = fp64.with_columns(own=pl.Series(own[fp64["row"].to_numpy()], dtype=pl.Int64))
-    no_data = ops.filter(moves)
+    no_data = ops.filter(views)
     dispatch = float(np.median(own[no_data["row"].to_numpy()])) if no_data.height else 0.0
     fp64_ns = int(fp64["own"].sum())
     share = pct(fp64_ns, facts.wall_ns)
