@@ -6,9 +6,10 @@ or `python gan_adam.py OUT.json twins` for twin_gan_cpu.pt.trace.json.gz: both m
 32 -> 32 -> 32 (the discriminator's score the mean of its output), so both optimizers update
 parameters of the same shapes. Each step's end (time.perf_counter_ns, after the generator's
 optimizer call) goes to stdout. `twins d2` has the twins' discriminator step twice a generator
-step (twin_gan_d2_cpu.pt.trace.json.gz), `twins d2 sgd` by plain SGD (twin_gan_d2_sgd_cpu...):
-three calls of one kind a step, the first two alike, as one optimizer's with extra work every
-third step; only the backward passes before them, in a cycle of three, tell the models apart."""
+step, each on fakes of its own (twin_gan_d2_cpu.pt.trace.json.gz), and `twins d2 sgd` both
+models stepped by plain SGD (twin_gan_d2_sgd_cpu.pt.trace.json.gz): three calls of one kind a
+step, the ops between them alike but one stretch, as one optimizer's with extra work every
+third step; the backward passes before them, in a cycle of three, tell the models apart."""
 
 import sys
 import time
