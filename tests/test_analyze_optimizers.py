@@ -1,7 +1,9 @@
 """Steps detected from optimizer calls told apart by their ops (analyze.optimizer_kinds), on
 recordings with no step markers: tests/data/eval_every2.py (one Adam, an evaluation forward
-after every second step) and tests/data/gan_adam.py (a GAN's two Adams, of models of different
-sizes and of twin models). Each expected boundary is read from the raw JSON alone."""
+after every second step), tests/data/gan_adam.py (a GAN's two Adams, of models of different
+sizes and of twin models; twins whose discriminator steps twice a generator step, by Adam or
+SGD) and tests/data/heads_steplr.py (one optimizer whose calls differ). Each expected boundary
+is read from the raw JSON alone."""
 
 from __future__ import annotations
 
@@ -82,17 +84,15 @@ def test_one_optimizer_with_an_evaluation_every_second_step(tmp_path: Path) -> N
     The calls come in twos of unequal stretches, as a GAN's do, but every call updates the
     same shapes: one optimizer, 12 steps each ending at its call's end (6 of two steps each
     had been found). Without the scalars (older torch) the shapes alone still say it; without
-    shapes (record_shapes=False) nothing tells the two apart and 6 iterations are found."""
+    shapes (record_shapes=False) the backward passes before the calls, all alike, say it: a
+    GAN's two optimizers each step after a backward of their own (6 had been found)."""
     raw = _raw("eval_every2_cpu.pt.trace.json.gz")
     calls = _calls(raw)
     assert len(calls) == 12 and len({_updated(raw, c) for c in calls}) == 1
     expected = _expected(raw, 1)
     assert _steps(tmp_path, raw, "shaped") == expected
     assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
-    unshaped = _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped")
-    ends = [end for _, end in expected]
-    assert len(unshaped) == 6 and all(sum(lo < end <= hi for end in ends) == 2
-                                      for lo, hi in unshaped)
+    assert _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped") == expected
 
 
 @pytest.mark.parametrize(("name", "alike"), [("gan_adam_cpu.pt.trace.json.gz", False),
@@ -117,14 +117,31 @@ def test_a_gans_two_optimizers_make_one_step(tmp_path: Path, name: str, alike: b
     ev = Events.load(run)
     rows = step_calls(ev)
     kinds = call_kinds(run, ev, rows[np.argsort(ev.end[rows], kind="stable")])
-    assert kinds.shaped.all()
-    assert kinds.kind.tolist() == ([0] * 20 if alike else [0, 1] * 10)
+    assert kinds.kind.tolist() == kinds.own.tolist() == ([0] * 20 if alike else [0, 1] * 10)
     assert count_cycle(kinds.scalars) == 2  # two Adams at one count of steps
 
 
+@pytest.mark.parametrize("name", ["twin_gan_d2_cpu.pt.trace.json.gz",
+                                  "twin_gan_d2_sgd_cpu.pt.trace.json.gz"])
+def test_twin_models_whose_discriminator_steps_twice(tmp_path: Path, name: str) -> None:
+    """tests/data/gan_adam.py `twins d2` (Adam) and `twins d2 sgd`: 10 steps, each two
+    discriminator calls, on fakes of their own, and a generator call, every call updating the
+    same shapes. The ops between the calls come as two alike stretches and one other, as one
+    optimizer's with extra work every third step, and the Adams' scalars in no runs of one
+    length: 30 steps had been found. The backward passes before the calls cycle at three (the
+    generator's backpropagates through both models), which no evaluation makes: 10 steps, each
+    ending at its generator's call, with the scalars and without them."""
+    raw = _raw(name)
+    calls = _calls(raw)
+    assert len(calls) == 30 and len({_updated(raw, c) for c in calls}) == 1
+    expected = _expected(raw, 3)
+    assert _steps(tmp_path, raw, "shaped") == expected
+    assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+
+
 def _kinds(kind: list[int], scalars: list[int] | None = None,
-           shaped: bool = True) -> CallKinds:
-    return CallKinds(np.array(kind, np.int64), np.full(len(kind), shaped),
+           own: list[int] | None = None) -> CallKinds:
+    return CallKinds(np.array(kind, np.int64), np.array(own if own is not None else kind, np.int64),
                      np.array(scalars if scalars is not None else [-1] * len(kind), np.int64))
 
 
@@ -144,14 +161,20 @@ def test_the_cycle_of_told_apart_optimizers() -> None:
     pairs = [i // 2 for i in range(n)]
     assert identified_cycle(_kinds([0] * n, pairs), apart, alternating, 1) == 2
     assert identified_cycle(_kinds([0] * n, pairs), apart, same, 1) == 1
-    # one kind, scalars that never change (SGD): the backward passes alternate with the
-    # structural cycle (twin models), or do not (one optimizer)
+    # one kind, scalars that never change (SGD): the backward passes cycle (twin models), at
+    # their cycle whatever the structural one (a discriminator stepped twice), or do not (one
+    # optimizer); they cycle with calls that leave shapes out (a layer frozen every other
+    # step): one optimizer
     assert identified_cycle(_kinds([0] * n, [0] * n), apart, alternating, 2) == 2
+    thirds = np.array([0, 0, 1] * 4, np.int64)[:n - 1]
+    assert identified_cycle(_kinds([0] * n, [0] * n), apart, thirds, 1) == 3
     assert identified_cycle(_kinds([0] * n, [0] * n), apart, same, 2) == 1
+    assert identified_cycle(_kinds([0] * n, [0] * n, [0, 1] * 6), apart, alternating, 2) == 1
     # nothing between two calls: one step's (two optimizers of one kind back to back)
     assert identified_cycle(_kinds([0] * n, [0] * n), np.array([5, 0] * 5 + [5]), same, 2) == 2
-    # no shapes: the class alone says nothing, the structural cycle stays
-    assert identified_cycle(_kinds([0] * n, shaped=False), apart, same, 2) == 2
+    # no shapes (the class alone): the backward passes still say it
+    assert identified_cycle(_kinds([0] * n), apart, same, 2) == 1
+    assert identified_cycle(_kinds([0] * n), apart, alternating, 2) == 2
     # kinds that vary with no cycle: the structural cycle stays
     assert identified_cycle(_kinds([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]), apart, same, 1) == 1
     assert id_cycle(np.array([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0])) == 0
@@ -195,17 +218,24 @@ def test_an_optimizer_skipping_parameters_without_gradients(tmp_path: Path) -> N
     assert _steps(tmp_path, changed, "skipping") == _expected(raw, 1)
 
 
-@pytest.mark.parametrize("name", ["heads_cpu.pt.trace.json.gz", "steplr_cpu.pt.trace.json.gz"])
+@pytest.mark.parametrize("name", ["heads_cpu.pt.trace.json.gz", "steplr_cpu.pt.trace.json.gz",
+                                  "frozen_cpu.pt.trace.json.gz"])
 def test_one_optimizer_whose_calls_differ(tmp_path: Path, name: str) -> None:
     """tests/data/heads_steplr.py: one Adam over a trunk and two heads of other shapes used in
     turn (each call updates the trunk and one head: shape sets that share most of themselves),
     and one SGD whose StepLR holds its rate for 3 steps (its scalars in runs of 3, one backward
-    throughout). Each call is a step: they had read as two optimizers (6 steps of 12) and as
-    three twins (4)."""
+    throughout), and one SGD whose trunk is frozen every other step (those calls update a
+    subset of the others' shapes, after a backward of fewer nodes: the backward passes
+    alternate, as twin models' do). Each call is a step: they had read as two optimizers (6
+    steps of 12), as three twins (4) and as twins (6)."""
     raw = _raw(name)
     calls = _calls(raw)
     assert len(calls) == 12
     if name.startswith("heads"):  # two sets of shapes, each mostly the other's
         a, b = {_updated(raw, c) for c in calls}
         assert not a <= b and not b <= a and len(a & b) >= len(a) / 2
+    if name.startswith("frozen"):  # every other call updates a part of the others' shapes
+        updated = [_updated(raw, c) for c in calls]
+        assert len(set(updated[::2])) == len(set(updated[1::2])) == 1
+        assert updated[1] < updated[0]
     assert _steps(tmp_path, raw, "r") == _expected(raw, 1)

@@ -5,7 +5,11 @@ schedule (no ProfilerStep markers). Written with `python gan_adam.py OUT.json` (
 or `python gan_adam.py OUT.json twins` for twin_gan_cpu.pt.trace.json.gz: both models
 32 -> 32 -> 32 (the discriminator's score the mean of its output), so both optimizers update
 parameters of the same shapes. Each step's end (time.perf_counter_ns, after the generator's
-optimizer call) goes to stdout."""
+optimizer call) goes to stdout. `twins d2` has the twins' discriminator step twice a generator
+step, each on fakes of its own (twin_gan_d2_cpu.pt.trace.json.gz), and `twins d2 sgd` both
+models stepped by plain SGD (twin_gan_d2_sgd_cpu.pt.trace.json.gz): three calls of one kind a
+step, the ops between them alike but one stretch, as one optimizer's with extra work every
+third step; the backward passes before them, in a cycle of three, tell the models apart."""
 
 import sys
 import time
@@ -15,7 +19,8 @@ from torch import nn
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
-twins = sys.argv[2:] == ["twins"]
+flags = set(sys.argv[2:])
+twins = "twins" in flags
 if twins:
     gen = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
     disc = nn.Sequential(nn.Linear(32, 32), nn.LeakyReLU(0.2), nn.Linear(32, 32))
@@ -24,8 +29,15 @@ else:
     gen = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
     disc = nn.Sequential(nn.Linear(32, 48), nn.LeakyReLU(0.2), nn.Linear(48, 1))
     noise = 16
-opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
-opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+
+
+def optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    if "sgd" in flags:
+        return torch.optim.SGD(model.parameters(), lr=0.01)
+    return torch.optim.Adam(model.parameters(), lr=2e-4, betas=(0.5, 0.999))
+
+
+opt_g, opt_d = optimizer(gen), optimizer(disc)
 real = torch.randn(64, 32)
 
 
@@ -34,12 +46,13 @@ def score(x: torch.Tensor) -> torch.Tensor:
 
 
 def step() -> None:
-    fake = gen(torch.randn(64, noise))
-    opt_d.zero_grad()
-    d_loss = (nn.functional.softplus(-score(real)) + nn.functional.softplus(score(fake.detach()))
-              ).mean()
-    d_loss.backward()
-    opt_d.step()
+    for _ in range(2 if "d2" in flags else 1):  # each discriminator step on fakes of its own
+        fake = gen(torch.randn(64, noise))
+        opt_d.zero_grad()
+        d_loss = (nn.functional.softplus(-score(real))
+                  + nn.functional.softplus(score(fake.detach()))).mean()
+        d_loss.backward()
+        opt_d.step()
     opt_g.zero_grad()
     g_loss = nn.functional.softplus(-score(fake)).mean()
     g_loss.backward()

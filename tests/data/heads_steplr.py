@@ -1,10 +1,13 @@
-"""Two loops of one optimizer each, profiled with record_shapes and no step markers, 12 steps:
+"""Three loops of one optimizer each, profiled with record_shapes and no step markers, 12 steps:
 `heads` (one Adam over a shared trunk and two task heads of other shapes, used in turn: each
-call updates the trunk and one head) and `steplr` (SGD whose StepLR halves its rate every 3
-steps: its ops' scalars come in runs of 3). Read as told-apart optimizers, the first had been
-a cycle of two optimizers (6 steps), the second of three twins (4).
+call updates the trunk and one head), `steplr` (SGD whose StepLR halves its rate every 3
+steps: its ops' scalars come in runs of 3) and `frozen` (SGD over the trunk and head A, the
+trunk's layer frozen every other step: those calls update head A alone, after a backward of
+fewer nodes). Read as told-apart optimizers, the first had been a cycle of two optimizers (6
+steps), the second of three twins (4); the third, its backward passes alternating as twin
+models' do, 6.
 
-    python tests/data/heads_steplr.py heads|steplr OUT.pt.trace.json
+    python tests/data/heads_steplr.py heads|steplr|frozen OUT.pt.trace.json
 """
 
 import sys
@@ -25,6 +28,8 @@ opt = torch.optim.Adam(params) if case == "heads" else torch.optim.SGD(params, 0
 schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
     for step in range(12):
+        if case == "frozen":
+            trunk.requires_grad_(step % 2 == 0)
         opt.zero_grad()
         if case == "heads" and step % 2:
             lossf(head_b(trunk(x)), y_b).backward()

@@ -538,7 +538,8 @@ def call_cycle(between: I64, inside: I64) -> int:
     had made a cycle of 3, and 12 steps read as 4): a cycle of 1. With two, alike calls are
     as likely two optimizers of as many parameters (a GAN's, alike in size: each call its own
     step had halved the step time) as one with extra work every second step: a cycle of 2
-    (optimizer_kinds.identified_cycle tells them apart where the ops carry shapes)."""
+    (optimizer_kinds.identified_cycle tells them apart by the calls' shapes and scalars and
+    the backward passes between them)."""
     for k in range(1, MAX_CYCLE + 1):
         if len(between) >= 2 * k and np.mean(between[k:] == between[:-k]) >= CYCLE_MATCH:
             # alike: as many ops in (nearly) every call, the first perhaps more (Adam's state

@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import Events, Mask, detail_of, lane_key
+from perfswarm.analyze.frame import Events, detail_of, lane_key
 from perfswarm.analyze.intervals import I64
 from perfswarm.analyze.phases import own_starts
 from perfswarm.trace.store import Run
@@ -31,13 +31,18 @@ SHARED: Final = 0.5  # calls of one class sharing this much of their shapes: one
 @dataclass(frozen=True)
 class CallKinds:
     """Of each of a thread's optimizer calls, in call order: `kind`, an id of its class and the
-    set of tensor shapes its update's ops read (ids in order of first appearance; the class
-    alone where they carry no shapes); `shaped`, whether they carried any; `scalars`, an id of
-    its update's ops' scalar arguments in order (-1: none recorded)."""
+    set of tensor shapes its update's ops read, a call whose shapes are mostly another's taking
+    that one's (_kinds); `own`, an id of its class and its very shapes (ids in order of first
+    appearance; the class alone where they carry no shapes); `scalars`, an id of its update's
+    ops' scalar arguments in order (-1: none recorded)."""
 
     kind: I64
-    shaped: Mask
+    own: I64
     scalars: I64
+
+    def uniform(self) -> bool:
+        """Whether every call of a kind updated the same shapes (none left parameters out)."""
+        return len(np.unique(self.own)) == len(np.unique(self.kind))
 
 
 class _Fields(msgspec.Struct):
@@ -90,7 +95,7 @@ def call_kinds(run: Run, ev: Events, calls: I64) -> CallKinds:
     decoded: dict[str, _Fields] = {}
     scalar_ids: dict[tuple[str, ...], int] = {}
     keys: list[tuple[str, frozenset[tuple[int, ...]]]] = []
-    shaped, scalars = [], []
+    scalars = []
     for call, mine in zip(calls.tolist(), inside, strict=True):
         shapes: set[tuple[int, ...]] = set()
         values: list[str] = []
@@ -106,9 +111,10 @@ def call_kinds(run: Run, ev: Events, calls: I64) -> CallKinds:
             if isinstance(fields.concrete, list):
                 values.append(",".join(map(str, fields.concrete)))
         keys.append((ev.name_of(call), frozenset(shapes)))
-        shaped.append(bool(shapes))
         scalars.append(scalar_ids.setdefault(tuple(values), len(scalar_ids)) if values else -1)
-    return CallKinds(_kinds(keys), np.array(shaped, bool), np.array(scalars, np.int64))
+    own: dict[tuple[str, frozenset[tuple[int, ...]]], int] = {}
+    return CallKinds(_kinds(keys), np.array([own.setdefault(k, len(own)) for k in keys], np.int64),
+                     np.array(scalars, np.int64))
 
 
 def _kinds(keys: list[tuple[str, frozenset[tuple[int, ...]]]]) -> I64:
@@ -163,23 +169,30 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: in
     optimizers stepped back to back); calls of one kind that come in runs of alike scalars,
     where the backward passes between them cycle at that length too, that run's length (a GAN
     of twin models stepped by Adam; one SGD whose StepLR holds its rate for k steps runs one
-    backward throughout, and had read as k twin optimizers). Calls of one kind with their
-    shapes, each with work between it and the one before (`apart`: ops outside the
-    optimizers' calls), are one optimizer's, a cycle of 1 (an evaluation after every second
+    backward throughout, and had read as k twin optimizers). Kinds that vary without a cycle,
+    or two calls with nothing between them (`apart`: ops outside the optimizers' calls), which
+    are one step's: `structural` (iterations.call_cycle, from the ops between the calls).
+    Otherwise the calls are one optimizer's, a cycle of 1 (an evaluation after every second
     step had read as a GAN's two optimizers), unless the backward passes between them
-    (`backward`: an id of each stretch's autograd nodes) differ in the cycle found from the
-    ops between the calls (`structural`: iterations.call_cycle): one optimizer's steps run
-    one backward, a GAN's discriminator's and generator's each their own, and so do twin
-    models stepped by SGD, whose scalars never change. Otherwise `structural` is kept: the
-    class alone (no shapes recorded), kinds that vary without a cycle, or two calls with
-    nothing between them, which are one step's."""
+    (`backward`: an id of each stretch's autograd nodes) cycle while every call of the kind
+    updates the same shapes: twin models' optimizers, each stepped after a backward of its own
+    (a GAN's generator step backpropagates through both models, its discriminator's through
+    one), at the backward's cycle whatever the ops between the calls say (a discriminator
+    stepped twice a generator's step had read as one optimizer with extra work every third
+    step, which adds no backward: 36 steps of 12). One optimizer's calls that leave out
+    parameters with no gradient (a layer frozen every other step: its backward passes
+    alternate too) stay a cycle of 1, and so do calls without shapes (record_shapes=False)
+    whose backward passes are alike (an evaluation every second step: it had kept the cycle of
+    the ops between the calls, 2). Twin models each stepped after a backward alike (two seeds
+    in lockstep) read as one optimizer: nothing the trace holds tells them apart."""
     k = id_cycle(kinds.kind)
     if k >= 2:
         return k
     if k == 0:
         return structural
-    if (m := count_cycle(kinds.scalars)) >= 2 and id_cycle(backward) == m:
+    b = id_cycle(backward)
+    if (m := count_cycle(kinds.scalars)) >= 2 and b == m:
         return m  # (runs of alike scalars with one backward throughout: StepLR's rate)
-    if not kinds.shaped.all() or not (apart > 0).all():
+    if not (apart > 0).all():
         return structural
-    return structural if structural >= 2 and id_cycle(backward) == structural else 1
+    return b if b >= 2 and kinds.uniform() else 1
