@@ -29,7 +29,7 @@ import pytest
 
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
-from perfswarm.recorder import session
+from perfswarm.recorder import session, tools
 from perfswarm.recorder.build import Recording, build_run
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.recorder.tools import ToolCollector
@@ -551,11 +551,14 @@ class _Spinner(ToolCollector):
         return [self.exe, "-c", SPIN, str(self.raw / self.output)]
 
 
-def test_a_spinning_tool_is_started_again(tmp_path: Path) -> None:
+def test_a_spinning_tool_is_started_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
     """Watched every second, a tool using half a core or more is stopped and started again,
     writing a new file each time (perf had burnt a core for the rest of a recording, which the
     program shared its cores with); one that spins again at once stops for good after
-    MAX_RESTARTS; every file it wrote is its."""
+    MAX_RESTARTS; every file it wrote is its. (The bar is lowered to a tenth of a core: at a
+    load of 9 on 2 cores the spinner had got under half of one, and was left alone.)"""
+    monkeypatch.setattr(tools, "SPIN_CORES", 0.1)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     spinner = _Spinner(tmp_path, 99)
     try:
