@@ -329,6 +329,27 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
         "steps' batches differ: every sample over the steps' whole time")
 
 
+def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
+    """Full-batch L-BFGS (tests/data/lbfgs_closure.py) evaluates its closure three times a step
+    inside its one optimizer call, on the same 256 samples: the first layer's weight gradient
+    (aten::mm [32, 256] x [256, 24]) sums them three times a step (counted from the raw
+    JSON), but the step trained 256 samples, not 768."""
+    trace = Path(__file__).parent / "data" / "lbfgs_closure_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    assert [sum(1 for e in raw if e.get("name") == "aten::mm"
+                and m["ts"] <= e["ts"] < m["ts"] + m["dur"]
+                and e["args"].get("Input Dims") == [[32, 256], [256, 24]]) for m in marks
+            ] == [3, 3, 3]
+    rates = report_data(import_traces([trace], tmp_path / "l.run", ImportOptions(),
+                                      ["lbfgs.py"]))["throughput"]
+    assert rates["samples_per_step"] == 256 and rates["steps"] == 3
+    assert rates["source"] == ("the samples the first layer's weight gradient summed in each "
+                               "step's backward (aten::mm over the batch, 32x24 weights: a "
+                               "policy's forwards of one observation each, or one batched "
+                               "update), in 3 of 3 steps")
+
+
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:
     """The profiler's first step runs slow (5 ms, then 1 ms and 1 ms): samples per second are
     per the median step, as the steps/s card's are (over all three: 12 in 7 ms)."""

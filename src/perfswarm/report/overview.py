@@ -336,12 +336,13 @@ def _is_backward_of(args: Mapping[str, Any], table: tuple[int, ...]) -> bool:
             and str(concrete[2]) == str(table[0]))
 
 
-def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
-    """The batches each window ran forward and backward: runs of autograd work in time order on
+def _pass_starts(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]
+                 ) -> tuple[I64, Mask, I64]:
+    """The rows that begin a forward and backward pass (runs of autograd work in time order on
     the threads that run it and the step markers' (the loop's), each begun after other work of
-    them (gradient accumulation runs several a step, an inference step none); those inside
-    one optimizer call are one (a closure evaluated again), and a step that steps k optimizers
-    (a GAN's discriminator and generator) runs k passes a batch."""
+    them), in time order; whether each is the first of its optimizer call (passes inside one
+    call are a closure evaluated again on the same batch: LBFGS's line search; a pass outside
+    any call is its own); and the outermost optimizer calls of their ranks, in time order."""
     rows = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine] | ev.is_step_marker[mine]], windows)
     back = phases(ev, rows) == BACKWARD
     lanes = np.unique(lane_key(ev.pid[rows], ev.tid[rows])[back | ev.is_step_marker[rows]])
@@ -350,8 +351,6 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     order = np.argsort(ev.ts[rows], kind="stable")
     rows, back = rows[order], back[order]
     begun = rows[back & ~np.concatenate(([False], back[:-1]))]
-    # the passes of one optimizer call (LBFGS evaluates its closure again on the same batch)
-    # are one
     calls = step_calls(ev)
     calls = calls[np.isin(ev.rank[calls], np.unique(ev.rank[begun]))]
     outer = calls[~nested(ev, calls, inner=False)]
@@ -360,6 +359,15 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     within = (at >= 0) & (ev.ts[begun] < ev.end[outer][np.maximum(at, 0)]) if len(outer) \
         else np.zeros(len(begun), bool)
     first = ~within | ~np.concatenate(([False], within[:-1] & (at[1:] == at[:-1])))
+    return begun, first, outer
+
+
+def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
+    """The batches each window ran forward and backward (`_pass_starts`: gradient accumulation
+    runs several a step, an inference step none; those inside one optimizer call are one), and
+    a step that steps k optimizers (a GAN's discriminator and generator) runs k passes a
+    batch."""
+    begun, first, outer = _pass_starts(ev, mine, windows)
     passes = np.bincount(_steps_of(ev, windows, begun[first].tolist()), minlength=len(windows))
     # a step that steps several optimizers (a GAN's two) feeds each its own passes of one batch
     stepped = np.bincount(_steps_of(ev, windows, _in_windows(ev, outer, windows).tolist()),
@@ -436,13 +444,18 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     """Per step, the batch rows the weight `weight` ([out, in], not square: a first layer
     whose input width is its own) had its gradient summed over in the backward: its
     backward's aten::mm [out, B] x [B, in] (the output's gradient, transposed, times the
-    input), B summed; {} without. A layer of the transposed shape (an autoencoder's last,
+    input), B summed (once a call of an optimizer that evaluates its closure again on the same
+    batch: LBFGS); {} without. A layer of the transposed shape (an autoencoder's last,
     [in, out]) is another's."""
     if len(weight) != 2 or weight[0] == weight[1]:
         return {}
     codes = [i for i, n in enumerate(ev.names) if n == "aten::mm"]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
     rows = rows[phases(ev, rows) == BACKWARD]
+    # a pass that evaluates an optimizer's closure again (LBFGS) sums the same samples again
+    begun, first, _outer = _pass_starts(ev, mine, windows)
+    of_pass = np.searchsorted(ev.ts[begun], ev.ts[rows], side="right") - 1
+    rows = rows[(of_pass < 0) | first[np.maximum(of_pass, 0)]]
     out: dict[int, int] = {}
     for (_row, text), step in zip(ordered := _in_order(run, ev, rows),
                                   _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
