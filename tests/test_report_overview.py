@@ -350,6 +350,30 @@ def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
                                "update), in 3 of 3 steps")
 
 
+def test_samples_of_the_transformer_fast_path(tmp_path: Path) -> None:
+    """nn.TransformerEncoder under inference_mode (tests/data/encoder_fastpath.py) runs torch's
+    fused fast path: each step's first product, aten::mm [30, 32], multiplies the tokens of
+    aten::_native_multi_head_attention's [3, 10, 32] as rows (both from the raw JSON): 3
+    samples a step, not 30."""
+    trace = Path(__file__).parent / "data" / "encoder_fastpath_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    for m in marks:
+        inside = sorted((e for e in raw if e.get("cat") == "cpu_op"
+                         and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"])
+        attention = next(e for e in inside if e["name"] == "aten::_native_multi_head_attention")
+        product = next(e for e in inside if e["name"] in ("aten::mm", "aten::addmm"))
+        assert attention["args"]["Input Dims"][0] == [3, 10, 32]
+        assert product["args"]["Input Dims"][0] == [30, 32]
+        assert attention["ts"] <= product["ts"] <= attention["ts"] + attention["dur"]
+    rates = report_data(import_traces([trace], tmp_path / "f.run", ImportOptions(),
+                                      ["serve.py"]))["throughput"]
+    assert rates["samples_per_step"] == 3 and rates["steps"] == len(marks) == 3
+    assert rates["source"] == (
+        "the activation input of each step's first GEMM or convolution (aten::mm 30x32: the "
+        "rows of aten::_native_multi_head_attention's 3x10x32 in the first), in 3 of 3 steps")
+
+
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:
     """The profiler's first step runs slow (5 ms, then 1 ms and 1 ms): samples per second are
     per the median step, as the steps/s card's are (over all three: 12 in 7 ms)."""

@@ -412,6 +412,7 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
             first[step] = (row, batch, _weight(name, shapes.dims))
     if not first:
         return {}, ""
+    first, folded = _unfolded(run, ev, mine, first)
     row, batch, weight = first[min(first)]
     # a plain batch of rows (torch.func.vmap's batch in front of the logical op's is not)
     trained = _weight_gradients(run, ev, mine, windows, weight) if len(batch) == 2 else {}
@@ -426,8 +427,32 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         if passes[min(first)] > 1 else ""
     return {step: b[0] * int(passes[step]) for step, (_r, b, _w) in first.items()}, (
         f"the activation input of each step's first GEMM or convolution ({ev.name_of(row)} "
-        f"{'x'.join(map(str, batch))} in the first{each}), in {len(first)} of {len(windows)} "
-        "steps")
+        f"{folded.get(min(first), 'x'.join(map(str, batch)))} in the first{each}), in "
+        f"{len(first)} of {len(windows)} steps")
+
+
+def _unfolded(run: Run, ev: Events, mine: I64,
+              first: Mapping[int, tuple[int, tuple[int, ...], tuple[int, ...]]],
+              ) -> tuple[dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]], dict[int, str]]:
+    """Each step's first product (row, input, weight), its input read from the op it runs in
+    where that op multiplies its batch's tokens as rows: torch's transformer fast path
+    (aten::_native_multi_head_attention on [3, 10, 32], inside it aten::mm on [30, 32]); its
+    input [B, ..., width] has leading dimensions that multiply to the product's rows. And per
+    step so read, the words that say so (the product's input, then the op's)."""
+    rows = np.fromiter((r for r, _b, _w in first.values()), np.int64, len(first))
+    outer = enclosing_ops(ev, rows, mine[ev.of_kind("cpu_op")[mine] & ~np.isin(mine, rows)])
+    texts = dict(zip(outer.values(), detail_of(run, np.fromiter(outer.values(), np.int64,
+                                                                len(outer))), strict=True))
+    out, said = dict(first), {}
+    for step, (row, batch, weight) in first.items():
+        shapes = shapes_from_args(texts[outer[row]]) if row in outer else None
+        dims = shapes.dims[0] if shapes is not None and shapes.dims else ()
+        if len(dims) >= 3 and len(batch) == 2 and dims[-1] == batch[1] \
+                and int(np.prod(dims[:-1])) == batch[0]:
+            out[step] = (row, dims, weight)
+            said[step] = (f"{'x'.join(map(str, batch))}: the rows of "
+                          f"{ev.name_of(outer[row])}'s {'x'.join(map(str, dims))}")
+    return out, said
 
 
 def _weight(name: str, dims: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
