@@ -350,6 +350,25 @@ def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
                                "update), in 3 of 3 steps")
 
 
+def test_samples_of_blocks_whose_first_layer_is_the_first_layers_shape(tmp_path: Path) -> None:
+    """Three residual blocks (tests/data/stacked_blocks.py), each expanding 16 -> 48 -> 16 with
+    no input layer before them: the first layer's weight shape [48, 16] is each block's, so
+    each step's backward sums 8 samples in three gradients of that shape ([48, 8] x [8, 16])
+    and accumulates three parameters of it (both counted from the raw JSON): 8 samples a
+    step, not 24."""
+    trace = Path(__file__).parent / "data" / "stacked_blocks_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    for m in (e for e in raw if e.get("name", "").startswith("ProfilerStep#")):
+        inside = [e for e in raw if m["ts"] <= e.get("ts", -1) < m["ts"] + m["dur"]]
+        assert sum(1 for e in inside if e["name"] == "aten::mm"
+                   and e["args"].get("Input Dims") == [[48, 8], [8, 16]]) == 3
+        assert sum(1 for e in inside if e["name"] == "torch::autograd::AccumulateGrad"
+                   and e["args"].get("Input Dims", [[]])[0] == [48, 16]) == 3
+    rates = report_data(import_traces([trace], tmp_path / "s.run", ImportOptions(),
+                                      ["blocks.py"]))["throughput"]
+    assert rates["samples_per_step"] == 8 and rates["steps"] == 3
+
+
 def test_samples_of_the_transformer_fast_path(tmp_path: Path) -> None:
     """nn.TransformerEncoder under inference_mode (tests/data/encoder_fastpath.py) runs torch's
     fused fast path: each step's first product, aten::mm [30, 32], multiplies the tokens of

@@ -48,6 +48,7 @@ CATEGORIES: Final = ("device compute", "communication", "memory copy", "data loa
 UNTRACED: Final = CATEGORIES.index("untraced")
 LOADER: Final = re.compile(r"DataLoader")
 _NOT_WORK: Final = ("instant", "trace_span", "profiler_range")
+ACCUMULATE_GRAD: Final = "torch::autograd::AccumulateGrad"  # a parameter's gradient, a pass
 
 
 def _sets(ev: Events, rank: int) -> list[tuple[I64, I64]]:
@@ -469,25 +470,38 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     """Per step, the batch rows the weight `weight` ([out, in], not square: a first layer
     whose input width is its own) had its gradient summed over in the backward: its
     backward's aten::mm [out, B] x [B, in] (the output's gradient, transposed, times the
-    input), B summed (once a call of an optimizer that evaluates its closure again on the same
-    batch: LBFGS); {} without. A layer of the transposed shape (an autoencoder's last,
-    [in, out]) is another's."""
+    input), B summed, over the parameters of that shape each pass accumulated a gradient into
+    (torch::autograd::AccumulateGrad, once a parameter and pass: blocks whose first layer is
+    of the first layer's shape are as many gradients of one batch; one layer run on six
+    observations, six of one), once a call of an optimizer that evaluates its closure again
+    on the same batch (LBFGS); {} without. A layer of the transposed shape (an autoencoder's
+    last, [in, out]) is another's."""
     if len(weight) != 2 or weight[0] == weight[1]:
         return {}
-    codes = [i for i, n in enumerate(ev.names) if n == "aten::mm"]
+    codes = [i for i, n in enumerate(ev.names) if n in ("aten::mm", ACCUMULATE_GRAD)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
     rows = rows[phases(ev, rows) == BACKWARD]
     # a pass that evaluates an optimizer's closure again (LBFGS) sums the same samples again
     begun, first, _outer = _pass_starts(ev, mine, windows)
     of_pass = np.searchsorted(ev.ts[begun], ev.ts[rows], side="right") - 1
-    rows = rows[(of_pass < 0) | first[np.maximum(of_pass, 0)]]
-    out: dict[int, int] = {}
-    for (_row, text), step in zip(ordered := _in_order(run, ev, rows),
-                                  _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
+    keep = (of_pass < 0) | first[np.maximum(of_pass, 0)]
+    rows, of_pass = rows[keep], of_pass[keep]
+    pass_of = dict(zip(rows.tolist(), of_pass.tolist(), strict=True))
+    summed: dict[tuple[int, int], int] = {}  # (step, pass) -> B summed
+    params: dict[int, int] = {}  # pass -> its parameters of the weight's shape
+    for (row, text), step in zip(ordered := _in_order(run, ev, rows),
+                                 _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
         shapes = shapes_from_args(text)
-        if shapes is None or len(shapes.dims) < 2:
+        if shapes is None or not shapes.dims:
             continue
-        a, b = shapes.dims[0], shapes.dims[1]
+        if ev.name_of(row) == ACCUMULATE_GRAD:
+            if shapes.dims[0] == weight:
+                params[pass_of[row]] = params.get(pass_of[row], 0) + 1
+            continue
+        a, b = shapes.dims[0], shapes.dims[1] if len(shapes.dims) > 1 else ()
         if len(a) == 2 and len(b) == 2 and a[1] == b[0] and (a[0], b[1]) == weight:
-            out[step] = out.get(step, 0) + a[1]
+            summed[step, pass_of[row]] = summed.get((step, pass_of[row]), 0) + a[1]
+    out: dict[int, int] = {}
+    for (step, at), rows_summed in summed.items():
+        out[step] = out.get(step, 0) + round(rows_summed / max(params.get(at, 1), 1))
     return out
