@@ -503,5 +503,5 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
             summed[step, pass_of[row]] = summed.get((step, pass_of[row]), 0) + a[1]
     out: dict[int, int] = {}
     for (step, at), rows_summed in summed.items():
-        out[step] = out.get(step, 0) + round(rows_summed / max(params.get(at, 1), 1))
+        out[step] = out.get(step, 0) + round(rows_summed / params.get(at, 1))
     return out
