@@ -809,6 +809,8 @@ NO_OPTIM = textwrap.dedent("""
     x, y = torch.randn(32, 8), torch.randn(32, 1)
     if sys.argv[1] == "quant":  # int8 inference: quantize_dynamic observes each weight first
         model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    if sys.argv[1] == "traced":  # torch.jit.trace runs the forward to trace it, then to check it
+        model = torch.jit.trace(model, x)
     criterion = nn.MSELoss()  # a module called at the top level too: no model's forward
     with torch.no_grad():
         model(x)  # an evaluation before training: forward alone, once
@@ -826,13 +828,15 @@ NO_OPTIM = textwrap.dedent("""
 @pytest.mark.parametrize(("style", "driver", "ops"), [
     ("sgd", "backward", {"autograd::engine::evaluate_function: AddmmBackward0", "aten::sub_"}),
     ("infer", "forward", {"aten::addmm"}),  # a forward-driven window opens a step later
-    ("quant", "forward", {"quantized::linear_dynamic"})])
+    ("quant", "forward", {"quantized::linear_dynamic"}),
+    ("traced", "forward", {"aten::linear"})])
 def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
                                      ops: set[str]) -> None:
     """No torch.optim: the window opens on what the loop does, backward (over the forward
     it also runs) or a top-level module's forward, and the manifest says which; a loss
-    module's forward, or a quantization observer's, makes no step (the observers of
-    quantize_dynamic had counted three steps before the loop's)."""
+    module's forward, a quantization observer's, or torch.jit.trace's of the model it traces
+    and checks, makes no step (the observers of quantize_dynamic had counted three steps
+    before the loop's, torch.jit.trace three: 11 steps of a loop of 8 and an evaluation)."""
     script = tmp_path / "loop.py"
     script.write_text(NO_OPTIM)
     result = record([PY, str(script), style], tmp_path / f"{style}.run",
@@ -844,6 +848,9 @@ def test_window_without_an_optimizer(tmp_path: Path, style: str, driver: str,
     first = 2 if driver == "backward" else 3
     assert [s for s, src in steps if src == "marker"] == [first, first + 1, first + 2]
     assert (first + 3, "export") in steps
+    # a step ends at each forward after the first: the evaluation's, then the loop's 8
+    if driver == "forward":
+        assert [s for s, _ in steps] == list(range(1, 9))
     names = set(run.table("events", columns=["name"]).column("name").to_pylist())
     assert ops <= names and not any(n.startswith("Optimizer.") for n in names)
 

@@ -329,6 +329,70 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
         "steps' batches differ: every sample over the steps' whole time")
 
 
+def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
+    """Full-batch L-BFGS (tests/data/lbfgs_closure.py) evaluates its closure three times a step
+    inside its one optimizer call, on the same 256 samples: the first layer's weight gradient
+    (aten::mm [32, 256] x [256, 24]) sums them three times a step (counted from the raw
+    JSON), but the step trained 256 samples, not 768."""
+    trace = Path(__file__).parent / "data" / "lbfgs_closure_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    assert [sum(1 for e in raw if e.get("name") == "aten::mm"
+                and m["ts"] <= e["ts"] < m["ts"] + m["dur"]
+                and e["args"].get("Input Dims") == [[32, 256], [256, 24]]) for m in marks
+            ] == [3, 3, 3]
+    rates = report_data(import_traces([trace], tmp_path / "l.run", ImportOptions(),
+                                      ["lbfgs.py"]))["throughput"]
+    assert rates["samples_per_step"] == 256 and rates["steps"] == 3
+    assert rates["source"] == ("the samples the first layer's weight gradient summed in each "
+                               "step's backward (aten::mm over the batch, 32x24 weights: a "
+                               "policy's forwards of one observation each, or one batched "
+                               "update), in 3 of 3 steps")
+
+
+def test_samples_of_blocks_whose_first_layer_is_the_first_layers_shape(tmp_path: Path) -> None:
+    """Three residual blocks (tests/data/stacked_blocks.py), each expanding 16 -> 48 -> 16 with
+    no input layer before them: the first layer's weight shape [48, 16] is each block's, so
+    each step's backward sums 8 samples in three gradients of that shape ([48, 8] x [8, 16])
+    and accumulates three parameters of it (both counted from the raw JSON): 8 samples a
+    step, not 24."""
+    trace = Path(__file__).parent / "data" / "stacked_blocks_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    for m in (e for e in raw if e.get("name", "").startswith("ProfilerStep#")):
+        inside = [e for e in raw if m["ts"] <= e.get("ts", -1) < m["ts"] + m["dur"]]
+        assert sum(1 for e in inside if e["name"] == "aten::mm"
+                   and e["args"].get("Input Dims") == [[48, 8], [8, 16]]) == 3
+        assert sum(1 for e in inside if e["name"] == "torch::autograd::AccumulateGrad"
+                   and e["args"].get("Input Dims", [[]])[0] == [48, 16]) == 3
+    rates = report_data(import_traces([trace], tmp_path / "s.run", ImportOptions(),
+                                      ["blocks.py"]))["throughput"]
+    assert rates["samples_per_step"] == 8 and rates["steps"] == 3
+
+
+def test_samples_of_the_transformer_fast_path(tmp_path: Path) -> None:
+    """nn.TransformerEncoder under inference_mode (tests/data/encoder_fastpath.py) runs torch's
+    fused fast path: each step's first product, aten::mm [30, 32], multiplies the tokens of
+    aten::_native_multi_head_attention's [3, 10, 32] as rows (both from the raw JSON): 3
+    samples a step, not 30."""
+    trace = Path(__file__).parent / "data" / "encoder_fastpath_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    for m in marks:
+        inside = sorted((e for e in raw if e.get("cat") == "cpu_op"
+                         and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"])
+        attention = next(e for e in inside if e["name"] == "aten::_native_multi_head_attention")
+        product = next(e for e in inside if e["name"] in ("aten::mm", "aten::addmm"))
+        assert attention["args"]["Input Dims"][0] == [3, 10, 32]
+        assert product["args"]["Input Dims"][0] == [30, 32]
+        assert attention["ts"] <= product["ts"] <= attention["ts"] + attention["dur"]
+    rates = report_data(import_traces([trace], tmp_path / "f.run", ImportOptions(),
+                                      ["serve.py"]))["throughput"]
+    assert rates["samples_per_step"] == 3 and rates["steps"] == len(marks) == 3
+    assert rates["source"] == (
+        "the activation input of each step's first GEMM or convolution (aten::mm 30x32: the "
+        "rows of aten::_native_multi_head_attention's 3x10x32 in the first), in 3 of 3 steps")
+
+
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:
     """The profiler's first step runs slow (5 ms, then 1 ms and 1 ms): samples per second are
     per the median step, as the steps/s card's are (over all three: 12 in 7 ms)."""

@@ -48,6 +48,7 @@ CATEGORIES: Final = ("device compute", "communication", "memory copy", "data loa
 UNTRACED: Final = CATEGORIES.index("untraced")
 LOADER: Final = re.compile(r"DataLoader")
 _NOT_WORK: Final = ("instant", "trace_span", "profiler_range")
+ACCUMULATE_GRAD: Final = "torch::autograd::AccumulateGrad"  # a parameter's gradient, a pass
 
 
 def _sets(ev: Events, rank: int) -> list[tuple[I64, I64]]:
@@ -336,12 +337,13 @@ def _is_backward_of(args: Mapping[str, Any], table: tuple[int, ...]) -> bool:
             and str(concrete[2]) == str(table[0]))
 
 
-def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
-    """The batches each window ran forward and backward: runs of autograd work in time order on
+def _pass_starts(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]
+                 ) -> tuple[I64, Mask, I64]:
+    """The rows that begin a forward and backward pass (runs of autograd work in time order on
     the threads that run it and the step markers' (the loop's), each begun after other work of
-    them (gradient accumulation runs several a step, an inference step none); those inside
-    one optimizer call are one (a closure evaluated again), and a step that steps k optimizers
-    (a GAN's discriminator and generator) runs k passes a batch."""
+    them), in time order; whether each is the first of its optimizer call (passes inside one
+    call are a closure evaluated again on the same batch: LBFGS's line search; a pass outside
+    any call is its own); and the outermost optimizer calls of their ranks, in time order."""
     rows = _in_windows(ev, mine[ev.of_kind("cpu_op")[mine] | ev.is_step_marker[mine]], windows)
     back = phases(ev, rows) == BACKWARD
     lanes = np.unique(lane_key(ev.pid[rows], ev.tid[rows])[back | ev.is_step_marker[rows]])
@@ -350,8 +352,6 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     order = np.argsort(ev.ts[rows], kind="stable")
     rows, back = rows[order], back[order]
     begun = rows[back & ~np.concatenate(([False], back[:-1]))]
-    # the passes of one optimizer call (LBFGS evaluates its closure again on the same batch)
-    # are one
     calls = step_calls(ev)
     calls = calls[np.isin(ev.rank[calls], np.unique(ev.rank[begun]))]
     outer = calls[~nested(ev, calls, inner=False)]
@@ -360,6 +360,15 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     within = (at >= 0) & (ev.ts[begun] < ev.end[outer][np.maximum(at, 0)]) if len(outer) \
         else np.zeros(len(begun), bool)
     first = ~within | ~np.concatenate(([False], within[:-1] & (at[1:] == at[:-1])))
+    return begun, first, outer
+
+
+def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
+    """The batches each window ran forward and backward (`_pass_starts`: gradient accumulation
+    runs several a step, an inference step none; those inside one optimizer call are one), and
+    a step that steps k optimizers (a GAN's discriminator and generator) runs k passes a
+    batch."""
+    begun, first, outer = _pass_starts(ev, mine, windows)
     passes = np.bincount(_steps_of(ev, windows, begun[first].tolist()), minlength=len(windows))
     # a step that steps several optimizers (a GAN's two) feeds each its own passes of one batch
     stepped = np.bincount(_steps_of(ev, windows, _in_windows(ev, outer, windows).tolist()),
@@ -404,6 +413,7 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
             first[step] = (row, batch, _weight(name, shapes.dims))
     if not first:
         return {}, ""
+    first, folded = _unfolded(run, ev, mine, first)
     row, batch, weight = first[min(first)]
     # a plain batch of rows (torch.func.vmap's batch in front of the logical op's is not)
     trained = _weight_gradients(run, ev, mine, windows, weight) if len(batch) == 2 else {}
@@ -418,8 +428,32 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         if passes[min(first)] > 1 else ""
     return {step: b[0] * int(passes[step]) for step, (_r, b, _w) in first.items()}, (
         f"the activation input of each step's first GEMM or convolution ({ev.name_of(row)} "
-        f"{'x'.join(map(str, batch))} in the first{each}), in {len(first)} of {len(windows)} "
-        "steps")
+        f"{folded.get(min(first), 'x'.join(map(str, batch)))} in the first{each}), in "
+        f"{len(first)} of {len(windows)} steps")
+
+
+def _unfolded(run: Run, ev: Events, mine: I64,
+              first: Mapping[int, tuple[int, tuple[int, ...], tuple[int, ...]]],
+              ) -> tuple[dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]], dict[int, str]]:
+    """Each step's first product (row, input, weight), its input read from the op it runs in
+    where that op multiplies its batch's tokens as rows: torch's transformer fast path
+    (aten::_native_multi_head_attention on [3, 10, 32], inside it aten::mm on [30, 32]); its
+    input [B, ..., width] has leading dimensions that multiply to the product's rows. And per
+    step so read, the words that say so (the product's input, then the op's)."""
+    rows = np.fromiter((r for r, _b, _w in first.values()), np.int64, len(first))
+    outer = enclosing_ops(ev, rows, mine[ev.of_kind("cpu_op")[mine] & ~np.isin(mine, rows)])
+    texts = dict(zip(outer.values(), detail_of(run, np.fromiter(outer.values(), np.int64,
+                                                                len(outer))), strict=True))
+    out, said = dict(first), {}
+    for step, (row, batch, weight) in first.items():
+        shapes = shapes_from_args(texts[outer[row]]) if row in outer else None
+        dims = shapes.dims[0] if shapes is not None and shapes.dims else ()
+        if len(dims) >= 3 and len(batch) == 2 and dims[-1] == batch[1] \
+                and int(np.prod(dims[:-1])) == batch[0]:
+            out[step] = (row, dims, weight)
+            said[step] = (f"{'x'.join(map(str, batch))}: the rows of "
+                          f"{ev.name_of(outer[row])}'s {'x'.join(map(str, dims))}")
+    return out, said
 
 
 def _weight(name: str, dims: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
@@ -436,20 +470,38 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     """Per step, the batch rows the weight `weight` ([out, in], not square: a first layer
     whose input width is its own) had its gradient summed over in the backward: its
     backward's aten::mm [out, B] x [B, in] (the output's gradient, transposed, times the
-    input), B summed; {} without. A layer of the transposed shape (an autoencoder's last,
-    [in, out]) is another's."""
+    input), B summed, over the parameters of that shape each pass accumulated a gradient into
+    (torch::autograd::AccumulateGrad, once a parameter and pass: blocks whose first layer is
+    of the first layer's shape are as many gradients of one batch; one layer run on six
+    observations, six of one), once a call of an optimizer that evaluates its closure again
+    on the same batch (LBFGS); {} without. A layer of the transposed shape (an autoencoder's
+    last, [in, out]) is another's."""
     if len(weight) != 2 or weight[0] == weight[1]:
         return {}
-    codes = [i for i, n in enumerate(ev.names) if n == "aten::mm"]
+    codes = [i for i, n in enumerate(ev.names) if n in ("aten::mm", ACCUMULATE_GRAD)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
     rows = rows[phases(ev, rows) == BACKWARD]
-    out: dict[int, int] = {}
-    for (_row, text), step in zip(ordered := _in_order(run, ev, rows),
-                                  _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
+    # a pass that evaluates an optimizer's closure again (LBFGS) sums the same samples again
+    begun, first, _outer = _pass_starts(ev, mine, windows)
+    of_pass = np.searchsorted(ev.ts[begun], ev.ts[rows], side="right") - 1
+    keep = (of_pass < 0) | first[np.maximum(of_pass, 0)]
+    rows, of_pass = rows[keep], of_pass[keep]
+    pass_of = dict(zip(rows.tolist(), of_pass.tolist(), strict=True))
+    summed: dict[tuple[int, int], int] = {}  # (step, pass) -> B summed
+    params: dict[int, int] = {}  # pass -> its parameters of the weight's shape
+    for (row, text), step in zip(ordered := _in_order(run, ev, rows),
+                                 _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
         shapes = shapes_from_args(text)
-        if shapes is None or len(shapes.dims) < 2:
+        if shapes is None or not shapes.dims:
             continue
-        a, b = shapes.dims[0], shapes.dims[1]
+        if ev.name_of(row) == ACCUMULATE_GRAD:
+            if shapes.dims[0] == weight:
+                params[pass_of[row]] = params.get(pass_of[row], 0) + 1
+            continue
+        a, b = shapes.dims[0], shapes.dims[1] if len(shapes.dims) > 1 else ()
         if len(a) == 2 and len(b) == 2 and a[1] == b[0] and (a[0], b[1]) == weight:
-            out[step] = out.get(step, 0) + a[1]
+            summed[step, pass_of[row]] = summed.get((step, pass_of[row]), 0) + a[1]
+    out: dict[int, int] = {}
+    for (step, at), rows_summed in summed.items():
+        out[step] = out.get(step, 0) + round(rows_summed / params.get(at, 1))
     return out

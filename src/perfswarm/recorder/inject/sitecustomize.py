@@ -50,7 +50,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -703,6 +703,18 @@ def _watch_backward(window: _Window, autograd: ModuleType) -> None:
 
 
 NOT_MODELS = ("torch.nn.modules.loss", "torch.ao.quantization")
+JIT_TRACE = os.path.join("torch", "jit", "_trace.py")
+
+
+def _in_jit_trace() -> bool:
+    """Whether torch.jit.trace (or trace_module) is on the calling stack: it runs the model's
+    forward to trace it, and again, traced and not, to check the trace."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(JIT_TRACE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _watch_forward(window: _Window, module: ModuleType) -> None:
@@ -714,9 +726,10 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
     def before(module: Any, args: Any) -> None:
         nonlocal depth
         depth += 1
-        # a loss, or a quantization observer (quantize_dynamic runs one on each weight before
-        # the loop), is no model whose forward makes a step
-        if depth == 1 and not type(module).__module__.startswith(NOT_MODELS):
+        # a loss, a quantization observer (quantize_dynamic runs one on each weight before
+        # the loop), or torch.jit.trace's runs of the model before the loop make no step
+        if depth == 1 and not type(module).__module__.startswith(NOT_MODELS) \
+                and not _in_jit_trace():
             window.on_event("forward")
             shape = getattr(args[0], "shape", None) if args else None
             if (window.driver == "forward" and window.hook_ns and shape
