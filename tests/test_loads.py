@@ -85,3 +85,30 @@ def test_demo_steps_share_one_analysis(added_run: Path, reads: Counter[tuple[str
     assert made == {False: 1}
     assert data["concurrency"] == analysis.concurrency.to_dict()
     assert reads[("events", "ts")] == 1
+
+
+def test_advise_makes_what_rules_share_once(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """host.contended (read by cpu_contention, thread_oversubscription and the loader's plan)
+    and loader.loader_plan (read by data_loading and loader_oversubscription) are made once
+    per advise, not by each rule that reads them."""
+    from perfswarm.optimize.advise import advise
+    from perfswarm.optimize.rules import host, loader
+
+    trace = Path(__file__).parent / "data" / "loader_cpu_w0_main.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "loader.run", ImportOptions(), ["test"])
+    manifest = run.manifest()
+    manifest["host"]["cores"] = 2
+    manifest["extra"] = {"record": {"threads": [8]}}  # more threads than cores
+    run.write_manifest(manifest)
+    contention, plans = Counter[bool](), Counter[str]()
+    over, per_rank = host._contention, loader._workers_per_rank
+    monkeypatch.setattr(host, "_contention", lambda facts, timed: (
+        contention.update([timed]), over(facts, timed))[1])
+    monkeypatch.setattr(loader, "_workers_per_rank", lambda facts: (
+        plans.update(["plan"]), per_rank(facts))[1])
+    found = {a.rule for a in advise(Run.open(run.path)).advice}
+    assert "data_loading" in found and "thread_oversubscription" in found
+    # one contended: over the profiled steps and over every timed step; one plan
+    assert contention == {False: 1, True: 1}
+    assert plans == {"plan": 1}

@@ -9,9 +9,10 @@ analyze.intervals', the op that launched a kernel and containment are analyze.de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
-from typing import Any, Literal
+from functools import cached_property, wraps
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import polars as pl
@@ -58,9 +59,24 @@ def events_frame(run: Run, ev: Events) -> pl.DataFrame:
         "stream": ev.stream, "correlation": ev.correlation, "step": ev.step})
 
 
+T = TypeVar("T")
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
 # Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
 _SCALAR_READ = r"^aten::_local_scalar_dense$"
+
+
+def per_facts(read: Callable[[Facts], T]) -> Callable[[Facts], T]:
+    """`read(facts)` made once per Facts: what several rules read alike (host.contended:
+    cpu_contention, thread_oversubscription and the loader's plan; loader.loader_plan:
+    data_loading and loader_oversubscription) is not computed again by each."""
+
+    @wraps(read)
+    def once(facts: Facts) -> T:
+        if read not in facts.made:
+            facts.made[read] = read(facts)
+        return cast(T, facts.made[read])
+
+    return once
 
 
 @dataclass
@@ -94,6 +110,9 @@ class Facts:
     # (analyze.iterations.profiler_start): in none of the frames above (`steps`, `run_steps`,
     # the breakdowns' and critical path's steps), so that shares divide by the usual steps
     set_aside: dict[tuple[int, int], int] = field(default_factory=dict)
+    # what `per_facts` functions made of these facts, by function
+    made: dict[Callable[[Facts], Any], Any] = field(default_factory=dict, init=False,
+                                                    repr=False, compare=False)
 
     @classmethod
     def of(cls, run: Run) -> Facts:
