@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from perfswarm.analyze.concurrency import Activity
-from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import (
     COMPILED_CALL,
     COMPILED_REGION,
@@ -381,7 +381,7 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     # inside torch.compile's graphs the shapes are the graph's: [batch x sequence, width]
     compiled = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names)
                                             if COMPILED_REGION.match(n)])]
-    rows = rows[~np.isin(rows, list(enclosing_ops(ev, rows, compiled)))]
+    rows = rows[~np.isin(rows, enclosing_rows(ev, rows, compiled)[0])]
     # step index -> (row, its input, its weight)
     first: dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
     ordered = _in_order(run, ev, rows)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.critical_path import CriticalPath
-from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
+from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_rows, looked_up
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import (
@@ -179,17 +179,17 @@ class Facts:
 
     def inside(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
         """The rows of `inner` that lie within a row of `outer` on their rank and thread
-        (analyze.dependencies.enclosing_ops: one nesting sweep for the launch join and this)."""
-        around = enclosing_ops(Events.load(self.run), inner["row"].to_numpy(),
-                               outer["row"].to_numpy())
-        return inner.filter(pl.col("row").is_in(np.fromiter(around, np.int64, len(around))))
+        (analyze.dependencies.enclosing_rows: one nesting sweep for the launch join and this)."""
+        within, _ = enclosing_rows(Events.load(self.run), inner["row"].to_numpy(),
+                                   outer["row"].to_numpy())
+        return inner.filter(pl.col("row").is_in(within))
 
     def around(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
         """The rows of `outer` that hold a row of `inner` as their innermost enclosing one (the
         same nesting sweep as `inside`)."""
-        around = enclosing_ops(Events.load(self.run), inner["row"].to_numpy(),
-                               outer["row"].to_numpy())
-        return outer.filter(pl.col("row").is_in(np.fromiter(set(around.values()), np.int64)))
+        _, around = enclosing_rows(Events.load(self.run), inner["row"].to_numpy(),
+                                   outer["row"].to_numpy())
+        return outer.filter(pl.col("row").is_in(np.unique(around)))
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -370,7 +370,7 @@ class Facts:
                  for lane in group_rows(lane_key(ev.rank[ops], ev.tid[ops]), ops).values()]
         calls = self.kernel_launches["row"].to_numpy()
         top = np.concatenate(outer) if outer else ops[:0]
-        held = np.unique(np.fromiter(enclosing_ops(ev, calls, top).values(), np.int64))
+        held = np.unique(enclosing_rows(ev, calls, top)[1])
         return self.events.filter(pl.col("row").is_in(held))
 
     @cached_property
@@ -478,11 +478,12 @@ class Facts:
         ev = Events.load(self.run)
         costed = costed_ops(self.run, ev)
         dev, calls = self._launch_pairs
-        around = enclosing_ops(ev, calls, np.fromiter(costed, np.int64, len(costed)))
+        op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
+                       calls)
         ops = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
-                                costed[row][0]) for row in set(around.values())}
-        return {d: ops[around[c]]
-                for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
+                                costed[row][0]) for row in np.unique(op[op >= 0]).tolist()}
+        return {d: ops[o] for d, o in zip(dev[op >= 0].tolist(), op[op >= 0].tolist(),
+                                          strict=True)}
 
 
 @dataclass(frozen=True)
