@@ -16,6 +16,8 @@ from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
+LOADER = Path(__file__).parent / "data" / "loader_cpu_w0_main.pt.trace.json.gz"
+
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
@@ -87,6 +89,22 @@ def test_demo_steps_share_one_analysis(added_run: Path, reads: Counter[tuple[str
     assert reads[("events", "ts")] == 1
 
 
+def test_report_reads_the_batch_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The samples per step (overview.throughput) are read once per report: its cards and
+    the per-sample advice read the same."""
+    from perfswarm.report import overview
+
+    run = import_traces([LOADER], tmp_path / "loader.run", ImportOptions(), ["test"])
+    made = Counter[str]()
+    read = overview._from_embedding  # throughput's first source, each time it is made
+    monkeypatch.setattr(overview, "_from_embedding",
+                        lambda *a: (made.update(["rates"]), read(*a))[1])
+    assert main(["report", str(run.path), "--json"]) == 0
+    assert '"samples_per_step": 16.0' in capsys.readouterr().out
+    assert made == {"rates": 1}
+
+
 def test_advise_makes_what_rules_share_once(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """host.contended (read by cpu_contention, thread_oversubscription and the loader's plan)
@@ -95,8 +113,7 @@ def test_advise_makes_what_rules_share_once(tmp_path: Path,
     from perfswarm.optimize.advise import advise
     from perfswarm.optimize.rules import host, loader
 
-    trace = Path(__file__).parent / "data" / "loader_cpu_w0_main.pt.trace.json.gz"
-    run = import_traces([trace], tmp_path / "loader.run", ImportOptions(), ["test"])
+    run = import_traces([LOADER], tmp_path / "loader.run", ImportOptions(), ["test"])
     manifest = run.manifest()
     manifest["host"]["cores"] = 2
     manifest["extra"] = {"record": {"threads": [8]}}  # more threads than cores
