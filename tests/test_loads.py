@@ -105,6 +105,21 @@ def test_report_reads_the_batch_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert made == {"rates": 1}
 
 
+def test_report_finds_the_iterations_once(added_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The iterations are found once per report: the analysis and the prediction's graph
+    read the same."""
+    from perfswarm.analyze import iterations
+
+    made = Counter[str]()
+    detect = iterations.detected_steps
+    monkeypatch.setattr(iterations, "detected_steps",
+                        lambda *a: (made.update(["detected"]), detect(*a))[1])
+    assert main(["report", str(added_run), "--json"]) == 0
+    assert '"prediction": {' in capsys.readouterr().out
+    assert made == {"detected": 1}
+
+
 def test_advise_makes_what_rules_share_once(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """host.contended (read by cpu_contention, thread_oversubscription and the loader's plan)
