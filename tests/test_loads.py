@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -118,6 +119,24 @@ def test_report_finds_the_iterations_once(added_run: Path, monkeypatch: pytest.M
     assert main(["report", str(added_run), "--json"]) == 0
     assert '"prediction": {' in capsys.readouterr().out
     assert made == {"detected": 1}
+
+
+def test_shapes_parsed_once_a_text(added_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded shapes of a Run's rows are parsed once a distinct text: every iteration
+    records the same shapes again."""
+    from perfswarm.analyze.frame import Events, detail_of
+    from perfswarm.model import opstats
+
+    run = Run.open(added_run)
+    rows = np.flatnonzero(Events.load(run).of_kind("cpu_op"))
+    texts = detail_of(run, rows)
+    parsed = Counter[str]()
+    parse = opstats.shapes_from_args
+    monkeypatch.setattr(opstats, "shapes_from_args",
+                        lambda text: (parsed.update([text]), parse(text))[1])
+    assert opstats.RowShapes.of(run).get(rows) == [parse(t) for t in texts]
+    assert len(parsed) == len(set(texts)) < len(rows)
+    assert set(parsed.values()) == {1}
 
 
 def test_advise_makes_what_rules_share_once(tmp_path: Path,
