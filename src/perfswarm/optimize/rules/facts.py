@@ -470,20 +470,22 @@ class Facts:
         the recorded shapes) around its launch call (analyze's join: the call by correlation
         id, the op around it on its thread); None when the shapes were not recorded, the op
         is not modelled, or the launch call is not in the trace."""
-        return [self._launching.get(int(r)) for r in device["row"]]
+        dev, op, of_row = self._launching
+        return [of_row.get(o) for o in looked_up(dev, op, device["row"].to_numpy()).tolist()]
 
     @cached_property
-    def _launching(self) -> dict[int, LaunchingOp]:
-        """Device op row -> the modelled op that launched it (one object per op)."""
+    def _launching(self) -> tuple[I64, I64, dict[int, LaunchingOp]]:
+        """The device ops a modelled op launched (rows, ascending), that op's row for each,
+        and op row -> the op (one object per op): arrays, not a dict of every device op."""
         ev = Events.load(self.run)
         costed = costed_ops(self.run, ev)
-        dev, calls = self._launch_pairs
+        dev, calls = self._launch_pairs  # ascending
         op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
                        calls)
-        ops = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
-                                costed[row][0]) for row in np.unique(op[op >= 0]).tolist()}
-        return {d: ops[o] for d, o in zip(dev[op >= 0].tolist(), op[op >= 0].tolist(),
-                                          strict=True)}
+        launched = op >= 0
+        of_row = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
+                                   costed[row][0]) for row in np.unique(op[launched]).tolist()}
+        return dev[launched], op[launched], of_row
 
 
 @dataclass(frozen=True)
