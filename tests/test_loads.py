@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,6 +16,8 @@ from perfswarm.cli.main import main
 from perfswarm.report.data import report_data
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
+
+LOADER = Path(__file__).parent / "data" / "loader_cpu_w0_main.pt.trace.json.gz"
 
 
 @pytest.fixture
@@ -85,3 +88,78 @@ def test_demo_steps_share_one_analysis(added_run: Path, reads: Counter[tuple[str
     assert made == {False: 1}
     assert data["concurrency"] == analysis.concurrency.to_dict()
     assert reads[("events", "ts")] == 1
+
+
+def test_report_reads_the_batch_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The samples per step (overview.throughput) are read once per report: its cards and
+    the per-sample advice read the same."""
+    from perfswarm.report import overview
+
+    run = import_traces([LOADER], tmp_path / "loader.run", ImportOptions(), ["test"])
+    made = Counter[str]()
+    read = overview._from_embedding  # throughput's first source, each time it is made
+    monkeypatch.setattr(overview, "_from_embedding",
+                        lambda *a: (made.update(["rates"]), read(*a))[1])
+    assert main(["report", str(run.path), "--json"]) == 0
+    assert '"samples_per_step": 16.0' in capsys.readouterr().out
+    assert made == {"rates": 1}
+
+
+def test_report_finds_the_iterations_once(added_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The iterations are found once per report: the analysis and the prediction's graph
+    read the same."""
+    from perfswarm.analyze import iterations
+
+    made = Counter[str]()
+    detect = iterations.detected_steps
+    monkeypatch.setattr(iterations, "detected_steps",
+                        lambda *a: (made.update(["detected"]), detect(*a))[1])
+    assert main(["report", str(added_run), "--json"]) == 0
+    assert '"prediction": {' in capsys.readouterr().out
+    assert made == {"detected": 1}
+
+
+def test_shapes_parsed_once_a_text(added_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded shapes of a Run's rows are parsed once a distinct text: every iteration
+    records the same shapes again."""
+    from perfswarm.analyze.frame import Events, detail_of
+    from perfswarm.model import opstats
+
+    run = Run.open(added_run)
+    rows = np.flatnonzero(Events.load(run).of_kind("cpu_op"))
+    texts = detail_of(run, rows)
+    parsed = Counter[str]()
+    parse = opstats.shapes_from_args
+    monkeypatch.setattr(opstats, "shapes_from_args",
+                        lambda text: (parsed.update([text]), parse(text))[1])
+    assert opstats.RowShapes.of(run).get(rows) == [parse(t) for t in texts]
+    assert len(parsed) == len(set(texts)) < len(rows)
+    assert set(parsed.values()) == {1}
+
+
+def test_advise_makes_what_rules_share_once(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """host.contended (read by cpu_contention, thread_oversubscription and the loader's plan)
+    and loader.loader_plan (read by data_loading and loader_oversubscription) are made once
+    per advise, not by each rule that reads them."""
+    from perfswarm.optimize.advise import advise
+    from perfswarm.optimize.rules import host, loader
+
+    run = import_traces([LOADER], tmp_path / "loader.run", ImportOptions(), ["test"])
+    manifest = run.manifest()
+    manifest["host"]["cores"] = 2
+    manifest["extra"] = {"record": {"threads": [8]}}  # more threads than cores
+    run.write_manifest(manifest)
+    contention, plans = Counter[bool](), Counter[str]()
+    over, per_rank = host._contention, loader._workers_per_rank
+    monkeypatch.setattr(host, "_contention", lambda facts, timed: (
+        contention.update([timed]), over(facts, timed))[1])
+    monkeypatch.setattr(loader, "_workers_per_rank", lambda facts: (
+        plans.update(["plan"]), per_rank(facts))[1])
+    found = {a.rule for a in advise(Run.open(run.path)).advice}
+    assert "data_loading" in found and "thread_oversubscription" in found
+    # one contended: over the profiled steps and over every timed step; one plan
+    assert contention == {False: 1, True: 1}
+    assert plans == {"plan": 1}

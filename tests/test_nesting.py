@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import events
-from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.dependencies import enclosing_ops, enclosing_rows
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.nesting import bounded_open_before, open_before
 
@@ -118,3 +118,8 @@ def test_enclosing_ops_is_the_sweep(spans: list[tuple[int, int, int, bool]]) -> 
     calls = np.flatnonzero(ev.of_kind("runtime"))
     ops = np.flatnonzero(ev.of_kind("cpu_op"))
     assert enclosing_ops(ev, calls, ops) == enclosing_sweep(ev, calls, ops)
+    # the arrays: the calls that lie in an op, ascending, each beside its op
+    inner, outer = enclosing_rows(ev, calls, ops)
+    assert inner.tolist() == sorted(enclosing_sweep(ev, calls, ops))
+    assert dict(zip(inner.tolist(), outer.tolist(), strict=True)) == enclosing_sweep(ev, calls,
+                                                                                     ops)

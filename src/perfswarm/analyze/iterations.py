@@ -757,6 +757,11 @@ def steady_state(steps: pa.Table, warmup: int) -> SteadyState | None:
 
 
 def iterations(run: Run, ev: Events, *, ignore_markers: bool = False) -> Iterations:
-    markers = run_markers(run, ignore_markers=ignore_markers)
-    return combine(markers, detected_steps(ev, profiled_windows(run), run),
-                   {r: first_op_ns(ev, r) for r in markers})
+    """The iterations of `ev`, the events of `run`: once per Events object (the analysis and
+    the prediction's graph both read them)."""
+    def make() -> Iterations:
+        markers = run_markers(run, ignore_markers=ignore_markers)
+        return combine(markers, detected_steps(ev, profiled_windows(run), run),
+                       {r: first_op_ns(ev, r) for r in markers})
+
+    return ev.derived(("iterations", ignore_markers), make)

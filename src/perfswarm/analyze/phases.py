@@ -16,7 +16,7 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import Events, Mask, lane_key
 from perfswarm.analyze.intervals import I64
 
@@ -95,7 +95,7 @@ def own_starts(ev: Events, calls: I64) -> I64:
 
 def phases(ev: Events, rows: I64) -> I64:
     """The phase (an index into PHASES) of each event at `rows`: backward where it is an
-    autograd node's span or lies in one on its thread (dependencies.enclosing_ops: the one
+    autograd node's span or lies in one on its thread (dependencies.enclosing_rows: the one
     nesting sweep), else optimizer where it is or lies in an optimizer call's own work (after
     the closure passed to it, which is forward and backward: own_starts), else forward."""
     out = np.full(len(rows), FORWARD, np.int64)
@@ -105,10 +105,8 @@ def phases(ev: Events, rows: I64) -> I64:
         spans = scopes(ev, phase)
         if not len(spans):
             continue
-        inside = enclosing_ops(ev, rows, spans)
-        found = np.fromiter(inside, np.int64, len(inside))
+        found, call = enclosing_rows(ev, rows, spans)
         if phase == OPTIMIZER:  # not the closure's: before its call's own work
-            call = np.fromiter(inside.values(), np.int64, len(inside))
             found = found[ev.ts[found] >= optimizer_calls(ev)[1][np.searchsorted(spans, call)]]
         out[np.isin(rows, found) | np.isin(rows, spans)] = phase
     return out
@@ -126,9 +124,7 @@ def parameter_rows(ev: Events, rows: I64) -> I64:
     the backward there, on activations), and the spans themselves."""
     spans = np.flatnonzero(np.isin(ev.name, [i for i, n in enumerate(ev.names)
                                              if n.startswith(PARAMETER_SCOPES)]))
-    within = enclosing_ops(ev, rows, spans)
-    inner = np.fromiter(within, np.int64, len(within))
-    by_optimizer = np.isin(np.fromiter(within.values(), np.int64, len(within)),
-                           optimizer_calls(ev)[0])
+    inner, outer = enclosing_rows(ev, rows, spans)
+    by_optimizer = np.isin(outer, optimizer_calls(ev)[0])
     inner = inner[~by_optimizer | (phases(ev, inner) == OPTIMIZER)]
     return np.union1d(inner, rows[np.isin(rows, spans)])

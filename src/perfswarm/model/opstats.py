@@ -333,11 +333,13 @@ class RowShapes:
             base = max(pc.index(ranks, rank).as_py(), 0)
         keys = (np.asarray(rows, np.int64) + base).tolist()
         todo = np.asarray([k for k in keys if k not in self.parsed], np.int64) - base
+        # each distinct text once: every iteration records its ops' shapes again (detail_of
+        # gives one string object a text)
+        parse = functools.cache(shapes_from_args)
         for part in np.array_split(todo, -(-len(todo) // PARSE_ROWS)) if len(todo) else ():
             # a part at a time: the detail text of a part's rows is held, not of all of them
             self.parsed.update(zip((part + base).tolist(),
-                                   map(shapes_from_args, detail_of(self.run, part, rank)),
-                                   strict=True))
+                                   map(parse, detail_of(self.run, part, rank)), strict=True))
         return [self.parsed[k] for k in keys]
 
 

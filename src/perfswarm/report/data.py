@@ -27,7 +27,7 @@ from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.model.topology import with_copy_peaks
-from perfswarm.report.overview import model_flops, step_breakdown, throughput
+from perfswarm.report.overview import model_flops, run_throughput, step_breakdown
 from perfswarm.report.text import WAITED_FOR_OTHERS, ms, pct, step_time_change
 from perfswarm.report.timeline import (
     MAX_COUNTER_POINTS,
@@ -324,7 +324,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         flops["profiler_slowdown"] = slowdown
     events = Events.load(run)
     calls = host_calls(events)
-    rates = _unprofiled(throughput(run, events, steps), timing)
+    rates = _unprofiled(run_throughput(run), timing)
     on_stage("views")
     views = {"cpu_ops": op_rows(result.scopes, op_stacks(events, calls), TOP_OPS),
              "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from perfswarm.analyze.concurrency import Activity
-from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import (
     COMPILED_CALL,
     COMPILED_REGION,
@@ -28,14 +28,16 @@ from perfswarm.analyze.frame import (
 )
 from perfswarm.analyze.intervals import I64, Mask, state_sweep
 from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
+from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import (
     FLOAT_TYPES,
     RNN_OPS,
+    Shapes,
     has_cost_model,
     shapes_cost,
-    shapes_from_args,
     token_input,
 )
+from perfswarm.model.opstats import RowShapes
 from perfswarm.model.predict import batch_flag
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.trace.store import Run
@@ -139,11 +141,23 @@ def _in_windows(ev: Events, rows: I64, windows: Sequence[Mapping[str, Any]]) -> 
     return rows[(i >= 0) & (ev.ts[rows] < ends[np.maximum(i, 0)])]
 
 
-def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, str]]:
-    """(row, detail text) of the rows (ascending), in time order, an outer op before the ops
-    inside it; callers parse the shapes of the rows they need."""
-    text = dict(zip(rows.tolist(), detail_of(run, rows), strict=True))
-    return [(r, text[r]) for r in rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))].tolist()]
+def _in_order(run: Run, ev: Events, rows: I64) -> list[tuple[int, Shapes | None]]:
+    """(row, recorded shapes) of the rows (ascending) of the Run's events, in time order, an
+    outer op before the ops inside it: the shapes parsed once per Run (RowShapes: the op costs
+    and the advice have parsed most of these rows already)."""
+    shapes = dict(zip(rows.tolist(), RowShapes.of(run).get(rows), strict=True))
+    return [(r, shapes[r]) for r in rows[np.lexsort((-ev.dur[rows], ev.ts[rows]))].tolist()]
+
+
+def run_throughput(run: Run) -> dict[str, Any] | None:
+    """`throughput` of the Run's events over its analysis's steps, once per Run object (the
+    report's cards and the per-sample advice both read it: 0.08 CPU s at 200k events)."""
+    def make() -> dict[str, Any] | None:
+        steps = analyze(run).iterations.steps
+        return throughput(run, Events.load(run),
+                          {str(r): [w.to_dict() for w in ws] for r, ws in steps.items()})
+
+    return run.memo(("throughput",), make)
 
 
 def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -245,9 +259,8 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
     codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes) & ev.of_kind("cpu_op")[mine]],
                        windows)
-    calls = [(r, s.dims) for r, text in _in_order(run, ev, rows)
-             if (s := shapes_from_args(text)) is not None
-             and len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
+    calls = [(r, s.dims) for r, s in _in_order(run, ev, rows)
+             if s is not None and len(s.dims) >= 2 and len(s.dims[0]) == 2 and len(s.dims[1]) == 2]
     if not calls:
         return {}, None, ""
     table = calls[0][1][0]  # the first lookup's table is the token table
@@ -298,8 +311,7 @@ def _from_compiled(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     image batch among the convolutions' weights)."""
     codes = [i for i, n in enumerate(ev.names) if n == COMPILED_CALL]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
-    parsed = [(r, shapes) for r, text in _in_order(run, ev, rows)
-              if (shapes := shapes_from_args(text)) is not None]
+    parsed = [(r, shapes) for r, shapes in _in_order(run, ev, rows) if shapes is not None]
     calls = [(r, idx) for r, shapes in parsed if (idx := token_input(shapes)) is not None]
     if calls:
         what = "the token indices {} (batch x sequence)"
@@ -326,8 +338,8 @@ def _updated_shapes(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
                     ) -> set[tuple[int, ...]]:
     """The shapes of the parameters (phases.parameter_rows) the steps' ops took."""
     ops = parameter_rows(ev, _in_windows(ev, mine[ev.of_kind("cpu_op")[mine]], windows))
-    return {d for text in detail_of(run, ops)
-            if (shapes := shapes_from_args(text)) is not None for d in shapes.dims if d}
+    return {d for shapes in RowShapes.of(run).get(ops) if shapes is not None
+            for d in shapes.dims if d}
 
 
 def _is_backward_of(args: Mapping[str, Any], table: tuple[int, ...]) -> bool:
@@ -390,20 +402,20 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     # inside torch.compile's graphs the shapes are the graph's: [batch x sequence, width]
     compiled = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names)
                                             if COMPILED_REGION.match(n)])]
-    rows = rows[~np.isin(rows, list(enclosing_ops(ev, rows, compiled)))]
+    rows = rows[~np.isin(rows, enclosing_rows(ev, rows, compiled)[0])]
     # step index -> (row, its input, its weight)
     first: dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
     ordered = _in_order(run, ev, rows)
-    for (row, text), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
-                                 strict=True):
+    for (row, shapes), step in zip(ordered, _steps_of(ev, windows, [r for r, _ in ordered]),
+                                   strict=True):
         found = first.get(step)
         # torch.func.vmap's logical op ([1, 64] a sample) encloses the op it batches to
         # ([128, 1, 64]: the vmapped dimension in front); a matmul that folds its batch
         # into rows ([4, 8, 64] -> mm [32, 64]) loses a dimension instead
         inside = found is not None and ev.tid[row] == ev.tid[found[0]] \
             and ev.end[row] <= ev.end[found[0]]
-        if (found is not None and not inside) or (shapes := shapes_from_args(text)) is None:
-            continue  # only a step's ops up to its first product's end are parsed
+        if (found is not None and not inside) or shapes is None:
+            continue
         name = ev.name_of(row)
         cost = shapes_cost(name, shapes)
         at = 1 if name in _BIAS_FIRST else 0
@@ -441,18 +453,19 @@ def _unfolded(run: Run, ev: Events, mine: I64,
     input [B, ..., width] has leading dimensions that multiply to the product's rows. And per
     step so read, the words that say so (the product's input, then the op's)."""
     rows = np.fromiter((r for r, _b, _w in first.values()), np.int64, len(first))
-    outer = enclosing_ops(ev, rows, mine[ev.of_kind("cpu_op")[mine] & ~np.isin(mine, rows)])
-    texts = dict(zip(outer.values(), detail_of(run, np.fromiter(outer.values(), np.int64,
-                                                                len(outer))), strict=True))
+    inner, around = enclosing_rows(ev, rows, mine[ev.of_kind("cpu_op")[mine]
+                                                  & ~np.isin(mine, rows)])
+    outer = dict(zip(inner.tolist(), zip(around.tolist(), RowShapes.of(run).get(around),
+                                         strict=True), strict=True))
     out, said = dict(first), {}
     for step, (row, batch, weight) in first.items():
-        shapes = shapes_from_args(texts[outer[row]]) if row in outer else None
-        dims = shapes.dims[0] if shapes is not None and shapes.dims else ()
+        op, shapes = outer.get(row, (-1, None))
+        dims: tuple[int, ...] = shapes.dims[0] if shapes is not None and shapes.dims else ()
         if len(dims) >= 3 and len(batch) == 2 and dims[-1] == batch[1] \
                 and int(np.prod(dims[:-1])) == batch[0]:
             out[step] = (row, dims, weight)
             said[step] = (f"{'x'.join(map(str, batch))}: the rows of "
-                          f"{ev.name_of(outer[row])}'s {'x'.join(map(str, dims))}")
+                          f"{ev.name_of(op)}'s {'x'.join(map(str, dims))}")
     return out, said
 
 
@@ -489,9 +502,8 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     pass_of = dict(zip(rows.tolist(), of_pass.tolist(), strict=True))
     summed: dict[tuple[int, int], int] = {}  # (step, pass) -> B summed
     params: dict[int, int] = {}  # pass -> its parameters of the weight's shape
-    for (row, text), step in zip(ordered := _in_order(run, ev, rows),
-                                 _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
-        shapes = shapes_from_args(text)
+    for (row, shapes), step in zip(ordered := _in_order(run, ev, rows),
+                                   _steps_of(ev, windows, [r for r, _ in ordered]), strict=True):
         if shapes is None or not shapes.dims:
             continue
         if ev.name_of(row) == ACCUMULATE_GRAD:

@@ -18,7 +18,7 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import enclosing_ops
+from perfswarm.analyze.dependencies import enclosing_ops, enclosing_rows
 from perfswarm.analyze.frame import Events, group_rows, lane_key
 from perfswarm.analyze.iterations import top_level
 from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
@@ -46,7 +46,7 @@ def host_overheads(ev: Events) -> tuple[int, int]:
     GPU Run's events."""
     launch = [i for i, n in enumerate(ev.names) if n in LAUNCHES]
     calls = np.flatnonzero(ev.of_kind("runtime", "driver") & np.isin(ev.name, launch))
-    ops = np.array(sorted(set(enclosing_ops(ev, calls).values())), np.int64)
+    ops = np.unique(enclosing_rows(ev, calls)[1])
     if len(calls) == 0 or len(ops) == 0:
         return 0, 0
     return int(np.median(ev.dur[ops])), int(np.median(ev.dur[calls]))

@@ -9,9 +9,10 @@ analyze.intervals', the op that launched a kernel and containment are analyze.de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
-from typing import Any, Literal
+from functools import cached_property, wraps
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import polars as pl
@@ -20,7 +21,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.critical_path import CriticalPath
-from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_ops
+from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_rows, looked_up
 from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import (
@@ -58,9 +59,24 @@ def events_frame(run: Run, ev: Events) -> pl.DataFrame:
         "stream": ev.stream, "correlation": ev.correlation, "step": ev.step})
 
 
+T = TypeVar("T")
 _HOST_KINDS = ("cpu_op", "user_annotation", "python_function")
 # Every .item(), bool(tensor) or float(tensor) ends in this op, the one that waits.
 _SCALAR_READ = r"^aten::_local_scalar_dense$"
+
+
+def per_facts(read: Callable[[Facts], T]) -> Callable[[Facts], T]:
+    """`read(facts)` made once per Facts: what several rules read alike (host.contended:
+    cpu_contention, thread_oversubscription and the loader's plan; loader.loader_plan:
+    data_loading and loader_oversubscription) is not computed again by each."""
+
+    @wraps(read)
+    def once(facts: Facts) -> T:
+        if read not in facts.made:
+            facts.made[read] = read(facts)
+        return cast(T, facts.made[read])
+
+    return once
 
 
 @dataclass
@@ -94,6 +110,9 @@ class Facts:
     # (analyze.iterations.profiler_start): in none of the frames above (`steps`, `run_steps`,
     # the breakdowns' and critical path's steps), so that shares divide by the usual steps
     set_aside: dict[tuple[int, int], int] = field(default_factory=dict)
+    # what `per_facts` functions made of these facts, by function
+    made: dict[Callable[[Facts], Any], Any] = field(default_factory=dict, init=False,
+                                                    repr=False, compare=False)
 
     @classmethod
     def of(cls, run: Run) -> Facts:
@@ -160,17 +179,17 @@ class Facts:
 
     def inside(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
         """The rows of `inner` that lie within a row of `outer` on their rank and thread
-        (analyze.dependencies.enclosing_ops: one nesting sweep for the launch join and this)."""
-        around = enclosing_ops(Events.load(self.run), inner["row"].to_numpy(),
-                               outer["row"].to_numpy())
-        return inner.filter(pl.col("row").is_in(np.fromiter(around, np.int64, len(around))))
+        (analyze.dependencies.enclosing_rows: one nesting sweep for the launch join and this)."""
+        within, _ = enclosing_rows(Events.load(self.run), inner["row"].to_numpy(),
+                                   outer["row"].to_numpy())
+        return inner.filter(pl.col("row").is_in(within))
 
     def around(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
         """The rows of `outer` that hold a row of `inner` as their innermost enclosing one (the
         same nesting sweep as `inside`)."""
-        around = enclosing_ops(Events.load(self.run), inner["row"].to_numpy(),
-                               outer["row"].to_numpy())
-        return outer.filter(pl.col("row").is_in(np.fromiter(set(around.values()), np.int64)))
+        _, around = enclosing_rows(Events.load(self.run), inner["row"].to_numpy(),
+                                   outer["row"].to_numpy())
+        return outer.filter(pl.col("row").is_in(np.unique(around)))
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -351,7 +370,7 @@ class Facts:
                  for lane in group_rows(lane_key(ev.rank[ops], ev.tid[ops]), ops).values()]
         calls = self.kernel_launches["row"].to_numpy()
         top = np.concatenate(outer) if outer else ops[:0]
-        held = np.unique(np.fromiter(enclosing_ops(ev, calls, top).values(), np.int64))
+        held = np.unique(enclosing_rows(ev, calls, top)[1])
         return self.events.filter(pl.col("row").is_in(held))
 
     @cached_property
@@ -451,19 +470,22 @@ class Facts:
         the recorded shapes) around its launch call (analyze's join: the call by correlation
         id, the op around it on its thread); None when the shapes were not recorded, the op
         is not modelled, or the launch call is not in the trace."""
-        return [self._launching.get(int(r)) for r in device["row"]]
+        dev, op, of_row = self._launching
+        return [of_row.get(o) for o in looked_up(dev, op, device["row"].to_numpy()).tolist()]
 
     @cached_property
-    def _launching(self) -> dict[int, LaunchingOp]:
-        """Device op row -> the modelled op that launched it (one object per op)."""
+    def _launching(self) -> tuple[I64, I64, dict[int, LaunchingOp]]:
+        """The device ops a modelled op launched (rows, ascending), that op's row for each,
+        and op row -> the op (one object per op): arrays, not a dict of every device op."""
         ev = Events.load(self.run)
         costed = costed_ops(self.run, ev)
-        dev, calls = self._launch_pairs
-        around = enclosing_ops(ev, calls, np.fromiter(costed, np.int64, len(costed)))
-        ops = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
-                                costed[row][0]) for row in set(around.values())}
-        return {d: ops[around[c]]
-                for d, c in zip(dev.tolist(), calls.tolist(), strict=True) if c in around}
+        dev, calls = self._launch_pairs  # ascending
+        op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
+                       calls)
+        launched = op >= 0
+        of_row = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
+                                   costed[row][0]) for row in np.unique(op[launched]).tolist()}
+        return dev[launched], op[launched], of_row
 
 
 @dataclass(frozen=True)

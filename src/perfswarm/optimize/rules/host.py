@@ -14,7 +14,7 @@ from perfswarm.analyze.iterations import UNUSUAL, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, per_facts
 from perfswarm.optimize.rules.threads import fewer_threads
 from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
@@ -247,6 +247,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
 _RECORDING = "the recording (the system sampler's span: no step timed, nothing traced)"
 
 
+@per_facts
 def contended(facts: Facts) -> tuple[float, int, dict[str, Any], str] | None:
     """_contention over the profiled steps or over every timed step, whichever loses the
     larger share; None where other processes held the run back little in both."""

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, per_facts
 from perfswarm.optimize.rules.host import contended, known_cores, on_cpu_share, pageable_copies
 from perfswarm.optimize.rules.threads import free_cores
 
@@ -116,6 +116,7 @@ def _workers_per_rank(facts: Facts) -> float:
     return fetches.select("rank", "pid").unique().height / max(1, len(facts.ranks))
 
 
+@per_facts
 def loader_plan(facts: Facts) -> LoaderPlan | None:
     """The Run's LoaderPlan; None without measured steps or traced loading (neither a wait
     for a batch nor a worker's fetch)."""

@@ -17,7 +17,7 @@ from perfswarm.model.opcost import OpCost, Shapes, data_cost, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.optimize.rules.optimizer import top_ops
-from perfswarm.report.overview import throughput
+from perfswarm.report.overview import run_throughput
 
 # Fewer samples a step than this: a per-sample loop costs little against batching them.
 _MIN_SAMPLES: Final = 8
@@ -39,8 +39,7 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     all at the median rate of the step's large streaming ops."""
     ev = Events.load(facts.run)
     windows = analyze(facts.run).iterations.steps
-    rates = throughput(facts.run, ev, {str(r): [w.to_dict() for w in ws]
-                                       for r, ws in windows.items()})
+    rates = run_throughput(facts.run)
     if rates is None or not rates["same_batch"] or rates["samples_per_step"] is None:
         return None
     batch, rank = rates["samples_per_step"], int(rates["rank"])
