@@ -534,6 +534,33 @@ def test_an_op_of_a_swept_type_scales_by_its_models_ratio() -> None:
     assert after / before < 1.05 and (after - 20e-6) / (before - 20e-6) == pytest.approx(4.0)
 
 
+def test_convolutions_priced_at_the_channel_blocks_onednn_computes() -> None:
+    """A CPU convolution at twice the width from 24 channels computes 1.5x the channel blocks
+    of 16, not 2x: [72 -> 24] becomes [144 -> 48], 80 -> 144 input and 32 -> 48 output
+    channels, (144 / 80) x (48 / 32) = x2.7 the work where its FLOPs are x4. An image's 3
+    input channels are not blocked (x1.5 for 24 -> 48 output channels); a depthwise one's
+    channels are one block count (x1.5); the backward reads the channels off grad and
+    input."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"conv": FamilyModel((0.0, 0.0, 1e-12)),
+                                              "conv_backward": FamilyModel((0.0, 0.0, 1e-12))},
+                                   {}))
+    cases = [("aten::mkldnn_convolution", [[8, 72, 32, 32], [24, 72, 3, 3], [24]],
+              [[8, 144, 32, 32], [48, 144, 3, 3], [48]], 4.0, 2.7),
+             ("aten::mkldnn_convolution", [[8, 3, 32, 32], [24, 3, 3, 3], [24]],
+              [[8, 3, 32, 32], [48, 3, 3, 3], [48]], 2.0, 1.5),
+             ("aten::mkldnn_convolution", [[8, 24, 32, 32], [24, 1, 3, 3], [24]],
+              [[8, 48, 32, 32], [48, 1, 3, 3], [48]], 2.0, 1.5),
+             ("aten::convolution_backward",
+              [[8, 24, 32, 32], [8, 72, 32, 32], [24, 72, 3, 3]],
+              [[8, 48, 32, 32], [8, 144, 32, 32], [48, 144, 3, 3]], 4.0, 2.7)]
+    for name, old_dims, new_dims, flops, ratio in cases:
+        old = op_cost(name, old_dims, ["float"] * len(old_dims))
+        new = op_cost(name, new_dims, ["float"] * len(new_dims))
+        assert old is not None and new is not None
+        assert new.flops / old.flops == pytest.approx(flops)
+        assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(1e6 * ratio), name
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all

@@ -346,6 +346,38 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   conv_out, rows)
 
 
+# convolutions whose kernel is a GEMM per sample over unfolded input (ATen's own THNN code), not
+# oneDNN's channel-blocked kernels
+_UNBLOCKED_CONVS = frozenset({"_slow_conv2d_forward", "_slow_conv2d_backward", "thnn_conv2d",
+                              "slow_conv3d"})
+
+
+def channel_blocked(cost: OpCost, dims: Dims, lanes: int) -> OpCost:
+    """A CPU convolution's cost at the channels oneDNN computes: its kernels hold channels in
+    blocks of a vector register's `lanes` (nChw16c on AVX-512), so a layer of 24 output
+    channels computes 32 and one of 48 computes 48: doubling the width from 24 does 1.5x the
+    blocks, not 2x (a U-Net's [72 -> 24] 3x3 convolution ran x2.41 at twice the width, its
+    FLOPs x4). An input of fewer channels than a block (an image's 3) is read in its plain
+    layout, unpadded; a depthwise one has one block count for both. Other ops, and ATen's
+    own per-sample GEMM convolutions (`_UNBLOCKED_CONVS`), as they are."""
+    if cost.op in _UNBLOCKED_CONVS or len(dims) < 2 or len(dims[0]) < 3:
+        return cost
+    if cost.family in ("conv", "depthwise_conv"):
+        inputs, outputs = dims[0][1], dims[1][0]
+    elif cost.family == "conv_backward" and len(dims) >= 3 and len(dims[1]) >= 3:
+        inputs, outputs = dims[1][1], dims[0][1]
+    else:
+        return cost
+
+    def padded(channels: int) -> float:
+        return math.ceil(channels / lanes) * lanes / channels if channels >= 1 else 1.0
+
+    factor = padded(outputs)
+    if cost.family != "depthwise_conv" and inputs >= lanes:
+        factor *= padded(inputs)
+    return cost if factor == 1.0 else replace(cost, flops=cost.flops * factor)
+
+
 def tf32_if_fp32(cost: OpCost) -> OpCost:
     """An FP32 op's cost as TF32 work (its kernels ran on tensor cores: cutlass tensorop,
     s1688, sm90 xmma tf32...): bounded by the TF32 peak; other precisions as they are."""
