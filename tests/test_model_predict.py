@@ -561,6 +561,39 @@ def test_convolutions_priced_at_the_channel_blocks_onednn_computes() -> None:
         assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(1e6 * ratio), name
 
 
+def test_aten_convolution_priced_as_the_gemms_it_runs_per_sample() -> None:
+    """ATen's own 2-D convolution (a 1x1 one at a batch under 16 on one thread) runs a GEMM per
+    sample: [C_out, C_in] x [C_in, H x W]; its backward two, the input's gradient
+    [C_in, C_out] x [C_out, H x W] and the weight's [C_out, H x W] x [H x W, C_in]. Each GEMM
+    here 2 us fixed plus 0.1 ns a FLOP: at twice the width the measured time scales by the
+    GEMMs' ratio (x3.97 forward), not by a direct convolution's model (x4 of pure FLOPs);
+    a 3x3 one adds the unfolded input's copy per sample (1 us each here)."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
+                                              "conv": FamilyModel((0.0, 0.0, 1e-12)),
+                                              "conv_backward": FamilyModel((0.0, 0.0, 1e-12)),
+                                              "copy": FamilyModel((1e-6, 0.0, 0.0))}, {}))
+
+    def mm(m: int, k: int, n: int) -> float:
+        return 2e-6 + 1e-10 * 2 * m * k * n
+
+    cases = [("aten::_slow_conv2d_forward", [[8, 24, 32, 32], [48, 24, 1, 1]],
+              [[8, 48, 32, 32], [96, 48, 1, 1]], mm(48, 24, 1024), mm(96, 48, 1024)),
+             ("aten::_slow_conv2d_backward",
+              [[8, 48, 16, 16], [8, 24, 16, 16], [48, 24, 1, 1]],
+              [[8, 96, 16, 16], [8, 48, 16, 16], [96, 48, 1, 1]],
+              mm(24, 48, 256) + mm(48, 256, 24), mm(48, 96, 256) + mm(96, 256, 48)),
+             ("aten::_slow_conv2d_forward", [[1, 4, 8, 8], [8, 4, 3, 3]],
+              [[1, 8, 8, 8], [16, 8, 3, 3]], mm(8, 36, 64) + 1e-6, mm(16, 72, 64) + 1e-6)]
+    for name, old_dims, new_dims, before, after in cases:
+        old = op_cost(name, old_dims, ["float"] * len(old_dims))
+        new = op_cost(name, new_dims, ["float"] * len(new_dims))
+        assert old is not None and new is not None
+        assert scaler.model_time(old, old_dims) == pytest.approx(8 * before if old_dims[0][0] == 8
+                                                                 else before)
+        assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(
+            1e6 * after / before), name
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all

@@ -754,6 +754,43 @@ def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     return [(n, cost, d) for n, cost, d in parts if cost is not None]
 
 
+def slow_conv_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
+    """(count, cost, dims) of the ops ATen's own 2-D convolution (_slow_conv2d: a 1x1 one at a
+    batch under 16 on one thread, where oneDNN is slower) runs inside: per sample, one GEMM of
+    the weight [C_out, C_in x k] with the unfolded input [C_in x k, H_out x W_out]; its
+    backward per sample the input's gradient [C_in x k, C_out] x [C_out, H_out x W_out] and the
+    weight's [C_out, H_out x W_out] x [H_out x W_out, C_in x k]; each with a copy of the
+    unfolded input where the kernel is not 1x1 (im2col). A MobileNet's pointwise convolutions
+    at twice the width ran x3.2-3.4 where a direct convolution's model said x2.4-2.9: small
+    GEMMs, whose sweep knows their shapes. None for other ops or shapes that do not fit."""
+    if cost.op not in ("_slow_conv2d_forward", "_slow_conv2d_backward"):
+        return None
+    backward = cost.op == "_slow_conv2d_backward"
+    if len(dims) < 2 + backward:
+        return None
+    x, w = dims[backward], dims[1 + backward]
+    if len(x) != 4 or len(w) != 4 or (backward and len(dims[0]) != 4):
+        return None
+    spatial = _numel(dims[0][2:]) if backward else _numel(cost.conv_out)
+    batch, c_out, unfolded = x[0], w[0], _numel(w[1:])
+    gemms = ([((unfolded, c_out), (c_out, spatial)), ((c_out, spatial), (spatial, unfolded))]
+             if backward else [((c_out, unfolded), (unfolded, spatial))])
+    parts: list[tuple[int, OpCost | None, Dims]] = [
+        (batch, op_cost("mm", d, ("float", "float")), d) for d in gemms]
+    if _numel(w[2:]) > 1:
+        columns = ((unfolded, spatial), (unfolded, spatial))
+        parts.append((batch, op_cost("copy_", columns, ("float", "float")), columns))
+    return [(n, c, d) for n, c, d in parts if c is not None]
+
+
+def inner_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
+    """The ops a composite op runs inside, where its time is theirs: an LSTM layer's
+    (`lstm_parts`), ATen's own convolution's (`slow_conv_parts`); None for other ops."""
+    if cost.family == "rnn":
+        return lstm_parts(cost.op, dims)
+    return slow_conv_parts(cost, dims)
+
+
 # Ops that only make views, allocate or read metadata: their time does not grow with the data.
 METADATA_OPS = frozenset({
     "view", "as_strided", "as_strided_", "empty", "empty_strided", "empty_like", "new_empty",
