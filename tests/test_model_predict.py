@@ -594,6 +594,36 @@ def test_aten_convolution_priced_as_the_gemms_it_runs_per_sample() -> None:
             1e6 * after / before), name
 
 
+def test_a_concatenation_of_a_tensor_list_scales_with_the_batch(tmp_path: Path) -> None:
+    """An aten::cat of [B, 64] and [B, 32] (a skip connection's), recorded as one nested list,
+    takes 60 us of each step, in time the same run without it spends between ops: at twice the
+    batch it copies twice the bytes, 120 us, and the step is 60 us longer than that run's (it
+    had been held at 60 us, unpriced: the recorded list makes no shapes of its own)."""
+    profile = Profile("cpu", 1, {**PROFILE.models, "copy": FamilyModel((0.0, 1e-9, 0.0))}, {})
+
+    def run(name: str, cat: bool) -> Run:
+        events = []
+        for i in range(5):
+            events += _step(i)
+            if cat:
+                joined = _op("aten::cat", 1000 * i + 420, 60)
+                joined["args"] = {"Input Dims": [[[BATCH, 64], [BATCH, 32]], []],
+                                  "Input type": ["TensorList", "Scalar"],
+                                  "Concrete Inputs": ["", "1"]}
+                events.append(joined)
+        trace = tmp_path / f"{name}.json"
+        trace.write_bytes(orjson.dumps({"traceEvents": events}))
+        return import_traces([trace], tmp_path / f"{name}.run", ImportOptions(),
+                             ["python", "train.py", "--batch-size", str(BATCH)])
+
+    with_cat, without = run("cat", True), run("plain", False)
+    same = [predict(r, profile=profile).predicted_steady_ns for r in (with_cat, without)]
+    doubled = [predict(r, Change(batch_size=2 * BATCH), profile=profile).predicted_steady_ns
+               for r in (with_cat, without)]
+    assert same[0] == same[1] == 1000 * US  # it ran in time the plain run spent idle
+    assert doubled[0] - doubled[1] == 60 * US
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all
