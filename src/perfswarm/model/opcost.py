@@ -597,11 +597,13 @@ def joined_shapes(name: str, args_json: str) -> Shapes | None:
     result written once. `shapes_from_args` leaves tensor lists out (a U-Net's skip
     concatenation was never priced: 0.95 ms a step held where it ran 2.25 at twice the width).
     None where the list is empty, its tensors do not join, or the dimension is not recorded."""
+    if name not in JOINS:
+        return None
     try:
         args = orjson.loads(args_json or "{}")
     except orjson.JSONDecodeError:
         return None
-    if name not in JOINS or not isinstance(args, dict):
+    if not isinstance(args, dict):
         return None
     dims, concrete = args.get("Input Dims"), args.get("Concrete Inputs")
     if not isinstance(dims, list) or not isinstance(concrete, list) or len(dims) != 2 \
