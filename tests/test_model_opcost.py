@@ -14,6 +14,7 @@ from perfswarm.model.opcost import (
     data_cost,
     gemm_dims,
     heads_follow,
+    joined_shapes,
     op_cost,
     output_bytes,
     roofline,
@@ -445,3 +446,33 @@ def test_heads_follow_with_grouped_query_attention() -> None:
     shapes = Shapes((q, kv, kv, mask), ("float",) * 4)
     wide = heads_follow(op, shapes, shapes.substitute({128: 256}), {128: 256})
     assert wide.dims == ((4, 8, 16, 32), (4, 2, 16, 32), (4, 2, 16, 32), mask)
+
+
+def test_a_joins_tensor_list_is_priced_as_the_tensor_it_writes() -> None:
+    """aten::cat's tensors, recorded as one nested list (a U-Net's skip concatenation, a GRU
+    cell's gates), make no shapes of their own; joined along the recorded dimension they are
+    the result it writes, priced as a copy of it: read once, written once."""
+    cat = orjson.dumps({"Input Dims": [[[8, 48, 32, 32], [8, 24, 32, 32]], []],
+                        "Input type": ["TensorList", "Scalar"],
+                        "Concrete Inputs": ["", "1"]}).decode()
+    assert shapes_from_args(cat) is None
+    joined = joined_shapes("aten::cat", cat)
+    assert joined is not None and joined.dims == ((8, 72, 32, 32), ())
+    cost = data_cost("aten::cat", joined)
+    assert cost is not None and cost.family == "copy"
+    assert cost.bytes == 2 * 8 * 72 * 32 * 32 * 4
+    assert output_bytes("aten::cat", joined) == 8 * 72 * 32 * 32 * 4
+
+    def joined(name: str, dims: object, dim: str) -> tuple[int, ...] | None:
+        text = orjson.dumps({"Input Dims": [dims, []], "Concrete Inputs": ["", dim]}).decode()
+        found = joined_shapes(name, text)
+        return found.dims[0] if found is not None else None
+
+    assert joined("aten::cat", [[16, 48]] * 3, "-1") == (16, 144)
+    assert joined("aten::stack", [[4, 5]] * 3, "1") == (4, 3, 5)
+    assert joined("aten::cat", [], "0") is None  # an empty list
+    assert joined("aten::cat", [[4, 5], [3, 6]], "0") is None  # they do not join
+    assert joined("aten::stack", [[4, 5], [4, 6]], "0") is None
+    assert joined("aten::cat", [[4, 5]], "2") is None  # no such dimension
+    assert joined("aten::cat", [[4, 5]], "") is None  # not recorded
+    assert joined("aten::_foreach_mul_", [[4, 5]] * 2, "1") is None  # not a join

@@ -534,6 +534,96 @@ def test_an_op_of_a_swept_type_scales_by_its_models_ratio() -> None:
     assert after / before < 1.05 and (after - 20e-6) / (before - 20e-6) == pytest.approx(4.0)
 
 
+def test_convolutions_priced_at_the_channel_blocks_onednn_computes() -> None:
+    """A CPU convolution at twice the width from 24 channels computes 1.5x the channel blocks
+    of 16, not 2x: [72 -> 24] becomes [144 -> 48], 80 -> 144 input and 32 -> 48 output
+    channels, (144 / 80) x (48 / 32) = x2.7 the work where its FLOPs are x4. An image's 3
+    input channels are not blocked (x1.5 for 24 -> 48 output channels); a depthwise one's
+    channels are one block count (x1.5); the backward reads the channels off grad and
+    input."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"conv": FamilyModel((0.0, 0.0, 1e-12)),
+                                              "conv_backward": FamilyModel((0.0, 0.0, 1e-12))},
+                                   {}))
+    cases = [("aten::mkldnn_convolution", [[8, 72, 32, 32], [24, 72, 3, 3], [24]],
+              [[8, 144, 32, 32], [48, 144, 3, 3], [48]], 4.0, 2.7),
+             ("aten::mkldnn_convolution", [[8, 3, 32, 32], [24, 3, 3, 3], [24]],
+              [[8, 3, 32, 32], [48, 3, 3, 3], [48]], 2.0, 1.5),
+             ("aten::mkldnn_convolution", [[8, 24, 32, 32], [24, 1, 3, 3], [24]],
+              [[8, 48, 32, 32], [48, 1, 3, 3], [48]], 2.0, 1.5),
+             ("aten::convolution_backward",
+              [[8, 24, 32, 32], [8, 72, 32, 32], [24, 72, 3, 3]],
+              [[8, 48, 32, 32], [8, 144, 32, 32], [48, 144, 3, 3]], 4.0, 2.7)]
+    for name, old_dims, new_dims, flops, ratio in cases:
+        old = op_cost(name, old_dims, ["float"] * len(old_dims))
+        new = op_cost(name, new_dims, ["float"] * len(new_dims))
+        assert old is not None and new is not None
+        assert new.flops / old.flops == pytest.approx(flops)
+        assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(1e6 * ratio), name
+
+
+def test_aten_convolution_priced_as_the_gemms_it_runs_per_sample() -> None:
+    """ATen's own 2-D convolution (a 1x1 one at a batch under 16 on one thread) runs a GEMM per
+    sample: [C_out, C_in] x [C_in, H x W]; its backward two, the input's gradient
+    [C_in, C_out] x [C_out, H x W] and the weight's [C_out, H x W] x [H x W, C_in]. Each GEMM
+    here 2 us fixed plus 0.1 ns a FLOP: at twice the width the measured time scales by the
+    GEMMs' ratio (x3.97 forward), not by a direct convolution's model (x4 of pure FLOPs);
+    a 3x3 one adds the unfolded input's copy per sample (1 us each here)."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
+                                              "conv": FamilyModel((0.0, 0.0, 1e-12)),
+                                              "conv_backward": FamilyModel((0.0, 0.0, 1e-12)),
+                                              "copy": FamilyModel((1e-6, 0.0, 0.0))}, {}))
+
+    def mm(m: int, k: int, n: int) -> float:
+        return 2e-6 + 1e-10 * 2 * m * k * n
+
+    cases = [("aten::_slow_conv2d_forward", [[8, 24, 32, 32], [48, 24, 1, 1]],
+              [[8, 48, 32, 32], [96, 48, 1, 1]], mm(48, 24, 1024), mm(96, 48, 1024)),
+             ("aten::_slow_conv2d_backward",
+              [[8, 48, 16, 16], [8, 24, 16, 16], [48, 24, 1, 1]],
+              [[8, 96, 16, 16], [8, 48, 16, 16], [96, 48, 1, 1]],
+              mm(24, 48, 256) + mm(48, 256, 24), mm(48, 96, 256) + mm(96, 256, 48)),
+             ("aten::_slow_conv2d_forward", [[1, 4, 8, 8], [8, 4, 3, 3]],
+              [[1, 8, 8, 8], [16, 8, 3, 3]], mm(8, 36, 64) + 1e-6, mm(16, 72, 64) + 1e-6)]
+    for name, old_dims, new_dims, before, after in cases:
+        old = op_cost(name, old_dims, ["float"] * len(old_dims))
+        new = op_cost(name, new_dims, ["float"] * len(new_dims))
+        assert old is not None and new is not None
+        assert scaler.model_time(old, old_dims) == pytest.approx(8 * before if old_dims[0][0] == 8
+                                                                 else before)
+        assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(
+            1e6 * after / before), name
+
+
+def test_a_concatenation_of_a_tensor_list_scales_with_the_batch(tmp_path: Path) -> None:
+    """An aten::cat of [B, 64] and [B, 32] (a skip connection's), recorded as one nested list,
+    takes 60 us of each step, in time the same run without it spends between ops: at twice the
+    batch it copies twice the bytes, 120 us, and the step is 60 us longer than that run's (it
+    had been held at 60 us, unpriced: the recorded list makes no shapes of its own)."""
+    profile = Profile("cpu", 1, {**PROFILE.models, "copy": FamilyModel((0.0, 1e-9, 0.0))}, {})
+
+    def run(name: str, cat: bool) -> Run:
+        events = []
+        for i in range(5):
+            events += _step(i)
+            if cat:
+                joined = _op("aten::cat", 1000 * i + 420, 60)
+                joined["args"] = {"Input Dims": [[[BATCH, 64], [BATCH, 32]], []],
+                                  "Input type": ["TensorList", "Scalar"],
+                                  "Concrete Inputs": ["", "1"]}
+                events.append(joined)
+        trace = tmp_path / f"{name}.json"
+        trace.write_bytes(orjson.dumps({"traceEvents": events}))
+        return import_traces([trace], tmp_path / f"{name}.run", ImportOptions(),
+                             ["python", "train.py", "--batch-size", str(BATCH)])
+
+    with_cat, without = run("cat", True), run("plain", False)
+    same = [predict(r, profile=profile).predicted_steady_ns for r in (with_cat, without)]
+    doubled = [predict(r, Change(batch_size=2 * BATCH), profile=profile).predicted_steady_ns
+               for r in (with_cat, without)]
+    assert same[0] == same[1] == 1000 * US  # it ran in time the plain run spent idle
+    assert doubled[0] - doubled[1] == 60 * US
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
-from perfswarm.model.opcost import OpCost, lstm_parts, roofline
-from perfswarm.model.profile import KernelModel, LearnedModel, Profile
+from perfswarm.model.opcost import OpCost, channel_blocked, inner_parts, roofline
+from perfswarm.model.profile import LANES, KernelModel, LearnedModel, Profile
 from perfswarm.model.specs import DeviceSpec
 
 # The profile family that prices each op family when the profile has no sweep of its own.
@@ -66,9 +66,11 @@ class ProfileScaler:
         family swept warm too takes the geometric mean of its cold and warm times
         (WARM_SHARE): whether an op's inputs are still in cache depends on what ran since they
         were written, which the trace does not tell, and the mean bends at the cache's size
-        as a step's ops do, half as far as the warm sweep. An LSTM layer is the sum of the ops
-        it runs inside (`lstm_parts`), each priced by its own family."""
-        parts = lstm_parts(cost.op, dims) if cost.family == "rnn" else None
+        as a step's ops do, half as far as the warm sweep. An LSTM layer or ATen's own
+        convolution is the sum of the ops it runs inside (`inner_parts`), each priced by its
+        own family; a convolution at the channels its kernel computes (`channel_blocked`: the
+        sweep's are whole blocks)."""
+        parts = inner_parts(cost, dims)
         if parts:
             times = [(n, self.model_time(part, tuple(map(tuple, d)))) for n, part, d in parts]
             return None if any(t is None for _, t in times) else sum(
@@ -77,6 +79,7 @@ class ProfileScaler:
         if found is None:
             return None
         family, own = found
+        cost = channel_blocked(cost, dims, LANES)
 
         def time(model: KernelModel) -> float:
             if own:

@@ -346,6 +346,38 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   conv_out, rows)
 
 
+# convolutions whose kernel is a GEMM per sample over unfolded input (ATen's own THNN code), not
+# oneDNN's channel-blocked kernels
+_UNBLOCKED_CONVS = frozenset({"_slow_conv2d_forward", "_slow_conv2d_backward", "thnn_conv2d",
+                              "slow_conv3d"})
+
+
+def channel_blocked(cost: OpCost, dims: Dims, lanes: int) -> OpCost:
+    """A CPU convolution's cost at the channels oneDNN computes: its kernels hold channels in
+    blocks of a vector register's `lanes` (nChw16c on AVX-512), so a layer of 24 output
+    channels computes 32 and one of 48 computes 48: doubling the width from 24 does 1.5x the
+    blocks, not 2x (a U-Net's [72 -> 24] 3x3 convolution ran x2.41 at twice the width, its
+    FLOPs x4). An input of fewer channels than a block (an image's 3) is read in its plain
+    layout, unpadded; a depthwise one has one block count for both. Other ops, and ATen's
+    own per-sample GEMM convolutions (`_UNBLOCKED_CONVS`), as they are."""
+    if cost.op in _UNBLOCKED_CONVS or len(dims) < 2 or len(dims[0]) < 3:
+        return cost
+    if cost.family in ("conv", "depthwise_conv"):
+        inputs, outputs = dims[0][1], dims[1][0]
+    elif cost.family == "conv_backward" and len(dims) >= 3 and len(dims[1]) >= 3:
+        inputs, outputs = dims[1][1], dims[0][1]
+    else:
+        return cost
+
+    def padded(channels: int) -> float:
+        return math.ceil(channels / lanes) * lanes / channels if channels >= 1 else 1.0
+
+    factor = padded(outputs)
+    if cost.family != "depthwise_conv" and inputs >= lanes:
+        factor *= padded(inputs)
+    return cost if factor == 1.0 else replace(cost, flops=cost.flops * factor)
+
+
 def tf32_if_fp32(cost: OpCost) -> OpCost:
     """An FP32 op's cost as TF32 work (its kernels ran on tensor cores: cutlass tensorop,
     s1688, sm90 xmma tf32...): bounded by the TF32 peak; other precisions as they are."""
@@ -554,6 +586,50 @@ def shapes_from_args(args_json: str) -> Shapes | None:
     return _shapes(b"[%b,%b,%b,%b]" % (found.dims, found.types, found.strides, found.concrete))
 
 
+# ops that join a list of tensors along a dimension, recorded as one TensorList input
+JOINS: Final = frozenset({"aten::cat", "aten::concat", "aten::concatenate", "aten::stack"})
+
+
+def joined_shapes(name: str, args_json: str) -> Shapes | None:
+    """A join's (`JOINS`) recorded shapes with its tensor list as the tensor it writes (the
+    list joined along the recorded dimension: [8, 48, 32, 32] and [8, 24, 32, 32] concatenated
+    on 1 are [8, 72, 32, 32]), so it is priced as a copy of it: every input read once, the
+    result written once. `shapes_from_args` leaves tensor lists out (a U-Net's skip
+    concatenation was never priced: 0.95 ms a step held where it ran 2.25 at twice the width).
+    None where the list is empty, its tensors do not join, or the dimension is not recorded."""
+    if name not in JOINS:
+        return None
+    try:
+        args = orjson.loads(args_json or "{}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    dims, concrete = args.get("Input Dims"), args.get("Concrete Inputs")
+    if not isinstance(dims, list) or not isinstance(concrete, list) or len(dims) != 2 \
+            or len(concrete) != 2 or not isinstance(concrete[1], str):
+        return None
+    tensors = _int_lists(dims[0])
+    stack = name == "aten::stack"
+    if not tensors or not concrete[1].lstrip("-").isdigit() \
+            or any(len(t) != len(tensors[0]) or not t for t in tensors):
+        return None
+    rank = len(tensors[0]) + stack
+    axis = int(concrete[1]) % rank if -rank <= int(concrete[1]) < rank else -1
+    if axis < 0:
+        return None
+    if stack:
+        if any(t != tensors[0] for t in tensors):
+            return None
+        joined = (*tensors[0][:axis], len(tensors), *tensors[0][axis:])
+    else:
+        if any(t[:axis] + t[axis + 1:] != tensors[0][:axis] + tensors[0][axis + 1:]
+               for t in tensors):
+            return None
+        joined = (*tensors[0][:axis], sum(t[axis] for t in tensors), *tensors[0][axis + 1:])
+    return Shapes((joined, ()), ("float", "Scalar"))
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _shapes(fields: bytes) -> Shapes | None:
     dims_value, types, strides_value, concrete = orjson.loads(fields)
@@ -720,6 +796,43 @@ def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
         *((n, op_cost("mm", ((m, k), (k, c)), ("float", "float")), ((m, k), (k, c)))
           for n, m, k, c in gemms)]
     return [(n, cost, d) for n, cost, d in parts if cost is not None]
+
+
+def slow_conv_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
+    """(count, cost, dims) of the ops ATen's own 2-D convolution (_slow_conv2d: a 1x1 one at a
+    batch under 16 on one thread, where oneDNN is slower) runs inside: per sample, one GEMM of
+    the weight [C_out, C_in x k] with the unfolded input [C_in x k, H_out x W_out]; its
+    backward per sample the input's gradient [C_in x k, C_out] x [C_out, H_out x W_out] and the
+    weight's [C_out, H_out x W_out] x [H_out x W_out, C_in x k]; each with a copy of the
+    unfolded input where the kernel is not 1x1 (im2col). A MobileNet's pointwise convolutions
+    at twice the width ran x3.2-3.4 where a direct convolution's model said x2.4-2.9: small
+    GEMMs, whose sweep knows their shapes. None for other ops or shapes that do not fit."""
+    if cost.op not in ("_slow_conv2d_forward", "_slow_conv2d_backward"):
+        return None
+    backward = cost.op == "_slow_conv2d_backward"
+    if len(dims) < 2 + backward:
+        return None
+    x, w = dims[backward], dims[1 + backward]
+    if len(x) != 4 or len(w) != 4 or (backward and len(dims[0]) != 4):
+        return None
+    spatial = _numel(dims[0][2:]) if backward else _numel(cost.conv_out)
+    batch, c_out, unfolded = x[0], w[0], _numel(w[1:])
+    gemms = ([((unfolded, c_out), (c_out, spatial)), ((c_out, spatial), (spatial, unfolded))]
+             if backward else [((c_out, unfolded), (unfolded, spatial))])
+    parts: list[tuple[int, OpCost | None, Dims]] = [
+        (batch, op_cost("mm", d, ("float", "float")), d) for d in gemms]
+    if _numel(w[2:]) > 1:
+        columns = ((unfolded, spatial), (unfolded, spatial))
+        parts.append((batch, op_cost("copy_", columns, ("float", "float")), columns))
+    return [(n, c, d) for n, c, d in parts if c is not None]
+
+
+def inner_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
+    """The ops a composite op runs inside, where its time is theirs: an LSTM layer's
+    (`lstm_parts`), ATen's own convolution's (`slow_conv_parts`); None for other ops."""
+    if cost.family == "rnn":
+        return lstm_parts(cost.op, dims)
+    return slow_conv_parts(cost, dims)
 
 
 # Ops that never move data: views of their input, and allocations left uninitialised. Their

@@ -65,6 +65,7 @@ from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
+    JOINS,
     PAGE_BYTES,
     OpCost,
     Shapes,
@@ -73,6 +74,7 @@ from perfswarm.model.opcost import (
     column_major,
     data_cost,
     heads_follow,
+    joined_shapes,
     lstm_shape,
     output_bytes,
     row_spread,
@@ -287,7 +289,18 @@ class _Model:
         todo = [r for r in rows if r not in parsed]
         if todo:
             self._shapes.get(np.unique(np.asarray(todo, np.int64)))
-        return [parsed[r] for r in rows]
+        joins = self._joins
+        return [joins[r] if parsed[r] is None and r in joins else parsed[r] for r in rows]
+
+    @cached_property
+    def _joins(self) -> dict[int, Shapes | None]:
+        """The joins' (opcost.JOINS) shapes by row, their tensor lists joined
+        (`joined_shapes`): what predict prices them by; the recorded lists stay as they are
+        for every other reader of the shapes."""
+        ids = [i for i, n in enumerate(self.ev.names) if n in JOINS]
+        rows = np.flatnonzero(np.isin(self.ev.name, ids)) if ids else np.zeros(0, np.int64)
+        return {r: joined_shapes(self.ev.name_of(r), text)
+                for r, text in zip(rows.tolist(), detail_of(self.run, rows), strict=True)}
 
     def iterations(self, timeline: Timeline, durations: I64
                    ) -> list[tuple[int, int, int, int, int]]:
