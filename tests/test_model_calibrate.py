@@ -325,7 +325,7 @@ def test_each_sweep_keeps_its_share_of_the_budget(monkeypatch: pytest.MonkeyPatc
         time.sleep(0.05)
         return []
 
-    def slow_fit(points: object) -> dict[str, object]:
+    def slow_fit(points: object, lanes: int) -> dict[str, object]:
         time.sleep(0.2)
         return {"gmae_held_out": 0.0}
 

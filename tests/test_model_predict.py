@@ -31,7 +31,7 @@ from perfswarm.model.predict import (
     load_model,
     predict,
 )
-from perfswarm.model.profile import FamilyModel, Profile
+from perfswarm.model.profile import FamilyModel, Profile, vector_lanes
 from perfswarm.model.specs import load_spec
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import FAULTS
@@ -559,6 +559,28 @@ def test_convolutions_priced_at_the_channel_blocks_onednn_computes() -> None:
         assert old is not None and new is not None
         assert new.flops / old.flops == pytest.approx(flops)
         assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(1e6 * ratio), name
+
+
+def test_channel_blocks_are_the_profiled_hosts() -> None:
+    """The block is the calibrating host's vector (a profile's `lanes`): on AVX2, blocks of 8,
+    24 and 48 channels are whole blocks and the [72 -> 24] convolution at twice the width does
+    its FLOPs' x4 (AVX-512's blocks of 16: x2.7, above); a profile without `lanes` was fitted
+    with 16."""
+    assert (vector_lanes("AVX512"), vector_lanes("AVX2"), vector_lanes("DEFAULT"),
+            vector_lanes("NEON")) == (16, 8, 4, 4)
+    entry = {"coef": [0.0, 0.0, 1e-12], "points": 0, "gmae_held_out": 0.1,
+             "chosen": "roofline", "sweep": []}
+    data = {"device": "cpu", "families": {"conv": entry}}
+    assert Profile.from_dict(data).lanes == 16
+    scaler = ProfileScaler(Profile.from_dict({**data, "lanes": 8}))
+    old_dims = [[8, 72, 32, 32], [24, 72, 3, 3], [24]]
+    new_dims = [[8, 144, 32, 32], [48, 144, 3, 3], [48]]
+    old = op_cost("aten::mkldnn_convolution", old_dims, ["float"] * 3)
+    new = op_cost("aten::mkldnn_convolution", new_dims, ["float"] * 3)
+    assert old is not None and new is not None
+    assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == 4_000_000
+    with pytest.raises(PerfswarmError, match="lanes must be 4, 8 or 16"):
+        Profile.from_dict({**data, "lanes": 12})
 
 
 def test_aten_convolution_priced_as_the_gemms_it_runs_per_sample() -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from perfswarm.model.opcost import OpCost, channel_blocked, inner_parts, roofline
-from perfswarm.model.profile import LANES, KernelModel, LearnedModel, Profile
+from perfswarm.model.profile import KernelModel, LearnedModel, Profile
 from perfswarm.model.specs import DeviceSpec
 
 # The profile family that prices each op family when the profile has no sweep of its own.
@@ -79,7 +79,7 @@ class ProfileScaler:
         if found is None:
             return None
         family, own = found
-        cost = channel_blocked(cost, dims, LANES)
+        cost = channel_blocked(cost, dims, self.profile.lanes)
 
         def time(model: KernelModel) -> float:
             if own:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -45,8 +45,13 @@ CPU_FAMILIES = ("sdpa", "sdpa_backward")
 WARM_FAMILIES = ("elementwise", "reduction", "copy")
 SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
 # FP32 elements of a vector register (AVX-512; a 64-byte cache line): a GEMM's feature of how
-# much of its last vector along n is padding (the sweep teaches how much that costs here)
+# much of its last vector along n is padding (the sweep teaches how much that costs here), and
+# the channel block of oneDNN's convolutions (opcost.channel_blocked). A profile holds its
+# host's (`vector_lanes`); one written before profiles held it was fitted with this.
 LANES = 16
+# torch's CPU capability -> FP32 elements of its vector registers (512, 256 or 128 bits: oneDNN
+# blocks convolution channels by 16 on AVX-512 (nChw16c), by 8 on AVX2 (nChw8c))
+_LANES_OF: Final = {"AVX512": 16, "AVX512_BF16": 16, "AMX": 16, "AVX2": 8, "SVE256": 8}
 # A held-out error past this says the sweep measured the machine's other load more than the
 # ops (a busy shared machine at a small budget: 3,832% seen): not a profile to predict with.
 UNUSABLE_GMAE = 0.5
@@ -60,17 +65,24 @@ class Point:
     strides: tuple[tuple[int, ...], ...] = ()
 
 
-def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
+def vector_lanes(capability: str) -> int:
+    """FP32 elements of a vector register on a CPU of torch's `capability`
+    (torch.backends.cpu.get_cpu_capability(): AVX512, AVX2, DEFAULT, NEON...): 128-bit
+    registers (SSE, NEON: 4) where it names no wider one."""
+    return _LANES_OF.get(capability.upper(), 4)
+
+
+def shape_features(cost: OpCost, dims: Sequence[Sequence[int]], lanes: int) -> list[float]:
     """Log dimensions, log FLOPs and log bytes, and attention's log spread (OpCost.row_spread:
     the layout its kernel reads). A GEMM's dimensions are read as (batch, m, k,
     n) and its operand layout, whatever op carried it (mm, addmm, linear, bmm), so the sweep's
     mm points speak for nn.Linear's addmm; and the share of its last vector of n that is
-    padding (`LANES`): a row-major product is the BLAS's column-major one of the transposes,
+    padding (`lanes`): a row-major product is the BLAS's column-major one of the transposes,
     whose vectorized dimension is n, and a partly filled vector costs a whole one (nn.Linear
     at m = 512 on an AVX-512 core, k 32 to 320: n = 40 at 67-79 GFLOP/s, n = 48 at 75-91)."""
     canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
     flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed),
-             float(cost.a_transposed), _lane_padding(canonical[3])]
+             float(cost.a_transposed), _lane_padding(canonical[3], lanes)]
             if canonical is not None else
             [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
     layout = [math.log(cost.row_spread)] if cost.row_spread > 0 else []
@@ -78,10 +90,10 @@ def shape_features(cost: OpCost, dims: Sequence[Sequence[int]]) -> list[float]:
                                                           math.log(cost.bytes), *layout]
 
 
-def _lane_padding(n: int) -> float:
-    """Log of n rounded up to whole vectors (LANES), over n."""
+def _lane_padding(n: int, lanes: int) -> float:
+    """Log of n rounded up to whole vectors of `lanes`, over n."""
     n = max(n, 1)
-    return math.log(math.ceil(n / LANES) * LANES / n)
+    return math.log(math.ceil(n / lanes) * lanes / n)
 
 
 @dataclass(frozen=True)
@@ -136,10 +148,11 @@ class LearnedModel:
 
     roofline: FamilyModel
     points: tuple[Point, ...]
+    lanes: int = LANES  # the host's (vector_lanes)
 
     @cached_property
     def _features(self) -> np.ndarray[Any, np.dtype[np.float64]]:
-        return np.array([shape_features(p.cost, p.dims) for p in self.points])
+        return np.array([shape_features(p.cost, p.dims, self.lanes) for p in self.points])
 
     @cached_property
     def _residual(self) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -170,7 +183,7 @@ class LearnedModel:
         """The learned log correction of the roofline at this op (see the class)."""
         if _layout(cost, dims) not in self._layouts:
             return float(np.mean(self._residual))
-        x = np.clip(np.array(shape_features(cost, dims)), self._features.min(axis=0),
+        x = np.clip(np.array(shape_features(cost, dims, self.lanes)), self._features.min(axis=0),
                     self._features.max(axis=0))
         return float(self._gp.predict(x[None, :])[0])
 
@@ -191,11 +204,12 @@ def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
     return ([p for i, p in enumerate(points) if i % 4 != 3], list(points[3::4]))
 
 
-def fit_family(points: Sequence[Point]) -> dict[str, Any]:
-    """Both models on the fit points, scored on the held-out ones; the better one is chosen."""
+def fit_family(points: Sequence[Point], lanes: int = LANES) -> dict[str, Any]:
+    """Both models on the fit points, scored on the held-out ones; the better one is chosen
+    (`lanes`: the host's, vector_lanes)."""
     train, held = split(points)
     roofline = fit(train)
-    learned = LearnedModel(roofline, tuple(train))
+    learned = LearnedModel(roofline, tuple(train), lanes)
     scores = {"roofline": model_gmae(roofline, held), "learned": model_gmae(learned, held)}
     chosen: Choice = "learned" if scores["learned"] < scores["roofline"] else "roofline"
     return {"coef": list(roofline.coef), "points": len(points),
@@ -219,6 +233,7 @@ class Profile:
     warm: Mapping[str, KernelModel] = field(default_factory=dict)
     # the best rates its sweeps reached: FLOP/s (GEMM, conv), bytes/s cold and warm (copy)
     ceilings: Mapping[str, float] = field(default_factory=dict)
+    lanes: int = LANES  # FP32 elements of the host's vector registers (vector_lanes)
 
     def unusable(self) -> list[str]:
         """Families whose held-out error says their sweep measured other load (UNUSABLE_GMAE)."""
@@ -227,13 +242,16 @@ class Profile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> Profile:
         try:
-            models, errors = _models(data["families"])
-            warm, _ = _models(data.get("warm", {}))
+            lanes = int(data.get("lanes", LANES))
+            if lanes not in (4, 8, 16):
+                raise ValueError("lanes must be 4, 8 or 16")
+            models, errors = _models(data["families"], lanes)
+            warm, _ = _models(data.get("warm", {}), lanes)
             page_s = float(data.get("page_s", 0.0))
             if not page_s >= 0:
                 raise ValueError("page_s must be a non-negative time")
             return cls(str(data["device"]), int(data.get("threads", 1)), models, errors, page_s,
-                       warm, _ceilings(data))
+                       warm, _ceilings(data), lanes)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PerfswarmError(f"{where}: not a kernel-model profile ({exc})") from None
 
@@ -266,7 +284,8 @@ def _ceilings(data: Mapping[str, Any]) -> dict[str, float]:
             "cache_bandwidth": _best(data.get("warm", {}), ("copy",), moved)}
 
 
-def _models(entries: Mapping[str, Any]) -> tuple[dict[str, KernelModel], dict[str, float]]:
+def _models(entries: Mapping[str, Any], lanes: int
+            ) -> tuple[dict[str, KernelModel], dict[str, float]]:
     """Per family of fit_family entries: the chosen model, refitted on its sweep, and its
     held-out GMAE."""
     models: dict[str, KernelModel] = {}
@@ -276,7 +295,7 @@ def _models(entries: Mapping[str, Any]) -> tuple[dict[str, KernelModel], dict[st
         roofline = FamilyModel(tuple(float(c) for c in entry["coef"]))
         if len(roofline.coef) != 3 or min(roofline.coef) < 0:
             raise ValueError("coef needs 3 non-negative values")
-        models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]))
+        models[str(family)] = (LearnedModel(roofline, tuple(split(points)[0]), lanes)
                                if entry["chosen"] == "learned" else roofline)
         errors[str(family)] = float(entry["gmae_held_out"])
     return models, errors

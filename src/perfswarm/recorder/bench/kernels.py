@@ -22,10 +22,12 @@ from perfswarm.model.opcost import PAGE_BYTES, Shapes, column_major, data_cost
 from perfswarm.model.profile import (
     CPU_FAMILIES,
     FAMILIES,
+    LANES,
     UNUSABLE_GMAE,
     WARM_FAMILIES,
     Point,
     fit_family,
+    vector_lanes,
 )
 from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 
@@ -333,11 +335,12 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     # fitted once every sweep is done: a learned model's fit (seconds, on a busy machine) had
     # taken the next family's share (the forward attention's: 8 points at the default budget)
     on_family("fitting the models")
-    fitted = {key: fit_family(points) for key, points in swept.items()}
+    lanes = vector_lanes(torch.backends.cpu.get_cpu_capability()) if where == "cpu" else LANES
+    fitted = {key: fit_family(points, lanes) for key, points in swept.items()}
     cold = {f: fitted[f, False] for f in families}
     reused = {f: fitted[f, True] for f in WARM_FAMILIES}
     return {"device": where, "device_name": name, "threads": threads, "families": cold,
-            "warm": reused, "page_s": page_s,
+            "warm": reused, "page_s": page_s, "lanes": lanes,
             "unusable": sorted([f for f, e in cold.items() if e["gmae_held_out"] > UNUSABLE_GMAE]
                                + [f"{f} (warm)" for f, e in reused.items()
                                   if e["gmae_held_out"] > UNUSABLE_GMAE])}
