@@ -89,8 +89,8 @@ def test_a_label_files_gemm_nodes_become_training_rows(tmp_path: Path) -> None:
     attention mask's multiply, the first layer's query Linear and its QK^T matmul, copied from
     the raw CSV) read as kernel rows: the Linear x[8,512,1024] @ W[1024,1024]^T + b as a 4096 x
     1024 output over a reduction of 1024, the matmul [8,16,512,64] @ [8,16,64,512] as 128
-    batches of 512 x 512 over 64, each at its fw_latency; the floor the fastest kernel node's
-    (the multiply's); the nodes that launch no kernel are no rows; a training case is not
+    batches of 512 x 512 over 64, each at its fw_latency; the floor the GPU's fastest kernel
+    node's (the multiply's); the nodes that launch no kernel are no rows; a training case is not
     read."""
     folder = _small_dataset(tmp_path, 5)
     raw = DATA / "labels" / "Tesla_T4" / "bert_large-inf-512-8.csv.gz"
@@ -98,25 +98,31 @@ def test_a_label_files_gemm_nodes_become_training_rows(tmp_path: Path) -> None:
     kept = [rows[i - 2] for i in (2, 3, 4, 5, 6, 21, 34, 53)]
     assert [r["Name"] for r in kept[5:]] == ["mul", "bert_encoder_layer_0_attention_self_query",
                                              "matmul"]
-    text = io.StringIO()
-    writer = csv.DictWriter(text, list(rows[0]))
-    writer.writeheader()
-    writer.writerows(kept)
     (folder / "labels" / "Tesla_T4").mkdir(parents=True)
-    for case in ("bert_large-inf-512-8", "bert_large-train-512-8"):
+    for case, nodes in (("bert_large-inf-512-8", kept), ("bert_large-train-512-8", kept),
+                        ("bert_large-inf-512-16", kept[6:])):  # GEMMs alone
+        text = io.StringIO()
+        writer = csv.DictWriter(text, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(nodes)
         (folder / "labels" / "Tesla_T4" / f"{case}.csv.gz").write_bytes(
             gzip.compress(text.getvalue().encode()))
     labels = [r for r in load_dataset(folder).rows if r.split == "label"]
-    assert [(r.work.kind, r.work.b, r.work.m, r.work.n, r.work.k, r.seconds) for r in labels] == [
-        ("mul", 1, 8, 512, 1, pytest.approx(0.02460159994661808e-3)),
-        ("linear", 1, 4096, 1024, 1024, pytest.approx(3.1667456150054933e-3)),
-        ("bmm", 128, 512, 512, 64, pytest.approx(1.7326208114624024e-3))]
-    assert labels[1].work.flops == 2 * 4096 * 1024 * 1024
-    assert labels[1].work.bytes == 4 * (4096 * 1024 + 1024 * 1024 + 4096 * 1024 + 1024)
-    assert {(r.gpu, r.case) for r in labels} == {("Tesla T4", "bert_large-inf-512-8")}
-    assert [r.floor_s for r in labels] == [pytest.approx(0.02460159994661808e-3)] * 3
+    gemms = [("linear", 1, 4096, 1024, 1024, pytest.approx(3.1667456150054933e-3)),
+             ("bmm", 128, 512, 512, 64, pytest.approx(1.7326208114624024e-3))]
+    assert [(r.case, r.work.kind, r.work.b, r.work.m, r.work.n, r.work.k, r.seconds)
+            for r in labels] == [
+        ("bert_large-inf-512-16", *gemms[0]), ("bert_large-inf-512-16", *gemms[1]),
+        ("bert_large-inf-512-8", "mul", 1, 8, 512, 1, pytest.approx(0.02460159994661808e-3)),
+        ("bert_large-inf-512-8", *gemms[0]), ("bert_large-inf-512-8", *gemms[1])]
+    assert labels[0].work.flops == 2 * 4096 * 1024 * 1024
+    assert labels[0].work.bytes == 4 * (4096 * 1024 + 1024 * 1024 + 4096 * 1024 + 1024)
+    assert {r.gpu for r in labels} == {"Tesla T4"}
+    # the GPU's, over both cases: the one of GEMMs alone too
+    assert [r.floor_s for r in labels] == [pytest.approx(0.02460159994661808e-3)] * 5
     kept[6]["fw_latency"] = "inf"
-    writer = csv.DictWriter(text := io.StringIO(), list(rows[0]))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, list(rows[0]))
     writer.writeheader()
     writer.writerows(kept)
     bad = folder / "labels" / "Tesla_T4" / "bert_large-inf-512-8.csv.gz"

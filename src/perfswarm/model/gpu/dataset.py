@@ -45,8 +45,8 @@ class Measurement:
     seconds: float
     split: Split  # label: a node of a whole model
     case: str = ""  # a label's case (its file's name: bert_large-inf-512-8)
-    # the part of a label's latency that is no kernel's: its case's fastest kernel node's
-    # latency (a sweep's is the model's to find, per GPU)
+    # the part of a label's latency that is no kernel's: its GPU's fastest kernel node's
+    # latency over its labels (a sweep's is the model's to find, per GPU)
     floor_s: float | None = None
 
 
@@ -136,12 +136,9 @@ def _read(path: Path, op_of_row: str | None, hardware: Mapping[str, Hardware], s
         yield Measurement(work_of(op, values), hardware[name].name, seconds, split)
 
 
-def _labels(path: Path, gpu: str) -> Iterator[Measurement]:
+def _labels(path: Path) -> Iterator[tuple[Work, float]]:
     """The kernels of a whole model's inference case that its nodes measured alone: the
-    nodes that launch one kernel of a swept family, at their forward latency; their floor the
-    fastest one's (as a sweep's is its 1st-percentile latency: a kernel of next to no work)."""
-    case = path.name.removesuffix(".csv.gz")
-    found = []
+    nodes that launch one kernel of a swept family, with their forward latency (s)."""
     for line, row in enumerate(_rows(path), start=2):
         try:
             ops = node_ops(row, train_case=False)
@@ -155,9 +152,7 @@ def _labels(path: Path, gpu: str) -> Iterator[Measurement]:
         forward = ops[0] if ops and fp32 and seconds > 0 else []
         works = [w for name, shapes in forward for w in op_kernels(name, shapes) or []]
         if len(works) == 1 and works[0].family != "conv" and forward[0][0] not in NOT_SWEPT:
-            found.append((works[0], seconds))
-    floor = min((s for _, s in found), default=0.0)
-    return (Measurement(w, gpu, s, "label", case, floor) for w, s in found)
+            yield works[0], seconds
 
 
 def load_dataset(folder: Path) -> Dataset:
@@ -189,10 +184,15 @@ def load_dataset(folder: Path) -> Dataset:
             rows += (m for m in _read(path, None, hardware, "test", None)
                      if m.work.family != "elementwise")
     labels = folder / "labels"
-    for path in sorted(labels.glob("*/*-inf-*.csv.gz")) if labels.is_dir() else []:
-        gpu = path.parent.name.replace("_", " ")
-        if gpu not in hardware:
-            raise PerfswarmError(f"{path}: no device config for {gpu!r} in "
+    for gpu_dir in sorted(labels.iterdir()) if labels.is_dir() else []:
+        gpu = gpu_dir.name.replace("_", " ")
+        cases = {p.name.removesuffix(".csv.gz"): list(_labels(p))
+                 for p in sorted(gpu_dir.glob("*-inf-*.csv.gz"))}
+        if cases and gpu not in hardware:
+            raise PerfswarmError(f"{gpu_dir}: no device config for {gpu!r} in "
                                  f"{folder / 'device_configs'}")
-        rows += _labels(path, hardware[gpu].name)
+        # the GPU's floor: its fastest kernel node (as a sweep's is its 1st-percentile latency)
+        floor = min((s for found in cases.values() for _, s in found), default=0.0)
+        rows += (Measurement(w, hardware[gpu].name, s, "label", case, floor)
+                 for case, found in cases.items() for w, s in found)
     return Dataset(str(folder), hardware, tuple(rows))

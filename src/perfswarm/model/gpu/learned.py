@@ -21,12 +21,12 @@ GPU's own floor, on its rows of at least two floors).
 Whole models' nodes (the dataset's labels) train the trees beside the sweeps: the sweeps ran
 large GEMMs 5-38% slower than the models ran them (in sample, docs/benchmarks.md; random data
 against ones-filled token ids: plausibly a power-limited card clocks higher on data that
-switches less), and `predict` prices kernels of models. A label's floor is its case's fastest
-kernel node's latency (a sweep's, the GPU's 1st-percentile latency); per GPU and family its
-rows weigh LABEL_SHARE of the training (a few dozen nodes against a thousand sweep rows would
-move the trees little; chosen by leave-one-GPU-out over the whole models and the kernel tables,
-docs/benchmarks.md). Held-out GPUs are scored on their sweeps and test shapes only, as before
-labels were read.
+switches less), and `predict` prices kernels of models. A label's floor is its GPU's fastest
+kernel node's latency over its labels (a sweep's, the GPU's 1st-percentile latency); per GPU
+and family its rows weigh LABEL_SHARE of the training (a few dozen nodes against a thousand
+sweep rows would move the trees little; chosen by leave-one-GPU-out over the whole models and
+the kernel tables, docs/benchmarks.md). Held-out GPUs are scored on their sweeps and test
+shapes only, as before labels were read.
 """
 
 from __future__ import annotations
