@@ -22,7 +22,10 @@
      ratio between the op graph on the target and on the source (the source's per-node
      latencies are not summed: on the A100 they add up to 1.5x its measured e2e);
    against the measured e2e, beside NeuSight's, Habitat's and the roofline's published
-   forecasts of the same cases (published/<GPU>/<method>/<case>.json).
+   forecasts of the same cases (published/<GPU>/<method>/<case>.json). The model learns from
+   the labels too (the other GPUs', which hold the same models' shapes), so a second table
+   forecasts each case with folds that saw no GPU's labels of its model (GROUPS): the figure
+   for a model none of the labels holds.
    Goals: mean |error| <= 5% (from another GPU) and never worse than NeuSight on a GPU;
    from the op graph alone mean <= 10%.
 """
