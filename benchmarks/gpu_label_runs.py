@@ -47,10 +47,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from gpu_forecast import DATA, LAYER, _node_seconds, _ops, label_nodes, source_dir
+from gpu_forecast import DATA, LAYER, _node_seconds, label_nodes, source_dir
 from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.dataset import load_dataset
 from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.labels import node_ops
 from perfswarm.model.gpu.learned import FamilyModel, KernelModel, bundled, train
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.opcost import Shapes
@@ -80,7 +81,7 @@ def label_ops(path: Path, train_case: bool, layers: int, source: tuple[Hardware,
     rows = list(csv.DictReader(io.StringIO(gzip.decompress(path.read_bytes()).decode())))
     nodes: list[tuple[bool, list[opgraph.TraceOp], list[opgraph.TraceOp]]] = []
     for row in rows:
-        found = _ops(row, train_case)
+        found = node_ops(row, train_case)
         if found is None:
             continue
         forward, backward = found

@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +22,15 @@ from perfswarm.analyze.dependencies import launching_ops
 from perfswarm.analyze.frame import Events
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.gpu import learned
 from perfswarm.model.gpu.aten import op_kernels
-from perfswarm.model.gpu.dataset import load_dataset, work_of
+from perfswarm.model.gpu.dataset import Measurement, load_dataset, work_of
 from perfswarm.model.gpu.forecast import LearnedScaler, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
-from perfswarm.model.gpu.learned import KernelModel, bundled
+from perfswarm.model.gpu.learned import KernelModel, bundled, train
 from perfswarm.model.gpu.opgraph import HOST_OP_NS, LAUNCH_NS, host_overheads
-from perfswarm.model.gpu.work import roofline_s
+from perfswarm.model.gpu.trees import Ensemble
+from perfswarm.model.gpu.work import roofline_s, vector_work
 from perfswarm.model.kernels import RooflineScaler
 from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.specs import load_spec
@@ -79,6 +82,53 @@ def test_a_measured_gemm_row_becomes_its_work() -> None:
     assert (data.hardware["Tesla P4"].sms, t4.fp32) == (20, 8.1e12)
     assert [data.hardware[g].near_peak_memory for g in data.gpus()] == [
         True, False, False, False, True]  # HBM on Volta and later: A100, V100
+
+
+def test_a_label_files_gemm_nodes_become_training_rows(tmp_path: Path) -> None:
+    """A whole model's nodes (the T4's BERT-large inference, batch 8: its first five nodes, the
+    attention mask's multiply, the first layer's query Linear and its QK^T matmul, copied from
+    the raw CSV) read as kernel rows: the Linear x[8,512,1024] @ W[1024,1024]^T + b as a 4096 x
+    1024 output over a reduction of 1024, the matmul [8,16,512,64] @ [8,16,64,512] as 128
+    batches of 512 x 512 over 64, each at its fw_latency; the floor the GPU's fastest kernel
+    node's (the multiply's); the nodes that launch no kernel are no rows; a training case is not
+    read."""
+    folder = _small_dataset(tmp_path, 5)
+    raw = DATA / "labels" / "Tesla_T4" / "bert_large-inf-512-8.csv.gz"
+    rows = list(csv.DictReader(io.StringIO(gzip.decompress(raw.read_bytes()).decode())))
+    kept = [rows[i - 2] for i in (2, 3, 4, 5, 6, 21, 34, 53)]
+    assert [r["Name"] for r in kept[5:]] == ["mul", "bert_encoder_layer_0_attention_self_query",
+                                             "matmul"]
+    (folder / "labels" / "Tesla_T4").mkdir(parents=True)
+    for case, nodes in (("bert_large-inf-512-8", kept), ("bert_large-train-512-8", kept),
+                        ("bert_large-inf-512-16", kept[6:])):  # GEMMs alone
+        text = io.StringIO()
+        writer = csv.DictWriter(text, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(nodes)
+        (folder / "labels" / "Tesla_T4" / f"{case}.csv.gz").write_bytes(
+            gzip.compress(text.getvalue().encode()))
+    labels = [r for r in load_dataset(folder).rows if r.split == "label"]
+    gemms = [("linear", 1, 4096, 1024, 1024, pytest.approx(3.1667456150054933e-3)),
+             ("bmm", 128, 512, 512, 64, pytest.approx(1.7326208114624024e-3))]
+    assert [(r.case, r.work.kind, r.work.b, r.work.m, r.work.n, r.work.k, r.seconds)
+            for r in labels] == [
+        ("bert_large-inf-512-16", *gemms[0]), ("bert_large-inf-512-16", *gemms[1]),
+        ("bert_large-inf-512-8", "mul", 1, 8, 512, 1, pytest.approx(0.02460159994661808e-3)),
+        ("bert_large-inf-512-8", *gemms[0]), ("bert_large-inf-512-8", *gemms[1])]
+    assert labels[0].work.flops == 2 * 4096 * 1024 * 1024
+    assert labels[0].work.bytes == 4 * (4096 * 1024 + 1024 * 1024 + 4096 * 1024 + 1024)
+    assert {r.gpu for r in labels} == {"Tesla T4"}
+    # the GPU's, over both cases: the one of GEMMs alone too
+    assert [r.floor_s for r in labels] == [pytest.approx(0.02460159994661808e-3)] * 5
+    kept[6]["fw_latency"] = "inf"
+    text = io.StringIO()
+    writer = csv.DictWriter(text, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(kept)
+    bad = folder / "labels" / "Tesla_T4" / "bert_large-inf-512-8.csv.gz"
+    bad.write_bytes(gzip.compress(text.getvalue().encode()))
+    with pytest.raises(PerfswarmError, match=r"inf-512-8\.csv\.gz: line 8: fw_latency must be"):
+        load_dataset(folder)
 
 
 def test_measured_bmms_tile_their_work_as_their_launch_grids_say() -> None:
@@ -134,6 +184,40 @@ def test_calibrate_dataset_retrains_and_reports_held_out_gpus(
             io.StringIO(gzip.decompress(raw.read_bytes()).decode()))])
         assert h["kernel_rows"] == int((latency >= 2 * np.percentile(latency, 1)).sum())
     assert set(KernelModel.load(out).families) == {"norm", "softmax"}
+
+
+def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two layer norms of a T4 model beside the T4's and P4's first 150 sweep rows: each label
+    row weighs the T4's trained sweep rows over the labels' count, so that together they weigh
+    as much as those (all 150: none reaches twice the 1st-percentile latency, and under
+    MIN_ROWS every row trains); it learns the log of its latency less its own floor over its
+    roofline."""
+    folder = _small_dataset(tmp_path, 150)
+    data = load_dataset(folder)
+    t4 = data.hardware["Tesla T4"]
+    labels = [Measurement(vector_work("norm", "ln", 4096, 1024), "Tesla T4", 200e-6, "label",
+                          "m-inf-1", 10e-6),
+              Measurement(vector_work("norm", "ln", 8192, 1024), "Tesla T4", 390e-6, "label",
+                          "m-inf-1", 10e-6)]
+    fits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    real_fit = learned.fit
+
+    def spy(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> Ensemble:
+        fits.append((x, y, weight))
+        return real_fit(x, y, weight)
+
+    monkeypatch.setattr(learned, "fit", spy)
+    train(replace(data, rows=(*data.rows, *labels)), holdout=False)
+    raw = folder / "train" / "ln" / "Tesla_T4.csv.gz"
+    latency = np.array([float(r["Latency"]) for r in csv.DictReader(
+        io.StringIO(gzip.decompress(raw.read_bytes()).decode()))])
+    assert int((latency >= 2 * np.percentile(latency, 1)).sum()) < learned.MIN_ROWS
+    _, y, weight = fits[0]  # norm's, the first family measured
+    assert len(weight) == 2 * 150 + 2 and set(weight[:-2]) == {1.0}
+    assert list(weight[-2:]) == [150 / 2] * 2
+    assert list(y[-2:]) == pytest.approx([
+        math.log((m.seconds - 10e-6) / roofline_s(m.work, t4)) for m in labels])
 
 
 def test_calibrate_dataset_refuses_bad_folders(tmp_path: Path,

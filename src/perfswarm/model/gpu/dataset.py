@@ -1,6 +1,7 @@
 """Reading a folder of GPU kernel measurements laid out like shared/gpu-kernels (NeuSight's
-data): `device_configs/<GPU>.json`, `train/<op>/<GPU>.csv.gz`, optionally `test/<set>.csv.gz`.
-Latencies in milliseconds, FP32."""
+data): `device_configs/<GPU>.json`, `train/<op>/<GPU>.csv.gz`, optionally `test/<set>.csv.gz`
+and `labels/<GPU>/<case>.csv.gz` (whole models, of which the inference cases' nodes that launch
+one GEMM, layer norm, softmax or elementwise kernel are read). Latencies in milliseconds, FP32."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from typing import Final, Literal
 import orjson
 
 from perfswarm.errors import ParameterError, PerfswarmError
+from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.hardware import Hardware
+from perfswarm.model.gpu.labels import node_ops
 from perfswarm.model.gpu.work import Family, Work, conv_work, gemm_work, vector_work
 from perfswarm.model.specs import spec_for_device
 from perfswarm.trace import gunzip
 
-Split = Literal["train", "test"]
+Split = Literal["train", "test", "label"]
 ELEMENTWISE_OPS: Final = ("add", "addu", "mul", "mulu", "div", "divu", "pow", "powu", "relu",
                           "gelu", "tanh")
 COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
@@ -30,6 +33,9 @@ COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
              "Padding"),
     **dict.fromkeys((*ELEMENTWISE_OPS, "ln", "softmax"), ("B", "H")),
 }
+# a label node's ops that launch another kernel than the sweeps' of their family: a gather, a
+# strided copy
+NOT_SWEPT: Final = frozenset({"aten::embedding", "aten::copy_"})
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,11 @@ class Measurement:
     work: Work
     gpu: str       # the device config's name
     seconds: float
-    split: Split
+    split: Split  # label: a node of a whole model
+    case: str = ""  # a label's case (its file's name: bert_large-inf-512-8)
+    # the part of a label's latency that is no kernel's: its GPU's fastest kernel node's
+    # latency over its labels (a sweep's is the model's to find, per GPU)
+    floor_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,25 @@ def _read(path: Path, op_of_row: str | None, hardware: Mapping[str, Hardware], s
         yield Measurement(work_of(op, values), hardware[name].name, seconds, split)
 
 
+def _labels(path: Path) -> Iterator[tuple[Work, float]]:
+    """The kernels of a whole model's inference case that its nodes measured alone: the
+    nodes that launch one kernel of a swept family, with their forward latency (s)."""
+    for line, row in enumerate(_rows(path), start=2):
+        try:
+            ops = node_ops(row, train_case=False)
+            seconds = float(row["fw_latency"] or 0) * 1e-3
+            fp32 = row["dtype"] == "torch.float32"
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise PerfswarmError(f"{path}: line {line}: missing or malformed column "
+                                 f"({exc})") from None
+        if not 0 <= seconds < math.inf:
+            raise PerfswarmError(f"{path}: line {line}: fw_latency must be positive and finite")
+        forward = ops[0] if ops and fp32 and seconds > 0 else []
+        works = [w for name, shapes in forward for w in op_kernels(name, shapes) or []]
+        if len(works) == 1 and works[0].family != "conv" and forward[0][0] not in NOT_SWEPT:
+            yield works[0], seconds
+
+
 def load_dataset(folder: Path) -> Dataset:
     """Every measurement of the folder; a missing folder, config or malformed file raises a
     one-line PerfswarmError naming it."""
@@ -154,4 +183,16 @@ def load_dataset(folder: Path) -> Dataset:
         else:
             rows += (m for m in _read(path, None, hardware, "test", None)
                      if m.work.family != "elementwise")
+    labels = folder / "labels"
+    for gpu_dir in sorted(labels.iterdir()) if labels.is_dir() else []:
+        gpu = gpu_dir.name.replace("_", " ")
+        cases = {p.name.removesuffix(".csv.gz"): list(_labels(p))
+                 for p in sorted(gpu_dir.glob("*-inf-*.csv.gz"))}
+        if cases and gpu not in hardware:
+            raise PerfswarmError(f"{gpu_dir}: no device config for {gpu!r} in "
+                                 f"{folder / 'device_configs'}")
+        # the GPU's floor: its fastest kernel node (as a sweep's is its 1st-percentile latency)
+        floor = min((s for found in cases.values() for _, s in found), default=0.0)
+        rows += (Measurement(w, hardware[gpu].name, s, "label", case, floor)
+                 for case, found in cases.items() for w, s in found)
     return Dataset(str(folder), hardware, tuple(rows))

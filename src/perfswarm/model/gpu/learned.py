@@ -17,6 +17,16 @@ half the latency (a smaller rest is mostly the host's jitter). A kernel in a tra
 without that floor: the trace times the kernel alone. Held-out GPUs are scored both ways: the
 whole latency (the others' median floor added) and the kernel time alone (the latency less the
 GPU's own floor, on its rows of at least two floors).
+
+Whole models' nodes (the dataset's labels) train the trees beside the sweeps: the sweeps ran
+large GEMMs 5-38% slower than the models ran them (in sample, docs/benchmarks.md; random data
+against ones-filled token ids: plausibly a power-limited card clocks higher on data that
+switches less), and `predict` prices kernels of models. A label's floor is its GPU's fastest
+kernel node's latency over its labels (a sweep's, the GPU's 1st-percentile latency); per GPU
+and family its rows weigh LABEL_SHARE of the training (a few dozen nodes against a thousand
+sweep rows would move the trees little; chosen by leave-one-GPU-out over the whole models and
+the kernel tables, docs/benchmarks.md). Held-out GPUs are scored on their sweeps and test
+shapes only, as before labels were read.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import numpy.typing as npt
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
-from perfswarm.model.gpu.dataset import Dataset, Measurement
+from perfswarm.model.gpu.dataset import Dataset, Measurement, Split
 from perfswarm.model.gpu.hardware import Hardware, bundled_hardware
 from perfswarm.model.gpu.trees import F64, Ensemble, fit
 from perfswarm.model.gpu.work import FAMILIES, Family, Work, features, roofline_s
@@ -50,6 +60,7 @@ TRAINED_FLOORS: Final = 2.0  # a row trains the model when its latency is at lea
 SCORED_FLOORS: Final = 2.0  # and is scored for its kernel time alone from this many
 MIN_ROWS: Final = 50  # fewer such rows: every row trains it, its rest at least MIN_WORK_SHARE
 MIN_WORK_SHARE: Final = 0.1
+LABEL_SHARE: Final = 0.5  # of a GPU's training weight in a family: its labels'
 Progress = Callable[[str], None]
 
 
@@ -133,41 +144,56 @@ class _Rows:
     x: F64
     roof: F64
     seconds: F64
+    label: npt.NDArray[np.bool_]  # a whole model's node, not a sweep's row
+    label_floor: F64  # a label's known floor (Measurement.floor_s; nan for a sweep's row)
 
     @classmethod
     def of(cls, rows: Sequence[Measurement], hardware: Mapping[str, Hardware]) -> _Rows:
         return cls(np.array([r.gpu for r in rows]),
                    np.array([features(r.work, hardware[r.gpu]) for r in rows], np.float64),
                    np.array([roofline_s(r.work, hardware[r.gpu]) for r in rows]),
-                   np.array([r.seconds for r in rows]))
+                   np.array([r.seconds for r in rows]),
+                   np.array([r.split == "label" for r in rows], np.bool_),
+                   np.array([math.nan if r.floor_s is None else r.floor_s for r in rows]))
 
     def floors(self, keep: npt.NDArray[np.bool_]) -> dict[str, float]:
-        """Each GPU's floor over the rows `keep` marks: its 1st-percentile latency."""
-        return {g: float(np.percentile(self.seconds[keep & (self.gpu == g)], FLOOR_PERCENTILE))
-                for g in set(self.gpu[keep])}
+        """Each GPU's floor over the sweep rows `keep` marks: its 1st-percentile latency."""
+        sweep = keep & ~self.label
+        return {g: float(np.percentile(self.seconds[sweep & (self.gpu == g)], FLOOR_PERCENTILE))
+                for g in set(self.gpu[sweep])}
 
     def fit(self, keep: npt.NDArray[np.bool_]) -> FamilyModel:
-        """The family's model on the rows `keep` marks: the floor per GPU, the trees on the
-        rest of the latencies of at least TRAINED_FLOORS floors (of all, where few are)."""
+        """The family's model on the rows `keep` marks: the floor per GPU (a label's its own),
+        the trees on the rest of the latencies of at least TRAINED_FLOORS floors (of all, where
+        few are), the labels of a GPU weighing LABEL_SHARE of its rows."""
         floors = self.floors(keep)
-        floor = np.array([floors.get(g, np.inf) for g in self.gpu])
+        floor = np.where(self.label, self.label_floor,
+                         np.array([floors.get(g, np.inf) for g in self.gpu]))
         rows = keep & (self.seconds >= TRAINED_FLOORS * floor)
         if rows.sum() < MIN_ROWS:  # sweeps of small kernels only: every row, the rest clamped
             rows = keep
         work = np.maximum(self.seconds[rows] - floor[rows], MIN_WORK_SHARE * self.seconds[rows])
-        return FamilyModel(fit(self.x[rows], np.log(work / self.roof[rows])),
-                           float(np.median(list(floors.values()))))
+        weight = np.ones(len(self.gpu))
+        for g in set(self.gpu[rows & self.label]):
+            mine = rows & (self.gpu == g)
+            labels, sweeps = (mine & self.label).sum(), (mine & ~self.label).sum()
+            if sweeps:
+                weight[mine & self.label] = LABEL_SHARE / (1 - LABEL_SHARE) * sweeps / labels
+        typical = list(floors.values()) or list(self.label_floor[keep & self.label])
+        return FamilyModel(fit(self.x[rows], np.log(work / self.roof[rows]), weight[rows]),
+                           float(np.median(typical)))
 
     def kernel(self, model: FamilyModel, keep: npt.NDArray[np.bool_]) -> F64:
         """The kernel time of the rows `keep` marks, without the floor."""
         return self.roof[keep] * np.exp(model.trees.predict(self.x[keep]))
 
 
-def _spaced(rows: Sequence[Measurement], most: int, train_only: bool) -> list[Measurement]:
-    """At most `most` rows per GPU, evenly spaced over each sweep."""
+def _spaced(rows: Sequence[Measurement], most: int, splits: tuple[Split, ...]
+            ) -> list[Measurement]:
+    """At most `most` rows of `splits` per GPU, evenly spaced over each sweep."""
     out = []
     for gpu in sorted({r.gpu for r in rows}):
-        mine = [r for r in rows if r.gpu == gpu and (r.split == "train" or not train_only)]
+        mine = [r for r in rows if r.gpu == gpu and r.split in splits]
         out += mine[::max(1, len(mine) // most)][:most]
     return out
 
@@ -221,8 +247,9 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
                              "(a model learns from one GPU to another)")
     for family, rows in measured.items():
         gpus = sorted({r.gpu for r in rows})
-        train_rows = _spaced(rows, ROWS_PER_GPU, train_only=True)
-        held_rows = _spaced(rows, EVAL_ROWS, train_only=False) if holdout else []
+        train_rows = (_spaced(rows, ROWS_PER_GPU, ("train",))
+                      + [r for r in rows if r.split == "label"])
+        held_rows = _spaced(rows, EVAL_ROWS, ("train", "test")) if holdout else []
         table = _Rows.of(train_rows + held_rows, dataset.hardware)
         fitting = np.arange(len(table.gpu)) < len(train_rows)
         for gpu in gpus if holdout else []:

@@ -60,14 +60,15 @@ class Ensemble:
                    data[f"{prefix}.value"].astype(np.float64))
 
 
-def fit(x: F64, y: F64, seed: int = 0) -> Ensemble:
+def fit(x: F64, y: F64, weight: F64 | None = None, seed: int = 0) -> Ensemble:
     """Least-squares gradient boosting (scikit-learn's GradientBoostingRegressor: TREES trees of
-    depth DEPTH, a random 80% of the rows each), exported to arrays."""
+    depth DEPTH, a random 80% of the rows each; each row of `weight`, 1 without), exported to
+    arrays."""
     from sklearn.ensemble import GradientBoostingRegressor
 
     model = GradientBoostingRegressor(n_estimators=TREES, max_depth=DEPTH, learning_rate=RATE,
                                       subsample=0.8, random_state=seed)
-    model.fit(x, y)
+    model.fit(x, y, sample_weight=weight)
     roots, feature, threshold, left, right, value = [], [], [], [], [], []
     offset = 0
     for (estimator,) in model.estimators_:
