@@ -421,6 +421,48 @@ def test_a_critic_stepped_five_times_a_generator_step(tmp_path: Path, first: str
     assert (agreement.marker_count, agreement.detected_count) == (3, 3)
 
 
+NESTED = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+
+    class Wrap(torch.optim.Optimizer):  # steps the optimizer inside it
+        def __init__(self, inner):
+            super().__init__(inner.param_groups[0]["params"], {})
+            self.inner = inner
+
+        def step(self, closure=None):
+            self.inner.step()
+
+    class Plain(torch.optim.SGD):  # steps through SGD's own step
+        def step(self, closure=None):
+            return super().step(closure)
+
+    d, g = nn.Linear(4, 1), nn.Linear(4, 4)
+    if sys.argv[1] == "wrapper":
+        opts = [Wrap(torch.optim.SGD(d.parameters(), lr=0.1))]
+    else:
+        opts = [Plain(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)]
+    for _ in range(8):
+        for opt in opts:
+            opt.zero_grad(); d(g(torch.randn(2, 4))).sum().backward(); opt.step()
+""")
+
+
+@pytest.mark.parametrize("style", ["wrapper", "subclass"])
+def test_an_optimizer_stepped_inside_another(tmp_path: Path, style: str) -> None:
+    """A wrapper optimizer's inner one steps only inside the wrapper's step: no cycle holds
+    it (the window had waited for it to the end); a subclass's step calling its class's
+    (super().step()) is one optimizer, still one of a GAN's two (the window had opened before
+    their cycle was known, every call a step: 15 steps)."""
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    result = record([PY, str(script), style], tmp_path / "n.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    assert [(s["step"], s["source"]) for s in result.run.table("steps").to_pylist()] == [
+        (1, "detected"), (2, "marker"), (3, "marker"), (4, "marker"), (5, "export"),
+        (6, "detected"), (7, "detected")]
+
+
 @pytest.mark.parametrize("calls", [10, PATIENCE + 8])
 def test_an_optimizer_built_and_never_stepped_beside_the_loops(tmp_path: Path,
                                                                  calls: int) -> None:

@@ -644,16 +644,20 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
     make: Callable[[Callable[..., Any]], Callable[..., Any]] = (
         vars(optimizer)["profile_hook_step"].__func__)
     depth = 0
+    outer = 0  # the outermost call's optimizer
 
     def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
         hooked = make(func)
 
         @functools.wraps(hooked)
         def step_then_mark(*args: Any, **kwargs: Any) -> Any:
-            nonlocal depth
+            nonlocal depth, outer
             depth += 1
-            if depth > 1 and args:  # a wrapper optimizer's inner one: in no cycle
-                window.inner.add(id(args[0]))
+            key = id(args[0]) if args else 0
+            if depth == 1:
+                outer = key
+            elif key != outer:  # a wrapper optimizer's inner one (not a super().step()): in
+                window.inner.add(key)  # no cycle
             start = time.time_ns()
             try:
                 out = hooked(*args, **kwargs)
@@ -661,11 +665,11 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
                 depth -= 1
             if depth == 0 and os.getpid() == window.pid and not window.in_worker:
                 window.pending_ns += time.time_ns() - max(start, window.backward_ns)
-                if (window.ends_step(id(args[0]) if args else 0)
-                        and window.on_event("optimizer") and window.driver == "optimizer"):
+                if (window.ends_step(key) and window.on_event("optimizer")
+                        and window.driver == "optimizer"):
                     window.optimizer_ns[len(window.hook_ns) - 1] = window.pending_ns
                     if window.cycle is None:
-                        window.hook_keys.append(id(args[0]) if args else 0)
+                        window.hook_keys.append(key)
                     window.pending_ns = 0
             return out
 
