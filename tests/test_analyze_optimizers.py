@@ -154,6 +154,9 @@ def test_the_cycle_of_told_apart_optimizers() -> None:
     # two kinds in turn (a GAN), three (a discriminator stepped twice a generator's step)
     assert identified_cycle(_kinds([0, 1] * 6), apart, same, 1) == 2
     assert identified_cycle(_kinds([0, 0, 1] * 4), apart, same, 1) == 3
+    # a WGAN's critic stepped 5 times, then its generator: 6 (past MAX_CYCLE, 4)
+    assert identified_cycle(_kinds(([0] * 5 + [1]) * 2), np.ones(11, np.int64),
+                            np.zeros(11, np.int64), 1) == 6
     # one kind, its step size new at every call, one backward: one optimizer
     assert identified_cycle(_kinds([0] * n, list(range(n))), apart, same, 2) == 1
     # one kind, scalars in pairs with backward passes alternating: twin models' Adams; in pairs

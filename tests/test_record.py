@@ -359,6 +359,139 @@ def test_two_optimizers_step_once_an_iteration(tmp_path: Path) -> None:
                    for e in events) == 2
 
 
+WGAN = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    torch.manual_seed(0)
+    critic, gen = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)), nn.Linear(8, 16)
+    first = sys.argv[1] == "generator"  # the generator's optimizer built, and stepped, first
+    if first:
+        opt_g = torch.optim.RMSprop(gen.parameters())
+    opt_c = torch.optim.Adam(critic.parameters())
+    if not first:
+        opt_g = torch.optim.RMSprop(gen.parameters())
+
+    def generator_step():
+        opt_g.zero_grad(); (-critic(gen(torch.randn(4, 8)))).mean().backward(); opt_g.step()
+
+    for _ in range(8):
+        if first:
+            generator_step()
+        for _ in range(5):
+            fake = gen(torch.randn(4, 8)).detach()
+            opt_c.zero_grad(); (critic(fake) - critic(torch.randn(4, 16))).mean().backward()
+            opt_c.step()
+        if not first:
+            generator_step()
+""")
+
+
+@pytest.mark.parametrize("first", ["critic", "generator"])
+def test_a_critic_stepped_five_times_a_generator_step(tmp_path: Path, first: str) -> None:
+    """A WGAN steps its critic's optimizer 5 times, then its generator's once (or the
+    generator's first): a training step is all 6 calls, ending at the generator's, the
+    optimizer that steps least often. The critic had ended every step (the first optimizer to
+    step again) and the window had opened inside the first iteration: 39 steps of 8
+    iterations (47 with the generator's first: each call a step in a window opened before
+    any optimizer stepped again); the trace's detection had found 18 of the 3 marked."""
+    script = tmp_path / "wgan.py"
+    script.write_text(WGAN)
+    result = record([PY, str(script), first], tmp_path / "wgan.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3))
+    steps = result.run.table("steps").to_pylist()
+    # eight iterations, seven steps between their ends (the generator's first call the first)
+    assert [(s["step"], s["source"]) for s in steps] == [
+        (1, "detected"), (2, "marker"), (3, "marker"), (4, "marker"), (5, "export"),
+        (6, "detected"), (7, "detected")]
+    calls = [c for c in result.run.table("counters").to_pylist() if c["name"] == OPTIMIZER_CALL]
+    assert len(calls) == 8 and all(c["value"] > 0 for c in calls)
+    # the optimizers' own time of each step: 6 calls', the first step's too (the generator's
+    # first call its end: the critic's 5 after it carried into it, not dropped)
+    own = {s["step"]: c["value"] for s in steps for c in calls if c["ts"] == s["end"]}
+    assert own[1] > 0.5 * min(own[6], own[7])
+    events = sorted(result.run.table("events", ["name", "ts"]).to_pylist(),
+                    key=lambda e: e["ts"])
+    for s in (s for s in steps if s["source"] == "marker"):
+        inside = [e["name"].removeprefix("Optimizer.step#") for e in events
+                  if s["start"] <= e["ts"] < s["end"] and e["name"].startswith("Optimizer.step#")]
+        assert sorted(inside) == ["Adam.step"] * 5 + ["RMSprop.step"]
+        assert inside[-1] == "RMSprop.step"
+    # the trace alone (the calls' kinds: analyze.optimizer_kinds) finds the same 3 steps
+    (agreement,) = analyze(result.run).iterations.agreement
+    assert (agreement.marker_count, agreement.detected_count) == (3, 3)
+
+
+NESTED = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+
+    class Wrap(torch.optim.Optimizer):  # steps the optimizer inside it
+        def __init__(self, inner):
+            super().__init__(inner.param_groups[0]["params"], {})
+            self.inner = inner
+
+        def step(self, closure=None):
+            self.inner.step()
+
+    class Plain(torch.optim.SGD):  # steps through SGD's own step
+        def step(self, closure=None):
+            return super().step(closure)
+
+    d, g = nn.Linear(4, 1), nn.Linear(4, 4)
+    if sys.argv[1] == "wrapper":
+        opts = [Wrap(torch.optim.SGD(d.parameters(), lr=0.1))]
+    else:
+        opts = [Plain(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)]
+    for _ in range(8):
+        for opt in opts:
+            opt.zero_grad(); d(g(torch.randn(2, 4))).sum().backward(); opt.step()
+""")
+
+
+@pytest.mark.parametrize("style", ["wrapper", "subclass"])
+def test_an_optimizer_stepped_inside_another(tmp_path: Path, style: str) -> None:
+    """A wrapper optimizer's inner one steps only inside the wrapper's step: no cycle holds
+    it (the window had waited for it to the end); a subclass's step calling its class's
+    (super().step()) is one optimizer, still one of a GAN's two (the window had opened before
+    their cycle was known, every call a step: 15 steps)."""
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    result = record([PY, str(script), style], tmp_path / "n.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    assert [(s["step"], s["source"]) for s in result.run.table("steps").to_pylist()] == [
+        (1, "detected"), (2, "marker"), (3, "marker"), (4, "marker"), (5, "export"),
+        (6, "detected"), (7, "detected")]
+
+
+@pytest.mark.parametrize("calls", [10, PATIENCE + 8])
+def test_an_optimizer_built_and_never_stepped_beside_the_loops(tmp_path: Path,
+                                                                 calls: int) -> None:
+    """Two optimizers built, the loop stepping one: its cycle is not known until PATIENCE
+    calls have gone by (the other could be a generator a critic steps 5 times before), and the
+    window waits for it: it opens at the next call, or never, and the status says why."""
+    script = tmp_path / "unused.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        model, other = nn.Linear(8, 1), nn.Linear(8, 1)
+        unused = torch.optim.SGD(other.parameters(), lr=0.1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range({calls}):
+            opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()
+    """))
+    result = record([PY, str(script)], tmp_path / "u.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    status = result.run.manifest()["collectors"]["torch"]["status"]
+    if calls < PATIENCE:
+        assert status.startswith("unavailable: several optimizers were built, and the cycle")
+        return
+    assert status == "ok"
+    steps = result.run.table("steps").to_pylist()
+    assert len(steps) == calls - 1
+    assert [s["step"] for s in steps if s["source"] == "marker"] == [PATIENCE + 1, PATIENCE + 2,
+                                                                       PATIENCE + 3]
+
+
 DDP = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn

@@ -24,6 +24,9 @@ from perfswarm.analyze.phases import own_starts
 from perfswarm.trace.store import Run
 
 MAX_CYCLE: Final = 4  # optimizers a training step steps in turn, at most (a GAN's two)
+# calls of optimizers told apart (their kinds) that make a step, at most: a WGAN's critic
+# stepped 5 times, then its generator, is 6
+MAX_KIND_CYCLE: Final = 12
 CYCLE_MATCH: Final = 0.9  # the share of calls that must repeat at the cycle
 SHARED: Final = 0.5  # calls of one class sharing this much of their shapes: one optimizer's
 
@@ -137,11 +140,12 @@ def _kinds(keys: list[tuple[str, frozenset[tuple[int, ...]]]]) -> I64:
     return np.array([of[k] for k in keys], np.int64)
 
 
-def id_cycle(ids: I64) -> int:
-    """The shortest cycle (up to MAX_CYCLE) at which a sequence of ids repeats, in CYCLE_MATCH
+def id_cycle(ids: I64, most: int = MAX_CYCLE) -> int:
+    """The shortest cycle (up to `most`) at which a sequence of ids repeats, in CYCLE_MATCH
     of it: of the calls' kinds, 1 for one optimizer's calls, 2 for a GAN's discriminator's and
-    generator's in turn; 0 where none does (kinds that vary without a cycle)."""
-    for k in range(1, MAX_CYCLE + 1):
+    generator's in turn, 6 for a WGAN's critic's 5 and its generator's; 0 where none does
+    (kinds that vary without a cycle)."""
+    for k in range(1, most + 1):
         if len(ids) >= 2 * k and np.mean(ids[k:] == ids[:-k]) >= CYCLE_MATCH:
             return k
     return 0
@@ -185,7 +189,7 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: in
     whose backward passes are alike (an evaluation every second step: it had kept the cycle of
     the ops between the calls, 2). Twin models each stepped after a backward alike (two seeds
     in lockstep) read as one optimizer: nothing the trace holds tells them apart."""
-    k = id_cycle(kinds.kind)
+    k = id_cycle(kinds.kind, MAX_KIND_CYCLE)
     if k >= 2:
         return k
     if k == 0:

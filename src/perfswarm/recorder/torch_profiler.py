@@ -111,7 +111,12 @@ class TorchCollector(Collector):
                              "before this window opened (torch runs one at a time: its trace "
                              "is the program's)")
         elif not any(f.startswith("torch-") for f in self.files()):
-            if self._most_steps() > self.skip:
+            if self._unsettled():
+                self.unavailable(f"several optimizers were built, and the cycle of their steps "
+                                 f"was not known by the end: it needs every one built to step, "
+                                 f"or {PATIENCE} calls (build only the optimizers the loop "
+                                 "steps, or run more iterations)")
+            elif self._most_steps() > self.skip:
                 self.failed(f"the window opened after step {self.skip}, but the process ended "
                             "before it closed (os._exit, or killed): the trace was not written")
             else:
@@ -127,6 +132,16 @@ class TorchCollector(Collector):
                 return " and ".join(f"{n} {kind}s" for kind, n in waited.items()
                                     if isinstance(n, int) and n > 0)
         return ""
+
+    def _unsettled(self) -> bool:
+        """Whether a process's window waited for the cycle of its optimizers to the end
+        (inject/sitecustomize.py, _Window.settled)."""
+        for f in self.files():
+            if f.startswith("steps-") and f.endswith(".json"):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    if orjson.loads((self.raw / f).read_bytes()).get("unsettled") is True:
+                        return True
+        return False
 
     def _most_steps(self) -> int:
         """The most steps one stepping process timed (its .live file, or its .json)."""

@@ -49,6 +49,7 @@ import os
 import resource
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
@@ -91,10 +92,15 @@ class _Window:
         self.optimizer_ns: dict[int, int] = {}
         self.backward_ns = 0  # when the last backward returned
         # The optimizers one training step steps, in order (a GAN's discriminator, then its
-        # generator), learned when one of them steps again; until then every call is a step,
-        # each by whom (hook_keys), and then those of the cycle's last are kept (_regroup).
+        # generator; a WGAN's critic 5 times, then its generator), ending with the call that
+        # ends the step (ends_step); until it is known every call is a step, each by whom
+        # (hook_keys), and then those of the cycle's last are kept (_regroup).
         self.cycle: list[int] | None = None
         self.hook_keys: list[int] = []
+        # the optimizers built (alive) and the ids of those stepped inside another's step (a
+        # wrapper's): the cycle is known once it holds every one built but those
+        self.built: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.inner: set[int] = set()
         self.pending_ns = 0  # the own time of the cycle's calls since the last step
         self.prof: Any = None
         self.et: Any = None
@@ -262,26 +268,51 @@ class _Window:
                 os.remove(os.path.join(self.out, name))
 
     def ends_step(self, key: int) -> bool:
-        """Whether the call of the optimizer `key` ends a training step: every call until an
-        optimizer steps again, then the calls of the last optimizer in the cycle seen."""
+        """Whether the call of the optimizer `key` ends a training step, an iteration of the
+        loop. Every call does until the cycle is known: at a call of an optimizer that stepped
+        before, the calls from its first on, once they hold every optimizer built (alive, and
+        not stepped inside another's step) or PATIENCE calls have gone by (one built and never
+        stepped, or stepped before the loop only); a WGAN's critic steps again 4 times before
+        its generator first steps. A step then ends at each call of the optimizer that steps
+        least often in the cycle, the last of those in it (a GAN's generator, 1:1 or 5 critic
+        calls to 1), and the steps so far are regrouped."""
         if self.cycle is None:
             if key not in self.hook_keys:
                 return True
-            # a window already open counts on as it began: every call a step (empty cycle)
-            self.cycle = self.hook_keys[self.hook_keys.index(key):] if self.opened_at < 0 \
-                else []
-            if len(self.cycle) > 1:
-                self._regroup()
+            if self.opened_at >= 0:  # a window already open counts on as it began: every
+                self.cycle = []  # call a step (SKIP 0, or one optimizer built)
+            else:
+                calls = self.hook_keys[self.hook_keys.index(key):]
+                if not (self._required() <= set(calls)
+                        or len(self.hook_keys) >= self.patience):
+                    return True
+                last = min(calls, key=lambda k: (calls.count(k), calls[::-1].index(k)))
+                at = len(calls) - calls[::-1].index(last)
+                self.cycle = calls[at:] + calls[:at]  # rotated to end at that call
+                if len(self.cycle) > 1:
+                    self._regroup()
         return not self.cycle or key == self.cycle[-1]
+
+    def _required(self) -> set[int]:
+        """The optimizers a cycle must hold: every one built and alive, but those stepped
+        inside another's step."""
+        return {id(o) for o in self.built} - self.inner
+
+    def settled(self) -> bool:
+        """Whether the window may open: an optimizer's steps are iterations once the cycle is
+        known, or with one optimizer built (its every call a step)."""
+        return self.driver != "optimizer" or self.cycle is not None or len(self._required()) < 2
 
     def _regroup(self) -> None:
         """The hooks so far as steps of the learned cycle: those of its last optimizer, each
-        with the own time of the calls since the one before (the live file rewritten)."""
+        with the own time of the calls since the one before, the calls after the last pending
+        (the critic's of a generator stepped first; the live file rewritten)."""
         assert self.cycle is not None
         kept = [i for i, k in enumerate(self.hook_keys) if k == self.cycle[-1]]
         own = [self.optimizer_ns.get(i, 0) for i in range(len(self.hook_keys))]
         self.optimizer_ns = {n: sum(own[(kept[n - 1] + 1 if n else 0):i + 1])
                              for n, i in enumerate(kept)}
+        self.pending_ns += sum(own[kept[-1] + 1 if kept else 0:])
         self.hook_ns = [self.hook_ns[i] for i in kept]
         self.hook_faults = [self.hook_faults[i] for i in kept]
         if self.live_fd >= 0:
@@ -320,7 +351,8 @@ class _Window:
         os.write(self.live_fd, b"%d\n" % now)
         # A forward-driven window waits one step more: a backward between two forwards (a
         # training loop after an evaluation) takes over before it opens.
-        if self.opened_at < 0 and done >= self.skip + (self.driver == "forward"):
+        if self.opened_at < 0 and done >= self.skip + (self.driver == "forward") \
+                and self.settled():
             self.start()
 
     def flag(self) -> str:
@@ -429,7 +461,7 @@ class _Window:
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
-            "cut_step": cut, "aside_at": self.aside_at,
+            "cut_step": cut, "aside_at": self.aside_at, "unsettled": not self.settled(),
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
             "window_on": self.driver, **self.fp32, **self.runtime}))
 
@@ -612,14 +644,20 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
     make: Callable[[Callable[..., Any]], Callable[..., Any]] = (
         vars(optimizer)["profile_hook_step"].__func__)
     depth = 0
+    outer = 0  # the outermost call's optimizer
 
     def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
         hooked = make(func)
 
         @functools.wraps(hooked)
         def step_then_mark(*args: Any, **kwargs: Any) -> Any:
-            nonlocal depth
+            nonlocal depth, outer
             depth += 1
+            key = id(args[0]) if args else 0
+            if depth == 1:
+                outer = key
+            elif key != outer:  # a wrapper optimizer's inner one (not a super().step()): in
+                window.inner.add(key)  # no cycle
             start = time.time_ns()
             try:
                 out = hooked(*args, **kwargs)
@@ -627,11 +665,11 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
                 depth -= 1
             if depth == 0 and os.getpid() == window.pid and not window.in_worker:
                 window.pending_ns += time.time_ns() - max(start, window.backward_ns)
-                if (window.ends_step(id(args[0]) if args else 0)
-                        and window.on_event("optimizer") and window.driver == "optimizer"):
+                if (window.ends_step(key) and window.on_event("optimizer")
+                        and window.driver == "optimizer"):
                     window.optimizer_ns[len(window.hook_ns) - 1] = window.pending_ns
                     if window.cycle is None:
-                        window.hook_keys.append(id(args[0]) if args else 0)
+                        window.hook_keys.append(key)
                     window.pending_ns = 0
             return out
 
@@ -643,16 +681,22 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
 def _watch_optimizers(window: _Window, optimizer: type) -> None:
     """The first optimizer built makes the optimizer drive the window. SKIP 0: no step has
     ended before step 0, so its window opens then (torch.optim loads with torch itself, too
-    early to start a profiler)."""
+    early to start a profiler). Every one built is noted (_Window.built)."""
     import functools
 
     init: Callable[..., None] = vars(optimizer)["__init__"]
 
     @functools.wraps(init)
-    def init_then_open(this: Any, *args: Any, **kwargs: Any) -> None:
+    def init_then_note(this: Any, *args: Any, **kwargs: Any) -> None:
         init(this, *args, **kwargs)
         if os.getpid() == window.pid and not window.in_worker:
-            optimizer.__init__ = init  # type: ignore[misc]
+            window.built.add(this)
+
+    @functools.wraps(init)
+    def init_then_open(this: Any, *args: Any, **kwargs: Any) -> None:
+        init_then_note(this, *args, **kwargs)
+        if os.getpid() == window.pid and not window.in_worker:
+            optimizer.__init__ = init_then_note  # type: ignore[misc]
             if window.opened_at < 0 and window.driver != "optimizer":
                 window.driver = "optimizer"
                 window.unstepped = True  # the forward hooks stay until it steps
