@@ -439,7 +439,7 @@ def _loader_bound(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64],
                   median: float) -> list[int]:
     """The ranks whose profiled steps over _OUTLIER times the median step all waited for their
     DataLoader half their time beyond it or more (there are some): a loader whose workers hand
-    batches over in bursts (2 workers of 17 ms batches: every other step 15-21 ms among 2 ms
+    batches over in bursts (2 workers of 17 ms batches: every other step 12-21 ms among 0.5-6 ms
     ones), whose slow steps outside the window, where no wait is traced, are the same wait."""
     window = (steps["source"] == PROFILED).to_numpy() & (dur > _OUTLIER * median)
     if not window.any():
