@@ -17,14 +17,20 @@ import functools
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from perfswarm.analyze.annotations import host_calls
+from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import Events
 from perfswarm.model.opcost import FLOAT_TYPES, VIEW_OPS, OpCost, Shapes, shapes_from_args
+from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec
+from perfswarm.optimize.fuse.host import measured_ceilings
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.threads import ran_with
+from perfswarm.trace.store import host_info
 
 _MIN_SHARE: Final = 10.0  # % of the measured time in float64 work below which it is left alone
 # float32's time over float64's of the same work on a CPU: half the bytes moved, twice the
@@ -71,11 +77,16 @@ def _fp64_rows(facts: Facts, ops: pl.DataFrame) -> pl.DataFrame:
     return texts.filter(pl.Series(keep, dtype=pl.Boolean)).drop("detail")
 
 
-def _top(frame: pl.DataFrame, column: str) -> list[str]:
-    """The three names with the most `column` time, as `name 1.234 ms`."""
+def _top_names(frame: pl.DataFrame, column: str) -> dict[str, int]:
+    """The three names with the most `column` time, and their time."""
     top = (frame.group_by("name").agg(pl.col(column).sum())
            .sort([column, "name"], descending=[True, False]).head(3))
-    return [f"{n} {ns / 1e6:,.3f} ms" for n, ns in top.iter_rows()]
+    return {str(n): int(ns) for n, ns in top.iter_rows()}
+
+
+def _top(frame: pl.DataFrame, column: str) -> list[str]:
+    """The three names with the most `column` time, as `name 1.234 ms`."""
+    return [f"{n} {ns / 1e6:,.3f} ms" for n, ns in _top_names(frame, column).items()]
 
 
 def _parameters(facts: Facts) -> bool | None:
@@ -86,33 +97,108 @@ def _parameters(facts: Facts) -> bool | None:
 
 
 def _on_cpu(facts: Facts) -> Advice | None:
-    """CPU ops: each float64 op's own time (less the ops inside it), less the dispatch every op
-    pays (the median own time of the run's ops that move no data), halves in float32."""
+    """CPU ops: each float64 op's own time (less the ops inside it) less the fixed cost every
+    call of its name pays (dispatch, allocation, a kernel's setup: _work) halves in float32;
+    the fixed cost stays, as does the time of an op without a cost model."""
     ops = facts.in_window(facts.kind("cpu_op"))
     views = pl.col("name").is_in([f"aten::{op}" for op in VIEW_OPS])
     fp64 = _fp64_rows(facts, ops.filter(~views))  # a view of a double tensor computes nothing
     if fp64.height == 0:
         return None
-    own = host_calls(Events.load(facts.run)).cpu_self
-    fp64 = fp64.with_columns(own=pl.Series(own[fp64["row"].to_numpy()], dtype=pl.Int64))
-    no_data = ops.filter(views)
-    dispatch = float(np.median(own[no_data["row"].to_numpy()])) if no_data.height else 0.0
+    own = host_calls(Events.load(facts.run)).cpu_self[fp64["row"].to_numpy()]
+    fp64 = fp64.with_columns(own=pl.Series(own, dtype=pl.Int64))
     fp64_ns = int(fp64["own"].sum())
     share = pct(fp64_ns, facts.wall_ns)
     if share < _MIN_SHARE:
         return None
-    work = np.maximum(0.0, fp64["own"].to_numpy() - dispatch)
+    costs = _innermost_costs(facts, fp64["row"].to_numpy())
+    flops, moved, basis = _ceilings(facts, costs, own)
+    work, fixed = _work(fp64["name"].to_list(), costs, own, flops, moved)
     gain = float(work.sum()) * (1 - _HALF)
     evidence: dict[str, Any] = {
         "fp64_ops": fp64.height, "fp64_ns": fp64_ns, "fp64_share_pct": share,
-        "dispatch_ns": round(dispatch), "fp32_estimate_ns": round(fp64_ns - gain),
+        "modelled_ops": sum(c is not None for c in costs), "work_ns": round(float(work.sum())),
+        "fixed_ns": {n: round(fixed[n]) for n in _top_names(fp64, "own") if n in fixed},
+        "gflops_fp64": round(flops / 1e9, 3), "bandwidth_gbs": round(moved / 1e9, 3),
+        "fp32_estimate_ns": round(fp64_ns - gain),
         "parameters_fp64": _parameters(facts), "top_ops": _top(fp64, "own")}
     return advice(facts, "float64_ops", f"{share:g}% of the time computes in float64",
                   evidence, gain,
-                  "vector-width model of the CPU: each float64 op's own time, less the dispatch "
-                  "every op pays (the median own time of the run's ops that move no data), "
-                  "halves in float32 (twice the values per vector instruction, half the bytes)",
+                  "vector-width model of the CPU: each float64 op's own time less the fixed cost "
+                  "its calls pay (the median own time of its name's calls whose work, "
+                  f"model/opcost.py's FLOPs and bytes at {basis}, is under {_TINY:.0%} of it) "
+                  "halves in float32 (twice the values per vector instruction, half the bytes); "
+                  "the fixed cost stays, as does an op without a cost model",
                   _CHANGE)
+
+
+_TINY: Final = 0.05  # a call whose work at the ceilings is under this share of its own time is
+# its fixed cost: 30 float64 layers of 8 (0.3-1.7% there) ran as fast as in float32, where
+# a 256 x 512 tanh (11-22%: its transcendental math is no FLOP count) ran twice as fast
+
+
+def _work(names: list[str], costs: list[OpCost | None], own: npt.NDArray[np.int64],
+          flops: float, moved: float) -> tuple[npt.NDArray[np.float64], dict[str, float]]:
+    """Each op's work time (ns), the part of its own time that float32 halves, and each name's
+    fixed cost: a call mostly fixed cost (its work at the ceilings, `flops` FLOP/s and `moved`
+    bytes/s, under _TINY of its own time) does that work alone; another, its own time less its
+    name's fixed cost (the median own time of those calls of the name, else of all names'),
+    no less than its work at the ceilings (a ceiling of 0, unknown, bounds nothing); an op
+    without a cost model, none."""
+    roof = np.array([0.0 if c is None else 1e9 * max(c.flops / flops if flops else 0.0,
+                                                      c.bytes / moved if moved else 0.0)
+                     for c in costs])
+    modelled = np.array([c is not None for c in costs], bool)
+    tiny = modelled & (roof < _TINY * own)
+    label = np.array(names, object)
+    fixed = {str(n): float(np.median(own[tiny & (label == n)]))
+             for n in np.unique(label[tiny]).tolist()}
+    usual = float(np.median(own[tiny])) if tiny.any() else 0.0
+    base = np.array([fixed.get(n, usual) for n in names], np.float64)
+    work = np.where(tiny, roof, np.clip(own - base, roof, own))
+    return np.where(modelled, np.minimum(work, own), 0.0), fixed
+
+
+def _innermost_costs(facts: Facts, rows: npt.NDArray[np.int64]) -> list[OpCost | None]:
+    """Each row's cost model (model.opstats.costed_ops), None for an op without one or with
+    one of its family inside it (aten::linear around its addmm: its own time is the call
+    around the work, not the work; addmm's copy of its bias is not its GEMM)."""
+    ev = Events.load(facts.run)
+    costed = costed_ops(facts.run, ev)
+    ordered = np.fromiter(sorted(costed), np.int64, len(costed))
+    outer = {o for i, o in zip(*enclosing_rows(ev, ordered, ordered), strict=True)
+             if costed[int(i)][0].family == costed[int(o)][0].family}
+    return [costed[r][0] if r in costed and r not in outer else None for r in rows.tolist()]
+
+
+def _ceilings(facts: Facts, costs: list[OpCost | None], own: npt.NDArray[np.int64]
+              ) -> tuple[float, float, str]:
+    """(float64 FLOP/s, bytes/s, what they are) of the CPU that ran `facts`: where the run was
+    recorded on this host (its name and CPU model), measured here (fuse.host.measured_ceilings:
+    a float32 GEMM's rate, halved for doubles, or the best GEMM rate the run's largest tenth of
+    calls reached where higher, and the memory's copy bandwidth, with the run's intra-op
+    threads), else the best rates the run's largest tenth of calls reached (`own` ns each). A
+    ceiling too low would count a tiny op's fixed cost as work: 30 float64 layers of 8 ran as
+    fast as in float32."""
+    large = float(np.quantile(own, 0.9))
+    reached = [(c.flops / o if c.family == "gemm" else 0.0, c.bytes / o)
+               for c, o in zip(costs, own.tolist(), strict=True)
+               if c is not None and o >= large and o > 0]
+    flops = max((f for f, _ in reached), default=0.0) * 1e9
+    moved = max((b for _, b in reached), default=0.0) * 1e9
+    host, here = facts.manifest.get("host", {}), host_info()
+    if (host.get("hostname"), host.get("cpu_model")) == (here["hostname"], here["cpu_model"]):
+        found = ran_with(facts)
+        threads = found[1] if found is not None else int(here["cores"])
+        gemm, memory, _ = _measured(threads)
+        return (max(flops, gemm * _HALF), memory,
+                f"this host's ceilings, measured here with {threads} thread(s) (a float32 "
+                "GEMM's rate, halved for doubles; the memory's copy bandwidth)")
+    return flops, moved, ("the best rates the run's largest tenth of calls reached (recorded "
+                          "on another host)")
+
+
+_measured = functools.cache(measured_ceilings)
 
 
 def _peaks(spec: DeviceSpec, gemm: bool) -> tuple[float, float] | None:
