@@ -552,7 +552,11 @@ def test_convolutions_priced_at_the_channel_blocks_onednn_computes() -> None:
               [[8, 48, 32, 32], [48, 1, 3, 3], [48]], 2.0, 1.5),
              ("aten::convolution_backward",
               [[8, 24, 32, 32], [8, 72, 32, 32], [24, 72, 3, 3]],
-              [[8, 48, 32, 32], [8, 144, 32, 32], [48, 144, 3, 3]], 4.0, 2.7)]
+              [[8, 48, 32, 32], [8, 144, 32, 32], [48, 144, 3, 3]], 4.0, 2.7),
+             # a transposed one (its innermost op aten::_convolution, weight [C_in, C_out]) is
+             # not read as oneDNN's blocks: 40 -> 80 channels had read C_in twice (x1.44)
+             ("aten::_convolution", [[8, 40, 16, 16], [40, 80, 3, 3]],
+              [[8, 80, 16, 16], [80, 160, 3, 3]], 4.0, 4.0)]
     for name, old_dims, new_dims, flops, ratio in cases:
         old = op_cost(name, old_dims, ["float"] * len(old_dims))
         new = op_cost(name, new_dims, ["float"] * len(new_dims))

@@ -346,10 +346,10 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   conv_out, rows)
 
 
-# convolutions whose kernel is a GEMM per sample over unfolded input (ATen's own THNN code), not
-# oneDNN's channel-blocked kernels
-_UNBLOCKED_CONVS = frozenset({"_slow_conv2d_forward", "_slow_conv2d_backward", "thnn_conv2d",
-                              "slow_conv3d"})
+# the convolutions oneDNN computes in channel blocks on a CPU, forward and backward; not ATen's
+# own per-sample GEMMs over unfolded input (_slow_conv2d_*), nor a transposed convolution, whose
+# innermost recorded op is aten::_convolution with its weight as [C_in, C_out, ...]
+_BLOCKED_CONVS = frozenset({"mkldnn_convolution", "convolution_backward"})
 
 
 def channel_blocked(cost: OpCost, dims: Dims, lanes: int) -> OpCost:
@@ -358,9 +358,9 @@ def channel_blocked(cost: OpCost, dims: Dims, lanes: int) -> OpCost:
     channels computes 32 and one of 48 computes 48: doubling the width from 24 does 1.5x the
     blocks, not 2x (a U-Net's [72 -> 24] 3x3 convolution ran x2.41 at twice the width, its
     FLOPs x4). An input of fewer channels than a block (an image's 3) is read in its plain
-    layout, unpadded; a depthwise one has one block count for both. Other ops, and ATen's
-    own per-sample GEMM convolutions (`_UNBLOCKED_CONVS`), as they are."""
-    if cost.op in _UNBLOCKED_CONVS or len(dims) < 2 or len(dims[0]) < 3:
+    layout, unpadded; a depthwise one has one block count for both. Other ops (`_BLOCKED_CONVS`)
+    as they are."""
+    if cost.op not in _BLOCKED_CONVS or len(dims) < 2 or len(dims[0]) < 3:
         return cost
     if cost.family in ("conv", "depthwise_conv"):
         inputs, outputs = dims[0][1], dims[1][0]

@@ -455,8 +455,9 @@ def _unfolded(run: Run, ev: Events, mine: I64,
     rows = np.fromiter((r for r, _b, _w in first.values()), np.int64, len(first))
     inner, around = enclosing_rows(ev, rows, mine[ev.of_kind("cpu_op")[mine]
                                                   & ~np.isin(mine, rows)])
-    outer = dict(zip(inner.tolist(), zip(around.tolist(), RowShapes.of(run).get(around),
-                                         strict=True), strict=True))
+    ops = np.unique(around)  # RowShapes reads rows ascending, once each
+    shapes_of = dict(zip(ops.tolist(), RowShapes.of(run).get(ops), strict=True))
+    outer = {i: (o, shapes_of[o]) for i, o in zip(inner.tolist(), around.tolist(), strict=True)}
     out, said = dict(first), {}
     for step, (row, batch, weight) in first.items():
         op, shapes = outer.get(row, (-1, None))
