@@ -203,9 +203,9 @@ def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
     fits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     real_fit = learned.fit
 
-    def spy(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> Ensemble:
+    def spy(x: np.ndarray, y: np.ndarray, weight: np.ndarray, seed: int) -> Ensemble:
         fits.append((x, y, weight))
-        return real_fit(x, y, weight)
+        return real_fit(x, y, weight, seed)
 
     monkeypatch.setattr(learned, "fit", spy)
     train(replace(data, rows=(*data.rows, *labels)), holdout=False)
