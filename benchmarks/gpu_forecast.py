@@ -158,7 +158,9 @@ def group_of(case: str) -> str:
 
 
 def models_table(model_for: Callable[[str, str], KernelModel], title: str,
-                 detail: bool = True) -> None:
+                 detail: bool = True) -> dict[str, dict[str, list[float]]]:
+    """Prints the whole-model table and returns its |errors|: per GPU, per column (op graph,
+    from run, the published methods), one per case."""
     print(f"\n2. whole models, {title}: |error| of e2e vs measured")
     if detail:
         print(f"{'GPU':22s} {'case':28s} {'measured ms':>11s} {'op graph':>9s} {'from run':>9s}"
@@ -218,6 +220,7 @@ def models_table(model_for: Callable[[str, str], KernelModel], title: str,
     every = {c: [e for row in errors.values() for e in row.get(c, [])] for c in cols}
     print(f"{'all cases':22s} " + " ".join(f"{100 * statistics.mean(every[c]):8.1f}%"
                                            if every[c] else f"{'-':>9s}" for c in cols))
+    return errors
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -162,7 +162,7 @@ class _Rows:
         return {g: float(np.percentile(self.seconds[sweep & (self.gpu == g)], FLOOR_PERCENTILE))
                 for g in set(self.gpu[sweep])}
 
-    def fit(self, keep: npt.NDArray[np.bool_]) -> FamilyModel:
+    def fit(self, keep: npt.NDArray[np.bool_], seed: int) -> FamilyModel:
         """The family's model on the rows `keep` marks: the floor per GPU (a label's its own),
         the trees on the rest of the latencies of at least TRAINED_FLOORS floors (of all, where
         few are), the labels of a GPU weighing LABEL_SHARE of its rows."""
@@ -180,7 +180,7 @@ class _Rows:
             if sweeps:
                 weight[mine & self.label] = LABEL_SHARE / (1 - LABEL_SHARE) * sweeps / labels
         typical = list(floors.values()) or list(self.label_floor[keep & self.label])
-        return FamilyModel(fit(self.x[rows], np.log(work / self.roof[rows]), weight[rows]),
+        return FamilyModel(fit(self.x[rows], np.log(work / self.roof[rows]), weight[rows], seed),
                            float(np.median(typical)))
 
     def kernel(self, model: FamilyModel, keep: npt.NDArray[np.bool_]) -> F64:
@@ -233,12 +233,12 @@ def steps(dataset: Dataset, holdout: bool = True) -> int:
                for rows in _families(dataset).values())
 
 
-def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool = True
-          ) -> tuple[KernelModel, list[Holdout]]:
+def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool = True,
+          seed: int = 0) -> tuple[KernelModel, list[Holdout]]:
     """The model on every GPU of the dataset, and (with `holdout`) each family's
     leave-one-GPU-out errors (`progress` is told of each fit as it starts): fitted on the
     other GPUs' training rows, scored on up to EVAL_ROWS of the one left out (its sweeps and
-    test shapes)."""
+    test shapes). `seed` seeds every fit (trees.fit)."""
     holdouts = []
     families = {}
     measured = _families(dataset)
@@ -254,7 +254,7 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
         fitting = np.arange(len(table.gpu)) < len(train_rows)
         for gpu in gpus if holdout else []:
             progress(f"{family}: leaving out {gpu}")
-            model = table.fit(fitting & (table.gpu != gpu))
+            model = table.fit(fitting & (table.gpu != gpu), seed)
             held = ~fitting & (table.gpu == gpu)
             measured = table.seconds[held]
             own = table.floors(fitting & (table.gpu == gpu))[gpu]
@@ -268,5 +268,5 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
                 gmae(table.roof[kernel], alone, empty=math.nan),
                 model))
         progress(f"{family}: all {len(gpus)} GPUs")
-        families[family] = table.fit(fitting)
+        families[family] = table.fit(fitting, seed)
     return KernelModel(families, tuple(dataset.gpus())), holdouts
