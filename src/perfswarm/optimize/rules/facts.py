@@ -142,8 +142,8 @@ class Facts:
             for rc in analysis.concurrency.ranks)
         path = analysis.critical_path
         if path is not None and start:
-            path = replace(path, steps=tuple(p for p in path.steps
-                                             if p.step not in {s for _, s in start}))
+            aside = {s for _, s in start}  # a step's path spans its ranks
+            path = replace(path, steps=tuple(p for p in path.steps if p.step not in aside))
         raw: dict[str, str] = {}
         if run.raw_dir.is_dir():
             for p in sorted(run.raw_dir.iterdir()):
