@@ -1189,6 +1189,61 @@ def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
     assert elements == [16 * b for b in [1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8, 32]]
 
 
+SERVER = textwrap.dedent("""
+    import queue, threading, time, torch
+    from torch import nn
+    torch.set_num_threads(1)  # (two intra-op threads on a loaded VM: 20-40 ms a forward)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    requests = queue.Queue()
+    def worker():  # waits for each request, then serves it
+        with torch.inference_mode():
+            while (x := requests.get()) is not None:
+                model(x)
+    served = threading.Thread(target=worker)
+    served.start()
+    for _ in range(14):
+        requests.put(torch.randn(4, 16))
+        time.sleep(0.03)
+    requests.put(None)
+    served.join()
+""")
+
+
+def test_a_servers_step_is_its_forward_and_its_wait(tmp_path: Path) -> None:
+    """An inference server's worker waits for each request, then runs the model: a step, from
+    one forward's start to the next, is mostly the wait (30 ms between requests). The recorder
+    times each forward too (STEP_FORWARD, at the step's start): the step time card is their
+    median over the steps after the window, the worker's busy work, and the throughput the
+    steps over their whole time, waits included (they had been the whole steps' median, and
+    steps/s from it)."""
+    from perfswarm.analyze.iterations import step_counters
+    from perfswarm.report.data import report_data
+    from perfswarm.trace.schema import STEP_FORWARD
+
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    run = record([PY, str(script)], tmp_path / "s.run",
+                 RecordOptions(collectors=("torch",), skip=2, steps=3,
+                               execution_trace=False)).run
+    steps = sorted(run.table("steps").to_pylist(), key=lambda s: s["step"])
+    forwards = sorted(step_counters(run, STEP_FORWARD).to_pylist(), key=lambda c: c["ts"])
+    # a forward's time at every forward's start (the last one's step never closes): at the
+    # hook that begins a step outside the window, shorter than it (each waits 30 ms for its
+    # request; the first marked step begins once the profiler has started, after its hook)
+    assert len(forwards) == 14 and len(steps) == 13
+    assert [s["source"] for s in steps] == ["detected"] * 2 + ["marker"] * 3 + ["export"] + [
+        "detected"] * 7
+    outside = [(s, f) for s, f in zip(steps, forwards, strict=False) if s["source"] == "detected"]
+    for s, f in outside:
+        assert s["start"] == f["ts"] and 0 < f["value"] < s["end"] - s["start"]
+    after = outside[2:]  # steps 7-13
+    busy = statistics.median(f["value"] for _s, f in after)
+    whole = statistics.mean(s["end"] - s["start"] for s, _f in after)
+    cards = {c["label"]: c for c in report_data(run)["cards"]}
+    assert cards["step time"]["value"] == f"{busy / 1e6:.3f} ms"
+    assert cards["throughput"]["value"] == f"{1e9 / whole:,.2f} steps/s"
+
+
 HOGWILD = textwrap.dedent("""
     import sys
     import torch

@@ -19,7 +19,14 @@ import pyarrow.compute as pc
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.concurrency import OnCpu, on_cpu
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import StepFaults, StepTime, batch_sizes, step_faults, step_time
+from perfswarm.analyze.iterations import (
+    StepFaults,
+    StepTime,
+    batch_sizes,
+    step_counters,
+    step_faults,
+    step_time,
+)
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarm_diff import periods
 from perfswarm.errors import NotApplicable
@@ -47,6 +54,7 @@ from perfswarm.report.views import (
     queue_rows,
     ranks_view,
 )
+from perfswarm.trace.schema import STEP_FORWARD
 from perfswarm.trace.store import Run
 
 TOP_OPS: Final = 25
@@ -153,11 +161,18 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                  f"; page faults a step: {faults.profiled:,.0f} in the window, "
                  f"{faults.outside:,.0f} after it (a fault is a page written afresh: the "
                  "profiler's allocations share glibc's heap with the program's)")
-        cards.append(Card(label="step time", value=ms(median),
+        busy = timing.busy_ns
+        cards.append(Card(label="step time", value=ms(median if busy is None else busy),
                           detail=f"median of {timing.steps} steps after the profiler's window"
-                                 f"{profiled}{paged}{before}"))
-        cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
-                          detail="from that median step"))
+                                 + ("" if busy is None else
+                                    f", each its forward's own time (the busy work; the step, "
+                                    f"to the next forward's start, {ms(median)}: the rest "
+                                    "waiting for input, idle)")
+                                 + f"{profiled}{paged}{before}"))
+        rate = median if timing.mean_ns is None else timing.mean_ns
+        cards.append(Card(label="throughput", value=f"{1e9 / rate:,.2f} steps/s",
+                          detail="from that median step" if timing.mean_ns is None else
+                          "over those steps' whole time, their waits for input included"))
     elif steps:
         median = statistics.median(steps)
         used = analysis["iterations"]["used"]
@@ -312,7 +327,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     first = [w["dur_ns"] for w in next(iter(steps.values()), [])]
-    timing = step_time(run.table("steps"), batch_sizes(run))
+    timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD))
     # at the program's own speed where the recorder timed steps after the window, as the
     # step time and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
     outside = timing is not None and timing.outside

@@ -87,6 +87,10 @@ class _Window:
         # hook index -> the elements of that input (batch x sequence: a generate loop's
         # prefill and decode steps are of one batch and other sizes)
         self.inputs: dict[int, int] = {}
+        # hook index -> that forward's own time (ns, its start to its return): the step's busy
+        # work, the rest of it up to the next forward's start a wait (an inference server's
+        # for requests)
+        self.forward_ns: dict[int, int] = {}
         self.step_done_ns: dict[int, int] = {}
         # hook index -> the optimizer.step() call's own time (ns): from its start, or the end
         # of the last backward inside it (a closure's), to its return; outside the window too
@@ -165,6 +169,7 @@ class _Window:
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
+        self.forward_ns.clear()
         self.hook_keys.clear()
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
@@ -226,7 +231,8 @@ class _Window:
         self.on_step()
         return True
 
-    _KEPT = ("hook_ns", "hook_faults", "optimizer_ns", "batches", "inputs", "step_done_ns",
+    _KEPT = ("hook_ns", "hook_faults", "optimizer_ns", "batches", "inputs", "forward_ns",
+             "step_done_ns",
              "driver", "opened_at", "cut_at")
 
     def _supersede(self) -> None:
@@ -496,6 +502,7 @@ class _Window:
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
+            "forward_ns": self.forward_ns,
             "cut_step": cut, "aside_at": self.aside_at, "unsettled": not self.settled(),
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
             "window_on": self.driver, **self.fp32, **self.runtime}))
@@ -801,18 +808,21 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
     step. Global module hooks slow every module call a little: they go when a better driver
     (an optimizer built, a backward seen) takes over."""
     depth = 0
+    started = -1  # the hook index of the forward under way that began a step
 
     def before(module: Any, args: Any) -> None:
-        nonlocal depth
+        nonlocal depth, started
         depth += 1
         # a loss, a quantization observer (quantize_dynamic runs one on each weight before
         # the loop), or torch.jit.trace's runs of the model before the loop make no step
         if depth == 1 and not type(module).__module__.startswith(NOT_MODELS) \
                 and not _in_jit_trace():
-            window.on_event("forward")
+            counted = window.on_event("forward")
+            if window.driver != "forward" or not window.hook_ns or os.getpid() != window.pid:
+                return
+            started = len(window.hook_ns) - 1 if counted else -1
             shape = getattr(args[0], "shape", None) if args else None
-            if (window.driver == "forward" and window.hook_ns and shape
-                    and isinstance(shape[0], int) and os.getpid() == window.pid):
+            if shape and isinstance(shape[0], int):
                 window.batches[len(window.hook_ns) - 1] = shape[0]
                 elements = 1
                 for n in shape:
@@ -820,8 +830,12 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
                 window.inputs[len(window.hook_ns) - 1] = elements
 
     def after(*_: Any) -> None:
-        nonlocal depth
+        nonlocal depth, started
         depth = max(0, depth - 1)
+        if depth == 0 and started >= 0:
+            if window.driver == "forward" and started < len(window.hook_ns):
+                window.forward_ns[started] = time.time_ns() - window.hook_ns[started]
+            started = -1
 
     window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before),
                              vars(module)["register_module_forward_hook"](after,
