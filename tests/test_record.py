@@ -1239,7 +1239,9 @@ def test_a_servers_step_is_its_forward_and_its_wait(tmp_path: Path) -> None:
     after = outside[2:]  # steps 7-13
     busy = statistics.median(f["value"] for _s, f in after)
     whole = statistics.mean(s["end"] - s["start"] for s, _f in after)
-    cards = {c["label"]: c for c in report_data(run)["cards"]}
+    data = report_data(run)
+    assert (data["step_time"]["busy_ns"], data["step_time"]["mean_ns"]) == (busy, whole)
+    cards = {c["label"]: c for c in data["cards"]}
     assert cards["step time"]["value"] == f"{busy / 1e6:.3f} ms"
     assert cards["throughput"]["value"] == f"{1e9 / whole:,.2f} steps/s"
 
