@@ -127,6 +127,12 @@ class StepTime:
     mean_ns: float | None = None
 
     @property
+    def rate_ns(self) -> float:
+        """The step time rates are over: the median step, or a forward-driven loop's mean
+        (its waits for input differ from step to step)."""
+        return self.median_ns if self.mean_ns is None else self.mean_ns
+
+    @property
     def median_error_ns(self) -> float:
         """The standard error of the median (1.2533 x spread / sqrt(steps))."""
         return 1.2533 * self.spread_ns / float(np.sqrt(max(1, self.steps)))

@@ -82,12 +82,13 @@ def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
     batches differ: the steps after the window are of batches no trace shows."""
     if rates is None or timing is None or not timing.outside or not rates["same_batch"]:
         return rates
-    per_s = 1e9 / timing.median_ns
+    per_s = 1e9 / timing.rate_ns
     samples = rates["samples_per_step"]
+    over = "the median" if timing.mean_ns is None else "the whole time, waits included,"
     return {**rates, "samples_per_s": samples * per_s if samples is not None else None,
             "tokens_per_s": (rates["tokens_per_step"] * per_s
                              if rates["tokens_per_step"] is not None else None),
-            "source": rates["source"] + f"; per the median of the {timing.steps} steps after "
+            "source": rates["source"] + f"; per {over} of the {timing.steps} steps after "
                                         "the profiler's window"}
 
 
@@ -169,8 +170,7 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                                     f"to the next forward's start, {ms(median)}: the rest "
                                     "waiting for input, idle)")
                                  + f"{profiled}{paged}{before}"))
-        rate = median if timing.mean_ns is None else timing.mean_ns
-        cards.append(Card(label="throughput", value=f"{1e9 / rate:,.2f} steps/s",
+        cards.append(Card(label="throughput", value=f"{1e9 / timing.rate_ns:,.2f} steps/s",
                           detail="from that median step" if timing.mean_ns is None else
                           "over those steps' whole time, their waits for input included"))
     elif steps:
@@ -329,10 +329,10 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     first = [w["dur_ns"] for w in next(iter(steps.values()), [])]
     timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD))
     # at the program's own speed where the recorder timed steps after the window, as the
-    # step time and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
+    # throughput and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
     outside = timing is not None and timing.outside
     slowdown = timing.profiler_slowdown if timing is not None and outside else 1.0
-    step_ns = (timing.median_ns if timing is not None and outside
+    step_ns = (timing.rate_ns if timing is not None and outside
                else statistics.median(first) if first else 0)
     flops = model_flops(costs, manifest["devices"], step_ns, len(first), max(1, len(steps)))
     if flops is not None:

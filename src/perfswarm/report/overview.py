@@ -101,7 +101,8 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
 
 def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]],
                 step_ns: float, steps: int, ranks: int) -> dict[str, Any] | None:
-    """FLOP/s per rank at the step time the cards show (`step_ns`: the median step), two ways
+    """FLOP/s per rank at the step time the rate cards are over (`step_ns`: the median step;
+    a forward-driven loop's mean, its waits for input included: StepTime.rate_ns), two ways
     (PaLM's MFU and HFU): a step's FLOPs (those of the profiled `steps` over their count)
     over it. Hardware FLOPs are those of every costed op that ran (forward, backward with any
     recomputation, optimizer); model FLOPs are the forward's, times 3 when a backward ran
