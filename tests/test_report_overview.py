@@ -588,6 +588,12 @@ def test_samples_per_second_at_the_unprofiled_step() -> None:
     got = _unprofiled(rates, after)
     assert got is not None and got["samples_per_s"] == pytest.approx(20 / 0.024)
     assert got["source"] == "x; per the median of the 134 steps after the profiler's window"
+    # a forward-driven loop's (a server's steps wait for requests): over their whole time
+    served = _unprofiled(rates, StepTime(0.024e9, 134, True, 0.030e9, busy_ns=0.002e9,
+                                         mean_ns=0.040e9))
+    assert served is not None and served["samples_per_s"] == pytest.approx(20 / 0.040)
+    assert served["source"] == ("x; per the whole time, waits included, of the 134 steps after "
+                                "the profiler's window")
     assert _unprofiled({**rates, "same_batch": False}, after) == {**rates, "same_batch": False}
     assert _unprofiled(rates, StepTime(0.030e9, 10, False, 0.030e9)) == rates
 
