@@ -350,6 +350,25 @@ def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
                                "update), in 3 of 3 steps")
 
 
+def test_samples_of_twin_models_stepped_by_several_optimizers(tmp_path: Path) -> None:
+    """Twin GANs (tests/data/gan_adam.py `twins d2 wide`: generator and discriminator both
+    32 -> 48 -> 32, batches of 16) step the discriminator twice, then the generator, each after
+    a pass of its own: the first layer's [48, 32] weight gradient (aten::mm [48, 16] x
+    [16, 32]) is summed 6 times a step (counted from the raw JSON: the discriminator's passes
+    over their real and fake rows, the generator's through both models), into 4 gradients of
+    that shape (one a discriminator pass, two the generator's). Each pass is one batch of 16:
+    the step's samples are 16, not 32 + 32 + 16 = 80."""
+    trace = Path(__file__).parent / "data" / "twin_gan_d2_wide_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert sum(e.get("name") == "aten::mm" and e["args"].get("Input Dims") == [[48, 16], [16, 32]]
+               for e in raw) == 6 * 4
+    assert sum(e.get("name") == "torch::autograd::AccumulateGrad"
+               and e["args"].get("Input Dims") == [[48, 32]] for e in raw) == 4 * 4
+    rates = report_data(import_traces([trace], tmp_path / "t.run", ImportOptions(),
+                                      ["gan.py"]))["throughput"]
+    assert rates["samples_per_step"] == 16 and rates["steps"] == 4
+
+
 def test_samples_of_blocks_whose_first_layer_is_the_first_layers_shape(tmp_path: Path) -> None:
     """Three residual blocks (tests/data/stacked_blocks.py), each expanding 16 -> 48 -> 16 with
     no input layer before them: the first layer's weight shape [48, 16] is each block's, so
@@ -569,6 +588,12 @@ def test_samples_per_second_at_the_unprofiled_step() -> None:
     got = _unprofiled(rates, after)
     assert got is not None and got["samples_per_s"] == pytest.approx(20 / 0.024)
     assert got["source"] == "x; per the median of the 134 steps after the profiler's window"
+    # a forward-driven loop's (a server's steps wait for requests): over their whole time
+    served = _unprofiled(rates, StepTime(0.024e9, 134, True, 0.030e9, busy_ns=0.002e9,
+                                         mean_ns=0.040e9))
+    assert served is not None and served["samples_per_s"] == pytest.approx(20 / 0.040)
+    assert served["source"] == ("x; per the whole time, waits included, of the 134 steps after "
+                                "the profiler's window")
     assert _unprofiled({**rates, "same_batch": False}, after) == {**rates, "same_batch": False}
     assert _unprofiled(rates, StepTime(0.030e9, 10, False, 0.030e9)) == rates
 

@@ -9,7 +9,9 @@ optimizer call) goes to stdout. `twins d2` has the twins' discriminator step twi
 step, each on fakes of its own (twin_gan_d2_cpu.pt.trace.json.gz), and `twins d2 sgd` both
 models stepped by plain SGD (twin_gan_d2_sgd_cpu.pt.trace.json.gz): three calls of one kind a
 step, the ops between them alike but one stretch, as one optimizer's with extra work every
-third step; the backward passes before them, in a cycle of three, tell the models apart."""
+third step; the backward passes before them, in a cycle of three, tell the models apart.
+`twins d2 wide` (twin_gan_d2_wide_cpu.pt.trace.json.gz, 4 steps): twins 32 -> 48 -> 32 on
+batches of 16, a first layer that is not square (what the weight gradients' samples read)."""
 
 import sys
 import time
@@ -21,9 +23,10 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 flags = set(sys.argv[2:])
 twins = "twins" in flags
+hidden, batch = (48, 16) if "wide" in flags else (32, 64)
 if twins:
-    gen = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
-    disc = nn.Sequential(nn.Linear(32, 32), nn.LeakyReLU(0.2), nn.Linear(32, 32))
+    gen = nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 32))
+    disc = nn.Sequential(nn.Linear(32, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, 32))
     noise = 32
 else:
     gen = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
@@ -38,7 +41,7 @@ def optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 
 opt_g, opt_d = optimizer(gen), optimizer(disc)
-real = torch.randn(64, 32)
+real = torch.randn(batch, 32)
 
 
 def score(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +50,7 @@ def score(x: torch.Tensor) -> torch.Tensor:
 
 def step() -> None:
     for _ in range(2 if "d2" in flags else 1):  # each discriminator step on fakes of its own
-        fake = gen(torch.randn(64, noise))
+        fake = gen(torch.randn(batch, noise))
         opt_d.zero_grad()
         d_loss = (nn.functional.softplus(-score(real))
                   + nn.functional.softplus(score(fake.detach()))).mean()
@@ -63,7 +66,7 @@ step()  # warm-up, outside the window
 ends = []
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                             record_shapes=True) as prof:
-    for _ in range(10):
+    for _ in range(4 if "wide" in flags else 10):
         step()
         ends.append(time.perf_counter_ns())
 prof.export_chrome_trace(sys.argv[1])

@@ -120,6 +120,17 @@ class StepTime:
     # and alone)
     before_ns: float | None = None
     spread_ns: float = 0.0  # the steps' robust standard deviation (1.4826 x their MAD)
+    # of a forward-driven loop (the recorder's STEP_FORWARD), the median of the same steps'
+    # forwards, their busy work (the rest of a step, up to the next forward, is a wait: an
+    # inference server's for requests), and the steps' mean, what their rate is over
+    busy_ns: float | None = None
+    mean_ns: float | None = None
+
+    @property
+    def rate_ns(self) -> float:
+        """The step time rates are over: the median step, or a forward-driven loop's mean
+        (its waits for input differ from step to step)."""
+        return self.median_ns if self.mean_ns is None else self.mean_ns
 
     @property
     def median_error_ns(self) -> float:
@@ -145,9 +156,10 @@ class StepTime:
 
 def step_batches(rank: I64, start: I64, end: I64, sizes: pa.Table) -> I64:
     """Each step's batch, of steps (rank, start, end) and the recorder's STEP_BATCH counters
-    (`sizes`: rank, ts, value): the earliest of its rank in [start, end) (a marked step can end
-    past the next hook, the profiler's stop), else the last before it (the first marked step
-    begins once the profiler has started, after its hook); 0: none."""
+    (`sizes`: rank, ts, value; or another counter of the step a hook begins): the earliest of
+    its rank in [start, end) (a marked step can end past the next hook, the profiler's stop),
+    else the last before it (the first marked step begins once the profiler has started, after
+    its hook); 0: none."""
     out = np.zeros(len(rank), np.int64)
     c_rank = np.asarray(sizes.column("rank").to_numpy(), np.int64)
     c_ts = np.asarray(sizes.column("ts").to_numpy(), np.int64)
@@ -166,15 +178,22 @@ def step_batches(rank: I64, start: I64, end: I64, sizes: pa.Table) -> I64:
 
 def batch_sizes(run: Run) -> pa.Table:
     """The recorder's STEP_BATCH counters of a Run (rank, ts, value)."""
+    return step_counters(run, STEP_BATCH)
+
+
+def step_counters(run: Run, name: str) -> pa.Table:
+    """The recorder's counters `name` of a Run (rank, ts, value)."""
     counters = run.table("counters", ["rank", "ts", "name", "value"])
-    return counters.filter(pc.equal(counters.column("name").cast(pa.string()), STEP_BATCH)
+    return counters.filter(pc.equal(counters.column("name").cast(pa.string()), name)
                            ).select(["rank", "ts", "value"])
 
 
-def step_time(steps: pa.Table, sizes: pa.Table | None = None) -> StepTime | None:
+def step_time(steps: pa.Table, sizes: pa.Table | None = None,
+              forwards: pa.Table | None = None) -> StepTime | None:
     """The step time of a steps table (see StepTime); None without steps. With the recorder's
     batch of each step (`sizes`, batch_sizes), the steps after the window are those of the
-    profiled steps' batch (a sweep of batches: the others' steps are another program's)."""
+    profiled steps' batch (a sweep of batches: the others' steps are another program's); with
+    its forwards' time (`forwards`, step_counters of STEP_FORWARD), their busy work."""
     rows = steps.select(["rank", "start", "end", "source"]).to_pylist()
     def column(name: str) -> I64:
         return np.asarray([r[name] for r in rows], np.int64)
@@ -188,9 +207,10 @@ def step_time(steps: pa.Table, sizes: pa.Table | None = None) -> StepTime | None
         if r["source"] == PROFILED:
             window_end[r["rank"]] = max(window_end.get(r["rank"], r["end"]), r["end"])
     profiled_batches = {int(batch[i]) for i in marked_at}
-    after = [r["end"] - r["start"] for i, r in enumerate(rows) if r["source"] == UNPROFILED
-             and r["start"] >= window_end.get(r["rank"], r["start"])
-             and (len(profiled_batches) != 1 or int(batch[i]) in profiled_batches)]
+    after_at = [i for i, r in enumerate(rows) if r["source"] == UNPROFILED
+                and r["start"] >= window_end.get(r["rank"], r["start"])
+                and (len(profiled_batches) != 1 or int(batch[i]) in profiled_batches)]
+    after = [rows[i]["end"] - rows[i]["start"] for i in after_at]
     profiled_ns = float(np.median(marked)) if marked else None
     window_start: dict[int, int] = {}  # each rank's first profiled step's start
     first: dict[int, int] = {}  # each rank's first step's start: the warm-up's
@@ -202,9 +222,13 @@ def step_time(steps: pa.Table, sizes: pa.Table | None = None) -> StepTime | None
               and r["rank"] in window_start and r["end"] <= window_start[r["rank"]]
               and r["start"] > first[r["rank"]]]
     if len(after) >= MIN_AFTER:
+        busy = (step_batches(column("rank"), column("start"), column("end"), forwards)[
+            after_at] if forwards is not None and forwards.num_rows else np.zeros(0, np.int64))
+        busy = busy[busy > 0]
         return StepTime(float(np.median(after)), len(after), True, profiled_ns,
                         float(np.median(before)) if len(before) >= MIN_AFTER else None,
-                        _spread(after))
+                        _spread(after), float(np.median(busy)) if len(busy) else None,
+                        float(np.mean(after)) if len(busy) else None)
     if marked:
         return StepTime(float(np.median(marked)), len(marked), False, profiled_ns,
                         spread_ns=_spread(marked))

@@ -43,6 +43,7 @@ from perfswarm.trace.schema import (
     SAMPLES,
     STACKS,
     STEP_BATCH,
+    STEP_FORWARD,
     STEP_INPUT,
     STEPS,
     TAIL,
@@ -89,6 +90,7 @@ class Hooks(NamedTuple):
     # hook index -> when its profiler step() returned: the next marked step has begun
     done: dict[int, int] | None = None
     inputs: dict[int, int] | None = None  # hook index -> its input's elements (STEP_INPUT)
+    forward_ns: dict[int, int] | None = None  # hook index -> its forward's ns (STEP_FORWARD)
 
 
 def _hooks(path: Path) -> Hooks:
@@ -105,7 +107,8 @@ def _hooks(path: Path) -> Hooks:
                      int(cut) if cut is not None else None,
                      {int(i): int(n) for i, n in data.get("batches", {}).items()},
                      {int(i): int(t) for i, t in data.get("step_done_ns", {}).items()},
-                     {int(i): int(n) for i, n in data.get("inputs", {}).items()})
+                     {int(i): int(n) for i, n in data.get("inputs", {}).items()},
+                     {int(i): int(n) for i, n in data.get("forward_ns", {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -137,8 +140,8 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
 
 def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its step hooks, its optimizer calls'
-    own time, and a forward-driven step's batch and input elements, as the per-rank counters
-    FAULTS, OPTIMIZER_CALL, STEP_BATCH and STEP_INPUT."""
+    own time, and a forward-driven step's batch, input elements and forward's time, as the
+    per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
     for h in hooked:
         # a fault count and an optimizer call's time belong to the step the hook ends, at
@@ -148,7 +151,8 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
         for name, values, at in ((FAULTS, dict(enumerate(h.faults)), h.times),
                                  (OPTIMIZER_CALL, h.optimizer_ns, h.times),
                                  (STEP_BATCH, h.batches or {}, begins),
-                                 (STEP_INPUT, h.inputs or {}, begins)):
+                                 (STEP_INPUT, h.inputs or {}, begins),
+                                 (STEP_FORWARD, h.forward_ns or {}, begins)):
             for i, value in sorted(values.items()):
                 if i < len(at):
                     for key, v in zip(rows, (h.rank, at[i], name, NONE, float(value)),

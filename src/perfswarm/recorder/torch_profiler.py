@@ -17,6 +17,10 @@ INJECT = Path(__file__).resolve().parent / "inject"
 # step before the loop's own steps drive the window (inject/sitecustomize.py): more
 # than gradient accumulation's micro-steps (nanoGPT's GPT-2 config: 40)
 PATIENCE = 64
+# optimizer calls repeating one cycle that make it the loop's whatever else was built (a spare
+# optimizer never stepped is none of it): more than a WGAN's critic calls before its
+# generator's first (5 in WGAN-GP)
+SETTLE = 12
 _LIVE = re.compile(r"^steps-rank(\d+)-pid(\d+)\.live$")
 
 
@@ -49,6 +53,7 @@ class TorchCollector(Collector):
             "PERFSWARM_ET": "1" if self.execution_trace else "0",
             "PERFSWARM_HEAP_RESERVE": str(self.reserve_mib),
             "PERFSWARM_PATIENCE": str(PATIENCE),
+            "PERFSWARM_SETTLE": str(SETTLE),
             # Kineto keeps CUPTI subscribed after a window unless told to tear it down: on an
             # H200, nanoGPT's steps after the window then ran 1.6x their bare time (CUDA 12.6 on
             # tears down safely; torch itself sets 0 where CUDA graphs need it). The user's own
@@ -114,8 +119,9 @@ class TorchCollector(Collector):
             if self._unsettled():
                 self.unavailable(f"several optimizers were built, and the cycle of their steps "
                                  f"was not known by the end: it needs every one built to step, "
-                                 f"or {PATIENCE} calls (build only the optimizers the loop "
-                                 "steps, or run more iterations)")
+                                 f"or {SETTLE} calls repeating one cycle, or {PATIENCE} calls "
+                                 "(build only the optimizers the loop steps, or run more "
+                                 "iterations)")
             elif self._most_steps() > self.skip:
                 self.failed(f"the window opened after step {self.skip}, but the process ended "
                             "before it closed (os._exit, or killed): the trace was not written")

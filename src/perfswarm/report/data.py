@@ -19,7 +19,14 @@ import pyarrow.compute as pc
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.concurrency import OnCpu, on_cpu
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.iterations import StepFaults, StepTime, batch_sizes, step_faults, step_time
+from perfswarm.analyze.iterations import (
+    StepFaults,
+    StepTime,
+    batch_sizes,
+    step_counters,
+    step_faults,
+    step_time,
+)
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarm_diff import periods
 from perfswarm.errors import NotApplicable
@@ -47,6 +54,7 @@ from perfswarm.report.views import (
     queue_rows,
     ranks_view,
 )
+from perfswarm.trace.schema import STEP_FORWARD
 from perfswarm.trace.store import Run
 
 TOP_OPS: Final = 25
@@ -74,12 +82,13 @@ def _unprofiled(rates: dict[str, Any] | None, timing: StepTime | None
     batches differ: the steps after the window are of batches no trace shows."""
     if rates is None or timing is None or not timing.outside or not rates["same_batch"]:
         return rates
-    per_s = 1e9 / timing.median_ns
+    per_s = 1e9 / timing.rate_ns
     samples = rates["samples_per_step"]
+    over = "the median" if timing.mean_ns is None else "the whole time, waits included,"
     return {**rates, "samples_per_s": samples * per_s if samples is not None else None,
             "tokens_per_s": (rates["tokens_per_step"] * per_s
                              if rates["tokens_per_step"] is not None else None),
-            "source": rates["source"] + f"; per the median of the {timing.steps} steps after "
+            "source": rates["source"] + f"; per {over} of the {timing.steps} steps after "
                                         "the profiler's window"}
 
 
@@ -153,11 +162,17 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                  f"; page faults a step: {faults.profiled:,.0f} in the window, "
                  f"{faults.outside:,.0f} after it (a fault is a page written afresh: the "
                  "profiler's allocations share glibc's heap with the program's)")
-        cards.append(Card(label="step time", value=ms(median),
+        busy = timing.busy_ns
+        cards.append(Card(label="step time", value=ms(median if busy is None else busy),
                           detail=f"median of {timing.steps} steps after the profiler's window"
-                                 f"{profiled}{paged}{before}"))
-        cards.append(Card(label="throughput", value=f"{1e9 / median:,.2f} steps/s",
-                          detail="from that median step"))
+                                 + ("" if busy is None else
+                                    f", each its forward's own time (the busy work; the step, "
+                                    f"to the next forward's start, {ms(median)}: the rest "
+                                    "waiting for input, idle)")
+                                 + f"{profiled}{paged}{before}"))
+        cards.append(Card(label="throughput", value=f"{1e9 / timing.rate_ns:,.2f} steps/s",
+                          detail="from that median step" if timing.mean_ns is None else
+                          "over those steps' whole time, their waits for input included"))
     elif steps:
         median = statistics.median(steps)
         used = analysis["iterations"]["used"]
@@ -312,12 +327,12 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     first = [w["dur_ns"] for w in next(iter(steps.values()), [])]
-    timing = step_time(run.table("steps"), batch_sizes(run))
+    timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD))
     # at the program's own speed where the recorder timed steps after the window, as the
-    # step time and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
+    # throughput and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
     outside = timing is not None and timing.outside
     slowdown = timing.profiler_slowdown if timing is not None and outside else 1.0
-    step_ns = (timing.median_ns if timing is not None and outside
+    step_ns = (timing.rate_ns if timing is not None and outside
                else statistics.median(first) if first else 0)
     flops = model_flops(costs, manifest["devices"], step_ns, len(first), max(1, len(steps)))
     if flops is not None:
@@ -346,7 +361,8 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "step_time": None if timing is None else {
             "median_ns": timing.median_ns, "steps": timing.steps, "outside": timing.outside,
             "profiled_ns": timing.profiled_ns, "before_ns": timing.before_ns,
-            "heap_shift": timing.heap_shift},
+            "heap_shift": timing.heap_shift, "busy_ns": timing.busy_ns,
+            "mean_ns": timing.mean_ns},
         "breakdown": step_breakdown(events, steps),
         "flops": flops,
         "throughput": rates,

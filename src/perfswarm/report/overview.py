@@ -101,7 +101,8 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
 
 def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]],
                 step_ns: float, steps: int, ranks: int) -> dict[str, Any] | None:
-    """FLOP/s per rank at the step time the cards show (`step_ns`: the median step), two ways
+    """FLOP/s per rank at the step time the rate cards are over (`step_ns`: the median step;
+    a forward-driven loop's mean, its waits for input included: StepTime.rate_ns), two ways
     (PaLM's MFU and HFU): a step's FLOPs (those of the profiled `steps` over their count)
     over it. Hardware FLOPs are those of every costed op that ran (forward, backward with any
     recomputation, optimizer); model FLOPs are the forward's, times 3 when a backward ran
@@ -383,10 +384,15 @@ def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
     begun, first, outer = _pass_starts(ev, mine, windows)
     passes = np.bincount(_steps_of(ev, windows, begun[first].tolist()), minlength=len(windows))
     # a step that steps several optimizers (a GAN's two) feeds each its own passes of one batch
-    stepped = np.bincount(_steps_of(ev, windows, _in_windows(ev, outer, windows).tolist()),
-                          minlength=len(windows))
+    stepped = _stepped(ev, outer, windows)
     return np.where(stepped > 1, np.round(passes / np.maximum(stepped, 1)), passes
                     ).astype(np.int64)
+
+
+def _stepped(ev: Events, outer: I64, windows: Sequence[Mapping[str, Any]]) -> I64:
+    """The outermost optimizer calls (`_pass_starts`') in each window."""
+    return np.bincount(_steps_of(ev, windows, _in_windows(ev, outer, windows).tolist()),
+                       minlength=len(windows))
 
 
 def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]],
@@ -488,15 +494,19 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     (torch::autograd::AccumulateGrad, once a parameter and pass: blocks whose first layer is
     of the first layer's shape are as many gradients of one batch; one layer run on six
     observations, six of one), once a call of an optimizer that evaluates its closure again
-    on the same batch (LBFGS); {} without. A layer of the transposed shape (an autoencoder's
-    last, [in, out]) is another's."""
+    on the same batch (LBFGS); {} without. A step that steps several optimizers (a GAN's) runs
+    a pass for each on one batch, which each sums at least once (a discriminator's over its
+    real and its fake rows, a generator's through the discriminator and itself: twin models
+    had read 3 batches a step): the fewest rows of its passes. A layer of the transposed shape
+    (an autoencoder's last, [in, out]) is another's."""
     if len(weight) != 2 or weight[0] == weight[1]:
         return {}
     codes = [i for i, n in enumerate(ev.names) if n in ("aten::mm", ACCUMULATE_GRAD)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
     rows = rows[phases(ev, rows) == BACKWARD]
     # a pass that evaluates an optimizer's closure again (LBFGS) sums the same samples again
-    begun, first, _outer = _pass_starts(ev, mine, windows)
+    begun, first, outer = _pass_starts(ev, mine, windows)
+    stepped = _stepped(ev, outer, windows)
     of_pass = np.searchsorted(ev.ts[begun], ev.ts[rows], side="right") - 1
     keep = (of_pass < 0) | first[np.maximum(of_pass, 0)]
     rows, of_pass = rows[keep], of_pass[keep]
@@ -516,5 +526,7 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
             summed[step, pass_of[row]] = summed.get((step, pass_of[row]), 0) + a[1]
     out: dict[int, int] = {}
     for (step, at), rows_summed in summed.items():
-        out[step] = out.get(step, 0) + round(rows_summed / params.get(at, 1))
+        rows_of_pass = round(rows_summed / params.get(at, 1))
+        out[step] = (min(out.get(step, rows_of_pass), rows_of_pass) if stepped[step] > 1
+                     else out.get(step, 0) + rows_of_pass)
     return out

@@ -84,6 +84,9 @@ OPTIMIZER_CALL: Final = "optimizer step ns"
 STEP_BATCH: Final = "step batch"
 # ... and the elements of that input (batch x sequence: a generate loop's prefill and decode)
 STEP_INPUT: Final = "step input elements"
+# ... and the ns from its start to its return: the step's busy work, the rest of the step up to
+# the next forward a wait (an inference server's for requests)
+STEP_FORWARD: Final = "step forward ns"
 
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.

@@ -72,9 +72,10 @@ class _Window:
     in_worker = False  # set in DataLoader workers (spawned ones run this file too): no files
 
     def __init__(self, out: str, skip: int, count: int, with_et: bool,
-                 reserve_mib: int, patience: int) -> None:
+                 reserve_mib: int, patience: int, settle: int) -> None:
         self.out, self.skip, self.count, self.with_et = out, skip, count, with_et
         self.patience = patience  # PERFSWARM_PATIENCE (torch_profiler.PATIENCE)
+        self.settle = settle  # PERFSWARM_SETTLE (torch_profiler.SETTLE)
         self.reserve_mib = reserve_mib
         self.pid = os.getpid()
         self.rank = int(os.environ.get("RANK", "0") or 0)
@@ -86,6 +87,10 @@ class _Window:
         # hook index -> the elements of that input (batch x sequence: a generate loop's
         # prefill and decode steps are of one batch and other sizes)
         self.inputs: dict[int, int] = {}
+        # hook index -> that forward's own time (ns, its start to its return): the step's busy
+        # work, the rest of it up to the next forward's start a wait (an inference server's
+        # for requests)
+        self.forward_ns: dict[int, int] = {}
         self.step_done_ns: dict[int, int] = {}
         # hook index -> the optimizer.step() call's own time (ns): from its start, or the end
         # of the last backward inside it (a closure's), to its return; outside the window too
@@ -96,6 +101,7 @@ class _Window:
         # ends the step (ends_step); until it is known every call is a step, each by whom
         # (hook_keys), and then those of the cycle's last are kept (_regroup).
         self.cycle: list[int] | None = None
+        self.phase = 0  # the cycle's place of the next call
         self.hook_keys: list[int] = []
         # the optimizers built (alive) and the ids of those stepped inside another's step (a
         # wrapper's): the cycle is known once it holds every one built but those
@@ -163,6 +169,7 @@ class _Window:
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
+        self.forward_ns.clear()
         self.hook_keys.clear()
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
@@ -175,7 +182,7 @@ class _Window:
         self.live_fd = -1  # the parent's file, not to be written (nor truncated) here
         self._clear_steps()
         self.step_done_ns = {}
-        self.cycle, self.pending_ns, self.backward_ns = None, 0, 0
+        self.cycle, self.phase, self.pending_ns, self.backward_ns = None, 0, 0, 0
         self.prof = self.et = None
         self.opened_at = -1
         self.claim = "RANK" not in os.environ
@@ -224,7 +231,8 @@ class _Window:
         self.on_step()
         return True
 
-    _KEPT = ("hook_ns", "hook_faults", "optimizer_ns", "batches", "inputs", "step_done_ns",
+    _KEPT = ("hook_ns", "hook_faults", "optimizer_ns", "batches", "inputs", "forward_ns",
+             "step_done_ns",
              "driver", "opened_at", "cut_at")
 
     def _supersede(self) -> None:
@@ -269,29 +277,58 @@ class _Window:
 
     def ends_step(self, key: int) -> bool:
         """Whether the call of the optimizer `key` ends a training step, an iteration of the
-        loop. Every call does until the cycle is known: at a call of an optimizer that stepped
-        before, the calls from its first on, once they hold every optimizer built (alive, and
-        not stepped inside another's step) or PATIENCE calls have gone by (one built and never
-        stepped, or stepped before the loop only); a WGAN's critic steps again 4 times before
-        its generator first steps. A step then ends at each call of the optimizer that steps
-        least often in the cycle, the last of those in it (a GAN's generator, 1:1 or 5 critic
-        calls to 1), and the steps so far are regrouped."""
+        loop. Every call does until the cycle is known (_learn), at a call of an optimizer
+        that stepped before; then a step ends where the calls complete the cycle, which
+        begins where the loop's first iteration did (a WGAN's critic 5 times, then its
+        generator: at the generator's call; the generator first: at the critic's fifth), and
+        the steps so far are regrouped."""
         if self.cycle is None:
             if key not in self.hook_keys:
                 return True
             if self.opened_at >= 0:  # a window already open counts on as it began: every
                 self.cycle = []  # call a step (SKIP 0, or one optimizer built)
-            else:
-                calls = self.hook_keys[self.hook_keys.index(key):]
-                if not (self._required() <= set(calls)
-                        or len(self.hook_keys) >= self.patience):
-                    return True
-                last = min(calls, key=lambda k: (calls.count(k), calls[::-1].index(k)))
-                at = len(calls) - calls[::-1].index(last)
-                self.cycle = calls[at:] + calls[:at]  # rotated to end at that call
-                if len(self.cycle) > 1:
-                    self._regroup()
-        return not self.cycle or key == self.cycle[-1]
+            elif not self._learn(key):
+                return True
+        return self._advance(key)
+
+    def _learn(self, key: int) -> bool:
+        """Whether the calls so far and `key`'s make the cycle known: once the calls from
+        `key`'s first on hold every optimizer built (alive, and not stepped inside another's
+        step; a WGAN's critic steps again 4 times before its generator first steps), or the
+        last SETTLE calls repeat one cycle (an optimizer built and never stepped, or stepped
+        before the loop only, is none of it), or PATIENCE calls have gone by. The cycle is the
+        one the calls repeat back to the earliest, from there; the steps so far regrouped."""
+        seq = [*self.hook_keys, key]
+        first = self.hook_keys.index(key)
+        period = len(self.hook_keys) - first
+        if not self._required() <= set(seq[first:]):
+            tail = seq[-self.settle:] if len(seq) >= self.settle else []
+            period = next((p for p in range(1, len(tail) // 2 + 1)
+                           if tail[p:] == tail[:-p]), 0)
+            if not period and len(self.hook_keys) < self.patience:
+                return False
+            period = period or len(self.hook_keys) - first
+        begin = len(seq) - period
+        while begin > 0 and seq[begin - 1] == seq[begin - 1 + period]:
+            begin -= 1
+        self.cycle = seq[begin:begin + period]
+        self._regroup(begin)
+        return True
+
+    def _advance(self, key: int) -> bool:
+        """A call of `key` once the cycle is known: whether it completes the cycle (every call
+        does of a window opened before it was known). A call out of the cycle's order (an
+        iteration that skipped one) takes the next place of its optimizer; one of an optimizer
+        the cycle does not hold ends no step."""
+        if not self.cycle:
+            return True
+        n = len(self.cycle)
+        at = next((i for i in range(self.phase, self.phase + n) if self.cycle[i % n] == key),
+                  None)
+        if at is None:
+            return False
+        self.phase = (at + 1) % n
+        return self.phase == 0
 
     def _required(self) -> set[int]:
         """The optimizers a cycle must hold: every one built and alive, but those stepped
@@ -303,15 +340,19 @@ class _Window:
         known, or with one optimizer built (its every call a step)."""
         return self.driver != "optimizer" or self.cycle is not None or len(self._required()) < 2
 
-    def _regroup(self) -> None:
-        """The hooks so far as steps of the learned cycle: those of its last optimizer, each
-        with the own time of the calls since the one before, the calls after the last pending
-        (the critic's of a generator stepped first; the live file rewritten)."""
+    def _regroup(self, begin: int) -> None:
+        """The hooks so far as steps of the learned cycle, begun at call `begin` (those before
+        it each a step, as they were): the calls that complete it, each with the own time of
+        the calls since the one before, the calls after the last pending (the live file
+        rewritten)."""
         assert self.cycle is not None
-        kept = [i for i, k in enumerate(self.hook_keys) if k == self.cycle[-1]]
-        own = [self.optimizer_ns.get(i, 0) for i in range(len(self.hook_keys))]
-        self.optimizer_ns = {n: sum(own[(kept[n - 1] + 1 if n else 0):i + 1])
-                             for n, i in enumerate(kept)}
+        n = len(self.cycle)
+        calls = len(self.hook_keys)
+        kept = [i for i in range(calls) if i < begin or (i - begin) % n == n - 1]
+        self.phase = (calls - begin) % n
+        own = [self.optimizer_ns.get(i, 0) for i in range(calls)]
+        self.optimizer_ns = {k: sum(own[(kept[k - 1] + 1 if k else 0):i + 1])
+                             for k, i in enumerate(kept)}
         self.pending_ns += sum(own[kept[-1] + 1 if kept else 0:])
         self.hook_ns = [self.hook_ns[i] for i in kept]
         self.hook_faults = [self.hook_faults[i] for i in kept]
@@ -461,6 +502,7 @@ class _Window:
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
+            "forward_ns": self.forward_ns,
             "cut_step": cut, "aside_at": self.aside_at, "unsettled": not self.settled(),
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
             "window_on": self.driver, **self.fp32, **self.runtime}))
@@ -766,18 +808,21 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
     step. Global module hooks slow every module call a little: they go when a better driver
     (an optimizer built, a backward seen) takes over."""
     depth = 0
+    started = -1  # the hook index of the forward under way that began a step
 
     def before(module: Any, args: Any) -> None:
-        nonlocal depth
+        nonlocal depth, started
         depth += 1
         # a loss, a quantization observer (quantize_dynamic runs one on each weight before
         # the loop), or torch.jit.trace's runs of the model before the loop make no step
         if depth == 1 and not type(module).__module__.startswith(NOT_MODELS) \
                 and not _in_jit_trace():
-            window.on_event("forward")
+            counted = window.on_event("forward")
+            if window.driver != "forward" or not window.hook_ns or os.getpid() != window.pid:
+                return
+            started = len(window.hook_ns) - 1 if counted else -1
             shape = getattr(args[0], "shape", None) if args else None
-            if (window.driver == "forward" and window.hook_ns and shape
-                    and isinstance(shape[0], int) and os.getpid() == window.pid):
+            if shape and isinstance(shape[0], int):
                 window.batches[len(window.hook_ns) - 1] = shape[0]
                 elements = 1
                 for n in shape:
@@ -785,8 +830,12 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
                 window.inputs[len(window.hook_ns) - 1] = elements
 
     def after(*_: Any) -> None:
-        nonlocal depth
+        nonlocal depth, started
         depth = max(0, depth - 1)
+        if depth == 0 and started >= 0:
+            if window.driver == "forward" and started < len(window.hook_ns):
+                window.forward_ns[started] = time.time_ns() - window.hook_ns[started]
+            started = -1
 
     window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before),
                              vars(module)["register_module_forward_hook"](after,
@@ -833,7 +882,8 @@ def _main() -> None:
         skip, _, count = os.environ.get("PERFSWARM_STEPS", "5:10").partition(":")
         window = _Window(_DIR, int(skip), int(count), os.environ.get("PERFSWARM_ET") == "1",
                          int(os.environ.get("PERFSWARM_HEAP_RESERVE", "0") or 0),
-                         int(os.environ["PERFSWARM_PATIENCE"]))
+                         int(os.environ["PERFSWARM_PATIENCE"]),
+                         int(os.environ["PERFSWARM_SETTLE"]))
         os.register_at_fork(after_in_child=window.forked)
         sys.meta_path.insert(0, _AfterImport({
             "torch.optim.optimizer": lambda module: _install(window, module),
