@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from perfswarm.analyze.frame import detail_of
+from perfswarm.api import import_traces
+from perfswarm.trace import synthetic
 from perfswarm.trace.detail import detail_column
 from perfswarm.trace.store import Run
 
@@ -85,3 +89,29 @@ def test_detail_of_odd_args(texts: list[bytes]) -> None:
         want.append({k: v for k, v in value.items() if k in KEYS}
                     if isinstance(value, dict) else {})
     assert found == [*want, {}]
+
+
+def test_detail_of_a_few_rows_decodes_their_texts_alone(tmp_path: Path) -> None:
+    """detail_of's texts are the column's own at those rows, one string object per distinct
+    text; of its dictionary only the texts those rows hold become Python strings (a
+    synthetic trace draws new shapes for every op: thousands of distinct texts, each call
+    for a few rows had made them all)."""
+    run = Run(import_traces(synthetic.write(tmp_path / "t.json", 20_000), tmp_path / "t.run")
+              .path)
+    column = run.table("events", ["detail"]).column("detail")
+    distinct = [t for c in column.chunks for t in c.dictionary.to_pylist()]
+    assert len(distinct) > 2_000
+    values = column.to_pylist()
+    shared = values.index(values[-1])  # the last row's text, first held by an earlier row
+    assert shared < len(values) - 1
+    rows = np.array([shared, 1000, 5000, len(values) - 1])
+    tracemalloc.start()
+    try:
+        texts = detail_of(run, rows)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert texts == column.take(rows).to_pylist()
+    assert texts[0] is texts[-1]
+    # what the call held at most against what its dictionary's texts take as Python strings
+    assert peak < sum(map(len, distinct)) / 10

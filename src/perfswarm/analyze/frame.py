@@ -266,7 +266,9 @@ def detail_of(run: Run, rows: I64, rank: int | None = None) -> list[str]:
 def texts_of(run: Run, column: str, rows: I64, rank: int | None = None) -> list[str]:
     """A text column's values at `rows`, read with the column the other analyses share. A
     mask filter, not a take: taking a few rows of a many-chunk string column copies it
-    whole."""
+    whole. Of a dictionary column, only the texts these rows hold become Python strings (its
+    dictionary holds every distinct text of the column: 40k at 200k events where no two ops
+    share shapes, 7.5 MB, for the few hundred collectives a caller wants)."""
     if len(rows) == 0:
         return []
     values = run.table("events", [column], rank=rank).column(column)
@@ -275,8 +277,10 @@ def texts_of(run: Run, column: str, rows: I64, rank: int | None = None) -> list[
     out: list[str] = []
     for chunk in values.filter(pa.array(mask)).chunks:
         if isinstance(chunk, pa.DictionaryArray):
-            texts = chunk.dictionary.to_pylist()
-            out += [texts[i] for i in chunk.indices.to_numpy(zero_copy_only=False).tolist()]
+            used, at = np.unique(chunk.indices.to_numpy(zero_copy_only=False),
+                                 return_inverse=True)
+            texts = chunk.dictionary.take(pa.array(used)).to_pylist()
+            out += [texts[i] for i in at.tolist()]
         else:
             out += [a or "{}" for a in chunk.to_pylist()]
     return out

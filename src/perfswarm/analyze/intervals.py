@@ -89,18 +89,28 @@ class StateSums:
     """Nanoseconds per state over any [lo, hi), for a timeline cut into labelled segments.
 
     Segment i is [points[i], points[i+1]) in state codes[i]; time outside the points
-    is in state `outside`. Built once (O(n)); each query is two binary searches.
+    is in state `outside`. Built once (O(n)); each query is a binary search and a sum of at
+    most CHECKPOINT segments past the running sums kept at every CHECKPOINT-th point (kept at
+    every point, they took `states` times the points' memory: 14 MB of a 200k-event run's
+    concurrency breakdown, beside its 2 MB of points).
     """
+
+    CHECKPOINT = 32
 
     def __init__(self, points: I64, codes: I64, states: int, outside: int) -> None:
         self.points = points
         self.codes = codes
         self.states = states
         self.outside = outside
-        self.cum = np.zeros((states, len(points)), np.int64)
+        # cum[s, k]: ns in state s of the segments before segment k * CHECKPOINT; the last
+        # column, of every segment
         lengths = np.diff(points)
+        starts = np.arange(0, len(lengths), self.CHECKPOINT)
+        self.cum = np.zeros((states, len(starts) + 1), np.int64)
         for s in range(states):
-            np.cumsum(np.where(codes == s, lengths, 0), out=self.cum[s, 1:])
+            if len(starts):
+                np.cumsum(np.add.reduceat(np.where(codes == s, lengths, 0), starts),
+                          out=self.cum[s, 1:])
 
     def upto(self, x: int) -> I64:
         """ns per state in [points[0], x), with time before points[0] counted as outside
@@ -118,7 +128,12 @@ class StateSums:
             out[self.outside] += x - last
             return out
         i = int(np.searchsorted(self.points, x, side="right")) - 1
-        out += self.cum[:, i]
+        k = i // self.CHECKPOINT
+        first = k * self.CHECKPOINT
+        out += self.cum[:, k]
+        # the segments from the checkpoint to i, summed exactly (ns far below 2**53)
+        out += np.bincount(self.codes[first:i], np.diff(self.points[first:i + 1]),
+                           self.states).astype(np.int64)
         out[int(self.codes[i])] += x - int(self.points[i])
         return out
 

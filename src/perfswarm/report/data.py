@@ -316,6 +316,11 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     on_stage("analysis")
     result = analyze(run)
     analysis = result.to_dict()
+    # the prediction before the timeline, views and op costs: its graph and schedule (25 MB at
+    # 200k events, freed when it returns) are the report's largest transient, then not held
+    # on top of what those keep to the end (the drawn timeline, the views' rows)
+    on_stage("prediction")
+    prediction = _prediction(run)
     on_stage("timeline")
     origin = run_origin(run)
     drawn = spans(run)
@@ -345,8 +350,6 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
              "ops_by_shape": ops_by_shape(run, events, calls, TOP_OPS),
              "modules": module_tree(events, calls, MAX_MODULES),
              "memory": memory_view(run, origin, MAX_COUNTER_POINTS)}
-    on_stage("prediction")
-    prediction = _prediction(run)
     return {
         "title": f"perfswarm report: {run.path.name}",
         "run": {"path": str(run.path), "shell_path": shlex.quote(str(run.path.resolve())),

@@ -121,6 +121,7 @@ def take_rows(batches: Sequence[pa.RecordBatch], starts: npt.NDArray[np.int64],
         mine = grouped[chunk[grouped] == c]
         parts.append(pa.Table.from_batches([batches[c].take(pa.array(rows[mine] - starts[c]))]))
     table = pa.concat_tables(parts).combine_chunks()
+    del parts  # the per-batch takes, before the last take copies the rows once more
     back = np.empty(len(rows), np.int64)
     back[grouped] = np.arange(len(rows))
     return table.take(pa.array(back))
@@ -138,8 +139,9 @@ def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
     batches = events.to_batches()
     starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]], dtype=np.int64)
     for i in range(0, len(order), SLICE):
-        part = take_rows(batches, starts, order[i:i + SLICE])
-        yield part.set_column(at, "step", pa.array(step[i:i + SLICE], pa.int32()))
+        # yielded, not kept: the slice before is not held while the next one is taken
+        yield take_rows(batches, starts, order[i:i + SLICE]).set_column(
+            at, "step", pa.array(step[i:i + SLICE], pa.int32()))
 
 
 @dataclass(frozen=True)

@@ -209,12 +209,15 @@ def row_groups(parts: Iterable[pa.Table], schema: pa.Schema) -> Iterator[pa.Tabl
     rows = 0
     for part in parts:
         pending.append(part.select(schema.names).cast(schema))
+        del part  # (the parts' source holds none either: one part in memory, not two)
         rows += pending[-1].num_rows
         while rows >= ROW_GROUP:
             table = pa.concat_tables(pending)
             yield _canonical(table.slice(0, ROW_GROUP))
-            pending = [table.slice(ROW_GROUP)]
             rows -= ROW_GROUP
+            # the rest, if any: an empty slice would hold the whole part's buffers
+            pending = [table.slice(ROW_GROUP)] if rows else []
+            del table
     if rows:
         yield _canonical(pa.concat_tables(pending))
 
