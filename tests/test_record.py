@@ -1153,25 +1153,38 @@ def test_the_scripts_tf32_settings(tmp_path: Path, setting: str, matmul: str) ->
 
 
 INFERENCE = textwrap.dedent("""
+    import sys
     import torch
     from torch import nn
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    class Model(nn.Module):  # called as a Hugging Face model is: by keyword, a cache first
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+        def forward(self, input_ids=None, cache=None, attention_mask=None):
+            return self.net(input_ids)
+    model = Model()
     with torch.inference_mode():
         for batch in [1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8, 32]:
-            model(torch.randn(batch, 16))
+            x = torch.randn(batch, 16)
+            if sys.argv[1] == "positional":
+                model(x)
+            else:
+                model(cache=[x], input_ids=x, attention_mask=torch.ones(1))
 """)
 
 
-def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("call", ["positional", "keywords"])
+def test_a_forward_driven_loop_records_its_batches(tmp_path: Path, call: str) -> None:
     """An inference loop's steps start at its model's forward; each step's batch (the first
-    input's leading dimension) is a counter at its start, inside that step: an inference
-    server's requests differ in size."""
+    input tensor's leading dimension: a positional one, else the first keyword one, as
+    generate() calls a Hugging Face model) is a counter at its start, inside that step: an
+    inference server's requests differ in size."""
     from perfswarm.analyze.iterations import batch_sizes, step_batches
     from perfswarm.trace.schema import STEP_INPUT
 
     script = tmp_path / "serve.py"
     script.write_text(INFERENCE)
-    run = record([PY, str(script)], tmp_path / "s.run",
+    run = record([PY, str(script), call], tmp_path / "s.run",
                  RecordOptions(collectors=("torch",), skip=2, steps=3)).run
     steps = run.table("steps")
     rank, start, end = (np.asarray(steps.column(c).to_numpy(), np.int64)
