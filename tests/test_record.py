@@ -1259,6 +1259,44 @@ def test_a_servers_step_is_its_forward_and_its_wait(tmp_path: Path) -> None:
     assert cards["throughput"]["value"] == f"{1e9 / whole:,.2f} steps/s"
 
 
+def test_a_torch_whose_global_hooks_take_no_keywords(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose global forward hooks take no with_kwargs (older than the one here): the
+    recorder's forward hooks still go on, each step's batch from a positional input, none
+    from a keyword call (its step counted all the same)."""
+    import importlib.util
+    import types
+
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    from perfswarm.recorder.torch_profiler import INJECT
+
+    monkeypatch.syspath_prepend(str(INJECT))  # as injected: its helper module beside it
+    spec = importlib.util.spec_from_file_location("inject_site", INJECT / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # no PERFSWARM_RECORD_DIR: it installs nothing
+    window = site._Window(str(tmp_path), 100, 1, False, 0, PATIENCE)
+
+    def register(hook: object, *, always_call: bool = False) -> object:
+        return nn_module.register_module_forward_hook(hook, always_call=always_call)  # type: ignore[arg-type]
+
+    older = types.ModuleType("torch.nn.modules.module")
+    older.register_module_forward_pre_hook = nn_module.register_module_forward_pre_hook  # type: ignore[attr-defined]
+    older.register_module_forward_hook = register  # type: ignore[attr-defined]
+    site._watch_forward(window, older)
+    model = torch.nn.Linear(16, 2)
+    try:
+        model(torch.randn(4, 16))
+        model(input=torch.randn(8, 16))
+        model(torch.randn(2, 16))
+    finally:
+        window.drop_forward_hooks()
+    assert len(window.hook_ns) == 3 and window.batches == {0: 4, 2: 2}
+    assert window.inputs == {0: 64, 2: 32}
+
+
 HOGWILD = textwrap.dedent("""
     import sys
     import torch

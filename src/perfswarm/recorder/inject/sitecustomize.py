@@ -809,7 +809,8 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
     (an optimizer built, a backward seen) takes over. A forward-driven step's input is the
     top-level call's first tensor: a positional one (the pre-hook's), else the first keyword
     one (a Hugging Face model's `model(input_ids=...)`, generate()'s calls): torch passes a
-    global hook the keywords only after the forward."""
+    global hook the keywords only after the forward, and only a torch that has with_kwargs
+    for global hooks."""
     depth = 0
     started = -1  # the hook index of the forward under way that began a step
     unseen = False  # that forward took no positional tensor: its keywords are read after it
@@ -840,7 +841,8 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
             unseen = not note(len(window.hook_ns) - 1, args)
 
     def after(module: Any, args: Any, *rest: Any) -> None:
-        # rest: (kwargs, output), or (output,) where the forward raised
+        # rest: (kwargs, output), or (output,) where the forward raised or torch's global
+        # hooks take no keywords
         nonlocal depth, started
         depth = max(0, depth - 1)
         if depth == 0 and started >= 0:
@@ -850,9 +852,12 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
                     note(started, rest[0].values())
             started = -1
 
-    window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before),
-                             vars(module)["register_module_forward_hook"](
-                                 after, with_kwargs=True, always_call=True)]
+    register = vars(module)["register_module_forward_hook"]
+    try:
+        post = register(after, with_kwargs=True, always_call=True)
+    except TypeError:  # a torch whose global hooks take no keywords: positional inputs only
+        post = register(after, always_call=True)
+    window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before), post]
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
