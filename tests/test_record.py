@@ -1270,14 +1270,14 @@ def test_a_torch_whose_global_hooks_take_no_keywords(tmp_path: Path,
     import torch
     from torch.nn.modules import module as nn_module
 
-    from perfswarm.recorder.torch_profiler import INJECT
+    from perfswarm.recorder.torch_profiler import INJECT, SETTLE
 
     monkeypatch.syspath_prepend(str(INJECT))  # as injected: its helper module beside it
     spec = importlib.util.spec_from_file_location("inject_site", INJECT / "sitecustomize.py")
     assert spec is not None and spec.loader is not None
     site = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(site)  # no PERFSWARM_RECORD_DIR: it installs nothing
-    window = site._Window(str(tmp_path), 100, 1, False, 0, PATIENCE)
+    window = site._Window(str(tmp_path), 100, 1, False, 0, PATIENCE, SETTLE)
 
     def register(hook: object, *, always_call: bool = False) -> object:
         return nn_module.register_module_forward_hook(hook, always_call=always_call)  # type: ignore[arg-type]
