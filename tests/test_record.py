@@ -1153,25 +1153,38 @@ def test_the_scripts_tf32_settings(tmp_path: Path, setting: str, matmul: str) ->
 
 
 INFERENCE = textwrap.dedent("""
+    import sys
     import torch
     from torch import nn
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    class Model(nn.Module):  # called as a Hugging Face model is: by keyword, a cache first
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+        def forward(self, input_ids=None, cache=None, attention_mask=None):
+            return self.net(input_ids)
+    model = Model()
     with torch.inference_mode():
         for batch in [1, 4, 16, 2, 8, 32, 1, 4, 16, 2, 8, 32]:
-            model(torch.randn(batch, 16))
+            x = torch.randn(batch, 16)
+            if sys.argv[1] == "positional":
+                model(x)
+            else:
+                model(cache=[x], input_ids=x, attention_mask=torch.ones(1))
 """)
 
 
-def test_a_forward_driven_loop_records_its_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("call", ["positional", "keywords"])
+def test_a_forward_driven_loop_records_its_batches(tmp_path: Path, call: str) -> None:
     """An inference loop's steps start at its model's forward; each step's batch (the first
-    input's leading dimension) is a counter at its start, inside that step: an inference
-    server's requests differ in size."""
+    input tensor's leading dimension: a positional one, else the first keyword one, as
+    generate() calls a Hugging Face model) is a counter at its start, inside that step: an
+    inference server's requests differ in size."""
     from perfswarm.analyze.iterations import batch_sizes, step_batches
     from perfswarm.trace.schema import STEP_INPUT
 
     script = tmp_path / "serve.py"
     script.write_text(INFERENCE)
-    run = record([PY, str(script)], tmp_path / "s.run",
+    run = record([PY, str(script), call], tmp_path / "s.run",
                  RecordOptions(collectors=("torch",), skip=2, steps=3)).run
     steps = run.table("steps")
     rank, start, end = (np.asarray(steps.column(c).to_numpy(), np.int64)
@@ -1244,6 +1257,44 @@ def test_a_servers_step_is_its_forward_and_its_wait(tmp_path: Path) -> None:
     cards = {c["label"]: c for c in data["cards"]}
     assert cards["step time"]["value"] == f"{busy / 1e6:.3f} ms"
     assert cards["throughput"]["value"] == f"{1e9 / whole:,.2f} steps/s"
+
+
+def test_a_torch_whose_global_hooks_take_no_keywords(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose global forward hooks take no with_kwargs (older than the one here): the
+    recorder's forward hooks still go on, each step's batch from a positional input, none
+    from a keyword call (its step counted all the same)."""
+    import importlib.util
+    import types
+
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    from perfswarm.recorder.torch_profiler import INJECT, SETTLE
+
+    monkeypatch.syspath_prepend(str(INJECT))  # as injected: its helper module beside it
+    spec = importlib.util.spec_from_file_location("inject_site", INJECT / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # no PERFSWARM_RECORD_DIR: it installs nothing
+    window = site._Window(str(tmp_path), 100, 1, False, 0, PATIENCE, SETTLE)
+
+    def register(hook: object, *, always_call: bool = False) -> object:
+        return nn_module.register_module_forward_hook(hook, always_call=always_call)  # type: ignore[arg-type]
+
+    older = types.ModuleType("torch.nn.modules.module")
+    older.register_module_forward_pre_hook = nn_module.register_module_forward_pre_hook  # type: ignore[attr-defined]
+    older.register_module_forward_hook = register  # type: ignore[attr-defined]
+    site._watch_forward(window, older)
+    model = torch.nn.Linear(16, 2)
+    try:
+        model(torch.randn(4, 16))
+        model(input=torch.randn(8, 16))
+        model(torch.randn(2, 16))
+    finally:
+        window.drop_forward_hooks()
+    assert len(window.hook_ns) == 3 and window.batches == {0: 4, 2: 2}
+    assert window.inputs == {0: 64, 2: 32}
 
 
 HOGWILD = textwrap.dedent("""

@@ -465,6 +465,7 @@ def test_model_flops_against_the_gpu_peak(corpus_runs: dict[str, Run]) -> None:
     devices = corpus_runs["nccl"].manifest()["devices"]
     op_cost = {"device": "A100-40GB", "flops": 3.5e12,
                "phase_flops": {"forward": 1e12, "backward": 2.4e12, "optimizer": 1e11},
+               "no_grad_flops": 0.0,
                "ops": [{"flops": 1e12, "count": 2, "dtype": "fp32"},
                        {"flops": 1e9, "count": 4, "dtype": "fp16"}], "coverage": 0.25}
     flops = model_flops(op_cost, devices, 500_000_000, 4, 2)

@@ -77,21 +77,24 @@ def test_phases_of_the_mi250_step(corpus_runs: dict[str, Run]) -> None:
 
 def test_mfu_hfu_and_kernel_roofline_of_the_mi250_step(corpus_runs: dict[str, Run]) -> None:
     """The forward's GEMM (addmm 5x128 @ 128x128) and the backward's weight gradient (mm
-    128x5 @ 5x128) price the pass FLOPs; MFU takes 3x the forward, HFU what ran. The addmm's
-    cost splits over its two kernels by their raw durations."""
+    128x5 @ 5x128) price the pass FLOPs; MFU takes 3x the forward but once the ops autograd
+    made no node for (the input's and the target's randn), HFU what ran. The addmm's cost
+    splits over its two kernels by their raw durations."""
     run = corpus_runs["amd"]
     data = report_data(run)
     flops, phase = data["flops"], data["op_cost"]["phase_flops"]
     gemm = 2 * 5 * 128 * 128
     assert phase["backward"] >= gemm and phase["forward"] >= gemm
     assert flops["flops"] == sum(phase.values())
-    assert flops["model_flops"] == 3 * phase["forward"]
+    noise = 2 * 5 * 128  # two normal_ over 5x128, a FLOP an element
+    assert data["op_cost"]["no_grad_flops"] == noise
+    model = 3 * (phase["forward"] - noise) + noise
+    assert flops["model_flops"] == model
     raw = raw_events("amd")
     step_s = sum(e["dur"] for e in held_steps(raw)) / 1e6
     spec = spec_of_devices(run.manifest()["devices"])
     assert spec is not None and flops["device"] == spec.name
-    assert flops["mfu"] == pytest.approx(3 * phase["forward"] / step_s / spec.peak_for("fp32"),
-                                         rel=1e-6)
+    assert flops["mfu"] == pytest.approx(model / step_s / spec.peak_for("fp32"), rel=1e-6)
     assert flops["hfu"] == pytest.approx(flops["flops"] / step_s / spec.peak_for("fp32"),
                                          rel=1e-6)
     labels = [c["label"] for c in data["cards"]]
@@ -117,6 +120,29 @@ def test_mfu_hfu_and_kernel_roofline_of_the_mi250_step(corpus_runs: dict[str, Ru
     costs = op_costs(run, [0], top=100).to_dict()
     on_device = sum(o["flops"] * o["count"] for o in costs["ops"] if o["time_ns"] > 0)
     assert sum(k["flops"] for k in costs["kernels"]) == pytest.approx(on_device)
+
+
+def test_an_evaluation_inside_the_steps_counts_once_in_model_flops(tmp_path: Path) -> None:
+    """tests/data/eval_every2.py: 12 Adam steps of an MLP (128 -> 128 -> 10, batch 32), a
+    no_grad evaluation forward after every second. Autograd made no node for the
+    evaluation's ops (no fwdbwd flow starts in them), so model FLOPs count them once and the
+    training forward's 3 times: 3x every forward FLOP had counted the 6 evaluations 3 times
+    (a Trainer's eval_steps inside the window put its model FLOP/s 40% high)."""
+    trace = tmp_path / "eval_every2.json"
+    trace.write_bytes(gzip.decompress(
+        (Path(__file__).parent / "data" / "eval_every2_cpu.pt.trace.json.gz").read_bytes()))
+    run = import_traces([trace], tmp_path / "e.run", ImportOptions(), ["t"])
+    # an evaluation: linear 32x128 @ 128x128, relu, linear 32x128 @ 128x10, argmax over 10
+    evaluation = 2 * 32 * 128 * 128 + 32 * 128 + 2 * 32 * 128 * 10 + 32 * 10
+    costs = op_costs(run, [0])
+    assert costs.no_grad_flops == 6 * evaluation
+    data = report_data(run)
+    forward = data["op_cost"]["phase_flops"]["forward"]
+    assert forward > 6 * evaluation  # the training forwards too
+    assert data["flops"]["model_flops"] == 3 * (forward - 6 * evaluation) + 6 * evaluation
+    (card,) = [c for c in data["cards"] if c["label"] == "model FLOP/s (per rank)"]
+    share = 6 * evaluation / forward
+    assert f"(an evaluation's: {100 * share:.1f}% of the forward's)" in card["detail"]
 
 
 def test_samples_per_second_from_the_first_op(corpus_runs: dict[str, Run]) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import launching_ops
@@ -31,6 +32,7 @@ from perfswarm.analyze.frame import (
     DEVICE_OPS,
     I64,
     Events,
+    Mask,
     detail_of,
     group_rows,
     lane_key,
@@ -54,6 +56,7 @@ from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.store import Run
 
 TOP: Final = 25
+FORWARD_BACKWARD: Final = "fwdbwd"  # the profiler's flows from a forward op to its autograd node
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class OpCosts:
     fusion: tuple[FusionCandidate, ...]  # largest saving first
     phase_flops: dict[str, float]  # FLOPs of every counted op (not only `ops`), by pass
     kernels: tuple[KernelStat, ...] = ()  # GPU runs: largest total time first
+    no_grad_flops: float = 0.0  # of phase_flops' forward, those autograd made no node for
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "ops": [o.to_dict() for o in self.ops],
@@ -131,6 +135,7 @@ class OpCosts:
                 "coverage": self.modelled_ns / self.op_ns if self.op_ns else 0.0,
                 "fusion": [f.to_dict() for f in self.fusion],
                 "flops": sum(self.phase_flops.values()), "phase_flops": self.phase_flops,
+                "no_grad_flops": self.no_grad_flops,
                 "kernels": [k.to_dict() for k in self.kernels]}
 
 
@@ -185,6 +190,7 @@ class _RankOps:
     sequence: list[OpCost]  # the first iteration's costed ops on its first thread, in order
     shapes: list[Shapes]    # their recorded shapes
     phase_flops: list[float]  # FLOPs of the counted ops by pass (analyze.phases.PHASES)
+    no_grad_flops: float  # of the forward's, those of ops autograd made no node for
     # (kernel, launching op, its shapes) -> (cost, the kernels' summed share of the op's
     # device time, their time, their count)
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]]
@@ -272,10 +278,45 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         first = int(at[np.argmin(ev.ts[at])])
         same = at[(ev.step[at] == ev.step[first]) & (ev.tid[at] == ev.tid[first])]
         rows = same[np.argsort(ev.ts[same], kind="stable")].tolist()
-    phase_flops = np.bincount(phases(ev, at), weights=[costs[r].flops for r in counted],
-                              minlength=len(PHASES)).tolist() if counted else [0.0] * len(PHASES)
+    flops = np.asarray([costs[r].flops for r in counted], np.float64)
+    phase = phases(ev, at)
+    phase_flops = np.bincount(phase, weights=flops, minlength=len(PHASES)).tolist()
+    forward = phase == PHASES.index("forward")
+    no_grad = float(flops[forward][_no_grad(run, ev, rank, at[forward])].sum())
     return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0,
-                    [costs[r] for r in rows], [shapes[r] for r in rows], phase_flops, kernels)
+                    [costs[r] for r in rows], [shapes[r] for r in rows], phase_flops,
+                    no_grad, kernels)
+
+
+def _no_grad(run: Run, ev: Events, rank: int, rows: I64) -> Mask:
+    """Which of the forward ops at `rows` autograd made no node for, in them or around
+    them (a no-grad evaluation inside a training step: Trainer's eval_steps, a validation
+    pass; no backward follows them), where the trace links forward ops to their backward at
+    all: the profiler's fwdbwd flows start at the op that made a node (aten::addmm inside
+    aten::linear); without any, none."""
+    out = np.zeros(len(rows), bool)
+    flows = run.table("flows", ["cat", "phase", "tid", "ts"], rank=rank)
+    links = pc.and_(pc.equal(flows.column("cat").cast(pa.string()), FORWARD_BACKWARD),
+                    pc.equal(flows.column("phase").cast(pa.string()), "s"))
+    flows = flows.filter(links)
+    if not len(rows) or not flows.num_rows:
+        return out
+    flow_tid = np.asarray(flows.column("tid").to_numpy(), np.int64)
+    flow_ts = np.asarray(flows.column("ts").to_numpy(), np.int64)
+    cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
+    for tid in np.unique(ev.tid[rows]).tolist():
+        mine = ev.tid[rows] == tid
+        ops = cpu_ops[ev.tid[cpu_ops] == tid]
+        made = ops[np.isin(ev.ts[ops], flow_ts[flow_tid == tid])]  # ops that made a node
+        order = np.argsort(ev.ts[made], kind="stable")
+        start, reach = ev.ts[made][order], np.maximum.accumulate(ev.end[made][order])
+        # an op overlaps one that made a node (ops on a thread nest): one starts by its end
+        # and reaches its start
+        before = np.searchsorted(start, ev.end[rows[mine]], side="right")
+        linked = (before > 0) & (reach[np.maximum(before - 1, 0)] >= ev.ts[rows[mine]]) \
+            if len(made) else np.zeros(int(mine.sum()), bool)
+        out[mine] = ~linked
+    return out
 
 
 def _launches(ev: Events, external_id: I64, device: I64, owner: dict[int, int]
@@ -406,4 +447,5 @@ def op_costs(run: Run, ranks: Sequence[int], top: int = TOP) -> OpCosts:
                    for i, phase in enumerate(PHASES)}
     return OpCosts(spec.name if spec else None, tuple(stats[:top]), modelled,
                    max(sum(p.op_ns for p in parts), modelled), tuple(fusion[:10]),
-                   phase_flops, tuple(_kernel_stats(parts, spec)[:top]))
+                   phase_flops, tuple(_kernel_stats(parts, spec)[:top]),
+                   sum(p.no_grad_flops for p in parts))

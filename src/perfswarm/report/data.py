@@ -210,6 +210,10 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
     if flops is not None:
         model = ("3x the forward's FLOPs (a backward ran)" if flops["phase_flops"]["backward"]
                  else "the forward's FLOPs (no backward ran)")
+        if flops["phase_flops"]["backward"] and flops["no_grad_flops"]:
+            share = pct(flops["no_grad_flops"] / flops["phase_flops"]["forward"])
+            model += (", once those of the forward ops autograd made no node for (an "
+                      f"evaluation's: {share} of the forward's)")
         # FLOPs are those of the ops with a cost model (not an int8 quantized linear's)
         model += f"; of the ops with a cost model, {pct(flops['coverage'])} of op time"
         if flops["profiler_slowdown"] > 1.0:

@@ -106,12 +106,16 @@ def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]]
     (PaLM's MFU and HFU): a step's FLOPs (those of the profiled `steps` over their count)
     over it. Hardware FLOPs are those of every costed op that ran (forward, backward with any
     recomputation, optimizer); model FLOPs are the forward's, times 3 when a backward ran
-    (its two products per forward product: the input's and the weight's gradient). On a GPU
-    with a spec, each against its peak for the ops' dtype. (Over the profiled steps' sum, a
-    slow first step had put a loop's rate 23% under its own step time's.)"""
+    (its two products per forward product: the input's and the weight's gradient), but once
+    for the forward ops autograd made no node for (a no-grad evaluation inside the steps:
+    no backward follows them). On a GPU with a spec, each against its peak for the ops'
+    dtype. (Over the profiled steps' sum, a slow first step had put a loop's rate 23% under
+    its own step time's.)"""
     phase = op_cost["phase_flops"]
     hardware = float(op_cost["flops"])
-    model = phase["forward"] * (3 if phase["backward"] else 1)
+    no_grad = float(op_cost["no_grad_flops"])
+    model = (3 * (phase["forward"] - no_grad) + no_grad) if phase["backward"] \
+        else phase["forward"]
     if not hardware or step_ns <= 0 or steps <= 0:
         return None
     seconds = step_ns * steps / 1e9
@@ -121,6 +125,7 @@ def model_flops(op_cost: Mapping[str, Any], devices: Sequence[Mapping[str, Any]]
     peak = spec.peak_for(dtype) if spec is not None else None
     hfu_rate, mfu_rate = hardware / ranks / seconds, model / ranks / seconds
     return {"flops": hardware, "model_flops": model, "phase_flops": dict(phase),
+            "no_grad_flops": no_grad,
             "flops_per_s": hfu_rate, "model_flops_per_s": mfu_rate, "dtype": dtype,
             "peak_flops_per_s": peak, "hfu": hfu_rate / peak if peak else None,
             "mfu": mfu_rate / peak if peak else None,

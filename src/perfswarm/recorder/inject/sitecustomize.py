@@ -50,7 +50,7 @@ import resource
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -806,12 +806,29 @@ def _in_jit_trace() -> bool:
 def _watch_forward(window: _Window, module: ModuleType) -> None:
     """Each forward of a top-level module (called from no other module's forward) starts a
     step. Global module hooks slow every module call a little: they go when a better driver
-    (an optimizer built, a backward seen) takes over."""
+    (an optimizer built, a backward seen) takes over. A forward-driven step's input is the
+    top-level call's first tensor: a positional one (the pre-hook's), else the first keyword
+    one (a Hugging Face model's `model(input_ids=...)`, generate()'s calls): torch passes a
+    global hook the keywords only after the forward, and only a torch that has with_kwargs
+    for global hooks."""
     depth = 0
     started = -1  # the hook index of the forward under way that began a step
+    unseen = False  # that forward took no positional tensor: its keywords are read after it
+
+    def note(at: int, values: Iterable[Any]) -> bool:
+        """Notes the step's batch and input elements of the first tensor in `values`."""
+        shape = next((s for v in values if (s := getattr(v, "shape", None)) is not None), None)
+        if not shape or not isinstance(shape[0], int):
+            return False
+        window.batches[at] = shape[0]
+        elements = 1
+        for n in shape:
+            elements *= n if isinstance(n, int) else 1
+        window.inputs[at] = elements
+        return True
 
     def before(module: Any, args: Any) -> None:
-        nonlocal depth, started
+        nonlocal depth, started, unseen
         depth += 1
         # a loss, a quantization observer (quantize_dynamic runs one on each weight before
         # the loop), or torch.jit.trace's runs of the model before the loop make no step
@@ -821,25 +838,26 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
             if window.driver != "forward" or not window.hook_ns or os.getpid() != window.pid:
                 return
             started = len(window.hook_ns) - 1 if counted else -1
-            shape = getattr(args[0], "shape", None) if args else None
-            if shape and isinstance(shape[0], int):
-                window.batches[len(window.hook_ns) - 1] = shape[0]
-                elements = 1
-                for n in shape:
-                    elements *= n if isinstance(n, int) else 1
-                window.inputs[len(window.hook_ns) - 1] = elements
+            unseen = not note(len(window.hook_ns) - 1, args)
 
-    def after(*_: Any) -> None:
+    def after(module: Any, args: Any, *rest: Any) -> None:
+        # rest: (kwargs, output), or (output,) where the forward raised or torch's global
+        # hooks take no keywords
         nonlocal depth, started
         depth = max(0, depth - 1)
         if depth == 0 and started >= 0:
             if window.driver == "forward" and started < len(window.hook_ns):
                 window.forward_ns[started] = time.time_ns() - window.hook_ns[started]
+                if unseen and len(rest) == 2:
+                    note(started, rest[0].values())
             started = -1
 
-    window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before),
-                             vars(module)["register_module_forward_hook"](after,
-                                                                          always_call=True)]
+    register = vars(module)["register_module_forward_hook"]
+    try:
+        post = register(after, with_kwargs=True, always_call=True)
+    except TypeError:  # a torch whose global hooks take no keywords: positional inputs only
+        post = register(after, always_call=True)
+    window.forward_hooks += [vars(module)["register_module_forward_pre_hook"](before), post]
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
