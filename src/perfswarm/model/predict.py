@@ -69,9 +69,11 @@ from perfswarm.model.opcost import (
     PAGE_BYTES,
     OpCost,
     Shapes,
+    as_cpu_conv,
     attention_q,
     batch_scaled,
     column_major,
+    cpu_conv_at,
     data_cost,
     heads_follow,
     joined_shapes,
@@ -548,21 +550,40 @@ class _Transform:
     factor: float  # batch ratio
     dims: Mapping[int, int]
     fixed: set[tuple[int, ...]]
+    threads: int | None = None  # the Run's intra-op threads (CPU), where it recorded them
 
     def costs(self, name: str, shapes: Shapes) -> tuple[OpCost, OpCost, Shapes] | None:
-        marks = [self.is_parameter(shapes, i) for i in range(len(shapes.dims))]
+        """An op's cost at its recorded shapes and at the new ones, and the new shapes: as the
+        op ATen runs there, where that is another (a CPU convolution's backend, `cpu_conv_at`:
+        a 1x1 one's per-sample GEMMs at batch 8 on one thread are oneDNN's at 16)."""
+        marks = self.marks(shapes)
         old = data_cost(name, shapes, marks)
         if old is None:
             return None
-        new_shapes = (heads_follow(name, shapes, shapes.substitute(self.dims), self.dims)
-                      if self.dims else shapes)
-        new = data_cost(name, new_shapes, marks) if self.dims else old
+        new_shapes, scaled = self.resized(name, shapes, marks)
+        runs = (cpu_conv_at(name, shapes, scaled, self.threads) if self.threads is not None
+                else None)
+        if runs is not None:
+            marks = self.marks(as_cpu_conv(name, shapes, runs))
+            new_shapes, scaled = (as_cpu_conv(name, s, runs) for s in (new_shapes, scaled))
+            name = runs
+        new = data_cost(name, new_shapes, marks) if self.dims or runs else old
         if new is None:
             return None
-        scaled = batch_scaled(name, new_shapes, marks, self.factor)
         # the layout at the new batch: MHA's rows lie B x E apart
         return (old, replace(scale_batch(new, self.factor),
                              row_spread=row_spread(name, scaled)), scaled)
+
+    def marks(self, shapes: Shapes) -> list[bool]:
+        """Which of an op's inputs are parameters (`is_parameter`)."""
+        return [self.is_parameter(shapes, i) for i in range(len(shapes.dims))]
+
+    def resized(self, name: str, shapes: Shapes, marks: Sequence[bool]
+                ) -> tuple[Shapes, Shapes]:
+        """An op's shapes at the new dimensions, and at those and the new batch."""
+        new = (heads_follow(name, shapes, shapes.substitute(self.dims), self.dims)
+               if self.dims else shapes)
+        return new, batch_scaled(name, new, marks, self.factor)
 
     def is_parameter(self, shapes: Shapes, i: int) -> bool:
         """A parameter's shape, a transposed view of one (nn.Linear's weight in its addmm:
@@ -573,6 +594,16 @@ class _Transform:
         return (d in self.fixed or (len(d) == 2 and (d[1], d[0]) in self.fixed
                                     and column_major(shapes.dims, shapes.strides, i))
                 or any(x == 1 and d[:j] + d[j + 1:] in self.fixed for j, x in enumerate(d)))
+
+
+def recorded_threads(run: Run) -> int | None:
+    """The intra-op threads the Run's processes ran with (torch.get_num_threads() as the
+    recorder's window opened), where it recorded one count for all; None otherwise (a trace
+    imported, not recorded)."""
+    seen = run.manifest().get("extra", {}).get("record", {}).get("threads")
+    counts = {t for t in seen if isinstance(t, int) and not isinstance(t, bool)} \
+        if isinstance(seen, list) else set()
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
@@ -735,6 +766,8 @@ def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
         name, shapes = m.ev.name_of(rows[0]), key[1]
         found = costs(name, shapes) if shapes is not None else None
         out_old[key] = output_bytes(name, shapes) if shapes is not None else 0.0
+        if found is not None and found[1].op != found[0].op:  # another op there (cpu_conv_at)
+            name = f"aten::{found[1].op}"
         out_new[key] = output_bytes(name, found[2]) if found is not None else out_old[key]
     allocating = _allocating(m, keyed, out_old)
 
@@ -941,8 +974,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     if heads := _heads_following(m, dims):
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
-    counts = _scale_kernels(m, _Transform(factor, dims, fixed), scaler,
-                            unmodelled, dur, steady)
+    transform = _Transform(factor, dims, fixed, recorded_threads(run))
+    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady)
     if batch is not None:
         assert per_sample is not None
         counts["per_sample"] = _per_sample(m, per_sample, batch[0], factor, dur, gap)
