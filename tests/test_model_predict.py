@@ -1036,27 +1036,29 @@ def test_a_convolution_priced_as_the_backend_torch_runs_at_the_new_batch(
 def test_an_autograd_nodes_release_of_memory_grows_with_its_tensors(tmp_path: Path) -> None:
     """A max-pool node's 300 us after its last op (its freed tensors' pages handed back: the
     U-Net's 0.56 ms a step) beyond the run's least such tail (a ReLU node's 5 us) doubles with
-    the largest tensor under it, [4, 8, 16, 16] -> [8, 8, 16, 16] at twice the batch: 5 + 2 x
-    295 us; the ReLU node's stays. Its ops keep their time (the pool: no model for it in this
-    profile; threshold_backward: a constant one)."""
+    the largest tensor under it, [16, 32, 16, 16] (512 KiB) -> [32, 32, 16, 16] at twice the
+    batch: 5 + 2 x 295 us. An add node's 50 us on [16, 64] (4 KiB: glibc's heap, no page
+    handed back by its free) stay, as the ReLU node's. Their ops keep their time (the pool: no
+    model for it in this profile; the others: a constant one)."""
     pool = "autograd::engine::evaluate_function: MaxPool2DWithIndicesBackward0"
     events = []
     for i in range(3):
         t = 1000 * i
         events += [_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
                    _op(pool, t + 100, 400),
-                   _op("MaxPool2DWithIndicesBackward0", t + 105, 95, [[4, 8, 8, 8]]),
+                   _op("MaxPool2DWithIndicesBackward0", t + 105, 95, [[16, 32, 8, 8]]),
                    _op("aten::max_pool2d_with_indices_backward", t + 110, 80,
-                       [[4, 8, 8, 8], [4, 8, 16, 16], [], [], [], [], [], [4, 8, 8, 8]]),
+                       [[16, 32, 8, 8], [16, 32, 16, 16], [], [], [], [], [], [16, 32, 8, 8]]),
                    _op("autograd::engine::evaluate_function: ReluBackward0", t + 600, 50),
-                   _op("aten::threshold_backward", t + 605, 40,
-                       [[4, 8, 16, 16], [4, 8, 16, 16], []])]
+                   _op("aten::threshold_backward", t + 605, 40, [[16, 64], [16, 64], []]),
+                   _op("autograd::engine::evaluate_function: AddBackward0", t + 700, 100),
+                   _op("aten::add", t + 705, 45, [[16, 64], [16, 64], []])]
     trace = tmp_path / "trace.json"
     trace.write_bytes(orjson.dumps({"traceEvents": events}))
     run = import_traces([trace], tmp_path / "pool.run", ImportOptions(),
-                        ["python", "train.py", "--batch-size", "4"])
+                        ["python", "train.py", "--batch-size", "16"])
     same = predict(run, profile=PROFILE)
-    doubled = predict(run, Change(batch_size=8), profile=PROFILE)
+    doubled = predict(run, Change(batch_size=32), profile=PROFILE)
     assert same.predicted_steady_ns == 1000 * US
     assert doubled.predicted_steady_ns == (1000 + 295) * US
     assert doubled.kernels["release"] == 3
