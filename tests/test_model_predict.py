@@ -29,7 +29,9 @@ from perfswarm.model.predict import (
     held_first_touch,
     is_batch_flag,
     load_model,
+    parameter_shapes,
     predict,
+    recorded_threads,
 )
 from perfswarm.model.profile import FamilyModel, Profile, vector_lanes
 from perfswarm.model.specs import load_spec
@@ -954,3 +956,109 @@ def test_batch_flags() -> None:
     assert not is_batch_flag("--batches")
     assert batch_flag(["train.py", "--batch", "12"]) == 12
     assert batch_flag(["train.py", "--batch=24", "--lr", "3"]) == 24
+
+
+
+def _pointwise_conv_run(tmp_path: Path, batch: int, threads: list[int]) -> Run:
+    """tests/data/pointwise_conv.py's trace at `batch`, its manifest holding the intra-op
+    `threads` of its process as the recorder notes them (none: an imported trace's)."""
+    trace = Path(__file__).parent / "data" / f"pointwise_conv_b{batch}_cpu.pt.trace.json.gz"
+    path = tmp_path / f"b{batch}-{threads}.run"
+    if path.exists():
+        return Run(path)
+    run = import_traces([trace], path, ImportOptions(), ["python", "pointwise_conv.py",
+                                                          str(batch)])
+    if threads:
+        manifest = run.manifest()
+        manifest["extra"] = {"record": {"threads": threads}}
+        run.write_manifest(manifest)
+    return run
+
+
+def _convolutions(run: Run) -> list[tuple[str, Shapes]]:
+    """The convolution ops of a Run that do the work (`_compute_nodes`), with their shapes."""
+    m = load_model(run)
+    rows = sorted({int(r) for r in m.graph.row[m.compute] if "conv" in m.ev.name_of(int(r))})
+    return [(m.ev.name_of(r), s) for r, s in zip(rows, m.shapes(rows), strict=True)
+            if s is not None]
+
+
+def _as_traced(name: str, shapes: Shapes) -> tuple[str, tuple[tuple[int, ...], ...], str]:
+    """An op as a test compares it: its name, tensors' dims, and stride and padding."""
+    stride = 4  # every CPU convolution op's, ATen's and oneDNN's, forward and backward
+    padding = 3 if name == "aten::mkldnn_convolution" else 5
+    return name, shapes.dims[:3], shapes.concrete[stride] + shapes.concrete[padding]
+
+
+def test_a_convolution_priced_as_the_backend_torch_runs_at_the_new_batch(
+        tmp_path: Path) -> None:
+    """pointwise_conv.py on one thread: its 1x1 convolutions (one 2-D, one 1-D) run in ATen's
+    own code at batch 8 (_slow_conv2d_forward and _backward) and on oneDNN at 16
+    (mkldnn_convolution, convolution_backward), its 3x3 one on oneDNN at both. Predicting
+    either batch from the other prices every convolution as the op, at the shapes, that the
+    other batch's trace recorded; with two threads recorded (oneDNN would have run them at
+    batch 8) or none, each stays its recorded op. The 2-D 1x1 one's forward at batch 16 is
+    priced by the convolution family (its 4,194,304 FLOPs at 1e-11 s each), at batch 8 as
+    ATen's 8 per-sample GEMMs [32, 16] x [16, 256] (2 us each and 1e-10 s a FLOP): its 100 us
+    at batch 8 are 100 x 41.94304 / (8 x 28.2144) = 18.582 us at 16."""
+    conv = FamilyModel((0.0, 0.0, 1e-11))
+    profile = Profile("cpu", 1, {"conv": conv, "conv_backward": conv,
+                                 "gemm": FamilyModel((2e-6, 0.0, 1e-10))}, {})
+    traced = {batch: {_as_traced(*op) for op in _convolutions(
+        _pointwise_conv_run(tmp_path, batch, []))} for batch in (8, 16)}
+    assert {op for op, *_ in traced[8]} == {
+        "aten::mkldnn_convolution", "aten::convolution_backward", "aten::_slow_conv2d_forward",
+        "aten::_slow_conv2d_backward"}
+    assert {op for op, *_ in traced[16]} == {"aten::mkldnn_convolution",
+                                             "aten::convolution_backward"}
+    for batch, other in ((8, 16), (16, 8)):
+        for threads in ([1], [2], []):
+            run = _pointwise_conv_run(tmp_path, batch, threads)
+            transform = _Transform(other / batch, {}, parameter_shapes(load_model(run)),
+                                   recorded_threads(run))
+            priced = {_as_traced(f"aten::{found[1].op}", found[2])
+                      for name, shapes in _convolutions(run)
+                      if (found := transform.costs(name, shapes)) is not None}
+            if threads == [1]:
+                assert priced == traced[other]
+            else:
+                assert {op for op, *_ in priced} == {op for op, *_ in traced[batch]}
+    run = _pointwise_conv_run(tmp_path, 8, [1])
+    shapes = next(s for name, s in _convolutions(run) if name == "aten::_slow_conv2d_forward"
+                  and s.dims[0] == (8, 16, 16, 16))
+    transform = _Transform(2.0, {}, parameter_shapes(load_model(run)), 1)
+    found = transform.costs("aten::_slow_conv2d_forward", shapes)
+    assert found is not None and found[1].op == "mkldnn_convolution"
+    assert ProfileScaler(profile).scaled(100_000, found[0], found[1], shapes.dims,
+                                         found[2].dims) == 18_582
+
+
+def test_an_autograd_nodes_release_of_memory_grows_with_its_tensors(tmp_path: Path) -> None:
+    """A max-pool node's 300 us after its last op (its freed tensors' pages handed back: the
+    U-Net's 0.56 ms a step) beyond the run's least such tail (a ReLU node's 5 us) doubles with
+    the largest tensor under it, [16, 32, 16, 16] (512 KiB) -> [32, 32, 16, 16] at twice the
+    batch: 5 + 2 x 295 us. An add node's 50 us on [16, 64] (4 KiB: glibc's heap, no page
+    handed back by its free) stay, as the ReLU node's. Their ops keep their time (the pool: no
+    model for it in this profile; the others: a constant one)."""
+    pool = "autograd::engine::evaluate_function: MaxPool2DWithIndicesBackward0"
+    events = []
+    for i in range(3):
+        t = 1000 * i
+        events += [_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
+                   _op(pool, t + 100, 400),
+                   _op("MaxPool2DWithIndicesBackward0", t + 105, 95, [[16, 32, 8, 8]]),
+                   _op("aten::max_pool2d_with_indices_backward", t + 110, 80,
+                       [[16, 32, 8, 8], [16, 32, 16, 16], [], [], [], [], [], [16, 32, 8, 8]]),
+                   _op("autograd::engine::evaluate_function: ReluBackward0", t + 600, 50),
+                   _op("aten::threshold_backward", t + 605, 40, [[16, 64], [16, 64], []]),
+                   _op("autograd::engine::evaluate_function: AddBackward0", t + 700, 100),
+                   _op("aten::add", t + 705, 45, [[16, 64], [16, 64], []])]
+    trace = tmp_path / "trace.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "pool.run", ImportOptions(),
+                        ["python", "train.py", "--batch-size", "16"])
+    same = predict(run, profile=PROFILE)
+    doubled = predict(run, Change(batch_size=32), profile=PROFILE)
+    assert same.predicted_steady_ns == 1000 * US
+    assert doubled.predicted_steady_ns == (1000 + 295) * US
+    assert doubled.kernels["release"] == 3

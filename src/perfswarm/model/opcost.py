@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 import orjson
@@ -223,11 +223,13 @@ def _gemm(op: str, dims: Dims) -> tuple[float, float] | None:
 
 
 # where a convolution op's stride, padding and dilation stand among its inputs (Kineto's
-# "Concrete Inputs", recorded with the shapes since torch 2.1)
-_CONV_GEOMETRY: Final = {**dict.fromkeys(("convolution", "_convolution", "conv1d", "conv2d",
-                                          "conv3d"), (3, 4, 5)),
-                         "mkldnn_convolution": (4, 3, 5), "cudnn_convolution": (3, 2, 4),
-                         "miopen_convolution": (4, 3, 5)}
+# "Concrete Inputs", recorded with the shapes since torch 2.1); None: it takes none (ATen's own
+# 2-D convolution runs undilated ones only)
+_CONV_GEOMETRY: Final[dict[str, tuple[int, int, int | None]]] = {
+    **dict.fromkeys(("convolution", "_convolution", "conv1d", "conv2d", "conv3d"), (3, 4, 5)),
+    "mkldnn_convolution": (4, 3, 5), "cudnn_convolution": (3, 2, 4),
+    "miopen_convolution": (4, 3, 5), "_slow_conv2d_forward": (4, 5, None),
+    "convolution_backward": (4, 5, 6), "_slow_conv2d_backward": (4, 5, None)}
 
 
 def _int_list(text: str, rank: int) -> tuple[int, ...] | None:
@@ -244,6 +246,12 @@ def _int_list(text: str, rank: int) -> tuple[int, ...] | None:
     return tuple(values) if len(values) == rank else None
 
 
+def _geometry(where: tuple[int, int, int | None], concrete: Sequence[str], rank: int
+              ) -> tuple[tuple[int, ...] | None, ...]:
+    """(stride, padding, dilation) of a convolution recorded with them at `where`."""
+    return tuple(_int_list(concrete[i] if i is not None else "[1]", rank) for i in where)
+
+
 def conv_output(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[int, ...]:
     """A convolution's output size per spatial dimension: from its recorded stride, padding and
     dilation where the trace holds them, else the input's ('same' padding, stride 1; also for
@@ -253,8 +261,8 @@ def conv_output(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[int, ...]
     where = _CONV_GEOMETRY.get(op)
     transposed = op in ("convolution", "_convolution") and len(concrete) > 6 and \
         concrete[6] != "False"
-    if where is not None and len(concrete) > max(where) and not transposed:
-        stride, pad, dilation = (_int_list(concrete[i], len(spatial)) for i in where)
+    if where is not None and len(concrete) > max(i or 0 for i in where) and not transposed:
+        stride, pad, dilation = _geometry(where, concrete, len(spatial))
         if (stride is not None and pad is not None and dilation is not None
                 and min(stride) > 0 and min(dilation) > 0):
             return tuple(max(1, (n + 2 * p - d * (k - 1) - 1) // s + 1) for n, k, s, p, d
@@ -825,6 +833,119 @@ def slow_conv_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] 
         columns = ((unfolded, spatial), (unfolded, spatial))
         parts.append((batch, op_cost("copy_", columns, ("float", "float")), columns))
     return [(n, c, d) for n, c, d in parts if c is not None]
+
+
+# ATen's CPU convolution ops (the innermost, which a trace times), forward and backward, by
+# backend: oneDNN's (its backward runs inside convolution_backward itself) or ATen's own
+# per-sample GEMMs; each with its count of inputs and where it takes a bias or a kernel size
+_CPU_CONVS: Final = {"aten::mkldnn_convolution": ("conv", True, 7, 2),
+                     "aten::convolution_backward": ("conv_backward", True, 11, None),
+                     "aten::_slow_conv2d_forward": ("conv", False, 6, 3),
+                     "aten::_slow_conv2d_backward": ("conv_backward", False, 7, None)}
+_KERNEL_SIZE: Final = {"aten::_slow_conv2d_forward": 2, "aten::_slow_conv2d_backward": 3}
+_SMALL_INPUT: Final = 20480  # use_mkldnn: a batch of one of at most this many elements is ATen's
+
+
+class _CpuConv(NamedTuple):
+    """One of ATen's CPU convolution ops (`_CPU_CONVS`) as ATen selects its backend: 2-D (a
+    1-D one viewed as [N, C, 1, L], as view1d_as_2d does)."""
+
+    family: str
+    onednn: bool
+    tensors: tuple[tuple[tuple[int, ...], str], ...]  # input, weight, bias; output grad first
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+def _as_2d(d: tuple[int, ...]) -> tuple[int, ...]:
+    return (*d[:2], 1, d[2]) if len(d) == 3 else d
+
+
+def _cpu_conv(name: str, shapes: Shapes) -> _CpuConv | None:
+    """`_CpuConv` of an op at its recorded shapes; None for other ops, a dtype other than
+    float, or shapes or geometry not recorded."""
+    found = _CPU_CONVS.get(name)
+    if found is None:
+        return None
+    family, onednn, _, bias = found
+    dims, types = shapes.dims, shapes.types
+    where = _CONV_GEOMETRY[name.removeprefix("aten::")]
+    first = family == "conv_backward"
+    if (len(shapes.concrete) != len(dims) or len(dims) <= max(i or 0 for i in where)
+            or types[:2 + first] != ("float",) * (2 + first)
+            or len({len(d) for d in dims[:2 + first]}) != 1 or len(dims[0]) not in (3, 4)):
+        return None
+    stride, pad, dilation = _geometry(where, shapes.concrete, len(dims[0]) - 2)
+    if stride is None or pad is None or dilation is None:
+        return None
+    tensors = [(_as_2d(d), t) for d, t in zip(dims[:2 + first], types, strict=False)]
+    if bias is not None:
+        tensors.append((dims[bias], types[bias]))
+    if len(dims[0]) == 3:
+        stride, pad, dilation = (1, *stride), (0, *pad), (1, *dilation)
+    return _CpuConv(family, onednn, tuple(tensors), stride, pad, dilation)
+
+
+def _uses_mkldnn(conv: _CpuConv, threads: int) -> bool:
+    """ATen's `use_mkldnn` for a float, untransposed 2-D convolution on `threads` intra-op
+    threads (aten/src/ATen/native/Convolution.cpp): a 1x1, unstrided, undilated one at a batch
+    under 16 on one thread, and a batch of one of a small input (groups 1, kernels up to 3),
+    run ATen's own code (seen so on torch 2.13 under the profiler)."""
+    first = conv.family == "conv_backward"
+    x, w = conv.tensors[first][0], conv.tensors[1 + first][0]
+    groups = x[1] // max(w[1], 1)
+    return ((max(conv.stride) > 1 or max(conv.dilation) > 1 or x[0] >= 16 or w[2:] != (1, 1)
+             or threads > 1)
+            and (groups > 1 or min(w[2:]) > 3 or x[0] > 1 or math.prod(x) > _SMALL_INPUT))
+
+
+def cpu_conv_at(name: str, recorded: Shapes, target: Shapes, threads: int) -> str | None:
+    """The op ATen runs a CPU convolution as at `target` (its shapes at a new configuration)
+    where it is the other backend's (`_CPU_CONVS`) than `name`, its op at `recorded`: a 1x1
+    convolution recorded at batch 8 on one thread (_slow_conv2d_forward) runs on oneDNN at
+    batch 16 (mkldnn_convolution), and back. None where the backend stays, where the rule does
+    not explain the recorded op (oneDNN turned off; a transposed convolution's backward, which
+    convolution_backward runs for both backends), or for a dilated convolution leaving oneDNN
+    (ATen runs it as another op)."""
+    before, after = _cpu_conv(name, recorded), _cpu_conv(name, target)
+    if before is None or after is None:
+        return None
+    grad, x, w = ((d for d, _ in after.tensors) if after.family == "conv_backward"
+                  else ((), after.tensors[0][0], after.tensors[1][0]))
+    if (_uses_mkldnn(before, threads) != before.onednn
+            or _uses_mkldnn(after, threads) == before.onednn
+            or x[1] % max(w[1], 1) or (grad and grad[1] != w[0])
+            or (before.onednn and max(after.dilation) > 1)):
+        return None
+    return next(op for op, (family, onednn, *_) in _CPU_CONVS.items()
+                if family == before.family and onednn != before.onednn)
+
+
+def as_cpu_conv(name: str, shapes: Shapes, op: str) -> Shapes:
+    """A CPU convolution's recorded inputs (op `name` of `_CPU_CONVS`) as the other backend's
+    op `op` takes them, as a trace records that op: its tensors (input, weight and bias; a
+    backward's output gradient, input and weight), 4-d but for convolution_backward's of a
+    1-D one (taken to be one where the input and the kernel are one high), and its stride,
+    padding, dilation and kernel size in their places. `shapes` as `cpu_conv_at` read them."""
+    conv = _cpu_conv(name, shapes)
+    assert conv is not None, name
+    _, _, size, bias = _CPU_CONVS[op]
+    dims: list[tuple[int, ...]] = [()] * size
+    types, concrete = ["Scalar"] * size, [""] * size
+    places = [0, 1, 2 if bias is None else bias]
+    tensors, geometry = conv.tensors, (conv.stride, conv.padding, conv.dilation)
+    if op == "aten::convolution_backward" and tensors[1][0][2] == tensors[2][0][2] == 1:
+        tensors = tuple((d[:2] + d[3:], t) for d, t in tensors)
+        geometry = (conv.stride[1:], conv.padding[1:], conv.dilation[1:])
+    for i, (d, t) in zip(places, tensors, strict=True):
+        dims[i], types[i] = d, t
+    values = (*geometry, tensors[1 + (bias is None)][0][2:])
+    for at, value in zip((*_CONV_GEOMETRY[op.removeprefix("aten::")], _KERNEL_SIZE.get(op)),
+                         values, strict=True):
+        if at is not None:
+            types[at], concrete[at] = "ScalarList", str(list(value))
+    return Shapes(tuple(dims), tuple(types), (), tuple(concrete))
 
 
 def inner_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:

@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 import statistics
 from collections import Counter
@@ -69,10 +70,13 @@ from perfswarm.model.opcost import (
     PAGE_BYTES,
     OpCost,
     Shapes,
+    as_cpu_conv,
     attention_q,
     batch_scaled,
     column_major,
+    cpu_conv_at,
     data_cost,
+    element_bytes,
     heads_follow,
     joined_shapes,
     lstm_shape,
@@ -548,21 +552,40 @@ class _Transform:
     factor: float  # batch ratio
     dims: Mapping[int, int]
     fixed: set[tuple[int, ...]]
+    threads: int | None = None  # the Run's intra-op threads (CPU), where it recorded them
 
     def costs(self, name: str, shapes: Shapes) -> tuple[OpCost, OpCost, Shapes] | None:
-        marks = [self.is_parameter(shapes, i) for i in range(len(shapes.dims))]
+        """An op's cost at its recorded shapes and at the new ones, and the new shapes: as the
+        op ATen runs there, where that is another (a CPU convolution's backend, `cpu_conv_at`:
+        a 1x1 one's per-sample GEMMs at batch 8 on one thread are oneDNN's at 16)."""
+        marks = self.marks(shapes)
         old = data_cost(name, shapes, marks)
         if old is None:
             return None
-        new_shapes = (heads_follow(name, shapes, shapes.substitute(self.dims), self.dims)
-                      if self.dims else shapes)
-        new = data_cost(name, new_shapes, marks) if self.dims else old
+        new_shapes, scaled = self.resized(name, shapes, marks)
+        runs = (cpu_conv_at(name, shapes, scaled, self.threads) if self.threads is not None
+                else None)
+        if runs is not None:
+            marks = self.marks(as_cpu_conv(name, shapes, runs))
+            new_shapes, scaled = (as_cpu_conv(name, s, runs) for s in (new_shapes, scaled))
+            name = runs
+        new = data_cost(name, new_shapes, marks) if self.dims or runs else old
         if new is None:
             return None
-        scaled = batch_scaled(name, new_shapes, marks, self.factor)
         # the layout at the new batch: MHA's rows lie B x E apart
         return (old, replace(scale_batch(new, self.factor),
                              row_spread=row_spread(name, scaled)), scaled)
+
+    def marks(self, shapes: Shapes) -> list[bool]:
+        """Which of an op's inputs are parameters (`is_parameter`)."""
+        return [self.is_parameter(shapes, i) for i in range(len(shapes.dims))]
+
+    def resized(self, name: str, shapes: Shapes, marks: Sequence[bool]
+                ) -> tuple[Shapes, Shapes]:
+        """An op's shapes at the new dimensions, and at those and the new batch."""
+        new = (heads_follow(name, shapes, shapes.substitute(self.dims), self.dims)
+               if self.dims else shapes)
+        return new, batch_scaled(name, new, marks, self.factor)
 
     def is_parameter(self, shapes: Shapes, i: int) -> bool:
         """A parameter's shape, a transposed view of one (nn.Linear's weight in its addmm:
@@ -573,6 +596,16 @@ class _Transform:
         return (d in self.fixed or (len(d) == 2 and (d[1], d[0]) in self.fixed
                                     and column_major(shapes.dims, shapes.strides, i))
                 or any(x == 1 and d[:j] + d[j + 1:] in self.fixed for j, x in enumerate(d)))
+
+
+def recorded_threads(run: Run) -> int | None:
+    """The intra-op threads the Run's processes ran with (torch.get_num_threads() as the
+    recorder's window opened), where it recorded one count for all; None otherwise (a trace
+    imported, not recorded)."""
+    seen = run.manifest().get("extra", {}).get("record", {}).get("threads")
+    counts = {t for t in seen if isinstance(t, int) and not isinstance(t, bool)} \
+        if isinstance(seen, list) else set()
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
@@ -684,6 +717,56 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     return counts
 
 
+ENGINE_NODE: Final = "autograd::engine::evaluate_function: "  # the engine running a node
+# glibc's default M_MMAP_THRESHOLD: a smaller chunk comes from the heap, and its free hands no
+# page back by itself
+MMAP_THRESHOLD: Final = 128 << 10
+
+
+def _release_tails(m: _Model, t: _Transform, dur: I64) -> int:
+    """Autograd engine nodes' time after their last child, at the new shapes, in place: the
+    memory their function let go of (its saved tensors, the gradients it consumed) handed
+    back to the system, which glibc does by the page (it unmaps a chunk past its mmap
+    threshold, trims its heap's top): a U-Net's max-pool node spent 0.56 ms a step there,
+    1.53 ms at twice the width, and 3 us with malloc's thresholds raised. Beyond the Run's
+    least such tail (what every node spends there), scaled as the largest tensor of the ops
+    under the node, where that is as large as glibc maps by itself (MMAP_THRESHOLD: a GRU's
+    nodes on [8, 48] tensors spend their tails otherwise, scaled they read +13% at four times
+    the batch). Returns how many nodes' tails were scaled."""
+    g, ev = m.graph, m.ev
+    engine = [i for i, n in enumerate(ev.names) if n.startswith(ENGINE_NODE)]
+    rows = np.flatnonzero(np.isin(ev.name, engine))
+    last = g.last_nodes(rows)
+    after = (last >= 0) & (g.ts[np.maximum(last, 0)] > ev.ts[rows])  # a child before it
+    rows, last = rows[after], last[after]
+    if not len(rows):
+        return 0
+    floor = int(dur[last].min())
+    ops = np.flatnonzero(ev.of_kind("cpu_op") & ~np.isin(ev.name, engine))
+    ops = ops[np.argsort(ev.ts[ops], kind="stable")]
+    starts = ev.ts[ops]
+    shapes = dict(zip(ops.tolist(), m.shapes(ops.tolist()), strict=True))
+
+    def size(of: Shapes) -> int:
+        return max((math.prod(d) for d in of.dims if d), default=0) * element_bytes(of)
+
+    @functools.cache
+    def largest(name: str, found: Shapes) -> tuple[int, int]:
+        return size(found), size(t.resized(name, found, t.marks(found))[1])
+
+    scaled = 0
+    for row, node in zip(rows.tolist(), last.tolist(), strict=True):
+        lo, hi = np.searchsorted(starts, [ev.ts[row], ev.end[row]], side="right")
+        sizes = [largest(ev.name_of(r), found) for r in ops[lo:hi].tolist()
+                 if ev.tid[r] == ev.tid[row] and ev.rank[r] == ev.rank[row]
+                 and (found := shapes[r]) is not None]
+        old, new = max((a for a, _ in sizes), default=0), max((b for _, b in sizes), default=0)
+        if old >= MMAP_THRESHOLD and new != old and dur[node] > floor:
+            dur[node] = floor + round((int(dur[node]) - floor) * new / old)
+            scaled += 1
+    return scaled
+
+
 def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
     """Device ops' sizes as their trace gives them, by row: a copy's or a set's bytes, a
     kernel's grid and block (copies of 4 KB and of 100 MB share a name: one mean made the
@@ -735,6 +818,8 @@ def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
         name, shapes = m.ev.name_of(rows[0]), key[1]
         found = costs(name, shapes) if shapes is not None else None
         out_old[key] = output_bytes(name, shapes) if shapes is not None else 0.0
+        if found is not None and found[1].op != found[0].op:  # another op there (cpu_conv_at)
+            name = f"aten::{found[1].op}"
         out_new[key] = output_bytes(name, found[2]) if found is not None else out_old[key]
     allocating = _allocating(m, keyed, out_old)
 
@@ -941,8 +1026,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     if heads := _heads_following(m, dims):
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
-    counts = _scale_kernels(m, _Transform(factor, dims, fixed), scaler,
-                            unmodelled, dur, steady)
+    transform = _Transform(factor, dims, fixed, recorded_threads(run))
+    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady)
+    if (m.platform == "cpu" and scaler is not None and (batch is not None or dims)
+            and (released := _release_tails(m, transform, dur))):
+        counts["release"] = released
     if batch is not None:
         assert per_sample is not None
         counts["per_sample"] = _per_sample(m, per_sample, batch[0], factor, dur, gap)
