@@ -652,6 +652,36 @@ def test_a_concatenation_of_a_tensor_list_scales_with_the_batch(tmp_path: Path) 
     assert doubled[0] - doubled[1] == 60 * US
 
 
+def test_an_op_whose_shapes_grow_each_step_is_pooled_over_them(tmp_path: Path) -> None:
+    """A decode loop: each 1000 us step an addmm of one shape and a cat of its cache, one
+    longer each step ([4, 10 + i, 64] and [4, 1, 64] on dimension 1). The cat pays fresh pages
+    in even steps (500 us, the addmm 100) and not in odd ones (100 us, the addmm 500): every
+    step measured 1000 us. The addmm takes its mean over the steady steps 0-4 (260 us); each
+    cat had kept its own step's time (the steady steps predicted 1160, 760, 1160, 760, 1160
+    us: median 1160). Pooled, cat i costs its bytes' share ((11 + i) / 65) of the 1,700 us
+    the five took: the steps 660 us + that, median 1000 us."""
+    profile = Profile("cpu", 1, {**PROFILE.models, "copy": FamilyModel((0.0, 1e-9, 0.0))}, {})
+    events = []
+    for i in range(6):
+        t, (addmm, cat) = 1000 * i, (100, 500) if i % 2 == 0 else (500, 100)
+        joined = _op("aten::cat", t + 150 + addmm, cat)
+        joined["args"] = {"Input Dims": [[[4, 10 + i, 64], [4, 1, 64]], []],
+                          "Input type": ["TensorList", "Scalar"], "Concrete Inputs": ["", "1"]}
+        events += [_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
+                   _op("aten::addmm", t + 100, addmm, [[10], [BATCH, 64], [64, 10], [], []]),
+                   joined]
+    trace = tmp_path / "decode.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "decode.run", ImportOptions(), ["generate.py"])
+    found = predict(run, profile=profile)
+    assert found.steady == {(0, i) for i in range(5)}
+    assert [s.measured_ns for s in found.steps[:5]] == [1000 * US] * 5
+    cats = [1700 * (11 + i) / 65 for i in range(5)]
+    assert [s.predicted_ns for s in found.steps[:5]] == pytest.approx(
+        [(660 + c) * US for c in cats], abs=2)
+    assert found.predicted_steady_ns == pytest.approx(1000 * US, abs=2)
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all

@@ -665,6 +665,17 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         return (_on_tensor_cores(costs(ev.names[op_name], shapes), ev.names[keys[k][0]])
                 if op_name >= 0 and shapes else None)
 
+    if isinstance(scaler, ProfileScaler):
+        op_of = dict(zip(kid, op_names, strict=True))
+        profiled = scaler
+
+        def model_of(k: int) -> float | None:
+            found, shapes = priced(k, op_of[k]), keys[k][1]
+            return (profiled.model_time(found[0], shapes.dims)
+                    if found is not None and shapes is not None else None)
+
+        base_of = pooled_bases(base_of, samples, [key[0] for key in keys], model_of, steady)
+
     touch: dict[Key, tuple[int, int]] = {}
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
         keyed: dict[Key, list[int]] = {}
@@ -765,6 +776,42 @@ def _release_tails(m: _Model, t: _Transform, dur: I64) -> int:
             dur[node] = floor + round((int(dur[node]) - floor) * new / old)
             scaled += 1
     return scaled
+
+
+def pooled_bases(base_of: Sequence[float], samples: Sequence[tuple[list[float], list[StepKey]]],
+                 names: Sequence[int], model_of: Callable[[int], float | None],
+                 steady: Set[StepKey]) -> list[float]:
+    """The typical times of keys (`base_of`, from each key's `samples`: its measured times and
+    their steps), with those of an op whose shapes vary from step to step pooled: a key found in
+    under half the steady steps its op's name is found in (a KV cache's aten::cat, its length
+    one more each decode step) takes the profile's time for it (`model_of`) times the ratio of
+    the measured to the modelled time over every such key of its name in the steady steps.
+
+    A key recurring every step takes its mean over them, what it costs an iteration whichever
+    step paid its stalls; a key of one step alone kept that step's own time, its page faults
+    too (a decode loop's cat of an even length: 684 us, of an odd one 50 us, in alternate
+    steps), so the steps came out unlike where the measured ones had not been alike in the
+    same way (the addmm's stalls averaged over them, the cat's not): the median step 12%
+    short where the mean was 0.1%. Pooled, each varying key costs its share of what its
+    name's varying keys cost the steps, as the recurring keys do."""
+    out = list(base_of)
+    by_name: dict[int, list[int]] = {}
+    for k, name in enumerate(names):
+        by_name.setdefault(name, []).append(k)
+    for group in by_name.values():
+        seen = [{s for s in samples[k][1] if s in steady} for k in group]
+        spread = len(set().union(*seen))
+        model = {k: t for k, found in zip(group, seen, strict=True)
+                 if 2 * len(found) < spread and (t := model_of(k) or 0.0) > 0}
+        if len(model) < 2:
+            continue
+        measured = sum(v for k in model for v, s in zip(*samples[k], strict=True)
+                       if s in steady)
+        modelled = sum(t * sum(s in steady for s in samples[k][1]) for k, t in model.items())
+        if measured > 0 and modelled > 0:
+            for k, t in model.items():
+                out[k] = t * measured / modelled
+    return out
 
 
 def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
