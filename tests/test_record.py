@@ -1160,7 +1160,7 @@ INFERENCE = textwrap.dedent("""
         def __init__(self):
             super().__init__()
             self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
-        def forward(self, input_ids=None, cache=None, attention_mask=None):
+        def forward(self, input_ids=None, cache=None, attention_mask=None, cache_position=None):
             return self.net(input_ids)
     model = Model()
     with torch.inference_mode():
@@ -1168,17 +1168,20 @@ INFERENCE = textwrap.dedent("""
             x = torch.randn(batch, 16)
             if sys.argv[1] == "positional":
                 model(x)
-            else:
+            elif sys.argv[1] == "keywords":
                 model(cache=[x], input_ids=x, attention_mask=torch.ones(1))
+            else:  # transformers 4.45-4.5x's generate(): the positions first, then the input
+                model(cache_position=torch.arange(3), cache=[x], input_ids=x)
 """)
 
 
-@pytest.mark.parametrize("call", ["positional", "keywords"])
+@pytest.mark.parametrize("call", ["positional", "keywords", "positions_first"])
 def test_a_forward_driven_loop_records_its_batches(tmp_path: Path, call: str) -> None:
     """An inference loop's steps start at its model's forward; each step's batch (the first
-    input tensor's leading dimension: a positional one, else the first keyword one, as
-    generate() calls a Hugging Face model) is a counter at its start, inside that step: an
-    inference server's requests differ in size."""
+    input tensor's leading dimension: a positional one, else the first keyword one of two
+    dimensions or more, as generate() calls a Hugging Face model, its 1-D cache_position
+    first in transformers 4.45-4.5x: 3 had been every step's batch) is a counter at its start,
+    inside that step: an inference server's requests differ in size."""
     from perfswarm.analyze.iterations import batch_sizes, step_batches
     from perfswarm.trace.schema import STEP_INPUT
 

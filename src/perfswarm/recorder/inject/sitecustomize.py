@@ -808,17 +808,21 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
     step. Global module hooks slow every module call a little: they go when a better driver
     (an optimizer built, a backward seen) takes over. A forward-driven step's input is the
     top-level call's first tensor: a positional one (the pre-hook's), else the first keyword
-    one (a Hugging Face model's `model(input_ids=...)`, generate()'s calls): torch passes a
-    global hook the keywords only after the forward, and only a torch that has with_kwargs
-    for global hooks."""
+    one of two dimensions or more, else of one (a Hugging Face model's `model(input_ids=...)`,
+    generate()'s calls, whose first keyword was `cache_position`, the positions, in
+    transformers 4.45-4.5x: its length had been read as the batch): torch passes a global hook
+    the keywords only after the forward, and only a torch that has with_kwargs for global
+    hooks."""
     depth = 0
     started = -1  # the hook index of the forward under way that began a step
     unseen = False  # that forward took no positional tensor: its keywords are read after it
 
-    def note(at: int, values: Iterable[Any]) -> bool:
-        """Notes the step's batch and input elements of the first tensor in `values`."""
-        shape = next((s for v in values if (s := getattr(v, "shape", None)) is not None), None)
-        if not shape or not isinstance(shape[0], int):
+    def note(at: int, values: Iterable[Any], dims: int = 1) -> bool:
+        """Notes the step's batch and input elements of the first tensor in `values` of `dims`
+        dimensions or more."""
+        shape = next((s for v in values
+                      if (s := getattr(v, "shape", None)) is not None and len(s) >= dims), None)
+        if shape is None or not isinstance(shape[0], int):
             return False
         window.batches[at] = shape[0]
         elements = 1
@@ -848,7 +852,7 @@ def _watch_forward(window: _Window, module: ModuleType) -> None:
         if depth == 0 and started >= 0:
             if window.driver == "forward" and started < len(window.hook_ns):
                 window.forward_ns[started] = time.time_ns() - window.hook_ns[started]
-                if unseen and len(rest) == 2:
+                if unseen and len(rest) == 2 and not note(started, rest[0].values(), 2):
                     note(started, rest[0].values())
             started = -1
 
