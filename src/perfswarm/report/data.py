@@ -162,14 +162,17 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                  f"; page faults a step: {faults.profiled:,.0f} in the window, "
                  f"{faults.outside:,.0f} after it (a fault is a page written afresh: the "
                  "profiler's allocations share glibc's heap with the program's)")
-        busy = timing.busy_ns
-        cards.append(Card(label="step time", value=ms(median if busy is None else busy),
+        cards.append(Card(label="step time", value=ms(median),
                           detail=f"median of {timing.steps} steps after the profiler's window"
-                                 + ("" if busy is None else
-                                    f", each its forward's own time (the busy work; the step, "
-                                    f"to the next forward's start, {ms(median)}: the rest "
-                                    "waiting for input, idle)")
-                                 + f"{profiled}{paged}{before}"))
+                                 f"{profiled}{paged}{before}"))
+        if timing.busy_ns is not None:
+            # a forward-driven loop's: the model's work, the rest of a step the loop's own
+            # (an input's loading, or a server's wait for requests: no sample tells which here)
+            cards.append(Card(label="forward time", value=ms(timing.busy_ns),
+                              detail="median of the same steps' forwards, each from its start "
+                                     "to its return; the rest of a step, up to the next "
+                                     "forward, is the loop's own: loading its input, or "
+                                     "waiting for it"))
         cards.append(Card(label="throughput", value=f"{1e9 / timing.rate_ns:,.2f} steps/s",
                           detail="from that median step" if timing.mean_ns is None else
                           "over those steps' whole time, their waits for input included"))
