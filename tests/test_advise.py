@@ -678,7 +678,7 @@ def test_launching_ops_are_rows(tmp_path: Path) -> None:
     ops = facts.launching_ops(kernels.sort("ts"))
     assert ops.dtype == np.int64 and ops.tolist() == [*mm, -1]
     assert all(isinstance(a, np.ndarray) for a in facts._launching)
-    assert [c.flops if c else None for c in facts.op_costs(ops)] == [2 * 64**3, 2 * 8 * 16 * 8,
+    assert [c.flops if c else None for c in facts.costs_of(ops)] == [2 * 64**3, 2 * 8 * 16 * 8,
                                                                     None]
 
 

@@ -165,7 +165,7 @@ def fp32_gemm(facts: Facts) -> Advice | None:
            .sort(["dur", "name"], descending=[True, False]))
     spec = facts.spec
     ratio = functools.cache(lambda cost: _tf32_time_ratio(cost, spec))  # per distinct op cost
-    ratios = [ratio(cost) for cost in facts.op_costs(facts.launching_ops(fp32))]
+    ratios = [ratio(cost) for cost in facts.costs_of(facts.launching_ops(fp32))]
     durs = fp32["dur"].to_list()
     modelled = [(d, r) for d, r in zip(durs, ratios, strict=True) if r is not None]
     rest_ns = sum(d for d, r in zip(durs, ratios, strict=True) if r is None)
@@ -206,7 +206,7 @@ def _op_sequence(facts: Facts, kernels: pl.DataFrame) -> list[tuple[OpCost | Non
         else:
             seq.append((op, dur))
     ops = np.fromiter((op for op, _ in seq), np.int64, len(seq))
-    return list(zip(facts.op_costs(ops), (dur for _, dur in seq), strict=True))
+    return list(zip(facts.costs_of(ops), (dur for _, dur in seq), strict=True))
 
 
 def fusion(facts: Facts) -> Advice | None:

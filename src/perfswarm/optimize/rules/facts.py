@@ -477,7 +477,7 @@ class Facts:
         dev, op = self._launching
         return looked_up(dev, op, device["row"].to_numpy())
 
-    def op_costs(self, ops: I64) -> list[OpCost | None]:
+    def costs_of(self, ops: I64) -> list[OpCost | None]:
         """The modelled cost of each of `ops` (rows, as `launching_ops` gives them), None for
         -1."""
         costed = costed_ops(self.run, Events.load(self.run))
