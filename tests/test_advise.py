@@ -662,6 +662,26 @@ def test_fp32_gemm_gain_from_the_roofline_of_recorded_shapes(tmp_path: Path) -> 
                                  "about 2x faster than FP32 ones")
 
 
+def test_launching_ops_are_rows(tmp_path: Path) -> None:
+    """Each kernel's launching op with a cost model is its row (-1 for none), the Facts holding
+    two arrays for them, not an object per op; a rule reads a few columns of the kernels
+    alone."""
+    events = [ev("ProfilerStep#0", 0, 20_000, "user_annotation"),
+              *launched("aten::mm", [[64, 64], [64, 64]], 0, 12_000, 1, "ampere_sgemm", 10_000),
+              *launched("aten::mm", [[8, 16], [16, 8]], 12_100, 1500, 2, "ampere_sgemm", 1000),
+              ev("cudaLaunchKernel", 13_700, 2, "cuda_runtime", correlation=3),
+              kernel("ampere_sgemm", 13_800, 2000, correlation=3)]
+    facts = Facts.of(imported(tmp_path, "rows", events, devices=(A100,)))
+    kernels = facts.kind("kernel", columns=("row", "ts"))
+    assert kernels.columns == ["kind", "row", "ts"]
+    mm = facts.named("^aten::mm$", "cpu_op").sort("ts")["row"].to_list()
+    ops = facts.launching_ops(kernels.sort("ts"))
+    assert ops.dtype == np.int64 and ops.tolist() == [*mm, -1]
+    assert all(isinstance(a, np.ndarray) for a in facts._launching)
+    assert [c.flops if c else None for c in facts.costs_of(ops)] == [2 * 64**3, 2 * 8 * 16 * 8,
+                                                                    None]
+
+
 # -- fusion --------------------------------------------------------------------------------------
 EW = "void at::native::vectorized_elementwise_kernel<4>"
 BIG = [4096, 4096]

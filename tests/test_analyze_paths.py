@@ -100,6 +100,29 @@ def test_stream_wait_event_links_streams(corpus_runs: dict[str, Run]) -> None:
     assert (ev.stream[recorded], ev.correlation[recorded]) == (20, 27)
 
 
+def test_device_op_dependencies_are_arrays(corpus_runs: dict[str, Run]) -> None:
+    """Each device op's previous op on its stream (by start) and its launch call (same rank
+    and correlation id): two arrays each, by the op's row, not dicts of every op."""
+    run = corpus_runs["event_sync_multi"]
+    ev = Events.load(run)
+    d = dependencies(ev, sync_events(run, ev))
+    dev = np.flatnonzero(np.isin(ev.kind, [KIND[k] for k in ("kernel", "memcpy", "memset")]))
+    lanes: dict[tuple[int, int], list[int]] = {}
+    for r in dev.tolist():
+        lanes.setdefault((int(ev.rank[r]), int(ev.stream[r])), []).append(r)
+    prev = {}
+    for lane in lanes.values():
+        lane.sort(key=lambda r: (int(ev.ts[r]), r))
+        prev.update(zip(lane[1:], lane[:-1], strict=True))
+    ops, before = d.prev_on_stream
+    assert ops.dtype == before.dtype == np.int64 and (len(ops), len(dev)) == (3, 6)  # 3 streams
+    assert ops.tolist() == sorted(prev) and before.tolist() == [prev[o] for o in sorted(prev)]
+    ops, calls = d.launch_of
+    assert np.all(np.diff(ops) > 0) and len(ops) == len(dev)
+    assert np.array_equal(ev.correlation[ops], ev.correlation[calls])
+    assert set(ev.kind[calls].tolist()) == {KIND["runtime"]}
+
+
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_critical_path_partitions_its_span(corpus_runs: dict[str, Run], name: str) -> None:
     run = corpus_runs[name]

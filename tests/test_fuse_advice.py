@@ -36,6 +36,8 @@ def test_recommends_only_measured_gains(tmp_path: Path, monkeypatch: pytest.Monk
     run = import_traces([CNN], tmp_path / "cnn.run", ImportOptions(), ["test"])
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert not [a for a in advise(run).advice if a.rule == "conv_fusion"]  # nothing measured
+    # nor is the rank's op table built for it (25 MB at 200k events): no rule reads it then
+    assert not run.holds(("rank_ops", 0))
     cpu = str(host_info()["cpu_model"])
     (tmp_path / "cache" / "perfswarm").mkdir(parents=True)
     write_json(tmp_path / "cache" / "perfswarm" / "fuse-schedules.json", {"version": 1, "pairs": {

@@ -46,6 +46,7 @@ from perfswarm.analyze.dependencies import (
     Issued,
     SyncEvent,
     Wakes,
+    as_dict,
     dependencies,
     issued,
     thread_wakes,
@@ -163,8 +164,8 @@ def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int,
 def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]]) -> Graph:
     """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers."""
     d = dependencies(ev, syncs)
-    g = Graph(ev, d.prev_on_stream, d.launch_of, d.waits_for, d.sync_target, peers,
-              wakes=thread_wakes(ev), issued=issued(ev))
+    g = Graph(ev, as_dict(d.prev_on_stream), as_dict(d.launch_of), d.waits_for, d.sync_target,
+              peers, wakes=thread_wakes(ev), issued=issued(ev))
     _threads(g)
     return g
 

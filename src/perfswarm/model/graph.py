@@ -201,8 +201,8 @@ class _Pairs:
 
     @classmethod
     def of(cls, deps: Dependencies) -> _Pairs:
-        ops, calls = _pairs(deps.launch_of)
-        keys, values = _pairs(deps.prev_on_stream)
+        ops, calls = deps.launch_of
+        keys, values = deps.prev_on_stream
         at = np.minimum(np.searchsorted(keys, ops), max(len(keys) - 1, 0))
         prev = np.where(keys[at] == ops, values[at], -1) if len(keys) else np.full(len(ops), -1)
         return cls(ops, calls, prev, *_pairs(deps.sync_target))

@@ -31,11 +31,13 @@ def _measured_here() -> dict[str, dict[str, Any]]:
 
 def conv_fusion(facts: Facts) -> Advice | None:
     """Conv pairs of the first rank's first iteration that fuse measured a gain for here."""
-    if not facts.ranks or \
+    # fuse's results first: without any measured here, the rank's op table (25 MB at 200k
+    # events) is not built for nothing
+    measured = _measured_here()
+    if not measured or not facts.ranks or \
             not facts.events["name"].str.contains("conv").any():
         return None
     pairs = Counter(p.label for p in run_pairs(op_sequence(facts.run, facts.ranks[0])))
-    measured = _measured_here()
     gaining = [(label, count, measured[label]) for label, count in pairs.items()
                if label in measured and measured[label].get("recommended")]
     if not gaining:

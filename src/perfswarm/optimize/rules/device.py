@@ -15,7 +15,7 @@ from perfswarm.model.fusion import fusion_candidates
 from perfswarm.model.opcost import OpCost, roofline
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts, LaunchingOp
+from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.readers.memory_timeline import RESERVED
 from perfswarm.trace.schema import NONE
 
@@ -165,7 +165,7 @@ def fp32_gemm(facts: Facts) -> Advice | None:
            .sort(["dur", "name"], descending=[True, False]))
     spec = facts.spec
     ratio = functools.cache(lambda cost: _tf32_time_ratio(cost, spec))  # per distinct op cost
-    ratios = [ratio(op.cost) if op else None for op in facts.launching_ops(fp32)]
+    ratios = [ratio(cost) for cost in facts.costs_of(facts.launching_ops(fp32))]
     durs = fp32["dur"].to_list()
     modelled = [(d, r) for d, r in zip(durs, ratios, strict=True) if r is not None]
     rest_ns = sum(d for d, r in zip(durs, ratios, strict=True) if r is None)
@@ -194,17 +194,19 @@ def fp32_gemm(facts: Facts) -> Advice | None:
                   "forward pass under torch.autocast('cuda', dtype=torch.bfloat16)")
 
 
-def _op_sequence(facts: Facts, kernels: pl.DataFrame) -> list[tuple[LaunchingOp | None, int]]:
-    """Kernels in time order as (launching op, measured ns): one entry per op, its kernels'
-    time summed; a kernel without a modelled op is an entry of its own."""
-    seq: list[tuple[LaunchingOp | None, int]] = []
+def _op_sequence(facts: Facts, kernels: pl.DataFrame) -> list[tuple[OpCost | None, int]]:
+    """Kernels in time order as (launching op's cost, measured ns): one entry per op, its
+    kernels' time summed; a kernel without a modelled op is an entry of its own."""
+    seq: list[tuple[int, int]] = []  # (op row, ns)
     ordered = kernels.sort(["ts", "correlation"])
-    for op, dur in zip(facts.launching_ops(ordered), ordered["dur"].to_list(), strict=True):
-        if op is not None and seq and seq[-1][0] is op:  # one object per op (Facts._launching)
+    for op, dur in zip(facts.launching_ops(ordered).tolist(), ordered["dur"].to_list(),
+                       strict=True):
+        if op >= 0 and seq and seq[-1][0] == op:
             seq[-1] = (op, seq[-1][1] + dur)
         else:
             seq.append((op, dur))
-    return seq
+    ops = np.fromiter((op for op, _ in seq), np.int64, len(seq))
+    return list(zip(facts.costs_of(ops), (dur for _, dur in seq), strict=True))
 
 
 def fusion(facts: Facts) -> Advice | None:
@@ -215,9 +217,10 @@ def fusion(facts: Facts) -> Advice | None:
         return None
     saved = unfused_roof = fused_roof = measured = 0.0
     chains: dict[str, int] = {}
-    for _, kernels in facts.in_window(facts.kind("kernel")).group_by(["rank"]):
+    ran = facts.kind("kernel", columns=("row", "rank", "ts", "dur", "correlation"))
+    for _, kernels in facts.in_window(ran).group_by(["rank"]):
         seq = _op_sequence(facts, kernels)
-        costs = [op.cost if op else None for op, _ in seq]
+        costs = [cost for cost, _ in seq]
         for c in fusion_candidates(costs, spec):
             ns = sum(dur for _, dur in seq[c.start:c.end])
             measured += ns

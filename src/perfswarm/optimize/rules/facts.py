@@ -169,8 +169,12 @@ class Facts:
         texts[order] = texts_of(self.run, column, rows[order])
         return frame.with_columns(pl.Series(column, texts, dtype=pl.String))
 
-    def kind(self, *kinds: str) -> pl.DataFrame:
-        return self.events.filter(pl.col("kind").is_in(kinds))
+    def kind(self, *kinds: str, columns: tuple[str, ...] = ()) -> pl.DataFrame:
+        """Events of the given kinds; only `columns` of them (and the kind) when given: a
+        rule that reads a few columns of many rows copies no more (the names of 60k kernels
+        are most of such a copy)."""
+        frame = self.events.select("kind", *columns) if columns else self.events
+        return frame.filter(pl.col("kind").is_in(kinds))
 
     def named(self, pattern: str, *kinds: str) -> pl.DataFrame:
         """Events whose name matches the regex `pattern` (optionally of the given kinds)."""
@@ -465,34 +469,29 @@ class Facts:
         """The bundled spec (model/devices.yaml) of the run's first device it knows, if any."""
         return spec_of_devices(self.manifest["devices"])
 
-    def launching_ops(self, device: pl.DataFrame) -> list[LaunchingOp | None]:
-        """For each row of `device`: the innermost CPU op with a cost model (model.opcost, from
-        the recorded shapes) around its launch call (analyze's join: the call by correlation
-        id, the op around it on its thread); None when the shapes were not recorded, the op
-        is not modelled, or the launch call is not in the trace."""
-        dev, op, of_row = self._launching
-        return [of_row.get(o) for o in looked_up(dev, op, device["row"].to_numpy()).tolist()]
+    def launching_ops(self, device: pl.DataFrame) -> I64:
+        """For each row of `device`: the row of the innermost CPU op with a cost model
+        (model.opcost, from the recorded shapes) around its launch call (analyze's join: the
+        call by correlation id, the op around it on its thread); -1 when the shapes were not
+        recorded, the op is not modelled, or the launch call is not in the trace."""
+        dev, op = self._launching
+        return looked_up(dev, op, device["row"].to_numpy())
+
+    def costs_of(self, ops: I64) -> list[OpCost | None]:
+        """The modelled cost of each of `ops` (rows, as `launching_ops` gives them), None for
+        -1."""
+        costed = costed_ops(self.run, Events.load(self.run))
+        return [costed[o][0] if o >= 0 else None for o in ops.tolist()]
 
     @cached_property
-    def _launching(self) -> tuple[I64, I64, dict[int, LaunchingOp]]:
-        """The device ops a modelled op launched (rows, ascending), that op's row for each,
-        and op row -> the op (one object per op): arrays, not a dict of every device op."""
+    def _launching(self) -> tuple[I64, I64]:
+        """The device ops a modelled op launched (rows, ascending) and that op's row for each:
+        arrays, not a dict of every device op or an object per op (30k ops of a 200k-event
+        trace had been 7 MB of them)."""
         ev = Events.load(self.run)
         costed = costed_ops(self.run, ev)
         dev, calls = self._launch_pairs  # ascending
         op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
                        calls)
         launched = op >= 0
-        of_row = {row: LaunchingOp(int(ev.rank[row]), int(ev.tid[row]), int(ev.ts[row]),
-                                   costed[row][0]) for row in np.unique(op[launched]).tolist()}
-        return dev[launched], op[launched], of_row
-
-
-@dataclass(frozen=True)
-class LaunchingOp:
-    """A CPU op that launched device work, with its modelled cost; (rank, tid, ts) is unique."""
-
-    rank: int
-    tid: int
-    ts: int
-    cost: OpCost
+        return dev[launched], op[launched]

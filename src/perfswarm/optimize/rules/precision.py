@@ -239,7 +239,7 @@ def _on_device(facts: Facts) -> Advice | None:
     kernels = facts.in_window(facts.kind("kernel"))
     if kernels.height == 0:
         return None
-    costs = [op.cost if op is not None else None for op in facts.launching_ops(kernels)]
+    costs = facts.costs_of(facts.launching_ops(kernels))
     named = kernels["name"].str.contains(_FP64_KERNEL).to_list()
     keep = [(c.dtype == "fp64") if c is not None else n for c, n in zip(costs, named, strict=True)]
     fp64 = kernels.filter(pl.Series(keep, dtype=pl.Boolean))
