@@ -255,7 +255,7 @@ def test_cpu_of_short_lived_children(tmp_path: Path) -> None:
     items = read_jsonl(sampler.path)
     measured = sum(cur["values"].get("proc.cpu_cores", 0.0) * (int(cur["ts"]) - int(prev["ts"]))
                    for prev, cur in itertools.pairwise(items)) / 1e9
-    assert truth > 1.0  # about 13 children of 120 ms
+    assert truth > 0.3  # about 13 children of 120 ms: 1.56 s on an idle machine, less under load
     assert measured == pytest.approx(truth, rel=0.15)
     # a child's CPU shows when it is reaped: what is beyond the cores is told later, so no
     # reading is over them (one had read 13.9 cores on 2)
