@@ -901,6 +901,42 @@ def test_gloo_ranks_replay_exactly(tmp_path: Path) -> None:
     assert all(s.replayed_ns == s.measured_ns for s in result.steps)
 
 
+def test_a_wait_in_a_range_is_the_hand_over_s(tmp_path: Path) -> None:
+    """tests/data/annotated_wait.py: two gloo ranks, each step's loop waiting for gloo's
+    all-gather inside a range that holds no op. The hand-over from gloo's thread holds the
+    loop back, so the range's piece keeps no time of its own (kept, its typical wait came on
+    top of the hand-over: the steady steps' median predicted 1.2% over); the replay still
+    reproduces every step, and the prediction at the Run's own configuration is within 0.5%
+    of the measured median (157.45 ms against 157.33)."""
+    traces = [Path(__file__).parent / "data" / f"annotated_wait_rank{r}.pt.trace.json.gz"
+              for r in (0, 1)]
+    ranges = []  # (start, dur) in ns of the trace's own clock, every range of both ranks
+    for path in traces:
+        raw = orjson.loads(gzip.decompress(path.read_bytes()))
+        base = raw.get("baseTimeNanoseconds", 0)
+        spans = [(base + round(e["ts"] * US), round(e["dur"] * US), e["name"], e["tid"])
+                 for e in raw["traceEvents"] if e.get("ph") == "X"]
+        loop = {tid for _, _, name, tid in spans if name == "wait_for_gather"}
+        gathers = sorted((ts + d) for ts, d, name, _ in spans if name == "gloo:all_gather")
+        for ts, d, name, _ in spans:
+            if name != "wait_for_gather":
+                continue
+            inside = [n for t, dd, n, th in spans if th in loop and ts <= t < ts + d and n != name]
+            assert inside == []  # nothing but the wait
+            assert any(ts < end <= ts + d for end in gathers)  # gloo's ended inside it
+            ranges.append((ts, d))
+    run = import_traces(traces, tmp_path / "w.run", ImportOptions(ranks=(0, 1)), ["t"])
+    m = load_model(run)
+    g, ev = m.graph, m.ev
+    nodes = [n for n in np.flatnonzero(g.row >= 0).tolist()
+             if ev.names[ev.name[g.row[n]]] == "wait_for_gather"]
+    assert sorted(int(g.end[n] - g.ts[n]) for n in nodes) == sorted(d for _, d in ranges)
+    assert [int(g.dur[n]) for n in nodes] == [0] * len(ranges) == [0] * 10
+    result = predict(run)
+    assert result.replay_error == 0.0
+    assert result.predicted_error is not None and result.predicted_error < 0.005
+
+
 def test_predict_says_the_program_s_own_step(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """A recorder times steps after its window too: where they are alike, predict shows their

@@ -417,11 +417,13 @@ def _issued(ev: Events) -> Issued:
 @dataclass(frozen=True)
 class Wakes:
     """One thread's hand-overs, by the time it resumed (sorted): the other thread's event it
-    waited for (its row and end)."""
+    waited for (its row and end), and where the thread's blocked stretch began (the end of
+    its work before)."""
 
     resume: I64
     waker: I64
     waker_end: I64
+    blocked: I64
 
 
 def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
@@ -517,7 +519,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 best_row[better] = other_rows[last[better]]
             found = best_end >= 0
             resume = points[np.searchsorted(points, best_end[found])]
-            out[key] = Wakes(resume, best_row[found], best_end[found])
+            out[key] = Wakes(resume, best_row[found], best_end[found], lo[found])
     return out
 
 
