@@ -665,14 +665,20 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         return (_on_tensor_cores(costs(ev.names[op_name], shapes), ev.names[keys[k][0]])
                 if op_name >= 0 and shapes else None)
 
-    if isinstance(scaler, ProfileScaler):
+    if isinstance(scaler, ProfileScaler) or (scaler is None and m.platform == "cpu"):
         op_of = dict(zip(kid, op_names, strict=True))
         profiled = scaler
 
         def model_of(k: int) -> float | None:
+            """A key's time by the profile's model; without a profile (a CPU Run at its own
+            configuration) in proportion to the bytes it moves: an op whose shapes vary from
+            step to step copies a growing tensor (a KV cache's cat), whose time follows its
+            traffic, and the pool takes only ratios among one name's keys."""
             found, shapes = priced(k, op_of[k]), keys[k][1]
-            return (profiled.model_time(found[0], shapes.dims)
-                    if found is not None and shapes is not None else None)
+            if found is None or shapes is None:
+                return None
+            return (profiled.model_time(found[0], shapes.dims) if profiled is not None
+                    else found[0].bytes)
 
         base_of = pooled_bases(base_of, samples, [key[0] for key in keys], model_of, steady)
 
