@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.gpu.opgraph import HOST_OP_NS
 from perfswarm.model.kernels import ProfileScaler
-from perfswarm.model.opcost import Shapes, data_cost, op_cost, scale_batch
+from perfswarm.model.opcost import Shapes, data_cost, op_cost, pointwise_parts, scale_batch
 from perfswarm.model.overheads import OverheadModel, steady_steps, typical
 from perfswarm.model.predict import (
     Change,
@@ -1069,9 +1070,9 @@ def test_a_convolution_priced_as_the_backend_torch_runs_at_the_new_batch(
     either batch from the other prices every convolution as the op, at the shapes, that the
     other batch's trace recorded; with two threads recorded (oneDNN would have run them at
     batch 8) or none, each stays its recorded op. The 2-D 1x1 one's forward at batch 16 is
-    priced by the convolution family (its 4,194,304 FLOPs at 1e-11 s each), at batch 8 as
-    ATen's 8 per-sample GEMMs [32, 16] x [16, 256] (2 us each and 1e-10 s a FLOP): its 100 us
-    at batch 8 are 100 x 41.94304 / (8 x 28.2144) = 18.582 us at 16."""
+    priced as oneDNN's one GEMM [16 x 256, 16] x [16, 32] over all pixels, at batch 8 as
+    ATen's 8 per-sample GEMMs [32, 16] x [16, 256] (each 2 us and 1e-10 s a FLOP): its 100 us
+    at batch 8 are 100 x 421.4304 / (8 x 28.2144) = 186.709 us at 16."""
     conv = FamilyModel((0.0, 0.0, 1e-11))
     profile = Profile("cpu", 1, {"conv": conv, "conv_backward": conv,
                                  "gemm": FamilyModel((2e-6, 0.0, 1e-10))}, {})
@@ -1101,7 +1102,44 @@ def test_a_convolution_priced_as_the_backend_torch_runs_at_the_new_batch(
     found = transform.costs("aten::_slow_conv2d_forward", shapes)
     assert found is not None and found[1].op == "mkldnn_convolution"
     assert ProfileScaler(profile).scaled(100_000, found[0], found[1], shapes.dims,
-                                         found[2].dims) == 18_582
+                                         found[2].dims) == 186_709
+
+
+def test_a_onednn_1x1_convolution_priced_as_its_gemms(tmp_path: Path) -> None:
+    """pointwise_conv.py at batch 16 on one thread: oneDNN runs its 1x1 convolutions as GEMMs
+    over all 16 x 256 pixels, and the profile's GEMM model prices them (2 us and 1e-10 s a
+    FLOP): the 2-D one [4096, 16] x [16, 32], 421.4304 us; the 1-D one [4096, 32] x [32, 8],
+    211.7152 us; each backward its output_mask's two, the input's gradient and the weight's,
+    twice that. The 3x3 one stays the convolution families' (1e-11 s a FLOP): 3,538,944 FLOPs
+    forward, 7,077,888 backward. With the mask asking for the weight's gradient only, the
+    backward is one GEMM, [16, 4096] x [4096, 32]; strided, none."""
+    conv = FamilyModel((0.0, 0.0, 1e-11))
+    scaler = ProfileScaler(Profile("cpu", 1, {"conv": conv, "conv_backward": conv,
+                                              "gemm": FamilyModel((2e-6, 0.0, 1e-10))}, {}))
+    run = _pointwise_conv_run(tmp_path, 16, [1])
+    priced = {}
+    for name, shapes in _convolutions(run):
+        cost = data_cost(name, shapes)
+        assert cost is not None
+        priced[name, shapes.dims[1 + (name == "aten::convolution_backward")]] = \
+            scaler.model_time(cost, shapes.dims)
+    assert priced == pytest.approx({
+        ("aten::mkldnn_convolution", (16, 3, 3, 3)): 35.38944e-6,
+        ("aten::mkldnn_convolution", (32, 16, 1, 1)): 421.4304e-6,
+        ("aten::mkldnn_convolution", (8, 32, 1, 1)): 211.7152e-6,
+        ("aten::convolution_backward", (16, 3, 3, 3)): 70.77888e-6,
+        ("aten::convolution_backward", (32, 16, 1, 1)): 2 * 421.4304e-6,
+        ("aten::convolution_backward", (8, 32, 1)): 2 * 211.7152e-6})
+    name, shapes = next((n, s) for n, s in _convolutions(run)
+                        if n == "aten::convolution_backward" and s.dims[2] == (32, 16, 1, 1))
+    for mask, stride, gemms in (("[False, True, True]", "[1, 1]", [((16, 4096), (4096, 32))]),
+                                ("[True, True, True]", "[2, 2]", None)):
+        concrete = list(shapes.concrete)
+        concrete[4], concrete[10] = stride, mask
+        cost = data_cost(name, replace(shapes, concrete=tuple(concrete)))
+        assert cost is not None
+        parts = pointwise_parts(cost, shapes.dims)
+        assert (parts and [d for _, _, d in parts]) == gemms
 
 
 def test_an_autograd_nodes_release_of_memory_grows_with_its_tensors(tmp_path: Path) -> None:

@@ -105,6 +105,10 @@ class OpCost:
     # and 128 (a head of 8, rows 1, 2 and 4+ KB apart), 1.1x at 32 (a head of 32, 4+ KB), which
     # no count of FLOPs or bytes shows: each row read touches its own lines and pages
     row_spread: float = 0.0
+    # a oneDNN convolution run as GEMMs over all its pixels (`pointwise_parts`): for its
+    # forward (True,); for its backward whether it computes the input's and the weight's
+    # gradients (its output_mask); () for any other op
+    pointwise: tuple[bool, ...] = ()
 
     @property
     def intensity(self) -> float:
@@ -351,7 +355,39 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0,
                   family == "gemm" and b_transposed(op, input_dims, strides),
                   family == "gemm" and column_major(input_dims, strides, _operands(op)[0]),
-                  conv_out, rows)
+                  conv_out, rows, _pointwise(op, input_dims, concrete))
+
+
+def _pointwise(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[bool, ...]:
+    """`OpCost.pointwise` of an op at its recorded inputs: a oneDNN convolution (forward or
+    backward, `_BLOCKED_CONVS`; 1-D or 2-D) with a 1x1 kernel, unstrided, unpadded, undilated
+    and groups 1, where the trace records its geometry (and a backward its output_mask); ()
+    otherwise. (A transposed one's backward, whose weight is [C_in, C_out], is the same GEMMs
+    where it passes for one.)"""
+    if op not in _BLOCKED_CONVS:
+        return ()
+    backward = op == "convolution_backward"
+    if len(dims) < 2 + backward or len(concrete) != len(dims):
+        return ()
+    x, w = dims[backward], dims[1 + backward]
+    rank = len(x) - 2
+    if (rank not in (1, 2) or len(w) != len(x) or x[1] != w[1] or _numel(w[2:]) != 1
+            or (backward and (len(dims[0]) != len(x) or dims[0][1] != w[0]))
+            or _geometry(_CONV_GEOMETRY[op], concrete, rank)
+            != ((1,) * rank, (0,) * rank, (1,) * rank)):
+        return ()
+    if not backward:
+        return (True,)
+    mask = _OUTPUT_MASK["aten::" + op]
+    grads = _bools(concrete[mask]) if len(concrete) > mask else ()
+    return grads[:2] if len(grads) == 3 else ()
+
+
+def _bools(text: str) -> tuple[bool, ...]:
+    """A recorded bool list ("[True, False, True]"); () where it is none."""
+    values = [v.strip() for v in text.strip("[]").split(",")]
+    return tuple(v == "True" for v in values) if all(
+        v in ("True", "False") for v in values) else ()
 
 
 # the convolutions oneDNN computes in channel blocks on a CPU, forward and backward; not ATen's
@@ -843,6 +879,8 @@ _CPU_CONVS: Final = {"aten::mkldnn_convolution": ("conv", True, 7, 2),
                      "aten::_slow_conv2d_forward": ("conv", False, 6, 3),
                      "aten::_slow_conv2d_backward": ("conv_backward", False, 7, None)}
 _KERNEL_SIZE: Final = {"aten::_slow_conv2d_forward": 2, "aten::_slow_conv2d_backward": 3}
+# where a backward takes its output_mask (which gradients it computes)
+_OUTPUT_MASK: Final = {"aten::convolution_backward": 10, "aten::_slow_conv2d_backward": 6}
 _SMALL_INPUT: Final = 20480  # use_mkldnn: a batch of one of at most this many elements is ATen's
 
 
@@ -927,7 +965,8 @@ def as_cpu_conv(name: str, shapes: Shapes, op: str) -> Shapes:
     op `op` takes them, as a trace records that op: its tensors (input, weight and bias; a
     backward's output gradient, input and weight), 4-d but for convolution_backward's of a
     1-D one (taken to be one where the input and the kernel are one high), and its stride,
-    padding, dilation and kernel size in their places. `shapes` as `cpu_conv_at` read them."""
+    padding, dilation and kernel size in their places, a backward's output_mask too. `shapes`
+    as `cpu_conv_at` read them."""
     conv = _cpu_conv(name, shapes)
     assert conv is not None, name
     _, _, size, bias = _CPU_CONVS[op]
@@ -945,15 +984,41 @@ def as_cpu_conv(name: str, shapes: Shapes, op: str) -> Shapes:
                          values, strict=True):
         if at is not None:
             types[at], concrete[at] = "ScalarList", str(list(value))
+    if op in _OUTPUT_MASK:
+        types[_OUTPUT_MASK[op]], concrete[_OUTPUT_MASK[op]] = \
+            "ScalarList", shapes.concrete[_OUTPUT_MASK[name]]
     return Shapes(tuple(dims), tuple(types), (), tuple(concrete))
+
+
+def pointwise_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
+    """(count, cost, dims) of the GEMMs oneDNN runs a 1x1 unstrided convolution as
+    (`OpCost.pointwise`; its 1x1 kernels, jit_1x1 on AVX-512, over all N x H x W pixels at
+    once): the input [N x H x W, C_in] times the weight [C_in, C_out]; its backward the
+    input's gradient [N x H x W, C_out] x [C_out, C_in] and the weight's [C_in, N x H x W] x
+    [N x H x W, C_out], each where its output_mask asks for it. The calibration sweeps
+    convolutions of 3x3 kernels only (recorder/bench/kernels.py), whose efficiency a 1x1 one's
+    does not share: a MobileNet's pointwise convolutions at four times the batch were priced
+    x8.0-9.4 where they ran x4.5-5.05. None for other ops."""
+    if not cost.pointwise:
+        return None
+    backward = cost.family == "conv_backward"
+    x, w = dims[backward], dims[1 + backward]
+    rows, c_out, c_in = x[0] * _numel(x[2:]), w[0], w[1]
+    gemms = [d for d, wanted in zip((((rows, c_out), (c_out, c_in)),
+                                     ((c_in, rows), (rows, c_out))),
+                                    cost.pointwise, strict=True) if wanted] if backward \
+        else [((rows, c_in), (c_in, c_out))]
+    parts = [(1, op_cost("mm", d, ("float", "float")), d) for d in gemms]
+    return [(n, c, d) for n, c, d in parts if c is not None]
 
 
 def inner_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     """The ops a composite op runs inside, where its time is theirs: an LSTM layer's
-    (`lstm_parts`), ATen's own convolution's (`slow_conv_parts`); None for other ops."""
+    (`lstm_parts`), ATen's own convolution's (`slow_conv_parts`), oneDNN's 1x1 convolution's
+    (`pointwise_parts`); None for other ops."""
     if cost.family == "rnn":
         return lstm_parts(cost.op, dims)
-    return slow_conv_parts(cost, dims)
+    return slow_conv_parts(cost, dims) or pointwise_parts(cost, dims)
 
 
 # Ops that never move data: views of their input, and allocations left uninitialised. Their
