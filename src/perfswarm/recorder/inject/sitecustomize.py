@@ -335,8 +335,8 @@ class _Window:
         repeat one cycle twice that holds every optimizer built (alive, and not stepped
         inside another's step; a WGAN's critic steps 5 times and its generator once, twice:
         an iteration with extra calls, lazy regularisation's, is no cycle), or the last
-        SETTLE calls repeat one cycle (an optimizer built and not stepped yet, or stepped
-        before the loop only, is none of it), or PATIENCE calls have gone by. The cycle
+        SETTLE calls repeat one cycle that holds every one built that stepped (one built and
+        not stepped yet is none of it), or PATIENCE calls have gone by. The cycle
         begins at a run of the loop's first call's optimizer, and back as far as the calls
         repeat it; the steps so far regrouped."""
         seq = [*self.hook_keys, key]
@@ -345,8 +345,8 @@ class _Window:
                        if seq[-p:] == seq[-2 * p:-p] and required <= set(seq[-p:])), 0)
         if not period:
             tail = seq[-self.settle:] if len(seq) >= self.settle else []
-            period = next((p for p in range(1, len(tail) // 2 + 1)
-                           if tail[p:] == tail[:-p]), 0)
+            period = next((p for p in range(1, len(tail) // 2 + 1) if tail[p:] == tail[:-p]
+                           and required & set(seq) <= set(tail[:p])), 0)
             if not period and len(self.hook_keys) < self.patience:
                 return False
             period = period or len(self.hook_keys) - self.hook_keys.index(key)
