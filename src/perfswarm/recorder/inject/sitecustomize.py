@@ -320,9 +320,11 @@ class _Window:
     def _relearn(self) -> None:
         """An optimizer built that the cycle lacks steps: the cycle is learned again, from
         the calls that learned it where its steps were each a call (one optimizer's: a
-        critic's warm-up, a generator's pretraining) and no window opened, else from here."""
+        critic's warm-up, a generator's pretraining), no window opened and they are fewer
+        than PATIENCE, else from here."""
         assert self.cycle is not None
-        if len(self.cycle) == 1 and self.opened_at < 0:
+        if len(self.cycle) == 1 and self.opened_at < 0 \
+                and len(self.hook_ns) - self.learn_from < self.patience:
             self.hook_keys += self.cycle * (len(self.hook_ns) - self.learn_from
                                             - len(self.hook_keys))
         else:
