@@ -177,6 +177,7 @@ class _Window:
         self.inputs.clear()
         self.forward_ns.clear()
         self.hook_keys.clear()
+        self.learn_from = 0
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
 
@@ -190,7 +191,7 @@ class _Window:
         self.step_done_ns = {}
         self.cycle, self.phase, self.pending_ns, self.backward_ns = None, 0, 0, 0
         self.first_key = self.last_key = None
-        self.learn_from = self.calls = 0
+        self.calls = 0
         self.prof = self.et = None
         self.opened_at = -1
         self.claim = "RANK" not in os.environ
