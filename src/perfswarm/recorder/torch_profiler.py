@@ -19,7 +19,8 @@ INJECT = Path(__file__).resolve().parent / "inject"
 PATIENCE = 64
 # optimizer calls repeating one cycle that make it the loop's whatever else was built (a spare
 # optimizer never stepped is none of it): more than a WGAN's critic calls before its
-# generator's first (5 in WGAN-GP)
+# generator's first (5 in WGAN-GP); the window waits for twice as many, an optimizer that
+# first steps before then (a critic's warm-up) learning the cycle again
 SETTLE = 12
 _LIVE = re.compile(r"^steps-rank(\d+)-pid(\d+)\.live$")
 
@@ -119,7 +120,8 @@ class TorchCollector(Collector):
             if self._unsettled():
                 self.unavailable(f"several optimizers were built, and the cycle of their steps "
                                  f"was not known by the end: it needs every one built to step, "
-                                 f"or {SETTLE} calls repeating one cycle, or {PATIENCE} calls "
+                                 f"or {2 * SETTLE} calls, the last {SETTLE} repeating one cycle, "
+                                 f"or {PATIENCE} calls "
                                  "(build only the optimizers the loop steps, or run more "
                                  "iterations)")
             elif self._most_steps() > self.skip:

@@ -102,6 +102,12 @@ class _Window:
         # (hook_keys), and then those of the cycle's last are kept (_regroup).
         self.cycle: list[int] | None = None
         self.phase = 0  # the cycle's place of the next call
+        # the optimizer of the first call, and of the last; the hook from which the calls'
+        # keys are held (an optimizer the cycle lacked stepped: learned again from there)
+        self.first_key: int | None = None
+        self.last_key: int | None = None
+        self.learn_from = 0
+        self.calls = 0  # the optimizer calls so far, steps or not
         self.hook_keys: list[int] = []
         # the optimizers built (alive) and the ids of those stepped inside another's step (a
         # wrapper's): the cycle is known once it holds every one built but those
@@ -171,6 +177,7 @@ class _Window:
         self.inputs.clear()
         self.forward_ns.clear()
         self.hook_keys.clear()
+        self.learn_from = 0
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
 
@@ -183,6 +190,8 @@ class _Window:
         self._clear_steps()
         self.step_done_ns = {}
         self.cycle, self.phase, self.pending_ns, self.backward_ns = None, 0, 0, 0
+        self.first_key = self.last_key = None
+        self.calls = 0
         self.prof = self.et = None
         self.opened_at = -1
         self.claim = "RANK" not in os.environ
@@ -275,54 +284,97 @@ class _Window:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.out, name))
 
+    def stepped(self, key: int, own_ns: int) -> None:
+        """The optimizer `key`'s step() returned, its own time `own_ns`: a step ends if the
+        call ends one (ends_step), the optimizer drives the window and this one counts."""
+        self.pending_ns += own_ns
+        if self.ends_step(key) and self.on_event("optimizer") and self.driver == "optimizer":
+            self.optimizer_ns[len(self.hook_ns) - 1] = self.pending_ns
+            if self.cycle is None:
+                self.hook_keys.append(key)
+            self.pending_ns = 0
+
     def ends_step(self, key: int) -> bool:
         """Whether the call of the optimizer `key` ends a training step, an iteration of the
         loop. Every call does until the cycle is known (_learn), at a call of an optimizer
         that stepped before; then a step ends where the calls complete the cycle, which
         begins where the loop's first iteration did (a WGAN's critic 5 times, then its
         generator: at the generator's call; the generator first: at the critic's fifth), and
-        the steps so far are regrouped."""
+        the steps so far are regrouped. An optimizer built that the cycle lacks (it had not
+        stepped yet) stepping with no window open makes it learned again from there."""
+        repeat, self.last_key = key == self.last_key, key
+        self.calls += 1
+        if self.first_key is None:
+            self.first_key = key
+        if self.cycle and key not in self.cycle and key in self._required() \
+                and self.prof is None:
+            self._relearn()
         if self.cycle is None:
             if key not in self.hook_keys:
                 return True
-            if self.opened_at >= 0:  # a window already open counts on as it began: every
-                self.cycle = []  # call a step (SKIP 0, or one optimizer built)
+            if self.opened_at >= 0 and self.learn_from == 0:  # a window already open counts
+                self.cycle = []  # on as it began: every call a step (SKIP 0, or one built)
             elif not self._learn(key):
                 return True
-        return self._advance(key)
+        return self._advance(key, repeat)
+
+    def _relearn(self) -> None:
+        """An optimizer built that the cycle lacks steps: the cycle is learned again, from
+        the calls that learned it where its steps were each a call (one optimizer's: a
+        critic's warm-up, a generator's pretraining), no window opened and they are fewer
+        than PATIENCE, else from here."""
+        assert self.cycle is not None
+        if len(self.cycle) == 1 and self.opened_at < 0 \
+                and len(self.hook_ns) - self.learn_from < self.patience:
+            self.hook_keys += self.cycle * (len(self.hook_ns) - self.learn_from
+                                            - len(self.hook_keys))
+        else:
+            self.learn_from = len(self.hook_ns)
+            self.hook_keys.clear()
+        self.cycle, self.phase = None, 0
 
     def _learn(self, key: int) -> bool:
-        """Whether the calls so far and `key`'s make the cycle known: once the calls from
-        `key`'s first on hold every optimizer built (alive, and not stepped inside another's
-        step; a WGAN's critic steps again 4 times before its generator first steps), or the
-        last SETTLE calls repeat one cycle (an optimizer built and never stepped, or stepped
-        before the loop only, is none of it), or PATIENCE calls have gone by. The cycle is the
-        one the calls repeat back to the earliest, from there; the steps so far regrouped."""
+        """Whether the calls so far and `key`'s make the cycle known: once the last calls
+        repeat one cycle twice that holds every optimizer built (alive, and not stepped
+        inside another's step; a WGAN's critic steps 5 times and its generator once, twice:
+        an iteration with extra calls, lazy regularisation's, is no cycle), or the last
+        SETTLE calls repeat one cycle that holds every one built that stepped (one built and
+        not stepped yet is none of it), or PATIENCE calls have gone by. The cycle
+        begins at a run of the loop's first call's optimizer, and back as far as the calls
+        repeat it; the steps so far regrouped."""
         seq = [*self.hook_keys, key]
-        first = self.hook_keys.index(key)
-        period = len(self.hook_keys) - first
-        if not self._required() <= set(seq[first:]):
+        required = self._required()
+        period = next((p for p in range(1, len(seq) // 2 + 1)
+                       if seq[-p:] == seq[-2 * p:-p] and required <= set(seq[-p:])), 0)
+        if not period:
             tail = seq[-self.settle:] if len(seq) >= self.settle else []
-            period = next((p for p in range(1, len(tail) // 2 + 1)
-                           if tail[p:] == tail[:-p]), 0)
+            period = next((p for p in range(1, len(tail) // 2 + 1) if tail[p:] == tail[:-p]
+                           and required & set(seq) <= set(tail[:p])), 0)
             if not period and len(self.hook_keys) < self.patience:
                 return False
-            period = period or len(self.hook_keys) - first
-        begin = len(seq) - period
-        while begin > 0 and seq[begin - 1] == seq[begin - 1 + period]:
-            begin -= 1
-        self.cycle = seq[begin:begin + period]
-        self._regroup(begin)
+            period = period or len(self.hook_keys) - self.hook_keys.index(key)
+        last = seq[-period:]
+        lead = next(k for k in (self.first_key, *seq) if k in last)
+        turn = next((r for r in range(period) if last[r] == lead and last[r - 1] != lead), 0)
+        self.cycle = last[turn:] + last[:turn]
+        begin = len(seq) - period + turn
+        while begin >= period and seq[begin - period:begin] == self.cycle:
+            begin -= period
+        self._regroup(seq, begin)
         return True
 
-    def _advance(self, key: int) -> bool:
+    def _advance(self, key: int, repeat: bool) -> bool:
         """A call of `key` once the cycle is known: whether it completes the cycle (every call
         does of a window opened before it was known). A call out of the cycle's order (an
         iteration that skipped one) takes the next place of its optimizer; one of an optimizer
-        the cycle does not hold ends no step."""
+        the cycle does not hold ends no step, and so does a call of the optimizer the last
+        call was of where the cycle holds no such repeat (an extra one: lazy regularisation's,
+        an iteration stepping one twice)."""
         if not self.cycle:
             return True
         n = len(self.cycle)
+        if repeat and self.cycle[self.phase] != key:
+            return False
         at = next((i for i in range(self.phase, self.phase + n) if self.cycle[i % n] == key),
                   None)
         if at is None:
@@ -337,19 +389,38 @@ class _Window:
 
     def settled(self) -> bool:
         """Whether the window may open: an optimizer's steps are iterations once the cycle is
-        known, or with one optimizer built (its every call a step)."""
-        return self.driver != "optimizer" or self.cycle is not None or len(self._required()) < 2
+        known, or with one optimizer built (its every call a step). A cycle that lacks one
+        built (not stepped yet) waits for twice SETTLE calls: a critic's warm-up or a
+        generator's pretraining shorter than that is learned again before it opens."""
+        required = self._required()
+        return self.driver != "optimizer" or len(required) < 2 or (
+            self.cycle is not None
+            and (required <= set(self.cycle) or self.calls >= 2 * self.settle))
 
-    def _regroup(self, begin: int) -> None:
-        """The hooks so far as steps of the learned cycle, begun at call `begin` (those before
-        it each a step, as they were): the calls that complete it, each with the own time of
-        the calls since the one before, the calls after the last pending (the live file
-        rewritten)."""
-        assert self.cycle is not None
-        n = len(self.cycle)
-        calls = len(self.hook_keys)
-        kept = [i for i in range(calls) if i < begin or (i - begin) % n == n - 1]
-        self.phase = (calls - begin) % n
+    def _regroup(self, seq: list[int], begin: int) -> None:
+        """The hooks so far as steps of the learned cycle, of the calls `seq` (from hook
+        learn_from on; the last, this one's, to come), begun at call `begin`: the calls that
+        complete it, each with the own time of the calls since the one before, the calls after
+        the last pending (the live file rewritten). Before `begin` a call ends a step unless
+        the next goes on with the cycle's iteration (both of optimizers the cycle holds, the
+        next not starting the cycle's first run): a critic's warm-up calls before its
+        generator's, a generator's pretraining, each iteration a step."""
+        cycle = self.cycle
+        assert cycle is not None
+        n, lead = len(cycle), cycle[0]
+        single = n == 1 or cycle[1] != lead  # the cycle's first run is one call
+
+        def ends(i: int) -> bool:
+            if i >= begin:
+                return (i - begin) % n == n - 1
+            this, after = seq[i], seq[i + 1]
+            starts = after == lead and (this != lead or single)
+            return starts or this not in cycle or after not in cycle
+
+        calls = len(self.hook_ns)
+        kept = [*range(self.learn_from),
+                *(self.learn_from + i for i in range(len(seq) - 1) if ends(i))]
+        self.phase = (len(seq) - 1 - begin) % n
         own = [self.optimizer_ns.get(i, 0) for i in range(calls)]
         self.optimizer_ns = {k: sum(own[(kept[k - 1] + 1 if k else 0):i + 1])
                              for k, i in enumerate(kept)}
@@ -706,13 +777,7 @@ def _step_after_optimizers(window: _Window, optimizer: type) -> None:
             finally:
                 depth -= 1
             if depth == 0 and os.getpid() == window.pid and not window.in_worker:
-                window.pending_ns += time.time_ns() - max(start, window.backward_ns)
-                if (window.ends_step(key) and window.on_event("optimizer")
-                        and window.driver == "optimizer"):
-                    window.optimizer_ns[len(window.hook_ns) - 1] = window.pending_ns
-                    if window.cycle is None:
-                        window.hook_keys.append(key)
-                    window.pending_ns = 0
+                window.stepped(key, time.time_ns() - max(start, window.backward_ns))
             return out
 
         return step_then_mark
