@@ -1004,10 +1004,11 @@ def pointwise_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] 
     backward = cost.family == "conv_backward"
     x, w = dims[backward], dims[1 + backward]
     rows, c_out, c_in = x[0] * _numel(x[2:]), w[0], w[1]
-    gemms = [d for d, wanted in zip((((rows, c_out), (c_out, c_in)),
-                                     ((c_in, rows), (rows, c_out))),
-                                    cost.pointwise, strict=True) if wanted] if backward \
-        else [((rows, c_in), (c_in, c_out))]
+    if backward:  # the input's gradient, the weight's: those the output_mask asks for
+        both = (((rows, c_out), (c_out, c_in)), ((c_in, rows), (rows, c_out)))
+        gemms = [d for d, wanted in zip(both, cost.pointwise, strict=True) if wanted]
+    else:
+        gemms = [((rows, c_in), (c_in, c_out))]
     parts = [(1, op_cost("mm", d, ("float", "float")), d) for d in gemms]
     return [(n, c, d) for n, c, d in parts if c is not None]
 
