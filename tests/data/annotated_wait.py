@@ -3,14 +3,13 @@ five profiled steps. Each step issues an asynchronous all-gather of 2-6 M floats
 in some steps than others) and waits for it inside a record_function range that holds nothing
 but the wait (as FSDP2's all-gather does): the loop's thread sits there until gloo's thread
 has copied the shards in."""
-import gzip
 import os
-import shutil
 import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from trace_gz import gzip_trace
 
 
 def run(rank: int, store: str) -> None:
@@ -37,10 +36,7 @@ def run(rank: int, store: str) -> None:
         for i in range(6):
             step(i)
             prof.step()
-    with open(out, "rb") as src, open(out + ".gz", "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(out)
+    gzip_trace(out)
     dist.destroy_process_group()
 
 

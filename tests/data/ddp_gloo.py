@@ -1,15 +1,13 @@
 """Writes ddp_gloo_rank{0,1}.pt.trace.json.gz: DDP on gloo, two CPU ranks (torchrun
 --nproc_per_node 2 ddp_gloo.py), three profiled steps. Rank 1 computes about 6 ms more
 before its backward in every step, so rank 0 waits for it in each all-reduce."""
-import gzip
-import os
-import shutil
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from trace_gz import gzip_trace
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -40,8 +38,5 @@ with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, a
     for _ in range(4):
         step()
         prof.step()
-with open(out, "rb") as src, open(out + ".gz", "wb") as raw, \
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
-    shutil.copyfileobj(src, dst)
-os.remove(out)
+gzip_trace(out)
 dist.destroy_process_group()

@@ -7,15 +7,14 @@ Before its subgroup's all-reduce rank 1 sleeps 4 ms and rank 2 sleeps 8 ms: rank
 4 ms for rank 1, rank 3 about 8 ms for rank 2. No record_param_comms is recorded for gloo,
 and its ranges carry no process group: each group's work runs on its own two
 pt_gloo_runloop threads, created with the group (the world's first)."""
-import gzip
 import os
-import shutil
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from trace_gz import gzip_trace
 
 WORLD = 4
 SLEEP = {1: 0.004, 2: 0.008}  # rank -> seconds it sleeps before its subgroup's all-reduce
@@ -45,10 +44,7 @@ def run(rank: int, out_dir: str) -> None:
         for _ in range(4):
             step()
             prof.step()
-    with open(out, "rb") as src, open(out + ".gz", "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(out)
+    gzip_trace(out)
     dist.destroy_process_group()
 
 
