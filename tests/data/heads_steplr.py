@@ -26,7 +26,8 @@ y_b = torch.randint(0, 3, (16,))
 params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
 opt = torch.optim.Adam(params) if case == "heads" else torch.optim.SGD(params, 0.1)
 schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+shaped = "unshaped" not in sys.argv[3:]
+with profile(activities=[ProfilerActivity.CPU], record_shapes=shaped) as prof:
     for step in range(12):
         if case == "frozen":
             trunk.requires_grad_(step % 2 == 0)
