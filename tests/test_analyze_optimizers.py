@@ -26,6 +26,7 @@ from perfswarm.analyze.optimizer_kinds import (
     count_cycle,
     id_cycle,
     identified_cycle,
+    skips_frozen,
 )
 from perfswarm.analyze.phases import step_calls
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -115,6 +116,8 @@ def test_a_gans_two_optimizers_make_one_step(tmp_path: Path, name: str, alike: b
     expected = _expected(raw, 2)
     assert _steps(tmp_path, raw, "shaped") == expected
     assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+    # without shapes: the backward passes alternate, and so do the forwards (no layer frozen)
+    assert _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped") == expected
     path = DATA / name
     run = import_traces([path], tmp_path / "kinds.run", ImportOptions(), ["t"])
     ev = Events.load(run)
@@ -140,6 +143,7 @@ def test_twin_models_whose_discriminator_steps_twice(tmp_path: Path, name: str) 
     expected = _expected(raw, 3)
     assert _steps(tmp_path, raw, "shaped") == expected
     assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+    assert _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped") == expected
 
 
 def _kinds(kind: list[int], scalars: list[int] | None = None,
@@ -252,6 +256,20 @@ def test_one_optimizer_whose_calls_differ(tmp_path: Path, name: str) -> None:
         assert len(set(updated[::2])) == len(set(updated[1::2])) == 1
         assert updated[1] < updated[0]
     assert _steps(tmp_path, raw, "r") == _expected(raw, 1)
+
+
+def test_a_layer_frozen_or_twin_models() -> None:
+    """Between the calls (each a multiset of names): the same forward every step and each
+    backward a part of the largest, a layer frozen; forwards of their own, or backward passes
+    that each hold nodes the other lacks, twin models (a GAN's loss nodes differ)."""
+    alike = [(1, 2, 3)] * 11
+    frozen = [(7, 8, 9, 9), (7, 9)] * 5 + [(7, 8, 9, 9)]
+    assert skips_frozen(frozen, alike)
+    assert not skips_frozen(frozen, [(1, 2, 3), (1, 1, 2, 2, 3, 3)] * 5 + [(1, 2, 3)])
+    assert not skips_frozen([(7, 8, 9), (7, 9, 10)] * 5 + [(7, 8, 9)], alike)
+    assert skips_frozen(frozen, [(1, 2), *alike[1:]])  # one stretch of 11 unlike: 10 of 11 alike
+    assert not skips_frozen(frozen, [(1, 2)] * 2 + alike[2:])
+    assert not skips_frozen([], [])
 
 
 def test_a_layer_frozen_every_other_step_without_shapes(tmp_path: Path) -> None:

@@ -183,14 +183,14 @@ def skips_frozen(backward: Sequence[tuple[int, ...]], others: Sequence[tuple[int
     (the frozen layer's left out). Twin models' optimizers each step after a forward of their
     own (a GAN's discriminator reads real and generated samples, its generator the
     discriminator's score of its own), and two models' backward passes each hold nodes the
-    other's lack."""
+    other lacks."""
     if not others:
         return False
     common = Counter(others).most_common(1)[0][1]
-    biggest: tuple[int, ...] = max(backward, key=len)
-    largest = Counter(biggest)
+    whole: tuple[int, ...] = max(backward, key=len)  # a step with nothing frozen
+    held = Counter(whole)
     return common >= CYCLE_MATCH * len(others) and all(
-        not Counter(nodes) - largest for nodes in backward)
+        not Counter(nodes) - held for nodes in backward)
 
 
 def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, frozen: bool,
