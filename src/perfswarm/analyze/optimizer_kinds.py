@@ -217,7 +217,8 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, frozen: bool,
     been found); and so do calls without shapes whose backward passes are alike (an
     evaluation every second step: it had kept the cycle of the ops between the calls, 2). Twin
     models each stepped after a backward alike (two seeds in lockstep) read as one optimizer:
-    nothing the trace holds tells them apart."""
+    by SGD their trace is the same, event for event, as one optimizer's stepping each batch
+    twice (data echoing), each call of which is a step."""
     k = id_cycle(kinds.kind, MAX_KIND_CYCLE)
     if k >= 2:
         return k
