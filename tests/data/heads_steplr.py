@@ -5,9 +5,10 @@ steps: its ops' scalars come in runs of 3) and `frozen` (SGD over the trunk and 
 trunk's layer frozen every other step: those calls update head A alone, after a backward of
 fewer nodes). Read as told-apart optimizers, the first had been a cycle of two optimizers (6
 steps), the second of three twins (4); the third, its backward passes alternating as twin
-models' do, 6.
+models' do, 6. `unshaped` records without record_shapes (`frozen unshaped`:
+frozen_unshaped_cpu.pt.trace.json.gz, where a call is its class alone: 6 of 12 had been found).
 
-    python tests/data/heads_steplr.py heads|steplr|frozen OUT.pt.trace.json
+    python tests/data/heads_steplr.py heads|steplr|frozen OUT.pt.trace.json [unshaped]
 """
 
 import sys
