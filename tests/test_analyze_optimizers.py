@@ -2,13 +2,16 @@
 recordings with no step markers: tests/data/eval_every2.py (one Adam, an evaluation forward
 after every second step), tests/data/gan_adam.py (a GAN's two Adams, of models of different
 sizes and of twin models; twins whose discriminator steps twice a generator step, by Adam or
-SGD) and tests/data/heads_steplr.py (one optimizer whose calls differ). Each expected boundary
-is read from the raw JSON alone."""
+SGD) and tests/data/heads_steplr.py (one optimizer whose calls differ; one whose layer is frozen
+every other step, recorded without shapes). Each expected boundary is read from the raw JSON
+alone."""
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from perfswarm.analyze.optimizer_kinds import (
     count_cycle,
     id_cycle,
     identified_cycle,
+    skips_frozen,
 )
 from perfswarm.analyze.phases import step_calls
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -112,6 +116,8 @@ def test_a_gans_two_optimizers_make_one_step(tmp_path: Path, name: str, alike: b
     expected = _expected(raw, 2)
     assert _steps(tmp_path, raw, "shaped") == expected
     assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+    # without shapes: the backward passes alternate, and so do the forwards (no layer frozen)
+    assert _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped") == expected
     path = DATA / name
     run = import_traces([path], tmp_path / "kinds.run", ImportOptions(), ["t"])
     ev = Events.load(run)
@@ -137,6 +143,7 @@ def test_twin_models_whose_discriminator_steps_twice(tmp_path: Path, name: str) 
     expected = _expected(raw, 3)
     assert _steps(tmp_path, raw, "shaped") == expected
     assert _steps(tmp_path, _without(raw, "Concrete Inputs"), "unscaled") == expected
+    assert _steps(tmp_path, _without(raw, "Input Dims", "Concrete Inputs"), "unshaped") == expected
 
 
 def _kinds(kind: list[int], scalars: list[int] | None = None,
@@ -152,34 +159,41 @@ def test_the_cycle_of_told_apart_optimizers() -> None:
     apart, same = np.ones(n - 1, np.int64), np.zeros(n - 1, np.int64)
     alternating = np.array([0, 1] * 6, np.int64)[:n - 1]
     # two kinds in turn (a GAN), three (a discriminator stepped twice a generator's step)
-    assert identified_cycle(_kinds([0, 1] * 6), apart, same, 1) == 2
-    assert identified_cycle(_kinds([0, 0, 1] * 4), apart, same, 1) == 3
+    assert identified_cycle(_kinds([0, 1] * 6), apart, same, False, 1) == 2
+    assert identified_cycle(_kinds([0, 0, 1] * 4), apart, same, False, 1) == 3
     # a WGAN's critic stepped 5 times, then its generator: 6 (past MAX_CYCLE, 4)
     assert identified_cycle(_kinds(([0] * 5 + [1]) * 2), np.ones(11, np.int64),
-                            np.zeros(11, np.int64), 1) == 6
+                            np.zeros(11, np.int64), False, 1) == 6
     # one kind, its step size new at every call, one backward: one optimizer
-    assert identified_cycle(_kinds([0] * n, list(range(n))), apart, same, 2) == 1
+    assert identified_cycle(_kinds([0] * n, list(range(n))), apart, same, False, 2) == 1
     # one kind, scalars in pairs with backward passes alternating: twin models' Adams; in pairs
     # with one backward throughout, one optimizer whose rate holds for two steps (StepLR)
     pairs = [i // 2 for i in range(n)]
-    assert identified_cycle(_kinds([0] * n, pairs), apart, alternating, 1) == 2
-    assert identified_cycle(_kinds([0] * n, pairs), apart, same, 1) == 1
+    assert identified_cycle(_kinds([0] * n, pairs), apart, alternating, False, 1) == 2
+    assert identified_cycle(_kinds([0] * n, pairs), apart, same, False, 1) == 1
     # one kind, scalars that never change (SGD): the backward passes cycle (twin models), at
     # their cycle whatever the structural one (a discriminator stepped twice), or do not (one
     # optimizer); they cycle with calls that leave shapes out (a layer frozen every other
     # step): one optimizer
-    assert identified_cycle(_kinds([0] * n, [0] * n), apart, alternating, 2) == 2
+    assert identified_cycle(_kinds([0] * n, [0] * n), apart, alternating, False, 2) == 2
     thirds = np.array([0, 0, 1] * 4, np.int64)[:n - 1]
-    assert identified_cycle(_kinds([0] * n, [0] * n), apart, thirds, 1) == 3
-    assert identified_cycle(_kinds([0] * n, [0] * n), apart, same, 2) == 1
-    assert identified_cycle(_kinds([0] * n, [0] * n, [0, 1] * 6), apart, alternating, 2) == 1
+    assert identified_cycle(_kinds([0] * n, [0] * n), apart, thirds, False, 1) == 3
+    assert identified_cycle(_kinds([0] * n, [0] * n), apart, same, False, 2) == 1
+    assert identified_cycle(_kinds([0] * n, [0] * n, [0, 1] * 6), apart, alternating, False,
+                            2) == 1
     # nothing between two calls: one step's (two optimizers of one kind back to back)
-    assert identified_cycle(_kinds([0] * n, [0] * n), np.array([5, 0] * 5 + [5]), same, 2) == 2
-    # no shapes (the class alone): the backward passes still say it
-    assert identified_cycle(_kinds([0] * n), apart, same, 2) == 1
-    assert identified_cycle(_kinds([0] * n), apart, alternating, 2) == 2
+    assert identified_cycle(_kinds([0] * n, [0] * n), np.array([5, 0] * 5 + [5]), same, False,
+                            2) == 2
+    # no shapes (the class alone): the backward passes still say it, and where the stretches
+    # say a layer is frozen in some steps (skips_frozen), one optimizer; kinds told apart (a
+    # GAN's two models by their shapes) stay whatever the stretches say
+    assert identified_cycle(_kinds([0] * n), apart, same, False, 2) == 1
+    assert identified_cycle(_kinds([0] * n), apart, alternating, False, 2) == 2
+    assert identified_cycle(_kinds([0] * n), apart, alternating, True, 2) == 1
+    assert identified_cycle(_kinds([0, 1] * 6), apart, alternating, True, 1) == 2
     # kinds that vary with no cycle: the structural cycle stays
-    assert identified_cycle(_kinds([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]), apart, same, 1) == 1
+    assert identified_cycle(_kinds([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]), apart, same, False,
+                            1) == 1
     assert id_cycle(np.array([0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0])) == 0
 
 
@@ -242,3 +256,37 @@ def test_one_optimizer_whose_calls_differ(tmp_path: Path, name: str) -> None:
         assert len(set(updated[::2])) == len(set(updated[1::2])) == 1
         assert updated[1] < updated[0]
     assert _steps(tmp_path, raw, "r") == _expected(raw, 1)
+
+
+def test_a_layer_frozen_or_twin_models() -> None:
+    """Between the calls (each a multiset of names): the same forward every step and each
+    backward a part of the largest, a layer frozen; forwards of their own, or backward passes
+    that each hold nodes the other lacks, twin models (a GAN's loss nodes differ)."""
+    alike = [(1, 2, 3)] * 11
+    frozen = [(7, 8, 9, 9), (7, 9)] * 5 + [(7, 8, 9, 9)]
+    assert skips_frozen(frozen, alike)
+    assert not skips_frozen(frozen, [(1, 2, 3), (1, 1, 2, 2, 3, 3)] * 5 + [(1, 2, 3)])
+    assert not skips_frozen([(7, 8, 9), (7, 9, 10)] * 5 + [(7, 8, 9)], alike)
+    assert skips_frozen(frozen, [(1, 2), *alike[1:]])  # one stretch of 11 unlike: 10 of 11 alike
+    assert not skips_frozen(frozen, [(1, 2)] * 2 + alike[2:])
+    assert not skips_frozen([], [])
+
+
+def test_a_layer_frozen_every_other_step_without_shapes(tmp_path: Path) -> None:
+    """tests/data/heads_steplr.py `frozen unshaped`: the SGD whose trunk is frozen every other
+    step, recorded without record_shapes: a call is its class alone, and the backward passes
+    before the calls alternate (the trunk's nodes left out), as twin models' do: 6 steps had
+    been found of 12. The ops between the calls outside the backward (the forward, its loss)
+    are the same every step, and a frozen step's backward nodes are a part of the others': one
+    optimizer, each call a step."""
+    raw = _raw("frozen_unshaped_cpu.pt.trace.json.gz")
+    calls = _calls(raw)
+    assert len(calls) == 12
+    assert not any("Input Dims" in e.get("args", {}) for e in raw["traceEvents"])
+    nodes = [Counter(e["name"] for e in raw["traceEvents"] if e.get("ph") == "X"
+                     and e["name"].startswith("autograd::engine::evaluate_function: ")
+                     and a["ts"] + a["dur"] <= e["ts"] < b["ts"])
+             for a, b in itertools.pairwise(calls)]
+    assert nodes[1::2] == [nodes[1]] * 5 and nodes[::2] == [nodes[0]] * 6
+    assert nodes[0] < nodes[1]  # the frozen steps' nodes, a part of the others'
+    assert _steps(tmp_path, raw, "frozen") == _expected(raw, 1)

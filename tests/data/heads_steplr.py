@@ -5,9 +5,10 @@ steps: its ops' scalars come in runs of 3) and `frozen` (SGD over the trunk and 
 trunk's layer frozen every other step: those calls update head A alone, after a backward of
 fewer nodes). Read as told-apart optimizers, the first had been a cycle of two optimizers (6
 steps), the second of three twins (4); the third, its backward passes alternating as twin
-models' do, 6.
+models' do, 6. `unshaped` records without record_shapes (`frozen unshaped`:
+frozen_unshaped_cpu.pt.trace.json.gz, where a call is its class alone: 6 of 12 had been found).
 
-    python tests/data/heads_steplr.py heads|steplr|frozen OUT.pt.trace.json
+    python tests/data/heads_steplr.py heads|steplr|frozen OUT.pt.trace.json [unshaped]
 """
 
 import sys
@@ -26,7 +27,8 @@ y_b = torch.randint(0, 3, (16,))
 params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
 opt = torch.optim.Adam(params) if case == "heads" else torch.optim.SGD(params, 0.1)
 schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+shaped = "unshaped" not in sys.argv[3:]
+with profile(activities=[ProfilerActivity.CPU], record_shapes=shaped) as prof:
     for step in range(12):
         if case == "frozen":
             trunk.requires_grad_(step % 2 == 0)

@@ -36,7 +36,14 @@ import pyarrow.compute as pc
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.optimizer_kinds import CYCLE_MATCH, MAX_CYCLE, call_kinds, identified_cycle
+from perfswarm.analyze.optimizer_kinds import (
+    CYCLE_MATCH,
+    MAX_CYCLE,
+    call_kinds,
+    identified_cycle,
+    multiset_ids,
+    skips_frozen,
+)
 from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, scopes, step_calls
 from perfswarm.trace.schema import EXPORT, FAULTS, PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
@@ -512,9 +519,11 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes],
             cycle = call_cycle(np.diff(np.searchsorted(ops, done)),
                                np.searchsorted(ops, done) - np.searchsorted(ops, began))
             if run is not None:
+                backward = _backwards(ev, rank, done, began)
+                frozen = skips_frozen(backward, _others(ev, rank, tid, done, began))
                 cycle = identified_cycle(call_kinds(run, ev, calls[order]),
                                          _apart(ev, rank, tid, done, began),
-                                         _backwards(ev, rank, done, began), cycle)
+                                         multiset_ids(backward), frozen, cycle)
             if not held or min(held) == 0 or len(set(held)) > 1 or held[0] != cycle:
                 found = optimizer_windows(int(starts.min()), done, cycle)
     return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
@@ -525,31 +534,48 @@ def _apart(ev: Events, rank: int, tid: int, done: I64, began: I64) -> I64:
     one's start (`began`, of the calls in that order) outside the optimizers' calls (the
     `zero_grad()` between them is theirs)."""
     mine = (ev.tid == tid) & (ev.rank == rank)
-    ops = np.sort(ev.ts[mine & ev.of_kind("cpu_op")])
     calls = scopes(ev, OPTIMIZER)
-    calls = calls[mine[calls]]
-    lo, hi = union(ev.ts[calls], ev.end[calls])
-    at = np.searchsorted(lo, ops, side="right") - 1
-    free = ops[(at < 0) | (ops >= hi[np.maximum(at, 0)])]
+    free = np.sort(ev.ts[_outside(ev, np.flatnonzero(mine & ev.of_kind("cpu_op")),
+                                  calls[mine[calls]])])
     return np.asarray(np.searchsorted(free, began[1:], side="left")
                       - np.searchsorted(free, done[:-1], side="right"), np.int64)
 
 
-def _backwards(ev: Events, rank: int, done: I64, began: I64) -> I64:
-    """An id of the autograd nodes (their names, as a multiset) that start on the rank (any
-    thread: CUDA's backward runs on its own) between each optimizer call's end (`done`) and
-    the next one's start (`began`)."""
+def _outside(ev: Events, ops: I64, spans: I64) -> I64:
+    """The rows of `ops` that start outside every span at `spans` (rows)."""
+    lo, hi = union(ev.ts[spans], ev.end[spans])
+    if len(lo) == 0:
+        return ops
+    at = np.searchsorted(lo, ev.ts[ops], side="right") - 1
+    return ops[(at < 0) | (ev.ts[ops] >= hi[np.maximum(at, 0)])]
+
+
+def _backwards(ev: Events, rank: int, done: I64, began: I64) -> list[tuple[int, ...]]:
+    """The autograd nodes (their names) that start on the rank (any thread: CUDA's backward
+    runs on its own) between each optimizer call's end (`done`) and the next one's start
+    (`began`)."""
     nodes = scopes(ev, BACKWARD)
-    nodes = nodes[ev.rank[nodes] == rank]
-    nodes = nodes[np.argsort(ev.ts[nodes], kind="stable")]
-    ts = ev.ts[nodes]
-    ids: dict[tuple[int, ...], int] = {}
-    out = []
-    for lo, hi in zip(done[:-1].tolist(), began[1:].tolist(), strict=True):
-        names = ev.name[nodes[np.searchsorted(ts, lo, side="left"):
-                              np.searchsorted(ts, hi, side="left")]]
-        out.append(ids.setdefault(tuple(np.sort(names).tolist()), len(ids)))
-    return np.array(out, np.int64)
+    return _names_between(ev, nodes[ev.rank[nodes] == rank], done, began)
+
+
+def _others(ev: Events, rank: int, tid: int, done: I64, began: I64) -> list[tuple[int, ...]]:
+    """The thread's ops (their names) between each optimizer call's end and the next one's
+    start outside the optimizers' calls and the autograd nodes: the forward, its loss, its
+    batch."""
+    mine = (ev.tid == tid) & (ev.rank == rank)
+    spans = np.concatenate([scopes(ev, OPTIMIZER), scopes(ev, BACKWARD)])
+    return _names_between(ev, _outside(ev, np.flatnonzero(mine & ev.of_kind("cpu_op")),
+                                       spans[mine[spans]]), done, began)
+
+
+def _names_between(ev: Events, rows: I64, done: I64, began: I64) -> list[tuple[int, ...]]:
+    """The names (codes, sorted: a multiset) of the events at `rows` that start between each
+    optimizer call's end (`done`) and the next one's start (`began`)."""
+    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+    ts = ev.ts[rows]
+    return [tuple(np.sort(ev.name[rows[np.searchsorted(ts, lo, side="left"):
+                                       np.searchsorted(ts, hi, side="left")]]).tolist())
+            for lo, hi in zip(done[:-1].tolist(), began[1:].tolist(), strict=True)]
 
 
 def call_cycle(between: I64, inside: I64) -> int:

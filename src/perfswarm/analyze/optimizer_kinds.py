@@ -12,6 +12,8 @@ models have one architecture). Without shapes (record_shapes=False) a call is it
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -167,7 +169,32 @@ def count_cycle(scalars: I64) -> int:
     return m if runs.count(m) >= 2 else 0
 
 
-def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: int) -> int:
+def multiset_ids(sets: Sequence[tuple[int, ...]]) -> I64:
+    """An id of each multiset (sorted codes), in order of first appearance."""
+    ids: dict[tuple[int, ...], int] = {}
+    return np.array([ids.setdefault(s, len(ids)) for s in sets], np.int64)
+
+
+def skips_frozen(backward: Sequence[tuple[int, ...]], others: Sequence[tuple[int, ...]]) -> bool:
+    """Whether the stretches between optimizer calls (each a multiset of names: `backward`, its
+    autograd nodes; `others`, the thread's other ops outside the calls) are one optimizer's
+    steps with a layer frozen in some of them: the other work, the forward and its loss, alike
+    in CYCLE_MATCH of the stretches, and every backward's nodes a part of the largest one's
+    (the frozen layer's left out). Twin models' optimizers each step after a forward of their
+    own (a GAN's discriminator reads real and generated samples, its generator the
+    discriminator's score of its own), and two models' backward passes each hold nodes the
+    other lacks."""
+    if not others:
+        return False
+    common = Counter(others).most_common(1)[0][1]
+    whole: tuple[int, ...] = max(backward, key=len)  # a step with nothing frozen
+    held = Counter(whole)
+    return common >= CYCLE_MATCH * len(others) and all(
+        not Counter(nodes) - held for nodes in backward)
+
+
+def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, frozen: bool,
+                     structural: int) -> int:
     """How many optimizer calls make one step, the kinds of the calls told first: calls that
     cycle through several kinds, that cycle (a GAN's discriminator and generator, two
     optimizers stepped back to back); calls of one kind that come in runs of alike scalars,
@@ -185,10 +212,13 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: in
     stepped twice a generator's step had read as one optimizer with extra work every third
     step, which adds no backward: 36 steps of 12). One optimizer's calls that leave out
     parameters with no gradient (a layer frozen every other step: its backward passes
-    alternate too) stay a cycle of 1, and so do calls without shapes (record_shapes=False)
-    whose backward passes are alike (an evaluation every second step: it had kept the cycle of
-    the ops between the calls, 2). Twin models each stepped after a backward alike (two seeds
-    in lockstep) read as one optimizer: nothing the trace holds tells them apart."""
+    alternate too) stay a cycle of 1: by their shapes, or without shapes (record_shapes=False)
+    where the stretches between the calls say so (`frozen`: skips_frozen; 6 steps of 12 had
+    been found); and so do calls without shapes whose backward passes are alike (an
+    evaluation every second step: it had kept the cycle of the ops between the calls, 2). Twin
+    models each stepped after a backward alike (two seeds in lockstep) read as one optimizer:
+    by SGD their trace is the same, event for event, as one optimizer's stepping each batch
+    twice (data echoing), each call of which is a step."""
     k = id_cycle(kinds.kind, MAX_KIND_CYCLE)
     if k >= 2:
         return k
@@ -199,4 +229,4 @@ def identified_cycle(kinds: CallKinds, apart: I64, backward: I64, structural: in
         return m  # (runs of alike scalars with one backward throughout: StepLR's rate)
     if not (apart > 0).all():
         return structural
-    return b if b >= 2 and kinds.uniform() else 1
+    return b if b >= 2 and kinds.uniform() and not frozen else 1
