@@ -2,7 +2,8 @@
 
 Most analyses are per rank already (iterations, concurrency, launches) or sums over ranks
 (op and kernel totals). Stragglers need each rank's collective start times: a few numbers
-per step. The critical path crosses ranks only at collectives, so each worker keeps its
+per step. The critical path crosses ranks only at collectives and at receives that waited for
+their sends (each worker reads its rank's sends and receives), so each worker keeps its
 rank's events and dependency graph, and the walk goes from worker to worker, one segment per
 stretch on a rank (critical_path.path_of). Samples and counters are small and stay here.
 A worker reads only its rank's rows. The result equals analyze()'s, key for key (tested).
