@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import Events, detail_of, lane_key
+from perfswarm.analyze.frame import Events, detail_of
 from perfswarm.analyze.stragglers import Peer, occurrences
 from perfswarm.trace.store import Run
 
@@ -67,9 +67,8 @@ def rank_transfers(run: Run, ev: Events, rank: int) -> RankTransfers:
     # the n-th of each (direction, peer, tag)
     keys = (np.asarray(peer) * 2 + sending) * (1 << 31) + np.asarray(tag)
     nth = occurrences(keys)
-    ranges = rows[(ev.name[rows] == codes.get(RECEIVED, -1)) & ev.host_collective[rows]]
-    ranges = ranges[np.lexsort((ev.ts[ranges], lane_key(rank, ev.tid[ranges])))]
-    lanes = lane_key(rank, ev.tid[ranges])
+    done = rows[(ev.name[rows] == codes.get(RECEIVED, -1)) & ev.host_collective[rows]]
+    done = done[np.argsort(ev.ts[done], kind="stable")]
     sent: dict[Transfer, tuple[int, int]] = {}
     received: dict[Transfer, tuple[int, int]] = {}
     for i, row in enumerate(calls.tolist()):
@@ -79,12 +78,10 @@ def rank_transfers(run: Run, ev: Events, rank: int) -> RankTransfers:
         if sending[i]:
             sent[key] = (row, int(ev.ts[row]))
             continue
-        lane = int(lane_key(rank, int(ev.tid[row])))
-        lo = int(np.searchsorted(lanes, lane))
-        hi = int(np.searchsorted(lanes, lane, side="right"))
-        at = lo + int(np.searchsorted(ev.ts[ranges[lo:hi]], ev.ts[row]))
-        if at < hi:
-            received[key] = (int(ranges[at]), int(ev.ts[row]))
+        mine = done[ev.tid[done] == ev.tid[row]]
+        at = int(np.searchsorted(ev.ts[mine], ev.ts[row]))
+        if at < len(mine):
+            received[key] = (int(mine[at]), int(ev.ts[row]))
     return sent, received
 
 
