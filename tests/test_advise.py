@@ -1531,6 +1531,18 @@ def test_untraced_wait_for_reads(tmp_path: Path) -> None:
     assert found(host.untraced_wait, counters(0.5, 0.75)) is None
 
 
+def test_communication_bound_of_a_pipelines_sends(tmp_path: Path) -> None:
+    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py: rank 1 waits in its receives for
+    rank 0's sends): its communication is sends and receives alone, which async_op and larger
+    collectives do not shorten; the change is the pipeline's schedule."""
+    data = Path(__file__).parent / "data"
+    run = import_traces([data / f"p2p_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)],
+                        tmp_path / "p.run", ImportOptions(), ["test"])
+    a = shows(distributed.communication_bound, run)
+    assert set(a.evidence["by_op_ns"]) == {"send", "recv"}
+    assert a.change == ("stages of equal time (the slowest sets the pace), bf16 activations")
+
+
 def test_communication_bound_on_gloo(tmp_path: Path) -> None:
     """A CPU DDP rank's steps of 10 ms: its loop computes 0..6 ms and steps the optimizer at
     9..10; gloo's thread all-reduces two buckets, 3..5 ms (under the backward) and 6..9 ms

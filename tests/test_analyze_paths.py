@@ -462,6 +462,52 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
                                             for s, e in mine.merged_work())
 
 
+P2P = [DATA / f"p2p_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
+
+
+def test_a_receive_that_waited_hands_the_path_to_its_sender(tmp_path: Path) -> None:
+    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py: rank 1 posts its receive, rank 0
+    computes, then sends), against the raw JSON: a step whose last work is rank 1's (the compute
+    after its receive) runs back to rank 0's send call, one rank switch, the transfer from that
+    call's start to the receive's completion (gloo:recv's end) a collective; a step that ends
+    with rank 0's send (its gloo:send range, a collective) stays on rank 0. Before, each
+    receive's wait was rank 1's own CPU time: no rank switch."""
+    raw = []
+    for path in P2P:
+        trace = orjson.loads(gzip.decompress(path.read_bytes()))
+        base = trace["baseTimeNanoseconds"]
+        x = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+
+        def span(e: dict[str, Any], base: int = base) -> tuple[int, int]:
+            start = base + int(Decimal(str(e["ts"])) * 1000)
+            return start, start + int(Decimal(str(e["dur"])) * 1000)
+
+        raw.append({name: sorted(span(e) for e in x if e["name"].startswith(name))
+                    for name in ("ProfilerStep#", "c10d::send", "c10d::recv_", "gloo:send",
+                                 "gloo:recv")})
+        raw[-1]["work"] = sorted(span(e) for e in x if e.get("cat") in ("cpu_op",
+                                 "user_annotation") and not e["name"].startswith("Profiler"))
+    sends, receives = raw[0]["c10d::send"], raw[1]["c10d::recv_"]
+    assert raw[0]["c10d::recv_"] == raw[1]["c10d::send"] == [] and len(sends) == len(receives)
+    run = import_traces(P2P, tmp_path / "p.run", ImportOptions(ranks=(0, 1)), ["test"])
+    path = analyze(run).critical_path
+    assert path is not None and len(path.steps) == 3
+    waited = 0
+    for i, step in enumerate(path.steps):
+        last = [max(e for s, e in r["work"] if s < r["ProfilerStep#"][i][1]
+                    and e > r["ProfilerStep#"][i][0]) for r in raw]
+        assert step.end == max(last)
+        if last[1] > last[0] and sends[i][0] > receives[i][0]:
+            waited += 1
+            assert step.rank_switches == 1
+            assert step.ns["collective"] == raw[1]["gloo:recv"][i][1] - sends[i][0]
+        else:
+            assert step.rank_switches == 0
+            gloo = raw[0]["gloo:send"][i]
+            assert step.ns["collective"] == gloo[1] - gloo[0]
+    assert waited > 0
+
+
 SUBGROUPS = [DATA / f"subgroups_gloo_rank{r}.pt.trace.json.gz" for r in range(4)]
 
 

@@ -211,6 +211,21 @@ def test_subgroups_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
         None: 6, "1": 3, "2": 3}
 
 
+def test_transfers_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py): each worker reads its rank's
+    sends and receives, and the path crosses from a receive to its send as in one process."""
+    data = Path(__file__).parent / "data"
+    run = import_traces([data / f"p2p_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)],
+                        tmp_path / "p.run", ImportOptions(), ["t"])
+    outs = []
+    for flags in (["--workers", "0"], ["--scheduler", scheduler]):
+        assert main(["analyze", str(run.path), "--json", *flags]) == 0
+        outs.append(orjson.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+    assert outs[0]["critical_path"]["rank_switches"] > 0
+
+
 def test_one_rank_reads_its_row_groups(single: Run) -> None:
     full = single.table("events")
     groups = pq.ParquetFile(single.table_path("events")).num_row_groups

@@ -414,6 +414,27 @@ def test_samples_of_blocks_whose_first_layer_is_the_first_layers_shape(tmp_path:
     assert rates["samples_per_step"] == 8 and rates["steps"] == 3
 
 
+def test_samples_of_a_table_two_lookups_of_a_pass_share(tmp_path: Path) -> None:
+    """A sequence-to-sequence model whose encoder and decoder share one token table
+    (tests/data/shared_embedding.py, as T5's): each step's one backward pass trains two lookups
+    of the 300x32 table, the sources' [4, 12] and the targets' [4, 5], [4, 7], [4, 9] (from the
+    raw JSON): 4 samples a step, not 8; the tokens are both lookups'."""
+    trace = Path(__file__).parent / "data" / "shared_embedding_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    trained = [[e["args"]["Input Dims"][1] for e in raw
+                if e.get("name") == "aten::embedding_dense_backward"
+                and m["ts"] <= e["ts"] < m["ts"] + m["dur"]] for m in marks]
+    assert trained == [[[4, length], [4, 12]] for length in (5, 7, 9)]
+    rates = report_data(import_traces([trace], tmp_path / "s.run", ImportOptions(),
+                                      ["seq2seq.py"]))["throughput"]
+    assert rates["samples_per_step"] == 4 and rates["steps"] == 3
+    assert rates["tokens_per_step"] == 4 * 12 + 4 * (5 + 7 + 9) / 3
+    assert rates["source"] == ("aten::embedding's indices 4x12 (batch x sequence) into the "
+                               "300x32 table, 3 backward passes (6 lookups trained) in 3 of 3 "
+                               "steps")
+
+
 def test_samples_of_the_transformer_fast_path(tmp_path: Path) -> None:
     """nn.TransformerEncoder under inference_mode (tests/data/encoder_fastpath.py) runs torch's
     fused fast path: each step's first product, aten::mm [30, 32], multiplies the tokens of

@@ -10,7 +10,9 @@ waited for, and where another thread handed over to it (dependencies.thread_wake
 the main thread blocked in backward until the autograd thread finished, the autograd
 thread until the main thread called backward, a DDP loop until gloo's thread ran its
 all-reduce), where it continues on that thread. A collective on a host thread (gloo's) is a
-collective as a device's is, and waited to start for the call that issued it.
+collective as a device's is, and waited to start for the call that issued it. A gloo receive
+posted before its send was issued (analyze.transfers) waited for the sender: the path goes
+on at the sender's call, the transfer from there to the receive's completion a collective.
 Every nanosecond from the path's start to its end is attributed to one category, so
 the composition sums to the path length exactly. Each iteration has its own path too: walked
 back from the last work of the step (its host events, the device ops launched in it) to the
@@ -141,7 +143,10 @@ class Graph:
     waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
     sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
     peers: dict[int, list[Peer]] = field(default_factory=dict)  # collective -> on others
+    # a receive's completion -> the send it waited for (transfers.hand_overs)
+    received: dict[int, Peer] = field(default_factory=dict)
     # keyed by lane_key(rank, tid)
+    thread_received: dict[int, tuple[I64, I64]] = field(default_factory=dict)  # ends, rows
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     # per thread, the innermost op over each segment of its timeline (-1 where none)
@@ -161,12 +166,18 @@ def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int,
     return out
 
 
-def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]]) -> Graph:
-    """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers."""
+def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]],
+          received: dict[int, Peer]) -> Graph:
+    """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers;
+    `received`: its receives' completions -> the sends they waited for."""
     d = dependencies(ev, syncs)
     g = Graph(ev, as_dict(d.prev_on_stream), as_dict(d.launch_of), d.waits_for, d.sync_target,
-              peers, wakes=thread_wakes(ev), issued=issued(ev))
+              peers, received, wakes=thread_wakes(ev), issued=issued(ev))
     _threads(g)
+    done = np.fromiter(received, np.int64, len(received))
+    for key, rows in group_rows(lane_key(ev.rank[done], ev.tid[done]), done).items():
+        by_end = rows[np.argsort(ev.end[rows], kind="stable")]
+        g.thread_received[key] = (ev.end[by_end], by_end)
     return g
 
 
@@ -309,6 +320,8 @@ class _Walk:
         sync_end = int(call_ends[i]) if i >= 0 else None
         wakes = g.wakes.get(key)
         j = int(np.searchsorted(wakes.resume, t, side="right")) - 1 if wakes else -1
+        got = g.thread_received.get(key)
+        k = int(np.searchsorted(got[0], t, side="right")) - 1 if got else -1
         sums = g.thread_sums[key]
 
         def states(lo: int) -> None:
@@ -317,6 +330,17 @@ class _Walk:
                 self.ns[state] += ns
             self._host_names(key, lo, t)
 
+        if got is not None and k >= 0 and int(got[0][k]) > max(
+                NO_FLOOR if sync_end is None else sync_end,
+                int(wakes.resume[j]) if wakes is not None and j >= 0 else NO_FLOOR):
+            # a receive that waited for its send: the path goes on at the sender's call, the
+            # transfer from there to the receive's completion
+            arrived, done = int(got[0][k]), int(got[1][k])
+            sender, call, sent = g.received[done]
+            states(arrived)
+            self.add("collective", sent, arrived, done)
+            self.switches += int(sent > self.floor)
+            return (sender, "host", call, sent)
         if wakes is not None and j >= 0 and (sync_end is None
                                             or int(wakes.resume[j]) > sync_end):
             resume, waker, waker_end = (int(wakes.resume[j]), int(wakes.waker[j]),
@@ -563,13 +587,17 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
 def critical_path(ev: Events, syncs: list[SyncEvent],
                   steps: Mapping[int, Sequence[StepWindow]] | None = None,
                   gaps: Mapping[int, Sequence[tuple[int, int]]] | None = None,
-                  groups: Groups = NO_GROUPS) -> CriticalPath | None:
+                  groups: Groups = NO_GROUPS,
+                  received: Mapping[int, Mapping[int, Peer]] | None = None
+                  ) -> CriticalPath | None:
     """The critical path over all ranks, with each of `steps`' own, or None when the Run has
     no host or device work; `gaps`: each rank's time between its profiling windows
     (without_gaps); `groups`: the named process groups of its collectives
-    (groups.process_groups)."""
+    (groups.process_groups); `received`: each rank's receives that waited for their sends
+    (transfers.hand_overs)."""
     peers = collective_peers(instances_of(ev, groups).values())
-    g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()})
+    g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()},
+              {row: p for by_row in (received or {}).values() for row, p in by_row.items()})
     windows = step_windows(steps or {})
     # one rank a segment: each walks back to its own rank's floor
     return without_gaps(paths([ends(g, [None, *(w for _, w in windows)])], windows,

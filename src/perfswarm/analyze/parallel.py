@@ -2,7 +2,8 @@
 
 Most analyses are per rank already (iterations, concurrency, launches) or sums over ranks
 (op and kernel totals). Stragglers need each rank's collective start times: a few numbers
-per step. The critical path crosses ranks only at collectives, so each worker keeps its
+per step. The critical path crosses ranks only at collectives and at receives that waited for
+their sends (each worker reads its rank's sends and receives), so each worker keeps its
 rank's events and dependency graph, and the walk goes from worker to worker, one segment per
 stretch on a rank (critical_path.path_of). Samples and counters are small and stay here.
 A worker reads only its rank's rows. The result equals analyze()'s, key for key (tested).
@@ -54,6 +55,7 @@ from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequ
 from perfswarm.analyze.stragglers import Instance, Peer, collective_starts, instances, skews
 from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
+from perfswarm.analyze.transfers import RankTransfers, hand_overs, rank_transfers
 from perfswarm.trace.cluster import results
 from perfswarm.trace.schema import empty
 from perfswarm.trace.store import Run
@@ -75,6 +77,7 @@ class RankPart:
     launch: LaunchStats
     ops: OpTotals
     collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
+    transfers: RankTransfers  # its sends and receives (transfers.rank_transfers)
     working: tuple[I64, I64]  # frame.Events.working
     kernels: RankKernels
     sequences: Counts
@@ -102,13 +105,16 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
                     rank_concurrency(ev, rank, steps.get(rank, []), gaps_between(profiled)),
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
-                    collective_starts(ev, rank, groups), ev.working(rank), rank_kernels(ev, rank),
+                    collective_starts(ev, rank, groups),
+                    rank_transfers(run, ev, rank) if run is not None else ({}, {}),
+                    ev.working(rank), rank_kernels(ev, rank),
                     sequence_counts(ev),
                     scopes(ev))
 
 
-def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]]) -> Graph:
-    return build(ev, sync_events(Run(run_path), ev, rank), peers)
+def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]],
+               received: dict[int, Peer]) -> Graph:
+    return build(ev, sync_events(Run(run_path), ev, rank), peers, received)
 
 
 def rank_bandwidth(ev: Events, run_path: str,
@@ -138,7 +144,9 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     its = combine(markers, {p.rank: p.detected for p in parts if p.detected},
                   {p.rank: p.first_op for p in parts})
     peers = collective_peers(instances({p.rank: p.collectives for p in parts}).values())
-    graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}), pure=False)
+    received = hand_overs({p.rank: p.transfers for p in parts})
+    graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}),
+                               received.get(r, {}), pure=False)
               for r in ranks}
     del loaded  # the graphs hold the events now
     windows = step_windows(its.steps)

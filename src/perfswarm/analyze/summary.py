@@ -32,6 +32,7 @@ from perfswarm.analyze.sequences import kernel_sequences
 from perfswarm.analyze.stragglers import stragglers
 from perfswarm.analyze.swarms import run_samples, swarms
 from perfswarm.analyze.system import system_load
+from perfswarm.analyze.transfers import hand_overs, rank_transfers
 from perfswarm.analyze.window import WindowedRun
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.cluster import ClusterOptions, connect
@@ -88,7 +89,8 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         path=str(run.path), events=len(ev), ranks=tuple(ev.ranks), iterations=its,
         concurrency=concurrency(ev, per, gaps), ops=op_breakdown(ev, its.steps),
         launch=launch_stats(ev), stragglers=stragglers(ev, groups=groups),
-        critical_path=critical_path(ev, sync_events(run, ev), its.steps, gaps, groups),
+        critical_path=critical_path(ev, sync_events(run, ev), its.steps, gaps, groups,
+                                    hand_overs({r: rank_transfers(run, ev, r) for r in ev.ranks})),
         swarms=swarms(run_samples(run), run.table("stacks"), program,
                       unprofiled=program is not its.steps),
         system=system_load(run.table("counters"), per), kernels=kernel_breakdown(ev),

@@ -277,6 +277,7 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
     # the backward of the same table (num_weights, its third argument, the table's rows)
     back_codes = [i for i, n in enumerate(ev.names) if n == EMBEDDING_BACKWARD]
     backs = ops[np.isin(ev.name[ops], back_codes)] if back_codes else ops[:0]
+    backs = backs[np.argsort(ev.ts[backs], kind="stable")]
     trained = [(int(r), tuple(a["Input Dims"][1])) for r, a in zip(backs.tolist(),
                                                                    _args_of(run, backs),
                                                                    strict=True)
@@ -286,20 +287,27 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
     trained_at = _steps_of(ev, windows, [r for r, _ in trained])
     looked_at = _steps_of(ev, windows, [r for r, _ in lookups])
     trained_steps = set(trained_at)  # a step that trained it counts its backward passes
-    passes = [*zip(trained_at, (i for _, i in trained), strict=True),
-              *((s, i) for s, (_, i) in zip(looked_at, lookups, strict=True)
+    # the lookups one pass trains (a sequence-to-sequence model's encoder and decoder sharing
+    # the table, as T5's) are one batch: that of the forward's first, its backward's last
+    group = _pass_of(ev, mine, windows, np.asarray([r for r, _ in trained], np.int64))
+    last = {g: i for i, g in enumerate(group)}
+    passes = [*((s, idx, last[g] == i) for i, (s, (_, idx), g) in enumerate(
+                  zip(trained_at, trained, group, strict=True))),
+              *((s, idx, True) for s, (_, idx) in zip(looked_at, lookups, strict=True)
                 if s not in trained_steps)]
     decoded = 0  # untrained lookups of one token a sequence: a decode continues them
-    for step, idx in passes:
+    for step, idx, batched in passes:
         if len(idx) != 2:
             continue
         batch, length = (idx[1], idx[0]) if time_major else idx
         decoding = length == 1 and step not in trained_steps
         decoded += decoding
-        samples[step] = samples.get(step, 0) + (0 if decoding else batch)
+        samples[step] = samples.get(step, 0) + (batch if batched and not decoding else 0)
         tokens[step] = tokens.get(step, 0) + idx[0] * idx[1]
     order = "sequence x batch, an RNN running time-major" if time_major else "batch x sequence"
-    counted = (f"{len(trained)} backward passes" if trained else f"{len(lookups)} lookups")
+    counted = (f"{len(last)} backward passes" + (
+        f" ({len(trained)} lookups trained)" if len(trained) > len(last) else "")
+        if trained else f"{len(lookups)} lookups")
     decodes = (f"; {decoded} of them decode one token for each of their sequences, which "
                "they do not start: no sample" if decoded else "")
     return samples, tokens, (
@@ -379,6 +387,17 @@ def _pass_starts(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]
         else np.zeros(len(begun), bool)
     first = ~within | ~np.concatenate(([False], within[:-1] & (at[1:] == at[:-1])))
     return begun, first, outer
+
+
+def _pass_of(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]], rows: I64) -> I64:
+    """The forward and backward pass (`_pass_starts`; those of one optimizer call one) each of
+    the backward ops `rows` ran in, numbered in time order; a row in no pass (an op no autograd
+    node holds) is its own, numbered below 0."""
+    begun, first, _ = _pass_starts(ev, mine, windows)
+    at = np.searchsorted(ev.ts[begun], ev.ts[rows], side="right") - 1
+    inside = (at >= 0) & (phases(ev, rows) == BACKWARD)
+    numbered = np.concatenate(([0], np.cumsum(first)))  # pass i's number at i + 1
+    return np.where(inside, numbered[at + 1], -1 - np.arange(len(rows)))
 
 
 def _passes(ev: Events, mine: I64, windows: Sequence[Mapping[str, Any]]) -> I64:

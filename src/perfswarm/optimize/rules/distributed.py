@@ -106,6 +106,12 @@ def communication_bound(facts: Facts) -> Advice | None:
                    "static_graph=True, no find_unused_parameters=True")
         fewer = ("register_comm_hook(None, default_hooks.bf16_compress_hook) to halve the "
                  "bytes; no_sync() over k micro-batches to all-reduce once every k")
+    elif set(by_op) <= {"send", "recv", "Send", "Recv", "SendRecv"}:  # a pipeline's stages
+        overlap = ("a pipeline's stages wait for each other's sends: more micro-batches a step "
+                   "(GPipe leaves each stage idle (stages - 1) / (micro-batches + stages - 1) "
+                   "of it), or an interleaved schedule (torch.distributed.pipelining's "
+                   "ScheduleInterleaved1F1B)")
+        fewer = "stages of equal time (the slowest sets the pace), bf16 activations"
     else:  # collectives the program calls itself
         overlap = ("issue the collectives with async_op=True and wait for each only where its "
                    "result is needed, so that compute runs meanwhile")
