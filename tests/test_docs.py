@@ -5,7 +5,10 @@ docs/cli.md's usage lines as the CLI defines them (name, literal default, a help
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +147,32 @@ def test_json_keys_are_the_documented_ones(name: str, trace: str, corpus_runs: d
     documented = JSON_KEYS[name]
     assert len(documented) == len(set(documented))
     assert sorted(documented) == sorted(data)
+
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def benchmarks_table() -> list[str]:
+    """The scripts docs/benchmarks.md's first table lists, in its order."""
+    text = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = re.search(r"^\| script \|.*?\n\n", text, re.M | re.S)
+    assert table
+    return re.findall(r"^\| `benchmarks/([^`]+)` \|", table.group(0), re.M)
+
+
+def test_the_benchmarks_table_lists_every_script_once() -> None:
+    listed = benchmarks_table()
+    assert len(listed) == len(set(listed))
+    assert sorted(listed) == sorted(p.name for p in BENCHMARKS.iterdir() if p.is_file())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.iterdir() if p.is_file()))
+def test_every_benchmark_has_its_help(script: str) -> None:
+    """`--help` prints the usage and does nothing else (a script without a parser had run
+    whole, or read `--help` as its input)."""
+    runner = ["bash"] if script.endswith(".sh") else [sys.executable]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    out = subprocess.run([*runner, str(BENCHMARKS / script), "--help"], check=False,
+                         capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert (out.returncode, out.stdout.startswith("usage:")) == (0, True), out.stderr[-2000:]
