@@ -28,7 +28,7 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 # `[--flag VALUE]`: VALUE in lower case (no placeholder such as N or RUN, no choices a|b, no
 # example in quotes) is the default the usage line promises
-OPTIONAL = re.compile(r"\[(--?[A-Za-z][\w-]*) ([a-z0-9][a-z0-9._-]*)\]")
+OPTIONAL = re.compile(r"\[(--?[A-Za-z][\w-]*) ([a-z0-9][a-z0-9._:-]*)\]")
 
 
 def cli_options(name: str) -> list[TyperOption]:
