@@ -9,14 +9,16 @@ allocator's history on. Writes into OUT: `trace.json` (the Kineto trace), `memor
     python benchmarks/cuda_memory.py OUT
 """
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-out = Path(sys.argv[1])
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("out", type=Path, help="folder to write the four files into")
+out = parser.parse_args().out
 out.mkdir(parents=True, exist_ok=True)
 torch.manual_seed(0)
 dev = torch.device("cuda:0")

@@ -18,6 +18,7 @@ Reads ../shared/gpu-kernels (NeuSight's measurements, MIT) and prints, per GPU:
 
 from __future__ import annotations
 
+import argparse
 import csv
 import gzip
 import math
@@ -78,6 +79,7 @@ def rate(r: Measurement) -> float:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     started = time.process_time()
     data = load_dataset(DATA)
     kernels()

@@ -12,7 +12,11 @@
 #   DIR as one tar split into 15 MB parts $OUT/NAME.tar.* (at most 8 files of 16 MB come back);
 #   here, `cat NAME.tar.* | tar xf -` joins them.
 set -u
+usage="usage: gpu_machine.sh pack-deps | setup | pack DIR NAME"
 case "${1:-}" in
+-h|--help)
+    echo "$usage"
+    ;;
 pack-deps)
     set -e
     wheels=$(mktemp -d) && unpacked=$(mktemp -d)
@@ -44,7 +48,7 @@ pack)
     (cd "$2" && tar cf "/tmp/$3.tar" . && split -b 15M "/tmp/$3.tar" "$OUT/$3.tar.") && ls -la "$OUT"
     ;;
 *)
-    echo "usage: gpu_machine.sh pack-deps | setup | pack DIR NAME" >&2
+    echo "$usage" >&2
     exit 2
     ;;
 esac

@@ -59,6 +59,9 @@ def test_the_example_gives_the_traces_numbers(notebook: dict[str, Any]) -> None:
     marked = sorted((int(e["name"].removeprefix("ProfilerStep#")), round(e["dur"] * 1000))
                     for e in raw if e.get("name", "").startswith("ProfilerStep#"))
     steps = notebook["steps"]
+    # the columns the page's comment names
+    named = re.search(r"one row per iteration: (.*)", "".join(doc_blocks()))
+    assert named and steps.columns == named.group(1).split(", ")
     assert list(zip(steps["step"], steps["dur_ns"], strict=True)) == marked
     assert marked == [(4, 222442191), (5, 219726905), (6, 224936243)]
     allreduce = [e for e in raw if e.get("cat") == "kernel"

@@ -31,7 +31,7 @@ def calibrate_command(
     world_size: Annotated[int, typer.Option("--world-size", max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
     passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = PASSES,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json); with --dataset, the model (default: gpu-kernel-model.npz).")] = None,
     dataset: Annotated[Path | None, typer.Option("--dataset", help="Retrain the GPU kernel model from a folder of GPU measurements laid out like shared/gpu-kernels (device_configs/, train/<op>/<GPU>.csv.gz, test/, labels/<GPU>/<case>.csv.gz: whole models' nodes, trained on beside the sweeps); prints leave-one-GPU-out GMAE per family and writes the model (default gpu-kernel-model.npz) for `predict --gpu-model`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:

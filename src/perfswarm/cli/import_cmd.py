@@ -31,7 +31,7 @@ def import_command(
     drop_bad_events: Annotated[bool, typer.Option("--drop-bad-events", help="Drop events with negative or absurd times, or args that are not UTF-8 text (counted in warnings), instead of failing.")] = False,
     streaming: Annotated[str, typer.Option("--streaming", help="auto | always | never: bounded-memory path for traces over a quarter of RAM.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary line.")] = False,
     workers: Workers = None,
     scheduler: Scheduler = None,
     worker_memory: WorkerMemory = "auto",

@@ -31,7 +31,7 @@ def tune_command(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before a trial is killed (counts as failed).")] = None,
     baseline_repeats: Annotated[int, typer.Option("--baseline-repeats", help="Runs of the command as given before the trials (one more after them, from 2): a trial counts as a speedup above their 95% prediction bound for one more run.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (keys in docs/cli.md).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or line per run (the trials table and the summary still print).")] = False,
 ) -> None:
     """Search environment variables and command flags for the highest throughput (Optuna)."""
     options = TuneOptions(out=out, trials=trials, storage=storage, study=study, measure=measure,
