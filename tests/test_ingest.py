@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -589,3 +591,25 @@ def test_row_groups_hold_one_part_at_a_time() -> None:
     assert steps == list(range(4 * ROW_GROUP))
     part = ROW_GROUP * (4 + 4 + 8 + 8)  # a part's four number columns
     assert max(held) - before < part / 2, [h - before for h in held]
+
+
+READ_THREADS = """import os, sys
+from pathlib import Path
+import pyarrow as pa
+from perfswarm.trace.store import Run
+pa.set_io_thread_count(1)
+run = Run.open(Path(sys.argv[1]))
+before = len(os.listdir("/proc/self/task"))
+run.table("events", ["ts", "name"], rank=0)  # (its row groups, before the Run holds any)
+run.table("events")
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+def test_table_reads_decode_in_the_calling_thread(corpus_runs: dict[str, Run]) -> None:
+    # Arrow's pool threads allocate from glibc arenas of their own, whose freed pages the
+    # main thread's arrays do not reuse: a Run's reads start none of them (its I/O pool's
+    # thread aside, one here; decoding in its CPU pool had started one or two more)
+    out = subprocess.run([sys.executable, "-c", READ_THREADS, str(corpus_runs["nccl"].path)],
+                         capture_output=True, text=True, check=True)
+    assert int(out.stdout) <= 1

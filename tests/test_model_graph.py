@@ -14,7 +14,16 @@ from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events, tensor_handoffs
 from perfswarm.analyze.frame import Events, unique_rows
 from perfswarm.analyze.iterations import StepWindow, iterations
-from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, host_segments
+from perfswarm.model.graph import (
+    ANCHOR,
+    DEVICE,
+    END,
+    HOST,
+    START,
+    Graph,
+    build_graph,
+    host_segments,
+)
 from perfswarm.model.simulate import Schedule, _measured_order, simulate, simulate_reference
 from perfswarm.trace.store import Run
 
@@ -240,6 +249,23 @@ def test_nccl_graph_shape(corpus_runs: dict[str, Run]) -> None:
     assert launched.all()
     assert g.lags[0].launch_ns == 11584 and g.lags[0].stream_gap_ns == 1183
 
+
+
+def test_graph_arrays_take_the_bytes_their_values_need(corpus_runs: dict[str, Run]) -> None:
+    # held through the whole prediction: a node's role in one byte and its rank in four (69
+    # bytes a node, not 80), an edge's points in one byte each (26 bytes an edge, not 40);
+    # their values as in 64 bits
+    run = corpus_runs["nccl"]
+    ev = Events.load(run)
+    g = build_graph(ev, dependencies(ev, sync_events(run, ev)), iterations(run, ev).steps)
+    nodes = (g.row, g.top, g.role, g.lane, g.rank, g.ts, g.end, g.dur, g.gap, g.prev)
+    edges = (g.src, g.src_point, g.dst, g.dst_point, g.lag)
+    assert sum(a.nbytes for a in nodes) == 69 * len(g) == 69 * 47962
+    assert sum(a.nbytes for a in edges) == 26 * len(g.src)
+    assert sorted(np.unique(g.role).tolist()) == [HOST, DEVICE, ANCHOR]
+    assert np.unique(g.rank).tolist() == [0]
+    assert sorted(np.unique(g.src_point).tolist()) == sorted(np.unique(g.dst_point).tolist()) \
+        == [START, END]
 
 @st.composite
 def _traces(draw: st.DrawFn) -> list[tuple[int, int, int, str, str, int, int, int, int]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -123,3 +125,24 @@ def test_enclosing_ops_is_the_sweep(spans: list[tuple[int, int, int, bool]]) -> 
     assert inner.tolist() == sorted(enclosing_sweep(ev, calls, ops))
     assert dict(zip(inner.tolist(), outer.tolist(), strict=True)) == enclosing_sweep(ev, calls,
                                                                                      ops)
+
+
+def test_enclosing_rows_sweeps_in_few_bytes_a_row() -> None:
+    # 20k ops on one thread, a call inside each: every call's op is found, and the sweep's
+    # arrays are freed as it goes (the prediction's launching ops sweep beside its graph):
+    # 97 bytes a swept row at its peak, where holding them all to the end took 173
+    n = 20_000
+    ev = events([row for i in range(n) for row in (
+        (0, 10 * i, 8, "cpu_op", "op", 1, -1, -1, -1),
+        (0, 10 * i + 2, 2, "runtime", "call", 1, -1, -1, -1))])
+    calls, ops = np.flatnonzero(ev.of_kind("runtime")), np.flatnonzero(ev.of_kind("cpu_op"))
+    assert len(ev.end) == 2 * n  # (cached before the count)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        inner, outer = enclosing_rows(ev, calls, ops)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert inner.tolist() == calls.tolist() and outer.tolist() == ops.tolist()
+    assert peak < 120 * 2 * n

@@ -321,24 +321,35 @@ def enclosing_rows(ev: Events, calls: I64, ops: I64 | None = None) -> tuple[I64,
     if len(ops) == 0 or len(calls) == 0:  # no sweep over the calls when nothing holds them
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     rows = np.concatenate([ops, np.unique(calls)])
-    is_call = np.zeros(len(rows), bool)
-    is_call[len(ops):] = True
-    order = np.lexsort((~is_call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
-    rows, call = rows[order], is_call[order]
+    call = np.zeros(len(rows), bool)
+    call[len(ops):] = True
+    order = np.lexsort((~call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
+    rows, call = rows[order], call[order]
+    # each array of the sweep is freed once read: the prediction's launching ops sweep 100k
+    # calls beside its whole graph, at a command's peak
+    del order
     lane = lane_key(ev.rank[rows], ev.tid[rows])
-    start, end = ev.ts[rows], ev.end[rows]
-    at = np.arange(len(rows), dtype=np.int64)
-    new_group = np.ones(len(rows), bool)  # a thread's events of one start
-    new_group[1:] = (lane[1:] != lane[:-1]) | (start[1:] != start[:-1])
-    group_start = np.maximum.accumulate(np.where(new_group, at, 0))
-    spans = np.concatenate([[0], np.cumsum(end > start)])  # events with a length, before each
-    bound = np.where(spans[at + 1] > spans[group_start], start, start - 1)
-    top = open_before(lane, bound, np.where(call, LOWEST, end))
+    end = ev.end[rows]
+    closes = np.where(call, LOWEST, end)
+    top = open_before(lane, _sweep_bounds(lane, ev.ts[rows], end), closes)
+    del lane, closes
     take = np.flatnonzero(call & (top >= 0))
     take = take[end[top[take]] >= end[take]]
     inner, outer = rows[take], rows[top[take]]
     order = np.argsort(inner, kind="stable")
     return inner[order], outer[order]
+
+
+def _sweep_bounds(lane: I64, start: I64, end: I64) -> I64:
+    """Each event's bound in `enclosing_rows`' sweep (events by lane, then start): its start,
+    or one less while only zero-length events began there on its lane."""
+    at = np.arange(len(start), dtype=np.int64)
+    new_group = np.ones(len(start), bool)  # a thread's events of one start
+    new_group[1:] = (lane[1:] != lane[:-1]) | (start[1:] != start[:-1])
+    group_start = np.maximum.accumulate(np.where(new_group, at, 0))
+    del new_group
+    spans = np.concatenate([[0], np.cumsum(end > start)])  # events with a length, before each
+    return np.where(spans[at + 1] > spans[group_start], start, start - 1)
 
 
 def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ from perfswarm.trace.store import Run
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
 Mask = npt.NDArray[np.bool_]
 T = TypeVar("T")
 

@@ -27,9 +27,8 @@ def open_before(lane: I64, start: I64, end: I64) -> I64:
     left sibling holding an end past its start, then descends to that sibling's last such
     leaf (all events at once, one tree level per step)."""
     n = len(start)
-    found = np.full(n, -1, np.int64)
     if n < 2:
-        return found
+        return np.full(n, -1, np.int64)
     size = 1 << (n - 1).bit_length()
     tree = np.full(2 * size, LOWEST, np.int64)
     tree[size:size + n] = end
@@ -38,9 +37,10 @@ def open_before(lane: I64, start: I64, end: I64) -> I64:
         tree[level:2 * level] = np.maximum(tree[2 * level:4 * level:2],
                                            tree[2 * level + 1:4 * level:2])
         level //= 2
-    query = np.arange(1, n, dtype=np.int64)
-    at = size + query - 1  # each event's predecessor's leaf
-    bar = start[query]
+    # events 1..n-1 (event 0 has none before it); views and one array of tree nodes, no
+    # more: this runs under a command's largest arrays (the prediction's graph)
+    at = np.arange(size, size + n - 1, dtype=np.int64)  # each event's predecessor's leaf
+    bar = start[1:]
     done = tree[at] > bar
     climbing = np.flatnonzero(~done)
     while len(climbing):
@@ -55,9 +55,12 @@ def open_before(lane: I64, start: I64, end: I64) -> I64:
         right = tree[node + 1] > bar[descending]
         at[descending] = node + right
         descending = descending[at[descending] < size]
-    leaf = np.where(done, at - size, -1)
-    same_lane = (leaf >= 0) & (lane[np.maximum(leaf, 0)] == lane[query])
-    found[query] = np.where(same_lane, leaf, -1)
+    del tree
+    at -= size  # a found event's leaf is its index
+    at[~done] = 0
+    done &= lane[at] == lane[1:]
+    found = np.full(n, -1, np.int64)
+    found[1:][done] = at[done]
     return found
 
 

@@ -38,7 +38,7 @@ from typing import Final
 import numpy as np
 
 from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
-from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, Mask, group_rows, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, I8, I32, I64, Events, Mask, group_rows, lane_key
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import FULL_QUEUE, queue_steps
 from perfswarm.analyze.nesting import bounded_open_before, roots, subtree_ends
@@ -53,6 +53,8 @@ DEFAULT_SYNC_SELF_NS: Final = 5_000  # a sync call's own time when every one see
 HOST, DEVICE, ANCHOR = 0, 1, 2
 # Points of a node.
 START, END = 0, 1
+# An edge's columns (src, src_point, dst, dst_point, lag)
+_EDGE_DTYPES: Final = (np.int64, np.int8, np.int64, np.int8, np.int64)
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,16 @@ class Lags:
 
 @dataclass(frozen=True, eq=False)
 class Graph:
-    """Nodes (arrays indexed by node id) and dependency edges between their points."""
+    """Nodes (arrays indexed by node id) and dependency edges between their points. Roles,
+    points and ranks in the fewest bytes that hold them: the graph is held through the whole
+    prediction, a command's peak (158k nodes and 79k edges at 200k trace events)."""
 
     row: I64  # event row (a host node's: the innermost event of its piece), -1 for anchors
     top: I64  # a host node's outermost event (the op its thread called), else -1
-    role: I64  # HOST, DEVICE or ANCHOR
+    role: I8  # HOST, DEVICE or ANCHOR
     lane: I64  # lane index (host thread or device stream)
     lane_is_host: tuple[bool, ...]
-    rank: I64
+    rank: I32
     ts: I64  # measured start
     end: I64  # measured end
     dur: I64  # duration to simulate (measured; a sync call's: its duration when it did not wait)
@@ -86,9 +90,9 @@ class Graph:
     origin: int  # the earliest measured start: where host lanes begin
     # dependency edges: node `dst`'s point `dst_point` >= node `src`'s point `src_point` + lag
     src: I64
-    src_point: I64
+    src_point: I8
     dst: I64
-    dst_point: I64
+    dst_point: I8
     lag: I64
     steps: Mapping[int, tuple[tuple[int, int, int], ...]]  # rank -> (step, start, end anchors)
     lags: Mapping[int, Lags]
@@ -237,7 +241,7 @@ class _Builder:
         self.lane_rank: list[int] = []
         self.node_of = np.full(len(ev), -1, np.int64)  # row -> its (first) node
         self.last_of = np.full(len(ev), -1, np.int64)  # row -> its last node
-        self.edges: list[tuple[I64, I64, I64, I64, I64]] = []
+        self.edges: list[tuple[I64, I8, I64, I8, I64]] = []
 
     def lane(self, is_host: bool, rank: int, rows: I64, top: I64, role: I64, ts: I64,
              dur: I64) -> I64:
@@ -258,8 +262,8 @@ class _Builder:
 
     def edge(self, src: I64, src_point: int, dst: I64, dst_point: int, lag: I64) -> None:
         """Edges from nodes `src` to nodes `dst`, each at least `lag` (clipped at 0) apart."""
-        self.edges.append((src, np.full(len(src), src_point, np.int64), dst,
-                           np.full(len(src), dst_point, np.int64), np.maximum(lag, 0)))
+        self.edges.append((src, np.full(len(src), src_point, np.int8), dst,
+                           np.full(len(src), dst_point, np.int8), np.maximum(lag, 0)))
 
     def column(self, i: int) -> I64:
         return np.concatenate([np.asarray(b[i], np.int64) for b in self.nodes]) \
@@ -353,11 +357,11 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
         b.edge(b.last_of[producer[ok]], END, b.node_of[consumer[ok]], START,
                ev.ts[consumer[ok]] - ev.end[producer[ok]])
     src, src_point, dst, dst_point, lag = (
-        np.concatenate([np.asarray(e[i], np.int64) for e in b.edges]) if b.edges
-        else np.zeros(0, np.int64) for i in range(5))
+        np.concatenate([np.asarray(e[i], kind) for e in b.edges]) if b.edges
+        else np.zeros(0, kind) for i, kind in enumerate(_EDGE_DTYPES))
     lanes = b.column(3)
-    return Graph(b.column(0), b.column(1), b.column(2), lanes, tuple(b.lane_is_host),
-                 np.array(b.lane_rank, np.int64)[lanes] if n else lanes,
+    return Graph(b.column(0), b.column(1), b.column(2).astype(np.int8), lanes,
+                 tuple(b.lane_is_host), np.array(b.lane_rank, np.int32)[lanes],
                  ts, ts + b.column(5), dur, gap, prev, origin,
                  src, src_point, dst, dst_point, lag,
                  {r: tuple(sorted(a)) for r, a in sorted(anchors.items()) if a}, lags)

@@ -651,10 +651,13 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
            for n, sh, r in zip(name, shaped, rows, strict=True)]
     keys = list(ids)
     samples: list[tuple[list[float], list[StepKey]]] = [([], []) for _ in keys]
+    # each (rank, step) one tuple, however many kernels it holds (a tuple per kernel had
+    # been 2.2 MB of 40k kernels, at the prediction's peak)
+    step_keys: dict[StepKey, StepKey] = {}
     for k, ns, rk, st in zip(kid, measured_ns, int_array(ev.rank[row_arr]),
                              int_array(ev.step[row_arr]), strict=True):
         samples[k][0].append(ns)
-        samples[k][1].append((rk, st))
+        samples[k][1].append(step_keys.setdefault((rk, st), (rk, st)))
     base_of = [typical(*found, steady) for found in samples]
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
 
