@@ -29,6 +29,7 @@ from perfswarm.model.predict import (
     _Transform,
     batch_flag,
     derived_dims,
+    fresh_pages,
     held_first_touch,
     is_batch_flag,
     load_model,
@@ -754,7 +755,24 @@ def test_first_touch_held_to_what_the_op_took() -> None:
     share, 451 us at twice the batch; held to 36 us (3/4) and 72 us, the 12 us of work left."""
     assert held_first_touch(48_000, 225_000, 451_000) == (36_000, 72_160)
     assert held_first_touch(48_000, 10_000, 20_000) == (10_000, 20_000)
-    assert held_first_touch(48_000, 0, 30_000) == (0, 30_000)  # the largest at the new shapes
+    assert held_first_touch(48_000, 0, 30_000) == (0, 30_000)
+
+
+def test_fresh_pages_stay_with_the_recorded_largest() -> None:
+    """The autoencoder at batch 16: Adam's square root of an 802,816-byte weight (196 pages) is
+    the step's largest result, an activation half of it. At four times the batch the activation
+    (1.6 MB) outgrows it: neither takes fresh pages (the weight's is no longer the largest, the
+    activation was never seen faulting); at twice the batch they tie, and only the weight's
+    does; at twice the width the weight's grows to 784 pages."""
+    adam, activation, small = (0, None, ()), (1, None, ()), (2, None, ())
+    old = {adam: 802_816.0, activation: 401_408.0, small: 4_096.0}
+    keys = [adam, activation, small]
+    assert fresh_pages(keys, old, {adam: 802_816.0, activation: 1_605_632.0, small: 16_384.0}
+                       ) == ({adam: 196.0}, {})
+    assert fresh_pages(keys, old, {adam: 802_816.0, activation: 802_816.0, small: 8_192.0}
+                       ) == ({adam: 196.0}, {adam: 196.0})
+    assert fresh_pages(keys, old, {adam: 3_211_264.0, activation: 802_816.0, small: 4_096.0}
+                       ) == ({adam: 196.0}, {adam: 784.0})
 
 
 def test_batch_leaves_a_1d_convolutions_weight_seen_as_2d() -> None:
@@ -817,7 +835,8 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
                                                    share: float) -> None:
     """The 1 MiB relu writes fresh pages (1 us each, 256 of them), as far as the counter says
     (its share of them, at most all). When the other relu's result grows to 2 MB it is the
-    largest: the first keeps its work alone, the second adds its 500 pages."""
+    largest: the first keeps its work alone, and the second, never seen writing fresh pages,
+    its work alone too (its 500 pages, once added, made the autoencoder's x4 +26%)."""
     run = _faulting_run(tmp_path, faults)
     assert step_faults(run) == StepFaults(faults, None)  # no step after the window
     # bytes-proportional elementwise model: exact ratios
@@ -827,7 +846,7 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     wide = predict(run, Change(dims=((1000, 4000),)), profile=profile)
     touched = 256 * share  # us, at the recorded shapes
     first = 400 - touched
-    second = 100 * 4 + 500 * share  # 2,048,000 bytes: 500 pages
+    second = 100 * 4  # 2,048,000 bytes, the largest only at the new shapes
     assert [s.predicted_ns for s in wide.steps] == [round((1000 - 500 + first + second) * US)] * 3
     plain = predict(run, Change(dims=((1000, 4000),)),
                     profile=Profile("cpu", 1, profile.models, {}))  # no first-touch time
