@@ -1334,6 +1334,27 @@ def test_cpu_contention_on_a_run_that_timed_no_step(tmp_path: Path) -> None:
     assert "the times measured here" in a.change and "step" not in a.change.split(": ")[-1]
 
 
+def test_cpu_contention_on_a_run_that_timed_steps_and_traced_none(tmp_path: Path) -> None:
+    """A program that ran its own torch profiler (the recorder traced nothing, its hooks
+    timed 4 steps of 1 µs around the sampler's 4 readings): the time lost is of the timed
+    steps, as the exit test's wait; it had been said of "the recording (... no step timed,
+    nothing traced)"."""
+    run = with_manifest(imported(tmp_path, "own", _loader_steps(500, 3500)), cores=2)
+    run.write_table("events", run.table("events").slice(0, 0))
+    run.write_table("steps", run.table("steps").slice(0, 0))
+    _add_steps(run, [(0, i + 1, 500 + 1000 * i, 1500 + 1000 * i, "detected") for i in range(4)])
+    m = run.manifest()
+    m.setdefault("extra", {})["record"] = {"start_ns": 0, "end_ns": 10_000,
+                                           "tool_cpu_ns": {"perf": 7_500}}
+    run.write_manifest(m)
+    a = shows(host.cpu_contention, _sampled(run, [0.3] * 4, 1.0, [0.655] * 4))
+    assert Facts.of(run).ranks == []
+    assert a.evidence["over"] == a.gain_of == "every timed step"
+    assert a.gain_of_ns == 4000
+    assert a.gain_ns == round(4000 * 0.655 * 0.95 / 1.7)
+    assert "the step times measured here" in a.change
+
+
 def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:
     """Steps (rank, step, start, end, source) the recorder timed, added to the Run's."""
     from perfswarm.trace.schema import STEPS
