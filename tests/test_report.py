@@ -451,6 +451,39 @@ def test_step_breakdown_of_gloo_and_of_untraced_ranks(tmp_path: Path) -> None:
                          "ns": {c: (10 if c == "untraced" else 0) for c in CATEGORIES}}]
 
 
+def test_step_time_of_a_run_that_profiled_no_step(tmp_path: Path) -> None:
+    """A program that ran its own torch profiler: the recorder traced nothing, timed 5 steps
+    (10, 12, 14, 16, 18 ms) and sampled the system; the report's step time is their median,
+    said of steps timed with none profiled, and so is diff's headline (both had said "after
+    the profiler's window", of a window there was not)."""
+    from perfswarm.analyze.diff import StepTimeDelta
+    from perfswarm.analyze.iterations import step_time
+    from perfswarm.report.text import step_time_change
+    from perfswarm.trace.schema import STEPS
+
+    trace = Path(__file__).parent / "data" / "eval_every3_cpu.pt.trace.json.gz"
+    runs = []
+    for name in ("a", "b"):
+        run = import_traces([trace], tmp_path / f"{name}.run", ImportOptions(), ["test"])
+        run.write_table("events", run.table("events").slice(0, 0))
+        ends = np.cumsum([0, 10, 12, 14, 16, 18]) * 1_000_000
+        run.write_table("steps", pa.table({
+            "rank": [0] * 5, "step": list(range(1, 6)), "start": ends[:-1].tolist(),
+            "end": ends[1:].tolist(), "source": ["detected"] * 5}).cast(STEPS))
+        # the system sampler's one reading: what an untraced Run is analyzed for
+        run.write_table("counters", pa.table({
+            "rank": pa.array([-1], pa.int32()), "ts": pa.array([0], pa.int64()),
+            "device": pa.array([-1], pa.int32()), "name": ["proc.cpu_cores"],
+            "value": [1.0]}))
+        runs.append(run)
+    card = next(c for c in report_data(runs[0])["cards"] if c["label"] == "step time")
+    assert (card["value"], card["detail"]) == ("14.000 ms",
+                                               "median of 5 steps timed, none profiled")
+    a, b = (step_time(run.table("steps")) for run in runs)
+    assert a is not None and b is not None
+    assert step_time_change(StepTimeDelta(a, b))[1].endswith("; the steps timed, none profiled")
+
+
 def _host_spans(ev: Any, rank: int) -> list[tuple[int, int]]:
     """The rank's host work (not gloo's ranges) as disjoint spans."""
     rows = np.flatnonzero((ev.rank == rank) & ev.host_busy & ~ev.host_collective)
