@@ -1057,6 +1057,8 @@ def test_step_time_after_the_window() -> None:
     assert short.profiler_slowdown == 1.0
     bare = step_time(table(warm + [(0, 20, "detected")] * 3))
     assert bare is not None and (bare.median_ns, bare.steps) == (20 * ms, 5)
+    assert (found.which, short.which) == ("after the profiler's window", "profiled")
+    assert bare.which == "timed, none profiled"  # no window (had read "after" one)
     # a sweep of batches (the recorder's STEP_BATCH at each step's start): the window ran
     # batch 8; after it, three steps of 8 (10 ms) and five of 64 (80 ms) -- the step time is
     # batch 8's (the median of all eight had been 80 ms: samples/s 8x low)

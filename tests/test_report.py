@@ -451,6 +451,44 @@ def test_step_breakdown_of_gloo_and_of_untraced_ranks(tmp_path: Path) -> None:
                          "ns": {c: (10 if c == "untraced" else 0) for c in CATEGORIES}}]
 
 
+def test_step_time_of_a_run_that_profiled_no_step(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A program that ran its own torch profiler: the recorder traced nothing, timed 5 steps
+    (10, 12, 14, 16, 18 ms) and sampled the system; the report's step time is their median,
+    said of steps timed with none profiled, and so is diff's headline (both had said "after
+    the profiler's window", of a window there was not)."""
+    from perfswarm.analyze.summary import diff_runs
+    from perfswarm.report.text import step_time_change
+    from perfswarm.trace.schema import STEPS
+
+    trace = Path(__file__).parent / "data" / "eval_every3_cpu.pt.trace.json.gz"
+    runs = []
+    for name in ("a", "b"):
+        run = import_traces([trace], tmp_path / f"{name}.run", ImportOptions(), ["test"])
+        run.write_table("events", run.table("events").slice(0, 0))
+        ends = np.cumsum([0, 10, 12, 14, 16, 18]) * 1_000_000
+        run.write_table("steps", pa.table({
+            "rank": [0] * 5, "step": list(range(1, 6)), "start": ends[:-1].tolist(),
+            "end": ends[1:].tolist(), "source": ["detected"] * 5}).cast(STEPS))
+        # the system sampler's one reading: what an untraced Run is analyzed for
+        run.write_table("counters", pa.table({
+            "rank": pa.array([-1], pa.int32()), "ts": pa.array([0], pa.int64()),
+            "device": pa.array([-1], pa.int32()), "name": ["proc.cpu_cores"],
+            "value": [1.0]}))
+        runs.append(run)
+    card = next(c for c in report_data(runs[0])["cards"] if c["label"] == "step time")
+    assert (card["value"], card["detail"]) == ("14.000 ms",
+                                               "median of 5 steps timed, none profiled")
+    # diff compares their step times (it had stopped: "the Run has no events to analyze")
+    found = diff_runs(runs[0], runs[1])
+    assert found.step_time is not None and (found.ops, found.steps) == ((), ())
+    assert found.step_time.delta_ns == 0 and found.step_time.a.median_ns == 14_000_000
+    assert step_time_change(found.step_time)[1].endswith("; the steps timed, none profiled")
+    assert main(["diff", str(runs[0].path), str(runs[1].path)]) == 0
+    said = capsys.readouterr().out
+    assert "14.000 ms -> 14.000 ms" in said and "no op traced on either side" in said
+
+
 def _host_spans(ev: Any, rank: int) -> list[tuple[int, int]]:
     """The rank's host work (not gloo's ranges) as disjoint spans."""
     rows = np.flatnonzero((ev.rank == rank) & ev.host_busy & ~ev.host_collective)

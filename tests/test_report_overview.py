@@ -122,6 +122,27 @@ def test_mfu_hfu_and_kernel_roofline_of_the_mi250_step(corpus_runs: dict[str, Ru
     assert sum(k["flops"] for k in costs["kernels"]) == pytest.approx(on_device)
 
 
+def test_a_scripted_blocks_ops_made_autograd_nodes(tmp_path: Path) -> None:
+    """tests/data/jit_block.py: a torch.jit.script'ed block trained in 3 steps; its ops run
+    inside TorchScript's `<forward op>`, whose DifferentiableGraphBackward node no fwdbwd flow
+    links to. They made a node: no forward FLOP counts once (the block's two GEMMs and GELU
+    a step had read as an evaluation's, model FLOPs counting them once, not 3 times)."""
+    trace = tmp_path / "jit_block.json"
+    trace.write_bytes(gzip.decompress(
+        (Path(__file__).parent / "data" / "jit_block_cpu.pt.trace.json.gz").read_bytes()))
+    raw = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e["name"] == "<forward op>" for e in raw) == 3
+    run = import_traces([trace], tmp_path / "j.run", ImportOptions(), ["t"])
+    costs = op_costs(run, [0])
+    assert costs.no_grad_flops == 0.0
+    data = report_data(run)
+    forward = data["op_cost"]["phase_flops"]["forward"]
+    # the block's two GEMMs and GELU (789,504 FLOPs had been no-grad), and the head's GEMM
+    block = 3 * (2 * 2 * 16 * 64 * 64 + 16 * 64)
+    assert block == 789_504 and forward >= block + 3 * 2 * 16 * 64 * 10
+    assert data["flops"]["model_flops"] == 3 * forward
+
+
 def test_an_evaluation_inside_the_steps_counts_once_in_model_flops(tmp_path: Path) -> None:
     """tests/data/eval_every2.py: 12 Adam steps of an MLP (128 -> 128 -> 10, batch 32), a
     no_grad evaluation forward after every second. Autograd made no node for the
@@ -353,6 +374,21 @@ def test_samples_under_gradient_accumulation(tmp_path: Path) -> None:
     assert flagged["throughput"]["source"] == (
         "the command's --batch-size 8, x the forward and backward passes of each step; the "
         "steps' batches differ: every sample over the steps' whole time")
+
+
+def test_samples_of_differing_batches_leave_the_profilers_start_out(tmp_path: Path) -> None:
+    """Four profiled steps of a graph network whose batches differ (8, 8, 16, 8 nodes): the
+    first, 10 ms, times the profiler's start (steps of 1 ms after it, none as slow again);
+    every sample over the whole time is of the other three, 32 samples in 3 ms (it had been
+    40 in 13 ms: 3,077 a second)."""
+    events = []
+    for i, (start, dur, batch) in enumerate([(0, 10_000, 8), (10_000, 1000, 8),
+                                             (11_000, 1000, 16), (12_000, 1000, 8)], 1):
+        events += [_op(f"ProfilerStep#{i}", start, dur, cat="user_annotation"),
+                   _op("aten::linear", start + dur - 500, 10, [[batch, 32], [64, 32], [64]])]
+    rates = report_data(_trace(tmp_path, events, ["gnn.py"]))["throughput"]
+    assert (rates["samples_per_step"], rates["steps"], rates["same_batch"]) == (32 / 3, 3, False)
+    assert rates["samples_per_s"] == pytest.approx(32 / 3e-3)
 
 
 def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:

@@ -134,6 +134,16 @@ class StepTime:
     mean_ns: float | None = None
 
     @property
+    def which(self) -> str:
+        """Which steps these are, in words: the profiled ones, those after the profiling
+        window, or those the recorder timed where it profiled none (the program ran its own
+        torch profiler)."""
+        if not self.outside:
+            return "profiled"
+        return ("after the profiler's window" if self.profiled_ns is not None
+                else "timed, none profiled")
+
+    @property
     def rate_ns(self) -> float:
         """The step time rates are over: the median step, or a forward-driven loop's mean
         (its waits for input differ from step to step)."""

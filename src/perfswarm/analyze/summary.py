@@ -104,14 +104,17 @@ def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None =
     """Diff one rank of b against one rank of a (each Run's lowest rank unless given)."""
     sides = []
     for run, rank in ((a, rank_a), (b, rank_b)):
-        ev = load(run)
-        chosen = ev.ranks[0] if rank is None else rank
-        if chosen not in ev.ranks:
-            raise PerfswarmError(f"{run.path}: no rank {chosen} (ranks: {ev.ranks})")
+        timed = run.table("steps")
+        # a Run that timed steps and traced nothing (its program ran its own torch profiler)
+        # compares its step time alone
+        ev = Events.load(run) if timed.num_rows else load(run)
+        ranks = ev.ranks or sorted(set(timed.column("rank").to_pylist()))
+        chosen = ranks[0] if rank is None else rank
+        if chosen not in ranks:
+            raise PerfswarmError(f"{run.path}: no rank {chosen} (ranks: {ranks})")
         steps = iterations(run, ev, ignore_markers=ignore_markers).steps.get(chosen, [])
         mine = ev.of_rank(chosen)
         loop = mine.loop_thread(chosen)
-        timed = run.table("steps")
         timed = timed.filter(pc.equal(timed.column("rank"), chosen))
         if steps and steps[0].source != PROFILED:  # detected: the steps the trace covers
             timed = pa.table({"rank": [chosen] * len(steps), "start": [w.start for w in steps],

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from perfswarm.analyze.diff import OpDelta
+from perfswarm.analyze.diff import OpDelta, RunDiff
 from perfswarm.analyze.summary import diff_runs
 from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
@@ -51,6 +51,16 @@ def diff_command(
     for side, held in result.waited_for_others:
         console.print(f"note: {'AB'[side]} waited for other processes, {held:.2f} cores' worth: "
                       f"{WAITED_FOR_OTHERS}")
+    if not (result.a_span_ns or result.b_span_ns):
+        console.print("no op traced on either side (a program that ran its own torch "
+                      "profiler, or a recording without torch): the step time alone")
+    else:
+        _print_ops(result)
+    if swarms.swarms:
+        _print_swarms(swarms)
+
+
+def _print_ops(result: RunDiff) -> None:
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
                   f"({ms(result.b_span_ns - result.a_span_ns)}); "
                   f"{len(result.only_a)} names only in A, {len(result.only_b)} only in B")
@@ -76,8 +86,6 @@ def diff_command(
                   "of some 60 ops a few cross theirs by chance (an op nested in another moves "
                   "with it): two recordings on a busy machine also differ run to run (diff A "
                   "against a second recording of A to see how much)")
-    if swarms.swarms:
-        _print_swarms(swarms)
 
 
 def _ops_table(title: str, rows: list[OpDelta]) -> Table:

@@ -57,6 +57,9 @@ from perfswarm.trace.store import Run
 
 TOP: Final = 25
 FORWARD_BACKWARD: Final = "fwdbwd"  # the profiler's flows from a forward op to its autograd node
+# TorchScript's DifferentiableGraphOp's forward run (its GraphExecutor's name): it makes one
+# autograd node for the ops inside it
+SCRIPTED_FORWARD: Final = "<forward op>"
 
 
 @dataclass(frozen=True)
@@ -301,13 +304,17 @@ def _no_grad(run: Run, ev: Events, rank: int, rows: I64) -> Mask:
     flows = flows.filter(links)
     if not len(rows) or not flows.num_rows:
         return out
+    graph = ev.names.index(SCRIPTED_FORWARD) if SCRIPTED_FORWARD in ev.names else -1
     flow_tid = np.asarray(flows.column("tid").to_numpy(), np.int64)
     flow_ts = np.asarray(flows.column("ts").to_numpy(), np.int64)
     cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
     for tid in np.unique(ev.tid[rows]).tolist():
         mine = ev.tid[rows] == tid
         ops = cpu_ops[ev.tid[cpu_ops] == tid]
-        made = ops[np.isin(ev.ts[ops], flow_ts[flow_tid == tid])]  # ops that made a node
+        # ops that made a node: a flow's, or TorchScript's differentiable graph run (its
+        # DifferentiableGraphBackward node has no flow from it: a scripted block's ops had
+        # read as no-grad, its GEMMs counted once in model FLOPs)
+        made = ops[np.isin(ev.ts[ops], flow_ts[flow_tid == tid]) | (ev.name[ops] == graph)]
         order = np.argsort(ev.ts[made], kind="stable")
         start, reach = ev.ts[made][order], np.maximum.accumulate(ev.end[made][order])
         # an op overlaps one that made a node (ops on a thread nest): one starts by its end

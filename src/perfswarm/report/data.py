@@ -163,7 +163,7 @@ def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | N
                  f"{faults.outside:,.0f} after it (a fault is a page written afresh: the "
                  "profiler's allocations share glibc's heap with the program's)")
         cards.append(Card(label="step time", value=ms(median),
-                          detail=f"median of {timing.steps} steps after the profiler's window"
+                          detail=f"median of {timing.steps} steps {timing.which}"
                                  f"{profiled}{paged}{before}"))
         if timing.busy_ns is not None:
             # a forward-driven loop's: the model's work, the rest of a step the loop's own

@@ -54,7 +54,8 @@ def short_caption(caption: str) -> str:
 def step_time_change(t: StepTimeDelta) -> tuple[str, str]:
     """(A's step time -> B's, the change against its band and which steps were timed), as
     `diff` and the board's comparison say them."""
-    where = "after the profiler's window" if t.a.outside and t.b.outside else "profiled"
+    where = t.a.which if t.a.which == t.b.which else (
+        "unprofiled" if t.a.outside and t.b.outside else "profiled")
     inside = "outside" if abs(t.delta_ns) > t.noise_ns else "inside"
     return (f"{ms(t.a.median_ns)} -> {ms(t.b.median_ns)}",
             f"{ms(t.delta_ns)} ({100 * t.delta_ns / t.a.median_ns:+.1f}%), {inside} ± "

@@ -260,6 +260,10 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     `timed` over every step the run timed; None where other processes held it back little."""
     if timed and facts.run_steps.height <= facts.steps.height:
         return None
+    # nothing traced but steps timed (the program ran its own torch profiler): the steps are
+    # what was measured, not the recording's span around them
+    if not timed and not facts.ranks and facts.run_steps.height:
+        return None
     proc = _window_counters(facts, r"^proc\.cpu_cores$", timed)["value"].to_numpy()
     busy = _window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$", timed)
     if proc.size < 3 or busy.height == 0:

@@ -82,7 +82,8 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     # usual one
     typical = _median_step(step_of[mine], ns[mine])
     python = _median_step(step_of[between], gaps)
-    if typical + python < _MIN_SHARE * float(np.median([w.end - w.start for w in usual])):
+    median = float(np.median([w.end - w.start for w in usual]))
+    if typical + python < _MIN_SHARE * median:
         return None
     found.sort(reverse=True)
     slowdown = facts.profiler_slowdown
@@ -90,8 +91,9 @@ def per_sample_ops(facts: Facts) -> Advice | None:
                 "steps": steps, "op_groups": len(found),
                 "calls_per_step": round(sum(f[3] for f in found)),
                 "per_sample_ns": int(ns[mine].sum()),
-                "median_step_ns": round(typical),
-                "python_between_ns": round(python),
+                "median_step_ns": round(median),
+                "per_sample_step_ns": round(typical),
+                "python_between_step_ns": round(python),
                 "batched_ns": round(batched),
                 "streaming_gbps": round(rate, 2) if rate else None,
                 "profiler_slowdown": round(slowdown, 3),
