@@ -24,7 +24,16 @@ import pyarrow.compute as pc
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.critical_path import CriticalPath
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_rows, looked_up
-from perfswarm.analyze.frame import I64, KIND, Events, Mask, group_rows, lane_key, texts_of
+from perfswarm.analyze.frame import (
+    I64,
+    KIND,
+    Events,
+    Mask,
+    group_rows,
+    lane_key,
+    texts_of,
+    unique_rows,
+)
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import (
     batch_sizes,
@@ -77,14 +86,13 @@ def like(table: pa.Table, column: str, pattern: str) -> Mask:
 def groups(table: pa.Table, by: Iterable[str]) -> list[tuple[tuple[int, ...], pa.Table]]:
     """(key, its rows) per distinct value of the integer columns `by`, in the order of each
     key's first row, the rows in theirs."""
-    keys = np.stack([col(table, c).astype(np.int64) for c in by], axis=1) if table.num_rows \
-        else np.zeros((0, 1), np.int64)
-    order = np.lexsort(keys.T[::-1]) if len(keys) else np.zeros(0, np.int64)
-    ordered = keys[order]
-    cuts = np.flatnonzero(np.any(ordered[1:] != ordered[:-1], axis=1)) + 1
-    parts = sorted(np.split(order, cuts) if len(order) else [], key=lambda p: int(p.min()))
-    return [(tuple(keys[int(part.min())].tolist()), table.take(pa.array(np.sort(part))))
-            for part in parts]
+    if not table.num_rows:
+        return []
+    keys = np.stack([col(table, c).astype(np.int64) for c in by], axis=1)
+    first, inverse = unique_rows(keys)
+    rows = group_rows(inverse, np.arange(len(keys)))
+    return [(tuple(keys[first[k]].tolist()), table.take(pa.array(rows[int(k)])))
+            for k in np.argsort(first)]
 
 
 def processes(table: pa.Table) -> int:
