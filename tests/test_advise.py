@@ -26,7 +26,7 @@ from perfswarm.optimize.rules import device, distributed, host, loader, optimize
 from perfswarm.optimize.rules.base import Advice, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.schema import STEPS
+from perfswarm.trace.schema import KINDS, STEPS
 from perfswarm.trace.store import Run
 
 A100 = {"id": 0, "name": "NVIDIA A100-SXM4-40GB", "computeMajor": 8, "computeMinor": 0,
@@ -344,17 +344,21 @@ def test_facts_events_are_analyzes_events(corpus_runs: dict[str, Run]) -> None:
     stored = run.table("events", ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device",
                                   "stream", "correlation", "step", "args", "detail"]
                        ).to_pydict()
-    assert frame.height == len(stored["ts"]) > 0
+    assert frame.num_rows == len(stored["ts"]) > 0
     for column, values in stored.items():
-        if column not in ("args", "detail"):  # read for a rule's rows alone
-            assert frame[column].to_list() == [v if column != "kind" else str(v) for v in values]
+        if column not in ("args", "detail", "kind", "name"):  # args: read for a rule's rows
+            assert frame.column(column).to_pylist() == values
+    # kinds and names as their codes, read as text
+    assert [KINDS[k] for k in frame.column("kind").to_pylist()] == [str(k) for k in
+                                                                     stored["kind"]]
+    assert facts.name_texts(frame) == [str(n) for n in stored["name"]]
     ev = Events.load(run)
-    assert frame["row"].to_list() == list(range(len(ev)))
-    assert frame["name"][7] == ev.name_of(7)
+    assert frame.column("row").to_pylist() == list(range(len(ev)))
+    assert facts.name_texts(frame.slice(7, 1)) == [ev.name_of(7)]
     # a rule's rows with their args or detail, in the frame's order whatever it is
-    some = frame[[9, 3, 27]]
+    some = frame.take([9, 3, 27])
     for column in ("args", "detail"):
-        assert facts.with_text(some, column)[column].to_list() == [
+        assert facts.with_text(some, column).column(column).to_pylist() == [
             stored[column][i] or "{}" for i in (9, 3, 27)]
 
 
@@ -369,8 +373,8 @@ def test_kernel_launches_are_the_calls_joined_to_a_kernel(corpus_runs: dict[str,
         calls = Counter(e["name"] for e in raw if e.get("cat") in ("cuda_runtime", "cuda_driver")
                         and e.get("args", {}).get("correlation") in kernels)
         launches = Facts.of(corpus_runs[name]).kernel_launches
-        assert launches.height == sum(calls.values()) == expected
-        assert Counter(launches["name"].to_list()) == calls
+        assert launches.num_rows == sum(calls.values()) == expected
+        assert Counter(Facts.of(corpus_runs[name]).name_texts(launches)) == calls
 
 
 # -- pageable copies ----------------------------------------------------------------------------
@@ -673,9 +677,9 @@ def test_launching_ops_are_rows(tmp_path: Path) -> None:
               kernel("ampere_sgemm", 13_800, 2000, correlation=3)]
     facts = Facts.of(imported(tmp_path, "rows", events, devices=(A100,)))
     kernels = facts.kind("kernel", columns=("row", "ts"))
-    assert kernels.columns == ["kind", "row", "ts"]
-    mm = facts.named("^aten::mm$", "cpu_op").sort("ts")["row"].to_list()
-    ops = facts.launching_ops(kernels.sort("ts"))
+    assert kernels.column_names == ["kind", "row", "ts"]
+    mm = facts.named("^aten::mm$", "cpu_op").sort_by("ts").column("row").to_pylist()
+    ops = facts.launching_ops(kernels.sort_by("ts"))
     assert ops.dtype == np.int64 and ops.tolist() == [*mm, -1]
     assert all(isinstance(a, np.ndarray) for a in facts._launching)
     assert [c.flops if c else None for c in facts.costs_of(ops)] == [2 * 64**3, 2 * 8 * 16 * 8,

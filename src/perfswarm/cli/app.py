@@ -55,17 +55,12 @@ ALLOCATORS = {
     # Arrow's default (mimalloc) keeps what table reads free: 45 MB more peak memory for a
     # 200k-event report, and no faster; the C library's allocator instead
     "ARROW_DEFAULT_MEMORY_POOL": "system",
-    # polars' own jemalloc keeps the pages its frames freed (dirty, then muzzy) for 10 s before
-    # it returns them, longer than a command lasts: the advice's frames, each rule's pages
-    # beside the last's (nothing else allocates from them), stayed to a report's peak, 20 MB
-    # of it at 200k events. Returned at once, and no slower
-    "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0",
 }
 
 
 @contextmanager
 def _allocators() -> Iterator[None]:
-    """While a command's module is imported (bringing in pyarrow, polars as the command needs):
+    """While a command's module is imported (bringing in pyarrow as the command needs):
     ALLOCATORS, each unless the user's environment sets it. The variables are gone again
     before the command runs, so the programs `record` and `tune` start see the environment
     they were given."""

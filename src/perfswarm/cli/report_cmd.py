@@ -14,7 +14,7 @@ from perfswarm.cli.app import app
 from perfswarm.cli.output import console, print_json, spinner
 from perfswarm.trace.store import Run, check_output
 
-# The report's advice runs on polars: loaded with this module, under the command's allocator
+# The report's advice (pyarrow with it): loaded with this module, under the command's allocator
 # settings (cli/app.py ALLOCATORS), not later in report_data
 importlib.import_module("perfswarm.optimize.advise")
 

@@ -35,7 +35,7 @@ def conv_fusion(facts: Facts) -> Advice | None:
     # events) is not built for nothing
     measured = _measured_here()
     if not measured or not facts.ranks or \
-            not facts.events["name"].str.contains("conv").any():
+            not facts.named_like(facts.events, "conv").any():
         return None
     pairs = Counter(p.label for p in run_pairs(op_sequence(facts.run, facts.ranks[0])))
     gaining = [(label, count, measured[label]) for label, count in pairs.items()

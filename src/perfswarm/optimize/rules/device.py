@@ -8,14 +8,14 @@ from typing import Any, Final
 
 import numpy as np
 import orjson
-import polars as pl
+import pyarrow as pa
 
 from perfswarm.analyze.ops import TENSOR_CORE
 from perfswarm.model.fusion import fusion_candidates
 from perfswarm.model.opcost import OpCost, roofline
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, col, groups, like, where
 from perfswarm.trace.readers.memory_timeline import RESERVED
 from perfswarm.trace.schema import NONE
 
@@ -34,14 +34,14 @@ def low_utilization(facts: Facts) -> Advice | None:
     more work per step. A larger batch costs the host the same ops (it dispatches the same
     kernels; only loading the batch grows with it) and the device at most proportionally
     more time, so the same samples take less time."""
-    if facts.device_events.height < 10:
+    if facts.device_events.num_rows < 10:
         return None
     util = facts.device_busy
     low = sorted(r for r, u in util.items() if u < 0.5)
     if not low:
         return None
-    device = {int(r): int(d) for r, d in facts.device_events.group_by("rank").agg(
-        pl.col("device").min()).iter_rows()}
+    device = {r: int(col(mine, "device").min())
+              for (r,), mine in groups(facts.device_events, ["rank"])}
     loader = facts.busy_ns(facts.loader_calls)
     capacity = _capacity(facts)
     peaks = _peak_memory(facts, set(low))
@@ -86,7 +86,7 @@ def launch_bound(facts: Facts) -> Advice | None:
     each is as bound (nanoGPT on an H200)."""
     kernels = facts.in_window(facts.kind("kernel"))
     launches = facts.in_window(facts.kernel_launches)
-    if kernels.height < 100 or launches.height == 0:
+    if kernels.num_rows < 100 or launches.num_rows == 0:
         return None
     busy = min(facts.device_busy.values(), default=0.0)
     idle = sum(s.idle.total_ns for s in facts.launch)
@@ -98,12 +98,14 @@ def launch_bound(facts: Facts) -> Advice | None:
     # device, which cannot be captured. The host pays one launch per step instead; the device
     # still starts each kernel about a microsecond after the previous one.
     # (the ops' time outside the blocking calls: their union with those calls, less them)
-    host_ops = pl.concat([facts.in_window(facts.launch_scopes), launches, *facts.host_blocking])
+    host_ops = pa.concat_tables([facts.in_window(facts.launch_scopes), launches,
+                                 *facts.host_blocking])
     captured = {k[0]: v - facts.host_blocked_ns.get(k[0], 0)
                 for k, v in facts.busy_ns(host_ops).items()}
-    kernels_by_rank = {k[0]: g.height for k, g in kernels.group_by(["rank"])}
-    host_per_kernel = sum(captured.values()) / kernels.height
-    mean_kernel = facts.total_ns(kernels) / kernels.height
+    ranks, counts = np.unique(col(kernels, "rank"), return_counts=True)
+    kernels_by_rank = dict(zip(ranks.tolist(), counts.tolist(), strict=True))
+    host_per_kernel = sum(captured.values()) / kernels.num_rows
+    mean_kernel = facts.total_ns(kernels) / kernels.num_rows
     if host_per_kernel <= mean_kernel:
         return None
     gain = 0
@@ -114,17 +116,17 @@ def launch_bound(facts: Facts) -> Advice | None:
         device_after = span - device_idle + kernels_by_rank.get(rank, 0) * _GRAPH_LAUNCH_NS
         gain += max(0, window - max(host_after, device_after))
     gain = min(gain, host_wait)
-    small = kernels.filter(pl.col("dur") < _SMALL_KERNEL_NS)
-    mean_launch = facts.total_ns(launches) / launches.height
-    evidence = {"kernels": kernels.height, "small_kernels": small.height,
+    small = int((col(kernels, "dur") < _SMALL_KERNEL_NS).sum())
+    mean_launch = facts.total_ns(launches) / launches.num_rows
+    evidence = {"kernels": kernels.num_rows, "small_kernels": small,
                 "kernel_mean_ns": round(mean_kernel), "host_per_kernel_ns": round(host_per_kernel),
-                "launches": launches.height, "launch_mean_ns": round(mean_launch),
+                "launches": launches.num_rows, "launch_mean_ns": round(mean_launch),
                 "device_busy_pct": round(100 * busy, 2),
                 "idle_host_wait_pct": round(100 * host_wait / idle, 2),
                 # analyze's launch queue: at its longest, and how long the host blocked on it
                 "launch_queue_max": max(s.queue.max for s in facts.launch),
                 "launch_queue_full_ns": sum(s.queue.full_ns for s in facts.launch)}
-    title = ("many small kernels: launch overhead dominates" if small.height * 2 >= kernels.height
+    title = ("many small kernels: launch overhead dominates" if small * 2 >= kernels.num_rows
              else "the host launches kernels slower than the device runs them")
     return advice(facts, "launch_bound", title, evidence, gain,
                   "launch model from this run's times: a step becomes the slower of the host "
@@ -155,24 +157,22 @@ def fp32_gemm(facts: Facts) -> Advice | None:
     """GEMMs run on the FP32 (SIMT) path of a device whose tensor cores take TF32/BF16."""
     devices = _tensor_core_devices(facts)
     gemms = facts.in_window(facts.named(_GEMM, "kernel"))
-    if not devices or gemms.height == 0:
+    if not devices or gemms.num_rows == 0:
         return None
-    fp32 = gemms.filter(~pl.col("name").str.contains(TENSOR_CORE))
+    fp32 = where(gemms, ~facts.named_like(gemms, TENSOR_CORE))
     fp32_ns, gemm_ns = facts.total_ns(fp32), facts.total_ns(gemms)
-    if fp32.height == 0 or fp32_ns < gemm_ns / 10:
+    if fp32.num_rows == 0 or fp32_ns < gemm_ns / 10:
         return None
-    top = (fp32.group_by("name").agg(pl.col("dur").sum())
-           .sort(["dur", "name"], descending=[True, False]))
     spec = facts.spec
     ratio = functools.cache(lambda cost: _tf32_time_ratio(cost, spec))  # per distinct op cost
     ratios = [ratio(cost) for cost in facts.costs_of(facts.launching_ops(fp32))]
-    durs = fp32["dur"].to_list()
+    durs = col(fp32, "dur").tolist()
     modelled = [(d, r) for d, r in zip(durs, ratios, strict=True) if r is not None]
     rest_ns = sum(d for d, r in zip(durs, ratios, strict=True) if r is None)
     tf32_ns = sum(d * r for d, r in modelled) + rest_ns / _TF32_SPEEDUP
-    evidence = {"devices": devices, "fp32_gemms": fp32.height, "gemms": gemms.height,
+    evidence = {"devices": devices, "fp32_gemms": fp32.num_rows, "gemms": gemms.num_rows,
                 "fp32_gemm_ns": fp32_ns, "fp32_share_of_gemm_pct": pct(fp32_ns, gemm_ns),
-                "top_kernels": top["name"].head(3).to_list(),
+                "top_kernels": [n for n, _ in facts.by_name(fp32, col(fp32, "dur"))[:3]],
                 "modelled_gemms": len(modelled), "tf32_estimate_ns": round(tf32_ns)}
     fixed = f"TF32 tensor-core GEMMs run about {_TF32_SPEEDUP:g}x faster than FP32 ones"
     if modelled and spec is not None:
@@ -182,7 +182,7 @@ def fp32_gemm(facts: Facts) -> Advice | None:
                  f"{spec.memory_bandwidth / 1e9:g} GB/s), each kernel keeping the share of its "
                  "roof it reached in FP32")
         if rest_ns:
-            basis += f"; the {fp32.height - len(modelled)} without recorded shapes: {fixed}"
+            basis += f"; the {fp32.num_rows - len(modelled)} without recorded shapes: {fixed}"
     else:
         why = "no device spec for " + ", ".join(devices) if spec is None else (
             "no recorded shapes (record_shapes=True) for these GEMMs")
@@ -194,12 +194,13 @@ def fp32_gemm(facts: Facts) -> Advice | None:
                   "forward pass under torch.autocast('cuda', dtype=torch.bfloat16)")
 
 
-def _op_sequence(facts: Facts, kernels: pl.DataFrame) -> list[tuple[OpCost | None, int]]:
+def _op_sequence(facts: Facts, kernels: pa.Table) -> list[tuple[OpCost | None, int]]:
     """Kernels in time order as (launching op's cost, measured ns): one entry per op, its
     kernels' time summed; a kernel without a modelled op is an entry of its own."""
     seq: list[tuple[int, int]] = []  # (op row, ns)
-    ordered = kernels.sort(["ts", "correlation"])
-    for op, dur in zip(facts.launching_ops(ordered).tolist(), ordered["dur"].to_list(),
+    ordered = kernels.take(pa.array(np.lexsort((col(kernels, "correlation"),
+                                                col(kernels, "ts")))))
+    for op, dur in zip(facts.launching_ops(ordered).tolist(), col(ordered, "dur").tolist(),
                        strict=True):
         if op >= 0 and seq and seq[-1][0] == op:
             seq[-1] = (op, seq[-1][1] + dur)
@@ -218,7 +219,7 @@ def fusion(facts: Facts) -> Advice | None:
     saved = unfused_roof = fused_roof = measured = 0.0
     chains: dict[str, int] = {}
     ran = facts.kind("kernel", columns=("row", "rank", "ts", "dur", "correlation"))
-    for _, kernels in facts.in_window(ran).group_by(["rank"]):
+    for _, kernels in groups(facts.in_window(ran), ["rank"]):
         seq = _op_sequence(facts, kernels)
         costs = [cost for cost, _ in seq]
         for c in fusion_candidates(costs, spec):
@@ -263,8 +264,10 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
     recorder's GPU sampler is host-wide (rank -1): its devices count for every rank in `ranks`
     that has them."""
     peaks: dict[tuple[int, int], tuple[float, str]] = {}
-    marks = facts.kind("instant").filter(pl.col("name") == "[memory]")
-    for rank, args in facts.with_text(marks, "args").select("rank", "args").iter_rows():
+    instants = facts.kind("instant")
+    marks = facts.with_text(where(instants, facts.named_as(instants, ["[memory]"])), "args")
+    for rank, args in zip(col(marks, "rank").tolist(), marks.column("args").to_pylist(),
+                          strict=True):
         a = orjson.loads(args)
         if a.get("Device Type") != 1:  # 1 = CUDA in Kineto's memory events
             continue
@@ -272,16 +275,19 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
         value = float(a.get("Total Reserved", a.get("Total Allocated", 0)))
         if value > peaks.get(key, (0.0, ""))[0]:
             peaks[key] = (value, "allocator")
-    snapshots = facts.counters.filter((pl.col("name") == RESERVED) & (pl.col("device") >= 0))
-    for (rank, device), group in snapshots.group_by(["rank", "device"]):
-        key = (int(str(rank)), int(str(device)))
-        value = float(group["value"].max())  # type: ignore[arg-type]
+    counters = facts.counters
+    snapshots = where(counters, (col(counters, "name") == RESERVED)
+                      & (col(counters, "device") >= 0))
+    for (rank, device), group in groups(snapshots, ["rank", "device"]):
+        key, value = (rank, device), float(col(group, "value").max())
         if value > peaks.get(key, (0.0, ""))[0]:
             peaks[key] = (value, "snapshot")
-    sampled = facts.counters.filter(pl.col("name").str.contains(r"^gpu\d+\.mem_used_bytes$"))
-    for (rank, name), group in sampled.group_by(["rank", "name"]):
-        device = int(str(name)[3:].split(".")[0])
-        value = float(group["value"].max())  # type: ignore[arg-type]
+    sampled = where(counters, like(counters, "name", r"^gpu\d+\.mem_used_bytes$"))
+    names, at = np.unique(col(sampled, "name"), return_inverse=True)
+    gpu = np.array([int(str(n)[3:].split(".")[0]) for n in names.tolist()], np.int64)[at]
+    for (rank, device), group in groups(sampled.append_column("gpu", pa.array(gpu)),
+                                        ["rank", "gpu"]):
+        value = float(col(group, "value").max())
         for key in ([(r, device) for r in sorted(ranks)] if rank == NONE
                     else [(int(rank), device)]):
             if value > peaks.get(key, (0.0, ""))[0]:

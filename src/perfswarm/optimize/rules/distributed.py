@@ -6,16 +6,20 @@ import itertools
 import re
 import statistics
 
-import polars as pl
+import pyarrow as pa
 
 from perfswarm.analyze.frame import HOST_COLLECTIVE
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, col, where
 
 _EXPOSED_SHARE = 20.0  # % of device busy time spent in communication that no compute overlaps
 _STRAGGLER_RATIO = 1.1
 # a Run that trains with DistributedDataParallel: its ranges or its reducer's ops
 _DDP = r"DistributedDataParallel|torch\.distributed\.ddp\."
+# a collective's op in its name, else "other"
+_OP = re.compile(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|"
+                 r"Recv|all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|"
+                 r"all_to_all|barrier|gather|scatter|send|recv)")
 _STRAGGLER_MIN_PCT = 5.0  # % of the measured time the others spent waiting for the straggler
 # Relative bandwidth of one hop, by `nvidia-smi topo -m` link type (NV<k>: k NVLinks).
 _LINK_GBPS = {"PIX": 16.0, "PXB": 12.0, "PHB": 10.0, "NODE": 8.0, "SYS": 5.0}
@@ -23,18 +27,23 @@ _NVLINK_GBPS = 25.0  # per link
 _MAX_RING_SEARCH = 8  # GPUs; beyond this the permutations are too many to try
 
 
-def _compute(facts: Facts) -> pl.DataFrame:
-    return facts.device_events.filter(pl.col("kind") != "collective")
+def _collectives(facts: Facts) -> pa.Table:
+    """The device's collectives in the window."""
+    return where(facts.device_events, facts.of_kind(facts.device_events, "collective"))
 
 
-def _exposed(facts: Facts) -> tuple[pl.DataFrame, dict[int, tuple[int, int, int, int]]] | None:
+def _compute(facts: Facts) -> pa.Table:
+    return where(facts.device_events, ~facts.of_kind(facts.device_events, "collective"))
+
+
+def _exposed(facts: Facts) -> tuple[pa.Table, dict[int, tuple[int, int, int, int]]] | None:
     """The collectives in the window, and per rank (communication, exposed, compute beside no
     collective, busy) ns: analyze's concurrency over the device's collectives (hidden only
     under compute kernels: beside a copy alone one is exposed, the copy engine doing none of
     the step's compute), else over a CPU process group's on host threads (HostComm: hidden
     under the rank's ops)."""
-    comm = facts.device_events.filter(pl.col("kind") == "collective")
-    if comm.height:
+    comm = _collectives(facts)
+    if comm.num_rows:
         parts = {r: [b.ns for b in bs] for r, bs in facts.breakdowns.items()}
         return comm, {r: (sum(n["overlapped"] + n["comm_only"] for n in ns),
                           sum(n["comm_only"] for n in ns), sum(n["compute_only"] for n in ns),
@@ -45,8 +54,7 @@ def _exposed(facts: Facts) -> tuple[pl.DataFrame, dict[int, tuple[int, int, int,
                        if h is not None] for rc in facts.concurrency}
     if not any(hosts.values()):
         return None
-    comm = facts.in_window(facts.kind("user_annotation")).filter(
-        pl.col("name").str.contains(HOST_COLLECTIVE.pattern))
+    comm = facts.in_window(facts.named(HOST_COLLECTIVE.pattern, "user_annotation"))
     return comm, {r: (sum(h.comm_ns for h in hs), sum(h.ns["comm_only"] for h in hs),
                       sum(h.ns["compute_only"] for h in hs),
                       sum(h.compute_ns + h.ns["comm_only"] for h in hs))
@@ -58,7 +66,7 @@ def communication_bound(facts: Facts) -> Advice | None:
     wait at a collective for the last rank to enter it (analyze's stragglers) is no
     communication: the straggler's, which overlap cannot hide."""
     found = _exposed(facts)
-    if found is None or found[0].height == 0:
+    if found is None or found[0].num_rows == 0:
         return None
     comm, per_rank = found
     waited = {r.rank: r.waited_ns for r in facts.stragglers.ranks} if facts.stragglers else {}
@@ -68,37 +76,36 @@ def communication_bound(facts: Facts) -> Advice | None:
     share = pct(exposed, busy)
     if share < _EXPOSED_SHARE:
         return None
-    by_op = {str(k): int(v) for k, v in comm.with_columns(
-        pl.col("name").str.extract(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|"
-                                   r"SendRecv|AllToAll|Send|Recv|all_reduce|all_gather|"
-                                   r"reduce_scatter|broadcast|reduce|alltoall|all_to_all|"
-                                   r"barrier|gather|scatter|send|recv)", 1).fill_null("other"))
-        .group_by("name").agg(pl.col("dur").sum()).sort("name").iter_rows()}
-    evidence = {"collectives": comm.height, "comm_ns": comm_ns, "by_op_ns": by_op,
+    by_op: dict[str, int] = {}
+    for name, ns in facts.by_name(comm, col(comm, "dur")):
+        op = m.group(1) if (m := _OP.search(name)) else "other"
+        by_op[op] = by_op.get(op, 0) + ns
+    by_op = dict(sorted(by_op.items()))
+    evidence = {"collectives": comm.num_rows, "comm_ns": comm_ns, "by_op_ns": by_op,
                 "overlapped_pct": pct(comm_ns - sum(e for _, e, _, _ in per_rank.values()),
                                       comm_ns),
                 "waited_for_last_rank_ns": sum(waited.get(r, 0) for r in per_rank),
                 "exposed_ns": exposed,
                 # a CPU process group's: the rank's ops and its collectives on host threads
-                "device_busy_ns" if facts.device_events.height else "host_busy_ns": busy,
+                "device_busy_ns" if facts.device_events.num_rows else "host_busy_ns": busy,
                 "comm_share_of_busy_pct": pct(comm_ns, busy), "exposed_share_of_busy_pct": share}
     # DDP's buckets all-reduce while backward computes the next ones: collective time can
     # hide only under compute that no collective overlaps yet, and the last bucket of each
     # step (about one collective) waits for backward to end whatever the bucket size.
     compute_only = sum(c for _, _, c, _ in per_rank.values())
-    last = comm_ns / comm.height * facts.step_count()
+    last = comm_ns / comm.num_rows * facts.step_count()
     evidence["compute_only_ns"] = compute_only
     hidden = min(max(0.0, exposed - last), compute_only)
     # hiding a collective shortens a step only where the step's critical path runs through it
     path = facts.critical_path
     # the steps' paths where the run has steps (the run's own spans more than they do)
-    on_path = (None if path is None or (facts.steps.height and not path.steps) else
+    on_path = (None if path is None or (facts.steps.num_rows and not path.steps) else
                sum(s.ns["collective"] for s in path.steps) if path.steps else path.ns["collective"])
     if on_path is not None:
         evidence["overlap_model_ns"] = round(hidden)
         evidence["collective_on_critical_path_ns"] = on_path
         hidden = min(hidden, on_path)
-    ddp = facts.events["name"].str.contains(_DDP).any()
+    ddp = facts.named_like(facts.events, _DDP).any()
     if ddp:
         overlap = ("let DDP's all-reduce overlap the backward: measure bucket_cap_mb both ways "
                    "(smaller buckets start all-reducing earlier in the backward, larger ones "
@@ -166,7 +173,7 @@ def stragglers(facts: Facts) -> Advice | None:
         basis = ("measured, no model: the time the other ranks waited at the collectives for "
                  "this one to enter them (each rank's waits counted once)")
     else:
-        frame = device if device.height else facts.in_window(facts.kind("cpu_op"))
+        frame = device if device.num_rows else facts.in_window(facts.kind("cpu_op"))
         busy = {int(k[0]): v for k, v in facts.busy_ns(frame).items()}
         if len(busy) < 2:
             return None
@@ -181,7 +188,7 @@ def stragglers(facts: Facts) -> Advice | None:
                 "collectives"
     return advice(facts, "stragglers", f"rank {slow} is a straggler", evidence, gain, basis,
                   f"check rank {slow}'s host (thermal throttling, other jobs, "
-                  + ("a slower GPU or link" if device.height else "fewer or shared cores")
+                  + ("a slower GPU or link" if device.num_rows else "fewer or shared cores")
                   + "), its data (a slower input pipeline, uneven sequence lengths: bucket or "
                   "pad to balance) and its own work (logging, checkpointing or evaluation on "
                   "one rank only)")
@@ -242,8 +249,7 @@ def ring_order(facts: Facts) -> Advice | None:
     cur_bw, best_bw = _bottleneck(current, links), _bottleneck(best, links)
     if best_bw <= cur_bw * 1.2:
         return None
-    comm = facts.device_events.filter(pl.col("kind") == "collective")
-    comm_ns = sum(facts.busy_ns(comm).values())
+    comm_ns = sum(facts.busy_ns(_collectives(facts)).values())
     evidence = {"gpus": len(gpus), "current_order": list(current),
                 "current_bottleneck_gbps": cur_bw,
                 "best_order": list(best), "best_bottleneck_gbps": best_bw, "comm_ns": comm_ns}

@@ -1,28 +1,39 @@
-"""What the advice rules read from a Run: its events as one frame, plus measured time windows.
+"""What the advice rules read from a Run: its events as one table, plus measured time windows.
 
-Rules only see this object, so each table is decoded once however many rules run. The frame
-is a polars view of analyze's events (analyze.frame.Events, decoded once per Run; `row` is an
-event's row there), with the two columns analyses leave out (pid, args); interval unions are
-analyze.intervals', the op that launched a kernel and containment are analyze.dependencies'
-(one nesting sweep).
+Rules only see this object, so each table is decoded once however many rules run. The events
+table is a pyarrow view of analyze's events (analyze.frame.Events, decoded once per Run: its
+numpy columns, not copied; `row` is an event's row there, `kind` and `name` its codes, read as
+text by `name_texts` and matched by `named_like`), the args only for the rows a rule asks for;
+interval unions are analyze.intervals', the op that launched a kernel and containment are
+analyze.dependencies' (one nesting sweep). A table's selections are numpy masks
+(`where`), its columns numpy arrays (`col`), its groups numpy's (`groups`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import cached_property, wraps
 from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
-import polars as pl
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Breakdown, RankConcurrency
 from perfswarm.analyze.critical_path import CriticalPath
 from perfswarm.analyze.dependencies import SYNC_CALLS, enclosing_rows, looked_up
-from perfswarm.analyze.frame import I64, KIND, Events, group_rows, lane_key, texts_of
+from perfswarm.analyze.frame import (
+    I64,
+    KIND,
+    Events,
+    Mask,
+    group_rows,
+    lane_key,
+    texts_of,
+    unique_rows,
+)
 from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import (
     batch_sizes,
@@ -42,21 +53,62 @@ from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
-from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, KINDS, OPTIMIZER_CALL, TAIL
+from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, OPTIMIZER_CALL, TAIL
 from perfswarm.trace.store import Manifest, Run
 
 
-def events_frame(run: Run, ev: Events) -> pl.DataFrame:
-    """analyze's events of `run` as a polars frame: its columns (not copied where numpy and
-    polars share the layout), kinds and names as text, and the Run's pid column; the args
-    (most of a trace's text) only for the rows a rule asks for (`Facts.with_text`)."""
-    pid = run.table("events", ["pid"]).column("pid").to_numpy()
-    return pl.DataFrame({
-        "row": np.arange(len(ev), dtype=np.int64), "rank": ev.rank, "ts": ev.ts, "dur": ev.dur,
-        "kind": pl.Series(KINDS, dtype=pl.String).gather(ev.kind),
-        "name": pl.Series(ev.names, dtype=pl.String).gather(ev.name),
-        "pid": pid, "tid": ev.tid, "device": ev.device,
-        "stream": ev.stream, "correlation": ev.correlation, "step": ev.step})
+def events_table(ev: Events) -> pa.Table:
+    """analyze's events as a table: their numpy columns (not copied), kinds and names as
+    their codes (KIND; indices into `ev.names`)."""
+    return pa.table({"row": np.arange(len(ev), dtype=np.int64), "rank": ev.rank, "ts": ev.ts,
+                     "dur": ev.dur, "kind": ev.kind, "name": ev.name, "pid": ev.pid,
+                     "tid": ev.tid, "device": ev.device, "stream": ev.stream,
+                     "correlation": ev.correlation, "step": ev.step})
+
+
+def col(table: pa.Table, name: str) -> npt.NDArray[Any]:
+    """A column of `table` as a numpy array (a text column's as objects)."""
+    values = table.column(name)
+    return np.asarray(values.to_numpy()) if values.num_chunks else np.zeros(0, np.int64)
+
+
+def where(table: pa.Table, mask: Mask) -> pa.Table:
+    """The rows of `table` where `mask` holds, in their order."""
+    return table.filter(pa.array(np.asarray(mask, bool)))
+
+
+def like(table: pa.Table, column: str, pattern: str) -> Mask:
+    """Which of a text column's values match the regex `pattern` anywhere in them."""
+    return np.asarray(pc.match_substring_regex(table.column(column), pattern).to_numpy(),
+                      bool)
+
+
+def groups(table: pa.Table, by: Iterable[str]) -> list[tuple[tuple[int, ...], pa.Table]]:
+    """(key, its rows) per distinct value of the integer columns `by`, in the order of each
+    key's first row, the rows in theirs."""
+    if not table.num_rows:
+        return []
+    keys = np.stack([col(table, c).astype(np.int64) for c in by], axis=1)
+    first, inverse = unique_rows(keys)
+    rows = group_rows(inverse, np.arange(len(keys)))
+    return [(tuple(keys[first[k]].tolist()), table.take(pa.array(rows[int(k)])))
+            for k in np.argsort(first)]
+
+
+def processes(table: pa.Table) -> int:
+    """How many distinct processes (rank, pid) have rows in `table`."""
+    return len(np.unique(lane_key(col(table, "rank"), col(table, "pid"))))
+
+
+def with_column(table: pa.Table, name: str, values: Any) -> pa.Table:
+    """`table` with its column `name` (replaced, or added) holding `values`."""
+    at = table.schema.get_field_index(name)
+    return table.set_column(at, name, values) if at >= 0 else table.append_column(name, values)
+
+
+def texts(table: pa.Table, column: str) -> pa.Table:
+    """`table` with its dictionary column `column` as plain text."""
+    return with_column(table, column, table.column(column).cast(pa.string()))
 
 
 T = TypeVar("T")
@@ -83,9 +135,9 @@ def per_facts(read: Callable[[Facts], T]) -> Callable[[Facts], T]:
 class Facts:
     """A Run's tables as the rules need them; every number a rule reports comes from here."""
 
-    events: pl.DataFrame
-    steps: pl.DataFrame
-    counters: pl.DataFrame
+    events: pa.Table
+    steps: pa.Table
+    counters: pa.Table
     manifest: Manifest
     # the Run itself: analyze's events (the launch join) and its recorded op sequence (conv
     # fusion)
@@ -95,7 +147,7 @@ class Facts:
     launch: tuple[LaunchStats, ...] = ()
     # Every step the run timed (hooks outside the window too), but the one holding the export
     # and a tail (analyze.iterations).
-    run_steps: pl.DataFrame = field(default_factory=pl.DataFrame)
+    run_steps: pa.Table = field(default_factory=lambda: pa.table({}))
     # analyze's memory by category (a memory timeline's counters), per rank
     memory: tuple[RankMemory, ...] = ()
     # analyze's frequent kernel sequences
@@ -124,19 +176,18 @@ class Facts:
         # each rank's first profiled step where it only times the profiler's start: an Adam
         # loop's 146 ms among 27-30 ms had been 36% of its measured time, and its fused
         # optimizer's gain 21.7% of it for 33% without the execution trace (53% measured)
-        unusual = pl.DataFrame([(r, s) for r, s in sorted(start)], schema={
-            "rank": pl.Int32, "step": pl.Int32}, orient="row")
-        steps = pl.from_arrow(profiled(table))
-        run_steps = pl.from_arrow(table.filter(pc.invert(pc.is_in(table.column("source").cast(
-            pa.string()), pa.array([EXPORT, TAIL])))))
-        counters = pl.from_arrow(run.table("counters"))
-        assert isinstance(steps, pl.DataFrame)
-        assert isinstance(run_steps, pl.DataFrame)
-        assert isinstance(counters, pl.DataFrame)
-        set_aside = {(int(r), int(s)): int(e - b) for r, s, b, e in steps.join(
-            unusual, on=["rank", "step"]).select("rank", "step", "start", "end").iter_rows()}
-        steps = steps.join(unusual, on=["rank", "step"], how="anti")
-        run_steps = run_steps.join(unusual, on=["rank", "step"], how="anti")
+        unusual = [int(k) for k in lane_key(*(np.array(side, np.int64) for side in zip(
+            *sorted(start), strict=True)))] if start else []
+        steps = texts(profiled(table), "source")
+        run_steps = texts(table, "source")
+        run_steps = where(run_steps, ~np.isin(col(run_steps, "source"), [EXPORT, TAIL]))
+        first = np.isin(lane_key(col(steps, "rank"), col(steps, "step")), unusual)
+        set_aside = {(int(r), int(s)): int(e - b) for r, s, b, e in zip(
+            *(col(steps, c)[first].tolist() for c in ("rank", "step", "start", "end")),
+            strict=True)}
+        steps = where(steps, ~first)
+        run_steps = where(run_steps, ~np.isin(lane_key(col(run_steps, "rank"),
+                                                       col(run_steps, "step")), unusual))
         concurrency = tuple(replace(rc, iterations=tuple(
             i for i in rc.iterations if (rc.rank, i.step) not in start))
             for rc in analysis.concurrency.ranks)
@@ -150,54 +201,85 @@ class Facts:
                 # Only small text side files (topology dumps); traces are read from tables.
                 if "topo" in p.name and p.is_file() and p.stat().st_size < 1 << 20:
                     raw[p.name] = p.read_text(errors="replace")
-        return cls(events_frame(run, Events.load(run)),
-                   steps.with_columns(pl.col("source").cast(pl.String)),
-                   counters.with_columns(pl.col("name").cast(pl.String)),
-                   run.manifest(), run, raw, analysis.launch,
-                   run_steps.with_columns(pl.col("source").cast(pl.String)),
+        return cls(events_table(Events.load(run)), steps, texts(run.table("counters"), "name"),
+                   run.manifest(), run, raw, analysis.launch, run_steps,
                    analysis.memory, analysis.sequences, concurrency,
                    analysis.stragglers, path, set_aside)
 
     # -- selections ----------------------------------------------------------
-    def with_text(self, frame: pl.DataFrame, column: Literal["args", "detail"]) -> pl.DataFrame:
+    def with_text(self, frame: pa.Table, column: Literal["args", "detail"]) -> pa.Table:
         """`frame` (rows of `events`) with the events' `column` (a JSON object's text: "{}"
         for none), read for these rows alone: the whole args (memory events), or the fields
         of them the analyses read (trace/detail.py: shapes, bytes)."""
-        rows = frame["row"].to_numpy()
+        rows = col(frame, "row")
         order = np.argsort(rows, kind="stable")
-        texts = np.empty(len(rows), object)
-        texts[order] = texts_of(self.run, column, rows[order])
-        return frame.with_columns(pl.Series(column, texts, dtype=pl.String))
+        found = np.empty(len(rows), object)
+        found[order] = texts_of(self.run, column, rows[order])
+        return frame.append_column(column, pa.array(found, pa.string()))
 
-    def kind(self, *kinds: str, columns: tuple[str, ...] = ()) -> pl.DataFrame:
-        """Events of the given kinds; only `columns` of them (and the kind) when given: a
-        rule that reads a few columns of many rows copies no more (the names of 60k kernels
-        are most of such a copy)."""
-        frame = self.events.select("kind", *columns) if columns else self.events
-        return frame.filter(pl.col("kind").is_in(kinds))
+    def at(self, rows: I64) -> pa.Table:
+        """The events at `rows` (each once, in their order)."""
+        return self.events.take(pa.array(np.unique(np.asarray(rows, np.int64))))
 
-    def named(self, pattern: str, *kinds: str) -> pl.DataFrame:
+    def kind(self, *kinds: str, columns: tuple[str, ...] = ()) -> pa.Table:
+        """Events of the given kinds; only `columns` of them (and the kind) when given."""
+        frame = self.events.select(["kind", *columns]) if columns else self.events
+        return where(frame, self.of_kind(frame, *kinds))
+
+    @staticmethod
+    def of_kind(frame: pa.Table, *kinds: str) -> Mask:
+        """Which rows of `frame` (of `events`) are of the given kinds."""
+        return np.isin(col(frame, "kind"), [KIND[k] for k in kinds])
+
+    def name_texts(self, frame: pa.Table) -> list[str]:
+        """The names of the rows of `frame` (of `events`)."""
+        return cast(list[str], self._names.take(pa.array(col(frame, "name"))).to_pylist())
+
+    @cached_property
+    def _names(self) -> pa.Array:
+        return pa.array(Events.load(self.run).names, pa.string())
+
+    def named_like(self, frame: pa.Table, pattern: str) -> Mask:
+        """Which rows of `frame` (of `events`) have a name matching the regex `pattern`
+        anywhere in it (each distinct name matched once)."""
+        hits: Mask = np.asarray(pc.match_substring_regex(self._names, pattern).to_numpy(
+            zero_copy_only=False), bool)
+        return np.asarray(hits[col(frame, "name")], bool)
+
+    def named_as(self, frame: pa.Table, names: Iterable[str]) -> Mask:
+        """Which rows of `frame` (of `events`) have one of `names`."""
+        wanted = set(names)
+        return np.isin(col(frame, "name"), [i for i, n in enumerate(
+            Events.load(self.run).names) if n in wanted])
+
+    def by_name(self, frame: pa.Table, values: npt.NDArray[Any]) -> list[tuple[str, int]]:
+        """The names of the rows of `frame` (of `events`) with the sum of their `values` (one
+        per row), the largest first (on a tie, by name)."""
+        codes, at = np.unique(col(frame, "name"), return_inverse=True)
+        sums = np.bincount(at, weights=values, minlength=len(codes)).round().astype(np.int64)
+        names = self._names.take(pa.array(codes)).to_pylist()
+        return sorted(zip(names, sums.tolist(), strict=True), key=lambda ns: (-ns[1], ns[0]))
+
+    def named(self, pattern: str, *kinds: str) -> pa.Table:
         """Events whose name matches the regex `pattern` (optionally of the given kinds)."""
         frame = self.kind(*kinds) if kinds else self.events
-        return frame.filter(pl.col("name").str.contains(pattern))
+        return where(frame, self.named_like(frame, pattern))
 
-    def inside(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
+    def inside(self, outer: pa.Table, inner: pa.Table) -> pa.Table:
         """The rows of `inner` that lie within a row of `outer` on their rank and thread
         (analyze.dependencies.enclosing_rows: one nesting sweep for the launch join and this)."""
-        within, _ = enclosing_rows(Events.load(self.run), inner["row"].to_numpy(),
-                                   outer["row"].to_numpy())
-        return inner.filter(pl.col("row").is_in(within))
+        within, _ = enclosing_rows(Events.load(self.run), col(inner, "row"), col(outer, "row"))
+        return where(inner, np.isin(col(inner, "row"), within))
 
-    def around(self, outer: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
+    def around(self, outer: pa.Table, inner: pa.Table) -> pa.Table:
         """The rows of `outer` that hold a row of `inner` as their innermost enclosing one (the
         same nesting sweep as `inside`)."""
-        _, around = enclosing_rows(Events.load(self.run), inner["row"].to_numpy(),
-                                   outer["row"].to_numpy())
-        return outer.filter(pl.col("row").is_in(np.unique(around)))
+        _, around = enclosing_rows(Events.load(self.run), col(inner, "row"), col(outer, "row"))
+        return where(outer, np.isin(col(outer, "row"), around))
 
     @cached_property
     def ranks(self) -> list[int]:
-        return sorted(int(r) for r in self.events["rank"].unique())
+        return Events.load(self.run).ranks
 
     # -- time windows --------------------------------------------------------
     def window(self, rank: int) -> tuple[int, int, int]:
@@ -209,15 +291,16 @@ class Facts:
         return {r: self._measure(r) for r in self.ranks}
 
     def _measure(self, rank: int) -> tuple[int, int, int]:
-        steps = self.steps.filter(pl.col("rank") == rank)
-        if steps.height:
-            s, e = steps["start"].to_numpy(), steps["end"].to_numpy()
+        mine = col(self.steps, "rank") == rank
+        if mine.any():
+            s, e = col(self.steps, "start")[mine], col(self.steps, "end")[mine]
             return int(s.min()), int(e.max()), total(s, e)
-        ev = self.events.filter((pl.col("rank") == rank) & (pl.col("kind") != "trace_span"))
-        if ev.height == 0:
+        ev = Events.load(self.run)
+        rows = np.arange(len(ev))[ev.rank_slice(rank)]
+        rows = rows[ev.kind[rows] != KIND["trace_span"]]
+        if not len(rows):
             return 0, 0, 0
-        start = int(ev["ts"].min())  # type: ignore[arg-type]
-        end = int((ev["ts"] + ev["dur"]).max())  # type: ignore[arg-type]
+        start, end = int(ev.ts[rows].min()), int(ev.end[rows].max())
         # the time between its profiling windows is not measured (three windows' 1.4 s of
         # gaps had made a 57% DataLoader wait 5% of the time, and its advice vanish)
         return start, end, end - start - within_gaps(self._gaps.get(rank, []), start, end)
@@ -235,12 +318,12 @@ class Facts:
     def measured_as(self) -> str:
         """What wall_ns is, in words: what a share of it is of."""
         ranks = f", summed over {len(self.ranks)} ranks" if len(self.ranks) > 1 else ""
-        if self.steps.height and self.set_aside:
+        if self.steps.num_rows and self.set_aside:
             aside = sum(self.set_aside.values()) / 1e6
             return (f"the profiled steps{ranks} but the first ({aside:,.3f} ms"
                     f"{' over the ranks' if len(self.set_aside) > 1 else ''}, which starts "
                     "the profiler)")
-        if self.steps.height:
+        if self.steps.num_rows:
             return f"the profiled steps{ranks}"
         return f"the traced span{ranks}" if self.ranks else "nothing traced"
 
@@ -250,14 +333,12 @@ class Facts:
         return (f"{self.measured_as}, at the program's own speed (over the profiler's "
                 f"slowdown of the steps, {self.profiler_slowdown:.2f}x)")
 
-    def in_window(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """Rows of `frame` that start inside their rank's window."""
-        parts = []
-        for r in self.ranks:
-            start, end, _ = self.window(r)
-            parts.append(frame.filter((pl.col("rank") == r) & (pl.col("ts") >= start)
-                                      & (pl.col("ts") < end)))
-        return pl.concat(parts) if parts else frame.clear()
+    def in_window(self, frame: pa.Table) -> pa.Table:
+        """Rows of `frame` that start inside their rank's window, rank by rank."""
+        rank, ts = col(frame, "rank"), col(frame, "ts")
+        parts = [np.flatnonzero((rank == r) & (ts >= start) & (ts < end))
+                 for r in self.ranks for start, end, _ in [self.window(r)]]
+        return frame.take(pa.array(np.concatenate(parts) if parts else np.zeros(0, np.int64)))
 
     @cached_property
     def loop_threads(self) -> dict[int, tuple[int, int]]:
@@ -267,14 +348,14 @@ class Facts:
         return {r: found for r in self.ranks if (found := ev.loop_thread(r)) is not None}
 
     @cached_property
-    def perf_samples(self) -> pl.DataFrame:
+    def perf_samples(self) -> pa.Table:
         """perf's cpu-clock samples of the Run (ts, pid, tid): each a sampling period a
         thread ran on a CPU; none without perf."""
         if not self.run.has_table("samples"):
-            return pl.DataFrame(schema={"ts": pl.Int64, "pid": pl.Int64, "tid": pl.Int64})
-        samples = pl.from_arrow(self.run.table("samples", ["ts", "pid", "tid", "source"]))
-        assert isinstance(samples, pl.DataFrame)
-        return samples.filter(pl.col("source").cast(pl.String) == "perf").drop("source")
+            return pa.table({c: pa.array([], pa.int64()) for c in ("ts", "pid", "tid")})
+        samples = self.run.table("samples", ["ts", "pid", "tid", "source"])
+        return samples.filter(pc.equal(samples.column("source").cast(pa.string()),
+                                       "perf")).drop_columns(["source"])
 
     @property
     def recorded(self) -> dict[str, Any]:
@@ -288,41 +369,40 @@ class Facts:
         no device work: nothing on the host can wait for a device."""
         cuda, version = self.recorded.get("cuda"), str(self.recorded.get("torch_version", ""))
         deviceless = (cuda is None and not self.manifest.get("devices")
-                      and self.kind("runtime", "driver").height == 0)
-        return self.device_events.height == 0 and (cuda is False or version.endswith("+cpu")
+                      and not self.of_kind(self.events, "runtime", "driver").any())
+        return self.device_events.num_rows == 0 and (cuda is False or version.endswith("+cpu")
                                                    or deviceless)
 
-    def _step_calls(self, innermost: bool) -> pl.DataFrame:
+    def _step_calls(self, innermost: bool) -> pa.Table:
         """The optimizer's step() calls in the window, the innermost (the optimizers that
         update: a wrapper's step calls its inner optimizer's) or the outermost (what the
         recorder times), each from where its own work starts (after the forward and backward
         of a closure passed to it: analyze.phases)."""
         ev = Events.load(self.run)
-        steps = self.in_window(self.events.filter(pl.col("row").is_in(step_calls(ev))))
-        steps = steps.filter(pl.Series(~nested(ev, steps["row"].to_numpy(), innermost)))
+        steps = self.in_window(self.at(step_calls(ev)))
+        steps = where(steps, ~nested(ev, col(steps, "row"), innermost))
         calls, starts = optimizer_calls(ev)
-        own = starts[np.searchsorted(calls, steps["row"].to_numpy())]
-        return steps.with_columns(ts=pl.Series(own, dtype=pl.Int64),
-                                  dur=pl.col("ts") + pl.col("dur") - own)
+        own = np.asarray(starts[np.searchsorted(calls, col(steps, "row"))], np.int64)
+        end = col(steps, "ts") + col(steps, "dur")
+        return with_column(with_column(steps, "ts", pa.array(own)), "dur", pa.array(end - own))
 
     @cached_property
-    def optimizer_steps(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def optimizer_steps(self) -> tuple[pa.Table, pa.Table]:
         """The innermost step() calls in the window from where their own work starts
         (_step_calls), and the aten ops of that work."""
         steps = self._step_calls(innermost=True)
         ev = Events.load(self.run)
-        whole = self.events.filter(pl.col("row").is_in(steps["row"].to_list()))
-        ops = self.inside(whole, self.named(r"^aten::", "cpu_op"))
-        ops = ops.filter(pl.Series(phases(ev, ops["row"].to_numpy()) == OPTIMIZER))
+        ops = self.inside(self.at(col(steps, "row")), self.named(r"^aten::", "cpu_op"))
+        ops = where(ops, phases(ev, col(ops, "row")) == OPTIMIZER)
         return steps, ops
 
-    def busy_ns(self, frame: pl.DataFrame,
-                by: tuple[str, ...] = ("rank",)) -> dict[tuple[Any, ...], int]:
+    def busy_ns(self, frame: pa.Table,
+                by: tuple[str, ...] = ("rank",)) -> dict[tuple[int, ...], int]:
         """Union of the intervals of `frame` per group (e.g. per rank and device)."""
-        out: dict[tuple[Any, ...], int] = {}
-        for key, group in frame.group_by(list(by)):
-            ts = group["ts"].to_numpy()
-            out[tuple(key)] = total(ts, ts + group["dur"].to_numpy())
+        out: dict[tuple[int, ...], int] = {}
+        for key, group in groups(frame, by):
+            ts = col(group, "ts")
+            out[key] = total(ts, ts + col(group, "dur"))
         return dict(sorted(out.items()))
 
     @cached_property
@@ -330,7 +410,7 @@ class Facts:
         """Rank -> analyze's concurrency breakdowns over its iterations (or time windows, or
         its span without either); only ranks with device work in their window."""
         out = {}
-        with_work = set(self.device_events["rank"].to_list())
+        with_work = set(col(self.device_events, "rank").tolist())
         for rc in self.concurrency:
             parts = [i.breakdown for i in rc.iterations] or [rc.total]
             if rc.rank in with_work and sum(b.span_ns for b in parts) > 0:
@@ -355,16 +435,16 @@ class Facts:
         return {r: 1 - idle / span for r, (idle, span) in self.device_idle.items()}
 
     @cached_property
-    def kernel_launches(self) -> pl.DataFrame:
+    def kernel_launches(self) -> pa.Table:
         """The runtime and driver calls that launched a kernel (a collective's too): analyze's
         launch, the call joined to its kernel by correlation id (analyze.launch.launch_pairs)."""
         ev = Events.load(self.run)
         dev, calls = self._launch_pairs
         launched = calls[np.isin(ev.kind[dev], [KIND["kernel"], KIND["collective"]])]
-        return self.events.filter(pl.col("row").is_in(np.unique(launched)))
+        return self.at(launched)
 
     @cached_property
-    def launch_scopes(self) -> pl.DataFrame:
+    def launch_scopes(self) -> pa.Table:
         """The outermost CPU ops that hold a kernel launch (aten::conv2d, an autograd node),
         on their threads: the host work a captured CUDA graph replays without running."""
         ev = Events.load(self.run)
@@ -372,10 +452,9 @@ class Facts:
         ops = ops[np.lexsort((-ev.dur[ops], ev.ts[ops]))]
         outer = [lane[top_level(ev.ts[lane], ev.end[lane])]
                  for lane in group_rows(lane_key(ev.rank[ops], ev.tid[ops]), ops).values()]
-        calls = self.kernel_launches["row"].to_numpy()
+        calls = col(self.kernel_launches, "row")
         top = np.concatenate(outer) if outer else ops[:0]
-        held = np.unique(enclosing_rows(ev, calls, top)[1])
-        return self.events.filter(pl.col("row").is_in(held))
+        return self.at(enclosing_rows(ev, calls, top)[1])
 
     @cached_property
     def _launch_pairs(self) -> tuple[I64, I64]:
@@ -384,13 +463,13 @@ class Facts:
         return launch_pairs(ev, np.arange(len(ev)))
 
     @cached_property
-    def device_events(self) -> pl.DataFrame:
+    def device_events(self) -> pa.Table:
         return self.in_window(self.kind(*sorted(DEVICE_KINDS - {"gpu_annotation"})))
 
     def step_count(self) -> int:
         """Profiled steps (over ranks); a run without step markers counts as one step per rank
         (0 without events)."""
-        return self.steps.height or len(self.ranks)
+        return self.steps.num_rows or len(self.ranks)
 
     @cached_property
     def profiler_slowdown(self) -> float:
@@ -407,14 +486,14 @@ class Facts:
         the steps outside it (counter OPTIMIZER_CALL at the hooks ending `detected` steps);
         at least 1; None without both. Many small ops in a step take more of the profiler's
         per-op cost than the step as a whole does (profiler_slowdown)."""
-        ended = self.run_steps.filter(pl.col("source") == "detected").select(
-            "rank", pl.col("end").alias("ts"))
-        timed = self.counters.filter(pl.col("name") == OPTIMIZER_CALL).join(
-            ended, on=["rank", "ts"])
+        ended = where(self.run_steps, col(self.run_steps, "source") == "detected").select(
+            ["rank", "end"]).rename_columns(["rank", "ts"])
+        timed = where(self.counters, col(self.counters, "name") == OPTIMIZER_CALL).join(
+            ended, ["rank", "ts"], join_type="inner")
         inside = self._own_per_step()
-        if timed.height == 0 or not inside:
+        if timed.num_rows == 0 or not inside:
             return None
-        outside = float(timed["value"].median())  # type: ignore[arg-type]
+        outside = float(np.median(col(timed, "value")))
         return max(1.0, float(np.median(inside)) / outside) if outside > 0 else None
 
     def _own_per_step(self) -> list[int]:
@@ -422,12 +501,12 @@ class Facts:
         recorder times, summed over the optimizers one step steps, a GAN's two)."""
         calls = self._step_calls(innermost=False)
         out = []
-        for (rank,), mine in self.steps.group_by(["rank"]):
-            starts, ends = mine["start"].to_numpy(), mine["end"].to_numpy()
+        for (rank,), mine in groups(self.steps, ["rank"]):
+            starts, ends = col(mine, "start"), col(mine, "end")
             order = np.argsort(starts)
             starts, ends = starts[order], ends[order]
-            theirs = calls.filter(pl.col("rank") == rank)
-            ts, dur = theirs["ts"].to_numpy(), theirs["dur"].to_numpy()
+            theirs = col(calls, "rank") == rank
+            ts, dur = col(calls, "ts")[theirs], col(calls, "dur")[theirs]
             at = np.searchsorted(starts, ts, side="right") - 1
             inside = (at >= 0) & (ts < ends[np.maximum(at, 0)])
             sums = np.bincount(at[inside], weights=dur[inside], minlength=len(starts))
@@ -436,20 +515,21 @@ class Facts:
         return out
 
     @cached_property
-    def host_blocking(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def host_blocking(self) -> tuple[pa.Table, pa.Table]:
         """(sync calls, scalar reads) in the window: the host calls that wait for the device.
         analyze's one definition of a blocking call (the synchronizes and the synchronous
         cudaMemcpy/hipMemcpy, which returns only when its copy is done), and the .item()s that
         read the device: those that run the copy (a runtime call inside them); of a CPU tensor
         one waits for nothing. A trace of CPU activities alone shows no calls: each read counts
         there."""
-        apis = self.kind("runtime").filter(pl.col("name").is_in(sorted(SYNC_CALLS)))
+        runtime = self.kind("runtime")
+        apis = where(runtime, self.named_as(runtime, SYNC_CALLS))
         reads, calls = self.named(_SCALAR_READ, "cpu_op"), self.kind("runtime", "driver")
-        items = self.around(reads, calls) if calls.height else reads
+        items = self.around(reads, calls) if calls.num_rows else reads
         return self.in_window(apis), self.in_window(items)
 
     @cached_property
-    def loader_calls(self) -> pl.DataFrame:
+    def loader_calls(self) -> pa.Table:
         """The host's waits for the next batch (`enumerate(DataLoader)#...` ranges) in the
         window."""
         return self.in_window(self.named(r"enumerate\(DataLoader\)", *_HOST_KINDS))
@@ -457,11 +537,11 @@ class Facts:
     @cached_property
     def host_blocked_ns(self) -> dict[int, int]:
         """Rank -> the union of its host's blocking calls (host_blocking) in its window."""
-        blocked = self.busy_ns(pl.concat(self.host_blocking))
+        blocked = self.busy_ns(pa.concat_tables(self.host_blocking))
         return {r: blocked.get((r,), 0) for r in self.ranks}
 
-    def total_ns(self, frame: pl.DataFrame) -> int:
-        return int(frame["dur"].sum()) if frame.height else 0
+    def total_ns(self, frame: pa.Table) -> int:
+        return int(col(frame, "dur").sum())
 
     # -- the model's view ----------------------------------------------------
     @cached_property
@@ -469,13 +549,13 @@ class Facts:
         """The bundled spec (model/devices.yaml) of the run's first device it knows, if any."""
         return spec_of_devices(self.manifest["devices"])
 
-    def launching_ops(self, device: pl.DataFrame) -> I64:
+    def launching_ops(self, device: pa.Table) -> I64:
         """For each row of `device`: the row of the innermost CPU op with a cost model
         (model.opcost, from the recorded shapes) around its launch call (analyze's join: the
         call by correlation id, the op around it on its thread); -1 when the shapes were not
         recorded, the op is not modelled, or the launch call is not in the trace."""
         dev, op = self._launching
-        return looked_up(dev, op, device["row"].to_numpy())
+        return looked_up(dev, op, col(device, "row"))
 
     def costs_of(self, ops: I64) -> list[OpCost | None]:
         """The modelled cost of each of `ops` (rows, as `launching_ops` gives them), None for

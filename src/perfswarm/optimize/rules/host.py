@@ -7,14 +7,24 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from perfswarm.analyze.frame import lane_key
 from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.iterations import UNUSUAL, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts, per_facts
+from perfswarm.optimize.rules.facts import (
+    Facts,
+    col,
+    groups,
+    like,
+    per_facts,
+    processes,
+    where,
+)
 from perfswarm.optimize.rules.threads import fewer_threads
 from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
@@ -48,34 +58,35 @@ def known_cores(facts: Facts) -> int | None:
     return int(cores) if cores else None
 
 
-def pageable_copies(facts: Facts) -> pl.DataFrame:
+def pageable_copies(facts: Facts) -> pa.Table:
     return facts.in_window(facts.named(_PAGEABLE_H2D, "memcpy"))
 
 
-def on_cpu_share(facts: Facts, spans: pl.DataFrame) -> float | None:
+def on_cpu_share(facts: Facts, spans: pa.Table) -> float | None:
     """The share of the spans' time their threads ran on a CPU: perf's cpu-clock samples of
     those threads inside them (each a sampling period of CPU time) over the spans' time; None
     without perf samples of the run (perf missing, or an imported trace)."""
     hz = facts.recorded.get("perf_hz")
     perf = facts.perf_samples
-    if not hz or spans.height == 0 or perf.height == 0:
+    if not hz or spans.num_rows == 0 or perf.num_rows == 0:
         return None
-    seen = set(perf["pid"].unique().to_list())  # processes perf followed at all
+    seen = set(col(perf, "pid").tolist())  # processes perf followed at all
     inside, spent = 0, 0.0
-    for (pid, tid), group in spans.group_by(["pid", "tid"]):
+    for (pid, tid), group in groups(spans, ["pid", "tid"]):
         if pid not in seen:
             continue
-        lo, hi = group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy()
-        inside += int(_samples_in(_thread_samples(facts, pid, tid), lo, hi).sum())
-        spent += float(group["dur"].sum())
+        lo = col(group, "ts")
+        inside += int(_samples_in(_thread_samples(facts, pid, tid), lo, lo + col(group, "dur"))
+                      .sum())
+        spent += float(col(group, "dur").sum())
     return min(1.0, inside * 1e9 / float(hz) / spent) if spent else None
 
 
 def _thread_samples(facts: Facts, pid: int, tid: int) -> npt.NDArray[np.int64]:
     """The times of perf's cpu-clock samples of one thread, sorted."""
     perf = facts.perf_samples
-    return np.sort(perf.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))["ts"]
-                   .to_numpy().astype(np.int64))
+    mine = (col(perf, "pid") == pid) & (col(perf, "tid") == tid)
+    return np.sort(col(perf, "ts")[mine].astype(np.int64))
 
 
 def _samples_in(ts: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
@@ -87,24 +98,25 @@ def _samples_in(ts: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
 def pageable_h2d(facts: Facts) -> Advice | None:
     """Host-to-device copies from pageable memory: staged through a bounce buffer, synchronous."""
     copies = pageable_copies(facts)
-    if copies.height == 0:
+    if copies.num_rows == 0:
         return None
-    sizes = facts.with_text(copies, "detail")["detail"].str.json_path_match("$.bytes").cast(
-        pl.Int64, strict=False)
+    # a detail is a flat JSON object (trace/detail.py): its integer `bytes`, 0 without
+    sizes = pc.struct_field(pc.extract_regex(facts.with_text(copies, "detail").column(
+        "detail"), r'"bytes":(?P<n>-?\d+)[,}]'), [0]).cast(pa.int64())
     copy_ns = facts.total_ns(copies)
-    nbytes = int(sizes.fill_null(0).sum())
-    evidence = {"copies": copies.height, "bytes": nbytes, "copy_ns": copy_ns,
+    nbytes = int(pc.sum(pc.fill_null(sizes, 0)).as_py() or 0)
+    evidence = {"copies": copies.num_rows, "bytes": nbytes, "copy_ns": copy_ns,
                 "bandwidth_gbps": round(nbytes / copy_ns, 3) if copy_ns else 0.0}
     spec = facts.spec
     if spec is not None and nbytes:
         link = interconnect(f"pcie{spec.pcie_gen}")
-        pinned_ns = 1e9 * (copies.height * link.alpha_s + nbytes * link.beta_s_per_byte)
+        pinned_ns = 1e9 * (copies.num_rows * link.alpha_s + nbytes * link.beta_s_per_byte)
         evidence["pinned_estimate_ns"] = round(pinned_ns)
         # what a host-to-device copy can reach on this device: the report's peak (analyze's
         # bandwidth flows), achieved against it
         evidence["peak_gbps"] = round(copy_peak_gbps(spec, "h2d"), 3)
         gain = copy_ns - pinned_ns
-        basis = (f"link model (model/interconnects.yaml): the same {copies.height} copies at "
+        basis = (f"link model (model/interconnects.yaml): the same {copies.num_rows} copies at "
                  f"{link.name}'s achieved {link.bandwidth_gbps:g} GB/s and "
                  f"{link.alpha_s * 1e6:g} µs each, the PCIe generation of {spec.name}")
     else:
@@ -123,16 +135,15 @@ def host_syncs(facts: Facts) -> Advice | None:
         return None  # its .item()s read host memory: they wait for nothing
     apis, items = facts.host_blocking
     d2h = facts.in_window(facts.named(r"DtoH", "memcpy"))
-    points = apis.height + items.height
+    points = apis.num_rows + items.num_rows
     steps = facts.step_count()
     per_step = points / steps if steps else 0.0
     if per_step < 3:
         return None
     blocked = sum(facts.host_blocked_ns.values())
-    by_name = {str(k): int(v) for k, v in
-               apis.group_by("name").len().sort("name").iter_rows()}
-    evidence = {"sync_calls": apis.height, "by_api": by_name, "scalar_reads": items.height,
-                "dtoh_copies": d2h.height, "per_step": round(per_step, 2), "blocked_ns": blocked}
+    by_name = dict(sorted(facts.by_name(apis, np.ones(apis.num_rows, np.int64))))
+    evidence = {"sync_calls": apis.num_rows, "by_api": by_name, "scalar_reads": items.num_rows,
+                "dtoh_copies": d2h.num_rows, "per_step": round(per_step, 2), "blocked_ns": blocked}
     return advice(facts, "host_syncs", "the host waits for the device inside steps", evidence,
                   blocked, "measured, no model: the host's blocked time goes; it queues the "
                   "next work instead",
@@ -148,7 +159,7 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
     cores = _cores(facts)
     declared = [int(env[k]) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
                 if str(env.get(k, "")).isdigit()]
-    counted = facts.counters.filter(pl.col("name").str.ends_with(".num_threads"))
+    counted = col(facts.counters, "value")[like(facts.counters, "name", r"\.num_threads$")]
     seen = [t for t in facts.recorded.get("threads", []) if isinstance(t, int)]
     threads = 0
     if seen:  # what each stepping process ran with (torchrun sets OMP_NUM_THREADS=1)
@@ -156,8 +167,8 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
         source = "torch.get_num_threads() in each process"
     elif declared:
         per_proc, source = max(declared), "environment"
-    elif counted.height:
-        per_proc, source = int(counted["value"].max()), "counters"  # type: ignore[arg-type]
+    elif counted.size:
+        per_proc, source = int(counted.max()), "counters"
     elif facts.manifest["collectors"] and procs > 1 and _torchrun(facts.manifest["command"]):
         per_proc, source = 1, "torchrun's default (OMP_NUM_THREADS=1 in each worker)"
     elif facts.manifest["collectors"] and procs > 1:
@@ -201,22 +212,22 @@ def _others_held(cores: int) -> float:
     return max(0.5, 0.25 * cores)
 
 
-def _window_counters(facts: Facts, pattern: str, timed: bool = False) -> pl.DataFrame:
+def _window_counters(facts: Facts, pattern: str, timed: bool = False) -> pa.Table:
     """Counters named by the regex `pattern` inside the measured windows of the ranks (host
     counters, rank -1, in every rank's window), or with `timed` inside the span of every step
     the run timed (its steps outside the profiler's window too); all of them in a Run without
     events."""
-    named = facts.counters.filter(pl.col("name").str.contains(pattern))
+    named = where(facts.counters, like(facts.counters, "name", pattern))
     if not facts.ranks:
         return named
     spans = ([(r, lo, hi) for r in facts.ranks for lo, hi, _ in [facts.window(r)]]
              if not timed else
-             [(int(r), int(g["start"].min()), int(g["end"].max()))  # type: ignore[arg-type]
-              for (r,), g in facts.run_steps.group_by(["rank"])])
-    parts = [named.filter((pl.col("rank").is_in([r, -1])) & (pl.col("ts") >= lo)
-                          & (pl.col("ts") < hi))
+             [(r, int(col(g, "start").min()), int(col(g, "end").max()))
+              for (r,), g in groups(facts.run_steps, ["rank"])])
+    rank, ts = col(named, "rank"), col(named, "ts")
+    parts = [np.flatnonzero(np.isin(rank, [r, -1]) & (ts >= lo) & (ts < hi))
              for r, lo, hi in spans]
-    return pl.concat(parts) if parts else named.clear()
+    return named.take(pa.array(np.concatenate(parts) if parts else np.zeros(0, np.int64)))
 
 
 def cpu_contention(facts: Facts) -> Advice | None:
@@ -228,7 +239,7 @@ def cpu_contention(facts: Facts) -> Advice | None:
         return None
     gain, whole, evidence, model = found
     # a Run that timed no step (a program that only exits) has no step time to inflate
-    times = "step times" if facts.run_steps.height else "times"
+    times = "step times" if facts.run_steps.num_rows else "times"
     title, change = "other processes took most of the CPU", (
         "run on an idle machine (or reserve cores: taskset/cgroups) and find the other "
         "busy processes (top, or `perfswarm record -c system` counters): the "
@@ -258,35 +269,35 @@ def contended(facts: Facts) -> tuple[float, int, dict[str, Any], str] | None:
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
     """cpu_contention's (gain, time it is of, evidence, model) over the profiled steps, or with
     `timed` over every step the run timed; None where other processes held it back little."""
-    if timed and facts.run_steps.height <= facts.steps.height:
+    if timed and facts.run_steps.num_rows <= facts.steps.num_rows:
         return None
     # nothing traced but steps timed (the program ran its own torch profiler): the steps are
     # what was measured, not the recording's span around them
-    if not timed and not facts.ranks and facts.run_steps.height:
+    if not timed and not facts.ranks and facts.run_steps.num_rows:
         return None
-    proc = _window_counters(facts, r"^proc\.cpu_cores$", timed)["value"].to_numpy()
-    busy = _window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$", timed)
-    if proc.size < 3 or busy.height == 0:
+    proc = col(_window_counters(facts, r"^proc\.cpu_cores$", timed), "value")
+    busy = col(_window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$", timed), "value")
+    if proc.size < 3 or busy.size == 0:
         return None
     cores = _cores(facts)
-    host = float(busy["value"].sum()) / (busy.height / 2 / cores) if busy.height else 0.0
+    host = float(busy.sum()) / (busy.size / 2 / cores)
     got = float(proc.mean())
     # the recorder's own tools (perf, py-spy) are no other process of the machine's
     tools = _recorder_cores(facts)
     if not _saturated(host, cores) or host - got - tools < _others_held(cores):
         return None
     free = float(np.percentile(proc, 90))
-    delay = _window_counters(facts, r"^proc\.run_delay_cores$", timed)["value"].to_numpy()
+    delay = col(_window_counters(facts, r"^proc\.run_delay_cores$", timed), "value")
     evidence: dict[str, Any] = {
         "over": ("every timed step" if timed else facts.measured_as if facts.ranks
                  else _RECORDING),
         "cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
         "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
         "samples": int(proc.size)}
-    ts = _window_counters(facts, r"^proc\.cpu_cores$", timed)["ts"].to_numpy()
+    ts = col(_window_counters(facts, r"^proc\.cpu_cores$", timed), "ts")
     steps = facts.run_steps
     # A Run without events (no profiling window) is measured by its sampler's span.
-    whole = (int((steps["end"] - steps["start"]).sum()) if timed
+    whole = (int((col(steps, "end") - col(steps, "start")).sum()) if timed
              else facts.wall_ns or int(ts.max() - ts.min()))
     if delay.size:
         # The kernel's own account: the time its threads sat runnable on a runqueue. Of the
@@ -362,7 +373,7 @@ def outlier_steps(facts: Facts) -> Advice | None:
     over = dur > _OUTLIER * usual
     # a rank's first steps, slow until its first usual one, are its warm-up (JIT profiling
     # executors, first-call compilation, caches filling), which runs once: not periodic work
-    rank = steps["rank"].to_numpy()
+    rank = col(steps, "rank")
     warm = np.zeros(len(over), bool)
     for r in np.unique(rank):
         at = np.flatnonzero(rank == r)
@@ -372,19 +383,19 @@ def outlier_steps(facts: Facts) -> Advice | None:
     # usual pace: the profiler's cost (its buffers, a heap growing under it: a GNN's gathers
     # 10x slower in its window's last steps), not the program's periodic work
     # (a step torch.compile compiled in, half its excess or more, is the program's: once)
-    profiled = (steps["source"] == PROFILED).to_numpy()
+    profiled = col(steps, "source") == PROFILED
     # torch.compile compiling again inside them (a new input shape, a guard that failed):
     # dynamo's whole-frame compile spans, clipped to the slow steps
     compiling = np.zeros(len(over), np.int64)
     compiling[over] = _within(facts.named(_COMPILE, "cpu_op", "user_annotation"),
-                              steps.filter(pl.Series(over)))
+                              where(steps, over))
     compiled = compiling >= (dur - usual) / 2
     profiler_only = 0
     if (~profiled).sum() >= profiled.sum() and not over[~profiled].any():
         profiler_only = int((over & profiled & ~compiled).sum())
         over &= ~profiled | compiled
-    slow = steps.filter(pl.Series(over))
-    if median <= 0 or slow.height == 0:
+    slow = where(steps, over)
+    if median <= 0 or slow.num_rows == 0:
         return None
     # a step the process sat descheduled in (other processes held the cores) is contention,
     # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
@@ -392,15 +403,15 @@ def outlier_steps(facts: Facts) -> Advice | None:
     # no loader wait is traced) of a rank whose slow steps in the window all waited for it
     starved = np.asarray(_starved(facts, slow, steps), bool)
     loading = _within(facts.loader_calls, slow)
-    beyond = (slow["end"] - slow["start"]).to_numpy() - usual[over]
+    beyond = col(slow, "end") - col(slow, "start") - usual[over]
     bursty = _loader_bound(facts, steps, dur, median)
-    unseen = (slow["source"] != PROFILED).to_numpy() & np.isin(slow["rank"].to_numpy(), bursty)
+    unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty)
     fed = ~starved & ((loading >= beyond / 2) | unseen)
     kept = ~starved & ~fed
-    slow = slow.filter(pl.Series(kept))
-    if slow.height == 0:
+    slow = where(slow, kept)
+    if slow.num_rows == 0:
         return None
-    slow_dur = (slow["end"] - slow["start"]).to_numpy()
+    slow_dur = col(slow, "end") - col(slow, "start")
     timed = float(dur.sum())
     excess = float((slow_dur - usual[over][kept]).sum())
     compile_ns = int(compiling[over][kept].sum())
@@ -412,13 +423,14 @@ def outlier_steps(facts: Facts) -> Advice | None:
     if cpu is not None:
         off = dur - cpu - _queued(facts, steps)
         waited = int(np.maximum(0, off[over][kept] - np.median(off)).sum())
-    evidence = {"median_step_ns": round(median), "steps": steps.height,
+    evidence = {"median_step_ns": round(median), "steps": steps.num_rows,
                 "warmup_steps": int(warm.sum()), "descheduled_steps": int(starved.sum()),
                 "loader_steps": int(fed.sum()), "profiler_only_steps": profiler_only,
                 "compile_ns": compile_ns,
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
-                             for r, s, b, e in slow.select("rank", "step", "start", "end")
-                             .sort("rank", "step").iter_rows()][:10],
+                             for r, s, b, e in zip(*(col(slow, c)[np.lexsort((
+                                 col(slow, "step"), col(slow, "rank")))].tolist()
+                                 for c in ("rank", "step", "start", "end")), strict=True)][:10],
                 "outlier_ns": int(slow_dur.sum()),
                 "outlier_share_pct": pct(float(slow_dur.sum()), timed)}
     if cpu is not None:
@@ -432,51 +444,51 @@ def outlier_steps(facts: Facts) -> Advice | None:
               "find what runs in those steps (evaluation, generate(), checkpointing or "
               "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
               "less often, asynchronously or outside the training loop")
-    return advice(facts, "outlier_steps", f"{slow.height} step(s) over {_OUTLIER:g}x the median",
+    return advice(facts, "outlier_steps", f"{slow.num_rows} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
                   "of all the steps the run timed", change,
                   of=(timed, "every step the run timed"))
 
 
-def _loader_bound(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64],
+def _loader_bound(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64],
                   median: float) -> list[int]:
     """The ranks whose profiled steps over _OUTLIER times the median step all waited for their
     DataLoader half their time beyond it or more (there are some): a loader whose workers hand
     batches over in bursts (2 workers of 17 ms batches: every other step 12-21 ms among 0.5-6 ms
     ones), whose slow steps outside the window, where no wait is traced, are the same wait."""
-    window = (steps["source"] == PROFILED).to_numpy() & (dur > _OUTLIER * median)
+    window = (col(steps, "source") == PROFILED) & (dur > _OUTLIER * median)
     if not window.any():
         return []
-    long = steps.filter(pl.Series(window))
+    long = where(steps, window)
     fed = _within(facts.loader_calls, long) >= (dur[window] - median) / 2
-    rank = long["rank"].to_numpy()
+    rank = col(long, "rank")
     return [int(r) for r in np.unique(rank).tolist() if fed[rank == r].all()]
 
 
-def _queued(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
+def _queued(facts: Facts, steps: pa.Table) -> npt.NDArray[np.int64]:
     """Each step's time its tree's threads sat runnable on a runqueue: the sampler's
     proc.run_delay_cores readings in it (each covering the interval before it) times its
     length; 0 without them."""
-    delay = facts.counters.filter(pl.col("name") == "proc.run_delay_cores").sort("ts")
-    ts, value = delay["ts"].to_numpy(), delay["value"].to_numpy()
-    out = np.zeros(steps.height, np.int64)
-    for i, (lo, hi) in enumerate(steps.select("start", "end").iter_rows()):
+    ts, value = _counter(facts, "proc.run_delay_cores")
+    out = np.zeros(steps.num_rows, np.int64)
+    for i, (lo, hi) in enumerate(zip(col(steps, "start").tolist(), col(steps, "end").tolist(),
+                                     strict=True)):
         inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
         if len(inside):
             out[i] = round(float(inside.mean()) * (hi - lo))
     return out
 
 
-def _loop_cpu(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64] | None:
+def _loop_cpu(facts: Facts, steps: pa.Table) -> npt.NDArray[np.int64] | None:
     """Each step's CPU time of its rank's loop thread (Facts.loop_threads), from perf's
     cpu-clock samples of it in the step (each a sampling period); None without them."""
     hz = facts.recorded.get("perf_hz")
-    if not hz or facts.perf_samples.height == 0 or not facts.loop_threads:
+    if not hz or facts.perf_samples.num_rows == 0 or not facts.loop_threads:
         return None
-    out = np.zeros(steps.height, np.int64)
-    rank = steps["rank"].to_numpy()
-    lo, hi = steps["start"].to_numpy(), steps["end"].to_numpy()
+    out = np.zeros(steps.num_rows, np.int64)
+    rank = col(steps, "rank")
+    lo, hi = col(steps, "start"), col(steps, "end")
     for r, (pid, tid) in facts.loop_threads.items():
         at = rank == r
         out[at] = _samples_in(_thread_samples(facts, pid, tid), hi=hi[at], lo=lo[at]) * round(
@@ -484,17 +496,17 @@ def _loop_cpu(facts: Facts, steps: pl.DataFrame) -> npt.NDArray[np.int64] | None
     return out
 
 
-def _within(spans: pl.DataFrame, steps: pl.DataFrame) -> npt.NDArray[np.int64]:
+def _within(spans: pa.Table, steps: pa.Table) -> npt.NDArray[np.int64]:
     """Per step (rank, start, end), the time the events of `spans` on its rank cover of it
     (their union: intervals.Coverage, one per rank)."""
-    out = np.zeros(steps.height, np.int64)
-    rank = steps["rank"].to_numpy()
-    lo, hi = steps["start"].to_numpy(), steps["end"].to_numpy()
+    out = np.zeros(steps.num_rows, np.int64)
+    rank = col(steps, "rank")
+    lo, hi = col(steps, "start"), col(steps, "end")
     for r in np.unique(rank).tolist():
-        mine = spans.filter(pl.col("rank") == r)
-        ts = mine["ts"].to_numpy().astype(np.int64)
+        mine = col(spans, "rank") == r
+        ts = col(spans, "ts")[mine].astype(np.int64)
         at = rank == r
-        out[at] = Coverage(*union(ts, ts + mine["dur"].to_numpy().astype(np.int64))).between(
+        out[at] = Coverage(*union(ts, ts + col(spans, "dur")[mine].astype(np.int64))).between(
             lo[at].astype(np.int64), hi[at].astype(np.int64))
     return out
 
@@ -508,19 +520,19 @@ _RECOMPILE = ("torch.compile compiled again in them (half their excess or more i
 
 
 def _timed_steps(facts: Facts
-                 ) -> tuple[pl.DataFrame, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
+                 ) -> tuple[pa.Table, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """The steps the run timed (by rank and step), their times, and each one's usual time
     (_usual; a profiled step's times the profiler's slowdown: the profiler slows every step it
     records), but a rank's first profiled step that times the profiler's start and its
     execution trace (Facts.set_aside: the steps advice's shares leave out too); None under
     five."""
     steps = facts.run_steps
-    if steps.height < 5:
+    if steps.num_rows < 5:
         return None
-    steps = steps.sort("rank", "step")
-    dur = (steps["end"] - steps["start"]).to_numpy()
+    steps = steps.take(pa.array(np.lexsort((col(steps, "step"), col(steps, "rank")))))
+    dur = col(steps, "end") - col(steps, "start")
     usual = _usual(facts, steps, dur)
-    usual[(steps["source"] == PROFILED).to_numpy()] *= facts.profiler_slowdown
+    usual[col(steps, "source") == PROFILED] *= facts.profiler_slowdown
     return steps, dur, usual
 
 
@@ -534,11 +546,11 @@ def _descheduled_excess(facts: Facts) -> int:
     over = dur > _OUTLIER * usual
     if not over.any():
         return 0
-    starved = np.asarray(_starved(facts, steps.filter(pl.Series(over)), steps), bool)
+    starved = np.asarray(_starved(facts, where(steps, over), steps), bool)
     return int((dur[over] - usual[over])[starved].sum())
 
 
-def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
+def _usual(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64]
            ) -> npt.NDArray[np.float64]:
     """Each step's usual time: the median step's, or, where the recorder saw the inputs of a
     forward-driven loop differ (STEP_INPUT, its elements: a generate loop's prefill of 32
@@ -547,12 +559,12 @@ def _usual(facts: Facts, steps: pl.DataFrame, dur: npt.NDArray[np.int64]
     over theirs, with fewer than three): a batch of 64 is no outlier among batches of 8, nor
     a prefill among decode steps."""
     median = np.full(len(dur), float(np.median(dur)))
-    rank, start, end = (steps[c].to_numpy().astype(np.int64) for c in ("rank", "start", "end"))
+    rank, start, end = (col(steps, c).astype(np.int64) for c in ("rank", "start", "end"))
     batch = np.zeros(len(dur), np.int64)
     for name in (STEP_INPUT, STEP_BATCH):
-        sizes = facts.counters.filter(pl.col("name") == name)
-        if sizes.height:
-            batch = step_batches(rank, start, end, sizes.select("rank", "ts", "value").to_arrow())
+        sizes = where(facts.counters, col(facts.counters, "name") == name)
+        if sizes.num_rows:
+            batch = step_batches(rank, start, end, sizes.select(["rank", "ts", "value"]))
             if len(np.unique(batch[batch > 0])) >= 2:
                 break
     known = batch > 0
@@ -570,22 +582,28 @@ def _saturated(busy_cores: float, cores: int) -> bool:
     return busy_cores >= _BUSY * cores
 
 
-def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool]:
+def _counter(facts: Facts, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The readings of the counter `name` (ts, value) in time order."""
+    mine = col(facts.counters, "name") == name
+    ts, value = col(facts.counters, "ts")[mine], col(facts.counters, "value")[mine]
+    order = np.argsort(ts, kind="stable")
+    return ts[order], value[order]
+
+
+def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     """Which of the `slow` steps ran while the host's cores were at least _BUSY busy and the
     recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
     sampler's proc.cpu_cores), or other processes held _others_held more cores than in the
     median step, or its threads' run delay (proc.run_delay_cores, over the threads that wanted
     a core) is half its time beyond the median step or more: it waited for the cores."""
-    proc = facts.counters.filter(pl.col("name") == "proc.cpu_cores")
-    delay = facts.counters.filter(pl.col("name") == "proc.run_delay_cores").sort("ts")
-    dts, dvalue = delay["ts"].to_numpy(), delay["value"].to_numpy()
-    cores = facts.counters.filter(pl.col("name").str.contains(r"^cpu\.core\d+\.(usr|sys)$"))
-    if proc.height == 0 or cores.height == 0:
-        return [False] * slow.height
-    proc = proc.sort("ts")
-    pts, pvalue = proc["ts"].to_numpy(), proc["value"].to_numpy()
-    busy = cores.group_by("ts").agg(pl.col("value").sum()).sort("ts")  # busy cores
-    bts, bvalue = busy["ts"].to_numpy(), busy["value"].to_numpy()
+    pts, pvalue = _counter(facts, "proc.cpu_cores")
+    dts, dvalue = _counter(facts, "proc.run_delay_cores")
+    cores = like(facts.counters, "name", r"^cpu\.core\d+\.(usr|sys)$")
+    if not len(pts) or not cores.any():
+        return [False] * slow.num_rows
+    # busy cores at each reading
+    bts, at = np.unique(col(facts.counters, "ts")[cores], return_inverse=True)
+    bvalue = np.bincount(at, weights=col(facts.counters, "value")[cores]).astype(np.float64)
 
     def mean(ts: npt.NDArray[np.int64], value: npt.NDArray[np.float64], lo: int, hi: int
              ) -> float | None:
@@ -593,17 +611,18 @@ def _starved(facts: Facts, slow: pl.DataFrame, steps: pl.DataFrame) -> list[bool
         inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
         return float(inside.mean()) if len(inside) else None
 
-    usual = [(v, h - v) for lo, hi in steps.select("start", "end").iter_rows()
+    usual = [(v, h - v) for lo, hi in zip(col(steps, "start").tolist(),
+                                          col(steps, "end").tolist(), strict=True)
              if (v := mean(pts, pvalue, lo, hi)) is not None
              and (h := mean(bts, bvalue, lo, hi)) is not None]
     if not usual:
-        return [False] * slow.height
+        return [False] * slow.num_rows
     typical = float(np.median([v for v, _ in usual]))
     others_typical = float(np.median([o for _, o in usual]))
     n_cores = _cores(facts)
-    median = float(np.median((steps["end"] - steps["start"]).to_numpy()))
+    median = float(np.median(col(steps, "end") - col(steps, "start")))
     out = []
-    for lo, hi in slow.select("start", "end").iter_rows():
+    for lo, hi in zip(col(slow, "start").tolist(), col(slow, "end").tolist(), strict=True):
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
         waited = mean(dts, dvalue, lo, hi) if len(dts) else None
         out.append(got is not None and host is not None and _saturated(host, n_cores) and (
@@ -632,8 +651,8 @@ def untraced_python(facts: Facts) -> Advice | None:
     traced, busy, untraced = found
     share = pct(untraced, facts.wall_ns)
     # the sampler's cores are of every recorded process: a loop process's share of them
-    loops = traced.select("rank", "pid").unique().height
-    proc = _window_counters(facts, r"^proc\.cpu_cores$")["value"].to_numpy()
+    loops = processes(traced)
+    proc = col(_window_counters(facts, r"^proc\.cpu_cores$"), "value")
     cores = float(proc.mean()) / max(1, loops) if proc.size else 0.0
     if share < _PYTHON_SHARE or cores < _ON_CPU:
         return None
@@ -657,16 +676,18 @@ def untraced_python(facts: Facts) -> Advice | None:
                   "feeding a queue)")
 
 
-def _untraced(facts: Facts) -> tuple[pl.DataFrame, int, int] | None:
+def _untraced(facts: Facts) -> tuple[pa.Table, int, int] | None:
     """On a CPU run with steps: the traced spans of the loop's processes (ops, DataLoader and
     optimizer calls, other annotations; not the step markers) in the window, their busy time
     and the steps' time none of them covers; None on a run with an accelerator or no steps."""
-    if not facts.without_accelerator or facts.steps.height == 0:
+    if not facts.without_accelerator or facts.steps.num_rows == 0:
         return None
-    loop = facts.named(r"^ProfilerStep#", "user_annotation").select("rank", "pid").unique()
-    traced = facts.in_window(facts.events.filter(
-        pl.col("kind").is_in(["cpu_op", "user_annotation"])
-        & ~pl.col("name").str.starts_with("ProfilerStep#"))).join(loop, on=["rank", "pid"])
+    loop = facts.named(r"^ProfilerStep#", "user_annotation")
+    ev = facts.events
+    traced = facts.in_window(where(ev, facts.of_kind(ev, "cpu_op", "user_annotation")
+                                   & ~facts.named_like(ev, r"^ProfilerStep#")))
+    traced = where(traced, np.isin(lane_key(col(traced, "rank"), col(traced, "pid")),
+                                   lane_key(col(loop, "rank"), col(loop, "pid"))))
     busy = sum(facts.busy_ns(traced).values())
     return traced, busy, facts.wall_ns - busy
 
@@ -696,11 +717,11 @@ def untraced_wait(facts: Facts) -> Advice | None:
     waited = max(0, untraced - python - queued)
     share = pct(waited, window)
     iowait = _window_counters(facts, r"^cpu\.core\d+\.iowait$")
-    io = (float(iowait["value"].sum()) / max(1, iowait["ts"].n_unique())
-          if iowait.height else 0.0)
+    io = (float(col(iowait, "value").sum()) / max(1, len(np.unique(col(iowait, "ts"))))
+          if iowait.num_rows else 0.0)
     # the I/O is the run's own where its processes read from storage meanwhile (another
     # process reading the disk had made a loop that sleeps read as waiting on it)
-    reads = _window_counters(facts, r"^proc\.read_bytes$")["value"].to_numpy()
+    reads = col(_window_counters(facts, r"^proc\.read_bytes$"), "value")
     read = float(reads.max() - reads.min()) if reads.size else 0.0
     on_io = io >= _IOWAIT and read >= _OWN_READS
     if share < (_IO_WAIT_SHARE if on_io else _WAIT_SHARE):
@@ -731,7 +752,7 @@ def untraced_wait(facts: Facts) -> Advice | None:
                   "traced work, at most the smaller of the two", change, of=mine)
 
 
-def _rank_wait(facts: Facts, traced: pl.DataFrame, rank: int
+def _rank_wait(facts: Facts, traced: pa.Table, rank: int
                ) -> tuple[int, int, int, int, int, int] | None:
     """(rank, its measured ns, traced ns, untraced ns, its loop thread's untraced ns on a CPU,
     ns it sat on a runqueue) of one rank's loop; None without perf samples of it. The runqueue
@@ -739,15 +760,15 @@ def _rank_wait(facts: Facts, traced: pl.DataFrame, rank: int
     where a Python loop runs), else, at most, its whole tree's: two ranks' OpenMP threads
     over the cores had queued 1.0 s of threads beside one thread's 0.4 s of sleep, and hidden
     it."""
-    mine = traced.filter(pl.col("rank") == rank)
+    mine = where(traced, col(traced, "rank") == rank)
     python = _untraced_on_cpu(facts, mine, rank)
     if python is None:
         return None
     window = facts.window(rank)[2]
     busy = sum(facts.busy_ns(mine).values())
     pid, tid = facts.loop_threads[rank]
-    own = _window_counters(facts, rf"^proc\.{pid}\.main_run_delay_cores$")["value"].to_numpy()
-    tree = _window_counters(facts, r"^proc\.run_delay_cores$")["value"].to_numpy()
+    own = col(_window_counters(facts, rf"^proc\.{pid}\.main_run_delay_cores$"), "value")
+    tree = col(_window_counters(facts, r"^proc\.run_delay_cores$"), "value")
     delay = own if own.size and tid == pid else tree
     queued = round(float(delay.mean()) * window) if delay.size else 0
     return rank, window, busy, window - busy, python, queued
@@ -757,7 +778,7 @@ _IOWAIT = 0.1  # cores' worth of the host waiting on I/O: the loop's wait is the
 _OWN_READS = 1 << 20  # bytes the run's processes read from storage in the window: theirs
 
 
-def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
+def _untraced_on_cpu(facts: Facts, traced: pa.Table, rank: int | None = None
                      ) -> int | None:
     """The time the loop's thread (Facts.loop_threads; of `rank`, else of the first rank
     marking steps) ran on a CPU in its steps outside every `traced` span: perf's cpu-clock
@@ -766,19 +787,19 @@ def _untraced_on_cpu(facts: Facts, traced: pl.DataFrame, rank: int | None = None
     hz = facts.recorded.get("perf_hz")
     marks = facts.in_window(facts.named(r"^ProfilerStep#", "user_annotation"))
     if rank is not None:
-        marks = marks.filter(pl.col("rank") == rank)
-    if not hz or marks.height == 0 or facts.perf_samples.height == 0:
+        marks = where(marks, col(marks, "rank") == rank)
+    if not hz or marks.num_rows == 0 or facts.perf_samples.num_rows == 0:
         return None
-    found = facts.loop_threads.get(int(marks["rank"][0]))
+    found = facts.loop_threads.get(int(col(marks, "rank")[0]))
     if found is None:
         return None
     ts = _thread_samples(facts, *found)
     if not len(ts):
         return None
 
-    def inside(frame: pl.DataFrame) -> int:
-        lo, hi = union(frame["ts"].to_numpy(), (frame["ts"] + frame["dur"]).to_numpy())
+    def inside(frame: pa.Table) -> int:
+        lo, hi = union(col(frame, "ts"), col(frame, "ts") + col(frame, "dur"))
         return int(_samples_in(ts, lo, hi).sum())
 
-    within = traced.filter(pl.col("dur") > 0)
-    return round((inside(marks) - (inside(within) if within.height else 0)) * 1e9 / float(hz))
+    within = where(traced, col(traced, "dur") > 0)
+    return round((inside(marks) - (inside(within) if within.num_rows else 0)) * 1e9 / float(hz))

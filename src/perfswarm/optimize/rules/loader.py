@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts, per_facts
+from perfswarm.optimize.rules.facts import Facts, col, per_facts, processes
 from perfswarm.optimize.rules.host import contended, known_cores, on_cpu_share, pageable_copies
 from perfswarm.optimize.rules.threads import free_cores
 
@@ -113,7 +113,7 @@ class LoaderPlan:
 def _workers_per_rank(facts: Facts) -> float:
     """DataLoader worker processes a rank, from their traced fetches."""
     fetches = facts.named(_FETCH, "user_annotation")
-    return fetches.select("rank", "pid").unique().height / max(1, len(facts.ranks))
+    return processes(fetches) / max(1, len(facts.ranks))
 
 
 @per_facts
@@ -123,26 +123,26 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
     loads = facts.loader_calls
     fetches = facts.named(_FETCH, "user_annotation")
     steps = facts.step_count()
-    if steps == 0 or facts.wall_ns <= 0 or loads.height + fetches.height == 0:
+    if steps == 0 or facts.wall_ns <= 0 or loads.num_rows + fetches.num_rows == 0:
         return None
-    wait = sum(facts.busy_ns(loads).values()) if loads.height else 0
+    wait = sum(facts.busy_ns(loads).values()) if loads.num_rows else 0
     workers = _workers_per_rank(facts)
-    single = workers == 0 and loads.height > 0 and bool(
-        loads["name"].str.contains("SingleProcess").any())
+    single = workers == 0 and loads.num_rows > 0 and bool(
+        facts.named_like(loads, "SingleProcess").any())
     if single:  # the training process makes each batch in its wait for it
         made = loads
     else:  # the workers' fetches in the window (all of them where none starts in it)
         inside = facts.in_window(fetches)
-        made = inside if inside.height else fetches
-    batch_ns = float(made["dur"].mean()) if made.height else None  # type: ignore[arg-type]
-    on_cpu = on_cpu_share(facts, made) if made.height else None
+        made = inside if inside.num_rows else fetches
+    batch_ns = float(col(made, "dur").mean()) if made.num_rows else None
+    on_cpu = on_cpu_share(facts, made) if made.num_rows else None
     cores: float | None = known_cores(facts)
     busy = contended(facts)  # other processes held some: the loader has the rest
     if cores is not None and busy is not None:
         cores = min(cores, free_cores(busy[2]))
     return LoaderPlan(
         step_ns=facts.wall_ns / steps, wait_ns=wait / steps,
-        batches=(loads.height or made.height) / steps, workers=workers, batch_ns=batch_ns,
+        batches=(loads.num_rows or made.num_rows) / steps, workers=workers, batch_ns=batch_ns,
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
         on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)))
 
@@ -155,22 +155,22 @@ def data_loading(facts: Facts) -> Advice | None:
     """Steps wait on `enumerate(DataLoader)`: the input pipeline holds up the training."""
     plan = loader_plan(facts)
     loads = facts.loader_calls
-    if plan is None or loads.height == 0:
+    if plan is None or loads.num_rows == 0:
         return None
     share = pct(plan.wait_ns, plan.step_ns)
     if share < _SHARE:
         return None
     steps = facts.step_count()
     single = plan.workers == 0 and plan.batch_ns is not None
-    evidence = {"loader_calls": loads.height, "loader_ns": sum(facts.busy_ns(loads).values()),
+    evidence = {"loader_calls": loads.num_rows, "loader_ns": sum(facts.busy_ns(loads).values()),
                 "loader_share_pct": share, "single_process": single,
-                "pageable_h2d_copies": pageable_copies(facts).height,
+                "pageable_h2d_copies": pageable_copies(facts).num_rows,
                 "cores": known_cores(facts), "workers": round(plan.workers, 2),
                 "batch_ns": None if plan.batch_ns is None else round(plan.batch_ns),
                 "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
                 "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1)}
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
-    pin = ", pin_memory=True" if facts.device_events.height else ""
+    pin = ", pin_memory=True" if facts.device_events.num_rows else ""
     title = "training waits for the DataLoader"
     if plan.batch_ns is None:
         # workers whose fetches were not traced: how long they take and what they cost is
@@ -234,8 +234,8 @@ def loader_oversubscription(facts: Facts) -> Advice | None:
     if plan.workers <= math.ceil(lc - 1e-9):
         return None
     fetches = facts.named(_FETCH, "user_annotation")
-    evidence = {"cores": known_cores(facts), "workers": fetches.select("rank", "pid").unique()
-                .height, "ranks": len(facts.ranks), "loader_cores": round(lc, 2),
+    evidence = {"cores": known_cores(facts), "workers": processes(fetches),
+                "ranks": len(facts.ranks), "loader_cores": round(lc, 2),
                 "batch_cpu_ns": round(plan.batch_cpu_ns or 0)}
     return advice(facts, "loader_oversubscription",
                   "more DataLoader workers than the cores can keep busy", evidence, None,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import polars as pl
+import pyarrow as pa
 
+from perfswarm.analyze.frame import group_rows, lane_key
 from perfswarm.analyze.iterations import top_level
 from perfswarm.model.opcost import data_cost, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, col, groups, where
 
 _MULTI_TENSOR = r"_foreach_|_fused_"
 # Fewer ops than this per step is a handful of parameters: nothing to batch.
@@ -21,7 +22,7 @@ _CPU_FUSED = (2, 4)  # the torch version whose fused Adam, AdamW and SGD run on 
 
 
 def _inside(facts: Facts, outer_pattern: str,
-            inner_pattern: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+            inner_pattern: str) -> tuple[pa.Table, pa.Table]:
     outer = facts.in_window(facts.named(outer_pattern, "cpu_op", "user_annotation"))
     inner = facts.named(inner_pattern, "cpu_op")
     return outer, facts.inside(outer, inner)
@@ -32,46 +33,47 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
     optimizers the run steps (a GAN's two, LBFGS beside SGD), the one it gains most on."""
     steps, ops = facts.optimizer_steps
     found = [_single_tensor(facts, mine, facts.inside(mine, ops))
-             for _name, mine in steps.group_by("name", maintain_order=True)]
+             for _name, mine in groups(steps, ["name"])]
     return max((a for a in found if a is not None), key=lambda a: a.gain_ns or 0.0,
                default=None)
 
 
-def _without_clipping(ops: pl.DataFrame) -> pl.DataFrame:
+def _without_clipping(facts: Facts, ops: pa.Table) -> pa.Table:
     """The ops of a step's own work less a gradient clipping in it, from each _foreach_norm
     to the end of the first _foreach_mul_ after it (clip_grad_norm_ scaling the gradients by
     their norm): a closure passed to step() clips after its backward (Lightning's
     gradient_clip_val), and its two multi-tensor ops, with the per-tensor ops they fall back to
     on the CPU, are not the update's."""
-    ops = ops.sort("ts")
-    ts, end = ops["ts"].to_numpy(), (ops["ts"] + ops["dur"]).to_numpy()
-    names = ops["name"].to_numpy()
-    norms, muls = ts[names == _CLIP_NORM], np.flatnonzero(names == _CLIP_SCALE)
+    ops = ops.take(pa.array(np.argsort(col(ops, "ts"), kind="stable")))
+    ts = col(ops, "ts")
+    end = ts + col(ops, "dur")
+    norms = ts[facts.named_as(ops, [_CLIP_NORM])]
+    muls = np.flatnonzero(facts.named_as(ops, [_CLIP_SCALE]))
     keep = np.ones(len(ts), bool)
     for start in norms.tolist():
         after = muls[ts[muls] > start]
         if len(after):
             keep &= (ts < start) | (ts >= end[after[0]])
-    return ops.filter(pl.Series(keep))
+    return where(ops, keep)
 
 
-def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advice | None:
+def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | None:
     """single_tensor_optimizer of one optimizer's calls and their ops."""
-    if steps.height == 0 or ops.height == 0:
+    if steps.num_rows == 0 or ops.num_rows == 0:
         return None
-    ops = _without_clipping(ops)
-    if steps["name"].str.contains("Fused").any() or ops["name"].str.contains(_MULTI_TENSOR).any():
+    ops = _without_clipping(facts, ops)
+    if facts.named_like(steps, "Fused").any() or facts.named_like(ops, _MULTI_TENSOR).any():
         return None
-    per_step = ops.height / steps.height
+    per_step = ops.num_rows / steps.num_rows
     if per_step < _MIN_OPS_PER_STEP:
         return None
-    kinds = ops["name"].n_unique()
+    kinds = len(np.unique(col(ops, "name")))
     step_ns = sum(facts.busy_ns(steps).values())
-    optimizer = str(steps["name"][0]).split("#", 1)[1].split(".", 1)[0]
-    evidence: dict[str, object] = {"optimizer": optimizer, "steps": steps.height,
+    optimizer = facts.name_texts(steps.slice(0, 1))[0].split("#", 1)[1].split(".", 1)[0]
+    evidence: dict[str, object] = {"optimizer": optimizer, "steps": steps.num_rows,
                                    "ops_per_step": round(per_step, 1), "distinct_ops": kinds,
                                    "optimizer_ns": step_ns}
-    if facts.device_events.height:
+    if facts.device_events.num_rows:
         # A multi-tensor optimizer issues one op per distinct elementwise op, not one per
         # parameter.
         fused = "or fused=True" if optimizer in _FUSED else "(fused=True: Adam, AdamW, SGD)"
@@ -89,7 +91,7 @@ def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advi
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
     top = top_ops(ops)
-    streamed = _streaming_ns(facts.with_text(top, "detail"))
+    streamed = _streaming_ns(facts, facts.with_text(top, "detail"))
     if streamed is None:
         return None
     ops_ns = _typical_calls_ns(steps, top)
@@ -118,38 +120,41 @@ def _single_tensor(facts: Facts, steps: pl.DataFrame, ops: pl.DataFrame) -> Advi
                   of=(facts.wall_ns / facts.profiler_slowdown, facts.at_program_speed))
 
 
-def _typical_calls_ns(calls: pl.DataFrame, top: pl.DataFrame) -> int:
+def _typical_calls_ns(calls: pa.Table, top: pa.Table) -> int:
     """The ops' time (`top`: not nested in one another) of the median optimizer call, times
     the calls: a call another process held up (one of five at 48.6 ms, the others 1 ms) is
     priced as a usual one."""
     per_call = []
-    for (rank,), mine in calls.sort("ts").group_by(["rank"], maintain_order=True):
-        starts = mine["ts"].to_numpy()
-        ops = top.filter(pl.col("rank") == rank)
-        at = np.searchsorted(starts, ops["ts"].to_numpy(), side="right") - 1
+    for (rank,), mine in groups(calls, ["rank"]):
+        starts = np.sort(col(mine, "ts"))
+        ops = col(top, "rank") == rank
+        at = np.searchsorted(starts, col(top, "ts")[ops], side="right") - 1
         inside = at >= 0
-        per_call.append(np.bincount(at[inside], weights=ops["dur"].to_numpy()[inside],
+        per_call.append(np.bincount(at[inside], weights=col(top, "dur")[ops][inside],
                                     minlength=len(starts)))
     found = np.concatenate(per_call)
     return round(float(np.median(found)) * len(found))
 
 
-def top_ops(ops: pl.DataFrame) -> pl.DataFrame:
-    """The ops of `ops` not nested in another of them (per rank and thread)."""
-    parts = []
-    for _key, group in ops.sort(["rank", "tid", "ts", "dur"],
-                                descending=[False, False, False, True]).group_by(
-            ["rank", "tid"], maintain_order=True):
-        ts = group["ts"].to_numpy()
-        parts.append(group[top_level(ts, ts + group["dur"].to_numpy())])
-    return pl.concat(parts) if parts else ops.clear()
+def top_ops(ops: pa.Table) -> pa.Table:
+    """The ops of `ops` not nested in another of them (per rank and thread), by rank, thread
+    and start (the longer first)."""
+    ordered = ops.take(pa.array(np.lexsort((-col(ops, "dur"), col(ops, "ts"), col(ops, "tid"),
+                                            col(ops, "rank")))))
+    ts, end = col(ordered, "ts"), col(ordered, "ts") + col(ordered, "dur")
+    keep = np.zeros(ordered.num_rows, bool)
+    for lane in group_rows(lane_key(col(ordered, "rank"), col(ordered, "tid")),
+                           np.arange(ordered.num_rows)).values():
+        keep[lane[top_level(ts[lane], end[lane])]] = True
+    return where(ordered, keep)
 
 
-def _streaming_ns(ops: pl.DataFrame) -> float | None:
+def _streaming_ns(facts: Facts, ops: pa.Table) -> float | None:
     """Time to move the bytes `ops` move (model.opcost over the recorded shapes) at the best
     rate one of them reached; None without shapes."""
     moved, best = 0.0, 0.0
-    for name, detail, dur in ops.select("name", "detail", "dur").iter_rows():
+    for name, detail, dur in zip(facts.name_texts(ops), ops.column("detail").to_pylist(),
+                                 col(ops, "dur").tolist(), strict=True):
         shapes = shapes_from_args(detail)
         cost = None if shapes is None else data_cost(name, shapes)
         if cost is None or cost.bytes <= 0 or dur <= 0:
@@ -162,10 +167,11 @@ def _streaming_ns(ops: pl.DataFrame) -> float | None:
 def zero_grad_fill(facts: Facts) -> Advice | None:
     """zero_grad() fills every gradient with zeros instead of dropping it (set_to_none=False)."""
     calls, fills = _inside(facts, r"^Optimizer\.zero_grad#", r"^aten::zero_$")
-    if fills.height == 0:
+    if fills.num_rows == 0:
         return None
     fill_ns = sum(facts.busy_ns(fills).values())
-    evidence = {"zero_grad_calls": calls.height, "zero_ops": fills.height, "zero_ns": fill_ns}
+    evidence = {"zero_grad_calls": calls.num_rows, "zero_ops": fills.num_rows,
+                "zero_ns": fill_ns}
     return advice(facts, "zero_grad_set_to_none", "zero_grad() writes zeros into every gradient",
                   evidence, fill_ns, "measured, no model: the fills' time goes; backward "
                   "writes fresh gradients",

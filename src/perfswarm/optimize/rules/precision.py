@@ -18,7 +18,8 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.annotations import host_calls
 from perfswarm.analyze.dependencies import enclosing_rows
@@ -28,7 +29,7 @@ from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.fuse.host import measured_ceilings
 from perfswarm.optimize.rules.base import Advice, advice, pct
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, col, where
 from perfswarm.optimize.rules.threads import ran_with
 from perfswarm.trace.store import host_info
 
@@ -55,7 +56,7 @@ def is_float64(shapes: Shapes | None) -> bool:
 def float64_ops(facts: Facts) -> Advice | None:
     """Ops that compute in float64 take a real share of the measured time: float32 does the
     same work in about half the time on a CPU, and in a 32nd to a 64th on many GPUs."""
-    if facts.device_events.height:
+    if facts.device_events.num_rows:
         return _on_device(facts)
     return _on_cpu(facts)
 
@@ -69,31 +70,29 @@ _CHANGE: Final = (
     "keep it in the ops that need it and run the rest in float32")
 
 
-def _fp64_rows(facts: Facts, ops: pl.DataFrame) -> pl.DataFrame:
+def _fp64_rows(facts: Facts, ops: pa.Table) -> pa.Table:
     """The rows of `ops` whose recorded inputs make them float64 work (is_float64)."""
-    texts = facts.with_text(ops, "detail").filter(
-        pl.col("detail").str.contains("double", literal=True))
-    keep = [is_float64(shapes_from_args(t)) for t in texts["detail"].to_list()]
-    return texts.filter(pl.Series(keep, dtype=pl.Boolean)).drop("detail")
+    texts = facts.with_text(ops, "detail")
+    texts = texts.filter(pc.match_substring(texts.column("detail"), "double"))
+    keep = [is_float64(shapes_from_args(t)) for t in texts.column("detail").to_pylist()]
+    return where(texts, np.array(keep, bool)).drop_columns(["detail"])
 
 
-def _top_names(frame: pl.DataFrame, column: str) -> dict[str, int]:
-    """The three names with the most `column` time, and their time."""
-    top = (frame.group_by("name").agg(pl.col(column).sum())
-           .sort([column, "name"], descending=[True, False]).head(3))
-    return {str(n): int(ns) for n, ns in top.iter_rows()}
+def _top_names(facts: Facts, frame: pa.Table, ns: npt.NDArray[np.int64]) -> dict[str, int]:
+    """The three names of `frame`'s rows with the most time `ns` (one a row), and their time."""
+    return dict(facts.by_name(frame, ns)[:3])
 
 
-def _top(frame: pl.DataFrame, column: str) -> list[str]:
-    """The three names with the most `column` time, as `name 1.234 ms`."""
-    return [f"{n} {ns / 1e6:,.3f} ms" for n, ns in _top_names(frame, column).items()]
+def _top(facts: Facts, frame: pa.Table, ns: npt.NDArray[np.int64]) -> list[str]:
+    """The three names with the most time, as `name 1.234 ms`."""
+    return [f"{n} {t / 1e6:,.3f} ms" for n, t in _top_names(facts, frame, ns).items()]
 
 
 def _parameters(facts: Facts) -> bool | None:
     """Whether the optimizer updated float64 parameters (its ops' inputs); None without an
     optimizer step in the window."""
     _, ops = facts.optimizer_steps
-    return None if ops.height == 0 else _fp64_rows(facts, ops).height > 0
+    return None if ops.num_rows == 0 else _fp64_rows(facts, ops).num_rows > 0
 
 
 def _on_cpu(facts: Facts) -> Advice | None:
@@ -101,27 +100,26 @@ def _on_cpu(facts: Facts) -> Advice | None:
     call of its name pays (dispatch, allocation, a kernel's setup: _work) halves in float32;
     the fixed cost stays, as does the time of an op without a cost model."""
     ops = facts.in_window(facts.kind("cpu_op"))
-    views = pl.col("name").is_in([f"aten::{op}" for op in VIEW_OPS])
-    fp64 = _fp64_rows(facts, ops.filter(~views))  # a view of a double tensor computes nothing
-    if fp64.height == 0:
+    views = facts.named_as(ops, [f"aten::{op}" for op in VIEW_OPS])
+    fp64 = _fp64_rows(facts, where(ops, ~views))  # a view of a double tensor computes nothing
+    if fp64.num_rows == 0:
         return None
-    own = host_calls(Events.load(facts.run)).cpu_self[fp64["row"].to_numpy()]
-    fp64 = fp64.with_columns(own=pl.Series(own, dtype=pl.Int64))
-    fp64_ns = int(fp64["own"].sum())
+    own = np.asarray(host_calls(Events.load(facts.run)).cpu_self[col(fp64, "row")], np.int64)
+    fp64_ns = int(own.sum())
     share = pct(fp64_ns, facts.wall_ns)
     if share < _MIN_SHARE:
         return None
-    costs = _innermost_costs(facts, fp64["row"].to_numpy())
+    costs = _innermost_costs(facts, col(fp64, "row"))
     flops, moved, basis = _ceilings(facts, costs, own)
-    work, fixed = _work(fp64["name"].to_list(), costs, own, flops, moved)
+    work, fixed = _work(facts.name_texts(fp64), costs, own, flops, moved)
     gain = float(work.sum()) * (1 - _HALF)
     evidence: dict[str, Any] = {
-        "fp64_ops": fp64.height, "fp64_ns": fp64_ns, "fp64_share_pct": share,
+        "fp64_ops": fp64.num_rows, "fp64_ns": fp64_ns, "fp64_share_pct": share,
         "modelled_ops": sum(c is not None for c in costs), "work_ns": round(float(work.sum())),
-        "fixed_ns": {n: round(fixed[n]) for n in _top_names(fp64, "own") if n in fixed},
+        "fixed_ns": {n: round(fixed[n]) for n in _top_names(facts, fp64, own) if n in fixed},
         "gflops_fp64": round(flops / 1e9, 3), "bandwidth_gbs": round(moved / 1e9, 3),
         "fp32_estimate_ns": round(fp64_ns - gain),
-        "parameters_fp64": _parameters(facts), "top_ops": _top(fp64, "own")}
+        "parameters_fp64": _parameters(facts), "top_ops": _top(facts, fp64, own)}
     return advice(facts, "float64_ops", f"{share:g}% of the time computes in float64",
                   evidence, gain,
                   "vector-width model of the CPU: each float64 op's own time less the fixed cost "
@@ -237,27 +235,27 @@ def _on_device(facts: Facts) -> Advice | None:
     """Device kernels: a float64 op's kernels (or a kernel named for doubles) keep the share
     of their roof they reached, at the device's FP32 peak and half the bytes."""
     kernels = facts.in_window(facts.kind("kernel"))
-    if kernels.height == 0:
+    if kernels.num_rows == 0:
         return None
     costs = facts.costs_of(facts.launching_ops(kernels))
-    named = kernels["name"].str.contains(_FP64_KERNEL).to_list()
+    named = facts.named_like(kernels, _FP64_KERNEL).tolist()
     keep = [(c.dtype == "fp64") if c is not None else n for c, n in zip(costs, named, strict=True)]
-    fp64 = kernels.filter(pl.Series(keep, dtype=pl.Boolean))
+    fp64 = where(kernels, np.array(keep, bool))
     costs = [c for c, k in zip(costs, keep, strict=True) if k]
     fp64_ns = facts.total_ns(fp64)
     share = pct(fp64_ns, facts.wall_ns)
-    if fp64.height == 0 or share < _MIN_SHARE:
+    if fp64.num_rows == 0 or share < _MIN_SHARE:
         return None
     spec = facts.spec
     ratio = functools.cache(lambda cost: _fp32_ratio(cost, spec) if spec else None)
     ratios = [ratio(c) if c is not None else None for c in costs]
     fp32_ns = sum(d * (r if r is not None else _bound(n, spec)) for d, r, n in zip(
-        fp64["dur"].to_list(), ratios, fp64["name"].to_list(), strict=True))
+        col(fp64, "dur").tolist(), ratios, facts.name_texts(fp64), strict=True))
     count = sum(r is not None for r in ratios)
     evidence: dict[str, Any] = {
-        "fp64_kernels": fp64.height, "fp64_ns": fp64_ns, "fp64_share_pct": share,
+        "fp64_kernels": fp64.num_rows, "fp64_ns": fp64_ns, "fp64_share_pct": share,
         "modelled_kernels": count, "fp32_estimate_ns": round(fp32_ns),
-        "top_kernels": _top(fp64, "dur")}
+        "top_kernels": _top(facts, fp64, col(fp64, "dur"))}
     if spec is not None and "fp64" in spec.peak_flops:
         p64, p32 = _peaks(spec, False) or (0.0, 0.0)
         g64, g32 = _peaks(spec, True) or (0.0, 0.0)
@@ -267,8 +265,8 @@ def _on_device(facts: Facts) -> Advice | None:
                  f"{spec.name} (FP64 {p64 / 1e12:g} vs FP32 {p32 / 1e12:g} TFLOP/s, GEMMs "
                  f"{g64 / 1e12:g} vs {g32 / 1e12:g}; {spec.memory_bandwidth / 1e9:g} GB/s, half "
                  "the bytes in float32), each kernel keeping the share of its roof it reached")
-        if count < fp64.height:
-            basis += (f"; the {fp64.height - count} without recorded shapes at the smaller of "
+        if count < fp64.num_rows:
+            basis += (f"; the {fp64.num_rows - count} without recorded shapes at the smaller of "
                       "their memory-bound and compute-bound gains")
     else:
         devices = sorted({str(d.get("name")) for d in facts.manifest["devices"]}) or ["it"]

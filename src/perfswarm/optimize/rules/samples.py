@@ -7,7 +7,6 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-import polars as pl
 
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import I64
@@ -15,7 +14,7 @@ from perfswarm.analyze.phases import parameter_rows
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import OpCost, Shapes, data_cost, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
-from perfswarm.optimize.rules.facts import Facts
+from perfswarm.optimize.rules.facts import Facts, col, where
 from perfswarm.optimize.rules.optimizer import top_ops
 from perfswarm.report.overview import run_throughput
 
@@ -48,19 +47,21 @@ def per_sample_ops(facts: Facts) -> Advice | None:
     loop, steps = facts.loop_threads.get(rank), len(usual)
     if batch < _MIN_SAMPLES or batch != int(batch) or loop is None or steps == 0:
         return None
-    ops = facts.in_window(facts.kind("cpu_op")).filter(
-        (pl.col("rank") == rank) & (pl.col("tid") == loop[1]))
+    ops = facts.in_window(facts.kind("cpu_op"))
+    ops = where(ops, (col(ops, "rank") == rank) & (col(ops, "tid") == loop[1]))
     top = facts.with_text(top_ops(ops), "detail")
-    shapes = [shapes_from_args(d) for d in top["detail"]]
+    shapes = [shapes_from_args(d) for d in top.column("detail").to_pylist()]
     # the ops that take the parameters (a single-tensor optimizer's per-parameter updates,
     # one a layer: 16 layers at batch 8 or 16 had read as once per sample)
-    updates = np.isin(np.asarray(top["row"], np.int64),
-                      parameter_rows(ev, np.asarray(top["row"], np.int64)))
-    groups = _groups(top, shapes, int(batch), steps, updates)
+    ran = col(top, "row")
+    updates = np.isin(ran, parameter_rows(ev, ran))
+    names = facts.name_texts(top)
+    groups = _groups(names, np.asarray(col(top, "step"), np.int64), shapes, int(batch), steps,
+                     updates)
     if not groups:
         return None
-    ns = np.asarray(top["dur"], np.int64)
-    rate = _streaming_rate(top["name"].to_list(), shapes, ns)
+    ns = np.asarray(col(top, "dur"), np.int64)
+    rate = _streaming_rate(names, shapes, ns)
     batched = 0.0
     found = []
     for (name, dims), rows in groups.items():
@@ -69,10 +70,10 @@ def per_sample_ops(facts: Facts) -> Advice | None:
         batched += steps * calls * int(ns[rows].min()) + (
             len(rows) * cost.bytes / rate if rate and cost is not None else 0.0)
         found.append((int(ns[rows].sum()), name, dims, len(rows) / steps))
-    mine = np.zeros(top.height, bool)
+    mine = np.zeros(top.num_rows, bool)
     mine[np.concatenate(list(groups.values()))] = True
-    step_of = np.asarray(top["step"], np.int64)
-    ts = np.asarray(top["ts"], np.int64)
+    step_of = np.asarray(col(top, "step"), np.int64)
+    ts = np.asarray(col(top, "ts"), np.int64)
     # the Python between two per-sample calls in a row: the loop's own body, each gap at
     # most the median one (a longer one does other work: an environment's step)
     between = np.flatnonzero(mine[:-1] & mine[1:] & (step_of[:-1] == step_of[1:]))
@@ -122,18 +123,18 @@ def _median_step(step: I64, ns: I64) -> float:
     return float(np.median(np.bincount(np.unique(step, return_inverse=True)[1], weights=ns)))
 
 
-def _groups(top: pl.DataFrame, shapes: list[Shapes | None], batch: int, steps: int,
+def _groups(names: list[str], step_of: I64, shapes: list[Shapes | None], batch: int, steps: int,
             updates: npt.NDArray[np.bool_]) -> dict[tuple[str, tuple[int, ...]], list[int]]:
-    """Rows of `top` by (name, first input's dims) for the groups that run once per sample:
+    """Rows of the ops (`names`, in profiled steps `step_of`) by (name, first input's dims) for
+    the groups that run once per sample:
     a whole multiple of `batch` calls a step, on a sample's shape (see per_sample_ops); not
     the `updates` (ops that take the parameters), whose shapes are no sample's either."""
     parameters = {d for found, update in zip(shapes, updates.tolist(), strict=True)
                   if update and found is not None for d in found.dims}
     rows_of: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-    for i, (name, found) in enumerate(zip(top["name"], shapes, strict=True)):
+    for i, (name, found) in enumerate(zip(names, shapes, strict=True)):
         if found is not None and found.dims and found.dims[0] and not updates[i]:
-            rows_of.setdefault((str(name), found.dims[0]), []).append(i)
-    step_of = np.asarray(top["step"], np.int64)
+            rows_of.setdefault((name, found.dims[0]), []).append(i)
     # the rows of a batched tensor (of two or more, no parameter): a sample's shape
     rows_of_sample = {d[1:] for s in shapes if s is not None for d in s.dims
                       if len(d) >= 2 and d[0] >= 2 and d not in parameters}
