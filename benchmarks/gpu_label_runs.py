@@ -26,9 +26,9 @@ tests/test_gpu_runs.py.
 
 Then where the error is (`decompose`; `--decompose` prints only that): per held-out GPU, the
 labels' e2e over the sum of their measured node latencies, and per op family its share of the
-measured node time and the error of the model's price against it, absolute (left out; in
-sample) and as the ratio to the source GPU's measured node; and the from-run error that exact
-node ratios would leave (the labels' own inconsistency).
+measured node time and the error of the model's price against it, absolute (left out, and the
+points of the nodes' sum it makes; in sample) and as the ratio to the source GPU's measured node;
+and the from-run error that exact node ratios would leave (the labels' own inconsistency).
 """
 
 from __future__ import annotations
@@ -117,10 +117,10 @@ def decompose(model_for: Callable[[str], KernelModel], full: KernelModel) -> Non
     """Where the whole-model error comes from, per held-out GPU: the labels' own gap (e2e over
     the sum of their measured node latencies), and per op family of the nodes that launch
     kernels, their share of the measured node time and the error of the model's price of them
-    against it: absolute (the GPU left out; and in sample, trained on it too) and as the ratio
-    applied to the source GPU's measured node (the GPU left out); then the from-run error were
-    every node's ratio exact (the measured target over source node), which the labels alone
-    leave."""
+    against it: absolute (the GPU left out, and the points of the nodes' sum it makes; and in
+    sample, trained on it too) and as the ratio applied to the source GPU's measured node (the
+    GPU left out); then the from-run error were every node's ratio exact (the measured target
+    over source node), which the labels alone leave."""
     print("\nwhere the error is, against the measured node latencies (mean over cases, each GPU "
           "left out)")
     for gpu_dir in sorted((DATA / "labels").iterdir()):
@@ -169,7 +169,8 @@ def decompose(model_for: Callable[[str], KernelModel], full: KernelModel) -> Non
         for family, (mt, absolute, in_sample, sourced, sourced_abs, ratio) in sorted(
                 parts.items(), key=lambda kv: -kv[1][0]):
             print(f"  {family:12s} {100 * mt / total:5.1f}% of node time: absolute "
-                  f"{100 * (absolute / mt - 1):+6.1f}% (in sample "
+                  f"{100 * (absolute / mt - 1):+6.1f}%, {100 * (absolute - mt) / total:+5.1f} "
+                  f"points of the nodes' sum (in sample "
                   f"{100 * (in_sample / mt - 1):+6.1f}%); where a source ran it: absolute "
                   f"{100 * (sourced_abs / sourced - 1):+6.1f}%, ratio from the source "
                   f"{100 * (ratio / sourced - 1):+6.1f}%")

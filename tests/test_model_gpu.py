@@ -30,7 +30,7 @@ from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled, train
 from perfswarm.model.gpu.opgraph import HOST_OP_NS, LAUNCH_NS, host_overheads
 from perfswarm.model.gpu.trees import DEPTH, TREES, Ensemble, fit
-from perfswarm.model.gpu.work import roofline_s, vector_work
+from perfswarm.model.gpu.work import FEATURES, features, roofline_s, vector_work
 from perfswarm.model.kernels import RooflineScaler
 from perfswarm.model.opcost import Shapes, op_cost
 from perfswarm.model.specs import load_spec
@@ -184,6 +184,33 @@ def test_calibrate_dataset_retrains_and_reports_held_out_gpus(
             io.StringIO(gzip.decompress(raw.read_bytes()).decode()))])
         assert h["kernel_rows"] == int((latency >= 2 * np.percentile(latency, 1)).sum())
     assert set(KernelModel.load(out).families) == {"norm", "softmax"}
+
+
+def test_memory_bound_features_stop_where_the_hardware_does() -> None:
+    """A large add (2^26 elements, 768 MiB) reads alike on the V100 (6 MB L2, ridge 15.6), the
+    A100 (40 MB, 12.5) and the P100 where the hardware makes no difference: past 4 L2s it streams
+    from DRAM, and at a 16th of the ridge point or less it is bound by its bytes; its roofline is
+    its bytes at the bandwidth the device's memory class streams at (HBM on Volta and later 0.9,
+    Pascal's HBM2 0.75). A GEMM reuses its operands: its features and roofline are as rated."""
+    work = vector_work("elementwise", "add", 2 ** 16, 2 ** 10)
+    v100, a100, p100 = (Hardware.of_spec(load_spec(g)) for g in (
+        "Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", "Tesla P100-PCIE-16GB"))
+    index = {name: i for i, name in enumerate(FEATURES)}
+    for hw in (v100, a100, p100):
+        x = features(work, hw)
+        assert x[index["log2 bytes / L2"]] == 2.0
+        assert x[index["log2 intensity / ridge"]] == -4.0
+    assert [roofline_s(work, hw) for hw in (v100, a100, p100)] == pytest.approx(
+        [12 * 2 ** 26 / (0.9 * bw) for bw in (900e9, 1555e9)] + [12 * 2 ** 26 / (0.75 * 732e9)])
+    small = vector_work("elementwise", "add", 2 ** 8, 2 ** 10)  # 3 MiB: under the A100's L2
+    assert features(small, a100)[index["log2 bytes / L2"]] == pytest.approx(
+        math.log2(12 * 2 ** 18 / 40e6))
+    gemm = op_kernels("aten::mm", Shapes(((2 ** 14, 2 ** 14), (2 ** 14, 16)), ("float",) * 2))
+    assert gemm is not None
+    x = features(gemm[0], v100)
+    assert x[index["log2 bytes / L2"]] == pytest.approx(math.log2(gemm[0].bytes / 6e6))
+    assert math.log2(gemm[0].bytes / 6e6) > 7
+    assert roofline_s(gemm[0], v100) == pytest.approx(gemm[0].bytes / 900e9)
 
 
 def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,

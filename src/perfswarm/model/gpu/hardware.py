@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from typing import Final
 
 from perfswarm.model.specs import DeviceSpec, device_specs
+
+# the fraction of its rated bandwidth a device's DRAM streams at (streams_near_peak or not)
+STREAMED: Final = {True: 0.9, False: 0.75}
 
 
 def streams_near_peak(architecture: str, memory: str) -> bool:
@@ -34,6 +38,15 @@ class Hardware:
     # FP32 rate); 0: FP16's
     tensor_bf16: float = 0.0
     vendor: str = "nvidia"  # whose kernels it runs (cuBLAS's, or ROCm's on CDNA parts)
+
+    @property
+    def streamed_bandwidth(self) -> float:
+        """The bandwidth a streaming kernel reaches (STREAMED of the rated one): the memory
+        bound of an elementwise, norm or softmax kernel's roofline (work.STREAMING), so that
+        the trees need not find a GPU of its memory class among the measured ones to learn it
+        (left out, the V100's large elementwise ops had been priced at 0.82 of its rated
+        bandwidth, the A100 the one other near-peak GPU; it measures 0.93)."""
+        return self.bandwidth * STREAMED[self.near_peak_memory]
 
     def dominates(self, other: Hardware) -> bool:
         """Whether it has at least as much of every rate and size the model reads as `other`
