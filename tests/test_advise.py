@@ -1313,6 +1313,19 @@ def test_cpu_contention_from_run_delay(tmp_path: Path) -> None:
     assert a.evidence["others_delay_cores"] == 0.8 and a.gain_ns == round(0.8 / 4 * 12_000_000)
 
 
+def _traced_nothing(tmp_path: Path, name: str) -> Run:
+    """A Run of 2 cores whose recorder traced and timed nothing, its sampler's span 10 us and
+    perf's 7.5 us of CPU in it."""
+    run = with_manifest(imported(tmp_path, name, _loader_steps(500, 3500)), cores=2)
+    run.write_table("events", run.table("events").slice(0, 0))
+    run.write_table("steps", run.table("steps").slice(0, 0))
+    m = run.manifest()
+    m.setdefault("extra", {})["record"] = {"start_ns": 0, "end_ns": 10_000,
+                                           "tool_cpu_ns": {"perf": 7_500}}
+    run.write_manifest(m)
+    return run
+
+
 def test_cpu_contention_on_a_run_that_timed_no_step(tmp_path: Path) -> None:
     """A program that only exits (exit3.run: the recorder saw no step, nothing traced) on a
     busy machine: four readings of the sampler, the process at 0.3 of a core and 0.655 cores'
@@ -1321,13 +1334,7 @@ def test_cpu_contention_on_a_run_that_timed_no_step(tmp_path: Path) -> None:
     none), 65% of the time lost to other processes and "the step times ... inflated": the
     time is the sampler's span (3 µs here), and of the 1.7 cores not the program's, the
     recorder held 0.75, so the others caused 0.95 / 1.7 of the wait: 0.366 cores' worth."""
-    run = with_manifest(imported(tmp_path, "exit", _loader_steps(500, 3500)), cores=2)
-    run.write_table("events", run.table("events").slice(0, 0))
-    run.write_table("steps", run.table("steps").slice(0, 0))
-    m = run.manifest()
-    m.setdefault("extra", {})["record"] = {"start_ns": 0, "end_ns": 10_000,
-                                           "tool_cpu_ns": {"perf": 7_500}}
-    run.write_manifest(m)
+    run = _traced_nothing(tmp_path, "exit")
     a = shows(host.cpu_contention, _sampled(run, [0.3] * 4, 1.0, [0.655] * 4))
     assert Facts.of(run).ranks == []
     assert a.evidence["over"] == a.gain_of == ("the recording (the system sampler's span: no "
@@ -1343,14 +1350,8 @@ def test_cpu_contention_on_a_run_that_timed_steps_and_traced_none(tmp_path: Path
     timed 4 steps of 1 µs around the sampler's 4 readings): the time lost is of the timed
     steps, as the exit test's wait; it had been said of "the recording (... no step timed,
     nothing traced)"."""
-    run = with_manifest(imported(tmp_path, "own", _loader_steps(500, 3500)), cores=2)
-    run.write_table("events", run.table("events").slice(0, 0))
-    run.write_table("steps", run.table("steps").slice(0, 0))
+    run = _traced_nothing(tmp_path, "own")
     _add_steps(run, [(0, i + 1, 500 + 1000 * i, 1500 + 1000 * i, "detected") for i in range(4)])
-    m = run.manifest()
-    m.setdefault("extra", {})["record"] = {"start_ns": 0, "end_ns": 10_000,
-                                           "tool_cpu_ns": {"perf": 7_500}}
-    run.write_manifest(m)
     a = shows(host.cpu_contention, _sampled(run, [0.3] * 4, 1.0, [0.655] * 4))
     assert Facts.of(run).ranks == []
     assert a.evidence["over"] == a.gain_of == "every timed step"
