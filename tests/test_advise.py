@@ -1567,6 +1567,34 @@ def test_communication_bound_of_a_pipelines_sends(tmp_path: Path) -> None:
     a = shows(distributed.communication_bound, run)
     assert set(a.evidence["by_op_ns"]) == {"send", "recv"}
     assert a.change == ("stages of equal time (the slowest sets the pace), bf16 activations")
+    assert a.gain_basis.endswith("to hide them under; stages of equal time or fewer bytes "
+                                 "(bf16 activations) shorten them (not modelled)")
+
+
+SENDRECV = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+@pytest.mark.parametrize(("calls", "pipeline"), [
+    (("c10d::send", "c10d::recv_"), True), (("c10d::alltoall_base_",), False), ((), False)])
+def test_communication_bound_of_sendrecv_kernels(tmp_path: Path, calls: tuple[str, ...],
+                                                 pipeline: bool) -> None:
+    """NCCL names a pipeline's send and receive kernels SendRecv, and an all-to-all's too (it
+    runs one as grouped sends and receives): 2 of each 3 ms step in SendRecv, no compute beside
+    it. The program's calls say which: dist.send and recv a pipeline's stages, an
+    all-to-all's (or none in the trace) the collectives' change."""
+    events = []
+    for i in range(3):
+        t = i * 3000
+        events += [ev(f"ProfilerStep#{i}", t, 3000, "user_annotation"),
+                   kernel("void at::native::vectorized_elementwise_kernel<4>", t, 1000),
+                   *(ev(name, t + 1000 + 10 * k, 5) for k, name in enumerate(calls)),
+                   kernel(SENDRECV, t + 1000, 2000, stream=20)]
+    a = shows(distributed.communication_bound,
+              imported(tmp_path, "sr", events, devices=(A100,)))
+    assert a.evidence["by_op_ns"] == {"SendRecv": 6_000_000}
+    assert a.change == ("stages of equal time (the slowest sets the pace), bf16 activations"
+                        if pipeline else "fewer, larger collectives (flatten small tensors into "
+                        "one), bf16 or fp16 data, or communicate every k steps")
 
 
 def test_communication_bound_on_gloo(tmp_path: Path) -> None:

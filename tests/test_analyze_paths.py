@@ -465,15 +465,11 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
 P2P = [DATA / f"p2p_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
 
 
-def test_a_receive_that_waited_hands_the_path_to_its_sender(tmp_path: Path) -> None:
-    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py: rank 1 posts its receive, rank 0
-    computes, then sends), against the raw JSON: a step whose last work is rank 1's (the compute
-    after its receive) runs back to rank 0's send call, one rank switch, the transfer from that
-    call's start to the receive's completion (gloo:recv's end) a collective; a step that ends
-    with rank 0's send (its gloo:send range, a collective) stays on rank 0. Before, each
-    receive's wait was rank 1's own CPU time: no rank switch."""
-    raw = []
-    for path in P2P:
+def _p2p_raw(paths: list[Path]) -> list[dict[str, list[tuple[int, int]]]]:
+    """Each rank's step markers, send and receive calls, gloo's ranges and its work (its ops
+    and annotations but the markers), as (start, end) ns in time order, from the raw JSON."""
+    out = []
+    for path in paths:
         trace = orjson.loads(gzip.decompress(path.read_bytes()))
         base = trace["baseTimeNanoseconds"]
         x = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
@@ -482,11 +478,22 @@ def test_a_receive_that_waited_hands_the_path_to_its_sender(tmp_path: Path) -> N
             start = base + int(Decimal(str(e["ts"])) * 1000)
             return start, start + int(Decimal(str(e["dur"])) * 1000)
 
-        raw.append({name: sorted(span(e) for e in x if e["name"].startswith(name))
+        out.append({name: sorted(span(e) for e in x if e["name"].startswith(name))
                     for name in ("ProfilerStep#", "c10d::send", "c10d::recv_", "gloo:send",
                                  "gloo:recv")})
-        raw[-1]["work"] = sorted(span(e) for e in x if e.get("cat") in ("cpu_op",
+        out[-1]["work"] = sorted(span(e) for e in x if e.get("cat") in ("cpu_op",
                                  "user_annotation") and not e["name"].startswith("Profiler"))
+    return out
+
+
+def test_a_receive_that_waited_hands_the_path_to_its_sender(tmp_path: Path) -> None:
+    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py: rank 1 posts its receive, rank 0
+    computes, then sends), against the raw JSON: a step whose last work is rank 1's (the compute
+    after its receive) runs back to rank 0's send call, one rank switch, the transfer from that
+    call's start to the receive's completion (gloo:recv's end) a collective; a step that ends
+    with rank 0's send (its gloo:send range, a collective) stays on rank 0. Before, each
+    receive's wait was rank 1's own CPU time: no rank switch."""
+    raw = _p2p_raw(P2P)
     sends, receives = raw[0]["c10d::send"], raw[1]["c10d::recv_"]
     assert raw[0]["c10d::recv_"] == raw[1]["c10d::send"] == [] and len(sends) == len(receives)
     run = import_traces(P2P, tmp_path / "p.run", ImportOptions(ranks=(0, 1)), ["test"])
@@ -506,6 +513,46 @@ def test_a_receive_that_waited_hands_the_path_to_its_sender(tmp_path: Path) -> N
             gloo = raw[0]["gloo:send"][i]
             assert step.ns["collective"] == gloo[1] - gloo[0]
     assert waited > 0
+
+
+def test_a_receive_that_completed_while_its_thread_worked_hands_over_nothing(
+        tmp_path: Path) -> None:
+    """Rank 1 computing (an aten::mm) while its third receive completes, as an irecv, compute
+    and wait would (tests/data/p2p_gloo_variants.py, busy), though rank 0's send started after
+    the receive was posted: rank 1's own work decided the step, whose path stays on rank 1 from
+    its step's start (the marker's) to its last work, no collective on it. Before, it went over
+    to rank 0's send at the receive's completion, in the middle of the op."""
+    paths = [P2P[0], DATA / "p2p_gloo_busy_rank1.pt.trace.json.gz"]
+    raw = _p2p_raw(paths)
+    mm = [w for w in raw[1]["work"] if w[0] < raw[1]["gloo:recv"][2][1] < w[1]]
+    assert len(mm) == 1 and raw[0]["c10d::send"][2][0] > raw[1]["c10d::recv_"][2][0]
+    run = import_traces(paths, tmp_path / "p.run", ImportOptions(ranks=(0, 1)), ["test"])
+    path = analyze(run).critical_path
+    assert path is not None and len(path.steps) == 3
+    step = path.steps[2]
+    marker = raw[1]["ProfilerStep#"][2]
+    assert (step.rank_switches, step.ns["collective"]) == (0, 0)
+    assert step.start == marker[0]
+    assert step.end == max(e for s, e in raw[1]["work"] if marker[0] <= s < marker[1])
+
+
+def test_a_send_that_started_after_a_receive_completed_is_a_later_ones(tmp_path: Path) -> None:
+    """Rank 0's profiler starting a step later than rank 1's (tests/data/p2p_gloo_variants.py,
+    late): rank 1's first receive has no send in the trace, its first traced send started after
+    that receive completed and feeds the second; the third still hands its step to the third
+    send, the transfer from that send's start to the receive's completion. Before, the n-th send
+    fed the n-th receive: the first receive went forward in time to the second send, the third
+    had none."""
+    paths = [DATA / "p2p_gloo_late_rank0.pt.trace.json.gz", P2P[1]]
+    raw = _p2p_raw(paths)
+    sends, received = raw[0]["c10d::send"], raw[1]["gloo:recv"]
+    assert len(sends) == 2 and len(received) == 3 and sends[0][0] > received[0][1]
+    run = import_traces(paths, tmp_path / "p.run", ImportOptions(ranks=(0, 1)), ["test"])
+    path = analyze(run).critical_path
+    assert path is not None and len(path.steps) == 3
+    assert [s.rank_switches for s in path.steps] == [0, 0, 1]
+    assert path.steps[0].ns["collective"] == 0
+    assert path.steps[2].ns["collective"] == received[2][1] - sends[1][0]
 
 
 SUBGROUPS = [DATA / f"subgroups_gloo_rank{r}.pt.trace.json.gz" for r in range(4)]

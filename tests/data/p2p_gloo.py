@@ -1,7 +1,8 @@
 """Writes p2p_gloo_rank{0,1}.pt.trace.json.gz: a two-stage pipeline's hand-off on gloo, two CPU
 ranks (torchrun --nproc_per_node 2 p2p_gloo.py), three profiled steps. Rank 0 computes about
 6 ms, then sends its activation [16, 256] to rank 1 (dist.send), which posted its receive at
-the start of its step and so waits for it, then computes about 2 ms on it."""
+the start of its step and so waits for it, then computes about 2 ms on it. p2p_gloo_variants.py
+derives two variants of these traces (a receiver busy at a completion, a rank profiled late)."""
 import time
 
 import torch

@@ -11,8 +11,9 @@ the main thread blocked in backward until the autograd thread finished, the auto
 thread until the main thread called backward, a DDP loop until gloo's thread ran its
 all-reduce), where it continues on that thread. A collective on a host thread (gloo's) is a
 collective as a device's is, and waited to start for the call that issued it. A gloo receive
-posted before its send was issued (analyze.transfers) waited for the sender: the path goes
-on at the sender's call, the transfer from there to the receive's completion a collective.
+whose thread had blocked, no work of its own left, before its send was issued
+(analyze.transfers) waited for the sender: the path goes on at the sender's call, the transfer
+from there to the receive's completion a collective.
 Every nanosecond from the path's start to its end is attributed to one category, so
 the composition sums to the path length exactly. Each iteration has its own path too: walked
 back from the last work of the step (its host events, the device ops launched in it) to the

@@ -295,8 +295,10 @@ def _from_embedding(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[s
     looked_at = _steps_of(ev, windows, [r for r, _ in lookups])
     trained_steps = set(trained_at)  # a step that trained it counts its backward passes
     # the lookups one pass trains (a sequence-to-sequence model's encoder and decoder sharing
-    # the table, as T5's) are one batch: that of the forward's first, its backward's last
-    group = _pass_of(ev, mine, windows, np.asarray([r for r, _ in trained], np.int64))
+    # the table, as T5's) are one batch: that of the forward's first, its backward's last; a
+    # step that trained it once has one (no sweep of the rank's passes)
+    group = (_pass_of(ev, mine, windows, np.asarray([r for r, _ in trained], np.int64))
+             if len(set(trained_at)) < len(trained_at) else np.arange(len(trained)))
     last = {g: i for i, g in enumerate(group)}
     passes = [*((s, idx, last[g] == i) for i, (s, (_, idx), g) in enumerate(
                   zip(trained_at, trained, group, strict=True))),

@@ -20,6 +20,12 @@ _DDP = r"DistributedDataParallel|torch\.distributed\.ddp\."
 _OP = re.compile(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|Send|"
                  r"Recv|all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|"
                  r"all_to_all|barrier|gather|scatter|send|recv)")
+# a pipeline's point-to-point calls (dist.send and recv, isend and irecv) and their NCCL
+# annotations; NCCL runs an all-to-all as grouped sends and receives, its kernels SendRecv as
+# a pipeline's are: its calls tell it apart
+_P2P_CALL = r"^c10d::(send|recv_|isend|irecv)$|^nccl:(send|recv)$"
+_ALL_TO_ALL = r"alltoall|all_to_all"
+_P2P_OPS = frozenset({"send", "recv", "Send", "Recv", "SendRecv"})
 _STRAGGLER_MIN_PCT = 5.0  # % of the measured time the others spent waiting for the straggler
 # Relative bandwidth of one hop, by `nvidia-smi topo -m` link type (NV<k>: k NVLinks).
 _LINK_GBPS = {"PIX": 16.0, "PXB": 12.0, "PHB": 10.0, "NODE": 8.0, "SYS": 5.0}
@@ -59,6 +65,16 @@ def _exposed(facts: Facts) -> tuple[pa.Table, dict[int, tuple[int, int, int, int
                       sum(h.ns["compute_only"] for h in hs),
                       sum(h.compute_ns + h.ns["comm_only"] for h in hs))
                   for r, hs in hosts.items() if hs}
+
+
+def _pipeline(facts: Facts, ops: set[str]) -> bool:
+    """Whether the communication (`ops`: its collectives' ops) is a pipeline's sends and
+    receives: point-to-point ops alone, the program's point-to-point calls, or kernels named
+    for one direction (Send, Recv), in the trace, and no all-to-all call (whose NCCL kernels
+    are SendRecv too)."""
+    events = facts.events
+    return (ops <= _P2P_OPS and not facts.named_like(events, _ALL_TO_ALL).any()
+            and (bool(ops & {"Send", "Recv"}) or bool(facts.named_like(events, _P2P_CALL).any())))
 
 
 def communication_bound(facts: Facts) -> Advice | None:
@@ -106,6 +122,7 @@ def communication_bound(facts: Facts) -> Advice | None:
         evidence["collective_on_critical_path_ns"] = on_path
         hidden = min(hidden, on_path)
     ddp = facts.named_like(facts.events, _DDP).any()
+    shorter = "fewer bytes or fewer all-reduces"
     if ddp:
         overlap = ("let DDP's all-reduce overlap the backward: measure bucket_cap_mb both ways "
                    "(smaller buckets start all-reducing earlier in the backward, larger ones "
@@ -113,12 +130,13 @@ def communication_bound(facts: Facts) -> Advice | None:
                    "static_graph=True, no find_unused_parameters=True")
         fewer = ("register_comm_hook(None, default_hooks.bf16_compress_hook) to halve the "
                  "bytes; no_sync() over k micro-batches to all-reduce once every k")
-    elif set(by_op) <= {"send", "recv", "Send", "Recv", "SendRecv"}:  # a pipeline's stages
+    elif _pipeline(facts, set(by_op)):  # a pipeline's stages
         overlap = ("a pipeline's stages wait for each other's sends: more micro-batches a step "
                    "(GPipe leaves each stage idle (stages - 1) / (micro-batches + stages - 1) "
                    "of it), or an interleaved schedule (torch.distributed.pipelining's "
                    "ScheduleInterleaved1F1B)")
         fewer = "stages of equal time (the slowest sets the pace), bf16 activations"
+        shorter = "stages of equal time or fewer bytes (bf16 activations)"
     else:  # collectives the program calls itself
         overlap = ("issue the collectives with async_op=True and wait for each only where its "
                    "result is needed, so that compute runs meanwhile")
@@ -136,8 +154,8 @@ def communication_bound(facts: Facts) -> Advice | None:
         return advice(facts, "communication_bound",
                       "communication is exposed on the critical path", evidence, None,
                       "no time saved: by the overlap model, no compute runs beside the exposed "
-                      "collectives (beyond the last one a step) to hide them under; fewer "
-                      "bytes or fewer all-reduces shorten them (not modelled)", fewer)
+                      "collectives (beyond the last one a step) to hide them under; "
+                      f"{shorter} shorten them (not modelled)", fewer)
     return advice(facts, "communication_bound", "communication is exposed on the critical path",
                   evidence, hidden,
                   "overlap model from this run's times: the exposed collective time hides under "
