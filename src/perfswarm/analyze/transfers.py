@@ -25,7 +25,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from perfswarm.analyze.frame import Events, detail_of
+from perfswarm.analyze.frame import Events, detail_of, group_rows
 from perfswarm.analyze.stragglers import Peer, occurrences
 from perfswarm.trace.store import Run
 
@@ -80,6 +80,9 @@ def rank_transfers(run: Run, ev: Events, rank: int) -> RankTransfers:
     done = done[np.argsort(ev.ts[done], kind="stable")]
     own = rows[ev.host_busy[rows] & ~ev.host_collective[rows]
                & ~np.isin(ev.name[rows], [codes.get(SEND, -1), codes.get(RECV, -1)])]
+    # each thread's own work in start order: (starts, ends)
+    own = own[np.argsort(ev.ts[own], kind="stable")]
+    work = {tid: (ev.ts[r], ev.end[r]) for tid, r in group_rows(ev.tid[own], own).items()}
     sent: dict[Transfer, tuple[int, int]] = {}
     received: dict[Transfer, tuple[int, int, int]] = {}
     for i, row in enumerate(calls.tolist()):
@@ -94,8 +97,10 @@ def rank_transfers(run: Run, ev: Events, rank: int) -> RankTransfers:
         if at < len(mine):
             completion, posted = int(mine[at]), int(ev.ts[row])
             end = int(ev.end[completion])
-            work = own[(ev.tid[own] == ev.tid[row]) & (ev.ts[own] > posted) & (ev.ts[own] < end)]
-            received[key] = (completion, max(posted, int(ev.end[work].max(initial=posted))), end)
+            starts, ends = work.get(int(ev.tid[row]), (ev.ts[:0], ev.end[:0]))
+            inside = ends[np.searchsorted(starts, posted, side="right"):
+                          np.searchsorted(starts, end, side="left")]
+            received[key] = (completion, max(posted, int(inside.max(initial=posted))), end)
     return sent, received
 
 
