@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from trace_gz import gzip_trace
+from trace_gz import profile_steps
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -33,10 +33,5 @@ def step() -> None:
 for _ in range(3):
     step()
 out = f"ddp_gloo_rank{rank}.pt.trace.json"
-with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1),
-                            on_trace_ready=lambda p: p.export_chrome_trace(out)) as prof:
-    for _ in range(4):
-        step()
-        prof.step()
-gzip_trace(out)
+profile_steps(step, out)
 dist.destroy_process_group()

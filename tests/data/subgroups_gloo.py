@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from trace_gz import gzip_trace
+from trace_gz import profile_steps
 
 WORLD = 4
 SLEEP = {1: 0.004, 2: 0.008}  # rank -> seconds it sleeps before its subgroup's all-reduce
@@ -37,14 +37,7 @@ def run(rank: int, out_dir: str) -> None:
     for _ in range(2):
         step()
     out = os.path.join(out_dir, f"subgroups_gloo_rank{rank}.pt.trace.json")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=3,
-                                                                 repeat=1),
-                                on_trace_ready=lambda p: p.export_chrome_trace(out)) as prof:
-        for _ in range(4):
-            step()
-            prof.step()
-    gzip_trace(out)
+    profile_steps(step, out, activities=[torch.profiler.ProfilerActivity.CPU])
     dist.destroy_process_group()
 
 
