@@ -1,5 +1,6 @@
-"""perf's samples named where perf alone cannot: oneDNN's JIT kernels from the perf map the
-recorder has oneDNN write, and every library the program maps, perf started before its exec."""
+"""perf's samples named where perf alone cannot: oneDNN's JIT kernels from the perf map oneDNN
+writes (ONEDNN_JIT_PROFILE=2), kept with the recording, and every library the program maps,
+perf started before its exec."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from perfswarm.recorder.perf import PerfCollector
-from perfswarm.recorder.session import RecordOptions, record
-from perfswarm.trace.readers.perf import jit_names, parse_script
+from perfswarm.recorder.session import Child, RecordOptions, record
+from perfswarm.trace.readers.perf import jit_names, parse_script, read_perf_data
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -52,22 +53,16 @@ def test_jit_frames_named_from_the_kept_perf_map(tmp_path: Path) -> None:
         "[unknown]", "[unknown]", "main"]
 
 
-def test_onednn_gets_a_perf_map_unless_the_environment_says(tmp_path: Path) -> None:
-    perf = PerfCollector(tmp_path, 99)
-    if perf.exe is None:
-        pytest.skip("perf not found")
-    assert perf.env({"PATH": "/bin"}) == {"ONEDNN_JIT_PROFILE": "2"}
-    assert PerfCollector(tmp_path, 99).env({"DNNL_JIT_PROFILE": "1"}) == {}
-    assert PerfCollector(tmp_path, 99).env({"ONEDNN_JIT_PROFILE": "0"}) == {}
-
-
 @pytest.fixture(scope="module")
 def conv_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     torch = pytest.importorskip("torch")
     if not torch.backends.mkldnn.is_available():
         pytest.skip("torch without oneDNN")
     out = tmp_path_factory.mktemp("jit") / "conv.run"
-    result = record([PY, "-c", CONV], out, RecordOptions(collectors=("perf",), perf_hz=499))
+    result = record([PY, "-c", CONV], out, RecordOptions(collectors=("perf",), perf_hz=499),
+                    child=Child(env={**os.environ, "ONEDNN_JIT_PROFILE": "2"}))
+    Path(f"/tmp/perf-{result.run.manifest()['extra']['record']['pid']}.map").unlink(
+        missing_ok=True)  # oneDNN's, left in /tmp for the program's user; the Run has a copy
     status = result.run.manifest()["collectors"]["perf"]["status"]
     if status != "ok":
         pytest.skip(f"perf {status}")
@@ -81,10 +76,10 @@ def _script(data: Path, *args: str) -> str:
 
 def test_onednn_jit_kernels_named(conv_run: Run) -> None:
     """Every sampled frame in oneDNN's JIT code has the name of its kernel, read here off the
-    raw perf.data and the perf map the recorder moved out of /tmp into the recording."""
+    raw perf.data and the perf map the recorder copied out of /tmp into the recording."""
     pid = conv_run.manifest()["extra"]["record"]["pid"]
     kept = conv_run.path / "raw" / f"perf-{pid}.map"
-    assert kept.is_file() and not Path(f"/tmp/perf-{pid}.map").exists()
+    assert kept.is_file()
     spans = [(int(a, 16), int(a, 16) + int(n, 16), name) for a, n, name in
              (ln.split(" ", 2) for ln in kept.read_text().splitlines())]
     dso = f"/tmp/perf-{pid}.map"
@@ -94,6 +89,10 @@ def test_onednn_jit_kernels_named(conv_run: Run) -> None:
                                _script(conv_run.path / "raw" / "perf.data", "-F", "ip,sym,dso"),
                                re.MULTILINE))
     assert expected and all(name.startswith("jit_") for name in expected)
+    # read again, /tmp's map gone: the names come from the kept copy
+    assert not Path(dso).exists()
+    again = read_perf_data("perf", conv_run.path / "raw" / "perf.data")
+    assert sorted(f for s in again for f, m, _ in s.frames if m == dso) == expected
     s = conv_run.table("samples").to_pydict()
     st = conv_run.table("stacks").to_pydict()
     frames = [(sid, f) for sid, f, m in zip(st["stack_id"], st["function"], st["module"],
@@ -117,3 +116,15 @@ def test_perf_sees_the_exec(conv_run: Run) -> None:
     executable = os.path.realpath(PY)
     torch_cpu = next(p for p in mapped if p.endswith("/libtorch_cpu.so"))
     assert mapped[executable] > 0 and mapped[torch_cpu] > mapped[executable]
+
+
+def test_perf_exiting_at_once_leaves_it_unavailable(tmp_path: Path) -> None:
+    """perf that exits before it reads its control pipe (no such process) is not waited for
+    and fails nothing: the collector is unavailable, with perf's reason."""
+    perf = PerfCollector(tmp_path, 99)
+    if perf.exe is None:
+        pytest.skip("perf not found")
+    fds = len(os.listdir("/proc/self/fd"))
+    perf.start(999_999_999)
+    assert perf.state.startswith("unavailable: ") and perf.proc is None
+    assert len(os.listdir("/proc/self/fd")) == fds  # its control pipes closed

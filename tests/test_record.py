@@ -1130,9 +1130,11 @@ def test_torch_child_tears_cupti_down(tmp_path: Path, monkeypatch: pytest.Monkey
     from perfswarm.recorder.torch_profiler import TorchCollector
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-    assert TorchCollector(tmp_path, 1, 1).env({})["TEARDOWN_CUPTI"] == "1"
-    assert TorchCollector(tmp_path, 1, 1).env({"TEARDOWN_CUPTI": "0"})["TEARDOWN_CUPTI"] == "0"
+    assert TorchCollector(tmp_path, 1, 1).env()["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    assert TorchCollector(tmp_path, 1, 1).env()["TEARDOWN_CUPTI"] == "0"
     script = "import os; print(os.environ['TEARDOWN_CUPTI'])"
+    monkeypatch.delenv("TEARDOWN_CUPTI")
     out = tmp_path / "printed.txt"
     with out.open("wb") as f:
         result = record([sys.executable, "-c", script], tmp_path / "t.run",

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -53,8 +53,8 @@ class Collector:
         self.raw = raw
         self.state = "ok"
 
-    def env(self, child_env: Mapping[str, str]) -> dict[str, str]:
-        """Variables the child needs, given the environment it would have without them."""
+    def env(self) -> dict[str, str]:
+        """Variables the child needs (only the torch collector sets any)."""
         return {}
 
     def before_child(self) -> None:

@@ -17,10 +17,10 @@ hears only of those made while its events are on, so a library mapped in between
 imported as perf started) left every sample in it without a module or function.
 
 oneDNN's JIT kernels live in anonymous executable memory, which perf can only name from the
-perf map a JIT writes, /tmp/perf-PID.map. The child gets ONEDNN_JIT_PROFILE=2 (oneDNN writes
-that map; its cost: docs/benchmarks.md) unless its environment sets ONEDNN_JIT_PROFILE or
-DNNL_JIT_PROFILE itself; the maps of the recorded processes are kept in the recording
-(moved from /tmp where this set the variable, copied otherwise), where the reader finds them.
+perf map a JIT writes, /tmp/perf-PID.map (oneDNN writes one where ONEDNN_JIT_PROFILE=2; the
+recorder does not set it: under perf it measured 1.14-1.24x slower steps, docs/benchmarks.md).
+The maps of the recorded process and the children seen of it are copied into the recording,
+where the reader finds them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import re
 import select
 import shutil
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 
 from perfswarm.errors import ParameterError
@@ -44,8 +43,6 @@ SOFTWARE = frozenset({"context-switches", "cs", "page-faults", "faults", "minor-
                       "emulation-faults"})
 HARDWARE_PERIOD = 100_000  # default sample period of any other event (cycles, cache-misses)
 ENABLE_TIMEOUT_S = 30.0  # perf's acknowledgement that its events are on (0.3 s here)
-JIT_PROFILE = ("ONEDNN_JIT_PROFILE", "DNNL_JIT_PROFILE")  # oneDNN's names, new and old
-PERF_MAP_ONLY = "2"  # oneDNN's flag for the perf map alone (6 adds a jitdump, 14 TSC stamps)
 _EVENT_NAME = re.compile(r"^[A-Za-z][\w.:-]*$", re.ASCII)
 
 
@@ -93,7 +90,6 @@ class PerfCollector(ToolCollector):
         super().__init__(raw, hz)
         self.events: tuple[tuple[str, int], ...] = ()
         self.refused: dict[str, str] = {}
-        self.jit_profile_set = False  # the child got ONEDNN_JIT_PROFILE from us
         self.pids: set[int] = set()  # the recorded process and the children seen of it
         self._control: tuple[int, ...] = ()  # our ends of the running perf's control pipes
         if self.exe is None:
@@ -113,15 +109,11 @@ class PerfCollector(ToolCollector):
     def clock_offset(self, monotonic_offset: int) -> int | None:
         return monotonic_offset
 
-    def env(self, child_env: Mapping[str, str]) -> dict[str, str]:
-        if self.exe is None or any(name in child_env for name in JIT_PROFILE):
-            return {}
-        self.jit_profile_set = True
-        return {JIT_PROFILE[0]: PERF_MAP_ONLY}
-
     def start(self, pid: int) -> None:
         self.pids.add(pid)
         super().start(pid)
+        if self.proc is None:  # perf exited at once: its pipes go with it
+            self._close_control()
 
     def launch(self, argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """perf started with its events off, then enabled: back once it says they are on (or
@@ -143,7 +135,10 @@ class PerfCollector(ToolCollector):
         finally:
             os.close(ctl_read)
             os.close(ack_write)
-        os.write(ctl_write, b"enable\n")
+        try:
+            os.write(ctl_write, b"enable\n")
+        except BrokenPipeError:  # perf exited at once (ToolCollector.start says why)
+            return proc
         said = b""
         while b"ack" not in said and select.select([ack_read], [], [], ENABLE_TIMEOUT_S)[0]:
             more = os.read(ack_read, 64)
@@ -154,6 +149,9 @@ class PerfCollector(ToolCollector):
 
     def _end(self) -> None:
         super()._end()
+        self._close_control()
+
+    def _close_control(self) -> None:
         for fd in self._control:
             os.close(fd)
         self._control = ()
@@ -166,11 +164,8 @@ class PerfCollector(ToolCollector):
         super().stop()
         for pid in sorted(self.pids):
             written = Path(f"/tmp/perf-{pid}.map")
-            if written.is_file():
-                if self.jit_profile_set:
-                    shutil.move(written, self.raw / written.name)
-                else:
-                    shutil.copyfile(written, self.raw / written.name)
+            if written.is_file():  # the program's to keep: copied
+                shutil.copyfile(written, self.raw / written.name)
 
     def files(self) -> list[str]:
         return [*super().files(), *(f"perf-{pid}.map" for pid in sorted(self.pids)

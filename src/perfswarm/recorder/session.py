@@ -204,9 +204,8 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     collectors = make_collectors(options.collectors, raw, options)
     manifest = new_manifest(command)
     env = dict(os.environ if how.env is None else how.env)
-    base = dict(env)
     for c in collectors:
-        env.update(c.env(base))
+        env.update(c.env())
     offset_start = monotonic_offset_ns()
     start_ns = time.time_ns()
     for c in collectors:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
 import orjson
@@ -46,8 +45,8 @@ class TorchCollector(Collector):
         self._live_pos = 0
         self._live_ns: list[int] = []
 
-    def env(self, child_env: Mapping[str, str]) -> dict[str, str]:
-        path = child_env.get("PYTHONPATH", "")
+    def env(self) -> dict[str, str]:
+        path = os.environ.get("PYTHONPATH", "")
         return {
             "PYTHONPATH": str(INJECT) + (os.pathsep + path if path else ""),
             "PERFSWARM_RECORD_DIR": str(self.raw),
@@ -60,7 +59,7 @@ class TorchCollector(Collector):
             # H200, nanoGPT's steps after the window then ran 1.6x their bare time (CUDA 12.6 on
             # tears down safely; torch itself sets 0 where CUDA graphs need it). The user's own
             # setting stands.
-            "TEARDOWN_CUPTI": child_env.get("TEARDOWN_CUPTI", "1"),
+            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI", "1"),
         }
 
     def files(self) -> list[str]:
