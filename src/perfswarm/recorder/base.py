@@ -17,18 +17,23 @@ Clock = Callable[[], int]
 SAMPLER_HZ = 20.0  # the system and GPU samplers' default rate
 
 
-# Sets PR_SET_PDEATHSIG (1) to SIGKILL (9), which survives exec, then execs the command.
+# Sets PR_SET_PDEATHSIG (1) to SIGKILL (9), which survives exec, waits for the hold fd (-1:
+# none) to be written to or closed, then execs the command.
 _DIES_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
                      "os.getppid() == int(sys.argv[1]) or os._exit(1); "
-                     "os.execvp(sys.argv[2], sys.argv[2:])")
+                     "h = int(sys.argv[2]); h < 0 or (os.read(h, 1), os.close(h)); "
+                     "os.execvp(sys.argv[3], sys.argv[3:])")
 
 
-def dies_with_parent(argv: list[str]) -> list[str]:
+def dies_with_parent(argv: list[str], hold: int = -1) -> list[str]:
     """`argv` run so that it is SIGKILLed when this process dies (even by SIGKILL, which
     leaves no handler to clean up): a killed recorder orphans neither the workload nor perf or
     py-spy. An isolated Python (no site, no PYTHON* variables) sets it and execs `argv`, so
-    the pid is the command's; no preexec_fn, which is unsafe beside the sampler threads."""
-    return [sys.executable, "-I", "-S", "-c", _DIES_WITH_PARENT, str(os.getpid()), *argv]
+    the pid is the command's; no preexec_fn, which is unsafe beside the sampler threads.
+    `hold`: a pipe's read end (passed to the child) it waits on before the exec, until the
+    write end is written to or closed."""
+    return [sys.executable, "-I", "-S", "-c", _DIES_WITH_PARENT, str(os.getpid()), str(hold),
+            *argv]
 
 
 class Collector:
@@ -40,6 +45,9 @@ class Collector:
 
     name = ""
     unit = ""  # what count() counts, for the live status line ("" : nothing to count live)
+    # started while the child is held before its exec (a recorded command's): it sees all
+    # the program does, every library it maps included
+    before_exec = False
 
     def __init__(self, raw: Path) -> None:
         self.raw = raw

@@ -9,15 +9,31 @@ probed first with `perf stat`: one perf refuses (a hardware counter a VM does
 not expose reads `<not supported>`) is left out, the reason kept for the
 manifest. perf falls back from a refused `cycles` to cpu-clock without a word,
 so it cannot be left to perf record to refuse.
+
+perf starts with its events off (`-D -1`) and is told to enable them over its control pipe;
+its acknowledgement means it is sampling. A recorded command is held before its exec until
+then (Collector.before_exec): perf, attached by pid, reads the process's mappings once and
+hears only of those made while its events are on, so a library mapped in between (torch's,
+imported as perf started) left every sample in it without a module or function.
+
+oneDNN's JIT kernels live in anonymous executable memory, which perf can only name from the
+perf map a JIT writes, /tmp/perf-PID.map (oneDNN writes one where ONEDNN_JIT_PROFILE=2; the
+recorder does not set it: under perf it measured 1.14-1.24x slower steps, docs/benchmarks.md).
+The maps of the recorded process and the children seen of it are copied into the recording,
+where the reader finds them.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import select
+import shutil
 import subprocess
 from pathlib import Path
 
 from perfswarm.errors import ParameterError
+from perfswarm.recorder.system import tree_pids
 from perfswarm.recorder.tools import ToolCollector
 from perfswarm.trace.readers.perf import STACKS_EVENT
 
@@ -26,6 +42,7 @@ SOFTWARE = frozenset({"context-switches", "cs", "page-faults", "faults", "minor-
                       "major-faults", "cpu-migrations", "migrations", "alignment-faults",
                       "emulation-faults"})
 HARDWARE_PERIOD = 100_000  # default sample period of any other event (cycles, cache-misses)
+ENABLE_TIMEOUT_S = 30.0  # perf's acknowledgement that its events are on (0.3 s here)
 _EVENT_NAME = re.compile(r"^[A-Za-z][\w.:-]*$", re.ASCII)
 
 
@@ -67,11 +84,14 @@ class PerfCollector(ToolCollector):
     tool = "perf"
     output = "perf.data"
     spins = True  # perf 6.1 -p, once a thread it follows exits (ToolCollector.watch)
+    before_exec = True
 
     def __init__(self, raw: Path, hz: int, events: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__(raw, hz)
         self.events: tuple[tuple[str, int], ...] = ()
         self.refused: dict[str, str] = {}
+        self.pids: set[int] = set()  # the recorded process and the children seen of it
+        self._control: tuple[int, ...] = ()  # our ends of the running perf's control pipes
         if self.exe is None:
             self.refused = {e: f"{self.tool} not found" for e, _ in events}
             return
@@ -88,6 +108,68 @@ class PerfCollector(ToolCollector):
 
     def clock_offset(self, monotonic_offset: int) -> int | None:
         return monotonic_offset
+
+    def start(self, pid: int) -> None:
+        self.pids.add(pid)
+        super().start(pid)
+        if self.proc is None:  # perf exited at once: its pipes go with it
+            self._close_control()
+
+    def launch(self, argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+        """perf started with its events off, then enabled: back once it says they are on (or
+        it has exited, or ENABLE_TIMEOUT_S passed). Our ends of its control pipes stay open
+        while it runs: perf 6.1 stops at once, writing no samples, when its control fd hangs
+        up ("Thread and evlist pollfd index mismatch")."""
+        ctl_read, ctl_write = os.pipe()
+        ack_read, ack_write = os.pipe()
+        self._control = (ctl_write, ack_read)
+        try:
+            proc = super().launch([*argv[:2], "-D", "-1", "--control",
+                                   f"fd:{ctl_read},{ack_write}", *argv[2:]],
+                                  (*pass_fds, ctl_read, ack_write))
+        except BaseException:
+            os.close(ctl_write)
+            os.close(ack_read)
+            self._control = ()
+            raise
+        finally:
+            os.close(ctl_read)
+            os.close(ack_write)
+        try:
+            os.write(ctl_write, b"enable\n")
+        except BrokenPipeError:  # perf exited at once (ToolCollector.start says why)
+            return proc
+        said = b""
+        while b"ack" not in said and select.select([ack_read], [], [], ENABLE_TIMEOUT_S)[0]:
+            more = os.read(ack_read, 64)
+            if not more:  # perf exited
+                break
+            said += more
+        return proc
+
+    def _end(self) -> None:
+        super()._end()
+        self._close_control()
+
+    def _close_control(self) -> None:
+        for fd in self._control:
+            os.close(fd)
+        self._control = ()
+
+    def watch(self, pid: int, elapsed_s: float) -> None:
+        self.pids.update(tree_pids(pid))
+        super().watch(pid, elapsed_s)
+
+    def stop(self) -> None:
+        super().stop()
+        for pid in sorted(self.pids):
+            written = Path(f"/tmp/perf-{pid}.map")
+            if written.is_file():  # the program's to keep: copied
+                shutil.copyfile(written, self.raw / written.name)
+
+    def files(self) -> list[str]:
+        return [*super().files(), *(f"perf-{pid}.map" for pid in sorted(self.pids)
+                                    if (self.raw / f"perf-{pid}.map").is_file())]
 
     def argv(self, pid: int) -> list[str]:
         assert self.exe is not None

@@ -211,16 +211,32 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     for c in collectors:
         c.before_child()
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child = subprocess.Popen(dies_with_parent(command), env=env, process_group=0,
-                             stdout=how.output,
-                             stderr=subprocess.STDOUT if how.output is not None else None)
+    # The child waits before its exec until the collectors that must see it from there on
+    # (perf: every library it maps) have started, then the others attach to the program.
+    hold, release = os.pipe()
+    try:
+        child = subprocess.Popen(dies_with_parent(command, hold), env=env, process_group=0,
+                                 stdout=how.output, pass_fds=(hold,),
+                                 stderr=subprocess.STDOUT if how.output is not None else None)
+    except BaseException:
+        os.close(release)
+        raise
+    finally:
+        os.close(hold)
     forwarded: list[tuple[int, float]] = []  # (signal, when), as the handler forwards them
     previous = {sig: signal.signal(sig, _forward(child, forwarded)) for sig in FORWARDED}
     escalated = False
     stopped: str | None = None
     try:
+        try:
+            for c in collectors:
+                if c.before_exec:
+                    c.start(child.pid)
+        finally:
+            os.close(release)  # the child execs the command
         for c in collectors:
-            c.start(child.pid)
+            if not c.before_exec:
+                c.start(child.pid)
         save_state(finish(collectors, raw, copy.deepcopy(manifest), options, child.pid,
                           start_ns, (offset_start, offset_start)))
         t0 = time.monotonic()

@@ -57,10 +57,11 @@ class ToolCollector(Collector):
             self.unavailable(self._reason())
             self.proc = None
 
-    def launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    def launch(self, argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         with self.log.open("ab" if self.restarts else "wb") as log:
             self.proc = subprocess.Popen(dies_with_parent(argv), stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         pass_fds=pass_fds)
         return self.proc
 
     def _reason(self) -> str:

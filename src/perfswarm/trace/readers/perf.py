@@ -1,8 +1,14 @@
 """`perf script` text of a perf.data file (recorder/perf.py): stack samples (cpu-clock) and the
-other events' samples, each stamped on CLOCK_MONOTONIC."""
+other events' samples, each stamped on CLOCK_MONOTONIC.
+
+perf names code in a process's anonymous executable memory (JIT kernels: oneDNN's) by
+/tmp/perf-PID.map, the perf map the JIT writes there; the recorder keeps that file beside
+perf.data (recorder/perf.py), where `jit_names` reads it when perf could not.
+"""
 
 from __future__ import annotations
 
+import bisect
 import re
 import subprocess
 from collections.abc import Sequence
@@ -23,6 +29,11 @@ _HEADER = re.compile(r"(\d+)/(\d+)\s+(\d+)\.(\d{9}):(?:\s+(\d+)\s+([^\s/:]+)\S*:
 _FRAME = re.compile(r"\s*([0-9a-fA-F]+)\s+(.*) \(((?:[^()]++|\([^()]*+\))*+)\)\s*$", re.ASCII)
 
 Frame = tuple[str, str, int]  # function, module (dso), address
+UNKNOWN = "[unknown]"
+# the dso perf gives a sample in a process's anonymous executable memory
+PERF_MAP = re.compile(r"/tmp/perf-(\d+)\.map", re.ASCII)
+# a perf map's line: START SIZE name (hex, no 0x needed; the name may hold spaces)
+_MAP_LINE = re.compile(r"(?:0x)?([0-9a-fA-F]+) (?:0x)?([0-9a-fA-F]+) (.+)", re.ASCII)
 
 
 @dataclass
@@ -66,11 +77,46 @@ def parse_script(text: str, source: Path) -> list[Sample]:
     return samples
 
 
+def read_perf_map(path: Path) -> tuple[list[int], list[tuple[int, str]]]:
+    """A perf map's symbols sorted by start: (starts, (end, name) of each); lines of another
+    shape are skipped, and a later line for the same start wins (a JIT reusing the address)."""
+    spans: dict[int, tuple[int, str]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        m = _MAP_LINE.fullmatch(line.strip())
+        if m and len(m[1]) <= 16 and len(m[2]) <= 16:
+            start = int(m[1], 16)
+            spans[start] = (start + int(m[2], 16), m[3])
+    starts = sorted(spans)
+    return starts, [spans[s] for s in starts]
+
+
+def jit_names(samples: Sequence[Sample], maps: Path) -> None:
+    """Name, in place, the frames perf left unknown in /tmp/perf-PID.map from the perf map
+    `maps`/perf-PID.map kept with the recording (a frame outside its spans stays unknown)."""
+    tables: dict[str, tuple[list[int], list[tuple[int, str]]] | None] = {}
+    for s in samples:
+        for i, (sym, dso, address) in enumerate(s.frames):
+            if sym != UNKNOWN or not (m := PERF_MAP.fullmatch(dso)):
+                continue
+            if dso not in tables:
+                kept = maps / f"perf-{m[1]}.map"
+                tables[dso] = read_perf_map(kept) if kept.is_file() else None
+            table = tables[dso]
+            if table is None:
+                continue
+            starts, spans = table
+            at = bisect.bisect_right(starts, address) - 1
+            if at >= 0 and address < spans[at][0]:
+                s.frames[i] = (spans[at][1], dso, address)
+
+
 def read_perf_data(exe: str, data: Path) -> list[Sample]:
     out = subprocess.run([exe, "script", "-i", str(data), "-F", SCRIPT_FIELDS, "--ns"],
                          capture_output=True, text=True, errors="replace", check=False,
                          timeout=600)
-    return parse_script(out.stdout, data)
+    samples = parse_script(out.stdout, data)
+    jit_names(samples, data.parent)
+    return samples
 
 
 def event_counters(samples: Sequence[Sample], offset_ns: int, interval_ns: int) -> list[Row]:
