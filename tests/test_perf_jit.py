@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfswarm.recorder.perf import PerfCollector
+from perfswarm.recorder.perf import PerfCollector, own_file
 from perfswarm.recorder.session import Child, RecordOptions, record
 from perfswarm.trace.readers.perf import jit_names, parse_script, read_perf_data
 from perfswarm.trace.store import Run
@@ -128,3 +128,17 @@ def test_perf_exiting_at_once_leaves_it_unavailable(tmp_path: Path) -> None:
     perf.start(999_999_999)
     assert perf.state.startswith("unavailable: ") and perf.proc is None
     assert len(os.listdir("/proc/self/fd")) == fds  # its control pipes closed
+
+
+def test_only_a_perf_map_of_ours_that_is_no_link_is_copied(tmp_path: Path) -> None:
+    """/tmp is everyone's: a perf map is kept only where it is a plain file of this user's (a
+    link to one of our files elsewhere is not followed into the Run)."""
+    mine = tmp_path / "perf-1.map"
+    mine.write_text("7f0000001000 40 jit_kernel\n")
+    secret = tmp_path / "secret"
+    secret.write_text("not a perf map\n")
+    link = tmp_path / "perf-2.map"
+    link.symlink_to(secret)
+    assert own_file(mine)
+    assert not own_file(link) and not own_file(tmp_path / "perf-3.map")
+    assert not own_file(tmp_path)

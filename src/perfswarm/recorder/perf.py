@@ -29,6 +29,7 @@ import os
 import re
 import select
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -164,7 +165,7 @@ class PerfCollector(ToolCollector):
         super().stop()
         for pid in sorted(self.pids):
             written = Path(f"/tmp/perf-{pid}.map")
-            if written.is_file():  # the program's to keep: copied
+            if own_file(written):  # the program's to keep: copied
                 shutil.copyfile(written, self.raw / written.name)
 
     def files(self) -> list[str]:
@@ -177,3 +178,14 @@ class PerfCollector(ToolCollector):
                  for a in ("-e", f"{event}/period={period},call-graph=no/")]
         return [self.exe, "record", "-e", STACKS_EVENT, *extra, "-g", "-k", "CLOCK_MONOTONIC",
                 "-F", str(self.hz), "-p", str(pid), "-o", str(self.raw / self.output)]
+
+
+def own_file(path: Path) -> bool:
+    """Whether `path` is a plain file of this user's, not a link: /tmp is everyone's, and a
+    perf map another user left under a recorded pid's name (or a link to a file of ours
+    elsewhere) is not copied into the Run."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
