@@ -144,8 +144,8 @@ class OpCosts:
 
 def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> tuple[I64, I64]:
     """Each costed row and the row whose work it counts as, per thread (two arrays, no
-    object per op: this runs at a report's peak): itself for a counted op,
-    its counted ancestor for an implementation detail. An op that has a costed op of its own
+    object per op: this runs at a report's peak): itself for a counted op, its counted
+    ancestor for an implementation detail. An op that has a costed op of its own
     family, or one doing FLOPs, inside it dispatched its work there and is not counted (the
     conv2d around mkldnn_convolution, an SDPA around its bmms); a FLOP-less op of another
     family inside a counted op is a detail of it (the bias copy_ inside an addmm, the
