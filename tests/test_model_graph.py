@@ -252,16 +252,16 @@ def test_nccl_graph_shape(corpus_runs: dict[str, Run]) -> None:
 
 
 def test_graph_arrays_take_the_bytes_their_values_need(corpus_runs: dict[str, Run]) -> None:
-    # held through the whole prediction: a node's role in one byte and its rank in four (69
-    # bytes a node, not 80), an edge's points in one byte each (26 bytes an edge, not 40);
-    # their values as in 64 bits
+    # held through the whole prediction: a node's role in one byte, its rank, event rows, lane
+    # and predecessor in four (53 bytes a node, not 80), an edge's points in one byte each and
+    # its nodes in four (18 bytes an edge, not 40); their values as in 64 bits
     run = corpus_runs["nccl"]
     ev = Events.load(run)
     g = build_graph(ev, dependencies(ev, sync_events(run, ev)), iterations(run, ev).steps)
     nodes = (g.row, g.top, g.role, g.lane, g.rank, g.ts, g.end, g.dur, g.gap, g.prev)
     edges = (g.src, g.src_point, g.dst, g.dst_point, g.lag)
-    assert sum(a.nbytes for a in nodes) == 69 * len(g) == 69 * 47962
-    assert sum(a.nbytes for a in edges) == 26 * len(g.src)
+    assert sum(a.nbytes for a in nodes) == 53 * len(g) == 53 * 47962
+    assert sum(a.nbytes for a in edges) == 18 * len(g.src)
     assert sorted(np.unique(g.role).tolist()) == [HOST, DEVICE, ANCHOR]
     assert np.unique(g.rank).tolist() == [0]
     assert sorted(np.unique(g.src_point).tolist()) == sorted(np.unique(g.dst_point).tolist()) \

@@ -287,7 +287,7 @@ def texts_of(run: Run, column: str, rows: I64, rank: int | None = None) -> list[
     return out
 
 
-def int_array(values: I64) -> array[int]:
+def int_array(values: I64 | I32) -> array[int]:
     """`values` as a Python array of machine ints: what a per-event Python loop iterates as
     fast as a list, in 8 bytes an entry where a list of ints (beyond the small ones Python
     shares) takes 40."""

@@ -54,7 +54,7 @@ HOST, DEVICE, ANCHOR = 0, 1, 2
 # Points of a node.
 START, END = 0, 1
 # An edge's columns (src, src_point, dst, dst_point, lag)
-_EDGE_DTYPES: Final = (np.int64, np.int8, np.int64, np.int8, np.int64)
+_EDGE_DTYPES: Final = (np.int32, np.int8, np.int32, np.int8, np.int64)
 
 
 @dataclass(frozen=True)
@@ -73,25 +73,27 @@ class Lags:
 @dataclass(frozen=True, eq=False)
 class Graph:
     """Nodes (arrays indexed by node id) and dependency edges between their points. Roles,
-    points and ranks in the fewest bytes that hold them: the graph is held through the whole
-    prediction, a command's peak (158k nodes and 79k edges at 200k trace events)."""
+    points and ranks in the fewest bytes that hold them, event rows and node ids in 32 bits
+    (a Run's events and a graph's nodes are fewer than 2**31; times stay 64): the graph is held
+    through the whole prediction, a command's peak (158k nodes and 79k edges at 200k trace
+    events)."""
 
-    row: I64  # event row (a host node's: the innermost event of its piece), -1 for anchors
-    top: I64  # a host node's outermost event (the op its thread called), else -1
+    row: I32  # event row (a host node's: the innermost event of its piece), -1 for anchors
+    top: I32  # a host node's outermost event (the op its thread called), else -1
     role: I8  # HOST, DEVICE or ANCHOR
-    lane: I64  # lane index (host thread or device stream)
+    lane: I32  # lane index (host thread or device stream)
     lane_is_host: tuple[bool, ...]
     rank: I32
     ts: I64  # measured start
     end: I64  # measured end
     dur: I64  # duration to simulate (measured; a sync call's: its duration when it did not wait)
     gap: I64  # lane predecessor's end -> start; for a lane's first host node, from `origin`
-    prev: I64  # lane predecessor, -1 for the first node of a lane
+    prev: I32  # lane predecessor, -1 for the first node of a lane
     origin: int  # the earliest measured start: where host lanes begin
     # dependency edges: node `dst`'s point `dst_point` >= node `src`'s point `src_point` + lag
-    src: I64
+    src: I32
     src_point: I8
-    dst: I64
+    dst: I32
     dst_point: I8
     lag: I64
     steps: Mapping[int, tuple[tuple[int, int, int], ...]]  # rank -> (step, start, end anchors)
@@ -359,10 +361,11 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
     src, src_point, dst, dst_point, lag = (
         np.concatenate([np.asarray(e[i], kind) for e in b.edges]) if b.edges
         else np.zeros(0, kind) for i, kind in enumerate(_EDGE_DTYPES))
-    lanes = b.column(3)
-    return Graph(b.column(0), b.column(1), b.column(2).astype(np.int8), lanes,
+    lanes = b.column(3).astype(np.int32)
+    return Graph(b.column(0).astype(np.int32), b.column(1).astype(np.int32),
+                 b.column(2).astype(np.int8), lanes,
                  tuple(b.lane_is_host), np.array(b.lane_rank, np.int32)[lanes],
-                 ts, ts + b.column(5), dur, gap, prev, origin,
+                 ts, ts + b.column(5), dur, gap, prev.astype(np.int32), origin,
                  src, src_point, dst, dst_point, lag,
                  {r: tuple(sorted(a)) for r, a in sorted(anchors.items()) if a}, lags)
 

@@ -142,9 +142,10 @@ class OpCosts:
                 "kernels": [k.to_dict() for k in self.kernels]}
 
 
-def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> dict[int, int]:
-    """Costed row -> the row whose work it counts as, per thread: itself for a counted op,
-    its counted ancestor for an implementation detail. An op that has a costed op of its own
+def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> tuple[I64, I64]:
+    """Each costed row and the row whose work it counts as, per thread (two arrays, no
+    object per op: this runs at a report's peak): itself for a counted op, its counted
+    ancestor for an implementation detail. An op that has a costed op of its own
     family, or one doing FLOPs, inside it dispatched its work there and is not counted (the
     conv2d around mkldnn_convolution, an SDPA around its bmms); a FLOP-less op of another
     family inside a counted op is a detail of it (the bias copy_ inside an addmm, the
@@ -175,7 +176,7 @@ def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> dict[int, int]:
         free = ~dispatched[at]
         owner[mine[free]] = at[free]
         at, mine = parent[at[~free]], mine[~free]
-    return dict(zip(order[counted].tolist(), order[owner].tolist(), strict=True))
+    return order[counted], order[owner]
 
 
 def _shape_text(shapes: Shapes) -> str:
@@ -225,18 +226,18 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
     costed = costed_ops(run, ev, rank)
     costs = {row: cost for row, (cost, _) in costed.items()}  # changed below: a copy
-    shapes = {row: found for row, (_, found) in costed.items()}
-    owner = _counted_ops(ev, costs)
-    counted = sorted(r for r, o in owner.items() if r == o)
+    owned, owner = _counted_ops(ev, costs)
+    at_counted = np.sort(owned[owned == owner])
+    counted = at_counted.tolist()
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     shape_text = functools.cache(_shape_text)  # many rows share one recorded Shapes
-    texts = {row: shape_text(shapes[row]) for row in counted}
-    time = dict(zip(counted, ev.dur[counted].tolist(), strict=True))
+    texts = {row: shape_text(costed[row][1]) for row in counted}
+    time = ev.dur[at_counted]  # each counted op's ns, as `counted`
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]] = {}
     if len(device):
         ext = np.asarray(run.table("events", ["external_id"], rank=rank).column("external_id")
                          .to_numpy(), np.int64)
-        dev_rows, op_rows = _launches(ev, ext, device, owner)
+        dev_rows, op_rows = _launches(ev, ext, device, owned, owner)
         # an FP32 op whose kernels ran on tensor cores did TF32 work: its roofline, its dtype
         tensor_core = [i for i, n in enumerate(ev.names) if is_tensor_core(n)]
         tf32 = functools.cache(tf32_if_fp32)
@@ -246,8 +247,7 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         dur = ev.dur[dev_rows]
         ops, op_of = np.unique(op_rows, return_inverse=True)
         launched = _sums(op_of, dur, len(ops))  # each op's kernels' time
-        time = {row: int(ns) for row, ns in zip(counted, _lookup(ops, launched, counted),
-                                                 strict=True)}
+        time = np.asarray(_lookup(ops, launched, at_counted), np.int64)
         op_ns = int(ev.dur[device].sum())
         text_id = {t: i for i, t in enumerate(dict.fromkeys(texts.values()))}
         op_text = np.full(len(ev), -1, np.int64)
@@ -271,23 +271,24 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
     groups: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
-    for row, name in zip(counted, ev.name[counted].tolist(), strict=True):
+    for row, name, own_ns in zip(counted, ev.name[at_counted].tolist(), time.tolist(),
+                                   strict=True):
         key = (ev.names[name], texts[row])
         _cost, count, ns = groups.get(key, (costs[row], 0, 0))
-        groups[key] = (costs[row], count + 1, ns + time[row])
+        groups[key] = (costs[row], count + 1, ns + own_ns)
     rows: list[int] = []
-    at = np.asarray(counted, np.int64)
     if counted:  # the first op's step on its thread, in time order
+        at = at_counted
         first = int(at[np.argmin(ev.ts[at])])
         same = at[(ev.step[at] == ev.step[first]) & (ev.tid[at] == ev.tid[first])]
         rows = same[np.argsort(ev.ts[same], kind="stable")].tolist()
     flops = np.asarray([costs[r].flops for r in counted], np.float64)
-    phase = phases(ev, at)
+    phase = phases(ev, at_counted)
     phase_flops = np.bincount(phase, weights=flops, minlength=len(PHASES)).tolist()
     forward = phase == PHASES.index("forward")
-    no_grad = float(flops[forward][_no_grad(run, ev, rank, at[forward])].sum())
-    return _RankOps(groups, sum(time.values()), op_ns, len(device) > 0,
-                    [costs[r] for r in rows], [shapes[r] for r in rows], phase_flops,
+    no_grad = float(flops[forward][_no_grad(run, ev, rank, at_counted[forward])].sum())
+    return _RankOps(groups, int(time.sum()), op_ns, len(device) > 0,
+                    [costs[r] for r in rows], [costed[r][1] for r in rows], phase_flops,
                     no_grad, kernels)
 
 
@@ -326,18 +327,17 @@ def _no_grad(run: Run, ev: Events, rank: int, rows: I64) -> Mask:
     return out
 
 
-def _launches(ev: Events, external_id: I64, device: I64, owner: dict[int, int]
+def _launches(ev: Events, external_id: I64, device: I64, rows: I64, heads: I64
               ) -> tuple[I64, I64]:
     """(device rows, the counted op each counts under), in device-row order: the op that
-    launched it (dependencies.launching_ops), or the counted op it is a detail of."""
+    launched it (dependencies.launching_ops), or the counted op it is a detail of (`heads`,
+    of the costed `rows`: _counted_ops)."""
     pairs = launching_ops(ev, external_id, device)
     dev = np.fromiter(pairs, np.int64, len(pairs))
     ops = np.fromiter(pairs.values(), np.int64, len(pairs))
     order = np.argsort(dev, kind="stable")
     dev, ops = dev[order], ops[order]
-    if owner:
-        rows = np.fromiter(owner, np.int64, len(owner))
-        heads = np.fromiter(owner.values(), np.int64, len(owner))
+    if len(rows):
         ops = np.where(np.isin(ops, rows), _lookup(rows, heads, ops), ops)
     return dev, ops
 

@@ -46,6 +46,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import (
     COMPILED_CALL,
+    I32,
     I64,
     KIND,
     Events,
@@ -628,7 +629,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     if m.platform == "cpu":
         node = np.flatnonzero(m.compute)
         row_arr, pair_of = np.unique(g.row[node], return_inverse=True)
-        op_arr = row_arr
+        op_arr: I64 | I32 = row_arr
         measured = np.bincount(g.row[node], weights=g.dur[node], minlength=len(ev)
                                )[row_arr].astype(np.int64)
     else:

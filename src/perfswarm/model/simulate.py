@@ -51,19 +51,19 @@ class Schedule:
     graph: Graph
     kept: Mask  # per dependency edge
     starts_free: Mask  # per node: its start has no lane or dependency constraint but the origin
-    keys: I64  # the visited points (2 * node + point), ascending
+    keys: I32  # the visited points (2 * node + point), ascending
     anchor: I32  # per point: the index in `keys` of its lane's last key at or before it
     lane: I64  # the keys after their lane's first (by index): each follows the key before it
     first: I64  # the lanes' first keys (by index)
-    edge_point: I64  # per kept edge: its source point
-    edge_src: I64  # per kept edge: the key its source point follows (by index)
+    edge_point: I32  # per kept edge: its source point
+    edge_src: I32  # per kept edge: the key its source point follows (by index)
     # The walk's steps in a topological order of the keys they set: key step_dst >= key
     # step_src (len(keys): a zero) + that step's offset; step_of: where each step's offset is
     # in [lane steps, first keys, edges]. The loop's operands are machine-int arrays: the loop
     # iterates them as fast as lists, in 8 bytes an entry where a list of ints takes 36-40.
     step_dst: array[int]
     step_src: array[int]
-    step_of: I64
+    step_of: I32
 
     @classmethod
     def of(cls, g: Graph) -> Schedule:
@@ -105,9 +105,11 @@ class Schedule:
         step_dst = np.concatenate([lane, first, edge_dst])
         step_src = np.concatenate([lane - 1, np.full(len(first), len(keys)), edge_src])
         step_of = np.argsort(rank[step_dst], kind="stable")
-        # (anchor, 2 per node, in 32 bits: it indexes the keys, fewer than 2**31)
-        return cls(g, kept, starts_free, keys, anchor.astype(np.int32), lane, first, src[kept],
-                   edge_src, int_array(step_dst[step_of]), int_array(step_src[step_of]), step_of)
+        # (points and the indexes of keys and steps in 32 bits: fewer than 2**31; held through
+        # the whole prediction, a command's peak)
+        return cls(g, kept, starts_free, keys.astype(np.int32), anchor.astype(np.int32), lane,
+                   first, src[kept], edge_src.astype(np.int32), int_array(step_dst[step_of]),
+                   int_array(step_src[step_of]), step_of.astype(np.int32))
 
 
 def _measured_order(at: I64, src: I64, dst: I64) -> I64 | None:
