@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfswarm.recorder.perf import PerfCollector, own_file
+from perfswarm.recorder.perf import PerfCollector, controllable, own_file
 from perfswarm.recorder.session import Child, RecordOptions, record
 from perfswarm.trace.readers.perf import jit_names, parse_script, read_perf_data
 from perfswarm.trace.store import Run
@@ -142,3 +142,21 @@ def test_only_a_perf_map_of_ours_that_is_no_link_is_copied(tmp_path: Path) -> No
     assert own_file(mine)
     assert not own_file(link) and not own_file(tmp_path / "perf-3.map")
     assert not own_file(tmp_path)
+
+
+@pytest.mark.parametrize(("said", "held"), [("perf version 6.1.187", True),
+                                            ("perf version 5.10.0", True),
+                                            ("perf version 5.4.233", False),
+                                            ("perf version 4.19.0-fake", False),
+                                            ("something else", False)])
+def test_a_perf_without_control_is_started_as_before(tmp_path: Path, said: str, held: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A perf older than 5.10 has no --control nor -D -1: it is started sampling from its
+    start, as before, and the recorded command is not held for it."""
+    fake = tmp_path / "perf"
+    fake.write_text(f"#!/bin/sh\necho '{said}'\n")
+    fake.chmod(0o755)
+    assert controllable(str(fake)) is held
+    assert not controllable(str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert PerfCollector(tmp_path, 99).before_exec is held

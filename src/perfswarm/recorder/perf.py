@@ -44,6 +44,8 @@ SOFTWARE = frozenset({"context-switches", "cs", "page-faults", "faults", "minor-
                       "emulation-faults"})
 HARDWARE_PERIOD = 100_000  # default sample period of any other event (cycles, cache-misses)
 ENABLE_TIMEOUT_S = 30.0  # perf's acknowledgement that its events are on (0.3 s here)
+CONTROL_SINCE = (5, 10)  # the perf release that added --control and -D -1
+_VERSION = re.compile(r"perf version (\d+)\.(\d+)", re.ASCII)
 _EVENT_NAME = re.compile(r"^[A-Za-z][\w.:-]*$", re.ASCII)
 
 
@@ -96,6 +98,8 @@ class PerfCollector(ToolCollector):
         if self.exe is None:
             self.refused = {e: f"{self.tool} not found" for e, _ in events}
             return
+        # a perf without --control (before 5.10) samples from its start, as it always did
+        self.before_exec = controllable(self.exe)
         kept = []
         for event, period in events:
             if event == STACKS_EVENT:
@@ -121,6 +125,8 @@ class PerfCollector(ToolCollector):
         it has exited, or ENABLE_TIMEOUT_S passed). Our ends of its control pipes stay open
         while it runs: perf 6.1 stops at once, writing no samples, when its control fd hangs
         up ("Thread and evlist pollfd index mismatch")."""
+        if not self.before_exec:
+            return super().launch(argv, pass_fds)
         ctl_read, ctl_write = os.pipe()
         ack_read, ack_write = os.pipe()
         self._control = (ctl_write, ack_read)
@@ -189,3 +195,16 @@ def own_file(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
+def controllable(exe: str) -> bool:
+    """Whether the perf at `exe` takes `--control` and `-D -1` (CONTROL_SINCE; `perf version`
+    says "perf version 6.1.135"): an older one, or one that does not say, is started as before,
+    sampling from its start, and the command is not held for it."""
+    try:
+        said = subprocess.run([exe, "version"], capture_output=True, text=True, timeout=10,
+                              check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    found = _VERSION.search(said)
+    return found is not None and (int(found[1]), int(found[2])) >= CONTROL_SINCE
