@@ -1043,6 +1043,28 @@ def test_straggler_rank(tmp_path: Path) -> None:
     assert "fewer or shared cores" in cpu.change and "GPU" not in cpu.change
 
 
+def test_ranks_without_a_process_group_hold_no_one_back(tmp_path: Path) -> None:
+    """tests/data/hogwild_cpu.py: two Hogwild processes, one computing about 3x as long; no
+    process group (their traces have no distributedInfo), so neither waits for the other at
+    any collective: no straggler (it had read "rank 2 is a straggler", HIGH, "every rank stops
+    waiting for the slowest one at the collectives")."""
+    data = Path(__file__).parent / "data"
+    paths = [data / f"hogwild_cpu_rank{r}.pt.trace.json.gz" for r in (1, 2)]
+    busy = []
+    for path in paths:
+        trace = orjson.loads(gzip.decompress(path.read_bytes()))
+        assert "distributedInfo" not in trace
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+                 if e.get("name", "").startswith("ProfilerStep#")]
+        mm = [e["dur"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"
+              and e["name"] == "aten::addmm" and any(a <= e["ts"] < b for a, b in steps)]
+        busy.append(sum(mm))
+    assert busy[1] > 2 * busy[0]  # the batch of 192 against 64: the rule's ratio is 1.1
+    run = import_traces(paths, tmp_path / "hogwild.run", ImportOptions(), ["test"])
+    assert run.manifest()["ranks"] == [1, 2]
+    assert found(distributed.stragglers, run) is None
+
+
 def test_ranks_taking_turns(tmp_path: Path) -> None:
     """Rank 1 computes 2 ms in step 0 and rank 0 1 ms; in step 1 the other way round: each
     waits 1 ms once at the all-reduce. No rank is the straggler, but 2 of the 16 ms measured
