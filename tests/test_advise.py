@@ -475,6 +475,22 @@ def test_threads_each_process_ran_with(tmp_path: Path) -> None:
     assert plain.evidence["source"] == "torch default (one thread per core in each process)"
 
 
+def test_single_threaded_processes_over_the_cores(tmp_path: Path) -> None:
+    """Hogwild's 4 processes of one thread each (torch.set_num_threads(1), their steps files'
+    threads [1, 1, 1, 1]) on 2 cores: no thread setting takes them under the cores (the advice
+    had said "OMP_NUM_THREADS=1 ... or torch.set_num_threads(1) in each process", as they ran,
+    claiming half their CPU ops' time); two of two threads each still get it."""
+    def recorded(name: str, threads: list[int]) -> Run:
+        return with_manifest(imported(tmp_path, name, _loader_steps(100, 9900)), cores=2,
+                             ranks=list(range(1, len(threads) + 1)),
+                             collectors={"torch": {"status": "ok", "files": []}},
+                             extra={"record": {"threads": threads}})
+
+    assert found(host.thread_oversubscription, recorded("hogwild", [1, 1, 1, 1])) is None
+    a = shows(host.thread_oversubscription, recorded("two", [2, 2]))
+    assert a.change.startswith("OMP_NUM_THREADS=1 MKL_NUM_THREADS=1")
+
+
 def test_no_host_syncs_without_an_accelerator(tmp_path: Path) -> None:
     """Adam's .item()s (8 in the 2 usual steps of the closure loop: its first profiled step,
     3.8 ms against 1.3 and 1.0, times the profiler's start and is set aside) read host memory
