@@ -475,6 +475,22 @@ def test_threads_each_process_ran_with(tmp_path: Path) -> None:
     assert plain.evidence["source"] == "torch default (one thread per core in each process)"
 
 
+def test_single_threaded_processes_over_the_cores(tmp_path: Path) -> None:
+    """Hogwild's 4 processes of one thread each (torch.set_num_threads(1), their steps files'
+    threads [1, 1, 1, 1]) on 2 cores: no thread setting takes them under the cores (the advice
+    had said "OMP_NUM_THREADS=1 ... or torch.set_num_threads(1) in each process", as they ran,
+    claiming half their CPU ops' time); two of two threads each still get it."""
+    def recorded(name: str, threads: list[int]) -> Run:
+        return with_manifest(imported(tmp_path, name, _loader_steps(100, 9900)), cores=2,
+                             ranks=list(range(1, len(threads) + 1)),
+                             collectors={"torch": {"status": "ok", "files": []}},
+                             extra={"record": {"threads": threads}})
+
+    assert found(host.thread_oversubscription, recorded("hogwild", [1, 1, 1, 1])) is None
+    a = shows(host.thread_oversubscription, recorded("two", [2, 2]))
+    assert a.change.startswith("OMP_NUM_THREADS=1 MKL_NUM_THREADS=1")
+
+
 def test_no_host_syncs_without_an_accelerator(tmp_path: Path) -> None:
     """Adam's .item()s (8 in the 2 usual steps of the closure loop: its first profiled step,
     3.8 ms against 1.3 and 1.0, times the profiler's start and is set aside) read host memory
@@ -1041,6 +1057,28 @@ def test_straggler_rank(tmp_path: Path) -> None:
     cpu = shows(distributed.stragglers,
                 import_traces(paths, tmp_path / "cpu.run", ImportOptions(), ["test"]))
     assert "fewer or shared cores" in cpu.change and "GPU" not in cpu.change
+
+
+def test_ranks_without_a_process_group_hold_no_one_back(tmp_path: Path) -> None:
+    """tests/data/hogwild_cpu.py: two Hogwild processes, one computing about 3x as long; no
+    process group (their traces have no distributedInfo), so neither waits for the other at
+    any collective: no straggler (it had read "rank 2 is a straggler", HIGH, "every rank stops
+    waiting for the slowest one at the collectives")."""
+    data = Path(__file__).parent / "data"
+    paths = [data / f"hogwild_cpu_rank{r}.pt.trace.json.gz" for r in (1, 2)]
+    busy = []
+    for path in paths:
+        trace = orjson.loads(gzip.decompress(path.read_bytes()))
+        assert "distributedInfo" not in trace
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+                 if e.get("name", "").startswith("ProfilerStep#")]
+        mm = [e["dur"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"
+              and e["name"] == "aten::addmm" and any(a <= e["ts"] < b for a, b in steps)]
+        busy.append(sum(mm))
+    assert busy[1] > 2 * busy[0]  # the batch of 192 against 64: the rule's ratio is 1.1
+    run = import_traces(paths, tmp_path / "hogwild.run", ImportOptions(), ["test"])
+    assert run.manifest()["ranks"] == [1, 2]
+    assert found(distributed.stragglers, run) is None
 
 
 def test_ranks_taking_turns(tmp_path: Path) -> None:

@@ -631,6 +631,28 @@ def test_host_ops_and_time_on_the_cpu() -> None:
     assert found == OnCpu(span_ns=600, loop_ns=250, others_ns=50, ops_ns=200, period_ns=10)
 
 
+def test_time_on_the_cpu_of_a_pool_that_takes_turns() -> None:
+    """A server's pool (torch.distributed.rpc's runs a remote module's forwards so): step 3 on
+    thread 1, ops [0, 100); step 4 on thread 3, ops [300, 400); thread 2 an op [50, 150). The
+    loop is threads 1 and 3: their samples (10 and 8 at a period of 10 ns) are its 180 ns on
+    the CPU and their ops spanned 200 of the 400 span; thread 2's 5 samples are the others'
+    50. Read as thread 3's alone (the longest marked), the card had said 80, its ops 100."""
+    ev = events([(0, 0, 300, "user_annotation", "ProfilerStep#3", 1, -1, -1, -1),
+                 (0, 0, 100, "cpu_op", "aten::mm", 1, -1, -1, -1),
+                 (0, 300, 300, "user_annotation", "ProfilerStep#4", 3, -1, -1, -1),
+                 (0, 300, 100, "cpu_op", "aten::mm", 3, -1, -1, -1),
+                 (0, 310, 10, "cpu_op", "aten::add", 3, -1, -1, -1),
+                 (0, 50, 100, "cpu_op", "aten::add", 2, -1, -1, -1)])
+    (rank,) = concurrency(ev, {0: []}).ranks
+    assert ev.loop_thread(0) == (1, 3)
+    ts = np.r_[np.arange(0, 100, 10), np.arange(300, 380, 10), np.arange(50, 150, 20)]
+    tid = np.r_[[1] * 10, [3] * 8, [2] * 5]
+    span = (rank.total.start, rank.total.end)
+    found = on_cpu(ev, 0, span, (ts.astype(np.int64), np.ones(len(ts), np.int64),
+                                 tid.astype(np.int64)), 10)
+    assert found == OnCpu(span_ns=400, loop_ns=180, others_ns=50, ops_ns=200, period_ns=10)
+
+
 def test_steps_between_optimizer_calls_where_the_ops_do_not_repeat() -> None:
     """A Lightning loop's top-level spans: five a training step (the closure's forward and
     backward inside Optimizer.step), and in the 6th a validation pass of 40 forwards. The op

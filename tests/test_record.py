@@ -1414,3 +1414,104 @@ def test_hogwild_processes_are_ranks(tmp_path: Path, start: str) -> None:
     pids = {r: {p for p, rr in zip(*run.table("events", ["pid", "rank"]).to_pydict().values(),
                                      strict=True) if rr == r and p > 0} for r in (1, 2)}
     assert len(pids[1]) == len(pids[2]) == 1 and pids[1] != pids[2]
+
+
+THREAD_PER_REQUEST = textwrap.dedent("""
+    import threading, torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x = torch.randn(32, 8)
+    def serve():
+        with torch.no_grad():
+            model(x)
+    for i in range(10):  # a server's thread per request: each forward on a thread of its own
+        worker = threading.Thread(target=serve)
+        worker.start()
+        worker.join()
+""")
+
+
+def test_a_window_opened_off_the_main_thread_closes_on_another(tmp_path: Path) -> None:
+    """A forward-driven window opened by one server thread's request is stepped and closed by
+    other threads' (torch.distributed.rpc's worker pool runs a remote module's forwards so):
+    torch's profiler was the opening thread's alone, and stopped on another thread it found no
+    session and its export segfaulted (the program killed, no trace); now it profiles every
+    thread and each request's ops are in the window, on their own threads."""
+    script = tmp_path / "server.py"
+    script.write_text(THREAD_PER_REQUEST)
+    result = record([PY, str(script)], tmp_path / "s.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3, execution_trace=False))
+    run = result.run
+    assert run.manifest()["exit_status"] == 0
+    assert run.manifest()["collectors"]["torch"]["status"] == "ok"
+    steps = run.table("steps").to_pylist()
+    assert [s["step"] for s in steps if s["source"] == "marker"] == [3, 4, 5]
+    events = run.table("events", columns=["name", "tid"]).to_pylist()
+    # the window's 3 requests (a step from one forward's start to the next's), each on its own
+    # thread: the one that opened it, then two others, and a fourth's thread stopped it
+    assert len({e["tid"] for e in events if e["name"] == "aten::addmm"}) == 3
+
+
+RPC_TRAINER = textwrap.dedent("""
+    import os, sys, torch
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as rpc
+    import torch.multiprocessing as mp
+    from torch.distributed.optim import DistributedOptimizer
+
+    class Remote(torch.nn.Module):  # its forward calls its layer: the layer's forward is a step
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 16)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    def params(rref):
+        return [rpc.RRef(p) for p in rref.local_value().parameters()]
+
+    def run(rank, port):
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+        rpc.init_rpc(f"w{rank}", rank=rank, world_size=2)
+        if rank == 0:  # a trainer; its first layer lives on w1, which serves its forwards
+            remote = rpc.remote("w1", Remote)
+            head = torch.nn.Linear(16, 1)
+            opt = DistributedOptimizer(torch.optim.SGD, [rpc.RRef(p) for p in head.parameters()]
+                                       + rpc.rpc_sync("w1", params, args=(remote,)), lr=0.01)
+            for i in range(10):
+                with dist_autograd.context() as ctx:
+                    loss = head(remote.rpc_sync().forward(torch.randn(32, 8))).pow(2).mean()
+                    dist_autograd.backward(ctx, [loss])
+                    opt.step(ctx)
+        rpc.shutdown()
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(sys.argv[1],), nprocs=2)
+""")
+
+
+def test_a_torch_distributed_rpc_trainer(tmp_path: Path) -> None:
+    """torch.distributed.rpc: the trainer's window (on its forwards) and the server's (on the
+    remote module's forwards, run by its RPC threads) each open and close; torch's execution
+    trace observer, which segfaults in dist_autograd.backward (torch 2.13, recorder or not),
+    stays off in an RPC process (the trainer had died of SIGSEGV at its window's first step,
+    the server of its stop on another thread)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rpc.py"
+    script.write_text(RPC_TRAINER)
+    result = record([PY, str(script), str(port)], tmp_path / "r.run",
+                    RecordOptions(collectors=("torch",), skip=2, steps=3))
+    run = result.run
+    assert run.manifest()["exit_status"] == 0
+    assert run.manifest()["collectors"]["torch"]["status"] == "ok"
+    assert not list(run.raw_dir.glob("et-*.json"))
+    steps = run.table("steps").to_pylist()
+    for rank in {s["rank"] for s in steps}:
+        assert [s["step"] for s in steps if s["rank"] == rank and s["source"] == "marker"] \
+            == [3, 4, 5]
+    assert len({s["rank"] for s in steps}) == 2

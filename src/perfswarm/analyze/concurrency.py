@@ -230,29 +230,30 @@ class OnCpu:
     so its samples times the period are its CPU time, to a period."""
 
     span_ns: int
-    loop_ns: int  # the loop's thread: the one of the rank's step markers, else the most ops
+    loop_ns: int  # the loop's threads: those of the rank's step markers, else the longest's
     others_ns: int  # the other threads of its process (intra-op threads) together
-    ops_ns: int  # the loop thread's ops and runtime calls, wall time (waits for a core too)
+    ops_ns: int  # the loop threads' ops and runtime calls, wall time (waits for a core too)
     period_ns: int
 
 
 def on_cpu(ev: Events, rank: int, span: tuple[int, int], samples: tuple[I64, I64, I64],
            period_ns: int) -> OnCpu | None:
-    """The rank's loop thread's (Events.loop_thread) time on the CPU over its `span` (the
+    """The rank's loop threads' (Events.loop_threads) time on the CPU over its `span` (the
     concurrency breakdown's) from perf's samples (ts, pid, tid: the Run's, any rank), None
     when the rank has no host work."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     work = rows[(ev.of_kind(*WORK_KINDS) & ~ev.collective_call)[rows]]
-    loop = ev.loop_thread(rank)
+    loop = ev.loop_threads(rank)
     if not len(work) or loop is None:
         return None
-    pid, tid = loop
-    mine = work[ev.tid[work] == tid]
+    pid, threads = loop
+    mine = work[np.isin(ev.tid[work], threads)]
     lo, hi = span
     ts, pids, tids = samples
     inside = (ts >= lo) & (ts < hi) & (pids == pid)
-    return OnCpu(hi - lo, int(np.count_nonzero(inside & (tids == tid))) * period_ns,
-                 int(np.count_nonzero(inside & (tids != tid))) * period_ns,
+    ours = np.isin(tids, threads)
+    return OnCpu(hi - lo, int(np.count_nonzero(inside & ours)) * period_ns,
+                 int(np.count_nonzero(inside & ~ours)) * period_ns,
                  total(ev.ts[mine], ev.end[mine]), period_ns)
 
 

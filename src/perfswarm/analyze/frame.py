@@ -226,6 +226,18 @@ class Events:
                 best, best_key = tid, key
         return int(self.pid[ops][self.tid[ops] == best][0]), int(best)
 
+    def loop_threads(self, rank: int) -> tuple[int, I64] | None:
+        """(pid, tids) of the rank's loop: loop_thread's, with every thread of its process
+        that holds step markers too (a server's pool, each request's step on the thread that
+        took it: torch.distributed.rpc's runs a remote module's forwards so)."""
+        loop = self.loop_thread(rank)
+        if loop is None:
+            return None
+        rows = np.arange(len(self))[self.rank_slice(rank)]
+        marks = rows[self.is_step_marker[rows] & self.of_kind("user_annotation")[rows]
+                     & (self.pid[rows] == loop[0])]
+        return loop[0], np.union1d(self.tid[marks], [loop[1]]).astype(np.int64)
+
     def host_work(self, rank: int) -> tuple[I64, I64]:
         """When the rank's host threads ran ops or runtime calls (WORK_KINDS; not an
         annotation around a wait, a DataLoader's, nor a call that issues a collective to its

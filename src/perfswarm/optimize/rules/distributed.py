@@ -167,7 +167,8 @@ def communication_bound(facts: Facts) -> Advice | None:
 def stragglers(facts: Facts) -> Advice | None:
     """One rank arrives late at the collectives and every other rank waits for it: analyze's
     stragglers where the ranks' collectives pair (its straggler, the others' wait for it as
-    the gain), else, without collectives to read, the rank that computes longest."""
+    the gain), else, without collectives to read, the rank that computes longest, where the
+    traces say the ranks joined a process group (their distributedInfo)."""
     if len(facts.ranks) < 2:
         return None
     found = facts.stragglers
@@ -191,6 +192,9 @@ def stragglers(facts: Facts) -> Advice | None:
         basis = ("measured, no model: the time the other ranks waited at the collectives for "
                  "this one to enter them (each rank's waits counted once)")
     else:
+        if not any(source.get("distributed") for source in facts.manifest["sources"]):
+            return None  # no process group: the ranks (Hogwild's processes, an RPC trainer and
+            # its server) wait for each other at no collective, traced or not
         frame = device if device.num_rows else facts.in_window(facts.kind("cpu_op"))
         busy = {int(k[0]): v for k, v in facts.busy_ns(frame).items()}
         if len(busy) < 2:

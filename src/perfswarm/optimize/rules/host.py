@@ -190,6 +190,9 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
         best, why = fewer.advised, (f"the {fewer.free_cores:.2f} cores other processes left "
                                     "free / processes, as cpu_contention says")
         evidence["free_cores"] = round(fewer.free_cores, 2)
+    if per_proc <= best:
+        return None  # each process runs that few already: the processes are over the cores
+        # (Hogwild's workers, 4 of one thread on 2 cores), which no thread setting changes
     return advice(facts, "thread_oversubscription", "more CPU threads than cores", evidence,
                   host_ns * (1 - cores / threads),
                   "core-sharing model: CPU ops stop sharing cores, so their time shrinks by "

@@ -494,9 +494,9 @@ class _Window:
         self.runtime = {"threads": torch.get_num_threads(), "cuda": cuda}
         # A schedule (always RECORD) is what makes torch emit ProfilerStep#N markers.
         self.prof = profile(activities=activities, record_shapes=True,
-                            schedule=lambda _step: ProfilerAction.RECORD)
+                            schedule=lambda _step: ProfilerAction.RECORD, **_any_thread())
         self.prof.step_num = self.opened_at  # ProfilerStep#N names the iteration index
-        if self.with_et:
+        if self.with_et and not _rpc_agent():
             from torch.profiler import ExecutionTraceObserver
 
             self.et = ExecutionTraceObserver()
@@ -594,6 +594,32 @@ def _write_whole(path: str, text: str) -> None:
 
 def _flag(out: str, pid: int) -> str:
     return os.path.join(out, f".window-pid{pid}")
+
+
+def _rpc_agent() -> bool:
+    """Whether this process serves torch.distributed.rpc: torch's ExecutionTraceObserver
+    segfaults in its distributed autograd's backward (dist_autograd.backward, torch 2.13, with
+    no recorder too), so such a process's window runs without the execution trace."""
+    rpc = sys.modules.get("torch.distributed.rpc.api")
+    return rpc is not None and bool(rpc._is_current_rpc_agent_set())
+
+
+def _any_thread() -> dict[str, Any]:
+    """profile()'s keywords for a window opened off the main thread (a training thread, a
+    server's threads: torch.distributed.rpc's pool runs a remote module's forwards). torch's
+    profiler is otherwise the opening thread's alone: stepped and stopped by another thread's
+    request, it found no session there and its export segfaulted. Profiling every thread lets
+    whichever thread ends a step step it or stop it. None where torch has no such setting."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        return {}
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
+    except (ImportError, TypeError):
+        return {}
 
 
 def _free_profiler() -> None:
