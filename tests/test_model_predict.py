@@ -1213,3 +1213,48 @@ def test_an_autograd_nodes_release_of_memory_grows_with_its_tensors(tmp_path: Pa
     assert same.predicted_steady_ns == 1000 * US
     assert doubled.predicted_steady_ns == (1000 + 295) * US
     assert doubled.kernels["release"] == 3
+
+
+def test_an_rpc_servers_idle_pool_threads_price_no_python(tmp_path: Path) -> None:
+    """tests/data/rpc_server.py: a trainer calls a remote forward on a server whose RPC pool
+    threads take the requests in turn, each idle for whole steps between its own: the gap
+    before a pool thread's forward (its aten::linear) holds steps of its rank, a wait for the
+    trainer's request, not Python. Priced as the T1 of the op type, it had made aten::linear's
+    T1 a second: every step of the trainer (whose head is an aten::linear) predicted 0.6 s
+    against 9 ms measured (+6188%). T1 is the trainer's own now, read off the raw trace."""
+    data = Path(__file__).parent / "data"
+    paths = [data / f"rpc_server_rank{r}.pt.trace.json.gz" for r in (1, 2)]
+    traces = {r: [e for e in orjson.loads(gzip.decompress(p.read_bytes()))["traceEvents"]
+                  if e.get("ph") == "X"] for r, p in zip((1, 2), paths, strict=True)}
+    steps = {r: {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in t
+                 if e["name"].startswith("ProfilerStep#")} for r, t in traces.items()}
+    durations = {(r, s): round(hi - lo) for r, by in steps.items() for s, (lo, hi) in by.items()}
+    steady = steady_steps(durations)
+    server_steps = sorted(steps[1].values())
+    server_start = min(e["ts"] for e in traces[1])
+    idle = 0  # the server's forwards after a gap (from the trace's start) holding its steps
+    t1 = []  # the trainer's: its aten::linear from its step's start (or the op before it)
+    for r, events in traces.items():
+        by_thread: dict[int, list[dict[str, Any]]] = {}
+        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+            by_thread.setdefault(e["tid"], []).append(e)
+        for events_of in by_thread.values():
+            end = None
+            for e in events_of:
+                if e["name"] == "aten::linear" and (end is None or e["ts"] >= end):
+                    step = next(s for s, (lo, hi) in steps[r].items() if lo <= e["ts"] < hi)
+                    if r == 1:
+                        idle += any((end or server_start) <= lo and hi <= e["ts"]
+                                    for lo, hi in server_steps)
+                    if r == 2 and (r, step) in steady:
+                        t1.append(e["ts"] - max(end or 0, steps[r][step][0]))
+                if not e["name"].startswith("ProfilerStep#"):
+                    end = max(end or 0, e["ts"] + e["dur"])
+    run = import_traces(paths, tmp_path / "rpc.run", ImportOptions(), ["test"])
+    p = predict(run)
+    assert p.steady == steady and len(t1) == 4 and idle == 4  # of the server's 5 forwards
+    assert p.overheads.ops["aten::linear"]["t1"] == pytest.approx(1000 * np.mean(t1), abs=1)
+    measured = np.median([durations[k] for k in steady])  # 9.408 ms
+    assert p.measured_steady_ns == pytest.approx(1000 * measured, abs=1000)
+    assert abs(p.predicted_steady_ns / p.measured_steady_ns - 1) < 0.02  # +0.7%
+    assert p.replay_error == 0

@@ -111,6 +111,27 @@ class Graph:
         at = np.minimum(np.searchsorted(keys, rows), len(keys) - 1)
         return np.where(keys[at] == rows, real[last[at]], -1)
 
+    def idle_gaps(self) -> Mask:
+        """Per node: a gap that holds a whole step of its rank, start and end, as measured: its
+        thread sat out that step, idle (a pool thread waiting for work others were handed: an
+        RPC server's threads take its requests in turn, each idle for seconds between its
+        own), not spending the gap in Python before the node. A thread working in the loop
+        never does: the loop thread's steps are its own, and a helper thread (autograd's, a
+        collective's) works in every step."""
+        idle = np.zeros(len(self), bool)
+        for rank, anchors in self.steps.items():
+            marks = np.array(anchors, np.int64).reshape(-1, 3)
+            starts, ends = self.ts[marks[:, 1]], self.ts[marks[:, 2]]
+            order = np.argsort(starts)
+            # of the steps starting in a gap or after it, the earliest end: within the gap?
+            earliest = np.minimum.accumulate(ends[order][::-1])[::-1]
+            mine = np.flatnonzero((self.rank == rank) & (self.role == HOST) & (self.gap > 0))
+            at = np.searchsorted(starts[order], self.ts[mine] - self.gap[mine], side="left")
+            held = at < len(order)
+            held[held] = earliest[at[held]] <= self.ts[mine[held]]
+            idle[mine[held]] = True
+        return idle
+
     def anchor_gaps(self, dur: I64, gap: I64) -> I64:
         """`gap` with the anchors that sit inside a host piece re-placed for its new duration
         (`dur`); the caller's arrays are left as they are.

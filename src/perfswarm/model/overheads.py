@@ -3,7 +3,8 @@
 Following the overhead breakdown of Lin et al. (performance models of DLRM training on
 GPUs), every op a thread calls (its outermost event) is cut at its kernel points:
 launches and other runtime calls on GPUs, the pieces of compute ops (kernels) on CPUs:
-- T1: the thread's own time before the op (Python, outside any op);
+- T1: the thread's own time before the op (Python, outside any op; not a gap in which the
+  thread sat out whole steps, idle, as an RPC server's pool threads do: Graph.idle_gaps);
 - T2: op start to its first kernel point; T5: between kernel points (per interval);
   T4: last kernel point to op end; an op without kernel points is all overhead (T0);
 - T3: a runtime call's own duration, per call name; a call that stalled (far longer than
@@ -249,14 +250,17 @@ def _by_key(keys: I64, values: F64, in_steady: Mask) -> list[tuple[int, float]]:
 
 def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask,
                   steady: Set[StepKey] = frozenset()) -> OverheadModel:
-    """Typical values (see `typical`) of every part over the run's op instances, per op type;
+    """Typical values (see `typical`) of every part over the run's op instances, per op type
+    (T1 of those whose thread was working before them: Graph.idle_gaps);
     runtime calls that stalled (`stalls`, per node: `stalled`) are left out of their name's.
     T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
     code = _step_codes(g, ev)
     calm = np.isin(code, [_code(r, s) for r, s in steady]) if steady else np.zeros(len(g), bool)
     t1, groups = insts.totals(g.dur, g.gap)
     parts, count = insts.parts(groups)
-    samples: dict[str, tuple[I64, F64, Mask]] = {"t1": (insts.kind, t1, calm[insts.first])}
+    busy = np.flatnonzero(~g.idle_gaps()[insts.first])  # T1 where the thread was working
+    samples: dict[str, tuple[I64, F64, Mask]] = {
+        "t1": (insts.kind[busy], t1[busy], calm[insts.first[busy]])}
     for i, name in enumerate(GROUPS):
         has = np.flatnonzero(count[:, i] > 0)
         times = count[has, i] if name == "t5" else np.ones(len(has), np.int64)
@@ -284,8 +288,10 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances
                     dur: I64, gap: I64, keep: Mask) -> None:
     """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
     means, in place. Nodes marked `keep` (sync calls: their time is waiting; calls that
-    stalled) are left alone. A part's pieces and the gaps inside it are stretched together to
-    the mean (a T5 interval to the mean interval); T1 is set as it is."""
+    stalled) are left alone, and so are the gaps in which a thread sat idle (Graph.idle_gaps:
+    a wait for work from another thread or process, which no op type's T1 prices). A part's
+    pieces and the gaps inside it are stretched together to the mean (a T5 interval to the
+    mean interval); T1 is set as it is."""
     _, groups = insts.totals(dur, gap)
     parts, count = insts.parts(groups)
     want = np.array([[np.nan if (v := model.part(k, name)) is None else v
@@ -294,7 +300,7 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances
     # every new value from the measured ones, then set in place: no copy of dur and gap
     # beside the graph (2.5 MB at 200k trace events, at the prediction's peak)
     first = insts.first
-    set_t1 = ~np.isnan(want[insts.kind, 0]) & (gap[first] > 0)
+    set_t1 = ~np.isnan(want[insts.kind, 0]) & (gap[first] > 0) & ~g.idle_gaps()[first]
     t1 = np.rint(want[insts.kind[set_t1], 0])
     inst, part = insts.group_of, insts.part
     total = parts[inst, part] / count[inst, part]
