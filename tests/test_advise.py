@@ -1786,6 +1786,28 @@ def test_cpu_contention_measured_from_descheduled_steps(tmp_path: Path) -> None:
     assert a.gain_of_ns == 196 * ms and a.gain_basis.startswith("measured: the steps")
 
 
+def test_outlier_steps_while_every_step_waits_alike(tmp_path: Path) -> None:
+    """Other processes held the cores throughout: the run's threads 1.0 core on a runqueue
+    beside the 1.0 they ran, in every step alike (a loop on the CPU 45% of its time, as a
+    recorded checkpoint-every-5-steps loop was). A step of 16 ms among steps of 4 ms (the
+    checkpoint's write) waited no more than they did: the loop's own periodic work, an
+    outlier, not contention. Half its time on a runqueue had read as descheduled, and the
+    checkpoints' 12 ms beyond the usual step as contention's."""
+    run = with_manifest(imported(tmp_path, "saves", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    durs = [4, 4, 4, 4, 16, 4, 4, 4, 4]
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    _loaded_after(run, 0, ends[-1] + 1)
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 8, "dur_ns": 16 * ms}]
+    assert a.evidence["descheduled_steps"] == 0
+    assert a.gain_ns == 12 * ms and a.gain_of_ns == 12 * ms + sum(durs) * ms
+    assert host._descheduled_excess(Facts.of(run)) == 0  # cpu_contention's measured part
+
+
 # -- per-sample ops ---------------------------------------------------------------------------
 # tests/data/per_sample.py: 16 samples a step, two views, each made one sample at a time; of
 # each sample's ops, those of a fixed count on a sample's shape (the flip runs at random, the
