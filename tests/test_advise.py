@@ -1808,6 +1808,39 @@ def test_outlier_steps_while_every_step_waits_alike(tmp_path: Path) -> None:
     assert host._descheduled_excess(Facts.of(run)) == 0  # cpu_contention's measured part
 
 
+def test_outlier_steps_told_from_preemptions_by_the_loop_threads_run_delay(tmp_path: Path
+                                                                           ) -> None:
+    """The same loaded host, two steps of 16 ms among steps of 4 ms, each of which waited
+    2 ms on a runqueue. The sampler's readings say both steps waited as all did; the loop
+    thread's run delay read at its hooks (HOOK_DELAY) says one waited 14 ms (a time slice
+    another process took: descheduled), the other 8 ms, half of it as every step (a
+    checkpoint's write: the loop's own)."""
+    from perfswarm.trace.schema import COUNTERS, HOOK_DELAY
+
+    run = with_manifest(imported(tmp_path, "slices", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    durs = [4, 4, 4, 4, 16, 4, 4, 4, 16]
+    waits = [2, 2, 2, 2, 14, 2, 2, 2, 8]
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    _loaded_after(run, 0, ends[-1] + 1)
+    sampled = host.outlier_steps(Facts.of(run))
+    assert sampled is not None and [o["step"] for o in sampled.evidence["outliers"]] == [8, 12]
+    # the hooks at the window's step ends (0, 4, 8, 12 ms: 2 ms waited in each) and after
+    hooks = [0, 4, 8, 12, *ends]
+    waited = np.cumsum([0, 2, 2, 2, *waits])
+    run.write_table("counters", pa.concat_tables([run.table("counters"), pa.table({
+        "rank": [0] * len(hooks), "ts": [t * ms for t in hooks],
+        "name": [HOOK_DELAY] * len(hooks), "device": [-1] * len(hooks),
+        "value": [float(w * ms) for w in waited]}).cast(COUNTERS)]).cast(COUNTERS))
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 12, "dur_ns": 16 * ms}]
+    assert a.evidence["descheduled_steps"] == 1 and a.gain_ns == 12 * ms
+    assert host._descheduled_excess(Facts.of(run)) == 12 * ms
+
+
 # -- per-sample ops ---------------------------------------------------------------------------
 # tests/data/per_sample.py: 16 samples a step, two views, each made one sample at a time; of
 # each sample's ops, those of a fixed count on a sample's shape (the flip runs at random, the

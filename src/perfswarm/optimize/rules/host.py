@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import UNUSUAL, step_batches
+from perfswarm.analyze.iterations import UNUSUAL, hook_deltas, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
@@ -26,7 +26,7 @@ from perfswarm.optimize.rules.facts import (
     where,
 )
 from perfswarm.optimize.rules.threads import fewer_threads
-from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import HOOK_DELAY, PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -600,7 +600,11 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     the median step or more: it waited for the cores more than a usual step did. (Where
     others hold the cores throughout, every step waits alike: a loop on the CPU 45% of the
     time, its threads half of it on a runqueue in every step, had its checkpoint-writing
-    steps, 2.3-2.6x the median, all read as descheduled.)"""
+    steps, 2.3-2.6x the median, all read as descheduled.) The loop thread's own run delay
+    in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
+    sampler's: a reading's average cannot place a time slice lost to another process in a
+    step of 0.4 ms (an inference loop's steps of 7-31 ms among them, each a preemption, had
+    read as the loop's own outliers, the waits spread evenly over the readings).)"""
     pts, pvalue = _counter(facts, "proc.cpu_cores")
     dts, dvalue = _counter(facts, "proc.run_delay_cores")
     cores = like(facts.counters, "name", r"^cpu\.core\d+\.(usr|sys)$")
@@ -630,14 +634,21 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
         return [False] * slow.num_rows
     typical = float(np.median([v for v, _, _ in usual]))
     others_typical = float(np.median([o for _, o, _ in usual]))
+    # the loop thread's share of each step on a runqueue, where its hooks read it
+    hooked, hooked_slow = (hook_deltas(facts.counters, t, HOOK_DELAY) / np.maximum(
+        1, col(t, "end") - col(t, "start")) for t in (steps, slow))
+    by_hooks = not np.isnan(hooked).all()
     delays = [q for _, _, q in usual if q is not None]
-    queued_typical = float(np.median(delays)) if delays else 0.0
+    queued_typical = (float(np.nanmedian(hooked)) if by_hooks else
+                      float(np.median(delays)) if delays else 0.0)
     n_cores = _cores(facts)
     median = float(np.median(col(steps, "end") - col(steps, "start")))
     out = []
-    for lo, hi in zip(col(slow, "start").tolist(), col(slow, "end").tolist(), strict=True):
+    for lo, hi, own in zip(col(slow, "start").tolist(), col(slow, "end").tolist(),
+                           hooked_slow.tolist(), strict=True):
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
-        share = None if got is None else queued(lo, hi, got)
+        share = ((None if np.isnan(own) else own) if by_hooks else
+                 None if got is None else queued(lo, hi, got))
         out.append(got is not None and host is not None and _saturated(host, n_cores) and (
             got < _CONTENDED_SHARE * typical
             or host - got - others_typical >= _others_held(n_cores)
