@@ -527,6 +527,40 @@ def test_samples_of_the_transformer_fast_path(tmp_path: Path) -> None:
         "rows of aten::_native_multi_head_attention's 3x10x32 in the first), in 3 of 3 steps")
 
 
+def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Path) -> None:
+    """The same encoder with a src_key_padding_mask (tests/data/encoder_padmask.py): the fast
+    path packs each request's valid tokens into a nested tensor, whose shape the trace leaves
+    empty, so each step's first product, aten::mm, multiplies only those (15 of the 3 x 10
+    padded tokens, 26 of 5 x 10, 9 of 2 x 10, from the raw JSON): the batch is the padded
+    input aten::_nested_tensor_from_mask took (3, 5 and 2 samples), not the tokens. The
+    first step, which timed the profiler's start (970 ms of the three's 988), is left out of
+    the samples' time where the batches differ."""
+    trace = Path(__file__).parent / "data" / "encoder_padmask_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    batches = []
+    for m in marks:
+        inside = sorted((e for e in raw if e.get("cat") == "cpu_op"
+                         and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"])
+        packs = next(e for e in inside if e["name"] == "aten::_nested_tensor_from_mask")
+        product = next(e for e in inside if e["name"] in ("aten::mm", "aten::addmm"))
+        (b, length, width), rows = packs["args"]["Input Dims"][0], product["args"]["Input Dims"][0]
+        assert rows[1] == width and rows[0] < b * length and packs["ts"] < product["ts"]
+        batches.append(b)
+    assert batches == [3, 5, 2]
+    rates = report_data(import_traces([trace], tmp_path / "m.run", ImportOptions(),
+                                      ["serve.py"]))["throughput"]
+    assert marks[0]["dur"] > 2 * max(m["dur"] for m in marks[1:])
+    assert rates["samples_per_step"] == (5 + 2) / 2 and rates["steps"] == 2
+    assert rates["samples_per_s"] == pytest.approx(
+        (5 + 2) / (sum(m["dur"] for m in marks[1:]) / 1e6), rel=1e-4)
+    assert rates["source"] == (
+        "the activation input of each step's first GEMM or convolution (aten::mm 15x32: the "
+        "valid tokens of aten::_nested_tensor_from_mask's 3x10x32 (its padding masked out) in "
+        "the first), in 3 of 3 steps; the steps' batches differ: every sample over the steps' "
+        "whole time")
+
+
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:
     """The profiler's first step runs slow (5 ms, then 1 ms and 1 ms): samples per second are
     per the median step, as the steps/s card's are (over all three: 12 in 7 ms)."""

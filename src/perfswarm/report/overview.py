@@ -489,14 +489,22 @@ def _unfolded(run: Run, ev: Events, mine: I64,
     """Each step's first product (row, input, weight), its input read from the op it runs in
     where that op multiplies its batch's tokens as rows: torch's transformer fast path
     (aten::_native_multi_head_attention on [3, 10, 32], inside it aten::mm on [30, 32]); its
-    input [B, ..., width] has leading dimensions that multiply to the product's rows. And per
-    step so read, the words that say so (the product's input, then the op's)."""
+    input [B, ..., width] has leading dimensions that multiply to the product's rows; with a
+    padding mask, the fast path packs only the valid tokens into a nested tensor (whose shape
+    the trace leaves empty: an 8 x 64 batch's 376 tokens as aten::mm [376, 128], read as a
+    batch of 376), so the padded input [B, L, width] the step's last
+    aten::_nested_tensor_from_mask before the product took is the batch, where its B x L
+    holds the rows. And per step so read, the words that say so (the product's input, then
+    the op's)."""
     rows = np.fromiter((r for r, _b, _w in first.values()), np.int64, len(first))
     inner, around = enclosing_rows(ev, rows, mine[ev.of_kind("cpu_op")[mine]
                                                   & ~np.isin(mine, rows)])
     ops = np.unique(around)  # RowShapes reads rows ascending, once each
     shapes_of = dict(zip(ops.tolist(), RowShapes.of(run).get(ops), strict=True))
     outer = {i: (o, shapes_of[o]) for i, o in zip(inner.tolist(), around.tolist(), strict=True)}
+    packers = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names) if n == NESTED])]
+    packers = packers[np.argsort(ev.ts[packers], kind="stable")]
+    packed = dict(zip(packers.tolist(), RowShapes.of(run).get(packers), strict=True))
     out, said = dict(first), {}
     for step, (row, batch, weight) in first.items():
         op, shapes = outer.get(row, (-1, None))
@@ -506,7 +514,21 @@ def _unfolded(run: Run, ev: Events, mine: I64,
             out[step] = (row, dims, weight)
             said[step] = (f"{'x'.join(map(str, batch))}: the rows of "
                           f"{ev.name_of(op)}'s {'x'.join(map(str, dims))}")
+            continue
+        before = packers[(ev.ts[packers] <= ev.ts[row]) & (ev.tid[packers] == ev.tid[row])]
+        nested = packed[int(before[-1])] if op >= 0 and not dims and len(before) else None
+        padded: tuple[int, ...] = nested.dims[0] if nested is not None and nested.dims else ()
+        if len(padded) == 3 and len(batch) == 2 and padded[-1] == batch[1] \
+                and padded[0] * padded[1] >= batch[0]:
+            out[step] = (row, padded, weight)
+            said[step] = (f"{'x'.join(map(str, batch))}: the valid tokens of {NESTED}'s "
+                          f"{'x'.join(map(str, padded))} (its padding masked out)")
     return out, said
+
+
+# packs a padded batch's valid tokens, as the mask says, into a nested tensor (torch's
+# transformer fast path under a src_key_padding_mask)
+NESTED: Final = "aten::_nested_tensor_from_mask"
 
 
 def _weight(name: str, dims: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
