@@ -1841,6 +1841,32 @@ def test_outlier_steps_told_from_preemptions_by_the_loop_threads_run_delay(tmp_p
     assert host._descheduled_excess(Facts.of(run)) == 12 * ms
 
 
+def test_a_step_preempted_where_every_step_mostly_waits(tmp_path: Path) -> None:
+    """Steps of 10 ms that wait 8 of them on a runqueue (the loop thread's run delay read at
+    its hooks), and one of 40 ms that ran 3 ms and waited 37: its running would have brought
+    12 ms of waiting at the usual share, so 25 ms of its 30 beyond the median are other
+    processes' time slices: descheduled. Its share of waiting (0.93) had been set against
+    the usual 0.8 alone: 5 ms, an outlier of the loop's own."""
+    from perfswarm.trace.schema import COUNTERS, HOOK_DELAY
+
+    run = with_manifest(imported(tmp_path, "busy", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    durs, waits = [10, 10, 10, 40, 10, 10, 10], [8, 8, 8, 37, 8, 8, 8]
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    _loaded_after(run, 0, ends[-1] + 1)
+    hooks = [12, *ends]
+    waited = np.cumsum([0, *waits])
+    run.write_table("counters", pa.concat_tables([run.table("counters"), pa.table({
+        "rank": [0] * len(hooks), "ts": [t * ms for t in hooks],
+        "name": [HOOK_DELAY] * len(hooks), "device": [-1] * len(hooks),
+        "value": [float(w * ms) for w in waited]}).cast(COUNTERS)]).cast(COUNTERS))
+    assert found(host.outlier_steps, run) is None
+    assert host._descheduled_excess(Facts.of(run)) == 30 * ms
+
+
 # -- per-sample ops ---------------------------------------------------------------------------
 # tests/data/per_sample.py: 16 samples a step, two views, each made one sample at a time; of
 # each sample's ops, those of a fixed count on a sample's shape (the flip runs at random, the

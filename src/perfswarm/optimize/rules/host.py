@@ -596,11 +596,14 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
     sampler's proc.cpu_cores), or other processes held _others_held more cores than in the
     median step, or its threads' run delay (proc.run_delay_cores, over the threads that wanted
-    a core) beyond the share of its time it took in the median step is half its time beyond
-    the median step or more: it waited for the cores more than a usual step did. (Where
-    others hold the cores throughout, every step waits alike: a loop on the CPU 45% of the
-    time, its threads half of it on a runqueue in every step, had its checkpoint-writing
-    steps, 2.3-2.6x the median, all read as descheduled.) The loop thread's own run delay
+    a core), less the wait its running time would have brought at the median step's share of
+    waiting, is half its time beyond the median step or more: it waited for the cores more
+    than its own work explains. (Where others hold the cores throughout, every step waits
+    alike, and a step that does more waits more: a loop on the CPU 45% of the time, its
+    threads half of it on a runqueue in every step, had its checkpoint-writing steps, 2.3-2.6x
+    the median, all read as descheduled; and where they wait most of the time, 80% of an
+    encoder's steps, a step's wait of 246 ms over 18 ms of running is another process's time
+    slices, not the step's work.) The loop thread's own run delay
     in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
     sampler's: a reading's average cannot place a time slice lost to another process in a
     step of 0.4 ms (an inference loop's steps of 7-31 ms among them, each a preemption, had
@@ -643,6 +646,8 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
                       float(np.median(delays)) if delays else 0.0)
     n_cores = _cores(facts)
     median = float(np.median(col(steps, "end") - col(steps, "start")))
+    # the wait a step's running brings at the usual share of waiting, per ns of running
+    brought = queued_typical / max(1.0 - queued_typical, 0.01)
     out = []
     for lo, hi, own in zip(col(slow, "start").tolist(), col(slow, "end").tolist(),
                            hooked_slow.tolist(), strict=True):
@@ -652,8 +657,8 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
         out.append(got is not None and host is not None and _saturated(host, n_cores) and (
             got < _CONTENDED_SHARE * typical
             or host - got - others_typical >= _others_held(n_cores)
-            or (share is not None
-                and (share - queued_typical) * (hi - lo) >= (hi - lo - median) / 2)))
+            or (share is not None and (share - (1 - share) * brought) * (hi - lo)
+                >= (hi - lo - median) / 2)))
     return out
 
 
