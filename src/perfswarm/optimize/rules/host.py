@@ -591,6 +591,9 @@ def _counter(facts: Facts, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArra
     return ts[order], value[order]
 
 
+_PLACED = 10  # sampler readings a step holds for its share of waiting to be its own
+
+
 def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     """Which of the `slow` steps ran while the host's cores were at least _BUSY busy and the
     recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
@@ -607,7 +610,12 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
     sampler's: a reading's average cannot place a time slice lost to another process in a
     step of 0.4 ms (an inference loop's steps of 7-31 ms among them, each a preemption, had
-    read as the loop's own outliers, the waits spread evenly over the readings).)"""
+    read as the loop's own outliers, the waits spread evenly over the readings). Without it
+    (a Run recorded before), the readings at a step's ends smear a reading's wait into it or
+    out of it: only a step that holds _PLACED readings or more (those two under a fifth of
+    them) is set against the usual share; a shorter one's share of waiting counts alone, as
+    before (a 105 ms encoder step of 2 readings, its 31 ms of running its batch's usual 26,
+    had read as an outlier).)"""
     pts, pvalue = _counter(facts, "proc.cpu_cores")
     dts, dvalue = _counter(facts, "proc.run_delay_cores")
     cores = like(facts.counters, "name", r"^cpu\.core\d+\.(usr|sys)$")
@@ -654,10 +662,12 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
         share = ((None if np.isnan(own) else own) if by_hooks else
                  None if got is None else queued(lo, hi, got))
+        placed = by_hooks or \
+            int(np.searchsorted(dts, hi)) - int(np.searchsorted(dts, lo)) >= _PLACED
         out.append(got is not None and host is not None and _saturated(host, n_cores) and (
             got < _CONTENDED_SHARE * typical
             or host - got - others_typical >= _others_held(n_cores)
-            or (share is not None and (share - (1 - share) * brought) * (hi - lo)
+            or (share is not None and (share - (1 - share) * brought * placed) * (hi - lo)
                 >= (hi - lo - median) / 2)))
     return out
 
