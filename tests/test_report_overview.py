@@ -15,6 +15,7 @@ from typing import Any
 import markupsafe
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from conftest import corpus
@@ -559,6 +560,38 @@ def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Pat
         "valid tokens of aten::_nested_tensor_from_mask's 3x10x32 (its padding masked out) in "
         "the first), in 3 of 3 steps; the steps' batches differ: every sample over the steps' "
         "whole time")
+
+
+def test_samples_of_a_quantized_forward_loop_from_the_recorders_step_batch(tmp_path: Path
+                                                                          ) -> None:
+    """quantize_dynamic's MLP (tests/data/qdyn_mlp.py) multiplies in quantized::linear_dynamic,
+    which no cost model prices: no first product says the batch, and there had been no
+    samples card. The recorder's step batch of each request (here at each marked step's
+    start, valued as the raw JSON's first quantized::linear_dynamic input's rows: 16, 8 and
+    1) is."""
+    from perfswarm.trace.schema import COUNTERS, STEP_BATCH
+
+    trace = Path(__file__).parent / "data" / "qdyn_mlp_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = sorted((e for e in raw if e.get("name", "").startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    batches = [next(e for e in sorted(raw, key=lambda e: e.get("ts", 0))
+                    if e.get("name") == "quantized::linear_dynamic"
+                    and m["ts"] <= e["ts"] < m["ts"] + m["dur"])["args"]["Input Dims"][0][0]
+               for m in marks]
+    assert batches == [16, 8, 1]
+    run = import_traces([trace], tmp_path / "q.run", ImportOptions(), ["serve.py"])
+    assert report_data(run)["throughput"] is None  # without the recorder's counter
+    starts = [s["start"] for s in run.table("steps").to_pylist()]
+    run.write_table("counters", pa.table({
+        "rank": [0] * 3, "ts": [t + 1000 for t in starts], "name": [STEP_BATCH] * 3,
+        "device": [-1] * 3, "value": [float(b) for b in batches]}).cast(COUNTERS))
+    rates = report_data(Run.open(run.path))["throughput"]
+    assert rates["samples_per_step"] == (16 + 8 + 1) / 3 and rates["steps"] == 3
+    assert rates["source"] == (
+        "the recorder's step batch (the leading dimension of the top-level module's first "
+        "input as each step began), in 3 of 3 steps; the steps' batches differ: every sample "
+        "over the steps' whole time")
 
 
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.intervals import I64, Mask, state_sweep
-from perfswarm.analyze.iterations import profiler_start
+from perfswarm.analyze.iterations import batch_sizes, profiler_start, step_batches
 from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import (
@@ -173,9 +173,11 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     the batch came from, best first: the token embedding's indices (batch x sequence, or
     sequence x batch where an RNN runs time-major on them; the passes its backward trained
     where it has one, every lookup of an inference step); the leading dimension of the
-    activation input of each step's first matrix product or convolution, or the recorded
-    command's --batch-size (every step), each times the step's forward and backward passes
-    (_passes: a gradient accumulation's micro-batches; one without a backward). A step where
+    activation input of each step's first matrix product or convolution; of a forward-driven
+    loop whose products no cost model prices (quantize_dynamic's quantized::linear_dynamic),
+    the recorder's step batch; or the recorded command's --batch-size (every step), each times
+    the step's forward and backward passes (_passes: a gradient accumulation's micro-batches;
+    one without a backward). A step where
     the model did not run (a window the profiler cut before its forward) is left out. Per the
     median step where every step ran the same batch (the profiler's first step runs slow);
     where they differ (an inference server's requests), every sample over the steps' whole
@@ -192,6 +194,8 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
         samples, tokens, source = _from_compiled(run, ev, mine, windows)
     if not samples:
         samples, source = _from_first_op(run, ev, mine, windows)
+    if not samples:
+        samples, source = _from_step_batch(run, int(rank), windows)
     if not samples:
         flag = batch_flag(run.manifest()["command"])
         if flag is None:
@@ -481,6 +485,21 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         f"the activation input of each step's first GEMM or convolution ({ev.name_of(row)} "
         f"{folded.get(min(first), 'x'.join(map(str, batch)))} in the first{each}), in "
         f"{len(first)} of {len(windows)} steps")
+
+
+def _from_step_batch(run: Run, rank: int, windows: Sequence[Mapping[str, Any]]
+                     ) -> tuple[dict[int, int], str]:
+    """Per step of a forward-driven loop, the recorder's STEP_BATCH: the leading dimension of
+    its top-level module's first input as the step began."""
+    sizes = batch_sizes(run)
+    if not sizes.num_rows:
+        return {}, ""
+    start, end = (np.asarray([w[k] for w in windows], np.int64) for k in ("start", "end"))
+    found = step_batches(np.full(len(windows), rank, np.int64), start, end, sizes)
+    samples = {i: int(b) for i, b in enumerate(found.tolist()) if b > 0}
+    return samples, ("the recorder's step batch (the leading dimension of the top-level "
+                     f"module's first input as each step began), in {len(samples)} of "
+                     f"{len(windows)} steps")
 
 
 def _unfolded(run: Run, ev: Events, mine: I64,
