@@ -604,7 +604,7 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     than its own work explains. (Where others hold the cores throughout, every step waits
     alike, and a step that does more waits more: a loop on the CPU 45% of the time, its
     threads half of it on a runqueue in every step, had its checkpoint-writing steps, 2.3-2.6x
-    the median, all read as descheduled; and where they wait most of the time, 80% of an
+    the median, all read as descheduled; and where they wait most of the time, 87% of an
     encoder's steps, a step's wait of 246 ms over 18 ms of running is another process's time
     slices, not the step's work.) The loop thread's own run delay
     in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
