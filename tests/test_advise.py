@@ -1824,6 +1824,87 @@ def test_cpu_contention_measured_from_descheduled_steps(tmp_path: Path) -> None:
     assert a.gain_of_ns == 196 * ms and a.gain_basis.startswith("measured: the steps")
 
 
+def test_outlier_steps_while_every_step_waits_alike(tmp_path: Path) -> None:
+    """Other processes held the cores throughout: the run's threads 1.0 core on a runqueue
+    beside the 1.0 they ran, in every step alike (a loop on the CPU 45% of its time, as a
+    recorded checkpoint-every-5-steps loop was). A step of 16 ms among steps of 4 ms (the
+    checkpoint's write) waited no more than they did: the loop's own periodic work, an
+    outlier, not contention. Half its time on a runqueue had read as descheduled, and the
+    checkpoints' 12 ms beyond the usual step as contention's."""
+    run = with_manifest(imported(tmp_path, "saves", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    durs = [4, 4, 4, 4, 16, 4, 4, 4, 4]
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    _loaded_after(run, 0, ends[-1] + 1)
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 8, "dur_ns": 16 * ms}]
+    assert a.evidence["descheduled_steps"] == 0
+    assert a.gain_ns == 12 * ms and a.gain_of_ns == 12 * ms + sum(durs) * ms
+    assert host._descheduled_excess(Facts.of(run)) == 0  # cpu_contention's measured part
+
+
+def test_outlier_steps_told_from_preemptions_by_the_loop_threads_run_delay(tmp_path: Path
+                                                                           ) -> None:
+    """The same loaded host, two steps of 16 ms among steps of 4 ms, each of which waited
+    2 ms on a runqueue. The sampler's readings say both steps waited as all did; the loop
+    thread's run delay read at its hooks (HOOK_DELAY) says one waited 14 ms (a time slice
+    another process took: descheduled), the other 8 ms, half of it as every step (a
+    checkpoint's write: the loop's own)."""
+    from perfswarm.trace.schema import COUNTERS, HOOK_DELAY
+
+    run = with_manifest(imported(tmp_path, "slices", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    durs = [4, 4, 4, 4, 16, 4, 4, 4, 16]
+    waits = [2, 2, 2, 2, 14, 2, 2, 2, 8]
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    _loaded_after(run, 0, ends[-1] + 1)
+    sampled = host.outlier_steps(Facts.of(run))
+    assert sampled is not None and [o["step"] for o in sampled.evidence["outliers"]] == [8, 12]
+    # the hooks at the window's step ends (0, 4, 8, 12 ms: 2 ms waited in each) and after
+    hooks = [0, 4, 8, 12, *ends]
+    waited = np.cumsum([0, 2, 2, 2, *waits])
+    run.write_table("counters", pa.concat_tables([run.table("counters"), pa.table({
+        "rank": [0] * len(hooks), "ts": [t * ms for t in hooks],
+        "name": [HOOK_DELAY] * len(hooks), "device": [-1] * len(hooks),
+        "value": [float(w * ms) for w in waited]}).cast(COUNTERS)]).cast(COUNTERS))
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 12, "dur_ns": 16 * ms}]
+    assert a.evidence["descheduled_steps"] == 1 and a.gain_ns == 12 * ms
+    assert host._descheduled_excess(Facts.of(run)) == 12 * ms
+
+
+def test_a_step_preempted_where_every_step_mostly_waits(tmp_path: Path) -> None:
+    """Steps of 10 ms that wait 8 of them on a runqueue (the loop thread's run delay read at
+    its hooks), and one of 40 ms that ran 3 ms and waited 37: its running would have brought
+    12 ms of waiting at the usual share, so 25 ms of its 30 beyond the median are other
+    processes' time slices: descheduled. Its share of waiting (0.93) had been set against
+    the usual 0.8 alone: 5 ms, an outlier of the loop's own."""
+    from perfswarm.trace.schema import COUNTERS, HOOK_DELAY
+
+    run = with_manifest(imported(tmp_path, "busy", _loader_steps(500, 3500)), cores=2)
+    ms = 1_000_000
+    durs, waits = [10, 10, 10, 40, 10, 10, 10], [8, 8, 8, 37, 8, 8, 8]
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    _loaded_after(run, 0, ends[-1] + 1)
+    hooks = [12, *ends]
+    waited = np.cumsum([0, *waits])
+    run.write_table("counters", pa.concat_tables([run.table("counters"), pa.table({
+        "rank": [0] * len(hooks), "ts": [t * ms for t in hooks],
+        "name": [HOOK_DELAY] * len(hooks), "device": [-1] * len(hooks),
+        "value": [float(w * ms) for w in waited]}).cast(COUNTERS)]).cast(COUNTERS))
+    assert found(host.outlier_steps, run) is None
+    assert host._descheduled_excess(Facts.of(run)) == 30 * ms
+
+
 # -- per-sample ops ---------------------------------------------------------------------------
 # tests/data/per_sample.py: 16 samples a step, two views, each made one sample at a time; of
 # each sample's ops, those of a fixed count on a sample's shape (the flip runs at random, the

@@ -28,7 +28,7 @@ from perfswarm.recorder.session import Child, RecordOptions, Status, parse_steps
 from perfswarm.recorder.torch_profiler import PATIENCE, SETTLE, read_live
 from perfswarm.trace.readers import perf, pyspy
 from perfswarm.trace.readers.sampler import read_jsonl, value_rows
-from perfswarm.trace.schema import FAULTS, OPTIMIZER_CALL
+from perfswarm.trace.schema import FAULTS, HOOK_DELAY, OPTIMIZER_CALL
 from perfswarm.trace.store import Run
 
 PY = sys.executable
@@ -584,6 +584,20 @@ def test_page_faults_counted_at_every_hook(trainer_run: Run) -> None:
 
     assert trainer_run.manifest()["extra"]["record"]["torch_version"] == torch.__version__
 
+
+
+def test_run_delay_read_at_every_hook(trainer_run: Run) -> None:
+    """The stepping thread's run delay (schedstat) at each optimizer hook, on the hooks'
+    times: it only grows, and no step between two hooks waited longer than it lasted (a
+    reading comes microseconds after its hook's time: 1 ms allowed)."""
+    (hooks_file,) = trainer_run.raw_dir.glob("steps-rank0-pid*.json")
+    data = orjson.loads(hooks_file.read_bytes())
+    counters = trainer_run.table("counters").to_pylist()
+    delays = [(c["ts"], c["value"]) for c in counters if c["name"] == HOOK_DELAY]
+    assert [ts for ts, _ in delays] == data["hook_ns"]
+    assert [v for _, v in delays] == data["hook_delays"] == sorted(data["hook_delays"])
+    assert data["hook_delays"][0] >= 0
+    assert all(d1 - d0 <= t1 - t0 + 1e6 for (t0, d0), (t1, d1) in itertools.pairwise(delays))
 
 
 def test_page_faults_a_step_in_and_after_the_window(trainer_run: Run) -> None:

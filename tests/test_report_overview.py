@@ -15,6 +15,7 @@ from typing import Any
 import markupsafe
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from conftest import corpus
@@ -525,6 +526,72 @@ def test_samples_of_the_transformer_fast_path(tmp_path: Path) -> None:
     assert rates["source"] == (
         "the activation input of each step's first GEMM or convolution (aten::mm 30x32: the "
         "rows of aten::_native_multi_head_attention's 3x10x32 in the first), in 3 of 3 steps")
+
+
+def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Path) -> None:
+    """The same encoder with a src_key_padding_mask (tests/data/encoder_padmask.py): the fast
+    path packs each request's valid tokens into a nested tensor, whose shape the trace leaves
+    empty, so each step's first product, aten::mm, multiplies only those (15 of the 3 x 10
+    padded tokens, 26 of 5 x 10, 9 of 2 x 10, from the raw JSON): the batch is the padded
+    input aten::_nested_tensor_from_mask took (3, 5 and 2 samples), not the tokens. The
+    first step, which timed the profiler's start (970 ms of the three's 988), is left out of
+    the samples' time where the batches differ."""
+    trace = Path(__file__).parent / "data" / "encoder_padmask_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    batches = []
+    for m in marks:
+        inside = sorted((e for e in raw if e.get("cat") == "cpu_op"
+                         and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"])
+        packs = next(e for e in inside if e["name"] == "aten::_nested_tensor_from_mask")
+        product = next(e for e in inside if e["name"] in ("aten::mm", "aten::addmm"))
+        (b, length, width), rows = packs["args"]["Input Dims"][0], product["args"]["Input Dims"][0]
+        assert rows[1] == width and rows[0] < b * length and packs["ts"] < product["ts"]
+        batches.append(b)
+    assert batches == [3, 5, 2]
+    rates = report_data(import_traces([trace], tmp_path / "m.run", ImportOptions(),
+                                      ["serve.py"]))["throughput"]
+    assert marks[0]["dur"] > 2 * max(m["dur"] for m in marks[1:])
+    assert rates["samples_per_step"] == (5 + 2) / 2 and rates["steps"] == 2
+    assert rates["samples_per_s"] == pytest.approx(
+        (5 + 2) / (sum(m["dur"] for m in marks[1:]) / 1e6), rel=1e-4)
+    assert rates["source"] == (
+        "the activation input of each step's first GEMM or convolution (aten::mm 15x32: the "
+        "valid tokens of aten::_nested_tensor_from_mask's 3x10x32 (its padding masked out) in "
+        "the first), in 3 of 3 steps; the steps' batches differ: every sample over the steps' "
+        "whole time")
+
+
+def test_samples_of_a_quantized_forward_loop_from_the_recorders_step_batch(tmp_path: Path
+                                                                          ) -> None:
+    """quantize_dynamic's MLP (tests/data/qdyn_mlp.py) multiplies in quantized::linear_dynamic,
+    which no cost model prices: no first product says the batch, and there had been no
+    samples card. The recorder's step batch of each request (here at each marked step's
+    start, valued as the raw JSON's first quantized::linear_dynamic input's rows: 16, 8 and
+    1) is."""
+    from perfswarm.trace.schema import COUNTERS, STEP_BATCH
+
+    trace = Path(__file__).parent / "data" / "qdyn_mlp_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = sorted((e for e in raw if e.get("name", "").startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    batches = [next(e for e in sorted(raw, key=lambda e: e.get("ts", 0))
+                    if e.get("name") == "quantized::linear_dynamic"
+                    and m["ts"] <= e["ts"] < m["ts"] + m["dur"])["args"]["Input Dims"][0][0]
+               for m in marks]
+    assert batches == [16, 8, 1]
+    run = import_traces([trace], tmp_path / "q.run", ImportOptions(), ["serve.py"])
+    assert report_data(run)["throughput"] is None  # without the recorder's counter
+    starts = [s["start"] for s in run.table("steps").to_pylist()]
+    run.write_table("counters", pa.table({
+        "rank": [0] * 3, "ts": [t + 1000 for t in starts], "name": [STEP_BATCH] * 3,
+        "device": [-1] * 3, "value": [float(b) for b in batches]}).cast(COUNTERS))
+    rates = report_data(Run.open(run.path))["throughput"]
+    assert rates["samples_per_step"] == (16 + 8 + 1) / 3 and rates["steps"] == 3
+    assert rates["source"] == (
+        "the recorder's step batch (the leading dimension of the top-level module's first "
+        "input as each step began), in 3 of 3 steps; the steps' batches differ: every sample "
+        "over the steps' whole time")
 
 
 def test_samples_per_second_over_the_median_step(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -275,34 +276,50 @@ class StepFaults:
 
 def step_faults(run: Run) -> StepFaults | None:
     """The Run's StepFaults; None without the counter or a profiled step."""
-    table = run.table("counters", columns=["rank", "ts", "name", "value"])
-    table = table.filter(pc.equal(table.column("name").cast(pa.string()), FAULTS))
-    table = table.sort_by([("rank", "ascending"), ("ts", "ascending")])
     steps = run.table("steps", columns=["rank", "start", "end", "source"])
-    steps = steps.sort_by([("rank", "ascending"), ("start", "ascending")])
-    rank, ts = (np.asarray(table.column(c).to_numpy(), np.int64) for c in ("rank", "ts"))
-    value = np.asarray(table.column("value").to_numpy(), np.float64)
+    source = np.asarray(steps.column("source").cast(pa.string()).to_pylist(), object)
+    delta = hook_deltas(run.table("counters", columns=["rank", "ts", "name", "value"]),
+                        steps, FAULTS)
     s_rank, s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64)
                               for c in ("rank", "start", "end"))
-    source = np.asarray(steps.column("source").cast(pa.string()).to_pylist(), object)
     found: dict[str, list[float]] = {PROFILED: [], UNPROFILED: []}
     for r in np.unique(s_rank[source == PROFILED]).tolist():
-        mine, readings = np.flatnonzero(s_rank == r), np.flatnonzero(rank == r)
-        if len(readings) < 2:
-            continue
-        middle = (ts[readings[:-1]] + ts[readings[1:]]) // 2  # each difference's step, by it
-        at = mine[np.clip(np.searchsorted(s_start[mine], middle, side="right") - 1, 0, None)]
-        inside = (s_start[at] <= middle) & (middle < s_end[at])
-        window_end = s_end[mine[source[mine] == PROFILED]].max()
-        delta = np.diff(value[readings])
-        found[PROFILED] += delta[inside & (source[at] == PROFILED)].tolist()
-        found[UNPROFILED] += delta[inside & (source[at] == UNPROFILED)
-                                   & (s_start[at] >= window_end)].tolist()
+        mine = s_rank == r
+        window_end = s_end[mine & (source == PROFILED)].max()
+        counted = mine & ~np.isnan(delta)
+        found[PROFILED] += delta[counted & (source == PROFILED)].tolist()
+        found[UNPROFILED] += delta[counted & (source == UNPROFILED)
+                                   & (s_start >= window_end)].tolist()
     if not found[PROFILED]:
         return None
     after = found[UNPROFILED]
     return StepFaults(float(np.median(found[PROFILED])),
                       float(np.median(after)) if len(after) >= MIN_AFTER else None)
+
+
+def hook_deltas(counters: pa.Table, steps: pa.Table, name: str) -> npt.NDArray[np.float64]:
+    """Per row of `steps` (rank, start, end), what the recorder's counter `name`, read at each
+    step hook (FAULTS, HOOK_DELAY), grew by across it: the difference between two readings is
+    the step between them, placed by its middle (a marked step's bounds lie within a fraction
+    of a millisecond of its hooks). NaN where no difference falls in the step."""
+    table = counters.filter(pc.equal(counters.column("name").cast(pa.string()), name))
+    table = table.sort_by([("rank", "ascending"), ("ts", "ascending")])
+    rank, ts = (np.asarray(table.column(c).to_numpy(), np.int64) for c in ("rank", "ts"))
+    value = np.asarray(table.column("value").to_numpy(), np.float64)
+    s_rank, s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64)
+                              for c in ("rank", "start", "end"))
+    out = np.full(len(s_rank), np.nan)
+    for r in np.unique(s_rank).tolist():
+        readings = np.flatnonzero(rank == r)
+        if len(readings) < 2:
+            continue
+        mine = np.flatnonzero(s_rank == r)
+        mine = mine[np.argsort(s_start[mine], kind="stable")]
+        middle = (ts[readings[:-1]] + ts[readings[1:]]) // 2  # each difference's step, by it
+        at = mine[np.clip(np.searchsorted(s_start[mine], middle, side="right") - 1, 0, None)]
+        inside = (s_start[at] <= middle) & (middle < s_end[at])
+        out[at[inside]] = np.diff(value[readings])[inside]
+    return out
 
 
 def unprofiled_steps(steps: pa.Table, windows: Mapping[int, Sequence[StepWindow]]

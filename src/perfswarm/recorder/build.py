@@ -38,6 +38,7 @@ from perfswarm.trace.schema import (
     EXPORT,
     FAULTS,
     FLOWS,
+    HOOK_DELAY,
     NONE,
     OPTIMIZER_CALL,
     SAMPLES,
@@ -91,6 +92,7 @@ class Hooks(NamedTuple):
     done: dict[int, int] | None = None
     inputs: dict[int, int] | None = None  # hook index -> its input's elements (STEP_INPUT)
     forward_ns: dict[int, int] | None = None  # hook index -> its forward's ns (STEP_FORWARD)
+    delays: list[int] | None = None  # the hooking thread's run delay at each (HOOK_DELAY)
 
 
 def _hooks(path: Path) -> Hooks:
@@ -108,7 +110,8 @@ def _hooks(path: Path) -> Hooks:
                      {int(i): int(n) for i, n in data.get("batches", {}).items()},
                      {int(i): int(t) for i, t in data.get("step_done_ns", {}).items()},
                      {int(i): int(n) for i, n in data.get("inputs", {}).items()},
-                     {int(i): int(n) for i, n in data.get("forward_ns", {}).items()})
+                     {int(i): int(n) for i, n in data.get("forward_ns", {}).items()},
+                     [int(d) for d in data.get("hook_delays", [])])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -141,14 +144,17 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
 def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its step hooks, its optimizer calls'
     own time, and a forward-driven step's batch, input elements and forward's time, as the
-    per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD."""
+    per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD, and
+    the hooking thread's run delay, HOOK_DELAY (none where the kernel kept no schedstat)."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
     for h in hooked:
         # a fault count and an optimizer call's time belong to the step the hook ends, at
         # the hook; a batch to the step it begins, once the profiler's step() has returned
         # (the next marked step begun)
         begins = [(h.done or {}).get(i, t) for i, t in enumerate(h.times)]
+        delays = {i: d for i, d in enumerate(h.delays or []) if d >= 0}
         for name, values, at in ((FAULTS, dict(enumerate(h.faults)), h.times),
+                                 (HOOK_DELAY, delays, h.times),
                                  (OPTIMIZER_CALL, h.optimizer_ns, h.times),
                                  (STEP_BATCH, h.batches or {}, begins),
                                  (STEP_INPUT, h.inputs or {}, begins),

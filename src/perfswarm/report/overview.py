@@ -27,7 +27,7 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.intervals import I64, Mask, state_sweep
-from perfswarm.analyze.iterations import profiler_start
+from perfswarm.analyze.iterations import batch_sizes, profiler_start, step_batches
 from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
 from perfswarm.analyze.summary import analyze
 from perfswarm.model.opcost import (
@@ -173,9 +173,11 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     the batch came from, best first: the token embedding's indices (batch x sequence, or
     sequence x batch where an RNN runs time-major on them; the passes its backward trained
     where it has one, every lookup of an inference step); the leading dimension of the
-    activation input of each step's first matrix product or convolution, or the recorded
-    command's --batch-size (every step), each times the step's forward and backward passes
-    (_passes: a gradient accumulation's micro-batches; one without a backward). A step where
+    activation input of each step's first matrix product or convolution; of a forward-driven
+    loop whose products no cost model prices (quantize_dynamic's quantized::linear_dynamic),
+    the recorder's step batch; or the recorded command's --batch-size (every step), each times
+    the step's forward and backward passes (_passes: a gradient accumulation's micro-batches;
+    one without a backward). A step where
     the model did not run (a window the profiler cut before its forward) is left out. Per the
     median step where every step ran the same batch (the profiler's first step runs slow);
     where they differ (an inference server's requests), every sample over the steps' whole
@@ -192,6 +194,8 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
         samples, tokens, source = _from_compiled(run, ev, mine, windows)
     if not samples:
         samples, source = _from_first_op(run, ev, mine, windows)
+    if not samples:
+        samples, source = _from_step_batch(run, int(rank), windows)
     if not samples:
         flag = batch_flag(run.manifest()["command"])
         if flag is None:
@@ -483,20 +487,43 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         f"{len(first)} of {len(windows)} steps")
 
 
+def _from_step_batch(run: Run, rank: int, windows: Sequence[Mapping[str, Any]]
+                     ) -> tuple[dict[int, int], str]:
+    """Per step of a forward-driven loop, the recorder's STEP_BATCH: the leading dimension of
+    its top-level module's first input as the step began."""
+    sizes = batch_sizes(run)
+    if not sizes.num_rows:
+        return {}, ""
+    start, end = (np.asarray([w[k] for w in windows], np.int64) for k in ("start", "end"))
+    found = step_batches(np.full(len(windows), rank, np.int64), start, end, sizes)
+    samples = {i: int(b) for i, b in enumerate(found.tolist()) if b > 0}
+    return samples, ("the recorder's step batch (the leading dimension of the top-level "
+                     f"module's first input as each step began), in {len(samples)} of "
+                     f"{len(windows)} steps")
+
+
 def _unfolded(run: Run, ev: Events, mine: I64,
               first: Mapping[int, tuple[int, tuple[int, ...], tuple[int, ...]]],
               ) -> tuple[dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]], dict[int, str]]:
     """Each step's first product (row, input, weight), its input read from the op it runs in
     where that op multiplies its batch's tokens as rows: torch's transformer fast path
     (aten::_native_multi_head_attention on [3, 10, 32], inside it aten::mm on [30, 32]); its
-    input [B, ..., width] has leading dimensions that multiply to the product's rows. And per
-    step so read, the words that say so (the product's input, then the op's)."""
+    input [B, ..., width] has leading dimensions that multiply to the product's rows; with a
+    padding mask, the fast path packs only the valid tokens into a nested tensor (whose shape
+    the trace leaves empty: an 8 x 64 batch's 376 tokens as aten::mm [376, 128], read as a
+    batch of 376), so the padded input [B, L, width] the step's last
+    aten::_nested_tensor_from_mask before the product took is the batch, where its B x L
+    holds the rows. And per step so read, the words that say so (the product's input, then
+    the op's)."""
     rows = np.fromiter((r for r, _b, _w in first.values()), np.int64, len(first))
     inner, around = enclosing_rows(ev, rows, mine[ev.of_kind("cpu_op")[mine]
                                                   & ~np.isin(mine, rows)])
     ops = np.unique(around)  # RowShapes reads rows ascending, once each
     shapes_of = dict(zip(ops.tolist(), RowShapes.of(run).get(ops), strict=True))
     outer = {i: (o, shapes_of[o]) for i, o in zip(inner.tolist(), around.tolist(), strict=True)}
+    packers = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names) if n == NESTED])]
+    packers = packers[np.argsort(ev.ts[packers], kind="stable")]
+    packed = dict(zip(packers.tolist(), RowShapes.of(run).get(packers), strict=True))
     out, said = dict(first), {}
     for step, (row, batch, weight) in first.items():
         op, shapes = outer.get(row, (-1, None))
@@ -506,7 +533,21 @@ def _unfolded(run: Run, ev: Events, mine: I64,
             out[step] = (row, dims, weight)
             said[step] = (f"{'x'.join(map(str, batch))}: the rows of "
                           f"{ev.name_of(op)}'s {'x'.join(map(str, dims))}")
+            continue
+        before = packers[(ev.ts[packers] <= ev.ts[row]) & (ev.tid[packers] == ev.tid[row])]
+        nested = packed[int(before[-1])] if op >= 0 and not dims and len(before) else None
+        padded: tuple[int, ...] = nested.dims[0] if nested is not None and nested.dims else ()
+        if len(padded) == 3 and len(batch) == 2 and padded[-1] == batch[1] \
+                and padded[0] * padded[1] >= batch[0]:
+            out[step] = (row, padded, weight)
+            said[step] = (f"{'x'.join(map(str, batch))}: the valid tokens of {NESTED}'s "
+                          f"{'x'.join(map(str, padded))} (its padding masked out)")
     return out, said
+
+
+# packs a padded batch's valid tokens, as the mask says, into a nested tensor (torch's
+# transformer fast path under a src_key_padding_mask)
+NESTED: Final = "aten::_nested_tensor_from_mask"
 
 
 def _weight(name: str, dims: Sequence[tuple[int, ...]]) -> tuple[int, ...]:

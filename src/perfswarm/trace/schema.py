@@ -76,6 +76,10 @@ COUNTERS: Final = pa.schema(
 )
 # A recorded process's minor page faults so far, at each optimizer step (per rank)
 FAULTS: Final = "minor page faults"
+# ... and the stepping thread's run delay so far (ns it sat runnable on a runqueue, schedstat),
+# at each step hook: a step's wait for a core, which the system sampler's readings (50 ms)
+# cannot place in steps shorter than them
+HOOK_DELAY: Final = "loop thread run delay ns"
 # A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
 # optimizer step (per rank), in the profiling window and outside it
 OPTIMIZER_CALL: Final = "optimizer step ns"

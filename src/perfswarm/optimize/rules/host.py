@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import UNUSUAL, step_batches
+from perfswarm.analyze.iterations import UNUSUAL, hook_deltas, step_batches
 from perfswarm.analyze.system import others_delay
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
@@ -26,7 +26,7 @@ from perfswarm.optimize.rules.facts import (
     where,
 )
 from perfswarm.optimize.rules.threads import fewer_threads
-from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import HOOK_DELAY, PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -333,8 +333,9 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
             evidence["descheduled_excess_ns"] = measured
             if measured > gain:
                 gain, model = measured, ("measured: the steps it sat descheduled in (the cores "
-                                         "busy, its run delay half their excess or more), their "
-                                         "time beyond the usual step")
+                                         "busy, its run delay beyond a usual step's share half "
+                                         "their excess or more), their time beyond the usual "
+                                         "step")
         return gain, whole, evidence, model
     # Its own CPU time at the parallelism it reached when it ran most freely (90th
     # percentile of its sampled cores) instead of what it got on average: a reading
@@ -593,12 +594,31 @@ def _counter(facts: Facts, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArra
     return ts[order], value[order]
 
 
+_PLACED = 10  # sampler readings a step holds for its share of waiting to be its own
+
+
 def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
     """Which of the `slow` steps ran while the host's cores were at least _BUSY busy and the
     recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
     sampler's proc.cpu_cores), or other processes held _others_held more cores than in the
     median step, or its threads' run delay (proc.run_delay_cores, over the threads that wanted
-    a core) is half its time beyond the median step or more: it waited for the cores."""
+    a core), less the wait its running time would have brought at the median step's share of
+    waiting, is half its time beyond the median step or more: it waited for the cores more
+    than its own work explains. (Where others hold the cores throughout, every step waits
+    alike, and a step that does more waits more: a loop on the CPU 45% of the time, its
+    threads half of it on a runqueue in every step, had its checkpoint-writing steps, 2.3-2.6x
+    the median, all read as descheduled; and where they wait most of the time, 87% of an
+    encoder's steps, a step's wait of 246 ms over 18 ms of running is another process's time
+    slices, not the step's work.) The loop thread's own run delay
+    in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
+    sampler's: a reading's average cannot place a time slice lost to another process in a
+    step of 0.4 ms (an inference loop's steps of 7-31 ms among them, each a preemption, had
+    read as the loop's own outliers, the waits spread evenly over the readings). Without it
+    (a Run recorded before), the readings at a step's ends smear a reading's wait into it or
+    out of it: only a step that holds _PLACED readings or more (those two under a fifth of
+    them) is set against the usual share; a shorter one's share of waiting counts alone, as
+    before (a 105 ms encoder step of 2 readings, its 31 ms of running its batch's usual 26,
+    had read as an outlier).)"""
     pts, pvalue = _counter(facts, "proc.cpu_cores")
     dts, dvalue = _counter(facts, "proc.run_delay_cores")
     cores = like(facts.counters, "name", r"^cpu\.core\d+\.(usr|sys)$")
@@ -614,25 +634,44 @@ def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
         inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
         return float(inside.mean()) if len(inside) else None
 
-    usual = [(v, h - v) for lo, hi in zip(col(steps, "start").tolist(),
-                                          col(steps, "end").tolist(), strict=True)
+    def queued(lo: int, hi: int, got: float) -> float | None:
+        # the share of the step its threads sat on a runqueue, over the threads that wanted
+        # a core
+        waited = mean(dts, dvalue, lo, hi) if len(dts) else None
+        return None if waited is None else waited / max(1.0, got + waited)
+
+    usual = [(v, h - v, queued(lo, hi, v)) for lo, hi in zip(
+        col(steps, "start").tolist(), col(steps, "end").tolist(), strict=True)
              if (v := mean(pts, pvalue, lo, hi)) is not None
              and (h := mean(bts, bvalue, lo, hi)) is not None]
     if not usual:
         return [False] * slow.num_rows
-    typical = float(np.median([v for v, _ in usual]))
-    others_typical = float(np.median([o for _, o in usual]))
+    typical = float(np.median([v for v, _, _ in usual]))
+    others_typical = float(np.median([o for _, o, _ in usual]))
+    # the loop thread's share of each step on a runqueue, where its hooks read it
+    hooked, hooked_slow = (hook_deltas(facts.counters, t, HOOK_DELAY) / np.maximum(
+        1, col(t, "end") - col(t, "start")) for t in (steps, slow))
+    by_hooks = not np.isnan(hooked).all()
+    delays = [q for _, _, q in usual if q is not None]
+    queued_typical = (float(np.nanmedian(hooked)) if by_hooks else
+                      float(np.median(delays)) if delays else 0.0)
     n_cores = _cores(facts)
     median = float(np.median(col(steps, "end") - col(steps, "start")))
+    # the wait a step's running brings at the usual share of waiting, per ns of running
+    brought = queued_typical / max(1.0 - queued_typical, 0.01)
     out = []
-    for lo, hi in zip(col(slow, "start").tolist(), col(slow, "end").tolist(), strict=True):
+    for lo, hi, own in zip(col(slow, "start").tolist(), col(slow, "end").tolist(),
+                           hooked_slow.tolist(), strict=True):
         got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
-        waited = mean(dts, dvalue, lo, hi) if len(dts) else None
+        share = ((None if np.isnan(own) else own) if by_hooks else
+                 None if got is None else queued(lo, hi, got))
+        placed = by_hooks or \
+            int(np.searchsorted(dts, hi)) - int(np.searchsorted(dts, lo)) >= _PLACED
         out.append(got is not None and host is not None and _saturated(host, n_cores) and (
             got < _CONTENDED_SHARE * typical
             or host - got - others_typical >= _others_held(n_cores)
-            or (waited is not None
-                and waited * (hi - lo) / max(1.0, got + waited) >= (hi - lo - median) / 2)))
+            or (share is not None and (share - (1 - share) * brought * placed) * (hi - lo)
+                >= (hi - lo - median) / 2)))
     return out
 
 

@@ -48,6 +48,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -81,6 +82,10 @@ class _Window:
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.hook_ns: list[int] = []
         self.hook_faults: list[int] = []  # the process's minor page faults at each hook
+        # the hooking thread's run delay so far at each hook (schedstat: ns it sat runnable on
+        # a runqueue; -1 where the kernel keeps none): the wait for a core in each step, which
+        # the system sampler's 50 ms readings spread over the steps they span
+        self.hook_delays: list[int] = []
         # hook index -> the leading dimension of the top-level module's first input, of a
         # forward-driven step (an inference server's requests differ in size)
         self.batches: dict[int, int] = {}
@@ -172,6 +177,7 @@ class _Window:
         record and the live file's lines."""
         self.hook_ns.clear()
         self.hook_faults.clear()
+        self.hook_delays.clear()
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
@@ -240,8 +246,8 @@ class _Window:
         self.on_step()
         return True
 
-    _KEPT = ("hook_ns", "hook_faults", "optimizer_ns", "batches", "inputs", "forward_ns",
-             "step_done_ns",
+    _KEPT = ("hook_ns", "hook_faults", "hook_delays", "optimizer_ns", "batches", "inputs",
+             "forward_ns", "step_done_ns",
              "driver", "opened_at", "cut_at")
 
     def _supersede(self) -> None:
@@ -427,6 +433,7 @@ class _Window:
         self.pending_ns += sum(own[kept[-1] + 1 if kept else 0:])
         self.hook_ns = [self.hook_ns[i] for i in kept]
         self.hook_faults = [self.hook_faults[i] for i in kept]
+        self.hook_delays = [self.hook_delays[i] for i in kept]
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
             os.write(self.live_fd, b"".join(b"%d\n" % t for t in self.hook_ns))
@@ -442,7 +449,12 @@ class _Window:
             self.claim = "RANK" not in os.environ and _mp_child()
         if self.claim:
             self._claim_rank()
+        # the run delay right after `now`, in one syscall: a thread is preempted as a syscall
+        # returns, after the kernel copied the count, so such a wait falls after both, in the
+        # next step's time and reading alike (read before `now`, or as open/read/close, a
+        # wait of 8 ms fell into a 0.7 ms step's time and the next one's reading)
         now = time.time_ns()
+        delay = _run_delay_ns()
         done = len(self.hook_ns) + 1
         # The marker first, so that ProfilerStep#N ends where the step's last op did; this
         # hook's own work (and the ET's file write) falls at the head of step N+1, before its
@@ -458,6 +470,7 @@ class _Window:
                 self._stop_et()
         self.hook_ns.append(now)
         self.hook_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        self.hook_delays.append(delay)
         if self.live_fd < 0:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
@@ -571,12 +584,29 @@ class _Window:
         counted now."""
         _write_whole(os.path.join(self.out, f"steps-{self.stem}.json"), json.dumps({
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
-            "hook_faults": self.hook_faults, "step_done_ns": self.step_done_ns,
+            "hook_faults": self.hook_faults, "hook_delays": self.hook_delays,
+            "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
             "forward_ns": self.forward_ns,
             "cut_step": cut, "aside_at": self.aside_at, "unsettled": not self.settled(),
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
             "window_on": self.driver, **self.fp32, **self.runtime}))
+
+
+_SCHEDSTAT: dict[tuple[int, int], int] = {}  # (pid, thread) -> its schedstat, open
+
+
+def _run_delay_ns() -> int:
+    """The calling thread's time on a runqueue so far (ns, schedstat's second field), -1 where
+    the kernel keeps no schedstat. The file stays open, one per process and thread (a forked
+    child's thread is another), and is read with one pread."""
+    key = (os.getpid(), threading.get_ident())
+    try:
+        if key not in _SCHEDSTAT:
+            _SCHEDSTAT[key] = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        return int(os.pread(_SCHEDSTAT[key], 64, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def _mp_child() -> bool:
