@@ -4,18 +4,18 @@
 
 STYLE: `lstm` (a word-level LSTM language model with manual SGD and gradient clipping, as
 pytorch/examples' word_language_model), `resnet` (a small ResNet with BatchNorm and SGD with
-momentum), `gpt` (a GPT decoder with F.scaled_dot_product_attention, causal, and AdamW),
-`mixer` (an MLP-Mixer on image patches, Adam), `conv1d` (an M5-style 1-D convolutional audio
-classifier on raw waveforms, with BatchNorm, Adam). `--width` is the model's base width
-(embedding, hidden, channels); each script derives its other widths from it (the GPT's and
-the Mixer's MLP: 4W, the ResNet's second stage: 2W), as such scripts do. One intra-op thread,
-as `perfswarm calibrate` times its sweeps. `--device cuda` runs it on a GPU (a step ends with
+momentum), `gpt` (a GPT decoder with F.scaled_dot_product_attention, causal, and AdamW), `mixer`
+(an MLP-Mixer on image patches, Adam), `conv1d` (an M5-style 1-D convolutional audio classifier on
+raw waveforms, with BatchNorm, Adam). `--width` is the model's base width (embedding, hidden,
+channels); each script derives its other widths from it (the GPT's and the Mixer's MLP: 4W, the
+ResNet's second stage: 2W), as such scripts do. One intra-op thread by default (`--threads`), as
+`perfswarm calibrate` times its sweeps. `--device cuda` runs it on a GPU (a step ends with
 torch.cuda.synchronize(), so its time is the GPU's too). No perfswarm import:
-benchmarks/realworld.py records this script unmodified at several configurations and predicts
-each from one. The ground truth it prints last, one JSON line after `truth `: per step, from
-the end of one to the end of the next (as the recorder's hooks time it), the wall time
-(`step_ns`) and the process's CPU time (`cpu_ns`): on a machine other processes share, a step's
-wall time holds the time the process waited for a core, its CPU time does not.
+benchmarks/realworld.py records this script unmodified at several configurations and predicts each
+from one. The ground truth it prints last, one JSON line after `truth `: per step, from the end of
+one to the end of the next (as the recorder's hooks time it), the wall time (`step_ns`) and the
+process's CPU time (`cpu_ns`): on a machine other processes share, a step's wall time holds the
+time the process waited for a core, its CPU time does not.
 """
 
 from __future__ import annotations
@@ -140,9 +140,10 @@ def main() -> None:
     p.add_argument("--width", type=int, default=40)
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     ns = p.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(1)
+    torch.set_num_threads(ns.threads)
     dev = torch.device(ns.device)
     net, shape, classes = build(ns.style, ns.width)
     net.to(dev)

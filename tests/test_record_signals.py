@@ -15,7 +15,7 @@ import pytest
 
 from perfswarm.cli.main import main
 from perfswarm.recorder.recover import STATE, leftovers, recover
-from perfswarm.recorder.session import STOP_GRACE_S
+from perfswarm.recorder.session import STOP_GRACE_S, Child, RecordOptions, record
 from perfswarm.trace.store import Run, new_manifest
 
 PY = sys.executable
@@ -125,3 +125,23 @@ def test_a_recovered_recording_says_which_samplers_never_wrote(tmp_path: Path) -
                     "samples (raw/pystacks.txt)",
         "system": "ok"}
     assert run.table("counters").num_rows == 1 and not raw.exists()
+
+
+
+def test_the_recorded_command_starts_as_it_would_bare(tmp_path: Path) -> None:
+    """What a process inherits across exec (ignored and blocked signals, CPU affinity,
+    niceness) is the same recorded as bare. The launcher that holds the command before its
+    exec is a Python, which ignores SIGPIPE and SIGXFSZ as it starts, and exec keeps an ignored
+    signal: `yes | head -n 1` then ended by EPIPE, saying so, not silently by SIGPIPE
+    (`subprocess` restores both to their default before its exec, as the bare run has them)."""
+    probe = ["sh", "-c", "grep -E '^(SigBlk|SigIgn|Cpus_allowed_list):' /proc/self/status; "
+             "nice; yes | head -n 1"]
+    bare = subprocess.run(probe, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          check=True).stdout
+    log = tmp_path / "child.txt"
+    with log.open("wb") as out:
+        result = record(probe, tmp_path / "p.run", RecordOptions(collectors=("system",)),
+                        child=Child(output=out))
+    assert result.exit_code == 0
+    assert bare.splitlines()[-1] == b"y"  # yes killed by SIGPIPE, silently
+    assert log.read_bytes() == bare
