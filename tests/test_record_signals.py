@@ -127,7 +127,6 @@ def test_a_recovered_recording_says_which_samplers_never_wrote(tmp_path: Path) -
     assert run.table("counters").num_rows == 1 and not raw.exists()
 
 
-
 def test_the_recorded_command_starts_as_it_would_bare(tmp_path: Path) -> None:
     """What a process inherits across exec (ignored and blocked signals, CPU affinity,
     niceness) is the same recorded as bare. The launcher that holds the command before its
