@@ -147,6 +147,33 @@ def test_analyze_an_nsys_run(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                     "idle": 16500, "memory": 500, "overlapped": 0})]
 
 
+def test_nccl_kernels_are_collectives(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An NCCL kernel of the export (step 2, 60-75 us on stream 9, under the gemm's 56-76 us
+    on stream 7) is a `collective` event, as the Kineto reader makes one: analyze counts its
+    15 us as communication, all of it under the gemm (it had been a second compute kernel,
+    so the collective rules never saw a multi-rank nsys job's waits)."""
+    path = export(tmp_path / "report1.sqlite")
+    db = sqlite3.connect(path)
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    db.execute("INSERT INTO StringIds VALUES (7, ?)", (nccl,))
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (60000, 75000, 0, 1, 9, NULL, ?,"
+               " 7, 7, NULL, 0, 0, 32, 2, 1, 1, 512, 1, 1, 0, 0, 0, 0, 3, NULL, NULL, NULL)",
+               (GPID,))
+    db.commit()
+    db.close()
+    run = import_traces([path], tmp_path / "r.run", ImportOptions(), ["test"])
+    e = run.table("events", columns=["kind", "name"]).to_pydict()
+    assert [(k, n) for k, n in zip(e["kind"], e["name"], strict=True)
+            if k in ("kernel", "collective")] == [
+        ("kernel", "void gemm_kernel<float>(float*, int)"),
+        ("kernel", "void gemm_kernel<float>(float*, int)"), ("collective", nccl)]
+    assert main(["analyze", str(tmp_path / "r.run"), "--json"]) == 0
+    (rank,) = orjson.loads(capsys.readouterr().out)["concurrency"]["ranks"]
+    assert rank["iterations"][1]["ns"] == {
+        "comm_only": 0, "compute_only": 5000, "host_busy_device_idle": 3000, "idle": 16500,
+        "memory": 500, "overlapped": 15000}
+
+
 @pytest.mark.parametrize(("make", "why"), [
     (lambda p: p.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100),
      "not a readable SQLite database"),

@@ -6,6 +6,7 @@ Export Schema Reference" documents them:
 - CUPTI_ACTIVITY_KIND_KERNEL: start, end, deviceId, streamId, correlationId, globalPid,
   demangledName (else shortName) -> StringIds, gridX..Z, blockX..Z, registersPerThread,
   staticSharedMemory, dynamicSharedMemory                       -> `kernel` events
+  (NCCL's and RCCL's: `collective` events, as the Kineto reader makes them)
 - CUPTI_ACTIVITY_KIND_RUNTIME: start, end, globalTid, correlationId, nameId
                                                                 -> `runtime` events
 - CUPTI_ACTIVITY_KIND_MEMCPY: start, end, deviceId, streamId, correlationId, globalPid,
@@ -40,7 +41,7 @@ import pyarrow as pa
 
 from perfswarm.errors import TraceFormatError
 from perfswarm.trace.detail import with_detail
-from perfswarm.trace.kineto import TraceMeta, TraceTables, _steps
+from perfswarm.trace.kineto import COLLECTIVE_KERNEL, TraceMeta, TraceTables, _steps
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, NONE
 
 MAGIC = b"SQLite format 3\x00"
@@ -159,7 +160,9 @@ def _read(db: _Db, rank: int) -> tuple[TraceMeta, TraceTables]:
             if "staticSharedMemory" in more:
                 args["shared memory"] = (more["staticSharedMemory"]
                                          + more.get("dynamicSharedMemory", 0))
-            rows.append((*t, "kernel", text(r[6], kernels), _pid(r[5]), _id(r[3]), _id(r[2]),
+            name = text(r[6], kernels)
+            kind = "collective" if COLLECTIVE_KERNEL.search(name) else "kernel"
+            rows.append((*t, kind, name, _pid(r[5]), _id(r[3]), _id(r[2]),
                          _id(r[3]), _id(r[4]), orjson.dumps(args).decode()))
     for table, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
                         ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
