@@ -650,7 +650,8 @@ def test_time_on_the_cpu_of_a_pool_that_takes_turns() -> None:
     span = (rank.total.start, rank.total.end)
     found = on_cpu(ev, 0, span, (ts.astype(np.int64), np.ones(len(ts), np.int64),
                                  tid.astype(np.int64)), 10)
-    assert found == OnCpu(span_ns=400, loop_ns=180, others_ns=50, ops_ns=200, period_ns=10)
+    assert found == OnCpu(span_ns=400, loop_ns=180, others_ns=50, ops_ns=200, period_ns=10,
+                          threads=2)
 
 
 def test_steps_between_optimizer_calls_where_the_ops_do_not_repeat() -> None:

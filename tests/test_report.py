@@ -603,6 +603,10 @@ def test_cpu_busy_card_from_samples() -> None:
     busy = {"rank": 0, "total": {"span_ns": 600 * MS, "host_ops_ns": 590 * MS}}
     card = _cpu_busy(busy, OnCpu(600 * MS, 0, 0, 456 * MS, 0), "")
     assert card["value"] == "76.0%-100.0%" and "the loop's thread ran ops" in card["detail"]
+    # a server's pool of 8 threads taking its steps in turn: their time together, said so
+    pool = _cpu_busy(rank, OnCpu(600 * MS, 450 * MS, 0, 300 * MS, 10 * MS, threads=8), "")
+    assert pool["value"] == "75.0%"
+    assert "the loop's 8 threads (each took steps), together, were on the CPU" in pool["detail"]
 
 
 MS = 1_000_000

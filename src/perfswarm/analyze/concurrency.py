@@ -234,6 +234,7 @@ class OnCpu:
     others_ns: int  # the other threads of its process (intra-op threads) together
     ops_ns: int  # the loop threads' ops and runtime calls, wall time (waits for a core too)
     period_ns: int
+    threads: int = 1  # the loop's threads (a server's pool takes its steps in turn)
 
 
 def on_cpu(ev: Events, rank: int, span: tuple[int, int], samples: tuple[I64, I64, I64],
@@ -254,7 +255,7 @@ def on_cpu(ev: Events, rank: int, span: tuple[int, int], samples: tuple[I64, I64
     ours = np.isin(tids, threads)
     return OnCpu(hi - lo, int(np.count_nonzero(inside & ours)) * period_ns,
                  int(np.count_nonzero(inside & ~ours)) * period_ns,
-                 total(ev.ts[mine], ev.end[mine]), period_ns)
+                 total(ev.ts[mine], ev.end[mine]), period_ns, len(threads))
 
 
 def concurrency(ev: Events, steps: Mapping[int, Sequence[StepWindow]],

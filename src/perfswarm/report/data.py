@@ -123,7 +123,7 @@ def _cpu_busy(rank: dict[str, Any], found: OnCpu | None, comm: str) -> Card:
         why = ("none in this Run" if found is None or not found.period_ns else
                f"one each {found.period_ns / 1e6:.1f} ms of CPU time, too few in a span of "
                f"{span / 1e6:.1f} ms")
-        whose = "the loop's thread" if found is not None else "a thread"
+        whose = _loop(found) if found is not None else "a thread"
         return Card(label=label, value=f"{pct(min(1.0, ops / span) if span else 0.0)}-100.0%",
                     detail=f"share of the span {whose} ran ops or runtime calls, then all of "
                            "it: between and around them it may run Python or wait (a "
@@ -132,13 +132,21 @@ def _cpu_busy(rank: dict[str, Any], found: OnCpu | None, comm: str) -> Card:
     span = found.span_ns
     others = (f"; its process's other threads {found.others_ns / span:.2f} cores"
               if found.others_ns else "")
+    verb = "was" if found.threads == 1 else "were"
     return Card(label=label, value=pct(min(1.0, found.loop_ns / span)),
-                detail=f"share of the span the loop's thread was on the CPU, from perf's "
+                detail=f"share of the span {_loop(found)} {verb} on the CPU, from perf's "
                        f"samples (one each {found.period_ns / 1e6:.1f} ms of its CPU time: "
                        f"within {pct(found.period_ns / span)}); its ops and runtime calls "
                        f"spanned {pct(found.ops_ns / span)} (wall time, waits for a core "
                        f"included; the rest Python or waits: a DataLoader's next batch, a "
                        f"sleep){others}{comm}")
+
+
+def _loop(found: OnCpu) -> str:
+    """Whose time a CPU busy card reads: the loop's thread, or the threads that took its steps
+    in turn (a server's pool), together."""
+    return ("the loop's thread" if found.threads == 1 else
+            f"the loop's {found.threads} threads (each took steps), together,")
 
 
 def _cards(analysis: dict[str, Any], has_device: bool, flops: dict[str, Any] | None,
