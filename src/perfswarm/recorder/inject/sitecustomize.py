@@ -523,8 +523,9 @@ class _Window:
             # every op on a nested tensor, whose sizes NestedTensorImpl refuses, as on the
             # encoder fast path under a padding mask): on the program's stderr. Those are held
             # back while it runs; the program's warnings from Python (TORCH_WARN of an op it
-            # calls too) are Python's and still appear, and the Run names the ops the trace
-            # lacks (execution_trace.join_warnings).
+            # calls too) are Python's and still appear (a C++ warning of a thread with no
+            # Python on it, an autograd device thread's, in that step is held back too), and
+            # the Run names the ops the trace lacks (execution_trace.join_warnings).
             self.cpp_log_level = _cpp_log_level(_CPP_LOG_ERROR)
             self.et.start()
         self.windows += 1
