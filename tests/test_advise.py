@@ -26,7 +26,7 @@ from perfswarm.optimize.rules import device, distributed, host, loader, optimize
 from perfswarm.optimize.rules.base import Advice, Rule
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.trace.ingest import ImportOptions, import_traces
-from perfswarm.trace.schema import KINDS, STEPS
+from perfswarm.trace.schema import COUNTERS, KINDS, STEPS
 from perfswarm.trace.store import Run
 
 A100 = {"id": 0, "name": "NVIDIA A100-SXM4-40GB", "computeMajor": 8, "computeMinor": 0,
@@ -323,7 +323,7 @@ def test_shares_leave_out_the_step_that_starts_the_profiler(tmp_path: Path) -> N
 def test_which_profiled_step_starts_the_profiler(durations: dict[int, list[int]],
                                                  aside: set[tuple[int, int]],
                                                  after: int) -> None:
-    from perfswarm.analyze.iterations import profiler_start
+    from perfswarm.analyze.system import profiler_start
 
     rows = [(r, i, 100 * i, 100 * i + d, "marker") for r, ds in durations.items()
             for i, d in enumerate(ds)] + [(0, 9, 900, 900 + after, "detected"),
@@ -331,7 +331,47 @@ def test_which_profiled_step_starts_the_profiler(durations: dict[int, list[int]]
     aside = aside if after == 10 else set()
     table = pa.table({k: [row[i] for row in rows] for i, k in
                       enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
-    assert profiler_start(table) == aside
+    assert profiler_start(table, COUNTERS.empty_table(), 2) == aside
+
+
+@pytest.mark.parametrize(("first_waited", "later_waited", "aside"), [
+    (0, 6, {(0, 0)}),  # the later step sat descheduled: a wait, not work that comes back
+    (0, 0, set()),  # it ran its 10 ms: the program's work, which the first step holds too
+    (9, 6, set()),  # the first step waited as it did: their excess alike a wait
+])
+def test_a_later_step_descheduled_is_no_work_that_comes_back(
+        first_waited: int, later_waited: int, aside: set[tuple[int, int]]) -> None:
+    """A first profiled step of 12 ms among steps of 4 ms, on a host whose 2 cores others keep
+    98% busy, and a step of 10 ms after the window (half the first's excess or more). Where the
+    loop thread's run delay at its hooks (HOOK_DELAY) says that step waited 6 ms for a core
+    (analyze.system.descheduled, the test outlier_steps leaves steps to cpu_contention by),
+    it is another process's time slice, not the program's work coming back: the first step
+    times the profiler's start, set aside (an int8 inference loop's 9.7 ms first step had been
+    kept for 12 such steps). A step that ran its 10 ms, or a first step that waited as much,
+    keeps it."""
+    from perfswarm.analyze.system import profiler_start
+    from perfswarm.trace.schema import HOOK_DELAY
+
+    ms = 1_000_000
+    durs = [12, 4, 4, 4, 4, 4, 10, 4, 4]
+    waits = [first_waited, 0, 0, 0, 0, 0, later_waited, 0, 0]
+    ends = np.cumsum(durs).tolist()
+    rows = [(0, i, (e - d) * ms, e * ms, "marker" if i < 4 else "detected")
+            for i, (d, e) in enumerate(zip(durs, ends, strict=True))]
+    rows.append((0, 9, ends[-1] * ms, (ends[-1] + 30) * ms, "export"))
+    steps = pa.table({k: [row[i] for row in rows] for i, k in
+                      enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
+    readings = [(t * ms, name, value) for t in range(1, ends[-1] + 1)
+                for name, value in (("proc.cpu_cores", 1.0), ("cpu.core0.usr", 0.98),
+                                    ("cpu.core1.usr", 0.98))]
+    readings += [(t * ms, HOOK_DELAY, float(w * ms)) for t, w in
+                 zip([0, *ends], np.cumsum([0, *waits]).tolist(), strict=True)]
+    counters = pa.table({"rank": [-1 if n != HOOK_DELAY else 0 for _, n, _ in readings],
+                         "ts": [t for t, _, _ in readings], "name": [n for _, n, _ in readings],
+                         "device": [-1] * len(readings),
+                         "value": [v for _, _, v in readings]}).cast(COUNTERS)
+    assert profiler_start(steps, counters, 2) == aside
+    assert profiler_start(steps, COUNTERS.empty_table(), 2) == set()  # no counters: as before
 
 
 # -- the events frame ----------------------------------------------------------------------------
@@ -1419,7 +1459,7 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     a = shows(host.outlier_steps, run)
     # timed: 0-2 and 4-6, 4 ms each but step 5; the export step 3 is left out, and the first
     # profiled step 0 too where it times the profiler's start (over twice the other profiled
-    # steps: iterations.profiler_start), not as here, where it is as usual as they are (it had
+    # steps: system.profiler_start), not as here, where it is as usual as they are (it had
     # been left out whatever it took: 148 ms)
     assert a.evidence["outliers"] == [{"rank": 0, "step": 5, "dur_ns": 132 * ms}]
     assert a.evidence["median_step_ns"] == 4 * ms and a.gain_ns == 128 * ms

@@ -16,6 +16,7 @@ from perfswarm.errors import TraceFormatError
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.readers import execution_trace
 from perfswarm.trace.readers.fields import Placement
+from perfswarm.trace.store import Run
 
 # record_function names as a user may give them; torch 2.13 writes each into the JSON as it is
 NAMES = ["\x1b[31mANSI\x1b[0m", 'line1\nline2\t"quote"', "back\\slash", "{{7*7}} ${x} %s"]
@@ -188,3 +189,45 @@ prof.export_chrome_trace({str(tmp_path / "trace.json")!r})
     assert len(ops) > 50 and all(named[f] == name for f, name in ops)
     events = run.table("events", columns=["rf_id"]).column("rf_id").to_pylist()
     assert {f for f, _ in ops} <= set(events)
+
+
+def test_a_recording_keeps_the_observer_off_the_program_s_stderr(tmp_path: Path) -> None:
+    """The encoder fast path under a padding mask (tests/data/encoder_padmask.py) runs its ops
+    on nested tensors, whose sizes torch's ExecutionTraceObserver cannot read: it logged each
+    such op with the exception's C++ stack trace, 984 lines on the program's stderr in the
+    profiled step alone. The program's stderr is now what it is bare (torch's own
+    UserWarning included), but for the Kineto profiler's start and stop lines, and the
+    manifest names the ops the trace lacks: the Kineto ops between its first and last node
+    that no node has, from the raw files."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    script = Path(__file__).parent / "data" / "encoder_padmask.py"
+    bare = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          check=True).stderr
+    out = tmp_path / "r.run"
+    recorded = subprocess.run([sys.executable, "-m", "perfswarm.cli.main", "record", "--quiet",
+                               "--steps", "2:3", "-c", "torch", "--out", str(out), "--",
+                               sys.executable, str(script)],
+                              capture_output=True, text=True, check=True).stderr
+    assert "UserWarning: The PyTorch API of nested tensors" in bare
+    assert [line for line in recorded.splitlines() if not line.startswith("USDT:")] == (
+        bare.splitlines())
+    (et_path,) = (out / "raw").glob("et-*.json")
+    (kineto_path,) = (out / "raw").glob("torch-*.json")
+    nodes = {a["value"] for n in orjson.loads(et_path.read_bytes())["nodes"]
+             for a in n["attrs"] if a["name"] == "rf_id"}
+    ops = {e["args"]["Record function id"]: e["name"]
+           for e in orjson.loads(kineto_path.read_bytes())["traceEvents"]
+           if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}
+    joined = sorted(nodes & ops.keys())
+    lacking = Counter(name for i, name in ops.items()
+                      if joined[0] <= i <= joined[-1] and i not in nodes)
+    assert lacking["aten::_nested_tensor_from_mask"] == 1 and len(joined) > 100
+    (warning,) = [w for w in Run(out).manifest()["warnings"] if "no node" in w["what"]]
+    assert warning["count"] == lacking.total() and warning["source"] == et_path.name
+    most = sorted(lacking.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    assert warning["what"] == ("ops inside the execution trace's span with no node (its "
+                               "observer failed on them): " + ", ".join(
+                                   f"{name} x{n}" for name, n in most) + ", ...")

@@ -46,7 +46,7 @@ from perfswarm.analyze.optimizer_kinds import (
     skips_frozen,
 )
 from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, scopes, step_calls
-from perfswarm.trace.schema import EXPORT, FAULTS, PROFILED, STEP_BATCH
+from perfswarm.trace.schema import FAULTS, PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
 
 Source = Literal["marker", "detected", "window"]  # window: a time window (analyze.aisi)
@@ -76,33 +76,6 @@ def profiled(steps: pa.Table) -> pa.Table:
 
 
 UNUSUAL: Final = 2.0  # a step over this many times the usual one is not a usual step
-
-
-def profiler_start(steps: pa.Table) -> set[tuple[int, int]]:
-    """(rank, step) of each rank's first profiled step where it takes over UNUSUAL times the
-    median of the rank's other profiled steps, and no later step the run timed (profiled or
-    not; the export step aside) took half its excess over that median: it starts the profiler
-    (kineto's buffers, the recorder's execution trace observer, which runs in it alone: an
-    Adam loop's 146 ms among profiled steps of 27-30 ms), and times that, not the program.
-    Work that comes back (a 60 ms stall every fifth step, which the default window's first
-    step, the fifth, holds too) is the program's. One definition for what advice measures its
-    shares over and for the steps outlier_steps weighs: both leave it out; a first step as
-    usual as the others stays."""
-    rows = steps.select(["rank", "step", "start", "end", "source"]).to_pylist()
-    out = set()
-    for rank, mine in itertools.groupby(sorted(rows, key=lambda r: (r["rank"], r["start"])),
-                                        key=lambda r: r["rank"]):
-        timed = [r for r in mine if r["source"] != EXPORT]
-        marked = [r for r in timed if r["source"] == PROFILED]
-        if len(marked) < 2:
-            continue
-        first, dur = marked[0], marked[0]["end"] - marked[0]["start"]
-        usual = float(np.median([r["end"] - r["start"] for r in marked[1:]]))
-        again = any(r["end"] - r["start"] >= usual + (dur - usual) / 2 for r in timed
-                    if r["start"] >= first["end"])
-        if dur > UNUSUAL * usual and not again:
-            out.add((int(rank), int(first["step"])))
-    return out
 
 
 UNPROFILED: Final = "detected"  # a steps table's rows the recorder's hooks timed outside its window

@@ -10,6 +10,7 @@ for every rank.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,10 +18,11 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64
-from perfswarm.analyze.iterations import StepWindow
-from perfswarm.trace.schema import NONE
+from perfswarm.analyze.iterations import UNUSUAL, StepWindow, hook_deltas
+from perfswarm.trace.schema import EXPORT, HOOK_DELAY, NONE, PROFILED
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
 GROUPS: Final = ("usr", "sys", "iowait", "gpu")
@@ -167,3 +169,165 @@ def others_delay(got: float, waited: float, cores: int) -> float:
     threads beyond the machine's cores wait for each other (more DataLoader workers than
     cores), the rest for the others."""
     return max(0.0, min(got + waited, float(cores)) - got)
+
+
+def host_cores(manifest: Mapping[str, Any]) -> int | None:
+    """The recording host's cores; None for an imported trace, which does not say (the
+    importing machine's had been taken: the same trace advised up to 2 or 64 cores)."""
+    cores = manifest["host"].get("cores")
+    return int(cores) if cores else None
+
+
+# A process on a busy machine that got less than this share of the CPU it had in its usual
+# step was held back in that step.
+CONTENDED_SHARE: Final = 0.5
+BUSY: Final = 0.9  # the host's cores this busy (usr + sys) count as saturated
+
+
+def others_held(cores: int) -> float:
+    """The cores other processes must hold, on a saturated host, to hold the recorded ones
+    back: half a core, or a quarter of the cores. A loop whose ops run on every core waits at
+    each parallel region for its slowest thread: on 2 cores, another process taking one made
+    a DataLoader loop's steps 5-10x slower while the loop still got 1.1 of the 2 cores."""
+    return max(0.5, 0.25 * cores)
+
+
+def saturated(busy_cores: float, cores: int) -> bool:
+    """Whether the host's cores were busy enough (usr + sys) to hold a process back."""
+    return busy_cores >= BUSY * cores
+
+
+def readings(counters: pa.Table, name: str) -> tuple[I64, F64]:
+    """The readings of the counter `name` (ts, value) in time order."""
+    mine = pc.equal(counters.column("name").cast(pa.string()), name)
+    found = counters.filter(mine)
+    ts = np.asarray(found.column("ts").to_numpy(), np.int64)
+    order = np.argsort(ts, kind="stable")
+    return ts[order], np.asarray(found.column("value").to_numpy(), np.float64)[order]
+
+
+PLACED: Final = 10  # sampler readings a step holds for its share of waiting to be its own
+
+
+def descheduled(counters: pa.Table, cores: int, slow: pa.Table, steps: pa.Table) -> list[bool]:
+    """Which of the `slow` steps (rank, start, end) the process sat descheduled in, against
+    the usual `steps` (a recording's counters, on a host of `cores`): those that ran while the
+    host's cores were at least BUSY busy and the
+    recorded process got under CONTENDED_SHARE of the CPU it had in its median step (the
+    sampler's proc.cpu_cores), or other processes held others_held more cores than in the
+    median step, or its threads' run delay (proc.run_delay_cores, over the threads that wanted
+    a core), less the wait its running time would have brought at the median step's share of
+    waiting, is half its time beyond the median step or more: it waited for the cores more
+    than its own work explains. (Where others hold the cores throughout, every step waits
+    alike, and a step that does more waits more: a loop on the CPU 45% of the time, its
+    threads half of it on a runqueue in every step, had its checkpoint-writing steps, 2.3-2.6x
+    the median, all read as descheduled; and where they wait most of the time, 87% of an
+    encoder's steps, a step's wait of 246 ms over 18 ms of running is another process's time
+    slices, not the step's work.) The loop thread's own run delay
+    in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
+    sampler's: a reading's average cannot place a time slice lost to another process in a
+    step of 0.4 ms (an inference loop's steps of 7-31 ms among them, each a preemption, had
+    read as the loop's own outliers, the waits spread evenly over the readings). Without it
+    (a Run recorded before), the readings at a step's ends smear a reading's wait into it or
+    out of it: only a step that holds PLACED readings or more (those two under a fifth of
+    them) is set against the usual share; a shorter one's share of waiting counts alone, as
+    before (a 105 ms encoder step of 2 readings, its 31 ms of running its batch's usual 26,
+    had read as an outlier).)"""
+    pts, pvalue = readings(counters, "proc.cpu_cores")
+    dts, dvalue = readings(counters, "proc.run_delay_cores")
+    names = counters.column("name").cast(pa.string())
+    busy = np.asarray(pc.match_substring_regex(names, r"^cpu\.core\d+\.(usr|sys)$").to_numpy(
+        zero_copy_only=False), bool)
+    if not len(pts) or not busy.any():
+        return [False] * slow.num_rows
+    # busy cores at each reading
+    bts, at = np.unique(np.asarray(counters.column("ts").to_numpy(), np.int64)[busy],
+                        return_inverse=True)
+    bvalue = np.bincount(at, weights=np.asarray(counters.column("value").to_numpy(),
+                                                np.float64)[busy]).astype(np.float64)
+
+    def mean(ts: I64, value: F64, lo: int, hi: int) -> float | None:
+        # each reading covers the time since the one before: those in the step and the next
+        inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
+        return float(inside.mean()) if len(inside) else None
+
+    def queued(lo: int, hi: int, got: float) -> float | None:
+        # the share of the step its threads sat on a runqueue, over the threads that wanted
+        # a core
+        waited = mean(dts, dvalue, lo, hi) if len(dts) else None
+        return None if waited is None else waited / max(1.0, got + waited)
+
+    s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64) for c in ("start", "end"))
+    usual = [(v, h - v, queued(lo, hi, v)) for lo, hi in zip(
+        s_start.tolist(), s_end.tolist(), strict=True)
+             if (v := mean(pts, pvalue, lo, hi)) is not None
+             and (h := mean(bts, bvalue, lo, hi)) is not None]
+    if not usual:
+        return [False] * slow.num_rows
+    typical = float(np.median([v for v, _, _ in usual]))
+    others_typical = float(np.median([o for _, o, _ in usual]))
+    # the loop thread's share of each step on a runqueue, where its hooks read it
+    hooked, hooked_slow = (hook_deltas(counters, t, HOOK_DELAY) / np.maximum(
+        1, np.asarray(t.column("end").to_numpy(), np.int64)
+        - np.asarray(t.column("start").to_numpy(), np.int64)) for t in (steps, slow))
+    by_hooks = not np.isnan(hooked).all()
+    delays = [q for _, _, q in usual if q is not None]
+    queued_typical = (float(np.nanmedian(hooked)) if by_hooks else
+                      float(np.median(delays)) if delays else 0.0)
+    median = float(np.median(s_end - s_start))
+    # the wait a step's running brings at the usual share of waiting, per ns of running
+    brought = queued_typical / max(1.0 - queued_typical, 0.01)
+    out = []
+    for lo, hi, own in zip(slow.column("start").to_pylist(), slow.column("end").to_pylist(),
+                           hooked_slow.tolist(), strict=True):
+        got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
+        share = ((None if np.isnan(own) else own) if by_hooks else
+                 None if got is None else queued(lo, hi, got))
+        placed = by_hooks or \
+            int(np.searchsorted(dts, hi)) - int(np.searchsorted(dts, lo)) >= PLACED
+        out.append(got is not None and host is not None and saturated(host, cores) and (
+            got < CONTENDED_SHARE * typical
+            or host - got - others_typical >= others_held(cores)
+            or (share is not None and (share - (1 - share) * brought * placed) * (hi - lo)
+                >= (hi - lo - median) / 2)))
+    return out
+
+
+def profiler_start(steps: pa.Table, counters: pa.Table, cores: int) -> set[tuple[int, int]]:
+    """(rank, step) of each rank's first profiled step where it takes over UNUSUAL times the
+    median of the rank's other profiled steps, and no later step the run timed (profiled or
+    not; the export step aside) took half its excess over that median, but one the process
+    sat descheduled in while the first step did not (`descheduled`, of the recording's
+    `counters` on its `cores`, against the rank's other timed steps): it starts the profiler
+    (kineto's buffers, the recorder's execution trace observer, which runs in it alone: an
+    Adam loop's 146 ms among profiled steps of 27-30 ms), and times that, not the program.
+    Work that comes back (a 60 ms stall every fifth step, which the default window's first
+    step, the fifth, holds too) is the program's; a wait for a core another process held is
+    no work (an int8 inference loop's 9.7 ms first step among steps of 0.67 ms had been kept
+    for 12 later steps of 5.4-11.3 ms, each 4.0-10.6 ms on a runqueue at its hooks), unless
+    the first step waited as they did (a checkpoint-writing first step among later ones, all
+    read as descheduled from the sampler alone, whose readings cannot place a wait in a short
+    step). One definition for what advice measures its shares over and for the steps
+    outlier_steps weighs: both leave it out; a first step as usual as the others stays."""
+    rows = steps.select(["rank", "step", "start", "end", "source"]).to_pylist()
+    out = set()
+    for rank, mine in itertools.groupby(sorted(rows, key=lambda r: (r["rank"], r["start"])),
+                                        key=lambda r: r["rank"]):
+        timed = [r for r in mine if r["source"] != EXPORT]
+        marked = [r for r in timed if r["source"] == PROFILED]
+        if len(marked) < 2:
+            continue
+        first, dur = marked[0], marked[0]["end"] - marked[0]["start"]
+        usual = float(np.median([r["end"] - r["start"] for r in marked[1:]]))
+        if dur <= UNUSUAL * usual:
+            continue
+        again = [r for r in timed if r["start"] >= first["end"]
+                 and r["end"] - r["start"] >= usual + (dur - usual) / 2]
+        if again:
+            *later, itself = descheduled(counters, cores, pa.Table.from_pylist([*again, first]),
+                                         pa.Table.from_pylist([r for r in timed
+                                                               if r is not first]))
+            if itself or not all(later):
+                continue
+        out.add((int(rank), int(first["step"])))
+    return out

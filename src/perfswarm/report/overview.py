@@ -27,9 +27,10 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.intervals import I64, Mask, state_sweep
-from perfswarm.analyze.iterations import batch_sizes, profiler_start, step_batches
+from perfswarm.analyze.iterations import batch_sizes, step_batches
 from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
 from perfswarm.analyze.summary import analyze
+from perfswarm.analyze.system import host_cores, profiler_start
 from perfswarm.model.opcost import (
     FLOAT_TYPES,
     RNN_OPS,
@@ -210,7 +211,9 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
         # every sample over the steps' whole time: a first step that times the profiler's
         # start left out, as advice leaves it (a graph network's 16.9 ms among steps of 4-9
         # had been 27% of the time its samples were over)
-        aside = {step for r, step in profiler_start(run.table("steps")) if r == int(rank)}
+        aside = {step for r, step in profiler_start(run.table("steps"), run.table("counters"),
+                                                   host_cores(run.manifest()) or 1)
+                 if r == int(rank)}
         ran = [i for i in ran if windows[i]["step"] not in aside] or ran
     counts = np.array([samples[i] for i in ran], np.float64)
     durs = np.array([windows[i]["end"] - windows[i]["start"] for i in ran], np.float64)

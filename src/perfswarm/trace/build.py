@@ -191,7 +191,7 @@ def add_execution_traces(run: Run, manifest: Manifest, traces: Sequence[tuple[Pa
         if found is None:
             continue
         if events is None:
-            events = run.table("events", ["rank", "rf_id", "external_id"])
+            events = run.table("events", ["rank", "rf_id", "external_id", "name"])
         nodes.append(found.graph_nodes)
         edges.append(found.graph_edges)
         manifest["warnings"] += source_warnings(path.name, Counter(found.warnings)

@@ -38,7 +38,6 @@ from perfswarm.analyze.intervals import total
 from perfswarm.analyze.iterations import (
     batch_sizes,
     profiled,
-    profiler_start,
     step_time,
     top_level,
     unprofiled_gaps,
@@ -50,6 +49,7 @@ from perfswarm.analyze.phases import OPTIMIZER, nested, optimizer_calls, phases,
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.stragglers import Stragglers
 from perfswarm.analyze.summary import analyze
+from perfswarm.analyze.system import host_cores, profiler_start
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
@@ -159,7 +159,7 @@ class Facts:
     # analyze's critical path (the whole run's, each profiled step's in `steps`)
     critical_path: CriticalPath | None = None
     # (rank, step) -> ns of the profiled steps that time the profiler's start, not the program
-    # (analyze.iterations.profiler_start): in none of the frames above (`steps`, `run_steps`,
+    # (analyze.system.profiler_start): in none of the frames above (`steps`, `run_steps`,
     # the breakdowns' and critical path's steps), so that shares divide by the usual steps
     set_aside: dict[tuple[int, int], int] = field(default_factory=dict)
     # what `per_facts` functions made of these facts, by function
@@ -172,7 +172,9 @@ class Facts:
         # read the same launches, memory and kernel sequences (analyze memoizes per Run).
         analysis = analyze(run)
         table = run.table("steps")
-        start = profiler_start(table)
+        counters = texts(run.table("counters"), "name")
+        manifest = run.manifest()
+        start = profiler_start(table, counters, host_cores(manifest) or 1)
         # each rank's first profiled step where it only times the profiler's start: an Adam
         # loop's 146 ms among 27-30 ms had been 36% of its measured time, and its fused
         # optimizer's gain 21.7% of it for 33% without the execution trace (53% measured)
@@ -201,9 +203,8 @@ class Facts:
                 # Only small text side files (topology dumps); traces are read from tables.
                 if "topo" in p.name and p.is_file() and p.stat().st_size < 1 << 20:
                     raw[p.name] = p.read_text(errors="replace")
-        return cls(events_table(Events.load(run)), steps, texts(run.table("counters"), "name"),
-                   run.manifest(), run, raw, analysis.launch, run_steps,
-                   analysis.memory, analysis.sequences, concurrency,
+        return cls(events_table(Events.load(run)), steps, counters, manifest, run, raw,
+                   analysis.launch, run_steps, analysis.memory, analysis.sequences, concurrency,
                    analysis.stragglers, path, set_aside)
 
     # -- selections ----------------------------------------------------------

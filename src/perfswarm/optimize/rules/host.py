@@ -12,8 +12,15 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import UNUSUAL, hook_deltas, step_batches
-from perfswarm.analyze.system import others_delay
+from perfswarm.analyze.iterations import UNUSUAL, step_batches
+from perfswarm.analyze.system import (
+    descheduled,
+    host_cores,
+    others_delay,
+    others_held,
+    readings,
+    saturated,
+)
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import (
@@ -26,7 +33,7 @@ from perfswarm.optimize.rules.facts import (
     where,
 )
 from perfswarm.optimize.rules.threads import fewer_threads
-from perfswarm.trace.schema import HOOK_DELAY, PROFILED, STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -52,10 +59,8 @@ def _cores(facts: Facts) -> int:
 
 
 def known_cores(facts: Facts) -> int | None:
-    """The recording host's cores; None for an imported trace, which does not say (the
-    importing machine's had been taken: the same trace advised up to 2 or 64 cores)."""
-    cores = facts.manifest["host"].get("cores")
-    return int(cores) if cores else None
+    """The recording host's cores (analyze.system.host_cores)."""
+    return host_cores(facts.manifest)
 
 
 def pageable_copies(facts: Facts) -> pa.Table:
@@ -201,20 +206,6 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
                   f"torch.set_num_threads({best}) in each process")
 
 
-# A process on a busy machine that got less than this share of the CPU it had in its usual
-# step was held back in that step.
-_CONTENDED_SHARE = 0.5
-_BUSY = 0.9  # the host's cores this busy (usr + sys) count as saturated
-
-
-def _others_held(cores: int) -> float:
-    """The cores other processes must hold, on a saturated host, to hold the recorded ones
-    back: half a core, or a quarter of the cores. A loop whose ops run on every core waits at
-    each parallel region for its slowest thread: on 2 cores, another process taking one made
-    a DataLoader loop's steps 5-10x slower while the loop still got 1.1 of the 2 cores."""
-    return max(0.5, 0.25 * cores)
-
-
 def _window_counters(facts: Facts, pattern: str, timed: bool = False) -> pa.Table:
     """Counters named by the regex `pattern` inside the measured windows of the ranks (host
     counters, rank -1, in every rank's window), or with `timed` inside the span of every step
@@ -287,7 +278,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     got = float(proc.mean())
     # the recorder's own tools (perf, py-spy) are no other process of the machine's
     tools = _recorder_cores(facts)
-    if not _saturated(host, cores) or host - got - tools < _others_held(cores):
+    if not saturated(host, cores) or host - got - tools < others_held(cores):
         return None
     free = float(np.percentile(proc, 90))
     delay = col(_window_counters(facts, r"^proc\.run_delay_cores$", timed), "value")
@@ -405,7 +396,7 @@ def outlier_steps(facts: Facts) -> Advice | None:
     # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
     # excess or more is data_loading's, not this rule's, as is one outside the window (where
     # no loader wait is traced) of a rank whose slow steps in the window all waited for it
-    starved = np.asarray(_starved(facts, slow, steps), bool)
+    starved = np.asarray(descheduled(facts.counters, _cores(facts), slow, steps), bool)
     loading = _within(facts.loader_calls, slow)
     beyond = col(slow, "end") - col(slow, "start") - usual[over]
     bursty = _loader_bound(facts, steps, dur, median)
@@ -474,7 +465,7 @@ def _queued(facts: Facts, steps: pa.Table) -> npt.NDArray[np.int64]:
     """Each step's time its tree's threads sat runnable on a runqueue: the sampler's
     proc.run_delay_cores readings in it (each covering the interval before it) times its
     length; 0 without them."""
-    ts, value = _counter(facts, "proc.run_delay_cores")
+    ts, value = readings(facts.counters, "proc.run_delay_cores")
     out = np.zeros(steps.num_rows, np.int64)
     for i, (lo, hi) in enumerate(zip(col(steps, "start").tolist(), col(steps, "end").tolist(),
                                      strict=True)):
@@ -542,7 +533,8 @@ def _timed_steps(facts: Facts
 
 def _descheduled_excess(facts: Facts) -> int:
     """The time beyond their usual step of the timed steps over _OUTLIER times it that the
-    process sat descheduled in (_starved: outlier_steps leaves those to cpu_contention)."""
+    process sat descheduled in (analyze.system.descheduled: outlier_steps leaves those to
+    cpu_contention)."""
     found = _timed_steps(facts)
     if found is None:
         return 0
@@ -550,7 +542,8 @@ def _descheduled_excess(facts: Facts) -> int:
     over = dur > _OUTLIER * usual
     if not over.any():
         return 0
-    starved = np.asarray(_starved(facts, where(steps, over), steps), bool)
+    starved = np.asarray(descheduled(facts.counters, _cores(facts), where(steps, over),
+                                      steps), bool)
     return int((dur[over] - usual[over])[starved].sum())
 
 
@@ -579,100 +572,6 @@ def _usual(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64]
         same = batch == b
         median[same] = float(np.median(dur[same])) if same.sum() >= 3 else per_sample * b
     return median
-
-
-def _saturated(busy_cores: float, cores: int) -> bool:
-    """Whether the host's cores were busy enough (usr + sys) to hold a process back."""
-    return busy_cores >= _BUSY * cores
-
-
-def _counter(facts: Facts, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """The readings of the counter `name` (ts, value) in time order."""
-    mine = col(facts.counters, "name") == name
-    ts, value = col(facts.counters, "ts")[mine], col(facts.counters, "value")[mine]
-    order = np.argsort(ts, kind="stable")
-    return ts[order], value[order]
-
-
-_PLACED = 10  # sampler readings a step holds for its share of waiting to be its own
-
-
-def _starved(facts: Facts, slow: pa.Table, steps: pa.Table) -> list[bool]:
-    """Which of the `slow` steps ran while the host's cores were at least _BUSY busy and the
-    recorded process got under _CONTENDED_SHARE of the CPU it had in its median step (the
-    sampler's proc.cpu_cores), or other processes held _others_held more cores than in the
-    median step, or its threads' run delay (proc.run_delay_cores, over the threads that wanted
-    a core), less the wait its running time would have brought at the median step's share of
-    waiting, is half its time beyond the median step or more: it waited for the cores more
-    than its own work explains. (Where others hold the cores throughout, every step waits
-    alike, and a step that does more waits more: a loop on the CPU 45% of the time, its
-    threads half of it on a runqueue in every step, had its checkpoint-writing steps, 2.3-2.6x
-    the median, all read as descheduled; and where they wait most of the time, 87% of an
-    encoder's steps, a step's wait of 246 ms over 18 ms of running is another process's time
-    slices, not the step's work.) The loop thread's own run delay
-    in each step, where the recorder read it at its step hooks (HOOK_DELAY), stands for the
-    sampler's: a reading's average cannot place a time slice lost to another process in a
-    step of 0.4 ms (an inference loop's steps of 7-31 ms among them, each a preemption, had
-    read as the loop's own outliers, the waits spread evenly over the readings). Without it
-    (a Run recorded before), the readings at a step's ends smear a reading's wait into it or
-    out of it: only a step that holds _PLACED readings or more (those two under a fifth of
-    them) is set against the usual share; a shorter one's share of waiting counts alone, as
-    before (a 105 ms encoder step of 2 readings, its 31 ms of running its batch's usual 26,
-    had read as an outlier).)"""
-    pts, pvalue = _counter(facts, "proc.cpu_cores")
-    dts, dvalue = _counter(facts, "proc.run_delay_cores")
-    cores = like(facts.counters, "name", r"^cpu\.core\d+\.(usr|sys)$")
-    if not len(pts) or not cores.any():
-        return [False] * slow.num_rows
-    # busy cores at each reading
-    bts, at = np.unique(col(facts.counters, "ts")[cores], return_inverse=True)
-    bvalue = np.bincount(at, weights=col(facts.counters, "value")[cores]).astype(np.float64)
-
-    def mean(ts: npt.NDArray[np.int64], value: npt.NDArray[np.float64], lo: int, hi: int
-             ) -> float | None:
-        # each reading covers the time since the one before: those in the step and the next
-        inside = value[int(np.searchsorted(ts, lo)):int(np.searchsorted(ts, hi)) + 1]
-        return float(inside.mean()) if len(inside) else None
-
-    def queued(lo: int, hi: int, got: float) -> float | None:
-        # the share of the step its threads sat on a runqueue, over the threads that wanted
-        # a core
-        waited = mean(dts, dvalue, lo, hi) if len(dts) else None
-        return None if waited is None else waited / max(1.0, got + waited)
-
-    usual = [(v, h - v, queued(lo, hi, v)) for lo, hi in zip(
-        col(steps, "start").tolist(), col(steps, "end").tolist(), strict=True)
-             if (v := mean(pts, pvalue, lo, hi)) is not None
-             and (h := mean(bts, bvalue, lo, hi)) is not None]
-    if not usual:
-        return [False] * slow.num_rows
-    typical = float(np.median([v for v, _, _ in usual]))
-    others_typical = float(np.median([o for _, o, _ in usual]))
-    # the loop thread's share of each step on a runqueue, where its hooks read it
-    hooked, hooked_slow = (hook_deltas(facts.counters, t, HOOK_DELAY) / np.maximum(
-        1, col(t, "end") - col(t, "start")) for t in (steps, slow))
-    by_hooks = not np.isnan(hooked).all()
-    delays = [q for _, _, q in usual if q is not None]
-    queued_typical = (float(np.nanmedian(hooked)) if by_hooks else
-                      float(np.median(delays)) if delays else 0.0)
-    n_cores = _cores(facts)
-    median = float(np.median(col(steps, "end") - col(steps, "start")))
-    # the wait a step's running brings at the usual share of waiting, per ns of running
-    brought = queued_typical / max(1.0 - queued_typical, 0.01)
-    out = []
-    for lo, hi, own in zip(col(slow, "start").tolist(), col(slow, "end").tolist(),
-                           hooked_slow.tolist(), strict=True):
-        got, host = mean(pts, pvalue, lo, hi), mean(bts, bvalue, lo, hi)
-        share = ((None if np.isnan(own) else own) if by_hooks else
-                 None if got is None else queued(lo, hi, got))
-        placed = by_hooks or \
-            int(np.searchsorted(dts, hi)) - int(np.searchsorted(dts, lo)) >= _PLACED
-        out.append(got is not None and host is not None and _saturated(host, n_cores) and (
-            got < _CONTENDED_SHARE * typical
-            or host - got - others_typical >= _others_held(n_cores)
-            or (share is not None and (share - (1 - share) * brought * placed) * (hi - lo)
-                >= (hi - lo - median) / 2)))
-    return out
 
 
 _PYTHON_SHARE = 30.0  # % of the steps the loop's thread ran nothing traced

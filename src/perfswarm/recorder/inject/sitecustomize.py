@@ -121,6 +121,7 @@ class _Window:
         self.pending_ns = 0  # the own time of the cycle's calls since the last step
         self.prof: Any = None
         self.et: Any = None
+        self.cpp_log_level: int | None = None  # torch's C++ log threshold the ET's run replaced
         self.live_fd = -1  # opened at the first step: most Python processes never step
         self.driver: str | None = None  # which of DRIVERS counts the steps
         # an optimizer was built and has not stepped yet: the loop's other events counted
@@ -199,6 +200,9 @@ class _Window:
         self.first_key = self.last_key = None
         self.calls = 0
         self.prof = self.et = None
+        if self.cpp_log_level is not None:  # forked while the ET ran: the child's log is its own
+            _cpp_log_level(self.cpp_log_level)
+            self.cpp_log_level = None
         self.opened_at = -1
         self.claim = "RANK" not in os.environ
         import multiprocessing.util as mp_util
@@ -514,6 +518,15 @@ class _Window:
 
             self.et = ExecutionTraceObserver()
             self.et.register_callback(os.path.join(self.out, f"et-{self.stem}.json"))
+            # The observer logs its start, its stop and each op it cannot record as torch's
+            # C++ warnings, the last with the exception's C++ stack trace (some 40 lines an op;
+            # every op on a nested tensor, whose sizes NestedTensorImpl refuses, as on the
+            # encoder fast path under a padding mask): on the program's stderr. Those are held
+            # back while it runs; the program's warnings from Python (TORCH_WARN of an op it
+            # calls too) are Python's and still appear (a C++ warning of a thread with no
+            # Python on it, an autograd device thread's, in that step is held back too), and
+            # the Run names the ops the trace lacks (execution_trace.join_warnings).
+            self.cpp_log_level = _cpp_log_level(_CPP_LOG_ERROR)
             self.et.start()
         self.windows += 1
         # before the profiler: the first step's marker opens last. Whole as it appears (written,
@@ -542,6 +555,9 @@ class _Window:
         self.et.stop()
         self.et.unregister_callback()
         self.et = None
+        if self.cpp_log_level is not None:
+            _cpp_log_level(self.cpp_log_level)
+            self.cpp_log_level = None
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
@@ -607,6 +623,26 @@ def _run_delay_ns() -> int:
         return int(os.pread(_SCHEDSTAT[key], 64, 0).split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+_CPP_LOG_ERROR = 2  # c10's severities: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
+
+
+def _cpp_log_level(level: int) -> int | None:
+    """Set the threshold of torch's C++ log (c10's FLAGS_caffe2_log_level, which
+    TORCH_CPP_LOG_LEVEL sets as torch loads; read at each message); the threshold it replaces,
+    None (nothing set) where this torch's libc10 exports none."""
+    import ctypes
+
+    import torch
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        flag = ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+    except (OSError, ValueError):
+        return None
+    replaced, flag.value = flag.value, level
+    return replaced
 
 
 def _mp_child() -> bool:

@@ -228,8 +228,11 @@ def join_key(events: pa.Table) -> str:
 
 
 def join_warnings(nodes: pa.Table, events: pa.Table, rank: int) -> Counter[str]:
-    """What joining a rank's graph nodes to the Run's events (rank, rf_id, external_id)
-    found amiss."""
+    """What joining a rank's graph nodes to the Run's events (rank, rf_id, external_id, name)
+    found amiss: nodes no event has, and events inside the trace's span (between its first
+    and last joined node's id: ids count up as ops begin, on every thread) no node has, the
+    ops the observer failed on (it logs and drops an op whose tensor will not give its sizes:
+    every op on a nested tensor, torch 2.13), named."""
     counts: Counter[str] = Counter()
     if events.num_rows == 0:
         counts["execution trace without a Kineto trace to join"] += 1
@@ -238,9 +241,19 @@ def join_warnings(nodes: pa.Table, events: pa.Table, rank: int) -> Counter[str]:
     key = join_key(mine)
     if key == "external_id":
         counts["no Record function id in the trace: ET joined by External id"] += 1
-    have = set(mine.column(key).to_numpy().tolist())
+    ids = mine.column(key).to_numpy()
+    have = set(ids.tolist())
     rf = nodes.column("rf_id").to_numpy()
     unmatched = int(sum(1 for r in rf.tolist() if r != NONE and r not in have))
     if unmatched:
         counts["execution-trace nodes with no matching event"] += unmatched
+    joined = np.intersect1d(rf[rf != NONE], ids)
+    if len(joined):
+        inside = (ids >= joined[0]) & (ids <= joined[-1]) & ~np.isin(ids, rf)
+        names = Counter(mine.column("name").filter(pa.array(inside)).to_pylist())
+        if names:
+            most = sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))
+            listed = ", ".join(f"{name} x{n}" for name, n in most[:5])
+            counts["ops inside the execution trace's span with no node (its observer failed on "
+                   f"them): {listed}{', ...' if len(names) > 5 else ''}"] += names.total()
     return counts
