@@ -1,15 +1,16 @@
 """A script's step at two batch sizes, measured in pairs: contention falls on both alike.
 
-    python benchmarks/paired_batch.py {mixer,conv1d} B0 B1 [--width 40] [--pairs 30] [--json OUT]
+    python benchmarks/paired_batch.py {mixer,conv1d,resnet} B0 B1 [--width 40] [--pairs 30]
+        [--json OUT]
 
-One process builds the model of benchmarks/realworld_models.py STYLE (Adam, as the script
-trains it; one intra-op
-thread) twice from the same seed. It alternates steps at batch B0 and B1 (each pair's order
-swapped from one pair to the next), each step under torch.profiler with record_shapes. It prints
-the median over pairs of (B1 step's process CPU time / B0 step's). On a machine whose other
-load comes and goes, and on hyperthreads whose sibling's work stretches CPU time too, two
-recordings made a minute apart can differ by 2x. Two steps a few milliseconds apart cannot, so
-this ratio is what `predict`'s ratio of a changed configuration to its base should match.
+One process builds the model of benchmarks/realworld_models.py STYLE (with its optimizer, as the
+script trains it; one intra-op thread) twice from the same seed. It alternates steps at batch
+B0 and B1 (each pair's order swapped from one pair to the next), each step under torch.profiler
+with record_shapes. It prints the median over pairs of (B1 step's process CPU time / B0 step's).
+On a machine whose other load comes and goes, and on hyperthreads whose sibling's work stretches
+CPU time too, two recordings made a minute apart can differ by 2x. Two steps a few milliseconds
+apart cannot, so this ratio is what `predict`'s ratio of a changed configuration to its base
+should match.
 `--json` writes, per op occurrence (`aten::NAME#k`: the k-th of its name in a step, in start
 order, inclusive time) and for the whole step (`STEP cpu`), the median paired ratio and the
 median B0 time (us).
@@ -29,12 +30,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from realworld_models import build
+from realworld_models import build, optimizer
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("style", choices=("mixer", "conv1d"))  # the scripts' Adam styles on images
+    p.add_argument("style", choices=("mixer", "conv1d", "resnet"))  # the styles on images
     p.add_argument("b0", type=int)
     p.add_argument("b1", type=int)
     p.add_argument("--width", type=int, default=40)
@@ -46,7 +47,9 @@ def main() -> int:
     for b in (ns.b0, ns.b1):
         torch.manual_seed(0)
         net, shape, classes = build(ns.style, ns.width)
-        nets[b] = net, torch.optim.Adam(net.parameters(), lr=1e-3)
+        opt = optimizer(ns.style, net)
+        assert opt is not None
+        nets[b] = net, opt
 
     def step(b: int) -> None:
         net, opt = nets[b]

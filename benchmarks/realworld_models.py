@@ -133,6 +133,16 @@ def build(style: str, w: int) -> tuple[nn.Module, tuple[int, ...], int]:
                          nn.Flatten(), nn.Linear(2 * w, 10)), (1, 4000), 10
 
 
+def optimizer(style: str, net: nn.Module) -> torch.optim.Optimizer | None:
+    """The script's optimizer of `net` (none for the LSTM LM, which trains by hand)."""
+    return {
+        "resnet": lambda: torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
+        "gpt": lambda: torch.optim.AdamW(net.parameters(), lr=1e-3),
+        "mixer": lambda: torch.optim.Adam(net.parameters(), lr=1e-3),
+        "conv1d": lambda: torch.optim.Adam(net.parameters(), lr=1e-3),
+    }.get(style, lambda: None)()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("style", choices=("lstm", "resnet", "gpt", "mixer", "conv1d"))
@@ -148,12 +158,7 @@ def main() -> None:
     net, shape, classes = build(ns.style, ns.width)
     net.to(dev)
     tokens = ns.style in ("lstm", "gpt")
-    opt: torch.optim.Optimizer | None = {
-        "resnet": lambda: torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
-        "gpt": lambda: torch.optim.AdamW(net.parameters(), lr=1e-3),
-        "mixer": lambda: torch.optim.Adam(net.parameters(), lr=1e-3),
-        "conv1d": lambda: torch.optim.Adam(net.parameters(), lr=1e-3),
-    }.get(ns.style, lambda: None)()
+    opt = optimizer(ns.style, net)
     wall, cpu = [], []
     last = time.perf_counter_ns(), time.process_time_ns()
     for _ in range(ns.steps):

@@ -256,6 +256,13 @@ def _geometry(where: tuple[int, int, int | None], concrete: Sequence[str], rank:
     return tuple(_int_list(concrete[i] if i is not None else "[1]", rank) for i in where)
 
 
+def conv_geometry(op: str, concrete: Sequence[str], rank: int
+                  ) -> tuple[tuple[int, ...] | None, ...]:
+    """(stride, padding, dilation) of the convolution op `op` from its recorded `concrete`
+    inputs, `rank` values each (None where one is not an int list of that many)."""
+    return _geometry(_CONV_GEOMETRY[op.removeprefix("aten::")], concrete, rank)
+
+
 def conv_output(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[int, ...]:
     """A convolution's output size per spatial dimension: from its recorded stride, padding and
     dilation where the trace holds them, else the input's ('same' padding, stride 1; also for
@@ -373,7 +380,7 @@ def _pointwise(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[bool, ...]
     rank = len(x) - 2
     if (rank not in (1, 2) or len(w) != len(x) or x[1] != w[1] or _numel(w[2:]) != 1
             or (backward and (len(dims[0]) != len(x) or dims[0][1] != w[0]))
-            or _geometry(_CONV_GEOMETRY[op], concrete, rank)
+            or conv_geometry(op, concrete, rank)
             != ((1,) * rank, (0,) * rank, (1,) * rank)):
         return ()
     if not backward:
@@ -996,9 +1003,9 @@ def pointwise_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] 
     once): the input [N x H x W, C_in] times the weight [C_in, C_out]; its backward the
     input's gradient [N x H x W, C_out] x [C_out, C_in] and the weight's [C_in, N x H x W] x
     [N x H x W, C_out], each where its output_mask asks for it. The calibration sweeps
-    convolutions of 3x3 kernels only (recorder/bench/kernels.py), whose efficiency a 1x1 one's
-    does not share: a MobileNet's pointwise convolutions at four times the batch were priced
-    x8.0-9.4 where they ran x4.5-5.05. None for other ops."""
+    convolutions of 3x3 kernels and 1-D ones of 3 to 80 taps (recorder/bench/kernels.py), none
+    of one, whose efficiency a 1x1 one's does not share: a MobileNet's pointwise convolutions
+    at four times the batch were priced x8.0-9.4 where they ran x4.5-5.05. None for other ops."""
     if not cost.pointwise:
         return None
     backward = cost.family == "conv_backward"

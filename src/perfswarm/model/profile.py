@@ -40,6 +40,8 @@ FAMILIES = ("gemm", "conv", "conv_backward", "embedding_bag", "elementwise", "re
 # swept on the CPU only: the sweep calls the CPU's flash-attention ops by name (a GPU prices
 # attention by the GEMM family's roofline, as a profile without them does)
 CPU_FAMILIES = ("sdpa", "sdpa_backward")
+# the convolution families (op_cost's), whose tensors are [N, C, spatial...]
+CONV_FAMILIES = ("conv", "depthwise_conv", "conv_backward")
 # memory-bound families, swept a second time warm: inputs reused, so they stay in cache where
 # they fit (a step's op often reads what the op before it just wrote)
 WARM_FAMILIES = ("elementwise", "reduction", "copy")
@@ -63,6 +65,7 @@ class Point:
     seconds: float
     dims: tuple[tuple[int, ...], ...] = ()
     strides: tuple[tuple[int, ...], ...] = ()
+    concrete: tuple[str, ...] = ()  # a convolution's geometry, as a trace records it
 
 
 def vector_lanes(capability: str) -> int:
@@ -81,6 +84,7 @@ def shape_features(cost: OpCost, dims: Sequence[Sequence[int]], lanes: int) -> l
     whose vectorized dimension is n, and a partly filled vector costs a whole one (nn.Linear
     at m = 512 on an AVX-512 core, k 32 to 320: n = 40 at 67-79 GFLOP/s, n = 48 at 75-91)."""
     canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
+    dims = _feature_dims(cost, dims)
     flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed),
              float(cost.a_transposed), _lane_padding(canonical[3], lanes)]
             if canonical is not None else
@@ -88,6 +92,17 @@ def shape_features(cost: OpCost, dims: Sequence[Sequence[int]], lanes: int) -> l
     layout = [math.log(cost.row_spread)] if cost.row_spread > 0 else []
     return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
                                                           math.log(cost.bytes), *layout]
+
+
+def _feature_dims(cost: OpCost, dims: Sequence[Sequence[int]]) -> Sequence[Sequence[int]]:
+    """The dimensions the learned features read: a 1-D convolution's tensors ([N, C, L], its
+    weight [C_out, C_in, K]) as the 2-D convolution over one row that oneDNN computes
+    ([N, C, 1, L], [C_out, C_in, 1, K]), so its channels, length and kernel stand where a 2-D
+    sweep point's do, at a height of one; read as they come, its length stood where the 2-D
+    points have their heights and its output channels where they have their widths."""
+    if cost.family not in CONV_FAMILIES or not dims or len(dims[0]) != 3:
+        return dims
+    return [(*d[:2], 1, *d[2:]) if len(d) == 3 else d for d in dims]
 
 
 def _lane_padding(n: int, lanes: int) -> float:
@@ -120,8 +135,8 @@ def fit(points: Sequence[Point]) -> FamilyModel:
 def _layout(cost: OpCost, dims: Sequence[Sequence[int]]) -> tuple[int, ...] | None:
     """The input ranks the learned features are read in: None for a GEMM (its features are its
     canonical (batch, m, k, n), whatever op carried it), else the rank of each tensor input
-    whose dimensions are among the features (a 1-D convolution's [N, C, L] read as a 2-D one's
-    [N, C, H, W] would put its channels where the sweep had its heights). A scalar argument
+    whose dimensions are among the features (`_feature_dims`: a 1-D convolution's as a 2-D
+    one's over one row, so the conv sweep's 1-D and 2-D points share one layout). A scalar argument
     (recorded as an input without dimensions: attention's is_causal, add's alpha) and what
     lies past the features (a convolution's bias) are no part of it: counted, they made every
     recorded attention and most recorded ops another layout than their sweep's, so they took
@@ -129,7 +144,7 @@ def _layout(cost: OpCost, dims: Sequence[Sequence[int]]) -> tuple[int, ...] | No
     if cost.family == "gemm" and gemm_dims(cost.op, dims) is not None:
         return None
     ranks: list[int] = []
-    for d in dims:
+    for d in _feature_dims(cost, dims):
         if d and sum(ranks) < SHAPE_FEATURES:
             ranks.append(len(d))
     return tuple(ranks)
@@ -216,7 +231,8 @@ def fit_family(points: Sequence[Point], lanes: int = LANES) -> dict[str, Any]:
             "gmae_held_out": scores[chosen], "gmae_roofline_held_out": scores["roofline"],
             "gmae_learned_held_out": scores["learned"], "chosen": chosen,
             "sweep": [{"op": p.cost.op, "dims": [list(d) for d in p.dims], "seconds": p.seconds,
-                       **({"strides": [list(d) for d in p.strides]} if p.strides else {})}
+                       **({"strides": [list(d) for d in p.strides]} if p.strides else {}),
+                       **({"concrete": list(p.concrete)} if p.concrete else {})}
                       for p in points]}
 
 
@@ -308,10 +324,11 @@ def _sweep_point(entry: Mapping[str, Any]) -> Point:
     if op == "embedding_bag":
         types = ["float", "long int", "long int"]
     strides = tuple(tuple(int(x) for x in d) for d in entry.get("strides", ()))
+    concrete = tuple(str(x) for x in entry.get("concrete", ()))
     # data_cost: an attention backward is priced by the matrix products inside it
     cost = data_cost(f"aten::{op.removeprefix('aten::')}",
-                     Shapes(tuple(map(tuple, dims)), tuple(types), strides))
+                     Shapes(tuple(map(tuple, dims)), tuple(types), strides, concrete))
     seconds = float(entry["seconds"])
     if cost is None or not seconds > 0:
         raise ValueError(f"sweep point {op} {dims} has no cost or time")
-    return Point(cost, seconds, tuple(tuple(d) for d in dims), strides)
+    return Point(cost, seconds, tuple(tuple(d) for d in dims), strides, concrete)

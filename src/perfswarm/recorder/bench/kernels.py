@@ -13,12 +13,19 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from perfswarm.errors import ParameterError
-from perfswarm.model.opcost import PAGE_BYTES, Shapes, column_major, data_cost
+from perfswarm.model.opcost import (
+    PAGE_BYTES,
+    Shapes,
+    column_major,
+    conv_geometry,
+    conv_output,
+    data_cost,
+)
 from perfswarm.model.profile import (
     CPU_FAMILIES,
     FAMILIES,
@@ -31,8 +38,9 @@ from perfswarm.model.profile import (
 )
 from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 
-# aten op, input dims, input types, input strides (empty: contiguous)
-Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...]]
+# aten op, input dims, input types, input strides (empty: contiguous), and the values of its int
+# list inputs as a trace records them (Kineto's "Concrete Inputs"; empty: none)
+Case = tuple[str, list[list[int]], list[str], tuple[tuple[int, ...], ...], tuple[str, ...]]
 _F = ["float", "float"]
 
 
@@ -56,19 +64,10 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                        for v in low + x[:3] * (high - low))
             layout = int(x[3] * 3)
             strides = ((), ((k, 1), (1, k)), ((1, m * scale), (n * scale, 1)))[layout]
-            yield "aten::mm", [[m * scale, k], [k, n * scale]], _F, strides
+            yield "aten::mm", [[m * scale, k], [k, n * scale]], _F, strides, ()
     elif family in ("conv", "conv_backward"):
-        for hw in (8, 16, 32, 24):
-            for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64), (64, 128)):
-                for batch in (4, 16, 64):
-                    weight = [c_out, c_in, 3, 3]
-                    if family == "conv":
-                        yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], weight, [c_out]],
-                               ["float"] * 3, ())
-                    else:  # as autograd records it: the output's gradient, input, weight
-                        yield (CONV_BACKWARD, [[batch * scale, c_out, hw, hw],
-                                               [batch * scale, c_in, hw, hw], weight],
-                               ["float"] * 3, ())
+        yield from _interleaved(list(_conv2d_sweep(family, scale)),
+                                list(_conv1d_sweep(family, scale)))
     elif family in ("sdpa", "sdpa_backward"):
         # CPU flash attention, causal (a decoder's training step): its time follows the head
         # size unevenly (vector width: 16 runs faster than 10, 20 faster than 10), which no
@@ -85,10 +84,10 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
             row = ((4 * head, head, batch * 4 * head, 1) if by_row else
                    (4 * seq * head, seq * head, head, 1))
             if family == "sdpa":
-                yield SDPA_CPU, qkv, ["float"] * 3, (row,) * 3
+                yield SDPA_CPU, qkv, ["float"] * 3, (row,) * 3, ()
             else:  # grad_out, q, k, v, out, logsumexp
                 yield (f"{SDPA_CPU}_backward", [*qkv, *qkv[:2], [batch, 4, seq]],
-                       ["float"] * 6, (*(row,) * 5, (4 * seq, seq, 1)))
+                       ["float"] * 6, (*(row,) * 5, (4 * seq, seq, 1)), ())
     elif family == "embedding_bag":  # tables in cache and far past it, 8 or 32 ids a bag
         for rows in (1000, 100_000, 20_000):
             for dim in (16, 128, 64):
@@ -96,14 +95,62 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
                     for pooling in (8, 32):
                         yield ("aten::embedding_bag", [[rows, dim], [bags * pooling * scale],
                                                        [bags * scale]],
-                               ["float", "long int", "long int"], ())
+                               ["float", "long int", "long int"], (), ())
     else:  # up to 16 MB a tensor: activations of a batch are that large
         op = {"elementwise": "aten::add", "reduction": "aten::sum", "copy": "aten::clone"}[family]
         for rows in (*sizes, 384, 512, 768, 1024, 1536, 2048, 4096):
             for cols in (64, 256, 1024):
                 dims = ([[rows * scale, cols], [rows * scale, cols]] if family == "elementwise"
                         else [[rows * scale, cols]])
-                yield op, dims, _F[: len(dims)], ()
+                yield op, dims, _F[: len(dims)], (), ()
+
+
+def _conv2d_sweep(family: str, scale: int) -> Iterator[Case]:
+    """2-D 3x3 convolutions ('same' padding), forward or backward: 8-32 pixels square, 3-128
+    channels, a batch of 4-64."""
+    for hw in (8, 16, 32, 24):
+        for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64), (64, 128)):
+            for batch in (4, 16, 64):
+                weight = [c_out, c_in, 3, 3]
+                if family == "conv":
+                    yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], weight, [c_out]],
+                           ["float"] * 3, (), ())
+                else:  # as autograd records it: the output's gradient, input, weight
+                    yield (CONV_BACKWARD, [[batch * scale, c_out, hw, hw],
+                                           [batch * scale, c_in, hw, hw], weight],
+                           ["float"] * 3, (), ())
+
+
+def _conv1d_sweep(family: str, scale: int) -> Iterator[Case]:
+    """1-D convolutions as audio and sequence models have them (`CONV1D_LAYERS`), forward or
+    backward, at a batch of 4, 64 and 16 (each batch over every layer first), with their
+    stride, padding and dilation recorded as a trace records them (op_cost reads the output
+    size from them). The backward leaves out a first layer's (one input channel): autograd
+    asks it for the weight's gradient only, which op_cost prices as both, and its input's
+    gradient, which the sweep would compute, is the slow part at stride 16 (the [4, 1, 4000]
+    -> 32 front end's backward took 1.09 ms in a sweep with it; the 1-D conv net's [8, 1,
+    4000] -> 40, the weight's gradient only, 0.58 ms in its step)."""
+    for batch in (4, 64, 16):
+        for c_in, c_out, length, kernel, stride, pad in CONV1D_LAYERS:
+            x, weight = [batch * scale, c_in, length], [c_out, c_in, kernel]
+            geometry = (f"[{stride}]", f"[{pad}]", "[1]")
+            if family == "conv":  # conv1d(input, weight, bias, stride, padding, dilation, groups)
+                yield ("aten::conv1d", [x, weight, [c_out], [], [], [], []],
+                       ["float"] * 3 + ["int[]"] * 3 + ["int"], (), ("", "", "", *geometry, "1"))
+            elif c_in > 1:  # convolution_backward(grad_output, input, weight, bias_sizes,
+                # stride, padding, dilation, ...): its output size from the forward's geometry
+                (out,) = conv_output("conv1d", [x, weight], ("", "", "", *geometry))
+                yield (CONV_BACKWARD, [[batch * scale, c_out, out], x, weight, [], [], [], []],
+                       ["float"] * 3 + ["int[]"] * 4, (), ("", "", "", "", *geometry))
+
+
+def _interleaved(*designs: Sequence[Case]) -> Iterator[Case]:
+    """The designs' points merged in proportion, each design's in its order: any prefix holds
+    about its share of each (a cut budget still spans all of them)."""
+    keyed = sorted(((i + 0.5) / len(design), j, i) for j, design in enumerate(designs)
+                   for i in range(len(design)))
+    for _, j, i in keyed:
+        yield designs[j][i]
 
 
 # the GEMM sweep's (m, k, n) bounds (m up to 2048: a transformer's GEMMs take batch x sequence
@@ -115,6 +162,15 @@ SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
 # sequence or a small head: where a strided layout's rows lie 4 KB apart and more)
 ATTENTION_WORK = 32 * 64 * 32
 CONV_BACKWARD = "aten::convolution_backward"
+# (C_in, C_out, length, kernel, stride, padding) of the 1-D conv sweep's layers: a raw-audio
+# front end (80 taps, stride 16, as M5 has it), short sequences of 15-61 steps at 40-128
+# channels, longer ones of 256-2000 at 8-64 channels, kernels of 3 to 9, strides of 2 and 4.
+# A 1-D convolution costs a fixed time per call the 2-D sweep does not teach: [B, 40, 15] -> 80
+# and [B, 40, 61] -> 40 took about 75 us + 3.9 and 8.8 us a sample here, where a model learned
+# on 2-D points alone said 34-35 us + 3.4 and 8.6.
+CONV1D_LAYERS = ((1, 32, 4000, 80, 16, 0), (40, 40, 61, 3, 1, 1), (16, 32, 256, 5, 1, 2),
+                 (40, 80, 15, 3, 1, 1), (64, 64, 500, 3, 1, 1), (32, 64, 128, 9, 2, 4),
+                 (128, 128, 32, 3, 1, 1), (8, 16, 2000, 9, 4, 4))
 PASSES = 3  # over a sweep, budget allowing
 ROTATE_BYTES = 16 << 20  # inputs cycle through copies this large in all: past the L2 cache
 # outputs of up to 32 MiB are recycled heap memory, as in a step (on new heap, a fresh process's
@@ -123,12 +179,14 @@ RESERVE_MIB = 256
 
 
 def _runner(op: str, dims: list[list[int]], device: str,
-            strides: Sequence[Sequence[int]] = (), warm: bool = False) -> Callable[[], object]:
+            strides: Sequence[Sequence[int]] = (), warm: bool = False,
+            concrete: Sequence[str] = ()) -> Callable[[], object]:
     """A call of the op on fresh inputs each time: it cycles through enough copies that they
     no longer fit a per-core cache, as in a training step, where an op's inputs were written
     by other ops in between (timing one tensor over and over measures a hot cache). `warm`:
     one copy, reused, the other extreme. An input with strides is made with them (a
-    column-major matrix is a transposed row-major one)."""
+    column-major matrix is a transposed row-major one); a convolution, of the geometry
+    `concrete` holds (_convolution)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
@@ -145,11 +203,8 @@ def _runner(op: str, dims: list[list[int]], device: str,
                  for table in tables for _ in range(4)]
     elif op.startswith(SDPA_CPU):
         calls = [_attention(op, dims, strides, gen) for _ in range(copies)]
-    elif op == CONV_BACKWARD:  # the input's and the weight's gradients ('same' padding)
-        calls = [functools.partial(torch.ops.aten.convolution_backward,
-                                   *(torch.rand(*d, generator=gen).to(device) for d in dims),
-                                   [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
-                                   [True, True, False]) for _ in range(copies)]
+    elif op in _CONV_CALLS:
+        calls = [_convolution(op, dims, concrete, gen, device) for _ in range(copies)]
     else:
         def tensor(i: int) -> Any:
             d = dims[i]
@@ -159,9 +214,7 @@ def _runner(op: str, dims: list[list[int]], device: str,
 
         fns: dict[str, Callable[..., object]] = {
             "aten::mm": torch.mm, "aten::add": torch.add, "aten::sum": torch.sum,
-            "aten::clone": torch.clone,
-            # 'same' padding: the output size op_cost assumes
-            "aten::conv2d": functools.partial(torch.nn.functional.conv2d, padding=1)}
+            "aten::clone": torch.clone}
         # a GEMM writes into an output of its own, kept: in a step, a result takes memory
         # the allocator recycles (a new 16 MB one each call page-faulted at times, 5x slower)
         out = ({"out": torch.empty(dims[0][0], dims[1][1], device=device)}
@@ -174,6 +227,33 @@ def _runner(op: str, dims: list[list[int]], device: str,
         return next(turn)()
 
     return call
+
+
+# the swept convolution ops -> how a call of each is made: the functional forward, as a script
+# calls it, or the backward as autograd calls it (the input's and the weight's gradients)
+_CONV_CALLS: Final = {"aten::conv1d": "conv1d", "aten::conv2d": "conv2d",
+                      CONV_BACKWARD: "convolution_backward"}
+
+
+def _convolution(op: str, dims: Sequence[Sequence[int]], concrete: Sequence[str], gen: Any,
+                 device: str) -> Callable[[], object]:
+    """One convolution call on fresh tensors of the shaped `dims`, at the stride, padding and
+    dilation that `concrete` holds as a trace records them; without them, stride 1 and 'same'
+    padding (the output size op_cost assumes then)."""
+    import torch
+
+    backward = op == CONV_BACKWARD
+    tensors = [torch.rand(*d, generator=gen).to(device) for d in dims if d]
+    kernel = tensors[1 + backward].shape[2:]
+    rank = len(kernel)
+    stride, pad, dilation = (conv_geometry(op, concrete, rank) if concrete else
+                             ((1,) * rank, tuple((k - 1) // 2 for k in kernel), (1,) * rank))
+    assert stride is not None and pad is not None and dilation is not None
+    if backward:
+        return functools.partial(torch.ops.aten.convolution_backward, *tensors, [0], stride,
+                                 pad, dilation, False, [0] * rank, 1, [True, True, False])
+    forward = getattr(torch.nn.functional, _CONV_CALLS[op])
+    return functools.partial(forward, *tensors, stride, pad, dilation)
 
 
 def _attention(op: str, dims: list[list[int]], strides: Sequence[Sequence[int]], gen: Any
@@ -246,18 +326,18 @@ def measure(family: str, budget_s: float, device: str = "cpu", warm: bool = Fals
         for i, case in enumerate(sweep if first else cases):
             if time.perf_counter() > deadline and (not first or len(cases) >= 8):
                 break
-            op, dims, _types, strides = case
-            t = time_op(_runner(op, dims, device, strides, warm), sync=sync)
+            op, dims, _types, strides, concrete = case
+            t = time_op(_runner(op, dims, device, strides, warm, concrete), sync=sync)
             if first:
                 cases.append(case)
                 seconds.append(t)
             else:
                 seconds[i] = min(seconds[i], t)
     points = []
-    for (op, dims, types, strides), t in zip(cases, seconds, strict=True):
-        cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides))
+    for (op, dims, types, strides, concrete), t in zip(cases, seconds, strict=True):
+        cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides, concrete))
         assert cost is not None  # the sweep only holds modelled ops
-        points.append(Point(cost, t, tuple(tuple(d) for d in dims), strides))
+        points.append(Point(cost, t, tuple(tuple(d) for d in dims), strides, concrete))
     return points
 
 
