@@ -248,17 +248,17 @@ def _by_key(keys: I64, values: F64, in_steady: Mask) -> list[tuple[int, float]]:
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)], strict=True)]
 
 
-def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask,
+def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Mask,
                   steady: Set[StepKey] = frozenset()) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type
-    (T1 of those whose thread was working before them: Graph.idle_gaps);
+    (T1 of those whose thread was working before them: not `idle`, Graph.idle_gaps);
     runtime calls that stalled (`stalls`, per node: `stalled`) are left out of their name's.
     T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
     code = _step_codes(g, ev)
     calm = np.isin(code, [_code(r, s) for r, s in steady]) if steady else np.zeros(len(g), bool)
     t1, groups = insts.totals(g.dur, g.gap)
     parts, count = insts.parts(groups)
-    busy = np.flatnonzero(~g.idle_gaps()[insts.first])  # T1 where the thread was working
+    busy = np.flatnonzero(~idle[insts.first])  # T1 where the thread was working
     samples: dict[str, tuple[I64, F64, Mask]] = {
         "t1": (insts.kind[busy], t1[busy], calm[insts.first[busy]])}
     for i, name in enumerate(GROUPS):
@@ -285,10 +285,10 @@ def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask,
 
 
 def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances,
-                    dur: I64, gap: I64, keep: Mask) -> None:
+                    dur: I64, gap: I64, keep: Mask, idle: Mask) -> None:
     """Set every instance's overhead pieces and gaps (and runtime-call durations) to the model's
     means, in place. Nodes marked `keep` (sync calls: their time is waiting; calls that
-    stalled) are left alone, and so are the gaps in which a thread sat idle (Graph.idle_gaps:
+    stalled) are left alone, and so are the gaps in which a thread sat `idle` (Graph.idle_gaps:
     a wait for work from another thread or process, which no op type's T1 prices). A part's
     pieces and the gaps inside it are stretched together to the mean (a T5 interval to the
     mean interval); T1 is set as it is."""
@@ -300,7 +300,7 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances
     # every new value from the measured ones, then set in place: no copy of dur and gap
     # beside the graph (2.5 MB at 200k trace events, at the prediction's peak)
     first = insts.first
-    set_t1 = ~np.isnan(want[insts.kind, 0]) & (gap[first] > 0) & ~g.idle_gaps()[first]
+    set_t1 = ~np.isnan(want[insts.kind, 0]) & (gap[first] > 0) & ~idle[first]
     t1 = np.rint(want[insts.kind[set_t1], 0])
     inst, part = insts.group_of, insts.part
     total = parts[inst, part] / count[inst, part]

@@ -1025,11 +1025,12 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                      "varying sizes) or other load stretched some; no prediction can be judged "
                      "closer than that")
     stalls = stalled(g, m.ev)
-    model = overheads or fit_overheads(g, m.ev, insts, stalls, steady)
+    idle = g.idle_gaps()  # a thread's wait through whole steps: neither fitted nor set
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, steady)
     keep = stalls.copy()
     synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
-    apply_overheads(model, g, m.ev, insts, dur, gap, keep)
+    apply_overheads(model, g, m.ev, insts, dur, gap, keep, idle)
     # the instances again only for a batch's per-sample work: not held through the kernels'
     # pass and the simulation otherwise (4.7 MB at 200k trace events)
     per_sample = insts if change.batch_size is not None else None
