@@ -55,12 +55,7 @@ def _torchrun(command: list[str]) -> bool:
 
 def _cores(facts: Facts) -> int:
     """The recording host's cores (the sampler's rules run on recorded Runs, which know)."""
-    return known_cores(facts) or 1
-
-
-def known_cores(facts: Facts) -> int | None:
-    """The recording host's cores (analyze.system.host_cores)."""
-    return host_cores(facts.manifest)
+    return host_cores(facts.manifest) or 1
 
 
 def pageable_copies(facts: Facts) -> pa.Table:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from perfswarm.analyze.system import host_cores
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, col, per_facts, processes
-from perfswarm.optimize.rules.host import contended, known_cores, on_cpu_share, pageable_copies
+from perfswarm.optimize.rules.host import contended, on_cpu_share, pageable_copies
 from perfswarm.optimize.rules.threads import free_cores
 
 _FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (recorder/inject)
@@ -136,7 +137,7 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         made = inside if inside.num_rows else fetches
     batch_ns = float(col(made, "dur").mean()) if made.num_rows else None
     on_cpu = on_cpu_share(facts, made) if made.num_rows else None
-    cores: float | None = known_cores(facts)
+    cores: float | None = host_cores(facts.manifest)
     busy = contended(facts)  # other processes held some: the loader has the rest
     if cores is not None and busy is not None:
         cores = min(cores, free_cores(busy[2]))
@@ -165,7 +166,7 @@ def data_loading(facts: Facts) -> Advice | None:
     evidence = {"loader_calls": loads.num_rows, "loader_ns": sum(facts.busy_ns(loads).values()),
                 "loader_share_pct": share, "single_process": single,
                 "pageable_h2d_copies": pageable_copies(facts).num_rows,
-                "cores": known_cores(facts), "workers": round(plan.workers, 2),
+                "cores": host_cores(facts.manifest), "workers": round(plan.workers, 2),
                 "batch_ns": None if plan.batch_ns is None else round(plan.batch_ns),
                 "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
                 "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1)}
@@ -176,7 +177,8 @@ def data_loading(facts: Facts) -> Advice | None:
         # workers whose fetches were not traced: how long they take and what they cost is
         # unknown; they make a batch in a step (compute + wait), twice as many in half that
         compute, wait = plan.compute_ns * steps, plan.wait_ns * steps
-        most = f"{known_cores(facts)} cores" if known_cores(facts) else "the host's cores"
+        host_n = host_cores(facts.manifest)
+        most = f"{host_n} cores" if host_n else "the host's cores"
         return advice(facts, "data_loading", title, evidence,
                       wait - max(0.0, (wait - compute) / 2),
                       "pipeline model, the workers untraced: they now make a batch in compute "
@@ -234,7 +236,7 @@ def loader_oversubscription(facts: Facts) -> Advice | None:
     if plan.workers <= math.ceil(lc - 1e-9):
         return None
     fetches = facts.named(_FETCH, "user_annotation")
-    evidence = {"cores": known_cores(facts), "workers": processes(fetches),
+    evidence = {"cores": host_cores(facts.manifest), "workers": processes(fetches),
                 "ranks": len(facts.ranks), "loader_cores": round(lc, 2),
                 "batch_cpu_ns": round(plan.batch_cpu_ns or 0)}
     return advice(facts, "loader_oversubscription",
