@@ -296,16 +296,38 @@ def _depthwise(dims: Dims) -> bool:
     return len(x) >= 2 and len(w) >= 2 and w[1] == 1 and w[0] == x[1] > 1
 
 
-def _conv_backward(dims: Dims) -> tuple[float, float] | None:
-    """Gradients of input and weight from (grad_output, input, weight): two convolutions of the
-    forward's work; the output gradient's shape gives the output size exactly."""
+def _conv_backward(dims: Dims, gradients: tuple[bool, bool]) -> tuple[float, float] | None:
+    """The input's and the weight's gradients from (grad_output, input, weight), those of
+    `gradients` (`conv_gradients`): each a convolution of the forward's work, the output
+    gradient's shape giving the output size exactly. The input's gradient reads the output's
+    and the weight and writes an input; the weight's reads the output's and the input and
+    writes a weight."""
     if len(dims) < 3:
         return None
     grad, x, w = dims[0], dims[1], dims[2]
     if len(x) < 3 or len(w) != len(x) or len(grad) != len(x):
         return None
-    flops = 2.0 * 2.0 * _numel(grad) * w[1] * _numel(w[2:])
-    return flops, float(_numel(grad) + 2 * _numel(x) + 2 * _numel(w))
+    parts = sum(gradients)
+    flops = parts * 2.0 * _numel(grad) * w[1] * _numel(w[2:])
+    return flops, float(_numel(grad) + parts * (_numel(x) + _numel(w)))
+
+
+def conv_gradients(op: str, concrete: Sequence[str]) -> tuple[bool, bool]:
+    """Whether a convolution's backward `op` computes the input's gradient and the weight's,
+    from its recorded output_mask (`_OUTPUT_MASK`): autograd does not ask a network's first
+    layer, whose input needs none, for the input's gradient (on the 1-D conv net's [8, 1,
+    4000] -> 40 front end, 80 taps at stride 16, it would take 5-7x the weight's). Both
+    where the trace does not record the mask."""
+    mask = _output_mask(op, concrete)
+    return (mask[0], mask[1]) if mask else (True, True)
+
+
+def _output_mask(op: str, concrete: Sequence[str]) -> tuple[bool, ...]:
+    """A convolution backward's recorded output_mask (input, weight, bias); () where the op
+    takes none or the trace does not hold it."""
+    at = _OUTPUT_MASK.get("aten::" + op.removeprefix("aten::"))
+    mask = _bools(concrete[at]) if at is not None and len(concrete) > at else ()
+    return mask if len(mask) == 3 else ()
 
 
 def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
@@ -336,7 +358,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
         if _depthwise(input_dims):
             family = "depthwise_conv"
     elif family == "conv_backward":
-        work = _conv_backward(input_dims)
+        work = _conv_backward(input_dims, conv_gradients(op, concrete))
     elif family in _LOOKUPS:
         work = _embedding(op, input_dims)
     elif family == "sdpa":
@@ -385,9 +407,7 @@ def _pointwise(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[bool, ...]
         return ()
     if not backward:
         return (True,)
-    mask = _OUTPUT_MASK["aten::" + op]
-    grads = _bools(concrete[mask]) if len(concrete) > mask else ()
-    return grads[:2] if len(grads) == 3 else ()
+    return _output_mask(op, concrete)[:2]
 
 
 def _bools(text: str) -> tuple[bool, ...]:
