@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.opcost import (
     Shapes,
     batch_scaled,
@@ -325,7 +326,8 @@ def test_a_convolution_backward_prices_the_gradients_its_output_mask_asks_for() 
     FLOPs, reading the output's gradient and the input and writing the weight's (4 x (64 x 128
     x 246 + 64 x 4000 + 128 x 80) bytes), where both gradients were 644,874,240 FLOPs and
     10,190,848 bytes; the other layers' ([True, True, True]) two convolutions each. A trace
-    without the mask: both."""
+    without the mask: both. The GPU model launches one convolution kernel for the first
+    layer's, two for the others'."""
     trace = Path(__file__).parent / "data" / "conv1d_h200.pt.trace.json.gz"
     events = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     priced = set()
@@ -335,14 +337,16 @@ def test_a_convolution_backward_prices_the_gradients_its_output_mask_asks_for() 
             assert shapes is not None
             cost = data_cost("aten::convolution_backward", shapes)
             assert cost is not None
-            priced.add((shapes.dims[1], shapes.concrete[10], cost.flops, cost.bytes))
+            kernels = op_kernels("aten::convolution_backward", shapes)
+            priced.add((shapes.dims[1], shapes.concrete[10], cost.flops, cost.bytes,
+                        len(kernels or ())))
     assert priced == {
         ((64, 1, 4000), "[False, True, True]", 2.0 * 64 * 128 * 246 * 80,
-         4.0 * (64 * 128 * 246 + 64 * 4000 + 128 * 80)),
+         4.0 * (64 * 128 * 246 + 64 * 4000 + 128 * 80), 1),
         ((64, 128, 61), "[True, True, True]", 2 * 2.0 * 64 * 128 * 61 * 128 * 3,
-         4.0 * (64 * 128 * 61 + 2 * 64 * 128 * 61 + 2 * 128 * 128 * 3)),
+         4.0 * (64 * 128 * 61 + 2 * 64 * 128 * 61 + 2 * 128 * 128 * 3), 2),
         ((64, 128, 15), "[True, True, True]", 2 * 2.0 * 64 * 256 * 15 * 128 * 3,
-         4.0 * (64 * 256 * 15 + 2 * 64 * 128 * 15 + 2 * 256 * 128 * 3))}
+         4.0 * (64 * 256 * 15 + 2 * 64 * 128 * 15 + 2 * 256 * 128 * 3), 2)}
     front = ((64, 128, 246), (64, 1, 4000), (128, 1, 80))
     unmasked = op_cost("aten::convolution_backward", front, ("float",) * 3)
     assert unmasked is not None and unmasked.flops == 644_874_240
