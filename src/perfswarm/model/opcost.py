@@ -883,10 +883,10 @@ def slow_conv_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] 
     the weight [C_out, C_in x k] with the unfolded input [C_in x k, H_out x W_out]; its
     backward per sample the input's gradient [C_in x k, C_out] x [C_out, H_out x W_out] and the
     weight's [C_out, H_out x W_out] x [H_out x W_out, C_in x k], those its output_mask asks
-    for (`_asked`); each with a copy of the
-    unfolded input where the kernel is not 1x1 (im2col). A MobileNet's pointwise convolutions
-    at twice the width ran x3.2-3.4 where a direct convolution's model said x2.4-2.9: small
-    GEMMs, whose sweep knows their shapes. None for other ops or shapes that do not fit."""
+    for (`_asked`); each with a copy of the unfolded input where the kernel is not 1x1
+    (im2col). A MobileNet's pointwise convolutions at twice the width ran x3.2-3.4 where a
+    direct convolution's model said x2.4-2.9: small GEMMs, whose sweep knows their shapes.
+    None for other ops or shapes that do not fit."""
     if cost.op not in ("_slow_conv2d_forward", "_slow_conv2d_backward"):
         return None
     backward = cost.op == "_slow_conv2d_backward"
