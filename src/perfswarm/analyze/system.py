@@ -308,8 +308,8 @@ def profiler_start(steps: pa.Table, counters: pa.Table, cores: int) -> set[tuple
     for 12 later steps of 5.4-11.3 ms, each 4.0-10.6 ms on a runqueue at its hooks), unless
     the first step waited as they did (a checkpoint-writing first step among later ones, all
     read as descheduled from the sampler alone, whose readings cannot place a wait in a short
-    step). One definition for what advice measures its shares over and for the steps
-    outlier_steps weighs: both leave it out; a first step as usual as the others stays."""
+    step). Part of `recorder_steps`, which advice's shares and outlier_steps both leave out;
+    a first step as usual as the others stays."""
     rows = steps.select(["rank", "step", "start", "end", "source"]).to_pylist()
     out = set()
     for rank, mine in itertools.groupby(sorted(rows, key=lambda r: (r["rank"], r["start"])),

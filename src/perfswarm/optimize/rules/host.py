@@ -553,9 +553,9 @@ def _timed_steps(facts: Facts
                  ) -> tuple[pa.Table, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """The steps the run timed (by rank and step), their times, and each one's usual time
     (_usual; a profiled step's times the profiler's slowdown: the profiler slows every step it
-    records), but a rank's first profiled step that times the profiler's start and its
-    execution trace (Facts.set_aside: the steps advice's shares leave out too); None under
-    five."""
+    records), but the steps that time the recorder (analyze.system.recorder_steps: a rank's
+    first profiled step that starts its profiler, a step another process's recorder held; the
+    steps advice's shares leave out too); None under five."""
     steps = facts.run_steps
     if steps.num_rows < 5:
         return None
