@@ -409,6 +409,35 @@ def test_steps_another_process_s_recorder_holds() -> None:
     assert recorder_steps(steps, COUNTERS.empty_table(), 2) == {(1, 6), (2, 5), (2, 15)}
 
 
+@pytest.mark.parametrize(("server", "aside"), [
+    ((100, 400), {(1, 3)}),  # waits from before the trainer's export to its middle
+    ((300, 500), {(1, 3)}),  # from its middle to its end
+    ((150, 450), set()),  # shares the cores with it throughout: no wait begins or ends there
+    ((100, 150), set()),  # 50 ms: its excess, 40 ms, under half in the export (10 ms)
+])
+def test_a_step_waits_for_another_process_s_recorder_as_it_starts_or_ends(
+        server: tuple[int, int], aside: set[tuple[int, int]]) -> None:
+    """A trainer (rank 0: steps 0-2 profiled, 10 ms each, the first no slower, then its export
+    from 140 to 460 ms) and a server (rank 1: steps of 10 ms, step 3 at `server`, in ms). A
+    server step over twice its median that the export begins or ends in, half its excess or
+    more inside it, waited for the recorder; one wholly inside the export only shared the
+    cores with it (Hogwild's processes: 26 of 30 such steps of one recording, 13-36 ms
+    inside another's export of 1.0-1.3 s, had been set aside); one that is mostly its own is
+    the program's."""
+    from perfswarm.analyze.system import recorder_steps
+
+    ms = 1_000_000
+    rows = [(0, i, 100 + 10 * i, 110 + 10 * i, "marker") for i in range(3)]
+    rows += [(0, 3, 140, 460, "export"), (0, 4, 460, 470, "detected")]
+    rows += [(1, i, 10 * i, 10 * i + 10, "detected") for i in range(3)]
+    rows += [(1, 3, *server, "detected"), (1, 4, server[1], server[1] + 10, "detected"),
+             (1, 5, server[1] + 10, server[1] + 20, "detected")]
+    table = pa.table({k: [r[i] * (ms if k in ("start", "end") else 1) for r in rows]
+                      for i, k in enumerate(("rank", "step", "start", "end", "source"))}
+                     ).cast(STEPS)
+    assert recorder_steps(table, COUNTERS.empty_table(), 2) == aside
+
+
 def test_advice_leaves_out_the_steps_another_process_s_recorder_holds(tmp_path: Path) -> None:
     """The server's two steps that wait for its trainer's profiler start and export are set
     aside as the trainer's first profiled step is: outlier_steps had named them (2,600.7 and
