@@ -1436,7 +1436,8 @@ def test_cpu_contention(tmp_path: Path) -> None:
     a = shows(host.cpu_contention, _sampled(run, proc, 0.98))
     assert dict(a.evidence) == {"over": "the profiled steps", "cores": 2,
                                 "host_busy_cores": 1.96, "process_cores": 0.3,
-                                "process_cores_p90": 0.6, "recorder_cores": 0.0, "samples": 10}
+                                "process_cores_p90": 0.6, "recorder_cores": 0.0, "samples": 10,
+                                "outlier_excess_ns": 0}
     assert a.gain_ns == 6_000_000 and a.gain_of_ns == 12_000_000  # 3 steps of 4 ms
     # the same process on an idle machine, or the whole machine its own: no contention
     assert found(host.cpu_contention, _sampled(run, proc, 0.4)) is None
@@ -1997,6 +1998,20 @@ def test_cpu_contention_leaves_the_outlier_steps_excess_to_outlier_steps(tmp_pat
     # over the profiled steps, where no outlier ran, every share of the time counts
     _, _, profiled, _ = host._contention(Facts.of(run), timed=False) or (0, 0, {}, "")
     assert profiled["outlier_excess_ns"] == 0
+    # a recording from before the run delay was sampled: the run at 0.1 and 0.4 of a core in
+    # turn, the time-share model's 1 - mean / 0.4 of the 48 ms (it had been of all 244): the
+    # readings at 1-243 ms inside the timed steps' span (0-244 ms), 122 of 0.1 and 121 of 0.4
+    rows: dict[str, list[Any]] = {"rank": [], "ts": [], "name": [], "device": [], "value": []}
+    for t in range(1, ends[-1] + 1):
+        for name, value in (("proc.cpu_cores", 0.1 if t % 2 else 0.4),
+                            *((f"cpu.core{c}.usr", 0.98) for c in (0, 1))):
+            for key, v in zip(rows, (-1, t * ms, name, -1, value), strict=True):
+                rows[key].append(v)
+    run.write_table("counters", pa.table(rows).cast(COUNTERS))
+    assert shows(host.outlier_steps, run).gain_ns == 196 * ms
+    gain, whole, evidence, _ = host._contention(Facts.of(run), timed=True) or (0, 0, {}, "")
+    assert evidence["outlier_excess_ns"] == 196 * ms and "run_delay_cores" not in evidence
+    assert gain == pytest.approx((244 - 196) * ms * (1 - (122 * 0.1 + 121 * 0.4) / 243 / 0.4))
 
 
 def test_outlier_steps_told_from_preemptions_by_the_loop_threads_run_delay(tmp_path: Path

@@ -289,6 +289,11 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     # A Run without events (no profiling window) is measured by its sampler's span.
     whole = (int((col(steps, "end") - col(steps, "start")).sum()) if timed
              else facts.wall_ns or int(ts.max() - ts.min()))
+    # the outlier steps' time beyond their usual step is the program's own periodic work
+    # (outlier_steps'), no share of it another process's: the two had claimed 103% of an RPC
+    # server's time between them
+    claimed = _outlier_excess(facts, timed)
+    evidence["outlier_excess_ns"] = claimed
     if delay.size:
         # The kernel's own account: the time its threads sat runnable on a runqueue. Of the
         # threads that wanted a core (those that ran and those that waited), those beyond
@@ -305,11 +310,6 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
             max(0.0, foreign - tools) / foreign if foreign > 0 else 0.0)
         evidence["run_delay_cores"] = round(waited, 3)
         evidence["others_delay_cores"] = round(others, 3)
-        # the outlier steps' time beyond their usual step is the program's own periodic work
-        # (outlier_steps'), no share of it another process's: the two had claimed 103% of an
-        # RPC server's time between them
-        claimed = _outlier_excess(facts, timed)
-        evidence["outlier_excess_ns"] = claimed
         gain = (whole - claimed) * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
@@ -336,7 +336,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     # before the run delay was sampled)
     if free <= got:
         return None
-    return whole * (1 - got / free), whole, evidence, (
+    return (whole - claimed) * (1 - got / free), whole, evidence, (
         "time-share model from the system sampler: the run's CPU time at the cores it used "
         "when it ran most freely (90th percentile) instead of its mean")
 
