@@ -366,7 +366,6 @@ class _Outliers:
 
     steps: pa.Table
     dur: npt.NDArray[np.int64]
-    usual: npt.NDArray[np.float64]
     slow: pa.Table
     beyond: npt.NDArray[np.float64]
     compiling: npt.NDArray[np.int64]  # dynamo's compile time in each of `slow`
@@ -426,7 +425,7 @@ def _outliers(facts: Facts) -> _Outliers | None:
     kept = ~starved & ~fed
     if not kept.any():
         return None
-    return _Outliers(steps, dur, usual, where(slow, kept), beyond[kept],
+    return _Outliers(steps, dur, where(slow, kept), beyond[kept],
                      compiling[over][kept], int(warm.sum()), int(starved.sum()),
                      int(fed.sum()), profiler_only)
 
