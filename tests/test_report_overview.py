@@ -413,7 +413,8 @@ def test_samples_of_differing_batches_leave_the_profilers_start_out(tmp_path: Pa
     """Four profiled steps of a graph network whose batches differ (8, 8, 16, 8 nodes): the
     first, 10 ms, times the profiler's start (steps of 1 ms after it, none as slow again);
     every sample over the whole time is of the other three, 32 samples in 3 ms (it had been
-    40 in 13 ms: 3,077 a second)."""
+    40 in 13 ms: 3,077 a second), and the source counts those three (it had said "in 4 of 4
+    steps" of a figure over 3)."""
     events = []
     for i, (start, dur, batch) in enumerate([(0, 10_000, 8), (10_000, 1000, 8),
                                              (11_000, 1000, 16), (12_000, 1000, 8)], 1):
@@ -422,6 +423,10 @@ def test_samples_of_differing_batches_leave_the_profilers_start_out(tmp_path: Pa
     rates = report_data(_trace(tmp_path, events, ["gnn.py"]))["throughput"]
     assert (rates["samples_per_step"], rates["steps"], rates["same_batch"]) == (32 / 3, 3, False)
     assert rates["samples_per_s"] == pytest.approx(32 / 3e-3)
+    assert rates["source"] == (
+        "the activation input of each step's first GEMM or convolution (aten::linear 8x32 in "
+        "the first), in 3 of 3 steps; step 1 left out: it times the recorder, not the program; "
+        "the steps' batches differ: every sample over the steps' whole time")
 
 
 def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
@@ -535,7 +540,8 @@ def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Pat
     padded tokens, 26 of 5 x 10, 9 of 2 x 10, from the raw JSON): the batch is the padded
     input aten::_nested_tensor_from_mask took (3, 5 and 2 samples), not the tokens. The
     first step, which timed the profiler's start (970 ms of the three's 988), is left out of
-    the samples' time where the batches differ."""
+    the samples' time where the batches differ, and the source reads the two steps the figure
+    counts (it had said "in 3 of 3 steps" and named the left-out step's input as the first)."""
     trace = Path(__file__).parent / "data" / "encoder_padmask_cpu.pt.trace.json.gz"
     raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
@@ -556,10 +562,10 @@ def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Pat
     assert rates["samples_per_s"] == pytest.approx(
         (5 + 2) / (sum(m["dur"] for m in marks[1:]) / 1e6), rel=1e-4)
     assert rates["source"] == (
-        "the activation input of each step's first GEMM or convolution (aten::mm 15x32: the "
-        "valid tokens of aten::_nested_tensor_from_mask's 3x10x32 (its padding masked out) in "
-        "the first), in 3 of 3 steps; the steps' batches differ: every sample over the steps' "
-        "whole time")
+        "the activation input of each step's first GEMM or convolution (aten::mm 26x32: the "
+        "valid tokens of aten::_nested_tensor_from_mask's 5x10x32 (its padding masked out) in "
+        "the first), in 2 of 2 steps; step 3 left out: it times the recorder, not the program; "
+        "the steps' batches differ: every sample over the steps' whole time")
 
 
 def test_samples_of_a_quantized_forward_loop_from_the_recorders_step_batch(tmp_path: Path
