@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -256,6 +257,39 @@ def test_a_program_with_its_own_profiler(tmp_path: Path, start: int) -> None:
     assert [w["what"] for w in result.run.manifest()["warnings"] if w["source"] == "torch"] == [
         "the program started its own torch profiler at step 3: the window closed there, "
         "before the steps it was to record (its last marker cut)"]
+
+
+@pytest.mark.parametrize("level", [None, "3"])
+def test_a_window_adds_nothing_to_the_program_s_stderr(tmp_path: Path, level: str | None
+                                                        ) -> None:
+    """Kineto wrote a `USDT: ... profiler_start` and a `profiler_stop` line on the program's
+    stderr as the window's profiler started and stopped. A program whose own profiler runs
+    after the window (steps 6-9) writes on stderr, recorded, exactly the lines it writes bare,
+    its own profiler's (the log level Kineto's first start sets is the one the program's
+    environment gives it: KINETO_LOG_LEVEL unset, or 3, which adds three `STAGE:` lines);
+    lines compared without their time and thread ids."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN_PROFILER)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    if level is not None:
+        env["KINETO_LOG_LEVEL"] = level
+
+    def lines(*prefix: str) -> list[str]:
+        err = subprocess.run([*prefix, PY, str(script), str(tmp_path / "t.json"), "6"],
+                             env=env, capture_output=True, text=True, check=True).stderr
+        return [re.sub(r"^([A-Z]+):\S+ \S+ \d+:\d+ ", r"\1: ", line)
+                for line in err.splitlines()]
+
+    bare = lines()
+    assert [line.split("]")[-1] for line in bare] == (
+        [" profiler_start", " profiler_stop"] if level is None else
+        [" Completed Stage: Warm Up", " profiler_start", " profiler_stop",
+         " Completed Stage: Collection", " Completed Stage: Post Processing"])
+    out = tmp_path / "q.run"
+    assert lines(PY, "-m", "perfswarm.cli.main", "record", "--quiet", "-c", "torch",
+                 "--steps", "1:2", "--out", str(out), "--") == bare
+    assert [(s["step"], s["source"]) for s in Run(out).table("steps").to_pylist()
+            if s["source"] == "marker"] == [(1, "marker"), (2, "marker")]
 
 
 def test_window_from_step_0(tmp_path: Path) -> None:
