@@ -933,6 +933,34 @@ def test_status_line_and_quiet(tmp_path: Path) -> None:
         assert out.stderr == b"" if quiet else out.stderr.startswith(b"recorded ")
 
 
+@pytest.mark.parametrize("ctype", [None, "C", "POSIX"])
+def test_the_program_runs_in_the_locale_it_is_given(tmp_path: Path, ctype: str | None
+                                                      ) -> None:
+    """Run in the C locale (LANG=C and LC_CTYPE unset, C or POSIX), Python sets
+    LC_CTYPE=C.UTF-8 in its own environment as it starts (PEP 538): the recorder's, and its
+    exec wrapper's, and a recorded program inherited it, and a Python program, finding its
+    locale not C, left UTF-8 mode (PEP 540) off. The program now sees the environment it
+    sees bare: `env`'s locale variables, and a Python program's LC_CTYPE (its own coercion's)
+    and UTF-8 mode."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG"))}
+    env["LANG"] = "C"
+    if ctype is not None:
+        env["LC_CTYPE"] = ctype
+    probe = [PY, "-c", "import os, sys; print(os.environ.get('LC_CTYPE'), sys.flags.utf8_mode)"]
+
+    def seen(*prefix: str) -> list[str]:
+        def out(command: list[str]) -> list[str]:
+            return subprocess.run([*prefix, *command], env=env, capture_output=True, text=True,
+                                  check=True).stdout.splitlines()
+
+        return sorted(v for v in out(["env"]) if v.startswith(("LC_", "LANG="))) + out(probe)
+
+    bare = seen()
+    assert bare == ["LANG=C", *([f"LC_CTYPE={ctype}"] if ctype else []), "C.UTF-8 1"]
+    assert seen(PY, "-m", "perfswarm.cli.main", "record", "--quiet", "-c", "system", "--out",
+                str(tmp_path / "l.run"), "--force", "--") == bare
+
+
 def test_parse_strace_pairs_unfinished_calls() -> None:
     from perfswarm.trace.readers.strace import parse
 
