@@ -133,18 +133,18 @@ def _status(collectors: Sequence[Collector], elapsed_s: float, raw: Path) -> Sta
 _COERCED_CTYPES = ("C.UTF-8", "C.utf8", "UTF-8")
 
 
-def program_environ(given: Path = Path("/proc/self/environ")) -> dict[str, str]:
+def program_environ() -> dict[str, str]:
     """The environment the user gave this process, for the program it runs: os.environ, but
     for LC_CTYPE where this interpreter's start-up put it there. Run in the C locale (LANG=C,
     or no locale variable at all), Python sets LC_CTYPE=C.UTF-8 in its own environment
     (PEP 538) before any of ours runs: inherited, the program ran in C.UTF-8, and a Python
     program, which coerces its own locale and so turns on UTF-8 mode (PEP 540), found its
     locale not C and left UTF-8 mode off. The environment as the process was started
-    (`given`: its exec's, which setenv does not change) says what it was."""
+    (/proc/self/environ: its exec's, which setenv does not change) says what it was."""
     env = dict(os.environ)
     try:
         started = dict(os.fsdecode(kv).partition("=")[::2]
-                       for kv in given.read_bytes().split(b"\0") if kv)
+                       for kv in Path("/proc/self/environ").read_bytes().split(b"\0") if kv)
     except OSError:
         return env
     ctype = env.get("LC_CTYPE")
