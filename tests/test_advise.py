@@ -938,15 +938,18 @@ def test_single_tensor_optimizer_after_a_clipping_closure(tmp_path: Path) -> Non
 
 
 def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
-              sgd: bool = False, steps: int = 2, slowed: int | None = None) -> Run:
+              sgd: bool = False, steps: int = 2, slowed: int | None = None,
+              optimizer: str = "AdamW", subclass: bool = False) -> Run:
     """CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs
-    each, but one of them 3 µs (525 µs of ops a step); step `slowed`'s ops 10x as long."""
+    each, but one of them 3 µs (525 µs of ops a step); step `slowed`'s ops 10x as long.
+    `subclass`: each add_ on a DTensor, the local add_ under a PythonSubclass op inside it."""
     events = []
     every = 1000 if slowed is None else 10_000  # room for a slowed step
     for i in range(steps):
         t, x = i * every, 10 if i == slowed else 1
         events += [ev(f"ProfilerStep#{i}", t, every, "user_annotation"),
-                   ev("Optimizer.step#AdamW.step", t + 200, 600 * x, "user_annotation")]
+                   ev(f"Optimizer.step#{optimizer}.step", t + 200, 600 * x,
+                      "user_annotation")]
         if wrapped:  # a wrapper optimizer whose step() steps the AdamW inside it
             events.append(ev("Optimizer.step#Wrap.step", t + 150, 700, "user_annotation"))
         if sgd:  # another optimizer first in the step, over two parameters
@@ -957,8 +960,27 @@ def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
         events += [ev("aten::add_", t + 201 + 19 * j * x, (3 if j == 7 else 18) * x,
                       **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
                    for j in range(30)]
+        if subclass:
+            events += [ev("PythonSubclass", t + 202 + 19 * j * x, 1) for j in range(30)]
     run = imported(tmp, name, events)
     return with_manifest(run, extra={"record": {"torch_version": version}} if version else {})
+
+
+def test_no_fused_sgd_over_dtensor_parameters(tmp_path: Path) -> None:
+    """SGD over DTensor parameters (FSDP2's, tensor parallelism's: each op a PythonSubclass
+    op) was advised fused=True, which raises NotImplementedError in torch 2.13 (no sharding
+    strategy for aten._fused_sgd_; /tmp/p22/rec22/s/fused_dt.py, 2 gloo ranks): no fused
+    advice for it now; AdamW's fused kernel has one (1.3-1.5 ms a step against 17-19) and is
+    advised as over plain tensors, the same gain."""
+    plain = shows(optimizer.single_tensor_optimizer,
+                  _cpu_adam(tmp_path, "sgd", "2.13.0+cpu", optimizer="SGD"))
+    assert plain.change == "torch.optim.SGD(..., fused=True)"
+    assert found(optimizer.single_tensor_optimizer, _cpu_adam(
+        tmp_path, "sgd_dt", "2.13.0+cpu", optimizer="SGD", subclass=True)) is None
+    adamw = shows(optimizer.single_tensor_optimizer,
+                  _cpu_adam(tmp_path, "adamw_dt", "2.13.0+cpu", subclass=True))
+    assert adamw.change == "torch.optim.AdamW(..., fused=True)"
+    assert adamw.gain_ns == plain.gain_ns == 1_050_000 - 180_000
 
 
 def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
