@@ -1128,6 +1128,15 @@ def test_step_time_after_the_window() -> None:
                             + [(0, 10, "detected")] * 3))
     assert close is not None and close.before_ns == 10.5 * ms and close.heap_shift is None
     assert found.before_ns is None  # two steps before the window, the first the warm-up
+    # a first profiled step that times the recorder (the profiler's start, 60 ms) set aside:
+    # the profiled median is the other steps' (20 ms), not 25 ms of the four
+    started = table(warm + [(0, dur, "marker") for dur in (60, 15, 20, 30)]
+                    + [(0, 90, "export")] + [(0, 10, "detected")] * 3)
+    kept = step_time(started)
+    assert kept is not None and kept.profiled_ns == 25 * ms
+    aside = step_time(started, aside={(0, 3)})
+    assert aside is not None and aside.profiled_ns == 20 * ms
+    assert aside.profiler_slowdown == 2.0 and aside.median_ns == 10 * ms
 
 
 def test_step_paths_past_their_window_and_an_unexplained_device_wait(

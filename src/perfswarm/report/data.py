@@ -29,6 +29,7 @@ from perfswarm.analyze.iterations import (
 )
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarm_diff import periods
+from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
@@ -347,7 +348,9 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     first = [w["dur_ns"] for w in next(iter(steps.values()), [])]
-    timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD))
+    timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD),
+                       recorder_steps(run.table("steps"), run.table("counters"),
+                                      host_cores(manifest) or 1))
     # at the program's own speed where the recorder timed steps after the window, as the
     # throughput and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
     outside = timing is not None and timing.outside

@@ -484,7 +484,8 @@ class Facts:
         """Median profiled step over the median step the hooks timed after the window (at
         least 1; 1 without both, iterations.StepTime): what the profiler adds to the evidence
         of the window."""
-        found = step_time(self.run.table("steps"), batch_sizes(self.run))
+        found = step_time(self.run.table("steps"), batch_sizes(self.run),
+                          aside=self.set_aside)
         return found.profiler_slowdown if found is not None else 1.0
 
     @cached_property
