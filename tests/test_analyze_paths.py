@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from conftest import GLOO_DDP, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency
-from perfswarm.analyze.critical_path import critical_path, innermost
+from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.dependencies import dependencies, sync_events
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
-from perfswarm.analyze.intervals import sorted_unique
+from perfswarm.analyze.intervals import innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -337,6 +337,52 @@ def test_critical_path_waits_for_the_dataloader_worker(tmp_path: Path) -> None:
         assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers
                 if h.from_tid == worker_tid] == expected
     assert crossed == 3 and len(markers) == 4
+
+
+def test_critical_path_follows_a_torchscript_fork(tmp_path: Path) -> None:
+    """A scripted forward that forks a wide branch onto an inter-op thread, runs a narrow one
+    itself and waits for the wide one (tests/data/jit_fork.py), from the raw JSON. torch
+    records the forward as one op and not the wait: where the wide branch ended after the
+    main thread's narrow one, the interpreter, suspended at the wait, ran the rest (the head)
+    on an inter-op thread, and the main thread's forward ended after it. There the path
+    crosses from the main thread to the fork's thread where it took the fork up, to the
+    head's thread where it began after the fork's last op, and back to the main thread where
+    its forward ended; elsewhere it stays on the main thread. It had stayed there throughout,
+    the wait counted as the forward's CPU."""
+    trace = DATA / "jit_fork_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "f.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    x, ns, base = _raw_ns(trace)
+    host = [(e["tid"], base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]), e["name"])
+            for e in x if e.get("cat") in ("cpu_op", "user_annotation") and e["dur"] > 0]
+    markers = sorted((s, e) for _, s, e, n in host if n.startswith("ProfilerStep#"))
+    (main,) = {t for t, _, _, n in host if n.startswith("ProfilerStep#")}
+    waited = 0
+    for step, (lo, hi) in zip(path.steps, markers, strict=True):
+        assert step.end == max(e for t, s, e, n in host
+                               if t == main and lo <= s < hi and not n.startswith("Profiler"))
+        assert step.length_ns == step.end - step.start
+        (forward,) = [(s, e) for t, s, e, n in host
+                      if t == main and n == "forward" and lo <= s < hi]
+        (fork, at, fork_end) = next((t, s, e) for t, s, e, n in host
+                                    if n == "<forked function>" and forward[0] <= s < forward[1])
+        branch_end = max(e for t, s, e, n in host if t == fork and at <= s and e <= fork_end
+                         and n != "<forked function>")
+        head = max((s, t) for t, s, e, n in host if n == "<forward op>" and
+                   forward[0] <= s and e <= forward[1])[1]
+        if head == main:
+            assert step.handovers == ()
+            continue
+        waited += 1
+        resumed = min(s for t, s, _, _ in host if t == head and branch_end <= s)
+        finished = max(e for t, _, e, _ in host if t == head and e <= forward[1])
+        expected = [(main, fork, at, 0), (fork, head, resumed, resumed - branch_end),
+                    (head, main, forward[1], forward[1] - finished)]
+        assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers] == expected
+        assert step.ns["thread_wait"] == sum(w for *_, w in expected)
+    assert waited >= 1 and len(markers) == 3
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

@@ -37,7 +37,7 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.groups import NO_GROUPS, Groups
-from perfswarm.analyze.intervals import Coverage, sorted_unique, union
+from perfswarm.analyze.intervals import Coverage, innermost, sorted_unique, union
 from perfswarm.analyze.launch import launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
 from perfswarm.analyze.stragglers import instances_of
@@ -68,6 +68,13 @@ WAKE_QUIET_LAG_SHARE: Final = 0.25
 # however long the batch then takes to arrive: the worker pickles it into shared memory and
 # queues it after its fetch, and the waiting thread rebuilds it, none of which is traced.
 LOADER_WAIT: Final = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
+# TorchScript's inter-op parallelism (torch.jit.fork): the forked function runs on an inter-op
+# thread inside a range of this name, started from inside the op of the thread that forked it
+# (a scripted `forward`, one op over the whole function); its wait (torch.jit.wait) is not
+# traced: the forking thread sits inside that op with no op of its own until the fork's work
+# is done (or, where the interpreter suspended at the wait, until the rest of the function,
+# continued on another inter-op thread, is)
+FORKED: Final = "<forked function>"
 
 
 class SyncArgs(msgspec.Struct):
@@ -455,7 +462,13 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     after the other thread finished; its later
     pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
-    several such threads, the one that finished last."""
+    several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
+    thread sitting in the op that forked, with no op inside it, after one of its ops, is
+    blocked too, and handed over to by the same rules, but by its process's other threads'
+    work together (the fork's, then the function's rest, continued on another inter-op
+    thread); an inter-op thread that takes a fork up waited for the forking op, and one that
+    starts other work after sitting idle for the fork that ended last before (the function
+    that waited for it continued there)."""
     return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
 
 
@@ -473,6 +486,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     ends: dict[int, tuple[I64, I64]] = {}
     busy: dict[int, Coverage] = {}
     works: dict[int, tuple[I64, I64]] = {}  # union of the thread's work
+    forks = _forks(ev, threads)
     for key, rows in threads.items():
         order = np.argsort(ev.end[rows], kind="stable")
         ends[key] = (ev.end[rows][order], rows[order])
@@ -495,6 +509,18 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             lo = np.concatenate([[origin], e[:-1]]).astype(np.int64)
             keep = s - lo >= WAKE_MIN_GAP_NS
             lo, hi = lo[keep], s[keep]
+            bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
+            order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
+            lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
+            # waiting for a fork: the work it waits for may have passed between the process's
+            # other threads (the fork's, then the rest of the function continued on another
+            # inter-op thread), busy together
+            pooled = np.concatenate([np.zeros(len(lo) - len(bare_lo), bool),
+                                     np.ones(len(bare_lo), bool)])[order]
+            if pooled.any():
+                mates = [k for k in keys if k != key and ev.pid[threads[k][0]] == ev.pid[rows[0]]]
+                together = np.concatenate([threads[k] for k in mates]) if mates else rows[:0]
+                process_busy = Coverage(*union(ev.ts[together], ev.end[together])).between(lo, hi)
             waits = rows[loader_wait[rows]]
             in_wait, began = _inside(union(ev.ts[waits], ev.end[waits]), hi)
             for_batch = in_wait & (began >= lo)  # the first work in the wait: the batch came
@@ -514,7 +540,10 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 # a comm thread's collective is its whole stretch of work: one suffices
                 ended = (last - first >= 1) | ((last >= first) & collective[
                     other_rows[np.maximum(last, 0)]])
-                ok = ended & (busy[other].between(lo, hi) >= WAKE_MIN_BUSY_SHARE * (hi - lo))
+                worked = busy[other].between(lo, hi)
+                if pooled.any():
+                    worked = np.where(pooled, process_busy, worked)
+                ok = ended & (worked >= WAKE_MIN_BUSY_SHARE * (hi - lo))
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
@@ -528,11 +557,98 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 better = ok & (end > best_end)
                 best_end[better] = end[better]
                 best_row[better] = other_rows[last[better]]
+            if key in forks.launched:  # an inter-op thread: it takes up a fork or continues
+                done, by = forks.done[key]  # a function whose fork then ended
+                j = np.searchsorted(done, hi, side="right") - 1
+                continued = (j >= 0) & (done[np.maximum(j, 0)] > lo)
+                best_end[continued] = done[j[continued]]
+                best_row[continued] = by[j[continued]]
+                for at, forking in forks.launched[key]:
+                    launch = hi == at
+                    best_end[launch], best_row[launch] = at, forking
             found = best_end >= 0
             resume = points[np.searchsorted(points, best_end[found])]
             out[key] = Wakes(resume, best_row[found], best_end[found], lo[found])
     return out
 
+
+
+@dataclass(frozen=True)
+class _Forks:
+    """TorchScript's forks (FORKED) in some threads, by lane_key: where a forking thread sat in
+    its forking op alone after the fork (lo, hi: waiting for it, if another thread then hands
+    over by thread_wakes' rules), where an idle thread took a fork up (its start, the
+    forking op's row: the fork's launch), and, for each thread that took one up, when the
+    forks of its process ended their work (sorted) and the row that ended it: an inter-op
+    thread that starts work of its own after sitting idle continues a function that waited
+    for the last of them (the interpreter, suspended at the wait, resumes on a pool thread)."""
+
+    waits: dict[int, tuple[I64, I64]]
+    launched: dict[int, list[tuple[int, int]]]
+    done: dict[int, tuple[I64, I64]]
+
+
+def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
+    """The forks of `threads` (lane_key -> its host rows). A fork's forking op is, on another
+    thread of its process, the innermost op over the fork's start that outlasts the fork's work
+    (its last event inside FORKED; FORKED itself may end later): a function waits for the forks
+    it makes, its own ops meanwhile end first. Of the threads with one, the one whose last
+    event boundary before the fork's start came last (it was running its own code). The wait
+    is one of that op's stretches with no op inside it that begin after one of its ops (the
+    fork is launched before the forking thread's own work, the wait follows it: not the
+    stretch from the op's start, where a thread off the CPU looks the same) and end after the
+    fork began."""
+    forked = np.flatnonzero(np.isin(ev.name, [i for i, n in enumerate(ev.names) if n == FORKED])
+                            & ev.of_kind("cpu_op"))
+    waits: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    launched: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    ended: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # by rank, pid
+    timelines: dict[int, tuple[I64, I64]] = {}  # points, innermost row of each segment
+
+    def timeline(key: int) -> tuple[I64, I64]:
+        if key not in timelines:
+            rows = threads[key]
+            points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
+            timelines[key] = (points, innermost(ev.ts[rows], ev.end[rows], points, rows))
+        return timelines[key]
+
+    for f in forked.tolist():
+        at, mine = int(ev.ts[f]), int(lane_key(int(ev.rank[f]), int(ev.tid[f])))
+        inside = threads[mine]
+        inside = inside[(ev.ts[inside] >= at) & (ev.end[inside] <= ev.end[f]) & (inside != f)]
+        last_row = int(inside[np.argmax(ev.end[inside])]) if len(inside) else f
+        done = int(ev.end[last_row])
+        ended[(int(ev.rank[f]), int(ev.pid[f]))].append((done, last_row))
+        best: tuple[int, int, int] | None = None  # (last boundary, key, forking op)
+        for key, rows in threads.items():
+            if key == mine or ev.rank[rows[0]] != ev.rank[f] or ev.pid[rows[0]] != ev.pid[f]:
+                continue
+            over = rows[(ev.ts[rows] <= at) & (ev.end[rows] > at) & (ev.end[rows] >= done)]
+            if not len(over):
+                continue
+            forking = int(over[np.lexsort((ev.end[over], -ev.ts[over]))[0]])  # innermost
+            points, _ = timeline(key)
+            last = int(points[np.searchsorted(points, at, side="right") - 1])
+            if best is None or last > best[0]:
+                best = (last, key, forking)
+        if best is None:
+            continue
+        _, key, forking = best
+        launched[mine].append((at, forking))
+        points, owner = timeline(key)
+        bare = np.flatnonzero(owner == forking)
+        lo, hi = points[bare], points[bare + 1]
+        keep = (lo > ev.ts[forking]) & (hi > at) & (hi - lo >= WAKE_MIN_GAP_NS)
+        waits[key].extend(zip(lo[keep].tolist(), hi[keep].tolist(), strict=True))
+
+    def pairs(found: list[tuple[int, int]]) -> tuple[I64, I64]:
+        return (np.array([a for a, _ in found], np.int64),
+                np.array([b for _, b in found], np.int64))
+
+    return _Forks({key: pairs(found) for key, found in waits.items()}, dict(launched),
+                  {key: pairs(sorted(ended[(int(ev.rank[threads[key][0]]),
+                                            int(ev.pid[threads[key][0]]))]))
+                   for key in launched})
 
 
 def _inside(intervals: tuple[I64, I64], t: I64) -> tuple[npt.NDArray[np.bool_], I64]:
