@@ -464,11 +464,11 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
     thread sitting in the op that forked, with no op inside it, after one of its ops, is
-    blocked too, and handed over to by the same rules, but by its process's other threads'
-    work together (the fork's, then the function's rest, continued on another inter-op
-    thread); an inter-op thread that takes a fork up waited for the forking op, and one that
-    starts other work after sitting idle for the fork that ended last before (the function
-    that waited for it continued there)."""
+    blocked too, and handed over to by the same rules, but only by an inter-op thread (the
+    fork's, or the one the function's rest continued on), however little of the stretch it
+    worked (a fork can wait for a thread to take it up); an inter-op thread that takes a fork
+    up waited for the forking op, and one that starts other work after sitting idle for the
+    fork that ended last before (the function that waited for it continued there)."""
     return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
 
 
@@ -512,15 +512,10 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
             order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
             lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
-            # waiting for a fork: the work it waits for may have passed between the process's
-            # other threads (the fork's, then the rest of the function continued on another
-            # inter-op thread), busy together
-            pooled = np.concatenate([np.zeros(len(lo) - len(bare_lo), bool),
-                                     np.ones(len(bare_lo), bool)])[order]
-            if pooled.any():
-                mates = [k for k in keys if k != key and ev.pid[threads[k][0]] == ev.pid[rows[0]]]
-                together = np.concatenate([threads[k] for k in mates]) if mates else rows[:0]
-                process_busy = Coverage(*union(ev.ts[together], ev.end[together])).between(lo, hi)
+            # waiting for a fork: handed over by an inter-op thread (the fork's, or the one the
+            # function continued on), however long the fork waited for a thread to take it up
+            forking = np.concatenate([np.zeros(len(lo) - len(bare_lo), bool),
+                                      np.ones(len(bare_lo), bool)])[order]
             waits = rows[loader_wait[rows]]
             in_wait, began = _inside(union(ev.ts[waits], ev.end[waits]), hi)
             for_batch = in_wait & (began >= lo)  # the first work in the wait: the batch came
@@ -540,10 +535,8 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 # a comm thread's collective is its whole stretch of work: one suffices
                 ended = (last - first >= 1) | ((last >= first) & collective[
                     other_rows[np.maximum(last, 0)]])
-                worked = busy[other].between(lo, hi)
-                if pooled.any():
-                    worked = np.where(pooled, process_busy, worked)
-                ok = ended & (worked >= WAKE_MIN_BUSY_SHARE * (hi - lo))
+                worked = busy[other].between(lo, hi) >= WAKE_MIN_BUSY_SHARE * (hi - lo)
+                ok = ended & np.where(forking, other in forks.launched, worked)
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
