@@ -385,6 +385,32 @@ def test_critical_path_follows_a_torchscript_fork(tmp_path: Path) -> None:
     assert waited >= 1 and len(markers) == 3
 
 
+def test_a_fork_taken_up_late_continued_on_a_thread_that_forked_nothing() -> None:
+    """A scripted forward (thread 1, 0..970 us) runs its own branch (10..110), then waits; its
+    fork is taken up only at 700 (thread 2, its work to 920: 31% of the wait), and the
+    function's rest runs on thread 3 (930..960), which ran no fork; the loss follows on
+    thread 1 (980..1000). The path: the loss, 10 us idle, 10 us waiting for thread 3, its 30,
+    10 us waiting for the fork's last op, the fork's 220, its launch (0 us) and thread 1's 700
+    up to it (the wait, whose time the fork's ops hold, is not on it)."""
+    ev = events([(0, 0, 970 * US, "cpu_op", "forward", 1, -1, -1, -1),
+                 (0, 10 * US, 100 * US, "cpu_op", "<forward op>", 1, -1, -1, -1),
+                 (0, 20 * US, 80 * US, "cpu_op", "aten::addmm", 1, -1, -1, -1),
+                 (0, 700 * US, 295 * US, "cpu_op", "<forked function>", 2, -1, -1, -1),
+                 (0, 705 * US, 195 * US, "cpu_op", "aten::mm", 2, -1, -1, -1),
+                 (0, 905 * US, 15 * US, "cpu_op", "aten::add", 2, -1, -1, -1),
+                 (0, 930 * US, 30 * US, "cpu_op", "<forward op>", 3, -1, -1, -1),
+                 (0, 932 * US, 26 * US, "cpu_op", "aten::linear", 3, -1, -1, -1),
+                 (0, 980 * US, 20 * US, "cpu_op", "loss", 1, -1, -1, -1)])
+    path = critical_path(ev, [], {0: [StepWindow(0, 0, 1000 * US, "marker")]})
+    assert path is not None
+    (step,) = path.steps
+    assert (step.start, step.end) == (0, 1000 * US)
+    assert {k: v // US for k, v in step.ns.items() if v} == {
+        "cpu": 20 + 30 + 220 + 700, "host_idle": 10, "thread_wait": 20}
+    assert [(h.from_tid, h.to_tid, h.at // US, h.wait_ns // US) for h in step.handovers] == [
+        (1, 2, 700, 0), (2, 3, 930, 10), (3, 1, 970, 10)]
+
+
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:
     """On real traces whose backward runs on the autograd thread (an A100 DDP run and an
     MI250 one), the path reaches back to the main thread's first work: its length is the

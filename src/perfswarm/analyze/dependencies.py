@@ -464,11 +464,12 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
     thread sitting in the op that forked, with no op inside it, after one of its ops, is
-    blocked too, and handed over to by the same rules, but only by an inter-op thread (the
+    blocked too, and handed over to by the same rules by another thread of its process (the
     fork's, or the one the function's rest continued on), however little of the stretch it
-    worked (a fork can wait for a thread to take it up); an inter-op thread that takes a fork
-    up waited for the forking op, and one that starts other work after sitting idle for the
-    fork that ended last before (the function that waited for it continued there)."""
+    worked (a fork can wait for a thread to take it up); a thread that takes a fork up waited
+    for the forking op, and one that starts work after sitting idle, while another thread of
+    its process waits so, for the fork that ended last before (the function that waited for
+    it continued there)."""
     return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
 
 
@@ -512,10 +513,15 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
             order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
             lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
-            # waiting for a fork: handed over by an inter-op thread (the fork's, or the one the
-            # function continued on), however long the fork waited for a thread to take it up
+            # waiting for a fork: handed over by another thread of the process (the fork's, or
+            # the one the function continued on), however long the fork waited for a thread
             forking = np.concatenate([np.zeros(len(lo) - len(bare_lo), bool),
                                       np.ones(len(bare_lo), bool)])[order]
+            process = (int(ev.rank[rows[0]]), int(ev.pid[rows[0]]))
+            mates = [forks.waits[k] for k in keys if k != key and k in forks.waits
+                     and ev.pid[threads[k][0]] == process[1]]
+            continued = _inside(union(*(np.concatenate(x) for x in zip(*mates, strict=True))),
+                                hi)[0] if mates else np.zeros(len(hi), bool)
             waits = rows[loader_wait[rows]]
             in_wait, began = _inside(union(ev.ts[waits], ev.end[waits]), hi)
             for_batch = in_wait & (began >= lo)  # the first work in the wait: the batch came
@@ -536,7 +542,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 ended = (last - first >= 1) | ((last >= first) & collective[
                     other_rows[np.maximum(last, 0)]])
                 worked = busy[other].between(lo, hi) >= WAKE_MIN_BUSY_SHARE * (hi - lo)
-                ok = ended & np.where(forking, other in forks.launched, worked)
+                ok = ended & (forking | worked)
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
@@ -550,15 +556,15 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 better = ok & (end > best_end)
                 best_end[better] = end[better]
                 best_row[better] = other_rows[last[better]]
-            if key in forks.launched:  # an inter-op thread: it takes up a fork or continues
-                done, by = forks.done[key]  # a function whose fork then ended
+            if continued.any():  # resuming while a thread of its process waits for a fork:
+                done, by = forks.done[process]  # it continues the function whose fork ended
                 j = np.searchsorted(done, hi, side="right") - 1
-                continued = (j >= 0) & (done[np.maximum(j, 0)] > lo)
+                continued &= (j >= 0) & (done[np.maximum(j, 0)] > lo)
                 best_end[continued] = done[j[continued]]
                 best_row[continued] = by[j[continued]]
-                for at, forking in forks.launched[key]:
-                    launch = hi == at
-                    best_end[launch], best_row[launch] = at, forking
+            for at, op in forks.launched.get(key, []):  # an idle thread takes a fork up
+                launch = hi == at
+                best_end[launch], best_row[launch] = at, op
             found = best_end >= 0
             resume = points[np.searchsorted(points, best_end[found])]
             out[key] = Wakes(resume, best_row[found], best_end[found], lo[found])
@@ -571,14 +577,14 @@ class _Forks:
     """TorchScript's forks (FORKED) in some threads, by lane_key: where a forking thread sat in
     its forking op alone after the fork (lo, hi: waiting for it, if another thread then hands
     over by thread_wakes' rules), where an idle thread took a fork up (its start, the
-    forking op's row: the fork's launch), and, for each thread that took one up, when the
-    forks of its process ended their work (sorted) and the row that ended it: an inter-op
-    thread that starts work of its own after sitting idle continues a function that waited
+    forking op's row: the fork's launch), and, by (rank, pid), when the forks of the process
+    ended their work (sorted) and the row that ended it: a thread that starts work after
+    sitting idle while another thread of its process waits continues the function that waited
     for the last of them (the interpreter, suspended at the wait, resumes on a pool thread)."""
 
     waits: dict[int, tuple[I64, I64]]
     launched: dict[int, list[tuple[int, int]]]
-    done: dict[int, tuple[I64, I64]]
+    done: dict[tuple[int, int], tuple[I64, I64]]
 
 
 def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
@@ -639,9 +645,7 @@ def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
                 np.array([b for _, b in found], np.int64))
 
     return _Forks({key: pairs(found) for key, found in waits.items()}, dict(launched),
-                  {key: pairs(sorted(ended[(int(ev.rank[threads[key][0]]),
-                                            int(ev.pid[threads[key][0]]))]))
-                   for key in launched})
+                  {process: pairs(sorted(found)) for process, found in ended.items()})
 
 
 def _inside(intervals: tuple[I64, I64], t: I64) -> tuple[npt.NDArray[np.bool_], I64]:
