@@ -162,18 +162,17 @@ def test_critical_path_follows_the_late_rank() -> None:
 
 def test_a_steps_path_starts_where_its_rank_started_the_step() -> None:
     """Two ranks with no collective between them: rank 1 ends its previous step at 15, starts
-    step 0 at 20 and ends it last, at 110; the step's path is rank 1's 90 (walked back to the
+    step 0 at 20 and ends it last, at 110; its path of the step is its 90 (walked back to the
     earliest rank's start, 0, it had been 110, the previous step's tail in it: longer than
-    either rank's step)."""
+    either rank's step), and rank 0, waiting for no other rank, has its own, its 100."""
     ev = events([(0, 0, 100, "cpu_op", "work", 1, -1, -1, -1),
                  (1, -30, 45, "cpu_op", "before", 1, -1, -1, -1),
                  (1, 20, 90, "cpu_op", "work", 1, -1, -1, -1)])
     steps = {0: [StepWindow(0, 0, 100, "marker")], 1: [StepWindow(0, 20, 110, "marker")]}
     path = critical_path(ev, [], steps)
     assert path is not None
-    (step,) = path.steps
-    assert (step.start, step.end, step.length_ns, step.rank_switches) == (20, 110, 90, 0)
-    assert {k: v for k, v in step.ns.items() if v} == {"cpu": 90}
+    assert [(s.ranks, s.start, s.end, s.length_ns, s.rank_switches, s.ns["cpu"])
+            for s in path.steps] == [((0,), 0, 100, 100, 0, 100), ((1,), 20, 110, 90, 0, 90)]
 
 
 # One iteration, 0..500 us, built so its critical path is known: the main thread (1) runs
@@ -409,6 +408,35 @@ def test_a_fork_taken_up_late_continued_on_a_thread_that_forked_nothing() -> Non
         "cpu": 20 + 30 + 220 + 700, "host_idle": 10, "thread_wait": 20}
     assert [(h.from_tid, h.to_tid, h.at // US, h.wait_ns // US) for h in step.handovers] == [
         (1, 2, 700, 0), (2, 3, 930, 10), (3, 1, 970, 10)]
+
+
+def test_ranks_that_wait_for_no_other_each_have_their_own_step_paths(tmp_path: Path) -> None:
+    """Two Hogwild processes (tests/data/hogwild_cpu.py, ranks 1 and 2, no process group, one
+    computing 3x as long), from the raw JSON: each step has a path on each rank, walked back
+    from that rank's last work in its step to its start of it, never crossing to the other.
+    There had been one a step, the slower rank's (it ended each step later), the faster one's
+    steps on no path."""
+    files = {r: DATA / f"hogwild_cpu_rank{r}.pt.trace.json.gz" for r in (1, 2)}
+    run = import_traces(list(files.values()), tmp_path / "h.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    expected = []
+    for rank, file in files.items():
+        x, ns, base = _raw_ns(file)
+        host = [(base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]), e["name"])
+                for e in x if e.get("cat") in ("cpu_op", "user_annotation") and e["dur"] > 0]
+        markers = sorted((s, e) for s, e, n in host if n.startswith("ProfilerStep#"))
+        first = min(s for s, _, n in host if not n.startswith("ProfilerStep#"))
+        expected += [(i, (rank,), max(lo, first),
+                      max(e for s, e, n in host if lo <= s < hi and not n.startswith("Profiler")))
+                     for i, (lo, hi) in enumerate(markers)]
+    got = [(s.ranks, s.start, s.end, s.rank_switches) for s in path.steps]
+    steps = sorted({s.step for s in path.steps})
+    assert got == [(ranks, start, end, 0) for _, ranks, start, end in
+                   sorted(expected, key=lambda e: (e[0], e[1]))]
+    assert len(steps) == len(expected) // 2 >= 2
+    assert all(s.length_ns == s.end - s.start for s in path.steps)
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

@@ -97,6 +97,7 @@ class CriticalPath:
     step: int | None = None  # the iteration of a step's path
     steps: tuple[CriticalPath, ...] = ()  # each iteration's own path (the whole Run's only)
     step_end: int | None = None  # a step's path: where its window ends (its last rank's)
+    ranks: tuple[int, ...] = ()  # a step's path: the ranks whose step it is (step_windows)
     # the Run's path: its time between profiling windows, where nothing was traced (no part of
     # its length nor of any category)
     unprofiled_ns: int = 0
@@ -116,8 +117,8 @@ class CriticalPath:
         return len(self.handovers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**({"step": self.step, "beyond_step_ns": self.beyond_step_ns}
-                   if self.step is not None else {}),
+        return {**({"step": self.step, "ranks": list(self.ranks),
+                    "beyond_step_ns": self.beyond_step_ns} if self.step is not None else {}),
                 "start": self.start, "end": self.end, "length_ns": self.length_ns,
                 **({"unprofiled_ns": self.unprofiled_ns} if self.step is None else {}),
                 "ns": dict(self.ns), "share": {c: (v / self.length_ns if self.length_ns else 0.0)
@@ -486,13 +487,35 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     return [Ends(on_device(w), on_launching(w), on_host(w), len(calls) > 0) for w in windows]
 
 
-def step_windows(steps: Mapping[int, Sequence[StepWindow]]) -> list[tuple[int, Window]]:
-    """(step, its window on each rank that ran it), by step."""
+def linked_ranks(ranks: Iterable[int], peers: Mapping[int, Mapping[int, Sequence[Peer]]],
+                 received: Mapping[int, Mapping[int, Peer]]) -> list[frozenset[int]]:
+    """The ranks in groups that wait for one another: linked by a collective they share
+    (`peers`: rank -> collective row -> the same collective on the others) or a receive that
+    waited for a send (`received`: rank -> receive -> the send), by rank."""
+    group = {r: frozenset({r}) for r in ranks}
+    links = [(rank, p[0]) for rank, rows in peers.items() for found in rows.values()
+             for p in found] + [(rank, p[0]) for rank, rows in received.items()
+                                for p in rows.values()]
+    for a, b in links:
+        if group.setdefault(b, frozenset({b})) is not group.setdefault(a, frozenset({a})):
+            joined = group[a] | group[b]
+            group.update(dict.fromkeys(joined, joined))
+    return sorted(set(group.values()), key=min)
+
+
+def step_windows(steps: Mapping[int, Sequence[StepWindow]],
+                 linked: Sequence[frozenset[int]] = ()) -> list[tuple[int, Window]]:
+    """(step, its window on each rank that ran it), by step; with `linked` (linked_ranks),
+    one for each group of ranks that ran it, in the groups' order: ranks that wait for none of
+    the others (Hogwild's processes, each its own optimizer) each have their own path, their
+    steps k as far apart as they ran."""
     by_step: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     for rank, windows in steps.items():
         for w in windows:
             by_step[w.step][rank] = (w.start, w.end)
-    return sorted(by_step.items())
+    return [(step, part) for step, window in sorted(by_step.items())
+            for part in ([{r: w for r, w in window.items() if r in ranks} for ranks in linked]
+                         if linked else [window]) if part]
 
 
 def last_work(parts: Sequence[Ends]) -> State | None:
@@ -552,7 +575,8 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
         last = last_work([p[i] for p in parts])
         if last is not None:
             per_step.append(replace(path(last[3], path_of(last, back_to(window)), STEP_TOP, step),
-                                    step_end=max(hi for _, hi in window.values())))
+                                    step_end=max(hi for _, hi in window.values()),
+                                    ranks=tuple(sorted(window))))
     return path(start[3], path_of(start, back_to(None)), steps=per_step)
 
 
@@ -570,7 +594,8 @@ def critical_path(ev: Events, syncs: list[SyncEvent],
     peers = collective_peers(instances_of(ev, groups).values())
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()},
               {row: p for by_row in (received or {}).values() for row, p in by_row.items()})
-    windows = step_windows(steps or {})
+    windows = step_windows(steps or {}, linked_ranks([*ev.ranks, *(steps or {})], peers,
+                                                     received or {}))
     # one rank a segment: each walks back to its own rank's floor
     return without_gaps(paths([ends(g, [None, *(w for _, w in windows)])], windows,
                               lambda s, stop, floor: walk(g, s, frozenset({s[0]}), stop,
