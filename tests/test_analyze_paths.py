@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from conftest import GLOO_DDP, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency
 from perfswarm.analyze.critical_path import critical_path
-from perfswarm.analyze.dependencies import dependencies, sync_events
+from perfswarm.analyze.dependencies import dependencies, sync_events, thread_wakes
 from perfswarm.analyze.diff import diff
-from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.frame import KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
 from perfswarm.analyze.intervals import innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
@@ -408,6 +408,35 @@ def test_a_fork_taken_up_late_continued_on_a_thread_that_forked_nothing() -> Non
         "cpu": 20 + 30 + 220 + 700, "host_idle": 10, "thread_wait": 20}
     assert [(h.from_tid, h.to_tid, h.at // US, h.wait_ns // US) for h in step.handovers] == [
         (1, 2, 700, 0), (2, 3, 930, 10), (3, 1, 970, 10)]
+
+
+def test_a_function_forking_twice_waits_once() -> None:
+    """A scripted forward (thread 1, 0..960 us) forks two branches (threads 2 and 3), runs its
+    own (10..110) and waits for both; the function's rest runs on thread 2 (920..950) after
+    thread 3's branch, the later, ended (895). Thread 1 was handed over to once, at 960 by
+    thread 2's op (its wait had been listed once a fork: two hand-overs at one resumption);
+    thread 2 resumed at 920 after thread 3's last op; each fork's thread took it up from
+    `forward`."""
+    ev = events([(0, 0, 960 * US, "cpu_op", "forward", 1, -1, -1, -1),
+                 (0, 10 * US, 100 * US, "cpu_op", "<forward op>", 1, -1, -1, -1),
+                 (0, 20 * US, 580 * US, "cpu_op", "<forked function>", 2, -1, -1, -1),
+                 (0, 25 * US, 300 * US, "cpu_op", "aten::mm", 2, -1, -1, -1),
+                 (0, 330 * US, 260 * US, "cpu_op", "aten::mm", 2, -1, -1, -1),
+                 (0, 30 * US, 870 * US, "cpu_op", "<forked function>", 3, -1, -1, -1),
+                 (0, 35 * US, 845 * US, "cpu_op", "aten::mm", 3, -1, -1, -1),
+                 (0, 885 * US, 10 * US, "cpu_op", "aten::add", 3, -1, -1, -1),
+                 (0, 920 * US, 30 * US, "cpu_op", "<forward op>", 2, -1, -1, -1)])
+    rows = {(int(ev.tid[r]), ev.names[ev.name[r]], int(ev.ts[r]) // US): r for r in range(len(ev))}
+    wakes = thread_wakes(ev)
+    got = {tid: [(int(t) // US, int(w), int(e) // US)
+                 for t, w, e in zip(wakes[int(lane_key(0, tid))].resume,
+                                    wakes[int(lane_key(0, tid))].waker,
+                                    wakes[int(lane_key(0, tid))].waker_end, strict=True)]
+           for tid in (1, 2, 3)}
+    forward = rows[(1, "forward", 0)]
+    assert got == {1: [(960, rows[(2, "<forward op>", 920)], 950)],
+                   2: [(20, forward, 20), (920, rows[(3, "aten::add", 885)], 895)],
+                   3: [(30, forward, 30)]}
 
 
 def test_ranks_that_wait_for_no_other_each_have_their_own_step_paths(tmp_path: Path) -> None:

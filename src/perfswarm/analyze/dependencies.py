@@ -20,7 +20,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 import numpy as np
@@ -587,6 +587,19 @@ class _Forks:
     done: dict[tuple[int, int], tuple[I64, I64]]
 
 
+class _Timeline(NamedTuple):
+    """One thread's host rows by start (the outer first at a tie) and their starts, its event
+    boundaries, the innermost row over each segment between them (intervals.innermost), and
+    the segments by that row (`owners` their rows, sorted)."""
+
+    rows: I64
+    starts: I64
+    points: I64
+    owner: I64
+    segments: I64
+    owners: I64
+
+
 def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
     """The forks of `threads` (lane_key -> its host rows). A fork's forking op is, on another
     thread of its process, the innermost op over the fork's start that outlasts the fork's work
@@ -599,52 +612,64 @@ def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
     fork began."""
     forked = np.flatnonzero(np.isin(ev.name, [i for i, n in enumerate(ev.names) if n == FORKED])
                             & ev.of_kind("cpu_op"))
-    waits: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    waits: dict[int, set[tuple[int, int]]] = defaultdict(set)  # a function may fork often
     launched: dict[int, list[tuple[int, int]]] = defaultdict(list)
     ended: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # by rank, pid
-    timelines: dict[int, tuple[I64, I64]] = {}  # points, innermost row of each segment
+    up = np.full(len(ev), -1, np.int64)  # each row's innermost enclosing row on its thread
+    timelines: dict[int, _Timeline] = {}
+    processes: dict[tuple[int, int], list[int]] = defaultdict(list)  # by rank, pid: threads
+    for key, rows in threads.items():
+        processes[(int(ev.rank[rows[0]]), int(ev.pid[rows[0]]))].append(key)
 
-    def timeline(key: int) -> tuple[I64, I64]:
+    def timeline(key: int) -> _Timeline:
         if key not in timelines:
             rows = threads[key]
+            order = rows[np.lexsort((-ev.end[rows], ev.ts[rows]))]  # the outer first at a tie
+            parent = open_before(np.zeros(len(order), np.int64), ev.ts[order], ev.end[order])
+            up[order[parent >= 0]] = order[parent[parent >= 0]]
             points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
-            timelines[key] = (points, innermost(ev.ts[rows], ev.end[rows], points, rows))
+            owner = innermost(ev.ts[rows], ev.end[rows], points, rows)
+            segments = np.argsort(owner, kind="stable")
+            timelines[key] = _Timeline(order, ev.ts[order], points, owner, segments,
+                                       owner[segments])
         return timelines[key]
 
     for f in forked.tolist():
         at, mine = int(ev.ts[f]), int(lane_key(int(ev.rank[f]), int(ev.tid[f])))
-        inside = threads[mine]
-        inside = inside[(ev.ts[inside] >= at) & (ev.end[inside] <= ev.end[f]) & (inside != f)]
+        own = timeline(mine)
+        inside = own.rows[np.searchsorted(own.starts, at):
+                          np.searchsorted(own.starts, ev.end[f], side="right")]
+        inside = inside[(ev.end[inside] <= ev.end[f]) & (inside != f)]
         last_row = int(inside[np.argmax(ev.end[inside])]) if len(inside) else f
         done = int(ev.end[last_row])
         ended[(int(ev.rank[f]), int(ev.pid[f]))].append((done, last_row))
         best: tuple[int, int, int] | None = None  # (last boundary, key, forking op)
-        for key, rows in threads.items():
-            if key == mine or ev.rank[rows[0]] != ev.rank[f] or ev.pid[rows[0]] != ev.pid[f]:
+        for key in processes[(int(ev.rank[f]), int(ev.pid[f]))]:
+            if key == mine:
                 continue
-            over = rows[(ev.ts[rows] <= at) & (ev.end[rows] > at) & (ev.end[rows] >= done)]
-            if not len(over):
-                continue
-            forking = int(over[np.lexsort((ev.end[over], -ev.ts[over]))[0]])  # innermost
-            points, _ = timeline(key)
-            last = int(points[np.searchsorted(points, at, side="right") - 1])
-            if best is None or last > best[0]:
-                best = (last, key, forking)
+            other = timeline(key)
+            i = int(np.searchsorted(other.points, at, side="right")) - 1
+            forking = int(other.owner[i]) if 0 <= i < len(other.owner) else -1
+            while forking >= 0 and ev.end[forking] < done:  # out to the op that outlasts it
+                forking = int(up[forking])
+            if forking >= 0 and (best is None or other.points[i] > best[0]):
+                best = (int(other.points[i]), key, forking)
         if best is None:
             continue
         _, key, forking = best
         launched[mine].append((at, forking))
-        points, owner = timeline(key)
-        bare = np.flatnonzero(owner == forking)
-        lo, hi = points[bare], points[bare + 1]
+        found = timeline(key)
+        bare = found.segments[np.searchsorted(found.owners, forking):
+                              np.searchsorted(found.owners, forking, side="right")]
+        lo, hi = found.points[bare], found.points[bare + 1]
         keep = (lo > ev.ts[forking]) & (hi > at) & (hi - lo >= WAKE_MIN_GAP_NS)
-        waits[key].extend(zip(lo[keep].tolist(), hi[keep].tolist(), strict=True))
+        waits[key].update(zip(lo[keep].tolist(), hi[keep].tolist(), strict=True))
 
     def pairs(found: list[tuple[int, int]]) -> tuple[I64, I64]:
         return (np.array([a for a, _ in found], np.int64),
                 np.array([b for _, b in found], np.int64))
 
-    return _Forks({key: pairs(found) for key, found in waits.items()}, dict(launched),
+    return _Forks({key: pairs(sorted(found)) for key, found in waits.items()}, dict(launched),
                   {process: pairs(sorted(found)) for process, found in ended.items()})
 
 
