@@ -382,15 +382,10 @@ def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
 
 
 def _collective_peers(ev: Events, d: Dependencies, groups: Groups) -> None:
-    """Each device collective's row -> the same collective on the other ranks (stragglers'
-    instances, of names that pair). A CPU process group's on its host threads (gloo's) are
-    not coupled here: the simulator keeps each rank's wait in them as measured. Coupled, a
-    rank whose straggling is untraced Python (logging, a sleep), which the overhead model
-    averages over the ranks' ops, took the others' waits with it: 17 of 19 audited DDP runs
-    predicted 6-44% off at their own configuration, 0.6-15% uncoupled."""
-    device = ev.of_kind("collective")
+    """Each collective's row -> the same collective on the other ranks (stragglers' instances,
+    of names that pair): a device's, or a CPU process group's on its host threads (gloo's)."""
     for peers in instances_of(ev, groups).values():
-        rows = [row for _, row, _ in peers if device[row]]
+        rows = [row for _, row, _ in peers]
         for row in rows:
             d.peers[row] = [r for r in rows if r != row]
 

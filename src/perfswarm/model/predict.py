@@ -64,7 +64,7 @@ from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
-from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph
+from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, collective_waits
 from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
     JOINS,
@@ -1025,9 +1025,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                      "varying sizes) or other load stretched some; no prediction can be judged "
                      "closer than that")
     stalls = stalled(g, m.ev)
-    idle = g.idle_gaps()  # a thread's wait through whole steps: neither fitted nor set
-    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, steady)
-    keep = stalls.copy()
+    # waits, neither fitted nor set: a thread's through whole steps, and on other ranks
+    waits, waited = collective_waits(g, m.ev)
+    idle = g.idle_gaps() | waited
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, steady)
+    keep = stalls | waits
     synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
     apply_overheads(model, g, m.ev, insts, dur, gap, keep, idle)
