@@ -504,18 +504,17 @@ def linked_ranks(ranks: Iterable[int], peers: Mapping[int, Mapping[int, Sequence
 
 
 def step_windows(steps: Mapping[int, Sequence[StepWindow]],
-                 linked: Sequence[frozenset[int]] = ()) -> list[tuple[int, Window]]:
-    """(step, its window on each rank that ran it), by step; with `linked` (linked_ranks),
-    one for each group of ranks that ran it, in the groups' order: ranks that wait for none of
-    the others (Hogwild's processes, each its own optimizer) each have their own path, their
-    steps k as far apart as they ran."""
+                 linked: Sequence[frozenset[int]]) -> list[tuple[int, Window]]:
+    """(step, its window on each rank that ran it), by step, one for each group of `linked`
+    (linked_ranks, of every rank with steps) that ran it, in the groups' order: ranks that wait
+    for none of the others (Hogwild's processes, each its own optimizer) each have their own
+    path, their steps k as far apart as they ran."""
     by_step: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     for rank, windows in steps.items():
         for w in windows:
             by_step[w.step][rank] = (w.start, w.end)
-    return [(step, part) for step, window in sorted(by_step.items())
-            for part in ([{r: w for r, w in window.items() if r in ranks} for ranks in linked]
-                         if linked else [window]) if part]
+    return [(step, part) for step, window in sorted(by_step.items()) for ranks in linked
+            if (part := {r: w for r, w in window.items() if r in ranks})]
 
 
 def last_work(parts: Sequence[Ends]) -> State | None:
