@@ -52,7 +52,7 @@ def safe_json(value: Any) -> str:
     """JSON text that can sit inside a <script> element: no `</script>`, no `<!--`; and
     whose strings show each control character and bidirectional mark as its escape (the
     text `\u202e`, as the terminal does: shown.visible), not the character."""
-    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode()
     for char, escaped in _JSON_ESCAPES:  # str.replace: 7x faster than str.translate here
         text = text.replace(char, escaped)
     return json_visible(text)
