@@ -1,7 +1,8 @@
 """Report data: everything a report shows, as one plain JSON-ready dict built from a Run.
 
 Renderers (report/html.py) only lay this out; tests assert on the dict. Times are ns
-(ints) except the timeline, which is in ms from the run's first event, ready to plot.
+(ints) except the timeline, which is in ms from the run's first event, ready to plot; its
+spans' columns are int64 arrays (orjson writes them as lists, OPT_SERIALIZE_NUMPY).
 """
 
 from __future__ import annotations

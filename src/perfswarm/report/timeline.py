@@ -206,7 +206,8 @@ def _interned(column: pa.ChunkedArray, rows: I64) -> tuple[I64, list[str]]:
 def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
              max_points: int = MAX_COUNTER_POINTS) -> dict[str, Any]:
     """Spans nested per lane (CPU threads first, then device streams), counters grouped per
-    unit, steps as bands. Span times are ns from `origin`; names and kinds are interned."""
+    unit, steps as bands. Span times are ns from `origin`; names and kinds are interned; the
+    spans' columns are int64 arrays."""
     manifest = run.manifest()
     drawn, nesting, total = spans.table, spans.nesting, spans.events
     dur = np.asarray(drawn.column("dur").to_numpy(), np.int64)
