@@ -297,7 +297,7 @@ def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dic
     from perfswarm.optimize.project import report_projection
     from perfswarm.report.data import report_data as data
 
-    return data(run, advice=advise(run).to_dict()["advice"], tune=tune,
+    return data(run, advice=lambda run: advise(run).to_dict()["advice"], tune=tune,
                 projection=report_projection)
 
 
