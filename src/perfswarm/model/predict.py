@@ -835,13 +835,14 @@ def repeat_excess(values: Sequence[float], steps: Sequence[StepKey], steady: Set
     beyond those at its fastest place, per call, by the least each place took over the steady
     steps (0 where it runs once a step). The calls of one op on the same shapes in a step do
     the same work, so a place that is slower step after step pays a cost per call that is no
-    work: the step's first call of the op starts cold (its code and metadata out of cache
-    since the step last ran it), and that stays as measured when the shapes change. An
-    MLP-Mixer's first GELU on [8, 40, 32] took 51 us a step where its second took 27, and at
-    four times the batch they ran x1.44 and x2.01 (scaled whole, the first read x2.93). The
-    least time of each place leaves another process's bursts out (they only add time, at any
-    place, in some steps): by medians, a ResNet recorded on a tenth of a core held 52 ms a
-    step of them, and read its batch changes 10-16% flatter.
+    work, and it stays as measured when the shapes change: a cold start (the op's code and
+    metadata out of cache since the step last ran it). The MLP-Mixer's first GELU on [8, 40,
+    32] took 48 us a step where its second took 28 in a process of their own, and at four
+    times the batch they ran x1.42 and x1.89: 20 and 25 us more, the excess not grown (its
+    recorded Run had the second slower, 40 us against 26 by least times). The least time of
+    each place leaves another process's bursts out (they only add time, at any place, in some
+    steps): by medians, a ResNet recorded on a tenth of a core held 52 ms a step of them, and
+    read its batch changes 10-16% flatter.
     """
     at: dict[int, list[float]] = {}
     calls: Counter[StepKey] = Counter()
