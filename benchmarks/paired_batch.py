@@ -1,12 +1,14 @@
 """A script's step at two batch sizes, measured in pairs: contention falls on both alike.
 
     python benchmarks/paired_batch.py {mixer,conv1d,resnet} B0 B1 [--width 40] [--pairs 30]
-        [--json OUT]
+        [--window N] [--json OUT]
 
 One process builds the model of benchmarks/realworld_models.py STYLE (with its optimizer, as the
 script trains it; one intra-op thread) twice from the same seed. It alternates steps at batch
 B0 and B1 (each pair's order swapped from one pair to the next), each step under torch.profiler
 with record_shapes. It prints the median over pairs of (B1 step's process CPU time / B0 step's).
+`--window N` keeps one profiler on over N steps at a time, as `perfswarm record` keeps it on
+over its window of steps (0, the default: a profiler of its own for each step).
 On a machine whose other load comes and goes, and on hyperthreads whose sibling's work stretches
 CPU time too, two recordings made a minute apart can differ by 2x. Two steps a few milliseconds
 apart cannot, so this ratio is what `predict`'s ratio of a changed configuration to its base
@@ -25,12 +27,15 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from realworld_models import build, optimizer
+
+STEP = "paired_batch step"
 
 
 def main() -> int:
@@ -40,6 +45,8 @@ def main() -> int:
     p.add_argument("b1", type=int)
     p.add_argument("--width", type=int, default=40)
     p.add_argument("--pairs", type=int, default=30)
+    p.add_argument("--window", type=int, default=0,
+                   help="steps one profiler stays on for (0: a profiler per step)")
     p.add_argument("--json", type=Path, help="per-op paired ratios to this file")
     ns = p.parse_args()
     torch.set_num_threads(1)
@@ -59,28 +66,44 @@ def main() -> int:
         loss.backward()
         opt.step()
 
-    def profiled(b: int) -> dict[str, float]:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                    record_shapes=True) as prof:
-            start = time.process_time_ns()
-            step(b)
-            cpu = time.process_time_ns() - start
+    def ops(events: list[Any], start: float, end: float) -> dict[str, float]:
+        """Each aten op's inclusive time (us) among `events` from start to end, by occurrence."""
         seen: dict[str, int] = defaultdict(int)
-        out = {"STEP cpu": cpu / 1e3}
-        for e in sorted((e for e in prof.events() if e.name.startswith("aten::")),
+        out = {}
+        for e in sorted((e for e in events if e.name.startswith("aten::")
+                         and start <= e.time_range.start < end),
                         key=lambda e: e.time_range.start):
             out[f"{e.name}#{seen[e.name]}"] = e.cpu_time_total
             seen[e.name] += 1
         return out
+
+    def session(batches: list[int]) -> list[dict[str, float]]:
+        """The steps at `batches` under one profiler: each
+        step's CPU time (us, `STEP cpu`) and its ops."""
+        cpu: list[float] = []
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    record_shapes=True) as prof:
+            for b in batches:
+                with torch.profiler.record_function(STEP):
+                    start = time.process_time_ns()
+                    step(b)
+                    cpu.append((time.process_time_ns() - start) / 1e3)
+        events = list(prof.events())
+        spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP)
+        return [{"STEP cpu": c, **ops(events, *span)} for c, span in zip(cpu, spans, strict=True)]
 
     for _ in range(3):  # warm both: first calls create oneDNN primitives, grow the heap
         step(ns.b0)
         step(ns.b1)
     ratios: dict[str, list[float]] = defaultdict(list)
     base: dict[str, list[float]] = defaultdict(list)
+    # each pair's order swapped from one pair to the next
+    order = [b for i in range(ns.pairs) for b in ((ns.b0, ns.b1) if i % 2 == 0 else
+                                                   (ns.b1, ns.b0))]
+    per = 2 * max(1, ns.window // 2) if ns.window else 1  # steps a profiler is on for
+    steps = [got for i in range(0, len(order), per) for got in session(order[i:i + per])]
     for i in range(ns.pairs):
-        order = (ns.b0, ns.b1) if i % 2 == 0 else (ns.b1, ns.b0)
-        got = {b: profiled(b) for b in order}
+        got = dict(zip(order[2 * i:2 * i + 2], steps[2 * i:2 * i + 2], strict=True))
         for k, v in got[ns.b0].items():
             if k in got[ns.b1] and v > 0:
                 ratios[k].append(got[ns.b1][k] / v)

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from conftest import GLOO_DDP, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency
-from perfswarm.analyze.critical_path import critical_path, innermost
-from perfswarm.analyze.dependencies import dependencies, sync_events
+from perfswarm.analyze.critical_path import critical_path
+from perfswarm.analyze.dependencies import dependencies, sync_events, thread_wakes
 from perfswarm.analyze.diff import diff
-from perfswarm.analyze.frame import KIND, Events
+from perfswarm.analyze.frame import KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
-from perfswarm.analyze.intervals import sorted_unique
+from perfswarm.analyze.intervals import innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
 from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -162,18 +162,17 @@ def test_critical_path_follows_the_late_rank() -> None:
 
 def test_a_steps_path_starts_where_its_rank_started_the_step() -> None:
     """Two ranks with no collective between them: rank 1 ends its previous step at 15, starts
-    step 0 at 20 and ends it last, at 110; the step's path is rank 1's 90 (walked back to the
+    step 0 at 20 and ends it last, at 110; its path of the step is its 90 (walked back to the
     earliest rank's start, 0, it had been 110, the previous step's tail in it: longer than
-    either rank's step)."""
+    either rank's step), and rank 0, waiting for no other rank, has its own, its 100."""
     ev = events([(0, 0, 100, "cpu_op", "work", 1, -1, -1, -1),
                  (1, -30, 45, "cpu_op", "before", 1, -1, -1, -1),
                  (1, 20, 90, "cpu_op", "work", 1, -1, -1, -1)])
     steps = {0: [StepWindow(0, 0, 100, "marker")], 1: [StepWindow(0, 20, 110, "marker")]}
     path = critical_path(ev, [], steps)
     assert path is not None
-    (step,) = path.steps
-    assert (step.start, step.end, step.length_ns, step.rank_switches) == (20, 110, 90, 0)
-    assert {k: v for k, v in step.ns.items() if v} == {"cpu": 90}
+    assert [(s.ranks, s.start, s.end, s.length_ns, s.rank_switches, s.ns["cpu"])
+            for s in path.steps] == [((0,), 0, 100, 100, 0, 100), ((1,), 20, 110, 90, 0, 90)]
 
 
 # One iteration, 0..500 us, built so its critical path is known: the main thread (1) runs
@@ -337,6 +336,136 @@ def test_critical_path_waits_for_the_dataloader_worker(tmp_path: Path) -> None:
         assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers
                 if h.from_tid == worker_tid] == expected
     assert crossed == 3 and len(markers) == 4
+
+
+def test_critical_path_follows_a_torchscript_fork(tmp_path: Path) -> None:
+    """A scripted forward that forks a wide branch onto an inter-op thread, runs a narrow one
+    itself and waits for the wide one (tests/data/jit_fork.py), from the raw JSON. torch
+    records the forward as one op and not the wait: where the wide branch ended after the
+    main thread's narrow one, the interpreter, suspended at the wait, ran the rest (the head)
+    on an inter-op thread, and the main thread's forward ended after it. There the path
+    crosses from the main thread to the fork's thread where it took the fork up, to the
+    head's thread where it began after the fork's last op, and back to the main thread where
+    its forward ended; elsewhere it stays on the main thread. It had stayed there throughout,
+    the wait counted as the forward's CPU."""
+    trace = DATA / "jit_fork_cpu.pt.trace.json.gz"
+    run = import_traces([trace], tmp_path / "f.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    x, ns, base = _raw_ns(trace)
+    host = [(e["tid"], base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]), e["name"])
+            for e in x if e.get("cat") in ("cpu_op", "user_annotation") and e["dur"] > 0]
+    markers = sorted((s, e) for _, s, e, n in host if n.startswith("ProfilerStep#"))
+    (main,) = {t for t, _, _, n in host if n.startswith("ProfilerStep#")}
+    waited = 0
+    for step, (lo, hi) in zip(path.steps, markers, strict=True):
+        assert step.end == max(e for t, s, e, n in host
+                               if t == main and lo <= s < hi and not n.startswith("Profiler"))
+        assert step.length_ns == step.end - step.start
+        (forward,) = [(s, e) for t, s, e, n in host
+                      if t == main and n == "forward" and lo <= s < hi]
+        (fork, at, fork_end) = next((t, s, e) for t, s, e, n in host
+                                    if n == "<forked function>" and forward[0] <= s < forward[1])
+        branch_end = max(e for t, s, e, n in host if t == fork and at <= s and e <= fork_end
+                         and n != "<forked function>")
+        head = max((s, t) for t, s, e, n in host if n == "<forward op>" and
+                   forward[0] <= s and e <= forward[1])[1]
+        if head == main:
+            assert step.handovers == ()
+            continue
+        waited += 1
+        resumed = min(s for t, s, _, _ in host if t == head and branch_end <= s)
+        finished = max(e for t, _, e, _ in host if t == head and e <= forward[1])
+        expected = [(main, fork, at, 0), (fork, head, resumed, resumed - branch_end),
+                    (head, main, forward[1], forward[1] - finished)]
+        assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers] == expected
+        assert step.ns["thread_wait"] == sum(w for *_, w in expected)
+    assert waited >= 1 and len(markers) == 3
+
+
+def test_a_fork_taken_up_late_continued_on_a_thread_that_forked_nothing() -> None:
+    """A scripted forward (thread 1, 0..970 us) runs its own branch (10..110), then waits; its
+    fork is taken up only at 700 (thread 2, its work to 920: 31% of the wait), and the
+    function's rest runs on thread 3 (930..960), which ran no fork; the loss follows on
+    thread 1 (980..1000). The path: the loss, 10 us idle, 10 us waiting for thread 3, its 30,
+    10 us waiting for the fork's last op, the fork's 220, its launch (0 us) and thread 1's 700
+    up to it (the wait, whose time the fork's ops hold, is not on it)."""
+    ev = events([(0, 0, 970 * US, "cpu_op", "forward", 1, -1, -1, -1),
+                 (0, 10 * US, 100 * US, "cpu_op", "<forward op>", 1, -1, -1, -1),
+                 (0, 20 * US, 80 * US, "cpu_op", "aten::addmm", 1, -1, -1, -1),
+                 (0, 700 * US, 295 * US, "cpu_op", "<forked function>", 2, -1, -1, -1),
+                 (0, 705 * US, 195 * US, "cpu_op", "aten::mm", 2, -1, -1, -1),
+                 (0, 905 * US, 15 * US, "cpu_op", "aten::add", 2, -1, -1, -1),
+                 (0, 930 * US, 30 * US, "cpu_op", "<forward op>", 3, -1, -1, -1),
+                 (0, 932 * US, 26 * US, "cpu_op", "aten::linear", 3, -1, -1, -1),
+                 (0, 980 * US, 20 * US, "cpu_op", "loss", 1, -1, -1, -1)])
+    path = critical_path(ev, [], {0: [StepWindow(0, 0, 1000 * US, "marker")]})
+    assert path is not None
+    (step,) = path.steps
+    assert (step.start, step.end) == (0, 1000 * US)
+    assert {k: v // US for k, v in step.ns.items() if v} == {
+        "cpu": 20 + 30 + 220 + 700, "host_idle": 10, "thread_wait": 20}
+    assert [(h.from_tid, h.to_tid, h.at // US, h.wait_ns // US) for h in step.handovers] == [
+        (1, 2, 700, 0), (2, 3, 930, 10), (3, 1, 970, 10)]
+
+
+def test_a_function_forking_twice_waits_once() -> None:
+    """A scripted forward (thread 1, 0..960 us) forks two branches (threads 2 and 3), runs its
+    own (10..110) and waits for both; the function's rest runs on thread 2 (920..950) after
+    thread 3's branch, the later, ended (895). Thread 1 was handed over to once, at 960 by
+    thread 2's op (its wait had been listed once a fork: two hand-overs at one resumption);
+    thread 2 resumed at 920 after thread 3's last op; each fork's thread took it up from
+    `forward`."""
+    ev = events([(0, 0, 960 * US, "cpu_op", "forward", 1, -1, -1, -1),
+                 (0, 10 * US, 100 * US, "cpu_op", "<forward op>", 1, -1, -1, -1),
+                 (0, 20 * US, 580 * US, "cpu_op", "<forked function>", 2, -1, -1, -1),
+                 (0, 25 * US, 300 * US, "cpu_op", "aten::mm", 2, -1, -1, -1),
+                 (0, 330 * US, 260 * US, "cpu_op", "aten::mm", 2, -1, -1, -1),
+                 (0, 30 * US, 870 * US, "cpu_op", "<forked function>", 3, -1, -1, -1),
+                 (0, 35 * US, 845 * US, "cpu_op", "aten::mm", 3, -1, -1, -1),
+                 (0, 885 * US, 10 * US, "cpu_op", "aten::add", 3, -1, -1, -1),
+                 (0, 920 * US, 30 * US, "cpu_op", "<forward op>", 2, -1, -1, -1)])
+    rows = {(int(ev.tid[r]), ev.names[ev.name[r]], int(ev.ts[r]) // US): r for r in range(len(ev))}
+    wakes = thread_wakes(ev)
+    got = {tid: [(int(t) // US, int(w), int(e) // US)
+                 for t, w, e in zip(wakes[int(lane_key(0, tid))].resume,
+                                    wakes[int(lane_key(0, tid))].waker,
+                                    wakes[int(lane_key(0, tid))].waker_end, strict=True)]
+           for tid in (1, 2, 3)}
+    forward = rows[(1, "forward", 0)]
+    assert got == {1: [(960, rows[(2, "<forward op>", 920)], 950)],
+                   2: [(20, forward, 20), (920, rows[(3, "aten::add", 885)], 895)],
+                   3: [(30, forward, 30)]}
+
+
+def test_ranks_that_wait_for_no_other_each_have_their_own_step_paths(tmp_path: Path) -> None:
+    """Two Hogwild processes (tests/data/hogwild_cpu.py, ranks 1 and 2, no process group, one
+    computing 3x as long), from the raw JSON: each step has a path on each rank, walked back
+    from that rank's last work in its step to its start of it, never crossing to the other.
+    There had been one a step, the slower rank's (it ended each step later), the faster one's
+    steps on no path."""
+    files = {r: DATA / f"hogwild_cpu_rank{r}.pt.trace.json.gz" for r in (1, 2)}
+    run = import_traces(list(files.values()), tmp_path / "h.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    expected = []
+    for rank, file in files.items():
+        x, ns, base = _raw_ns(file)
+        host = [(base + ns(e["ts"]), base + ns(e["ts"]) + ns(e["dur"]), e["name"])
+                for e in x if e.get("cat") in ("cpu_op", "user_annotation") and e["dur"] > 0]
+        markers = sorted((s, e) for s, e, n in host if n.startswith("ProfilerStep#"))
+        first = min(s for s, _, n in host if not n.startswith("ProfilerStep#"))
+        expected += [(i, (rank,), max(lo, first),
+                      max(e for s, e, n in host if lo <= s < hi and not n.startswith("Profiler")))
+                     for i, (lo, hi) in enumerate(markers)]
+    got = [(s.ranks, s.start, s.end, s.rank_switches) for s in path.steps]
+    steps = sorted({s.step for s in path.steps})
+    assert got == [(ranks, start, end, 0) for _, ranks, start, end in
+                   sorted(expected, key=lambda e: (e[0], e[1]))]
+    assert len(steps) == len(expected) // 2 >= 2
+    assert all(s.length_ns == s.end - s.start for s in path.steps)
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:
@@ -1128,6 +1257,15 @@ def test_step_time_after_the_window() -> None:
                             + [(0, 10, "detected")] * 3))
     assert close is not None and close.before_ns == 10.5 * ms and close.heap_shift is None
     assert found.before_ns is None  # two steps before the window, the first the warm-up
+    # a first profiled step that times the recorder (the profiler's start, 60 ms) set aside:
+    # the profiled median is the other steps' (20 ms), not 25 ms of the four
+    started = table(warm + [(0, dur, "marker") for dur in (60, 15, 20, 30)]
+                    + [(0, 90, "export")] + [(0, 10, "detected")] * 3)
+    kept = step_time(started)
+    assert kept is not None and kept.profiled_ns == 25 * ms
+    aside = step_time(started, aside={(0, 3)})
+    assert aside is not None and aside.profiled_ns == 20 * ms
+    assert aside.profiler_slowdown == 2.0 and aside.median_ns == 10 * ms
 
 
 def test_step_paths_past_their_window_and_an_unexplained_device_wait(

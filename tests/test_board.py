@@ -126,7 +126,7 @@ def test_reports_build_in_the_background_with_their_stage(
         server.server_close()
     for name in ("simple_add", "event_sync"):
         assert [s for n, s in stages if n == name] == [
-            "analysis", "prediction", "timeline", "op costs", "views"]
+            "prediction", "analysis", "timeline", "op costs", "views"]
 
 
 @pytest.mark.parametrize("path", [

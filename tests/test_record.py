@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -256,6 +257,39 @@ def test_a_program_with_its_own_profiler(tmp_path: Path, start: int) -> None:
     assert [w["what"] for w in result.run.manifest()["warnings"] if w["source"] == "torch"] == [
         "the program started its own torch profiler at step 3: the window closed there, "
         "before the steps it was to record (its last marker cut)"]
+
+
+@pytest.mark.parametrize("level", [None, "3"])
+def test_a_window_adds_nothing_to_the_program_s_stderr(tmp_path: Path, level: str | None
+                                                        ) -> None:
+    """Kineto wrote a `USDT: ... profiler_start` and a `profiler_stop` line on the program's
+    stderr as the window's profiler started and stopped. A program whose own profiler runs
+    after the window (steps 6-9) writes on stderr, recorded, exactly the lines it writes bare,
+    its own profiler's (the log level Kineto's first start sets is the one the program's
+    environment gives it: KINETO_LOG_LEVEL unset, or 3, which adds three `STAGE:` lines);
+    lines compared without their time and thread ids."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN_PROFILER)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    if level is not None:
+        env["KINETO_LOG_LEVEL"] = level
+
+    def lines(*prefix: str) -> list[str]:
+        err = subprocess.run([*prefix, PY, str(script), str(tmp_path / "t.json"), "6"],
+                             env=env, capture_output=True, text=True, check=True).stderr
+        return [re.sub(r"^([A-Z]+):\S+ \S+ \d+:\d+ ", r"\1: ", line)
+                for line in err.splitlines()]
+
+    bare = lines()
+    assert [line.split("]")[-1] for line in bare] == (
+        [" profiler_start", " profiler_stop"] if level is None else
+        [" Completed Stage: Warm Up", " profiler_start", " profiler_stop",
+         " Completed Stage: Collection", " Completed Stage: Post Processing"])
+    out = tmp_path / "q.run"
+    assert lines(PY, "-m", "perfswarm.cli.main", "record", "--quiet", "-c", "torch",
+                 "--steps", "1:2", "--out", str(out), "--") == bare
+    assert [(s["step"], s["source"]) for s in Run(out).table("steps").to_pylist()
+            if s["source"] == "marker"] == [(1, "marker"), (2, "marker")]
 
 
 def test_window_from_step_0(tmp_path: Path) -> None:
@@ -897,6 +931,34 @@ def test_status_line_and_quiet(tmp_path: Path) -> None:
         # the program's stdout is its own; the summary line goes to stderr
         assert out.stdout == b"hello\n"
         assert out.stderr == b"" if quiet else out.stderr.startswith(b"recorded ")
+
+
+@pytest.mark.parametrize("ctype", [None, "C", "POSIX"])
+def test_the_program_runs_in_the_locale_it_is_given(tmp_path: Path, ctype: str | None
+                                                      ) -> None:
+    """Run in the C locale (LANG=C and LC_CTYPE unset, C or POSIX), Python sets
+    LC_CTYPE=C.UTF-8 in its own environment as it starts (PEP 538): the recorder's, and its
+    exec wrapper's, and a recorded program inherited it, and a Python program, finding its
+    locale not C, left UTF-8 mode (PEP 540) off. The program now sees the environment it
+    sees bare: `env`'s locale variables, and a Python program's LC_CTYPE (its own coercion's)
+    and UTF-8 mode."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG"))}
+    env["LANG"] = "C"
+    if ctype is not None:
+        env["LC_CTYPE"] = ctype
+    probe = [PY, "-c", "import os, sys; print(os.environ.get('LC_CTYPE'), sys.flags.utf8_mode)"]
+
+    def seen(*prefix: str) -> list[str]:
+        def out(command: list[str]) -> list[str]:
+            return subprocess.run([*prefix, *command], env=env, capture_output=True, text=True,
+                                  check=True).stdout.splitlines()
+
+        return sorted(v for v in out(["env"]) if v.startswith(("LC_", "LANG="))) + out(probe)
+
+    bare = seen()
+    assert bare == ["LANG=C", *([f"LC_CTYPE={ctype}"] if ctype else []), "C.UTF-8 1"]
+    assert seen(PY, "-m", "perfswarm.cli.main", "record", "--quiet", "-c", "system", "--out",
+                str(tmp_path / "l.run"), "--force", "--") == bare
 
 
 def test_parse_strace_pairs_unfinished_calls() -> None:

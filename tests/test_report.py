@@ -113,6 +113,18 @@ def drawn_rows(run: Run) -> list[dict[str, Any]]:
             if e["dur"] > 0 and e["kind"] not in ("trace_span", "instant", "profiler_range")]
 
 
+def test_the_prediction_runs_before_the_advice_and_the_analysis(
+        corpus_runs: dict[str, Run]) -> None:
+    """The report's largest transient, the prediction's graph and schedule, is made and
+    freed first, not on top of the analysis and the advice; the advice is the same."""
+    run = Run(corpus_runs["simple_add"].path)
+    stages: list[str] = []
+    data = report_data(run, advice=lambda r: advise(r).to_dict()["advice"],
+                       on_stage=stages.append)
+    assert stages == ["prediction", "advice", "analysis", "timeline", "op costs", "views"]
+    assert data["advice"] == advise(corpus_runs["simple_add"]).to_dict()["advice"]
+
+
 def test_timeline_keeps_everything_below_the_limit(corpus_runs: dict[str, Run]) -> None:
     run = corpus_runs["simple_add"]
     tl = timeline(run, spans(run), 0, max_spans=10**6)

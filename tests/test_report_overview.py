@@ -9,11 +9,13 @@ import json
 import shlex
 import tracemalloc
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import markupsafe
 import numpy as np
+import orjson
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -27,7 +29,7 @@ from perfswarm.model.specs import spec_of_devices
 from perfswarm.report import html, overview
 from perfswarm.report.data import report_data
 from perfswarm.report.overview import CATEGORIES
-from perfswarm.report.timeline import run_origin
+from perfswarm.report.timeline import run_origin, spans, timeline
 from perfswarm.report.views import memory_view
 from perfswarm.trace import synthetic
 from perfswarm.trace.ingest import ImportOptions, import_traces
@@ -169,13 +171,18 @@ def test_an_evaluation_inside_the_steps_counts_once_in_model_flops(tmp_path: Pat
     assert f"(an evaluation's: {100 * share:.1f}% of the forward's)" in card["detail"]
 
 
+def _synthetic_run(tmp_path: Path) -> Path:
+    """A Run of a 20k-event synthetic trace (11,476 events imported)."""
+    return import_traces([synthetic.write(tmp_path / "t.json", 20_000)], tmp_path / "t.run",
+                         ImportOptions(), ["t"]).path
+
+
 def test_the_op_costs_peak_a_costed_op(tmp_path: Path) -> None:
     """The op table runs at a report's peak: each costed op's owner and kernel time as arrays,
     no dict of ints per op. Traced at its highest on a 20k-event synthetic trace's 3,066
     costed ops (the costed ops held already, as the advice leaves them in a report): 555
     bytes an op, where it had been 730."""
-    path = import_traces([synthetic.write(tmp_path / "t.json", 20_000)], tmp_path / "t.run",
-                         ImportOptions(), ["t"]).path
+    path = _synthetic_run(tmp_path)
     op_costs(Run(path), [0])  # (what any first one loads once)
     run = Run(path)
     n = len(costed_ops(run, Events.load(run)))
@@ -189,6 +196,78 @@ def test_the_op_costs_peak_a_costed_op(tmp_path: Path) -> None:
     assert n == 3066
     assert sum(o.count for o in costs.ops) <= n
     assert peak < 620 * n
+
+
+def test_the_timelines_spans_peak_a_span(tmp_path: Path) -> None:
+    """The timeline's spans copy of the drawn rows only the columns read of them, and their
+    lanes' keys are compared in order a column at a time: traced at its highest (the Run's
+    columns read already, as the analysis leaves them in a report) 104 bytes a span on a
+    20k-event synthetic trace, where it had been 138."""
+    path = _synthetic_run(tmp_path)
+    run = Run(path)
+    spans(run)  # (what any first one loads once)
+    run = Run(path)
+    Events.load(run)
+    table = run.table("events", ["ts", "dur", "kind", "name", "rank", "pid", "tid", "device",
+                                 "stream"])
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        drawn = spans(run)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    kinds = table.column("kind").cast(pa.string()).to_pylist()
+    expected = [i for i, (k, d) in enumerate(zip(kinds, table.column("dur").to_pylist(),
+                                                 strict=True))
+                if d > 0 and k not in {"trace_span", "instant", "profiler_range"}]
+    assert drawn.rows.tolist() == expected and len(expected) == 11_476
+    assert drawn.table.column_names == ["ts", "dur", "kind", "name"]
+    assert peak < 120 * len(expected)
+
+
+def test_the_timeline_holds_its_spans_in_arrays(tmp_path: Path) -> None:
+    """The drawn timeline is held to the end of a report: its spans' columns are int64
+    arrays, not lists of Python ints (6.3 MB at 50k spans), and JSON writes them as the same
+    lists: 49 bytes a span held in all on a 20k-event synthetic trace, where it had been
+    113."""
+    run = Run(_synthetic_run(tmp_path))
+    drawn = spans(run)
+    origin = run_origin(run)
+    timeline(run, drawn, origin)  # (what any first one loads once)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        line = timeline(run, drawn, origin)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    ts = np.asarray(drawn.table.column("ts").to_numpy(), np.int64)
+    assert line["shown"] == len(drawn.rows) == 11_476
+    assert sorted(np.asarray(line["spans"]["start"]).tolist()) == sorted((ts - origin).tolist())
+    assert held < 80 * line["shown"]
+    assert orjson.loads(html.safe_json(line["spans"])) == {
+        k: np.asarray(v).tolist() for k, v in line["spans"].items()}
+
+
+def test_the_page_is_written_as_it_is_made(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """html.write hands the file its parts as the template makes them: the page is never held
+    whole, as text or bytes (at 200k events 2.7 MB, 5.4 MB as text of two bytes a
+    character); its largest part is plotly.js, the same bytes as render's page."""
+    data = report_data(Run(_synthetic_run(tmp_path)))
+    parts: list[bytes] = []
+    real = html.write_output
+
+    def kept(path: Path, written: bytes | Iterable[bytes]) -> None:
+        parts.extend([written] if isinstance(written, bytes) else written)
+        real(path, b"".join(parts))
+
+    monkeypatch.setattr(html, "write_output", kept)
+    out = html.write(data, tmp_path / "r.html")
+    page = html.render(data).encode()
+    assert out.read_bytes() == page and len(parts) > 1
+    assert max(len(p) for p in parts) == len(html.plotly_js().encode()) < len(page)
 
 
 def test_samples_per_second_from_the_first_op(corpus_runs: dict[str, Run]) -> None:
@@ -413,7 +492,8 @@ def test_samples_of_differing_batches_leave_the_profilers_start_out(tmp_path: Pa
     """Four profiled steps of a graph network whose batches differ (8, 8, 16, 8 nodes): the
     first, 10 ms, times the profiler's start (steps of 1 ms after it, none as slow again);
     every sample over the whole time is of the other three, 32 samples in 3 ms (it had been
-    40 in 13 ms: 3,077 a second)."""
+    40 in 13 ms: 3,077 a second), and the source counts those three (it had said "in 4 of 4
+    steps" of a figure over 3)."""
     events = []
     for i, (start, dur, batch) in enumerate([(0, 10_000, 8), (10_000, 1000, 8),
                                              (11_000, 1000, 16), (12_000, 1000, 8)], 1):
@@ -422,6 +502,10 @@ def test_samples_of_differing_batches_leave_the_profilers_start_out(tmp_path: Pa
     rates = report_data(_trace(tmp_path, events, ["gnn.py"]))["throughput"]
     assert (rates["samples_per_step"], rates["steps"], rates["same_batch"]) == (32 / 3, 3, False)
     assert rates["samples_per_s"] == pytest.approx(32 / 3e-3)
+    assert rates["source"] == (
+        "the activation input of each step's first GEMM or convolution (aten::linear 8x32 in "
+        "the first), in 3 of 3 steps; step 1 left out: it times the recorder, not the program; "
+        "the steps' batches differ: every sample over the steps' whole time")
 
 
 def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
@@ -535,7 +619,8 @@ def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Pat
     padded tokens, 26 of 5 x 10, 9 of 2 x 10, from the raw JSON): the batch is the padded
     input aten::_nested_tensor_from_mask took (3, 5 and 2 samples), not the tokens. The
     first step, which timed the profiler's start (970 ms of the three's 988), is left out of
-    the samples' time where the batches differ."""
+    the samples' time where the batches differ, and the source reads the two steps the figure
+    counts (it had said "in 3 of 3 steps" and named the left-out step's input as the first)."""
     trace = Path(__file__).parent / "data" / "encoder_padmask_cpu.pt.trace.json.gz"
     raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
@@ -556,10 +641,10 @@ def test_samples_of_the_transformer_fast_path_under_a_padding_mask(tmp_path: Pat
     assert rates["samples_per_s"] == pytest.approx(
         (5 + 2) / (sum(m["dur"] for m in marks[1:]) / 1e6), rel=1e-4)
     assert rates["source"] == (
-        "the activation input of each step's first GEMM or convolution (aten::mm 15x32: the "
-        "valid tokens of aten::_nested_tensor_from_mask's 3x10x32 (its padding masked out) in "
-        "the first), in 3 of 3 steps; the steps' batches differ: every sample over the steps' "
-        "whole time")
+        "the activation input of each step's first GEMM or convolution (aten::mm 26x32: the "
+        "valid tokens of aten::_nested_tensor_from_mask's 5x10x32 (its padding masked out) in "
+        "the first), in 2 of 2 steps; step 3 left out: it times the recorder, not the program; "
+        "the steps' batches differ: every sample over the steps' whole time")
 
 
 def test_samples_of_a_quantized_forward_loop_from_the_recorders_step_batch(tmp_path: Path

@@ -292,12 +292,13 @@ class Run:
 def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole report of `run` as plain data: analysis, advice, projection (and `tune`, a tune
     directory as optimize.tune.load_results reads it): what `perfswarm report --json` prints
-    and the HTML shows. Here, above both report and optimize, they are put together."""
+    and the HTML shows (the timeline's span columns as numpy int64 arrays, which the JSON
+    writes as lists). Here, above both report and optimize, they are put together."""
     from perfswarm.optimize.advise import advise
     from perfswarm.optimize.project import report_projection
     from perfswarm.report.data import report_data as data
 
-    return data(run, advice=advise(run).to_dict()["advice"], tune=tune,
+    return data(run, advice=lambda run: advise(run).to_dict()["advice"], tune=tune,
                 projection=report_projection)
 
 

@@ -56,7 +56,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.groups import NO_GROUPS, Groups
-from perfswarm.analyze.intervals import StateSums, covered, sorted_unique
+from perfswarm.analyze.intervals import StateSums, covered, innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, within_gaps
 from perfswarm.analyze.stragglers import Peer, instances_of
 
@@ -97,6 +97,7 @@ class CriticalPath:
     step: int | None = None  # the iteration of a step's path
     steps: tuple[CriticalPath, ...] = ()  # each iteration's own path (the whole Run's only)
     step_end: int | None = None  # a step's path: where its window ends (its last rank's)
+    ranks: tuple[int, ...] = ()  # a step's path: the ranks whose step it is (step_windows)
     # the Run's path: its time between profiling windows, where nothing was traced (no part of
     # its length nor of any category)
     unprofiled_ns: int = 0
@@ -116,8 +117,8 @@ class CriticalPath:
         return len(self.handovers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**({"step": self.step, "beyond_step_ns": self.beyond_step_ns}
-                   if self.step is not None else {}),
+        return {**({"step": self.step, "ranks": list(self.ranks),
+                    "beyond_step_ns": self.beyond_step_ns} if self.step is not None else {}),
                 "start": self.start, "end": self.end, "length_ns": self.length_ns,
                 **({"unprofiled_ns": self.unprofiled_ns} if self.step is None else {}),
                 "ns": dict(self.ns), "share": {c: (v / self.length_ns if self.length_ns else 0.0)
@@ -363,35 +364,6 @@ class _Walk:
         return (rank, "dev", target, done)
 
 
-def innermost(starts: I64, ends: I64, points: I64, rows: I64) -> I64:
-    """For each segment [points[i], points[i+1]) of one thread's nested spans (`starts`,
-    `ends` of `rows`, each longer than 0; `points` all their starts and ends, sorted and
-    unique), the row of the innermost span over it, -1 where none is. The spans over segment
-    i are those opened at or before it less those closed by then, D of them; the innermost is
-    the last one opened at depth D (a later one at that depth would have closed it)."""
-    n = len(points)
-    out = np.full(max(n - 1, 0), -1, np.int64)
-    if n < 2 or not len(rows):
-        return out
-    s_at, e_at = np.searchsorted(points, starts), np.searchsorted(points, ends)
-    opened = np.cumsum(np.bincount(s_at, minlength=n))  # opened at or before each point
-    closed = np.cumsum(np.bincount(e_at, minlength=n))  # closed at or before each point
-    over = (opened - closed)[:-1]  # spans over each segment
-    # each span's depth as it opens: those open before its point and not closed there, then
-    # its place among the spans opening at the point, the outer (longer) first
-    order = np.lexsort((-ends, s_at))
-    at = s_at[order]
-    place = np.arange(len(order)) - np.searchsorted(at, at, side="left")
-    depth = np.where(at > 0, opened[np.maximum(at - 1, 0)], 0) - closed[at] + place + 1
-    key = depth * n + at  # by depth, then by where it opened
-    by_key = np.argsort(key, kind="stable")
-    found = np.searchsorted(key[by_key], over * n + np.arange(n - 1), side="right") - 1
-    span = by_key[np.maximum(found, 0)]
-    hit = (over > 0) & (found >= 0) & (depth[span] == over)
-    out[hit] = rows[order[span[hit]]]
-    return out
-
-
 def _device_category(ev: Events, row: int) -> str:
     kind = int(ev.kind[row])
     return next(k for k in ("collective", "memcpy", "memset", "kernel") if KIND[k] == kind)
@@ -515,13 +487,34 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     return [Ends(on_device(w), on_launching(w), on_host(w), len(calls) > 0) for w in windows]
 
 
-def step_windows(steps: Mapping[int, Sequence[StepWindow]]) -> list[tuple[int, Window]]:
-    """(step, its window on each rank that ran it), by step."""
+def linked_ranks(ranks: Iterable[int], peers: Mapping[int, Mapping[int, Sequence[Peer]]],
+                 received: Mapping[int, Mapping[int, Peer]]) -> list[frozenset[int]]:
+    """The ranks in groups that wait for one another: linked by a collective they share
+    (`peers`: rank -> collective row -> the same collective on the others) or a receive that
+    waited for a send (`received`: rank -> receive -> the send), by rank."""
+    group = {r: frozenset({r}) for r in ranks}
+    links = [(rank, p[0]) for rank, rows in peers.items() for found in rows.values()
+             for p in found] + [(rank, p[0]) for rank, rows in received.items()
+                                for p in rows.values()]
+    for a, b in links:
+        if group.setdefault(b, frozenset({b})) is not group.setdefault(a, frozenset({a})):
+            joined = group[a] | group[b]
+            group.update(dict.fromkeys(joined, joined))
+    return sorted(set(group.values()), key=min)
+
+
+def step_windows(steps: Mapping[int, Sequence[StepWindow]],
+                 linked: Sequence[frozenset[int]]) -> list[tuple[int, Window]]:
+    """(step, its window on each rank that ran it), by step, one for each group of `linked`
+    (linked_ranks, of every rank with steps) that ran it, in the groups' order: ranks that wait
+    for none of the others (Hogwild's processes, each its own optimizer) each have their own
+    path, their steps k as far apart as they ran."""
     by_step: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     for rank, windows in steps.items():
         for w in windows:
             by_step[w.step][rank] = (w.start, w.end)
-    return sorted(by_step.items())
+    return [(step, part) for step, window in sorted(by_step.items()) for ranks in linked
+            if (part := {r: w for r, w in window.items() if r in ranks})]
 
 
 def last_work(parts: Sequence[Ends]) -> State | None:
@@ -581,7 +574,8 @@ def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
         last = last_work([p[i] for p in parts])
         if last is not None:
             per_step.append(replace(path(last[3], path_of(last, back_to(window)), STEP_TOP, step),
-                                    step_end=max(hi for _, hi in window.values())))
+                                    step_end=max(hi for _, hi in window.values()),
+                                    ranks=tuple(sorted(window))))
     return path(start[3], path_of(start, back_to(None)), steps=per_step)
 
 
@@ -599,7 +593,8 @@ def critical_path(ev: Events, syncs: list[SyncEvent],
     peers = collective_peers(instances_of(ev, groups).values())
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()},
               {row: p for by_row in (received or {}).values() for row, p in by_row.items()})
-    windows = step_windows(steps or {})
+    windows = step_windows(steps or {}, linked_ranks([*ev.ranks, *(steps or {})], peers,
+                                                     received or {}))
     # one rank a segment: each walks back to its own rank's floor
     return without_gaps(paths([ends(g, [None, *(w for _, w in windows)])], windows,
                               lambda s, stop, floor: walk(g, s, frozenset({s[0]}), stop,

@@ -20,7 +20,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 import numpy as np
@@ -37,7 +37,7 @@ from perfswarm.analyze.frame import (
     lane_key,
 )
 from perfswarm.analyze.groups import NO_GROUPS, Groups
-from perfswarm.analyze.intervals import Coverage, sorted_unique, union
+from perfswarm.analyze.intervals import Coverage, innermost, sorted_unique, union
 from perfswarm.analyze.launch import launch_pairs
 from perfswarm.analyze.nesting import LOWEST, open_before
 from perfswarm.analyze.stragglers import instances_of
@@ -68,6 +68,13 @@ WAKE_QUIET_LAG_SHARE: Final = 0.25
 # however long the batch then takes to arrive: the worker pickles it into shared memory and
 # queues it after its fetch, and the waiting thread rebuilds it, none of which is traced.
 LOADER_WAIT: Final = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
+# TorchScript's inter-op parallelism (torch.jit.fork): the forked function runs on an inter-op
+# thread inside a range of this name, started from inside the op of the thread that forked it
+# (a scripted `forward`, one op over the whole function); its wait (torch.jit.wait) is not
+# traced: the forking thread sits inside that op with no op of its own until the fork's work
+# is done (or, where the interpreter suspended at the wait, until the rest of the function,
+# continued on another inter-op thread, is)
+FORKED: Final = "<forked function>"
 
 
 class SyncArgs(msgspec.Struct):
@@ -375,15 +382,10 @@ def tensor_handoffs(run: Run, ev: Events) -> list[tuple[int, int]]:
 
 
 def _collective_peers(ev: Events, d: Dependencies, groups: Groups) -> None:
-    """Each device collective's row -> the same collective on the other ranks (stragglers'
-    instances, of names that pair). A CPU process group's on its host threads (gloo's) are
-    not coupled here: the simulator keeps each rank's wait in them as measured. Coupled, a
-    rank whose straggling is untraced Python (logging, a sleep), which the overhead model
-    averages over the ranks' ops, took the others' waits with it: 17 of 19 audited DDP runs
-    predicted 6-44% off at their own configuration, 0.6-15% uncoupled."""
-    device = ev.of_kind("collective")
+    """Each collective's row -> the same collective on the other ranks (stragglers' instances,
+    of names that pair): a device's, or a CPU process group's on its host threads (gloo's)."""
     for peers in instances_of(ev, groups).values():
-        rows = [row for _, row, _ in peers if device[row]]
+        rows = [row for _, row, _ in peers]
         for row in rows:
             d.peers[row] = [r for r in rows if r != row]
 
@@ -455,7 +457,14 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     after the other thread finished; its later
     pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
-    several such threads, the one that finished last."""
+    several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
+    thread sitting in the op that forked, with no op inside it, after one of its ops, is
+    blocked too, and handed over to by the same rules by another thread of its process (the
+    fork's, or the one the function's rest continued on), however little of the stretch it
+    worked (a fork can wait for a thread to take it up); a thread that takes a fork up waited
+    for the forking op, and one that starts work after sitting idle, while another thread of
+    its process waits so, for the fork that ended last before (the function that waited for
+    it continued there)."""
     return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
 
 
@@ -473,6 +482,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     ends: dict[int, tuple[I64, I64]] = {}
     busy: dict[int, Coverage] = {}
     works: dict[int, tuple[I64, I64]] = {}  # union of the thread's work
+    forks = _forks(ev, threads)
     for key, rows in threads.items():
         order = np.argsort(ev.end[rows], kind="stable")
         ends[key] = (ev.end[rows][order], rows[order])
@@ -495,6 +505,18 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             lo = np.concatenate([[origin], e[:-1]]).astype(np.int64)
             keep = s - lo >= WAKE_MIN_GAP_NS
             lo, hi = lo[keep], s[keep]
+            bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
+            order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
+            lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
+            # waiting for a fork: handed over by another thread of the process (the fork's, or
+            # the one the function continued on), however long the fork waited for a thread
+            forking = np.concatenate([np.zeros(len(lo) - len(bare_lo), bool),
+                                      np.ones(len(bare_lo), bool)])[order]
+            process = (int(ev.rank[rows[0]]), int(ev.pid[rows[0]]))
+            mates = [forks.waits[k] for k in keys if k != key and k in forks.waits
+                     and ev.pid[threads[k][0]] == process[1]]
+            continued = _inside(union(*(np.concatenate(x) for x in zip(*mates, strict=True))),
+                                hi)[0] if mates else np.zeros(len(hi), bool)
             waits = rows[loader_wait[rows]]
             in_wait, began = _inside(union(ev.ts[waits], ev.end[waits]), hi)
             for_batch = in_wait & (began >= lo)  # the first work in the wait: the batch came
@@ -514,7 +536,8 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 # a comm thread's collective is its whole stretch of work: one suffices
                 ended = (last - first >= 1) | ((last >= first) & collective[
                     other_rows[np.maximum(last, 0)]])
-                ok = ended & (busy[other].between(lo, hi) >= WAKE_MIN_BUSY_SHARE * (hi - lo))
+                worked = busy[other].between(lo, hi) >= WAKE_MIN_BUSY_SHARE * (hi - lo)
+                ok = ended & (forking | worked)
                 end = np.where(ok, other_end[np.maximum(last, 0)], -1)
                 resume = points[np.searchsorted(points, end)]
                 stretch = np.maximum(hi - lo, _blocked_after(works[other], end, finish))
@@ -528,11 +551,121 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 better = ok & (end > best_end)
                 best_end[better] = end[better]
                 best_row[better] = other_rows[last[better]]
+            if continued.any():  # resuming while a thread of its process waits for a fork:
+                done, by = forks.done[process]  # it continues the function whose fork ended
+                j = np.searchsorted(done, hi, side="right") - 1
+                continued &= (j >= 0) & (done[np.maximum(j, 0)] > lo)
+                best_end[continued] = done[j[continued]]
+                best_row[continued] = by[j[continued]]
+            for at, op in forks.launched.get(key, []):  # an idle thread takes a fork up
+                launch = hi == at
+                best_end[launch], best_row[launch] = at, op
             found = best_end >= 0
             resume = points[np.searchsorted(points, best_end[found])]
             out[key] = Wakes(resume, best_row[found], best_end[found], lo[found])
     return out
 
+
+
+@dataclass(frozen=True)
+class _Forks:
+    """TorchScript's forks (FORKED) in some threads, by lane_key: where a forking thread sat in
+    its forking op alone after the fork (lo, hi: waiting for it, if another thread then hands
+    over by thread_wakes' rules), where an idle thread took a fork up (its start, the
+    forking op's row: the fork's launch), and, by (rank, pid), when the forks of the process
+    ended their work (sorted) and the row that ended it: a thread that starts work after
+    sitting idle while another thread of its process waits continues the function that waited
+    for the last of them (the interpreter, suspended at the wait, resumes on a pool thread)."""
+
+    waits: dict[int, tuple[I64, I64]]
+    launched: dict[int, list[tuple[int, int]]]
+    done: dict[tuple[int, int], tuple[I64, I64]]
+
+
+class _Timeline(NamedTuple):
+    """One thread's host rows by start (the outer first at a tie) and their starts, its event
+    boundaries, the innermost row over each segment between them (intervals.innermost), and
+    the segments by that row (`owners` their rows, sorted)."""
+
+    rows: I64
+    starts: I64
+    points: I64
+    owner: I64
+    segments: I64
+    owners: I64
+
+
+def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
+    """The forks of `threads` (lane_key -> its host rows). A fork's forking op is, on another
+    thread of its process, the innermost op over the fork's start that outlasts the fork's work
+    (its last event inside FORKED; FORKED itself may end later): a function waits for the forks
+    it makes, its own ops meanwhile end first. Of the threads with one, the one whose last
+    event boundary before the fork's start came last (it was running its own code). The wait
+    is one of that op's stretches with no op inside it that begin after one of its ops (the
+    fork is launched before the forking thread's own work, the wait follows it: not the
+    stretch from the op's start, where a thread off the CPU looks the same) and end after the
+    fork began."""
+    forked = np.flatnonzero(np.isin(ev.name, [i for i, n in enumerate(ev.names) if n == FORKED])
+                            & ev.of_kind("cpu_op"))
+    waits: dict[int, set[tuple[int, int]]] = defaultdict(set)  # a function may fork often
+    launched: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    ended: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # by rank, pid
+    up = np.full(len(ev), -1, np.int64)  # each row's innermost enclosing row on its thread
+    timelines: dict[int, _Timeline] = {}
+    processes: dict[tuple[int, int], list[int]] = defaultdict(list)  # by rank, pid: threads
+    for key, rows in threads.items():
+        processes[(int(ev.rank[rows[0]]), int(ev.pid[rows[0]]))].append(key)
+
+    def timeline(key: int) -> _Timeline:
+        if key not in timelines:
+            rows = threads[key]
+            order = rows[np.lexsort((-ev.end[rows], ev.ts[rows]))]  # the outer first at a tie
+            parent = open_before(np.zeros(len(order), np.int64), ev.ts[order], ev.end[order])
+            up[order[parent >= 0]] = order[parent[parent >= 0]]
+            points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
+            owner = innermost(ev.ts[rows], ev.end[rows], points, rows)
+            segments = np.argsort(owner, kind="stable")
+            timelines[key] = _Timeline(order, ev.ts[order], points, owner, segments,
+                                       owner[segments])
+        return timelines[key]
+
+    for f in forked.tolist():
+        at, mine = int(ev.ts[f]), int(lane_key(int(ev.rank[f]), int(ev.tid[f])))
+        own = timeline(mine)
+        inside = own.rows[np.searchsorted(own.starts, at):
+                          np.searchsorted(own.starts, ev.end[f], side="right")]
+        inside = inside[(ev.end[inside] <= ev.end[f]) & (inside != f)]
+        last_row = int(inside[np.argmax(ev.end[inside])]) if len(inside) else f
+        done = int(ev.end[last_row])
+        ended[(int(ev.rank[f]), int(ev.pid[f]))].append((done, last_row))
+        best: tuple[int, int, int] | None = None  # (last boundary, key, forking op)
+        for key in processes[(int(ev.rank[f]), int(ev.pid[f]))]:
+            if key == mine:
+                continue
+            other = timeline(key)
+            i = int(np.searchsorted(other.points, at, side="right")) - 1
+            forking = int(other.owner[i]) if 0 <= i < len(other.owner) else -1
+            while forking >= 0 and ev.end[forking] < done:  # out to the op that outlasts it
+                forking = int(up[forking])
+            if forking >= 0 and (best is None or other.points[i] > best[0]):
+                best = (int(other.points[i]), key, forking)
+        if best is None:
+            continue
+        _, key, forking = best
+        launched[mine].append((at, forking))
+        found = timeline(key)
+        bare = found.segments[np.searchsorted(found.owners, forking):
+                              np.searchsorted(found.owners, forking, side="right")]
+        lo, hi = found.points[bare], found.points[bare + 1]
+        keep = (lo > ev.ts[forking]) & (hi > at) & (hi - lo >= WAKE_MIN_GAP_NS)
+        waits[key].update(zip(lo[keep].tolist(), hi[keep].tolist(), strict=True))
+
+    def pairs(found: list[tuple[int, int]]) -> tuple[I64, I64]:
+        return (np.array([a for a, _ in found], np.int64),
+                np.array([b for _, b in found], np.int64))
+
+    return _Forks({key: pairs(sorted(found)) for key, found in waits.items()}, dict(launched),
+                  {process: pairs(sorted(found)) for process, found in ended.items()})
 
 
 def _inside(intervals: tuple[I64, I64], t: I64) -> tuple[npt.NDArray[np.bool_], I64]:

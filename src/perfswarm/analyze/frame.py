@@ -318,13 +318,16 @@ def lane_key(rank: I64 | int, lane: I64 | int) -> I64:
 def unique_rows(keys: I64) -> tuple[I64, I64]:
     """np.unique(keys, axis=0, return_index=True, return_inverse=True) without the values: the
     first row of each distinct key row (keys in lexicographic order) and each row's key index.
-    By a lexsort: np.unique's row-view sort is several times slower."""
+    By a lexsort: np.unique's row-view sort is several times slower. The keys are compared
+    in order a column at a time, not copied whole in order (4 columns at 120k rows: 3.8 MB)."""
     if not len(keys):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.lexsort(keys.T[::-1])
-    ordered = keys[order]
-    new = np.ones(len(keys), bool)
-    new[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    new = np.zeros(len(keys), bool)
+    new[0] = True
+    for column in keys.T:
+        ordered = column[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
     inverse = np.empty(len(keys), np.int64)
     inverse[order] = np.cumsum(new) - 1
     return order[new], inverse

@@ -184,3 +184,32 @@ class Coverage:
 
     def between(self, lo: I64, hi: I64) -> I64:
         return self.upto(hi) - self.upto(lo)
+
+
+def innermost(starts: I64, ends: I64, points: I64, rows: I64) -> I64:
+    """For each segment [points[i], points[i+1]) of one thread's nested spans (`starts`,
+    `ends` of `rows`, each longer than 0; `points` all their starts and ends, sorted and
+    unique), the row of the innermost span over it, -1 where none is. The spans over segment
+    i are those opened at or before it less those closed by then, D of them; the innermost is
+    the last one opened at depth D (a later one at that depth would have closed it)."""
+    n = len(points)
+    out = np.full(max(n - 1, 0), -1, np.int64)
+    if n < 2 or not len(rows):
+        return out
+    s_at, e_at = np.searchsorted(points, starts), np.searchsorted(points, ends)
+    opened = np.cumsum(np.bincount(s_at, minlength=n))  # opened at or before each point
+    closed = np.cumsum(np.bincount(e_at, minlength=n))  # closed at or before each point
+    over = (opened - closed)[:-1]  # spans over each segment
+    # each span's depth as it opens: those open before its point and not closed there, then
+    # its place among the spans opening at the point, the outer (longer) first
+    order = np.lexsort((-ends, s_at))
+    at = s_at[order]
+    place = np.arange(len(order)) - np.searchsorted(at, at, side="left")
+    depth = np.where(at > 0, opened[np.maximum(at - 1, 0)], 0) - closed[at] + place + 1
+    key = depth * n + at  # by depth, then by where it opened
+    by_key = np.argsort(key, kind="stable")
+    found = np.searchsorted(key[by_key], over * n + np.arange(n - 1), side="right") - 1
+    span = by_key[np.maximum(found, 0)]
+    hit = (over > 0) & (found >= 0) & (depth[span] == over)
+    out[hit] = rows[order[span[hit]]]
+    return out

@@ -25,7 +25,7 @@ cycle the calls' own ops tell where they carry shapes (optimizer_kinds).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
@@ -180,19 +180,25 @@ def step_counters(run: Run, name: str) -> pa.Table:
 
 
 def step_time(steps: pa.Table, sizes: pa.Table | None = None,
-              forwards: pa.Table | None = None) -> StepTime | None:
+              forwards: pa.Table | None = None,
+              aside: Collection[tuple[int, int]] = frozenset()) -> StepTime | None:
     """The step time of a steps table (see StepTime); None without steps. With the recorder's
     batch of each step (`sizes`, batch_sizes), the steps after the window are those of the
     profiled steps' batch (a sweep of batches: the others' steps are another program's); with
-    its forwards' time (`forwards`, step_counters of STEP_FORWARD), their busy work."""
-    rows = steps.select(["rank", "start", "end", "source"]).to_pylist()
+    its forwards' time (`forwards`, step_counters of STEP_FORWARD), their busy work. The
+    profiled steps' median leaves out those (rank, step) `aside` (the steps that time the
+    recorder, analyze.system.recorder_steps: a first step starting the profiler had stood in
+    the median profiled step the profiler's slowdown divides, 64.59 ms for 61.53)."""
+    rows = steps.select(["rank", "start", "end", "source"] + (["step"] if aside else [])
+                        ).to_pylist()
     def column(name: str) -> I64:
         return np.asarray([r[name] for r in rows], np.int64)
 
     batch = (step_batches(column("rank"), column("start"), column("end"), sizes)
              if sizes is not None and sizes.num_rows else np.zeros(len(rows), np.int64))
     marked_at = [i for i, r in enumerate(rows) if r["source"] == PROFILED]
-    marked = [rows[i]["end"] - rows[i]["start"] for i in marked_at]
+    marked = [rows[i]["end"] - rows[i]["start"] for i in marked_at
+              if (rows[i]["rank"], rows[i].get("step")) not in aside]
     window_end: dict[int, int] = {}  # each rank's last profiled step's end
     for r in rows:
         if r["source"] == PROFILED:

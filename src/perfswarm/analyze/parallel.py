@@ -28,6 +28,7 @@ from perfswarm.analyze.critical_path import (
     build,
     collective_peers,
     ends,
+    linked_ranks,
     paths,
     step_windows,
     walk,
@@ -149,7 +150,7 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
                                received.get(r, {}), pure=False)
               for r in ranks}
     del loaded  # the graphs hold the events now
-    windows = step_windows(its.steps)
+    windows = step_windows(its.steps, linked_ranks([*ranks, *its.steps], peers, received))
     within = [None, *(w for _, w in windows)]
     try:
         critical = without_gaps(paths(

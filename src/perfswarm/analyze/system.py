@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64
+from perfswarm.analyze.intervals import Covered
 from perfswarm.analyze.iterations import UNUSUAL, StepWindow, hook_deltas
-from perfswarm.trace.schema import EXPORT, HOOK_DELAY, NONE, PROFILED
+from perfswarm.trace.schema import EXPORT, HOOK_DELAY, NONE, PROFILED, TAIL
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
 GROUPS: Final = ("usr", "sys", "iowait", "gpu")
@@ -307,8 +308,8 @@ def profiler_start(steps: pa.Table, counters: pa.Table, cores: int) -> set[tuple
     for 12 later steps of 5.4-11.3 ms, each 4.0-10.6 ms on a runqueue at its hooks), unless
     the first step waited as they did (a checkpoint-writing first step among later ones, all
     read as descheduled from the sampler alone, whose readings cannot place a wait in a short
-    step). One definition for what advice measures its shares over and for the steps
-    outlier_steps weighs: both leave it out; a first step as usual as the others stays."""
+    step). Part of `recorder_steps`, which advice's shares and outlier_steps both leave out;
+    a first step as usual as the others stays."""
     rows = steps.select(["rank", "step", "start", "end", "source"]).to_pylist()
     out = set()
     for rank, mine in itertools.groupby(sorted(rows, key=lambda r: (r["rank"], r["start"])),
@@ -330,4 +331,53 @@ def profiler_start(steps: pa.Table, counters: pa.Table, cores: int) -> set[tuple
             if itself or not all(later):
                 continue
         out.add((int(rank), int(first["step"])))
+    return out
+
+
+def recorder_steps(steps: pa.Table, counters: pa.Table, cores: int) -> set[tuple[int, int]]:
+    """(rank, step) of the steps that time the recorder, not the program: each rank's first
+    profiled step that starts its profiler (`profiler_start`), and each timed step of a rank,
+    over UNUSUAL times its median timed step, that another process's recorder held for half
+    its time beyond that median or more, the recorder starting or ending inside it (a wait for
+    it begins or ends with it). A process's recorder holds it from the end of its last
+    timed step before its window to its first profiled step (the profiler's start: kineto's
+    buffers, the execution trace observer), through that step where `profiler_start` sets it
+    aside, and through its export step (the profiler's stop and the trace's write): a process
+    that waits for it meanwhile (an RPC server for its trainer's requests: 2,600.7 ms across
+    the trainer's profiler start, 944.2 ms across its export, among steps of 63.2 ms) waits for
+    the recorder. One definition for what advice's shares leave out and for the steps
+    outlier_steps weighs."""
+    own = profiler_start(steps, counters, cores)
+    rows = steps.select(["rank", "step", "start", "end", "source"]).to_pylist()
+    ranks = {int(rank): list(mine) for rank, mine in itertools.groupby(
+        sorted(rows, key=lambda r: (r["rank"], r["start"])), key=lambda r: r["rank"])}
+    held: dict[int, list[tuple[int, int]]] = {}
+    for rank, mine in ranks.items():
+        spans = [(r["start"], r["end"]) for r in mine if r["source"] == EXPORT]
+        marked = [r for r in mine if r["source"] == PROFILED]
+        if marked:
+            first = marked[0]
+            lo = max((r["end"] for r in mine if r["end"] <= first["start"]),
+                     default=first["start"])
+            spans.append((lo, first["end"] if (rank, first["step"]) in own else first["start"]))
+        held[rank] = spans
+    out = set(own)
+    for rank, mine in ranks.items():
+        others = [s for other, spans in held.items() if other != rank for s in spans]
+        timed = [r for r in mine if r["source"] not in (EXPORT, TAIL)]
+        if not others or not timed:
+            continue
+        usual = float(np.median([r["end"] - r["start"] for r in timed]))
+        for r in timed:
+            lo, hi = r["start"], r["end"]
+            # a step that waits for the other process begins waiting as its recorder starts,
+            # or ends as it ends: one that lies wholly inside a recorder's span only shared the
+            # cores with it (Hogwild's processes, none waiting for another, each step of 1-36
+            # ms inside another's export of 1.0-1.3 s)
+            edged = [(a, b) for a, b in others if lo < a < hi or lo < b < hi]
+            if hi - lo <= UNUSUAL * usual or not edged:
+                continue
+            starts, ends = (np.array(side, np.int64) for side in zip(*edged, strict=True))
+            if Covered(starts, ends).within(lo, hi) >= (hi - lo - usual) / 2:
+                out.add((int(rank), int(r["step"])))
     return out

@@ -124,10 +124,12 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None,
     if cp is not None:
         console.print(f"critical path {_path_text(cp)}")
         shown, left = _shown(cp.steps, lambda p: p.length_ns)
+        split = len({s.step for s in cp.steps}) < len(cp.steps)  # ranks waiting for no other
         for step in shown:
             hands = ", ".join(f"{h.from_tid}->{h.to_tid} at +{ms(h.at - step.start)}"
                               for h in step.handovers)
-            console.print(f"  step {step.step}: {_path_text(step)}"
+            of = f" rank {', '.join(map(str, step.ranks))}" if split else ""
+            console.print(f"  step {step.step}{of}: {_path_text(step)}"
                           + (f" ({hands})" if hands else ""))
         if left:
             console.print(_left_out(left))

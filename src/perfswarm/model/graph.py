@@ -13,10 +13,10 @@ start dependency is met; it ends after its duration and once every end dependenc
 met. Dependencies (see analyze/dependencies.py): a device op starts a launch latency
 after its launch call starts and a stream gap after an event it waits on; a launch call
 starts no earlier than the end of the op launched a full launch queue before it; a
-synchronizing call ends a sync latency after the device op it waited for; a device's
-collective ends no earlier than its transfer time (measured from the last rank's entry to its
-own end) after each other rank entered it (a CPU process group's, on its host threads, keeps
-its measured time: dependencies._collective_peers); a thread that
+synchronizing call ends a sync latency after the device op it waited for; a collective (a
+device's, or a CPU process group's on its host thread: gloo's) ends no earlier than its
+transfer time (measured from the last rank's entry to its own end) after each other rank
+entered it, and one on a host thread starts once the call that issued it has; a thread that
 another thread of its rank handed over to (dependencies.thread_wakes, as the critical path
 defines it) resumes no earlier than that thread finished (the main thread waiting for the
 autograd thread, or for a DataLoader worker), the pieces it sat blocked in keeping none of
@@ -37,8 +37,9 @@ from typing import Final
 
 import numpy as np
 
-from perfswarm.analyze.dependencies import Dependencies, Wakes, thread_wakes
+from perfswarm.analyze.dependencies import Dependencies, Issued, Wakes, issued, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I8, I32, I64, Events, Mask, group_rows, lane_key
+from perfswarm.analyze.intervals import union
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import FULL_QUEUE, queue_steps
 from perfswarm.analyze.nesting import bounded_open_before, roots, subtree_ends
@@ -117,8 +118,9 @@ class Graph:
         RPC server's threads take its requests in turn, each idle for seconds between its
         own), not spending the gap in Python before the node. A thread working in the loop
         never does: the loop thread's steps are its own, and a helper thread (autograd's, a
-        collective's) works in every step."""
-        idle = np.zeros(len(self), bool)
+        collective's) works in every step. A lane's first gap, too: it runs from the Run's
+        first event (another rank's, another thread's), before its thread was seen at all."""
+        idle: Mask = (self.prev < 0) & (self.role == HOST)
         for rank, anchors in self.steps.items():
             marks = np.array(anchors, np.int64).reshape(-1, 3)
             starts, ends = self.ts[marks[:, 1]], self.ts[marks[:, 2]]
@@ -158,6 +160,33 @@ class Graph:
             if after >= 0:
                 gap[after] += int(dur[piece]) - kept - (int(self.dur[piece]) - offset)
         return gap
+
+
+def collective_waits(g: Graph, ev: Events) -> tuple[Mask, Mask]:
+    """Per node, time that is a wait on other ranks, not the thread's own: (its time, its gap).
+    A CPU process group's collective on its host thread (gloo's, every piece of it): its time
+    and its gap, a
+    wait for the last rank and for its issue (both priced by the graph's edges); and a gap of
+    the thread that issued a collective still in flight when the gap began (after the call
+    returned: DDP's reducer waiting for gloo's all-reduce of its buckets, untraced, where the
+    collective's range closed after the thread resumed and so no hand-over is seen)."""
+    time = (g.top >= 0) & (g.role == HOST) & ev.host_collective[np.maximum(g.top, 0)]
+    gap = time.copy()
+    found = issued(ev)
+    colls = np.fromiter(found.call, np.int64, len(found.call))
+    calls = np.fromiter(found.call.values(), np.int64, len(found.call))
+    at = g.last_nodes(calls)
+    ok = at >= 0
+    colls, calls, at = colls[ok], calls[ok], at[ok]
+    for lane in np.unique(g.lane[at]).tolist():
+        mine = g.lane[at] == lane
+        lo, hi = union(ev.end[calls[mine]], ev.end[colls[mine]])
+        first, stop = np.searchsorted(g.lane, [lane, lane + 1])
+        nodes = first + np.flatnonzero(g.gap[first:stop] > 0)
+        began = g.ts[nodes] - g.gap[nodes]
+        k = np.searchsorted(lo, began, side="right") - 1
+        gap[nodes[(k >= 0) & (began < hi[np.maximum(k, 0)])]] = True
+    return time, gap
 
 
 def host_segments(ev: Events, rows: I64) -> I64:
@@ -372,6 +401,7 @@ def build_graph(ev: Events, deps: Dependencies, steps: Mapping[int, Sequence[Ste
                                              lags[b.lane_rank[lane]].stream_gap_ns)
     measured_end = ts + dur  # before a collective's duration becomes its transfer's
     _device_edges(b, deps, pairs, lags, dur)
+    _collective_edges(b, deps, issued(ev), dur, gap)
     _wake_edges(b, thread_wakes(ev), lane_of_thread, ts, measured_end, b.column(2) == HOST, dur,
                 gap)
     if handoffs:
@@ -413,8 +443,26 @@ def _device_edges(b: _Builder, deps: Dependencies, pairs: _Pairs, lags: Mapping[
     b.edge(b.node_of[recorded], END, b.node_of[ops], START,
            np.minimum(_rank_lag(ev, ops, lags, "stream_gap_ns"), ev.ts[ops] - ev.end[recorded]))
     _sync_edges(b, pairs, lags, dur)
+
+
+def _collective_edges(b: _Builder, deps: Dependencies, found: Issued, dur: I64, gap: I64
+                      ) -> None:
+    """A collective (a device's, or a CPU process group's on its host thread) ends no earlier
+    than its transfer after each other rank entered it, and lasts its transfer: the rest of
+    its measured time was a wait for the last rank. One on a host thread (gloo's) starts once
+    the call that issued it has (as long after it as measured, or as long after its thread's
+    previous piece where that was later: queued behind it), not after its thread's stretch
+    before it: that was a wait for the issue, no Python of the thread's."""
+    ev = b.ev
     for op, peers in sorted(deps.peers.items()):
         if b.node_of[op] < 0 or not peers:
+            continue
+        if ev.host_collective[op] and (b.last_of[op] != b.node_of[op]
+                                       or max(ev.ts[peers]) > ev.end[op]):
+            # kept as measured: a range around ops of its thread (gloo's all-gather copying
+            # the shards in), whose wait the graph cannot place among them; or one that ended
+            # before a peer entered, no instance of the same collective (its process group
+            # unknown to the trace, the ranks' n-th all-reduces in different subgroups)
             continue
         # The transfer itself: from the moment the last member entered to this member's end
         # (the last arrival's whole duration: it waited for nobody); this member ends that
@@ -426,6 +474,14 @@ def _device_edges(b: _Builder, deps: Dependencies, pairs: _Pairs, lags: Mapping[
         theirs = theirs[theirs >= 0]
         b.edge(theirs, START, np.full(len(theirs), b.node_of[op]), END,
                np.full(len(theirs), transfer))
+    colls = np.fromiter(found.call, np.int64, len(found.call))
+    calls = np.fromiter(found.call.values(), np.int64, len(found.call))
+    ok = (b.node_of[colls] >= 0) & (b.node_of[calls] >= 0) if len(colls) else colls > 0
+    colls, calls = colls[ok], calls[ok]
+    nodes = b.node_of[colls]
+    b.edge(b.node_of[calls], START, nodes, START,
+           np.minimum(np.maximum(ev.ts[colls] - ev.ts[calls], 0), gap[nodes]))
+    gap[nodes] = 0
 
 
 def _queue_edges(b: _Builder, ops: I64, calls: I64) -> None:

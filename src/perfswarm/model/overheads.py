@@ -177,12 +177,28 @@ class OverheadModel:
     counts: Mapping[str, int]  # op type -> instances seen
     calls: Mapping[str, float]  # runtime call name -> mean duration (T3)
     overall: Mapping[str, float] = field(default_factory=dict)  # part -> mean over all types
+    # T1 per rank of the Run it was fitted on, where it has several: each process runs Python
+    # of its own (a rank that does more before an op, DDP's straggler, keeps it); not saved,
+    # another Run is priced with `ops`'
+    t1_of_rank: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
 
     def part(self, kind: str, part: str) -> float | None:
         by_type = self.ops.get(kind)
         if by_type is not None and part in by_type:
             return by_type[part]
         return self.overall.get(part)
+
+    def t1_of(self, kinds: Sequence[str], kind: I64, rank: I64) -> F64:
+        """Each instance's T1 (its type's `kind` in `kinds`, its `rank`), NaN for none: its
+        rank's where fitted, else its type's."""
+        pooled = np.array([np.nan if (v := self.part(k, "t1")) is None else v for k in kinds],
+                          np.float64)
+        out = pooled[kind]
+        for r, by_type in self.t1_of_rank.items():
+            own = np.array([by_type.get(k, np.nan) for k in kinds], np.float64)[kind]
+            mine = (rank == r) & ~np.isnan(own)
+            out[mine] = own[mine]
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"ops": {k: dict(v) for k, v in sorted(self.ops.items())},
@@ -249,20 +265,24 @@ def _by_key(keys: I64, values: F64, in_steady: Mask) -> list[tuple[int, float]]:
 
 
 def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Mask,
-                  steady: Set[StepKey] = frozenset()) -> OverheadModel:
+                  waits: Mask, steady: Set[StepKey] = frozenset()) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type
-    (T1 of those whose thread was working before them: not `idle`, Graph.idle_gaps);
-    runtime calls that stalled (`stalls`, per node: `stalled`) are left out of their name's.
+    (T1 of those whose thread was working before them: not `idle`, Graph.idle_gaps; and
+    per rank, where the Run has several); runtime calls that stalled (`stalls`, per node:
+    `stalled`) are left out of their name's, and ops whose time is a wait on other ranks
+    (`waits`, per node: graph.collective_waits, gloo's collectives, which the graph prices)
+    out of every part.
     T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
     code = _step_codes(g, ev)
     calm = np.isin(code, [_code(r, s) for r, s in steady]) if steady else np.zeros(len(g), bool)
     t1, groups = insts.totals(g.dur, g.gap)
     parts, count = insts.parts(groups)
-    busy = np.flatnonzero(~idle[insts.first])  # T1 where the thread was working
+    own = ~waits[insts.first]
+    busy = np.flatnonzero(own & ~idle[insts.first])  # T1 where the thread was working
     samples: dict[str, tuple[I64, F64, Mask]] = {
         "t1": (insts.kind[busy], t1[busy], calm[insts.first[busy]])}
     for i, name in enumerate(GROUPS):
-        has = np.flatnonzero(count[:, i] > 0)
+        has = np.flatnonzero((count[:, i] > 0) & own)
         times = count[has, i] if name == "t5" else np.ones(len(has), np.int64)
         at = np.repeat(has, times)
         samples[name] = (insts.kind[at], np.repeat(parts[has, i] / times, times),
@@ -275,13 +295,19 @@ def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Ma
     runtime = runtime[np.isin(ev.kind[g.row[runtime]], [KIND["runtime"], KIND["driver"]])]
     calls = _by_key(ev.name[g.row[runtime]], g.dur[runtime].astype(np.float64), calm[runtime])
     counts = np.bincount(insts.kind, minlength=len(insts.kinds))
+    kind, values, in_steady = samples["t1"]
+    rank = ev.rank[g.row[insts.first[busy]]]
+    ranks = np.unique(rank).tolist()
+    of_rank = {r: {insts.kinds[k]: v for k, v in _by_key(kind[rank == r], values[rank == r],
+                                                          in_steady[rank == r])}
+               for r in (ranks if len(ranks) > 1 else [])}
     # over all types: each type's values in turn, types by first appearance
     overall = {name: typical_of(values[order := np.argsort(kind, kind="stable")],
                                 in_steady[order])
                for name, (kind, values, in_steady) in samples.items() if len(kind)}
     return OverheadModel({k: v for k, v in ops.items() if v},
                          dict(zip(insts.kinds, counts.tolist(), strict=True)),
-                         {ev.names[c]: v for c, v in calls}, overall)
+                         {ev.names[c]: v for c, v in calls}, overall, of_rank)
 
 
 def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances,
@@ -300,8 +326,9 @@ def apply_overheads(model: OverheadModel, g: Graph, ev: Events, insts: Instances
     # every new value from the measured ones, then set in place: no copy of dur and gap
     # beside the graph (2.5 MB at 200k trace events, at the prediction's peak)
     first = insts.first
-    set_t1 = ~np.isnan(want[insts.kind, 0]) & (gap[first] > 0) & ~idle[first]
-    t1 = np.rint(want[insts.kind[set_t1], 0])
+    want_t1 = model.t1_of(insts.kinds, insts.kind, ev.rank[g.row[first]])
+    set_t1 = ~np.isnan(want_t1) & (gap[first] > 0) & ~idle[first]
+    t1 = np.rint(want_t1[set_t1])
     inst, part = insts.group_of, insts.part
     total = parts[inst, part] / count[inst, part]
     factor = np.divide(want[insts.kind[inst], 1 + part], total, out=np.full(len(total), np.nan),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import re
 import statistics
 import warnings
@@ -41,6 +40,7 @@ from perfswarm.optimize.trial import (
     measure_printed,
     measure_recorded,
 )
+from perfswarm.recorder.session import program_environ
 from perfswarm.userfiles import read_json, write_json
 
 Progress = Callable[[str], None]
@@ -292,7 +292,7 @@ def tune(argv: Sequence[str], params: Sequence[Param], options: TuneOptions,
     measure = _measurer(options)
     options.out.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{(options.out / 'tune.db').resolve()}"
-    base_env = dict(os.environ)
+    base_env = program_environ()
     say = progress or (lambda _msg: None)
 
     repeats: list[Measurement] = []

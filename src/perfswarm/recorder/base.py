@@ -20,13 +20,16 @@ SAMPLER_HZ = 20.0  # the system and GPU samplers' default rate
 # Sets PR_SET_PDEATHSIG (1) to SIGKILL (9), which survives exec, waits for the hold fd (-1:
 # none) to be written to or closed, puts SIGPIPE and SIGXFSZ back to their default (this
 # Python ignored both as it started, and exec keeps an ignored signal; subprocess restores
-# them before its own exec), then execs the command.
+# them before its own exec), then execs the command with the environment this process was
+# given (its start-up may have added LC_CTYPE: dies_with_parent).
 _DIES_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, 9); "
                      "os.getppid() == int(sys.argv[1]) or os._exit(1); "
                      "h = int(sys.argv[2]); h < 0 or (os.read(h, 1), os.close(h)); "
                      "signal.signal(signal.SIGPIPE, signal.SIG_DFL); "
                      "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
-                     "os.execvp(sys.argv[3], sys.argv[3:])")
+                     "env = open('/proc/self/environ', 'rb').read().split(b'\\0'); "
+                     "os.execvpe(sys.argv[3], sys.argv[3:], "
+                     "dict(kv.split(b'=', 1) for kv in env if b'=' in kv))")
 
 
 def dies_with_parent(argv: list[str], hold: int = -1) -> list[str]:
@@ -34,7 +37,9 @@ def dies_with_parent(argv: list[str], hold: int = -1) -> list[str]:
     leaves no handler to clean up): a killed recorder orphans neither the workload nor perf or
     py-spy. An isolated Python (no site, no PYTHON* variables) sets it and execs `argv`, so
     the pid is the command's; no preexec_fn, which is unsafe beside the sampler threads. The
-    command starts with the signal dispositions it would have from subprocess directly.
+    command starts with the signal dispositions it would have from subprocess directly, and
+    with the environment given to it as it was (this Python's start-up, in the C locale, set
+    LC_CTYPE=C.UTF-8 in its own: see session.program_environ).
     `hold`: a pipe's read end (passed to the child) it waits on before the exec, until the
     write end is written to or closed."""
     return [sys.executable, "-I", "-S", "-c", _DIES_WITH_PARENT, str(os.getpid()), str(hold),

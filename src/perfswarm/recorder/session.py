@@ -129,13 +129,41 @@ def _status(collectors: Sequence[Collector], elapsed_s: float, raw: Path) -> Sta
                   torch.step_ns() if torch is not None else ())
 
 
+# What Python's C-locale coercion (PEP 538) sets LC_CTYPE to, the first its C library has
+_COERCED_CTYPES = ("C.UTF-8", "C.utf8", "UTF-8")
+
+
+def program_environ() -> dict[str, str]:
+    """The environment the user gave this process, for the program it runs: os.environ, but
+    for LC_CTYPE where this interpreter's start-up put it there. Run in the C locale (LANG=C,
+    or no locale variable at all), Python sets LC_CTYPE=C.UTF-8 in its own environment
+    (PEP 538) before any of ours runs: inherited, the program ran in C.UTF-8, and a Python
+    program, which coerces its own locale and so turns on UTF-8 mode (PEP 540), found its
+    locale not C and left UTF-8 mode off. The environment as the process was started
+    (/proc/self/environ: its exec's, which setenv does not change) says what it was."""
+    env = dict(os.environ)
+    try:
+        started = dict(os.fsdecode(kv).partition("=")[::2]
+                       for kv in Path("/proc/self/environ").read_bytes().split(b"\0") if kv)
+    except OSError:
+        return env
+    ctype = env.get("LC_CTYPE")
+    if ctype in _COERCED_CTYPES and started.get("LC_CTYPE") != ctype:
+        if "LC_CTYPE" in started:  # LC_CTYPE=C or POSIX, overwritten
+            env["LC_CTYPE"] = started["LC_CTYPE"]
+        else:
+            del env["LC_CTYPE"]
+    return env
+
+
 @dataclass(frozen=True)
 class Child:
     """How the recorded command runs, for callers other than the CLI (the tuner).
 
-    `env` replaces our environment (collectors add theirs on top); `output` receives the
-    child's stdout and stderr; `stop(status)` is asked at every tick and returning a reason
-    kills the child's process group (the reason goes into the manifest).
+    `env` replaces the user's environment (`program_environ()`; collectors add theirs on
+    top); `output` receives the child's stdout and stderr; `stop(status)` is asked at every
+    tick and returning a reason kills the child's process group (the reason goes into the
+    manifest).
     """
 
     env: Mapping[str, str] | None = None
@@ -203,7 +231,7 @@ def _record(command: list[str], raw: Path, options: RecordOptions,
     """Run the child under the collectors; the recording and the child's return code."""
     collectors = make_collectors(options.collectors, raw, options)
     manifest = new_manifest(command)
-    env = dict(os.environ if how.env is None else how.env)
+    env = program_environ() if how.env is None else dict(how.env)
     for c in collectors:
         env.update(c.env())
     offset_start = monotonic_offset_ns()

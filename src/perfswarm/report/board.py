@@ -325,11 +325,8 @@ class BoardServer(ThreadingHTTPServer):
 
     def report_page(self, run: Run, entry: Build) -> bytes:
         """The report's page, saying each stage to `entry` as it goes."""
-        advice: Sequence[Mapping[str, Any]] = ()
-        if self.advice:
-            entry.at("advice")
-            advice = self.advice(run)
-        data = report_data(run, advice=advice, projection=self.projection, on_stage=entry.at)
+        data = report_data(run, advice=self.advice, projection=self.projection,
+                           on_stage=entry.at)
         entry.at("page")
         return html.render(data).encode()
 

@@ -1,7 +1,8 @@
 """Report data: everything a report shows, as one plain JSON-ready dict built from a Run.
 
 Renderers (report/html.py) only lay this out; tests assert on the dict. Times are ns
-(ints) except the timeline, which is in ms from the run's first event, ready to plot.
+(ints) except the timeline, which is in ms from the run's first event, ready to plot; its
+spans' columns are int64 arrays (orjson writes them as lists, OPT_SERIALIZE_NUMPY).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from perfswarm.analyze.iterations import (
 )
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarm_diff import periods
+from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.errors import NotApplicable
 from perfswarm.model.opstats import op_costs
 from perfswarm.model.predict import predict
@@ -305,14 +307,14 @@ def tune_section(files: Mapping[str, Any], run: Run) -> dict[str, Any]:
 
 
 def report_data(run: Run, *, max_spans: int = MAX_SPANS,
-                advice: Sequence[Mapping[str, Any]] = (),
+                advice: Callable[[Run], Sequence[Mapping[str, Any]]] | None = None,
                 tune: Mapping[str, Any] | None = None,
                 projection: Callable[[Run], Mapping[str, Any]] | None = None,
                 on_stage: Callable[[str], None] = lambda stage: None,
                 ) -> dict[str, Any]:
     """The report of one Run as a plain dict (stable keys; see docs/cli.md).
 
-    `advice` is optimize.advise's list, `tune` a tune output directory as
+    `advice` makes optimize.advise's list, `tune` is a tune output directory as
     optimize.tune.load_results reads it, and `projection` makes the scaling projection's
     dict (optimize.project.report_projection), all passed in by the caller: report sits
     beside optimize in the import order, not above it. A projection or prediction the Run
@@ -320,6 +322,16 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     the command line the reader would run; any other error is raised. `on_stage` is told
     each stage as it starts (the board's progress).
     """
+    # the prediction first: its graph and schedule (36 MB at 200k events, freed when it
+    # returns) are the report's largest transient, then not held on top of the analysis and
+    # the advice (29 and 11 MB), nor of what the later stages keep to the end (the drawn
+    # timeline, the views' rows); what it frees, the advice's and analysis's tables reuse
+    on_stage("prediction")
+    prediction = _prediction(run)
+    shown_advice: list[dict[str, Any]] = []
+    if advice is not None:
+        on_stage("advice")
+        shown_advice = [dict(a) for a in advice(run)]
     shown, note = None, "not computed"
     if projection is not None:
         on_stage("projection")
@@ -331,11 +343,6 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     on_stage("analysis")
     result = analyze(run)
     analysis = result.to_dict()
-    # the prediction before the timeline, views and op costs: its graph and schedule (25 MB at
-    # 200k events, freed when it returns) are the report's largest transient, then not held
-    # on top of what those keep to the end (the drawn timeline, the views' rows)
-    on_stage("prediction")
-    prediction = _prediction(run)
     on_stage("timeline")
     origin = run_origin(run)
     drawn = spans(run)
@@ -347,7 +354,9 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
     costs = op_costs(run, analysis["ranks"], top=TOP_OPS).to_dict()
     steps = analysis["iterations"]["steps"]
     first = [w["dur_ns"] for w in next(iter(steps.values()), [])]
-    timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD))
+    timing = step_time(run.table("steps"), batch_sizes(run), step_counters(run, STEP_FORWARD),
+                       recorder_steps(run.table("steps"), run.table("counters"),
+                                      host_cores(manifest) or 1))
     # at the program's own speed where the recorder timed steps after the window, as the
     # throughput and samples/s cards (the profiler slows a CPU step 1.05-1.5x)
     outside = timing is not None and timing.outside
@@ -410,7 +419,7 @@ def report_data(run: Run, *, max_spans: int = MAX_SPANS,
         "swarms": swarm_rows(analysis["swarms"]),
         "op_cost": costs,
         "prediction": prediction,
-        "advice": [dict(a) for a in advice],
+        "advice": shown_advice,
         "tune": tune_section(tune, run) if tune is not None else None,
         "projection": shown,
         "projection_note": note,

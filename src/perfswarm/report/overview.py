@@ -30,7 +30,7 @@ from perfswarm.analyze.intervals import I64, Mask, state_sweep
 from perfswarm.analyze.iterations import batch_sizes, step_batches
 from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
 from perfswarm.analyze.summary import analyze
-from perfswarm.analyze.system import host_cores, profiler_start
+from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.model.opcost import (
     FLOAT_TYPES,
     RNN_OPS,
@@ -190,31 +190,31 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
     if not windows:
         return None
     mine = np.arange(len(ev))[ev.rank_slice(int(rank))]
-    samples, tokens, source = _from_embedding(run, ev, mine, windows)
-    if not samples:
-        samples, tokens, source = _from_compiled(run, ev, mine, windows)
-    if not samples:
-        samples, source = _from_first_op(run, ev, mine, windows)
-    if not samples:
-        samples, source = _from_step_batch(run, int(rank), windows)
-    if not samples:
-        flag = batch_flag(run.manifest()["command"])
-        if flag is None:
-            return None
-        passes = np.maximum(_passes(ev, mine, windows), 1)
-        samples = {i: flag * int(p) for i, p in enumerate(passes)}
-        source = f"the command's --batch-size {flag}" + (
-            ", x the forward and backward passes of each step" if passes.max() > 1 else "")
-    ran = sorted(samples)
-    same = len({samples[i] for i in ran}) == 1
+    found = _samples(run, ev, int(rank), mine, windows)
+    if found is None:
+        return None
+    samples, tokens, source = found
+    same = len(set(samples.values())) == 1
     if not same:
-        # every sample over the steps' whole time: a first step that times the profiler's
-        # start left out, as advice leaves it (a graph network's 16.9 ms among steps of 4-9
-        # had been 27% of the time its samples were over)
-        aside = {step for r, step in profiler_start(run.table("steps"), run.table("counters"),
-                                                   host_cores(run.manifest()) or 1)
+        # every sample over the steps' whole time: a step that times the recorder (the
+        # profiler's start, another process's start or export) left out, as advice leaves it
+        # (a graph network's 16.9 ms among steps of 4-9 had been 27% of the time its samples
+        # were over), and the samples read again over the others: the source's count of
+        # steps is the figure's
+        aside = {step for r, step in recorder_steps(run.table("steps"), run.table("counters"),
+                                                    host_cores(run.manifest()) or 1)
                  if r == int(rank)}
-        ran = [i for i in ran if windows[i]["step"] not in aside] or ran
+        kept = [w for w in windows if w["step"] not in aside]
+        again = _samples(run, ev, int(rank), mine, kept) if 0 < len(kept) < len(windows) \
+            else None
+        if again is not None:
+            left = sorted(aside & {w["step"] for w in windows})
+            samples, tokens, source = again
+            source += (f"; step {left[0]} left out: it times" if len(left) == 1 else
+                       f"; steps {', '.join(map(str, left))} left out: they time") + \
+                " the recorder, not the program"
+            windows, same = kept, len(set(samples.values())) == 1
+    ran = sorted(samples)
     counts = np.array([samples[i] for i in ran], np.float64)
     durs = np.array([windows[i]["end"] - windows[i]["start"] for i in ran], np.float64)
     # per the median step, as the steps/s card (the profiler's first step runs slow), unless
@@ -232,6 +232,29 @@ def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, A
             "steps": len(ran), "same_batch": same, "source": source + ("" if same else (
                 "; the steps' batches differ: every sample over the steps' whole time")),
             "rank": int(rank)}
+
+
+def _samples(run: Run, ev: Events, rank: int, mine: I64,
+             windows: Sequence[Mapping[str, Any]]
+             ) -> tuple[dict[int, int], dict[int, int] | None, str] | None:
+    """Samples (and tokens) per window of `rank` (its rows `mine`), and where they came from,
+    from the first source that says (`throughput`'s order); None when none does."""
+    samples, tokens, source = _from_embedding(run, ev, mine, windows)
+    if not samples:
+        samples, tokens, source = _from_compiled(run, ev, mine, windows)
+    if not samples:
+        samples, source = _from_first_op(run, ev, mine, windows)
+    if not samples:
+        samples, source = _from_step_batch(run, rank, windows)
+    if not samples:
+        flag = batch_flag(run.manifest()["command"])
+        if flag is None:
+            return None
+        passes = np.maximum(_passes(ev, mine, windows), 1)
+        samples = {i: flag * int(p) for i, p in enumerate(passes)}
+        source = f"the command's --batch-size {flag}" + (
+            ", x the forward and backward passes of each step" if passes.max() > 1 else "")
+    return samples, tokens, source
 
 
 def _steps_of(ev: Events, windows: Sequence[Mapping[str, Any]], rows: Sequence[int]

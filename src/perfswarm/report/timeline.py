@@ -33,8 +33,9 @@ MAX_COUNTER_POINTS: Final = 1000  # per series
 MAX_FLOWS: Final = 8  # network flows drawn (the largest by bytes): a capture can hold thousands
 # The trace window itself (Kineto's "Trace" span) and instants are not work on a lane.
 NOT_DRAWN: Final = frozenset({"trace_span", "instant", "profiler_range"})
-_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "stream",
-                   "correlation"]
+# what the timeline and the views read of each span, and what places it on a lane
+_DRAWN: Final = ["ts", "dur", "kind", "name"]
+_LANE: Final = ["rank", "pid", "tid", "device", "stream"]
 
 
 def run_origin(run: Run) -> int:
@@ -55,31 +56,33 @@ class Nesting:
     lanes: tuple[tuple[int, bool, int, int], ...]  # (rank, device?, pid or device, tid or stream)
 
 
-def _lanes(rank: I64, is_device: np.ndarray[Any, np.dtype[np.bool_]], pid: I64, tid: I64,
-           device: I64, stream: I64) -> tuple[I64, tuple[tuple[int, bool, int, int], ...]]:
-    a = np.where(is_device, device, pid)
-    b = np.where(is_device, stream, tid)
-    keys = np.stack([rank, is_device.astype(np.int64), a, b], axis=1)
+def _lanes(keys: I64) -> tuple[I64, tuple[tuple[int, bool, int, int], ...]]:
+    """Each span's lane, of its key rows (rank, device?, pid or device, tid or stream)."""
     head, inverse = unique_rows(keys)
     lanes = tuple((int(r), bool(d), int(x), int(y)) for r, d, x, y in keys[head].tolist())
     return inverse, lanes
 
 
-def nest(table: pa.Table) -> Nesting:
-    """Lanes and depths of the drawn spans of an events table."""
+def nest(table: pa.Table, rows: I64) -> Nesting:
+    """Lanes and depths of the spans at `rows` (sorted) of an events table."""
 
     def col(name: str) -> I64:
-        return np.asarray(table.column(name).to_numpy(), np.int64)
+        return np.asarray(table.column(name).to_numpy(), np.int64)[rows]
 
-    rank, ts, dur = col("rank"), col("ts"), col("dur")
+    ts, dur = col("ts"), col("dur")
     is_device = np.asarray(pc.is_in(table.column("kind").cast(pa.string()),
                                     pa.array(sorted(DEVICE_KINDS))).to_numpy(
-                                        zero_copy_only=False), bool)
-    lane, lanes = _lanes(rank, is_device, col("pid"), col("tid"), col("device"), col("stream"))
+                                        zero_copy_only=False), bool)[rows]
+    # each column read as it is used, not all five held beside the keys (1 MB each at 120k)
+    lane, lanes = _lanes(np.stack([col("rank"), is_device.astype(np.int64),
+                                   np.where(is_device, col("device"), col("pid")),
+                                   np.where(is_device, col("stream"), col("tid"))], axis=1))
     # a span that outlives its parent is cut at the parent's end
     order = np.lexsort((-dur, ts, lane))
-    parent, _bound = bounded_open_before(lane[order], ts[order], (ts + dur)[order])
-    depth = np.zeros(len(ts), np.int64)
+    start, end = ts[order], (ts + dur)[order]
+    del ts, dur  # not held under the sweep's own arrays
+    parent, _bound = bounded_open_before(lane[order], start, end)
+    depth = np.zeros(len(order), np.int64)
     depth[order] = nesting_depth(parent)
     return Nesting(lane, depth, lanes)
 
@@ -168,14 +171,14 @@ def counter_groups(run: Run, origin: int, max_points: int = MAX_COUNTER_POINTS,
 class Spans:
     """The events drawn on lanes (a duration, not the trace window) and their nesting."""
 
-    table: pa.Table
+    table: pa.Table  # their _DRAWN columns
     nesting: Nesting
     events: int  # rows of the events table, drawn or not
     rows: I64  # each span's row in the events table (its args are read from there)
 
 
 def spans(run: Run) -> Spans:
-    events = run.table("events", _COLUMNS)
+    events = run.table("events", [*_DRAWN, *_LANE])
     # the durations the analyses read (frame.Events: a range the profiler stopped inside ends
     # with its trace window), row for row the table's
     events = events.set_column(events.schema.get_field_index("dur"), "dur",
@@ -183,9 +186,9 @@ def spans(run: Run) -> Spans:
     kinds = events.column("kind").cast(pa.string())
     mask = pc.and_(pc.greater(events.column("dur"), 0),
                    pc.invert(pc.is_in(kinds, pa.array(sorted(NOT_DRAWN)))))
-    drawn = events.filter(mask)
     rows = np.flatnonzero(np.asarray(mask.to_numpy(), bool))
-    return Spans(drawn, nest(drawn), events.num_rows, rows)
+    # of the drawn rows only what is read of them is copied (their lanes' columns are not)
+    return Spans(events.select(_DRAWN).filter(mask), nest(events, rows), events.num_rows, rows)
 
 
 def _interned(column: pa.ChunkedArray, rows: I64) -> tuple[I64, list[str]]:
@@ -203,7 +206,8 @@ def _interned(column: pa.ChunkedArray, rows: I64) -> tuple[I64, list[str]]:
 def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
              max_points: int = MAX_COUNTER_POINTS) -> dict[str, Any]:
     """Spans nested per lane (CPU threads first, then device streams), counters grouped per
-    unit, steps as bands. Span times are ns from `origin`; names and kinds are interned."""
+    unit, steps as bands. Span times are ns from `origin`; names and kinds are interned; the
+    spans' columns are int64 arrays."""
     manifest = run.manifest()
     drawn, nesting, total = spans.table, spans.nesting, spans.events
     dur = np.asarray(drawn.column("dur").to_numpy(), np.int64)
@@ -244,9 +248,10 @@ def timeline(run: Run, spans: Spans, origin: int, max_spans: int = MAX_SPANS,
         "lanes": lanes,
         "names": names,
         "kinds": kinds,
-        "spans": {"lane": lane.tolist(), "depth": depth.tolist(),
-                  "start": (ts[keep] - origin).tolist(), "dur": dur[keep].tolist(),
-                  "name": span_name.tolist(), "kind": span_kind.tolist()},
+        # int64 arrays, not lists: JSON writes them alike (orjson's OPT_SERIALIZE_NUMPY),
+        # and 50k spans' Python ints were 6.3 MB held to the end of a report
+        "spans": {"lane": lane, "depth": depth, "start": ts[keep] - origin, "dur": dur[keep],
+                  "name": span_name, "kind": span_kind},
         "counters": counters,
         "steps": [{"rank": s["rank"], "step": s["step"], "source": s["source"],
                    "start": s["start"] - origin, "end": s["end"] - origin} for s in steps],

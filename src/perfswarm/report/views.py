@@ -240,11 +240,15 @@ def memory_category_rows(memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def critical_step_rows(path: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Each iteration's critical path as a table row: its categories by share, largest first."""
+    """Each iteration's critical path as a table row: its categories by share, largest first;
+    its ranks where a step has several paths (ranks that wait for none of the others)."""
+    steps = (path or {}).get("steps", [])
+    split = len({s["step"] for s in steps}) < len(steps)
     return [{**{k: s[k] for k in ("step", "start", "length_ns", "device_ops", "handovers")},
+             "ranks": s["ranks"] if split else [],
              "shares": sorted(((k, v) for k, v in s["share"].items() if v),
                               key=lambda kv: -kv[1])}
-            for s in (path or {}).get("steps", [])]
+            for s in steps]
 
 
 def queue_rows(launch: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -122,13 +122,17 @@ def _readable(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~_umask())
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never a mix."""
+def atomic_write_bytes(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write `data` (or its parts, in turn) to `path` so that readers see the old file or the
+    new one, never a mix."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         _readable(fd)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if isinstance(data, bytes):
+                f.write(data)
+            else:
+                f.writelines(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -151,7 +155,7 @@ def check_output(path: Path) -> None:
                              f"{'/ and '.join(RUN_OWN)}/ are the recording); write elsewhere")
 
 
-def write_output(path: Path, data: bytes) -> None:
+def write_output(path: Path, data: bytes | Iterable[bytes]) -> None:
     """atomic_write_bytes for a file a user named (a report, a profile), after check_output:
     a full disk or a refused permission is the one-line error naming the file."""
     check_output(path)

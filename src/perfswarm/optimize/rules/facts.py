@@ -49,7 +49,7 @@ from perfswarm.analyze.phases import OPTIMIZER, nested, optimizer_calls, phases,
 from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.stragglers import Stragglers
 from perfswarm.analyze.summary import analyze
-from perfswarm.analyze.system import host_cores, profiler_start
+from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
@@ -158,9 +158,10 @@ class Facts:
     stragglers: Stragglers | None = None
     # analyze's critical path (the whole run's, each profiled step's in `steps`)
     critical_path: CriticalPath | None = None
-    # (rank, step) -> ns of the profiled steps that time the profiler's start, not the program
-    # (analyze.system.profiler_start): in none of the frames above (`steps`, `run_steps`,
-    # the breakdowns' and critical path's steps), so that shares divide by the usual steps
+    # (rank, step) -> ns of the profiled steps that time the recorder, not the program (the
+    # profiler's start, another process's start or export: analyze.system.recorder_steps):
+    # in none of the frames above (`steps`, `run_steps`, which leaves out the unprofiled ones
+    # too, the breakdowns' and critical path's steps), so that shares divide by the usual steps
     set_aside: dict[tuple[int, int], int] = field(default_factory=dict)
     # what `per_facts` functions made of these facts, by function
     made: dict[Callable[[Facts], Any], Any] = field(default_factory=dict, init=False,
@@ -174,10 +175,11 @@ class Facts:
         table = run.table("steps")
         counters = texts(run.table("counters"), "name")
         manifest = run.manifest()
-        start = profiler_start(table, counters, host_cores(manifest) or 1)
-        # each rank's first profiled step where it only times the profiler's start: an Adam
-        # loop's 146 ms among 27-30 ms had been 36% of its measured time, and its fused
-        # optimizer's gain 21.7% of it for 33% without the execution trace (53% measured)
+        start = recorder_steps(table, counters, host_cores(manifest) or 1)
+        # the steps that only time the recorder: an Adam loop's first profiled step, 146 ms
+        # among 27-30 ms, had been 36% of its measured time, and its fused optimizer's gain
+        # 21.7% of it for 33% without the execution trace (53% measured); an RPC server's two
+        # waits across its trainer's profiler start and export, outlier_steps' 45.7%
         unusual = [int(k) for k in lane_key(*(np.array(side, np.int64) for side in zip(
             *sorted(start), strict=True)))] if start else []
         steps = texts(profiled(table), "source")
@@ -321,9 +323,14 @@ class Facts:
         ranks = f", summed over {len(self.ranks)} ranks" if len(self.ranks) > 1 else ""
         if self.steps.num_rows and self.set_aside:
             aside = sum(self.set_aside.values()) / 1e6
-            return (f"the profiled steps{ranks} but the first ({aside:,.3f} ms"
-                    f"{' over the ranks' if len(self.set_aside) > 1 else ''}, which starts "
-                    "the profiler)")
+            rank, step = col(self.steps, "rank"), col(self.steps, "step")
+            if all(s < step[rank == r].min(initial=s + 1) for r, s in self.set_aside):
+                return (f"the profiled steps{ranks} but the first ({aside:,.3f} ms"
+                        f"{' over the ranks' if len(self.set_aside) > 1 else ''}, which starts "
+                        "the profiler)")
+            return (f"the profiled steps{ranks} but {len(self.set_aside)} that time the "
+                    f"recorder ({aside:,.3f} ms: a profiler's start, or another process's "
+                    "start or export)")
         if self.steps.num_rows:
             return f"the profiled steps{ranks}"
         return f"the traced span{ranks}" if self.ranks else "nothing traced"
@@ -477,7 +484,8 @@ class Facts:
         """Median profiled step over the median step the hooks timed after the window (at
         least 1; 1 without both, iterations.StepTime): what the profiler adds to the evidence
         of the window."""
-        found = step_time(self.run.table("steps"), batch_sizes(self.run))
+        found = step_time(self.run.table("steps"), batch_sizes(self.run),
+                          aside=self.set_aside)
         return found.profiler_slowdown if found is not None else 1.0
 
     @cached_property

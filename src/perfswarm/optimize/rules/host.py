@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,11 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     # A Run without events (no profiling window) is measured by its sampler's span.
     whole = (int((col(steps, "end") - col(steps, "start")).sum()) if timed
              else facts.wall_ns or int(ts.max() - ts.min()))
+    # the outlier steps' time beyond their usual step is the program's own periodic work
+    # (outlier_steps'), no share of it another process's: the two had claimed 103% of an RPC
+    # server's time between them
+    claimed = _outlier_excess(facts, timed)
+    evidence["outlier_excess_ns"] = claimed
     if delay.size:
         # The kernel's own account: the time its threads sat runnable on a runqueue. Of the
         # threads that wanted a core (those that ran and those that waited), those beyond
@@ -304,7 +310,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
             max(0.0, foreign - tools) / foreign if foreign > 0 else 0.0)
         evidence["run_delay_cores"] = round(waited, 3)
         evidence["others_delay_cores"] = round(others, 3)
-        gain = whole * others / max(1.0, wanted)
+        gain = (whole - claimed) * others / max(1.0, wanted)
         if gain < _WAITED * whole:  # the cores were busy, but the run's threads hardly waited
             return None
         model = ("the kernel's run delay (schedstat): the time the run's threads waited on a "
@@ -330,7 +336,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     # before the run delay was sampled)
     if free <= got:
         return None
-    return whole * (1 - got / free), whole, evidence, (
+    return (whole - claimed) * (1 - got / free), whole, evidence, (
         "time-share model from the system sampler: the run's CPU time at the cores it used "
         "when it ran most freely (90th percentile) instead of its mean")
 
@@ -352,9 +358,28 @@ _OUTLIER = UNUSUAL  # a step this many times the median step is an outlier (a va
 # few steps took 2.3-2.5x one in the audited loops: 16-21% of the time, unflagged at 3x)
 
 
-def outlier_steps(facts: Facts) -> Advice | None:
-    """A few steps take many times the median one: periodic work (evaluation, generate(),
-    checkpoints, logging) runs between optimizer steps."""
+@dataclass(frozen=True)
+class _Outliers:
+    """outlier_steps' findings: the timed steps (`_timed_steps`), the outliers it keeps as the
+    program's own work (`slow`, their time beyond their usual step `beyond`), and what it left
+    to other rules or set aside."""
+
+    steps: pa.Table
+    dur: npt.NDArray[np.int64]
+    slow: pa.Table
+    beyond: npt.NDArray[np.float64]
+    compiling: npt.NDArray[np.int64]  # dynamo's compile time in each of `slow`
+    warm: int
+    starved: int
+    fed: int
+    profiler_only: int
+
+
+@per_facts
+def _outliers(facts: Facts) -> _Outliers | None:
+    """The steps over _OUTLIER times their usual one that are the program's periodic work:
+    not its warm-up, nor slow only under the profiler, nor descheduled (cpu_contention's), nor
+    waiting for the DataLoader (data_loading's); None where there are none."""
     found = _timed_steps(facts)
     if found is None:
         return None
@@ -398,13 +423,27 @@ def outlier_steps(facts: Facts) -> Advice | None:
     unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty)
     fed = ~starved & ((loading >= beyond / 2) | unseen)
     kept = ~starved & ~fed
-    slow = where(slow, kept)
-    if slow.num_rows == 0:
+    if not kept.any():
         return None
+    return _Outliers(steps, dur, where(slow, kept), beyond[kept],
+                     compiling[over][kept], int(warm.sum()), int(starved.sum()),
+                     int(fed.sum()), profiler_only)
+
+
+def outlier_steps(facts: Facts) -> Advice | None:
+    """A few steps take many times the median one: periodic work (evaluation, generate(),
+    checkpoints, logging) runs between optimizer steps."""
+    found = _outliers(facts)
+    if found is None:
+        return None
+    steps, dur, slow = found.steps, found.dur, found.slow
+    median = float(np.median(dur))
+    over = np.isin(lane_key(col(steps, "rank"), col(steps, "step")),
+                   lane_key(col(slow, "rank"), col(slow, "step")))
     slow_dur = col(slow, "end") - col(slow, "start")
     timed = float(dur.sum())
-    excess = float((slow_dur - usual[over][kept]).sum())
-    compile_ns = int(compiling[over][kept].sum())
+    excess = float(found.beyond.sum())
+    compile_ns = int(found.compiling.sum())
     # the loop thread off the CPU in them beyond a usual step's share (perf), less the time
     # its threads sat on a runqueue (other processes' cores): they waited (a sleep, I/O, a
     # lock, requests arriving), not computed
@@ -412,10 +451,10 @@ def outlier_steps(facts: Facts) -> Advice | None:
     waited = 0
     if cpu is not None:
         off = dur - cpu - _queued(facts, steps)
-        waited = int(np.maximum(0, off[over][kept] - np.median(off)).sum())
+        waited = int(np.maximum(0, off[over] - np.median(off)).sum())
     evidence = {"median_step_ns": round(median), "steps": steps.num_rows,
-                "warmup_steps": int(warm.sum()), "descheduled_steps": int(starved.sum()),
-                "loader_steps": int(fed.sum()), "profiler_only_steps": profiler_only,
+                "warmup_steps": found.warm, "descheduled_steps": found.starved,
+                "loader_steps": found.fed, "profiler_only_steps": found.profiler_only,
                 "compile_ns": compile_ns,
                 "outliers": [{"rank": int(r), "step": int(s), "dur_ns": int(e - b)}
                              for r, s, b, e in zip(*(col(slow, c)[np.lexsort((
@@ -513,9 +552,9 @@ def _timed_steps(facts: Facts
                  ) -> tuple[pa.Table, npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """The steps the run timed (by rank and step), their times, and each one's usual time
     (_usual; a profiled step's times the profiler's slowdown: the profiler slows every step it
-    records), but a rank's first profiled step that times the profiler's start and its
-    execution trace (Facts.set_aside: the steps advice's shares leave out too); None under
-    five."""
+    records), but the steps that time the recorder (analyze.system.recorder_steps: a rank's
+    first profiled step that starts its profiler, a step another process's recorder held; the
+    steps advice's shares leave out too); None under five."""
     steps = facts.run_steps
     if steps.num_rows < 5:
         return None
@@ -524,6 +563,16 @@ def _timed_steps(facts: Facts
     usual = _usual(facts, steps, dur)
     usual[col(steps, "source") == PROFILED] *= facts.profiler_slowdown
     return steps, dur, usual
+
+
+def _outlier_excess(facts: Facts, timed: bool) -> int:
+    """outlier_steps' time beyond their usual step of its outliers among every step the run
+    timed, or with `timed` False among the profiled ones."""
+    found = _outliers(facts)
+    if found is None:
+        return 0
+    mine = np.full(found.slow.num_rows, timed) | (col(found.slow, "source") == PROFILED)
+    return round(float(found.beyond[mine].sum()))
 
 
 def _descheduled_excess(facts: Facts) -> int:

@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -535,7 +535,8 @@ class _Window:
         _write_whole(self.flag(), str(self.windows))
         self.starting = True
         try:
-            self.prof.start()
+            with _kineto_quiet():
+                self.prof.start()
         finally:
             self.starting = False
 
@@ -561,7 +562,8 @@ class _Window:
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None
-        prof.stop()  # first: the last step's marker ends where its last op did
+        with _kineto_quiet():
+            prof.stop()  # first: the last step's marker ends where its last op did
         with contextlib.suppress(OSError):
             os.remove(self.flag())
         _export(prof, self.out, self.stem)
@@ -643,6 +645,59 @@ def _cpp_log_level(level: int) -> int | None:
         return None
     replaced, flag.value = flag.value, level
     return replaced
+
+
+_KINETO_QUIET = 6  # above Kineto's severities (0 VERBOSE .. 4 ERROR, 5 USDT): it logs nothing
+_KINETO_UNSET = 7  # a level no init sets while KINETO_LOG_LEVEL reads _KINETO_QUIET
+
+
+@contextlib.contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """Hold back Kineto's log while this window's profiler starts or stops: its
+    SyncActivityProfilerHandler writes a `USDT: ... profiler_start` and a `profiler_stop` line
+    on the program's stderr (torch 2.13), and its warnings. Kineto's threshold
+    (libkineto::Logger::severityLevel_, exported by libtorch_cpu) is read at each message.
+    The first profiler of a process initializes Kineto as it starts, which sets the threshold
+    from KINETO_LOG_LEVEL and then (torch's suppressLogMessages) to ERROR where that is unset:
+    it reads a quiet KINETO_LOG_LEVEL then, and the threshold is then set as that init would
+    have with the user's environment, so a profiler of the program's own logs as it would
+    bare. Nothing is held back where this torch exports no threshold."""
+    import ctypes
+
+    import torch
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib",
+                                       "libtorch_cpu.so"))
+        level = ctypes.c_int.in_dll(lib, "_ZN9libkineto6Logger14severityLevel_E")
+        suppress = lib.suppressLibkinetoLogMessages
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    before, level.value = level.value, _KINETO_UNSET
+    users = os.environ.get("KINETO_LOG_LEVEL")
+    os.environ["KINETO_LOG_LEVEL"] = str(_KINETO_QUIET)
+    try:
+        yield
+    finally:
+        if users is None:
+            del os.environ["KINETO_LOG_LEVEL"]
+        else:
+            os.environ["KINETO_LOG_LEVEL"] = users
+        if level.value == _KINETO_UNSET:  # Kineto was initialized before
+            level.value = before
+        else:  # by this start: as libkineto_init, then torch, set it
+            if users is not None:
+                level.value = _atoi(users)
+            suppress()
+
+
+def _atoi(text: str) -> int:
+    """C's atoi, as Kineto reads KINETO_LOG_LEVEL: the leading integer, 0 where none."""
+    import re
+
+    found = re.match(r"\s*[+-]?\d+", text)
+    return int(found[0]) if found else 0
 
 
 def _mp_child() -> bool:
@@ -738,7 +793,8 @@ class _WorkerWindow:
                 with open(self.mark, "w") as m:
                     m.write(self.stem)
                 prof: Any = profiler.profile(use_cpu=True, record_shapes=True, use_kineto=True)
-                prof.__enter__()
+                with _kineto_quiet():
+                    prof.__enter__()
                 self.prof = prof
                 _stop_on_sigterm(self)
         elif not os.path.exists(self.flag):
@@ -753,7 +809,8 @@ class _WorkerWindow:
         if self.prof is not None:
             self.traced, self.prof = self.prof, None
             self.done = True
-            self.traced.__exit__(None, None, None)
+            with _kineto_quiet():
+                self.traced.__exit__(None, None, None)
 
     def stop(self) -> None:
         """Write the trace, as the worker leaves (it needs no freeing: the process ends)."""
