@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.opcost import (
     Shapes,
     batch_scaled,
@@ -313,6 +317,40 @@ def test_conv_output_from_the_recorded_stride_and_padding() -> None:
     assert cost.flops == 2.0 * 64 * 256 * 8 * 8 * 128 * 9
     bare = data_cost("aten::cudnn_convolution", Shapes(strided.dims, strided.types))
     assert bare is not None and bare.conv_out == (16, 16) and bare.flops == 4 * cost.flops
+
+
+def test_a_convolution_backward_prices_the_gradients_its_output_mask_asks_for() -> None:
+    """The 1-d conv net on an H200 (tests/data/conv1d_h200.txt): autograd asks its first layer
+    ([64, 1, 4000] -> 128, 80 taps at stride 16) for the weight's gradient only (output_mask
+    [False, True, True]), so that backward is one convolution's work, 2 x 64 x 128 x 246 x 80
+    FLOPs, reading the output's gradient and the input and writing the weight's (4 x (64 x 128
+    x 246 + 64 x 4000 + 128 x 80) bytes), where both gradients were 644,874,240 FLOPs and
+    10,190,848 bytes; the other layers' ([True, True, True]) two convolutions each. A trace
+    without the mask: both. The GPU model launches one convolution kernel for the first
+    layer's, two for the others'."""
+    trace = Path(__file__).parent / "data" / "conv1d_h200.pt.trace.json.gz"
+    events = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    priced = set()
+    for event in events:
+        if event.get("name") == "aten::convolution_backward":
+            shapes = shapes_from_args(orjson.dumps(event["args"]).decode())
+            assert shapes is not None
+            cost = data_cost("aten::convolution_backward", shapes)
+            assert cost is not None
+            kernels = op_kernels("aten::convolution_backward", shapes)
+            priced.add((shapes.dims[1], shapes.concrete[10], cost.flops, cost.bytes,
+                        len(kernels or ())))
+    assert priced == {
+        ((64, 1, 4000), "[False, True, True]", 2.0 * 64 * 128 * 246 * 80,
+         4.0 * (64 * 128 * 246 + 64 * 4000 + 128 * 80), 1),
+        ((64, 128, 61), "[True, True, True]", 2 * 2.0 * 64 * 128 * 61 * 128 * 3,
+         4.0 * (64 * 128 * 61 + 2 * 64 * 128 * 61 + 2 * 128 * 128 * 3), 2),
+        ((64, 128, 15), "[True, True, True]", 2 * 2.0 * 64 * 256 * 15 * 128 * 3,
+         4.0 * (64 * 256 * 15 + 2 * 64 * 128 * 15 + 2 * 256 * 128 * 3), 2)}
+    front = ((64, 128, 246), (64, 1, 4000), (128, 1, 80))
+    unmasked = op_cost("aten::convolution_backward", front, ("float",) * 3)
+    assert unmasked is not None and unmasked.flops == 644_874_240
+    assert unmasked.bytes == 10_190_848
 
 
 def test_conv_output_falls_back_on_what_it_cannot_read() -> None:

@@ -621,7 +621,8 @@ def test_aten_convolution_priced_as_the_gemms_it_runs_per_sample() -> None:
     [C_in, C_out] x [C_out, H x W] and the weight's [C_out, H x W] x [H x W, C_in]. Each GEMM
     here 2 us fixed plus 0.1 ns a FLOP: at twice the width the measured time scales by the
     GEMMs' ratio (x3.97 forward), not by a direct convolution's model (x4 of pure FLOPs);
-    a 3x3 one adds the unfolded input's copy per sample (1 us each here)."""
+    a 3x3 one adds the unfolded input's copy per sample (1 us each here). A first layer's
+    backward, its output_mask asking for the weight's gradient only, is that GEMM alone."""
     scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
                                               "conv": FamilyModel((0.0, 0.0, 1e-12)),
                                               "conv_backward": FamilyModel((0.0, 0.0, 1e-12)),
@@ -646,6 +647,11 @@ def test_aten_convolution_priced_as_the_gemms_it_runs_per_sample() -> None:
                                                                  else before)
         assert scaler.scaled(1_000_000, old, new, old_dims, new_dims) == round(
             1e6 * after / before), name
+    first = [[8, 48, 16, 16], [8, 24, 16, 16], [48, 24, 1, 1], [], [], [], []]
+    cost = op_cost("aten::_slow_conv2d_backward", first, ["float"] * 3 + ["ScalarList"] * 4,
+                   concrete=("", "", "", "[1, 1]", "[1, 1]", "[0, 0]", "[False, True, True]"))
+    assert cost is not None
+    assert scaler.model_time(cost, first) == pytest.approx(8 * mm(48, 256, 24))
 
 
 def test_a_concatenation_of_a_tensor_list_scales_with_the_batch(tmp_path: Path) -> None:
@@ -1290,8 +1296,10 @@ def test_a_onednn_1x1_convolution_priced_as_its_gemms(tmp_path: Path) -> None:
     FLOP): the 2-D one [4096, 16] x [16, 32], 421.4304 us; the 1-D one [4096, 32] x [32, 8],
     211.7152 us; each backward its output_mask's two, the input's gradient and the weight's,
     twice that. The 3x3 one stays the convolution families' (1e-11 s a FLOP): 3,538,944 FLOPs
-    forward, 7,077,888 backward. With the mask asking for the weight's gradient only, the
-    backward is one GEMM, [16, 4096] x [4096, 32]; strided, none."""
+    forward, and as many backward, where its output_mask asks for the weight's gradient only
+    (the first layer: the input needs none; both were 7,077,888). With the mask asking for the
+    weight's gradient only, the 1x1 one's backward is one GEMM, [16, 4096] x [4096, 32];
+    strided, none."""
     conv = FamilyModel((0.0, 0.0, 1e-11))
     scaler = ProfileScaler(Profile("cpu", 1, {"conv": conv, "conv_backward": conv,
                                               "gemm": FamilyModel((2e-6, 0.0, 1e-10))}, {}))
@@ -1306,7 +1314,7 @@ def test_a_onednn_1x1_convolution_priced_as_its_gemms(tmp_path: Path) -> None:
         ("aten::mkldnn_convolution", (16, 3, 3, 3)): 35.38944e-6,
         ("aten::mkldnn_convolution", (32, 16, 1, 1)): 421.4304e-6,
         ("aten::mkldnn_convolution", (8, 32, 1, 1)): 211.7152e-6,
-        ("aten::convolution_backward", (16, 3, 3, 3)): 70.77888e-6,
+        ("aten::convolution_backward", (16, 3, 3, 3)): 35.38944e-6,
         ("aten::convolution_backward", (32, 16, 1, 1)): 2 * 421.4304e-6,
         ("aten::convolution_backward", (8, 32, 1)): 2 * 211.7152e-6})
     name, shapes = next((n, s) for n, s in _convolutions(run)

@@ -105,10 +105,11 @@ class OpCost:
     # and 128 (a head of 8, rows 1, 2 and 4+ KB apart), 1.1x at 32 (a head of 32, 4+ KB), which
     # no count of FLOPs or bytes shows: each row read touches its own lines and pages
     row_spread: float = 0.0
-    # a oneDNN convolution run as GEMMs over all its pixels (`pointwise_parts`): for its
-    # forward (True,); for its backward whether it computes the input's and the weight's
-    # gradients (its output_mask); () for any other op
-    pointwise: tuple[bool, ...] = ()
+    # a oneDNN convolution run as GEMMs over all its pixels (`pointwise_parts`)
+    pointwise: bool = False
+    # a convolution backward's: whether it computes the input's gradient and the weight's
+    # (`conv_gradients`); () for any other op
+    gradients: tuple[bool, ...] = ()
 
     @property
     def intensity(self) -> float:
@@ -296,16 +297,38 @@ def _depthwise(dims: Dims) -> bool:
     return len(x) >= 2 and len(w) >= 2 and w[1] == 1 and w[0] == x[1] > 1
 
 
-def _conv_backward(dims: Dims) -> tuple[float, float] | None:
-    """Gradients of input and weight from (grad_output, input, weight): two convolutions of the
-    forward's work; the output gradient's shape gives the output size exactly."""
+def _conv_backward(dims: Dims, gradients: tuple[bool, bool]) -> tuple[float, float] | None:
+    """The input's and the weight's gradients from (grad_output, input, weight), those of
+    `gradients` (`conv_gradients`): each a convolution of the forward's work, the output
+    gradient's shape giving the output size exactly. The input's gradient reads the output's
+    and the weight and writes an input; the weight's reads the output's and the input and
+    writes a weight."""
     if len(dims) < 3:
         return None
     grad, x, w = dims[0], dims[1], dims[2]
     if len(x) < 3 or len(w) != len(x) or len(grad) != len(x):
         return None
-    flops = 2.0 * 2.0 * _numel(grad) * w[1] * _numel(w[2:])
-    return flops, float(_numel(grad) + 2 * _numel(x) + 2 * _numel(w))
+    parts = sum(gradients)
+    flops = parts * 2.0 * _numel(grad) * w[1] * _numel(w[2:])
+    return flops, float(_numel(grad) + parts * (_numel(x) + _numel(w)))
+
+
+def conv_gradients(op: str, concrete: Sequence[str]) -> tuple[bool, bool]:
+    """Whether a convolution's backward `op` computes the input's gradient and the weight's,
+    from its recorded output_mask (`_OUTPUT_MASK`): autograd does not ask a network's first
+    layer, whose input needs none, for the input's gradient (on the 1-D conv net's [8, 1,
+    4000] -> 40 front end, 80 taps at stride 16, it would take 5-7x the weight's). Both
+    where the trace does not record the mask."""
+    mask = _output_mask(op, concrete)
+    return (mask[0], mask[1]) if mask else (True, True)
+
+
+def _output_mask(op: str, concrete: Sequence[str]) -> tuple[bool, ...]:
+    """A convolution backward's recorded output_mask (input, weight, bias); () where the op
+    takes none or the trace does not hold it."""
+    at = _OUTPUT_MASK.get("aten::" + op.removeprefix("aten::"))
+    mask = _bools(concrete[at]) if at is not None and len(concrete) > at else ()
+    return mask if len(mask) == 3 else ()
 
 
 def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
@@ -324,6 +347,7 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
     size, dtype = _element(input_types, input_dims)
     work: tuple[float, float] | None
     conv_out: tuple[int, ...] = ()
+    gradients: tuple[bool, ...] = ()
     rows = 0.0
     if family == "gemm":
         work = _gemm(op, input_dims) if len(input_dims) >= 2 else None
@@ -336,7 +360,8 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
         if _depthwise(input_dims):
             family = "depthwise_conv"
     elif family == "conv_backward":
-        work = _conv_backward(input_dims)
+        gradients = conv_gradients(op, concrete)
+        work = _conv_backward(input_dims, gradients)
     elif family in _LOOKUPS:
         work = _embedding(op, input_dims)
     elif family == "sdpa":
@@ -362,32 +387,28 @@ def op_cost(name: str, input_dims: Dims, input_types: Sequence[str],
                   float(_numel(input_dims[0]) * size) if input_dims[0] else 0.0,
                   family == "gemm" and b_transposed(op, input_dims, strides),
                   family == "gemm" and column_major(input_dims, strides, _operands(op)[0]),
-                  conv_out, rows, _pointwise(op, input_dims, concrete))
+                  conv_out, rows, _pointwise(op, input_dims, concrete), gradients)
 
 
-def _pointwise(op: str, dims: Dims, concrete: Sequence[str]) -> tuple[bool, ...]:
+def _pointwise(op: str, dims: Dims, concrete: Sequence[str]) -> bool:
     """`OpCost.pointwise` of an op at its recorded inputs: a oneDNN convolution (forward or
     backward, `_BLOCKED_CONVS`; 1-D or 2-D) with a 1x1 kernel, unstrided, unpadded, undilated
-    and groups 1, where the trace records its geometry (and a backward its output_mask); ()
-    otherwise. (A transposed one's backward, whose weight is [C_in, C_out], is the same GEMMs
-    where it passes for one.)"""
+    and groups 1, where the trace records its geometry (and a backward its output_mask).
+    (A transposed one's backward, whose weight is [C_in, C_out], is the same GEMMs where it
+    passes for one.)"""
     if op not in _BLOCKED_CONVS:
-        return ()
+        return False
     backward = op == "convolution_backward"
     if len(dims) < 2 + backward or len(concrete) != len(dims):
-        return ()
+        return False
     x, w = dims[backward], dims[1 + backward]
     rank = len(x) - 2
     if (rank not in (1, 2) or len(w) != len(x) or x[1] != w[1] or _numel(w[2:]) != 1
             or (backward and (len(dims[0]) != len(x) or dims[0][1] != w[0]))
             or conv_geometry(op, concrete, rank)
             != ((1,) * rank, (0,) * rank, (1,) * rank)):
-        return ()
-    if not backward:
-        return (True,)
-    mask = _OUTPUT_MASK["aten::" + op]
-    grads = _bools(concrete[mask]) if len(concrete) > mask else ()
-    return grads[:2] if len(grads) == 3 else ()
+        return False
+    return not backward or bool(_output_mask(op, concrete))
 
 
 def _bools(text: str) -> tuple[bool, ...]:
@@ -849,15 +870,23 @@ def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     return [(n, cost, d) for n, cost, d in parts if cost is not None]
 
 
+def _asked(cost: OpCost, input_grad: Dims, weight_grad: Dims) -> list[Dims]:
+    """Of a convolution backward's GEMMs, the input's gradient's and the weight's, those its
+    output_mask asks for (`OpCost.gradients`)."""
+    return [d for d, wanted in zip((input_grad, weight_grad), cost.gradients, strict=True)
+            if wanted]
+
+
 def slow_conv_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     """(count, cost, dims) of the ops ATen's own 2-D convolution (_slow_conv2d: a 1x1 one at a
     batch under 16 on one thread, where oneDNN is slower) runs inside: per sample, one GEMM of
     the weight [C_out, C_in x k] with the unfolded input [C_in x k, H_out x W_out]; its
     backward per sample the input's gradient [C_in x k, C_out] x [C_out, H_out x W_out] and the
-    weight's [C_out, H_out x W_out] x [H_out x W_out, C_in x k]; each with a copy of the
-    unfolded input where the kernel is not 1x1 (im2col). A MobileNet's pointwise convolutions
-    at twice the width ran x3.2-3.4 where a direct convolution's model said x2.4-2.9: small
-    GEMMs, whose sweep knows their shapes. None for other ops or shapes that do not fit."""
+    weight's [C_out, H_out x W_out] x [H_out x W_out, C_in x k], those its output_mask asks
+    for (`_asked`); each with a copy of the unfolded input where the kernel is not 1x1
+    (im2col). A MobileNet's pointwise convolutions at twice the width ran x3.2-3.4 where a
+    direct convolution's model said x2.4-2.9: small GEMMs, whose sweep knows their shapes.
+    None for other ops or shapes that do not fit."""
     if cost.op not in ("_slow_conv2d_forward", "_slow_conv2d_backward"):
         return None
     backward = cost.op == "_slow_conv2d_backward"
@@ -868,7 +897,8 @@ def slow_conv_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] 
         return None
     spatial = _numel(dims[0][2:]) if backward else _numel(cost.conv_out)
     batch, c_out, unfolded = x[0], w[0], _numel(w[1:])
-    gemms = ([((unfolded, c_out), (c_out, spatial)), ((c_out, spatial), (spatial, unfolded))]
+    gemms = (_asked(cost, ((unfolded, c_out), (c_out, spatial)),
+                    ((c_out, spatial), (spatial, unfolded)))
              if backward else [((c_out, unfolded), (unfolded, spatial))])
     parts: list[tuple[int, OpCost | None, Dims]] = [
         (batch, op_cost("mm", d, ("float", "float")), d) for d in gemms]
@@ -1011,11 +1041,8 @@ def pointwise_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] 
     backward = cost.family == "conv_backward"
     x, w = dims[backward], dims[1 + backward]
     rows, c_out, c_in = x[0] * _numel(x[2:]), w[0], w[1]
-    if backward:  # the input's gradient, the weight's: those the output_mask asks for
-        both = (((rows, c_out), (c_out, c_in)), ((c_in, rows), (rows, c_out)))
-        gemms = [d for d, wanted in zip(both, cost.pointwise, strict=True) if wanted]
-    else:
-        gemms = [((rows, c_in), (c_in, c_out))]
+    gemms = (_asked(cost, ((rows, c_out), (c_out, c_in)), ((c_in, rows), (rows, c_out)))
+             if backward else [((rows, c_in), (c_in, c_out))])
     parts = [(1, op_cost("mm", d, ("float", "float")), d) for d in gemms]
     return [(n, c, d) for n, c, d in parts if c is not None]
 

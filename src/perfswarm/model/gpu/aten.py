@@ -101,7 +101,9 @@ def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
         forward = spatial_conv_work(x[0], x[1], w[0], w[2:], x[2:],
                                     dims[0][2:] if grad else cost.conv_out or x[2:], groups,
                                     element, peak)
-        return [forward, forward] if grad else [forward]  # input and weight gradients
+        # a backward's input and weight gradients, those its output_mask asks for (a bias's
+        # alone: no convolution to price)
+        return ([forward] * sum(cost.gradients) or None) if grad else [forward]
     shaped = [d for d in dims if d]
     if not shaped:
         return None

@@ -23,6 +23,7 @@ from perfswarm.model.opcost import (
     Shapes,
     column_major,
     conv_geometry,
+    conv_gradients,
     conv_output,
     data_cost,
 )
@@ -125,11 +126,10 @@ def _conv1d_sweep(family: str, scale: int) -> Iterator[Case]:
     """1-D convolutions as audio and sequence models have them (`CONV1D_LAYERS`), forward or
     backward, at a batch of 4, 64 and 16 (each batch over every layer first), with their
     stride, padding and dilation recorded as a trace records them (op_cost reads the output
-    size from them). The backward leaves out a first layer's (one input channel): autograd
-    asks it for the weight's gradient only, which op_cost prices as both, and its input's
-    gradient, which the sweep would compute, is the slow part at stride 16 (the [4, 1, 4000]
-    -> 32 front end's backward took 1.09 ms in a sweep with it; the 1-D conv net's [8, 1,
-    4000] -> 40, the weight's gradient only, 0.58 ms in its step)."""
+    size from them). The backward computes the gradients autograd asks of the layer, its
+    output_mask recorded too: a first layer's (one input channel) the weight's only, whose
+    input needs none (its input's gradient, at stride 16, is 5-7x the weight's: the [8, 1,
+    4000] -> 40 front end's backward took 2.3 ms with it, 0.34 ms without)."""
     for batch in (4, 64, 16):
         for c_in, c_out, length, kernel, stride, pad in CONV1D_LAYERS:
             x, weight = [batch * scale, c_in, length], [c_out, c_in, kernel]
@@ -137,11 +137,14 @@ def _conv1d_sweep(family: str, scale: int) -> Iterator[Case]:
             if family == "conv":  # conv1d(input, weight, bias, stride, padding, dilation, groups)
                 yield ("aten::conv1d", [x, weight, [c_out], [], [], [], []],
                        ["float"] * 3 + ["int[]"] * 3 + ["int"], (), ("", "", "", *geometry, "1"))
-            elif c_in > 1:  # convolution_backward(grad_output, input, weight, bias_sizes,
-                # stride, padding, dilation, ...): its output size from the forward's geometry
+            else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride,
+                # padding, dilation, transposed, output_padding, groups, output_mask): its
+                # output size from the forward's geometry
                 (out,) = conv_output("conv1d", [x, weight], ("", "", "", *geometry))
-                yield (CONV_BACKWARD, [[batch * scale, c_out, out], x, weight, [], [], [], []],
-                       ["float"] * 3 + ["int[]"] * 4, (), ("", "", "", "", *geometry))
+                mask = f"[{c_in > 1}, True, False]"
+                yield (CONV_BACKWARD, [[batch * scale, c_out, out], x, weight, *[[]] * 8],
+                       ["float"] * 3 + ["int[]"] * 4 + ["bool", "int[]", "int", "bool[]"], (),
+                       ("", "", "", "", *geometry, "False", "[0]", "1", mask))
 
 
 def _interleaved(*designs: Sequence[Case]) -> Iterator[Case]:
@@ -249,9 +252,11 @@ def _convolution(op: str, dims: Sequence[Sequence[int]], concrete: Sequence[str]
     stride, pad, dilation = (conv_geometry(op, concrete, rank) if concrete else
                              ((1,) * rank, tuple((k - 1) // 2 for k in kernel), (1,) * rank))
     assert stride is not None and pad is not None and dilation is not None
-    if backward:
+    if backward:  # the gradients its recorded output_mask asks for, else the input's and
+        # the weight's (autograd's for a layer without bias inside a network)
         return functools.partial(torch.ops.aten.convolution_backward, *tensors, [0], stride,
-                                 pad, dilation, False, [0] * rank, 1, [True, True, False])
+                                 pad, dilation, False, [0] * rank, 1,
+                                 [*conv_gradients(op, concrete), False])
     forward = getattr(torch.nn.functional, _CONV_CALLS[op])
     return functools.partial(forward, *tensors, stride, pad, dilation)
 
