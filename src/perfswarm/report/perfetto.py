@@ -29,7 +29,7 @@ from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
 from perfswarm.trace.store import Manifest, Run, check_output, write_output
-from perfswarm.trace.timebase import us_json
+from perfswarm.trace.timebase import us_json, us_texts
 
 # Our kinds back to Kineto's categories (the inverse of kineto.CAT_KIND).
 KIND_CATEGORY: Final[dict[str, str]] = {
@@ -133,20 +133,28 @@ def _base_ns(run: Run) -> int:
 
 
 def _span_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
-    for row in _rows(run.table("events", _EVENT_COLUMNS)):
-        kind, name = row["kind"], row["name"] or ""
-        extra = {key: row[column] for column, key in _ARG_COLUMNS if row[column] != NONE}
-        event: dict[str, Any] = {
-            "ph": "X", "cat": _category(kind, name), "name": name,
-            "pid": pids(row["rank"], row["pid"]), "tid": row["tid"],
-            "ts": us_json(row["ts"] - base), "dur": us_json(row["dur"]),
-            "args": _args(row["args"], extra),
-        }
-        if kind == "instant" and row["dur"] == 0:
-            event["ph"] = "i"
-            event["s"] = "t"
-            del event["dur"]
-        yield event
+    for batch in run.table("events", _EVENT_COLUMNS).to_batches(max_chunksize=BATCH):
+        col = {name: batch.column(name).to_pylist() for name in _EVENT_COLUMNS
+               if name not in ("ts", "dur")}
+        # ts - base >= 0 (base is the least ts) and below 2**64: exact as uint64 where the
+        # int64 difference wraps
+        ts = us_texts((batch.column("ts").to_numpy() - np.int64(base)).view(np.uint64))
+        durations = batch.column("dur").to_numpy()
+        dur = us_texts(durations)
+        for i in range(batch.num_rows):
+            kind, name = col["kind"][i], col["name"][i] or ""
+            extra = {key: col[column][i] for column, key in _ARG_COLUMNS if col[column][i] != NONE}
+            event: dict[str, Any] = {
+                "ph": "X", "cat": _category(kind, name), "name": name,
+                "pid": pids(col["rank"][i], col["pid"][i]), "tid": col["tid"][i],
+                "ts": orjson.Fragment(ts[i]), "dur": orjson.Fragment(dur[i]),
+                "args": _args(col["args"][i], extra),
+            }
+            if kind == "instant" and durations[i] == 0:
+                event["ph"] = "i"
+                event["s"] = "t"
+                del event["dur"]
+            yield event
 
 
 def _host_pid(run: Run) -> dict[int, int]:
