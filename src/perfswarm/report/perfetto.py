@@ -74,10 +74,11 @@ _EVENT_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid",
                          *(column for column, _ in _ARG_COLUMNS), "args"]
 
 
-def _rows(table: pa.Table) -> Iterator[dict[str, Any]]:
-    """The table's rows as dicts, BATCH at a time."""
+def _rows(table: pa.Table, base: int) -> Iterator[tuple[dict[str, Any], orjson.Fragment]]:
+    """The table's rows as dicts, each with its `ts` less `base` as a JSON number, BATCH at a
+    time."""
     for batch in table.to_batches(max_chunksize=BATCH):
-        yield from batch.to_pylist()
+        yield from zip(batch.to_pylist(), _times(batch, base), strict=True)
 
 
 def _category(kind: str, name: str) -> str:
@@ -132,13 +133,19 @@ def _base_ns(run: Run) -> int:
     return min(known) if known else 0
 
 
+def _times(batch: pa.RecordBatch, base: int) -> list[orjson.Fragment]:
+    """The batch's `ts` less `base` as JSON numbers (us_json's), formatted a column at a time.
+    ts - base >= 0 (base is the least ts) and below 2**64: exact as uint64 where the int64
+    difference wraps."""
+    ns = (batch.column("ts").to_numpy() - np.int64(base)).view(np.uint64)
+    return [orjson.Fragment(text) for text in us_texts(ns)]
+
+
 def _span_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
     for batch in run.table("events", _EVENT_COLUMNS).to_batches(max_chunksize=BATCH):
         col = {name: batch.column(name).to_pylist() for name in _EVENT_COLUMNS
                if name not in ("ts", "dur")}
-        # ts - base >= 0 (base is the least ts) and below 2**64: exact as uint64 where the
-        # int64 difference wraps
-        ts = us_texts((batch.column("ts").to_numpy() - np.int64(base)).view(np.uint64))
+        ts = _times(batch, base)
         durations = batch.column("dur").to_numpy()
         dur = us_texts(durations)
         for i in range(batch.num_rows):
@@ -147,7 +154,7 @@ def _span_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
             event: dict[str, Any] = {
                 "ph": "X", "cat": _category(kind, name), "name": name,
                 "pid": pids(col["rank"][i], col["pid"][i]), "tid": col["tid"][i],
-                "ts": orjson.Fragment(ts[i]), "dur": orjson.Fragment(dur[i]),
+                "ts": ts[i], "dur": orjson.Fragment(dur[i]),
                 "args": _args(col["args"][i], extra),
             }
             if kind == "instant" and durations[i] == 0:
@@ -197,13 +204,13 @@ def _counter_events(run: Run, base: int, pids: _Pids, system: int
         return
     table = run.table("counters")
     host_pid = _host_pid(run) if table.num_rows else {}
-    for row in _rows(table):
+    for row, ts in _rows(table, base):
         # The reader names a counter `<event name>.<arg key>`; split it back the same way.
         group, _, key = str(row["name"]).rpartition(".")
         group = group or key  # a name without a dot (the recorder's `minor page faults`)
         pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], system)
         yield {"ph": "C", "name": group, "pid": pids(row["rank"], pid), "tid": 0,
-               "ts": us_json(row["ts"] - base), "args": {key: row["value"]}}
+               "ts": ts, "args": {key: row["value"]}}
 
 
 def _derived_counter_events(run: Run, base: int, pids: _Pids, system: int
@@ -248,11 +255,10 @@ def _derived_counter_events(run: Run, base: int, pids: _Pids, system: int
 def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
     if not run.has_table("flows"):
         return
-    for row in _rows(run.table("flows")):
+    for row, ts in _rows(run.table("flows"), base):
         event = {"ph": row["phase"], "id": pids.flow_id(row["rank"], row["id"]),
-                 "pid": pids(row["rank"], row["pid"]),
-                 "tid": row["tid"], "ts": us_json(row["ts"] - base), "cat": row["cat"],
-                 "name": row["cat"]}
+                 "pid": pids(row["rank"], row["pid"]), "tid": row["tid"], "ts": ts,
+                 "cat": row["cat"], "name": row["cat"]}
         if row["phase"] == "f":
             event["bp"] = "e"
         yield event
@@ -277,11 +283,11 @@ def _sample_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]
     if not (run.has_table("samples") and run.has_table("stacks")):
         return
     stacks = _stack_texts(run)
-    for row in _rows(run.table("samples")):
+    for row, ts in _rows(run.table("samples"), base):
         leaf, module, stack = stacks.get(row["stack_id"], ("[unknown]", "", ""))
         yield {"ph": "i", "s": "t", "cat": f"{row['source']}_sample", "name": leaf,
                "pid": pids(row["rank"], row["pid"]), "tid": row["tid"],
-               "ts": us_json(row["ts"] - base),
+               "ts": ts,
                "args": {"stack": stack, "module": module, "weight": row["weight"]}}
 
 
