@@ -264,7 +264,7 @@ def test_the_export_peaks_a_part_not_the_trace(tmp_path: Path) -> None:
     held whole: traced at its highest (the Run's columns read already, as a first export
     leaves them) 400 bytes an event on a 20k-event synthetic trace's 11,476, where the whole
     list of events and its JSON had been 2,960 (a 200k-event Run's export peaked at 10x its
-    JSON's size in RSS, 3.5x since). The parts gzipped are gzip.compress's bytes of the
+    JSON's size in RSS, 3.6x since). The parts gzipped are gzip.compress's bytes of the
     whole text."""
     path = import_traces([synthetic.write(tmp_path / "t.json", 20_000)], tmp_path / "t.run",
                          ImportOptions(), ["t"]).path
