@@ -1,4 +1,4 @@
-"""Whole-process cost of import, analyze, report and predict beside a bare parse of the trace.
+"""Whole-process cost of import, analyze, report, predict and export beside a bare parse.
 
 For each trace (default: the corpus's largest, and a synthetic one of --events events), every
 contender runs as a fresh process, interleaved, several rounds; figures are median CPU seconds
@@ -6,14 +6,14 @@ contender runs as a fresh process, interleaved, several rounds; figures are medi
 The peer is `python -c` gunzip + orjson.loads of the same file, whole process too. Goals:
 
 - import (in memory) <= 1.5x the peer; import --streaming always is printed beside it
-- analyze <= 1x, report <= 2x, predict <= 2x the peer; advise (which the report runs) is
-  printed beside them
+- analyze <= 1x, report <= 2x, predict <= 2x the peer; advise (which the report runs) and
+  export (the Perfetto trace, gzipped) are printed beside them
 - peak RSS of each <= 4x the JSON size; the report file's size (a few MB whatever the input)
 - import + analyze + report at least 5x faster than HolisticTraceAnalysis's load plus its
   analyses of the same trace (when .venv-hta exists: `python -m venv .venv-hta &&
   .venv-hta/bin/pip install HolisticTraceAnalysis`; its pins are not ours)
 
-    python benchmarks/commands.py [--events 200000] [--rounds 3] [--only report,predict,advise]
+    python benchmarks/commands.py [--events 200000] [--rounds 3] [--only report,predict,export]
                                   [TRACE ...]
 
 --only runs the bare parse and the named commands alone (the Run is imported first, untimed).
@@ -59,7 +59,7 @@ with tempfile.TemporaryDirectory() as d:
             pass
 """
 GOALS = {"import": 1.5, "import --streaming": None, "analyze": 1.0, "report": 2.0,
-         "predict": 2.0, "advise": None}
+         "predict": 2.0, "advise": None, "export": None}
 RSS_GOAL = 4.0  # peak RSS over the JSON's size, every command
 
 
@@ -79,6 +79,7 @@ def bench(trace: Path, tmp: Path, rounds: int, only: list[str] | None = None) ->
         "report": [*cli, "report", str(run), "-o", str(html)],
         "predict": [*cli, "predict", str(run)],
         "advise": [*cli, "advise", str(run)],
+        "export": [*cli, "export", str(run), "-o", str(tmp / "trace.json.gz")],
     }
     if only is not None:
         unknown = sorted(set(only) - set(contenders))

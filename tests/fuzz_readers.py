@@ -56,7 +56,7 @@ def read_manifest(path: Path) -> None:
     """Everything that reads a manifest: opening the Run, `info`, the Chrome trace export."""
     run = Run.open(path.parent)
     run_info(run)
-    perfetto.export_chrome_trace(run)
+    b"".join(perfetto.chrome_trace(run))
 
 
 _NUMBER = re.compile(rb"\d+")

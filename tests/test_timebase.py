@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfswarm.trace.timebase import ns_to_us_text, us_to_ns
+from perfswarm.trace.timebase import ns_to_us_text, us_texts, us_to_ns
 
 # Kineto timestamps relative to baseTimeNanoseconds stay below 2**43 us (about 100 days).
 RELATIVE_NS = st.integers(min_value=0, max_value=(2**43) * 1000 - 1)
@@ -38,3 +38,13 @@ def test_text_form(ns: int) -> None:
     whole, frac = text.lstrip("-").split(".")
     assert len(frac) == 3
     assert (-1 if text.startswith("-") else 1) * (int(whole) * 1000 + int(frac)) == ns
+
+
+@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=50))
+def test_column_text_is_each_values_text(values: list[int]) -> None:
+    """The export's times, formatted a column at a time: each as ns_to_us_text writes it,
+    int64's ends included, and uint64's top (a time less the base past int64)."""
+    ns = np.array([*values, -(2**63), 2**63 - 1, -1, 0, 999], dtype=np.int64)
+    assert us_texts(ns) == [ns_to_us_text(v) for v in ns.tolist()]
+    top = np.array([2**64 - 1, 2**63], dtype=np.uint64)
+    assert us_texts(top) == ["18446744073709551.615", "9223372036854775.808"]

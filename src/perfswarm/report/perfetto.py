@@ -9,14 +9,16 @@ every nanosecond back.
 
 from __future__ import annotations
 
-import gzip
 import json
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import orjson
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.bandwidth import bandwidth
@@ -26,8 +28,8 @@ from perfswarm.analyze.launch import launch_pairs, queue_steps
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.trace.kineto import COLLECTIVE_KERNEL, DERIVED_COUNTERS
 from perfswarm.trace.schema import NONE
-from perfswarm.trace.store import Run, check_output, write_output
-from perfswarm.trace.timebase import us_json
+from perfswarm.trace.store import Manifest, Run, check_output, write_output
+from perfswarm.trace.timebase import us_json, us_texts
 
 # Our kinds back to Kineto's categories (the inverse of kineto.CAT_KIND).
 KIND_CATEGORY: Final[dict[str, str]] = {
@@ -61,10 +63,22 @@ _ARG_COLUMNS: Final = (
 EXPORTED_ARG_KEYS: Final = frozenset(key for _, key in _ARG_COLUMNS)
 
 UTILIZATION_BINS: Final = 100
+GZIP_WBITS: Final = 31  # zlib's gzip header and trailer around the deflate stream
 FLOW_ID_BITS: Final = 40  # a rank's flow ids below 2**40 (Kineto's count from 1), 2**53 in all
+
+# Rows turned into Python objects, and events serialized, this many at a time: the trace is
+# written in parts, never held whole (a 200k-event Run's had peaked at 10x its JSON's size).
+BATCH: Final = 1024
 
 _EVENT_COLUMNS: Final = ["rank", "ts", "dur", "kind", "name", "pid", "tid",
                          *(column for column, _ in _ARG_COLUMNS), "args"]
+
+
+def _rows(table: pa.Table, base: int) -> Iterator[tuple[dict[str, Any], orjson.Fragment]]:
+    """The table's rows as dicts, each with its `ts` less `base` as a JSON number, BATCH at a
+    time."""
+    for batch in table.to_batches(max_chunksize=BATCH):
+        yield from zip(batch.to_pylist(), _times(batch, base), strict=True)
 
 
 def _category(kind: str, name: str) -> str:
@@ -119,23 +133,35 @@ def _base_ns(run: Run) -> int:
     return min(known) if known else 0
 
 
+def _times(batch: pa.RecordBatch, base: int) -> list[orjson.Fragment]:
+    """The batch's `ts` less `base` as JSON numbers (us_json's), formatted a column at a time.
+    ts - base >= 0 (base is the least ts) and below 2**64: exact as uint64 where the int64
+    difference wraps."""
+    ns = (batch.column("ts").to_numpy() - np.int64(base)).view(np.uint64)
+    return [orjson.Fragment(text) for text in us_texts(ns)]
+
+
 def _span_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
-    table = run.table("events", _EVENT_COLUMNS)
-    cols = {name: table.column(name).to_pylist() for name in _EVENT_COLUMNS}
-    for i in range(table.num_rows):
-        kind, name = cols["kind"][i], cols["name"][i] or ""
-        extra = {key: cols[column][i] for column, key in _ARG_COLUMNS if cols[column][i] != NONE}
-        event: dict[str, Any] = {
-            "ph": "X", "cat": _category(kind, name), "name": name,
-            "pid": pids(cols["rank"][i], cols["pid"][i]), "tid": cols["tid"][i],
-            "ts": us_json(cols["ts"][i] - base), "dur": us_json(cols["dur"][i]),
-            "args": _args(cols["args"][i], extra),
-        }
-        if kind == "instant" and cols["dur"][i] == 0:
-            event["ph"] = "i"
-            event["s"] = "t"
-            del event["dur"]
-        yield event
+    for batch in run.table("events", _EVENT_COLUMNS).to_batches(max_chunksize=BATCH):
+        col = {name: batch.column(name).to_pylist() for name in _EVENT_COLUMNS
+               if name not in ("ts", "dur")}
+        ts = _times(batch, base)
+        durations = batch.column("dur").to_numpy()
+        dur = us_texts(durations)
+        for i in range(batch.num_rows):
+            kind, name = col["kind"][i], col["name"][i] or ""
+            extra = {key: col[column][i] for column, key in _ARG_COLUMNS if col[column][i] != NONE}
+            event: dict[str, Any] = {
+                "ph": "X", "cat": _category(kind, name), "name": name,
+                "pid": pids(col["rank"][i], col["pid"][i]), "tid": col["tid"][i],
+                "ts": ts[i], "dur": orjson.Fragment(dur[i]),
+                "args": _args(col["args"][i], extra),
+            }
+            if kind == "instant" and durations[i] == 0:
+                event["ph"] = "i"
+                event["s"] = "t"
+                del event["dur"]
+            yield event
 
 
 def _host_pid(run: Run) -> dict[int, int]:
@@ -176,15 +202,15 @@ def _counter_events(run: Run, base: int, pids: _Pids, system: int
                     ) -> Iterator[dict[str, Any]]:
     if not run.has_table("counters"):
         return
-    rows = run.table("counters").to_pylist()
-    host_pid = _host_pid(run) if rows else {}
-    for row in rows:
+    table = run.table("counters")
+    host_pid = _host_pid(run) if table.num_rows else {}
+    for row, ts in _rows(table, base):
         # The reader names a counter `<event name>.<arg key>`; split it back the same way.
         group, _, key = str(row["name"]).rpartition(".")
         group = group or key  # a name without a dot (the recorder's `minor page faults`)
         pid = row["device"] if row["device"] >= 0 else host_pid.get(row["rank"], system)
         yield {"ph": "C", "name": group, "pid": pids(row["rank"], pid), "tid": 0,
-               "ts": us_json(row["ts"] - base), "args": {key: row["value"]}}
+               "ts": ts, "args": {key: row["value"]}}
 
 
 def _derived_counter_events(run: Run, base: int, pids: _Pids, system: int
@@ -229,11 +255,10 @@ def _derived_counter_events(run: Run, base: int, pids: _Pids, system: int
 def _flow_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]:
     if not run.has_table("flows"):
         return
-    for row in run.table("flows").to_pylist():
+    for row, ts in _rows(run.table("flows"), base):
         event = {"ph": row["phase"], "id": pids.flow_id(row["rank"], row["id"]),
-                 "pid": pids(row["rank"], row["pid"]),
-                 "tid": row["tid"], "ts": us_json(row["ts"] - base), "cat": row["cat"],
-                 "name": row["cat"]}
+                 "pid": pids(row["rank"], row["pid"]), "tid": row["tid"], "ts": ts,
+                 "cat": row["cat"], "name": row["cat"]}
         if row["phase"] == "f":
             event["bp"] = "e"
         yield event
@@ -258,11 +283,11 @@ def _sample_events(run: Run, base: int, pids: _Pids) -> Iterator[dict[str, Any]]
     if not (run.has_table("samples") and run.has_table("stacks")):
         return
     stacks = _stack_texts(run)
-    for row in run.table("samples").to_pylist():
+    for row, ts in _rows(run.table("samples"), base):
         leaf, module, stack = stacks.get(row["stack_id"], ("[unknown]", "", ""))
         yield {"ph": "i", "s": "t", "cat": f"{row['source']}_sample", "name": leaf,
                "pid": pids(row["rank"], row["pid"]), "tid": row["tid"],
-               "ts": us_json(row["ts"] - base),
+               "ts": ts,
                "args": {"stack": stack, "module": module, "weight": row["weight"]}}
 
 
@@ -306,55 +331,65 @@ def _metadata_events(run: Run, pids: _Pids, system: int) -> Iterator[dict[str, A
                    "args": {"name": name}}
 
 
-def export_chrome_trace(run: Run, rank: int | None = None) -> dict[str, Any]:
+def chrome_trace(run: Run, rank: int | None = None) -> Iterator[bytes]:
     """The whole Run (every rank, counters, flows, step markers, stack samples) as one Chrome
-    trace; with `rank`, that rank's alone, as Kineto writes a trace per rank (import reads
-    several such files back into one Run of their ranks).
-
-    `ts`, `dur` and span `args` are `orjson.Fragment`s (exact JSON text, args as stored):
-    serialize with `dumps`, not the stdlib's json.
-    """
+    trace's JSON text, in parts (BATCH events each: the trace is never held whole); with
+    `rank`, that rank's alone, as Kineto writes a trace per rank (import reads several such
+    files back into one Run of their ranks). A rank the Run lacks is refused here, before
+    any part."""
     manifest = run.manifest()
     if rank is not None and rank not in manifest["ranks"]:
         raise ParameterError("rank", f"{run.path}: no rank {rank} (its ranks: "
                                      f"{', '.join(map(str, manifest['ranks']))})")
+    return _trace_parts(run, manifest, rank)
+
+
+def _trace_parts(run: Run, manifest: Manifest, rank: int | None) -> Iterator[bytes]:
     pids = _Pids(manifest["ranks"], rank)
     base = _base_ns(run)
     system = _system_pid(run)
-    events: list[dict[str, Any]] = list(_metadata_events(run, pids, system))
-    events += _span_events(run, base, pids)
-    events += _flow_events(run, base, pids)
-    events += _counter_events(run, base, pids, system)
-    events += _derived_counter_events(run, base, pids, system)
-    events += _sample_events(run, base, pids)
-    trace: dict[str, Any] = {
-        "schemaVersion": 1,
-        "baseTimeNanoseconds": base,
-        "displayTimeUnit": "ms",
-        "deviceProperties": manifest["devices"],
-        "traceEvents": [e for e in events if e["pid"] is not None],
-    }
+    head = orjson.dumps({"schemaVersion": 1, "baseTimeNanoseconds": base,
+                         "displayTimeUnit": "ms", "deviceProperties": manifest["devices"]})
+    yield head[:-1] + b',"traceEvents":['
+    yield from _json_list_items((
+        _metadata_events(run, pids, system), _span_events(run, base, pids),
+        _flow_events(run, base, pids), _counter_events(run, base, pids, system),
+        _derived_counter_events(run, base, pids, system), _sample_events(run, base, pids)))
     only = rank if rank is not None else (
         manifest["ranks"][0] if len(manifest["ranks"]) == 1 else None)
-    if only is not None:
-        trace["distributedInfo"] = {"rank": only}
-    return trace
+    tail = b"" if only is None else b',"distributedInfo":' + orjson.dumps({"rank": only})
+    yield b"]" + tail + b"}"
 
 
-def dumps(trace: dict[str, Any]) -> bytes:
-    """The JSON bytes of a trace from `export_chrome_trace`."""
-    return orjson.dumps(trace)
+def _json_list_items(sources: Iterable[Iterator[dict[str, Any]]]) -> Iterator[bytes]:
+    """The events of every source with a pid (one of a rank not exported has none), as the
+    comma-separated items of a JSON list, BATCH events a part. `ts`, `dur` and span `args`
+    are `orjson.Fragment`s (exact JSON text, args as stored)."""
+    first = True
+    for source in sources:
+        while batch := list(islice(source, BATCH)):
+            kept = [e for e in batch if e["pid"] is not None]
+            if kept:
+                yield (b"" if first else b",") + orjson.dumps(kept)[1:-1]
+                first = False
+
+
+def _gzipped(parts: Iterable[bytes]) -> Iterator[bytes]:
+    """`parts` as one gzip member, compressed as they come: the bytes gzip.compress writes
+    of their concatenation at level 6 with mtime 0 (zlib's own gzip wrapper, as it uses)."""
+    deflate = zlib.compressobj(6, zlib.DEFLATED, GZIP_WBITS)
+    for part in parts:
+        yield deflate.compress(part)
+    yield deflate.flush()
 
 
 def write(run: Run, path: str | Path, rank: int | None = None) -> Path:
     """Write the Run's Chrome trace (of `rank` alone, if given) to `path` (`.json`, or gzipped
-    `.json.gz`), atomically."""
+    `.json.gz`), atomically, a part at a time."""
     out = Path(path)
     if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
         raise PerfswarmError(f"{out}: a Chrome trace is written as .json or .json.gz")
     check_output(out)
-    data = dumps(export_chrome_trace(run, rank))
-    if out.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=6, mtime=0)
-    write_output(out, data)
+    parts = chrome_trace(run, rank)
+    write_output(out, _gzipped(parts) if out.name.endswith(".gz") else parts)
     return out
