@@ -1556,6 +1556,17 @@ def _add_steps(run: Run, rows: list[tuple[int, int, int, int, str]]) -> None:
     run.write_table("steps", pa.concat_tables([run.table("steps"), hooked]).cast(STEPS))
 
 
+
+def _steps_after_window(run: Run, durs: list[int]) -> list[int]:
+    """Steps 4, 5, ... of `durs` ms each the recorder timed one after another from the export
+    step (step 3, at 12 ms), added to the Run's; their ends, in ms."""
+    ms = 1_000_000
+    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    return ends
+
 def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     """A step of 132 ms among steps of 4 ms (a generate() in a callback), outside the window,
     counts against every timed step; the export step is no outlier."""
@@ -1984,10 +1995,7 @@ def test_outlier_steps_while_every_step_waits_alike(tmp_path: Path) -> None:
     run = with_manifest(imported(tmp_path, "saves", _loader_steps(500, 3500)), cores=2)
     ms = 1_000_000
     durs = [4, 4, 4, 4, 16, 4, 4, 4, 4]
-    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
-    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
-                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
-                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    ends = _steps_after_window(run, durs)
     _loaded_after(run, 0, ends[-1] + 1)
     a = shows(host.outlier_steps, run)
     assert a.evidence["outliers"] == [{"rank": 0, "step": 8, "dur_ns": 16 * ms}]
@@ -2006,10 +2014,7 @@ def test_cpu_contention_leaves_the_outlier_steps_excess_to_outlier_steps(tmp_pat
     run = with_manifest(imported(tmp_path, "once", _loader_steps(500, 3500)), cores=2)
     ms = 1_000_000
     durs = [4, 4, 4, 4, 200, 4, 4, 4, 4]
-    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
-    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
-                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
-                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    ends = _steps_after_window(run, durs)
     _loaded_after(run, 0, ends[-1] + 1, got=0.1, waited=1.9)
     outliers = shows(host.outlier_steps, run)
     assert outliers.gain_ns == 196 * ms and outliers.gain_of_ns == 244 * ms
@@ -2049,10 +2054,7 @@ def test_outlier_steps_told_from_preemptions_by_the_loop_threads_run_delay(tmp_p
     ms = 1_000_000
     durs = [4, 4, 4, 4, 16, 4, 4, 4, 16]
     waits = [2, 2, 2, 2, 14, 2, 2, 2, 8]
-    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
-    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
-                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
-                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    ends = _steps_after_window(run, durs)
     _loaded_after(run, 0, ends[-1] + 1)
     sampled = host.outlier_steps(Facts.of(run))
     assert sampled is not None and [o["step"] for o in sampled.evidence["outliers"]] == [8, 12]
@@ -2080,10 +2082,7 @@ def test_a_step_preempted_where_every_step_mostly_waits(tmp_path: Path) -> None:
     run = with_manifest(imported(tmp_path, "busy", _loader_steps(500, 3500)), cores=2)
     ms = 1_000_000
     durs, waits = [10, 10, 10, 40, 10, 10, 10], [8, 8, 8, 37, 8, 8, 8]
-    ends = [12 + sum(durs[:i + 1]) for i in range(len(durs))]
-    _add_steps(run, [(0, 3, 12 * ms, 12 * ms, "export"),
-                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
-                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    ends = _steps_after_window(run, durs)
     _loaded_after(run, 0, ends[-1] + 1)
     hooks = [12, *ends]
     waited = np.cumsum([0, *waits])
