@@ -461,7 +461,9 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     can have woken it), WAKE_QUIET_LAG_SHARE of the stretch. Inside a wait for a DataLoader's
     next batch (LOADER_WAIT), the thread's first work is the batch arriving, however long
     after the other thread finished; its later
-    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
+    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread in a
+    functional collective's wait (COLLECTIVE_WAIT) inside which a collective of its rank's
+    comm threads ended sits blocked through it, though the wait is an op. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
     thread sitting in the op that forked, with no op inside it, after one of its ops, is
@@ -516,7 +518,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             keep = s - lo >= WAKE_MIN_GAP_NS
             lo, hi = lo[keep], s[keep]
             bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
-            wait_lo, wait_hi = _collective_waits(ev, rows[waiting[rows]], comm_ends)
+            wait_lo, wait_hi = _functional_waits(ev, rows[waiting[rows]], comm_ends)
             lo, hi = np.concatenate([lo, wait_lo]), np.concatenate([hi, wait_hi])
             order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
             lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
@@ -579,7 +581,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
 
 
 
-def _collective_waits(ev: Events, waits: I64, comm_ends: Mapping[int, I64]) -> tuple[I64, I64]:
+def _functional_waits(ev: Events, waits: I64, comm_ends: Mapping[int, I64]) -> tuple[I64, I64]:
     """Of one thread's COLLECTIVE_WAIT rows, those inside which a host collective of its rank
     ended (`comm_ends`: by rank, sorted): the stretches (start, end) the thread sat blocked."""
     if not len(waits):
