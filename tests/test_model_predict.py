@@ -1091,6 +1091,49 @@ def test_subgroups_waits_priced_on_the_late_rank(tmp_path: Path, sets: bool) -> 
     assert abs(result.predicted_steady_ns / result.measured_steady_ns - 1) < 0.02  # -0.67%
 
 
+def test_a_functional_collectives_wait_is_on_the_other_rank(tmp_path: Path) -> None:
+    """Two gloo ranks each all-reducing once a step through a functional collective (DTensor's
+    redistributions): the loop issues `_c10d_functional::all_reduce`, gloo's thread runs it,
+    and the loop sits in `_c10d_functional::wait_tensor` until it ends. Rank 1 spends 5 ms of
+    its own, untraced, before each all-reduce; rank 0 waits that long in `wait_tensor`. The
+    wait is the hand-over from gloo's all-reduce, which waits for the later rank: each rank's
+    step is predicted as measured at the Run's own configuration, and with T1 pooled over the
+    ranks (another Run's overheads: rank 1's spin halved, rank 0's gap grown as much) both
+    ranks' steps shrink by the same 2.5 ms. Priced as the op's own time (its type's mean over
+    the ranks, 3.4 ms), rank 0's steps were predicted 7.11 ms and rank 1's 12.11 against 9.61
+    measured (the median of all twelve read 9.61 by chance)."""
+    spin, transfer = 5000, 1000  # us
+
+    def op(name: str, ts: int, dur: int, tid: int = 1, cat: str = "cpu_op") -> dict[str, Any]:
+        return {**_op(name, ts, dur, cat=cat), "tid": tid}
+
+    paths, measured = [], []
+    for rank in (0, 1):
+        events, t = [], 0
+        for i in range(6):
+            call = t + 3200 + (spin if rank else 0)
+            done = t + 3200 + spin + 60 + transfer  # after the later rank's entry (at +60)
+            end = done + 350
+            events += [op(f"ProfilerStep#{i}", t, end - t, cat="user_annotation"),
+                       op("aten::mm", t + 100, 3000),
+                       op("_c10d_functional::all_reduce", call, 100),
+                       op("c10d::allreduce_", call + 10, 80),
+                       op("gloo:all_reduce", call + 60, done - call - 60, 2, "user_annotation"),
+                       op("_c10d_functional::wait_tensor", call + 150, done + 30 - call - 150),
+                       op("aten::add", done + 50, 200)]
+            measured.append(end - t)
+            t = end
+        paths.append(tmp_path / f"rank{rank}.json")
+        paths[-1].write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces(paths, tmp_path / "f.run", ImportOptions(ranks=(0, 1)), ["t"])
+    own = predict(run)
+    assert {s.predicted_ns for s in own.steps} == {1000 * m for m in measured} == {9_610_000}
+    pooled = predict(run, overheads=OverheadModel.from_dict(own.overheads.to_dict()))
+    gaps = (100 + spin, 100)  # before each all-reduce: rank 1's, rank 0's; pooled, their mean
+    shrink = gaps[0] - sum(gaps) // 2  # the later rank's entry, 2.5 ms earlier
+    assert {s.predicted_ns for s in pooled.steps} == {1000 * (measured[0] - shrink)}
+
+
 def test_a_wait_in_a_range_is_the_hand_over_s(tmp_path: Path) -> None:
     """tests/data/annotated_wait.py: two gloo ranks, each step's loop waiting for gloo's
     all-gather inside a range that holds no op. The hand-over from gloo's thread holds the

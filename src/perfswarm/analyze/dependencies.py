@@ -68,6 +68,12 @@ WAKE_QUIET_LAG_SHARE: Final = 0.25
 # however long the batch then takes to arrive: the worker pickles it into shared memory and
 # queues it after its fetch, and the waiting thread rebuilds it, none of which is traced.
 LOADER_WAIT: Final = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
+# A functional collective's wait (DTensor's redistributions, torch.compile's collectives): the
+# calling thread sits in this op, no op inside, until its process group's work is done; on a
+# CPU process group (gloo) that work is a collective on a comm thread of the rank, which ends
+# inside the wait. The thread is blocked there, not working: its time was the wait for the
+# collective, and so for the last rank to enter it.
+COLLECTIVE_WAIT: Final = re.compile(r"^_c10d_functional::wait_tensor$")
 # TorchScript's inter-op parallelism (torch.jit.fork): the forked function runs on an inter-op
 # thread inside a range of this name, started from inside the op of the thread that forked it
 # (a scripted `forward`, one op over the whole function); its wait (torch.jit.wait) is not
@@ -455,7 +461,9 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     can have woken it), WAKE_QUIET_LAG_SHARE of the stretch. Inside a wait for a DataLoader's
     next batch (LOADER_WAIT), the thread's first work is the batch arriving, however long
     after the other thread finished; its later
-    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread of another
+    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread in a
+    functional collective's wait (COLLECTIVE_WAIT) inside which a collective of its rank's
+    comm threads ended sits blocked through it, though the wait is an op. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
     thread sitting in the op that forked, with no op inside it, after one of its ops, is
@@ -476,6 +484,10 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     work_kind = ev.of_kind(*WORK_KINDS) | collective
     loader_codes = [i for i, n in enumerate(ev.names) if LOADER_WAIT.match(n)]
     loader_wait = np.isin(ev.name, loader_codes) if loader_codes else np.zeros(len(ev), bool)
+    wait_codes = [i for i, n in enumerate(ev.names) if COLLECTIVE_WAIT.match(n)]
+    waiting = np.isin(ev.name, wait_codes) & ev.of_kind("cpu_op")
+    comm = np.flatnonzero(collective)
+    comm_ends = {rank: np.sort(ev.end[comm[ev.rank[comm] == rank]]) for rank in ev.ranks}
     by_rank: dict[int, list[int]] = defaultdict(list)
     for key, rows in threads.items():
         by_rank[int(ev.rank[rows[0]])].append(key)
@@ -506,6 +518,8 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             keep = s - lo >= WAKE_MIN_GAP_NS
             lo, hi = lo[keep], s[keep]
             bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
+            wait_lo, wait_hi = _functional_waits(ev, rows[waiting[rows]], comm_ends)
+            lo, hi = np.concatenate([lo, wait_lo]), np.concatenate([hi, wait_hi])
             order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
             lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
             # waiting for a fork: handed over by another thread of the process (the fork's, or
@@ -565,6 +579,17 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             out[key] = Wakes(resume, best_row[found], best_end[found], lo[found])
     return out
 
+
+
+def _functional_waits(ev: Events, waits: I64, comm_ends: Mapping[int, I64]) -> tuple[I64, I64]:
+    """Of one thread's COLLECTIVE_WAIT rows, those inside which a host collective of its rank
+    ended (`comm_ends`: by rank, sorted): the stretches (start, end) the thread sat blocked."""
+    if not len(waits):
+        return waits, waits
+    ends = comm_ends.get(int(ev.rank[waits[0]]), waits[:0])
+    lo, hi = ev.ts[waits], ev.end[waits]
+    inside = np.searchsorted(ends, hi, side="right") > np.searchsorted(ends, lo, side="right")
+    return lo[inside], hi[inside]
 
 
 @dataclass(frozen=True)
