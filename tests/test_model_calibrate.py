@@ -321,17 +321,25 @@ def test_attention_is_swept_on_the_cpu_as_it_runs() -> None:
 def test_convolution_backward_is_swept_as_autograd_records_it() -> None:
     """The convolution sweep's shapes once more as `aten::convolution_backward` takes them (the
     output's gradient, the input, the weight), priced as predict prices the recorded op, each
-    call the op itself: the input's and the weight's gradients (but for a first layer's, one
-    input channel: the test below)."""
+    call the op itself: the input's and the weight's gradients, but a network's first layer's
+    (an image's 3 channels; one in 1-D: the test below) the weight's only, as autograd asks it:
+    the 2-D sweep's [4, 3, 8, 8] -> 16 3x3 at 2 x 4 x 16 x 8 x 8 x 3 x 9 FLOPs, its output_mask
+    [False, True, False], where a [4, 16, 8, 8] -> 32 layer's both are twice its FLOPs."""
     import torch
 
     cases = list(_sweep("conv_backward", 1))
     assert len(cases) == 84 and len(list(_sweep("conv", 1))) == 84
-    for op, dims, types, strides, concrete in [c for c in cases if c[1][1][1] > 1][:3]:
+    first = [c for c in cases if c[1][1][1] <= 3]
+    assert len(first) == 15 and all(c[4][10] == "[False, True, False]" for c in first)
+    for op, dims, types, strides, concrete, flops, asked in (
+            (*next(c for c in first if c[1][1] == [4, 3, 8, 8]), 2 * 4 * 16 * 64 * 3 * 9, False),
+            (*next(c for c in cases if c[1][1] == [4, 16, 8, 8]), 2 * 2 * 4 * 32 * 64 * 16 * 9,
+             True)):
         cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types), strides, concrete))
-        assert cost is not None and cost.family == "conv_backward"
+        assert cost is not None and cost.family == "conv_backward" and cost.flops == flops
         grad_input, grad_weight, _ = _runner(op, dims, "cpu", concrete=concrete)()
-        assert isinstance(grad_input, torch.Tensor) and list(grad_input.shape) == dims[1]
+        assert (isinstance(grad_input, torch.Tensor) and list(grad_input.shape) == dims[1]
+                if asked else grad_input is None)
         assert list(grad_weight.shape) == dims[2]
 
 

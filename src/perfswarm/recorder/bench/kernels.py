@@ -108,7 +108,8 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
 
 def _conv2d_sweep(family: str, scale: int) -> Iterator[Case]:
     """2-D 3x3 convolutions ('same' padding), forward or backward: 8-32 pixels square, 3-128
-    channels, a batch of 4-64."""
+    channels, a batch of 4-64; the backward of the 3-channel layer (an image network's first)
+    the weight's gradient only, as autograd asks it (`_backward_case`)."""
     for hw in (8, 16, 32, 24):
         for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 64), (64, 128)):
             for batch in (4, 16, 64):
@@ -116,20 +117,20 @@ def _conv2d_sweep(family: str, scale: int) -> Iterator[Case]:
                 if family == "conv":
                     yield ("aten::conv2d", [[batch * scale, c_in, hw, hw], weight, [c_out]],
                            ["float"] * 3, (), ())
-                else:  # as autograd records it: the output's gradient, input, weight
-                    yield (CONV_BACKWARD, [[batch * scale, c_out, hw, hw],
-                                           [batch * scale, c_in, hw, hw], weight],
-                           ["float"] * 3, (), ())
+                else:
+                    yield _backward_case([batch * scale, c_out, hw, hw],
+                                         [batch * scale, c_in, hw, hw], weight,
+                                         ("[1, 1]", "[1, 1]", "[1, 1]"))
 
 
 def _conv1d_sweep(family: str, scale: int) -> Iterator[Case]:
     """1-D convolutions as audio and sequence models have them (`CONV1D_LAYERS`), forward or
     backward, at a batch of 4, 64 and 16 (each batch over every layer first), with their
     stride, padding and dilation recorded as a trace records them (op_cost reads the output
-    size from them). The backward computes the gradients autograd asks of the layer, its
-    output_mask recorded too: a first layer's (one input channel) the weight's only, whose
-    input needs none (its input's gradient, at stride 16, is 5-7x the weight's: the [8, 1,
-    4000] -> 40 front end's backward took 2.3 ms with it, 0.34 ms without)."""
+    size from them). The backward computes the gradients autograd asks of the layer
+    (`_backward_case`): a first layer's (one input channel) the weight's only (its input's
+    gradient, at stride 16, is 5-7x the weight's: the [8, 1, 4000] -> 40 front end's backward
+    took 2.3 ms with it, 0.34 ms without)."""
     for batch in (4, 64, 16):
         for c_in, c_out, length, kernel, stride, pad in CONV1D_LAYERS:
             x, weight = [batch * scale, c_in, length], [c_out, c_in, kernel]
@@ -137,14 +138,23 @@ def _conv1d_sweep(family: str, scale: int) -> Iterator[Case]:
             if family == "conv":  # conv1d(input, weight, bias, stride, padding, dilation, groups)
                 yield ("aten::conv1d", [x, weight, [c_out], [], [], [], []],
                        ["float"] * 3 + ["int[]"] * 3 + ["int"], (), ("", "", "", *geometry, "1"))
-            else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride,
-                # padding, dilation, transposed, output_padding, groups, output_mask): its
-                # output size from the forward's geometry
+            else:  # its output size from the forward's geometry
                 (out,) = conv_output("conv1d", [x, weight], ("", "", "", *geometry))
-                mask = f"[{c_in > 1}, True, False]"
-                yield (CONV_BACKWARD, [[batch * scale, c_out, out], x, weight, *[[]] * 8],
-                       ["float"] * 3 + ["int[]"] * 4 + ["bool", "int[]", "int", "bool[]"], (),
-                       ("", "", "", "", *geometry, "False", "[0]", "1", mask))
+                yield _backward_case([batch * scale, c_out, out], x, weight, geometry)
+
+
+def _backward_case(grad: list[int], x: list[int], weight: list[int],
+                   geometry: tuple[str, str, str]) -> Case:
+    """A convolution's backward as autograd records it: convolution_backward(grad_output,
+    input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+    output_mask), at the forward's `geometry` (stride, padding, dilation as a trace records
+    them). It computes the gradients autograd asks of the layer, its output_mask recorded too:
+    the input's and the weight's, but a network's first layer's (an input of up to
+    `FIRST_LAYER_CHANNELS`) the weight's only, since its input needs none."""
+    mask = f"[{x[1] > FIRST_LAYER_CHANNELS}, True, False]"
+    return (CONV_BACKWARD, [grad, x, weight, *[[]] * 8],
+            ["float"] * 3 + ["int[]"] * 4 + ["bool", "int[]", "int", "bool[]"], (),
+            ("", "", "", "", *geometry, "False", str([0] * (len(x) - 2)), "1", mask))
 
 
 def _interleaved(*designs: Sequence[Case]) -> Iterator[Case]:
@@ -165,6 +175,9 @@ SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
 # sequence or a small head: where a strided layout's rows lie 4 KB apart and more)
 ATTENTION_WORK = 32 * 64 * 32
 CONV_BACKWARD = "aten::convolution_backward"
+# the most channels the conv sweeps' first layers take (an image's 3, raw audio's 1): autograd
+# asks a first layer's backward for the weight's gradient only (a network's input needs none)
+FIRST_LAYER_CHANNELS = 3
 # (C_in, C_out, length, kernel, stride, padding) of the 1-D conv sweep's layers: a raw-audio
 # front end (80 taps, stride 16, as M5 has it), short sequences of 15-61 steps at 40-128
 # channels, longer ones of 256-2000 at 8-64 channels, kernels of 3 to 9, strides of 2 and 4.
