@@ -1798,8 +1798,9 @@ def test_communication_bound_of_sendrecv_kernels(tmp_path: Path, calls: tuple[st
 
 def test_communication_bound_on_gloo(tmp_path: Path) -> None:
     """A CPU DDP rank's steps of 10 ms: its loop computes 0..6 ms (issuing each all-reduce in a
-    50 us call) and steps the optimizer at 9..10; gloo's thread all-reduces two buckets, 3..5 ms (under the backward) and 6..9 ms
-    (the loop idle, waiting): 3 of each step's 10 ms exposed, 30% of its busy time."""
+    50 us call) and steps the optimizer at 9..10; gloo's thread all-reduces two buckets,
+    3..5 ms (under the backward) and 6..9 ms (the loop idle, waiting): 3 of each step's 10 ms
+    exposed."""
     events = []
     for i in range(3):
         t = i * 10_000
