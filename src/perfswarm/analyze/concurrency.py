@@ -137,7 +137,11 @@ def host_compute(ev: Events, rank: int) -> tuple[I64, I64]:
     c10d::allreduce_) and the stretches it sat in an op waiting for a collective it issued
     (dependencies.blocked_in_collectives): the ops covering a tensor-parallel all-reduce on
     gloo's thread are its call and its wait_tensor, no work that hides it (had read 99.5%
-    hidden)."""
+    hidden). Once per rank of an Events object."""
+    return ev.derived(("host compute", rank), lambda: _host_compute(ev, rank))
+
+
+def _host_compute(ev: Events, rank: int) -> tuple[I64, I64]:
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     if ev.of_kind("kernel")[rows].any():
         return ev.working(rank)

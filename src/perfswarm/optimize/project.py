@@ -213,10 +213,13 @@ def _host_steps(run: Run) -> list[StepProfile]:
         found = HostComm.of_rank(ev, rank, [spans[k] for k in keys])
         if found is not None:
             comm.update(zip(keys, found, strict=True))
+    colls = np.flatnonzero(ev.collectives & ev.host_collective)
+    # (their args: detail keeps no shapes of an annotation)
+    args = dict(zip(colls.tolist(), texts_of(run, "args", colls), strict=True))
     out = []
     for (r, s), (b, e) in spans.items():
         host = comm.get((r, s))
-        calls, last_end, unpriced = _host_calls(run, ev, r, b, e) if host else ((), e, 0)
+        calls, last_end, unpriced = _host_calls(ev, args, r, b, e) if host else ((), e, 0)
         ws, we = host_compute(ev, r)
         out.append(StepProfile(r, s, e - b, e - b - (host.ns["comm_only"] if host else 0),
                                _busy_before(ws, we, e) - _busy_before(ws, we, last_end),
@@ -225,14 +228,15 @@ def _host_steps(run: Run) -> list[StepProfile]:
     return out
 
 
-def _host_calls(run: Run, ev: Events, rank: int, start: int, end: int
+def _host_calls(ev: Events, args: dict[int, str], rank: int, start: int, end: int
                 ) -> tuple[tuple[Call, ...], int, int]:
     """The collectives on host threads (gloo's, not a send or receive) the rank ran in
     [start, end), as calls: their op from their name, their bytes from their tensor's recorded
     shape (gloo's all-gather records the rank's input: the output is the world's), ready when
-    the rank's compute before them (analyze.concurrency.host_compute) in the step was done;
-    the last one's end (`end` without any); and how many had no size recorded (a trace
-    without record_shapes) or an op no scheme models."""
+    the rank's compute before them (analyze.concurrency.host_compute) in the step was done
+    (`args`: the Run's such collectives' args, by row); the last one's end (`end` without
+    any); and how many had no size recorded (a trace without record_shapes) or an op no scheme
+    models."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     rows = rows[(ev.collectives & ev.host_collective)[rows]]
     rows = rows[(ev.ts[rows] >= start) & (ev.ts[rows] < end)]
@@ -240,8 +244,6 @@ def _host_calls(run: Run, ev: Events, rank: int, start: int, end: int
     world = len(ev.ranks)
     ws, we = host_compute(ev, rank)
     calls = []
-    # (their args: detail keeps no shapes of an annotation)
-    args = dict(zip(np.sort(rows).tolist(), texts_of(run, "args", np.sort(rows)), strict=True))
     for row in rows.tolist():
         op = _OPS.get(ev.names[ev.name[row]].split(":", 1)[1])
         shapes = shapes_from_args(args[row])
