@@ -139,9 +139,18 @@ class GlooRank:
     loop: list[tuple[int, int]]
     markers: list[tuple[int, int]]
     work: list[tuple[int, int]]  # its ops on every thread but the calls issuing collectives
+    calls: list[tuple[int, int]]  # those calls
 
     def merged_work(self) -> list[tuple[int, int]]:
         return _merged(self.work)
+
+    def work_in(self, lo: int, hi: int) -> int:
+        """Its work's time in [lo, hi) less the time its thread sat in a call issuing a
+        collective (an op around the call is no work while the call runs)."""
+        calls = _merged(self.calls)
+        return sum(max(0, min(e, hi) - max(s, lo)) - sum(max(0, min(e, ce, hi) - max(s, cs, lo))
+                                                         for cs, ce in calls)
+                   for s, e in self.merged_work())
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -177,5 +186,6 @@ def gloo_ddp_raw() -> list[GlooRank]:
                    and not e["name"].startswith("ProfilerStep#")),
             sorted(span(e) for e in marks),
             sorted(span(e) for e in x if e.get("cat") == "cpu_op" and e["dur"] > 0
-                   and not e["name"].startswith("c10d::"))))
+                   and not e["name"].startswith("c10d::")),
+            sorted(span(e) for e in x if e["name"].startswith("c10d::"))))
     return out

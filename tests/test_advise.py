@@ -942,7 +942,8 @@ def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
               optimizer: str = "AdamW", subclass: bool = False) -> Run:
     """CPU steps of 600 µs, each 30 add_ of two 1,024-float tensors (12,288 bytes): 18 µs
     each, but one of them 3 µs (525 µs of ops a step); step `slowed`'s ops 10x as long.
-    `subclass`: each add_ on a DTensor, the local add_ under a PythonSubclass op inside it."""
+    `subclass`: each add_ on a DTensor of 2,048 floats, the local add_ of the rank's 1,024
+    (1 µs for the short one) under a PythonSubclass op inside it."""
     events = []
     every = 1000 if slowed is None else 10_000  # room for a slowed step
     for i in range(steps):
@@ -957,11 +958,15 @@ def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
                        *(ev("aten::add_", t + 101 + 20 * j, 10,
                             **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
                          for j in range(2))]
+        dims = [[2048], [2048]] if subclass else [[1024], [1024]]  # a DTensor's: global
         events += [ev("aten::add_", t + 201 + 19 * j * x, (3 if j == 7 else 18) * x,
-                      **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]})
+                      **{"Input Dims": dims, "Input type": ["float", "float"]})
                    for j in range(30)]
-        if subclass:
-            events += [ev("PythonSubclass", t + 202 + 19 * j * x, 1) for j in range(30)]
+        if subclass:  # the local add_ (half the tensor: the rank's shard), 2 µs less
+            events += [e for j in range(30) for e in (
+                ev("PythonSubclass", t + 201.5 + 19 * j * x, (3 if j == 7 else 18) * x - 1),
+                ev("aten::add_", t + 202 + 19 * j * x, (3 if j == 7 else 18) * x - 2,
+                   **{"Input Dims": [[1024], [1024]], "Input type": ["float", "float"]}))]
     run = imported(tmp, name, events)
     return with_manifest(run, extra={"record": {"torch_version": version}} if version else {})
 
@@ -980,7 +985,14 @@ def test_no_fused_sgd_over_dtensor_parameters(tmp_path: Path) -> None:
     adamw = shows(optimizer.single_tensor_optimizer,
                   _cpu_adam(tmp_path, "adamw_dt", "2.13.0+cpu", subclass=True))
     assert adamw.change == "torch.optim.AdamW(..., fused=True)"
-    assert adamw.gain_ns == plain.gain_ns == 1_050_000 - 180_000
+    assert plain.gain_ns == 1_050_000 - 180_000
+    # each op counted once, the local one: 30 a step (the DTensor's add_ and the local one had
+    # read 60), its bytes the shard's (60 x 12,288 at 12,288 in 1 µs: 60 µs; the global shape
+    # had priced 60 x 24,576 bytes at 24,576 in 3 µs, 180 µs); the calls the fused kernel
+    # replaces are the DTensor's, 1,050 µs
+    assert (adamw.evidence["ops_per_step"], adamw.evidence["streaming_ns"],
+            adamw.evidence["ops_ns"]) == (30.0, 60_000, 1_050_000)
+    assert adamw.gain_ns == 1_050_000 - 60_000
 
 
 def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
@@ -1796,9 +1808,10 @@ def test_communication_bound_of_sendrecv_kernels(tmp_path: Path, calls: tuple[st
 
 
 def test_communication_bound_on_gloo(tmp_path: Path) -> None:
-    """A CPU DDP rank's steps of 10 ms: its loop computes 0..6 ms and steps the optimizer at
-    9..10; gloo's thread all-reduces two buckets, 3..5 ms (under the backward) and 6..9 ms
-    (the loop idle, waiting): 3 of each step's 10 ms exposed, 30% of its busy time."""
+    """A CPU DDP rank's steps of 10 ms: its loop computes 0..6 ms (issuing each all-reduce in a
+    50 us call) and steps the optimizer at 9..10; gloo's thread all-reduces two buckets,
+    3..5 ms (under the backward) and 6..9 ms (the loop idle, waiting): 3 of each step's 10 ms
+    exposed."""
     events = []
     for i in range(3):
         t = i * 10_000
@@ -1814,8 +1827,11 @@ def test_communication_bound_on_gloo(tmp_path: Path) -> None:
     assert "device_busy_ns" not in a.evidence
     assert {k: a.evidence[k] for k in ("collectives", "comm_ns", "exposed_ns", "host_busy_ns",
                                        "compute_only_ns", "waited_for_last_rank_ns")} == {
-        "collectives": 6, "comm_ns": 15 * ms, "exposed_ns": 9 * ms, "host_busy_ns": 30 * ms,
-        "compute_only_ns": 15 * ms, "waited_for_last_rank_ns": 0}
+        "collectives": 6, "comm_ns": 15 * ms, "exposed_ns": 9 * ms,
+        # the loop's 50 us in each call issuing an all-reduce is no compute, the backward
+        # around it though
+        "host_busy_ns": 30 * ms - 6 * 50_000, "compute_only_ns": 15 * ms - 6 * 50_000,
+        "waited_for_last_rank_ns": 0}
     assert a.evidence["by_op_ns"] == {"all_reduce": 15 * ms}
     # one all-reduce a step (the mean, 2.5 ms) stays exposed after the backward
     assert a.gain_ns == 9 * ms - 15 * ms // 6 * 3

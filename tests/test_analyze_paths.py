@@ -541,6 +541,30 @@ def test_host_collectives_are_communication() -> None:
     assert rank0.host_comm.comm_overlap_pct == pytest.approx(100 * 40 / 290)
 
 
+# A tensor-parallel backward on gloo, one rank (us): the loop (tid 1) in an autograd function
+# issues the all-reduce (c10d::allreduce_, inside _c10d_functional::all_reduce) and waits for it
+# in wait_tensor, which gloo's thread (tid 2) ends 10 us before the wait returns.
+TP_STEP = [
+    (0, 0, 500, "cpu_op", "_FromTorchTensorBackward", 1, -1, -1, -1),
+    (0, 10, 120, "cpu_op", "_c10d_functional::all_reduce", 1, -1, -1, -1),
+    (0, 20, 100, "cpu_op", "c10d::allreduce_", 1, -1, -1, -1),
+    (0, 60, 390, "user_annotation", "gloo:all_reduce", 2, -1, -1, -1),
+    (0, 150, 310, "cpu_op", "_c10d_functional::wait_tensor", 1, -1, -1, -1),
+]
+
+
+def test_a_wait_for_a_host_collective_hides_nothing() -> None:
+    """The ops covering gloo's all-reduce are the call that issued it (with the op around it)
+    and the wait for it (the thread's last event boundary before the all-reduce's end, 150, to
+    that end, 450, resumed 10 us after): only the thread's 120..150 between the two hides any
+    of it, 30 of its 390 us (all of it had read hidden, under _FromTorchTensorBackward)."""
+    ev = events([(r, ts * US, d * US, *rest) for r, ts, d, *rest in TP_STEP])
+    host = concurrency(ev, {}).ranks[0].host_comm
+    assert host is not None
+    assert {k: v // US for k, v in host.ns.items()} == {
+        "overlapped": 30, "compute_only": 20 + 50, "comm_only": 360, "neither": 40}
+
+
 def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
     """DDP on gloo, two CPU ranks, three profiled steps (tests/data/ddp_gloo.py: rank 1
     computes 6 ms more before its backward in each), against the raw JSON: every all-reduce
@@ -549,7 +573,7 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
     the all-reduce as a collective from rank 1's start of it to its end on the rank whose loop
     ended last, and hands over twice (rank 1's loop to its gloo thread; the gloo thread to
     the loop that ended last); each rank's communication is its gloo ranges, hidden where its
-    loop's own host spans overlap them."""
+    loop's own host spans overlap them (not while it sits in the call issuing one)."""
     run = import_traces(GLOO_DDP, tmp_path / "g.run", ImportOptions(ranks=(0, 1)), ["test"])
     ev = Events.load(run)
     raw = gloo_ddp_raw()
@@ -586,9 +610,7 @@ def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:
         mine = raw[rank.rank]
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(mine.gloo))  # one at a time
         assert host.comm_ns == sum(e - s for s, e, _ in mine.gloo)
-        assert host.ns["overlapped"] == sum(max(0, min(e, ge) - max(s, gs))
-                                            for gs, ge, _ in mine.gloo
-                                            for s, e in mine.merged_work())
+        assert host.ns["overlapped"] == sum(mine.work_in(gs, ge) for gs, ge, _ in mine.gloo)
 
 
 P2P = [DATA / f"p2p_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]

@@ -8,6 +8,7 @@ import math
 import re
 import statistics
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -393,8 +394,7 @@ def test_profile_of_a_cpu_ddp_run(tmp_path: Path) -> None:
             for start, end, _ in mine.gloo:
                 gs, ge = max(start, lo), min(end, hi)
                 if ge > gs:
-                    waited += ge - gs - sum(max(0, min(e, ge) - max(s, gs))
-                                            for s, e in mine.merged_work())
+                    waited += ge - gs - mine.work_in(gs, ge)
             expected[rank, i] = (hi - lo, hi - lo - waited)
     got = sorted((st.rank, st.wall_ns, st.compute_ns) for st in prof.steps)
     assert got == sorted((r, span, compute) for (r, _), (span, compute) in expected.items())
@@ -427,3 +427,36 @@ def test_no_gradients_to_project_for_inference(tmp_path: Path) -> None:
         project(run, [1, 8])
     trained = import_traces([TRANSFORMER], tmp_path / "t.run", ImportOptions(), ["t"])
     assert project(trained, [1, 8]).profile.grad_bytes_source == "parameter shapes"
+
+
+TP_GLOO = [Path(__file__).parent / "data" / f"tp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
+
+
+def test_profile_reads_a_cpu_runs_collectives_on_host_threads(tmp_path: Path) -> None:
+    """A tensor-parallel MLP on gloo, two CPU ranks, two profiled steps (the twenty-second
+    pass's recording, /tmp/p22/dt22/cut.py): each step's calls are gloo's all-reduces that
+    began in it, their bytes their recorded shape's, their time gloo's ranges, from the raw
+    JSON (the profile had read no collective and priced one invented all-reduce of the
+    parameters' 6,306,816 bytes as if measured)."""
+    run = import_traces(TP_GLOO, tmp_path / "tp.run", ImportOptions(ranks=(0, 1)), ["test"])
+    prof = profile(run, shaped_grad_bytes=6_306_816)
+    expected = {}
+    for rank, path in enumerate(TP_GLOO):
+        trace = orjson.loads(gzip.decompress(path.read_bytes()))
+        x = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        for mark in sorted((e for e in x if e["name"].startswith("ProfilerStep#")),
+                           key=lambda e: e["ts"]):
+            lo, hi = mark["ts"], mark["ts"] + mark["dur"]
+            expected[rank, int(mark["name"].split("#")[1])] = [
+                ("all_reduce", 4 * math.prod(e["args"]["Input Dims"][0]),
+                 round(Decimal(str(e["dur"])) * 1000)) for e in sorted(x, key=lambda e: e["ts"])
+                if e["name"] == "gloo:all_reduce" and lo <= e["ts"] < hi]
+    got = {(st.rank, st.step): [(c.op, c.nbytes, c.dur_ns) for c in st.calls]
+           for st in prof.steps}
+    assert got == expected and all(len(v) == 5 for v in got.values())
+    assert {c.nbytes for st in prof.steps for c in st.calls} == {4 * 32 * 256}
+    d = prof.to_dict()
+    assert (d["collectives_per_step"], d["unpriced_collectives_per_step"]) == (5, 0)
+    # a tensor-parallel layer's all-reduces carry activations: the gradients stay the shapes'
+    assert (prof.grad_bytes, prof.grad_bytes_source, prof.grad_elems) == (
+        6_306_816, "parameter shapes", 0)

@@ -433,6 +433,36 @@ def _issued(ev: Events) -> Issued:
     return out
 
 
+def blocked_in_collectives(ev: Events) -> dict[int, tuple[I64, I64]]:
+    """lane_key(rank, tid) -> the stretches (disjoint, sorted) the thread sat in an op waiting
+    for a collective it issued (`issued`: its call's thread), a wait on the collective's thread
+    (_c10d_functional::wait_tensor, FSDP2's Work.wait() in its post-backward): from the
+    thread's last event boundary before the collective's end (none before the call's end) to
+    that end, where its next boundary came within thread_wakes' lag of it (WAKE_MAX_LAG_NS, or
+    WAKE_MAX_LAG_SHARE of the stretch): the collective's end woke it."""
+    found = issued(ev)
+    colls = np.fromiter(found.call, np.int64, len(found.call))
+    calls = np.fromiter(found.call.values(), np.int64, len(found.call))
+    keys = lane_key(ev.rank[calls], ev.tid[calls])
+    host = np.flatnonzero(ev.host_busy)
+    threads = group_rows(lane_key(ev.rank[host], ev.tid[host]), host)
+    out: dict[int, tuple[I64, I64]] = {}
+    for key in np.unique(keys).tolist():
+        rows = threads.get(key, host[:0])
+        points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
+        mine = keys == key
+        done = ev.end[colls[mine]]
+        after = np.searchsorted(points, done, side="right")
+        before = np.searchsorted(points, done, side="left") - 1
+        ok = (after < len(points)) & (before >= 0)
+        lo = np.maximum(points[np.maximum(before, 0)], ev.end[calls[mine]])
+        lag = points[np.minimum(after, len(points) - 1)] - done
+        ok &= (lo < done) & (lag <= np.maximum(WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * (done - lo)))
+        if ok.any():
+            out[key] = union(lo[ok], done[ok])
+    return out
+
+
 @dataclass(frozen=True)
 class Wakes:
     """One thread's hand-overs, by the time it resumed (sorted): the other thread's event it

@@ -25,6 +25,7 @@ Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadc
 Scheme = Literal["ring", "tree", "ps"]
 OPS: tuple[Op, ...] = get_args(Op)
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
+PS_OPS: tuple[Op, ...] = ("all_reduce", "push_pull", "broadcast")  # what scheme ps models
 
 def bus_factor(op: Op, p: int) -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw * factor, comparable to link bandwidth."""
@@ -55,7 +56,7 @@ def coefficients(op: Op, p: int, config: CollectiveConfig = RING) -> tuple[float
     if scheme == "ps" or op == "push_pull":
         # Workers push gradients to the servers and pull parameters back; each server's link
         # carries p shards of nbytes/servers in each direction, the bottleneck at scale.
-        if op not in ("all_reduce", "push_pull", "broadcast"):
+        if op not in PS_OPS:
             raise PerfswarmError(f"scheme ps: models all_reduce (push/pull) and broadcast, "
                                  f"not {op}")
         if config.servers < 1:

@@ -23,8 +23,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.concurrency import Activity, HostComm, breakdowns
-from perfswarm.analyze.frame import Events, group_rows, lane_key
+from perfswarm.analyze.concurrency import Activity, HostComm, breakdowns, host_compute
+from perfswarm.analyze.frame import Events, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.analyze.iterations import profiled
 from perfswarm.analyze.ops import kernel_category
@@ -32,7 +32,15 @@ from perfswarm.analyze.phases import BACKWARD, scopes, step_calls
 from perfswarm.analyze.summary import analysis_made
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
-from perfswarm.model.collectives import SCHEMES, CollectiveConfig, Op, Scheme, collective_time
+from perfswarm.model.collectives import (
+    PS_OPS,
+    SCHEMES,
+    CollectiveConfig,
+    Op,
+    Scheme,
+    collective_time,
+)
+from perfswarm.model.opcost import element_bytes, shapes_from_args
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.specs import load_spec
 from perfswarm.model.topology import Link, Topology, interconnects
@@ -57,6 +65,7 @@ _OPS: Final[dict[str, Op]] = {
     "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all": "all_to_all",
     "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
 }
+HOST_STEPS: Final = "step spans (no device work)"  # a CPU Run's compute_source
 _DTYPE_BYTES: Final = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4,
                        "short": 2, "char": 1, "byte": 1, "bool": 1, "float8_e4m3fn": 1,
                        "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16}
@@ -85,6 +94,7 @@ class StepProfile:
     calls: tuple[Call, ...]
     idle_ns: int = 0  # of its marked step, the time no device work ran (host-bound time)
     memory_bound_ns: int = 0  # of compute_ns, the memory-bound kernels and copies (MEMORY_BOUND)
+    unpriced: int = 0  # collectives on host threads of no recorded size: in no call
 
     @property
     def collective_ns(self) -> int:
@@ -114,7 +124,10 @@ class Profile:
 
     @property
     def grad_elems(self) -> int:
-        """Values the gradient all-reduce kernels carry per step (median; 0 without them)."""
+        """Values the gradient all-reduce kernels carry per step (median; 0 without them, or
+        where the gradient size is not theirs: a CPU Run's all-reduces on host threads)."""
+        if self.compute_source == HOST_STEPS:
+            return 0
         return int(statistics.median(sum(c.elems for c in st.calls if c.op == "all_reduce")
                                      for st in self.steps))
 
@@ -135,6 +148,7 @@ class Profile:
                 "step_wall_ms": med(s.wall_ns for s in self.steps) / 1e6,
                 "collective_ms": med(s.collective_ns for s in self.steps) / 1e6,
                 "collectives_per_step": med(len(s.calls) for s in self.steps),
+                "unpriced_collectives_per_step": med(s.unpriced for s in self.steps),
                 "overlap_fraction": self.overlap_fraction}
 
 
@@ -189,24 +203,64 @@ def _device_idle(run: Run, spans: dict[tuple[int, int], tuple[int, int]]
 def _host_steps(run: Run) -> list[StepProfile]:
     """A Run without device work (a CPU Run): each marked step's span is its compute, less the
     time its loop sat waiting for its process group's collectives on their own threads
-    (gloo's: analyze.concurrency.HostComm's communication not under the rank's ops)."""
+    (gloo's: analyze.concurrency.HostComm's communication not under the rank's ops); those
+    collectives are its calls (_host_calls)."""
     spans = {k: v for k, v in sorted(_step_spans(run).items()) if v[1] > v[0]}
     ev = Events.load(run)
-    waited: dict[tuple[int, int], int] = {}
+    comm: dict[tuple[int, int], HostComm] = {}
     for rank in {r for r, _ in spans}:
         keys = [k for k in spans if k[0] == rank]
         found = HostComm.of_rank(ev, rank, [spans[k] for k in keys])
         if found is not None:
-            waited.update({k: h.ns["comm_only"] for k, h in zip(keys, found, strict=True)})
-    return [StepProfile(r, s, e - b, e - b - waited.get((r, s), 0), 0, 0, ())
-            for (r, s), (b, e) in spans.items()]
+            comm.update(zip(keys, found, strict=True))
+    colls = np.flatnonzero(ev.collectives & ev.host_collective)
+    # (their args: detail keeps no shapes of an annotation)
+    args = dict(zip(colls.tolist(), texts_of(run, "args", colls), strict=True))
+    out = []
+    for (r, s), (b, e) in spans.items():
+        host = comm.get((r, s))
+        calls, last_end, unpriced = _host_calls(ev, args, r, b, e) if host else ((), e, 0)
+        ws, we = host_compute(ev, r)
+        out.append(StepProfile(r, s, e - b, e - b - (host.ns["comm_only"] if host else 0),
+                               _busy_before(ws, we, e) - _busy_before(ws, we, last_end),
+                               host.ns["overlapped"] if host else 0, calls,
+                               unpriced=unpriced))
+    return out
+
+
+def _host_calls(ev: Events, args: dict[int, str], rank: int, start: int, end: int
+                ) -> tuple[tuple[Call, ...], int, int]:
+    """The collectives on host threads (gloo's, not a send or receive) the rank ran in
+    [start, end), as calls: their op from their name, their bytes from their tensor's recorded
+    shape (gloo's all-gather records the rank's input: the output is the world's), ready when
+    the rank's compute before them (analyze.concurrency.host_compute) in the step was done
+    (`args`: the Run's such collectives' args, by row); the last one's end (`end` without
+    any); and how many had no size recorded (a trace without record_shapes) or an op no scheme
+    models."""
+    rows = np.arange(len(ev))[ev.rank_slice(rank)]
+    rows = rows[(ev.collectives & ev.host_collective)[rows]]
+    rows = rows[(ev.ts[rows] >= start) & (ev.ts[rows] < end)]
+    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+    world = len(ev.ranks)
+    ws, we = host_compute(ev, rank)
+    calls = []
+    for row in rows.tolist():
+        op = _OPS.get(ev.names[ev.name[row]].split(":", 1)[1])
+        shapes = shapes_from_args(args[row])
+        if op is None or shapes is None or not shapes.dims:
+            continue
+        elems = int(np.prod(shapes.dims[0])) * (world if op == "all_gather" else 1)
+        calls.append(Call(op, elems * element_bytes(shapes), _busy_before(ws, we, int(
+            ev.ts[row])) - _busy_before(ws, we, start), int(ev.dur[row]), world, elems))
+    return tuple(calls), int(ev.end[rows].max()) if len(rows) else end, len(rows) - len(calls)
 
 
 def profile(run: Run, grad_bytes: int | None = None, *,
             shaped_grad_bytes: int | None = None) -> Profile:
-    """Per-step compute, collectives and overlap of every rank of the Run. Gradient bytes:
-    `grad_bytes` (--grad-bytes), else the Run's all-reduce kernels, else `shaped_grad_bytes`
-    (the parameters its layers' shapes show)."""
+    """Per-step compute, collectives and overlap of every rank of the Run (a CPU Run's: its
+    collectives on host threads, gloo's). Gradient bytes: `grad_bytes` (--grad-bytes), else
+    the Run's all-reduce kernels, else `shaped_grad_bytes` (the parameters its layers' shapes
+    show)."""
     table = run.table("events", columns=["rank", "ts", "dur", "kind", "name", "step"])
     # (kinds and names matched on their dictionaries: no text per row)
     kinds = table.column("kind")
@@ -256,18 +310,22 @@ def profile(run: Run, grad_bytes: int | None = None, *,
                                  idle.get((r, s), 0), int((me - ms).sum())))
     compute_source = "measured"
     if not steps and len(table) == 0:
-        steps, whole_run, compute_source = _host_steps(run), False, "step spans (no device work)"
+        steps, whole_run, compute_source = _host_steps(run), False, HOST_STEPS
     if not steps:
         raise NotApplicable(None, "no device kernels or marked steps; nothing to project",
                             subject=run.path)
     world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
-    measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce") for st in steps]
+    # a CPU process group's all-reduces are no gradient size: a tensor-parallel layer's reduce
+    # its activations (the layers' shapes are the parameters)
+    measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce")
+                if compute_source != HOST_STEPS else 0 for st in steps]
     if grad_bytes is None and any(measured):
         grad_bytes, source = int(statistics.median(measured)), "collective kernels"
     elif grad_bytes is not None or shaped_grad_bytes:
         grad_bytes, source = ((grad_bytes, "--grad-bytes") if grad_bytes is not None
                               else (shaped_grad_bytes or 0, "parameter shapes"))
-        if not any(measured):
+        if not any(measured) and (compute_source != HOST_STEPS
+                                  or not any(st.calls for st in steps)):
             # No collectives to learn from: one all-reduce of the gradients after the backward.
             steps = [replace(st, tail_ns=0, overlapped_ns=0, calls=(
                          Call("all_reduce", grad_bytes, st.compute_ns, 0, world),))
@@ -449,9 +507,11 @@ def project(run: Run, devices: Sequence[int], *, interconnect: str = "ib-ndr",
     networks = [inter] + [link_named(n) for n in NETWORKS if n != inter.name]
     # Slowest first, so the recommendation is the least network that scales well enough.
     networks.sort(key=lambda link: (link.bandwidth_gbps, -link.alpha_s))
+    # (a parameter server pushes and pulls, no all-gather: FSDP's, on gloo or a device)
+    ops = {c.op for st in prof.steps for c in st.calls}
     options = tuple(Choice(net.name, s, curve(prof, largest, inside, net, per_node,
                                               CollectiveConfig(s, servers))[0].efficiency)
-                    for net in networks for s in SCHEMES)
+                    for net in networks for s in SCHEMES if s != "ps" or ops <= set(PS_OPS))
     if prof.grad_elems:
         shaped = replace(shaped, params=prof.grad_elems, params_source="gradient all-reduce",
                          value_bytes=prof.grad_bytes // prof.grad_elems)

@@ -43,6 +43,16 @@ def single_tensor_optimizer(facts: Facts) -> Advice | None:
                default=None)
 
 
+def _local(facts: Facts, ops: pa.Table) -> pa.Table:
+    """`ops` less a tensor subclass's own (DTensor's `aten::mul_` at the global shape), each of
+    which holds a PythonSubclass op that runs the op again on the local tensor (`aten::mul_`
+    at the shard's shape): the local op is the one that runs and moves the bytes, once (the
+    subclass's op around it is the call the fused kernel's one call replaces, its dispatch
+    with it)."""
+    subclass = facts.around(ops, facts.named(f"^{_SUBCLASS}$", "cpu_op"))
+    return where(ops, ~np.isin(col(ops, "row"), col(subclass, "row")))
+
+
 def _without_clipping(facts: Facts, ops: pa.Table) -> pa.Table:
     """The ops of a step's own work less a gradient clipping in it, from each _foreach_norm
     to the end of the first _foreach_mul_ after it (clip_grad_norm_ scaling the gradients by
@@ -69,10 +79,11 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
     ops = _without_clipping(facts, ops)
     if facts.named_like(steps, "Fused").any() or facts.named_like(ops, _MULTI_TENSOR).any():
         return None
-    per_step = ops.num_rows / steps.num_rows
+    local = _local(facts, ops)
+    per_step = local.num_rows / steps.num_rows
     if per_step < _MIN_OPS_PER_STEP:
         return None
-    kinds = len(np.unique(col(ops, "name")))
+    kinds = len(np.unique(col(local, "name")))
     step_ns = sum(facts.busy_ns(steps).values())
     optimizer = facts.name_texts(steps.slice(0, 1))[0].split("#", 1)[1].split(".", 1)[0]
     evidence: dict[str, object] = {"optimizer": optimizer, "steps": steps.num_rows,
@@ -99,11 +110,10 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
-    top = top_ops(ops)
-    streamed = _streaming_ns(facts, facts.with_text(top, "detail"))
+    streamed = _streaming_ns(facts, facts.with_text(top_ops(local), "detail"))
     if streamed is None:
         return None
-    ops_ns = _typical_calls_ns(steps, top)
+    ops_ns = _typical_calls_ns(steps, top_ops(ops))
     evidence["ops_ns"] = ops_ns
     evidence["streaming_ns"] = round(streamed)
     # the steps' slowdown, as gain_of's text reads it (at_program_speed: it had read 1.80x
