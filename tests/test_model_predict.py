@@ -36,7 +36,6 @@ from perfswarm.model.predict import (
     parameter_shapes,
     predict,
     recorded_threads,
-    repeat_excess,
 )
 from perfswarm.model.profile import FamilyModel, Profile, vector_lanes
 from perfswarm.model.specs import load_spec
@@ -717,34 +716,6 @@ def test_an_op_whose_shapes_grow_each_step_is_pooled_over_them(tmp_path: Path,
     assert [s.predicted_ns for s in found.steps[:5]] == pytest.approx(
         [(660 + c) * US for c in cats], abs=2)
     assert found.predicted_steady_ns == pytest.approx(1000 * US, abs=2)
-
-
-def test_a_repeated_calls_excess_over_its_fastest_in_the_step_is_held(tmp_path: Path) -> None:
-    """Each 1000 us step runs the same addmm twice ([4, 64] x [64, 10]): 200 us, then 100 us.
-    The same work both times, so the first call's 100 us more is no work (its cold start), and
-    at twice the batch (the profile's GEMMs take a time in proportion to their FLOPs: x2) the
-    calls take 100 + 2 x 100 and 2 x 100 us: the step 200 us longer. Scaled whole (the key's
-    mean of 150 us, twice), it had been 300 us longer."""
-    events = []
-    for i in range(5):
-        t = 1000 * i
-        events += [_op(f"ProfilerStep#{i}", t, 1000, cat="user_annotation"),
-                   *(_op("aten::addmm", t + start, dur, [[10], [BATCH, 64], [64, 10], [], []])
-                     for start, dur in ((100, 200), (400, 100)))]
-    trace = tmp_path / "twice.json"
-    trace.write_bytes(orjson.dumps({"traceEvents": events}))
-    run = import_traces([trace], tmp_path / "twice.run", ImportOptions(),
-                        ["python", "train.py", "--batch-size", str(BATCH)])
-    same = predict(run, profile=PROFILE)
-    doubled = predict(run, Change(batch_size=2 * BATCH), profile=PROFILE)
-    assert same.predicted_steady_ns == 1000 * US
-    assert doubled.predicted_steady_ns == 1200 * US
-    # by place in the step, the least over the steady steps: the first calls' 200 (of 200, 230
-    # and 210), the second's 100 (a burst of 5 ms in step 2 leaves it): 100 us on three of five
-    steps = [(0, s) for s in (1, 1, 2, 2, 3)]
-    assert repeat_excess([200.0, 100.0, 230.0, 5000.0, 210.0], steps,
-                         {(0, 1), (0, 2), (0, 3)}) == 100 * 3 / 5
-    assert repeat_excess([200.0, 100.0], [(0, 1), (0, 1)], {(0, 2)}) == 0.0
 
 
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:

@@ -660,9 +660,6 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         samples[k][0].append(ns)
         samples[k][1].append(step_keys.setdefault((rk, st), (rk, st)))
     base_of = [typical(*found, steady) for found in samples]
-    # a host op's cold start (repeat_excess); a GPU kernel's own repeats differ otherwise
-    repeat_of = ([repeat_excess(*found, steady) for found in samples]
-                 if isinstance(scaler, ProfileScaler) else [0.0] * len(samples))
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
 
     @functools.cache
@@ -711,10 +708,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         if found is not None and scaled is not None:
             old, new, new_shapes = found
             held, after_ns = held_first_touch(base, *touch.get(key, (0, 0)))
-            repeat = min(round(repeat_of[k]), base - held)
-            return (after_ns + repeat + scaled(base - held - repeat, old, new,
-                                               shapes.dims if shapes else (), new_shapes.dims),
-                    True, bool(after_ns))
+            return (after_ns + scaled(base - held, old, new, shapes.dims if shapes else (),
+                                      new_shapes.dims), True, bool(after_ns))
         if unmodelled is not None and kind in (KIND["kernel"], KIND["memset"]):
             kernel = ev.names[key[0]]
             return (unmodelled.unmodelled(base, kernel_category(kernel) in COMPUTE_CATEGORIES,
@@ -827,34 +822,6 @@ def pooled_bases(base_of: Sequence[float], samples: Sequence[tuple[list[float], 
             for k, t in model.items():
                 out[k] = t * measured / modelled
     return out
-
-
-def repeat_excess(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepKey]
-                  ) -> float:
-    """What a key's calls at one place in the step (its first call there, its second...) take
-    beyond those at its fastest place, per call, by the least each place took over the steady
-    steps (0 where it runs once a step). The calls of one op on the same shapes in a step do
-    the same work, so a place that is slower step after step pays a cost per call that is no
-    work, and it stays as measured when the shapes change: a cold start (the op's code and
-    metadata out of cache since the step last ran it). The MLP-Mixer's first GELU on [8, 40,
-    32] took 48 us a step where its second took 28 in a process of their own, and at four
-    times the batch they ran x1.42 and x1.89: 20 and 25 us more, the excess not grown (its
-    recorded Run had the second slower, 40 us against 26 by least times). The least time of
-    each place leaves another process's bursts out (they only add time, at any place, in some
-    steps): by medians, a ResNet recorded on a tenth of a core held 52 ms a step of them, and
-    read its batch changes 10-16% flatter.
-    """
-    at: dict[int, list[float]] = {}
-    calls: Counter[StepKey] = Counter()
-    for v, s in zip(values, steps, strict=True):
-        if s in steady:
-            at.setdefault(calls[s], []).append(v)
-            calls[s] += 1
-    if len(at) < 2:
-        return 0.0
-    least = {place: min(vs) for place, vs in at.items()}
-    fastest = min(least.values())
-    return sum((least[p] - fastest) * len(vs) for p, vs in at.items()) / sum(calls.values())
 
 
 def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
