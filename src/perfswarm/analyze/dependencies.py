@@ -439,7 +439,12 @@ def blocked_in_collectives(ev: Events) -> dict[int, tuple[I64, I64]]:
     (_c10d_functional::wait_tensor, FSDP2's Work.wait() in its post-backward): from the
     thread's last event boundary before the collective's end (none before the call's end) to
     that end, where its next boundary came within thread_wakes' lag of it (WAKE_MAX_LAG_NS, or
-    WAKE_MAX_LAG_SHARE of the stretch): the collective's end woke it."""
+    WAKE_MAX_LAG_SHARE of the stretch): the collective's end woke it. Once per Events object
+    (the concurrency breakdown asks for each rank)."""
+    return ev.derived("blocked in collectives", lambda: _blocked_in_collectives(ev))
+
+
+def _blocked_in_collectives(ev: Events) -> dict[int, tuple[I64, I64]]:
     found = issued(ev)
     colls = np.fromiter(found.call, np.int64, len(found.call))
     calls = np.fromiter(found.call.values(), np.int64, len(found.call))
