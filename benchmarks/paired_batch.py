@@ -1,14 +1,15 @@
 """A script's step at two batch sizes, measured in pairs: contention falls on both alike.
 
-    python benchmarks/paired_batch.py {mixer,conv1d,resnet} B0 B1 [--width 40] [--pairs 30]
-        [--window N] [--json OUT]
+    python benchmarks/paired_batch.py {lstm,resnet,gpt,mixer,conv1d} B0 B1 [--width 40]
+        [--pairs 30] [--window N] [--json OUT]
 
 One process builds the model of benchmarks/realworld_models.py STYLE (with its optimizer, as the
-script trains it; one intra-op thread) twice from the same seed. It alternates steps at batch
-B0 and B1 (each pair's order swapped from one pair to the next), each step under torch.profiler
-with record_shapes. It prints the median over pairs of (B1 step's process CPU time / B0 step's).
-`--window N` keeps one profiler on over N steps at a time, as `perfswarm record` keeps it on
-over its window of steps (0, the default: a profiler of its own for each step).
+script trains it: `train_step`; one intra-op thread) twice from the same seed. It alternates
+steps at batch B0 and B1 (each pair's order swapped from one pair to the next), each step under
+torch.profiler with record_shapes. It prints the median over pairs of (B1 step's process CPU
+time / B0 step's). `--window N` keeps one profiler on over N steps at a time, as `perfswarm
+record` keeps it on over its window of steps (0, the default: a profiler of its own for each
+step).
 On a machine whose other load comes and goes, and on hyperthreads whose sibling's work stretches
 CPU time too, two recordings made a minute apart can differ by 2x. Two steps a few milliseconds
 apart cannot, so this ratio is what `predict`'s ratio of a changed configuration to its base
@@ -30,17 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from realworld_models import build, optimizer
+from realworld_models import STYLES, build, optimizer, train_step
 
 STEP = "paired_batch step"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("style", choices=("mixer", "conv1d", "resnet"))  # the styles on images
+    p.add_argument("style", choices=STYLES)
     p.add_argument("b0", type=int)
     p.add_argument("b1", type=int)
     p.add_argument("--width", type=int, default=40)
@@ -54,17 +54,10 @@ def main() -> int:
     for b in (ns.b0, ns.b1):
         torch.manual_seed(0)
         net, shape, classes = build(ns.style, ns.width)
-        opt = optimizer(ns.style, net)
-        assert opt is not None
-        nets[b] = net, opt
+        nets[b] = net, optimizer(ns.style, net)
 
     def step(b: int) -> None:
-        net, opt = nets[b]
-        x, target = torch.randn(b, *shape), torch.randint(0, classes, (b,))
-        loss = F.cross_entropy(net(x), target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(ns.style, *nets[b], shape, classes, b, torch.device("cpu"))
 
     def ops(events: list[Any], start: float, end: float) -> dict[str, float]:
         """Each aten op's inclusive time (us) among `events` from start to end, by occurrence."""

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+STYLES = ("lstm", "resnet", "gpt", "mixer", "conv1d")
+
 
 class Block(nn.Module):
     """A ResNet basic block: two 3x3 convolutions with BatchNorm, a projected shortcut where
@@ -143,9 +145,35 @@ def optimizer(style: str, net: nn.Module) -> torch.optim.Optimizer | None:
     }.get(style, lambda: None)()
 
 
+def train_step(style: str, net: nn.Module, opt: torch.optim.Optimizer | None,
+               shape: tuple[int, ...], classes: int, batch: int, dev: torch.device) -> None:
+    """One training step of `style` at `batch`: a fresh random batch, forward, loss, backward
+    and the optimizer's step (the LSTM LM's by hand: clipping, then SGD)."""
+    if style in ("lstm", "gpt"):  # token ids: the LSTM's [sequence, batch], the GPT's transposed
+        x = torch.randint(0, classes, (*shape, batch) if style == "lstm" else (batch, *shape),
+                          device=dev)
+        target = torch.randint(0, classes, x.shape, device=dev)
+    else:
+        x = torch.randn(batch, *shape, device=dev)
+        target = torch.randint(0, classes, (batch,), device=dev)
+    out = net(x)
+    loss = F.cross_entropy(out.reshape(-1, classes), target.reshape(-1))
+    if opt is None:  # word_language_model's loop: manual SGD after clipping
+        net.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(net.parameters(), 0.25)
+        with torch.no_grad():
+            for w in net.parameters():
+                w.add_(w.grad, alpha=-0.1)  # type: ignore[arg-type]
+    else:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("style", choices=("lstm", "resnet", "gpt", "mixer", "conv1d"))
+    p.add_argument("style", choices=STYLES)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--width", type=int, default=40)
     p.add_argument("--steps", type=int, default=14)
@@ -157,31 +185,11 @@ def main() -> None:
     dev = torch.device(ns.device)
     net, shape, classes = build(ns.style, ns.width)
     net.to(dev)
-    tokens = ns.style in ("lstm", "gpt")
     opt = optimizer(ns.style, net)
     wall, cpu = [], []
     last = time.perf_counter_ns(), time.process_time_ns()
     for _ in range(ns.steps):
-        if tokens:  # the LSTM's input is [sequence, batch], the GPT's [batch, sequence]
-            x = torch.randint(0, classes, (*shape, ns.batch_size) if ns.style == "lstm"
-                              else (ns.batch_size, *shape), device=dev)
-            target = torch.randint(0, classes, x.shape, device=dev)
-        else:
-            x = torch.randn(ns.batch_size, *shape, device=dev)
-            target = torch.randint(0, classes, (ns.batch_size,), device=dev)
-        out = net(x)
-        loss = F.cross_entropy(out.reshape(-1, classes), target.reshape(-1))
-        if opt is None:  # word_language_model's loop: manual SGD after clipping
-            net.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(net.parameters(), 0.25)
-            with torch.no_grad():
-                for w in net.parameters():
-                    w.add_(w.grad, alpha=-0.1)  # type: ignore[arg-type]
-        else:
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        train_step(ns.style, net, opt, shape, classes, ns.batch_size, dev)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         now = time.perf_counter_ns(), time.process_time_ns()
