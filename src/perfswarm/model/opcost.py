@@ -556,6 +556,24 @@ def heads_follow(name: str, recorded: Shapes, changed: Shapes, dims: Mapping[int
         else new for i, (old, new) in enumerate(zip(recorded.dims, changed.dims, strict=True))])
 
 
+def kernels_kept(name: str, recorded: Shapes, changed: Shapes) -> Shapes:
+    """A convolution's `changed` shapes (`recorded` with a width change substituted) with its
+    weight's kernel extents as recorded: a width is a count of channels, and a model made wider
+    keeps its filters' taps, whatever number they share with a width (the 1-D conv net's front
+    end, 80 taps in [40, 1, 80] at widths 40 and 80, had its kernel made 160 at twice the width,
+    and its forward priced x2.23 where it ran x1.75). The weight is [C_out, C_in, k...], a
+    convolution's second input, its backward's third. Other ops as `changed`."""
+    family = _family(name.removeprefix("aten::"))
+    weight = {"conv": 1, "conv_backward": 2}.get(family or "")
+    if weight is None or len(recorded.dims) <= weight or len(recorded.dims[weight]) < 3:
+        return changed
+    old, new = recorded.dims[weight], changed.dims[weight]
+    if new[2:] == old[2:]:
+        return changed
+    return recorded.resized([(*new[:2], *old[2:]) if i == weight else d
+                             for i, d in enumerate(changed.dims)])
+
+
 def _sdpa(op: str, dims: Dims) -> tuple[float, float] | None:
     """Attention as QK^T and PV matmuls over q, k and v (`attention_shape`)."""
     found = attention_shape(op, dims[0], dims[1]) if len(dims) >= 3 else None
