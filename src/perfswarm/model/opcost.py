@@ -418,10 +418,11 @@ def _bools(text: str) -> tuple[bool, ...]:
         v in ("True", "False") for v in values) else ()
 
 
-# the convolutions oneDNN computes in channel blocks on a CPU, forward and backward; not ATen's
-# own per-sample GEMMs over unfolded input (_slow_conv2d_*), nor a transposed convolution, whose
-# innermost recorded op is aten::_convolution with its weight as [C_in, C_out, ...]
-_BLOCKED_CONVS = frozenset({"mkldnn_convolution", "convolution_backward"})
+# the convolutions oneDNN computes in channel blocks on a CPU, forward and backward, and the
+# functional forms the calibration sweep calls, which ATen runs as mkldnn_convolution there; not
+# ATen's own per-sample GEMMs over unfolded input (_slow_conv2d_*), nor a transposed convolution,
+# whose innermost recorded op is aten::_convolution with its weight as [C_in, C_out, ...]
+_BLOCKED_CONVS = frozenset({"mkldnn_convolution", "convolution_backward", "conv1d", "conv2d"})
 
 
 def channel_blocked(cost: OpCost, dims: Dims, lanes: int) -> OpCost:
