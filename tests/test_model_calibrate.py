@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.kernels import ProfileScaler
 from perfswarm.model.opcost import Shapes, column_major, data_cost, op_cost
 from perfswarm.model.profile import (
     FAMILIES,
@@ -105,6 +106,37 @@ def test_a_1d_convolution_is_read_as_a_2d_one_over_one_row() -> None:
     for probe, fixed in ((_conv(8, 32, (64,)), 6e-5), (_conv(8, 32, (16, 16)), 0.0)):
         truth = 1e-5 + probe.cost.flops * 1e-11 + fixed
         assert learned.predict(probe.cost, probe.dims) == pytest.approx(truth, rel=0.15)
+
+
+def test_a_cpu_sweep_is_learned_at_onednns_channel_blocks() -> None:
+    """A CPU profile's conv sweep of 1-D layers at 32, 40 and 48 channels ([B, C, 61] -> C,
+    3 taps), each timed at 2e-11 s a FLOP of the 48 channels in and out that oneDNN computes
+    for 40 (channel_blocked): read back, the learned model prices the trace's
+    mkldnn_convolution [8, 40, 1, 61] at that law, as the sweep timed it. Learned on the
+    channels as given, the 40-channel points had held their blocks in the correction, and the
+    recorded op, priced at 48 channels, read more than its sweep's time."""
+    sweep = []
+    for batch in (4, 16, 64):
+        for c in (32, 40, 48, 32):
+            blocks = 16 * -(-c // 16)
+            sweep.append({"op": "conv1d", "dims": [[batch, c, 61], [c, c, 3], [c]],
+                          "seconds": 2e-11 * 2 * batch * blocks * 61 * blocks * 3,
+                          "concrete": ["", "", "", "[1]", "[1]", "[1]", "1"]})
+    entry = {"coef": [0.0, 0.0, 1e-11], "points": len(sweep), "chosen": "learned",
+             "gmae_held_out": 0.01, "sweep": sweep}
+    recorded = Shapes(((8, 40, 1, 61), (40, 40, 1, 3), (40,)), ("float",) * 3, (),
+                      ("", "", "", "[0, 1]", "[1, 1]", "[1, 1]", "1"))
+    cost = data_cost("aten::mkldnn_convolution", recorded)
+    assert cost is not None and cost.flops == 2 * 8 * 40 * 61 * 40 * 3
+    law = 2e-11 * 2 * 8 * 48 * 61 * 48 * 3
+
+    def priced(device: str) -> float | None:
+        profile = Profile.from_dict({"device": device, "families": {"conv": entry}})
+        return ProfileScaler(profile).model_time(cost, recorded.dims)
+
+    assert priced("cpu") == pytest.approx(law, rel=0.01)
+    as_given = priced("cuda:0")  # a GPU's sweep is learned as given (no oneDNN there)
+    assert as_given is not None and as_given > 1.1 * law
 
 
 def test_scalar_arguments_and_a_bias_leave_the_layout_alone() -> None:

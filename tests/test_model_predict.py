@@ -793,6 +793,31 @@ def test_batch_leaves_a_1d_convolutions_weight_seen_as_2d() -> None:
     assert grown is not None and grown[2].dims[1] == (80, 1, 1, 80)
 
 
+def test_width_leaves_a_convolutions_kernel_taps() -> None:
+    """The 1-D conv net's front end, nn.Conv1d(1, 40, 80, stride=16) on [8, 1, 4000], at twice
+    its widths 40 and 80 (realworld.py's width x2: 40 -> 80, 80 -> 160): 80 output channels of
+    80 taps, as the program at width 80 records it ([80, 1, 1, 80]), not 160 taps. Forward: 246
+    outputs of 80 taps, 2 x 8 x 80 x 246 x 80 FLOPs (160 taps had made it 241 outputs and
+    49,356,800 FLOPs); the backward's weight gradient alike; a 3x3 kernel stays as it was."""
+    concrete = ("", "", "", "[0, 0]", "[1, 16]", "[1, 1]", "1")
+    forward = Shapes(((8, 1, 1, 4000), (40, 1, 1, 80), (40,)), ("float",) * 3, (), concrete)
+    wide = _Transform(1.0, {40: 80, 80: 160}, {(40, 1, 80), (40,)})
+    found = wide.costs("aten::mkldnn_convolution", forward)
+    assert found is not None
+    assert found[2].dims == ((8, 1, 1, 4000), (80, 1, 1, 80), (80,))
+    assert found[1].flops == 2 * 8 * 80 * 246 * 80 == 25_190_400
+    backward = Shapes(((8, 40, 246), (8, 1, 4000), (40, 1, 80), (40,)), ("float",) * 4, (),
+                      ("", "", "", "[0]", "[16]", "[0]", "[1]", "False", "[0]", "1",
+                       "[False, True, True]"))
+    found = wide.costs("aten::convolution_backward", backward)
+    assert found is not None
+    assert found[2].dims == ((8, 80, 246), (8, 1, 4000), (80, 1, 80), (80,))
+    assert found[1].flops == 2 * 8 * 80 * 246 * 80  # the weight's gradient alone
+    square = Shapes(((8, 40, 16, 16), (40, 40, 3, 3)), ("float",) * 2)
+    found = _Transform(1.0, {40: 80, 3: 6}, set()).costs("aten::mkldnn_convolution", square)
+    assert found is not None and found[2].dims == ((8, 80, 16, 16), (80, 80, 3, 3))
+
+
 def test_warm_sweep_blends_with_the_cold_one_where_the_family_has_one() -> None:
     cold = {"reduction": FamilyModel((0.0, 4e-10, 0.0)), "copy": FamilyModel((0.0, 1e-10, 0.0)),
             "embedding_bag": FamilyModel((0.0, 8e-10, 0.0))}

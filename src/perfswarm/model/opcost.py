@@ -418,10 +418,11 @@ def _bools(text: str) -> tuple[bool, ...]:
         v in ("True", "False") for v in values) else ()
 
 
-# the convolutions oneDNN computes in channel blocks on a CPU, forward and backward; not ATen's
-# own per-sample GEMMs over unfolded input (_slow_conv2d_*), nor a transposed convolution, whose
-# innermost recorded op is aten::_convolution with its weight as [C_in, C_out, ...]
-_BLOCKED_CONVS = frozenset({"mkldnn_convolution", "convolution_backward"})
+# the convolutions oneDNN computes in channel blocks on a CPU, forward and backward, and the
+# functional forms the calibration sweep calls, which ATen runs as mkldnn_convolution there; not
+# ATen's own per-sample GEMMs over unfolded input (_slow_conv2d_*), nor a transposed convolution,
+# whose innermost recorded op is aten::_convolution with its weight as [C_in, C_out, ...]
+_BLOCKED_CONVS = frozenset({"mkldnn_convolution", "convolution_backward", "conv1d", "conv2d"})
 
 
 def channel_blocked(cost: OpCost, dims: Dims, lanes: int) -> OpCost:
@@ -554,6 +555,24 @@ def heads_follow(name: str, recorded: Shapes, changed: Shapes, dims: Mapping[int
     return recorded.resized([
         (*new[:3], dims[width] // heads) if i in heads_at and len(old) == 4 and old[3] == head
         else new for i, (old, new) in enumerate(zip(recorded.dims, changed.dims, strict=True))])
+
+
+def kernels_kept(name: str, recorded: Shapes, changed: Shapes) -> Shapes:
+    """A convolution's `changed` shapes (`recorded` with a width change substituted) with its
+    weight's kernel extents as recorded: a width is a count of channels, and a model made wider
+    keeps its filters' taps, whatever number they share with a width (the 1-D conv net's front
+    end, 80 taps in [40, 1, 80] at widths 40 and 80, had its kernel made 160 at twice the width,
+    and its forward priced x2.23 where it ran x1.75). The weight is [C_out, C_in, k...], a
+    convolution's second input, its backward's third. Other ops as `changed`."""
+    family = _family(name.removeprefix("aten::"))
+    weight = {"conv": 1, "conv_backward": 2}.get(family or "")
+    if weight is None or len(recorded.dims) <= weight or len(recorded.dims[weight]) < 3:
+        return changed
+    old, new = recorded.dims[weight], changed.dims[weight]
+    if new[2:] == old[2:]:
+        return changed
+    return recorded.resized([(*new[:2], *old[2:]) if i == weight else d
+                             for i, d in enumerate(changed.dims)])
 
 
 def _sdpa(op: str, dims: Dims) -> tuple[float, float] | None:

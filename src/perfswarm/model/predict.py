@@ -80,6 +80,7 @@ from perfswarm.model.opcost import (
     element_bytes,
     heads_follow,
     joined_shapes,
+    kernels_kept,
     lstm_shape,
     output_bytes,
     row_spread,
@@ -584,8 +585,8 @@ class _Transform:
     def resized(self, name: str, shapes: Shapes, marks: Sequence[bool]
                 ) -> tuple[Shapes, Shapes]:
         """An op's shapes at the new dimensions, and at those and the new batch."""
-        new = (heads_follow(name, shapes, shapes.substitute(self.dims), self.dims)
-               if self.dims else shapes)
+        new = (kernels_kept(name, shapes, heads_follow(name, shapes, shapes.substitute(
+            self.dims), self.dims)) if self.dims else shapes)
         return new, batch_scaled(name, new, marks, self.factor)
 
     def is_parameter(self, shapes: Shapes, i: int) -> bool:

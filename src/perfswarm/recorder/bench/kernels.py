@@ -34,6 +34,7 @@ from perfswarm.model.profile import (
     UNUSABLE_GMAE,
     WARM_FAMILIES,
     Point,
+    as_predicted,
     fit_family,
     vector_lanes,
 )
@@ -434,7 +435,8 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     # taken the next family's share (the forward attention's: 8 points at the default budget)
     on_family("fitting the models")
     lanes = vector_lanes(torch.backends.cpu.get_cpu_capability()) if where == "cpu" else LANES
-    fitted = {key: fit_family(points, lanes) for key, points in swept.items()}
+    fitted = {key: fit_family(as_predicted(points, lanes) if where == "cpu" else points, lanes)
+              for key, points in swept.items()}
     cold = {f: fitted[f, False] for f in families}
     reused = {f: fitted[f, True] for f in WARM_FAMILIES}
     return {"device": where, "device_name": name, "threads": threads, "families": cold,
