@@ -247,6 +247,73 @@ def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
         math.log((m.seconds - 10e-6) / roofline_s(m.work, t4)) for m in labels])
 
 
+def _write_csv(path: Path, rows: list[dict[str, str]]) -> None:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_bytes(gzip.compress(text.getvalue().encode()))
+
+
+def _large_fraction(path: Path, gpu: str) -> tuple[list[dict[str, str]], float]:
+    """The rows of a raw linear CSV measured on `gpu` whose roofline (the FP32 peak and the
+    bandwidth of devices.yaml; NeuSight's M x N by N x K plus the bias) is at least 100 us,
+    and their median fraction of it, computed here from the CSV alone."""
+    spec = load_spec(gpu)
+    kept, reached = [], []
+    for row in csv.DictReader(io.StringIO(gzip.decompress(path.read_bytes()).decode())):
+        m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+        roof = max(2 * m * n * k / spec.peak_for("fp32"),
+                   4 * (m * n + n * k + m * k + k) / spec.memory_bandwidth)
+        if row.get("Device", gpu) == gpu and roof >= 1e-4:
+            kept.append(row)
+            reached.append(roof / (float(row["Latency"]) * 1e-3))
+    return kept, float(np.median(reached))
+
+
+def test_a_sweep_on_another_kernel_path_than_its_gpus_test_set_trains_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The P4's linear sweep (cuBLAS's maxwell_sgemm 64x64 and 32x128 tiles) runs its large
+    GEMMs at 0.263 of the roofline, its test set's (sgemm_128x128x8) at 0.773: under half, so
+    it trains no model (it had priced the T4, the P4's neighbour in the trees' features, by
+    those tiles); the T4's linear sweep, at 0.384 against its test set's 0.484, trains. The
+    only such sweep of the five GPUs'."""
+    every = load_dataset(DATA)
+    assert learned.off_path(every.rows, every.hardware) == {("Tesla P4", "linear")}
+    folder = tmp_path / "data"
+    (folder / "device_configs").mkdir(parents=True)
+    (folder / "train" / "linear").mkdir(parents=True)
+    (folder / "test").mkdir()
+    tested: list[dict[str, str]] = []
+    fractions = []
+    for gpu in ("Tesla P4", "Tesla T4"):
+        name = gpu.replace(" ", "_")
+        shutil.copy(DATA / "device_configs" / f"{name}.json", folder / "device_configs")
+        swept, sweep_fraction = _large_fraction(DATA / "train" / "linear" / f"{name}.csv.gz",
+                                                gpu)
+        test, test_fraction = _large_fraction(DATA / "test" / "linear.csv.gz", gpu)
+        fractions.append((round(sweep_fraction, 3), round(test_fraction, 3)))
+        tested += test[:60]
+        _write_csv(folder / "train" / "linear" / f"{name}.csv.gz", swept[:60])
+    assert fractions == [(0.263, 0.773), (0.384, 0.484)]
+    _write_csv(folder / "test" / "linear.csv.gz", tested)
+    data = load_dataset(folder)
+    assert learned.off_path(data.rows, data.hardware) == {("Tesla P4", "linear")}
+    fits: list[np.ndarray] = []
+    real_fit = learned.fit
+
+    def spy(x: np.ndarray, y: np.ndarray, weight: np.ndarray, seed: int) -> Ensemble:
+        fits.append(x)
+        return real_fit(x, y, weight, seed)
+
+    monkeypatch.setattr(learned, "fit", spy)
+    train(data, holdout=False)
+    t4 = data.hardware["Tesla T4"]
+    assert len(fits[0]) == 60  # the T4's sweep rows alone (all over twice its floor)
+    assert np.array_equal(fits[0], np.array([
+        features(r.work, t4) for r in data.rows if r.split == "train" and r.gpu == "Tesla T4"]))
+
+
 def test_every_tree_sees_every_row() -> None:
     """A forecast for a GPU nobody measured should not move with the fit's seed (with a random
     80% of the rows per tree, the leave-one-GPU-out whole-model means had moved by 2 points):
