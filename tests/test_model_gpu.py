@@ -24,7 +24,7 @@ from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu import learned
 from perfswarm.model.gpu.aten import op_kernels
-from perfswarm.model.gpu.dataset import Measurement, load_dataset, work_of
+from perfswarm.model.gpu.dataset import SUMS_TO, Measurement, load_dataset, work_of
 from perfswarm.model.gpu.forecast import LearnedScaler, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled, train
@@ -128,6 +128,45 @@ def test_a_label_files_gemm_nodes_become_training_rows(tmp_path: Path) -> None:
     bad = folder / "labels" / "Tesla_T4" / "bert_large-inf-512-8.csv.gz"
     bad.write_bytes(gzip.compress(text.getvalue().encode()))
     with pytest.raises(PerfswarmError, match=r"inf-512-8\.csv\.gz: line 8: fw_latency must be"):
+        load_dataset(folder)
+
+
+def test_a_case_whose_nodes_add_up_past_its_e2e_trains_nothing(tmp_path: Path) -> None:
+    """The A100's BERT-large inference at batch 8: its nodes, each timed alone, add up (the
+    embeddings and head once, the layer's 24 times) to 315.9 ms, its measured e2e is 205.5 ms
+    (0.651 of it, under SUMS_TO): they timed more than the kernels the model ran, and the
+    case trains nothing; its OPT-1.3B at batch 2 (987.9 ms of 1048.3) trains its 24 kernel
+    nodes; so does the BERT case once its summary (.json) is gone, as before."""
+    folder = _small_dataset(tmp_path, 5)
+    shutil.copy(DATA / "device_configs" / "NVIDIA_A100-PCIE-40GB.json",
+                folder / "device_configs")
+    labels = folder / "labels" / "NVIDIA_A100-PCIE-40GB"
+    labels.mkdir(parents=True)
+    sums = {}
+    for case in ("bert_large-inf-512-8", "opt_13-inf-2048-2"):
+        for ext in (".csv.gz", ".json"):
+            shutil.copy(DATA / "labels" / labels.name / f"{case}{ext}", labels)
+        meta = json.loads((labels / f"{case}.json").read_text())
+        nodes = sum(float(r["fw_latency"] or 0)
+                    * (meta["num_layer"] if re.search(r"\.(layer|h|layers)\.0'", r["meta"])
+                       else 1)
+                    for r in csv.DictReader(io.StringIO(gzip.decompress(
+                        (labels / f"{case}.csv.gz").read_bytes()).decode())))
+        sums[case] = (round(meta["e2e_latency"], 1), round(nodes, 1))
+    assert sums == {"bert_large-inf-512-8": (205.5, 315.9),
+                    "opt_13-inf-2048-2": (987.9, 1048.3)}
+    assert 205.5 / 315.9 < SUMS_TO < 987.9 / 1048.3
+
+    def trained() -> dict[str, int]:
+        rows = [r.case for r in load_dataset(folder).rows if r.split == "label"]
+        return {case: rows.count(case) for case in sorted(set(rows))}
+
+    assert trained() == {"opt_13-inf-2048-2": 24}
+    (labels / "bert_large-inf-512-8.json").unlink()
+    assert trained() == {"bert_large-inf-512-8": 24, "opt_13-inf-2048-2": 24}
+    (labels / "opt_13-inf-2048-2.json").write_text('{"num_layer": 24}')
+    with pytest.raises(PerfswarmError, match=r"opt_13-inf-2048-2\.json: not a label case's "
+                                             r"summary \(KeyError"):
         load_dataset(folder)
 
 
