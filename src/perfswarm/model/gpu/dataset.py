@@ -1,7 +1,8 @@
 """Reading a folder of GPU kernel measurements laid out like shared/gpu-kernels (NeuSight's
 data): `device_configs/<GPU>.json`, `train/<op>/<GPU>.csv.gz`, optionally `test/<set>.csv.gz`
 and `labels/<GPU>/<case>.csv.gz` (whole models, of which the inference cases' nodes that launch
-one GEMM, layer norm, softmax or elementwise kernel are read). Latencies in milliseconds, FP32."""
+one GEMM, layer norm, softmax or elementwise kernel are read, where they add up to the e2e that
+`<case>.json` gives: SUMS_TO). Latencies in milliseconds, FP32."""
 
 from __future__ import annotations
 
