@@ -36,7 +36,6 @@ import argparse
 import csv
 import gzip
 import io
-import re
 import statistics
 import sys
 import time
@@ -50,14 +49,13 @@ import orjson
 from perfswarm.model.gpu.aten import op_kernels
 from perfswarm.model.gpu.dataset import Dataset, load_dataset
 from perfswarm.model.gpu.hardware import Hardware
-from perfswarm.model.gpu.labels import node_ops
+from perfswarm.model.gpu.labels import LAYER, node_ops
 from perfswarm.model.gpu.learned import Holdout, KernelModel, train
 from perfswarm.model.gpu.work import Work
 from perfswarm.model.kernels import GPU_FLOOR_NS
 from perfswarm.model.specs import load_spec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-kernels"
-LAYER = re.compile(r"\.(?:layer|h|layers)\.0'")  # the one transformer layer of a label graph
 SOURCES = ("Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", "Tesla T4", "Tesla P100-PCIE-16GB",
            "Tesla P4")  # the source run: the first of these, other than the target, with the case
 METHODS = ("neusight", "habitat", "roofline")

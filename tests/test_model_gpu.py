@@ -24,7 +24,7 @@ from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu import learned
 from perfswarm.model.gpu.aten import op_kernels
-from perfswarm.model.gpu.dataset import Measurement, load_dataset, work_of
+from perfswarm.model.gpu.dataset import SUMS_TO, Measurement, load_dataset, work_of
 from perfswarm.model.gpu.forecast import LearnedScaler, op_seconds
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled, train
@@ -128,6 +128,45 @@ def test_a_label_files_gemm_nodes_become_training_rows(tmp_path: Path) -> None:
     bad = folder / "labels" / "Tesla_T4" / "bert_large-inf-512-8.csv.gz"
     bad.write_bytes(gzip.compress(text.getvalue().encode()))
     with pytest.raises(PerfswarmError, match=r"inf-512-8\.csv\.gz: line 8: fw_latency must be"):
+        load_dataset(folder)
+
+
+def test_a_case_whose_nodes_add_up_past_its_e2e_trains_nothing(tmp_path: Path) -> None:
+    """The A100's BERT-large inference at batch 8: its nodes, each timed alone, add up (the
+    embeddings and head once, the layer's 24 times) to 315.9 ms, its measured e2e is 205.5 ms
+    (0.651 of it, under SUMS_TO): they timed more than the kernels the model ran, and the
+    case trains nothing; its OPT-1.3B at batch 2 (987.9 ms of 1048.3) trains its 24 kernel
+    nodes; so does the BERT case once its summary (.json) is gone, as before."""
+    folder = _small_dataset(tmp_path, 5)
+    shutil.copy(DATA / "device_configs" / "NVIDIA_A100-PCIE-40GB.json",
+                folder / "device_configs")
+    labels = folder / "labels" / "NVIDIA_A100-PCIE-40GB"
+    labels.mkdir(parents=True)
+    sums = {}
+    for case in ("bert_large-inf-512-8", "opt_13-inf-2048-2"):
+        for ext in (".csv.gz", ".json"):
+            shutil.copy(DATA / "labels" / labels.name / f"{case}{ext}", labels)
+        meta = json.loads((labels / f"{case}.json").read_text())
+        nodes = sum(float(r["fw_latency"] or 0)
+                    * (meta["num_layer"] if re.search(r"\.(layer|h|layers)\.0'", r["meta"])
+                       else 1)
+                    for r in csv.DictReader(io.StringIO(gzip.decompress(
+                        (labels / f"{case}.csv.gz").read_bytes()).decode())))
+        sums[case] = (round(meta["e2e_latency"], 1), round(nodes, 1))
+    assert sums == {"bert_large-inf-512-8": (205.5, 315.9),
+                    "opt_13-inf-2048-2": (987.9, 1048.3)}
+    assert 205.5 / 315.9 < SUMS_TO < 987.9 / 1048.3
+
+    def trained() -> dict[str, int]:
+        rows = [r.case for r in load_dataset(folder).rows if r.split == "label"]
+        return {case: rows.count(case) for case in sorted(set(rows))}
+
+    assert trained() == {"opt_13-inf-2048-2": 24}
+    (labels / "bert_large-inf-512-8.json").unlink()
+    assert trained() == {"bert_large-inf-512-8": 24, "opt_13-inf-2048-2": 24}
+    (labels / "opt_13-inf-2048-2.json").write_text('{"num_layer": 24}')
+    with pytest.raises(PerfswarmError, match=r"opt_13-inf-2048-2\.json: not a label case's "
+                                             r"summary \(KeyError"):
         load_dataset(folder)
 
 
@@ -245,6 +284,73 @@ def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
     assert list(weight[-2:]) == [150 / 2] * 2
     assert list(y[-2:]) == pytest.approx([
         math.log((m.seconds - 10e-6) / roofline_s(m.work, t4)) for m in labels])
+
+
+def _write_csv(path: Path, rows: list[dict[str, str]]) -> None:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_bytes(gzip.compress(text.getvalue().encode()))
+
+
+def _large_fraction(path: Path, gpu: str) -> tuple[list[dict[str, str]], float]:
+    """The rows of a raw linear CSV measured on `gpu` whose roofline (the FP32 peak and the
+    bandwidth of devices.yaml; NeuSight's M x N by N x K plus the bias) is at least 100 us,
+    and their median fraction of it, computed here from the CSV alone."""
+    spec = load_spec(gpu)
+    kept, reached = [], []
+    for row in csv.DictReader(io.StringIO(gzip.decompress(path.read_bytes()).decode())):
+        m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+        roof = max(2 * m * n * k / spec.peak_for("fp32"),
+                   4 * (m * n + n * k + m * k + k) / spec.memory_bandwidth)
+        if row.get("Device", gpu) == gpu and roof >= 1e-4:
+            kept.append(row)
+            reached.append(roof / (float(row["Latency"]) * 1e-3))
+    return kept, float(np.median(reached))
+
+
+def test_a_sweep_on_another_kernel_path_than_its_gpus_test_set_trains_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The P4's linear sweep (cuBLAS's maxwell_sgemm 64x64 and 32x128 tiles) runs its large
+    GEMMs at 0.263 of the roofline, its test set's (sgemm_128x128x8) at 0.773: under half, so
+    it trains no model (it had priced the T4, the P4's neighbour in the trees' features, by
+    those tiles); the T4's linear sweep, at 0.384 against its test set's 0.484, trains. The
+    only such sweep of the five GPUs'."""
+    every = load_dataset(DATA)
+    assert learned.off_path(every.rows, every.hardware) == {("Tesla P4", "linear")}
+    folder = tmp_path / "data"
+    (folder / "device_configs").mkdir(parents=True)
+    (folder / "train" / "linear").mkdir(parents=True)
+    (folder / "test").mkdir()
+    tested: list[dict[str, str]] = []
+    fractions = []
+    for gpu in ("Tesla P4", "Tesla T4"):
+        name = gpu.replace(" ", "_")
+        shutil.copy(DATA / "device_configs" / f"{name}.json", folder / "device_configs")
+        swept, sweep_fraction = _large_fraction(DATA / "train" / "linear" / f"{name}.csv.gz",
+                                                gpu)
+        test, test_fraction = _large_fraction(DATA / "test" / "linear.csv.gz", gpu)
+        fractions.append((round(sweep_fraction, 3), round(test_fraction, 3)))
+        tested += test[:60]
+        _write_csv(folder / "train" / "linear" / f"{name}.csv.gz", swept[:60])
+    assert fractions == [(0.263, 0.773), (0.384, 0.484)]
+    _write_csv(folder / "test" / "linear.csv.gz", tested)
+    data = load_dataset(folder)
+    assert learned.off_path(data.rows, data.hardware) == {("Tesla P4", "linear")}
+    fits: list[np.ndarray] = []
+    real_fit = learned.fit
+
+    def spy(x: np.ndarray, y: np.ndarray, weight: np.ndarray, seed: int) -> Ensemble:
+        fits.append(x)
+        return real_fit(x, y, weight, seed)
+
+    monkeypatch.setattr(learned, "fit", spy)
+    train(data, holdout=False)
+    t4 = data.hardware["Tesla T4"]
+    assert len(fits[0]) == 60  # the T4's sweep rows alone (all over twice its floor)
+    assert np.array_equal(fits[0], np.array([
+        features(r.work, t4) for r in data.rows if r.split == "train" and r.gpu == "Tesla T4"]))
 
 
 def test_every_tree_sees_every_row() -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 from perfswarm.model.opcost import Shapes
 
 Ops = list[tuple[str, Shapes]]
+LAYER = re.compile(r"\.(?:layer|h|layers)\.0'")  # a node of the graph's one transformer layer
 
 
 def node_shapes(text: str) -> list[list[int]]:

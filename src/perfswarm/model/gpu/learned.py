@@ -61,6 +61,16 @@ SCORED_FLOORS: Final = 2.0  # and is scored for its kernel time alone from this 
 MIN_ROWS: Final = 50  # fewer such rows: every row trains it, its rest at least MIN_WORK_SHARE
 MIN_WORK_SHARE: Final = 0.1
 LABEL_SHARE: Final = 0.5  # of a GPU's training weight in a family: its labels'
+# a GPU's sweep of an op trains no model where its large kernels (a roofline time of at least
+# LARGE_S) reach, at the median, under OFF_PATH of the fraction of the roofline that the same
+# GPU's test set of the op reaches: it ran another kernel path than the same op's other work on
+# that GPU, and its rows would price GPUs near it in the trees' features by that path (the
+# P4's linear sweep, cuBLAS's maxwell_sgemm 64x64 and 32x128 tiles, reaches 0.26 of the
+# roofline, 0.34 of its test set's sgemm_128x128x8 at 0.77; its whole models' GEMMs of 10
+# GFLOP or more reach 0.51 of the FP32 peak, its sweep's 0.21; every other sweep of the five
+# GPUs reaches 0.64-1.05 of its test set's: docs/benchmarks.md, twenty-third pass)
+OFF_PATH: Final = 0.5
+LARGE_S: Final = 1e-4
 Progress = Callable[[str], None]
 
 
@@ -188,6 +198,21 @@ class _Rows:
         return self.roof[keep] * np.exp(model.trees.predict(self.x[keep]))
 
 
+def off_path(rows: Sequence[Measurement], hardware: Mapping[str, Hardware]
+             ) -> set[tuple[str, str]]:
+    """The (GPU, op kind) sweeps that ran another kernel path than their GPU's test set of
+    the op (OFF_PATH): their large kernels' median fraction of the roofline against the
+    test set's."""
+    reached: dict[tuple[str, str, Split], list[float]] = {}
+    for r in rows:
+        roof = roofline_s(r.work, hardware[r.gpu])
+        if r.split != "label" and roof >= LARGE_S:
+            reached.setdefault((r.gpu, r.work.kind, r.split), []).append(roof / r.seconds)
+    return {(gpu, kind) for (gpu, kind, split), swept in reached.items()
+            if split == "train" and (tested := reached.get((gpu, kind, "test")))
+            and np.median(swept) < OFF_PATH * np.median(tested)}
+
+
 def _spaced(rows: Sequence[Measurement], most: int, splits: tuple[Split, ...]
             ) -> list[Measurement]:
     """At most `most` rows of `splits` per GPU, evenly spaced over each sweep."""
@@ -235,19 +260,21 @@ def steps(dataset: Dataset, holdout: bool = True) -> int:
 
 def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool = True,
           seed: int = 0) -> tuple[KernelModel, list[Holdout]]:
-    """The model on every GPU of the dataset, and (with `holdout`) each family's
-    leave-one-GPU-out errors (`progress` is told of each fit as it starts): fitted on the
-    other GPUs' training rows, scored on up to EVAL_ROWS of the one left out (its sweeps and
-    test shapes). `seed` seeds every fit (trees.fit)."""
+    """The model on every GPU of the dataset (no sweep that `off_path` finds), and (with
+    `holdout`) each family's leave-one-GPU-out errors (`progress` is told of each fit as it
+    starts): fitted on the other GPUs' training rows, scored on up to EVAL_ROWS of the one left
+    out (its sweeps and test shapes). `seed` seeds every fit (trees.fit)."""
     holdouts = []
     families = {}
     measured = _families(dataset)
     if not measured:
         raise PerfswarmError(f"{dataset.path}: no op family measured on two GPUs or more "
                              "(a model learns from one GPU to another)")
+    apart = off_path(dataset.rows, dataset.hardware)
     for family, rows in measured.items():
         gpus = sorted({r.gpu for r in rows})
-        train_rows = (_spaced(rows, ROWS_PER_GPU, ("train",))
+        swept = [r for r in rows if (r.gpu, r.work.kind) not in apart]
+        train_rows = (_spaced(swept, ROWS_PER_GPU, ("train",))
                       + [r for r in rows if r.split == "label"])
         held_rows = _spaced(rows, EVAL_ROWS, ("train", "test")) if holdout else []
         table = _Rows.of(train_rows + held_rows, dataset.hardware)
