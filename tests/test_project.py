@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from conftest import GLOO_DDP, corpus, gloo_ddp_raw, gloo_wait_ns
+from conftest import GLOO_DDP, TP_GLOO, corpus, gloo_ddp_raw, gloo_wait_ns
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
@@ -427,9 +427,6 @@ def test_no_gradients_to_project_for_inference(tmp_path: Path) -> None:
         project(run, [1, 8])
     trained = import_traces([TRANSFORMER], tmp_path / "t.run", ImportOptions(), ["t"])
     assert project(trained, [1, 8]).profile.grad_bytes_source == "parameter shapes"
-
-
-TP_GLOO = [Path(__file__).parent / "data" / f"tp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
 
 
 def test_profile_reads_a_cpu_runs_collectives_on_host_threads(tmp_path: Path) -> None:
