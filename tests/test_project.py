@@ -460,14 +460,20 @@ def test_profile_reads_a_cpu_runs_collectives_on_host_threads(tmp_path: Path) ->
     for path in TP_GLOO:
         x = [e for e in orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
              if e.get("ph") == "X"]
-        nodes = [e for e in x if e["name"].startswith("autograd::engine::evaluate_function: ")]
-        found = [[n["name"].split(": ")[1] for n in nodes if n["tid"] == c["tid"] and
-                  n["ts"] <= c["ts"] and c["ts"] + c["dur"] <= n["ts"] + n["dur"]]
-                 for c in x if c["name"] == "c10d::allreduce_"]
-        assert sorted(map(tuple, found)) == [()] * 6 + [("_FromTorchTensorBackward",)] * 4
+        found = [_autograd_nodes_around(x, c) for c in x if c["name"] == "c10d::allreduce_"]
+        assert sorted(found) == [()] * 6 + [("_FromTorchTensorBackward",)] * 4
     assert not any(c.gradient for st in prof.steps for c in st.calls)
     assert (prof.grad_bytes, prof.grad_bytes_source, prof.grad_elems) == (
         6_306_816, "parameter shapes", 0)
+
+
+def _autograd_nodes_around(x: list[dict[str, Any]], call: dict[str, Any]) -> tuple[str, ...]:
+    """The autograd nodes (`autograd::engine::evaluate_function: NAME`) around a raw event on
+    its thread, by NAME."""
+    return tuple(n["name"].split(": ", 1)[1] for n in x
+                 if n["name"].startswith("autograd::engine::evaluate_function: ")
+                 and n["tid"] == call["tid"] and n["ts"] <= call["ts"]
+                 and call["ts"] + call["dur"] <= n["ts"] + n["dur"])
 
 
 DDP_NOSYNC = [Path(__file__).parent / "data" / f"ddp_nosync_rank{r}.pt.trace.json.gz"
@@ -486,14 +492,11 @@ def test_a_cpu_ddp_runs_gradients_are_its_gradient_all_reduces(tmp_path: Path) -
     for path in DDP_NOSYNC:
         x = [e for e in orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
              if e.get("ph") == "X"]
-        nodes = [e for e in x if e["name"] == "autograd::engine::evaluate_function: "
-                 "torch::autograd::AccumulateGrad"]
         for mark in (e for e in x if e["name"].startswith("ProfilerStep#")):
             lo, hi = mark["ts"], mark["ts"] + mark["dur"]
             calls = [e for e in x if e["name"] == "c10d::allreduce_" and lo <= e["ts"] < hi]
-            assert calls and all(any(n["tid"] == c["tid"] and n["ts"] <= c["ts"] and
-                                     c["ts"] + c["dur"] <= n["ts"] + n["dur"] for n in nodes)
-                                 for c in calls)
+            assert calls and {_autograd_nodes_around(x, c) for c in calls} == {
+                ("torch::autograd::AccumulateGrad",)}
             per_step.add(sum(4 * math.prod(e["args"]["Input Dims"][0]) for e in x
                              if e["name"] == "gloo:all_reduce" and lo <= e["ts"] < hi))
     params = 256 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10

@@ -460,7 +460,8 @@ def blocked_in_collectives(ev: Events) -> dict[int, CollectiveWaits]:
     pre-backward and for its reduce-scatter in the post-backward, DDP's loop for the
     reducer's all-reduce). Of collectives ending in one such stretch, the last woke it. The
     one definition of the idea: the concurrency breakdown leaves these stretches out of the
-    work hiding communication, thread_wakes hands over at them. Once per Events object."""
+    work hiding communication, thread_wakes hands over at those inside an op (a wait in a
+    gap is its own rules'). Once per Events object."""
     return ev.derived("blocked in collectives", lambda: _blocked_in_collectives(ev))
 
 
