@@ -125,6 +125,8 @@ def gloo_wait_ns(path: Path) -> tuple[tuple[int, int], int]:
 
 
 GLOO_DDP = [REPO / "tests" / "data" / f"ddp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
+# DTensor's Colwise/Rowwise MLP on two gloo ranks, two profiled steps (the twenty-second pass)
+TP_GLOO = [REPO / "tests" / "data" / f"tp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
 
 
 @dataclass

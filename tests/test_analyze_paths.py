@@ -16,10 +16,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import GLOO_DDP, TRACES, corpus, events, gloo_ddp_raw
-from perfswarm.analyze.concurrency import concurrency
+from conftest import GLOO_DDP, TP_GLOO, TRACES, corpus, events, gloo_ddp_raw
+from perfswarm.analyze.concurrency import concurrency, host_compute
 from perfswarm.analyze.critical_path import critical_path
-from perfswarm.analyze.dependencies import dependencies, sync_events, thread_wakes
+from perfswarm.analyze.dependencies import (
+    blocked_in_collectives,
+    dependencies,
+    sync_events,
+    thread_wakes,
+)
 from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
@@ -563,6 +568,72 @@ def test_a_wait_for_a_host_collective_hides_nothing() -> None:
     assert host is not None
     assert {k: v // US for k, v in host.ns.items()} == {
         "overlapped": 30, "compute_only": 20 + 50, "comm_only": 360, "neither": 40}
+
+
+# FSDP2's pre-backward on gloo, one rank (us): the loop (tid 1) in an autograd node issues the
+# next layer's all-gather (c10d::_allgather_base_) and sits in the node, no op inside, until
+# gloo's thread (tid 2) ends it at 480; its next op begins 20 us later.
+FSDP_STEP = [
+    (0, 0, 600, "cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 1, -1, -1, -1),
+    (0, 20, 40, "cpu_op", "c10d::_allgather_base_", 1, -1, -1, -1),
+    (0, 200, 280, "user_annotation", "gloo:all_gather", 2, -1, -1, -1),
+    (0, 500, 90, "cpu_op", "aten::mm", 1, -1, -1, -1),
+]
+
+
+def test_a_wait_for_a_collective_inside_an_op_is_a_hand_over() -> None:
+    """The loop sat in the autograd node from the call's end (60) to the all-gather's end
+    (480) and resumed 20 us after it: gloo's thread handed over to it there, though the node
+    is an op (thread_wakes had read the node as work, no hand-over: FSDP2's waits in its
+    pre- and post-backward), and that wait hides none of the all-gather (one definition,
+    dependencies.blocked_in_collectives, for both)."""
+    ev = events([(r, ts * US, d * US, *rest) for r, ts, d, *rest in FSDP_STEP])
+    wakes = thread_wakes(ev)[int(lane_key(0, 1))]
+    assert [(int(ev.tid[w]), e // US, b // US, r // US) for w, e, b, r in zip(
+        wakes.waker, wakes.waker_end, wakes.blocked, wakes.resume, strict=True)] == [
+        (2, 480, 60, 500)]
+    host = concurrency(ev, {}).ranks[0].host_comm
+    assert host is not None
+    assert {k: v // US for k, v in host.ns.items()} == {
+        "overlapped": 0, "compute_only": 20 + 120, "comm_only": 280, "neither": 600 - 420}
+
+
+def test_functional_collective_waits_in_a_real_tensor_parallel_trace(tmp_path: Path) -> None:
+    """tests/data/tp_gloo (DTensor's MLP, two gloo ranks), against the raw JSON: each
+    wait_tensor inside which the all-reduce its thread issued ended is a hand-over from that
+    all-reduce, from the wait's start to the all-reduce's end, resumed at the wait's return;
+    the concurrency breakdown leaves exactly those stretches out of the work that hides
+    communication. Rank 0's step-5 wait (3,593.1 us) had no hand-over: gloo took that
+    all-reduce up 3,020.7 us into it and worked 532.2 us of the stretch, under the share
+    thread_wakes asks of a thread it finds as the waker (the call's own collective needs no
+    finding)."""
+    run = import_traces(TP_GLOO, tmp_path / "tp.run", ImportOptions(ranks=(0, 1)), ["test"])
+    ev = Events.load(run)
+    wakes, blocked = thread_wakes(ev), blocked_in_collectives(ev)
+    for rank, path in enumerate(TP_GLOO):
+        x = [e for e in orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+             if e.get("ph") == "X"]
+        waits = sorted((e for e in x if e["name"] == "_c10d_functional::wait_tensor"),
+                       key=lambda e: e["ts"])
+        ends = [Decimal(str(e["ts"])) + Decimal(str(e["dur"])) for e in x
+                if e["name"] == "gloo:all_reduce"]
+        expected = []
+        for w in waits:
+            lo, hi = Decimal(str(w["ts"])), Decimal(str(w["ts"])) + Decimal(str(w["dur"]))
+            (done,) = [e for e in ends if lo < e <= hi]
+            expected.append((round((done - lo) * 1000), round((hi - lo) * 1000)))
+        (key,) = {int(lane_key(rank, w["tid"])) for w in waits}
+        got = wakes[key]
+        mine = ev.host_collective[got.waker]
+        assert [(int(e - b), int(r - b)) for b, e, r in zip(
+            got.blocked[mine], got.waker_end[mine], got.resume[mine], strict=True)] == expected
+        assert len(expected) == 10
+        lo, hi = blocked[key].stretches()
+        assert (lo.tolist(), hi.tolist()) == (got.blocked[mine].tolist(),
+                                             got.waker_end[mine].tolist())
+        s, e = host_compute(ev, rank)
+        assert not any(max(0, min(b, e2) - max(a, s2)) for a, b in zip(lo, hi, strict=True)
+                       for s2, e2 in zip(s, e, strict=True))
 
 
 def test_a_real_gloo_ddp_trace(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from conftest import GLOO_DDP, corpus, gloo_ddp_raw, gloo_wait_ns
+from conftest import GLOO_DDP, TP_GLOO, corpus, gloo_ddp_raw, gloo_wait_ns
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
@@ -429,9 +429,6 @@ def test_no_gradients_to_project_for_inference(tmp_path: Path) -> None:
     assert project(trained, [1, 8]).profile.grad_bytes_source == "parameter shapes"
 
 
-TP_GLOO = [Path(__file__).parent / "data" / f"tp_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)]
-
-
 def test_profile_reads_a_cpu_runs_collectives_on_host_threads(tmp_path: Path) -> None:
     """A tensor-parallel MLP on gloo, two CPU ranks, two profiled steps (the twenty-second
     pass's recording, /tmp/p22/dt22/cut.py): each step's calls are gloo's all-reduces that
@@ -457,6 +454,98 @@ def test_profile_reads_a_cpu_runs_collectives_on_host_threads(tmp_path: Path) ->
     assert {c.nbytes for st in prof.steps for c in st.calls} == {4 * 32 * 256}
     d = prof.to_dict()
     assert (d["collectives_per_step"], d["unpriced_collectives_per_step"]) == (5, 0)
-    # a tensor-parallel layer's all-reduces carry activations: the gradients stay the shapes'
+    # a tensor-parallel layer's all-reduces carry activations (3 a step, issued in the
+    # forward) and input gradients (2, in _FromTorchTensorBackward's node), none a
+    # parameter's (none in AccumulateGrad's): the gradients stay the shapes'
+    for path in TP_GLOO:
+        x = [e for e in orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+             if e.get("ph") == "X"]
+        found = [_autograd_nodes_around(x, c) for c in x if c["name"] == "c10d::allreduce_"]
+        assert sorted(found) == [()] * 6 + [("_FromTorchTensorBackward",)] * 4
+    assert not any(c.gradient for st in prof.steps for c in st.calls)
     assert (prof.grad_bytes, prof.grad_bytes_source, prof.grad_elems) == (
         6_306_816, "parameter shapes", 0)
+
+
+def _autograd_nodes_around(x: list[dict[str, Any]], call: dict[str, Any]) -> tuple[str, ...]:
+    """The autograd nodes (`autograd::engine::evaluate_function: NAME`) around a raw event on
+    its thread, by NAME."""
+    return tuple(n["name"].split(": ", 1)[1] for n in x
+                 if n["name"].startswith("autograd::engine::evaluate_function: ")
+                 and n["tid"] == call["tid"] and n["ts"] <= call["ts"]
+                 and call["ts"] + call["dur"] <= n["ts"] + n["dur"])
+
+
+DDP_NOSYNC = [Path(__file__).parent / "data" / f"ddp_nosync_rank{r}.pt.trace.json.gz"
+              for r in (0, 1)]
+
+
+def test_a_cpu_ddp_runs_gradients_are_its_gradient_all_reduces(tmp_path: Path) -> None:
+    """DDP on two gloo ranks, 4 micro-batches a step under no_sync() but the last (the
+    twenty-first pass's ddp_nosync, its first two profiled steps, /tmp/p23/onedef17/cut.py):
+    a Linear(256, 512), Linear(512, 512), Linear(512, 10) MLP, 399,370 parameters. Its
+    all-reduces, each issued in AccumulateGrad's node (DDP's reducer hook), carry the
+    gradients: their bytes a step, from the raw JSON, are the parameters' 4 x 399,370; the
+    layers' shapes had been read instead, each weight once a micro-batch (6,389,920)."""
+    run = import_traces(DDP_NOSYNC, tmp_path / "d.run", ImportOptions(ranks=(0, 1)), ["test"])
+    per_step = set()
+    for path in DDP_NOSYNC:
+        x = [e for e in orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+             if e.get("ph") == "X"]
+        for mark in (e for e in x if e["name"].startswith("ProfilerStep#")):
+            lo, hi = mark["ts"], mark["ts"] + mark["dur"]
+            calls = [e for e in x if e["name"] == "c10d::allreduce_" and lo <= e["ts"] < hi]
+            assert calls and {_autograd_nodes_around(x, c) for c in calls} == {
+                ("torch::autograd::AccumulateGrad",)}
+            per_step.add(sum(4 * math.prod(e["args"]["Input Dims"][0]) for e in x
+                             if e["name"] == "gloo:all_reduce" and lo <= e["ts"] < hi))
+    params = 256 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert per_step == {4 * params} and params == 399_370
+    prof = project(run, [1, 8]).profile
+    assert (prof.grad_bytes, prof.grad_bytes_source, prof.grad_elems) == (
+        4 * params, "collectives on host threads", params)
+    assert all(c.gradient for st in prof.steps for c in st.calls)
+
+
+def _device_trace(path: Path) -> Path:
+    """One step of a device Run (hand-made Kineto JSON, us): a forward all-reduce issued
+    inside the forward (a tensor-parallel layer's output: 1 MiB of activations) and one
+    issued in AccumulateGrad's node (DDP's bucket: 4 MiB of gradients), each an NCCL kernel
+    launched from its c10d call, a GEMM in between."""
+    def op(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {}}
+
+    def launch(ts: float, corr: int, name: str, kts: float, args: dict[str, Any]
+               ) -> list[dict[str, Any]]:
+        return [{**op("cudaLaunchKernel", ts, 5, "cuda_runtime"), "args": {"correlation": corr}},
+                {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": kts,
+                 "dur": 100, "args": {"correlation": corr, "device": 0, "stream": 7, **args}}]
+
+    def nccl(nelems: int) -> dict[str, Any]:
+        return {"Collective name": "allreduce", "In msg nelems": nelems,
+                "Out msg nelems": nelems, "Group size": 2, "dtype": "Float"}
+
+    events = [op("ProfilerStep#1", 0, 2000, "user_annotation"),
+              op("c10d::allreduce_", 100, 50), *launch(110, 1, "ncclDevKernel_AllReduce",
+                                                       200, nccl(1 << 18)),
+              op("aten::mm", 400, 50), *launch(410, 2, "ampere_sgemm_128x64_nn", 420, {}),
+              op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad",
+                 800, 300),
+              op("c10d::allreduce_", 900, 50), *launch(910, 3, "ncclDevKernel_AllReduce",
+                                                       1000, nccl(1 << 20))]
+    path.write_bytes(orjson.dumps({"traceEvents": events, "distributedInfo": {
+        "backend": "nccl", "rank": 0, "world_size": 2}}))
+    return path
+
+
+def test_a_device_runs_tensor_parallel_all_reduce_is_no_gradient(tmp_path: Path) -> None:
+    """The gradient bytes are the bucket's 4 MiB, not the forward's all-reduce beside it
+    (both had been summed: 5 MiB)."""
+    run = import_traces([_device_trace(tmp_path / "t.json")], tmp_path / "t.run",
+                        ImportOptions(), ["test"])
+    prof = profile(run)
+    assert (prof.grad_bytes, prof.grad_bytes_source, prof.grad_elems) == (
+        4 << 20, "collective kernels", 1 << 20)
+    assert [(c.nbytes, c.gradient) for st in prof.steps for c in st.calls] == [
+        (1 << 20, False), (4 << 20, True)]

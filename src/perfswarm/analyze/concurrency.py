@@ -152,7 +152,7 @@ def _host_compute(ev: Events, rank: int) -> tuple[I64, I64]:
     starts, ends = [], []
     for key, mine in group_rows(lane_key(ev.rank[work], ev.tid[work]), work).items():
         call = by_thread.get(key, calls[:0])
-        lo, hi = blocked.get(key, (call[:0], call[:0]))
+        lo, hi = blocked[key].stretches() if key in blocked else (call[:0], call[:0])
         s, e = _less(union(ev.ts[mine], ev.end[mine]),
                      union(np.concatenate([ev.ts[call], lo]), np.concatenate([ev.end[call], hi])))
         starts.append(s)

@@ -71,8 +71,9 @@ LOADER_WAIT: Final = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
 # A functional collective's wait (DTensor's redistributions, torch.compile's collectives): the
 # calling thread sits in this op, no op inside, until its process group's work is done; on a
 # CPU process group (gloo) that work is a collective on a comm thread of the rank, which ends
-# inside the wait. The thread is blocked there, not working: its time was the wait for the
-# collective, and so for the last rank to enter it.
+# inside the wait. The thread is blocked there, not working, however late it returns (on a
+# loaded machine, milliseconds after the collective: tp_mlp's rank 0 once 4.0 ms): its time
+# was the wait for the collective, and so for the last rank to enter it.
 COLLECTIVE_WAIT: Final = re.compile(r"^_c10d_functional::wait_tensor$")
 # TorchScript's inter-op parallelism (torch.jit.fork): the forked function runs on an inter-op
 # thread inside a range of this name, started from inside the op of the thread that forked it
@@ -433,38 +434,68 @@ def _issued(ev: Events) -> Issued:
     return out
 
 
-def blocked_in_collectives(ev: Events) -> dict[int, tuple[I64, I64]]:
-    """lane_key(rank, tid) -> the stretches (disjoint, sorted) the thread sat in an op waiting
-    for a collective it issued (`issued`: its call's thread), a wait on the collective's thread
-    (_c10d_functional::wait_tensor, FSDP2's Work.wait() in its post-backward): from the
-    thread's last event boundary before the collective's end (none before the call's end) to
-    that end, where its next boundary came within thread_wakes' lag of it (WAKE_MAX_LAG_NS, or
-    WAKE_MAX_LAG_SHARE of the stretch): the collective's end woke it. Once per Events object
-    (the concurrency breakdown asks for each rank)."""
+@dataclass(frozen=True)
+class CollectiveWaits:
+    """One thread's waits for collectives it issued, by the collective's end (sorted): where
+    the wait began, the collective's row and end (what woke it), and where the thread resumed
+    (its next event boundary)."""
+
+    blocked: I64
+    collective: I64
+    done: I64
+    resume: I64
+
+    def stretches(self) -> tuple[I64, I64]:
+        """The time the thread sat blocked, as disjoint sorted spans."""
+        return union(self.blocked, self.done)
+
+
+def blocked_in_collectives(ev: Events) -> dict[int, CollectiveWaits]:
+    """lane_key(rank, tid) -> where the thread sat waiting for a collective it issued
+    (`issued`: its call's thread), woken by the collective's end: from its last event
+    boundary before that end (none before the call's end) to the end, where it then sat in a
+    functional collective's wait (COLLECTIVE_WAIT, an op that only waits: however late it
+    returned) or its next boundary came within thread_wakes' lag (WAKE_MAX_LAG_NS, or
+    WAKE_MAX_LAG_SHARE of the stretch: a wait no op names, FSDP2's for its all-gather in the
+    pre-backward and for its reduce-scatter in the post-backward, DDP's loop for the
+    reducer's all-reduce). Of collectives ending in one such stretch, the last woke it. The
+    one definition of the idea: the concurrency breakdown leaves these stretches out of the
+    work hiding communication, thread_wakes hands over at those inside an op (a wait in a
+    gap is its own rules'). Once per Events object."""
     return ev.derived("blocked in collectives", lambda: _blocked_in_collectives(ev))
 
 
-def _blocked_in_collectives(ev: Events) -> dict[int, tuple[I64, I64]]:
+def _blocked_in_collectives(ev: Events) -> dict[int, CollectiveWaits]:
     found = issued(ev)
     colls = np.fromiter(found.call, np.int64, len(found.call))
     calls = np.fromiter(found.call.values(), np.int64, len(found.call))
     keys = lane_key(ev.rank[calls], ev.tid[calls])
     host = np.flatnonzero(ev.host_busy)
     threads = group_rows(lane_key(ev.rank[host], ev.tid[host]), host)
-    out: dict[int, tuple[I64, I64]] = {}
+    waiting = np.isin(ev.name, [i for i, n in enumerate(ev.names) if COLLECTIVE_WAIT.match(n)])
+    waiting &= ev.of_kind("cpu_op")
+    out: dict[int, CollectiveWaits] = {}
     for key in np.unique(keys).tolist():
         rows = threads.get(key, host[:0])
         points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
         mine = keys == key
-        done = ev.end[colls[mine]]
+        order = np.argsort(ev.end[colls[mine]], kind="stable")
+        coll, call = colls[mine][order], calls[mine][order]
+        done = ev.end[coll]
         after = np.searchsorted(points, done, side="right")
         before = np.searchsorted(points, done, side="left") - 1
         ok = (after < len(points)) & (before >= 0)
-        lo = np.maximum(points[np.maximum(before, 0)], ev.end[calls[mine]])
-        lag = points[np.minimum(after, len(points) - 1)] - done
-        ok &= (lo < done) & (lag <= np.maximum(WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * (done - lo)))
-        if ok.any():
-            out[key] = union(lo[ok], done[ok])
+        lo = np.maximum(points[np.maximum(before, 0)], ev.end[call])
+        resume = points[np.minimum(after, len(points) - 1)]
+        waits = rows[waiting[rows]]
+        in_wait = _inside(union(ev.ts[waits], ev.end[waits]), done)[0]
+        ok &= (lo < done) & (in_wait | (
+            resume - done <= np.maximum(WAKE_MAX_LAG_NS, WAKE_MAX_LAG_SHARE * (done - lo))))
+        lo, coll, done, resume = lo[ok], coll[ok], done[ok], resume[ok]
+        last = np.ones(len(resume), bool)  # ... of those ending in one stretch
+        last[:-1] = resume[1:] != resume[:-1]
+        if last.any():
+            out[key] = CollectiveWaits(lo[last], coll[last], done[last], resume[last])
     return out
 
 
@@ -496,9 +527,9 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     can have woken it), WAKE_QUIET_LAG_SHARE of the stretch. Inside a wait for a DataLoader's
     next batch (LOADER_WAIT), the thread's first work is the batch arriving, however long
     after the other thread finished; its later
-    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread in a
-    functional collective's wait (COLLECTIVE_WAIT) inside which a collective of its rank's
-    comm threads ended sits blocked through it, though the wait is an op. A thread of another
+    pauses in that wait are its own (rebuilding the batch), no hand-over. A thread that sat
+    in an op waiting for a collective it issued (blocked_in_collectives) was handed over to by
+    the collective, though the op is work. A thread of another
     process (a DataLoader worker) hands over only there, the batch being all it passes. Of
     several such threads, the one that finished last. TorchScript's forks (FORKED, _forks): a
     thread sitting in the op that forked, with no op inside it, after one of its ops, is
@@ -519,10 +550,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     work_kind = ev.of_kind(*WORK_KINDS) | collective
     loader_codes = [i for i, n in enumerate(ev.names) if LOADER_WAIT.match(n)]
     loader_wait = np.isin(ev.name, loader_codes) if loader_codes else np.zeros(len(ev), bool)
-    wait_codes = [i for i, n in enumerate(ev.names) if COLLECTIVE_WAIT.match(n)]
-    waiting = np.isin(ev.name, wait_codes) & ev.of_kind("cpu_op")
-    comm = np.flatnonzero(collective)
-    comm_ends = {rank: np.sort(ev.end[comm[ev.rank[comm] == rank]]) for rank in ev.ranks}
+    on_collectives = blocked_in_collectives(ev)
     by_rank: dict[int, list[int]] = defaultdict(list)
     for key, rows in threads.items():
         by_rank[int(ev.rank[rows[0]])].append(key)
@@ -553,8 +581,6 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
             keep = s - lo >= WAKE_MIN_GAP_NS
             lo, hi = lo[keep], s[keep]
             bare_lo, bare_hi = forks.waits.get(key, (lo[:0], hi[:0]))
-            wait_lo, wait_hi = _functional_waits(ev, rows[waiting[rows]], comm_ends)
-            lo, hi = np.concatenate([lo, wait_lo]), np.concatenate([hi, wait_hi])
             order = np.argsort(np.concatenate([hi, bare_hi]), kind="stable")
             lo, hi = np.concatenate([lo, bare_lo])[order], np.concatenate([hi, bare_hi])[order]
             # waiting for a fork: handed over by another thread of the process (the fork's, or
@@ -611,20 +637,18 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 best_end[launch], best_row[launch] = at, op
             found = best_end >= 0
             resume = points[np.searchsorted(points, best_end[found])]
-            out[key] = Wakes(resume, best_row[found], best_end[found], lo[found])
+            waker, waker_end, blocked = best_row[found], best_end[found], lo[found]
+            if key in on_collectives:  # in an op (a gap's wait is the rules' above), woken by
+                waits = on_collectives[key]  # the collective it issued
+                in_op = _inside(works[key], waits.done)[0]
+                order = np.argsort(np.concatenate([resume, waits.resume[in_op]]), kind="stable")
+                resume, waker, waker_end, blocked = (
+                    np.concatenate([a, b[in_op]])[order] for a, b in (
+                        (resume, waits.resume), (waker, waits.collective),
+                        (waker_end, waits.done), (blocked, waits.blocked)))
+            out[key] = Wakes(resume, waker, waker_end, blocked)
     return out
 
-
-
-def _functional_waits(ev: Events, waits: I64, comm_ends: Mapping[int, I64]) -> tuple[I64, I64]:
-    """Of one thread's COLLECTIVE_WAIT rows, those inside which a host collective of its rank
-    ended (`comm_ends`: by rank, sorted): the stretches (start, end) the thread sat blocked."""
-    if not len(waits):
-        return waits, waits
-    ends = comm_ends.get(int(ev.rank[waits[0]]), waits[:0])
-    lo, hi = ev.ts[waits], ev.end[waits]
-    inside = np.searchsorted(ends, hi, side="right") > np.searchsorted(ends, lo, side="right")
-    return lo[inside], hi[inside]
 
 
 @dataclass(frozen=True)

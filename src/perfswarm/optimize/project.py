@@ -13,6 +13,7 @@ the measured ranks cyclically.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,11 +25,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.concurrency import Activity, HostComm, breakdowns, host_compute
-from perfswarm.analyze.frame import Events, group_rows, lane_key, texts_of
+from perfswarm.analyze.dependencies import enclosing_rows, issued, launching_op_rows
+from perfswarm.analyze.frame import Events, Mask, group_rows, lane_key, texts_of
 from perfswarm.analyze.intervals import I64, union
 from perfswarm.analyze.iterations import profiled
 from perfswarm.analyze.ops import kernel_category
-from perfswarm.analyze.phases import BACKWARD, scopes, step_calls
+from perfswarm.analyze.phases import BACKWARD, parameter_rows, scopes, step_calls
 from perfswarm.analyze.summary import analysis_made
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
@@ -66,6 +68,10 @@ _OPS: Final[dict[str, Op]] = {
     "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
 }
 HOST_STEPS: Final = "step spans (no device work)"  # a CPU Run's compute_source
+# ranges a library records around its reduction of the parameters' gradients: FSDP2's (torch
+# 2.13: "FSDP::post_backward_reduce (3)", in RegisterPostBackwardFunctionBackward's node, and
+# the root's in its post-backward callback), whose reduce-scatters gloo runs as all-reduces
+GRADIENT_REDUCTION: Final = re.compile(r"^FSDP::post_backward_reduce\b")
 _DTYPE_BYTES: Final = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4,
                        "short": 2, "char": 1, "byte": 1, "bool": 1, "float8_e4m3fn": 1,
                        "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16}
@@ -81,6 +87,7 @@ class Call:
     dur_ns: int       # measured kernel time (includes any wait for other ranks)
     world: int        # group size in the Run
     elems: int = 0    # values it carries
+    gradient: bool = True  # carries the parameters' gradients (gradient_issuers)
 
 
 @dataclass(frozen=True)
@@ -124,12 +131,10 @@ class Profile:
 
     @property
     def grad_elems(self) -> int:
-        """Values the gradient all-reduce kernels carry per step (median; 0 without them, or
-        where the gradient size is not theirs: a CPU Run's all-reduces on host threads)."""
-        if self.compute_source == HOST_STEPS:
-            return 0
-        return int(statistics.median(sum(c.elems for c in st.calls if c.op == "all_reduce")
-                                     for st in self.steps))
+        """Values the gradient all-reduces carry per step (median; 0 without them: a tensor
+        parallel layer's reduce activations, gradient_issuers)."""
+        return int(statistics.median(sum(c.elems for c in st.calls if c.op == "all_reduce"
+                                         and c.gradient) for st in self.steps))
 
     def measured_link(self) -> Link | None:
         """Alpha-beta fitted to the Run's own all-reduce kernels (waits included)."""
@@ -152,7 +157,7 @@ class Profile:
                 "overlap_fraction": self.overlap_fraction}
 
 
-def _call(args_text: str, ready: int, dur: int) -> Call | None:
+def _call(args_text: str, ready: int, dur: int, gradient: bool) -> Call | None:
     args = orjson.loads(args_text) if args_text else {}
     op = _OPS.get(str(args.get("Collective name", "")).lower())
     if op is None:
@@ -160,7 +165,53 @@ def _call(args_text: str, ready: int, dur: int) -> Call | None:
     dtype = str(args.get("dtype", "float")).lower()
     elems = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
     return Call(op, elems * _DTYPE_BYTES.get(dtype, 4), ready, dur,
-                int(args.get("Group size", 0) or 0), elems)
+                int(args.get("Group size", 0) or 0), elems, gradient)
+
+
+def gradient_issuers(ev: Events, rows: I64) -> Mask:
+    """Which of `rows` (the ops that issued collectives: a host's c10d call, the op that
+    launched a device's collective kernel) issued one carrying the parameters' gradients (data
+    parallelism): those where the gradients are taken (phases.parameter_rows: a gradient's
+    accumulation, where DDP's reducer hooks issue their buckets' all-reduces, and an
+    optimizer's own work), those in a range its library names a gradients' reduction
+    (GRADIENT_REDUCTION: FSDP2's post-backward, in an autograd node of its own) and those
+    outside any autograd node after their step's last one (an all-reduce of the gradients
+    between the backward and the optimizer: Megatron's, a hand-written one). One issued in
+    the forward carries an activation, one inside another autograd node the input gradient it
+    computes: tensor parallelism's (RowwiseParallel's output, ColwiseParallel's input
+    gradient), no parameter's."""
+    reductions = np.flatnonzero(np.isin(ev.name, [i for i, n in enumerate(ev.names)
+                                                  if GRADIENT_REDUCTION.match(n)]))
+    out = np.isin(rows, parameter_rows(ev, rows)) | np.isin(
+        rows, enclosing_rows(ev, rows, reductions)[0])
+    nodes = scopes(ev, BACKWARD)
+    if not len(nodes) or not len(rows):
+        return out
+    in_node = np.isin(rows, enclosing_rows(ev, rows, nodes)[0]) | np.isin(rows, nodes)
+    keys = lane_key(ev.rank[nodes], ev.step[nodes])
+    order = np.lexsort((ev.end[nodes], keys))
+    last = np.append(keys[order][1:] != keys[order][:-1], True)
+    step_keys, step_end = keys[order][last], ev.end[nodes][order][last]
+    at = np.clip(np.searchsorted(step_keys, lane_key(ev.rank[rows], ev.step[rows])), 0,
+                 len(step_keys) - 1)
+    after = (step_keys[at] == lane_key(ev.rank[rows], ev.step[rows])) & (
+        ev.ts[rows] >= step_end[at]) & (ev.step[rows] >= 0)
+    return np.asarray(out | (~in_node & after), bool)
+
+
+def _carry_gradients(run: Run, kernels: I64) -> Mask:
+    """Which of the Run's collective kernels (rows of its events) carry the parameters'
+    gradients, by the op that launched them (gradient_issuers; one without a launching op in
+    the trace is taken as the gradients', as all were)."""
+    if not len(kernels):
+        return np.zeros(0, bool)
+    ev = Events.load(run)
+    external_id = np.asarray(run.table("events", ["external_id"]).column("external_id")
+                             .to_numpy(), np.int64)
+    ops = launching_op_rows(ev, external_id, kernels)
+    out = np.ones(len(kernels), bool)
+    out[ops >= 0] = gradient_issuers(ev, ops[ops >= 0])
+    return out
 
 
 def _busy_before(starts: I64, ends: I64, t: int) -> int:
@@ -243,15 +294,19 @@ def _host_calls(ev: Events, args: dict[int, str], rank: int, start: int, end: in
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
     world = len(ev.ranks)
     ws, we = host_compute(ev, rank)
+    issuers = issued(ev).call
+    by = np.array([issuers.get(row, -1) for row in rows.tolist()], np.int64)
+    gradient = np.ones(len(rows), bool)  # (a collective whose call the window missed: as all)
+    gradient[by >= 0] = gradient_issuers(ev, by[by >= 0])
     calls = []
-    for row in rows.tolist():
+    for row, grads in zip(rows.tolist(), gradient.tolist(), strict=True):
         op = _OPS.get(ev.names[ev.name[row]].split(":", 1)[1])
         shapes = shapes_from_args(args[row])
         if op is None or shapes is None or not shapes.dims:
             continue
         elems = int(np.prod(shapes.dims[0])) * (world if op == "all_gather" else 1)
         calls.append(Call(op, elems * element_bytes(shapes), _busy_before(ws, we, int(
-            ev.ts[row])) - _busy_before(ws, we, start), int(ev.dur[row]), world, elems))
+            ev.ts[row])) - _busy_before(ws, we, start), int(ev.dur[row]), world, elems, grads))
     return tuple(calls), int(ev.end[rows].max()) if len(rows) else end, len(rows) - len(calls)
 
 
@@ -269,6 +324,7 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     whole_run = not pc.any(in_steps).as_py()
     if not whole_run:   # without step markers the whole Run counts as one iteration
         keep = in_steps
+    kept = np.flatnonzero(np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool))
     table = table.filter(keep)
     kind, names = table.column("kind"), table.column("name")
     is_coll = pc.is_in(kind, pa.array(["collective"]))
@@ -283,6 +339,7 @@ def profile(run: Run, grad_bytes: int | None = None, *,
     args = run.table("events", ["detail"]).column("detail").filter(
         pc.and_(keep, pc.is_in(kinds, pa.array(["collective"])))).to_pylist()
     coll_at = np.cumsum(coll) - 1
+    gradient = _carry_gradients(run, kept[coll])
     steps: list[StepProfile] = []
     idle = _device_idle(run, _step_spans(run))
     groups = group_rows(lane_key(rank, step), np.arange(len(rank)))
@@ -295,7 +352,8 @@ def profile(run: Run, grad_bytes: int | None = None, *,
         overlapped, last_end = 0, int(cs[0])
         for i in rows[coll[rows]].tolist():
             start, end = int(ts[i]), int(ts[i] + dur[i])
-            call = _call(args[coll_at[i]] or "", _busy_before(cs, ce, start), int(dur[i]))
+            call = _call(args[coll_at[i]] or "", _busy_before(cs, ce, start), int(dur[i]),
+                         bool(gradient[coll_at[i]]))
             if call is not None:
                 calls.append(call)
                 overlapped += _overlap(cs, ce, start, end)
@@ -315,12 +373,13 @@ def profile(run: Run, grad_bytes: int | None = None, *,
         raise NotApplicable(None, "no device kernels or marked steps; nothing to project",
                             subject=run.path)
     world = max([c.world for st in steps for c in st.calls] or [len({st.rank for st in steps})])
-    # a CPU process group's all-reduces are no gradient size: a tensor-parallel layer's reduce
-    # its activations (the layers' shapes are the parameters)
-    measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce")
-                if compute_source != HOST_STEPS else 0 for st in steps]
+    # the all-reduces of the parameters' gradients: a tensor-parallel layer's reduce activations
+    # and input gradients (gradient_issuers)
+    measured = [sum(c.nbytes for c in st.calls if c.op == "all_reduce" and c.gradient)
+                for st in steps]
     if grad_bytes is None and any(measured):
-        grad_bytes, source = int(statistics.median(measured)), "collective kernels"
+        grad_bytes, source = int(statistics.median(measured)), (
+            "collective kernels" if compute_source != HOST_STEPS else "collectives on host threads")
     elif grad_bytes is not None or shaped_grad_bytes:
         grad_bytes, source = ((grad_bytes, "--grad-bytes") if grad_bytes is not None
                               else (shaped_grad_bytes or 0, "parameter shapes"))
