@@ -231,6 +231,20 @@ class Prediction:
         return None
 
     @property
+    def predicted_unprofiled_ns(self) -> int | None:
+        """The program's own step (no profiler) at the target configuration: the steady
+        steps' predicted median less what the window added to the recorded Run's steps (their
+        steady median less `unprofiled_ns`), held per step. The window's cost is per op (its
+        callbacks, the shapes and execution trace it writes of each), and a batch or width
+        change keeps the ops: on the MLP-Mixer it added 2.8, 3.4 and 1.8 ms a step at batch
+        4, 8 and 32 (docs/benchmarks.md, twenty-third pass). At the recorded configuration it
+        is the own step plus the prediction's error, no test of it; None without an own
+        step."""
+        if self.unprofiled_ns is None:
+            return None
+        return self.predicted_steady_ns - (self.measured_steady_ns - self.unprofiled_ns)
+
+    @property
     def steady_spread(self) -> float:
         """GMAE of the steady steps around their median: how much alike they ran."""
         return self._steady().spread
@@ -257,6 +271,7 @@ class Prediction:
                                                       for s in self.steps))
                              for c in categories} if self.steps else {},
             "unprofiled_ns": self.unprofiled_ns,
+            "predicted_unprofiled_ns": self.predicted_unprofiled_ns,
             "compare": ({"path": self.compare[0], "measured_ns": self.compare[1],
                          "device_active_ns": self.compare[2],
                          "unprofiled_ns": self.compare_unprofiled_ns} if self.compare else None),
