@@ -37,7 +37,8 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
         [--predict-steps 16] [--after 12] [--scripts mixer,conv1d]
-        [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op)
+        [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op; with
+                        --only predict each script's output beside its Run, RUN.stdout)
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
@@ -214,10 +215,12 @@ def _ours_s() -> float:
 
 
 def record_alone(out: Path, cmd: list[str], **kwargs: Any) -> tuple[Run, str, float]:
-    """`record`, and the cores other processes kept busy meanwhile (on average)."""
+    """`record`, and the cores other processes kept busy meanwhile (on average); the script's
+    output kept beside the Run (RUN.stdout: its `truth` line, for --keep)."""
     busy, ours, start = _busy_s(), _ours_s(), time.perf_counter()
     run, stdout = record(out, cmd, **kwargs)
     wall = time.perf_counter() - start
+    out.with_name(out.name + ".stdout").write_text(stdout)
     return run, stdout, max(0.0, (_busy_s() - busy) - (_ours_s() - ours)) / wall
 
 

@@ -1192,9 +1192,10 @@ def test_predict_says_the_program_s_own_step(tmp_path: Path,
 def test_predict_gives_the_program_s_own_step_at_a_changed_batch(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Where the recorder timed the program's own step after its window (1 ms here), predict
-    gives it at the target configuration too: the prediction of a profiled step less what the
-    window added to the recorded Run's (its steady median less its 1 ms own step), held per
-    step; against the compared Run's own step where it has one."""
+    gives it at the target configuration too: the prediction of a profiled step times the
+    recorded Run's own step over its profiled one (the window's cost scaled with the step, as
+    the prediction scales the ops that hold it); against the compared Run's own step where it
+    has one."""
     from perfswarm.cli.predict_cmd import _print
 
     run, _ = _with_own_steps(tmp_path)
@@ -1206,15 +1207,14 @@ def test_predict_gives_the_program_s_own_step_at_a_changed_batch(
     assert data["steady"]["measured_ns"] == profiled > 2 * MS
     doubled = data["steady"]["predicted_ns"]
     assert doubled > profiled
-    assert data["predicted_unprofiled_ns"] == doubled - (profiled - MS)
+    own = round(doubled * MS / profiled)
+    assert data["predicted_unprofiled_ns"] == own
     _print(p)
     out = " ".join(capsys.readouterr().out.split())
-    assert f"predicted, outside the profiler's window │ {(doubled - profiled + MS) / MS:.3f} ms" \
-        in out
-    assert (f"outside the profiler's window: predicted {(doubled - profiled + MS) / MS:.3f} ms, "
-            f"{100 * ((doubled - profiled + MS) / MS - 1):+.1f}% of the compared run's own step "
-            f"1.000 ms (this run's profiled steps less its own, {(profiled - MS) / MS:.3f} ms, "
-            "held per step)") in out
+    assert f"predicted, outside the profiler's window │ {own / MS:.3f} ms" in out
+    assert (f"outside the profiler's window: predicted {own / MS:.3f} ms, "
+            f"{100 * (own / MS - 1):+.1f}% of the compared run's own step 1.000 ms (this run's "
+            f"own step, x{MS / profiled:.2f} its profiled ones, held)") in out
     # without an own step (no steps timed after the window), none
     bare = import_traces([Path(__file__).parent / "data" / "mlp_adam_cpu.pt.trace.json.gz"],
                          tmp_path / "bare.run", ImportOptions(), ["t"])

@@ -99,8 +99,8 @@ def _print(result: Prediction) -> None:
         console.print(
             f"outside the profiler's window: predicted {ms(own_predicted)}, "
             f"{100 * (own_predicted / compared['unprofiled_ns'] - 1):+.1f}% of the compared "
-            f"run's own step {ms(compared['unprofiled_ns'])} (this run's profiled steps less "
-            f"its own, {ms(steady['measured_ns'] - data['unprofiled_ns'])}, held per step)")
+            f"run's own step {ms(compared['unprofiled_ns'])} (this run's own step, "
+            f"x{data['unprofiled_ns'] / steady['measured_ns']:.2f} its profiled ones, held)")
     parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
     console.print(f"predicted breakdown: {parts}")
     kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))

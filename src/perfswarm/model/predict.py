@@ -233,16 +233,16 @@ class Prediction:
     @property
     def predicted_unprofiled_ns(self) -> int | None:
         """The program's own step (no profiler) at the target configuration: the steady
-        steps' predicted median less what the window added to the recorded Run's steps (their
-        steady median less `unprofiled_ns`), held per step. The window's cost is per op (its
-        callbacks, the shapes and execution trace it writes of each), and a batch or width
-        change keeps the ops: on the MLP-Mixer it added 2.8, 3.4 and 1.8 ms a step at batch
-        4, 8 and 32 (docs/benchmarks.md, twenty-third pass). At the recorded configuration it
-        is the own step plus the prediction's error, no test of it; None without an own
-        step."""
+        steps' predicted median times the recorded Run's own step over its profiled one
+        (`unprofiled_ns` over their steady median). The prediction scales each profiled op's
+        time, the window's cost in it too, with the op's work, and the window's page faults
+        grow with the tensors (4x at 4x the batch): held as a share of the step, it came within
+        2% of the own step measured at a changed batch where holding it per step missed by
+        14-21% (docs/benchmarks.md, twenty-third pass). At the recorded configuration it is
+        the own step times the prediction's error, no test of it; None without an own step."""
         if self.unprofiled_ns is None:
             return None
-        return self.predicted_steady_ns - (self.measured_steady_ns - self.unprofiled_ns)
+        return round(self.predicted_steady_ns * self.unprofiled_ns / self.measured_steady_ns)
 
     @property
     def steady_spread(self) -> float:
