@@ -321,7 +321,7 @@ def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str
             own_measured = p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns
             own_predicted = p.predicted_unprofiled_ns
             cells = [f"{v / 1e6:.2f}ms" if v else "-" for v in (own_measured, own_predicted)]
-            # at the recorded configuration the own step predicted is the measured one plus the
+            # at the recorded configuration the own step predicted is the measured one times the
             # prediction's error (predicted_unprofiled_ns): shown, never judged there
             for against, own_judged in ((own_measured, own_errors),
                                         (own_after(*runs[label]), clock_errors)):

@@ -236,7 +236,7 @@ class Prediction:
         steps' predicted median times the recorded Run's own step over its profiled one
         (`unprofiled_ns` over their steady median). The prediction scales each profiled op's
         time, the window's cost in it too, with the op's work, and the window's page faults
-        grow with the tensors (3-5x at 4x the batch): held as a share of the step, it read
+        grow with the tensors (3.6-4.7x at 4x the batch): held as a share of the step, it read
         9.7% (geomean) off the own step measured on 31 quiet pairs of four scripts at half and
         four times the batch, held per step 21.0% (docs/benchmarks.md, twenty-third pass). At
         the recorded configuration it is the own step times the prediction's error, no test
