@@ -27,11 +27,18 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   not judged; the ratio of each prediction to the base's prediction is also judged against the
   ratio of the scripts' own CPU time per step (CPU seconds: what other load barely moves). The width
   change gives --dim W=2W and, for the GPT-style decoders, the head size W/4 (the parameters'
-  multiples of W follow by themselves).
+  multiples of W follow by themselves). Each script runs `--after` steps more after the window
+  and its export step: the program's own step (no profiler), which `predict` gives at the target
+  configuration too (`predicted_unprofiled_ns`); its error is printed beside the wall time's,
+  against the compared Run's own step and against the script's own clock over those steps,
+  judged as the wall time is (never at the recorded configuration, where it is the measured own
+  step by construction).
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
-        [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op)
+        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d]
+        [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op; with
+                        --only predict each script's output beside its Run, RUN.stdout)
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
@@ -208,10 +215,12 @@ def _ours_s() -> float:
 
 
 def record_alone(out: Path, cmd: list[str], **kwargs: Any) -> tuple[Run, str, float]:
-    """`record`, and the cores other processes kept busy meanwhile (on average)."""
+    """`record`, and the cores other processes kept busy meanwhile (on average); the script's
+    output kept beside the Run (RUN.stdout: its `truth` line, for --keep)."""
     busy, ours, start = _busy_s(), _ours_s(), time.perf_counter()
     run, stdout = record(out, cmd, **kwargs)
     wall = time.perf_counter() - start
+    out.with_name(out.name + ".stdout").write_text(stdout)
     return run, stdout, max(0.0, (_busy_s() - busy) - (_ours_s() - ours)) / wall
 
 
@@ -227,16 +236,42 @@ def own_clock(run: Run, out: str) -> tuple[float, float] | None:
             sum(t["cpu_ns"][i] for i in marked) / sum(t["step_ns"][i] for i in marked))
 
 
-def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
+def own_after(run: Run, out: str) -> float | None:
+    """The script's median wall time per step (its own clock) over the steps the recorder timed
+    after its window (those `unprofiled_ns` is of; None for a script that prints no truth)."""
+    if not out or "truth " not in out:
+        return None
+    step_ns = truth(out)["step_ns"]
+    rows = run.table("steps").to_pylist()
+    closed = max(r["end"] for r in rows if r["source"] == "marker")
+    after = [step_ns[r["step"]] for r in rows if r["source"] == "detected"
+             and r["start"] >= closed and r["step"] < len(step_ns)]
+    return statistics.median(after) if after else None
+
+
+def _summary(what: str, changed: list[float]) -> None:
+    if changed:
+        ratios = [1 + e for e in changed]
+        print(f"changed configurations, {what} ({len(changed)}): geomean |error| "
+              f"{100 * gmae(ratios, [1.0] * len(ratios)):.1f}% (goal <= 5%), max "
+              f"{100 * max(abs(e) for e in changed):.1f}% (goal <= 15%)")
+
+
+def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str) -> None:
     """Record each script at every configuration, predict each from its base."""
     print(f"-- predict: profile {profile.device}, {profile.threads} thread(s); unusable "
           f"families: {profile.unusable() or 'none'}")
     print(f"{'script':8s} {'configuration':14s} {'measured':>10s} {'predicted':>10s} "
           f"{'error':>8s} {'spread':>7s} {'others':>6s} {'CPU share':>9s} {'CPU/step':>9s} "
-          f"{'ratio err':>9s}  kernels")
+          f"{'ratio err':>9s} {'own':>9s} {'own pred':>9s} {'own err':>8s} {'clock err':>9s}"
+          "  kernels")
     errors: list[float] = []  # changed configurations, both recordings uncontended
     recorded: list[float] = []
     ratio_errors: list[float] = []  # predicted / base against own CPU / base's own CPU
+    # the program's own step predicted (predicted_unprofiled_ns), changed configurations
+    # judged as the wall time is: against the compared Run's own step, and the script's clock
+    own_errors: list[float] = []
+    clock_errors: list[float] = []
     contended = 0
     one_thread = {"OMP_NUM_THREADS": "1"}
     scripts = [(s, DERIVED[s]) for s in DERIVED] + [("nanogpt", (0.25,))]
@@ -248,13 +283,16 @@ def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
                               NANOGPT_WIDTH if nano else BASE_WIDTH, derived)
         runs: dict[str, tuple[Run, str]] = {}
         others: dict[str, float] = {}
+        # the window's steps, then its export step, then `after` steps of the program's own
+        window = steps - 6
+        steps_run = 4 + window + 1 + after
         for label, batch, width, _change in base:
-            cmd = (nanogpt_cmd(steps, batch, width, layers=2) if nano else
+            cmd = (nanogpt_cmd(steps_run, batch, width, layers=2) if nano else
                    [sys.executable, str(MODELS), script, "--batch-size", str(batch), "--width",
-                    str(width), "--steps", str(steps)])
+                    str(width), "--steps", str(steps_run)])
             run, out, others[label] = record_alone(
                 tmp / f"{script}-{label.replace(' ', '')}.run", cmd,
-                cwd=nanogpt_dir(tmp) if nano else None, steps=f"4:{steps - 6}",
+                cwd=nanogpt_dir(tmp) if nano else None, steps=f"4:{window}",
                 collectors="torch", env=one_thread)
             runs[label] = run, out
         clocks = {label: own_clock(*runs[label]) for label in runs}
@@ -280,21 +318,34 @@ def check_predict(profile: Profile, steps: int, tmp: Path, only: str) -> None:
                 if label != "base":
                     ratio_errors.append(ratio)
                     own += f" {100 * ratio:+8.1f}%"
+            own_measured = p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns
+            own_predicted = p.predicted_unprofiled_ns
+            cells = [f"{v / 1e6:.2f}ms" if v else "-" for v in (own_measured, own_predicted)]
+            # at the recorded configuration the own step predicted is the measured one times the
+            # prediction's error (predicted_unprofiled_ns): shown, never judged there
+            for against, own_judged in ((own_measured, own_errors),
+                                        (own_after(*runs[label]), clock_errors)):
+                if label == "base" or not (own_predicted and against):
+                    cells.append("-")
+                    continue
+                cells.append(f"{100 * (own_predicted / against - 1):+.1f}%")
+                if judged:
+                    own_judged.append(own_predicted / against - 1)
             kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
             spread = f"{100 * p.steady_spread:6.1f}%" if label == "base" else ""
             print(f"{script:8s} {label:14s} {measured / 1e6:8.2f}ms {predicted / 1e6:8.2f}ms "
                   f"{100 * error:+7.1f}% {spread:>7s} {others[label]:6.2f}{' ' if judged else '*'}"
-                  f"{own:<30s}  {kernels}")
+                  f"{own:<30s} {cells[0]:>9s} {cells[1]:>9s} {cells[2]:>8s} {cells[3]:>9s}"
+                  f"  {kernels}")
     print(f"* wall-time error not judged: the script or its base had under "
           f"{100 * UNCONTENDED:.0f}% of a core, or other processes kept more than "
           f"{QUIET_OTHERS:g} cores busy meanwhile ('others', on average) ({contended} rows)")
     for what, changed in (("wall time", errors), ("ratio to the base, against own CPU time",
-                                                  ratio_errors)):
-        if changed:
-            ratios = [1 + e for e in changed]
-            print(f"changed configurations, {what} ({len(changed)}): geomean |error| "
-                  f"{100 * gmae(ratios, [1.0] * len(ratios)):.1f}% (goal <= 5%), max "
-                  f"{100 * max(abs(e) for e in changed):.1f}% (goal <= 15%)")
+                                                  ratio_errors),
+                          ("own step, against the compared Run's own", own_errors),
+                          ("own step, against the script's clock after the window",
+                           clock_errors)):
+        _summary(what, changed)
     if recorded:
         print(f"recorded configurations ({len(recorded)}): max |error| "
               f"{100 * max(abs(e) for e in recorded):.1f}% (goal <= 2%)")
@@ -308,7 +359,12 @@ def main() -> int:
     p.add_argument("--profile", type=Path, help="a calibrated profile (predict)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="minutes of calibration when no --profile is given (predict)")
-    p.add_argument("--predict-steps", type=int, default=16)
+    p.add_argument("--predict-steps", type=int, default=16,
+                   help="predict: the profiler's window holds N - 6 steps, after 4 "
+                   "unprofiled ones")
+    p.add_argument("--after", type=int, default=12,
+                   help="predict: the script's steps after the window's export step (its own "
+                   "step, no profiler: predicted_unprofiled_ns is judged against them)")
     p.add_argument("--scripts", default="", help="predict: only these (lstm,resnet,gpt,mixer,"
                    "conv1d,nanogpt)")
     p.add_argument("--keep", type=Path, help="record into this folder and keep the Runs")
@@ -321,7 +377,8 @@ def main() -> int:
                 check_nanogpt(ns.nanogpt_iters, Path(tmp))
             elif what == "predict":
                 data = read_json(ns.profile) if ns.profile else calibrate(60 * ns.budget)
-                check_predict(Profile.from_dict(data), ns.predict_steps, Path(tmp), ns.scripts)
+                check_predict(Profile.from_dict(data), ns.predict_steps, ns.after, Path(tmp),
+                              ns.scripts)
             elif what in EXPECTED:
                 check_loop(what, ns.steps, Path(tmp))
             else:

@@ -467,7 +467,7 @@ def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
     assert set(data) == {"path", "platform", "active_label", "source_device", "target_device",
                          "change", "batch", "measured_ns", "replayed_ns", "predicted_ns",
                          "replay_error", "predicted_error", "steady", "device_active_ns",
-                         "breakdown_ns", "unprofiled_ns", "compare",
+                         "breakdown_ns", "unprofiled_ns", "predicted_unprofiled_ns", "compare",
                          "steps", "kernels", "lags", "overheads", "notes"}
     assert OverheadModel.load(saved).to_dict() == data["overheads"]
     assert (data["platform"], data["active_label"]) == ("gpu", "device active")
@@ -1167,11 +1167,12 @@ def test_a_wait_in_a_range_is_the_hand_over_s(tmp_path: Path) -> None:
     assert result.predicted_error is not None and result.predicted_error < 0.005
 
 
-def test_predict_says_the_program_s_own_step(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """A recorder times steps after its window too: where they are alike, predict shows their
-    median beside the profiled ones, and says when the profiled steps ran otherwise (here
-    the five steps after the window, 1 ms each, against the window's)."""
+MS = 1_000_000
+
+
+def _with_own_steps(tmp_path: Path) -> tuple[Run, int]:
+    """tests/data/mlp_adam_cpu's Run (batch 64) with the steps a recorder times after its
+    window: the export step, then five of 1 ms; and how many profiled steps it has."""
     from perfswarm.recorder.build import Hooks, hook_steps
     from perfswarm.trace.schema import STEPS
 
@@ -1179,23 +1180,30 @@ def test_predict_says_the_program_s_own_step(tmp_path: Path,
     run = import_traces([trace], tmp_path / "m.run", ImportOptions(), ["t"])
     marked = run.table("steps")
     ends = sorted(marked.column("end").to_pylist())
-    last, n = ends[-1], len(ends)
-    ms = 1_000_000
-    hooks = [last + i * ms for i in range(7)]  # the export step, then five of 1 ms
+    hooks = [ends[-1] + i * MS for i in range(7)]
     after = hook_steps([Hooks(0, hooks, [0] * len(hooks), {})],
                        {(0, s) for s in marked.column("step").to_pylist()})
     assert after.column("source").to_pylist()[:1] == ["export"]
     run.write_table("steps", pa.concat_tables([marked, after]).cast(STEPS))
+    return run, len(ends)
+
+
+def test_predict_says_the_program_s_own_step(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A recorder times steps after its window too: where they are alike, predict shows their
+    median beside the profiled ones, and says when the profiled steps ran otherwise (here
+    the five steps after the window, 1 ms each, against the window's)."""
+    run, n = _with_own_steps(tmp_path)
     assert main(["predict", str(run.path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["unprofiled_ns"] == ms and n >= 2
+    assert data["unprofiled_ns"] == MS and n >= 2
     assert main(["predict", str(run.path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "measured, outside the profiler's window │ 1.000 ms" in out
     profiled = data["steady"]["measured_ns"]
-    assert (f"note: this run's profiled steps ran x{profiled / ms:.2f} its steps outside the "
+    assert (f"note: this run's profiled steps ran x{profiled / MS:.2f} its steps outside the "
             "profiler's window (1.000 ms;") in out
-    assert (f"the prediction is of a profiled step, {100 * (data['predicted_ns'] / ms - 1):+.1f}"
+    assert (f"the prediction is of a profiled step, {100 * (data['predicted_ns'] / MS - 1):+.1f}"
             "% of the program's own") in out
     # at another batch size the recorded configuration's own step is no measure of it
     from perfswarm.cli.predict_cmd import _print
@@ -1204,6 +1212,39 @@ def test_predict_says_the_program_s_own_step(tmp_path: Path,
     out = " ".join(capsys.readouterr().out.split())
     assert "its steps outside the profiler's window (1.000 ms;" in out
     assert "the prediction is of a profiled step" in out and "of the program's own" not in out
+
+
+def test_predict_gives_the_program_s_own_step_at_a_changed_batch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the recorder timed the program's own step after its window (1 ms here), predict
+    gives it at the target configuration too: the prediction of a profiled step times the
+    recorded Run's own step over its profiled one (the window's cost scaled with the step, as
+    the prediction scales the ops that hold it); against the compared Run's own step where it
+    has one."""
+    from perfswarm.cli.predict_cmd import _print
+
+    run, _ = _with_own_steps(tmp_path)
+    p = predict(run, Change(batch_size=128, recorded_batch_size=64), profile=PROFILE,
+                compare=run)
+    data = p.to_dict()
+    marked = sorted(s.measured_ns for s in p.steps if (s.rank, s.step) in p.steady)
+    profiled = int(np.median(marked))  # the window's steady steps, from the steps measured
+    assert data["steady"]["measured_ns"] == profiled > 2 * MS
+    doubled = data["steady"]["predicted_ns"]
+    assert doubled > profiled
+    own = round(doubled * MS / profiled)
+    assert data["predicted_unprofiled_ns"] == own
+    _print(p)
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"predicted, outside the profiler's window │ {own / MS:.3f} ms" in out
+    assert (f"outside the profiler's window: predicted {own / MS:.3f} ms, "
+            f"{100 * (own / MS - 1):+.1f}% of the compared run's own step 1.000 ms (this run's "
+            f"own step, x{MS / profiled:.2f} its profiled ones, held)") in out
+    # without an own step (no steps timed after the window), none
+    bare = import_traces([Path(__file__).parent / "data" / "mlp_adam_cpu.pt.trace.json.gz"],
+                         tmp_path / "bare.run", ImportOptions(), ["t"])
+    assert predict(bare, Change(batch_size=128, recorded_batch_size=64),
+                   profile=PROFILE).to_dict()["predicted_unprofiled_ns"] is None
 
 
 def test_a_run_without_shapes(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ def _print(result: Prediction) -> None:
     table.add_row("predicted", ms(data["predicted_ns"]), ms(active["predicted"]))
     if 0 < steady["steps"] < len(data["steps"]):
         table.add_row(f"predicted, the {steady['steps']} steady", ms(steady["predicted_ns"]), "")
+    own_predicted = data["predicted_unprofiled_ns"]
+    if own_predicted is not None:
+        table.add_row("predicted, outside the profiler's window", ms(own_predicted), "")
     compared = data["compare"]
     if compared:
         table.add_row(f"measured ({compared['path']})", ms(compared["measured_ns"]),
@@ -92,6 +95,12 @@ def _print(result: Prediction) -> None:
             f"x{base / own:.2f} its steps outside the profiler's window ({ms(own)}; the "
             "window's own cost: its per-op overhead, its buffers growing the heap so that large "
             f"tensors page-fault); the prediction is of a profiled step{against}")
+    if own_predicted is not None and compared and compared["unprofiled_ns"]:
+        console.print(
+            f"outside the profiler's window: predicted {ms(own_predicted)}, "
+            f"{100 * (own_predicted / compared['unprofiled_ns'] - 1):+.1f}% of the compared "
+            f"run's own step {ms(compared['unprofiled_ns'])} (this run's own step, "
+            f"x{data['unprofiled_ns'] / steady['measured_ns']:.2f} its profiled ones, held)")
     parts = ", ".join(f"{k} {ms(v)}" for k, v in data["breakdown_ns"].items())
     console.print(f"predicted breakdown: {parts}")
     kernels = ", ".join(f"{k} {v:,}" for k, v in sorted(data["kernels"].items()))

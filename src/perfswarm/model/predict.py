@@ -232,6 +232,21 @@ class Prediction:
         return None
 
     @property
+    def predicted_unprofiled_ns(self) -> int | None:
+        """The program's own step (no profiler) at the target configuration: the steady
+        steps' predicted median times the recorded Run's own step over its profiled one
+        (`unprofiled_ns` over their steady median). The prediction scales each profiled op's
+        time, the window's cost in it too, with the op's work, and the window's page faults
+        grow with the tensors (3.6-4.7x at 4x the batch): held as a share of the step, it read
+        9.7% (geomean) off the own step measured on 31 quiet pairs of four scripts at half and
+        four times the batch, held per step 21.0% (docs/benchmarks.md, twenty-third pass). At
+        the recorded configuration it is the own step times the prediction's error, no test
+        of it; None without an own step."""
+        if self.unprofiled_ns is None:
+            return None
+        return round(self.predicted_steady_ns * self.unprofiled_ns / self.measured_steady_ns)
+
+    @property
     def steady_spread(self) -> float:
         """GMAE of the steady steps around their median: how much alike they ran."""
         return self._steady().spread
@@ -258,6 +273,7 @@ class Prediction:
                                                       for s in self.steps))
                              for c in categories} if self.steps else {},
             "unprofiled_ns": self.unprofiled_ns,
+            "predicted_unprofiled_ns": self.predicted_unprofiled_ns,
             "compare": ({"path": self.compare[0], "measured_ns": self.compare[1],
                          "device_active_ns": self.compare[2],
                          "unprofiled_ns": self.compare_unprofiled_ns} if self.compare else None),
