@@ -1240,6 +1240,15 @@ def test_predict_gives_the_program_s_own_step_at_a_changed_batch(
     assert (f"outside the profiler's window: predicted {own / MS:.3f} ms, "
             f"{100 * (own / MS - 1):+.1f}% of the compared run's own step 1.000 ms (this run's "
             f"own step, x{MS / profiled:.2f} its profiled ones, held)") in out
+    # a GPU Run forecast on another GPU: the recorded one's profiler cost is no part of the
+    # target's step, so none, had the Run its own step
+    gpu = import_traces([Path(__file__).parent / "data" / "lstm_h200.pt.trace.json.gz"],
+                        tmp_path / "gpu.run", ImportOptions(), ["t"])
+    same, h100 = predict(gpu), predict(gpu, Change(device="H100-SXM"))
+    assert replace(same, unprofiled_ns=MS).predicted_unprofiled_ns == round(
+        same.predicted_steady_ns * MS / same.measured_steady_ns)
+    assert h100.source_device != h100.target_device
+    assert replace(h100, unprofiled_ns=MS).predicted_unprofiled_ns is None
     # without an own step (no steps timed after the window), none
     bare = import_traces([Path(__file__).parent / "data" / "mlp_adam_cpu.pt.trace.json.gz"],
                          tmp_path / "bare.run", ImportOptions(), ["t"])

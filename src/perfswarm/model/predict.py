@@ -241,8 +241,9 @@ class Prediction:
         9.7% (geomean) off the own step measured on 31 quiet pairs of four scripts at half and
         four times the batch, held per step 21.0% (docs/benchmarks.md, twenty-third pass). At
         the recorded configuration it is the own step times the prediction's error, no test
-        of it; None without an own step."""
-        if self.unprofiled_ns is None:
+        of it; None without an own step, and for another device (the recorded one's profiler
+        cost is no part of the target's step)."""
+        if self.unprofiled_ns is None or self.target_device != self.source_device:
             return None
         return round(self.predicted_steady_ns * self.unprofiled_ns / self.measured_steady_ns)
 
