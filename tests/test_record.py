@@ -456,9 +456,10 @@ def test_a_critic_stepped_five_times_a_generator_step(tmp_path: Path, first: str
     calls = [c for c in result.run.table("counters").to_pylist() if c["name"] == OPTIMIZER_CALL]
     assert len(calls) == 8 and all(c["value"] > 0 for c in calls)
     # the optimizers' own time of each step: 6 calls', the first step's too (the generator's
-    # first call its end: the critic's 5 after it carried into it, not dropped)
+    # first call its end: the critic's 5 after it carried into it, not dropped: one call of
+    # six would read about a sixth of a step's; 0.3, as another process's burst can halve one)
     own = {s["step"]: c["value"] for s in steps for c in calls if c["ts"] == s["end"]}
-    assert own[1] > 0.5 * min(own[s["step"]] for s in steps
+    assert own[1] > 0.3 * min(own[s["step"]] for s in steps
                               if s["source"] == "detected" and s["step"] > 1)
     events = sorted(result.run.table("events", ["name", "ts"]).to_pylist(),
                     key=lambda e: e["ts"])
