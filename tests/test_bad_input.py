@@ -41,6 +41,11 @@ def _trace(*events: dict[str, object]) -> bytes:
 CASES = {
     "truncated gzip": ("t.json.gz", gzip.compress(_trace(_event()) * 50)[:-20],
                        "corrupt or truncated gzip"),
+    # both had read "(json): invalid JSON: Input data was truncated" (byte 0 for the SQLite one)
+    "empty file": ("t.json", b"", "t.json: empty: the file holds no data"),
+    "empty gzip": ("t.json.gz", gzip.compress(b""), "t.json.gz: empty: the file holds no data"),
+    "sqlite without its header": ("t.sqlite", b"garbage\n", "t.sqlite: neither an SQLite "
+                                  "database (no SQLite header) nor JSON"),
     "invalid json": ("t.json", b'{"traceEvents": [{"ph": "X",, }]}', "invalid JSON"),
     "truncated json": ("t.json", _trace(_event())[:-5], "invalid JSON"),
     "memory snapshot pickle": ("snapshot.pickle", pickle.dumps({"segments": []}),

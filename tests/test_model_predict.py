@@ -300,6 +300,14 @@ def test_dimensions_change_parameters_too(cpu_run: Run) -> None:
     assert [s.predicted_ns for s in p.steps] == [(1000 + 270) * US] * 3
 
 
+def test_a_dimension_no_op_holds_is_refused(cpu_run: Run) -> None:
+    # the recorded inputs hold 16, 64, 10 and the batch, no 1000 and no 128: such a --dim had
+    # changed nothing, the recorded step predicted as if at the new size
+    with pytest.raises(PerfswarmError, match=r"no op of the Run has a recorded dimension "
+                                             r"128, 1000: nothing to change$"):
+        predict(cpu_run, Change(dims=((64, 32), (1000, 2000), (128, 8))), profile=PROFILE)
+
+
 def test_recorded_batch_size_from_shapes(cpu_run: Run, tmp_path: Path) -> None:
     trace = tmp_path / "t.json"
     trace.write_bytes(orjson.dumps({"traceEvents": [e for i in range(2) for e in _step(i)]}))

@@ -394,6 +394,12 @@ def _any_shapes(m: _Model) -> bool:
     return any(s is not None for s in m.shapes(rows))
 
 
+def _recorded_dims(m: _Model) -> set[int]:
+    """Every dimension of every CPU op's recorded inputs: what a `--dim` OLD can name."""
+    rows = np.flatnonzero(m.ev.of_kind("cpu_op")).tolist()
+    return {x for s in m.shapes(rows) if s is not None for d in s.dims for x in d}
+
+
 def _enclosing(ev: Events, value: Mapping[int, object],
                own: npt.NDArray[np.float64] | None = None) -> set[int]:
     """Rows of `value` that enclose, on their own thread, another of its rows of the same value
@@ -1117,6 +1123,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             scaler = None
         source_name = source.name if source else "unknown GPU"
         target_name = target.name if target else source_name
+    if absent := sorted({a for a, _ in change.dims} - _recorded_dims(m)):
+        # (it had changed nothing, the recorded step predicted as if at the new size)
+        raise ParameterError("dims", "no op of the Run has a recorded dimension "
+                             + ", ".join(map(str, absent)) + ": nothing to change",
+                             subject=run.path)
     dims = derived_dims(dict(change.dims), fixed)
     if len(dims) > len(change.dims):
         notes.append("dimensions following the change as parameters' multiples of it: "

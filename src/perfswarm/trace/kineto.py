@@ -218,7 +218,12 @@ PICKLE: Final = b"\x80"  # a pickle's first byte (the protocol opcode, protocol 
 
 
 def invalid_json(path: Path, head: bytes, exc: Exception) -> TraceFormatError:
-    """The error for a file that is not JSON, naming a pickle as one."""
+    """The error for a file that is not JSON, naming a pickle as one, an empty file as empty
+    and a `.sqlite` file as no SQLite database (read as JSON for want of its header)."""
+    if not head.strip():
+        return TraceFormatError(path, "", "empty: the file holds no data")
+    if path.suffix == ".sqlite":
+        return TraceFormatError(path, "", "neither an SQLite database (no SQLite header) nor JSON")
     if head[:1] == PICKLE:
         return TraceFormatError(path, "", "a Python pickle (as torch.cuda.memory._dump_snapshot "
                                 "writes), not a JSON trace",
