@@ -1123,7 +1123,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             scaler = None
         source_name = source.name if source else "unknown GPU"
         target_name = target.name if target else source_name
-    if absent := sorted({a for a, _ in change.dims} - _recorded_dims(m)):
+    if change.dims and (absent := sorted({a for a, _ in change.dims} - _recorded_dims(m))):
         # (it had changed nothing, the recorded step predicted as if at the new size)
         raise ParameterError("dims", "no op of the Run has a recorded dimension "
                              + ", ".join(map(str, absent)) + ": nothing to change",
