@@ -388,16 +388,10 @@ def _compute_nodes(m: _Model) -> Mask:
     return out
 
 
-def _any_shapes(m: _Model) -> bool:
-    """Whether any CPU op of the Run has recorded shapes."""
+def _cpu_shapes(m: _Model) -> list[Shapes]:
+    """The recorded shapes of the Run's CPU ops (those that have some)."""
     rows = np.flatnonzero(m.ev.of_kind("cpu_op")).tolist()
-    return any(s is not None for s in m.shapes(rows))
-
-
-def _recorded_dims(m: _Model) -> set[int]:
-    """Every dimension of every CPU op's recorded inputs: what a `--dim` OLD can name."""
-    rows = np.flatnonzero(m.ev.of_kind("cpu_op")).tolist()
-    return {x for s in m.shapes(rows) if s is not None for d in s.dims for x in d}
+    return [s for s in m.shapes(rows) if s is not None]
 
 
 def _enclosing(ev: Events, value: Mapping[int, object],
@@ -1063,7 +1057,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     del insts
 
     shapeless = (m.platform == "cpu" and change.device is None and not m.compute.any()
-                 and not _any_shapes(m))
+                 and not _cpu_shapes(m))
     if shapeless:
         why = "no op has recorded shapes (torch.profiler's record_shapes=False, its default)"
         if change.batch_size is not None or change.dims:  # (every op had been kept at its
@@ -1123,7 +1117,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             scaler = None
         source_name = source.name if source else "unknown GPU"
         target_name = target.name if target else source_name
-    if change.dims and (absent := sorted({a for a, _ in change.dims} - _recorded_dims(m))):
+    if change.dims and (absent := sorted({a for a, _ in change.dims} - {
+        x for s in _cpu_shapes(m) for d in s.dims for x in d})):
         # (it had changed nothing, the recorded step predicted as if at the new size)
         raise ParameterError("dims", "no op of the Run has a recorded dimension "
                              + ", ".join(map(str, absent)) + ": nothing to change",

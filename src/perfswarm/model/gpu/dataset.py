@@ -148,9 +148,10 @@ def _labels(path: Path) -> list[tuple[Work, float]]:
     nodes that launch one kernel of a swept family, with their forward latency (s); none
     where the nodes add up past the case's e2e (SUMS_TO; a case without its .json is kept)."""
     found = list(_label_nodes(path))
+    kernels = [(w, s) for w, s, _ in found if w is not None]
     meta = path.with_name(path.name.removesuffix(".csv.gz") + ".json")
     if not meta.exists():
-        return [(w, s) for w, s, _ in found if w is not None]
+        return kernels
     try:
         case = orjson.loads(meta.read_bytes())
         e2e, layers = float(case["e2e_latency"]) * 1e-3, int(case["num_layer"])
@@ -158,7 +159,7 @@ def _labels(path: Path) -> list[tuple[Work, float]]:
         raise PerfswarmError(f"{meta}: not a label case's summary ({type(exc).__name__}: "
                              f"{exc})") from None
     nodes = sum(s * (layers if in_layer else 1) for _, s, in_layer in found)
-    return [(w, s) for w, s, _ in found if w is not None] if e2e >= SUMS_TO * nodes else []
+    return kernels if e2e >= SUMS_TO * nodes else []
 
 
 def _label_nodes(path: Path) -> Iterator[tuple[Work | None, float, bool]]:
