@@ -33,7 +33,8 @@ from perfswarm.trace.store import Run
 def run_delay(run: Run, p: Prediction) -> float | None:
     """The loop threads' run delay over the steady steps, as a share of those steps' time."""
     steps = run.table("steps")
-    keys = pa.array([f"{s.rank}:{s.step}" for s in p.steps if (s.rank, s.step) in p.steady])
+    keys = pa.array([f"{s.rank}:{s.step}" for s in p.steps if (s.rank, s.step) in p.steady],
+                    pa.string())
     mine = steps.filter(pc.is_in(pc.binary_join_element_wise(
         pc.cast(steps.column("rank"), pa.string()), pc.cast(steps.column("step"), pa.string()),
         ":"), value_set=keys))
