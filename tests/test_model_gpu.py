@@ -230,7 +230,10 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
     A100 (40 MB, 12.5) and the P100 where the hardware makes no difference: past 4 L2s it streams
     from DRAM, and at a 16th of the ridge point or less it is bound by its bytes; its roofline is
     its bytes at the bandwidth the device's memory class streams at (HBM on Volta and later 0.9,
-    Pascal's HBM2 0.75). A GEMM reuses its operands: its features and roofline are as rated."""
+    Pascal's HBM2 0.75). A GEMM reuses its operands: its intensity and roofline are as rated,
+    but its working set too reads no further than 4 L2s (past them its tiles stream their
+    panels from DRAM however large the whole: the feature had told the V100's 6 MB L2 from the
+    A100's 40)."""
     work = vector_work("elementwise", "add", 2 ** 16, 2 ** 10)
     v100, a100, p100 = (Hardware.of_spec(load_spec(g)) for g in (
         "Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", "Tesla P100-PCIE-16GB"))
@@ -246,10 +249,17 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
         math.log2(12 * 2 ** 18 / 40e6))
     gemm = op_kernels("aten::mm", Shapes(((2 ** 14, 2 ** 14), (2 ** 14, 16)), ("float",) * 2))
     assert gemm is not None
-    x = features(gemm[0], v100)
-    assert x[index["log2 bytes / L2"]] == pytest.approx(math.log2(gemm[0].bytes / 6e6))
-    assert math.log2(gemm[0].bytes / 6e6) > 7
+    assert math.log2(gemm[0].bytes / 40e6) > 4
+    for hw in (v100, a100):
+        x = features(gemm[0], hw)
+        assert x[index["log2 bytes / L2"]] == 2.0
+        assert x[index["log2 intensity / ridge"]] == pytest.approx(
+            math.log2(gemm[0].flops / gemm[0].bytes * hw.bandwidth / hw.fp32))
     assert roofline_s(gemm[0], v100) == pytest.approx(gemm[0].bytes / 900e9)
+    small_gemm = op_kernels("aten::mm", Shapes(((2 ** 10, 2 ** 10), (2 ** 10, 16)), ("float",) * 2))
+    assert small_gemm is not None  # 4.1 MiB: under 4 V100 L2s
+    assert features(small_gemm[0], v100)[index["log2 bytes / L2"]] == pytest.approx(
+        math.log2(small_gemm[0].bytes / 6e6))
 
 
 def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,

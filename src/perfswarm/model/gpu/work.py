@@ -26,15 +26,21 @@ ELEMENTWISE_BLOCK: Final = 512  # elements a vectorized elementwise block takes 
 TILES: Final = (128, 64)  # GEMM output tile edges the quantization features assume
 # the families whose kernels stream their bytes through once (no operand reused from the L2 or
 # shared memory, as a GEMM's tiles are): their bytes move at the bandwidth the device's DRAM
-# streams at (Hardware.streamed_bandwidth), a working set past L2_SPAN L2s streams from DRAM
-# however much larger (between calls no reuse is left), and under UNDER_RIDGE of the ridge point
-# it is bound by its bytes however far under: those two features are clamped there, so that they
-# tell no device apart where the hardware does not (unclamped, the V100's large elementwise ops,
-# at more L2s than the A100's training rows reach, were priced like GDDR parts', and the P100's by
-# its A100-like ridge point; applied to GEMMs too, their held-out GMAE went 32.9 -> 33.8%)
+# streams at (Hardware.streamed_bandwidth), and under UNDER_RIDGE of the ridge point they are
+# bound by their bytes however far under: that feature is clamped there, so that it tells no
+# device apart where the hardware does not (unclamped, the P100's large elementwise ops were
+# priced by its A100-like ridge point)
 STREAMING: Final = frozenset({"elementwise", "norm", "softmax"})
-L2_SPAN: Final = 4.0
 UNDER_RIDGE: Final = 1 / 16
+# every family's working set past L2_SPAN L2s comes from DRAM however much larger (between calls
+# no reuse is left; a GEMM's or a convolution's tiles then stream their operand panels through
+# the L2 a wave at a time, however large the whole): bytes / L2 is clamped there. Unclamped, it
+# told the devices apart by their L2 alone (6 MB on a V100, 40 on an A100): the V100's large
+# elementwise ops, at more L2s than the A100's training rows reach, were priced like GDDR
+# parts', and with the V100 left out its models' GEMMs of over 50 GFLOP (a median 52 of its
+# L2s, 8 of the A100's) came out 1.18x their measured time, 1.15x clamped (docs/benchmarks.md,
+# twenty-fourth pass)
+L2_SPAN: Final = 4.0
 # the device enters through the roofline, the waves over its SMs, bytes over its L2, its ridge
 # point and its memory class only: no feature names one of the few measured GPUs (SMs, clock,
 # bandwidth as such), so an unseen GPU is not priced as the measured GPU nearest in some spec
@@ -91,9 +97,9 @@ def features(work: Work, hw: Hardware) -> list[float]:
     peak = peak_of(hw, work.peak)
     ridge = peak / hw.bandwidth
     intensity = work.flops / work.bytes if work.bytes > 0 else ridge
-    under, l2s = intensity / ridge, work.bytes / hw.l2_bytes
+    under, l2s = intensity / ridge, min(work.bytes / hw.l2_bytes, L2_SPAN)
     if work.family in STREAMING:
-        under, l2s = max(under, UNDER_RIDGE), min(l2s, L2_SPAN)
+        under = max(under, UNDER_RIDGE)
     waves = []
     for tile in TILES:
         blocks = max(1, work.blocks(tile))
