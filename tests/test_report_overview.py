@@ -529,6 +529,25 @@ def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
                                "update), in 3 of 3 steps")
 
 
+def test_samples_of_torch_func_grad(tmp_path: Path) -> None:
+    """torch.func.grad (tests/data/func_grad.py, batches of 16) dispatches each op again at
+    each level its transform wraps it in: the first layer's weight gradient (aten::mm
+    [32, 16] x [16, 24]) is three nested calls a step (counted from the raw JSON, the
+    innermost with its inputs listed twice), one product: 16 samples a step, not 48."""
+    trace = Path(__file__).parent / "data" / "func_grad_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    mms = [[e for e in raw if e.get("name") == "aten::mm"
+            and m["ts"] <= e["ts"] < m["ts"] + m["dur"]
+            and e["args"].get("Input Dims", [])[:2] == [[32, 16], [16, 24]]] for m in marks]
+    assert [len(m) for m in mms] == [3, 3, 3]
+    assert all(a["ts"] <= b["ts"] and b["ts"] + b["dur"] <= a["ts"] + a["dur"]
+               for a, b in (m[:2] for m in mms))
+    rates = report_data(import_traces([trace], tmp_path / "f.run", ImportOptions(),
+                                      ["func_grad.py"]))["throughput"]
+    assert rates["samples_per_step"] == 16 and rates["steps"] == 3
+
+
 def test_samples_of_twin_models_stepped_by_several_optimizers(tmp_path: Path) -> None:
     """Twin GANs (tests/data/gan_adam.py `twins d2 wide`: generator and discriminator both
     32 -> 48 -> 32, batches of 16) step the discriminator twice, then the generator, each after

@@ -604,6 +604,9 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     codes = [i for i, n in enumerate(ev.names) if n in ("aten::mm", ACCUMULATE_GRAD)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
     rows = rows[phases(ev, rows) == BACKWARD]
+    # torch.func's transforms dispatch each op again at every level they wrap it in, an
+    # aten::mm inside an aten::mm of one product (grad's three): the innermost is the product
+    rows = rows[~nested(ev, rows, inner=True)]
     # a pass that evaluates an optimizer's closure again (LBFGS) sums the same samples again
     begun, first, outer = _pass_starts(ev, mine, windows)
     stepped = _stepped(ev, outer, windows)
