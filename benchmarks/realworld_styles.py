@@ -171,10 +171,11 @@ def main() -> None:
             xs = torch.randn(64 * 64, 64, generator=gen)
             ys = (xs[:, :10] @ torch.randn(10, 10, generator=gen)).argmax(1)
             ys[:-512][torch.rand(len(ys) - 512, generator=gen) < 0.5] = 0  # noisy: it overfits
-            loader = iter(DataLoader(TensorDataset(xs[:-512], ys[:-512]),
-                                     batch_size=ns.batch_size, shuffle=True, generator=gen))
+            train = DataLoader(TensorDataset(xs[:-512], ys[:-512]), batch_size=ns.batch_size,
+                               shuffle=True, generator=gen)
             val = DataLoader(TensorDataset(xs[-512:], ys[-512:]), batch_size=128)
-            data: Iterator[tuple[torch.Tensor, torch.Tensor]] = loader
+            data: Iterator[tuple[torch.Tensor, torch.Tensor]] = (
+                b for _ in iter(int, 1) for b in train)  # epoch after epoch
         else:
             data = batches(ns.batch_size)
         best, bad = float("inf"), 0
