@@ -548,6 +548,26 @@ def test_samples_of_torch_func_grad(tmp_path: Path) -> None:
     assert rates["samples_per_step"] == 16 and rates["steps"] == 3
 
 
+def test_samples_of_batch_first_attention(tmp_path: Path) -> None:
+    """nn.TransformerEncoderLayer(batch_first=True) on batches of 8 sequences of 16 or 128
+    tokens (tests/data/bucketed_eval.py): its attention transposes the [8, T, 64] input to a
+    [T, 8, 64] view (strides [64, T x 64, 1], from the raw JSON) before its packed input
+    projection (weight [192, 64]), the step's first product. 8 samples a step, not T."""
+    trace = Path(__file__).parent / "data" / "bucketed_eval_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    firsts = [min((e for e in raw if e.get("name") == "aten::linear"
+                   and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"])["args"]
+              for m in marks]
+    assert {(a["Input Dims"][0][0], tuple(a["Input Strides"][0])) for a in firsts} == {
+        (t, (64, t * 64, 1)) for t in (16, 64, 128)}  # 64: the evaluation's
+    assert {tuple(a["Input Dims"][0][1:]) for a in firsts} == {(8, 64)}
+    assert {tuple(a["Input Dims"][1]) for a in firsts} == {(192, 64)}
+    rates = report_data(import_traces([trace], tmp_path / "b.run", ImportOptions(),
+                                      ["bucketed_eval.py"]))["throughput"]
+    assert rates["samples_per_step"] == 8 and rates["steps"] == 9 and rates["same_batch"]
+
+
 def test_samples_of_twin_models_stepped_by_several_optimizers(tmp_path: Path) -> None:
     """Twin GANs (tests/data/gan_adam.py `twins d2 wide`: generator and discriminator both
     32 -> 48 -> 32, batches of 16) step the discriminator twice, then the generator, each after
