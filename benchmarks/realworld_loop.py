@@ -41,6 +41,11 @@ class Slow(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x[i], self.y[i]
 
 
+def say_truth(**parts: object) -> None:
+    """The ground truth, last on stdout: one JSON line after `truth ` (realworld.py's `truth`)."""
+    print("truth " + json.dumps(parts), flush=True)
+
+
 def model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                          nn.Linear(512, 1))
@@ -90,8 +95,7 @@ def main() -> None:
         now = time.perf_counter_ns()
         steps.append(now - last)
         last = now
-    print("truth " + json.dumps({"step_ns": steps, "wait_ns": waits, "optimizer_ns": opt_ns,
-                                 "callback_steps": called}))
+    say_truth(step_ns=steps, wait_ns=waits, optimizer_ns=opt_ns, callback_steps=called)
 
 
 if __name__ == "__main__":

@@ -2001,6 +2001,29 @@ def test_cpu_contention_measured_from_descheduled_steps(tmp_path: Path) -> None:
     assert a.gain_of_ns == 196 * ms and a.gain_basis.startswith("measured: the steps")
 
 
+def test_outlier_steps_of_bucketed_lengths(tmp_path: Path) -> None:
+    """A training loop of sequences of 16 tokens, and of 128 every fourth step
+    (tests/data/bucketed_eval.py), with an evaluation (no-grad forwards) in step 6: over 2x the
+    median step (read from the raw JSON) are the first (the profiler's start), the long ones
+    (3 and 7) and the evaluation's. The long steps did 8x the backward work (their FLOPs) at
+    the usual rate and are no outliers; the evaluation, no backward work, is."""
+    trace = Path(__file__).parent / "data" / "bucketed_eval_cpu.pt.trace.json.gz"
+    raw = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = {int(e["name"].split("#")[1]): e for e in raw
+             if e.get("name", "").startswith("ProfilerStep#")}
+    median = float(np.median([m["dur"] for m in marks.values()]))
+    assert sorted(s for s, m in marks.items() if m["dur"] > 2 * median) == [1, 3, 6, 7]
+    # the first product: attention's input projection, [T, 8, 64] (batch_first transposed)
+    tokens = {s: min((e for e in raw if e.get("name") == "aten::linear"
+                      and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"]
+                     )["args"]["Input Dims"][0][0] for s, m in marks.items()}  # [T, 8, 64]
+    assert tokens == {1: 16, 2: 16, 3: 128, 4: 16, 5: 16, 6: 64, 7: 128, 8: 16, 9: 16}  # 6: eval
+    run = import_traces([trace], tmp_path / "b.run", ImportOptions(), ["bucketed_eval.py"])
+    a = shows(host.outlier_steps, run)
+    assert [o["step"] for o in a.evidence["outliers"]] == [6]
+    assert a.evidence["warmup_steps"] == 1
+
+
 def test_outlier_steps_while_every_step_waits_alike(tmp_path: Path) -> None:
     """Other processes held the cores throughout: the run's threads 1.0 core on a runqueue
     beside the 1.0 they ran, in every step alike (a loop on the CPU 45% of its time, as a

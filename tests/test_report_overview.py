@@ -529,6 +529,45 @@ def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
                                "update), in 3 of 3 steps")
 
 
+def test_samples_of_torch_func_grad(tmp_path: Path) -> None:
+    """torch.func.grad (tests/data/func_grad.py, batches of 16) dispatches each op again at
+    each level its transform wraps it in: the first layer's weight gradient (aten::mm
+    [32, 16] x [16, 24]) is three nested calls a step (counted from the raw JSON, the
+    innermost with its inputs listed twice), one product: 16 samples a step, not 48."""
+    trace = Path(__file__).parent / "data" / "func_grad_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    mms = [[e for e in raw if e.get("name") == "aten::mm"
+            and m["ts"] <= e["ts"] < m["ts"] + m["dur"]
+            and e["args"].get("Input Dims", [])[:2] == [[32, 16], [16, 24]]] for m in marks]
+    assert [len(m) for m in mms] == [3, 3, 3]
+    assert all(a["ts"] <= b["ts"] and b["ts"] + b["dur"] <= a["ts"] + a["dur"]
+               for a, b in (m[:2] for m in mms))
+    rates = report_data(import_traces([trace], tmp_path / "f.run", ImportOptions(),
+                                      ["func_grad.py"]))["throughput"]
+    assert rates["samples_per_step"] == 16 and rates["steps"] == 3
+
+
+def test_samples_of_batch_first_attention(tmp_path: Path) -> None:
+    """nn.TransformerEncoderLayer(batch_first=True) on batches of 8 sequences of 16 or 128
+    tokens (tests/data/bucketed_eval.py): its attention transposes the [8, T, 64] input to a
+    [T, 8, 64] view (strides [64, T x 64, 1], from the raw JSON) before its packed input
+    projection (weight [192, 64]), the step's first product. 8 samples a step, not T."""
+    trace = Path(__file__).parent / "data" / "bucketed_eval_cpu.pt.trace.json.gz"
+    raw = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = [e for e in raw if e.get("name", "").startswith("ProfilerStep#")]
+    firsts = [min((e for e in raw if e.get("name") == "aten::linear"
+                   and m["ts"] <= e["ts"] < m["ts"] + m["dur"]), key=lambda e: e["ts"])["args"]
+              for m in marks]
+    assert {(a["Input Dims"][0][0], tuple(a["Input Strides"][0])) for a in firsts} == {
+        (t, (64, t * 64, 1)) for t in (16, 64, 128)}  # 64: the evaluation's
+    assert {tuple(a["Input Dims"][0][1:]) for a in firsts} == {(8, 64)}
+    assert {tuple(a["Input Dims"][1]) for a in firsts} == {(192, 64)}
+    rates = report_data(import_traces([trace], tmp_path / "b.run", ImportOptions(),
+                                      ["bucketed_eval.py"]))["throughput"]
+    assert rates["samples_per_step"] == 8 and rates["steps"] == 9 and rates["same_batch"]
+
+
 def test_samples_of_twin_models_stepped_by_several_optimizers(tmp_path: Path) -> None:
     """Twin GANs (tests/data/gan_adam.py `twins d2 wide`: generator and discriminator both
     32 -> 48 -> 32, batches of 16) step the discriminator twice, then the generator, each after

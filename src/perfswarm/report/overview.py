@@ -550,6 +550,8 @@ def _unfolded(run: Run, ev: Events, mine: I64,
     packers = mine[np.isin(ev.name[mine], [i for i, n in enumerate(ev.names) if n == NESTED])]
     packers = packers[np.argsort(ev.ts[packers], kind="stable")]
     packed = dict(zip(packers.tolist(), RowShapes.of(run).get(packers), strict=True))
+    ordered = np.sort(rows)
+    own = dict(zip(ordered.tolist(), RowShapes.of(run).get(ordered), strict=True))
     out, said = dict(first), {}
     for step, (row, batch, weight) in first.items():
         op, shapes = outer.get(row, (-1, None))
@@ -560,6 +562,11 @@ def _unfolded(run: Run, ev: Events, mine: I64,
             said[step] = (f"{'x'.join(map(str, batch))}: the rows of "
                           f"{ev.name_of(op)}'s {'x'.join(map(str, dims))}")
             continue
+        if _batch_first_attention(own[row], batch, weight):
+            out[step] = (row, (batch[1], batch[0], *batch[2:]), weight)
+            said[step] = (f"{'x'.join(map(str, batch))}: nn.MultiheadAttention's batch_first "
+                          f"input, {batch[1]}x{batch[0]}x{batch[2]} transposed")
+            continue
         before = packers[(ev.ts[packers] <= ev.ts[row]) & (ev.tid[packers] == ev.tid[row])]
         nested = packed[int(before[-1])] if op >= 0 and not dims and len(before) else None
         padded: tuple[int, ...] = nested.dims[0] if nested is not None and nested.dims else ()
@@ -569,6 +576,17 @@ def _unfolded(run: Run, ev: Events, mine: I64,
             said[step] = (f"{'x'.join(map(str, batch))}: the valid tokens of {NESTED}'s "
                           f"{'x'.join(map(str, padded))} (its padding masked out)")
     return out, said
+
+
+def _batch_first_attention(shapes: Shapes | None, batch: tuple[int, ...],
+                           weight: tuple[int, ...]) -> bool:
+    """Whether the product is nn.MultiheadAttention's packed input projection (weight
+    [3E, E]) of an input [B, L, E] it took batch_first and transposed to an [L, B, E] view
+    (strides: its first dimension's step under its second's) before it: the batch is that
+    view's second dimension, not its first (the sequence length)."""
+    strides = shapes.strides[0] if shapes is not None and shapes.strides else ()
+    return (len(batch) == 3 and len(strides) == 3 and strides[0] < strides[1]
+            and weight == (3 * batch[2], batch[2]))
 
 
 # packs a padded batch's valid tokens, as the mask says, into a nested tensor (torch's
@@ -604,6 +622,9 @@ def _weight_gradients(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping
     codes = [i for i, n in enumerate(ev.names) if n in ("aten::mm", ACCUMULATE_GRAD)]
     rows = _in_windows(ev, mine[np.isin(ev.name[mine], codes)], windows)
     rows = rows[phases(ev, rows) == BACKWARD]
+    # torch.func's transforms dispatch each op again at every level they wrap it in, an
+    # aten::mm inside an aten::mm of one product (grad's three): the innermost is the product
+    rows = rows[~nested(ev, rows, inner=True)]
     # a pass that evaluates an optimizer's closure again (LBFGS) sums the same samples again
     begun, first, outer = _pass_starts(ev, mine, windows)
     stepped = _stepped(ev, outer, windows)

@@ -11,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import lane_key
+from perfswarm.analyze.frame import Events, lane_key
 from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.iterations import UNUSUAL, step_batches
 from perfswarm.analyze.system import (
@@ -22,6 +22,7 @@ from perfswarm.analyze.system import (
     readings,
     saturated,
 )
+from perfswarm.model.opstats import backward_flops
 from perfswarm.model.topology import copy_peak_gbps, interconnect
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import (
@@ -610,12 +611,44 @@ def _usual(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64]
                 break
     known = batch > 0
     if len(np.unique(batch[known])) < 2:
-        return median
-    per_sample = float(np.median(dur[known] / batch[known]))
-    for b in np.unique(batch[known]):
-        same = batch == b
-        median[same] = float(np.median(dur[same])) if same.sum() >= 3 else per_sample * b
+        return _by_work(facts, steps, dur, median)
+    median[known] = _of_size(dur[known], batch[known])
     return median
+
+
+def _of_size(dur: npt.NDArray[np.int64], size: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    """Each step's usual time among steps of sizes `size` (all known): the median of the
+    steps of its size, or with fewer than three, of them all scaled by its size over theirs."""
+    out = np.zeros(len(dur))
+    per_unit = float(np.median(dur / size))
+    for b in np.unique(size):
+        same = size == b
+        out[same] = float(np.median(dur[same])) if same.sum() >= 3 else per_unit * b
+    return out
+
+
+def _by_work(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64],
+             median: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Where the profiled steps' backward work differs (model.opstats.backward_flops: batches
+    of bucketed sequence lengths, 16 to 64 tokens), a profiled step's usual time is that of
+    the profiled steps of its work (_of_size; over the profiler's slowdown, which _timed_steps
+    puts back), and a step outside the window, whose work is untraced, the median step's times
+    the most work a traced step did over the median traced work: a step of 64 tokens is no
+    outlier among steps of 16. Else `median`. An evaluation or generate() in a step adds no
+    backward work: it stays an outlier."""
+    work = backward_flops(facts.run, Events.load(facts.run))
+    done = np.array([work.get((r, s), 0.0) for r, s in zip(col(steps, "rank").tolist(),
+                                                           col(steps, "step").tolist(),
+                                                           strict=True)])
+    traced = (col(steps, "source") == PROFILED) & (done > 0)
+    if traced.sum() < 3 or done[traced].max() < _WORK_VARIES * done[traced].min():
+        return median
+    out = median * float(done[traced].max() / np.median(done[traced]))
+    out[traced] = _of_size(dur[traced], done[traced]) / facts.profiler_slowdown
+    return out
+
+
+_WORK_VARIES = 1.1  # the most backward FLOPs of a traced step over the fewest: the work differs
 
 
 _PYTHON_SHARE = 30.0  # % of the steps the loop's thread ran nothing traced
