@@ -1054,6 +1054,20 @@ NO_OPTIM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize(("style", "said"), [
+    ("sgd", "backward() (no optimizer stepped)"),
+    ("infer", "top-level forward() (no optimizer stepped, no backward)")])
+def test_the_summary_line_says_what_counted_the_steps(tmp_path: Path, style: str,
+                                                      said: str) -> None:
+    """A loop without torch.optim: record's summary line says which call counted its steps."""
+    script = tmp_path / "loop.py"
+    script.write_text(NO_OPTIM)
+    out = subprocess.run([PY, "-m", "perfswarm.cli.main", "record", "-o", str(tmp_path / "r.run"),
+                          "-c", "torch", "--steps", "2:3", "--no-et", "--", PY, str(script),
+                          style], capture_output=True, text=True, check=True)
+    assert out.stderr.rstrip("\n").endswith(f"torch: ok; a step at each {said}")
+
+
 @pytest.mark.parametrize(("style", "driver", "ops"), [
     ("sgd", "backward", {"autograd::engine::evaluate_function: AddmmBackward0", "aten::sub_"}),
     ("infer", "forward", {"aten::addmm"}),  # a forward-driven window opens a step later
