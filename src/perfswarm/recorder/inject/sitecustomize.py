@@ -891,16 +891,19 @@ def _wrap_worker_loop(module: ModuleType, out: str) -> None:
 
 def _watch_loaders(window: _Window, module: ModuleType) -> None:
     """Note a DataLoader iterated with pin_memory=True whose iterator pins nothing: torch turns
-    the option off where no accelerator is (it warns on stderr), and on MPS."""
-    base: type = vars(module)["_BaseDataLoaderIter"]
-    init: Callable[..., None] = base.__init__  # type: ignore[misc]
+    the option off where no accelerator is (it warns on stderr), and on MPS. Wrapped where the
+    loader makes its iterator, above the iterator's __init__: torch's warning names its
+    caller's line (stacklevel), which a wrapper of __init__ would have become."""
+    loader_type: type = vars(module)["DataLoader"]
+    get: Callable[..., Any] = loader_type._get_iterator  # type: ignore[attr-defined]
 
-    def init_then_note(this: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-        init(this, loader, *args, **kwargs)
-        if getattr(loader, "pin_memory", False) and not getattr(this, "_pin_memory", True):
+    def get_then_note(this: Any) -> Any:
+        it = get(this)
+        if getattr(this, "pin_memory", False) and not getattr(it, "_pin_memory", True):
             window.loaders["pin_memory_unused"] = True
+        return it
 
-    base.__init__ = init_then_note  # type: ignore[misc]
+    loader_type._get_iterator = get_then_note  # type: ignore[attr-defined]
 
 
 def _install(window: _Window, module: ModuleType) -> None:
