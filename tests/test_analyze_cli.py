@@ -65,6 +65,16 @@ def test_analyze_summary(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixt
     assert main(["analyze", str(corpus_runs["event_sync"].path)]) == 0
     out = capsys.readouterr().out
     assert "concurrency" in out and "critical path 2.577 ms" in out and "launches" in out
+    assert " device ops, " in out  # event_sync ran device work
+
+
+def test_a_cpu_runs_critical_path_counts_no_device_ops(trainer_run: Run,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """A recorded CPU run's critical paths (terminal) say nothing of device ops, all 0 there."""
+    assert main(["analyze", str(trainer_run.path)]) == 0
+    out = capsys.readouterr().out
+    assert "critical path " in out and "device ops" not in out and " rank switches" in out
 
 
 def test_diff_json(corpus_runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:

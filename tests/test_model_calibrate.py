@@ -431,3 +431,16 @@ def test_each_sweep_keeps_its_share_of_the_budget(monkeypatch: pytest.MonkeyPatc
     profile = calibrate(budget_s=1.2)
     assert len(shares) == 12 and min(shares) > 0.04  # 0.1 s each, less the last sweep's 0.05
     assert set(profile["families"]) == set(FAMILIES)
+
+
+def test_first_touch_from_each_writes_least_disturbed_trial(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """A page's first write less its second, each the fastest of the trials: a second write
+    slowed by other load in one trial (1.2 s where it takes 0.5) had made the least of the
+    trials' differences negative, and the fault free (page_s 0.0 under load)."""
+    from perfswarm.recorder.bench import kernels
+
+    # per trial: start, after the first write, after the second (1 MiB: 256 pages)
+    clock = iter([0.0, 1.0, 1.5, 10.0, 11.0, 12.2, 20.0, 21.3, 21.8])
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(clock))
+    assert kernels.first_touch_s((1,), repeats=3) == pytest.approx((1.0 - 0.5) / 256)

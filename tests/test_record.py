@@ -23,6 +23,7 @@ from conftest import TRAINER_STEPS as STEPS
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
+from perfswarm.optimize.advise import advise
 from perfswarm.recorder.base import Sampler
 from perfswarm.recorder.clock import monotonic_offset_ns
 from perfswarm.recorder.session import Child, RecordOptions, Status, parse_steps, record
@@ -1053,6 +1054,20 @@ NO_OPTIM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize(("style", "said"), [
+    ("sgd", "backward() (no optimizer stepped)"),
+    ("infer", "top-level forward() (no optimizer stepped, no backward)")])
+def test_the_summary_line_says_what_counted_the_steps(tmp_path: Path, style: str,
+                                                      said: str) -> None:
+    """A loop without torch.optim: record's summary line says which call counted its steps."""
+    script = tmp_path / "loop.py"
+    script.write_text(NO_OPTIM)
+    out = subprocess.run([PY, "-m", "perfswarm.cli.main", "record", "-o", str(tmp_path / "r.run"),
+                          "-c", "torch", "--steps", "2:3", "--no-et", "--", PY, str(script),
+                          style], capture_output=True, text=True, check=True)
+    assert out.stderr.rstrip("\n").endswith(f"torch: ok; a step at each {said}")
+
+
 @pytest.mark.parametrize(("style", "driver", "ops"), [
     ("sgd", "backward", {"autograd::engine::evaluate_function: AddmmBackward0", "aten::sub_"}),
     ("infer", "forward", {"aten::addmm"}),  # a forward-driven window opens a step later
@@ -1598,3 +1613,40 @@ def test_a_torch_distributed_rpc_trainer(tmp_path: Path) -> None:
         assert [s["step"] for s in steps if s["rank"] == rank and s["source"] == "marker"] \
             == [3, 4, 5]
     assert len({s["rank"] for s in steps}) == 2
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_pin_memory_without_an_accelerator(tmp_path: Path, pin: bool) -> None:
+    """DataLoader(pin_memory=True) on a machine with no accelerator: torch turns it off (and
+    warns); the recorder notes it and advise says so. Without the option: neither. The
+    program's stderr is the same recorded as bare: torch's warning names the line of its
+    caller (a wrapper of the iterator's __init__ had become that line)."""
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        for x, y in DataLoader(data, batch_size=8, pin_memory={pin}):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+    """))
+    out = tmp_path / "t.run"
+    bare, recorded = (subprocess.run([*prefix, PY, str(script)], capture_output=True, text=True,
+                                     check=True).stderr
+                      for prefix in ([], [PY, "-m", "perfswarm.cli.main", "record", "--quiet",
+                                          "-c", "torch", "--steps", "2:2", "--no-et", "--out",
+                                          str(out), "--"]))
+    assert recorded == bare and ("no accelerator is found" in bare) is pin
+    run = Run(out)
+    extra = run.manifest()["extra"]["record"]
+    assert extra.get("pin_memory_unused") is (True if pin else None)
+    assert extra["cuda"] is False
+    rules = {a.rule: a for a in advise(run).advice}
+    assert ("pin_memory_unused" in rules) is pin
+    if pin:
+        a = rules["pin_memory_unused"]
+        assert (a.gain_ns, a.severity) == (0, "low")
+        assert a.change.startswith("DataLoader(pin_memory=False)")

@@ -797,13 +797,19 @@ def test_a_template_cache_that_cannot_be_written_is_no_cache(tmp_path: Path) -> 
     assert len(list(tmp_path.glob("__jinja2_*.cache"))) == 1
 
 
-def test_a_cpu_runs_states_are_the_hosts(corpus_runs: dict[str, Run]) -> None:
+def test_a_cpu_runs_states_are_the_hosts(corpus_runs: dict[str, Run],
+                                        trainer_run: Run) -> None:
     """Without a device the iterations table and the states chart say host busy and idle,
-    not device states that are all 0 (host_busy_device_idle, compute_only, ...)."""
+    not device states that are all 0 (host_busy_device_idle, compute_only, ...); the critical
+    path's and the annotations' tables have no device columns (all 0 on a CPU run)."""
     cpu = html.render(report_data(corpus_runs["cpu_only"]))
     assert "<th>host busy</th><th>idle</th></tr>" in cpu and "<th>compute_only</th>" not in cpu
+    recorded = html.render(report_data(trainer_run))  # a real CPU recording: it has both
+    assert 'id="critical-steps"' in recorded and 'id="scope-annotations"' in recorded
+    assert "<th>device ops</th>" not in recorded and "<th>device total</th>" not in recorded
     gpu = html.render(report_data(corpus_runs["nccl"]))
     assert "<th>compute_only</th>" in gpu and "<th>host_busy_device_idle</th>" in gpu
+    assert "<th>device ops</th>" in gpu and "<th>device total</th>" in gpu
 
 
 def test_timeline_draws_a_clock_apart_from_shares(corpus_runs: dict[str, Run],

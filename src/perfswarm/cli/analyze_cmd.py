@@ -45,11 +45,15 @@ def _left_out(count: int) -> str:
     return f"  ... {count:,} more steps (every step: --json)" if count else ""
 
 
+def _ran_device_ops(result: Analysis) -> bool:
+    return bool(result.ops.categories)
+
+
 def _concurrency_table(result: Analysis) -> Table:
     # A run without device work (CPU training) has two states: the host busy or idle; and
     # of the busy time, how much ran ops (the rest: annotations or Python frames around no
     # op, a DataLoader's wait)
-    device = bool(result.ops.categories)
+    device = _ran_device_ops(result)
     states = STATES if device else ("host_busy_device_idle", "idle")
     # no device to idle: the time no traced span covers is Python between the ops or a wait
     # (the report's breakdown calls it untraced)
@@ -113,7 +117,7 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None,
                           f"{ms(h.comm_ns)} ({100 * h.comm_ns / rank.total.span_ns:.1f}% of "
                           f"the span), {h.comm_overlap_pct:.1f}% of it hidden under the "
                           "rank's ops")
-    if result.ops.categories:  # a CPU-only run has no device ops: no device tables
+    if _ran_device_ops(result):  # a CPU-only run has no device ops: no device tables
         _print_device(result)
     if costs.ops:
         console.print(_op_cost_table(costs))
@@ -122,14 +126,15 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None,
                       f"{f.saving_s * 1e6:,.3f} us per step on the roofline")
     cp = result.critical_path
     if cp is not None:
-        console.print(f"critical path {_path_text(cp)}")
+        device = _ran_device_ops(result)  # no device ops to count on a CPU run
+        console.print(f"critical path {_path_text(cp, device)}")
         shown, left = _shown(cp.steps, lambda p: p.length_ns)
         split = len({s.step for s in cp.steps}) < len(cp.steps)  # ranks waiting for no other
         for step in shown:
             hands = ", ".join(f"{h.from_tid}->{h.to_tid} at +{ms(h.at - step.start)}"
                               for h in step.handovers)
             of = f" rank {', '.join(map(str, step.ranks))}" if split else ""
-            console.print(f"  step {step.step}{of}: {_path_text(step)}"
+            console.print(f"  step {step.step}{of}: {_path_text(step, device)}"
                           + (f" ({hands})" if hands else ""))
         if left:
             console.print(_left_out(left))
@@ -168,11 +173,11 @@ def _print(result: Analysis, costs: OpCosts, origin: int | None,
                       f"{ms(st.max_skew_ns)}, straggler rank {st.straggler}")
 
 
-def _path_text(cp: CriticalPath) -> str:
+def _path_text(cp: CriticalPath, device: bool) -> str:
     parts = ", ".join(f"{c} {100 * v / cp.length_ns:.1f}%" for c, v in cp.ns.items()
                       if v and cp.length_ns)
-    return (f"{ms(cp.length_ns)}: {parts}; {cp.device_ops} device ops, {cp.rank_switches} rank "
-            f"switches, {cp.thread_switches} thread switches")
+    return (f"{ms(cp.length_ns)}: {parts}; {f'{cp.device_ops} device ops, ' if device else ''}"
+            f"{cp.rank_switches} rank switches, {cp.thread_switches} thread switches")
 
 
 def _print_device(result: Analysis) -> None:

@@ -86,10 +86,16 @@ def record_command(
         m = result.run.manifest()
         states = ", ".join(f"{k}: {v['status']}" for k, v in sorted(m["collectors"].items()))
         how = "complete" if m["complete"] else "incomplete"
+        on = _STEPS_AT.get(str(m.get("extra", {}).get("record", {}).get("window_on")))
         # on stderr: the program's stdout is its own (a CSV it prints, redirected to a file)
         err_console.print(f"recorded {result.run.path} ({how}, exit {result.exit_code}); "
-                          f"{states}", soft_wrap=True)
+                          f"{states}" + (f"; a step at each {on}" if on else ""), soft_wrap=True)
     return result.exit_code
+
+
+# what counted the steps (manifest extra.record.window_on), in the summary line's words
+_STEPS_AT = {"optimizer": "optimizer step", "backward": "backward() (no optimizer stepped)",
+             "forward": "top-level forward() (no optimizer stepped, no backward)"}
 
 
 class _Null:

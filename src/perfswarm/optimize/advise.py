@@ -38,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     samples.per_sample_ops,
     host.untraced_wait,
     loader.loader_oversubscription,
+    loader.pin_memory_unused,
     distributed.communication_bound,
     distributed.stragglers,
     distributed.ring_order,

@@ -121,7 +121,9 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
     times alone). The first one's `torch_version`; `window_on`, what counted its steps
     (optimizer, backward or forward); `fp32_matmul` and `fp32_conv`, how its FP32 matrix
     products and convolutions would run on a CUDA GPU ("tf32" or "ieee"), as it had set them
-    when its window opened; `cuda`, whether CUDA was there. Every one's `threads`:
+    when its window opened; `cuda`, whether CUDA was there; `pin_memory_unused`, true where it
+    iterated a DataLoader(pin_memory=True) that pinned nothing (no accelerator). Every one's
+    `threads`:
     torch.get_num_threads() as its window opened, one per process."""
     found: dict[str, object] = {}
     threads = []
@@ -134,8 +136,8 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
                         ("torch_version", "torch"), ("window_on", "window_on"),
                         ("fp32_matmul", "fp32_matmul"), ("fp32_conv", "fp32_conv"))}
                     found = {k: v for k, v in found.items() if isinstance(v, str)}
-                    if isinstance(data.get("cuda"), bool):
-                        found["cuda"] = data["cuda"]
+                    found |= {k: data[k] for k in ("cuda", "pin_memory_unused")
+                              if isinstance(data.get(k), bool)}
                 if isinstance(data.get("threads"), int) and not isinstance(data["threads"], bool):
                     threads.append(data["threads"])
     return {**found, "threads": threads} if threads else found

@@ -1,6 +1,7 @@
-"""Rules about the DataLoader: training that waits for its batches, and more worker processes
-than the cores can keep busy. Both read one pipeline model (LoaderPlan), so that they agree on
-how many cores the loader has and how many workers fill them.
+"""Rules about the DataLoader: training that waits for its batches, more worker processes
+than the cores can keep busy, and pin_memory=True with no accelerator to pin for. The first
+two read one pipeline model (LoaderPlan), so that they agree on how many cores the loader has
+and how many workers fill them.
 
 Worker processes make batches beside the training process, on the same cores: the training
 process waiting on their queue says they are behind, not that they wait themselves; what they
@@ -246,3 +247,17 @@ def loader_oversubscription(facts: Facts) -> Advice | None:
                   f"{_ms(plan.compute_ns)} of a {_ms(plan.floor_ns)} step); "
                   f"{plan.best} make its batches as fast (data_loading's model)",
                   f"DataLoader(num_workers={plan.best})")
+
+
+def pin_memory_unused(facts: Facts) -> Advice | None:
+    """A DataLoader(pin_memory=True) that pinned nothing (the recorder saw its iterator turn
+    the option off: no accelerator), on a run that ran no device work: the option asks for a
+    copy to a device that is not there, and torch warns of it on stderr."""
+    if facts.recorded.get("pin_memory_unused") is not True or not facts.without_accelerator:
+        return None
+    return advice(facts, "pin_memory_unused", "pin_memory=True without an accelerator",
+                  {"pin_memory": True, "cuda": facts.recorded.get("cuda")}, 0,
+                  "measured: torch pinned nothing (it turns pin_memory off without an "
+                  "accelerator), so dropping it saves no time; it only speeds copies to a device",
+                  "DataLoader(pin_memory=False), or pin only where an accelerator is "
+                  "(pin_memory=torch.accelerator.is_available())")

@@ -137,6 +137,8 @@ class _Window:
         # as the window opened: torch.get_num_threads() (what torchrun's OMP_NUM_THREADS=1, a
         # set_num_threads() call or the default made of it) and whether CUDA was there
         self.runtime: dict[str, object] = {}
+        # a DataLoader iterated with pin_memory=True that pins nothing (_watch_loaders)
+        self.loaders: dict[str, object] = {}
         # a multiprocessing child that trains on its own (Hogwild: torch.multiprocessing
         # processes each stepping an optimizer) takes a rank of its own at its first step,
         # unless RANK says one; spawned children run this file themselves (None: decided at
@@ -608,7 +610,7 @@ class _Window:
             "forward_ns": self.forward_ns,
             "cut_step": cut, "aside_at": self.aside_at, "unsettled": not self.settled(),
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
-            "window_on": self.driver, **self.fp32, **self.runtime}))
+            "window_on": self.driver, **self.fp32, **self.runtime, **self.loaders}))
 
 
 _SCHEDSTAT: dict[tuple[int, int], int] = {}  # (pid, thread) -> its schedstat, open
@@ -887,6 +889,23 @@ def _wrap_worker_loop(module: ModuleType, out: str) -> None:
     vars(module)["_worker_loop"] = worker_loop
 
 
+def _watch_loaders(window: _Window, module: ModuleType) -> None:
+    """Note a DataLoader iterated with pin_memory=True whose iterator pins nothing: torch turns
+    the option off where no accelerator is (it warns on stderr), and on MPS. Wrapped where the
+    loader makes its iterator, above the iterator's __init__: torch's warning names its
+    caller's line (stacklevel), which a wrapper of __init__ would have become."""
+    loader_type: type = vars(module)["DataLoader"]
+    get: Callable[..., Any] = loader_type._get_iterator  # type: ignore[attr-defined]
+
+    def get_then_note(this: Any) -> Any:
+        it = get(this)
+        if getattr(this, "pin_memory", False) and not getattr(it, "_pin_memory", True):
+            window.loaders["pin_memory_unused"] = True
+        return it
+
+    loader_type._get_iterator = get_then_note  # type: ignore[attr-defined]
+
+
 def _install(window: _Window, module: ModuleType) -> None:
     _step_after_optimizers(window, vars(module)["Optimizer"])
     atexit.register(window.flush)
@@ -1130,6 +1149,7 @@ def _main() -> None:
                 window, module, "start"),
             "torch.nn.modules.module": lambda module: _watch_forward(window, module),
             "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
+            "torch.utils.data.dataloader": lambda module: _watch_loaders(window, module),
         }))
     _chain()
 
