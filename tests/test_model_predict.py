@@ -728,30 +728,28 @@ def test_an_op_whose_shapes_grow_each_step_is_pooled_over_them(tmp_path: Path,
 
 
 def test_an_op_of_bucketed_lengths_keeps_each_buckets_own_time(tmp_path: Path) -> None:
-    """Sequences of 16, 32 or 64 tokens drawn per step (16 in steps 0, 4, 8; 32 in 3, 7; 64 in
-    1, 2, 5, 6; 9 the last, set aside): each step 100 us of other work and an aten::mm of
-    [64 x T, 64] by [64, 64], 100 us at 16 tokens (90, 100 and 110: a mean of 100), 200 at 32,
-    400 at 64, in proportion to its FLOPs. Each shape is found in under half the 9 steady steps;
-    pooled by their bytes (3 : 5 : 9 for 16 : 32 : 64) they had been 2,300 / 55 x 3 = 125.45,
-    209.09 and 376.36 us, each step as priced at the other buckets' rate. A shape found in 3
-    steady steps or more keeps its own mean; the 32-token one, in 2, is its name's only rare
-    key, its own again: every step predicted as measured."""
-    lengths = [16, 64, 64, 32, 16, 64, 64, 32, 16, 16]
-    took = {16: [90, 100, 110, 100], 32: [200, 200], 64: [400] * 4}
-    events, t = [], 0
+    """Sequences of 16, 32 or 64 tokens drawn per step (16 in steps 0, 3, 6; 64 in 1, 4; 32 in
+    2, 5; 7 the last, set aside): each 1000 us step an aten::mm of [4 x T, 64] by [64, 64],
+    100 us at 16 tokens (90, 100 and 110: a mean of 100), 200 at 32, 400 at 64, in proportion
+    to its FLOPs. Each shape is found in under half the 7 steady steps; pooled by their bytes
+    (3 : 5 : 9 for 16 : 32 : 64) they had been 1,500 / 37 x 3 = 121.62, 202.70 and 364.86 us,
+    each step priced at the other buckets' rate; with 3 steady steps asked of a recurring key,
+    the 32- and 64-token ones, 2 each, at each other's (214.29 and 385.71 us). A shape found in
+    2 steady steps or more keeps its own mean: every step as measured but for the 16-token
+    mm's own 10 us each side of its mean."""
+    lengths = [16, 64, 32, 16, 64, 32, 16, 16]
+    took = {16: [90, 100, 110, 100], 32: [200, 200], 64: [400, 400]}
+    events = []
     for i, n in enumerate(lengths):
-        mm = took[n].pop(0)
-        events += [_op(f"ProfilerStep#{i}", t, 100 + mm, cat="user_annotation"),
-                   _op("aten::mm", t + 50, mm, [[4 * n, 64], [64, 64]])]
-        t += 100 + mm
+        events += [_op(f"ProfilerStep#{i}", 1000 * i, 1000, cat="user_annotation"),
+                   _op("aten::mm", 1000 * i + 50, took[n].pop(0), [[4 * n, 64], [64, 64]])]
     trace = tmp_path / "buckets.json"
     trace.write_bytes(orjson.dumps({"traceEvents": events}))
     run = import_traces([trace], tmp_path / "buckets.run", ImportOptions(), ["buckets.py"])
     found = predict(run)
-    assert found.steady == {(0, i) for i in range(9)}
-    assert [s.predicted_ns for s in found.steps[:9]] == [
-        (200, 500, 500, 300, 200, 500, 500, 300, 200)[i] * US for i in range(9)]
-    assert found.predicted_steady_ns == found.measured_steady_ns == 300 * US
+    assert found.steady == {(0, i) for i in range(7)}
+    assert [s.predicted_ns for s in found.steps[:7]] == [
+        t * US for t in (1010, 1000, 1000, 1000, 1000, 1000, 990)]
 
 
 def test_bucketed_evaluation_trace_keeps_a_recurring_keys_mean(tmp_path: Path) -> None:

@@ -115,7 +115,7 @@ NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine
 FAULT_EXCESS: Final = 0.1  # a window taking this share of its steps' page faults more: said
 LEFT_OUT_SHARE: Final = 0.01  # ops a GPU forecast leaves out, named from this share of the steps
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
-RECURRING: Final = 3  # a key in this many steady steps has its own typical time
+RECURRING: Final = 2  # a key in this many steady steps has its own typical time
 _BATCH_FLAG = re.compile(r"^--?(?:batch(?:[-_]size)?|bs)(?:=(\d+))?$")
 # a kernel's name, its op's shapes and, where its op has none, its own size (a copy's or a set's
 # bytes, a kernel's grid and block): what shares its typical time
@@ -824,11 +824,13 @@ def pooled_bases(base_of: Sequence[float], samples: Sequence[tuple[list[float], 
     short where the mean was 0.1%. Pooled, each varying key costs its share of what its
     name's varying keys cost the steps, as the recurring keys do.
 
-    A key found in RECURRING steady steps or more has a typical time of its own and keeps it,
-    however many steps its name is found in: sequences bucketed by length (16, 32 or 64
-    tokens drawn each step) repeat each bucket's shapes in a third of the steps, and pooled
-    by their bytes a 16-token step's matrix products were priced at the 64-token ones'
-    rate, the short steps 53 ms where they took 32-40 (the median step +27%)."""
+    A key found in RECURRING steady steps or more recurs: its mean is over its own instances,
+    and it keeps it however few steps of its name's it is found in. Sequences bucketed by
+    length (16, 32 or 64 tokens drawn each step) repeat each bucket's shapes in a third of the
+    steps, and pooled by their bytes (a product's time follows its FLOPs) a 16-token step's
+    matrix products were priced at the 64-token ones' rate, the short steps 53 ms where they
+    took 32-40 (the median step +27%); where the steady steps held 2 of each of two buckets,
+    their steps were priced at each other's rate (the median +22%)."""
     out = list(base_of)
     by_name: dict[int, list[int]] = {}
     for k, name in enumerate(names):
