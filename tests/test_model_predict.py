@@ -726,7 +726,6 @@ def test_an_op_whose_shapes_grow_each_step_is_pooled_over_them(tmp_path: Path,
     assert found.predicted_steady_ns == pytest.approx(1000 * US, abs=2)
 
 
-
 def test_an_op_of_bucketed_lengths_keeps_each_buckets_own_time(tmp_path: Path) -> None:
     """Sequences of 16, 32 or 64 tokens drawn per step (16 in steps 0, 3, 6; 64 in 1, 4; 32 in
     2, 5; 7 the last, set aside): each 1000 us step an aten::mm of [4 x T, 64] by [64, 64],
@@ -788,6 +787,7 @@ def test_bucketed_evaluation_trace_keeps_a_recurring_keys_mean(tmp_path: Path) -
     work = {s.step: s.device_active_ns["predicted"] for s in found.steps}
     assert round(mean, 2) == 12.59
     assert work[8] - work[4] == pytest.approx(mean * US, abs=2)
+
 
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
