@@ -726,6 +726,69 @@ def test_an_op_whose_shapes_grow_each_step_is_pooled_over_them(tmp_path: Path,
     assert found.predicted_steady_ns == pytest.approx(1000 * US, abs=2)
 
 
+def test_an_op_of_bucketed_lengths_keeps_each_buckets_own_time(tmp_path: Path) -> None:
+    """Sequences of 16, 32 or 64 tokens drawn per step (16 in steps 0, 3, 6; 64 in 1, 4; 32 in
+    2, 5; 7 the last, set aside): each 1000 us step an aten::mm of [4 x T, 64] by [64, 64],
+    100 us at 16 tokens (90, 100 and 110: a mean of 100), 200 at 32, 400 at 64, in proportion
+    to its FLOPs. Each shape is found in under half the 7 steady steps; pooled by their bytes
+    (3 : 5 : 9 for 16 : 32 : 64) they had been 1,500 / 37 x 3 = 121.62, 202.70 and 364.86 us,
+    each step priced at the other buckets' rate; with 3 steady steps asked of a recurring key,
+    the 32- and 64-token ones, 2 each, at each other's (214.29 and 385.71 us). A shape found in
+    2 steady steps or more keeps its own mean: every step as measured but for the 16-token
+    mm's own 10 us each side of its mean."""
+    lengths = [16, 64, 32, 16, 64, 32, 16, 16]
+    took = {16: [90, 100, 110, 100], 32: [200, 200], 64: [400, 400]}
+    events = []
+    for i, n in enumerate(lengths):
+        events += [_op(f"ProfilerStep#{i}", 1000 * i, 1000, cat="user_annotation"),
+                   _op("aten::mm", 1000 * i + 50, took[n].pop(0), [[4 * n, 64], [64, 64]])]
+    trace = tmp_path / "buckets.json"
+    trace.write_bytes(orjson.dumps({"traceEvents": events}))
+    run = import_traces([trace], tmp_path / "buckets.run", ImportOptions(), ["buckets.py"])
+    found = predict(run)
+    assert found.steady == {(0, i) for i in range(7)}
+    assert [s.predicted_ns for s in found.steps[:7]] == [
+        t * US for t in (1010, 1000, 1000, 1000, 1000, 1000, 990)]
+
+
+def test_bucketed_evaluation_trace_keeps_a_recurring_keys_mean(tmp_path: Path) -> None:
+    """tests/data/bucketed_eval.py's loss: in steps 1, 2 and 8 (of 16 tokens) the outer
+    aten::mse_loss_backward's own time (its span less its direct children's, read from the JSON)
+    exceeds its inner one's, so it is work (a key of its own, in 3 of the 7 steady steps), in
+    4 and 5 it does not (a wrapper: the framework's), and those steps differ by nothing else
+    in the work they price. Step 8's predicted work less step 4's is that key's mean over
+    steps 1, 2 and 8, 12.59 us; pooled by bytes with the 128-token steps' inner key (2 steady
+    steps) it had been 3.2 us."""
+    trace = Path(__file__).parent / "data" / "bucketed_eval_cpu.pt.trace.json.gz"
+    raw = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    ops = [e for e in raw if e.get("cat") == "cpu_op"]
+
+    def within(outer: dict[str, Any]) -> list[dict[str, Any]]:
+        return [e for e in ops if e is not outer and e["tid"] == outer["tid"]
+                and outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]]
+
+    def own(op: dict[str, Any]) -> float:
+        inner = within(op)
+        return float(op["dur"]) - sum(e["dur"] for e in inner
+                                      if not any(d is not e and e in within(d) for d in inner))
+
+    marks = {int(e["name"].split("#")[1]): e for e in raw
+             if e.get("name", "").startswith("ProfilerStep#")}
+    outer = {s: next(e for e in ops if e["name"] == "aten::mse_loss_backward"
+                     and len(e["args"]["Input Dims"]) == 4
+                     and m["ts"] <= e["ts"] < m["ts"] + m["dur"]) for s, m in marks.items()}
+    working = {s for s, e in outer.items()
+               if own(e) > sum(own(i) for i in within(e) if i["name"] == e["name"])}
+    run = import_traces([trace], tmp_path / "b.run", ImportOptions(), ["bucketed_eval.py"])
+    found = predict(run)
+    steady = {s for _, s in found.steady}
+    assert steady == {1, 2, 3, 4, 5, 7, 8} and working & steady == {1, 2, 8}
+    mean = sum(own(outer[s]) for s in (1, 2, 8)) / 3
+    work = {s.step: s.device_active_ns["predicted"] for s in found.steps}
+    assert round(mean, 2) == 12.59
+    assert work[8] - work[4] == pytest.approx(mean * US, abs=2)
+
+
 def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all
