@@ -597,10 +597,11 @@ def test_a_cpu_runs_projection_is_in_processes_on_hosts(
     assert main(["project", str(run.path), "--grad-bytes", str(grads), "--devices", "1,2,8",
                  "--html", str(page)]) == 0
     out = capsys.readouterr().out
-    assert "4 processes a node (8 cores on the host, 2 intra-op thread(s) a rank)" in out
+    assert "processes a node: 4 (8 cores on the host, 2 intra-op thread(s) a rank)" in out
     assert "devices" not in out.replace(str(run.path), "")
     text = page.read_text()
     assert "<th>processes</th>" in text and "per-process batch" in text
+    assert "processes a node: 4 (8 cores on the host" in text
     assert "at 8 processes (the slowest network" in text and "at 8 devices" not in text
     assert main(["project", str(run.path), "--grad-bytes", str(grads), "--per-node", "2",
                  "--json"]) == 0

@@ -64,7 +64,7 @@ def project_command(
     console.print(Text.assemble((str(run_dir), "bold"), f": {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
                   f"compute {prof['compute_ms']:.3f} ms/step ({prof['compute_source']}), gradients {size(prof['grad_bytes'])} "
                   f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped"))
-    console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {result.per_node} {unit} a node "
+    console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {unit} a node: {result.per_node} "
                   f"({result.per_node_source}), scheme {result.scheme}")
     table = Table(unit, "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",
                   title=f"projection (weak scaling: per-{result.rank_unit} batch fixed)")
