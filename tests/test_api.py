@@ -231,7 +231,8 @@ def test_a_notebook_sees_the_api(notebook: dict[str, Any]) -> None:
     (lambda run: run.predict(device=5), "device 5: expected str | None; got int"),
     (lambda run: run.predict(profile=123), "profile 123: expected str | Path | None; got int"),
     (lambda run: run.project([1, 8], per_node="eight"),
-     "per_node 'eight': expected int (or its text as the command line takes it: '8'); got str"),
+     "per_node 'eight': expected int | None (or its text as the command line takes it: '8'); "
+     "got str"),
     (lambda run: run.project([1, "x"]),
      "devices [1, 'x']: expected Sequence[int] | None; item 1: 'x' is str, not int"),
     (lambda run: run.project([1, 8], bandwidth_gbps=True),

@@ -20,6 +20,7 @@ from conftest import GLOO_DDP, TP_GLOO, corpus, gloo_ddp_raw, gloo_wait_ns
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.cli.main import main
 from perfswarm.errors import ParameterError, PerfswarmError
+from perfswarm.model.collective_fit import link_of_profile
 from perfswarm.model.collectives import RING, CollectiveConfig, collective_time
 from perfswarm.model.parallelism import Blocks
 from perfswarm.model.predict import Change, predict
@@ -131,8 +132,8 @@ def test_cli_json_and_errors(nccl: Run, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["project", str(nccl.path), "--devices", "1,4", "--scheme", "tree", "--json"]) == 0
     data = orjson.loads(capsys.readouterr().out)
     assert set(data) == {"profile", "measured_link", "intra", "inter", "devices_per_node",
-                         "scheme", "points", "options", "recommended", "layouts",
-                         "layouts_note"}
+                         "per_node_source", "rank_unit", "rank_units", "scheme", "points",
+                         "options", "recommended", "layouts", "layouts_note"}
     assert data["scheme"] == "tree" and [p["devices"] for p in data["points"]] == [1, 4]
     page = nccl.path.parent / "projection.html"
     assert main(["project", str(nccl.path), "--devices", "1,8", "--html", str(page)]) == 0
@@ -549,3 +550,68 @@ def test_a_device_runs_tensor_parallel_all_reduce_is_no_gradient(tmp_path: Path)
         4 << 20, "collective kernels", 1 << 20)
     assert [(c.nbytes, c.gradient) for st in prof.steps for c in st.calls] == [
         (1 << 20, False), (4 << 20, True)]
+
+
+GLOO_LOOPBACK = Path(__file__).parent / "data" / "gloo_loopback_profile.json"
+
+
+def test_host_loopback_is_the_measured_gloo_all_reduce() -> None:
+    """interconnects.yaml's host-loopback is the link `calibrate --collectives` fitted to gloo
+    all-reduces between 2 processes of this project's VM (the profile kept in tests/data),
+    as `project --intra-profile` takes one: its latency and largest-message bandwidth."""
+    measured = link_of_profile(orjson.loads(GLOO_LOOPBACK.read_bytes()), "profile")
+    bundled = interconnect("host-loopback")
+    assert measured.name == "measured gloo x2"
+    assert bundled.alpha_s == pytest.approx(measured.alpha_s, rel=1e-3)
+    assert bundled.bandwidth_gbps == pytest.approx(measured.bandwidth_gbps, rel=1e-3)
+
+
+def test_a_cpu_runs_projection_is_in_processes_on_hosts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CPU DDP run on gloo (tests/data/ddp_gloo.py): its ranks are processes; a host holds
+    its cores over each rank's threads (8 cores, 2 threads a rank: 4), joined by gloo over
+    the host's loopback (it had been 8 devices a node on PCIe 4); an imported trace, whose
+    host is unknown, 1 a host; --per-node wins; the words say processes."""
+    run = import_traces(GLOO_DDP, tmp_path / "g.run", ImportOptions(ranks=(0, 1)), ["test"])
+    grads = 4 * 17_226
+    unknown = project(run, [1, 2, 8], grad_bytes=grads)
+    assert (unknown.per_node, unknown.rank_unit, unknown.intra.name) == (
+        1, "process", "host-loopback")
+    manifest = run.manifest()
+    manifest["host"] = {"cores": 8}
+    manifest["extra"] = {"record": {"threads": [2, 2]}}
+    run.write_manifest(manifest)
+    got = project(run, [1, 2, 4, 8], grad_bytes=grads)
+    assert (got.per_node, got.per_node_source) == (
+        4, "8 cores on the host, 2 intra-op thread(s) a rank")
+    assert got.intra == interconnect("host-loopback")
+    # 4 processes on one host: each all-reduce over the loopback alone, as the model prices it
+    given = project(run, [1, 2, 4, 8], grad_bytes=grads, per_node=4, intra="host-loopback")
+    assert [p.to_dict() for p in got.points] == [p.to_dict() for p in given.points]
+    assert given.per_node_source == "given"
+    assert project(run, [1, 8], grad_bytes=grads, per_node=3).per_node == 3
+    data = got.to_dict()
+    assert (data["devices_per_node"], data["rank_unit"], data["rank_units"]) == (
+        4, "process", "processes")
+    page = tmp_path / "p.html"
+    assert main(["project", str(run.path), "--grad-bytes", str(grads), "--devices", "1,2,8",
+                 "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "processes a node: 4 (8 cores on the host, 2 intra-op thread(s) a rank)" in out
+    assert "devices" not in out.replace(str(run.path), "")
+    text = page.read_text()
+    assert "<th>processes</th>" in text and "per-process batch" in text
+    assert "processes a node: 4 (8 cores on the host" in text
+    assert "at 8 processes (the slowest network" in text and "at 8 devices" not in text
+    assert main(["project", str(run.path), "--grad-bytes", str(grads), "--per-node", "2",
+                 "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["devices_per_node"] == 2
+
+
+def test_a_gpu_runs_projection_keeps_its_devices(nccl: Run) -> None:
+    """The corpus's A100 DDP trace: 8 devices a node on NVSwitch, as before."""
+    got = project(nccl, [1, 8, 16])
+    assert (got.per_node, got.rank_unit, got.intra.name) == (8, "device", "nvswitch-a100")
+    assert got.per_node_source == "an HGX/DGX board's"
+    given = project(nccl, [1, 8, 16], per_node=8, intra="nvswitch-a100")
+    assert [p.to_dict() for p in got.points] == [p.to_dict() for p in given.points]

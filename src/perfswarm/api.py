@@ -229,7 +229,7 @@ class Run:
     def project(self, devices: Sequence[int] | None = None, *, interconnect: str = "ib-ndr",
                 bandwidth_gbps: float | None = None,
                 scheme: Literal["ring", "tree", "ps"] = "ring", intra: str | None = None,
-                per_node: int = 8, servers: int = 1, grad_bytes: int | None = None,
+                per_node: int | None = None, servers: int = 1, grad_bytes: int | None = None,
                 device: str | None = None) -> Result[Projection]:
         """Throughput and scaling efficiency on `devices` (default 1 to 256), over
         `interconnect` between nodes and `intra` inside one (see `perfswarm project`)."""

@@ -35,10 +35,10 @@ def project_command(
     interconnect: Annotated[str, typer.Option("--interconnect", help="Inter-node network (see model/interconnects.yaml).")] = "ib-ndr",
     bandwidth: Annotated[float | None, typer.Option("--bandwidth", help="Override the network's achieved bandwidth, GB/s.")] = None,
     scheme: Annotated[Scheme, typer.Option("--scheme", help="ring, tree or ps (parameter server).")] = "ring",
-    intra: Annotated[str | None, typer.Option("--intra", help="Intra-node link (default: NVSwitch of the Run's GPUs, else pcie4).")] = None,
+    intra: Annotated[str | None, typer.Option("--intra", help="Intra-node link (default: NVSwitch of the Run's GPUs, else pcie4; a CPU Run's: host-loopback).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="Predict the compute on this GPU (a bundled spec, as perfswarm predict --device) instead of using the measured one.")] = None,
     intra_profile: Annotated[Path | None, typer.Option("--intra-profile", help="Intra-node link measured by `perfswarm calibrate --collectives` (its profile JSON), instead of --intra.")] = None,
-    per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 8,
+    per_node: Annotated[int | None, typer.Option("--per-node", "--gpus-per-node", help="Ranks per node (default: 8 devices; a CPU Run's processes: the host's cores over each rank's threads, else 1).")] = None,
     servers: Annotated[int, typer.Option("--servers", help="Parameter servers (scheme ps).")] = 1,
     grad_bytes: Annotated[int | None, typer.Option("--grad-bytes", help="Gradient bytes per step when the Run has no all-reduce kernels (default: its layers' shapes).")] = None,
     memory_gb: Annotated[float | None, typer.Option("--memory-gb", help="Memory per device for the layouts, GB (default: --device's, else the Run's devices').")] = None,
@@ -60,13 +60,14 @@ def project_command(
     if as_json:
         print_json(data)
         return
-    prof = data["profile"]
+    prof, unit = data["profile"], data["rank_units"]
     console.print(Text.assemble((str(run_dir), "bold"), f": {prof['steps']} step(s) on rank(s) {prof['ranks']} of world {prof['world']}; "
                   f"compute {prof['compute_ms']:.3f} ms/step ({prof['compute_source']}), gradients {size(prof['grad_bytes'])} "
                   f"({prof['grad_bytes_source']}), {prof['overlap_fraction']:.0%} of collective time overlapped"))
-    console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {result.per_node} per node, scheme {result.scheme}")
-    table = Table("devices", "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",
-                  title="projection (weak scaling: per-device batch fixed)")
+    console.print(f"intra-node {result.intra.name}, inter-node {result.inter.name}, {unit} a node: {result.per_node} "
+                  f"({result.per_node_source}), scheme {result.scheme}")
+    table = Table(unit, "step ms", "comm ms", "exposed ms", "efficiency", "throughput/s", title_justify="left",
+                  title=f"projection (weak scaling: per-{result.rank_unit} batch fixed)")
     for p in data["points"]:
         table.add_row(str(p["devices"]), f"{p['step_ms']:.3f}", f"{p['comm_ms']:.3f}", f"{p['exposed_comm_ms']:.3f}",
                       f"{p['efficiency']:.1%}", f"{p['throughput_per_s']:,.1f}")
@@ -77,7 +78,7 @@ def project_command(
         options.add_row(c["interconnect"], c["scheme"], f"{c['efficiency']:.1%}")
     console.print(options)
     rec = data["recommended"]
-    console.print(Text.assemble(("choose", "bold"), f" {rec['interconnect']} with {rec['scheme']}: {rec['efficiency']:.1%} efficiency at {largest} devices"))
+    console.print(Text.assemble(("choose", "bold"), f" {rec['interconnect']} with {rec['scheme']}: {rec['efficiency']:.1%} efficiency at {largest} {unit}"))
     lay = result.layouts
     if lay is None:
         console.print(f"layouts: {result.layouts_note}")
@@ -85,15 +86,16 @@ def project_command(
         m = lay.source
         shape = (f"{m.blocks.layers} layers, hidden {m.blocks.hidden}, {m.blocks.heads} heads, sequence {m.blocks.seq}"
                  if m.blocks else f"data parallel only ({m.blocks_source})")
-        batch = f"batch {m.batch} a device" if m.blocks else "the Run's batch a device"
+        one = result.rank_unit
+        batch = f"batch {m.batch} a {one}" if m.blocks else f"the Run's batch a {one}"
         memory = "unknown (--memory-gb)" if lay.memory_bytes is None else f"{lay.memory_bytes / 1e9:.1f} GB"
-        console.print(f"layouts at {lay.devices} devices: {m.params:,} parameters ({m.params_source}), {shape}, "
-                      f"{batch}; memory per device {memory}")
+        console.print(f"layouts at {lay.devices} {unit}: {m.params:,} parameters ({m.params_source}), {shape}, "
+                      f"{batch}; memory per {one} {memory}")
         if lay.best is None:
-            console.print(Text.assemble(("no layout fits", "bold"), " the device memory"))
+            console.print(Text.assemble(("no layout fits", "bold"), f" the {one} memory"))
         else:
             b = lay.best
             console.print(Text.assemble(("best layout", "bold"), f" {b.layout.describe()}: {b.step_s * 1e3:.3f} ms a step, "
-                                        f"{b.memory_bytes / 1e9:.2f} GB a device, bubble {b.bubble:.3f}"))
+                                        f"{b.memory_bytes / 1e9:.2f} GB a {one}, bubble {b.bubble:.3f}"))
     if html_out is not None:
         console.print(f"plots: {html_out}")

@@ -43,7 +43,7 @@ from perfswarm.model.collectives import (
     collective_time,
 )
 from perfswarm.model.opcost import element_bytes, shapes_from_args
-from perfswarm.model.predict import Change, predict
+from perfswarm.model.predict import Change, predict, recorded_threads
 from perfswarm.model.specs import load_spec
 from perfswarm.model.topology import Link, Topology, interconnects
 from perfswarm.model.topology import interconnect as link_named
@@ -57,6 +57,11 @@ COMPUTE_KINDS: Final = ("kernel", "memcpy", "memset")
 MEMORY_BOUND: Final = frozenset({"reduction", "elementwise", "embedding"})
 DEFAULT_DEVICES: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NETWORKS: Final = ("eth-100g", "ib-hdr", "eth-400g", "ib-ndr")
+DEVICES_PER_NODE: Final = 8   # an HGX/DGX board's GPUs
+# a CPU Run's ranks on one host: gloo over the loopback (interconnects.yaml, measured)
+HOST_LOOPBACK: Final = "host-loopback"
+# what a rank is (a device; a CPU Run's, a process) -> its plural, as the projection words it
+RANK_UNITS: Final = {"device": "devices", "process": "processes"}
 GOOD_EFFICIENCY: Final = 0.9
 # Kineto's "Collective name" values -> model ops; barriers and point-to-point are not modelled.
 _OPS: Final[dict[str, Op]] = {
@@ -484,13 +489,17 @@ class Projection:
     recommended: Choice
     layouts: LayoutChoice | None    # data, tensor, pipeline parallel at the largest count
     layouts_note: str               # why there are none
+    rank_unit: str = "device"       # what a rank is: "device", or "process" on a CPU Run
+    per_node_source: str = "given"  # how per_node was chosen (project)
 
     def to_dict(self) -> dict[str, Any]:
         measured = self.profile.measured_link()
         return {"profile": self.profile.to_dict(),
                 "measured_link": measured.to_dict() if measured else None,
                 "intra": self.intra.to_dict(), "inter": self.inter.to_dict(),
-                "devices_per_node": self.per_node, "scheme": self.scheme,
+                "devices_per_node": self.per_node, "per_node_source": self.per_node_source,
+                "rank_unit": self.rank_unit, "rank_units": RANK_UNITS[self.rank_unit],
+                "scheme": self.scheme,
                 "points": [p.to_dict() for p in self.points],
                 "options": [c.to_dict() for c in self.options],
                 "recommended": self.recommended.to_dict(),
@@ -518,16 +527,29 @@ def _memory(run: Run, device: str | None, memory_gb: float | None) -> float | No
     return min(sizes) if sizes else None
 
 
+def processes_per_host(run: Run) -> tuple[int, str]:
+    """A CPU Run's ranks (processes) a host, and why: as many as the recording host's cores
+    hold at the threads each rank ran (the manifest's cores over recorded_threads), at least
+    1; 1 where either is unknown (an imported trace does not say what host recorded it)."""
+    cores, threads = run.manifest().get("host", {}).get("cores"), recorded_threads(run)
+    if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1 or not threads:
+        return 1, "the recording host's cores or threads a rank unknown"
+    return max(1, cores // threads), (f"{cores} cores on the host, {threads} intra-op "
+                                      "thread(s) a rank")
+
+
 MAX_DEVICES: Final = 2**24
 
 
 def project(run: Run, devices: Sequence[int], *, interconnect: str = "ib-ndr",
             bandwidth_gbps: float | None = None, scheme: Scheme = "ring",
-            intra: str | None = None, per_node: int = 8, servers: int = 1,
+            intra: str | None = None, per_node: int | None = None, servers: int = 1,
             grad_bytes: int | None = None, intra_link: Link | None = None,
             device: str | None = None, memory_gb: float | None = None) -> Projection:
     """`intra_link` (a measured one, see collective_fit.link_of_profile) replaces the
-    bundled intra-node link; with `device`, compute is predicted on that GPU. The layouts of
+    bundled intra-node link; with `device`, compute is predicted on that GPU; `per_node`
+    None: DEVICES_PER_NODE, on a CPU Run (no device work: its ranks are processes)
+    processes_per_host, whose intra-node link is then the host's loopback. The layouts of
     the Run's model (optimize.layouts) are chosen for the largest device count."""
     if (isinstance(devices, int | str) or not devices
             or not all(isinstance(n, int) and not isinstance(n, bool) for n in devices)
@@ -554,9 +576,13 @@ def project(run: Run, devices: Sequence[int], *, interconnect: str = "ib-ndr",
     trains = bool(len(scopes(ev, BACKWARD)) or len(step_calls(ev)))
     prof = profile(run, grad_bytes, shaped_grad_bytes=(
         shaped.params * shaped.value_bytes or None) if trains else None)
+    on_host = prof.compute_source == HOST_STEPS  # a CPU Run: its ranks are processes
     if device is not None:
         prof = on_device(run, prof, device)
-    inside = intra_link or link_named(intra or default_intra(run))
+    per_node, per_node_source = ((per_node, "given") if per_node is not None
+                                 else processes_per_host(run) if on_host
+                                 else (DEVICES_PER_NODE, "an HGX/DGX board's"))
+    inside = intra_link or link_named(intra or (HOST_LOOPBACK if on_host else default_intra(run)))
     inter = link_named(interconnect)
     if bandwidth_gbps is not None:
         inter = inter.with_bandwidth(bandwidth_gbps)
@@ -588,7 +614,8 @@ def project(run: Run, devices: Sequence[int], *, interconnect: str = "ib-ndr",
         note = ("no parameter count: no gradient all-reduce kernels with sizes and no layer "
                 "shapes (record with shapes)")
     return Projection(prof, inside, inter, per_node, scheme, tuple(points), options,
-                      recommend(options), chosen, note)
+                      recommend(options), chosen, note,
+                      "process" if on_host else "device", per_node_source)
 
 
 def on_device(run: Run, prof: Profile, device: str) -> Profile:

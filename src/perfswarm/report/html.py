@@ -313,8 +313,8 @@ def scaling_figure(projection: dict[str, Any]) -> dict[str, Any]:
              "y": [100 * p["efficiency"] for p in points]}]
     return {"data": data, "layout": {
         "height": 380, "margin": {"t": 40}, "legend": {"orientation": "h", "y": 1.12},
-        "xaxis": {"type": "log", "tickvals": x, "title": {"text": "devices"}},
-        "yaxis": {"type": "log", "title": {"text": "batches/s, all devices"}},
+        "xaxis": {"type": "log", "tickvals": x, "title": {"text": projection["rank_units"]}},
+        "yaxis": {"type": "log", "title": {"text": f"batches/s, all {projection['rank_units']}"}},
         "yaxis2": {"overlaying": "y", "side": "right", "range": [0, 105],
                    "tickvals": [0, 20, 40, 60, 80, 100], "showgrid": False,
                    "title": {"text": "efficiency %"}}}}
@@ -330,7 +330,8 @@ def options_figure(projection: dict[str, Any]) -> dict[str, Any]:
     largest = projection["points"][-1]["devices"]
     return {"data": data, "layout": {
         "barmode": "group", "height": 320, "margin": {"t": 30},
-        "yaxis": {"title": {"text": f"efficiency % at {largest} devices"}, "range": [0, 105]}}}
+        "yaxis": {"title": {"text": f"efficiency % at {largest} {projection['rank_units']}"},
+                  "range": [0, 105]}}}
 
 
 def projection_figures(projection: dict[str, Any] | None) -> dict[str, Any]:
