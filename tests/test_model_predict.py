@@ -283,6 +283,21 @@ def test_a_transposed_parameter_view_is_a_parameter() -> None:
     assert not t.is_parameter(row_major, 2)  # a [3072, 512] tensor of its own
 
 
+def test_a_transposed_activation_of_a_parameter_shape_is_no_parameter() -> None:
+    """A Linear(1024, 256)'s weight gradient g^T x h: g^T is a column-major [256, 64] view of
+    the [64, 256] output gradient, the shape of a Linear(64, 256)'s weight beside it. The batch
+    is the product's k: [256, 128] x [128, 1024] at batch 128, not [256, 64] x [64, 2048]."""
+    t = _Transform(2.0, {}, {(256, 64), (256,), (256, 1024)})
+    shapes = Shapes(((256, 64), (64, 1024)), ("float",) * 2, ((1, 256), (1024, 1)))
+    assert not t.is_parameter(shapes, 0)
+    found = t.costs("aten::mm", shapes)
+    assert found is not None
+    assert found[2].dims == ((256, 128), (128, 1024))
+    assert found[1].a_transposed and found[1].flops == 2 * 256 * 128 * 1024
+    weight = Shapes(shapes.dims, shapes.types, ((64, 1), (1024, 1)))
+    assert t.is_parameter(weight, 0)  # row-major: the weight itself
+
+
 def test_batch_size_scales_batched_work_and_per_sample_fetches(cpu_run: Run) -> None:
     p = predict(cpu_run, Change(batch_size=2 * BATCH), profile=PROFILE)
     assert p.batch == (BATCH, 2 * BATCH)

@@ -611,10 +611,15 @@ class _Transform:
         """A parameter's shape, a transposed view of one (nn.Linear's weight in its addmm:
         column-major, its shape reversed), or one with a unit dimension inserted (a 1-D
         convolution's weight [C_out, C_in, K] as mkldnn_convolution records it, [C_out, C_in,
-        1, K]: else a batch change would grow its C_out)."""
+        1, K]: else a batch change would grow its C_out). A column-major matrix of a
+        parameter's shape is the transposed view of a [d1, d0] tensor, no parameter unless that
+        is one: at batch 64 a weight gradient's g^T [256, 64] (a view of the [64, 256] output
+        gradient) read as a Linear(64, 256)'s weight had the batch grow the product's n, not its
+        k, and its result, [256, 2048], took the first touch of every result of 1 MB."""
         d = shapes.dims[i]
-        return (d in self.fixed or (len(d) == 2 and (d[1], d[0]) in self.fixed
-                                    and column_major(shapes.dims, shapes.strides, i))
+        transposed = len(d) == 2 and column_major(shapes.dims, shapes.strides, i)
+        return ((d in self.fixed and not transposed)
+                or (transposed and (d[1], d[0]) in self.fixed)
                 or any(x == 1 and d[:j] + d[j + 1:] in self.fixed for j, x in enumerate(d)))
 
 
