@@ -49,7 +49,7 @@ def test_interconnect_table_is_complete_and_cited() -> None:
     links = interconnects()
     assert list(links) == ["nvlink2-dgx1", "nvswitch-hgx2", "nvlink3", "nvlink4", "nvswitch-a100",
                            "nvswitch-h100", "pcie3", "pcie4", "pcie5", "ib-hdr", "ib-ndr",
-                           "eth-100g", "eth-400g"]
+                           "eth-100g", "eth-400g", "host-loopback"]
     assert all(link.source and link.alpha_s > 0 for link in links.values())
     assert links["nvlink4"].bandwidth_gbps == pytest.approx(360.0)   # 450 GB/s x 0.80
     assert links["ib-hdr"].bandwidth_gbps == pytest.approx(22.5)     # 25 GB/s x 0.90
