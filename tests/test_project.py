@@ -360,6 +360,10 @@ def test_cli_layouts(nccl: Run, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["project", str(nccl.path), "--memory-gb", "-1"]) == 2
     assert capsys.readouterr().err.strip() == \
         "perfswarm: error: --memory-gb -1.0: must be above 0 and at most 1,000,000,000"
+    # named by the flag project now documents (--gpus-per-node its alias)
+    assert main(["project", str(nccl.path), "--per-node", "0"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "perfswarm: error: --per-node 0: must be above 0 and at most 65,536"
 
 
 def test_an_lstms_weights_are_counted(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 _PARAM = re.compile(r"\{([a-z][a-z_]*)\}")
 # Library parameters whose command-line flag is not `--` + the name with dashes (see flag()).
 FLAGS = {"ranks": "--rank", "execution_traces": "--et", "bandwidth_gbps": "--bandwidth",
-         "per_node": "--gpus-per-node", "layers": "--layer", "budget_s": "--budget",
+         "layers": "--layer", "budget_s": "--budget",
          "dims": "--dim", "memory_timelines": "--memory-timeline"}
 
 
