@@ -223,16 +223,19 @@ def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple
 def backward_flops(run: Run, ev: Events) -> dict[tuple[int, int], float]:
     """(rank, step) -> the FLOPs of the counted ops (_counted_ops) its backward ran
     (analyze.phases): a step's training work, which a bigger batch or a longer sequence
-    grows and an evaluation or other no-grad work in the step does not."""
-    costed = costed_ops(run, ev)
-    owned, owner = _counted_ops(ev, {row: cost for row, (cost, _) in costed.items()})
-    counted = owned[owned == owner]
-    counted = counted[phases(ev, counted) == PHASES.index("backward")]
-    out: dict[tuple[int, int], float] = {}
-    for rank, step, row in zip(ev.rank[counted].tolist(), ev.step[counted].tolist(),
-                               counted.tolist(), strict=True):
-        out[rank, step] = out.get((rank, step), 0.0) + costed[row][0].flops
-    return out
+    grows and an evaluation or other no-grad work in the step does not. Derived once per
+    Events (advise's step rules each read it)."""
+    def make() -> dict[tuple[int, int], float]:
+        costed = costed_ops(run, ev)
+        owned, owner = _counted_ops(ev, {row: cost for row, (cost, _) in costed.items()})
+        counted = owned[owned == owner]
+        counted = counted[phases(ev, counted) == PHASES.index("backward")]
+        out: dict[tuple[int, int], float] = {}
+        for rank, step, row in zip(ev.rank[counted].tolist(), ev.step[counted].tolist(),
+                                   counted.tolist(), strict=True):
+            out[rank, step] = out.get((rank, step), 0.0) + costed[row][0].flops
+        return out
+    return ev.derived("backward flops", make)
 
 
 def _rank_ops(run: Run, rank: int) -> _RankOps:
