@@ -11,8 +11,12 @@ the top of the callee's pool thread (`_script_local_optimizer_step` for
 `__torch__.torch.distributed.optim.optimizer._script_local_optimizer_step`, `aten::add`).
 
 What crosses the wire is left as it is, so a callee's work is paired by name and time: with the
-request of its function (to its worker, where its range names it) from another rank whose range
-holds it, of several the one sent last before it began, each request once. Its start waited for
+request of its function from another rank whose range holds it, to its worker (its own
+`rpc_serve#` ranges name it; an op on a rank with none: any), of several the one sent last
+before it began, each request once. A request to its own worker runs on its own process's
+pool, which the analysis leaves to the threads' hand-overs (dependencies.thread_wakes); paired
+with another rank's op it had been (torch's `rpc_async_jit#...(w0 -> w0)` around a server's
+`_script_local_optimizer_step`). Its start waited for
 the send, unless another request's work on its thread ended after the send (it queued behind
 that); the reply's arrival waited for its end, unless the sending thread was at work of its own
 then (an op begun after the send and running over the arrival: an rpc_async's caller computing
@@ -53,13 +57,15 @@ class Request(NamedTuple):
 
 
 class Served(NamedTuple):
-    """Work a rank ran for a request: its row, thread (lane_key), start and end, and what it
-    names: a function and its worker (`rpc_serve#`), or an op (worker None)."""
+    """Work a rank ran for a request: its row, thread (lane_key), start and end, what it names
+    (a function, `rpc_serve#`; or an op, `op`), and its worker (None: an op's, on a rank whose
+    `rpc_serve#` ranges name none)."""
 
     rank: int
     row: int
     lane: int
     function: str
+    op: bool
     worker: str | None
     start: int
     end: int
@@ -74,9 +80,10 @@ def op_of(function: str) -> str | None:
 
 
 def requests(ev: Events, rank: int) -> list[Request]:
-    """The rank's requests (REQUEST ranges), by send."""
+    """The rank's requests (REQUEST ranges) to another worker, by send (a request to its own
+    worker runs on a thread of its own process)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    named = {i: m for i, n in enumerate(ev.names) if (m := REQUEST.match(n))}
+    named = {i: m for i, n in enumerate(ev.names) if (m := REQUEST.match(n)) and m[2] != m[3]}
     found = rows[np.isin(ev.name[rows], list(named)) & ev.of_kind("user_annotation")[rows]]
     if not len(found):
         return []
@@ -95,7 +102,8 @@ def requests(ev: Events, rank: int) -> list[Request]:
 
 def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
     """The rank's work for requests: its `rpc_serve#` ranges, and the ops named in `ops` (what
-    the requests' callees run them as) that no other op on their thread encloses."""
+    the requests' callees run them as) that no other op on their thread encloses, of the
+    worker its ranges name (where they name one)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     host = rows[ev.host_busy[rows]]
     ranges = {i: m for i, n in enumerate(ev.names) if (m := SERVE.match(n))}
@@ -103,8 +111,10 @@ def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
     out = []
     for row in host[np.isin(ev.name[host], list(ranges))].tolist():
         m = ranges[int(ev.name[row])]
-        out.append(Served(rank, row, int(lane_key(rank, int(ev.tid[row]))), m[1], m[2],
+        out.append(Served(rank, row, int(lane_key(rank, int(ev.tid[row]))), m[1], False, m[2],
                           int(ev.ts[row]), int(ev.end[row])))
+    workers = {s.worker for s in out}
+    worker = workers.pop() if len(workers) == 1 else None
     if wanted:
         lanes = lane_key(rank, ev.tid[host])
         order = np.lexsort((-ev.end[host], ev.ts[host], lanes))  # the outer first at a tie
@@ -112,7 +122,7 @@ def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
         top = host[order][parent < 0]
         for row in top[np.isin(ev.name[top], list(wanted))].tolist():
             out.append(Served(rank, row, int(lane_key(rank, int(ev.tid[row]))),
-                              wanted[int(ev.name[row])], None, int(ev.ts[row]),
+                              wanted[int(ev.name[row])], True, worker, int(ev.ts[row]),
                               int(ev.end[row])))
     return sorted(out, key=lambda s: (s.start, s.rank, s.row))
 
@@ -130,10 +140,10 @@ def hand_overs(sent: Mapping[int, Sequence[Request]],
                ran: Mapping[int, Sequence[Served]]) -> HandOvers:
     """Pair each rank's work for requests (`ran`) with the requests (`sent`, each rank's by
     send) that asked for it."""
-    by_key: dict[tuple[str, str | None], list[Request]] = defaultdict(list)
+    by_key: dict[tuple[str, bool], list[Request]] = defaultdict(list)
     for rank_requests in sent.values():
         for r in rank_requests:
-            by_key[(r.function, r.worker) if r.op is None else (r.op, None)].append(r)
+            by_key[(r.function, False) if r.op is None else (r.op, True)].append(r)
     for found in by_key.values():
         found.sort(key=lambda r: (r.sent, r.rank, r.row))
     taken: set[tuple[int, int]] = set()
@@ -141,11 +151,12 @@ def hand_overs(sent: Mapping[int, Sequence[Request]],
     for rank in sorted(ran):
         done: dict[int, list[int]] = defaultdict(list)  # per thread, its requests' work ends
         for s in ran[rank]:
-            found = by_key.get((s.function, s.worker), [])
+            found = by_key.get((s.function, s.op), [])
             sends = [r.sent for r in found]
             i = int(np.searchsorted(sends, s.start, side="right"))
-            pick = next((r for r in reversed(found[:i]) if r.rank != s.rank and
-                         s.end <= r.arrived and (r.rank, r.row) not in taken), None)
+            pick = next((r for r in reversed(found[:i]) if r.rank != s.rank
+                         and s.worker in (None, r.worker) and s.end <= r.arrived
+                         and (r.rank, r.row) not in taken), None)
             if pick is not None:
                 taken.add((pick.rank, pick.row))
                 if not any(pick.sent < e <= s.start for e in done[s.lane]):
