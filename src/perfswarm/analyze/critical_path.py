@@ -431,7 +431,8 @@ def path_of(start: State, walk_from: Callable[[State, int | None], Segment]) -> 
 class Ends:
     """Where the path can end in some events: the last device op, the last host work of a
     thread that launches device work, the last host work of the loop's threads (those that
-    hold the step markers; every thread when none does): (end, rank, row)."""
+    hold the step markers; every thread when none does): (end, rank, row). An RPC request's
+    reply arriving counts as its thread's work ending (the thread resumes)."""
 
     device: tuple[int, int, int] | None
     launching_host: tuple[int, int, int] | None
@@ -479,7 +480,7 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     in it; without one, they start in it)."""
     ev = g.ev
     calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
-    host = np.flatnonzero(ev.host_busy)
+    host = np.flatnonzero(ev.host_busy | ev.rpc_request)  # a reply's arrival resumes the thread
     threads = lane_key(ev.rank[host], ev.tid[host])
     launching = host[np.isin(threads, lane_key(ev.rank[calls], ev.tid[calls]))]
     marked = np.flatnonzero(ev.is_step_marker)

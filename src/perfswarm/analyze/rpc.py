@@ -4,7 +4,8 @@ Nothing in a Kineto trace pairs a request with its callee's work (torch names re
 under its legacy profiler). The recorder (recorder/inject/sitecustomize.py) names them in every
 process it profiles, as torch's profiler key does: each request sent in the window is a range
 on the sending thread from the send to the reply's arrival (`rpc_sync#FUNC(CALLER -> CALLEE)`,
-`rpc_async#...`; torch's own `rpc_async_jit#...` where it records one), and each Python function
+`rpc_async#...`; torch's own `rpc_async_jit#...` of a TorchScript request, which reached the
+trace for 1 request of 10, is not read), and each Python function
 run for a request a range on the pool thread that ran it (`rpc_serve#FUNC(WORKER)`, FUNC named
 as the caller names it). A TorchScript function or a builtin op runs as an op of its own name at
 the top of the callee's pool thread (`_script_local_optimizer_step` for
@@ -31,11 +32,10 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from perfswarm.analyze.frame import WORK_KINDS, Events, group_rows, lane_key
+from perfswarm.analyze.frame import RPC_REQUEST, WORK_KINDS, Events, group_rows, lane_key
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.stragglers import Peer
 
-REQUEST: Final = re.compile(r"^rpc_(?:sync|async|async_jit)#(.+)\((\S*) -> (\S*)\)$")
 SERVE: Final = re.compile(r"^rpc_serve#(.+)\((\S*)\)$")
 SCRIPTED: Final = "__torch__."  # a TorchScript function's qualified name begins so
 
@@ -80,11 +80,11 @@ def op_of(function: str) -> str | None:
 
 
 def requests(ev: Events, rank: int) -> list[Request]:
-    """The rank's requests (REQUEST ranges) to another worker, by send (a request to its own
-    worker runs on a thread of its own process)."""
+    """The rank's requests (frame.RPC_REQUEST ranges) to another worker, by send (a request to
+    its own worker runs on a thread of its own process)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    named = {i: m for i, n in enumerate(ev.names) if (m := REQUEST.match(n)) and m[2] != m[3]}
-    found = rows[np.isin(ev.name[rows], list(named)) & ev.of_kind("user_annotation")[rows]]
+    named = {i: m for i, n in enumerate(ev.names) if (m := RPC_REQUEST.match(n)) and m[2] != m[3]}
+    found = rows[np.isin(ev.name[rows], list(named)) & ev.rpc_request[rows]]
     if not len(found):
         return []
     work = rows[ev.of_kind(*WORK_KINDS)[rows]]
