@@ -15,9 +15,11 @@ name (iterations whose op counts differ: logging every other step repeats at two
 the anchor is the earliest of the names that occur the same number of times at steady
 spacing, that number being the one most names share. One op repeated back to back is a
 loop only when it fills most of its stretch. The last iteration counts when it reaches the
-op that closes every other iteration (the latest name found once in each) and ends with it,
-or with the work another thread handed back after it (an `Optimizer.step#...` range the
-profiler stopped inside ends with the trace window: frame.Events clips it). Where the
+op that closes every other iteration (the latest name found once in each) and ends with it
+and the ops right after it that the other iterations hold after theirs (a pipeline stage's
+compute after its receive), or with the work another thread handed back after it (an
+`Optimizer.step#...` range the profiler stopped inside ends with the trace window:
+frame.Events clips it). Where the
 iterations do not each hold one cycle of optimizer calls, the steps end at the calls, whose
 cycle the calls' own ops tell where they carry shapes (optimizer_kinds).
 """
@@ -442,6 +444,22 @@ def closing_position(names: I64, anchors: I64) -> int | None:
     return best[1] if best is not None and best[1] >= 0 else None
 
 
+def through_tail(names: I64, anchors: I64, close: int) -> int:
+    """The last op of the iteration from the last anchor, which reached its closing op at
+    `close`: the ops right after it that the other iterations hold after theirs (a pipeline
+    stage's compute after its receive, the latest name found once in each), no more of them
+    than the longest of those tails, up to the first name no tail holds (the loop's end)."""
+    windows = np.searchsorted(anchors, np.arange(len(names)), side="right") - 1
+    closing = np.flatnonzero((names == names[close]) & (windows >= 0)
+                             & (windows < len(anchors) - 1))
+    tails = [names[c + 1:anchors[windows[c] + 1]] for c in closing.tolist()]
+    held = np.unique(np.concatenate(tails)) if tails else names[:0]
+    longest = max((len(t) for t in tails), default=0)
+    after = names[close + 1:close + 1 + longest]
+    outside = np.flatnonzero(~np.isin(after, held))
+    return close + (int(outside[0]) if len(outside) else len(after))
+
+
 def _sparse(starts: I64, ends: I64) -> bool:
     """Ops that repeat one by one are a loop's steps only when they fill most of their span
     (a `train_step` annotation around each step), not a burst of small calls."""
@@ -473,7 +491,7 @@ def detect(names: I64, starts: I64, ends: I64, *, after_last_op: bool = True,
     windows = list(itertools.pairwise(bounds))
     close = closing_position(names, anchors)
     if close is not None:
-        last = int(anchors[-1])
+        last, close = int(anchors[-1]), through_tail(names, anchors, close)
         windows.append((bounds[-1], int(max(ends[last:close + 1].max(), reach[close]))))
     return windows
 
