@@ -246,6 +246,23 @@ def test_the_last_detected_step_holds_the_ops_after_its_closing_one(tmp_path: Pa
     assert (markers[-1][1] - detected[-1].end) / mean < 0.005  # 0.27%: its prof.step()
 
 
+def test_a_repeat_inside_the_only_step_is_no_loop(corpus_runs: dict[str, Run]) -> None:
+    """HTA's MI250 trace holds one training step (its ProfilerStep#1, 9.29 ms): the main thread's
+    top-level ops run `randn`, `to`, `linear`, `relu`, `randn`, `to`, ... then the optimizer's
+    step 9 ms in (raw JSON). Without the marker its two `randn`, `to` pairs had been found as
+    an iteration of 0.71 ms (92% of the step from the marker); what repeats must last a fifth
+    of the thread's span, as a loop of syscalls or samples must: none is found now."""
+    with gzip.open(corpus("amd")) as f:
+        spans = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    (marker,) = [e for e in spans if e["name"] == "ProfilerStep#1" and e["dur"] > 9000]
+    top = sorted((e["ts"], e["name"]) for e in spans if e["tid"] == marker["tid"]
+                 and e.get("cat") == "cpu_op" and e["name"] in ("aten::randn", "aten::to")
+                 and marker["ts"] <= e["ts"] < marker["ts"] + marker["dur"])
+    assert [n for _, n in top][:4] == ["aten::randn", "aten::to"] * 2
+    assert top[3][0] - top[0][0] < 0.1 * marker["dur"]
+    assert detected_steps(_without_markers(corpus_runs["amd"])).get(0, []) == []
+
+
 def _logging_loop(steps: int, truncate_last: bool) -> tuple[list[str], list[int], list[int]]:
     """A loop whose every other step logs (three `item` calls after the optimizer step), after
     two set-up ops: it repeats exactly only at two steps. Ops last 10 us, 2 us apart, but
