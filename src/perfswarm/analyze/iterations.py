@@ -504,7 +504,7 @@ def lasts(lo: int, hi: int, starts: I64, ends: I64) -> bool:
     """Whether what repeats from `lo` to `hi` (ns) lasts LOOP_SHARE of the span of the calls
     (`starts`, `ends`) it was found in: a repeat inside one part of the program is not its
     loop (an import's tight loop of syscalls; a step's two `randn`, `to` pairs, 0.7 ms of the
-    only step's 9.5 ms in HTA's MI250 trace)."""
+    only step's 9.3 ms in HTA's MI250 trace)."""
     return hi - lo >= LOOP_SHARE * (int(ends.max()) - int(starts.min()))
 
 
