@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,22 @@ def test_detection_matches_markers_when_they_are_removed(corpus_runs: dict[str, 
 NANOGPT = Path(__file__).parent / "data" / "nanogpt_cpu.pt.trace.json.gz"  # see nanogpt_cpu.txt
 
 
+def _raw_trace(path: Path) -> tuple[dict[str, Any], Callable[[float], int],
+                                    list[dict[str, Any]], list[tuple[int, int]]]:
+    """A trace's raw JSON, its us -> run clock ns, its complete spans and its step markers."""
+    with gzip.open(path) as f:
+        raw = json.load(f)
+    base = raw["baseTimeNanoseconds"]
+
+    def ns(us: float) -> int:
+        return int(base + round(us * 1000))
+
+    spans = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+    markers = sorted((ns(e["ts"]), ns(e["ts"] + e["dur"])) for e in spans
+                     if e["name"].startswith("ProfilerStep#"))
+    return raw, ns, spans, markers
+
+
 def test_detection_on_nanogpt_without_its_markers(tmp_path: Path) -> None:
     """nanoGPT, unmodified, recorded on this CPU by `perfswarm record` (the real torch.profiler,
     stepped from the optimizer's step hook). Its 4 ProfilerStep markers, read from the raw JSON,
@@ -145,16 +162,7 @@ def test_detection_on_nanogpt_without_its_markers(tmp_path: Path) -> None:
     of a step, late. The last step ends where the profiler stopped, 0.02% from its marker.
     One boundary is 14.3 ms late (2.1%): torch's own prof.step() ran that long after opening
     ProfilerStep#5 (the recorder's steps file times it), and no op ran in it."""
-    with gzip.open(NANOGPT) as f:
-        raw = json.load(f)
-    base = raw["baseTimeNanoseconds"]
-
-    def ns(us: float) -> int:
-        return base + round(us * 1000)
-
-    spans = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
-    markers = sorted((ns(e["ts"]), ns(e["ts"] + e["dur"])) for e in spans
-                     if e["name"].startswith("ProfilerStep#"))
+    raw, ns, spans, markers = _raw_trace(NANOGPT)
     raw["traceEvents"] = [e for e in raw["traceEvents"]
                           if not e.get("name", "").startswith("ProfilerStep#")]
     (tmp_path / "t.json").write_text(json.dumps(raw))
@@ -214,6 +222,45 @@ def test_detection_within_1pct_on_a_recording_stepped_after_the_optimizer(
     worst = max(max(abs(m[0] - d[0]), abs(m[1] - d[1]))
                 for m, d in zip(markers, detected, strict=True))
     assert worst / mean < 0.01
+
+
+P2P_RANK1 = Path(__file__).parent / "data" / "p2p_gloo_rank1.pt.trace.json.gz"  # p2p_gloo.py
+
+
+def test_the_last_detected_step_holds_the_ops_after_its_closing_one(tmp_path: Path) -> None:
+    """A pipeline's second stage (tests/data/p2p_gloo.py, rank 1): each step an `empty`, a
+    `c10d::recv_`, then 35-45 `matmul`/`tanh` pairs on the received activation, timed. The
+    names found once a step are the first two, so the last step had ended with its receive
+    (0.2 ms of a 30.7 ms marked step: 103% of the mean step off); it holds the compute after it
+    as every other step does, and ends with its last `tanh` (raw JSON)."""
+    _, ns, spans, markers = _raw_trace(P2P_RANK1)
+    loop = markers[0][0] <= np.array([ns(e["ts"]) for e in spans])
+    tanh_ends = sorted(ns(e["ts"]) + round(e["dur"] * 1000)
+                       for e, inside in zip(spans, loop, strict=True)
+                       if inside and e["name"] == "aten::tanh")
+    run = import_traces([P2P_RANK1], tmp_path / "t.run", ImportOptions(), ["t"])
+    detected = detected_steps(_without_markers(run))[1]
+    assert len(detected) == len(markers) == 3
+    assert detected[-1].end == tanh_ends[-1] < markers[-1][1]
+    mean = np.mean([hi - lo for lo, hi in markers])
+    assert (markers[-1][1] - detected[-1].end) / mean < 0.005  # 0.27%: its prof.step()
+
+
+def test_a_repeat_inside_the_only_step_is_no_loop(corpus_runs: dict[str, Run]) -> None:
+    """HTA's MI250 trace holds one training step (its ProfilerStep#1, 9.29 ms): the main thread's
+    top-level ops run `randn`, `to`, `linear`, `relu`, `randn`, `to`, ... then the optimizer's
+    step 9 ms in (raw JSON). Without the marker its two `randn`, `to` pairs had been found as
+    an iteration of 0.71 ms (92% of the step from the marker); what repeats must last a fifth
+    of the thread's span, as a loop of syscalls or samples must: none is found now."""
+    with gzip.open(corpus("amd")) as f:
+        spans = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    (marker,) = [e for e in spans if e["name"] == "ProfilerStep#1" and e["dur"] > 9000]
+    top = sorted((e["ts"], e["name"]) for e in spans if e["tid"] == marker["tid"]
+                 and e.get("cat") == "cpu_op" and e["name"] in ("aten::randn", "aten::to")
+                 and marker["ts"] <= e["ts"] < marker["ts"] + marker["dur"])
+    assert [n for _, n in top][:4] == ["aten::randn", "aten::to"] * 2
+    assert top[3][0] - top[0][0] < 0.1 * marker["dur"]
+    assert detected_steps(_without_markers(corpus_runs["amd"])).get(0, []) == []
 
 
 def _logging_loop(steps: int, truncate_last: bool) -> tuple[list[str], list[int], list[int]]:

@@ -54,10 +54,14 @@ CASES = {
     "no traceEvents": ("t.json", b'{"schemaVersion": 1}',
                        "not a Kineto trace (a JSON object with `traceEvents`, or an array of trace "
                        "events); it is an object with keys `schemaVersion`"),
+    # it had described only export_memory_timeline's form and named no flag that reads it
     "memory timeline": ("t.json", b"[[1.0, 2.0], [[0, 1], [2, 3]]]",
                         "not a Kineto trace (a JSON object with `traceEvents`, or an array of "
                         "trace events); it is a top-level array of arrays, as torch.profiler's "
-                        "memory timeline export writes"),
+                        "memory timeline exports write ([times, bytes per category], or raw rows "
+                        "[time, action, bytes, category]); the trace is what export_chrome_trace "
+                        "writes; a memory timeline is read by --memory-timeline, beside its "
+                        "Kineto trace"),
     "memory snapshot": ("t.json", b'{"segments": [], "device_traces": []}',
                         "it is an object with keys `segments`, `device_traces`: a torch.cuda "
                         "memory snapshot"),

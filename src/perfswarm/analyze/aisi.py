@@ -7,7 +7,7 @@ thread, each sample named by its leaf's module (voted over the SMOOTH samples ar
 A phase spans several syscalls or samples in a row, so repeats of one name in a row become
 one run first. What repeats is a loop only if chance would not repeat it (CHANCE: a loop
 of 40 ms sampled at 70 Hz is three samples an iteration, and three modules repeat by
-chance), if it lasts (LOOP_SHARE of the span: not an import's tight loop), and, for two
+chance), if it lasts (iterations.LOOP_SHARE of the span: not an import's tight loop), and, for two
 symbols, which alternate whatever the program does, if each phase is steady (STEADY).
 Else none is found, and the run gets time windows.
 
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64, Events, codes
-from perfswarm.analyze.iterations import MAX_LAGS, StepWindow, detect
+from perfswarm.analyze.iterations import MAX_LAGS, StepWindow, detect, lasts
 from perfswarm.trace.schema import NONE
 
 WINDOWS = 10
@@ -35,7 +35,6 @@ SMOOTH = 5  # samples a leaf module is voted over
 MINOR = 0.1  # a leaf module with less of the samples than this is no phase of its own
 CHANCE = 0.01  # a repeating stretch is a loop only if chance would make one this rarely
 STEADY = 0.5  # the spread (std / mean) of a steady phase's run lengths at most
-LOOP_SHARE = 0.2  # and only if it lasts this share of the thread's calls' or samples' span
 
 
 def runs(symbols: I64, ts: I64, end: I64) -> tuple[I64, I64, I64, I64]:
@@ -138,7 +137,7 @@ def _windows(symbols: I64, ts: I64, end: I64, least: int = 1) -> list[StepWindow
         lo, hi = repeating_stretch(names, starts, ends)
     # a tight loop inside one call (an import's mmap/munmap pairs, 1,562 "iterations" of
     # 78 us in 122 ms of a 4.2 s program) repeats too: it is not the program's loop
-    if hi == lo or ends[lo:hi].max() - starts[lo] < LOOP_SHARE * (ends.max() - starts[0]):
+    if hi == lo or not lasts(int(starts[lo]), int(ends[lo:hi].max()), starts, ends):
         return []
     return [StepWindow(i, a, b, "detected") for i, (a, b) in enumerate(detect(
         names[lo:hi], starts[lo:hi], ends[lo:hi], after_last_op=False))]

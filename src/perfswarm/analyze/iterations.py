@@ -1,25 +1,27 @@
 """Iterations: from ProfilerStep markers, or detected from the repeating structure of the ops.
 
-Detection works on one host thread's sequence of top-level op names (interned to
-ints; kernels when there are no host ops): the thread holding the step markers,
-else the one whose work spans longest. The period is the lag at which the
-sequence best matches a shifted copy of itself, tried at the lags between
-repeated occurrences of each name. An iteration then starts at each occurrence of
-an anchor: a name that occurs once per period, at steady spacing, and earliest in
-the sequence, moved back over the ops before it that precede every anchor alike (two
-`randint`s, a name twice a step, before the forward); the first iteration begins at its
-start, each later one where the step before it ended: its last op's end, or the end of
-another thread's work that its thread waited for after it (dependencies.thread_wakes:
-backward() on the autograd thread). When no lag matches well enough, or none has such a
-name (iterations whose op counts differ: logging every other step repeats at two steps),
-the anchor is the earliest of the names that occur the same number of times at steady
-spacing, that number being the one most names share. One op repeated back to back is a
-loop only when it fills most of its stretch. The last iteration counts when it reaches the
-op that closes every other iteration (the latest name found once in each) and ends with it,
-or with the work another thread handed back after it (an `Optimizer.step#...` range the
-profiler stopped inside ends with the trace window: frame.Events clips it). Where the
-iterations do not each hold one cycle of optimizer calls, the steps end at the calls, whose
-cycle the calls' own ops tell where they carry shapes (optimizer_kinds).
+Detection works on one host thread's sequence of top-level op names (interned to ints;
+kernels when there are no host ops): the thread holding the step markers, else the one whose
+work spans longest. The period is the lag at which the sequence best matches a shifted copy
+of itself, tried at the lags between repeated occurrences of each name. An iteration then
+starts at each occurrence of an anchor: a name that occurs once per period, at steady
+spacing, and earliest in the sequence, moved back over the ops before it that precede every
+anchor alike (two `randint`s, a name twice a step, before the forward); the first iteration
+begins at its start, each later one where the step before it ended: its last op's end, or
+the end of another thread's work that its thread waited for after it
+(dependencies.thread_wakes: backward() on the autograd thread). When no lag matches well
+enough, or none has such a name (iterations whose op counts differ: logging every other step
+repeats at two steps), the anchor is the earliest of the names that occur the same number of
+times at steady spacing, that number being the one most names share. One op repeated back to
+back is a loop only when it fills most of its stretch, and what repeats only when its
+iterations last LOOP_SHARE of the thread's span (a step's two `randn`, `to` pairs are no
+loop). The last iteration counts when it reaches the op that closes every other iteration
+(the latest name found once in each) and ends with it and the ops right after it that the
+other iterations hold after theirs (a pipeline stage's compute after its receive), or with
+the work another thread handed back after it (an `Optimizer.step#...` range the profiler
+stopped inside ends with the trace window: frame.Events clips it). Where the iterations do
+not each hold one cycle of optimizer calls, the steps end at the calls, whose cycle the
+calls' own ops tell where they carry shapes (optimizer_kinds).
 """
 
 from __future__ import annotations
@@ -442,6 +444,22 @@ def closing_position(names: I64, anchors: I64) -> int | None:
     return best[1] if best is not None and best[1] >= 0 else None
 
 
+def through_tail(names: I64, anchors: I64, close: int) -> int:
+    """The last op of the iteration from the last anchor, which reached its closing op at
+    `close`: the ops right after it that the other iterations hold after theirs (a pipeline
+    stage's compute after its receive, the latest name found once in each), no more of them
+    than the longest of those tails, up to the first name no tail holds (the loop's end)."""
+    windows = np.searchsorted(anchors, np.arange(len(names)), side="right") - 1
+    closing = np.flatnonzero((names == names[close]) & (windows >= 0)
+                             & (windows < len(anchors) - 1))
+    tails = [names[c + 1:anchors[windows[c] + 1]] for c in closing.tolist()]
+    held = np.unique(np.concatenate(tails)) if tails else names[:0]
+    longest = max((len(t) for t in tails), default=0)
+    after = names[close + 1:close + 1 + longest]
+    outside = np.flatnonzero(~np.isin(after, held))
+    return close + (int(outside[0]) if len(outside) else len(after))
+
+
 def _sparse(starts: I64, ends: I64) -> bool:
     """Ops that repeat one by one are a loop's steps only when they fill most of their span
     (a `train_step` annotation around each step), not a burst of small calls."""
@@ -473,12 +491,21 @@ def detect(names: I64, starts: I64, ends: I64, *, after_last_op: bool = True,
     windows = list(itertools.pairwise(bounds))
     close = closing_position(names, anchors)
     if close is not None:
-        last = int(anchors[-1])
+        last, close = int(anchors[-1]), through_tail(names, anchors, close)
         windows.append((bounds[-1], int(max(ends[last:close + 1].max(), reach[close]))))
     return windows
 
 
 _NEVER = np.iinfo(np.int64).max
+LOOP_SHARE = 0.2  # a loop lasts at least this share of its thread's span of calls or samples
+
+
+def lasts(lo: int, hi: int, starts: I64, ends: I64) -> bool:
+    """Whether what repeats from `lo` to `hi` (ns) lasts LOOP_SHARE of the span of the calls
+    (`starts`, `ends`) it was found in: a repeat inside one part of the program is not its
+    loop (an import's tight loop of syscalls; a step's two `randn`, `to` pairs, 0.7 ms of the
+    only step's 9.3 ms in HTA's MI250 trace)."""
+    return hi - lo >= LOOP_SHARE * (int(ends.max()) - int(starts.min()))
 
 
 def _lead_in(names: I64, anchors: I64) -> int:
@@ -513,6 +540,8 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes],
     names, starts, ends, tid = sequence(ev, rank)
     handed = wakes.get(int(lane_key(rank, tid))) if tid is not None else None
     found = detect(names, starts, ends, handed=handed)
+    if found and not lasts(found[0][0], found[-1][1], starts, ends):
+        found = []
     if tid is not None and len(starts):
         calls = step_calls(ev)
         calls = calls[(ev.rank[calls] == rank) & (ev.tid[calls] == tid)]

@@ -199,8 +199,10 @@ def not_a_trace(path: Path, head: bytes, keys: Sequence[str] = ()) -> TraceForma
         inner = text[1:].lstrip()[:1]
         what = f"a top-level array of {_ITEMS.get(inner, 'numbers')}"
         if inner == b"[":
-            what += (", as torch.profiler's memory timeline export writes ([times, bytes per "
-                     "category]); the trace is what export_chrome_trace writes")
+            what += (", as torch.profiler's memory timeline exports write ([times, bytes per "
+                     "category], or raw rows [time, action, bytes, category]); the trace is "
+                     "what export_chrome_trace writes")
+            hint = "a memory timeline is read by {memory_timelines}, beside its Kineto trace"
     elif first == b"{":
         shown = ", ".join(f"`{k}`" for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
         what = f"an object with keys {shown}" if keys else "an empty object"
