@@ -483,8 +483,8 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
     with the request of its function that holds it; each step's path runs from the trainer's
     step start to its last work (the next forward's reply), crossing to the server and back
     at both requests (4 rank switches), the transfers (a send to the callee's start, its end
-    to the reply) its collective time. There had been no pair: the trainer's path 0.52 of its
-    step, the server's one pool thread's request."""
+    to the reply) its collective time. Unpaired, each rank had had its own step paths, none
+    crossing: the server's one pool thread's request."""
     files = [DATA / f"rpc_named_rank{r}.pt.trace.json.gz" for r in (1, 2)]
     traced = {}
     for rank, file in zip((1, 2), files, strict=True):
