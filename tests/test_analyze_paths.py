@@ -30,6 +30,7 @@ from perfswarm.analyze.frame import KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
 from perfswarm.analyze.intervals import innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
+from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarms import Labels, describe, swarms
@@ -471,6 +472,58 @@ def test_ranks_that_wait_for_no_other_each_have_their_own_step_paths(tmp_path: P
                    sorted(expected, key=lambda e: (e[0], e[1]))]
     assert len(steps) == len(expected) // 2 >= 2
     assert all(s.length_ns == s.end - s.start for s in path.steps)
+
+
+def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> None:
+    """tests/data/rpc_server.py recorded (`rpc_named_rank{1,2}`: the server, the trainer): the
+    recorder names each request the trainer sends (`rpc_sync#_local_invoke(w0 -> w1)`, the
+    remote forward; `rpc_async#...(w0 -> w1)`, the DistributedOptimizer's TorchScript step)
+    and each Python request the server runs (`rpc_serve#_local_invoke(w1)`; the TorchScript
+    step is its op `_script_local_optimizer_step`). From the raw JSON: each callee's work pairs
+    with the request of its function that holds it; each step's path runs from the trainer's
+    step start to its last work (the next forward's reply), crossing to the server and back
+    at both requests (4 rank switches), the transfers (a send to the callee's start, its end
+    to the reply) its collective time. Unpaired, each rank had had its own step paths, none
+    crossing: the server's one pool thread's request."""
+    files = [DATA / f"rpc_named_rank{r}.pt.trace.json.gz" for r in (1, 2)]
+    traced = {}
+    for rank, file in zip((1, 2), files, strict=True):
+        x, ns, base = _raw_ns(file)
+        window = max(base + ns(e["ts"]) + ns(e["dur"]) for e in x if e.get("cat") == "Trace")
+        # an annotation in flight at the profiler's stop ends with its trace (frame.Events)
+        traced[rank] = [(base + ns(e["ts"]), min(base + ns(e["ts"]) + ns(e["dur"]), window)
+                         if e["cat"] == "user_annotation" else base + ns(e["ts"]) + ns(e["dur"]),
+                         e["name"]) for e in x if e.get("cat") in ("cpu_op", "user_annotation")]
+    server, trainer = traced[1], traced[2]
+    sent = [e for e in trainer if e[2].startswith(("rpc_sync#", "rpc_async#"))
+            and e[2].endswith("(w0 -> w1)")]
+    pairs = []
+    for start, end, name in server:
+        if name in ("rpc_serve#_local_invoke(w1)", "_script_local_optimizer_step"):
+            function = name.removeprefix("rpc_serve#").removesuffix("(w1)")
+            (request,) = [r for r in sent if f"{function}(w0" in r[2]
+                          and r[0] <= start and end <= r[1]]
+            pairs.append((request, (start, end)))
+    assert len(pairs) == 10  # 5 steps, a forward and an optimizer step each
+    run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    found = rpc_hand_overs(ev)
+    assert sorted((int(ev.end[row]), end) for row, (_, _, end) in found.replies[2].items()) \
+        == sorted((r[1], c[1]) for r, c in pairs)
+    assert sorted((int(ev.ts[row]), at) for row, (_, _, at) in found.requested[1].items()) \
+        == sorted((c[0], r[0]) for r, c in pairs)
+    path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
+    assert path is not None
+    markers = sorted((s, e) for s, e, n in trainer if n.startswith("ProfilerStep#"))
+    first = min(s for s, _, n in trainer if not n.startswith("ProfilerStep#"))
+    assert len(path.steps) == len(markers) == 5
+    for step, (lo, hi) in zip(path.steps, markers, strict=True):
+        mine = [(r, c) for r, c in pairs if lo <= r[0] < hi]
+        last = max(e for s, e, n in trainer if lo <= s < hi and not n.startswith("Profiler"))
+        assert (step.ranks, step.start, step.end) == ((1, 2), max(lo, first), last)
+        assert step.rank_switches == 2 * len(mine) == 4
+        assert step.ns["collective"] == sum(c[0] - r[0] + r[1] - c[1] for r, c in mine)
+        assert step.length_ns == step.end - step.start
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

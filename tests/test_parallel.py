@@ -211,12 +211,16 @@ def test_subgroups_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
         None: 6, "1": 3, "2": 3}
 
 
+@pytest.mark.parametrize("name,ranks", [("p2p_gloo", (0, 1)), ("rpc_named", (1, 2))])
 def test_transfers_analyzed_on_the_workers(tmp_path: Path, scheduler: str,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py): each worker reads its rank's
-    sends and receives, and the path crosses from a receive to its send as in one process."""
+                                           capsys: pytest.CaptureFixture[str], name: str,
+                                           ranks: tuple[int, int]) -> None:
+    """A pipeline's hand-off on gloo (tests/data/p2p_gloo.py), an RPC trainer and its server
+    (rpc_named: tests/data/rpc_server.py): each worker reads its rank's sends and receives, or
+    its requests and then its work for them, and the path crosses from a receive to its send,
+    a reply to its callee and a callee to its request, as in one process."""
     data = Path(__file__).parent / "data"
-    run = import_traces([data / f"p2p_gloo_rank{r}.pt.trace.json.gz" for r in (0, 1)],
+    run = import_traces([data / f"{name}_rank{r}.pt.trace.json.gz" for r in ranks],
                         tmp_path / "p.run", ImportOptions(), ["t"])
     outs = []
     for flags in (["--workers", "0"], ["--scheduler", scheduler]):

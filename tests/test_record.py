@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 
 from conftest import SESSION_OFFSET_NS
 from conftest import TRAINER_STEPS as STEPS
+from perfswarm.analyze.frame import Events
+from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.summary import analyze
 from perfswarm.cli.record_cmd import status_line
 from perfswarm.errors import PerfswarmError
@@ -1594,7 +1597,10 @@ def test_a_torch_distributed_rpc_trainer(tmp_path: Path) -> None:
     remote module's forwards, run by its RPC threads) each open and close; torch's execution
     trace observer, which segfaults in dist_autograd.backward (torch 2.13, recorder or not),
     stays off in an RPC process (the trainer had died of SIGSEGV at its window's first step,
-    the server of its stop on another thread)."""
+    the server of its stop on another thread). Each request the trainer sends in its window is
+    named as torch's profiler key names it, from its send to its reply, and each Python request
+    the server runs is named too (none had been: torch names them under its legacy profiler
+    only); the analysis pairs each with the work it asked for."""
     import socket
 
     with socket.socket() as s:
@@ -1613,6 +1619,16 @@ def test_a_torch_distributed_rpc_trainer(tmp_path: Path) -> None:
         assert [s["step"] for s in steps if s["rank"] == rank and s["source"] == "marker"] \
             == [3, 4, 5]
     assert len({s["rank"] for s in steps}) == 2
+    ev = Events.load(run)
+    names = Counter(ev.names[n] for n in ev.name.tolist())
+    step = "__torch__.torch.distributed.optim.optimizer._script_local_optimizer_step"
+    # the window's 3 steps of each: a forward's request, the optimizer's to either worker
+    assert names["rpc_sync#_local_invoke(w0 -> w1)"] >= 3
+    assert names[f"rpc_async#{step}(w0 -> w1)"] >= 3 and names[f"rpc_async#{step}(w0 -> w0)"] >= 3
+    assert names["rpc_serve#_local_invoke(w1)"] >= 3
+    found = rpc_hand_overs(ev)
+    assert sum(map(len, found.replies.values())) >= 3
+    assert sum(map(len, found.requested.values())) >= 3
 
 
 @pytest.mark.parametrize("pin", [True, False])

@@ -58,6 +58,7 @@ from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, l
 from perfswarm.analyze.groups import NO_GROUPS, Groups
 from perfswarm.analyze.intervals import StateSums, covered, innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, within_gaps
+from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.stragglers import Peer, instances_of
 
 CATEGORIES: Final = ("cpu", "runtime", "host_idle", "sync", "thread_wait", "launch_overhead",
@@ -145,10 +146,11 @@ class Graph:
     waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
     sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
     peers: dict[int, list[Peer]] = field(default_factory=dict)  # collective -> on others
-    # a receive's completion -> the send it waited for (transfers.hand_overs)
+    # a receive's completion -> the send it waited for (transfers.hand_overs), an RPC reply's
+    # arrival -> the callee's work, work for an RPC request -> the request (rpc.hand_overs)
     received: dict[int, Peer] = field(default_factory=dict)
     # keyed by lane_key(rank, tid)
-    thread_received: dict[int, tuple[I64, I64]] = field(default_factory=dict)  # ends, rows
+    thread_received: dict[int, tuple[I64, I64]] = field(default_factory=dict)  # arrivals, rows
     thread_syncs: dict[int, tuple[I64, I64]] = field(default_factory=dict)
     thread_sums: dict[int, StateSums] = field(default_factory=dict)
     # per thread, the innermost op over each segment of its timeline (-1 where none)
@@ -169,17 +171,22 @@ def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int,
 
 
 def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]],
-          received: dict[int, Peer]) -> Graph:
+          received: dict[int, Peer], requested: Mapping[int, Peer] | None = None) -> Graph:
     """The graph of `ev` (one rank or all); `peers`: its collectives' rows -> their peers;
-    `received`: its receives' completions -> the sends they waited for."""
+    `received`: rows whose end waited for another rank (receives' completions -> the sends,
+    RPC replies' arrivals -> the callees' work); `requested`: rows whose start did (work for
+    an RPC request -> the request)."""
     d = dependencies(ev, syncs)
     g = Graph(ev, as_dict(d.prev_on_stream), as_dict(d.launch_of), d.waits_for, d.sync_target,
-              peers, received, wakes=thread_wakes(ev), issued=issued(ev))
+              peers, {**received, **(requested or {})}, wakes=thread_wakes(ev),
+              issued=issued(ev))
     _threads(g)
-    done = np.fromiter(received, np.int64, len(received))
-    for key, rows in group_rows(lane_key(ev.rank[done], ev.tid[done]), done).items():
-        by_end = rows[np.argsort(ev.end[rows], kind="stable")]
-        g.thread_received[key] = (ev.end[by_end], by_end)
+    done = np.fromiter(g.received, np.int64, len(g.received))
+    arrived = np.where(np.isin(done, list(requested or {})), ev.ts[done], ev.end[done])
+    for key, at in group_rows(lane_key(ev.rank[done], ev.tid[done]),
+                              np.arange(len(done))).items():
+        by_arrival = at[np.argsort(arrived[at], kind="stable")]
+        g.thread_received[key] = (arrived[by_arrival], done[by_arrival])
     return g
 
 
@@ -424,7 +431,8 @@ def path_of(start: State, walk_from: Callable[[State, int | None], Segment]) -> 
 class Ends:
     """Where the path can end in some events: the last device op, the last host work of a
     thread that launches device work, the last host work of the loop's threads (those that
-    hold the step markers; every thread when none does): (end, rank, row)."""
+    hold the step markers; every thread when none does): (end, rank, row). An RPC request's
+    reply arriving counts as its thread's work ending (the thread resumes)."""
 
     device: tuple[int, int, int] | None
     launching_host: tuple[int, int, int] | None
@@ -472,7 +480,7 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     in it; without one, they start in it)."""
     ev = g.ev
     calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
-    host = np.flatnonzero(ev.host_busy)
+    host = np.flatnonzero(ev.host_busy | ev.rpc_request)  # a reply's arrival resumes the thread
     threads = lane_key(ev.rank[host], ev.tid[host])
     launching = host[np.isin(threads, lane_key(ev.rank[calls], ev.tid[calls]))]
     marked = np.flatnonzero(ev.is_step_marker)
@@ -589,16 +597,30 @@ def critical_path(ev: Events, syncs: list[SyncEvent],
     no host or device work; `gaps`: each rank's time between its profiling windows
     (without_gaps); `groups`: the named process groups of its collectives
     (groups.process_groups); `received`: each rank's receives that waited for their sends
-    (transfers.hand_overs)."""
+    (transfers.hand_overs); its RPC requests and the work they asked for wait for one another
+    too (rpc.hand_overs)."""
     peers = collective_peers(instances_of(ev, groups).values())
+    rpc = rpc_hand_overs(ev)
     g = build(ev, syncs, {row: p for by_row in peers.values() for row, p in by_row.items()},
-              {row: p for by_row in (received or {}).values() for row, p in by_row.items()})
-    windows = step_windows(steps or {}, linked_ranks([*ev.ranks, *(steps or {})], peers,
-                                                     received or {}))
+              {row: p for by_row in merged(received or {}, rpc.replies).values()
+               for row, p in by_row.items()},
+              {row: p for by_row in rpc.requested.values() for row, p in by_row.items()})
+    windows = step_windows(steps or {}, linked_ranks(
+        [*ev.ranks, *(steps or {})], peers, merged(received or {}, *rpc)))
     # one rank a segment: each walks back to its own rank's floor
     return without_gaps(paths([ends(g, [None, *(w for _, w in windows)])], windows,
                               lambda s, stop, floor: walk(g, s, frozenset({s[0]}), stop,
                                                           floor)), gaps or {})
+
+
+def merged(*waits: Mapping[int, Mapping[int, Peer]]) -> dict[int, dict[int, Peer]]:
+    """rank -> row -> the peer it waited for, of several such (transfers.hand_overs' receives,
+    rpc.hand_overs' replies and requests: each links its ranks)."""
+    out: dict[int, dict[int, Peer]] = defaultdict(dict)
+    for found in waits:
+        for rank, rows in found.items():
+            out[rank].update(rows)
+    return dict(out)
 
 
 def without_gaps(found: CriticalPath | None, gaps: Mapping[int, Sequence[tuple[int, int]]]

@@ -39,6 +39,10 @@ HOST_P2P: Final = re.compile(r"^gloo:(send|recv)")
 # ... issued by the dispatcher op the caller runs ("c10d::allreduce_", "c10d::broadcast_"),
 # which queues the work and returns
 COLLECTIVE_CALL: Final = re.compile(r"^c10d::")
+# A torch.distributed.rpc request, named by perfswarm's recorder as torch's profiler key names
+# it: "rpc_sync#FUNC(CALLER -> CALLEE)", a range from the send to the reply's arrival on the
+# sending thread: a wait, no work of its own (analyze/rpc.py)
+RPC_REQUEST: Final = re.compile(r"^rpc_(?:sync|async)#(.+)\((\S*) -> (\S*)\)$")
 # torch.compile's ranges: the compiled region, the autograd function around a compiled forward
 # (its inputs are the graph's: the parameters and the batch) and the call of the compiled
 # graph; the ops inside run at the graph's shapes (an activation flattened to [batch x
@@ -166,8 +170,15 @@ class Events:
 
     @cached_property
     def host_busy(self) -> Mask:
-        """Host spans that count as the CPU working (step markers only bracket work)."""
-        return self.of_kind(*HOST_BUSY_KINDS) & ~self.is_step_marker & (self.dur > 0)
+        """Host spans that count as the CPU working (step markers only bracket work, an RPC
+        request's range is a wait)."""
+        return (self.of_kind(*HOST_BUSY_KINDS) & ~self.is_step_marker & ~self.rpc_request
+                & (self.dur > 0))
+
+    @cached_property
+    def rpc_request(self) -> Mask:
+        """RPC requests' ranges (RPC_REQUEST)."""
+        return self._named(RPC_REQUEST) & self.of_kind("user_annotation") & (self.dur > 0)
 
     @cached_property
     def loop_ops(self) -> Mask:

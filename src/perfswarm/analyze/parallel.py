@@ -2,8 +2,10 @@
 
 Most analyses are per rank already (iterations, concurrency, launches) or sums over ranks
 (op and kernel totals). Stragglers need each rank's collective start times: a few numbers
-per step. The critical path crosses ranks only at collectives and at receives that waited for
-their sends (each worker reads its rank's sends and receives), so each worker keeps its
+per step. The critical path crosses ranks only at collectives, at receives that waited for
+their sends (each worker reads its rank's sends and receives) and at RPC requests and their
+replies (each worker reads its rank's requests, then its work for the ops they name), so each
+worker keeps its
 rank's events and dependency graph, and the walk goes from worker to worker, one segment per
 stretch on a rank (critical_path.path_of). Samples and counters are small and stay here.
 A worker reads only its rank's rows. The result equals analyze()'s, key for key (tested).
@@ -29,6 +31,7 @@ from perfswarm.analyze.critical_path import (
     collective_peers,
     ends,
     linked_ranks,
+    merged,
     paths,
     step_windows,
     walk,
@@ -52,6 +55,10 @@ from perfswarm.analyze.kernels import RankKernels, rank_kernels
 from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
 from perfswarm.analyze.memory import memory_timeline
 from perfswarm.analyze.ops import OpTotals
+from perfswarm.analyze.rpc import Request, Served, rpc_ops
+from perfswarm.analyze.rpc import hand_overs as rpc_hand_overs
+from perfswarm.analyze.rpc import requests as rpc_requests
+from perfswarm.analyze.rpc import served as rpc_served
 from perfswarm.analyze.sequences import Counts, merge, sequence_counts, top_sequences
 from perfswarm.analyze.stragglers import Instance, Peer, collective_starts, instances, skews
 from perfswarm.analyze.swarms import run_samples, swarms
@@ -79,6 +86,7 @@ class RankPart:
     ops: OpTotals
     collectives: dict[Instance, tuple[int, int]]  # (row, start ns)
     transfers: RankTransfers  # its sends and receives (transfers.rank_transfers)
+    requests: list[Request]  # its RPC requests (rpc.requests)
     working: tuple[I64, I64]  # frame.Events.working
     kernels: RankKernels
     sequences: Counts
@@ -108,14 +116,15 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
                     rank_launch_stats(ev, rank), OpTotals.of(ev, steps),
                     collective_starts(ev, rank, groups),
                     rank_transfers(run, ev, rank) if run is not None else ({}, {}),
+                    rpc_requests(ev, rank),
                     ev.working(rank), rank_kernels(ev, rank),
                     sequence_counts(ev),
                     scopes(ev))
 
 
 def rank_graph(ev: Events, run_path: str, rank: int, peers: dict[int, list[Peer]],
-               received: dict[int, Peer]) -> Graph:
-    return build(ev, sync_events(Run(run_path), ev, rank), peers, received)
+               received: dict[int, Peer], requested: dict[int, Peer]) -> Graph:
+    return build(ev, sync_events(Run(run_path), ev, rank), peers, received, requested)
 
 
 def rank_bandwidth(ev: Events, run_path: str,
@@ -145,12 +154,18 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
     its = combine(markers, {p.rank: p.detected for p in parts if p.detected},
                   {p.rank: p.first_op for p in parts})
     peers = collective_peers(instances({p.rank: p.collectives for p in parts}).values())
-    received = hand_overs({p.rank: p.transfers for p in parts})
+    sent = {p.rank: p.requests for p in parts}
+    ran: list[list[Served]] = results([
+        client.submit(rpc_served, loaded[r], r, rpc_ops(sent), pure=False) for r in ranks
+    ]) if any(sent.values()) else []
+    rpc = rpc_hand_overs(sent, dict(zip(ranks, ran, strict=True)) if ran else {})
+    received = merged(hand_overs({p.rank: p.transfers for p in parts}), rpc.replies)
     graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}),
-                               received.get(r, {}), pure=False)
+                               received.get(r, {}), rpc.requested.get(r, {}), pure=False)
               for r in ranks}
     del loaded  # the graphs hold the events now
-    windows = step_windows(its.steps, linked_ranks([*ranks, *its.steps], peers, received))
+    windows = step_windows(its.steps, linked_ranks([*ranks, *its.steps], peers,
+                                                   merged(received, rpc.requested)))
     within = [None, *(w for _, w in windows)]
     try:
         critical = without_gaps(paths(
