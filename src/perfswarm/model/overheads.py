@@ -241,12 +241,12 @@ def stalled(g: Graph, ev: Events) -> Mask:
     return out
 
 
-def _step_codes(g: Graph, ev: Events) -> I64:
-    """Per node, its (rank, step) as one int (-1, -1 for a node of no event)."""
+def _step_codes(g: Graph, ev: Events, step: I64) -> I64:
+    """Per node, its (rank, step) as one int (-1, -1 for a node of no event); `step`: each
+    event's."""
     row = np.maximum(g.row, 0)
     rank = np.where(g.row >= 0, ev.rank[row], -1)
-    step = np.where(g.row >= 0, ev.step[row], -1)
-    return np.asarray(_code(rank, step), np.int64)
+    return np.asarray(_code(rank, np.where(g.row >= 0, step[row], -1)), np.int64)
 
 
 def _code(rank: Any, step: Any) -> Any:
@@ -265,15 +265,15 @@ def _by_key(keys: I64, values: F64, in_steady: Mask) -> list[tuple[int, float]]:
 
 
 def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Mask,
-                  waits: Mask, steady: Set[StepKey] = frozenset()) -> OverheadModel:
+                  waits: Mask, step: I64, steady: Set[StepKey] = frozenset()) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type
     (T1 of those whose thread was working before them: not `idle`, Graph.idle_gaps; and
     per rank, where the Run has several); runtime calls that stalled (`stalls`, per node:
     `stalled`) are left out of their name's, and ops whose time is a wait on other ranks
     (`waits`, per node: graph.collective_waits, gloo's collectives, which the graph prices)
-    out of every part.
+    out of every part; `step`: each event's (iterations.event_steps), what `steady` is of.
     T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
-    code = _step_codes(g, ev)
+    code = _step_codes(g, ev, step)
     calm = np.isin(code, [_code(r, s) for r, s in steady]) if steady else np.zeros(len(g), bool)
     t1, groups = insts.totals(g.dur, g.gap)
     parts, count = insts.parts(groups)

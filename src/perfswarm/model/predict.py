@@ -56,7 +56,13 @@ from perfswarm.analyze.frame import (
 )
 from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums
-from perfswarm.analyze.iterations import batch_sizes, iterations, step_faults, step_time
+from perfswarm.analyze.iterations import (
+    batch_sizes,
+    event_steps,
+    iterations,
+    step_faults,
+    step_time,
+)
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.analyze.phases import parameter_rows
 from perfswarm.errors import NotApplicable, ParameterError
@@ -298,6 +304,7 @@ class _Model:
     schedule: Schedule
     platform: Platform
     compute: Mask  # host nodes that are kernel work (CPU runs)
+    step: I64  # each event's step, as analyze's steps hold it (iterations.event_steps)
     window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
 
     @cached_property
@@ -351,6 +358,7 @@ def load_model(run: Run) -> _Model:
         raise NotApplicable(None, "the Run has no events to simulate", subject=run.path)
     deps = dependencies(ev, sync_events(run, ev), process_groups(run, ev, ev.ranks))
     steps = {r: list(w) for r, w in iterations(run, ev).steps.items() if w}
+    step = event_steps(ev, steps)
     graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
     if not np.any(graph.role != ANCHOR):
         raise NotApplicable(None, "the Run has no host or device work to simulate",
@@ -359,7 +367,7 @@ def load_model(run: Run) -> _Model:
     synced_calls = np.fromiter(deps.sync_target, np.int64, len(deps.sync_target))
     del deps
     model = _Model(run, ev, synced_calls, graph, Schedule.of(graph), platform,
-                   np.zeros(len(graph), bool), window=not steps)
+                   np.zeros(len(graph), bool), step, window=not steps)
     if platform == "cpu":
         model.compute = _compute_nodes(model)
     return model
@@ -533,7 +541,7 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
         if shapes is not None:
             dims = [d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed]
             leading.update(d for d in dims if d > 1)
-            by_step.setdefault(int(m.ev.step[row]), Counter()).update(dims)  # 1 is a size too
+            by_step.setdefault(int(m.step[row]), Counter()).update(dims)  # 1 is a size too
             layer = lstm_shape(m.ev.name_of(row).removeprefix("aten::"), shapes.dims)
             if layer is not None:
                 recurrent[layer[1]] += 1
@@ -680,7 +688,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     # been 2.2 MB of 40k kernels, at the prediction's peak)
     step_keys: dict[StepKey, StepKey] = {}
     for k, ns, rk, st in zip(kid, measured_ns, int_array(ev.rank[row_arr]),
-                             int_array(ev.step[row_arr]), strict=True):
+                             int_array(m.step[row_arr]), strict=True):
         samples[k][0].append(ns)
         samples[k][1].append(step_keys.setdefault((rk, st), (rk, st)))
     base_of = [typical(*found, steady) for found in samples]
@@ -1061,7 +1069,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     # waits, neither fitted nor set: a thread's through whole steps, and on other ranks
     waits, waited = collective_waits(g, m.ev)
     idle = g.idle_gaps() | waited
-    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, steady)
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, steady)
     keep = stalls | waits
     synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
