@@ -1599,3 +1599,18 @@ def test_detected_steps_are_the_steps_typical_times_are_read_off(tmp_path: Path)
     assert len(found.steady) == 9
     assert found.measured_steady_ns == pytest.approx(iteration, rel=0.01)
     assert found.predicted_steady_ns == pytest.approx(iteration, rel=0.02)
+
+
+def test_a_cpu_prediction_without_a_profile_says_so(cpu_run: Run) -> None:
+    """At the recorded configuration a CPU prediction needs no profile, and without one its
+    kernel times are the Run's own: the note says so and how to calibrate; with a profile the
+    kernels are its model's, and no such note."""
+    bare = predict(cpu_run).notes
+    assert [n for n in bare if n.startswith("no CPU profile given")] == [
+        "no CPU profile given: kernel times are the Run's own typical measured times, no "
+        "model's (at the recorded configuration a profile moves only the ops whose shapes vary "
+        "from step to step, pooled by its model instead of their bytes, and the time of "
+        "writing fresh pages where the Run counted page faults); a changed batch size or "
+        "dimension needs one: `perfswarm calibrate --threads N` with the Run's intra-op "
+        "threads, then --profile cpu-profile.json"]
+    assert not any(n.startswith("no CPU profile") for n in predict(cpu_run, profile=PROFILE).notes)

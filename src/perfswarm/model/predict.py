@@ -114,6 +114,17 @@ from perfswarm.trace.store import Run
 Platform = Literal["gpu", "cpu"]
 LOADER: Final = "enumerate(DataLoader)#"
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
+# what a CPU prediction without a profile rests on: at the recorded configuration the profile's
+# kernel model gives each kernel a ratio of 1 (the same shapes), so the figures are the Run's own
+# (nine of tests/data's CPU Runs predicted the same to the ns with a profile calibrated here);
+# the kernel counts' "unmodelled" alone had not said whether a default stood in for one
+NO_PROFILE_NOTE: Final = ("no CPU profile given: kernel times are the Run's own typical measured "
+                          "times, no model's (at the recorded configuration a profile moves only "
+                          "the ops whose shapes vary from step to step, pooled by its model "
+                          "instead of their bytes, and the time of writing fresh pages where "
+                          "the Run counted page faults); a changed "
+                          "batch size or dimension needs one: `perfswarm calibrate --threads N` "
+                          "with the Run's intra-op threads, then --profile cpu-profile.json")
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
 ALIKE: Final = 0.25  # steps whose robust spread is within this share of their median: alike
@@ -1123,6 +1134,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                                  "{profile} cpu-profile.json", subject="predict",
                                  value=change.batch_size)
         scaler = ProfileScaler(profile) if profile is not None else None
+        if profile is None:
+            notes.append(NO_PROFILE_NOTE)
         source_name = target_name = "cpu"
         if profile is not None and profile.unusable() and needs_model:
             notes.append("the profile's held-out error is above "
