@@ -97,7 +97,9 @@ def test_steady_steps_and_typical_times() -> None:
     assert typical(values, steps, steady_steps(durations)) == (1 + 3 + 2 + 2 + 1 + 1 + 9 + 9) / 8
     # one steady step is still the steady one: the 50s of the stalled step stay out
     assert typical(values, steps, {(0, 1)}) == (1 + 3) / 2
-    # no steady step holds it: the trimmed mean of every instance (one cut each side)
+    # no steady step holds it: the mean over the undisturbed steps that do (a rank's last)
+    assert typical(values, steps, {(0, 7)}, {(0, 5), (0, 7)}) == 9.0
+    # no undisturbed step either: the trimmed mean of every instance (one cut each side)
     assert typical(values, steps, {(0, 7)}) == (2 * 1 + 4 * 2 + 3 + 2 * 9 + 50) / 10
 
 
@@ -1614,3 +1616,26 @@ def test_a_cpu_prediction_without_a_profile_says_so(cpu_run: Run) -> None:
         "dimension needs one: `perfswarm calibrate --threads N` with the Run's intra-op "
         "threads, then --profile cpu-profile.json"]
     assert not any(n.startswith("no CPU profile") for n in predict(cpu_run, profile=PROFILE).notes)
+
+
+def test_an_op_no_steady_step_holds_is_read_off_the_undisturbed_ones(tmp_path: Path) -> None:
+    """tests/data/encoder_padmask_cpu: three profiled steps, the first 970.9 ms (its first
+    calls: aten::_transform_bias_rescale_qkv alone 62.4 ms there, 0.15 ms in step 4, read from
+    the JSON), so step 4 is the one steady step and step 5, the last, undisturbed. The padded
+    batch's compute pieces that step 4 lacks are priced by their mean in step 5, where they
+    ran warm: its compute predicted as measured (0.64 ms). By the trimmed mean of every
+    instance, step 3's first calls counted and step 5's compute read 20.9 ms."""
+    trace = Path(__file__).parent / "data" / "encoder_padmask_cpu.pt.trace.json.gz"
+    raw = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = {int(e["name"].split("#")[1]): e for e in raw
+             if e.get("name", "").startswith("ProfilerStep#")}
+    assert {s: round(m["dur"]) for s, m in marks.items()} == {3: 970885, 4: 7082, 5: 10101}
+    qkv = {s: sum(e["dur"] for e in raw if e.get("name") == "aten::_transform_bias_rescale_qkv"
+                  and m["ts"] <= e["ts"] < m["ts"] + m["dur"]) for s, m in marks.items()}
+    assert round(qkv[3] / 1e3, 1) == 62.4 and round(qkv[4] / 1e3, 2) == 0.15
+    found = predict(import_traces([trace], tmp_path / "e.run", ImportOptions(), ["enc.py"]))
+    assert found.steady == {(0, 4)}
+    last = next(s for s in found.steps if s.step == 5)
+    assert last.device_active_ns["measured"] == pytest.approx(0.64e6, rel=0.01)
+    assert last.device_active_ns["predicted"] == pytest.approx(
+        last.device_active_ns["measured"], rel=0.02)

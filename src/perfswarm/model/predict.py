@@ -105,6 +105,7 @@ from perfswarm.model.overheads import (
     stalled,
     steady_steps,
     typical,
+    undisturbed_steps,
 )
 from perfswarm.model.profile import UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
@@ -159,6 +160,7 @@ class Steady:
     """A Run's steady steps (`steady_steps`) and how long they took."""
 
     keys: frozenset[StepKey]
+    undisturbed: frozenset[StepKey]  # the steps within the MADs, a rank's last too
     median_ns: int  # their median length (of every step, when none is steady)
     spread: float  # GMAE of those lengths around it: how much alike they ran
 
@@ -168,7 +170,8 @@ def steady_of(lengths: Mapping[StepKey, int], keys: Set[StepKey] | None = None) 
     found = frozenset(steady_steps(lengths) if keys is None else keys)
     kept = [v for k, v in lengths.items() if k in found] or list(lengths.values())
     median = int(statistics.median(kept)) if kept else 0
-    return Steady(found, median, gmae(kept, [median] * len(kept)))
+    return Steady(found, frozenset(undisturbed_steps(lengths)), median,
+                  gmae(kept, [median] * len(kept)))
 
 
 @dataclass(frozen=True)
@@ -658,13 +661,14 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
-                   unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey]
-                   ) -> Counter[str]:
+                   unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey],
+                   undisturbed: Set[StepKey]) -> Counter[str]:
     """Kernel times at the new shapes or device, in place; counts of how each was priced.
 
     A kernel's base is its typical time over the kernels of its name and op shapes in the
-    `steady` steps (model/overheads.py: iterations repeat them; a step the machine stalled
-    is not the kernel's, and the mean keeps what it costs an iteration)."""
+    `steady` steps, else the `undisturbed` ones (model/overheads.py `typical`: iterations repeat
+    them; a step the machine stalled is not the kernel's, and the mean keeps what it costs an
+    iteration)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
     # each pair: a kernel (or a CPU op's compute pieces), the op that launched it (-1: none),
@@ -702,7 +706,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                              int_array(m.step[row_arr]), strict=True):
         samples[k][0].append(ns)
         samples[k][1].append(step_keys.setdefault((rk, st), (rk, st)))
-    base_of = [typical(*found, steady) for found in samples]
+    base_of = [typical(*found, steady, undisturbed) for found in samples]
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
 
     @functools.cache
@@ -1080,7 +1084,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     # waits, neither fitted nor set: a thread's through whole steps, and on other ranks
     waits, waited = collective_waits(g, m.ev)
     idle = g.idle_gaps() | waited
-    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, steady)
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, steady,
+                                         found.undisturbed)
     keep = stalls | waits
     synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
@@ -1168,7 +1173,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
     transform = _Transform(factor, dims, fixed, recorded_threads(run))
-    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady)
+    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady, found.undisturbed)
     if (m.platform == "cpu" and scaler is not None and (batch is not None or dims)
             and (released := _release_tails(m, transform, dur))):
         counts["release"] = released
