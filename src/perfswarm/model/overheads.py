@@ -96,11 +96,11 @@ def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepK
     first, 0.9 ms in the last: the last predicted 26.7 ms for a measured 10.1).
     A Run without steps, one window a rank, has that window undisturbed: the mean over it (of
     the corpus's and tests/data's such Runs, 5 predicted 0.01-0.78 points nearer their measured
-    window than by the trimmed mean, 4 the same). The trimmed mean of all instances where no undisturbed
-    step holds it either (an op of no step): a window of 5 profiled steps often has 2 steady
-    ones, and the others are the profiler's first step (45 ms against 9 on an H200) and one a
-    burst stretched, which a trimmed mean of 5 steps' instances keeps (nanoGPT's profiled steps
-    predicted 39% long)."""
+    window than by the trimmed mean, 4 the same). The trimmed mean of all instances where no
+    undisturbed step holds it either (an op of no step): a window of 5 profiled steps often has
+    2 steady ones, and the others are the profiler's first step (45 ms against 9 on an H200)
+    and one a burst stretched, which a trimmed mean of 5 steps' instances keeps (nanoGPT's
+    profiled steps predicted 39% long)."""
     return typical_of(np.asarray(values, np.float64), np.array(
         [STEADY if s in steady else UNDISTURBED if s in undisturbed else OTHER for s in steps],
         np.int64))
