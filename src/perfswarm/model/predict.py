@@ -117,7 +117,7 @@ LOADER: Final = "enumerate(DataLoader)#"
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 # what a CPU prediction without a profile rests on: at the recorded configuration the profile's
 # kernel model gives each kernel a ratio of 1 (the same shapes), so the figures are the Run's own
-# (nine of tests/data's CPU Runs predicted the same to the ns with a profile calibrated here);
+# (18 of tests/data's CPU Runs predicted the same to the ns with a profile calibrated here);
 # the kernel counts' "unmodelled" alone had not said whether a default stood in for one
 NO_PROFILE_NOTE: Final = ("no CPU profile given: kernel times are the Run's own typical measured "
                           "times, no model's (at the recorded configuration a profile moves only "
