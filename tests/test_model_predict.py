@@ -97,7 +97,9 @@ def test_steady_steps_and_typical_times() -> None:
     assert typical(values, steps, steady_steps(durations)) == (1 + 3 + 2 + 2 + 1 + 1 + 9 + 9) / 8
     # one steady step is still the steady one: the 50s of the stalled step stay out
     assert typical(values, steps, {(0, 1)}) == (1 + 3) / 2
-    # no steady step holds it: the trimmed mean of every instance (one cut each side)
+    # no steady step holds it: the mean over the undisturbed steps that do (a rank's last)
+    assert typical(values, steps, {(0, 7)}, {(0, 5), (0, 7)}) == 9.0
+    # no undisturbed step either: the trimmed mean of every instance (one cut each side)
     assert typical(values, steps, {(0, 7)}) == (2 * 1 + 4 * 2 + 3 + 2 * 9 + 50) / 10
 
 
@@ -1578,3 +1580,62 @@ def test_an_rpc_servers_idle_pool_threads_price_no_python(tmp_path: Path) -> Non
     assert p.measured_steady_ns == pytest.approx(1000 * measured, abs=1000)
     assert abs(p.predicted_steady_ns / p.measured_steady_ns - 1) < 0.02  # +0.7%
     assert p.replay_error == 0
+
+
+def test_detected_steps_are_the_steps_typical_times_are_read_off(tmp_path: Path) -> None:
+    """tests/data/twin_gan_cpu (no ProfilerStep markers: analyze detects its iterations, the
+    events' own step column holds -1): each iteration opens with one aten::randn, the
+    generator's noise, and the 9 spans between their starts in the raw JSON have a median of
+    7.87 ms. The steady steps' measured median is that iteration, and the prediction at the
+    recorded configuration lands within 2% of it: the typical times are read off analyze's
+    steady steps. Read off the events' own steps, no event was in a steady step, every op type
+    was averaged over the whole window with its tails trimmed (the larger model's instances
+    cut), and the step was predicted 3.59 ms (-54%)."""
+    trace = Path(__file__).parent / "data" / "twin_gan_cpu.pt.trace.json.gz"
+    raw = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    starts = sorted(e["ts"] for e in raw if e.get("name") == "aten::randn")
+    assert len(starts) == 10
+    iteration = float(np.median(1e3 * np.diff(starts)))
+    assert iteration == pytest.approx(7.871e6, rel=1e-3)
+    found = predict(import_traces([trace], tmp_path / "t.run", ImportOptions(), ["gan.py"]))
+    assert len(found.steady) == 9
+    assert found.measured_steady_ns == pytest.approx(iteration, rel=0.01)
+    assert found.predicted_steady_ns == pytest.approx(iteration, rel=0.02)
+
+
+def test_a_cpu_prediction_without_a_profile_says_so(cpu_run: Run) -> None:
+    """At the recorded configuration a CPU prediction needs no profile, and without one its
+    kernel times are the Run's own: the note says so and how to calibrate; with a profile the
+    kernels are its model's, and no such note."""
+    bare = predict(cpu_run).notes
+    assert [n for n in bare if n.startswith("no CPU profile given")] == [
+        "no CPU profile given: kernel times are the Run's own typical measured times, no "
+        "model's (at the recorded configuration a profile moves only the ops whose shapes vary "
+        "from step to step, pooled by its model instead of their bytes, and the time of "
+        "writing fresh pages where the Run counted page faults); a changed batch size or "
+        "dimension needs one: `perfswarm calibrate --threads N` with the Run's intra-op "
+        "threads, then --profile cpu-profile.json"]
+    assert not any(n.startswith("no CPU profile") for n in predict(cpu_run, profile=PROFILE).notes)
+
+
+def test_an_op_no_steady_step_holds_is_read_off_the_undisturbed_ones(tmp_path: Path) -> None:
+    """tests/data/encoder_padmask_cpu: three profiled steps, the first 970.9 ms (its first
+    calls: aten::_transform_bias_rescale_qkv alone 62.4 ms there, 0.15 ms in step 4, read from
+    the JSON), so step 4 is the one steady step and step 5, the last, undisturbed. The padded
+    batch's compute pieces that step 4 lacks are priced by their mean in step 5, where they
+    ran warm: its compute predicted as measured (0.64 ms). By the trimmed mean of every
+    instance, step 3's first calls counted and step 5's compute read 20.9 ms."""
+    trace = Path(__file__).parent / "data" / "encoder_padmask_cpu.pt.trace.json.gz"
+    raw = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    marks = {int(e["name"].split("#")[1]): e for e in raw
+             if e.get("name", "").startswith("ProfilerStep#")}
+    assert {s: round(m["dur"]) for s, m in marks.items()} == {3: 970885, 4: 7082, 5: 10101}
+    qkv = {s: sum(e["dur"] for e in raw if e.get("name") == "aten::_transform_bias_rescale_qkv"
+                  and m["ts"] <= e["ts"] < m["ts"] + m["dur"]) for s, m in marks.items()}
+    assert round(qkv[3] / 1e3, 1) == 62.4 and round(qkv[4] / 1e3, 2) == 0.15
+    found = predict(import_traces([trace], tmp_path / "e.run", ImportOptions(), ["enc.py"]))
+    assert found.steady == {(0, 4)}
+    last = next(s for s in found.steps if s.step == 5)
+    assert last.device_active_ns["measured"] == pytest.approx(0.64e6, rel=0.01)
+    assert last.device_active_ns["predicted"] == pytest.approx(
+        last.device_active_ns["measured"], rel=0.02)

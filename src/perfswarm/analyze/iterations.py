@@ -663,6 +663,29 @@ def detected_steps(ev: Events, profiled: Mapping[int, Sequence[tuple[int, int]]]
         detected_windows(ev, rank, wakes, run), (profiled or {}).get(rank, ())))}
 
 
+def event_steps(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> I64:
+    """Each event's step in `steps` (an Iterations' steps: what analyze calls the steps), -1
+    for none: the events' own where their rank's steps are marked (a device op's is its
+    launch's), else the step of their rank that they start in. A trace without markers holds
+    no step of its own (every event's -1): a prediction that read the events' own took none
+    of them for a steady step's, and averaged every op over the whole window, its tails
+    trimmed (a twin GAN's steps predicted 54% short)."""
+    out = np.full(len(ev), -1, np.int64)
+    for rank, windows in steps.items():
+        rows = ev.rank_slice(rank)
+        if all(w.source == PROFILED for w in windows):
+            out[rows] = ev.step[rows]
+            continue
+        starts = np.array([w.start for w in windows], np.int64)
+        ends = np.array([w.end for w in windows], np.int64)
+        ts = ev.ts[rows]
+        at = np.searchsorted(starts, ts, side="right") - 1
+        inside = (at >= 0) & (ts < ends[np.maximum(at, 0)])
+        numbers = np.array([w.step for w in windows], np.int64)
+        out[rows] = np.where(inside, numbers[np.maximum(at, 0)], -1)
+    return out
+
+
 def after_gaps(found: Sequence[StepWindow], windows: Sequence[tuple[int, int]]
                ) -> list[StepWindow]:
     """Steps found across the time between two profiling windows of their rank (`windows`:

@@ -53,41 +53,66 @@ STEADY_MADS: Final = 3.0  # steps further than this many MADs from the median st
 MAD_FLOOR: Final = 0.02  # of the median step: steps that vary less than this all count
 
 
-def steady_steps(durations: Mapping[StepKey, int]) -> set[StepKey]:
-    """The steps the machine and the profiler did not disturb: within STEADY_MADS median
-    absolute deviations of the median step, and not a rank's last one. The first profiled step
-    starts the profiler, a burst of other load takes the cores from whole steps, stretching
-    every op in them alike (nanoGPT on a shared machine: a 1.2 s step among 25 ms ones), and the
-    last step's optimizer call holds the profiler's stop past the step's end (nanoGPT's: 18 ms
-    in a 31 ms step); an op's typical time is read off the others."""
+def undisturbed_steps(durations: Mapping[StepKey, int]) -> set[StepKey]:
+    """The steps within STEADY_MADS median absolute deviations of the median step: neither the
+    profiler's start nor a burst of other load stretched them (`steady_steps`)."""
     if not durations:
         return set()
     values = np.array(list(durations.values()), np.float64)
     mid = float(np.median(values))
     mad = max(float(np.median(np.abs(values - mid))), MAD_FLOOR * mid)
+    return {k for k, v in durations.items() if abs(v - mid) <= STEADY_MADS * mad}
+
+
+def steady_steps(durations: Mapping[StepKey, int]) -> set[StepKey]:
+    """The steps the machine and the profiler did not disturb: within STEADY_MADS median
+    absolute deviations of the median step (`undisturbed_steps`), and not a rank's last one.
+    The first profiled step
+    starts the profiler, a burst of other load takes the cores from whole steps, stretching
+    every op in them alike (nanoGPT on a shared machine: a 1.2 s step among 25 ms ones), and the
+    last step's optimizer call holds the profiler's stop past the step's end (nanoGPT's: 18 ms
+    in a 31 ms step); an op's typical time is read off the others."""
     last = {max(k for k in durations if k[0] == rank) for rank, _ in durations}
-    return {k for k, v in durations.items() if abs(v - mid) <= STEADY_MADS * mad} - last
+    return undisturbed_steps(durations) - last
 
 
-def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepKey]) -> float:
+# how far a step's instances are from typical (`typical_of`'s levels): in a steady step, in an
+# undisturbed one (a rank's last among them), in another
+STEADY, UNDISTURBED, OTHER = 2, 1, 0
+
+
+def typical(values: Sequence[float], steps: Sequence[StepKey], steady: Set[StepKey],
+            undisturbed: Set[StepKey] = frozenset()) -> float:
     """The typical value of a repeated op (or part of one): its mean over the steady steps.
     The mean keeps what the op costs a step: its instances vary with the cache's state, an op
     of many small instances has its slow ones in every step, and on a busy machine the time
     other processes take lands on some op in every step, a different one each time (trimmed
     means of the instances, or of each op's totals per step, cut those and came 7-13% under
     nanoGPT's framework and Python time, 20-25% under a contended LSTM's and ResNet's steps).
-    The trimmed mean of all instances when no steady step holds it (a Run without steps): a
-    window of 5 profiled steps often has 2 steady ones, and the others are the profiler's first
-    step (45 ms against 9 on an H200) and one a burst stretched, which a trimmed mean of 5
-    steps' instances keeps (nanoGPT's profiled steps predicted 39% long)."""
-    return typical_of(np.asarray(values, np.float64),
-                      np.array([s in steady for s in steps], bool))
+    When no steady step holds it, its mean over the `undisturbed` steps that do (a rank's last
+    step: its optimizer call holds the profiler's stop, the op is its own): the trimmed mean of
+    every instance had kept the profiler's first step, whose first calls are one-off (an
+    encoder's padded batch in its first and last steps of three, 450 ms of compute in the
+    first, 0.9 ms in the last: the last predicted 26.7 ms for a measured 10.1).
+    A Run without steps, one window a rank, has that window undisturbed: the mean over it (of
+    the corpus's and tests/data's such Runs, 5 predicted 0.01-0.78 points nearer their measured
+    window than by the trimmed mean, 4 the same). The trimmed mean of all instances where no
+    undisturbed step holds it either (an op of no step): a window of 5 profiled steps often has
+    2 steady ones, and the others are the profiler's first step (45 ms against 9 on an H200)
+    and one a burst stretched, which a trimmed mean of 5 steps' instances keeps (nanoGPT's
+    profiled steps predicted 39% long)."""
+    return typical_of(np.asarray(values, np.float64), np.array(
+        [STEADY if s in steady else UNDISTURBED if s in undisturbed else OTHER for s in steps],
+        np.int64))
 
 
-def typical_of(values: F64, in_steady: Mask) -> float:
-    """`typical` of values whose steps are marked steady or not."""
-    kept = values[in_steady]
-    return float(np.mean(kept)) if len(kept) else trimmed_mean(values)
+def typical_of(values: F64, level: I64) -> float:
+    """`typical` of values whose steps' levels (STEADY, UNDISTURBED, OTHER) are given."""
+    for wanted in (STEADY, UNDISTURBED):
+        kept = values[level == wanted]
+        if len(kept):
+            return float(np.mean(kept))
+    return trimmed_mean(values)
 
 
 GROUPS: Final = ("t0", "t2", "t5", "t4")  # the parts an op's pieces between kernel points make
@@ -241,45 +266,49 @@ def stalled(g: Graph, ev: Events) -> Mask:
     return out
 
 
-def _step_codes(g: Graph, ev: Events) -> I64:
-    """Per node, its (rank, step) as one int (-1, -1 for a node of no event)."""
+def _step_codes(g: Graph, ev: Events, step: I64) -> I64:
+    """Per node, its (rank, step) as one int (-1, -1 for a node of no event); `step`: each
+    event's."""
     row = np.maximum(g.row, 0)
     rank = np.where(g.row >= 0, ev.rank[row], -1)
-    step = np.where(g.row >= 0, ev.step[row], -1)
-    return np.asarray(_code(rank, step), np.int64)
+    return np.asarray(_code(rank, np.where(g.row >= 0, step[row], -1)), np.int64)
 
 
 def _code(rank: Any, step: Any) -> Any:
     return (np.asarray(rank, np.int64) + 1) * (1 << 32) + (np.asarray(step, np.int64) + 1)
 
 
-def _by_key(keys: I64, values: F64, in_steady: Mask) -> list[tuple[int, float]]:
-    """(key, typical value) per key in ascending order, each from its values in their order."""
+def _by_key(keys: I64, values: F64, level: I64) -> list[tuple[int, float]]:
+    """(key, typical value) per key in ascending order, each from its values in their order
+    and their steps' levels (`typical_of`)."""
     if len(keys) == 0:
         return []
     order = np.argsort(keys, kind="stable")
-    keys, values, in_steady = keys[order], values[order], in_steady[order]
+    keys, values, level = keys[order], values[order], level[order]
     cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-    return [(int(keys[lo]), typical_of(values[lo:hi], in_steady[lo:hi]))
+    return [(int(keys[lo]), typical_of(values[lo:hi], level[lo:hi]))
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)], strict=True)]
 
 
 def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Mask,
-                  waits: Mask, steady: Set[StepKey] = frozenset()) -> OverheadModel:
+                  waits: Mask, step: I64, steady: Set[StepKey] = frozenset(),
+                  undisturbed: Set[StepKey] = frozenset()) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type
     (T1 of those whose thread was working before them: not `idle`, Graph.idle_gaps; and
     per rank, where the Run has several); runtime calls that stalled (`stalls`, per node:
     `stalled`) are left out of their name's, and ops whose time is a wait on other ranks
     (`waits`, per node: graph.collective_waits, gloo's collectives, which the graph prices)
-    out of every part.
+    out of every part; `step`: each event's (iterations.event_steps), what `steady` and
+    `undisturbed` are of.
     T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
-    code = _step_codes(g, ev)
-    calm = np.isin(code, [_code(r, s) for r, s in steady]) if steady else np.zeros(len(g), bool)
+    code = _step_codes(g, ev, step)
+    calm = np.where(np.isin(code, [_code(r, s) for r, s in steady]), STEADY, np.where(
+        np.isin(code, [_code(r, s) for r, s in undisturbed]), UNDISTURBED, OTHER))
     t1, groups = insts.totals(g.dur, g.gap)
     parts, count = insts.parts(groups)
     own = ~waits[insts.first]
     busy = np.flatnonzero(own & ~idle[insts.first])  # T1 where the thread was working
-    samples: dict[str, tuple[I64, F64, Mask]] = {
+    samples: dict[str, tuple[I64, F64, I64]] = {
         "t1": (insts.kind[busy], t1[busy], calm[insts.first[busy]])}
     for i, name in enumerate(GROUPS):
         has = np.flatnonzero((count[:, i] > 0) & own)

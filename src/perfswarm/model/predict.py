@@ -56,7 +56,13 @@ from perfswarm.analyze.frame import (
 )
 from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums
-from perfswarm.analyze.iterations import batch_sizes, iterations, step_faults, step_time
+from perfswarm.analyze.iterations import (
+    batch_sizes,
+    event_steps,
+    iterations,
+    step_faults,
+    step_time,
+)
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.analyze.phases import parameter_rows
 from perfswarm.errors import NotApplicable, ParameterError
@@ -99,6 +105,7 @@ from perfswarm.model.overheads import (
     stalled,
     steady_steps,
     typical,
+    undisturbed_steps,
 )
 from perfswarm.model.profile import UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
@@ -108,6 +115,17 @@ from perfswarm.trace.store import Run
 Platform = Literal["gpu", "cpu"]
 LOADER: Final = "enumerate(DataLoader)#"
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
+# what a CPU prediction without a profile rests on: at the recorded configuration the profile's
+# kernel model gives each kernel a ratio of 1 (the same shapes), so the figures are the Run's own
+# (18 of tests/data's CPU Runs predicted the same to the ns with a profile calibrated here);
+# the kernel counts' "unmodelled" alone had not said whether a default stood in for one
+NO_PROFILE_NOTE: Final = ("no CPU profile given: kernel times are the Run's own typical measured "
+                          "times, no model's (at the recorded configuration a profile moves only "
+                          "the ops whose shapes vary from step to step, pooled by its model "
+                          "instead of their bytes, and the time of writing fresh pages where "
+                          "the Run counted page faults); a changed "
+                          "batch size or dimension needs one: `perfswarm calibrate --threads N` "
+                          "with the Run's intra-op threads, then --profile cpu-profile.json")
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
 ALIKE: Final = 0.25  # steps whose robust spread is within this share of their median: alike
@@ -142,6 +160,7 @@ class Steady:
     """A Run's steady steps (`steady_steps`) and how long they took."""
 
     keys: frozenset[StepKey]
+    undisturbed: frozenset[StepKey]  # the steps within the MADs, a rank's last too
     median_ns: int  # their median length (of every step, when none is steady)
     spread: float  # GMAE of those lengths around it: how much alike they ran
 
@@ -151,7 +170,8 @@ def steady_of(lengths: Mapping[StepKey, int], keys: Set[StepKey] | None = None) 
     found = frozenset(steady_steps(lengths) if keys is None else keys)
     kept = [v for k, v in lengths.items() if k in found] or list(lengths.values())
     median = int(statistics.median(kept)) if kept else 0
-    return Steady(found, median, gmae(kept, [median] * len(kept)))
+    return Steady(found, frozenset(undisturbed_steps(lengths)), median,
+                  gmae(kept, [median] * len(kept)))
 
 
 @dataclass(frozen=True)
@@ -298,6 +318,7 @@ class _Model:
     schedule: Schedule
     platform: Platform
     compute: Mask  # host nodes that are kernel work (CPU runs)
+    step: I64  # each event's step, as analyze's steps hold it (iterations.event_steps)
     window: bool = False  # no iterations found: each rank's profiled window is one (step -1)
 
     @cached_property
@@ -351,6 +372,7 @@ def load_model(run: Run) -> _Model:
         raise NotApplicable(None, "the Run has no events to simulate", subject=run.path)
     deps = dependencies(ev, sync_events(run, ev), process_groups(run, ev, ev.ranks))
     steps = {r: list(w) for r, w in iterations(run, ev).steps.items() if w}
+    step = event_steps(ev, steps)
     graph = build_graph(ev, deps, steps, tensor_handoffs(run, ev))
     if not np.any(graph.role != ANCHOR):
         raise NotApplicable(None, "the Run has no host or device work to simulate",
@@ -359,7 +381,7 @@ def load_model(run: Run) -> _Model:
     synced_calls = np.fromiter(deps.sync_target, np.int64, len(deps.sync_target))
     del deps
     model = _Model(run, ev, synced_calls, graph, Schedule.of(graph), platform,
-                   np.zeros(len(graph), bool), window=not steps)
+                   np.zeros(len(graph), bool), step, window=not steps)
     if platform == "cpu":
         model.compute = _compute_nodes(model)
     return model
@@ -533,7 +555,7 @@ def recorded_batch_size(m: _Model, fixed: set[tuple[int, ...]]) -> tuple[int | N
         if shapes is not None:
             dims = [d[0] for d in shapes.dims if len(d) >= 2 and d not in fixed]
             leading.update(d for d in dims if d > 1)
-            by_step.setdefault(int(m.ev.step[row]), Counter()).update(dims)  # 1 is a size too
+            by_step.setdefault(int(m.step[row]), Counter()).update(dims)  # 1 is a size too
             layer = lstm_shape(m.ev.name_of(row).removeprefix("aten::"), shapes.dims)
             if layer is not None:
                 recurrent[layer[1]] += 1
@@ -639,13 +661,14 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
-                   unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey]
-                   ) -> Counter[str]:
+                   unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey],
+                   undisturbed: Set[StepKey]) -> Counter[str]:
     """Kernel times at the new shapes or device, in place; counts of how each was priced.
 
     A kernel's base is its typical time over the kernels of its name and op shapes in the
-    `steady` steps (model/overheads.py: iterations repeat them; a step the machine stalled
-    is not the kernel's, and the mean keeps what it costs an iteration)."""
+    `steady` steps, else the `undisturbed` ones (model/overheads.py `typical`: iterations repeat
+    them; a step the machine stalled is not the kernel's, and the mean keeps what it costs an
+    iteration)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
     # each pair: a kernel (or a CPU op's compute pieces), the op that launched it (-1: none),
@@ -680,10 +703,10 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     # been 2.2 MB of 40k kernels, at the prediction's peak)
     step_keys: dict[StepKey, StepKey] = {}
     for k, ns, rk, st in zip(kid, measured_ns, int_array(ev.rank[row_arr]),
-                             int_array(ev.step[row_arr]), strict=True):
+                             int_array(m.step[row_arr]), strict=True):
         samples[k][0].append(ns)
         samples[k][1].append(step_keys.setdefault((rk, st), (rk, st)))
-    base_of = [typical(*found, steady) for found in samples]
+    base_of = [typical(*found, steady, undisturbed) for found in samples]
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
 
     @functools.cache
@@ -1061,7 +1084,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     # waits, neither fitted nor set: a thread's through whole steps, and on other ranks
     waits, waited = collective_waits(g, m.ev)
     idle = g.idle_gaps() | waited
-    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, steady)
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, steady,
+                                         found.undisturbed)
     keep = stalls | waits
     synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
@@ -1115,6 +1139,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                                  "{profile} cpu-profile.json", subject="predict",
                                  value=change.batch_size)
         scaler = ProfileScaler(profile) if profile is not None else None
+        if profile is None:
+            notes.append(NO_PROFILE_NOTE)
         source_name = target_name = "cpu"
         if profile is not None and profile.unusable() and needs_model:
             notes.append("the profile's held-out error is above "
@@ -1147,7 +1173,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
     transform = _Transform(factor, dims, fixed, recorded_threads(run))
-    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady)
+    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady, found.undisturbed)
     if (m.platform == "cpu" and scaler is not None and (batch is not None or dims)
             and (released := _release_tails(m, transform, dur))):
         counts["release"] = released
