@@ -1,13 +1,15 @@
 """The GPU kernel model: per op family, gradient-boosted trees that read a kernel's work and
-its device's specs and predict the log of its time over its roofline time (one over the
-fraction of the roofline it reaches), trained on measurements of several GPUs.
+its device's specs and predict the log of its time over its bound (work.bound_s: the roofline,
+or for GEMMs and convolutions the wave of whole tiles their busiest SM runs where that is
+longer; one over the fraction of the bound it reaches), trained on measurements of several
+GPUs.
 
 Why boosted trees: a few hundred thousand rows of a dozen-odd features whose effects are
 steps (a wave of thread blocks more, a tile that no longer fits, a kernel the library picks
 past some size), which trees follow and a smooth model blurs; they need no scaling of the
 features, fit in seconds on a CPU, and their output stays inside the range the training
 targets span, so a GPU none of the measurements came from gets an efficiency the measured
-GPUs reached, times its own roofline: bounded, never a wild extrapolation. They are fitted
+GPUs reached, times its own bound: bounded, never a wild extrapolation. They are fitted
 with scikit-learn and saved as arrays (model/gpu/trees.py).
 
 Measured op latencies include a fixed host and launch time (25 to 60 us in the dataset, set by
@@ -49,7 +51,7 @@ from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.dataset import Dataset, Measurement, Split
 from perfswarm.model.gpu.hardware import Hardware, bundled_hardware
 from perfswarm.model.gpu.trees import F64, Ensemble, fit
-from perfswarm.model.gpu.work import FAMILIES, Family, Work, features, roofline_s
+from perfswarm.model.gpu.work import FAMILIES, Family, Work, bound_s, features, roofline_s
 from perfswarm.trace.store import write_output
 
 MODEL_FILE: Final = "gpu_kernels.npz"
@@ -80,10 +82,10 @@ class FamilyModel:
     floor_s: float  # the fixed part of a measured op's latency, typical over the GPUs
 
     def work_s(self, works: Sequence[Work], hw: Hardware) -> F64:
-        """Kernel time without the floor: roofline x the learned ratio."""
+        """Kernel time without the floor: the bound (work.bound_s) x the learned ratio."""
         x = np.array([features(w, hw) for w in works], np.float64)
-        roof = np.array([roofline_s(w, hw) for w in works])
-        return roof * np.exp(self.trees.predict(x))
+        bound = np.array([bound_s(w, hw) for w in works])
+        return bound * np.exp(self.trees.predict(x))
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ class _Rows:
 
     gpu: npt.NDArray[np.str_]
     x: F64
-    roof: F64
+    roof: F64  # the plain roofline (scored beside the model)
+    bound: F64  # what the trees' ratio multiplies (work.bound_s)
     seconds: F64
     label: npt.NDArray[np.bool_]  # a whole model's node, not a sweep's row
     label_floor: F64  # a label's known floor (Measurement.floor_s; nan for a sweep's row)
@@ -162,6 +165,7 @@ class _Rows:
         return cls(np.array([r.gpu for r in rows]),
                    np.array([features(r.work, hardware[r.gpu]) for r in rows], np.float64),
                    np.array([roofline_s(r.work, hardware[r.gpu]) for r in rows]),
+                   np.array([bound_s(r.work, hardware[r.gpu]) for r in rows]),
                    np.array([r.seconds for r in rows]),
                    np.array([r.split == "label" for r in rows], np.bool_),
                    np.array([math.nan if r.floor_s is None else r.floor_s for r in rows]))
@@ -190,12 +194,12 @@ class _Rows:
             if sweeps:
                 weight[mine & self.label] = LABEL_SHARE / (1 - LABEL_SHARE) * sweeps / labels
         typical = list(floors.values()) or list(self.label_floor[keep & self.label])
-        return FamilyModel(fit(self.x[rows], np.log(work / self.roof[rows]), weight[rows], seed),
+        return FamilyModel(fit(self.x[rows], np.log(work / self.bound[rows]), weight[rows], seed),
                            float(np.median(typical)))
 
     def kernel(self, model: FamilyModel, keep: npt.NDArray[np.bool_]) -> F64:
         """The kernel time of the rows `keep` marks, without the floor."""
-        return self.roof[keep] * np.exp(model.trees.predict(self.x[keep]))
+        return self.bound[keep] * np.exp(model.trees.predict(self.x[keep]))
 
 
 def off_path(rows: Sequence[Measurement], hardware: Mapping[str, Hardware]

@@ -2,9 +2,10 @@
 of it on a device: the roofline, the wave and tile quantization over the SMs, the ridge point
 and the memory class.
 
-The model predicts the log of measured time over roofline time, that is one over the fraction
-of the roofline the kernel reaches: bounded below by the roofline, a quantity that moves
-little between GPUs of other sizes, so it carries to GPUs no measurement came from.
+The model predicts the log of measured time over a bound (`bound_s`: the roofline, for GEMMs
+and convolutions the wave of whole tiles their busiest SM runs where that is longer), that is
+one over the fraction of the bound the kernel reaches: a quantity that moves little between
+GPUs of other sizes, so it carries to GPUs no measurement came from.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ KINDS: Final = ("linear", "bmm", "add", "addu", "mul", "mulu", "div", "divu", "p
                 "relu", "gelu", "tanh", "conv", "ln", "softmax")
 ELEMENTWISE_BLOCK: Final = 512  # elements a vectorized elementwise block takes (128 threads x 4)
 TILES: Final = (128, 64)  # GEMM output tile edges the quantization features assume
+# the output tiles cuBLAS's FP32 GEMM kernels come in (shared/gpu-kernels' sweeps: sgemm_128x128
+# to sgemm_32x32_sliced1x4 on Maxwell to Ampere), as (columns, rows) of a Work's output, and
+# the k a SIMT kernel's main loop steps by (sgemm_128x128x8): what GEMM_BOUND reads
+GEMM_TILES: Final = ((128, 128), (128, 64), (128, 32), (64, 64), (64, 32), (32, 128), (32, 32))
+K_STEP: Final = 8
+# the families whose kernels run as tiles of a GEMM's output, bounded by the wave their
+# busiest SM runs (tile_bound_s)
+TILED: Final = frozenset({"gemm", "conv"})
 # the families whose kernels stream their bytes through once (no operand reused from the L2 or
 # shared memory, as a GEMM's tiles are): their bytes move at the bandwidth the device's DRAM
 # streams at (Hardware.streamed_bandwidth), and under UNDER_RIDGE of the ridge point they are
@@ -86,6 +95,38 @@ def roofline_s(work: Work, hw: Hardware) -> float:
     device's DRAM streams at): a time the kernel cannot beat (but from the L2)."""
     bandwidth = hw.streamed_bandwidth if work.family in STREAMING else hw.bandwidth
     return max(work.flops / peak_of(hw, work.peak), work.bytes / bandwidth)
+
+
+def tile_bound_s(work: Work, hw: Hardware) -> float:
+    """The least time a GEMM's (or an implicit-GEMM convolution's) thread blocks can take: the
+    SM given the most of them runs ceil(blocks / SMs) whole output tiles, each a tile's FLOPs
+    over the reduction at one SM's share of the peak, however much of the tile lies past the
+    output's edge; the least of that over GEMM_TILES (the library picks its tile). A single
+    GEMM whose tiles leave SMs idle splits its reduction over them (cuBLAS's split-K: the
+    sweeps' linears launch 2-144 slices a tile, then splitKreduce), a wave of at most one
+    block an SM, a slice no shorter than K_STEP. A batch has no split (its GEMMs fill the
+    SMs). A few blocks of a long reduction run at one SM's rate, not the device's: the A100's
+    sweep ran 3 GEMMs of 26 x 12 over 1,020 (bmm) in 344 us of kernel time, as 3 blocks of
+    its 128x128 tile (185 us at one SM's rate each); the roofline says 0.3 us, this bound
+    12 us (3 tiles of 32x32). Over the five GPUs' sweeps (rows of at least 2 floors) the
+    kernel time is at least 0.8 of it, and the A100's bmms' 99th-percentile ratio to it is
+    22 against 73 to the roofline (docs/benchmarks.md, twenty-fifth pass)."""
+    per_sm = peak_of(hw, work.peak) / hw.sms
+    best = math.inf
+    for columns, rows in GEMM_TILES:
+        blocks = max(1, work.b * math.ceil(work.n / columns) * math.ceil(work.m / rows))
+        split = 1 if work.b > 1 else max(1, min(hw.sms // blocks, math.ceil(work.k / K_STEP)))
+        waves = math.ceil(blocks * split / hw.sms)
+        best = min(best, waves * 2.0 * columns * rows * math.ceil(work.k / split) / per_sm)
+    return best
+
+
+def bound_s(work: Work, hw: Hardware) -> float:
+    """The time the learned model prices a kernel over: its roofline, for a TILED family its
+    tile bound where that is longer (the trees then learn the ratio to a bound that already
+    knows the device's SMs, not one off by 1x to over 1,000x by the shape: the A100's sweep)."""
+    roofline = roofline_s(work, hw)
+    return max(roofline, tile_bound_s(work, hw)) if work.family in TILED else roofline
 
 
 def _log2(x: float) -> float:
