@@ -334,7 +334,7 @@ def enclosing_rows(ev: Events, calls: I64, ops: I64 | None = None) -> tuple[I64,
     ops = np.flatnonzero(ev.of_kind("cpu_op")) if ops is None else ops
     if len(ops) == 0 or len(calls) == 0:  # no sweep over the calls when nothing holds them
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rows = np.concatenate([ops, np.unique(calls)])
+    rows = np.concatenate([ops, sorted_unique(calls)])
     call = np.zeros(len(rows), bool)
     call[len(ops):] = True
     order = np.lexsort((~call, -ev.end[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))
@@ -475,7 +475,7 @@ def _blocked_in_collectives(ev: Events) -> dict[int, CollectiveWaits]:
     waiting = np.isin(ev.name, [i for i, n in enumerate(ev.names) if COLLECTIVE_WAIT.match(n)])
     waiting &= ev.of_kind("cpu_op")
     out: dict[int, CollectiveWaits] = {}
-    for key in np.unique(keys).tolist():
+    for key in sorted_unique(keys).tolist():
         rows = threads.get(key, host[:0])
         points = sorted_unique(np.concatenate([ev.ts[rows], ev.end[rows]]))
         mine = keys == key
