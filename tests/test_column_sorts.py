@@ -1,7 +1,7 @@
-"""The analyses ask numpy for no sort of a whole column where a lookup or one sort does.
+"""The analyses make no hash or set test of a whole column where a lookup or one sort does.
 
 numpy 2.3+'s `np.unique` asked for the values alone takes a hash path: 27 CPU ms for 160k
-mostly distinct int64 values, `intervals.sorted_unique` 1.3 ms; `np.isin` sorts: 1.0 ms for a
+mostly distinct int64 values, `intervals.sorted_unique` 1.3 ms; `np.isin` took 1.0 ms for a
 kind mask of 120k events, a table of flags read at each code (`frame.among`) 0.06 ms. A report
 of the 200k-event synthetic trace asked for 161 such masks (docs/benchmarks.md, issue 18's
 twenty-fifth pass)."""

@@ -57,8 +57,8 @@ EVENT_COLUMNS = ["rank", "ts", "dur", "kind", "name", "pid", "tid", "device", "s
 
 def among(values: I64, wanted: list[int], size: int) -> Mask:
     """Which of `values` (codes in [0, size): kinds, names) are in `wanted`: a table of `size`
-    flags read at every value. np.isin sorts (1.0 CPU ms for 120k events against 0.06 ms),
-    and the analyses ask for kinds and names of every event dozens of times."""
+    flags read at every value: np.isin took 1.0 CPU ms for 120k events, this 0.06 ms, and
+    the analyses ask for kinds and names of every event dozens of times."""
     table = np.zeros(size, bool)
     table[wanted] = True
     return np.asarray(table[values], bool)
