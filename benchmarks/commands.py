@@ -10,11 +10,11 @@ The peer is `python -c` gunzip + orjson.loads of the same file, whole process to
   export (the Perfetto trace, gzipped) are printed beside them
 - peak RSS of each <= 4x the JSON size; the report file's size (a few MB whatever the input)
 - import + analyze + report at least 5x faster than HolisticTraceAnalysis's load plus its
-  analyses of the same trace (when .venv-hta exists: `python -m venv .venv-hta &&
-  .venv-hta/bin/pip install HolisticTraceAnalysis`; its pins are not ours)
+  analyses of the same trace (HTA runs from .venv-hta, made on first use as ingest.py makes
+  it: its pins are not ours; --no-hta leaves it out)
 
     python benchmarks/commands.py [--events 200000] [--rounds 3] [--only report,predict,export]
-                                  [TRACE ...]
+                                  [--no-hta] [TRACE ...]
 
 --only runs the bare parse and the named commands alone (the Run is imported first, untimed).
 """
@@ -28,11 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ingest import generate
+from ingest import generate, hta_python
 from startup import usage_rounds
 
 REPO = Path(__file__).resolve().parents[1]
-HTA_PYTHON = REPO / ".venv-hta" / "bin" / "python"
 LARGEST = REPO.parent / "shared" / "corpus" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 BARE = ("import gzip, sys, orjson\n"
         "orjson.loads(gzip.decompress(open(sys.argv[1], 'rb').read()))")
@@ -63,10 +62,19 @@ GOALS = {"import": 1.5, "import --streaming": None, "analyze": 1.0, "report": 2.
 RSS_GOAL = 4.0  # peak RSS over the JSON's size, every command
 
 
-def bench(trace: Path, tmp: Path, rounds: int, only: list[str] | None = None) -> None:
+def json_size(trace: Path) -> int:
+    """The trace's uncompressed size, inflated a MiB at a time: this process stays small, so
+    each child's peak RSS is its own (ru_maxrss carries over a fork: a child of a process that
+    had held 1M events' JSON, 557 MB, read no less than that)."""
+    with gzip.open(trace) as f:
+        return sum(len(chunk) for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def bench(trace: Path, tmp: Path, rounds: int, only: list[str] | None = None,
+          hta: Path | None = None) -> None:
     py = sys.executable
     cli = [py, "-m", "perfswarm.cli.main"]
-    size = len(gzip.decompress(trace.read_bytes()))
+    size = json_size(trace)
     run = tmp / f"{trace.name}.run"
     html = tmp / f"{trace.name}.html"
     contenders = {
@@ -88,8 +96,8 @@ def bench(trace: Path, tmp: Path, rounds: int, only: list[str] | None = None) ->
         if "import" not in only:  # the Run the others read, made once
             subprocess.run(contenders["import"], check=True, stdout=subprocess.DEVNULL)
         contenders = {k: v for k, v in contenders.items() if k == "bare parse" or k in only}
-    elif HTA_PYTHON.exists():
-        contenders["HTA load + analyses"] = [str(HTA_PYTHON), "-c", HTA, str(trace)]
+    elif hta is not None:
+        contenders["HTA load + analyses"] = [str(hta), "-c", HTA, str(trace)]
     cpu, rss = usage_rounds(contenders, rounds)
     print(f"{trace.name}: {size / 1e6:.1f} MB JSON; median of {rounds} rounds")
     for name in contenders:
@@ -118,12 +126,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", type=lambda text: text.split(","), default=None,
                         metavar="CMD,...", help="only these commands beside the bare parse")
+    parser.add_argument("--no-hta", action="store_true", help="leave HTA out")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="perfswarm-commands-") as tmp_name:
         tmp = Path(tmp_name)
         traces = args.traces or [LARGEST, generate(tmp / "synthetic.json.gz", args.events, 0)]
+        hta = None if args.only is not None or args.no_hta else hta_python()
         for trace in traces:
-            bench(trace, tmp, args.rounds, args.only)
+            bench(trace, tmp, args.rounds, args.only, hta)
     return 0
 
 

@@ -75,14 +75,22 @@ def generate(path: Path, events: int, seed: int) -> Path:
 
 
 def hta_python() -> Path | None:
+    """HolisticTraceAnalysis's interpreter, its venv made on first use; None (and a line
+    saying why) when it cannot be installed, e.g. offline."""
     python = HTA_VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "holistictraceanalysis"],
-                       check=True)
     ok = subprocess.run([str(python), "-c", "import hta.trace_analysis"], check=False,
                         capture_output=True)
-    return python if ok.returncode == 0 else None
+    if ok.returncode != 0:
+        pip = subprocess.run([str(python), "-m", "pip", "install", "-q",
+                              "holistictraceanalysis"], check=False, capture_output=True,
+                             text=True)
+        if pip.returncode != 0:
+            tail = (pip.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"HTA: {HTA_VENV} could not install holistictraceanalysis: {tail}")
+            return None
+    return python
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import tracemalloc
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import GLOO_DDP, TP_GLOO, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency, host_compute
-from perfswarm.analyze.critical_path import critical_path
+from perfswarm.analyze.critical_path import build, critical_path
 from perfswarm.analyze.dependencies import (
     blocked_in_collectives,
     dependencies,
@@ -26,7 +27,7 @@ from perfswarm.analyze.dependencies import (
     thread_wakes,
 )
 from perfswarm.analyze.diff import diff
-from perfswarm.analyze.frame import KIND, Events, lane_key
+from perfswarm.analyze.frame import DEVICE_OPS, KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
 from perfswarm.analyze.intervals import innermost, sorted_unique
 from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
@@ -35,6 +36,7 @@ from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
 from perfswarm.analyze.swarms import Labels, describe, swarms
 from perfswarm.analyze.system import system_load
+from perfswarm.trace import synthetic
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import COUNTERS, SAMPLES, STACKS
 from perfswarm.trace.store import Run
@@ -1521,3 +1523,30 @@ def test_swarms_of_the_program_unprofiled() -> None:
     assert [(w.step, w.source) for w in found[0]] == [(2, "detected"), (3, "detected"),
                                                       (4, "detected")]
     assert unprofiled_steps(table.slice(0, 4), marked) is marked  # two: too few
+
+
+def test_the_critical_paths_device_maps_are_arrays(tmp_path: Path) -> None:
+    """The walk looks up the device ops it passes (a few thousand of 40k at 200k events) in
+    their stream and launch maps kept as arrays (dependencies.RowMap): as dicts they had been
+    7.8 MB at analyze's peak. Held by the graph of a 20k-event synthetic trace: 132 bytes a
+    device op (the host threads' timelines), where it had been 301."""
+    run = Run(import_traces([synthetic.write(tmp_path / "t.json", 20_000)], tmp_path / "t.run",
+                            ImportOptions(), ["t"]).path)
+    ev = Events.load(run)
+    syncs = sync_events(run, ev)
+    build(ev, syncs, {}, {})  # (what any first one derives once)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        g = build(ev, syncs, {}, {})
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
+    assert len(device) == 3_838
+    assert held < 200 * len(device)
+    launched = [int(r) for r in device.tolist() if r in g.launch_of]
+    assert len(launched) == len(g.launch_of.keys) > 0
+    assert all(g.launch_of.get(r) == int(c) for r, c in zip(
+        g.launch_of.keys.tolist(), g.launch_of.values.tolist(), strict=True))
+    assert g.launch_of.get(-5) is None and g.prev_on_stream.get(len(ev)) is None

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, detail_of
-from perfswarm.analyze.intervals import total
+from perfswarm.analyze.intervals import sorted_unique, total
 from perfswarm.trace.store import Run
 
 BINS: Final = 100
@@ -100,7 +100,7 @@ def bandwidth(run: Run, ev: Events, rank: int | None = None) -> tuple[RankBandwi
     copies = np.flatnonzero(ev.of_kind("memcpy", "memset"))
     nbytes = copy_bytes(run, copies, rank)
     code = {int(n): DIRECTIONS.index(direction(ev.names[int(n)]))
-            for n in np.unique(ev.name[copies])}
+            for n in sorted_unique(ev.name[copies])}
     directions = np.array([code[int(n)] for n in ev.name[copies]], np.int64)
     out = []
     for r in ev.ranks:

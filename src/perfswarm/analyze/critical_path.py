@@ -47,9 +47,9 @@ import numpy as np
 
 from perfswarm.analyze.dependencies import (
     Issued,
+    RowMap,
     SyncEvent,
     Wakes,
-    as_dict,
     dependencies,
     issued,
     thread_wakes,
@@ -141,8 +141,8 @@ class Graph:
     """Dependencies of every device op and host sync call of some ranks, resolved once."""
 
     ev: Events
-    prev_on_stream: dict[int, int] = field(default_factory=dict)
-    launch_of: dict[int, int] = field(default_factory=dict)
+    prev_on_stream: RowMap = field(default_factory=RowMap)
+    launch_of: RowMap = field(default_factory=RowMap)
     waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
     sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
     peers: dict[int, list[Peer]] = field(default_factory=dict)  # collective -> on others
@@ -177,7 +177,7 @@ def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]],
     RPC replies' arrivals -> the callees' work); `requested`: rows whose start did (work for
     an RPC request -> the request)."""
     d = dependencies(ev, syncs)
-    g = Graph(ev, as_dict(d.prev_on_stream), as_dict(d.launch_of), d.waits_for, d.sync_target,
+    g = Graph(ev, RowMap(*d.prev_on_stream), RowMap(*d.launch_of), d.waits_for, d.sync_target,
               peers, {**received, **(requested or {})}, wakes=thread_wakes(ev),
               issued=issued(ev))
     _threads(g)
@@ -479,7 +479,7 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     host events starting in it and the device ops launched in it (their launch call starts
     in it; without one, they start in it)."""
     ev = g.ev
-    calls = np.fromiter(g.launch_of.values(), np.int64, len(g.launch_of))
+    calls = g.launch_of.values
     host = np.flatnonzero(ev.host_busy | ev.rpc_request)  # a reply's arrival resumes the thread
     threads = lane_key(ev.rank[host], ev.tid[host])
     launching = host[np.isin(threads, lane_key(ev.rank[calls], ev.tid[calls]))]
@@ -489,7 +489,7 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
         host = host[loop]
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
     launched = ev.ts.copy()
-    launched[np.fromiter(g.launch_of, np.int64, len(g.launch_of))] = ev.ts[calls]
+    launched[g.launch_of.keys] = ev.ts[calls]
     on_device, on_launching, on_host = (_Latest(ev, rows, launched)
                                         for rows in (device, launching, host))
     return [Ends(on_device(w), on_launching(w), on_host(w), len(calls) > 0) for w in windows]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, group_rows, lane_key
-from perfswarm.analyze.intervals import gaps
+from perfswarm.analyze.intervals import gaps, sorted_unique
 
 CORRELATION_BITS = 40
 QUEUE_BINS = 100
@@ -158,7 +158,7 @@ def idle_split(ev: Events, dev_rows: I64, launch_end: I64) -> IdleSplit:
     """Split device idle gaps (per device: no op on any stream) by what they waited on
     (`launch_end` as in idle_gaps)."""
     host = kernel = other = 0
-    for device in np.unique(ev.device[dev_rows]):
+    for device in sorted_unique(ev.device[dev_rows]):
         mine = ev.device[dev_rows] == device
         h, k, o = idle_gaps(ev, dev_rows[mine], launch_end[mine])
         host, kernel, other = host + int(h.sum()), kernel + int(k.sum()), other + int(o.sum())

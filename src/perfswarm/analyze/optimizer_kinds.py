@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from perfswarm.analyze.frame import Events, detail_of, lane_key
-from perfswarm.analyze.intervals import I64
+from perfswarm.analyze.intervals import I64, sorted_unique
 from perfswarm.analyze.phases import own_starts
 from perfswarm.trace.store import Run
 
@@ -94,7 +94,7 @@ def call_kinds(run: Run, ev: Events, calls: I64) -> CallKinds:
     """The kinds of the optimizer calls at `calls` (rows of `ev`: the Run's events, or one
     rank's), read from the ops' shapes and scalars the Run's events carry."""
     inside = _update_ops(ev, calls)
-    rows = np.unique(np.concatenate([np.zeros(0, np.int64), *inside]))
+    rows = sorted_unique(np.concatenate([np.zeros(0, np.int64), *inside]))
     texts = dict(zip(rows.tolist(), detail_of(run, rows, ev.ranks[0] if len(ev.ranks) == 1
                                                else None), strict=True))
     decoded: dict[str, _Fields] = {}

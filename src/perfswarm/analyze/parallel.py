@@ -41,6 +41,7 @@ from perfswarm.analyze.cupti import CuptiCounters, cupti_counters
 from perfswarm.analyze.dependencies import sync_events, thread_wakes
 from perfswarm.analyze.frame import EVENT_COLUMNS, I64, Events
 from perfswarm.analyze.groups import NO_GROUPS, process_groups
+from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.iterations import (
     StepWindow,
     after_gaps,
@@ -70,7 +71,8 @@ from perfswarm.trace.store import Run
 
 
 def event_ranks(run: Run) -> list[int]:
-    return [int(r) for r in np.unique(run.table("events", ["rank"]).column("rank").to_numpy())]
+    ranks = run.table("events", ["rank"]).column("rank").to_numpy()
+    return [int(r) for r in sorted_unique(np.asarray(ranks, np.int64))]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import numpy as np
 
 from perfswarm.analyze.dependencies import Dependencies, Issued, Wakes, issued, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I8, I32, I64, Events, Mask, group_rows, lane_key
-from perfswarm.analyze.intervals import union
+from perfswarm.analyze.intervals import sorted_unique, union
 from perfswarm.analyze.iterations import StepWindow
 from perfswarm.analyze.launch import FULL_QUEUE, queue_steps
 from perfswarm.analyze.nesting import bounded_open_before, roots, subtree_ends
@@ -490,7 +490,7 @@ def _queue_edges(b: _Builder, ops: I64, calls: I64) -> None:
     launches before it, `depth` being FULL_QUEUE (HTA's default for CUDA's queue) or the
     deepest queue the rank's trace shows, if deeper."""
     ev = b.ev
-    for rank in np.unique(ev.rank[ops]).tolist():
+    for rank in sorted_unique(ev.rank[ops]).tolist():
         mine = ev.rank[ops] == rank
         order = np.lexsort((calls[mine], ev.ts[calls[mine]]))
         o, c = ops[mine][order], calls[mine][order]

@@ -38,7 +38,7 @@ from perfswarm.analyze.frame import (
     lane_key,
     unique_rows,
 )
-from perfswarm.analyze.intervals import total
+from perfswarm.analyze.intervals import sorted_unique, total
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.analyze.phases import PHASES, phases
@@ -259,7 +259,7 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         # an FP32 op whose kernels ran on tensor cores did TF32 work: its roofline, its dtype
         tensor_core = [i for i, n in enumerate(ev.names) if is_tensor_core(n)]
         tf32 = functools.cache(tf32_if_fp32)
-        for op_row in np.unique(op_rows[np.isin(ev.name[dev_rows], tensor_core)]).tolist():
+        for op_row in sorted_unique(op_rows[np.isin(ev.name[dev_rows], tensor_core)]).tolist():
             if op_row in costs:
                 costs[op_row] = tf32(costs[op_row])
         dur = ev.dur[dev_rows]

@@ -26,6 +26,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.analyze.frame import I64, KIND, Events, Mask
+from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.graph import HOST, Graph
 from perfswarm.userfiles import read_json
@@ -258,7 +259,7 @@ def stalled(g: Graph, ev: Events) -> Mask:
     nodes = np.flatnonzero((g.role == HOST) & (g.row >= 0))
     nodes = nodes[ev.of_kind("runtime", "driver")[g.row[nodes]]]
     names = ev.name[g.row[nodes]]
-    for name in np.unique(names).tolist():
+    for name in sorted_unique(names).tolist():
         mine = nodes[names == name]
         durations = g.dur[mine]
         typical = int(np.sort(durations)[(len(mine) - 1) // 2])
@@ -326,7 +327,7 @@ def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Ma
     counts = np.bincount(insts.kind, minlength=len(insts.kinds))
     kind, values, in_steady = samples["t1"]
     rank = ev.rank[g.row[insts.first[busy]]]
-    ranks = np.unique(rank).tolist()
+    ranks = sorted_unique(rank).tolist()
     of_rank = {r: {insts.kinds[k]: v for k, v in _by_key(kind[rank == r], values[rank == r],
                                                           in_steady[rank == r])}
                for r in (ranks if len(ranks) > 1 else [])}

@@ -55,7 +55,7 @@ from perfswarm.analyze.frame import (
     int_array,
 )
 from perfswarm.analyze.groups import process_groups
-from perfswarm.analyze.intervals import Covered, WindowSums
+from perfswarm.analyze.intervals import Covered, WindowSums, sorted_unique
 from perfswarm.analyze.iterations import (
     batch_sizes,
     event_steps,
@@ -333,7 +333,7 @@ class _Model:
         parsed = self._shapes.parsed
         todo = [r for r in rows if r not in parsed]
         if todo:
-            self._shapes.get(np.unique(np.asarray(todo, np.int64)))
+            self._shapes.get(sorted_unique(np.asarray(todo, np.int64)))
         joins = self._joins
         return [joins[r] if parsed[r] is None and r in joins else parsed[r] for r in rows]
 
@@ -354,7 +354,7 @@ class _Model:
         busy = _device_busy(self, timeline, durations)
         out = []
         if self.window:  # from the first node's start to the last one's end, device ops too
-            for rank in np.unique(g.rank[g.role != ANCHOR]).tolist():
+            for rank in sorted_unique(g.rank[g.role != ANCHOR]).tolist():
                 mine = (g.rank == rank) & (g.role != ANCHOR)
                 lo, hi = int(timeline.start[mine].min()), int(timeline.end[mine].max())
                 out.append((rank, -1, lo, hi, busy(rank, lo, hi)))
@@ -443,7 +443,8 @@ def parameter_shapes(m: _Model) -> set[tuple[int, ...]]:
     g = m.graph
     host = np.flatnonzero((g.role == HOST) & (g.row >= 0))
     shapes: set[tuple[int, ...]] = set()
-    for found in m.shapes(parameter_rows(m.ev, np.unique(g.row[host])).tolist()):
+    rows = parameter_rows(m.ev, sorted_unique(g.row[host].astype(np.int64)))
+    for found in m.shapes(rows.tolist()):
         if found is not None:
             shapes |= {d for d in found.dims if d}
     return shapes
@@ -884,7 +885,7 @@ def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
     """Device ops' sizes as their trace gives them, by row: a copy's or a set's bytes, a
     kernel's grid and block (copies of 4 KB and of 100 MB share a name: one mean made the
     corpus's A100 H2D copies 6.4 ms where they took 50.7)."""
-    wanted = np.unique(np.asarray(rows, np.int64))
+    wanted = sorted_unique(np.asarray(rows, np.int64))
     return dict(zip(wanted.tolist(), map(_own_size, detail_of(m.run, wanted)), strict=True))
 
 

@@ -29,12 +29,13 @@ from perfswarm.analyze.frame import (
     KIND,
     Events,
     Mask,
+    among,
     group_rows,
     lane_key,
     texts_of,
     unique_rows,
 )
-from perfswarm.analyze.intervals import total
+from perfswarm.analyze.intervals import sorted_unique, total
 from perfswarm.analyze.iterations import (
     batch_sizes,
     profiled,
@@ -222,7 +223,7 @@ class Facts:
 
     def at(self, rows: I64) -> pa.Table:
         """The events at `rows` (each once, in their order)."""
-        return self.events.take(pa.array(np.unique(np.asarray(rows, np.int64))))
+        return self.events.take(pa.array(sorted_unique(np.asarray(rows, np.int64))))
 
     def kind(self, *kinds: str, columns: tuple[str, ...] = ()) -> pa.Table:
         """Events of the given kinds; only `columns` of them (and the kind) when given."""
@@ -232,7 +233,7 @@ class Facts:
     @staticmethod
     def of_kind(frame: pa.Table, *kinds: str) -> Mask:
         """Which rows of `frame` (of `events`) are of the given kinds."""
-        return np.isin(col(frame, "kind"), [KIND[k] for k in kinds])
+        return among(col(frame, "kind"), [KIND[k] for k in kinds], len(KIND))
 
     def name_texts(self, frame: pa.Table) -> list[str]:
         """The names of the rows of `frame` (of `events`)."""
@@ -251,9 +252,9 @@ class Facts:
 
     def named_as(self, frame: pa.Table, names: Iterable[str]) -> Mask:
         """Which rows of `frame` (of `events`) have one of `names`."""
-        wanted = set(names)
-        return np.isin(col(frame, "name"), [i for i, n in enumerate(
-            Events.load(self.run).names) if n in wanted])
+        wanted, texts = set(names), Events.load(self.run).names
+        return among(col(frame, "name"), [i for i, n in enumerate(texts) if n in wanted],
+                     len(texts))
 
     def by_name(self, frame: pa.Table, values: npt.NDArray[Any]) -> list[tuple[str, int]]:
         """The names of the rows of `frame` (of `events`) with the sum of their `values` (one
