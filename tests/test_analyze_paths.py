@@ -30,7 +30,12 @@ from perfswarm.analyze.diff import diff
 from perfswarm.analyze.frame import DEVICE_OPS, KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
 from perfswarm.analyze.intervals import innermost, sorted_unique
-from perfswarm.analyze.iterations import StepWindow, detected_steps, iterations
+from perfswarm.analyze.iterations import (
+    StepWindow,
+    detected_steps,
+    iterations,
+    profiled_windows,
+)
 from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
 from perfswarm.analyze.summary import analyze, diff_runs
@@ -854,16 +859,17 @@ def _subgroups_raw() -> list[dict[str, Any]]:
 
         (sub,) = [g for g in raw["distributedInfo"]["pg_config"] if len(g["ranks"]) == 2]
         calls = sorted(span(e)[0] for e in x if e["name"] == "c10d::allreduce_")
-        ranges = sorted((span(e)[0], e["tid"]) for e in x if e["name"] == "gloo:all_reduce")
+        ranges = sorted((*span(e), e["tid"]) for e in x if e["name"] == "gloo:all_reduce")
         assert len(calls) == len(ranges) == 9 and all(
-            c < r for c, (r, _) in zip(calls, ranges, strict=True))
+            c < r for c, (r, _, _) in zip(calls, ranges, strict=True))
         marks = [e for e in x if e["name"].startswith("ProfilerStep#")]
         loop = marks[0]["tid"]
         out.append({"sub": Group(sub["pg_name"], tuple(sub["ranks"])),
                     "loop": sorted(span(e) for e in x if e["tid"] == loop and e["dur"] > 0
                                    and not e["name"].startswith("ProfilerStep#")),
                     "markers": sorted(span(e) for e in marks),
-                    "gloo": [(ts, tid, i % 3 == 1) for i, (ts, tid) in enumerate(ranges)]})
+                    "gloo": [(ts, tid, i % 3 == 1) for i, (ts, _, tid) in enumerate(ranges)],
+                "calls": calls, "gloo_ends": [end for _, end, _ in ranges]})
     return out
 
 
@@ -919,6 +925,32 @@ def test_subgroups_pair_within_their_group(tmp_path: Path) -> None:
         assert step.end == max(max(e for s, e in r["loop"] if r["markers"][i][0] <= s
                                    < r["markers"][i][1]) for r in raw)
         assert step.ns["collective"] < 1_000 * US  # a rank's own all-reduces, not the wait
+
+
+def test_subgroups_steps_detected_by_their_groups(tmp_path: Path) -> None:
+    """Without markers, tests/data/subgroups_gloo.py's steps are found by the group each
+    all-reduce ran in: a step is three c10d::allreduce_ calls, the world's, the subgroup's,
+    the world's, and nothing else on the loop thread (ranks 1 and 2 sleep untraced), so by op name
+    the sequence is one name nine times and no loop (main's code found none on every rank);
+    by group it repeats at three. Each step starts at its first call (the first, at the
+    trace's first op), the step before it ending where the gloo range its last call took up
+    ended, the last step with the last range; three steps, as the markers count. The markers
+    close each step later, by what the trace does not hold: the loop thread's return from its
+    wait (0.4% to 1.7% of a mean step) and, after the last, the profiler's stop (0.1 to
+    0.2 ms on ranks 0 and 1, 1.5 and 2.6 ms on ranks 2 and 3: 6.3% and 11.1%)."""
+    run = import_traces(SUBGROUPS, tmp_path / "s.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    found = detected_steps(ev, profiled_windows(run), run)
+    for rank, mine in enumerate(_subgroups_raw()):
+        calls, ends = mine["calls"], mine["gloo_ends"]
+        assert [(w.start, w.end) for w in found[rank]] == [
+            (calls[0], ends[2]), (ends[2], ends[5]), (ends[5], ends[8])]
+        markers = mine["markers"]
+        mean = np.mean([e - s for s, e in markers])
+        for (_, end), (start, _), w in zip(markers[:-1], markers[1:], found[rank][1:],
+                                             strict=True):
+            assert end - 0.017 * mean <= w.start <= start
+        assert 0 <= markers[-1][1] - found[rank][-1].end < (0.01 if rank < 2 else 0.12) * mean
 
 
 def test_which_group_a_gloo_thread_ran() -> None:

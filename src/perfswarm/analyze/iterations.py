@@ -2,9 +2,10 @@
 
 Detection works on one host thread's sequence of top-level op names (interned to ints;
 kernels when there are no host ops): the thread holding the step markers, else the one whose
-work spans longest. The period is the lag at which the sequence best matches a shifted copy
-of itself, tried at the lags between repeated occurrences of each name. An iteration then
-starts at each occurrence of an anchor: a name that occurs once per period, at steady
+work spans longest; a collective call is named by its gloo range's process group too
+(by_group). The period is the lag at which the sequence best matches a shifted copy of
+itself, tried at the lags between repeated occurrences of each name. An iteration then starts at
+each occurrence of an anchor: a name that occurs once per period, at steady
 spacing, and earliest in the sequence, moved back over the ops before it that precede every
 anchor alike (two `randint`s, a name twice a step, before the forward); the first iteration
 begins at its start, each later one where the step before it ended: its last op's end, or
@@ -38,6 +39,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.dependencies import Wakes, thread_wakes
 from perfswarm.analyze.frame import DEVICE_OPS, I64, Events, lane_key
+from perfswarm.analyze.groups import NO_GROUPS, Groups, process_groups
 from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.optimizer_kinds import (
     CYCLE_MATCH,
@@ -529,15 +531,17 @@ def _handed_until(handed: Wakes, after: I64, until: I64) -> I64:
 
 
 def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes],
-                     run: Run | None = None) -> list[StepWindow]:
+                     run: Run | None = None, groups: Groups = NO_GROUPS) -> list[StepWindow]:
     """The rank's iterations detected on its driving thread's ops, its hand-overs from other
     threads of `wakes` (dependencies.thread_wakes) included; where they do not each hold the
     same number of its optimizer's step() calls, one cycle of them (one call a training step,
     two a GAN's), the steps between those calls (optimizer_windows): iterations of several
     training steps each (steps of varying length, an evaluation every k-th step, where the op
     sequence repeats at k steps) had been taken for the steps. With the `run` of `ev`, the
-    cycle is of the optimizers its calls' ops tell apart (optimizer_kinds.identified_cycle)."""
+    cycle is of the optimizers its calls' ops tell apart (optimizer_kinds.identified_cycle);
+    with its collectives' process `groups`, a collective call is of its group (by_group)."""
     names, starts, ends, tid = sequence(ev, rank)
+    names, ends = by_group(ev, groups, rank, names, starts, ends)
     handed = wakes.get(int(lane_key(rank, tid))) if tid is not None else None
     found = detect(names, starts, ends, handed=handed)
     if found and not lasts(found[0][0], found[-1][1], starts, ends):
@@ -562,6 +566,33 @@ def detected_windows(ev: Events, rank: int, wakes: Mapping[int, Wakes],
             if not held or min(held) == 0 or len(set(held)) > 1 or held[0] != cycle:
                 found = optimizer_windows(int(starts.min()), done, cycle)
     return [StepWindow(i, lo, hi, "detected") for i, (lo, hi) in enumerate(found)]
+
+
+def by_group(ev: Events, groups: Groups, rank: int, names: I64, starts: I64, ends: I64
+             ) -> tuple[I64, I64]:
+    """The sequence's names and ends (`names`, `starts`, `ends`: sequence's) with each
+    collective call (frame.COLLECTIVE_CALL) named by the process group of the gloo range it
+    takes up, the rank's first to start at or after it (`groups`: process_groups of `ev`),
+    and lasting until that range ends: an all-reduce in a subgroup is another operation than
+    one in the world, and its step holds the collective it issued (the trace's last step ends
+    with it, no later op resuming after it). A loop of three all-reduces a step, the middle
+    one in a subgroup (tests/data/subgroups_gloo.py), is one name nine times by op name alone,
+    no loop; by group it repeats at three. Unchanged where no gloo range of the rank names a
+    group (one group, or a device's collectives)."""
+    rows = np.arange(len(ev))[ev.rank_slice(rank)]
+    host = rows[ev.host_collective[rows]]
+    named = np.isin(host, groups.rows)
+    if not named.any():
+        return names, ends
+    code = np.full(len(host), -1, np.int64)  # each range's group (-1: none named)
+    code[named] = groups.code[np.searchsorted(groups.rows, host[named])]
+    calls = np.flatnonzero(np.isin(names, np.unique(ev.name[ev.collective_call])))
+    at = np.searchsorted(ev.ts[host], starts[calls], side="left")
+    calls, at = calls[at < len(host)], at[at < len(host)]
+    out, until = names.copy(), ends.copy()
+    out[calls] += len(ev.names) * (1 + code[at])
+    until[calls] = np.maximum(ends[calls], ev.end[host[at]])
+    return out, until
 
 
 def _apart(ev: Events, rank: int, tid: int, done: I64, began: I64) -> I64:
@@ -657,10 +688,12 @@ def detected_steps(ev: Events, profiled: Mapping[int, Sequence[tuple[int, int]]]
                    run: Run | None = None) -> dict[int, list[StepWindow]]:
     """Each rank's detected iterations; `profiled`: each rank's profiling windows
     (profiled_windows), see after_gaps; `run`: the Run of `ev`, whose ops' shapes tell its
-    optimizers apart (detected_windows)."""
+    optimizers apart and whose process groups its collective calls' (detected_windows)."""
     wakes = thread_wakes(ev)
+    groups = (process_groups(run, ev, ev.ranks) if run is not None and ev.host_collective.any()
+              else NO_GROUPS)
     return {rank: found for rank in ev.ranks if (found := after_gaps(
-        detected_windows(ev, rank, wakes, run), (profiled or {}).get(rank, ())))}
+        detected_windows(ev, rank, wakes, run, groups), (profiled or {}).get(rank, ())))}
 
 
 def event_steps(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> I64:

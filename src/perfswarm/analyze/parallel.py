@@ -110,7 +110,8 @@ def rank_part(ev: Events, rank: int, use_markers: bool,
     Run's)."""
     run = Run(run_path) if run_path is not None else None
     groups = process_groups(run, ev, ranks) if run is not None else NO_GROUPS
-    detected = after_gaps(detected_windows(ev, rank, thread_wakes(ev), run), profiled)
+    detected = after_gaps(detected_windows(ev, rank, thread_wakes(ev), run, groups),
+                          profiled)
     windows = markers if use_markers else (detected or None)
     steps = {rank: list(windows)} if windows else {}
     return RankPart(rank, len(ev), detected, first_op_ns(ev, rank),
