@@ -20,6 +20,7 @@ import pytest
 from conftest import REPO, events
 from perfswarm.analyze.dependencies import launching_ops
 from perfswarm.analyze.frame import Events, args_of
+from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.gpu import learned
@@ -40,7 +41,7 @@ from perfswarm.model.gpu.work import (
     vector_work,
 )
 from perfswarm.model.kernels import GPU_FLOOR_NS, RooflineScaler
-from perfswarm.model.opcost import Shapes, op_cost, shapes_from_args
+from perfswarm.model.opcost import Shapes, data_cost, op_cost, shapes_from_args, tf32_if_fp32
 from perfswarm.model.specs import load_spec
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
@@ -578,17 +579,19 @@ def test_a_gzip_bomb_in_the_dataset_is_refused(tmp_path: Path) -> None:
 
 def test_one_d_convolutions_become_kernels() -> None:
     """A 1-d convolution's backward (3-d shapes, as realworld_models.py's conv1d style records
-    it) is two implicit GEMMs of its output gradient's size: 64 x 246 output pixels, 128
-    channels, 1 x 80 filter inputs; the forward of the same layer as torch's CPU runs it (2-d
-    of height 1, stride 16 among its concrete inputs) the same GEMM, not 4,000 pixels a
-    sample."""
+    it) is two implicit GEMMs of its output gradient's size (64 x 246 output pixels, 128
+    channels, 1 x 80 filter inputs), each as its gradient's GEMM: the input's 64 x 246
+    pixels x 1 input channel over 128 x 80 taps, the weight's 128 x 80 over the pixels; the
+    forward of the same layer as torch's CPU runs it (2-d of height 1, stride 16 among its
+    concrete inputs) the forward's GEMM, not 4,000 pixels a sample."""
     from perfswarm.model.opcost import Shapes, shapes_from_args
 
     floats = ("float", "float", "float")
     backward = op_kernels("aten::convolution_backward",
                           Shapes(((64, 128, 246), (64, 1, 4000), (128, 1, 80)), floats))
-    assert backward is not None and len(backward) == 2
-    assert {(w.family, w.m, w.n, w.k) for w in backward} == {("conv", 64 * 246, 128, 80)}
+    assert backward is not None and [(w.family, w.m, w.n, w.k) for w in backward] == [
+        ("conv", 64 * 246, 1, 128 * 80), ("conv", 128, 80, 64 * 246)]
+    assert {w.flops for w in backward} == {2.0 * 64 * 246 * 128 * 80}
     stem = shapes_from_args(
         '{"Concrete Inputs": ["", "", "", "[0, 0]", "[1, 16]", "[1, 1]", "1"], "Input type": '
         '["float", "float", "float", "ScalarList", "ScalarList", "ScalarList", "Scalar"], '
@@ -632,3 +635,99 @@ def test_a_gpu_with_more_of_everything_is_no_slower() -> None:
     for fast, slow in (("H200", "H100-SXM"), ("H100-SXM", "T4"), ("H100-SXM", "V100"),
                        ("A100-80GB", "V100")):
         assert np.all(times[fast] <= times[slow]), (fast, slow)
+
+
+H200_CONV = Path(__file__).parent / "data" / "conv1d_h200.pt.trace.json.gz"
+
+
+def _h200_convolutions() -> dict[tuple[str, str], list[dict[str, object]]]:
+    """The 1-d conv net's H200 trace (tests/data/conv1d_h200.txt), raw: per convolution op
+    (name, its args as JSON) the kernels its first call ran (a kernel's External id is its
+    op's)."""
+    trace = json.loads(gzip.decompress(H200_CONV.read_bytes()))["traceEvents"]
+    ops = {e["args"]["External id"]: e for e in trace if e.get("cat") == "cpu_op"}
+    out: dict[tuple[str, str], list[dict[str, object]]] = {}
+    first: dict[tuple[str, str], int] = {}
+    for e in sorted((e for e in trace if e.get("cat") == "kernel"), key=lambda e: e["ts"]):
+        op = ops[e["args"]["External id"]]
+        if op["name"] in ("aten::cudnn_convolution", "aten::convolution_backward"):
+            key = (op["name"], json.dumps({k: v for k, v in op["args"].items()
+                                           if k not in ("External id", "Record function id",
+                                                        "Ev Idx", "Sequence number")}))
+            if first.setdefault(key, op["ts"]) == op["ts"]:
+                out.setdefault(key, []).append(e)
+    return out
+
+
+def test_tensor_core_convolutions_pass_through_cudnns_layouts() -> None:
+    """cuDNN's TF32 convolution kernels read and write NHWC: around each one on the H200 an
+    NCHW tensor of torch's went through an nchwToNhwc kernel per operand and its result back
+    (nhwcToNchw), a backward's per gradient (grid: ceil(length / 32), ceil(channels / 32),
+    batch). op_kernels prices them as one copy each, the result's too, except where the
+    kernel wrote NCHW itself (its name: nhwckrsc_nchw): 2-3 us each, 3-6 of the 4-9 kernels
+    an op ran, that the op graph had priced as nothing. The stem's forward ran the FP32 NCHW
+    kernel (ffma), no pass; a channels-last input or FP32 work has none."""
+    layout = re.compile(r"nchwToNhwc|nhwcToNchw")
+    checked = 0
+    for (name, args), ran in _h200_convolutions().items():
+        shapes = shapes_from_args(args)
+        assert shapes is not None
+        tensor = any(is_tensor_core(str(k["name"])) for k in ran)
+        works = op_kernels(name, shapes, tensor)
+        assert works is not None
+        passes = [w for w in works if w.family == "elementwise"]
+        own_nchw = sum("nhwckrsc_nchw" in str(k["name"]) for k in ran)
+        assert len(passes) == sum(bool(layout.search(str(k["name"]))) for k in ran) + own_nchw
+        assert len(works) - len(passes) == sum(
+            "implicit_gemm" in str(k["name"]) or "ImplicitGemm" in str(k["name"]) for k in ran)
+        checked += bool(passes)
+        if name == "aten::cudnn_convolution" and shapes.dims[0] == (64, 128, 1, 61):
+            # x, w and y of 61 samples, 128 channels: a pass each
+            assert [k["args"]["grid"] for k in ran if layout.search(str(k["name"]))] == [
+                [2, 4, 64], [1, 4, 128], [2, 4, 64]]
+            assert [w.m * w.n for w in passes] == [64 * 128 * 61, 128 * 128 * 3, 64 * 128 * 61]
+    assert checked == 5  # 2 forwards and 3 backwards on tensor cores
+    conv = Shapes(((64, 128, 61), (128, 128, 3)), ("float", "float"),
+                  ((7808, 61, 1), (384, 3, 1)))
+    assert len(op_kernels("aten::cudnn_convolution", conv, True) or []) == 4
+    assert len(op_kernels("aten::cudnn_convolution", conv) or []) == 1
+    channels_last = replace(conv, strides=((7808, 1, 128), (384, 1, 128)))
+    assert len(op_kernels("aten::cudnn_convolution", channels_last, True) or []) == 1
+    # no TF32 tensor cores on a V100: its FP32 convolution runs NCHW as it is; on an A100 the
+    # passes cost a launch floor each at least
+    op = ("aten::cudnn_convolution", conv)
+    v100, a100 = load_spec("V100"), load_spec("A100-40GB")
+    assert op_seconds([(*op, True)], v100) == op_seconds([(*op, False)], v100)
+    [(nchw, _)] = op_seconds([(*op, True)], a100)  # type: ignore[misc]
+    [(nhwc, _)] = op_seconds([("aten::cudnn_convolution", channels_last, True)],  # type: ignore[misc]
+                             a100)
+    assert nchw - nhwc > 3 * GPU_FLOOR_NS * 1e-9
+    # likewise a recorded TF32 convolution moved to a V100 (predict on a GPU Run)
+    fp32 = data_cost(*op)
+    assert fp32 is not None
+    scaler = LearnedScaler.of(load_spec("H200"), v100)
+    assert scaler.seconds(tf32_if_fp32(fp32), conv.dims, scaler.target) == scaler.seconds(
+        fp32, conv.dims, scaler.target)
+
+
+def test_a_convolutions_gradients_run_as_their_own_gemms() -> None:
+    """The H200's backward of [64, 128, 15] -> [64, 256, 15] (3 taps) ran the input's gradient
+    as 4 x 15 tiles of 64x32 (its kernel's tilesize) and the weight's as 12 of 128x64: 960
+    output pixels x 128 input channels, and 256 output channels x 384 filter inputs, not the
+    forward's 960 x 256 twice (30 x 4 and 8 x 4 such tiles)."""
+    [ran] = [ks for (name, args), ks in _h200_convolutions().items()
+             if name == "aten::convolution_backward"
+             and json.loads(args)["Input Dims"][0] == [64, 256, 15]]
+    grids = {}
+    for k in ran:
+        tile = re.search(r"_(dgrad|wgrad).*?tilesize(\d+)x(\d+)x", str(k["name"]))
+        if tile:
+            grids[tile[1]] = (int(tile[2]), int(tile[3]), math.prod(k["args"]["grid"]))
+    works = op_kernels("aten::convolution_backward",
+                       Shapes(((64, 256, 15), (64, 128, 15), (256, 128, 3)), ("float",) * 3),
+                       tensor_core=True)
+    assert works is not None
+    data, weight = [w for w in works if w.family == "conv"]
+    for work, (rows, columns, blocks) in ((data, grids["dgrad"]), (weight, grids["wgrad"])):
+        assert math.ceil(work.m / rows) * math.ceil(work.n / columns) == blocks
+    assert grids == {"dgrad": (64, 32, 60), "wgrad": (128, 64, 12)}

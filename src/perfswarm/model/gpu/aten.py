@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
 from perfswarm.model.gpu.work import Peak, Work, gemm_work, spatial_conv_work, vector_work
@@ -50,12 +51,28 @@ def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False) -> list[Wor
     if cost is None:
         return None
     return kernels(tf32_if_fp32(cost) if tensor_core else cost,
-                   shapes.dims)
+                   shapes.dims, _channels_last(cost, shapes))
 
 
-def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
+def _channels_last(cost: OpCost, shapes: Shapes) -> bool:
+    """Whether a convolution's activation (a forward's first input, a backward's second) is
+    recorded channels-last: its channels innermost (stride 1) over more than one channel."""
+    at = 1 if cost.family == "conv_backward" else 0
+    if len(shapes.strides) <= at or len(shapes.dims) <= at:
+        return False
+    dims, strides = shapes.dims[at], shapes.strides[at]
+    return len(dims) >= 3 and len(strides) == len(dims) and dims[1] > 1 and strides[1] == 1
+
+
+def _layout_passes(*tensors: Sequence[int], element: int) -> list[Work]:
+    """One memory pass a tensor (cuDNN's nchwToNhwc / nhwcToNchw kernels): a copy of each."""
+    return [vector_work("elementwise", "addu", *_rows_cols(t), element) for t in tensors]
+
+
+def kernels(cost: OpCost, dims: Dims, channels_last: bool = False) -> list[Work] | None:
     """The kernels of an op of `cost` (dtype tf32: FP32 data on tensor cores) and input
-    `dims`; None where the shapes do not fit."""
+    `dims`; None where the shapes do not fit. `channels_last`: a convolution's activation
+    is laid out channels-last (NHWC), else channels-first (NCHW, torch's default)."""
     op = cost.op
     element = 2 if cost.dtype in HALF else 8 if cost.dtype == "fp64" else 4
     peak: Peak = ("bf16" if cost.dtype == "bf16" else "half" if cost.dtype in HALF
@@ -102,8 +119,29 @@ def kernels(cost: OpCost, dims: Dims) -> list[Work] | None:
                                     dims[0][2:] if grad else cost.conv_out or x[2:], groups,
                                     element, peak)
         # a backward's input and weight gradients, those its output_mask asks for (a bias's
-        # alone: no convolution to price)
-        return ([forward] * sum(cost.gradients) or None) if grad else [forward]
+        # alone: no convolution to price), each the forward's FLOPs as the implicit GEMM
+        # cuDNN runs for it: the input's writes output pixels x input channels over the
+        # output channels' taps, the weight's output channels x the filter's inputs over the
+        # output pixels. The H200's (tests/data/conv1d_h200) launched 60 and 12 tiles of 960
+        # x 128 and 256 x 384 (64x32, 128x64) for [64, 256, 15] <- [64, 128, 15]; the
+        # forward's view, 960 x 256, has 120 and 32
+        data = replace(forward, n=x[1], k=w[0] // groups * math.prod(w[2:]))
+        weight = replace(forward, m=w[0], n=forward.k, k=forward.m)
+        y = dims[0] if grad else (x[0], w[0], *(cost.conv_out or x[2:]))
+        asked = [(forward, (x, w, y))] if not grad else [
+            part for part, wanted in zip(((data, (y, w, x)), (weight, (y, x, w))),
+                                          cost.gradients, strict=True) if wanted]
+        if not asked:
+            return None
+        # on tensor cores (TF32, FP16, BF16) cuDNN's implicit-GEMM kernels read and write
+        # NHWC: a channels-first convolution's operands go through an nchwToNhwc pass each
+        # and its result back through nhwcToNchw, every gradient's again (the output's
+        # gradient once for each). The H200's 1-D conv net (tests/data/conv1d_h200) ran
+        # these 2-3 us kernels around each TF32 convolution: 2-3 of 3-4 kernels a forward,
+        # 6 of 8-9 a backward. A grouped one's: not measured here, left as it was
+        passes = not (peak == "fp32" or channels_last or groups > 1)
+        return [k for conv, tensors in asked
+                for k in (conv, *(_layout_passes(*tensors, element=element) if passes else ()))]
     shaped = [d for d in dims if d]
     if not shaped:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from perfswarm.model.gpu.aten import kernels, op_kernels
@@ -52,7 +52,10 @@ class LearnedScaler:
 
     def seconds(self, cost: OpCost, dims: Dims, hw: Hardware) -> float | None:
         """The model's time of the op's kernels on `hw` (no launch floor); None where it has
-        no model for them."""
+        no model for them. TF32 work (a recorded kernel's, on tensor cores) is FP32 work on a
+        GPU without TF32 tensor cores, as op_seconds has it."""
+        if cost.dtype == "tf32" and not hw.tf32_cores:
+            cost = replace(cost, dtype="fp32")
         works = kernels(cost, dims)
         if not works or any(w.family not in self.model.families for w in works):
             return None
@@ -82,14 +85,16 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
                model: KernelModel | None = None) -> list[tuple[float, str] | None]:
     """Per (aten name, shapes, on tensor cores) op: its kernels' predicted time on `target`
     (launch floor included per kernel) and the family of the largest; None for an op the
-    model cannot price."""
+    model cannot price. FP32 work runs on tensor cores only where `target` has TF32 ones
+    (not a V100's, a T4's: no layout passes around their convolutions)."""
     model = model or bundled()
-    found = [op_kernels(name, shapes, tensor) for name, shapes, tensor in ops]
+    hw = Hardware.of_spec(target)
+    found = [op_kernels(name, shapes, tensor and hw.tf32_cores) for name, shapes, tensor in ops]
     priced = [works if works and all(w.family in model.families for w in works) else None
               for works in found]
     # every op's kernels at once: the model's trees run once per family and device
     flat = [w for works in priced if works for w in works]
-    times = model.seconds(flat, Hardware.of_spec(target))
+    times = model.seconds(flat, hw)
     out: list[tuple[float, str] | None] = []
     at = 0
     for works in priced:

@@ -40,6 +40,11 @@ class Hardware:
     vendor: str = "nvidia"  # whose kernels it runs (cuBLAS's, or ROCm's on CDNA parts)
 
     @property
+    def tf32_cores(self) -> bool:
+        """Whether it runs FP32 work on TF32 tensor cores (Ampere or later; not a V100, a T4)."""
+        return self.tensor_fp32 > self.fp32
+
+    @property
     def streamed_bandwidth(self) -> float:
         """The bandwidth a streaming kernel reaches (STREAMED of the rated one): the memory
         bound of an elementwise, norm or softmax kernel's roofline (work.STREAMING), so that
