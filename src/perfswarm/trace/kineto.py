@@ -168,17 +168,21 @@ def memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def read_bytes(path: Path, limit: int | None = None) -> bytes:
+def read_bytes(path: Path, limit: int | None = None) -> bytes | bytearray:
     """The file's JSON text, gunzipped when it is gzip (by magic, not by name), refused when it
     would expand past `limit` bytes (default: a quarter of RAM, what the in-memory path takes)
-    or is a gzip bomb (gunzip.chunks)."""
+    or is a gzip bomb (gunzip.chunks). Inflated text grows in place, a chunk at a time: joining
+    the chunks held the text twice (a list of chunks and their join), 2x the JSON at once."""
     try:
         with path.open("rb") as f:
             if f.read(2) != gunzip.MAGIC:
                 f.seek(0)
                 return f.read()
             f.seek(0)
-            return b"".join(gunzip.chunks(path, f, memory_bytes() // 4 if limit is None else limit))
+            text = bytearray()
+            for chunk in gunzip.chunks(path, f, memory_bytes() // 4 if limit is None else limit):
+                text += chunk
+            return text
     except (EOFError, OSError, zlib.error) as exc:
         raise gunzip.read_error(path, exc) from None
 
@@ -238,9 +242,9 @@ def _no_phase(n: int) -> str:
             "`ph` (a trace event has `ph`, `name` and `ts`)")
 
 
-def decode(path: Path, data: bytes) -> KTrace:
+def decode(path: Path, data: bytes | bytearray) -> KTrace:
     """Split a trace into metadata and raw events; a bare array is the Chrome 'array' format."""
-    head = data[:64]
+    head = bytes(data[:64])  # bytes: a key of the tables naming what a file is
     try:
         if head.lstrip()[:1] == b"[":
             raws = msgspec.json.decode(data, type=list[msgspec.Raw])

@@ -88,7 +88,7 @@ def _tensors(io: dict[str, Any]) -> list[str]:
     return keys
 
 
-def _escaped_names(data: bytes) -> tuple[bytes, int]:
+def _escaped_names(data: bytes | bytearray) -> tuple[bytes, int]:
     """`data` with every op name the observer wrote unescaped escaped, and how many."""
     count = 0
 
@@ -107,7 +107,7 @@ def _escaped_names(data: bytes) -> tuple[bytes, int]:
     return pattern.sub(escape, data), count
 
 
-def _decode(path: Path, data: bytes) -> tuple[ETrace, Counter[str]]:
+def _decode(path: Path, data: bytes | bytearray) -> tuple[ETrace, Counter[str]]:
     """The trace, and what reading it leniently mended (what -> count)."""
     mended: Counter[str] = Counter()
     try:

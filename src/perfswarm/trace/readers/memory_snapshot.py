@@ -54,7 +54,7 @@ class _DataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names the global {module}.{name}")
 
 
-def load(path: Path, text: bytes) -> Any:
+def load(path: Path, text: bytes | bytearray) -> Any:
     """The pickle's data, or a one-line error: nothing the file names is ever called."""
     try:
         return _DataOnly(io.BytesIO(text)).load()

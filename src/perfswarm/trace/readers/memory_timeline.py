@@ -90,7 +90,7 @@ def read(path: Path, at: Placement) -> SideTables:
         try:
             data = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
-            raise invalid_json(path, text[:1], exc) from None
+            raise invalid_json(path, bytes(text[:1]), exc) from None
         (times, alive), device = _states(path, data), -1
     last = np.append(times[1:] != times[:-1], True)  # torch repeats a time for what preexisted
     times, alive = times[last], alive[last]
