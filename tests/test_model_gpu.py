@@ -33,10 +33,12 @@ from perfswarm.model.gpu.opgraph import HOST_OP_NS, LAUNCH_NS, host_overheads
 from perfswarm.model.gpu.trees import DEPTH, TREES, Ensemble, fit
 from perfswarm.model.gpu.work import (
     FEATURES,
+    Work,
     bound_s,
     features,
     gemm_work,
     roofline_s,
+    split_k_reduce,
     tile_bound_s,
     vector_work,
 )
@@ -708,6 +710,44 @@ def test_tensor_core_convolutions_pass_through_cudnns_layouts() -> None:
     scaler = LearnedScaler.of(load_spec("H200"), v100)
     assert scaler.seconds(tf32_if_fp32(fp32), conv.dims, scaler.target) == scaler.seconds(
         fp32, conv.dims, scaler.target)
+
+
+def test_split_convolutions_reduce_their_slices_in_a_kernel_of_their_own() -> None:
+    """The H200's weight gradients of 128 x 384 over 3,904 pixels and 128 x 80 over 15,744
+    ran as cutlass split-K kernels of 10 and 44 slices (grid z), each followed by a
+    ReduceSplitK kernel (2.1 and 4.7 us) that the op graph had not priced; its other 6
+    convolutions ran none. The tile bound splits those two (and the 256 x 384 over 960 one,
+    which cuDNN ran whole), and op_seconds prices a reduce pass after them, over M x N."""
+    h200 = load_spec("H200")
+    hw = Hardware.of_spec(h200)
+    ran_reduce = {}
+    priced: list[tuple[tuple[int, int, int], Work | None]] = []
+    for (name, args), ran in _h200_convolutions().items():
+        shapes = shapes_from_args(args)
+        assert shapes is not None
+        works = op_kernels(name, shapes, any(is_tensor_core(str(k["name"])) for k in ran))
+        assert works is not None
+        priced += [((w.m, w.n, w.k), split_k_reduce(w, hw)) for w in works if w.family == "conv"]
+        reduces = [k for k in ran if "ReduceSplitK" in str(k["name"])]
+        if reduces:
+            [conv] = [w for w in works if w.family == "conv" and w.m < w.k]  # the wgrad
+            ran_reduce[(conv.m, conv.n, conv.k)] = reduces
+            # op_seconds: a launch floor and the pass more than op_kernels' kernels
+            [(seconds, _)] = op_seconds([(name, shapes, True)], h200)  # type: ignore[misc]
+            alone = float(bundled().seconds(works, hw).sum()) + len(works) * GPU_FLOOR_NS * 1e-9
+            assert seconds > alone + GPU_FLOOR_NS * 1e-9
+    assert sorted(ran_reduce) == [(128, 80, 15744), (128, 384, 3904)]
+    assert sorted(k for k, v in priced if v is not None) == [
+        (128, 80, 15744), (128, 384, 3904), (256, 384, 960)]
+    assert len(priced) == 8  # 3 forwards, 2 input and 3 weight gradients
+    # the reduce of 128 x 384: blocks of 4 x 128 outputs (its MatrixShape<4, 128>), once
+    [reduce] = ran_reduce[(128, 384, 3904)]
+    assert reduce["args"]["grid"] == [math.ceil(128 / 4), math.ceil(384 / 128), 1]
+    [work] = [v for k, v in priced if k == (128, 384, 3904)]
+    assert work is not None and (work.m, work.n) == (128, 384)
+    # a GEMM's is within the GEMM model's own price (its sweeps time the op): none added
+    gemm = gemm_work("linear", 1, 128, 128, 768)
+    assert split_k_reduce(gemm, hw) is None and tile_bound_s(gemm, hw) > 0
 
 
 def test_a_convolutions_gradients_run_as_their_own_gemms() -> None:

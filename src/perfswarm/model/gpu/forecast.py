@@ -11,7 +11,7 @@ from typing import Final
 from perfswarm.model.gpu.aten import kernels, op_kernels
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.learned import KernelModel, bundled
-from perfswarm.model.gpu.work import Work
+from perfswarm.model.gpu.work import Work, launched
 from perfswarm.model.kernels import GPU_FLOOR_NS, Dims, RooflineScaler
 from perfswarm.model.opcost import OpCost, Shapes
 from perfswarm.model.specs import DeviceSpec
@@ -86,10 +86,13 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
     """Per (aten name, shapes, on tensor cores) op: its kernels' predicted time on `target`
     (launch floor included per kernel) and the family of the largest; None for an op the
     model cannot price. FP32 work runs on tensor cores only where `target` has TF32 ones
-    (not a V100's, a T4's: no layout passes around their convolutions)."""
+    (not a V100's, a T4's: no layout passes around their convolutions). A GEMM whose
+    reduction the library splits over `target`'s idle SMs gets the kernel that sums the
+    slices (work.launched)."""
     model = model or bundled()
     hw = Hardware.of_spec(target)
     found = [op_kernels(name, shapes, tensor and hw.tf32_cores) for name, shapes, tensor in ops]
+    found = [launched(works, hw) if works else works for works in found]
     priced = [works if works and all(w.family in model.families for w in works) else None
               for works in found]
     # every op's kernels at once: the model's trees run once per family and device

@@ -30,6 +30,11 @@ TILES: Final = (128, 64)  # GEMM output tile edges the quantization features ass
 # the k a SIMT kernel's main loop steps by (sgemm_128x128x8): what GEMM_BOUND reads
 GEMM_TILES: Final = ((128, 128), (128, 64), (128, 32), (64, 64), (64, 32), (32, 128), (32, 32))
 K_STEP: Final = 8
+# the least reduction a split-K slice keeps (4 steps of a tensor-core tile's 32-deep main
+# loop): the H200's recordings (tests/data) ran a split-K reduce after every GEMM whose
+# tile_bound_s tile splits a reduction of 384-2,240, none after those of 39-128 (one of 10
+# split and reduced); its conv net's split weight gradients reduce over 960-15,744 pixels
+SPLIT_SLICE: Final = 128
 # the families whose kernels run as tiles of a GEMM's output, bounded by the wave their
 # busiest SM runs (tile_bound_s)
 TILED: Final = frozenset({"gemm", "conv"})
@@ -111,14 +116,48 @@ def tile_bound_s(work: Work, hw: Hardware) -> float:
     12 us (3 tiles of 32x32). Over the five GPUs' sweeps (rows of at least 2 floors) the
     kernel time is at least 0.8 of it, and the A100's bmms' 99th-percentile ratio to it is
     22 against 73 to the roofline (docs/benchmarks.md, twenty-fifth pass)."""
+    return _tile_choice(work, hw)[0]
+
+
+def _tile_choice(work: Work, hw: Hardware) -> tuple[float, int]:
+    """tile_bound_s's time and the split of the reduction its tile runs at (1: none)."""
     per_sm = peak_of(hw, work.peak) / hw.sms
-    best = math.inf
+    best = (math.inf, 1)
     for columns, rows in GEMM_TILES:
         blocks = max(1, work.b * math.ceil(work.n / columns) * math.ceil(work.m / rows))
         split = 1 if work.b > 1 else max(1, min(hw.sms // blocks, math.ceil(work.k / K_STEP)))
         waves = math.ceil(blocks * split / hw.sms)
-        best = min(best, waves * 2.0 * columns * rows * math.ceil(work.k / split) / per_sm)
+        best = min(best, (waves * 2.0 * columns * rows * math.ceil(work.k / split) / per_sm,
+                          split))
     return best
+
+
+def split_k_reduce(work: Work, hw: Hardware) -> Work | None:
+    """The kernel a convolution whose reduction is split over idle SMs launches after it
+    (cutlass's ReduceSplitK in cuDNN; cuBLAS's splitKreduce_kernel): where tile_bound_s's
+    tile splits the reduction and each of at least two slices keeps SPLIT_SLICE of it, one
+    pass reading the slices' FP32 partial M x N outputs and writing M x N; None otherwise.
+    The H200's conv net (tests/data/conv1d_h200) ran it after the two weight gradients this
+    splits (128 x 384 over 3,904 and 128 x 80 over 15,744: 10 and 44 slices, 2.1 and 4.7
+    us), after none of its 6 other convolutions, of which this splits one (256 x 384 over
+    960, which cuDNN ran as 12 whole tiles). A GEMM's is not added: the linear sweeps the
+    GEMM model learns from time it inside the op (3-11% of a GPU's rows ran one), and the
+    H200's split GEMMs (tests/data's nanoGPT and LSTM) are priced 1.1-2.2x their GEMM kernel
+    alone, 0.8-1.5x it and its 1.7-2.2 us reduce together. The conv sweeps' forwards have no
+    row this splits (docs/benchmarks.md, twenty-fifth pass)."""
+    if work.family != "conv":
+        return None
+    slices = min(_tile_choice(work, hw)[1], work.k // SPLIT_SLICE)
+    if slices <= 1:
+        return None
+    out = work.m * work.n
+    return Work("elementwise", "add", float(slices * out), float((slices + 1) * out * FP32), 1,
+                work.m, work.n, 1)
+
+
+def launched(works: Sequence[Work], hw: Hardware) -> list[Work]:
+    """`works` with the kernels the library launches beside them on `hw` (split_k_reduce)."""
+    return [w for work in works for w in (work, split_k_reduce(work, hw)) if w is not None]
 
 
 def bound_s(work: Work, hw: Hardware) -> float:
