@@ -86,9 +86,9 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
     """Per (aten name, shapes, on tensor cores) op: its kernels' predicted time on `target`
     (launch floor included per kernel) and the family of the largest; None for an op the
     model cannot price. FP32 work runs on tensor cores only where `target` has TF32 ones
-    (not a V100's, a T4's: no layout passes around their convolutions). A GEMM whose
+    (not a V100's, a T4's: no layout passes around their convolutions). A convolution whose
     reduction the library splits over `target`'s idle SMs gets the kernel that sums the
-    slices (work.launched)."""
+    slices (work.launched; a GEMM's is inside its learned price)."""
     model = model or bundled()
     hw = Hardware.of_spec(target)
     found = [op_kernels(name, shapes, tensor and hw.tf32_cores) for name, shapes, tensor in ops]
