@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -1629,6 +1630,153 @@ def test_a_torch_distributed_rpc_trainer(tmp_path: Path) -> None:
     found = rpc_hand_overs(ev)
     assert sum(map(len, found.replies.values())) >= 3
     assert sum(map(len, found.requested.values())) >= 3
+
+
+RPC_CALLABLES = textwrap.dedent("""
+    import functools, os, sys, torch
+    import torch.distributed.rpc as rpc
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    LAYER = torch.nn.Linear(8, 8)  # each request's forward is a step of the callee's
+
+    def plus(x, k):
+        return LAYER(x).detach() + k
+
+    class Scaled:
+        def __call__(self, x):
+            return LAYER(x).detach() * 2
+
+    def fails(x):
+        raise ValueError(f"bad input of shape {tuple(x.shape)}")
+
+    def run(rank, port):
+        torch.manual_seed(0)
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+        rpc.init_rpc(f"w{rank}", rank=rank, world_size=2)
+        if rank == 0:
+            net = torch.nn.Linear(8, 8)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for i in range(8):
+                x = torch.randn(4, 8)
+                y = rpc.rpc_sync("w1", functools.partial(plus, k=1.0), args=(x,)) \\
+                    + rpc.rpc_async("w1", Scaled(), args=(x,)).wait()
+                try:
+                    rpc.rpc_sync("w1", fails, args=(x,))
+                except ValueError as e:
+                    print("caught", "ValueError('bad input of shape (4, 8)')" in str(e))
+                opt.zero_grad()
+                (net(x) - y).pow(2).mean().backward()
+                opt.step()
+            print("weights", f"{sum(p.sum().item() for p in net.parameters()):.6f}")
+        rpc.shutdown()
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(sys.argv[1],), nprocs=2)
+""")
+
+
+def test_rpc_of_any_callable_recorded_as_bare(tmp_path: Path) -> None:
+    """torch.distributed.rpc requests of a functools.partial and of a callable object, and one
+    whose function raises on its callee: recorded, the program prints what it prints bare
+    (the same results, the callee's exception caught as bare) and exits 0 (the request
+    wrapper's `func.__qualname__` had raised AttributeError at the window's first partial and
+    the program died); each request is named by its function on both sides (the callee had
+    named the partial `partial`, its caller's request `plus`: no pair)."""
+    import socket
+
+    script = tmp_path / "callables.py"
+    script.write_text(RPC_CALLABLES)
+    out = tmp_path / "c.run"
+    printed = []
+    for prefix in ([], [PY, "-m", "perfswarm.cli.main", "record", "--quiet", "-c", "torch",
+                        "--steps", "2:3", "--no-et", "--out", str(out), "--"]):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        done = subprocess.run([*prefix, PY, str(script), str(port)], capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed.append(done.stdout)
+    assert printed[1] == printed[0]
+    assert printed[0].count("caught True") == 8
+    ev = Events.load(Run(out))
+    names = Counter(ev.names[n] for n in ev.name.tolist())
+    # the caller's window: 3 steps of 3 requests; the callee's: 3 forwards, plus's and Scaled's
+    assert names["rpc_sync#plus(w0 -> w1)"] == names["rpc_sync#fails(w0 -> w1)"] == 3
+    assert names["rpc_async#Scaled(w0 -> w1)"] == 3
+    assert names["rpc_serve#plus(w1)"] + names["rpc_serve#Scaled(w1)"] == 3
+    assert names["rpc_serve#plus(w1)"] >= 1 and names["rpc_serve#Scaled(w1)"] >= 1
+
+
+class _Worker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Scaled:
+    """A callable object: an instance has no `__qualname__`."""
+
+    def __call__(self, x: float) -> float:
+        return 2 * x
+
+
+def _plus(x: float, k: float) -> float:
+    return x + k
+
+
+@pytest.mark.parametrize(("func", "named"), [
+    (functools.partial(_plus, k=3.0), "rpc_async#_plus(w0 -> w1)"),
+    (_Scaled(), "rpc_async#_Scaled(w0 -> w1)"),
+    (lambda x: x, "rpc_async#<lambda>(w0 -> w1)"),
+])
+def test_the_request_wrapper_names_any_callable(monkeypatch: pytest.MonkeyPatch, func: Any,
+                                                named: str) -> None:
+    """Any callable torch sends is a request its range names, recorded as bare: a
+    functools.partial by its function, a callable object by its class (the wrapper read
+    `func.__qualname__`, and each raised AttributeError in the program, which torch sends
+    fine). torch's RPC module is a stand-in here: a sent request's future already done."""
+    import types
+
+    import torch
+    from torch.distributed.rpc import api as rpc_api
+
+    site = _inject_site(monkeypatch)
+    sent: list[Any] = []
+
+    def invoke(to: str, f: Any, rpc_type: Any, args: Any = None, *rest: Any) -> Any:
+        sent.append(f)
+        fut: torch.futures.Future[float] = torch.futures.Future()
+        fut.set_result(f(*args))
+        return fut
+
+    api = types.ModuleType("api")
+    vars(api).update(_invoke_rpc=invoke, RPCExecMode=rpc_api.RPCExecMode,
+                     _build_rpc_profiling_key=rpc_api._build_rpc_profiling_key,
+                     _is_current_rpc_agent_set=lambda: True,
+                     get_worker_info=lambda: _Worker("w0"), _to_worker_info=_Worker)
+    window = types.SimpleNamespace(open_here=lambda: True)
+    site._trace_rpc_requests(window, api)
+    with torch.profiler.profile() as prof:
+        assert api._invoke_rpc("w1", func, rpc_api.RPCExecMode.ASYNC, (1.0,)).wait() \
+            == func(1.0)
+    assert sent == [func]
+    assert named in {e.name for e in prof.events()}
+
+
+def test_the_request_wrapper_leaves_refusals_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function that is not callable torch refuses as bare, with its TypeError (the
+    wrapper's AttributeError, reading its `__qualname__`, had come first)."""
+    import types
+
+    from torch.distributed.rpc import api as rpc_api
+
+    site = _inject_site(monkeypatch)
+    api = types.ModuleType("api")
+    vars(api)["_invoke_rpc"] = rpc_api._invoke_rpc
+    site._trace_rpc_requests(types.SimpleNamespace(open_here=lambda: True), api)
+    with pytest.raises(TypeError, match="function should be callable"):
+        api._invoke_rpc("w1", "not a function", rpc_api.RPCExecMode.SYNC)
 
 
 @pytest.mark.parametrize("pin", [True, False])

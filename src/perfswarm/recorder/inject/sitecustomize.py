@@ -1036,7 +1036,8 @@ def _trace_rpc_requests(window: _Window, api: ModuleType) -> None:
     completes (an rpc_sync's when its wait returns). rpc_sync, rpc_async and the RRef proxies
     (`rref.rpc_sync().f()`) all send through `_invoke_rpc`. FUNC as torch names it: a builtin
     op's (`aten::add`), a TorchScript function's qualified name (`__torch__.module.function`:
-    its callee records an op of the function's name), else the Python function's. torch's own
+    its callee records an op of the function's name), else the Python function's
+    (`_python_name`: any callable torch sends, a partial or a callable object too). torch's own
     `rpc_async_jit#` range of a TorchScript request reached the trace for 1 of 10 requests
     (torch 2.13). A remote() is not named."""
     import functools
@@ -1047,12 +1048,13 @@ def _trace_rpc_requests(window: _Window, api: ModuleType) -> None:
     def invoke_in_range(to: Any, func: Any, rpc_type: Any, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if not window.open_here():
+        # torch refuses a function that is not callable (TypeError) before naming it
+        if not window.open_here() or not callable(func):
             return invoke(to, func, rpc_type, *args, **kwargs)
         builtin: Callable[[Any], str | None] = vars(torch.jit._builtins)["_find_builtin"]
         name = builtin(func) or (torch._jit_internal._qualified_name(func)
                                  if isinstance(func, torch.jit.ScriptFunction)
-                                 else func.__qualname__)
+                                 else _python_name(func))
         key = api._build_rpc_profiling_key(rpc_type, name, api.get_worker_info().name,
                                            api._to_worker_info(to).name)
         rf: Any = torch.autograd.profiler.record_function(key)
@@ -1067,6 +1069,17 @@ def _trace_rpc_requests(window: _Window, api: ModuleType) -> None:
         return rf._call_end_callbacks_on_future(fut)
 
     vars(api)["_invoke_rpc"] = invoke_in_range
+
+
+def _python_name(func: Any) -> str:
+    """An RPC's Python function as its request's range and its callee's name it: a
+    functools.partial by the function it binds, a callable object (no `__qualname__`) by its
+    class."""
+    import functools
+
+    while isinstance(func, functools.partial):
+        func = func.func
+    return getattr(func, "__qualname__", None) or type(func).__qualname__
 
 
 class _Waited:
@@ -1102,8 +1115,7 @@ def _trace_rpc_serving(window: _Window, internal: ModuleType) -> None:
         from torch.distributed.rpc import get_worker_info
         from torch.profiler import record_function
 
-        name = getattr(func, "__qualname__", type(func).__qualname__)
-        with record_function(f"{SERVE}#{name}({get_worker_info().name})"):
+        with record_function(f"{SERVE}#{_python_name(func)}({get_worker_info().name})"):
             return run(python_udf)
 
     vars(internal)["_run_function"] = run_in_range
