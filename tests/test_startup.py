@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -43,6 +44,26 @@ def test_help_imports_no_heavy_library() -> None:
     loaded = modules_after("--help")
     assert "typer" in loaded  # the probe sees what the CLI imported
     assert loaded.isdisjoint((*HEAVY, "polars", "pyarrow", "duckdb", "numpy"))
+
+
+LOADED = """import sys
+from perfswarm.cli.main import main
+from perfswarm.model.gpu.learned import bundled
+code = main(sys.argv[1:])
+print(code, bundled.cache_info().currsize)
+"""
+
+
+@pytest.mark.parametrize(("change", "loads"), [([], False), (["--device", "H100"], True)])
+def test_predict_loads_the_gpu_kernel_model_only_to_price_a_change(
+        tmp_path: Path, change: list[str], loads: bool) -> None:
+    """At its recorded configuration a GPU Run's kernels keep their measured times: the
+    bundled model is not loaded (it had been, whatever the change; nothing priced with it)."""
+    run = import_traces([Path(__file__).parent / "data" / "conv1d_h200.pt.trace.json.gz"],
+                        tmp_path / "run", ImportOptions(), ["test"]).path
+    out = subprocess.run([sys.executable, "-c", LOADED, "predict", str(run), "--json", *change],
+                         check=True, capture_output=True, text=True)
+    assert out.stdout.split()[-2:] == ["0", str(int(loads))]
 
 
 @pytest.mark.parametrize(("argv", "needs", "unneeded"), [

@@ -36,19 +36,25 @@ class LearnedScaler:
     between the new case on the target and the recorded case on the source (the ratio keeps a
     kernel exactly as measured when nothing changes), or, moved to another GPU, the model's
     own time there for the families (`ABSOLUTE`) where that is closer; kernels whose op the
-    model cannot price move with the roofline (`roofline`)."""
+    model cannot price move with the roofline (`roofline`). `given`: the model to price with,
+    None for the bundled one, loaded when a kernel is first priced (a GPU Run predicted at its
+    recorded configuration keeps every kernel as measured and never loads it)."""
 
     source: Hardware
     target: Hardware
     roofline: RooflineScaler
-    model: KernelModel
+    given: KernelModel | None = None
     floor_ns: int = GPU_FLOOR_NS
 
     @classmethod
     def of(cls, source: DeviceSpec, target: DeviceSpec,
            model: KernelModel | None = None) -> LearnedScaler:
         return cls(Hardware.of_spec(source), Hardware.of_spec(target),
-                   RooflineScaler(source, target), model or bundled())
+                   RooflineScaler(source, target), model)
+
+    @property
+    def model(self) -> KernelModel:
+        return self.given or bundled()
 
     def seconds(self, cost: OpCost, dims: Dims, hw: Hardware) -> float | None:
         """The model's time of the op's kernels on `hw` (no launch floor); None where it has
