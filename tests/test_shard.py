@@ -141,7 +141,10 @@ def test_lookups_and_empty_bags() -> None:
 
 def test_predictions_track_measured_embedding_bags(tables_yaml: Path) -> None:
     """The cost model fitted to this machine's probe tables, on tables it never saw (one
-    process per device): the device it gives five times the work measures heavier. How close
+    process per device): the device it gives 5.3 times the gathered bytes (users, items and
+    history: 4,160 elements a bag against 784) is priced at least twice as heavy, and measures
+    heavier. Not five times: each device's three tables carry the same per-table overhead,
+    which pulls the ratio under the bytes' (a clean-clone CI run priced it 3.77x). How close
     the times are is benchmarks/shard.py's figure: a shared machine's load makes it no test."""
     work = load_workload(tables_yaml)
     cost = calibrate(iters=5)
@@ -150,7 +153,7 @@ def test_predictions_track_measured_embedding_bags(tables_yaml: Path) -> None:
     split = Plan("size_greedy", device_of,
                  tuple(sum(t for t, d in zip(times, device_of, strict=True) if d == k)
                        for k in range(2)))
-    assert split.device_s[0] > 5 * split.device_s[1]
+    assert split.device_s[0] > 2 * split.device_s[1]
     measured = measure_plan(work, split, iters=10)
     assert measured[0] > measured[1] > 0
 
