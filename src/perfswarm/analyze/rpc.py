@@ -33,6 +33,7 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from perfswarm.analyze.frame import RPC_REQUEST, WORK_KINDS, Events, group_rows, lane_key
+from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.stragglers import Peer
 
@@ -83,8 +84,10 @@ def requests(ev: Events, rank: int) -> list[Request]:
     """The rank's requests (frame.RPC_REQUEST ranges) to another worker, by send (a request to
     its own worker runs on a thread of its own process)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
-    named = {i: m for i, n in enumerate(ev.names) if (m := RPC_REQUEST.match(n)) and m[2] != m[3]}
-    found = rows[np.isin(ev.name[rows], list(named)) & ev.rpc_request[rows]]
+    ranges = rows[ev.rpc_request[rows]]  # the mask every analysis shares: names matched once
+    named = {i: m for i in sorted_unique(ev.name[ranges]).tolist()
+             if (m := RPC_REQUEST.match(ev.names[i])) and m[2] != m[3]}
+    found = ranges[np.isin(ev.name[ranges], list(named))]
     if not len(found):
         return []
     work = rows[ev.of_kind(*WORK_KINDS)[rows]]
