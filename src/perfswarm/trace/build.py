@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace import store
 from perfswarm.trace.cluster import ClusterOptions
-from perfswarm.trace.kineto import TraceMeta, TraceTables, concat
+from perfswarm.trace.kineto import MappedFile, TraceMeta, TraceTables, concat
 from perfswarm.trace.readers import execution_trace
 from perfswarm.trace.readers.fields import Placement, SideTables
 from perfswarm.trace.schema import (
@@ -127,9 +127,12 @@ def take_rows(batches: Sequence[pa.RecordBatch], starts: npt.NDArray[np.int64],
     return table.take(pa.array(back))
 
 
-def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
+def sorted_slices(events: pa.Table, steps: pa.Table,
+                  mapped: Sequence[MappedFile] = ()) -> Iterator[pa.Table]:
     """`events` sorted by (rank, ts) with steps marked, in slices: memory holds the table
-    plus one slice."""
+    plus one slice. Where the table's columns are read from `mapped` files in place (the
+    in-memory path's spill), the pages each slice read are dropped before the next is taken:
+    memory holds one slice's pages of them, not the whole table."""
     order = event_order(events)
     keys = events.select(["rank", "ts", "kind", "correlation"]).take(pa.array(order))
     step = (step_column(keys, steps) if steps.num_rows and events.num_rows
@@ -139,6 +142,8 @@ def sorted_slices(events: pa.Table, steps: pa.Table) -> Iterator[pa.Table]:
     batches = events.to_batches()
     starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]], dtype=np.int64)
     for i in range(0, len(order), SLICE):
+        for file in mapped:  # the pages the slice before read (the first: the sort's)
+            file.drop_pages()
         # yielded, not kept: the slice before is not held while the next one is taken
         yield take_rows(batches, starts, order[i:i + SLICE]).set_column(
             at, "step", pa.array(step[i:i + SLICE], pa.int32()))
@@ -169,7 +174,8 @@ def in_memory(parts: Sequence[TraceTables]) -> TableParts:
     steps = concat([p.steps for p in parts], STEPS)
     return TableParts([steps], [concat([p.flows for p in parts], FLOWS)],
                       [concat([p.counters for p in parts], COUNTERS)],
-                      sorted_slices(concat([p.events for p in parts], EVENTS), steps))
+                      sorted_slices(concat([p.events for p in parts], EVENTS), steps,
+                                    [file for p in parts for file in p.mapped]))
 
 
 def parquet_parts(paths: Iterable[Path]) -> Iterator[pa.Table]:
@@ -306,7 +312,7 @@ def with_rank(tables: TraceTables, rank: int, step_offset: int = 0) -> TraceTabl
     """`tables` with every row's rank `rank`, `step_offset` added to the step numbers."""
     return TraceTables(set_rank(tables.events, rank), set_rank(tables.flows, rank),
                        set_rank(tables.counters, rank),
-                       shift_steps(set_rank(tables.steps, rank), step_offset))
+                       shift_steps(set_rank(tables.steps, rank), step_offset), tables.mapped)
 
 
 @dataclass(frozen=True)

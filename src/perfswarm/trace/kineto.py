@@ -11,6 +11,7 @@ run in C; the Python side only works on whole columns.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import re
 import zlib
@@ -148,6 +149,24 @@ class TraceMeta:
     begin_end: list[KEvent] = field(default_factory=list)
 
 
+class MappedFile:
+    """A file mapped read-only, for Arrow to read its record batches in place: no copy in
+    memory, the pages read come from the page cache. `drop_pages` unmaps the pages read so far
+    (a later read maps them again), so a reader that takes a slice at a time holds one slice's
+    pages, not the whole file's."""
+
+    def __init__(self, path: Path) -> None:
+        with path.open("rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def read_table(self) -> pa.Table:
+        """The Arrow IPC file's record batches, their buffers views of the mapping."""
+        return pa.ipc.open_file(pa.py_buffer(self._map)).read_all()
+
+    def drop_pages(self) -> None:
+        self._map.madvise(mmap.MADV_DONTNEED)
+
+
 @dataclass
 class TraceTables:
     """One file's (or one batch's) rows, before ranks are merged and steps assigned."""
@@ -156,6 +175,9 @@ class TraceTables:
     flows: pa.Table
     counters: pa.Table
     steps: pa.Table
+    # the files the events' columns are read from in place (the in-memory path's spill):
+    # whoever takes the events a slice at a time drops the pages each slice read
+    mapped: tuple[MappedFile, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -724,7 +746,10 @@ def read_trace(path: Path, rank_hint: int, opts: ReadOptions,
     Only one chunk of event structs exists at once; the rest stay as raw views
     into the JSON text. With `spill_dir`, finished event rows wait in an
     uncompressed Arrow file until the text is freed, so text and table never
-    coexist in memory: the peak is about the text plus one chunk.
+    coexist in memory: the peak is about the text plus one chunk. The events
+    table's columns are then read from that file in place (`mapped`), never
+    copied whole into memory: sorted and written a slice at a time
+    (build.sorted_slices), memory holds one slice's rows of it.
     """
     trace = decode(path, read_bytes(path))
     if not trace.traceEvents:
@@ -743,8 +768,10 @@ def read_trace(path: Path, rank_hint: int, opts: ReadOptions,
         del raws
         parts.append(finish(path, meta, rank, opts))
         tables = concat_parts(parts)
-        if spill:
-            tables.events = concat([spill.read(), tables.events], EVENTS)
+        if spill and (spilled := spill.read()) is not None:
+            events, mapped = spilled
+            tables.events = concat([events, tables.events], EVENTS)
+            tables.mapped = (mapped,)
     finally:
         if spill:
             spill.close()
@@ -752,7 +779,8 @@ def read_trace(path: Path, rank_hint: int, opts: ReadOptions,
 
 
 class _EventSpill:
-    """Event rows parked in an uncompressed Arrow IPC file (fast to write and read back).
+    """Event rows parked in an uncompressed Arrow IPC file (fast to write, read back in
+    place: MappedFile).
 
     The dictionary columns (kind, name) are small and differ per chunk, which IPC
     files cannot hold, so they stay in memory.
@@ -771,19 +799,21 @@ class _EventSpill:
             self.kept.append(part.events.select(_KEPT))
         return TraceTables(EVENTS.empty_table(), part.flows, part.counters, part.steps)
 
-    def read(self) -> pa.Table:
+    def read(self) -> tuple[pa.Table, MappedFile] | None:
+        """The events parked (None: none were), their spilled columns views of the file
+        mapped (the file may be unlinked while they live)."""
         if self.writer is None:
-            return EVENTS.empty_table()
+            return None
         self.writer.close()
         self.writer = None
         # Both halves keep one chunk per decoded chunk, so their columns line up.
         kept = pa.concat_tables(self.kept).unify_dictionaries()
         self.kept = []
-        with pa.OSFile(str(self.path), "rb") as f:
-            spilled = pa.ipc.open_file(f).read_all()
+        mapped = MappedFile(self.path)
+        spilled = mapped.read_table()
         columns = {name: kept.column(name) for name in _KEPT}
         columns.update({name: spilled.column(name) for name in _SPILLED.names})
-        return pa.table({name: columns[name] for name in EVENTS.names}).cast(EVENTS)
+        return pa.table({name: columns[name] for name in EVENTS.names}).cast(EVENTS), mapped
 
     def close(self) -> None:
         if self.writer is not None:

@@ -36,7 +36,7 @@ from perfswarm.trace.build import (
     with_rank,
 )
 from perfswarm.trace.cluster import run_all
-from perfswarm.trace.kineto import ReadOptions, TraceMeta, concat
+from perfswarm.trace.kineto import MappedFile, ReadOptions, TraceMeta, concat
 from perfswarm.trace.schema import EVENTS, STEPS
 from perfswarm.trace.store import Manifest, Run
 
@@ -54,9 +54,10 @@ class FilePart:
     tables: dict[str, Path]  # events sorted by time with the file's steps marked; the others
 
 
-def _write_sorted(events: pa.Table, steps: pa.Table, path: Path) -> None:
+def _write_sorted(events: pa.Table, steps: pa.Table, path: Path,
+                  mapped: Sequence[MappedFile] = ()) -> None:
     with pq.ParquetWriter(path, EVENTS) as writer:
-        for part in sorted_slices(events, steps):
+        for part in sorted_slices(events, steps, mapped):
             writer.write_table(part.cast(EVENTS))
 
 
@@ -71,7 +72,7 @@ def read_file(path: Path, index: int, options: ImportOptions, scratch: Path) -> 
     out = {name: scratch / f"{name}.parquet" for name in ("events", *SMALL_TABLES)}
     for name in SMALL_TABLES:
         pq.write_table(getattr(tables, name), out[name])
-    _write_sorted(tables.events, tables.steps, out["events"])
+    _write_sorted(tables.events, tables.steps, out["events"], tables.mapped)
     return FilePart(rank, meta, tables.events.num_rows, Extent.of(tables.events), out)
 
 
