@@ -636,7 +636,7 @@ def test_spilled_events_read_in_place_a_slice_at_a_time(tmp_path: Path,
     """The in-memory path reads its events back from the spill file in place (mapped), and the
     pages a sorted slice read are dropped before the next is taken: the table had been read
     whole into memory and held there while it was sorted and written (46 MiB of a 200k-event
-    import's 178 MiB write stage). On the corpus's NCCL trace, in slices of 2,048 rows:
+    import's 178 MiB write stage). On the corpus's NCCL trace, in slices of 1,024 rows:
     Arrow's pool grows by under a quarter of the events table as the trace is read (the whole
     table's columns, read back, had been in it), and the spill file's pages resident in this
     process stay under half the file after every slice, their median under a third (kept
