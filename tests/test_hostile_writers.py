@@ -10,6 +10,7 @@ import sys
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import markupsafe
 import orjson
@@ -196,8 +197,8 @@ def test_json_written_as_orjsons_bytes_held_once(tmp_path: Path,
     monkeypatch.setattr(orjson, "dumps", measured)
     path = tmp_path / "out.json"
     data = {"spans": list(range(100_000)), "names": [f"op{i}" for i in range(20_000)]}
-    with path.open("wb") as file:
-        stdout = io.TextIOWrapper(file, encoding="utf-8")
+    with path.open("wb", buffering=0) as file:  # raw, as under python -u
+        stdout = io.TextIOWrapper(file, encoding="utf-8", write_through=True)
         monkeypatch.setattr(sys, "stdout", stdout)
         print("before")
         tracemalloc.start()
@@ -214,6 +215,32 @@ def test_json_written_as_orjsons_bytes_held_once(tmp_path: Path,
     assert size > 1_000_000 and peak - held < size / 4, (peak - held, size)  # main: 2x
     assert second == json_escaped(dumps({"name": HOSTILE}, option=orjson.OPT_INDENT_2)) + b"\n"
     assert b"\xe2\x80\xae" not in second and b"\\u202e" in second
+
+
+class _Sips(io.RawIOBase):
+    """A raw stream that takes at most 1,000 bytes a call, as a pipe may of a raw write."""
+
+    def __init__(self) -> None:
+        self.got = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        taken = bytes(data[:1000])
+        self.got += taken
+        return len(taken)
+
+
+def test_json_written_whole_to_a_raw_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under python -u stdout's bytes are a raw stream, which may take part of a write: the
+    JSON is written whole all the same."""
+    sips = _Sips()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(sips, encoding="utf-8",
+                                                        write_through=True))
+    data = {"spans": list(range(10_000))}
+    print_json(data)
+    assert sips.got.endswith(b"}\n") and orjson.loads(sips.got) == data
 
 
 def test_sql_csv_shows_escapes_on_a_terminal_and_data_elsewhere(

@@ -75,8 +75,11 @@ def print_json(data: Any) -> None:
         stdout.write(text.decode() + "\n")
         return
     stdout.flush()  # what was printed before comes first
-    binary.write(text)
-    binary.write(b"\n")
+    for part in (text, b"\n"):
+        # a raw stream (python -u, PYTHONUNBUFFERED) writes what one system call takes
+        view = memoryview(part)
+        while view:
+            view = view[binary.write(view):]
 
 
 class _Description(ProgressColumn):
