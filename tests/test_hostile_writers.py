@@ -4,10 +4,13 @@ of text reach the terminal (info, analyze, advise), --json and the report HTML a
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import markupsafe
 import orjson
@@ -18,7 +21,7 @@ from rich.progress import Progress
 
 from conftest import corpus
 from perfswarm.cli.main import main
-from perfswarm.cli.output import console, err_console, progress_bar, spinner
+from perfswarm.cli.output import console, err_console, print_json, progress_bar, spinner
 from perfswarm.optimize import advise as advise_module
 from perfswarm.optimize.rules.base import Advice, advice
 from perfswarm.optimize.rules.facts import Facts
@@ -168,11 +171,76 @@ def test_json_text_escaped_and_shown(text: str) -> None:
     """Printed JSON parses back to the same text with no character that acts on a terminal
     left raw; the page's JSON parses to what the terminal shows (control characters and
     bidirectional marks as escapes), whatever backslashes come before them."""
-    raw = orjson.dumps({"t": text}).decode()
-    escaped = json_escaped(raw)
+    raw = orjson.dumps({"t": text})
+    escaped = json_escaped(raw).decode()
     assert json.loads(escaped) == {"t": text}
     assert not any(c in escaped for c in ("\x7f", "\x9b", "\u202e", "\u2066", "\u061c"))
-    assert json.loads(json_visible(raw)) == {"t": visible(text)}
+    assert json.loads(json_visible(raw.decode())) == {"t": visible(text)}
+
+
+def test_json_written_as_orjsons_bytes_held_once(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """--json writes orjson's bytes to the stream beneath stdout, escaped where need be: the
+    document is held once while it is written, not decoded, joined to the newline and encoded
+    again (a 200k-event report's 5 MB had been held four times over, at the command's peak);
+    what comes out is the text it was, after what was printed before it."""
+    made: list[tuple[int, int]] = []  # each document's size, and what was held with it
+    dumps = orjson.dumps
+
+    def measured(*args: object, **kwargs: object) -> bytes:
+        out = dumps(*args, **kwargs)  # type: ignore[arg-type]
+        # (orjson's bytes take more than their length: tracemalloc counts the allocation)
+        made.append((len(out), tracemalloc.get_traced_memory()[0]))
+        tracemalloc.reset_peak()  # orjson's own work is not the write's
+        return out
+
+    monkeypatch.setattr(orjson, "dumps", measured)
+    path = tmp_path / "out.json"
+    data = {"spans": list(range(100_000)), "names": [f"op{i}" for i in range(20_000)]}
+    with path.open("wb", buffering=0) as file:  # raw, as under python -u
+        stdout = io.TextIOWrapper(file, encoding="utf-8", write_through=True)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        print("before")
+        tracemalloc.start()
+        try:
+            print_json(data)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        print_json({"name": HOSTILE})
+        stdout.flush()
+    first, second = path.read_bytes().removeprefix(b"before\n").split(b"\n}\n", 1)
+    assert orjson.loads(first + b"}") == data
+    size, held = made[0]
+    assert size > 1_000_000 and peak - held < size / 4, (peak - held, size)  # main: 2x
+    assert second == json_escaped(dumps({"name": HOSTILE}, option=orjson.OPT_INDENT_2)) + b"\n"
+    assert b"\xe2\x80\xae" not in second and b"\\u202e" in second
+
+
+class _Sips(io.RawIOBase):
+    """A raw stream that takes at most 1,000 bytes a call, as a pipe may of a raw write."""
+
+    def __init__(self) -> None:
+        self.got = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        taken = bytes(data[:1000])
+        self.got += taken
+        return len(taken)
+
+
+def test_json_written_whole_to_a_raw_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under python -u stdout's bytes are a raw stream, which may take part of a write: the
+    JSON is written whole all the same."""
+    sips = _Sips()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(sips, encoding="utf-8",
+                                                        write_through=True))
+    data = {"spans": list(range(10_000))}
+    print_json(data)
+    assert sips.got.endswith(b"}\n") and orjson.loads(sips.got) == data
 
 
 def test_sql_csv_shows_escapes_on_a_terminal_and_data_elsewhere(

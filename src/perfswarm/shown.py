@@ -17,6 +17,10 @@ _CODES: Final = [c for c in [*range(0x20), *range(0x7F, 0xA0), 0x61C, 0x200E, 0x
 _HIDDEN: Final = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _CODES}
 # in JSON text: those orjson leaves as they are (it escapes the C0 ones)
 _RAW_IN_JSON: Final = re.compile("[" + "".join(chr(c) for c in _CODES if c >= 0x20) + "]")
+# ... as orjson writes them, in UTF-8 (a lead byte is never a continuation byte, so each match
+# is one whole character)
+_RAW_IN_JSON_UTF8: Final = re.compile(
+    b"|".join(re.escape(chr(c).encode()) for c in _CODES if c >= 0x20))
 
 
 _ANY: Final = re.compile("[" + "".join(chr(c) for c in _CODES) + "]")
@@ -27,12 +31,13 @@ def visible(text: str) -> str:
     return text.translate(_HIDDEN) if _ANY.search(text) else text  # a scan, no copy
 
 
-def json_escaped(text: str) -> str:
-    """orjson's JSON text with DEL, the C1 controls and the bidirectional marks escaped too
-    (\\u202e): the same data for a parser, inert on a terminal."""
-    if not _RAW_IN_JSON.search(text):  # the common case: one scan, no copy
+def json_escaped(text: bytes) -> bytes:
+    """orjson's JSON bytes with DEL, the C1 controls and the bidirectional marks escaped too
+    (\\u202e): the same data for a parser, inert on a terminal. Bytes, as orjson makes them
+    and a stream writes them: a report's JSON is not copied into text and back."""
+    if not _RAW_IN_JSON_UTF8.search(text):  # the common case: one scan, no copy
         return text
-    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _RAW_IN_JSON_UTF8.sub(lambda m: b"\\u%04x" % ord(m.group().decode()), text)
 
 
 # An escape orjson wrote for a C0 control ("\u001b", or "\b", "\f", "\r") not preceded by an

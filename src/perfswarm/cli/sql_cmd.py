@@ -90,7 +90,7 @@ def _stream(columns: list[str], batches: Iterable[pa.RecordBatch], as_json: bool
                                 if shown else row)
                 continue
             out.write(("[\n  " if first else ",\n  ")
-                      + json_escaped(_json_row(dict(zip(columns, row, strict=True))).decode()))
+                      + json_escaped(_json_row(dict(zip(columns, row, strict=True)))).decode())
             first = False
     if writer is None:
         out.write("[]\n" if first else "\n]\n")
