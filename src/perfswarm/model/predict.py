@@ -1003,11 +1003,11 @@ def unpriced_pages(allocating: Collection[Key], out_old: Mapping[Key, float],
     land on fresh memory there: those that did at the recorded shapes and are no longer of the
     step's largest size, at their new size, and those of the largest size only at the new
     shapes. Glibc's heap decides which, and Runs took each (their page-fault counters: a
-    ResNet's activations kept faulting at twice the width, 621 -> 1,706 and 729 -> 1,425
-    faults a step in two recordings, where the rule gives 0; a GPT's logits
-    stopped and its FFN's results took 1,120 and 1,040; the autoencoder's Adam temporaries
-    stopped at four times the batch and its new largest activations took none, 196 a step in
-    all): what the prediction may leave out."""
+    ResNet's activations kept faulting at twice the width, 1,298-1,706 faults a step in three
+    recordings (621-729 at the base), where the rule gives 0; a GPT's logits stopped and its
+    FFN's results took 800-1,120; the autoencoder's Adam temporaries stopped at four times the
+    batch and its new largest activations took none, 196 a step in all): what the prediction
+    may leave out (docs/benchmarks.md, twenty-sixth pass)."""
     old = _largest_pages(allocating, out_old)
     new = _largest_pages(allocating, out_new)
     return {**{k: out_new[k] / PAGE_BYTES for k in old if k not in new and out_new[k] > 0},
