@@ -1,10 +1,12 @@
-"""A script's step at two batch sizes, measured in pairs: contention falls on both alike.
+"""A script's step at two batch sizes (or widths), measured in pairs: contention falls on both
+alike.
 
     python benchmarks/paired_batch.py {lstm,resnet,gpt,mixer,conv1d} B0 B1 [--width 40]
-        [--pairs 30] [--window N] [--json OUT]
+        [--width1 W1] [--pairs 30] [--window N] [--json OUT]
 
 One process builds the model of benchmarks/realworld_models.py STYLE (with its optimizer, as the
-script trains it: `train_step`; one intra-op thread) twice from the same seed. It alternates
+script trains it: `train_step`; one intra-op thread) twice from the same seed, the second at
+`--width1` where given (realworld.py's width x2: B1 = B0, --width1 twice --width). It alternates
 steps at batch B0 and B1 (each pair's order swapped from one pair to the next), each step under
 torch.profiler with record_shapes. It prints the median over pairs of (B1 step's process CPU
 time / B0 step's). `--window N` keeps one profiler on over N steps at a time, as `perfswarm
@@ -44,20 +46,25 @@ def main() -> int:
     p.add_argument("b0", type=int)
     p.add_argument("b1", type=int)
     p.add_argument("--width", type=int, default=40)
+    p.add_argument("--width1", type=int, help="the second model's width (default --width)")
     p.add_argument("--pairs", type=int, default=30)
     p.add_argument("--window", type=int, default=0,
                    help="steps one profiler stays on for (0: a profiler per step)")
     p.add_argument("--json", type=Path, help="per-op paired ratios to this file")
     ns = p.parse_args()
     torch.set_num_threads(1)
+    # the two configurations, (batch, width): the first B0 at --width, the second B1 at --width1
+    first, second = (ns.b0, ns.width), (ns.b1, ns.width1 or ns.width)
+    if first == second:
+        p.error("the two configurations are the same: give another B1 or --width1")
     nets = {}
-    for b in (ns.b0, ns.b1):
+    for b, w in (first, second):
         torch.manual_seed(0)
-        net, shape, classes = build(ns.style, ns.width)
-        nets[b] = net, optimizer(ns.style, net)
+        net, shape, classes = build(ns.style, w)
+        nets[b, w] = net, optimizer(ns.style, net)
 
-    def step(b: int) -> None:
-        train_step(ns.style, *nets[b], shape, classes, b, torch.device("cpu"))
+    def step(config: tuple[int, int]) -> None:
+        train_step(ns.style, *nets[config], shape, classes, config[0], torch.device("cpu"))
 
     def ops(events: list[Any], start: float, end: float) -> dict[str, float]:
         """Each aten op's inclusive time (us) among `events` from start to end, by occurrence."""
@@ -70,40 +77,40 @@ def main() -> int:
             seen[e.name] += 1
         return out
 
-    def session(batches: list[int]) -> list[dict[str, float]]:
-        """The steps at `batches` under one profiler: each
+    def session(configs: list[tuple[int, int]]) -> list[dict[str, float]]:
+        """The steps at `configs` under one profiler: each
         step's CPU time (us, `STEP cpu`) and its ops."""
         cpu: list[float] = []
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                     record_shapes=True) as prof:
-            for b in batches:
+            for config in configs:
                 with torch.profiler.record_function(STEP):
                     start = time.process_time_ns()
-                    step(b)
+                    step(config)
                     cpu.append((time.process_time_ns() - start) / 1e3)
         events = list(prof.events())
         spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP)
         return [{"STEP cpu": c, **ops(events, *span)} for c, span in zip(cpu, spans, strict=True)]
 
     for _ in range(3):  # warm both: first calls create oneDNN primitives, grow the heap
-        step(ns.b0)
-        step(ns.b1)
+        step(first)
+        step(second)
     ratios: dict[str, list[float]] = defaultdict(list)
     base: dict[str, list[float]] = defaultdict(list)
     # each pair's order swapped from one pair to the next
-    order = [b for i in range(ns.pairs) for b in ((ns.b0, ns.b1) if i % 2 == 0 else
-                                                   (ns.b1, ns.b0))]
+    order = [c for i in range(ns.pairs) for c in ((first, second) if i % 2 == 0 else
+                                                   (second, first))]
     per = 2 * max(1, ns.window // 2) if ns.window else 1  # steps a profiler is on for
     steps = [got for i in range(0, len(order), per) for got in session(order[i:i + per])]
     for i in range(ns.pairs):
         got = dict(zip(order[2 * i:2 * i + 2], steps[2 * i:2 * i + 2], strict=True))
-        for k, v in got[ns.b0].items():
-            if k in got[ns.b1] and v > 0:
-                ratios[k].append(got[ns.b1][k] / v)
+        for k, v in got[first].items():
+            if k in got[second] and v > 0:
+                ratios[k].append(got[second][k] / v)
                 base[k].append(v)
-    print(f"{ns.style} batch {ns.b0} -> {ns.b1}: step CPU time x"
-          f"{statistics.median(ratios['STEP cpu']):.3f} (median of {ns.pairs} pairs; batch "
-          f"{ns.b0} step {statistics.median(base['STEP cpu']) / 1e3:.2f} ms)")
+    print(f"{ns.style} batch {ns.b0} -> {ns.b1}, width {first[1]} -> {second[1]}: step CPU time "
+          f"x{statistics.median(ratios['STEP cpu']):.3f} (median of {ns.pairs} pairs; the first "
+          f"step {statistics.median(base['STEP cpu']) / 1e3:.2f} ms)")
     if ns.json:
         ns.json.write_text(json.dumps({k: [statistics.median(v), statistics.median(base[k])]
                                        for k, v in ratios.items()}))

@@ -32,7 +32,9 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   configuration too (`predicted_unprofiled_ns`); its error is printed beside the wall time's,
   against the compared Run's own step and against the script's own clock over those steps,
   judged as the wall time is (never at the recorded configuration, where it is the measured own
-  step by construction).
+  step by construction). Where the step's largest results change at the new shapes, the last
+  column ends with the time of writing fresh pages `predict` leaves unpriced
+  (`first_touch_unpriced_ns`).
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
@@ -332,6 +334,8 @@ def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str
                 if judged:
                     own_judged.append(own_predicted / against - 1)
             kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
+            if p.first_touch_unpriced_ns:  # the step's largest results changed: see its note
+                kernels += f"; fresh pages unpriced {p.first_touch_unpriced_ns / 1e6:.2f}ms"
             spread = f"{100 * p.steady_spread:6.1f}%" if label == "base" else ""
             print(f"{script:8s} {label:14s} {measured / 1e6:8.2f}ms {predicted / 1e6:8.2f}ms "
                   f"{100 * error:+7.1f}% {spread:>7s} {others[label]:6.2f}{' ' if judged else '*'}"

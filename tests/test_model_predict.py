@@ -36,6 +36,7 @@ from perfswarm.model.predict import (
     parameter_shapes,
     predict,
     recorded_threads,
+    unpriced_pages,
 )
 from perfswarm.model.profile import FamilyModel, Profile, vector_lanes
 from perfswarm.model.specs import load_spec
@@ -492,8 +493,9 @@ def test_cli_json_and_save(corpus_runs: dict[str, Run], tmp_path: Path,
     assert set(data) == {"path", "platform", "active_label", "source_device", "target_device",
                          "change", "batch", "measured_ns", "replayed_ns", "predicted_ns",
                          "replay_error", "predicted_error", "steady", "device_active_ns",
-                         "breakdown_ns", "unprofiled_ns", "predicted_unprofiled_ns", "compare",
-                         "steps", "kernels", "lags", "overheads", "notes"}
+                         "breakdown_ns", "unprofiled_ns", "predicted_unprofiled_ns",
+                         "first_touch_unpriced_ns", "compare", "steps", "kernels", "lags",
+                         "overheads", "notes"}
     assert OverheadModel.load(saved).to_dict() == data["overheads"]
     assert (data["platform"], data["active_label"]) == ("gpu", "device active")
     assert main(["predict", str(corpus_runs["cpu_only"].path), "--json"]) == 0
@@ -870,6 +872,25 @@ def test_fresh_pages_stay_with_the_recorded_largest() -> None:
                        ) == ({adam: 196.0}, {adam: 784.0})
 
 
+def test_unpriced_pages_are_what_either_reading_of_the_heap_would_fault() -> None:
+    """The autoencoder at four times the batch: Adam's 196-page temporary is no longer the
+    largest, the 1.6 MB activation (392 pages) is the largest only now; `fresh_pages` prices
+    neither, and either could land on fresh pages (a ResNet's activations kept faulting at twice
+    the width past a larger weight gradient; a GPT's FFN results took its logits' faults). At
+    twice the batch the activation ties the temporary: it alone is left out. At the recorded
+    shapes, or where the same results stay the largest, nothing is."""
+    adam, activation, small = (0, None, ()), (1, None, ()), (2, None, ())
+    old = {adam: 802_816.0, activation: 401_408.0, small: 4_096.0}
+    keys = [adam, activation, small]
+    assert unpriced_pages(keys, old, {adam: 802_816.0, activation: 1_605_632.0,
+                                      small: 16_384.0}) == {adam: 196.0, activation: 392.0}
+    assert unpriced_pages(keys, old, {adam: 802_816.0, activation: 802_816.0, small: 8_192.0}
+                          ) == {activation: 196.0}
+    assert unpriced_pages(keys, old, old) == {}
+    assert unpriced_pages(keys, old, {adam: 3_211_264.0, activation: 802_816.0,
+                                      small: 4_096.0}) == {}
+
+
 def test_batch_leaves_a_1d_convolutions_weight_seen_as_2d() -> None:
     """mkldnn_convolution records nn.Conv1d's weight [40, 1, 80] as [40, 1, 1, 80]: still the
     parameter, so twice the batch grows the input's N and not the weight's C_out."""
@@ -971,6 +992,16 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     plain = predict(run, Change(dims=((1000, 4000),)),
                     profile=Profile("cpu", 1, profile.models, {}))  # no first-touch time
     assert [s.predicted_ns for s in plain.steps] == [(1000 - 100 + 400) * US] * 3
+    # what the rule leaves out, said: the first relu's 256 pages, no longer the largest, and the
+    # second's 500 (2,048,000 bytes), the largest only now, at the Run's share, 1 us a page
+    assert same.first_touch_unpriced_ns == 0
+    assert wide.first_touch_unpriced_ns == round((256 + 500) * share * US)
+    said = [n for n in wide.notes if "largest results change" in n]
+    assert len(said) == (1 if share else 0)
+    for note in said:
+        assert "aten::relu may write fresh pages there or not" in note
+        assert f"had they all, {(256 + 500) * share / 1e3:.2f} ms a step more" in note
+    assert wide.to_dict()["first_touch_unpriced_ns"] == wide.first_touch_unpriced_ns
 
 
 def _with_steps_around(run: Run, after: list[float]) -> Run:

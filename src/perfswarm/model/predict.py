@@ -126,6 +126,12 @@ NO_PROFILE_NOTE: Final = ("no CPU profile given: kernel times are the Run's own 
                           "the Run counted page faults); a changed "
                           "batch size or dimension needs one: `perfswarm calibrate --threads N` "
                           "with the Run's intra-op threads, then --profile cpu-profile.json")
+UNPRICED_NOTE: Final = (
+    "at the new shapes the step's largest results change: {ops} may write fresh pages there or "
+    "not (the results that wrote them in the Run are no longer the largest, or the largest "
+    "never wrote them; which do is glibc's heap's history, which the trace does not hold): "
+    "priced as none; had they all, {ms:.2f} ms a step more at the Run's share of page faults "
+    "(first_touch_unpriced_ns)")
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
 ALIKE: Final = 0.25  # steps whose robust spread is within this share of their median: alike
@@ -210,6 +216,8 @@ class Prediction:
     # recorded Run and of the compared one, where the recorder timed steps there
     unprofiled_ns: int | None = None
     compare_unprofiled_ns: int | None = None
+    # a step's time of writing fresh pages that the rule leaves unpriced (`unpriced_pages`)
+    first_touch_unpriced_ns: int = 0
 
     def _steady(self) -> Steady:
         return steady_of({(s.rank, s.step): s.measured_ns for s in self.steps}, self.steady)
@@ -296,6 +304,7 @@ class Prediction:
                              for c in categories} if self.steps else {},
             "unprofiled_ns": self.unprofiled_ns,
             "predicted_unprofiled_ns": self.predicted_unprofiled_ns,
+            "first_touch_unpriced_ns": self.first_touch_unpriced_ns,
             "compare": ({"path": self.compare[0], "measured_ns": self.compare[1],
                          "device_active_ns": self.compare[2],
                          "unprofiled_ns": self.compare_unprofiled_ns} if self.compare else None),
@@ -663,8 +672,9 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                    unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey],
-                   undisturbed: Set[StepKey]) -> Counter[str]:
-    """Kernel times at the new shapes or device, in place; counts of how each was priced.
+                   undisturbed: Set[StepKey]) -> tuple[Counter[str], FirstTouch]:
+    """Kernel times at the new shapes or device, in place; counts of how each was priced, and
+    the time of writing fresh pages taken out and put back (`_first_touch`).
 
     A kernel's base is its typical time over the kernels of its name and op shapes in the
     `steady` steps, else the `undisturbed` ones (model/overheads.py `typical`: iterations repeat
@@ -734,7 +744,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
 
         base_of = pooled_bases(base_of, samples, [key[0] for key in keys], model_of, steady)
 
-    touch: dict[Key, tuple[int, int]] = {}
+    touch = FirstTouch({})
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
         keyed: dict[Key, list[int]] = {}
         for k, row in zip(kid, rows, strict=True):
@@ -755,7 +765,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         shapes, found = key[1], priced(k, op_name)
         if found is not None and scaled is not None:
             old, new, new_shapes = found
-            held, after_ns = held_first_touch(base, *touch.get(key, (0, 0)))
+            held, after_ns = held_first_touch(base, *touch.times.get(key, (0, 0)))
             return (after_ns + scaled(base - held, old, new, shapes.dims if shapes else (),
                                       new_shapes.dims), True, bool(after_ns))
         if unmodelled is not None and kind in (KIND["kernel"], KIND["memset"]):
@@ -783,7 +793,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         counts["unmodelled"] += int(nodes[how == 0].sum())
     # as Python's round(d * after / measured) would, per node
     dur[node] = np.rint(dur[node] * after[pair_of] / measured[pair_of]).astype(np.int64)
-    return counts
+    return counts, touch
 
 
 ENGINE_NODE: Final = "autograd::engine::evaluate_function: "  # the engine running a node
@@ -909,8 +919,19 @@ def _on_tensor_cores(found: tuple[OpCost, OpCost, Shapes] | None, kernel: str
     return tf32_if_fp32(found[0]), tf32_if_fp32(found[1]), found[2]
 
 
+@dataclass(frozen=True)
+class FirstTouch:
+    """`_first_touch`'s answer: per kernel key, the time (ns) its op spends writing fresh pages
+    in the recorded run and at the new shapes; and the time a step the rule leaves unpriced
+    (`unpriced_pages`, at the same share and page time) with the ops it is of, largest first."""
+
+    times: dict[Key, tuple[int, int]]
+    unpriced_ns: int = 0
+    unpriced_ops: tuple[str, ...] = ()
+
+
 def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
-                 page_s: float) -> dict[Key, tuple[int, int]]:
+                 page_s: float) -> FirstTouch:
     """Per kernel key, the time (ns) its op spends writing fresh pages, in the recorded run and
     at the new shapes.
 
@@ -926,7 +947,7 @@ def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
     counted = step_faults(m.run)
     steps = sum(len(anchors) for anchors in m.graph.steps.values())
     if counted is None or steps == 0:
-        return {}
+        return FirstTouch({})
     out_old: dict[Key, float] = {}
     out_new: dict[Key, float] = {}
     for key, rows in keyed.items():
@@ -941,7 +962,12 @@ def _first_touch(m: _Model, costs: Costs, keyed: Mapping[Key, list[int]],
     expected = sum(p * allocating[k] for k, p in old.items()) / steps
     share = min(1.0, counted.profiled / expected) if expected > 0 else 0.0
     ns = share * page_s * 1e9
-    return {k: (round(ns * old.get(k, 0.0)), round(ns * new.get(k, 0.0))) for k in keyed}
+    left = unpriced_pages(allocating, out_old, out_new)
+    return FirstTouch({k: (round(ns * old.get(k, 0.0)), round(ns * new.get(k, 0.0)))
+                       for k in keyed},
+                      round(ns * sum(p * allocating[k] for k, p in left.items()) / steps),
+                      tuple(dict.fromkeys(m.ev.name_of(keyed[k][0]) for k in sorted(
+                          left, key=lambda k: -left[k] * allocating[k]))))
 
 
 def fresh_pages(allocating: Collection[Key], out_old: Mapping[Key, float],
@@ -961,12 +987,31 @@ def fresh_pages(allocating: Collection[Key], out_old: Mapping[Key, float],
     does not hold: a result that becomes the largest only at the new shapes is given no fresh
     pages (priced so, the autoencoder's activations read +26% of its step at batch 64; a
     GPT's FFN results, outgrowing its logits at twice the width, did fault there)."""
-    def pages(out: Mapping[Key, float]) -> dict[Key, float]:
-        largest = max((out[k] for k in allocating), default=0.0)
-        return {k: out[k] / PAGE_BYTES for k in allocating if out[k] >= SIZE_CLASS * largest > 0}
+    old = _largest_pages(allocating, out_old)
+    return old, {k: p for k, p in _largest_pages(allocating, out_new).items() if k in old}
 
-    old = pages(out_old)
-    return old, {k: p for k, p in pages(out_new).items() if k in old}
+
+def _largest_pages(allocating: Collection[Key], out: Mapping[Key, float]) -> dict[Key, float]:
+    """The pages of each allocating key's result of the step's largest size (SIZE_CLASS)."""
+    largest = max((out[k] for k in allocating), default=0.0)
+    return {k: out[k] / PAGE_BYTES for k in allocating if out[k] >= SIZE_CLASS * largest > 0}
+
+
+def unpriced_pages(allocating: Collection[Key], out_old: Mapping[Key, float],
+                   out_new: Mapping[Key, float]) -> dict[Key, float]:
+    """The pages at the new shapes of the results `fresh_pages` gives none though either could
+    land on fresh memory there: those that did at the recorded shapes and are no longer of the
+    step's largest size, at their new size, and those of the largest size only at the new
+    shapes. Glibc's heap decides which, and Runs took each (their page-fault counters: a
+    ResNet's activations kept faulting at twice the width, 1,298-1,706 faults a step in three
+    recordings (621-729 at the base), where the rule gives 0; a GPT's logits stopped and its
+    FFN's results took 800-1,120; the autoencoder's Adam temporaries stopped at four times the
+    batch and its new largest activations took none, 196 a step in all): what the prediction
+    may leave out (docs/benchmarks.md, twenty-sixth pass)."""
+    old = _largest_pages(allocating, out_old)
+    new = _largest_pages(allocating, out_new)
+    return {**{k: out_new[k] / PAGE_BYTES for k in old if k not in new and out_new[k] > 0},
+            **{k: p for k, p in new.items() if k not in old}}
 
 
 def held_first_touch(measured_ns: int, before_ns: int, after_ns: int) -> tuple[int, int]:
@@ -1174,7 +1219,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
     transform = _Transform(factor, dims, fixed, recorded_threads(run))
-    counts = _scale_kernels(m, transform, scaler, unmodelled, dur, steady, found.undisturbed)
+    counts, touch = _scale_kernels(m, transform, scaler, unmodelled, dur, steady,
+                                   found.undisturbed)
+    if touch.unpriced_ns:
+        notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
+                                          ms=touch.unpriced_ns / 1e6))
     if (m.platform == "cpu" and scaler is not None and (batch is not None or dims)
             and (released := _release_tails(m, transform, dur))):
         counts["release"] = released
@@ -1198,7 +1247,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
                       tuple(notes), steady, unprofiled(run),
-                      unprofiled(compare) if compare is not None else None)
+                      unprofiled(compare) if compare is not None else None,
+                      touch.unpriced_ns)
 
 
 def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
