@@ -342,6 +342,34 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
         math.log2(small_gemm[0].bytes / 6e6))
 
 
+def test_a_layer_norm_is_bound_by_the_rows_its_caches_miss_on_the_second_read() -> None:
+    """PyTorch's layer norm reads each row twice, a 128-thread block a row. The rows resident at
+    once (sm_threads / 128 an SM) are what the second read must find: in an SM's L1 where that
+    holds global loads (none on Pascal), in the L2 beside the rows written meanwhile; a smaller
+    cache finds its size over the footprint. 65,536 rows of 4,096 columns on the P100 (56 SMs
+    x 16 rows of 16 KiB, twice that against a 4 MB L2) read 86% of their rows again; on the
+    T4 (8 rows an SM) the L1 finds 64 KB of 128 KiB and the L2 4 MB of 10.5 MB; on the A100
+    1,024 columns fit its L1, as does a P100 layer norm of fewer rows than it keeps resident;
+    softmax and elementwise kernels are bound by their roofline."""
+    p100, t4, a100 = (Hardware.of_spec(load_spec(g)) for g in (
+        "Tesla P100-PCIE-16GB", "Tesla T4", "NVIDIA A100-PCIE-40GB"))
+    assert (p100.sm_threads, p100.l1_bytes, t4.sm_threads, t4.l1_bytes) == (2048, 0, 1024, 64e3)
+    assert Hardware.of_spec(load_spec("MI300X")).l1_bytes == 0  # unset: L2 only
+    rows, cols = 2 ** 16, 4096
+    norm = vector_work("norm", "ln", rows, cols)
+    reread = rows * cols * 4
+    assert bound_s(norm, p100) == pytest.approx(
+        (norm.bytes + reread * (1 - 4e6 / (2 * 56 * 16 * cols * 4))) / (0.75 * 732e9))
+    assert bound_s(norm, t4) == pytest.approx(
+        (norm.bytes + reread * (1 - 64e3 / (8 * cols * 4)) * (1 - 4e6 / (2 * 40 * 8 * cols * 4)))
+        / (0.75 * 320e9))
+    for work, hw in ((vector_work("norm", "ln", rows, 1024), a100),
+                     (vector_work("norm", "ln", 100, cols), p100),
+                     (vector_work("softmax", "softmax", rows, cols), p100),
+                     (vector_work("elementwise", "add", rows, cols), p100)):
+        assert bound_s(work, hw) == roofline_s(work, hw)
+
+
 def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Two layer norms of a T4 model beside the T4's and P4's first 150 sweep rows: each label

@@ -34,6 +34,8 @@ class DeviceSpec:
     aliases: tuple[str, ...] = ()  # short names
     architecture: str = ""         # the chip's generation (Pascal, Volta, ..., CDNA3)
     memory: str = ""               # its DRAM type (GDDR6, HBM2, ...)
+    sm_threads: int = 2048         # the most threads an SM (CU) keeps resident
+    l1_bytes: float = 0.0          # an SM's L1 that holds global loads by default (0: none)
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype key (fp32, fp16, ...); fp32 when the device has no such rate."""
@@ -63,7 +65,9 @@ def _spec(name: str, raw: object) -> DeviceSpec:
             int(raw["pcie_gen"]), float(raw["nvlink_gbps"]), str(raw["source"]),
             names=tuple(str(n) for n in raw.get("names", ())),
             aliases=tuple(str(a) for a in raw.get("aliases", ())),
-            architecture=str(raw.get("architecture", "")), memory=str(raw.get("memory", "")))
+            architecture=str(raw.get("architecture", "")), memory=str(raw.get("memory", "")),
+            sm_threads=int(raw.get("sm_threads", 2048)),
+            l1_bytes=float(raw.get("l1_kb", 0)) * 1e3)
     except (KeyError, TypeError, ValueError) as exc:
         raise PerfswarmError(f"devices.yaml: {name}: bad or missing field {exc}") from None
     if "fp32" not in peaks or spec.memory_bandwidth <= 0 or min(peaks.values()) <= 0:

@@ -38,6 +38,8 @@ class Hardware:
     # FP32 rate); 0: FP16's
     tensor_bf16: float = 0.0
     vendor: str = "nvidia"  # whose kernels it runs (cuBLAS's, or ROCm's on CDNA parts)
+    sm_threads: int = 2048  # the most threads an SM keeps resident
+    l1_bytes: float = 0.0  # an SM's L1 that holds global loads (0: they go to the L2 only)
 
     @property
     def tf32_cores(self) -> bool:
@@ -74,7 +76,7 @@ class Hardware:
                    streams_near_peak(spec.architecture, spec.memory),
                    max(fp32, spec.peak_for("bf16")),
                    "amd" if spec.architecture.upper().startswith(("CDNA", "RDNA", "GCN"))
-                   else "nvidia")
+                   else "nvidia", spec.sm_threads, spec.l1_bytes)
 
     @classmethod
     def of_config(cls, config: Mapping[str, float | str]) -> Hardware:

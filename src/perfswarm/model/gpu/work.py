@@ -3,7 +3,8 @@ of it on a device: the roofline, the wave and tile quantization over the SMs, th
 and the memory class.
 
 The model predicts the log of measured time over a bound (`bound_s`: the roofline, for GEMMs
-and convolutions the wave of whole tiles their busiest SM runs where that is longer), that is
+and convolutions the wave of whole tiles their busiest SM runs where that is longer, for layer
+norms the rows their caches no longer hold read again from DRAM), that is
 one over the fraction of the bound the kernel reaches: a quantity that moves little between
 GPUs of other sizes, so it carries to GPUs no measurement came from.
 """
@@ -46,6 +47,7 @@ TILED: Final = frozenset({"gemm", "conv"})
 # priced by its A100-like ridge point)
 STREAMING: Final = frozenset({"elementwise", "norm", "softmax"})
 UNDER_RIDGE: Final = 1 / 16
+NORM_BLOCK: Final = 128  # threads of PyTorch's layer norm block (norm_dram_bytes)
 # every family's working set past L2_SPAN L2s comes from DRAM however much larger (between calls
 # no reuse is left; a GEMM's or a convolution's tiles then stream their operand panels through
 # the L2 a wave at a time, however large the whole): bytes / L2 is clamped there. Unclamped, it
@@ -163,9 +165,39 @@ def launched(works: Sequence[Work], hw: Hardware) -> list[Work]:
 def bound_s(work: Work, hw: Hardware) -> float:
     """The time the learned model prices a kernel over: its roofline, for a TILED family its
     tile bound where that is longer (the trees then learn the ratio to a bound that already
-    knows the device's SMs, not one off by 1x to over 1,000x by the shape: the A100's sweep)."""
+    knows the device's SMs, not one off by 1x to over 1,000x by the shape: the A100's sweep),
+    for a layer norm its bytes to and from DRAM (norm_dram_bytes) at the streamed bandwidth."""
     roofline = roofline_s(work, hw)
-    return max(roofline, tile_bound_s(work, hw)) if work.family in TILED else roofline
+    if work.family in TILED:
+        return max(roofline, tile_bound_s(work, hw))
+    if work.family == "norm":
+        return max(roofline, norm_dram_bytes(work, hw) / hw.streamed_bandwidth)
+    return roofline
+
+
+def norm_dram_bytes(work: Work, hw: Hardware) -> float:
+    """The bytes a layer norm moves to and from DRAM on `hw`: its work's, and each row read a
+    second time where no cache still holds it. PyTorch's vectorized_layer_norm_kernel (every
+    layer norm of shared/gpu-kernels' five GPUs; a backward's kernels are priced alike) runs a
+    NORM_BLOCK-thread block a row, which reads its row for the mean and variance, then again to
+    normalize it. Between the two reads the rows resident at once pass through the caches: an
+    SM's (hw.sm_threads / NORM_BLOCK of them) through its L1 where that holds global loads
+    (Volta and later; Pascal's go to the L2 only), the device's through the L2, beside the
+    rows written meanwhile (twice their bytes); a cache smaller than its footprint finds a
+    share of its size over that footprint. So the P100 (4 MB L2, no L1 for loads) reads 46%
+    of its rows again from DRAM at 1,024 columns and 86% at 4,096, the A100 (192 KB L1, 40 MB
+    L2) 0% and 8%: left out, the P100's layer norms had been priced at 0.76x their kernel
+    time, their held-out GMAE 34% -> 14% (docs/benchmarks.md, twenty-sixth pass)."""
+    rows = work.b * work.m
+    row = work.bytes / (2 * (rows + 1))  # vector_work's: the rows read and written, 2 weights
+    per_sm = min(rows, hw.sms * (hw.sm_threads // NORM_BLOCK)) / hw.sms * row
+    missed = (1 - _found(hw.l1_bytes, per_sm)) * (1 - _found(hw.l2_bytes, 2 * hw.sms * per_sm))
+    return work.bytes + rows * row * missed
+
+
+def _found(cache: float, footprint: float) -> float:
+    """The share of a footprint's re-reads a cache finds."""
+    return min(1.0, cache / footprint)
 
 
 def _log2(x: float) -> float:
