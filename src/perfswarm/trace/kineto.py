@@ -40,6 +40,7 @@ from perfswarm.trace.schema import (
     NONE,
     PROFILER_STEP,
     STEPS,
+    among,
 )
 from perfswarm.trace.timebase import MAX_ABS_US, us_to_ns
 
@@ -511,7 +512,7 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
 
     def rows_with(*phases: str) -> npt.NDArray[np.int64]:
         wanted = [i for i, p in enumerate(ph_values) if p in phases]
-        return np.flatnonzero(np.isin(ph_idx, wanted))
+        return np.flatnonzero(among(ph_idx, wanted, len(ph_values)))
 
     meta_rows = rows_with("M")
     if len(meta_rows):
@@ -594,7 +595,7 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
     names = pa.array([e.name for e in spans], pa.string()).dictionary_encode()
     kinds = _kinds(pa.array([e.cat for e in spans], pa.string()), names, meta)
     kind_idx = kinds.indices.to_numpy(zero_copy_only=False)
-    on_device = np.isin(kind_idx, [KIND_CODE[k] for k in DEVICE_KINDS])
+    on_device = among(kind_idx, [KIND_CODE[k] for k in DEVICE_KINDS], len(KINDS))
 
     pid_a = _ids([e.pid for e in spans])
     tid_a = _ids([e.tid for e in spans])
@@ -645,8 +646,9 @@ def _steps(events: pa.Table, rank: int) -> pa.Table:
         return STEPS.empty_table()
     on_host = pc.equal(events.column("kind").cast(pa.string()),
                        pa.scalar("user_annotation", pa.string()))
-    rows = np.flatnonzero(np.isin(names.indices.to_numpy(zero_copy_only=False),
-                                  list(step_of_code)) & on_host.to_numpy(zero_copy_only=False))
+    rows = np.flatnonzero(among(names.indices.to_numpy(zero_copy_only=False),
+                                list(step_of_code), len(values))
+                          & on_host.to_numpy(zero_copy_only=False))
     codes = names.indices.to_numpy(zero_copy_only=False)[rows]
     ts = events.column("ts").to_numpy()[rows]
     dur = events.column("dur").to_numpy()[rows]
