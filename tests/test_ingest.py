@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import importlib.abc
 import json
 import shutil
 import statistics
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +20,7 @@ import pytest
 
 from conftest import CORPUS, ET, corpus
 from perfswarm.errors import PerfswarmError
-from perfswarm.trace import build
+from perfswarm.trace import build, kineto
 from perfswarm.trace.info import run_info
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.kineto import ReadOptions, rank_in_name, read_bytes, read_trace
@@ -662,6 +664,37 @@ def test_spilled_events_read_in_place_a_slice_at_a_time(tmp_path: Path,
     copied = pa.Table.from_batches(events.to_batches()).combine_chunks()  # in memory
     assert pa.concat_tables(slices).equals(
         pa.concat_tables(build.sorted_slices(copied, tables.steps)))
+
+
+
+class _NoDateutil(importlib.abc.MetaPathFinder):
+    """dateutil not installed (this VM), each import of it counted."""
+
+    def __init__(self) -> None:
+        self.looked = 0
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: object = None) -> ModuleSpec | None:
+        if name == "dateutil":
+            self.looked += 1
+            raise ModuleNotFoundError(name)
+        return None
+
+
+def test_a_chunk_gives_arrow_its_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python values become Arrow arrays and scalars of the type they are given: pyarrow's
+    inference of one imports dateutil each time, where it is not installed a search of
+    sys.path (0.15 ms; 5 a chunk, 200 at 200k events: 33 ms of the import had gone to them).
+    On the corpus's NCCL trace, read in chunks of 500 events: not one."""
+    monkeypatch.setattr(kineto, "CHUNK", 500)
+    for name in ("dateutil", "dateutil.relativedelta"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    spy = _NoDateutil()
+    monkeypatch.setattr(sys, "meta_path", [spy, *sys.meta_path])
+    _, tables = read_trace(corpus("nccl"), 0, ReadOptions())
+    assert tables.events.num_rows > 10 * kineto.CHUNK
+    assert tables.flows.num_rows and tables.steps.num_rows
+    assert spy.looked == 0
 
 
 READ_THREADS = """import os, sys

@@ -43,6 +43,7 @@ from perfswarm.trace.schema import (
     STEPS,
     TAIL,
     TRACE_TABLES,
+    among,
     window_ends,
 )
 from perfswarm.trace.store import Manifest, Run, Warning_
@@ -87,8 +88,8 @@ def step_column(events: pa.Table, steps: pa.Table) -> npt.NDArray[np.int32]:
     launch_codes = [i for i, k in enumerate(kind_names) if k in ("runtime", "driver")]
     device_codes = [i for i, k in enumerate(kind_names) if k in DEVICE_KINDS]
     corr = events.column("correlation").to_numpy()
-    is_launch = np.isin(kind_idx, launch_codes) & (corr != NONE)
-    is_device = np.isin(kind_idx, device_codes) & (corr != NONE)
+    is_launch = among(kind_idx, launch_codes, len(kind_names)) & (corr != NONE)
+    is_device = among(kind_idx, device_codes, len(kind_names)) & (corr != NONE)
     for r in np.unique(rank[is_device]):
         launches = np.flatnonzero(is_launch & (rank == r))
         devices = np.flatnonzero(is_device & (rank == r))

@@ -40,6 +40,7 @@ from perfswarm.trace.schema import (
     NONE,
     PROFILER_STEP,
     STEPS,
+    among,
 )
 from perfswarm.trace.timebase import MAX_ABS_US, us_to_ns
 
@@ -381,7 +382,7 @@ def _kinds(cats: pa.Array, names: pa.DictionaryArray, meta: TraceMeta) -> pa.Arr
         codes == KIND_CODE["kernel"]
     )
     codes[comm_rows] = KIND_CODE["collective"]
-    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), pa.array(KINDS))
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), pa.array(KINDS, pa.string()))
 
 
 def _check_times(path: Path, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
@@ -511,7 +512,7 @@ def _tables_from_events(path: Path, events: list[KEvent], meta: TraceMeta, rank:
 
     def rows_with(*phases: str) -> npt.NDArray[np.int64]:
         wanted = [i for i, p in enumerate(ph_values) if p in phases]
-        return np.flatnonzero(np.isin(ph_idx, wanted))
+        return np.flatnonzero(among(ph_idx, wanted, len(ph_values)))
 
     meta_rows = rows_with("M")
     if len(meta_rows):
@@ -555,12 +556,14 @@ def _flow_table(path: Path, flows: list[KEvent], index: npt.NDArray[np.int64],
     keep = _check_times(path, ts, np.zeros(len(ts)), index, opts, meta)
     ts = np.where(keep, ts, 0.0)  # a dropped bad time (NaN) is not converted, only left out
     n = len(flows)
+    # Python values typed here and in every chunk's arrays: pyarrow's inference of a type
+    # imports dateutil each time, a search of sys.path where it is not installed (0.15 ms)
     table = pa.table(
         {
             "rank": pa.array(np.full(n, rank, np.int32)),
             "id": pa.array(_ids([NONE if e.id is None else e.id for e in flows])),
-            "cat": pa.array([e.cat for e in flows]).dictionary_encode(),
-            "phase": pa.array([e.ph for e in flows]).dictionary_encode(),
+            "cat": pa.array([e.cat for e in flows], pa.string()).dictionary_encode(),
+            "phase": pa.array([e.ph for e in flows], pa.string()).dictionary_encode(),
             "pid": pa.array(_ids([e.pid for e in flows])),
             "tid": pa.array(_ids([e.tid for e in flows])),
             "ts": pa.array(us_to_ns(ts) + meta.base_ns),
@@ -592,7 +595,7 @@ def _span_table(path: Path, spans: list[KEvent], index: npt.NDArray[np.int64],
     names = pa.array([e.name for e in spans], pa.string()).dictionary_encode()
     kinds = _kinds(pa.array([e.cat for e in spans], pa.string()), names, meta)
     kind_idx = kinds.indices.to_numpy(zero_copy_only=False)
-    on_device = np.isin(kind_idx, [KIND_CODE[k] for k in DEVICE_KINDS])
+    on_device = among(kind_idx, [KIND_CODE[k] for k in DEVICE_KINDS], len(KINDS))
 
     pid_a = _ids([e.pid for e in spans])
     tid_a = _ids([e.tid for e in spans])
@@ -641,9 +644,11 @@ def _steps(events: pa.Table, rank: int) -> pa.Table:
                     if v and (m := PROFILER_STEP.match(v))}
     if not step_of_code:
         return STEPS.empty_table()
-    on_host = pc.equal(events.column("kind").cast(pa.string()), "user_annotation")
-    rows = np.flatnonzero(np.isin(names.indices.to_numpy(zero_copy_only=False),
-                                  list(step_of_code)) & on_host.to_numpy(zero_copy_only=False))
+    on_host = pc.equal(events.column("kind").cast(pa.string()),
+                       pa.scalar("user_annotation", pa.string()))
+    rows = np.flatnonzero(among(names.indices.to_numpy(zero_copy_only=False),
+                                list(step_of_code), len(values))
+                          & on_host.to_numpy(zero_copy_only=False))
     codes = names.indices.to_numpy(zero_copy_only=False)[rows]
     ts = events.column("ts").to_numpy()[rows]
     dur = events.column("dur").to_numpy()[rows]
@@ -654,7 +659,7 @@ def _steps(events: pa.Table, rank: int) -> pa.Table:
             "step": pa.array(np.array([step_of_code[int(c)] for c in codes[order]], np.int32)),
             "start": pa.array(ts[order]),
             "end": pa.array(ts[order] + dur[order]),
-            "source": pa.array(["marker"] * len(rows)).dictionary_encode(),
+            "source": pa.array(["marker"] * len(rows), pa.string()).dictionary_encode(),
         }
     ).cast(STEPS)
 

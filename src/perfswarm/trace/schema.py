@@ -196,6 +196,17 @@ def empty(name: str) -> pa.Table:
     return TABLES[name].empty_table()
 
 
+def among(values: npt.NDArray[np.integer], wanted: list[int], size: int
+          ) -> npt.NDArray[np.bool_]:
+    """Which of `values` (codes in [0, size): kinds, names, phases) are in `wanted`: a table of
+    `size` flags read at every value: np.isin took 1.0 CPU ms for 120k events, this 0.06 ms,
+    and the analyses ask for kinds and names of every event dozens of times (an import, for
+    each chunk's phases and kinds)."""
+    table = np.zeros(size, bool)
+    table[wanted] = True
+    return np.asarray(table[values], bool)
+
+
 def window_ends(win_rank: npt.NDArray[np.int64], win_start: npt.NDArray[np.int64],
                 win_end: npt.NDArray[np.int64], rank: npt.NDArray[np.int64],
                 start: npt.NDArray[np.int64], end: npt.NDArray[np.int64]

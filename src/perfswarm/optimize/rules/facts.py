@@ -29,7 +29,6 @@ from perfswarm.analyze.frame import (
     KIND,
     Events,
     Mask,
-    among,
     group_rows,
     lane_key,
     texts_of,
@@ -54,7 +53,7 @@ from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
-from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, OPTIMIZER_CALL, TAIL
+from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, OPTIMIZER_CALL, TAIL, among
 from perfswarm.trace.store import Manifest, Run
 
 
