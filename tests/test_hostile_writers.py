@@ -179,7 +179,6 @@ def test_json_text_escaped_and_shown(text: str) -> None:
     assert json.loads(json_visible(raw.decode())) == {"t": visible(text)}
 
 
-
 def test_json_visible_scans_a_big_page_as_fast_as_visible() -> None:
     """The report's page data (1.3 MB of timeline at 200k events) is scanned for C0 escapes
     from backslash to backslash: its "\\u003c"s (every kernel name's `<`, safe_json's) had
