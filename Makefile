@@ -25,7 +25,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n auto
 
 test: lint typecheck unit
 

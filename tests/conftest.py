@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 from dataclasses import dataclass
 from decimal import Decimal
@@ -21,6 +22,12 @@ from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.schema import EVENTS
 from perfswarm.trace.store import Run
 from tune_cases import printed_search
+
+# pytest-xdist's workers inherit COLUMNS (the controller's terminal width, 80 under CI), which
+# the CLI honours; its output is tested as written to a pipe (cli/output.py: PIPED_WIDTH), in
+# this process and in the commands it runs. The console is made when perfswarm.cli.output is
+# first imported, after this.
+os.environ.pop("COLUMNS", None)
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = (REPO.parent / "shared" / "corpus" / "hta").resolve()
