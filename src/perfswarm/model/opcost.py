@@ -1133,7 +1133,11 @@ def output_bytes(name: str, shapes: Shapes) -> float:
     the allocator must find room for. 0 for an op that writes in place or allocates nothing
     it writes (a view, an empty tensor), for results far smaller than the inputs (reductions,
     pooling), and for embedding gradients (sparse ones are as small as the lookups). A
-    backward op's result is its largest input's size (the gradient of the forward's input)."""
+    backward op's result is its largest input's size (the gradient of the forward's input),
+    but an LSTM layer's backward's: its gradients (the input's [T, B, I], the weights' [4H, I]
+    and [4H, H], hx's and cx's [B, H]), not its largest input, oneDNN's uint8 workspace, flat,
+    so that a width change does not reach it (read as its result, that had held the op's
+    first touch fixed at twice the width, and made it the LSTM LM's largest result)."""
     op = name.removeprefix("aten::")
     dims = shapes.dims
     shaped = [d for d in dims if d]
@@ -1141,7 +1145,11 @@ def output_bytes(name: str, shapes: Shapes) -> float:
         return 0.0
     family = _family(op)
     elements = max(_numel(d) for d in shaped)  # elementwise, norms, softmax, copies, backwards
-    if family == "gemm":
+    lstm = lstm_shape(op, dims) if op.endswith("backward") else None
+    if lstm is not None:
+        steps, batch, inputs, hidden = lstm
+        elements = max(steps * batch * inputs, _LSTM_GATES * hidden * max(inputs, hidden))
+    elif family == "gemm":
         found = gemm_dims(op, dims)
         elements = found[0] * found[1] * found[3] if found else 0
     elif family == "conv":  # at its recorded stride, padding and dilation, as _conv
