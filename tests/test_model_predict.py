@@ -850,6 +850,26 @@ def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     assert round(1e6 * seconds(10, 8, 32, 64) / base) == 1_860_022  # FLOPs: x2
 
 
+def test_an_lstm_layers_time_beyond_its_model_is_held() -> None:
+    """The LSTM layer of the test above measured at 1 ms where its parts are priced 228.6 us:
+    the 771.4 us beyond them (oneDNN's primitive made and its memory allocated each call,
+    whatever the shapes) is kept at twice the width, and only the parts' time changes
+    (x1.46, where scaling the whole by the parts' ratio gave x3.01)."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
+                                              "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {}))
+    lstm = Shapes(((10, 4, 32), (256, 32), (256, 64), (256,), (256,), (4, 64), (4, 64)),
+                  ("float",) * 7)
+    wider = lstm.substitute({64: 128, 256: 512})
+    old = data_cost("aten::mkldnn_rnn_layer", lstm)
+    new = data_cost("aten::mkldnn_rnn_layer", wider)
+    assert old is not None and new is not None
+    before = scaler.model_time(old, lstm.dims)
+    after = scaler.model_time(new, wider.dims)
+    assert before is not None and after is not None
+    assert round(before * 1e9) == 228_608 and round(after / before, 2) == 3.01
+    assert scaler.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_458_752
+
+
 def test_first_touch_held_to_what_the_op_took() -> None:
     """The Mixer's patch convolution: 48 us measured, 225 us of faults put on it by the run's
     share, 451 us at twice the batch; held to 36 us (3/4) and 72 us, the 12 us of work left."""
