@@ -253,6 +253,21 @@ def test_a_strided_convolutions_output() -> None:
     assert output_bytes("aten::mkldnn_convolution", shapes) == 4 * 8 * 64 * 14 * 14
 
 
+def test_an_lstm_backwards_result_is_its_gradients_not_its_workspace() -> None:
+    """The LSTM LM's layer backward as torch recorded it (nn.LSTM(40, 40), T 35, B 8; the
+    inputs' grads, hx and cx, and oneDNN's uint8 workspace last), and at twice the width as
+    --dim reads it (the flat workspace stays 757,760): its result is the input's gradient
+    [35, 8, 40], then the weights' [320, 80], not the workspace read as 3 MB of floats at both
+    widths."""
+    lstm = ((35, 8, 40), (160, 40), (160, 40), (160,), (160,), (8, 40), (8, 40))
+    grads = ((35, 8, 40), (8, 40), (8, 40), (35, 8, 40), (), ())
+    base = Shapes((*lstm, *grads, (757760,)), ("float",) * 11 + ("", "", "unsigned char"))
+    wider = base.substitute({40: 80, 160: 320})
+    assert wider.dims[-1] == (757760,)
+    assert output_bytes("aten::mkldnn_rnn_layer_backward", base) == 4 * 35 * 8 * 40
+    assert output_bytes("aten::mkldnn_rnn_layer_backward", wider) == 4 * 320 * 80
+
+
 @pytest.mark.parametrize("name", ["aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward",
                                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward"])
 def test_ops_with_matrix_products_inside_are_not_priced_as_copies(name: str) -> None:

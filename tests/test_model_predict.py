@@ -812,8 +812,10 @@ def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
     """nn.LSTM(32, 64) on [10, 4, 32] as torch 2.x records it: T = 10 time steps each running
     one gate pass (1 us here) and one [B, 64] x [64, 256] GEMM, plus the input's GEMM over all
     time steps [T x B, 32] x [32, 256]; each GEMM 2 us fixed plus 0.1 ns a FLOP. A width x2 and
-    a batch x2 each scale the measured time by the sum's ratio, not by the FLOPs' (x3.27 and x2
-    there): the per-step fixed costs do not grow (the batch grows in the input's B, not T)."""
+    a batch x2 each scale a time the model accounts for whole by the sum's ratio, not by the
+    FLOPs' (x3.27 and x2 there): the per-step fixed costs do not grow (the batch grows in the
+    input's B, not T). Its backward runs the weights' gradients over all T x B rows at once,
+    as oneDNN merges them."""
     scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
                                               "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {}))
     lstm = Shapes(((10, 4, 32), (256, 32), (256, 64), (256,), (256,), (4, 64), (4, 64)),
@@ -832,19 +834,40 @@ def test_lstm_layer_priced_as_the_gemms_and_gate_passes_it_runs() -> None:
         found = transform.costs("aten::mkldnn_rnn_layer", lstm)
         assert found is not None
         old, new, new_shapes = found
-        assert scaler.scaled(1_000_000, old, new, lstm.dims,
-                             new_shapes.dims) == round(1e6 * expected / base)
+        assert scaler.scaled(round(base * 1e9), old, new, lstm.dims,
+                             new_shapes.dims) == pytest.approx(expected * 1e9, abs=1)
     assert round(1e6 * seconds(10, 4, 32, 128) / base) == 3_006_719  # FLOPs: x3.27
-    # backward, per time step the gate pass, the hidden state's gradient [4, 256] x [256, 64]
-    # and both weights' gradients [32 or 64, 4] x [4, 256]; the input's over all 40 rows
+    # backward, per time step the gate pass and the hidden state's gradient [4, 256] x
+    # [256, 64]; over all 40 rows the input's [40, 256] x [256, 32] and both weights'
+    # [32 or 64, 40] x [40, 256]
     backward = Shapes((*lstm.dims, (10, 4, 64), (4, 64), (4, 64), (10, 4, 64), (180224,)),
                       ("float",) * 12)
     cost = data_cost("aten::mkldnn_rnn_layer_backward", backward)
     assert cost is not None
-    gemms = 3 * 2e-6 + 1e-10 * 2 * 4 * 256 * (64 + 32 + 64)
     assert scaler.model_time(cost, backward.dims) == pytest.approx(
-        10 * (1e-6 + gemms) + 2e-6 + 1e-10 * 2 * 40 * 256 * 32)
+        10 * (1e-6 + 2e-6 + 1e-10 * 2 * 4 * 256 * 64)
+        + 3 * 2e-6 + 1e-10 * 2 * 40 * 256 * (32 + 32 + 64))
     assert round(1e6 * seconds(10, 8, 32, 64) / base) == 1_860_022  # FLOPs: x2
+
+
+def test_an_lstm_layers_time_beyond_its_model_is_held() -> None:
+    """The LSTM layer of the test above measured at 1 ms where its parts are priced 228.6 us:
+    the 771.4 us beyond them (oneDNN's primitive made and its memory allocated each call,
+    whatever the shapes) is kept at twice the width, and only the parts' time changes
+    (x1.46, where scaling the whole by the parts' ratio gave x3.01)."""
+    scaler = ProfileScaler(Profile("cpu", 1, {"gemm": FamilyModel((2e-6, 0.0, 1e-10)),
+                                              "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {}))
+    lstm = Shapes(((10, 4, 32), (256, 32), (256, 64), (256,), (256,), (4, 64), (4, 64)),
+                  ("float",) * 7)
+    wider = lstm.substitute({64: 128, 256: 512})
+    old = data_cost("aten::mkldnn_rnn_layer", lstm)
+    new = data_cost("aten::mkldnn_rnn_layer", wider)
+    assert old is not None and new is not None
+    before = scaler.model_time(old, lstm.dims)
+    after = scaler.model_time(new, wider.dims)
+    assert before is not None and after is not None
+    assert round(before * 1e9) == 228_608 and round(after / before, 2) == 3.01
+    assert scaler.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_458_752
 
 
 def test_first_touch_held_to_what_the_op_took() -> None:

@@ -127,10 +127,22 @@ class ProfileScaler:
         grown them x1.9-2.9 for four times the batch, where they ran x3.4-4.4), where a small
         GEMM's excess over its own model is no work (scaled as work, a GRU's [144, B] x [B, 48]
         weight gradient read x3.97 at four times the batch, and ran x1.42). Where the run took
-        no longer than the fixed part, the whole scales by the ratio."""
+        no longer than the fixed part, the whole scales by the ratio.
+
+        An LSTM layer (family "rnn") keeps what it took beyond its model: the time of oneDNN's
+        RNN primitive that is no GEMM or gate pass, spent per call whatever the shapes
+        (descriptors made, weights reordered, memory allocated and freed: at one time step,
+        B 8 and H 40 or 80, a call took 176-268 us where its parts are priced 13-55 us, and
+        oneDNN's JIT kernels had 6% of perf's samples). Scaled with the parts, it had made
+        the layer too steep in H and T: x2.52 for twice the width at T 35, B 8, H 40, where
+        it ran x1.85 (docs/benchmarks.md, twenty-seventh pass). Its B is not right either
+        way: oneDNN's per-step GEMMs grow faster with B than ATen's, which the profile
+        sweeps."""
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns
+        if old.family == "rnn" and measured_ns * 1e-9 > before:
+            return round(measured_ns + (after - before) * 1e9)
         offset = self.offsets.get(old.family, 0.0)
         per_call = self._fixed_s(old.family)
         fixed = (per_call or 0.0) + offset

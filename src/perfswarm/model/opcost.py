@@ -861,16 +861,21 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
 
 def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     """(count, cost, dims) of the ops an LSTM layer (mkldnn_rnn_layer, `_composite`'s shapes)
-    runs inside, as oneDNN runs it: the input's GEMM over all T time steps at once, then per
-    time step the hidden state's small GEMM [B, H] x [H, 4H] and one fused elementwise pass over
-    the gates [B, 4H]; its backward per time step the gates' elementwise gradient, the hidden
-    state's gradient [B, 4H] x [4H, H] and both weights' gradients [I or H, B] x [B, 4H], then
-    the input's gradient over all time steps (a process-time microbenchmark of nn.LSTM(40, 40)
-    backward at B 4 / 16 / 32 against 8, x0.76-0.82 / x1.25-1.42 / x1.97-2.56 in two runs,
-    fits weights' gradients per time step, x0.76 / x1.43 / x2.23, not over all rows at once,
-    x0.67 / x1.68 / x3.13). T small GEMMs cost a fixed time each that one [T x B, 4H]
+    runs inside, as oneDNN's RNN primitive runs it on a CPU without brgemm (its `ref` RNN on
+    an AVX2 host: rnn_utils' init_conf merges the layer's GEMM across time steps, and an
+    LSTM backward's weight GEMMs too, `merge_gemm_layer` and `merge_gemm_iter`): the input's
+    GEMM over all T time steps at once, then per time step the hidden state's small GEMM
+    [B, H] x [H, 4H] and one fused elementwise pass over the gates [B, 4H]; its backward per
+    time step the gates' elementwise gradient and the hidden state's gradient [B, 4H] x
+    [4H, H], then over all T x B rows at once the input's gradient and both weights'
+    [I or H, T x B] x [T x B, 4H]. T small GEMMs cost a fixed time each that one [T x B, 4H]
     matrix product's FLOPs do not show: at B = 8, H = 40 doubling H is x2.2, not the x4 of the
-    FLOPs. None for other ops or shapes that do not fit."""
+    FLOPs. Against the layer alone (H 40-160, B 4-32 at T 35), the backward's ratio
+    between cases differing in B missed by 0.23 (mean |log|) with the weights' gradients per
+    time step, 0.07 merged (docs/benchmarks.md, twenty-seventh pass). The per-time-step bias
+    gradient (a reduction of the gates) is left out: priced as an ATen reduction, its fixed
+    cost a call made the backward's ratios worse. None for other ops or shapes that do not
+    fit."""
     found = lstm_shape(op, dims)
     if found is None:
         return None
@@ -879,7 +884,7 @@ def lstm_parts(op: str, dims: Dims) -> list[tuple[int, OpCost, Dims]] | None:
     rows = steps * batch
     if op.endswith("backward"):
         gemms = [(steps, batch, gates, hidden), (1, rows, gates, inputs),
-                 (steps, inputs, batch, gates), (steps, hidden, batch, gates)]
+                 (1, inputs, rows, gates), (1, hidden, rows, gates)]
     else:
         gemms = [(1, rows, inputs, gates), (steps, batch, hidden, gates)]
     parts: list[tuple[int, OpCost | None, Dims]] = [
@@ -1133,7 +1138,11 @@ def output_bytes(name: str, shapes: Shapes) -> float:
     the allocator must find room for. 0 for an op that writes in place or allocates nothing
     it writes (a view, an empty tensor), for results far smaller than the inputs (reductions,
     pooling), and for embedding gradients (sparse ones are as small as the lookups). A
-    backward op's result is its largest input's size (the gradient of the forward's input)."""
+    backward op's result is its largest input's size (the gradient of the forward's input),
+    but an LSTM layer's backward's: its gradients (the input's [T, B, I], the weights' [4H, I]
+    and [4H, H], hx's and cx's [B, H]), not its largest input, oneDNN's uint8 workspace, flat,
+    so that a width change does not reach it (read as its result, that had held the op's
+    first touch fixed at twice the width, and made it the LSTM LM's largest result)."""
     op = name.removeprefix("aten::")
     dims = shapes.dims
     shaped = [d for d in dims if d]
@@ -1141,7 +1150,11 @@ def output_bytes(name: str, shapes: Shapes) -> float:
         return 0.0
     family = _family(op)
     elements = max(_numel(d) for d in shaped)  # elementwise, norms, softmax, copies, backwards
-    if family == "gemm":
+    lstm = lstm_shape(op, dims) if op.endswith("backward") else None
+    if lstm is not None:
+        steps, batch, inputs, hidden = lstm
+        elements = max(steps * batch * inputs, _LSTM_GATES * hidden * max(inputs, hidden))
+    elif family == "gemm":
         found = gemm_dims(op, dims)
         elements = found[0] * found[1] * found[3] if found else 0
     elif family == "conv":  # at its recorded stride, padding and dilation, as _conv
