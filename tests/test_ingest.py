@@ -29,6 +29,7 @@ from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.kineto import ReadOptions, rank_in_name, read_bytes, read_trace
 from perfswarm.trace.schema import STEPS
 from perfswarm.trace.store import ROW_GROUP, Run, row_groups
+from perfswarm.trace.stream import spill_trace
 
 DATA = Path(__file__).parent / "data"
 
@@ -743,14 +744,23 @@ def test_no_numpy_array_of_text_per_event(monkeypatch: pytest.MonkeyPatch) -> No
     assert set(tables.events.filter(instant).column("dur").to_pylist()) == {0}
 
 
-def test_text_columns_carry_no_parquet_statistics(corpus_runs: dict[str, Run]) -> None:
+def _statistics_set(path: Path) -> list[dict[str, bool]]:
+    """Per row group of a Parquet file, whether each column has statistics."""
+    meta = pq.read_metadata(path)
+    names = meta.schema.to_arrow_schema().names
+    return [{name: meta.row_group(g).column(i).is_stats_set for i, name in enumerate(names)}
+            for g in range(meta.num_row_groups)]
+
+
+def test_text_columns_carry_no_parquet_statistics(corpus_runs: dict[str, Run],
+                                                  tmp_path: Path) -> None:
     """The events file keeps min/max statistics where a reader uses them (a rank's row groups
     are found by `rank`'s) and none on the text columns, whose statistics compared every long
-    value (22% of the 200k-event table's write)."""
-    meta = pq.read_metadata(corpus_runs["nccl"].table_path("events"))
-    names = meta.schema.to_arrow_schema().names
-    for group in range(meta.num_row_groups):
-        stats = {name: meta.row_group(group).column(i).is_stats_set
-                 for i, name in enumerate(names)}
-        assert stats["rank"] and stats["ts"] and stats["name"]
-        assert not stats["args"] and not stats["detail"]
+    value (22% of the 200k-event table's write); the streaming path's spilled events alike."""
+    _, spilled, _, _ = spill_trace(corpus("nccl"), 0, ReadOptions(), tmp_path)
+    for path in (corpus_runs["nccl"].table_path("events"), spilled["events"]):
+        groups = _statistics_set(path)
+        assert groups
+        for stats in groups:
+            assert stats["rank"] and stats["ts"] and stats["name"]
+            assert not stats["args"] and not stats["detail"]
