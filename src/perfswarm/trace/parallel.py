@@ -38,7 +38,7 @@ from perfswarm.trace.build import (
 from perfswarm.trace.cluster import run_all
 from perfswarm.trace.kineto import MappedFile, ReadOptions, TraceMeta, concat
 from perfswarm.trace.schema import EVENTS, STEPS
-from perfswarm.trace.store import Manifest, Run
+from perfswarm.trace.store import Manifest, Run, statistics_columns
 
 SMALL_TABLES = ("steps", "flows", "counters")
 
@@ -56,7 +56,7 @@ class FilePart:
 
 def _write_sorted(events: pa.Table, steps: pa.Table, path: Path,
                   mapped: Sequence[MappedFile] = ()) -> None:
-    with pq.ParquetWriter(path, EVENTS) as writer:
+    with pq.ParquetWriter(path, EVENTS, write_statistics=statistics_columns(EVENTS)) as writer:
         for part in sorted_slices(events, steps, mapped):
             writer.write_table(part.cast(EVENTS))
 

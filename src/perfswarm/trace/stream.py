@@ -26,6 +26,7 @@ from perfswarm.trace.kineto import (
     trace_meta,
 )
 from perfswarm.trace.schema import COUNTERS, EVENTS, FLOWS, STEPS
+from perfswarm.trace.store import statistics_columns
 
 SPILLED = ("events", "flows", "counters", "steps")
 
@@ -51,7 +52,9 @@ def spill_trace(path: Path, rank_hint: int, opts: ReadOptions, scratch: Path,
         meta.rank if meta.rank is not None else rank_hint)
     scratch.mkdir(parents=True, exist_ok=True)
     spill = {name: scratch / f"{name}.parquet" for name in SPILLED}
-    writers = {name: pq.ParquetWriter(spill[name], _SCHEMAS[name]) for name in SPILLED}
+    writers = {name: pq.ParquetWriter(spill[name], _SCHEMAS[name],
+                                      write_statistics=statistics_columns(_SCHEMAS[name]))
+               for name in SPILLED}
     rows = 0
     extent: Extent | None = None
     try:
