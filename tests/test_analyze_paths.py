@@ -14,12 +14,19 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import GLOO_DDP, TP_GLOO, TRACES, corpus, events, gloo_ddp_raw
 from perfswarm.analyze.concurrency import concurrency, host_compute
-from perfswarm.analyze.critical_path import build, critical_path
+from perfswarm.analyze.critical_path import (
+    CATEGORIES,
+    HOST_STATES,
+    Walked,
+    build,
+    counted,
+    critical_path,
+)
 from perfswarm.analyze.dependencies import (
     blocked_in_collectives,
     dependencies,
@@ -249,6 +256,62 @@ def test_critical_path_per_step_follows_each_iteration() -> None:
         assert [(h.from_tid, h.to_tid, h.at - i * 500 * US, h.wait_ns) for h in step.handovers
                 ] == [(1, 2, 120 * US, 20 * US), (2, 1, 400 * US, 10 * US)]
     assert path.handovers == tuple(h for s in path.steps for h in s.handovers)
+
+
+THREE_ITERATIONS = build(_iterations(3), [], {}, {})
+
+
+def test_the_steps_walks_count_host_time_once_per_thread(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Every walk's host time is counted after the walks, thread by thread (counted): as many
+    numpy sorts (np.unique) for 8 steps as for 2; span by span they grew with the host states
+    walked (0.1-0.2 ms each, two thirds of the walk at 200k events)."""
+    calls: list[int] = []
+    unique = np.unique
+    monkeypatch.setattr(np, "unique", lambda *a, **k: (calls.append(1), unique(*a, **k))[1])
+
+    def sorts(n: int) -> int:
+        ev = _iterations(n)
+        steps = {0: [StepWindow(i, i * 500 * US, (i + 1) * 500 * US, "marker")
+                     for i in range(n)]}
+        calls.clear()
+        path = critical_path(ev, [], steps)
+        assert path is not None and len(path.steps) == n
+        assert [{k: v // US for k, v in s.ns.items() if v} for s in path.steps
+                ] == [ITERATION_PATH] * n
+        return len(calls)
+
+    assert sorts(8) == sorts(2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1, 2]),
+                          st.integers(-50 * US, 1600 * US), st.integers(0, 700 * US)),
+                max_size=12))
+def test_counted_host_time_is_each_spans_own(spans: list[tuple[int, int, int, int]]) -> None:
+    """counted's one pass over every walk's host spans gives each walk what its spans give one
+    by one: StateSums.between per state, and the op and runtime time named by the innermost op
+    over each of the thread's segments (walked in Python), time outside its events idle."""
+    g = THREE_ITERATIONS
+    walks = [Walked(dict.fromkeys(CATEGORIES, 0), {}, 0, 0, [], [], None,
+                    [(int(lane_key(0, tid)), lo, lo + length)
+                     for i, tid, lo, length in spans if i == walk])
+             for walk in range(4)]
+    for walk, segment in zip(walks, counted(g, walks), strict=True):
+        ns = dict.fromkeys(CATEGORIES, 0)
+        by_name: dict[tuple[str, str], int] = {}
+        for key, lo, hi in walk.host:
+            sums, owner = g.thread_sums[key], g.thread_owner[key]
+            for state, v in zip(HOST_STATES, sums.between(lo, hi).tolist(), strict=True):
+                ns[state] += v
+            points = sums.points.tolist()
+            for i in range(len(points) - 1):
+                overlap = min(points[i + 1], hi) - max(points[i], lo)
+                state = HOST_STATES[int(sums.codes[i])]
+                if overlap > 0 and owner[i] >= 0 and state != "host_idle":
+                    name = (state, g.ev.names[int(g.ev.name[owner[i]])])
+                    by_name[name] = by_name.get(name, 0) + overlap
+        assert (segment.ns, segment.by_name) == (ns, by_name)
 
 
 def _raw_ns(name: str | Path) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:

@@ -29,6 +29,7 @@ from perfswarm.analyze.critical_path import (
     State,
     build,
     collective_peers,
+    counted,
     ends,
     linked_ranks,
     merged,
@@ -138,7 +139,8 @@ def rank_bandwidth(ev: Events, run_path: str,
 
 
 def walk_segment(g: Graph, state: State, stop: int | None, floor: int) -> Segment:
-    return walk(g, state, frozenset(g.ev.ranks), stop, floor)
+    """One walk on the worker holding its graph, its host time counted there."""
+    return counted(g, [walk(g, state, frozenset(g.ev.ranks), stop, floor)])[0]
 
 
 def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
@@ -174,7 +176,7 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
         critical = without_gaps(paths(
             results([client.submit(ends, graphs[r], within, pure=False) for r in ranks]),
             windows, lambda s, stop, floor: results([client.submit(
-                walk_segment, graphs[s[0]], s, stop, floor, pure=False)])[0]),
+                walk_segment, graphs[s[0]], s, stop, floor, pure=False)])[0], list),
             {r: gaps_between(w) for r, w in profiled.items() if len(w) > 1})
     finally:
         for f in graphs.values():
