@@ -326,10 +326,10 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
         [12 * 2 ** 26 / (0.9 * bw) for bw in (900e9, 1555e9)] + [12 * 2 ** 26 / (0.75 * 732e9)])
     small = vector_work("elementwise", "add", 2 ** 8, 2 ** 10)  # 3 MiB: under the A100's L2
     assert features(small, a100)[index["log2 bytes / L2"]] == pytest.approx(
-        math.log2(12 * 2 ** 18 / 40e6))
+        math.log2(12 * 2 ** 18 / (40 * 2 ** 20)))
     gemm = op_kernels("aten::mm", Shapes(((2 ** 14, 2 ** 14), (2 ** 14, 16)), ("float",) * 2))
     assert gemm is not None
-    assert math.log2(gemm[0].bytes / 40e6) > 4
+    assert math.log2(gemm[0].bytes / (40 * 2 ** 20)) > 4
     for hw in (v100, a100):
         x = features(gemm[0], hw)
         assert x[index["log2 bytes / L2"]] == 2.0
@@ -339,7 +339,7 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
     small_gemm = op_kernels("aten::mm", Shapes(((2 ** 10, 2 ** 10), (2 ** 10, 16)), ("float",) * 2))
     assert small_gemm is not None  # 4.1 MiB: under 4 V100 L2s
     assert features(small_gemm[0], v100)[index["log2 bytes / L2"]] == pytest.approx(
-        math.log2(small_gemm[0].bytes / 6e6))
+        math.log2(small_gemm[0].bytes / (6 * 2 ** 20)))
 
 
 def test_a_layer_norm_is_bound_by_the_rows_its_caches_miss_on_the_second_read() -> None:
@@ -353,21 +353,47 @@ def test_a_layer_norm_is_bound_by_the_rows_its_caches_miss_on_the_second_read() 
     softmax and elementwise kernels are bound by their roofline."""
     p100, t4, a100 = (Hardware.of_spec(load_spec(g)) for g in (
         "Tesla P100-PCIE-16GB", "Tesla T4", "NVIDIA A100-PCIE-40GB"))
-    assert (p100.sm_threads, p100.l1_bytes, t4.sm_threads, t4.l1_bytes) == (2048, 0, 1024, 64e3)
+    assert (p100.sm_threads, p100.l1_bytes, t4.sm_threads, t4.l1_bytes) == (2048, 0, 1024, 2 ** 16)
     assert Hardware.of_spec(load_spec("MI300X")).l1_bytes == 0  # unset: L2 only
     rows, cols = 2 ** 16, 4096
     norm = vector_work("norm", "ln", rows, cols)
     reread = rows * cols * 4
     assert bound_s(norm, p100) == pytest.approx(
-        (norm.bytes + reread * (1 - 4e6 / (2 * 56 * 16 * cols * 4))) / (0.75 * 732e9))
+        (norm.bytes + reread * (1 - 2 ** 22 / (2 * 56 * 16 * cols * 4))) / (0.75 * 732e9))
     assert bound_s(norm, t4) == pytest.approx(
-        (norm.bytes + reread * (1 - 64e3 / (8 * cols * 4)) * (1 - 4e6 / (2 * 40 * 8 * cols * 4)))
+        (norm.bytes + reread * (1 - 2 ** 16 / (8 * cols * 4))
+         * (1 - 2 ** 22 / (2 * 40 * 8 * cols * 4)))
         / (0.75 * 320e9))
     for work, hw in ((vector_work("norm", "ln", rows, 1024), a100),
                      (vector_work("norm", "ln", 100, cols), p100),
                      (vector_work("softmax", "softmax", rows, cols), p100),
                      (vector_work("elementwise", "add", rows, cols), p100)):
         assert bound_s(work, hw) == roofline_s(work, hw)
+
+
+def test_cache_sizes_are_binary_and_an_unknown_devices_l1_comes_from_its_compute_capability(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache's KB and MB are 2^10 and 2^20 bytes (CUDA's l2CacheSize: 41,943,040 on an
+    A100): devices.yaml's and a dataset config's alike. A config's device that devices.yaml
+    lacks gets its SMs' resident threads and L1 from its Compute_Capability through the table
+    the bundled devices' come from (8.9: an L4's); without one, 2048 threads and no L1; an
+    unknown one is a one-line error naming the config."""
+    a100, l4 = (Hardware.of_spec(load_spec(g)) for g in ("NVIDIA A100-PCIE-40GB", "L4"))
+    assert (a100.l2_bytes, a100.l1_bytes, a100.sm_threads) == (40 * 2 ** 20, 192 * 2 ** 10, 2048)
+    assert load_spec("A100-PCIe-40GB").to_dict()["l2_mb"] == 40
+    config = {"Device": "NVIDIA Unlisted", "Mem_Bw": 300, "Num_Sm": 58, "SingleFLOPs": 30000,
+              "L2Cache": 48, "Dev_Mem": 24}
+    bare = Hardware.of_config(config)
+    assert (bare.l2_bytes, bare.l1_bytes, bare.sm_threads) == (48 * 2 ** 20, 0, 2048)
+    ada = Hardware.of_config({**config, "Compute_Capability": "8.9"})
+    assert (ada.l1_bytes, ada.sm_threads) == (l4.l1_bytes, l4.sm_threads) == (2 ** 17, 1536)
+    folder = _small_dataset(tmp_path, 5)
+    (folder / "device_configs" / "Tesla_P4.json").write_text(json.dumps(
+        {**config, "Device": "Tesla P4", "Compute_Capability": "5.2"}))
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Tesla_P4.json: not a device config" in err and "compute capability '5.2'" in err
+    assert "\n" not in err
 
 
 def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
@@ -723,6 +749,17 @@ def test_tensor_core_convolutions_pass_through_cudnns_layouts() -> None:
     assert len(op_kernels("aten::cudnn_convolution", conv) or []) == 1
     channels_last = replace(conv, strides=((7808, 1, 128), (384, 1, 128)))
     assert len(op_kernels("aten::cudnn_convolution", channels_last, True) or []) == 1
+    # one rule (Hardware.runs) for an op graph's ops and a recorded kernel's cost: TF32 work
+    # is FP32 work on a GPU without TF32 tensor cores, TF32 where it has them
+    v100_hw, a100_hw = (Hardware.of_spec(load_spec(g)) for g in ("V100", "A100-40GB"))
+    assert op_kernels("aten::cudnn_convolution", conv, True, v100_hw) == op_kernels(
+        "aten::cudnn_convolution", conv)
+    assert op_kernels("aten::cudnn_convolution", conv, True, a100_hw) == op_kernels(
+        "aten::cudnn_convolution", conv, True)
+    cost = data_cost("aten::cudnn_convolution", conv)
+    assert cost is not None
+    assert (v100_hw.runs(tf32_if_fp32(cost)), a100_hw.runs(tf32_if_fp32(cost)).dtype) == (
+        cost, "tf32")
     # no TF32 tensor cores on a V100: its FP32 convolution runs NCHW as it is; on an A100 the
     # passes cost a launch floor each at least
     op = ("aten::cudnn_convolution", conv)

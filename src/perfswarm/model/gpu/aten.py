@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
+from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.work import Peak, Work, gemm_work, spatial_conv_work, vector_work
 from perfswarm.model.opcost import (
     Dims,
@@ -42,16 +43,18 @@ def _rows_cols(shape: Sequence[int]) -> tuple[int, int]:
     return max(1, _numel(shape) // max(cols, 1)), max(cols, 1)
 
 
-def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False) -> list[Work] | None:
+def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False,
+               on: Hardware | None = None) -> list[Work] | None:
     """The kernels `name` (aten::...) launches at `shapes`; None for an op the model cannot
     price (no cost model, or shapes that do not fit). `tensor_core`: its GEMMs run on tensor
-    cores (TF32 for FP32 data). An op that moves data without a model of its own (opcost's
-    data_cost: random_, a fill) is one elementwise pass."""
+    cores (TF32 for FP32 data), as the GPU `on` runs them where given (Hardware.runs). An op
+    that moves data without a model of its own (opcost's data_cost: random_, a fill) is one
+    elementwise pass."""
     cost = data_cost(name, shapes)
     if cost is None:
         return None
-    return kernels(tf32_if_fp32(cost) if tensor_core else cost,
-                   shapes.dims, _channels_last(cost, shapes))
+    cost = tf32_if_fp32(cost) if tensor_core else cost
+    return kernels(on.runs(cost) if on else cost, shapes.dims, _channels_last(cost, shapes))
 
 
 def _channels_last(cost: OpCost, shapes: Shapes) -> bool:
