@@ -396,6 +396,44 @@ def test_cache_sizes_are_binary_and_an_unknown_devices_l1_comes_from_its_compute
     assert "\n" not in err
 
 
+def test_rows_are_spaced_over_a_whole_sweep_and_its_test_shapes() -> None:
+    """A GPU's softmax: 1,750 sweep rows (in batch order) and 75 test shapes. Its 1,000
+    training rows span the whole sweep, its 1,500 scored rows the sweep and the test shapes
+    (a stride of len // most, cut at most, had trained on the first 1,000 sweep rows only and
+    scored the first 1,500: no test row)."""
+    rows = [Measurement(vector_work("softmax", "softmax", b, 2048), "Tesla T4", 1e-4, "train")
+            for b in range(1, 1751)]
+    rows += [Measurement(vector_work("softmax", "softmax", b, 4096), "Tesla T4", 1e-4, "test")
+             for b in range(1, 76)]
+    trained = learned._spaced(rows, 1000, ("train",))
+    assert len(trained) == len(set(trained)) == 1000
+    assert (trained[0].work.m, trained[-1].work.m) == (1, 1749)
+    scored = learned._spaced(rows, 1500, ("train", "test"))
+    assert len(scored) == len(set(scored)) == 1500
+    assert sum(r.split == "test" for r in scored) == 61  # 75 x 1,500 / 1,825
+    assert len(learned._spaced(rows[:10], 1000, ("train",))) == 10
+
+
+def test_a_row_two_test_sets_hold_is_read_once(tmp_path: Path) -> None:
+    """shared/gpu-kernels' test/vec.csv.gz holds elem's, ln's and softmax's rows again: each
+    measurement is read once (the layer norms and softmaxes had been scored twice)."""
+    every = load_dataset(DATA)
+    tests = [r for r in every.rows if r.split == "test"]
+    families = [r.work.family for r in tests]
+    assert len(tests) == len(set(tests))
+    assert (families.count("norm"), families.count("softmax")) == (375, 375)
+    assert families.count("elementwise") == 3219
+    folder = _small_dataset(tmp_path, 5)
+    (folder / "test").mkdir()
+    lines = gzip.decompress((DATA / "test" / "ln.csv.gz").read_bytes()).decode().splitlines()
+    t4 = [line for line in lines if ",Tesla T4," in line][:3]
+    for name in ("ln", "vec"):
+        (folder / "test" / f"{name}.csv.gz").write_bytes(
+            gzip.compress(("\n".join([lines[0], *t4]) + "\n").encode()))
+    small = load_dataset(folder)
+    assert sum(r.split == "test" for r in small.rows) == 3
+
+
 def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Two layer norms of a T4 model beside the T4's and P4's first 150 sweep rows: each label

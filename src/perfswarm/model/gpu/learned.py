@@ -220,11 +220,13 @@ def off_path(rows: Sequence[Measurement], hardware: Mapping[str, Hardware]
 
 def _spaced(rows: Sequence[Measurement], most: int, splits: tuple[Split, ...]
             ) -> list[Measurement]:
-    """At most `most` rows of `splits` per GPU, evenly spaced over each sweep."""
+    """At most `most` rows of `splits` per GPU, evenly spaced over all of them (a stride of
+    len // most, cut at `most`, had kept the first `most` of up to twice as many: a sweep's
+    smaller batches, and none of the test rows after it)."""
     out = []
     for gpu in sorted({r.gpu for r in rows}):
         mine = [r for r in rows if r.gpu == gpu and r.split in splits]
-        out += mine[::max(1, len(mine) // most)][:most]
+        out += [mine[i * len(mine) // most] for i in range(min(most, len(mine)))]
     return out
 
 
