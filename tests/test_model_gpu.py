@@ -815,6 +815,36 @@ def test_tensor_core_convolutions_pass_through_cudnns_layouts() -> None:
         fp32, conv.dims, scaler.target)
 
 
+def test_normalizations_reduce_over_the_axis_their_kernels_do() -> None:
+    """cuDNN's batch norm kernels on the H200 (bn_fw_tr_1C11, bn_bw_1C11) run a 512-thread
+    block a channel over batch x length: the norm's rows are its channels (they had been a
+    layer norm's, batch x channels rows of the last dimension); its backward two norm passes
+    (it had been one elementwise pass). A group norm's rows are samples x groups (32 where
+    the channels allow), a layer norm's its last dimension's."""
+    trace = json.loads(gzip.decompress(H200_CONV.read_bytes()))["traceEvents"]
+    ops = {e["args"]["External id"]: e for e in trace if e.get("cat") == "cpu_op"}
+    seen = set()
+    for kernel in (e for e in trace if e.get("cat") == "kernel"):
+        op = ops[kernel["args"]["External id"]]
+        if "batch_norm" in op["name"]:
+            shapes = shapes_from_args(json.dumps(op["args"]))
+            assert shapes is not None
+            works = op_kernels(op["name"], shapes)
+            assert works is not None
+            n, c, length = shapes.dims[0]
+            assert {(w.family, w.m, w.n) for w in works} == {("norm", c, n * length)}
+            assert kernel["args"]["grid"] == [c, 1, 1]
+            seen.add((op["name"], len(works)))
+    assert seen == {("aten::cudnn_batch_norm", 1), ("aten::cudnn_batch_norm_backward", 2)}
+    image = Shapes(((8, 64, 32, 32), (64,), (64,)), ("float",) * 3)
+    [group] = op_kernels("aten::native_group_norm", image) or []
+    assert (group.m, group.n) == (8 * 32, 2 * 32 * 32)
+    [odd] = op_kernels("aten::group_norm", replace(image, dims=((8, 24, 32, 32),))) or []
+    assert (odd.m, odd.n) == (8 * 8, 3 * 32 * 32)
+    [layer] = op_kernels("aten::native_layer_norm", image) or []
+    assert (layer.m, layer.n) == (8 * 64 * 32, 32)
+
+
 def test_split_convolutions_reduce_their_slices_in_a_kernel_of_their_own() -> None:
     """The H200's weight gradients of 128 x 384 over 3,904 pixels and 128 x 80 over 15,744
     ran as cutlass split-K kernels of 10 and 44 slices (grid z), each followed by a

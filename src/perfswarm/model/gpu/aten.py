@@ -21,6 +21,7 @@ from perfswarm.model.opcost import (
 )
 
 HALF: Final = frozenset({"fp16", "bf16"})
+GROUPS: Final = 32  # a group norm's groups where not recorded (nn.GroupNorm's usual count)
 # elementwise ops by the measured op whose arithmetic they resemble
 _UNARY: Final = {"relu": "relu", "relu_": "relu", "threshold_backward": "relu", "gelu": "gelu",
                  "gelu_backward": "gelu", "silu": "gelu", "silu_backward": "gelu",
@@ -41,6 +42,22 @@ def _numel(shape: Sequence[int]) -> int:
 def _rows_cols(shape: Sequence[int]) -> tuple[int, int]:
     cols = shape[-1] if shape else 1
     return max(1, _numel(shape) // max(cols, 1)), max(cols, 1)
+
+
+def _norm_rows(op: str, shape: Sequence[int]) -> tuple[int, int]:
+    """The rows a normalization's kernels reduce, a block each, and their length: a layer
+    (or RMS) norm's rows of its last dimension; a batch norm's channels (dimension 1), each
+    over batch x spatial elements (cuDNN's bn_fw_tr_1C11 and bn_bw_1C11 kernels: one block a
+    channel, the H200's conv net's grid; ATen's batch_norm_collect_statistics likewise, then
+    an elementwise pass); a group norm's samples x groups (ATen's RowwiseMoments), GROUPS
+    groups where the channels allow, its group count being a scalar input the kernels are
+    not given. An instance norm runs as the batch norm of [1, N x C, ...]."""
+    if "batch_norm" in op and len(shape) >= 2:
+        return shape[1], _numel(shape) // max(shape[1], 1)
+    if "group_norm" in op and len(shape) >= 2:
+        groups = shape[0] * math.gcd(shape[1], GROUPS)
+        return groups, _numel(shape) // max(groups, 1)
+    return _rows_cols(shape)
 
 
 def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False,
@@ -151,6 +168,7 @@ def kernels(cost: OpCost, dims: Dims, channels_last: bool = False) -> list[Work]
     largest = max(shaped, key=_numel)
     rows, cols = _rows_cols(largest)
     if family == "norm":
+        rows, cols = _norm_rows(op, largest)
         work = vector_work("norm", "ln", rows, cols, element)
         return [work, work] if "backward" in op else [work]
     if family == "softmax":
