@@ -437,7 +437,7 @@ def test_scored_rows_are_spaced_over_a_whole_sweep_and_its_test_shapes() -> None
     assert len(scored) == len(set(scored)) == 1500
     assert sum(r.split == "test" for r in scored) == 61  # 75 x 1,500 / 1,825
     assert learned._spaced(rows, 1000, ("train",), whole=False) == rows[:1000]
-    assert len(learned._spaced(rows[:10], 1000, ("train",))) == 10
+    assert learned._spaced(rows[:10], 1000, ("train", "test")) == rows[:10]
 
 
 def test_a_row_two_test_sets_hold_is_read_once(tmp_path: Path) -> None:

@@ -230,7 +230,8 @@ def _spaced(rows: Sequence[Measurement], most: int, splits: tuple[Split, ...],
     out = []
     for gpu in sorted({r.gpu for r in rows}):
         mine = [r for r in rows if r.gpu == gpu and r.split in splits]
-        out += ([mine[i * len(mine) // most] for i in range(min(most, len(mine)))] if whole
+        count = min(most, len(mine))
+        out += ([mine[i * len(mine) // count] for i in range(count)] if whole
                 else mine[::max(1, len(mine) // most)][:most])
     return out
 
