@@ -1,9 +1,8 @@
 """The GPU kernel model: per op family, gradient-boosted trees that read a kernel's work and
 its device's specs and predict the log of its time over its bound (work.bound_s: the roofline,
 or for GEMMs and convolutions the wave of whole tiles their busiest SM runs where that is
-longer, for layer norms their bytes with the rows read twice that the caches miss; one over
-the fraction of the bound it reaches), trained on measurements of several
-GPUs.
+longer, for layer norms and block softmaxes their bytes with the re-reads the caches miss;
+one over the fraction of the bound it reaches), trained on measurements of several GPUs.
 
 Why boosted trees: a few hundred thousand rows of a dozen-odd features whose effects are
 steps (a wave of thread blocks more, a tile that no longer fits, a kernel the library picks
