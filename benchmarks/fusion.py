@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from perfswarm.model.fusion import ConvPair
+from perfswarm.model.specs import MIB
 from perfswarm.optimize.fuse.host import cpu_device_spec
 from perfswarm.optimize.fuse.layers import parse_pair
 from perfswarm.optimize.fuse.plan import Options, candidates, fuse_all
@@ -90,7 +91,7 @@ def main() -> int:
     spec = cpu_device_spec(None, "", args.threads)
     print(f"{spec.name}: {spec.peak_for('fp32') / 1e9:.0f} GFLOP/s, "
           f"{spec.memory_bandwidth / 1e9:.1f} GB/s memory, {spec.cache_bandwidth / 1e9:.1f} GB/s "
-          f"cache, {spec.l2_bytes / 1e6:.1f} MB last-level cache; {args.threads} thread(s)",
+          f"cache, {spec.l2_bytes / MIB:.1f} MB last-level cache; {args.threads} thread(s)",
           flush=True)
     found = candidates([p for _, p, _ in pairs], spec)
     options = Options(args.trials, 3600.0, args.rounds, args.threads)

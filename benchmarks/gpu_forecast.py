@@ -3,11 +3,12 @@
     PYTHONPATH=src .venv/bin/python benchmarks/gpu_forecast.py [--only kernels|models]
 
 1. Kernels: the GPU kernel model (model/gpu/learned.py) fitted leave-one-GPU-out over the 5
-   GPUs, per family: GMAE on the held-out GPU's measurements (up to 1,500 per family: its
-   sweeps and NeuSight's test shapes), beside a plain roofline (max of FLOPs at the FP32 peak
-   and bytes at the bandwidth), twice: of the kernel time (the latency less the held-out GPU's
-   own floor, its host and launch part, on its rows of at least two floors) and of the whole
-   latency (the other GPUs' median floor plus the kernel). Goal: <= 10% for every family.
+   GPUs, per family: GMAE on the held-out GPU's measurements (up to 1,500 per family, evenly
+   spaced over its sweeps and NeuSight's test shapes), beside a plain roofline (max of FLOPs
+   at the FP32 peak and bytes at the bandwidth), twice: of the kernel time (the latency less
+   the held-out GPU's own floor, its host and launch part, on its rows of at least two floors)
+   and of the whole latency (the other GPUs' median floor plus the kernel). Goal: <= 10% for
+   every family.
 2. Whole models: each label (BERT-large, GPT-2 large, GPT-3 XL / 2.7B, OPT-1.3B; inference and
    training) is an fx graph of the embeddings, one transformer layer and the head, each node
    with its input shapes and measured forward/backward latency. Every node becomes the aten ops

@@ -174,9 +174,11 @@ def device_half(ns: argparse.Namespace) -> None:
     props = torch.cuda.get_device_properties(0)
     stem = gpu.replace(" ", "_")
     (ns.out / "device_configs").mkdir(parents=True, exist_ok=True)
+    # L2Cache in MB of 2^20 bytes and the compute capability, as Hardware.of_config reads them
     (ns.out / "device_configs" / f"{stem}.json").write_text(json.dumps({
         "Device": gpu, "Dev_Mem": round(props.total_memory / 1e9), "Num_Sm":
-        props.multi_processor_count, "L2Cache": props.L2_cache_size / 1e6,
+        props.multi_processor_count, "L2Cache": props.L2_cache_size / 2**20,
+        "Compute_Capability": f"{props.major}.{props.minor}",
         "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}))
     # the quick sweeps first; one the budget cuts short keeps a fair sample (shapes shuffled)
     ops = sorted(spec, key=lambda op: ORDER.index(op) if op in ORDER else -1)

@@ -38,6 +38,7 @@ from perfswarm.model.gpu.work import (
     features,
     gemm_work,
     roofline_s,
+    row_passes,
     split_k_reduce,
     tile_bound_s,
     vector_work,
@@ -326,10 +327,10 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
         [12 * 2 ** 26 / (0.9 * bw) for bw in (900e9, 1555e9)] + [12 * 2 ** 26 / (0.75 * 732e9)])
     small = vector_work("elementwise", "add", 2 ** 8, 2 ** 10)  # 3 MiB: under the A100's L2
     assert features(small, a100)[index["log2 bytes / L2"]] == pytest.approx(
-        math.log2(12 * 2 ** 18 / 40e6))
+        math.log2(12 * 2 ** 18 / (40 * 2 ** 20)))
     gemm = op_kernels("aten::mm", Shapes(((2 ** 14, 2 ** 14), (2 ** 14, 16)), ("float",) * 2))
     assert gemm is not None
-    assert math.log2(gemm[0].bytes / 40e6) > 4
+    assert math.log2(gemm[0].bytes / (40 * 2 ** 20)) > 4
     for hw in (v100, a100):
         x = features(gemm[0], hw)
         assert x[index["log2 bytes / L2"]] == 2.0
@@ -339,7 +340,7 @@ def test_memory_bound_features_stop_where_the_hardware_does() -> None:
     small_gemm = op_kernels("aten::mm", Shapes(((2 ** 10, 2 ** 10), (2 ** 10, 16)), ("float",) * 2))
     assert small_gemm is not None  # 4.1 MiB: under 4 V100 L2s
     assert features(small_gemm[0], v100)[index["log2 bytes / L2"]] == pytest.approx(
-        math.log2(small_gemm[0].bytes / 6e6))
+        math.log2(small_gemm[0].bytes / (6 * 2 ** 20)))
 
 
 def test_a_layer_norm_is_bound_by_the_rows_its_caches_miss_on_the_second_read() -> None:
@@ -353,21 +354,110 @@ def test_a_layer_norm_is_bound_by_the_rows_its_caches_miss_on_the_second_read() 
     softmax and elementwise kernels are bound by their roofline."""
     p100, t4, a100 = (Hardware.of_spec(load_spec(g)) for g in (
         "Tesla P100-PCIE-16GB", "Tesla T4", "NVIDIA A100-PCIE-40GB"))
-    assert (p100.sm_threads, p100.l1_bytes, t4.sm_threads, t4.l1_bytes) == (2048, 0, 1024, 64e3)
+    assert (p100.sm_threads, p100.l1_bytes, t4.sm_threads, t4.l1_bytes) == (2048, 0, 1024, 2 ** 16)
     assert Hardware.of_spec(load_spec("MI300X")).l1_bytes == 0  # unset: L2 only
     rows, cols = 2 ** 16, 4096
     norm = vector_work("norm", "ln", rows, cols)
     reread = rows * cols * 4
     assert bound_s(norm, p100) == pytest.approx(
-        (norm.bytes + reread * (1 - 4e6 / (2 * 56 * 16 * cols * 4))) / (0.75 * 732e9))
+        (norm.bytes + reread * (1 - 2 ** 22 / (2 * 56 * 16 * cols * 4))) / (0.75 * 732e9))
     assert bound_s(norm, t4) == pytest.approx(
-        (norm.bytes + reread * (1 - 64e3 / (8 * cols * 4)) * (1 - 4e6 / (2 * 40 * 8 * cols * 4)))
+        (norm.bytes + reread * (1 - 2 ** 16 / (8 * cols * 4))
+         * (1 - 2 ** 22 / (2 * 40 * 8 * cols * 4)))
         / (0.75 * 320e9))
     for work, hw in ((vector_work("norm", "ln", rows, 1024), a100),
                      (vector_work("norm", "ln", 100, cols), p100),
-                     (vector_work("softmax", "softmax", rows, cols), p100),
+                     (vector_work("softmax", "softmax", rows, 1024), p100),
                      (vector_work("elementwise", "add", rows, cols), p100)):
         assert bound_s(work, hw) == roofline_s(work, hw)
+
+
+def test_a_block_softmax_is_bound_by_the_rows_its_caches_miss_on_two_more_reads() -> None:
+    """Over 1,024 columns PyTorch's softmax runs cunn_SoftMaxForward, a block a row (256
+    threads at 1,280-2,048 columns, 512 from 2,560: shared/gpu-kernels' test grids), which
+    reads its row three times (max, sum, write). At 16,384 columns every one of the five GPUs
+    streams at about half its bandwidth (two of its three reads from DRAM; the P100's bound
+    says 1.86 of the 2 passes), at 4,096 the
+    A100 (192 KiB L1: 4 rows of 16 KiB an SM) finds them, the P100 (no L1, 4 MiB L2 against
+    56 SMs x 4 rows x 16 KiB, twice) misses 3/7 of them. Up to 1,024 columns the warp softmax
+    reads a row once: its roofline."""
+    p100, a100 = (Hardware.of_spec(load_spec(g)) for g in (
+        "Tesla P100-PCIE-16GB", "NVIDIA A100-PCIE-40GB"))
+    test = csv.DictReader(io.StringIO(gzip.decompress(
+        (DATA / "test" / "softmax.csv.gz").read_bytes()).decode()))
+    blocks = {int(r["H"]): int(r["Block x"]) for r in test if int(r["H"]) > 1024}
+    assert {h: row_passes(vector_work("softmax", "softmax", 1, h))[0] for h in blocks} == blocks
+    assert row_passes(vector_work("softmax", "softmax", 1, 1024))[1] == 1
+    rows, cols = 2 ** 15, 4096
+    softmax = vector_work("softmax", "softmax", rows, cols)
+    assert bound_s(softmax, a100) == roofline_s(softmax, a100)
+    assert bound_s(softmax, p100) == pytest.approx(
+        (softmax.bytes + 2 * rows * cols * 4 * (1 - 2 ** 22 / (2 * 56 * 4 * cols * 4)))
+        / (0.75 * 732e9))
+    wide = vector_work("softmax", "softmax", rows, 16384)
+    # 4 rows of 64 KiB an SM, twice over 56 SMs: the 4 MiB L2 finds 1/7 of the re-reads
+    assert bound_s(wide, p100) / roofline_s(wide, p100) == pytest.approx(1 + (1 - 1 / 7))
+
+
+def test_cache_sizes_are_binary_and_an_unknown_devices_l1_comes_from_its_compute_capability(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache's KB and MB are 2^10 and 2^20 bytes (CUDA's l2CacheSize: 41,943,040 on an
+    A100): devices.yaml's and a dataset config's alike. A config's device that devices.yaml
+    lacks gets its SMs' resident threads and L1 from its Compute_Capability through the table
+    the bundled devices' come from (8.9: an L4's); without one, 2048 threads and no L1; an
+    unknown one is a one-line error naming the config."""
+    a100, l4 = (Hardware.of_spec(load_spec(g)) for g in ("NVIDIA A100-PCIE-40GB", "L4"))
+    assert (a100.l2_bytes, a100.l1_bytes, a100.sm_threads) == (40 * 2 ** 20, 192 * 2 ** 10, 2048)
+    assert load_spec("A100-PCIe-40GB").to_dict()["l2_mb"] == 40
+    config = {"Device": "NVIDIA Unlisted", "Mem_Bw": 300, "Num_Sm": 58, "SingleFLOPs": 30000,
+              "L2Cache": 48, "Dev_Mem": 24}
+    bare = Hardware.of_config(config)
+    assert (bare.l2_bytes, bare.l1_bytes, bare.sm_threads) == (48 * 2 ** 20, 0, 2048)
+    ada = Hardware.of_config({**config, "Compute_Capability": "8.9"})
+    assert (ada.l1_bytes, ada.sm_threads) == (l4.l1_bytes, l4.sm_threads) == (2 ** 17, 1536)
+    folder = _small_dataset(tmp_path, 5)
+    (folder / "device_configs" / "Tesla_P4.json").write_text(json.dumps(
+        {**config, "Device": "Tesla P4", "Compute_Capability": "5.2"}))
+    assert main(["calibrate", "--dataset", str(folder), "-o", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Tesla_P4.json: not a device config" in err and "compute capability '5.2'" in err
+    assert "\n" not in err
+
+
+def test_scored_rows_are_spaced_over_a_whole_sweep_and_its_test_shapes() -> None:
+    """A GPU's softmax: 1,750 sweep rows (in batch order) and 75 test shapes. Its 1,500 scored
+    rows span the sweep and the test shapes (a stride of len // most, cut at most, had scored
+    the first 1,500 sweep rows: no test row); its 1,000 training rows stay that stride's, the
+    first 1,000 (rows spread over the whole sweep trained a worse model: docs)."""
+    rows = [Measurement(vector_work("softmax", "softmax", b, 2048), "Tesla T4", 1e-4, "train")
+            for b in range(1, 1751)]
+    rows += [Measurement(vector_work("softmax", "softmax", b, 4096), "Tesla T4", 1e-4, "test")
+             for b in range(1, 76)]
+    scored = learned._spaced(rows, 1500, ("train", "test"))
+    assert len(scored) == len(set(scored)) == 1500
+    assert sum(r.split == "test" for r in scored) == 61  # 75 x 1,500 / 1,825
+    assert learned._spaced(rows, 1000, ("train",), whole=False) == rows[:1000]
+    assert learned._spaced(rows[:10], 1000, ("train", "test")) == rows[:10]
+
+
+def test_a_row_two_test_sets_hold_is_read_once(tmp_path: Path) -> None:
+    """shared/gpu-kernels' test/vec.csv.gz holds elem's, ln's and softmax's rows again: each
+    measurement is read once (the layer norms and softmaxes had been scored twice)."""
+    every = load_dataset(DATA)
+    tests = [r for r in every.rows if r.split == "test"]
+    families = [r.work.family for r in tests]
+    assert len(tests) == len(set(tests))
+    assert (families.count("norm"), families.count("softmax")) == (375, 375)
+    assert families.count("elementwise") == 3219
+    folder = _small_dataset(tmp_path, 5)
+    (folder / "test").mkdir()
+    lines = gzip.decompress((DATA / "test" / "ln.csv.gz").read_bytes()).decode().splitlines()
+    t4 = [line for line in lines if ",Tesla T4," in line][:3]
+    for name in ("ln", "vec"):
+        (folder / "test" / f"{name}.csv.gz").write_bytes(
+            gzip.compress(("\n".join([lines[0], *t4]) + "\n").encode()))
+    small = load_dataset(folder)
+    assert sum(r.split == "test" for r in small.rows) == 3
 
 
 def test_label_rows_weigh_half_of_their_gpus_training(tmp_path: Path,
@@ -723,6 +813,17 @@ def test_tensor_core_convolutions_pass_through_cudnns_layouts() -> None:
     assert len(op_kernels("aten::cudnn_convolution", conv) or []) == 1
     channels_last = replace(conv, strides=((7808, 1, 128), (384, 1, 128)))
     assert len(op_kernels("aten::cudnn_convolution", channels_last, True) or []) == 1
+    # one rule (Hardware.runs) for an op graph's ops and a recorded kernel's cost: TF32 work
+    # is FP32 work on a GPU without TF32 tensor cores, TF32 where it has them
+    v100_hw, a100_hw = (Hardware.of_spec(load_spec(g)) for g in ("V100", "A100-40GB"))
+    assert op_kernels("aten::cudnn_convolution", conv, True, v100_hw) == op_kernels(
+        "aten::cudnn_convolution", conv)
+    assert op_kernels("aten::cudnn_convolution", conv, True, a100_hw) == op_kernels(
+        "aten::cudnn_convolution", conv, True)
+    cost = data_cost("aten::cudnn_convolution", conv)
+    assert cost is not None
+    assert (v100_hw.runs(tf32_if_fp32(cost)), a100_hw.runs(tf32_if_fp32(cost)).dtype) == (
+        cost, "tf32")
     # no TF32 tensor cores on a V100: its FP32 convolution runs NCHW as it is; on an A100 the
     # passes cost a launch floor each at least
     op = ("aten::cudnn_convolution", conv)
@@ -738,6 +839,36 @@ def test_tensor_core_convolutions_pass_through_cudnns_layouts() -> None:
     scaler = LearnedScaler.of(load_spec("H200"), v100)
     assert scaler.seconds(tf32_if_fp32(fp32), conv.dims, scaler.target) == scaler.seconds(
         fp32, conv.dims, scaler.target)
+
+
+def test_normalizations_reduce_over_the_axis_their_kernels_do() -> None:
+    """cuDNN's batch norm kernels on the H200 (bn_fw_tr_1C11, bn_bw_1C11) run a 512-thread
+    block a channel over batch x length: the norm's rows are its channels (they had been a
+    layer norm's, batch x channels rows of the last dimension); its backward two norm passes
+    (it had been one elementwise pass). A group norm's rows are samples x groups (32 where
+    the channels allow), a layer norm's its last dimension's."""
+    trace = json.loads(gzip.decompress(H200_CONV.read_bytes()))["traceEvents"]
+    ops = {e["args"]["External id"]: e for e in trace if e.get("cat") == "cpu_op"}
+    seen = set()
+    for kernel in (e for e in trace if e.get("cat") == "kernel"):
+        op = ops[kernel["args"]["External id"]]
+        if "batch_norm" in op["name"]:
+            shapes = shapes_from_args(json.dumps(op["args"]))
+            assert shapes is not None
+            works = op_kernels(op["name"], shapes)
+            assert works is not None
+            n, c, length = shapes.dims[0]
+            assert {(w.family, w.m, w.n) for w in works} == {("norm", c, n * length)}
+            assert kernel["args"]["grid"] == [c, 1, 1]
+            seen.add((op["name"], len(works)))
+    assert seen == {("aten::cudnn_batch_norm", 1), ("aten::cudnn_batch_norm_backward", 2)}
+    image = Shapes(((8, 64, 32, 32), (64,), (64,)), ("float",) * 3)
+    [group] = op_kernels("aten::native_group_norm", image) or []
+    assert (group.m, group.n) == (8 * 32, 2 * 32 * 32)
+    [odd] = op_kernels("aten::group_norm", replace(image, dims=((8, 24, 32, 32),))) or []
+    assert (odd.m, odd.n) == (8 * 8, 3 * 32 * 32)
+    [layer] = op_kernels("aten::native_layer_norm", image) or []
+    assert (layer.m, layer.n) == (8 * 64 * 32, 32)
 
 
 def test_split_convolutions_reduce_their_slices_in_a_kernel_of_their_own() -> None:

@@ -61,7 +61,8 @@ _EMBEDDINGS = frozenset({"embedding_bag", "_embedding_bag", "_embedding_bag_forw
                          "embedding_dense_backward"})
 _NORMS = frozenset({"layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm",
                     "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm",
-                    "cudnn_batch_norm", "native_layer_norm_backward", "native_batch_norm_backward"})
+                    "cudnn_batch_norm", "native_layer_norm_backward", "native_batch_norm_backward",
+                    "cudnn_batch_norm_backward", "native_group_norm_backward"})
 _SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax",
                       "_softmax_backward_data", "_log_softmax_backward_data"})
 _COPIES = frozenset({"copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack"})

@@ -8,10 +8,32 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.userfiles import bundled_mapping
+
+KIB: Final = 1024  # a cache's KB and MB are binary (CUDA's cache sizes in bytes say so)
+MIB: Final = 1024 * KIB
+# by NVIDIA compute capability, the CUDA C++ Programming Guide's tables: the most threads an SM
+# keeps resident, and the KB of its L1 that holds global loads by default, at most (Pascal's
+# loads go to the L2 only; 7.5: 96 KB shared with up to 64 KB of L1)
+SM_CACHES: Final = {"6.0": (2048, 0), "6.1": (2048, 0), "7.0": (2048, 128), "7.5": (1024, 64),
+                    "8.0": (2048, 192), "8.6": (1536, 128), "8.7": (2048, 192),
+                    "8.9": (1536, 128), "9.0": (2048, 256), "10.0": (2048, 256),
+                    "12.0": (1536, 128)}
+
+
+def sm_caches(compute_capability: str) -> tuple[int, float]:
+    """An SM's resident threads and L1 bytes for global loads at an NVIDIA compute capability
+    ('8.0'; '' for none known: 2048 and no L1). Raises ValueError on one SM_CACHES lacks."""
+    if not compute_capability:
+        return 2048, 0.0
+    if compute_capability not in SM_CACHES:
+        raise ValueError(f"unknown compute capability {compute_capability!r} (known: "
+                         f"{', '.join(SM_CACHES)})")
+    threads, l1_kb = SM_CACHES[compute_capability]
+    return threads, float(l1_kb * KIB)
 
 
 @dataclass(frozen=True)
@@ -48,7 +70,7 @@ class DeviceSpec:
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "peak_tflops": {k: v / 1e12 for k, v in self.peak_flops.items()},
                 "memory_bandwidth_gbps": self.memory_bandwidth / 1e9,
-                "memory_gb": self.memory_bytes / 1e9, "l2_mb": self.l2_bytes / 1e6,
+                "memory_gb": self.memory_bytes / 1e9, "l2_mb": self.l2_bytes / MIB,
                 "compute_units": self.compute_units, "boost_clock_mhz": self.boost_clock_mhz,
                 "pcie_gen": self.pcie_gen, "nvlink_gbps": self.nvlink_gbps,
                 "architecture": self.architecture, "memory": self.memory, "source": self.source}
@@ -59,15 +81,15 @@ def _spec(name: str, raw: object) -> DeviceSpec:
         raise PerfswarmError(f"devices.yaml: {name}: expected a mapping with peak_tflops")
     try:
         peaks = {str(k): float(v) * 1e12 for k, v in raw["peak_tflops"].items()}
+        threads, l1_bytes = sm_caches(str(raw.get("compute_capability", "")))
         spec = DeviceSpec(
             name, peaks, float(raw["memory_bandwidth_gbps"]) * 1e9, float(raw["memory_gb"]) * 1e9,
-            float(raw["l2_mb"]) * 1e6, int(raw["compute_units"]), float(raw["boost_clock_mhz"]),
+            float(raw["l2_mb"]) * MIB, int(raw["compute_units"]), float(raw["boost_clock_mhz"]),
             int(raw["pcie_gen"]), float(raw["nvlink_gbps"]), str(raw["source"]),
             names=tuple(str(n) for n in raw.get("names", ())),
             aliases=tuple(str(a) for a in raw.get("aliases", ())),
             architecture=str(raw.get("architecture", "")), memory=str(raw.get("memory", "")),
-            sm_threads=int(raw.get("sm_threads", 2048)),
-            l1_bytes=float(raw.get("l1_kb", 0)) * 1e3)
+            sm_threads=threads, l1_bytes=l1_bytes)
     except (KeyError, TypeError, ValueError) as exc:
         raise PerfswarmError(f"devices.yaml: {name}: bad or missing field {exc}") from None
     if "fp32" not in peaks or spec.memory_bandwidth <= 0 or min(peaks.values()) <= 0:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
+from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.work import Peak, Work, gemm_work, spatial_conv_work, vector_work
 from perfswarm.model.opcost import (
     Dims,
@@ -20,6 +21,7 @@ from perfswarm.model.opcost import (
 )
 
 HALF: Final = frozenset({"fp16", "bf16"})
+GROUPS: Final = 32  # a group norm's groups where not recorded (nn.GroupNorm's usual count)
 # elementwise ops by the measured op whose arithmetic they resemble
 _UNARY: Final = {"relu": "relu", "relu_": "relu", "threshold_backward": "relu", "gelu": "gelu",
                  "gelu_backward": "gelu", "silu": "gelu", "silu_backward": "gelu",
@@ -42,16 +44,34 @@ def _rows_cols(shape: Sequence[int]) -> tuple[int, int]:
     return max(1, _numel(shape) // max(cols, 1)), max(cols, 1)
 
 
-def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False) -> list[Work] | None:
+def _norm_rows(op: str, shape: Sequence[int]) -> tuple[int, int]:
+    """The rows a normalization's kernels reduce, a block each, and their length: a layer
+    (or RMS) norm's rows of its last dimension; a batch norm's channels (dimension 1), each
+    over batch x spatial elements (cuDNN's bn_fw_tr_1C11 and bn_bw_1C11 kernels: one block a
+    channel, the H200's conv net's grid; ATen's batch_norm_collect_statistics likewise, then
+    an elementwise pass); a group norm's samples x groups (ATen's RowwiseMoments), GROUPS
+    groups where the channels allow, its group count being a scalar input the kernels are
+    not given. An instance norm runs as the batch norm of [1, N x C, ...]."""
+    if "batch_norm" in op and len(shape) >= 2:
+        return shape[1], _numel(shape) // max(shape[1], 1)
+    if "group_norm" in op and len(shape) >= 2:
+        groups = shape[0] * math.gcd(shape[1], GROUPS)
+        return groups, _numel(shape) // max(groups, 1)
+    return _rows_cols(shape)
+
+
+def op_kernels(name: str, shapes: Shapes, tensor_core: bool = False,
+               on: Hardware | None = None) -> list[Work] | None:
     """The kernels `name` (aten::...) launches at `shapes`; None for an op the model cannot
     price (no cost model, or shapes that do not fit). `tensor_core`: its GEMMs run on tensor
-    cores (TF32 for FP32 data). An op that moves data without a model of its own (opcost's
-    data_cost: random_, a fill) is one elementwise pass."""
+    cores (TF32 for FP32 data), as the GPU `on` runs them where given (Hardware.runs). An op
+    that moves data without a model of its own (opcost's data_cost: random_, a fill) is one
+    elementwise pass."""
     cost = data_cost(name, shapes)
     if cost is None:
         return None
-    return kernels(tf32_if_fp32(cost) if tensor_core else cost,
-                   shapes.dims, _channels_last(cost, shapes))
+    cost = tf32_if_fp32(cost) if tensor_core else cost
+    return kernels(on.runs(cost) if on else cost, shapes.dims, _channels_last(cost, shapes))
 
 
 def _channels_last(cost: OpCost, shapes: Shapes) -> bool:
@@ -148,6 +168,7 @@ def kernels(cost: OpCost, dims: Dims, channels_last: bool = False) -> list[Work]
     largest = max(shaped, key=_numel)
     rows, cols = _rows_cols(largest)
     if family == "norm":
+        rows, cols = _norm_rows(op, largest)
         work = vector_work("norm", "ln", rows, cols, element)
         return [work, work] if "backward" in op else [work]
     if family == "softmax":

@@ -204,12 +204,11 @@ def load_dataset(folder: Path) -> Dataset:
     if not rows:
         raise PerfswarmError(f"{train}: no measurements in its files")
     tests = folder / "test"
-    for path in sorted(tests.glob("*.csv.gz")) if tests.is_dir() else []:
-        if path.name != "vec.csv.gz":  # vec repeats elem's rows, with ln and softmax's
-            rows += _read(path, None, hardware, "test", None)
-        else:
-            rows += (m for m in _read(path, None, hardware, "test", None)
-                     if m.work.family != "elementwise")
+    # a row two test sets hold is one measurement (shared/gpu-kernels' vec.csv.gz is elem's,
+    # ln's and softmax's rows again: kept, it had scored each layer norm and softmax twice)
+    rows += dict.fromkeys(m for path in (sorted(tests.glob("*.csv.gz")) if tests.is_dir()
+                                         else []) for m in _read(path, None, hardware, "test",
+                                                                 None))
     labels = folder / "labels"
     for gpu_dir in sorted(labels.iterdir()) if labels.is_dir() else []:
         gpu = gpu_dir.name.replace("_", " ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from perfswarm.model.gpu.aten import kernels, op_kernels
@@ -57,12 +57,9 @@ class LearnedScaler:
         return self.given or bundled()
 
     def seconds(self, cost: OpCost, dims: Dims, hw: Hardware) -> float | None:
-        """The model's time of the op's kernels on `hw` (no launch floor); None where it has
-        no model for them. TF32 work (a recorded kernel's, on tensor cores) is FP32 work on a
-        GPU without TF32 tensor cores, as op_seconds has it."""
-        if cost.dtype == "tf32" and not hw.tf32_cores:
-            cost = replace(cost, dtype="fp32")
-        works = kernels(cost, dims)
+        """The model's time of the op's kernels as `hw` runs them (Hardware.runs; no launch
+        floor); None where it has no model for them."""
+        works = kernels(hw.runs(cost), dims)
         if not works or any(w.family not in self.model.families for w in works):
             return None
         return float(self.model.seconds(works, hw).sum())
@@ -91,13 +88,13 @@ def op_seconds(ops: Sequence[tuple[str, Shapes, bool]], target: DeviceSpec,
                model: KernelModel | None = None) -> list[tuple[float, str] | None]:
     """Per (aten name, shapes, on tensor cores) op: its kernels' predicted time on `target`
     (launch floor included per kernel) and the family of the largest; None for an op the
-    model cannot price. FP32 work runs on tensor cores only where `target` has TF32 ones
-    (not a V100's, a T4's: no layout passes around their convolutions). A convolution whose
+    model cannot price. FP32 work on tensor cores runs as `target` runs it (Hardware.runs).
+    A convolution whose
     reduction the library splits over `target`'s idle SMs gets the kernel that sums the
     slices (work.launched; a GEMM's is inside its learned price)."""
     model = model or bundled()
     hw = Hardware.of_spec(target)
-    found = [op_kernels(name, shapes, tensor and hw.tf32_cores) for name, shapes, tensor in ops]
+    found = [op_kernels(name, shapes, tensor, hw) for name, shapes, tensor in ops]
     found = [launched(works, hw) if works else works for works in found]
     priced = [works if works and all(w.family in model.families for w in works) else None
               for works in found]

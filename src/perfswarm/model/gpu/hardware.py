@@ -4,11 +4,12 @@ of its memory system."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Final
 
-from perfswarm.model.specs import DeviceSpec, device_specs
+from perfswarm.model.opcost import OpCost
+from perfswarm.model.specs import MIB, DeviceSpec, device_specs, sm_caches
 
 # the fraction of its rated bandwidth a device's DRAM streams at (streams_near_peak or not)
 STREAMED: Final = {True: 0.9, False: 0.75}
@@ -46,6 +47,13 @@ class Hardware:
         """Whether it runs FP32 work on TF32 tensor cores (Ampere or later; not a V100, a T4)."""
         return self.tensor_fp32 > self.fp32
 
+    def runs(self, cost: OpCost) -> OpCost:
+        """`cost` as this GPU runs it: TF32 work (FP32 data on tensor cores) is FP32 work
+        where it has no TF32 tensor cores (a recorded A100 kernel moved to a V100 or a T4, an
+        op graph's convolutions there: no tensor cores, no layout passes around them)."""
+        return replace(cost, dtype="fp32") if cost.dtype == "tf32" and not self.tf32_cores \
+            else cost
+
     @property
     def streamed_bandwidth(self) -> float:
         """The bandwidth a streaming kernel reaches (STREAMED of the rated one): the memory
@@ -80,13 +88,18 @@ class Hardware:
 
     @classmethod
     def of_config(cls, config: Mapping[str, float | str]) -> Hardware:
-        """From a NeuSight-style device config (GB/s, GFLOP/s, MB, GB): keys Device, Mem_Bw,
-        Num_Sm, SingleFLOPs, L2Cache, Dev_Mem (the model reads no more of it). Raises KeyError
-        or ValueError on a missing or malformed field."""
+        """From a NeuSight-style device config (GB/s, GFLOP/s, MB of 2^20 bytes, GB): keys
+        Device, Mem_Bw, Num_Sm, SingleFLOPs, L2Cache, Dev_Mem, and optionally
+        Compute_Capability ('8.0'), which gives its SMs' resident threads and L1 as a
+        devices.yaml device's (specs.SM_CACHES; without it: 2048 and no L1, every second read
+        of a layer norm's row left to the L2); the model reads no more of it. Raises
+        KeyError or ValueError on a missing or malformed field."""
         fp32 = float(config["SingleFLOPs"]) * 1e9
+        threads, l1_bytes = sm_caches(str(config.get("Compute_Capability", "")))
         return cls(str(config["Device"]), float(config["Mem_Bw"]) * 1e9, int(config["Num_Sm"]),
                    fp32, fp32, fp32,
-                   float(config["L2Cache"]) * 1e6, float(config["Dev_Mem"]) * 1e9)
+                   float(config["L2Cache"]) * MIB, float(config["Dev_Mem"]) * 1e9,
+                   sm_threads=threads, l1_bytes=l1_bytes)
 
 
 @cache

@@ -1,9 +1,8 @@
 """The GPU kernel model: per op family, gradient-boosted trees that read a kernel's work and
 its device's specs and predict the log of its time over its bound (work.bound_s: the roofline,
 or for GEMMs and convolutions the wave of whole tiles their busiest SM runs where that is
-longer, for layer norms their bytes with the rows read twice that the caches miss; one over
-the fraction of the bound it reaches), trained on measurements of several
-GPUs.
+longer, for layer norms and block softmaxes their bytes with the re-reads the caches miss;
+one over the fraction of the bound it reaches), trained on measurements of several GPUs.
 
 Why boosted trees: a few hundred thousand rows of a dozen-odd features whose effects are
 steps (a wave of thread blocks more, a tile that no longer fits, a kernel the library picks
@@ -56,7 +55,7 @@ from perfswarm.model.gpu.work import FAMILIES, Family, Work, bound_s, features, 
 from perfswarm.trace.store import write_output
 
 MODEL_FILE: Final = "gpu_kernels.npz"
-ROWS_PER_GPU: Final = 1000  # training rows per family and GPU (evenly spaced over the sweep)
+ROWS_PER_GPU: Final = 1000  # training rows per family and GPU (_spaced)
 EVAL_ROWS: Final = 1500  # held-out rows scored per family and GPU
 FLOOR_PERCENTILE: Final = 1.0
 TRAINED_FLOORS: Final = 2.0  # a row trains the model when its latency is at least this many floors
@@ -218,13 +217,21 @@ def off_path(rows: Sequence[Measurement], hardware: Mapping[str, Hardware]
             and np.median(swept) < OFF_PATH * np.median(tested)}
 
 
-def _spaced(rows: Sequence[Measurement], most: int, splits: tuple[Split, ...]
-            ) -> list[Measurement]:
-    """At most `most` rows of `splits` per GPU, evenly spaced over each sweep."""
+def _spaced(rows: Sequence[Measurement], most: int, splits: tuple[Split, ...],
+            whole: bool = True) -> list[Measurement]:
+    """At most `most` rows of `splits` per GPU: with `whole`, evenly spaced over all of them
+    (the scored rows: a GPU's sweeps, then its test shapes); without, a stride of len // most
+    cut at `most` (the training rows: of a sweep under twice `most` rows, its first `most`,
+    the layer norm's and softmax's smaller batches). Trained on 1,000 rows spread over the
+    whole sweep, evenly or at random, the held-out layer norms scored 18.9-19.5% against
+    15.2%; on up to 2,000 rows the GEMMs 34.3% against 31.3% (seed 0; docs/benchmarks.md,
+    twenty-seventh pass)."""
     out = []
     for gpu in sorted({r.gpu for r in rows}):
         mine = [r for r in rows if r.gpu == gpu and r.split in splits]
-        out += mine[::max(1, len(mine) // most)][:most]
+        count = min(most, len(mine))
+        out += ([mine[i * len(mine) // count] for i in range(count)] if whole
+                else mine[::max(1, len(mine) // most)][:most])
     return out
 
 
@@ -279,7 +286,7 @@ def train(dataset: Dataset, progress: Progress = lambda _: None, holdout: bool =
     for family, rows in measured.items():
         gpus = sorted({r.gpu for r in rows})
         swept = [r for r in rows if (r.gpu, r.work.kind) not in apart]
-        train_rows = (_spaced(swept, ROWS_PER_GPU, ("train",))
+        train_rows = (_spaced(swept, ROWS_PER_GPU, ("train",), whole=False)
                       + [r for r in rows if r.split == "label"])
         held_rows = _spaced(rows, EVAL_ROWS, ("train", "test")) if holdout else []
         table = _Rows.of(train_rows + held_rows, dataset.hardware)

@@ -4,7 +4,7 @@ and the memory class.
 
 The model predicts the log of measured time over a bound (`bound_s`: the roofline, for GEMMs
 and convolutions the wave of whole tiles their busiest SM runs where that is longer, for layer
-norms the rows their caches no longer hold read again from DRAM), that is
+norms and block softmaxes the rows their caches no longer hold read again from DRAM), that is
 one over the fraction of the bound the kernel reaches: a quantity that moves little between
 GPUs of other sizes, so it carries to GPUs no measurement came from.
 """
@@ -47,7 +47,15 @@ TILED: Final = frozenset({"gemm", "conv"})
 # priced by its A100-like ridge point)
 STREAMING: Final = frozenset({"elementwise", "norm", "softmax"})
 UNDER_RIDGE: Final = 1 / 16
-NORM_BLOCK: Final = 128  # threads of PyTorch's layer norm block (norm_dram_bytes)
+NORM_BLOCK: Final = 128  # threads of PyTorch's layer norm block (dram_bytes)
+# PyTorch's softmax over rows of more than WARP_SOFTMAX columns: cunn_SoftMaxForward, a block a
+# row (SoftMax_getBlockSize: the power of two at or over half of min(columns / SOFTMAX_ILP,
+# SOFTMAX_THREADS); shared/gpu-kernels' grids: 1,267-2,048 columns 256 threads, 2,431 up 512),
+# reading its row three times (max, sum of exponentials, then to write); up to WARP_SOFTMAX,
+# softmax_warp_forward holds a row in a warp's registers and reads it once
+WARP_SOFTMAX: Final = 1024
+SOFTMAX_THREADS: Final = 1024
+SOFTMAX_ILP: Final = 4
 # every family's working set past L2_SPAN L2s comes from DRAM however much larger (between calls
 # no reuse is left; a GEMM's or a convolution's tiles then stream their operand panels through
 # the L2 a wave at a time, however large the whole): bytes / L2 is clamped there. Unclamped, it
@@ -166,33 +174,49 @@ def bound_s(work: Work, hw: Hardware) -> float:
     """The time the learned model prices a kernel over: its roofline, for a TILED family its
     tile bound where that is longer (the trees then learn the ratio to a bound that already
     knows the device's SMs, not one off by 1x to over 1,000x by the shape: the A100's sweep),
-    for a layer norm its bytes to and from DRAM (norm_dram_bytes) at the streamed bandwidth."""
+    for a layer norm or a block softmax its bytes to and from DRAM (dram_bytes) at the
+    streamed bandwidth."""
     roofline = roofline_s(work, hw)
     if work.family in TILED:
         return max(roofline, tile_bound_s(work, hw))
-    if work.family == "norm":
-        return max(roofline, norm_dram_bytes(work, hw) / hw.streamed_bandwidth)
+    if work.family in ("norm", "softmax"):
+        return max(roofline, dram_bytes(work, hw) / hw.streamed_bandwidth)
     return roofline
 
 
-def norm_dram_bytes(work: Work, hw: Hardware) -> float:
-    """The bytes a layer norm moves to and from DRAM on `hw`: its work's, and each row read a
-    second time where no cache still holds it. PyTorch's vectorized_layer_norm_kernel (every
-    layer norm of shared/gpu-kernels' five GPUs; a backward's kernels are priced alike) runs a
-    NORM_BLOCK-thread block a row, which reads its row for the mean and variance, then again to
-    normalize it. Between the two reads the rows resident at once pass through the caches: an
-    SM's (hw.sm_threads / NORM_BLOCK of them) through its L1 where that holds global loads
-    (Volta and later; Pascal's go to the L2 only), the device's through the L2, beside the
-    rows written meanwhile (twice their bytes); a cache smaller than its footprint finds a
-    share of its size over that footprint. So the P100 (4 MB L2, no L1 for loads) reads 46%
-    of its rows again from DRAM at 1,024 columns and 86% at 4,096, the A100 (192 KB L1, 40 MB
-    L2) 0% and 8%: left out, the P100's layer norms had been priced at 0.76x their kernel
-    time, their held-out GMAE 34% -> 14% (docs/benchmarks.md, twenty-sixth pass)."""
+def row_passes(work: Work) -> tuple[int, int]:
+    """A layer norm's or softmax's kernel: the threads of its block (one a row) and how many
+    times it reads its row (rows_reread)."""
+    if work.family == "norm":
+        return NORM_BLOCK, 2
+    if work.n <= WARP_SOFTMAX:
+        return NORM_BLOCK, 1  # the warp softmax: a warp a row (the block's size moot: no re-read)
+    half = min(work.n // SOFTMAX_ILP, SOFTMAX_THREADS) // 2
+    return max(32, 1 << (half - 1).bit_length()), 3
+
+
+def dram_bytes(work: Work, hw: Hardware) -> float:
+    """The bytes a layer norm's or softmax's kernel moves to and from DRAM on `hw`: its work's,
+    and each row read again (row_passes) where no cache still holds it. PyTorch's
+    vectorized_layer_norm_kernel (every layer norm of shared/gpu-kernels' five GPUs; a
+    backward's kernels are priced alike) runs a NORM_BLOCK-thread block a row, which reads
+    its row for the mean and variance, then again to normalize it; the block softmax reads
+    its row three times. Between the reads the rows resident at once pass through the
+    caches: an SM's (hw.sm_threads / the block's threads of them) through its L1 where that
+    holds global loads (Volta and later; Pascal's go to the L2 only), the device's through the
+    L2, beside the rows written meanwhile (twice their bytes); a cache smaller than its
+    footprint finds a share of its size over that footprint. So the P100 (4 MB L2, no L1 for
+    loads) reads 46% of its layer norms' rows again from DRAM at 1,024 columns and 86% at
+    4,096, the A100 (192 KB L1, 40 MB L2) 0% and 8%: left out, the P100's layer norms had been
+    priced at 0.76x their kernel time, their held-out GMAE 34% -> 14% (docs/benchmarks.md,
+    twenty-sixth pass)."""
+    threads, reads = row_passes(work)
     rows = work.b * work.m
-    row = work.bytes / (2 * (rows + 1))  # vector_work's: the rows read and written, 2 weights
-    per_sm = min(rows, hw.sms * (hw.sm_threads // NORM_BLOCK)) / hw.sms * row
+    # vector_work's bytes: the rows read and written (a norm's 2 weights as 2 rows more)
+    row = work.bytes / (2 * (rows + (1 if work.family == "norm" else 0)))
+    per_sm = min(rows, hw.sms * max(1, hw.sm_threads // threads)) / hw.sms * row
     missed = (1 - _found(hw.l1_bytes, per_sm)) * (1 - _found(hw.l2_bytes, 2 * hw.sms * per_sm))
-    return work.bytes + rows * row * missed
+    return work.bytes + (reads - 1) * rows * row * missed
 
 
 def _found(cache: float, footprint: float) -> float:
