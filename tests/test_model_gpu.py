@@ -417,7 +417,7 @@ def test_cache_sizes_are_binary_and_an_unknown_devices_l1_comes_from_its_compute
     assert (ada.l1_bytes, ada.sm_threads) == (l4.l1_bytes, l4.sm_threads) == (2 ** 17, 1536)
     folder = _small_dataset(tmp_path, 5)
     (folder / "device_configs" / "Tesla_P4.json").write_text(json.dumps(
-        {**config, "Device": "Tesla P4", "Compute_Capability": "5.2"}))
+        {**config, "Compute_Capability": "5.2"}))
     assert main(["calibrate", "--dataset", str(folder), "-o", str(tmp_path / "m.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert "Tesla_P4.json: not a device config" in err and "compute capability '5.2'" in err
@@ -575,10 +575,24 @@ def test_every_tree_sees_every_row() -> None:
     assert max(np.diff(a.roots)) == 2 ** (DEPTH + 1) - 1  # a full tree of depth DEPTH
 
 
+def test_a_sweeps_config_of_a_known_device_needs_no_bandwidth_or_flops(tmp_path: Path) -> None:
+    """benchmarks/gpu_sweep.py writes what the driver says of the GPU (its name, memory, SMs,
+    L2, compute capability), no bandwidth or FLOP/s: a device devices.yaml knows takes
+    devices.yaml's specs whatever its config holds (the config's own figures had been read
+    first, and a missing Mem_Bw refused the folder)."""
+    folder = _small_dataset(tmp_path, 5)
+    (folder / "device_configs" / "Tesla_P4.json").write_text(json.dumps(
+        {"Device": "Tesla P4", "Dev_Mem": 8, "Num_Sm": 20, "L2Cache": 2.0,
+         "Compute_Capability": "6.1", "torch": "2.13.0", "cudnn": 91000}))
+    p4 = load_dataset(folder).hardware["Tesla P4"]
+    assert p4 == replace(Hardware.of_spec(load_spec("Tesla P4")), name="Tesla P4")
+    assert (p4.sms, p4.bandwidth) == (20, 192e9)
+
+
 def test_calibrate_dataset_refuses_bad_folders(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     folder = _small_dataset(tmp_path, 5)
-    (folder / "device_configs" / "Tesla_P4.json").write_text("{\"Device\": \"Tesla P4\"}")
+    (folder / "device_configs" / "Tesla_P4.json").write_text("{\"Device\": \"NVIDIA X\"}")
     assert main(["calibrate", "--dataset", str(folder), "-o", str(tmp_path / "m.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert "Tesla_P4.json: not a device config" in err and "\n" not in err

@@ -88,8 +88,10 @@ def work_of(op: str, values: Mapping[str, int]) -> Work:
 def _hardware(folder: Path) -> dict[str, Hardware]:
     """Each config's device, by its name and its file's: the specs of devices.yaml where that
     knows the device (the specs predict reads, so a model is fitted and used on the same
-    figures; NeuSight's configs give the P4 40 SMs of 64 cores, its die has 20 of 128), the
-    config's own figures otherwise."""
+    figures; NeuSight's configs give the P4 40 SMs of 64 cores, its die has 20 of 128), so
+    that such a config needs only its Device (and Dev_Mem, to tell variants apart:
+    benchmarks/gpu_sweep.py writes what the driver says, no bandwidth or FLOP/s); the
+    config's own figures otherwise (Hardware.of_config)."""
     configs = folder / "device_configs"
     files = sorted(configs.glob("*.json")) if configs.is_dir() else []
     if not files:
@@ -97,14 +99,16 @@ def _hardware(folder: Path) -> dict[str, Hardware]:
     out = {}
     for path in files:
         try:
-            hw = Hardware.of_config(orjson.loads(path.read_bytes()))
-            spec = spec_for_device(hw.name, hw.memory_bytes)
+            config = orjson.loads(path.read_bytes())
+            name = str(config["Device"])
+            spec = spec_for_device(name, float(config["Dev_Mem"]) * 1e9
+                                   if "Dev_Mem" in config else None)
+            hw = (replace(Hardware.of_spec(spec), name=name) if spec is not None
+                  else Hardware.of_config(config))
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError,
                 AttributeError) as exc:
             raise PerfswarmError(f"{path}: not a device config ({type(exc).__name__}: "
                                  f"{exc})") from None
-        if spec is not None:
-            hw = replace(Hardware.of_spec(spec), name=hw.name)
         out[hw.name] = hw
         out[path.stem.replace("_", " ")] = hw
     return out
