@@ -95,11 +95,10 @@ def test_covered_matches_a_test_per_segment(spans: list[tuple[int, int]],
     against asking every interval of every segment; the points hold every bound inside
     their range and more (intervals may start before them or end after), and empty or
     reversed intervals cover nothing."""
-    starts = np.array([s for s, _ in spans], np.int64)
-    ends = np.array([s + d if d % 5 else s - d for s, d in spans], np.int64)
-    points = sorted_unique(np.array(extra + [x for s, e in zip(starts.tolist(), ends.tolist())
-                                             for x in (s, e) if min(extra, default=0) <= x
-                                             <= max(extra, default=0)], np.int64))
-    want = [any(s <= lo < e for s, e in zip(starts.tolist(), ends.tolist()))
-            for lo in points[:-1].tolist()]
+    bounds = [(s, s + d if d % 5 else s - d) for s, d in spans]
+    lo, hi = min(extra, default=0), max(extra, default=0)
+    points = sorted_unique(np.array(extra + [x for pair in bounds for x in pair
+                                             if lo <= x <= hi], np.int64))
+    want = [any(s <= left < e for s, e in bounds) for left in points[:-1].tolist()]
+    starts, ends = (np.array([pair[i] for pair in bounds], np.int64) for i in (0, 1))
     assert covered(starts, ends, points).tolist() == want
