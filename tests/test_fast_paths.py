@@ -14,6 +14,7 @@ from conftest import corpus
 from perfswarm.analyze.aisi import NONE, _lookup, _vote
 from perfswarm.analyze.dependencies import _LatestEnd
 from perfswarm.analyze.frame import Events
+from perfswarm.analyze.intervals import covered, sorted_unique
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import _of_rank
@@ -83,3 +84,21 @@ def test_lookup_matches_a_dict(pairs: list[tuple[int, int]], wanted: list[int]) 
     values = np.array([v for _, v in pairs], np.int64)
     found = _lookup(keys, values, np.array(wanted, np.int64))
     assert found.tolist() == [of.get(w, NONE) for w in wanted]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-5, 40), st.integers(0, 12)), max_size=25),
+       st.lists(st.integers(-10, 50), max_size=30))
+def test_covered_matches_a_test_per_segment(spans: list[tuple[int, int]],
+                                            extra: list[int]) -> None:
+    """covered (each interval's bounds searched among the points, then a running count)
+    against asking every interval of every segment; the points hold every bound inside
+    their range and more (intervals may start before them or end after), and empty or
+    reversed intervals cover nothing."""
+    bounds = [(s, s + d if d % 5 else s - d) for s, d in spans]
+    lo, hi = min(extra, default=0), max(extra, default=0)
+    points = sorted_unique(np.array(extra + [x for pair in bounds for x in pair
+                                             if lo <= x <= hi], np.int64))
+    want = [any(s <= left < e for s, e in bounds) for left in points[:-1].tolist()]
+    starts, ends = (np.array([pair[i] for pair in bounds], np.int64) for i in (0, 1))
+    assert covered(starts, ends, points).tolist() == want

@@ -18,6 +18,7 @@ from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 
 LOADER = Path(__file__).parent / "data" / "loader_cpu_w0_main.pt.trace.json.gz"
+CONV1D_H200 = Path(__file__).parent / "data" / "conv1d_h200.pt.trace.json.gz"
 
 
 @pytest.fixture
@@ -137,6 +138,46 @@ def test_shapes_parsed_once_a_text(added_run: Path, monkeypatch: pytest.MonkeyPa
     assert opstats.RowShapes.of(run).get(rows) == [parse(t) for t in texts]
     assert len(parsed) == len(set(texts)) < len(rows)
     assert set(parsed.values()) == {1}
+
+
+def test_op_costs_cost_each_shapes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    """The op table costs each distinct (name, recorded shapes) once and hashes no Shapes per
+    row: every iteration records its ops' shapes again (31.7k costed ops of 288 pairs at 200k
+    events had cost a cache lookup each, a Shapes hash walking all its tuples)."""
+    from perfswarm.analyze.frame import Events
+    from perfswarm.model import opstats
+    from perfswarm.model.opcost import Shapes, has_cost_model, shapes_cost
+
+    path = import_traces([CONV1D_H200], tmp_path / "conv1d.run", ImportOptions(), ["test"]).path
+    run = Run.open(path)
+    ev = Events.load(run)
+    rows = np.flatnonzero(ev.of_kind("cpu_op"))
+    want = {}  # the reference: each row costed alone
+    pairs = set()  # the distinct (name, shapes) of the modelled ops
+    for row, name, found in zip(rows.tolist(), ev.name[rows].tolist(),
+                                opstats.RowShapes.of(run).get(rows), strict=True):
+        if found is None or not has_cost_model(ev.names[name]):
+            continue
+        pairs.add((name, found))
+        if (cost := shapes_cost(ev.names[name], found)) is not None:
+            want[row] = (cost, found)
+    costed, hashed = Counter[str](), Counter[str]()
+    monkeypatch.setattr(opstats, "shapes_cost", lambda name, found: (
+        costed.update([name]), shapes_cost(name, found))[1])
+    shapes_hash = Shapes.__hash__
+    monkeypatch.setattr(Shapes, "__hash__", lambda self: (
+        hashed.update(["hash"]), shapes_hash(self))[1])
+    fresh = Run.open(path)
+    table = opstats.op_costs(fresh, [0], top=len(want))
+    assert sum(costed.values()) == len(pairs) < len(want)
+    assert sum(hashed.values()) <= len(pairs)
+    assert opstats.costed_ops(fresh, Events.load(fresh)) == want
+    owned, owner = opstats._counted_ops(ev, {row: cost for row, (cost, _) in want.items()})
+    counted = owned[owned == owner]
+    assert sum(op.count for op in table.ops) == len(counted) > len(table.ops)
+    assert {(op.name, op.flops) for op in table.ops} == {
+        (ev.names[int(ev.name[row])], want[row][0].flops) for row in counted.tolist()}
 
 
 def test_advise_makes_what_rules_share_once(tmp_path: Path,

@@ -19,11 +19,13 @@ def covered(starts: I64, ends: I64, points: I64) -> Mask:
     `points` must be sorted and contain every interval boundary inside its range, so
     each segment is either fully inside or fully outside each interval.
     """
-    left = points[:-1]
+    # each interval's bounds placed among the points (a search per bound, not per point: the
+    # points are all the sets' bounds, several times any one set's), then a running count
     keep = ends > starts
-    opened = np.searchsorted(np.sort(starts[keep]), left, side="right")
-    closed = np.searchsorted(np.sort(ends[keep]), left, side="right")
-    return np.asarray((opened - closed) > 0)
+    at = np.searchsorted(points, np.concatenate([starts[keep], ends[keep]]))
+    # +1 where one opens, -1 where one closes (float weights: exact below 2**53 intervals)
+    steps = np.bincount(at, np.repeat([1.0, -1.0], int(keep.sum())), len(points) + 1)
+    return np.asarray(np.cumsum(steps)[:len(points) - 1] > 0)
 
 
 def union(starts: I64, ends: I64) -> tuple[I64, I64]:

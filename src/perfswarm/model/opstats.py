@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +56,7 @@ from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.store import Run
 
 TOP: Final = 25
+T = TypeVar("T")
 FORWARD_BACKWARD: Final = "fwdbwd"  # the profiler's flows from a forward op to its autograd node
 # TorchScript's DifferentiableGraphOp's forward run (its GraphExecutor's name): it makes one
 # autograd node for the ops inside it
@@ -155,11 +156,11 @@ def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> tuple[I64, I64]:
     order = order[np.isin(order, np.fromiter(costs, np.int64, len(costs)))]
     # positions in `order` from here: each costed op's innermost costed op around it
     parent = open_before(lane_key(ev.rank[order], ev.tid[order]), ev.ts[order], ev.end[order])
-    listed = [costs[r] for r in order.tolist()]
-    flops = np.array([c.flops > 0 for c in listed], bool)
+    listed, cost_of = _distinct([costs[r] for r in order.tolist()])  # each cost read once
+    flops = np.array([c.flops > 0 for c in listed], bool)[cost_of]
     family_of: dict[str, int] = {}
     family = np.array([family_of.setdefault(c.family, len(family_of)) for c in listed],
-                      np.int64)
+                      np.int64)[cost_of]
     dispatched = np.zeros(len(order), bool)
     below = np.arange(len(order))  # each op, walked up its ancestors a level at a time
     at = parent.copy()
@@ -209,13 +210,19 @@ def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple
         cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
         named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
         candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
-        out: dict[int, tuple[OpCost, Shapes]] = {}
-        for row, name, found in zip(candidates.tolist(), ev.name[candidates].tolist(),
-                                    RowShapes.of(run).get(candidates, rank), strict=True):
-            cost = shapes_cost(ev.names[name], found) if found else None
-            if cost is not None and found is not None:
-                out[row] = (cost, found)
-        return out
+        found, shape_of = _distinct(RowShapes.of(run).get(candidates, rank))
+        # each distinct (name, shapes) costed once, not each row (every iteration records its
+        # ops again: 31.7k costed rows of 288 pairs at 200k events)
+        head, pair_of = unique_rows(np.stack([ev.name[candidates], shape_of], axis=1))
+        pairs: list[tuple[OpCost, Shapes] | None] = []
+        for name, shapes in zip(ev.name[candidates[head]].tolist(), shape_of[head].tolist(),
+                                strict=True):
+            s = found[shapes]
+            cost = shapes_cost(ev.names[name], s) if s is not None else None
+            pairs.append((cost, s) if cost is not None and s is not None else None)
+        return {row: pair for row, pair in zip(candidates.tolist(), map(pairs.__getitem__,
+                                                                        pair_of.tolist()),
+                                               strict=True) if pair is not None}
 
     return ev.derived("costed ops", make)
 
@@ -248,8 +255,13 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     at_counted = np.sort(owned[owned == owner])
     counted = at_counted.tolist()
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
-    shape_text = functools.cache(_shape_text)  # many rows share one recorded Shapes
-    texts = {row: shape_text(costed[row][1]) for row in counted}
+    # each distinct recorded Shapes written out once (many rows share one), each text an id
+    shapes, shape_of = _distinct([costed[row][1] for row in counted])
+    distinct = [_shape_text(s) for s in shapes]
+    text_id = {t: i for i, t in enumerate(dict.fromkeys(distinct))}
+    text_of = list(text_id)
+    op_text = np.full(len(ev), -1, np.int64)
+    op_text[at_counted] = np.asarray([text_id[t] for t in distinct], np.int64)[shape_of]
     time = ev.dur[at_counted]  # each counted op's ns, as `counted`
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]] = {}
     if len(device):
@@ -258,18 +270,17 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         dev_rows, op_rows = _launches(ev, ext, device, owned, owner)
         # an FP32 op whose kernels ran on tensor cores did TF32 work: its roofline, its dtype
         tensor_core = [i for i, n in enumerate(ev.names) if is_tensor_core(n)]
-        tf32 = functools.cache(tf32_if_fp32)
-        for op_row in sorted_unique(op_rows[np.isin(ev.name[dev_rows], tensor_core)]).tolist():
-            if op_row in costs:
-                costs[op_row] = tf32(costs[op_row])
+        on_tensor_cores = [row for row in sorted_unique(
+            op_rows[np.isin(ev.name[dev_rows], tensor_core)]).tolist() if row in costs]
+        found, cost_of = _distinct([costs[row] for row in on_tensor_cores])
+        as_tf32 = [tf32_if_fp32(cost) for cost in found]
+        costs.update(zip(on_tensor_cores, map(as_tf32.__getitem__, cost_of.tolist()),
+                         strict=True))
         dur = ev.dur[dev_rows]
         ops, op_of = np.unique(op_rows, return_inverse=True)
         launched = _sums(op_of, dur, len(ops))  # each op's kernels' time
         time = np.asarray(_lookup(ops, launched, at_counted), np.int64)
         op_ns = int(ev.dur[device].sum())
-        text_id = {t: i for i, t in enumerate(dict.fromkeys(texts.values()))}
-        op_text = np.full(len(ev), -1, np.int64)
-        op_text[counted] = [text_id[texts[r]] for r in counted]
         mine = (op_text[op_rows] >= 0) & (launched[op_of] > 0)  # a counted op's kernels
         d, o = dev_rows[mine], op_rows[mine]
         keys = np.stack([ev.name[d], ev.name[o], op_text[o]], axis=1)
@@ -277,10 +288,8 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         share = np.bincount(group, weights=dur[mine] / launched[op_of[mine]])
         group_ns = _sums(group, dur[mine], len(head))
         calls = np.bincount(group, minlength=len(head))
-        last = np.zeros(len(head), np.int64)
-        last[group] = np.arange(len(group))  # a repeated index keeps its last assignment
-        text_of = list(text_id)
-        for g, (at, op) in enumerate(zip(head.tolist(), o[last].tolist(), strict=True)):
+        for g, (at, op) in enumerate(zip(head.tolist(), o[_last(group, len(head))].tolist(),
+                                         strict=True)):
             # the cost of the group's last op (one of them may have run on tensor cores)
             kernels[(ev.names[int(ev.name[d[at]])], ev.names[int(ev.name[o[at]])],
                      text_of[int(op_text[o[at]])])] = (costs[op], float(share[g]),
@@ -288,12 +297,13 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     else:  # the threads' busy time in ops (nested ops counted once)
         op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
-    groups: dict[tuple[str, str], tuple[OpCost, int, int]] = {}
-    for row, name, own_ns in zip(counted, ev.name[at_counted].tolist(), time.tolist(),
-                                   strict=True):
-        key = (ev.names[name], texts[row])
-        _cost, count, ns = groups.get(key, (costs[row], 0, 0))
-        groups[key] = (costs[row], count + 1, ns + own_ns)
+    # (name, shapes) groups of the counted ops, each with its last op's cost
+    head, group = unique_rows(np.stack([ev.name[at_counted], op_text[at_counted]], axis=1))
+    groups = {(ev.names[int(ev.name[h])], text_of[int(op_text[h])]): (costs[last], int(n), int(ns))
+              for h, last, n, ns in zip(at_counted[head].tolist(),
+                                        at_counted[_last(group, len(head))].tolist(),
+                                        np.bincount(group, minlength=len(head)).tolist(),
+                                        _sums(group, time, len(head)).tolist(), strict=True)}
     rows: list[int] = []
     if counted:  # the first op's step on its thread, in time order
         at = at_counted
@@ -367,6 +377,25 @@ def _lookup(keys: I64, values: npt.NDArray[Any], want: Sequence[int] | I64) -> n
     at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
     found = keys[at] == np.asarray(want) if len(keys) else np.zeros(len(want), bool)
     return np.where(found, values[at] if len(keys) else 0, 0)
+
+
+def _distinct(objects: Sequence[T]) -> tuple[list[T], I64]:
+    """The distinct objects of `objects` by identity, in order of first appearance, and each
+    one's index among them: RowShapes gives one object per distinct recorded shapes, so the
+    work per shapes is done once, not per row (hashing a Shapes walks all its tuples)."""
+    ids = np.fromiter(map(id, objects), np.int64, len(objects))
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    index = np.empty(len(order), np.int64)
+    index[order] = np.arange(len(order))
+    return [objects[i] for i in first[order].tolist()], index[inverse.reshape(-1)]
+
+
+def _last(group: I64, count: int) -> I64:
+    """The position of each group's last member (`group`: each item's group of `count`)."""
+    last = np.zeros(count, np.int64)
+    last[group] = np.arange(len(group))  # a repeated index keeps its last assignment
+    return last
 
 
 def _sums(groups: I64, values: I64, count: int) -> I64:
