@@ -56,7 +56,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.groups import NO_GROUPS, Groups
-from perfswarm.analyze.intervals import StateSums, covered, innermost, sorted_unique
+from perfswarm.analyze.intervals import StateSums, covered, innermost, sorted_unique, spread
 from perfswarm.analyze.iterations import StepWindow, within_gaps
 from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.stragglers import Peer, instances_of
@@ -452,8 +452,7 @@ def _host_time(g: Graph, key: int, which: I64, lo: I64, hi: I64,
     # lo == hi)
     first = np.maximum(np.searchsorted(points, lo, side="right") - 1, 0)
     count = np.maximum(np.minimum(np.searchsorted(points, hi), len(points) - 1) - first, 0)
-    span = np.repeat(np.arange(len(lo)), count)
-    segment = np.arange(len(span)) - np.repeat(np.cumsum(count) - count, count) + first[span]
+    span, segment = spread(first, count)
     length = (np.minimum(points[segment + 1], hi[span])
               - np.maximum(points[segment], lo[span]))
     state, who = sums.codes[segment], owner[segment]
