@@ -182,6 +182,21 @@ def sorted_unique(values: npt.NDArray[Int]) -> npt.NDArray[Int]:
     return x[keep]
 
 
+DENSE_PER_KEY = 4  # key_sums counts densely over at most this many slots a key
+
+
+def key_sums(keys: I64, weights: I64, size: int) -> tuple[I64, I64]:
+    """The distinct keys (ascending, each in [0, size)) and each one's weights summed (exact
+    below 2**53): a count over every slot where there are at most DENSE_PER_KEY a key, else
+    by np.unique's sort (the walks' (walk, state, name) keys of the critical path at 200k
+    events, 234k of 130k slots: 12 CPU ms sorted, 1.2 counted)."""
+    if size <= DENSE_PER_KEY * len(keys):
+        found = np.flatnonzero(np.bincount(keys, minlength=size))
+        return found, np.bincount(keys, weights, size)[found].astype(np.int64)
+    found, at = np.unique(keys, return_inverse=True)
+    return found, np.bincount(at, weights, len(found)).astype(np.int64)
+
+
 class Coverage:
     """How much of any [lo, hi) disjoint sorted intervals cover, for many queries at once."""
 
