@@ -302,7 +302,8 @@ def test_counted_host_time_is_each_spans_own(spans: list[tuple[int, int, int, in
         by_name: dict[tuple[str, str], int] = {}
         for key, lo, hi in walk.host:
             sums, owner = g.thread_sums[key], g.thread_owner[key]
-            for state, v in zip(HOST_STATES, sums.between(lo, hi).tolist(), strict=True):
+            ns_of = sums.between(np.array([lo]), np.array([hi]))[0].tolist()
+            for state, v in zip(HOST_STATES, ns_of, strict=True):
                 ns[state] += v
             points = sums.points.tolist()
             for i in range(len(points) - 1):

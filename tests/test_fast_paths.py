@@ -14,7 +14,7 @@ from conftest import corpus
 from perfswarm.analyze.aisi import NONE, _lookup, _vote
 from perfswarm.analyze.dependencies import _LatestEnd
 from perfswarm.analyze.frame import Events
-from perfswarm.analyze.intervals import covered, sorted_unique
+from perfswarm.analyze.intervals import DENSE_PER_KEY, covered, key_sums, sorted_unique
 from perfswarm.analyze.launch import DEVICE_OPS, launch_pairs
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import _of_rank
@@ -102,3 +102,19 @@ def test_covered_matches_a_test_per_segment(spans: list[tuple[int, int]],
     want = [any(s <= left < e for s, e in bounds) for left in points[:-1].tolist()]
     starts, ends = (np.array([pair[i] for pair in bounds], np.int64) for i in (0, 1))
     assert covered(starts, ends, points).tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10**12)), max_size=40),
+       st.integers(0, 2 * DENSE_PER_KEY))
+def test_key_sums_match_a_dict(pairs: list[tuple[int, int]], spare: int) -> None:
+    """key_sums (a count over every slot where the keys are dense enough, else a sort)
+    against summing into a dict: zero weights kept, slots past every key or keys spread
+    over more slots than DENSE_PER_KEY a key either way."""
+    sums: dict[int, int] = {}
+    for k, w in pairs:
+        sums[k] = sums.get(k, 0) + w
+    keys, weights = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
+    size = max(sums, default=-1) + 1 + spare * len(pairs)
+    found, total_of = key_sums(keys, weights, size)
+    assert (found.tolist(), total_of.tolist()) == (sorted(sums), [sums[k] for k in sorted(sums)])

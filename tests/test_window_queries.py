@@ -26,7 +26,8 @@ def test_window_queries_match_the_clipped_reference(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_state_sums_match_the_per_segment_reference(seed: int) -> None:
     """ns per state up to any instant, segments summed one by one in Python ints: before,
-    on and between the points, across many of StateSums' checkpoints, at epoch-ns times."""
+    on and between the points, across many of StateSums' checkpoints, at epoch-ns times,
+    every instant asked at once (a row each) and in any order."""
     rng = np.random.default_rng(seed)
     n, states = int(rng.integers(1, 300)), int(rng.integers(1, 6))
     points = np.cumsum(rng.integers(1, 10**9, n)).astype(np.int64) + 1_700_000_000 * 10**9
@@ -34,14 +35,17 @@ def test_state_sums_match_the_per_segment_reference(seed: int) -> None:
     outside = int(rng.integers(0, states))
     sums = StateSums(points, codes, states, outside)
     first, last = int(points[0]), int(points[-1])
-    asked = [*points.tolist(), *rng.integers(first - 10**9, last + 10**9, 60).tolist()]
-    for x in asked:
+    asked = rng.permutation([*points.tolist(),
+                             *rng.integers(first - 10**9, last + 10**9, 60).tolist()])
+    wants = []
+    for x in asked.tolist():
         want = [0] * states
         for j, code in enumerate(codes.tolist()):
             want[code] += max(0, min(int(points[j + 1]), x) - int(points[j]))
         want[outside] += x - last if x > last else min(0, x - first)
-        assert sums.upto(x).tolist() == want
-    lo, hi = sorted(rng.integers(first, last + 1, 2).tolist())
+        wants.append(want)
+    assert sums.upto(asked.astype(np.int64)).tolist() == wants
+    lo, hi = np.sort(rng.integers(first, last + 1, (2, 9)), axis=0)
     assert sums.between(lo, hi).tolist() == (sums.upto(hi) - sums.upto(lo)).tolist()
 
 
@@ -51,4 +55,5 @@ def test_state_sums_keep_less_than_their_points() -> None:
     points = np.arange(0, 100_000, dtype=np.int64)
     sums = StateSums(points, np.arange(len(points) - 1, dtype=np.int64) % 6, 6, 0)
     assert sums.cum.nbytes < points.nbytes / 4
-    assert sums.upto(99_999).tolist() == [16_667, 16_667, 16_667, 16_666, 16_666, 16_666]
+    assert sums.upto(np.array([99_999])).tolist() == [[16_667, 16_667, 16_667, 16_666, 16_666,
+                                                        16_666]]

@@ -127,8 +127,9 @@ class HostComm:
         sums = state_sweep([host_compute(ev, rank), (ev.ts[comm], ev.end[comm])],
                            lambda c: first_covering([c[0] & c[1], c[0], c[1]]),
                            len(HOST_COMM_STATES), HOST_COMM_STATES.index("neither"))
-        return [cls(dict(zip(HOST_COMM_STATES, sums.between(lo, hi).tolist(), strict=True)))
-                for lo, hi in spans]
+        bounds = np.array(spans, np.int64).reshape(-1, 2)
+        return [cls(dict(zip(HOST_COMM_STATES, ns, strict=True)))
+                for ns in sums.between(bounds[:, 0], bounds[:, 1]).tolist()]
 
 
 def host_compute(ev: Events, rank: int) -> tuple[I64, I64]:
@@ -239,8 +240,9 @@ def breakdowns(activity: Activity, windows: Sequence[tuple[int, int]]) -> list[B
     sums = state_sweep(activity.sets(), _state, len(STATES), STATES.index("idle"))
     bounds = np.array(windows, np.int64).reshape(-1, 2)
     ops = Coverage(*activity.host_ops).between(bounds[:, 0], bounds[:, 1])
-    return [Breakdown(lo, hi, dict(zip(STATES, sums.between(lo, hi).tolist(), strict=True)),
-                      int(o)) for (lo, hi), o in zip(windows, ops.tolist(), strict=True)]
+    ns = sums.between(bounds[:, 0], bounds[:, 1]).tolist()
+    return [Breakdown(lo, hi, dict(zip(STATES, n, strict=True)), int(o))
+            for (lo, hi), n, o in zip(windows, ns, ops.tolist(), strict=True)]
 
 
 def rank_concurrency(ev: Events, rank: int, windows: Sequence[StepWindow],

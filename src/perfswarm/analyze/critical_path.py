@@ -56,7 +56,14 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import DEVICE_OPS, I64, KIND, Events, group_rows, lane_key
 from perfswarm.analyze.groups import NO_GROUPS, Groups
-from perfswarm.analyze.intervals import StateSums, covered, innermost, sorted_unique
+from perfswarm.analyze.intervals import (
+    StateSums,
+    covered,
+    innermost,
+    key_sums,
+    sorted_unique,
+    spread,
+)
 from perfswarm.analyze.iterations import StepWindow, within_gaps
 from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.stragglers import Peer, instances_of
@@ -452,8 +459,7 @@ def _host_time(g: Graph, key: int, which: I64, lo: I64, hi: I64,
     # lo == hi)
     first = np.maximum(np.searchsorted(points, lo, side="right") - 1, 0)
     count = np.maximum(np.minimum(np.searchsorted(points, hi), len(points) - 1) - first, 0)
-    span = np.repeat(np.arange(len(lo)), count)
-    segment = np.arange(len(span)) - np.repeat(np.cumsum(count) - count, count) + first[span]
+    span, segment = spread(first, count)
     length = (np.minimum(points[segment + 1], hi[span])
               - np.maximum(points[segment], lo[span]))
     state, who = sums.codes[segment], owner[segment]
@@ -463,12 +469,12 @@ def _host_time(g: Graph, key: int, which: I64, lo: I64, hi: I64,
     ns = ns.astype(np.int64).reshape(walks, states)
     ns[:, sums.outside] += np.bincount(which, outside, walks).astype(np.int64)
     keep = (length > 0) & (who >= 0) & (state < HOST_STATES.index("host_idle"))
-    found, at = np.unique((which[span[keep]] * states + state[keep]) * names
-                          + g.ev.name[who[keep]], return_inverse=True)
+    found, sums_of = key_sums((which[span[keep]] * states + state[keep]) * names
+                              + g.ev.name[who[keep]], length[keep], walks * states * names)
     walk_state, name = np.divmod(found, names)
     i, state_of = np.divmod(walk_state, states)
-    return ns, list(zip(i.tolist(), state_of.tolist(), name.tolist(),
-                        np.bincount(at, length[keep]).astype(np.int64).tolist(), strict=True))
+    return ns, list(zip(i.tolist(), state_of.tolist(), name.tolist(), sums_of.tolist(),
+                        strict=True))
 
 
 def path_of(start: State, walk_from: Callable[[State, int | None], S]) -> list[S]:

@@ -116,33 +116,43 @@ class StateSums:
                 np.cumsum(np.add.reduceat(np.where(codes == s, lengths, 0), starts),
                           out=self.cum[s, 1:])
 
-    def upto(self, x: int) -> I64:
-        """ns per state in [points[0], x), with time before points[0] counted as outside
-        (with no points, all time is outside)."""
-        out = np.zeros(self.states, np.int64)
+    def upto(self, x: I64) -> I64:
+        """ns per state in [points[0], x) of each x (a row per x), with time before points[0]
+        counted as outside (with no points, all time is outside). Every x at once: one by
+        one, each was ~20 numpy calls (the 200k-event Run's 200 step windows: 4.5 ms, 0.5)."""
+        x = np.asarray(x, np.int64)
+        out = np.zeros((len(x), self.states), np.int64)
         if len(self.points) == 0:
-            out[self.outside] = x
+            out[:, self.outside] = x
             return out
         first, last = int(self.points[0]), int(self.points[-1])
-        if x <= first:
-            out[self.outside] -= first - x
-            return out
-        if x >= last:
-            out += self.cum[:, -1]
-            out[self.outside] += x - last
-            return out
-        i = int(np.searchsorted(self.points, x, side="right")) - 1
+        before, after = x <= first, x >= last
+        out[before, self.outside] -= first - x[before]
+        out[after] += self.cum[:, -1]
+        out[after, self.outside] += x[after] - last
+        inside = np.flatnonzero(~before & ~after)
+        i = np.searchsorted(self.points, x[inside], side="right") - 1
         k = i // self.CHECKPOINT
-        first = k * self.CHECKPOINT
-        out += self.cum[:, k]
-        # the segments from the checkpoint to i, summed exactly (ns far below 2**53)
-        out += np.bincount(self.codes[first:i], np.diff(self.points[first:i + 1]),
-                           self.states).astype(np.int64)
-        out[int(self.codes[i])] += x - int(self.points[i])
+        out[inside] += self.cum[:, k].T
+        # the segments from each checkpoint to i, summed exactly (ns far below 2**53)
+        query, segment = spread(k * self.CHECKPOINT, i - k * self.CHECKPOINT)
+        out[inside] += np.bincount(
+            query * self.states + self.codes[segment],
+            self.points[segment + 1] - self.points[segment],
+            len(inside) * self.states).astype(np.int64).reshape(-1, self.states)
+        out[inside, self.codes[i]] += x[inside] - self.points[i]
         return out
 
-    def between(self, lo: int, hi: int) -> I64:
+    def between(self, lo: I64, hi: I64) -> I64:
+        """ns per state in each [lo, hi) (a row per window)."""
         return self.upto(hi) - self.upto(lo)
+
+
+def spread(first: I64, count: I64) -> tuple[I64, I64]:
+    """Each run i of count[i] consecutive indices from first[i], all runs end to end: the
+    run of each index, and the index."""
+    run = np.repeat(np.arange(len(first)), count)
+    return run, np.arange(len(run)) - np.repeat(np.cumsum(count) - count, count) + first[run]
 
 
 def state_sweep(sets: Sequence[tuple[I64, I64]], state_of: Callable[[list[Mask]], I64],
@@ -170,6 +180,21 @@ def sorted_unique(values: npt.NDArray[Int]) -> npt.NDArray[Int]:
     keep = np.ones(len(x), dtype=bool)
     keep[1:] = x[1:] != x[:-1]
     return x[keep]
+
+
+DENSE_PER_KEY = 4  # key_sums counts densely over at most this many slots a key
+
+
+def key_sums(keys: I64, weights: I64, size: int) -> tuple[I64, I64]:
+    """The distinct keys (ascending, each in [0, size)) and each one's weights summed (exact
+    below 2**53): a count over every slot where there are at most DENSE_PER_KEY a key, else
+    by np.unique's sort (the walks' (walk, state, name) keys of the critical path at 200k
+    events, 234k of 130k slots: 12 CPU ms sorted, 1.2 counted)."""
+    if size <= DENSE_PER_KEY * len(keys):
+        found = np.flatnonzero(np.bincount(keys, minlength=size))
+        return found, np.bincount(keys, weights, size)[found].astype(np.int64)
+    found, at = np.unique(keys, return_inverse=True)
+    return found, np.bincount(at, weights, len(found)).astype(np.int64)
 
 
 class Coverage:

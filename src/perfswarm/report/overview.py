@@ -94,10 +94,10 @@ def step_breakdown(ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
                              default=rest).astype(np.int64)
 
         sums = state_sweep(_sets(ev, rank), category, len(CATEGORIES), rest, bounds)
-        for w in windows:
-            ns = sums.between(int(w["start"]), int(w["end"]))
+        ns = sums.between(bounds[:len(windows)], bounds[len(windows):]).tolist()
+        for w, n in zip(windows, ns, strict=True):
             rows.append({"rank": rank, "step": w["step"], "dur_ns": int(w["end"] - w["start"]),
-                         "ns": {c: int(v) for c, v in zip(CATEGORIES, ns.tolist(), strict=True)}})
+                         "ns": dict(zip(CATEGORIES, n, strict=True))})
     return rows
 
 
