@@ -22,7 +22,7 @@ from perfswarm.analyze.concurrency import concurrency, host_compute
 from perfswarm.analyze.critical_path import (
     CATEGORIES,
     HOST_STATES,
-    Walked,
+    Segment,
     build,
     counted,
     critical_path,
@@ -293,9 +293,9 @@ def test_counted_host_time_is_each_spans_own(spans: list[tuple[int, int, int, in
     by one: StateSums.between per state, and the op and runtime time named by the innermost op
     over each of the thread's segments (walked in Python), time outside its events idle."""
     g = THREE_ITERATIONS
-    walks = [Walked(dict.fromkeys(CATEGORIES, 0), {}, 0, 0, [], [], None,
-                    [(int(lane_key(0, tid)), lo, lo + length)
-                     for i, tid, lo, length in spans if i == walk])
+    walks = [Segment(dict.fromkeys(CATEGORIES, 0), {}, 0, 0, [], [], None,
+                     [(int(lane_key(0, tid)), lo, lo + length)
+                      for i, tid, lo, length in spans if i == walk])
              for walk in range(4)]
     for walk, segment in zip(walks, counted(g, walks), strict=True):
         ns = dict.fromkeys(CATEGORIES, 0)

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final
 
 import numpy as np
 
@@ -366,7 +366,8 @@ def _device_category(ev: Events, row: int) -> str:
 
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of the path walked in one graph."""
+    """A stretch of the path walked in one graph. As walked, the time it spent on host threads
+    is in `host`, not yet in `ns` and `by_name`: `counted` counts every walk's at once."""
 
     ns: dict[str, int]
     by_name: dict[tuple[str, str], int]  # (category, name) -> ns
@@ -375,38 +376,11 @@ class Segment:
     handovers: list[Handover]
     visited: list[State]
     next: State | None  # where it goes on: another graph's rank, a repeat, or None at its start
-
-
-@dataclass(frozen=True)
-class Walked:
-    """A stretch of the path as walked, before the time it spent on host threads is counted
-    (`counted`, every walk's host spans of a thread at once): `ns` and `by_name` hold the rest."""
-
-    ns: dict[str, int]
-    by_name: dict[tuple[str, str], int]
-    device_ops: int
-    switches: int
-    handovers: list[Handover]
-    visited: list[State]
-    next: State | None
-    host: list[HostSpan]
-
-
-class Stretch(Protocol):
-    """What path_of needs of a walk: the states it visited and where it goes on."""
-
-    @property
-    def visited(self) -> list[State]: ...
-
-    @property
-    def next(self) -> State | None: ...
-
-
-S = TypeVar("S", bound=Stretch)
+    host: list[HostSpan] = field(default_factory=list)  # spans not yet counted
 
 
 def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
-         floor: int = NO_FLOOR) -> Walked:
+         floor: int = NO_FLOOR) -> Segment:
     """Walk back from `state` while it is on one of `ranks` (the graph's), after `floor`, no
     state repeats and (with `stop`) fewer than `stop` states were walked."""
     w = _Walk(g, floor)
@@ -421,12 +395,12 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
         current = (w.device(row, t) if where == "dev" else
                    w.host_collective(row, t) if g.ev.host_collective[row] else w.host(row, t))
     by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
-    return Walked(w.ns, by_name, w.device_ops, w.switches, w.handovers, visited,
-                  current if current is not None and current[3] > floor else None,
-                  w.host_spans)
+    return Segment(w.ns, by_name, w.device_ops, w.switches, w.handovers, visited,
+                   current if current is not None and current[3] > floor else None,
+                   w.host_spans)
 
 
-def counted(g: Graph, walks: Sequence[Walked]) -> list[Segment]:
+def counted(g: Graph, walks: Sequence[Segment]) -> list[Segment]:
     """The walks' segments, the time of each host span they crossed counted per state and by
     the innermost op over it (by name): every span of a thread at once, one vectorized pass
     over their segments of its timeline. Span by span, each was ~20 numpy calls on a few
@@ -443,9 +417,9 @@ def counted(g: Graph, walks: Sequence[Walked]) -> list[Segment]:
         ns += thread_ns
         for i, state, name, v in named:
             by_name[i][(HOST_STATES[state], g.ev.names[name])] += v
-    return [Segment({c: v + (int(ns[i, HOST_STATES.index(c)]) if c in HOST_STATES else 0)
-                     for c, v in w.ns.items()}, dict(by_name[i]), w.device_ops, w.switches,
-                    w.handovers, w.visited, w.next) for i, w in enumerate(walks)]
+    return [replace(w, ns={c: v + (int(ns[i, HOST_STATES.index(c)]) if c in HOST_STATES else 0)
+                           for c, v in w.ns.items()}, by_name=dict(by_name[i]), host=[])
+            for i, w in enumerate(walks)]
 
 
 def _host_time(g: Graph, key: int, which: I64, lo: I64, hi: I64,
@@ -477,11 +451,12 @@ def _host_time(g: Graph, key: int, which: I64, lo: I64, hi: I64,
                         strict=True))
 
 
-def path_of(start: State, walk_from: Callable[[State, int | None], S]) -> list[S]:
+def path_of(start: State, walk_from: Callable[[State, int | None], Segment]
+            ) -> list[Segment]:
     """The whole path from `start`, stretch by stretch: `walk_from(state, stop)` walks the graph
     that holds the state's rank. A state seen in an earlier stretch ends the path there, as
     a repeat inside one walk does."""
-    segments: list[S] = []
+    segments: list[Segment] = []
     seen: set[State] = set()
     state: State | None = start
     while state is not None and state not in seen:
@@ -629,14 +604,14 @@ def path(end: int, segments: Sequence[Segment], top: int = TOP, step: int | None
 
 
 def paths(parts: Sequence[Sequence[Ends]], steps: Sequence[tuple[int, Window]],
-          walk_from: Callable[[State, int | None, int], S],
-          count: Callable[[list[S]], list[Segment]]) -> CriticalPath | None:
+          walk_from: Callable[[State, int | None, int], Segment],
+          count: Callable[[list[Segment]], list[Segment]]) -> CriticalPath | None:
     """The Run's path and each step's, from each graph's Ends (`ends(g, [None, *windows])`,
     in rank order), `walk_from(state, stop, floor)`, which walks the graph holding the
     state's rank back to `floor` (in a step, that rank's own start of it: the earliest rank's
     would count the other ranks' head start as the path's, a step's path longer than every
     rank's step), and `count`, which makes every path's walks segments at once (counted)."""
-    def back_to(window: Window | None) -> Callable[[State, int | None], S]:
+    def back_to(window: Window | None) -> Callable[[State, int | None], Segment]:
         def floor(rank: int) -> int:
             if window is None:
                 return NO_FLOOR
