@@ -18,6 +18,7 @@ another run, or of the same run at another batch size, whose ops are the same.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.errors import PerfswarmError
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.graph import HOST, Graph
 from perfswarm.userfiles import read_json
 
@@ -75,6 +77,25 @@ def steady_steps(durations: Mapping[StepKey, int]) -> set[StepKey]:
     in a 31 ms step); an op's typical time is read off the others."""
     last = {max(k for k in durations if k[0] == rank) for rank, _ in durations}
     return undisturbed_steps(durations) - last
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A Run's steady steps (`steady_steps`) and how long they took."""
+
+    keys: frozenset[StepKey]
+    undisturbed: frozenset[StepKey]  # the steps within the MADs, a rank's last too
+    median_ns: int  # their median length (of every step, when none is steady)
+    spread: float  # GMAE of those lengths around it: how much alike they ran
+
+
+def steady_of(lengths: Mapping[StepKey, int], keys: Set[StepKey] | None = None) -> Steady:
+    """The steady steps among `lengths` (each step's ns): `keys` when known, else found."""
+    found = frozenset(steady_steps(lengths) if keys is None else keys)
+    kept = [v for k, v in lengths.items() if k in found] or list(lengths.values())
+    median = int(statistics.median(kept)) if kept else 0
+    return Steady(found, frozenset(undisturbed_steps(lengths)), median,
+                  gmae(kept, [median] * len(kept)))
 
 
 # how far a step's instances are from typical (`typical_of`'s levels): in a steady step, in an
@@ -292,19 +313,18 @@ def _by_key(keys: I64, values: F64, level: I64) -> list[tuple[int, float]]:
 
 
 def fit_overheads(g: Graph, ev: Events, insts: Instances, stalls: Mask, idle: Mask,
-                  waits: Mask, step: I64, steady: Set[StepKey] = frozenset(),
-                  undisturbed: Set[StepKey] = frozenset()) -> OverheadModel:
+                  waits: Mask, step: I64, steady: Steady) -> OverheadModel:
     """Typical values (see `typical`) of every part over the run's op instances, per op type
     (T1 of those whose thread was working before them: not `idle`, Graph.idle_gaps; and
     per rank, where the Run has several); runtime calls that stalled (`stalls`, per node:
     `stalled`) are left out of their name's, and ops whose time is a wait on other ranks
     (`waits`, per node: graph.collective_waits, gloo's collectives, which the graph prices)
-    out of every part; `step`: each event's (iterations.event_steps), what `steady` and
-    `undisturbed` are of.
+    out of every part; `step`: each event's (iterations.event_steps), what `steady`'s steady and
+    undisturbed steps are of.
     T5 counts once per interval (an op's T5 time over its intervals, as many times)."""
     code = _step_codes(g, ev, step)
-    calm = np.where(np.isin(code, [_code(r, s) for r, s in steady]), STEADY, np.where(
-        np.isin(code, [_code(r, s) for r, s in undisturbed]), UNDISTURBED, OTHER))
+    calm = np.where(np.isin(code, [_code(r, s) for r, s in steady.keys]), STEADY, np.where(
+        np.isin(code, [_code(r, s) for r, s in steady.undisturbed]), UNDISTURBED, OTHER))
     t1, groups = insts.totals(g.dur, g.gap)
     parts, count = insts.parts(groups)
     own = ~waits[insts.first]

@@ -98,14 +98,14 @@ from perfswarm.model.opstats import RowShapes
 from perfswarm.model.overheads import (
     Instances,
     OverheadModel,
+    Steady,
     StepKey,
     apply_overheads,
     fit_overheads,
     instances,
     stalled,
-    steady_steps,
+    steady_of,
     typical,
-    undisturbed_steps,
 )
 from perfswarm.model.profile import UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
@@ -159,25 +159,6 @@ class Change:
     def to_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "dims": {str(a): b for a, b in self.dims},
                 "device": self.device}
-
-
-@dataclass(frozen=True)
-class Steady:
-    """A Run's steady steps (`steady_steps`) and how long they took."""
-
-    keys: frozenset[StepKey]
-    undisturbed: frozenset[StepKey]  # the steps within the MADs, a rank's last too
-    median_ns: int  # their median length (of every step, when none is steady)
-    spread: float  # GMAE of those lengths around it: how much alike they ran
-
-
-def steady_of(lengths: Mapping[StepKey, int], keys: Set[StepKey] | None = None) -> Steady:
-    """The steady steps among `lengths` (each step's ns): `keys` when known, else found."""
-    found = frozenset(steady_steps(lengths) if keys is None else keys)
-    kept = [v for k, v in lengths.items() if k in found] or list(lengths.values())
-    median = int(statistics.median(kept)) if kept else 0
-    return Steady(found, frozenset(undisturbed_steps(lengths)), median,
-                  gmae(kept, [median] * len(kept)))
 
 
 @dataclass(frozen=True)
@@ -671,13 +652,13 @@ def _source_spec(m: _Model, override: str | None) -> DeviceSpec | None:
 
 
 def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
-                   unmodelled: LearnedScaler | None, dur: I64, steady: Set[StepKey],
-                   undisturbed: Set[StepKey]) -> tuple[Counter[str], FirstTouch]:
+                   unmodelled: LearnedScaler | None, dur: I64, steady: Steady
+                   ) -> tuple[Counter[str], FirstTouch]:
     """Kernel times at the new shapes or device, in place; counts of how each was priced, and
     the time of writing fresh pages taken out and put back (`_first_touch`).
 
     A kernel's base is its typical time over the kernels of its name and op shapes in the
-    `steady` steps, else the `undisturbed` ones (model/overheads.py `typical`: iterations repeat
+    `steady` steps, else the undisturbed ones (model/overheads.py `typical`: iterations repeat
     them; a step the machine stalled is not the kernel's, and the mean keeps what it costs an
     iteration)."""
     g, ev = m.graph, m.ev
@@ -717,7 +698,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
                              int_array(m.step[row_arr]), strict=True):
         samples[k][0].append(ns)
         samples[k][1].append(step_keys.setdefault((rk, st), (rk, st)))
-    base_of = [typical(*found, steady, undisturbed) for found in samples]
+    base_of = [typical(*found, steady.keys, steady.undisturbed) for found in samples]
     costs = functools.cache(t.costs)  # per op name and shapes: many kernels share them
 
     @functools.cache
@@ -742,7 +723,8 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
             return (profiled.model_time(found[0], shapes.dims) if profiled is not None
                     else found[0].bytes)
 
-        base_of = pooled_bases(base_of, samples, [key[0] for key in keys], model_of, steady)
+        base_of = pooled_bases(base_of, samples, [key[0] for key in keys], model_of,
+                                 steady.keys)
 
     touch = FirstTouch({})
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
@@ -1130,8 +1112,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     # waits, neither fitted nor set: a thread's through whole steps, and on other ranks
     waits, waited = collective_waits(g, m.ev)
     idle = g.idle_gaps() | waited
-    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, steady,
-                                         found.undisturbed)
+    model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, found)
     keep = stalls | waits
     synced = g.last_nodes(m.synced_calls)
     keep[synced[synced >= 0]] = True
@@ -1219,8 +1200,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
     transform = _Transform(factor, dims, fixed, recorded_threads(run))
-    counts, touch = _scale_kernels(m, transform, scaler, unmodelled, dur, steady,
-                                   found.undisturbed)
+    counts, touch = _scale_kernels(m, transform, scaler, unmodelled, dur, found)
     if touch.unpriced_ns:
         notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
                                           ms=touch.unpriced_ns / 1e6))
