@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -265,29 +266,53 @@ def test_rank_in_a_file_name(name: str, rank: int | None) -> None:
 def test_no_rank_from_a_host_name(tmp_path: Path, streaming: str) -> None:
     """tensorboard_trace_handler's default names, {hostname}_{pid}.{time_ns}.pt.trace.json, of
     a host named gpu-rank3-node: two processes of one real run (tests/data/loader_workers.py's
-    main process and DataLoader worker, pids 3550 and 3617) are one rank each, 0 and 1 (both
-    had been rank 3, the host's "rank3" read as theirs)."""
+    main process and DataLoader worker, pids 3550 and 3617) are rank 0, the worker its
+    process's (both had been rank 3, the host's "rank3" read as theirs)."""
     for src, pid in (("main", 3550), ("worker", 3617)):
         shutil.copy(DATA / f"loader_workers_{src}.pt.trace.json.gz",
                     tmp_path / f"gpu-rank3-node_{pid}.1790857026{pid}00000.pt.trace.json.gz")
     run = import_traces([tmp_path], tmp_path / "r.run", ImportOptions(streaming=streaming), ["t"])
     assert [(s["file"][:19], s["rank"]) for s in run.manifest()["sources"]] == [
-        ("gpu-rank3-node_3550", 0), ("gpu-rank3-node_3617", 1)]
-    assert run.manifest()["ranks"] == [0, 1]
+        ("gpu-rank3-node_3550", 0), ("gpu-rank3-node_3617", 0)]
+    assert run.manifest()["ranks"] == [0]
 
 
 @pytest.mark.parametrize("streaming", ["never", "always"])
 def test_a_process_naming_no_rank_beside_one_that_does(tmp_path: Path, streaming: str) -> None:
-    """tests/data/loader_workers.py's main process in a file named rank-1, its DataLoader
-    worker's in one naming none, given second: the worker is rank 0, the lowest no file names
-    (by its position it had been rank 1 too, two processes merged into one rank)."""
-    files = [tmp_path / "rank-1.pt.trace.json.gz", tmp_path / "worker.pt.trace.json.gz"]
-    for src, dst in zip(("main", "worker"), files, strict=True):
-        shutil.copy(DATA / f"loader_workers_{src}.pt.trace.json.gz", dst)
+    """tests/data/loader_workers.py's main process in a file named rank-1, another program's
+    process (loader_cpu.py's, no worker) in one naming none, given second: that process is
+    rank 0, the lowest no file names (by its position it had been rank 1 too, two processes
+    merged into one rank)."""
+    files = [tmp_path / "rank-1.pt.trace.json.gz", tmp_path / "other.pt.trace.json.gz"]
+    shutil.copy(DATA / "loader_workers_main.pt.trace.json.gz", files[0])
+    shutil.copy(DATA / "loader_cpu_w0_main.pt.trace.json.gz", files[1])
     run = import_traces(files, tmp_path / "r.run", ImportOptions(streaming=streaming), ["t"])
     assert [(s["file"], s["rank"]) for s in run.manifest()["sources"]] == [
-        ("rank-1.pt.trace.json.gz", 1), ("worker.pt.trace.json.gz", 0)]
+        ("rank-1.pt.trace.json.gz", 1), ("other.pt.trace.json.gz", 0)]
     assert run.manifest()["ranks"] == [0, 1]
+
+
+@pytest.mark.parametrize("main", ["rank-1.pt.trace.json.gz", "main.pt.trace.json.gz"])
+def test_a_dataloader_workers_file_is_its_process_rank(tmp_path: Path, main: str) -> None:
+    """The recorder's files of tests/data/loader_cpu.py with 2 DataLoader workers, renamed:
+    each worker's file (every thread torch's `pt_data_worker`, no rank named) is of the one
+    rank the main process's file makes, named or not (each had been a rank of its own, which
+    ran no step); and a rank with its workers' files is no rank "several files claim" (given
+    the rank for each, as the recorder's names give it, it had warned)."""
+    files = [tmp_path / main, tmp_path / "w1.pt.trace.json.gz", tmp_path / "w2.pt.trace.json.gz"]
+    for src, dst in zip(("main", "worker1", "worker2"), files, strict=True):
+        shutil.copy(DATA / f"loader_cpu_w2_{src}.pt.trace.json.gz", dst)
+    rank = 1 if main.startswith("rank-1") else 0
+    run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["t"])
+    m = run.manifest()
+    assert [(s["rank"], s.get("data_worker", False)) for s in m["sources"]] == [
+        (rank, False), (rank, True), (rank, True)]
+    assert m["ranks"] == [rank] and m["warnings"] == []
+    raw = [orjson.loads(gzip.decompress(f.read_bytes()))["traceEvents"] for f in files]
+    assert run.table("events").num_rows == sum(
+        e.get("ph") in ("X", "i", "I") for events in raw for e in events)
+    given = import_traces(files, tmp_path / "g.run", ImportOptions(ranks=(rank,) * 3), ["t"])
+    assert given.manifest()["warnings"] == []
 
 
 def test_distributed_info_over_the_file_name(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -223,6 +223,13 @@ def file_rank(options: ImportOptions, i: int, meta: TraceMeta) -> int:
 
 
 SEPARATE_RUNS_NS = 1_000_000_000  # processes whose recordings are this far apart are two runs
+DATA_WORKER: Final = "pt_data_worker"  # the name torch's DataLoader gives its workers' threads
+
+
+def data_worker(meta: TraceMeta) -> bool:
+    """A DataLoader worker process's trace: each thread it names is `DATA_WORKER`
+    ("thread 19328 (pt_data_worker)")."""
+    return bool(meta.threads) and all(DATA_WORKER in n for n in meta.threads.values())
 
 
 def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence[TraceMeta],
@@ -239,7 +246,10 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
     rank, processes whose recordings lie apart from every
     other's, by a second and ten times the longer one, are other runs of the program, not
     ranks of one job (a script run twice into one TensorBoard log dir had been two ranks of a
-    job spanning 9.5 minutes): refused."""
+    job spanning 9.5 minutes): refused. A DataLoader worker's file that names no rank
+    (`data_worker`) is of the one rank the other files make, where they make one: the
+    recorder's files renamed (the worker's name, `torch-rank0-pid{P}`, had given the rank) had
+    each worker a rank of its own, a phantom rank that ran no step."""
     named = [bool(options.ranks) or m.rank is not None for m in metas]
     for given, meta in zip(options.ranks, metas, strict=False):  # no --rank: none
         if meta.rank not in (None, given):
@@ -263,6 +273,11 @@ def process_ranks(options: ImportOptions, paths: Sequence[Path], metas: Sequence
     free = iter(r for r in itertools.count() if r not in taken)
     number = [next(free) for _ in groups]  # each process's, by its first file
     out = [r if n else number[r] for r, n in zip(out, named, strict=True)]
+    workers = [not n and data_worker(m) for m, n in zip(metas, named, strict=True)]
+    parents = {r for r, w in zip(out, workers, strict=True) if not w}
+    if len(parents) == 1:
+        parent = parents.pop()
+        out = [parent if w else r for r, w in zip(out, workers, strict=True)]
     spans = [(min(e.start for e in seen), max(e.end for e in seen), first)
              for first, seen in groups if seen]
     for start, end, first in spans if len(spans) > 1 and not any(named) else ():
@@ -357,6 +372,7 @@ def describe(manifest: Manifest, raw: Path, rank: int, meta: TraceMeta, events: 
             "info": meta.info,
             **({"host_pids": sorted(extent.pids), "span_ns": [extent.start, extent.end]}
                if extent is not None else {}),
+            **({"data_worker": True} if data_worker(meta) else {}),
         }
     )
     manifest["clock_offsets"][f"{meta.info.get('format', 'kineto')}:{raw.name}"] = meta.base_ns
@@ -477,14 +493,15 @@ def mend_steps(run: Run) -> None:
 
 def ranks_seen(manifest: Manifest) -> None:
     """The manifest's ranks, and a warning for each that several files claim, unless they are
-    one process's windows (one host process in all of them)."""
-    ranks = [int(s["rank"]) for s in manifest["sources"]]
+    one process's windows (one host process in all of them) and its DataLoader workers'."""
+    own = [s for s in manifest["sources"] if not s.get("data_worker")]
+    ranks = [int(s["rank"]) for s in own]
     processes: dict[int, set[tuple[int, ...]]] = {}
-    for s in manifest["sources"]:
+    for s in own:
         processes.setdefault(int(s["rank"]), set()).add(tuple(s.get("host_pids", ())))
     dupes = sorted({r for r in ranks if ranks.count(r) > 1
                     and not (len(processes[r]) == 1 and len(next(iter(processes[r]))) == 1)})
     for r in dupes:
         manifest["warnings"].append(Warning_(source="import", count=ranks.count(r),
                                              what=f"several files claim rank {r}"))
-    manifest["ranks"] = sorted(set(ranks))
+    manifest["ranks"] = sorted({int(s["rank"]) for s in manifest["sources"]})
