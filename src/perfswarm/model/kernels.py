@@ -139,11 +139,11 @@ class ProfileScaler:
         took 176-268 us where its parts are priced 13-55 us); scaled with the parts, it had
         made the layer too steep in H and T (x2.52 for twice the width at T 35, B 8, H 40,
         where it ran x1.85). Priced by its own sweep, whose model holds that time per call,
-        what is left is the time the layer takes in a step and not alone (caches its
-        neighbours left cold): held, the ratios of the layer alone between 18 shapes missed
-        by 0.079 forward and 0.043 backward (mean |log|), scaled 0.118 and 0.085, and
-        the LSTM LM's ratios to its base by 5.9-19.8% (geomean) over four Run sets, scaled
-        6.7-19.8% (docs/benchmarks.md, twenty-eighth pass)."""
+        what is left is the time the layer takes in a step and not alone (at twice the
+        width an LSTM LM's layer ran x1.22-1.44, alone x1.76-1.88): held, the LM's ratios to
+        its base missed by 13.8% on average over four Run sets and two profiles, where
+        scaled by the model's ratio they missed by 14.0%, its width rows by up to +53%
+        (docs/benchmarks.md, twenty-eighth pass)."""
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns
