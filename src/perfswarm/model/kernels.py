@@ -141,9 +141,9 @@ class ProfileScaler:
         where it ran x1.85). Priced by its own sweep, whose model holds that time per call,
         what is left is the time the layer takes in a step and not alone (at twice the
         width an LSTM LM's layer ran x1.22-1.44, alone x1.76-1.88): held, the LM's ratios to
-        its base missed by 13.8% on average over four Run sets and two profiles, where
-        scaled by the model's ratio they missed by 14.0%, its width rows by up to +53%
-        (docs/benchmarks.md, twenty-eighth pass)."""
+        its base missed by 13.3% on average over five Run sets and two profiles (by its
+        parts: 14.6%), where scaled by the model's ratio they missed by 13.8%, its width
+        rows by up to +53% (docs/benchmarks.md, twenty-eighth pass)."""
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns
