@@ -23,7 +23,12 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert profile == json.loads(capsys.readouterr().out)
     assert set(profile["families"]) == {"gemm", "conv", "conv_backward", "embedding_bag",
                                         "elementwise", "reduction", "copy", "sdpa",
-                                        "sdpa_backward"}
+                                        "sdpa_backward", "rnn", "rnn_backward"}
+    for family in ("rnn", "rnn_backward"):  # oneDNN's LSTM layer, timed and fitted
+        entry = profile["families"][family]
+        assert entry["points"] >= 8 and entry["gmae_held_out"] > 0
+        assert {p["op"] for p in entry["sweep"]} == {
+            "mkldnn_rnn_layer" + ("_backward" if family == "rnn_backward" else "")}
     assert set(profile["warm"]) == {"elementwise", "reduction", "copy"}
     assert main(["calibrate", "--budget", "0.01", "-o", str(out)]) == 0
     table = capsys.readouterr().out

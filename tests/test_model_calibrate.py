@@ -11,9 +11,17 @@ import pytest
 
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.kernels import ProfileScaler
-from perfswarm.model.opcost import Shapes, column_major, data_cost, op_cost
+from perfswarm.model.opcost import (
+    RNN_FAMILIES,
+    Shapes,
+    column_major,
+    data_cost,
+    lstm_shape,
+    op_cost,
+)
 from perfswarm.model.profile import (
     FAMILIES,
+    LANES,
     UNUSABLE_GMAE,
     WARM_FAMILIES,
     FamilyModel,
@@ -21,10 +29,20 @@ from perfswarm.model.profile import (
     Point,
     Profile,
     fit,
+    fit_family,
     model_gmae,
+    shape_features,
     split,
 )
-from perfswarm.recorder.bench.kernels import GEMM_RANGE, Case, _runner, _sweep, calibrate
+from perfswarm.recorder.bench.kernels import (
+    GEMM_RANGE,
+    RNN_RANGE,
+    RNN_WORK,
+    Case,
+    _runner,
+    _sweep,
+    calibrate,
+)
 
 
 def _mm(m: int, k: int, seconds: float | None = None) -> Point:
@@ -350,6 +368,54 @@ def test_attention_is_swept_on_the_cpu_as_it_runs() -> None:
                 assert first.stride() == tuple(strides[0])
 
 
+def test_lstm_layer_is_swept_as_torch_runs_it() -> None:
+    """oneDNN's LSTM layer (torch's CPU nn.LSTM), forward and backward: 104 (T, B, I, H) points
+    inside the sweep's bounds and work, I and H in multiples of 8, each priced as predict
+    prices the recorded op, each call the op itself (the backward's first result the input's
+    gradient); fitted as every family is. The learned model reads a layer as its (T, B, I,
+    H), whatever else a recorded backward holds (its outputs, gradients and oneDNN's
+    workspace)."""
+    import torch
+
+    for family in RNN_FAMILIES:
+        cases = list(_sweep(family, 1))
+        assert len(cases) == 104
+        layers = [lstm_shape(op.removeprefix("aten::"), dims) for op, dims, *_ in cases]
+        assert all(s is not None and s[2] % 8 == 0 == s[3] % 8 for s in layers)
+        for axis, (low, high) in enumerate(zip(*RNN_RANGE, strict=True)):
+            values = [s[axis] for s in layers if s is not None]
+            assert low <= min(values) < 2 * low and high / 4 < max(values) <= high
+        assert max(t * b * h * (i + h) for t, b, i, h in filter(None, layers)) <= RNN_WORK
+        points = []
+        for op, dims, types, _, _ in cases:
+            cost = data_cost(op, Shapes(tuple(map(tuple, dims)), tuple(types)))
+            assert cost is not None and cost.family == family
+            # a fixed time a call, a time a step, and a rate: the sweep's kind of curve
+            steps = dims[0][0]
+            points.append(Point(cost, 2e-4 + 3e-6 * steps + 2e-11 * cost.flops,
+                                tuple(map(tuple, dims))))
+        op, dims, *_ = min(cases, key=lambda c: math.prod(c[1][0]) * c[1][2][1])
+        steps, batch, inputs = dims[0]
+        first = _runner(op, dims, "cpu")()
+        assert isinstance(first, tuple) and isinstance(first[0], torch.Tensor)
+        assert list(first[0].shape) == [steps, batch, inputs if family == "rnn_backward"
+                                        else dims[2][1]]
+        # fitted as every family is, and read back from the profile's sweep
+        entry = fit_family(points)
+        assert entry["points"] == 104 and entry["gmae_held_out"] < 0.05
+        profile = Profile.from_dict({"device": "cpu", "families": {family: entry}})
+        assert profile.models[family].predict(points[0].cost, points[0].dims) \
+            == pytest.approx(points[0].seconds, rel=0.05)
+    # the backward as a trace records it (output, hy, cy, gradients, workspace): its features
+    # the layer's (T, B, I, H), as the sweep's points have them
+    recorded = ((35, 8, 40), (160, 40), (160, 40), (160,), (160,), (8, 40), (8, 40),
+                (35, 8, 40), (8, 40), (8, 40), (35, 8, 40), (), (), (757760,))
+    cost = data_cost("aten::mkldnn_rnn_layer_backward", Shapes(recorded, ("float",) * 14))
+    assert cost is not None
+    assert shape_features(cost, recorded, LANES)[:8] == [
+        *(math.log(x) for x in (35, 8, 40, 40)), 0.0, 0.0, 0.0, 0.0]
+
+
 def test_convolution_backward_is_swept_as_autograd_records_it() -> None:
     """The convolution sweep's shapes once more as `aten::convolution_backward` takes them (the
     output's gradient, the input, the weight), priced as predict prices the recorded op, each
@@ -383,7 +449,7 @@ def test_convolution_sweeps_hold_1d_layers() -> None:
     at 500 (2 x 2 x 4 x 16 x 500 x 8 x 9, both gradients); the front end's backward as a first
     layer's, the weight's gradient only (its output_mask [False, True, False]: 2 x 4 x 32 x 246
     x 80, and no input's gradient from the call); a profile's sweep keeps the geometry."""
-    from perfswarm.model.profile import _sweep_point, fit_family
+    from perfswarm.model.profile import _sweep_point
 
     for family, x, flops, shape in (
             ("conv", [4, 1, 4000], 2 * 4 * 32 * 246 * 80, [4, 32, 246]),
@@ -428,8 +494,8 @@ def test_each_sweep_keeps_its_share_of_the_budget(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(kernels, "fit_family", slow_fit)
     monkeypatch.setattr(kernels, "first_touch_s", lambda: 1e-6)
     monkeypatch.setattr(kernels, "reserve_heap", lambda mib: None)
-    profile = calibrate(budget_s=1.2)
-    assert len(shares) == 12 and min(shares) > 0.04  # 0.1 s each, less the last sweep's 0.05
+    profile = calibrate(budget_s=1.4)
+    assert len(shares) == 14 and min(shares) > 0.04  # 0.1 s each, less the last sweep's 0.05
     assert set(profile["families"]) == set(FAMILIES)
 
 

@@ -870,6 +870,40 @@ def test_an_lstm_layers_time_beyond_its_model_is_held() -> None:
     assert scaler.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_458_752
 
 
+def test_a_swept_lstm_layer_takes_its_own_model() -> None:
+    """A profile that swept the LSTM layer itself (families rnn and rnn_backward, here 200 us a
+    call plus 0.01 ns a FLOP, the backward 300 us plus 0.02 ns) prices the layer by that
+    model, not by the GEMMs and gate passes inside it: the layer of the tests above at twice
+    the width is x1.21 the model's time (the parts': x3.01). Measured at 100 us, under the
+    model, it scales by that ratio; at 1 ms the 779 us beyond the model is held and the
+    model's 47 us added. The same layer under a profile without the sweeps (one from before them)
+    is priced as before: its parts, the time beyond them held."""
+    parts = {"gemm": FamilyModel((2e-6, 0.0, 1e-10)), "elementwise": FamilyModel((1e-6, 0.0, 0.0))}
+    swept = ProfileScaler(Profile("cpu", 1, {**parts, "rnn": FamilyModel((2e-4, 0.0, 1e-11)),
+                                             "rnn_backward": FamilyModel((3e-4, 0.0, 2e-11))},
+                                  {}))
+    lstm = Shapes(((10, 4, 32), (256, 32), (256, 64), (256,), (256,), (4, 64), (4, 64)),
+                  ("float",) * 7)
+    wider = lstm.substitute({64: 128, 256: 512})
+    old = data_cost("aten::mkldnn_rnn_layer", lstm)
+    new = data_cost("aten::mkldnn_rnn_layer", wider)
+    assert old is not None and new is not None and old.family == "rnn"
+    flops = 10 * 4 * 256 * (2 * (32 + 64) + 10)
+    assert old.flops == flops
+    assert swept.model_time(old, lstm.dims) == pytest.approx(2e-4 + 1e-11 * flops)
+    ratio = (2e-4 + 1e-11 * new.flops) / (2e-4 + 1e-11 * flops)
+    assert round(ratio, 2) == 1.21
+    assert swept.scaled(100_000, old, new, lstm.dims, wider.dims) == round(1e5 * ratio)
+    assert swept.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_046_899
+    backward = Shapes((*lstm.dims, (10, 4, 64), (4, 64), (4, 64), (10, 4, 64), (180224,)),
+                      ("float",) * 12)
+    cost = data_cost("aten::mkldnn_rnn_layer_backward", backward)
+    assert cost is not None and cost.family == "rnn_backward"
+    assert swept.model_time(cost, backward.dims) == pytest.approx(3e-4 + 2e-11 * 2 * flops)
+    old_profile = ProfileScaler(Profile("cpu", 1, parts, {}))
+    assert old_profile.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_458_752
+
+
 def test_first_touch_held_to_what_the_op_took() -> None:
     """The Mixer's patch convolution: 48 us measured, 225 us of faults put on it by the run's
     share, 451 us at twice the batch; held to 36 us (3/4) and 72 us, the 12 us of work left."""

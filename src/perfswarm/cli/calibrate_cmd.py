@@ -25,7 +25,7 @@ from perfswarm.userfiles import write_json
 @app.command("calibrate")
 def calibrate_command(
     device: Annotated[str, typer.Option("--device", help="Device to calibrate kernel models on: cpu or cuda:N.")] = "cpu",
-    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d and conv1d and their backward, embedding_bag, elementwise, reduction, copy, and on the CPU flash attention and its backward; elementwise, reduction and copy also warm, on inputs reused); time left after a pass buys up to two more.")] = 0.5,
+    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d and conv1d and their backward, embedding_bag, elementwise, reduction, copy, and on the CPU flash attention and the LSTM layer (oneDNN's), each with its backward; elementwise, reduction and copy also warm, on inputs reused); time left after a pass buys up to two more.")] = 0.5,
     threads: Annotated[int, typer.Option("--threads", help="Intra-op threads on the CPU (record the workload with the same count).")] = 1,
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models; with 2 or more GPUs also the host/device copy bandwidth matrix.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,

@@ -17,14 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
-from perfswarm.model.opcost import OpCost, channel_blocked, inner_parts, roofline
+from perfswarm.model.opcost import RNN_FAMILIES, OpCost, channel_blocked, inner_parts, roofline
 from perfswarm.model.profile import KernelModel, LearnedModel, Profile
 from perfswarm.model.specs import DeviceSpec
 
 # The profile family that prices each op family when the profile has no sweep of its own.
 FALLBACK: Final[Mapping[str, str]] = {
     "conv_backward": "conv", "depthwise_conv": "conv", "sdpa": "gemm", "sdpa_backward": "gemm",
-    "rnn": "gemm", "norm": "reduction",
+    "rnn": "gemm", "rnn_backward": "gemm", "norm": "reduction",
     "softmax": "reduction", "pool": "reduction", "conv": "gemm", "embedding_bag": "copy",
     "gather": "copy",
 }
@@ -66,11 +66,13 @@ class ProfileScaler:
         family swept warm too takes the geometric mean of its cold and warm times
         (WARM_SHARE): whether an op's inputs are still in cache depends on what ran since they
         were written, which the trace does not tell, and the mean bends at the cache's size
-        as a step's ops do, half as far as the warm sweep. An LSTM layer or ATen's own
-        convolution is the sum of the ops it runs inside (`inner_parts`), each priced by its
-        own family; a convolution at the channels its kernel computes (`channel_blocked`: the
-        sweep's are whole blocks)."""
-        parts = inner_parts(cost, dims)
+        as a step's ops do, half as far as the warm sweep. An LSTM layer the profile swept
+        (families rnn and rnn_backward) takes its own model; one it did not (a profile from
+        before those sweeps), or ATen's own convolution, is the sum of the ops it runs inside
+        (`inner_parts`), each priced by its own family; a convolution at the channels its
+        kernel computes (`channel_blocked`: the sweep's are whole blocks)."""
+        swept = cost.family in RNN_FAMILIES and cost.family in self.profile.models
+        parts = None if swept else inner_parts(cost, dims)
         if parts:
             times = [(n, self.model_time(part, tuple(map(tuple, d)))) for n, part, d in parts]
             return None if any(t is None for _, t in times) else sum(
@@ -109,7 +111,7 @@ class ProfileScaler:
     def _fixed_s(self, family: str) -> float | None:
         """The fixed time per call of the model pricing `family`: its roofline's intercept
         (None for a layer priced as the ops inside it, whose sum has no one intercept)."""
-        found = self._family(family) if family != "rnn" else None
+        found = self._family(family) if family not in RNN_FAMILIES else None
         if found is None:
             return None
         model = self.profile.models[found[0]]
@@ -129,19 +131,23 @@ class ProfileScaler:
         weight gradient read x3.97 at four times the batch, and ran x1.42). Where the run took
         no longer than the fixed part, the whole scales by the ratio.
 
-        An LSTM layer (family "rnn") keeps what it took beyond its model: the time of oneDNN's
-        RNN primitive that is no GEMM or gate pass, spent per call whatever the shapes
-        (descriptors made, weights reordered, memory allocated and freed: at one time step,
-        B 8 and H 40 or 80, a call took 176-268 us where its parts are priced 13-55 us, and
-        oneDNN's JIT kernels had 6% of perf's samples). Scaled with the parts, it had made
-        the layer too steep in H and T: x2.52 for twice the width at T 35, B 8, H 40, where
-        it ran x1.85 (docs/benchmarks.md, twenty-seventh pass). Its B is not right either
-        way: oneDNN's per-step GEMMs grow faster with B than ATen's, which the profile
-        sweeps."""
+        An LSTM layer or its backward (families rnn, rnn_backward) keeps what it took beyond
+        its model, and only the model's time changes. Priced by its parts (a profile without
+        the layer's own sweeps), that excess is the time of oneDNN's RNN primitive that is no
+        GEMM or gate pass, spent per call whatever the shapes (descriptors made, weights
+        reordered, memory allocated and freed: at one time step, B 8 and H 40 or 80, a call
+        took 176-268 us where its parts are priced 13-55 us); scaled with the parts, it had
+        made the layer too steep in H and T (x2.52 for twice the width at T 35, B 8, H 40,
+        where it ran x1.85). Priced by its own sweep, whose model holds that time per call,
+        what is left is the time the layer takes in a step and not alone (at twice the
+        width an LSTM LM's layer ran x1.22-1.44, alone x1.76-1.88): held, the LM's ratios to
+        its base missed by 13.3% on average over five Run sets and two profiles (by its
+        parts: 14.6%), where scaled by the model's ratio they missed by 13.8%, its width
+        rows by up to +53% (docs/benchmarks.md, twenty-eighth pass)."""
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns
-        if old.family == "rnn" and measured_ns * 1e-9 > before:
+        if old.family in RNN_FAMILIES and measured_ns * 1e-9 > before:
             return round(measured_ns + (after - before) * 1e9)
         offset = self.offsets.get(old.family, 0.0)
         per_call = self._fixed_s(old.family)

@@ -819,6 +819,7 @@ def batch_scaled(name: str, shapes: Shapes, fixed: Sequence[bool], factor: float
 # counted so).
 _HIDDEN_GEMMS = re.compile(r"rnn|lstm|gru|attention.*backward")
 _LSTM_GATES = 4  # mkldnn_rnn_layer runs LSTM layers (torch's CPU LSTM): four gates per unit
+RNN_FAMILIES: Final = ("rnn", "rnn_backward")  # an LSTM layer and its backward (`_composite`)
 
 
 def lstm_shape(op: str, dims: Dims) -> tuple[int, int, int, int] | None:
@@ -837,8 +838,9 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
     - mkldnn_rnn_layer (input [T, B, I], w_ih [4H, I], w_hh [4H, H], b_ih, b_hh, hx [B, H],
       cx [B, H]): per time step the gates' two GEMMs, 2 * B * 4H * (I + H) FLOPs, and a few
       elementwise ones per gate; H is read off hx, so a changed width follows (the weights'
-      4H is a flattened dimension --dim does not see); its backward (the same inputs first)
-      twice that: the input's and the weights' gradients;
+      4H is a flattened dimension --dim does not see); its backward (the same inputs first,
+      family rnn_backward, swept apart as attention's is) twice that: the input's and the
+      weights' gradients;
     - attention backward (grad_out, q, k, v, out, ... with q [B, heads, L, D]): recomputing
       QK^T and the gradients of P, V, Q and K, five matrix products of the forward's two."""
     lstm = lstm_shape(op, dims)
@@ -849,7 +851,7 @@ def _composite(op: str, dims: Dims) -> tuple[str, float, float] | None:
         moved = (steps * batch * (inputs + hidden) + gates * (inputs + hidden + 2)
                  + 4 * batch * hidden)
         if op.endswith("backward"):
-            return "rnn", 2.0 * flops, 2.0 * moved
+            return "rnn_backward", 2.0 * flops, 2.0 * moved
         return "rnn", flops, float(moved)
     if _HIDDEN_GEMMS.search(op) and "attention" in op:
         found = attention_shape(op, dims[1], dims[2]) if len(dims) >= 5 else None
@@ -1076,7 +1078,7 @@ def inner_parts(cost: OpCost, dims: Dims) -> list[tuple[int, OpCost, Dims]] | No
     """The ops a composite op runs inside, where its time is theirs: an LSTM layer's
     (`lstm_parts`), ATen's own convolution's (`slow_conv_parts`), oneDNN's 1x1 convolution's
     (`pointwise_parts`); None for other ops."""
-    if cost.family == "rnn":
+    if cost.family in RNN_FAMILIES:
         return lstm_parts(cost.op, dims)
     return slow_conv_parts(cost, dims) or pointwise_parts(cost, dims)
 

@@ -31,15 +31,23 @@ import numpy as np
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.nnls import nnls
-from perfswarm.model.opcost import OpCost, Shapes, channel_blocked, data_cost, gemm_dims
+from perfswarm.model.opcost import (
+    RNN_FAMILIES,
+    OpCost,
+    Shapes,
+    channel_blocked,
+    data_cost,
+    gemm_dims,
+    lstm_shape,
+)
 from perfswarm.userfiles import read_json
 
 Choice = Literal["roofline", "learned"]
 FAMILIES = ("gemm", "conv", "conv_backward", "embedding_bag", "elementwise", "reduction", "copy",
-            "sdpa", "sdpa_backward")
-# swept on the CPU only: the sweep calls the CPU's flash-attention ops by name (a GPU prices
-# attention by the GEMM family's roofline, as a profile without them does)
-CPU_FAMILIES = ("sdpa", "sdpa_backward")
+            "sdpa", "sdpa_backward", "rnn", "rnn_backward")
+# swept on the CPU only: the sweep calls the CPU's flash-attention and oneDNN LSTM ops by name
+# (a GPU prices attention by the GEMM family's roofline, as a profile without them does)
+CPU_FAMILIES = ("sdpa", "sdpa_backward", "rnn", "rnn_backward")
 # the convolution families (op_cost's), whose tensors are [N, C, spatial...]
 CONV_FAMILIES = ("conv", "depthwise_conv", "conv_backward")
 # memory-bound families, swept a second time warm: inputs reused, so they stay in cache where
@@ -82,12 +90,16 @@ def shape_features(cost: OpCost, dims: Sequence[Sequence[int]], lanes: int) -> l
     mm points speak for nn.Linear's addmm; and the share of its last vector of n that is
     padding (`lanes`): a row-major product is the BLAS's column-major one of the transposes,
     whose vectorized dimension is n, and a partly filled vector costs a whole one (nn.Linear
-    at m = 512 on an AVX-512 core, k 32 to 320: n = 40 at 67-79 GFLOP/s, n = 48 at 75-91)."""
+    at m = 512 on an AVX-512 core, k 32 to 320: n = 40 at 67-79 GFLOP/s, n = 48 at 75-91).
+    An LSTM layer's are its (T, B, I, H) (lstm_shape), whatever else its call records (the
+    backward's outputs, gradients and oneDNN's flat workspace): each a factor the sweep
+    spans, so a query past the sweep is held at its edge in each."""
     canonical = gemm_dims(cost.op, dims) if cost.family == "gemm" else None
+    lstm = lstm_shape(cost.op, dims) if cost.family in RNN_FAMILIES else None
     dims = _feature_dims(cost, dims)
     flat = ([*(math.log(max(x, 1)) for x in canonical), float(cost.b_transposed),
              float(cost.a_transposed), _lane_padding(canonical[3], lanes)]
-            if canonical is not None else
+            if canonical is not None else [math.log(max(x, 1)) for x in lstm] if lstm else
             [math.log(max(x, 1)) for d in dims for x in d][:SHAPE_FEATURES])
     layout = [math.log(cost.row_spread)] if cost.row_spread > 0 else []
     return flat + [0.0] * (SHAPE_FEATURES - len(flat)) + [math.log(max(cost.flops, 1.0)),
@@ -140,8 +152,10 @@ def _layout(cost: OpCost, dims: Sequence[Sequence[int]]) -> tuple[int, ...] | No
     (recorded as an input without dimensions: attention's is_causal, add's alpha) and what
     lies past the features (a convolution's bias) are no part of it: counted, they made every
     recorded attention and most recorded ops another layout than their sweep's, so they took
-    the sweep's mean correction (attention x1.84 for a doubled head of 10, measured x0.66)."""
-    if cost.family == "gemm" and gemm_dims(cost.op, dims) is not None:
+    the sweep's mean correction (attention x1.84 for a doubled head of 10, measured x0.66).
+    None too for an LSTM layer, read as its (T, B, I, H) (shape_features)."""
+    if ((cost.family == "gemm" and gemm_dims(cost.op, dims) is not None)
+            or (cost.family in RNN_FAMILIES and lstm_shape(cost.op, dims) is not None)):
         return None
     ranks: list[int] = []
     for d in _feature_dims(cost, dims):

@@ -11,6 +11,7 @@ from typing import Final
 from perfswarm.model.gpu.hardware import Hardware
 from perfswarm.model.gpu.work import Peak, Work, gemm_work, spatial_conv_work, vector_work
 from perfswarm.model.opcost import (
+    RNN_FAMILIES,
     Dims,
     OpCost,
     Shapes,
@@ -125,7 +126,7 @@ def kernels(cost: OpCost, dims: Dims, channels_last: bool = False) -> list[Work]
                 vector_work("softmax", "softmax", bh * lq, lk, element),
                 gemm_work("bmm", bh, lq, d, lk, False, element, peak),
                 gemm_work("bmm", bh, lk, d, lq, False, element, peak)]
-    if family == "rnn":  # a recurrent layer: cuDNN's kernels, which no measurement covers
+    if family in RNN_FAMILIES:  # a recurrent layer: cuDNN's kernels, which no measurement covers
         return None
     if family in ("conv", "depthwise_conv", "conv_backward"):
         # 1-d, 2-d (a 1-d one as torch's CPU runs it: [N, C, 1, L]) or 3-d; the output's size

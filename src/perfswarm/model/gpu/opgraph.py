@@ -24,7 +24,7 @@ from perfswarm.analyze.iterations import top_level
 from perfswarm.analyze.phases import OPTIMIZER, optimizer_calls, phases
 from perfswarm.model.gpu.forecast import multi_tensor_seconds, op_seconds
 from perfswarm.model.gpu.learned import KernelModel
-from perfswarm.model.opcost import Shapes, data_cost
+from perfswarm.model.opcost import RNN_FAMILIES, Shapes, data_cost
 from perfswarm.model.specs import DeviceSpec
 
 HOST_OP_NS: Final = 51_761
@@ -89,7 +89,7 @@ def innermost_ops(ev: Events, shapes: Callable[[int], Shapes | None], lo: int, h
         name = ev.name_of(r)
         if name in SETUP:
             return False
-        heavy = family.get(r) in (*PRODUCTS, "rnn")
+        heavy = family.get(r) in (*PRODUCTS, *RNN_FAMILIES)
         return (ev.name_of(a) in (SETUP if heavy else ZEROING)
                 or (family.get(a) == "copy" and family.get(r) not in (None, "copy"))
                 or (heavy and family.get(a) == "elementwise"))

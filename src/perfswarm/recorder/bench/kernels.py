@@ -26,6 +26,7 @@ from perfswarm.model.opcost import (
     conv_gradients,
     conv_output,
     data_cost,
+    lstm_shape,
 )
 from perfswarm.model.profile import (
     CPU_FAMILIES,
@@ -90,6 +91,24 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
             else:  # grad_out, q, k, v, out, logsumexp
                 yield (f"{SDPA_CPU}_backward", [*qkv, *qkv[:2], [batch, 4, seq]],
                        ["float"] * 6, (*(row,) * 5, (4 * seq, seq, 1)), ())
+    elif family in ("rnn", "rnn_backward"):
+        # oneDNN's LSTM layer (torch's CPU nn.LSTM, one layer a call) and its backward, the
+        # layer itself: its time per call (descriptors, weights reordered, memory taken and
+        # freed) and its per-step GEMMs, oneDNN's own kernels, which the GEMM sweep (ATen's)
+        # does not time. T, B, I and H log-uniform between RNN_RANGE's bounds (I and H in
+        # multiples of 8), a scrambled Sobol sequence as the GEMM's, those past RNN_WORK left
+        # out (a call of tens of ms).
+        from scipy.stats import qmc
+
+        op = RNN_CPU if family == "rnn" else f"{RNN_CPU}_backward"
+        low, high = np.log(RNN_RANGE[0]), np.log(RNN_RANGE[1])
+        for x in qmc.Sobol(4, seed=0).random_base2(RNN_POINTS_LOG2):
+            t, b, i, h = (max(1, round(math.exp(v))) for v in low + x * (high - low))
+            i, h = 8 * max(1, round(i / 8)), 8 * max(1, round(h / 8))
+            if t * b * h * (i + h) <= RNN_WORK:  # a CPU family: no `scale`
+                gates = 4 * h
+                yield (op, [[t, b, i], [gates, i], [gates, h], [gates], [gates], [b, h], [b, h]],
+                       ["float"] * 7, (), ())
     elif family == "embedding_bag":  # tables in cache and far past it, 8 or 32 ids a bag
         for rows in (1000, 100_000, 20_000):
             for dim in (16, 128, 64):
@@ -172,6 +191,13 @@ def _interleaved(*designs: Sequence[Case]) -> Iterator[Case]:
 GEMM_RANGE = ((8, 16, 16), (2048, 4096, 2048))
 GEMM_POINTS_LOG2 = 8
 SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
+# the LSTM sweep: (T, B, I, H) bounds, its size (2 ** RNN_POINTS_LOG2 candidates) and its
+# largest T x B x H x (I + H) (a language model's T 35, B 32, H 128 at I = H: 10-20 ms a call
+# here, its backward twice that)
+RNN_CPU = "aten::mkldnn_rnn_layer"
+RNN_RANGE = ((4, 1, 16, 16), (128, 64, 512, 512))
+RNN_POINTS_LOG2 = 7
+RNN_WORK = 1 << 25
 # the attention sweep's largest batch x sequence x head dimension (its batch of 32 at a short
 # sequence or a small head: where a strided layout's rows lie 4 KB apart and more)
 ATTENTION_WORK = 32 * 64 * 32
@@ -222,6 +248,8 @@ def _runner(op: str, dims: list[list[int]], device: str,
         calls = [_attention(op, dims, strides, gen) for _ in range(copies)]
     elif op in _CONV_CALLS:
         calls = [_convolution(op, dims, concrete, gen, device) for _ in range(copies)]
+    elif op.startswith(RNN_CPU):
+        calls = [_lstm(op, dims, gen) for _ in range(copies)]
     else:
         def tensor(i: int) -> Any:
             d = dims[i]
@@ -299,6 +327,34 @@ def _attention(op: str, dims: list[list[int]], strides: Sequence[Sequence[int]],
     out, lse = forward(q, k, v, 0.0, True)
     return functools.partial(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
                              grad, q, k, v, out, lse, 0.0, True)
+
+
+def _lstm(op: str, dims: Sequence[Sequence[int]], gen: Any) -> Callable[[], object]:
+    """One call of oneDNN's LSTM layer as torch's CPU nn.LSTM makes it (one layer, biases,
+    training: it keeps its workspace), forward or backward (on the forward's own output, hidden
+    states and workspace, and an output gradient only, as a language model's loss gives it: the
+    last hidden states' gradients undefined), on fresh inputs of `dims` ((T, B, I, H):
+    opcost.lstm_shape)."""
+    import torch
+
+    found = lstm_shape(op.removeprefix("aten::"), dims)
+    assert found is not None  # the sweep makes only LSTM shapes
+    steps, batch, inputs, hidden = found
+    x = torch.rand(steps, batch, inputs, generator=gen)
+    weights = [(torch.rand(*d, generator=gen) - 0.5) / hidden for d in dims[1:5]]
+    hx, cx = torch.zeros(batch, hidden), torch.zeros(batch, hidden)
+    # reverse, batch_sizes, mode (oneDNN's LSTM), hidden_size, num_layers, has_biases,
+    # bidirectional, batch_first, train
+    forward = functools.partial(torch.ops.aten.mkldnn_rnn_layer, x, *weights, hx, cx, False, [],
+                                2, hidden, 1, True, False, False, True)
+    if op == RNN_CPU:
+        return forward
+    out, hy, cy, workspace = forward()
+    # ..., reverse, mode, hidden_size, num_layers, has_biases, train, bidirectional,
+    # batch_sizes, batch_first, workspace
+    return functools.partial(torch.ops.aten.mkldnn_rnn_layer_backward, x, *weights, hx, cx, out,
+                             hy, cy, torch.rand_like(out), None, None, False, 2, hidden, 1, True,
+                             True, False, [], False, workspace)
 
 
 def time_op(run: Callable[[], object], min_s: float = 2e-3,
