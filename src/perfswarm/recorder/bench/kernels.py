@@ -20,6 +20,7 @@ import numpy as np
 from perfswarm.errors import ParameterError
 from perfswarm.model.opcost import (
     PAGE_BYTES,
+    RNN_FAMILIES,
     Shapes,
     column_major,
     conv_geometry,
@@ -91,7 +92,7 @@ def _sweep(family: str, scale: int) -> Iterator[Case]:
             else:  # grad_out, q, k, v, out, logsumexp
                 yield (f"{SDPA_CPU}_backward", [*qkv, *qkv[:2], [batch, 4, seq]],
                        ["float"] * 6, (*(row,) * 5, (4 * seq, seq, 1)), ())
-    elif family in ("rnn", "rnn_backward"):
+    elif family in RNN_FAMILIES:
         # oneDNN's LSTM layer (torch's CPU nn.LSTM, one layer a call) and its backward, the
         # layer itself: its time per call (descriptors, weights reordered, memory taken and
         # freed) and its per-step GEMMs, oneDNN's own kernels, which the GEMM sweep (ATen's)
