@@ -204,3 +204,36 @@ def test_advise_makes_what_rules_share_once(tmp_path: Path,
     # one contended: over the profiled steps and over every timed step; one plan
     assert contention == {False: 1, True: 1}
     assert plans == {"plan": 1}
+
+
+def test_launches_joined_once_a_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each device op's launch call is joined once per Events object: the launch statistics,
+    the scopes, the dependencies and the op table's launching ops had each joined them (4
+    joins of 40k kernels at 200k events). A rank's launches are its own rows' join."""
+    from perfswarm.analyze import launch
+    from perfswarm.analyze.frame import Events
+    from perfswarm.model.opstats import op_costs
+
+    join = launch._launch_pairs
+    joined = Counter[int]()
+    monkeypatch.setattr(launch, "_launch_pairs", lambda ev: (joined.update([id(ev)]),
+                                                             join(ev))[1])
+    run = import_traces([CONV1D_H200], tmp_path / "conv1d.run", ImportOptions(), ["test"])
+    result = summary.analyze(run)
+    costs = op_costs(run, result.ranks)
+    assert list(joined.values()) == [1]
+    assert costs.kernels and result.scopes.to_dict() and result.launch[0].launched > 0
+    two = import_traces([corpus("compare_base"), corpus("compare_test")], tmp_path / "two.run",
+                        ImportOptions(ranks=(0, 1)), ["test"])
+    ev = Events.load(two)
+    dev, calls = launch.launch_pairs(ev)
+    assert ev.ranks == [0, 1]
+    for rank in ev.ranks:
+        rows = ev.rank_slice(rank)
+        alone = join(ev.select(rows))
+        mine = ev.rank[dev] == rank
+        assert len(alone[0]) > 0
+        assert np.array_equal(dev[mine], alone[0] + rows.start)
+        assert np.array_equal(calls[mine], alone[1] + rows.start)
+    assert [s.launched for s in summary.analyze(two).launch] == [
+        int(np.count_nonzero(ev.rank[dev] == rank)) for rank in ev.ranks]

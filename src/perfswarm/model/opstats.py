@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.dependencies import launching_ops
+from perfswarm.analyze.dependencies import launching_op_rows
 from perfswarm.analyze.frame import (
     DEVICE_OPS,
     I64,
@@ -358,13 +358,10 @@ def _no_grad(run: Run, ev: Events, rank: int, rows: I64) -> Mask:
 def _launches(ev: Events, external_id: I64, device: I64, rows: I64, heads: I64
               ) -> tuple[I64, I64]:
     """(device rows, the counted op each counts under), in device-row order: the op that
-    launched it (dependencies.launching_ops), or the counted op it is a detail of (`heads`,
-    of the costed `rows`: _counted_ops)."""
-    pairs = launching_ops(ev, external_id, device)
-    dev = np.fromiter(pairs, np.int64, len(pairs))
-    ops = np.fromiter(pairs.values(), np.int64, len(pairs))
-    order = np.argsort(dev, kind="stable")
-    dev, ops = dev[order], ops[order]
+    launched it (dependencies.launching_op_rows), or the counted op it is a detail of
+    (`heads`, of the costed `rows`: _counted_ops)."""
+    found = launching_op_rows(ev, external_id, device)
+    dev, ops = device[found >= 0], found[found >= 0]  # `device`: ascending
     if len(rows):
         ops = np.where(np.isin(ops, rows), _lookup(rows, heads, ops), ops)
     return dev, ops

@@ -447,7 +447,7 @@ class Facts:
         """The runtime and driver calls that launched a kernel (a collective's too): analyze's
         launch, the call joined to its kernel by correlation id (analyze.launch.launch_pairs)."""
         ev = Events.load(self.run)
-        dev, calls = self._launch_pairs
+        dev, calls = launch_pairs(ev)  # analyze's join, made once per Events
         launched = calls[np.isin(ev.kind[dev], [KIND["kernel"], KIND["collective"]])]
         return self.at(launched)
 
@@ -463,12 +463,6 @@ class Facts:
         calls = col(self.kernel_launches, "row")
         top = np.concatenate(outer) if outer else ops[:0]
         return self.at(enclosing_rows(ev, calls, top)[1])
-
-    @cached_property
-    def _launch_pairs(self) -> tuple[I64, I64]:
-        """(device op rows, their launch calls): analyze's join, made once for both uses."""
-        ev = Events.load(self.run)
-        return launch_pairs(ev, np.arange(len(ev)))
 
     @cached_property
     def device_events(self) -> pa.Table:
@@ -579,7 +573,7 @@ class Facts:
         trace had been 7 MB of them)."""
         ev = Events.load(self.run)
         costed = costed_ops(self.run, ev)
-        dev, calls = self._launch_pairs  # ascending
+        dev, calls = launch_pairs(ev)  # ascending
         op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
                        calls)
         launched = op >= 0
