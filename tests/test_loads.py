@@ -173,7 +173,7 @@ def test_op_costs_cost_each_shapes_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert sum(costed.values()) == len(pairs) < len(want)
     assert sum(hashed.values()) <= len(pairs)
     assert opstats.costed_ops(fresh, Events.load(fresh)) == want
-    owned, owner = opstats._counted_ops(ev, {row: cost for row, (cost, _) in want.items()})
+    owned, owner = opstats._counted_ops(ev, opstats.costed_rows(fresh, Events.load(fresh)))
     counted = owned[owned == owner]
     assert sum(op.count for op in table.ops) == len(counted) > len(table.ops)
     assert {(op.name, op.flops) for op in table.ops} == {
@@ -237,3 +237,28 @@ def test_launches_joined_once_a_frame(tmp_path: Path, monkeypatch: pytest.Monkey
         assert np.array_equal(calls[mine], alone[1] + rows.start)
     assert [s.launched for s in summary.analyze(two).launch] == [
         int(np.count_nonzero(ev.rank[dev] == rank)) for rank in ev.ranks]
+
+
+def test_op_table_makes_no_dict_of_costed_rows(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op table counts and sums the costed ops by array (their rows, each one's distinct
+    (cost, shapes)): no dict of them by row is made for it (31.7k rows at 200k events; the
+    advice's rules make one, reading them a row at a time). Its FLOPs are each counted op's
+    cost's, its groups' counts those of the counted ops."""
+    from perfswarm.analyze.frame import Events
+    from perfswarm.model import opstats
+
+    run = import_traces([CONV1D_H200], tmp_path / "conv1d.run", ImportOptions(), ["test"])
+    by_row = Counter[str]()
+    costed_ops = opstats.costed_ops
+    monkeypatch.setattr(opstats, "costed_ops", lambda *args: (by_row.update(["dict"]),
+                                                              costed_ops(*args))[1])
+    table = opstats.op_costs(run, [0], top=1000)
+    assert not by_row
+    ev = Events.load(run)
+    costed = costed_ops(run, ev)
+    owned, owner = opstats._counted_ops(ev, opstats.costed_rows(run, ev))
+    counted = owned[owned == owner].tolist()
+    assert len(counted) == sum(op.count for op in table.ops) > 0
+    assert sum(table.phase_flops.values()) == pytest.approx(
+        sum(costed[row][0].flops for row in counted), rel=1e-12)

@@ -51,7 +51,7 @@ from perfswarm.analyze.stragglers import Stragglers
 from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.model.opcost import OpCost
-from perfswarm.model.opstats import costed_ops
+from perfswarm.model.opstats import costed_ops, costed_rows
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, OPTIMIZER_CALL, TAIL, among
 from perfswarm.trace.store import Manifest, Run
@@ -572,9 +572,7 @@ class Facts:
         arrays, not a dict of every device op or an object per op (30k ops of a 200k-event
         trace had been 7 MB of them)."""
         ev = Events.load(self.run)
-        costed = costed_ops(self.run, ev)
         dev, calls = launch_pairs(ev)  # ascending
-        op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
-                       calls)
+        op = looked_up(*enclosing_rows(ev, calls, costed_rows(self.run, ev).rows), calls)
         launched = op >= 0
         return dev[launched], op[launched]
