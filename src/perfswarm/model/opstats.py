@@ -38,7 +38,7 @@ from perfswarm.analyze.frame import (
     lane_key,
     unique_rows,
 )
-from perfswarm.analyze.intervals import total
+from perfswarm.analyze.intervals import sorted_unique, total
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.analyze.phases import PHASES, phases
@@ -226,7 +226,9 @@ def costed_rows(run: Run, ev: Events, rank: int | None = None) -> CostedRows:
         cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
         named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
         candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
-        found, shape_of = _distinct(RowShapes.of(run).get(candidates, rank))
+        parsed, index = RowShapes.of(run).indexed(candidates, rank)
+        found, of_parsed = _distinct(parsed)  # one text in two parts of a call: one object
+        shape_of = of_parsed[index]
         # each distinct (name, shapes) costed once, not each row (every iteration records its
         # ops again: 31.7k costed rows of 288 pairs at 200k events)
         head, pair_of = unique_rows(np.stack([ev.name[candidates], shape_of], axis=1))
@@ -445,11 +447,15 @@ PARSE_ROWS: Final = 1 << 16  # rows whose detail text RowShapes holds at once
 
 class RowShapes:
     """The recorded shapes of a Run's events by row, each parsed once per Run whoever asks
-    (a report's op table, its prediction, its advice and its views each read the same ops)."""
+    (a report's op table, its prediction, its advice and its views each read the same ops).
+    Held as arrays: each row's index in the list of shapes parsed (a dict by row had been
+    40k entries at 200k events, made and read a row at a time)."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.parsed: dict[int, Shapes | None] = {}  # by the row in the whole events table
+        # by the row in the whole events table: its shapes' index in `found`, -1 not yet read
+        self.index = np.zeros(0, np.int64)
+        self.found: list[Shapes | None] = []
 
     @classmethod
     def of(cls, run: Run) -> RowShapes:
@@ -457,20 +463,32 @@ class RowShapes:
 
     def get(self, rows: I64, rank: int | None = None) -> list[Shapes | None]:
         """The shapes of the events at `rows` (ascending) of the Run, or of `rank`'s rows."""
+        found, index = self.indexed(rows, rank)
+        return [found[i] for i in index.tolist()]
+
+    def indexed(self, rows: I64 | Sequence[int], rank: int | None = None
+                ) -> tuple[list[Shapes | None], I64]:
+        """`get` as the shapes parsed so far and each of `rows`' index among them (any order;
+        one object per distinct text parsed in one call; the op table counts rows by it)."""
         base = 0
         if rank is not None:
             ranks = self.run.table("events", ["rank"]).column("rank")
             base = max(pc.index(ranks, rank).as_py(), 0)
-        keys = (np.asarray(rows, np.int64) + base).tolist()
-        todo = np.asarray([k for k in keys if k not in self.parsed], np.int64) - base
+        at = np.asarray(rows, np.int64) + base
+        if len(at) and int(at.max()) >= len(self.index):
+            self.index = np.concatenate([self.index, np.full(int(at.max()) + 1 - len(self.index),
+                                                             -1, np.int64)])
+        todo = sorted_unique(at[self.index[at] < 0]) - base  # a read gives rows in order
         # each distinct text once: every iteration records its ops' shapes again (detail_of
         # gives one string object a text)
         parse = functools.cache(shapes_from_args)
         for part in np.array_split(todo, -(-len(todo) // PARSE_ROWS)) if len(todo) else ():
             # a part at a time: the detail text of a part's rows is held, not of all of them
-            self.parsed.update(zip((part + base).tolist(),
-                                   map(parse, detail_of(self.run, part, rank)), strict=True))
-        return [self.parsed[k] for k in keys]
+            texts = detail_of(self.run, part, rank)
+            first, index = _first_seen(np.fromiter(map(id, texts), np.int64, len(texts)))
+            self.index[part + base] = len(self.found) + index
+            self.found += [parse(texts[i]) for i in first.tolist()]
+        return self.found, self.index[at]
 
 
 def _kernel_stats(parts: Sequence[_RankOps], spec: DeviceSpec | None) -> list[KernelStat]:
