@@ -138,6 +138,15 @@ def test_shapes_parsed_once_a_text(added_run: Path, monkeypatch: pytest.MonkeyPa
     assert opstats.RowShapes.of(run).get(rows) == [parse(t) for t in texts]
     assert len(parsed) == len(set(texts)) < len(rows)
     assert set(parsed.values()) == {1}
+    # rows in any order, repeated, some read already: each row's own shapes, one index a
+    # distinct text parsed (no dict by row), each parsed once a call (the two calls below)
+    fresh = opstats.RowShapes(run)
+    fresh.get(rows[::2])
+    shuffled = np.random.default_rng(0).permutation(np.concatenate([rows, rows[:5]]))
+    found, index = fresh.indexed(shuffled)
+    want = dict(zip(rows.tolist(), texts, strict=True))
+    assert [found[i] for i in index.tolist()] == [parse(want[r]) for r in shuffled.tolist()]
+    assert len(found) <= 2 * len(set(texts)) and set(parsed.values()) == {3}
 
 
 def test_op_costs_cost_each_shapes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
