@@ -201,7 +201,7 @@ class _RankOps:
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity
 class CostedRows:
     """The CPU ops of an Events object that have a cost model and recorded shapes: their rows
     (ascending) and each one's index in `pairs`, the distinct (cost, shapes) they have. Arrays,
@@ -233,15 +233,15 @@ def costed_rows(run: Run, ev: Events, rank: int | None = None) -> CostedRows:
         # ops again: 31.7k costed rows of 288 pairs at 200k events)
         head, pair_of = unique_rows(np.stack([ev.name[candidates], shape_of], axis=1))
         pairs: list[tuple[OpCost, Shapes]] = []
-        index = np.full(len(head), -1, np.int64)  # each distinct pair's in `pairs`, -1: none
+        kept = np.full(len(head), -1, np.int64)  # each distinct pair's in `pairs`, -1: none
         for at, (name, shapes) in enumerate(zip(ev.name[candidates[head]].tolist(),
                                                 shape_of[head].tolist(), strict=True)):
             s = found[shapes]
             cost = shapes_cost(ev.names[name], s) if s is not None else None
             if cost is not None and s is not None:
-                index[at] = len(pairs)
+                kept[at] = len(pairs)
                 pairs.append((cost, s))
-        pair = index[pair_of]
+        pair = kept[pair_of]
         return CostedRows(candidates[pair >= 0], pair[pair >= 0], pairs)
 
     return ev.derived("costed rows", make)
