@@ -364,7 +364,7 @@ def test_a_step_after_the_time_between_two_windows(tmp_path: Path) -> None:
     assert path.length_ns == path.end - path.start - gap == sum(path.ns.values())
     start, end, measured = Facts.of(run).window(0)
     assert measured == end - start - gap
-    from perfswarm.analyze.summary import diff_runs
+    from perfswarm.analyze.diff import diff_runs
 
     assert diff_runs(run, run).a_span_ns == total.end - total.start - gap  # diff's span too
 

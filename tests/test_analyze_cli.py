@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfswarm.cli.analyze_cmd import STEP_LINES, _shown
+from perfswarm.cli.analyze_text import STEP_LINES, _shown
 from perfswarm.cli.main import main
 from perfswarm.trace.store import Run
 

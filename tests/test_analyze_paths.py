@@ -33,7 +33,7 @@ from perfswarm.analyze.dependencies import (
     sync_events,
     thread_wakes,
 )
-from perfswarm.analyze.diff import diff
+from perfswarm.analyze.diff import diff, diff_runs
 from perfswarm.analyze.frame import DEVICE_OPS, KIND, Events, lane_key
 from perfswarm.analyze.groups import NO_GROUP, Group, process_groups
 from perfswarm.analyze.intervals import innermost, sorted_unique
@@ -45,7 +45,7 @@ from perfswarm.analyze.iterations import (
 )
 from perfswarm.analyze.rpc import rpc_hand_overs
 from perfswarm.analyze.stragglers import Instance, instances_of, stragglers
-from perfswarm.analyze.summary import analyze, diff_runs
+from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.swarms import Labels, describe, swarms
 from perfswarm.analyze.system import system_load
 from perfswarm.trace import synthetic

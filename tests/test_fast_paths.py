@@ -31,7 +31,7 @@ def _latest_end_reference(ev: Events, pool: np.ndarray, launch_ts: np.ndarray, t
 def test_latest_end_matches_a_pass_per_query(name: str, tmp_path: Path) -> None:
     run = import_traces([corpus(name)], tmp_path / "r.run", ImportOptions(), ["test"])
     ev = Events.load(run)
-    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    dev, calls = launch_pairs(ev)
     launch_ts = ev.ts.copy()
     launch_ts[dev] = ev.ts[calls]
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))

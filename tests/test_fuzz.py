@@ -25,7 +25,8 @@ from rich.text import Text
 from conftest import CORPUS, ET, corpus
 from fuzz_cases import cases
 from fuzz_readers import READERS, SAMPLES, outcome, text_cases
-from perfswarm.cli.output import console, print_json
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console
 from perfswarm.errors import PerfswarmError, TraceFormatError
 from perfswarm.report import html
 from perfswarm.shown import visible

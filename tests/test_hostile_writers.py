@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from rich.progress import Progress
 
 from conftest import corpus
+from perfswarm.cli.json_output import print_json
 from perfswarm.cli.main import main
-from perfswarm.cli.output import console, err_console, print_json, progress_bar, spinner
+from perfswarm.cli.output import console, err_console, progress_bar, spinner
 from perfswarm.optimize import advise as advise_module
 from perfswarm.optimize.rules.base import Advice, advice
 from perfswarm.optimize.rules.facts import Facts

@@ -138,6 +138,15 @@ def test_shapes_parsed_once_a_text(added_run: Path, monkeypatch: pytest.MonkeyPa
     assert opstats.RowShapes.of(run).get(rows) == [parse(t) for t in texts]
     assert len(parsed) == len(set(texts)) < len(rows)
     assert set(parsed.values()) == {1}
+    # rows in any order, repeated, some read already: each row's own shapes, one index a
+    # distinct text parsed (no dict by row), each parsed once a call (the two calls below)
+    fresh = opstats.RowShapes(run)
+    fresh.get(rows[::2])
+    shuffled = np.random.default_rng(0).permutation(np.concatenate([rows, rows[:5]]))
+    found, index = fresh.indexed(shuffled)
+    want = dict(zip(rows.tolist(), texts, strict=True))
+    assert [found[i] for i in index.tolist()] == [parse(want[r]) for r in shuffled.tolist()]
+    assert len(found) <= 2 * len(set(texts)) and set(parsed.values()) == {3}
 
 
 def test_op_costs_cost_each_shapes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -173,7 +182,7 @@ def test_op_costs_cost_each_shapes_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert sum(costed.values()) == len(pairs) < len(want)
     assert sum(hashed.values()) <= len(pairs)
     assert opstats.costed_ops(fresh, Events.load(fresh)) == want
-    owned, owner = opstats._counted_ops(ev, {row: cost for row, (cost, _) in want.items()})
+    owned, owner = opstats._counted_ops(ev, opstats.costed_rows(fresh, Events.load(fresh)))
     counted = owned[owned == owner]
     assert sum(op.count for op in table.ops) == len(counted) > len(table.ops)
     assert {(op.name, op.flops) for op in table.ops} == {
@@ -204,3 +213,61 @@ def test_advise_makes_what_rules_share_once(tmp_path: Path,
     # one contended: over the profiled steps and over every timed step; one plan
     assert contention == {False: 1, True: 1}
     assert plans == {"plan": 1}
+
+
+def test_launches_joined_once_a_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each device op's launch call is joined once per Events object: the launch statistics,
+    the scopes, the dependencies and the op table's launching ops had each joined them (4
+    joins of 40k kernels at 200k events). A rank's launches are its own rows' join."""
+    from perfswarm.analyze import launch
+    from perfswarm.analyze.frame import Events
+    from perfswarm.model.opstats import op_costs
+
+    join = launch._launch_pairs
+    joined = Counter[int]()
+    monkeypatch.setattr(launch, "_launch_pairs", lambda ev: (joined.update([id(ev)]),
+                                                             join(ev))[1])
+    run = import_traces([CONV1D_H200], tmp_path / "conv1d.run", ImportOptions(), ["test"])
+    result = summary.analyze(run)
+    costs = op_costs(run, result.ranks)
+    assert list(joined.values()) == [1]
+    assert costs.kernels and result.scopes.to_dict() and result.launch[0].launched > 0
+    two = import_traces([corpus("compare_base"), corpus("compare_test")], tmp_path / "two.run",
+                        ImportOptions(ranks=(0, 1)), ["test"])
+    ev = Events.load(two)
+    dev, calls = launch.launch_pairs(ev)
+    assert ev.ranks == [0, 1]
+    for rank in ev.ranks:
+        rows = ev.rank_slice(rank)
+        alone = join(ev.select(rows))
+        mine = ev.rank[dev] == rank
+        assert len(alone[0]) > 0
+        assert np.array_equal(dev[mine], alone[0] + rows.start)
+        assert np.array_equal(calls[mine], alone[1] + rows.start)
+    assert [s.launched for s in summary.analyze(two).launch] == [
+        int(np.count_nonzero(ev.rank[dev] == rank)) for rank in ev.ranks]
+
+
+def test_op_table_makes_no_dict_of_costed_rows(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op table counts and sums the costed ops by array (their rows, each one's distinct
+    (cost, shapes)): no dict of them by row is made for it (31.7k rows at 200k events; the
+    advice's rules make one, reading them a row at a time). Its FLOPs are each counted op's
+    cost's, its groups' counts those of the counted ops."""
+    from perfswarm.analyze.frame import Events
+    from perfswarm.model import opstats
+
+    run = import_traces([CONV1D_H200], tmp_path / "conv1d.run", ImportOptions(), ["test"])
+    by_row = Counter[str]()
+    costed_ops = opstats.costed_ops
+    monkeypatch.setattr(opstats, "costed_ops", lambda *args: (by_row.update(["dict"]),
+                                                              costed_ops(*args))[1])
+    table = opstats.op_costs(run, [0], top=1000)
+    assert not by_row
+    ev = Events.load(run)
+    costed = costed_ops(run, ev)
+    owned, owner = opstats._counted_ops(ev, opstats.costed_rows(run, ev))
+    counted = owned[owned == owner].tolist()
+    assert len(counted) == sum(op.count for op in table.ops) > 0
+    assert sum(table.phase_flops.values()) == pytest.approx(
+        sum(costed[row][0].flops for row in counted), rel=1e-12)

@@ -469,7 +469,7 @@ def test_step_time_of_a_run_that_profiled_no_step(tmp_path: Path,
     (10, 12, 14, 16, 18 ms) and sampled the system; the report's step time is their median,
     said of steps timed with none profiled, and so is diff's headline (both had said "after
     the profiler's window", of a window there was not)."""
-    from perfswarm.analyze.summary import diff_runs
+    from perfswarm.analyze.diff import diff_runs
     from perfswarm.report.text import step_time_change
     from perfswarm.trace.schema import STEPS
 

@@ -22,16 +22,22 @@ HEAVY = ("sklearn", "scipy", "optuna", "plotly", "torch", "dask")
 CHILD = """import json, sys
 from perfswarm.cli.main import main
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
 
 
-def modules_after(*argv: str) -> set[str]:
+def loaded_modules(*argv: str) -> set[str]:
+    """Every module a command's process holds once it has run (its output: the last line)."""
     out = subprocess.run([sys.executable, "-c", CHILD, *argv], check=True, capture_output=True,
                          text=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["code"] == 0
     return set(result["modules"])
+
+
+def modules_after(*argv: str) -> set[str]:
+    """The top-level packages a command loaded."""
+    return {m.split(".")[0] for m in loaded_modules(*argv)}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +87,19 @@ def test_command_imports_only_what_it_needs(small_run: str, argv: list[str], nee
     loaded = modules_after(argv[0], small_run, *argv[1:])
     assert needs in loaded
     assert loaded.isdisjoint((*HEAVY, *unneeded))
+
+
+def test_analyze_json_loads_no_terminal_output_trace_reader_or_run_diff(small_run: str) -> None:
+    """`analyze --json` prints JSON alone: no rich (the terminal's tables, 40-75 CPU ms of its
+    start), no trace reader (the memory counters' names are the schema's; the readers had
+    brought Kineto's parser and SQLite), no diff of two Runs."""
+    loaded = loaded_modules("analyze", small_run, "--json", "--workers", "0")
+    assert {"perfswarm.analyze.summary", "perfswarm.analyze.memory", "perfswarm.cli.json_output"} \
+        <= loaded  # the probe sees the command's own modules
+    assert not {m for m in loaded if m.split(".")[0] == "rich" or m.startswith(
+        ("perfswarm.trace.readers", "perfswarm.trace.kineto", "perfswarm.trace.nsys",
+         "perfswarm.analyze.diff", "perfswarm.cli.output"))}
+    assert "rich" in modules_after("analyze", small_run, "--workers", "0")  # its tables
 
 
 @pytest.mark.parametrize("name", command_names())

@@ -140,7 +140,7 @@ def scopes(ev: Events) -> Scopes:
     """The ops and annotations of `ev`, most CPU time first."""
     calls = host_calls(ev)
     parent = calls.parent
-    dev, launches = launch_pairs(ev, np.arange(len(ev)))
+    dev, launches = launch_pairs(ev)
     dev_self = np.zeros(len(ev), np.int64)
     dev_total = np.zeros(len(ev), np.int64)
     innermost = parent[launches]

@@ -26,9 +26,20 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import DEVICE_OPS, I64, WORK_KINDS, Events
 from perfswarm.analyze.intervals import Coverage, Mask, union
-from perfswarm.analyze.iterations import StepTime, StepWindow, within_gaps
+from perfswarm.analyze.iterations import (
+    StepTime,
+    StepWindow,
+    batch_sizes,
+    iterations,
+    step_time,
+    unprofiled_gaps,
+    within_gaps,
+)
+from perfswarm.analyze.summary import load
 from perfswarm.analyze.system import F64, others_delay
+from perfswarm.errors import PerfswarmError
 from perfswarm.trace.schema import KINDS, PROFILED
+from perfswarm.trace.store import Run
 
 COMPARED_KINDS = ("cpu_op", "user_annotation", "runtime", "driver", "kernel", "collective",
                   "memcpy", "memset")
@@ -296,3 +307,34 @@ def contended(counters: pa.Table, steps: Sequence[StepWindow], cores: int) -> fl
 
     got, waited = mean("proc.cpu_cores"), mean("proc.run_delay_cores")
     return None if got is None or waited is None else others_delay(got, waited, cores)
+
+
+def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,
+              ignore_markers: bool = False) -> RunDiff:
+    """Diff one rank of b against one rank of a (each Run's lowest rank unless given)."""
+    sides = []
+    for run, rank in ((a, rank_a), (b, rank_b)):
+        timed = run.table("steps")
+        # a Run that timed steps and traced nothing (its program ran its own torch profiler)
+        # compares its step time alone
+        ev = Events.load(run) if timed.num_rows else load(run)
+        ranks = ev.ranks or sorted(set(timed.column("rank").to_pylist()))
+        chosen = ranks[0] if rank is None else rank
+        if chosen not in ranks:
+            raise PerfswarmError(f"{run.path}: no rank {chosen} (ranks: {ranks})")
+        steps = iterations(run, ev, ignore_markers=ignore_markers).steps.get(chosen, [])
+        mine = ev.of_rank(chosen)
+        loop = mine.loop_thread(chosen)
+        timed = timed.filter(pc.equal(timed.column("rank"), chosen))
+        if steps and steps[0].source != PROFILED:  # detected: the steps the trace covers
+            timed = pa.table({"rank": [chosen] * len(steps), "start": [w.start for w in steps],
+                              "end": [w.end for w in steps], "source": [PROFILED] * len(steps)})
+        cores = int(run.manifest().get("host", {}).get("cores") or 1)
+        sides.append((mine, list(steps), None if loop is None else loop[0],
+                      step_time(timed, batch_sizes(run)),
+                      contended(run.table("counters", ["ts", "name", "value"]), steps, cores),
+                      unprofiled_gaps(run).get(chosen, [])))
+    (ea, sa, pa_, ta, ca, ga), (eb, sb, pb_, tb, cb, gb) = sides
+    return diff(ea, sa, eb, sb, pids=(pa_, pb_),
+                step_time=StepTimeDelta(ta, tb) if ta is not None and tb is not None else None,
+                contention=(ca, cb), gaps=(ga, gb))

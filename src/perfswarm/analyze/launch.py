@@ -81,10 +81,16 @@ class LaunchStats:
                 "idle": self.idle.to_dict(), "streams": [s.to_dict() for s in self.streams]}
 
 
-def launch_pairs(ev: Events, rows: I64) -> tuple[I64, I64]:
-    """(device rows, launch rows) for the device ops among `rows` that have a launch call."""
-    dev = rows[ev.of_kind(*DEVICE_OPS)[rows] & (ev.correlation[rows] >= 0)]
-    calls = rows[ev.of_kind("runtime", "driver")[rows] & (ev.correlation[rows] >= 0)]
+def launch_pairs(ev: Events) -> tuple[I64, I64]:
+    """(device rows, launch rows) of the device ops of `ev` that have a launch call, by device
+    row; joined once per Events object (the launch statistics, the scopes, the dependencies
+    and the launching ops each ask). The caller does not change what it gets."""
+    return ev.derived("launch pairs", lambda: _launch_pairs(ev))
+
+
+def _launch_pairs(ev: Events) -> tuple[I64, I64]:
+    dev = np.flatnonzero(ev.of_kind(*DEVICE_OPS) & (ev.correlation >= 0))
+    calls = np.flatnonzero(ev.of_kind("runtime", "driver") & (ev.correlation >= 0))
     key = (ev.rank << CORRELATION_BITS) | (ev.correlation & ((1 << CORRELATION_BITS) - 1))
     call_keys = key[calls]
     order = np.argsort(call_keys, kind="stable")
@@ -212,7 +218,9 @@ def stream_stats(ev: Events, dev_rows: I64, launch_ts: I64,
 def rank_launch_stats(ev: Events, rank: int) -> LaunchStats:
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     dev_all = rows[ev.of_kind(*DEVICE_OPS)[rows]]
-    dev, calls = launch_pairs(ev, rows)
+    dev, calls = launch_pairs(ev)
+    mine = ev.rank[dev] == rank  # a launch and its call share a rank (the join's key)
+    dev, calls = dev[mine], calls[mine]
     launch_ts = np.full(len(dev_all), -1, np.int64)  # per device op: its launch call's start,
     launch_end = launch_ts.copy()  # and end
     launch_ts[np.searchsorted(dev_all, dev)] = ev.ts[calls]

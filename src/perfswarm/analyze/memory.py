@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import I64
 from perfswarm.analyze.iterations import StepWindow
-from perfswarm.trace.readers.memory_timeline import PREFIX, RESERVED
+from perfswarm.trace.schema import MEMORY_PREFIX, MEMORY_RESERVED
 
 MAX_POINTS = 400  # of the timeline given back; each keeps its stretch's highest total
 
@@ -103,7 +103,7 @@ def rank_memory(rank: int, ts: I64, names: Sequence[str], value: I64,
         mine = np.flatnonzero(np.array(names) == c)
         mine = mine[np.argsort(ts[mine], kind="stable")]
         alive[:, j] = _at(ts[mine], value[mine], times)
-    short = [c[len(PREFIX):] for c in categories]
+    short = [c[len(MEMORY_PREFIX):] for c in categories]
     every = np.arange(len(times))
     per_step, starts = [], []
     for w in steps:
@@ -140,8 +140,8 @@ def memory_timeline(counters: pa.Table,
                     steps: Mapping[int, Sequence[StepWindow]]) -> tuple[RankMemory, ...]:
     """Per rank with a memory timeline: its memory by category (see the module docstring)."""
     name = counters.column("name").cast(pa.string())
-    rank, ts, value, names = _readings(counters, pc.starts_with(name, PREFIX))
-    reserved_rank, reserved_ts, reserved, _ = _readings(counters, pc.equal(name, RESERVED))
+    rank, ts, value, names = _readings(counters, pc.starts_with(name, MEMORY_PREFIX))
+    reserved_rank, reserved_ts, reserved, _ = _readings(counters, pc.equal(name, MEMORY_RESERVED))
     out = []
     for r in np.unique(rank).tolist():
         rows = np.flatnonzero(rank == r)

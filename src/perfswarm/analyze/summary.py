@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from perfswarm.analyze.aisi import time_windows, without_iterations
 from perfswarm.analyze.analysis import Analysis
 from perfswarm.analyze.annotations import scopes
@@ -13,17 +10,9 @@ from perfswarm.analyze.concurrency import concurrency
 from perfswarm.analyze.critical_path import critical_path
 from perfswarm.analyze.cupti import cupti_counters
 from perfswarm.analyze.dependencies import sync_events
-from perfswarm.analyze.diff import RunDiff, StepTimeDelta, contended, diff
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.groups import process_groups
-from perfswarm.analyze.iterations import (
-    batch_sizes,
-    combine,
-    iterations,
-    step_time,
-    unprofiled_gaps,
-    unprofiled_steps,
-)
+from perfswarm.analyze.iterations import combine, iterations, unprofiled_gaps, unprofiled_steps
 from perfswarm.analyze.kernels import kernel_breakdown
 from perfswarm.analyze.launch import launch_stats
 from perfswarm.analyze.memory import memory_timeline
@@ -36,7 +25,6 @@ from perfswarm.analyze.transfers import hand_overs, rank_transfers
 from perfswarm.analyze.window import WindowedRun
 from perfswarm.errors import PerfswarmError
 from perfswarm.trace.cluster import ClusterOptions, connect
-from perfswarm.trace.schema import PROFILED
 from perfswarm.trace.store import Run
 
 
@@ -97,34 +85,3 @@ def _analyze(run: Run, ignore_markers: bool) -> Analysis:
         bandwidth=bandwidth(run, ev), sequences=kernel_sequences(ev), scopes=scopes(ev),
         cupti=cupti_counters(run, ev), memory=memory_timeline(run.table("counters"), its.steps),
         windows=windows)
-
-
-def diff_runs(a: Run, b: Run, *, rank_a: int | None = None, rank_b: int | None = None,
-              ignore_markers: bool = False) -> RunDiff:
-    """Diff one rank of b against one rank of a (each Run's lowest rank unless given)."""
-    sides = []
-    for run, rank in ((a, rank_a), (b, rank_b)):
-        timed = run.table("steps")
-        # a Run that timed steps and traced nothing (its program ran its own torch profiler)
-        # compares its step time alone
-        ev = Events.load(run) if timed.num_rows else load(run)
-        ranks = ev.ranks or sorted(set(timed.column("rank").to_pylist()))
-        chosen = ranks[0] if rank is None else rank
-        if chosen not in ranks:
-            raise PerfswarmError(f"{run.path}: no rank {chosen} (ranks: {ranks})")
-        steps = iterations(run, ev, ignore_markers=ignore_markers).steps.get(chosen, [])
-        mine = ev.of_rank(chosen)
-        loop = mine.loop_thread(chosen)
-        timed = timed.filter(pc.equal(timed.column("rank"), chosen))
-        if steps and steps[0].source != PROFILED:  # detected: the steps the trace covers
-            timed = pa.table({"rank": [chosen] * len(steps), "start": [w.start for w in steps],
-                              "end": [w.end for w in steps], "source": [PROFILED] * len(steps)})
-        cores = int(run.manifest().get("host", {}).get("cores") or 1)
-        sides.append((mine, list(steps), None if loop is None else loop[0],
-                      step_time(timed, batch_sizes(run)),
-                      contended(run.table("counters", ["ts", "name", "value"]), steps, cores),
-                      unprofiled_gaps(run).get(chosen, [])))
-    (ea, sa, pa_, ta, ca, ga), (eb, sb, pb_, tb, cb, gb) = sides
-    return diff(ea, sa, eb, sb, pids=(pa_, pb_),
-                step_time=StepTimeDelta(ta, tb) if ta is not None and tb is not None else None,
-                contention=(ca, cb), gaps=(ga, gb))

@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console
 from perfswarm.optimize.advise import advise
 from perfswarm.report.text import evidence_text, ms
 from perfswarm.trace.store import Run

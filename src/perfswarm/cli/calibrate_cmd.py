@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console, print_json, progress_bar, spinner
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console, err_console, progress_bar, spinner
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 from perfswarm.model.collective_fit import calibration

@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from perfswarm.analyze.diff import OpDelta, RunDiff
-from perfswarm.analyze.summary import diff_runs
+from perfswarm.analyze.diff import OpDelta, RunDiff, diff_runs
 from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console
 from perfswarm.report.text import WAITED_FOR_OTHERS, ms, short_caption, step_time_change
 from perfswarm.trace.store import Run
 

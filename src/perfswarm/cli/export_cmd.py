@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 import typer
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console, print_json
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console, err_console
 from perfswarm.report import perfetto
 from perfswarm.trace.store import Run
 

@@ -29,7 +29,8 @@ def fuse_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Fuse conv pairs (dw->pw, pw->dw, conv->dw, conv->conv) into one kernel tuned on this CPU, checked against PyTorch's separate ops and timed side by side with them."""
-    from perfswarm.cli.output import console, print_json
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console
     from perfswarm.errors import PerfswarmError
     from perfswarm.model.profile import read_profile
     from perfswarm.optimize.fuse.host import cpu_device_spec

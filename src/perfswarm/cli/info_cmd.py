@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console
 from perfswarm.report.text import ms
 from perfswarm.trace.info import run_info
 from perfswarm.trace.store import Run

@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.parallelism import best_layout, memory_bound_s, transformer
 from perfswarm.model.specs import load_spec

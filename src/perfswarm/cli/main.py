@@ -9,7 +9,6 @@ import typer
 import typer.main
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import err_console
 from perfswarm.errors import ParameterError, PerfswarmError
 
 
@@ -25,16 +24,24 @@ def error_text(exc: PerfswarmError) -> str:
 GC_THRESHOLD = (50_000, 20, 20)
 
 
+def _error(line: str) -> None:
+    """One line on stderr by the error console (rich is imported by a command that prints to
+    the terminal, or here: `analyze --json` loads none of it)."""
+    from perfswarm.cli.output import err_console
+
+    err_console.print(line, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(*GC_THRESHOLD)
     command = typer.main.get_group(app)
     try:
         result = command.main(args=argv, prog_name="perfswarm", standalone_mode=False)
     except PerfswarmError as exc:
-        err_console.print(f"perfswarm: error: {error_text(exc)}", soft_wrap=True)
+        _error(f"perfswarm: error: {error_text(exc)}")
         return exc.exit_code
     except typer.Abort:
-        err_console.print("perfswarm: aborted")
+        _error("perfswarm: aborted")
         return 130
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -44,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = getattr(exc, "ctx", None)
         where = f" (see {ctx.command_path} -h)" if ctx is not None else ""
         if message.strip():  # empty when the help was shown instead (no arguments)
-            err_console.print(f"perfswarm: error: {' '.join(message.split())}{where}",
-                              soft_wrap=True)
+            _error(f"perfswarm: error: {' '.join(message.split())}{where}")
         return int(getattr(exc, "exit_code", 2))
     return result if isinstance(result, int) else 0
 

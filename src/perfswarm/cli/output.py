@@ -7,7 +7,8 @@ advice) is text, so "[param|cuda]" or "[/x]" prints as itself. Styled parts are 
 Control characters and bidirectional overrides in that text would drive the terminal, so both
 consoles show them as escapes (perfswarm.shown.visible: `\x1b`, `\u202e`; rich itself drops
 BEL, BS, VT, FF and CR from Text), a newline in a string too (`\n`: a name's newline had split
-a table's row), and JSON escapes them."""
+a table's row), and JSON escapes them (cli/json_output.py, which imports no rich: a command
+printing JSON alone loads none of it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Final, TextIO
 
-import orjson
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.progress import (
     BarColumn,
@@ -30,7 +30,7 @@ from rich.progress import (
 from rich.segment import Segment
 from rich.text import Text
 
-from perfswarm.shown import json_escaped, visible
+from perfswarm.shown import visible
 
 
 class _TextConsole(Console):
@@ -60,26 +60,6 @@ def _width(stream: TextIO) -> int | None:
 PIPED_WIDTH: Final = 160
 console = _TextConsole(width=_width(sys.stdout))
 err_console = _TextConsole(stderr=True, width=_width(sys.stderr))
-
-
-def print_json(data: Any) -> None:
-    """Stable JSON (sorted keys, 2-space indent) on stdout, every character that would act on
-    a terminal escaped (shown.json_escaped). orjson's UTF-8 bytes are written as they are:
-    decoded, joined to the newline and encoded again by the text stream, a 200k-event
-    report's 5 MB of JSON had been held four times over, at the command's peak."""
-    text = json_escaped(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
-                                     | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
-    stdout = sys.stdout
-    binary = getattr(stdout, "buffer", None)
-    if binary is None:  # a text stream with no bytes beneath (io.StringIO)
-        stdout.write(text.decode() + "\n")
-        return
-    stdout.flush()  # what was printed before comes first
-    for part in (text, b"\n"):
-        # a raw stream (python -u, PYTHONUNBUFFERED) writes what one system call takes
-        view = memoryview(part)
-        while view:
-            view = view[binary.write(view):]
 
 
 class _Description(ProgressColumn):

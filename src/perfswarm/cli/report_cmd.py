@@ -11,7 +11,8 @@ import typer
 from perfswarm.analyze.window import windowed
 from perfswarm.api import report_data
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json, spinner
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console, spinner
 from perfswarm.trace.store import Run, check_output
 
 # The report's advice (pyarrow with it): loaded with this module, under the command's allocator

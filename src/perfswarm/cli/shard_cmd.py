@@ -11,7 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json, spinner
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console, spinner
 from perfswarm.model.embedding import EmbeddingCost
 from perfswarm.optimize.shard import load_workload, shard
 from perfswarm.recorder.bench.embedding import calibrate

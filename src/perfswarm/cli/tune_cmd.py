@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, print_json, progress_bar
+from perfswarm.cli.json_output import print_json
+from perfswarm.cli.output import console, progress_bar
 from perfswarm.optimize.space import load_space
 from perfswarm.optimize.trial import STEP_PATTERN, Measure
 from perfswarm.optimize.tune import TuneOptions, closing_repeats, tune

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.dependencies import launching_ops
+from perfswarm.analyze.dependencies import launching_op_rows
 from perfswarm.analyze.frame import (
     DEVICE_OPS,
     I64,
@@ -143,7 +143,7 @@ class OpCosts:
                 "kernels": [k.to_dict() for k in self.kernels]}
 
 
-def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> tuple[I64, I64]:
+def _counted_ops(ev: Events, costed: CostedRows) -> tuple[I64, I64]:
     """Each costed row and the row whose work it counts as, per thread (two arrays, no
     object per op: this runs at a report's peak): itself for a counted op, its counted
     ancestor for an implementation detail. An op that has a costed op of its own
@@ -153,14 +153,14 @@ def _counted_ops(ev: Events, costs: dict[int, OpCost]) -> tuple[I64, I64]:
     index_select inside an embedding), its time the op's."""
     rows = np.flatnonzero(ev.of_kind("cpu_op"))
     order = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.rank[rows]))]
-    order = order[np.isin(order, np.fromiter(costs, np.int64, len(costs)))]
+    order = order[np.isin(order, costed.rows)]
     # positions in `order` from here: each costed op's innermost costed op around it
     parent = open_before(lane_key(ev.rank[order], ev.tid[order]), ev.ts[order], ev.end[order])
-    listed, cost_of = _distinct([costs[r] for r in order.tolist()])  # each cost read once
-    flops = np.array([c.flops > 0 for c in listed], bool)[cost_of]
+    pair_of = costed.pair_of(order)  # each cost read once a pair
+    flops = np.array([c.flops > 0 for c, _ in costed.pairs], bool)[pair_of]
     family_of: dict[str, int] = {}
-    family = np.array([family_of.setdefault(c.family, len(family_of)) for c in listed],
-                      np.int64)[cost_of]
+    family = np.array([family_of.setdefault(c.family, len(family_of)) for c, _ in costed.pairs],
+                      np.int64)[pair_of]
     dispatched = np.zeros(len(order), bool)
     below = np.arange(len(order))  # each op, walked up its ancestors a level at a time
     at = parent.copy()
@@ -201,28 +201,59 @@ class _RankOps:
     kernels: dict[tuple[str, str, str], tuple[OpCost, float, int, int]]
 
 
-def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple[OpCost, Shapes]]:
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class CostedRows:
+    """The CPU ops of an Events object that have a cost model and recorded shapes: their rows
+    (ascending) and each one's index in `pairs`, the distinct (cost, shapes) they have. Arrays,
+    no object per op: the op table counts and sums them by array (31.7k rows of 288 pairs at
+    200k events)."""
+
+    rows: I64
+    pair: I64
+    pairs: list[tuple[OpCost, Shapes]]
+
+    def pair_of(self, rows: I64) -> I64:
+        """The pair index of each of `rows` (costed rows)."""
+        return self.pair[np.searchsorted(self.rows, rows)]
+
+
+def costed_rows(run: Run, ev: Events, rank: int | None = None) -> CostedRows:
     """The CPU ops of `ev` (the Run's events, or `rank`'s: `rank` says which rows `ev` holds)
-    that have a cost model and recorded shapes, by row, with their cost and shapes; once per
-    Events object (the op table and the advice's launching ops read the same). Only ops of a
-    modelled name have their shapes parsed (most of a big trace's ops are not)."""
-    def make() -> dict[int, tuple[OpCost, Shapes]]:
+    that have a cost model and recorded shapes, once per Events object (the op table, the
+    backward's FLOPs and the advice's launching ops read the same). Only ops of a modelled
+    name have their shapes parsed (most of a big trace's ops are not)."""
+    def make() -> CostedRows:
         cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
         named = [i for i, n in enumerate(ev.names) if has_cost_model(n)]
         candidates = cpu_ops[np.isin(ev.name[cpu_ops], named)]
-        found, shape_of = _distinct(RowShapes.of(run).get(candidates, rank))
+        parsed, index = RowShapes.of(run).indexed(candidates, rank)
+        found, of_parsed = _distinct(parsed)  # one text in two parts of a call: one object
+        shape_of = of_parsed[index]
         # each distinct (name, shapes) costed once, not each row (every iteration records its
         # ops again: 31.7k costed rows of 288 pairs at 200k events)
         head, pair_of = unique_rows(np.stack([ev.name[candidates], shape_of], axis=1))
-        pairs: list[tuple[OpCost, Shapes] | None] = []
-        for name, shapes in zip(ev.name[candidates[head]].tolist(), shape_of[head].tolist(),
-                                strict=True):
+        pairs: list[tuple[OpCost, Shapes]] = []
+        kept = np.full(len(head), -1, np.int64)  # each distinct pair's in `pairs`, -1: none
+        for at, (name, shapes) in enumerate(zip(ev.name[candidates[head]].tolist(),
+                                                shape_of[head].tolist(), strict=True)):
             s = found[shapes]
             cost = shapes_cost(ev.names[name], s) if s is not None else None
-            pairs.append((cost, s) if cost is not None and s is not None else None)
-        return {row: pair for row, pair in zip(candidates.tolist(), map(pairs.__getitem__,
-                                                                        pair_of.tolist()),
-                                               strict=True) if pair is not None}
+            if cost is not None and s is not None:
+                kept[at] = len(pairs)
+                pairs.append((cost, s))
+        pair = kept[pair_of]
+        return CostedRows(candidates[pair >= 0], pair[pair >= 0], pairs)
+
+    return ev.derived("costed rows", make)
+
+
+def costed_ops(run: Run, ev: Events, rank: int | None = None) -> dict[int, tuple[OpCost, Shapes]]:
+    """`costed_rows` by row, with each one's cost and shapes (the advice's rules read them a
+    row at a time); once per Events object."""
+    def make() -> dict[int, tuple[OpCost, Shapes]]:
+        costed = costed_rows(run, ev, rank)
+        return dict(zip(costed.rows.tolist(), map(costed.pairs.__getitem__, costed.pair.tolist()),
+                        strict=True))
 
     return ev.derived("costed ops", make)
 
@@ -233,14 +264,15 @@ def backward_flops(run: Run, ev: Events) -> dict[tuple[int, int], float]:
     grows and an evaluation or other no-grad work in the step does not. Derived once per
     Events (advise's step rules each read it)."""
     def make() -> dict[tuple[int, int], float]:
-        costed = costed_ops(run, ev)
-        owned, owner = _counted_ops(ev, {row: cost for row, (cost, _) in costed.items()})
+        costed = costed_rows(run, ev)
+        owned, owner = _counted_ops(ev, costed)
         counted = owned[owned == owner]
         counted = counted[phases(ev, counted) == PHASES.index("backward")]
+        flops = np.array([cost.flops for cost, _ in costed.pairs], np.float64)
         out: dict[tuple[int, int], float] = {}
-        for rank, step, row in zip(ev.rank[counted].tolist(), ev.step[counted].tolist(),
-                                   counted.tolist(), strict=True):
-            out[rank, step] = out.get((rank, step), 0.0) + costed[row][0].flops
+        for rank, step, f in zip(ev.rank[counted].tolist(), ev.step[counted].tolist(),
+                                 flops[costed.pair_of(counted)].tolist(), strict=True):
+            out[rank, step] = out.get((rank, step), 0.0) + f
         return out
     return ev.derived("backward flops", make)
 
@@ -249,15 +281,18 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
     """The costed ops of one rank, read alone (memory stays one rank's, however many)."""
     ev = Events.of_run_rank(run, rank)
     cpu_ops = np.flatnonzero(ev.of_kind("cpu_op"))
-    costed = costed_ops(run, ev, rank)
-    costs = {row: cost for row, (cost, _) in costed.items()}  # changed below: a copy
-    owned, owner = _counted_ops(ev, costs)
+    costed = costed_rows(run, ev, rank)
+    owned, owner = _counted_ops(ev, costed)
     at_counted = np.sort(owned[owned == owner])
-    counted = at_counted.tolist()
+    # each counted op's cost, an index in `listed`: its pair's, or that cost run as TF32 (below)
+    listed = [cost for cost, _ in costed.pairs]
+    pair_of = costed.pair_of(at_counted)
+    cost_of = pair_of.copy()
     device = np.flatnonzero(ev.of_kind(*DEVICE_OPS))
-    # each distinct recorded Shapes written out once (many rows share one), each text an id
-    shapes, shape_of = _distinct([costed[row][1] for row in counted])
-    distinct = [_shape_text(s) for s in shapes]
+    # each distinct recorded Shapes written out once (many pairs share one), each text an id
+    objects, shape_of_pair = _distinct([shapes for _, shapes in costed.pairs])
+    seen, shape_of = _first_seen(shape_of_pair[pair_of])  # in the counted ops' order
+    distinct = [_shape_text(objects[i]) for i in shape_of_pair[pair_of[seen]].tolist()]
     text_id = {t: i for i, t in enumerate(dict.fromkeys(distinct))}
     text_of = list(text_id)
     op_text = np.full(len(ev), -1, np.int64)
@@ -270,12 +305,10 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         dev_rows, op_rows = _launches(ev, ext, device, owned, owner)
         # an FP32 op whose kernels ran on tensor cores did TF32 work: its roofline, its dtype
         tensor_core = [i for i, n in enumerate(ev.names) if is_tensor_core(n)]
-        on_tensor_cores = [row for row in sorted_unique(
-            op_rows[np.isin(ev.name[dev_rows], tensor_core)]).tolist() if row in costs]
-        found, cost_of = _distinct([costs[row] for row in on_tensor_cores])
-        as_tf32 = [tf32_if_fp32(cost) for cost in found]
-        costs.update(zip(on_tensor_cores, map(as_tf32.__getitem__, cost_of.tolist()),
-                         strict=True))
+        on_tensor_cores = np.isin(at_counted, op_rows[np.isin(ev.name[dev_rows], tensor_core)])
+        fp32, variant = np.unique(pair_of[on_tensor_cores], return_inverse=True)
+        cost_of[on_tensor_cores] = len(listed) + variant
+        listed += [tf32_if_fp32(listed[p]) for p in fp32.tolist()]
         dur = ev.dur[dev_rows]
         ops, op_of = np.unique(op_rows, return_inverse=True)
         launched = _sums(op_of, dur, len(ops))  # each op's kernels' time
@@ -288,35 +321,36 @@ def _rank_ops(run: Run, rank: int) -> _RankOps:
         share = np.bincount(group, weights=dur[mine] / launched[op_of[mine]])
         group_ns = _sums(group, dur[mine], len(head))
         calls = np.bincount(group, minlength=len(head))
-        for g, (at, op) in enumerate(zip(head.tolist(), o[_last(group, len(head))].tolist(),
-                                         strict=True)):
-            # the cost of the group's last op (one of them may have run on tensor cores)
+        # the cost of the group's last op (one of them may have run on tensor cores)
+        last_cost = cost_of[np.searchsorted(at_counted, o[_last(group, len(head))])]
+        for g, (at, c) in enumerate(zip(head.tolist(), last_cost.tolist(), strict=True)):
             kernels[(ev.names[int(ev.name[d[at]])], ev.names[int(ev.name[o[at]])],
-                     text_of[int(op_text[o[at]])])] = (costs[op], float(share[g]),
+                     text_of[int(op_text[o[at]])])] = (listed[c], float(share[g]),
                                                       int(group_ns[g]), int(calls[g]))
     else:  # the threads' busy time in ops (nested ops counted once)
         op_ns = sum(total(ev.ts[rows], ev.end[rows]) for rows in
                     group_rows(ev.tid[cpu_ops], cpu_ops).values())
     # (name, shapes) groups of the counted ops, each with its last op's cost
     head, group = unique_rows(np.stack([ev.name[at_counted], op_text[at_counted]], axis=1))
-    groups = {(ev.names[int(ev.name[h])], text_of[int(op_text[h])]): (costs[last], int(n), int(ns))
-              for h, last, n, ns in zip(at_counted[head].tolist(),
-                                        at_counted[_last(group, len(head))].tolist(),
-                                        np.bincount(group, minlength=len(head)).tolist(),
-                                        _sums(group, time, len(head)).tolist(), strict=True)}
-    rows: list[int] = []
-    if counted:  # the first op's step on its thread, in time order
-        at = at_counted
-        first = int(at[np.argmin(ev.ts[at])])
-        same = at[(ev.step[at] == ev.step[first]) & (ev.tid[at] == ev.tid[first])]
-        rows = same[np.argsort(ev.ts[same], kind="stable")].tolist()
-    flops = np.asarray([costs[r].flops for r in counted], np.float64)
+    groups = {(ev.names[int(ev.name[h])], text_of[int(op_text[h])]): (listed[c], int(n), int(ns))
+              for h, c, n, ns in zip(at_counted[head].tolist(),
+                                     cost_of[_last(group, len(head))].tolist(),
+                                     np.bincount(group, minlength=len(head)).tolist(),
+                                     _sums(group, time, len(head)).tolist(), strict=True)}
+    sequence = at_counted[:0]
+    if len(at_counted):  # the first op's step on its thread, in time order (positions)
+        first = at_counted[np.argmin(ev.ts[at_counted])]
+        same = np.flatnonzero((ev.step[at_counted] == ev.step[first])
+                              & (ev.tid[at_counted] == ev.tid[first]))
+        sequence = same[np.argsort(ev.ts[at_counted[same]], kind="stable")]
+    flops = np.array([cost.flops for cost in listed], np.float64)[cost_of]
     phase = phases(ev, at_counted)
     phase_flops = np.bincount(phase, weights=flops, minlength=len(PHASES)).tolist()
     forward = phase == PHASES.index("forward")
     no_grad = float(flops[forward][_no_grad(run, ev, rank, at_counted[forward])].sum())
     return _RankOps(groups, int(time.sum()), op_ns, len(device) > 0,
-                    [costs[r] for r in rows], [costed[r][1] for r in rows], phase_flops,
+                    [listed[c] for c in cost_of[sequence].tolist()],
+                    [costed.pairs[p][1] for p in pair_of[sequence].tolist()], phase_flops,
                     no_grad, kernels)
 
 
@@ -358,13 +392,10 @@ def _no_grad(run: Run, ev: Events, rank: int, rows: I64) -> Mask:
 def _launches(ev: Events, external_id: I64, device: I64, rows: I64, heads: I64
               ) -> tuple[I64, I64]:
     """(device rows, the counted op each counts under), in device-row order: the op that
-    launched it (dependencies.launching_ops), or the counted op it is a detail of (`heads`,
-    of the costed `rows`: _counted_ops)."""
-    pairs = launching_ops(ev, external_id, device)
-    dev = np.fromiter(pairs, np.int64, len(pairs))
-    ops = np.fromiter(pairs.values(), np.int64, len(pairs))
-    order = np.argsort(dev, kind="stable")
-    dev, ops = dev[order], ops[order]
+    launched it (dependencies.launching_op_rows), or the counted op it is a detail of
+    (`heads`, of the costed `rows`: _counted_ops)."""
+    found = launching_op_rows(ev, external_id, device)
+    dev, ops = device[found >= 0], found[found >= 0]  # `device`: ascending
     if len(rows):
         ops = np.where(np.isin(ops, rows), _lookup(rows, heads, ops), ops)
     return dev, ops
@@ -383,12 +414,18 @@ def _distinct(objects: Sequence[T]) -> tuple[list[T], I64]:
     """The distinct objects of `objects` by identity, in order of first appearance, and each
     one's index among them: RowShapes gives one object per distinct recorded shapes, so the
     work per shapes is done once, not per row (hashing a Shapes walks all its tuples)."""
-    ids = np.fromiter(map(id, objects), np.int64, len(objects))
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    first, index = _first_seen(np.fromiter(map(id, objects), np.int64, len(objects)))
+    return [objects[i] for i in first.tolist()], index
+
+
+def _first_seen(keys: I64) -> tuple[I64, I64]:
+    """The position of each distinct key's first appearance, in that order, and each key's
+    index among them."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     order = np.argsort(first)
     index = np.empty(len(order), np.int64)
     index[order] = np.arange(len(order))
-    return [objects[i] for i in first[order].tolist()], index[inverse.reshape(-1)]
+    return first[order], index[inverse.reshape(-1)]
 
 
 def _last(group: I64, count: int) -> I64:
@@ -410,11 +447,15 @@ PARSE_ROWS: Final = 1 << 16  # rows whose detail text RowShapes holds at once
 
 class RowShapes:
     """The recorded shapes of a Run's events by row, each parsed once per Run whoever asks
-    (a report's op table, its prediction, its advice and its views each read the same ops)."""
+    (a report's op table, its prediction, its advice and its views each read the same ops).
+    Held as arrays: each row's index in the list of shapes parsed (a dict by row had been
+    40k entries at 200k events, made and read a row at a time)."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.parsed: dict[int, Shapes | None] = {}  # by the row in the whole events table
+        # by the row in the whole events table: its shapes' index in `found`, -1 not yet read
+        self.index = np.zeros(0, np.int64)
+        self.found: list[Shapes | None] = []
 
     @classmethod
     def of(cls, run: Run) -> RowShapes:
@@ -422,20 +463,32 @@ class RowShapes:
 
     def get(self, rows: I64, rank: int | None = None) -> list[Shapes | None]:
         """The shapes of the events at `rows` (ascending) of the Run, or of `rank`'s rows."""
+        found, index = self.indexed(rows, rank)
+        return [found[i] for i in index.tolist()]
+
+    def indexed(self, rows: I64 | Sequence[int], rank: int | None = None
+                ) -> tuple[list[Shapes | None], I64]:
+        """`get` as the shapes parsed so far and each of `rows`' index among them (any order;
+        one object per distinct text parsed in one call; the op table counts rows by it)."""
         base = 0
         if rank is not None:
             ranks = self.run.table("events", ["rank"]).column("rank")
             base = max(pc.index(ranks, rank).as_py(), 0)
-        keys = (np.asarray(rows, np.int64) + base).tolist()
-        todo = np.asarray([k for k in keys if k not in self.parsed], np.int64) - base
+        at = np.asarray(rows, np.int64) + base
+        if len(at) and int(at.max()) >= len(self.index):
+            self.index = np.concatenate([self.index, np.full(int(at.max()) + 1 - len(self.index),
+                                                             -1, np.int64)])
+        todo = sorted_unique(at[self.index[at] < 0]) - base  # a read gives rows in order
         # each distinct text once: every iteration records its ops' shapes again (detail_of
         # gives one string object a text)
         parse = functools.cache(shapes_from_args)
         for part in np.array_split(todo, -(-len(todo) // PARSE_ROWS)) if len(todo) else ():
             # a part at a time: the detail text of a part's rows is held, not of all of them
-            self.parsed.update(zip((part + base).tolist(),
-                                   map(parse, detail_of(self.run, part, rank)), strict=True))
-        return [self.parsed[k] for k in keys]
+            texts = detail_of(self.run, part, rank)
+            first, index = _first_seen(np.fromiter(map(id, texts), np.int64, len(texts)))
+            self.index[part + base] = len(self.found) + index
+            self.found += [parse(texts[i]) for i in first.tolist()]
+        return self.found, self.index[at]
 
 
 def _kernel_stats(parts: Sequence[_RankOps], spec: DeviceSpec | None) -> list[KernelStat]:

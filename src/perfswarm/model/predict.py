@@ -320,12 +320,10 @@ class _Model:
         (each read filters the whole column: a read per row made predict quadratic in the
         rows). Parsed once per Run: several passes ask for the same rows, and so do the
         report's other parts."""
-        parsed = self._shapes.parsed
-        todo = [r for r in rows if r not in parsed]
-        if todo:
-            self._shapes.get(sorted_unique(np.asarray(todo, np.int64)))
+        found, index = self._shapes.indexed(rows)
         joins = self._joins
-        return [joins[r] if parsed[r] is None and r in joins else parsed[r] for r in rows]
+        return [joins[r] if found[i] is None and r in joins else found[i]
+                for r, i in zip(rows, index.tolist(), strict=True)]
 
     @cached_property
     def _joins(self) -> dict[int, Shapes | None]:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.annotations import Scopes, host_calls
 from perfswarm.analyze.concurrency import OnCpu, on_cpu
+from perfswarm.analyze.diff import diff_runs
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.iterations import (
     StepFaults,
@@ -28,7 +29,7 @@ from perfswarm.analyze.iterations import (
     step_faults,
     step_time,
 )
-from perfswarm.analyze.summary import analyze, diff_runs
+from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.swarm_diff import periods
 from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.errors import NotApplicable

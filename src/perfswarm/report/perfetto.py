@@ -225,7 +225,7 @@ def _derived_counter_events(run: Run, base: int, pids: _Pids, system: int
         return {"ph": "C", "cat": DERIVED_COUNTERS, "name": name, "pid": pids(rank, pid), "tid": 0,
                 "ts": us_json(ts - base), "args": args}
 
-    dev, calls = launch_pairs(ev, np.arange(len(ev)))
+    dev, calls = launch_pairs(ev)
     for _key, at in sorted(group_rows(lane_key(ev.rank[dev], (ev.device[dev] << 20)
                                                | (ev.stream[dev] & 0xFFFFF)),
                                       np.arange(len(dev))).items()):

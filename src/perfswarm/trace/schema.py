@@ -92,6 +92,12 @@ STEP_INPUT: Final = "step input elements"
 # the next forward a wait (an inference server's for requests)
 STEP_FORWARD: Final = "step forward ns"
 
+# A memory timeline's or snapshot's bytes alive in a category: counters MEMORY_PREFIX + category
+# (trace/readers/memory_timeline.py), and a snapshot's bytes the allocator held reserved (not a
+# category, so not in the totals); here, where analyze reads them without the readers
+MEMORY_PREFIX: Final = "memory."
+MEMORY_RESERVED: Final = "memory_reserved"
+
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.
 FLOWS: Final = pa.schema(

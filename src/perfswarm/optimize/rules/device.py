@@ -16,8 +16,7 @@ from perfswarm.model.opcost import OpCost, roofline
 from perfswarm.model.specs import DeviceSpec
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, col, groups, like, where
-from perfswarm.trace.readers.memory_timeline import RESERVED
-from perfswarm.trace.schema import NONE
+from perfswarm.trace.schema import MEMORY_RESERVED, NONE
 
 _SMALL_KERNEL_NS = 10_000
 _GRAPH_LAUNCH_NS = 1_000  # per kernel, replayed from a captured CUDA graph
@@ -276,7 +275,7 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
         if value > peaks.get(key, (0.0, ""))[0]:
             peaks[key] = (value, "allocator")
     counters = facts.counters
-    snapshots = where(counters, (col(counters, "name") == RESERVED)
+    snapshots = where(counters, (col(counters, "name") == MEMORY_RESERVED)
                       & (col(counters, "device") >= 0))
     for (rank, device), group in groups(snapshots, ["rank", "device"]):
         key, value = (rank, device), float(col(group, "value").max())

@@ -51,7 +51,7 @@ from perfswarm.analyze.stragglers import Stragglers
 from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.system import host_cores, recorder_steps
 from perfswarm.model.opcost import OpCost
-from perfswarm.model.opstats import costed_ops
+from perfswarm.model.opstats import costed_ops, costed_rows
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, OPTIMIZER_CALL, TAIL, among
 from perfswarm.trace.store import Manifest, Run
@@ -447,7 +447,7 @@ class Facts:
         """The runtime and driver calls that launched a kernel (a collective's too): analyze's
         launch, the call joined to its kernel by correlation id (analyze.launch.launch_pairs)."""
         ev = Events.load(self.run)
-        dev, calls = self._launch_pairs
+        dev, calls = launch_pairs(ev)  # analyze's join, made once per Events
         launched = calls[np.isin(ev.kind[dev], [KIND["kernel"], KIND["collective"]])]
         return self.at(launched)
 
@@ -463,12 +463,6 @@ class Facts:
         calls = col(self.kernel_launches, "row")
         top = np.concatenate(outer) if outer else ops[:0]
         return self.at(enclosing_rows(ev, calls, top)[1])
-
-    @cached_property
-    def _launch_pairs(self) -> tuple[I64, I64]:
-        """(device op rows, their launch calls): analyze's join, made once for both uses."""
-        ev = Events.load(self.run)
-        return launch_pairs(ev, np.arange(len(ev)))
 
     @cached_property
     def device_events(self) -> pa.Table:
@@ -578,9 +572,7 @@ class Facts:
         arrays, not a dict of every device op or an object per op (30k ops of a 200k-event
         trace had been 7 MB of them)."""
         ev = Events.load(self.run)
-        costed = costed_ops(self.run, ev)
-        dev, calls = self._launch_pairs  # ascending
-        op = looked_up(*enclosing_rows(ev, calls, np.fromiter(costed, np.int64, len(costed))),
-                       calls)
+        dev, calls = launch_pairs(ev)  # ascending
+        op = looked_up(*enclosing_rows(ev, calls, costed_rows(self.run, ev).rows), calls)
         launched = op >= 0
         return dev[launched], op[launched]

@@ -31,11 +31,10 @@ from perfswarm.errors import TraceFormatError
 from perfswarm.trace.kineto import PICKLE, invalid_json, read_bytes
 from perfswarm.trace.readers import memory_snapshot
 from perfswarm.trace.readers.fields import Placement, SideTables
-from perfswarm.trace.schema import COUNTERS
+from perfswarm.trace.schema import COUNTERS, MEMORY_PREFIX, MEMORY_RESERVED
 
 CATEGORIES: Final = ("parameter", "optimizer_state", "input", "temporary", "activation",
                      "gradient", "autograd_detail", "unknown")
-PREFIX: Final = "memory."
 WHAT: Final = ("a torch.profiler memory timeline (export_memory_timeline: [times, sizes per "
                "category], or its raw [[t, action, bytes, category], ...])")
 
@@ -74,18 +73,15 @@ def _states(path: Path, data: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
     raise TraceFormatError(path, "$", f"not {WHAT}")
 
 
-RESERVED: Final = "memory_reserved"  # a snapshot's: not a category, so not in the totals
-
-
 def read(path: Path, at: Placement) -> SideTables:
     """The file's counters on its rank; its format: memory_timeline or memory_snapshot."""
     text = read_bytes(path)
-    names = [PREFIX + c for c in CATEGORIES]
+    names = [MEMORY_PREFIX + c for c in CATEGORIES]
     form = "memory_snapshot" if text[:1] == PICKLE else "memory_timeline"
     if form == "memory_snapshot":
         times, alive, device = memory_snapshot.states(path, memory_snapshot.load(path, text),
                                                       CATEGORIES)
-        names.append(RESERVED)
+        names.append(MEMORY_RESERVED)
     else:
         try:
             data = orjson.loads(text)
