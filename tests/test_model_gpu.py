@@ -32,9 +32,11 @@ from perfswarm.model.gpu.learned import KernelModel, bundled, train
 from perfswarm.model.gpu.opgraph import HOST_OP_NS, LAUNCH_NS, host_overheads
 from perfswarm.model.gpu.trees import DEPTH, TREES, Ensemble, fit
 from perfswarm.model.gpu.work import (
+    FAMILY_FEATURES,
     FEATURES,
     Work,
     bound_s,
+    conv_work,
     features,
     gemm_work,
     roofline_s,
@@ -733,6 +735,36 @@ def test_one_d_convolutions_become_kernels() -> None:
     assert stem is not None
     forward = op_kernels("aten::mkldnn_convolution", stem)
     assert forward is not None and [(w.m, w.n, w.k) for w in forward] == [(64 * 246, 128, 80)]
+
+
+def test_a_convolutions_sample_size_is_read_beside_its_implicit_gemm() -> None:
+    """cuDNN runs a convolution by one algorithm or another (the five GPUs' 3 x 3 sweeps:
+    Winograd's 2x2 and 4x4 output tiles a sample on 61-81% of a GPU's rows, the implicit GEMM,
+    FFT) picked by the sample's size as well, and Winograd pads each sample's side to its
+    tile. 64 samples of 8 x 8 and one of 64 x 64 (64 -> 64 channels, 3 x 3) are one implicit
+    GEMM (4,096 pixels x 64 channels over 576), which the model had priced alike; the output
+    pixels a sample are now a feature of the convolution's trees (a 1-d convolution's: its
+    length; the other families' trees read as they did). The bundled model's price of one
+    implicit GEMM (256 -> 256 channels, 4,096 pixels) now moves with the samples' side as the
+    sweeps' kernel time over its bound does (the V100's median 1.14 at sides of 5-15, 0.86 at
+    16-63, 1.14 at 128 and more)."""
+    small, large = conv_work(64, 64, 64, 3, 8, 1, 1), conv_work(1, 64, 64, 3, 64, 1, 1)
+    assert (small.image, large.image) == (64, 4096)
+    assert replace(small, image=1) == replace(large, image=1)
+    v100 = Hardware.of_spec(load_spec("V100"))
+    index = len(FEATURES) + FAMILY_FEATURES["conv"].index("log2 pixels a sample")
+    apart = [i for i, (a, b) in enumerate(zip(features(small, v100), features(large, v100),
+                                              strict=True)) if a != b]
+    assert apart == [index]
+    assert (features(small, v100)[index], features(large, v100)[index]) == (6.0, 12.0)
+    works = [conv_work(batch, 256, 256, 3, side, 1, 1) for batch, side in ((16, 16), (1, 64))]
+    assert len({replace(w, image=1) for w in works}) == 1
+    priced = bundled().seconds(works, v100)
+    assert priced[1] > 1.2 * priced[0]
+    one_d = op_kernels("aten::cudnn_convolution",
+                       Shapes(((64, 128, 61), (128, 128, 3)), ("float", "float")))
+    assert one_d is not None and [w.image for w in one_d] == [61]
+    assert len(features(gemm_work("linear", 1, 64, 64, 64), v100)) == len(FEATURES)
 
 
 def test_bf16_runs_at_the_devices_bf16_peak() -> None:

@@ -72,6 +72,10 @@ FEATURES: Final = ("log2 FLOPs", "log2 bytes", "log2 intensity / ridge", "log2 r
                    "log2 batch", "log2 m", "log2 n", "log2 k", "log2 waves 128",
                    "wave efficiency 128", "log2 waves 64", "wave efficiency 64",
                    "log2 bytes / L2", "kind", "log2 ridge", "memory near peak")
+# what a family's trees read beside FEATURES (the others' inputs, and so their fits, stay as
+# they were: a constant column more moves the order the splitter tries features in, and with
+# it the other families' leave-one-GPU-out whole models by 0.2 points, docs/benchmarks.md)
+FAMILY_FEATURES: Final[dict[Family, tuple[str, ...]]] = {"conv": ("log2 pixels a sample",)}
 Peak = Literal["fp32", "tf32", "half", "bf16"]
 
 
@@ -89,6 +93,12 @@ class Work:
     n: int
     k: int
     peak: Peak = "fp32"  # which of the device's peaks bounds it (tensor cores: tf32, half)
+    # a convolution's output pixels a sample (its implicit GEMM's m is these times the batch;
+    # FAMILY_FEATURES), 1 for the other families: cuDNN runs a convolution by one algorithm or
+    # another (Winograd's 2x2 and 4x4 output tiles a sample, FFT, the implicit GEMM) and picks
+    # by the sample's size as well, and Winograd pads each sample's side to its tile, which m
+    # alone does not tell (the five GPUs' conv sweeps: docs/benchmarks.md, twenty-eighth pass)
+    image: int = 1
 
     def blocks(self, tile: int) -> int:
         """Thread blocks it launches: output tiles of a GEMM, rows of a norm or softmax,
@@ -229,7 +239,7 @@ def _log2(x: float) -> float:
 
 
 def features(work: Work, hw: Hardware) -> list[float]:
-    """The model's inputs, in FEATURES order."""
+    """The model's inputs, in FEATURES order, then the family's FAMILY_FEATURES."""
     peak = peak_of(hw, work.peak)
     ridge = peak / hw.bandwidth
     intensity = work.flops / work.bytes if work.bytes > 0 else ridge
@@ -244,7 +254,8 @@ def features(work: Work, hw: Hardware) -> list[float]:
     return [_log2(work.flops), _log2(work.bytes), _log2(under),
             _log2(roofline_s(work, hw) * 1e6), _log2(work.b), _log2(work.m), _log2(work.n),
             _log2(work.k), *waves, _log2(l2s),
-            float(KINDS.index(work.kind)), _log2(ridge), float(hw.near_peak_memory)]
+            float(KINDS.index(work.kind)), _log2(ridge), float(hw.near_peak_memory),
+            *([_log2(work.image)] if work.family == "conv" else [])]
 
 
 FP32: Final = 4
@@ -269,12 +280,12 @@ def spatial_conv_work(batch: int, c_in: int, c_out: int, kernel: Sequence[int],
                       element: int = FP32, peak: Peak = "fp32") -> Work:
     """A convolution of any number of spatial dimensions (input `size`, output `out`, filter
     `kernel`, each per dimension) as its implicit GEMM: output pixels x output channels x the
-    filter's inputs."""
+    filter's inputs, and its output pixels a sample (`image`)."""
     pixels = batch * math.prod(out)
     reduce = c_in // groups * math.prod(kernel)
     moved = batch * c_in * math.prod(size) + c_out * reduce + pixels * c_out
     return Work("conv", "conv", 2.0 * pixels * c_out * reduce, float(moved * element), 1,
-                pixels, c_out, reduce, peak)
+                pixels, c_out, reduce, peak, math.prod(out))
 
 
 def vector_work(family: Family, kind: str, rows: int, cols: int, element: int = FP32) -> Work:
