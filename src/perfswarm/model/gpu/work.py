@@ -255,7 +255,7 @@ def features(work: Work, hw: Hardware) -> list[float]:
             _log2(roofline_s(work, hw) * 1e6), _log2(work.b), _log2(work.m), _log2(work.n),
             _log2(work.k), *waves, _log2(l2s),
             float(KINDS.index(work.kind)), _log2(ridge), float(hw.near_peak_memory),
-            *([_log2(work.image)] if work.family == "conv" else [])]
+            *([_log2(work.image)] if work.family in FAMILY_FEATURES else [])]
 
 
 FP32: Final = 4
