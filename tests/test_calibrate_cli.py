@@ -61,3 +61,18 @@ def test_calibrate_nccl_without_gpus_is_a_one_line_error(
 def test_calibrate_collectives_needs_two_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--collectives", "--world-size", "1"]) == 2
     assert "world_size >= 2" in capsys.readouterr().err
+
+
+def test_no_lstm_sweep_without_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch built without oneDNN runs nn.LSTM by its own kernels: calibrate sweeps no
+    mkldnn_rnn_layer there (its call had raised, a traceback for the whole calibration), and
+    no CPU-only family on a GPU."""
+    import torch
+
+    from perfswarm.recorder.bench.kernels import swept_families
+
+    every = swept_families("cpu")
+    assert {"rnn", "rnn_backward", "sdpa"} <= set(every)
+    assert not {"rnn", "rnn_backward", "sdpa", "sdpa_backward"} & set(swept_families("cuda:0"))
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert swept_families("cpu") == [f for f in every if f not in ("rnn", "rnn_backward")]

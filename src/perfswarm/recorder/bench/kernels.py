@@ -464,6 +464,16 @@ def _device(device: str) -> tuple[str, str]:
     raise ParameterError("device", "expected cpu or cuda:N", value=device)
 
 
+def swept_families(where: str) -> list[str]:
+    """The families `calibrate` sweeps on `where` (a torch device): the CPU-only ones on the CPU
+    alone, the LSTM layer's only where torch runs nn.LSTM by oneDNN (a build without it runs
+    its own kernels: no mkldnn_rnn_layer op to time, nor in a trace to price)."""
+    import torch
+
+    return [f for f in FAMILIES if f not in CPU_FAMILIES or (where == "cpu" and (
+        f not in RNN_FAMILIES or torch.backends.mkldnn.is_available()))]  # type: ignore[no-untyped-call]
+
+
 def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
               on_family: Callable[[str], None] = lambda _f: None) -> dict[str, Any]:
     """The device profile: per family, the fitted models, their held-out GMAE and the sweep.
@@ -476,7 +486,7 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     if where == "cpu":  # each larger output would grow the heap: page faults, not the op
         reserve_heap(RESERVE_MIB)
     # the memory-bound sweeps first: what they leave of their share goes to the GEMM sweep
-    families = [f for f in FAMILIES if where == "cpu" or f not in CPU_FAMILIES]
+    families = swept_families(where)
     sweeps = [*((f, True) for f in WARM_FAMILIES), *((f, False) for f in reversed(families))]
     swept: dict[tuple[str, bool], list[Point]] = {}
     saved = torch.get_num_threads()
