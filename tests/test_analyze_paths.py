@@ -26,8 +26,10 @@ from perfswarm.analyze.critical_path import (
     build,
     counted,
     critical_path,
+    device_waits,
 )
 from perfswarm.analyze.dependencies import (
+    RowMap,
     blocked_in_collectives,
     dependencies,
     sync_events,
@@ -313,6 +315,53 @@ def test_counted_host_time_is_each_spans_own(spans: list[tuple[int, int, int, in
                     name = (state, g.ev.names[int(g.ev.name[owner[i]])])
                     by_name[name] = by_name.get(name, 0) + overlap
         assert (segment.ns, segment.by_name) == (ns, by_name)
+
+
+def test_the_walk_resolves_no_device_op_s_waits_as_it_goes(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A device op's last wait is resolved for every op at once (device_waits), before the
+    walks: the walk looks up none of the stream, event and launch maps (RowMap.get), where it
+    had looked up all three and compared their candidates at each device op it passed."""
+    ev = _iterations(8)
+    steps = {0: [StepWindow(i, i * 500 * US, (i + 1) * 500 * US, "marker") for i in range(8)]}
+    looked_up: list[int] = []
+    get = RowMap.get
+    monkeypatch.setattr(RowMap, "get", lambda self, row: (looked_up.append(row),
+                                                          get(self, row))[1])
+    path = critical_path(ev, [], steps)
+    assert path is not None and path.device_ops == 16
+    assert [{k: v // US for k, v in s.ns.items() if v} for s in path.steps
+            ] == [ITERATION_PATH] * 8
+    assert looked_up == []
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_device_waits_are_each_ops_own(data: st.DataObject) -> None:
+    """device_waits gives every op the wait the walk had found one op at a time: of its
+    stream's previous op, the op its stream waited on and its launch call, those started by
+    its start, the largest (ready, row, where, category); its stream's previous op with no
+    launch call device_idle. Random maps over the rows of three iterations (many ties)."""
+    ev = THREE_ITERATIONS.ev
+    rows = st.integers(0, len(ev) - 1)
+    prev, waits_for, launch = maps = [data.draw(st.dictionaries(rows, rows)) for _ in range(3)]
+    found = device_waits(ev, *(RowMap(np.array(sorted(m), np.int64).reshape(-1),
+                                      np.array([m[k] for k in sorted(m)], np.int64).reshape(-1))
+                               for m in maps))
+    expected: dict[int, tuple[int, int, str]] = {}
+    for row in range(len(ev)):
+        start = int(ev.ts[row])
+        preds = [(min(int(ev.end[dep]), start), dep, where, category)
+                 for m, where, category in ((prev, "dev", "stream_queue"),
+                                            (waits_for, "dev", "event_wait"),
+                                            (launch, "host", "launch_overhead"))
+                 if (dep := m.get(row)) is not None and int(ev.ts[dep]) <= start]
+        if preds:
+            ready, dep, _, category = max(preds)
+            queued = category == "stream_queue" and row not in launch
+            expected[row] = (dep, ready, "device_idle" if queued else category)
+    assert {row: w for row in range(len(ev)) if (w := found.get(row))} == expected
+    assert found.get(len(ev)) is None
 
 
 def _raw_ns(name: str | Path) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:
@@ -1645,4 +1694,4 @@ def test_the_critical_paths_device_maps_are_arrays(tmp_path: Path) -> None:
     assert len(launched) == len(g.launch_of.keys) > 0
     assert all(g.launch_of.get(r) == int(c) for r, c in zip(
         g.launch_of.keys.tolist(), g.launch_of.values.tolist(), strict=True))
-    assert g.launch_of.get(-5) is None and g.prev_on_stream.get(len(ev)) is None
+    assert g.launch_of.get(-5) is None and g.waits.get(len(ev)) is None
