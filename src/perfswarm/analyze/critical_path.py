@@ -230,6 +230,9 @@ class Graph:
     thread_start: dict[int, int] = field(default_factory=dict)
     wakes: Mapping[int, Wakes] = field(default_factory=dict)
     issued: Issued = field(default_factory=lambda: Issued({}, {}))
+    # each state walked so far, what walking it adds (Step.of): the Run's walk and its steps'
+    # cross the same states (all 667 of the Run's of 865 at 200k events), each worked out once
+    steps: dict[State, Step] = field(default_factory=dict)
 
 
 def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int, list[Peer]]]:
@@ -286,11 +289,25 @@ def _threads(g: Graph) -> None:
                                np.array([ev.end[c] for c in waited], np.int64))
 
 
+@dataclass
+class Step:
+    """What walking one state adds to a walk, whatever its floor (_Walk.apply cuts it there),
+    and where the walk goes on."""
+
+    # (category, lo, hi, name or -1): time on the path, the part after the floor counted
+    time: list[tuple[str, int, int, int]] = field(default_factory=list)
+    device_ops: int | None = None  # a device op on the path where this is after the floor
+    always: int = 0  # device ops on the path whatever the floor
+    switches: list[int] = field(default_factory=list)  # a rank switch each, after the floor
+    handovers: list[Handover] = field(default_factory=list)  # those at after the floor
+    host: list[HostSpan] = field(default_factory=list)  # lo cut at the floor
+    next: State | None = None
+
+
 class _Walk:
     """Accounts the path from where it is back to `floor` (a step's start), no further."""
 
-    def __init__(self, g: Graph, floor: int) -> None:
-        self.g = g
+    def __init__(self, floor: int) -> None:
         self.floor = floor
         self.ns = dict.fromkeys(CATEGORIES, 0)
         self.by_name: dict[tuple[str, int], int] = defaultdict(int)
@@ -299,13 +316,39 @@ class _Walk:
         self.handovers: list[Handover] = []
         self.host_spans: list[HostSpan] = []
 
+    def apply(self, step: Step) -> None:
+        floor = self.floor
+        for category, lo, hi, name in step.time:
+            ns = hi - max(lo, floor)
+            if ns > 0:
+                self.ns[category] += ns
+                if name >= 0:
+                    self.by_name[(category, name)] += ns
+        self.device_ops += step.always + int(step.device_ops is not None
+                                             and step.device_ops > floor)
+        self.switches += sum(1 for at in step.switches if at > floor)
+        self.handovers += [h for h in step.handovers if h.at > floor]
+        self.host_spans += [(key, max(lo, floor), hi) for key, lo, hi in step.host]
+
+
+class _Step:
+    """Works out what walking a state of `g` adds (Step): the same for every walk crossing it."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.step = Step()
+
+    def of(self, state: State) -> Step:
+        self.step = Step()
+        _, where, row, t = state
+        self.step.next = (self.device(row, t) if where == "dev" else
+                          self.host_collective(row, t) if self.g.ev.host_collective[row] else
+                          self.host(row, t))
+        return self.step
+
     def add(self, category: str, lo: int, hi: int, row: int = -1) -> None:
-        lo = max(lo, self.floor)
-        if hi <= lo:
-            return
-        self.ns[category] += hi - lo
-        if row >= 0:
-            self.by_name[(category, int(self.g.ev.name[row]))] += hi - lo
+        if hi > lo:
+            self.step.time.append((category, lo, hi, int(self.g.ev.name[row]) if row >= 0 else -1))
 
     def _late_peer(self, row: int, t: int, where: str) -> State | None:
         """Of a collective `row` (up to t) that another rank entered after this one: the time
@@ -317,7 +360,7 @@ class _Walk:
             return None
         late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
         self.add("collective", late_ts, t, row)
-        self.switches += int(late_ts > self.floor)
+        self.step.switches.append(late_ts)
         return (late_rank, where, late, late_ts)
 
     def device(self, row: int, t: int) -> State | None:
@@ -327,10 +370,11 @@ class _Walk:
         rank = int(ev.rank[row])
         moved = self._late_peer(row, t, "dev")
         if moved is not None:
-            self.device_ops += 1
+            self.step.always += 1
             return moved
         self.add(_device_category(ev, row), start, t, row)
-        self.device_ops += int(t > max(start, self.floor))
+        if t > start:
+            self.step.device_ops = t
         waited = g.waits.get(row)
         if waited is None:
             return None
@@ -362,9 +406,9 @@ class _Walk:
         if category == "stream_queue" and row not in g.issued.call:
             category = "host_idle"  # not known to be issued before its thread freed
         self.add(category, ready, start, dep)
-        if category == "thread_wait" and start > self.floor:
-            self.handovers.append(Handover(rank, int(ev.tid[dep]), int(ev.tid[row]), start,
-                                           start - ready))
+        if category == "thread_wait":
+            self.step.handovers.append(Handover(rank, int(ev.tid[dep]), int(ev.tid[row]), start,
+                                                start - ready))
         return (rank, "host", dep, ready)
 
     def host(self, row: int, t: int) -> State | None:
@@ -382,7 +426,7 @@ class _Walk:
         k = int(np.searchsorted(got[0], t, side="right")) - 1 if got else -1
 
         def states(lo: int) -> None:
-            self.host_spans.append((key, max(lo, self.floor), t))
+            self.step.host.append((key, lo, t))
 
         if got is not None and k >= 0 and int(got[0][k]) > max(
                 NO_FLOOR if sync_end is None else sync_end,
@@ -393,7 +437,7 @@ class _Walk:
             sender, call, sent = g.received[done]
             states(arrived)
             self.add("collective", sent, arrived, done)
-            self.switches += int(sent > self.floor)
+            self.step.switches.append(sent)
             return (sender, "host", call, sent)
         if wakes is not None and j >= 0 and (sync_end is None
                                             or int(wakes.resume[j]) > sync_end):
@@ -401,9 +445,8 @@ class _Walk:
                                         int(wakes.waker_end[j]))
             states(resume)
             self.add("thread_wait", waker_end, resume, waker)
-            if resume > self.floor:
-                self.handovers.append(Handover(rank, int(ev.tid[waker]), int(ev.tid[row]),
-                                               resume, resume - waker_end))
+            self.step.handovers.append(Handover(rank, int(ev.tid[waker]), int(ev.tid[row]),
+                                                resume, resume - waker_end))
             return (rank, "host", waker, waker_end)
         if i < 0:
             states(min(g.thread_start[key], t))
@@ -440,7 +483,7 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
          floor: int = NO_FLOOR) -> Segment:
     """Walk back from `state` while it is on one of `ranks` (the graph's), after `floor`, no
     state repeats and (with `stop`) fewer than `stop` states were walked."""
-    w = _Walk(g, floor)
+    w, worked = _Walk(floor), _Step(g)
     visited: list[State] = []
     seen: set[State] = set()
     current: State | None = state
@@ -448,9 +491,11 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
            and current not in seen and (stop is None or len(visited) < stop)):
         seen.add(current)
         visited.append(current)
-        _, where, row, t = current
-        current = (w.device(row, t) if where == "dev" else
-                   w.host_collective(row, t) if g.ev.host_collective[row] else w.host(row, t))
+        step = g.steps.get(current)
+        if step is None:
+            step = g.steps[current] = worked.of(current)
+        w.apply(step)
+        current = step.next
     by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
     return Segment(w.ns, by_name, w.device_ops, w.switches, w.handovers, visited,
                    current if current is not None and current[3] > floor else None,
