@@ -24,6 +24,8 @@ from perfswarm.analyze.critical_path import (
     HOST_STATES,
     Segment,
     State,
+    Window,
+    _Latest,
     _Step,
     build,
     counted,
@@ -385,6 +387,36 @@ def test_device_waits_are_each_ops_own(data: st.DataObject) -> None:
             expected[row] = (dep, ready, "device_idle" if queued else category)
     assert {row: w for row in range(len(ev)) if (w := found.get(row))} == expected
     assert found.get(len(ev)) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 4)),
+                min_size=1, max_size=30),
+       st.lists(st.one_of(st.none(), st.dictionaries(
+           st.integers(0, 3), st.tuples(st.integers(-1, 10), st.integers(0, 5)), max_size=3)),
+           max_size=6))
+def test_the_latest_work_of_every_window_at_once(
+        rows: list[tuple[int, int, int]],
+        windows: list[dict[int, tuple[int, int]] | None]) -> None:
+    """_Latest finds every window's latest work at once (laid end to end, a max and a min over
+    each window's rows) as it had window by window: of the rows started in the window on any
+    of its ranks, the one ending last, ties the first row; None where it has none (windows
+    overlapping, empty, on ranks without rows; None: all rows)."""
+    ev = events([(rank, ts * US, dur * US, "kernel", "k", 0, 0, 7, -1)
+                 for rank, ts, dur in rows])
+    since = ev.ts - (np.arange(len(ev)) % 3) * US  # launched before they start, out of order
+    asked: list[Window | None] = [None if w is None else {r: (lo * US, (lo + n) * US)
+                                                          for r, (lo, n) in w.items()}
+                                  for w in windows]
+    expected = []
+    for window in asked:
+        chosen = [row for row in range(len(ev)) if window is None or (
+            int(ev.rank[row]) in window
+            and window[int(ev.rank[row])][0] <= since[row] < window[int(ev.rank[row])][1])]
+        end = max((int(ev.end[row]) for row in chosen), default=None)
+        first = min((row for row in chosen if int(ev.end[row]) == end), default=None)
+        expected.append(None if first is None else (end, int(ev.rank[first]), first))
+    assert _Latest(ev, np.arange(len(ev)), since)(asked) == expected
 
 
 def _raw_ns(name: str | Path) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:
