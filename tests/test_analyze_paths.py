@@ -23,11 +23,17 @@ from perfswarm.analyze.critical_path import (
     CATEGORIES,
     HOST_STATES,
     Segment,
+    State,
+    Window,
+    _Latest,
+    _Step,
     build,
     counted,
     critical_path,
+    device_waits,
 )
 from perfswarm.analyze.dependencies import (
+    RowMap,
     blocked_in_collectives,
     dependencies,
     sync_events,
@@ -313,6 +319,104 @@ def test_counted_host_time_is_each_spans_own(spans: list[tuple[int, int, int, in
                     name = (state, g.ev.names[int(g.ev.name[owner[i]])])
                     by_name[name] = by_name.get(name, 0) + overlap
         assert (segment.ns, segment.by_name) == (ns, by_name)
+
+
+def test_the_walk_resolves_no_device_op_s_waits_as_it_goes(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A device op's last wait is resolved for every op at once (device_waits), before the
+    walks: the walk looks up none of the stream, event and launch maps (RowMap.get), where it
+    had looked up all three and compared their candidates at each device op it passed."""
+    ev = _iterations(8)
+    steps = {0: [StepWindow(i, i * 500 * US, (i + 1) * 500 * US, "marker") for i in range(8)]}
+    looked_up: list[int] = []
+    get = RowMap.get
+    monkeypatch.setattr(RowMap, "get", lambda self, row: (looked_up.append(row),
+                                                          get(self, row))[1])
+    path = critical_path(ev, [], steps)
+    assert path is not None and path.device_ops == 16
+    assert [{k: v // US for k, v in s.ns.items() if v} for s in path.steps
+            ] == [ITERATION_PATH] * 8
+    assert looked_up == []
+
+
+def test_each_state_is_worked_out_once_for_every_walk(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """The Run's walk and its steps' cross the same states (at 200k events all 667 of the
+    Run's, of 865): what walking a state adds is worked out once (_Step.of) and each walk
+    applies it cut at its own floor, with the same paths as walked state by state."""
+    worked: list[State] = []
+    of = _Step.of
+    monkeypatch.setattr(_Step, "of", lambda self, state: (worked.append(state),
+                                                          of(self, state))[1])
+    ev = _iterations(8)
+    steps = {0: [StepWindow(i, i * 500 * US, (i + 1) * 500 * US, "marker") for i in range(8)]}
+    path = critical_path(ev, [], steps)
+    assert path is not None and len(path.steps) == 8
+    assert [{k: v // US for k, v in s.ns.items() if v} for s in path.steps
+            ] == [ITERATION_PATH] * 8
+    assert {k: v // US for k, v in path.ns.items() if v} == {
+        k: 8 * v for k, v in ITERATION_PATH.items()}
+    assert path.handovers == tuple(h for s in path.steps for h in s.handovers)
+    assert len(worked) == len(set(worked)) == 8 * 6  # walk by walk: 89
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_device_waits_are_each_ops_own(data: st.DataObject) -> None:
+    """device_waits gives every op the wait the walk had found one op at a time: of its
+    stream's previous op, the op its stream waited on and its launch call, those started by
+    its start, the largest (ready, row, where, category); its stream's previous op with no
+    launch call device_idle. Random maps over the rows of three iterations (many ties)."""
+    ev = THREE_ITERATIONS.ev
+    rows = st.integers(0, len(ev) - 1)
+    prev, waits_for, launch = maps = [data.draw(st.dictionaries(rows, rows)) for _ in range(3)]
+    found = device_waits(ev, *(RowMap(np.array(sorted(m), np.int64).reshape(-1),
+                                      np.array([m[k] for k in sorted(m)], np.int64).reshape(-1))
+                               for m in maps))
+    expected: dict[int, tuple[int, int, str]] = {}
+    for row in range(len(ev)):
+        start = int(ev.ts[row])
+        preds = [(min(int(ev.end[dep]), start), dep, where, category)
+                 for m, where, category in ((prev, "dev", "stream_queue"),
+                                            (waits_for, "dev", "event_wait"),
+                                            (launch, "host", "launch_overhead"))
+                 if (dep := m.get(row)) is not None and int(ev.ts[dep]) <= start]
+        if preds:
+            ready, dep, _, category = max(preds)
+            queued = category == "stream_queue" and row not in launch
+            expected[row] = (dep, ready, "device_idle" if queued else category)
+    assert {row: w for row in range(len(ev)) if (w := found.get(row))} == expected
+    assert found.get(len(ev)) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 4)),
+                min_size=1, max_size=30),
+       st.lists(st.one_of(st.none(), st.dictionaries(
+           st.integers(0, 3), st.tuples(st.integers(-1, 10), st.integers(0, 5)), max_size=3)),
+           max_size=6))
+def test_the_latest_work_of_every_window_at_once(
+        rows: list[tuple[int, int, int]],
+        windows: list[dict[int, tuple[int, int]] | None]) -> None:
+    """_Latest finds every window's latest work at once (laid end to end, a max and a min over
+    each window's rows) as it had window by window: of the rows started in the window on any
+    of its ranks, the one ending last, ties the first row; None where it has none (windows
+    overlapping, empty, on ranks without rows; None: all rows)."""
+    ev = events([(rank, ts * US, dur * US, "kernel", "k", 0, 0, 7, -1)
+                 for rank, ts, dur in rows])
+    since = ev.ts - (np.arange(len(ev)) % 3) * US  # launched before they start, out of order
+    asked: list[Window | None] = [None if w is None else {r: (lo * US, (lo + n) * US)
+                                                          for r, (lo, n) in w.items()}
+                                  for w in windows]
+    expected = []
+    for window in asked:
+        chosen = [row for row in range(len(ev)) if window is None or (
+            int(ev.rank[row]) in window
+            and window[int(ev.rank[row])][0] <= since[row] < window[int(ev.rank[row])][1])]
+        end = max((int(ev.end[row]) for row in chosen), default=None)
+        first = min((row for row in chosen if int(ev.end[row]) == end), default=None)
+        expected.append(None if first is None else (end, int(ev.rank[first]), first))
+    assert _Latest(ev, np.arange(len(ev)), since)(asked) == expected
 
 
 def _raw_ns(name: str | Path) -> tuple[list[dict[str, Any]], Callable[[Any], int], int]:
@@ -1645,4 +1749,4 @@ def test_the_critical_paths_device_maps_are_arrays(tmp_path: Path) -> None:
     assert len(launched) == len(g.launch_of.keys) > 0
     assert all(g.launch_of.get(r) == int(c) for r, c in zip(
         g.launch_of.keys.tolist(), g.launch_of.values.tolist(), strict=True))
-    assert g.launch_of.get(-5) is None and g.prev_on_stream.get(len(ev)) is None
+    assert g.launch_of.get(-5) is None and g.waits.get(len(ev)) is None

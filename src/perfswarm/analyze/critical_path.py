@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from perfswarm.analyze.dependencies import (
     Issued,
@@ -75,6 +76,10 @@ HOST_STATES: Final = ("cpu", "runtime", "host_idle")
 TOP = 20
 STEP_TOP = 5
 NO_FLOOR: Final = -(1 << 62)
+# what a device op waited for last (DeviceWaits.wait): its stream's previous op, the op recorded
+# by the event its stream waited on, its launch call; its stream's previous op where it has no
+# launch in the trace (device_idle)
+WAITS: Final = ("stream_queue", "event_wait", "launch_overhead", "device_idle")
 
 
 @dataclass(frozen=True)
@@ -145,14 +150,72 @@ State = tuple[int, str, int, int]
 HostSpan = tuple[int, int, int]
 
 
+@dataclass(frozen=True)
+class DeviceWaits:
+    """Of each device op that waited for something, what it waited for last (the dependency
+    that became ready last of those started by its start), resolved for every op at once
+    (device_waits), by the op's row: the walk's step at a device op is one search, where it
+    had been three maps' look-ups and their candidates compared in Python (~2,800 steps at
+    200k events)."""
+
+    rows: I64  # ascending
+    dep: I64  # the row it waited for
+    ready: I64  # when that was ready (its end, at most the op's start)
+    wait: npt.NDArray[np.int8]  # the wait's category: its index in WAITS
+
+    def get(self, row: int) -> tuple[int, int, str] | None:
+        """(dep, ready, category) of device op `row`, None where it waited for nothing."""
+        i = int(np.searchsorted(self.rows, row))
+        if i == len(self.rows) or int(self.rows[i]) != row:
+            return None
+        return int(self.dep[i]), int(self.ready[i]), WAITS[int(self.wait[i])]
+
+
+def device_waits(ev: Events, prev_on_stream: RowMap, waits_for: RowMap,
+                 launch_of: RowMap) -> DeviceWaits:
+    """Every device op's last wait at once. Of its dependencies started by its start, the one
+    ready last; ties: the higher row, then its launch call before the recorded op before the
+    stream's previous op (the order of (ready, row, where, category) as tuples). Each map is
+    spread over every row (a scatter and a gather, not a sort or a search: 8.0 CPU ms -> 2.5 at
+    200k events)."""
+    maps = (waits_for, prev_on_stream, launch_of)
+    has_any = np.zeros(len(ev), bool)
+    for found in maps:
+        has_any[found.keys] = True
+    rows = np.flatnonzero(has_any)
+    start = ev.ts[rows]
+    value_of = np.full(len(ev), -1, np.int64)
+    best_dep = np.full(len(rows), -1, np.int64)
+    best_ready = np.zeros(len(rows), np.int64)
+    wait = np.zeros(len(rows), np.int8)
+    launched = np.zeros(len(rows), bool)
+    # in increasing order of (where, category): a later one wins a tie of (ready, row)
+    for found, category in zip(maps, ("event_wait", "stream_queue", "launch_overhead"),
+                               strict=True):
+        value_of[found.keys] = found.values
+        dep = value_of[rows]
+        value_of[found.keys] = -1
+        has = dep >= 0
+        launched |= has & (category == "launch_overhead")
+        ok = has & (ev.ts[dep] <= start)
+        ready = np.minimum(ev.end[dep], start)
+        better = ok & ((best_dep < 0) | (ready > best_ready)
+                       | ((ready == best_ready) & (dep >= best_dep)))
+        best_dep[better], best_ready[better] = dep[better], ready[better]
+        wait[better] = WAITS.index(category)
+    # not known to be launched before its stream freed
+    wait[(wait == WAITS.index("stream_queue")) & ~launched] = WAITS.index("device_idle")
+    keep = best_dep >= 0
+    return DeviceWaits(rows[keep], best_dep[keep], best_ready[keep], wait[keep])
+
+
 @dataclass
 class Graph:
     """Dependencies of every device op and host sync call of some ranks, resolved once."""
 
     ev: Events
-    prev_on_stream: RowMap = field(default_factory=RowMap)
+    waits: DeviceWaits
     launch_of: RowMap = field(default_factory=RowMap)
-    waits_for: dict[int, int] = field(default_factory=dict)  # device op -> recorded op
     sync_target: dict[int, int] = field(default_factory=dict)  # host call -> device op
     peers: dict[int, list[Peer]] = field(default_factory=dict)  # collective -> on others
     # a receive's completion -> the send it waited for (transfers.hand_overs), an RPC reply's
@@ -167,6 +230,9 @@ class Graph:
     thread_start: dict[int, int] = field(default_factory=dict)
     wakes: Mapping[int, Wakes] = field(default_factory=dict)
     issued: Issued = field(default_factory=lambda: Issued({}, {}))
+    # each state walked so far, what walking it adds (Step.of): the Run's walk and its steps'
+    # cross the same states (all 667 of the Run's of 865 at 200k events), each worked out once
+    steps: dict[State, Step] = field(default_factory=dict)
 
 
 def collective_peers(instances: Iterable[Sequence[Peer]]) -> dict[int, dict[int, list[Peer]]]:
@@ -186,9 +252,11 @@ def build(ev: Events, syncs: list[SyncEvent], peers: dict[int, list[Peer]],
     RPC replies' arrivals -> the callees' work); `requested`: rows whose start did (work for
     an RPC request -> the request)."""
     d = dependencies(ev, syncs)
-    g = Graph(ev, RowMap(*d.prev_on_stream), RowMap(*d.launch_of), d.waits_for, d.sync_target,
-              peers, {**received, **(requested or {})}, wakes=thread_wakes(ev),
-              issued=issued(ev))
+    launch_of = RowMap(*d.launch_of)
+    waited = np.array(sorted(d.waits_for.items()), np.int64).reshape(-1, 2)
+    g = Graph(ev, device_waits(ev, RowMap(*d.prev_on_stream), RowMap(*waited.T), launch_of),
+              launch_of, d.sync_target, peers, {**received, **(requested or {})},
+              wakes=thread_wakes(ev), issued=issued(ev))
     _threads(g)
     done = np.fromiter(g.received, np.int64, len(g.received))
     arrived = np.where(np.isin(done, list(requested or {})), ev.ts[done], ev.end[done])
@@ -221,11 +289,25 @@ def _threads(g: Graph) -> None:
                                np.array([ev.end[c] for c in waited], np.int64))
 
 
+@dataclass
+class Step:
+    """What walking one state adds to a walk, whatever its floor (_Walk.apply cuts it there),
+    and where the walk goes on."""
+
+    # (category, lo, hi, name or -1): time on the path, the part after the floor counted
+    time: list[tuple[str, int, int, int]] = field(default_factory=list)
+    device_ops: int | None = None  # a device op on the path where this is after the floor
+    always: int = 0  # device ops on the path whatever the floor
+    switches: list[int] = field(default_factory=list)  # a rank switch each, after the floor
+    handovers: list[Handover] = field(default_factory=list)  # those at after the floor
+    host: list[HostSpan] = field(default_factory=list)  # lo cut at the floor
+    next: State | None = None
+
+
 class _Walk:
     """Accounts the path from where it is back to `floor` (a step's start), no further."""
 
-    def __init__(self, g: Graph, floor: int) -> None:
-        self.g = g
+    def __init__(self, floor: int) -> None:
         self.floor = floor
         self.ns = dict.fromkeys(CATEGORIES, 0)
         self.by_name: dict[tuple[str, int], int] = defaultdict(int)
@@ -234,13 +316,39 @@ class _Walk:
         self.handovers: list[Handover] = []
         self.host_spans: list[HostSpan] = []
 
+    def apply(self, step: Step) -> None:
+        floor = self.floor
+        for category, lo, hi, name in step.time:
+            ns = hi - max(lo, floor)
+            if ns > 0:
+                self.ns[category] += ns
+                if name >= 0:
+                    self.by_name[(category, name)] += ns
+        self.device_ops += step.always + int(step.device_ops is not None
+                                             and step.device_ops > floor)
+        self.switches += sum(1 for at in step.switches if at > floor)
+        self.handovers += [h for h in step.handovers if h.at > floor]
+        self.host_spans += [(key, max(lo, floor), hi) for key, lo, hi in step.host]
+
+
+class _Step:
+    """Works out what walking a state of `g` adds (Step): the same for every walk crossing it."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.step = Step()
+
+    def of(self, state: State) -> Step:
+        self.step = Step()
+        _, where, row, t = state
+        self.step.next = (self.device(row, t) if where == "dev" else
+                          self.host_collective(row, t) if self.g.ev.host_collective[row] else
+                          self.host(row, t))
+        return self.step
+
     def add(self, category: str, lo: int, hi: int, row: int = -1) -> None:
-        lo = max(lo, self.floor)
-        if hi <= lo:
-            return
-        self.ns[category] += hi - lo
-        if row >= 0:
-            self.by_name[(category, int(self.g.ev.name[row]))] += hi - lo
+        if hi > lo:
+            self.step.time.append((category, lo, hi, int(self.g.ev.name[row]) if row >= 0 else -1))
 
     def _late_peer(self, row: int, t: int, where: str) -> State | None:
         """Of a collective `row` (up to t) that another rank entered after this one: the time
@@ -252,7 +360,7 @@ class _Walk:
             return None
         late_rank, late, late_ts = max(peers, key=lambda p: (p[2], -p[0]))
         self.add("collective", late_ts, t, row)
-        self.switches += int(late_ts > self.floor)
+        self.step.switches.append(late_ts)
         return (late_rank, where, late, late_ts)
 
     def device(self, row: int, t: int) -> State | None:
@@ -262,24 +370,17 @@ class _Walk:
         rank = int(ev.rank[row])
         moved = self._late_peer(row, t, "dev")
         if moved is not None:
-            self.device_ops += 1
+            self.step.always += 1
             return moved
         self.add(_device_category(ev, row), start, t, row)
-        self.device_ops += int(t > max(start, self.floor))
-        preds: list[tuple[int, int, str, str]] = []  # (ready, row, where, category of the wait)
-        for dep, category in ((g.prev_on_stream.get(row), "stream_queue"),
-                              (g.waits_for.get(row), "event_wait"),
-                              (g.launch_of.get(row), "launch_overhead")):
-            if dep is not None and ev.ts[dep] <= start:
-                where = "host" if category == "launch_overhead" else "dev"
-                preds.append((min(int(ev.end[dep]), start), dep, where, category))
-        if not preds:
+        if t > start:
+            self.step.device_ops = t
+        waited = g.waits.get(row)
+        if waited is None:
             return None
-        ready, dep, where, category = max(preds)
-        if category == "stream_queue" and row not in g.launch_of:
-            category = "device_idle"  # not known to be launched before its stream freed
+        dep, ready, category = waited
         self.add(category, ready, start)
-        return (rank, where, dep, ready)
+        return (rank, "host" if category == "launch_overhead" else "dev", dep, ready)
 
     def host_collective(self, row: int, t: int) -> State | None:
         """Account a collective on a host thread (`row`: gloo's range on its worker thread)
@@ -305,9 +406,9 @@ class _Walk:
         if category == "stream_queue" and row not in g.issued.call:
             category = "host_idle"  # not known to be issued before its thread freed
         self.add(category, ready, start, dep)
-        if category == "thread_wait" and start > self.floor:
-            self.handovers.append(Handover(rank, int(ev.tid[dep]), int(ev.tid[row]), start,
-                                           start - ready))
+        if category == "thread_wait":
+            self.step.handovers.append(Handover(rank, int(ev.tid[dep]), int(ev.tid[row]), start,
+                                                start - ready))
         return (rank, "host", dep, ready)
 
     def host(self, row: int, t: int) -> State | None:
@@ -325,7 +426,7 @@ class _Walk:
         k = int(np.searchsorted(got[0], t, side="right")) - 1 if got else -1
 
         def states(lo: int) -> None:
-            self.host_spans.append((key, max(lo, self.floor), t))
+            self.step.host.append((key, lo, t))
 
         if got is not None and k >= 0 and int(got[0][k]) > max(
                 NO_FLOOR if sync_end is None else sync_end,
@@ -336,7 +437,7 @@ class _Walk:
             sender, call, sent = g.received[done]
             states(arrived)
             self.add("collective", sent, arrived, done)
-            self.switches += int(sent > self.floor)
+            self.step.switches.append(sent)
             return (sender, "host", call, sent)
         if wakes is not None and j >= 0 and (sync_end is None
                                             or int(wakes.resume[j]) > sync_end):
@@ -344,9 +445,8 @@ class _Walk:
                                         int(wakes.waker_end[j]))
             states(resume)
             self.add("thread_wait", waker_end, resume, waker)
-            if resume > self.floor:
-                self.handovers.append(Handover(rank, int(ev.tid[waker]), int(ev.tid[row]),
-                                               resume, resume - waker_end))
+            self.step.handovers.append(Handover(rank, int(ev.tid[waker]), int(ev.tid[row]),
+                                                resume, resume - waker_end))
             return (rank, "host", waker, waker_end)
         if i < 0:
             states(min(g.thread_start[key], t))
@@ -383,7 +483,7 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
          floor: int = NO_FLOOR) -> Segment:
     """Walk back from `state` while it is on one of `ranks` (the graph's), after `floor`, no
     state repeats and (with `stop`) fewer than `stop` states were walked."""
-    w = _Walk(g, floor)
+    w, worked = _Walk(floor), _Step(g)
     visited: list[State] = []
     seen: set[State] = set()
     current: State | None = state
@@ -391,9 +491,11 @@ def walk(g: Graph, state: State, ranks: frozenset[int], stop: int | None = None,
            and current not in seen and (stop is None or len(visited) < stop)):
         seen.add(current)
         visited.append(current)
-        _, where, row, t = current
-        current = (w.device(row, t) if where == "dev" else
-                   w.host_collective(row, t) if g.ev.host_collective[row] else w.host(row, t))
+        step = g.steps.get(current)
+        if step is None:
+            step = g.steps[current] = worked.of(current)
+        w.apply(step)
+        current = step.next
     by_name = {(c, g.ev.names[n]): v for (c, n), v in w.by_name.items()}
     return Segment(w.ns, by_name, w.device_ops, w.switches, w.handovers, visited,
                    current if current is not None and current[3] > floor else None,
@@ -488,8 +590,11 @@ Window = Mapping[int, tuple[int, int]]
 
 
 class _Latest:
-    """Of some rows, the one that ends last among those started (`since`: launched) in a
-    window, found by bisection per rank: a window costs its own rows, not all of them."""
+    """Of some rows, the one that ends last among those started (`since`: launched) in each of
+    some windows, every window at once: each rank's windows' rows (by bisection) laid end to end,
+    a max and a min over each window's (reduceat). Window by window, a search, a concatenation
+    and a max each had been 14 of the critical path's ~125 CPU ms at 200k events (600
+    windows, three kinds of work)."""
 
     def __init__(self, ev: Events, rows: I64, since: I64) -> None:
         self.ev = ev
@@ -499,22 +604,32 @@ class _Latest:
             mine = group[np.argsort(since[group], kind="stable")]
             self.by_rank[rank] = (mine, since[mine])
 
-    def __call__(self, window: Window | None) -> tuple[int, int, int] | None:
+    def __call__(self, windows: Sequence[Window | None]) -> list[tuple[int, int, int] | None]:
         ev = self.ev
-        if window is None:
-            chosen = self.rows
-        else:
-            parts = [self.rows[:0]]
-            for rank, (lo, hi) in window.items():
-                if rank in self.by_rank:
-                    mine, at = self.by_rank[rank]
-                    parts.append(mine[np.searchsorted(at, lo):np.searchsorted(at, hi)])
-            chosen = np.concatenate(parts)
-        if len(chosen) == 0:
-            return None
-        last = ev.end[chosen]
-        row = int(chosen[last == last.max()].min())  # ties: the first row
-        return int(ev.end[row]), int(ev.rank[row]), row
+        found: list[list[tuple[int, int]]] = [[] for _ in windows]  # (end, -row) per rank
+        for k, window in enumerate(windows):
+            if window is None and len(self.rows):
+                last = ev.end[self.rows]
+                found[k].append((int(last.max()), -int(self.rows[last == last.max()].min())))
+        for rank, (mine, at) in self.by_rank.items():
+            which = [(k, w[rank]) for k, w in enumerate(windows) if w is not None and rank in w]
+            bounds = np.array([lo_hi for _, lo_hi in which], np.int64).reshape(-1, 2)
+            first = np.searchsorted(at, bounds[:, 0])
+            count = np.searchsorted(at, bounds[:, 1]) - first
+            has = np.flatnonzero(count > 0)
+            if not len(has):
+                continue
+            _, index = spread(first[has], count[has])
+            at_run = np.cumsum(count[has]) - count[has]
+            last = ev.end[mine[index]]
+            latest = np.maximum.reduceat(last, at_run)
+            tied = np.where(last == np.repeat(latest, count[has]), mine[index], len(ev))
+            for k, end, row in zip([which[i][0] for i in has.tolist()], latest.tolist(),
+                                   np.minimum.reduceat(tied, at_run).tolist(), strict=True):
+                found[k].append((end, -row))
+        # ties: the first row
+        return [(best[0], int(ev.rank[-best[1]]), -best[1]) if (best := max(f, default=None))
+                else None for f in found]
 
 
 def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
@@ -535,7 +650,8 @@ def ends(g: Graph, windows: Sequence[Window | None] = (None,)) -> list[Ends]:
     launched[g.launch_of.keys] = ev.ts[calls]
     on_device, on_launching, on_host = (_Latest(ev, rows, launched)
                                         for rows in (device, launching, host))
-    return [Ends(on_device(w), on_launching(w), on_host(w), len(calls) > 0) for w in windows]
+    return [Ends(*latest, len(calls) > 0) for latest in zip(
+        on_device(windows), on_launching(windows), on_host(windows), strict=True)]
 
 
 def linked_ranks(ranks: Iterable[int], peers: Mapping[int, Mapping[int, Sequence[Peer]]],
