@@ -259,7 +259,7 @@ def kernel_check(path: Path, gpu: str) -> None:
 
     import numpy as np
 
-    from perfswarm.analyze.dependencies import launching_ops
+    from perfswarm.analyze.dependencies import launching_op_rows
     from perfswarm.analyze.frame import Events, args_of
     from perfswarm.analyze.ops import is_tensor_core
     from perfswarm.model.gpu.aten import kernels
@@ -275,8 +275,9 @@ def kernel_check(path: Path, gpu: str) -> None:
     ext = np.asarray(run.table("events", ["external_id"]).column("external_id").to_numpy())
     device = np.flatnonzero(ev.of_kind("kernel"))
     by_op: dict[int, list[int]] = {}
-    for k, op in launching_ops(ev, ext, device).items():
-        by_op.setdefault(op, []).append(k)
+    for k, op in zip(device.tolist(), launching_op_rows(ev, ext, device).tolist(), strict=True):
+        if op >= 0:
+            by_op.setdefault(op, []).append(k)
     ops = sorted(by_op)
     model, hw = bundled(), Hardware.of_spec(load_spec(gpu))
     errors: dict[str, list[float]] = {}

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, events
-from perfswarm.analyze.dependencies import launching_ops
+from perfswarm.analyze.dependencies import launching_op_rows
 from perfswarm.analyze.frame import Events, args_of
 from perfswarm.analyze.ops import is_tensor_core
 from perfswarm.cli.main import main
@@ -252,8 +252,11 @@ def test_the_bundled_model_prices_an_unseen_gpus_gemms(tmp_path: Path) -> None:
     external = np.asarray(run.table("events", ["external_id"]).column("external_id")
                           .to_numpy(), np.int64)
     launched: dict[int, list[int]] = {}
-    for kernel, op in launching_ops(ev, external, np.flatnonzero(ev.of_kind("kernel"))).items():
-        launched.setdefault(op, []).append(kernel)
+    kernels = np.flatnonzero(ev.of_kind("kernel"))
+    for kernel, op in zip(kernels.tolist(), launching_op_rows(ev, external, kernels).tolist(),
+                          strict=True):
+        if op >= 0:
+            launched.setdefault(op, []).append(kernel)
     mms = sorted(op for op in launched if ev.name_of(op) == "aten::mm")
     h200 = Hardware.of_spec(load_spec("H200"))
     measured, priced = [], []
@@ -692,8 +695,8 @@ def test_kernels_find_their_op_through_the_launch_call() -> None:
     ])
     external = np.array([1, 2, 7, 7, 3, 8, 8])  # kernels: their correlation, like no op's
     device = np.flatnonzero(ev.of_kind("kernel"))
-    found = launching_ops(ev, external, device)
-    assert {ev.name_of(k): ev.name_of(o) for k, o in found.items()} == {
+    found = launching_op_rows(ev, external, device)
+    assert {ev.name_of(k): ev.name_of(o) for k, o in zip(device, found, strict=True) if o >= 0} == {
         "sgemm": "aten::addmm", "relu_kernel": "aten::relu"}
 
 
