@@ -4,12 +4,30 @@
 needed. A syscall that another thread interrupts is written as
 `<unfinished ...>` and later `<... NAME resumed>`; the pair becomes one event.
 strace attaches with ptrace, as py-spy does to pause threads: record one of
-them at a time.
+them at a time. It attaches while a recorded command is held before its exec
+(Collector.before_exec), and the command goes on once strace traces it: attached after
+the exec, it had missed the program's start, under load a loop's first iterations too.
 """
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Final
+
 from perfswarm.recorder.tools import ToolCollector
+
+ATTACH_TIMEOUT_S: Final = 30.0  # strace's attach, at most (tens of ms here)
+
+
+def tracer(pid: int) -> int:
+    """The pid of the process that ptraces `pid` (its status's TracerPid), 0 for none."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    found = next((line for line in status.splitlines() if line.startswith("TracerPid:")), "")
+    return int(found.split()[1]) if found else 0
 
 
 class StraceCollector(ToolCollector):
@@ -17,6 +35,15 @@ class StraceCollector(ToolCollector):
     tool = "strace"
     output = "strace.txt"
     ptrace = True
+    before_exec = True
+
+    def start(self, pid: int) -> None:
+        """strace on `pid`, back once it traces it (or has stopped, or ATTACH_TIMEOUT_S)."""
+        super().start(pid)
+        deadline = time.monotonic() + ATTACH_TIMEOUT_S
+        while (self.proc is not None and self.proc.poll() is None
+               and tracer(pid) != self.proc.pid and time.monotonic() < deadline):
+            time.sleep(0.01)
 
     def clock_offset(self, monotonic_offset: int) -> int | None:
         return 0  # -ttt: epoch seconds
