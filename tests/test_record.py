@@ -907,10 +907,35 @@ def test_strace_syscalls_on_the_run_clock(tmp_path: Path) -> None:
     execs = [orjson.loads(a)["args"] for n, a in zip(ev["name"], ev["args"], strict=True)
              if n == "execve"]
     assert execs and execs[0].startswith(f'"{PY}"')
+    # the first call is the command's exec: the wrapper's before it (its hold pipe) are not its
+    assert min((ts, n) for ts, n, k in zip(ev["ts"], ev["name"], ev["kind"], strict=True)
+               if k == "syscall")[1] == "execve"
     ms = 1_000_000
     for (ts, _), (before, after) in zip(writes, orjson.loads(marks_path.read_bytes()),
                                         strict=True):
         assert before - ms <= ts <= after + ms
+
+
+def test_strace_calls_from_the_commands_exec(tmp_path: Path) -> None:
+    """The traced command's calls from its exec (the recorder's wrapper read its hold pipe
+    and restored a signal first, on the same pid); a process attached by pid, which runs no
+    exec first, keeps every call, and so do its children's before their own execs."""
+    from perfswarm.trace.readers import strace
+    from perfswarm.trace.readers.fields import Placement
+
+    lines = ['7  1.000001 read(4, "", 1) = 0 <0.000002>',
+             '7  1.000010 rt_sigaction(SIGPIPE, {sa_handler=SIG_DFL}, NULL, 8) = 0 <0.000001>',
+             '7  1.000020 execve("/bin/true", ["true"], 0x1 /* 2 vars */) = 0 <0.000100>',
+             '7  1.000200 brk(NULL) = 0x1 <0.000001>',
+             '8  1.000300 read(3, "x", 1) = 1 <0.000001>',
+             '8  1.000400 execve("/bin/false", ["false"], 0x1 /* 2 vars */) = 0 <0.000100>']
+    path = tmp_path / "strace.txt"
+    path.write_text("\n".join(lines) + "\n")
+    names = strace.read(path, Placement()).events.column("name").to_pylist()
+    assert names == ["execve", "brk", "read", "execve"]
+    path.write_text("\n".join(lines[3:]) + "\n")  # attached by pid: no exec of its own
+    assert strace.read(path, Placement()).events.column("name").to_pylist() == [
+        "brk", "read", "execve"]
 
 
 def test_samplers_stamp_the_run_clock(tmp_path: Path) -> None:

@@ -75,6 +75,13 @@ def read(path: Path, at: Placement) -> SideTables:
     calls = parse(path.read_text(errors="replace"), path) if path.is_file() else []
     if not calls:
         return SideTables("strace")
+    # the traced command's from its exec: the recorder's strace attaches while its wrapper
+    # holds the command before the exec (recorder/strace.py), and the wrapper's last calls
+    # (its hold pipe read, the signals restored) are the recorder's; a process attached by pid
+    # (record --pid) runs no exec first, and keeps every call
+    root = calls[0].tid
+    first = next((i for i, c in enumerate(calls) if c.tid == root and c.name == "execve"), 0)
+    calls = calls[first:]
     rank_of = at.rank_of
     n = len(calls)
     none = pa.array(np.full(n, NONE, np.int64))
