@@ -32,6 +32,15 @@ _DIES_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1,
                      "dict(kv.split(b'=', 1) for kv in env if b'=' in kv))")
 
 
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as field -> value ("TracerPid" -> "0"), {} for a process gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
 def dies_with_parent(argv: list[str], hold: int = -1) -> list[str]:
     """`argv` run so that it is SIGKILLed when this process dies (even by SIGKILL, which
     leaves no handler to clean up): a killed recorder orphans neither the workload nor perf or

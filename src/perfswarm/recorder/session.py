@@ -26,7 +26,13 @@ from types import FrameType
 from typing import IO
 
 from perfswarm.errors import ParameterError, PerfswarmError
-from perfswarm.recorder.base import SAMPLER_HZ, Collector, Sampler, dies_with_parent
+from perfswarm.recorder.base import (
+    SAMPLER_HZ,
+    Collector,
+    Sampler,
+    dies_with_parent,
+    proc_status,
+)
 from perfswarm.recorder.build import Recording, build_run
 from perfswarm.recorder.clock import monotonic_offset_ns
 from perfswarm.recorder.gpu import GpuSampler
@@ -177,13 +183,9 @@ STOP_GRACE_S = 3.0  # a child still alive this long after a forwarded signal is 
 
 def sigkill_pending(pid: int) -> bool:
     """Whether `pid` has been sent SIGKILL (it is on its way out)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
+    status = proc_status(pid)
     bit = 1 << (signal.SIGKILL - 1)
-    return any(int(line.split()[1], 16) & bit for line in status.splitlines()
-               if line.startswith(("SigPnd:", "ShdPnd:")))
+    return any(int(status[k], 16) & bit for k in ("SigPnd", "ShdPnd") if k in status)
 
 
 def record(command: Sequence[str], out: Path, options: RecordOptions,

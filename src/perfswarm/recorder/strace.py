@@ -12,22 +12,12 @@ the exec, it had missed the program's start, under load a loop's first iteration
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Final
 
+from perfswarm.recorder.base import proc_status
 from perfswarm.recorder.tools import ToolCollector
 
 ATTACH_TIMEOUT_S: Final = 30.0  # strace's attach, at most (tens of ms here)
-
-
-def tracer(pid: int) -> int:
-    """The pid of the process that ptraces `pid` (its status's TracerPid), 0 for none."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    found = next((line for line in status.splitlines() if line.startswith("TracerPid:")), "")
-    return int(found.split()[1]) if found else 0
 
 
 class StraceCollector(ToolCollector):
@@ -42,7 +32,8 @@ class StraceCollector(ToolCollector):
         super().start(pid)
         deadline = time.monotonic() + ATTACH_TIMEOUT_S
         while (self.proc is not None and self.proc.poll() is None
-               and tracer(pid) != self.proc.pid and time.monotonic() < deadline):
+               and proc_status(pid).get("TracerPid") != str(self.proc.pid)
+               and time.monotonic() < deadline):
             time.sleep(0.01)
 
     def clock_offset(self, monotonic_offset: int) -> int | None:
