@@ -60,12 +60,15 @@ for step, (x, y) in enumerate(DataLoader(Slow(), batch_size=8)):
 
 
 def _recorded_under_load(tmp_path: Path, text: str = LOOP) -> Run:
-    """A loop (LOOP) recorded (torch and the system sampler) while one spinning process a
-    core, in sessions of their own, holds the host's cores."""
+    """A loop (LOOP) recorded (torch and the system sampler) while two spinning processes a
+    core, in sessions of their own, hold the host's cores. Two, not one: with one a core the
+    scheduler had let a one-thread loop keep 0.92 of the 2 cores (others 1.08, and the loop's
+    5 profiled steps short enough to hold one sampler reading), so whether the rule's evidence
+    was there followed the host's scheduling, not the test."""
     script = tmp_path / "loop.py"
     script.write_text(text)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                 start_new_session=True) for _ in range(os.cpu_count() or 1)]
+                                 start_new_session=True) for _ in range(2 * (os.cpu_count() or 1))]
     try:
         result = record([sys.executable, str(script)], tmp_path / "busy.run",
                         RecordOptions(collectors=("torch", "system"), skip=3, steps=5))
