@@ -875,9 +875,10 @@ def test_a_swept_lstm_layer_takes_its_own_model() -> None:
     call plus 0.01 ns a FLOP, the backward 300 us plus 0.02 ns) prices the layer by that
     model, not by the GEMMs and gate passes inside it: the layer of the tests above at twice
     the width is x1.21 the model's time (the parts': x3.01). Measured at 100 us, under the
-    model, it scales by that ratio; at 1 ms the 779 us beyond the model is held and the
-    model's 47 us added. The same layer under a profile without the sweeps (one from before them)
-    is priced as before: its parts, the time beyond them held."""
+    model, or at 1 ms, 779 us beyond it (a layer in a step takes longer than alone), it scales
+    by that ratio: what it takes beyond the model grows with it (the held 779 us had made it
+    x1.05), and so does the backward's. The same layer under a profile without the sweeps (one
+    from before them) is priced as before: its parts, the time beyond them held."""
     parts = {"gemm": FamilyModel((2e-6, 0.0, 1e-10)), "elementwise": FamilyModel((1e-6, 0.0, 0.0))}
     swept = ProfileScaler(Profile("cpu", 1, {**parts, "rnn": FamilyModel((2e-4, 0.0, 1e-11)),
                                              "rnn_backward": FamilyModel((3e-4, 0.0, 2e-11))},
@@ -894,12 +895,18 @@ def test_a_swept_lstm_layer_takes_its_own_model() -> None:
     ratio = (2e-4 + 1e-11 * new.flops) / (2e-4 + 1e-11 * flops)
     assert round(ratio, 2) == 1.21
     assert swept.scaled(100_000, old, new, lstm.dims, wider.dims) == round(1e5 * ratio)
-    assert swept.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_046_899
+    assert swept.scaled(1_000_000, old, new, lstm.dims, wider.dims) == round(1e6 * ratio) \
+        == 1_212_517
     backward = Shapes((*lstm.dims, (10, 4, 64), (4, 64), (4, 64), (10, 4, 64), (180224,)),
                       ("float",) * 12)
     cost = data_cost("aten::mkldnn_rnn_layer_backward", backward)
     assert cost is not None and cost.family == "rnn_backward"
     assert swept.model_time(cost, backward.dims) == pytest.approx(3e-4 + 2e-11 * 2 * flops)
+    wider_backward = backward.substitute({64: 128, 256: 512})
+    new_cost = data_cost("aten::mkldnn_rnn_layer_backward", wider_backward)
+    assert new_cost is not None
+    assert swept.scaled(2_000_000, cost, new_cost, backward.dims, wider_backward.dims) == round(
+        2e6 * (3e-4 + 2e-11 * new_cost.flops) / (3e-4 + 2e-11 * cost.flops)) == 2_980_285
     old_profile = ProfileScaler(Profile("cpu", 1, parts, {}))
     assert old_profile.scaled(1_000_000, old, new, lstm.dims, wider.dims) == 1_458_752
 
