@@ -16,27 +16,39 @@ from realworld import Row, Tally, median_row
 
 def test_five_configurations_over_three_rounds() -> None:
     # realworld.py's base, batch x0.5, x2, x4 and width x2: round 0 in their own order (what
-    # one round recorded before rounds), round 1 backwards from the second, round 2 by twos
-    assert round_orders(5, 3) == [(0, 1, 2, 3, 4), (1, 0, 4, 3, 2), (2, 4, 1, 3, 0)]
+    # one round recorded before rounds)
+    assert round_orders(5, 3) == [(0, 1, 2, 3, 4), (1, 3, 0, 4, 2), (3, 4, 1, 2, 0)]
 
 
 @pytest.mark.parametrize("n", range(1, 9))
-def test_each_round_takes_every_configuration_once_each_first_in_turn(n: int) -> None:
-    orders = round_orders(n, 3 * n)
+def test_each_configuration_takes_each_place_once_in_n_rounds(n: int) -> None:
+    orders = round_orders(n, 2 * n)
+    assert orders[:n] == orders[n:]
     assert all(sorted(order) == list(range(n)) for order in orders)
-    assert [order[0] for order in orders] == [r % n for r in range(3 * n)]
+    assert all(sorted(order[k] for order in orders[:n]) == list(range(n)) for k in range(n))
+
+
+def _before(orders: list[tuple[int, ...]]) -> list[tuple[int | None, int]]:
+    return [pair for order in orders for pair in zip((None, *order), order, strict=False)]
 
 
 @pytest.mark.parametrize("n", range(2, 9))
 @pytest.mark.parametrize("rounds", [2, 3, 5])
 def test_no_configuration_follows_the_same_one_in_every_round(n: int, rounds: int) -> None:
-    """A plain rotation (r, r + 1, ...) puts configuration c after c - 1 in every round where
-    c is not first: with 3 rounds of 5, configurations 3 and 4 always followed 2 and 3."""
-    before: dict[int, set[int | None]] = {c: set() for c in range(n)}
-    for order in round_orders(n, rounds):
-        for prev, c in zip((None, *order), order, strict=False):
-            before[c].add(prev)
-    assert all(len(seen) > 1 for seen in before.values()), before
+    """A rotation (r, r + 1, ...) puts configuration c after c - 1 in every round where c is
+    not first: with 3 rounds of 5, x4 always after x2 and width x2 after x4."""
+    if (n, rounds) == (3, 2):
+        pytest.skip("no order of 3 moves each from its place and from what it followed")
+    seen: dict[int, set[int | None]] = {c: set() for c in range(n)}
+    for prev, c in _before(round_orders(n, rounds)):
+        seen[c].add(prev)
+    assert all(len(prevs) > 1 for prevs in seen.values()), seen
+
+
+@pytest.mark.parametrize("n", [2, 4, 6, 8])
+def test_of_an_even_number_each_follows_each_other_once_in_n_rounds(n: int) -> None:
+    pairs = [pair for pair in _before(round_orders(n, n)) if pair[0] is not None]
+    assert sorted(pairs) == [(a, b) for a in range(n) for b in range(n) if a != b]
 
 
 def test_over_rounds_is_the_median_of_the_rounds_that_took_a_figure() -> None:

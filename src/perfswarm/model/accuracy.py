@@ -25,19 +25,20 @@ def gmae(predicted: Sequence[float] | npt.NDArray[np.float64],
 
 
 def round_orders(configurations: int, rounds: int) -> list[tuple[int, ...]]:
-    """The order to measure `configurations` in, round by round, each round once each: round
-    r starts at configuration r (each first in turn: the first follows whatever ran before the
-    round) and steps through them by a stride coprime with their number, 1, n - 1, 2, n - 2, ...
-    in turn (round 0 in their own order, round 1 backwards), so no configuration follows the
-    same one in every round of two or more, as it would in a rotation (r, r + 1, ...), where
-    each follows the one before it in every round but one. A machine's state left by the one
-    before (its caches, its allocator, its clock's drift over minutes) then falls on each
-    configuration from several sides."""
+    """The order to measure `configurations` in, round by round, each once a round: the rows of
+    a cyclic Latin square on Williams' sequence (0, 1, n - 1, 2, n - 2, ...; Williams 1949),
+    renamed so that round 0 is 0, 1, 2, ... Each configuration takes each place once in n
+    rounds, so none keeps its place from one round to the next (the first follows whatever ran
+    before the round; a drift within rounds falls on every place), and none follows the same
+    one in every round of two or more (but three configurations over two rounds: no order of
+    them can do both), as a rotation (r, r + 1, ...) would put each after the one before it in
+    every round it is not first. Of an even number, each follows each other once in n rounds.
+    A machine's state left by the one before (its caches, allocator, clock speed) then falls on
+    each configuration from several sides."""
     n = configurations
-    strides = list(dict.fromkeys(s for k in range(1, n) for s in (k, n - k)
-                                 if math.gcd(s, n) == 1)) or [1]
-    return [tuple((r + k * strides[r % len(strides)]) % n for k in range(n))
-            for r in range(rounds)]
+    sequence = [0, *((k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n))]
+    renamed = {c: k for k, c in enumerate(sequence)}
+    return [tuple(renamed[(c + r) % n] for c in sequence) for r in range(rounds)]
 
 
 def over_rounds(values: Iterable[float | None]) -> float | None:
