@@ -35,16 +35,17 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   step by construction). Where the step's largest results change at the new shapes, the last
   column ends with the time of writing fresh pages `predict` leaves unpriced
   (`first_touch_unpriced_ns`).
-  One recording a configuration is a draw (a script's step moves by 10-50% from one process to
-  the next and the host's speed drifts over minutes): `--rounds N` records each script's five
-  configurations N times, round by round, in an order that changes between rounds
-  (perfswarm.model.accuracy.round_orders: each configuration first in turn, none after the same
-  one in every round), predicts each round's changed configurations from that round's base
-  (the base is as much a draw as the rest; same-round pairs share the host's speed of those
-  minutes), prints each recording's row (its configuration suffixed ` rR`) and summary lines as
-  one round does, then each row's medians over rounds (the error: of the medians; the spread:
-  the measured step's largest round over its smallest, less 1), judged where most of its rounds
-  and most of its base's were, and the same summary lines of them.
+  One recording a configuration is a draw (one process against one read x1.34-1.76 for the
+  same change, docs/benchmarks.md's twenty-third pass; the host's speed drifts over minutes):
+  `--rounds N` records each script's five configurations N times, round by round, in an order
+  that changes between rounds (perfswarm.model.accuracy.round_orders: each configuration in each
+  place once in five rounds, none after the same one in every round), predicts each round's
+  changed configurations from that round's base (the base is as much a draw as the rest;
+  same-round pairs share the host's speed of those minutes), prints each recording's row (its
+  configuration suffixed ` rR`) and summary lines as one round does, then each row's medians
+  over rounds (the error: of the medians; the spread: the measured step's largest round over
+  its smallest, less 1), judged where most of its rounds and most of its base's were, and the
+  same summary lines of them.
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
