@@ -35,12 +35,24 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   step by construction). Where the step's largest results change at the new shapes, the last
   column ends with the time of writing fresh pages `predict` leaves unpriced
   (`first_touch_unpriced_ns`).
+  One recording a configuration is a draw (one process against one read x1.34-1.76 for the
+  same change, docs/benchmarks.md's twenty-third pass; the host's speed drifts over minutes):
+  `--rounds N` records each script's five configurations N times, round by round, in an order
+  that changes between rounds (perfswarm.model.accuracy.round_orders: each configuration in each
+  place once in five rounds, none after the same one in every round), predicts each round's
+  changed configurations from that round's base (the base is as much a draw as the rest;
+  same-round pairs share the host's speed of those minutes), prints each recording's row (its
+  configuration suffixed ` rR`) and summary lines as one round does, then each row's medians
+  over rounds (the error: of the medians; the spread: the measured step's largest round over
+  its smallest, less 1), judged where most of its rounds and most of its base's were, and the
+  same summary lines of them.
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
-        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d]
+        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d] [--rounds 1]
         [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op; with
-                        --only predict each script's output beside its Run, RUN.stdout)
+                        --only predict each script's output beside its Run, RUN.stdout; over
+                        rounds, SCRIPT-CONFIG-rR.run)
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
@@ -56,11 +68,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfswarm.model.accuracy import gmae
-from perfswarm.model.predict import Change, predict
+from perfswarm.model.accuracy import gmae, over_rounds, round_orders, round_spread
+from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
 from perfswarm.recorder.bench.kernels import calibrate
@@ -251,30 +265,129 @@ def own_after(run: Run, out: str) -> float | None:
     return statistics.median(after) if after else None
 
 
-def _summary(what: str, changed: list[float]) -> None:
-    if changed:
-        ratios = [1 + e for e in changed]
-        print(f"changed configurations, {what} ({len(changed)}): geomean |error| "
-              f"{100 * gmae(ratios, [1.0] * len(ratios)):.1f}% (goal <= 5%), max "
-              f"{100 * max(abs(e) for e in changed):.1f}% (goal <= 15%)")
+@dataclass(frozen=True)
+class Row:
+    """A configuration's figures: one recording's, beside its prediction from the base recorded
+    in the same round, or the medians over rounds of each (`quiet` then: in most rounds)."""
+    measured: float  # the median steady step: the base's own, a changed configuration's Run's
+    predicted: float
+    others: float  # cores other processes kept busy meanwhile, on average
+    quiet: bool  # others at most QUIET_OTHERS, and the script had UNCONTENDED of a core
+    clock: tuple[float, float] | None  # own_clock: the script's CPU per step and CPU share
+    own_measured: float | None  # the program's own step after the window (unprofiled_ns)
+    own_predicted: float | None  # predicted_unprofiled_ns
+    own_after: float | None  # the script's clock over the same steps
 
 
-def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str) -> None:
-    """Record each script at every configuration, predict each from its base."""
-    print(f"-- predict: profile {profile.device}, {profile.threads} thread(s); unusable "
-          f"families: {profile.unusable() or 'none'}")
+def recorded_row(p: Prediction, label: str, run: Run, out: str, others: float) -> Row:
+    clock = own_clock(run, out)
+    return Row(measured=p.measured_steady_ns if label == "base" else (p.compare or ("", 0))[1],
+               predicted=p.median("predicted"), others=others,
+               quiet=(clock is None or clock[1] >= UNCONTENDED) and others <= QUIET_OTHERS,
+               clock=clock,
+               own_measured=p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns,
+               own_predicted=p.predicted_unprofiled_ns, own_after=own_after(run, out))
+
+
+def median_row(rows: Sequence[Row]) -> Row:
+    """Each figure's median over the rounds (the errors printed of it are the errors of the
+    medians); quiet where more than half the rounds were."""
+    clocks = [r.clock for r in rows if r.clock is not None]
+    return Row(measured=statistics.median(r.measured for r in rows),
+               predicted=statistics.median(r.predicted for r in rows),
+               others=statistics.median(r.others for r in rows),
+               quiet=2 * sum(r.quiet for r in rows) > len(rows),
+               clock=(statistics.median(c[0] for c in clocks),
+                      statistics.median(c[1] for c in clocks)) if clocks else None,
+               own_measured=over_rounds(r.own_measured for r in rows),
+               own_predicted=over_rounds(r.own_predicted for r in rows),
+               own_after=over_rounds(r.own_after for r in rows))
+
+
+@dataclass
+class Tally:
+    """The errors of the rows judged, and how many were not."""
+    wall: list[float] = field(default_factory=list)  # changed configurations
+    recorded: list[float] = field(default_factory=list)  # the base at its own configuration
+    # predicted / the base's predicted against own CPU / the base's own CPU (every changed row:
+    # CPU seconds are what other load barely moves)
+    ratio: list[float] = field(default_factory=list)
+    # the program's own step predicted (predicted_unprofiled_ns), changed configurations judged
+    # as the wall time is: against the compared Run's own step, and the script's clock
+    own: list[float] = field(default_factory=list)
+    clock: list[float] = field(default_factory=list)
+    contended: int = 0
+
+    def add(self, script: str, label: str, row: Row, base: Row, spread: str, tail: str,
+            shown: str = "") -> None:
+        """Judge `row` against its base's figures and print it (its configuration as `shown`,
+        else `label`)."""
+        error = row.predicted / row.measured - 1
+        judged = row.quiet and base.quiet
+        if judged:
+            (self.recorded if label == "base" else self.wall).append(error)
+        else:
+            self.contended += 1
+        own = ""
+        if row.clock is not None and base.clock is not None:
+            ratio = row.predicted / base.predicted / (row.clock[0] / base.clock[0]) - 1
+            own = f"{100 * row.clock[1]:8.0f}%  {row.clock[0] / 1e6:7.2f}ms"
+            if label != "base":
+                self.ratio.append(ratio)
+                own += f" {100 * ratio:+8.1f}%"
+        cells = [f"{v / 1e6:.2f}ms" if v else "-" for v in (row.own_measured, row.own_predicted)]
+        # at the recorded configuration the own step predicted is the measured one times the
+        # prediction's error (predicted_unprofiled_ns): shown, never judged there
+        for against, own_judged in ((row.own_measured, self.own), (row.own_after, self.clock)):
+            if label == "base" or not (row.own_predicted and against):
+                cells.append("-")
+                continue
+            cells.append(f"{100 * (row.own_predicted / against - 1):+.1f}%")
+            if judged:
+                own_judged.append(row.own_predicted / against - 1)
+        print(f"{script:8s} {shown or label:14s} {row.measured / 1e6:8.2f}ms "
+              f"{row.predicted / 1e6:8.2f}ms {100 * error:+7.1f}% {spread:>7s} "
+              f"{row.others:6.2f}{' ' if judged else '*'}{own:<30s} {cells[0]:>9s} "
+              f"{cells[1]:>9s} {cells[2]:>8s} {cells[3]:>9s}  {tail}")
+
+    def summary(self, over: str = "", most: str = "") -> None:
+        """The footnote and the summary lines (`over`: what the figures are, after the rows'
+        kind; `most`: how many of its recordings a row's judgment asks)."""
+        print(f"* wall-time error not judged: {most}the script or its base had under "
+              f"{100 * UNCONTENDED:.0f}% of a core, or other processes kept more than "
+              f"{QUIET_OTHERS:g} cores busy meanwhile ('others', on average) "
+              f"({self.contended} rows)")
+        for what, changed in (("wall time", self.wall), ("ratio to the base, against own CPU "
+                                                         "time", self.ratio),
+                              ("own step, against the compared Run's own", self.own),
+                              ("own step, against the script's clock after the window",
+                               self.clock)):
+            if changed:
+                ratios = [1 + e for e in changed]
+                print(f"changed configurations{over}, {what} ({len(changed)}): geomean |error| "
+                      f"{100 * gmae(ratios, [1.0] * len(ratios)):.1f}% (goal <= 5%), max "
+                      f"{100 * max(abs(e) for e in changed):.1f}% (goal <= 15%)")
+        if self.recorded:
+            print(f"recorded configurations{over} ({len(self.recorded)}): max |error| "
+                  f"{100 * max(abs(e) for e in self.recorded):.1f}% (goal <= 2%)")
+
+
+def _header(last: str) -> None:
     print(f"{'script':8s} {'configuration':14s} {'measured':>10s} {'predicted':>10s} "
           f"{'error':>8s} {'spread':>7s} {'others':>6s} {'CPU share':>9s} {'CPU/step':>9s} "
           f"{'ratio err':>9s} {'own':>9s} {'own pred':>9s} {'own err':>8s} {'clock err':>9s}"
-          "  kernels")
-    errors: list[float] = []  # changed configurations, both recordings uncontended
-    recorded: list[float] = []
-    ratio_errors: list[float] = []  # predicted / base against own CPU / base's own CPU
-    # the program's own step predicted (predicted_unprofiled_ns), changed configurations
-    # judged as the wall time is: against the compared Run's own step, and the script's clock
-    own_errors: list[float] = []
-    clock_errors: list[float] = []
-    contended = 0
+          f"  {last}")
+
+
+def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str,
+                  rounds: int = 1) -> None:
+    """Record each script at every configuration, `rounds` times interleaved (round_orders),
+    predict each from the same round's base; over several rounds, the medians too."""
+    print(f"-- predict: profile {profile.device}, {profile.threads} thread(s); unusable "
+          f"families: {profile.unusable() or 'none'}")
+    _header("kernels")
+    each = Tally()  # every recording judged by itself
+    medians: list[tuple[str, str, Row, Row, str, str]] = []
     one_thread = {"OMP_NUM_THREADS": "1"}
     scripts = [(s, DERIVED[s]) for s in DERIVED] + [("nanogpt", (0.25,))]
     for script, derived in scripts:
@@ -283,76 +396,57 @@ def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str
         nano = script == "nanogpt"
         base = configurations(NANOGPT_BATCH if nano else BASE_BATCH,
                               NANOGPT_WIDTH if nano else BASE_WIDTH, derived)
-        runs: dict[str, tuple[Run, str]] = {}
-        others: dict[str, float] = {}
         # the window's steps, then its export step, then `after` steps of the program's own
         window = steps - 6
         steps_run = 4 + window + 1 + after
-        for label, batch, width, _change in base:
-            cmd = (nanogpt_cmd(steps_run, batch, width, layers=2) if nano else
-                   [sys.executable, str(MODELS), script, "--batch-size", str(batch), "--width",
-                    str(width), "--steps", str(steps_run)])
-            run, out, others[label] = record_alone(
-                tmp / f"{script}-{label.replace(' ', '')}.run", cmd,
-                cwd=nanogpt_dir(tmp) if nano else None, steps=f"4:{window}",
-                collectors="torch", env=one_thread)
-            runs[label] = run, out
-        clocks = {label: own_clock(*runs[label]) for label in runs}
-        base_predicted = 0
-        for label, _batch, _width, change in base:
-            p = predict(runs["base"][0], change, profile=profile,
-                        compare=None if label == "base" else runs[label][0])
-            measured = p.measured_steady_ns if label == "base" else (p.compare or ("", 0))[1]
-            predicted = p.median("predicted")
-            base_predicted = base_predicted or predicted
-            error = predicted / measured - 1
-            clock, base_clock = clocks[label], clocks["base"]
-            judged = (all(c is None or c[1] >= UNCONTENDED for c in (clock, base_clock))
-                      and max(others[label], others["base"]) <= QUIET_OTHERS)
-            if judged:
-                (recorded if label == "base" else errors).append(error)
-            else:
-                contended += 1
-            own = ""
-            if clock is not None and base_clock is not None:
-                ratio = predicted / base_predicted / (clock[0] / base_clock[0]) - 1
-                own = f"{100 * clock[1]:8.0f}%  {clock[0] / 1e6:7.2f}ms"
-                if label != "base":
-                    ratio_errors.append(ratio)
-                    own += f" {100 * ratio:+8.1f}%"
-            own_measured = p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns
-            own_predicted = p.predicted_unprofiled_ns
-            cells = [f"{v / 1e6:.2f}ms" if v else "-" for v in (own_measured, own_predicted)]
-            # at the recorded configuration the own step predicted is the measured one times the
-            # prediction's error (predicted_unprofiled_ns): shown, never judged there
-            for against, own_judged in ((own_measured, own_errors),
-                                        (own_after(*runs[label]), clock_errors)):
-                if label == "base" or not (own_predicted and against):
-                    cells.append("-")
-                    continue
-                cells.append(f"{100 * (own_predicted / against - 1):+.1f}%")
-                if judged:
-                    own_judged.append(own_predicted / against - 1)
-            kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
-            if p.first_touch_unpriced_ns:  # the step's largest results changed: see its note
-                kernels += f"; fresh pages unpriced {p.first_touch_unpriced_ns / 1e6:.2f}ms"
-            spread = f"{100 * p.steady_spread:6.1f}%" if label == "base" else ""
-            print(f"{script:8s} {label:14s} {measured / 1e6:8.2f}ms {predicted / 1e6:8.2f}ms "
-                  f"{100 * error:+7.1f}% {spread:>7s} {others[label]:6.2f}{' ' if judged else '*'}"
-                  f"{own:<30s} {cells[0]:>9s} {cells[1]:>9s} {cells[2]:>8s} {cells[3]:>9s}"
-                  f"  {kernels}")
-    print(f"* wall-time error not judged: the script or its base had under "
-          f"{100 * UNCONTENDED:.0f}% of a core, or other processes kept more than "
-          f"{QUIET_OTHERS:g} cores busy meanwhile ('others', on average) ({contended} rows)")
-    for what, changed in (("wall time", errors), ("ratio to the base, against own CPU time",
-                                                  ratio_errors),
-                          ("own step, against the compared Run's own", own_errors),
-                          ("own step, against the script's clock after the window",
-                           clock_errors)):
-        _summary(what, changed)
-    if recorded:
-        print(f"recorded configurations ({len(recorded)}): max |error| "
-              f"{100 * max(abs(e) for e in recorded):.1f}% (goal <= 2%)")
+        per_round: list[dict[str, Row]] = []
+        for r, order in enumerate(round_orders(len(base), rounds)):
+            suffix = f" r{r}" if rounds > 1 else ""
+            runs: dict[str, tuple[Run, str, float]] = {}
+            for i in order:
+                label, batch, width, _change = base[i]
+                cmd = (nanogpt_cmd(steps_run, batch, width, layers=2) if nano else
+                       [sys.executable, str(MODELS), script, "--batch-size", str(batch),
+                        "--width", str(width), "--steps", str(steps_run)])
+                runs[label] = record_alone(
+                    tmp / f"{script}-{label.replace(' ', '')}{suffix.replace(' ', '-')}.run",
+                    cmd, cwd=nanogpt_dir(tmp) if nano else None, steps=f"4:{window}",
+                    collectors="torch", env=one_thread)
+            rows: dict[str, Row] = {}
+            for label, _batch, _width, change in base:
+                run, out, others = runs[label]
+                p = predict(runs["base"][0], change, profile=profile,
+                            compare=None if label == "base" else run)
+                rows[label] = recorded_row(p, label, run, out, others)
+                kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
+                if p.first_touch_unpriced_ns:  # the step's largest results changed: see its note
+                    kernels += f"; fresh pages unpriced {p.first_touch_unpriced_ns / 1e6:.2f}ms"
+                spread = f"{100 * p.steady_spread:6.1f}%" if label == "base" else ""
+                each.add(script, label, rows[label], rows["base"], spread, kernels,
+                         shown=label + suffix)
+            per_round.append(rows)
+        base_row = median_row([rows["base"] for rows in per_round])
+        medians += [(script, label, median_row([rows[label] for rows in per_round]), base_row,
+                     f"{100 * round_spread([rows[label].measured for rows in per_round]):6.1f}%",
+                     f"{sum(rows[label].quiet for rows in per_round)} of {rounds} quiet")
+                    for label, *_ in base]
+    each.summary()
+    if rounds > 1:
+        print(f"-- predict, medians over {rounds} rounds: each figure's median over the rounds, "
+              "the errors those of the medians; spread: the measured step's largest round over "
+              "its smallest, less 1")
+        _header("rounds")
+        over = Tally()
+        for script, label, row, base_row, spread, tail in medians:
+            over.add(script, label, row, base_row, spread, tail)
+        over.summary(f", medians over {rounds} rounds",
+                     "in half its rounds or more, ")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of 1 or more: {text!r}")
+    return int(text)
 
 
 def main() -> int:
@@ -371,6 +465,9 @@ def main() -> int:
                    "step, no profiler: predicted_unprofiled_ns is judged against them)")
     p.add_argument("--scripts", default="", help="predict: only these (lstm,resnet,gpt,mixer,"
                    "conv1d,nanogpt)")
+    p.add_argument("--rounds", type=_positive, default=1,
+                   help="predict: record each script's configurations ROUNDS times, interleaved "
+                   "(round_orders), and judge the medians over rounds too")
     p.add_argument("--keep", type=Path, help="record into this folder and keep the Runs")
     ns = p.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
@@ -382,7 +479,7 @@ def main() -> int:
             elif what == "predict":
                 data = read_json(ns.profile) if ns.profile else calibrate(60 * ns.budget)
                 check_predict(Profile.from_dict(data), ns.predict_steps, ns.after, Path(tmp),
-                              ns.scripts)
+                              ns.scripts, ns.rounds)
             elif what in EXPECTED:
                 check_loop(what, ns.steps, Path(tmp))
             else:
