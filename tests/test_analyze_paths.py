@@ -657,9 +657,12 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
     step is its op `_script_local_optimizer_step`). From the raw JSON: each callee's work pairs
     with the request of its function that holds it; each step's path runs from the trainer's
     step start to its last work (the next forward's reply), crossing to the server and back
-    at both requests (4 rank switches), the transfers (a send to the callee's start, its end
-    to the reply) its collective time. Unpaired, each rank had had its own step paths, none
-    crossing: the server's one pool thread's request."""
+    at both requests and at the distributed backward (6 rank switches), and to the autograd
+    thread where it took the backward's graph up from the op (its GraphRoot), the transfers (a send
+    to the callee's start, its end to the reply) its collective time. Unpaired, each rank had
+    had its own step paths, none crossing: the server's one pool thread's request; the
+    backward unpaired, the trainer's `torch::distributed::autograd::backward` op had been its
+    path's cpu for the whole of the server's backward."""
     files = [DATA / f"rpc_named_rank{r}.pt.trace.json.gz" for r in (1, 2)]
     traced = {}
     for rank, file in zip((1, 2), files, strict=True):
@@ -668,37 +671,64 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
         # an annotation in flight at the profiler's stop ends with its trace (frame.Events)
         traced[rank] = [(base + ns(e["ts"]), min(base + ns(e["ts"]) + ns(e["dur"]), window)
                          if e["cat"] == "user_annotation" else base + ns(e["ts"]) + ns(e["dur"]),
-                         e["name"]) for e in x if e.get("cat") in ("cpu_op", "user_annotation")]
+                         e["name"], e["tid"], e["cat"]) for e in x
+                        if e.get("cat") in ("cpu_op", "user_annotation")]
     server, trainer = traced[1], traced[2]
     sent = [e for e in trainer if e[2].startswith(("rpc_sync#", "rpc_async#"))
             and e[2].endswith("(w0 -> w1)")]
-    pairs = []
-    for start, end, name in server:
+    pairs = []  # (the request: send, reply's arrival), (its callee: start, end), send's end
+    for start, end, name, *_ in server:
         if name in ("rpc_serve#_local_invoke(w1)", "_script_local_optimizer_step"):
             function = name.removeprefix("rpc_serve#").removesuffix("(w1)")
             (request,) = [r for r in sent if f"{function}(w0" in r[2]
                           and r[0] <= start and end <= r[1]]
-            pairs.append((request, (start, end)))
+            pairs.append(((request[0], request[1]), (start, end), request[0]))
     assert len(pairs) == 10  # 5 steps, a forward and an optimizer step each
+    # the backward: the trainer's op, the RecvRpcBackward inside it (its autograd thread's last
+    # work there), the server's SendRpcBackward inside it and its thread's work up to a pause
+    gradients, taken_up = [], []
+    for lo, hi, name, tid, _ in trainer:
+        if name == "torch::distributed::autograd::backward":
+            (recv,) = [e for e in trainer if e[2].endswith("::RecvRpcBackward")
+                       and lo <= e[0] and e[1] <= hi and e[3] != tid]
+            assert recv[1] == max(e[1] for e in trainer if e[3] == recv[3] and lo <= e[0] < hi)
+            (send,) = [e for e in server if e[2].endswith("::SendRpcBackward")
+                       and recv[0] <= e[0] and e[1] <= hi]
+            end = send[1]
+            for e in sorted(e for e in server if e[3] == send[3] and e[4] == "cpu_op"):
+                if e[0] >= send[0] and e[0] - end < 20_000:
+                    end = max(end, e[1])
+            assert send[0] < end <= hi
+            gradients.append(((recv[0], hi), (send[0], end), min(recv[1], send[0])))
+            # the autograd thread took the graph up from the op: its root, inside it
+            (root,) = [e for e in trainer if e[2] == "torch::autograd::GraphRoot"
+                       and lo <= e[0] < hi]
+            assert root[3] == recv[3]
+            taken_up.append((tid, root[3], root[0], 0))
+    assert len(gradients) == len(taken_up) == 5
     run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["test"])
     ev = Events.load(run)
     found = rpc_hand_overs(ev)
     assert sorted((int(ev.end[row]), end) for row, (_, _, end) in found.replies[2].items()) \
-        == sorted((r[1], c[1]) for r, c in pairs)
+        == sorted((r[1], c[1]) for r, c, _ in pairs + gradients)
     assert sorted((int(ev.ts[row]), at) for row, (_, _, at) in found.requested[1].items()) \
-        == sorted((c[0], r[0]) for r, c in pairs)
+        == sorted((c[0], by) for _, c, by in pairs + gradients)
     path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
     assert path is not None
-    markers = sorted((s, e) for s, e, n in trainer if n.startswith("ProfilerStep#"))
-    first = min(s for s, _, n in trainer if not n.startswith("ProfilerStep#"))
+    markers = sorted((s, e) for s, e, n, *_ in trainer if n.startswith("ProfilerStep#"))
+    first = min(s for s, _, n, *_ in trainer if not n.startswith("ProfilerStep#"))
     assert len(path.steps) == len(markers) == 5
-    for step, (lo, hi) in zip(path.steps, markers, strict=True):
-        mine = [(r, c) for r, c in pairs if lo <= r[0] < hi]
-        last = max(e for s, e, n in trainer if lo <= s < hi and not n.startswith("Profiler"))
+    for step, (lo, hi), handed in zip(path.steps, markers, taken_up, strict=True):
+        mine = [p for p in pairs + gradients if lo <= p[0][0] < hi]
+        assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers] == [handed]
+        last = max(e for s, e, n, *_ in trainer if lo <= s < hi and not n.startswith("Profiler"))
         assert (step.ranks, step.start, step.end) == ((1, 2), max(lo, first), last)
-        assert step.rank_switches == 2 * len(mine) == 4
-        assert step.ns["collective"] == sum(c[0] - r[0] + r[1] - c[1] for r, c in mine)
+        assert step.rank_switches == 2 * len(mine) == 6
+        assert step.ns["collective"] == sum(c[0] - by + r[1] - c[1] for r, c, by in mine)
         assert step.length_ns == step.end - step.start
+        # the server's backward is on the path: none of the backward op's time is its cpu
+        assert all(n != "torch::distributed::autograd::backward" for c, n, _ in step.top
+                   if c == "cpu")
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

@@ -21,7 +21,20 @@ with another rank's op it had been (torch's `rpc_async_jit#...(w0 -> w0)` around
 the send, unless another request's work on its thread ended after the send (it queued behind
 that); the reply's arrival waited for its end, unless the sending thread was at work of its own
 then (an op begun after the send and running over the arrival: an rpc_async's caller computing
-meanwhile). Those are hand-overs across processes (critical_path), as a gloo receive's."""
+meanwhile). Those are hand-overs across processes (critical_path), as a gloo receive's.
+
+The distributed backward is paired the same way, as a request for the op its callee runs
+(torch's `SendRpcBackward`): nothing in the trace names the pair (the context id is known to
+Python on the caller, but the callee's backward runs in C++ from the RPC agent's handler, with
+no Python to name it in), so by time. The caller's `torch::distributed::autograd::backward` op
+waits, as one op on its thread, for its autograd thread, where each `RecvRpcBackward` sends a
+gradient to the callee that ran the forward's request; the callee's thread runs its
+`SendRpcBackward` and the nodes after it back to back, then goes back to its pool (its work up
+to a pause of dependencies.WAKE_MIN_GAP_NS, as a thread blocks there). Each callee's backward
+pairs, as a request's work, with the `RecvRpcBackward` of another rank begun last before it
+inside a backward op that holds it; its start waited for the gradient's send (by the
+`RecvRpcBackward`'s end) and the op's end for its end, unless the autograd thread's own work
+there ended later."""
 
 from __future__ import annotations
 
@@ -31,21 +44,29 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
+from perfswarm.analyze.dependencies import DIST_BACKWARD, WAKE_MIN_GAP_NS
 from perfswarm.analyze.frame import RPC_REQUEST, WORK_KINDS, Events, group_rows, lane_key
-from perfswarm.analyze.intervals import sorted_unique
+from perfswarm.analyze.intervals import sorted_unique, union
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.stragglers import Peer
 
 SERVE: Final = re.compile(r"^rpc_serve#(.+)\((\S*)\)$")
 SCRIPTED: Final = "__torch__."  # a TorchScript function's qualified name begins so
+RECV_BACKWARD: Final = "torch::distributed::autograd::RecvRpcBackward"  # sends a gradient
+SEND_BACKWARD: Final = "torch::distributed::autograd::SendRpcBackward"  # its callee's first node
 
 
 class Request(NamedTuple):
     """A request a rank sent: its range's row, its function, the callee's worker, the op its
     callee runs it as (a TorchScript function's or a builtin's; None: a Python function's
-    runs in an `rpc_serve#` range), its send, the reply's arrival, and whether the sending
-    thread sat waiting for the reply then."""
+    runs in an `rpc_serve#` range), its send, the reply's arrival, and until when the sender's
+    own work ran toward it (a reply arriving before did not end its wait: past the arrival
+    where the sending thread was at work then). A gradient a distributed backward sends
+    (`RecvRpcBackward`'s row, function and op SEND_BACKWARD, worker "": not named) was sent
+    from its start to its end (`sent_by`); the reply reaches the backward op (`reply`), which
+    its autograd thread's work holds until `busy_until`. A request's range is all three."""
 
     rank: int
     row: int
@@ -54,7 +75,9 @@ class Request(NamedTuple):
     op: str | None
     sent: int
     arrived: int
-    waited: bool
+    busy_until: int
+    reply: int
+    sent_by: int
 
 
 class Served(NamedTuple):
@@ -81,32 +104,54 @@ def op_of(function: str) -> str | None:
 
 
 def requests(ev: Events, rank: int) -> list[Request]:
-    """The rank's requests (frame.RPC_REQUEST ranges) to another worker, by send (a request to
-    its own worker runs on a thread of its own process)."""
+    """The rank's requests (frame.RPC_REQUEST ranges) to another worker (a request to its own
+    worker runs on a thread of its own process) and the gradients its distributed backward
+    sends, by send."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     ranges = rows[ev.rpc_request[rows]]  # the mask every analysis shares: names matched once
     named = {i: m for i in sorted_unique(ev.name[ranges]).tolist()
              if (m := RPC_REQUEST.match(ev.names[i])) and m[2] != m[3]}
     found = ranges[np.isin(ev.name[ranges], list(named))]
-    if not len(found):
-        return []
     work = rows[ev.of_kind(*WORK_KINDS)[rows]]
     by_lane = group_rows(lane_key(ev.rank[work], ev.tid[work]), work)
     out = []
-    for row in found[np.argsort(ev.ts[found], kind="stable")].tolist():
+    for row in found.tolist():
         m = named[int(ev.name[row])]
         sent, arrived = int(ev.ts[row]), int(ev.end[row])
         mine = by_lane.get(int(lane_key(rank, int(ev.tid[row]))), work[:0])
         since = mine[(ev.ts[mine] > sent) & (ev.ts[mine] < arrived)]
+        over = ev.end[since][ev.end[since] > arrived]  # at work as the reply arrived
         out.append(Request(rank, row, m[1], m[3], op_of(m[1]), sent, arrived,
-                           not bool((ev.end[since] > arrived).any())))
+                           int(over.max(initial=sent)), row, sent))
+    return sorted(out + _gradients(ev, work, by_lane), key=lambda r: (r.sent, r.row))
+
+
+def _gradients(ev: Events, work: npt.NDArray[np.int64],
+               by_lane: Mapping[int, npt.NDArray[np.int64]]) -> list[Request]:
+    """The gradients a rank's distributed backward ops send (`work`: the rank's work rows,
+    `by_lane` by thread): each `RecvRpcBackward` on another thread inside one."""
+    code = {n: i for i, n in enumerate(ev.names) if n in (DIST_BACKWARD, RECV_BACKWARD)}
+    ops = work[ev.name[work] == code.get(DIST_BACKWARD, -1)]
+    out = []
+    for send in work[ev.name[work] == code.get(RECV_BACKWARD, -1)].tolist():
+        start, end, tid = int(ev.ts[send]), int(ev.end[send]), int(ev.tid[send])
+        holding = ops[(ev.ts[ops] <= start) & (ev.end[ops] >= end) & (ev.tid[ops] != tid)]
+        if not len(holding):
+            continue
+        op = int(holding[np.argmax(ev.ts[holding])])
+        arrived = int(ev.end[op])
+        mine = by_lane[int(lane_key(int(ev.rank[send]), tid))]
+        inside = mine[(ev.ts[mine] >= ev.ts[op]) & (ev.ts[mine] < arrived)]
+        out.append(Request(int(ev.rank[send]), send, SEND_BACKWARD, "", SEND_BACKWARD, start,
+                           arrived, int(np.minimum(ev.end[inside], arrived).max()), op, end))
     return out
 
 
 def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
     """The rank's work for requests: its `rpc_serve#` ranges, and the ops named in `ops` (what
     the requests' callees run them as) that no other op on their thread encloses, of the
-    worker its ranges name (where they name one)."""
+    worker its ranges name (where they name one); a `SendRpcBackward` to the end of its
+    thread's work before a pause (the backward it began)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     host = rows[ev.host_busy[rows]]
     ranges = {i: m for i, n in enumerate(ev.names) if (m := SERVE.match(n))}
@@ -123,11 +168,24 @@ def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
         order = np.lexsort((-ev.end[host], ev.ts[host], lanes))  # the outer first at a tie
         parent = open_before(lanes[order], ev.ts[host][order], ev.end[host][order])
         top = host[order][parent < 0]
+        work = rows[ev.of_kind(*WORK_KINDS)[rows]]
+        by_lane = group_rows(lane_key(rank, ev.tid[work]), work)
         for row in top[np.isin(ev.name[top], list(wanted))].tolist():
-            out.append(Served(rank, row, int(lane_key(rank, int(ev.tid[row]))),
-                              wanted[int(ev.name[row])], True, worker, int(ev.ts[row]),
-                              int(ev.end[row])))
+            function, lane = wanted[int(ev.name[row])], int(lane_key(rank, int(ev.tid[row])))
+            end = int(ev.end[row])
+            if function == SEND_BACKWARD:
+                end = _before_pause(ev, by_lane[lane], int(ev.ts[row]))
+            out.append(Served(rank, row, lane, function, True, worker, int(ev.ts[row]), end))
     return sorted(out, key=lambda s: (s.start, s.rank, s.row))
+
+
+def _before_pause(ev: Events, rows: npt.NDArray[np.int64], start: int) -> int:
+    """The end of the work of `rows` (a thread's) from `start` up to its first pause of
+    WAKE_MIN_GAP_NS or more."""
+    s, e = union(ev.ts[rows], ev.end[rows])
+    i = int(np.searchsorted(s, start, side="right")) - 1
+    pauses = np.flatnonzero(s[i + 1:] - e[i:-1] >= WAKE_MIN_GAP_NS)
+    return int(e[i + int(pauses[0])] if len(pauses) else e[-1])
 
 
 class HandOvers(NamedTuple):
@@ -158,14 +216,16 @@ def hand_overs(sent: Mapping[int, Sequence[Request]],
             sends = [r.sent for r in found]
             i = int(np.searchsorted(sends, s.start, side="right"))
             pick = next((r for r in reversed(found[:i]) if r.rank != s.rank
-                         and s.worker in (None, r.worker) and s.end <= r.arrived
+                         and (s.worker in (None, r.worker) or not r.worker) and s.end <= r.arrived
                          and (r.rank, r.row) not in taken), None)
             if pick is not None:
                 taken.add((pick.rank, pick.row))
                 if not any(pick.sent < e <= s.start for e in done[s.lane]):
-                    out.requested[rank][s.row] = (pick.rank, pick.row, pick.sent)
-                if pick.waited:
-                    out.replies[pick.rank][pick.row] = (rank, s.row, s.end)
+                    out.requested[rank][s.row] = (pick.rank, pick.row,
+                                                  min(pick.sent_by, s.start))
+                replied = out.replies[pick.rank]
+                if s.end >= pick.busy_until and s.end > replied.get(pick.reply, (0, 0, -1))[2]:
+                    replied[pick.reply] = (rank, s.row, s.end)  # of a backward's, the last
             done[s.lane].append(s.end)
     return HandOvers(dict(out.replies), dict(out.requested))
 
