@@ -685,7 +685,8 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
             pairs.append(((request[0], request[1]), (start, end), request[0]))
     assert len(pairs) == 10  # 5 steps, a forward and an optimizer step each
     # the backward: the trainer's op, the RecvRpcBackward inside it (its autograd thread's last
-    # work there), the server's SendRpcBackward inside it and its thread's work up to a pause
+    # work there), the server's SendRpcBackward inside it and its thread's work up to its next
+    # work for a request
     gradients, taken_up = [], []
     for lo, hi, name, tid, _ in trainer:
         if name == "torch::distributed::autograd::backward":
@@ -694,10 +695,11 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
             assert recv[1] == max(e[1] for e in trainer if e[3] == recv[3] and lo <= e[0] < hi)
             (send,) = [e for e in server if e[2].endswith("::SendRpcBackward")
                        and recv[0] <= e[0] and e[1] <= hi]
-            end = send[1]
-            for e in sorted(e for e in server if e[3] == send[3] and e[4] == "cpu_op"):
-                if e[0] >= send[0] and e[0] - end < 20_000:
-                    end = max(end, e[1])
+            later = min([e[0] for e in server if e[3] == send[3] and e[0] > send[0] and e[2] in (
+                send[2], "rpc_serve#_local_invoke(w1)", "_script_local_optimizer_step")],
+                default=float("inf"))
+            end = max(e[1] for e in server if e[3] == send[3] and e[4] == "cpu_op"
+                      and send[0] <= e[0] < later)
             assert send[0] < end <= hi
             gradients.append(((recv[0], hi), (send[0], end), min(recv[1], send[0])))
             # the autograd thread took the graph up from the op: its root, inside it

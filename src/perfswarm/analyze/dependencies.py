@@ -543,7 +543,10 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     worked (a fork can wait for a thread to take it up); a thread that takes a fork up waited
     for the forking op, and one that starts work after sitting idle, while another thread of
     its process waits so, for the fork that ended last before (the function that waited for
-    it continued there)."""
+    it continued there). A thread that takes a distributed backward's graph up (its root,
+    GRAPH_ROOT, inside a DIST_BACKWARD op of another thread of its process) waited for that
+    op, as for a forking one, however little the op's thread worked before (an RPC trainer's
+    loop sits in its requests' waits)."""
     return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
 
 

@@ -29,8 +29,9 @@ Python on the caller, but the callee's backward runs in C++ from the RPC agent's
 no Python to name it in), so by time. The caller's `torch::distributed::autograd::backward` op
 waits, as one op on its thread, for its autograd thread, where each `RecvRpcBackward` sends a
 gradient to the callee that ran the forward's request; the callee's thread runs its
-`SendRpcBackward` and the nodes after it back to back, then goes back to its pool (its work up
-to a pause of dependencies.WAKE_MIN_GAP_NS, as a thread blocks there). Each callee's backward
+`SendRpcBackward` and the nodes after it through, then takes its next message up (its work up
+to its next work for a request: under load the backward's nodes are 50 us and more apart,
+no pause delimits it). Each callee's backward
 pairs, as a request's work, with the `RecvRpcBackward` of another rank begun last before it
 inside a backward op that holds it; its start waited for the gradient's send (by the
 `RecvRpcBackward`'s end) and the op's end for its end, unless the autograd thread's own work
@@ -46,9 +47,9 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from perfswarm.analyze.dependencies import DIST_BACKWARD, WAKE_MIN_GAP_NS
+from perfswarm.analyze.dependencies import DIST_BACKWARD
 from perfswarm.analyze.frame import RPC_REQUEST, WORK_KINDS, Events, group_rows, lane_key
-from perfswarm.analyze.intervals import sorted_unique, union
+from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.nesting import open_before
 from perfswarm.analyze.stragglers import Peer
 
@@ -56,6 +57,7 @@ SERVE: Final = re.compile(r"^rpc_serve#(.+)\((\S*)\)$")
 SCRIPTED: Final = "__torch__."  # a TorchScript function's qualified name begins so
 RECV_BACKWARD: Final = "torch::distributed::autograd::RecvRpcBackward"  # sends a gradient
 SEND_BACKWARD: Final = "torch::distributed::autograd::SendRpcBackward"  # its callee's first node
+NEVER: Final = np.iinfo(np.int64).max
 
 
 class Request(NamedTuple):
@@ -150,8 +152,8 @@ def _gradients(ev: Events, work: npt.NDArray[np.int64],
 def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
     """The rank's work for requests: its `rpc_serve#` ranges, and the ops named in `ops` (what
     the requests' callees run them as) that no other op on their thread encloses, of the
-    worker its ranges name (where they name one); a `SendRpcBackward` to the end of its
-    thread's work before a pause (the backward it began)."""
+    worker its ranges name (where they name one); a `SendRpcBackward` with the backward it
+    began (_backwards_whole)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     host = rows[ev.host_busy[rows]]
     ranges = {i: m for i, n in enumerate(ev.names) if (m := SERVE.match(n))}
@@ -168,24 +170,30 @@ def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
         order = np.lexsort((-ev.end[host], ev.ts[host], lanes))  # the outer first at a tie
         parent = open_before(lanes[order], ev.ts[host][order], ev.end[host][order])
         top = host[order][parent < 0]
-        work = rows[ev.of_kind(*WORK_KINDS)[rows]]
-        by_lane = group_rows(lane_key(rank, ev.tid[work]), work)
         for row in top[np.isin(ev.name[top], list(wanted))].tolist():
-            function, lane = wanted[int(ev.name[row])], int(lane_key(rank, int(ev.tid[row])))
-            end = int(ev.end[row])
-            if function == SEND_BACKWARD:
-                end = _before_pause(ev, by_lane[lane], int(ev.ts[row]))
-            out.append(Served(rank, row, lane, function, True, worker, int(ev.ts[row]), end))
-    return sorted(out, key=lambda s: (s.start, s.rank, s.row))
+            out.append(Served(rank, row, int(lane_key(rank, int(ev.tid[row]))),
+                              wanted[int(ev.name[row])], True, worker, int(ev.ts[row]),
+                              int(ev.end[row])))
+    out.sort(key=lambda s: (s.start, s.rank, s.row))
+    return _backwards_whole(ev, rows, out) if SEND_BACKWARD in ops else out
 
 
-def _before_pause(ev: Events, rows: npt.NDArray[np.int64], start: int) -> int:
-    """The end of the work of `rows` (a thread's) from `start` up to its first pause of
-    WAKE_MIN_GAP_NS or more."""
-    s, e = union(ev.ts[rows], ev.end[rows])
-    i = int(np.searchsorted(s, start, side="right")) - 1
-    pauses = np.flatnonzero(s[i + 1:] - e[i:-1] >= WAKE_MIN_GAP_NS)
-    return int(e[i + int(pauses[0])] if len(pauses) else e[-1])
+def _backwards_whole(ev: Events, rows: npt.NDArray[np.int64], found: list[Served]
+                     ) -> list[Served]:
+    """`found` (a rank's work for requests, by start; `rows` the rank's), each
+    `SendRpcBackward` to the end of its thread's work before that thread's next work for a
+    request (the thread runs the backward through, then takes its next message up)."""
+    work = rows[ev.of_kind(*WORK_KINDS)[rows]]
+    by_lane = group_rows(lane_key(ev.rank[work], ev.tid[work]), work)
+    later: dict[int, int] = {}  # per thread, the start of its next work for a request
+    out = []
+    for s in reversed(found):
+        mine = by_lane[s.lane]
+        mine = mine[(ev.ts[mine] >= s.start) & (ev.ts[mine] < later.get(s.lane, NEVER))]
+        later[s.lane] = s.start
+        out.append(s._replace(end=int(ev.end[mine].max())) if s.function == SEND_BACKWARD
+                   else s)
+    return out[::-1]
 
 
 class HandOvers(NamedTuple):
