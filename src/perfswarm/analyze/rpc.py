@@ -115,8 +115,10 @@ def requests(ev: Events, rank: int) -> list[Request]:
              if (m := RPC_REQUEST.match(ev.names[i])) and m[2] != m[3]}
     found = ranges[np.isin(ev.name[ranges], list(named))]
     work = rows[ev.of_kind(*WORK_KINDS)[rows]]
+    out = _gradients(ev, work)
+    if not len(found):
+        return out
     by_lane = group_rows(lane_key(ev.rank[work], ev.tid[work]), work)
-    out = []
     for row in found.tolist():
         m = named[int(ev.name[row])]
         sent, arrived = int(ev.ts[row]), int(ev.end[row])
@@ -125,13 +127,12 @@ def requests(ev: Events, rank: int) -> list[Request]:
         over = ev.end[since][ev.end[since] > arrived]  # at work as the reply arrived
         out.append(Request(rank, row, m[1], m[3], op_of(m[1]), sent, arrived,
                            int(over.max(initial=sent)), row, sent))
-    return sorted(out + _gradients(ev, work, by_lane), key=lambda r: (r.sent, r.row))
+    return sorted(out, key=lambda r: (r.sent, r.row))
 
 
-def _gradients(ev: Events, work: npt.NDArray[np.int64],
-               by_lane: Mapping[int, npt.NDArray[np.int64]]) -> list[Request]:
-    """The gradients a rank's distributed backward ops send (`work`: the rank's work rows,
-    `by_lane` by thread): each `RecvRpcBackward` on another thread inside one."""
+def _gradients(ev: Events, work: npt.NDArray[np.int64]) -> list[Request]:
+    """The gradients a rank's distributed backward ops send (`work`: the rank's work rows),
+    by send: each `RecvRpcBackward` on another thread inside one."""
     code = {n: i for i, n in enumerate(ev.names) if n in (DIST_BACKWARD, RECV_BACKWARD)}
     ops = work[ev.name[work] == code.get(DIST_BACKWARD, -1)]
     out = []
@@ -142,11 +143,11 @@ def _gradients(ev: Events, work: npt.NDArray[np.int64],
             continue
         op = int(holding[np.argmax(ev.ts[holding])])
         arrived = int(ev.end[op])
-        mine = by_lane[int(lane_key(int(ev.rank[send]), tid))]
-        inside = mine[(ev.ts[mine] >= ev.ts[op]) & (ev.ts[mine] < arrived)]
+        inside = work[(ev.tid[work] == tid) & (ev.ts[work] >= ev.ts[op])
+                      & (ev.ts[work] < arrived)]
         out.append(Request(int(ev.rank[send]), send, SEND_BACKWARD, "", SEND_BACKWARD, start,
                            arrived, int(np.minimum(ev.end[inside], arrived).max()), op, end))
-    return out
+    return sorted(out, key=lambda r: (r.sent, r.row))
 
 
 def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
