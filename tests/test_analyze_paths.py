@@ -733,6 +733,50 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
                    if c == "cpu")
 
 
+# Two steps of a distributed backward (us): the trainer (rank 0) calls backward (tid 1), its
+# engine's thread (tid 2) takes the graph up at its root and sends the gradient
+# (RecvRpcBackward); the server (rank 1) runs it on one thread (tid 6) from SendRpcBackward,
+# its nodes under load 59 us apart, until that thread's next backward; its pool thread tid 5
+# served a request with no op of its own traced.
+DIST_BACKWARD_STEPS = [
+    (0, 10, 90, "user_annotation", "rpc_sync#f(w0 -> w1)", 1, -1, -1, -1),
+    (0, 200, 800, "cpu_op", "torch::distributed::autograd::backward", 1, -1, -1, -1),
+    (0, 250, 1, "cpu_op", "torch::autograd::GraphRoot", 2, -1, -1, -1),
+    (0, 300, 50, "cpu_op", "torch::distributed::autograd::RecvRpcBackward", 2, -1, -1, -1),
+    (0, 1200, 800, "cpu_op", "torch::distributed::autograd::backward", 1, -1, -1, -1),
+    (0, 1240, 1, "cpu_op", "torch::autograd::GraphRoot", 2, -1, -1, -1),
+    (0, 1250, 50, "cpu_op", "torch::distributed::autograd::RecvRpcBackward", 2, -1, -1, -1),
+    (1, 20, 60, "user_annotation", "rpc_serve#f(w1)", 5, -1, -1, -1),
+    (1, 400, 1, "cpu_op", "torch::distributed::autograd::SendRpcBackward", 6, -1, -1, -1),
+    (1, 460, 40, "cpu_op", "ReluBackward0", 6, -1, -1, -1),
+    (1, 530, 170, "cpu_op", "AddmmBackward0", 6, -1, -1, -1),
+    (1, 1400, 1, "cpu_op", "torch::distributed::autograd::SendRpcBackward", 6, -1, -1, -1),
+    (1, 1420, 180, "cpu_op", "AddmmBackward0", 6, -1, -1, -1),
+]
+
+
+def test_a_distributed_backward_pairs_with_its_callees() -> None:
+    """Each server backward pairs with the RecvRpcBackward inside the trainer's backward op
+    begun last before it: its start waited for the gradient's send (the RecvRpcBackward's
+    end), the op's end for its end, the thread's work up to its next backward (a pause of 59 us
+    inside it); the engine's thread took each graph up from the op at its root (a hand-over
+    with no wait). The request's range pairs with the server's `rpc_serve#` range, on a thread
+    with no op of its own traced (no work to read there)."""
+    ev = events([(r, ts * US, d * US, *rest) for r, ts, d, *rest in DIST_BACKWARD_STEPS])
+    row = {(int(ev.rank[i]), int(ev.ts[i]) // US): i for i in range(len(ev))}
+    found = rpc_hand_overs(ev)
+    assert found.requested == {1: {row[(1, 20)]: (0, row[(0, 10)], 10 * US),
+                                   row[(1, 400)]: (0, row[(0, 300)], 350 * US),
+                                   row[(1, 1400)]: (0, row[(0, 1250)], 1300 * US)}}
+    assert found.replies == {0: {row[(0, 10)]: (1, row[(1, 20)], 80 * US),
+                                 row[(0, 200)]: (1, row[(1, 400)], 700 * US),
+                                 row[(0, 1200)]: (1, row[(1, 1400)], 1600 * US)}}
+    wakes = thread_wakes(ev)[int(lane_key(0, 2))]
+    assert [(int(t) // US, int(w), int(e) // US) for t, w, e in zip(
+        wakes.resume, wakes.waker, wakes.waker_end, strict=True)] == [
+        (250, row[(0, 200)], 250), (1240, row[(0, 1200)], 1240)]
+
+
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:
     """On real traces whose backward runs on the autograd thread (an A100 DDP run and an
     MI250 one), the path reaches back to the main thread's first work: its length is the

@@ -189,11 +189,13 @@ def _backwards_whole(ev: Events, rows: npt.NDArray[np.int64], found: list[Served
     later: dict[int, int] = {}  # per thread, the start of its next work for a request
     out = []
     for s in reversed(found):
-        mine = by_lane[s.lane]
-        mine = mine[(ev.ts[mine] >= s.start) & (ev.ts[mine] < later.get(s.lane, NEVER))]
+        end = s.end
+        if s.function == SEND_BACKWARD:  # a cpu_op: its thread has work
+            mine = by_lane[s.lane]
+            end = int(ev.end[mine[(ev.ts[mine] >= s.start)
+                                  & (ev.ts[mine] < later.get(s.lane, NEVER))]].max())
         later[s.lane] = s.start
-        out.append(s._replace(end=int(ev.end[mine].max())) if s.function == SEND_BACKWARD
-                   else s)
+        out.append(s._replace(end=end))
     return out[::-1]
 
 
