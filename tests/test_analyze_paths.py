@@ -649,20 +649,18 @@ def test_ranks_that_wait_for_no_other_each_have_their_own_step_paths(tmp_path: P
     assert all(s.length_ns == s.end - s.start for s in path.steps)
 
 
-def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> None:
-    """tests/data/rpc_server.py recorded (`rpc_named_rank{1,2}`: the server, the trainer): the
-    recorder names each request the trainer sends (`rpc_sync#_local_invoke(w0 -> w1)`, the
-    remote forward; `rpc_async#...(w0 -> w1)`, the DistributedOptimizer's TorchScript step)
-    and each Python request the server runs (`rpc_serve#_local_invoke(w1)`; the TorchScript
-    step is its op `_script_local_optimizer_step`). From the raw JSON: each callee's work pairs
-    with the request of its function that holds it; each step's path runs from the trainer's
-    step start to its last work (the next forward's reply), crossing to the server and back
-    at both requests and at the distributed backward (6 rank switches), and to the autograd
-    thread where it took the backward's graph up from the op (its GraphRoot), the transfers (a send
-    to the callee's start, its end to the reply) its collective time. Unpaired, each rank had
-    had its own step paths, none crossing: the server's one pool thread's request; the
-    backward unpaired, the trainer's `torch::distributed::autograd::backward` op had been its
-    path's cpu for the whole of the server's backward."""
+Traced = list[tuple[int, int, str, int, str]]  # start, end, name, tid, category
+RpcPair = tuple[tuple[int, int], tuple[int, int], int]  # request, callee's work, send's end
+
+
+def _rpc_named() -> tuple[list[Path], Traced, Traced, list[RpcPair], list[RpcPair],
+                          list[tuple[int, int, int, int]]]:
+    """tests/data/rpc_named_rank{1,2} read from the raw JSON: the files, the server's and the
+    trainer's events, the requests' pairs ((send, reply's arrival), (the callee's start, end),
+    the send), the distributed backward's (the RecvRpcBackward's start and the backward op's
+    end, the server's SendRpcBackward and its thread's work to its next work for a request,
+    the RecvRpcBackward's end or the server's start if sooner), and the engine thread's
+    take-ups (the loop thread, the thread that ran GraphRoot, its start, 0)."""
     files = [DATA / f"rpc_named_rank{r}.pt.trace.json.gz" for r in (1, 2)]
     traced = {}
     for rank, file in zip((1, 2), files, strict=True):
@@ -708,6 +706,24 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
             assert root[3] == recv[3]
             taken_up.append((tid, root[3], root[0], 0))
     assert len(gradients) == len(taken_up) == 5
+    return files, server, trainer, pairs, gradients, taken_up
+
+
+def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> None:
+    """tests/data/rpc_server.py recorded (`rpc_named_rank{1,2}`: the server, the trainer): the
+    recorder names each request the trainer sends (`rpc_sync#_local_invoke(w0 -> w1)`, the
+    remote forward; `rpc_async#...(w0 -> w1)`, the DistributedOptimizer's TorchScript step)
+    and each Python request the server runs (`rpc_serve#_local_invoke(w1)`; the TorchScript
+    step is its op `_script_local_optimizer_step`). From the raw JSON: each callee's work pairs
+    with the request of its function that holds it; each step's path runs from the trainer's
+    step start to its last work (the next forward's reply), crossing to the server and back
+    at both requests and at the distributed backward (6 rank switches), and to the autograd
+    thread where it took the backward's graph up from the op (its GraphRoot), the transfers (a send
+    to the callee's start, its end to the reply) its collective time. Unpaired, each rank had
+    had its own step paths, none crossing: the server's one pool thread's request; the
+    backward unpaired, the trainer's `torch::distributed::autograd::backward` op had been its
+    path's cpu for the whole of the server's backward."""
+    files, _, trainer, pairs, gradients, taken_up = _rpc_named()
     run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["test"])
     ev = Events.load(run)
     found = rpc_hand_overs(ev)
@@ -731,6 +747,26 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
         # the server's backward is on the path: none of the backward op's time is its cpu
         assert all(n != "torch::distributed::autograd::backward" for c, n, _ in step.top
                    if c == "cpu")
+
+
+def test_an_rpc_servers_steps_are_the_requests_it_serves(tmp_path: Path) -> None:
+    """rpc_named with its markers ignored: the server (rank 1) has no loop (each request on
+    whichever pool thread took it), and had no detected iteration. Its steps are the trainer's
+    detected ones as it served them: step k from its first work for a request the trainer
+    sent in its step k (the backward, the optimizer's step, the next forward) to its first for
+    step k + 1, the last to its last work's end, from the raw JSON's pairs."""
+    files, _, _, pairs, gradients, _ = _rpc_named()
+    run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    steps = iterations(run, ev, ignore_markers=True).steps
+    trainer = steps[2]
+    assert len(trainer) == 5
+    work = [(r[0], c) for r, c, _ in pairs + gradients]
+    first = [min(c[0] for sent, c in work if w.start <= sent < w.end) for w in trainer]
+    assert all(any(w.start <= sent < w.end for w in trainer) for sent, _ in work)
+    ends = [*first[1:], max(c[1] for _, c in work)]
+    assert [(w.step, w.start, w.end, w.source) for w in steps[1]] == [
+        (t.step, lo, hi, "detected") for t, lo, hi in zip(trainer, first, ends, strict=True)]
 
 
 # Two steps of a distributed backward (us): the trainer (rank 0) calls backward (tid 1), its

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -208,10 +208,10 @@ class HandOvers(NamedTuple):
     requested: dict[int, dict[int, Peer]]
 
 
-def hand_overs(sent: Mapping[int, Sequence[Request]],
-               ran: Mapping[int, Sequence[Served]]) -> HandOvers:
-    """Pair each rank's work for requests (`ran`) with the requests (`sent`, each rank's by
-    send) that asked for it."""
+def paired(sent: Mapping[int, Sequence[Request]], ran: Mapping[int, Sequence[Served]]
+           ) -> Iterator[tuple[Served, Request | None]]:
+    """Each rank's work for requests (`ran`, rank by rank, each by start) with the request
+    (`sent`, each rank's by send) that asked for it, None where none did."""
     by_key: dict[tuple[str, bool], list[Request]] = defaultdict(list)
     for rank_requests in sent.values():
         for r in rank_requests:
@@ -219,9 +219,7 @@ def hand_overs(sent: Mapping[int, Sequence[Request]],
     for found in by_key.values():
         found.sort(key=lambda r: (r.sent, r.rank, r.row))
     taken: set[tuple[int, int]] = set()
-    out = HandOvers(defaultdict(dict), defaultdict(dict))
     for rank in sorted(ran):
-        done: dict[int, list[int]] = defaultdict(list)  # per thread, its requests' work ends
         for s in ran[rank]:
             found = by_key.get((s.function, s.op), [])
             sends = [r.sent for r in found]
@@ -231,13 +229,23 @@ def hand_overs(sent: Mapping[int, Sequence[Request]],
                          and (r.rank, r.row) not in taken), None)
             if pick is not None:
                 taken.add((pick.rank, pick.row))
-                if not any(pick.sent < e <= s.start for e in done[s.lane]):
-                    out.requested[rank][s.row] = (pick.rank, pick.row,
-                                                  min(pick.sent_by, s.start))
-                replied = out.replies[pick.rank]
-                if s.end >= pick.busy_until and s.end > replied.get(pick.reply, (0, 0, -1))[2]:
-                    replied[pick.reply] = (rank, s.row, s.end)  # of a backward's, the last
-            done[s.lane].append(s.end)
+            yield s, pick
+
+
+def hand_overs(sent: Mapping[int, Sequence[Request]],
+               ran: Mapping[int, Sequence[Served]]) -> HandOvers:
+    """The hand-overs of each rank's work for requests (`ran`) and the requests (`sent`, each
+    rank's by send) that asked for it (paired)."""
+    out = HandOvers(defaultdict(dict), defaultdict(dict))
+    done: dict[int, list[int]] = defaultdict(list)  # per thread, its requests' work ends
+    for s, pick in paired(sent, ran):
+        if pick is not None:
+            if not any(pick.sent < e <= s.start for e in done[s.lane]):
+                out.requested[s.rank][s.row] = (pick.rank, pick.row, min(pick.sent_by, s.start))
+            replied = out.replies[pick.rank]
+            if s.end >= pick.busy_until and s.end > replied.get(pick.reply, (0, 0, -1))[2]:
+                replied[pick.reply] = (s.rank, s.row, s.end)  # of a backward's, the last
+        done[s.lane].append(s.end)
     return HandOvers(dict(out.replies), dict(out.requested))
 
 
@@ -246,10 +254,19 @@ def rpc_ops(sent: Mapping[int, Sequence[Request]]) -> frozenset[str]:
     return frozenset(r.op for found in sent.values() for r in found if r.op is not None)
 
 
+def rpc_work(ev: Events) -> tuple[dict[int, list[Request]], dict[int, list[Served]]]:
+    """Every rank's requests and work for requests (none where no rank sent any), once per
+    Events object (iterations and the critical path both read them)."""
+    def make() -> tuple[dict[int, list[Request]], dict[int, list[Served]]]:
+        sent = {rank: requests(ev, rank) for rank in ev.ranks}
+        if not any(sent.values()):
+            return sent, {}
+        ops = rpc_ops(sent)
+        return sent, {rank: served(ev, rank, ops) for rank in ev.ranks}
+
+    return ev.derived("rpc work", make)
+
+
 def rpc_hand_overs(ev: Events) -> HandOvers:
     """hand_overs of every rank of `ev`."""
-    sent = {rank: requests(ev, rank) for rank in ev.ranks}
-    if not any(sent.values()):
-        return HandOvers({}, {})
-    ops = rpc_ops(sent)
-    return hand_overs(sent, {rank: served(ev, rank, ops) for rank in ev.ranks})
+    return hand_overs(*rpc_work(ev))
