@@ -649,17 +649,18 @@ def test_ranks_that_wait_for_no_other_each_have_their_own_step_paths(tmp_path: P
     assert all(s.length_ns == s.end - s.start for s in path.steps)
 
 
-def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> None:
-    """tests/data/rpc_server.py recorded (`rpc_named_rank{1,2}`: the server, the trainer): the
-    recorder names each request the trainer sends (`rpc_sync#_local_invoke(w0 -> w1)`, the
-    remote forward; `rpc_async#...(w0 -> w1)`, the DistributedOptimizer's TorchScript step)
-    and each Python request the server runs (`rpc_serve#_local_invoke(w1)`; the TorchScript
-    step is its op `_script_local_optimizer_step`). From the raw JSON: each callee's work pairs
-    with the request of its function that holds it; each step's path runs from the trainer's
-    step start to its last work (the next forward's reply), crossing to the server and back
-    at both requests (4 rank switches), the transfers (a send to the callee's start, its end
-    to the reply) its collective time. Unpaired, each rank had had its own step paths, none
-    crossing: the server's one pool thread's request."""
+Traced = list[tuple[int, int, str, int, str]]  # start, end, name, tid, category
+RpcPair = tuple[tuple[int, int], tuple[int, int], int]  # request, callee's work, send's end
+
+
+def _rpc_named() -> tuple[list[Path], Traced, Traced, list[RpcPair], list[RpcPair],
+                          list[tuple[int, int, int, int]]]:
+    """tests/data/rpc_named_rank{1,2} read from the raw JSON: the files, the server's and the
+    trainer's events, the requests' pairs ((send, reply's arrival), (the callee's start, end),
+    the send), the distributed backward's (the RecvRpcBackward's start and the backward op's
+    end, the server's SendRpcBackward and its thread's work to its next work for a request,
+    the RecvRpcBackward's end or the server's start if sooner), and the engine thread's
+    take-ups (the loop thread, the thread that ran GraphRoot, its start, 0)."""
     files = [DATA / f"rpc_named_rank{r}.pt.trace.json.gz" for r in (1, 2)]
     traced = {}
     for rank, file in zip((1, 2), files, strict=True):
@@ -668,37 +669,148 @@ def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> N
         # an annotation in flight at the profiler's stop ends with its trace (frame.Events)
         traced[rank] = [(base + ns(e["ts"]), min(base + ns(e["ts"]) + ns(e["dur"]), window)
                          if e["cat"] == "user_annotation" else base + ns(e["ts"]) + ns(e["dur"]),
-                         e["name"]) for e in x if e.get("cat") in ("cpu_op", "user_annotation")]
+                         e["name"], e["tid"], e["cat"]) for e in x
+                        if e.get("cat") in ("cpu_op", "user_annotation")]
     server, trainer = traced[1], traced[2]
     sent = [e for e in trainer if e[2].startswith(("rpc_sync#", "rpc_async#"))
             and e[2].endswith("(w0 -> w1)")]
-    pairs = []
-    for start, end, name in server:
+    pairs = []  # (the request: send, reply's arrival), (its callee: start, end), send's end
+    for start, end, name, *_ in server:
         if name in ("rpc_serve#_local_invoke(w1)", "_script_local_optimizer_step"):
             function = name.removeprefix("rpc_serve#").removesuffix("(w1)")
             (request,) = [r for r in sent if f"{function}(w0" in r[2]
                           and r[0] <= start and end <= r[1]]
-            pairs.append((request, (start, end)))
+            pairs.append(((request[0], request[1]), (start, end), request[0]))
     assert len(pairs) == 10  # 5 steps, a forward and an optimizer step each
+    # the backward: the trainer's op, the RecvRpcBackward inside it (its autograd thread's last
+    # work there), the server's SendRpcBackward inside it and its thread's work up to its next
+    # work for a request
+    gradients, taken_up = [], []
+    for lo, hi, name, tid, _ in trainer:
+        if name == "torch::distributed::autograd::backward":
+            (recv,) = [e for e in trainer if e[2].endswith("::RecvRpcBackward")
+                       and lo <= e[0] and e[1] <= hi and e[3] != tid]
+            assert recv[1] == max(e[1] for e in trainer if e[3] == recv[3] and lo <= e[0] < hi)
+            (send,) = [e for e in server if e[2].endswith("::SendRpcBackward")
+                       and recv[0] <= e[0] and e[1] <= hi]
+            later = min([e[0] for e in server if e[3] == send[3] and e[0] > send[0] and e[2] in (
+                send[2], "rpc_serve#_local_invoke(w1)", "_script_local_optimizer_step")],
+                default=float("inf"))
+            end = max(e[1] for e in server if e[3] == send[3] and e[4] == "cpu_op"
+                      and send[0] <= e[0] < later)
+            assert send[0] < end <= hi
+            gradients.append(((recv[0], hi), (send[0], end), min(recv[1], send[0])))
+            # the autograd thread took the graph up from the op: its root, inside it
+            (root,) = [e for e in trainer if e[2] == "torch::autograd::GraphRoot"
+                       and lo <= e[0] < hi]
+            assert root[3] == recv[3]
+            taken_up.append((tid, root[3], root[0], 0))
+    assert len(gradients) == len(taken_up) == 5
+    return files, server, trainer, pairs, gradients, taken_up
+
+
+def test_critical_path_crosses_an_rpc_request_and_its_reply(tmp_path: Path) -> None:
+    """tests/data/rpc_server.py recorded (`rpc_named_rank{1,2}`: the server, the trainer): the
+    recorder names each request the trainer sends (`rpc_sync#_local_invoke(w0 -> w1)`, the
+    remote forward; `rpc_async#...(w0 -> w1)`, the DistributedOptimizer's TorchScript step)
+    and each Python request the server runs (`rpc_serve#_local_invoke(w1)`; the TorchScript
+    step is its op `_script_local_optimizer_step`). From the raw JSON: each callee's work pairs
+    with the request of its function that holds it; each step's path runs from the trainer's
+    step start to its last work (the next forward's reply), crossing to the server and back
+    at both requests and at the distributed backward (6 rank switches), and to the autograd
+    thread where it took the backward's graph up from the op (its GraphRoot), the transfers (a send
+    to the callee's start, its end to the reply) its collective time. Unpaired, each rank had
+    had its own step paths, none crossing: the server's one pool thread's request; the
+    backward unpaired, the trainer's `torch::distributed::autograd::backward` op had been its
+    path's cpu for the whole of the server's backward."""
+    files, _, trainer, pairs, gradients, taken_up = _rpc_named()
     run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["test"])
     ev = Events.load(run)
     found = rpc_hand_overs(ev)
     assert sorted((int(ev.end[row]), end) for row, (_, _, end) in found.replies[2].items()) \
-        == sorted((r[1], c[1]) for r, c in pairs)
+        == sorted((r[1], c[1]) for r, c, _ in pairs + gradients)
     assert sorted((int(ev.ts[row]), at) for row, (_, _, at) in found.requested[1].items()) \
-        == sorted((c[0], r[0]) for r, c in pairs)
+        == sorted((c[0], by) for _, c, by in pairs + gradients)
     path = critical_path(ev, sync_events(run, ev), iterations(run, ev).steps)
     assert path is not None
-    markers = sorted((s, e) for s, e, n in trainer if n.startswith("ProfilerStep#"))
-    first = min(s for s, _, n in trainer if not n.startswith("ProfilerStep#"))
+    markers = sorted((s, e) for s, e, n, *_ in trainer if n.startswith("ProfilerStep#"))
+    first = min(s for s, _, n, *_ in trainer if not n.startswith("ProfilerStep#"))
     assert len(path.steps) == len(markers) == 5
-    for step, (lo, hi) in zip(path.steps, markers, strict=True):
-        mine = [(r, c) for r, c in pairs if lo <= r[0] < hi]
-        last = max(e for s, e, n in trainer if lo <= s < hi and not n.startswith("Profiler"))
+    for step, (lo, hi), handed in zip(path.steps, markers, taken_up, strict=True):
+        mine = [p for p in pairs + gradients if lo <= p[0][0] < hi]
+        assert [(h.from_tid, h.to_tid, h.at, h.wait_ns) for h in step.handovers] == [handed]
+        last = max(e for s, e, n, *_ in trainer if lo <= s < hi and not n.startswith("Profiler"))
         assert (step.ranks, step.start, step.end) == ((1, 2), max(lo, first), last)
-        assert step.rank_switches == 2 * len(mine) == 4
-        assert step.ns["collective"] == sum(c[0] - r[0] + r[1] - c[1] for r, c in mine)
+        assert step.rank_switches == 2 * len(mine) == 6
+        assert step.ns["collective"] == sum(c[0] - by + r[1] - c[1] for r, c, by in mine)
         assert step.length_ns == step.end - step.start
+        # the server's backward is on the path: none of the backward op's time is its cpu
+        assert all(n != "torch::distributed::autograd::backward" for c, n, _ in step.top
+                   if c == "cpu")
+
+
+def test_an_rpc_servers_steps_are_the_requests_it_serves(tmp_path: Path) -> None:
+    """rpc_named with its markers ignored: the server (rank 1) has no loop (each request on
+    whichever pool thread took it), and had no detected iteration. Its steps are the trainer's
+    detected ones as it served them: step k from its first work for a request the trainer
+    sent in its step k (the backward, the optimizer's step, the next forward) to its first for
+    step k + 1, the last to its last work's end, from the raw JSON's pairs."""
+    files, _, _, pairs, gradients, _ = _rpc_named()
+    run = import_traces(files, tmp_path / "r.run", ImportOptions(), ["test"])
+    ev = Events.load(run)
+    steps = iterations(run, ev, ignore_markers=True).steps
+    trainer = steps[2]
+    assert len(trainer) == 5
+    work = [(r[0], c) for r, c, _ in pairs + gradients]
+    first = [min(c[0] for sent, c in work if w.start <= sent < w.end) for w in trainer]
+    assert all(any(w.start <= sent < w.end for w in trainer) for sent, _ in work)
+    ends = [*first[1:], max(c[1] for _, c in work)]
+    assert [(w.step, w.start, w.end, w.source) for w in steps[1]] == [
+        (t.step, lo, hi, "detected") for t, lo, hi in zip(trainer, first, ends, strict=True)]
+
+
+# Two steps of a distributed backward (us): the trainer (rank 0) calls backward (tid 1), its
+# engine's thread (tid 2) takes the graph up at its root and sends the gradient
+# (RecvRpcBackward); the server (rank 1) runs it on one thread (tid 6) from SendRpcBackward,
+# its nodes under load 59 us apart, until that thread's next backward; its pool thread tid 5
+# served a request with no op of its own traced.
+DIST_BACKWARD_STEPS = [
+    (0, 10, 90, "user_annotation", "rpc_sync#f(w0 -> w1)", 1, -1, -1, -1),
+    (0, 200, 800, "cpu_op", "torch::distributed::autograd::backward", 1, -1, -1, -1),
+    (0, 250, 1, "cpu_op", "torch::autograd::GraphRoot", 2, -1, -1, -1),
+    (0, 300, 50, "cpu_op", "torch::distributed::autograd::RecvRpcBackward", 2, -1, -1, -1),
+    (0, 1200, 800, "cpu_op", "torch::distributed::autograd::backward", 1, -1, -1, -1),
+    (0, 1240, 1, "cpu_op", "torch::autograd::GraphRoot", 2, -1, -1, -1),
+    (0, 1250, 50, "cpu_op", "torch::distributed::autograd::RecvRpcBackward", 2, -1, -1, -1),
+    (1, 20, 60, "user_annotation", "rpc_serve#f(w1)", 5, -1, -1, -1),
+    (1, 400, 1, "cpu_op", "torch::distributed::autograd::SendRpcBackward", 6, -1, -1, -1),
+    (1, 460, 40, "cpu_op", "ReluBackward0", 6, -1, -1, -1),
+    (1, 530, 170, "cpu_op", "AddmmBackward0", 6, -1, -1, -1),
+    (1, 1400, 1, "cpu_op", "torch::distributed::autograd::SendRpcBackward", 6, -1, -1, -1),
+    (1, 1420, 180, "cpu_op", "AddmmBackward0", 6, -1, -1, -1),
+]
+
+
+def test_a_distributed_backward_pairs_with_its_callees() -> None:
+    """Each server backward pairs with the RecvRpcBackward inside the trainer's backward op
+    begun last before it: its start waited for the gradient's send (the RecvRpcBackward's
+    end), the op's end for its end, the thread's work up to its next backward (a pause of 59 us
+    inside it); the engine's thread took each graph up from the op at its root (a hand-over
+    with no wait). The request's range pairs with the server's `rpc_serve#` range, on a thread
+    with no op of its own traced (no work to read there)."""
+    ev = events([(r, ts * US, d * US, *rest) for r, ts, d, *rest in DIST_BACKWARD_STEPS])
+    row = {(int(ev.rank[i]), int(ev.ts[i]) // US): i for i in range(len(ev))}
+    found = rpc_hand_overs(ev)
+    assert found.requested == {1: {row[(1, 20)]: (0, row[(0, 10)], 10 * US),
+                                   row[(1, 400)]: (0, row[(0, 300)], 350 * US),
+                                   row[(1, 1400)]: (0, row[(0, 1250)], 1300 * US)}}
+    assert found.replies == {0: {row[(0, 10)]: (1, row[(1, 20)], 80 * US),
+                                 row[(0, 200)]: (1, row[(1, 400)], 700 * US),
+                                 row[(0, 1200)]: (1, row[(1, 1400)], 1600 * US)}}
+    wakes = thread_wakes(ev)[int(lane_key(0, 2))]
+    assert [(int(t) // US, int(w), int(e) // US) for t, w, e in zip(
+        wakes.resume, wakes.waker, wakes.waker_end, strict=True)] == [
+        (250, row[(0, 200)], 250), (1240, row[(0, 1200)], 1240)]
 
 
 def test_critical_path_spans_the_corpus_runs(corpus_runs: dict[str, Run]) -> None:

@@ -82,6 +82,11 @@ COLLECTIVE_WAIT: Final = re.compile(r"^_c10d_functional::wait_tensor$")
 # is done (or, where the interpreter suspended at the wait, until the rest of the function,
 # continued on another inter-op thread, is)
 FORKED: Final = "<forked function>"
+# torch.distributed.autograd.backward: one op on the calling thread, which hands its graph to
+# the distributed engine's thread (its first node there the graph's root, GRAPH_ROOT) and waits
+# for it and for the other workers' backwards (analyze/rpc.py)
+DIST_BACKWARD: Final = "torch::distributed::autograd::backward"
+GRAPH_ROOT: Final = "torch::autograd::GraphRoot"
 
 
 class SyncArgs(msgspec.Struct):
@@ -538,7 +543,10 @@ def thread_wakes(ev: Events) -> Mapping[int, Wakes]:
     worked (a fork can wait for a thread to take it up); a thread that takes a fork up waited
     for the forking op, and one that starts work after sitting idle, while another thread of
     its process waits so, for the fork that ended last before (the function that waited for
-    it continued there)."""
+    it continued there). A thread that takes a distributed backward's graph up (its root,
+    GRAPH_ROOT, inside a DIST_BACKWARD op of another thread of its process) waited for that
+    op, as for a forking one, however little the op's thread worked before (an RPC trainer's
+    loop sits in its requests' waits)."""
     return ev.derived("thread wakes", lambda: _thread_wakes(ev))  # once per Events object
 
 
@@ -558,6 +566,7 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
     busy: dict[int, Coverage] = {}
     works: dict[int, tuple[I64, I64]] = {}  # union of the thread's work
     forks = _forks(ev, threads)
+    taken = _backwards_taken(ev)
     for key, rows in threads.items():
         order = np.argsort(ev.end[rows], kind="stable")
         ends[key] = (ev.end[rows][order], rows[order])
@@ -632,7 +641,8 @@ def _thread_wakes(ev: Events) -> dict[int, Wakes]:
                 continued &= (j >= 0) & (done[np.maximum(j, 0)] > lo)
                 best_end[continued] = done[j[continued]]
                 best_row[continued] = by[j[continued]]
-            for at, op in forks.launched.get(key, []):  # an idle thread takes a fork up
+            # an idle thread takes a fork or a distributed backward's graph up
+            for at, op in [*forks.launched.get(key, []), *taken.get(key, [])]:
                 launch = hi == at
                 best_end[launch], best_row[launch] = at, op
             found = best_end >= 0
@@ -750,6 +760,24 @@ def _forks(ev: Events, threads: Mapping[int, I64]) -> _Forks:
 
     return _Forks({key: pairs(sorted(found)) for key, found in waits.items()}, dict(launched),
                   {process: pairs(sorted(found)) for process, found in ended.items()})
+
+
+def _backwards_taken(ev: Events) -> dict[int, list[tuple[int, int]]]:
+    """lane_key -> (start, op) where the thread took a distributed backward's graph up: its
+    root (GRAPH_ROOT) run inside a DIST_BACKWARD op of another thread of its process."""
+    code = {n: i for i, n in enumerate(ev.names) if n in (DIST_BACKWARD, GRAPH_ROOT)}
+    ops = np.flatnonzero(ev.name == code.get(DIST_BACKWARD, -1))
+    out: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    if not len(ops):
+        return out
+    for root in np.flatnonzero(ev.name == code.get(GRAPH_ROOT, -1)).tolist():
+        at = int(ev.ts[root])
+        holding = ops[(ev.rank[ops] == ev.rank[root]) & (ev.pid[ops] == ev.pid[root])
+                      & (ev.tid[ops] != ev.tid[root]) & (ev.ts[ops] <= at) & (ev.end[ops] > at)]
+        if len(holding):
+            key = int(lane_key(int(ev.rank[root]), int(ev.tid[root])))
+            out[key].append((at, int(holding[np.argmax(ev.ts[holding])])))
+    return out
 
 
 def _inside(intervals: tuple[I64, I64], t: I64) -> tuple[npt.NDArray[np.bool_], I64]:

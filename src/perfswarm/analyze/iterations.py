@@ -23,6 +23,10 @@ the work another thread handed back after it (an `Optimizer.step#...` range the 
 stopped inside ends with the trace window: frame.Events clips it). Where the iterations do
 not each hold one cycle of optimizer calls, the steps end at the calls, whose cycle the
 calls' own ops tell where they carry shapes (optimizer_kinds).
+
+A torch.distributed.rpc server has no loop of its own: its pool runs each request on whichever
+thread takes it up. Its steps are the requests it serves (analyze/rpc.py pairs them), one
+step of the rank that sent them each (served_steps).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from perfswarm.analyze.optimizer_kinds import (
     skips_frozen,
 )
 from perfswarm.analyze.phases import BACKWARD, OPTIMIZER, nested, scopes, step_calls
+from perfswarm.analyze.rpc import Request, Served, paired, rpc_work
 from perfswarm.trace.schema import FAULTS, PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
 
@@ -692,8 +697,42 @@ def detected_steps(ev: Events, profiled: Mapping[int, Sequence[tuple[int, int]]]
     wakes = thread_wakes(ev)
     groups = (process_groups(run, ev, ev.ranks) if run is not None and ev.host_collective.any()
               else NO_GROUPS)
-    return {rank: found for rank in ev.ranks if (found := after_gaps(
-        detected_windows(ev, rank, wakes, run, groups), (profiled or {}).get(rank, ())))}
+    return served_steps({rank: found for rank in ev.ranks if (found := after_gaps(
+        detected_windows(ev, rank, wakes, run, groups), (profiled or {}).get(rank, ())))},
+        *rpc_work(ev))
+
+
+def served_steps(found: Mapping[int, Sequence[StepWindow]],
+                 sent: Mapping[int, Sequence[Request]], ran: Mapping[int, Sequence[Served]]
+                 ) -> dict[int, list[StepWindow]]:
+    """`found` (each rank's detected iterations) with those of an RPC server among `sent` and
+    `ran` (each rank's requests and its work for requests, rpc.rpc_work): a rank with none
+    found, whose work for requests all pairs with requests of one rank that has steps, and
+    with some in each of them: its step k from its first work for a request sent in that
+    rank's step k to its first for step k + 1 (it waits for the next request), the last to
+    its last work's end."""
+    out = {rank: list(windows) for rank, windows in found.items()}
+    asked: dict[int, list[tuple[Served, Request | None]]] = {}
+    for s, request in paired(sent, {r: w for r, w in ran.items() if r not in found}):
+        asked.setdefault(s.rank, []).append((s, request))
+    for rank, work in asked.items():
+        by = {r.rank if r is not None else None for _, r in work}
+        if len(by) != 1 or (caller := by.pop()) is None or caller not in found:
+            continue
+        steps = found[caller]
+        starts = np.array([w.start for w in steps], np.int64)
+        ends = np.array([w.end for w in steps], np.int64)
+        sends = np.array([r.sent for _, r in work if r is not None], np.int64)
+        k = np.searchsorted(starts, sends, side="right") - 1
+        inside = (k >= 0) & (sends < ends[np.maximum(k, 0)])
+        if not inside.all() or len(np.unique(k)) != len(steps):
+            continue
+        first = [min(s.start for (s, _), j in zip(work, k, strict=True) if j == i)
+                 for i in range(len(steps))]
+        last = max(s.end for s, _ in work)
+        out[rank] = [StepWindow(w.step, lo, hi, "detected") for w, lo, hi in zip(
+            steps, first, [*first[1:], last], strict=True)]
+    return out
 
 
 def event_steps(ev: Events, steps: Mapping[int, Sequence[StepWindow]]) -> I64:

@@ -52,6 +52,7 @@ from perfswarm.analyze.iterations import (
     gaps_between,
     profiled_windows,
     run_markers,
+    served_steps,
 )
 from perfswarm.analyze.kernels import RankKernels, rank_kernels
 from perfswarm.analyze.launch import LaunchStats, rank_launch_stats
@@ -156,14 +157,14 @@ def analyze_parallel(run: Run, client: Any, ranks: Sequence[int], *,
                                      for r in ranks])
     flows = results([client.submit(rank_bandwidth, loaded[r], where, r, pure=False)
                      for r in ranks])
-    its = combine(markers, {p.rank: p.detected for p in parts if p.detected},
-                  {p.rank: p.first_op for p in parts})
-    peers = collective_peers(instances({p.rank: p.collectives for p in parts}).values())
     sent = {p.rank: p.requests for p in parts}
-    ran: list[list[Served]] = results([
+    ran: dict[int, list[Served]] = dict(zip(ranks, results([
         client.submit(rpc_served, loaded[r], r, rpc_ops(sent), pure=False) for r in ranks
-    ]) if any(sent.values()) else []
-    rpc = rpc_hand_overs(sent, dict(zip(ranks, ran, strict=True)) if ran else {})
+    ]), strict=True)) if any(sent.values()) else {}
+    its = combine(markers, served_steps({p.rank: p.detected for p in parts if p.detected},
+                                        sent, ran), {p.rank: p.first_op for p in parts})
+    peers = collective_peers(instances({p.rank: p.collectives for p in parts}).values())
+    rpc = rpc_hand_overs(sent, ran)
     received = merged(hand_overs({p.rank: p.transfers for p in parts}), rpc.replies)
     graphs = {r: client.submit(rank_graph, loaded[r], where, r, peers.get(r, {}),
                                received.get(r, {}), rpc.requested.get(r, {}), pure=False)

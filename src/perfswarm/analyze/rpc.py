@@ -21,17 +21,33 @@ with another rank's op it had been (torch's `rpc_async_jit#...(w0 -> w0)` around
 the send, unless another request's work on its thread ended after the send (it queued behind
 that); the reply's arrival waited for its end, unless the sending thread was at work of its own
 then (an op begun after the send and running over the arrival: an rpc_async's caller computing
-meanwhile). Those are hand-overs across processes (critical_path), as a gloo receive's."""
+meanwhile). Those are hand-overs across processes (critical_path), as a gloo receive's.
+
+The distributed backward is paired the same way, as a request for the op its callee runs
+(torch's `SendRpcBackward`): nothing in the trace names the pair (the context id is known to
+Python on the caller, but the callee's backward runs in C++ from the RPC agent's handler, with
+no Python to name it in), so by time. The caller's `torch::distributed::autograd::backward` op
+waits, as one op on its thread, for its autograd thread, where each `RecvRpcBackward` sends a
+gradient to the callee that ran the forward's request; the callee's thread runs its
+`SendRpcBackward` and the nodes after it through, then takes its next message up (its work up
+to its next work for a request: under load the backward's nodes are 50 us and more apart,
+no pause delimits it). Each callee's backward
+pairs, as a request's work, with the `RecvRpcBackward` of another rank begun last before it
+inside a backward op that holds it; its start waited for the gradient's send (by the
+`RecvRpcBackward`'s end) and the op's end for its end, unless the autograd thread's own work
+there ended later."""
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Final, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
+from perfswarm.analyze.dependencies import DIST_BACKWARD
 from perfswarm.analyze.frame import RPC_REQUEST, WORK_KINDS, Events, group_rows, lane_key
 from perfswarm.analyze.intervals import sorted_unique
 from perfswarm.analyze.nesting import open_before
@@ -39,13 +55,20 @@ from perfswarm.analyze.stragglers import Peer
 
 SERVE: Final = re.compile(r"^rpc_serve#(.+)\((\S*)\)$")
 SCRIPTED: Final = "__torch__."  # a TorchScript function's qualified name begins so
+RECV_BACKWARD: Final = "torch::distributed::autograd::RecvRpcBackward"  # sends a gradient
+SEND_BACKWARD: Final = "torch::distributed::autograd::SendRpcBackward"  # its callee's first node
+NEVER: Final = np.iinfo(np.int64).max
 
 
 class Request(NamedTuple):
     """A request a rank sent: its range's row, its function, the callee's worker, the op its
     callee runs it as (a TorchScript function's or a builtin's; None: a Python function's
-    runs in an `rpc_serve#` range), its send, the reply's arrival, and whether the sending
-    thread sat waiting for the reply then."""
+    runs in an `rpc_serve#` range), its send, the reply's arrival, and until when the sender's
+    own work ran toward it (a reply arriving before did not end its wait: past the arrival
+    where the sending thread was at work then). A gradient a distributed backward sends
+    (`RecvRpcBackward`'s row, function and op SEND_BACKWARD, worker "": not named) was sent
+    from its start to its end (`sent_by`); the reply reaches the backward op (`reply`), which
+    its autograd thread's work holds until `busy_until`. A request's range is all three."""
 
     rank: int
     row: int
@@ -54,7 +77,9 @@ class Request(NamedTuple):
     op: str | None
     sent: int
     arrived: int
-    waited: bool
+    busy_until: int
+    reply: int
+    sent_by: int
 
 
 class Served(NamedTuple):
@@ -81,32 +106,55 @@ def op_of(function: str) -> str | None:
 
 
 def requests(ev: Events, rank: int) -> list[Request]:
-    """The rank's requests (frame.RPC_REQUEST ranges) to another worker, by send (a request to
-    its own worker runs on a thread of its own process)."""
+    """The rank's requests (frame.RPC_REQUEST ranges) to another worker (a request to its own
+    worker runs on a thread of its own process) and the gradients its distributed backward
+    sends, by send."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     ranges = rows[ev.rpc_request[rows]]  # the mask every analysis shares: names matched once
     named = {i: m for i in sorted_unique(ev.name[ranges]).tolist()
              if (m := RPC_REQUEST.match(ev.names[i])) and m[2] != m[3]}
     found = ranges[np.isin(ev.name[ranges], list(named))]
-    if not len(found):
-        return []
     work = rows[ev.of_kind(*WORK_KINDS)[rows]]
+    out = _gradients(ev, work)
+    if not len(found):
+        return out
     by_lane = group_rows(lane_key(ev.rank[work], ev.tid[work]), work)
-    out = []
-    for row in found[np.argsort(ev.ts[found], kind="stable")].tolist():
+    for row in found.tolist():
         m = named[int(ev.name[row])]
         sent, arrived = int(ev.ts[row]), int(ev.end[row])
         mine = by_lane.get(int(lane_key(rank, int(ev.tid[row]))), work[:0])
         since = mine[(ev.ts[mine] > sent) & (ev.ts[mine] < arrived)]
+        over = ev.end[since][ev.end[since] > arrived]  # at work as the reply arrived
         out.append(Request(rank, row, m[1], m[3], op_of(m[1]), sent, arrived,
-                           not bool((ev.end[since] > arrived).any())))
-    return out
+                           int(over.max(initial=sent)), row, sent))
+    return sorted(out, key=lambda r: (r.sent, r.row))
+
+
+def _gradients(ev: Events, work: npt.NDArray[np.int64]) -> list[Request]:
+    """The gradients a rank's distributed backward ops send (`work`: the rank's work rows),
+    by send: each `RecvRpcBackward` on another thread inside one."""
+    code = {n: i for i, n in enumerate(ev.names) if n in (DIST_BACKWARD, RECV_BACKWARD)}
+    ops = work[ev.name[work] == code.get(DIST_BACKWARD, -1)]
+    out = []
+    for send in work[ev.name[work] == code.get(RECV_BACKWARD, -1)].tolist():
+        start, end, tid = int(ev.ts[send]), int(ev.end[send]), int(ev.tid[send])
+        holding = ops[(ev.ts[ops] <= start) & (ev.end[ops] >= end) & (ev.tid[ops] != tid)]
+        if not len(holding):
+            continue
+        op = int(holding[np.argmax(ev.ts[holding])])
+        arrived = int(ev.end[op])
+        inside = work[(ev.tid[work] == tid) & (ev.ts[work] >= ev.ts[op])
+                      & (ev.ts[work] < arrived)]
+        out.append(Request(int(ev.rank[send]), send, SEND_BACKWARD, "", SEND_BACKWARD, start,
+                           arrived, int(np.minimum(ev.end[inside], arrived).max()), op, end))
+    return sorted(out, key=lambda r: (r.sent, r.row))
 
 
 def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
     """The rank's work for requests: its `rpc_serve#` ranges, and the ops named in `ops` (what
     the requests' callees run them as) that no other op on their thread encloses, of the
-    worker its ranges name (where they name one)."""
+    worker its ranges name (where they name one); a `SendRpcBackward` with the backward it
+    began (_backwards_whole)."""
     rows = np.arange(len(ev))[ev.rank_slice(rank)]
     host = rows[ev.host_busy[rows]]
     ranges = {i: m for i, n in enumerate(ev.names) if (m := SERVE.match(n))}
@@ -127,7 +175,28 @@ def served(ev: Events, rank: int, ops: Collection[str]) -> list[Served]:
             out.append(Served(rank, row, int(lane_key(rank, int(ev.tid[row]))),
                               wanted[int(ev.name[row])], True, worker, int(ev.ts[row]),
                               int(ev.end[row])))
-    return sorted(out, key=lambda s: (s.start, s.rank, s.row))
+    out.sort(key=lambda s: (s.start, s.rank, s.row))
+    return _backwards_whole(ev, rows, out) if SEND_BACKWARD in ops else out
+
+
+def _backwards_whole(ev: Events, rows: npt.NDArray[np.int64], found: list[Served]
+                     ) -> list[Served]:
+    """`found` (a rank's work for requests, by start; `rows` the rank's), each
+    `SendRpcBackward` to the end of its thread's work before that thread's next work for a
+    request (the thread runs the backward through, then takes its next message up)."""
+    work = rows[ev.of_kind(*WORK_KINDS)[rows]]
+    by_lane = group_rows(lane_key(ev.rank[work], ev.tid[work]), work)
+    later: dict[int, int] = {}  # per thread, the start of its next work for a request
+    out = []
+    for s in reversed(found):
+        end = s.end
+        if s.function == SEND_BACKWARD:  # a cpu_op: its thread has work
+            mine = by_lane[s.lane]
+            end = int(ev.end[mine[(ev.ts[mine] >= s.start)
+                                  & (ev.ts[mine] < later.get(s.lane, NEVER))]].max())
+        later[s.lane] = s.start
+        out.append(s._replace(end=end))
+    return out[::-1]
 
 
 class HandOvers(NamedTuple):
@@ -139,10 +208,10 @@ class HandOvers(NamedTuple):
     requested: dict[int, dict[int, Peer]]
 
 
-def hand_overs(sent: Mapping[int, Sequence[Request]],
-               ran: Mapping[int, Sequence[Served]]) -> HandOvers:
-    """Pair each rank's work for requests (`ran`) with the requests (`sent`, each rank's by
-    send) that asked for it."""
+def paired(sent: Mapping[int, Sequence[Request]], ran: Mapping[int, Sequence[Served]]
+           ) -> Iterator[tuple[Served, Request | None]]:
+    """Each rank's work for requests (`ran`, rank by rank, each by start) with the request
+    (`sent`, each rank's by send) that asked for it, None where none did."""
     by_key: dict[tuple[str, bool], list[Request]] = defaultdict(list)
     for rank_requests in sent.values():
         for r in rank_requests:
@@ -150,23 +219,33 @@ def hand_overs(sent: Mapping[int, Sequence[Request]],
     for found in by_key.values():
         found.sort(key=lambda r: (r.sent, r.rank, r.row))
     taken: set[tuple[int, int]] = set()
-    out = HandOvers(defaultdict(dict), defaultdict(dict))
     for rank in sorted(ran):
-        done: dict[int, list[int]] = defaultdict(list)  # per thread, its requests' work ends
         for s in ran[rank]:
             found = by_key.get((s.function, s.op), [])
             sends = [r.sent for r in found]
             i = int(np.searchsorted(sends, s.start, side="right"))
             pick = next((r for r in reversed(found[:i]) if r.rank != s.rank
-                         and s.worker in (None, r.worker) and s.end <= r.arrived
+                         and (s.worker in (None, r.worker) or not r.worker) and s.end <= r.arrived
                          and (r.rank, r.row) not in taken), None)
             if pick is not None:
                 taken.add((pick.rank, pick.row))
-                if not any(pick.sent < e <= s.start for e in done[s.lane]):
-                    out.requested[rank][s.row] = (pick.rank, pick.row, pick.sent)
-                if pick.waited:
-                    out.replies[pick.rank][pick.row] = (rank, s.row, s.end)
-            done[s.lane].append(s.end)
+            yield s, pick
+
+
+def hand_overs(sent: Mapping[int, Sequence[Request]],
+               ran: Mapping[int, Sequence[Served]]) -> HandOvers:
+    """The hand-overs of each rank's work for requests (`ran`) and the requests (`sent`, each
+    rank's by send) that asked for it (paired)."""
+    out = HandOvers(defaultdict(dict), defaultdict(dict))
+    done: dict[int, list[int]] = defaultdict(list)  # per thread, its requests' work ends
+    for s, pick in paired(sent, ran):
+        if pick is not None:
+            if not any(pick.sent < e <= s.start for e in done[s.lane]):
+                out.requested[s.rank][s.row] = (pick.rank, pick.row, min(pick.sent_by, s.start))
+            replied = out.replies[pick.rank]
+            if s.end >= pick.busy_until and s.end > replied.get(pick.reply, (0, 0, -1))[2]:
+                replied[pick.reply] = (s.rank, s.row, s.end)  # of a backward's, the last
+        done[s.lane].append(s.end)
     return HandOvers(dict(out.replies), dict(out.requested))
 
 
@@ -175,10 +254,19 @@ def rpc_ops(sent: Mapping[int, Sequence[Request]]) -> frozenset[str]:
     return frozenset(r.op for found in sent.values() for r in found if r.op is not None)
 
 
+def rpc_work(ev: Events) -> tuple[dict[int, list[Request]], dict[int, list[Served]]]:
+    """Every rank's requests and work for requests (none where no rank sent any), once per
+    Events object (iterations and the critical path both read them)."""
+    def make() -> tuple[dict[int, list[Request]], dict[int, list[Served]]]:
+        sent = {rank: requests(ev, rank) for rank in ev.ranks}
+        if not any(sent.values()):
+            return sent, {}
+        ops = rpc_ops(sent)
+        return sent, {rank: served(ev, rank, ops) for rank in ev.ranks}
+
+    return ev.derived("rpc work", make)
+
+
 def rpc_hand_overs(ev: Events) -> HandOvers:
     """hand_overs of every rank of `ev`."""
-    sent = {rank: requests(ev, rank) for rank in ev.ranks}
-    if not any(sent.values()):
-        return HandOvers({}, {})
-    ops = rpc_ops(sent)
-    return hand_overs(sent, {rank: served(ev, rank, ops) for rank in ev.ranks})
+    return hand_overs(*rpc_work(ev))
