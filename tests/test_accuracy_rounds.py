@@ -32,13 +32,12 @@ def _before(orders: list[tuple[int, ...]]) -> list[tuple[int | None, int]]:
     return [pair for order in orders for pair in zip((None, *order), order, strict=False)]
 
 
-@pytest.mark.parametrize("n", range(2, 9))
-@pytest.mark.parametrize("rounds", [2, 3, 5])
+# (3, 2) left out: no order of 3 moves each from its place and from what it followed
+@pytest.mark.parametrize(("n", "rounds"), [(n, rounds) for n in range(2, 9) for rounds in (2, 3, 5)
+                                           if (n, rounds) != (3, 2)])
 def test_no_configuration_follows_the_same_one_in_every_round(n: int, rounds: int) -> None:
     """A rotation (r, r + 1, ...) puts configuration c after c - 1 in every round where c is
     not first: with 3 rounds of 5, x4 always after x2 and width x2 after x4."""
-    if (n, rounds) == (3, 2):
-        pytest.skip("no order of 3 moves each from its place and from what it followed")
     seen: dict[int, set[int | None]] = {c: set() for c in range(n)}
     for prev, c in _before(round_orders(n, rounds)):
         seen[c].add(prev)
