@@ -462,10 +462,12 @@ def test_a_critic_stepped_five_times_a_generator_step(tmp_path: Path, first: str
     assert len(calls) == 8 and all(c["value"] > 0 for c in calls)
     # the optimizers' own time of each step: 6 calls', the first step's too (the generator's
     # first call its end: the critic's 5 after it carried into it, not dropped: one call of
-    # six would read about a sixth of a step's; 0.3, as another process's burst can halve one)
+    # six would read about a sixth of a step's; 0.3, as another process's burst can halve one;
+    # beside every later step with its own time, the export step's too: a clean-clone CI run
+    # under a helper's load read both detected steps after the first over 15 ms, 4x their usual)
     own = {s["step"]: c["value"] for s in steps for c in calls if c["ts"] == s["end"]}
     assert own[1] > 0.3 * min(own[s["step"]] for s in steps
-                              if s["source"] == "detected" and s["step"] > 1)
+                              if s["source"] in ("detected", "export") and s["step"] > 1)
     events = sorted(result.run.table("events", ["name", "ts"]).to_pylist(),
                     key=lambda e: e["ts"])
     for s in (s for s in steps if s["source"] == "marker"):
