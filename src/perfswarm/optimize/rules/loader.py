@@ -26,6 +26,11 @@ _FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (reco
 _WAITING = 0.5  # a loader on a CPU under this share of the time it can have there waits (I/O)
 _MAX_WORKERS = 8  # the most workers advised
 _SHARE = 10.0  # % of the measured time the training process waits for batches: a finding
+# What a batch a worker made costs the training process to receive (its queue's unpickling,
+# each tensor's shared memory mapped in), unprofiled: 0.61-1.37 ms of CPU a batch of 1-4
+# tensors of 16-256 rows on the 2-core VM, as much as making the batch in process at 256 rows
+# (/tmp/p29/unseen/recv2.py, docs/benchmarks.md, issue 24's twenty-ninth pass); the least.
+_RECEIVE_NS = 600_000
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,19 @@ class LoaderPlan:
     batch_cpu_ns: float | None  # its CPU time (perf), else its whole time
     on_cpu: float | None  # perf's share of the loader's time on a CPU (None: no perf)
     cores: float | None  # the host's cores a rank (None: an imported trace's unknown host)
+    receive_ns: float  # a batch a worker made, received by the training process (profiled)
 
     @property
     def compute_ns(self) -> float:
         """The training process's own time a step: its time not waiting for a batch."""
         return self.step_ns - self.wait_ns
+
+    @property
+    def fed_ns(self) -> float:
+        """The training process's own time a step with workers: loading in the process now,
+        it would take each batch from a worker's queue instead (receive_ns); with workers
+        now, that is already in its time."""
+        return self.compute_ns + (self.batches * self.receive_ns if self.workers <= 0 else 0.0)
 
     @property
     def core_share(self) -> float:
@@ -80,19 +93,19 @@ class LoaderPlan:
         assert self.batch_cpu_ns is not None
         if self.cores is None:
             return 0.0
-        return (self.batches * self.batch_cpu_ns + self.compute_ns) / self.cores
+        return (self.batches * self.batch_cpu_ns + self.fed_ns) / self.cores
 
     def step_with(self, workers: float) -> float:
         """The modelled step with `workers` workers (0: the measured step)."""
         if workers <= 0:
             return self.step_ns
-        return max(self.compute_ns, self.batches * self.latency_ns / workers, self.cpu_bound_ns)
+        return max(self.fed_ns, self.batches * self.latency_ns / workers, self.cpu_bound_ns)
 
     @property
     def floor_ns(self) -> float:
         """The step with as many workers as it takes: the training process's own time, or
         the cores' bound."""
-        return max(self.compute_ns, self.cpu_bound_ns)
+        return max(self.fed_ns, self.cpu_bound_ns)
 
     @property
     def best(self) -> int:
@@ -109,7 +122,7 @@ class LoaderPlan:
         if self.cores is None:
             return None
         floor = self.floor_ns
-        return self.cores - (self.compute_ns / floor if floor > 0 else 1.0)
+        return self.cores - (self.fed_ns / floor if floor > 0 else 1.0)
 
 
 def _workers_per_rank(facts: Facts) -> float:
@@ -146,7 +159,8 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         step_ns=facts.wall_ns / steps, wait_ns=wait / steps,
         batches=(loads.num_rows or made.num_rows) / steps, workers=workers, batch_ns=batch_ns,
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
-        on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)))
+        on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)),
+        receive_ns=_RECEIVE_NS * facts.profiler_slowdown)
 
 
 def _ms(ns: float) -> str:
@@ -192,7 +206,10 @@ def data_loading(facts: Facts) -> Advice | None:
     then = plan.step_with(best)
     gain = min(plan.wait_ns, now - then) if best > plan.workers else 0.0
     cores = "" if plan.cores is None else f", all the CPU work / {plan.cores:g} cores"
-    model = (f"pipeline model: a step takes max(its own {_ms(plan.compute_ns)}, "
+    own = (f"its own {_ms(plan.fed_ns)} ({_ms(plan.compute_ns)} + {plan.batches:g} x "
+           f"{_ms(plan.receive_ns)} taking a batch from a worker)" if plan.workers <= 0
+           else f"its own {_ms(plan.compute_ns)}")
+    model = (f"pipeline model: a step takes max({own}, "
              f"{plan.batches:g} x {_ms(plan.latency_ns)} a batch / workers{cores}) with "
              f"workers, its own time + the wait without; now {_ms(now)}"
              + (f" (measured {_ms(plan.step_ns)})" if plan.workers else "")
