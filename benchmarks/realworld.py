@@ -38,7 +38,7 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   One recording a configuration is a draw (one process against one read x1.34-1.76 for the
   same change, docs/benchmarks.md's twenty-third pass; the host's speed drifts over minutes):
   `--rounds N` records each script's five configurations N times, round by round, in an order
-  that changes between rounds (perfswarm.model.accuracy.round_orders: each configuration in each
+  that changes between rounds (round_orders: each configuration in each
   place once in five rounds, none after the same one in every round), predicts each round's
   changed configurations from that round's base (the base is as much a draw as the rest;
   same-round pairs share the host's speed of those minutes), prints each recording's row (its
@@ -68,12 +68,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfswarm.model.accuracy import gmae, over_rounds, round_orders, round_spread
+from perfswarm.model.accuracy import gmae
 from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
@@ -263,6 +263,35 @@ def own_after(run: Run, out: str) -> float | None:
     after = [step_ns[r["step"]] for r in rows if r["source"] == "detected"
              and r["start"] >= closed and r["step"] < len(step_ns)]
     return statistics.median(after) if after else None
+
+
+def round_orders(configurations: int, rounds: int) -> list[tuple[int, ...]]:
+    """The order to measure `configurations` in, round by round, each once a round: the rows of
+    a cyclic Latin square on Williams' sequence (0, 1, n - 1, 2, n - 2, ...; Williams 1949),
+    renamed so that round 0 is 0, 1, 2, ... Each configuration takes each place once in n
+    rounds, so none keeps its place from one round to the next (the first follows whatever ran
+    before the round; a drift within rounds falls on every place), and none follows the same
+    one in every round of two or more (but three configurations over two rounds: no order of
+    them can do both), as a rotation (r, r + 1, ...) would put each after the one before it in
+    every round it is not first. Of an even number, each follows each other once in n rounds.
+    A machine's state left by the one before (its caches, allocator, clock speed) then falls on
+    each configuration from several sides."""
+    n = configurations
+    sequence = [0, *((k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n))]
+    renamed = {c: k for k, c in enumerate(sequence)}
+    return [tuple(renamed[(c + r) % n] for c in sequence) for r in range(rounds)]
+
+
+def over_rounds(values: Iterable[float | None]) -> float | None:
+    """The median over the rounds that took a figure (None where none did): a round a burst of
+    other load or a cold cache moved is outvoted, where a single measurement is a draw."""
+    taken = [v for v in values if v is not None]
+    return statistics.median(taken) if taken else None
+
+
+def round_spread(values: Sequence[float]) -> float:
+    """How far a figure moved over rounds: its largest over its smallest, less 1."""
+    return max(values) / min(values) - 1
 
 
 @dataclass(frozen=True)

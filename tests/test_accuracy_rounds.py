@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perfswarm.model.accuracy import over_rounds, round_orders, round_spread
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from realworld import Row, Tally, median_row
+from realworld import Row, Tally, median_row, over_rounds, round_orders, round_spread
 
 
 def test_five_configurations_over_three_rounds() -> None:
