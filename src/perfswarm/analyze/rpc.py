@@ -114,8 +114,11 @@ def requests(ev: Events, rank: int) -> list[Request]:
     named = {i: m for i in sorted_unique(ev.name[ranges]).tolist()
              if (m := RPC_REQUEST.match(ev.names[i])) and m[2] != m[3]}
     found = ranges[np.isin(ev.name[ranges], list(named))]
+    backward = DIST_BACKWARD in ev.names
+    if not len(found) and not backward:  # most traces: no work rows gathered for nothing
+        return []
     work = rows[ev.of_kind(*WORK_KINDS)[rows]]
-    out = _gradients(ev, work)
+    out = _gradients(ev, work) if backward else []
     if not len(found):
         return out
     by_lane = group_rows(lane_key(ev.rank[work], ev.tid[work]), work)
