@@ -126,6 +126,44 @@ def test_attach_for_a_duration_leaves_the_process_running(tmp_path: Path) -> Non
     assert _last(c, "proc.count") == 1.0
 
 
+# Waits for a line on stdin (sent once strace traces it), looks up a file named for the test,
+# then runs another program in its place.
+EXECS_LATER = textwrap.dedent("""
+    import os, sys
+    sys.stdin.readline()
+    os.path.exists("/perfswarm-before-its-exec")
+    os.execv("/bin/true", ["true"])
+""")
+
+
+def test_a_process_attached_by_pid_keeps_its_calls_before_a_later_exec(tmp_path: Path) -> None:
+    """strace attached by pid: the process was never held before an exec of the recorder's,
+    so its calls before the exec it runs later are its own (they had been cut there)."""
+    worker = subprocess.Popen([PY, "-c", EXECS_LATER], stdin=subprocess.PIPE, text=True)
+    assert worker.stdin is not None
+
+    def go(status: Status) -> None:
+        if "strace" in status.active and not worker.stdin.closed:  # type: ignore[union-attr]
+            worker.stdin.write("go\n")  # type: ignore[union-attr]
+            worker.stdin.close()  # type: ignore[union-attr]
+
+    try:
+        result = attach(worker.pid, tmp_path / "x.run", RecordOptions(collectors=("strace",)),
+                        10.0, go)
+    finally:
+        worker.kill()
+        worker.wait()
+    status = result.run.manifest()["collectors"]["strace"]["status"]
+    if status != "ok":
+        pytest.skip(f"strace {status}")
+    ev = result.run.table("events").to_pydict()
+    calls = sorted((ts, n, a) for ts, n, k, a in zip(ev["ts"], ev["name"], ev["kind"],
+                                                      ev["args"], strict=True) if k == "syscall")
+    looked = [ts for ts, _, a in calls if "/perfswarm-before-its-exec" in a]
+    execs = [ts for ts, n, a in calls if n == "execve" and "/bin/true" in a]
+    assert len(looked) == 1 and len(execs) == 1 and looked[0] < execs[0]
+
+
 def test_perf_script_events_become_counters() -> None:
     text = ("5/5   10.000000000:          1      page-faults/period=1,call-graph=no/: \n"
             "\t7f00 memset (/libc.so)\n\n"

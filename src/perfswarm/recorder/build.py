@@ -312,7 +312,9 @@ def build_run(rec: Recording, out: Path, force: bool) -> Run:
         steps = steps.take(pa.array(np.lexsort((steps.column("step").to_numpy(),
                                                 steps.column("rank").to_numpy()))))
         at = Placement(rank_of=rank_of, interval_ns=_interval_ns(manifest))
-        syscalls = _side(manifest, "strace", strace.read, raw / "strace.txt", at).events
+        held = "attached" not in manifest.get("extra", {}).get("record", {})  # not --pid
+        syscalls = _side(manifest, "strace", partial(strace.read, held=held), raw / "strace.txt",
+                         at).events
         sampled = [_side(manifest, p.stem, sampler.read, p, at).counters
                    for p in sorted(raw.glob("*.jsonl"))]
         perf_read = _perf_samples(rec)

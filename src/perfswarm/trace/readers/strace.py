@@ -69,19 +69,20 @@ def parse(text: str, source: Path) -> list[Syscall]:
     return out
 
 
-def read(path: Path, at: Placement) -> SideTables:
+def read(path: Path, at: Placement, held: bool = True) -> SideTables:
     """strace's syscalls as events, each on its process's rank; strace -f names threads only,
-    so pid = tid."""
+    so pid = tid. `held`: strace attached while the recorder's wrapper held the command before
+    its exec (recorder/strace.py), whose last calls (its hold pipe read, the signals restored)
+    are the recorder's: the root's calls start at its first exec. A process attached by pid
+    (record --pid) was not held: every call is its own, those before an exec it runs later
+    too."""
     calls = parse(path.read_text(errors="replace"), path) if path.is_file() else []
     if not calls:
         return SideTables("strace")
-    # the traced command's from its exec: the recorder's strace attaches while its wrapper
-    # holds the command before the exec (recorder/strace.py), and the wrapper's last calls
-    # (its hold pipe read, the signals restored) are the recorder's; a process attached by pid
-    # (record --pid) runs no exec first, and keeps every call
-    root = calls[0].tid
-    first = next((i for i, c in enumerate(calls) if c.tid == root and c.name == "execve"), 0)
-    calls = calls[first:]
+    if held:
+        root = calls[0].tid
+        calls = calls[next((i for i, c in enumerate(calls)
+                            if c.tid == root and c.name == "execve"), 0):]
     rank_of = at.rank_of
     n = len(calls)
     none = pa.array(np.full(n, NONE, np.int64))
