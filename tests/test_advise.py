@@ -322,6 +322,30 @@ def test_tensors_a_batch_read_from_a_recording(tmp_path: Path) -> None:
         (DEFAULT_RECEIVE.batch_ns + 3 * DEFAULT_RECEIVE.tensor_ns) * facts.profiler_slowdown)
 
 
+def test_tensors_a_batch_are_the_collates_alone(tmp_path: Path) -> None:
+    """Samples of (a tensor, an int label) whose dataset makes each a tensor itself
+    (torch.tensor: empty, to, lift_fresh, detach_, as collate_ops.py recorded them):
+    default_collate stacks the tensors and makes the labels one tensor, 2 a batch; the
+    dataset's own tensors, before the collate, are not the batch's (4 would have been
+    counted)."""
+    def made(t: float) -> list[dict[str, Any]]:  # torch.tensor(...) at t, 4 us
+        return [ev(f"aten::{op}", t + i, 0.5) for i, op in enumerate(
+            ("empty", "to", "lift_fresh", "detach_"))]
+
+    events = []
+    for i in range(3):
+        t = i * 10_000.0
+        events += [ev(f"ProfilerStep#{i}", t, 10_000, "user_annotation"),
+                   ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, 6000)]
+        for k in range(2):  # the samples: a row selected, a label made a tensor
+            events += [ev("aten::select", t + 100 + 1000 * k, 10), *made(t + 200 + 1000 * k)]
+        events += [ev("aten::stack", t + 5000, 100), ev("aten::cat", t + 5010, 50),
+                   *made(t + 5200), ev("aten::conv2d", t + 6000, 4000)]
+    run = with_manifest(imported(tmp_path, "labels", events), cores=2)
+    plan = loader.loader_plan(Facts.of(run))
+    assert plan is not None and plan.tensors == 2
+
+
 def test_advise_prices_the_receive_by_a_calibrated_profile(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]
                                                            ) -> None:

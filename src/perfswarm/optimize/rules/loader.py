@@ -149,11 +149,10 @@ def _tensors_a_batch(facts: Facts, loads: pa.Table) -> int | None:
     if loads.num_rows == 0:
         return None
     ev = Events.load(facts.run)
-    ops = enclosing_rows(ev, np.flatnonzero(ev.of_kind("cpu_op")), col(loads, "row"))[0]
-    ops = ops[~np.isin(ops, enclosing_rows(ev, ops, ops)[0])]  # those no other op holds
-    ops, waits = enclosing_rows(ev, ops, col(loads, "row"))
-    order = np.argsort(ev.ts[ops], kind="stable")  # group_rows keeps it
-    ops, waits = ops[order], waits[order]
+    ops, waits = enclosing_rows(ev, np.flatnonzero(ev.of_kind("cpu_op")), col(loads, "row"))
+    top = ~np.isin(ops, enclosing_rows(ev, ops, ops)[0])  # those no other op holds
+    order = np.argsort(ev.ts[ops[top]], kind="stable")  # group_rows keeps it
+    ops, waits = ops[top][order], waits[top][order]
     counts = [0] * loads.num_rows  # each wait's (0 for those without a stack)
     for i, mine in enumerate(group_rows(waits, ops).values()):
         names = [ev.names[c] for c in ev.name[mine]]
@@ -210,9 +209,9 @@ def _ms(ns: float) -> str:
 def _receive_text(plan: LoaderPlan) -> str:
     """How the model priced taking a batch from a worker, and from what."""
     cost = plan.receive
-    tensors = (f"{plan.tensors} tensors a batch (default_collate's stacks)" if plan.tensors
-               else "the tensors a batch not in the trace (no default_collate stack): 1, the "
-               "least")
+    tensors = (f"{plan.tensors} tensors a batch (default_collate's, read in the trace)"
+               if plan.tensors else "the tensors a batch not in the trace (no default_collate "
+               "stack): 1, the least")
     return (f"taking a batch from a worker: {_ms(cost.batch_ns)} + {_ms(cost.tensor_ns)} a "
             f"tensor, {tensors}, x{plan.slowdown:.2f} the profiler's slowdown; {cost.source}")
 
