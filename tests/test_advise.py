@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import re
+import sys
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +22,7 @@ from conftest import corpus, gloo_wait_ns
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.cli.main import main
+from perfswarm.model.receive import DEFAULT as DEFAULT_RECEIVE
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.rules import device, distributed, host, loader, optimizer, samples
 from perfswarm.optimize.rules.base import Advice, Rule
@@ -106,7 +108,9 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
                                 "loader_share_pct": 60.0, "single_process": True,
                                 "pageable_h2d_copies": 0, "cores": 4, "workers": 0,
                                 "batch_ns": 6_000_000, "batch_cpu_ns": 6_000_000,
-                                "loader_on_cpu_pct": None}  # no perf samples: CPU work
+                                "loader_on_cpu_pct": None,  # no perf samples: CPU work
+                                # no stack in its waits: 1 tensor, the least
+                                "tensors_per_batch": None, "receive_ns": 600_000}
     # 2 workers, the fewest that keep up: a step takes max(4 ms compute + 0.6 ms taking its
     # batch from a worker, 6 ms / 2, the 10.6 ms of CPU work / 4 cores) = 4.6 ms instead of
     # 10 ms (3 had been advised: a core kept for training, which waits for its batches, and a
@@ -236,10 +240,13 @@ def test_data_loading_on_two_cores_as_an_a_b_measured(tmp_path: Path) -> None:
     steps, wall = len(marks), sum(hi - lo for lo, hi in marks)
     assert marks[0][1] - marks[0][0] < 2 * float(np.median([hi - lo for lo, hi in marks[1:]]))
     batch, own = sum(loads) / len(loads), (wall - sum(loads)) / steps
-    own += 600_000  # each batch taken from a worker's queue (loader._RECEIVE_NS)
+    # each batch taken from a worker's queue: 2 tensors a batch, its samples' tensors and
+    # their int labels (torch.tensor), as default_collate makes them
+    own += DEFAULT_RECEIVE.of(2)
     then = max(own, batch / 2, (batch + own) / 2)
     assert then == (batch + own) / 2  # the cores bind: 2 workers fill them
     a = shows(loader.data_loading, run)
+    assert a.evidence["tensors_per_batch"] == 2 and "2 tensors a batch" in a.gain_basis
     assert a.change.startswith("DataLoader(num_workers=2,")
     assert a.gain_ns == pytest.approx(steps * (wall / steps - then), abs=steps)
     assert 45 <= a.gain_pct <= 55 and found(loader.loader_oversubscription, run) is None
@@ -281,6 +288,97 @@ def test_no_worker_advised_where_taking_a_batch_from_one_costs_more(tmp_path: Pa
     run.write_table("steps", pa.concat_tables([run.table("steps"), outside]).cast(STEPS))
     assert Facts.of(run).profiler_slowdown == pytest.approx(15 / 3.3)
     assert found(loader.data_loading, run) is None
+
+
+_THREE = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(640, 16), torch.randn(640, 4), torch.randint(0, 3, (640,)))
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y, z in DataLoader(data, batch_size=64):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_tensors_a_batch_read_from_a_recording(tmp_path: Path) -> None:
+    """A TensorDataset of 3 tensors loaded in the training process, recorded: default_collate
+    stacks each field in every wait for a batch (`aten::stack`, after the samples' selects),
+    so a batch taken from a worker would bring 3 tensors, each one priced (a constant had
+    priced every batch as one of 1-2 tensors: a batch of 4 costs twice that)."""
+    from perfswarm.recorder.session import RecordOptions, record
+
+    script = tmp_path / "three.py"
+    script.write_text(_THREE)
+    run = record([sys.executable, str(script)], tmp_path / "three.run",
+                 RecordOptions(collectors=("torch",), skip=2, steps=4)).run
+    facts = Facts.of(run)
+    plan = loader.loader_plan(facts)
+    assert plan is not None and plan.workers == 0 and plan.tensors == 3
+    assert plan.receive_ns == pytest.approx(
+        (DEFAULT_RECEIVE.batch_ns + 3 * DEFAULT_RECEIVE.tensor_ns) * facts.profiler_slowdown)
+
+
+def test_tensors_a_batch_are_the_collates_alone(tmp_path: Path) -> None:
+    """Samples of (a tensor, an int label) whose dataset makes each a tensor itself
+    (torch.tensor: empty, to, lift_fresh, detach_, as collate_ops.py recorded them):
+    default_collate stacks the tensors and makes the labels one tensor, 2 a batch; the
+    dataset's own tensors, before the collate, are not the batch's (4 would have been
+    counted)."""
+    def made(t: float) -> list[dict[str, Any]]:  # torch.tensor(...) at t, 4 us
+        return [ev(f"aten::{op}", t + i, 0.5) for i, op in enumerate(
+            ("empty", "to", "lift_fresh", "detach_"))]
+
+    events = []
+    for i in range(3):
+        t = i * 10_000.0
+        events += [ev(f"ProfilerStep#{i}", t, 10_000, "user_annotation"),
+                   ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, 6000)]
+        for k in range(2):  # the samples: a row selected, a label made a tensor
+            events += [ev("aten::select", t + 100 + 1000 * k, 10), *made(t + 200 + 1000 * k)]
+        events += [ev("aten::stack", t + 5000, 100), ev("aten::cat", t + 5010, 50),
+                   *made(t + 5200), ev("aten::conv2d", t + 6000, 4000)]
+    run = with_manifest(imported(tmp_path, "labels", events), cores=2)
+    plan = loader.loader_plan(Facts.of(run))
+    assert plan is not None and plan.tensors == 2
+
+
+def test_advise_prices_the_receive_by_a_calibrated_profile(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """`advise --profile` (and `report --profile`) price taking a batch from a worker at the
+    host's cost, from calibrate's profile: a loader of 1.5 ms a batch beside 13.5 ms of compute
+    on 2 cores is told 1 worker at the defaults (0.6 ms a batch of 1 tensor), and nothing
+    where the host takes 2 ms (a slower host, or larger batches: 4 tensors cost twice 1's); the
+    model says which figures it used. A profile without them is a one-line error."""
+    run = with_manifest(imported(tmp_path, "kfold", _loader_steps(1500, 13_500)), cores=2)
+
+    def data_loading(*options: str) -> list[dict[str, Any]]:
+        assert main(["advise", str(run.path), "--json", *options]) == 0
+        return [a for a in orjson.loads(capsys.readouterr().out)["advice"]
+                if a["rule"] == "data_loading"]
+
+    (default,) = data_loading()
+    assert default["change"].startswith("DataLoader(num_workers=1,")
+    assert "the defaults measured on the 2-core VM" in default["gain_basis"]
+    profile = tmp_path / "cpu-profile.json"
+    profile.write_text('{"loader_receive": {"batch_ns": 1000000, "tensor_ns": 1000000}}')
+    assert data_loading("--profile", str(profile)) == []
+    profile.write_text('{"loader_receive": {"batch_ns": 200000, "tensor_ns": 100000}}')
+    (cheap,) = data_loading("--profile", str(profile))
+    assert cheap["evidence"]["receive_ns"] == 300_000
+    assert "calibrated on this host (cpu-profile.json)" in cheap["gain_basis"]
+    assert main(["report", str(run.path), "--json", "--profile", str(profile)]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert [a["evidence"]["receive_ns"] for a in report["advice"]
+            if a["rule"] == "data_loading"] == [300_000]
+    profile.write_text('{"families": {}}')
+    assert main(["advise", str(run.path), "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cpu-profile.json: no DataLoader receive cost" in err
 
 
 def test_shares_divide_by_the_profiled_steps_alone(tmp_path: Path) -> None:

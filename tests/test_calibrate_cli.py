@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from perfswarm.cli.main import main
+from perfswarm.model.receive import ReceiveCost, receive_of
 
 
 def _gpus() -> int:
@@ -30,9 +31,17 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert {p["op"] for p in entry["sweep"]} == {
             "mkldnn_rnn_layer" + ("_backward" if family == "rnn_backward" else "")}
     assert set(profile["warm"]) == {"elementwise", "reduction", "copy"}
+    # what taking a batch from a DataLoader worker costs here, for advise --profile: a batch
+    # of 4 tensors costs more than one of 1 (each its own shared-memory file)
+    got = profile["loader_receive"]
+    assert got["next_cpu_ns"]["4"] > got["next_cpu_ns"]["1"] > 0 and got["tensor_ns"] > 0
+    assert got["batch_ns"] + got["tensor_ns"] == pytest.approx(got["next_cpu_ns"]["1"], abs=1)
+    assert receive_of(out) == ReceiveCost(got["batch_ns"], got["tensor_ns"],
+                                          "calibrated on this host (cpu.json)")
     assert main(["calibrate", "--budget", "0.01", "-o", str(out)]) == 0
     table = capsys.readouterr().out
     assert "copy (warm)" in table and "embedding_bag" in table and "profile:" in table
+    assert "taking a batch from a DataLoader worker (the training process's CPU): " in table
 
 
 @pytest.mark.parametrize(("device", "message"), [("cuda:0", "no such CUDA device here"),

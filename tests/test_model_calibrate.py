@@ -497,6 +497,10 @@ def test_each_sweep_keeps_its_share_of_the_budget(monkeypatch: pytest.MonkeyPatc
     profile = calibrate(budget_s=1.4)
     assert len(shares) == 14 and min(shares) > 0.04  # 0.1 s each, less the last sweep's 0.05
     assert set(profile["families"]) == set(FAMILIES)
+    # measured beside the budget, on a real DataLoader (about a second): what taking a batch
+    # from a worker costs, a batch and a tensor of it (advise --profile)
+    got = profile["loader_receive"]
+    assert got["next_cpu_ns"]["4"] > got["next_cpu_ns"]["1"] > 0 and got["tensor_ns"] > 0
 
 
 def test_first_touch_from_each_writes_least_disturbed_trial(monkeypatch: pytest.MonkeyPatch

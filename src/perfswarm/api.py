@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from perfswarm.analyze.analysis import Analysis
     from perfswarm.model.predict import Prediction
+    from perfswarm.model.receive import ReceiveCost
     from perfswarm.optimize.advise import AdviceReport
     from perfswarm.optimize.project import Projection
 
@@ -219,11 +220,15 @@ class Run:
                               compare=other, source_device=source_device), PREDICTION_TABLES)
 
     @checked
-    def advise(self) -> Result[AdviceReport]:
-        """What to change, with the evidence and the estimated gain, largest first."""
+    def advise(self, *, profile: PathLike | None = None) -> Result[AdviceReport]:
+        """What to change, with the evidence and the estimated gain, largest first; `profile`:
+        a CPU profile from calibrate on the host (what taking a batch from a DataLoader worker
+        costs there; default: figures measured on a 2-core VM)."""
+        from perfswarm.model.receive import DEFAULT, receive_of
         from perfswarm.optimize.advise import advise
 
-        return Result(advise(self.store), ADVICE_TABLES)
+        receive = receive_of(Path(profile)) if profile else DEFAULT
+        return Result(advise(self.store, receive=receive), ADVICE_TABLES)
 
     @checked
     def project(self, devices: Sequence[int] | None = None, *, interconnect: str = "ib-ndr",
@@ -242,9 +247,12 @@ class Run:
                       PROJECTION_TABLES)
 
     @checked
-    def report(self, path: PathLike | None = None, *, tune: PathLike | None = None) -> Path:
+    def report(self, path: PathLike | None = None, *, tune: PathLike | None = None,
+               profile: PathLike | None = None) -> Path:
         """Write the self-contained HTML report (default RUN/report.html); its path.
-        `tune`: a `perfswarm tune` output directory, whose trials the report adds."""
+        `tune`: a `perfswarm tune` output directory, whose trials the report adds; `profile`:
+        as `advise`'s."""
+        from perfswarm.model.receive import receive_of
         from perfswarm.report import html
 
         files = None
@@ -252,7 +260,8 @@ class Run:
             from perfswarm.optimize.tune import load_results  # optuna: only with a tune folder
 
             files = load_results(Path(tune))
-        return html.write(report_data(self.store, tune=files),
+        receive = receive_of(Path(profile)) if profile else None
+        return html.write(report_data(self.store, tune=files, receive=receive),
                           Path(path) if path is not None else self.path / "report.html")
 
     @checked
@@ -289,17 +298,22 @@ class Run:
         return windowed(self.store, f"{start}:{end}")
 
 
-def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The whole report of `run` as plain data: analysis, advice, projection (and `tune`, a tune
-    directory as optimize.tune.load_results reads it): what `perfswarm report --json` prints
-    and the HTML shows (the timeline's span columns as numpy int64 arrays, which the JSON
-    writes as lists). Here, above both report and optimize, they are put together."""
+def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None,
+                receive: ReceiveCost | None = None) -> dict[str, Any]:
+    """The whole report of `run` as plain data: analysis, advice (`receive`: what taking a
+    batch from a DataLoader worker costs, as `advise`'s; None: its default), projection (and
+    `tune`, a tune directory as optimize.tune.load_results reads it): what `perfswarm report
+    --json` prints and the HTML shows (the timeline's span columns as numpy int64 arrays,
+    which the JSON writes as lists). Here, above both report and optimize, they are put
+    together."""
+    from perfswarm.model.receive import DEFAULT
     from perfswarm.optimize.advise import advise
     from perfswarm.optimize.project import report_projection
     from perfswarm.report.data import report_data as data
 
-    return data(run, advice=lambda run: advise(run).to_dict()["advice"], tune=tune,
-                projection=report_projection)
+    cost = receive or DEFAULT
+    return data(run, advice=lambda run: advise(run, receive=cost).to_dict()["advice"],
+                tune=tune, projection=report_projection)
 
 
 # Paths are made absolute: a notebook's working directory may change while a Run is in use.

@@ -12,6 +12,7 @@ from rich.text import Text
 from perfswarm.cli.app import app
 from perfswarm.cli.json_output import print_json
 from perfswarm.cli.output import console
+from perfswarm.model.receive import DEFAULT, PROFILE_HELP, receive_of
 from perfswarm.optimize.advise import advise
 from perfswarm.report.text import evidence_text, ms
 from perfswarm.trace.store import Run
@@ -23,9 +24,10 @@ _STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 def advise_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
+    profile: Annotated[Path | None, typer.Option("--profile", help=PROFILE_HELP)] = None,
 ) -> None:
     """What to change, with the evidence from the run and the estimated gain, largest first."""
-    report = advise(Run.open(run_dir))
+    report = advise(Run.open(run_dir), receive=receive_of(profile) if profile else DEFAULT)
     if as_json:
         print_json(report.to_dict())
         return

@@ -16,6 +16,7 @@ from perfswarm.errors import PerfswarmError
 from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 from perfswarm.model.collective_fit import calibration
 from perfswarm.model.profile import UNUSABLE_GMAE
+from perfswarm.model.receive import KEY as RECEIVE_KEY
 from perfswarm.recorder.bench.bandwidth import gpu_matrix
 from perfswarm.recorder.bench.collectives import PASSES, sweep
 from perfswarm.recorder.bench.kernels import calibrate as kernel_calibration
@@ -26,7 +27,7 @@ from perfswarm.userfiles import write_json
 @app.command("calibrate")
 def calibrate_command(
     device: Annotated[str, typer.Option("--device", help="Device to calibrate kernel models on: cpu or cuda:N.")] = "cpu",
-    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d and conv1d and their backward, embedding_bag, elementwise, reduction, copy, and on the CPU flash attention and the LSTM layer (oneDNN's), each with its backward; elementwise, reduction and copy also warm, on inputs reused); time left after a pass buys up to two more.")] = 0.5,
+    budget: Annotated[float, typer.Option("--budget", help="Minutes for the kernel sweeps (GEMM, conv2d and conv1d and their backward, embedding_bag, elementwise, reduction, copy, and on the CPU flash attention and the LSTM layer (oneDNN's), each with its backward; elementwise, reduction and copy also warm, on inputs reused); time left after a pass buys up to two more. On the CPU, about a second more measures what taking a batch from a DataLoader worker costs (for `advise --profile`).")] = 0.5,
     threads: Annotated[int, typer.Option("--threads", help="Intra-op threads on the CPU (record the workload with the same count).")] = 1,
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models; with 2 or more GPUs also the host/device copy bandwidth matrix.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,
@@ -156,6 +157,11 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
                       f"{fitted['chosen']} {100 * fitted['gmae_held_out']:.1f}%")
     console.print(table)
     console.print(f"first write of a fresh page (host): {1e6 * profile['page_s']:.2f} µs")
+    if RECEIVE_KEY in profile:
+        got = profile[RECEIVE_KEY]
+        console.print(f"taking a batch from a DataLoader worker (the training process's CPU): "
+                      f"{got['batch_ns'] / 1e6:.3f} ms + {got['tensor_ns'] / 1e6:.3f} ms a "
+                      "tensor (`advise --profile`)")
     console.print(f"profile: {out}")
     if profile["unusable"]:
         err_console.print(

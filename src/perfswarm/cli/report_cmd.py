@@ -13,6 +13,7 @@ from perfswarm.api import report_data
 from perfswarm.cli.app import app
 from perfswarm.cli.json_output import print_json
 from perfswarm.cli.output import console, spinner
+from perfswarm.model.receive import DEFAULT, PROFILE_HELP, receive_of
 from perfswarm.trace.store import Run, check_output
 
 # The report's advice (pyarrow with it): loaded with this module, under the command's allocator
@@ -27,9 +28,11 @@ def report_command(
     tune_dir: Annotated[Path | None, typer.Option("--tune", help="A perfswarm tune --out directory: adds its trials table, throughput per trial and parameter importance.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report data as JSON instead of writing HTML (keys in docs/cli.md).")] = False,
     window: Annotated[str | None, typer.Option("--window", metavar="START:END", help="Report only this time of interest: seconds from the Run's start (events clipped to it; '2:' to the end).")] = None,
+    profile: Annotated[Path | None, typer.Option("--profile", help=PROFILE_HELP)] = None,
 ) -> None:
     """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
     run = windowed(Run.open(run_dir), window)
+    receive = receive_of(profile) if profile else DEFAULT
     tune = None
     if tune_dir is not None:
         from perfswarm.optimize.tune import load_results  # optuna: only with --tune
@@ -40,7 +43,7 @@ def report_command(
         check_output(target)  # said before the analysis, not after
     with spinner() as progress:
         task = progress.add_task("analyzing", total=2)
-        data = report_data(run, tune=tune)
+        data = report_data(run, tune=tune, receive=receive)
         progress.update(task, advance=1, description="rendering")
         if as_json:
             progress.update(task, advance=1)

@@ -13,10 +13,17 @@ the 2-worker run "double the workers" for 50% beside "1 worker" for oversubscrip
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+
+from perfswarm.analyze.dependencies import enclosing_rows
+from perfswarm.analyze.frame import Events, group_rows
 from perfswarm.analyze.system import host_cores
+from perfswarm.model.receive import ReceiveCost
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, col, per_facts, processes
 from perfswarm.optimize.rules.host import contended, on_cpu_share, pageable_copies
@@ -26,11 +33,8 @@ _FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (reco
 _WAITING = 0.5  # a loader on a CPU under this share of the time it can have there waits (I/O)
 _MAX_WORKERS = 8  # the most workers advised
 _SHARE = 10.0  # % of the measured time the training process waits for batches: a finding
-# What a batch a worker made costs the training process to receive (its queue's unpickling,
-# each tensor's shared memory mapped in), unprofiled: 0.61-1.37 ms of CPU a batch of 1-4
-# tensors of 16-256 rows on the 2-core VM, as much as making the batch in process at 256 rows
-# (/tmp/p29/unseen/recv2.py, docs/benchmarks.md, issue 24's twenty-ninth pass); the least.
-_RECEIVE_NS = 600_000
+# default_collate's ops, as it makes each field of the samples the batch's tensor
+_COLLATE = frozenset(f"aten::{op}" for op in ("stack", "lift_fresh", "to", "empty", "detach_"))
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,15 @@ class LoaderPlan:
     batch_cpu_ns: float | None  # its CPU time (perf), else its whole time
     on_cpu: float | None  # perf's share of the loader's time on a CPU (None: no perf)
     cores: float | None  # the host's cores a rank (None: an imported trace's unknown host)
-    receive_ns: float  # a batch a worker made, received by the training process (profiled)
+    tensors: int | None  # tensors a batch (None: not in the trace; priced as 1, the least)
+    receive: ReceiveCost  # taking a batch from a worker, unprofiled (model/receive.py)
+    slowdown: float  # the profiler's of the steps (Facts.profiler_slowdown)
+
+    @property
+    def receive_ns(self) -> float:
+        """A batch a worker made, received by the training process, at the profiled steps'
+        speed (the rest of the model's times are profiled ones)."""
+        return self.receive.of(self.tensors or 1) * self.slowdown
 
     @property
     def compute_ns(self) -> float:
@@ -125,6 +137,32 @@ class LoaderPlan:
         return self.cores - (self.fed_ns / floor if floor > 0 else 1.0)
 
 
+def _tensors_a_batch(facts: Facts, loads: pa.Table) -> int | None:
+    """Tensors a batch holds where the trace tells: default_collate, the last thing the wait
+    for a batch does, makes each field of the samples one tensor, an `aten::stack` of the
+    samples' tensors (of numpy arrays too, after a `lift_fresh` each) or a `torch.tensor` of
+    their Python numbers (`empty`, `to`, `lift_fresh`, `detach_`). Counted in the run of those
+    ops that ends each wait (the samples' own ops before it stop the count), a stack each and
+    a `detach_` after the first stack (one before it may be the dataset's own torch.tensor):
+    the median over the waits, at least. None where it counted none: a collate_fn of its own,
+    batch_size=None, fields of Python numbers alone, workers making the batches."""
+    if loads.num_rows == 0:
+        return None
+    ev = Events.load(facts.run)
+    ops, waits = enclosing_rows(ev, np.flatnonzero(ev.of_kind("cpu_op")), col(loads, "row"))
+    top = ~np.isin(ops, enclosing_rows(ev, ops, ops)[0])  # those no other op holds
+    order = np.argsort(ev.ts[ops[top]], kind="stable")  # group_rows keeps it
+    ops, waits = ops[top][order], waits[top][order]
+    counts = [0] * loads.num_rows  # each wait's (0 for those without a stack)
+    for i, mine in enumerate(group_rows(waits, ops).values()):
+        names = [ev.names[c] for c in ev.name[mine]]
+        tail = list(itertools.takewhile(_COLLATE.__contains__, reversed(names)))[::-1]
+        if "aten::stack" in tail:
+            first = tail.index("aten::stack")
+            counts[i] = tail.count("aten::stack") + tail[first:].count("aten::detach_")
+    return int(np.median(counts)) or None
+
+
 def _workers_per_rank(facts: Facts) -> float:
     """DataLoader worker processes a rank, from their traced fetches."""
     fetches = facts.named(_FETCH, "user_annotation")
@@ -160,11 +198,22 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         batches=(loads.num_rows or made.num_rows) / steps, workers=workers, batch_ns=batch_ns,
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
         on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)),
-        receive_ns=_RECEIVE_NS * facts.profiler_slowdown)
+        tensors=_tensors_a_batch(facts, loads) if single else None, receive=facts.receive,
+        slowdown=facts.profiler_slowdown)
 
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.2f} ms"
+
+
+def _receive_text(plan: LoaderPlan) -> str:
+    """How the model priced taking a batch from a worker, and from what."""
+    cost = plan.receive
+    tensors = (f"{plan.tensors} tensors a batch (default_collate's, read in the trace)"
+               if plan.tensors else "the tensors a batch not in the trace (no default_collate "
+               "stack): 1, the least")
+    return (f"taking a batch from a worker: {_ms(cost.batch_ns)} + {_ms(cost.tensor_ns)} a "
+            f"tensor, {tensors}, x{plan.slowdown:.2f} the profiler's slowdown; {cost.source}")
 
 
 def data_loading(facts: Facts) -> Advice | None:
@@ -184,7 +233,9 @@ def data_loading(facts: Facts) -> Advice | None:
                 "cores": host_cores(facts.manifest), "workers": round(plan.workers, 2),
                 "batch_ns": None if plan.batch_ns is None else round(plan.batch_ns),
                 "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
-                "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1)}
+                "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1),
+                "tensors_per_batch": plan.tensors,
+                "receive_ns": round(plan.receive_ns) if plan.workers <= 0 else None}
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.num_rows else ""
     title = "training waits for the DataLoader"
@@ -216,6 +267,7 @@ def data_loading(facts: Facts) -> Advice | None:
              + (f", with {best} {_ms(then)}" if gain > 0 else "")
              + ("; the recording host's cores are not in the trace: not bounded by them"
                 if plan.cores is None else "")
+             + (f"; {_receive_text(plan)}" if plan.workers <= 0 else "")
              + (f"; the loader waits (perf saw it on a CPU {100 * (plan.on_cpu or 0):.0f}% of "
                 "its time): workers beyond the cores overlap its waits" if plan.waiting else ""))
     if gain > 0:

@@ -40,6 +40,8 @@ from perfswarm.model.profile import (
     fit_family,
     vector_lanes,
 )
+from perfswarm.model.receive import KEY as RECEIVE_KEY
+from perfswarm.recorder.bench.loader import receive_cost
 from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 
 # aten op, input dims, input types, input strides (empty: contiguous), and the values of its int
@@ -476,15 +478,21 @@ def swept_families(where: str) -> list[str]:
 
 def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
               on_family: Callable[[str], None] = lambda _f: None) -> dict[str, Any]:
-    """The device profile: per family, the fitted models, their held-out GMAE and the sweep.
-    On the CPU, timed with ``threads`` intra-op threads: on a shared machine torch's
-    parallel-for above its grain size waits on busy cores (a fixed ~8 ms step), not on the op;
-    record the workload with the same count (the bundled workloads' --threads)."""
+    """The device profile: per family, the fitted models, their held-out GMAE and the sweep;
+    on the CPU also what taking a batch from a DataLoader worker costs (bench/loader.py: about
+    a second beside the budget). On the CPU, timed with ``threads`` intra-op threads: on a
+    shared machine torch's parallel-for above its grain size waits on busy cores (a fixed ~8
+    ms step), not on the op; record the workload with the same count (the bundled workloads'
+    --threads)."""
     import torch
 
     where, name = _device(device)
-    if where == "cpu":  # each larger output would grow the heap: page faults, not the op
-        reserve_heap(RESERVE_MIB)
+    extra: dict[str, Any] = {}
+    if where == "cpu":
+        # before the heap's reserve, which each worker process would start with
+        on_family("taking a batch from a DataLoader worker")
+        extra[RECEIVE_KEY] = receive_cost()
+        reserve_heap(RESERVE_MIB)  # each larger output would grow the heap: page faults
     # the memory-bound sweeps first: what they leave of their share goes to the GEMM sweep
     families = swept_families(where)
     sweeps = [*((f, True) for f in WARM_FAMILIES), *((f, False) for f in reversed(families))]
@@ -509,7 +517,7 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     cold = {f: fitted[f, False] for f in families}
     reused = {f: fitted[f, True] for f in WARM_FAMILIES}
     return {"device": where, "device_name": name, "threads": threads, "families": cold,
-            "warm": reused, "page_s": page_s, "lanes": lanes,
+            "warm": reused, "page_s": page_s, "lanes": lanes, **extra,
             "unusable": sorted([f for f, e in cold.items() if e["gmae_held_out"] > UNUSABLE_GMAE]
                                + [f"{f} (warm)" for f, e in reused.items()
                                   if e["gmae_held_out"] > UNUSABLE_GMAE])}
