@@ -34,7 +34,7 @@ from perfswarm.optimize.rules.facts import (
     processes,
     where,
 )
-from perfswarm.optimize.rules.threads import fewer_threads
+from perfswarm.optimize.rules.threads import TIMED, fewer_threads
 from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
@@ -280,7 +280,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     free = float(np.percentile(proc, 90))
     delay = col(_window_counters(facts, r"^proc\.run_delay_cores$", timed), "value")
     evidence: dict[str, Any] = {
-        "over": ("every timed step" if timed else facts.measured_as if facts.ranks
+        "over": (TIMED if timed else facts.measured_as if facts.ranks
                  else _RECORDING),
         "cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
         "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),
