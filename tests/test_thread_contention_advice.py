@@ -189,6 +189,13 @@ def test_threads_lowered_inside_the_window(tmp_path: Path) -> None:
                             f"than the prediction's {cores}: left out of the program's own "
                             "step there") in p.notes
 
+    # thread_oversubscription too: the manifest's count as the window opened, raised here to 4
+    # a core, is not what the later steps ran with
+    m = run.manifest()
+    m["extra"]["record"]["threads"] = [4 * cores]
+    run.write_manifest(m)
+    assert host.thread_oversubscription(Facts.of(run)) is None
+
 
 def test_the_count_most_steps_ran_the_later_on_a_tie() -> None:
     assert prevailing({(0, 1): 2, (0, 2): 2, (0, 3): 1}) == 2
@@ -196,3 +203,16 @@ def test_the_count_most_steps_ran_the_later_on_a_tie() -> None:
     assert prevailing({}) is None
     assert history({(0, 1): 4, (0, 2): 4, (1, 1): 2, (1, 2): 1, (1, 3): 2}) == (
         "rank 1: 2 then 1 from step 2 then 2 from step 3")
+
+
+def test_the_change_made_where_the_program_sets_its_threads() -> None:
+    """Threads raised inside the steps judged: the change goes where the program sets them
+    (a set_num_threads before the loop would be undone there), saying how they ran."""
+    from perfswarm.optimize.rules.threads import FewerThreads, RanWith
+
+    ran = RanWith(1, 2, "torch.get_num_threads() at each step", 2, "1 then 2 from step 10")
+    fewer = FewerThreads(ran, 0.96, 1)
+    assert fewer.change().startswith(
+        "torch.set_num_threads(1) where the program sets its threads (its steps ran 1 then 2 "
+        "from step 10): other processes left 0.96 of the cores free, and its 2 intra-op threads")
+    assert fewer.evidence()["threads_by_step"] == "1 then 2 from step 10"

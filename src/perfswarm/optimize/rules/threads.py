@@ -24,6 +24,7 @@ from perfswarm.analyze.step_threads import history, latest, step_threads
 from perfswarm.optimize.rules.facts import Facts
 
 TIMED: Final = "every timed step"  # cpu_contention's `over` when it judged every timed step
+ENVIRONMENT: Final = "environment"  # RanWith.source of OMP_NUM_THREADS / MKL_NUM_THREADS
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class RanWith:
     processes: int
     threads: int  # of a process (the most any ran with; at the later steps, where they changed)
     source: str  # where `threads` comes from
+    total: int  # over the processes (the later steps' count of each)
     history: str = ""  # how the steps' counts changed ("2 then 1 from step 10"), if they did
 
 
@@ -82,15 +84,20 @@ def ran_with(facts: Facts, steps: pa.Table | None = None) -> RanWith | None:
     counted = step_threads(facts.counters, facts.steps if steps is None else steps)
     last = latest(counted)
     if last is not None:
-        return RanWith(max(len(seen), len({r for r, _ in counted})), last,
-                       "torch.get_num_threads() at each step", history(counted))
+        ranks = {r for r, _ in counted}
+        each = [n for r in ranks if (n := latest({k: v for k, v in counted.items()
+                                                  if k[0] == r})) is not None]
+        return RanWith(max(len(seen), len(ranks)), last, "torch.get_num_threads() at each step",
+                       sum(each), history(counted))
     if seen:
-        return RanWith(len(seen), max(seen), "torch.get_num_threads() in each process")
+        return RanWith(len(seen), max(seen), "torch.get_num_threads() in each process",
+                       sum(seen))
     env = facts.manifest.get("extra", {}).get("env", {})
     declared = [int(env[k]) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
                 if str(env.get(k, "")).isdigit()]
     if declared:
-        return RanWith(max(1, len(facts.manifest["ranks"])), max(declared), "environment")
+        processes = max(1, len(facts.manifest["ranks"]))
+        return RanWith(processes, max(declared), ENVIRONMENT, processes * max(declared))
     return None
 
 
