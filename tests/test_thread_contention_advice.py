@@ -11,9 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from perfswarm.analyze.step_threads import history, prevailing, step_threads
+from perfswarm.model.predict import THREADS_NOTE, predict
 from perfswarm.optimize.rules import host
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.recorder.session import RecordOptions, record
+from perfswarm.trace.schema import HOOK_THREADS
 from perfswarm.trace.store import Run
 
 LOOP = """
@@ -33,6 +40,12 @@ for _ in range(30):
     opt.step()
 """
 
+# LOOP lowering its threads to 1 at its 6th step, inside the window (steps 3-7: 3 at the cores'
+# count, 2 at 1), as /tmp/p29/unseen/timer_plateau.py did at its 10th
+LOWERED = LOOP.replace("for _ in range(30):\n", """for i in range(30):
+    if i == 6:
+        torch.set_num_threads(1)
+""")
 
 LOADER = """
 import torch
@@ -100,7 +113,11 @@ def test_fewer_intra_op_threads_on_a_busy_host(tmp_path: Path) -> None:
     assert f"its {cores} intra-op threads wait for each other" in a.title
     # run with 4 threads a core, thread_oversubscription says the same number, not cores /
     # processes (thr.py's 8 threads on 2 busy cores: 66-80 ms a step, 2 threads 56-210, 1
-    # thread 16-26)
+    # thread 16-26); as a Run recorded before the steps' thread counts says it (the
+    # manifest's count as the window opened)
+    counters = run.table("counters")
+    run.write_table("counters", counters.filter(pc.not_equal(
+        counters.column("name").cast(pa.string()), HOOK_THREADS)))
     m = run.manifest()
     m["extra"]["record"]["threads"] = [4 * cores]
     run.write_manifest(m)
@@ -131,3 +148,71 @@ def test_the_loader_has_the_cores_the_others_left(tmp_path: Path) -> None:
     assert busy is not None and plan is not None and plan.workers == 0
     cores = os.cpu_count() or 1
     assert plan.cores == min(cores, free_cores(busy[2])) / len(facts.ranks) < cores
+
+
+def test_threads_lowered_inside_the_window(tmp_path: Path) -> None:
+    """A loop that sets 1 intra-op thread at its 6th step, inside the window: the recorder reads
+    torch.get_num_threads() at each step hook (the counter HOOK_THREADS, each step's at the
+    hook ending it); cpu_contention advises no fewer threads where the later steps run at one
+    already (it had said "its 2 intra-op threads" and set_num_threads(1) "before the loop");
+    predict says the steps mix counts, predicts the steps at the count most ran (the cores'),
+    and leaves the steps after the window, at 1, out of the program's own step."""
+    run = _recorded_under_load(tmp_path, LOWERED)
+    cores = os.cpu_count() or 1
+    assert cores >= 2  # (one core: nothing to lower)
+    assert run.manifest()["extra"]["record"]["threads"] == [cores]  # as the window opened
+    (steps_file,) = run.raw_dir.glob("steps-rank0-pid*.json")
+    data = orjson.loads(steps_file.read_bytes())
+    assert data["hook_threads"] == [cores] * 6 + [1] * 24
+    counters = run.table("counters").to_pylist()
+    assert [(c["ts"], c["value"]) for c in counters if c["name"] == HOOK_THREADS] == list(
+        zip(data["hook_ns"], data["hook_threads"], strict=True))
+    counted = step_threads(run.table("counters"), run.table("steps"))
+    marked = {s["step"] for s in run.table("steps").to_pylist() if s["source"] == "marker"}
+    assert marked == {3, 4, 5, 6, 7}
+    assert counted == {(0, k): cores if k < 6 else 1 for k in range(1, 30)}
+    assert history({k: v for k, v in counted.items() if k[1] in marked}) == (
+        f"{cores} then 1 from step 6")
+
+    a = host.cpu_contention(Facts.of(run))
+    assert a is not None and "threads" not in a.evidence
+    assert "intra-op" not in a.title and a.change.startswith("run on an idle machine")
+
+    p = predict(run)
+    said = THREADS_NOTE.format(history=f"{cores} then 1 from step 6", threads=cores, steps=3)
+    assert said in p.notes
+    assert p.steady and {s for _, s in p.steady} <= {3, 4, 5}
+    assert p.unprofiled_ns is None  # the steps after the window ran at 1: none at the cores'
+    after = sum(s["source"] == "detected" and s["step"] > 7
+                for s in run.table("steps").to_pylist())
+    assert after == 21 and (f"{after} steps after the window ran at other intra-op threads (1) "
+                            f"than the prediction's {cores}: left out of the program's own "
+                            "step there") in p.notes
+
+    # thread_oversubscription too: the manifest's count as the window opened, raised here to 4
+    # a core, is not what the later steps ran with
+    m = run.manifest()
+    m["extra"]["record"]["threads"] = [4 * cores]
+    run.write_manifest(m)
+    assert host.thread_oversubscription(Facts.of(run)) is None
+
+
+def test_the_count_most_steps_ran_the_later_on_a_tie() -> None:
+    assert prevailing({(0, 1): 2, (0, 2): 2, (0, 3): 1}) == 2
+    assert prevailing({(0, 1): 2, (0, 2): 1}) == 1
+    assert prevailing({}) is None
+    assert history({(0, 1): 4, (0, 2): 4, (1, 1): 2, (1, 2): 1, (1, 3): 2}) == (
+        "rank 1: 2 then 1 from step 2 then 2 from step 3")
+
+
+def test_the_change_made_where_the_program_sets_its_threads() -> None:
+    """Threads raised inside the steps judged: the change goes where the program sets them
+    (a set_num_threads before the loop would be undone there), saying how they ran."""
+    from perfswarm.optimize.rules.threads import FewerThreads, RanWith
+
+    ran = RanWith(1, 2, "torch.get_num_threads() at each step", 2, "1 then 2 from step 10")
+    fewer = FewerThreads(ran, 0.96, 1)
+    assert fewer.change().startswith(
+        "torch.set_num_threads(1) where the program sets its threads (its steps ran 1 then 2 "
+        "from step 10): other processes left 0.96 of the cores free, and its 2 intra-op threads")
+    assert fewer.evidence()["threads_by_step"] == "1 then 2 from step 10"

@@ -287,27 +287,37 @@ def step_faults(run: Run) -> StepFaults | None:
 
 def hook_deltas(counters: pa.Table, steps: pa.Table, name: str) -> npt.NDArray[np.float64]:
     """Per row of `steps` (rank, start, end), what the recorder's counter `name`, read at each
-    step hook (FAULTS, HOOK_DELAY), grew by across it: the difference between two readings is
-    the step between them, placed by its middle (a marked step's bounds lie within a fraction
-    of a millisecond of its hooks). NaN where no difference falls in the step."""
+    step hook (FAULTS, HOOK_DELAY), grew by across it (`hook_readings`: the reading at the hook
+    ending it less the one before). NaN where no pair of readings falls on the step."""
+    before, at = hook_readings(counters, steps, name)
+    return at - before
+
+
+def hook_readings(counters: pa.Table, steps: pa.Table, name: str
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per row of `steps` (rank, start, end), the recorder's counter `name`, read at each step
+    hook, at the hook before the step and at the one ending it: two consecutive readings
+    are of the step between them, placed by their middle (a marked step's bounds lie within a
+    fraction of a millisecond of its hooks, on either side). NaN where none falls in the step."""
     table = counters.filter(pc.equal(counters.column("name").cast(pa.string()), name))
     table = table.sort_by([("rank", "ascending"), ("ts", "ascending")])
     rank, ts = (np.asarray(table.column(c).to_numpy(), np.int64) for c in ("rank", "ts"))
     value = np.asarray(table.column("value").to_numpy(), np.float64)
     s_rank, s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64)
                               for c in ("rank", "start", "end"))
-    out = np.full(len(s_rank), np.nan)
+    before, after = np.full(len(s_rank), np.nan), np.full(len(s_rank), np.nan)
     for r in np.unique(s_rank).tolist():
         readings = np.flatnonzero(rank == r)
         if len(readings) < 2:
             continue
         mine = np.flatnonzero(s_rank == r)
         mine = mine[np.argsort(s_start[mine], kind="stable")]
-        middle = (ts[readings[:-1]] + ts[readings[1:]]) // 2  # each difference's step, by it
+        middle = (ts[readings[:-1]] + ts[readings[1:]]) // 2  # each pair's step, by it
         at = mine[np.clip(np.searchsorted(s_start[mine], middle, side="right") - 1, 0, None)]
         inside = (s_start[at] <= middle) & (middle < s_end[at])
-        out[at[inside]] = np.diff(value[readings])[inside]
-    return out
+        before[at[inside]] = value[readings[:-1]][inside]
+        after[at[inside]] = value[readings[1:]][inside]
+    return before, after
 
 
 def unprofiled_steps(steps: pa.Table, windows: Mapping[int, Sequence[StepWindow]]

@@ -37,6 +37,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 import orjson
+import pyarrow as pa
 
 from perfswarm.analyze.dependencies import (
     dependencies,
@@ -65,6 +66,12 @@ from perfswarm.analyze.iterations import (
 )
 from perfswarm.analyze.ops import is_tensor_core, kernel_category
 from perfswarm.analyze.phases import parameter_rows
+from perfswarm.analyze.step_threads import (
+    history,
+    prevailing,
+    profiled_threads,
+    step_threads,
+)
 from perfswarm.errors import NotApplicable, ParameterError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.gpu.forecast import LearnedScaler
@@ -132,6 +139,11 @@ UNPRICED_NOTE: Final = (
     "never wrote them; which do is glibc's heap's history, which the trace does not hold): "
     "priced as none; had they all, {ms:.2f} ms a step more at the Run's share of page faults "
     "(first_touch_unpriced_ns)")
+THREADS_NOTE: Final = (
+    "the profiled steps' intra-op threads changed (torch.get_num_threads() at each step's hook): "
+    "{history}; the prediction is of the {steps} at {threads}, the count most of them ran (the "
+    "later on a tie: what the program runs at from then on), their typical kernel times too: "
+    "a step at another count is other work")
 WINDOW_NOTE: Final = ("no iterations found (no ProfilerStep markers, no repeating op sequence): "
                       "the whole profiled window is one iteration")
 ALIKE: Final = 0.25  # steps whose robust spread is within this share of their median: alike
@@ -634,10 +646,15 @@ class _Transform:
                 or any(x == 1 and d[:j] + d[j + 1:] in self.fixed for j, x in enumerate(d)))
 
 
-def recorded_threads(run: Run) -> int | None:
-    """The intra-op threads the Run's processes ran with (torch.get_num_threads() as the
-    recorder's window opened), where it recorded one count for all; None otherwise (a trace
-    imported, not recorded)."""
+def recorded_threads(run: Run, counted: Mapping[StepKey, int] | None = None) -> int | None:
+    """The intra-op threads the Run's processes ran with: the count most of the profiled steps
+    ran with, the later on a tie (`prevailing` of `counted`, the profiled steps' counts,
+    step_threads.profiled_threads, read when not given), else, in a Run recorded before the
+    steps' counts, torch.get_num_threads() as the recorder's window opened where it recorded
+    one count for all; None otherwise (a trace imported, not recorded)."""
+    found = prevailing(profiled_threads(run) if counted is None else counted)
+    if found is not None:
+        return found
     seen = run.manifest().get("extra", {}).get("record", {}).get("threads")
     counts = {t for t in seen if isinstance(t, int) and not isinstance(t, bool)} \
         if isinstance(seen, list) else set()
@@ -1099,10 +1116,16 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     kernel_point = m.compute if m.platform == "cpu" else is_call
     insts = instances(g, m.ev, kernel_point)
     measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
-    found = steady_of({(rank, step): hi - lo for rank, step, lo, hi, _ in measured})
+    lengths = {(rank, step): hi - lo for rank, step, lo, hi, _ in measured}
+    counted = profiled_threads(run)
+    threads = recorded_threads(run, counted)
+    if changed := history(counted):  # the steps of one count are of the program: the others'
+        lengths = {k: v for k, v in lengths.items() if counted.get(k, threads) == threads}
+        notes.append(THREADS_NOTE.format(history=changed, threads=threads, steps=len(lengths)))
+    found = steady_of(lengths)
     steady = found.keys
-    if found.spread > NOISY_SPREAD or 2 * len(steady) <= len(measured):
-        notes.append(f"{len(steady)} of {len(measured)} profiled steps are steady and they vary "
+    if found.spread > NOISY_SPREAD or 2 * len(steady) <= len(lengths):
+        notes.append(f"{len(steady)} of {len(lengths)} profiled steps are steady and they vary "
                      f"by {100 * found.spread:.1f}% (GMAE): their work differs (inputs of "
                      "varying sizes) or other load stretched some; no prediction can be judged "
                      "closer than that")
@@ -1197,7 +1220,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     if heads := _heads_following(m, dims):
         notes.append("attention's head dimension following the width (its heads kept): "
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
-    transform = _Transform(factor, dims, fixed, recorded_threads(run))
+    transform = _Transform(factor, dims, fixed, threads)
     counts, touch = _scale_kernels(m, transform, scaler, unmodelled, dur, found)
     if touch.unpriced_ns:
         notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
@@ -1213,6 +1236,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     gap = g.anchor_gaps(dur, gap)
     predicted = simulate(m.schedule, dur, gap)
     notes += _window_faults(run, profile)
+    own = unprofiled(run, threads, notes)
     compared = _compare(compare) if compare is not None else None
     breakdown = _breakdowns(m, predicted, dur)
     steps = [StepResult(rank, step, hi - lo, r_hi - r_lo, p_hi - p_lo,
@@ -1224,7 +1248,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     return Prediction(str(run.path), m.platform, source_name, target_name or source_name,
                       change, batch, tuple(steps), dict(counts),
                       {r: lags.to_dict() for r, lags in g.lags.items()}, model, compared,
-                      tuple(notes), steady, unprofiled(run),
+                      tuple(notes), steady, own,
                       unprofiled(compare) if compare is not None else None,
                       touch.unpriced_ns)
 
@@ -1301,12 +1325,29 @@ def _window_faults(run: Run, profile: Profile | None) -> list[str]:
             "the prediction, of a profiled step, carries them"]
 
 
-def unprofiled(run: Run) -> int | None:
+def unprofiled(run: Run, threads: int | None = None, notes: list[str] | None = None
+               ) -> int | None:
     """The Run's program step outside the profiler's window (iterations.step_time: the
     median of the steps the recorder timed after it), None where it timed none there or
     where those steps differ by design (a robust spread over ALIKE of their median: sequences
-    bucketed by length), which no one step stands for."""
-    timing = step_time(run.table("steps"), batch_sizes(run))
+    bucketed by length), which no one step stands for. With `threads` (the count the
+    prediction is of), a step the recorder counted at other intra-op threads is another
+    program's: left out, and those after the window said in `notes`."""
+    steps, sizes = run.table("steps"), batch_sizes(run)
+    counted = step_threads(run.table("counters", columns=["rank", "ts", "name", "value"]),
+                           steps) if threads is not None else {}
+    timing = step_time(steps, sizes)
+    if counted and timing is not None and threads is not None:
+        ran = [counted.get((r, s), threads) for r, s in zip(
+            steps.column("rank").to_pylist(), steps.column("step").to_pylist(), strict=True)]
+        kept = step_time(steps.filter(pa.array([n == threads for n in ran])), sizes)
+        left = (timing.steps if timing.outside else 0) - (kept.steps if kept is not None
+                                                          and kept.outside else 0)
+        if left > 0 and notes is not None:
+            notes.append(f"{left} steps after the window ran at other intra-op threads ("
+                         + ", ".join(map(str, sorted(set(ran) - {threads}))) + ") than the "
+                         f"prediction's {threads}: left out of the program's own step there")
+        timing = kept
     if timing is None or not timing.outside or timing.spread_ns > ALIKE * timing.median_ns:
         return None
     return round(timing.median_ns)

@@ -39,6 +39,7 @@ from perfswarm.trace.schema import (
     FAULTS,
     FLOWS,
     HOOK_DELAY,
+    HOOK_THREADS,
     NONE,
     OPTIMIZER_CALL,
     SAMPLES,
@@ -93,6 +94,7 @@ class Hooks(NamedTuple):
     inputs: dict[int, int] | None = None  # hook index -> its input's elements (STEP_INPUT)
     forward_ns: dict[int, int] | None = None  # hook index -> its forward's ns (STEP_FORWARD)
     delays: list[int] | None = None  # the hooking thread's run delay at each (HOOK_DELAY)
+    threads: list[int] | None = None  # torch.get_num_threads() at each (HOOK_THREADS)
 
 
 def _hooks(path: Path) -> Hooks:
@@ -111,7 +113,8 @@ def _hooks(path: Path) -> Hooks:
                      {int(i): int(t) for i, t in data.get("step_done_ns", {}).items()},
                      {int(i): int(n) for i, n in data.get("inputs", {}).items()},
                      {int(i): int(n) for i, n in data.get("forward_ns", {}).items()},
-                     [int(d) for d in data.get("hook_delays", [])])
+                     [int(d) for d in data.get("hook_delays", [])],
+                     [int(n) for n in data.get("hook_threads", [])])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -124,7 +127,8 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
     when its window opened; `cuda`, whether CUDA was there; `pin_memory_unused`, true where it
     iterated a DataLoader(pin_memory=True) that pinned nothing (no accelerator). Every one's
     `threads`:
-    torch.get_num_threads() as its window opened, one per process."""
+    torch.get_num_threads() as its window opened, one per process (each step's: the counter
+    HOOK_THREADS)."""
     found: dict[str, object] = {}
     threads = []
     for path in stepping:
@@ -146,8 +150,9 @@ def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
 def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     """Each stepping process's minor page-fault count at its step hooks, its optimizer calls'
     own time, and a forward-driven step's batch, input elements and forward's time, as the
-    per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD, and
-    the hooking thread's run delay, HOOK_DELAY (none where the kernel kept no schedstat)."""
+    per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD, the
+    hooking thread's run delay, HOOK_DELAY (none where the kernel kept no schedstat), and the
+    intra-op threads, HOOK_THREADS."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
     for h in hooked:
         # a fault count and an optimizer call's time belong to the step the hook ends, at
@@ -157,6 +162,7 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
         delays = {i: d for i, d in enumerate(h.delays or []) if d >= 0}
         for name, values, at in ((FAULTS, dict(enumerate(h.faults)), h.times),
                                  (HOOK_DELAY, delays, h.times),
+                                 (HOOK_THREADS, dict(enumerate(h.threads or [])), h.times),
                                  (OPTIMIZER_CALL, h.optimizer_ns, h.times),
                                  (STEP_BATCH, h.batches or {}, begins),
                                  (STEP_INPUT, h.inputs or {}, begins),

@@ -80,6 +80,10 @@ FAULTS: Final = "minor page faults"
 # at each step hook: a step's wait for a core, which the system sampler's readings (50 ms)
 # cannot place in steps shorter than them
 HOOK_DELAY: Final = "loop thread run delay ns"
+# ... and torch.get_num_threads() at each step hook: the intra-op threads of the step it ends (a
+# program may change them inside the window; the manifest's extra.record.threads is the count
+# as the window opened)
+HOOK_THREADS: Final = "intra-op threads"
 # A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
 # optimizer step (per rank), in the profiling window and outside it
 OPTIMIZER_CALL: Final = "optimizer step ns"

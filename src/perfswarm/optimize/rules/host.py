@@ -34,7 +34,7 @@ from perfswarm.optimize.rules.facts import (
     processes,
     where,
 )
-from perfswarm.optimize.rules.threads import fewer_threads
+from perfswarm.optimize.rules.threads import ENVIRONMENT, TIMED, fewer_threads, ran_with
 from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
@@ -162,11 +162,12 @@ def thread_oversubscription(facts: Facts) -> Advice | None:
     declared = [int(env[k]) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
                 if str(env.get(k, "")).isdigit()]
     counted = col(facts.counters, "value")[like(facts.counters, "name", r"\.num_threads$")]
-    seen = [t for t in facts.recorded.get("threads", []) if isinstance(t, int)]
+    ran = ran_with(facts)
     threads = 0
-    if seen:  # what each stepping process ran with (torchrun sets OMP_NUM_THREADS=1)
-        procs, per_proc, threads = len(seen), max(seen), sum(seen)
-        source = "torch.get_num_threads() in each process"
+    if ran is not None and ran.source != ENVIRONMENT:
+        # what each stepping process ran with (torchrun sets OMP_NUM_THREADS=1), at the later
+        # profiled steps where it changed them
+        procs, per_proc, threads, source = ran.processes, ran.threads, ran.total, ran.source
     elif declared:
         per_proc, source = max(declared), "environment"
     elif counted.size:
@@ -280,7 +281,7 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     free = float(np.percentile(proc, 90))
     delay = col(_window_counters(facts, r"^proc\.run_delay_cores$", timed), "value")
     evidence: dict[str, Any] = {
-        "over": ("every timed step" if timed else facts.measured_as if facts.ranks
+        "over": (TIMED if timed else facts.measured_as if facts.ranks
                  else _RECORDING),
         "cores": cores, "host_busy_cores": round(host, 2), "process_cores": round(got, 2),
         "process_cores_p90": round(free, 2), "recorder_cores": round(tools, 2),

@@ -187,7 +187,7 @@ def _ceilings(facts: Facts, costs: list[OpCost | None], own: npt.NDArray[np.int6
     host, here = facts.manifest.get("host", {}), host_info()
     if (host.get("hostname"), host.get("cpu_model")) == (here["hostname"], here["cpu_model"]):
         found = ran_with(facts)
-        threads = found[1] if found is not None else int(here["cores"])
+        threads = found.threads if found is not None else int(here["cores"])
         gemm, memory, _ = _measured(threads)
         return (max(flops, gemm * _HALF), memory,
                 f"this host's ceilings, measured here with {threads} thread(s) (a float32 "

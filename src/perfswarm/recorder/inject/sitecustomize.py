@@ -17,7 +17,8 @@ ExecutionTraceObserver covers the first profiled step, and after COUNT steps the
 exported.
 Every hook time is kept, so the steps outside the window are known too
 (with the process's minor page-fault count at each hook: memory touched for
-the first time, which a profiling window makes more of, see model/predict.py):
+the first time, which a profiling window makes more of, see model/predict.py;
+and torch.get_num_threads() there, the intra-op threads of the step it ends):
 appended to `steps-….live` as it happens (one decimal ns per line, unbuffered,
 so a watcher such as `perfswarm tune` sees the steps live and a killed process
 keeps them), then written whole to
@@ -86,6 +87,9 @@ class _Window:
         # a runqueue; -1 where the kernel keeps none): the wait for a core in each step, which
         # the system sampler's 50 ms readings spread over the steps they span
         self.hook_delays: list[int] = []
+        # torch.get_num_threads() at each hook: the intra-op threads of the step it ends (a
+        # program may set them inside the window: set_num_threads(1) at its 10th step)
+        self.hook_threads: list[int] = []
         # hook index -> the leading dimension of the top-level module's first input, of a
         # forward-driven step (an inference server's requests differ in size)
         self.batches: dict[int, int] = {}
@@ -181,6 +185,7 @@ class _Window:
         self.hook_ns.clear()
         self.hook_faults.clear()
         self.hook_delays.clear()
+        self.hook_threads.clear()
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
@@ -252,8 +257,8 @@ class _Window:
         self.on_step()
         return True
 
-    _KEPT = ("hook_ns", "hook_faults", "hook_delays", "optimizer_ns", "batches", "inputs",
-             "forward_ns", "step_done_ns",
+    _KEPT = ("hook_ns", "hook_faults", "hook_delays", "hook_threads", "optimizer_ns",
+             "batches", "inputs", "forward_ns", "step_done_ns",
              "driver", "opened_at", "cut_at")
 
     def _supersede(self) -> None:
@@ -440,6 +445,7 @@ class _Window:
         self.hook_ns = [self.hook_ns[i] for i in kept]
         self.hook_faults = [self.hook_faults[i] for i in kept]
         self.hook_delays = [self.hook_delays[i] for i in kept]
+        self.hook_threads = [self.hook_threads[i] for i in kept]
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
             os.write(self.live_fd, b"".join(b"%d\n" % t for t in self.hook_ns))
@@ -477,6 +483,7 @@ class _Window:
         self.hook_ns.append(now)
         self.hook_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         self.hook_delays.append(delay)
+        self.hook_threads.append(_get_num_threads())
         if self.live_fd < 0:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
@@ -609,12 +616,18 @@ class _Window:
         _write_whole(os.path.join(self.out, f"steps-{self.stem}.json"), json.dumps({
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "hook_delays": self.hook_delays,
+            "hook_threads": self.hook_threads,
             "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
             "forward_ns": self.forward_ns,
             "cut_step": cut, "aside_at": self.aside_at, "unsettled": not self.settled(),
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
             "window_on": self.driver, **self.fp32, **self.runtime, **self.loaders}))
+
+
+def _get_num_threads() -> int:
+    """torch.get_num_threads() (the hooks run once torch is imported): a C call, 0.1 us."""
+    return int(sys.modules["torch"].get_num_threads())
 
 
 _SCHEDSTAT: dict[tuple[int, int], int] = {}  # (pid, thread) -> its schedstat, open
