@@ -190,6 +190,7 @@ def test_data_loading_with_workers_pipeline_model(tmp_path: Path) -> None:
     run = with_manifest(imported(tmp_path, "workers", events), cores=4)
     a = shows(loader.data_loading, run)
     assert a.evidence["single_process"] is False
+    assert a.evidence["receive_ns"] is None  # no batch is received in this model: not said
     assert a.gain_ns == 3 * (6 - 1) * 1_000_000
     assert a.gain_basis.startswith("pipeline model, the workers untraced")
     fetch = [{**ev("DataLoader worker fetch", start, 16_000, "user_annotation", tid=100 + w),

@@ -235,7 +235,7 @@ def data_loading(facts: Facts) -> Advice | None:
                 "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
                 "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1),
                 "tensors_per_batch": plan.tensors,
-                "receive_ns": round(plan.receive_ns) if plan.workers <= 0 else None}
+                "receive_ns": round(plan.receive_ns) if single else None}
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.num_rows else ""
     title = "training waits for the DataLoader"
