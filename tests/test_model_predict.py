@@ -33,6 +33,7 @@ from perfswarm.model.predict import (
     held_first_touch,
     is_batch_flag,
     load_model,
+    mapped_pages,
     parameter_shapes,
     predict,
     recorded_threads,
@@ -1066,6 +1067,29 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
         assert "aten::relu may write fresh pages there or not" in note
         assert f"had they all, {(256 + 500) * share / 1e3:.2f} ms a step more" in note
     assert wide.to_dict()["first_touch_unpriced_ns"] == wide.first_touch_unpriced_ns
+
+
+@pytest.mark.parametrize(("faults", "share"), [(0, 0.0), (128, 0.5), (None, 0.0)])
+def test_a_result_past_glibcs_mmap_cap_writes_fresh_pages_at_every_call(
+        tmp_path: Path, faults: int | None, share: float) -> None:
+    """The 1 MiB relu at 40 times the width: its 40 MiB result is past glibc's cap on the mmap
+    threshold (32 MiB), so every call maps it anew and writes all 10,240 of its pages fresh
+    (an `add` of two 32 MiB tensors: 8,193 faults a call, 8x its 24 MiB time), whatever share
+    the Run's counter gives the step's largest results, and with no counter at all (None).
+    Priced at that share, it read 10,240 us of pages times the share: none without faults."""
+    run = _faulting_run(tmp_path, faults or 0)
+    if faults is None:  # a Run without the recorder's page-fault counter
+        run.write_table("counters", run.table("counters").slice(0, 0))
+        assert step_faults(run) is None
+    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 1e-9, 0.0))}, {}, 1e-6)
+    wide = predict(run, Change(dims=((1024, 40960),)), profile=profile)
+    touched = 256 * share  # us of the recorded 400, held out before scaling
+    first = (400 - touched) * 40 + 10_240
+    assert [s.predicted_ns for s in wide.steps] == [round((1000 - 400 + first) * US)] * 3
+    assert wide.first_touch_unpriced_ns == 0  # priced, not left out
+    big, small = (0, None, ()), (1, None, ())
+    assert mapped_pages([big, small], {big: 41_943_040.0, small: 33_554_431.0}) == {
+        big: 10_240.0}
 
 
 def _with_steps_around(run: Run, after: list[float]) -> Run:
