@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from perfswarm.errors import TraceFormatError
@@ -103,6 +103,7 @@ def test_read_pcap_formats_and_errors(tmp_path: Path) -> None:
 @given(st.lists(st.tuples(st.integers(0, 2_000_000_000), st.sampled_from([6, 17]),
                           st.integers(1, 3), st.integers(0, 60_000), st.booleans()),
                 max_size=40))
+@example([(0, 6, 1, 100, False), (1_000_000, 6, 1, 0, False)])  # data, then the close's ACK
 def test_flow_totals_are_the_payload_sums(sent: list[tuple[int, int, int, int, bool]]) -> None:
     """Whatever the segmentation and timing, each flow's last point is the bytes it carried;
     points are in time order, never decrease, and one per flow and interval."""
@@ -122,7 +123,12 @@ def test_flow_totals_are_the_payload_sums(sent: list[tuple[int, int, int, int, b
         if name.endswith(".bytes"):
             by_flow.setdefault(name.removesuffix(".bytes"), []).append((ts, value))
     assert {f: points[-1][1] for f, points in by_flow.items()} == expected
+    # a total is stamped with the packet that brought it (the last payload of its interval)
+    carried = {base + offset for offset, _, _, payload, _ in sent if payload}
     for points in by_flow.values():
+        grew = [ts for (ts, v), before in zip(points, [0.0, *(v for _, v in points[:-1])],
+                                              strict=True) if v > before]
+        assert set(grew) <= carried
         values = [v for _, v in points]
         assert values == sorted(values)
         intervals = [ts // (50 * MS) for ts, _ in points]

@@ -120,20 +120,26 @@ def flow_name(p: Packet) -> str:
 
 
 def flow_rows(packets: Iterator[Packet], interval_ns: int) -> list[Row]:
-    """Per flow, one point per interval it was active: cumulative bytes and packets, stamped
-    with the interval's last packet. Intervals are fixed slices of the epoch clock."""
+    """Per flow, one point per interval it was active: cumulative bytes and packets. The
+    packets' point is stamped with the interval's last packet, the bytes' with its last that
+    carried a payload (a close's empty FIN and ACKs after the data had stamped the bytes' total
+    past the receiver having it all), else with its last. Intervals are fixed slices of the
+    epoch clock."""
     totals: dict[str, list[int]] = {}  # flow -> [bytes, packets]
-    points: dict[tuple[str, int], tuple[int, int, int]] = {}  # (flow, interval) -> ts, b, n
+    # (flow, interval) -> the last packet's ts, the last payload's ts, bytes, packets
+    points: dict[tuple[str, int], tuple[int, int | None, int, int]] = {}
     for p in packets:
         flow = flow_name(p)
         total = totals.setdefault(flow, [0, 0])
         total[0] += p.payload
         total[1] += 1
-        points[flow, p.ts_ns // interval_ns] = (p.ts_ns, total[0], total[1])
+        key = flow, p.ts_ns // interval_ns
+        carried = p.ts_ns if p.payload else points[key][1] if key in points else None
+        points[key] = (p.ts_ns, carried, total[0], total[1])
     rows: list[Row] = []
-    for (flow, _), (ts, nbytes, count) in points.items():
-        rows += [(ts, flow + ".bytes", -1, float(nbytes)), (ts, flow + ".packets", -1,
-                                                           float(count))]
+    for (flow, _), (ts, carried, nbytes, count) in points.items():
+        rows += [(ts if carried is None else carried, flow + ".bytes", -1, float(nbytes)),
+                 (ts, flow + ".packets", -1, float(count))]
     return rows
 
 
