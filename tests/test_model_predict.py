@@ -349,6 +349,44 @@ def test_recorded_batch_size_under_torch_compile(tmp_path: Path) -> None:
     assert predict(run, Change(batch_size=16), profile=PROFILE).batch == (8, 16)
 
 
+def test_compiled_graphs_own_time_said_unpriced(tmp_path: Path) -> None:
+    """tests/data/compiled_lm.py: inductor's generated C++ kernels run inside each
+    `## Call CompiledFxGraph` range with no op of their own; predict says how long a step
+    spends in them (that range's time no op inside covers, the steady steps' median, counted
+    here from the raw trace) and that no kernel model prices them (it had held them in the
+    framework's time, unsaid, at any batch)."""
+    src = Path(__file__).with_name("data") / "compiled_lm.json.gz"
+    with gzip.open(src, "rt") as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    own: dict[int, float] = {}  # step -> us
+    for step in (e for e in raw if e["name"].startswith("ProfilerStep#")):
+        number, lo, hi = int(step["name"][13:]), step["ts"], step["ts"] + step["dur"]
+        own[number] = 0.0
+        for call in (e for e in raw if e["name"].startswith("## Call CompiledFx")
+                     and lo <= e["ts"] < hi):
+            end = call["ts"] + call["dur"]
+            inner = sorted((e["ts"], e["ts"] + e["dur"]) for e in raw
+                           if e.get("cat") == "cpu_op" and e["tid"] == call["tid"]
+                           and call["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end)
+            covered, reach = 0.0, float("-inf")
+            for s, t in inner:  # the union of the ops inside
+                covered += max(0.0, t - max(s, reach))
+                reach = max(reach, t)
+            own[number] += call["dur"] - covered
+    assert sorted(own) == [3, 4] and min(own.values()) > 0
+    run = import_traces([src], tmp_path / "c.run", ImportOptions(), ["train.py"])
+    for change, changed in ((Change(), False), (Change(batch_size=16), True)):
+        p = predict(run, change, profile=PROFILE)
+        steady = [s for s in p.steps if (s.rank, s.step) in p.steady]
+        assert steady
+        ms = float(np.median([own[s.step] for s in steady])) / 1e3  # (us in the trace)
+        share = 100 * ms * 1e6 / float(np.median([s.measured_ns for s in steady]))
+        (note,) = [n for n in p.notes if n.startswith("torch.compile's generated kernels")]
+        assert f"{ms:.3f} ms a step ({share:.1f}% of the steady median)" in note
+        assert "which no kernel model prices" in note
+        assert ("at the new shapes too (unmodelled" in note) == changed
+
+
 def test_cpu_runs_need_a_profile_for_shape_changes(cpu_run: Run) -> None:
     with pytest.raises(PerfswarmError, match="needs a kernel profile"):
         predict(cpu_run, Change(batch_size=8))
