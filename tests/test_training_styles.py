@@ -1,6 +1,7 @@
-"""torch.compile'd training loops recorded for real (/tmp/p30/styles/compiled.py's style): a
-compiled model's recompilation on a new input shape (a last short batch), outside the
-profiling window, where no trace shows dynamo's spans."""
+"""Training styles recorded for real (docs/benchmarks.md, the thirtieth pass's styles): a
+torch.compile'd model's recompilation on a new input shape (a last short batch), outside the
+profiling window, where no trace shows dynamo's spans; gradient accumulation under CPU
+autocast, whose step is an optimizer step of several micro-batches."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from perfswarm.analyze.iterations import hook_deltas
 from perfswarm.optimize.rules import host
 from perfswarm.optimize.rules.facts import Facts
+from perfswarm.report.data import report_data
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.schema import HOOK_COMPILE
 
@@ -60,3 +62,38 @@ def test_a_recompilation_outside_the_window_is_no_periodic_work(tmp_path: Path) 
     assert 20 in [o["step"] for o in a.evidence["outliers"]]
     assert a.evidence["compile_ns"] == round(by_step[20])
     assert a.change.startswith("torch.compile compiled again in them")
+
+
+# 12 optimizer steps, each over 4 micro-batches of 8 rows under bfloat16 autocast on the CPU
+# (an optimizer step every 4 backward passes, zero_grad(set_to_none=True))
+ACCUMULATED = """
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step in range(12):
+    for micro in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(8, 32)).square().mean() / 4
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_step_of_accumulated_micro_batches_is_said(tmp_path: Path) -> None:
+    """Under gradient accumulation a step is an optimizer step: its 4 micro-batches' 32
+    samples, and the throughput's source says so (it had said "each step's backward" of a
+    step that ran 4)."""
+    script = tmp_path / "accumulated.py"
+    script.write_text(ACCUMULATED)
+    result = record([sys.executable, str(script)], tmp_path / "accumulated.run",
+                    RecordOptions(collectors=("torch",), skip=3, steps=4))
+    assert result.exit_code == 0
+    rates = report_data(result.run)["throughput"]
+    assert rates["samples_per_step"] == 4 * 8
+    assert ("; 4 forward and backward passes a step: a step is an optimizer step, its "
+            "micro-batches accumulated)") in rates["source"]
