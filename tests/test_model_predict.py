@@ -1130,6 +1130,36 @@ def _with_steps_around(run: Run, after: list[float]) -> Run:
     return run
 
 
+def test_steps_after_the_window_that_differ_are_said(tmp_path: Path) -> None:
+    """Steps after the window of 0.5 to 1.9 ms (a loaded machine's: a transformer stack's
+    27-77 ms): no one step stands for them, so predict gives no program's own step, and says
+    why (the row had gone missing unsaid); steps alike give it, with no such note."""
+    from perfswarm.trace.schema import STEPS
+
+    for name, after in (("apart", [500, 900, 1300, 1900, 700, 1500]),
+                        ("alike", [900, 910, 890, 900, 905, 895])):
+        (tmp_path / name).mkdir()
+        run = _with_steps_around(_faulting_run(tmp_path / name, 256), [0.0] * len(after))
+        rows = run.table("steps").to_pylist()
+        for row in rows:
+            if row["source"] == "detected" and row["step"] >= 5:
+                row["end"] = row["start"] + after[row["step"] - 5] * US
+        run.write_table("steps", pa.Table.from_pylist(rows, schema=STEPS))
+        p = predict(run)
+        said = [n for n in p.notes if "steps after the profiler's window vary" in n]
+        if name == "alike":
+            assert p.unprofiled_ns == 900 * US and not said
+            continue
+        median = float(np.median(after))
+        spread = 1.4826 * float(np.median(np.abs(np.array(after) - median)))
+        assert p.unprofiled_ns is None
+        assert said == [f"the 6 steps after the profiler's window vary by "
+                        f"{100 * spread / median:.0f}% of their median {median / 1e3:.3f} ms "
+                        "(a robust spread, over 25%: their work differs, or other load "
+                        "stretched some): no one step stands for the program's own, so none "
+                        "is given"]
+
+
 def test_page_faults_in_and_after_the_window(tmp_path: Path) -> None:
     """The steps the recorder's hooks timed after the window (the export step and those
     before the window left out) give the faults a step outside it; predict says how many

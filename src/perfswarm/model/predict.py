@@ -144,6 +144,10 @@ COMPILED_NOTE: Final = (
     "torch.compile's generated kernels run inside its compiled graphs' calls with no op of their "
     "own (inductor's C++ on the CPU): {ms:.3f} ms a step ({pct:.1f}% of the steady median), "
     "which no kernel model prices: held as measured, in the framework's time{changed}")
+SPREAD_AFTER_NOTE: Final = (
+    "the {steps} steps after the profiler's window vary by {spread:.0f}% of their median "
+    "{median:.3f} ms (a robust spread, over {alike:.0f}%: their work differs, or other load "
+    "stretched some): no one step stands for the program's own, so none is given")
 THREADS_NOTE: Final = (
     "the profiled steps' intra-op threads changed (torch.get_num_threads() at each step's hook): "
     "{history}; the prediction is of the {steps} at {threads}, the count most of them ran (the "
@@ -1365,8 +1369,9 @@ def unprofiled(run: Run, threads: int | None = None, notes: list[str] | None = N
                ) -> int | None:
     """The Run's program step outside the profiler's window (iterations.step_time: the
     median of the steps the recorder timed after it), None where it timed none there or
-    where those steps differ by design (a robust spread over ALIKE of their median: sequences
-    bucketed by length), which no one step stands for. With `threads` (the count the
+    where those steps differ (a robust spread over ALIKE of their median: sequences bucketed
+    by length, or other load stretching some), which no one step stands for: said in `notes`
+    (the row had gone missing unsaid). With `threads` (the count the
     prediction is of), a step the recorder counted at other intra-op threads is another
     program's: left out, and those after the window said in `notes`."""
     steps, sizes = run.table("steps"), batch_sizes(run)
@@ -1384,7 +1389,13 @@ def unprofiled(run: Run, threads: int | None = None, notes: list[str] | None = N
                          + ", ".join(map(str, sorted(set(ran) - {threads}))) + ") than the "
                          f"prediction's {threads}: left out of the program's own step there")
         timing = kept
-    if timing is None or not timing.outside or timing.spread_ns > ALIKE * timing.median_ns:
+    if timing is None or not timing.outside:
+        return None
+    if timing.spread_ns > ALIKE * timing.median_ns:
+        if notes is not None:
+            notes.append(SPREAD_AFTER_NOTE.format(
+                steps=timing.steps, spread=100 * timing.spread_ns / timing.median_ns,
+                median=timing.median_ns / 1e6, alike=100 * ALIKE))
         return None
     return round(timing.median_ns)
 
