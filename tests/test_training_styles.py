@@ -13,8 +13,8 @@ import numpy as np
 from perfswarm.analyze.iterations import hook_deltas
 from perfswarm.optimize.rules import host
 from perfswarm.optimize.rules.facts import Facts
-from perfswarm.report.data import report_data
 from perfswarm.recorder.session import RecordOptions, record
+from perfswarm.report.data import report_data
 from perfswarm.trace.schema import HOOK_COMPILE
 
 # 24 steps of 16 rows through a compiled MLP (dynamo's "eager" backend: its compile is
