@@ -422,12 +422,15 @@ def _outliers(facts: Facts) -> _Outliers | None:
     # a step the process sat descheduled in (other processes held the cores) is contention,
     # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
     # excess or more is data_loading's, not this rule's, as is one outside the window (where
-    # no loader wait is traced) of a rank whose slow steps in the window all waited for it
+    # no loader wait is traced) of a rank whose slow steps in the window all waited for it,
+    # unless torch.compile compiled in it half its excess or more (a compiled model's
+    # recompilation on its last short batch had been read as the loader's)
     starved = np.asarray(descheduled(facts.counters, _cores(facts), slow, steps), bool)
     loading = _within(facts.loader_calls, slow)
     beyond = col(slow, "end") - col(slow, "start") - usual[over]
     bursty = _loader_bound(facts, steps, dur, median)
-    unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty)
+    unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty) & (
+        compiling[over] < beyond / 2)
     fed = ~starved & ((loading >= beyond / 2) | unseen)
     kept = ~starved & ~fed
     if not kept.any():
