@@ -2013,6 +2013,40 @@ def test_outlier_steps_only_under_the_profiler_or_waiting_for_the_loader(tmp_pat
     assert found(host.outlier_steps, run) is None
 
 
+def test_outlier_step_after_the_window_that_compiled_is_no_loader_wait(tmp_path: Path
+                                                                       ) -> None:
+    """A rank whose one slow profiled step (40 ms among 4) waited 30 ms for its DataLoader:
+    its slow steps after the window, where no wait is traced, are read as the same wait, but
+    not one that torch.compile compiled in for 100 of its 128 ms beyond the median (the
+    recorder's clock of dynamo's compiles, HOOK_COMPILE: a last short batch's recompilation,
+    /tmp/p30/styles/compiled.py recorded with -c torch, had been left to data_loading)."""
+    from perfswarm.trace.schema import HOOK_COMPILE
+
+    ms = 1_000_000
+    events, t = [], 0
+    for i in range(7):
+        long = i == 4
+        events += [ev(f"ProfilerStep#{i}", t, 40_000 if long else 4000, "user_annotation")]
+        events += ([ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t + 1000,
+                       30_000), ev("aten::conv2d", t + 31_000, 9000)] if long
+                   else [ev("aten::conv2d", t + 500, 3500)])
+        t += 40_000 if long else 4000
+    for compiled, advised in ((0, False), (100 * ms, True)):
+        run = imported(tmp_path, f"c{compiled}", events)
+        _add_steps(run, [(0, 100, 70 * ms, 74 * ms, "detected"),
+                         (0, 101, 74 * ms, 206 * ms, "detected")])
+        hooks = [(70 * ms, 0.0), (74 * ms, 0.0), (206 * ms, float(compiled))]
+        run.write_table("counters", pa.table({
+            "rank": [0] * 3, "ts": [h for h, _ in hooks], "name": [HOOK_COMPILE] * 3,
+            "device": [-1] * 3, "value": [v for _, v in hooks]}).cast(COUNTERS))
+        a = found(host.outlier_steps, run)
+        assert (a is not None) == advised
+        if a is not None:
+            assert [o["step"] for o in a.evidence["outliers"]] == [101]
+            assert a.evidence["compile_ns"] == 100 * ms
+            assert "TORCH_LOGS=recompiles" in a.change
+
+
 def test_outlier_steps_leave_out_the_warm_up(tmp_path: Path) -> None:
     """The run's first two steps took 40 ms (a TorchScript model's profiling executor, a
     first call compiling), the rest 4 ms but one of 132: the warm-up runs once, no outlier;

@@ -50,6 +50,9 @@ RPC_REQUEST: Final = re.compile(r"^rpc_(?:sync|async)#(.+)\((\S*) -> (\S*)\)$")
 COMPILED_CALL: Final = "CompiledFunction"
 COMPILED_REGION: Final = re.compile(
     r"^(Torch-Compiled Region|CompiledFunction$|## Call CompiledFx)")
+# ... the call of a compiled graph alone: on the CPU the kernels inductor generated run inside it
+# with no op of their own (its C++), so its time no op inside covers is theirs
+COMPILED_GRAPH: Final = re.compile(r"^## Call CompiledFx")
 # What a thread does when it works; outside these it is blocked or idle (a user annotation or
 # Python frame around a blocking call, such as `## backward ##` around autograd's run, is not
 # work of its own)

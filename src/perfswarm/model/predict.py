@@ -47,6 +47,7 @@ from perfswarm.analyze.dependencies import (
 )
 from perfswarm.analyze.frame import (
     COMPILED_CALL,
+    COMPILED_GRAPH,
     I32,
     I64,
     KIND,
@@ -56,7 +57,7 @@ from perfswarm.analyze.frame import (
     int_array,
 )
 from perfswarm.analyze.groups import process_groups
-from perfswarm.analyze.intervals import Covered, WindowSums, sorted_unique
+from perfswarm.analyze.intervals import Covered, WindowSums, sorted_unique, union
 from perfswarm.analyze.iterations import (
     batch_sizes,
     event_steps,
@@ -139,6 +140,14 @@ UNPRICED_NOTE: Final = (
     "never wrote them; which do is glibc's heap's history, which the trace does not hold): "
     "priced as none; had they all, {ms:.2f} ms a step more at the Run's share of page faults "
     "(first_touch_unpriced_ns)")
+COMPILED_NOTE: Final = (
+    "torch.compile's generated kernels run inside its compiled graphs' calls with no op of their "
+    "own (inductor's C++ on the CPU): {ms:.3f} ms a step ({pct:.1f}% of the steady median), "
+    "which no kernel model prices: held as measured, in the framework's time{changed}")
+SPREAD_AFTER_NOTE: Final = (
+    "the {steps} steps after the profiler's window vary by {spread:.0f}% of their median "
+    "{median:.3f} ms (a robust spread, over {alike:.0f}%: their work differs, or other load "
+    "stretched some): no one step stands for the program's own, so none is given")
 THREADS_NOTE: Final = (
     "the profiled steps' intra-op threads changed (torch.get_num_threads() at each step's hook): "
     "{history}; the prediction is of the {steps} at {threads}, the count most of them ran (the "
@@ -1246,6 +1255,13 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                      + ", ".join(f"{a} -> {b}" for a, b in sorted(heads)))
     transform = _Transform(factor, dims, fixed, threads)
     counts, touch = _scale_kernels(m, transform, scaler, unmodelled, dur, found)
+    if m.platform == "cpu" and (compiled := _compiled_kernels_ns(m, measured, steady)):
+        notes.append(COMPILED_NOTE.format(
+            ms=compiled / 1e6, pct=100 * compiled / statistics.median(
+                hi - lo for rank, step, lo, hi, _ in measured
+                if not steady or (rank, step) in steady),
+            changed=", at the new shapes too (unmodelled: it grows with the activations it "
+            "computes)" if batch is not None or dims else ""))
     if touch.unpriced_ns:
         notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
                                           ms=touch.unpriced_ns / 1e6))
@@ -1331,6 +1347,30 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                       tuple(notes), steady)
 
 
+def _compiled_kernels_ns(m: _Model, measured: Sequence[tuple[int, int, int, int, int]],
+                         steady: frozenset[tuple[int, int]]) -> int:
+    """The time a step spends in torch.compile's generated kernels on the CPU: its compiled
+    graphs' calls' time (COMPILED_GRAPH) that no op inside them on their thread covers, the
+    median over the steady `measured` steps (all of them without steady ones); 0 without
+    compiled graphs. (It had been counted as the framework's time, unsaid.)"""
+    ev = m.ev
+    codes = [i for i, n in enumerate(ev.names) if COMPILED_GRAPH.match(n)]
+    calls = np.flatnonzero(np.isin(ev.name, codes)) if codes else np.zeros(0, np.int64)
+    if not len(calls):
+        return 0
+    ops = np.flatnonzero(ev.of_kind("cpu_op"))
+    own = np.zeros(len(calls), np.int64)
+    for i, c in enumerate(calls.tolist()):
+        inner = ops[(ev.rank[ops] == ev.rank[c]) & (ev.tid[ops] == ev.tid[c])
+                    & (ev.ts[ops] >= ev.ts[c]) & (ev.end[ops] <= ev.end[c])]
+        starts, ends = union(ev.ts[inner].astype(np.int64), ev.end[inner].astype(np.int64))
+        own[i] = int(ev.end[c] - ev.ts[c]) - int((ends - starts).sum())
+    per_step = [int(own[(ev.rank[calls] == rank) & (ev.ts[calls] >= lo)
+                        & (ev.ts[calls] < hi)].sum())
+                for rank, step, lo, hi, _ in measured if not steady or (rank, step) in steady]
+    return round(statistics.median(per_step)) if per_step else 0
+
+
 def _window_faults(run: Run, profile: Profile | None) -> list[str]:
     """A note where the profiled steps took more page faults than the steps after the
     window (iterations.StepFaults): a profiled step's own cost, which the prediction, of a
@@ -1353,8 +1393,9 @@ def unprofiled(run: Run, threads: int | None = None, notes: list[str] | None = N
                ) -> int | None:
     """The Run's program step outside the profiler's window (iterations.step_time: the
     median of the steps the recorder timed after it), None where it timed none there or
-    where those steps differ by design (a robust spread over ALIKE of their median: sequences
-    bucketed by length), which no one step stands for. With `threads` (the count the
+    where those steps differ (a robust spread over ALIKE of their median: sequences bucketed
+    by length, or other load stretching some), which no one step stands for: said in `notes`
+    (the row had gone missing unsaid). With `threads` (the count the
     prediction is of), a step the recorder counted at other intra-op threads is another
     program's: left out, and those after the window said in `notes`."""
     steps, sizes = run.table("steps"), batch_sizes(run)
@@ -1372,7 +1413,13 @@ def unprofiled(run: Run, threads: int | None = None, notes: list[str] | None = N
                          + ", ".join(map(str, sorted(set(ran) - {threads}))) + ") than the "
                          f"prediction's {threads}: left out of the program's own step there")
         timing = kept
-    if timing is None or not timing.outside or timing.spread_ns > ALIKE * timing.median_ns:
+    if timing is None or not timing.outside:
+        return None
+    if timing.spread_ns > ALIKE * timing.median_ns:
+        if notes is not None:
+            notes.append(SPREAD_AFTER_NOTE.format(
+                steps=timing.steps, spread=100 * timing.spread_ns / timing.median_ns,
+                median=timing.median_ns / 1e6, alike=100 * ALIKE))
         return None
     return round(timing.median_ns)
 

@@ -498,13 +498,18 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     row, batch, weight = first[min(first)]
     # a plain batch of rows (torch.func.vmap's batch in front of the logical op's is not)
     trained = _weight_gradients(run, ev, mine, windows, weight) if len(batch) == 2 else {}
+    passes = np.maximum(_passes(ev, mine, windows), 1)
     if trained:
+        # a gradient accumulation's steps: an optimizer step each, its micro-batches summed
+        # (said: the step is the optimizer's, not the micro-batch's)
+        accumulated = int(np.median(passes[sorted(trained)]))
         return trained, (
             f"the samples the first layer's weight gradient summed in each step's backward "
             f"(aten::mm over the batch, {'x'.join(map(str, weight))} weights: a policy's "
-            "forwards of one observation each, or one batched update), in "
-            f"{len(trained)} of {len(windows)} steps")
-    passes = np.maximum(_passes(ev, mine, windows), 1)
+            "forwards of one observation each, or one batched update"
+            + (f"; {accumulated} forward and backward passes a step: a step is an optimizer "
+               "step, its micro-batches accumulated" if accumulated > 1 else "")
+            + f"), in {len(trained)} of {len(windows)} steps")
     each = f", x {int(passes[min(first)])} forward and backward passes" \
         if passes[min(first)] > 1 else ""
     return {step: b[0] * int(passes[step]) for step, (_r, b, _w) in first.items()}, (

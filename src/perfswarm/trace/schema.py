@@ -84,6 +84,10 @@ HOOK_DELAY: Final = "loop thread run delay ns"
 # program may change them inside the window; the manifest's extra.record.threads is the count
 # as the window opened)
 HOOK_THREADS: Final = "intra-op threads"
+# ... and the ns torch.compile spent compiling so far (dynamo's compile callbacks), at each step
+# hook: a step's compiling (its first steps, a recompilation on a new input shape), outside the
+# profiling window too
+HOOK_COMPILE: Final = "compile ns"
 # A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
 # optimizer step (per rank), in the profiling window and outside it
 OPTIMIZER_CALL: Final = "optimizer step ns"

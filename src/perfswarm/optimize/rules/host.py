@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from perfswarm.analyze.frame import Events, lane_key
 from perfswarm.analyze.intervals import Coverage, union
-from perfswarm.analyze.iterations import UNUSUAL, step_batches
+from perfswarm.analyze.iterations import UNUSUAL, hook_deltas, step_batches
 from perfswarm.analyze.system import (
     descheduled,
     host_cores,
@@ -35,7 +35,7 @@ from perfswarm.optimize.rules.facts import (
     where,
 )
 from perfswarm.optimize.rules.threads import ENVIRONMENT, TIMED, fewer_threads, ran_with
-from perfswarm.trace.schema import PROFILED, STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import HOOK_COMPILE, PROFILED, STEP_BATCH, STEP_INPUT
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -402,10 +402,15 @@ def _outliers(facts: Facts) -> _Outliers | None:
     # (a step torch.compile compiled in, half its excess or more, is the program's: once)
     profiled = col(steps, "source") == PROFILED
     # torch.compile compiling again inside them (a new input shape, a guard that failed):
-    # dynamo's whole-frame compile spans, clipped to the slow steps
+    # the recorder's clock of dynamo's compiles (HOOK_COMPILE, in every step; a compiled
+    # model's recompilation on its last short batch, outside the window, had been called
+    # periodic work), or dynamo's whole-frame compile spans (an imported trace's), clipped to
+    # the slow steps
     compiling = np.zeros(len(over), np.int64)
-    compiling[over] = _within(facts.named(_COMPILE, "cpu_op", "user_annotation"),
-                              where(steps, over))
+    long = where(steps, over)
+    clocked = np.nan_to_num(hook_deltas(facts.counters, long, HOOK_COMPILE)).astype(np.int64)
+    compiling[over] = np.maximum(clocked, _within(facts.named(_COMPILE, "cpu_op",
+                                                              "user_annotation"), long))
     compiled = compiling >= (dur - usual) / 2
     profiler_only = 0
     if (~profiled).sum() >= profiled.sum() and not over[~profiled].any():
@@ -417,12 +422,15 @@ def _outliers(facts: Facts) -> _Outliers | None:
     # a step the process sat descheduled in (other processes held the cores) is contention,
     # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
     # excess or more is data_loading's, not this rule's, as is one outside the window (where
-    # no loader wait is traced) of a rank whose slow steps in the window all waited for it
+    # no loader wait is traced) of a rank whose slow steps in the window all waited for it,
+    # unless torch.compile compiled in it half its excess or more (a compiled model's
+    # recompilation on its last short batch had been read as the loader's)
     starved = np.asarray(descheduled(facts.counters, _cores(facts), slow, steps), bool)
     loading = _within(facts.loader_calls, slow)
     beyond = col(slow, "end") - col(slow, "start") - usual[over]
     bursty = _loader_bound(facts, steps, dur, median)
-    unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty)
+    unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty) & (
+        compiling[over] < beyond / 2)
     fed = ~starved & ((loading >= beyond / 2) | unseen)
     kept = ~starved & ~fed
     if not kept.any():

@@ -18,7 +18,8 @@ exported.
 Every hook time is kept, so the steps outside the window are known too
 (with the process's minor page-fault count at each hook: memory touched for
 the first time, which a profiling window makes more of, see model/predict.py;
-and torch.get_num_threads() there, the intra-op threads of the step it ends):
+torch.get_num_threads() there, the intra-op threads of the step it ends; and the time
+torch.compile spent compiling so far, which dynamo's compile callbacks sum):
 appended to `steps-….live` as it happens (one decimal ns per line, unbuffered,
 so a watcher such as `perfswarm tune` sees the steps live and a killed process
 keeps them), then written whole to
@@ -90,6 +91,12 @@ class _Window:
         # torch.get_num_threads() at each hook: the intra-op threads of the step it ends (a
         # program may set them inside the window: set_num_threads(1) at its 10th step)
         self.hook_threads: list[int] = []
+        # torch.compile's compile time so far (ns) at each hook: what the step it ends spent
+        # compiling (the first steps; a recompilation on a new shape, a last short batch,
+        # outside the window too, where no trace shows dynamo's spans)
+        self.hook_compile: list[int] = []
+        self.compile_ns = 0  # the compiles' time so far (_watch_compiles)
+        self.compile_began = 0  # when the compile under way began
         # hook index -> the leading dimension of the top-level module's first input, of a
         # forward-driven step (an inference server's requests differ in size)
         self.batches: dict[int, int] = {}
@@ -186,6 +193,7 @@ class _Window:
         self.hook_faults.clear()
         self.hook_delays.clear()
         self.hook_threads.clear()
+        self.hook_compile.clear()
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
@@ -257,7 +265,8 @@ class _Window:
         self.on_step()
         return True
 
-    _KEPT = ("hook_ns", "hook_faults", "hook_delays", "hook_threads", "optimizer_ns",
+    _KEPT = ("hook_ns", "hook_faults", "hook_delays", "hook_threads", "hook_compile",
+             "optimizer_ns",
              "batches", "inputs", "forward_ns", "step_done_ns",
              "driver", "opened_at", "cut_at")
 
@@ -446,6 +455,7 @@ class _Window:
         self.hook_faults = [self.hook_faults[i] for i in kept]
         self.hook_delays = [self.hook_delays[i] for i in kept]
         self.hook_threads = [self.hook_threads[i] for i in kept]
+        self.hook_compile = [self.hook_compile[i] for i in kept]
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
             os.write(self.live_fd, b"".join(b"%d\n" % t for t in self.hook_ns))
@@ -484,6 +494,7 @@ class _Window:
         self.hook_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         self.hook_delays.append(delay)
         self.hook_threads.append(_get_num_threads())
+        self.hook_compile.append(self.compile_ns)
         if self.live_fd < 0:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
@@ -616,7 +627,7 @@ class _Window:
         _write_whole(os.path.join(self.out, f"steps-{self.stem}.json"), json.dumps({
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "hook_delays": self.hook_delays,
-            "hook_threads": self.hook_threads,
+            "hook_threads": self.hook_threads, "hook_compile": self.hook_compile,
             "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
             "forward_ns": self.forward_ns,
@@ -1134,6 +1145,28 @@ def _trace_rpc_serving(window: _Window, internal: ModuleType) -> None:
     vars(internal)["_run_function"] = run_in_range
 
 
+def _watch_compiles(window: _Window, module: ModuleType) -> None:
+    """Sums torch.compile's compile time into window.compile_ns: dynamo's callbacks run
+    around its outermost compiles (a frame's, and AOT autograd's lazy compile of a compiled
+    backward, at the first backward), in every step. torch._dynamo.reset() clears them: the
+    compiles after it go unclocked. As a compile begins where an optimizer drives the steps
+    (built, not yet stepped: the forward hooks stay until then), the global forward hooks
+    (_watch_forward) go before dynamo reads them: traced into the compiled graph and guarded
+    on (the count of global hooks), their removal at the first backward had compiled every
+    graph again (an MLP's inductor graphs, 0.19 s of its second step)."""
+
+    def began(_: Any) -> None:
+        window.compile_began = time.time_ns()
+        if window.driver == "optimizer" and os.getpid() == window.pid:
+            window.drop_forward_hooks()
+
+    def ended(_: Any) -> None:
+        window.compile_ns += time.time_ns() - window.compile_began
+
+    module.callback_handler.register_start_callback(began)
+    module.callback_handler.register_end_callback(ended)
+
+
 NOT_MODELS = ("torch.nn.modules.loss", "torch.ao.quantization")
 JIT_TRACE = os.path.join("torch", "jit", "_trace.py")
 
@@ -1261,6 +1294,7 @@ def _main() -> None:
             "torch.profiler.profiler": lambda module: _yield_to_programs_profiler(
                 window, module, "start"),
             "torch.nn.modules.module": lambda module: _watch_forward(window, module),
+            "torch._dynamo.callback": lambda module: _watch_compiles(window, module),
             "torch.utils.data._utils.worker": lambda module: _wrap_worker_loop(module, _DIR),
             "torch.utils.data.dataloader": lambda module: _watch_loaders(window, module),
             "torch.distributed.rpc.api": lambda module: _trace_rpc_requests(window, module),

@@ -1,0 +1,99 @@
+"""Training styles recorded for real (docs/benchmarks.md, the thirtieth pass's styles): a
+torch.compile'd model's recompilation on a new input shape (a last short batch), outside the
+profiling window, where no trace shows dynamo's spans; gradient accumulation under CPU
+autocast, whose step is an optimizer step of several micro-batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from perfswarm.analyze.iterations import hook_deltas
+from perfswarm.optimize.rules import host
+from perfswarm.optimize.rules.facts import Facts
+from perfswarm.recorder.session import RecordOptions, record
+from perfswarm.report.data import report_data
+from perfswarm.trace.schema import HOOK_COMPILE
+
+# 24 steps of 16 rows through a compiled MLP (dynamo's "eager" backend: its compile is
+# dynamo's alone, a fraction of a second), but step 20's batch of 3 rows: a new shape, so
+# dynamo compiles the forward again (a last partial batch's)
+SHORT_BATCH = """
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+compiled = torch.compile(model, backend="eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(24):
+    loss = compiled(torch.randn(3 if i == 20 else 16, 32)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_recompilation_outside_the_window_is_no_periodic_work(tmp_path: Path) -> None:
+    """The recorder clocks dynamo's compiles at every step hook (HOOK_COMPILE, from its
+    compile callbacks): step 20 (from the hook ending call 19 to the one ending call 20, the
+    short batch's) holds the recompilation, the others none (the first compile, in call 0,
+    comes before the first step). outlier_steps says the
+    slow step compiled again (and how long) instead of calling it periodic work to move out
+    of the loop: the window (steps 3-7) held no entire_frame_compile span of it."""
+    script = tmp_path / "short_batch.py"
+    script.write_text(SHORT_BATCH)
+    result = record([sys.executable, str(script)], tmp_path / "compiled.run",
+                    RecordOptions(collectors=("torch",), skip=3, steps=5))
+    assert result.exit_code == 0
+    run = result.run
+    steps = run.table("steps").sort_by("step")
+    compiling = np.nan_to_num(hook_deltas(run.table("counters"), steps, HOOK_COMPILE))
+    by_step = dict(zip(steps.column("step").to_pylist(), compiling.tolist(), strict=True))
+    assert by_step[20] > 0
+    assert all(ns == 0 for step, ns in by_step.items() if step != 20)
+
+    a = host.outlier_steps(Facts.of(run))
+    assert a is not None
+    # (steps of 0.3 ms another process preempted may be outliers too: no system sampler here)
+    assert 20 in [o["step"] for o in a.evidence["outliers"]]
+    assert a.evidence["compile_ns"] == round(by_step[20])
+    assert a.change.startswith("torch.compile compiled again in them")
+
+
+# 12 optimizer steps, each over 4 micro-batches of 8 rows under bfloat16 autocast on the CPU
+# (an optimizer step every 4 backward passes, zero_grad(set_to_none=True))
+ACCUMULATED = """
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step in range(12):
+    for micro in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(8, 32)).square().mean() / 4
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_step_of_accumulated_micro_batches_is_said(tmp_path: Path) -> None:
+    """Under gradient accumulation a step is an optimizer step: its 4 micro-batches' 32
+    samples, and the throughput's source says so (it had said "each step's backward" of a
+    step that ran 4)."""
+    script = tmp_path / "accumulated.py"
+    script.write_text(ACCUMULATED)
+    result = record([sys.executable, str(script)], tmp_path / "accumulated.run",
+                    RecordOptions(collectors=("torch",), skip=3, steps=4))
+    assert result.exit_code == 0
+    rates = report_data(result.run)["throughput"]
+    assert rates["samples_per_step"] == 4 * 8
+    assert ("; 4 forward and backward passes a step: a step is an optimizer step, its "
+            "micro-batches accumulated)") in rates["source"]
