@@ -96,4 +96,4 @@ def test_a_step_of_accumulated_micro_batches_is_said(tmp_path: Path) -> None:
     rates = report_data(result.run)["throughput"]
     assert rates["samples_per_step"] == 4 * 8
     assert ("; 4 forward and backward passes a step: a step is an optimizer step, its "
-            "micro-batches accumulated)") in rates["source"]
+            "samples those of all of them)") in rates["source"]

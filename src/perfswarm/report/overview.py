@@ -500,15 +500,16 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
     trained = _weight_gradients(run, ev, mine, windows, weight) if len(batch) == 2 else {}
     passes = np.maximum(_passes(ev, mine, windows), 1)
     if trained:
-        # a gradient accumulation's steps: an optimizer step each, its micro-batches summed
-        # (said: the step is the optimizer's, not the micro-batch's)
+        # a step of several passes (a gradient accumulation's micro-batches, an RPC server's
+        # requests): an optimizer step each, the samples of all its passes (said: the step is
+        # the optimizer's, not a pass's)
         accumulated = int(np.median(passes[sorted(trained)]))
         return trained, (
             f"the samples the first layer's weight gradient summed in each step's backward "
             f"(aten::mm over the batch, {'x'.join(map(str, weight))} weights: a policy's "
             "forwards of one observation each, or one batched update"
             + (f"; {accumulated} forward and backward passes a step: a step is an optimizer "
-               "step, its micro-batches accumulated" if accumulated > 1 else "")
+               "step, its samples those of all of them" if accumulated > 1 else "")
             + f"), in {len(trained)} of {len(windows)} steps")
     each = f", x {int(passes[min(first)])} forward and backward passes" \
         if passes[min(first)] > 1 else ""
