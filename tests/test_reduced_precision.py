@@ -13,14 +13,16 @@ import pytest
 
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import FamilyModel, Profile
+from perfswarm.optimize.rules import precision
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.optimize.rules.precision import reduced_precision_ops
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.trace.store import REDUCED_PRECISION_UNITS, Run, host_info
 
 # one thread, batch 16: the bf16 MLP's forward and backward under autocast, then the float32
-# twin's (the same shapes, its own weights) outside it
+# twin's (the same shapes, its own weights) outside it; --alone: the bf16 MLP's alone
 MIXED = """
+import sys
 import torch
 from torch import nn
 
@@ -35,7 +37,8 @@ for step in range(10):
     x = torch.randn(16, 256)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = bf16(x).float().square().mean()
-    loss = loss + fp32(x).square().mean()
+    if sys.argv[1:] != ["--alone"]:
+        loss = loss + fp32(x).square().mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -45,15 +48,18 @@ PROFILE = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 1e-11)),
                              "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    folder = tmp_path_factory.mktemp("bf16")
+def _recorded(folder: Path, *args: str) -> Run:
     script = folder / "mixed.py"
     script.write_text(MIXED)
-    result = record([sys.executable, str(script)], folder / "mixed.run",
+    result = record([sys.executable, str(script), *args], folder / "mixed.run",
                     RecordOptions(collectors=("torch",), skip=3, steps=4))
     assert result.exit_code == 0
     return result.run
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _recorded(tmp_path_factory.mktemp("bf16"))
 
 
 def test_predict_says_the_ops_its_float32_profile_prices_in_bf16(mixed: Run) -> None:
@@ -67,7 +73,7 @@ def test_predict_says_the_ops_its_float32_profile_prices_in_bf16(mixed: Run) -> 
     assert found is not None
     names = found.group(1).split(", ")
     assert {"aten::mm", "aten::addmm"} <= set(names)
-    assert 0 < float(found.group(2)) and 0 < float(found.group(3)) < 100
+    assert float(found.group(2)) > 0 and 0 < float(found.group(3)) < 100
     assert not any("compute in bf16" in n for n in predict(mixed, profile=PROFILE).notes)
 
 
@@ -85,6 +91,24 @@ def test_bf16_matrix_work_slower_than_the_runs_float32_is_said(mixed: Run) -> No
     assert 0 < e["fp32_estimate_ns"] < e["reduced_ns"]
     assert e["cpu_units"] == host_info()["reduced_precision_units"]
     assert "drop torch.autocast" in a.change
+
+
+def test_without_a_float32_gemm_in_the_run_its_shapes_are_timed_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bf16 MLP alone holds no float32 GEMM: float32 GEMMs of its ops' shapes, timed on
+    this host (the one that recorded it), give the rate; recorded on another host, nothing
+    measures one, and no advice guesses it."""
+    run = _recorded(tmp_path, "--alone")
+    a = reduced_precision_ops(Facts.of(run))
+    assert a is not None
+    e = a.evidence
+    assert e["fp32_sources"] == ["float32 GEMMs of the ops' shapes timed on this host (numpy's "
+                                 "BLAS, 1 thread(s))"]
+    assert e["gflops_reduced"] < e["gflops_fp32"]
+    assert 0 < a.gain_ns < e["reduced_ns"]
+    elsewhere = {**host_info(), "hostname": "another-host"}
+    monkeypatch.setattr(precision, "host_info", lambda: elsewhere)
+    assert reduced_precision_ops(Facts.of(run)) is None
 
 
 def test_the_hosts_reduced_precision_units_are_kept() -> None:

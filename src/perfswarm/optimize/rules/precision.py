@@ -192,10 +192,8 @@ def _ceilings(facts: Facts, costs: list[OpCost | None], own: npt.NDArray[np.int6
                if c is not None and o >= large and o > 0]
     flops = max((f for f, _ in reached), default=0.0) * 1e9
     moved = max((b for _, b in reached), default=0.0) * 1e9
-    host, here = facts.manifest.get("host", {}), host_info()
-    if (host.get("hostname"), host.get("cpu_model")) == (here["hostname"], here["cpu_model"]):
-        found = ran_with(facts)
-        threads = found.threads if found is not None else int(here["cores"])
+    threads = _threads_here(facts)
+    if threads is not None:
         gemm, memory, _ = _measured(threads)
         return (max(flops, gemm * _HALF), memory,
                 f"this host's ceilings, measured here with {threads} thread(s) (a float32 "
@@ -205,6 +203,16 @@ def _ceilings(facts: Facts, costs: list[OpCost | None], own: npt.NDArray[np.int6
 
 
 _measured = functools.cache(measured_ceilings)
+
+
+def _threads_here(facts: Facts) -> int | None:
+    """The Run's intra-op threads (ran_with; else this host's cores) where it was recorded on
+    this host (its name and CPU model), so that what is timed here is of its CPU; else None."""
+    host, here = facts.manifest.get("host", {}), host_info()
+    if (host.get("hostname"), host.get("cpu_model")) != (here["hostname"], here["cpu_model"]):
+        return None
+    found = ran_with(facts)
+    return found.threads if found is not None else int(here["cores"])
 
 
 def _peaks(spec: DeviceSpec, gemm: bool) -> tuple[float, float] | None:
@@ -365,12 +373,9 @@ def _fp32_ns(facts: Facts, cost: OpCost, shapes: Shapes | None,
         return cost.flops * ns / work, "the Run's own float32 ops of the family and similar FLOPs"
     dims = gemm_dims(cost.op, shapes.dims) if shapes is not None and cost.family == "gemm" \
         else None
-    host, here = facts.manifest.get("host", {}), host_info()
-    if dims is None or (host.get("hostname"), host.get("cpu_model")) != (
-            here["hostname"], here["cpu_model"]):
+    threads = _threads_here(facts)
+    if dims is None or threads is None:
         return None, ""
-    found = ran_with(facts)
-    threads = found.threads if found is not None else int(here["cores"])
     return (1e9 * cost.flops / _sgemm_rate(dims, threads),
             f"float32 GEMMs of the ops' shapes timed on this host (numpy's BLAS, {threads} "
             "thread(s))")
