@@ -357,7 +357,7 @@ def reduced_precision_ops(facts: Facts) -> Advice | None:
                   "run these ops in float32 on this CPU: drop torch.autocast(\"cpu\", "
                   "dtype=torch.bfloat16) (or .half()/.bfloat16() casts of the model and data), "
                   "or enable it only where the CPU has bf16 units (avx512_bf16, amx_bf16 in "
-                  "/proc/cpuinfo's flags: torch.backends.mkldnn's bf16 kernels use them)")
+                  "/proc/cpuinfo's flags: oneDNN's bf16 kernels run on them)")
 
 
 def _fp32_ns(facts: Facts, cost: OpCost, shapes: Shapes | None,
