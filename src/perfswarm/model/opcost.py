@@ -25,6 +25,10 @@ _DTYPES: dict[str, tuple[int, str]] = {
     "signed char": (1, "int8"), "unsigned char": (1, "int8"), "c10::Float8_e4m3fn": (1, "fp8"),
     "c10::Float8_e5m2": (1, "fp8"),
 }
+# the reduced-precision floating-point ones, by their spec peak key: half a float32's bytes, a
+# speedup only where the hardware has units for them (a CPU's avx512_bf16, AMX; a GPU's tensor
+# cores)
+REDUCED_DTYPES: frozenset[str] = frozenset({"bf16", "fp16"})
 # the floating-point ones (an activation's, a parameter's: not indices or masks)
 FLOAT_TYPES: frozenset[str] = frozenset({"float", "double", "c10::Half", "c10::BFloat16",
                                           "c10::Float8_e4m3fn", "c10::Float8_e5m2"})

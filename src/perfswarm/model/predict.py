@@ -83,6 +83,7 @@ from perfswarm.model.kernels import KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
     JOINS,
     PAGE_BYTES,
+    REDUCED_DTYPES,
     OpCost,
     Shapes,
     as_cpu_conv,
@@ -115,7 +116,7 @@ from perfswarm.model.overheads import (
     steady_of,
     typical,
 )
-from perfswarm.model.profile import UNUSABLE_GMAE, Profile
+from perfswarm.model.profile import SWEPT_DTYPE, UNUSABLE_GMAE, Profile
 from perfswarm.model.simulate import Schedule, Timeline, simulate
 from perfswarm.model.specs import DeviceSpec, load_spec, spec_of_devices
 from perfswarm.trace.store import Run
@@ -144,6 +145,11 @@ COMPILED_NOTE: Final = (
     "torch.compile's generated kernels run inside its compiled graphs' calls with no op of their "
     "own (inductor's C++ on the CPU): {ms:.3f} ms a step ({pct:.1f}% of the steady median), "
     "which no kernel model prices: held as measured, in the framework's time{changed}")
+UNSWEPT_NOTE: Final = (
+    "{ops} compute in {dtypes}, {ms:.3f} ms a step ({pct:.1f}% of the steady median): the "
+    "profile swept {swept} alone, so their prediction is a {swept} model's (on a CPU without "
+    "units for {dtypes} they can run slower per FLOP than {swept}, by how much the sweeps do "
+    "not say)")
 SPREAD_AFTER_NOTE: Final = (
     "the {steps} steps after the profiler's window vary by {spread:.0f}% of their median "
     "{median:.3f} ms (a robust spread, over {alike:.0f}%: their work differs, or other load "
@@ -1262,6 +1268,8 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
                 if not steady or (rank, step) in steady),
             changed=", at the new shapes too (unmodelled: it grows with the activations it "
             "computes)" if batch is not None or dims else ""))
+    if isinstance(scaler, ProfileScaler) and (batch is not None or dims):
+        notes += _unswept(m, measured, steady)
     if touch.unpriced_ns:
         notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
                                           ms=touch.unpriced_ns / 1e6))
@@ -1369,6 +1377,39 @@ def _compiled_kernels_ns(m: _Model, measured: Sequence[tuple[int, int, int, int,
                         & (ev.ts[calls] < hi)].sum())
                 for rank, step, lo, hi, _ in measured if not steady or (rank, step) in steady]
     return round(statistics.median(per_step)) if per_step else 0
+
+
+def _unswept(m: _Model, measured: Sequence[tuple[int, int, int, int, int]],
+              steady: frozenset[tuple[int, int]]) -> list[str]:
+    """A note (UNSWEPT_NOTE) where ops with a cost model, which a CPU profile prices, compute in
+    a reduced precision (bf16, fp16: the profile swept SWEPT_DTYPE alone): the four names with
+    the most compute time, and that time a step of them all, the median over the steady
+    `measured` steps (all without steady ones)."""
+    g, ev = m.graph, m.ev
+    node = np.flatnonzero(m.compute)
+    rows = np.unique(g.row[node])
+    costs = [data_cost(ev.names[ev.name[r]], sh) if sh is not None else None
+             for r, sh in zip(rows.tolist(), m.shapes(rows.tolist()), strict=True)]
+    reduced = {r: (ev.names[ev.name[r]], c.dtype) for r, c in zip(rows.tolist(), costs,
+                                                                  strict=True)
+               if c is not None and c.dtype in REDUCED_DTYPES}
+    if not reduced:
+        return []
+    hit = node[np.isin(g.row[node], list(reduced))]
+    kept = [(rank, lo, hi) for rank, step, lo, hi, _ in measured
+            if not steady or (rank, step) in steady]
+    per_step = [int(g.dur[hit][(ev.rank[g.row[hit]] == rank) & (g.ts[hit] >= lo)
+                               & (g.ts[hit] < hi)].sum()) for rank, lo, hi in kept]
+    ns = statistics.median(per_step)
+    if ns <= 0:
+        return []
+    by_name: Counter[str] = Counter()
+    for r, t in zip(g.row[hit].tolist(), g.dur[hit].tolist(), strict=True):
+        by_name[reduced[r][0]] += t
+    return [UNSWEPT_NOTE.format(
+        ops=", ".join(n for n, _ in by_name.most_common(4)),
+        dtypes="/".join(sorted({d for _, d in reduced.values()})), ms=ns / 1e6,
+        pct=100 * ns / statistics.median(hi - lo for _, lo, hi in kept), swept=SWEPT_DTYPE)]
 
 
 def _window_faults(run: Run, profile: Profile | None) -> list[str]:

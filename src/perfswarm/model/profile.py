@@ -53,6 +53,10 @@ CONV_FAMILIES = ("conv", "depthwise_conv", "conv_backward")
 # memory-bound families, swept a second time warm: inputs reused, so they stay in cache where
 # they fit (a step's op often reads what the op before it just wrote)
 WARM_FAMILIES = ("elementwise", "reduction", "copy")
+# the one dtype calibrate sweeps (recorder/bench/kernels.py: every tensor torch.rand's, every
+# input typed "float"), as opcost's spec peak key: an op of another dtype priced by the profile
+# is priced as float32 work
+SWEPT_DTYPE: Final = "fp32"
 SHAPE_FEATURES = 8  # input dimensions the learned model sees (padded with ones)
 # FP32 elements of a vector register (AVX-512; a 64-byte cache line): a GEMM's feature of how
 # much of its last vector along n is padding (the sweep teaches how much that costs here), and

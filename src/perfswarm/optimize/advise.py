@@ -29,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     device.low_utilization,
     device.fp32_gemm,
     precision.float64_ops,
+    precision.reduced_precision_ops,
     device.fusion,
     conv_fusion.conv_fusion,
     optimizer.single_tensor_optimizer,

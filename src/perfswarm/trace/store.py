@@ -72,20 +72,31 @@ class Manifest(TypedDict):
     extra: NotRequired[dict[str, Any]]
 
 
+# /proc/cpuinfo flags of units that compute bf16 or fp16 natively (x86's AVX-512 and AMX; Arm's
+# bf16 and half-precision SIMD)
+REDUCED_PRECISION_UNITS: Final = frozenset({"avx512_bf16", "amx_bf16", "avx512_fp16",
+                                            "amx_fp16", "bf16", "asimdhp"})
+
+
 def host_info() -> dict[str, Any]:
     """What this machine is: enough to tell runs apart and to pick a CPU model."""
     cpu_model = platform.processor()
+    units: list[str] = []
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu_model = next((line.split(":", 1)[1].strip() for line in lines
+                          if line.startswith("model name")), cpu_model)
+        flags = next((line.split(":", 1)[1].split() for line in lines
+                      if line.startswith(("flags", "Features"))), [])
+        units = sorted(set(flags) & REDUCED_PRECISION_UNITS)
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": cpu_model,
         "cores": os.cpu_count() or 1,
+        # the CPU's bf16/fp16 units (empty: it computes them by converting to float32)
+        "reduced_precision_units": units,
     }
 
 

@@ -34,7 +34,7 @@ def last_level_cache_bytes(root: Path = _SYSFS) -> float:
     return best[1]
 
 
-def _best_rate(work: float, run: Callable[[], object], repeats: int = 5) -> float:
+def best_rate(work: float, run: Callable[[], object], repeats: int = 5) -> float:
     """work / the fastest of `repeats` calls of run()."""
     times = []
     for _ in range(repeats):
@@ -53,9 +53,9 @@ def measured_ceilings(threads: int) -> tuple[float, float, float]:
     small = np.ones(1 << 20, np.float32)  # 4 MiB: past a core's L2, within the LLC
     big_out, small_out = np.empty_like(big), np.empty_like(small)
     with threadpool_limits(threads):
-        flops = _best_rate(2.0 * 768**3, lambda: a @ a)
-    memory = _best_rate(2.0 * big.nbytes, partial(np.copyto, big_out, big), 3)
-    cache = _best_rate(2.0 * small.nbytes, partial(np.copyto, small_out, small), 9)
+        flops = best_rate(2.0 * 768**3, lambda: a @ a)
+    memory = best_rate(2.0 * big.nbytes, partial(np.copyto, big_out, big), 3)
+    cache = best_rate(2.0 * small.nbytes, partial(np.copyto, small_out, small), 9)
     return flops, memory, cache
 
 

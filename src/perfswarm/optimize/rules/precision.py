@@ -24,10 +24,18 @@ import pyarrow.compute as pc
 from perfswarm.analyze.annotations import host_calls
 from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import Events
-from perfswarm.model.opcost import FLOAT_TYPES, VIEW_OPS, OpCost, Shapes, shapes_from_args
+from perfswarm.model.opcost import (
+    FLOAT_TYPES,
+    REDUCED_DTYPES,
+    VIEW_OPS,
+    OpCost,
+    Shapes,
+    gemm_dims,
+    shapes_from_args,
+)
 from perfswarm.model.opstats import costed_ops
 from perfswarm.model.specs import DeviceSpec
-from perfswarm.optimize.fuse.host import measured_ceilings
+from perfswarm.optimize.fuse.host import best_rate, measured_ceilings
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, col, where
 from perfswarm.optimize.rules.threads import ran_with
@@ -184,10 +192,8 @@ def _ceilings(facts: Facts, costs: list[OpCost | None], own: npt.NDArray[np.int6
                if c is not None and o >= large and o > 0]
     flops = max((f for f, _ in reached), default=0.0) * 1e9
     moved = max((b for _, b in reached), default=0.0) * 1e9
-    host, here = facts.manifest.get("host", {}), host_info()
-    if (host.get("hostname"), host.get("cpu_model")) == (here["hostname"], here["cpu_model"]):
-        found = ran_with(facts)
-        threads = found.threads if found is not None else int(here["cores"])
+    threads = _threads_here(facts)
+    if threads is not None:
         gemm, memory, _ = _measured(threads)
         return (max(flops, gemm * _HALF), memory,
                 f"this host's ceilings, measured here with {threads} thread(s) (a float32 "
@@ -197,6 +203,16 @@ def _ceilings(facts: Facts, costs: list[OpCost | None], own: npt.NDArray[np.int6
 
 
 _measured = functools.cache(measured_ceilings)
+
+
+def _threads_here(facts: Facts) -> int | None:
+    """The Run's intra-op threads (ran_with; else this host's cores) where it was recorded on
+    this host (its name and CPU model), so that what is timed here is of its CPU; else None."""
+    host, here = facts.manifest.get("host", {}), host_info()
+    if (host.get("hostname"), host.get("cpu_model")) != (here["hostname"], here["cpu_model"]):
+        return None
+    found = ran_with(facts)
+    return found.threads if found is not None else int(here["cores"])
 
 
 def _peaks(spec: DeviceSpec, gemm: bool) -> tuple[float, float] | None:
@@ -275,3 +291,103 @@ def _on_device(facts: Facts) -> Advice | None:
                  "kernels' time")
     return advice(facts, "float64_ops", f"{share:g}% of the time computes in float64 on the "
                   "device", evidence, fp64_ns - fp32_ns, basis, _CHANGE)
+
+
+# the families whose work a CPU's bf16/fp16 units speed up (matrix products, convolutions):
+# elementwise math in them converts to float32 and back on any CPU
+_MATRIX: Final = ("gemm", "conv", "conv_backward")
+_SIMILAR: Final = 2.0  # the Run's float32 ops of FLOPs within this factor compare with an op
+
+
+def reduced_precision_ops(facts: Facts) -> Advice | None:
+    """Matrix products and convolutions computing in bf16 or fp16 on the CPU (autocast's) take
+    a real share of the measured time and ran slower per FLOP than float32 does at their
+    sizes: the Run's own float32 ops of the family and similar FLOPs, else, for a GEMM of a
+    Run recorded on this host, float32 GEMMs of its shape timed here. A CPU without bf16 units
+    (avx512_bf16, AMX) converts each to float32 and back: oneDNN's bf16 GEMMs ran at 0.4
+    GFLOP/s on an AVX2 CPU, 5x slower a step than float32."""
+    if facts.device_events.num_rows:
+        return None
+    ops = facts.in_window(facts.kind("cpu_op"))
+    rows = col(ops, "row")
+    costs = _innermost_costs(facts, rows)
+    picked = [(i, c) for i, c in enumerate(costs)
+              if c is not None and c.family in _MATRIX and c.dtype in REDUCED_DTYPES]
+    if not picked:
+        return None
+    own_all = np.asarray(host_calls(Events.load(facts.run)).cpu_self[rows], np.int64)
+    reduced = np.isin(np.arange(ops.num_rows), [i for i, _ in picked])
+    own = own_all[reduced]  # (picked is in row order, as `reduced` keeps them)
+    reduced_ns = int(own.sum())
+    share = pct(reduced_ns, facts.wall_ns)
+    if share < _MIN_SHARE:
+        return None
+    fp32 = [(c, int(o)) for c, o in zip(costs, own_all.tolist(), strict=True)
+            if c is not None and c.family in _MATRIX and c.dtype == "fp32" and o > 0]
+    details = facts.with_text(where(ops, reduced), "detail").column("detail").to_pylist()
+    estimates = [_fp32_ns(facts, c, shapes_from_args(d), fp32)
+                 for (_, c), d in zip(picked, details, strict=True)]
+    judged = np.array([e is not None for e, _ in estimates], bool)
+    if not judged.any():
+        return None
+    flops = np.array([c.flops for _, c in picked], np.float64)
+    slow_ns, fp32_ns = float(own[judged].sum()), sum(e for e, _ in estimates if e is not None)
+    if slow_ns <= fp32_ns:
+        return None
+    rate, fp32_rate = float(flops[judged].sum()) / slow_ns, float(flops[judged].sum()) / fp32_ns
+    sources = sorted({s for e, s in estimates if e is not None})
+    units = facts.manifest.get("host", {}).get("reduced_precision_units")
+    dtypes = "/".join(sorted({c.dtype for _, c in picked}))
+    hardware = ("the recording host's CPU has no bf16 or fp16 units (no avx512_bf16 or "
+                "amx_bf16 flag): it converts them to float32 and back" if units == [] else
+                f"the recording host's CPU has {', '.join(units)}" if units else
+                "the recording did not keep the CPU's flags")
+    evidence: dict[str, Any] = {
+        "reduced_ops": len(picked), "dtypes": dtypes, "reduced_ns": reduced_ns,
+        "reduced_share_pct": share, "judged_ops": int(judged.sum()),
+        "gflops_reduced": round(rate, 3), "gflops_fp32": round(fp32_rate, 3),
+        "fp32_estimate_ns": round(fp32_ns), "fp32_sources": sources,
+        "cpu_units": units, "top_ops": _top(facts, where(ops, reduced), own)}
+    return advice(facts, "reduced_precision_cpu",
+                  f"{share:g}% of the time runs {dtypes} matrix work at {rate:.3g} GFLOP/s, "
+                  f"slower than float32's {fp32_rate:.3g} here",
+                  evidence, slow_ns - fp32_ns,
+                  f"measured float32 rates at the same work: {'; '.join(sources)}; each judged "
+                  f"op's FLOPs (model/opcost.py) at that rate against its own time ({hardware})",
+                  "run these ops in float32 on this CPU: drop torch.autocast(\"cpu\", "
+                  "dtype=torch.bfloat16) (or .half()/.bfloat16() casts of the model and data), "
+                  "or enable it only where the CPU has bf16 units (avx512_bf16, amx_bf16 in "
+                  "/proc/cpuinfo's flags: oneDNN's bf16 kernels run on them)")
+
+
+def _fp32_ns(facts: Facts, cost: OpCost, shapes: Shapes | None,
+             fp32: list[tuple[OpCost, int]]) -> tuple[float | None, str]:
+    """An op's time in float32, measured, and where it comes from: its FLOPs at the rate the
+    Run's own float32 ops of its family and FLOPs within _SIMILAR of its reached (their FLOPs
+    over their own time), else, for a GEMM of a Run recorded on this host, a float32 GEMM of
+    its shape timed here with the Run's intra-op threads; None where neither is there."""
+    alike = [(c.flops, o) for c, o in fp32 if c.family == cost.family
+             and cost.flops / _SIMILAR <= c.flops <= cost.flops * _SIMILAR]
+    if alike and cost.flops > 0:
+        work, ns = map(sum, zip(*alike, strict=True))
+        return cost.flops * ns / work, "the Run's own float32 ops of the family and similar FLOPs"
+    dims = gemm_dims(cost.op, shapes.dims) if shapes is not None and cost.family == "gemm" \
+        else None
+    threads = _threads_here(facts)
+    if dims is None or threads is None:
+        return None, ""
+    return (1e9 * cost.flops / _sgemm_rate(dims, threads),
+            f"float32 GEMMs of the ops' shapes timed on this host (numpy's BLAS, {threads} "
+            "thread(s))")
+
+
+@functools.cache
+def _sgemm_rate(dims: tuple[int, int, int, int], threads: int) -> float:
+    """FLOP/s of a float32 GEMM of (batch, m, k, n) on this host with `threads` BLAS threads,
+    the best of a few calls."""
+    from threadpoolctl import threadpool_limits
+
+    batch, m, k, n = dims
+    a, b = np.ones((batch, m, k), np.float32), np.ones((batch, k, n), np.float32)
+    with threadpool_limits(threads):
+        return best_rate(2.0 * batch * m * k * n, lambda: a @ b, 20)
