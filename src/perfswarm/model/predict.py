@@ -1156,7 +1156,9 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     insts = instances(g, m.ev, kernel_point)
     measured = m.iterations(Timeline(g.ts, g.end), g.end - g.ts)
     lengths = {(rank, step): hi - lo for rank, step, lo, hi, _ in measured}
-    counted = profiled_threads(run)
+    every = step_threads(run.table("counters", columns=["rank", "ts", "name", "value"]),
+                         run.table("steps"))  # every step's threads, read once
+    counted = {k: n for k, n in every.items() if k in lengths}  # the profiled steps'
     threads = recorded_threads(run, counted)
     if changed := history(counted):  # the steps of one count are of the program: the others'
         lengths = {k: v for k, v in lengths.items() if counted.get(k, threads) == threads}
@@ -1263,13 +1265,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     counts, touch = _scale_kernels(m, transform, scaler, unmodelled, dur, found)
     if m.platform == "cpu" and (compiled := _compiled_kernels_ns(m, measured, steady)):
         notes.append(COMPILED_NOTE.format(
-            ms=compiled / 1e6, pct=100 * compiled / statistics.median(
-                hi - lo for rank, step, lo, hi, _ in measured
-                if not steady or (rank, step) in steady),
+            ms=compiled / 1e6, pct=100 * compiled / found.median_ns,
             changed=", at the new shapes too (unmodelled: it grows with the activations it "
             "computes)" if batch is not None or dims else ""))
     if isinstance(scaler, ProfileScaler) and (batch is not None or dims):
-        notes += _unswept(m, measured, steady)
+        notes += _unswept(m, measured, steady, found.median_ns)
     if touch.unpriced_ns:
         notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
                                           ms=touch.unpriced_ns / 1e6))
@@ -1284,7 +1284,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     gap = g.anchor_gaps(dur, gap)
     predicted = simulate(m.schedule, dur, gap)
     notes += _window_faults(run, profile)
-    own = unprofiled(run, threads, notes)
+    own = unprofiled(run, every, threads, notes)
     compared = _compare(compare) if compare is not None else None
     breakdown = _breakdowns(m, predicted, dur)
     steps = [StepResult(rank, step, hi - lo, r_hi - r_lo, p_hi - p_lo,
@@ -1355,12 +1355,23 @@ def _op_graph_prediction(m: _Model, change: Change, overheads: OverheadModel,
                       tuple(notes), steady)
 
 
-def _compiled_kernels_ns(m: _Model, measured: Sequence[tuple[int, int, int, int, int]],
-                         steady: frozenset[tuple[int, int]]) -> int:
+Measured = Sequence[tuple[int, int, int, int, int]]  # m.iterations: rank, step, start, end, active
+
+
+def _steady_median(rank: I64, ts: I64, dur: I64, measured: Measured,
+                   steady: frozenset[StepKey]) -> float:
+    """The median over the steady `measured` steps (all of them without steady ones) of the
+    time `dur` of the pieces (on `rank`, starting at `ts`) in each step."""
+    per_step = [int(dur[(rank == r) & (ts >= lo) & (ts < hi)].sum())
+                for r, step, lo, hi, _ in measured if not steady or (r, step) in steady]
+    return statistics.median(per_step) if per_step else 0.0
+
+
+def _compiled_kernels_ns(m: _Model, measured: Measured, steady: frozenset[StepKey]) -> int:
     """The time a step spends in torch.compile's generated kernels on the CPU: its compiled
     graphs' calls' time (COMPILED_GRAPH) that no op inside them on their thread covers, the
-    median over the steady `measured` steps (all of them without steady ones); 0 without
-    compiled graphs. (It had been counted as the framework's time, unsaid.)"""
+    `_steady_median`; 0 without compiled graphs. (It had been counted as the framework's
+    time, unsaid.)"""
     ev = m.ev
     codes = [i for i, n in enumerate(ev.names) if COMPILED_GRAPH.match(n)]
     calls = np.flatnonzero(np.isin(ev.name, codes)) if codes else np.zeros(0, np.int64)
@@ -1373,18 +1384,15 @@ def _compiled_kernels_ns(m: _Model, measured: Sequence[tuple[int, int, int, int,
                     & (ev.ts[ops] >= ev.ts[c]) & (ev.end[ops] <= ev.end[c])]
         starts, ends = union(ev.ts[inner].astype(np.int64), ev.end[inner].astype(np.int64))
         own[i] = int(ev.end[c] - ev.ts[c]) - int((ends - starts).sum())
-    per_step = [int(own[(ev.rank[calls] == rank) & (ev.ts[calls] >= lo)
-                        & (ev.ts[calls] < hi)].sum())
-                for rank, step, lo, hi, _ in measured if not steady or (rank, step) in steady]
-    return round(statistics.median(per_step)) if per_step else 0
+    return round(_steady_median(ev.rank[calls], ev.ts[calls], own, measured, steady))
 
 
-def _unswept(m: _Model, measured: Sequence[tuple[int, int, int, int, int]],
-              steady: frozenset[tuple[int, int]]) -> list[str]:
+def _unswept(m: _Model, measured: Measured, steady: frozenset[StepKey],
+             step_ns: float) -> list[str]:
     """A note (UNSWEPT_NOTE) where ops with a cost model, which a CPU profile prices, compute in
     a reduced precision (bf16, fp16: the profile swept SWEPT_DTYPE alone): the four names with
-    the most compute time, and that time a step of them all, the median over the steady
-    `measured` steps (all without steady ones)."""
+    the most compute time, and that time a step of them all (`_steady_median`), of the steady
+    median step `step_ns`."""
     g, ev = m.graph, m.ev
     node = np.flatnonzero(m.compute)
     rows = np.unique(g.row[node])
@@ -1396,11 +1404,7 @@ def _unswept(m: _Model, measured: Sequence[tuple[int, int, int, int, int]],
     if not reduced:
         return []
     hit = node[np.isin(g.row[node], list(reduced))]
-    kept = [(rank, lo, hi) for rank, step, lo, hi, _ in measured
-            if not steady or (rank, step) in steady]
-    per_step = [int(g.dur[hit][(ev.rank[g.row[hit]] == rank) & (g.ts[hit] >= lo)
-                               & (g.ts[hit] < hi)].sum()) for rank, lo, hi in kept]
-    ns = statistics.median(per_step)
+    ns = _steady_median(ev.rank[g.row[hit]], g.ts[hit], g.dur[hit], measured, steady)
     if ns <= 0:
         return []
     by_name: Counter[str] = Counter()
@@ -1409,7 +1413,7 @@ def _unswept(m: _Model, measured: Sequence[tuple[int, int, int, int, int]],
     return [UNSWEPT_NOTE.format(
         ops=", ".join(n for n, _ in by_name.most_common(4)),
         dtypes="/".join(sorted({d for _, d in reduced.values()})), ms=ns / 1e6,
-        pct=100 * ns / statistics.median(hi - lo for _, lo, hi in kept), swept=SWEPT_DTYPE)]
+        pct=100 * ns / step_ns, swept=SWEPT_DTYPE)]
 
 
 def _window_faults(run: Run, profile: Profile | None) -> list[str]:
@@ -1430,18 +1434,17 @@ def _window_faults(run: Run, profile: Profile | None) -> list[str]:
             "the prediction, of a profiled step, carries them"]
 
 
-def unprofiled(run: Run, threads: int | None = None, notes: list[str] | None = None
-               ) -> int | None:
+def unprofiled(run: Run, counted: Mapping[StepKey, int] | None = None,
+               threads: int | None = None, notes: list[str] | None = None) -> int | None:
     """The Run's program step outside the profiler's window (iterations.step_time: the
     median of the steps the recorder timed after it), None where it timed none there or
     where those steps differ (a robust spread over ALIKE of their median: sequences bucketed
     by length, or other load stretching some), which no one step stands for: said in `notes`
     (the row had gone missing unsaid). With `threads` (the count the
-    prediction is of), a step the recorder counted at other intra-op threads is another
-    program's: left out, and those after the window said in `notes`."""
+    prediction is of), a step `counted` (every step's intra-op threads, step_threads) at
+    other intra-op threads is another program's: left out, and those after the window said
+    in `notes`."""
     steps, sizes = run.table("steps"), batch_sizes(run)
-    counted = step_threads(run.table("counters", columns=["rank", "ts", "name", "value"]),
-                           steps) if threads is not None else {}
     timing = step_time(steps, sizes)
     if counted and timing is not None and threads is not None:
         ran = [counted.get((r, s), threads) for r, s in zip(
