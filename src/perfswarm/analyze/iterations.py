@@ -59,6 +59,7 @@ from perfswarm.trace.schema import FAULTS, PROFILED, STEP_BATCH
 from perfswarm.trace.store import Run
 
 Source = Literal["marker", "detected", "window"]  # window: a time window (analyze.aisi)
+StepKey = tuple[int, int]  # (rank, step)
 MIN_MATCH = 0.8  # a training loop repeats closely; weaker agreement is chance
 MAX_LAGS = 64  # candidate periods tried (the most frequent inter-occurrence lags)
 

@@ -12,11 +12,9 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
-from perfswarm.analyze.iterations import hook_readings, profiled
+from perfswarm.analyze.iterations import StepKey, hook_readings, profiled
 from perfswarm.trace.schema import HOOK_THREADS
 from perfswarm.trace.store import Run
-
-StepKey = tuple[int, int]  # (rank, step)
 
 
 def step_threads(counters: pa.Table, steps: pa.Table) -> dict[StepKey, int]:

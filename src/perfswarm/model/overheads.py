@@ -28,6 +28,7 @@ import numpy as np
 
 from perfswarm.analyze.frame import I64, KIND, Events, Mask
 from perfswarm.analyze.intervals import sorted_unique
+from perfswarm.analyze.iterations import StepKey
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.graph import HOST, Graph
@@ -51,7 +52,6 @@ def trimmed_mean(values: Iterable[float]) -> float:
     return float(arr[cut:len(arr) - cut].mean()) if len(arr) > 2 * cut else float(arr.mean())
 
 
-StepKey = tuple[int, int]  # (rank, step)
 STEADY_MADS: Final = 3.0  # steps further than this many MADs from the median step are disturbed
 MAD_FLOOR: Final = 0.02  # of the median step: steps that vary less than this all count
 

@@ -59,6 +59,7 @@ from perfswarm.analyze.frame import (
 from perfswarm.analyze.groups import process_groups
 from perfswarm.analyze.intervals import Covered, WindowSums, sorted_unique, union
 from perfswarm.analyze.iterations import (
+    StepKey,
     batch_sizes,
     event_steps,
     iterations,
@@ -108,7 +109,6 @@ from perfswarm.model.overheads import (
     Instances,
     OverheadModel,
     Steady,
-    StepKey,
     apply_overheads,
     fit_overheads,
     instances,
