@@ -1209,6 +1209,32 @@ def test_page_faults_in_and_after_the_window(tmp_path: Path) -> None:
     assert not [n for n in predict(alike, profile=profile).notes if "page faults" in n]
 
 
+def test_page_faults_after_the_window_at_other_threads_are_left_out(tmp_path: Path) -> None:
+    """Steps after the window at another intra-op thread count (the recorder's HOOK_THREADS
+    counter: 2 in the window and the first three after it, 1 from step 8) fault another
+    program's pages: the note compares the window with the three at 2 threads (256 a step
+    each, no excess: no note), not with the median of all six (160: a note of 96 faults a
+    step the profiler did not cause)."""
+    from perfswarm.trace.schema import HOOK_THREADS
+
+    run = _with_steps_around(_faulting_run(tmp_path, 256), [256.0] * 3 + [64.0] * 3)
+    assert step_faults(run) == StepFaults(256.0, 160.0)
+    counters = run.table("counters")
+    ts = counters.column("ts").to_pylist()  # a reading at every hook: step k's at ts[k + 1]
+    steps = run.table("steps").to_pydict()
+    late = {e for s, e in zip(steps["step"], steps["end"], strict=True) if s >= 8}
+    run.write_table("counters", pa.concat_tables([counters, pa.table({
+        "rank": [0] * len(ts), "ts": ts, "name": [HOOK_THREADS] * len(ts),
+        "device": [-1] * len(ts),
+        "value": [1.0 if t in late else 2.0 for t in ts]}).cast(counters.schema)]))
+    assert step_faults(run, [(0, 8), (0, 9), (0, 10)]) == StepFaults(256.0, 256.0)
+    p = predict(run)
+    assert not [n for n in p.notes if n.startswith("the profiled steps took")]
+    assert [n for n in p.notes if "other intra-op threads" in n] == [
+        "3 steps after the window ran at other intra-op threads (1) than the prediction's 2: "
+        "left out of the program's own step there"]
+
+
 def test_forecast_dispatch_is_read_off_the_steady_steps(tmp_path: Path) -> None:
     """nanoGPT recorded on this CPU (tests/data/nanogpt_cpu.txt), forecast on a GPU: the
     dispatch of the ops that launch nothing is one median own time, read off the steps flagged

@@ -263,14 +263,20 @@ class StepFaults:
     outside: float | None
 
 
-def step_faults(run: Run) -> StepFaults | None:
-    """The Run's StepFaults; None without the counter or a profiled step."""
-    steps = run.table("steps", columns=["rank", "start", "end", "source"])
+def step_faults(run: Run, left_out: Collection[StepKey] = ()) -> StepFaults | None:
+    """The Run's StepFaults; None without the counter or a profiled step. The steps
+    `left_out` (rank, step) count on neither side: another program's, as steps at other
+    intra-op threads are (each thread's buffers its own pages)."""
+    steps = run.table("steps", columns=["rank", "step", "start", "end", "source"])
     source = np.asarray(steps.column("source").cast(pa.string()).to_pylist(), object)
     delta = hook_deltas(run.table("counters", columns=["rank", "ts", "name", "value"]),
                         steps, FAULTS)
     s_rank, s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64)
                               for c in ("rank", "start", "end"))
+    if left_out:
+        left = set(left_out)
+        delta[[k in left for k in zip(s_rank.tolist(), steps.column("step").to_pylist(),
+                                      strict=True)]] = np.nan
     found: dict[str, list[float]] = {PROFILED: [], UNPROFILED: []}
     for r in np.unique(s_rank[source == PROFILED]).tolist():
         mine = s_rank == r

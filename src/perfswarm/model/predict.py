@@ -1283,7 +1283,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             notes.append("no per-sample DataLoader work found; input pipeline time kept")
     gap = g.anchor_gaps(dur, gap)
     predicted = simulate(m.schedule, dur, gap)
-    notes += _window_faults(run, profile)
+    notes += _window_faults(run, profile, every, threads)
     own = unprofiled(run, every, threads, notes)
     compared = _compare(compare) if compare is not None else None
     breakdown = _breakdowns(m, predicted, dur)
@@ -1416,11 +1416,13 @@ def _unswept(m: _Model, measured: Measured, steady: frozenset[StepKey],
         pct=100 * ns / step_ns, swept=SWEPT_DTYPE)]
 
 
-def _window_faults(run: Run, profile: Profile | None) -> list[str]:
+def _window_faults(run: Run, profile: Profile | None, counted: Mapping[StepKey, int],
+                   threads: int | None) -> list[str]:
     """A note where the profiled steps took more page faults than the steps after the
     window (iterations.StepFaults): a profiled step's own cost, which the prediction, of a
-    profiled step, carries."""
-    found = step_faults(run)
+    profiled step, carries. Steps `counted` (step_threads) at other intra-op threads than
+    the prediction's `threads` are left out on both sides, as `unprofiled` leaves them."""
+    found = step_faults(run, [k for k, n in counted.items() if threads not in (None, n)])
     if found is None or found.outside is None or found.profiled - found.outside < (
             FAULT_EXCESS * found.profiled) or found.profiled <= 0:
         return []
