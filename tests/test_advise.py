@@ -348,9 +348,11 @@ def test_tensors_a_batch_are_the_collates_alone(tmp_path: Path) -> None:
 
 
 def test_advise_prices_the_receive_by_a_calibrated_profile(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
-    """`advise --profile` (and `report --profile`) price taking a batch from a worker at the
+    """`advise --profile` (and `report --profile`, and the advice on `board --profile`'s
+    reports) price taking a batch from a worker at the
     host's cost, from calibrate's profile: a loader of 1.5 ms a batch beside 13.5 ms of compute
     on 2 cores is told 1 worker at the defaults (0.6 ms a batch of 1 tensor), and nothing
     where the host takes 2 ms (a slower host, or larger batches: 4 tensors cost twice 1's); the
@@ -375,6 +377,23 @@ def test_advise_prices_the_receive_by_a_calibrated_profile(tmp_path: Path,
     assert main(["report", str(run.path), "--json", "--profile", str(profile)]) == 0
     report = orjson.loads(capsys.readouterr().out)
     assert [a["evidence"]["receive_ns"] for a in report["advice"]
+            if a["rule"] == "data_loading"] == [300_000]
+    served: dict[str, Any] = {}
+
+    class Board:  # the server the command starts, its advice kept and its serving stopped
+        def __init__(self, root: Path, host: str, port: int, **given: Any) -> None:
+            self.root, self.url = root, "http://board"
+            served.update(given)
+
+        def serve_forever(self) -> None:
+            raise KeyboardInterrupt
+
+        def server_close(self) -> None:
+            pass
+
+    monkeypatch.setattr("perfswarm.cli.board_cmd.BoardServer", Board)
+    assert main(["board", str(tmp_path), "--profile", str(profile)]) == 0
+    assert [a["evidence"]["receive_ns"] for a in served["advice"](run)
             if a["rule"] == "data_loading"] == [300_000]
     profile.write_text('{"families": {}}')
     assert main(["advise", str(run.path), "--profile", str(profile)]) == 2

@@ -1,4 +1,4 @@
-"""`perfswarm board [DIR] [--host 127.0.0.1] [--port N]`."""
+"""`perfswarm board [DIR] [--host 127.0.0.1] [--port N] [--profile cpu-profile.json]`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 
 from perfswarm.cli.app import app
 from perfswarm.cli.output import console
+from perfswarm.model.receive import DEFAULT, PROFILE_HELP, receive_of
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.project import report_projection
 from perfswarm.report.board import BoardServer, list_runs
@@ -19,9 +20,12 @@ def board_command(
     root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding Run directories.")] = Path("."),
     host: Annotated[str, typer.Option("--host", help="Address to bind (local only by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0 picks a free one).")] = 8765,
+    profile: Annotated[Path | None, typer.Option("--profile", help=PROFILE_HELP)] = None,
 ) -> None:
     """A read-only local web app: lists the runs in DIR, opens their reports, compares two."""
-    server = BoardServer(root, host, port, advice=lambda run: advise(run).to_dict()["advice"],
+    receive = receive_of(profile) if profile else DEFAULT
+    server = BoardServer(root, host, port,
+                         advice=lambda run: advise(run, receive=receive).to_dict()["advice"],
                          projection=report_projection)
     console.print(f"perfswarm board: {len(list_runs(server.root))} runs in {server.root} "
                   f"at {server.url} (Ctrl-C stops it)")
