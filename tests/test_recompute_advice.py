@@ -90,7 +90,8 @@ def test_recomputation_is_found_priced_and_advised(runs: dict[str, Run], mode: s
     # 64 x 512 and the layer norm's 64 x 128, three blocks
     assert ev["activation_bytes"] == 3 * 4 * 64 * (128 + 512 + 512 + 128)
     assert ev["fits"] is True and ev["free_of"] == "host" and ev["free_bytes"] > 1 << 20
-    assert "drop torch.utils.checkpoint" in a.change
+    assert ev["segments_that_fit"] == 3
+    assert a.change.startswith("drop torch.utils.checkpoint")
     assert recompute.activation_checkpointing in RULES
     assert "activation_checkpointing" in {x.rule for x in advise(runs[mode]).advice}
     if mode == "reentrant":
@@ -106,9 +107,27 @@ def test_no_checkpoint_and_double_backward_are_no_recomputation(runs: dict[str, 
         assert recompute.activation_checkpointing(facts) is None, mode
 
 
+def test_where_only_some_segments_fit_fewer_are_checkpointed(runs: dict[str, Run]) -> None:
+    """Free memory for one and a half segments' activations within the headroom (half of it):
+    one of a step's three segments may go unchecked, and the gain is a third of the
+    recomputation's."""
+    facts = Facts.of(runs["ckpt"])
+    start = facts.window(facts.ranks[0])[0]
+    # a step's activations are 983,040 bytes (test above): a third each, half of it free
+    counters = pa.table({"rank": [-1], "ts": [start], "name": [recompute.AVAILABLE],
+                         "device": [-1], "value": [983_040.0]})
+    whole = recompute.activation_checkpointing(facts)
+    a = recompute.activation_checkpointing(replace(facts, counters=counters))
+    assert whole is not None and whole.gain_ns is not None
+    assert a is not None and a.gain_ns is not None
+    assert a.evidence["fits"] is False and a.evidence["segments_that_fit"] == 1
+    assert abs(a.gain_ns - whole.gain_ns / 3) <= 1
+    assert a.change.startswith("checkpoint 1 fewer of a step's 3 segments")
+
+
 def test_activations_that_would_not_fit_are_not_advised_away(
         runs: dict[str, Run], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the activations it frees need more than the headroom of the free memory, the
+    """Where not one segment's activations fit in the headroom of the free memory, the
     advice says so, keeps checkpointing and claims no gain."""
     monkeypatch.setattr(recompute, "_HEADROOM", 1e-9)
     a = recompute.activation_checkpointing(Facts.of(runs["ckpt"]))

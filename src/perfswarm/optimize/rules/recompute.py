@@ -66,7 +66,8 @@ def recomputed(facts: Facts) -> tuple[pa.Table, pa.Table] | None:
 def activation_checkpointing(facts: Facts) -> Advice | None:
     """Recomputation (its forward ops and their Python) takes a real share of the measured
     time, where the activations it frees would fit in the memory free: drop checkpointing,
-    or checkpoint fewer segments. Where they would not fit, said, with no gain."""
+    or, where only some segments' would, checkpoint that many fewer (the gain theirs). Where
+    not one segment's would fit, said, with no gain."""
     found = recomputed(facts)
     if found is None:
         return None
@@ -81,34 +82,48 @@ def activation_checkpointing(facts: Facts) -> Advice | None:
     steps = facts.step_count()
     frees = _activation_bytes(facts, ops) // steps
     free, where_free = _free_bytes(facts)
-    fits = free is None or frees <= _HEADROOM * free
+    segments = nodes.num_rows / steps  # a step's
+    # how many of a step's segments may go unchecked: the activations of each (their mean)
+    # within _HEADROOM of the free memory; all of them where it was not sampled
+    room = segments if free is None or not frees else min(
+        segments, float(np.floor(_HEADROOM * free / (frees / segments))))
     evidence: dict[str, Any] = {
         "segments": nodes.num_rows, "recomputed_ops": ops.num_rows,
         "recompute_ns": recompute_ns, "recompute_python_ns": python_ns,
         "recompute_share_pct": share, "per_step_ns": round(cost / steps),
         "activation_bytes": frees, "free_bytes": free, "free_of": where_free,
-        "fits": fits, "top_ops": [f"{n} {t / 1e6:,.3f} ms"
-                                  for n, t in facts.by_name(ops, col(ops, "dur"))[:3]]}
+        "fits": room >= segments, "segments_that_fit": round(room),
+        "top_ops": [f"{n} {t / 1e6:,.3f} ms"
+                    for n, t in facts.by_name(ops, col(ops, "dur"))[:3]]}
     title = (f"{share:g}% of the time recomputes checkpointed activations "
              f"({nodes.num_rows} segments, {cost / steps / 1e6:,.3f} ms a step)")
-    if not fits:
+    memory = (f"the activations it frees, about {frees / 2**20:,.1f} MiB a step "
+              f"({segments:g} segments)")
+    if room < 1:
         return advice(facts, "activation_checkpointing", title + ": they would not fit",
                       evidence, None,
-                      f"no time saved: the activations it frees ({frees / 2**20:,.1f} MiB a "
-                      f"step) need more than {_HEADROOM:.0%} of the {where_free}'s free "
-                      f"{(free or 0) / 2**20:,.1f} MiB",
+                      f"no time saved: {memory} need more than {_HEADROOM:.0%} of the "
+                      f"{where_free}'s free {(free or 0) / 2**20:,.1f} MiB, one segment's too",
                       "keep activation checkpointing: the memory it saves is needed here")
-    return advice(facts, "activation_checkpointing", title, evidence, cost,
-                  "measured: the recomputed forward ops' time in the backward nodes that ran "
-                  "them, plus those nodes' own time beside their ops (the recomputation's "
-                  "Python: the segment's module code, the saved-tensor hooks, the RNG state's "
-                  "save and restore, the autocast contexts); the forward's checkpoint calls "
-                  "are not counted",
-                  "drop torch.utils.checkpoint (call the blocks directly) or checkpoint fewer "
-                  f"segments: the activations it frees, about {frees / 2**20:,.1f} MiB a step, "
-                  + ("fit in the " + where_free + f"'s free {free / 2**20:,.1f} MiB"
-                     if free is not None else "against memory the Run did not sample (record "
-                     "with the system collector, or check the peak without checkpointing)"))
+    basis = ("measured: the recomputed forward ops' time in the backward nodes that ran them, "
+             "plus those nodes' own time beside their ops (the recomputation's Python: the "
+             "segment's module code, the saved-tensor hooks, the RNG state's restore, the "
+             "autocast contexts); the forward's checkpoint calls are not counted")
+    if free is None:
+        change = (f"drop torch.utils.checkpoint (call the blocks directly) or checkpoint fewer "
+                  f"segments: {memory}, against memory the Run did not sample (record with the "
+                  "system collector, or check the peak without checkpointing)")
+    elif room >= segments:
+        change = (f"drop torch.utils.checkpoint (call the blocks directly): {memory} fit in the "
+                  f"{where_free}'s free {free / 2**20:,.1f} MiB")
+    else:
+        basis += (f"; {room:g} of a step's {segments:g} segments' share of it (their "
+                  "activations' mean each)")
+        change = (f"checkpoint {room:g} fewer of a step's {segments:g} segments (call those "
+                  f"blocks directly): {memory}, {room:g} of them within {_HEADROOM:.0%} of the "
+                  f"{where_free}'s free {free / 2**20:,.1f} MiB")
+    return advice(facts, "activation_checkpointing", title, evidence, cost * room / segments,
+                  basis, change)
 
 
 def _activation_bytes(facts: Facts, ops: pa.Table) -> int:
