@@ -15,6 +15,7 @@ from perfswarm.optimize.rules import (
     loader,
     optimizer,
     precision,
+    recompute,
     samples,
 )
 from perfswarm.optimize.rules.base import Advice, AdviceDict, Rule
@@ -30,6 +31,7 @@ RULES: tuple[Rule, ...] = (
     device.fp32_gemm,
     precision.float64_ops,
     precision.reduced_precision_ops,
+    recompute.activation_checkpointing,
     device.fusion,
     conv_fusion.conv_fusion,
     optimizer.single_tensor_optimizer,

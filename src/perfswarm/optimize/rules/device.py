@@ -42,8 +42,8 @@ def low_utilization(facts: Facts) -> Advice | None:
     device = {r: int(col(mine, "device").min())
               for (r,), mine in groups(facts.device_events, ["rank"])}
     loader = facts.busy_ns(facts.loader_calls)
-    capacity = _capacity(facts)
-    peaks = _peak_memory(facts, set(low))
+    capacity = device_capacity(facts)
+    peaks = peak_memory(facts, set(low))
     rows, gain, tight = [], 0.0, []
     for r in low:
         window = facts.window(r)[2]
@@ -251,13 +251,13 @@ def fusion(facts: Facts) -> Advice | None:
                   "LayerNorm/GELU, fused optimizers)")
 
 
-def _capacity(facts: Facts) -> dict[tuple[int, int], int]:
+def device_capacity(facts: Facts) -> dict[tuple[int, int], int]:
     """(rank, device) -> the device's memory in bytes (the manifest's `totalGlobalMem`)."""
     return {(int(d.get("rank", 0)), int(d.get("id", 0))): int(d["totalGlobalMem"])
             for d in facts.manifest["devices"] if d.get("totalGlobalMem")}
 
 
-def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[float, str]]:
+def peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[float, str]]:
     """Peak bytes per (rank, device): the allocator's reserved bytes (the trace's `[memory]`
     events, a memory snapshot's `memory_reserved` on its one device), else sampled usage. The
     recorder's GPU sampler is host-wide (rank -1): its devices count for every rank in `ranks`
@@ -296,11 +296,11 @@ def _peak_memory(facts: Facts, ranks: set[int]) -> dict[tuple[int, int], tuple[f
 
 def memory_capacity(facts: Facts) -> Advice | None:
     """Peak device memory within 10% of capacity: the next larger batch or fragmentation OOMs."""
-    capacity = _capacity(facts)
+    capacity = device_capacity(facts)
     near = [{"rank": r, "device": dev, "peak_bytes": round(peak),
              "capacity_bytes": capacity[r, dev],
              "used_pct": pct(peak, capacity[r, dev]), "source": source}
-            for (r, dev), (peak, source) in _peak_memory(facts, {r for r, _ in capacity}).items()
+            for (r, dev), (peak, source) in peak_memory(facts, {r for r, _ in capacity}).items()
             if (r, dev) in capacity and peak >= _NEAR_CAPACITY * capacity[r, dev]]
     if not near:
         return None
