@@ -18,6 +18,7 @@ from perfswarm.optimize.advise import RULES, advise
 from perfswarm.optimize.rules import recompute
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.recorder.session import RecordOptions, record
+from perfswarm.trace.schema import HOST_AVAILABLE
 from perfswarm.trace.store import Run
 
 LOOP = """
@@ -114,7 +115,7 @@ def test_where_only_some_segments_fit_fewer_are_checkpointed(runs: dict[str, Run
     facts = Facts.of(runs["ckpt"])
     start = facts.window(facts.ranks[0])[0]
     # a step's activations are 983,040 bytes (test above): a third each, half of it free
-    counters = pa.table({"rank": [-1], "ts": [start], "name": [recompute.AVAILABLE],
+    counters = pa.table({"rank": [-1], "ts": [start], "name": [HOST_AVAILABLE],
                          "device": [-1], "value": [983_040.0]})
     whole = recompute.activation_checkpointing(facts)
     a = recompute.activation_checkpointing(replace(facts, counters=counters))
@@ -142,6 +143,6 @@ def test_free_memory_is_read_around_a_window_between_two_samples(runs: dict[str,
     facts = Facts.of(runs["ckpt"])
     start, end, _ = facts.window(facts.ranks[0])
     ts = [start - 10, end + 10, end + 10**9]
-    counters = pa.table({"rank": [-1] * 3, "ts": ts, "name": [recompute.AVAILABLE] * 3,
+    counters = pa.table({"rank": [-1] * 3, "ts": ts, "name": [HOST_AVAILABLE] * 3,
                          "device": [-1] * 3, "value": [5e9, 4e9, 1e9]})
     assert recompute._free_bytes(replace(facts, counters=counters)) == (4_000_000_000, "host")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from perfswarm.recorder.base import Clock, Sampler
+from perfswarm.trace.schema import HOST_AVAILABLE
 
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
 RESCAN_NS = 1_000_000_000  # how often the process tree is walked for new processes
@@ -334,7 +335,7 @@ class SystemSampler(Sampler):
 
     def read(self) -> dict[str, float]:
         used, available = parse_meminfo(self._read("meminfo"))
-        values = {"mem.used_bytes": float(used), "mem.available_bytes": float(available)}
+        values = {"mem.used_bytes": float(used), HOST_AVAILABLE: float(available)}
         self._stat = self._read("stat")
         for key, total, first in zip(("sys.ctxt", "sys.intr", "sys.softirq"),
                                      parse_stat_totals(self._stat), self._stat0, strict=True):

@@ -105,6 +105,8 @@ STEP_FORWARD: Final = "step forward ns"
 # category, so not in the totals); here, where analyze reads them without the readers
 MEMORY_PREFIX: Final = "memory."
 MEMORY_RESERVED: Final = "memory_reserved"
+# The system sampler's host memory (recorder/system.py), /proc/meminfo's MemAvailable
+HOST_AVAILABLE: Final = "mem.available_bytes"
 
 # Chrome-trace flow points (ph s/f/t): ac2g links launches to kernels, fwdbwd
 # links a forward op to its backward op. Kept raw; analyses resolve them.

@@ -31,12 +31,12 @@ from perfswarm.model.opcost import VIEW_OPS, element_bytes, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.device import device_capacity, peak_memory
 from perfswarm.optimize.rules.facts import Facts, col, where
+from perfswarm.trace.schema import HOST_AVAILABLE
 
 _MIN_SHARE: Final = 5.0  # % of the measured time recomputation (and its Python) costs, at least
 _GRAD_RECORDED: Final = '"Sequence number"'  # in an op's args: it recorded autograd history
 # the activations it frees must fit in this share of the free memory to advise dropping it
 _HEADROOM: Final = 0.5
-AVAILABLE: Final = "mem.available_bytes"  # the system sampler's host memory free
 
 
 def recomputed(facts: Facts) -> tuple[pa.Table, pa.Table] | None:
@@ -149,7 +149,7 @@ def _free_bytes(facts: Facts) -> tuple[int | None, str]:
         peaks = peak_memory(facts, {r for r, _ in capacity})
         free = [capacity[k] - round(p) for k, (p, _) in peaks.items() if k in capacity]
         return (min(free), "device") if free else (None, "device")
-    counters = where(facts.counters, col(facts.counters, "name") == AVAILABLE)
+    counters = where(facts.counters, col(facts.counters, "name") == HOST_AVAILABLE)
     spans = [facts.window(r)[:2] for r in facts.ranks]  # the sampler's are host-wide (rank -1)
     if counters.num_rows == 0 or not spans:
         return None, "host"
