@@ -1830,30 +1830,6 @@ def test_outlier_steps_leave_the_profilers_slow_steps(tmp_path: Path, ops: list[
     assert a.evidence["profiler_only_steps"] == (4 not in outliers)
 
 
-def test_data_loading_of_workers_started_each_epoch(tmp_path: Path) -> None:
-    """Six 10 ms steps, each waiting 0.5 ms for its batch from 2 workers, but step 3's 20.5 ms:
-    the epoch ended and a new iterator started 2 new workers (their first fetches in that
-    wait; denoising-diffusion-pytorch's `cycle(dl)`, persistent_workers=False: 9.7 s of a
-    9.9 s wait, "no time gain" said). The first workers' start, in the first wait, is not a
-    restart."""
-    waits = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
-    events, t = [], 0.0
-    for i in range(6):
-        wait = 20_500 if i == 3 else 500
-        events += [ev(f"ProfilerStep#{i}", t, wait + 9500, "user_annotation"),
-                   ev(waits, t, wait), ev("aten::conv2d", t + wait, 9000)]
-        for w in range(2):
-            pid = 100 + w + (10 if i >= 3 else 0)
-            start = t + wait - 2000 if i in (0, 3) else t - 3000
-            events.append({**ev("DataLoader worker fetch", start + 500 * w, 1000,
-                                "user_annotation"), "pid": pid, "tid": pid})
-        t += wait + 9500
-    run = with_manifest(imported(tmp_path, "epochs", events), cores=2)
-    a = shows(loader.data_loading, run)
-    assert a.evidence["worker_restarts"] == 1 and a.gain_ns == 20_000_000
-    assert a.change == "DataLoader(persistent_workers=True): its workers outlive each epoch"
-
-
 def test_loader_workers_beyond_the_cores(tmp_path: Path) -> None:
     """Four workers fetching 5 µs batches for steps of 3.5 ms of the training process's own
     and 0.5 ms of wait: with enough workers a step takes 3.5 ms, all of it the training

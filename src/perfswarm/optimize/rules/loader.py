@@ -216,31 +216,6 @@ def _receive_text(plan: LoaderPlan) -> str:
             f"tensor, {tensors}, x{plan.slowdown:.2f} the profiler's slowdown; {cost.source}")
 
 
-def _restarts(facts: Facts, loads: pa.Table) -> tuple[int, float]:
-    """The waits for a batch in which worker processes started (their first traced fetch
-    begins in it) after the rank had taken a batch in the window: a new iterator's workers
-    (each epoch's without persistent_workers=True: denoising-diffusion-pytorch's `cycle(dl)`);
-    their count and their time beyond the rank's median wait."""
-    fetches = facts.named(_FETCH, "user_annotation")
-    if fetches.num_rows == 0:
-        return 0, 0.0
-    first: dict[tuple[int, int], int] = {}
-    for r, pid, ts in zip(*(col(fetches, c).tolist() for c in ("rank", "pid", "ts")),
-                          strict=True):
-        first[(r, pid)] = min(ts, first.get((r, pid), ts))
-    count, excess = 0, 0.0
-    rank, ts, dur = (col(loads, c).astype(np.int64) for c in ("rank", "ts", "dur"))
-    for r in np.unique(rank).tolist():
-        at = rank == r
-        starts = np.sort(np.array([t for (k, _), t in first.items() if k == r], np.int64))
-        began = (np.searchsorted(starts, ts[at] + dur[at], "right")
-                 - np.searchsorted(starts, ts[at]))
-        restart = (began > 0) & (ts[at] > ts[at].min())
-        count += int(restart.sum())
-        excess += float(np.maximum(0, dur[at][restart] - np.median(dur[at])).sum())
-    return count, excess
-
-
 def data_loading(facts: Facts) -> Advice | None:
     """Steps wait on `enumerate(DataLoader)`: the input pipeline holds up the training."""
     plan = loader_plan(facts)
@@ -264,16 +239,6 @@ def data_loading(facts: Facts) -> Advice | None:
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.num_rows else ""
     title = "training waits for the DataLoader"
-    restarts, restart_ns = _restarts(facts, loads)
-    if restart_ns >= plan.wait_ns * steps / 2:
-        # denoising-diffusion-pytorch's Trainer: 9.7 s of a 9.9 s wait in its window, the
-        # rest 0.1-0.2 s; the pipeline model had said "no time gain", make samples cheaper
-        return advice(facts, "data_loading", title,
-                      {**evidence, "worker_restarts": restarts, "restart_ns": round(restart_ns)},
-                      restart_ns, "measured: the waits in which new worker processes started "
-                      "after the loop had taken batches (a new iterator's: each epoch's), "
-                      "beyond the median wait for a batch; persistent workers start once",
-                      "DataLoader(persistent_workers=True): its workers outlive each epoch")
     if plan.batch_ns is None:
         # workers whose fetches were not traced: how long they take and what they cost is
         # unknown; they make a batch in a step (compute + wait), twice as many in half that
