@@ -1794,6 +1794,42 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
         assert (found(host.outlier_steps, with_manifest(run, cores=2)) is not None) == outlier
 
 
+def _window_steps(durs: list[float], ops: list[int], covered: list[float]
+                  ) -> list[dict[str, Any]]:
+    """Profiled steps of `durs` ms, each of `ops` aten ops sharing `covered` ms of it."""
+    events, t = [], 0.0
+    for i, (d, n, c) in enumerate(zip(durs, ops, covered, strict=True)):
+        events.append(ev(f"ProfilerStep#{i}", t * 1000, d * 1000, "user_annotation"))
+        events += [ev("aten::mm", (t + k * c / n) * 1000, c / n * 1000) for k in range(n)]
+        t += d
+    return events
+
+
+@pytest.mark.parametrize(("ops", "covered", "outliers"), [
+    # the usual ops, slower (x-transformers' window grew to 4,320 ms against 834: its last
+    # steps had been outliers, HIGH, 16% of the run, "find what runs in those steps")
+    ([2] * 6, [3.8] * 4 + [15.8, 3.8], [10]),
+    # the usual ops and 12 ms no op covers (a checkpoint's write): the program's
+    ([2] * 6, [3.8] * 6, [4, 10]),
+    # an evaluation's forward: more ops than the usual step
+    ([2] * 4 + [5, 2], [3.8] * 4 + [15.8, 3.8], [4, 10]),
+])
+def test_outlier_steps_leave_the_profilers_slow_steps(tmp_path: Path, ops: list[int],
+                                                        covered: list[float],
+                                                        outliers: list[int]) -> None:
+    """Profiled steps of 4 ms (step 0, the profiler's start, set aside), step 4 of 16 ms; a
+    generate() outside the window (step 10, 40 ms among 4 ms ones) is an outlier either way."""
+    durs = [4.0, 4.0, 4.0, 4.0, 16.0, 4.0]
+    run = imported(tmp_path, "grow", _window_steps(durs, ops, covered))
+    ms, ends = 1_000_000, np.cumsum([36, 4, 4, 4, 40, 4, 4, 4]).tolist()
+    _add_steps(run, [(0, 6, 36 * ms, 36 * ms, "export"),  # then steps 7-13, step 10 of 40 ms
+                     *((0, 6 + i, b * ms, e * ms, "detected")
+                       for i, (b, e) in enumerate(itertools.pairwise(ends), 1))])
+    a = shows(host.outlier_steps, run)
+    assert [o["step"] for o in a.evidence["outliers"]] == outliers
+    assert a.evidence["profiler_only_steps"] == (4 not in outliers)
+
+
 def test_loader_workers_beyond_the_cores(tmp_path: Path) -> None:
     """Four workers fetching 5 µs batches for steps of 3.5 ms of the training process's own
     and 0.5 ms of wait: with enough workers a step takes 3.5 ms, all of it the training
@@ -2430,7 +2466,7 @@ def test_outlier_steps_leave_a_bursty_loaders_unseen_waits_to_data_loading(tmp_p
     in bursts; the audit's: 41.6% outlier_steps beside data_loading's 72.9%, the same time
     twice): in the window each slow step waits 14 ms for its loader, so the three outside it,
     where no wait is traced, are data_loading's too. Where the window's slow steps compute
-    instead, all five are outliers: 5 x 14 ms beyond the median."""
+    more instead, all five are outliers: 5 x 14 ms beyond the median."""
     ms = 1_000_000
     loader = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
@@ -2454,7 +2490,10 @@ def test_outlier_steps_leave_a_bursty_loaders_unseen_waits_to_data_loading(tmp_p
                                                 ev("aten::conv2d", 14_250, 1500)]))
     _add_steps(run, after)
     assert found(host.outlier_steps, run) is None
-    run = imported(tmp_path, "computes", window([ev("aten::conv2d", 250, 15_500)]))
+    # two convolutions where the usual step runs one: more work (the usual op slower would be
+    # the profiler's, test_outlier_steps_leave_the_profilers_slow_steps)
+    run = imported(tmp_path, "computes", window([ev("aten::conv2d", 250, 7750),
+                                                  ev("aten::conv2d", 8000, 7750)]))
     _add_steps(run, after)
     a = shows(host.outlier_steps, run)
     assert [o["step"] for o in a.evidence["outliers"]] == [2, 5, 8, 11, 14]

@@ -1479,6 +1479,21 @@ def test_diff_says_which_side_waited_for_other_processes() -> None:
     assert contended(counters(0.5, 1.0), [], 2) is None
 
 
+def test_diff_says_a_side_unsampled_beside_one_that_waited() -> None:
+    """x-transformers recorded with the defaults (A, 0.53 cores' worth waited for others) and
+    with `-c torch` (B, no sampler, 3.6x slower steps at a higher load): the note named A's
+    wait alone; B's is unknown, not none."""
+    from perfswarm.analyze.diff import RunDiff
+
+    def sides(a: float | None, b: float | None) -> RunDiff:
+        return RunDiff(0, 0, (), (), (), (), contention=(a, b))
+
+    assert sides(0.53, None).unsampled_beside_waits == [1]
+    assert sides(None, 0.53).unsampled_beside_waits == [0]
+    assert sides(0.53, 0.0).unsampled_beside_waits == []  # B sampled: it did not wait
+    assert sides(None, None).unsampled_beside_waits == []  # neither sampled: no wait noted
+
+
 def _samples(groups: int = 3, variants: int = 8, n: int = 600) -> tuple[pa.Table, pa.Table,
                                                                         np.ndarray]:
     """Stacks in `groups` code regions (distinct leaf module, function, address range)."""

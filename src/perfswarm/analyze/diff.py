@@ -139,6 +139,15 @@ class RunDiff:
                 if held is not None and held >= CONTENDED]
 
     @property
+    def unsampled_beside_waits(self) -> list[int]:
+        """The sides (0 for A, 1 for B) no sampler read where the other waited for other
+        processes: whether they waited too is unknown (a defaults recording against a
+        `-c torch` one had noted A's wait alone, B's 3.6x slower steps said nothing of)."""
+        if not self.waited_for_others:
+            return []
+        return [i for i, held in enumerate(self.contention) if held is None]
+
+    @property
     def regressions(self) -> tuple[OpDelta, ...]:
         """The ops B is slower at, in total or per iteration, largest first."""
         return tuple(o for o in self.ops

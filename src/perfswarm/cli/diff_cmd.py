@@ -13,7 +13,13 @@ from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
 from perfswarm.cli.json_output import print_json
 from perfswarm.cli.output import console
-from perfswarm.report.text import WAITED_FOR_OTHERS, ms, short_caption, step_time_change
+from perfswarm.report.text import (
+    UNSAMPLED,
+    WAITED_FOR_OTHERS,
+    ms,
+    short_caption,
+    step_time_change,
+)
 from perfswarm.trace.store import Run
 
 
@@ -51,6 +57,8 @@ def diff_command(
     for side, held in result.waited_for_others:
         console.print(f"note: {'AB'[side]} waited for other processes, {held:.2f} cores' worth: "
                       f"{WAITED_FOR_OTHERS}")
+    for side in result.unsampled_beside_waits:
+        console.print(f"note: {'AB'[side]} was {UNSAMPLED}")
     if not (result.a_span_ns or result.b_span_ns):
         console.print("no op traced on either side (a program that ran its own torch "
                       "profiler, or a recording without torch): the step time alone")

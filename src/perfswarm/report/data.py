@@ -38,7 +38,7 @@ from perfswarm.model.predict import predict
 from perfswarm.model.specs import spec_of_devices
 from perfswarm.model.topology import with_copy_peaks
 from perfswarm.report.overview import model_flops, run_throughput, step_breakdown
-from perfswarm.report.text import WAITED_FOR_OTHERS, ms, pct, step_time_change
+from perfswarm.report.text import UNSAMPLED, WAITED_FOR_OTHERS, ms, pct, step_time_change
 from perfswarm.report.timeline import (
     MAX_COUNTER_POINTS,
     MAX_SPANS,
@@ -476,6 +476,9 @@ def compare_data(a: Run, b: Run, a_label: str, b_label: str) -> dict[str, Any]:
     for side, held in found.waited_for_others:
         timed.append(Card(label=f"{(a_label, b_label)[side]} waited for other processes",
                           value=f"{held:.2f} cores", detail=WAITED_FOR_OTHERS))
+    for side in found.unsampled_beside_waits:
+        timed.append(Card(label=f"{(a_label, b_label)[side]} waited for other processes",
+                          value="unknown", detail=UNSAMPLED))
     changes = []
     for title, rows in ((f"slower in {b_label}", found.regressions),
                         (f"faster in {b_label}", found.improvements)):

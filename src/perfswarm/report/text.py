@@ -64,3 +64,5 @@ def step_time_change(t: StepTimeDelta) -> tuple[str, str]:
 
 WAITED_FOR_OTHERS: Final = ("its threads' run delay over the compared steps: its ops ran "
                             "slower for it, not only for the change")
+UNSAMPLED: Final = ("recorded without the system sampler: whether it waited for other "
+                    "processes too is unknown")

@@ -11,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfswarm.analyze.frame import Events, lane_key
+from perfswarm.analyze.frame import Events, Mask, lane_key
 from perfswarm.analyze.intervals import Coverage, union
 from perfswarm.analyze.iterations import UNUSUAL, hook_deltas, step_batches
 from perfswarm.analyze.system import (
@@ -412,9 +412,17 @@ def _outliers(facts: Facts) -> _Outliers | None:
     compiling[over] = np.maximum(clocked, _within(facts.named(_COMPILE, "cpu_op",
                                                               "user_annotation"), long))
     compiled = compiling >= (dur - usual) / 2
-    profiler_only = 0
+    # a profiled step that ran no more ops than its rank's usual profiled step, its ops
+    # covering half its excess or more, did the usual work slower: the profiler's growing
+    # cost (x-transformers' window grew from 834 to 4,320 ms a step, 9,545 ops in each, its
+    # steps outside it 375 ms), not periodic work, which adds ops (an evaluation's forward)
+    # or untraced time (a checkpoint's write); judged so too where a step outside the window
+    # is an outlier (a generate() every 20 steps had kept the window's slow steps in)
+    usual_work = profiled & over & ~compiled & _usual_work(facts, steps, dur, usual, profiled)
+    profiler_only = int(usual_work.sum())
+    over &= ~usual_work
     if (~profiled).sum() >= profiled.sum() and not over[~profiled].any():
-        profiler_only = int((over & profiled & ~compiled).sum())
+        profiler_only += int((over & profiled & ~compiled).sum())
         over &= ~profiled | compiled
     slow = where(steps, over)
     if median <= 0 or slow.num_rows == 0:
@@ -438,6 +446,27 @@ def _outliers(facts: Facts) -> _Outliers | None:
     return _Outliers(steps, dur, where(slow, kept), beyond[kept],
                      compiling[over][kept], int(warm.sum()), int(starved.sum()),
                      int(fed.sum()), profiler_only)
+
+
+def _usual_work(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64],
+                usual: npt.NDArray[np.float64], profiled: Mask) -> Mask:
+    """The profiled steps that ran no more ops than their rank's median profiled step, and
+    whose time no op covers grew by under half their time beyond their usual step: the usual
+    work, slower."""
+    ops = facts.kind("cpu_op", columns=("rank", "ts", "dur"))
+    rank = col(steps, "rank")
+    count = np.zeros(len(dur), np.int64)
+    untraced = dur.copy()
+    untraced[profiled] -= _within(ops, where(steps, profiled))
+    same = np.zeros(len(dur), bool)
+    for r in np.unique(rank[profiled]).tolist():
+        ts = np.sort(col(ops, "ts")[col(ops, "rank") == r].astype(np.int64))
+        at = profiled & (rank == r)
+        count[at] = (np.searchsorted(ts, col(steps, "end")[at].astype(np.int64))
+                     - np.searchsorted(ts, col(steps, "start")[at].astype(np.int64)))
+        same[at] = (count[at] > 0) & (count[at] <= np.median(count[at])) & (
+            untraced[at] - np.median(untraced[at]) <= (dur[at] - usual[at]) / 2)
+    return same
 
 
 def outlier_steps(facts: Facts) -> Advice | None:
