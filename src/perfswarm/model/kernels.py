@@ -41,9 +41,10 @@ SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed 
 WARM_SHARE: Final = 0.5  # the weight of a warm sweep's time: inputs as likely cached as not
 # A bf16 or fp16 matrix product or convolution that took this many times what the profile's
 # float32 model gives its shape ran a conversion path, not units for its dtype: on the 2-core
-# AVX2 VM (no avx512_bf16, AMX) 7-45x float32's time at a rate that held within 0.65-1.36 GFLOP/s
-# (row-major mm), 6.3-8.2 (nn.Linear's addmm) and 2.4-2.9 (bmm) from 16 to 64 rows, where
-# float32's rose 59 -> 83 (docs/benchmarks.md, thirty-first pass)
+# AVX2 VM (no avx512_bf16, AMX) bf16 took 6.7-46x float32's time (a weight gradient's kernel
+# 2.2-4.7x), its rate in one layout held from 16 to 64 rows (nn.Linear's addmm 6.3-8.2 and
+# 5.6-5.7 GFLOP/s in two runs, row-major mm 1.28-1.36 and 0.48-0.67), where float32's rose
+# (addmm 55 -> 70, 40 -> 57): docs/benchmarks.md, thirty-first pass
 REDUCED_SLOW: Final = 3.0
 Dims = Sequence[Sequence[int]]
 
