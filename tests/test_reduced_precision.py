@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from perfswarm.model.kernels import REDUCED_SLOW, ProfileScaler
+from perfswarm.model.opcost import OpCost, Shapes, data_cost
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import FamilyModel, Profile
 from perfswarm.optimize.rules import precision
@@ -43,9 +45,17 @@ for step in range(10):
     loss.backward()
     opt.step()
 """
-# GEMMs' time proportional to their FLOPs, everything else constant: the profile's float32 model
-PROFILE = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 1e-11)),
-                             "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
+# a profile's float32 model: a GEMM 20 us plus its FLOPs at 100 GFLOP/s (the rate rising with its
+# size, as calibrate's does), everything else constant
+FIXED_S, FLOP_S = 2e-5, 1e-11
+RISING = Profile("cpu", 1, {"gemm": FamilyModel((FIXED_S, 0.0, FLOP_S)),
+                            "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
+# GEMMs at a constant 100 GFLOP/s: their time in proportion to their FLOPs
+LINEAR = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, FLOP_S)),
+                            "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
+# float32 GEMMs at 0.1 GFLOP/s: slower than the Run's bf16 ones ran, as if on bf16 units
+UNITS = Profile("cpu", 1, {"gemm": FamilyModel((0.0, 0.0, 1e-8)),
+                           "elementwise": FamilyModel((1e-6, 0.0, 0.0))}, {})
 
 
 def _recorded(folder: Path, *args: str) -> Run:
@@ -63,10 +73,12 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_predict_says_the_ops_its_float32_profile_prices_in_bf16(mixed: Run) -> None:
-    """At batch x2 by a calibrate profile (float32 sweeps), the bf16 GEMMs' prediction is a
-    float32 model's: a note names them (not the float32 twin's) and their compute time a step,
-    a share of it; at the recorded configuration nothing is priced anew, and no note."""
-    notes = predict(mixed, Change(batch_size=32), profile=PROFILE).notes
+    """At batch x2 by a calibrate profile (float32 sweeps) slower than they ran (as on bf16
+    units), the bf16 GEMMs' prediction is a float32 model's: a note names them (not the float32
+    twin's) and their compute time a step, a share of it, and no GEMM is priced by its work;
+    at the recorded configuration nothing is priced anew, and no note."""
+    notes = predict(mixed, Change(batch_size=32), profile=UNITS).notes
+    assert not any("priced at the rate they ran" in n for n in notes)
     (note,) = [n for n in notes if "compute in bf16" in n]
     found = re.match(r"(.+) compute in bf16, ([\d.]+) ms a step \(([\d.]+)% of the steady "
                      r"median\): the profile swept fp32 alone", note)
@@ -74,7 +86,49 @@ def test_predict_says_the_ops_its_float32_profile_prices_in_bf16(mixed: Run) -> 
     names = found.group(1).split(", ")
     assert {"aten::mm", "aten::addmm"} <= set(names)
     assert float(found.group(2)) > 0 and 0 < float(found.group(3)) < 100
-    assert not any("compute in bf16" in n for n in predict(mixed, profile=PROFILE).notes)
+    assert not any("compute in bf16" in n for n in predict(mixed, profile=UNITS).notes)
+
+
+def test_bf16_gemms_on_a_slower_path_scale_by_their_work(tmp_path: Path) -> None:
+    """The bf16 MLP alone (this CPU's conversion path where it has no bf16 units) at batch x2
+    by a float32 profile whose rate rises with size: the GEMMs that ran REDUCED_SLOW times its
+    time or more take twice their time (their FLOPs doubled: the rate they ran, held), as a
+    profile of a constant rate (LINEAR) has them, and their note names them; the float32
+    model had grown them about 0.75x as much (x1.39-1.43 where x2.04 was measured on the
+    styles pass's MLP)."""
+    run = _recorded(tmp_path, "--alone")
+    rising = predict(run, Change(batch_size=32), profile=RISING)
+    (note,) = [n for n in rising.notes if "priced at the rate they ran" in n]
+    found = re.match(r"(.+) compute in bf16, [\d.]+ ms a step \([\d.]+% of the steady "
+                     rf"median\), at {REDUCED_SLOW:.0f}x the profile's fp32 time", note)
+    assert found is not None and {"aten::mm", "aten::addmm"} <= set(found.group(1).split(", "))
+    linear = predict(run, Change(batch_size=32), profile=LINEAR)
+    assert linear.measured_steady_ns == rising.measured_steady_ns
+    grown = rising.predicted_steady_ns - rising.measured_steady_ns
+    assert grown > 0
+    assert grown == pytest.approx(linear.predicted_steady_ns - linear.measured_steady_ns,
+                                  rel=0.03)
+
+
+def test_a_reduced_precision_gemm_as_fast_as_float32_keeps_its_model() -> None:
+    """by_work asks the op's own time: a bf16 GEMM within REDUCED_SLOW of the float32 model
+    (units for bf16) and a float32 one scale by the model's ratio; a slow bf16 one by FLOPs."""
+    scaler = ProfileScaler(RISING)
+
+    def cost(rows: int, dtype: str) -> tuple[OpCost, tuple[tuple[int, ...], ...]]:
+        dims = ((rows, 512), (512, 512))
+        found = data_cost("aten::mm", Shapes(dims, (dtype, dtype)))
+        assert found is not None
+        return found, dims
+
+    (old, dims16), (new, dims32) = cost(16, "float"), cost(32, "float")
+    model_ratio = (FIXED_S + FLOP_S * new.flops) / (FIXED_S + FLOP_S * old.flops)
+    for dtype, took_ns, grown in (("c10::BFloat16", 6_000_000, 2.0),
+                                  ("c10::BFloat16", 150_000, model_ratio),
+                                  ("float", 6_000_000, model_ratio)):
+        (old, dims16), (new, dims32) = cost(16, dtype), cost(32, dtype)
+        assert scaler.scaled(took_ns, old, new, dims16, dims32) == pytest.approx(
+            took_ns * grown, rel=1e-6)
 
 
 def test_bf16_matrix_work_slower_than_the_runs_float32_is_said(mixed: Run) -> None:

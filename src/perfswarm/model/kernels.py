@@ -17,7 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
-from perfswarm.model.opcost import RNN_FAMILIES, OpCost, channel_blocked, inner_parts, roofline
+from perfswarm.model.opcost import (
+    MATRIX_FAMILIES,
+    REDUCED_DTYPES,
+    RNN_FAMILIES,
+    OpCost,
+    channel_blocked,
+    inner_parts,
+    roofline,
+)
 from perfswarm.model.profile import KernelModel, LearnedModel, Profile
 from perfswarm.model.specs import DeviceSpec
 
@@ -31,6 +39,13 @@ FALLBACK: Final[Mapping[str, str]] = {
 GPU_FLOOR_NS: Final = 2_000  # a GPU kernel's launch-to-retire floor, whatever its work
 SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed cost
 WARM_SHARE: Final = 0.5  # the weight of a warm sweep's time: inputs as likely cached as not
+# A bf16 or fp16 matrix product or convolution that took this many times what the profile's
+# float32 model gives its shape ran a conversion path, not units for its dtype: on the 2-core
+# AVX2 VM (no avx512_bf16, AMX) bf16 took 6.7-46x float32's time (a weight gradient's kernel
+# 2.2-4.7x), its rate in one layout held from 16 to 64 rows (nn.Linear's addmm 6.3-8.2 and
+# 5.6-5.7 GFLOP/s in two runs, row-major mm 1.28-1.36 and 0.48-0.67), where float32's rose
+# (addmm 55 -> 70, 40 -> 57): docs/benchmarks.md, thirty-first pass
+REDUCED_SLOW: Final = 3.0
 Dims = Sequence[Sequence[int]]
 
 
@@ -93,16 +108,33 @@ class ProfileScaler:
             return cold
         return float(cold ** (1 - WARM_SHARE) * time(warm) ** WARM_SHARE)
 
+    def by_work(self, cost: OpCost, dims: Dims, seconds: float) -> bool:
+        """Whether an op that took `seconds` at `cost` is priced by its work at the rate it ran
+        (`scaled`): a bf16 or fp16 matrix product or convolution (MATRIX_FAMILIES) that took
+        REDUCED_SLOW times the profile's time of its shape or more. The profile sweeps float32
+        alone (SWEPT_DTYPE); such an op runs a conversion path whose time grows as its FLOPs
+        (rates measured at 16 to 64 rows), where the float32 model's rate rises with size: a
+        bf16-autocast MLP at twice the batch was predicted x1.39-1.43 and ran x2.04. One no
+        slower than that ran on units for its dtype, whose scaling the float32 model stands
+        for."""
+        if cost.dtype not in REDUCED_DTYPES or cost.family not in MATRIX_FAMILIES or (
+                cost.flops <= 0):
+            return False
+        model = self.model_time(cost, tuple(map(tuple, dims)))
+        return model is not None and seconds >= REDUCED_SLOW * model
+
     def with_offsets(self, samples: Sequence[tuple[OpCost, Dims, float]]) -> ProfileScaler:
         """Offsets from (cost, dims, typical measured seconds) of a run's ops: per op type,
         the median excess over the model of the ops both the model and the run put under
         SMALL_OP_S (an op the run measured far longer is work the model underrates, which
-        grows with the op, not a fixed cost)."""
+        grows with the op, not a fixed cost), but ops priced by their work (`by_work`), whose
+        excess is a slower path's."""
         excess: dict[str, list[float]] = {}
         model_time = functools.cache(self.model_time)  # samples repeat: one per kernel
         for cost, dims, seconds in samples:
             model = model_time(cost, tuple(map(tuple, dims)))
-            if model is not None and model < SMALL_OP_S and seconds < SMALL_OP_S:
+            if (model is not None and model < SMALL_OP_S and seconds < SMALL_OP_S
+                    and not self.by_work(cost, dims, seconds)):
                 excess.setdefault(cost.family, []).append(seconds - model)
         return replace(self, offsets={f: max(0.0, statistics.median(v))
                                       for f, v in excess.items()})
@@ -150,7 +182,12 @@ class ProfileScaler:
         width (alone x2.11-2.12, the model x2.20-2.23); held, that excess had made the
         layer x1.31-1.35 and x1.65, the LM's step x1.38 where it ran x1.52-1.63 and
         x1.51-1.65 (docs/benchmarks.md, twenty-ninth pass).
+
+        A bf16 or fp16 matrix product or convolution on a slower path than the float32 model's
+        (`by_work`) scales by its FLOPs: the rate it ran at in the Run, held.
         """
+        if self.by_work(old, old_dims, measured_ns * 1e-9):
+            return round(measured_ns * new.flops / old.flops)
         before, after = self.model_time(old, old_dims), self.model_time(new, new_dims)
         if before is None or after is None:
             return measured_ns

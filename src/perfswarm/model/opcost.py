@@ -29,6 +29,9 @@ _DTYPES: dict[str, tuple[int, str]] = {
 # speedup only where the hardware has units for them (a CPU's avx512_bf16, AMX; a GPU's tensor
 # cores)
 REDUCED_DTYPES: frozenset[str] = frozenset({"bf16", "fp16"})
+# the families whose work a CPU's bf16/fp16 units speed up (matrix products, convolutions):
+# elementwise math in them converts to float32 and back on any CPU
+MATRIX_FAMILIES: frozenset[str] = frozenset({"gemm", "conv", "conv_backward"})
 # the floating-point ones (an activation's, a parameter's: not indices or masks)
 FLOAT_TYPES: frozenset[str] = frozenset({"float", "double", "c10::Half", "c10::BFloat16",
                                           "c10::Float8_e4m3fn", "c10::Float8_e5m2"})

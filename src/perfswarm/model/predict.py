@@ -80,7 +80,7 @@ from perfswarm.model.gpu.forecast import LearnedScaler
 from perfswarm.model.gpu.learned import KernelModel
 from perfswarm.model.gpu.opgraph import HOST_OP_NS, Precision, op_graph_steps
 from perfswarm.model.graph import ANCHOR, DEVICE, HOST, Graph, build_graph, collective_waits
-from perfswarm.model.kernels import KernelScaler, ProfileScaler
+from perfswarm.model.kernels import REDUCED_SLOW, KernelScaler, ProfileScaler
 from perfswarm.model.opcost import (
     JOINS,
     PAGE_BYTES,
@@ -150,6 +150,10 @@ UNSWEPT_NOTE: Final = (
     "profile swept {swept} alone, so their prediction is a {swept} model's (on a CPU without "
     "units for {dtypes} they can run slower per FLOP than {swept}, by how much the sweeps do "
     "not say)")
+BY_WORK_NOTE: Final = (
+    "{ops} compute in {dtypes}, {ms:.3f} ms a step ({pct:.1f}% of the steady median), at "
+    "{slow:.0f}x the profile's {swept} time of their shapes and more (a conversion path, no "
+    "units for {dtypes}): priced at the rate they ran, their time in proportion to their FLOPs")
 SPREAD_AFTER_NOTE: Final = (
     "the {steps} steps after the profiler's window vary by {spread:.0f}% of their median "
     "{median:.3f} ms (a robust spread, over {alike:.0f}%: their work differs, or other load "
@@ -1269,7 +1273,7 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
             changed=", at the new shapes too (unmodelled: it grows with the activations it "
             "computes)" if batch is not None or dims else ""))
     if isinstance(scaler, ProfileScaler) and (batch is not None or dims):
-        notes += _unswept(m, measured, steady, found.median_ns)
+        notes += _unswept(m, scaler, measured, steady, found.median_ns)
     if touch.unpriced_ns:
         notes.append(UNPRICED_NOTE.format(ops=", ".join(touch.unpriced_ops[:4]),
                                           ms=touch.unpriced_ns / 1e6))
@@ -1387,33 +1391,38 @@ def _compiled_kernels_ns(m: _Model, measured: Measured, steady: frozenset[StepKe
     return round(_steady_median(ev.rank[calls], ev.ts[calls], own, measured, steady))
 
 
-def _unswept(m: _Model, measured: Measured, steady: frozenset[StepKey],
-             step_ns: float) -> list[str]:
-    """A note (UNSWEPT_NOTE) where ops with a cost model, which a CPU profile prices, compute in
-    a reduced precision (bf16, fp16: the profile swept SWEPT_DTYPE alone): the four names with
-    the most compute time, and that time a step of them all (`_steady_median`), of the steady
-    median step `step_ns`."""
+def _unswept(m: _Model, scaler: ProfileScaler, measured: Measured,
+             steady: frozenset[StepKey], step_ns: float) -> list[str]:
+    """Notes where ops with a cost model, which a CPU profile prices, compute in a reduced
+    precision (bf16, fp16: the profile swept SWEPT_DTYPE alone): BY_WORK_NOTE of those the
+    scaler prices by their work (ProfileScaler.by_work, on a node's own time), UNSWEPT_NOTE
+    of the rest, each with the four names with the most compute time, and that time a step of
+    them all (`_steady_median`), of the steady median step `step_ns`."""
     g, ev = m.graph, m.ev
     node = np.flatnonzero(m.compute)
     rows = np.unique(g.row[node])
-    costs = [data_cost(ev.names[ev.name[r]], sh) if sh is not None else None
+    costs = [(data_cost(ev.names[ev.name[r]], sh), sh.dims) if sh is not None else (None, ())
              for r, sh in zip(rows.tolist(), m.shapes(rows.tolist()), strict=True)]
-    reduced = {r: (ev.names[ev.name[r]], c.dtype) for r, c in zip(rows.tolist(), costs,
-                                                                  strict=True)
+    reduced = {r: (ev.names[ev.name[r]], c, dims) for r, (c, dims) in zip(rows.tolist(), costs,
+                                                                         strict=True)
                if c is not None and c.dtype in REDUCED_DTYPES}
-    if not reduced:
-        return []
     hit = node[np.isin(g.row[node], list(reduced))]
-    ns = _steady_median(ev.rank[g.row[hit]], g.ts[hit], g.dur[hit], measured, steady)
-    if ns <= 0:
-        return []
-    by_name: Counter[str] = Counter()
-    for r, t in zip(g.row[hit].tolist(), g.dur[hit].tolist(), strict=True):
-        by_name[reduced[r][0]] += t
-    return [UNSWEPT_NOTE.format(
-        ops=", ".join(n for n, _ in by_name.most_common(4)),
-        dtypes="/".join(sorted({d for _, d in reduced.values()})), ms=ns / 1e6,
-        pct=100 * ns / step_ns, swept=SWEPT_DTYPE)]
+    by_work = np.array([scaler.by_work(reduced[r][1], reduced[r][2], t * 1e-9)
+                        for r, t in zip(g.row[hit].tolist(), g.dur[hit].tolist(), strict=True)],
+                       bool)
+    notes = []
+    for note, part in ((BY_WORK_NOTE, hit[by_work]), (UNSWEPT_NOTE, hit[~by_work])):
+        ns = _steady_median(ev.rank[g.row[part]], g.ts[part], g.dur[part], measured, steady)
+        if ns <= 0:
+            continue
+        by_name: Counter[str] = Counter()
+        for r, t in zip(g.row[part].tolist(), g.dur[part].tolist(), strict=True):
+            by_name[reduced[r][0]] += t
+        notes.append(note.format(
+            ops=", ".join(n for n, _ in by_name.most_common(4)),
+            dtypes="/".join(sorted({reduced[r][1].dtype for r in g.row[part].tolist()})),
+            ms=ns / 1e6, pct=100 * ns / step_ns, swept=SWEPT_DTYPE, slow=REDUCED_SLOW))
+    return notes
 
 
 def _window_faults(run: Run, profile: Profile | None, counted: Mapping[StepKey, int],

@@ -26,6 +26,7 @@ from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import Events
 from perfswarm.model.opcost import (
     FLOAT_TYPES,
+    MATRIX_FAMILIES,
     REDUCED_DTYPES,
     VIEW_OPS,
     OpCost,
@@ -293,9 +294,6 @@ def _on_device(facts: Facts) -> Advice | None:
                   "device", evidence, fp64_ns - fp32_ns, basis, _CHANGE)
 
 
-# the families whose work a CPU's bf16/fp16 units speed up (matrix products, convolutions):
-# elementwise math in them converts to float32 and back on any CPU
-_MATRIX: Final = ("gemm", "conv", "conv_backward")
 _SIMILAR: Final = 2.0  # the Run's float32 ops of FLOPs within this factor compare with an op
 
 
@@ -312,7 +310,7 @@ def reduced_precision_ops(facts: Facts) -> Advice | None:
     rows = col(ops, "row")
     costs = _innermost_costs(facts, rows)
     picked = [(i, c) for i, c in enumerate(costs)
-              if c is not None and c.family in _MATRIX and c.dtype in REDUCED_DTYPES]
+              if c is not None and c.family in MATRIX_FAMILIES and c.dtype in REDUCED_DTYPES]
     if not picked:
         return None
     own_all = np.asarray(host_calls(Events.load(facts.run)).cpu_self[rows], np.int64)
@@ -323,7 +321,7 @@ def reduced_precision_ops(facts: Facts) -> Advice | None:
     if share < _MIN_SHARE:
         return None
     fp32 = [(c, int(o)) for c, o in zip(costs, own_all.tolist(), strict=True)
-            if c is not None and c.family in _MATRIX and c.dtype == "fp32" and o > 0]
+            if c is not None and c.family in MATRIX_FAMILIES and c.dtype == "fp32" and o > 0]
     details = facts.with_text(where(ops, reduced), "detail").column("detail").to_pylist()
     estimates = [_fp32_ns(facts, c, shapes_from_args(d), fp32)
                  for (_, c), d in zip(picked, details, strict=True)]
