@@ -110,7 +110,8 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
                                 "batch_ns": 6_000_000, "batch_cpu_ns": 6_000_000,
                                 "loader_on_cpu_pct": None,  # no perf samples: CPU work
                                 # no stack in its waits: 1 tensor, the least
-                                "tensors_per_batch": None, "receive_ns": 600_000}
+                                "tensors_per_batch": None, "receive_ns": 600_000,
+                                "free_cores": None}  # no system sampler in an import
     # 2 workers, the fewest that keep up: a step takes max(4 ms compute + 0.6 ms taking its
     # batch from a worker, 6 ms / 2, the 10.6 ms of CPU work / 4 cores) = 4.6 ms instead of
     # 10 ms (3 had been advised: a core kept for training, which waits for its batches, and a
