@@ -26,7 +26,7 @@ model = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.LayerNorm(512), nn.Line
                       nn.GELU(), nn.Linear(512, 10))
 cmodel = torch.compile(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for epoch in range(2):
+for _ in range(2):
     for x, y in loader:
         opt.zero_grad()
         F.cross_entropy(cmodel(x), y).backward()

@@ -9,6 +9,11 @@ cost is their own fetches' time and CPU (perf's samples of them). A 2-core host 
 expensive `__getitem__` (45.5 ms a step with no worker) took 43 ms with 1 worker, 23.7 with 2,
 and no less with 4: the advice had said 1 worker (one core kept for training) for 9%, and on
 the 2-worker run "double the workers" for 50% beside "1 worker" for oversubscription.
+
+The cores are those other processes left free wherever the system sampler measured them, not
+only where they held the training process back: a compiled loop that kept its core while
+others held the other had been told 1 worker for 8.8% (the host's 2 cores taken as free), and
+the worker, with no free core to run on, ran 17-44% slower.
 """
 
 from __future__ import annotations
@@ -298,10 +303,11 @@ def data_loading(facts: Facts) -> Advice | None:
                       "persistent_workers=True)")
     if single:
         # the host's cores free, a worker would gain: other processes' load took it away
-        idle = (None if plan.free is None or host_n is None or plan.free >= host_n
-                else replace(plan, cores=host_n / max(1, len(facts.ranks)), free=host_n))
-        if idle is None or idle.gain[1] <= 0:
+        if plan.free is None or host_n is None or plan.free >= host_n:
             return None  # one core, or a batch costs more to take from a worker than to make
+        idle = replace(plan, cores=host_n / max(1, len(facts.ranks)), free=float(host_n))
+        if idle.gain[1] <= 0:
+            return None
         return advice(facts, "data_loading", title, evidence, None,
                       f"none: other processes held {host_n - plan.free:.2f} of the {host_n} "
                       f"cores ({model}); a worker would take its CPU from the training process",
