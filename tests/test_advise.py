@@ -316,16 +316,16 @@ def _busy_compiled(tmp: Path) -> Run:
 
 
 def test_no_worker_where_other_processes_hold_the_cores(tmp_path: Path) -> None:
-    """A compiled MLP loading its TensorDataset's batches in the training process (1.95 ms of
-    a 10.4 ms profiled step), recorded while other processes held one of the host's 2 cores
-    and the loop kept the other (its steps hardly held back: the model, which had taken the
-    free cores from cpu_contention's finding alone, had them all). With the cores taken as
-    the host's, 1 worker had been advised for 8.8%; a worker has only the 1.08 cores the
-    others left, shared with the training process, which also takes each batch from its
-    queue (1.04 ms): max(9.50 ms, 1.95, 11.45 / 1.08) = 10.6 ms against 10.4 now. Measured apart (/tmp/p31/busyworker/ab.py, the host's other
-    processes holding ~1 core): 1 worker ran 17-44% slower. No worker is advised, and the
-    advice says why; the same Run without the sampler's readings is still told the worker,
-    saying that it took the cores as free."""
+    """A compiled MLP loading its TensorDataset's batches in the training process (1.95 ms of a
+    10.4 ms profiled step), recorded while other processes held one of the host's 2 cores and
+    the loop kept the other (its steps hardly held back: the model, which had taken the free
+    cores from cpu_contention's finding alone, had them all). With the cores taken as the
+    host's, 1 worker had been advised for 8.8%; a worker has only the 1.08 cores the others
+    left, shared with the training process, which also takes each batch from its queue (1.04
+    ms): max(9.50 ms, 1.95, 11.45 / 1.08) = 10.6 ms against 10.4 now. Measured apart
+    (/tmp/p31/busyworker/ab.py, the host's other processes holding ~1 core): 1 worker ran 17-44%
+    slower. No worker is advised, and the advice says why; the same Run without the sampler's
+    readings is still told the worker, saying that it took the cores as free."""
     run = _busy_compiled(tmp_path)
     a = shows(loader.data_loading, run)
     e = a.evidence
