@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -258,6 +258,28 @@ def contended(facts: Facts) -> tuple[float, int, dict[str, Any], str] | None:
     return max(found, key=lambda c: c[0] / c[1]) if found else None
 
 
+class HostLoad(TypedDict):
+    cores: int
+    host_busy_cores: float
+    process_cores: float
+    recorder_cores: float
+
+
+def host_load(facts: Facts, timed: bool = False) -> HostLoad | None:
+    """The host's CPU over the profiled steps, or with `timed` over every step the run timed,
+    from the system sampler's readings there (cpu_contention's evidence, threads.free_cores'
+    input): its cores, the busy ones (usr + sys), the run's processes' (proc.cpu_cores, the
+    mean) and the recorder's own tools' (perf, py-spy: no other process of the machine's);
+    None with under 3 readings of the run's processes (no system sampler: `-c torch`)."""
+    proc = col(_window_counters(facts, r"^proc\.cpu_cores$", timed), "value")
+    busy = col(_window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$", timed), "value")
+    if proc.size < 3 or busy.size == 0:
+        return None
+    cores = _cores(facts)
+    return HostLoad(cores=cores, host_busy_cores=float(busy.sum()) / (busy.size / 2 / cores),
+                    process_cores=float(proc.mean()), recorder_cores=_recorder_cores(facts))
+
+
 def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], str] | None:
     """cpu_contention's (gain, time it is of, evidence, model) over the profiled steps, or with
     `timed` over every step the run timed; None where other processes held it back little."""
@@ -267,17 +289,14 @@ def _contention(facts: Facts, timed: bool) -> tuple[float, int, dict[str, Any], 
     # what was measured, not the recording's span around them
     if not timed and not facts.ranks and facts.run_steps.num_rows:
         return None
-    proc = col(_window_counters(facts, r"^proc\.cpu_cores$", timed), "value")
-    busy = col(_window_counters(facts, r"^cpu\.core\d+\.(usr|sys)$", timed), "value")
-    if proc.size < 3 or busy.size == 0:
+    load = host_load(facts, timed)
+    if load is None:
         return None
-    cores = _cores(facts)
-    host = float(busy.sum()) / (busy.size / 2 / cores)
-    got = float(proc.mean())
-    # the recorder's own tools (perf, py-spy) are no other process of the machine's
-    tools = _recorder_cores(facts)
+    cores, host = load["cores"], load["host_busy_cores"]
+    got, tools = load["process_cores"], load["recorder_cores"]
     if not saturated(host, cores) or host - got - tools < others_held(cores):
         return None
+    proc = col(_window_counters(facts, r"^proc\.cpu_cores$", timed), "value")
     free = float(np.percentile(proc, 90))
     delay = col(_window_counters(facts, r"^proc\.run_delay_cores$", timed), "value")
     evidence: dict[str, Any] = {

@@ -9,13 +9,18 @@ cost is their own fetches' time and CPU (perf's samples of them). A 2-core host 
 expensive `__getitem__` (45.5 ms a step with no worker) took 43 ms with 1 worker, 23.7 with 2,
 and no less with 4: the advice had said 1 worker (one core kept for training) for 9%, and on
 the 2-worker run "double the workers" for 50% beside "1 worker" for oversubscription.
+
+The cores are those other processes left free wherever the system sampler measured them, not
+only where they held the training process back: a compiled loop that kept its core while
+others held the other had been told 1 worker for 8.8% (the host's 2 cores taken as free), and
+the worker, with no free core to run on, ran 17-44% slower.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +31,7 @@ from perfswarm.analyze.system import host_cores
 from perfswarm.model.receive import ReceiveCost
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, col, per_facts, processes
-from perfswarm.optimize.rules.host import contended, on_cpu_share, pageable_copies
+from perfswarm.optimize.rules.host import host_load, on_cpu_share, pageable_copies
 from perfswarm.optimize.rules.threads import free_cores
 
 _FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (recorder/inject)
@@ -55,7 +60,9 @@ class LoaderPlan:
     batch_ns: float | None  # one batch's making, start to end; None: its workers untraced
     batch_cpu_ns: float | None  # its CPU time (perf), else its whole time
     on_cpu: float | None  # perf's share of the loader's time on a CPU (None: no perf)
-    cores: float | None  # the host's cores a rank (None: an imported trace's unknown host)
+    cores: float | None  # the host's cores a rank, those other processes left free where
+    # measured (None: an imported trace's unknown host)
+    free: float | None  # the host's cores other processes left free (None: not measured)
     tensors: int | None  # tensors a batch (None: not in the trace; priced as 1, the least)
     receive: ReceiveCost  # taking a batch from a worker, unprofiled (model/receive.py)
     slowdown: float  # the profiler's of the steps (Facts.profiler_slowdown)
@@ -103,8 +110,8 @@ class LoaderPlan:
     def cpu_bound_ns(self) -> float:
         """All the CPU work of a step over the cores (0 where they are unknown)."""
         assert self.batch_cpu_ns is not None
-        if self.cores is None:
-            return 0.0
+        if not self.cores:  # none left free: no step at all
+            return 0.0 if self.cores is None else math.inf
         return (self.batches * self.batch_cpu_ns + self.fed_ns) / self.cores
 
     def step_with(self, workers: float) -> float:
@@ -126,6 +133,15 @@ class LoaderPlan:
         floor = self.floor_ns
         need = math.ceil(self.batches * self.latency_ns / floor - 1e-9) if floor > 0 else 1
         return max(1, min(_MAX_WORKERS, need))
+
+    @property
+    def gain(self) -> tuple[float, float]:
+        """The modelled step with `best` workers, and what it saves a step (at most the wait;
+        0 where they are no more than the workers now)."""
+        then = self.step_with(self.best)
+        if self.best <= self.workers:
+            return then, 0.0
+        return then, min(self.wait_ns, self.step_with(self.workers) - then)
 
     @property
     def loader_cores(self) -> float | None:
@@ -190,14 +206,18 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
     batch_ns = float(col(made, "dur").mean()) if made.num_rows else None
     on_cpu = on_cpu_share(facts, made) if made.num_rows else None
     cores: float | None = host_cores(facts.manifest)
-    busy = contended(facts)  # other processes held some: the loader has the rest
-    if cores is not None and busy is not None:
-        cores = min(cores, free_cores(busy[2]))
+    # other processes held some: the loader and the training process share the rest (the
+    # window's, else every timed step's, where a window of short steps holds too few readings)
+    load = host_load(facts) or host_load(facts, timed=True)
+    free = None if load is None else free_cores(load)
+    if cores is not None and free is not None:
+        cores = min(cores, free)
     return LoaderPlan(
         step_ns=facts.wall_ns / steps, wait_ns=wait / steps,
         batches=(loads.num_rows or made.num_rows) / steps, workers=workers, batch_ns=batch_ns,
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
         on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)),
+        free=free,
         tensors=_tensors_a_batch(facts, loads) if single else None, receive=facts.receive,
         slowdown=facts.profiler_slowdown)
 
@@ -234,6 +254,7 @@ def data_loading(facts: Facts) -> Advice | None:
                 "batch_ns": None if plan.batch_ns is None else round(plan.batch_ns),
                 "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
                 "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1),
+                "free_cores": None if plan.free is None else round(plan.free, 2),
                 "tensors_per_batch": plan.tensors,
                 "receive_ns": round(plan.receive_ns) if single else None}
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
@@ -254,9 +275,13 @@ def data_loading(facts: Facts) -> Advice | None:
                       f"(4){pin.replace(',', ';')}; move per-sample decoding out of the "
                       "training process")
     best, now = plan.best, plan.step_with(plan.workers)
-    then = plan.step_with(best)
-    gain = min(plan.wait_ns, now - then) if best > plan.workers else 0.0
-    cores = "" if plan.cores is None else f", all the CPU work / {plan.cores:g} cores"
+    then, gain = plan.gain
+    host_n = host_cores(facts.manifest)
+    cores = ("" if plan.cores is None else f", all the CPU work / {plan.cores:g} cores"
+             if plan.free is None or host_n is None or plan.free >= host_n else
+             f", all the CPU work / {plan.cores:.2f} cores a rank (of the {plan.free:.2f} "
+             f"other processes left free of {host_n}, measured by the system sampler: a "
+             "worker runs on those, and what it takes the training process loses)")
     own = (f"its own {_ms(plan.fed_ns)} ({_ms(plan.compute_ns)} + {plan.batches:g} x "
            f"{_ms(plan.receive_ns)} taking a batch from a worker)" if plan.workers <= 0
            else f"its own {_ms(plan.compute_ns)}")
@@ -267,6 +292,8 @@ def data_loading(facts: Facts) -> Advice | None:
              + (f", with {best} {_ms(then)}" if gain > 0 else "")
              + ("; the recording host's cores are not in the trace: not bounded by them"
                 if plan.cores is None else "")
+             + ("; other processes' use of the cores not recorded (no system sampler): "
+                "taken as free" if plan.cores is not None and plan.free is None else "")
              + (f"; {_receive_text(plan)}" if plan.workers <= 0 else "")
              + (f"; the loader waits (perf saw it on a CPU {100 * (plan.on_cpu or 0):.0f}% of "
                 "its time): workers beyond the cores overlap its waits" if plan.waiting else ""))
@@ -275,7 +302,19 @@ def data_loading(facts: Facts) -> Advice | None:
                       f"DataLoader(num_workers={best}{pin}, prefetch_factor=4, "
                       "persistent_workers=True)")
     if single:
-        return None  # one core: the loading would only move to another process
+        # the host's cores free, a worker would gain: other processes' load took it away
+        if plan.free is None or host_n is None or plan.free >= host_n:
+            return None  # one core, or a batch costs more to take from a worker than to make
+        idle = replace(plan, cores=host_n / max(1, len(facts.ranks)), free=float(host_n))
+        if idle.gain[1] <= 0:
+            return None
+        return advice(facts, "data_loading", title, evidence, None,
+                      f"none: other processes held {host_n - plan.free:.2f} of the {host_n} "
+                      f"cores ({model}); a worker would take its CPU from the training process",
+                      "no DataLoader worker while other processes hold the cores (with them "
+                      f"free the model gives num_workers={idle.best}, "
+                      f"{_ms(idle.gain[1])} a step); make each batch cheaper to produce, or "
+                      "run where the cores are free")
     if plan.cpu_bound_ns >= max(plan.compute_ns, plan.batches * plan.latency_ns / plan.workers):
         basis = (f"none: {plan.workers:g} workers a rank and the training process need all "
                  f"of the {plan.cores:g} cores a rank has ({model}); more workers would share "
