@@ -44,8 +44,8 @@ SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed 
 # U-Net's RMSNorm: 0.62 ms a call alone where the same elements reduced contiguously take 10.5
 # us, and x1.7-2.1 at twice the batch). Not elementwise ops: GELU's excess over its model is
 # partly a fixed time per call (alone, [8, 40, 32] 23.5 us, x2.21 at four times the batch), and
-# scaled as work it had made the MLP-Mixer's step x1.78 at four times the batch where its
-# prediction had been x1.58 and paired steps ran x1.60 (docs/benchmarks.md, thirty-first pass)
+# scaled as work it had made the MLP-Mixer's step x1.77-1.79 at four times the batch where its
+# prediction had been x1.55-1.57 and paired steps ran x1.60 (docs/benchmarks.md, thirty-first pass)
 SLOW_PATH_FAMILIES: Final = frozenset({"reduction"})
 WARM_SHARE: Final = 0.5  # the weight of a warm sweep's time: inputs as likely cached as not
 # A bf16 or fp16 matrix product or convolution that took this many times what the profile's
