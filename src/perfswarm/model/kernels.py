@@ -38,6 +38,15 @@ FALLBACK: Final[Mapping[str, str]] = {
 }
 GPU_FLOOR_NS: Final = 2_000  # a GPU kernel's launch-to-retire floor, whatever its work
 SMALL_OP_S: Final = 20e-6  # ops the profile prices under this are mostly fixed cost
+# The families whose op, when the run took it longer than its own sweep's model and the run's
+# offset, ran a layout the sweep did not, at a time per element: a reduction (the sweep reduces
+# contiguous rows) over a strided dimension, as a norm over the channels of [B, C, H, W] (the
+# U-Net's RMSNorm: 0.62 ms a call alone where the same elements reduced contiguously take 10.5
+# us, and x1.7-2.1 at twice the batch). Not elementwise ops: GELU's excess over its model is
+# partly a fixed time per call (alone, [8, 40, 32] 23.5 us, x2.21 at four times the batch), and
+# scaled as work it had made the MLP-Mixer's step x1.77-1.79 at four times the batch where its
+# prediction had been x1.55-1.57 and paired steps ran x1.60 (docs/benchmarks.md, thirty-first pass)
+SLOW_PATH_FAMILIES: Final = frozenset({"reduction"})
 WARM_SHARE: Final = 0.5  # the weight of a warm sweep's time: inputs as likely cached as not
 # A bf16 or fp16 matrix product or convolution that took this many times what the profile's
 # float32 model gives its shape ran a conversion path, not units for its dtype: on the 2-core
@@ -139,6 +148,17 @@ class ProfileScaler:
         return replace(self, offsets={f: max(0.0, statistics.median(v))
                                       for f, v in excess.items()})
 
+    @staticmethod
+    def _slow_path(cost: OpCost, seconds: float, model_s: float) -> bool:
+        """Whether an op of a family the profile swept itself took a path its sweep did not,
+        whose time is work (SLOW_PATH_FAMILIES): one the run measured at SMALL_OP_S or more
+        (no op mostly of fixed cost) and longer than its model and the run's offset
+        (`model_s`). Scaled by the model's ratio, the sweep's fixed part and the run's offset a
+        share of it, the U-Net's RMSNorm norms had read x1.22-1.53 at twice the batch, and its
+        step x1.59 where it ran x1.78 in CPU time (docs/benchmarks.md, thirty-first pass)."""
+        return (cost.family in SLOW_PATH_FAMILIES and seconds >= SMALL_OP_S
+                and seconds > model_s)
+
     def _swept_layer(self, family: str) -> bool:
         """Whether `family` is an LSTM layer's (or its backward's) that the profile swept
         itself (families rnn and rnn_backward), not one priced by its parts."""
@@ -164,7 +184,8 @@ class ProfileScaler:
         at 10-20x, is work the stand-in underrates (the measured time times the ratio had
         grown them x1.9-2.9 for four times the batch, where they ran x3.4-4.4), where a small
         GEMM's excess over its own model is no work (scaled as work, a GRU's [144, B] x [B, 48]
-        weight gradient read x3.97 at four times the batch, and ran x1.42). Where the run took
+        weight gradient read x3.97 at four times the batch, and ran x1.42). So does a reduction
+        the run took on a slower path than its own sweep's (`_slow_path`). Where the run took
         no longer than the fixed part, the whole scales by the ratio.
 
         An LSTM layer or its backward (families rnn, rnn_backward) priced by its parts (a
@@ -198,7 +219,9 @@ class ProfileScaler:
         per_call = self._fixed_s(old.family)
         fixed = (per_call or 0.0) + offset
         found = self._family(old.family)
-        if (per_call is None or (found is not None and found[1])
+        own = found is not None and found[1] and not self._slow_path(
+            old, measured_ns * 1e-9, before + offset)
+        if (per_call is None or own
                 or measured_ns * 1e-9 <= fixed or min(before, after) <= per_call):
             return round(measured_ns * (after + offset) / (before + offset))
         work = (after - per_call) / (before - per_call)
