@@ -788,10 +788,11 @@ def _drop_inherited_profiler() -> None:
     their copy-on-write pages: 10 us of CPU an event, 2.3 s for the first batch of a new
     epoch's worker (denoising-diffusion-pytorch's Trainer). Read instead (torch's
     _disable_profiler), it cost as much. The legacy disable pops the state off the thread and
-    removes its callbacks; an empty session then ends Kineto's inherited one (3 ms), whose
+    removes its callbacks; an empty session then ends Kineto's inherited one, whose
     cancelling torch warns of on stderr (TORCH_WARN, which the C++ log's threshold does not
     hold back): the child's stderr goes to /dev/null meanwhile, its one thread (just forked)
-    the only writer."""
+    the only writer. Both: 30 ms of CPU after 50,000 events, where the start had taken 0.7 s
+    to free them."""
     from torch._C import _autograd as untyped
     from torch.autograd import profiler
 
