@@ -179,17 +179,58 @@ def test_terminated_workers_exit_quietly(tmp_path: Path) -> None:
     """A worker terminated by its parent while it traces writes its trace and exits with 0,
     as torch's own handler makes it; killed by the signal, the parent's SIGCHLD handler raised
     "DataLoader worker ... is killed by signal: Terminated" at the script's exit."""
-    script = tmp_path / "terminated.py"
-    script.write_text(TERMINATED)
-    log = tmp_path / "out.txt"
-    with log.open("wb") as f:
-        result = record([PY, str(script)], tmp_path / "t.run",
-                        RecordOptions(collectors=("torch",), skip=2, steps=2),
-                        child=Child(output=f))
-    m = result.run.manifest()
+    run, out = _record_script(tmp_path, TERMINATED, skip=2, steps=2)
+    m = run.manifest()
     assert m["exit_status"] == 0
     assert len([f for f in m["collectors"]["torch"]["files"] if f.startswith("torch-")]) == 3
-    assert "exitcodes [0, 0]" in log.read_text(), log.read_text()
+    assert "exitcodes [0, 0]" in out, out
+
+
+def _record_script(tmp_path: Path, source: str, skip: int, steps: int) -> tuple[Run, str]:
+    """`source` as a script recorded with the torch collector: the Run and what it printed."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    log = tmp_path / "out.txt"
+    with log.open("wb") as f:
+        result = record([PY, str(script)], tmp_path / "s.run",
+                        RecordOptions(collectors=("torch",), skip=skip, steps=steps),
+                        child=Child(output=f))
+    return result.run, log.read_text()
+
+
+EPOCHS = textwrap.dedent("""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def inherited(_):  # in each worker before its first fetch: its parent's profiler on here?
+        print("inherited", torch._C._autograd._profiler_enabled(), flush=True)
+
+    data = TensorDataset(torch.randn(32, 16), torch.randint(0, 2, (32,)))
+    # 4 batches an epoch; workers not persistent: each epoch forks two more
+    loader = DataLoader(data, batch_size=8, num_workers=2, worker_init_fn=inherited)
+    model = nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        for x, y in loader:
+            opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+""")
+
+
+def test_workers_forked_in_the_window_drop_the_inherited_profiler(tmp_path: Path) -> None:
+    """A DataLoader worker forked while the window is open (a new epoch's) inherits the main
+    thread's profiler, on: it recorded every op of the worker into a copy of the parent's
+    events, and its own profiler's start freed them (2.3 s for a new epoch's first batch in
+    denoising-diffusion-pytorch's Trainer). The child drops it as it forks, with nothing on
+    the program's stderr, and still traces the window's batches."""
+    run, out = _record_script(tmp_path, EPOCHS, skip=2, steps=8)
+    # two workers an epoch; the window (steps 2-10) open as epochs 2 and 3 fork theirs
+    assert out.count("inherited False") == 6 and "inherited True" not in out, out
+    assert "[W" not in out and "Warning" not in out, out
+    ev = run.table("events").to_pydict()
+    fetched = {p for p, n in zip(ev["pid"], ev["name"], strict=True)
+               if n == "DataLoader worker fetch"}
+    assert len(fetched) >= 4 and run.manifest()["extra"]["record"]["pid"] not in fetched
 
 
 FREED = textwrap.dedent("""

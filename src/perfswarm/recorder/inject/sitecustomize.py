@@ -35,7 +35,8 @@ window instead: while it is open the parent keeps a flag file, and each worker
 (its `_worker_loop` wrapped, forked or spawned) looks for it before fetching a
 batch, profiling (CPU, shapes, no step markers) from the first batch it sees
 the flag to the first it does not, or to its exit; each profiled batch is a
-`DataLoader worker fetch` span.
+`DataLoader worker fetch` span. A child forked while the window is open drops the
+profiler it inherited, unread (`_drop_inherited_profiler`).
 """
 
 from __future__ import annotations
@@ -214,6 +215,12 @@ class _Window:
         self.cycle, self.phase, self.pending_ns, self.backward_ns = None, 0, 0, 0
         self.first_key = self.last_key = None
         self.calls = 0
+        if self.prof is not None:  # forked while the window was open
+            self.starting = True  # the empty session is no program's own (_yield_to_...)
+            try:
+                _drop_inherited_profiler()
+            finally:
+                self.starting = False
         self.prof = self.et = None
         if self.cpp_log_level is not None:  # forked while the ET ran: the child's log is its own
             _cpp_log_level(self.cpp_log_level)
@@ -771,6 +778,52 @@ def _any_thread() -> dict[str, Any]:
         return {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
     except (ImportError, TypeError):
         return {}
+
+
+def _drop_inherited_profiler() -> None:
+    """Drop the profiler state a child forked while the window was open inherited (the forking
+    thread's copy of its parent's, still on), without reading it. Left on, the child recorded
+    every op into that copy (a DataLoader worker's ops 2-5x their time), and its own profiler's
+    start (a worker's, at its first fetch in the window) freed the parent's events, touching
+    their copy-on-write pages: 10 us of CPU an event, 2.3 s for the first batch of a new
+    epoch's worker (denoising-diffusion-pytorch's Trainer). Read instead (torch's
+    _disable_profiler), it cost as much. The legacy disable pops the state off the thread and
+    removes its callbacks; an empty session then ends Kineto's inherited one, whose
+    cancelling torch warns of on stderr (TORCH_WARN, which the C++ log's threshold does not
+    hold back): the child's stderr goes to /dev/null meanwhile, its one thread (just forked)
+    the only writer. Both: 30 ms of CPU after 50,000 events, where the start had taken 0.7 s
+    to free them."""
+    from torch._C import _autograd as untyped
+    from torch.autograd import profiler
+
+    autograd: Any = untyped  # its stubs lack the disable's options
+    if not autograd._profiler_enabled():  # forked by another thread than the window's
+        return
+    with _stderr_to_devnull(), contextlib.suppress(RuntimeError, AttributeError, TypeError):
+        # (cleanupTLSState, consolidate); called without options it hung in a forked child
+        autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, False))
+        empty: Any = profiler.profile(use_cpu=True, use_kineto=True)
+        empty.__enter__()
+        empty.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull() -> Iterator[None]:
+    """File descriptor 2 on /dev/null meanwhile (C++ writes there; a process with no stderr
+    is left as it is)."""
+    try:
+        stderr = os.dup(2)
+    except OSError:
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(null)
 
 
 def _free_profiler() -> None:
