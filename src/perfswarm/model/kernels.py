@@ -126,11 +126,18 @@ class ProfileScaler:
         bf16-autocast MLP at twice the batch was predicted x1.39-1.43 and ran x2.04. One no
         slower than that ran on units for its dtype, whose scaling the float32 model stands
         for."""
+        slow = self.slow_from(cost, dims)
+        return slow is not None and seconds >= slow
+
+    def slow_from(self, cost: OpCost, dims: Dims) -> float | None:
+        """The time (s) from which an op of `cost` is priced by its work (`by_work`):
+        REDUCED_SLOW times the profile's time of its shape; None for an op never so priced
+        (no bf16 or fp16 matrix product or convolution, or no model of it)."""
         if cost.dtype not in REDUCED_DTYPES or cost.family not in MATRIX_FAMILIES or (
                 cost.flops <= 0):
-            return False
+            return None
         model = self.model_time(cost, tuple(map(tuple, dims)))
-        return model is not None and seconds >= REDUCED_SLOW * model
+        return None if model is None else REDUCED_SLOW * model
 
     def with_offsets(self, samples: Sequence[tuple[OpCost, Dims, float]]) -> ProfileScaler:
         """Offsets from (cost, dims, typical measured seconds) of a run's ops: per op type,

@@ -1395,7 +1395,8 @@ def _unswept(m: _Model, scaler: ProfileScaler, measured: Measured,
              steady: frozenset[StepKey], step_ns: float) -> list[str]:
     """Notes where ops with a cost model, which a CPU profile prices, compute in a reduced
     precision (bf16, fp16: the profile swept SWEPT_DTYPE alone): BY_WORK_NOTE of those the
-    scaler prices by their work (ProfileScaler.by_work, on a node's own time), UNSWEPT_NOTE
+    scaler prices by their work (ProfileScaler.by_work, on a node's own time; the model priced
+    once an op), UNSWEPT_NOTE
     of the rest, each with the four names with the most compute time, and that time a step of
     them all (`_steady_median`), of the steady median step `step_ns`."""
     g, ev = m.graph, m.ev
@@ -1407,7 +1408,8 @@ def _unswept(m: _Model, scaler: ProfileScaler, measured: Measured,
                                                                          strict=True)
                if c is not None and c.dtype in REDUCED_DTYPES}
     hit = node[np.isin(g.row[node], list(reduced))]
-    by_work = np.array([scaler.by_work(reduced[r][1], reduced[r][2], t * 1e-9)
+    slow = {r: scaler.slow_from(c, dims) for r, (_, c, dims) in reduced.items()}  # an op's once
+    by_work = np.array([(s := slow[r]) is not None and t * 1e-9 >= s
                         for r, t in zip(g.row[hit].tolist(), g.dur[hit].tolist(), strict=True)],
                        bool)
     notes = []
