@@ -299,6 +299,9 @@ class Row:
     """A configuration's figures: one recording's, beside its prediction from the base recorded
     in the same round, or the medians over rounds of each (`quiet` then: in most rounds)."""
     measured: float  # the median steady step: the base's own, a changed configuration's Run's
+    # the steady steps' predicted median, the statistic `predict` judges against `measured` (the
+    # median of every profiled step's prediction, the window's first and last among them, had
+    # read the GPT's base r1 13% above it once each step kept its own time)
     predicted: float
     others: float  # cores other processes kept busy meanwhile, on average
     quiet: bool  # others at most QUIET_OTHERS, and the script had UNCONTENDED of a core
@@ -311,7 +314,7 @@ class Row:
 def recorded_row(p: Prediction, label: str, run: Run, out: str, others: float) -> Row:
     clock = own_clock(run, out)
     return Row(measured=p.measured_steady_ns if label == "base" else (p.compare or ("", 0))[1],
-               predicted=p.median("predicted"), others=others,
+               predicted=p.predicted_steady_ns, others=others,
                quiet=(clock is None or clock[1] >= UNCONTENDED) and others <= QUIET_OTHERS,
                clock=clock,
                own_measured=p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns,
