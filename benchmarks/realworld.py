@@ -19,10 +19,11 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   scripts of benchmarks/realworld_models.py (LSTM LM, ResNet with BatchNorm, GPT decoder with
   SDPA, MLP-Mixer, 1-D conv audio) recorded at a base configuration and at batch x0.5, x2, x4
   and width x2; each predicted from its base with a calibrated profile (`--profile`, else a
-  `--budget`-minute calibration first) against its measured median steady step (goal:
-  geomean <= 5%, max <= 15%), and each base at its recorded configuration (goal within 2%),
-  beside the spread of its own steady steps. Each script prints its own CPU and wall time per
-  step: a recording whose process had under 90% of a core in its profiled steps (other
+  `--budget`-minute calibration first), the steady steps' predicted median against its
+  measured median steady step (goal: geomean <= 5%, max <= 15%), and each base at its recorded
+  configuration (goal within 2%; each step is predicted from its own ops, so there it is the
+  replay), beside the spread of its own steady steps. Each script prints its own CPU and wall
+  time per step: a recording whose process had under 90% of a core in its profiled steps (other
   processes held it, stretching every op the prediction reads) is shown but its wall-time error
   not judged; the ratio of each prediction to the base's prediction is also judged against the
   ratio of the scripts' own CPU time per step (CPU seconds: what other load barely moves). The width
