@@ -90,7 +90,7 @@ def _print(result: Prediction) -> None:
         changed = bool(data["batch"] or data["change"]["dims"]
                        or data["target_device"] != data["source_device"])
         against = ("" if changed and not compared else
-                   f", {100 * (data['predicted_ns'] / own - 1):+.1f}% of the program's own")
+                   f", {100 * (steady['predicted_ns'] / own - 1):+.1f}% of the program's own")
         console.print(
             f"note: {'the compared' if compared else 'this'} run's profiled steps ran "
             f"x{base / own:.2f} its steps outside the profiler's window ({ms(own)}; the "
