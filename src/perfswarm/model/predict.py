@@ -797,7 +797,7 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         counts["unmodelled"] += int(nodes[how == 0].sum())
     # each pair's own time times its key's ratio, new over typical (a key of no typical time:
     # its new one), as Python's round(d * after / base) would, per node
-    base = np.array([round(base_of[k]) for k in kid], np.float64)
+    base = np.rint(np.asarray(base_of, np.float64)[np.asarray(kid, np.int64)])
     base = np.where(base > 0, base, measured)
     dur[node] = np.rint(dur[node] * after[pair_of] / base[pair_of]).astype(np.int64)
     return counts, touch
