@@ -5,11 +5,12 @@ delay over them, one line a Run.
 
     .venv/bin/python benchmarks/own_config.py RUN...
 
-The prediction prices every op at its typical time (its mean over the steady steps), so its
-mean step is the measured mean where the model holds; a median above it on steps that other
-load stretched now and then is that load, not the model (docs/benchmarks.md). `skew` is the
+The prediction takes each step from its own ops, each op's measured time times its model's
+ratio (1 at the Run's own configuration), so there its steps are the replayed ones and the
+medians' error is the replay's (docs/benchmarks.md, thirty-second pass). `skew` is the
 measured median over the measured mean, less one: the error a prediction of the typical step
-reads on the medians even when it has the mean right. `delay` is the share of the steady steps
+(every op at its mean over the steady steps, as `predict` priced them before that pass) read on
+the medians even when it had the mean right. `delay` is the share of the steady steps
 the ranks' loop threads sat runnable on a runqueue, waiting for a core (their run delay, read
 by the recorder at each step hook), `-` where the Run holds no such reading (an imported trace,
 a Run recorded before the readings)."""

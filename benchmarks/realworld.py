@@ -19,10 +19,11 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   scripts of benchmarks/realworld_models.py (LSTM LM, ResNet with BatchNorm, GPT decoder with
   SDPA, MLP-Mixer, 1-D conv audio) recorded at a base configuration and at batch x0.5, x2, x4
   and width x2; each predicted from its base with a calibrated profile (`--profile`, else a
-  `--budget`-minute calibration first) against its measured median steady step (goal:
-  geomean <= 5%, max <= 15%), and each base at its recorded configuration (goal within 2%),
-  beside the spread of its own steady steps. Each script prints its own CPU and wall time per
-  step: a recording whose process had under 90% of a core in its profiled steps (other
+  `--budget`-minute calibration first), the steady steps' predicted median against its
+  measured median steady step (goal: geomean <= 5%, max <= 15%), and each base at its recorded
+  configuration (goal within 2%; each step is predicted from its own ops, so there it is the
+  replay), beside the spread of its own steady steps. Each script prints its own CPU and wall
+  time per step: a recording whose process had under 90% of a core in its profiled steps (other
   processes held it, stretching every op the prediction reads) is shown but its wall-time error
   not judged; the ratio of each prediction to the base's prediction is also judged against the
   ratio of the scripts' own CPU time per step (CPU seconds: what other load barely moves). The width
@@ -299,6 +300,9 @@ class Row:
     """A configuration's figures: one recording's, beside its prediction from the base recorded
     in the same round, or the medians over rounds of each (`quiet` then: in most rounds)."""
     measured: float  # the median steady step: the base's own, a changed configuration's Run's
+    # the steady steps' predicted median, the statistic `predict` judges against `measured` (the
+    # median of every profiled step's prediction, the window's first and last among them, had
+    # read the GPT's base r1 13% above it once each step kept its own time)
     predicted: float
     others: float  # cores other processes kept busy meanwhile, on average
     quiet: bool  # others at most QUIET_OTHERS, and the script had UNCONTENDED of a core
@@ -311,7 +315,7 @@ class Row:
 def recorded_row(p: Prediction, label: str, run: Run, out: str, others: float) -> Row:
     clock = own_clock(run, out)
     return Row(measured=p.measured_steady_ns if label == "base" else (p.compare or ("", 0))[1],
-               predicted=p.median("predicted"), others=others,
+               predicted=p.predicted_steady_ns, others=others,
                quiet=(clock is None or clock[1] >= UNCONTENDED) and others <= QUIET_OTHERS,
                clock=clock,
                own_measured=p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns,

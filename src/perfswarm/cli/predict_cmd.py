@@ -90,7 +90,7 @@ def _print(result: Prediction) -> None:
         changed = bool(data["batch"] or data["change"]["dims"]
                        or data["target_device"] != data["source_device"])
         against = ("" if changed and not compared else
-                   f", {100 * (data['predicted_ns'] / own - 1):+.1f}% of the program's own")
+                   f", {100 * (steady['predicted_ns'] / own - 1):+.1f}% of the program's own")
         console.print(
             f"note: {'the compared' if compared else 'this'} run's profiled steps ran "
             f"x{base / own:.2f} its steps outside the profiler's window ({ms(own)}; the "
@@ -121,7 +121,7 @@ def predict_command(
     recorded_batch_size: Annotated[int | None, typer.Option("--recorded-batch-size", max=MAX_SIZE, help="The Run's batch size, when its command line does not say.")] = None,
     dim: Annotated[list[str] | None, typer.Option("--dim", help="OLD=NEW: every recorded tensor dimension OLD becomes NEW (layer widths), and the parameters' whole multiples of it with it (fused QKV 3W, MLP 4W), and in attention ops the head (W / heads); repeatable.")] = None,
     profile: Annotated[Path | None, typer.Option("--profile", help="Kernel-model profile from `perfswarm calibrate` (needed for shape changes on CPU runs).")] = None,
-    overheads: Annotated[Path | None, typer.Option("--overheads", help="CPU-overhead model to use (JSON from --save-overheads), instead of this Run's.")] = None,
+    overheads: Annotated[Path | None, typer.Option("--overheads", help="CPU-overhead model (JSON from --save-overheads) to price every op's host time at its type's mean, instead of as this Run measured it.")] = None,
     save_overheads: Annotated[Path | None, typer.Option("--save-overheads", help="Write this prediction's CPU-overhead model as JSON.")] = None,
     compare: Annotated[Path | None, typer.Option("--compare", help="A Run recorded at the target configuration: its measured iteration is shown beside the prediction.")] = None,
     source_device: Annotated[str | None, typer.Option("--source-device", help="The GPU the Run was recorded on, when its trace does not tell.")] = None,

@@ -2,14 +2,18 @@
 
 - replay: the measured durations and gaps, with typical (per-rank) latencies between
   lanes. How close it lands to the measured iteration tests the graph.
-- predict: kernel models and the CPU-overhead model instead of measurements, at the
-  recorded configuration or a changed one:
-  - kernel times: measured times scaled by a kernel model's ratio between the new and
-    the recorded case (model/kernels.py): a calibrated profile on the CPU, device specs
-    on GPUs (a GPU kernel's op is the CPU op that launched it, by External id);
+- predict: each step from its own measured ops, each scaled by a kernel model's ratio
+  between the new and the recorded case, at the recorded configuration or a changed one,
+  so that the steady steps' predicted median is the same statistic as their measured one
+  (every op at its typical time had made every steady step the same sum of means, which
+  skewed steps' median is not: a GPT's +9.3% at its own configuration):
+  - kernel times: each kernel's measured time times its key's ratio, the model's time at
+    the new case over its typical time (model/kernels.py): a calibrated profile on the CPU,
+    device specs on GPUs (a GPU kernel's op is the CPU op that launched it, by External id);
     plus, on the CPU, the time of writing fresh pages, which a profiling window makes the
     step's largest allocations pay (`_first_touch`);
-  - host time: every op's overheads (T1..T5) at its type's mean (model/overheads.py);
+  - host time: every op's overheads (T1..T5) as measured, or at its type's mean in another
+    Run's CPU-overhead model where one is given (model/overheads.py);
   - batch size: batch-dependent bytes and FLOPs of every modelled op scale by the
     batch ratio (parameters do not: their shapes are read off the optimizer and the
     gradient accumulation; embedding tables with sparse gradients do, their updates touch
@@ -29,7 +33,7 @@ import math
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Final, Literal
@@ -126,13 +130,12 @@ LOADER: Final = "enumerate(DataLoader)#"
 COMPUTE_CATEGORIES: Final = frozenset({"gemm", "conv", "attention"})
 # what a CPU prediction without a profile rests on: at the recorded configuration the profile's
 # kernel model gives each kernel a ratio of 1 (the same shapes), so the figures are the Run's own
-# (18 of tests/data's CPU Runs predicted the same to the ns with a profile calibrated here);
-# the kernel counts' "unmodelled" alone had not said whether a default stood in for one
-NO_PROFILE_NOTE: Final = ("no CPU profile given: kernel times are the Run's own typical measured "
-                          "times, no model's (at the recorded configuration a profile moves only "
-                          "the ops whose shapes vary from step to step, pooled by its model "
-                          "instead of their bytes, and the time of writing fresh pages where "
-                          "the Run counted page faults); a changed "
+# (the 18 base recordings of the twenty-ninth pass's judged run predicted the same to the ns
+# with a profile calibrated here); the kernel counts' "unmodelled" alone had not said whether a
+# default stood in for one
+NO_PROFILE_NOTE: Final = ("no CPU profile given: kernel times are the Run's own measured times, "
+                          "no model's (at the recorded configuration a profile gives every op a "
+                          "ratio of 1); a changed "
                           "batch size or dimension needs one: `perfswarm calibrate --threads N` "
                           "with the Run's intra-op threads, then --profile cpu-profile.json")
 UNPRICED_NOTE: Final = (
@@ -170,7 +173,6 @@ NOISY_SPREAD: Final = 0.1  # steady steps varying more than this: a busy machine
 FAULT_EXCESS: Final = 0.1  # a window taking this share of its steps' page faults more: said
 LEFT_OUT_SHARE: Final = 0.01  # ops a GPU forecast leaves out, named from this share of the steps
 SIZE_CLASS: Final = 0.99  # results within 1% of the largest allocation are of its size
-RECURRING: Final = 2  # a key in this many steady steps has its own typical time
 _BATCH_FLAG = re.compile(r"^--?(?:batch(?:[-_]size)?|bs)(?:=(\d+))?$")
 # a kernel's name, its op's shapes and, where its op has none, its own size (a copy's or a set's
 # bytes, a kernel's grid and block): what shares its typical time
@@ -223,7 +225,7 @@ class Prediction:
     overheads: OverheadModel
     compare: tuple[str, int, int] | None = None  # (path, median step, median device active)
     notes: tuple[str, ...] = field(default=())
-    steady: frozenset[StepKey] = frozenset()  # the steps typical times are read off
+    steady: frozenset[StepKey] = frozenset()  # the steps judged, typical times read off
     # the program's own step outside the profiler's window (iterations.step_time), of the
     # recorded Run and of the compared one, where the recorder timed steps there
     unprofiled_ns: int | None = None
@@ -691,10 +693,14 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
     """Kernel times at the new shapes or device, in place; counts of how each was priced, and
     the time of writing fresh pages taken out and put back (`_first_touch`).
 
-    A kernel's base is its typical time over the kernels of its name and op shapes in the
-    `steady` steps, else the undisturbed ones (model/overheads.py `typical`: iterations repeat
-    them; a step the machine stalled is not the kernel's, and the mean keeps what it costs an
-    iteration)."""
+    A kernel takes its own measured time times its key's ratio: the model's time at the new
+    case over the key's base, its typical time over the kernels of its name and op shapes in
+    the `steady` steps, else the undisturbed ones (model/overheads.py `typical`: iterations
+    repeat them; a step the machine stalled is not the kernel's, and the mean keeps what it
+    costs an iteration). Each step keeps its own kernels' times, their stalls and cache
+    misses too, so the steady steps' predicted median is of steps as unlike as the measured
+    ones: every kernel at its base had made each steady step the same sum of means, a GPT's
+    +9.3% where its steps spread 12% (docs/benchmarks.md, thirty-second pass)."""
     g, ev = m.graph, m.ev
     counts: Counter[str] = Counter()
     # each pair: a kernel (or a CPU op's compute pieces), the op that launched it (-1: none),
@@ -741,24 +747,6 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         shapes = keys[k][1]
         return (_on_tensor_cores(costs(ev.names[op_name], shapes), ev.names[keys[k][0]])
                 if op_name >= 0 and shapes else None)
-
-    if isinstance(scaler, ProfileScaler) or (scaler is None and m.platform == "cpu"):
-        op_of = dict(zip(kid, op_names, strict=True))
-        profiled = scaler
-
-        def model_of(k: int) -> float | None:
-            """A key's time by the profile's model; without a profile (a CPU Run at its own
-            configuration) in proportion to the bytes it moves: an op whose shapes vary from
-            step to step copies a growing tensor (a KV cache's cat), whose time follows its
-            traffic, and the pool takes only ratios among one name's keys."""
-            found, shapes = priced(k, op_of[k]), keys[k][1]
-            if found is None or shapes is None:
-                return None
-            return (profiled.model_time(found[0], shapes.dims) if profiled is not None
-                    else found[0].bytes)
-
-        base_of = pooled_bases(base_of, samples, [key[0] for key in keys], model_of,
-                                 steady.keys)
 
     touch = FirstTouch({})
     if isinstance(scaler, ProfileScaler) and scaler.profile.page_s > 0:
@@ -807,8 +795,11 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         counts["modelled"] += int(nodes[how >= 1].sum())
     if np.any(timed & (how == 0)):
         counts["unmodelled"] += int(nodes[how == 0].sum())
-    # as Python's round(d * after / measured) would, per node
-    dur[node] = np.rint(dur[node] * after[pair_of] / measured[pair_of]).astype(np.int64)
+    # each pair's own time times its key's ratio, new over typical (a key of no typical time:
+    # its new one), as Python's round(d * after / base) would, per node
+    base = np.rint(np.asarray(base_of, np.float64)[np.asarray(kid, np.int64)])
+    base = np.where(base > 0, base, measured)
+    dur[node] = np.rint(dur[node] * after[pair_of] / base[pair_of]).astype(np.int64)
     return counts, touch
 
 
@@ -864,51 +855,6 @@ def _release_tails(m: _Model, t: _Transform, dur: I64) -> int:
             dur[node] = floor + round((int(dur[node]) - floor) * new / old)
             scaled += 1
     return scaled
-
-
-def pooled_bases(base_of: Sequence[float], samples: Sequence[tuple[list[float], list[StepKey]]],
-                 names: Sequence[int], model_of: Callable[[int], float | None],
-                 steady: Set[StepKey]) -> list[float]:
-    """The typical times of keys (`base_of`, from each key's `samples`: its measured times and
-    their steps), with those of an op whose shapes vary from step to step pooled: a key found in
-    under half the steady steps its op's name is found in (a KV cache's aten::cat, its length
-    one more each decode step) takes the profile's time for it (`model_of`) times the ratio of
-    the measured to the modelled time over every such key of its name in the steady steps.
-
-    A key recurring every step takes its mean over them, what it costs an iteration whichever
-    step paid its stalls; a key of one step alone kept that step's own time, its page faults
-    too (a decode loop's cat of an even length: 684 us, of an odd one 50 us, in alternate
-    steps), so the steps came out unlike where the measured ones had not been alike in the
-    same way (the addmm's stalls averaged over them, the cat's not): the median step 12%
-    short where the mean was 0.1%. Pooled, each varying key costs its share of what its
-    name's varying keys cost the steps, as the recurring keys do.
-
-    A key found in RECURRING steady steps or more recurs: its mean is over its own instances,
-    and it keeps it however few steps of its name's it is found in. Sequences bucketed by
-    length (16, 32 or 64 tokens drawn each step) repeat each bucket's shapes in a third of the
-    steps, and pooled by their bytes (a product's time follows its FLOPs) a 16-token step's
-    matrix products were priced at the 64-token ones' rate, the short steps 53 ms where they
-    took 32-40 (the median step +27%); where the steady steps held 2 of each of two buckets,
-    their steps were priced at each other's rate (the median +22%)."""
-    out = list(base_of)
-    by_name: dict[int, list[int]] = {}
-    for k, name in enumerate(names):
-        by_name.setdefault(name, []).append(k)
-    for group in by_name.values():
-        seen = [{s for s in samples[k][1] if s in steady} for k in group]
-        spread = len(set().union(*seen))
-        model = {k: t for k, found in zip(group, seen, strict=True)
-                 if 2 * len(found) < spread and len(found) < RECURRING
-                 and (t := model_of(k) or 0.0) > 0}
-        if len(model) < 2:
-            continue
-        measured = sum(v for k in model for v, s in zip(*samples[k], strict=True)
-                       if s in steady)
-        modelled = sum(t * sum(s in steady for s in samples[k][1]) for k, t in model.items())
-        if measured > 0 and modelled > 0:
-            for k, t in model.items():
-                out[k] = t * measured / modelled
-    return out
 
 
 def _own_sizes(m: _Model, rows: Sequence[int]) -> dict[int, tuple[int, ...]]:
@@ -1179,10 +1125,11 @@ def predict(run: Run, change: Change = Change(), *, profile: Profile | None = No
     waits, waited = collective_waits(g, m.ev)
     idle = g.idle_gaps() | waited
     model = overheads or fit_overheads(g, m.ev, insts, stalls, idle, waits, m.step, found)
-    keep = stalls | waits
-    synced = g.last_nodes(m.synced_calls)
-    keep[synced[synced >= 0]] = True
-    apply_overheads(model, g, m.ev, insts, dur, gap, keep, idle)
+    if overheads is not None:  # another Run's model prices the host; this Run's own is as measured
+        keep = stalls | waits
+        synced = g.last_nodes(m.synced_calls)
+        keep[synced[synced >= 0]] = True
+        apply_overheads(model, g, m.ev, insts, dur, gap, keep, idle)
     # the instances again only for a batch's per-sample work: not held through the kernels'
     # pass and the simulation otherwise (4.7 MB at 200k trace events)
     per_sample = insts if change.batch_size is not None else None
