@@ -1,7 +1,8 @@
 """Training styles recorded for real (docs/benchmarks.md, the thirtieth pass's styles): a
 torch.compile'd model's recompilation on a new input shape (a last short batch), outside the
 profiling window, where no trace shows dynamo's spans; gradient accumulation under CPU
-autocast, whose step is an optimizer step of several micro-batches."""
+autocast, whose step is an optimizer step of several micro-batches; a new epoch's DataLoader
+starting its workers, outside the window."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from perfswarm.optimize.rules import host
 from perfswarm.optimize.rules.facts import Facts
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.report.data import report_data
-from perfswarm.trace.schema import HOOK_COMPILE
+from perfswarm.trace.schema import HOOK_COMPILE, HOOK_LOADER
 
 # 24 steps of 16 rows through a compiled MLP (dynamo's "eager" backend: its compile is
 # dynamo's alone, a fraction of a second), but step 20's batch of 3 rows: a new shape, so
@@ -97,3 +98,64 @@ def test_a_step_of_accumulated_micro_batches_is_said(tmp_path: Path) -> None:
     assert rates["samples_per_step"] == 4 * 8
     assert ("; 4 forward and backward passes a step: a step is an optimizer step, its "
             "samples those of all of them)") in rates["source"]
+
+
+# 6 epochs of 4 batches from a DataLoader with 2 workers, not persistent: each epoch's first
+# batch waits for 2 new workers (forked, then fetching it); the 18th batch's step (step 17: a
+# step runs from one hook to the next) runs an evaluation of 2,000 forwards besides
+EPOCHS = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(TensorDataset(torch.randn(32, 32)), batch_size=8, num_workers=2)
+step = 0
+for epoch in range(6):
+    for (x,) in loader:
+        step += 1
+        if step == 18:
+            with torch.no_grad():
+                for _ in range(2000):
+                    model(torch.randn(64, 32))
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+        opt.step()
+"""
+
+
+def test_a_new_epochs_loader_outside_the_window_is_named(tmp_path: Path) -> None:
+    """The recorder times what starting a loader's workers takes (HOOK_LOADER, at every step
+    hook): in the steps that begin an epoch (4, 8, 12, 16, 20: the hook ending its last batch
+    is the step's start), none in the others. outlier_steps names those outside the window
+    (steps 3-7) as a new epoch's workers starting, with the time timed, not as periodic work
+    to find; step 17's evaluation stays the work to find (denoising-diffusion-pytorch's epoch
+    restarts had been "find what runs in those steps (evaluation, generate() ...)")."""
+    script = tmp_path / "epochs.py"
+    script.write_text(EPOCHS)
+    result = record([sys.executable, str(script)], tmp_path / "epochs.run",
+                    RecordOptions(collectors=("torch",), skip=3, steps=5))
+    assert result.exit_code == 0
+    run = result.run
+    steps = run.table("steps").sort_by("step")
+    starting = np.nan_to_num(hook_deltas(run.table("counters"), steps, HOOK_LOADER))
+    by_step = dict(zip(steps.column("step").to_pylist(), starting.tolist(), strict=True))
+    assert {s for s, ns in by_step.items() if ns > 0} == {4, 8, 12, 16, 20}
+
+    a = host.outlier_steps(Facts.of(run))
+    assert a is not None
+    named = [o["step"] for o in a.evidence["outliers"]]
+    # (steps of a few ms another process preempted may be outliers too: no system sampler)
+    assert {12, 16, 17, 20} <= set(named)
+    epochs = sorted({4, 8, 12, 16, 20} & set(named))
+    assert a.evidence["loader_start_steps"] == len(epochs)
+    assert a.evidence["loader_start_ns"] == round(sum(by_step[s] for s in named))
+    timed = sum(by_step[s] for s in epochs) / 1e6
+    assert a.change.startswith(f"steps {', '.join(map(str, epochs))} start a new epoch's "
+                               f"DataLoader workers: the recorder timed {timed:,.1f} ms of "
+                               "their ")
+    assert "; the other outliers: find what runs in those steps (evaluation" in a.change
