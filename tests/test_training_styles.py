@@ -131,10 +131,11 @@ for epoch in range(6):
 def test_a_new_epochs_loader_outside_the_window_is_named(tmp_path: Path) -> None:
     """The recorder times what starting a loader's workers takes (HOOK_LOADER, at every step
     hook): in the steps that begin an epoch (4, 8, 12, 16, 20: the hook ending its last batch
-    is the step's start), none in the others. outlier_steps names those outside the window
-    (steps 3-7) as a new epoch's workers starting, with the time timed, not as periodic work
-    to find; step 17's evaluation stays the work to find (denoising-diffusion-pytorch's epoch
-    restarts had been "find what runs in those steps (evaluation, generate() ...)")."""
+    is the step's start) and the next (the second worker's first batch), none in the others.
+    outlier_steps names those outside the window (steps 3-7) as a new epoch's workers
+    starting, with the time timed, not as periodic work to find; step 17's evaluation stays
+    the work to find (denoising-diffusion-pytorch's epoch restarts had been "find what runs in
+    those steps (evaluation, generate() ...)")."""
     script = tmp_path / "epochs.py"
     script.write_text(EPOCHS)
     result = record([sys.executable, str(script)], tmp_path / "epochs.run",
@@ -144,7 +145,9 @@ def test_a_new_epochs_loader_outside_the_window_is_named(tmp_path: Path) -> None
     steps = run.table("steps").sort_by("step")
     starting = np.nan_to_num(hook_deltas(run.table("counters"), steps, HOOK_LOADER))
     by_step = dict(zip(steps.column("step").to_pylist(), starting.tolist(), strict=True))
-    assert {s for s, ns in by_step.items() if ns > 0} == {4, 8, 12, 16, 20}
+    timed = {s for s, ns in by_step.items() if ns > 0}
+    # the second worker's first batch is the next step's (a plain loop takes one a step)
+    assert {4, 8, 12, 16, 20} <= timed <= {1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21}
 
     a = host.outlier_steps(Facts.of(run))
     assert a is not None
@@ -154,8 +157,8 @@ def test_a_new_epochs_loader_outside_the_window_is_named(tmp_path: Path) -> None
     epochs = sorted({4, 8, 12, 16, 20} & set(named))
     assert a.evidence["loader_start_steps"] == len(epochs)
     assert a.evidence["loader_start_ns"] == round(sum(by_step[s] for s in named))
-    timed = sum(by_step[s] for s in epochs) / 1e6
+    ms = sum(by_step[s] for s in epochs) / 1e6
     assert a.change.startswith(f"steps {', '.join(map(str, epochs))} start a new epoch's "
-                               f"DataLoader workers: the recorder timed {timed:,.1f} ms of "
+                               f"DataLoader workers: the recorder timed {ms:,.1f} ms of "
                                "their ")
     assert "; the other outliers: find what runs in those steps (evaluation" in a.change

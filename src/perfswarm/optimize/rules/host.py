@@ -35,7 +35,14 @@ from perfswarm.optimize.rules.facts import (
     where,
 )
 from perfswarm.optimize.rules.threads import ENVIRONMENT, TIMED, fewer_threads, ran_with
-from perfswarm.trace.schema import HOOK_COMPILE, HOOK_LOADER, PROFILED, STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import (
+    HOOK_COMPILE,
+    HOOK_DELAY,
+    HOOK_LOADER,
+    PROFILED,
+    STEP_BATCH,
+    STEP_INPUT,
+)
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -390,8 +397,12 @@ class _Outliers:
     slow: pa.Table
     beyond: npt.NDArray[np.float64]
     compiling: npt.NDArray[np.int64]  # dynamo's compile time in each of `slow`
-    # the recorder's time starting DataLoader workers in each (HOOK_LOADER; NaN: not read)
+    # the recorder's time starting DataLoader workers in each (HOOK_LOADER; NaN: not read),
+    # and whether that is a new epoch's loader (half their excess or more, less `waiting`,
+    # the loop thread's wait for a core beyond its median step's)
     starting: npt.NDArray[np.float64]
+    epoch: Mask
+    waiting: npt.NDArray[np.float64]
     warm: int
     starved: int
     fed: int
@@ -450,10 +461,16 @@ def _outliers(facts: Facts) -> _Outliers | None:
         return None
     # the recorder timed a new epoch's DataLoader starting its workers in them (HOOK_LOADER;
     # NaN where it did not read it): half their excess or more is the loader's start, which
-    # outlier_steps names, no burst of batches
+    # outlier_steps names, no burst of batches; their excess less the time their loop thread
+    # waited for a core beyond its median step's wait (HOOK_DELAY: the new workers start on
+    # its cores; denoising-diffusion-pytorch's epoch step 32, 262 ms over the median, had 129
+    # ms timed starting them and 88 ms more on a runqueue)
     starting = hook_deltas(facts.counters, steps, HOOK_LOADER)
     started = np.nan_to_num(starting)
-    epoch = (started > 0) & (started >= (dur - usual) / 2)
+    queued = hook_deltas(facts.counters, steps, HOOK_DELAY)
+    waiting = (np.maximum(0.0, np.nan_to_num(queued - np.nanmedian(queued)))
+               if not np.isnan(queued).all() else np.zeros(len(dur)))
+    epoch = (started > 0) & (started >= (dur - usual - waiting) / 2)
     # a step the process sat descheduled in (other processes held the cores) is contention,
     # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
     # excess or more is data_loading's, not this rule's, as is one outside the window (where
@@ -471,7 +488,8 @@ def _outliers(facts: Facts) -> _Outliers | None:
     if not kept.any():
         return None
     return _Outliers(steps, dur, where(slow, kept), beyond[kept], compiling[over][kept],
-                     starting[over][kept], int(warm.sum()), int(starved.sum()),
+                     starting[over][kept], epoch[over][kept], waiting[over][kept],
+                     int(warm.sum()), int(starved.sum()),
                      int(fed.sum()), profiler_only)
 
 
@@ -509,10 +527,9 @@ def outlier_steps(facts: Facts) -> Advice | None:
     timed = float(dur.sum())
     excess = float(found.beyond.sum())
     compile_ns = int(found.compiling.sum())
-    # the recorder timed a new epoch's DataLoader starting its workers in them (the last
-    # epoch's joined, new ones forked, their first batch): half their excess or more is that
-    started = np.nan_to_num(found.starting)
-    epoch = started >= found.beyond / 2
+    # those a new epoch's DataLoader starting its workers (_outliers) are named so, with the
+    # time the recorder timed it (the last epoch's joined, new ones forked, their first batches)
+    started, epoch = np.nan_to_num(found.starting), found.epoch
     evidence = {"median_step_ns": round(median), "steps": steps.num_rows,
                 "warmup_steps": found.warm, "descheduled_steps": found.starved,
                 "loader_steps": found.fed, "profiler_only_steps": found.profiler_only,
@@ -529,11 +546,16 @@ def outlier_steps(facts: Facts) -> Advice | None:
     change = _periodic_change(facts, found, ~epoch, evidence)
     if epoch.any():
         named = ", ".join(str(s) for s in sorted(col(slow, "step")[epoch].tolist())[:10])
-        loader = (f"{'step' if epoch.sum() == 1 else 'steps'} {named} start a new epoch's "
+        loader = (f"{'step' if epoch.sum() == 1 else 'steps'} {named} "
+                  f"{'starts' if epoch.sum() == 1 else 'start'} a new epoch's "
                   f"DataLoader workers: the recorder timed {started[epoch].sum() / 1e6:,.1f} "
                   f"ms of their {found.beyond[epoch].sum() / 1e6:,.1f} ms beyond the median "
                   "step starting them (the last epoch's workers joined, new ones forked, "
-                  "their first batch): keep the workers across epochs "
+                  "their first batches)"
+                  + (f"; their loop thread sat {found.waiting[epoch].sum() / 1e6:,.1f} ms "
+                     "longer than in a usual step on a runqueue, waiting for a core, while "
+                     "starting them or beside" if found.waiting[epoch].sum() >= 1e6 else "")
+                  + ": keep the workers across epochs "
                   "(DataLoader(persistent_workers=True)) or make the epochs longer")
         change = loader if epoch.all() else f"{loader}; the other outliers: {change}"
     return advice(facts, "outlier_steps", f"{slow.num_rows} step(s) over {_OUTLIER:g}x the median",

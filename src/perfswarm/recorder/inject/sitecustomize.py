@@ -37,8 +37,8 @@ batch, profiling (CPU, shapes, no step markers) from the first batch it sees
 the flag to the first it does not, or to its exit; each profiled batch is a
 `DataLoader worker fetch` span. A child forked while the window is open drops the
 profiler it inherited, unread (`_drop_inherited_profiler`). The time the stepping process
-spends starting a loader's workers (a new epoch's iterator, its first batch, the last one's
-workers joined) is summed at each hook too (`hook_loader`), outside the window as in it.
+spends starting a loader's workers (a new epoch's iterator, each worker's first batch, the
+last one's workers joined) is summed at each hook too (`hook_loader`), outside the window as in it.
 """
 
 from __future__ import annotations
@@ -101,9 +101,9 @@ class _Window:
         self.compile_ns = 0  # the compiles' time so far (_watch_compiles)
         self.compile_began = 0  # when the compile under way began
         # the time spent so far (ns) starting DataLoader workers, at each hook: a new
-        # iterator of a loader with workers (its workers forked), its first batch, and the
-        # last one's workers joined as it ran out (a new epoch's loader, _watch_loaders), which
-        # no trace shows outside the window
+        # iterator of a loader with workers (its workers forked), each one's first batch, and
+        # the last one's workers joined as it ran out (a new epoch's loader, _watch_loaders),
+        # which no trace shows outside the window
         self.hook_loader: list[int] = []
         self.loader_ns = 0
         # hook index -> the leading dimension of the top-level module's first input, of a
@@ -991,9 +991,9 @@ def _watch_loaders(window: _Window, module: ModuleType) -> None:
 
     And time, in the stepping process, what starting a loader's workers takes
     (window.loader_ns): a new iterator of a loader with workers (a new epoch's, unless
-    persistent_workers: its workers forked), its first batch (the workers' first fetch; the
-    rest of its batches unwrapped: the instance's `_next_data` goes back to the class's), and
-    the workers' shutdown as an iterator runs out (joined)."""
+    persistent_workers: its workers forked), its first batch from each worker (their first
+    fetches; the rest of its batches unwrapped: the instance's `_next_data` goes back to the
+    class's), and the workers' shutdown as an iterator runs out (joined)."""
     loader_type: type = vars(module)["DataLoader"]
     iter_type: type = vars(module)["_MultiProcessingDataLoaderIter"]
     get: Callable[..., Any] = loader_type._get_iterator  # type: ignore[attr-defined]
@@ -1003,12 +1003,16 @@ def _watch_loaders(window: _Window, module: ModuleType) -> None:
     def stepping() -> bool:
         return os.getpid() == window.pid and not window.in_worker
 
-    def first_batch(it: Any) -> Callable[[], Any]:
+    def first_batches(it: Any) -> Callable[[], Any]:
         ref = weakref.ref(it)  # no cycle: an iterator dropped unread is shut down as before
+        left = it._num_workers  # the workers take the first batches in turn: each one's first
 
         def timed() -> Any:
+            nonlocal left
             this = ref()
-            del vars(this)["_next_data"]
+            left -= 1
+            if left <= 0:
+                del vars(this)["_next_data"]
             begun = time.time_ns()
             try:
                 return next_data(this)
@@ -1022,7 +1026,7 @@ def _watch_loaders(window: _Window, module: ModuleType) -> None:
         it = get(this)
         if isinstance(it, iter_type) and stepping():
             window.loader_ns += time.time_ns() - begun
-            vars(it)["_next_data"] = first_batch(it)
+            vars(it)["_next_data"] = first_batches(it)
         if getattr(this, "pin_memory", False) and not getattr(it, "_pin_memory", True):
             window.loaders["pin_memory_unused"] = True
         return it
