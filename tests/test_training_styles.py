@@ -17,6 +17,7 @@ from perfswarm.optimize.rules.facts import Facts
 from perfswarm.recorder.session import RecordOptions, record
 from perfswarm.report.data import report_data
 from perfswarm.trace.schema import HOOK_COMPILE, HOOK_LOADER
+from perfswarm.trace.store import Run
 
 # 24 steps of 16 rows through a compiled MLP (dynamo's "eager" backend: its compile is
 # dynamo's alone, a fraction of a second), but step 20's batch of 3 rows: a new shape, so
@@ -38,6 +39,19 @@ for i in range(24):
 """
 
 
+def _per_step(tmp: Path, script: str, counter: str) -> tuple[Run, dict[int, float]]:
+    """`script` recorded (`-c torch`, window steps 3-7), and what the recorder's hook counter
+    `counter` grew by in each step (0 where it read none)."""
+    path = tmp / "script.py"
+    path.write_text(script)
+    result = record([sys.executable, str(path)], tmp / "script.run",
+                    RecordOptions(collectors=("torch",), skip=3, steps=5))
+    assert result.exit_code == 0
+    steps = result.run.table("steps").sort_by("step")
+    grew = np.nan_to_num(hook_deltas(result.run.table("counters"), steps, counter))
+    return result.run, dict(zip(steps.column("step").to_pylist(), grew.tolist(), strict=True))
+
+
 def test_a_recompilation_outside_the_window_is_no_periodic_work(tmp_path: Path) -> None:
     """The recorder clocks dynamo's compiles at every step hook (HOOK_COMPILE, from its
     compile callbacks): step 20 (from the hook ending call 19 to the one ending call 20, the
@@ -45,15 +59,7 @@ def test_a_recompilation_outside_the_window_is_no_periodic_work(tmp_path: Path) 
     comes before the first step). outlier_steps says the
     slow step compiled again (and how long) instead of calling it periodic work to move out
     of the loop: the window (steps 3-7) held no entire_frame_compile span of it."""
-    script = tmp_path / "short_batch.py"
-    script.write_text(SHORT_BATCH)
-    result = record([sys.executable, str(script)], tmp_path / "compiled.run",
-                    RecordOptions(collectors=("torch",), skip=3, steps=5))
-    assert result.exit_code == 0
-    run = result.run
-    steps = run.table("steps").sort_by("step")
-    compiling = np.nan_to_num(hook_deltas(run.table("counters"), steps, HOOK_COMPILE))
-    by_step = dict(zip(steps.column("step").to_pylist(), compiling.tolist(), strict=True))
+    run, by_step = _per_step(tmp_path, SHORT_BATCH, HOOK_COMPILE)
     assert by_step[20] > 0
     assert all(ns == 0 for step, ns in by_step.items() if step != 20)
 
@@ -136,15 +142,7 @@ def test_a_new_epochs_loader_outside_the_window_is_named(tmp_path: Path) -> None
     starting, with the time timed, not as periodic work to find; step 17's evaluation stays
     the work to find (denoising-diffusion-pytorch's epoch restarts had been "find what runs in
     those steps (evaluation, generate() ...)")."""
-    script = tmp_path / "epochs.py"
-    script.write_text(EPOCHS)
-    result = record([sys.executable, str(script)], tmp_path / "epochs.run",
-                    RecordOptions(collectors=("torch",), skip=3, steps=5))
-    assert result.exit_code == 0
-    run = result.run
-    steps = run.table("steps").sort_by("step")
-    starting = np.nan_to_num(hook_deltas(run.table("counters"), steps, HOOK_LOADER))
-    by_step = dict(zip(steps.column("step").to_pylist(), starting.tolist(), strict=True))
+    run, by_step = _per_step(tmp_path, EPOCHS, HOOK_LOADER)
     timed = {s for s, ns in by_step.items() if ns > 0}
     # the second worker's first batch is the next step's (a plain loop takes one a step)
     assert {4, 8, 12, 16, 20} <= timed <= {1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21}
