@@ -111,7 +111,8 @@ def test_data_loading_shows_on_a_loader_bound_run(tmp_path: Path) -> None:
                                 "loader_on_cpu_pct": None,  # no perf samples: CPU work
                                 # no stack in its waits: 1 tensor, the least
                                 "tensors_per_batch": None, "receive_ns": 600_000,
-                                "free_cores": None}  # no system sampler in an import
+                                # no system sampler in an import, nor the step hooks
+                                "free_cores": None, "loop_run_delay_pct": None}
     # 2 workers, the fewest that keep up: a step takes max(4 ms compute + 0.6 ms taking its
     # batch from a worker, 6 ms / 2, the 10.6 ms of CPU work / 4 cores) = 4.6 ms instead of
     # 10 ms (3 had been advised: a core kept for training, which waits for its batches, and a
@@ -292,27 +293,32 @@ def test_no_worker_advised_where_taking_a_batch_from_one_costs_more(tmp_path: Pa
     assert found(loader.data_loading, run) is None
 
 
-def _busy_compiled(tmp: Path) -> Run:
-    """tests/data/busy_compiled.py recorded (defaults) on the 2-core VM while other processes
-    held one of its cores, made one Run as recorded: its torch trace, and from
-    busy_compiled_host.json its steps outside the window (the optimizer's hooks), the system
-    sampler's CPU readings (its run delay too) and the recorder's tools' CPU time."""
+def _recorded(tmp: Path, stem: str, rank: int) -> Run:
+    """tests/data/{stem}.py's Run as recorded on the 2-core VM, made one: its torch trace, and
+    from {stem}_host.json its steps outside the window (the optimizer's hooks), the counters
+    recorded (each reading ts, name, value, of `rank`) and the recorder's tools' CPU time."""
     data = Path(__file__).parent / "data"
-    run = import_traces([data / "busy_compiled.pt.trace.json.gz"], tmp / "busy.run",
+    run = import_traces([data / f"{stem}.pt.trace.json.gz"], tmp / f"{stem}.run",
                         ImportOptions(), ["test"])
-    host_ = orjson.loads((data / "busy_compiled_host.json").read_bytes())
+    host_ = orjson.loads((data / f"{stem}_host.json").read_bytes())
     outside = pa.table({k: [s[i] for s in host_["steps"]] for i, k in
                         enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
     run.write_table("steps", pa.concat_tables([run.table("steps").cast(STEPS), outside]))
     ts, names, values = zip(*host_["readings"], strict=True)
     run.write_table("counters", pa.table({
-        "rank": [-1] * len(ts), "ts": ts, "name": names, "device": [-1] * len(ts),
+        "rank": [rank] * len(ts), "ts": ts, "name": names, "device": [-1] * len(ts),
         "value": values}).cast(COUNTERS))
     m = run.manifest()
     m["host"]["cores"] = 2
-    m.setdefault("extra", {})["record"] = host_["record"]
+    m.setdefault("extra", {})["record"] = host_.get("record", {})
     run.write_manifest(m)
     return run
+
+
+def _busy_compiled(tmp: Path) -> Run:
+    """tests/data/busy_compiled.py recorded (defaults) on the 2-core VM while other processes
+    held one of its cores: the system sampler's CPU readings (its run delay too) beside."""
+    return _recorded(tmp, "busy_compiled", -1)
 
 
 def test_no_worker_where_other_processes_hold_the_cores(tmp_path: Path) -> None:
@@ -343,6 +349,32 @@ def test_no_worker_where_other_processes_hold_the_cores(tmp_path: Path) -> None:
     assert free.evidence["free_cores"] is None
     assert "other processes' use of the cores not recorded (no system sampler): taken as " \
         "free" in free.gain_basis
+
+
+def test_no_worker_where_the_loop_thread_waited_for_a_core(tmp_path: Path) -> None:
+    """tests/data/busy_inproc.py's loop (a 0.5 ms __getitem__ a sample, batches of 8, loaded
+    in the training process) recorded with `-c torch` (no system sampler) on the 2-core VM
+    beside two busy processes, each in a session of its own: its loop thread sat on a runqueue
+    53% of the profiled steps (its run delay at the step hooks). Its cores had been taken as
+    free and 2 workers advised for 46.4%; timed apart under the same load (3 rounds, own
+    clock's median step) 0 workers ran 6.7-12.9 ms, 1 worker 9.4-14.7 and 2 workers 5.6-11.3:
+    no gain. No worker is advised now, the basis saying what the cores were read from."""
+    run = _recorded(tmp_path, "busy_inproc", 0)  # the step hooks' readings: rank 0
+    a = shows(loader.data_loading, run)
+    e = a.evidence
+    assert e["single_process"] and e["workers"] == 0 and e["free_cores"] == 0.47
+    assert e["loop_run_delay_pct"] == 53.3
+    assert a.gain_ns is None
+    assert a.gain_basis.startswith("none: other processes held 1.53 of the 2 cores")
+    assert ("no system sampler: its loop thread waited for a core 53% of the profiled steps "
+            "(its run delay at the step hooks)") in a.gain_basis
+    assert a.change.startswith("no DataLoader worker while other processes hold the cores")
+    # without the hooks' run delay (a Run recorded before): the cores taken as free, as before
+    run.write_table("counters", COUNTERS.empty_table())
+    free = shows(loader.data_loading, run)
+    assert free.change.startswith("DataLoader(num_workers=2,")
+    assert free.evidence["free_cores"] is None and free.evidence["loop_run_delay_pct"] is None
+    assert "(no system sampler): taken as free" in free.gain_basis
 
 
 def test_workers_kept_where_the_cores_left_free_still_gain(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from perfswarm.trace.schema import (
     FLOWS,
     HOOK_COMPILE,
     HOOK_DELAY,
+    HOOK_LOADER,
     HOOK_THREADS,
     NONE,
     OPTIMIZER_CALL,
@@ -97,6 +98,7 @@ class Hooks(NamedTuple):
     delays: list[int] | None = None  # the hooking thread's run delay at each (HOOK_DELAY)
     threads: list[int] | None = None  # torch.get_num_threads() at each (HOOK_THREADS)
     compiles: list[int] | None = None  # torch.compile's compile ns so far at each (HOOK_COMPILE)
+    loaders: list[int] | None = None  # DataLoader workers' start ns so far at each (HOOK_LOADER)
 
 
 def _hooks(path: Path) -> Hooks:
@@ -117,7 +119,8 @@ def _hooks(path: Path) -> Hooks:
                      {int(i): int(n) for i, n in data.get("forward_ns", {}).items()},
                      [int(d) for d in data.get("hook_delays", [])],
                      [int(n) for n in data.get("hook_threads", [])],
-                     [int(n) for n in data.get("hook_compile", [])])
+                     [int(n) for n in data.get("hook_compile", [])],
+                     [int(n) for n in data.get("hook_loader", [])])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
 
@@ -155,7 +158,8 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     own time, and a forward-driven step's batch, input elements and forward's time, as the
     per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD, the
     hooking thread's run delay, HOOK_DELAY (none where the kernel kept no schedstat), the
-    intra-op threads, HOOK_THREADS, and torch.compile's compile time so far, HOOK_COMPILE."""
+    intra-op threads, HOOK_THREADS, torch.compile's compile time so far, HOOK_COMPILE, and the
+    time spent starting DataLoader workers so far, HOOK_LOADER."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
     for h in hooked:
         # a fault count and an optimizer call's time belong to the step the hook ends, at
@@ -167,6 +171,7 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
                                  (HOOK_DELAY, delays, h.times),
                                  (HOOK_THREADS, dict(enumerate(h.threads or [])), h.times),
                                  (HOOK_COMPILE, dict(enumerate(h.compiles or [])), h.times),
+                                 (HOOK_LOADER, dict(enumerate(h.loaders or [])), h.times),
                                  (OPTIMIZER_CALL, h.optimizer_ns, h.times),
                                  (STEP_BATCH, h.batches or {}, begins),
                                  (STEP_INPUT, h.inputs or {}, begins),

@@ -88,6 +88,10 @@ HOOK_THREADS: Final = "intra-op threads"
 # hook: a step's compiling (its first steps, a recompilation on a new input shape), outside the
 # profiling window too
 HOOK_COMPILE: Final = "compile ns"
+# ... and the ns it spent starting DataLoader workers so far (a new iterator of a loader with
+# workers, each worker's first batch, the last iterator's workers joined: a new epoch's
+# loader), at each step hook, outside the profiling window too
+HOOK_LOADER: Final = "loader start ns"
 # A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
 # optimizer step (per rank), in the profiling window and outside it
 OPTIMIZER_CALL: Final = "optimizer step ns"

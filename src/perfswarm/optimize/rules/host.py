@@ -35,7 +35,14 @@ from perfswarm.optimize.rules.facts import (
     where,
 )
 from perfswarm.optimize.rules.threads import ENVIRONMENT, TIMED, fewer_threads, ran_with
-from perfswarm.trace.schema import HOOK_COMPILE, PROFILED, STEP_BATCH, STEP_INPUT
+from perfswarm.trace.schema import (
+    HOOK_COMPILE,
+    HOOK_DELAY,
+    HOOK_LOADER,
+    PROFILED,
+    STEP_BATCH,
+    STEP_INPUT,
+)
 
 _PAGEABLE_H2D = r"HtoD.*Pageable|Pageable.*Device"
 # Without a device spec: pinned host memory roughly doubles HtoD bandwidth and lets the copy
@@ -390,6 +397,12 @@ class _Outliers:
     slow: pa.Table
     beyond: npt.NDArray[np.float64]
     compiling: npt.NDArray[np.int64]  # dynamo's compile time in each of `slow`
+    # the recorder's time starting DataLoader workers in each (HOOK_LOADER; NaN: not read),
+    # and whether that is a new epoch's loader (half their excess or more, less `waiting`,
+    # the loop thread's wait for a core beyond its median step's)
+    starting: npt.NDArray[np.float64]
+    epoch: Mask
+    waiting: npt.NDArray[np.float64]
     warm: int
     starved: int
     fed: int
@@ -446,6 +459,18 @@ def _outliers(facts: Facts) -> _Outliers | None:
     slow = where(steps, over)
     if median <= 0 or slow.num_rows == 0:
         return None
+    # the recorder timed a new epoch's DataLoader starting its workers in them (HOOK_LOADER;
+    # NaN where it did not read it): half their excess or more is the loader's start, which
+    # outlier_steps names, no burst of batches; their excess less the time their loop thread
+    # waited for a core beyond its median step's wait (HOOK_DELAY: the new workers start on
+    # its cores; denoising-diffusion-pytorch's epoch step 32, 262 ms over the median, had 129
+    # ms timed starting them and 88 ms more on a runqueue)
+    starting = hook_deltas(facts.counters, steps, HOOK_LOADER)
+    started = np.nan_to_num(starting)
+    queued = hook_deltas(facts.counters, steps, HOOK_DELAY)
+    waiting = (np.maximum(0.0, np.nan_to_num(queued - np.nanmedian(queued)))
+               if not np.isnan(queued).all() else np.zeros(len(dur)))
+    epoch = (started > 0) & (started >= (dur - usual - waiting) / 2)
     # a step the process sat descheduled in (other processes held the cores) is contention,
     # not the loop's own work: cpu_contention's; one that waited for its DataLoader half its
     # excess or more is data_loading's, not this rule's, as is one outside the window (where
@@ -455,15 +480,16 @@ def _outliers(facts: Facts) -> _Outliers | None:
     starved = np.asarray(descheduled(facts.counters, _cores(facts), slow, steps), bool)
     loading = _within(facts.loader_calls, slow)
     beyond = col(slow, "end") - col(slow, "start") - usual[over]
-    bursty = _loader_bound(facts, steps, dur, median)
+    bursty = _loader_bound(facts, steps, dur, median, ~epoch)
     unseen = (col(slow, "source") != PROFILED) & np.isin(col(slow, "rank"), bursty) & (
-        compiling[over] < beyond / 2)
+        compiling[over] < beyond / 2) & ~epoch[over]
     fed = ~starved & ((loading >= beyond / 2) | unseen)
     kept = ~starved & ~fed
     if not kept.any():
         return None
-    return _Outliers(steps, dur, where(slow, kept), beyond[kept],
-                     compiling[over][kept], int(warm.sum()), int(starved.sum()),
+    return _Outliers(steps, dur, where(slow, kept), beyond[kept], compiling[over][kept],
+                     starting[over][kept], epoch[over][kept], waiting[over][kept],
+                     int(warm.sum()), int(starved.sum()),
                      int(fed.sum()), profiler_only)
 
 
@@ -490,26 +516,20 @@ def _usual_work(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64],
 
 def outlier_steps(facts: Facts) -> Advice | None:
     """A few steps take many times the median one: periodic work (evaluation, generate(),
-    checkpoints, logging) runs between optimizer steps."""
+    checkpoints, logging) runs between optimizer steps, or a new epoch's DataLoader starts its
+    workers."""
     found = _outliers(facts)
     if found is None:
         return None
     steps, dur, slow = found.steps, found.dur, found.slow
     median = float(np.median(dur))
-    over = np.isin(lane_key(col(steps, "rank"), col(steps, "step")),
-                   lane_key(col(slow, "rank"), col(slow, "step")))
     slow_dur = col(slow, "end") - col(slow, "start")
     timed = float(dur.sum())
     excess = float(found.beyond.sum())
     compile_ns = int(found.compiling.sum())
-    # the loop thread off the CPU in them beyond a usual step's share (perf), less the time
-    # its threads sat on a runqueue (other processes' cores): they waited (a sleep, I/O, a
-    # lock, requests arriving), not computed
-    cpu = _loop_cpu(facts, steps)
-    waited = 0
-    if cpu is not None:
-        off = dur - cpu - _queued(facts, steps)
-        waited = int(np.maximum(0, off[over] - np.median(off)).sum())
+    # those a new epoch's DataLoader starting its workers (_outliers) are named so, with the
+    # time the recorder timed it (the last epoch's joined, new ones forked, their first batches)
+    started, epoch = np.nan_to_num(found.starting), found.epoch
     evidence = {"median_step_ns": round(median), "steps": steps.num_rows,
                 "warmup_steps": found.warm, "descheduled_steps": found.starved,
                 "loader_steps": found.fed, "profiler_only_steps": found.profiler_only,
@@ -519,18 +539,25 @@ def outlier_steps(facts: Facts) -> Advice | None:
                                  col(slow, "step"), col(slow, "rank")))].tolist()
                                  for c in ("rank", "step", "start", "end")), strict=True)][:10],
                 "outlier_ns": int(slow_dur.sum()),
-                "outlier_share_pct": pct(float(slow_dur.sum()), timed)}
-    if cpu is not None:
-        evidence["off_cpu_excess_ns"] = waited
-    change = (_RECOMPILE if compile_ns >= excess / 2 else
-              f"their loop thread was off the CPU for {min(100.0, 100 * waited / excess):.0f}% "
-              "of their time beyond the median step: find what they waited for (a sleep, a "
-              "read or a checkpoint's write, a lock, requests or input arriving; py-spy's "
-              "stacks of the loop thread in them); a wait the program needs is no cost to cut"
-              if waited >= excess / 2 else
-              "find what runs in those steps (evaluation, generate(), checkpointing or "
-              "logging in a callback; `perfswarm analyze` swarms, py-spy samples): run it "
-              "less often, asynchronously or outside the training loop")
+                "outlier_share_pct": pct(float(slow_dur.sum()), timed),
+                "loader_start_steps": int(epoch.sum()),
+                "loader_start_ns": (None if np.isnan(found.starting).all()
+                                    else int(started.sum()))}
+    change = _periodic_change(facts, found, ~epoch, evidence)
+    if epoch.any():
+        named = ", ".join(str(s) for s in sorted(col(slow, "step")[epoch].tolist())[:10])
+        loader = (f"{'step' if epoch.sum() == 1 else 'steps'} {named} "
+                  f"{'starts' if epoch.sum() == 1 else 'start'} a new epoch's "
+                  f"DataLoader workers: the recorder timed {started[epoch].sum() / 1e6:,.1f} "
+                  f"ms of their {found.beyond[epoch].sum() / 1e6:,.1f} ms beyond the median "
+                  "step starting them (the last epoch's workers joined, new ones forked, "
+                  "their first batches)"
+                  + (f"; their loop thread sat {found.waiting[epoch].sum() / 1e6:,.1f} ms "
+                     "longer than in a usual step on a runqueue, waiting for a core, while "
+                     "starting them or beside" if found.waiting[epoch].sum() >= 1e6 else "")
+                  + ": keep the workers across epochs "
+                  "(DataLoader(persistent_workers=True)) or make the epochs longer")
+        change = loader if epoch.all() else f"{loader}; the other outliers: {change}"
     return advice(facts, "outlier_steps", f"{slow.num_rows} step(s) over {_OUTLIER:g}x the median",
                   evidence, excess, "measured, no model: the outlier steps' time beyond the "
                   "median step (of their batch, where a forward-driven loop's batches differ), "
@@ -538,13 +565,49 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   of=(timed, "every step the run timed"))
 
 
+def _periodic_change(facts: Facts, found: _Outliers, mine: Mask,
+                     evidence: dict[str, Any]) -> str:
+    """What to do about the outliers `mine` of `found` (those no new epoch's loader explains):
+    a recompile where compiling is half their excess or more; a wait where their loop thread
+    was off the CPU beyond a usual step's share for half of it or more (perf; evidence
+    `off_cpu_excess_ns`, of them all); else find what runs in them."""
+    steps, dur = found.steps, found.dur
+    excess = float(found.beyond[mine].sum())
+    # the loop thread off the CPU in them beyond a usual step's share (perf), less the time
+    # its threads sat on a runqueue (other processes' cores): they waited (a sleep, I/O, a
+    # lock, requests arriving), not computed
+    cpu = _loop_cpu(facts, steps)
+    waited = 0
+    if cpu is not None:
+        slow = found.slow
+        over = np.isin(lane_key(col(steps, "rank"), col(steps, "step")),
+                       lane_key(col(slow, "rank"), col(slow, "step")))
+        off = dur - cpu - _queued(facts, steps)
+        beyond_usual = np.maximum(0, off - np.median(off))
+        evidence["off_cpu_excess_ns"] = int(beyond_usual[over].sum())
+        theirs = np.isin(lane_key(col(steps, "rank"), col(steps, "step")),
+                         lane_key(col(slow, "rank")[mine], col(slow, "step")[mine]))
+        waited = int(beyond_usual[theirs].sum())
+    if found.compiling[mine].sum() >= excess / 2:
+        return _RECOMPILE
+    if waited >= excess / 2:
+        return (f"their loop thread was off the CPU for {min(100.0, 100 * waited / excess):.0f}"
+                "% of their time beyond the median step: find what they waited for (a sleep, "
+                "a read or a checkpoint's write, a lock, requests or input arriving; py-spy's "
+                "stacks of the loop thread in them); a wait the program needs is no cost to cut")
+    return ("find what runs in those steps (evaluation, generate(), checkpointing or logging "
+            "in a callback; `perfswarm analyze` swarms, py-spy samples): run it less often, "
+            "asynchronously or outside the training loop")
+
+
 def _loader_bound(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64],
-                  median: float) -> list[int]:
-    """The ranks whose profiled steps over _OUTLIER times the median step all waited for their
+                  median: float, judged: Mask) -> list[int]:
+    """The ranks whose profiled steps over _OUTLIER times the median step (of those `judged`:
+    not a new epoch's loader starting its workers, which is no burst) all waited for their
     DataLoader half their time beyond it or more (there are some): a loader whose workers hand
     batches over in bursts (2 workers of 17 ms batches: every other step 12-21 ms among 0.5-6 ms
     ones), whose slow steps outside the window, where no wait is traced, are the same wait."""
-    window = (col(steps, "source") == PROFILED) & (dur > _OUTLIER * median)
+    window = (col(steps, "source") == PROFILED) & (dur > _OUTLIER * median) & judged
     if not window.any():
         return []
     long = where(steps, window)

@@ -13,7 +13,10 @@ the 2-worker run "double the workers" for 50% beside "1 worker" for oversubscrip
 The cores are those other processes left free wherever the system sampler measured them, not
 only where they held the training process back: a compiled loop that kept its core while
 others held the other had been told 1 worker for 8.8% (the host's 2 cores taken as free), and
-the worker, with no free core to run on, ran 17-44% slower.
+the worker, with no free core to run on, ran 17-44% slower. Without the sampler (`-c torch`),
+a training process loading its batches itself whose loop thread waited on a runqueue for a
+large share of its profiled steps (its run delay, read at the step hooks) had no free core
+either: the cores were all busy while it waited.
 """
 
 from __future__ import annotations
@@ -27,17 +30,20 @@ import pyarrow as pa
 
 from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import Events, group_rows
+from perfswarm.analyze.iterations import hook_deltas
 from perfswarm.analyze.system import host_cores
 from perfswarm.model.receive import ReceiveCost
 from perfswarm.optimize.rules.base import Advice, advice, pct
 from perfswarm.optimize.rules.facts import Facts, col, per_facts, processes
 from perfswarm.optimize.rules.host import host_load, on_cpu_share, pageable_copies
 from perfswarm.optimize.rules.threads import free_cores
+from perfswarm.trace.schema import HOOK_DELAY
 
 _FETCH = r"^DataLoader worker fetch$"  # a worker's span around each batch (recorder/inject)
 _WAITING = 0.5  # a loader on a CPU under this share of the time it can have there waits (I/O)
 _MAX_WORKERS = 8  # the most workers advised
 _SHARE = 10.0  # % of the measured time the training process waits for batches: a finding
+_QUEUED = 0.1  # a loop thread on a runqueue this share of its steps or more had no free core
 # default_collate's ops, as it makes each field of the samples the batch's tensor
 _COLLATE = frozenset(f"aten::{op}" for op in ("stack", "lift_fresh", "to", "empty", "detach_"))
 
@@ -63,6 +69,9 @@ class LoaderPlan:
     cores: float | None  # the host's cores a rank, those other processes left free where
     # measured (None: an imported trace's unknown host)
     free: float | None  # the host's cores other processes left free (None: not measured)
+    # how `free` was measured: the system sampler's readings, or (no sampler) the loop
+    # thread's run delay share of the profiled steps (`queued`)
+    queued: float | None
     tensors: int | None  # tensors a batch (None: not in the trace; priced as 1, the least)
     receive: ReceiveCost  # taking a batch from a worker, unprofiled (model/receive.py)
     slowdown: float  # the profiler's of the steps (Facts.profiler_slowdown)
@@ -210,6 +219,9 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
     # window's, else every timed step's, where a window of short steps holds too few readings)
     load = host_load(facts) or host_load(facts, timed=True)
     free = None if load is None else free_cores(load)
+    queued = _queued_share(facts) if load is None and single else None
+    if queued is not None and queued >= _QUEUED:
+        free = 1.0 - queued
     if cores is not None and free is not None:
         cores = min(cores, free)
     return LoaderPlan(
@@ -217,9 +229,33 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         batches=(loads.num_rows or made.num_rows) / steps, workers=workers, batch_ns=batch_ns,
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
         on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)),
-        free=free,
+        free=free, queued=queued,
         tensors=_tensors_a_batch(facts, loads) if single else None, receive=facts.receive,
         slowdown=facts.profiler_slowdown)
+
+
+def _queued_share(facts: Facts) -> float | None:
+    """The share of the profiled steps their loop thread sat runnable on a runqueue (its run
+    delay at the step hooks, HOOK_DELAY); None where the recorder read none. While it waited
+    every core was busy; a process loading its batches in its one loop thread got the rest of
+    the time, the share of a core other processes left it (2 busy processes beside it on 2
+    cores: a third each)."""
+    steps = facts.steps
+    waited = hook_deltas(facts.counters, steps, HOOK_DELAY)
+    read = ~np.isnan(waited)
+    if not read.any():
+        return None
+    dur = col(steps, "end")[read] - col(steps, "start")[read]
+    return min(1.0, float(waited[read].sum()) / max(1, int(dur.sum())))
+
+
+def _free_text(plan: LoaderPlan) -> str:
+    """How the cores other processes left free were measured."""
+    if plan.queued is None:
+        return "measured by the system sampler"
+    return (f"no system sampler: its loop thread waited for a core {100 * plan.queued:.0f}% "
+            "of the profiled steps (its run delay at the step hooks), every core busy then, "
+            "and had the rest")
 
 
 def _ms(ns: float) -> str:
@@ -255,6 +291,7 @@ def data_loading(facts: Facts) -> Advice | None:
                 "batch_cpu_ns": None if plan.batch_cpu_ns is None else round(plan.batch_cpu_ns),
                 "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1),
                 "free_cores": None if plan.free is None else round(plan.free, 2),
+                "loop_run_delay_pct": None if plan.queued is None else round(100 * plan.queued, 1),
                 "tensors_per_batch": plan.tensors,
                 "receive_ns": round(plan.receive_ns) if single else None}
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
@@ -280,8 +317,8 @@ def data_loading(facts: Facts) -> Advice | None:
     cores = ("" if plan.cores is None else f", all the CPU work / {plan.cores:g} cores"
              if plan.free is None or host_n is None or plan.free >= host_n else
              f", all the CPU work / {plan.cores:.2f} cores a rank (of the {plan.free:.2f} "
-             f"other processes left free of {host_n}, measured by the system sampler: a "
-             "worker runs on those, and what it takes the training process loses)")
+             f"other processes left free of {host_n}, {_free_text(plan)}: a worker runs on "
+             "those, and what it takes the training process loses)")
     own = (f"its own {_ms(plan.fed_ns)} ({_ms(plan.compute_ns)} + {plan.batches:g} x "
            f"{_ms(plan.receive_ns)} taking a batch from a worker)" if plan.workers <= 0
            else f"its own {_ms(plan.compute_ns)}")

@@ -36,7 +36,9 @@ window instead: while it is open the parent keeps a flag file, and each worker
 batch, profiling (CPU, shapes, no step markers) from the first batch it sees
 the flag to the first it does not, or to its exit; each profiled batch is a
 `DataLoader worker fetch` span. A child forked while the window is open drops the
-profiler it inherited, unread (`_drop_inherited_profiler`).
+profiler it inherited, unread (`_drop_inherited_profiler`). The time the stepping process
+spends starting a loader's workers (a new epoch's iterator, each worker's first batch, the
+last one's workers joined) is summed at each hook too (`hook_loader`), outside the window as in it.
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ class _Window:
         self.hook_compile: list[int] = []
         self.compile_ns = 0  # the compiles' time so far (_watch_compiles)
         self.compile_began = 0  # when the compile under way began
+        # the time spent so far (ns) starting DataLoader workers, at each hook: a new
+        # iterator of a loader with workers (its workers forked), each one's first batch, and
+        # the last one's workers joined as it ran out (a new epoch's loader, _watch_loaders),
+        # which no trace shows outside the window
+        self.hook_loader: list[int] = []
+        self.loader_ns = 0
         # hook index -> the leading dimension of the top-level module's first input, of a
         # forward-driven step (an inference server's requests differ in size)
         self.batches: dict[int, int] = {}
@@ -195,6 +203,7 @@ class _Window:
         self.hook_delays.clear()
         self.hook_threads.clear()
         self.hook_compile.clear()
+        self.hook_loader.clear()
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
@@ -273,6 +282,7 @@ class _Window:
         return True
 
     _KEPT = ("hook_ns", "hook_faults", "hook_delays", "hook_threads", "hook_compile",
+             "hook_loader",
              "optimizer_ns",
              "batches", "inputs", "forward_ns", "step_done_ns",
              "driver", "opened_at", "cut_at")
@@ -463,6 +473,7 @@ class _Window:
         self.hook_delays = [self.hook_delays[i] for i in kept]
         self.hook_threads = [self.hook_threads[i] for i in kept]
         self.hook_compile = [self.hook_compile[i] for i in kept]
+        self.hook_loader = [self.hook_loader[i] for i in kept]
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
             os.write(self.live_fd, b"".join(b"%d\n" % t for t in self.hook_ns))
@@ -502,6 +513,7 @@ class _Window:
         self.hook_delays.append(delay)
         self.hook_threads.append(_get_num_threads())
         self.hook_compile.append(self.compile_ns)
+        self.hook_loader.append(self.loader_ns)
         if self.live_fd < 0:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
@@ -635,6 +647,7 @@ class _Window:
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "hook_delays": self.hook_delays,
             "hook_threads": self.hook_threads, "hook_compile": self.hook_compile,
+            "hook_loader": self.hook_loader,
             "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
             "forward_ns": self.forward_ns,
@@ -974,17 +987,61 @@ def _watch_loaders(window: _Window, module: ModuleType) -> None:
     """Note a DataLoader iterated with pin_memory=True whose iterator pins nothing: torch turns
     the option off where no accelerator is (it warns on stderr), and on MPS. Wrapped where the
     loader makes its iterator, above the iterator's __init__: torch's warning names its
-    caller's line (stacklevel), which a wrapper of __init__ would have become."""
+    caller's line (stacklevel), which a wrapper of __init__ would have become.
+
+    And time, in the stepping process, what starting a loader's workers takes
+    (window.loader_ns): a new iterator of a loader with workers (a new epoch's, unless
+    persistent_workers: its workers forked), its first batch from each worker (their first
+    fetches; the rest of its batches unwrapped: the instance's `_next_data` goes back to the
+    class's), and the workers' shutdown as an iterator runs out (joined)."""
     loader_type: type = vars(module)["DataLoader"]
+    iter_type: type = vars(module)["_MultiProcessingDataLoaderIter"]
     get: Callable[..., Any] = loader_type._get_iterator  # type: ignore[attr-defined]
+    shutdown: Callable[[Any], None] = iter_type._shutdown_workers  # type: ignore[attr-defined]
+    next_data: Callable[[Any], Any] = iter_type._next_data  # type: ignore[attr-defined]
+
+    def stepping() -> bool:
+        return os.getpid() == window.pid and not window.in_worker
+
+    def first_batches(it: Any) -> Callable[[], Any]:
+        ref = weakref.ref(it)  # no cycle: an iterator dropped unread is shut down as before
+        left = it._num_workers  # the workers take the first batches in turn: each one's first
+
+        def timed() -> Any:
+            nonlocal left
+            this = ref()
+            left -= 1
+            if left <= 0:
+                del vars(this)["_next_data"]
+            begun = time.time_ns()
+            try:
+                return next_data(this)
+            finally:
+                window.loader_ns += time.time_ns() - begun
+
+        return timed
 
     def get_then_note(this: Any) -> Any:
+        begun = time.time_ns()
         it = get(this)
+        if isinstance(it, iter_type) and stepping():
+            window.loader_ns += time.time_ns() - begun
+            vars(it)["_next_data"] = first_batches(it)
         if getattr(this, "pin_memory", False) and not getattr(it, "_pin_memory", True):
             window.loaders["pin_memory_unused"] = True
         return it
 
+    def shutdown_timed(this: Any) -> None:
+        timed = not getattr(this, "_shutdown", True) and stepping()  # (again from __del__)
+        begun = time.time_ns()
+        try:
+            shutdown(this)
+        finally:
+            if timed:
+                window.loader_ns += time.time_ns() - begun
+
     loader_type._get_iterator = get_then_note  # type: ignore[attr-defined]
+    iter_type._shutdown_workers = shutdown_timed  # type: ignore[attr-defined]
 
 
 def _install(window: _Window, module: ModuleType) -> None:
