@@ -115,3 +115,21 @@ def test_a_side_recorded_without_samplers_is_no_swarm_diff(
     assert main(["diff", str(bare.path), str(bare.path), "--swarms", "--json"]) == 0
     assert orjson.loads(capsys.readouterr().out)["swarms"] == {
         "k": 0, "source": None, "unsampled": ["A", "B"], "swarms": []}
+
+
+def test_the_whole_diff_says_a_side_is_unsampled(trainer_run: Run, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole diff (ops, then swarms) of a recording against the same Run without its
+    samples, as `record -c torch` leaves it: the swarm part says B has none (it had listed
+    every swarm of A as gone); a diff of two such Runs stays silent on swarms."""
+    import shutil
+
+    bare = Run(shutil.copytree(trainer_run.path, tmp_path / "bare.run"))
+    bare.write_table("samples", bare.table("samples").slice(0, 0))
+    assert trainer_run.table("samples").num_rows
+    assert main(["diff", str(trainer_run.path), str(bare.path)]) == 0
+    out = capsys.readouterr().out
+    assert "B has no sampled stacks (recorded without perf and py-spy): no swarm diff" in out
+    assert "function swarms" not in out
+    assert main(["diff", str(bare.path), str(bare.path)]) == 0
+    assert "sampled stacks" not in capsys.readouterr().out

@@ -64,7 +64,7 @@ def diff_command(
                       "profiler, or a recording without torch): the step time alone")
     else:
         _print_ops(result)
-    if swarms.swarms:
+    if swarms.swarms or len(swarms.unsampled) == 1:  # one side sampled: say the other is not
         _print_swarms(swarms)
 
 
