@@ -2457,6 +2457,38 @@ def test_a_step_preempted_where_every_step_mostly_waits(tmp_path: Path) -> None:
     assert host._descheduled_excess(Facts.of(run)) == 30 * ms
 
 
+
+def test_outlier_steps_without_the_system_sampler_leave_the_runqueue_waits_out(
+        tmp_path: Path) -> None:
+    """`record -c torch` (no system sampler) of diffusers' train_unconditional loop (a
+    UNet2DModel, /tmp/p32/thirdparty2/scripts/dfu.py) on a shared host: after the window,
+    steps of 147-235 ms, a DDPMPipeline sample in one (497 ms, 72 of them on a runqueue), and
+    two steps of 407 and 2,227 ms that sat 225 and 2,041 ms on a runqueue (the loop thread's
+    run delay read at its hooks, the Run's figures to the ms; the script's own clock timed
+    them 408 and 2,259 ms). Those two waited for a core another process held: the sample's
+    step alone is the loop's own (the three had read HIGH, 29.6% of every timed step, "find
+    what runs in those steps")."""
+    from perfswarm.trace.schema import COUNTERS, HOOK_DELAY
+
+    run = with_manifest(imported(tmp_path, "unet", _loader_steps(2000, 168000)), cores=2)
+    ms = 1_000_000
+    durs = [235, 154, 188, 156, 497, 147, 156, 150, 157, 187, 176, 170, 407, 2227]
+    waits = [62, 2, 33, 4, 72, 0, 0, 0, 0, 0, 0, 0, 225, 2041]
+    ends = [510 + sum(durs[:i + 1]) for i in range(len(durs))]
+    _add_steps(run, [(0, 3, 510 * ms, 510 * ms, "export"),
+                     *((0, 4 + i, (e - d) * ms, e * ms, "detected")
+                       for i, (d, e) in enumerate(zip(durs, ends, strict=True)))])
+    hooks = [0, 170, 340, 510, *ends]
+    waited = np.cumsum([0, 0, 0, 0, *waits])
+    run.write_table("counters", pa.table({
+        "rank": [0] * len(hooks), "ts": [t * ms for t in hooks],
+        "name": [HOOK_DELAY] * len(hooks), "device": [-1] * len(hooks),
+        "value": [float(w * ms) for w in waited]}).cast(COUNTERS))
+    a = shows(host.outlier_steps, run)
+    assert a.evidence["outliers"] == [{"rank": 0, "step": 8, "dur_ns": 497 * ms}]
+    assert a.evidence["descheduled_steps"] == 2
+    assert host._descheduled_excess(Facts.of(run)) == (407 + 2227 - 2 * 170) * ms
+
 # -- per-sample ops ---------------------------------------------------------------------------
 # tests/data/per_sample.py: 16 samples a step, two views, each made one sample at a time; of
 # each sample's ops, those of a fixed count on a sample's shape (the flip runs at random, the

@@ -523,10 +523,12 @@ def test_samples_of_lbfgs_closure_evaluations(tmp_path: Path) -> None:
     rates = report_data(import_traces([trace], tmp_path / "l.run", ImportOptions(),
                                       ["lbfgs.py"]))["throughput"]
     assert rates["samples_per_step"] == 256 and rates["steps"] == 3
+    # said of every model, not only a policy's (a diffusion U-Net's card had read "a
+    # policy's forwards of one observation each, or one batched update")
     assert rates["source"] == ("the samples the first layer's weight gradient summed in each "
-                               "step's backward (aten::mm over the batch, 32x24 weights: a "
-                               "policy's forwards of one observation each, or one batched "
-                               "update), in 3 of 3 steps")
+                               "step's backward (aten::mm over the batch, 32x24 weights: every "
+                               "row its forwards gave it, one at a time or batched), in 3 of 3 "
+                               "steps")
 
 
 def test_samples_of_torch_func_grad(tmp_path: Path) -> None:

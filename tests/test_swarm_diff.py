@@ -95,3 +95,41 @@ def test_one_sample_source_is_counted(runs: tuple[Run, Run], tmp_path: Path) -> 
     d, alone = swarm_diff(both, b), swarm_diff(a, b)
     assert d.source == "perf"
     assert sum(s.samples[0] for s in d.swarms) == sum(s.samples[0] for s in alone.swarms)
+
+
+@pytest.mark.skipif(not Path("/usr/bin/perf").exists(), reason="needs perf")
+def test_a_side_recorded_without_samplers_is_no_swarm_diff(
+        runs: tuple[Run, Run], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Run recorded without perf and py-spy (`record -c torch`) has no samples: against it,
+    every swarm of the other side had read as gone, beyond its noise (a GIN's default
+    recording against its `-c torch` one: `_joinrealpath` 20,900 -> 0 ms, perf's and py-spy's
+    samples summed)."""
+    a, _b = runs
+    bare = record([sys.executable, "-c", MIX, "0.2", "0.2"], tmp_path / "bare.run",
+                  RecordOptions(collectors=("system",))).run
+    assert swarm_diff(a, bare).unsampled == ("B",) and not swarm_diff(a, bare).swarms
+    assert swarm_diff(bare, a).unsampled == ("A",)
+    assert main(["diff", str(a.path), str(bare.path), "--swarms"]) == 0
+    assert "B has no sampled stacks (recorded without perf and py-spy): no swarm diff" in \
+        capsys.readouterr().out
+    assert main(["diff", str(bare.path), str(bare.path), "--swarms", "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["swarms"] == {
+        "k": 0, "source": None, "unsampled": ["A", "B"], "swarms": []}
+
+
+def test_the_whole_diff_says_a_side_is_unsampled(trainer_run: Run, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole diff (ops, then swarms) of a recording against the same Run without its
+    samples, as `record -c torch` leaves it: the swarm part says B has none (it had listed
+    every swarm of A as gone); a diff of two such Runs stays silent on swarms."""
+    import shutil
+
+    bare = Run(shutil.copytree(trainer_run.path, tmp_path / "bare.run"))
+    bare.write_table("samples", bare.table("samples").slice(0, 0))
+    assert trainer_run.table("samples").num_rows
+    assert main(["diff", str(trainer_run.path), str(bare.path)]) == 0
+    out = capsys.readouterr().out
+    assert "B has no sampled stacks (recorded without perf and py-spy): no swarm diff" in out
+    assert "function swarms" not in out
+    assert main(["diff", str(bare.path), str(bare.path)]) == 0
+    assert "sampled stacks" not in capsys.readouterr().out

@@ -7,14 +7,16 @@ the recording's `perf_hz`, py-spy at `pystacks_hz`, both in the manifest of a re
 Run); a Run that does not say (an imported one) gets no times, samples only. One source is
 counted, perf where both runs have it, else py-spy: both sample the same time, and summed
 they had counted it twice. Each change has a noise band: sampled counts are Poisson, twice
-the standard deviation of the difference of two such sums.
+the standard deviation of the difference of two such sums. A side with no samples (recorded
+without perf and py-spy: `record -c torch`) is no side to compare: every swarm of the other
+had read as gone or new, beyond its noise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -60,9 +62,10 @@ class SwarmDiff:
     k: int
     swarms: tuple[SwarmDelta, ...]  # largest change first
     source: str | None = None  # the one sample source counted on both sides
+    unsampled: tuple[Literal["A", "B"], ...] = ()  # the sides without samples: no swarms
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "source": self.source,
+        return {"k": self.k, "source": self.source, "unsampled": list(self.unsampled),
                 "swarms": [s.to_dict() for s in self.swarms]}
 
 
@@ -91,13 +94,15 @@ def swarm_diff(a: Run, b: Run) -> SwarmDiff:
     sa, ta = _side(a, 0)
     offset = int(np.max(ta.column("stack_id").to_numpy(), initial=-1)) + 1
     sb, tb = _side(b, offset)
+    sides: tuple[tuple[Literal["A", "B"], pa.Table], ...] = (("A", sa), ("B", sb))
+    unsampled = tuple(name for name, side in sides if side.num_rows == 0)
+    if unsampled:
+        return SwarmDiff(0, (), unsampled=unsampled)
     both = set(sa.column("source").to_pylist()) & set(sb.column("source").to_pylist())
     chosen = next((src for src in PERIOD_KEYS if src in both), None)
     if chosen is not None:
         sa, sb = (t.filter(pc.equal(t.column("source"), chosen)) for t in (sa, sb))
     samples, stacks = pa.concat_tables([sa, sb]), pa.concat_tables([ta, tb])
-    if samples.num_rows == 0 or stacks.num_rows == 0:
-        return SwarmDiff(0, ())
     lab = label_stacks(samples, stacks)
     weight = np.asarray(samples.column("weight").to_numpy(), np.int64)
     side = np.r_[np.zeros(sa.num_rows, np.int64), np.ones(sb.num_rows, np.int64)]

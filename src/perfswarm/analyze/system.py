@@ -233,14 +233,31 @@ def descheduled(counters: pa.Table, cores: int, slow: pa.Table, steps: pa.Table)
     out of it: only a step that holds PLACED readings or more (those two under a fifth of
     them) is set against the usual share; a shorter one's share of waiting counts alone, as
     before (a 105 ms encoder step of 2 readings, its 31 ms of running its batch's usual 26,
-    had read as an outlier).)"""
+    had read as an outlier).) Without the sampler's readings (a Run recorded without the
+    system sampler) the hooks' run delay alone judges a step, against that share: who held
+    the cores is unknown, but a step's wait for one is not its work."""
     pts, pvalue = readings(counters, "proc.cpu_cores")
     dts, dvalue = readings(counters, "proc.run_delay_cores")
     names = counters.column("name").cast(pa.string())
     busy = np.asarray(pc.match_substring_regex(names, r"^cpu\.core\d+\.(usr|sys)$").to_numpy(
         zero_copy_only=False), bool)
+    # the loop thread's share of each step on a runqueue, where its hooks read it
+    hooked, hooked_slow = (hook_deltas(counters, t, HOOK_DELAY) / np.maximum(
+        1, np.asarray(t.column("end").to_numpy(), np.int64)
+        - np.asarray(t.column("start").to_numpy(), np.int64)) for t in (steps, slow))
+    by_hooks = not np.isnan(hooked).all()
+    s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64) for c in ("start", "end"))
+    median = float(np.median(s_end - s_start)) if steps.num_rows else 0.0
     if not len(pts) or not busy.any():
-        return [False] * slow.num_rows
+        # no system sampler (`record -c torch`): the hooks' run delay alone, a wait for a core
+        # whoever held it (a diffusion U-Net's last step 2,227 ms, 2,041 of them on a
+        # runqueue, had been read as the program's periodic work, HIGH)
+        if not by_hooks:
+            return [False] * slow.num_rows
+        brought = _brought(float(np.nanmedian(hooked)))
+        return [not np.isnan(own) and _waited(own, brought, hi - lo, median) for lo, hi, own in zip(
+            slow.column("start").to_pylist(), slow.column("end").to_pylist(),
+            hooked_slow.tolist(), strict=True)]
     # busy cores at each reading
     bts, at = np.unique(np.asarray(counters.column("ts").to_numpy(), np.int64)[busy],
                         return_inverse=True)
@@ -258,7 +275,6 @@ def descheduled(counters: pa.Table, cores: int, slow: pa.Table, steps: pa.Table)
         waited = mean(dts, dvalue, lo, hi) if len(dts) else None
         return None if waited is None else waited / max(1.0, got + waited)
 
-    s_start, s_end = (np.asarray(steps.column(c).to_numpy(), np.int64) for c in ("start", "end"))
     usual = [(v, h - v, queued(lo, hi, v)) for lo, hi in zip(
         s_start.tolist(), s_end.tolist(), strict=True)
              if (v := mean(pts, pvalue, lo, hi)) is not None
@@ -267,17 +283,9 @@ def descheduled(counters: pa.Table, cores: int, slow: pa.Table, steps: pa.Table)
         return [False] * slow.num_rows
     typical = float(np.median([v for v, _, _ in usual]))
     others_typical = float(np.median([o for _, o, _ in usual]))
-    # the loop thread's share of each step on a runqueue, where its hooks read it
-    hooked, hooked_slow = (hook_deltas(counters, t, HOOK_DELAY) / np.maximum(
-        1, np.asarray(t.column("end").to_numpy(), np.int64)
-        - np.asarray(t.column("start").to_numpy(), np.int64)) for t in (steps, slow))
-    by_hooks = not np.isnan(hooked).all()
     delays = [q for _, _, q in usual if q is not None]
-    queued_typical = (float(np.nanmedian(hooked)) if by_hooks else
-                      float(np.median(delays)) if delays else 0.0)
-    median = float(np.median(s_end - s_start))
-    # the wait a step's running brings at the usual share of waiting, per ns of running
-    brought = queued_typical / max(1.0 - queued_typical, 0.01)
+    brought = _brought(float(np.nanmedian(hooked)) if by_hooks else
+                       float(np.median(delays)) if delays else 0.0)
     out = []
     for lo, hi, own in zip(slow.column("start").to_pylist(), slow.column("end").to_pylist(),
                            hooked_slow.tolist(), strict=True):
@@ -289,9 +297,19 @@ def descheduled(counters: pa.Table, cores: int, slow: pa.Table, steps: pa.Table)
         out.append(got is not None and host is not None and saturated(host, cores) and (
             got < CONTENDED_SHARE * typical
             or host - got - others_typical >= others_held(cores)
-            or (share is not None and (share - (1 - share) * brought * placed) * (hi - lo)
-                >= (hi - lo - median) / 2)))
+            or (share is not None and _waited(share, brought * placed, hi - lo, median))))
     return out
+
+
+def _brought(queued_typical: float) -> float:
+    """The wait a step's running brings at the usual share of waiting, per ns of running."""
+    return queued_typical / max(1.0 - queued_typical, 0.01)
+
+
+def _waited(share: float, brought: float, dur: int, median: float) -> bool:
+    """A step of `dur` ns, `share` of it on a runqueue, waited for a core half its time
+    beyond the `median` step or more, past the wait its running brings (`brought` a ns)."""
+    return (share - (1 - share) * brought) * dur >= (dur - median) / 2
 
 
 def profiler_start(steps: pa.Table, counters: pa.Table, cores: int) -> set[tuple[int, int]]:

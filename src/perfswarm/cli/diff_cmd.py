@@ -64,7 +64,7 @@ def diff_command(
                       "profiler, or a recording without torch): the step time alone")
     else:
         _print_ops(result)
-    if swarms.swarms:
+    if swarms.swarms or len(swarms.unsampled) == 1:  # one side sampled: say the other is not
         _print_swarms(swarms)
 
 
@@ -112,8 +112,10 @@ def _ops_table(title: str, rows: list[OpDelta]) -> Table:
 
 
 def _print_swarms(diff: SwarmDiff) -> None:
-    if not diff.swarms:
-        console.print("no sampled stacks on either side: no swarm diff")
+    if diff.unsampled:
+        sides = " and ".join(diff.unsampled)
+        console.print(f"{sides} {'have' if len(diff.unsampled) > 1 else 'has'} no sampled stacks "
+                      "(recorded without perf and py-spy): no swarm diff")
         return
     table = Table("swarm (its heaviest leaf)", "samples A→B", "ms A→B", "delta ms", "± noise",
                   title=f"function swarms (A and B clustered together, {diff.source or 'all'} "

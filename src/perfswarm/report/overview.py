@@ -506,8 +506,8 @@ def _from_first_op(run: Run, ev: Events, mine: I64, windows: Sequence[Mapping[st
         accumulated = int(np.median(passes[sorted(trained)]))
         return trained, (
             f"the samples the first layer's weight gradient summed in each step's backward "
-            f"(aten::mm over the batch, {'x'.join(map(str, weight))} weights: a policy's "
-            "forwards of one observation each, or one batched update"
+            f"(aten::mm over the batch, {'x'.join(map(str, weight))} weights: every row "
+            "its forwards gave it, one at a time or batched"
             + (f"; {accumulated} forward and backward passes a step: a step is an optimizer "
                "step, its samples those of all of them" if accumulated > 1 else "")
             + f"), in {len(trained)} of {len(windows)} steps")
