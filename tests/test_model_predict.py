@@ -898,6 +898,18 @@ def test_first_touch_held_to_what_the_op_took() -> None:
     assert held_first_touch(48_000, 0, 30_000) == (0, 30_000)
 
 
+def test_first_touch_held_to_what_the_op_took_beyond_its_work() -> None:
+    """The LSTM LM's decoder addmm ([280, 40] x [40, 500]): 152 us measured, its GEMM 170 us
+    at the profile's rate, 410 us of its result's pages put on it. Its kernel's work leaves no
+    time for pages: none held, so the whole op scales with its GEMM (x1.82 at twice the
+    width), not 38 us of it beside 114 us of pages held (x1.21; it ran x1.53-1.89). An op
+    whose work leaves time keeps what it left, within the 3/4 bound."""
+    assert held_first_touch(152_000, 410_000, 410_000, 170_000) == (0, 0)
+    assert held_first_touch(152_000, 410_000, 410_000) == (114_000, 114_000)
+    assert held_first_touch(152_000, 410_000, 820_000, 100_000) == (52_000, 104_000)
+    assert held_first_touch(48_000, 225_000, 451_000, 6_000) == (36_000, 72_160)
+
+
 def test_fresh_pages_stay_with_the_recorded_largest() -> None:
     """The autoencoder at batch 16: Adam's square root of an 802,816-byte weight (196 pages) is
     the step's largest result, an activation half of it. At four times the batch the activation
@@ -1023,8 +1035,9 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     its work alone too (its 500 pages, once added, made the autoencoder's x4 +26%)."""
     run = _faulting_run(tmp_path, faults)
     assert step_faults(run) == StepFaults(faults, None)  # no step after the window
-    # bytes-proportional elementwise model: exact ratios
-    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 1e-9, 0.0))}, {}, 1e-6)
+    # bytes-proportional elementwise model: exact ratios (the 1 MiB relu's work 105 us of its
+    # 400, which leaves the time for its pages)
+    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 5e-11, 0.0))}, {}, 1e-6)
     same = predict(run, profile=profile)
     assert [s.predicted_ns for s in same.steps] == [1000 * US] * 3
     wide = predict(run, Change(dims=((1000, 4000),)), profile=profile)
@@ -1047,6 +1060,22 @@ def test_fresh_pages_follow_the_largest_allocation(tmp_path: Path, faults: int,
     assert wide.to_dict()["first_touch_unpriced_ns"] == wide.first_touch_unpriced_ns
 
 
+@pytest.mark.parametrize(("per_byte", "first"), [(5e-11, 400 - 256), (1.5e-10, 314.5728),
+                                                (2e-10, 400)])
+def test_fresh_pages_held_to_what_the_op_took_beyond_its_work(tmp_path: Path, per_byte: float,
+                                                              first: int) -> None:
+    """The 1 MiB relu (400 us, 256 pages at 1 us put on it) keeps no more of its time for its
+    pages than its work at the profile's rate leaves (2 MiB read and written): 105 us of work
+    leaves them all, 314.57 us leaves 85.43, 419 us none; at four times the other relu's
+    width, where it no longer writes fresh pages, it keeps the rest (the LSTM LM's decoder
+    addmm, its GEMM longer than it took, had 3/4 of itself held as pages and read x1.21 at
+    twice the width for x1.53-1.89)."""
+    run = _faulting_run(tmp_path, 256)
+    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, per_byte, 0.0))}, {}, 1e-6)
+    wide = predict(run, Change(dims=((1000, 4000),)), profile=profile)
+    assert [s.predicted_ns for s in wide.steps] == [round((1000 - 500 + first + 400) * US)] * 3
+
+
 @pytest.mark.parametrize(("faults", "share"), [(0, 0.0), (128, 0.5), (None, 0.0)])
 def test_a_result_past_glibcs_mmap_cap_writes_fresh_pages_at_every_call(
         tmp_path: Path, faults: int | None, share: float) -> None:
@@ -1059,7 +1088,7 @@ def test_a_result_past_glibcs_mmap_cap_writes_fresh_pages_at_every_call(
     if faults is None:  # a Run without the recorder's page-fault counter
         run.write_table("counters", run.table("counters").slice(0, 0))
         assert step_faults(run) is None
-    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 1e-9, 0.0))}, {}, 1e-6)
+    profile = Profile("cpu", 1, {"elementwise": FamilyModel((0.0, 5e-11, 0.0))}, {}, 1e-6)
     wide = predict(run, Change(dims=((1024, 40960),)), profile=profile)
     touched = 256 * share  # us of the recorded 400, held out before scaling
     first = (400 - touched) * 40 + 10_240

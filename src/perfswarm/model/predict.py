@@ -769,7 +769,11 @@ def _scale_kernels(m: _Model, t: _Transform, scaler: KernelScaler | None,
         shapes, found = key[1], priced(k, op_name)
         if found is not None and scaled is not None:
             old, new, new_shapes = found
-            held, after_ns = held_first_touch(base, *touch.times.get(key, (0, 0)))
+            before_ns, after_ns = touch.times.get(key, (0, 0))
+            work = (scaler.model_time(old, shapes.dims) if before_ns and shapes
+                    and isinstance(scaler, ProfileScaler) else None)
+            held, after_ns = held_first_touch(base, before_ns, after_ns,
+                                              round((work or 0.0) * 1e9))
             return (after_ns + scaled(base - held, old, new, shapes.dims if shapes else (),
                                       new_shapes.dims), True, bool(after_ns))
         if unmodelled is not None and kind in (KIND["kernel"], KIND["memset"]):
@@ -1000,13 +1004,20 @@ def unpriced_pages(allocating: Collection[Key], out_old: Mapping[Key, float],
             **{k: p for k, p in new.items() if k not in old}}
 
 
-def held_first_touch(measured_ns: int, before_ns: int, after_ns: int) -> tuple[int, int]:
+def held_first_touch(measured_ns: int, before_ns: int, after_ns: int, work_ns: int = 0
+                     ) -> tuple[int, int]:
     """The first-touch time (ns) an op of `measured_ns` is taken to spend, of the `before_ns`
     `_first_touch` gives it, and its time at the new shapes: at most 3/4 of what the op took,
-    and the new one in the same proportion where it was held (the run's fault share, spread
-    over every op of the largest size, can put more on one than it measured: the MLP-Mixer's
-    patch convolution, 48 us with 225 us of faults, was predicted x9.9 at twice the batch)."""
-    held = min(before_ns, measured_ns - measured_ns // 4)
+    and no more than it took beyond its work (`work_ns`: the profile's time of its kernel at
+    the recorded shapes), the new one in the same proportion where it was held. The run's
+    fault share, spread over every op of the largest size, can put more on one than it
+    measured: the MLP-Mixer's patch convolution, 48 us with 225 us of faults, was predicted
+    x9.9 at twice the batch. And more than its kernel left: the LSTM LM's decoder addmm
+    ([280, 40] x [40, 500], the profile's 170 us; it took 152 us, and 170-181 us timed alone)
+    was given 410 us of its [280, 500] result's pages, held to 114 us, so 38 us of GEMM
+    scaled x1.82 at twice the width, the op x1.21 where it ran x1.53-1.89
+    (docs/benchmarks.md, thirty-second pass)."""
+    held = max(0, min(before_ns, measured_ns - measured_ns // 4, measured_ns - work_ns))
     return held, after_ns if held == before_ns else round(after_ns * held / before_ns)
 
 
