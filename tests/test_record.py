@@ -199,12 +199,13 @@ def _record_script(tmp_path: Path, source: str, skip: int, steps: int) -> tuple[
 
 
 EPOCHS = textwrap.dedent("""
+    import os
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     def inherited(_):  # in each worker before its first fetch: its parent's profiler on here?
-        print("inherited", torch._C._autograd._profiler_enabled(), flush=True)
+        print("inherited", torch._C._autograd._profiler_enabled(), os.getpid(), flush=True)
 
     data = TensorDataset(torch.randn(32, 16), torch.randint(0, 2, (32,)))
     # 4 batches an epoch; workers not persistent: each epoch forks two more
@@ -222,15 +223,18 @@ def test_workers_forked_in_the_window_drop_the_inherited_profiler(tmp_path: Path
     thread's profiler, on: it recorded every op of the worker into a copy of the parent's
     events, and its own profiler's start freed them (2.3 s for a new epoch's first batch in
     denoising-diffusion-pytorch's Trainer). The child drops it as it forks, with nothing on
-    the program's stderr, and still traces the window's batches."""
+    the program's stderr, and traces nothing itself: Kineto started again in such a child
+    could crash it at exit (a segmentation fault in its profiler's stop, which ended the
+    program's loop in 6 of 22 recordings of a loop like this one)."""
     run, out = _record_script(tmp_path, EPOCHS, skip=2, steps=8)
     # two workers an epoch; the window (steps 2-10) open as epochs 2 and 3 fork theirs
     assert out.count("inherited False") == 6 and "inherited True" not in out, out
     assert "[W" not in out and "Warning" not in out, out
+    pids = [int(line.split()[-1]) for line in out.splitlines() if line.startswith("inherited")]
     ev = run.table("events").to_pydict()
     fetched = {p for p, n in zip(ev["pid"], ev["name"], strict=True)
                if n == "DataLoader worker fetch"}
-    assert len(fetched) >= 4 and run.manifest()["extra"]["record"]["pid"] not in fetched
+    assert not fetched & set(pids[2:])  # epochs 2 and 3's workers, forked in the window
 
 
 FREED = textwrap.dedent("""

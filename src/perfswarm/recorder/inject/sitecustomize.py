@@ -36,7 +36,8 @@ window instead: while it is open the parent keeps a flag file, and each worker
 batch, profiling (CPU, shapes, no step markers) from the first batch it sees
 the flag to the first it does not, or to its exit; each profiled batch is a
 `DataLoader worker fetch` span. A child forked while the window is open drops the
-profiler it inherited, unread (`_drop_inherited_profiler`). The time the stepping process
+profiler it inherited, unread (`_drop_inherited_profiler`), and a worker forked so traces
+nothing (`_WorkerWindow`). The time the stepping process
 spends starting a loader's workers (a new epoch's iterator, each worker's first batch, the
 last one's workers joined) is summed at each hook too (`hook_loader`), outside the window as in it.
 """
@@ -228,6 +229,7 @@ class _Window:
             self.starting = True  # the empty session is no program's own (_yield_to_...)
             try:
                 _drop_inherited_profiler()
+                _WorkerWindow.inherited = True
             finally:
                 self.starting = False
         self.prof = self.et = None
@@ -861,7 +863,17 @@ class _WorkerWindow:
     It uses the autograd profiler (Kineto, as torch.profiler does underneath) directly:
     torch.profiler's start imports torch._inductor, a second of CPU in a fresh worker, which
     the training loop would wait for inside its profiled steps.
+
+    A worker forked while its parent's window was open (a new epoch's, in the window) traces
+    nothing: Kineto, started again in a child that inherited its parent's live session (dropped,
+    `_drop_inherited_profiler`), could crash the worker as its profiler stopped at exit
+    (SIGSEGV in `_disable_profiler`), and the parent's loop with it ("DataLoader worker ... is
+    killed by signal: Segmentation fault"): 6 of 22 recordings of a 2-worker loop whose window
+    held two epoch starts, once the parent also timed its workers' starts; 0 of 72 before that,
+    0 of 20 with such workers untraced (docs/benchmarks.md, thirty-second pass).
     """
+
+    inherited = False  # set in a worker forked while the window was open (_Window.forked)
 
     def __init__(self, out: str) -> None:
         self.out = out
@@ -871,7 +883,7 @@ class _WorkerWindow:
         self.prof: Any = None  # set while tracing
         self.mark = ""  # its mark of the parent's window it traced
         self.traced: Any = None  # the stopped profiler, its trace not written yet
-        self.done = False
+        self.done = _WorkerWindow.inherited  # (never started)
 
     def before_fetch(self) -> bool:
         """Start or stop with the parent's window; whether this batch is profiled."""
