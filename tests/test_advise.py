@@ -1851,6 +1851,9 @@ def test_outlier_steps_across_the_whole_run(tmp_path: Path) -> None:
     assert a.evidence["median_step_ns"] == 4 * ms and a.gain_ns == 128 * ms
     assert a.gain_of_ns == 152 * ms and a.gain_pct == round(100 * 128 / 152, 2)
     assert a.change.startswith("find what runs in those steps")
+    # no recorder's counter of its DataLoaders' starts: not read, neither figure (the steps
+    # had read 0 of them)
+    assert a.evidence["loader_start_steps"] is None and a.evidence["loader_start_ns"] is None
     # perf (1 kHz) saw the loop thread on the CPU through every step but step 5 past its
     # first 4 ms: it waited (a server's requests, a sleep), which the advice says
     _perf_samples(run, 1000, 160_000, 1000)

@@ -540,9 +540,11 @@ def outlier_steps(facts: Facts) -> Advice | None:
                                  for c in ("rank", "step", "start", "end")), strict=True)][:10],
                 "outlier_ns": int(slow_dur.sum()),
                 "outlier_share_pct": pct(float(slow_dur.sum()), timed),
-                "loader_start_steps": int(epoch.sum()),
-                "loader_start_ns": (None if np.isnan(found.starting).all()
-                                    else int(started.sum()))}
+                # both null on a Run recorded without the counter (HOOK_LOADER)
+                **dict.fromkeys(("loader_start_steps", "loader_start_ns"))}
+    if not np.isnan(found.starting).all():
+        evidence |= {"loader_start_steps": int(epoch.sum()),
+                     "loader_start_ns": int(started.sum())}
     change = _periodic_change(facts, found, ~epoch, evidence)
     if epoch.any():
         named = ", ".join(str(s) for s in sorted(col(slow, "step")[epoch].tolist())[:10])
