@@ -545,7 +545,9 @@ def outlier_steps(facts: Facts) -> Advice | None:
     if not np.isnan(found.starting).all():
         evidence |= {"loader_start_steps": int(epoch.sum()),
                      "loader_start_ns": int(started.sum())}
-    change = _periodic_change(facts, found, ~epoch, evidence)
+    change, off_cpu = _periodic_change(facts, found, ~epoch)
+    if off_cpu is not None:
+        evidence["off_cpu_excess_ns"] = off_cpu
     if epoch.any():
         named = ", ".join(str(s) for s in sorted(col(slow, "step")[epoch].tolist())[:10])
         loader = (f"{'step' if epoch.sum() == 1 else 'steps'} {named} "
@@ -567,39 +569,40 @@ def outlier_steps(facts: Facts) -> Advice | None:
                   of=(timed, "every step the run timed"))
 
 
-def _periodic_change(facts: Facts, found: _Outliers, mine: Mask,
-                     evidence: dict[str, Any]) -> str:
+def _periodic_change(facts: Facts, found: _Outliers, mine: Mask) -> tuple[str, int | None]:
     """What to do about the outliers `mine` of `found` (those no new epoch's loader explains):
     a recompile where compiling is half their excess or more; a wait where their loop thread
-    was off the CPU beyond a usual step's share for half of it or more (perf; evidence
-    `off_cpu_excess_ns`, of them all); else find what runs in them."""
+    was off the CPU beyond a usual step's share for half of it or more (perf); else find what
+    runs in them. And the time all of `found`'s outliers were off the CPU so (evidence
+    `off_cpu_excess_ns`; None without perf's samples of the loop thread)."""
     steps, dur = found.steps, found.dur
     excess = float(found.beyond[mine].sum())
     # the loop thread off the CPU in them beyond a usual step's share (perf), less the time
     # its threads sat on a runqueue (other processes' cores): they waited (a sleep, I/O, a
     # lock, requests arriving), not computed
     cpu = _loop_cpu(facts, steps)
-    waited = 0
+    waited, off_cpu = 0, None
     if cpu is not None:
         slow = found.slow
         over = np.isin(lane_key(col(steps, "rank"), col(steps, "step")),
                        lane_key(col(slow, "rank"), col(slow, "step")))
         off = dur - cpu - _queued(facts, steps)
         beyond_usual = np.maximum(0, off - np.median(off))
-        evidence["off_cpu_excess_ns"] = int(beyond_usual[over].sum())
+        off_cpu = int(beyond_usual[over].sum())
         theirs = np.isin(lane_key(col(steps, "rank"), col(steps, "step")),
                          lane_key(col(slow, "rank")[mine], col(slow, "step")[mine]))
         waited = int(beyond_usual[theirs].sum())
     if found.compiling[mine].sum() >= excess / 2:
-        return _RECOMPILE
+        return _RECOMPILE, off_cpu
     if waited >= excess / 2:
         return (f"their loop thread was off the CPU for {min(100.0, 100 * waited / excess):.0f}"
                 "% of their time beyond the median step: find what they waited for (a sleep, "
                 "a read or a checkpoint's write, a lock, requests or input arriving; py-spy's "
-                "stacks of the loop thread in them); a wait the program needs is no cost to cut")
+                "stacks of the loop thread in them); a wait the program needs is no cost to "
+                "cut", off_cpu)
     return ("find what runs in those steps (evaluation, generate(), checkpointing or logging "
             "in a callback; `perfswarm analyze` swarms, py-spy samples): run it less often, "
-            "asynchronously or outside the training loop")
+            "asynchronously or outside the training loop", off_cpu)
 
 
 def _loader_bound(facts: Facts, steps: pa.Table, dur: npt.NDArray[np.int64],
