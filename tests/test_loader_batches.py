@@ -65,14 +65,25 @@ def _record(tmp: Path, name: str, script: str) -> Run:
     return result.run
 
 
-def _per_step(run: Run) -> dict[str, dict[int, float]]:
-    """What the loaders handed each step the run timed (steps 1 on; NaN: not read)."""
+def _per_step(run: Run, expected: range) -> dict[str, dict[int, float]]:
+    """What the loaders handed each step the run timed (steps 1 on), of the steps a pair of
+    readings fell on: every one of `expected` but, at most, the window's first (step 3), which
+    begins once the profiler has started, maybe past the middle of its hooks
+    (iterations.hook_readings)."""
     steps = run.table("steps").sort_by("step")
     found = Loaded.of(run.table("counters"), steps)
     numbers = steps.column("step").to_pylist()
-    return {name: dict(zip(numbers, values.tolist(), strict=True)) for name, values in (
-        ("batches", found.batches), ("tensors", found.tensors), ("samples", found.samples),
-        ("grad", found.grad_samples), ("step", found.step_samples()))}
+    read = {n for n, b in zip(numbers, np.isnan(found.batches).tolist(), strict=True) if not b}
+    assert set(expected) - {3} <= read <= set(expected), sorted(read)
+    return {name: {n: v for n, v in zip(numbers, values.tolist(), strict=True) if n in read}
+            for name, values in (("batches", found.batches), ("tensors", found.tensors),
+                                 ("samples", found.samples), ("grad", found.grad_samples),
+                                 ("step", found.step_samples()))}
+
+
+def _of(read: dict[int, float], values: dict[int, float]) -> dict[int, float]:
+    """`values` of the steps `read` holds."""
+    return {s: v for s, v in values.items() if s in read}
 
 
 # A collate of its own, as torch_geometric's: each batch an object holding its tensors in its
@@ -118,11 +129,11 @@ def test_a_collate_of_its_own_is_counted(tmp_path: Path) -> None:
     tensors (the trace has no default_collate stack: 1, the least, before), and the samples
     card reads 8 a step, saying where from and what the first layer read."""
     run = _record(tmp_path, "custom", CUSTOM)
-    counted = _per_step(run)
-    every = dict.fromkeys(range(1, 15), 1.0)
-    assert counted["batches"] == every
-    assert counted["tensors"] == dict.fromkeys(every, 3.0)
-    assert counted["samples"] == counted["grad"] == counted["step"] == dict.fromkeys(every, 8.0)
+    counted = _per_step(run, range(1, 15))
+    read = counted["batches"]
+    assert read == dict.fromkeys(read, 1.0)
+    assert counted["tensors"] == dict.fromkeys(read, 3.0)
+    assert counted["samples"] == counted["grad"] == counted["step"] == dict.fromkeys(read, 8.0)
 
     facts = Facts.of(run)
     plan = loader.loader_plan(facts)
@@ -174,16 +185,48 @@ def test_default_collate_batches_and_an_evaluation_are_counted(tmp_path: Path) -
     epoch's last; the steps after each epoch's third batch took the evaluation's 2 batches of
     6 besides, under no_grad: the step's samples are its training batch's."""
     run = _record(tmp_path, "evaluated", EVALUATED)
-    counted = _per_step(run)
     steps = range(1, 15)
+    counted = _per_step(run, steps)
+    read = counted["batches"]
     last = {4, 9, 14}
     evaluated = {3, 8, 13}
-    assert counted["batches"] == {s: 3.0 if s in evaluated else 1.0 for s in steps}
-    assert counted["tensors"] == {s: 6.0 if s in evaluated else 2.0 for s in steps}
-    train = {s: 4.0 if s in last else 8.0 for s in steps}
-    assert counted["samples"] == {s: train[s] + (12 if s in evaluated else 0) for s in steps}
+    assert read == _of(read, {s: 3.0 if s in evaluated else 1.0 for s in steps})
+    assert counted["tensors"] == _of(read, {s: 6.0 if s in evaluated else 2.0 for s in steps})
+    train = _of(read, {s: 4.0 if s in last else 8.0 for s in steps})
+    assert counted["samples"] == {s: n + (12 if s in evaluated else 0) for s, n in train.items()}
     assert counted["grad"] == counted["step"] == train
     # over the profiled steps (3-7): 7 batches, the evaluation's 2 among them, of 2 each
     steps = run.table("steps")
     profiled = steps.filter(np.isin(steps.column("step").to_numpy(), [3, 4, 5, 6, 7]))
     assert Loaded.of(run.table("counters"), profiled).tensors_a_batch() == 14 / 7
+
+
+# A loader of chunks (batch_size=1: one chunk of 64 rows, as a [1, 64, 16] batch) that the
+# loop splits into 4 optimizer steps of 16 rows: 3 steps of every 4 take no batch
+CHUNKED = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+chunks = DataLoader([torch.randn(64, 16) for _ in range(6)], batch_size=1)
+model = nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for (chunk,) in chunks:
+    for rows in chunk.split(16):
+        opt.zero_grad()
+        model(rows).square().mean().backward()
+        opt.step()
+"""
+
+
+def test_a_loader_of_chunks_split_into_steps_is_not_the_steps_batch(tmp_path: Path) -> None:
+    """The recorder counts a chunk's 1 sample in one step of every 4: the samples card reads
+    the first layer's 16 rows a step, not "1 a step" of the steps that took a chunk."""
+    run = _record(tmp_path, "chunked", CHUNKED)
+    samples = _per_step(run, range(1, 24))["samples"]
+    assert samples == _of(samples, {s: 1.0 if s % 4 == 0 else 0.0 for s in range(1, 24)})
+    rates = report_data(run)["throughput"]
+    assert rates["samples_per_step"] == 16
+    assert rates["source"].startswith("the samples the first layer's weight gradient summed")

@@ -244,13 +244,15 @@ def _samples(run: Run, ev: Events, rank: int, mine: I64,
     """Samples (and tokens) per window of `rank` (its rows `mine`), and where they came from,
     from the first source that says (`throughput`'s order); None when none does. The
     loaders' samples count in the steps where the model's own count found the model ran (a
-    window the profiler cut before its forward is left out), and the words say what the
-    model's own count read where it differs (a graph network's first layer: its nodes)."""
+    window the profiler cut before its forward is left out), where they were counted in half
+    of those or more (a loader of large chunks that the loop splits into steps hands most
+    steps none), and the words say what the model's own count read where it differs (a
+    graph network's first layer: its nodes)."""
     loaded = _from_loader(run, rank, windows)
     own = _model_samples(run, ev, rank, mine, windows)
-    if own is not None and loaded:
-        loaded = {i: n for i, n in loaded.items() if i in own[0]}
-    if not loaded:
+    ran = set(own[0]) if own is not None else set(range(len(windows)))
+    loaded = {i: n for i, n in loaded.items() if i in ran}
+    if 2 * len(loaded) < len(ran):  # no batch a step: a loader of chunks the loop splits
         return own
     source = ("the samples of the batches the DataLoader handed each step (the length of "
               "each batch's index list from its batch sampler, as the recorder counted them), "
