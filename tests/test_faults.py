@@ -259,6 +259,8 @@ def test_torn_collector_files_fail_only_their_collector(tmp_path: Path) -> None:
     ("steps-rank0-pid7.json", '[1, 2]', "TypeError"),
     ("steps-rank0-pid7.json", '{"rank": 0, "hook_ns": [1], "optimizer_ns": [5]}',
      "AttributeError"),
+    ("steps-rank0-pid7.json", '{"rank": 0, "hook_ns": [1], "hook_loaded": [[1, 2]]}',
+     "ValueError"),
     ("steps-rank0-pid7.live", "12\nlater\n", "ValueError"),
 ])
 def test_bad_steps_file_fails_torch_only(tmp_path: Path, name: str, text: str,

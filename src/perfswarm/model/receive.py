@@ -32,7 +32,7 @@ class ReceiveCost:
     tensor_ns: float  # each tensor of it
     source: str  # where the figures come from, as the advice says it
 
-    def of(self, tensors: int) -> float:
+    def of(self, tensors: float) -> float:
         """A batch of `tensors` tensors."""
         return self.batch_ns + tensors * self.tensor_ns
 

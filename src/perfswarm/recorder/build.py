@@ -42,6 +42,7 @@ from perfswarm.trace.schema import (
     HOOK_DELAY,
     HOOK_LOADER,
     HOOK_THREADS,
+    LOADED,
     NONE,
     OPTIMIZER_CALL,
     SAMPLES,
@@ -99,6 +100,7 @@ class Hooks(NamedTuple):
     threads: list[int] | None = None  # torch.get_num_threads() at each (HOOK_THREADS)
     compiles: list[int] | None = None  # torch.compile's compile ns so far at each (HOOK_COMPILE)
     loaders: list[int] | None = None  # DataLoader workers' start ns so far at each (HOOK_LOADER)
+    loaded: list[list[int]] | None = None  # the loaders' batches so far at each (LOADED)
 
 
 def _hooks(path: Path) -> Hooks:
@@ -120,9 +122,18 @@ def _hooks(path: Path) -> Hooks:
                      [int(d) for d in data.get("hook_delays", [])],
                      [int(n) for n in data.get("hook_threads", [])],
                      [int(n) for n in data.get("hook_compile", [])],
-                     [int(n) for n in data.get("hook_loader", [])])
+                     [int(n) for n in data.get("hook_loader", [])],
+                     _loaded(data.get("hook_loaded", [])))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # orjson's: ValueErrors
         raise TraceFormatError(path, "steps", f"not a steps file: {exc!r}") from None
+
+
+def _loaded(rows: list[list[int]]) -> list[list[int]]:
+    """A steps file's `hook_loaded`: at each hook, a reading of each LOADED counter."""
+    out = [[int(n) for n in row] for row in rows]
+    if any(len(row) != len(LOADED) for row in out):
+        raise ValueError(f"hook_loaded: rows of {len(LOADED)} counts wanted")
+    return out
 
 
 def stepping_facts(stepping: Iterable[Path]) -> dict[str, object]:
@@ -158,8 +169,9 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
     own time, and a forward-driven step's batch, input elements and forward's time, as the
     per-rank counters FAULTS, OPTIMIZER_CALL, STEP_BATCH, STEP_INPUT and STEP_FORWARD, the
     hooking thread's run delay, HOOK_DELAY (none where the kernel kept no schedstat), the
-    intra-op threads, HOOK_THREADS, torch.compile's compile time so far, HOOK_COMPILE, and the
-    time spent starting DataLoader workers so far, HOOK_LOADER."""
+    intra-op threads, HOOK_THREADS, torch.compile's compile time so far, HOOK_COMPILE, the
+    time spent starting DataLoader workers so far, HOOK_LOADER, and what its DataLoaders
+    handed it so far, LOADED (none from a process that took no batch)."""
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "ts", "name", "device", "value")}
     for h in hooked:
         # a fault count and an optimizer call's time belong to the step the hook ends, at
@@ -167,11 +179,14 @@ def hook_counters(hooked: Iterable[Hooks]) -> pa.Table:
         # (the next marked step begun)
         begins = [(h.done or {}).get(i, t) for i, t in enumerate(h.times)]
         delays = {i: d for i, d in enumerate(h.delays or []) if d >= 0}
+        loaded = h.loaded if h.loaded and h.loaded[-1][0] > 0 else []
         for name, values, at in ((FAULTS, dict(enumerate(h.faults)), h.times),
                                  (HOOK_DELAY, delays, h.times),
                                  (HOOK_THREADS, dict(enumerate(h.threads or [])), h.times),
                                  (HOOK_COMPILE, dict(enumerate(h.compiles or [])), h.times),
                                  (HOOK_LOADER, dict(enumerate(h.loaders or [])), h.times),
+                                 *((name, {i: row[k] for i, row in enumerate(loaded)}, h.times)
+                                   for k, name in enumerate(LOADED)),
                                  (OPTIMIZER_CALL, h.optimizer_ns, h.times),
                                  (STEP_BATCH, h.batches or {}, begins),
                                  (STEP_INPUT, h.inputs or {}, begins),

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 from perfswarm.analyze.concurrency import Activity
 from perfswarm.analyze.dependencies import enclosing_rows
@@ -28,6 +29,7 @@ from perfswarm.analyze.frame import (
 )
 from perfswarm.analyze.intervals import I64, Mask, state_sweep
 from perfswarm.analyze.iterations import batch_sizes, step_batches
+from perfswarm.analyze.loaded import Loaded
 from perfswarm.analyze.phases import BACKWARD, nested, parameter_rows, phases, step_calls
 from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.system import host_cores, recorder_steps
@@ -171,7 +173,9 @@ def run_throughput(run: Run) -> dict[str, Any] | None:
 def throughput(run: Run, ev: Events, steps: Mapping[str, Sequence[Mapping[str, Any]]],
                ) -> dict[str, Any] | None:
     """Samples (and tokens) per second of the first rank's steps that ran the model, and where
-    the batch came from, best first: the token embedding's indices (batch x sequence, or
+    the batch came from: the samples the DataLoaders handed each step, where the recorder
+    counted them (`_from_loader`: a graph network's graphs, where its first layer reads their
+    nodes); else, best first, the token embedding's indices (batch x sequence, or
     sequence x batch where an RNN runs time-major on them; the passes its backward trained
     where it has one, every lookup of an inference step); the leading dimension of the
     activation input of each step's first matrix product or convolution; of a forward-driven
@@ -238,7 +242,48 @@ def _samples(run: Run, ev: Events, rank: int, mine: I64,
              windows: Sequence[Mapping[str, Any]]
              ) -> tuple[dict[int, int], dict[int, int] | None, str] | None:
     """Samples (and tokens) per window of `rank` (its rows `mine`), and where they came from,
-    from the first source that says (`throughput`'s order); None when none does."""
+    from the first source that says (`throughput`'s order); None when none does. The
+    loaders' samples count in the steps where the model's own count found the model ran (a
+    window the profiler cut before its forward is left out), where they were counted in half
+    of those or more (a loader of large chunks that the loop splits into steps hands most
+    steps none), and the words say what the model's own count read where it differs (a
+    graph network's first layer: its nodes)."""
+    loaded = _from_loader(run, rank, windows)
+    own = _model_samples(run, ev, rank, mine, windows)
+    ran = set(own[0]) if own is not None else set(range(len(windows)))
+    loaded = {i: n for i, n in loaded.items() if i in ran}
+    if 2 * len(loaded) < len(ran):  # no batch a step: a loader of chunks the loop splits
+        return own
+    source = ("the samples of the batches the DataLoader handed each step (the length of "
+              "each batch's index list from its batch sampler, as the recorder counted them), "
+              f"in {len(loaded)} of {len(windows)} steps")
+    if own is None:
+        return loaded, None, source
+    samples, tokens, said = own
+    read = float(np.median(list(samples.values())))
+    if read != float(np.median(list(loaded.values()))):
+        source += f"; the model's own count ({said}) reads {read:,.4g} a step"
+    return loaded, tokens, source
+
+
+def _from_loader(run: Run, rank: int, windows: Sequence[Mapping[str, Any]]
+                 ) -> dict[int, int]:
+    """Per window of `rank`, the samples its DataLoaders handed it, as the recorder counted
+    them at the step hooks (analyze.loaded: those of batches taken with autograd on, where
+    it took any), where it counted some."""
+    steps = pa.table({"rank": np.full(len(windows), rank, np.int64),
+                      **{k: np.asarray([w[k] for w in windows], np.int64)
+                         for k in ("start", "end")}})
+    found = Loaded.of(run.table("counters", ["rank", "ts", "name", "value"]), steps
+                      ).step_samples()
+    return {int(i): int(found[i]) for i in np.flatnonzero(~np.isnan(found))}
+
+
+def _model_samples(run: Run, ev: Events, rank: int, mine: I64,
+                   windows: Sequence[Mapping[str, Any]]
+                   ) -> tuple[dict[int, int], dict[int, int] | None, str] | None:
+    """Samples (and tokens) per window from the model's own ops, else the recorder's step
+    batch, else the command's --batch-size (`throughput`'s order); None when none says."""
     samples, tokens, source = _from_embedding(run, ev, mine, windows)
     if not samples:
         samples, tokens, source = _from_compiled(run, ev, mine, windows)

@@ -92,6 +92,18 @@ HOOK_COMPILE: Final = "compile ns"
 # workers, each worker's first batch, the last iterator's workers joined: a new epoch's
 # loader), at each step hook, outside the profiling window too
 HOOK_LOADER: Final = "loader start ns"
+# ... and what the process's DataLoader iterators handed it so far, at each step hook,
+# outside the profiling window too (a process that took no batch has none): the batches,
+# their tensors (each batch's distinct storages: what a worker's pickler hands over, a
+# shared-memory file each), their samples where the loader batches by a batch sampler (the
+# length of the index list drawn for each batch: torch_geometric's graphs, not the nodes its
+# first layer reads), and those samples of batches taken with autograd on (a training
+# step's; an evaluation's under no_grad is not)
+LOADER_BATCHES: Final = "loader batches"
+LOADER_TENSORS: Final = "loader tensors"
+LOADER_SAMPLES: Final = "loader samples"
+LOADER_GRAD_SAMPLES: Final = "loader samples with grad"
+LOADED: Final = (LOADER_BATCHES, LOADER_TENSORS, LOADER_SAMPLES, LOADER_GRAD_SAMPLES)
 # A recorded process's optimizer.step() own time (ns, after a closure's backward), at each
 # optimizer step (per rank), in the profiling window and outside it
 OPTIMIZER_CALL: Final = "optimizer step ns"

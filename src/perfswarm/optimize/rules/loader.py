@@ -31,6 +31,7 @@ import pyarrow as pa
 from perfswarm.analyze.dependencies import enclosing_rows
 from perfswarm.analyze.frame import Events, group_rows
 from perfswarm.analyze.iterations import hook_deltas
+from perfswarm.analyze.loaded import Loaded
 from perfswarm.analyze.system import host_cores
 from perfswarm.model.receive import ReceiveCost
 from perfswarm.optimize.rules.base import Advice, advice, pct
@@ -72,7 +73,10 @@ class LoaderPlan:
     # how `free` was measured: the system sampler's readings, or (no sampler) the loop
     # thread's run delay share of the profiled steps (`queued`)
     queued: float | None
-    tensors: int | None  # tensors a batch (None: not in the trace; priced as 1, the least)
+    # tensors a batch: the recorder's count of the batches the loaders handed the steps, else
+    # default_collate's in the trace (None: neither; priced as 1, the least)
+    tensors: float | None
+    counted: bool  # `tensors` is the recorder's count
     receive: ReceiveCost  # taking a batch from a worker, unprofiled (model/receive.py)
     slowdown: float  # the profiler's of the steps (Facts.profiler_slowdown)
 
@@ -224,13 +228,16 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         free = 1.0 - queued
     if cores is not None and free is not None:
         cores = min(cores, free)
+    counted = Loaded.of(facts.counters, facts.steps).tensors_a_batch()
+    tensors = counted if counted is not None else (
+        _tensors_a_batch(facts, loads) if single else None)
     return LoaderPlan(
         step_ns=facts.wall_ns / steps, wait_ns=wait / steps,
         batches=(loads.num_rows or made.num_rows) / steps, workers=workers, batch_ns=batch_ns,
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
         on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)),
         free=free, queued=queued,
-        tensors=_tensors_a_batch(facts, loads) if single else None, receive=facts.receive,
+        tensors=tensors, counted=counted is not None, receive=facts.receive,
         slowdown=facts.profiler_slowdown)
 
 
@@ -265,9 +272,11 @@ def _ms(ns: float) -> str:
 def _receive_text(plan: LoaderPlan) -> str:
     """How the model priced taking a batch from a worker, and from what."""
     cost = plan.receive
-    tensors = (f"{plan.tensors} tensors a batch (default_collate's, read in the trace)"
+    tensors = (f"{plan.tensors:.3g} tensors a batch (the recorder's count of the batches the "
+               "DataLoader handed the profiled steps, each storage once)" if plan.counted else
+               f"{plan.tensors:g} tensors a batch (default_collate's, read in the trace)"
                if plan.tensors else "the tensors a batch not in the trace (no default_collate "
-               "stack): 1, the least")
+               "stack) nor counted by the recorder: 1, the least")
     return (f"taking a batch from a worker: {_ms(cost.batch_ns)} + {_ms(cost.tensor_ns)} a "
             f"tensor, {tensors}, x{plan.slowdown:.2f} the profiler's slowdown; {cost.source}")
 
@@ -292,7 +301,7 @@ def data_loading(facts: Facts) -> Advice | None:
                 "loader_on_cpu_pct": None if plan.on_cpu is None else round(100 * plan.on_cpu, 1),
                 "free_cores": None if plan.free is None else round(plan.free, 2),
                 "loop_run_delay_pct": None if plan.queued is None else round(100 * plan.queued, 1),
-                "tensors_per_batch": plan.tensors,
+                "tensors_per_batch": None if plan.tensors is None else round(plan.tensors, 2),
                 "receive_ns": round(plan.receive_ns) if single else None}
     # Pinned memory only speeds copies to an accelerator (torch warns when there is none).
     pin = ", pin_memory=True" if facts.device_events.num_rows else ""

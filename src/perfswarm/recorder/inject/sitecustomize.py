@@ -39,7 +39,8 @@ the flag to the first it does not, or to its exit; each profiled batch is a
 profiler it inherited, unread (`_drop_inherited_profiler`), and a worker forked so traces
 nothing (`_WorkerWindow`). The time the stepping process
 spends starting a loader's workers (a new epoch's iterator, each worker's first batch, the
-last one's workers joined) is summed at each hook too (`hook_loader`), outside the window as in it.
+last one's workers joined) is summed at each hook too (`hook_loader`), outside the window as in it,
+and so is what the loaders' batches held (`hook_loaded`: batches, tensors, samples).
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from perfswarm.recorder.inject._perfswarm_batch import batch_tensors, index_samples
     from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 else:  # injected, this file's folder is on the path, perfswarm maybe not
+    from _perfswarm_batch import batch_tensors, index_samples
     from _perfswarm_heap import reserve_heap
 
 _DIR = os.environ.get("PERFSWARM_RECORD_DIR", "")
@@ -107,6 +110,12 @@ class _Window:
         # which no trace shows outside the window
         self.hook_loader: list[int] = []
         self.loader_ns = 0
+        # what DataLoader iterators handed the loop so far, at each hook (_watch_loaders):
+        # [batches, their tensors (each batch's distinct storages), their samples (where the
+        # batch sampler says them), those samples taken with autograd on (not an evaluation's
+        # under no_grad)], which no trace shows (a collate of its own stacks nothing)
+        self.hook_loaded: list[list[int]] = []
+        self.loaded = [0, 0, 0, 0]
         # hook index -> the leading dimension of the top-level module's first input, of a
         # forward-driven step (an inference server's requests differ in size)
         self.batches: dict[int, int] = {}
@@ -205,6 +214,7 @@ class _Window:
         self.hook_threads.clear()
         self.hook_compile.clear()
         self.hook_loader.clear()
+        self.hook_loaded.clear()
         self.optimizer_ns.clear()
         self.batches.clear()
         self.inputs.clear()
@@ -284,7 +294,7 @@ class _Window:
         return True
 
     _KEPT = ("hook_ns", "hook_faults", "hook_delays", "hook_threads", "hook_compile",
-             "hook_loader",
+             "hook_loader", "hook_loaded",
              "optimizer_ns",
              "batches", "inputs", "forward_ns", "step_done_ns",
              "driver", "opened_at", "cut_at")
@@ -476,6 +486,7 @@ class _Window:
         self.hook_threads = [self.hook_threads[i] for i in kept]
         self.hook_compile = [self.hook_compile[i] for i in kept]
         self.hook_loader = [self.hook_loader[i] for i in kept]
+        self.hook_loaded = [self.hook_loaded[i] for i in kept]
         if self.live_fd >= 0:
             os.ftruncate(self.live_fd, 0)
             os.write(self.live_fd, b"".join(b"%d\n" % t for t in self.hook_ns))
@@ -516,6 +527,7 @@ class _Window:
         self.hook_threads.append(_get_num_threads())
         self.hook_compile.append(self.compile_ns)
         self.hook_loader.append(self.loader_ns)
+        self.hook_loaded.append(self.loaded.copy())
         if self.live_fd < 0:
             self.live_fd = os.open(self.live, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.write(self.live_fd, b"%d\n" % now)
@@ -649,7 +661,7 @@ class _Window:
             "rank": self.rank, "pid": self.pid, "hook_ns": self.hook_ns,
             "hook_faults": self.hook_faults, "hook_delays": self.hook_delays,
             "hook_threads": self.hook_threads, "hook_compile": self.hook_compile,
-            "hook_loader": self.hook_loader,
+            "hook_loader": self.hook_loader, "hook_loaded": self.hook_loaded,
             "step_done_ns": self.step_done_ns,
             "optimizer_ns": self.optimizer_ns, "batches": self.batches, "inputs": self.inputs,
             "forward_ns": self.forward_ns,
@@ -1005,7 +1017,10 @@ def _watch_loaders(window: _Window, module: ModuleType) -> None:
     (window.loader_ns): a new iterator of a loader with workers (a new epoch's, unless
     persistent_workers: its workers forked), its first batch from each worker (their first
     fetches; the rest of its batches unwrapped: the instance's `_next_data` goes back to the
-    class's), and the workers' shutdown as an iterator runs out (joined)."""
+    class's), and the workers' shutdown as an iterator runs out (joined).
+
+    And count what each batch an iterator returns holds (window.loaded, _count_batches)."""
+    _count_batches(window, vars(module)["_BaseDataLoaderIter"])
     loader_type: type = vars(module)["DataLoader"]
     iter_type: type = vars(module)["_MultiProcessingDataLoaderIter"]
     get: Callable[..., Any] = loader_type._get_iterator  # type: ignore[attr-defined]
@@ -1054,6 +1069,59 @@ def _watch_loaders(window: _Window, module: ModuleType) -> None:
 
     loader_type._get_iterator = get_then_note  # type: ignore[attr-defined]
     iter_type._shutdown_workers = shutdown_timed  # type: ignore[attr-defined]
+
+
+_SIZES = "_perfswarm_sizes"  # an iterator's drawn batches' samples, not yet returned
+
+
+def _count_batches(window: _Window, base: type) -> None:
+    """Count, in every process but a DataLoader's workers, each batch a DataLoader iterator
+    returns to it (its
+    `__next__`, below the loader's `enumerate(DataLoader)` range): its tensors
+    (_perfswarm_batch.batch_tensors) and, where the loader batches by a batch sampler, its
+    samples: the length of the index list drawn for it (`_next_index`: a workers' loader
+    draws ahead, and returns its batches in the order drawn; `_reset`, a new epoch of
+    persistent workers, drops those drawn and never returned). Where torch's autograd is on
+    as it returns (a training step's batch; an evaluation's under no_grad or inference_mode
+    is not), its samples are counted apart too. An IterableDataset's last batch is counted
+    as its loader's batch size, and a loader of `in_order=False` returns a short batch where
+    its full ones are counted."""
+    import collections
+
+    torch: Any = sys.modules["torch"]
+    take: Callable[[Any], Any] = base.__next__  # type: ignore[attr-defined]
+    draw: Callable[[Any], Any] = base._next_index  # type: ignore[attr-defined]
+    reset: Callable[..., None] = base._reset  # type: ignore[attr-defined]
+
+    def drawn(this: Any) -> Any:
+        index = draw(this)
+        sizes = vars(this).get(_SIZES)
+        if sizes is None:
+            sizes = vars(this)[_SIZES] = collections.deque()
+        sizes.append(index_samples(index) if this._auto_collation else None)
+        return index
+
+    def reset_drawn(this: Any, *args: Any, **kwargs: Any) -> None:
+        vars(this).pop(_SIZES, None)
+        reset(this, *args, **kwargs)
+
+    def counted(this: Any) -> Any:
+        batch = take(this)
+        sizes = vars(this).get(_SIZES)
+        samples = sizes.popleft() if sizes else None
+        if not window.in_worker:  # (no getpid: 0.7 us; a forked child counts for its own)
+            loaded = window.loaded
+            loaded[0] += 1
+            loaded[1] += batch_tensors(batch, torch.Tensor)
+            if samples is not None:
+                loaded[2] += samples
+                if torch.is_grad_enabled():
+                    loaded[3] += samples
+        return batch
+
+    base.__next__ = counted  # type: ignore[attr-defined]
+    base._next_index = drawn  # type: ignore[attr-defined]
+    base._reset = reset_drawn  # type: ignore[attr-defined]
 
 
 def _install(window: _Window, module: ModuleType) -> None:
