@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfswarm.analyze.frame import Events
+from perfswarm.defaults import RESERVE_PER_STEP_MIB
 from perfswarm.model.accuracy import gmae as model_gmae
 from perfswarm.model.predict import Change, predict
 from perfswarm.model.profile import Profile
 from perfswarm.recorder.bench.kernels import calibrate
-from perfswarm.recorder.session import RESERVE_PER_STEP_MIB
 from perfswarm.trace.ingest import ImportOptions, import_traces
 from perfswarm.trace.store import Run
 

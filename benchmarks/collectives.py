@@ -20,9 +20,10 @@ from pathlib import Path
 
 import orjson
 
+from perfswarm.defaults import SWEEP_PASSES
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.collective_fit import Sweep, evaluate, fit, split_sizes
-from perfswarm.recorder.bench.collectives import PASSES, default_sizes, sweep
+from perfswarm.recorder.bench.collectives import default_sizes, sweep
 
 GOAL = 0.15
 
@@ -55,7 +56,7 @@ def main() -> int:
     parser.add_argument("--sweeps", type=int, default=3,
                         help="at least 2: fit on one, judge on the next")
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--passes", type=int, default=PASSES)
+    parser.add_argument("--passes", type=int, default=SWEEP_PASSES)
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perfswarm.recorder.session import DEFAULT_COLLECTORS, RecordOptions, RecordResult, record
+from perfswarm.defaults import DEFAULT_COLLECTORS
+from perfswarm.recorder.session import RecordOptions, RecordResult, record
 
 STEP = re.compile(rb"^step (\d+) ([\d.]+) ms", re.MULTILINE)
 

@@ -1,10 +1,12 @@
-"""Start-up cost of `perfswarm --help` and `perfswarm info RUN`, side by side with their peers.
+"""Start-up cost of `perfswarm --help`, of every command's `--help` and of `perfswarm info RUN`,
+side by side with their peers.
 
 Each contender is a fresh process, interleaved, several rounds; figures are the median CPU seconds
 (user + system) of the whole process, which a busy shared machine disturbs less than wall time.
 Each command is compared with a peer that does the same with only the libraries it truly needs:
 
 - `--help` vs a one-command typer app printing its help: goal <= 1.5x
+- `perfswarm NAME --help`, for every command the application lists, vs the same peer: goal <= 1.5x
 - `info RUN` on a small Run vs a one-command typer app reading the Run's events table with
   pyarrow and printing a rich table: goal <= 1.5x
 - `python -c pass` and `python -c 'import hta.trace_analysis'` (when .venv-hta exists: HTA's
@@ -80,12 +82,24 @@ def usage_rounds(contenders: dict[str, list[str]],
             {k: max(r for _, r in v) for k, v in seen.items()})
 
 
+GOAL = 1.5  # each command against its peer, CPU seconds
+
+
+def verdict(cmd: str, peer: str, med: dict[str, float]) -> str:
+    ratio = med[cmd] / med[peer]
+    return f"{ratio:.2f}x (goal <= {GOAL}x) {'OK' if ratio <= GOAL else 'MISSED'}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     py = sys.executable
     cli = [py, "-m", "perfswarm.cli.main"]
+    names = subprocess.run(  # the commands the application lists
+        [py, "-c", "from perfswarm.cli.app import command_names; print(*command_names())"],
+        check=True, capture_output=True, text=True).stdout.split()
+    helps = {f"perfswarm {name} --help": [*cli, name, "--help"] for name in names}
     with tempfile.TemporaryDirectory(prefix="perfswarm-startup-") as tmp:
         run = str(Path(tmp) / "small.run")
         subprocess.run([*cli, "import", str(SMALL_TRACE), "--out", run], check=True,
@@ -96,16 +110,20 @@ def main() -> int:
             "perfswarm --help": [*cli, "--help"],
             "peer info": [py, "-c", PEER_APP, run],
             "perfswarm info": [*cli, "info", run],
+            **helps,
         }
         if HTA_PYTHON.exists():
             contenders["import hta.trace_analysis"] = [str(HTA_PYTHON), "-c",
                                                        "import hta.trace_analysis"]
         med, _ = usage_rounds(contenders, args.rounds)
     for name, s in med.items():
-        print(f"  {name:26s} {s:6.3f} CPU s (median of {args.rounds})")
+        if name not in helps:
+            print(f"  {name:26s} {s:6.3f} CPU s (median of {args.rounds})")
     for cmd, peer in (("perfswarm --help", "peer --help"), ("perfswarm info", "peer info")):
-        ratio = med[cmd] / med[peer]
-        print(f"{cmd} / {peer}: {ratio:.2f}x (goal <= 1.5x) {'OK' if ratio <= 1.5 else 'MISSED'}")
+        print(f"{cmd} / {peer}: {verdict(cmd, peer, med)}")
+    print(f"each command's --help / peer --help ({med['peer --help']:.3f} CPU s):")
+    for cmd in helps:
+        print(f"  {cmd:32s} {med[cmd]:6.3f} CPU s  {verdict(cmd, 'peer --help', med)}")
     return 0
 
 

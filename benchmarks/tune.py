@@ -26,8 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from perfswarm.defaults import STEP_PATTERN
 from perfswarm.optimize.space import load_space
-from perfswarm.optimize.trial import STEP_PATTERN, Plan, measure_printed, measure_recorded
+from perfswarm.optimize.trial import Plan, measure_printed, measure_recorded
 from perfswarm.optimize.tune import TuneOptions, tune
 
 TARGET = 1.3

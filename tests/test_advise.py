@@ -500,7 +500,7 @@ def test_advise_prices_the_receive_by_a_calibrated_profile(tmp_path: Path,
         def server_close(self) -> None:
             pass
 
-    monkeypatch.setattr("perfswarm.cli.board_cmd.BoardServer", Board)
+    monkeypatch.setattr("perfswarm.report.board.BoardServer", Board)
     assert main(["board", str(tmp_path), "--profile", str(profile)]) == 0
     assert [a["evidence"]["receive_ns"] for a in served["advice"](run)
             if a["rule"] == "data_loading"] == [300_000]

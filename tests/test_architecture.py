@@ -15,7 +15,7 @@ SRC = REPO / "src"
 # other folders nor one above. `perfswarm` (the package: its version, the lazy API names) is
 # importable from anywhere. workloads/ (bundled programs) imports no perfswarm at all.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names.split()) for names in (
-    "errors shown", "trace", "userfiles analyze", "model", "recorder report", "optimize",
+    "errors shown defaults", "trace", "userfiles analyze", "model", "recorder report", "optimize",
     "arguments", "api", "cli"))
 
 

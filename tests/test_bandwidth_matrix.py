@@ -11,7 +11,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from perfswarm.cli import calibrate_cmd
 from perfswarm.cli.main import main
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.bandwidth_matrix import BandwidthMatrix, measure_matrix
@@ -77,7 +76,8 @@ def _sweep() -> Sweep:
 
 def test_calibrate_writes_and_prints_the_matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(calibrate_cmd, "sweep", lambda **_: _sweep())
+    # the command imports both when it runs
+    monkeypatch.setattr("perfswarm.recorder.bench.collectives.sweep", lambda **_: _sweep())
     out = tmp_path / "c.json"
     # no GPUs here: the sweep's profile, and a line that says why there is no matrix
     assert main(["calibrate", "--collectives", "-o", str(out)]) == 0
@@ -86,7 +86,7 @@ def test_calibrate_writes_and_prints_the_matrix(tmp_path: Path, monkeypatch: pyt
     data = orjson.loads(out.read_bytes())
     assert data["bandwidth_matrix"] is None
     assert data["bandwidth_matrix_note"] == "bandwidth matrix: needs at least 2 GPUs, found 0"
-    monkeypatch.setattr(calibrate_cmd, "gpu_matrix", fake_matrix)
+    monkeypatch.setattr("perfswarm.recorder.bench.bandwidth.gpu_matrix", fake_matrix)
     assert main(["calibrate", "--collectives", "-o", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     row = next(line for line in lines if line.startswith("│ cuda:0"))

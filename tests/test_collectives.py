@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfswarm.defaults import Scheme
 from perfswarm.errors import PerfswarmError
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.collective_fit import (
@@ -27,7 +28,6 @@ from perfswarm.model.collectives import (
     OPS,
     CollectiveConfig,
     Op,
-    Scheme,
     all_to_allv_time,
     bus_factor,
     coefficients,

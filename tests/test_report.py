@@ -22,10 +22,11 @@ from perfswarm.analyze.annotations import host_calls, scopes
 from perfswarm.analyze.frame import Events, lane_key
 from perfswarm.analyze.intervals import union
 from perfswarm.cli.main import main
+from perfswarm.defaults import DEFAULT_DEVICES
 from perfswarm.errors import NotApplicable, PerfswarmError
 from perfswarm.model.specs import load_spec
 from perfswarm.optimize.advise import advise
-from perfswarm.optimize.project import DEFAULT_DEVICES, project, report_projection
+from perfswarm.optimize.project import project, report_projection
 from perfswarm.optimize.tune import load_results
 from perfswarm.report import html
 from perfswarm.report.data import op_rows, report_data

@@ -1,4 +1,5 @@
-"""Start-up stays light: `--help` and `info` import no heavy library; the lazy listing is true."""
+"""Start-up stays light: `--help`, every command's `--help` and usage error, and `info` import no
+heavy library; the lazy listing is true."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from pathlib import Path
 
 import click
 import pytest
+import typer.main
 
 from conftest import corpus
 from perfswarm.cli.app import CommandsOnDemand, app, command_doc, command_names
 from perfswarm.trace.ingest import ImportOptions, import_traces
 
 HEAVY = ("sklearn", "scipy", "optuna", "plotly", "torch", "dask")
+# what no help needs: the heavy libraries, and those a table command reads with
+LIBRARIES = (*HEAVY, "polars", "pyarrow", "duckdb", "numpy", "pandas", "distributed", "jinja2",
+             "pydantic")
 
 CHILD = """import json, sys
 from perfswarm.cli.main import main
@@ -49,7 +54,48 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_help_imports_no_heavy_library() -> None:
     loaded = modules_after("--help")
     assert "typer" in loaded  # the probe sees what the CLI imported
-    assert loaded.isdisjoint((*HEAVY, "polars", "pyarrow", "duckdb", "numpy"))
+    assert loaded.isdisjoint(LIBRARIES)
+
+
+def app_commands() -> list[str]:
+    """The commands the application lists."""
+    group = typer.main.get_group(app)
+    return group.list_commands(click.Context(group))
+
+
+def third_party(packages: set[str]) -> set[str]:
+    return {p for p in packages if p not in sys.stdlib_module_names and p != "perfswarm"}
+
+
+HELP_AND_USAGE = """import json, sys
+from perfswarm.cli.main import main
+codes = [main([sys.argv[1], "--help"]), main([sys.argv[1], "--no-such-option"])]
+print(json.dumps({"codes": codes, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def listing_packages() -> set[str]:
+    return third_party(modules_after("--help"))
+
+
+@pytest.mark.parametrize("name", app_commands())
+def test_each_commands_help_and_usage_error_import_no_library(
+        name: str, listing_packages: set[str]) -> None:
+    """`perfswarm NAME --help` and `perfswarm NAME --no-such-option` (its usage error) load no
+    library of the command's, nor any package the top-level help does not load: a command's
+    module imports only what its options show (typer, perfswarm/defaults.py). A constant of a
+    heavy module in an option's default or help had brought that module's libraries: the
+    --help of `report`, `tune` or `advise` had cost 3-4 times the peer typer app's
+    (benchmarks/startup.py)."""
+    out = subprocess.run([sys.executable, "-c", HELP_AND_USAGE, name], check=True,
+                         capture_output=True, text=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["codes"] == [0, 2]
+    assert f"perfswarm.cli.{name}_cmd" in result["modules"]  # the command's module was read
+    loaded = {m.split(".")[0] for m in result["modules"]}
+    assert sorted(loaded.intersection(LIBRARIES)) == []
+    assert sorted(third_party(loaded) - listing_packages) == []
 
 
 LOADED = """import sys

@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfswarm.cli.main import main
+from perfswarm.defaults import STEP_PATTERN
 from perfswarm.errors import PerfswarmError
 from perfswarm.optimize.space import Param, configure, load_space
 from perfswarm.optimize.trial import (
-    STEP_PATTERN,
     CommandFailed,
     Plan,
     Stopped,

@@ -238,7 +238,8 @@ class Run:
                 device: str | None = None) -> Result[Projection]:
         """Throughput and scaling efficiency on `devices` (default 1 to 256), over
         `interconnect` between nodes and `intra` inside one (see `perfswarm project`)."""
-        from perfswarm.optimize.project import DEFAULT_DEVICES, project
+        from perfswarm.defaults import DEFAULT_DEVICES
+        from perfswarm.optimize.project import project
 
         return Result(project(self.store, DEFAULT_DEVICES if devices is None else devices,
                               interconnect=interconnect, bandwidth_gbps=bandwidth_gbps,
@@ -274,7 +275,8 @@ class Run:
         import polars as pl
         import pyarrow as pa
 
-        from perfswarm.trace.sql import MEMORY_MB, TIMEOUT_S, Limits
+        from perfswarm.defaults import MEMORY_MB, TIMEOUT_S
+        from perfswarm.trace.sql import Limits
         from perfswarm.trace.sql import query as run_query
 
         for param, value, (low, high), kind in (
@@ -365,7 +367,8 @@ def record(command: Sequence[str], out: PathLike | None = None, *,
     (default torch, system, gpu, perf, pystacks) and give the Run it leaves at `out` (default
     PROGRAM.run); the torch profiler opens after `skip` optimizer steps for `steps` steps.
     The program's exit status is in `run.manifest`."""
-    from perfswarm.recorder.session import DEFAULT_COLLECTORS, RecordOptions
+    from perfswarm.defaults import DEFAULT_COLLECTORS
+    from perfswarm.recorder.session import RecordOptions
     from perfswarm.recorder.session import record as run_recorder
 
     if not command:

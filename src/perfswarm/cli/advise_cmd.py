@@ -6,16 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console
-from perfswarm.model.receive import DEFAULT, PROFILE_HELP, receive_of
-from perfswarm.optimize.advise import advise
-from perfswarm.report.text import evidence_text, ms
-from perfswarm.trace.store import Run
+from perfswarm.cli.profile_option import Profile
 
 _STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
@@ -24,9 +17,19 @@ _STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 def advise_command(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
-    profile: Annotated[Path | None, typer.Option("--profile", help=PROFILE_HELP)] = None,
+    profile: Profile = None,
 ) -> None:
     """What to change, with the evidence from the run and the estimated gain, largest first."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console
+    from perfswarm.model.receive import DEFAULT, receive_of
+    from perfswarm.optimize.advise import advise
+    from perfswarm.report.text import evidence_text, ms
+    from perfswarm.trace.store import Run
+
     report = advise(Run.open(run_dir), receive=receive_of(profile) if profile else DEFAULT)
     if as_json:
         print_json(report.to_dict())

@@ -7,14 +7,8 @@ from typing import Annotated
 
 import typer
 
-from perfswarm.analyze.summary import analyze
-from perfswarm.analyze.window import run_start, windowed
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
-from perfswarm.cli.json_output import print_json
-from perfswarm.model.opstats import op_costs
-from perfswarm.model.topology import with_copy_peaks
-from perfswarm.trace.store import Run
 
 
 @app.command("analyze")
@@ -36,6 +30,13 @@ def analyze_command(
     From 8 ranks up on 4 cores or more (or with --workers/--scheduler) each rank is analyzed
     on a Dask worker that reads only its rows; the result is the same. The op-cost table reads one rank at a
     time."""
+    from perfswarm.analyze.summary import analyze
+    from perfswarm.analyze.window import run_start, windowed
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.model.opstats import op_costs
+    from perfswarm.model.topology import with_copy_peaks
+    from perfswarm.trace.store import Run
+
     run = windowed(Run.open(run_dir), window)
     result = analyze(run, ignore_markers=ignore_markers,  # a window reads in this process
                      cluster=None if window else cluster_options(workers, scheduler,

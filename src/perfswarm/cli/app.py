@@ -1,22 +1,26 @@
 """The typer application that every command module registers itself on.
 
-Start-up stays light: `perfswarm NAME ...` imports only `cli/NAME_cmd.py` (and the libraries that
-command needs), never the other commands. The command list of `perfswarm --help` reads each
-command's docstring from its module's source rather than importing every module.
+Start-up stays light: `perfswarm NAME ...` imports only `cli/NAME_cmd.py`, never the other
+commands, and that module imports only what its options show (typer, perfswarm/defaults.py):
+the libraries a command needs are imported by the command's function when it runs, so
+`perfswarm NAME --help` and a usage error load none of them. The command list of
+`perfswarm --help` reads each command's docstring from its module's source rather than
+importing every module.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import os
 import pkgutil
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import typer
 import typer.main
@@ -58,22 +62,37 @@ ALLOCATORS = {
 }
 
 
-@contextmanager
-def _allocators() -> Iterator[None]:
-    """While a command's module is imported (bringing in pyarrow as the command needs):
-    ALLOCATORS, each unless the user's environment sets it. The variables are gone again
-    before the command runs, so the programs `record` and `tune` start see the environment
-    they were given."""
-    if "pyarrow" in sys.modules and "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
-        pa = sys.modules["pyarrow"]  # imported already (a second command in one process)
-        pa.set_memory_pool(pa.system_memory_pool())
+def _load_arrow() -> None:
+    """pyarrow, imported with ALLOCATORS in the environment, each unless the user's sets it.
+    Every command loads pyarrow when it runs (its tables, or the modules it needs: the store,
+    userfiles); this loads it first, just before the command's own code, which finds the
+    variables gone again: the programs `record` and `tune` start see the environment they
+    were given."""
+    if "pyarrow" in sys.modules:  # imported already (a second command in one process)
+        if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
+            pa = sys.modules["pyarrow"]
+            pa.set_memory_pool(pa.system_memory_pool())
+        return
     given = [name for name in ALLOCATORS if name not in os.environ]
     os.environ.update({name: ALLOCATORS[name] for name in given})
     try:
-        yield
+        importlib.import_module("pyarrow")
     finally:
         for name in given:
             del os.environ[name]
+
+
+def _arrow_first(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """A command's callback that loads pyarrow first (_load_arrow). The callback runs only
+    once the command's arguments are parsed: its --help and a usage error stop before it,
+    and load no pyarrow."""
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _load_arrow()
+        return callback(*args, **kwargs)
+
+    return run
 
 
 class CommandsOnDemand(TyperGroup):
@@ -91,12 +110,13 @@ class CommandsOnDemand(TyperGroup):
             doc = command_doc(cmd_name)  # its first paragraph, unwrapped, is the summary
             return TyperCommand(cmd_name, help=doc,
                                 short_help=" ".join(doc.split("\n\n")[0].split()))
-        with _allocators():
-            importlib.import_module(f"{__package__}.{cmd_name}{SUFFIX}")
+        importlib.import_module(f"{__package__}.{cmd_name}{SUFFIX}")
         info = next(i for i in app.registered_commands if i.name == cmd_name)
         command = typer.main.get_command_from_info(
             info, pretty_exceptions_short=app.pretty_exceptions_short,
             rich_markup_mode=app.rich_markup_mode)
+        if command.callback is not None:
+            command.callback = _arrow_first(command.callback)
         plain([*command.params, command.get_help_option(ctx)])
         self.commands[cmd_name] = command
         return command

@@ -8,11 +8,7 @@ from typing import Annotated
 import typer
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console
-from perfswarm.model.receive import DEFAULT, PROFILE_HELP, receive_of
-from perfswarm.optimize.advise import advise
-from perfswarm.optimize.project import report_projection
-from perfswarm.report.board import BoardServer, list_runs
+from perfswarm.cli.profile_option import Profile
 
 
 @app.command("board")
@@ -20,9 +16,15 @@ def board_command(
     root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding Run directories.")] = Path("."),
     host: Annotated[str, typer.Option("--host", help="Address to bind (local only by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0 picks a free one).")] = 8765,
-    profile: Annotated[Path | None, typer.Option("--profile", help=PROFILE_HELP)] = None,
+    profile: Profile = None,
 ) -> None:
     """A read-only local web app: lists the runs in DIR, opens their reports, compares two."""
+    from perfswarm.cli.output import console
+    from perfswarm.model.receive import DEFAULT, receive_of
+    from perfswarm.optimize.advise import advise
+    from perfswarm.optimize.project import report_projection
+    from perfswarm.report.board import BoardServer, list_runs
+
     receive = receive_of(profile) if profile else DEFAULT
     server = BoardServer(root, host, port,
                          advice=lambda run: advise(run, receive=receive).to_dict()["advice"],

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console, err_console, progress_bar, spinner
-from perfswarm.errors import PerfswarmError
-from perfswarm.model.bandwidth_matrix import BandwidthMatrix
-from perfswarm.model.collective_fit import calibration
-from perfswarm.model.profile import UNUSABLE_GMAE
-from perfswarm.model.receive import KEY as RECEIVE_KEY
-from perfswarm.recorder.bench.bandwidth import gpu_matrix
-from perfswarm.recorder.bench.collectives import PASSES, sweep
-from perfswarm.recorder.bench.kernels import calibrate as kernel_calibration
-from perfswarm.trace.store import check_output
-from perfswarm.userfiles import write_json
+from perfswarm.defaults import SWEEP_PASSES
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from perfswarm.model.bandwidth_matrix import BandwidthMatrix
 
 
 @app.command("calibrate")
@@ -32,7 +25,7 @@ def calibrate_command(
     collectives: Annotated[bool, typer.Option("--collectives", help="Sweep all-reduce, all-gather, reduce-scatter, all-to-all and broadcast over 1 KB-64 MB with real torch.distributed (gloo on CPU, NCCL on GPUs) and fit latency-bandwidth models; with 2 or more GPUs also the host/device copy bandwidth matrix.")] = False,
     world_size: Annotated[int, typer.Option("--world-size", max=64, help="Local processes in the sweep (2-64: one machine's process group).")] = 2,
     backend: Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")] = "auto",
-    passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = PASSES,
+    passes: Annotated[int, typer.Option("--passes", help="Passes over the sizes (more: steadier figures on a busy machine, longer sweep).")] = SWEEP_PASSES,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Profile JSON to write (default: cpu-profile.json, cudaN-profile.json or collectives-profile.json); with --dataset, the model (default: gpu-kernel-model.npz).")] = None,
     dataset: Annotated[Path | None, typer.Option("--dataset", help="Retrain the GPU kernel model from a folder of GPU measurements laid out like shared/gpu-kernels (device_configs/, train/<op>/<GPU>.csv.gz, test/, labels/<GPU>/<case>.csv.gz: whole models' nodes, trained on beside the sweeps); prints leave-one-GPU-out GMAE per family and writes the model (default gpu-kernel-model.npz) for `predict --gpu-model`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
@@ -46,6 +39,17 @@ def calibrate_command(
         default = "cpu-profile.json" if device == "cpu" else f"{device.replace(':', '')}-profile.json"
         _kernels(device, budget, threads, out or Path(default), as_json)
         return
+    from rich.table import Table
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, spinner
+    from perfswarm.errors import PerfswarmError
+    from perfswarm.model.collective_fit import calibration
+    from perfswarm.recorder.bench.bandwidth import gpu_matrix
+    from perfswarm.recorder.bench.collectives import sweep
+    from perfswarm.trace.store import check_output
+    from perfswarm.userfiles import write_json
+
     out = out or Path("collectives-profile.json")
     check_output(out)  # before minutes of sweeps
     if backend not in ("auto", "gloo", "nccl"):
@@ -86,6 +90,8 @@ def calibrate_command(
 
 def matrix_table(matrix: BandwidthMatrix) -> Table:
     """The bandwidth matrix as a table: copies from each row's node to each column's."""
+    from rich.table import Table
+
     table = Table("from \\ to", *matrix.nodes, title_justify="left",
                   title=f"copy bandwidth GB/s ({matrix.nbytes / 2**20:g} MiB copies, best of "
                         "several)")
@@ -95,8 +101,13 @@ def matrix_table(matrix: BandwidthMatrix) -> Table:
 
 
 def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:
+    from rich.table import Table
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, progress_bar
     from perfswarm.model.gpu.dataset import load_dataset
     from perfswarm.model.gpu.learned import steps, train
+    from perfswarm.trace.store import check_output
 
     check_output(out)  # before minutes of sweeps
     data = load_dataset(folder)
@@ -132,6 +143,17 @@ def _gpu_model(folder: Path, out: Path, as_json: bool) -> None:
 
 
 def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: bool) -> None:
+    from rich.table import Table
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, err_console, spinner
+    from perfswarm.errors import PerfswarmError
+    from perfswarm.model.profile import UNUSABLE_GMAE
+    from perfswarm.model.receive import KEY as RECEIVE_KEY
+    from perfswarm.recorder.bench.kernels import calibrate as kernel_calibration
+    from perfswarm.trace.store import check_output
+    from perfswarm.userfiles import write_json
+
     if not 0 < budget_min < math.inf:  # nan too: a sweep without an end
         raise PerfswarmError("calibrate: --budget must be a positive number of minutes")
     if threads < 1:

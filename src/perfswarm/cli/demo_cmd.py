@@ -10,15 +10,7 @@ from typing import Annotated
 
 import typer
 
-from perfswarm.analyze.summary import analyze
-from perfswarm.api import report_data
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, spinner
-from perfswarm.errors import ParameterError, PerfswarmError, RunError
-from perfswarm.recorder.session import RecordOptions, record
-from perfswarm.report import html
-from perfswarm.report.text import ms
-from perfswarm.trace.store import Run, check_output
 
 WORKLOAD = "perfswarm.workloads.trainer"
 
@@ -26,6 +18,9 @@ WORKLOAD = "perfswarm.workloads.trainer"
 def _check_out(out: Path, force: bool) -> None:
     """Before recording: a Run at `out` is replaced where a demo recorded it (running the demo
     again), or with --force; anything else there is refused, as `record` refuses it."""
+    from perfswarm.errors import ParameterError, RunError
+    from perfswarm.trace.store import Run
+
     if not os.path.lexists(out):
         return
     try:
@@ -47,6 +42,15 @@ def demo_command(
     force: Annotated[bool, typer.Option("--force", help="Replace a Run at --out that another command recorded.")] = False,
 ) -> int:
     """Record the bundled CNN trainer (slow DataLoader), analyze it, advise, and write the report."""
+    from perfswarm.analyze.summary import analyze
+    from perfswarm.api import report_data
+    from perfswarm.cli.output import console, spinner
+    from perfswarm.errors import PerfswarmError
+    from perfswarm.recorder.session import RecordOptions, record
+    from perfswarm.report import html
+    from perfswarm.report.text import ms
+    from perfswarm.trace.store import check_output
+
     if not 0 <= loader_delay_ms < math.inf:  # the trainer would refuse it after the recording began
         raise PerfswarmError(f"--loader-delay-ms {loader_delay_ms}: must be a finite number >= 0")
     _check_out(out, force)

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from perfswarm.analyze.diff import OpDelta, RunDiff, diff_runs
-from perfswarm.analyze.swarm_diff import SwarmDiff, swarm_diff
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console
-from perfswarm.report.text import (
-    UNSAMPLED,
-    WAITED_FOR_OTHERS,
-    ms,
-    short_caption,
-    step_time_change,
-)
-from perfswarm.trace.store import Run
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from perfswarm.analyze.diff import OpDelta, RunDiff
+    from perfswarm.analyze.swarm_diff import SwarmDiff
 
 
 @app.command("diff")
@@ -38,6 +31,13 @@ def diff_command(
     kernels aligned by name and iteration, with each step's time no op covers: regressions
     and improvements beyond their noise band (twice the standard error from the step-to-step
     variation)."""
+    from perfswarm.analyze.diff import diff_runs
+    from perfswarm.analyze.swarm_diff import swarm_diff
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console
+    from perfswarm.report.text import UNSAMPLED, WAITED_FOR_OTHERS, step_time_change
+    from perfswarm.trace.store import Run
+
     run_a, run_b = Run.open(a), Run.open(b)
     swarms = swarm_diff(run_a, run_b)
     if swarms_only:
@@ -69,6 +69,11 @@ def diff_command(
 
 
 def _print_ops(result: RunDiff) -> None:
+    from rich.table import Table
+
+    from perfswarm.cli.output import console
+    from perfswarm.report.text import ms
+
     console.print(f"span {ms(result.a_span_ns)} -> {ms(result.b_span_ns)} "
                   f"({ms(result.b_span_ns - result.a_span_ns)}); "
                   f"{len(result.only_a)} names only in A, {len(result.only_b)} only in B")
@@ -97,6 +102,8 @@ def _print_ops(result: RunDiff) -> None:
 
 
 def _ops_table(title: str, rows: list[OpDelta]) -> Table:
+    from rich.table import Table
+
     ops = Table(title=title, title_justify="left")
     ops.add_column("kind")
     ops.add_column("name", min_width=10, overflow="fold")
@@ -112,6 +119,11 @@ def _ops_table(title: str, rows: list[OpDelta]) -> Table:
 
 
 def _print_swarms(diff: SwarmDiff) -> None:
+    from rich.table import Table
+
+    from perfswarm.cli.output import console
+    from perfswarm.report.text import short_caption
+
     if diff.unsampled:
         sides = " and ".join(diff.unsampled)
         console.print(f"{sides} {'have' if len(diff.unsampled) > 1 else 'has'} no sampled stacks "

@@ -8,10 +8,6 @@ from typing import Annotated, Literal
 import typer
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console, err_console
-from perfswarm.report import perfetto
-from perfswarm.trace.store import Run
 
 
 @app.command("export")
@@ -23,6 +19,11 @@ def export_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Write a Run as Chrome trace JSON that opens in Perfetto and chrome://tracing."""
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, err_console
+    from perfswarm.report import perfetto
+    from perfswarm.trace.store import Run
+
     run = Run.open(run_dir)
     with err_console.status(f"writing {output}"):
         path = perfetto.write(run, output, rank)

@@ -9,8 +9,6 @@ from typing import Annotated, Any
 import typer
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import progress_bar
-from perfswarm.report.text import size
 
 
 @app.command("fuse")
@@ -30,7 +28,7 @@ def fuse_command(
 ) -> None:
     """Fuse conv pairs (dw->pw, pw->dw, conv->dw, conv->conv) into one kernel tuned on this CPU, checked against PyTorch's separate ops and timed side by side with them."""
     from perfswarm.cli.json_output import print_json
-    from perfswarm.cli.output import console
+    from perfswarm.cli.output import console, progress_bar
     from perfswarm.errors import PerfswarmError
     from perfswarm.model.profile import read_profile
     from perfswarm.optimize.fuse.host import cpu_device_spec
@@ -75,6 +73,8 @@ def fuse_command(
 def _print(console: Any, data: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
+
+    from perfswarm.report.text import size
 
     device = data["device"]
     console.print(f"device: {device['name']}: {device['peak_tflops']['fp32'] * 1e3:.0f} GFLOP/s, "

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.text import Text
 
 from perfswarm.cli.app import app
 from perfswarm.cli.cluster_options import Scheduler, WorkerMemory, Workers, cluster_options
-from perfswarm.cli.output import console, progress_bar
-from perfswarm.trace.ingest import (
-    ImportOptions,
-    Streaming,
-    directory_execution_traces,
-    import_traces,
-    passed_over,
-    trace_files,
-)
+
+if TYPE_CHECKING:
+    from perfswarm.trace.ingest import Streaming
 
 
 @app.command("import")
@@ -41,6 +34,17 @@ def import_command(
 
     From 8 files up on 4 cores or more (or with --workers/--scheduler) each file is read on a
     Dask worker; files that need the streaming path are read by it instead, in this process."""
+    from rich.text import Text
+
+    from perfswarm.cli.output import console, progress_bar
+    from perfswarm.trace.ingest import (
+        ImportOptions,
+        directory_execution_traces,
+        import_traces,
+        passed_over,
+        trace_files,
+    )
+
     if streaming not in ("auto", "always", "never"):
         raise typer.BadParameter("must be auto, always or never", param_hint="--streaming")
     target = out or Path(traces[0].name.split(".")[0] + ".run")

@@ -6,15 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console
-from perfswarm.report.text import ms
-from perfswarm.trace.info import run_info
-from perfswarm.trace.store import Run
 
 
 @app.command("info")
@@ -23,6 +16,15 @@ def info_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Ranks, devices, time span, event counts per kind and steps of a Run."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console
+    from perfswarm.report.text import ms
+    from perfswarm.trace.info import run_info
+    from perfswarm.trace.store import Run
+
     info = run_info(Run.open(run_dir))
     if as_json:
         print_json(info)

@@ -6,15 +6,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console
-from perfswarm.errors import PerfswarmError
-from perfswarm.model.parallelism import best_layout, memory_bound_s, transformer
-from perfswarm.model.specs import load_spec
-from perfswarm.model.topology import interconnect
 
 
 @app.command("layouts")
@@ -36,6 +29,15 @@ def layouts_command(
 ) -> None:
     """Data, tensor and pipeline parallel layouts with ZeRO 0-3 of a transformer: memory per
     device, traffic per step, step time, and the fastest layout that fits."""
+    from rich.table import Table
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console
+    from perfswarm.errors import PerfswarmError
+    from perfswarm.model.parallelism import best_layout, memory_bound_s, transformer
+    from perfswarm.model.specs import load_spec
+    from perfswarm.model.topology import interconnect
+
     sizes = {"--params": params, "--layers": layers, "--hidden": hidden, "--heads": heads,
              "--seq": seq, "--batch": batch, "--micro-batch": micro_batch}
     for name, value in sizes.items():

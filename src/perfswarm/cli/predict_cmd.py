@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console
-from perfswarm.errors import PerfswarmError
-from perfswarm.model.gpu.learned import KernelModel
-from perfswarm.model.overheads import OverheadModel
-from perfswarm.model.predict import Change, Prediction, predict
-from perfswarm.model.profile import read_profile
-from perfswarm.report.text import ms
-from perfswarm.trace.store import Run
-from perfswarm.userfiles import write_json
+
+if TYPE_CHECKING:
+    from perfswarm.model.predict import Prediction
 
 MAX_SIZE = 2**31 - 1  # a batch or a tensor dimension
 
 
 def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
+    from perfswarm.errors import PerfswarmError
+
     out = []
     for pair in pairs:
         old, sep, new = pair.partition("=")
@@ -37,6 +30,12 @@ def _dims(pairs: list[str]) -> tuple[tuple[int, int], ...]:
 
 
 def _print(result: Prediction) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from perfswarm.cli.output import console
+    from perfswarm.report.text import ms
+
     data = result.to_dict()
     console.print(Text.assemble(
         (str(data["path"]), "bold"), f": {data['platform']} run, "
@@ -129,6 +128,15 @@ def predict_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Measured, replayed and predicted iteration time of a Run, at its configuration or another."""
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.errors import PerfswarmError
+    from perfswarm.model.gpu.learned import KernelModel
+    from perfswarm.model.overheads import OverheadModel
+    from perfswarm.model.predict import Change, predict
+    from perfswarm.model.profile import read_profile
+    from perfswarm.trace.store import Run
+    from perfswarm.userfiles import write_json
+
     if batch_size is not None and batch_size < 1:
         raise PerfswarmError("--batch-size: must be at least 1")
     if recorded_batch_size is not None and recorded_batch_size < 1:

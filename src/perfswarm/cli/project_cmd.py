@@ -6,23 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console
-from perfswarm.errors import PerfswarmError
-from perfswarm.model.collective_fit import link_of_profile
-from perfswarm.model.collectives import Scheme
-from perfswarm.optimize.project import DEFAULT_DEVICES, project
-from perfswarm.report import html
-from perfswarm.report.text import size
-from perfswarm.trace.store import Run, write_output
-from perfswarm.userfiles import read_json
+from perfswarm.defaults import DEFAULT_DEVICES, Scheme
 
 
 def _devices(text: str) -> list[int]:
+    from perfswarm.errors import PerfswarmError
+
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -47,6 +38,17 @@ def project_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Throughput and scaling efficiency on more devices, other interconnects and schemes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console
+    from perfswarm.model.collective_fit import link_of_profile
+    from perfswarm.optimize.project import project
+    from perfswarm.report.text import size
+    from perfswarm.trace.store import Run, write_output
+    from perfswarm.userfiles import read_json
+
     measured = None
     if intra_profile is not None:
         measured = link_of_profile(read_json(intra_profile), str(intra_profile))
@@ -56,6 +58,8 @@ def project_command(
                      memory_gb=memory_gb)
     data = result.to_dict()
     if html_out is not None:
+        from perfswarm.report import html  # jinja2 and plotly: only for the page
+
         page = html.render_projection(f"perfswarm projection: {run_dir.name}", data)
         write_output(html_out, page.encode())
     if as_json:

@@ -5,29 +5,30 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.live import Live
-from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import err_console
-from perfswarm.errors import PerfswarmError
-from perfswarm.recorder.attach import attach
-from perfswarm.recorder.perf import parse_events
-from perfswarm.recorder.session import (
+from perfswarm.defaults import (
     DEFAULT_COLLECTORS,
+    PERF_HZ,
+    PYSTACKS_HZ,
     RESERVE_PER_STEP_MIB,
-    RecordOptions,
-    Status,
-    parse_steps,
-    record,
+    SAMPLER_HZ,
 )
-from perfswarm.report.text import size
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+    from perfswarm.recorder.session import Status
 
 
 def status_line(s: Status) -> Text:
+    from rich.text import Text
+
+    from perfswarm.report.text import size
+
     steps = ((("steps", len(s.step_ns)),) if s.step_ns else ())  # only once a loop steps
     counts = "".join(f" | {n:,} {unit}" for unit, n in (*steps, *s.counts))
     return Text(f"recording {s.elapsed_s:6.1f}s | {', '.join(s.active) or 'no collectors'}"
@@ -50,16 +51,25 @@ def record_command(
     perf_events: Annotated[str, typer.Option("--perf-events", metavar="LIST", help="perf events to count beside the cpu-clock stacks, EVENT[@PERIOD],... (e.g. context-switches,page-faults,cycles); one perf refuses here is left out, the reason in the manifest.")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create (default: <program>.run).")] = None,
     collectors: Annotated[str, typer.Option("--collectors", "-c", help="Comma-separated: torch, system, gpu, perf, pystacks; strace and net (tcpdump) are opt-in.")] = ",".join(DEFAULT_COLLECTORS),
-    hz: Annotated[float, typer.Option("--hz", min=0.1, max=1000, help="System and GPU sampling rate.")] = RecordOptions.hz,
+    hz: Annotated[float, typer.Option("--hz", min=0.1, max=1000, help="System and GPU sampling rate.")] = SAMPLER_HZ,
     steps: Annotated[str, typer.Option("--steps", help="Profiling window SKIP:COUNT in optimizer steps (SKIP 0: it opens when the first optimizer is built).")] = "5:10",
-    perf_hz: Annotated[int, typer.Option("--perf-hz", min=1, max=100_000, help="perf sampling frequency.")] = RecordOptions.perf_hz,
-    pystacks_hz: Annotated[int, typer.Option("--pystacks-hz", min=1, max=1000, help="py-spy sampling rate.")] = RecordOptions.pystacks_hz,
+    perf_hz: Annotated[int, typer.Option("--perf-hz", min=1, max=100_000, help="perf sampling frequency.")] = PERF_HZ,
+    pystacks_hz: Annotated[int, typer.Option("--pystacks-hz", min=1, max=1000, help="py-spy sampling rate.")] = PYSTACKS_HZ,
     no_et: Annotated[bool, typer.Option("--no-et", help="Skip the execution trace of the first profiled step.")] = False,
     heap_reserve: Annotated[int, typer.Option("--heap-reserve", min=0, metavar="MIB", help=f"Opt-in: heap the profiled process writes and frees before the window opens, so the tensors the profiler's allocations displace do not page-fault new memory every step ({RESERVE_PER_STEP_MIB} MiB per profiled step took all of a CPU transformer's). It changes the program measured: it stays in the process's heap, as free memory, until it exits.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace RUN if it exists.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No status line or summary.")] = False,
 ) -> int:
     """Run an unmodified command under every collector and leave an ingested Run."""
+    from rich.live import Live
+    from rich.text import Text
+
+    from perfswarm.cli.output import err_console
+    from perfswarm.errors import PerfswarmError
+    from perfswarm.recorder.attach import attach
+    from perfswarm.recorder.perf import parse_events
+    from perfswarm.recorder.session import RecordOptions, parse_steps, record
+
     if hz <= 0 or perf_hz < 1 or pystacks_hz < 1:
         raise typer.BadParameter("sampling rates must be positive")
     if pid is not None and command:

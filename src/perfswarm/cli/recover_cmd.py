@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console
 
 
 @app.command("recover")
@@ -16,6 +15,7 @@ def recover_command(
     root: Annotated[Path, typer.Argument(metavar="DIR", help="Directory holding the Runs.")] = Path("."),
 ) -> None:
     """Make incomplete Runs of the recordings a killed `record` left in DIR (.NAME.*.recording)."""
+    from perfswarm.cli.output import console
     from perfswarm.errors import PerfswarmError
     from perfswarm.recorder.recover import leftovers, recover
 

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from perfswarm.analyze.window import windowed
-from perfswarm.api import report_data
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console, spinner
-from perfswarm.model.receive import DEFAULT, PROFILE_HELP, receive_of
-from perfswarm.trace.store import Run, check_output
-
-# The report's advice (pyarrow with it): loaded with this module, under the command's allocator
-# settings (cli/app.py ALLOCATORS), not later in report_data
-importlib.import_module("perfswarm.optimize.advise")
+from perfswarm.cli.profile_option import Profile
 
 
 @app.command("report")
@@ -28,9 +18,16 @@ def report_command(
     tune_dir: Annotated[Path | None, typer.Option("--tune", help="A perfswarm tune --out directory: adds its trials table, throughput per trial and parameter importance.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report data as JSON instead of writing HTML (keys in docs/cli.md).")] = False,
     window: Annotated[str | None, typer.Option("--window", metavar="START:END", help="Report only this time of interest: seconds from the Run's start (events clipped to it; '2:' to the end).")] = None,
-    profile: Annotated[Path | None, typer.Option("--profile", help=PROFILE_HELP)] = None,
+    profile: Profile = None,
 ) -> None:
     """A self-contained HTML report (works offline): cards, timeline, concurrency, iterations, ops."""
+    from perfswarm.analyze.window import windowed
+    from perfswarm.api import report_data
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, spinner
+    from perfswarm.model.receive import DEFAULT, receive_of
+    from perfswarm.trace.store import Run, check_output
+
     run = windowed(Run.open(run_dir), window)
     receive = receive_of(profile) if profile else DEFAULT
     tune = None

@@ -7,16 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console, spinner
-from perfswarm.model.embedding import EmbeddingCost
-from perfswarm.optimize.shard import load_workload, shard
-from perfswarm.recorder.bench.embedding import calibrate
-from perfswarm.report.text import size
 
 
 @app.command("shard")
@@ -29,6 +21,16 @@ def shard_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys in docs/cli.md).")] = False,
 ) -> None:
     """Size-greedy, lookup-greedy and predicted-time-balanced embedding placements."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, spinner
+    from perfswarm.model.embedding import EmbeddingCost
+    from perfswarm.optimize.shard import load_workload, shard
+    from perfswarm.recorder.bench.embedding import calibrate
+    from perfswarm.report.text import size
+
     work = load_workload(tables, batch)
     if measure_cost:
         with spinner() as bar:

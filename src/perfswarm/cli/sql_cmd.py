@@ -6,18 +6,16 @@ import csv
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
-import pyarrow as pa
 import typer
-from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.output import console, err_console
+from perfswarm.defaults import MEMORY_MB, TIMEOUT_S
 from perfswarm.shown import json_escaped, visible
-from perfswarm.trace.sql import MEMORY_MB, TIMEOUT_S, Limits, query
-from perfswarm.trace.store import Run
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # A terminal table shows this many rows and this many characters of a cell; --json/--csv give all.
 TABLE_ROWS = 1000
@@ -30,6 +28,8 @@ def _cell(value: Any) -> str:
 
 
 def _json_row(row: dict[str, Any]) -> bytes:
+    import orjson
+
     return orjson.dumps(row, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
                         | orjson.OPT_SERIALIZE_NUMPY)
 
@@ -52,6 +52,12 @@ def sql_command(
     """Run a read-only DuckDB query over a Run's tables.
 
     The table shows the first 1,000 rows (cells cut at 200 characters); --json and --csv give all."""
+    from rich.table import Table
+
+    from perfswarm.cli.output import console, err_console
+    from perfswarm.trace.sql import Limits, query
+    from perfswarm.trace.store import Run
+
     if as_json and as_csv:
         raise typer.BadParameter("choose one of --json and --csv", param_hint="--csv")
     schema, batches = query(Run.open(run_dir), sql, Limits(timeout, memory << 20))

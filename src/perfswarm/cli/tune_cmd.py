@@ -6,14 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from perfswarm.cli.app import app
-from perfswarm.cli.json_output import print_json
-from perfswarm.cli.output import console, progress_bar
-from perfswarm.optimize.space import load_space
-from perfswarm.optimize.trial import STEP_PATTERN, Measure
-from perfswarm.optimize.tune import TuneOptions, closing_repeats, tune
+from perfswarm.defaults import STEP_PATTERN, Measure
 
 
 @app.command("tune", context_settings={"allow_interspersed_args": False})
@@ -35,6 +30,13 @@ def tune_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or line per run (the trials table and the summary still print).")] = False,
 ) -> None:
     """Search environment variables and command flags for the highest throughput (Optuna)."""
+    from rich.table import Table
+
+    from perfswarm.cli.json_output import print_json
+    from perfswarm.cli.output import console, progress_bar
+    from perfswarm.optimize.space import load_space
+    from perfswarm.optimize.tune import TuneOptions, closing_repeats, tune
+
     options = TuneOptions(out=out, trials=trials, storage=storage, study=study, measure=measure,
                           step_pattern=step_pattern, warmup=warmup, window=window, seed=seed,
                           timeout_s=timeout, baseline_repeats=baseline_repeats)

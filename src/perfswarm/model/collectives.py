@@ -18,11 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from perfswarm.defaults import Scheme
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.topology import Link, Topology
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "push_pull"]
-Scheme = Literal["ring", "tree", "ps"]
 OPS: tuple[Op, ...] = get_args(Op)
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 PS_OPS: tuple[Op, ...] = ("all_reduce", "push_pull", "broadcast")  # what scheme ps models

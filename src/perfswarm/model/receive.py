@@ -39,10 +39,6 @@ class ReceiveCost:
 
 DEFAULT = ReceiveCost(350_000.0, 250_000.0, "the defaults measured on the 2-core VM")
 CALIBRATED = "calibrated on this host"
-# advise's and report's --profile
-PROFILE_HELP = ("CPU profile from `perfswarm calibrate` on the host: what taking a batch from a "
-                "DataLoader worker costs there, for the data_loading advice (default: figures "
-                "measured on a 2-core VM).")
 
 
 def receive_of(path: Path) -> ReceiveCost:

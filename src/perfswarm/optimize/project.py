@@ -32,6 +32,7 @@ from perfswarm.analyze.iterations import profiled
 from perfswarm.analyze.ops import kernel_category
 from perfswarm.analyze.phases import BACKWARD, parameter_rows, scopes, step_calls
 from perfswarm.analyze.summary import analysis_made
+from perfswarm.defaults import DEFAULT_DEVICES, Scheme
 from perfswarm.errors import NotApplicable, ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, fit_link
 from perfswarm.model.collectives import (
@@ -39,7 +40,6 @@ from perfswarm.model.collectives import (
     SCHEMES,
     CollectiveConfig,
     Op,
-    Scheme,
     collective_time,
 )
 from perfswarm.model.opcost import element_bytes, shapes_from_args
@@ -55,7 +55,6 @@ COMPUTE_KINDS: Final = ("kernel", "memcpy", "memset")
 # convolutions, attention and names it cannot tell are not): what tensor parallelism splits
 # only in part (model.parallelism)
 MEMORY_BOUND: Final = frozenset({"reduction", "elementwise", "embedding"})
-DEFAULT_DEVICES: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NETWORKS: Final = ("eth-100g", "ib-hdr", "eth-400g", "ib-ndr")
 DEVICES_PER_NODE: Final = 8   # an HGX/DGX board's GPUs
 # a CPU Run's ranks on one host: gloo over the loopback (interconnects.yaml, measured)

@@ -33,14 +33,12 @@ from pathlib import Path
 from typing import Literal
 
 from perfswarm.analyze.iterations import steady_state
+from perfswarm.defaults import Measure
 from perfswarm.errors import PerfswarmError
 from perfswarm.recorder.session import Child, RecordOptions, Status, record
 
-Measure = Literal["record", "stdout"]
 Watch = Callable[[Sequence[tuple[int, float]]], bool]  # steady (step, seconds) so far
 
-# `step 3 12.5 ms`, `step 3: 0.0125 s`, `step=3 time=12.5ms`: a step number, then a time and unit.
-STEP_PATTERN = r"(?i)\bstep\D*?(\d+)\D*?(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*(ns|us|µs|ms|s)\b"
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 # A trial records only what its Run needs: the ops of a short window and the machine's load.
 LIGHT_COLLECTORS = ("torch", "system")

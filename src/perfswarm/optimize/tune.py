@@ -25,14 +25,13 @@ from typing import Any, NotRequired, TypedDict
 import msgspec
 import optuna
 
+from perfswarm.defaults import STEP_PATTERN, Measure
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.predict import batch_flag, is_batch_flag
 from perfswarm.optimize.prune import BoundPruner
 from perfswarm.optimize.space import Param, Value, configure, space_size
 from perfswarm.optimize.trial import (
-    STEP_PATTERN,
     CommandFailed,
-    Measure,
     Measurement,
     Plan,
     Stopped,

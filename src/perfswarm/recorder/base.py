@@ -14,7 +14,6 @@ import orjson
 from perfswarm.trace.store import CollectorStatus
 
 Clock = Callable[[], int]
-SAMPLER_HZ = 20.0  # the system and GPU samplers' default rate
 
 
 # Sets PR_SET_PDEATHSIG (1) to SIGKILL (9), which survives exec, waits for the hold fd (-1:

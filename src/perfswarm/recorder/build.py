@@ -14,8 +14,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from perfswarm.defaults import SAMPLER_HZ
 from perfswarm.errors import TraceFormatError
-from perfswarm.recorder.base import SAMPLER_HZ
 from perfswarm.recorder.torch_profiler import read_live
 from perfswarm.trace.build import (
     Extent,

@@ -25,9 +25,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from perfswarm.defaults import DEFAULT_COLLECTORS, PERF_HZ, PYSTACKS_HZ, SAMPLER_HZ
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.recorder.base import (
-    SAMPLER_HZ,
     Collector,
     Sampler,
     dies_with_parent,
@@ -46,23 +46,17 @@ from perfswarm.recorder.tools import ToolCollector
 from perfswarm.recorder.torch_profiler import TorchCollector
 from perfswarm.trace.store import Manifest, Run, new_manifest
 
-DEFAULT_COLLECTORS = ("torch", "system", "gpu", "perf", "pystacks")
 # opt-in: strace slows every syscall; net captures the whole host's traffic headers
 COLLECTORS = (*DEFAULT_COLLECTORS, "strace", "net")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# A CPU transformer's profiling window displaced 56 MiB of tensors a step at most (d_model 256):
-# what --heap-reserve, opt-in, needs per profiled step to take all of them.
-RESERVE_PER_STEP_MIB = 64
 
 
 @dataclass(frozen=True)
 class RecordOptions:
     collectors: tuple[str, ...] = DEFAULT_COLLECTORS
     hz: float = SAMPLER_HZ  # system and GPU samplers
-    perf_hz: int = 99  # 499 Hz slowed a CPU training step by 2-5%, 99 Hz by nothing measurable
-    # py-spy's CPU against a job of 6.3 CPU-s (realworld_loop.py workers, 3 processes): 5.0 s
-    # at 100 Hz, 1.7 s at 20 Hz (manifest extra.record.tool_cpu_ns and job_cpu_ns)
-    pystacks_hz: int = 20
+    perf_hz: int = PERF_HZ
+    pystacks_hz: int = PYSTACKS_HZ
     skip: int = 5
     steps: int = 10
     execution_trace: bool = True

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 import duckdb
 import orjson
@@ -31,11 +30,6 @@ from perfswarm.trace.store import Run
 # `EXPLAIN [ANALYZE | (options)] <statement>`: what it explains must itself be a query, since
 # EXPLAIN ANALYZE executes it.
 _EXPLAIN = re.compile(r"\s*explain\s+(?:analy[sz]e\s+|\([^)]*\)\s*)?", re.IGNORECASE)
-
-
-# What a query may be given: seconds of wall clock, and MiB of memory (`Limits`)
-TIMEOUT_S: Final = (0.1, 86400)
-MEMORY_MB: Final = (256, 1 << 20)
 
 
 @dataclass(frozen=True)

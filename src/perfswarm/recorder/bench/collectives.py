@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from perfswarm.defaults import SWEEP_PASSES
 from perfswarm.errors import ParameterError, PerfswarmError
 from perfswarm.model.collective_fit import Measurement, Sweep
 from perfswarm.model.collectives import Op
@@ -34,7 +35,6 @@ SWEEP_OPS: tuple[Op, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_
 ELEMENT_BYTES = 4  # float32
 BATCH_S = 2e-3     # one timed sample of a small message: this long ...
 MAX_REPS = 64      # ... or this many back-to-back calls
-PASSES = 12        # over every size, in shuffled orders; a point keeps its fastest sample
 
 
 def default_sizes(low: int = 1 << 10, high: int = 64 << 20) -> tuple[int, ...]:
@@ -137,7 +137,7 @@ def _worker(rank: int, world_size: int, backend: str, init: str, ops: tuple[Op, 
 
 def sweep(ops: tuple[Op, ...] = SWEEP_OPS, sizes: tuple[int, ...] | None = None,
           world_size: int = 2, backend: Backend = "auto", iters: int = 2,
-          warmup: int = 0, passes: int = PASSES) -> Sweep:
+          warmup: int = 0, passes: int = SWEEP_PASSES) -> Sweep:
     """Time each op at each size among `world_size` local processes; see the module docstring."""
     try:
         mp = importlib.import_module("torch.multiprocessing")
