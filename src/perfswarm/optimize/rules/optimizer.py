@@ -120,7 +120,7 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
     # a core the fused one would too, and the claim is over by the fused step's share of that
     # wait. Stretching it by the loop thread's run delay at the step hooks had been worse: a
     # short call escapes the waits its step has (realworld_loop.py's AdamW call of 1.4-2.0 ms
-    # at load 5-6 had claimed 0.23 of the call where fused=True saves 0.66).
+    # at load 5 had claimed 0.23 of the call where fused=True saves 0.66).
     cost = facts.costs.fused
     fused_ns = cost.steps[optimizer].of(tensors, parameter_bytes) * steps.num_rows
     evidence.update({"calls_ns": calls_ns, "tensors": tensors,
