@@ -22,6 +22,10 @@ from conftest import corpus, gloo_wait_ns
 from perfswarm.analyze.frame import Events
 from perfswarm.analyze.intervals import total
 from perfswarm.cli.main import main
+from perfswarm.model.fusedstep import DEFAULT as FUSED_DEFAULT
+from perfswarm.model.fusedstep import OPTIMIZERS, FusedStepCosts, StepCost
+from perfswarm.model.hostcosts import DEFAULT as DEFAULT_COSTS
+from perfswarm.model.hostcosts import HostCosts
 from perfswarm.model.receive import DEFAULT as DEFAULT_RECEIVE
 from perfswarm.optimize.advise import advise
 from perfswarm.optimize.rules import device, distributed, host, loader, optimizer, samples
@@ -80,12 +84,12 @@ def with_manifest(run: Run, **changes: Any) -> Run:
     return run
 
 
-def found(rule: Rule, run: Run) -> Advice | None:
-    return rule(Facts.of(run))
+def found(rule: Rule, run: Run, costs: HostCosts = DEFAULT_COSTS) -> Advice | None:
+    return rule(Facts.of(run, costs))
 
 
-def shows(rule: Rule, run: Run) -> Advice:
-    a = found(rule, run)
+def shows(rule: Rule, run: Run, costs: HostCosts = DEFAULT_COSTS) -> Advice:
+    a = found(rule, run, costs)
     assert a is not None
     return a
 
@@ -1225,6 +1229,13 @@ def _cpu_adam(tmp: Path, name: str, version: str | None, wrapped: bool = False,
     return with_manifest(run, extra={"record": {"torch_version": version}} if version else {})
 
 
+# a fused step of 10 µs a call, 1 µs a tensor and 0.1 ns a byte: _cpu_adam's 30 tensors of 4 KiB
+# (1,024 floats) 52,288 ns a call
+FUSED = HostCosts(fused=FusedStepCosts({n: StepCost(10_000.0, 1_000.0, 0.1) for n in OPTIMIZERS},
+                                       "the test's"))
+FUSED_CALL = 10_000 + 30 * 1_000 + 12_288
+
+
 def test_no_fused_sgd_over_dtensor_parameters(tmp_path: Path) -> None:
     """SGD over DTensor parameters (FSDP2's, tensor parallelism's: each op a PythonSubclass
     op) was advised fused=True, which raises NotImplementedError in torch 2.13 (no sharding
@@ -1232,49 +1243,60 @@ def test_no_fused_sgd_over_dtensor_parameters(tmp_path: Path) -> None:
     advice for it now; AdamW's fused kernel has one (1.3-1.5 ms a step against 17-19) and is
     advised as over plain tensors, the same gain."""
     plain = shows(optimizer.single_tensor_optimizer,
-                  _cpu_adam(tmp_path, "sgd", "2.13.0+cpu", optimizer="SGD"))
+                  _cpu_adam(tmp_path, "sgd", "2.13.0+cpu", optimizer="SGD"), FUSED)
     assert plain.change == "torch.optim.SGD(..., fused=True)"
     assert found(optimizer.single_tensor_optimizer, _cpu_adam(
-        tmp_path, "sgd_dt", "2.13.0+cpu", optimizer="SGD", subclass=True)) is None
+        tmp_path, "sgd_dt", "2.13.0+cpu", optimizer="SGD", subclass=True), FUSED) is None
     adamw = shows(optimizer.single_tensor_optimizer,
-                  _cpu_adam(tmp_path, "adamw_dt", "2.13.0+cpu", subclass=True))
+                  _cpu_adam(tmp_path, "adamw_dt", "2.13.0+cpu", subclass=True), FUSED)
     assert adamw.change == "torch.optim.AdamW(..., fused=True)"
-    assert plain.gain_ns == 1_050_000 - 180_000
+    assert plain.gain_ns == 1_200_000 - 2 * FUSED_CALL
     # each op counted once, the local one: 30 a step (the DTensor's add_ and the local one had
-    # read 60), its bytes the shard's (60 x 12,288 at 12,288 in 1 µs: 60 µs; the global shape
-    # had priced 60 x 24,576 bytes at 24,576 in 3 µs, 180 µs); the calls the fused kernel
-    # replaces are the DTensor's, 1,050 µs
-    assert (adamw.evidence["ops_per_step"], adamw.evidence["streaming_ns"],
-            adamw.evidence["ops_ns"]) == (30.0, 60_000, 1_050_000)
-    assert adamw.gain_ns == 1_050_000 - 60_000
+    # read 60), its parameters the shard's (30 of 1,024 floats; the global 2,048 each); the
+    # calls the fused step replaces are the DTensor's, 1,200 µs
+    assert (adamw.evidence["ops_per_step"], adamw.evidence["tensors"],
+            adamw.evidence["parameter_bytes"], adamw.evidence["calls_ns"]) == (
+        30.0, 30, 30 * 4_096, 1_200_000)
+    assert adamw.gain_ns == 1_200_000 - 2 * FUSED_CALL
 
 
 def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
-    """On the CPU foreach=True gains nothing; fused=True (torch >= 2.4) streams each tensor
-    once: priced at the best rate an op of the step reached (12,288 bytes in 3 µs), the 60
-    add_ move 60 x 12,288 bytes in 180 µs, of the 1,050 µs the two steps' ops took (the rest
-    of the 1,200 µs in the calls, step()'s own Python, stays)."""
-    a = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "new", "2.13.0+cpu"))
-    assert a.evidence["streaming_ns"] == 180_000 and a.evidence["torch_version"] == "2.13.0+cpu"
-    assert a.evidence["ops_ns"] == 1_050_000 and a.evidence["optimizer_ns"] == 1_200_000
-    assert a.gain_ns == 1_050_000 - 180_000
+    """On the CPU foreach=True gains nothing; fused=True (torch >= 2.4) replaces each call, its
+    ops and the Python between them, by one fused step over the call's parameters: 30 tensors
+    of 4,096 bytes (the ops like the loop's first, each one's largest tensor), priced at the
+    step costs given (FUSED), against the two calls' 1,200 µs."""
+    a = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "new", "2.13.0+cpu"), FUSED)
+    assert (a.evidence["tensors"], a.evidence["parameter_bytes"]) == (30, 30 * 4_096)
+    assert a.evidence["fused_ns"] == round(2 * FUSED_CALL)
+    assert a.evidence["torch_version"] == "2.13.0+cpu"
+    assert a.evidence["calls_ns"] == 1_200_000 and a.evidence["optimizer_ns"] == 1_200_000
+    assert a.gain_ns == 1_200_000 - 2 * FUSED_CALL
+    assert a.gain_basis.endswith("10.0 µs a call + 1.00 µs a tensor + 100.00 µs a MB of CPU "
+                                 "time, the test's")
     assert a.change == "torch.optim.AdamW(..., fused=True)"
-    unknown = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "unknown", None))
+    # at the defaults (a calibrate on the 2-core VM), said so
+    default = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "d", "2.13.0+cpu"))
+    assert default.gain_ns == round(1_200_000 - 2 * FUSED_DEFAULT.steps["AdamW"].of(30, 30 * 4_096))
+    assert default.gain_basis.endswith("µs a MB of CPU time, the defaults measured on the "
+                                       "2-core VM")
+    unknown = shows(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "unknown", None),
+                    FUSED)
     assert unknown.change == "torch.optim.AdamW(..., fused=True) (on the CPU since torch 2.4)"
-    assert found(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "old", "2.3.1")) is None
+    assert found(optimizer.single_tensor_optimizer, _cpu_adam(tmp_path, "old", "2.3.1"),
+                 FUSED) is None
     # inside a wrapper's step(): the optimizer that updates is the inner one, its two calls
     inner = shows(optimizer.single_tensor_optimizer,
-                  _cpu_adam(tmp_path, "wrapped", "2.13.0+cpu", wrapped=True))
+                  _cpu_adam(tmp_path, "wrapped", "2.13.0+cpu", wrapped=True), FUSED)
     assert (inner.evidence["optimizer"], inner.evidence["steps"], inner.gain_ns) == (
         "AdamW", 2, a.gain_ns)
     # beside another optimizer (SGD, first in each step): each priced on its own calls (pooled,
     # the 64 ops of four calls had been 16 a step, named SGD, and no advice came)
     both = shows(optimizer.single_tensor_optimizer,
-                 _cpu_adam(tmp_path, "both", "2.13.0+cpu", sgd=True))
+                 _cpu_adam(tmp_path, "both", "2.13.0+cpu", sgd=True), FUSED)
     assert (both.evidence["optimizer"], both.evidence["steps"], both.gain_ns) == (
         "AdamW", 2, a.gain_ns)
     # outside the window the hooks timed 500 µs steps, half the profiled 1,000 µs: the
-    # ops' time without the profiler is half their profiled time
+    # calls' time without the profiler is half their profiled time
     from perfswarm.trace.schema import STEPS
 
     slowed = _cpu_adam(tmp_path, "slowed", "2.13.0+cpu")
@@ -1283,8 +1305,9 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
     hooked = pa.table({k: [r[i] for r in rows] for i, k in
                        enumerate(("rank", "step", "start", "end", "source"))}).cast(STEPS)
     slowed.write_table("steps", pa.concat_tables([slowed.table("steps"), hooked]).cast(STEPS))
-    half = shows(optimizer.single_tensor_optimizer, slowed)
-    assert half.evidence["profiler_slowdown"] == 2.0 and half.gain_ns == 1_050_000 / 2 - 180_000
+    half = shows(optimizer.single_tensor_optimizer, slowed, FUSED)
+    assert half.evidence["profiler_slowdown"] == 2.0
+    assert half.gain_ns == 1_200_000 / 2 - 2 * FUSED_CALL
     assert half.evidence["optimizer_slowdown"] is None
     # the recorder timed the optimizer's calls that ended those steps: 200 µs each, a third
     # of the profiled 600 µs (a call in the window, or at no hook, counts not)
@@ -1294,27 +1317,68 @@ def test_single_tensor_optimizer_on_the_cpu(tmp_path: Path) -> None:
                       "name": [OPTIMIZER_CALL] * 4, "device": [-1] * 4,
                       "value": [200_000.0, 150_000.0, 250_000.0, 1.0]}).cast(COUNTERS)
     slowed.write_table("counters", pa.concat_tables([slowed.table("counters"), calls]))
-    third = shows(optimizer.single_tensor_optimizer, slowed)
+    third = shows(optimizer.single_tensor_optimizer, slowed, FUSED)
     # the gain over the calls' slowdown; gain_of over the steps', as its text and evidence say
     assert third.evidence["optimizer_slowdown"] == 3.0
     assert third.evidence["profiler_slowdown"] == 2.0
     assert third.gain_of.endswith("(over the profiler's slowdown of the steps, 2.00x)")
     assert third.gain_of_ns == 2 * 1_000_000 // 2  # the two profiled steps of 1,000 µs, halved
-    # three calls, the second held up by another process (its ops 10x as long): priced as
-    # the median call, 525 µs a call (summed, 6,300 µs of 7,350 had been that one call's)
+    # three calls, the second held up by another process (10x as long): priced as the
+    # median call, 600 µs a call (summed, 6,000 µs of 7,200 had been that one call's)
     held = shows(optimizer.single_tensor_optimizer,
-                 _cpu_adam(tmp_path, "held", "2.13.0+cpu", steps=3, slowed=1))
-    assert held.evidence["ops_ns"] == 3 * 525_000 and held.evidence["steps"] == 3
-    assert third.gain_ns == 1_050_000 / 3 - 180_000
-    # slower still, the fused kernel would save nothing: no advice, no gain beyond what is there
+                 _cpu_adam(tmp_path, "held", "2.13.0+cpu", steps=3, slowed=1), FUSED)
+    assert held.evidence["calls_ns"] == 3 * 600_000 and held.evidence["steps"] == 3
+    assert third.gain_ns == 1_200_000 / 3 - 2 * FUSED_CALL
+    # faster still (50 µs a call unprofiled), the fused step would save nothing: no advice, no
+    # gain beyond what is there
     calls = pa.table({"rank": [0] * 3, "ts": [10_500_000 + 500_000 * s for s in (3, 4, 5)],
                       "name": [OPTIMIZER_CALL] * 3, "device": [-1] * 3,
                       "value": [50_000.0] * 3}).cast(COUNTERS)
     slowed.write_table("counters", calls)
-    assert found(optimizer.single_tensor_optimizer, slowed) is None
+    assert found(optimizer.single_tensor_optimizer, slowed, FUSED) is None
     # without shapes there is nothing to price the fused step with
     bare = imported(tmp_path, "bare", _optimizer("Optimizer.step#AdamW.step", SINGLE_TENSOR, 0))
     assert found(optimizer.single_tensor_optimizer, bare) is None
+
+
+def test_advise_prices_the_fused_step_by_a_calibrated_profile(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`advise --profile` prices the fused step at the costs calibrate measured on the host
+    (`fused_optimizer_step`); a profile calibrated before it measured them gives the defaults
+    and says so; a malformed entry is a one-line error naming the file."""
+    run = _cpu_adam(tmp_path, "p", "2.13.0+cpu")
+
+    def fused(*options: str) -> dict[str, Any]:
+        assert main(["advise", str(run.path), "--json", *options]) == 0
+        (a,) = [a for a in orjson.loads(capsys.readouterr().out)["advice"]
+                if a["rule"] == "single_tensor_optimizer"]
+        return a  # type: ignore[no-any-return]
+
+    profile = tmp_path / "cpu-profile.json"
+    receive = '"loader_receive": {"batch_ns": 200000, "tensor_ns": 100000}'
+    steps = ", ".join(f'"{n}": {{"call_ns": 10000, "tensor_ns": 1000, "byte_ns": 0.1}}'
+                      for n in OPTIMIZERS)
+    profile.write_text(f'{{{receive}, "fused_optimizer_step": {{{steps}}}}}')
+    calibrated = fused("--profile", str(profile))
+    assert calibrated["gain_ns"] == 1_200_000 - 2 * FUSED_CALL
+    assert calibrated["gain_basis"].endswith("of CPU time, calibrated on this host "
+                                             "(cpu-profile.json)")
+    profile.write_text(f"{{{receive}}}")
+    older = fused("--profile", str(profile))
+    assert older["gain_ns"] == fused()["gain_ns"]  # the defaults'
+    assert older["gain_basis"].endswith("the defaults measured on the 2-core VM (cpu-profile"
+                                        ".json has none: calibrate again to measure them on "
+                                        "this host)")
+    for entry, why in (('{"Adam": {}}', "fused_optimizer_step needs a step cost for each of Adam, "
+                                       "AdamW, SGD"),
+                       (f'{{{steps.replace("10000", "-1", 1)}}}',
+                        "fused_optimizer_step's Adam needs non-negative call_ns"),
+                       (f'{{{steps.replace("1000,", "[],", 1)}}}',
+                        "fused_optimizer_step's Adam is not a step cost")):
+        profile.write_text(f'{{{receive}, "fused_optimizer_step": {entry}}}')
+        assert main(["advise", str(run.path), "--profile", str(profile)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"cpu-profile.json: {why}" in err, err
 
 
 def test_optimizer_stepped_with_a_closure(tmp_path: Path) -> None:

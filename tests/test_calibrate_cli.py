@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from perfswarm.cli.main import main
+from perfswarm.model.fusedstep import FusedStepCosts, StepCost, fused_of
 from perfswarm.model.receive import ReceiveCost, receive_of
 
 
@@ -38,10 +39,21 @@ def test_calibrate_cpu_kernel_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert got["batch_ns"] + got["tensor_ns"] == pytest.approx(got["next_cpu_ns"]["1"], abs=1)
     assert receive_of(out) == ReceiveCost(got["batch_ns"], got["tensor_ns"],
                                           "calibrated on this host (cpu.json)")
+    # what a fused optimizer step costs here, for advise --profile: six points each, a step
+    # over 64 small tensors dearer than over one
+    steps = profile["fused_optimizer_step"]
+    for name in ("Adam", "AdamW", "SGD"):
+        points = {(p["tensors"], p["elements"]): p["ns"] for p in steps[name]["points"]}
+        assert len(points) == 6 and points[64, 256] > points[1, 256] > 0
+        assert min(steps[name]["call_ns"], steps[name]["tensor_ns"], steps[name]["byte_ns"]) >= 0
+    assert fused_of(out) == FusedStepCosts(
+        {n: StepCost(e["call_ns"], e["tensor_ns"], e["byte_ns"]) for n, e in steps.items()},
+        "calibrated on this host (cpu.json)")
     assert main(["calibrate", "--budget", "0.01", "-o", str(out)]) == 0
     table = capsys.readouterr().out
     assert "copy (warm)" in table and "embedding_bag" in table and "profile:" in table
     assert "taking a batch from a DataLoader worker (the training process's CPU): " in table
+    assert "a fused optimizer step (fused=True): Adam " in table
 
 
 @pytest.mark.parametrize(("device", "message"), [("cuda:0", "no such CUDA device here"),

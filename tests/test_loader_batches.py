@@ -138,7 +138,7 @@ def test_a_collate_of_its_own_is_counted(tmp_path: Path) -> None:
     facts = Facts.of(run)
     plan = loader.loader_plan(facts)
     assert plan is not None and plan.tensors == 3.0 and plan.counted
-    assert plan.receive_ns == pytest.approx(facts.receive.of(3) * plan.slowdown)
+    assert plan.receive_ns == pytest.approx(facts.costs.receive.of(3) * plan.slowdown)
     a = loader.data_loading(facts)
     assert a is not None and a.evidence["tensors_per_batch"] == 3.0
     assert ("3 tensors a batch (the recorder's count of the batches the DataLoader handed the "

@@ -501,6 +501,34 @@ def test_each_sweep_keeps_its_share_of_the_budget(monkeypatch: pytest.MonkeyPatc
     # from a worker costs, a batch and a tensor of it (advise --profile)
     got = profile["loader_receive"]
     assert got["next_cpu_ns"]["4"] > got["next_cpu_ns"]["1"] > 0 and got["tensor_ns"] > 0
+    # and a fused optimizer step's costs (advise --profile), at the sweeps' threads
+    assert set(profile["fused_optimizer_step"]) == {"Adam", "AdamW", "SGD"}
+
+
+def test_fused_step_cost_fits_a_call_a_tensor_and_a_byte(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """calibrate's fused optimizer step (recorder/bench/optimizer.py): the steps timed over its
+    grid of tensor counts and sizes are fitted as a cost a call + a tensor + a byte of
+    parameters; steps timed as exactly that give those three back, per optimizer."""
+    from perfswarm.model.fusedstep import OPTIMIZERS
+    from perfswarm.recorder.bench import optimizer
+
+    truth = {"Adam": (150e-6, 5e-6, 0.2e-9), "AdamW": (140e-6, 6e-6, 0.25e-9),
+             "SGD": (100e-6, 2e-6, 0.1e-9)}
+
+    def step_s(name: str, tensors: int, elements: int, evict: object) -> float:
+        call, tensor, byte = truth[name]
+        return call + tensors * tensor + 4 * tensors * elements * byte
+
+    monkeypatch.setattr(optimizer, "_step_s", step_s)
+    got = optimizer.fused_step_cost(1 << 20)
+    assert set(got) == set(OPTIMIZERS)
+    for name, (call, tensor, byte) in truth.items():
+        assert (got[name]["call_ns"], got[name]["tensor_ns"]) == (round(call * 1e9),
+                                                                   round(tensor * 1e9))
+        assert got[name]["byte_ns"] == pytest.approx(byte * 1e9, abs=1e-4)
+        assert [(p["tensors"], p["elements"]) for p in got[name]["points"]] == list(
+            optimizer.GRID)
 
 
 def test_first_touch_from_each_writes_least_disturbed_trial(monkeypatch: pytest.MonkeyPatch

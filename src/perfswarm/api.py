@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     import polars as pl
 
     from perfswarm.analyze.analysis import Analysis
+    from perfswarm.model.hostcosts import HostCosts
     from perfswarm.model.predict import Prediction
-    from perfswarm.model.receive import ReceiveCost
     from perfswarm.optimize.advise import AdviceReport
     from perfswarm.optimize.project import Projection
 
@@ -223,12 +223,12 @@ class Run:
     def advise(self, *, profile: PathLike | None = None) -> Result[AdviceReport]:
         """What to change, with the evidence and the estimated gain, largest first; `profile`:
         a CPU profile from calibrate on the host (what taking a batch from a DataLoader worker
-        costs there; default: figures measured on a 2-core VM)."""
-        from perfswarm.model.receive import DEFAULT, receive_of
+        and a fused optimizer step cost there; default: figures measured on a 2-core VM)."""
+        from perfswarm.model.hostcosts import host_costs
         from perfswarm.optimize.advise import advise
 
-        receive = receive_of(Path(profile)) if profile else DEFAULT
-        return Result(advise(self.store, receive=receive), ADVICE_TABLES)
+        costs = host_costs(Path(profile) if profile else None)
+        return Result(advise(self.store, costs=costs), ADVICE_TABLES)
 
     @checked
     def project(self, devices: Sequence[int] | None = None, *, interconnect: str = "ib-ndr",
@@ -253,7 +253,7 @@ class Run:
         """Write the self-contained HTML report (default RUN/report.html); its path.
         `tune`: a `perfswarm tune` output directory, whose trials the report adds; `profile`:
         as `advise`'s."""
-        from perfswarm.model.receive import receive_of
+        from perfswarm.model.hostcosts import host_costs
         from perfswarm.report import html
 
         files = None
@@ -261,8 +261,8 @@ class Run:
             from perfswarm.optimize.tune import load_results  # optuna: only with a tune folder
 
             files = load_results(Path(tune))
-        receive = receive_of(Path(profile)) if profile else None
-        return html.write(report_data(self.store, tune=files, receive=receive),
+        costs = host_costs(Path(profile) if profile else None)
+        return html.write(report_data(self.store, tune=files, costs=costs),
                           Path(path) if path is not None else self.path / "report.html")
 
     @checked
@@ -301,20 +301,20 @@ class Run:
 
 
 def report_data(run: store.Run, *, tune: Mapping[str, Any] | None = None,
-                receive: ReceiveCost | None = None) -> dict[str, Any]:
-    """The whole report of `run` as plain data: analysis, advice (`receive`: what taking a
-    batch from a DataLoader worker costs, as `advise`'s; None: its default), projection (and
-    `tune`, a tune directory as optimize.tune.load_results reads it): what `perfswarm report
-    --json` prints and the HTML shows (the timeline's span columns as numpy int64 arrays,
-    which the JSON writes as lists). Here, above both report and optimize, they are put
-    together."""
-    from perfswarm.model.receive import DEFAULT
+                costs: HostCosts | None = None) -> dict[str, Any]:
+    """The whole report of `run` as plain data: analysis, advice (`costs`: what taking a
+    batch from a DataLoader worker and a fused optimizer step cost, as `advise`'s; None: its
+    defaults), projection (and `tune`, a tune directory as optimize.tune.load_results reads
+    it): what `perfswarm report --json` prints and the HTML shows (the timeline's span columns
+    as numpy int64 arrays, which the JSON writes as lists). Here, above both report and
+    optimize, they are put together."""
+    from perfswarm.model.hostcosts import DEFAULT
     from perfswarm.optimize.advise import advise
     from perfswarm.optimize.project import report_projection
     from perfswarm.report.data import report_data as data
 
-    cost = receive or DEFAULT
-    return data(run, advice=lambda run: advise(run, receive=cost).to_dict()["advice"],
+    given = costs or DEFAULT
+    return data(run, advice=lambda run: advise(run, costs=given).to_dict()["advice"],
                 tune=tune, projection=report_projection)
 
 

@@ -25,12 +25,12 @@ def advise_command(
 
     from perfswarm.cli.json_output import print_json
     from perfswarm.cli.output import console
-    from perfswarm.model.receive import DEFAULT, receive_of
+    from perfswarm.model.hostcosts import host_costs
     from perfswarm.optimize.advise import advise
     from perfswarm.report.text import evidence_text, ms
     from perfswarm.trace.store import Run
 
-    report = advise(Run.open(run_dir), receive=receive_of(profile) if profile else DEFAULT)
+    report = advise(Run.open(run_dir), costs=host_costs(profile))
     if as_json:
         print_json(report.to_dict())
         return

@@ -20,14 +20,14 @@ def board_command(
 ) -> None:
     """A read-only local web app: lists the runs in DIR, opens their reports, compares two."""
     from perfswarm.cli.output import console
-    from perfswarm.model.receive import DEFAULT, receive_of
+    from perfswarm.model.hostcosts import host_costs
     from perfswarm.optimize.advise import advise
     from perfswarm.optimize.project import report_projection
     from perfswarm.report.board import BoardServer, list_runs
 
-    receive = receive_of(profile) if profile else DEFAULT
+    costs = host_costs(profile)
     server = BoardServer(root, host, port,
-                         advice=lambda run: advise(run, receive=receive).to_dict()["advice"],
+                         advice=lambda run: advise(run, costs=costs).to_dict()["advice"],
                          projection=report_projection)
     console.print(f"perfswarm board: {len(list_runs(server.root))} runs in {server.root} "
                   f"at {server.url} (Ctrl-C stops it)")

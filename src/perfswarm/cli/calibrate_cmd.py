@@ -148,6 +148,7 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
     from perfswarm.cli.json_output import print_json
     from perfswarm.cli.output import console, err_console, spinner
     from perfswarm.errors import PerfswarmError
+    from perfswarm.model.fusedstep import KEY as FUSED_KEY
     from perfswarm.model.profile import UNUSABLE_GMAE
     from perfswarm.model.receive import KEY as RECEIVE_KEY
     from perfswarm.recorder.bench.kernels import calibrate as kernel_calibration
@@ -184,6 +185,11 @@ def _kernels(device: str, budget_min: float, threads: int, out: Path, as_json: b
         console.print(f"taking a batch from a DataLoader worker (the training process's CPU): "
                       f"{got['batch_ns'] / 1e6:.3f} ms + {got['tensor_ns'] / 1e6:.3f} ms a "
                       "tensor (`advise --profile`)")
+    if FUSED_KEY in profile:
+        steps = "; ".join(f"{name} {got['call_ns'] / 1e3:,.1f} µs + {got['tensor_ns'] / 1e3:,.2f} "
+                          f"µs a tensor + {got['byte_ns'] * 1e3:,.2f} µs a MB"
+                          for name, got in profile[FUSED_KEY].items())
+        console.print(f"a fused optimizer step (fused=True): {steps} (`advise --profile`)")
     console.print(f"profile: {out}")
     if profile["unusable"]:
         err_console.print(

@@ -1,4 +1,5 @@
-"""The --profile option `advise`, `report` and `board` share: the host's receive cost (model/receive.py)."""
+"""The --profile option `advise`, `report` and `board` share: the host's costs the advice prices
+(model/hostcosts.py)."""
 
 from __future__ import annotations
 
@@ -9,5 +10,5 @@ import typer
 
 Profile = Annotated[Path | None, typer.Option(
     "--profile", help="CPU profile from `perfswarm calibrate` on the host: what taking a batch "
-    "from a DataLoader worker costs there, for the data_loading advice (default: figures "
-    "measured on a 2-core VM).")]
+    "from a DataLoader worker costs there (data_loading) and what a fused optimizer step costs "
+    "(single_tensor_optimizer) (default: figures measured on a 2-core VM).")]

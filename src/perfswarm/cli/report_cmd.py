@@ -25,11 +25,11 @@ def report_command(
     from perfswarm.api import report_data
     from perfswarm.cli.json_output import print_json
     from perfswarm.cli.output import console, spinner
-    from perfswarm.model.receive import DEFAULT, receive_of
+    from perfswarm.model.hostcosts import host_costs
     from perfswarm.trace.store import Run, check_output
 
     run = windowed(Run.open(run_dir), window)
-    receive = receive_of(profile) if profile else DEFAULT
+    costs = host_costs(profile)
     tune = None
     if tune_dir is not None:
         from perfswarm.optimize.tune import load_results  # optuna: only with --tune
@@ -40,7 +40,7 @@ def report_command(
         check_output(target)  # said before the analysis, not after
     with spinner() as progress:
         task = progress.add_task("analyzing", total=2)
-        data = report_data(run, tune=tune, receive=receive)
+        data = report_data(run, tune=tune, costs=costs)
         progress.update(task, advance=1, description="rendering")
         if as_json:
             progress.update(task, advance=1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from perfswarm.model.receive import DEFAULT as DEFAULT_RECEIVE
-from perfswarm.model.receive import ReceiveCost
+from perfswarm.model.hostcosts import DEFAULT as DEFAULT_COSTS
+from perfswarm.model.hostcosts import HostCosts
 from perfswarm.optimize.rules import (
     conv_fusion,
     device,
@@ -74,11 +74,12 @@ class AdviceReport:
 
 
 def advise(run: Run, rules: tuple[Rule, ...] | None = None,
-           receive: ReceiveCost = DEFAULT_RECEIVE) -> AdviceReport:
+           costs: HostCosts = DEFAULT_COSTS) -> AdviceReport:
     """Every rule's advice for `run` (default: RULES, as they stand at the call), largest
-    estimated gain first (ties by rule name); `receive`: what taking a batch from a DataLoader
-    worker costs on the host (a calibrate profile's, model/receive.py)."""
-    facts = Facts.of(run, receive)
+    estimated gain first (ties by rule name); `costs`: what taking a batch from a DataLoader
+    worker and a fused optimizer step cost on the host (a calibrate profile's,
+    model/hostcosts.py)."""
+    facts = Facts.of(run, costs)
     found = [a for rule in (RULES if rules is None else rules) if (a := rule(facts)) is not None]
     found.sort(key=lambda a: (-(a.gain_ns if a.gain_ns is not None else -1), a.rule))
     return AdviceReport(str(run.path), facts.wall_ns, tuple(facts.ranks), tuple(found))

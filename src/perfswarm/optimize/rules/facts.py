@@ -50,10 +50,10 @@ from perfswarm.analyze.sequences import Sequence_
 from perfswarm.analyze.stragglers import Stragglers
 from perfswarm.analyze.summary import analyze
 from perfswarm.analyze.system import host_cores, recorder_steps
+from perfswarm.model.hostcosts import DEFAULT as DEFAULT_COSTS
+from perfswarm.model.hostcosts import HostCosts
 from perfswarm.model.opcost import OpCost
 from perfswarm.model.opstats import costed_ops, costed_rows
-from perfswarm.model.receive import DEFAULT as DEFAULT_RECEIVE
-from perfswarm.model.receive import ReceiveCost
 from perfswarm.model.specs import DeviceSpec, spec_of_devices
 from perfswarm.trace.schema import DEVICE_KINDS, EXPORT, OPTIMIZER_CALL, TAIL, among
 from perfswarm.trace.store import Manifest, Run
@@ -165,15 +165,15 @@ class Facts:
     # in none of the frames above (`steps`, `run_steps`, which leaves out the unprofiled ones
     # too, the breakdowns' and critical path's steps), so that shares divide by the usual steps
     set_aside: dict[tuple[int, int], int] = field(default_factory=dict)
-    # what taking a batch from a DataLoader worker costs the training process (a calibrate
-    # profile's, else the defaults)
-    receive: ReceiveCost = DEFAULT_RECEIVE
+    # what taking a batch from a DataLoader worker costs the training process, and a fused
+    # optimizer step (a calibrate profile's, else the defaults)
+    costs: HostCosts = DEFAULT_COSTS
     # what `per_facts` functions made of these facts, by function
     made: dict[Callable[[Facts], Any], Any] = field(default_factory=dict, init=False,
                                                     repr=False, compare=False)
 
     @classmethod
-    def of(cls, run: Run, receive: ReceiveCost = DEFAULT_RECEIVE) -> Facts:
+    def of(cls, run: Run, costs: HostCosts = DEFAULT_COSTS) -> Facts:
         # The analysis's results, not computed again: the report, the CLI and the advice
         # read the same launches, memory and kernel sequences (analyze memoizes per Run).
         analysis = analyze(run)
@@ -212,7 +212,7 @@ class Facts:
                     raw[p.name] = p.read_text(errors="replace")
         return cls(events_table(Events.load(run)), steps, counters, manifest, run, raw,
                    analysis.launch, run_steps, analysis.memory, analysis.sequences, concurrency,
-                   analysis.stragglers, path, set_aside, receive)
+                   analysis.stragglers, path, set_aside, costs)
 
     # -- selections ----------------------------------------------------------
     def with_text(self, frame: pa.Table, column: Literal["args", "detail"]) -> pa.Table:

@@ -237,7 +237,7 @@ def loader_plan(facts: Facts) -> LoaderPlan | None:
         batch_cpu_ns=None if batch_ns is None else batch_ns * (1.0 if on_cpu is None else on_cpu),
         on_cpu=on_cpu, cores=None if cores is None else cores / max(1, len(facts.ranks)),
         free=free, queued=queued,
-        tensors=tensors, counted=counted is not None, receive=facts.receive,
+        tensors=tensors, counted=counted is not None, receive=facts.costs.receive,
         slowdown=facts.profiler_slowdown)
 
 

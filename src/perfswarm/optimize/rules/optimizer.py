@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -9,18 +10,18 @@ import pyarrow as pa
 
 from perfswarm.analyze.frame import group_rows, lane_key
 from perfswarm.analyze.iterations import top_level
-from perfswarm.model.opcost import data_cost, shapes_from_args
+from perfswarm.model.fusedstep import OPTIMIZERS as _FUSED
+from perfswarm.model.opcost import Shapes, element_bytes, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
 from perfswarm.optimize.rules.facts import Facts, col, groups, where
 
 _MULTI_TENSOR = r"_foreach_|_fused_"
 # Fewer ops than this per step is a handful of parameters: nothing to batch.
 _MIN_OPS_PER_STEP = 20
-_FUSED = ("Adam", "AdamW", "SGD")  # optimizers with fused=True
-# ... but not over a tensor subclass's parameters (DTensor: FSDP2's, tensor parallelism's), whose
-# ops each run under a PythonSubclass op: torch 2.13's DTensor has no sharding strategy for
-# aten._fused_sgd_ (fused=True raises NotImplementedError at the first step; Adam's and
-# AdamW's it has)
+# optimizers with fused=True (_FUSED), but not over a tensor subclass's parameters (DTensor:
+# FSDP2's, tensor parallelism's), whose ops each run under a PythonSubclass op: torch 2.13's
+# DTensor has no sharding strategy for aten._fused_sgd_ (fused=True raises
+# NotImplementedError at the first step; Adam's and AdamW's it has)
 _SUBCLASS, _NO_SUBCLASS_FUSED = "PythonSubclass", ("SGD",)
 _CLIP_NORM, _CLIP_SCALE = "aten::_foreach_norm", "aten::_foreach_mul_"  # clip_grad_norm_'s
 _CPU_FUSED = (2, 4)  # the torch version whose fused Adam, AdamW and SGD run on the CPU too
@@ -110,12 +111,20 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
     if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
         return None
-    streamed = _streaming_ns(facts, facts.with_text(top_ops(local), "detail"))
-    if streamed is None:
+    updated = _updated(facts, steps, facts.with_text(top_ops(local), "detail"))
+    if updated is None:
         return None
-    ops_ns = _typical_calls_ns(steps, top_ops(ops))
-    evidence["ops_ns"] = ops_ns
-    evidence["streaming_ns"] = round(streamed)
+    tensors, parameter_bytes = updated
+    calls_ns = round(float(np.median(col(steps, "dur"))) * steps.num_rows)
+    # The fused step at calibrate's CPU time, its fastest: where the recorded calls waited for
+    # a core the fused one would too, and the claim is over by the fused step's share of that
+    # wait. Stretching it by the loop thread's run delay at the step hooks had been worse: a
+    # short call escapes the waits its step has (realworld_loop.py's AdamW call of 1.4-2.0 ms
+    # at load 5 had claimed 0.23 of the call where fused=True saves 0.66).
+    cost = facts.costs.fused
+    fused_ns = cost.steps[optimizer].of(tensors, parameter_bytes) * steps.num_rows
+    evidence.update({"calls_ns": calls_ns, "tensors": tensors,
+                     "parameter_bytes": parameter_bytes, "fused_ns": round(fused_ns)})
     # the steps' slowdown, as gain_of's text reads it (at_program_speed: it had read 1.80x
     # beside a `profiler_slowdown` of 2.172, the optimizer's calls'), and the calls' own
     measured = facts.optimizer_slowdown
@@ -125,37 +134,62 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
     if known:
         evidence["torch_version"] = version
     need = "" if known else f" (on the CPU since torch {'.'.join(map(str, _CPU_FUSED))})"
-    # The fused kernel replaces the per-parameter ops, not step()'s own Python: their time
-    # without the profiler (whose cost per op is most of a small op's) against the kernel's at
-    # the rate one op reached (which that cost hardly changes).
-    gain = ops_ns / slowdown - streamed
+    # The fused step replaces the whole single-tensor call: its loop over the parameters, the
+    # ops and the Python between them (which had been kept: GIN's claim 23% under its
+    # measured saving, a U-Net's 8%), by one kernel; what it costs is measured, not read
+    # off the ops (their bytes at the best rate one op reached had been 1.5-2x under the
+    # fused kernel's time, and its fixed cost a call and a tensor left out).
+    gain = calls_ns / slowdown - fused_ns
     if gain <= 0:
         return None
     return advice(facts, "single_tensor_optimizer", "optimizer runs one op per parameter",
                   evidence, gain,
-                  "streaming model from this step: the fused kernel moves the ops' bytes in one "
-                  "pass at the best rate one of them reached; it replaces the ops' time without "
-                  "the profiler (the median call's, times the calls, over its slowdown of the "
-                  "optimizer's calls, median in the window / median the recorder timed outside "
-                  "it, else of the step); the step's own Python stays",
+                  "fused-step model: the calls' time without the profiler (the median call's, "
+                  "times the calls, over the profiler's slowdown of the optimizer's calls, "
+                  "median in the window / median the recorder timed outside it, else of the "
+                  "step) less a fused step's at each call over the parameters the call updates "
+                  "(the ops like its loop's first, their largest tensors' bytes), "
+                  f"{cost.steps[optimizer].call_ns / 1e3:,.1f} µs a call + "
+                  f"{cost.steps[optimizer].tensor_ns / 1e3:,.2f} µs a tensor + "
+                  f"{cost.steps[optimizer].byte_ns * 1e6 / 1e3:,.2f} µs a MB of CPU time, "
+                  f"{cost.source}",
                   f"torch.optim.{optimizer}(..., fused=True){need}",
                   of=(facts.wall_ns / facts.profiler_slowdown, facts.at_program_speed))
 
 
-def _typical_calls_ns(calls: pa.Table, top: pa.Table) -> int:
-    """The ops' time (`top`: not nested in one another) of the median optimizer call, times
-    the calls: a call another process held up (one of five at 48.6 ms, the others 1 ms) is
-    priced as a usual one."""
-    per_call = []
-    for (rank,), mine in groups(calls, ["rank"]):
-        starts = np.sort(col(mine, "ts"))
-        ops = col(top, "rank") == rank
-        at = np.searchsorted(starts, col(top, "ts")[ops], side="right") - 1
-        inside = at >= 0
-        per_call.append(np.bincount(at[inside], weights=col(top, "dur")[ops][inside],
-                                    minlength=len(starts)))
-    found = np.concatenate(per_call)
-    return round(float(np.median(found)) * len(found))
+def _largest_bytes(shapes: Shapes | None) -> int:
+    """The bytes of an op's largest input tensor (0 without shapes)."""
+    if shapes is None or not any(shapes.dims):
+        return 0
+    return max(math.prod(d) for d in shapes.dims if d) * element_bytes(shapes)
+
+
+def _updated(facts: Facts, calls: pa.Table, top: pa.Table) -> tuple[int, int] | None:
+    """The parameters the median call updates and their bytes, from its single-tensor loop
+    (`top`: its ops not nested in one another, with `detail`): the loop runs the same ops for
+    each parameter, so they are as many as the ops like the loop's first (the same op, on a
+    0-d tensor or not: Adam's first increments the parameter's step count, a 0-d tensor, with
+    the `add_` its denominator later takes eps with), and each one's bytes are those of the
+    largest tensor an op reads from its first to the next like it. None without shapes."""
+    shapes = [shapes_from_args(d) for d in top.column("detail").to_pylist()]
+    if not any(shapes):
+        return None
+    names = facts.name_texts(top)
+    kinds = [(n, s is not None and s.dims[:1] == ((),)) for n, s in zip(names, shapes,
+                                                                        strict=True)]
+    sizes = np.array([_largest_bytes(s) for s in shapes], np.int64)
+    ts, rank = col(top, "ts"), col(top, "rank")
+    found = []
+    for call_rank, start, dur in zip(col(calls, "rank").tolist(), col(calls, "ts").tolist(),
+                                     col(calls, "dur").tolist(), strict=True):
+        mine = np.flatnonzero((rank == call_rank) & (ts >= start) & (ts < start + dur))
+        if len(mine):
+            firsts = np.flatnonzero([kinds[i] == kinds[mine[0]] for i in mine.tolist()])
+            found.append((len(firsts), int(np.maximum.reduceat(sizes[mine], firsts).sum())))
+    if not found:
+        return None
+    tensors, parameter_bytes = np.median(np.array(found, np.float64), axis=0)
+    return round(float(tensors)), round(float(parameter_bytes))
 
 
 def top_ops(ops: pa.Table) -> pa.Table:
@@ -169,21 +203,6 @@ def top_ops(ops: pa.Table) -> pa.Table:
                            np.arange(ordered.num_rows)).values():
         keep[lane[top_level(ts[lane], end[lane])]] = True
     return where(ordered, keep)
-
-
-def _streaming_ns(facts: Facts, ops: pa.Table) -> float | None:
-    """Time to move the bytes `ops` move (model.opcost over the recorded shapes) at the best
-    rate one of them reached; None without shapes."""
-    moved, best = 0.0, 0.0
-    for name, detail, dur in zip(facts.name_texts(ops), ops.column("detail").to_pylist(),
-                                 col(ops, "dur").tolist(), strict=True):
-        shapes = shapes_from_args(detail)
-        cost = None if shapes is None else data_cost(name, shapes)
-        if cost is None or cost.bytes <= 0 or dur <= 0:
-            continue
-        moved += cost.bytes
-        best = max(best, cost.bytes / dur)
-    return moved / best if best else None
 
 
 def zero_grad_fill(facts: Facts) -> Advice | None:

@@ -18,6 +18,7 @@ from typing import Any, Final
 import numpy as np
 
 from perfswarm.errors import ParameterError
+from perfswarm.model.fusedstep import KEY as FUSED_KEY
 from perfswarm.model.opcost import (
     PAGE_BYTES,
     RNN_FAMILIES,
@@ -42,6 +43,7 @@ from perfswarm.model.profile import (
 )
 from perfswarm.model.receive import KEY as RECEIVE_KEY
 from perfswarm.recorder.bench.loader import receive_cost
+from perfswarm.recorder.bench.optimizer import fused_step_cost
 from perfswarm.recorder.inject._perfswarm_heap import reserve_heap
 
 # aten op, input dims, input types, input strides (empty: contiguous), and the values of its int
@@ -480,7 +482,8 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
               on_family: Callable[[str], None] = lambda _f: None) -> dict[str, Any]:
     """The device profile: per family, the fitted models, their held-out GMAE and the sweep;
     on the CPU also what taking a batch from a DataLoader worker costs (bench/loader.py: about
-    a second beside the budget). On the CPU, timed with ``threads`` intra-op threads: on a
+    a second beside the budget) and what a fused optimizer step costs (bench/optimizer.py:
+    a few seconds beside it). On the CPU, timed with ``threads`` intra-op threads: on a
     shared machine torch's parallel-for above its grain size waits on busy cores (a fixed ~8
     ms step), not on the op; record the workload with the same count (the bundled workloads'
     --threads)."""
@@ -499,8 +502,11 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     swept: dict[tuple[str, bool], list[Point]] = {}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
-    start = time.perf_counter()
     try:
+        if where == "cpu":  # at the threads the sweeps time ops with, beside the budget
+            on_family("a fused optimizer step")
+            extra[FUSED_KEY] = fused_step_cost(ROTATE_BYTES)
+        start = time.perf_counter()
         for i, (family, warm) in enumerate(sweeps):
             on_family(f"{family} (warm)" if warm else family)
             share = start + budget_s * (i + 1) / len(sweeps) - time.perf_counter()
