@@ -1,5 +1,7 @@
 """nanoGPT's training iteration as its train.py runs it on a CPU, on its unmodified model.py: for
-paired_batch.py, which alternates two configurations' iterations in one process.
+paired_batch.py, which alternates two configurations' iterations.
+
+    python benchmarks/nanogpt_step.py DIR [--batch-size 12] [--width 128] [--steps 14]
 
 No figures of its own. `NanoGPT(folder, batch, width)` imports model.py from `folder`
 (realworld.py's `nanogpt_dir`: nanoGPT's files linked unmodified, its offline data made beside
@@ -13,16 +15,21 @@ makes it (weight decay 0.1 on 2-D parameters, betas (0.9, 0.99), not fused on a 
 zero_grad(set_to_none=True) and the log line's `loss.item()` and MFU estimate.
 train.py's GradScaler (float16 is its default dtype without CUDA) disables itself without CUDA, so
 its calls are the optimizer's own; the evaluation (iteration 0 alone at eval_interval 1000) is left
-out, as are the printing and the checkpoints.
+out, as are the printing and the checkpoints. Run as a script, it steps one configuration
+(one intra-op thread) and prints, as benchmarks/realworld_models.py does, one JSON line after
+`truth `: each step's wall time (`step_ns`) and process CPU time (`cpu_ns`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
+import json
 import math
 import pickle
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +99,28 @@ class NanoGPT:
         if self.iteration >= 5:
             self.model.estimate_mfu(self.batch, 0.01)
         self.iteration += 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="nanoGPT's model.py and its data (realworld.py's "
+                   "nanogpt_dir)")
+    p.add_argument("--batch-size", type=int, default=12)
+    p.add_argument("--width", type=int, default=128, help="n_embd")
+    p.add_argument("--steps", type=int, default=14)
+    ns = p.parse_args()
+    if not (ns.folder / "model.py").is_file():
+        p.error(f"{ns.folder}: no nanoGPT model.py there")
+    torch.set_num_threads(1)
+    model = NanoGPT(ns.folder, ns.batch_size, ns.width)
+    wall, cpu = [], []
+    for _ in range(ns.steps):
+        start = time.perf_counter_ns(), time.process_time_ns()
+        model.step()
+        wall.append(time.perf_counter_ns() - start[0])
+        cpu.append(time.process_time_ns() - start[1])
+    print("truth " + json.dumps({"step_ns": wall, "cpu_ns": cpu}))
+
+
+if __name__ == "__main__":
+    main()

@@ -47,10 +47,21 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   over rounds (the error: of the medians; the spread: the measured step's largest round over
   its smallest, less 1), judged where most of its rounds and most of its base's were, and the
   same summary lines of them.
+  Beside them, a truth the host's speed does not move: right after a script's recordings of a
+  round, each changed configuration's step against its base's measured in pairs
+  (benchmarks/paired_batch.py --apart, `--pairs` pairs: each configuration in a fresh process
+  of its own, its heap as its recording's, no reserve, as `record` writes none unless asked;
+  one step of each in turn, under a profiler kept over the recording's window of steps; nanoGPT
+  by benchmarks/nanogpt_step.py, train.py's loop body on its unmodified model.py): the median
+  over pairs of their CPU time's ratio (`paired`), beside `predict`'s ratio to the base (its
+  predicted step over the base's measured one, both off the base's Run: `pred x`) and the error
+  of that against it (`pair err`), judged on every changed row, quiet or not, each round and on
+  the medians over rounds (the paired ratio's median over rounds); each row's tail starts with
+  the minor page faults a step of the paired base and changed processes and of the two Runs.
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
-        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d] [--rounds 1]
+        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d] [--rounds 1] [--pairs 20]
         [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op; with
                         --only predict each script's output beside its Run, RUN.stdout; over
                         rounds, SCRIPT-CONFIG-rR.run)
