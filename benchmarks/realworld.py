@@ -64,7 +64,8 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
         [--predict-steps 16] [--after 12] [--scripts mixer,conv1d] [--rounds 1] [--pairs 20]
         [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op; with
                         --only predict each script's output beside its Run, RUN.stdout; over
-                        rounds, SCRIPT-CONFIG-rR.run)
+                        rounds, SCRIPT-CONFIG-rR.run; the profile it calibrated,
+                        cpu-profile.json)
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
@@ -92,7 +93,7 @@ from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
 from perfswarm.recorder.bench.kernels import calibrate
 from perfswarm.trace.store import Run
-from perfswarm.userfiles import read_json
+from perfswarm.userfiles import read_json, write_json
 
 HERE = Path(__file__).resolve().parent
 LOOP = HERE / "realworld_loop.py"
@@ -602,6 +603,8 @@ def main() -> int:
                 check_nanogpt(ns.nanogpt_iters, Path(tmp))
             elif what == "predict":
                 data = read_json(ns.profile) if ns.profile else calibrate(60 * ns.budget)
+                if ns.keep and not ns.profile:  # what its predictions can be taken again with
+                    write_json(ns.keep / "cpu-profile.json", data)
                 check_predict(Profile.from_dict(data), ns.predict_steps, ns.after, Path(tmp),
                               ns.scripts, ns.rounds, ns.pairs)
             elif what in EXPECTED:
