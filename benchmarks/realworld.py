@@ -52,13 +52,25 @@ trainer with a slow callback, a DataLoader with workers and one without), then c
   over rounds (the error: of the medians; the spread: the measured step's largest round over
   its smallest, less 1), judged where most of its rounds and most of its base's were, and the
   same summary lines of them.
+  Beside them, a truth the host's speed does not move: right after a script's recordings of a
+  round, each changed configuration's step against its base's measured in pairs
+  (benchmarks/paired_batch.py --apart, `--pairs` pairs: each configuration in a fresh process
+  of its own, its heap as its recording's, no reserve, as `record` writes none unless asked;
+  one step of each in turn, under a profiler kept over the recording's window of steps; nanoGPT
+  by benchmarks/nanogpt_step.py, train.py's loop body on its unmodified model.py): the median
+  over pairs of their CPU time's ratio (`paired`), beside `predict`'s ratio to the base (its
+  predicted step over the base's measured one, both off the base's Run: `pred x`) and the error
+  of that against it (`pair err`), judged on every changed row, quiet or not, each round and on
+  the medians over rounds (the paired ratio's median over rounds); each row's tail starts with
+  the minor page faults a step of the paired base and changed processes and of the two Runs.
 
     python benchmarks/realworld.py [--only sgd,infer,callbacks,workers,loader,nanogpt,predict]
         [--steps 30] [--nanogpt-iters 30] [--profile cpu-profile.json] [--budget 1]
-        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d] [--rounds 1]
+        [--predict-steps 16] [--after 12] [--scripts mixer,conv1d] [--rounds 1] [--pairs 20]
         [--keep DIR]   (record into DIR and keep the Runs, to compare them op by op; with
                         --only predict each script's output beside its Run, RUN.stdout; over
-                        rounds, SCRIPT-CONFIG-rR.run)
+                        rounds, SCRIPT-CONFIG-rR.run; the profile it calibrated,
+                        cpu-profile.json)
 
 On a busy machine every figure moves with the load; cpu_contention says when it does.
 """
@@ -74,18 +86,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfswarm.analyze.iterations import step_faults
 from perfswarm.model.accuracy import gmae
 from perfswarm.model.predict import Change, Prediction, predict
 from perfswarm.model.profile import Profile
 from perfswarm.optimize.advise import advise
 from perfswarm.recorder.bench.kernels import calibrate
 from perfswarm.trace.store import Run
-from perfswarm.userfiles import read_json
+from perfswarm.userfiles import read_json, write_json
 
 HERE = Path(__file__).resolve().parent
 LOOP = HERE / "realworld_loop.py"
@@ -206,6 +219,7 @@ def check_nanogpt(iters: int, tmp: Path) -> None:
 
 
 MODELS = HERE / "realworld_models.py"
+PAIRED = HERE / "paired_batch.py"
 BASE_BATCH, BASE_WIDTH = 8, 40
 # per script: the widths it derives from its base W, each doubled with it
 # (the parameters' whole multiples follow by themselves: predict's derived_dims; a head's
@@ -310,6 +324,25 @@ def round_spread(values: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True)
+class Paired:
+    """A changed configuration's step over its base's, measured in pairs in the same minutes
+    (`paired`): the truth a predicted ratio is judged against beside the recordings, which the
+    host's speed from one minute to the next does not move. `faults`: the minor page faults a
+    step of the base's process and of the changed one's there."""
+    ratio: float
+    faults: tuple[float, float]
+
+    @staticmethod
+    def median(found: Sequence[Paired]) -> Paired | None:
+        """Each figure's median over the rounds that measured one (None where none did)."""
+        if not found:
+            return None
+        return Paired(statistics.median(p.ratio for p in found),
+                      (statistics.median(p.faults[0] for p in found),
+                       statistics.median(p.faults[1] for p in found)))
+
+
+@dataclass(frozen=True)
 class Row:
     """A configuration's figures: one recording's, beside its prediction from the base recorded
     in the same round, or the medians over rounds of each (`quiet` then: in most rounds)."""
@@ -324,16 +357,24 @@ class Row:
     own_measured: float | None  # the program's own step after the window (unprofiled_ns)
     own_predicted: float | None  # predicted_unprofiled_ns
     own_after: float | None  # the script's clock over the same steps
+    # a changed configuration's step over its base's measured in pairs (paired_batch.py
+    # --apart), the minor page faults a step of its base and of it there, and the Run's own
+    # a profiled step (step_faults)
+    paired: Paired | None = None
+    faults: float | None = None
 
 
-def recorded_row(p: Prediction, label: str, run: Run, out: str, others: float) -> Row:
+def recorded_row(p: Prediction, label: str, run: Run, out: str, others: float,
+                 paired: Paired | None = None) -> Row:
     clock = own_clock(run, out)
+    faults = step_faults(run)
     return Row(measured=p.measured_steady_ns if label == "base" else (p.compare or ("", 0))[1],
                predicted=p.predicted_steady_ns, others=others,
                quiet=(clock is None or clock[1] >= UNCONTENDED) and others <= QUIET_OTHERS,
                clock=clock,
                own_measured=p.unprofiled_ns if label == "base" else p.compare_unprofiled_ns,
-               own_predicted=p.predicted_unprofiled_ns, own_after=own_after(run, out))
+               own_predicted=p.predicted_unprofiled_ns, own_after=own_after(run, out),
+               paired=paired, faults=None if faults is None else faults.profiled)
 
 
 def median_row(rows: Sequence[Row]) -> Row:
@@ -348,7 +389,9 @@ def median_row(rows: Sequence[Row]) -> Row:
                       statistics.median(c[1] for c in clocks)) if clocks else None,
                own_measured=over_rounds(r.own_measured for r in rows),
                own_predicted=over_rounds(r.own_predicted for r in rows),
-               own_after=over_rounds(r.own_after for r in rows))
+               own_after=over_rounds(r.own_after for r in rows),
+               paired=Paired.median([r.paired for r in rows if r.paired is not None]),
+               faults=over_rounds(r.faults for r in rows))
 
 
 @dataclass
@@ -363,6 +406,9 @@ class Tally:
     # as the wall time is: against the compared Run's own step, and the script's clock
     own: list[float] = field(default_factory=list)
     clock: list[float] = field(default_factory=list)
+    # the ratio to the base predicted against the paired ratio: every changed row, quiet or
+    # not (other load falls on both steps of a pair alike)
+    paired: list[float] = field(default_factory=list)
     contended: int = 0
 
     def add(self, script: str, label: str, row: Row, base: Row, spread: str, tail: str,
@@ -392,10 +438,24 @@ class Tally:
             cells.append(f"{100 * (row.own_predicted / against - 1):+.1f}%")
             if judged:
                 own_judged.append(row.own_predicted / against - 1)
+        if row.paired is None:
+            cells += ["-", "-", "-"]
+        else:
+            # predict's ratio to the base: the predicted step over the base's measured one,
+            # both read off the base's Run (its process's speed falls on both)
+            ratio = row.predicted / base.measured
+            self.paired.append(ratio / row.paired.ratio - 1)
+            cells += [f"x{row.paired.ratio:.3f}", f"x{ratio:.3f}",
+                      f"{100 * self.paired[-1]:+.1f}%"]
+            runs = "/".join(f"{f:.0f}" if f is not None else "-" for f in (base.faults,
+                                                                           row.faults))
+            tail = (f"faults paired {row.paired.faults[0]:.0f}/{row.paired.faults[1]:.0f}, "
+                    f"Runs {runs}; {tail}")
         print(f"{script:8s} {shown or label:14s} {row.measured / 1e6:8.2f}ms "
               f"{row.predicted / 1e6:8.2f}ms {100 * error:+7.1f}% {spread:>7s} "
               f"{row.others:6.2f}{' ' if judged else '*'}{own:<30s} {cells[0]:>9s} "
-              f"{cells[1]:>9s} {cells[2]:>8s} {cells[3]:>9s}  {tail}")
+              f"{cells[1]:>9s} {cells[2]:>8s} {cells[3]:>9s} {cells[4]:>7s} {cells[5]:>7s} "
+              f"{cells[6]:>8s}  {tail}")
 
     def summary(self, over: str = "", most: str = "") -> None:
         """The footnote and the summary lines (`over`: what the figures are, after the rows'
@@ -408,7 +468,9 @@ class Tally:
                                                          "time", self.ratio),
                               ("own step, against the compared Run's own", self.own),
                               ("own step, against the script's clock after the window",
-                               self.clock)):
+                               self.clock),
+                              ("ratio to the base, against the paired ratio (one step of each "
+                               "in turn, in the same minutes; every row)", self.paired)):
             if changed:
                 ratios = [1 + e for e in changed]
                 print(f"changed configurations{over}, {what} ({len(changed)}): geomean |error| "
@@ -419,17 +481,39 @@ class Tally:
                   f"{100 * max(abs(e) for e in self.recorded):.1f}% (goal <= 2%)")
 
 
+def paired(script: str, base: tuple[int, int], changed: tuple[int, int], window: int, pairs: int,
+           tmp: Path) -> Paired:
+    """`changed` (batch, width) against `base` in pairs: paired_batch.py --apart, each in a
+    process of its own started fresh (its heap as a recording's: no reserve, as `record` writes
+    none unless asked), one step of each in turn, under a profiler kept over `window` of its
+    steps as the recorder keeps it; the median over `pairs` pairs of their CPU time's ratio."""
+    cmd = [sys.executable, str(PAIRED), script, str(base[0]), str(changed[0]), "--width",
+           str(base[1]), "--width1", str(changed[1]), "--window", str(window), "--pairs",
+           str(pairs), "--apart"]
+    if script == "nanogpt":
+        cmd += ["--nanogpt", str(nanogpt_dir(tmp))]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-2000:])
+        raise SystemExit(f"{' '.join(cmd[1:])} failed ({done.returncode})")
+    t = truth(done.stdout)
+    return Paired(t["ratio"], (t["faults"][0], t["faults"][1]))
+
+
 def _header(last: str) -> None:
     print(f"{'script':8s} {'configuration':14s} {'measured':>10s} {'predicted':>10s} "
           f"{'error':>8s} {'spread':>7s} {'others':>6s} {'CPU share':>9s} {'CPU/step':>9s} "
           f"{'ratio err':>9s} {'own':>9s} {'own pred':>9s} {'own err':>8s} {'clock err':>9s}"
-          f"  {last}")
+          f" {'paired':>7s} {'pred x':>7s} {'pair err':>8s}  {last}")
 
 
 def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str,
-                  rounds: int = 1) -> None:
+                  rounds: int = 1, pairs: int = 0) -> None:
     """Record each script at every configuration, `rounds` times interleaved (round_orders),
-    predict each from the same round's base; over several rounds, the medians too."""
+    predict each from the same round's base; over several rounds, the medians too. With
+    `pairs`, each round measures each changed configuration against its base in pairs too
+    (`paired`), right after its recordings."""
     print(f"-- predict: profile {profile.device}, {profile.threads} thread(s); unusable "
           f"families: {profile.unusable() or 'none'}")
     _header("kernels")
@@ -459,12 +543,14 @@ def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str
                     tmp / f"{script}-{label.replace(' ', '')}{suffix.replace(' ', '-')}.run",
                     cmd, cwd=nanogpt_dir(tmp) if nano else None, steps=f"4:{window}",
                     collectors="torch", env=one_thread)
+            truths = {base[i][0]: paired(script, base[0][1:3], base[i][1:3], window, pairs, tmp)
+                      for i in order if pairs and i}
             rows: dict[str, Row] = {}
             for label, _batch, _width, change in base:
                 run, out, others = runs[label]
                 p = predict(runs["base"][0], change, profile=profile,
                             compare=None if label == "base" else run)
-                rows[label] = recorded_row(p, label, run, out, others)
+                rows[label] = recorded_row(p, label, run, out, others, truths.get(label))
                 kernels = ", ".join(f"{k} {v}" for k, v in sorted(p.kernels.items()) if v)
                 if p.first_touch_unpriced_ns:  # the step's largest results changed: see its note
                     kernels += f"; fresh pages unpriced {p.first_touch_unpriced_ns / 1e6:.2f}ms"
@@ -490,10 +576,13 @@ def check_predict(profile: Profile, steps: int, after: int, tmp: Path, only: str
                      "in half its rounds or more, ")
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"not a whole number of 1 or more: {text!r}")
-    return int(text)
+def _at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of `least` or more."""
+    def whole(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"not a whole number of {least} or more: {text!r}")
+        return int(text)
+    return whole
 
 
 def main() -> int:
@@ -512,9 +601,12 @@ def main() -> int:
                    "step, no profiler: predicted_unprofiled_ns is judged against them)")
     p.add_argument("--scripts", default="", help="predict: only these (lstm,resnet,gpt,mixer,"
                    "conv1d,nanogpt)")
-    p.add_argument("--rounds", type=_positive, default=1,
+    p.add_argument("--rounds", type=_at_least(1), default=1,
                    help="predict: record each script's configurations ROUNDS times, interleaved "
                    "(round_orders), and judge the medians over rounds too")
+    p.add_argument("--pairs", type=_at_least(0), default=20,
+                   help="predict: each round, each changed configuration's step against its "
+                   "base's in N pairs (paired_batch.py --apart; 0: none)")
     p.add_argument("--keep", type=Path, help="record into this folder and keep the Runs")
     ns = p.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
@@ -525,8 +617,10 @@ def main() -> int:
                 check_nanogpt(ns.nanogpt_iters, Path(tmp))
             elif what == "predict":
                 data = read_json(ns.profile) if ns.profile else calibrate(60 * ns.budget)
+                if ns.keep and not ns.profile:  # what its predictions can be taken again with
+                    write_json(ns.keep / "cpu-profile.json", data)
                 check_predict(Profile.from_dict(data), ns.predict_steps, ns.after, Path(tmp),
-                              ns.scripts, ns.rounds)
+                              ns.scripts, ns.rounds, ns.pairs)
             elif what in EXPECTED:
                 check_loop(what, ns.steps, Path(tmp))
             else:

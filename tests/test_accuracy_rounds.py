@@ -4,12 +4,13 @@ benchmarks/realworld.py's `--only predict --rounds N` makes of its rounds."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from realworld import Row, Tally, median_row, over_rounds, round_orders, round_spread
+from realworld import Paired, Row, Tally, median_row, over_rounds, round_orders, round_spread
 
 
 def test_five_configurations_over_three_rounds() -> None:
@@ -82,3 +83,33 @@ def test_a_row_over_rounds_is_judged_on_its_medians_where_most_rounds_were_quiet
     tally.add("lstm", "batch x2", held, median_row([_row(10, 10, True)] + 2 * [
         _row(10, 10, False)]), "", "")
     assert (tally.wall, tally.contended) == ([], 1)
+
+
+def test_a_changed_row_is_judged_against_its_paired_ratio_quiet_or_not(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """predict's ratio to the base (the predicted step over the base's measured one) against
+    the paired steps' ratio: every changed row, where the wall time judges the quiet ones."""
+    base = replace(_row(10, 10, True), faults=300)
+    quiet = replace(_row(25, 21, True), paired=Paired(2.0, (310, 900)), faults=800)
+    loud = replace(_row(60, 42, False), paired=Paired(4.2, (290, 2400)), faults=None)
+    tally = Tally()
+    for label, row in (("base", base), ("batch x2", quiet), ("batch x4", loud)):
+        tally.add("lstm", label, row, base, "", "")
+    assert tally.paired == [pytest.approx(0.05), pytest.approx(0.0)]
+    assert tally.wall == [pytest.approx(21 / 25 - 1)]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-3:] == ["-", "-", "-"]  # the base has none
+    assert "  x2.000  x2.100    +5.0%  faults paired 310/900, Runs 300/800; " in lines[1]
+    assert "  x4.200  x4.200    +0.0%  faults paired 290/2400, Runs 300/-; " in lines[2]
+    tally.summary()
+    assert ("changed configurations, ratio to the base, against the paired ratio (one step of "
+            "each in turn, in the same minutes; every row) (2): geomean |error| 2.5% (goal <= "
+            "5%), max 5.0% (goal <= 15%)") in capsys.readouterr().out
+
+
+def test_the_paired_ratio_over_rounds_is_the_median_of_the_rounds_that_measured_one() -> None:
+    rows = [replace(_row(20, 20, True), paired=Paired(r, (f, 2 * f)))
+            for r, f in ((1.5, 100), (2.5, 300), (2.0, 200))]
+    assert median_row(rows).paired == Paired(2.0, (200, 400))
+    assert median_row([*rows[:2], _row(20, 20, True)]).paired == Paired(2.0, (200, 400))
+    assert median_row([_row(20, 20, True)]).paired is None
