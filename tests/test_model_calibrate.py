@@ -542,3 +542,23 @@ def test_first_touch_from_each_writes_least_disturbed_trial(monkeypatch: pytest.
     clock = iter([0.0, 1.0, 1.5, 10.0, 11.0, 12.2, 20.0, 21.3, 21.8])
     monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(clock))
     assert kernels.first_touch_s((1,), repeats=3) == pytest.approx((1.0 - 0.5) / 256)
+
+
+def test_a_torch_without_a_fused_cpu_step_calibrates_without_one(monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """torch before 2.4 has no fused optimizer step on the CPU (`fused=True` raises there):
+    calibrate leaves `fused_optimizer_step` out rather than fail, and the advice, which reads
+    the recorded torch version the same way (fusedstep.on_cpu), tells no fused step."""
+    import torch
+
+    from perfswarm.model.fusedstep import on_cpu
+    from perfswarm.recorder.bench import kernels
+
+    assert not on_cpu("2.3.1+cpu") and on_cpu("2.4.0") and on_cpu("2.13.0+cpu")
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: [])
+    monkeypatch.setattr(kernels, "fit_family", lambda points, lanes: {"gmae_held_out": 0.0})
+    monkeypatch.setattr(kernels, "first_touch_s", lambda: 1e-6)
+    monkeypatch.setattr(kernels, "reserve_heap", lambda mib: None)
+    monkeypatch.setattr(torch, "__version__", "2.3.1+cpu")
+    profile = calibrate(budget_s=0.1)
+    assert "fused_optimizer_step" not in profile and "loader_receive" in profile

@@ -11,6 +11,7 @@ built on (docs/benchmarks.md, thirty-third pass).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,12 @@ from perfswarm.userfiles import read_json
 
 KEY: Final = "fused_optimizer_step"  # the profile's field
 OPTIMIZERS: Final = ("Adam", "AdamW", "SGD")  # the torch.optim classes with fused=True
+CPU_SINCE: Final = (2, 4)  # the torch version whose fused Adam, AdamW and SGD run on the CPU too
+
+
+def on_cpu(version: str) -> bool:
+    """Whether torch `version` (e.g. "2.13.0+cpu") runs a fused step on the CPU."""
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2]) >= CPU_SINCE
 
 
 class StepCostDict(TypedDict):

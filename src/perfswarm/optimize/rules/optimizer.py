@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from perfswarm.analyze.frame import group_rows, lane_key
 from perfswarm.analyze.iterations import top_level
+from perfswarm.model.fusedstep import CPU_SINCE, on_cpu
 from perfswarm.model.fusedstep import OPTIMIZERS as _FUSED
 from perfswarm.model.opcost import Shapes, element_bytes, shapes_from_args
 from perfswarm.optimize.rules.base import Advice, advice
@@ -24,7 +25,6 @@ _MIN_OPS_PER_STEP = 20
 # NotImplementedError at the first step; Adam's and AdamW's it has)
 _SUBCLASS, _NO_SUBCLASS_FUSED = "PythonSubclass", ("SGD",)
 _CLIP_NORM, _CLIP_SCALE = "aten::_foreach_norm", "aten::_foreach_mul_"  # clip_grad_norm_'s
-_CPU_FUSED = (2, 4)  # the torch version whose fused Adam, AdamW and SGD run on the CPU too
 
 
 def _inside(facts: Facts, outer_pattern: str,
@@ -109,7 +109,7 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
         return None
     version = facts.recorded.get("torch_version")
     known = isinstance(version, str) and bool(re.match(r"\d+\.\d+", version))
-    if known and tuple(int(x) for x in re.findall(r"\d+", str(version))[:2]) < _CPU_FUSED:
+    if known and not on_cpu(str(version)):
         return None
     updated = _updated(facts, steps, facts.with_text(top_ops(local), "detail"))
     if updated is None:
@@ -133,7 +133,7 @@ def _single_tensor(facts: Facts, steps: pa.Table, ops: pa.Table) -> Advice | Non
     evidence["optimizer_slowdown"] = None if measured is None else round(measured, 3)
     if known:
         evidence["torch_version"] = version
-    need = "" if known else f" (on the CPU since torch {'.'.join(map(str, _CPU_FUSED))})"
+    need = "" if known else f" (on the CPU since torch {'.'.join(map(str, CPU_SINCE))})"
     # The fused step replaces the whole single-tensor call: its loop over the parameters, the
     # ops and the Python between them (which had been kept: GIN's claim 23% under its
     # measured saving, a U-Net's 8%), by one kernel; what it costs is measured, not read

@@ -19,6 +19,7 @@ import numpy as np
 
 from perfswarm.errors import ParameterError
 from perfswarm.model.fusedstep import KEY as FUSED_KEY
+from perfswarm.model.fusedstep import on_cpu as fused_on_cpu
 from perfswarm.model.opcost import (
     PAGE_BYTES,
     RNN_FAMILIES,
@@ -503,7 +504,9 @@ def calibrate(budget_s: float, threads: int = 1, device: str = "cpu",
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        if where == "cpu":  # at the threads the sweeps time ops with, beside the budget
+        # at the threads the sweeps time ops with, beside the budget (a torch older than 2.4
+        # has no fused step on the CPU: its profile has none, and the advice gives none)
+        if where == "cpu" and fused_on_cpu(torch.__version__):
             on_family("a fused optimizer step")
             extra[FUSED_KEY] = fused_step_cost(ROTATE_BYTES)
         start = time.perf_counter()
